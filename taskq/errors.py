@@ -1,0 +1,67 @@
+"""One hierarchy for every error taskq raises.
+
+Scripts return numeric codes; ``scripts.py`` maps them to these classes in one table.
+Redis connection errors are translated at the boundary into ``ConnectionLost`` with the
+URL's password masked.
+"""
+
+from __future__ import annotations
+
+
+class TaskqError(Exception):
+    """Base class of every taskq error."""
+
+
+class InvalidInput(TaskqError, ValueError):
+    """A bad argument, config value, job name or manifest; nothing was written."""
+
+
+class JobNotFound(TaskqError):
+    """The job does not exist, or was deleted or replaced (a new incarnation)."""
+
+
+class JobExists(TaskqError):
+    """A job of that name exists and ``replace=True`` was not given."""
+
+
+class JobCompleted(TaskqError):
+    """The job finished its last pass: there will never be work again."""
+
+
+class JobCancelled(TaskqError):
+    """The job was cancelled: there will never be work again."""
+
+
+class LeaseLost(TaskqError):
+    """A write about a task whose lease this trainer no longer holds (stale).
+
+    The server changed nothing and counted the write as stale.
+    """
+
+    def __init__(self, message: str, task_ids: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.task_ids = task_ids or []
+
+
+class PassMismatch(TaskqError):
+    """An advance named a pass that is not the current one (another advancer won)."""
+
+
+class PassIncomplete(TaskqError):
+    """``pass next`` without ``force`` while the current pass still has work."""
+
+
+class WorkerLost(TaskqError):
+    """The server declared this worker incarnation lost; it must re-register."""
+
+
+class Draining(TaskqError):
+    """The worker was asked to drain: finish the current task, then leave."""
+
+
+class ConnectionLost(TaskqError):
+    """Redis could not be reached (the URL is given with its password masked)."""
+
+
+class CorruptData(TaskqError):
+    """A key under the taskq prefix holds data taskq cannot read (names the key)."""

@@ -1,0 +1,94 @@
+"""The only place a Redis key string is built.
+
+Every key of one job shares the hash tag ``{job}``, so a job lives in one Redis Cluster
+slot and each Lua script can name all of its keys in KEYS. The order of ``JOB_KEYS`` is
+the order of KEYS for every job script; ``scripts.py`` turns it into Lua locals
+(``K_META`` ...), so Python and Lua cannot drift apart.
+
+Data flow: client.py / trainer.py / reaper.py / stats.py -> keys.py -> scripts.py -> Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+DEFAULT_PREFIX = "taskq"
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+#: Job keys, in KEYS order. Names are the Lua local names without the ``K_`` prefix.
+JOB_KEYS: tuple[str, ...] = (
+    "meta",  # hash: config, state, counters, incarnation, pass, round, cursor, clock
+    "chunks",  # hash: task id -> JSON list of chunks
+    "done",  # bitmap: tasks acked in the current pass attempt
+    "dead",  # set: dead task ids (job-wide)
+    "front",  # zset: re-dispatched task ids, leased before the cursor's order
+    "leases",  # hash: task id -> current (or just ended) lease record
+    "owned",  # zset (lex): "worker|incarnation|task" for every lease held
+    "deadlines",  # zset: task id -> task-timeout deadline (job clock, ms)
+    "reserved",  # zset: task id -> lease time, for prefetched leases not yet started
+    "started",  # zset: task id -> start time (job clock, ms), for lease ages
+    "workers",  # zset: "worker|incarnation" -> liveness deadline (job clock, ms)
+    "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain"
+    "waiting",  # zset: "worker|incarnation" -> time it began waiting for work
+    "counts",  # hash: "f:<task>" failures, "a:<task>" attempts, "s:<task>" solo flag
+    "passes",  # hash: pass number -> JSON summary of that pass (last 1,000 kept)
+    "hist",  # hash: histogram buckets (task duration, re-dispatch lateness)
+    "events",  # stream: what happened, trimmed by approximate MAXLEN
+    "wake",  # list: one token per task that became leasable, popped by waiters
+    "bcast0",  # list: broadcast tokens for even generations (pass/job state changes)
+    "bcast1",  # list: broadcast tokens for odd generations
+    "clock",  # string: the manual clock (ms), for tests
+    "lock",  # string: the reaper's short per-job lock
+)
+
+
+def prefix() -> str:
+    """The key prefix, from ``TASKQ_PREFIX`` (default ``taskq``)."""
+    return os.environ.get("TASKQ_PREFIX", DEFAULT_PREFIX)
+
+
+def valid_job_name(name: str) -> bool:
+    """True when ``name`` matches ``[A-Za-z0-9._-]{1,64}``."""
+    return isinstance(name, str) and bool(JOB_NAME_RE.match(name))
+
+
+class JobKeys:
+    """All key strings of one job, computed once.
+
+    Args:
+        job: the job name (validated by the caller).
+        key_prefix: overrides ``TASKQ_PREFIX``.
+    """
+
+    def __init__(self, job: str, key_prefix: str | None = None) -> None:
+        self.job = job
+        self.prefix = key_prefix or prefix()
+        self.base = f"{self.prefix}:{{{job}}}"
+        self.all: list[str] = [f"{self.base}:{name}" for name in JOB_KEYS]
+        for name, key in zip(JOB_KEYS, self.all, strict=True):
+            setattr(self, name, key)
+
+    def staging_chunks(self, incarnation: str) -> str:
+        """The staging hash a create writes before the flip makes it live."""
+        return f"{self.base}:staging:{incarnation}"
+
+    def __getattr__(self, name: str) -> str:  # for mypy: attributes set in __init__
+        raise AttributeError(name)
+
+
+def jobs_index(key_prefix: str | None = None) -> str:
+    """The set of job names (outside the jobs' slots; repairable from the meta keys)."""
+    return f"{key_prefix or prefix()}:jobs"
+
+
+def meta_pattern(key_prefix: str | None = None) -> str:
+    """A SCAN pattern matching every job's meta hash (used to repair the index)."""
+    return f"{key_prefix or prefix()}:{{*}}:meta"
+
+
+def job_from_meta_key(key: str, key_prefix: str | None = None) -> str | None:
+    """The job name inside a meta key, or None when the key is not one of ours."""
+    p = re.escape(key_prefix or prefix())
+    m = re.match(rf"^{p}:\{{([A-Za-z0-9._-]{{1,64}})\}}:meta$", key)
+    return m.group(1) if m else None

@@ -1,0 +1,119 @@
+"""Plain data the library hands to its users: job config, leased tasks, status snapshots.
+
+Data flow: client.py builds JobConfig and JobStatus; trainer.py builds Task from the
+lease script's reply; stats.py, the CLI and the exporter read JobStatus.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+STATES = ("running", "waiting", "completed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A job's configuration, fixed at create time (validated by ``validate``)."""
+
+    chunks_per_task: int = 1
+    passes: int | None = 1
+    worker_ttl: float = 5.0
+    heartbeat_interval: float = 1.0
+    task_timeout: float | str | None = "auto"
+    max_failures: int = 3
+    max_attempts: int = 10
+    shuffle: bool = False
+    seed: int = 0
+    auto_advance: bool = True
+    manual_clock: bool = False
+
+
+@dataclass(eq=False)
+class Task:
+    """One leased task: an ordered list of chunks, under a lease fenced by ``token``.
+
+    ``revoked`` is set when the server says the lease is no longer this trainer's
+    (expired, taken, cancelled); stop work on it, its ack will be rejected as stale.
+    ``at_risk`` is set while the trainer has been out of contact with Redis for longer
+    than its ttl; the server's answer on reconnect decides.
+    """
+
+    id: int
+    pass_no: int
+    chunks: list[Any]
+    token: int
+    attempt: int
+    job: str = ""
+    started: bool = True
+    revoked: threading.Event = field(default_factory=threading.Event, repr=False)
+    at_risk: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The task as JSON-able data (what ``taskq work`` passes to its command)."""
+        return {
+            "job": self.job,
+            "id": self.id,
+            "pass": self.pass_no,
+            "token": self.token,
+            "attempt": self.attempt,
+            "chunks": self.chunks,
+        }
+
+
+@dataclass
+class JobStatus:
+    """A read-only snapshot of one job (one pipeline; O(1) in the number of tasks)."""
+
+    job: str
+    state: str
+    reason: str
+    pass_no: int
+    passes: int | None
+    tasks: int
+    todo: int
+    leased: int
+    done: int
+    dead: int
+    workers: int
+    incarnation: str
+    config: dict[str, Any]
+    counters: dict[str, int]
+    pass_started_ms: int
+    created_ms: int
+    now_ms: int
+    pass_attempt: int = 0
+    reserved: int = 0
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    histograms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    oldest_lease_age_s: float | None = None
+    lease_ages: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The documented status keys (the CLI's ``job status --json`` prints these)."""
+        elapsed_s = max(0.0, (self.now_ms - self.pass_started_ms) / 1000.0)
+        rate = self.done / elapsed_s if elapsed_s > 0 and self.state == "running" else 0.0
+        remaining = self.todo + self.leased
+        return {
+            "job": self.job,
+            "state": self.state,
+            "reason": self.reason,
+            "pass": self.pass_no,
+            "passes": self.passes,
+            "pass_attempt": self.pass_attempt,
+            "tasks": self.tasks,
+            "todo": self.todo,
+            "leased": self.leased,
+            "reserved": self.reserved,
+            "done": self.done,
+            "dead": self.dead,
+            "workers": self.workers,
+            "incarnation": self.incarnation,
+            "throughput_per_s": round(rate, 3),
+            "eta_s": round(remaining / rate, 1) if rate > 0 else None,
+            "oldest_lease_age_s": self.oldest_lease_age_s,
+            "config": self.config,
+            "counters": self.counters,
+            "summaries": self.summaries,
+        }
