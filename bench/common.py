@@ -1,0 +1,324 @@
+"""Shared plumbing for the bench suite: private redis-servers, statistics, the result table.
+
+Where it sits: every bench module (ceiling, probe, peers/*, taskq_rows) starts its Redis
+through `start_redis()` and reports through a `Recorder`; `run.py` owns the recorder and
+writes `bench/results/latest.json` and `latest.md`. Nothing here ever talks to a Redis
+it did not start, and nothing targets anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+LOOPBACK = "127.0.0.1"
+
+# Every server this process started and has not stopped yet; emptied at exit and on SIGTERM.
+_live_servers: list[RedisServer] = []
+
+
+@dataclass
+class RedisServer:
+    """A redis-server child process bound to 127.0.0.1 on a port of its own."""
+
+    port: int
+    process: subprocess.Popen
+    workdir: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    def client(self, **kwargs) -> redis.Redis:
+        """Returns a redis-py client for this server (extra kwargs go to `redis.Redis`)."""
+        return redis.Redis(host=LOOPBACK, port=self.port, **kwargs)
+
+    def stop(self) -> None:
+        """Stops the server (SIGTERM, then SIGKILL after 5 s) and removes its temp dir."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self in _live_servers:
+            _live_servers.remove(self)
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def start_redis(extra_args: Sequence[str] = (), persistence: bool = False) -> RedisServer:
+    """Starts a private redis-server on a free loopback port in a fresh temp dir.
+
+    Args:
+        extra_args: more `redis-server` arguments, e.g. ("--maxclients", "2000").
+        persistence: keep Redis' default RDB/AOF settings instead of `--save '' --appendonly no`.
+
+    Returns:
+        The running server; call `.stop()` (or use it as a context manager).
+
+    Raises:
+        RuntimeError: redis-server is missing or did not answer PING within 10 s (3 ports tried).
+    """
+    if shutil.which("redis-server") is None:
+        raise RuntimeError("redis-server is not on PATH")
+    last_error = ""
+    for _attempt in range(3):
+        port = free_port()
+        workdir = Path(tempfile.mkdtemp(prefix=f"taskq-bench-redis-{port}-"))
+        args = ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--dir", str(workdir)]
+        args += ["--daemonize", "no", "--logfile", str(workdir / "redis.log")]
+        if not persistence:
+            args += ["--save", "", "--appendonly", "no"]
+        args += list(extra_args)
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = RedisServer(port=port, process=process, workdir=workdir)
+        _live_servers.append(server)
+        if _wait_for_ping(server, timeout_s=10.0):
+            return server
+        last_error = (workdir / "redis.log").read_text(errors="replace")[-500:]
+        server.stop()
+    raise RuntimeError(f"redis-server did not start: {last_error}")
+
+
+def _wait_for_ping(server: RedisServer, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    client = server.client(socket_timeout=1)
+    try:
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                return False
+            try:
+                if client.ping():
+                    return True
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        return False
+    finally:
+        client.close()
+
+
+def redis_port_factory() -> tuple[int, Callable[[], None]]:
+    """Starts a fresh private redis-server and returns (port, stop_fn)."""
+    server = start_redis()
+    return server.port, server.stop
+
+
+def stop_all_servers() -> None:
+    """Stops every redis-server this process started and has not stopped yet."""
+    for server in list(_live_servers):
+        server.stop()
+
+
+def _on_sigterm(signum, frame) -> None:
+    # Turn SIGTERM into the same unwinding as Ctrl-C, so `finally` blocks stop children.
+    raise KeyboardInterrupt
+
+
+atexit.register(stop_all_servers)
+
+
+def install_signal_handlers() -> None:
+    """Makes SIGTERM unwind like Ctrl-C (call once, from the main process)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Returns the pct-th percentile (0..100) by linear interpolation between closest ranks.
+
+    Raises:
+        ValueError: values is empty or pct is outside 0..100.
+    """
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= pct <= 100:
+        raise ValueError(f"pct must be within 0..100, got {pct}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def command_rate(port: int, window_s: float) -> tuple[float, dict[str, int]]:
+    """Measures what a server executes while left alone for `window_s` seconds.
+
+    Used for the idle-cost row: start idle trainers/reapers, then call this.
+    The two INFO calls this makes are subtracted.
+
+    Args:
+        port: a redis-server on 127.0.0.1 that this bench started.
+        window_s: how long to watch.
+
+    Returns:
+        (commands per second, {command name: calls during the window}).
+    """
+    client = redis.Redis(host=LOOPBACK, port=port)
+    try:
+        before_total = int(client.info("stats")["total_commands_processed"])
+        before_cmds = _command_calls(client)
+        started = time.monotonic()
+        time.sleep(window_s)
+        after_cmds = _command_calls(client)
+        after_total = int(client.info("stats")["total_commands_processed"])
+        elapsed = time.monotonic() - started
+    finally:
+        client.close()
+    # One INFO commandstats and one INFO stats fall inside the window.
+    own_calls = 2
+    per_command = {
+        name: calls - before_cmds.get(name, 0)
+        for name, calls in after_cmds.items()
+        if calls - before_cmds.get(name, 0) > 0
+    }
+    if "info" in per_command:
+        per_command["info"] -= own_calls
+        if per_command["info"] <= 0:
+            del per_command["info"]
+    return max(after_total - before_total - own_calls, 0) / elapsed, per_command
+
+
+def _command_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
+
+
+def machine_info() -> dict[str, str]:
+    """Returns nproc, CPU model, kernel, Python, Redis, rq and Node versions where present."""
+    cpu_model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu_model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "redis": _first_line(["redis-server", "--version"]),
+        "node": _first_line(["node", "--version"]),
+    }
+    try:
+        import rq
+
+        info["rq"] = rq.__version__
+    except ImportError:
+        info["rq"] = "not installed"
+    return info
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+class Recorder:
+    """Collects result rows and merges them into bench/results/latest.{json,md}.
+
+    A row is {section, name, value, unit, note}. A new row replaces the stored row with the
+    same (section, name); rows of sections not re-run are kept, so `--only` updates in place.
+    """
+
+    def __init__(self, results_dir: Path = RESULTS_DIR, mode: str = "quick") -> None:
+        self.results_dir = results_dir
+        self.mode = mode
+        self.rows: list[dict] = []
+
+    def add(self, section: str, name: str, value: float | None, unit: str, note: str = "") -> dict:
+        """Records one row (value None means "not measured"; say why in note) and prints it."""
+        row = {"section": section, "name": name, "value": value, "unit": unit, "note": note}
+        self.rows.append(row)
+        print(f"  [{section}] {name}: {_format_value(value)} {unit}  {note}".rstrip(), flush=True)
+        return row
+
+    def write(self) -> str:
+        """Merges this run's rows into latest.json, renders latest.md, returns the table."""
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        json_path = self.results_dir / "latest.json"
+        stored: list[dict] = []
+        if json_path.exists():
+            try:
+                stored = json.loads(json_path.read_text()).get("rows", [])
+            except (ValueError, AttributeError):
+                stored = []
+        fresh_keys = {(row["section"], row["name"]) for row in self.rows}
+        merged = [row for row in stored if (row["section"], row["name"]) not in fresh_keys]
+        merged += self.rows
+        merged.sort(key=lambda row: SECTION_ORDER.get(row["section"], 99))
+        document = {
+            "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "mode": self.mode,
+            "machine": machine_info(),
+            "rows": merged,
+        }
+        json_path.write_text(json.dumps(document, indent=2) + "\n")
+        table = render_markdown(document)
+        (self.results_dir / "latest.md").write_text(table)
+        return table
+
+
+SECTION_ORDER = {"ceiling": 0, "probe": 1, "taskq": 2, "rq": 3, "bullmq": 4}
+
+
+def render_markdown(document: dict) -> str:
+    """Renders a results document as a markdown header plus one table."""
+    machine = document.get("machine", {})
+    lines = [
+        f"Measured {document.get('written_at', '?')} ({document.get('mode', '?')} mode) on "
+        f"{machine.get('nproc', '?')} x {machine.get('cpu', '?')}, {machine.get('redis', '?')}, "
+        f"Python {machine.get('python', '?')}, rq {machine.get('rq', '?')}, "
+        f"Node {machine.get('node', '?')}.",
+        "",
+        "| section | name | value | unit | note |",
+        "|---|---|---:|---|---|",
+    ]
+    for row in document.get("rows", []):
+        note = str(row.get("note", "")).replace("|", "/")
+        lines.append(
+            f"| {row['section']} | {row['name']} | {_format_value(row['value'])} "
+            f"| {row['unit']} | {note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _format_value(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and not value.is_integer() and abs(value) < 100:
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return f"{value:,.0f}"
