@@ -22,6 +22,9 @@ COPY cli ./cli
 RUN pip install . \
     && rm -rf /src/build
 
+# The compose and Kubernetes demos: a 2,000-line data set and a stand-in training step.
+COPY deploy/compose/demo-lines.txt deploy/compose/demo_step.py /opt/taskq-demo/
+
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin taskq
 USER 10001:10001
 WORKDIR /home/taskq
