@@ -1,0 +1,1 @@
+"""Peer queues taskq is measured against (rq in Python, BullMQ in Node)."""
