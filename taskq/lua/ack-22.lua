@@ -1,0 +1,88 @@
+#!lua
+-- ack: ack finished leases, start reserved ones, and lease the next, in one call.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc, worker, winc, call_no, n_acks, (task, token) x n_acks,
+--       n_starts, (task, token) x n_starts, want, mode (S | R | F), expect_pass (-1 any)
+-- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
+--           {pass, gen, state, reason}, {ack result per ack}, {start result per start}}
+-- An ack whose (worker, token) is not the task's current lease changes nothing and is
+-- counted stale; repeating the ack that just ended the lease is a quiet success.
+local err = open_job(ARGV[1])
+if err then return {err} end
+local worker, winc = ARGV[2], ARGV[3]
+local call_no = tonumber(ARGV[4])
+local i = 5
+local n_acks = tonumber(ARGV[i])
+local ack_args = i
+i = i + 1 + 2 * n_acks
+local n_starts = tonumber(ARGV[i])
+local start_args = i
+i = i + 1 + 2 * n_starts
+local want, mode, expect_pass = tonumber(ARGV[i]), ARGV[i + 1], tonumber(ARGV[i + 2])
+reclaim(100)
+local ws = touch_worker(worker, winc)
+
+local function recompute_auto_timeout()
+  local total = tonumber(redis.call('HGET', K_HIST, 'dur:count') or '0') or 0
+  local need, seen = total * 0.99, 0
+  local p99 = HIST_BOUNDS_MS[#HIST_BOUNDS_MS]
+  for b = 1, #HIST_BOUNDS_MS do
+    seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
+    if seen >= need then p99 = HIST_BOUNDS_MS[b]; break end
+  end
+  redis.call('HSET', K_META, 'auto_tt', fmt(math.max(60000, 10 * p99)))
+end
+
+local acks = {}
+for k = 1, n_acks do
+  local task, tok = ARGV[ack_args + 2 * k - 1], ARGV[ack_args + 2 * k]
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+    redis.call('SETBIT', K_DONE, task, 1)
+    mincr('ndone')
+    end_lease(task, l, 'A')
+    observe('dur', NOW - l.since)
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    mincr('c_acked')
+    local acked = mincr('acked_job')
+    redis.call('HSET', K_META, 'last_ack', fmt(NOW))
+    if acked % 20 == 0 then recompute_auto_timeout() end
+    event('acked', 'task', task, 'worker', worker, 'token', tok)
+    acks[k] = C.OK
+  elseif l and not l.live and l.kind == 'A' and l.worker == worker and l.winc == winc
+      and l.token == tok and l.round == ROUND then
+    acks[k] = C.DUP
+  else
+    mincr('c_stale')
+    mincr('p_stale')
+    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'ack')
+    acks[k] = C.STALE
+  end
+end
+if n_acks > 0 then check_pass_end() end
+
+local starts = {}
+for k = 1, n_starts do
+  local task, tok = ARGV[start_args + 2 * k - 1], ARGV[start_args + 2 * k]
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+    if l.st == 'R' then
+      redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
+        .. l.round .. '|S|' .. fmt(NOW) .. '|' .. l.call .. '|' .. l.attempt)
+      redis.call('ZREM', K_RESERVED, task)
+      mincr('nreserved', -1)
+      redis.call('ZADD', K_STARTED, fmt(JNOW), task)
+      local tt = task_timeout_ms()
+      if tt > 0 then redis.call('ZADD', K_DEADLINES, fmt(JNOW + tt), task) end
+      event('started', 'task', task, 'worker', worker)
+    end
+    starts[k] = C.OK
+  else
+    starts[k] = C.STOLEN
+  end
+end
+
+if ws == 'lost' then return {C.REREGISTER, {}, 0, job_info(), acks, starts} end
+if ws == 'drain' then return {C.DRAINING, {}, 0, job_info(), acks, starts} end
+local r = lease_part(worker, winc, want, call_no, mode, expect_pass)
+return {r[1], r[2], r[3], job_info(), acks, starts}

@@ -1,0 +1,17 @@
+#!lua
+-- cancel: the job will never give work again; every lease becomes stale at once.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any)
+-- returns: {code}
+local err = open_job(ARGV[1])
+if err then return {err} end
+if STATE == 'cancelled' then return {C.OK} end
+if STATE == 'completed' then return {C.JOB_COMPLETED} end
+save_summary('cancelled')
+ROUND = mincr('round')
+redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
+redis.call('HSET', K_META, 'state', 'cancelled', 'reason', '', 'nleased', 0, 'nreserved', 0)
+STATE = 'cancelled'
+event('job_cancelled')
+broadcast()
+return {C.OK}

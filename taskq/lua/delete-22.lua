@@ -1,0 +1,9 @@
+#!lua
+-- delete: remove every key of the job (UNLINK: O(1) here, freed in the background).
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any)
+-- returns: {code}
+local cur = redis.call('HGET', K_META, 'inc')
+if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
+redis.call('UNLINK', unpack(KEYS))
+return {C.OK}

@@ -1,0 +1,41 @@
+#!lua
+-- fail: the trainer reports that its tasks failed.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc, worker, winc, error_text, n, (task, token) x n
+-- returns: {code, {result per task}}
+-- One failing task is charged a failure (dead at max_failures or max_attempts); a batch
+-- of several goes back uncharged, each marked solo, to be leased alone until it is acked
+-- or fails alone, so one bad task does not charge its neighbours.
+local err = open_job(ARGV[1])
+if err then return {err} end
+local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
+local n = tonumber(ARGV[5])
+local out = {}
+for k = 1, n do
+  local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+    end_lease(task, l, 'F')
+    mincr('c_failed')
+    if n > 1 then
+      redis.call('HSET', K_COUNTS, 's:' .. task, '1')
+      event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
+      to_front(task)
+    else
+      redis.call('HDEL', K_COUNTS, 's:' .. task)
+      event('failed', 'task', task, 'worker', worker, 'error', why)
+      requeue(task, 'failure')
+    end
+    out[k] = C.OK
+  elseif l and not l.live and l.kind == 'F' and l.worker == worker and l.winc == winc
+      and l.token == tok and l.round == ROUND then
+    out[k] = C.DUP
+  else
+    mincr('c_stale')
+    mincr('p_stale')
+    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'fail')
+    out[k] = C.STALE
+  end
+end
+check_pass_end()
+return {C.OK, out}

@@ -1,0 +1,44 @@
+#!lua
+-- heartbeat: the worker's whole truth in one call.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n
+-- returns: {code (OK | DRAINING | REREGISTER), {revoked task ids}, {pass, gen, state, reason}}
+-- Renews liveness; revokes leases granted to this worker by calls up to the last reply
+-- it received that it did not list (their reply was lost); answers the listed leases
+-- that are no longer current.
+local err = open_job(ARGV[1])
+if err then return {err} end
+local worker, winc = ARGV[2], ARGV[3]
+local last_reply = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+reclaim(20)
+local ws = touch_worker(worker, winc)
+if ws == 'lost' then return {C.REREGISTER, {}, job_info()} end
+local held = {}
+for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
+local m = worker .. '|' .. winc
+local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
+  'LIMIT', 0, 1000)
+for _, item in ipairs(items) do
+  local task = string.match(item, '|([^|]*)$')
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if not lease_is_current(l) or member(l.worker, l.winc, task) ~= item then
+    redis.call('ZREM', K_OWNED, item)
+  elseif held[task] == nil and l.call <= last_reply then
+    end_lease(task, l, 'V')
+    mincr('c_revoked')
+    event('revoked', 'task', task, 'worker', worker, 'reason', 'reply_lost')
+    to_front(task)
+  end
+end
+local revoked = {}
+for k = 1, n do
+  local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if not (lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok) then
+    revoked[#revoked + 1] = tonumber(task)
+  end
+end
+local code = C.OK
+if ws == 'drain' then code = C.DRAINING end
+return {code, revoked, job_info()}

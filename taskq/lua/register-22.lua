@@ -1,0 +1,21 @@
+#!lua
+-- register: a worker incarnation joins the job.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid
+-- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
+-- An id alive under another incarnation (a restarted pod) is declared lost at once.
+local err = open_job(ARGV[1])
+if err then return {err} end
+local worker, winc = ARGV[2], ARGV[3]
+local ttl = tonumber(ARGV[4]) or 0
+if ttl <= 0 then ttl = mnum('ttl') end
+local old = split(redis.call('HGET', K_WINFO, worker) or '')
+if old[1] and old[1] ~= '' and old[1] ~= winc then
+  redis.call('ZADD', K_WORKERS, 'XX', 0, worker .. '|' .. old[1])
+end
+reclaim(1000)
+redis.call('HSET', K_WINFO, worker,
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
+redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
+event('worker_joined', 'worker', worker, 'incarnation', winc)
+return {C.OK, mget('inc'), fmt(ttl), mget('hbi'), job_info()}

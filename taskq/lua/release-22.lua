@@ -1,0 +1,32 @@
+#!lua
+-- release: the trainer gives tasks back unfinished (graceful leave, SIGTERM, break).
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc, worker, winc, n, (task, token) x n
+-- returns: {code, {result per task}}
+-- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.
+local err = open_job(ARGV[1])
+if err then return {err} end
+local worker, winc = ARGV[2], ARGV[3]
+local n = tonumber(ARGV[4])
+local out = {}
+for k = 1, n do
+  local task, tok = ARGV[3 + 2 * k], ARGV[4 + 2 * k]
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+    end_lease(task, l, 'R')
+    mincr('c_released')
+    event('released', 'task', task, 'worker', worker)
+    if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
+    out[k] = C.OK
+  elseif l and not l.live and l.kind == 'R' and l.worker == worker and l.winc == winc
+      and l.token == tok and l.round == ROUND then
+    out[k] = C.DUP
+  else
+    mincr('c_stale')
+    mincr('p_stale')
+    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'release')
+    out[k] = C.STALE
+  end
+end
+check_pass_end()
+return {C.OK, out}

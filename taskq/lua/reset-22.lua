@@ -1,0 +1,16 @@
+#!lua
+-- reset: restart the current pass (a new attempt of it; its leases become stale).
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any), expected_pass (-1 = current)
+-- returns: {code, pass}
+local err = open_job(ARGV[1])
+if err then return {err, 0} end
+local p = mnum('pass')
+if STATE == 'cancelled' then return {C.JOB_CANCELLED, p} end
+if STATE == 'completed' then return {C.JOB_COMPLETED, p} end
+local expected = tonumber(ARGV[2])
+if expected >= 0 and expected ~= p then return {C.PASS_MISMATCH, p} end
+save_summary('reset')
+mincr('p_resets')
+start_pass(p, 'pass_reset')
+return {C.OK, p}

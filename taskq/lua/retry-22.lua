@@ -1,0 +1,34 @@
+#!lua
+-- retry: dead tasks back to the front of the current pass (reopening a completed
+-- job's last pass, or a job waiting because every task was dead).
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to 1000 dead tasks)
+-- returns: {code, retried, dead_left}
+local err = open_job(ARGV[1])
+if err then return {err, 0, 0} end
+if STATE == 'cancelled' then return {C.JOB_CANCELLED, 0, 0} end
+local n = tonumber(ARGV[2])
+local ids = {}
+if n == 0 then
+  ids = redis.call('SRANDMEMBER', K_DEAD, 1000)
+else
+  for k = 1, n do ids[k] = ARGV[2 + k] end
+end
+local retried = 0
+for _, task in ipairs(ids) do
+  if redis.call('SREM', K_DEAD, task) == 1 then
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    redis.call('ZADD', K_FRONT, mincr('fseq'), task)
+    event('retried', 'task', task)
+    retried = retried + 1
+  end
+end
+if retried > 0 and STATE ~= 'running' then
+  redis.call('HSET', K_META, 'state', 'running', 'reason', '')
+  STATE = 'running'
+  event('pass_reopened', 'round', ROUND)
+  broadcast()
+elseif retried > 0 then
+  for _ = 1, math.min(retried, 1000) do wake_one() end
+end
+return {C.OK, retried, redis.call('SCARD', K_DEAD)}

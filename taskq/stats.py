@@ -1,0 +1,231 @@
+"""Read-only views of a job: status snapshots, task and worker lists, the audit.
+
+Reads never write. ``snapshot`` is one read-only script call, O(1) in the number of
+tasks; the exporter and ``taskq job status`` use it.
+
+Data flow: client.py / exporter.py / CLI -> stats.py -> Redis (reads only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .scripts import HIST_BOUNDS_MS, raise_for
+
+if TYPE_CHECKING:
+    from .client import Client
+
+LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
+
+COUNTERS = {
+    "leased": "c_leased",
+    "acked": "c_acked",
+    "failed": "c_failed",
+    "released": "c_released",
+    "expired_worker_lost": "c_exp_wl",
+    "expired_task_timeout": "c_exp_tt",
+    "stale": "c_stale",
+    "dead": "c_dead",
+    "stolen": "c_stolen",
+    "revoked": "c_revoked",
+}
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _int(meta: dict[str, str], field: str, key: str = "") -> int:
+    try:
+        return int(float(meta.get(field, 0) or 0))
+    except ValueError as e:
+        raise errors.CorruptData(f"{key}: field {field!r} is not a number") from e
+
+
+def histogram(hist: dict[str, str], name: str) -> dict[str, Any]:
+    """A histogram kept by the scripts, in seconds: bounds, per-bucket counts, sum, count."""
+    counts = [int(hist.get(f"{name}:{i}", 0)) for i in range(1, len(HIST_BOUNDS_MS) + 2)]
+    return {
+        "bounds_s": [b / 1000.0 for b in HIST_BOUNDS_MS],
+        "counts": counts,
+        "sum_s": float(hist.get(f"{name}:sum", 0) or 0) / 1000.0,
+        "count": int(hist.get(f"{name}:count", 0)),
+    }
+
+
+def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
+    """The ``JobStatus`` of ``name``.
+
+    Raises:
+        JobNotFound: no such job. CorruptData: its meta hash cannot be read.
+    """
+    from .models import JobStatus
+
+    keys = client.keys(name)
+    reply = client.scripts.call("stats", keys.all, list(LEASE_AGE_BOUNDS_S))
+    raise_for(int(reply[0]), name)
+    meta = _pairs(reply[1])
+    if "inc" not in meta or "n" not in meta:
+        raise errors.CorruptData(f"{keys.meta}: not a taskq job (fields missing)")
+    dead, alive = int(reply[2]), int(reply[3])
+    now_ms, jnow_ms = int(reply[4]), int(reply[5])
+    hist = _pairs(reply[6])
+    older = [int(x) for x in reply[7]]
+    oldest = reply[8]
+    n = _int(meta, "n", keys.meta)
+    done = _int(meta, "ndone", keys.meta)
+    leased = _int(meta, "nleased", keys.meta)
+    state = meta.get("state", "")
+    if state in ("completed", "cancelled"):
+        leased = 0
+    todo = max(0, n - dead - done - leased) if state != "cancelled" else 0
+    passes = _int(meta, "passes", keys.meta)
+    pass_no = _int(meta, "pass", keys.meta)
+    tt = meta.get("tt", "auto")
+    config = {
+        "chunks": _int(meta, "nchunks"),
+        "chunks_per_task": _int(meta, "cpt"),
+        "passes": None if passes < 0 else passes,
+        "worker_ttl": _int(meta, "ttl") / 1000.0,
+        "heartbeat_interval": _int(meta, "hbi") / 1000.0,
+        "task_timeout": tt if tt in ("auto",) else None if tt == "none" else int(tt) / 1000.0,
+        "auto_task_timeout_s": _int(meta, "auto_tt") / 1000.0 or None,
+        "max_failures": _int(meta, "maxf"),
+        "max_attempts": _int(meta, "maxa"),
+        "shuffle": meta.get("shuffle") == "1",
+        "seed": _int(meta, "seed_full"),
+        "auto_advance": meta.get("advance") == "1",
+        "manual_clock": meta.get("mclock") == "1",
+    }
+    counters = {k: _int(meta, f) for k, f in COUNTERS.items()}
+    counters["last_ack_ms"] = _int(meta, "last_ack")
+    counters["last_pass_ms"] = _int(meta, "last_pass_ms")
+    lease_ages = {str(b): c for b, c in zip(LEASE_AGE_BOUNDS_S, older, strict=True)}
+    status = JobStatus(
+        job=name, state=state, reason=meta.get("reason", ""), pass_no=pass_no,
+        passes=None if passes < 0 else passes, tasks=n, todo=todo, leased=leased,
+        done=done, dead=dead, workers=alive, incarnation=meta["inc"], config=config,
+        counters=counters, pass_started_ms=_int(meta, "pstart"),
+        created_ms=_int(meta, "created"), now_ms=now_ms, pass_attempt=_int(meta, "p_resets"),
+        reserved=_int(meta, "nreserved") if state == "running" else 0,
+        histograms={"task_duration": histogram(hist, "dur"),
+                    "redispatch_lateness": histogram(hist, "late")},
+        oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
+        lease_ages=lease_ages,
+    )
+    if summaries > 0:
+        fields = [str(p) for p in range(max(0, pass_no - summaries + 1), pass_no + 1)]
+        raw = client.redis.hmget(keys.passes, fields)
+        status.summaries = [json.loads(r) for r in raw if r]
+    return status
+
+
+def parse_lease(record: str | None) -> dict[str, Any] | None:
+    """A lease record (see lua/_lib.lua) as a dict, or None."""
+    if not record:
+        return None
+    f = record.split("|")
+    if f[0] == "L" and len(f) >= 9:
+        return {"live": True, "worker": f[1], "worker_incarnation": f[2], "token": int(f[3]),
+                "round": int(f[4]), "started": f[5] == "S", "since_ms": int(f[6]),
+                "call": int(f[7]), "attempt": int(f[8])}
+    if f[0] == "E" and len(f) >= 6:
+        return {"live": False, "worker": f[1], "worker_incarnation": f[2], "token": int(f[3]),
+                "round": int(f[4]), "ended": {"A": "acked", "F": "failed", "R": "released",
+                                              "X": "expired", "S": "stolen",
+                                              "V": "revoked"}.get(f[5], f[5])}
+    return None
+
+
+def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
+    """The rows of the peek script as dicts."""
+    out = []
+    for task_id, record, failures, attempts in rows:
+        item: dict[str, Any] = {"id": int(task_id), "state": state,
+                                "failures": int(failures), "attempts": int(attempts)}
+        lease = parse_lease(record) if state == "leased" else None
+        if lease and lease["live"]:
+            item.update(worker=lease["worker"], token=lease["token"],
+                        started=lease["started"], since_ms=lease["since_ms"],
+                        attempt=lease["attempt"])
+        out.append(item)
+    return out
+
+
+def _job_now(client: Client, name: str) -> tuple[int, int]:
+    keys = client.keys(name)
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.hmget(keys.meta, ["mclock", "offset", "inc"])
+    pipe.get(keys.clock)
+    pipe.time()
+    (mclock, offset, inc), clock, (sec, usec) = pipe.execute()
+    if inc is None:
+        raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
+    now = int(clock or 0) if mclock == "1" else int(sec) * 1000 + int(usec) // 1000
+    return now, now - int(offset or 0)
+
+
+def workers(client: Client, name: str) -> list[dict[str, Any]]:
+    """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
+    keys = client.keys(name)
+    now, jnow = _job_now(client, name)
+    infos = client.redis.hgetall(keys.winfo)
+    deadlines = dict(client.redis.zrange(keys.workers, 0, 9999, withscores=True))
+    pipe = client.redis.pipeline(transaction=False)
+    rows = []
+    for worker, info in sorted(infos.items()):
+        f = info.split("|")
+        if len(f) < 6:
+            raise errors.CorruptData(f"{keys.winfo}: field {worker!r} is not a worker record")
+        winc, ttl_ms, joined, host, pid, drain = f[0], int(f[1]), int(f[2]), f[3], f[4], f[5]
+        m = f"{worker}|{winc}"
+        deadline = deadlines.get(m)
+        pipe.zlexcount(keys.owned, f"[{m}|", f"({m}|\xff")
+        rows.append({
+            "id": worker, "incarnation": winc, "host": host, "pid": int(pid or 0),
+            "joined_ms": joined, "ttl_s": ttl_ms / 1000.0,
+            "last_heartbeat_age_s": None if deadline is None
+            else round((jnow - (deadline - ttl_ms)) / 1000.0, 3),
+            "alive": deadline is not None and deadline >= jnow, "draining": drain == "1",
+        })
+    for row, held in zip(rows, pipe.execute(), strict=True):
+        row["leases"] = int(held)
+    return rows
+
+
+def audit(client: Client, name: str) -> dict[str, Any]:
+    """Per-pass records and counter checks (``taskq job audit``)."""
+    keys = client.keys(name)
+    status = snapshot(client, name, summaries=0)
+    raw = client.redis.hgetall(keys.passes)
+    passes = sorted((json.loads(v) for v in raw.values()), key=lambda s: (s["pass"], s["round"]))
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.bitcount(keys.done)
+    pipe.zcard(keys.reserved)
+    pipe.zcard(keys.started)
+    pipe.scard(keys.dead)
+    bits, reserved, started, dead = pipe.execute()
+    checks = {
+        "done_matches_bitmap": status.state == "cancelled" or bits == status.done,
+        "leased_matches_indexes": status.state != "running"
+        or status.leased == reserved + started,
+        "dead_matches_set": dead == status.dead,
+        "done_within_live": status.done <= status.tasks - status.dead,
+    }
+    return {
+        "job": name,
+        "state": status.state,
+        "pass": status.pass_no,
+        "passes": [
+            {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
+                                   "stale", "resets", "max_lateness_ms", "expired")}
+            for s in passes
+        ],
+        "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
+                    "todo": status.todo, "dead": status.dead},
+        "counters": status.counters,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
