@@ -1,0 +1,50 @@
+"""Fixtures: a real redis-server per session (started here), a fresh job name per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import taskq  # noqa: E402
+from redis_server import RedisServer  # noqa: E402
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server the suite started (shared; tests use unique job names)."""
+    server = RedisServer()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test alone (AOF on), for kills and restarts."""
+    server = RedisServer(aof=True)
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def client(url: str) -> taskq.Client:
+    return taskq.connect(url)
+
+
+@pytest.fixture
+def job_name(request: pytest.FixtureRequest) -> str:
+    """A job name unique to this test."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+    return f"t{next(_counter)}-{os.getpid()}-{base}"
