@@ -103,7 +103,7 @@ def promql_metric_names(expr: str) -> set[str]:
 def test_promql_metric_names_ignores_functions_labels_and_ranges() -> None:
     expr = (
         'histogram_quantile(0.99, sum by (job_name, le) (rate(x_bucket{job_name="$j"}'
-        "[$__rate_interval]))) > 10 and on(job_name) y{state=\"leased\"} > 0 or time() - z"
+        '[$__rate_interval]))) > 10 and on(job_name) y{state="leased"} > 0 or time() - z'
     )
     assert promql_metric_names(expr) == {"x_bucket", "y", "z"}
 
@@ -120,8 +120,12 @@ def load_yaml_all(path: Path) -> list[Any]:
 
 def promtool() -> str:
     """The promtool binary; a missing one fails the test (never a skip)."""
-    found = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
-    assert found, "promtool missing: install it (scripts/bootstrap.sh --with-prometheus, or apt-get install prometheus)"
+    found = shutil.which("promtool") or (
+        "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
+    )
+    assert found, (
+        "promtool missing: install it (scripts/bootstrap.sh --with-prometheus, or apt-get install prometheus)"
+    )
     return found
 
 
@@ -222,7 +226,9 @@ def test_compose_build_context_has_the_dockerfile(compose: dict[str, Any]) -> No
         if build is None:
             continue
         context = ROOT / (build if isinstance(build, str) else build.get("context", "."))
-        dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+        dockerfile = (
+            "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+        )
         assert (context / dockerfile).is_file(), name
 
 
@@ -277,7 +283,9 @@ def dockerignored(path: str, patterns: list[str]) -> bool:
         pattern = pattern.lstrip("!").rstrip("/")
         parts = path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, f"**/{pattern}") for p in prefixes):
+        if any(
+            fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, f"**/{pattern}") for p in prefixes
+        ):
             ignored = not negate
     return ignored
 
@@ -511,7 +519,12 @@ def test_k8s_redis_is_a_statefulset_with_aof_on_a_pvc(k8s_objects: list[dict[str
     assert mounts["data"] == "/data"
     config = find(k8s_objects, "ConfigMap", "redis-config")["data"]["redis.conf"]
     lines = {line.strip() for line in config.splitlines()}
-    assert {"appendonly yes", "appendfsync everysec", "maxmemory-policy noeviction", "dir /data"} <= lines
+    assert {
+        "appendonly yes",
+        "appendfsync everysec",
+        "maxmemory-policy noeviction",
+        "dir /data",
+    } <= lines
     service = find(k8s_objects, "Service", "redis")
     assert service["spec"]["selector"] == statefulset["spec"]["template"]["metadata"]["labels"]
 
@@ -529,14 +542,26 @@ def test_k8s_reaper_and_exporter(k8s_objects: list[dict[str, Any]]) -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
+        p["name"] for p in service["spec"]["ports"]
+    }
 
 
 # --- Redis ACL -------------------------------------------------------------------------
 
 ACL_USERS = {"default", "trainer", "reaper", "exporter", "admin"}
 #: Job keys a trainer's scripts may DEL/UNLINK (per-pass state and wake-up lists).
-SCRATCH_KEYS = {"done", "front", "owned", "deadlines", "reserved", "started", "wake", "bcast0", "bcast1"}
+SCRATCH_KEYS = {
+    "done",
+    "front",
+    "owned",
+    "deadlines",
+    "reserved",
+    "started",
+    "wake",
+    "bcast0",
+    "bcast1",
+}
 #: Script verbs only the admin (the CLI) runs; any other verb but `reap` is a trainer's.
 ADMIN_VERBS = {
     "create", "stage", "flip", "replace", "delete", "cancel", "advance", "next", "reset",
@@ -571,7 +596,16 @@ def test_acl_file_has_one_user_per_line_and_placeholder_passwords() -> None:
 def test_acl_trainer_cannot_delete_flush_or_rename_at_top_level() -> None:
     trainer = next(words for words in acl_lines() if words[1] == "trainer")
     rules = {rule.lower() for rule in top_level_rules(trainer)}
-    assert not rules & {"+del", "+unlink", "+flushall", "+flushdb", "+rename", "+@all", "+@write", "+@keyspace"}
+    assert not rules & {
+        "+del",
+        "+unlink",
+        "+flushall",
+        "+flushdb",
+        "+rename",
+        "+@all",
+        "+@write",
+        "+@keyspace",
+    }
     assert "-@dangerous" in rules
 
 
@@ -603,7 +637,9 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]
                 break
             except redis.ConnectionError:
                 log = workdir / "redis.log"
-                assert process.poll() is None, f"redis-server refused the ACL file: {log.read_text() if log.exists() else ''}"
+                assert process.poll() is None, (
+                    f"redis-server refused the ACL file: {log.read_text() if log.exists() else ''}"
+                )
                 assert time.monotonic() < deadline, "redis-server did not start"
                 time.sleep(0.05)
         yield client
@@ -668,8 +704,14 @@ ACL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("user", "command", "allowed"), ACL_CASES, ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v))
-def test_acl_dryrun(acl_redis: redis.Redis, user: str, command: tuple[str, ...], allowed: bool) -> None:
+@pytest.mark.parametrize(
+    ("user", "command", "allowed"),
+    ACL_CASES,
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v),
+)
+def test_acl_dryrun(
+    acl_redis: redis.Redis, user: str, command: tuple[str, ...], allowed: bool
+) -> None:
     assert dryrun(acl_redis, user, *command) is allowed
 
 
@@ -701,7 +743,11 @@ def resolve_key_args(path: Path, args: list[str]) -> list[str] | None:
     text = path.read_text()
     keys = []
     for arg in args:
-        candidates = [arg] if arg.startswith("K_") else re.findall(rf"\b{re.escape(arg)}\s*=\s*(K_\w+)", text)
+        candidates = (
+            [arg]
+            if arg.startswith("K_")
+            else re.findall(rf"\b{re.escape(arg)}\s*=\s*(K_\w+)", text)
+        )
         if not candidates:
             return None
         keys.extend(c[2:].lower() for c in candidates)
@@ -726,14 +772,17 @@ def role_of(script: Path) -> set[str]:
 def dryrun_any_arity(client: redis.Redis, user: str, command: str, keys: list[str]) -> bool:
     """ACL DRYRUN with filler args until the arity fits (scripts' args are runtime values).
 
-    Unresolved key args become the job's meta key: a key outside taskq:* would be denied
-    for a reason that has nothing to do with the command.
+    Unresolved key args and the fillers are the job's meta key (a filler may sit in a key
+    position, as RENAME's second arg does): a key outside taskq:* would be denied for a
+    reason that has nothing to do with the command.
     """
     attempts = [[key(k) for k in keys]] if keys else [[], [key("meta")]]
     for head in attempts:
         for filler in range(8 if head else 1):  # a keyless command takes no filler
             try:
-                reply = client.execute_command("ACL", "DRYRUN", user, command, *head, *["1"] * filler)
+                reply = client.execute_command(
+                    "ACL", "DRYRUN", user, command, *head, *[key("meta")] * filler
+                )
             except redis.ResponseError as e:
                 if "wrong number of arguments" in str(e):
                     continue
@@ -755,7 +804,9 @@ def test_acl_allows_every_command_the_lua_scripts_call(acl_redis: redis.Redis) -
                 keys = resolve_key_args(script, args)
                 if keys is None:
                     # Any key under taskq:* is the admin's to delete (a staging hash...).
-                    assert users == {"admin"}, f"{script.name}: which keys does {command} {args} delete?"
+                    assert users == {"admin"}, (
+                        f"{script.name}: which keys does {command} {args} delete?"
+                    )
                     keys = ["meta"]
             else:
                 keys = (resolve_key_args(script, args[:1]) if args else None) or []
