@@ -250,8 +250,9 @@ def _first_line(argv: list[str]) -> str:
 class Recorder:
     """Collects result rows and merges them into bench/results/latest.{json,md}.
 
-    A row is {section, name, value, unit, note}. A new row replaces the stored row with the
-    same (section, name); rows of sections not re-run are kept, so `--only` updates in place.
+    A row is {section, name, value, unit, note}. The rows of a section that produced rows in
+    this run replace all its stored rows; other sections' rows are kept, so `--only` updates
+    in place.
     """
 
     def __init__(self, results_dir: Path = RESULTS_DIR, mode: str = "quick") -> None:
@@ -276,8 +277,8 @@ class Recorder:
                 stored = json.loads(json_path.read_text()).get("rows", [])
             except (ValueError, AttributeError):
                 stored = []
-        fresh_keys = {(row["section"], row["name"]) for row in self.rows}
-        merged = [row for row in stored if (row["section"], row["name"]) not in fresh_keys]
+        fresh_sections = {row["section"] for row in self.rows}
+        merged = [row for row in stored if row.get("section") not in fresh_sections]
         merged += self.rows
         merged.sort(key=lambda row: SECTION_ORDER.get(row["section"], 99))
         document = {

@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +39,7 @@ PEERS_DIR = Path(__file__).resolve().parent
 NOOP = "peers.rq_jobs.noop"
 RECORD_AND_SLEEP = "peers.rq_jobs.record_start_and_sleep"
 STARTS_KEY = "bench:rq:starts"
+_stop_waiting = threading.Event()
 
 # variant -> (row label, job_timeout for the enqueued job; None = rq's default 180 s)
 RECOVERY_VARIANTS = {
@@ -57,15 +59,20 @@ def run(recorder: common.Recorder, quick: bool, max_wait_s: float | None = None)
     max_wait_s = max_wait_s if max_wait_s is not None else (120.0 if quick else 1200.0)
     trials = 1 if quick else 3
     # The two variants mostly sleep; running them side by side halves the wall time.
+    _stop_waiting.clear()
     with ThreadPoolExecutor(max_workers=len(RECOVERY_VARIANTS)) as pool:
         futures = {
             variant: pool.submit(recovery_trials, variant, trials, max_wait_s)
             for variant in RECOVERY_VARIANTS
         }
-        for variant, future in futures.items():
-            label, _ = RECOVERY_VARIANTS[variant]
-            value, note = future.result()
-            recorder.add(SECTION, label, value, "s", note)
+        try:
+            for variant, future in futures.items():
+                label, _ = RECOVERY_VARIANTS[variant]
+                value, note = future.result()
+                recorder.add(SECTION, label, value, "s", note)
+        except KeyboardInterrupt:
+            _stop_waiting.set()  # the trials' finally blocks then kill their workers
+            raise
 
 
 def throughput_rows(recorder: common.Recorder, jobs: int) -> None:
@@ -205,7 +212,7 @@ def _spawn_worker(port: int, variant: str, queue_name: str, log_path: Path) -> s
 
 def _wait_for_starts(connection, count: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not _stop_waiting.is_set():
         if connection.llen(STARTS_KEY) >= count:
             return True
         time.sleep(0.05)
