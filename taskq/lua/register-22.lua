@@ -11,7 +11,7 @@ local ttl = tonumber(ARGV[4]) or 0
 if ttl <= 0 then ttl = mnum('ttl') end
 local old = split(redis.call('HGET', K_WINFO, worker) or '')
 if old[1] and old[1] ~= '' and old[1] ~= winc then
-  redis.call('ZADD', K_WORKERS, 'XX', 0, worker .. '|' .. old[1])
+  redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old[1])
 end
 reclaim(1000)
 redis.call('HSET', K_WINFO, worker,
