@@ -20,6 +20,7 @@ import multiprocessing as mp
 import time
 
 import common
+import psutil
 import redis
 
 SECTION = "probe"
@@ -76,10 +77,13 @@ def run(recorder: common.Recorder, quick: bool) -> None:
     for batch in (1, 16):
         for processes in (1, 4, 16):
             with common.start_redis() as server:
+                redis_cpu = psutil.Process(server.process.pid)
+                cpu_before = sum(redis_cpu.cpu_times()[:2])
                 result = measure(server.port, processes, batch, duration_s)
+                cpu_share = (sum(redis_cpu.cpu_times()[:2]) - cpu_before) / result["window_s"]
             note = (
                 f"{duration_s:.0f} s, call p50 {result['p50_ms']:.2f} ms "
-                f"p99 {result['p99_ms']:.2f} ms"
+                f"p99 {result['p99_ms']:.2f} ms, redis-server CPU {cpu_share:.0%}"
             )
             if result["problem"]:
                 note += f"; {result['problem']}"
@@ -96,7 +100,7 @@ def measure(port: int, processes: int, batch: int, duration_s: float) -> dict:
     """Runs `processes` closed-loop clients for `duration_s` against 127.0.0.1:port.
 
     Returns:
-        {tasks_per_s, acked, p50_ms, p99_ms, problem} where problem is "" when the done
+        {tasks_per_s, window_s, acked, p50_ms, p99_ms, problem} where problem is "" when the done
         bitmap matches the acks and no ack was stale.
     """
     client = redis.Redis(host=common.LOOPBACK, port=port)
@@ -132,6 +136,7 @@ def measure(port: int, processes: int, batch: int, duration_s: float) -> dict:
         problem = f"CHECK FAILED: {stale} stale acks, {done_bits} done bits for {acked} acks"
     return {
         "tasks_per_s": acked / window,
+        "window_s": window,
         "acked": acked,
         "p50_ms": common.percentile(latencies, 50),
         "p99_ms": common.percentile(latencies, 99),
