@@ -10,13 +10,17 @@ Data flow: trainer code -> trainer.py -> scripts.py (lua) -> Redis <- reaper.py.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import random
 import secrets
+import select
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -26,10 +30,10 @@ from typing import Any
 
 from . import errors
 from .client import Client
-from .connection import translate
+from .connection import make_redis, resolve_url, translate
 from .keys import JobKeys
 from .models import Task
-from .scripts import Code, raise_for
+from .scripts import Code, Scripts, raise_for
 
 log = logging.getLogger("taskq.trainer")
 
@@ -52,10 +56,16 @@ class Trainer:
         prefetch: reserved tasks kept ahead of the current one (others may steal them).
         worker_ttl: this worker's own liveness ttl in seconds (e.g. for long GIL-bound
             steps); the job's ``worker_ttl`` when None.
-        heartbeat: run the heartbeat thread (turn off only in tests that drive it).
-        handle_signals: in the ``with`` block, turn SIGTERM into ``SystemExit`` (main
-            thread only) so the loop ends and everything held is released.
-        reconnect_timeout: seconds the iterator keeps retrying while Redis is unreachable.
+        heartbeat: ``"thread"`` (or True, the default): a daemon thread of this process;
+            ``"process"``: a helper process that keeps heartbeating while this process
+            holds the GIL for long steps, and exits when this process dies (needs ``url``,
+            not a ``client`` built on a given redis-py client); False: none (tests that
+            drive ``heartbeat()`` by hand).
+        handle_signals: in the ``with`` block, turn SIGTERM into ``SystemExit`` and SIGINT
+            into ``KeyboardInterrupt`` (main thread only; forked children get the default
+            behaviour back) so the loop ends and everything held is released.
+        reconnect_timeout: seconds a call keeps retrying while Redis is unreachable
+            (backoff with jitter); then ``ConnectionLost`` is raised.
 
     Raises:
         JobNotFound: no such job. ConnectionLost: Redis unreachable.
@@ -70,7 +80,7 @@ class Trainer:
         *,
         prefetch: int = 0,
         worker_ttl: float | None = None,
-        heartbeat: bool = True,
+        heartbeat: bool | str = True,
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
     ) -> None:
@@ -84,11 +94,24 @@ class Trainer:
             raise errors.InvalidInput(f"prefetch must be >= 0, got {prefetch}")
         if worker_ttl is not None and worker_ttl <= 0:
             raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
+        if heartbeat is True:
+            heartbeat = "thread"
+        if heartbeat not in (False, "thread", "process"):
+            raise errors.InvalidInput(f"heartbeat must be 'thread', 'process' or False, "
+                                      f"not {heartbeat!r}")
+        # the raw URL (with any password) for connections of our own; None with a given client
+        self._raw_url = resolve_url(url) if client is None else url
+        if heartbeat == "process" and self._raw_url is None:
+            raise errors.InvalidInput("heartbeat='process' needs url= (the helper process "
+                                      "opens its own connection)")
+        if reconnect_timeout < 0:
+            raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
         self.prefetch = prefetch
         self.handle_signals = handle_signals
         self.reconnect_timeout = reconnect_timeout
         self._own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
         self._lock = threading.RLock()
+        self._rejoin_lock = threading.Lock()
         self._held: dict[int, Task] = {}
         self._reserved: deque[Task] = deque()
         self._call_no = 0
@@ -105,13 +128,25 @@ class Trainer:
         self._old_handlers: dict[int, Any] = {}
         self.job_incarnation = ""
         self.incarnation = ""
+        self.heartbeats_sent = 0
+        self.stolen_from_me = 0
+        self._helper: _HelperHeartbeat | None = None
+        self._hb_scripts: Scripts | None = None
         self._register()
+        if heartbeat == "thread" and self._raw_url is not None:
+            # its own connection, failing fast: a heartbeat stuck in retries for longer
+            # than the ttl would be worse than one missed beat
+            hb_redis, _ = make_redis(self._raw_url, retries=1,
+                                     socket_timeout=max(0.5, min(self.ttl_s / 2, 5.0)))
+            self._hb_scripts = Scripts(hb_redis)
         self._hb_thread: threading.Thread | None = None
-        if heartbeat:
+        if heartbeat == "thread":
             self._hb_thread = threading.Thread(
                 target=self._heartbeat_loop, name=f"taskq-heartbeat-{job}", daemon=True
             )
             self._hb_thread.start()
+        elif heartbeat == "process":
+            self._helper = _HelperHeartbeat(self)
 
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
@@ -125,6 +160,12 @@ class Trainer:
         self.heartbeat_interval = int(reply[3]) / 1000.0
         self._note_info(reply[4])
         log.debug("registered %s/%s on job %s", self.worker_id, self.incarnation, self.job)
+        self._changed()
+
+    def _changed(self) -> None:
+        """Tell the helper heartbeat process what this trainer holds now."""
+        if self._helper is not None:
+            self._helper.push()
 
     def _run(self, verb: str, args: list[Any]) -> Any:
         with translate(self.client.url):
@@ -146,11 +187,17 @@ class Trainer:
                 task.revoked.set()
             self._held.clear()
             self._reserved.clear()
+        self._changed()
 
-    def _rejoin(self) -> None:
-        log.warning("worker %s was declared lost; re-registering", self.worker_id)
-        self._mark_all_revoked()
-        self._register()
+    def _rejoin(self, incarnation: str) -> None:
+        """Join again under a new incarnation, once for all threads that saw ``incarnation``
+        declared lost; never after ``close()``."""
+        with self._rejoin_lock:
+            if self._closed or self.incarnation != incarnation:
+                return
+            log.warning("worker %s was declared lost; re-registering", self.worker_id)
+            self._mark_all_revoked()
+            self._register()
 
     def _tasks_from(self, rows: list[Any], call_no: int) -> list[Task]:
         tasks = []
@@ -162,6 +209,7 @@ class Trainer:
                 self._held[task.id] = task
                 tasks.append(task)
             self._last_reply_no = max(self._last_reply_no, call_no)
+        self._changed()
         return tasks
 
     def _step(
@@ -171,7 +219,8 @@ class Trainer:
         with self._lock:
             self._call_no += 1
             call_no = self._call_no
-        args: list[Any] = [self.job_incarnation, self.worker_id, self.incarnation, call_no,
+            incarnation = self.incarnation
+        args: list[Any] = [self.job_incarnation, self.worker_id, incarnation, call_no,
                            len(acks)]
         for t in acks:
             args += [t.id, t.token]
@@ -185,16 +234,30 @@ class Trainer:
         start_res = [int(x) for x in reply[5]] if len(reply) > 5 else []
         with self._lock:
             for t in acks:
-                self._held.pop(t.id, None)
+                self._forget(t)
             for t, res in zip(starts, start_res, strict=False):
                 if res == Code.STOLEN:
-                    self._held.pop(t.id, None)
+                    self._forget(t)
                     t.revoked.set()
+                    self.stolen_from_me += 1
+                elif res == Code.OK:
+                    t.started = True
+        if code == Code.REREGISTER:
+            self._rejoin(incarnation)
         if len(reply) > 3:
             self._note_info(reply[3])
         granted = self._tasks_from(reply[1], call_no) if len(reply) > 1 else []
         wait_s = int(reply[2]) / 1000.0 if len(reply) > 2 else 0.0
         return code, granted, wait_s, ack_res, start_res
+
+    def _forget(self, task: Task) -> None:
+        """Drop ``task`` from what this trainer holds (only that lease, not a newer one of
+        the same task id)."""
+        with self._lock:
+            if self._held.get(task.id) is task:
+                del self._held[task.id]
+            if task in self._reserved:
+                self._reserved.remove(task)
 
     def _wait(self, bound_s: float) -> None:
         """Block until work may exist: a wake token, a broadcast, or the bound."""
@@ -256,7 +319,6 @@ class Trainer:
             self._check_acks(acks, ack_res, raise_stale=False)
             acks = []
             if code == Code.REREGISTER:
-                self._rejoin()
                 continue
             if code == Code.DRAINING:
                 self._draining = True
@@ -286,11 +348,9 @@ class Trainer:
         for t in tasks:
             args += [t.id, t.token]
         reply = self._retrying(self._run, verb, args)
-        with self._lock:
-            for t in tasks:
-                self._held.pop(t.id, None)
-                if t in self._reserved:
-                    self._reserved.remove(t)
+        for t in tasks:
+            self._forget(t)
+        self._changed()
         self._check_acks(tasks, [int(x) for x in reply[1]], raise_stale=True)
 
     def ack(self, task: Task | list[Task]) -> None:
@@ -320,51 +380,99 @@ class Trainer:
         """
         self._write("release", task if isinstance(task, list) else [task], [])
 
-    def heartbeat(self) -> list[int]:
-        """Send one heartbeat now. Returns the ids of held tasks the server revoked."""
+    def _heartbeat_state(self) -> tuple[list[Any], list[tuple[int, int]]]:
+        """(heartbeat ARGV, the pairs it lists), taken together under the lock."""
         with self._lock:
             pairs = [(t.id, t.token) for t in self._held.values()]
-            last_reply = self._last_reply_no
-        args: list[Any] = [self.job_incarnation, self.worker_id, self.incarnation, last_reply,
-                           len(pairs)]
+            args: list[Any] = [self.job_incarnation, self.worker_id, self.incarnation,
+                               self._last_reply_no, len(pairs)]
         for tid, tok in pairs:
             args += [tid, tok]
-        reply = self._run("heartbeat", args)
-        code = int(reply[0])
-        if code == Code.REREGISTER:
-            self._rejoin()
+        return args, pairs
+
+    def heartbeat(self) -> list[int]:
+        """Send one heartbeat now (what the heartbeat thread does every interval).
+
+        Returns:
+            The ids of held tasks the server revoked (their ``revoked`` is set).
+
+        Raises:
+            ConnectionLost: Redis could not be reached.
+        """
+        args, pairs = self._heartbeat_state()
+        if self._hb_scripts is not None:
+            with translate(self.client.url):
+                reply = self._hb_scripts.call("heartbeat", self.keys.all, args)
+        else:
+            with translate(self.client.url):
+                reply = self.client.scripts.call("heartbeat", self.keys.all, args)
+        self.heartbeats_sent += 1
+        return self._apply_heartbeat(int(reply[0]),
+                                     [int(x) for x in reply[1]] if len(reply) > 1 else [],
+                                     reply[2] if len(reply) > 2 else None, pairs, args[2])
+
+    def _apply_heartbeat(self, code: int, revoked: list[int], info: list[Any] | None,
+                         pairs: list[tuple[int, int]], incarnation: str) -> list[int]:
+        """Act on a heartbeat's answer (from this process or the helper process)."""
+        self._last_contact = time.monotonic()
+        if code == Code.JOB_NOT_FOUND:
+            self._ended = errors.JobNotFound
+            self._mark_all_revoked()
             return [tid for tid, _ in pairs]
-        self._note_info(reply[2])
-        revoked = [int(x) for x in reply[1]]
+        if code == Code.REREGISTER:
+            self._rejoin(incarnation)
+            return [tid for tid, _ in pairs]
+        if code < 0:
+            return []
+        if info is not None:
+            self._note_info(info)
+        tokens = dict(pairs)
+        out = []
         with self._lock:
             for tid in revoked:
-                task = self._held.pop(tid, None)
-                if task is not None:
+                task = self._held.get(tid)
+                # only the lease that was listed: the id may be held again under a new token
+                if task is not None and task.token == tokens.get(tid):
                     task.revoked.set()
-                    if task in self._reserved:
-                        self._reserved.remove(task)
+                    self._forget(task)
+                    out.append(tid)
             for task in self._held.values():
                 task.at_risk.clear()
+        if out:
+            log.info("job %s: lease(s) revoked by the server: %s", self.job, out)
+            self._changed()
         if code == Code.DRAINING:
             self._draining = True
         if self._state == "cancelled":
             self._mark_all_revoked()
-        return revoked
+        return out
+
+    def _check_contact(self) -> None:
+        """Set ``at_risk`` on everything held while out of contact for longer than the ttl
+        (this process's monotonic clock; the server's answer on reconnect decides)."""
+        if time.monotonic() - self._last_contact > self.ttl_s:
+            with self._lock:
+                held = list(self._held.values())
+            for task in held:
+                if not task.at_risk.is_set():
+                    log.warning("job %s: out of contact with Redis for > %.1fs; task %s at risk",
+                                self.job, self.ttl_s, task.id)
+                    task.at_risk.set()
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_interval):
+        next_due = time.monotonic() + self.heartbeat_interval
+        while not self._stop.wait(max(0.0, next_due - time.monotonic())):
+            # one call per interval, on a fixed schedule (a slow call is not added on top)
+            next_due = max(next_due + self.heartbeat_interval, time.monotonic())
             try:
                 self.heartbeat()
             except errors.ConnectionLost:
-                if time.monotonic() - self._last_contact > self.ttl_s:
-                    with self._lock:
-                        for task in self._held.values():
-                            task.at_risk.set()
-            except (errors.JobNotFound, errors.JobCancelled):
-                self._mark_all_revoked()
-                return
+                pass
             except Exception:  # the thread must survive anything transient
                 log.exception("heartbeat failed")
+            self._check_contact()
+            if self._ended is not None:
+                return
 
     @property
     def held(self) -> list[Task]:
@@ -385,9 +493,15 @@ class Trainer:
         current: Task | None = None
         ep = -1 if expect_pass is None else expect_pass
         while True:
-            acks = [current] if current is not None and current.id in self._held else []
-            if current is not None and acks and current.revoked.is_set():
-                log.info("task %s was revoked; its result is not counted", current.id)
+            acks = []
+            if current is not None:
+                with self._lock:
+                    still_held = self._held.get(current.id) is current
+                if current.revoked.is_set():
+                    log.warning("job %s: lease of task %s was revoked; its result is not "
+                                "counted", self.job, current.id)
+                elif still_held:
+                    acks = [current]
             current = None
             starts: list[Task] = []
             with self._lock:
@@ -409,7 +523,6 @@ class Trainer:
                 raise
             self._check_acks(acks, ack_res, raise_stale=False)
             if code == Code.REREGISTER:
-                self._rejoin()
                 continue
             if code == Code.DRAINING:
                 self._draining = True
@@ -463,7 +576,8 @@ class Trainer:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         batch: list[Task] = []
         while True:
-            acks = [t for t in batch if t.id in self._held]
+            with self._lock:
+                acks = [t for t in batch if self._held.get(t.id) is t]
             try:
                 batch = self._lease_n(k, _MAX_BLOCK_S, None, acks=acks)
             except (errors.JobCompleted, errors.JobCancelled, errors.Draining):
@@ -473,31 +587,54 @@ class Trainer:
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
-        """Release everything held in one call and deregister. Idempotent."""
+        """Release everything held in one call and deregister (leasable by others at once).
+        Idempotent. Retries an unreachable Redis for at most ``min(reconnect_timeout, 5)``
+        seconds; past that the server reclaims the leases after the worker's ttl."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
-        try:
-            self._run("leave", [self.job_incarnation, self.worker_id, self.incarnation])
-        except (errors.JobNotFound, errors.ConnectionLost) as e:
-            log.warning("leave: %s", e)
+        deadline = time.monotonic() + min(self.reconnect_timeout, 5.0)
+        delay = 0.05
+        while True:
+            try:
+                self._run("leave", [self.job_incarnation, self.worker_id, self.incarnation])
+                break
+            except errors.ConnectionLost as e:
+                if time.monotonic() > deadline:
+                    log.warning("leave: %s (the server reclaims after the ttl)", e)
+                    break
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+            except errors.TaskqError as e:
+                log.warning("leave: %s", e)
+                break
         with self._lock:
             for task in self._held.values():
                 task.revoked.set()
             self._held.clear()
             self._reserved.clear()
+        if self._helper is not None:
+            self._helper.stop()
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:  # a forked child: behave as if never installed
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
+                          else signal.default_int_handler)
+            if signum != signal.SIGINT:
+                os.kill(os.getpid(), signum)
+                return
+            raise KeyboardInterrupt
+        log.info("job %s: signal %d; leaving (releasing what this trainer holds)", self.job,
+                 signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
     def __enter__(self) -> Trainer:
         if self.handle_signals and threading.current_thread() is threading.main_thread():
-            self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._old_handlers[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(
@@ -509,13 +646,15 @@ class Trainer:
         try:
             if exc is not None and not isinstance(exc, (SystemExit, KeyboardInterrupt,
                                                          GeneratorExit, errors.TaskqError)):
-                current = [t for t in self.held if t.started]
+                # the body raised: the task(s) it was working on failed (a batch goes back
+                # to be retried one task at a time); reserved ones are released by close()
+                current = [t for t in self.held if t.started and not t.revoked.is_set()]
                 if current:
+                    name = exc_type.__name__ if exc_type else "error"
                     try:
-                        self.fail(current[:1], error=f"{exc_type.__name__ if exc_type else ''}: "
-                                  f"{exc}")
+                        self.fail(current, error=f"{name}: {exc}")
                     except errors.TaskqError as e:
-                        log.warning("could not fail task: %s", e)
+                        log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
             self.close()
         finally:
             for signum, handler in self._old_handlers.items():
@@ -524,3 +663,159 @@ class Trainer:
 
     def __del__(self) -> None:
         self._stop.set()
+
+
+class _HelperHeartbeat:
+    """Heartbeats from a helper process (``Trainer(heartbeat="process")``).
+
+    The helper runs ``python -c 'from taskq.trainer import _helper_main; ...'`` and talks
+    JSON lines over its stdin/stdout: the trainer pushes its held pairs and last reply
+    number whenever they change; the helper heartbeats every interval with the latest
+    state, whatever this process is doing (a step holding the GIL does not delay it), and
+    sends back each answer, applied here by a reader thread. It exits when its stdin
+    closes, when its parent changes (``getppid``), or on ``PR_SET_PDEATHSIG`` (Linux):
+    nothing of a SIGKILLed trainer keeps its leases alive.
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self._wlock = threading.Lock()
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from taskq.trainer import _helper_main; _helper_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stdin = self.proc.stdin
+        self._stdout = self.proc.stdout
+        self._send({"url": trainer._raw_url, "prefix": trainer.client.prefix,
+                    "job": trainer.job, "interval": trainer.heartbeat_interval,
+                    "ttl": trainer.ttl_s, "ppid": os.getpid()})
+        self.push()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"taskq-heartbeat-reader-{trainer.job}")
+        self._reader.start()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        with self._wlock:
+            try:
+                self._stdin.write((json.dumps(msg) + "\n").encode())
+                self._stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+    def push(self) -> None:
+        """Send the trainer's current heartbeat arguments to the helper."""
+        args, _ = self.trainer._heartbeat_state()
+        self._send({"args": args})
+
+    def _read_loop(self) -> None:
+        t = self.trainer
+        for line in self._stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "error" in msg:
+                t._check_contact()
+                continue
+            args = msg["args"]
+            pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
+            t.heartbeats_sent += 1
+            try:
+                t._apply_heartbeat(int(msg["code"]), msg["revoked"], msg.get("info"), pairs,
+                                   args[2])
+            except Exception:  # the reader must survive anything transient
+                log.exception("heartbeat reply failed")
+            t._check_contact()
+        if not t._closed:
+            log.error("job %s: the heartbeat helper process exited (code %s)", t.job,
+                      self.proc.poll())
+
+    def stop(self) -> None:
+        """Close the helper's stdin (it exits) and reap it."""
+        with self._wlock:
+            try:
+                self._stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (best effort elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _helper_main() -> None:
+    """The helper heartbeat process (see ``_HelperHeartbeat``)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which leaves
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd = sys.stdin.fileno()
+    out = sys.stdout
+    buf = b""
+
+    def read_lines(timeout: float) -> list[dict[str, Any]] | None:
+        nonlocal buf
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return []
+        data = os.read(fd, 65536)
+        if not data:
+            return None
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        return [json.loads(x) for x in lines if x.strip()]
+
+    first: list[dict[str, Any]] | None = []
+    while first == []:
+        first = read_lines(5.0)
+    if not first:
+        return
+    conf, pending = first[0], first[1:]
+    ppid = int(conf["ppid"])
+    if os.getppid() != ppid:
+        return
+    interval = float(conf["interval"])
+    redis_client, masked = make_redis(conf["url"], retries=1,
+                                      socket_timeout=max(0.5, min(float(conf["ttl"]) / 2, 5.0)))
+    scripts = Scripts(redis_client)
+    keys = JobKeys(conf["job"], conf["prefix"]).all
+    args: list[Any] | None = None
+    for msg in pending:
+        args = msg.get("args", args)
+    next_due = time.monotonic() + interval
+    while True:
+        msgs = read_lines(max(0.0, next_due - time.monotonic()))
+        if msgs is None or os.getppid() != ppid:
+            return
+        for msg in msgs:
+            args = msg.get("args", args)
+        if time.monotonic() < next_due or args is None:
+            continue
+        next_due = max(next_due + interval, time.monotonic())
+        try:
+            with translate(masked):
+                reply = scripts.call("heartbeat", keys, args)
+            answer: dict[str, Any] = {
+                "code": int(reply[0]), "revoked": [int(x) for x in reply[1]] if len(reply) > 1
+                else [], "info": reply[2] if len(reply) > 2 else None, "args": args}
+        except errors.TaskqError as e:
+            answer = {"error": str(e)}
+        try:
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+        except (BrokenPipeError, OSError):
+            return
