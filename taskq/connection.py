@@ -14,20 +14,41 @@ import os
 import re
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from . import errors
+from .keys import JobKeys
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+_SECRET_QUERY_RE = re.compile(r"([?&](?:password|sentinel_password|ssl_password)=)[^&#]*", re.I)
+
+
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with any password replaced by ``***``.
+
+    The user info ends at the *last* ``@`` of the authority, so a password holding an
+    unescaped ``@``, ``/`` or ``:`` is masked whole; ``password=`` query arguments too.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_QUERY_RE.sub(r"\1***", url)
+    end = len(rest)
+    for stop in "?#":
+        pos = rest.find(stop)
+        if pos != -1:
+            end = min(end, pos)
+    authority, tail = rest[:end], rest[end:]
+    userinfo, at, hosts = authority.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        authority = f"{user}:***@{hosts}" if colon else authority
+    return f"{scheme}://{authority}" + _SECRET_QUERY_RE.sub(r"\1***", tail)
 
 
 def resolve_url(url: str | None) -> str:
@@ -45,8 +66,11 @@ def make_redis(
     """A redis-py client for ``url`` with bounded retries (exponential backoff, jitter).
 
     Args:
-        url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` or
-            ``redis+sentinel://host:port[,host:port]/service_name[/db]``.
+        url: ``redis://``, ``rediss://`` (TLS: ``?ssl_ca_certs=...&ssl_certfile=...&
+            ssl_keyfile=...``), ``unix://``, ``redis+cluster://host:port[,host:port]``
+            (``rediss+cluster://`` with TLS) or
+            ``redis+sentinel://host:port[,host:port]/service_name[/db]``. A password
+            in the URL wins over ``TASKQ_REDIS_PASSWORD``.
         retries: connection-error retries per command (0 disables).
         socket_timeout: seconds before a command times out (blocking reads add theirs).
         cluster: force (or forbid) the cluster client regardless of the scheme.
@@ -73,48 +97,151 @@ def make_redis(
         common["password"] = password
     scheme = parts.scheme
     try:
-        if scheme == "redis+cluster" or (cluster and scheme in ("redis", "rediss")):
-            from redis.cluster import RedisCluster
-
-            plain = url.replace("redis+cluster://", "redis://", 1)
-            common.pop("retry_on_error")
-            return RedisCluster.from_url(plain, **common), masked
+        if scheme in ("redis+cluster", "rediss+cluster") or (
+            cluster and scheme in ("redis", "rediss")
+        ):
+            return _cluster(url, parts, common), masked
+        if cluster:
+            raise errors.InvalidInput(f"cluster=True needs a redis:// or rediss:// URL: {masked}")
         if scheme == "redis+sentinel":
-            from redis.sentinel import Sentinel
-
-            hosts = [
-                (h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]))
-                for h in parts.netloc.split("@")[-1].split(",")
-            ]
-            path = [p for p in parts.path.split("/") if p]
-            if not path:
-                raise errors.InvalidInput(f"{masked}: sentinel URL needs /service_name")
-            db = int(path[1]) if len(path) > 1 else 0
-            kw = dict(common)
-            if parts.password:
-                kw["password"] = parts.password
-            if parts.username:
-                kw["username"] = parts.username
-            sentinel = Sentinel(hosts, socket_timeout=socket_timeout, sentinel_kwargs={})
-            return sentinel.master_for(path[0], db=db, **kw), masked
+            return _sentinel(parts, common, socket_timeout, masked), masked
         if scheme not in ("redis", "rediss", "unix"):
             raise errors.InvalidInput(f"unsupported Redis URL scheme {scheme!r} in {masked}")
         return redis.Redis.from_url(url, **common), masked
     except (ValueError, IndexError) as e:
+        if isinstance(e, errors.InvalidInput):
+            raise
         raise errors.InvalidInput(f"bad Redis URL {masked}: {e}") from e
 
 
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port...]`` after the user info (which ends at the last ``@``)."""
+    out = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.strip().rpartition(":")
+        out.append((host.strip("[]") or "127.0.0.1", int(port)))
+    if not out:
+        raise ValueError("no host:port")
+    return out
+
+
+def _cluster(url: str, parts: SplitResult, common: dict[str, Any]) -> Any:
+    """A RedisCluster from ``redis+cluster://[user:pw@]host:port[,host:port...][?...]``.
+
+    Every host given is a startup node; the cluster tells the client about the rest.
+    """
+    from redis.cluster import ClusterNode, RedisCluster
+
+    tls = parts.scheme.startswith("rediss")
+    hosts = _hosts(parts.netloc)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    first = f"{userinfo}{at}{hosts[0][0]}:{hosts[0][1]}"
+    plain = urlunsplit(("rediss" if tls else "redis", first, parts.path, parts.query, ""))
+    kw = dict(common)
+    kw.pop("retry_on_error")  # the cluster client retries on its own terms
+    if len(hosts) > 1:
+        kw["startup_nodes"] = [ClusterNode(h, p) for h, p in hosts[1:]]
+    return RedisCluster.from_url(plain, **kw)
+
+
+def _sentinel(
+    parts: SplitResult, common: dict[str, Any], socket_timeout: float, masked: str
+) -> Any:
+    """The master of ``redis+sentinel://[user:pw@]host:port[,...]/service[/db][?...]``.
+
+    The user and password are the data nodes' (also ``TASKQ_REDIS_PASSWORD``); the
+    sentinels' own, if they have any, come from ``sentinel_username`` /
+    ``sentinel_password`` query arguments.
+    """
+    from redis.sentinel import Sentinel
+
+    hosts = _hosts(parts.netloc)
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise errors.InvalidInput(f"{masked}: sentinel URL needs /service_name")
+    db = int(path[1]) if len(path) > 1 else 0
+    query = dict(parse_qsl(parts.query))
+    kw = dict(common)
+    if parts.password:
+        kw["password"] = unquote(parts.password)
+    if parts.username:
+        kw["username"] = unquote(parts.username)
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": min(socket_timeout, 5.0)}
+    for name in ("username", "password"):
+        if query.get(f"sentinel_{name}"):
+            sentinel_kwargs[name] = query[f"sentinel_{name}"]
+    sentinel = Sentinel(hosts, socket_timeout=socket_timeout, sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(path[0], db=db, **kw)
+
+
 @contextlib.contextmanager
-def translate(masked_url: str) -> Iterator[None]:
-    """Turn redis-py exceptions into taskq errors (one readable line each)."""
+def translate(
+    masked_url: str, job_keys: JobKeys | None = None, redis_client: Any = None
+) -> Iterator[None]:
+    """Turn redis-py exceptions into taskq errors (one readable line each).
+
+    Args:
+        masked_url: the URL to name (password already masked).
+        job_keys: the job the call was about; with ``redis_client``, a ``WRONGTYPE``
+            reply is traced to the key that holds foreign data (``CorruptData``).
+        redis_client: the connection to probe key types with.
+
+    Raises:
+        ConnectionLost: Redis unreachable, loading, or a cluster mid-failover (transient).
+        TaskqError: credentials or ACL refused, a read-only replica, out of memory.
+        CorruptData: a key of the job holds a type taskq never writes there.
+    """
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+    except redis.exceptions.AuthenticationError as e:
+        raise errors.TaskqError(
+            f"Redis at {masked_url} refused the credentials (check the user and "
+            f"password in the URL or TASKQ_REDIS_PASSWORD): {e}"
+        ) from e
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.ClusterDownError,
+        redis.exceptions.TryAgainError,
+    ) as e:
         raise errors.ConnectionLost(f"cannot reach Redis at {masked_url}: {e}") from e
     except redis.exceptions.NoPermissionError as e:
-        raise errors.TaskqError(f"Redis at {masked_url} refused: {e}") from e
+        raise errors.TaskqError(
+            f"Redis at {masked_url} refused by ACL (this user may not do that): {e}"
+        ) from e
+    except redis.exceptions.OutOfMemoryError as e:
+        raise errors.TaskqError(f"Redis at {masked_url} is out of memory: {e}") from e
+    except redis.exceptions.ReadOnlyError as e:
+        raise errors.TaskqError(
+            f"Redis at {masked_url} is a read-only replica (point the URL at the master, "
+            f"or use redis+sentinel://): {e}"
+        ) from e
     except redis.exceptions.ResponseError as e:
         msg = str(e)
-        if "OOM" in msg:
+        if msg.startswith("NOPERM") or "NOPERM" in msg.split(" script:")[0]:
+            raise errors.TaskqError(
+                f"Redis at {masked_url} refused by ACL (this user may not do that): {msg}"
+            ) from e
+        if msg.startswith("OOM") or "OOM command not allowed" in msg:
             raise errors.TaskqError(f"Redis at {masked_url} is out of memory: {msg}") from e
+        if "WRONGTYPE" in msg:
+            raise errors.CorruptData(_wrong_type_message(job_keys, redis_client, msg)) from e
         raise
+
+
+def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -> str:
+    """Name the key(s) behind a WRONGTYPE reply when the job is known."""
+    if job_keys is not None and redis_client is not None:
+        from .integrity import wrong_type_keys
+
+        try:
+            bad = wrong_type_keys(redis_client, job_keys)
+        except redis.exceptions.RedisError:
+            bad = []
+        if bad:
+            return "; ".join(
+                f"{key} holds a {actual}, taskq writes a {expected} there" for key, actual,
+                expected in bad
+            ) + " (not written by taskq: remove it or use another TASKQ_PREFIX)"
+    where = f"a key of job {job_keys.job!r}" if job_keys is not None else "a key"
+    return f"{where} holds a type taskq does not write: {msg}"

@@ -1,0 +1,74 @@
+"""Reading what Redis holds defensively: bad data becomes ``CorruptData`` naming the key.
+
+A key under the taskq prefix may hold something taskq did not write (a hand edit, a
+foreign tool, a half-restored backup). Nothing here repairs it; the point is one clear
+error that names the key, instead of a ``JSONDecodeError`` or a bare ``WRONGTYPE``.
+
+Data flow: connection.translate / trainer.py / stats.py -> integrity.py (reads only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import errors
+from .keys import JOB_KEYS, JobKeys
+
+#: The Redis type of every job key (``TYPE`` reply); ``none`` (absent) is always fine.
+EXPECTED_TYPES: dict[str, str] = {
+    "meta": "hash", "chunks": "hash", "done": "string", "dead": "set", "front": "zset",
+    "leases": "hash", "owned": "zset", "deadlines": "zset", "reserved": "zset",
+    "started": "zset", "workers": "zset", "winfo": "hash", "waiting": "zset",
+    "counts": "hash", "passes": "hash", "hist": "hash", "events": "stream", "wake": "list",
+    "bcast0": "list", "bcast1": "list", "clock": "string", "lock": "string",
+}
+assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
+
+
+def decode_chunks(raw: Any, key: str, task_id: Any) -> list[Any]:
+    """The chunk list of one task, from the JSON stored in the job's chunks hash.
+
+    Args:
+        raw: the stored value.
+        key: the chunks hash (named in the error).
+        task_id: the field (named in the error).
+
+    Returns:
+        The task's chunks (a JSON list).
+
+    Raises:
+        CorruptData: the value is not a JSON list.
+    """
+    try:
+        chunks = json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise errors.CorruptData(
+            f"{key} field {task_id}: task chunks are not JSON ({e}); "
+            "the value was not written by taskq"
+        ) from e
+    if not isinstance(chunks, list):
+        raise errors.CorruptData(
+            f"{key} field {task_id}: task chunks must be a JSON list, got {type(chunks).__name__}"
+        )
+    return chunks
+
+
+def wrong_type_keys(redis_client: Any, job_keys: JobKeys) -> list[tuple[str, str, str]]:
+    """The job keys whose Redis type is not the one taskq writes.
+
+    Every key of a job shares one hash tag, so one pipeline serves a cluster too.
+
+    Returns:
+        (key, actual type, expected type) for each mismatch, in ``JOB_KEYS`` order.
+    """
+    pipe = redis_client.pipeline(transaction=False)
+    for key in job_keys.all:
+        pipe.type(key)
+    found = []
+    for name, key, actual in zip(JOB_KEYS, job_keys.all, pipe.execute(), strict=True):
+        if isinstance(actual, bytes):
+            actual = actual.decode()
+        if actual not in ("none", EXPECTED_TYPES[name]):
+            found.append((key, actual, EXPECTED_TYPES[name]))
+    return found
