@@ -133,7 +133,7 @@ class Client:
     def run(self, job: str, verb: str, args: Sequence[Any], extra_keys: Sequence[str] = ()) -> Any:
         """Run one operation's script on ``job``; negative codes raise their error."""
         keys = self.keys(job).all + list(extra_keys)
-        with translate(self.url):
+        with translate(self.url, self.keys(job), self.redis):
             reply = self.scripts.call(verb, keys, list(args))
         raise_for(int(reply[0]), job)
         return reply
@@ -245,7 +245,7 @@ class Client:
         Raises:
             JobNotFound: no such job.
         """
-        with translate(self.url):
+        with translate(self.url, self.keys(name), self.redis):
             return stats.snapshot(self, name, summaries=summaries)
 
     def list_jobs(self) -> list[str]:
@@ -374,7 +374,7 @@ class Client:
     def audit(self, name: str) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
         check that the counters agree with the sets they count."""
-        with translate(self.url):
+        with translate(self.url, self.keys(name), self.redis):
             return stats.audit(self, name)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
