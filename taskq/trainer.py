@@ -31,6 +31,7 @@ from typing import Any
 from . import errors
 from .client import Client
 from .connection import make_redis, resolve_url, translate
+from .integrity import decode_chunks
 from .keys import JobKeys
 from .models import Task
 from .scripts import Code, Scripts, raise_for
@@ -168,7 +169,7 @@ class Trainer:
             self._helper.push()
 
     def _run(self, verb: str, args: list[Any]) -> Any:
-        with translate(self.client.url):
+        with translate(self.client.url, self.keys, self.client.redis):
             reply = self.client.scripts.call(verb, self.keys.all, args)
         self._last_contact = time.monotonic()
         code = int(reply[0])
@@ -203,7 +204,8 @@ class Trainer:
         tasks = []
         with self._lock:
             for task_id, token, attempt, chunks, started in rows:
-                task = Task(id=int(task_id), pass_no=self._pass, chunks=json.loads(chunks),
+                task = Task(id=int(task_id), pass_no=self._pass,
+                            chunks=decode_chunks(chunks, self.keys.chunks, task_id),
                             token=int(token), attempt=int(attempt), job=self.job,
                             started=bool(int(started)))
                 self._held[task.id] = task
