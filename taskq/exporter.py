@@ -45,13 +45,20 @@ COUNTERS = {
     "taskq_acked": ("acked", "Tasks acked by the current holder of their lease."),
     "taskq_failed": ("failed", "Tasks reported failed by their trainer."),
     "taskq_released": ("released", "Leases given back unfinished by their trainer."),
-    "taskq_stale": ("stale", "Writes (ack, fail, release) from a worker that no longer held "
-                             "the lease: fenced, they changed nothing."),
+    "taskq_stale": (
+        "stale",
+        "Writes (ack, fail, release) from a worker that no longer held "
+        "the lease: fenced, they changed nothing.",
+    ),
     "taskq_dead": ("dead", "Tasks that became dead (max failures or max attempts)."),
-    "taskq_stolen": ("stolen", "Reserved (prefetched, not started) tasks taken by an idle "
-                               "trainer."),
-    "taskq_revoked": ("revoked", "Leases revoked by an operator or by a heartbeat that did "
-                                 "not list them."),
+    "taskq_stolen": (
+        "stolen",
+        "Reserved (prefetched, not started) tasks taken by an idle trainer.",
+    ),
+    "taskq_revoked": (
+        "revoked",
+        "Leases revoked by an operator or by a heartbeat that did not list them.",
+    ),
 }
 _SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
 
@@ -141,26 +148,30 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
         "dead is job-wide. todo + leased + done = live tasks of the pass.",
         labels=["job_name", "state"],
     )
-    pass_no = GaugeMetricFamily("taskq_pass", "Current pass, numbered from 0.",
-                                labels=["job_name"])
-    passes = GaugeMetricFamily("taskq_passes", "Configured passes (-1: until cancelled).",
-                               labels=["job_name"])
+    pass_no = GaugeMetricFamily("taskq_pass", "Current pass, numbered from 0.", labels=["job_name"])
+    passes = GaugeMetricFamily(
+        "taskq_passes", "Configured passes (-1: until cancelled).", labels=["job_name"]
+    )
     job_state = GaugeMetricFamily(
-        "taskq_job_state", "1 for the job's current state, 0 for the others.",
-        labels=["job_name", "state"])
-    workers = GaugeMetricFamily("taskq_workers", "Trainers alive (heartbeat within their ttl).",
-                                labels=["job_name"])
+        "taskq_job_state",
+        "1 for the job's current state, 0 for the others.",
+        labels=["job_name", "state"],
+    )
+    workers = GaugeMetricFamily(
+        "taskq_workers", "Trainers alive (heartbeat within their ttl).", labels=["job_name"]
+    )
     by_age = GaugeMetricFamily(
         "taskq_leases_by_age",
         "Started leases at least `le` seconds old on the job's clock (NOT a histogram: "
         "each le counts the leases older than it, so the counts fall as le grows); "
-        "le=\"+Inf\" counts every started lease whatever its age.",
+        'le="+Inf" counts every started lease whatever its age.',
         labels=["job_name", "le"],
     )
     oldest = GaugeMetricFamily(
         "taskq_oldest_lease_age_seconds",
         "Age of the oldest started lease on the job's clock (0 when none is held).",
-        labels=["job_name"])
+        labels=["job_name"],
+    )
     counters = {
         name: CounterMetricFamily(name, doc, labels=["job_name"])
         for name, (_, doc) in COUNTERS.items()
@@ -169,23 +180,33 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
         "taskq_expired",
         "Leases the server ended: reason worker_lost (its trainer went silent for its ttl) "
         "or task_timeout (a lease ran longer than the task timeout).",
-        labels=["job_name", "reason"])
-    lateness_doc = ("Re-dispatch lateness: how long after its deadline (worker liveness or "
-                    "task timeout) an expired lease was reclaimed.")
+        labels=["job_name", "reason"],
+    )
+    lateness_doc = (
+        "Re-dispatch lateness: how long after its deadline (worker liveness or "
+        "task timeout) an expired lease was reclaimed."
+    )
     duration_doc = "Task duration, from a lease's start to its ack."
     last_pass = GaugeMetricFamily(
         "taskq_last_pass_duration_seconds",
         "Duration of the last completed pass (absent until one completes).",
-        labels=["job_name"])
+        labels=["job_name"],
+    )
     last_ack = GaugeMetricFamily(
         "taskq_last_ack_timestamp_seconds",
         "Time of the last ack on the job's clock, Unix seconds (absent until the first ack).",
-        labels=["job_name"])
+        labels=["job_name"],
+    )
 
     for st in statuses:
         job = st.job
-        counts = {"todo": st.todo, "leased": st.leased, "reserved": st.reserved,
-                  "done": st.done, "dead": st.dead}
+        counts = {
+            "todo": st.todo,
+            "leased": st.leased,
+            "reserved": st.reserved,
+            "done": st.done,
+            "dead": st.dead,
+        }
         for state in TASK_STATES:
             tasks.add_metric([job, state], counts[state])
         pass_no.add_metric([job], st.pass_no)
@@ -211,20 +232,24 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
     yield from counters.values()
     yield expired
     if statuses:
-        yield _histogram("taskq_redispatch_lateness_seconds", lateness_doc, statuses,
-                         "redispatch_lateness")
-        yield _histogram("taskq_task_duration_seconds", duration_doc, statuses,
-                         "task_duration")
+        yield _histogram(
+            "taskq_redispatch_lateness_seconds", lateness_doc, statuses, "redispatch_lateness"
+        )
+        yield _histogram("taskq_task_duration_seconds", duration_doc, statuses, "task_duration")
     else:
-        yield HistogramMetricFamily("taskq_redispatch_lateness_seconds", lateness_doc,
-                                    labels=["job_name"])
-        yield HistogramMetricFamily("taskq_task_duration_seconds", duration_doc,
-                                    labels=["job_name"])
+        yield HistogramMetricFamily(
+            "taskq_redispatch_lateness_seconds", lateness_doc, labels=["job_name"]
+        )
+        yield HistogramMetricFamily(
+            "taskq_task_duration_seconds", duration_doc, labels=["job_name"]
+        )
     yield from (last_pass, last_ack)
 
 
 def start(
-    client: Client, port: int = DEFAULT_PORT, addr: str = "0.0.0.0",
+    client: Client,
+    port: int = DEFAULT_PORT,
+    addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
 ) -> tuple[Any, threading.Thread]:
     """Serve ``/metrics`` in a background thread (returns at once).
@@ -248,7 +273,9 @@ def start(
 
 
 def serve(
-    client: Client, port: int = DEFAULT_PORT, addr: str = "0.0.0.0",
+    client: Client,
+    port: int = DEFAULT_PORT,
+    addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
 ) -> None:
     """Serve ``/metrics`` until SIGTERM or SIGINT (``taskq exporter``).
@@ -272,8 +299,12 @@ def serve(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
-    log.info("exporter: serving /metrics on %s:%d for %s", addr, server.server_port,
-             ", ".join(jobs) if jobs else "every job")
+    log.info(
+        "exporter: serving /metrics on %s:%d for %s",
+        addr,
+        server.server_port,
+        ", ".join(jobs) if jobs else "every job",
+    )
     try:
         while not stop.wait(1.0):
             pass
