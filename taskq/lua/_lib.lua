@@ -434,7 +434,9 @@ local function take(worker, winc, want, call_no, mode)
     end
     redis.call('HSET', K_META, 'cursor', cursor)
   end
-  if #out == 0 and cursor >= n and mnum('nreserved') > 0 then
+  -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
+  -- buffer from another trainer's reserved work would just move it back and forth.
+  if #out == 0 and mode ~= 'R' and cursor >= n and mnum('nreserved') > 0 then
     local cands = redis.call('ZRANGE', K_RESERVED, 0, 9)
     for _, task in ipairs(cands) do
       local l = parse_lease(redis.call('HGET', K_LEASES, task))
