@@ -1,0 +1,112 @@
+"""Helpers shared by the CLI's command modules: option types, output, time formatting.
+
+Data flow: cli/<noun>.py -> cli/common.py (formatting only; no Redis calls).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+import taskq
+
+
+def client_of(ctx: click.Context) -> taskq.Client:
+    """The lazily created client of the context object (see ``main.CliState``)."""
+    return ctx.find_root().obj.client  # type: ignore[no-any-return]
+
+
+def setup_logging() -> None:
+    """Log lines to stderr for the long-running commands (reaper, exporter)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as one JSON document on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr, for progress that must not mix with JSON)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def interactive(stderr: bool = True) -> bool:
+    """True when the stream is a terminal (live displays only make sense there)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+class PassesType(click.ParamType):
+    """A number of passes >= 1, or 0 / ``inf`` for "until cancelled" (None)."""
+
+    name = "N|inf"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return None if value in (None, 0) else int(value)
+        text = str(value).strip().lower()
+        if text in ("inf", "infinite", "forever", "0"):
+            return None
+        try:
+            n = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of passes (an integer >= 1, or 0/inf)",
+                      param, ctx)
+        if n < 0:
+            self.fail(f"{value!r}: passes must be >= 1 (or 0/inf for until cancelled)",
+                      param, ctx)
+        return n or None
+
+
+class TaskTimeoutType(click.ParamType):
+    """``auto``, ``none`` or a number of seconds > 0."""
+
+    name = "auto|none|SECONDS"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float | str | None:
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            if text == "auto":
+                return "auto"
+            if text in ("none", "off", "no"):
+                return None
+            try:
+                seconds = float(text)
+            except ValueError:
+                self.fail(f"{value!r} is not auto, none or a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r}: a task timeout must be a positive number of seconds",
+                      param, ctx)
+        return seconds
+
+
+def age(seconds: float | None) -> str:
+    """``1.2s``, ``3m04s``, ``2h05m`` or ``-``."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def pass_label(pass_no: int, passes: int | None) -> str:
+    """``0 (1 of 3)``: pass numbers count from 0, as in every command and the JSON."""
+    return f"{pass_no} ({pass_no + 1} of {'inf' if passes is None else passes})"

@@ -1,0 +1,330 @@
+"""``taskq job ...``: create, inspect, list, audit, cancel and delete jobs.
+
+Data flow: operator -> cli/job.py -> taskq.datasets (chunks) -> taskq.Client -> Redis.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import click
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+import taskq
+from taskq import datasets
+from taskq.models import JobStatus
+
+from .common import (
+    PassesType,
+    TaskTimeoutType,
+    age,
+    client_of,
+    console,
+    echo_json,
+    interactive,
+    pass_label,
+)
+
+#: Inputs at least this large (bytes read, or tasks written) get a progress bar.
+BIG_INPUT_BYTES = 8 << 20
+BIG_INPUT_TASKS = 5000
+
+
+@click.group("job")
+def job() -> None:
+    """Create, inspect and remove jobs (one named dispatch of one data set)."""
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                    TimeElapsedColumn(), console=console(stderr=True), transient=True)
+
+
+def _read_chunks(manifest: str | None, files: str | None, lines: str | None,
+                 records_per_chunk: int | None, show: bool) -> list[Any]:
+    """The chunks from exactly one source, read and validated in full."""
+    if files is not None:
+        return datasets.file_chunks(files)
+    source = manifest if manifest is not None else lines
+    assert source is not None
+    big = show and os.path.isfile(source) and os.path.getsize(source) >= BIG_INPUT_BYTES
+    with _progress() if big else _NoProgress() as bar:
+        reading = bar.add_task(f"reading {source}", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(reading, completed=done, total=total)
+
+        if manifest is not None:
+            return datasets.manifest_chunks(manifest, progress=advance)
+        assert records_per_chunk is not None
+        return datasets.line_chunks(source, records_per_chunk, progress=advance)
+
+
+class _NoProgress:
+    """Stands in for a rich Progress when the input is small or stderr is no terminal."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None) -> TaskID:
+        return TaskID(0)
+
+    def update(self, task_id: TaskID, **fields: Any) -> None:
+        return None
+
+
+@job.command("create")
+@click.argument("name")
+@click.option("--manifest", type=click.Path(dir_okay=False), metavar="FILE",
+              help="JSON-lines file: one chunk (any JSON) per line.")
+@click.option("--files", metavar="GLOB",
+              help="One chunk per matching file, sorted by path (quote it; ** recurses).")
+@click.option("--lines", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Byte ranges of FILE aligned to line ends (with --records-per-chunk).")
+@click.option("--records-per-chunk", type=click.IntRange(min=1), metavar="N",
+              help="Lines per chunk for --lines.")
+@click.option("--chunks-per-task", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Chunks per task (the unit a trainer leases).")
+@click.option("--passes", type=PassesType(), default="1", show_default=True,
+              help="Number of passes; 0 or inf runs until cancelled.")
+@click.option("--worker-ttl", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, help="Seconds of silence after which a worker is lost.")
+@click.option("--heartbeat-interval", type=click.FloatRange(min=0, min_open=True),
+              default=1.0, show_default=True,
+              help="Seconds between a trainer's heartbeats (< --worker-ttl).")
+@click.option("--task-timeout", type=TaskTimeoutType(), default="auto", show_default=True,
+              help="Cap on one lease's run time: auto (10x p99 once known), none, or seconds.")
+@click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Failures (fail, timeout) before a task is dead.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Started leases ending without an ack before a task is dead.")
+@click.option("--shuffle/--no-shuffle", default=False, show_default=True,
+              help="A seeded new task order every pass.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The shuffle seed.")
+@click.option("--manual-advance", is_flag=True,
+              help="Wait for `taskq pass next` between passes.")
+@click.option("--replace", is_flag=True,
+              help="Replace an existing job of that name (a new incarnation).")
+@click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
+@click.pass_context
+def create(ctx: click.Context, name: str, manifest: str | None, files: str | None,
+           lines: str | None, records_per_chunk: int | None, chunks_per_task: int,
+           passes: int | None, worker_ttl: float, heartbeat_interval: float,
+           task_timeout: float | str | None, max_failures: int, max_attempts: int,
+           shuffle: bool, seed: int, manual_advance: bool, replace: bool,
+           as_json: bool) -> None:
+    """Create job NAME from exactly one of --manifest, --files, --lines.
+
+    Everything is read and validated before anything is written; the job appears all at
+    once or not at all.
+    """
+    sources = [s for s in (manifest, files, lines) if s is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give exactly one of --manifest, --files, --lines", ctx)
+    if lines is not None and records_per_chunk is None:
+        raise click.UsageError("--lines needs --records-per-chunk N", ctx)
+    if lines is None and records_per_chunk is not None:
+        raise click.UsageError("--records-per-chunk goes with --lines", ctx)
+    client = client_of(ctx)
+    client.keys(name)  # a bad name fails before any file is read
+    show = interactive(stderr=True)
+    chunks = _read_chunks(manifest, files, lines, records_per_chunk, show)
+    ntasks = -(-len(chunks) // chunks_per_task)
+    with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
+        writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
+        status = client.create_job(
+            name, chunks, chunks_per_task=chunks_per_task, passes=passes,
+            worker_ttl=worker_ttl, heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout, max_failures=max_failures, max_attempts=max_attempts,
+            shuffle=shuffle, seed=seed, auto_advance=not manual_advance, replace=replace,
+            progress=lambda done, total: bar.update(writing, completed=done, total=total),
+        )
+    if as_json:
+        echo_json(status.as_dict())
+        return
+    click.echo(f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
+               f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
+               f"{' (replaced)' if replace else ''}")
+
+
+def _when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000.0).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def status_table(status: JobStatus) -> Table:
+    """The human view of one status snapshot (used by `job status`)."""
+    d = status.as_dict()
+    cfg = status.config
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    state = status.state + (f" ({status.reason})" if status.reason else "")
+    table.add_row("job", f"{status.job}  (incarnation {status.incarnation})")
+    table.add_row("state", state)
+    attempt = f", attempt {status.pass_attempt + 1}" if status.pass_attempt else ""
+    table.add_row("pass", pass_label(status.pass_no, status.passes) + attempt)
+    table.add_row("tasks", f"{status.tasks} ({cfg.get('chunks')} chunks, "
+                           f"{cfg.get('chunks_per_task')} per task)")
+    table.add_row("todo / leased / done / dead",
+                  f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
+                  f"{status.done} / {status.dead}")
+    table.add_row("workers", str(status.workers))
+    table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
+    table.add_row("eta (this pass)", age(d["eta_s"]))
+    table.add_row("oldest lease", age(status.oldest_lease_age_s))
+    tt = cfg.get("task_timeout")
+    if tt == "auto":
+        auto = cfg.get("auto_task_timeout_s")
+        tt = f"auto ({age(auto) if auto else 'not yet known'})"
+    table.add_row("config", f"worker_ttl {cfg.get('worker_ttl')}s, heartbeat "
+                            f"{cfg.get('heartbeat_interval')}s, task_timeout {tt}, "
+                            f"max_failures {cfg.get('max_failures')}, max_attempts "
+                            f"{cfg.get('max_attempts')}, shuffle {cfg.get('shuffle')}, "
+                            f"auto_advance {cfg.get('auto_advance')}")
+    c = status.counters
+    table.add_row("counters", ", ".join(f"{k} {v}" for k, v in c.items()
+                                        if not k.endswith("_ms")))
+    table.add_row("created", _when(status.created_ms))
+    return table
+
+
+def summaries_table(summaries: list[dict[str, Any]]) -> Table:
+    """Per-pass summaries (pass, attempt, how it ended, done, dead, ...)."""
+    table = Table(title="passes", title_justify="left")
+    for col in ("pass", "round", "ended", "done", "dead", "skipped", "stale", "expired",
+                "max lateness", "took"):
+        table.add_column(col, justify="right" if col not in ("ended",) else "left")
+    for s in summaries:
+        took = None
+        if s.get("ended_ms") and s.get("started_ms"):
+            took = (s["ended_ms"] - s["started_ms"]) / 1000.0
+        table.add_row(str(s.get("pass")), str(s.get("round")), str(s.get("state")),
+                      str(s.get("done")), str(s.get("dead")), str(s.get("skipped")),
+                      str(s.get("stale")), str(s.get("expired")),
+                      age((s.get("max_lateness_ms") or 0) / 1000.0), age(took))
+    return table
+
+
+@job.command("status")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--summaries", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Per-pass summaries to show (the latest).")
+@click.pass_context
+def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
+    """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes."""
+    status = client_of(ctx).status(name, summaries=summaries)
+    if as_json:
+        data = status.as_dict()
+        data["histograms"] = status.histograms
+        data["lease_ages"] = status.lease_ages
+        echo_json(data)
+        return
+    out = console()
+    out.print(status_table(status))
+    if status.summaries:
+        out.print(summaries_table(status.summaries))
+
+
+@job.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+@click.option("--repair", is_flag=True,
+              help="First rebuild the job index from the jobs' keys (after an interrupted "
+                   "create or delete).")
+@click.pass_context
+def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
+    """The jobs in this Redis (under the key prefix)."""
+    client = client_of(ctx)
+    if repair:
+        added, removed = client.repair_index()
+        if not as_json:
+            click.echo(f"index repaired: {len(added)} added {added}, "
+                       f"{len(removed)} removed {removed}", err=True)
+    rows: list[dict[str, Any]] = []
+    for name in client.list_jobs():
+        try:
+            s = client.status(name, summaries=0)
+        except taskq.JobNotFound:
+            rows.append({"job": name, "state": "missing", "pass": None, "passes": None,
+                         "tasks": None, "done": None, "dead": None, "workers": None})
+            continue
+        rows.append({"job": name, "state": s.state, "pass": s.pass_no, "passes": s.passes,
+                     "tasks": s.tasks, "done": s.done, "dead": s.dead, "workers": s.workers})
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("no jobs")
+        return
+    table = Table()
+    for col in ("job", "state", "pass", "done", "dead", "workers"):
+        table.add_column(col, justify="left" if col in ("job", "state") else "right")
+    for r in rows:
+        if r["state"] == "missing":
+            table.add_row(r["job"], "missing (taskq job list --repair)", "-", "-", "-", "-")
+            continue
+        table.add_row(r["job"], r["state"], pass_label(r["pass"], r["passes"]),
+                      f"{r['done']}/{r['tasks']}", str(r["dead"]), str(r["workers"]))
+    console().print(table)
+
+
+@job.command("delete")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def delete(ctx: click.Context, name: str, yes: bool) -> None:
+    """Delete job NAME and every key of it; its trainers stop (job not found)."""
+    client = client_of(ctx)
+    status = client.status(name, summaries=0)  # unknown job: fail before asking
+    if not yes:
+        click.confirm(f"delete job {name} ({status.state}, {status.tasks} tasks, "
+                      f"{status.workers} workers)?", abort=True, err=True)
+    client.delete_job(name)
+    click.echo(f"job {name}: deleted")
+
+
+@job.command("cancel")
+@click.argument("name")
+@click.pass_context
+def cancel(ctx: click.Context, name: str) -> None:
+    """Cancel job NAME: every lease is revoked and the trainers' loops end."""
+    client_of(ctx).cancel_job(name)
+    click.echo(f"job {name}: cancelled")
+
+
+@job.command("audit")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the audit as JSON.")
+@click.pass_context
+def audit(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
+    delay; and whether the counters agree with the sets they count (exit 1 if not)."""
+    report = client_of(ctx).audit(name)
+    if as_json:
+        echo_json(report)
+    else:
+        out = console()
+        out.print(summaries_table(report["passes"]))
+        cur = report["current"]
+        out.print(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
+                  f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
+        for check, ok in report["checks"].items():
+            out.print(f"{'ok ' if ok else 'FAIL'} {check}")
+    if not report["ok"]:
+        failed = [k for k, ok in report["checks"].items() if not ok]
+        raise taskq.TaskqError(f"job {name}: audit failed: {', '.join(failed)}")

@@ -1,0 +1,117 @@
+"""``taskq pass ...``: advance, reset and watch the passes of a job.
+
+(The module is ``passes`` because ``pass`` is a Python keyword.)
+
+Data flow: operator -> cli/passes.py -> taskq.Client -> Redis.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import taskq
+from taskq.models import JobStatus
+
+from .common import age, client_of, console, pass_label
+
+FINAL_STATES = ("completed", "cancelled")
+
+
+@click.group("pass")
+def pass_group() -> None:
+    """Advance, reset and watch passes (a pass is one sweep over all live tasks)."""
+
+
+@pass_group.command("next")
+@click.argument("name")
+@click.option("--force", is_flag=True,
+              help="Skip what is left of an incomplete pass (recorded as skipped).")
+@click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
+              help="Only advance if PASS is still the current pass (compare-and-set).")
+@click.pass_context
+def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None) -> None:
+    """Start the next pass of NAME (manual advance).
+
+    Refuses while the current pass has work left unless --force.
+    """
+    client = client_of(ctx)
+    new_pass = client.next_pass(name, expected_pass=expected, force=force)
+    status = client.status(name, summaries=0)
+    if status.state == "completed":
+        click.echo(f"job {name}: completed (last pass {status.pass_no})")
+    else:
+        click.echo(f"job {name}: pass {pass_label(new_pass, status.passes)} started")
+
+
+@pass_group.command("reset")
+@click.argument("name")
+@click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
+              help="Only reset if PASS is still the current pass.")
+@click.pass_context
+def reset(ctx: click.Context, name: str, expected: int | None) -> None:
+    """Restart the current pass of NAME (a new attempt; leases out become stale)."""
+    pass_no = client_of(ctx).reset_pass(name, expected_pass=expected)
+    click.echo(f"job {name}: pass {pass_no} restarted")
+
+
+def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("worker", "leases", "heartbeat", "state"):
+        table.add_column(col)
+    rows = client.workers(name)
+    for w in rows[:limit]:
+        state = "draining" if w["draining"] else "alive" if w["alive"] else "lost"
+        table.add_row(w["id"], str(w["leases"]), age(w["last_heartbeat_age_s"]) + " ago",
+                      state)
+    if len(rows) > limit:
+        table.add_row(f"... {len(rows) - limit} more", "", "", "")
+    return table
+
+
+@pass_group.command("watch")
+@click.argument("name")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="Seconds between refreshes.")
+@click.pass_context
+def watch(ctx: click.Context, name: str, interval: float) -> None:
+    """Live progress of the current pass of NAME and its workers, until the job is
+    completed or cancelled (or Ctrl-C)."""
+    client = client_of(ctx)
+    out = console()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out)
+    status: JobStatus = client.status(name, summaries=0)
+    current = bar.add_task("", total=status.tasks, info="")
+
+    def refresh() -> JobStatus:
+        s = client.status(name, summaries=0)
+        d = s.as_dict()
+        bar.update(current, completed=s.done, total=max(1, s.tasks - s.dead),
+                   description=f"{name} pass {pass_label(s.pass_no, s.passes)}",
+                   info=f"{s.state}{' (' + s.reason + ')' if s.reason else ''} "
+                        f"leased {s.leased} dead {s.dead} workers {s.workers} "
+                        f"{d['throughput_per_s']:.1f}/s eta {age(d['eta_s'])}")
+        return s
+
+    def view() -> Table:
+        grid = Table.grid()
+        grid.add_row(bar)
+        grid.add_row(_workers_table(client, name))
+        return grid
+
+    try:
+        with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+            while True:
+                status = refresh()
+                live.update(view())
+                if status.state in FINAL_STATES:
+                    break
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    click.echo(f"job {name}: {status.state} (pass {status.pass_no})")
