@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +64,16 @@ def _heartbeat_through(
             trainer.heartbeat()
 
 
-def run_scenario(client: taskq.Client, job: str) -> Scenario:
+def run_scenario(
+    client: taskq.Client, job: str, after_create: Callable[[], None] | None = None
+) -> Scenario:
     """A job that produces every metric: acks with durations, a release, a stale ack
     after a revoke, a dead task (fail at max_failures=1), a task timeout, a lost worker
     (manual clock advanced past its ttl, then reaped), pass 0 completed, and in pass 1
     started leases of known age plus a reserved (prefetched) task.
+
+    ``after_create`` runs once the job exists, before anything happens to it (the live
+    Prometheus test waits there for a first scrape, so every counter's rate is > 0).
     """
     client.create_job(
         job,
@@ -79,6 +84,8 @@ def run_scenario(client: taskq.Client, job: str) -> Scenario:
         task_timeout=TASK_TIMEOUT_S,
         manual_clock=True,
     )
+    if after_create is not None:
+        after_create()
     sc = Scenario(job)
     a = _trainer(client, job, "trainer-a")
     sc.trainers.append(a)
