@@ -35,7 +35,9 @@ def echo_json(data: Any) -> None:
 
 def console(stderr: bool = False) -> Console:
     """A rich console on stdout (or stderr, for progress that must not mix with JSON)."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    # piped output is for reading later: size tables to their content, not to 80 columns
+    width = None if interactive(stderr) else 200
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def interactive(stderr: bool = True) -> bool:

@@ -40,7 +40,12 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None) -
     Refuses while the current pass has work left unless --force.
     """
     client = client_of(ctx)
-    new_pass = client.next_pass(name, expected_pass=expected, force=force)
+    try:
+        new_pass = client.next_pass(name, expected_pass=expected, force=force)
+    except taskq.PassIncomplete as e:
+        s = client.status(name, summaries=0)
+        raise taskq.PassIncomplete(f"job {name}: pass {s.pass_no} has work left (todo "
+                                   f"{s.todo}, leased {s.leased}); --force skips it") from e
     status = client.status(name, summaries=0)
     if status.state == "completed":
         click.echo(f"job {name}: completed (last pass {status.pass_no})")
