@@ -145,7 +145,8 @@ class _Runner:
                 why = f"exit {rc}" if rc is not None else "not started"
                 if rc is not None and rc < 0:
                     why = f"killed by signal {-rc}"
-                message = f"{why}: {tail}" if tail else why
+                # the server keeps 500 characters of an error: keep the end of the tail
+                message = f"{why}: {tail[-(490 - len(why)):]}" if tail else why
                 log.warning("task %s: failed (%s)", task.id, why)
                 self._end(trainer.fail, task, message)
         return 0

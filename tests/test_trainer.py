@@ -151,7 +151,7 @@ def test_break_releases_and_ack_before_break_counts(client: taskq.Client, url: s
     st = client.status(job_name)
     assert st.done == 1 and st.leased == 0 and st.counters["failed"] == 0
     with taskq.Trainer(job_name, url=url) as trainer:
-        for task in trainer:
+        for _task in trainer:
             break  # not acked: released by the with block
     st = client.status(job_name)
     assert st.done == 1 and st.leased == 0 and st.counters["released"] == 1
