@@ -79,18 +79,32 @@ class TaskqCollector:
         self.client = client
         self.jobs = list(jobs) if jobs else None
         self._errors = 0
+        self._last_error: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def _error(self, what: str, exc: BaseException) -> None:
+    def _error(self, what: str, exc: BaseException, count: int = 1) -> None:
+        message = f"{type(exc).__name__}: {exc}"
         with self._lock:
-            self._errors += 1
-        log.warning("exporter: cannot read %s: %s: %s", what, type(exc).__name__, exc)
+            self._errors += count
+            repeated = self._last_error.get(what) == message
+            self._last_error[what] = message
+        # Every scrape meets a deleted job or a down Redis again: say it once, not per scrape.
+        (log.debug if repeated else log.warning)("cannot read %s: %s", what, message)
+
+    def _read(self, what: str) -> None:
+        if what in self._last_error:
+            with self._lock:
+                self._last_error.pop(what, None)
+            log.info("%s readable again", what)
 
     def snapshots(self) -> list[JobStatus]:
         """The status of every exported job that could be read (errors counted).
 
+        Once Redis proves unreachable, the scrape's remaining jobs are not tried (each
+        try would wait out the client's retries) and count as errors.
+
         Returns:
-            One ``JobStatus`` per readable job, in job-name order.
+            One ``JobStatus`` per readable job, in the order of ``jobs`` (or of the index).
         """
         names = self.jobs
         if names is None:
@@ -99,12 +113,20 @@ class TaskqCollector:
             except _SKIPPED as e:
                 self._error("the job index", e)
                 return []
+            self._read("the job index")
         out = []
-        for name in names:
+        for i, name in enumerate(names):
+            what = f"job {name!r}"
             try:
                 out.append(self.client.status(name, summaries=0))
+            except errors.ConnectionLost as e:
+                self._error("Redis", e, count=len(names) - i)
+                break
             except _SKIPPED as e:
-                self._error(f"job {name!r}", e)
+                self._error(what, e)
+            else:
+                self._read(what)
+                self._read("Redis")
         return out
 
     def describe(self) -> Iterable[Metric]:

@@ -323,9 +323,21 @@ def test_unreachable_redis_does_not_break_the_scrape(serving: Any) -> None:
     port = serving(via=down)
     _, samples = scrape(port)
     assert value(samples, "taskq_exporter_scrape_errors_total") == 1
-    port = serving(["some-job"], via=down)
+    assert not [k for k in samples if k[0] != "taskq_exporter_scrape_errors_total"]
+
+
+def test_unreachable_redis_is_tried_once_per_scrape_and_every_job_counted(
+    serving: Any,
+) -> None:
+    # Each command waits out its retries (backoff 0.05 + 0.1 + 0.2 + 0.4 s here): trying
+    # all ten jobs would take ~7.5 s, past a Prometheus scrape timeout.
+    down = taskq.connect(f"redis://127.0.0.1:{free_port()}/0", retries=4, socket_timeout=1)
+    jobs = [f"job-{i}" for i in range(10)]
+    port = serving(jobs, via=down)
+    started = time.monotonic()
     _, samples = scrape(port)
-    assert value(samples, "taskq_exporter_scrape_errors_total") == 1
+    assert time.monotonic() - started < 4.0
+    assert value(samples, "taskq_exporter_scrape_errors_total") == len(jobs)
     assert not [k for k in samples if k[0] != "taskq_exporter_scrape_errors_total"]
 
 
