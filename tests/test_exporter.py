@@ -275,6 +275,59 @@ def test_every_metric_agrees_with_status_after_the_scenario(
     assert value(samples, "taskq_exporter_scrape_errors_total") == 0
 
 
+#: The documented metrics (docs/operations.md) and their types.
+METRIC_TYPES = {
+    **dict.fromkeys(
+        [
+            "taskq_tasks",
+            "taskq_pass",
+            "taskq_passes",
+            "taskq_job_state",
+            "taskq_workers",
+            "taskq_leases_by_age",
+            "taskq_oldest_lease_age_seconds",
+            "taskq_last_pass_duration_seconds",
+            "taskq_last_ack_timestamp_seconds",
+        ],
+        "gauge",
+    ),
+    **dict.fromkeys(
+        [
+            f"taskq_{c}"
+            for c in (
+                "leased",
+                "acked",
+                "failed",
+                "released",
+                "stale",
+                "dead",
+                "stolen",
+                "revoked",
+                "expired",
+                "exporter_scrape_errors",
+            )
+        ],
+        "counter",
+    ),
+    "taskq_redispatch_lateness_seconds": "histogram",
+    "taskq_task_duration_seconds": "histogram",
+}
+
+
+def test_exposes_exactly_the_documented_metric_names_and_types(
+    scenario: Scenario, serving: Any
+) -> None:
+    port = serving([scenario.job])
+    body, samples = scrape(port)
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    assert {name: f.type for name, f in families.items()} == METRIC_TYPES
+    for name, family in families.items():  # every family has samples after the scenario
+        assert family.samples, name
+    assert {n for n, _ in samples if n.endswith("_total")} == {
+        f"{n}_total" for n, t in METRIC_TYPES.items() if t == "counter"
+    }
+
+
 def test_labels_are_bounded_never_worker_or_task_ids(scenario: Scenario, serving: Any) -> None:
     port = serving([scenario.job])
     body, samples = scrape(port)
@@ -406,3 +459,24 @@ def test_serve_blocks_until_sigterm_or_sigint(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_last_ack_timestamp_is_unix_seconds_and_absent_before_the_first_ack(
+    client: taskq.Client, job_name: str, serving: Any
+) -> None:
+    client.create_job(job_name, range(2))
+    port = serving([job_name])
+    _, samples = scrape(port)
+    assert ("taskq_last_ack_timestamp_seconds", frozenset({("job_name", job_name)})) not in (
+        samples
+    )
+    trainer = _trainer(client, job_name, "trainer-t")
+    try:
+        task = trainer.lease(timeout=1)
+        assert task is not None
+        trainer.ack(task)
+    finally:
+        trainer.close()
+    _, samples = scrape(port)
+    acked_at = value(samples, "taskq_last_ack_timestamp_seconds", job_name=job_name)
+    assert abs(acked_at - time.time()) < 60
