@@ -227,7 +227,7 @@ def machine_info() -> dict[str, str]:
         "cpu": cpu_model,
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "redis": _first_line(["redis-server", "--version"]),
+        "redis": _redis_version(),
         "node": _first_line(["node", "--version"]),
     }
     try:
@@ -237,6 +237,14 @@ def machine_info() -> dict[str, str]:
     except ImportError:
         info["rq"] = "not installed"
     return info
+
+
+def _redis_version() -> str:
+    line = _first_line(["redis-server", "--version"])
+    for word in line.split():
+        if word.startswith("v="):
+            return "Redis " + word[2:]
+    return line
 
 
 def _first_line(argv: list[str]) -> str:
