@@ -85,7 +85,9 @@ class Trainer:
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
     ) -> None:
-        self.client = client or Client(url)
+        # one redis-py retry per command: the trainer's own loop (backoff with jitter,
+        # bounded by reconnect_timeout) does the rest, so the bound is what it says
+        self.client = client or Client(url, retries=1)
         self.job = job
         self.keys: JobKeys = self.client.keys(job)
         self.worker_id = worker_id or default_worker_id()

@@ -411,3 +411,27 @@ def test_gil_holding_step(client: taskq.Client, url: str, job_name: str,
                 trainer.ack(task)
     finally:
         neighbour.kill()
+
+
+def test_one_heartbeat_per_interval(client: taskq.Client, url: str, job_name: str) -> None:
+    make_job(client, job_name, 1, heartbeat_interval=0.2)
+    with taskq.Trainer(job_name, url=url) as trainer:
+        time.sleep(2.1)
+        sent = trainer.heartbeats_sent
+    print(f"\nheartbeats in 2.1 s at a 0.2 s interval: {sent}")
+    assert 8 <= sent <= 12
+
+
+def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServer,
+                                                            job_name: str) -> None:
+    client = taskq.connect(own_redis.url)
+    make_job(client, job_name, 1)
+    with taskq.Trainer(job_name, url=own_redis.url, heartbeat=False,
+                       reconnect_timeout=1.0) as trainer:
+        own_redis.stop()
+        t0 = time.monotonic()
+        with pytest.raises(taskq.ConnectionLost):
+            trainer.lease(timeout=0)
+        elapsed = time.monotonic() - t0
+        print(f"\nRedis down: lease gave up after {elapsed:.1f} s (reconnect_timeout 1 s)")
+        assert elapsed < 6
