@@ -174,6 +174,15 @@ def _sentinel(
     return sentinel.master_for(path[0], db=db, **kw)
 
 
+#: How an ACL refusal reads when it happens inside a script (Redis 7.0 and later).
+_ACL_REFUSALS = (
+    "NOPERM",
+    "user executing the script can't",
+    "ACL failure in script",
+    "no permissions to",
+)
+
+
 @contextlib.contextmanager
 def translate(
     masked_url: str, job_keys: JobKeys | None = None, redis_client: Any = None
@@ -218,7 +227,7 @@ def translate(
         ) from e
     except redis.exceptions.ResponseError as e:
         msg = str(e)
-        if msg.startswith("NOPERM") or "NOPERM" in msg.split(" script:")[0]:
+        if any(mark in msg for mark in _ACL_REFUSALS):
             raise errors.TaskqError(
                 f"Redis at {masked_url} refused by ACL (this user may not do that): {msg}"
             ) from e
