@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -25,6 +26,12 @@ from redis_server import free_port, wait_until
 import taskq
 from taskq.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
 from taskq.scripts import HIST_BOUNDS_MS
+
+# subprocesses import this checkout's taskq whatever the working directory
+SUBPROCESS_ENV = {**os.environ,
+                  "PYTHONPATH": os.pathsep.join(filter(None, [
+                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      os.environ.get("PYTHONPATH")]))}
 
 
 def make_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.JobStatus:
@@ -212,7 +219,7 @@ def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(
     lease_all(client, job_name, workers=50, each=20)
     client.advance_clock(job_name, 2001)
     first = subprocess.Popen([sys.executable, "-c", REAPER_PROC, url, job_name, "1", "1000"],
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV)
     try:
         assert wait_until(lambda: counters(client, job_name)["expired_worker_lost"] >= 50, 20)
     finally:
@@ -226,7 +233,7 @@ def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(
         "the dead reaper's lock holds until it lapses")
 
     second = subprocess.Popen([sys.executable, "-c", REAPER_PROC, url, job_name, "1000", "1000"],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
     try:
         assert wait_until(lambda: counters(client, job_name)["expired_worker_lost"] >= n, 20)
         time.sleep(0.2)
@@ -353,14 +360,39 @@ def test_all_jobs_mode_skips_a_bad_name_in_the_index(client, job_name, caplog):
 
 
 # -- timed trials ----------------------------------------------------------------------------
-HOLDER_PROC = """
-import sys, time
+# One launcher imports taskq once and forks one trainer process per job (ten interpreters
+# importing at once take seconds on a small machine); each child leases its job's only
+# task, reports its pid, and holds the task, heartbeating, until it is SIGKILLed.
+HOLDERS_PROC = """
+import os, sys, time
 import taskq
-t = taskq.Trainer(sys.argv[1], url=sys.argv[2])
-task = t.lease(timeout=10)
-print(task.id, flush=True)
+url, launcher = sys.argv[1], os.getpid()
+for job in sys.argv[2:]:
+    if os.fork() == 0:
+        task = taskq.Trainer(job, url=url).lease(timeout=10)
+        os.write(1, f"HELD {job} {os.getpid()} {task.id}\\n".encode())
+        while os.getppid() == launcher:  # ends with the launcher
+            time.sleep(0.1)
+        os._exit(0)
 time.sleep(120)
 """
+
+
+def read_held(launcher: subprocess.Popen[str], count: int, timeout: float) -> dict[str, int]:
+    """Job -> pid of the holder process, from the launcher's ``HELD job pid task`` lines."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert launcher.stdout is not None
+    out = launcher.stdout
+    threading.Thread(target=lambda: [lines.put(line) for line in out], daemon=True).start()
+    held: dict[str, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(held) < count:
+        line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        if line.startswith("HELD "):
+            _, job, pid, task_id = line.split()
+            assert task_id == "0", line
+            held[job] = int(pid)
+    return held
 
 
 def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
@@ -371,15 +403,15 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
     for name in jobs:
         client.create_job(name, chunks=[{"i": 0}], worker_ttl=ttl, heartbeat_interval=0.2,
                           task_timeout=None)
-    holders = [subprocess.Popen([sys.executable, "-c", HOLDER_PROC, name, url],
-                                stdout=subprocess.PIPE, text=True) for name in jobs]
+    launcher = subprocess.Popen([sys.executable, "-c", HOLDERS_PROC, url, *jobs],
+                                stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    holder_pid: dict[str, int] = {}
     stop = threading.Event()
     reaper = Reaper(taskq.connect(url), jobs=jobs)  # the default interval, 0.5 s
     loop = threading.Thread(target=reaper.run, args=(stop,))
     recovery: list[float] = []
     try:
-        for h in holders:
-            assert h.stdout is not None and h.stdout.readline().strip() == "0"
+        holder_pid.update(read_held(launcher, trials, timeout=30))
         loop.start()
 
         def trial(i: int) -> None:
@@ -389,7 +421,7 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
             waiter.start()
             time.sleep(0.3 + 0.04 * i)  # blocked by now; kills spread over the heartbeat
             killed = time.monotonic()
-            holders[i].send_signal(signal.SIGKILL)
+            os.kill(holder_pid[jobs[i]], signal.SIGKILL)
             waiter.join(ttl + 10)
             took = time.monotonic() - killed
             assert got and got[0] is not None and got[0].id == 0, f"trial {i}: nothing leased"
@@ -403,10 +435,14 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
             t.join(ttl + 20)
     finally:
         stop.set()
-        for h in holders:
-            h.kill()
-            h.wait(10)
-        if loop.is_alive() or loop.ident:
+        for pid in holder_pid.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.kill()
+        launcher.wait(10)
+        if loop.ident:
             loop.join(10)
     assert len(recovery) == trials
     with capsys.disabled():
