@@ -20,6 +20,8 @@ from . import demo as demo_module
 from . import events, exporter, job, passes, reaper, tasks, workers
 from .work import work
 
+CLI_RETRIES = 3
+
 
 class CliState:
     """The context object: global options and a ``taskq.Client`` made on first use.
@@ -37,7 +39,8 @@ class CliState:
     def client(self) -> taskq.Client:
         """The shared client (created on first use)."""
         if self._client is None:
-            self._client = taskq.Client(self.url, key_prefix=self.prefix)
+            # a few quick retries: an operator waits ~1 s, not ~5 s, for "cannot reach"
+            self._client = taskq.Client(self.url, key_prefix=self.prefix, retries=CLI_RETRIES)
         return self._client
 
 
