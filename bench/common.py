@@ -148,8 +148,13 @@ atexit.register(stop_all_servers)
 
 
 def install_signal_handlers() -> None:
-    """Makes SIGTERM unwind like Ctrl-C (call once, from the main process)."""
+    """Makes SIGTERM and SIGINT unwind as KeyboardInterrupt (call once, in the main process).
+
+    SIGINT is set explicitly because a shell starting the bench in the background leaves it
+    ignored, and Python then never raises KeyboardInterrupt.
+    """
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

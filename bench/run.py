@@ -59,16 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             if section in selected:
                 run_section(section, recorder, quick, args.max_wait)
     except KeyboardInterrupt:
-        print("interrupted: stopping what the bench started", file=sys.stderr)
-        common.stop_all_servers()
+        # A half-run section would replace complete rows, so an interrupted run writes nothing.
+        print("interrupted: stopped what the bench started, results not written", file=sys.stderr)
         return 130
     finally:
         common.stop_all_servers()
-        if recorder.rows:
-            table = recorder.write()
-            print()
-            print(table)
-            print(f"wrote {common.RESULTS_DIR / 'latest.json'} and latest.md")
+    if recorder.rows:
+        table = recorder.write()
+        print()
+        print(table)
+        print(f"wrote {common.RESULTS_DIR / 'latest.json'} and latest.md")
     print(f"bench finished in {time.monotonic() - started:.0f} s")
     return 0
 
