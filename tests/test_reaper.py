@@ -157,6 +157,25 @@ def test_each_tick_logs_one_line_when_it_did_something(client, job_name, caplog)
     assert counters(client, job_name)["expired_worker_lost"] == 30
 
 
+def test_backlog_is_reported_only_while_work_is_left(client, job_name):
+    timeouts, idle = f"{job_name}-tt", f"{job_name}-idle"
+    make_job(client, timeouts, n=10, worker_ttl=5.0, task_timeout=1.0)
+    lease_all(client, timeouts, workers=1, each=10)
+    client.advance_clock(timeouts, 1001)
+    reaper = Reaper(client, jobs=[timeouts], batch=15, max_batches=1)
+    assert reaper.tick() == {timeouts: 10} and reaper.backlog == [], "all done in one batch"
+
+    make_job(client, idle, n=1, worker_ttl=1.0)
+    for i in range(3):
+        trainer(client, idle, f"idle{i}")  # lost holding nothing
+    client.advance_clock(idle, 1001)
+    reaper = Reaper(client, jobs=[idle], batch=2, max_batches=1)
+    assert reaper.tick() == {idle: 0} and reaper.backlog == [idle], "a third lost worker left"
+    assert len(client.workers(idle)) == 1
+    assert reaper.tick() == {idle: 0} and reaper.backlog == []
+    assert client.workers(idle) == []
+
+
 # -- several reapers -----------------------------------------------------------------------
 def test_a_second_reaper_skips_a_job_another_holds_the_lock_of(client, job_name):
     make_job(client, job_name, n=3, worker_ttl=1.0)

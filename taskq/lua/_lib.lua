@@ -301,9 +301,11 @@ local function reclaim(budget)
     end
     if #items < room then remove_worker(m, 'worker_lost') else more = true end
   end
+  if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
   if did < budget then
+    local limit = budget - did
     local exp = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. fmt(JNOW),
-      'WITHSCORES', 'LIMIT', 0, budget - did)
+      'WITHSCORES', 'LIMIT', 0, limit)
     for i = 1, #exp, 2 do
       local task = exp[i]
       local l = parse_lease(redis.call('HGET', K_LEASES, task))
@@ -314,7 +316,7 @@ local function reclaim(budget)
         redis.call('ZREM', K_DEADLINES, task)
       end
     end
-    if #exp >= budget - did and #exp > 0 then more = true end
+    if #exp / 2 >= limit then more = true end  -- (WITHSCORES: two entries per task)
   end
   if did > 0 then check_pass_end() end
   return did, more
