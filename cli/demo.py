@@ -158,6 +158,8 @@ class Fleet:
     started: int = 0
     terminated: int = 0
     killed: int = 0
+    #: (worker id prefix, server time in ms) of every SIGKILL, to time the recovery
+    kills: list[tuple[str, int]] = field(default_factory=list)
 
     def spawn(self, count: int) -> list[int]:
         new = []
@@ -319,7 +321,7 @@ def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, pa
                        description=f"pass {status.pass_no}",
                        info=f"leased {status.leased}  todo {status.todo}")
             while plan and done_all >= plan[0][0] * total and not finished:
-                _act(out, fleet, plan.pop(0)[1], trainers, rng)
+                _act(out, client, fleet, plan.pop(0)[1], trainers, rng)
             if finished or status.state == "cancelled":
                 break
             if not fleet.alive():
@@ -333,7 +335,8 @@ def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, pa
         proc.join(10)
 
 
-def _act(out: Any, fleet: Fleet, action: str, trainers: int, rng: random.Random) -> None:
+def _act(out: Any, client: taskq.Client, fleet: Fleet, action: str, trainers: int,
+         rng: random.Random) -> None:
     alive = fleet.alive()
     stamp = time.strftime("%H:%M:%S")
     if action == "up":
@@ -345,6 +348,7 @@ def _act(out: Any, fleet: Fleet, action: str, trainers: int, rng: random.Random)
     elif action == "kill" and alive:
         victim = rng.choice(alive)
         fleet.signal(victim, signal.SIGKILL)
+        fleet.kills.append((f"demo-trainer-{victim}:", client.status(fleet.job, 0).now_ms))
         out.print(f"{stamp} chaos: SIGKILL trainer {victim} (its task comes back after "
                   f"worker_ttl {DEMO_WORKER_TTL_S:g}s)")
     elif action == "down" and len(alive) > 1:
@@ -353,6 +357,34 @@ def _act(out: Any, fleet: Fleet, action: str, trainers: int, rng: random.Random)
             fleet.signal(index, signal.SIGTERM)
         out.print(f"{stamp} scale down: SIGTERM trainer(s) {sorted(leaving)} "
                   f"(they release what they hold)")
+
+
+def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
+    """For each SIGKILLed trainer: how long after the kill its tasks were leased again
+    (from the job's events, on the server's clock)."""
+    if not fleet.kills:
+        return []
+    events: list[tuple[str, dict[str, str]]] = []
+    last = "-"
+    while True:
+        page = client.events(job, since=last, count=1000)
+        events.extend(page)
+        if len(page) < 1000:
+            break
+        last = page[-1][0]
+    lines = []
+    for prefix, kill_ms in fleet.kills:
+        lost = [(i, e["task"]) for i, (_, e) in enumerate(events)
+                if e.get("type") == "expired" and e.get("worker", "").startswith(prefix)]
+        if not lost:
+            lines.append(f"SIGKILLed {prefix.rstrip(':')}: held no task")
+        for at, task in lost:
+            again = next((int(eid.split("-")[0]) for eid, e in events[at:]
+                          if e.get("type") == "leased" and e.get("task") == task), None)
+            back = "not leased again" if again is None else \
+                f"leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
+            lines.append(f"SIGKILLed {prefix.rstrip(':')}: its task {task} {back}")
+    return lines
 
 
 def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
@@ -386,6 +418,8 @@ def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
               f"{f', {missing} task(s) never processed' if missing else ''})")
     out.print(f"longest re-dispatch delay: {longest_ms / 1000.0:.2f}s after a missed "
               f"deadline (worker_ttl {DEMO_WORKER_TTL_S:g}s)")
+    for line in _recoveries(client, job, fleet):
+        out.print(line)
     out.print(f"trainers: {fleet.started} started, {fleet.terminated} SIGTERMed, "
               f"{fleet.killed} SIGKILLed")
     out.print(f"total time: {took_s:.1f}s")

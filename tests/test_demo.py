@@ -1,0 +1,80 @@
+"""``taskq demo`` as a real subprocess of the installed entry point."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+from redis_server import wait_until
+
+import taskq
+
+ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
+
+
+@pytest.mark.slow
+def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str,
+                                                           client: taskq.Client) -> None:
+    began = time.monotonic()
+    r = subprocess.run([ENTRY_POINT, "demo", "--url", url, "--trainers", "3", "--passes", "2"],
+                       capture_output=True, text=True, timeout=120, cwd="/")
+    took = time.monotonic() - began
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "every task acked exactly once per pass: yes (2 passes x 60 tasks" in out
+    assert "SIGKILL trainer" in out and "scale up" in out and "scale down" in out
+    assert re.search(r"longest re-dispatch delay: \d+\.\d+s", out)
+    assert re.search(r"total time: \d+\.\ds", out)
+    assert took < 60, f"demo took {took:.1f}s"
+    job = re.search(r"job (demo-[0-9a-f]+):", out)
+    assert job is not None
+    report = client.audit(job.group(1))
+    assert report["ok"] and [p["done"] for p in report["passes"]] == [60, 60]
+    assert client.status(job.group(1)).workers == 0  # every trainer left or was reaped
+
+
+def _demo_processes(marker: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TASKQ_REDIS_URL"}
+    marker = "--tasks\x00997\x00"  # an unusual argv, to find the demo's processes
+    proc = subprocess.Popen([ENTRY_POINT, "demo", "--tasks", "997", "--step", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd="/")
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        m = re.search(r"started redis-server at (redis://\S+)", first)
+        assert m, first
+        server = redis.Redis.from_url(m.group(1))
+        assert wait_until(lambda: len(_demo_processes(marker)) >= 5, timeout=20)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert wait_until(lambda: not _demo_processes(marker), timeout=10)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        server.ping()
