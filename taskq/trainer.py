@@ -698,9 +698,13 @@ class _HelperHeartbeat:
                     "job": trainer.job, "interval": trainer.heartbeat_interval,
                     "ttl": trainer.ttl_s, "ppid": os.getpid()})
         self.push()
+        self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"taskq-heartbeat-reader-{trainer.job}")
         self._reader.start()
+        # the helper needs a moment to start Python; do not lease before it heartbeats
+        if not self._ready.wait(15.0):
+            log.warning("job %s: the heartbeat helper process has not answered yet", trainer.job)
 
     def _send(self, msg: dict[str, Any]) -> None:
         with self._wlock:
@@ -722,6 +726,7 @@ class _HelperHeartbeat:
                 msg = json.loads(line)
             except ValueError:
                 continue
+            self._ready.set()
             if "error" in msg:
                 t._check_contact()
                 continue
@@ -800,7 +805,7 @@ def _helper_main() -> None:
     args: list[Any] | None = None
     for msg in pending:
         args = msg.get("args", args)
-    next_due = time.monotonic() + interval
+    next_due = time.monotonic()  # the first beat at once: the trainer waits for it
     while True:
         msgs = read_lines(max(0.0, next_due - time.monotonic()))
         if msgs is None or os.getppid() != ppid:
