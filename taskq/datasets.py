@@ -132,14 +132,15 @@ def line_chunks(
             if not block:
                 break
             i = 0
+            left = block.count(b"\n")  # line ends in block[i:]
             while True:
-                # skip whole lines quickly while the chunk cannot end in this block
                 need = records_per_chunk - records
-                if block.count(b"\n", i) < need:
-                    records += block.count(b"\n", i)
+                if left < need:  # the chunk cannot end in this block: count, move on
+                    records += left
                     break
                 for _ in range(need):
                     i = block.index(b"\n", i) + 1
+                left -= need
                 end = pos + i
                 chunks.append({"path": abspath, "offset": start, "length": end - start,
                                "records": records_per_chunk})
