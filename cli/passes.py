@@ -89,23 +89,26 @@ def watch(ctx: click.Context, name: str, interval: float) -> None:
     client = client_of(ctx)
     out = console()
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out)
+                   TimeElapsedColumn(), console=out)
+    info = ""
     status: JobStatus = client.status(name, summaries=0)
-    current = bar.add_task("", total=status.tasks, info="")
+    current = bar.add_task("", total=status.tasks)
 
     def refresh() -> JobStatus:
+        nonlocal info
         s = client.status(name, summaries=0)
         d = s.as_dict()
         bar.update(current, completed=s.done, total=max(1, s.tasks - s.dead),
-                   description=f"{name} pass {pass_label(s.pass_no, s.passes)}",
-                   info=f"{s.state}{' (' + s.reason + ')' if s.reason else ''} "
-                        f"leased {s.leased} dead {s.dead} workers {s.workers} "
-                        f"{d['throughput_per_s']:.1f}/s eta {age(d['eta_s'])}")
+                   description=f"{name} pass {pass_label(s.pass_no, s.passes)}")
+        info = (f"{s.state}{' (' + s.reason + ')' if s.reason else ''}  todo {s.todo}  "
+                f"leased {s.leased}  done {s.done}  dead {s.dead}  workers {s.workers}  "
+                f"{d['throughput_per_s']:.1f} tasks/s  eta {age(d['eta_s'])}")
         return s
 
     def view() -> Table:
         grid = Table.grid()
         grid.add_row(bar)
+        grid.add_row(info)
         grid.add_row(_workers_table(client, name))
         return grid
 
