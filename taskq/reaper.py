@@ -41,6 +41,8 @@ EXIT_GAVE_UP = 1
 #: left waits for the next tick, which then starts at once.
 MAX_BATCHES_PER_TICK = 10
 
+_INDEX = "<job index>"  # the name problems with the job index are logged under
+
 
 def default_reaper_id() -> str:
     """``host:pid:random``: the owner name of the per-job lock, unique per reaper."""
@@ -127,6 +129,8 @@ class Reaper:
         self.locked, self.backlog = [], []
         reclaimed: dict[str, int] = {}
         for job in jobs:
+            if job == _INDEX:
+                continue
             try:
                 reclaimed[job] = self._reap_job(job)
             except errors.ConnectionLost:
@@ -153,10 +157,13 @@ class Reaper:
         if self.jobs is not None:
             return self.jobs
         try:
-            return self.client.list_jobs()
-        except redis.exceptions.ResponseError as e:
-            self._problem("<job index>", logging.ERROR, f"cannot list jobs: {e}")
-            return []
+            jobs = self.client.list_jobs()
+        except (errors.CorruptData, redis.exceptions.ResponseError) as e:
+            self._problem(_INDEX, logging.ERROR, f"cannot list jobs: {e}")
+            return [_INDEX]  # keeps the problem remembered (and logged once)
+        if self._problems.pop(_INDEX, None) is not None:
+            log.info("the job index is readable again")
+        return jobs
 
     def _reap_job(self, job: str) -> int:
         total = 0
@@ -175,7 +182,10 @@ class Reaper:
     def _problem(self, job: str, level: int, message: str) -> None:
         if self._problems.get(job) != message:
             self._problems[job] = message
-            log.log(level, "job %s: %s", job, message)
+            if job == _INDEX:
+                log.log(level, "%s", message)
+            else:
+                log.log(level, "job %s: %s", job, message)
 
     # -- the loop ---------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> int:

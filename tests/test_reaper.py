@@ -24,6 +24,7 @@ from redis.backoff import ConstantBackoff
 from redis_server import free_port, wait_until
 
 import taskq
+from taskq.keys import jobs_index
 from taskq.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
 from taskq.scripts import HIST_BOUNDS_MS
 
@@ -222,6 +223,7 @@ def test_two_reapers_racing_over_1000_expired_leases_redispatch_each_once(client
 REAPER_PROC = """
 import logging, sys
 import taskq
+from taskq.keys import jobs_index
 from taskq.reaper import Reaper
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 url, job, batch, lock_ms = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -362,8 +364,6 @@ def test_vanished_and_corrupt_jobs_are_logged_and_skipped(client, job_name, capl
 
 
 def test_all_jobs_mode_skips_a_bad_name_in_the_index(client, job_name, caplog):
-    from taskq.keys import jobs_index
-
     make_job(client, job_name, n=1, worker_ttl=1.0)
     trainer(client, job_name, "w").lease(timeout=0)
     client.advance_clock(job_name, 1001)
@@ -376,6 +376,21 @@ def test_all_jobs_mode_skips_a_bad_name_in_the_index(client, job_name, caplog):
         client.redis.srem(jobs_index(client.prefix), bad)
     assert result[job_name] == 1 and bad not in result
     assert any(bad in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_an_unreadable_job_index_is_logged_once_and_the_reaper_goes_on(url, job_name, caplog):
+    own = taskq.connect(url, key_prefix=f"tq-{job_name}")  # an index of this test alone
+    index = jobs_index(own.prefix)
+    own.redis.set(index, "not a set")
+    reaper = Reaper(own)
+    with caplog.at_level(logging.INFO, logger="taskq.reaper"):
+        assert reaper.tick() == {} and reaper.tick() == {}
+        own.redis.delete(index)
+        make_job(own, job_name, n=1)
+        assert reaper.tick() == {job_name: 0}
+    messages = [r.getMessage() for r in caplog.records if r.name == "taskq.reaper"]
+    assert sum("cannot list jobs" in m for m in messages) == 1
+    assert any("readable again" in m for m in messages)
 
 
 # -- timed trials ----------------------------------------------------------------------------
@@ -414,11 +429,13 @@ def read_held(launcher: subprocess.Popen[str], count: int, timeout: float) -> di
     return held
 
 
-def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
+def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(
     url, client, job_name, capsys
 ):
-    ttl, trials = 1.0, 10
-    jobs = [f"{job_name}-{i}" for i in range(trials)]
+    """Ten trials where an idle trainer waits in ``lease()``, and five where nobody asks
+    for work, so only the reaper can notice (time until the task is back in todo)."""
+    ttl, trials, reaper_only = 1.0, 10, 5
+    jobs = [f"{job_name}-{i}" for i in range(trials + reaper_only)]
     for name in jobs:
         client.create_job(name, chunks=[{"i": 0}], worker_ttl=ttl, heartbeat_interval=0.2,
                           task_timeout=None)
@@ -429,8 +446,9 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
     reaper = Reaper(taskq.connect(url), jobs=jobs)  # the default interval, 0.5 s
     loop = threading.Thread(target=reaper.run, args=(stop,))
     recovery: list[float] = []
+    by_reaper: list[float] = []
     try:
-        holder_pid.update(read_held(launcher, trials, timeout=30))
+        holder_pid.update(read_held(launcher, len(jobs), timeout=30))
         loop.start()
 
         def trial(i: int) -> None:
@@ -447,7 +465,18 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
             recovery.append(took)
             idle.close()
 
+        def unattended(i: int) -> None:
+            observer = taskq.connect(url)
+            time.sleep(0.3 + 0.08 * (i - trials))
+            killed = time.monotonic()
+            os.kill(holder_pid[jobs[i]], signal.SIGKILL)
+            assert wait_until(lambda: observer.status(jobs[i], summaries=0).todo == 1,
+                              ttl + 10, interval=0.01), f"trial {i}: never back in todo"
+            by_reaper.append(time.monotonic() - killed)
+
         threads = [threading.Thread(target=trial, args=(i,)) for i in range(trials)]
+        threads += [threading.Thread(target=unattended, args=(i,))
+                    for i in range(trials, trials + reaper_only)]
         for t in threads:
             t.start()
         for t in threads:
@@ -463,11 +492,20 @@ def test_sigkilled_trainers_task_reaches_a_blocked_idle_trainer_within_ttl(
         launcher.wait(10)
         if loop.ident:
             loop.join(10)
-    assert len(recovery) == trials
+    assert len(recovery) == trials and len(by_reaper) == reaper_only
+    late_ms = {name: [int(e["lateness_ms"]) for e in events(client, name, "expired")]
+               for name in jobs}
+    idle_late = [ms for name in jobs[:trials] for ms in late_ms[name]]
+    reaper_late = [ms for name in jobs[trials:] for ms in late_ms[name]]
     with capsys.disabled():
-        print(f"\nSIGKILL -> re-leased by a blocked idle trainer, worker_ttl={ttl}s, "
-              f"{trials} trials: p50 {statistics.median(recovery):.2f}s "
-              f"max {max(recovery):.2f}s")
-    assert max(recovery) < ttl + 3.0
+        print(f"\nSIGKILL, worker_ttl={ttl}s, reaper every 0.5 s: re-leased by a blocked idle "
+              f"trainer in p50 {statistics.median(recovery):.2f}s max {max(recovery):.2f}s "
+              f"({trials} trials; lateness p50 {statistics.median(idle_late):.0f} ms); "
+              f"back in todo with nobody asking in p50 {statistics.median(by_reaper):.2f}s "
+              f"max {max(by_reaper):.2f}s ({reaper_only} trials; lateness p50 "
+              f"{statistics.median(reaper_late):.0f} ms max {max(reaper_late)} ms)")
+    assert max(recovery) < ttl + 3.0 and max(by_reaper) < ttl + 3.0
     for name in jobs:
+        assert len(late_ms[name]) == 1, f"{name}: one expiry"
         assert counters(client, name)["expired_worker_lost"] == 1
+    assert max(reaper_late) <= 0.5 * 1000 + 500, "the reaper is at most a tick (+ slack) late"
