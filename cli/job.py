@@ -259,9 +259,12 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
     for name in client.list_jobs():
         try:
             s = client.status(name, summaries=0)
-        except taskq.JobNotFound:
-            rows.append({"job": name, "state": "missing", "pass": None, "passes": None,
-                         "tasks": None, "done": None, "dead": None, "workers": None})
+        except (taskq.JobNotFound, taskq.CorruptData) as e:
+            # one broken entry must not hide the others
+            state = "missing" if isinstance(e, taskq.JobNotFound) else "unreadable"
+            rows.append({"job": name, "state": state, "error": str(e), "pass": None,
+                         "passes": None, "tasks": None, "done": None, "dead": None,
+                         "workers": None})
             continue
         rows.append({"job": name, "state": s.state, "pass": s.pass_no, "passes": s.passes,
                      "tasks": s.tasks, "done": s.done, "dead": s.dead, "workers": s.workers})
@@ -277,6 +280,9 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
     for r in rows:
         if r["state"] == "missing":
             table.add_row(r["job"], "missing (taskq job list --repair)", "-", "-", "-", "-")
+            continue
+        if r["state"] == "unreadable":
+            table.add_row(r["job"], f"unreadable: {r['error']}", "-", "-", "-", "-")
             continue
         table.add_row(r["job"], r["state"], pass_label(r["pass"], r["passes"]),
                       f"{r['done']}/{r['tasks']}", str(r["dead"]), str(r["workers"]))

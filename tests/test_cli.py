@@ -242,6 +242,22 @@ def test_list_repair_adds_a_job_missing_from_the_index(url: str, client: taskq.C
     assert job_name in [row["job"] for row in json.loads(r.stdout)]
 
 
+def test_list_shows_an_unreadable_job_without_failing(url: str, client: taskq.Client,
+                                                     job_name: str) -> None:
+    good, foreign = f"{job_name}-ok", f"{job_name}-foreign"
+    client.create_job(good, [1])
+    client.redis.set(client.keys(foreign).meta, "a string another tool wrote")
+    client.redis.sadd(jobs_index(client.prefix), foreign)
+    try:
+        r = run(url, "job", "list", "--json")
+        assert r.exit_code == 0, r.output
+        states = {row["job"]: row["state"] for row in json.loads(r.stdout)}
+        assert (states[good], states[foreign]) == ("running", "unreadable")
+    finally:
+        client.redis.delete(client.keys(foreign).meta)
+        client.redis.srem(jobs_index(client.prefix), foreign)
+
+
 def test_delete_asks_and_yes_deletes(url: str, client: taskq.Client, job_name: str) -> None:
     client.create_job(job_name, [1, 2])
     r = run(url, "job", "delete", job_name, input="n\n")
