@@ -342,23 +342,26 @@ def test_give_up_after_exits_nonzero_with_a_clear_message(caplog):
 
 # -- broken jobs -----------------------------------------------------------------------------
 def test_vanished_and_corrupt_jobs_are_logged_and_skipped(client, job_name, caplog):
-    good, corrupt, gone = f"{job_name}-good", f"{job_name}-bad", f"{job_name}-gone"
-    for name in (good, corrupt, gone):
+    good, corrupt, odd, gone = (f"{job_name}-{s}" for s in ("good", "bad", "odd", "gone"))
+    for name in (good, corrupt, odd, gone):
         make_job(client, name, n=1, worker_ttl=1.0)
         trainer(client, name, "w").lease(timeout=0)
         client.advance_clock(name, 1001)
     client.redis.delete(client.keys(corrupt).workers)
-    client.redis.set(client.keys(corrupt).workers, "not a sorted set")
+    client.redis.set(client.keys(corrupt).workers, "not a sorted set")  # WRONGTYPE
+    client.redis.zadd(client.keys(odd).workers, {"no-incarnation": 0})  # a Lua error
     client.delete_job(gone)
-    reaper = Reaper(client, jobs=[gone, corrupt, good])
+    reaper = Reaper(client, jobs=[gone, corrupt, odd, good])
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
         assert reaper.tick() == {good: 1}
-        assert reaper.tick() == {good: 0}
+        assert good in reaper.tick()
     by_job = {job: [r for r in caplog.records if job + ":" in r.getMessage()]
-              for job in (corrupt, gone)}
+              for job in (corrupt, odd, gone)}
     assert [r.levelno for r in by_job[corrupt]] == [logging.ERROR], "logged once"
     message = by_job[corrupt][0].getMessage()
     assert "cannot reap" in message and ("CorruptData" in message or "WRONGTYPE" in message)
+    assert by_job[odd][0].levelno == logging.ERROR
+    assert "cannot reap (ResponseError)" in by_job[odd][0].getMessage()
     assert [r.levelno for r in by_job[gone]] == [logging.INFO]
     assert "not found" in by_job[gone][0].getMessage()
 
