@@ -480,3 +480,42 @@ def test_demo_without_redis_server_names_the_install_line(tmp_path: Path) -> Non
     assert one_error_line(r.stderr) == (
         "taskq: error: redis-server not found; install with: "
         "sudo apt-get install -y redis-server")
+
+
+def test_shell_completion_completes_commands_and_options() -> None:
+    env = {**os.environ, "_TASKQ_COMPLETE": "bash_complete", "COMP_WORDS": "taskq jo",
+           "COMP_CWORD": "1"}
+    r = subprocess.run([ENTRY_POINT], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and "plain,job" in r.stdout.split()
+    env.update(COMP_WORDS="taskq job create x --records", COMP_CWORD="4")
+    r = subprocess.run([ENTRY_POINT], capture_output=True, text=True, env=env, timeout=30)
+    assert "plain,--records-per-chunk" in r.stdout.split()
+
+
+def test_events_follow_prints_new_events_until_ctrl_c(url: str, client: taskq.Client,
+                                                      job_name: str) -> None:
+    import signal
+
+    client.create_job(job_name, [1, 2])
+    proc = subprocess.Popen([ENTRY_POINT, "--url", url, "events", job_name, "--follow",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["type"] == "job_created"
+        with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+            task = trainer.lease(timeout=1)
+            assert task is not None
+            trainer.ack(task)
+        seen = []
+        while "acked" not in seen:
+            seen.append(json.loads(proc.stdout.readline())["type"])
+        assert seen.index("leased") < seen.index("acked")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
