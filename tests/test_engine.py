@@ -276,6 +276,20 @@ def test_repeated_ack_with_same_token_is_quiet_and_counted_once(client, job_name
     assert s["counters"]["acked"] == 1 and s["counters"]["stale"] == 0 and s["done"] == 1
 
 
+def test_ack_with_an_older_token_of_the_same_worker_is_stale(client, job_name):
+    make_job(client, job_name, n=1)
+    t = trainer(client, job_name, "w")
+    old = t.lease(timeout=0)
+    t.release(old)
+    new = t.lease(timeout=0)
+    assert new.id == old.id and new.token > old.token
+    with pytest.raises(taskq.LeaseLost):
+        t.ack(old)
+    t.ack(new)
+    s = st(client, job_name)
+    assert s["counters"]["acked"] == 1 and s["counters"]["stale"] == 1
+
+
 def test_ack_from_another_worker_with_the_right_token_is_stale(client, job_name):
     make_job(client, job_name, n=1)
     owner, thief = trainer(client, job_name, "owner"), trainer(client, job_name, "thief")

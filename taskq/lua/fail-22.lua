@@ -8,6 +8,7 @@
 -- or fails alone, so one bad task does not charge its neighbours.
 local err = open_job(ARGV[1])
 if err then return {err} end
+reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
 local n = tonumber(ARGV[5])
 local out = {}

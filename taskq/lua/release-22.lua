@@ -6,6 +6,7 @@
 -- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.
 local err = open_job(ARGV[1])
 if err then return {err} end
+reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc = ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
 local out = {}
