@@ -1,0 +1,458 @@
+"""The chaos harness: real trainer processes, signals, a reaper subprocess, and the audit.
+
+Shared by ``tests/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
+``tests/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
+form ``bench/chaos_long.py``. Trainers are forked (``multiprocessing`` "fork" start
+method) from a parent that has already imported taskq, so one starts in milliseconds.
+
+Each trainer runs ``with taskq.Trainer(job, url=..., worker_id=...) as t: for task in t:``
+and appends one JSON line per processed task to its own log file::
+
+    {"worker": ID, "pass": P, "task": T, "token": TOKEN, "t": WALL_TIME_S, "start": WALL_TIME_S}
+
+(``start``: when the task was handed to the body; ``t``: when the body finished, before
+the ack that the next call carries). A second file, ``<log>.exit``, holds one JSON line
+``{"worker", "state", "t", "code"}`` written when the loop ended. Exit codes: 0 the loop
+ended with the job completed or cancelled; ``EXIT_EARLY`` the loop ended while the job
+still had work; 1 the body raised (the ``with`` block failed the task).
+
+Data flow: test -> chaos.py -> forked trainer processes -> taskq.Trainer -> Redis;
+``audit_job`` -> client.audit (stats.py) + the trainers' logs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import taskq
+
+FORK = multiprocessing.get_context("fork")
+
+#: A trainer's exit code when its loop ended while the job was neither completed nor
+#: cancelled (a survivor that gave up early: the Paddle "No more available task" bug).
+EXIT_EARLY = 3
+
+#: Chunks that make the trainer body misbehave (scenario 5).
+POISON_KILL = {"poison": "kill"}
+POISON_RAISE = {"poison": "raise"}
+
+
+# -- the trainer process ---------------------------------------------------------------
+def _body(task: taskq.Task, step_s: float, until_revoked_s: float) -> bool:
+    """Process one task; returns whether the body saw ``task.revoked``."""
+    for chunk in task.chunks:
+        if isinstance(chunk, dict) and chunk.get("poison") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # not reached
+        if isinstance(chunk, dict) and chunk.get("poison") == "raise":
+            raise RuntimeError(f"poison chunk in task {task.id}")
+    if until_revoked_s > 0:
+        give_up = time.monotonic() + until_revoked_s
+        while not task.revoked.wait(0.05):
+            if time.monotonic() > give_up:
+                return False
+        return True
+    if step_s > 0:
+        time.sleep(step_s)
+    return task.revoked.is_set()
+
+
+def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: float,
+                  until_revoked_s: float, options: dict[str, Any]) -> None:
+    """The forked child: one trainer loop, one JSON line per processed task."""
+    # the parent's handlers (pytest's) must not run here; Trainer installs its own
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = 0
+    state = "?"
+    with open(log_path, "a", buffering=1) as log:
+        try:
+            with taskq.Trainer(job, url=url, worker_id=worker_id, **options) as trainer:
+                for task in trainer:
+                    start = time.time()
+                    revoked = _body(task, step_s, until_revoked_s)
+                    log.write(json.dumps({
+                        "worker": worker_id, "pass": task.pass_no, "task": task.id,
+                        "token": task.token, "t": time.time(), "start": start,
+                        "revoked": revoked,
+                    }) + "\n")
+                state = trainer.client.status(job, summaries=0).state
+                if state not in ("completed", "cancelled"):
+                    code = EXIT_EARLY
+        except taskq.JobNotFound:
+            state = "not_found"
+        finally:
+            with open(log_path + ".exit", "a") as out:
+                out.write(json.dumps({"worker": worker_id, "state": state, "t": time.time(),
+                                      "code": code}) + "\n")
+    sys.stdout.flush()
+    os._exit(code)
+
+
+@dataclass
+class TrainerProc:
+    """A forked trainer: its process, worker id and log file."""
+
+    worker_id: str
+    log_path: Path
+    proc: Any  # multiprocessing.context.ForkProcess
+    started_at: float = field(default_factory=time.time)
+    signals: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def alive(self) -> bool:
+        return bool(self.proc.is_alive())
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode  # type: ignore[no-any-return]
+
+    def send(self, signum: int) -> float:
+        """Send ``signum``; returns the wall time it was sent."""
+        now = time.time()
+        if self.proc.is_alive():
+            os.kill(self.pid, signum)
+        self.signals.append((signal.Signals(signum).name, now))
+        return now
+
+    def term(self) -> float:
+        return self.send(signal.SIGTERM)
+
+    def kill(self) -> float:
+        return self.send(signal.SIGKILL)
+
+    def stop(self) -> float:
+        return self.send(signal.SIGSTOP)
+
+    def cont(self) -> float:
+        return self.send(signal.SIGCONT)
+
+    def join(self, timeout: float) -> int | None:
+        self.proc.join(timeout)
+        return self.exitcode
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_log(self.log_path)
+
+    def exit_record(self) -> dict[str, Any] | None:
+        rows = read_log(Path(str(self.log_path) + ".exit"))
+        return rows[-1] if rows else None
+
+
+class Fleet:
+    """The trainer processes of one scenario; ``close()`` kills whatever is left.
+
+    Args:
+        url: the Redis URL the trainers use.
+        job: the job name.
+        log_dir: where each trainer's log goes (``<worker_id>.jsonl``).
+        step_s: seconds each task's body sleeps.
+    """
+
+    def __init__(self, url: str, job: str, log_dir: Path | str, step_s: float = 0.05) -> None:
+        self.url = url
+        self.job = job
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.step_s = step_s
+        self.trainers: list[TrainerProc] = []
+        self._seq = 0
+
+    def spawn(self, n: int = 1, *, step_s: float | None = None, until_revoked_s: float = 0.0,
+              worker_id: str | None = None, **options: Any) -> list[TrainerProc]:
+        """Fork ``n`` trainers (``options`` go to ``taskq.Trainer``, e.g. prefetch)."""
+        out = []
+        for _ in range(n):
+            self._seq += 1
+            wid = worker_id or f"w{self._seq:03d}"
+            log_path = self.log_dir / f"{wid}.jsonl"
+            proc = FORK.Process(
+                target=_trainer_main, name=f"trainer-{wid}", daemon=False,
+                args=(self.url, self.job, wid, str(log_path),
+                      self.step_s if step_s is None else step_s, until_revoked_s, options))
+            proc.start()
+            tp = TrainerProc(wid, log_path, proc)
+            self.trainers.append(tp)
+            out.append(tp)
+        return out
+
+    def alive(self) -> list[TrainerProc]:
+        return [t for t in self.trainers if t.alive()]
+
+    def logs(self) -> list[Path]:
+        return [t.log_path for t in self.trainers]
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_logs(self.logs())
+
+    def join_all(self, timeout: float, trainers: Iterable[TrainerProc] | None = None) -> bool:
+        """Wait until the given (default: all) trainers exited; False on timeout."""
+        deadline = time.monotonic() + timeout
+        for t in list(trainers if trainers is not None else self.trainers):
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.alive() for t in (trainers if trainers is not None
+                                            else self.trainers))
+
+    def close(self) -> None:
+        """SIGCONT + SIGKILL every trainer still running and reap them (always safe)."""
+        for t in self.trainers:
+            if t.proc.is_alive():
+                for signum in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(t.pid, signum)
+                    except ProcessLookupError:
+                        pass
+        for t in self.trainers:
+            t.proc.join(5)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_log(path: Path | str) -> list[dict[str, Any]]:
+    """The JSON lines of one log (a torn last line of a SIGKILLed trainer is skipped)."""
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def read_logs(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        out += read_log(p)
+    return out
+
+
+# -- held leases, kills with a record of what the victim held -------------------------
+def held_by(client: taskq.Client, job: str, worker_id: str) -> list[dict[str, Any]]:
+    """The current leases of ``worker_id`` (from the server)."""
+    return [t for t in client.tasks(job, state="leased", limit=10000)
+            if t.get("worker") == worker_id]
+
+
+def remove_trainer(client: taskq.Client, job: str, trainer: TrainerProc, how: str,
+                   pause_s: float = 0.1) -> dict[str, Any]:
+    """SIGTERM or SIGKILL ``trainer``, recording what it held at that moment.
+
+    The trainer is SIGSTOPped first (for ``pause_s``, well under any ttl) so what the
+    server says it holds cannot change before the signal lands.
+
+    Returns:
+        ``{"worker", "how", "t" (wall time of the signal), "pass", "held": [task ids]}``.
+    """
+    trainer.stop()
+    time.sleep(pause_s)
+    status = client.status(job, summaries=0)
+    held = [t["id"] for t in held_by(client, job, trainer.worker_id)]
+    if how == "kill":
+        t = trainer.kill()
+    elif how == "term":
+        t = trainer.term()
+        trainer.cont()
+    else:
+        raise ValueError(f"how must be 'kill' or 'term', not {how!r}")
+    return {"worker": trainer.worker_id, "how": how, "t": t, "pass": status.pass_no,
+            "held": held}
+
+
+def redispatch_waits(removals: list[dict[str, Any]],
+                     records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each task a removed trainer held: seconds from the signal to the next start of
+    that task (same pass) in any trainer's log. ``wait_s`` is None if never seen."""
+    starts: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in records:
+        starts[(int(r["pass"]), int(r["task"]))].append(float(r.get("start", r["t"])))
+    out = []
+    for rm in removals:
+        for task_id in rm["held"]:
+            later = [s for s in starts[(rm["pass"], task_id)] if s >= rm["t"]]
+            out.append({"worker": rm["worker"], "how": rm["how"], "task": task_id,
+                        "pass": rm["pass"],
+                        "wait_s": round(min(later) - rm["t"], 3) if later else None})
+    return out
+
+
+# -- the reaper and the CLI as subprocesses ---------------------------------------------
+def taskq_cmd() -> list[str]:
+    """The ``taskq`` CLI: the venv's entry point, or the same via this interpreter."""
+    exe = Path(sys.executable).with_name("taskq")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "from taskq.cli.main import main; main()"]
+
+
+def run_cli(url: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run ``taskq ARGS`` against ``url`` and return the finished process."""
+    env = dict(os.environ, TASKQ_REDIS_URL=url)
+    return subprocess.run([*taskq_cmd(), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class ReaperProc:
+    """``taskq reaper`` in a subprocess; ``stop()`` ends it (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, url: str, interval: float = 0.2, jobs: Iterable[str] = (),
+                 log_path: Path | str | None = None) -> None:
+        env = dict(os.environ, TASKQ_REDIS_URL=url)
+        args = [*taskq_cmd(), "reaper", "--interval", str(interval)]
+        for job in jobs:
+            args += ["--job", job]
+        self._log = open(log_path, "ab") if log_path else None
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=self._log or subprocess.DEVNULL)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def __enter__(self) -> ReaperProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- waiting helpers ----------------------------------------------------------------------
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05,
+             what: str = "condition") -> Any:
+    """Poll ``predicate`` until truthy; raises AssertionError naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def acked(client: taskq.Client, job: str) -> int:
+    """The job's acked counter (all passes)."""
+    return int(client.status(job, summaries=0).counters["acked"])
+
+
+# -- the audit ------------------------------------------------------------------------------
+def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
+              expect_dead: Iterable[int] | None = None,
+              expect_state: str | None = "completed") -> dict[str, Any]:
+    """Assert the product's promise over a finished (or cancelled) job; return a summary.
+
+    Checks:
+      - the server's own checks (``client.audit``: counters against sets and bitmaps);
+      - per pass attempt: done + dead + skipped == tasks, i.e. every live task acked
+        exactly once in the records (for the current attempt of a cancelled job:
+        done <= live);
+      - the acked counter equals the sum of done over all pass attempts;
+      - processed at least once: every (pass, task) the records count as done of a
+        completed pass attempt appears in the trainers' logs;
+      - dead tasks: exactly ``expect_dead`` (when given), each at a cap
+        (failures >= max_failures or attempts >= max_attempts);
+      - the job ended in ``expect_state`` (when given).
+
+    Returns:
+        ``{"passes", "acked", "stale", "dead", "max_lateness_ms", "processed",
+        "duplicates", "audit"}``: ``processed`` counts log lines, ``duplicates`` the
+        (pass, task) pairs processed more than once (at-least-once processing).
+    """
+    report = client.audit(job)
+    status = client.status(job, summaries=0)
+    failures = [f"{k} is false" for k, v in report["checks"].items() if not v]
+    assert report["ok"] and not failures, f"server audit failed: {failures}: {report}"
+    if expect_state is not None:
+        assert report["state"] == expect_state, f"job state {report['state']!r}, " \
+                                                f"expected {expect_state!r}: {report}"
+    n = status.tasks
+    summaries = report["passes"]
+    done_total = 0
+    for s in summaries:
+        done_total += int(s["done"] or 0)
+        if s["state"] == "completed":
+            total = int(s["done"] or 0) + int(s["dead"] or 0) + int(s["skipped"] or 0)
+            assert total == n, (f"pass {s['pass']} (round {s['round']}): done {s['done']} + "
+                                f"dead {s['dead']} + skipped {s['skipped']} != {n} tasks")
+        else:
+            assert int(s["done"] or 0) <= n - int(s["dead"] or 0), f"pass summary {s}"
+    cur = report["current"]
+    last = summaries[-1] if summaries else None
+    current_summarised = last is not None and last["pass"] == cur["pass"]
+    if not current_summarised:
+        done_total += int(cur["done"])
+    assert cur["done"] <= n - cur["dead"], f"current pass: done {cur['done']} > live: {cur}"
+    acked_counter = int(report["counters"]["acked"])
+    assert acked_counter == done_total, (
+        f"acked counter {acked_counter} != sum of done over pass attempts {done_total}: "
+        f"{summaries} current {cur}")
+    assert report["counters"]["dead"] >= cur["dead"]
+
+    # processed at least once according to the trainers' logs
+    records = read_logs(logs)
+    processed: dict[tuple[int, int], int] = defaultdict(int)
+    for r in records:
+        processed[(int(r["pass"]), int(r["task"]))] += 1
+    dead_rows = client.tasks(job, state="dead", limit=10000)
+    dead_ids = {int(d["id"]) for d in dead_rows}
+    completed_passes = sorted({s["pass"] for s in summaries if s["state"] == "completed"
+                               and not s["skipped"]})
+    missing = []
+    for p in completed_passes:
+        for task_id in range(n):
+            if (p, task_id) not in processed and task_id not in dead_ids:
+                missing.append((p, task_id))
+    assert not missing, f"acked in the records but in no trainer's log: {missing[:20]}"
+
+    cfg = status.config
+    for d in dead_rows:
+        assert d["failures"] >= cfg["max_failures"] or d["attempts"] >= cfg["max_attempts"], \
+            f"dead task below both caps: {d} (config {cfg})"
+    if expect_dead is not None:
+        assert dead_ids == set(expect_dead), f"dead tasks {sorted(dead_ids)}, expected " \
+                                             f"{sorted(set(expect_dead))}"
+    return {
+        "passes": len(summaries),
+        "acked": acked_counter,
+        "stale": int(report["counters"]["stale"]),
+        "dead": sorted(dead_ids),
+        "max_lateness_ms": max([int(s.get("max_lateness_ms") or 0) for s in summaries] or [0]),
+        "processed": len(records),
+        "duplicates": sum(1 for c in processed.values() if c > 1),
+        "counters": report["counters"],
+        "audit": report,
+    }
+
