@@ -14,7 +14,8 @@ and appends one JSON line per processed task to its own log file::
 the ack that the next call carries). A second file, ``<log>.exit``, holds one JSON line
 ``{"worker", "state", "t", "code"}`` written when the loop ended. Exit codes: 0 the loop
 ended with the job completed or cancelled; ``EXIT_EARLY`` the loop ended while the job
-still had work; 1 the body raised (the ``with`` block failed the task).
+still had work; 1 the body raised (the ``with`` block failed the task); 143 SIGTERM
+(the ``with`` block released what it held).
 
 Data flow: test -> chaos.py -> forked trainer processes -> taskq.Trainer -> Redis;
 ``audit_job`` -> client.audit (stats.py) + the trainers' logs.
@@ -69,8 +70,13 @@ def _body(task: taskq.Task, step_s: float, until_revoked_s: float) -> bool:
 
 
 def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: float,
-                  until_revoked_s: float, options: dict[str, Any]) -> None:
-    """The forked child: one trainer loop, one JSON line per processed task."""
+                  until_revoked_s: float, explicit_ack: bool, options: dict[str, Any]) -> None:
+    """The forked child: one trainer loop, one JSON line per processed task.
+
+    With ``explicit_ack`` the body acks each task itself (``trainer.ack``) and logs
+    ``"stale": true`` when the server rejected it (``LeaseLost``); otherwise the iterator
+    acks it in the call that leases the next task.
+    """
     # the parent's handlers (pytest's) must not run here; Trainer installs its own
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -82,16 +88,24 @@ def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: flo
                 for task in trainer:
                     start = time.time()
                     revoked = _body(task, step_s, until_revoked_s)
-                    log.write(json.dumps({
-                        "worker": worker_id, "pass": task.pass_no, "task": task.id,
-                        "token": task.token, "t": time.time(), "start": start,
-                        "revoked": revoked,
-                    }) + "\n")
+                    row = {"worker": worker_id, "pass": task.pass_no, "task": task.id,
+                           "token": task.token, "t": time.time(), "start": start,
+                           "revoked": revoked}
+                    if explicit_ack:
+                        try:
+                            trainer.ack(task)
+                            row["stale"] = False
+                        except taskq.LeaseLost:
+                            row["stale"] = True
+                    log.write(json.dumps(row) + "\n")
                 state = trainer.client.status(job, summaries=0).state
                 if state not in ("completed", "cancelled"):
                     code = EXIT_EARLY
         except taskq.JobNotFound:
             state = "not_found"
+        except Exception as e:  # the body raised: the with block failed the task
+            state = f"raised {type(e).__name__}: {e}"
+            code = 1
         finally:
             with open(log_path + ".exit", "a") as out:
                 out.write(json.dumps({"worker": worker_id, "state": state, "t": time.time(),
@@ -173,8 +187,18 @@ class Fleet:
         self._seq = 0
 
     def spawn(self, n: int = 1, *, step_s: float | None = None, until_revoked_s: float = 0.0,
-              worker_id: str | None = None, **options: Any) -> list[TrainerProc]:
-        """Fork ``n`` trainers (``options`` go to ``taskq.Trainer``, e.g. prefetch)."""
+              explicit_ack: bool = False, worker_id: str | None = None,
+              **options: Any) -> list[TrainerProc]:
+        """Fork ``n`` trainers.
+
+        Args:
+            n: how many.
+            step_s: seconds each task's body sleeps (default: the fleet's).
+            until_revoked_s: instead, the body waits up to this long for ``task.revoked``.
+            explicit_ack: the body acks each task itself and logs whether it was stale.
+            worker_id: the id (only with n=1); ``wNNN`` by default.
+            options: more ``taskq.Trainer`` arguments (prefetch, heartbeat, ...).
+        """
         out = []
         for _ in range(n):
             self._seq += 1
@@ -183,7 +207,8 @@ class Fleet:
             proc = FORK.Process(
                 target=_trainer_main, name=f"trainer-{wid}", daemon=False,
                 args=(self.url, self.job, wid, str(log_path),
-                      self.step_s if step_s is None else step_s, until_revoked_s, options))
+                      self.step_s if step_s is None else step_s, until_revoked_s,
+                      explicit_ack, options))
             proc.start()
             tp = TrainerProc(wid, log_path, proc)
             self.trainers.append(tp)
@@ -255,29 +280,44 @@ def held_by(client: taskq.Client, job: str, worker_id: str) -> list[dict[str, An
             if t.get("worker") == worker_id]
 
 
-def remove_trainer(client: taskq.Client, job: str, trainer: TrainerProc, how: str,
-                   pause_s: float = 0.1) -> dict[str, Any]:
-    """SIGTERM or SIGKILL ``trainer``, recording what it held at that moment.
+def remove_trainers(client: taskq.Client, job: str, victims: list[tuple[TrainerProc, str]],
+                    pause_s: float = 0.1) -> list[dict[str, Any]]:
+    """SIGTERM or SIGKILL trainers at once, recording what each held at that moment.
 
-    The trainer is SIGSTOPped first (for ``pause_s``, well under any ttl) so what the
+    Every victim is SIGSTOPped first (for ``pause_s``, well under any ttl) so what the
     server says it holds cannot change before the signal lands.
 
+    Args:
+        victims: (trainer, "term" | "kill") pairs.
+
     Returns:
-        ``{"worker", "how", "t" (wall time of the signal), "pass", "held": [task ids]}``.
+        One ``{"worker", "how", "t" (wall time of the signal), "pass", "held": [task ids]}``
+        per victim.
     """
-    trainer.stop()
+    for trainer, how in victims:
+        if how not in ("term", "kill"):
+            raise ValueError(f"how must be 'kill' or 'term', not {how!r}")
+        trainer.stop()
     time.sleep(pause_s)
     status = client.status(job, summaries=0)
-    held = [t["id"] for t in held_by(client, job, trainer.worker_id)]
-    if how == "kill":
-        t = trainer.kill()
-    elif how == "term":
-        t = trainer.term()
-        trainer.cont()
-    else:
-        raise ValueError(f"how must be 'kill' or 'term', not {how!r}")
-    return {"worker": trainer.worker_id, "how": how, "t": t, "pass": status.pass_no,
-            "held": held}
+    leased = client.tasks(job, state="leased", limit=100000)
+    out = []
+    for trainer, how in victims:
+        held = [t["id"] for t in leased if t.get("worker") == trainer.worker_id]
+        if how == "kill":
+            t = trainer.kill()
+        else:
+            t = trainer.term()
+            trainer.cont()
+        out.append({"worker": trainer.worker_id, "how": how, "t": t, "pass": status.pass_no,
+                    "held": held})
+    return out
+
+
+def remove_trainer(client: taskq.Client, job: str, trainer: TrainerProc, how: str,
+                   pause_s: float = 0.1) -> dict[str, Any]:
+    """``remove_trainers`` for one trainer."""
+    return remove_trainers(client, job, [(trainer, how)], pause_s)[0]
 
 
 def redispatch_waits(removals: list[dict[str, Any]],
@@ -444,7 +484,12 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
     if expect_dead is not None:
         assert dead_ids == set(expect_dead), f"dead tasks {sorted(dead_ids)}, expected " \
                                              f"{sorted(set(expect_dead))}"
+    # every lease ended exactly one way, or is still held
+    c = report["counters"]
+    ended = sum(int(c[k]) for k in ("acked", "failed", "released", "expired_worker_lost",
+                                    "expired_task_timeout", "stolen", "revoked"))
     return {
+        "unaccounted_leases": int(c["leased"]) - ended - int(cur["leased"]),
         "passes": len(summaries),
         "acked": acked_counter,
         "stale": int(report["counters"]["stale"]),
