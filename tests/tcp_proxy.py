@@ -31,11 +31,18 @@ class _Pair:
     def close(self) -> None:
         self.closed.set()
         for s in (self.client, self.upstream):
-            if s is not None:
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            if s is None:
+                continue
+            # shutdown first: a forked child holding a copy of the fd must not keep the
+            # connection open
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                s.close()
+            except OSError:
+                pass
 
 
 class TcpProxy:
