@@ -408,6 +408,66 @@ def acked(client: taskq.Client, job: str) -> int:
     return int(client.status(job, summaries=0).counters["acked"])
 
 
+# -- scenario 1 at any size ------------------------------------------------------------
+def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, *,
+                       tasks: int, passes: int, first: int, peak: int, last: int,
+                       step_s: float, up_at: int, down_at: int, ttl_s: float,
+                       hbi_s: float, reaper_interval: float = 0.2,
+                       timeout_s: float = 120.0) -> dict[str, Any]:
+    """Scenario 1 (the PaddlePaddle report) at any size; ``tests/test_chaos.py`` runs the
+    CI form, ``bench/chaos_long.py`` the full one.
+
+    ``first`` trainers, ``peak`` once ``up_at`` tasks were acked, ``last`` once
+    ``down_at`` were (the removed ones alternately by SIGTERM and SIGKILL), a reaper
+    running throughout. Asserts that every survivor exits 0 only with the job completed,
+    each removed trainer died of its signal, every task a removed trainer held was leased
+    again, and the audit; returns the audit summary plus ``runtime_s``, ``tail_s`` (from
+    the scale-down to the last survivor's exit), ``max_kill_wait_s``,
+    ``max_term_wait_s`` (signal to the next start of a task the victim held) and
+    ``waits``.
+    """
+    client.create_job(job, chunks=[{"i": i} for i in range(tasks)], passes=passes,
+                      worker_ttl=ttl_s, heartbeat_interval=hbi_s, task_timeout=None)
+    began = time.monotonic()
+    reaper_log = log_dir / "reaper.log"
+    with Fleet(url, job, log_dir, step_s=step_s) as fleet, \
+            ReaperProc(url, interval=reaper_interval, jobs=[job], log_path=reaper_log) as reaper:
+        fleet.spawn(first)
+        wait_for(lambda: acked(client, job) >= up_at, timeout_s, what=f"{up_at} acks")
+        fleet.spawn(peak - first)
+        wait_for(lambda: acked(client, job) >= down_at, timeout_s, what=f"{down_at} acks")
+        status = client.status(job, summaries=0)
+        assert status.state == "running", "the job ended before the scale-down"
+        # remove the newest and some of the first: keep the oldest `last`
+        victims = fleet.trainers[last:]
+        plan = [(t, "term" if k % 2 == 0 else "kill") for k, t in enumerate(victims)]
+        removals = remove_trainers(client, job, plan)
+        removed_at = time.monotonic()
+        survivors = fleet.trainers[:last]
+        assert fleet.join_all(timeout_s, survivors), "a surviving trainer hangs"
+        tail_s = time.monotonic() - removed_at
+        assert reaper.alive(), "the reaper died"
+        fleet.join_all(10)
+        for t in survivors:
+            record = t.exit_record()
+            assert t.exitcode == 0, f"survivor {t.worker_id} exited {t.exitcode} " \
+                                    f"({'early' if t.exitcode == EXIT_EARLY else record})"
+            assert record is not None and record["state"] == "completed", record
+        for t, how in plan:
+            expected = 128 + signal.SIGTERM if how == "term" else -signal.SIGKILL
+            assert t.exitcode == expected, f"{t.worker_id} ({how}) exited {t.exitcode}"
+        summary = audit_job(client, job, fleet.logs())
+        waits = redispatch_waits(removals, fleet.records())
+    assert all(w["wait_s"] is not None for w in waits), f"never leased again: {waits}"
+    kill_waits = [w["wait_s"] for w in waits if w["how"] == "kill"]
+    term_waits = [w["wait_s"] for w in waits if w["how"] == "term"]
+    summary.update(
+        runtime_s=round(time.monotonic() - began, 2), tail_s=round(tail_s, 2),
+        max_kill_wait_s=max(kill_waits, default=None),
+        max_term_wait_s=max(term_waits, default=None), waits=waits)
+    return summary
+
+
 # -- the audit ------------------------------------------------------------------------------
 def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
               expect_dead: Iterable[int] | None = None,

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import redis
 from chaos import (
-    EXIT_EARLY,
     POISON_KILL,
     POISON_RAISE,
     Fleet,
@@ -23,9 +22,8 @@ from chaos import (
     acked,
     audit_job,
     held_by,
-    redispatch_waits,
-    remove_trainers,
     run_cli,
+    scale_up_down_kill,
     wait_for,
 )
 
@@ -44,60 +42,11 @@ def _log(msg: str, **data: Any) -> None:
     print(f"[chaos] {msg} " + " ".join(f"{k}={v}" for k, v in data.items()), flush=True)
 
 
-def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, *,
-                       tasks: int, passes: int, first: int, peak: int, last: int,
-                       step_s: float, up_at: int, down_at: int) -> dict[str, Any]:
-    """Scenario 1 at any size (the long form in bench/ calls this too): ``first``
-    trainers, ``peak`` once ``up_at`` tasks were acked, ``last`` once ``down_at`` were
-    (the removed half by SIGTERM, half by SIGKILL), a reaper running throughout."""
-    client.create_job(job, chunks=[{"i": i} for i in range(tasks)], passes=passes,
-                      worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None)
-    began = time.monotonic()
-    with Fleet(url, job, log_dir, step_s=step_s) as fleet, \
-            ReaperProc(url, interval=0.2, jobs=[job], log_path=log_dir / "reaper.log") as reaper:
-        fleet.spawn(first)
-        wait_for(lambda: acked(client, job) >= up_at, 60, what=f"{up_at} acks")
-        fleet.spawn(peak - first)
-        wait_for(lambda: acked(client, job) >= down_at, 60, what=f"{down_at} acks")
-        status = client.status(job, summaries=0)
-        assert status.state == "running", "the job ended before the scale-down"
-        # remove the newest and some of the first: keep the oldest `last`
-        victims = fleet.trainers[last:]
-        plan = [(t, "term" if k % 2 == 0 else "kill") for k, t in enumerate(victims)]
-        removals = remove_trainers(client, job, plan)
-        removed_at = time.monotonic()
-        _log("scaled down", removed=len(plan), acked=acked(client, job),
-             held=sum(len(r["held"]) for r in removals))
-        survivors = fleet.trainers[:last]
-        assert fleet.join_all(120, survivors), "a surviving trainer hangs"
-        tail_s = time.monotonic() - removed_at
-        assert reaper.alive(), "the reaper died"
-        fleet.join_all(10)
-        for t in survivors:
-            record = t.exit_record()
-            assert t.exitcode == 0, f"survivor {t.worker_id} exited {t.exitcode} " \
-                                    f"({'early' if t.exitcode == EXIT_EARLY else record})"
-            assert record is not None and record["state"] == "completed", record
-        for t, how in plan:
-            expected = 128 + signal.SIGTERM if how == "term" else -signal.SIGKILL
-            assert t.exitcode == expected, f"{t.worker_id} ({how}) exited {t.exitcode}"
-        summary = audit_job(client, job, fleet.logs())
-        waits = redispatch_waits(removals, fleet.records())
-    assert all(w["wait_s"] is not None for w in waits), f"never leased again: {waits}"
-    kill_waits = [w["wait_s"] for w in waits if w["how"] == "kill"]
-    term_waits = [w["wait_s"] for w in waits if w["how"] == "term"]
-    summary.update(
-        runtime_s=round(time.monotonic() - began, 2), tail_s=round(tail_s, 2),
-        max_kill_wait_s=max(kill_waits, default=None),
-        max_term_wait_s=max(term_waits, default=None), waits=waits)
-    return summary
-
-
 def test_scale_up_scale_down_and_kill_lose_nothing_and_nobody_hangs(
         client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
     summary = scale_up_down_kill(client, url, job_name, tmp_path, tasks=120, passes=3,
                                  first=6, peak=12, last=3, step_s=0.05, up_at=30,
-                                 down_at=150)
+                                 down_at=150, ttl_s=TTL_S, hbi_s=HBI_S)
     _log("scenario 1", runtime_s=summary["runtime_s"], tail_s=summary["tail_s"],
          max_kill_wait_s=summary["max_kill_wait_s"],
          max_term_wait_s=summary["max_term_wait_s"],
