@@ -228,8 +228,8 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
         holders = {t["worker"] for t in client.tasks(job, state="leased")}
         assert holders == {t.worker_id for t in long}
 
+        cancelled_at = time.time()  # the CLI's start: the cancel lands a little later
         cancelled = run_cli(url, "job", "cancel", job)
-        cancelled_at = time.time()
         assert cancelled.returncode == 0, cancelled.stderr
         assert fleet.join_all(HBI_S + 5), "a trainer's loop did not end after the cancel"
         exits = {t.worker_id: t.exit_record() for t in fleet.trainers}
