@@ -135,7 +135,9 @@ class Trainer:
         self.stolen_from_me = 0
         self._helper: _HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None
-        self._register()
+        # a trainer started while Redis is away (a pod scheduled during a restart) waits
+        # for it like every other call, up to reconnect_timeout
+        self._retrying(self._register)
         if heartbeat == "thread" and self._raw_url is not None:
             # its own connection, failing fast: a heartbeat stuck in retries for longer
             # than the ttl would be worse than one missed beat

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -331,6 +333,30 @@ def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(
                  f"{len(after)} leases after the restart, all tokens > {seen_max}")
 
 
+def test_trainer_started_while_redis_is_down_registers_when_it_returns(
+        own_redis: RedisServer, job_name: str) -> None:
+    """A trainer constructed while Redis is away (a pod scheduled during a restart) waits
+    for it, like every other call, instead of failing at once."""
+    client = taskq.connect(own_redis.url)
+    client.create_job(job_name, [{"i": i} for i in range(2)], worker_ttl=TTL_S,
+                      heartbeat_interval=HBI_S)
+    own_redis.kill()
+    back = threading.Timer(1.0, own_redis.start)
+    back.start()
+    try:
+        t0 = time.monotonic()
+        with taskq.Trainer(job_name, url=own_redis.url, reconnect_timeout=20,
+                           handle_signals=False) as trainer:
+            registered_s = time.monotonic() - t0
+            task = trainer.lease(timeout=5)
+            assert task is not None
+            trainer.ack(task)
+        print(f"\nTrainer() with Redis down for 1 s: registered after {registered_s:.2f} s")
+        assert 0.9 < registered_s < 10
+    finally:
+        back.join()
+
+
 # -- scenario 4: partition and outage --------------------------------------------------------
 def _lost_workers(rig: Rig) -> set[str]:
     return {e["worker"] for e in rig.events("worker_lost")}
@@ -440,3 +466,194 @@ def test_redis_stopped_longer_than_ttl_loses_nobody_and_records_stay_right(rig: 
         rig.note(f"silence events: {gaps} ms")
         assert gaps and max(gaps) > TTL_S * 1000, gaps
         assert all(t.exitcode == 0 for t in rig.trainers())
+
+
+# -- scenario 7: a seeded random schedule -----------------------------------------------------
+#: What a random schedule is made of, with weights.
+ACTIONS = {"join": 3, "join_proxied": 2, "leave": 2, "kill": 2, "pause_short": 2,
+           "pause_long": 2, "cut_short": 1, "cut_long": 1, "redis_restart": 1}
+MAX_LIVE = 5  # trainers at once (a 2-core machine)
+
+
+def plan(seed: int, duration_s: float, ttl_s: float = TTL_S) -> list[dict[str, Any]]:
+    """A schedule of faults drawn from ``random.Random(seed)``: one entry every 0.4-1.5 s
+    for ``duration_s``. Durations of pauses and cuts are drawn shorter or longer than the
+    ttl; ``pick`` chooses the target among the eligible trainers when the entry runs."""
+    rng = random.Random(seed)
+    kinds, weights = list(ACTIONS), list(ACTIONS.values())
+    out: list[dict[str, Any]] = []
+    t = 0.5
+    while t < duration_s:
+        kind = rng.choices(kinds, weights)[0]
+        entry: dict[str, Any] = {"at": round(t, 2), "do": kind, "pick": round(rng.random(), 3)}
+        if kind in ("pause_short", "cut_short"):
+            entry["for"] = round(rng.uniform(0.2, 0.6 * ttl_s), 2)
+        elif kind in ("pause_long", "cut_long"):
+            entry["for"] = round(rng.uniform(ttl_s + 0.5, ttl_s + 2.0), 2)
+        elif kind == "redis_restart":
+            entry["for"] = round(rng.uniform(0.1, ttl_s + 1.0), 2)
+        elif kind.startswith("join"):
+            entry["prefetch"] = rng.choice([0, 0, 1])
+            entry["step"] = round(rng.uniform(0.15, 0.3), 2)
+        if kind.startswith("cut"):
+            entry["deliver"] = rng.random() < 0.5
+        out.append(entry)
+        t += rng.uniform(0.4, 1.5)
+    return out
+
+
+class RandomRun:
+    """Runs a planned schedule on a rig: one entry at its time, the end of each pause or
+    cut at its own; an entry with no eligible target is skipped (and noted)."""
+
+    def __init__(self, rig: Rig, schedule: list[dict[str, Any]]) -> None:
+        self.rig = rig
+        self.schedule = schedule
+        self.paused: dict[str, float] = {}  # worker id -> SIGCONT due (time.time())
+        self.cut_until = 0.0
+        self.removed: dict[str, str] = {}  # worker id -> "term" | "kill"
+        self._deliver = True
+        self.redis_back_at = 0.0  # restart due (time.time()) while Redis is down
+
+    def live(self) -> list[TrainerProc]:
+        return [t for t in self.rig.trainers()
+                if t.alive() and t.worker_id not in self.removed]
+
+    def eligible(self) -> list[TrainerProc]:
+        return [t for t in self.live() if t.worker_id not in self.paused]
+
+    def job_over(self) -> bool:
+        if self.redis_back_at:
+            return False  # not while Redis is down
+        return self.rig.client.status(self.rig.job, summaries=0).state != "running"
+
+    def run(self) -> None:
+        start = time.time()
+        for entry in self.schedule:
+            while time.time() < start + entry["at"]:
+                self._due()
+                time.sleep(0.02)
+            self._due()
+            if self.job_over():
+                self.rig.note("job over: the rest of the schedule is skipped")
+                break
+            self._apply(entry)
+        self.end_all()
+
+    def _due(self) -> None:
+        now = time.time()
+        if self.redis_back_at and now >= self.redis_back_at:
+            self.redis_back_at = 0.0
+            self.rig.server.start()
+            self.rig.note("redis restarted")
+        for wid, until in list(self.paused.items()):
+            if now >= until:
+                del self.paused[wid]
+                self._trainer(wid).cont()
+                self.rig.note(f"SIGCONT {wid}")
+        if self.rig.proxy.is_cut and now >= self.cut_until:
+            self.rig.proxy.restore(deliver=self._deliver)
+            self.rig.note(f"proxy restored ({'late delivery' if self._deliver else 'dropped'})")
+
+    def _trainer(self, wid: str) -> TrainerProc:
+        return next(t for t in self.rig.trainers() if t.worker_id == wid)
+
+    def _apply(self, e: dict[str, Any]) -> None:
+        rig, kind = self.rig, e["do"]
+        targets = self.eligible()
+        pick = targets[int(e["pick"] * len(targets))] if targets else None
+        if kind.startswith("join"):
+            if len(self.live()) >= MAX_LIVE:
+                rig.note(f"skip {kind}: {MAX_LIVE} trainers live")
+                return
+            options = {"prefetch": e["prefetch"]} if e["prefetch"] else {}
+            rig.spawn(proxied=kind == "join_proxied", step_s=e["step"], **options)
+        elif kind in ("leave", "kill"):
+            # keep one trainer unpaused at least, so the schedule never stalls the job
+            if pick is None or len(targets) < 2:
+                rig.note(f"skip {kind}: too few trainers")
+                return
+            self.removed[pick.worker_id] = "term" if kind == "leave" else "kill"
+            (pick.term if kind == "leave" else pick.kill)()
+            rig.note(f"{'SIGTERM' if kind == 'leave' else 'SIGKILL'} {pick.worker_id}")
+        elif kind.startswith("pause"):
+            if pick is None or len(targets) < 2:
+                rig.note(f"skip {kind}: too few trainers")
+                return
+            pick.stop()
+            self.paused[pick.worker_id] = time.time() + e["for"]
+            rig.note(f"SIGSTOP {pick.worker_id} for {e['for']}s")
+        elif kind.startswith("cut"):
+            if rig.proxy.is_cut:
+                rig.note(f"skip {kind}: already cut")
+                return
+            rig.proxy.cut()
+            self.cut_until, self._deliver = time.time() + e["for"], e["deliver"]
+            rig.note(f"proxy cut for {e['for']}s")
+        elif kind == "redis_restart":
+            if self.redis_back_at:
+                rig.note(f"skip {kind}: Redis is down")
+                return
+            # down for a while (joins, pauses and cuts go on meanwhile), back in _due
+            rig.server.kill()
+            self.redis_back_at = time.time() + e["for"]
+            rig.note(f"redis kill -9 (down for {e['for']}s)")
+        else:
+            raise ValueError(f"unknown schedule entry {e!r}")
+
+    def end_all(self) -> None:
+        """Resume everything paused, restore the proxy, and make sure two direct trainers
+        run, so the job can finish."""
+        if self.redis_back_at:
+            wait = self.redis_back_at - time.time()
+            time.sleep(max(0.0, wait))
+            self.redis_back_at = 0.0
+            self.rig.server.start()
+            self.rig.note("redis restarted (schedule over)")
+        for wid in list(self.paused):
+            del self.paused[wid]
+            self._trainer(wid).cont()
+            self.rig.note(f"SIGCONT {wid} (schedule over)")
+        if self.rig.proxy.is_cut:
+            self.rig.proxy.restore()
+            self.rig.note("proxy restored (schedule over)")
+        direct = [t for t in self.live() if t.worker_id.startswith("d")]
+        if len(direct) < 2 and not self.job_over():
+            self.rig.spawn(n=2 - len(direct), step_s=0.05)
+
+
+def random_scenario(rig: Rig, seed: int, duration_s: float, n: int, passes: int,
+                    finish_timeout: float = 90.0) -> dict[str, Any]:
+    """Scenario 7 on ``rig``: a job, a reaper, 2 direct trainers and 1 behind the proxy,
+    the schedule of ``seed``, then the audit. Returns the audit summary."""
+    schedule = plan(seed, duration_s)
+    header = f"seed {seed}\nschedule:\n" + "\n".join(f"  {json.dumps(e)}" for e in schedule) \
+        + "\ntimeline:\n"
+    with rig.explained(header):
+        rig.create_job(n, passes)
+        rig.start_reaper()
+        rig.spawn(n=2, step_s=0.2)
+        rig.spawn(proxied=True, step_s=0.2)
+        run = RandomRun(rig, schedule)
+        run.run()
+        result = rig.finish(finish_timeout)
+        assert result["passes"] == passes, result
+        for t in rig.trainers():
+            how = run.removed.get(t.worker_id)
+            expected = {None: (0,), "term": (0, 128 + signal.SIGTERM),
+                        "kill": (0, -signal.SIGKILL)}[how]
+            assert t.exitcode in expected, f"{t.worker_id} ({how}) exited {t.exitcode}"
+        result["schedule"] = schedule
+        return result
+
+
+@pytest.mark.parametrize("seed", [7, 1234, 99001])
+def test_random_schedule_ends_with_a_clean_audit(rig: Rig, seed: int) -> None:
+    """Joins, SIGTERM leaves, SIGKILLs, SIGSTOP pauses shorter and longer than the ttl,
+    proxy cuts and kill -9 restarts of Redis drawn from ``random.Random(seed)`` over a
+    few passes: every trainer not removed ends normally, and the audit counts every
+    task once per pass."""
+    result = random_scenario(rig, seed, duration_s=14.0, n=30, passes=6)
+    print(f"\nseed {seed}: acked {result['acked']} stale {result['stale']} dead "
+          f"{result['dead']} processed {result['processed']} duplicates "
+          f"{result['duplicates']} max lateness {result['max_lateness_ms']} ms")
