@@ -11,9 +11,56 @@ local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''
 local EVMAX = 10000
 
 local function fmt(n) return string.format('%.0f', n) end
-local function mget(f) return redis.call('HGET', K_META, f) end
-local function mnum(f) return tonumber(redis.call('HGET', K_META, f) or '0') or 0 end
-local function mincr(f, n) return redis.call('HINCRBY', K_META, f, n or 1) end
+-- The meta hash is read once (HMGET of the hot fields) and written once at the end of
+-- the call (flush, through done()): a script is atomic, so nobody sees the difference.
+local M, DIRTY = {}, {}
+local HOT = {'inc', 'mclock', 'seen', 'ttl', 'offset', 'round', 'state', 'evmax', 'reason',
+  'pass', 'n', 'cursor', 'ndone', 'nleased', 'nreserved', 'tt', 'auto_tt', 'maxf', 'maxa',
+  'shuffle', 'seed', 'advance', 'passes', 'last_token', 'gen', 'p_leased', 'c_leased',
+  'c_acked', 'acked_job', 'fseq', 'p_stale', 'c_stale'}
+local function load_meta()
+  local vals = redis.call('HMGET', K_META, unpack(HOT))
+  for i, f in ipairs(HOT) do M[f] = vals[i] end
+end
+local function mget(f)
+  local v = M[f]
+  if v == nil then
+    v = redis.call('HGET', K_META, f)
+    M[f] = v
+  end
+  if v == false then return nil end
+  return v
+end
+local function mnum(f) return tonumber(mget(f) or '0') or 0 end
+local function mset(...)
+  local a = {...}
+  for i = 1, #a, 2 do
+    local v = a[i + 1]
+    if type(v) == 'number' then v = fmt(v) end
+    M[a[i]] = v
+    DIRTY[a[i]] = true
+  end
+end
+local function mincr(f, n)
+  local v = mnum(f) + (n or 1)
+  M[f] = fmt(v)
+  DIRTY[f] = true
+  return v
+end
+local function flush()
+  local args = {}
+  for f, _ in pairs(DIRTY) do
+    args[#args + 1] = f
+    args[#args + 1] = M[f]
+  end
+  if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
+  DIRTY = {}
+end
+-- Every script returns through done(): the meta writes land before the reply.
+local function done(reply)
+  flush()
+  return reply
+end
 
 local function split(s)
   local fields, start = {}, 1
@@ -46,6 +93,7 @@ end
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
 -- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
 local function open_job(inc)
+  load_meta()
   local cur = mget('inc')
   if not cur then return C.JOB_NOT_FOUND end
   if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end
@@ -62,7 +110,7 @@ local function open_job(inc)
     mincr('offset', gap)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
-  if gap ~= 0 then redis.call('HSET', K_META, 'seen', fmt(NOW)) end
+  if gap ~= 0 then mset('seen', fmt(NOW)) end
   JNOW = NOW - mnum('offset')
   ROUND = mnum('round')
   STATE = mget('state')
@@ -77,7 +125,7 @@ local function next_token()
   local last = tonumber(mget('last_token') or '0') or 0
   local tok = math.max(last + 1, us)
   local s = fmt(tok)
-  redis.call('HSET', K_META, 'last_token', s)
+  mset('last_token', s)
   return s
 end
 
@@ -175,10 +223,10 @@ end
 local function start_pass(p, kind)
   ROUND = mincr('round')
   redis.call('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
-  redis.call('HSET', K_META, 'pass', p, 'cursor', 0, 'ndone', 0, 'nleased', 0,
+  mset('pass', p, 'cursor', 0, 'ndone', 0, 'nleased', 0,
     'nreserved', 0, 'p_stale', 0, 'p_skipped', 0, 'p_maxlate', 0, 'p_leased', 0,
     'p_expired', 0, 'pstart', fmt(NOW), 'state', 'running', 'reason', '')
-  if kind ~= 'pass_reset' then redis.call('HSET', K_META, 'p_resets', 0) end
+  if kind ~= 'pass_reset' then mset('p_resets', 0) end
   STATE = 'running'
   event(kind, 'round', ROUND)
   broadcast()
@@ -186,7 +234,7 @@ end
 
 local function set_waiting(reason)
   if STATE == 'waiting' and mget('reason') == reason then return end
-  redis.call('HSET', K_META, 'state', 'waiting', 'reason', reason)
+  mset('state', 'waiting', 'reason', reason)
   STATE = 'waiting'
   event('job_waiting', 'reason', reason)
   broadcast()
@@ -195,13 +243,13 @@ end
 -- Ends the current pass (kind: completed | skipped) and moves on as configured.
 local function finish_pass(kind)
   save_summary(kind)
-  redis.call('HSET', K_META, 'last_pass_ms', fmt(NOW - mnum('pstart')))
+  mset('last_pass_ms', fmt(NOW - mnum('pstart')))
   event('pass_' .. kind, 'done', mget('ndone'))
   local p = mnum('pass')
   local passes = mnum('passes')
   if passes >= 0 and p + 1 >= passes then
     ROUND = mincr('round')  -- nothing written under the last round is current any more
-    redis.call('HSET', K_META, 'state', 'completed', 'reason', '', 'nleased', 0, 'nreserved', 0)
+    mset('state', 'completed', 'reason', '', 'nleased', 0, 'nreserved', 0)
     redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
     STATE = 'completed'
     event('job_completed')
@@ -255,7 +303,7 @@ local function expire(task, l, reason, deadline)
   local late = JNOW - deadline
   if late < 0 then late = 0 end
   observe('late', late)
-  if late > mnum('p_maxlate') then redis.call('HSET', K_META, 'p_maxlate', fmt(late)) end
+  if late > mnum('p_maxlate') then mset('p_maxlate', fmt(late)) end
   end_lease(task, l, 'X')
   if reason == 'worker_lost' then mincr('c_exp_wl') else mincr('c_exp_tt') end
   mincr('p_expired')
@@ -434,7 +482,7 @@ local function take(worker, winc, want, call_no, mode)
         out[#out + 1] = grant(task, worker, winc, call_no, st())
       end
     end
-    redis.call('HSET', K_META, 'cursor', cursor)
+    mset('cursor', cursor)
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.

@@ -8,7 +8,7 @@
 -- An ack whose (worker, token) is not the task's current lease changes nothing and is
 -- counted stale; repeating the ack that just ended the lease is a quiet success.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local call_no = tonumber(ARGV[4])
 local i = 5
@@ -30,7 +30,7 @@ local function recompute_auto_timeout()
     seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
     if seen >= need then p99 = HIST_BOUNDS_MS[b]; break end
   end
-  redis.call('HSET', K_META, 'auto_tt', fmt(math.max(60000, 10 * p99)))
+  mset('auto_tt', fmt(math.max(60000, 10 * p99)))
 end
 
 local acks = {}
@@ -45,7 +45,7 @@ for k = 1, n_acks do
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
     mincr('c_acked')
     local acked = mincr('acked_job')
-    redis.call('HSET', K_META, 'last_ack', fmt(NOW))
+    mset('last_ack', fmt(NOW))
     if acked % 20 == 0 then recompute_auto_timeout() end
     event('acked', 'task', task, 'worker', worker, 'token', tok)
     acks[k] = C.OK
@@ -82,7 +82,7 @@ for k = 1, n_starts do
   end
 end
 
-if ws == 'lost' then return {C.REREGISTER, {}, 0, job_info(), acks, starts} end
-if ws == 'drain' then return {C.DRAINING, {}, 0, job_info(), acks, starts} end
+if ws == 'lost' then return done({C.REREGISTER, {}, 0, job_info(), acks, starts}) end
+if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info(), acks, starts}) end
 local r = lease_part(worker, winc, want, call_no, mode, expect_pass)
-return {r[1], r[2], r[3], job_info(), acks, starts}
+return done({r[1], r[2], r[3], job_info(), acks, starts})

@@ -6,20 +6,20 @@
 -- Without force it refuses while the pass has work left (PASS_INCOMPLETE); with force
 -- the rest of the pass is recorded as skipped and its leases become stale (by round).
 local err = open_job(ARGV[1])
-if err then return {err, 0, 0} end
+if err then return done({err, 0, 0}) end
 local p = mnum('pass')
-if STATE == 'cancelled' then return {C.JOB_CANCELLED, p, 0} end
-if STATE == 'completed' then return {C.JOB_COMPLETED, p, 0} end
-if tonumber(ARGV[2]) ~= p then return {C.PASS_MISMATCH, p, 0} end
+if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p, 0}) end
+if STATE == 'completed' then return done({C.JOB_COMPLETED, p, 0}) end
+if tonumber(ARGV[2]) ~= p then return done({C.PASS_MISMATCH, p, 0}) end
 if STATE == 'waiting' and mget('reason') == 'manual_advance' then
   start_pass(p + 1, 'pass_started')
-  return {C.OK, p + 1, 0}
+  return done({C.OK, p + 1, 0})
 end
-if ARGV[3] ~= '1' then return {C.PASS_INCOMPLETE, p, 0} end
+if ARGV[3] ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
 local live = mnum('n') - redis.call('SCARD', K_DEAD)
 local skipped = math.max(0, live - mnum('ndone'))
-redis.call('HSET', K_META, 'p_skipped', skipped)
+mset('p_skipped', skipped)
 STATE = 'running'
 finish_pass('skipped')
 if STATE == 'waiting' then start_pass(p + 1, 'pass_started') end
-return {C.OK, mnum('pass'), skipped}
+return done({C.OK, mnum('pass'), skipped})

@@ -4,14 +4,14 @@
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
 local err = open_job(ARGV[1])
-if err then return {err} end
-if STATE == 'cancelled' then return {C.OK} end
-if STATE == 'completed' then return {C.JOB_COMPLETED} end
+if err then return done({err}) end
+if STATE == 'cancelled' then return done({C.OK}) end
+if STATE == 'completed' then return done({C.JOB_COMPLETED}) end
 save_summary('cancelled')
 ROUND = mincr('round')
 redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
-redis.call('HSET', K_META, 'state', 'cancelled', 'reason', '', 'nleased', 0, 'nreserved', 0)
+mset('state', 'cancelled', 'reason', '', 'nleased', 0, 'nreserved', 0)
 STATE = 'cancelled'
 event('job_cancelled')
 broadcast()
-return {C.OK}
+return done({C.OK})

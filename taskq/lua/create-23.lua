@@ -8,11 +8,11 @@ local staging = KEYS[#KEYS]
 local exists = redis.call('EXISTS', K_META) == 1
 if exists and ARGV[1] ~= '1' then
   redis.call('UNLINK', staging)
-  return {C.JOB_EXISTS}
+  return done({C.JOB_EXISTS})
 end
 if redis.call('HLEN', staging) ~= tonumber(ARGV[2]) then
   redis.call('UNLINK', staging)
-  return {C.INVALID}
+  return done({C.INVALID})
 end
 local last_token = redis.call('HGET', K_META, 'last_token') or '0'
 local job_keys = {}
@@ -25,8 +25,8 @@ for k = 3, #ARGV do fields[#fields + 1] = ARGV[k] end
 redis.call('HSET', K_META, unpack(fields))
 redis.call('HSET', K_META, 'last_token', last_token)
 if redis.call('HGET', K_META, 'mclock') == '1' then redis.call('SET', K_CLOCK, 0) end
-local ok = open_job('')
-redis.call('HSET', K_META, 'pstart', fmt(NOW), 'created', fmt(NOW), 'seen', fmt(NOW))
+open_job('')
+mset('pstart', fmt(NOW), 'created', fmt(NOW), 'seen', fmt(NOW))
 event('job_created', 'tasks', ARGV[2], 'incarnation', mget('inc'))
 event('pass_started', 'round', ROUND)
-return {C.OK}
+return done({C.OK})

@@ -4,11 +4,11 @@
 -- ARGV: job_inc ('' = any), worker
 -- returns: {code (OK | WORKER_NOT_FOUND)}
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local info = redis.call('HGET', K_WINFO, ARGV[2])
-if not info then return {C.WORKER_NOT_FOUND} end
+if not info then return done({C.WORKER_NOT_FOUND}) end
 local f = split(info)
 f[6] = '1'
 redis.call('HSET', K_WINFO, ARGV[2], table.concat(f, '|'))
 event('drain_requested', 'worker', ARGV[2])
-return {C.OK}
+return done({C.OK})

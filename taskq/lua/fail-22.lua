@@ -7,7 +7,7 @@
 -- of several goes back uncharged, each marked solo, to be leased alone until it is acked
 -- or fails alone, so one bad task does not charge its neighbours.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
 local n = tonumber(ARGV[5])
@@ -39,4 +39,4 @@ for k = 1, n do
   end
 end
 check_pass_end()
-return {C.OK, out}
+return done({C.OK, out})

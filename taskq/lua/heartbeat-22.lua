@@ -7,13 +7,13 @@
 -- it received that it did not list (their reply was lost); answers the listed leases
 -- that are no longer current.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local last_reply = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
 reclaim(20)
 local ws = touch_worker(worker, winc)
-if ws == 'lost' then return {C.REREGISTER, {}, job_info()} end
+if ws == 'lost' then return done({C.REREGISTER, {}, job_info()}) end
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc
@@ -41,4 +41,4 @@ for k = 1, n do
 end
 local code = C.OK
 if ws == 'drain' then code = C.DRAINING end
-return {code, revoked, job_info()}
+return done({code, revoked, job_info()})

@@ -6,13 +6,13 @@
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
 --           {pass, gen, state, reason}}
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local want, call_no = tonumber(ARGV[4]), tonumber(ARGV[5])
 
 reclaim(100)
 local ws = touch_worker(worker, winc)
-if ws == 'lost' then return {C.REREGISTER, {}, 0, job_info()} end
-if ws == 'drain' then return {C.DRAINING, {}, 0, job_info()} end
+if ws == 'lost' then return done({C.REREGISTER, {}, 0, job_info()}) end
+if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info()}) end
 local r = lease_part(worker, winc, want, call_no, ARGV[6], tonumber(ARGV[7]))
-return {r[1], r[2], r[3], job_info()}
+return done({r[1], r[2], r[3], job_info()})

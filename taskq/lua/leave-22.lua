@@ -5,7 +5,7 @@
 -- returns: {code, released_count}
 -- Started leases count an attempt (as a release does); reserved ones count nothing.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local m = worker .. '|' .. winc
 local released = 0
@@ -26,4 +26,4 @@ for _, item in ipairs(items) do
 end
 if redis.call('ZSCORE', K_WORKERS, m) then remove_worker(m, 'worker_left') end
 check_pass_end()
-return {C.OK, released}
+return done({C.OK, released})

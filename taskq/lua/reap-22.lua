@@ -6,9 +6,9 @@
 -- A short per-job lock keeps several reapers from stampeding; atomicity alone already
 -- keeps any lease from being re-dispatched twice.
 local holder = redis.call('GET', K_LOCK)
-if holder and holder ~= ARGV[4] then return {C.LOCKED, 0, 0} end
+if holder and holder ~= ARGV[4] then return done({C.LOCKED, 0, 0}) end
 local err = open_job(ARGV[1])
-if err then return {err, 0, 0} end
+if err then return done({err, 0, 0}) end
 redis.call('SET', K_LOCK, ARGV[4], 'PX', tonumber(ARGV[3]))
 local did, more = reclaim(tonumber(ARGV[2]))
-return {C.OK, did, more and 1 or 0}
+return done({C.OK, did, more and 1 or 0})

@@ -5,7 +5,7 @@
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[4]) or 0
 if ttl <= 0 then ttl = mnum('ttl') end
@@ -18,4 +18,4 @@ redis.call('HSET', K_WINFO, worker,
   winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
-return {C.OK, mget('inc'), fmt(ttl), mget('hbi'), job_info()}
+return done({C.OK, mget('inc'), fmt(ttl), mget('hbi'), job_info()})

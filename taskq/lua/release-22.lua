@@ -5,7 +5,7 @@
 -- returns: {code, {result per task}}
 -- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc = ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
@@ -30,4 +30,4 @@ for k = 1, n do
   end
 end
 check_pass_end()
-return {C.OK, out}
+return done({C.OK, out})

@@ -4,13 +4,13 @@
 -- ARGV: job_inc ('' = any), expected_pass (-1 = current)
 -- returns: {code, pass}
 local err = open_job(ARGV[1])
-if err then return {err, 0} end
+if err then return done({err, 0}) end
 local p = mnum('pass')
-if STATE == 'cancelled' then return {C.JOB_CANCELLED, p} end
-if STATE == 'completed' then return {C.JOB_COMPLETED, p} end
+if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
+if STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
 local expected = tonumber(ARGV[2])
-if expected >= 0 and expected ~= p then return {C.PASS_MISMATCH, p} end
+if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')
 mincr('p_resets')
 start_pass(p, 'pass_reset')
-return {C.OK, p}
+return done({C.OK, p})

@@ -5,8 +5,8 @@
 -- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to 1000 dead tasks)
 -- returns: {code, retried, dead_left}
 local err = open_job(ARGV[1])
-if err then return {err, 0, 0} end
-if STATE == 'cancelled' then return {C.JOB_CANCELLED, 0, 0} end
+if err then return done({err, 0, 0}) end
+if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 local n = tonumber(ARGV[2])
 local ids = {}
 if n == 0 then
@@ -24,11 +24,11 @@ for _, task in ipairs(ids) do
   end
 end
 if retried > 0 and STATE ~= 'running' then
-  redis.call('HSET', K_META, 'state', 'running', 'reason', '')
+  mset('state', 'running', 'reason', '')
   STATE = 'running'
   event('pass_reopened', 'round', ROUND)
   broadcast()
 elseif retried > 0 then
   for _ = 1, math.min(retried, 1000) do wake_one() end
 end
-return {C.OK, retried, redis.call('SCARD', K_DEAD)}
+return done({C.OK, retried, redis.call('SCARD', K_DEAD)})

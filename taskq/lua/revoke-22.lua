@@ -4,12 +4,12 @@
 -- ARGV: job_inc ('' = any), task
 -- returns: {code (OK | NOT_LEASED)}
 local err = open_job(ARGV[1])
-if err then return {err} end
+if err then return done({err}) end
 local task = ARGV[2]
 local l = parse_lease(redis.call('HGET', K_LEASES, task))
-if not lease_is_current(l) then return {C.NOT_LEASED} end
+if not lease_is_current(l) then return done({C.NOT_LEASED}) end
 end_lease(task, l, 'V')
 mincr('c_revoked')
 event('revoked', 'task', task, 'worker', l.worker, 'reason', 'operator')
 to_front(task)
-return {C.OK}
+return done({C.OK})
