@@ -523,3 +523,26 @@ def test_events_stream_records_the_story(client, job_name):
               "job_completed"):
         assert k in kinds
     assert json.loads(client.redis.hget(client.keys(job_name).passes, "0"))["done"] == 1
+
+
+def test_reset_attempt_keeps_its_own_summary(client, job_name):
+    make_job(client, job_name, n=1, passes=1)
+    t = trainer(client, job_name, "w")
+    t.lease(timeout=0)
+    client.reset_pass(job_name)
+    t.ack(t.lease(timeout=0))
+    rows = client.audit(job_name)["passes"]
+    assert [(r["pass"], r["state"]) for r in rows] == [(0, "reset"), (0, "completed")]
+    assert rows[1]["resets"] == 1 and rows[1]["done"] == 1
+
+
+def test_outage_just_under_the_ttl_is_a_silence_too(client, job_name):
+    make_job(client, job_name, n=2, worker_ttl=5.0, heartbeat_interval=1.0)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    a.lease(timeout=0)
+    client.advance_clock(job_name, 900)
+    b.heartbeat()  # a's last call was 0.9 s before the outage began
+    client.advance_clock(job_name, 4500, silent=True)
+    b.heartbeat()
+    client.reap(job_name)
+    assert st(client, job_name)["counters"]["expired_worker_lost"] == 0

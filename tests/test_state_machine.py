@@ -60,7 +60,7 @@ class EngineMachine(RuleBasedStateMachine):
         # clock, after the silence rule) has already lost its leases when it writes
         now, seen = int(self.client.redis.get(keys.clock) or 0), self._meta("seen")
         offset = self._meta("offset")
-        if now - seen > self._meta("ttl"):
+        if now - seen > self._meta("ttl") - self._meta("hbi"):
             offset += now - seen
         deadline = self.client.redis.zscore(keys.workers, f"{worker}|{t.incarnation}")
         alive = deadline is not None and deadline >= now - offset

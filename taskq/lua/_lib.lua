@@ -17,7 +17,7 @@ local M, DIRTY = {}, {}
 local HOT = {'inc', 'mclock', 'seen', 'ttl', 'offset', 'round', 'state', 'evmax', 'reason',
   'pass', 'n', 'cursor', 'ndone', 'nleased', 'nreserved', 'tt', 'auto_tt', 'maxf', 'maxa',
   'shuffle', 'seed', 'advance', 'passes', 'last_token', 'gen', 'p_leased', 'c_leased',
-  'c_acked', 'acked_job', 'fseq', 'p_stale', 'c_stale'}
+  'c_acked', 'acked_job', 'fseq', 'p_stale', 'c_stale', 'hbi'}
 local function load_meta()
   local vals = redis.call('HMGET', K_META, unpack(HOT))
   for i, f in ipairs(HOT) do M[f] = vals[i] end
@@ -105,7 +105,9 @@ local function open_job(inc)
   end
   local seen = tonumber(mget('seen') or '') or NOW
   local gap = NOW - seen
-  if gap > mnum('ttl') then
+  -- A live worker calls at least every heartbeat interval, so a gap longer than
+  -- ttl - interval could make healthy workers miss their deadline: that is a silence.
+  if gap > mnum('ttl') - mnum('hbi') then
     -- Silence is the server's, not the workers': freeze the liveness clock over it.
     mincr('offset', gap)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
@@ -207,6 +209,8 @@ end
 
 local function save_summary(kind)
   local p = mget('pass')
+  local field = p
+  if kind == 'reset' then field = p .. '/r' .. fmt(mnum('p_resets')) end
   local summary = {
     pass = tonumber(p), round = ROUND, state = kind,
     started_ms = mnum('pstart'), ended_ms = NOW,
@@ -215,7 +219,7 @@ local function save_summary(kind)
     max_lateness_ms = mnum('p_maxlate'), leased = mnum('p_leased'),
     expired = mnum('p_expired'),
   }
-  redis.call('HSET', K_PASSES, p, cjson.encode(summary))
+  redis.call('HSET', K_PASSES, field, cjson.encode(summary))
   redis.call('HDEL', K_PASSES, tostring(tonumber(p) - 1000))
 end
 
