@@ -9,6 +9,7 @@ test:
 	@scripts/bootstrap.sh --with-prometheus
 	@.venv/bin/ruff check taskq cli tests bench
 	@.venv/bin/mypy -p taskq
+	@.venv/bin/mypy cli
 	@scripts/run-tests.sh
 
 bench:
@@ -20,6 +21,7 @@ lint:
 	@.venv/bin/ruff check taskq cli tests bench
 	@.venv/bin/ruff format --check taskq cli tests bench
 	@.venv/bin/mypy -p taskq
+	@.venv/bin/mypy cli
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -224,7 +224,7 @@ def work(job: str, cmd: tuple[str, ...], prefetch: int, worker_id: str | None,
         try:
             trainer.close()
         finally:
-            for signum, handler in old.items():
-                signal.signal(signum, handler)
+            for restored, handler in old.items():
+                signal.signal(restored, handler)
     if code:
         sys.exit(code)

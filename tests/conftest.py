@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import taskq  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
+
+import taskq  # noqa: E402
 
 _counter = itertools.count()
 

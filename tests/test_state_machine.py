@@ -167,7 +167,7 @@ class EngineMachine(RuleBasedStateMachine):
         dead = {int(x) for x in r.smembers(keys.dead)}
         done = {i for i in range(N_TASKS) if r.getbit(keys.done, i)}
         leases = {int(k): parse_lease(v) for k, v in r.hgetall(keys.leases).items()}
-        leased = {t for t, l in leases.items() if l and l["live"] and l["round"] == rnd}
+        leased = {t for t, ls in leases.items() if ls and ls["live"] and ls["round"] == rnd}
         # 1. every live task in exactly one of todo, leased, done; dead in none
         assert not (done & leased), "a task is both done and leased"
         assert not (dead & leased) and not (dead & done), "a dead task is in todo/leased/done"
