@@ -201,7 +201,7 @@ def test_sigkill_recovered_by_lazy_reclaim(client: taskq.Client, url: str, job_n
         helper = int(read_until(proc, "READY").split()[1])
         held = int(read_until(proc, "LEASED"))
         time.sleep(0.5)
-        with taskq.Trainer(job_name, url=url, heartbeat=False) as other:
+        with taskq.Trainer(job_name, url=url) as other:
             t0 = time.monotonic()
             proc.kill()
             proc.wait(10)

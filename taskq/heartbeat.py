@@ -1,0 +1,192 @@
+"""Heartbeats from a helper process, for trainers whose steps hold the GIL.
+
+``Trainer(heartbeat="process")`` starts one: it heartbeats on the trainer's behalf
+whatever the trainer's threads are doing, and dies with the trainer.
+
+Data flow: trainer.py -> heartbeat.py (pipe) -> helper process -> heartbeat script -> Redis.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .connection import make_redis, translate
+from .keys import JobKeys
+from .scripts import Scripts
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("taskq.trainer")
+
+
+class HelperHeartbeat:
+    """Heartbeats from a helper process (``Trainer(heartbeat="process")``).
+
+    The helper runs ``python -c 'from taskq.heartbeat import helper_main; ...'`` and talks
+    JSON lines over its stdin/stdout: the trainer pushes its held pairs and last reply
+    number whenever they change; the helper heartbeats every interval with the latest
+    state, whatever this process is doing (a step holding the GIL does not delay it), and
+    sends back each answer, applied here by a reader thread. It exits when its stdin
+    closes, when its parent changes (``getppid``), or on ``PR_SET_PDEATHSIG`` (Linux):
+    nothing of a SIGKILLed trainer keeps its leases alive.
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self._wlock = threading.Lock()
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from taskq.heartbeat import helper_main; helper_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stdin = self.proc.stdin
+        self._stdout = self.proc.stdout
+        self._send({"url": trainer._raw_url, "prefix": trainer.client.prefix,
+                    "job": trainer.job, "interval": trainer.heartbeat_interval,
+                    "ttl": trainer.ttl_s, "ppid": os.getpid()})
+        self.push()
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"taskq-heartbeat-reader-{trainer.job}")
+        self._reader.start()
+        # the helper needs a moment to start Python; do not lease before it heartbeats
+        if not self._ready.wait(15.0):
+            log.warning("job %s: the heartbeat helper process has not answered yet", trainer.job)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        with self._wlock:
+            try:
+                self._stdin.write((json.dumps(msg) + "\n").encode())
+                self._stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+    def push(self) -> None:
+        """Send the trainer's current heartbeat arguments to the helper."""
+        args, _ = self.trainer._heartbeat_state()
+        self._send({"args": args})
+
+    def _read_loop(self) -> None:
+        t = self.trainer
+        for line in self._stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            self._ready.set()
+            if "error" in msg:
+                t._check_contact()
+                continue
+            args = msg["args"]
+            pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
+            t.heartbeats_sent += 1
+            try:
+                t._apply_heartbeat(int(msg["code"]), msg["revoked"], msg.get("info"), pairs,
+                                   args[2])
+            except Exception:  # the reader must survive anything transient
+                log.exception("heartbeat reply failed")
+            t._check_contact()
+        if not t._closed:
+            log.error("job %s: the heartbeat helper process exited (code %s)", t.job,
+                      self.proc.poll())
+
+    def stop(self) -> None:
+        """Close the helper's stdin (it exits) and reap it."""
+        with self._wlock:
+            try:
+                self._stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (best effort elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def helper_main() -> None:
+    """The helper heartbeat process (see ``HelperHeartbeat``)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which leaves
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd = sys.stdin.fileno()
+    out = sys.stdout
+    buf = b""
+
+    def read_lines(timeout: float) -> list[dict[str, Any]] | None:
+        nonlocal buf
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return []
+        data = os.read(fd, 65536)
+        if not data:
+            return None
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        return [json.loads(x) for x in lines if x.strip()]
+
+    first: list[dict[str, Any]] | None = []
+    while first == []:
+        first = read_lines(5.0)
+    if not first:
+        return
+    conf, pending = first[0], first[1:]
+    ppid = int(conf["ppid"])
+    if os.getppid() != ppid:
+        return
+    interval = float(conf["interval"])
+    redis_client, masked = make_redis(conf["url"], retries=1,
+                                      socket_timeout=max(0.5, min(float(conf["ttl"]) / 2, 5.0)))
+    scripts = Scripts(redis_client)
+    keys = JobKeys(conf["job"], conf["prefix"]).all
+    args: list[Any] | None = None
+    for msg in pending:
+        args = msg.get("args", args)
+    next_due = time.monotonic()  # the first beat at once: the trainer waits for it
+    while True:
+        msgs = read_lines(max(0.0, next_due - time.monotonic()))
+        if msgs is None or os.getppid() != ppid:
+            return
+        for msg in msgs:
+            args = msg.get("args", args)
+        if time.monotonic() < next_due or args is None:
+            continue
+        next_due = max(next_due + interval, time.monotonic())
+        try:
+            with translate(masked):
+                reply = scripts.call("heartbeat", keys, args)
+            answer: dict[str, Any] = {
+                "code": int(reply[0]), "revoked": [int(x) for x in reply[1]] if len(reply) > 1
+                else [], "info": reply[2] if len(reply) > 2 else None, "args": args}
+        except errors.TaskqError as e:
+            answer = {"error": str(e)}
+        try:
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+        except (BrokenPipeError, OSError):
+            return
