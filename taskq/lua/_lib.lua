@@ -527,7 +527,10 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if expect_pass == mnum('pass') and STATE == 'waiting' and mget('reason') == 'manual_advance' then
     return {C.PASS_DONE, {}, 0}
   end
-  if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass == mnum('pass')) then
+  -- expecting a later pass than the current one only happens after a rollback (a restart
+  -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
+  -- per-pass iterator waiting for the next pass would otherwise wait for ever
+  if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum('pass')) then
     local got = take(worker, winc, want, call_no, mode)
     if #got > 0 then
       redis.call('ZREM', K_WAITING, m)
