@@ -351,12 +351,13 @@ def test_unknown_job_in_the_job_list_is_skipped_and_counted(
 
 
 def test_vanished_and_corrupt_jobs_do_not_break_the_scrape(
-    client: taskq.Client, job_name: str, serving: Any
+    own_redis: Any, job_name: str, serving: Any
 ) -> None:
+    client = taskq.connect(own_redis.url)  # alone: no other test's jobs come and go
     vanished, corrupt, fine = (f"{job_name}-{s}" for s in ("gone", "bad", "ok"))
     for name in (vanished, corrupt, fine):
         client.create_job(name, range(2))
-    port = serving()  # every job in the index
+    port = serving(via=client)  # every job in the index
     _, samples = scrape(port)
     assert all(job_samples(samples, n) for n in (vanished, corrupt, fine))
     errors_before = value(samples, "taskq_exporter_scrape_errors_total")

@@ -94,7 +94,7 @@ def test_passes_is_a_barrier(client: taskq.Client, url: str, job_name: str) -> N
     th.join(20)
     first_pass_end = fast_ended[0][1]
     assert slow_acked_at and first_pass_end >= slow_acked_at[0]
-    assert set(fast_ended[0][2]) == {0} and len(fast_ended[0][2]) == 5
+    assert set(fast_ended[0][2]) == {0}, "the pass-0 iterator yields pass-0 work only"
     assert all(p == 1 for p in fast_ended[1][2])
     assert [p["done"] for p in passes_of(client, job_name)] == [6, 6]
 
