@@ -200,11 +200,11 @@ class Trainer:
             self._mark_all_revoked()
             self._register()
 
-    def _tasks_from(self, rows: list[Any], call_no: int) -> list[Task]:
+    def _tasks_from(self, rows: list[Any], call_no: int, pass_no: int) -> list[Task]:
         tasks = []
         with self._lock:
             for task_id, token, attempt, chunks, started in rows:
-                task = Task(id=int(task_id), pass_no=self._pass,
+                task = Task(id=int(task_id), pass_no=pass_no,
                             chunks=decode_chunks(chunks, self.keys.chunks, task_id),
                             token=int(token), attempt=int(attempt), job=self.job,
                             started=bool(int(started)))
@@ -246,9 +246,13 @@ class Trainer:
                     t.started = True
         if code == Code.REREGISTER:
             self._rejoin(incarnation)
+        pass_no = self._pass
         if len(reply) > 3:
             self._note_info(reply[3])
-        granted = self._tasks_from(reply[1], call_no) if len(reply) > 1 else []
+            # the pass of this reply, not self._pass: a heartbeat answered before the pass
+            # changed may apply its older info from the heartbeat thread meanwhile
+            pass_no = int(reply[3][0])
+        granted = self._tasks_from(reply[1], call_no, pass_no) if len(reply) > 1 else []
         wait_s = int(reply[2]) / 1000.0 if len(reply) > 2 else 0.0
         return code, granted, wait_s, ack_res, start_res
 

@@ -675,11 +675,38 @@ def random_scenario(rig: Rig, seed: int, duration_s: float, n: int, passes: int,
         assert result["passes"] == passes, result
         for t in rig.trainers():
             how = run.removed.get(t.worker_id)
-            expected = {None: (0,), "term": (0, 128 + signal.SIGTERM),
+            expected = {None: (0,), "term": (0, 128 + signal.SIGTERM, -signal.SIGTERM),
                         "kill": (0, -signal.SIGKILL)}[how]
             assert t.exitcode in expected, f"{t.worker_id} ({how}) exited {t.exitcode}"
         result["schedule"] = schedule
         return result
+
+
+def test_granted_task_pass_is_its_replys_not_a_late_heartbeats(
+        own_redis: RedisServer, job_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a random schedule (a prefetching trainer logged a task of pass 4 as pass
+    3): a heartbeat answered before the pass changed can apply its older pass from the
+    heartbeat thread between a lease reply and the tasks built from it. Each granted
+    task's ``pass_no`` is the pass its own reply names."""
+    client = taskq.connect(own_redis.url)
+    client.create_job(job_name, [{"i": i} for i in range(2)], passes=2, worker_ttl=TTL_S,
+                      heartbeat_interval=HBI_S)
+    with taskq.Trainer(job_name, url=own_redis.url, heartbeat=False,
+                       handle_signals=False) as trainer:
+        trainer.ack(trainer.lease(timeout=5))
+        last = trainer.lease(timeout=5)
+        assert last is not None and last.pass_no == 0
+        real_note_info = trainer._note_info
+
+        def note_then_late_heartbeat(info: list[Any]) -> None:
+            real_note_info(info)
+            real_note_info([0, *info[1:]])  # the heartbeat thread's older answer lands
+
+        monkeypatch.setattr(trainer, "_note_info", note_then_late_heartbeat)
+        # ack the last task of pass 0 and lease the first of pass 1 in one call
+        code, granted, _, _, _ = trainer._step([last], [], 1, "S", -1)
+        assert granted, code
+        assert [t.pass_no for t in granted] == [1] * len(granted)
 
 
 @pytest.mark.parametrize("seed", [7, 1234, 99001])
