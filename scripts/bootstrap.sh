@@ -29,7 +29,12 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 stamp=.venv/.taskq-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e '.[dev]'
+    echo "taskq: installing into .venv (log: .venv/pip.log)" >&2
+    if ! { .venv/bin/python -m pip install --upgrade pip &&
+           .venv/bin/python -m pip install -e '.[dev]'; } >.venv/pip.log 2>&1; then
+        tail -n 30 .venv/pip.log >&2
+        echo "taskq: pip install failed; see .venv/pip.log" >&2
+        exit 1
+    fi
     touch "$stamp"
 fi
