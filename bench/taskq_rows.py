@@ -71,6 +71,10 @@ def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory
                 result = measure_throughput(port, processes, batch, duration_s, quick)
             finally:
                 stop()
+            if result["tasks_per_s"] is None:
+                recorder.add(SECTION, f"throughput {batch}/call, {processes} proc", None,
+                             "tasks/s", result["problem"])
+                continue
             probe_name = f"ack+lease {batch}/call, {processes} proc"
             probe_rate = probe_rows.get(probe_name)
             probe_src = "probe row of this run"
@@ -81,7 +85,8 @@ def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory
             note = (f"{ratio:.0%} of the probe ({probe_rate:,.0f}/s, {probe_src}; goal ≥ 70%); "
                     f"{duration_s:.0f} s, call p50 {result['p50_ms']:.2f} ms "
                     f"p99 {result['p99_ms']:.2f} ms; redis-server CPU "
-                    f"{result['redis_cpu']:.0%}; {result['profile']}")
+                    f"{result['redis_cpu']:.0%}, trainer CPU {result['client_us']:.0f} µs per "
+                    f"task; {result['profile']}")
             if result["problem"]:
                 note += f"; {result['problem']}"
             recorder.add(SECTION, f"throughput {batch}/call, {processes} proc",
@@ -113,6 +118,7 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
         acked_before = client.status(job, summaries=0).counters["acked"]
         admin.config_resetstat()
         cpu_before = redis_cpu_seconds(port)
+        client_cpu_before = cpu_seconds([p.pid for p in children.procs])
         start.set()
         reports = []
         try:
@@ -122,10 +128,12 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
             pass
         cpu_after = redis_cpu_seconds(port)
         stats = admin.info("commandstats")
+        client_cpu = cpu_seconds([p.pid for p in children.procs])
         children.stop(grace_s=5)
     admin.close()
     if not reports:
         return {"tasks_per_s": None, "p50_ms": 0, "p99_ms": 0, "redis_cpu": 0, "profile": "",
+                "client_us": 0, "stats": stats,
                 "problem": "no trainer reported within the bound"}
     acked = sum(r["acked"] for r in reports)
     window = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
@@ -141,7 +149,9 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
         "p50_ms": common.percentile(latencies, 50),
         "p99_ms": common.percentile(latencies, 99),
         "redis_cpu": (cpu_after - cpu_before) / window,
+        "client_us": (client_cpu - client_cpu_before) / max(acked, 1) * 1e6,
         "profile": script_profile(stats, acked),
+        "stats": stats,
         "problem": problem.strip(),
     }
 
