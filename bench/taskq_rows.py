@@ -21,6 +21,7 @@ import random
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,11 +41,17 @@ PortFactory = Callable[[], tuple[int, Callable[[], None]]]
 def run(recorder: common.Recorder, quick: bool, redis_port_factory: PortFactory) -> None:
     """Adds the taskq rows (see the module docstring) to `recorder`."""
     recorder.add(SECTION, "taskq code measured", None, "", _code_version())
-    throughput_rows(recorder, quick, redis_port_factory)
-    taskq_recovery.run(recorder, quick, redis_port_factory)
-    idle_row(recorder, quick, redis_port_factory)
-    scale_row(recorder, quick, redis_port_factory)
-    taskq_big.run(recorder, quick, redis_port_factory)
+    parts = [("throughput", throughput_rows), ("re-dispatch", taskq_recovery.run),
+             ("idle", idle_row), ("scale", scale_row), ("big jobs", taskq_big.run)]
+    for label, part in parts:
+        try:
+            part(recorder, quick, redis_port_factory)
+        except Exception as error:  # one broken part must not hide the others' rows
+            traceback.print_exc()
+            recorder.add(SECTION, f"{label} rows failed", None, "",
+                         f"{type(error).__name__}: {error}")
+        finally:
+            common.stop_all_servers()
 
 
 def _code_version() -> str:
