@@ -56,11 +56,6 @@ local function flush()
   if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
   DIRTY = {}
 end
--- Every script returns through done(): the meta writes land before the reply.
-local function done(reply)
-  flush()
-  return reply
-end
 
 local function split(s)
   local fields, start = {}, 1
@@ -86,7 +81,31 @@ local function parse_lease(rec)
           kind = f[6]}
 end
 
+-- leased / acked events are gathered per call (one entry listing the tasks and tokens)
+-- and written before any other event, so the stream keeps the order things happened in.
+local EVBUF, EVORDER = {}, {}
+local function flush_events()
+  for _, kind in ipairs(EVORDER) do
+    local b = EVBUF[kind]
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
+      'worker', b.worker, 'tasks', table.concat(b.tasks, ','),
+      'tokens', table.concat(b.tokens, ','), 'count', #b.tasks)
+  end
+  EVBUF, EVORDER = {}, {}
+end
+local function event_task(kind, task, worker, token)
+  local b = EVBUF[kind]
+  if not b or b.worker ~= worker or b.pass ~= mget('pass') then
+    flush_events()
+    b = {worker = worker, pass = mget('pass'), tasks = {}, tokens = {}}
+    EVBUF[kind] = b
+    EVORDER[#EVORDER + 1] = kind
+  end
+  b.tasks[#b.tasks + 1] = task
+  b.tokens[#b.tokens + 1] = token
+end
 local function event(kind, ...)
+  if #EVORDER > 0 then flush_events() end
   redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget('pass'), ...)
 end
 
@@ -121,9 +140,13 @@ local function open_job(inc)
 end
 
 -- Tokens only grow, even after a restart that lost writes: max(last + 1, real TIME in us).
+local TOKEN_US = nil
 local function next_token()
-  local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not TOKEN_US then
+    local t = redis.call('TIME')
+    TOKEN_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local us = TOKEN_US
   local last = tonumber(mget('last_token') or '0') or 0
   local tok = math.max(last + 1, us)
   local s = fmt(tok)
@@ -131,15 +154,27 @@ local function next_token()
   return s
 end
 
+local HBUF = {}
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
   local i = #HIST_BOUNDS_MS + 1
   for b = 1, #HIST_BOUNDS_MS do
     if ms <= HIST_BOUNDS_MS[b] then i = b; break end
   end
-  redis.call('HINCRBY', K_HIST, name .. ':' .. i, 1)
-  redis.call('HINCRBY', K_HIST, name .. ':count', 1)
-  redis.call('HINCRBYFLOAT', K_HIST, name .. ':sum', ms)
+  local bucket = name .. ':' .. i
+  HBUF[bucket] = (HBUF[bucket] or 0) + 1
+  HBUF[name .. ':count'] = (HBUF[name .. ':count'] or 0) + 1
+  HBUF[name .. ':sum'] = (HBUF[name .. ':sum'] or 0) + ms
+end
+
+-- Every script returns through done(): the buffered events, histogram counts and meta
+-- writes land before the reply.
+local function done(reply)
+  flush_events()
+  for field, n in pairs(HBUF) do redis.call('HINCRBY', K_HIST, field, fmt(n)) end
+  HBUF = {}
+  flush()
+  return reply
 end
 
 -- Counted wake-ups: one token per task that became leasable, never more than waiters.
@@ -437,7 +472,7 @@ local function grant(task, worker, winc, call_no, st)
   mincr('nleased')
   mincr('c_leased')
   mincr('p_leased')
-  event('leased', 'task', task, 'worker', worker, 'token', tok, 'started', st)
+  event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
   return {tonumber(task), tok, attempt, redis.call('HGET', K_CHUNKS, task), st == 'S' and 1 or 0}
 end
 

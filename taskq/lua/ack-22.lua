@@ -47,7 +47,7 @@ for k = 1, n_acks do
     local acked = mincr('acked_job')
     mset('last_ack', fmt(NOW))
     if acked % 20 == 0 then recompute_auto_timeout() end
-    event('acked', 'task', task, 'worker', worker, 'token', tok)
+    event_task('acked', task, worker, tok)
     acks[k] = C.OK
   elseif l and not l.live and l.kind == 'A' and l.worker == worker and l.winc == winc
       and l.token == tok and l.round == ROUND then
