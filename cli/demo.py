@@ -380,7 +380,8 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
             lines.append(f"SIGKILLed {prefix.rstrip(':')}: held no task")
         for at, task in lost:
             again = next((int(eid.split("-")[0]) for eid, e in events[at:]
-                          if e.get("type") == "leased" and e.get("task") == task), None)
+                          if e.get("type") == "leased"
+                          and task in e.get("tasks", "").split(",")), None)
             back = "not leased again" if again is None else \
                 f"leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
             lines.append(f"SIGKILLed {prefix.rstrip(':')}: its task {task} {back}")

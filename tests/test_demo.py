@@ -30,6 +30,8 @@ def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str,
     assert "every task acked exactly once per pass: yes (2 passes x 60 tasks" in out
     assert "SIGKILL trainer" in out and "scale up" in out and "scale down" in out
     assert re.search(r"longest re-dispatch delay: \d+\.\d+s", out)
+    killed = re.search(r"SIGKILLed \S+: (.*)", out)
+    assert killed and ("leased again" in killed.group(1) or "held no task" in killed.group(1)), out
     assert re.search(r"total time: \d+\.\ds", out)
     assert took < 60, f"demo took {took:.1f}s"
     job = re.search(r"job (demo-[0-9a-f]+):", out)
