@@ -546,3 +546,13 @@ def test_outage_just_under_the_ttl_is_a_silence_too(client, job_name):
     b.heartbeat()
     client.reap(job_name)
     assert st(client, job_name)["counters"]["expired_worker_lost"] == 0
+
+
+def test_repeating_the_ack_that_completed_a_pass_is_quiet(client, job_name):
+    make_job(client, job_name, n=1, passes=2)
+    t = trainer(client, job_name, "w")
+    task = t.lease(timeout=0)
+    t.ack(task)  # completes pass 0; pass 1 starts
+    t.ack(task)  # a blind retry after a lost reply
+    s = st(client, job_name)
+    assert (s["pass"], s["counters"]["acked"], s["counters"]["stale"]) == (1, 1, 0)

@@ -50,7 +50,7 @@ for k = 1, n_acks do
     event_task('acked', task, worker, tok)
     acks[k] = C.OK
   elseif l and not l.live and l.kind == 'A' and l.worker == worker and l.winc == winc
-      and l.token == tok and l.round == ROUND then
+      and l.token == tok then  -- tokens are unique: this very lease ended so
     acks[k] = C.DUP
   else
     mincr('c_stale')
