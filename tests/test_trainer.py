@@ -77,8 +77,10 @@ def test_passes_is_a_barrier(client: taskq.Client, url: str, job_name: str) -> N
             assert task is not None and task.pass_no == 0
             slow_started.set()
             time.sleep(1.0)
-            trainer.ack(task)
+            # taken before the ack: the fast trainer may see the pass end before this
+            # thread runs again after the ack's reply
             slow_acked_at.append(time.monotonic())
+            trainer.ack(task)
             for _ in trainer:
                 pass
 
