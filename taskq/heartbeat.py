@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -31,6 +32,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskq.trainer")
 
 
+def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: float) -> None:
+    """The heartbeat thread: one beat per interval on a fixed schedule (a slow call is not
+    added on top) until ``stop`` is set, the trainer is gone or has nothing to beat for.
+
+    Args:
+        ref: the trainer, weakly: this thread must not keep a dropped Trainer alive.
+        stop: set by ``close()`` or by the trainer's finalizer.
+        interval: seconds between beats.
+    """
+    next_due = time.monotonic() + interval
+    while not stop.wait(max(0.0, next_due - time.monotonic())):
+        next_due = max(next_due + interval, time.monotonic())
+        trainer = ref()
+        if trainer is None or not trainer._beat():
+            return
+        del trainer
+
+
 class HelperHeartbeat:
     """Heartbeats from a helper process (``Trainer(heartbeat="process")``).
 
@@ -40,11 +59,13 @@ class HelperHeartbeat:
     state, whatever this process is doing (a step holding the GIL does not delay it), and
     sends back each answer, applied here by a reader thread. It exits when its stdin
     closes, when its parent changes (``getppid``), or on ``PR_SET_PDEATHSIG`` (Linux):
-    nothing of a SIGKILLed trainer keeps its leases alive.
+    nothing of a SIGKILLed trainer keeps its leases alive. It holds the trainer weakly, so
+    a Trainer dropped without ``close()`` is collected and its finalizer stops the helper.
     """
 
     def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+        self._trainer = weakref.ref(trainer)
+        self.job = trainer.job
         self._wlock = threading.Lock()
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +80,7 @@ class HelperHeartbeat:
         self._send({"url": trainer._raw_url, "prefix": trainer.client.prefix,
                     "job": trainer.job, "interval": trainer.heartbeat_interval,
                     "ttl": trainer.ttl_s, "ppid": os.getpid()})
-        self.push()
+        self.push(trainer._heartbeat_state()[0])
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"taskq-heartbeat-reader-{trainer.job}")
@@ -76,42 +97,58 @@ class HelperHeartbeat:
             except (BrokenPipeError, ValueError, OSError):
                 pass
 
-    def push(self) -> None:
-        """Send the trainer's current heartbeat arguments to the helper."""
-        args, _ = self.trainer._heartbeat_state()
+    def push(self, args: list[Any]) -> None:
+        """Send the trainer's current heartbeat arguments to the helper.
+
+        Args:
+            args: the heartbeat script's ARGV (``Trainer._heartbeat_state``).
+        """
         self._send({"args": args})
 
     def _read_loop(self) -> None:
-        t = self.trainer
         for line in self._stdout:
             try:
                 msg = json.loads(line)
             except ValueError:
                 continue
             self._ready.set()
-            if "error" in msg:
-                t._check_contact()
-                continue
-            args = msg["args"]
-            pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
-            t.heartbeats_sent += 1
-            try:
-                t._apply_heartbeat(int(msg["code"]), msg["revoked"], msg.get("info"), pairs,
-                                   args[2])
-            except Exception:  # the reader must survive anything transient
-                log.exception("heartbeat reply failed")
+            t = self._trainer()
+            if t is None:
+                break
+            if "error" not in msg:
+                self._apply(t, msg)
             t._check_contact()
-        if not t._closed:
-            log.error("job %s: the heartbeat helper process exited (code %s)", t.job,
+            del t
+        t = self._trainer()
+        if t is not None and not t._closed:
+            log.error("job %s: the heartbeat helper process exited (code %s)", self.job,
                       self.proc.poll())
 
-    def stop(self) -> None:
-        """Close the helper's stdin (it exits) and reap it."""
+    @staticmethod
+    def _apply(t: Trainer, msg: dict[str, Any]) -> None:
+        args = msg["args"]
+        pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
+        t.heartbeats_sent += 1
+        try:
+            t._apply_heartbeat(int(msg["code"]), msg["revoked"], msg.get("info"), pairs,
+                               args[2])
+        except Exception:  # the reader must survive anything transient
+            log.exception("heartbeat reply failed")
+
+    def stop(self, wait: bool = True) -> None:
+        """Close the helper's stdin (it exits at once) and reap it.
+
+        Args:
+            wait: wait up to 2 s for it to exit, then kill it; False (the garbage
+                collector's finalizer) only closes its stdin.
+        """
         with self._wlock:
             try:
                 self._stdin.close()
             except OSError:
                 pass
+        if not wait:
+            return
         try:
             self.proc.wait(2.0)
         except subprocess.TimeoutExpired:

@@ -18,15 +18,16 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import errors
 from .client import Client
 from .connection import make_redis, resolve_url, translate
-from .heartbeat import HelperHeartbeat
+from .heartbeat import HelperHeartbeat, heartbeat_loop
 from .integrity import decode_chunks
 from .keys import JobKeys
 from .models import Task
@@ -35,11 +36,37 @@ from .scripts import Code, Scripts, raise_for
 log = logging.getLogger("taskq.trainer")
 
 _MAX_BLOCK_S = 5.0
+_END_STATES: dict[int, str] = {Code.JOB_COMPLETED: "completed", Code.JOB_CANCELLED: "cancelled"}
 
 
 def default_worker_id() -> str:
     """``host:pid:random``, unique per process."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class _Reply(NamedTuple):
+    """One ack/start/lease call's answer, as the trainer uses it."""
+
+    code: int
+    granted: list[Task]        # usable tasks (corrupt ones were failed and left out)
+    wait_s: float
+    ack_res: list[int]
+    start_res: list[int]
+    gen: int                   # the broadcast generation the reply saw (-1: none)
+    corrupt: list[tuple[Task, errors.CorruptData]]  # granted, chunks unreadable
+
+
+def _finalize(job: str, stop: threading.Event, helper: HelperHeartbeat | None) -> None:
+    """A Trainer dropped without ``close()``: stop its heartbeats (what it held goes back
+    after its ttl). No Redis call here: this runs inside the garbage collector."""
+    stop.set()
+    if helper is not None:
+        helper.stop(wait=False)
+    try:
+        log.warning("job %s: a Trainer was dropped without close(); its leases go back "
+                    "after its ttl", job)
+    except Exception:  # logging torn down at interpreter exit
+        pass
 
 
 class Trainer:
@@ -115,9 +142,11 @@ class Trainer:
         self._reserved: deque[Task] = deque()
         self._call_no = 0
         self._last_reply_no = 0
+        self._info_lock = threading.Lock()
         self._gen = 0
         self._pass = 0
         self._state = "running"
+        self._skipped_gen = -1
         self._draining = False
         self._ended: type[errors.TaskqError] | None = None
         self._closed = False
@@ -142,12 +171,16 @@ class Trainer:
             self._hb_scripts = Scripts(hb_redis)
         self._hb_thread: threading.Thread | None = None
         if heartbeat == "thread":
+            # the thread holds the trainer weakly: a dropped Trainer is collected, and then
+            # its thread ends (see _finalize)
             self._hb_thread = threading.Thread(
-                target=self._heartbeat_loop, name=f"taskq-heartbeat-{job}", daemon=True
+                target=heartbeat_loop, name=f"taskq-heartbeat-{job}", daemon=True,
+                args=(weakref.ref(self), self._stop, self.heartbeat_interval),
             )
             self._hb_thread.start()
         elif heartbeat == "process":
             self._helper = HelperHeartbeat(self)
+        self._finalizer = weakref.finalize(self, _finalize, job, self._stop, self._helper)
 
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
@@ -166,7 +199,7 @@ class Trainer:
     def _changed(self) -> None:
         """Tell the helper heartbeat process what this trainer holds now."""
         if self._helper is not None:
-            self._helper.push()
+            self._helper.push(self._heartbeat_state()[0])
 
     def _run(self, verb: str, args: list[Any]) -> Any:
         with translate(self.client.url, self.keys, self.client.redis):
@@ -179,8 +212,21 @@ class Trainer:
             raise_for(code, self.job)
         return reply
 
-    def _note_info(self, info: list[Any]) -> None:
-        self._pass, self._gen, self._state = int(info[0]), int(info[1]), info[2]
+    def _note_info(self, info: list[Any]) -> int:
+        """Apply a reply's (pass, gen, state, ...); returns its generation.
+
+        Answers arrive out of order: the heartbeat thread (or the helper's reader) may apply
+        one computed before a lease reply this thread applied since. Pass and generation
+        only move forward; a state is taken only from an answer of the newest generation
+        seen (every state change bumps the generation).
+        """
+        pass_no, gen = int(info[0]), int(info[1])
+        with self._info_lock:
+            if gen >= self._gen:
+                self._state = info[2]
+            self._gen = max(self._gen, gen)
+            self._pass = max(self._pass, pass_no)
+        return gen
 
     def _mark_all_revoked(self) -> None:
         with self._lock:
@@ -200,24 +246,46 @@ class Trainer:
             self._mark_all_revoked()
             self._register()
 
-    def _tasks_from(self, rows: list[Any], call_no: int, pass_no: int) -> list[Task]:
-        tasks = []
+    def _tasks_from(self, rows: list[Any], call_no: int, pass_no: int
+                    ) -> tuple[list[Task], list[tuple[Task, errors.CorruptData]]]:
+        """The granted tasks, now held; apart, those whose chunks cannot be read (held
+        too, until ``_fail_corrupt`` fails them)."""
+        tasks, corrupt = [], []
         with self._lock:
             for task_id, token, attempt, chunks, started in rows:
-                task = Task(id=int(task_id), pass_no=pass_no,
-                            chunks=decode_chunks(chunks, self.keys.chunks, task_id),
-                            token=int(token), attempt=int(attempt), job=self.job,
-                            started=bool(int(started)))
+                task = Task(id=int(task_id), pass_no=pass_no, chunks=[], token=int(token),
+                            attempt=int(attempt), job=self.job, started=bool(int(started)))
                 self._held[task.id] = task
-                tasks.append(task)
+                try:
+                    task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
+                    tasks.append(task)
+                except errors.CorruptData as e:
+                    corrupt.append((task, e))
             self._last_reply_no = max(self._last_reply_no, call_no)
         self._changed()
-        return tasks
+        return tasks, corrupt
+
+    def _fail_corrupt(self, corrupt: list[tuple[Task, errors.CorruptData]]
+                      ) -> list[errors.CorruptData]:
+        """Fail each task whose chunks cannot be read, alone (one failure charged per
+        lease, so it is dead after max_failures instead of circulating), with the error
+        as the failure text; returns the errors, naming the job, the task and the key."""
+        out = []
+        for task, err in corrupt:
+            msg = f"job {self.job!r} task {task.id}: {err}"
+            log.error("%s; failing the task", msg)
+            try:
+                self._write("fail", [task], [msg])
+            except errors.LeaseLost:
+                pass  # it was taken or expired meanwhile: its new holder fails it
+            out.append(errors.CorruptData(msg))
+            out[-1].__cause__ = err
+        return out
 
     def _step(
         self, acks: list[Task], starts: list[Task], want: int, mode: str, expect_pass: int
-    ) -> tuple[int, list[Task], float, list[int], list[int]]:
-        """One ack/start/lease call; returns (code, granted, wait_s, ack_res, start_res)."""
+    ) -> _Reply:
+        """One ack/start/lease call (tasks with corrupt chunks come back apart, held)."""
         with self._lock:
             self._call_no += 1
             call_no = self._call_no
@@ -246,15 +314,17 @@ class Trainer:
                     t.started = True
         if code == Code.REREGISTER:
             self._rejoin(incarnation)
-        pass_no = self._pass
+        pass_no, gen = self._pass, -1
         if len(reply) > 3:
-            self._note_info(reply[3])
-            # the pass of this reply, not self._pass: a heartbeat answered before the pass
-            # changed may apply its older info from the heartbeat thread meanwhile
-            pass_no = int(reply[3][0])
-        granted = self._tasks_from(reply[1], call_no, pass_no) if len(reply) > 1 else []
+            gen = self._note_info(reply[3])
+            pass_no = int(reply[3][0])  # the pass of this reply's tasks
+        if code in _END_STATES:
+            with self._info_lock:
+                self._state = _END_STATES[code]
+        granted, corrupt = (self._tasks_from(reply[1], call_no, pass_no) if len(reply) > 1
+                            else ([], []))
         wait_s = int(reply[2]) / 1000.0 if len(reply) > 2 else 0.0
-        return code, granted, wait_s, ack_res, start_res
+        return _Reply(code, granted, wait_s, ack_res, start_res, gen, corrupt)
 
     def _forget(self, task: Task) -> None:
         """Drop ``task`` from what this trainer holds (only that lease, not a newer one of
@@ -265,12 +335,24 @@ class Trainer:
             if task in self._reserved:
                 self._reserved.remove(task)
 
-    def _wait(self, bound_s: float) -> None:
-        """Block until work may exist: a wake token, a broadcast, or the bound."""
+    def _wait(self, bound_s: float, gen: int) -> None:
+        """Block until work may exist: a wake token, a broadcast, or the bound.
+
+        ``gen`` is the generation the lease reply saw: the next broadcast goes to the list
+        of the next one's parity. A newer generation seen since (a heartbeat answer) means
+        that broadcast already happened: return to lease again, once per generation (a
+        failover that lost writes can leave the server's generation behind for a while).
+        """
+        with self._info_lock:
+            seen = self._gen
+        gen = seen if gen < 0 else gen
+        if seen > gen and seen != self._skipped_gen:
+            self._skipped_gen = seen
+            return
         timeout = min(bound_s, _MAX_BLOCK_S) if bound_s > 0 else _MAX_BLOCK_S
         if timeout <= 0:
             return
-        bcast = self.keys.bcast0 if (self._gen + 1) % 2 == 0 else self.keys.bcast1
+        bcast = self.keys.bcast0 if (gen + 1) % 2 == 0 else self.keys.bcast1
         with translate(self.client.url):
             self.client.redis.blpop([self.keys.wake, bcast], timeout=max(timeout, 0.01))
 
@@ -312,30 +394,35 @@ class Trainer:
             JobCompleted, JobCancelled, JobNotFound: there will never be work again.
             Draining: an operator asked this worker to leave.
         """
-        tasks = self._lease_n(1, timeout, expect_pass)
+        tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
         return tasks[0] if tasks else None
 
     def _lease_n(self, n: int, timeout: float, expect_pass: int | None,
-                 acks: list[Task] | None = None) -> list[Task]:
+                 acks: list[Task] | None = None, raise_corrupt: bool = False) -> list[Task]:
         deadline = time.monotonic() + timeout
         acks = list(acks or [])
         while True:
-            code, got, wait_s, ack_res, _ = self._retrying(
-                self._step, acks, [], n, "S", -1 if expect_pass is None else expect_pass)
-            self._check_acks(acks, ack_res, raise_stale=False)
+            r = self._retrying(self._step, acks, [], n, "S",
+                               -1 if expect_pass is None else expect_pass)
+            self._check_acks(acks, r.ack_res, raise_stale=False)
             acks = []
-            if code == Code.REREGISTER:
+            bad = self._fail_corrupt(r.corrupt)
+            if r.code == Code.REREGISTER:
                 continue
-            if code == Code.DRAINING:
+            if r.code == Code.DRAINING:
                 self._draining = True
                 raise errors.Draining(f"worker {self.worker_id} is draining")
-            self._end_code(code)
-            if got or code == Code.PASS_DONE:
-                return got
+            self._end_code(r.code)
+            if bad and raise_corrupt:
+                raise bad[0]
+            if r.granted or r.code == Code.PASS_DONE:
+                return r.granted
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._retrying(self._wait, min(remaining, wait_s) if wait_s > 0 else remaining)
+            if not bad:
+                self._retrying(self._wait, min(remaining, r.wait_s) if r.wait_s > 0
+                               else remaining, r.gen)
 
     def _check_acks(self, acks: list[Task], results: list[int], raise_stale: bool) -> None:
         stale = [t.id for t, r in zip(acks, results, strict=False) if r == Code.STALE]
@@ -366,8 +453,8 @@ class Trainer:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
         tasks = task if isinstance(task, list) else [task]
-        code, _, _, res, _ = self._retrying(self._step, tasks, [], 0, "S", -1)
-        self._check_acks(tasks, res, raise_stale=True)
+        r = self._retrying(self._step, tasks, [], 0, "S", -1)
+        self._check_acks(tasks, r.ack_res, raise_stale=True)
 
     def fail(self, task: Task | list[Task], error: str = "") -> None:
         """Report a failed task (counts a failure; dead at the caps). A failed batch goes
@@ -465,20 +552,16 @@ class Trainer:
                                 self.job, self.ttl_s, task.id)
                     task.at_risk.set()
 
-    def _heartbeat_loop(self) -> None:
-        next_due = time.monotonic() + self.heartbeat_interval
-        while not self._stop.wait(max(0.0, next_due - time.monotonic())):
-            # one call per interval, on a fixed schedule (a slow call is not added on top)
-            next_due = max(next_due + self.heartbeat_interval, time.monotonic())
-            try:
-                self.heartbeat()
-            except errors.ConnectionLost:
-                pass
-            except Exception:  # the thread must survive anything transient
-                log.exception("heartbeat failed")
-            self._check_contact()
-            if self._ended is not None:
-                return
+    def _beat(self) -> bool:
+        """One beat of the heartbeat thread; False once there is nothing to beat for."""
+        try:
+            self.heartbeat()
+        except errors.ConnectionLost:
+            pass
+        except Exception:  # the thread must survive anything transient
+            log.exception("heartbeat failed")
+        self._check_contact()
+        return self._ended is None and not self._closed
 
     @property
     def held(self) -> list[Task]:
@@ -522,12 +605,13 @@ class Trainer:
             else:
                 want, mode = 1 + self.prefetch, "F"
             try:
-                code, got, wait_s, ack_res, start_res = self._retrying(
-                    self._step, acks, starts, want, mode, ep)
+                r = self._retrying(self._step, acks, starts, want, mode, ep)
             except (errors.JobNotFound, errors.JobCancelled):
                 self._mark_all_revoked()
                 raise
-            self._check_acks(acks, ack_res, raise_stale=False)
+            self._check_acks(acks, r.ack_res, raise_stale=False)
+            bad = self._fail_corrupt(r.corrupt)  # logged; the loop goes on with other work
+            code, got = r.code, r.granted
             if code == Code.REREGISTER:
                 continue
             if code == Code.DRAINING:
@@ -536,7 +620,7 @@ class Trainer:
             if code in (Code.JOB_COMPLETED, Code.JOB_CANCELLED):
                 self._mark_all_revoked()
                 return
-            if starts and start_res and start_res[0] == Code.OK:
+            if starts and r.start_res and r.start_res[0] == Code.OK:
                 current = starts[0]
             with self._lock:
                 for t in got:
@@ -550,8 +634,8 @@ class Trainer:
             if code == Code.PASS_DONE:
                 self._release_reserved()
                 return
-            if not got and not starts:
-                self._retrying(self._wait, wait_s if wait_s > 0 else _MAX_BLOCK_S)
+            if not got and not starts and not bad:
+                self._retrying(self._wait, r.wait_s if r.wait_s > 0 else _MAX_BLOCK_S, r.gen)
 
     def _release_reserved(self) -> None:
         with self._lock:
@@ -620,6 +704,15 @@ class Trainer:
                 task.revoked.set()
             self._held.clear()
             self._reserved.clear()
+        self._stop_heartbeats()
+
+    def _stop_heartbeats(self) -> None:
+        """End the heartbeat thread (a beat in flight is bounded by its socket timeout) or
+        the helper process."""
+        self._finalizer.detach()
+        thread = self._hb_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.5, min(self.ttl_s / 2, 5.0)) + 0.5)
         if self._helper is not None:
             self._helper.stop()
 
@@ -666,6 +759,3 @@ class Trainer:
             for signum, handler in self._old_handlers.items():
                 signal.signal(signum, handler)
             self._old_handlers.clear()
-
-    def __del__(self) -> None:
-        self._stop.set()

@@ -26,14 +26,21 @@ TASKQ_CLI = os.path.join(os.path.dirname(sys.executable), "taskq")
 def test_corrupt_task_json_makes_lease_raise_corrupt_data_naming_the_key(
     client: taskq.Client, job_name: str
 ) -> None:
-    client.create_job(job_name, [{"i": 0}, {"i": 1}])
+    """lease() raises naming the key and the task, and has already failed the task: it is
+    not left leased to this trainer (one failure counted, back in todo)."""
+    client.create_job(job_name, [{"i": 0}, {"i": 1}], shuffle=False)
     chunks_key = client.keys(job_name).chunks
     client.redis.hset(chunks_key, "0", "{not json")
     with taskq.Trainer(job_name, client=client, heartbeat=False) as trainer:
         with pytest.raises(taskq.CorruptData) as e:
             trainer.lease(timeout=0)
+        assert trainer.held == []
+        st = client.status(job_name)
+        assert st.leased == 0 and st.counters["failed"] == 1
     assert chunks_key in str(e.value) and "field 0" in str(e.value)
-    assert "not JSON" in str(e.value)
+    assert "task 0" in str(e.value) and "not JSON" in str(e.value)
+    failed = [f for _, f in client.events(job_name) if f.get("type") == "failed"]
+    assert failed and "not JSON" in failed[0]["error"]
 
 
 def test_task_json_that_is_not_a_list_is_corrupt_data(
@@ -44,6 +51,32 @@ def test_task_json_that_is_not_a_list_is_corrupt_data(
     with taskq.Trainer(job_name, client=client, heartbeat=False) as trainer:
         with pytest.raises(taskq.CorruptData, match="must be a JSON list"):
             trainer.lease(timeout=0)
+
+
+@pytest.mark.parametrize("how", ["iterator", "prefetch", "batches"])
+def test_a_corrupt_task_ends_dead_and_the_pass_completes(
+    client: taskq.Client, job_name: str, how: str
+) -> None:
+    """One task with corrupt chunks JSON: the iterator logs, fails it and goes on; it is
+    dead after max_failures, every other task is acked, the pass (the job) completes."""
+    client.create_job(job_name, [{"i": i} for i in range(6)], max_failures=3,
+                      worker_ttl=2.0, heartbeat_interval=0.2)
+    client.redis.hset(client.keys(job_name).chunks, "3", "{not json")
+    seen: list[int] = []
+    with taskq.Trainer(job_name, client=client, prefetch=2 if how == "prefetch" else 0,
+                       reconnect_timeout=5) as trainer:
+        if how == "batches":
+            for batch in trainer.batches(4):
+                seen += [t.id for t in batch]
+        else:
+            for task in trainer:
+                seen.append(task.id)
+    assert sorted(seen) == [0, 1, 2, 4, 5]
+    st = client.status(job_name)
+    assert st.state == "completed" and st.dead == 1
+    assert st.counters["acked"] == 5 and st.counters["failed"] == 3
+    assert [t["id"] for t in client.tasks(job_name, "dead")] == [3]
+    assert client.audit(job_name)["ok"]
 
 
 def test_foreign_string_at_a_meta_key_is_corrupt_data_naming_it(

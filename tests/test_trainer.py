@@ -4,12 +4,14 @@ SIGKILL recovery, revocations, lost replies, prefetch and stealing, Redis restar
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from redis_server import RedisServer, wait_until
 
 import taskq
+from taskq.scripts import Code
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -437,3 +440,95 @@ def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServ
         elapsed = time.monotonic() - t0
         print(f"\nRedis down: lease gave up after {elapsed:.1f} s (reconnect_timeout 1 s)")
         assert elapsed < 6
+
+
+# -- heartbeat answers out of order -----------------------------------------------------
+class _Interleaved(taskq.Trainer):
+    """Runs ``before_wait`` between a lease reply and the wait it leads to: the moment a
+    heartbeat answer (from the thread or the helper process) can land in."""
+
+    before_wait: Any = None
+
+    def _wait(self, *args: Any) -> None:
+        hook, self.before_wait = self.before_wait, None
+        if hook is not None:
+            hook(self)
+        super()._wait(*args)
+
+
+@pytest.mark.parametrize("order", ["stale_answer", "newer_answer"])
+def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: str,
+                                                     job_name: str, order: str) -> None:
+    """A heartbeat answer computed before the lease reply (stale) or after a broadcast the
+    reply did not see yet (newer) lands before the wait: the trainer still wakes at once on
+    `pass next`, and pass, generation and state never go backwards."""
+    make_job(client, job_name, 1, passes=2, auto_advance=False)
+    with _Interleaved(job_name, url=url, heartbeat=False) as trainer:
+        task = trainer.lease(timeout=2)
+        assert task is not None
+        trainer.ack(task)  # pass 0 done: the job waits for `pass next`
+
+        def stale(t: taskq.Trainer) -> None:
+            info = [t._pass, t._gen - 1, "running", ""]
+            t._apply_heartbeat(Code.OK, [], info, [], t.incarnation)
+            threading.Timer(0.3, client.next_pass, args=(job_name,)).start()
+
+        def newer(t: taskq.Trainer) -> None:
+            client.next_pass(job_name)  # broadcast to the waiters of the reply's generation
+            t.heartbeat()               # whose answer (the next generation) lands first
+
+        trainer.before_wait = stale if order == "stale_answer" else newer
+        t0 = time.monotonic()
+        task = trainer.lease(timeout=4)
+        elapsed = time.monotonic() - t0
+        print(f"\n{order}: woke after {elapsed:.2f} s")
+        assert task is not None and task.pass_no == 1
+        assert elapsed < 1.5, "blocked on the wrong broadcast list"
+        now = (trainer._pass, trainer._gen, trainer._state)
+        assert now[:2] == (1, int(client.redis.hget(trainer.keys.meta, "gen")))
+        old = [0, now[1] - 1, "waiting", "manual_advance"]
+        trainer._apply_heartbeat(Code.OK, [], old, [], trainer.incarnation)
+        assert (trainer._pass, trainer._gen, trainer._state) == now
+        trainer.ack(task)
+
+
+# -- leaks -------------------------------------------------------------------------------
+@pytest.mark.parametrize("heartbeat", ["thread", "process"])
+def test_close_stops_heartbeats(client: taskq.Client, url: str, job_name: str,
+                                heartbeat: str) -> None:
+    make_job(client, job_name, 1, heartbeat_interval=0.1)
+    trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
+    thread, helper = trainer._hb_thread, trainer._helper
+    trainer.close()
+    if thread is not None:
+        assert not thread.is_alive()
+    if helper is not None:
+        assert helper.proc.poll() is not None
+    sent = trainer.heartbeats_sent
+    time.sleep(0.4)
+    assert trainer.heartbeats_sent == sent
+
+
+@pytest.mark.parametrize("heartbeat", ["thread", "process"])
+def test_dropped_trainer_leaves_nothing_running(client: taskq.Client, url: str,
+                                                job_name: str, heartbeat: str) -> None:
+    """A Trainer garbage-collected without close(): its heartbeat thread ends, its helper
+    process exits, and what it held goes back after its ttl."""
+    make_job(client, job_name, 1, worker_ttl=1.0)
+    trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
+    assert trainer.lease(timeout=2) is not None
+    thread = trainer._hb_thread
+    proc = trainer._helper.proc if trainer._helper is not None else None
+    ref = weakref.ref(trainer)
+    del trainer
+    gc.collect()
+    assert ref() is None, "something still holds the dropped trainer"
+    if proc is not None:
+        assert proc.wait(5) is not None
+    if thread is not None:
+        thread.join(5)
+        assert not thread.is_alive()
+    with taskq.Trainer(job_name, url=url) as other:
+        task = other.lease(timeout=5)
+        assert task is not None
+        other.ack(task)
