@@ -3,6 +3,8 @@
 ``Trainer(heartbeat="process")`` starts one: it heartbeats on the trainer's behalf
 whatever the trainer's threads are doing, and dies with the trainer.
 
+Also the heartbeat thread's loop and what any heartbeat answer does to the trainer.
+
 Data flow: trainer.py -> heartbeat.py (pipe) -> helper process -> heartbeat script -> Redis.
 """
 
@@ -24,12 +26,78 @@ from typing import TYPE_CHECKING, Any
 from . import errors
 from .connection import make_redis, translate
 from .keys import JobKeys
-from .scripts import Scripts
+from .scripts import Code, Scripts
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
 log = logging.getLogger("taskq.trainer")
+
+
+def apply_answer(t: Trainer, code: int, revoked: list[int], info: list[Any] | None,
+                 pairs: list[tuple[int, int]], incarnation: str) -> list[int]:
+    """Act on a heartbeat's answer (from the trainer's process or its helper process).
+
+    Answers may land after newer lease replies (see ``Trainer._note_info``): only the
+    listed leases are revoked, and pass, generation and state never move backwards.
+
+    Args:
+        t: the trainer.
+        code: the heartbeat script's code.
+        revoked: ids of listed leases the server no longer counts as this worker's.
+        info: (pass, gen, state, reason) of the job, when the answer carries it.
+        pairs: the (task, token) pairs the heartbeat listed.
+        incarnation: the worker incarnation the heartbeat was sent under.
+
+    Returns:
+        The ids of held tasks now marked revoked.
+    """
+    t._last_contact = time.monotonic()
+    if code == Code.JOB_NOT_FOUND:
+        t._ended = errors.JobNotFound
+        t._mark_all_revoked()
+        return [tid for tid, _ in pairs]
+    if code == Code.REREGISTER:
+        t._rejoin(incarnation)
+        return [tid for tid, _ in pairs]
+    if code < 0:
+        return []
+    if info is not None:
+        t._note_info(info)
+    tokens = dict(pairs)
+    out = []
+    with t._lock:
+        for tid in revoked:
+            task = t._held.get(tid)
+            # only the lease that was listed: the id may be held again under a new token
+            if task is not None and task.token == tokens.get(tid):
+                task.revoked.set()
+                t._forget(task)
+                out.append(tid)
+        for task in t._held.values():
+            task.at_risk.clear()
+    if out:
+        log.info("job %s: lease(s) revoked by the server: %s", t.job, out)
+        t._changed()
+    if code == Code.DRAINING:
+        t._draining = True
+    if t._state == "cancelled":
+        t._mark_all_revoked()
+    return out
+
+
+def check_contact(t: Trainer) -> None:
+    """Set ``at_risk`` on everything ``t`` holds while it has been out of contact for
+    longer than its ttl (its own monotonic clock; the server's answer on reconnect
+    decides)."""
+    if time.monotonic() - t._last_contact > t.ttl_s:
+        with t._lock:
+            held = list(t._held.values())
+        for task in held:
+            if not task.at_risk.is_set():
+                log.warning("job %s: out of contact with Redis for > %.1fs; task %s at risk",
+                            t.job, t.ttl_s, task.id)
+                task.at_risk.set()
 
 
 def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: float) -> None:
@@ -117,7 +185,7 @@ class HelperHeartbeat:
                 break
             if "error" not in msg:
                 self._apply(t, msg)
-            t._check_contact()
+            check_contact(t)
             del t
         t = self._trainer()
         if t is not None and not t._closed:
@@ -130,8 +198,7 @@ class HelperHeartbeat:
         pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
         t.heartbeats_sent += 1
         try:
-            t._apply_heartbeat(int(msg["code"]), msg["revoked"], msg.get("info"), pairs,
-                               args[2])
+            apply_answer(t, int(msg["code"]), msg["revoked"], msg.get("info"), pairs, args[2])
         except Exception:  # the reader must survive anything transient
             log.exception("heartbeat reply failed")
 
@@ -154,6 +221,49 @@ class HelperHeartbeat:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def start_thread(t: Trainer, stop: threading.Event) -> tuple[threading.Thread, Scripts | None]:
+    """Start the heartbeat thread of ``t`` (a daemon: it dies with the process).
+
+    Args:
+        t: the trainer, held weakly by the thread (a dropped Trainer is collected).
+        stop: ends the thread when set.
+
+    Returns:
+        The thread, and the scripts of its own connection (None with a given client:
+        the client's connection is used).
+    """
+    scripts = None
+    if t._raw_url is not None:
+        # its own connection, failing fast: a heartbeat stuck in retries for longer than
+        # the ttl would be worse than one missed beat
+        hb_redis, _ = make_redis(t._raw_url, retries=1,
+                                 socket_timeout=max(0.5, min(t.ttl_s / 2, 5.0)))
+        scripts = Scripts(hb_redis)
+    thread = threading.Thread(target=heartbeat_loop, name=f"taskq-heartbeat-{t.job}",
+                              args=(weakref.ref(t), stop, t.heartbeat_interval), daemon=True)
+    thread.start()
+    return thread, scripts
+
+
+def stop_dropped(job: str, stop: threading.Event, helper: HelperHeartbeat | None) -> None:
+    """The finalizer of a Trainer dropped without ``close()``: stop its heartbeats, so what
+    it held goes back after its ttl. No Redis call: this runs inside the garbage collector.
+
+    Args:
+        job: the trainer's job (logged).
+        stop: the trainer's stop event (ends its heartbeat thread).
+        helper: its helper process, if any (its stdin is closed: it exits).
+    """
+    stop.set()
+    if helper is not None:
+        helper.stop(wait=False)
+    try:
+        log.warning("job %s: a Trainer was dropped without close(); its leases go back "
+                    "after its ttl", job)
+    except Exception:  # logging torn down at interpreter exit
+        pass
 
 
 def die_with_parent() -> None:

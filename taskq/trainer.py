@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 from . import errors
 from .client import Client
-from .connection import make_redis, resolve_url, translate
-from .heartbeat import HelperHeartbeat, heartbeat_loop
+from .connection import resolve_url, translate
+from .heartbeat import HelperHeartbeat, apply_answer, check_contact, start_thread, stop_dropped
 from .integrity import decode_chunks
 from .keys import JobKeys
 from .models import Task
@@ -55,18 +55,6 @@ class _Reply(NamedTuple):
     gen: int                   # the broadcast generation the reply saw (-1: none)
     corrupt: list[tuple[Task, errors.CorruptData]]  # granted, chunks unreadable
 
-
-def _finalize(job: str, stop: threading.Event, helper: HelperHeartbeat | None) -> None:
-    """A Trainer dropped without ``close()``: stop its heartbeats (what it held goes back
-    after its ttl). No Redis call here: this runs inside the garbage collector."""
-    stop.set()
-    if helper is not None:
-        helper.stop(wait=False)
-    try:
-        log.warning("job %s: a Trainer was dropped without close(); its leases go back "
-                    "after its ttl", job)
-    except Exception:  # logging torn down at interpreter exit
-        pass
 
 
 class Trainer:
@@ -160,27 +148,17 @@ class Trainer:
         self.stolen_from_me = 0
         self._helper: HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None
+        self._hb_thread: threading.Thread | None = None
         # a trainer started while Redis is away (a pod scheduled during a restart) waits
         # for it like every other call, up to reconnect_timeout
         self._retrying(self._register)
-        if heartbeat == "thread" and self._raw_url is not None:
-            # its own connection, failing fast: a heartbeat stuck in retries for longer
-            # than the ttl would be worse than one missed beat
-            hb_redis, _ = make_redis(self._raw_url, retries=1,
-                                     socket_timeout=max(0.5, min(self.ttl_s / 2, 5.0)))
-            self._hb_scripts = Scripts(hb_redis)
-        self._hb_thread: threading.Thread | None = None
         if heartbeat == "thread":
-            # the thread holds the trainer weakly: a dropped Trainer is collected, and then
-            # its thread ends (see _finalize)
-            self._hb_thread = threading.Thread(
-                target=heartbeat_loop, name=f"taskq-heartbeat-{job}", daemon=True,
-                args=(weakref.ref(self), self._stop, self.heartbeat_interval),
-            )
-            self._hb_thread.start()
+            self._hb_thread, self._hb_scripts = start_thread(self, self._stop)
         elif heartbeat == "process":
             self._helper = HelperHeartbeat(self)
-        self._finalizer = weakref.finalize(self, _finalize, job, self._stop, self._helper)
+        # nothing started here holds the trainer strongly: dropped, it is collected and
+        # this stops its heartbeats
+        self._finalizer = weakref.finalize(self, stop_dropped, job, self._stop, self._helper)
 
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
@@ -500,57 +478,9 @@ class Trainer:
             with translate(self.client.url):
                 reply = self.client.scripts.call("heartbeat", self.keys.all, args)
         self.heartbeats_sent += 1
-        return self._apply_heartbeat(int(reply[0]),
-                                     [int(x) for x in reply[1]] if len(reply) > 1 else [],
-                                     reply[2] if len(reply) > 2 else None, pairs, args[2])
-
-    def _apply_heartbeat(self, code: int, revoked: list[int], info: list[Any] | None,
-                         pairs: list[tuple[int, int]], incarnation: str) -> list[int]:
-        """Act on a heartbeat's answer (from this process or the helper process)."""
-        self._last_contact = time.monotonic()
-        if code == Code.JOB_NOT_FOUND:
-            self._ended = errors.JobNotFound
-            self._mark_all_revoked()
-            return [tid for tid, _ in pairs]
-        if code == Code.REREGISTER:
-            self._rejoin(incarnation)
-            return [tid for tid, _ in pairs]
-        if code < 0:
-            return []
-        if info is not None:
-            self._note_info(info)
-        tokens = dict(pairs)
-        out = []
-        with self._lock:
-            for tid in revoked:
-                task = self._held.get(tid)
-                # only the lease that was listed: the id may be held again under a new token
-                if task is not None and task.token == tokens.get(tid):
-                    task.revoked.set()
-                    self._forget(task)
-                    out.append(tid)
-            for task in self._held.values():
-                task.at_risk.clear()
-        if out:
-            log.info("job %s: lease(s) revoked by the server: %s", self.job, out)
-            self._changed()
-        if code == Code.DRAINING:
-            self._draining = True
-        if self._state == "cancelled":
-            self._mark_all_revoked()
-        return out
-
-    def _check_contact(self) -> None:
-        """Set ``at_risk`` on everything held while out of contact for longer than the ttl
-        (this process's monotonic clock; the server's answer on reconnect decides)."""
-        if time.monotonic() - self._last_contact > self.ttl_s:
-            with self._lock:
-                held = list(self._held.values())
-            for task in held:
-                if not task.at_risk.is_set():
-                    log.warning("job %s: out of contact with Redis for > %.1fs; task %s at risk",
-                                self.job, self.ttl_s, task.id)
-                    task.at_risk.set()
+        return apply_answer(self, int(reply[0]),
+                            [int(x) for x in reply[1]] if len(reply) > 1 else [],
+                            reply[2] if len(reply) > 2 else None, pairs, args[2])
 
     def _beat(self) -> bool:
         """One beat of the heartbeat thread; False once there is nothing to beat for."""
@@ -560,7 +490,7 @@ class Trainer:
             pass
         except Exception:  # the thread must survive anything transient
             log.exception("heartbeat failed")
-        self._check_contact()
+        check_contact(self)
         return self._ended is None and not self._closed
 
     @property
@@ -677,13 +607,29 @@ class Trainer:
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
-        """Release everything held in one call and deregister (leasable by others at once).
+        """Release everything held in one call and deregister (leasable by others at once),
+        then stop the heartbeat thread or helper process (even if the leave is interrupted).
         Idempotent. Retries an unreachable Redis for at most ``min(reconnect_timeout, 5)``
-        seconds; past that the server reclaims the leases after the worker's ttl."""
+        seconds; past that the server reclaims the leases after the worker's ttl.
+
+        Raises:
+            Nothing from Redis (logged); a signal's exception during the leave propagates.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
+        try:
+            self._leave()
+        finally:
+            with self._lock:
+                for task in self._held.values():
+                    task.revoked.set()
+                self._held.clear()
+                self._reserved.clear()
+            self._stop_heartbeats()
+
+    def _leave(self) -> None:
         deadline = time.monotonic() + min(self.reconnect_timeout, 5.0)
         delay = 0.05
         while True:
@@ -699,12 +645,6 @@ class Trainer:
             except errors.TaskqError as e:
                 log.warning("leave: %s", e)
                 break
-        with self._lock:
-            for task in self._held.values():
-                task.revoked.set()
-            self._held.clear()
-            self._reserved.clear()
-        self._stop_heartbeats()
 
     def _stop_heartbeats(self) -> None:
         """End the heartbeat thread (a beat in flight is bounded by its socket timeout) or
@@ -745,17 +685,25 @@ class Trainer:
         try:
             if exc is not None and not isinstance(exc, (SystemExit, KeyboardInterrupt,
                                                          GeneratorExit, errors.TaskqError)):
-                # the body raised: the task(s) it was working on failed (a batch goes back
-                # to be retried one task at a time); reserved ones are released by close()
-                current = [t for t in self.held if t.started and not t.revoked.is_set()]
-                if current:
-                    name = exc_type.__name__ if exc_type else "error"
-                    try:
-                        self.fail(current, error=f"{name}: {exc}")
-                    except errors.TaskqError as e:
-                        log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
-            self.close()
+                self._fail_current(exc_type, exc)
         finally:
-            for signum, handler in self._old_handlers.items():
-                signal.signal(signum, handler)
-            self._old_handlers.clear()
+            try:
+                self.close()
+            finally:
+                self._restore_signals()
+
+    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
+        """The body raised: the task(s) it was working on failed (a batch goes back to be
+        retried one task at a time); reserved ones are released by close()."""
+        current = [t for t in self.held if t.started and not t.revoked.is_set()]
+        if current:
+            name = exc_type.__name__ if exc_type else "error"
+            try:
+                self.fail(current, error=f"{name}: {exc}")
+            except errors.TaskqError as e:
+                log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
+
+    def _restore_signals(self) -> None:
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self._old_handlers.clear()

@@ -20,6 +20,7 @@ import pytest
 from redis_server import RedisServer, wait_until
 
 import taskq
+from taskq.heartbeat import apply_answer
 from taskq.scripts import Code
 
 HERE = Path(__file__).resolve().parent
@@ -470,7 +471,7 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
 
         def stale(t: taskq.Trainer) -> None:
             info = [t._pass, t._gen - 1, "running", ""]
-            t._apply_heartbeat(Code.OK, [], info, [], t.incarnation)
+            apply_answer(t, Code.OK, [], info, [], t.incarnation)
             threading.Timer(0.3, client.next_pass, args=(job_name,)).start()
 
         def newer(t: taskq.Trainer) -> None:
@@ -487,7 +488,7 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
         now = (trainer._pass, trainer._gen, trainer._state)
         assert now[:2] == (1, int(client.redis.hget(trainer.keys.meta, "gen")))
         old = [0, now[1] - 1, "waiting", "manual_advance"]
-        trainer._apply_heartbeat(Code.OK, [], old, [], trainer.incarnation)
+        apply_answer(trainer, Code.OK, [], old, [], trainer.incarnation)
         assert (trainer._pass, trainer._gen, trainer._state) == now
         trainer.ack(task)
 
