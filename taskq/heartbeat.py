@@ -100,6 +100,46 @@ def check_contact(t: Trainer) -> None:
                 task.at_risk.set()
 
 
+def heartbeat_state(t: Trainer) -> tuple[list[Any], list[tuple[int, int]]]:
+    """(heartbeat ARGV, the (task, token) pairs it lists), taken together under the lock."""
+    with t._lock:
+        pairs = [(task.id, task.token) for task in t._held.values()]
+        args: list[Any] = [t.job_incarnation, t.worker_id, t.incarnation, t._last_reply_no,
+                           len(pairs)]
+    for tid, tok in pairs:
+        args += [tid, tok]
+    return args, pairs
+
+
+def send_heartbeat(t: Trainer, scripts: Scripts) -> list[int]:
+    """One heartbeat of ``t`` from this process (``Trainer.heartbeat``), its answer applied.
+
+    Returns:
+        The ids of held tasks the server revoked.
+
+    Raises:
+        ConnectionLost: Redis could not be reached.
+    """
+    args, pairs = heartbeat_state(t)
+    with translate(t.client.url):
+        reply = scripts.call("heartbeat", t.keys.all, args)
+    t.heartbeats_sent += 1
+    return apply_answer(t, int(reply[0]), [int(x) for x in reply[1]] if len(reply) > 1 else [],
+                        reply[2] if len(reply) > 2 else None, pairs, args[2])
+
+
+def _beat(t: Trainer) -> bool:
+    """One beat of the heartbeat thread; False once there is nothing to beat for."""
+    try:
+        t.heartbeat()
+    except errors.ConnectionLost:
+        pass
+    except Exception:  # the thread must survive anything transient
+        log.exception("heartbeat failed")
+    check_contact(t)
+    return t._ended is None and not t._closed
+
+
 def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: float) -> None:
     """The heartbeat thread: one beat per interval on a fixed schedule (a slow call is not
     added on top) until ``stop`` is set, the trainer is gone or has nothing to beat for.
@@ -113,7 +153,7 @@ def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: f
     while not stop.wait(max(0.0, next_due - time.monotonic())):
         next_due = max(next_due + interval, time.monotonic())
         trainer = ref()
-        if trainer is None or not trainer._beat():
+        if trainer is None or not _beat(trainer):
             return
         del trainer
 
@@ -148,7 +188,7 @@ class HelperHeartbeat:
         self._send({"url": trainer._raw_url, "prefix": trainer.client.prefix,
                     "job": trainer.job, "interval": trainer.heartbeat_interval,
                     "ttl": trainer.ttl_s, "ppid": os.getpid()})
-        self.push(trainer._heartbeat_state()[0])
+        self.push(heartbeat_state(trainer)[0])
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"taskq-heartbeat-reader-{trainer.job}")
@@ -169,7 +209,7 @@ class HelperHeartbeat:
         """Send the trainer's current heartbeat arguments to the helper.
 
         Args:
-            args: the heartbeat script's ARGV (``Trainer._heartbeat_state``).
+            args: the heartbeat script's ARGV (``heartbeat_state``).
         """
         self._send({"args": args})
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from . import errors
 from .client import Client
 from .connection import resolve_url, translate
-from .heartbeat import HelperHeartbeat, apply_answer, check_contact, start_thread, stop_dropped
+from .heartbeat import HelperHeartbeat, heartbeat_state, send_heartbeat, start_thread, stop_dropped
 from .integrity import decode_chunks
 from .keys import JobKeys
 from .models import Task
@@ -177,7 +177,7 @@ class Trainer:
     def _changed(self) -> None:
         """Tell the helper heartbeat process what this trainer holds now."""
         if self._helper is not None:
-            self._helper.push(self._heartbeat_state()[0])
+            self._helper.push(heartbeat_state(self)[0])
 
     def _run(self, verb: str, args: list[Any]) -> Any:
         with translate(self.client.url, self.keys, self.client.redis):
@@ -334,17 +334,17 @@ class Trainer:
         with translate(self.client.url):
             self.client.redis.blpop([self.keys.wake, bcast], timeout=max(timeout, 0.01))
 
-    def _retrying(self, fn: Any, *args: Any) -> Any:
+    def _retrying(self, fn: Any, *args: Any, bound_s: float | None = None) -> Any:
         """Call ``fn`` until it succeeds, retrying ConnectionLost with backoff and jitter
-        for up to ``reconnect_timeout`` seconds (the held-pairs heartbeat makes blind
-        retries safe)."""
-        deadline = time.monotonic() + self.reconnect_timeout
+        for up to ``reconnect_timeout`` seconds (``bound_s`` if given; else not once
+        closed); the held-pairs heartbeat makes blind retries safe."""
+        deadline = time.monotonic() + (self.reconnect_timeout if bound_s is None else bound_s)
         delay = 0.05
         while True:
             try:
                 return fn(*args)
             except errors.ConnectionLost:
-                if time.monotonic() > deadline or self._stop.is_set():
+                if time.monotonic() > deadline or (bound_s is None and self._stop.is_set()):
                     raise
                 log.warning("Redis unreachable; retrying in %.2fs", delay)
                 time.sleep(delay * (0.5 + random.random()))
@@ -371,6 +371,8 @@ class Trainer:
         Raises:
             JobCompleted, JobCancelled, JobNotFound: there will never be work again.
             Draining: an operator asked this worker to leave.
+            CorruptData: the task granted has unreadable chunks (the message names the
+                job, the task and the key); it was already failed, not left leased.
         """
         tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
         return tasks[0] if tasks else None
@@ -427,6 +429,9 @@ class Trainer:
     def ack(self, task: Task | list[Task]) -> None:
         """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
 
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
         Raises:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
@@ -438,6 +443,9 @@ class Trainer:
         """Report a failed task (counts a failure; dead at the caps). A failed batch goes
         back uncharged, to be retried one task at a time.
 
+        Args:
+            task: a task or a list; error: the reason, kept in the event (500 chars).
+
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
@@ -446,20 +454,13 @@ class Trainer:
     def release(self, task: Task | list[Task]) -> None:
         """Give a task back unfinished (leasable by others at once).
 
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
         self._write("release", task if isinstance(task, list) else [task], [])
-
-    def _heartbeat_state(self) -> tuple[list[Any], list[tuple[int, int]]]:
-        """(heartbeat ARGV, the pairs it lists), taken together under the lock."""
-        with self._lock:
-            pairs = [(t.id, t.token) for t in self._held.values()]
-            args: list[Any] = [self.job_incarnation, self.worker_id, self.incarnation,
-                               self._last_reply_no, len(pairs)]
-        for tid, tok in pairs:
-            args += [tid, tok]
-        return args, pairs
 
     def heartbeat(self) -> list[int]:
         """Send one heartbeat now (what the heartbeat thread does every interval).
@@ -470,28 +471,7 @@ class Trainer:
         Raises:
             ConnectionLost: Redis could not be reached.
         """
-        args, pairs = self._heartbeat_state()
-        if self._hb_scripts is not None:
-            with translate(self.client.url):
-                reply = self._hb_scripts.call("heartbeat", self.keys.all, args)
-        else:
-            with translate(self.client.url):
-                reply = self.client.scripts.call("heartbeat", self.keys.all, args)
-        self.heartbeats_sent += 1
-        return apply_answer(self, int(reply[0]),
-                            [int(x) for x in reply[1]] if len(reply) > 1 else [],
-                            reply[2] if len(reply) > 2 else None, pairs, args[2])
-
-    def _beat(self) -> bool:
-        """One beat of the heartbeat thread; False once there is nothing to beat for."""
-        try:
-            self.heartbeat()
-        except errors.ConnectionLost:
-            pass
-        except Exception:  # the thread must survive anything transient
-            log.exception("heartbeat failed")
-        check_contact(self)
-        return self._ended is None and not self._closed
+        return send_heartbeat(self, self._hb_scripts or self.client.scripts)
 
     @property
     def held(self) -> list[Task]:
@@ -578,7 +558,14 @@ class Trainer:
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass; each ends when its pass is complete for everyone (a
-        barrier: the next one blocks while the job waits at a manual boundary)."""
+        barrier: the next one blocks while the job waits at a manual boundary).
+
+        Returns:
+            Iterators of tasks, one per pass, until the job is completed or cancelled.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced meanwhile.
+        """
         try:
             pass_no = self.client.status(self.job, summaries=0).pass_no
         except errors.JobNotFound:
@@ -591,7 +578,17 @@ class Trainer:
 
     def batches(self, k: int) -> Iterator[list[Task]]:
         """Lists of up to ``k`` tasks started together and acked together (one call per
-        batch); ends when the job is completed or cancelled."""
+        batch); ends when the job is completed or cancelled, or this worker drains.
+
+        Args:
+            k: the most tasks in one batch.
+
+        Returns:
+            An iterator of batches (tasks with unreadable chunks are failed and left out).
+
+        Raises:
+            InvalidInput: ``k < 1``. JobNotFound: the job was deleted or replaced.
+        """
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         batch: list[Task] = []
@@ -630,21 +627,14 @@ class Trainer:
             self._stop_heartbeats()
 
     def _leave(self) -> None:
-        deadline = time.monotonic() + min(self.reconnect_timeout, 5.0)
-        delay = 0.05
-        while True:
-            try:
-                self._run("leave", [self.job_incarnation, self.worker_id, self.incarnation])
-                break
-            except errors.ConnectionLost as e:
-                if time.monotonic() > deadline:
-                    log.warning("leave: %s (the server reclaims after the ttl)", e)
-                    break
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-            except errors.TaskqError as e:
-                log.warning("leave: %s", e)
-                break
+        try:
+            self._retrying(self._run, "leave",
+                           [self.job_incarnation, self.worker_id, self.incarnation],
+                           bound_s=min(self.reconnect_timeout, 5.0))
+        except errors.ConnectionLost as e:
+            log.warning("leave: %s (the server reclaims after the ttl)", e)
+        except errors.TaskqError as e:
+            log.warning("leave: %s", e)
 
     def _stop_heartbeats(self) -> None:
         """End the heartbeat thread (a beat in flight is bounded by its socket timeout) or
