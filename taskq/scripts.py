@@ -1,9 +1,11 @@
 """Loads the Lua scripts, one per operation, and maps their return codes to errors.
 
 Each ``lua/verb-N.lua`` opens with a ``#!lua`` line and a KEYS / ARGV / returns header.
-At load time the generated constants (return codes, ``K_*`` key locals in the order of
-``keys.JOB_KEYS``, histogram bounds) and ``_lib.lua`` are inserted after that line, so
-Python stays the one source of truth for codes and key names. ``N`` in the file name
+At load time the part of ``_lib.lua`` the script uses (its top-level definitions reached
+from the script's identifiers, transitively) and the generated ``K_*`` key locals (in the
+order of ``keys.JOB_KEYS``) and histogram-bound helpers are inserted after that line, and
+every ``C.NAME`` becomes the code's number, so Python stays the one source of truth for
+codes and key names and no script builds what it does not use on every call. ``N`` in the file name
 must equal the number of KEYS the operation takes; that is checked here.
 
 Data flow: client.py / trainer.py / reaper.py -> scripts.py (EVALSHA, reloaded after
@@ -83,18 +85,123 @@ def raise_for(code: int, job: str, detail: str = "") -> None:
         raise cls(f"{text}: {detail}" if detail else text)
 
 
-def _prelude() -> str:
-    codes = ", ".join(f"{c.name}={int(c)}" for c in Code)
-    lines = [f"local C = {{{codes}}}"]
-    lines += [f"local K_{name.upper()} = KEYS[{i}]" for i, name in enumerate(JOB_KEYS, 1)]
-    lines.append("local HIST_BOUNDS_MS = {" + ", ".join(map(str, HIST_BOUNDS_MS)) + "}")
+_STRING_RE = re.compile(r"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"")
+_COMMENT_RE = re.compile(r"--[^\n]*")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CODE_RE = re.compile(r"\bC\.([A-Z_]+)\b")
+_DEF_RE = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*=)")
+
+
+def _identifiers(code: str) -> set[str]:
+    """The identifiers a piece of Lua mentions outside strings and comments."""
+    return set(_IDENT_RE.findall(_COMMENT_RE.sub("", _STRING_RE.sub("''", code))))
+
+
+def _inline_codes(text: str, where: str) -> str:
+    """``C.NAME`` -> the code's number (no table of codes is built per call)."""
+
+    def number(m: re.Match[str]) -> str:
+        try:
+            value = int(Code[m.group(1)])
+        except KeyError as e:
+            raise errors.TaskqError(f"{where}: unknown return code C.{m.group(1)}") from e
+        return f"({value})" if value < 0 else str(value)
+
+    return _CODE_RE.sub(number, text)
+
+
+def _blocks(lib: str) -> list[tuple[set[str], str]]:
+    """The top-level definitions of a library text, in order: (names defined, text).
+
+    A definition opens at a column-0 ``local`` line and runs to the next one; column-0
+    comments go with the definition after them.
+    """
+    blocks: list[tuple[set[str], str]] = []
+    pending: list[str] = []
+    names: set[str] | None = None
+    body: list[str] = []
+
+    def close() -> None:
+        if names is not None:
+            blocks.append((names, "\n".join(body)))
+
+    for line in lib.splitlines():
+        m = _DEF_RE.match(line)
+        if m:
+            close()
+            if m.group(1):
+                names = {m.group(1)}
+            else:
+                names = {n.strip() for n in m.group(2).split(",")}
+            body = pending + [line]
+            pending = []
+        elif line.startswith("--") or (not line.strip() and names is None):
+            pending.append(line)
+        elif names is None:
+            if line.strip():
+                raise errors.TaskqError(f"_lib.lua: statement outside a definition: {line!r}")
+        elif line.startswith("--"):
+            pending.append(line)
+        else:
+            body.append(line)
+    close()
+    return blocks
+
+
+def _expand_hot(lib: str) -> str:
+    """``HOT`` (the meta fields read once per call) becomes literal HMGET arguments and
+    one table constructor, instead of a table built and walked on every call."""
+    m = re.search(r"^local HOT = \{(.*?)\}\n", lib, re.S | re.M)
+    if not m:
+        raise errors.TaskqError("_lib.lua: no `local HOT = {...}`")
+    fields = re.findall(r"'([a-z_]+)'", m.group(1))
+    lib = lib[: m.start()] + lib[m.end():]
+    args = ", ".join(f"'{f}'" for f in fields)
+    ctor = "M = {" + ", ".join(f"['{f}'] = vals[{i}]" for i, f in enumerate(fields, 1)) + "}"
+    for old, new in (("unpack(HOT)", args),
+                     ("for i, f in ipairs(HOT) do M[f] = vals[i] end", ctor)):
+        if old not in lib:
+            raise errors.TaskqError(f"_lib.lua: load_meta no longer reads {old!r}")
+        lib = lib.replace(old, new)
+    return lib
+
+
+def _generated() -> str:
+    """Definitions made from Python's constants: the K_* keys and the histogram bounds."""
+    lines = [f"local K_{name.upper()} = KEYS[{i}]" for i, name in enumerate(JOB_KEYS, 1)]
+    lines.append("local function hist_bucket(ms)")
+    for i, bound in enumerate(HIST_BOUNDS_MS, 1):
+        lines.append(f"  if ms <= {bound} then return '{i}' end")
+    lines.append(f"  return '{len(HIST_BOUNDS_MS) + 1}'")
+    lines.append("end")
+    lines.append("local function hist_bounds() return {"
+                 + ", ".join(map(str, HIST_BOUNDS_MS)) + "} end")
     return "\n".join(lines) + "\n"
+
+
+def _assemble(blocks: list[tuple[set[str], str]], body: str) -> str:
+    """The definitions ``body`` uses, transitively, in library order, then ``body``."""
+    defined: dict[str, int] = {}
+    for index, (names, _) in enumerate(blocks):
+        for name in names:
+            defined[name] = index
+    refs = [_identifiers(text) for _, text in blocks]
+    wanted: set[int] = set()
+    todo = [defined[n] for n in _identifiers(body) if n in defined]
+    while todo:
+        index = todo.pop()
+        if index in wanted:
+            continue
+        wanted.add(index)
+        todo.extend(defined[n] for n in refs[index] if n in defined)
+    return "\n".join(blocks[i][1] for i in sorted(wanted)) + "\n" + body
 
 
 def _load_sources() -> dict[str, tuple[int, str]]:
     pkg = resources.files("taskq") / "lua"
-    lib = (pkg / "_lib.lua").read_text()
-    prelude = _prelude()
+    lib = _expand_hot(_inline_codes((pkg / "_lib.lua").read_text(), "_lib.lua"))
+    lib = lib.replace("#HIST_BOUNDS_MS", str(len(HIST_BOUNDS_MS)))
+    blocks = _blocks(_generated() + lib)
     out: dict[str, tuple[int, str]] = {}
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
         m = _NAME_RE.match(entry.name)
@@ -109,7 +216,13 @@ def _load_sources() -> dict[str, tuple[int, str]]:
         first, _, body = text.partition("\n")
         if not first.startswith("#!lua"):
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
-        out[verb] = (nkeys, f"{first}\n{prelude}{lib}\n{body}")
+        body = _inline_codes(body, entry.name).replace("#HIST_BOUNDS_MS",
+                                                       str(len(HIST_BOUNDS_MS)))
+        source = _assemble(blocks, body)
+        left = _identifiers(source) & {"C", "HOT", "HIST_BOUNDS_MS"}
+        if left:
+            raise errors.TaskqError(f"{entry.name}: still uses {sorted(left)}")
+        out[verb] = (nkeys, f"{first}\n{source}")
     return out
 
 

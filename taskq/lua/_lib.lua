@@ -1,5 +1,8 @@
--- _lib.lua: shared by every job script; scripts.py inserts it after the generated
--- constants (C.* return codes, K_* keys from keys.JOB_KEYS, HIST_BOUNDS_MS).
+-- _lib.lua: shared by the job scripts; scripts.py inserts, after each script's #!lua
+-- line, only the top-level definitions that script uses (transitively), with the
+-- generated K_* keys (keys.JOB_KEYS) and hist_bucket / hist_bounds (HIST_BOUNDS_MS);
+-- C.* return codes are replaced by their numbers and HOT is expanded in load_meta, so
+-- no constant table is built per call.
 -- Not an operation of its own. Conventions:
 --   NOW  = the job's clock (server TIME in ms, or the manual clock key in tests)
 --   JNOW = NOW - offset: the liveness clock, frozen through silences (DESIGN.md)
@@ -8,12 +11,24 @@
 --     "E|worker|winc|token|round|A-F-X"                            (just ended)
 
 local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''
+-- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
+local NOW_S, JNOW_S = nil, nil
+local function now_s()
+  if not NOW_S then NOW_S = string.format('%.0f', NOW) end
+  return NOW_S
+end
+local function jnow_s()
+  if not JNOW_S then JNOW_S = string.format('%.0f', JNOW) end
+  return JNOW_S
+end
 local EVMAX = 10000
 
 local function fmt(n) return string.format('%.0f', n) end
 -- The meta hash is read once (HMGET of the hot fields) and written once at the end of
 -- the call (flush, through done()): a script is atomic, so nobody sees the difference.
-local M, DIRTY = {}, {}
+-- A counter changed in this call is kept as a number in M (formatted once, in flush);
+-- NUM caches the numbers parsed from M's strings.
+local M, DIRTY, NUM = {}, {}, {}
 local HOT = {'inc', 'mclock', 'seen', 'ttl', 'offset', 'round', 'state', 'evmax', 'reason',
   'pass', 'n', 'cursor', 'ndone', 'nleased', 'nreserved', 'tt', 'auto_tt', 'maxf', 'maxa',
   'shuffle', 'seed', 'advance', 'passes', 'last_token', 'gen', 'p_leased', 'c_leased',
@@ -29,29 +44,46 @@ local function mget(f)
     M[f] = v
   end
   if v == false then return nil end
+  if type(v) == 'number' then return fmt(v) end
   return v
 end
-local function mnum(f) return tonumber(mget(f) or '0') or 0 end
+local function mnum(f)
+  local v = M[f]
+  if type(v) == 'number' then return v end
+  local n = NUM[f]
+  if n then return n end
+  n = tonumber(mget(f) or '0') or 0
+  NUM[f] = n
+  return n
+end
+-- Sets a field to a number (formatted with %.0f when written).
+local function mput(f, v)
+  M[f] = v
+  DIRTY[f] = true
+end
 local function mset(...)
   local a = {...}
   for i = 1, #a, 2 do
     local v = a[i + 1]
     if type(v) == 'number' then v = fmt(v) end
     M[a[i]] = v
+    NUM[a[i]] = nil
     DIRTY[a[i]] = true
   end
 end
 local function mincr(f, n)
   local v = mnum(f) + (n or 1)
-  M[f] = fmt(v)
+  M[f] = v
   DIRTY[f] = true
   return v
 end
 local function flush()
   local args = {}
   for f, _ in pairs(DIRTY) do
+    local v = M[f]
+    if type(v) == 'number' then v = fmt(v) end
     args[#args + 1] = f
-    args[#args + 1] = M[f]
+    args[#args + 1] = v
   end
   if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
   DIRTY = {}
@@ -70,15 +102,27 @@ local function split(s)
   end
 end
 
+-- A lease record as a table; rs / calls / attempts are the record's own strings (written
+-- back as they are), round / since / call / attempt their numbers.
 local function parse_lease(rec)
   if not rec then return nil end
+  if string.byte(rec, 1) == 76 then  -- 'L'
+    local w, wi, tok, r, st, since, call, att = string.match(rec,
+      '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    if w then
+      return {live = true, worker = w, winc = wi, token = tok, round = tonumber(r), rs = r,
+              st = st, since = tonumber(since), call = tonumber(call), calls = call,
+              attempt = tonumber(att), attempts = att}
+    end
+  end
   local f = split(rec)
   if f[1] == 'L' then
     return {live = true, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
-            st = f[6], since = tonumber(f[7]), call = tonumber(f[8]), attempt = tonumber(f[9])}
+            rs = f[5], st = f[6], since = tonumber(f[7]), call = tonumber(f[8]), calls = f[8],
+            attempt = tonumber(f[9]), attempts = f[9]}
   end
   return {live = false, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
-          kind = f[6]}
+          rs = f[5], kind = f[6]}
 end
 
 -- leased / acked events are gathered per call (one entry listing the tasks and tokens)
@@ -146,22 +190,15 @@ local function next_token()
     local t = redis.call('TIME')
     TOKEN_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  local us = TOKEN_US
-  local last = tonumber(mget('last_token') or '0') or 0
-  local tok = math.max(last + 1, us)
-  local s = fmt(tok)
-  mset('last_token', s)
-  return s
+  local tok = math.max(mnum('last_token') + 1, TOKEN_US)
+  mput('last_token', tok)
+  return fmt(tok)
 end
 
 local HBUF = {}
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
-  local i = #HIST_BOUNDS_MS + 1
-  for b = 1, #HIST_BOUNDS_MS do
-    if ms <= HIST_BOUNDS_MS[b] then i = b; break end
-  end
-  local bucket = name .. ':' .. i
+  local bucket = name .. ':' .. hist_bucket(ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
   HBUF[name .. ':count'] = (HBUF[name .. ':count'] or 0) + 1
   HBUF[name .. ':sum'] = (HBUF[name .. ':sum'] or 0) + ms
@@ -219,6 +256,20 @@ end
 
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
 
+-- Whether the counts hash (a: f: s: per task) is empty, read once per call; any write
+-- to it in this call makes it "maybe not empty" (false).
+local COUNTS_EMPTY = nil
+local function counts_empty()
+  if COUNTS_EMPTY == nil then COUNTS_EMPTY = redis.call('HLEN', K_COUNTS) == 0 end
+  return COUNTS_EMPTY
+end
+-- Whether the dead set is empty, read once per call; make_dead clears it.
+local DEAD_EMPTY = nil
+local function dead_empty()
+  if DEAD_EMPTY == nil then DEAD_EMPTY = redis.call('SCARD', K_DEAD) == 0 end
+  return DEAD_EMPTY
+end
+
 -- Removes a live lease's index entries (not the lease record itself).
 local function unindex(task, l)
   redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
@@ -234,7 +285,7 @@ end
 local function end_lease(task, l, kind)
   unindex(task, l)
   redis.call('HSET', K_LEASES, task,
-    'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.round .. '|' .. kind)
+    'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind)
 end
 
 local function to_front(task)
@@ -314,6 +365,7 @@ end
 
 local function make_dead(task, why)
   redis.call('SADD', K_DEAD, task)
+  DEAD_EMPTY = false
   mincr('c_dead')
   event('dead', 'task', task, 'reason', why)
 end
@@ -323,6 +375,7 @@ end
 local function requeue(task, charge)
   local dead_reason = nil
   if charge ~= 'none' then
+    COUNTS_EMPTY = false
     local a = redis.call('HINCRBY', K_COUNTS, 'a:' .. task, 1)
     if a >= mnum('maxa') then dead_reason = 'max_attempts' end
     if charge == 'failure' then
@@ -368,7 +421,7 @@ end
 -- leases. Returns (reclaimed, more_left).
 local function reclaim(budget)
   local did, more = 0, false
-  local lost = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. fmt(JNOW),
+  local lost = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. jnow_s(),
     'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #lost, 2 do
     local m, deadline = lost[i], tonumber(lost[i + 1])
@@ -391,7 +444,7 @@ local function reclaim(budget)
   if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
   if did < budget then
     local limit = budget - did
-    local exp = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. fmt(JNOW),
+    local exp = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. jnow_s(),
       'WITHSCORES', 'LIMIT', 0, limit)
     for i = 1, #exp, 2 do
       local task = exp[i]
@@ -454,37 +507,56 @@ local function perm_fn(n)
   end
 end
 
+-- The deadline of a task started now (a string), or nil without a task timeout.
+local DL_TT, DL_S = nil, nil
+local function start_deadline()
+  local tt = task_timeout_ms()
+  if tt <= 0 then return nil end
+  if tt ~= DL_TT then DL_TT, DL_S = tt, fmt(JNOW + tt) end
+  return DL_S
+end
+
 -- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
+-- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
+local GRANTED = {}  -- the task ids (strings) granted by this take(), in order
+local RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil
 local function grant(task, worker, winc, call_no, st)
   local tok = next_token()
-  local attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
-  redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. ROUND
-    .. '|' .. st .. '|' .. fmt(NOW) .. '|' .. call_no .. '|' .. attempt)
-  redis.call('ZADD', K_OWNED, 0, member(worker, winc, task))
+  local attempt, att_s = 1, '1'
+  if not counts_empty() then
+    attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
+    att_s = tostring(attempt)
+  end
+  if RS_N ~= ROUND then RS_N, RS_S = ROUND, tostring(ROUND) end
+  if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
+  redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
+    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s)
+  GRANTED[#GRANTED + 1] = task
+  redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
-    redis.call('ZADD', K_STARTED, fmt(JNOW), task)
-    local tt = task_timeout_ms()
-    if tt > 0 then redis.call('ZADD', K_DEADLINES, fmt(JNOW + tt), task) end
+    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
   else
-    redis.call('ZADD', K_RESERVED, fmt(NOW), task)
+    redis.call('ZADD', K_RESERVED, now_s(), task)
     mincr('nreserved')
   end
   mincr('nleased')
   mincr('c_leased')
   mincr('p_leased')
   event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
-  return {tonumber(task), tok, attempt, redis.call('HGET', K_CHUNKS, task), st == 'S' and 1 or 0}
+  return {tonumber(task), tok, attempt, false, st == 'S' and 1 or 0}
 end
 
 local function is_free(task)
-  if redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
+  if not dead_empty() and redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
   if redis.call('GETBIT', K_DONE, task) == 1 then return false end
   return not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, task)))
 end
 
 -- Leases up to `want` tasks: the front first (a solo task only alone), then the
 -- cursor's order; when nothing is left, steal a reserved task from another trainer.
-local function take(worker, winc, want, call_no, mode)
+local function take_leases(worker, winc, want, call_no, mode)
   local out = {}
   local function st()
     if mode == 'F' then
@@ -494,13 +566,14 @@ local function take(worker, winc, want, call_no, mode)
     return mode
   end
   local steps = 0
+  local front_empty = false  -- ZPOPMIN found the front empty (nothing adds to it below)
   while #out < want and steps < 1000 do
     local popped = redis.call('ZPOPMIN', K_FRONT)
-    if #popped == 0 then break end
+    if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
     if is_free(task) then
-      local solo = redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
+      local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
         redis.call('ZADD', K_FRONT, popped[2], task)
         return out
@@ -517,7 +590,7 @@ local function take(worker, winc, want, call_no, mode)
       local task = tostring(perm(cursor))
       cursor = cursor + 1
       steps = steps + 1
-      if is_free(task) and redis.call('ZSCORE', K_FRONT, task) == false then
+      if is_free(task) and (front_empty or redis.call('ZSCORE', K_FRONT, task) == false) then
         out[#out + 1] = grant(task, worker, winc, call_no, st())
       end
     end
@@ -537,6 +610,16 @@ local function take(worker, winc, want, call_no, mode)
         break
       end
     end
+  end
+  return out
+end
+
+local function take(worker, winc, want, call_no, mode)
+  GRANTED = {}
+  local out = take_leases(worker, winc, want, call_no, mode)
+  if #out > 0 then
+    local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
+    for k, g in ipairs(out) do g[4] = chunks[k] end
   end
   return out
 end
@@ -573,7 +656,7 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
     end
   end
   if want > 0 then
-    redis.call('ZADD', K_WAITING, fmt(NOW), m)
+    redis.call('ZADD', K_WAITING, now_s(), m)
     return {C.NOTHING, {}, wait_bound_ms()}
   end
   return {C.OK, {}, 0}

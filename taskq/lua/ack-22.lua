@@ -25,10 +25,11 @@ local ws = touch_worker(worker, winc)
 local function recompute_auto_timeout()
   local total = tonumber(redis.call('HGET', K_HIST, 'dur:count') or '0') or 0
   local need, seen = total * 0.99, 0
-  local p99 = HIST_BOUNDS_MS[#HIST_BOUNDS_MS]
-  for b = 1, #HIST_BOUNDS_MS do
+  local bounds = hist_bounds()
+  local p99 = bounds[#bounds]
+  for b = 1, #bounds do
     seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
-    if seen >= need then p99 = HIST_BOUNDS_MS[b]; break end
+    if seen >= need then p99 = bounds[b]; break end
   end
   mset('auto_tt', fmt(math.max(60000, 10 * p99)))
 end
@@ -38,14 +39,16 @@ for k = 1, n_acks do
   local task, tok = ARGV[ack_args + 2 * k - 1], ARGV[ack_args + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
   if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
-    redis.call('SETBIT', K_DONE, task, 1)
+    redis.call('SETBIT', K_DONE, task, '1')
     mincr('ndone')
     end_lease(task, l, 'A')
     observe('dur', NOW - l.since)
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    if not counts_empty() then
+      redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    end
     mincr('c_acked')
     local acked = mincr('acked_job')
-    mset('last_ack', fmt(NOW))
+    mset('last_ack', now_s())
     if acked % 20 == 0 then recompute_auto_timeout() end
     event_task('acked', task, worker, tok)
     acks[k] = C.OK
@@ -68,12 +71,12 @@ for k = 1, n_starts do
   if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
     if l.st == 'R' then
       redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-        .. l.round .. '|S|' .. fmt(NOW) .. '|' .. l.call .. '|' .. l.attempt)
+        .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts)
       redis.call('ZREM', K_RESERVED, task)
       mincr('nreserved', -1)
-      redis.call('ZADD', K_STARTED, fmt(JNOW), task)
-      local tt = task_timeout_ms()
-      if tt > 0 then redis.call('ZADD', K_DEADLINES, fmt(JNOW + tt), task) end
+      redis.call('ZADD', K_STARTED, jnow_s(), task)
+      local dl = start_deadline()
+      if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
       event('started', 'task', task, 'worker', worker)
     end
     starts[k] = C.OK
