@@ -704,7 +704,8 @@ def test_granted_task_pass_is_its_replys_not_a_late_heartbeats(
 
         monkeypatch.setattr(trainer, "_note_info", note_then_late_heartbeat)
         # ack the last task of pass 0 and lease the first of pass 1 in one call
-        code, granted, _, _, _ = trainer._step([last], [], 1, "S", -1)
+        reply = trainer._step([last], [], 1, "S", -1)
+        code, granted = reply[0], reply[1]
         assert granted, code
         assert [t.pass_no for t in granted] == [1] * len(granted)
 

@@ -355,7 +355,8 @@ def test_vanished_and_corrupt_jobs_are_logged_and_skipped(client, job_name, capl
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
         assert reaper.tick() == {good: 1}
         assert good in reaper.tick()
-    by_job = {job: [r for r in caplog.records if job + ":" in r.getMessage()]
+    by_job = {job: [r for r in caplog.records
+                    if r.name == "taskq.reaper" and job + ":" in r.getMessage()]
               for job in (corrupt, odd, gone)}
     assert [r.levelno for r in by_job[corrupt]] == [logging.ERROR], "logged once"
     message = by_job[corrupt][0].getMessage()
