@@ -153,6 +153,19 @@ local function event(kind, ...)
   redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget('pass'), ...)
 end
 
+-- A write about a lease that is not current: a quiet success when it repeats the ending
+-- this very lease got (tokens are unique), else stale: changes nothing, is counted.
+local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
+  if l and not l.live and l.kind == kind and l.worker == worker and l.winc == winc
+      and l.token == tok then
+    return C.DUP
+  end
+  mincr('c_stale')
+  mincr('p_stale')
+  event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', op)
+  return C.STALE
+end
+
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
 -- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
 local function open_job(inc)

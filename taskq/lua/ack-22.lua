@@ -52,14 +52,8 @@ for k = 1, n_acks do
     if acked % 20 == 0 then recompute_auto_timeout() end
     event_task('acked', task, worker, tok)
     acks[k] = C.OK
-  elseif l and not l.live and l.kind == 'A' and l.worker == worker and l.winc == winc
-      and l.token == tok then  -- tokens are unique: this very lease ended so
-    acks[k] = C.DUP
   else
-    mincr('c_stale')
-    mincr('p_stale')
-    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'ack')
-    acks[k] = C.STALE
+    acks[k] = repeat_or_stale(task, l, 'A', worker, winc, tok, 'ack')
   end
 end
 if n_acks > 0 then check_pass_end() end

@@ -28,14 +28,8 @@ for k = 1, n do
       requeue(task, 'failure')
     end
     out[k] = C.OK
-  elseif l and not l.live and l.kind == 'F' and l.worker == worker and l.winc == winc
-      and l.token == tok then  -- tokens are unique: this very lease ended so
-    out[k] = C.DUP
   else
-    mincr('c_stale')
-    mincr('p_stale')
-    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'fail')
-    out[k] = C.STALE
+    out[k] = repeat_or_stale(task, l, 'F', worker, winc, tok, 'fail')
   end
 end
 check_pass_end()

@@ -19,14 +19,8 @@ for k = 1, n do
     event('released', 'task', task, 'worker', worker)
     if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     out[k] = C.OK
-  elseif l and not l.live and l.kind == 'R' and l.worker == worker and l.winc == winc
-      and l.token == tok then  -- tokens are unique: this very lease ended so
-    out[k] = C.DUP
   else
-    mincr('c_stale')
-    mincr('p_stale')
-    event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', 'release')
-    out[k] = C.STALE
+    out[k] = repeat_or_stale(task, l, 'R', worker, winc, tok, 'release')
   end
 end
 check_pass_end()
