@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -160,10 +161,14 @@ class Fleet:
     killed: int = 0
     #: (worker id prefix, server time in ms) of every SIGKILL, to time the recovery
     kills: list[tuple[str, int]] = field(default_factory=list)
+    #: set by Ctrl-C; checked between steps
+    stop_flag: threading.Event = field(default_factory=threading.Event)
 
     def spawn(self, count: int) -> list[int]:
         new = []
         for _ in range(count):
+            if self.stop_flag.is_set():
+                raise KeyboardInterrupt
             index = self.started
             self.started += 1
             sys.stdout.flush()
@@ -261,6 +266,10 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
     run_dir = tempfile.mkdtemp(prefix="taskq-demo-")
     server: LocalRedis | None = None
     fleet: Fleet | None = None
+    # Ctrl-C only sets a flag, checked between steps: a KeyboardInterrupt raised inside a
+    # fork's at-fork handlers would be swallowed and the demo would run on.
+    stop = threading.Event()
+    old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     try:
         if url is None:
             server = LocalRedis()
@@ -279,6 +288,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
             out.print("reaper: running (interval 0.25s)")
         else:
             out.print("reaper: taskq.reaper not available; the lease script reclaims lazily")
+        fleet.stop_flag = stop
         fleet.spawn(trainers)
         _run(out, client, fleet, job, ntasks, passes, trainers, chaos)
         fleet.stop_all()
@@ -288,6 +298,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         click.echo("taskq: demo interrupted; stopping what it started", err=True)
         ctx.exit(130)
     finally:
+        signal.signal(signal.SIGINT, old_sigint)
         if fleet is not None:
             fleet.stop_all()
         if server is not None:
@@ -330,8 +341,11 @@ def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, pa
             if time.monotonic() > deadline:
                 raise taskq.TaskqError(f"demo: job {job} did not complete within "
                                        f"{FINISH_TIMEOUT_S:g}s")
-            time.sleep(0.1)
+            if fleet.stop_flag.wait(0.1):
+                raise KeyboardInterrupt
     for proc in fleet.trainers.values():  # their loops end by themselves on completion
+        if fleet.stop_flag.is_set():
+            raise KeyboardInterrupt
         proc.join(10)
 
 
