@@ -75,7 +75,8 @@ def apply_answer(t: Trainer, code: int, revoked: list[int], info: list[Any] | No
                 t._forget(task)
                 out.append(tid)
         for task in t._held.values():
-            task.at_risk.clear()
+            if task._at_risk is not None:  # never set if never made
+                task._at_risk.clear()
     if out:
         log.info("job %s: lease(s) revoked by the server: %s", t.job, out)
         t._changed()

@@ -66,6 +66,8 @@ class JobKeys:
         self.prefix = key_prefix or prefix()
         self.base = f"{self.prefix}:{{{job}}}"
         self.all: list[str] = [f"{self.base}:{name}" for name in JOB_KEYS]
+        #: the same, encoded once (redis-py passes bytes through without encoding them)
+        self.all_bytes: list[bytes] = [k.encode() for k in self.all]
         for name, key in zip(JOB_KEYS, self.all, strict=True):
             setattr(self, name, key)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 STATES = ("running", "waiting", "completed", "cancelled")
 
+_EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread asks first
+
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -47,8 +49,32 @@ class Task:
     attempt: int
     job: str = ""
     started: bool = True
-    revoked: threading.Event = field(default_factory=threading.Event, repr=False)
-    at_risk: threading.Event = field(default_factory=threading.Event, repr=False)
+    # the two Events are made on first use (most tasks never need them; an Event with its
+    # Condition and Lock costs more to build than the rest of the task)
+    _revoked: threading.Event | None = field(default=None, init=False, repr=False)
+    _at_risk: threading.Event | None = field(default=None, init=False, repr=False)
+
+    @property
+    def revoked(self) -> threading.Event:
+        """Set when the lease is no longer this trainer's (see the class docstring)."""
+        ev = self._revoked
+        if ev is None:
+            with _EVENTS_LOCK:
+                ev = self._revoked
+                if ev is None:
+                    ev = self._revoked = threading.Event()
+        return ev
+
+    @property
+    def at_risk(self) -> threading.Event:
+        """Set while the trainer is out of contact for longer than its ttl."""
+        ev = self._at_risk
+        if ev is None:
+            with _EVENTS_LOCK:
+                ev = self._at_risk
+                if ev is None:
+                    ev = self._at_risk = threading.Event()
+        return ev
 
     def as_dict(self) -> dict[str, Any]:
         """The task as JSON-able data (what ``taskq work`` passes to its command)."""

@@ -240,7 +240,8 @@ class Scripts:
             self._scripts[verb] = redis_client.register_script(source)
             self._nkeys[verb] = nkeys
 
-    def call(self, verb: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    def call(self, verb: str, keys: list[str] | list[bytes], args: list[Any],
+             client: Any = None) -> Any:
         """Run one operation's script.
 
         Args:

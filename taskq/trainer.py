@@ -181,7 +181,7 @@ class Trainer:
 
     def _run(self, verb: str, args: list[Any]) -> Any:
         with translate(self.client.url, self.keys, self.client.redis):
-            reply = self.client.scripts.call(verb, self.keys.all, args)
+            reply = self.client.scripts.call(verb, self.keys.all_bytes, args)
         self._last_contact = time.monotonic()
         code = int(reply[0])
         if code == Code.JOB_NOT_FOUND:
@@ -496,7 +496,7 @@ class Trainer:
             if current is not None:
                 with self._lock:
                     still_held = self._held.get(current.id) is current
-                if current.revoked.is_set():
+                if current._revoked is not None and current._revoked.is_set():
                     log.warning("job %s: lease of task %s was revoked; its result is not "
                                 "counted", self.job, current.id)
                 elif still_held:
