@@ -54,27 +54,25 @@ class Task:
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)
     _at_risk: threading.Event | None = field(default=None, init=False, repr=False)
 
+    def _event(self, attr: str) -> threading.Event:
+        ev = getattr(self, attr)
+        if ev is None:
+            with _EVENTS_LOCK:
+                ev = getattr(self, attr)
+                if ev is None:
+                    ev = threading.Event()
+                    setattr(self, attr, ev)
+        return ev
+
     @property
     def revoked(self) -> threading.Event:
         """Set when the lease is no longer this trainer's (see the class docstring)."""
-        ev = self._revoked
-        if ev is None:
-            with _EVENTS_LOCK:
-                ev = self._revoked
-                if ev is None:
-                    ev = self._revoked = threading.Event()
-        return ev
+        return self._event("_revoked")
 
     @property
     def at_risk(self) -> threading.Event:
         """Set while the trainer is out of contact for longer than its ttl."""
-        ev = self._at_risk
-        if ev is None:
-            with _EVENTS_LOCK:
-                ev = self._at_risk
-                if ev is None:
-                    ev = self._at_risk = threading.Event()
-        return ev
+        return self._event("_at_risk")
 
     def as_dict(self) -> dict[str, Any]:
         """The task as JSON-able data (what ``taskq work`` passes to its command)."""

@@ -154,25 +154,21 @@ def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
     return out
 
 
-def _job_now(client: Client, name: str) -> tuple[int, int]:
+def workers(client: Client, name: str) -> list[dict[str, Any]]:
+    """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
     pipe = client.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, ["mclock", "offset", "inc"])
     pipe.get(keys.clock)
     pipe.time()
-    (mclock, offset, inc), clock, (sec, usec) = pipe.execute()
+    pipe.hgetall(keys.winfo)
+    pipe.zrange(keys.workers, 0, 9999, withscores=True)
+    (mclock, offset, inc), clock, (sec, usec), infos, ranked = pipe.execute()
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
     now = int(clock or 0) if mclock == "1" else int(sec) * 1000 + int(usec) // 1000
-    return now, now - int(offset or 0)
-
-
-def workers(client: Client, name: str) -> list[dict[str, Any]]:
-    """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
-    keys = client.keys(name)
-    now, jnow = _job_now(client, name)
-    infos = client.redis.hgetall(keys.winfo)
-    deadlines = dict(client.redis.zrange(keys.workers, 0, 9999, withscores=True))
+    jnow = now - int(offset or 0)
+    deadlines = dict(ranked)
     pipe = client.redis.pipeline(transaction=False)
     rows = []
     for worker, info in sorted(infos.items()):

@@ -267,6 +267,12 @@ local function lease_is_current(l)
   return l and l.live and l.round == ROUND
 end
 
+-- True when `l` is the current lease of this worker incarnation under this token: the
+-- only lease any write about a task may change.
+local function holds(l, worker, winc, tok)
+  return lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok
+end
+
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
 
 -- Whether the counts hash (a: f: s: per task) is empty, read once per call; any write

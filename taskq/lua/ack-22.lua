@@ -38,7 +38,7 @@ local acks = {}
 for k = 1, n_acks do
   local task, tok = ARGV[ack_args + 2 * k - 1], ARGV[ack_args + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+  if holds(l, worker, winc, tok) then
     redis.call('SETBIT', K_DONE, task, '1')
     mincr('ndone')
     end_lease(task, l, 'A')
@@ -62,7 +62,7 @@ local starts = {}
 for k = 1, n_starts do
   local task, tok = ARGV[start_args + 2 * k - 1], ARGV[start_args + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+  if holds(l, worker, winc, tok) then
     if l.st == 'R' then
       redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
         .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts)

@@ -15,7 +15,7 @@ local out = {}
 for k = 1, n do
   local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok then
+  if holds(l, worker, winc, tok) then
     end_lease(task, l, 'F')
     mincr('c_failed')
     if n > 1 then

@@ -35,7 +35,7 @@ local revoked = {}
 for k = 1, n do
   local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if not (lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok) then
+  if not holds(l, worker, winc, tok) then
     revoked[#revoked + 1] = tonumber(task)
   end
 end
