@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from . import errors, stats
@@ -130,12 +130,17 @@ class Client:
             self._keys[job] = JobKeys(job, self.prefix)
         return self._keys[job]
 
-    def run(self, job: str, verb: str, args: Sequence[Any], extra_keys: Sequence[str] = ()) -> Any:
-        """Run one operation's script on ``job``; negative codes raise their error."""
-        keys = self.keys(job).all + list(extra_keys)
-        with translate(self.url, self.keys(job), self.redis):
+    def run(self, job: str, verb: str, args: Sequence[Any], extra_keys: Sequence[str] = (),
+            passthrough: Container[int] = ()) -> Any:
+        """Run one operation's script on ``job``; negative codes raise their error, except
+        those in ``passthrough``, which the caller handles from the reply."""
+        job_keys = self.keys(job)
+        keys: list[Any] = job_keys.all_bytes + [k.encode() for k in extra_keys]
+        with translate(self.url, job_keys, self.redis):
             reply = self.scripts.call(verb, keys, list(args))
-        raise_for(int(reply[0]), job)
+        code = int(reply[0])
+        if code not in passthrough:
+            raise_for(code, job)
         return reply
 
     def ping(self) -> None:

@@ -31,7 +31,7 @@ from .heartbeat import HelperHeartbeat, heartbeat_state, send_heartbeat, start_t
 from .integrity import decode_chunks
 from .keys import JobKeys
 from .models import Task
-from .scripts import Code, Scripts, raise_for
+from .scripts import Code, Scripts
 
 log = logging.getLogger("taskq.trainer")
 
@@ -42,6 +42,10 @@ _END_STATES: dict[int, str] = {Code.JOB_COMPLETED: "completed", Code.JOB_CANCELL
 def default_worker_id() -> str:
     """``host:pid:random``, unique per process."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+#: codes the trainer reads from the reply instead of raising
+_PASSTHROUGH = (Code.REREGISTER, Code.JOB_COMPLETED, Code.JOB_CANCELLED)
 
 
 class _Reply(NamedTuple):
@@ -180,14 +184,13 @@ class Trainer:
             self._helper.push(heartbeat_state(self)[0])
 
     def _run(self, verb: str, args: list[Any]) -> Any:
-        with translate(self.client.url, self.keys, self.client.redis):
-            reply = self.client.scripts.call(verb, self.keys.all_bytes, args)
-        self._last_contact = time.monotonic()
-        code = int(reply[0])
-        if code == Code.JOB_NOT_FOUND:
+        try:
+            reply = self.client.run(self.job, verb, args, passthrough=_PASSTHROUGH)
+        except errors.JobNotFound:
+            self._last_contact = time.monotonic()
             self._ended = errors.JobNotFound
-        if code not in (Code.REREGISTER, Code.JOB_COMPLETED, Code.JOB_CANCELLED):
-            raise_for(code, self.job)
+            raise
+        self._last_contact = time.monotonic()
         return reply
 
     def _note_info(self, info: list[Any]) -> int:
