@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis_server import stop_process
+
 import taskq
 
 FORK = multiprocessing.get_context("fork")
@@ -385,13 +387,7 @@ class ReaperProc:
         return self.proc.poll() is None
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 5)
         if self._log:
             self._log.close()
             self._log = None

@@ -19,6 +19,17 @@ import redis
 REDIS_SERVER = shutil.which("redis-server")
 
 
+def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:  # type: ignore[type-arg]
+    """SIGTERM ``proc`` and wait; SIGKILL it if it outlives ``timeout``."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -86,13 +97,7 @@ class RedisServer:
 
     def stop(self) -> None:
         """Stop the server and wait for it."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
     def restart(self, kill: bool = True) -> None:
         """Kill (or stop) and start again on the same port and directory."""

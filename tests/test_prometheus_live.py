@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import free_port
+from redis_server import free_port, stop_process
 from test_exporter import run_scenario
 
 import taskq
@@ -105,13 +105,7 @@ class Prometheus:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
         self.log.close()
 
 

@@ -5,7 +5,6 @@ mid-pass, the replica is promoted, the trainers carry on and the job's records s
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis_server import REDIS_SERVER, RedisServer, free_port, wait_until
+from redis_server import REDIS_SERVER, RedisServer, free_port, stop_process, wait_until
 
 import taskq
 
@@ -55,13 +54,7 @@ class SentinelProc:
         return int(port)
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_server import REDIS_SERVER, free_port, wait_until
+from redis_server import REDIS_SERVER, free_port, stop_process, wait_until
 
 import taskq
 from taskq.connection import mask_url
@@ -54,13 +53,7 @@ class ServerProc:
             raise RuntimeError(f"redis-server did not start: {log[-2000:]}")
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
