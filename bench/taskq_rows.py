@@ -164,18 +164,19 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
 
 
 def script_profile(stats: dict, acked: int) -> str:
-    """Server cost per EVALSHA (µs and Redis commands run inside it) from commandstats."""
+    """Server cost per FCALL (µs and Redis commands run inside it) from commandstats."""
     calls = {k.removeprefix("cmdstat_"): v for k, v in stats.items()}
-    evalsha = calls.get("evalsha", {"calls": 0, "usec": 0})
+    evalsha = calls.get("fcall", {"calls": 0, "usec": 0})
     if not evalsha["calls"]:
         return "no script calls"
-    outside = {"evalsha", "blpop", "info", "config|resetstat", "ping", "hello", "client|setinfo"}
+    outside = {"fcall", "fcall_ro", "blpop", "info", "config|resetstat", "ping", "hello",
+               "client|setinfo", "function|load"}
     inner = {k: v["calls"] for k, v in calls.items() if k not in outside}
     inner_calls = sum(inner.values())
     top = sorted(inner.items(), key=lambda kv: -calls[kv[0]]["usec"])[:5]
     per = evalsha["calls"]
     detail = ", ".join(f"{k} {v / per:.1f}" for k, v in top)
-    return (f"{per} EVALSHA, {evalsha['usec'] / per:.0f} µs each, "
+    return (f"{per} FCALL, {evalsha['usec'] / per:.0f} µs each, "
             f"{evalsha['usec'] / max(acked, 1):.0f} µs server time per task, "
             f"{inner_calls / per:.0f} Redis commands per call (top by time: {detail})")
 
@@ -249,11 +250,11 @@ def idle_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> No
             children.stop(grace_s=5)
     finally:
         stop()
-    scripts = per_command.get("evalsha", 0) / window_s
+    scripts = (per_command.get("fcall", 0) + per_command.get("fcall_ro", 0)) / window_s
     blpops = per_command.get("blpop", 0) / window_s
     recorder.add(
         SECTION, "idle: 50 trainers at a pass barrier + 1 reaper", rate, "commands/s",
-        f"{window_s:.0f} s window; {scripts:.1f} EVALSHA/s (heartbeats 1/s per trainer, "
+        f"{window_s:.0f} s window; {scripts:.1f} FCALL/s (heartbeats 1/s per trainer, "
         f"reaper ticks, lease retries), {blpops:.1f} BLPOP/s, the rest inside scripts; "
         f"trainer CPU {trainer_cpu:.1%} of a core for all 50 ({trainer_cpu / trainers:.2%} "
         f"each), reaper {reaper_cpu:.1%}")

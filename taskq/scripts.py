@@ -1,25 +1,39 @@
-"""Loads the Lua scripts, one per operation, and maps their return codes to errors.
+"""Builds taskq's Redis Function library, one function per operation, and calls it.
 
-Each ``lua/verb-N.lua`` opens with a ``#!lua`` line and a KEYS / ARGV / returns header.
-At load time the part of ``_lib.lua`` the script uses (its top-level definitions reached
-from the script's identifiers, transitively) and the generated ``K_*`` key locals (in the
-order of ``keys.JOB_KEYS``) and histogram-bound helpers are inserted after that line, and
-every ``C.NAME`` becomes the code's number, so Python stays the one source of truth for
-codes and key names and no script builds what it does not use on every call. ``N`` in the file name
-must equal the number of KEYS the operation takes; that is checked here.
+Each ``lua/verb-N.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the
+read-only ones) and a KEYS / ARGV / returns header; ``N`` must equal the number of KEYS
+the operation takes (checked here). The library is ``_lib.lua`` (the shared definitions)
+after generated constants (the ``K_*`` key locals in the order of ``keys.JOB_KEYS``, the
+``C`` table of return codes and the histogram bounds), then each verb's body registered
+as the function ``taskq_<version>_<verb>``. Python stays the one source of truth for codes
+and key names.
 
-Data flow: client.py / trainer.py / reaper.py -> scripts.py (EVALSHA, reloaded after
-SCRIPT FLUSH by redis-py's ``Script``) -> Redis.
+Why a Function library and not one EVALSHA script per operation: a library is compiled
+and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local
+function it defines on every call, which was the largest fixed cost of a call (see
+bench/README.md). The price is that state kept in the library's locals lives across calls:
+``begin()`` in ``_lib.lua`` resets all of it at the start of every call, and
+``_check_reset`` below refuses a library whose per-call state ``begin()`` forgets.
+
+The library's name carries a hash of its text, so clients of two taskq versions can share
+a server during an upgrade; a client loads its library when the server answers "function
+not found" (a new server, FUNCTION FLUSH, a new cluster master). Libraries persist and
+replicate like data. Loading needs ``FUNCTION LOAD``, which deploy/redis/acl.conf gives
+the admin role only: whoever may load a library may replace one, and every role's calls
+would run the replacement.
+
+Data flow: client.py / trainer.py / reaper.py / stats.py -> scripts.py (FCALL) -> Redis.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from importlib import resources
 from typing import Any
 
-from redis.commands.core import Script
+import redis
 
 from . import errors
 from .keys import JOB_KEYS
@@ -71,6 +85,7 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
 }
 
 _NAME_RE = re.compile(r"^([a-z]+)-(\d+)\.lua$")
+_STATE_RE = re.compile(r"^local\s+([A-Z][A-Z0-9_]*(?:\s*,\s*[A-Z][A-Z0-9_]*)*)\s*=", re.M)
 
 
 def raise_for(code: int, job: str, detail: str = "") -> None:
@@ -85,124 +100,48 @@ def raise_for(code: int, job: str, detail: str = "") -> None:
         raise cls(f"{text}: {detail}" if detail else text)
 
 
-_STRING_RE = re.compile(r"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"")
-_COMMENT_RE = re.compile(r"--[^\n]*")
-_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CODE_RE = re.compile(r"\bC\.([A-Z_]+)\b")
-_DEF_RE = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*=)")
-
-
-def _identifiers(code: str) -> set[str]:
-    """The identifiers a piece of Lua mentions outside strings and comments."""
-    return set(_IDENT_RE.findall(_COMMENT_RE.sub("", _STRING_RE.sub("''", code))))
-
-
-def _inline_codes(text: str, where: str) -> str:
-    """``C.NAME`` -> the code's number (no table of codes is built per call)."""
-
-    def number(m: re.Match[str]) -> str:
-        try:
-            value = int(Code[m.group(1)])
-        except KeyError as e:
-            raise errors.TaskqError(f"{where}: unknown return code C.{m.group(1)}") from e
-        return f"({value})" if value < 0 else str(value)
-
-    return _CODE_RE.sub(number, text)
-
-
-def _blocks(lib: str) -> list[tuple[set[str], str]]:
-    """The top-level definitions of a library text, in order: (names defined, text).
-
-    A definition opens at a column-0 ``local`` line and runs to the next one; column-0
-    comments go with the definition after them.
-    """
-    blocks: list[tuple[set[str], str]] = []
-    pending: list[str] = []
-    names: set[str] | None = None
-    body: list[str] = []
-
-    def close() -> None:
-        if names is not None:
-            blocks.append((names, "\n".join(body)))
-
-    for line in lib.splitlines():
-        m = _DEF_RE.match(line)
-        if m:
-            close()
-            if m.group(1):
-                names = {m.group(1)}
-            else:
-                names = {n.strip() for n in m.group(2).split(",")}
-            body = pending + [line]
-            pending = []
-        elif line.startswith("--") or (not line.strip() and names is None):
-            pending.append(line)
-        elif names is None:
-            if line.strip():
-                raise errors.TaskqError(f"_lib.lua: statement outside a definition: {line!r}")
-        elif line.startswith("--"):
-            pending.append(line)
-        else:
-            body.append(line)
-    close()
-    return blocks
-
-
-def _expand_hot(lib: str) -> str:
-    """``HOT`` (the meta fields read once per call) becomes literal HMGET arguments and
-    one table constructor, instead of a table built and walked on every call."""
-    m = re.search(r"^local HOT = \{(.*?)\}\n", lib, re.S | re.M)
-    if not m:
-        raise errors.TaskqError("_lib.lua: no `local HOT = {...}`")
-    fields = re.findall(r"'([a-z_]+)'", m.group(1))
-    lib = lib[: m.start()] + lib[m.end():]
-    args = ", ".join(f"'{f}'" for f in fields)
-    ctor = "M = {" + ", ".join(f"['{f}'] = vals[{i}]" for i, f in enumerate(fields, 1)) + "}"
-    for old, new in (("unpack(HOT)", args),
-                     ("for i, f in ipairs(HOT) do M[f] = vals[i] end", ctor)):
-        if old not in lib:
-            raise errors.TaskqError(f"_lib.lua: load_meta no longer reads {old!r}")
-        lib = lib.replace(old, new)
-    return lib
-
-
 def _generated() -> str:
-    """Definitions made from Python's constants: the K_* keys and the histogram bounds."""
-    lines = [f"local K_{name.upper()} = KEYS[{i}]" for i, name in enumerate(JOB_KEYS, 1)]
-    lines.append("local function hist_bucket(ms)")
+    """Definitions made from Python's constants: the K_* keys, the codes, the histogram."""
+    names = [f"K_{name.upper()}" for name in JOB_KEYS]
+    codes = ", ".join(f"{c.name} = {int(c)}" for c in Code)
+    bounds = ", ".join(map(str, HIST_BOUNDS_MS))
+    lines = [
+        f"local {', '.join(names)}",
+        "-- the keys of the job a call is about (called by begin())",
+        "local function set_keys(keys)",
+        f"  {', '.join(names)} = unpack(keys, 1, {len(names)})",
+        "end",
+        f"local C = {{{codes}}}",
+        f"local HIST_BOUNDS = {{{bounds}}}",
+        "local function hist_bucket(ms)",
+    ]
     for i, bound in enumerate(HIST_BOUNDS_MS, 1):
         lines.append(f"  if ms <= {bound} then return '{i}' end")
-    lines.append(f"  return '{len(HIST_BOUNDS_MS) + 1}'")
-    lines.append("end")
-    lines.append("local function hist_bounds() return {"
-                 + ", ".join(map(str, HIST_BOUNDS_MS)) + "} end")
+    lines += [f"  return '{len(HIST_BOUNDS_MS) + 1}'", "end"]
     return "\n".join(lines) + "\n"
 
 
-def _assemble(blocks: list[tuple[set[str], str]], body: str) -> str:
-    """The definitions ``body`` uses, transitively, in library order, then ``body``."""
-    defined: dict[str, int] = {}
-    for index, (names, _) in enumerate(blocks):
-        for name in names:
-            defined[name] = index
-    refs = [_identifiers(text) for _, text in blocks]
-    wanted: set[int] = set()
-    todo = [defined[n] for n in _identifiers(body) if n in defined]
-    while todo:
-        index = todo.pop()
-        if index in wanted:
-            continue
-        wanted.add(index)
-        todo.extend(defined[n] for n in refs[index] if n in defined)
-    return "\n".join(blocks[i][1] for i in sorted(wanted)) + "\n" + body
+def _check_reset(lib: str) -> None:
+    """Every upper-case local of the library that is not a constant is per-call state,
+    and ``begin()`` must reset it (else one call would see the last one's)."""
+    m = re.search(r"^local function begin\(.*?^end$", lib, re.S | re.M)
+    if not m:
+        raise errors.TaskqError("_lib.lua: no `local function begin(keys)`")
+    body = m.group(0)
+    constants = {"C", "HIST_BOUNDS", "HOT"}
+    for decl in _STATE_RE.findall(lib):
+        for name in (n.strip() for n in decl.split(",")):
+            if name not in constants and not name.startswith("K_") \
+                    and not re.search(rf"\b{name}\b\s*(,[^=\n]*)?=", body):
+                raise errors.TaskqError(f"_lib.lua: begin() does not reset {name}")
 
 
-def _load_sources() -> dict[str, tuple[int, str]]:
+def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
+    """(library name, library source, {verb: (function name, number of keys, read-only)})."""
     pkg = resources.files("taskq") / "lua"
-    lib = _expand_hot(_inline_codes((pkg / "_lib.lua").read_text(), "_lib.lua"))
-    lib = lib.replace("#HIST_BOUNDS_MS", str(len(HIST_BOUNDS_MS)))
-    blocks = _blocks(_generated() + lib)
-    out: dict[str, tuple[int, str]] = {}
+    lib = (pkg / "_lib.lua").read_text()
+    _check_reset(lib)
+    verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
         m = _NAME_RE.match(entry.name)
         if not m:
@@ -212,47 +151,68 @@ def _load_sources() -> dict[str, tuple[int, str]]:
             raise errors.TaskqError(
                 f"{entry.name}: takes {nkeys} keys but keys.JOB_KEYS has {len(JOB_KEYS)}"
             )
-        text = entry.read_text()
-        first, _, body = text.partition("\n")
+        first, _, body = entry.read_text().partition("\n")
         if not first.startswith("#!lua"):
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
-        body = _inline_codes(body, entry.name).replace("#HIST_BOUNDS_MS",
-                                                       str(len(HIST_BOUNDS_MS)))
-        source = _assemble(blocks, body)
-        left = _identifiers(source) & {"C", "HOT", "HIST_BOUNDS_MS"}
-        if left:
-            raise errors.TaskqError(f"{entry.name}: still uses {sorted(left)}")
-        out[verb] = (nkeys, f"{first}\n{source}")
-    return out
+        flags = first.partition("flags=")[2].split()
+        verbs.append((verb, nkeys, ",".join(flags[:1]), body))
+    text = _generated() + lib + "".join(
+        f"\nredis.register_function{{function_name = '%FN%{verb}', "
+        f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
+        f"callback = function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend}}\n"
+        for verb, _, flags, body in verbs
+    )
+    version = hashlib.sha1(text.encode()).hexdigest()[:12]
+    name = f"taskq_{version}"
+    source = f"#!lua name={name}\n" + text.replace("%FN%", f"{name}_")
+    functions = {verb: (f"{name}_{verb}", nkeys, "no-writes" in flags)
+                 for verb, nkeys, flags, _ in verbs}
+    return name, source, functions
 
 
-_SOURCES = _load_sources()
-VERBS = tuple(sorted(_SOURCES))
+LIBRARY, SOURCE, _FUNCTIONS = _build()
+VERBS = tuple(sorted(_FUNCTIONS))
 
 
 class Scripts:
-    """The registered scripts of one Redis connection (EVALSHA, reloaded on NOSCRIPT)."""
+    """The operations, called on one Redis connection (FCALL; the library is loaded on
+    first need)."""
 
     def __init__(self, redis_client: Any) -> None:
-        self._scripts: dict[str, Script] = {}
-        self._nkeys: dict[str, int] = {}
-        for verb, (nkeys, source) in _SOURCES.items():
-            self._scripts[verb] = redis_client.register_script(source)
-            self._nkeys[verb] = nkeys
+        self._redis = redis_client
 
-    def call(self, verb: str, keys: list[str] | list[bytes], args: list[Any],
-             client: Any = None) -> Any:
-        """Run one operation's script.
+    def load(self) -> None:
+        """Load the library (REPLACE: the same name always holds the same text)."""
+        self._redis.function_load(SOURCE, replace=True)
+
+    def call(self, verb: str, keys: list[str] | list[bytes], args: list[Any]) -> Any:
+        """Run one operation.
 
         Args:
             verb: the operation (``lease``, ``ack``, ...).
             keys: its KEYS (checked against the file's N).
             args: its ARGV.
-            client: a pipeline to queue the call on instead of the connection.
 
         Returns:
-            The script's raw reply (a list whose first element is a ``Code``).
+            The function's raw reply (a list whose first element is a ``Code``).
         """
-        if len(keys) != self._nkeys[verb]:
-            raise errors.TaskqError(f"{verb}: expects {self._nkeys[verb]} keys, got {len(keys)}")
-        return self._scripts[verb](keys=keys, args=args, client=client)
+        name, nkeys, read_only = _FUNCTIONS[verb]
+        if len(keys) != nkeys:
+            raise errors.TaskqError(f"{verb}: expects {nkeys} keys, got {len(keys)}")
+        command = "FCALL_RO" if read_only else "FCALL"
+        try:
+            return self._redis.execute_command(command, name, nkeys, *keys, *args)
+        except redis.exceptions.ResponseError as e:
+            if "Function not found" not in str(e):
+                raise
+        try:
+            self.load()
+        except redis.exceptions.ResponseError as e:
+            if "NOPERM" not in str(e) and "no permissions" not in str(e):
+                raise
+            raise errors.TaskqError(
+                f"the taskq library {LIBRARY} is not loaded on this Redis and this user may "
+                f"not load it (FUNCTION LOAD): run one taskq command as the admin user "
+                f"(for example `taskq job status JOB`), then retry"
+            ) from e
+        return self._redis.execute_command(command, name, nkeys, *keys, *args)

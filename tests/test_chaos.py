@@ -167,7 +167,7 @@ def test_poison_tasks_end_dead_at_their_caps_without_stalling_the_pass(
 
 #: Commands a client sends itself (everything else in a waiting trainer's traffic runs
 #: inside a script, and INFO's total_commands_processed counts those too).
-CLIENT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "blpop", "ping", "info")
+CLIENT_COMMANDS = ("fcall", "fcall_ro", "blpop", "ping", "info")
 
 
 def _commands(r: redis.Redis) -> tuple[int, int]:

@@ -490,9 +490,9 @@ def test_replace_while_a_trainer_runs(client, job_name):
     assert (s["tasks"], s["todo"], s["counters"]["acked"]) == (3, 3, 0)
 
 
-def test_scripts_reload_after_script_flush(client, job_name):
+def test_library_reloads_after_function_flush(client, job_name):
     make_job(client, job_name, n=2)
-    client.redis.script_flush()
+    client.redis.function_flush()
     t = trainer(client, job_name, "w")
     assert t.lease(timeout=0) is not None
 
@@ -556,3 +556,13 @@ def test_repeating_the_ack_that_completed_a_pass_is_quiet(client, job_name):
     t.ack(task)  # a blind retry after a lost reply
     s = st(client, job_name)
     assert (s["pass"], s["counters"]["acked"], s["counters"]["stale"]) == (1, 1, 0)
+
+
+def test_library_refuses_per_call_state_that_begin_does_not_reset():
+    """A library's locals outlive a call: state begin() forgets would leak between calls."""
+    from taskq.scripts import _check_reset
+
+    lib = "local A, B = 0, {}\nlocal function begin(keys)\n  A = 0\nend\n"
+    with pytest.raises(taskq.TaskqError, match="does not reset B"):
+        _check_reset(lib)
+    _check_reset(lib.replace("  A = 0", "  A, B = 0, {}"))

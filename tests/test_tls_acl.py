@@ -252,8 +252,13 @@ def test_acl_exporter_reads_but_cannot_write(acl_port: int, job_name: str) -> No
     admin = taskq.connect(role_url(acl_port, "admin"))
     admin.create_job(job_name, [{"i": i} for i in range(5)])
     tester = redis.Redis(port=acl_port, username="tester", password="tester-pw")
-    tester.script_flush()  # the exporter must load the read-only scripts itself
+    tester.function_flush()
     exporter = taskq.connect(role_url(acl_port, "exporter"))
+    # only the admin may load the library (whoever may load one may replace one)
+    with pytest.raises(taskq.TaskqError, match="not loaded on this Redis") as e:
+        exporter.status(job_name)
+    assert "taskq job status" in str(e.value)
+    admin.status(job_name)  # loads it
     status = exporter.status(job_name)
     assert (status.tasks, status.todo) == (5, 5)
     assert exporter.tasks(job_name, "todo", limit=10)

@@ -1,8 +1,9 @@
--- _lib.lua: shared by the job scripts; scripts.py inserts, after each script's #!lua
--- line, only the top-level definitions that script uses (transitively), with the
--- generated K_* keys (keys.JOB_KEYS) and hist_bucket / hist_bounds (HIST_BOUNDS_MS);
--- C.* return codes are replaced by their numbers and HOT is expanded in load_meta, so
--- no constant table is built per call.
+-- _lib.lua: the shared part of taskq's Function library. scripts.py puts before it the
+-- generated K_* key locals (keys.JOB_KEYS, set per call by set_keys), the C table of
+-- return codes and hist_bucket / HIST_BOUNDS (HIST_BOUNDS_MS), and after it each
+-- lua/verb-N.lua body, registered as a function that calls begin(KEYS) first.
+-- Everything here is built once, at FUNCTION LOAD; the upper-case locals below that are
+-- not constants are per-call state, reset by begin() (scripts.py checks it does).
 -- Not an operation of its own. Conventions:
 --   NOW  = the job's clock (server TIME in ms, or the manual clock key in tests)
 --   JNOW = NOW - offset: the liveness clock, frozen through silences (DESIGN.md)
@@ -35,7 +36,7 @@ local HOT = {'inc', 'mclock', 'seen', 'ttl', 'offset', 'round', 'state', 'evmax'
   'c_acked', 'acked_job', 'fseq', 'p_stale', 'c_stale', 'hbi'}
 local function load_meta()
   local vals = redis.call('HMGET', K_META, unpack(HOT))
-  for i, f in ipairs(HOT) do M[f] = vals[i] end
+  for i = 1, #HOT do M[HOT[i]] = vals[i] end
 end
 local function mget(f)
   local v = M[f]
@@ -683,4 +684,22 @@ end
 
 local function job_info()
   return {mnum('pass'), mnum('gen'), STATE, mget('reason') or ''}
+end
+
+-- Every function of the library starts here: the keys of this call's job, and every
+-- piece of per-call state back to its start (a library's locals outlive a call).
+local function begin(keys)
+  set_keys(keys)
+  NOW, JNOW, ROUND, STATE = 0, 0, 0, ''
+  NOW_S, JNOW_S = nil, nil
+  EVMAX = 10000
+  M, DIRTY, NUM = {}, {}, {}
+  EVBUF, EVORDER = {}, {}
+  TOKEN_US = nil
+  HBUF = {}
+  COUNTS_EMPTY = nil
+  DEAD_EMPTY = nil
+  DL_TT, DL_S = nil, nil
+  GRANTED = {}
+  RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil
 end

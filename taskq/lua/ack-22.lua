@@ -25,7 +25,7 @@ local ws = touch_worker(worker, winc)
 local function recompute_auto_timeout()
   local total = tonumber(redis.call('HGET', K_HIST, 'dur:count') or '0') or 0
   local need, seen = total * 0.99, 0
-  local bounds = hist_bounds()
+  local bounds = HIST_BOUNDS
   local p99 = bounds[#bounds]
   for b = 1, #bounds do
     seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
