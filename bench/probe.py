@@ -70,6 +70,75 @@ KEYS = (
     "probe:{p}:done",
 )
 
+# The floor of DESIGN.md's data model: the probe's work plus only the writes every
+# ack+lease call of that model makes, with no decisions (no reclaim, no pass logic, no
+# waiting): read the job's meta hash, renew the worker's liveness, keep the ended lease
+# record (so a repeated ack is quiet), the ownership and started indexes, one `acked` and
+# one `leased` event per call, the duration histogram and the counters. Leases and index
+# writes are variadic, one command per call. bench/README.md compares it with the probe:
+# what taskq can reach is below this line.
+# KEYS: the probe's 1-5, then 6 meta, 7 owned, 8 started, 9 workers, 10 events, 11 hist
+FLOOR_LUA = """
+local t = redis.call('TIME')
+local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local meta = redis.call('HGETALL', KEYS[6])
+redis.call('ZADD', KEYS[9], now, 'w|1')
+local acked, stale, done = 0, 0, {}
+for i = 2, #ARGV, 2 do
+  local task, token = ARGV[i], ARGV[i + 1]
+  if redis.call('HGET', KEYS[4], task) == 'L|w|1|' .. token then
+    redis.call('SETBIT', KEYS[5], task, 1)
+    redis.call('HSET', KEYS[4], task, 'E|w|1|' .. token)
+    redis.call('ZREM', KEYS[7], 'w|1|' .. task)
+    redis.call('ZREM', KEYS[8], task)
+    acked = acked + 1
+    done[#done + 1] = task
+  else
+    stale = stale + 1
+  end
+end
+if acked > 0 then
+  redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'type', 'acked', 'worker', 'w',
+    'tasks', table.concat(done, ','))
+  redis.call('HINCRBY', KEYS[11], 'dur:1', acked)
+  redis.call('HINCRBY', KEYS[11], 'dur:count', acked)
+  redis.call('HINCRBY', KEYS[11], 'dur:sum', acked)
+end
+local want = tonumber(ARGV[1])
+local tasks = redis.call('LPOP', KEYS[1], want) or {}
+if #tasks < want then
+  local need = want - #tasks
+  local last = redis.call('INCRBY', KEYS[2], need)
+  for task = last - need, last - 1 do
+    tasks[#tasks + 1] = task
+  end
+end
+local token = string.format('%.0f', redis.call('INCR', KEYS[3]))
+local fields, owned, started = {}, {}, {}
+for _, task in ipairs(tasks) do
+  fields[#fields + 1] = task
+  fields[#fields + 1] = 'L|w|1|' .. token
+  owned[#owned + 1] = '0'
+  owned[#owned + 1] = 'w|1|' .. task
+  started[#started + 1] = now
+  started[#started + 1] = task
+end
+redis.call('HSET', KEYS[4], unpack(fields))
+redis.call('ZADD', KEYS[7], unpack(owned))
+redis.call('ZADD', KEYS[8], unpack(started))
+redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'type', 'leased', 'worker', 'w',
+  'tasks', table.concat(tasks, ','), 'token', token)
+redis.call('HSET', KEYS[6], 'c_acked', tonumber(meta[2] or 0) + acked, 'nleased', #tasks,
+  'cursor', redis.call('GET', KEYS[2]), 'seen', now)
+local reply = {acked, stale, token}
+for _, task in ipairs(tasks) do
+  reply[#reply + 1] = task
+end
+return reply
+"""
+FLOOR_KEYS = KEYS + tuple(f"probe:{{p}}:{name}" for name in
+                          ("meta", "owned", "started", "workers", "events", "hist"))
+
 
 def run(recorder: common.Recorder, quick: bool) -> None:
     """Adds six rows: {1, 16} tasks per call x {1, 4, 16} client processes, tasks/s."""
@@ -96,21 +165,25 @@ def run(recorder: common.Recorder, quick: bool) -> None:
             )
 
 
-def measure(port: int, processes: int, batch: int, duration_s: float) -> dict:
-    """Runs `processes` closed-loop clients for `duration_s` against 127.0.0.1:port.
+def measure(port: int, processes: int, batch: int, duration_s: float,
+            floor: bool = False) -> dict:
+    """Runs `processes` closed-loop clients for `duration_s` against 127.0.0.1:port
+    (calling FLOOR_LUA instead of the probe's script when `floor`).
 
     Returns:
         {tasks_per_s, window_s, acked, p50_ms, p99_ms, problem} where problem is "" when the done
         bitmap matches the acks and no ack was stale.
     """
     client = redis.Redis(host=common.LOOPBACK, port=port)
-    client.delete(*KEYS)
-    sha = client.script_load(ACK_AND_LEASE_LUA)
+    keys = FLOOR_KEYS if floor else KEYS
+    client.delete(*keys)
+    sha = client.script_load(FLOOR_LUA if floor else ACK_AND_LEASE_LUA)
     ctx = mp.get_context("fork")
     start = ctx.Event()
     results = ctx.Queue()
     workers = [
-        ctx.Process(target=_client_loop, args=(port, sha, batch, duration_s, start, results))
+        ctx.Process(target=_client_loop, args=(port, sha, keys, batch, duration_s, start,
+                                                      results))
         for _ in range(processes)
     ]
     for worker in workers:
@@ -144,7 +217,7 @@ def measure(port: int, processes: int, batch: int, duration_s: float) -> dict:
     }
 
 
-def _client_loop(port, sha, batch, duration_s, start, results) -> None:
+def _client_loop(port, sha, keys, batch, duration_s, start, results) -> None:
     client = redis.Redis(host=common.LOOPBACK, port=port)
     client.ping()
     held: list = []
@@ -157,7 +230,7 @@ def _client_loop(port, sha, batch, duration_s, start, results) -> None:
         now = time.monotonic()
         final = now >= deadline
         # The final call acks what is held; what it leases is left unacked (not counted).
-        reply = client.evalsha(sha, len(KEYS), *KEYS, batch, *held)
+        reply = client.evalsha(sha, len(keys), *keys, batch, *held)
         latencies_ms.append((time.monotonic() - now) * 1000.0)
         acked += reply[0]
         stale += reply[1]

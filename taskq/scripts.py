@@ -128,7 +128,7 @@ def _check_reset(lib: str) -> None:
     if not m:
         raise errors.TaskqError("_lib.lua: no `local function begin(keys)`")
     body = m.group(0)
-    constants = {"C", "HIST_BOUNDS", "HOT"}
+    constants = {"C", "HIST_BOUNDS"}
     for decl in _STATE_RE.findall(lib):
         for name in (n.strip() for n in decl.split(",")):
             if name not in constants and not name.startswith("K_") \

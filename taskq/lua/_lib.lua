@@ -25,18 +25,14 @@ end
 local EVMAX = 10000
 
 local function fmt(n) return string.format('%.0f', n) end
--- The meta hash is read once (HMGET of the hot fields) and written once at the end of
--- the call (flush, through done()): a script is atomic, so nobody sees the difference.
--- A counter changed in this call is kept as a number in M (formatted once, in flush);
--- NUM caches the numbers parsed from M's strings.
+-- The meta hash is read once (HGETALL: a few dozen short fields, cheaper than naming
+-- them) and written once at the end of the call (flush, through done()): a script is
+-- atomic, so nobody sees the difference. A counter changed in this call is kept as a
+-- number in M (formatted once, in flush); NUM caches the numbers parsed from M's strings.
 local M, DIRTY, NUM = {}, {}, {}
-local HOT = {'inc', 'mclock', 'seen', 'ttl', 'offset', 'round', 'state', 'evmax', 'reason',
-  'pass', 'n', 'cursor', 'ndone', 'nleased', 'nreserved', 'tt', 'auto_tt', 'maxf', 'maxa',
-  'shuffle', 'seed', 'advance', 'passes', 'last_token', 'gen', 'p_leased', 'c_leased',
-  'c_acked', 'acked_job', 'fseq', 'p_stale', 'c_stale', 'hbi'}
 local function load_meta()
-  local vals = redis.call('HMGET', K_META, unpack(HOT))
-  for i = 1, #HOT do M[HOT[i]] = vals[i] end
+  local kv = redis.call('HGETALL', K_META)
+  for i = 1, #kv, 2 do M[kv[i]] = kv[i + 1] end
 end
 local function mget(f)
   local v = M[f]
@@ -488,11 +484,13 @@ local function touch_worker(worker, winc)
   local m = worker .. '|' .. winc
   local deadline = redis.call('ZSCORE', K_WORKERS, m)
   if not deadline then return 'lost' end
-  local info = split(redis.call('HGET', K_WINFO, worker) or '')
-  if info[1] ~= winc then return 'lost' end
-  local ttl = tonumber(info[2]) or mnum('ttl')
+  -- winfo: "incarnation|ttl_ms|joined_ms|host|pid|drain"
+  local inc, ttl_s, drain = string.match(redis.call('HGET', K_WINFO, worker) or '',
+    '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)')
+  if inc ~= winc then return 'lost' end
+  local ttl = tonumber(ttl_s) or mnum('ttl')
   redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), m)
-  if info[6] == '1' then return 'drain' end
+  if drain == '1' then return 'drain' end
   return 'ok'
 end
 
@@ -571,7 +569,10 @@ end
 local function is_free(task)
   if not dead_empty() and redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
   if redis.call('GETBIT', K_DONE, task) == 1 then return false end
-  return not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, task)))
+  local rec = redis.call('HGET', K_LEASES, task)
+  -- no record, or an ended one ("E|..."): free without parsing it
+  if not rec or string.byte(rec, 1) ~= 76 then return true end  -- 76: 'L'
+  return not lease_is_current(parse_lease(rec))
 end
 
 -- Leases up to `want` tasks: the front first (a solo task only alone), then the
