@@ -284,8 +284,7 @@ class Trainer:
         ack_res = [int(x) for x in reply[4]] if len(reply) > 4 else []
         start_res = [int(x) for x in reply[5]] if len(reply) > 5 else []
         with self._lock:
-            for t in acks:
-                self._forget(t)
+            self._forget(*acks)
             for t, res in zip(starts, start_res, strict=False):
                 if res == Code.STOLEN:
                     self._forget(t)
@@ -307,14 +306,15 @@ class Trainer:
         wait_s = int(reply[2]) / 1000.0 if len(reply) > 2 else 0.0
         return _Reply(code, granted, wait_s, ack_res, start_res, gen, corrupt)
 
-    def _forget(self, task: Task) -> None:
-        """Drop ``task`` from what this trainer holds (only that lease, not a newer one of
-        the same task id)."""
+    def _forget(self, *tasks: Task) -> None:
+        """Drop ``tasks`` from what this trainer holds (only those leases, not newer ones of
+        the same task ids)."""
         with self._lock:
-            if self._held.get(task.id) is task:
-                del self._held[task.id]
-            if task in self._reserved:
-                self._reserved.remove(task)
+            for task in tasks:
+                if self._held.get(task.id) is task:
+                    del self._held[task.id]
+                if task in self._reserved:
+                    self._reserved.remove(task)
 
     def _wait(self, bound_s: float, gen: int) -> None:
         """Block until work may exist: a wake token, a broadcast, or the bound.
@@ -408,6 +408,8 @@ class Trainer:
                                else remaining, r.gen)
 
     def _check_acks(self, acks: list[Task], results: list[int], raise_stale: bool) -> None:
+        if Code.STALE not in results:
+            return
         stale = [t.id for t, r in zip(acks, results, strict=False) if r == Code.STALE]
         for t in acks:
             if t.id in stale:
@@ -424,8 +426,7 @@ class Trainer:
         for t in tasks:
             args += [t.id, t.token]
         reply = self._retrying(self._run, verb, args)
-        for t in tasks:
-            self._forget(t)
+        self._forget(*tasks)
         self._changed()
         self._check_acks(tasks, [int(x) for x in reply[1]], raise_stale=True)
 
@@ -495,20 +496,18 @@ class Trainer:
         current: Task | None = None
         ep = -1 if expect_pass is None else expect_pass
         while True:
-            acks = []
-            if current is not None:
-                with self._lock:
-                    still_held = self._held.get(current.id) is current
-                if current._revoked is not None and current._revoked.is_set():
-                    log.warning("job %s: lease of task %s was revoked; its result is not "
-                                "counted", self.job, current.id)
-                elif still_held:
-                    acks = [current]
-            current = None
+            acks: list[Task] = []
             starts: list[Task] = []
             with self._lock:
+                if current is not None and self._held.get(current.id) is current:
+                    acks = [current]
                 if self._reserved:
                     starts = [self._reserved.popleft()]
+            if current is not None and current._revoked is not None and current._revoked.is_set():
+                log.warning("job %s: lease of task %s was revoked; its result is not "
+                            "counted", self.job, current.id)
+                acks = []
+            current = None
             if self._draining:
                 if acks:
                     self._retrying(self._step, acks, [], 0, "S", ep)
