@@ -25,6 +25,21 @@ import redis
 
 SECTION = "probe"
 
+# Picks the tasks to lease (the front list, else the cursor) and the call's token; shared
+# by the probe's script and the floor's.
+PICK_LUA = """
+local want = tonumber(ARGV[1])
+local tasks = redis.call('LPOP', KEYS[1], want) or {}
+if #tasks < want then
+  local need = want - #tasks
+  local last = redis.call('INCRBY', KEYS[2], need)
+  for task = last - need, last - 1 do
+    tasks[#tasks + 1] = task
+  end
+end
+local token = string.format('%.0f', redis.call('INCR', KEYS[3]))
+"""
+
 # KEYS: 1 front list, 2 cursor, 3 token counter, 4 leases hash, 5 done bitmap
 # ARGV: 1 tasks to lease, then (task, token) pairs to ack
 # returns {acked, stale, token, task...}
@@ -40,17 +55,7 @@ for i = 2, #ARGV, 2 do
     stale = stale + 1
   end
 end
-local want = tonumber(ARGV[1])
-local tasks = redis.call('LPOP', KEYS[1], want) or {}
-if #tasks < want then
-  local need = want - #tasks
-  local last = redis.call('INCRBY', KEYS[2], need)
-  for task = last - need, last - 1 do
-    tasks[#tasks + 1] = task
-  end
-end
-local token = string.format('%.0f', redis.call('INCR', KEYS[3]))
-local fields = {}
+""" + PICK_LUA + """local fields = {}
 for _, task in ipairs(tasks) do
   fields[#fields + 1] = task
   fields[#fields + 1] = token
@@ -104,17 +109,7 @@ if acked > 0 then
   redis.call('HINCRBY', KEYS[11], 'dur:count', acked)
   redis.call('HINCRBY', KEYS[11], 'dur:sum', acked)
 end
-local want = tonumber(ARGV[1])
-local tasks = redis.call('LPOP', KEYS[1], want) or {}
-if #tasks < want then
-  local need = want - #tasks
-  local last = redis.call('INCRBY', KEYS[2], need)
-  for task = last - need, last - 1 do
-    tasks[#tasks + 1] = task
-  end
-end
-local token = string.format('%.0f', redis.call('INCR', KEYS[3]))
-local fields, owned, started = {}, {}, {}
+""" + PICK_LUA + """local fields, owned, started = {}, {}, {}
 for _, task in ipairs(tasks) do
   fields[#fields + 1] = task
   fields[#fields + 1] = 'L|w|1|' .. token
