@@ -207,9 +207,7 @@ class Scripts:
                 raise
         try:
             self.load()
-        except redis.exceptions.ResponseError as e:
-            if "NOPERM" not in str(e) and "no permissions" not in str(e):
-                raise
+        except redis.exceptions.NoPermissionError as e:
             raise errors.TaskqError(
                 f"the taskq library {LIBRARY} is not loaded on this Redis and this user may "
                 f"not load it (FUNCTION LOAD): run one taskq command as the admin user "

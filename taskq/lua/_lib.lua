@@ -422,14 +422,20 @@ local function expire(task, l, reason, deadline)
   requeue(task, charge)
 end
 
+-- A worker's record (HASH winfo, field worker) is
+-- "incarnation|ttl_ms|joined_ms|host|pid|drain": its incarnation, ttl (a string) and
+-- drain flag, or nil when there is none.
+local function winfo(worker)
+  local rec = redis.call('HGET', K_WINFO, worker)
+  if not rec then return nil end
+  return string.match(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)')
+end
+
 local function remove_worker(m, kind)
   local worker, winc = string.match(m, '^(.*)|([^|]*)$')
   redis.call('ZREM', K_WORKERS, m)
   redis.call('ZREM', K_WAITING, m)
-  local info = redis.call('HGET', K_WINFO, worker)
-  if info and string.sub(info, 1, #winc + 1) == winc .. '|' then
-    redis.call('HDEL', K_WINFO, worker)
-  end
+  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
@@ -484,9 +490,7 @@ local function touch_worker(worker, winc)
   local m = worker .. '|' .. winc
   local deadline = redis.call('ZSCORE', K_WORKERS, m)
   if not deadline then return 'lost' end
-  -- winfo: "incarnation|ttl_ms|joined_ms|host|pid|drain"
-  local inc, ttl_s, drain = string.match(redis.call('HGET', K_WINFO, worker) or '',
-    '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)')
+  local inc, ttl_s, drain = winfo(worker)
   if inc ~= winc then return 'lost' end
   local ttl = tonumber(ttl_s) or mnum('ttl')
   redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), m)

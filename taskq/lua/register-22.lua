@@ -9,9 +9,9 @@ if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[4]) or 0
 if ttl <= 0 then ttl = mnum('ttl') end
-local old = split(redis.call('HGET', K_WINFO, worker) or '')
-if old[1] and old[1] ~= '' and old[1] ~= winc then
-  redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old[1])
+local old = winfo(worker)
+if old and old ~= '' and old ~= winc then
+  redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
 end
 reclaim(1000)
 redis.call('HSET', K_WINFO, worker,
