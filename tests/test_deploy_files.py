@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from metric_names import EXPOSED_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -40,33 +41,8 @@ LUA = ROOT / "taskq" / "lua"
 REDIS_URL = "redis://redis:6379/0"
 IMAGE = "taskq:latest"
 
-#: What the exporter exposes (histograms as their base name), plus Prometheus' `up`.
-GAUGES_AND_COUNTERS = {
-    "taskq_tasks",
-    "taskq_pass",
-    "taskq_passes",
-    "taskq_job_state",
-    "taskq_workers",
-    "taskq_leases_by_age",
-    "taskq_oldest_lease_age_seconds",
-    "taskq_leased_total",
-    "taskq_acked_total",
-    "taskq_failed_total",
-    "taskq_released_total",
-    "taskq_stale_total",
-    "taskq_dead_total",
-    "taskq_stolen_total",
-    "taskq_revoked_total",
-    "taskq_expired_total",
-    "taskq_last_pass_duration_seconds",
-    "taskq_last_ack_timestamp_seconds",
-    "taskq_exporter_scrape_errors_total",
-    "up",
-}
-HISTOGRAMS = {"taskq_redispatch_lateness_seconds", "taskq_task_duration_seconds"}
-KNOWN_METRICS = GAUGES_AND_COUNTERS | {
-    f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")
-}
+#: What the exporter exposes, plus Prometheus' `up`.
+KNOWN_METRICS = EXPOSED_NAMES | {"up"}
 #: Metrics without a job_name label: a dashboard query may leave them unfiltered.
 UNLABELLED_METRICS = {"taskq_exporter_scrape_errors_total", "up"}
 

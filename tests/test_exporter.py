@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from metric_names import METRIC_TYPES
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer, free_port
 
@@ -273,45 +274,6 @@ def test_every_metric_agrees_with_status_after_the_scenario(
     assert value(samples, "taskq_redispatch_lateness_seconds_count", job_name=job) == 2
     assert value(samples, "taskq_last_pass_duration_seconds", job_name=job) > 0
     assert value(samples, "taskq_exporter_scrape_errors_total") == 0
-
-
-#: The documented metrics (docs/operations.md) and their types.
-METRIC_TYPES = {
-    **dict.fromkeys(
-        [
-            "taskq_tasks",
-            "taskq_pass",
-            "taskq_passes",
-            "taskq_job_state",
-            "taskq_workers",
-            "taskq_leases_by_age",
-            "taskq_oldest_lease_age_seconds",
-            "taskq_last_pass_duration_seconds",
-            "taskq_last_ack_timestamp_seconds",
-        ],
-        "gauge",
-    ),
-    **dict.fromkeys(
-        [
-            f"taskq_{c}"
-            for c in (
-                "leased",
-                "acked",
-                "failed",
-                "released",
-                "stale",
-                "dead",
-                "stolen",
-                "revoked",
-                "expired",
-                "exporter_scrape_errors",
-            )
-        ],
-        "counter",
-    ),
-    "taskq_redispatch_lateness_seconds": "histogram",
-    "taskq_task_duration_seconds": "histogram",
-}
 
 
 def test_exposes_exactly_the_documented_metric_names_and_types(

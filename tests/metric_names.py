@@ -1,0 +1,50 @@
+"""The exporter's metric families, as docs/operations.md documents them (tests only).
+
+Used by test_exporter.py (what a scrape exposes) and test_deploy_files.py (what the
+dashboard and the alert rules may query).
+"""
+
+from __future__ import annotations
+
+#: The documented metrics (docs/operations.md) and their types.
+METRIC_TYPES = {
+    **dict.fromkeys(
+        [
+            "taskq_tasks",
+            "taskq_pass",
+            "taskq_passes",
+            "taskq_job_state",
+            "taskq_workers",
+            "taskq_leases_by_age",
+            "taskq_oldest_lease_age_seconds",
+            "taskq_last_pass_duration_seconds",
+            "taskq_last_ack_timestamp_seconds",
+        ],
+        "gauge",
+    ),
+    **dict.fromkeys(
+        [
+            f"taskq_{c}"
+            for c in (
+                "leased",
+                "acked",
+                "failed",
+                "released",
+                "stale",
+                "dead",
+                "stolen",
+                "revoked",
+                "expired",
+                "exporter_scrape_errors",
+            )
+        ],
+        "counter",
+    ),
+    "taskq_redispatch_lateness_seconds": "histogram",
+    "taskq_task_duration_seconds": "histogram",
+}
+
+_SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+#: The series names a scrape carries.
+EXPOSED_NAMES = {name + suffix for name, kind in METRIC_TYPES.items()
+                 for suffix in _SUFFIXES[kind]}
