@@ -304,6 +304,26 @@ local function end_lease(task, l, kind)
     'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind)
 end
 
+-- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
+-- it holds gets its ended record (kind A | F | R) and then `on_end(task, lease)`; any
+-- other is a quiet repeat or stale (op names it in the stale event). Returns the result
+-- per pair (C.OK, C.DUP or C.STALE).
+local function end_held(argv, first, n, worker, winc, kind, op, on_end)
+  local out = {}
+  for k = 1, n do
+    local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
+    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    if holds(l, worker, winc, tok) then
+      end_lease(task, l, kind)
+      on_end(task, l, tok)
+      out[k] = C.OK
+    else
+      out[k] = repeat_or_stale(task, l, kind, worker, winc, tok, op)
+    end
+  end
+  return out
+end
+
 local function to_front(task)
   redis.call('ZADD', K_FRONT, mincr('fseq'), task)
   wake_one()

@@ -34,28 +34,19 @@ local function recompute_auto_timeout()
   mset('auto_tt', fmt(math.max(60000, 10 * p99)))
 end
 
-local acks = {}
-for k = 1, n_acks do
-  local task, tok = ARGV[ack_args + 2 * k - 1], ARGV[ack_args + 2 * k]
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if holds(l, worker, winc, tok) then
-    redis.call('SETBIT', K_DONE, task, '1')
-    mincr('ndone')
-    end_lease(task, l, 'A')
-    observe('dur', NOW - l.since)
-    if not counts_empty() then
-      redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
-    end
-    mincr('c_acked')
-    local acked = mincr('acked_job')
-    mset('last_ack', now_s())
-    if acked % 20 == 0 then recompute_auto_timeout() end
-    event_task('acked', task, worker, tok)
-    acks[k] = C.OK
-  else
-    acks[k] = repeat_or_stale(task, l, 'A', worker, winc, tok, 'ack')
+local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', function(task, l, tok)
+  redis.call('SETBIT', K_DONE, task, '1')
+  mincr('ndone')
+  observe('dur', NOW - l.since)
+  if not counts_empty() then
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
   end
-end
+  mincr('c_acked')
+  local acked = mincr('acked_job')
+  mset('last_ack', now_s())
+  if acked % 20 == 0 then recompute_auto_timeout() end
+  event_task('acked', task, worker, tok)
+end)
 if n_acks > 0 then check_pass_end() end
 
 local starts = {}

@@ -9,19 +9,10 @@ if err then return done({err}) end
 reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc = ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
-local out = {}
-for k = 1, n do
-  local task, tok = ARGV[3 + 2 * k], ARGV[4 + 2 * k]
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if holds(l, worker, winc, tok) then
-    end_lease(task, l, 'R')
-    mincr('c_released')
-    event('released', 'task', task, 'worker', worker)
-    if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
-    out[k] = C.OK
-  else
-    out[k] = repeat_or_stale(task, l, 'R', worker, winc, tok, 'release')
-  end
-end
+local out = end_held(ARGV, 4, n, worker, winc, 'R', 'release', function(task, l)
+  mincr('c_released')
+  event('released', 'task', task, 'worker', worker)
+  if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
+end)
 check_pass_end()
 return done({C.OK, out})
