@@ -118,6 +118,9 @@ class _NoProgress:
               help="Wait for `taskq pass next` between passes.")
 @click.option("--replace", is_flag=True,
               help="Replace an existing job of that name (a new incarnation).")
+@click.option("--exist-ok", is_flag=True,
+              help="If a job of that name exists, leave it as it is and exit 0 (for set-up "
+                   "steps that may run again).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
 def create(ctx: click.Context, name: str, manifest: str | None, files: str | None,
@@ -125,7 +128,7 @@ def create(ctx: click.Context, name: str, manifest: str | None, files: str | Non
            passes: int | None, worker_ttl: float, heartbeat_interval: float,
            task_timeout: float | str | None, max_failures: int, max_attempts: int,
            shuffle: bool, seed: int, manual_advance: bool, replace: bool,
-           as_json: bool) -> None:
+           exist_ok: bool, as_json: bool) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines.
 
     Everything is read and validated before anything is written; the job appears all at
@@ -138,20 +141,31 @@ def create(ctx: click.Context, name: str, manifest: str | None, files: str | Non
         raise click.UsageError("--lines needs --records-per-chunk N", ctx)
     if lines is None and records_per_chunk is not None:
         raise click.UsageError("--records-per-chunk goes with --lines", ctx)
+    if replace and exist_ok:
+        raise click.UsageError("--replace and --exist-ok exclude each other", ctx)
     client = client_of(ctx)
     client.keys(name)  # a bad name fails before any file is read
     show = interactive(stderr=True)
     chunks = _read_chunks(manifest, files, lines, records_per_chunk, show)
     ntasks = -(-len(chunks) // chunks_per_task)
-    with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
-        writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
-        status = client.create_job(
-            name, chunks, chunks_per_task=chunks_per_task, passes=passes,
-            worker_ttl=worker_ttl, heartbeat_interval=heartbeat_interval,
-            task_timeout=task_timeout, max_failures=max_failures, max_attempts=max_attempts,
-            shuffle=shuffle, seed=seed, auto_advance=not manual_advance, replace=replace,
-            progress=lambda done, total: bar.update(writing, completed=done, total=total),
-        )
+    try:
+        with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
+            writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
+            status = client.create_job(
+                name, chunks, chunks_per_task=chunks_per_task, passes=passes,
+                worker_ttl=worker_ttl, heartbeat_interval=heartbeat_interval,
+                task_timeout=task_timeout, max_failures=max_failures, max_attempts=max_attempts,
+                shuffle=shuffle, seed=seed, auto_advance=not manual_advance, replace=replace,
+                progress=lambda done, total: bar.update(writing, completed=done, total=total),
+            )
+    except taskq.JobExists:
+        if not exist_ok:
+            raise
+        if as_json:
+            echo_json(client.status(name).as_dict())
+        else:
+            click.echo(f"job {name} exists: left as it is (--exist-ok)")
+        return
     if as_json:
         echo_json(status.as_dict())
         return

@@ -122,6 +122,22 @@ def test_duplicate_name_exit_1_and_job_unchanged(url: str, client: taskq.Client,
     assert (after.incarnation, after.tasks) == (before.incarnation, before.tasks)
 
 
+def test_exist_ok_leaves_an_existing_job_as_it_is_and_exits_0(
+        url: str, client: taskq.Client, job_name: str, manifest: str,
+        lines_file: str) -> None:
+    assert run(url, "job", "create", job_name, "--manifest", manifest).exit_code == 0
+    before = client.status(job_name)
+    r = run(url, "job", "create", job_name, "--lines", lines_file, "--records-per-chunk", "1",
+            "--exist-ok")
+    assert r.exit_code == 0, r.output
+    assert "exists: left as it is" in r.stdout
+    after = client.status(job_name)
+    assert (after.incarnation, after.tasks) == (before.incarnation, before.tasks)
+    assert not [k for k in job_keys(client, job_name) if "staging" in k]
+    r = run(url, "job", "create", job_name, "--manifest", manifest, "--exist-ok", "--replace")
+    assert r.exit_code == 2 and "exclude each other" in r.stderr
+
+
 def test_replace_makes_a_new_incarnation(url: str, client: taskq.Client, job_name: str,
                                          manifest: str, lines_file: str) -> None:
     assert run(url, "job", "create", job_name, "--manifest", manifest).exit_code == 0
