@@ -1,10 +1,10 @@
 """taskq's throughput as a share of the probe's, shape by shape (by hand; for A/B work).
 
-Usage: .venv/bin/python bench/ratio.py [--seconds 3] [--repeat 1] [--shapes 1x1,16x1,...]
+Usage: .venv/bin/python bench/ratio.py [--seconds 3] [--repeat 1] [--shapes 1x1,1x4p1,...]
 
 Where it sits: a quicker view of run.py's throughput rows. For each shape (tasks per call x
-trainer processes) it runs the probe and then taskq, each against a fresh private
-redis-server, back to back, `--repeat` times, and prints both rates, the ratio (the goal is
+trainer processes; "p1" for prefetch 1, as in 1x4p1) it runs the probe and then taskq, each
+against a fresh private redis-server, back to back, `--repeat` times, and prints both rates, the ratio (the goal is
 >= 70 %), and taskq's server µs per task and client CPU per task. It also runs the probe's
 "floor" variant (probe.FLOOR_LUA: the writes DESIGN.md's data model makes per call, with
 no logic) and prints its share of the probe: the most a design with that data model can
@@ -35,7 +35,8 @@ def main() -> None:
           "| taskq server µs/task | taskq client µs/task |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape in args.shapes.split(","):
-        batch, procs = (int(x) for x in shape.split("x"))
+        size, _, prefetch = shape.partition("p")  # "1x4p1": prefetch 1
+        batch, procs = (int(x) for x in size.split("x"))
         ratios, floors, rates, server, client = [], [], [], [], []
         for _ in range(args.repeat):
             with common.start_redis() as server_proc:
@@ -44,7 +45,7 @@ def main() -> None:
                 f = probe.measure(server_proc.port, procs, batch, args.seconds, floor=True)
             with common.start_redis() as server_proc:
                 t = taskq_rows.measure_throughput(server_proc.port, procs, batch, args.seconds,
-                                                  True)
+                                                  True, int(prefetch or 0))
             calls = {k.removeprefix("cmdstat_"): v for k, v in t["stats"].items()}
             usec = sum(calls.get(k, {"usec": 0})["usec"] for k in ("evalsha", "fcall"))
             acked = t["tasks_per_s"] * args.seconds
@@ -53,7 +54,8 @@ def main() -> None:
             rates.append((p["tasks_per_s"], t["tasks_per_s"]))
             server.append(usec / max(acked, 1))
             client.append(t["client_us"])
-        print(f"| {batch} | {procs} | {statistics.median(r[0] for r in rates):,.0f} "
+        print(f"| {batch}{' (prefetch ' + prefetch + ')' if prefetch else ''} | {procs} "
+              f"| {statistics.median(r[0] for r in rates):,.0f} "
               f"| {statistics.median(floors):.0%} | {statistics.median(r[1] for r in rates):,.0f} "
               f"| {statistics.median(ratios):.0%} | {statistics.median(server):.0f} "
               f"| {statistics.median(client):.0f} |", flush=True)

@@ -7,7 +7,7 @@ row ends, also on Ctrl-C), is bounded in time, and stops its server. The re-disp
 live in `taskq_recovery.py`, the big-job and memory rows in `taskq_big.py`.
 
 Rows (see bench/README.md for how to read them):
-  throughput  tasks acked/s, 1/call (`for task in trainer`, prefetch 0) and 16/call
+  throughput  tasks acked/s, 1/call (`for task in trainer`, prefetch 0 and 1) and 16/call
               (`trainer.batches(16)`), 1/4/16 processes, with the ratio to the probe row
               of the same shape and the server's cost per script call (INFO commandstats)
   idle        Redis commands/s and trainer CPU while 50 trainers wait at a pass barrier
@@ -68,19 +68,23 @@ def _code_version() -> str:
 
 # -- throughput ----------------------------------------------------------------------------
 def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory) -> None:
-    """Six rows: {1, 16} tasks per call x {1, 4, 16} trainer processes."""
+    """Nine rows: {1 task per call at prefetch 0 and 1, 16 per call} x {1, 4, 16} trainer
+    processes. Issue 8 states the 1/call goal at prefetch 1 (each call also starts the
+    reserved task and reserves the next); prefetch 0 is the plain ack-and-lease-next."""
     duration_s = 4.0 if quick else 15.0
     probe_rows = {r["name"]: r["value"] for r in recorder.rows if r["section"] == "probe"}
-    for batch in (1, 16):
+    for batch, prefetch in ((1, 0), (1, 1), (16, 0)):
         for processes in (1, 4, 16):
+            name = (f"throughput {batch}/call{' prefetch 1' if prefetch else ''}, "
+                    f"{processes} proc")
             port, stop = factory()
             try:
-                result = measure_throughput(port, processes, batch, duration_s, quick)
+                result = measure_throughput(port, processes, batch, duration_s, quick,
+                                            prefetch)
             finally:
                 stop()
             if result["tasks_per_s"] is None:
-                recorder.add(SECTION, f"throughput {batch}/call, {processes} proc", None,
-                             "tasks/s", result["problem"])
+                recorder.add(SECTION, name, None, "tasks/s", result["problem"])
                 continue
             probe_name = f"ack+lease {batch}/call, {processes} proc"
             probe_rate = probe_rows.get(probe_name)
@@ -96,8 +100,7 @@ def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory
                     f"task; {result['profile']}")
             if result["problem"]:
                 note += f"; {result['problem']}"
-            recorder.add(SECTION, f"throughput {batch}/call, {processes} proc",
-                         result["tasks_per_s"], "tasks/s", note)
+            recorder.add(SECTION, name, result["tasks_per_s"], "tasks/s", note)
 
 
 def _own_probe(factory: PortFactory, processes: int, batch: int, duration_s: float) -> float:
@@ -109,7 +112,7 @@ def _own_probe(factory: PortFactory, processes: int, batch: int, duration_s: flo
 
 
 def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
-                       quick: bool) -> dict:
+                       quick: bool, prefetch: int = 0) -> dict:
     """Closed-loop trainers with empty bodies for `duration_s`; the server's counters check
     the count and INFO commandstats give the cost per script call."""
     job = "tput"
@@ -119,8 +122,8 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
     results = CTX.Queue()
     with Children() as children:
         for _ in range(processes):
-            children.start(_throughput_child, url_of(port), job, batch, duration_s, start,
-                           results)
+            children.start(_throughput_child, url_of(port), job, batch, prefetch, duration_s,
+                           start, results)
         _wait_workers(client, job, processes, timeout_s=30)
         acked_before = client.status(job, summaries=0).counters["acked"]
         admin.config_resetstat()
@@ -190,8 +193,8 @@ def _wait_workers(client: taskq.Client, job: str, count: int, timeout_s: float) 
     raise RuntimeError(f"{count} trainers did not register within {timeout_s:.0f} s")
 
 
-def _throughput_child(url, job, batch, duration_s, start, results) -> None:
-    trainer = taskq.Trainer(job, url=url, prefetch=0, handle_signals=False)
+def _throughput_child(url, job, batch, prefetch, duration_s, start, results) -> None:
+    trainer = taskq.Trainer(job, url=url, prefetch=prefetch, handle_signals=False)
     start.wait()
     latencies_ms: list[float] = []
     acked = held = 0
