@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for the README's two commands: a virtualenv with taskq
-# installed (editable, with the dev extra) and a redis-server binary on PATH.
+# installed (editable, with the dev, data and torch extras) and a redis-server binary on PATH.
 # Usage: scripts/bootstrap.sh [--with-prometheus]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ stamp=.venv/.taskq-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
     echo "taskq: installing into .venv (log: .venv/pip.log)" >&2
     if ! { .venv/bin/python -m pip install --upgrade pip &&
-           .venv/bin/python -m pip install -e '.[dev]'; } >.venv/pip.log 2>&1; then
+           .venv/bin/python -m pip install -e '.[dev,data,torch]' -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
         tail -n 30 .venv/pip.log >&2
         echo "taskq: pip install failed; see .venv/pip.log" >&2
         exit 1
