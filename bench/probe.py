@@ -75,8 +75,8 @@ KEYS = (
     "probe:{p}:done",
 )
 
-# The floor of DESIGN.md's data model: the probe's work plus only the writes every
-# ack+lease call of that model makes, with no decisions (no reclaim, no pass logic, no
+# The floor of the data model in docs/design.md: the probe's work plus only the writes
+# every ack+lease call of that model makes, with no decisions (no reclaim, no pass logic, no
 # waiting): read the job's meta hash, renew the worker's liveness, keep the ended lease
 # record (so a repeated ack is quiet), the ownership and started indexes, one `acked` and
 # one `leased` event per call, the duration histogram and the counters. Leases and index

@@ -6,7 +6,7 @@ Where it sits: a quicker view of run.py's throughput rows. For each shape (tasks
 trainer processes; "p1" for prefetch 1, as in 1x4p1) it runs the probe and then taskq, each
 against a fresh private redis-server, back to back, `--repeat` times, and prints both rates, the ratio (the goal is
 >= 70 %), and taskq's server µs per task and client CPU per task. It also runs the probe's
-"floor" variant (probe.FLOOR_LUA: the writes DESIGN.md's data model makes per call, with
+"floor" variant (probe.FLOOR_LUA: the writes docs/design.md's data model makes per call, with
 no logic) and prints its share of the probe: the most a design with that data model can
 reach on this machine. Running the two next to
 each other is what makes the ratio hold on a shared machine whose speed moves by ±20 %.

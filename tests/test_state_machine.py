@@ -1,6 +1,7 @@
 """A hypothesis state machine drives the engine (manual clock) through random steps and
-checks DESIGN.md's invariants after every one, against a plain-Python model of who holds
-what. The model is the trainers' side; Redis is the truth checked for consistency."""
+checks the invariants of docs/design.md after every one, against a plain-Python model of
+who holds what. The model is the trainers' side; Redis is the truth checked for
+consistency."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ class EngineMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         self.client.reset_pass(self.job)
 
-    # -- invariants (DESIGN.md) --------------------------------------------------
+    # -- invariants (docs/design.md, numbered as there) -------------------------
     @invariant()
     def partition_and_counters(self) -> None:
         keys = self.client.keys(self.job)
