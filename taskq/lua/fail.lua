@@ -12,7 +12,7 @@ reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
 local n = tonumber(ARGV[5])
 local out = end_held(ARGV, 5, n, worker, winc, 'F', 'fail', function(task)
-  mincr('c_failed')
+  mincr(F.C_FAILED)
   if n > 1 then
     redis.call('HSET', K_COUNTS, 's:' .. task, '1')
     event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
