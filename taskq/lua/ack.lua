@@ -22,19 +22,7 @@ local want, mode, expect_pass = tonumber(ARGV[i]), ARGV[i + 1], tonumber(ARGV[i 
 reclaim(100)
 local ws = touch_worker(worker, winc)
 
-local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', function(task, l, tok)
-  redis.call('SETBIT', K_DONE, task, '1')
-  mincr(F.NDONE)
-  observe('dur', NOW - l.since)
-  if not counts_empty() then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
-  end
-  mincr(F.C_ACKED)
-  local acked = mincr(F.ACKED_JOB)
-  mset(F.LAST_ACK, now_s())
-  if acked % 20 == 0 then recompute_auto_timeout() end
-  event_task('acked', task, worker, tok)
-end)
+local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', acked_one)
 if n_acks > 0 then check_pass_end() end
 
 local starts = {}

@@ -120,15 +120,18 @@ end
 
 -- Leases up to `want` tasks: the front first (a solo task only alone), then the
 -- cursor's order; when nothing is left, steal a reserved task from another trainer.
+-- The kind of the next lease of a take: mode S or R as asked; F: the first started, the
+-- rest reserved (`got`: leases granted so far in this take).
+local function lease_kind(mode, got)
+  if mode == 'F' then
+    if got == 0 then return 'S' end
+    return 'R'
+  end
+  return mode
+end
+
 local function take_leases(worker, winc, want, call_no, mode)
   local out = {}
-  local function st()
-    if mode == 'F' then
-      if #out == 0 then return 'S' end
-      return 'R'
-    end
-    return mode
-  end
   local steps = 0
   local front_empty = false  -- ZPOPMIN found the front empty (nothing adds to it below)
   while #out < want and steps < 1000 do
@@ -142,7 +145,7 @@ local function take_leases(worker, winc, want, call_no, mode)
         redis.call('ZADD', K_FRONT, popped[2], task)
         return out
       end
-      out[#out + 1] = grant(task, worker, winc, call_no, st())
+      out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
       if solo then return out end
     end
   end
@@ -155,7 +158,7 @@ local function take_leases(worker, winc, want, call_no, mode)
       cursor = cursor + 1
       steps = steps + 1
       if is_free(task) and (front_empty or redis.call('ZSCORE', K_FRONT, task) == false) then
-        out[#out + 1] = grant(task, worker, winc, call_no, st())
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
       end
     end
     mset(F.CURSOR, cursor)
@@ -170,7 +173,7 @@ local function take_leases(worker, winc, want, call_no, mode)
         end_lease(task, l, 'S')
         mincr(F.C_STOLEN)
         event('stolen', 'task', task, 'from', l.worker, 'by', worker)
-        out[#out + 1] = grant(task, worker, winc, call_no, st())
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
         break
       end
     end

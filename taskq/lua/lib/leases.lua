@@ -129,17 +129,19 @@ local function end_lease(task, l, kind)
 end
 
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
--- it holds gets its ended record (kind A | F | R) and then `on_end(task, lease)`; any
--- other is a quiet repeat or stale (op names it in the stale event). Returns the result
--- per pair (C.OK, C.DUP or C.STALE).
-local function end_held(argv, first, n, worker, winc, kind, op, on_end)
+-- it holds gets its ended record (kind A | F | R) and then
+-- `on_end(task, lease, token, worker, n, note)` (one of the *_one functions below, defined
+-- once in the library rather than as a closure on every call); any other is a quiet
+-- repeat or stale (op names it in the stale event). Returns the result per pair (C.OK,
+-- C.DUP or C.STALE).
+local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
     local l = parse_lease(redis.call('HGET', K_LEASES, task))
     if holds(l, worker, winc, tok) then
       end_lease(task, l, kind)
-      on_end(task, l, tok)
+      on_end(task, l, tok, worker, n, note)
       out[k] = C.OK
     else
       out[k] = repeat_or_stale(task, l, kind, worker, winc, tok, op)
@@ -194,4 +196,40 @@ local function expire(task, l, reason, deadline)
   if reason == 'task_timeout' then charge = 'failure' end
   if l.st == 'R' then charge = 'none' end
   requeue(task, charge)
+end
+
+-- The ends end_held applies (ack, fail, release), with its arguments.
+local function acked_one(task, l, tok, worker)
+  redis.call('SETBIT', K_DONE, task, '1')
+  mincr(F.NDONE)
+  observe('dur', NOW - l.since)
+  if not counts_empty() then
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+  end
+  mincr(F.C_ACKED)
+  local acked = mincr(F.ACKED_JOB)
+  mset(F.LAST_ACK, now_s())
+  if acked % 20 == 0 then recompute_auto_timeout() end
+  event_task('acked', task, worker, tok)
+end
+
+-- One failing task is charged a failure; each of a failing batch of n > 1 goes back
+-- uncharged, marked solo (see fail.lua). `why` is the error text.
+local function failed_one(task, _, _, worker, n, why)
+  mincr(F.C_FAILED)
+  if n > 1 then
+    redis.call('HSET', K_COUNTS, 's:' .. task, '1')
+    event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
+    to_front(task)
+  else
+    redis.call('HDEL', K_COUNTS, 's:' .. task)
+    event('failed', 'task', task, 'worker', worker, 'error', why)
+    requeue(task, 'failure')
+  end
+end
+
+local function released_one(task, l, _, worker)
+  mincr(F.C_RELEASED)
+  event('released', 'task', task, 'worker', worker)
+  if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
 end
