@@ -17,6 +17,7 @@ from typing import Any
 from . import errors, stats
 from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
+from .keys import MetaField as F
 from .models import JobConfig, JobStatus
 from .scripts import Code, Scripts, raise_for
 
@@ -222,15 +223,15 @@ class Client:
                 int(float(task_timeout) * 1000)  # type: ignore[arg-type]
             )
             meta = {
-                "inc": incarnation, "state": "running", "reason": "", "pass": 0,
-                "passes": -1 if passes is None else passes, "round": 1, "n": len(tasks),
-                "nchunks": nchunks, "cpt": chunks_per_task,
-                "ttl": int(worker_ttl * 1000), "hbi": int(heartbeat_interval * 1000), "tt": tt,
-                "maxf": max_failures, "maxa": max_attempts, "shuffle": int(shuffle),
-                "seed": seed % 65521, "seed_full": seed, "advance": int(auto_advance),
-                "mclock": int(manual_clock), "cursor": 0, "ndone": 0, "nleased": 0,
-                "nreserved": 0, "offset": 0, "gen": 0, "evmax": 10000, "auto_tt": 0,
-                "acked_job": 0, "fseq": 0,
+                F.INC: incarnation, F.STATE: "running", F.REASON: "", F.PASS: 0,
+                F.PASSES: -1 if passes is None else passes, F.ROUND: 1, F.N: len(tasks),
+                F.NCHUNKS: nchunks, F.CPT: chunks_per_task,
+                F.TTL: int(worker_ttl * 1000), F.HBI: int(heartbeat_interval * 1000), F.TT: tt,
+                F.MAXF: max_failures, F.MAXA: max_attempts, F.SHUFFLE: int(shuffle),
+                F.SEED: seed % 65521, F.SEED_FULL: seed, F.ADVANCE: int(auto_advance),
+                F.MCLOCK: int(manual_clock), F.CURSOR: 0, F.NDONE: 0, F.NLEASED: 0,
+                F.NRESERVED: 0, F.OFFSET: 0, F.GEN: 0, F.EVMAX: 10000, F.AUTO_TT: 0,
+                F.ACKED_JOB: 0, F.FSEQ: 0,
             }
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():

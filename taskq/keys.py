@@ -43,6 +43,74 @@ JOB_KEYS: tuple[str, ...] = (
 )
 
 
+class MetaField:
+    """The fields of a job's meta hash (KEY ``meta``), the one list of their names.
+
+    Python reads them as ``MetaField.PASS``; the Lua library writes ``F.PASS``, which
+    ``scripts.py`` replaces by the field's name (``'pass'``) when it builds the library and
+    refuses it when the name is not here. Counters ``C_*`` are job-wide, ``P_*`` per pass
+    attempt.
+    """
+
+    INC = "inc"  # job incarnation (random hex, new on every create)
+    STATE = "state"  # running | waiting | completed | cancelled
+    REASON = "reason"  # why waiting: manual_advance | all_dead | ''
+    PASS = "pass"  # current pass number
+    PASSES = "passes"  # passes to run (-1 = until cancelled)
+    ROUND = "round"  # pass attempt id: grows on every pass start / reset / cancel / completion
+    N = "n"  # number of tasks
+    NCHUNKS = "nchunks"  # number of chunks
+    CPT = "cpt"  # chunks per task
+    TTL = "ttl"  # worker liveness ttl (ms)
+    HBI = "hbi"  # heartbeat interval (ms)
+    TT = "tt"  # task timeout: 'auto' | 'none' | ms
+    AUTO_TT = "auto_tt"  # the auto task timeout in force (ms)
+    MAXF = "maxf"  # max failures of a task
+    MAXA = "maxa"  # max attempts of a task
+    SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation
+    SEED = "seed"  # the permutation's seed (mod 65521)
+    SEED_FULL = "seed_full"  # the seed as given
+    ADVANCE = "advance"  # 1: the next pass starts by itself
+    MCLOCK = "mclock"  # 1: the job runs on the manual clock (tests)
+    CURSOR = "cursor"  # position in the pass's order
+    NDONE = "ndone"  # tasks acked in this pass attempt
+    NLEASED = "nleased"  # leases held
+    NRESERVED = "nreserved"  # of which reserved (prefetched, not started)
+    OFFSET = "offset"  # silence offset (ms): JNOW = NOW - offset
+    SEEN = "seen"  # the job clock at the last call (ms)
+    GEN = "gen"  # broadcast generation
+    EVMAX = "evmax"  # approximate MAXLEN of the events stream
+    LAST_TOKEN = "last_token"  # the last lease token granted
+    FSEQ = "fseq"  # sequence of the front's scores
+    ACKED_JOB = "acked_job"  # acks of the job (the auto timeout is recomputed every 20)
+    PSTART = "pstart"  # when the pass attempt started (ms)
+    CREATED = "created"  # when the job was created (ms)
+    LAST_ACK = "last_ack"  # when the last ack came (ms)
+    LAST_PASS_MS = "last_pass_ms"  # how long the last finished pass took (ms)
+    C_LEASED = "c_leased"
+    C_ACKED = "c_acked"
+    C_FAILED = "c_failed"
+    C_RELEASED = "c_released"
+    C_EXP_WL = "c_exp_wl"  # expired: worker lost
+    C_EXP_TT = "c_exp_tt"  # expired: task timeout
+    C_STALE = "c_stale"
+    C_DEAD = "c_dead"
+    C_STOLEN = "c_stolen"
+    C_REVOKED = "c_revoked"
+    P_STALE = "p_stale"
+    P_SKIPPED = "p_skipped"
+    P_RESETS = "p_resets"
+    P_MAXLATE = "p_maxlate"  # largest re-dispatch lateness (ms)
+    P_LEASED = "p_leased"
+    P_EXPIRED = "p_expired"
+
+
+#: ``MetaField``'s attributes: Lua's ``F.NAME`` -> the field's name.
+META_FIELDS: dict[str, str] = {
+    name: value for name, value in vars(MetaField).items() if name.isupper()
+}
+
+
 def prefix() -> str:
     """The key prefix, from ``TASKQ_PREFIX`` (default ``taskq``)."""
     return os.environ.get("TASKQ_PREFIX", DEFAULT_PREFIX)

@@ -2,7 +2,7 @@
 
 The lease script already reclaims lazily when a trainer asks for work; the reaper bounds
 recovery when nobody asks (every other trainer busy with long tasks). Each tick runs the
-reap script (``lua/reap-22.lua``) per job in bounded batches: leases past their task
+reap script (``lua/reap.lua``) per job in bounded batches: leases past their task
 timeout, and every lease of a worker whose liveness deadline passed, go back to the
 front of todo (or dead at their caps), waiters are woken, and each re-dispatch records
 its lateness in the job's ``hist`` hash. The server judges everything, including the

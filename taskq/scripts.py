@@ -1,26 +1,33 @@
 """Builds taskq's Redis Function library, one function per operation, and calls it.
 
-Each ``lua/verb-N.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the
-read-only ones) and a KEYS / ARGV / returns header; ``N`` must equal the number of KEYS
-the operation takes (checked here). The library is ``_lib.lua`` (the shared definitions)
-after generated constants (the ``K_*`` key locals in the order of ``keys.JOB_KEYS``, the
-``C`` table of return codes and the histogram bounds), then each verb's body registered
-as the function ``taskq_<version>_<verb>``. Python stays the one source of truth for codes
-and key names.
+Each ``lua/verb.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the read-only
+ones) and a KEYS / ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
+``the job's keys (keys.JOB_KEYS)``, then ``+ name, ...`` for any extra one (create's
+staging hash), and that is the number of keys a call must pass (checked here). The
+library is, in this order: the generated constants (the ``K_*`` key locals in the order of
+``keys.JOB_KEYS``, the ``C`` table of return codes, the histogram bounds), the parts
+``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
+verb's body registered as the function ``taskq_<version>_<verb>``, which calls
+``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the name of the meta field
+``keys.MetaField.<NAME>`` (a literal, so no lookup at run time); an unknown name is refused.
+Python stays the one source of truth for codes, key names and meta field names.
 
 Why a Function library and not one EVALSHA script per operation: a library is compiled
 and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local
-function it defines on every call, which was the largest fixed cost of a call (see
-bench/README.md). The price is that state kept in the library's locals lives across calls:
-``begin()`` in ``_lib.lua`` resets all of it at the start of every call, and
-``_check_reset`` below refuses a library whose per-call state ``begin()`` forgets.
+function it defines on every call. That cost is small, not the largest one: bench/README.md
+measured a closure at ~0.09 µs, so the ~53 closures of the old per-call prelude came to
+~5 µs of a ~200 µs call (the library saved about 10 % of a call in all). The price is
+that state kept in the library's locals lives across calls: every top-level local of a
+part that is not a function is declared ``-- per call``, ``begin()`` is generated from
+those declarations and resets each of them at the start of every call, and a top-level
+local without the marker is refused (``_begin``).
 
 The library's name carries a hash of its text, so clients of two taskq versions can share
 a server during an upgrade; a client loads its library when the server answers "function
 not found" (a new server, FUNCTION FLUSH, a new cluster master). Libraries persist and
 replicate like data. Loading needs ``FUNCTION LOAD``, which deploy/redis/acl.conf gives
 the admin role only: whoever may load a library may replace one, and every role's calls
-would run the replacement.
+would run the replacement. The semantics the scripts implement are in docs/design.md.
 
 Data flow: client.py / trainer.py / reaper.py / stats.py -> scripts.py (FCALL) -> Redis.
 """
@@ -36,7 +43,7 @@ from typing import Any
 import redis
 
 from . import errors
-from .keys import JOB_KEYS
+from .keys import JOB_KEYS, META_FIELDS
 
 
 class Code(enum.IntEnum):
@@ -84,8 +91,20 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
     Code.WORKER_NOT_FOUND: (errors.InvalidInput, "job {job!r}: no such worker"),
 }
 
-_NAME_RE = re.compile(r"^([a-z]+)-(\d+)\.lua$")
-_STATE_RE = re.compile(r"^local\s+([A-Z][A-Z0-9_]*(?:\s*,\s*[A-Z][A-Z0-9_]*)*)\s*=", re.M)
+#: The parts of the library, in the order they are joined: each uses only what the parts
+#: before it (and the generated constants) define.
+LIB_PARTS: tuple[str, ...] = (
+    "meta.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
+    "dispatch.lua",
+)
+
+_NAME_RE = re.compile(r"^([a-z]+)\.lua$")
+_KEYS_RE = re.compile(
+    r"^-- KEYS: the job's keys \(keys\.JOB_KEYS\)(?: \+ ([a-z_]+(?:, [a-z_]+)*))?(?:$| )", re.M
+)
+_TOP_LOCAL_RE = re.compile(r"^local\s+(?!function\b)(.*)$", re.M)
+_PER_CALL_RE = re.compile(r"^([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*(.*?)\s*--\s*per call\b")
+_FIELD_RE = re.compile(r"\bF\.([A-Za-z_]\w*)")
 
 
 def raise_for(code: int, job: str, detail: str = "") -> None:
@@ -121,41 +140,83 @@ def _generated() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_reset(lib: str) -> None:
-    """Every upper-case local of the library that is not a constant is per-call state,
-    and ``begin()`` must reset it (else one call would see the last one's)."""
-    m = re.search(r"^local function begin\(.*?^end$", lib, re.S | re.M)
+def _begin(parts: dict[str, str]) -> str:
+    """``begin(keys)``, made from the per-call state the library parts declare.
+
+    A library's locals outlive a call, so every top-level ``local`` of a part that is not a
+    function must be per-call state, declared on one line ending in ``-- per call``:
+    ``begin()`` assigns each declaration's initial value again, so no call sees the last
+    one's. A top-level local without the marker is refused (it could not be reset).
+
+    Args:
+        parts: file name -> text of each library part.
+
+    Returns:
+        The Lua source of ``begin``.
+
+    Raises:
+        TaskqError: a top-level local that is neither a function nor marked per call.
+    """
+    resets = []
+    for file, text in parts.items():
+        for decl in _TOP_LOCAL_RE.findall(text):
+            m = _PER_CALL_RE.match(decl)
+            if not m:
+                raise errors.TaskqError(
+                    f"lib/{file}: top-level `local {decl.strip()}` is not a function and not "
+                    f"marked `-- per call` (begin() could not reset it)"
+                )
+            resets.append(f"  {m.group(1)} = {m.group(2)}")
+    return "\n".join([
+        "-- Every function of the library starts here: the keys of this call's job, and every",
+        "-- piece of per-call state back to its start (generated from the `-- per call` lines).",
+        "local function begin(keys)",
+        "  set_keys(keys)",
+        *resets,
+        "end",
+    ]) + "\n"
+
+
+def _fields(file: str, text: str) -> str:
+    """``text`` with every ``F.NAME`` replaced by the meta field's name, quoted."""
+
+    def name(m: re.Match[str]) -> str:
+        if m.group(1) not in META_FIELDS:
+            raise errors.TaskqError(f"{file}: F.{m.group(1)} is not in keys.MetaField")
+        return f"'{META_FIELDS[m.group(1)]}'"
+
+    return _FIELD_RE.sub(name, text)
+
+
+def _nkeys(file: str, text: str) -> int:
+    """The number of KEYS a verb takes, from its ``-- KEYS:`` header line."""
+    m = _KEYS_RE.search(text)
     if not m:
-        raise errors.TaskqError("_lib.lua: no `local function begin(keys)`")
-    body = m.group(0)
-    constants = {"C", "HIST_BOUNDS"}
-    for decl in _STATE_RE.findall(lib):
-        for name in (n.strip() for n in decl.split(",")):
-            if name not in constants and not name.startswith("K_") \
-                    and not re.search(rf"\b{name}\b\s*(,[^=\n]*)?=", body):
-                raise errors.TaskqError(f"_lib.lua: begin() does not reset {name}")
+        raise errors.TaskqError(
+            f"{file}: needs a header line `-- KEYS: the job's keys (keys.JOB_KEYS)`, "
+            f"with `+ name, ...` for any extra key"
+        )
+    return len(JOB_KEYS) + (len(m.group(1).split(",")) if m.group(1) else 0)
 
 
 def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
     """(library name, library source, {verb: (function name, number of keys, read-only)})."""
     pkg = resources.files("taskq") / "lua"
-    lib = (pkg / "_lib.lua").read_text()
-    _check_reset(lib)
+    parts = {file: _fields(f"lib/{file}", (pkg / "lib" / file).read_text())
+             for file in LIB_PARTS}
+    lib = "".join(f"-- lib/{file}\n{text}" for file, text in parts.items()) + _begin(parts)
     verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
         m = _NAME_RE.match(entry.name)
-        if not m:
+        if not m or not entry.is_file():
             continue
-        verb, nkeys = m.group(1), int(m.group(2))
-        if nkeys not in (len(JOB_KEYS), len(JOB_KEYS) + 1):
-            raise errors.TaskqError(
-                f"{entry.name}: takes {nkeys} keys but keys.JOB_KEYS has {len(JOB_KEYS)}"
-            )
+        verb = m.group(1)
         first, _, body = entry.read_text().partition("\n")
         if not first.startswith("#!lua"):
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
-        verbs.append((verb, nkeys, ",".join(flags[:1]), body))
+        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]),
+                      _fields(entry.name, body)))
     text = _generated() + lib + "".join(
         f"\nredis.register_function{{function_name = '%FN%{verb}', "
         f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "

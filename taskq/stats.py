@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from . import errors
+from .keys import MetaField as F
 from .scripts import HIST_BOUNDS_MS, raise_for
 
 if TYPE_CHECKING:
@@ -20,16 +21,16 @@ if TYPE_CHECKING:
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
 COUNTERS = {
-    "leased": "c_leased",
-    "acked": "c_acked",
-    "failed": "c_failed",
-    "released": "c_released",
-    "expired_worker_lost": "c_exp_wl",
-    "expired_task_timeout": "c_exp_tt",
-    "stale": "c_stale",
-    "dead": "c_dead",
-    "stolen": "c_stolen",
-    "revoked": "c_revoked",
+    "leased": F.C_LEASED,
+    "acked": F.C_ACKED,
+    "failed": F.C_FAILED,
+    "released": F.C_RELEASED,
+    "expired_worker_lost": F.C_EXP_WL,
+    "expired_task_timeout": F.C_EXP_TT,
+    "stale": F.C_STALE,
+    "dead": F.C_DEAD,
+    "stolen": F.C_STOLEN,
+    "revoked": F.C_REVOKED,
 }
 
 
@@ -67,49 +68,49 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
     reply = client.scripts.call("stats", keys.all, list(LEASE_AGE_BOUNDS_S))
     raise_for(int(reply[0]), name)
     meta = _pairs(reply[1])
-    if "inc" not in meta or "n" not in meta:
+    if F.INC not in meta or F.N not in meta:
         raise errors.CorruptData(f"{keys.meta}: not a taskq job (fields missing)")
     dead, alive = int(reply[2]), int(reply[3])
     now_ms, jnow_ms = int(reply[4]), int(reply[5])
     hist = _pairs(reply[6])
     older = [int(x) for x in reply[7]]
     oldest = reply[8]
-    n = _int(meta, "n", keys.meta)
-    done = _int(meta, "ndone", keys.meta)
-    leased = _int(meta, "nleased", keys.meta)
-    state = meta.get("state", "")
+    n = _int(meta, F.N, keys.meta)
+    done = _int(meta, F.NDONE, keys.meta)
+    leased = _int(meta, F.NLEASED, keys.meta)
+    state = meta.get(F.STATE, "")
     if state in ("completed", "cancelled"):
         leased = 0
     todo = max(0, n - dead - done - leased) if state != "cancelled" else 0
-    passes = _int(meta, "passes", keys.meta)
-    pass_no = _int(meta, "pass", keys.meta)
-    tt = meta.get("tt", "auto")
+    passes = _int(meta, F.PASSES, keys.meta)
+    pass_no = _int(meta, F.PASS, keys.meta)
+    tt = meta.get(F.TT, "auto")
     config = {
-        "chunks": _int(meta, "nchunks"),
-        "chunks_per_task": _int(meta, "cpt"),
+        "chunks": _int(meta, F.NCHUNKS),
+        "chunks_per_task": _int(meta, F.CPT),
         "passes": None if passes < 0 else passes,
-        "worker_ttl": _int(meta, "ttl") / 1000.0,
-        "heartbeat_interval": _int(meta, "hbi") / 1000.0,
+        "worker_ttl": _int(meta, F.TTL) / 1000.0,
+        "heartbeat_interval": _int(meta, F.HBI) / 1000.0,
         "task_timeout": tt if tt in ("auto",) else None if tt == "none" else int(tt) / 1000.0,
-        "auto_task_timeout_s": _int(meta, "auto_tt") / 1000.0 or None,
-        "max_failures": _int(meta, "maxf"),
-        "max_attempts": _int(meta, "maxa"),
-        "shuffle": meta.get("shuffle") == "1",
-        "seed": _int(meta, "seed_full"),
-        "auto_advance": meta.get("advance") == "1",
-        "manual_clock": meta.get("mclock") == "1",
+        "auto_task_timeout_s": _int(meta, F.AUTO_TT) / 1000.0 or None,
+        "max_failures": _int(meta, F.MAXF),
+        "max_attempts": _int(meta, F.MAXA),
+        "shuffle": meta.get(F.SHUFFLE) == "1",
+        "seed": _int(meta, F.SEED_FULL),
+        "auto_advance": meta.get(F.ADVANCE) == "1",
+        "manual_clock": meta.get(F.MCLOCK) == "1",
     }
     counters = {k: _int(meta, f) for k, f in COUNTERS.items()}
-    counters["last_ack_ms"] = _int(meta, "last_ack")
-    counters["last_pass_ms"] = _int(meta, "last_pass_ms")
+    counters["last_ack_ms"] = _int(meta, F.LAST_ACK)
+    counters["last_pass_ms"] = _int(meta, F.LAST_PASS_MS)
     lease_ages = {str(b): c for b, c in zip(LEASE_AGE_BOUNDS_S, older, strict=True)}
     status = JobStatus(
-        job=name, state=state, reason=meta.get("reason", ""), pass_no=pass_no,
+        job=name, state=state, reason=meta.get(F.REASON, ""), pass_no=pass_no,
         passes=None if passes < 0 else passes, tasks=n, todo=todo, leased=leased,
-        done=done, dead=dead, workers=alive, incarnation=meta["inc"], config=config,
-        counters=counters, pass_started_ms=_int(meta, "pstart"),
-        created_ms=_int(meta, "created"), now_ms=now_ms, pass_attempt=_int(meta, "p_resets"),
-        reserved=_int(meta, "nreserved") if state == "running" else 0,
+        done=done, dead=dead, workers=alive, incarnation=meta[F.INC], config=config,
+        counters=counters, pass_started_ms=_int(meta, F.PSTART),
+        created_ms=_int(meta, F.CREATED), now_ms=now_ms, pass_attempt=_int(meta, F.P_RESETS),
+        reserved=_int(meta, F.NRESERVED) if state == "running" else 0,
         histograms={"task_duration": histogram(hist, "dur"),
                     "redispatch_lateness": histogram(hist, "late")},
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
@@ -123,7 +124,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
 
 
 def parse_lease(record: str | None) -> dict[str, Any] | None:
-    """A lease record (see lua/_lib.lua) as a dict, or None."""
+    """A lease record (see lua/lib/leases.lua) as a dict, or None."""
     if not record:
         return None
     f = record.split("|")
@@ -158,7 +159,7 @@ def workers(client: Client, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
     pipe = client.redis.pipeline(transaction=False)
-    pipe.hmget(keys.meta, ["mclock", "offset", "inc"])
+    pipe.hmget(keys.meta, [F.MCLOCK, F.OFFSET, F.INC])
     pipe.get(keys.clock)
     pipe.time()
     pipe.hgetall(keys.winfo)

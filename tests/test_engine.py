@@ -556,13 +556,3 @@ def test_repeating_the_ack_that_completed_a_pass_is_quiet(client, job_name):
     t.ack(task)  # a blind retry after a lost reply
     s = st(client, job_name)
     assert (s["pass"], s["counters"]["acked"], s["counters"]["stale"]) == (1, 1, 0)
-
-
-def test_library_refuses_per_call_state_that_begin_does_not_reset():
-    """A library's locals outlive a call: state begin() forgets would leak between calls."""
-    from taskq.scripts import _check_reset
-
-    lib = "local A, B = 0, {}\nlocal function begin(keys)\n  A = 0\nend\n"
-    with pytest.raises(taskq.TaskqError, match="does not reset B"):
-        _check_reset(lib)
-    _check_reset(lib.replace("  A = 0", "  A, B = 0, {}"))

@@ -8,9 +8,9 @@ if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.OK}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED}) end
 save_summary('cancelled')
-ROUND = mincr('round')
+ROUND = mincr(F.ROUND)
 redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
-mset('state', 'cancelled', 'reason', '', 'nleased', 0, 'nreserved', 0)
+mset(F.STATE, 'cancelled', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
 STATE = 'cancelled'
 event('job_cancelled')
 broadcast()

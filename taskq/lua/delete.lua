@@ -3,7 +3,7 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
-local cur = redis.call('HGET', K_META, 'inc')
+local cur = redis.call('HGET', K_META, F.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
 redis.call('UNLINK', unpack(KEYS))
 return {C.OK}

@@ -9,7 +9,7 @@ local task = ARGV[2]
 local l = parse_lease(redis.call('HGET', K_LEASES, task))
 if not lease_is_current(l) then return done({C.NOT_LEASED}) end
 end_lease(task, l, 'V')
-mincr('c_revoked')
+mincr(F.C_REVOKED)
 event('revoked', 'task', task, 'worker', l.worker, 'reason', 'operator')
 to_front(task)
 return done({C.OK})

@@ -8,7 +8,7 @@ local err = open_job(ARGV[1])
 if err then return done({err}) end
 local worker, winc = ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[4]) or 0
-if ttl <= 0 then ttl = mnum('ttl') end
+if ttl <= 0 then ttl = mnum(F.TTL) end
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
   redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
@@ -18,4 +18,4 @@ redis.call('HSET', K_WINFO, worker,
   winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
-return done({C.OK, mget('inc'), fmt(ttl), mget('hbi'), job_info()})
+return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

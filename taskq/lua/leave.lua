@@ -16,7 +16,7 @@ for _, item in ipairs(items) do
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
     end_lease(task, l, 'R')
-    mincr('c_released')
+    mincr(F.C_RELEASED)
     event('released', 'task', task, 'worker', worker)
     if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     released = released + 1

@@ -5,12 +5,12 @@
 -- returns: {code, pass}
 local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
-local p = mnum('pass')
+local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
 local expected = tonumber(ARGV[2])
 if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')
-mincr('p_resets')
+mincr(F.P_RESETS)
 start_pass(p, 'pass_reset')
 return done({C.OK, p})

@@ -9,10 +9,6 @@ if err then return done({err}) end
 reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc = ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
-local out = end_held(ARGV, 4, n, worker, winc, 'R', 'release', function(task, l)
-  mincr('c_released')
-  event('released', 'task', task, 'worker', worker)
-  if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
-end)
+local out = end_held(ARGV, 4, n, worker, winc, 'R', 'release', released_one)
 check_pass_end()
 return done({C.OK, out})

@@ -26,7 +26,7 @@ for _, item in ipairs(items) do
     redis.call('ZREM', K_OWNED, item)
   elseif held[task] == nil and l.call <= last_reply then
     end_lease(task, l, 'V')
-    mincr('c_revoked')
+    mincr(F.C_REVOKED)
     event('revoked', 'task', task, 'worker', worker, 'reason', 'reply_lost')
     to_front(task)
   end

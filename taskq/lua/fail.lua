@@ -11,17 +11,6 @@ if err then return done({err}) end
 reclaim(100)  -- a worker past its deadline has lost its leases before it writes
 local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
 local n = tonumber(ARGV[5])
-local out = end_held(ARGV, 5, n, worker, winc, 'F', 'fail', function(task)
-  mincr('c_failed')
-  if n > 1 then
-    redis.call('HSET', K_COUNTS, 's:' .. task, '1')
-    event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
-    to_front(task)
-  else
-    redis.call('HDEL', K_COUNTS, 's:' .. task)
-    event('failed', 'task', task, 'worker', worker, 'error', why)
-    requeue(task, 'failure')
-  end
-end)
+local out = end_held(ARGV, 5, n, worker, winc, 'F', 'fail', failed_one, why)
 check_pass_end()
 return done({C.OK, out})

@@ -4,12 +4,12 @@
 -- ARGV: state (todo | leased | done | dead), limit
 -- returns: {code, {{task, lease_record_or_false, failures, attempts}...}}
 if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
-ROUND = mnum('round')
+ROUND = mnum(F.ROUND)
 local state, limit = ARGV[1], tonumber(ARGV[2])
 local ids = {}
 if state == 'todo' then
   for _, t in ipairs(redis.call('ZRANGE', K_FRONT, 0, limit - 1)) do ids[#ids + 1] = t end
-  local n, cursor, steps = mnum('n'), mnum('cursor'), 0
+  local n, cursor, steps = mnum(F.N), mnum(F.CURSOR), 0
   local perm = perm_fn(n)
   while #ids < limit and cursor < n and steps < 10000 do
     local t = tostring(perm(cursor))
@@ -21,7 +21,7 @@ elseif state == 'leased' then
     ids[#ids + 1] = string.match(item, '|([^|]*)$')
   end
 elseif state == 'done' then
-  local pos, n = 0, mnum('n')
+  local pos, n = 0, mnum(F.N)
   while #ids < limit and pos < n do
     local b = redis.call('BITPOS', K_DONE, 1, pos, -1, 'BIT')
     if b < 0 then break end

@@ -22,31 +22,7 @@ local want, mode, expect_pass = tonumber(ARGV[i]), ARGV[i + 1], tonumber(ARGV[i 
 reclaim(100)
 local ws = touch_worker(worker, winc)
 
-local function recompute_auto_timeout()
-  local total = tonumber(redis.call('HGET', K_HIST, 'dur:count') or '0') or 0
-  local need, seen = total * 0.99, 0
-  local bounds = HIST_BOUNDS
-  local p99 = bounds[#bounds]
-  for b = 1, #bounds do
-    seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
-    if seen >= need then p99 = bounds[b]; break end
-  end
-  mset('auto_tt', fmt(math.max(60000, 10 * p99)))
-end
-
-local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', function(task, l, tok)
-  redis.call('SETBIT', K_DONE, task, '1')
-  mincr('ndone')
-  observe('dur', NOW - l.since)
-  if not counts_empty() then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
-  end
-  mincr('c_acked')
-  local acked = mincr('acked_job')
-  mset('last_ack', now_s())
-  if acked % 20 == 0 then recompute_auto_timeout() end
-  event_task('acked', task, worker, tok)
-end)
+local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', acked_one)
 if n_acks > 0 then check_pass_end() end
 
 local starts = {}
@@ -58,7 +34,7 @@ for k = 1, n_starts do
       redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
         .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts)
       redis.call('ZREM', K_RESERVED, task)
-      mincr('nreserved', -1)
+      mincr(F.NRESERVED, -1)
       redis.call('ZADD', K_STARTED, jnow_s(), task)
       local dl = start_deadline()
       if dl then redis.call('ZADD', K_DEADLINES, dl, task) end

@@ -18,13 +18,13 @@ local retried = 0
 for _, task in ipairs(ids) do
   if redis.call('SREM', K_DEAD, task) == 1 then
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
-    redis.call('ZADD', K_FRONT, mincr('fseq'), task)
+    redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
     event('retried', 'task', task)
     retried = retried + 1
   end
 end
 if retried > 0 and STATE ~= 'running' then
-  mset('state', 'running', 'reason', '')
+  mset(F.STATE, 'running', F.REASON, '')
   STATE = 'running'
   event('pass_reopened', 'round', ROUND)
   broadcast()

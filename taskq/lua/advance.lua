@@ -7,19 +7,19 @@
 -- the rest of the pass is recorded as skipped and its leases become stale (by round).
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
-local p = mnum('pass')
+local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p, 0}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p, 0}) end
 if tonumber(ARGV[2]) ~= p then return done({C.PASS_MISMATCH, p, 0}) end
-if STATE == 'waiting' and mget('reason') == 'manual_advance' then
+if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   start_pass(p + 1, 'pass_started')
   return done({C.OK, p + 1, 0})
 end
 if ARGV[3] ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
-local live = mnum('n') - redis.call('SCARD', K_DEAD)
-local skipped = math.max(0, live - mnum('ndone'))
-mset('p_skipped', skipped)
+local live = mnum(F.N) - redis.call('SCARD', K_DEAD)
+local skipped = math.max(0, live - mnum(F.NDONE))
+mset(F.P_SKIPPED, skipped)
 STATE = 'running'
 finish_pass('skipped')
 if STATE == 'waiting' then start_pass(p + 1, 'pass_started') end
-return done({C.OK, mnum('pass'), skipped})
+return done({C.OK, mnum(F.PASS), skipped})

@@ -6,13 +6,13 @@
 --           hist (flat), {started lease count older than each bound}, oldest_start_jnow}
 if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 local now
-if redis.call('HGET', K_META, 'mclock') == '1' then
+if redis.call('HGET', K_META, F.MCLOCK) == '1' then
   now = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local jnow = now - (tonumber(redis.call('HGET', K_META, 'offset') or '0') or 0)
+local jnow = now - (tonumber(redis.call('HGET', K_META, F.OFFSET) or '0') or 0)
 local older = {}
 for k = 1, #ARGV do
   older[k] = redis.call('ZCOUNT', K_STARTED, '-inf', fmt(jnow - tonumber(ARGV[k]) * 1000))

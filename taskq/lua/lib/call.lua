@@ -1,0 +1,60 @@
+-- call.lua: one call's frame: the job's clocks, open_job (incarnation check, clock,
+-- silence rule), done (every buffered write lands before the reply), job_info.
+--   NOW  = the job's clock (server TIME in ms, or the manual clock key in tests)
+--   JNOW = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
+
+local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''  -- per call
+-- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
+local NOW_S, JNOW_S = nil, nil  -- per call
+local function now_s()
+  if not NOW_S then NOW_S = string.format('%.0f', NOW) end
+  return NOW_S
+end
+local function jnow_s()
+  if not JNOW_S then JNOW_S = string.format('%.0f', JNOW) end
+  return JNOW_S
+end
+
+-- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
+-- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
+local function open_job(inc)
+  load_meta()
+  local cur = mget(F.INC)
+  if not cur then return C.JOB_NOT_FOUND end
+  if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end
+  if mget(F.MCLOCK) == '1' then
+    NOW = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+  else
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local seen = tonumber(mget(F.SEEN) or '') or NOW
+  local gap = NOW - seen
+  -- A live worker calls at least every heartbeat interval, so a gap longer than
+  -- ttl - interval could make healthy workers miss their deadline: that is a silence.
+  if gap > mnum(F.TTL) - mnum(F.HBI) then
+    -- Silence is the server's, not the workers': freeze the liveness clock over it.
+    mincr(F.OFFSET, gap)
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
+  end
+  if gap ~= 0 then mset(F.SEEN, fmt(NOW)) end
+  JNOW = NOW - mnum(F.OFFSET)
+  ROUND = mnum(F.ROUND)
+  STATE = mget(F.STATE)
+  EVMAX = mnum(F.EVMAX)
+  return nil
+end
+
+-- Every script returns through done(): the buffered events, histogram counts and meta
+-- writes land before the reply.
+local function done(reply)
+  flush_events()
+  for field, n in pairs(HBUF) do redis.call('HINCRBY', K_HIST, field, fmt(n)) end
+  HBUF = {}
+  flush()
+  return reply
+end
+
+local function job_info()
+  return {mnum(F.PASS), mnum(F.GEN), STATE, mget(F.REASON) or ''}
+end

@@ -1,0 +1,230 @@
+-- dispatch.lua: reclaiming lost and timed-out leases, the pass's order (cursor, seeded
+-- permutation), the front, granting and stealing leases, and the lease half of a call.
+
+-- Reclaims what lost workers held and leases past their task timeout; at most `budget`
+-- leases. Returns (reclaimed, more_left).
+local function reclaim(budget)
+  local did, more = 0, false
+  local lost = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. jnow_s(),
+    'WITHSCORES', 'LIMIT', 0, budget)
+  for i = 1, #lost, 2 do
+    local m, deadline = lost[i], tonumber(lost[i + 1])
+    local room = budget - did
+    if room <= 0 then more = true; break end
+    local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
+      'LIMIT', 0, room)
+    for _, item in ipairs(items) do
+      local task = string.match(item, '|([^|]*)$')
+      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      if lease_is_current(l) and member(l.worker, l.winc, task) == item then
+        expire(task, l, 'worker_lost', deadline)
+        did = did + 1
+      else
+        redis.call('ZREM', K_OWNED, item)
+      end
+    end
+    if #items < room then remove_worker(m, 'worker_lost') else more = true end
+  end
+  if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
+  if did < budget then
+    local limit = budget - did
+    local exp = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. jnow_s(),
+      'WITHSCORES', 'LIMIT', 0, limit)
+    for i = 1, #exp, 2 do
+      local task = exp[i]
+      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      if lease_is_current(l) and l.st == 'S' then
+        expire(task, l, 'task_timeout', tonumber(exp[i + 1]))
+        did = did + 1
+      else
+        redis.call('ZREM', K_DEADLINES, task)
+      end
+    end
+    if #exp / 2 >= limit then more = true end  -- (WITHSCORES: two entries per task)
+  end
+  if did > 0 then check_pass_end() end
+  return did, more
+end
+
+-- The order of a pass: a seeded permutation of 0..N-1 (a 4-round Feistel network on
+-- two halves of h bits, cycle-walking into range); identity without shuffle.
+local function perm_fn(n)
+  if mget(F.SHUFFLE) ~= '1' or n <= 1 then return function(i) return i end end
+  local seed = mnum(F.SEED)
+  local p = mnum(F.PASS)
+  if n == 2 then
+    local flip = (seed + p) % 2
+    return function(i) if flip == 1 then return 1 - i end return i end
+  end
+  local h = 1
+  while math.pow(4, h) < n do h = h + 1 end
+  local half = math.pow(2, h)
+  local keys = {}
+  for r = 1, 4 do keys[r] = (seed * 31 + p * 7919 + r * 104729) % 65536 end
+  local function feistel(x)
+    local left, right = math.floor(x / half), x % half
+    for r = 1, 4 do
+      local f = (right * 40503 + keys[r] * 9973 + 12345) % 65536
+      f = bit.bxor(f, bit.rshift(f, 7))
+      left, right = right, bit.bxor(left, f) % half
+    end
+    return left * half + right
+  end
+  return function(i)
+    local x = feistel(i)
+    while x >= n do x = feistel(x) end
+    return x
+  end
+end
+
+-- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
+-- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
+local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
+local RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil  -- per call
+local function grant(task, worker, winc, call_no, st)
+  local tok = next_token()
+  local attempt, att_s = 1, '1'
+  if not counts_empty() then
+    attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
+    att_s = tostring(attempt)
+  end
+  if RS_N ~= ROUND then RS_N, RS_S = ROUND, tostring(ROUND) end
+  if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
+  redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
+    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s)
+  GRANTED[#GRANTED + 1] = task
+  redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
+  if st == 'S' then
+    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+  else
+    redis.call('ZADD', K_RESERVED, now_s(), task)
+    mincr(F.NRESERVED)
+  end
+  mincr(F.NLEASED)
+  mincr(F.C_LEASED)
+  mincr(F.P_LEASED)
+  event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
+  return {tonumber(task), tok, attempt, false, st == 'S' and 1 or 0}
+end
+
+local function is_free(task)
+  if not dead_empty() and redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
+  if redis.call('GETBIT', K_DONE, task) == 1 then return false end
+  local rec = redis.call('HGET', K_LEASES, task)
+  -- no record, or an ended one ("E|..."): free without parsing it
+  if not rec or string.byte(rec, 1) ~= 76 then return true end  -- 76: 'L'
+  return not lease_is_current(parse_lease(rec))
+end
+
+-- Leases up to `want` tasks: the front first (a solo task only alone), then the
+-- cursor's order; when nothing is left, steal a reserved task from another trainer.
+-- The kind of the next lease of a take: mode S or R as asked; F: the first started, the
+-- rest reserved (`got`: leases granted so far in this take).
+local function lease_kind(mode, got)
+  if mode == 'F' then
+    if got == 0 then return 'S' end
+    return 'R'
+  end
+  return mode
+end
+
+local function take_leases(worker, winc, want, call_no, mode)
+  local out = {}
+  local steps = 0
+  local front_empty = false  -- ZPOPMIN found the front empty (nothing adds to it below)
+  while #out < want and steps < 1000 do
+    local popped = redis.call('ZPOPMIN', K_FRONT)
+    if #popped == 0 then front_empty = true; break end
+    steps = steps + 1
+    local task = popped[1]
+    if is_free(task) then
+      local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
+      if solo and #out > 0 then
+        redis.call('ZADD', K_FRONT, popped[2], task)
+        return out
+      end
+      out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+      if solo then return out end
+    end
+  end
+  local n = mnum(F.N)
+  local cursor = mnum(F.CURSOR)
+  if #out < want and cursor < n then
+    local perm = perm_fn(n)
+    while #out < want and cursor < n and steps < 1000 do
+      local task = tostring(perm(cursor))
+      cursor = cursor + 1
+      steps = steps + 1
+      if is_free(task) and (front_empty or redis.call('ZSCORE', K_FRONT, task) == false) then
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+      end
+    end
+    mset(F.CURSOR, cursor)
+  end
+  -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
+  -- buffer from another trainer's reserved work would just move it back and forth.
+  if #out == 0 and mode ~= 'R' and cursor >= n and mnum(F.NRESERVED) > 0 then
+    local cands = redis.call('ZRANGE', K_RESERVED, 0, 9)
+    for _, task in ipairs(cands) do
+      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      if lease_is_current(l) and l.st == 'R' and not (l.worker == worker and l.winc == winc) then
+        end_lease(task, l, 'S')
+        mincr(F.C_STOLEN)
+        event('stolen', 'task', task, 'from', l.worker, 'by', worker)
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+        break
+      end
+    end
+  end
+  return out
+end
+
+local function take(worker, winc, want, call_no, mode)
+  GRANTED = {}
+  local out = take_leases(worker, winc, want, call_no, mode)
+  if #out > 0 then
+    local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
+    for k, g in ipairs(out) do g[4] = chunks[k] end
+  end
+  return out
+end
+
+-- How long a waiter may block before lazy reclaim could give it work (ms; 0 = no bound).
+local function wait_bound_ms()
+  if mnum(F.NLEASED) == 0 then return 0 end
+  local best = nil
+  local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  if #d > 0 then best = tonumber(d[2]) end
+  local w = redis.call('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
+  if #w > 0 and (not best or tonumber(w[2]) < best) then best = tonumber(w[2]) end
+  if not best then return 0 end
+  return math.max(1, best - JNOW + 1)
+end
+
+-- The lease half shared by lease.lua and ack.lua. Returns {code, tasks, wait_ms}.
+local function lease_part(worker, winc, want, call_no, mode, expect_pass)
+  local m = worker .. '|' .. winc
+  if STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
+  if STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
+  if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
+  if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
+    return {C.PASS_DONE, {}, 0}
+  end
+  -- expecting a later pass than the current one only happens after a rollback (a restart
+  -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
+  -- per-pass iterator waiting for the next pass would otherwise wait for ever
+  if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
+    local got = take(worker, winc, want, call_no, mode)
+    if #got > 0 then
+      redis.call('ZREM', K_WAITING, m)
+      return {C.OK, got, 0}
+    end
+  end
+  if want > 0 then
+    redis.call('ZADD', K_WAITING, now_s(), m)
+    return {C.NOTHING, {}, wait_bound_ms()}
+  end
+  return {C.OK, {}, 0}
+end

@@ -1,0 +1,68 @@
+-- events.lua: the events stream (buffered per call), the histograms, and the wake-ups
+-- of waiting workers (the wake list, the broadcast lists).
+
+local EVMAX = 10000  -- per call (open_job sets it from the job)
+
+-- leased / acked events are gathered per call (one entry listing the tasks and tokens)
+-- and written before any other event, so the stream keeps the order things happened in.
+local EVBUF, EVORDER = {}, {}  -- per call
+local function flush_events()
+  for _, kind in ipairs(EVORDER) do
+    local b = EVBUF[kind]
+    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
+      'worker', b.worker, 'tasks', table.concat(b.tasks, ','),
+      'tokens', table.concat(b.tokens, ','), 'count', #b.tasks)
+  end
+  EVBUF, EVORDER = {}, {}
+end
+local function event_task(kind, task, worker, token)
+  local b = EVBUF[kind]
+  if not b or b.worker ~= worker or b.pass ~= mget(F.PASS) then
+    flush_events()
+    b = {worker = worker, pass = mget(F.PASS), tasks = {}, tokens = {}}
+    EVBUF[kind] = b
+    EVORDER[#EVORDER + 1] = kind
+  end
+  b.tasks[#b.tasks + 1] = task
+  b.tokens[#b.tokens + 1] = token
+end
+local function event(kind, ...)
+  if #EVORDER > 0 then flush_events() end
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget(F.PASS), ...)
+end
+
+local HBUF = {}  -- per call
+local function observe(name, ms)
+  if ms < 0 then ms = 0 end
+  local bucket = name .. ':' .. hist_bucket(ms)
+  HBUF[bucket] = (HBUF[bucket] or 0) + 1
+  HBUF[name .. ':count'] = (HBUF[name .. ':count'] or 0) + 1
+  HBUF[name .. ':sum'] = (HBUF[name .. ':sum'] or 0) + ms
+end
+
+-- Counted wake-ups: one token per task that became leasable, never more than waiters.
+local function wake_one()
+  local waiters = redis.call('ZCARD', K_WAITING)
+  if waiters > 0 then
+    redis.call('LPUSH', K_WAKE, '1')
+    redis.call('LTRIM', K_WAKE, 0, waiters - 1)
+  end
+end
+
+-- Pass and job state changes wake every waiter: one token per waiter in the list of
+-- the next generation's parity; a waiter blocks on the parity after the generation
+-- its last lease reply named, so a change between that reply and its wait is not missed.
+local function broadcast()
+  local gen = mincr(F.GEN)
+  local key = K_BCAST0
+  if gen % 2 == 1 then key = K_BCAST1 end
+  redis.call('DEL', key)
+  local waiters = math.min(redis.call('ZCARD', K_WAITING), 1000)
+  if waiters > 0 then
+    local tokens = {}
+    for i = 1, waiters do tokens[i] = '1' end
+    redis.call('RPUSH', key, unpack(tokens))
+    redis.call('PEXPIRE', key, 600000)
+  end
+  redis.call('DEL', K_WAKE)
+end

@@ -1,0 +1,81 @@
+"""The build of the Lua Function library (taskq/scripts.py): per-call state, meta field
+names, key counts, and the order of the parts. No Redis needed: these check the text."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+import taskq
+from taskq import scripts
+from taskq.keys import JOB_KEYS, META_FIELDS
+
+
+def test_library_refuses_a_top_level_local_that_is_not_marked_per_call():
+    """A library's locals outlive a call: state begin() does not reset would leak."""
+    parts = {"x.lua": "local A, B = 0, {}  -- per call\nlocal D = 1\n"}
+    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: top-level `local D = 1`"):
+        scripts._begin(parts)
+    parts["x.lua"] = parts["x.lua"].replace("local D = 1", "local D = 1  -- per call")
+    begin = scripts._begin(parts)
+    assert "  A, B = 0, {}\n" in begin and "  D = 1\n" in begin
+
+
+def test_a_multi_line_declaration_is_refused_as_it_could_not_be_reset():
+    with pytest.raises(taskq.TaskqError, match="not marked"):
+        scripts._begin({"x.lua": "local T = {\n  1,\n}  -- per call\n"})
+
+
+def test_begin_resets_every_per_call_local_of_the_real_library():
+    pkg = resources.files("taskq") / "lua" / "lib"
+    declared = set()
+    for part in scripts.LIB_PARTS:
+        for line in (pkg / part).read_text().splitlines():
+            if line.startswith("local ") and not line.startswith("local function "):
+                names = line[len("local "):].partition("=")[0]
+                declared |= {n.strip() for n in names.split(",")}
+    body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", scripts.SOURCE,
+                     re.S | re.M)
+    assert body is not None
+    reset = {n.strip() for line in body.group(1).splitlines() if "=" in line
+             for n in line.partition("=")[0].split(",")}
+    assert {"NOW", "M", "EVBUF", "GRANTED", "COUNTS_EMPTY"} <= declared
+    assert declared <= reset
+
+
+def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():
+    pkg = resources.files("taskq") / "lua" / "lib"
+    assert sorted(scripts.LIB_PARTS) == sorted(p.name for p in pkg.iterdir())
+    offsets = [scripts.SOURCE.index(f"-- lib/{part}\n") for part in scripts.LIB_PARTS]
+    assert offsets == sorted(offsets)
+
+
+def test_an_unknown_meta_field_is_refused_and_known_ones_become_literals():
+    assert scripts._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == "mget('pass', 'c_acked')"
+    with pytest.raises(taskq.TaskqError, match=r"x.lua: F.PASSS is not in keys.MetaField"):
+        scripts._fields("x.lua", "mget(F.PASSS)")
+
+
+def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
+    """Meta fields are named through F.<NAME> only, so the check above sees every one."""
+    pkg = resources.files("taskq") / "lua"
+    files = [p for p in pkg.iterdir() if p.name.endswith(".lua")]
+    files += [p for p in (pkg / "lib").iterdir() if p.name.endswith(".lua")]
+    literal = re.compile(r"\b(?:mget|mnum|mput|mincr|mset)\('|K_META, '")
+    for path in files:
+        assert not literal.search(path.read_text()), path.name
+    assert not re.search(r"\bF\.[A-Za-z_]", scripts.SOURCE)
+    assert len(set(META_FIELDS.values())) == len(META_FIELDS)
+
+
+def test_the_key_count_comes_from_the_keys_header_line():
+    assert scripts._nkeys("v.lua", "-- KEYS: the job's keys (keys.JOB_KEYS)\n") == len(JOB_KEYS)
+    extra = "-- KEYS: the job's keys (keys.JOB_KEYS) + staging, other (why)\n"
+    assert scripts._nkeys("v.lua", extra) == len(JOB_KEYS) + 2
+    with pytest.raises(taskq.TaskqError, match="v.lua: needs a header line"):
+        scripts._nkeys("v.lua", "-- KEYS: some keys\n")
+    assert scripts._FUNCTIONS["create"][1] == len(JOB_KEYS) + 1
+    assert scripts._FUNCTIONS["ack"][1] == len(JOB_KEYS)
+    assert scripts._FUNCTIONS["stats"][2] and not scripts._FUNCTIONS["ack"][2]
