@@ -65,3 +65,17 @@ class ConnectionLost(TaskqError):
 
 class CorruptData(TaskqError):
     """A key under the taskq prefix holds data taskq cannot read (names the key)."""
+
+
+class DataError(TaskqError):
+    """Data a reader could not read or decode (``taskq.data``): names the path, where in
+    it (byte offset, row group, tar member) and the underlying library's error text.
+
+    A trainer passes ``str(e)`` to ``Trainer.fail`` so the text shows in the events.
+    """
+
+    def __init__(self, path: str, where: str, reason: str) -> None:
+        super().__init__(f"{path}: {where}: {reason}" if where else f"{path}: {reason}")
+        self.path = path
+        self.where = where
+        self.reason = reason
