@@ -124,6 +124,9 @@ def open_file(path: str, storage_options: dict[str, Any] | None = None,
     with fs.open(fs_path, "rb", compression=compression) as f:
         if isinstance(f, AbstractBufferedFile):
             yield io.BufferedReader(f, REMOTE_BUFFER)  # type: ignore[arg-type]
+        elif not isinstance(f, io.BufferedIOBase):
+            # zstandard's stream reader has no readline: a buffer gives it one
+            yield io.BufferedReader(f, REMOTE_BUFFER)
         else:
             yield f
 
