@@ -61,6 +61,7 @@ class RangeServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, range)
+        self.marks: list[str | None] = []  # each request's X-Test header
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -73,6 +74,7 @@ class RangeServer:
 
             def do_HEAD(self) -> None:  # noqa: N802 -- http.server's naming
                 server.requests.append(("HEAD", self.path, None))
+                server.marks.append(self.headers.get("X-Test"))
                 data = self._file()
                 if data is None:
                     self.send_error(404)
@@ -85,6 +87,7 @@ class RangeServer:
             def do_GET(self) -> None:  # noqa: N802 -- http.server's naming
                 wanted = self.headers.get("Range")
                 server.requests.append(("GET", self.path, wanted))
+                server.marks.append(self.headers.get("X-Test"))
                 data = self._file()
                 if data is None:
                     self.send_error(404)
