@@ -125,6 +125,8 @@ def test_garbage_headers_are_data_errors_not_silent_ends(tmp_path: Path) -> None
     Path(path).write_bytes(bytes(raw))
     with pytest.raises(DataError, match="2 samples, the chunk says 6"):
         list(TAR.read(chunk))
+    with pytest.raises(InvalidInput, match=f"bad or truncated tar header at byte {third}"):
+        data.build_chunks(path)
     Path(path).write_bytes(b"not a tar file at all" * 100)
     with pytest.raises(DataError, match="a.tar: header at byte 0: ReadError"):
         list(TAR.read(chunk))

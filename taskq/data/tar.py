@@ -36,6 +36,11 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 _BLOCK = tarfile.BLOCKSIZE
 
+# End-of-archive zeros are two blocks, padded to a record (tarfile's RECORDSIZE, 10 KiB,
+# or larger blocking factors of other tools): anything longer after the last member is
+# not padding.
+_TAIL_MAX = 64 << 10
+
 
 def split_name(name: str) -> tuple[str, str] | None:
     """``(key, ext)`` of a member name, or None when it has no extension.
@@ -142,6 +147,14 @@ class TarReader(Reader):
                 exts.add(ext)
                 first, _, n = samples[-1]
                 samples[-1] = (first, data_end, n + 1)
+            # tarfile stops quietly at a bad or cut header past the first: what follows
+            # the last member must be the end-of-archive zeros (a record at most)
+            tail_at = tf.offset
+            f.seek(tail_at)
+            tail = f.read(min(size - tail_at, _TAIL_MAX + 1))
+            if len(tail) > _TAIL_MAX or tail.strip(b"\0"):
+                raise errors.InvalidInput(f"{path}: bad or truncated tar header at byte "
+                                          f"{tail_at}")
         return samples
 
     def read(self, chunk: dict[str, Any], start: int = 0,
