@@ -3,9 +3,12 @@
 Each builder reads and validates its whole input before returning, so a bad input
 fails before anything is written to Redis (``client.create_job`` then stages and flips
 the job in one go). Chunks are JSON: ``{"path": ..., "offset": ..., "length": ...}``
-for files and line ranges, anything JSON for a manifest.
+for files and line ranges, anything JSON (nested at most ``MAX_CHUNK_DEPTH`` deep) for a
+manifest. ``format_chunks`` hands files of a known format (lines, JSONL, Parquet, tar) to
+``taskq.data``, whose chunks carry a ``format`` field (docs/data.md).
 
-Data flow: files on disk -> datasets.py -> chunks -> client.create_job -> Redis.
+Data flow: files on disk -> datasets.py (-> taskq.data) -> chunks -> client.create_job
+-> Redis.
 """
 
 from __future__ import annotations

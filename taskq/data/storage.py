@@ -11,7 +11,7 @@ import contextlib
 import glob
 import io
 from collections.abc import Generator, Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -122,11 +122,10 @@ def open_file(path: str, storage_options: dict[str, Any] | None = None,
     """
     fs, fs_path = filesystem(path, storage_options)
     with fs.open(fs_path, "rb", compression=compression) as f:
-        if isinstance(f, AbstractBufferedFile):
-            yield io.BufferedReader(f, REMOTE_BUFFER)  # type: ignore[arg-type]
-        elif not isinstance(f, io.BufferedIOBase):
-            # zstandard's stream reader has no readline: a buffer gives it one
-            yield io.BufferedReader(f, REMOTE_BUFFER)
+        # fsspec's remote files read a whole block per readline, and zstandard's stream
+        # reader has no readline: a buffer in front fixes both
+        if isinstance(f, AbstractBufferedFile) or compression == "zstd":
+            yield cast(IO[bytes], io.BufferedReader(f, REMOTE_BUFFER))
         else:
             yield f
 
