@@ -141,7 +141,8 @@ class _NoProgress:
 @click.option("--manifest", type=click.Path(dir_okay=False), metavar="FILE",
               help="JSON-lines file: one chunk (any JSON) per line.")
 @click.option("--files", metavar="GLOB",
-              help="One chunk per matching file, sorted by path (quote it; ** recurses).")
+              help="Files (quote it; ** recurses; local or s3://, gs://, http(s)://) "
+                   "chunked by --format; one chunk per file when no format applies.")
 @click.option("--lines", type=click.Path(dir_okay=False), metavar="FILE",
               help="Byte ranges of FILE aligned to line ends (with --records-per-chunk).")
 @click.option("--format", "fmt", type=click.Choice(["lines", "jsonl", "parquet", "tar"]),
