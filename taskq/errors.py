@@ -74,8 +74,13 @@ class DataError(TaskqError):
     A trainer passes ``str(e)`` to ``Trainer.fail`` so the text shows in the events.
     """
 
-    def __init__(self, path: str, where: str, reason: str) -> None:
-        super().__init__(f"{path}: {where}: {reason}" if where else f"{path}: {reason}")
+    def __init__(self, path: str, where: str = "", reason: str = "") -> None:
+        # the three parts are the args, so the error pickles (DataLoader workers send
+        # theirs to the main process); one argument alone is a whole message
+        super().__init__(path, where, reason)
         self.path = path
         self.where = where
         self.reason = reason
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.path, self.where, self.reason) if part)

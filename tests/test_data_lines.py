@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -178,6 +179,9 @@ def test_bad_json_line_is_a_data_error_naming_path_and_byte(tmp_path: Path) -> N
         list(data.read_task(data.build_chunks(str(path))))
     assert str(e.value).startswith(f"{path}: line at byte 9: JSONDecodeError: Expecting value")
     assert isinstance(e.value, TaskqError) and e.value.path == str(path)
+    again = pickle.loads(pickle.dumps(e.value))  # DataLoader workers pickle it
+    assert (str(again), again.path, again.where) == (str(e.value), str(path), "line at byte 9")
+    assert str(DataError(str(e.value))) == str(e.value)  # rebuilt from its message alone
 
 
 def test_bad_utf8_missing_file_and_truncated_gzip_are_data_errors(tmp_path: Path) -> None:
