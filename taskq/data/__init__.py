@@ -23,6 +23,9 @@ The contract (docs/data.md says the same, with the chunk fields):
     path/offset/length (``--lines`` / ``--files`` chunks) is read as ``lines``.
     ``Reader.read(chunk, start=0, **options)`` yields the chunk's samples from ``start``;
     its return value (``yield from``) is the number of samples the chunk holds.
+    ``Reader.size(chunk)`` is that number when the chunk carries it (parquet ``rows``,
+    tar ``samples``, lines ``records``), else None. The Reader class is
+    ``taskq.data.storage.Reader`` (importing it needs fsspec).
 
 Samples:
     ``lines`` -> str (the line without its ``\\n`` / ``\\r\\n``); ``jsonl`` -> the decoded
@@ -56,7 +59,8 @@ from .. import errors
 if TYPE_CHECKING:
     from .storage import Reader
 
-__all__ = ["FORMATS", "build_chunks", "guess_format", "read_task", "reader_for"]
+__all__ = ["FORMATS", "build_chunks", "compression_of", "guess_format", "read_task", "reader",
+           "reader_for"]
 
 #: Chunk formats and the module that reads each.
 FORMATS = {"lines": "lines", "jsonl": "lines", "parquet": "parquet", "tar": "tar"}
