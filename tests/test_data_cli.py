@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from data_files import shard_samples, write_parquet, write_shard
+from data_files import RangeServer, shard_samples, write_parquet, write_shard
 from taskq.cli.main import cli
 
 import taskq
@@ -204,3 +204,21 @@ def test_bad_inputs_are_one_line_and_no_job(
     assert r.exit_code in (1, 2), r.output
     assert message in one_error_line(r.stderr)
     assert_no_job(client, job_name)
+
+
+def test_remote_files_over_http_with_storage_options(
+        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    write_parquet(tmp_path / "r.parquet", rows=40, row_group_size=10)
+    server = RangeServer(tmp_path)
+    try:
+        out = taskq_cli(url, "job", "create", job_name, "--files", f"{server.url}/r.parquet",
+                        "--row-groups-per-chunk", "3", "--storage-options",
+                        '{"headers": {"X-Test": "from-cli"}}')
+        assert out.returncode == 0, out.stderr
+        assert server.marks and set(server.marks) == {"from-cli"}
+        chunks = all_chunks(client, job_name)
+        assert [(c["path"], c["rows"]) for c in chunks] == [
+            (f"{server.url}/r.parquet", 30), (f"{server.url}/r.parquet", 10)]
+        assert [r["i"] for r in data.read_task(chunks)] == list(range(40))
+    finally:
+        server.close()
