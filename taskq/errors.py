@@ -65,3 +65,22 @@ class ConnectionLost(TaskqError):
 
 class CorruptData(TaskqError):
     """A key under the taskq prefix holds data taskq cannot read (names the key)."""
+
+
+class DataError(TaskqError):
+    """Data a reader could not read or decode (``taskq.data``): names the path, where in
+    it (byte offset, row group, tar member) and the underlying library's error text.
+
+    A trainer passes ``str(e)`` to ``Trainer.fail`` so the text shows in the events.
+    """
+
+    def __init__(self, path: str, where: str = "", reason: str = "") -> None:
+        # the three parts are the args, so the error pickles (DataLoader workers send
+        # theirs to the main process); one argument alone is a whole message
+        super().__init__(path, where, reason)
+        self.path = path
+        self.where = where
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.path, self.where, self.reason) if part)
