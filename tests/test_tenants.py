@@ -30,6 +30,7 @@ from taskq import acl
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.reaper import Reaper
 from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE
+from taskq.stats import parse_lease
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"
@@ -229,6 +230,10 @@ def test_trainer_of_a_cannot_run_the_admin_functions_of_a(jobs: Jobs) -> None:
     # another library's functions (an older or newer taskq) are refused by name as well
     assert not jobs.server.dryrun(jobs.user_a, "FCALL", "taskq_000000000000_ack", "1",
                                   jobs.admin.keys(a).meta)
+    # names match case-insensitively, as FCALL finds functions: no way around by case
+    meta = jobs.admin.keys(a).meta
+    assert jobs.server.dryrun(jobs.user_a, "FCALL", f"{LIBRARY}_ACK".upper(), "1", meta)
+    assert not jobs.server.dryrun(jobs.user_a, "FCALL", f"{LIBRARY}_cancel".upper(), "1", meta)
     status = jobs.admin.status(a)
     assert (status.state, status.pass_no, status.tasks, status.todo) == ("running", 0, 6, 6)
 
@@ -245,11 +250,43 @@ def test_trainer_of_a_keeps_the_raw_writes_its_functions_make_on_a(
                ("HGETALL", k.leases), ("HGETALL", k.chunks), ("ZADD", k.front, "1", "0"),
                ("DEL", k.done), ("UNLINK", k.owned), ("BLPOP", k.wake, "1")]
     denied = [("HSET", k.chunks, "0", "[]"), ("DEL", k.meta), ("UNLINK", k.chunks),
+              ("DEL", k.leases), ("DEL", k.counts), ("UNLINK", k.events), ("DEL", k.dead),
               ("SET", k.clock, "1"), ("SET", k.lock, "x"), ("SET", k.meta, "x"),
               ("RENAME", k.meta, k.lock), ("BLPOP", k.meta, "1"), ("HSET", k.passes + "x", "a", "b"),
               ("FLUSHALL",), ("CONFIG", "GET", "maxmemory")]
     assert [c for c in allowed if not server.dryrun(user, *c)] == []
     assert [c for c in denied if server.dryrun(user, *c)] == []
+
+
+def test_within_a_one_credential_can_end_another_workers_lease(jobs: Jobs) -> None:
+    """Trusted within a job: whoever holds A's credential reads A's leases (tokens
+    included) and can ack in another A worker's name; that worker's own ack is then a
+    quiet repeat. Lease secrets are not done yet."""
+    holder = taskq.Trainer(jobs.a, url=jobs.url_a, heartbeat=False)
+    task = holder.lease(timeout=1)
+    assert task is not None
+    k = jobs.admin.keys(jobs.a)
+    lease = parse_lease(jobs.raw_a.hget(k.leases, str(task.id)))
+    assert lease is not None and lease["token"] == task.token
+    job_inc = jobs.raw_a.hget(k.meta, "inc")
+    jobs.client_a.run(jobs.a, "ack", [job_inc, lease["worker"], lease["worker_incarnation"],
+                                      10**6, 1, task.id, lease["token"], 0, 0, "S", -1])
+    holder.ack(task)  # no LeaseLost: answered as a repeat of the ack already made
+    status = jobs.admin.status(jobs.a)
+    assert (status.done, status.counters["acked"], status.counters["stale"]) == (1, 1, 0)
+    holder.close()
+
+
+def test_within_a_a_raw_hdel_of_the_meta_breaks_the_job_until_replaced(jobs: Jobs) -> None:
+    k = jobs.admin.keys(jobs.a)
+    assert jobs.raw_a.hdel(k.meta, "inc") == 1  # allowed: the functions HDEL the meta
+    with pytest.raises(taskq.CorruptData):
+        jobs.admin.status(jobs.a)
+    with pytest.raises(taskq.JobNotFound):
+        jobs.admin.delete_job(jobs.a)
+    jobs.admin.create_job(jobs.a, [{"i": 0}], replace=True)
+    assert jobs.admin.status(jobs.a).todo == 1
+    assert jobs.admin.status(jobs.b).todo == 6  # B is out of its reach
 
 
 LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*(?:,\s*(K_[A-Z0-9_]+))?")
