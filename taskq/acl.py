@@ -99,8 +99,19 @@ class Rule:
 
 
 def password_rule(password: str | None, user: str) -> str:
-    """``#<sha256>`` of ``password`` (Redis stores only the hash; the secret is never
-    printed), or a ``>CHANGE_ME_<user>`` placeholder when there is none."""
+    """The password rule of a user.
+
+    Args:
+        password: the password; None for a placeholder.
+        user: the user name (for the placeholder).
+
+    Returns:
+        ``#<sha256 hex>`` (Redis stores only the hash, and the secret is never printed or
+        sent), or ``>CHANGE_ME_<user>`` when ``password`` is None.
+
+    Raises:
+        InvalidInput: an empty password, or one holding whitespace.
+    """
     if password is None:
         return f">CHANGE_ME_{user}"
     if not password or any(c.isspace() for c in password):
@@ -109,7 +120,13 @@ def password_rule(password: str | None, user: str) -> str:
 
 
 def function_name(verb: str) -> str:
-    """The current library's function for ``verb`` (``taskq_<version>_<verb>``).
+    """The current library's function for ``verb``.
+
+    Args:
+        verb: the operation (``ack``, ``stats`` ...).
+
+    Returns:
+        ``taskq_<version>_<verb>`` for the library this taskq loads.
 
     Raises:
         TaskqError: the library has no such function (the verbs were renamed).

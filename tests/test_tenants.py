@@ -27,6 +27,7 @@ from redis_server import REDIS_SERVER, free_port, stop_process, wait_until
 
 import taskq
 from taskq import acl
+from taskq.exporter import TaskqCollector
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.reaper import Reaper
 from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE
@@ -390,6 +391,9 @@ def test_exporter_user_reads_every_job_and_writes_nothing(server: AclServer, job
     assert {jobs.a, jobs.b} <= set(exporter.list_jobs())
     assert exporter.status(jobs.b).todo == 6
     assert len(exporter.tasks(jobs.a, "todo", limit=10)) == 6
+    families = {f.name: f for f in TaskqCollector(exporter, jobs=None).collect()}
+    assert families["taskq_exporter_scrape_errors"].samples[0].value == 0
+    assert {jobs.a, jobs.b} <= {s.labels.get("job_name") for s in families["taskq_tasks"].samples}
     refused(lambda: exporter.cancel_job(jobs.a), rule.user)
     refused(lambda: taskq.Trainer(jobs.a, client=exporter, reconnect_timeout=0), rule.user)
     assert not server.dryrun(rule.user, "HSET", jobs.admin.keys(jobs.a).meta, "f", "v")
@@ -423,6 +427,10 @@ def test_cli_prints_the_rule_with_the_password_hashed(jobs: Jobs, tmp_path: Path
     assert from_file.stdout == out.stdout
     placeholder = cli("acl", "trainer", jobs.a, "--format", "aclfile")
     assert placeholder.stdout.startswith(f"user trainer-{jobs.a} on >CHANGE_ME_trainer-{jobs.a} ")
+    prefixed = cli("--prefix", "other", "acl", "reaper", "--format", "aclfile")
+    assert " ~other:{*}:* %R~other:jobs " in prefixed.stdout and "taskq:" not in prefixed.stdout
+    env_prefixed = cli("acl", "exporter", jobs.a, env={"TASKQ_PREFIX": "env-p"})
+    assert f"'%R~env-p:{{{jobs.a}}}:*'" in env_prefixed.stdout
 
 
 def test_cli_aclfile_line_loads_and_works(server: AclServer, jobs: Jobs) -> None:
