@@ -18,6 +18,7 @@ import taskq
 
 from . import demo as demo_module
 from . import events, exporter, job, passes, reaper, tasks, workers
+from .acl import acl as acl_group
 from .work import work
 
 CLI_RETRIES = 3
@@ -120,6 +121,7 @@ cli.add_command(exporter.exporter)
 cli.add_command(demo_module.demo)
 
 cli.add_command(work)
+cli.add_command(acl_group)
 
 
 def main() -> None:
