@@ -66,8 +66,9 @@ class TaskqGroup(click.Group):
         try:
             return super().invoke(ctx)
         except taskq.errors.InvalidConfig as e:
-            # a bad option value (or combination) is a usage error, whoever found it
-            raise click.UsageError(str(e)) from e
+            # a bad option value (or combination) is a usage error, whoever found it;
+            # said in the CLI's words (--worker-ttl), not the API's (worker_ttl)
+            raise click.UsageError(_option_words(str(e))) from e
         except taskq.JobExists as e:
             raise click.ClickException(f"{e} (--replace replaces it, --exist-ok leaves it "
                                        f"as it is)") from e
@@ -98,6 +99,17 @@ class TaskqGroup(click.Group):
         except click.Abort:
             fail("aborted", 1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+CONFIG_NAMES = ("worker_ttl", "heartbeat_interval", "task_timeout", "chunks_per_task",
+                "max_failures", "max_attempts", "passes", "seed")
+
+
+def _option_words(message: str) -> str:
+    message = message.replace("allow_eviction=True", "--allow-eviction")
+    for name in CONFIG_NAMES:
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    return message
 
 
 def _glob_hint(error: click.UsageError, args: Any) -> str:

@@ -189,8 +189,7 @@ class _Runner:
                 why = f"exit {rc}" if rc is not None else "not started"
                 if rc is not None and rc < 0:
                     why = f"killed by signal {-rc}"
-                # the server keeps 500 characters of an error: keep the end of the tail
-                message = f"{why}: {tail[-(490 - len(why)):]}" if tail else why
+                message = failure_message(why, tail)
                 log.warning("task %s: failed (%s)", task.id, why)
                 self._end(trainer.fail, task, message)
                 self.counts["failed"] += 1
@@ -221,6 +220,24 @@ class _Runner:
             action(task, *args)
         except taskq.LeaseLost as e:
             log.warning("%s", e)
+
+
+def failure_message(why: str, tail: str) -> str:
+    """``exit 3: <last stderr line>`` then the tail before it, within the 500 characters
+    the server keeps: the cause (usually the last line) comes first, so it survives
+    every one-line view and the cut."""
+    lines = [line for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return why
+    head = f"{why}: {lines[-1].strip()}"[:490]
+    rest: list[str] = []
+    room = 490 - len(head)
+    for line in reversed(lines[:-1]):  # whole lines, the latest that fit
+        if len(line) + 1 > room:
+            break
+        rest.insert(0, line)
+        room -= len(line) + 1
+    return "\n".join([head, *rest])
 
 
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:

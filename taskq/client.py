@@ -115,7 +115,7 @@ class Client:
             raise errors.InvalidConfig(
                 f"Redis at {self.url} has maxmemory-policy {policy}: it may evict a job's "
                 f"keys (leases, done marks) silently; set maxmemory-policy {SAFE_POLICY} "
-                f"(or allow_eviction=True / --allow-eviction to accept the risk)")
+                f"(or pass allow_eviction=True to accept the risk)")
 
     # -- jobs ---------------------------------------------------------------------
     def create_job(
@@ -413,6 +413,11 @@ class Client:
                 return [(i, f) for _, entries in reply for i, f in entries]
             lo = since if since == "-" else "(" + since
             return list(self.redis.xrange(key, min=lo, max="+", count=count))
+
+    def first_lease_ms(self, name: str) -> int | None:
+        """When pass 0's first lease was granted (server ms), if still in the events."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.first_lease_ms(self, name)
 
     def audit(self, name: str) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a

@@ -301,6 +301,19 @@ def memory_policy(client: Client) -> str | None:
     return unsafe[0] if unsafe else "noeviction"
 
 
+def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
+    """When pass 0's first lease was granted, from the oldest events (None once the
+    stream was trimmed past it, or before any lease): pass 0 starts when the job is
+    created, so its duration would otherwise count the wait for the first trainer."""
+    entries = client.redis.xrange(client.keys(name).events, count=scan)
+    if not entries or entries[0][1].get("type") != "job_created":
+        return None
+    for event_id, fields in entries:
+        if fields.get("type") in ("leased", "reserved") and fields.get("pass", "0") == "0":
+            return int(event_id.split("-")[0])
+    return None
+
+
 def audit(client: Client, name: str) -> dict[str, Any]:
     """Per-pass records and counter checks (``taskq job audit``)."""
     keys = client.keys(name)
@@ -326,9 +339,11 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "pass": status.pass_no,
         "passes": [
             {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
-                                   "stale", "resets", "max_lateness_ms", "expired")}
+                                   "stale", "resets", "max_lateness_ms", "expired",
+                                   "started_ms", "ended_ms")}
             for s in passes
         ],
+        "first_lease_ms": first_lease_ms(client, name),
         "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
                     "todo": status.todo, "dead": status.dead},
         "counters": status.counters,

@@ -87,7 +87,8 @@ if os.environ["TASKQ_ATTEMPT"] == "1":
     failed = events(client, job_name, "failed")
     assert len(failed) == 2
     for f in failed:
-        assert f["error"].startswith("exit 3: ") and f["error"].endswith(f"boom on {f['task']}")
+        # the cause (the last stderr line) first, then the tail before it
+        assert f["error"].startswith(f"exit 3: boom on {f['task']}\nnoise\n")
         assert len(f["error"]) <= 500
     st = client.status(job_name)
     assert st.state == "completed" and st.counters["acked"] == 2 and st.counters["failed"] == 2
