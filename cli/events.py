@@ -25,12 +25,14 @@ _INT = re.compile(r"-?\d+")
 
 
 def typed(fields: dict[str, str]) -> dict[str, Any]:
-    """The stream's fields with numbers as numbers (``tasks``/``tokens``: lists)."""
+    """The stream's fields with numbers as numbers (a batch event's ``tasks`` and
+    ``tokens``: lists of numbers)."""
     out: dict[str, Any] = {}
     for key, value in fields.items():
         if key in TEXT_FIELDS:
             out[key] = value
-        elif key in ("tasks", "tokens") and all(_INT.fullmatch(v) for v in value.split(",")):
+        elif (key in ("tasks", "tokens") and "count" in fields  # a batch event's id list
+              and all(_INT.fullmatch(v) for v in value.split(","))):
             out[key] = [int(v) for v in value.split(",")]
         elif _INT.fullmatch(value):
             out[key] = int(value)
