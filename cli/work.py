@@ -158,6 +158,8 @@ class _Runner:
                     stopping_since = time.monotonic()
                 if stopping_since is not None and time.monotonic() - stopping_since > self.grace:
                     _signal_group(child, signal.SIGKILL)
+            if stopping_since is None and (self.signum is not None or task.revoked.is_set()):
+                stopping_since = time.monotonic()  # CMD exited before the loop saw why
             if stopping_since is not None:
                 # CMD is gone; what it started gets the rest of the grace, then SIGKILL
                 _reap_group(child, self.grace - (time.monotonic() - stopping_since))
