@@ -367,7 +367,8 @@ def work(job: str, cmd: tuple[str, ...], prefetch: int, worker_id: str | None,
     resolved = resolve_url(redis_url)
     client = taskq.Client(resolved, key_prefix=prefix)
     client.keys(job)  # a bad name fails before any wait
-    _wait_for_redis(client, STARTUP_WAIT_S)
+    # a probe without redis-py's own retries, so the log says when the next try really is
+    _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
     config = client.status(job, summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
         raise click.UsageError(f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
