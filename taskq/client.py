@@ -414,6 +414,13 @@ class Client:
             lo = since if since == "-" else "(" + since
             return list(self.redis.xrange(key, min=lo, max="+", count=count))
 
+    def latest_events(self, name: str, kind: str, limit: int,
+                      scan: int = 1000) -> list[dict[str, str]]:
+        """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
+        oldest first (bounded)."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.latest_of_type(self, name, kind, limit, scan)
+
     def first_lease_ms(self, name: str) -> int | None:
         """When pass 0's first lease was granted (server ms), if still in the events."""
         with translate(self.url, self.keys(name), self.redis):

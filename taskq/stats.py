@@ -179,6 +179,20 @@ def task_histories(client: Client, name: str, task_ids: list[int], per_task: int
     return out
 
 
+def latest_of_type(client: Client, name: str, kind: str, limit: int,
+                   scan: int) -> list[dict[str, str]]:
+    """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
+    first (what the reaper names after a tick)."""
+    out: list[dict[str, str]] = []
+    for _, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
+        if fields.get("type") == kind:
+            out.append(fields)
+            if len(out) >= limit:
+                break
+    out.reverse()
+    return out
+
+
 def last_error(history: list[dict[str, Any]]) -> str | None:
     """The error of the latest failure (or dead reason, or expiry) in a task's history."""
     for e in reversed(history):
