@@ -159,19 +159,19 @@ class Reaper:
         return reclaimed
 
     def _what(self, job: str, n: int) -> str:
-        """``job J: task 3 (worker_lost, worker w1), ...``: the newest ``n`` expiry events
+        """``J=2: task 3 (worker_lost, worker w1, 12 ms late), ...``: the newest ``n`` expiry events
         (this tick's, as the job's reap lock keeps other reapers out), at most
         ``LOGGED_TASKS`` named. Reading them is best effort: the count is the record."""
         try:
             expired = self.client.latest_events(job, "expired", min(n, LOGGED_TASKS),
                                                 scan=min(1000, 4 * n + 50))
         except (errors.TaskqError, redis.exceptions.RedisError):
-            return f"job {job}: {n} task(s)"
+            return f"{job}={n}"
         named = ", ".join(f"task {e.get('task', '?')} ({e.get('reason', '?')}, worker "
                           f"{e.get('worker', '?')}, {e.get('lateness_ms', '?')} ms late)"
                           for e in expired)
         rest = f", +{n - len(expired)} more" if n > len(expired) else ""
-        return f"job {job}: {named or f'{n} task(s)'}{rest}"
+        return f"{job}={n}: {named}{rest}" if named else f"{job}={n}"
 
     def _jobs(self) -> list[str]:
         if self.jobs is not None:

@@ -30,5 +30,5 @@ def test_one_info_line_per_tick_that_did_something(client: taskq.Client, job_nam
     assert lines[0].startswith("re-dispatched 2 lease(s) in ")
     for task in held:
         assert f"task {task} (worker_lost, worker w-lost, " in lines[0]
-    assert f"job {job_name}: task {held[0]}" in lines[0]
+    assert f"{job_name}=2: task {held[0]}" in lines[0]
     trainer.close()
