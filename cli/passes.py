@@ -14,7 +14,6 @@ from types import FrameType
 from typing import Any
 
 import click
-import redis
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -189,14 +188,10 @@ def _watch_live(client: taskq.Client, name: str, interval: float,
         grid.add_row(_workers_table(client, name))
         return grid
 
-    try:
-        with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
-            while True:
-                status = refresh()
-                live.update(view())
-                if status.state in FINAL_STATES:
-                    return status
-                time.sleep(interval)
-    except (taskq.TaskqError, redis.exceptions.RedisError):
-        out.line()  # the error line must not continue the last frame's line
-        raise
+    with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+        while True:
+            status = refresh()
+            live.update(view())
+            if status.state in FINAL_STATES:
+                return status
+            time.sleep(interval)

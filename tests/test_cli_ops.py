@@ -356,3 +356,36 @@ def test_pass_watch_off_a_terminal_prints_lines_and_exits_on_signals(
     assert "\x1b" not in out.read_text()  # no terminal control codes
     assert len(lines) == len(set(line[9:] for line in lines))  # one line per change
     assert proc.stderr is not None and "stopped watching" in proc.stderr.read()
+
+
+def test_pass_watch_on_a_terminal_puts_an_error_on_its_own_line(
+        url: str, client: taskq.Client, job_name: str) -> None:
+    import pty
+    import select
+
+    client.create_job(job_name, [1, 2, 3], passes=None)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: taskq on a terminal
+        os.execv(ENTRY_POINT, ["taskq", "--url", url, "pass", "watch", job_name,
+                               "--interval", "0.1"])
+    out = b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            out += data
+        if b"workers 0" in out and client.list_jobs().count(job_name):
+            client.delete_job(job_name)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    text = out.decode(errors="replace")
+    assert "\x1b[" in text  # a live display
+    error = text.index("taskq: error: ")
+    before = text[:error].replace("\x1b[?25h", "")  # rich shows the cursor again
+    assert before.endswith("\n"), repr(text[-300:])
+    assert "not found" in text[error:]
