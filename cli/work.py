@@ -301,13 +301,14 @@ class _RedisDownContext(logging.Filter):
         self.url = url
         self.bound_s = bound_s
         self.since: float | None = None
+        self.last = 0.0
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage().startswith("Redis unreachable; retrying"):
             now = time.monotonic()
-            if self.since is None or now - getattr(self, "_last", now) > 30:
+            if self.since is None or now - self.last > 30:  # a new outage
                 self.since = now
-            self._last = now
+            self.last = now
             record.msg = ("Redis at %s unreachable for %.1f s; retrying (this call gives up "
                           "after %.0f s)")
             record.args = (self.url, now - self.since, self.bound_s)
