@@ -13,7 +13,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from . import errors, stats
-from .config import SAFE_POLICY, encode_tasks, validate_config
+from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
 from .models import JobConfig, JobStatus
@@ -108,14 +108,8 @@ class Client:
         Raises:
             InvalidConfig: the policy is readable and not ``noeviction``.
         """
-        if self.allow_eviction:
-            return
-        policy = self.memory_policy()
-        if policy is not None and policy != SAFE_POLICY:
-            raise errors.InvalidConfig(
-                f"Redis at {self.url} has maxmemory-policy {policy}: it may evict a job's "
-                f"keys (leases, done marks) silently; set maxmemory-policy {SAFE_POLICY} "
-                f"(or pass allow_eviction=True to accept the risk)")
+        if not self.allow_eviction:
+            check_memory_policy(self.memory_policy(), self.url)
 
     # -- jobs ---------------------------------------------------------------------
     def create_job(

@@ -89,3 +89,21 @@ def encode_tasks(chunks: Iterable[Any], chunks_per_task: int) -> tuple[list[str]
     if not tasks:
         raise errors.InvalidInput("a job needs at least one chunk")
     return tasks, count
+
+
+def check_memory_policy(policy: str | None, url: str) -> None:
+    """Refuse a Redis whose ``maxmemory-policy`` may evict keys.
+
+    Args:
+        policy: the policy read from Redis, or None when it could not be read (an ACL
+            without INFO): then nothing is refused.
+        url: the (masked) URL, for the message.
+
+    Raises:
+        InvalidConfig: ``policy`` is not ``noeviction``.
+    """
+    if policy is not None and policy != SAFE_POLICY:
+        raise errors.InvalidConfig(
+            f"Redis at {url} has maxmemory-policy {policy}: it may evict a job's keys "
+            f"(leases, done marks) silently; set maxmemory-policy {SAFE_POLICY} (or pass "
+            f"allow_eviction=True to accept the risk)")
