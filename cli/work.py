@@ -309,8 +309,8 @@ class _RedisDownContext(logging.Filter):
             if self.since is None or now - self.last > 30:  # a new outage
                 self.since = now
             self.last = now
-            record.msg = ("Redis at %s unreachable for %.1f s; retrying (this call gives up "
-                          "after %.0f s)")
+            record.msg = ("Redis at %s unreachable; retrying (%.1f s since the first retry; "
+                          "a call gives up after %.0f s)")
             record.args = (self.url, now - self.since, self.bound_s)
         return True
 
