@@ -289,11 +289,13 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         else:
             out.print("reaper: taskq.reaper not available; the lease script reclaims lazily")
         fleet.stop_flag = stop
-        fleet.spawn(trainers)
+        first = fleet.spawn(trainers)
+        out.print(f"{time.strftime('%H:%M:%S')} start: {len(first)} trainer(s) {first}")
         _run(out, client, fleet, job, ntasks, passes, trainers, chaos)
         fleet.stop_all()
         ok = _summary(out, client, job, ntasks, passes, run_dir, fleet,
-                      time.monotonic() - began, keep_hint=server is None)
+                      time.monotonic() - began,
+                      kept_in=None if server is not None else client.url)
     except KeyboardInterrupt:
         click.echo("taskq: demo interrupted; stopping what it started", err=True)
         ctx.exit(130)
@@ -396,21 +398,31 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
             again = next((int(eid.split("-")[0]) for eid, e in events[at:]
                           if e.get("type") == "leased"
                           and task in e.get("tasks", "").split(",")), None)
-            back = "not leased again" if again is None else \
-                f"leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
-            lines.append(f"SIGKILLed {prefix.rstrip(':')}: its task {task} {back}")
+            expired_ms = int(events[at][0].split("-")[0])
+            late_ms = int(events[at][1].get("lateness_ms") or 0)
+            deadline_s = (expired_ms - late_ms - kill_ms) / 1000.0
+            back = "was not leased again" if again is None else \
+                f"was leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
+            # the deadline counts from the last heartbeat, so it comes before kill + ttl
+            lines.append(f"SIGKILLed {prefix.rstrip(':')}: the lease of task {task} ran out "
+                         f"{deadline_s:.2f}s after the kill (last heartbeat + worker_ttl "
+                         f"{DEMO_WORKER_TTL_S:g}s), was reclaimed {late_ms / 1000.0:.2f}s "
+                         f"past that deadline and {back}")
     return lines
 
 
 def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
-             run_dir: str, fleet: Fleet, took_s: float, keep_hint: bool) -> bool:
-    """Print the per-pass table and the verdict; True when every check holds."""
+             run_dir: str, fleet: Fleet, took_s: float, kept_in: str | None) -> bool:
+    """Print the per-pass table and the verdict; True when every check holds.
+
+    ``kept_in``: the (masked) URL of a Redis the job stays in after the demo, or None
+    when the demo's own server goes with it."""
     report = client.audit(job)
     processed = _read_logs(run_dir)
     summaries = {s["pass"]: s for s in report["passes"] if s.get("state") == "completed"}
     table = Table(title=f"job {job}", title_justify="left")
     for col in ("pass", "acked once", "processed", "re-runs", "stale rejected", "expired",
-                "longest re-dispatch delay"):
+                "max lateness"):
         table.add_column(col, justify="right")
     all_once = report["ok"]
     missing = 0
@@ -431,13 +443,17 @@ def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
               f"{'yes' if all_once else 'NO'} ({passes} passes x {ntasks} tasks; "
               f"audit checks {'ok' if report['ok'] else 'FAILED'}"
               f"{f', {missing} task(s) never processed' if missing else ''})")
-    out.print(f"longest re-dispatch delay: {longest_ms / 1000.0:.2f}s after a missed "
-              f"deadline (worker_ttl {DEMO_WORKER_TTL_S:g}s)")
+    out.print(f"max lateness: {longest_ms / 1000.0:.2f}s (how long an expired lease waited "
+              f"past its deadline, the worker's last heartbeat + worker_ttl "
+              f"{DEMO_WORKER_TTL_S:g}s, before it was handed out again)")
     for line in _recoveries(client, job, fleet):
         out.print(line)
     out.print(f"trainers: {fleet.started} started, {fleet.terminated} SIGTERMed, "
               f"{fleet.killed} SIGKILLed")
     out.print(f"total time: {took_s:.1f}s")
-    if keep_hint:
-        out.print(f"inspect: taskq job status {job}; taskq job audit {job}")
+    if kept_in is not None:
+        url = f"--url {kept_in} "
+        out.print(f"job {job} is left in Redis at {kept_in}")
+        out.print(f"inspect: taskq {url}job status {job}; taskq {url}job audit {job}")
+        out.print(f"remove:  taskq {url}job delete {job} --yes")
     return bool(all_once)

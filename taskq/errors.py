@@ -16,6 +16,10 @@ class InvalidInput(TaskqError, ValueError):
     """A bad argument, config value, job name or manifest; nothing was written."""
 
 
+class InvalidConfig(InvalidInput):
+    """A job or worker setting out of range (the CLI reports it as a usage error)."""
+
+
 class JobNotFound(TaskqError):
     """The job does not exist, or was deleted or replaced (a new incarnation)."""
 

@@ -52,6 +52,9 @@ ALERT_NAMES = {
     "TaskqNoWorkers",
     "TaskqRedispatchLatenessHigh",
     "TaskqExporterDown",
+    "TaskqRedisUnreachable",
+    "TaskqExporterScrapeErrors",
+    "TaskqRedisEvictionPolicy",
 }
 
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}

@@ -292,6 +292,9 @@ def test_alert_rules_check_test_and_load_into_a_live_prometheus(
             "TaskqNoWorkers",
             "TaskqRedispatchLatenessHigh",
             "TaskqExporterDown",
+            "TaskqRedisUnreachable",
+            "TaskqExporterScrapeErrors",
+            "TaskqRedisEvictionPolicy",
         }
         assert all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"
