@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redis_server import stop_process
+from support import stop_process
 
 import taskq
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from chaos import EXIT_EARLY, Fleet, ReaperProc, TrainerProc, audit_job, read_logs, wait_for
-from redis_server import RedisServer
+from support import RedisServer
 from tcp_proxy import TcpProxy
 
 import taskq

@@ -95,7 +95,7 @@ def test_unknown_job_raises_job_not_found(client):
 
 
 def test_redis_down_raises_connection_lost_with_masked_password():
-    from redis_server import free_port
+    from support import free_port
 
     c = taskq.connect(f"redis://user:s3cret@127.0.0.1:{free_port()}/0", retries=0)
     with pytest.raises(taskq.ConnectionLost) as e:

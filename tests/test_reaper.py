@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from redis.backoff import ConstantBackoff
-from redis_server import free_port, wait_until
+from support import free_port, wait_until
 
 import taskq
 from taskq.keys import jobs_index

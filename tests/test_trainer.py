@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import RedisServer, wait_until
+from support import RedisServer, wait_until
 
 import taskq
 from taskq.heartbeat import apply_answer

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from click.testing import CliRunner
-from redis_server import wait_until
+from support import wait_until
 from taskq.cli.work import work
 
 import taskq
