@@ -11,9 +11,11 @@ import os
 import random
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import redis
+import yaml
 
 import taskq
 from taskq.devserver import (
@@ -28,7 +30,8 @@ from taskq.devserver import (
 
 __all__ = [
     "LOOPBACK", "SERVER_BINARY", "RedisClusterProcs", "RedisServer",
-    "free_port", "make_job", "server_version", "stop_process", "wait_until",
+    "ROOT", "free_port", "load_yaml", "load_yaml_all", "make_job", "server_version",
+    "stop_process", "wait_until",
 ]
 
 #: The server binary every test starts (``$TASKQ_TEST_SERVER`` or redis-server); a missing
@@ -113,3 +116,19 @@ class RedisClusterProcs:
     def cleanup(self) -> None:
         for s in self.servers:
             s.cleanup()
+
+
+# -- files of the repo -------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_yaml(path: Path) -> Any:
+    """The one YAML document of ``path``."""
+    with path.open() as f:
+        return yaml.safe_load(f)
+
+
+def load_yaml_all(path: Path) -> list[Any]:
+    """Every non-empty YAML document of ``path``."""
+    with path.open() as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
