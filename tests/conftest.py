@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +22,18 @@ from support import RedisServer, server_version  # noqa: E402
 import taskq  # noqa: E402
 
 _counter = itertools.count()
+
+
+def _warn_on_threaded_fork() -> None:
+    # Python 3.12+ warns when a multi-threaded process forks (the child may deadlock on a
+    # lock another thread held); say the same on older Pythons, so CI on 3.11 sees it too.
+    if threading.active_count() > 1:
+        warnings.warn(f"This process ({os.getpid()}) is multi-threaded, use of fork() may "
+                      "lead to deadlocks in the child.", DeprecationWarning, stacklevel=2)
+
+
+if sys.version_info < (3, 12):
+    os.register_at_fork(before=_warn_on_threaded_fork)
 
 
 def pytest_report_header() -> str:
