@@ -22,7 +22,7 @@ test:
 
 test-valkey:
 	@scripts/bootstrap.sh --with-valkey
-	@echo "taskq: the Valkey subset (TASKQ_TEST_SERVER=valkey-server)"
+	@echo "taskq: the Valkey subset on $$(valkey-server --version)"
 	@TASKQ_TEST_SERVER=valkey-server scripts/run-tests.sh -q $(VALKEY_TESTS) -k '$(VALKEY_SELECT)'
 
 bench:
