@@ -21,8 +21,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,76 +34,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import taskq
+from taskq import devserver
 
 from .common import age, console
 
-REDIS_MISSING = "redis-server not found; install with: sudo apt-get install -y redis-server"
 DEMO_WORKER_TTL_S = 2.0
 DEMO_HEARTBEAT_S = 0.5
 FINISH_TIMEOUT_S = 120.0
 
 
-class LocalRedis:
-    """A throw-away redis-server on a free loopback port, in a temp dir (no persistence)."""
+def local_redis() -> devserver.RedisServer:
+    """A throw-away redis-server on a free loopback port, in a temp dir (no persistence).
 
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise taskq.TaskqError(REDIS_MISSING)
-        self.dir = tempfile.mkdtemp(prefix="taskq-demo-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-        try:
-            for _ in range(3):  # a free port may be taken between probe and bind
-                port = _free_port()
-                self.proc = subprocess.Popen(
-                    [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir,
-                     "--save", "", "--appendonly", "no", "--daemonize", "no",
-                     "--logfile", os.path.join(self.dir, "redis.log")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True)  # Ctrl-C is ours to handle, not redis-server's
-                self.url = f"redis://127.0.0.1:{port}/0"
-                if self._wait_ready():
-                    return
-                self._stop_proc()
-            raise taskq.TaskqError(f"redis-server did not start; see {self.dir}/redis.log")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self, timeout: float = 10.0) -> bool:
-        client = taskq.Client(self.url, retries=0, socket_timeout=1.0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            try:
-                client.ping()
-                return True
-            except taskq.ConnectionLost:
-                time.sleep(0.05)
-        return False
-
-    def _stop_proc(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        self._stop_proc()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    In its own session: Ctrl-C is the demo's to handle, not redis-server's.
+    """
+    return devserver.RedisServer(binary="redis-server", new_session=True)
 
 
 def _child_stdio(path: str) -> None:
@@ -264,7 +207,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
     out = console()
     began = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="taskq-demo-")
-    server: LocalRedis | None = None
+    server: devserver.RedisServer | None = None
     fleet: Fleet | None = None
     # Ctrl-C only sets a flag, checked between steps: a KeyboardInterrupt raised inside a
     # fork's at-fork handlers would be swallowed and the demo would run on.
@@ -272,7 +215,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
     old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     try:
         if url is None:
-            server = LocalRedis()
+            server = local_redis()
             url = server.url
             out.print(f"started redis-server at {url} (stopped at the end)")
         client = taskq.Client(url, key_prefix=prefix)
@@ -304,7 +247,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         if fleet is not None:
             fleet.stop_all()
         if server is not None:
-            server.stop()
+            server.cleanup()
     if not ok:
         raise taskq.TaskqError(f"demo: the audit found a problem (trainer logs kept in "
                                f"{run_dir})")

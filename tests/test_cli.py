@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from redis_server import free_port
+from support import free_port
 from taskq.cli.main import cli
 
 import taskq

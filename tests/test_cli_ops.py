@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from redis_server import RedisServer, free_port, wait_until
+from support import RedisServer, free_port, wait_until
 from taskq.cli.main import cli
 
 import taskq

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import redis
-from redis_server import wait_until
+from support import wait_until
 
 import taskq
 

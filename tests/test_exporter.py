@@ -21,7 +21,7 @@ import pytest
 import redis
 from metric_names import METRIC_TYPES
 from prometheus_client.parser import text_string_to_metric_families
-from redis_server import RedisServer, free_port
+from support import RedisServer, free_port
 
 import taskq
 from taskq import exporter

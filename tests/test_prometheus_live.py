@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import free_port, stop_process
+from support import free_port, stop_process
 from test_exporter import run_scenario
 
 import taskq

@@ -13,11 +13,13 @@ import threading
 import time
 import weakref
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import RedisServer, wait_until
+import support
+from support import RedisServer, wait_until
 
 import taskq
 from taskq.heartbeat import apply_answer
@@ -27,10 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:
-    kw.setdefault("worker_ttl", 2.0)
-    kw.setdefault("heartbeat_interval", 0.2)
-    client.create_job(name, [{"i": i} for i in range(n)], **kw)
+make_job = partial(support.make_job, worker_ttl=2.0, heartbeat_interval=0.2)
 
 
 def spawn(url: str, job: str, *args: str) -> subprocess.Popen[str]:

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
+import support
 from click.testing import CliRunner
-from redis_server import free_port, wait_until
+from support import free_port, wait_until
 from taskq.cli.work import work
 
 import taskq
@@ -21,10 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKQ = ROOT / ".venv" / "bin" / "taskq"
 
 
-def make_job(client: taskq.Client, name: str, n: int, **kw: object) -> None:
-    kw.setdefault("worker_ttl", 1.0)
-    kw.setdefault("heartbeat_interval", 0.2)
-    client.create_job(name, [{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
+make_job = partial(support.make_job, worker_ttl=1.0, heartbeat_interval=0.2)
 
 
 def run_work(url: str, job: str, script: str, *opts: str) -> tuple[int, str]:
