@@ -324,7 +324,7 @@ def test_unquoted_glob_says_to_quote_it(url: str, job_name: str, tmp_path: Path)
            "part-2.jsonl", env=env, cwd=str(tmp_path))
     assert r.returncode == 2
     line = one_error_line(r.stderr)
-    assert "unexpected extra arguments" in line and "quote it" in line
+    assert "unquoted pattern" in line and "quote it" in line
 
 
 # -- pass watch off a terminal --------------------------------------------------------------
