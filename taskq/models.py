@@ -17,7 +17,7 @@ _EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread 
 
 @dataclass(frozen=True)
 class JobConfig:
-    """A job's configuration, fixed at create time (validated by ``validate``)."""
+    """A job's configuration, fixed at create time (validated by ``client.validate_config``)."""
 
     chunks_per_task: int = 1
     passes: int | None = 1
