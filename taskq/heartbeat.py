@@ -133,8 +133,9 @@ class HelperHeartbeat:
         Args:
             host: the trainer (held weakly).
             url: the raw Redis URL (the helper opens its own connection).
-            prefix: the key prefix; interval: seconds between beats; ttl_s: the worker's
-                ttl (bounds the helper's socket timeout).
+            prefix: the key prefix.
+            interval: seconds between beats.
+            ttl_s: the worker's ttl (bounds the helper's socket timeout).
             args: the first heartbeat's ARGV (``protocol.heartbeat_args``).
         """
         self._host = weakref.ref(host)

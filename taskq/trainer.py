@@ -341,10 +341,14 @@ class Trainer:
             A task, or None when ``timeout`` passed with nothing to give.
 
         Raises:
-            JobCompleted, JobCancelled, JobNotFound: there will never be work again.
+            JobCompleted: the job's last pass is done; there will never be work again.
+            JobCancelled: the job was cancelled; there will never be work again.
+            JobNotFound: the job was deleted or replaced; there will never be work again.
             Draining: an operator asked this worker to leave.
             CorruptData: the task granted has unreadable chunks (the message names the
                 job, the task and the key); it was already failed, not left leased.
+            ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+                ``reconnect_timeout``.
         """
         tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
         return tasks[0] if tasks else None
@@ -414,7 +418,8 @@ class Trainer:
         back uncharged, to be retried one task at a time.
 
         Args:
-            task: a task or a list; error: the reason, kept in the event (500 chars).
+            task: a task or a list.
+            error: the reason, kept in the event (500 chars).
 
         Raises:
             LeaseLost: the lease was no longer this trainer's.
@@ -660,7 +665,8 @@ class Trainer:
             An iterator of batches (tasks with unreadable chunks are failed and left out).
 
         Raises:
-            InvalidInput: ``k < 1``. JobNotFound: the job was deleted or replaced.
+            InvalidInput: ``k < 1``.
+            JobNotFound: the job was deleted or replaced.
         """
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
@@ -683,7 +689,8 @@ class Trainer:
         seconds; past that the server reclaims the leases after the worker's ttl.
 
         Raises:
-            Nothing from Redis (logged); a signal's exception during the leave propagates.
+            SystemExit: a SIGTERM during the leave (nothing from Redis: that is logged).
+            KeyboardInterrupt: a SIGINT during the leave.
         """
         if self._closed:
             return
