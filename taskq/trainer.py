@@ -126,7 +126,12 @@ class Trainer:
         self._held: dict[int, Task] = {}
         self._reserved: deque[Task] = deque()
         self._call_no = 0
+        # the heartbeat's last_reply_call_no: the server revokes unlisted leases granted by
+        # calls up to it, so it stays below every call still in flight (another thread's
+        # lease may be granted but not yet applied when this thread's ack reply lands)
         self._last_reply_no = 0
+        self._replied = 0
+        self._in_flight: set[int] = set()
         self._info_lock = threading.Lock()
         self._gen = 0
         self._pass = 0
@@ -249,9 +254,17 @@ class Trainer:
             self._call_no += 1
             call_no = self._call_no
             incarnation = self.incarnation
-        r = self._contact(self._wire.step, self.job_incarnation, self.worker_id, incarnation,
-                          call_no, acks, starts, want, mode, expect_pass)
+            self._in_flight.add(call_no)
+        try:
+            r = self._contact(self._wire.step, self.job_incarnation, self.worker_id,
+                              incarnation, call_no, acks, starts, want, mode, expect_pass)
+        except BaseException:
+            with self._lock:  # its reply is lost: later replies may count
+                self._in_flight.discard(call_no)
+                self._note_replied()
+            raise
         with self._lock:
+            self._in_flight.discard(call_no)
             self._forget(*acks)
             for t, res in zip(starts, r.start_res, strict=False):
                 if res == Code.STOLEN:
@@ -265,7 +278,8 @@ class Trainer:
                     self._held[t.id] = t
                 for t, _ in r.corrupt:
                     self._held[t.id] = t
-                self._last_reply_no = max(self._last_reply_no, call_no)
+                self._replied = max(self._replied, call_no)
+            self._note_replied()
         if r.code == Code.REREGISTER:
             self._rejoin(incarnation)
         if r.info is not None:
@@ -275,6 +289,12 @@ class Trainer:
             with self._info_lock:
                 self._state = _END_STATES[r.code]
         return r
+
+    def _note_replied(self) -> None:
+        """(Under the lock.) The heartbeat may claim the replies up to the newest one
+        applied, but not up to a call still in flight."""
+        self._last_reply_no = (min(self._replied, min(self._in_flight) - 1)
+                               if self._in_flight else self._replied)
 
     def _forget(self, *tasks: Task) -> None:
         """Drop ``tasks`` from what this trainer holds (only those leases, not newer ones of
