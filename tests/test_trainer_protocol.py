@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_server import RedisServer, wait_until
+from support import RedisServer, wait_until
 
 import taskq
 from taskq import errors
