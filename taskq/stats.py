@@ -9,16 +9,24 @@ Data flow: client.py / exporter.py / CLI -> stats.py -> Redis (reads only).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from . import errors
+from .keys import JobKeys
 from .keys import MetaField as F
-from .scripts import HIST_BOUNDS_MS, raise_for
+from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
 
-if TYPE_CHECKING:
-    from .client import Client
+
+class Client(Protocol):
+    """What the read views need of a ``taskq.Client``: its connection, its function
+    library and its key builder (a Protocol, so stats.py does not import client.py)."""
+
+    redis: Any  # redis.Redis, RedisCluster or a Sentinel master: untyped replies
+    scripts: Scripts
+
+    def keys(self, job: str) -> JobKeys: ...
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
