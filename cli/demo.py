@@ -1,7 +1,7 @@
 """``taskq demo``: elastic trainers, scaling and a SIGKILL, with every task acked once.
 
 Starts a local redis-server when no URL is given, creates a job from generated chunks,
-runs trainer processes (fork) and a reaper process, scales the trainers up and down
+runs trainer processes (from a fork server) and a reaper process, scales the trainers up and down
 mid-run (SIGTERM) and SIGKILLs one (``--chaos``), shows live progress, then checks the
 job's audit and the trainers' own logs. Everything it started is stopped on the way out,
 Ctrl-C included.
@@ -52,7 +52,7 @@ def local_redis() -> devserver.RedisServer:
 
 
 def _child_stdio(path: str) -> None:
-    """Point a forked child's stdio at ``path`` (the parent's live display stays clean)."""
+    """Point a child's stdio at ``path`` (the parent's live display stays clean)."""
     out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)
@@ -226,7 +226,11 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
                           worker_ttl=DEMO_WORKER_TTL_S, heartbeat_interval=DEMO_HEARTBEAT_S)
         out.print(f"job {job}: {ntasks} tasks x {passes} passes, worker_ttl "
                   f"{DEMO_WORKER_TTL_S:g}s, heartbeat {DEMO_HEARTBEAT_S:g}s")
-        fleet = Fleet(multiprocessing.get_context("fork"), url, prefix, job, run_dir, step_s)
+        # the demo's own threads (the live display, the client's pool) must not be forked:
+        # trainers start from a fork server, a clean process that has only imported taskq
+        mp = multiprocessing.get_context("forkserver")
+        mp.set_forkserver_preload(["taskq", "taskq.cli.demo"])
+        fleet = Fleet(mp, url, prefix, job, run_dir, step_s)
         if fleet.start_reaper():
             out.print("reaper: running (interval 0.25s)")
         else:
