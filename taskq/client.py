@@ -8,10 +8,11 @@ Data flow: CLI / user code -> client.py -> scripts.py -> Redis; reads -> stats.p
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import secrets
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 from . import errors, stats
@@ -19,7 +20,7 @@ from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
 from .keys import MetaField as F
 from .models import JobConfig, JobStatus
-from .scripts import Code, Scripts, raise_for
+from .scripts import MAX_RETRY, PAGE_MAX, Code, Scripts, raise_for
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 2000
@@ -141,7 +142,8 @@ class Client:
             reply = self.scripts.call(verb, keys, list(args))
         code = int(reply[0])
         if code not in passthrough:
-            raise_for(code, job)
+            raise_for(code, job, reply[1] if code == Code.INVALID and len(reply) > 1
+                      and isinstance(reply[1], str) else "")
         return reply
 
     def ping(self) -> None:
@@ -332,8 +334,8 @@ class Client:
         """
         total = 0
         if task_ids:
-            for start in range(0, len(task_ids), 1000):
-                ids = [int(t) for t in task_ids[start : start + 1000]]
+            for start in range(0, len(task_ids), MAX_RETRY):
+                ids = [int(t) for t in task_ids[start : start + MAX_RETRY]]
                 reply = self.run(name, "retry", ["", len(ids), *ids])
                 total += int(reply[1])
             return total
@@ -352,12 +354,46 @@ class Client:
         """Ask a worker to finish its current task and leave."""
         self.run(name, "drain", ["", worker_id])
 
-    def tasks(self, name: str, state: str = "leased", limit: int = 100) -> list[dict[str, Any]]:
-        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead)."""
+    def tasks_page(self, name: str, state: str = "leased", cursor: str = "0",
+                   count: int = PAGE_MAX) -> tuple[list[dict[str, Any]], str]:
+        """One page of the tasks of the current pass in ``state`` (one bounded call).
+
+        Args:
+            name: the job.
+            state: todo | leased | done | dead.
+            cursor: "0" for the first page, then the cursor the last page returned.
+            count: the most rows of this page, 1..``PAGE_MAX`` (a page may hold fewer and
+                still not be the last one, as SCAN's do).
+
+        Returns:
+            (rows, next cursor); the listing is complete when the cursor is "0".
+
+        Raises:
+            InvalidInput: a bad state, cursor or count. JobNotFound.
+        """
         if state not in ("todo", "leased", "done", "dead"):
             raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
-        reply = self.run(name, "peek", [state, int(limit)])
-        return stats.parse_tasks(reply[1], state)
+        if not 1 <= int(count) <= PAGE_MAX:
+            raise errors.InvalidInput(f"count must be in [1, {PAGE_MAX}], got {count}")
+        reply = self.run(name, "peek", [state, cursor, int(count)])
+        return stats.parse_tasks(reply[1], state), str(reply[2])
+
+    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
+        """Every task of the current pass in ``state``, page by page (each page one
+        bounded call; a task changing state meanwhile may be listed twice or missed)."""
+        cursor = "0"
+        while True:
+            rows, cursor = self.tasks_page(name, state, cursor)
+            yield from rows
+            if cursor == "0":
+                return
+
+    def tasks(self, name: str, state: str = "leased", limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
+        read page by page (no call lists more than ``PAGE_MAX``)."""
+        if int(limit) < 1:
+            raise errors.InvalidInput(f"limit must be >= 1, got {limit}")
+        return list(itertools.islice(self.iter_tasks(name, state), int(limit)))
 
     def workers(self, name: str) -> list[dict[str, Any]]:
         """The registered workers of ``name`` with their lease counts."""

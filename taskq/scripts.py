@@ -76,6 +76,23 @@ HIST_BOUNDS_MS: tuple[int, ...] = (
     3600000,
 )
 
+#: Bounds on what one call may do, so that no call keeps Redis busy for long whatever the
+#: caller asks (docs/capacity.md has the worst call per verb they give). The scripts
+#: refuse a larger request with INVALID (or, for the reaper's budget, do this much and
+#: answer "more").
+MAX_BATCH = 64  #: tasks one call acks, fails, releases, starts or leases (batches(k) <= this)
+MAX_PREFETCH = 32  #: Trainer(prefetch=...): reserved tasks kept ahead (1 + prefetch <= MAX_BATCH)
+MAX_HELD = 128  #: leases one worker incarnation may hold at once
+MAX_LISTED = 4 * MAX_HELD  #: (task, token) pairs one heartbeat may list
+MAX_RECLAIM = 64  #: leases one reap (or leave) call ends; the rest in the next calls
+LAZY_RECLAIM = 16  #: leases a trainer's own call reclaims on the way
+PAGE_MAX = 500  #: tasks one peek page lists
+MAX_RETRY = 64  #: dead tasks one retry call puts back
+EVENT_LIST_MAX = 32  #: tasks one leased / acked / reserved event lists (count has them all)
+
+_LIMITS = ("MAX_BATCH", "MAX_PREFETCH", "MAX_HELD", "MAX_LISTED", "MAX_RECLAIM",
+           "LAZY_RECLAIM", "PAGE_MAX", "MAX_RETRY", "EVENT_LIST_MAX")
+
 _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
     Code.JOB_NOT_FOUND: (errors.JobNotFound, "job {job!r} not found (deleted or replaced)"),
     Code.JOB_EXISTS: (errors.JobExists, "job {job!r} exists (use replace=True / --replace)"),
@@ -94,7 +111,7 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
 #: The parts of the library, in the order they are joined: each uses only what the parts
 #: before it (and the generated constants) define.
 LIB_PARTS: tuple[str, ...] = (
-    "meta.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
+    "meta.lua", "args.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
     "dispatch.lua",
 )
 
@@ -131,6 +148,7 @@ def _generated() -> str:
         f"  {', '.join(names)} = unpack(keys, 1, {len(names)})",
         "end",
         f"local C = {{{codes}}}",
+        *(f"local {name} = {globals()[name]}" for name in _LIMITS),
         f"local HIST_BOUNDS = {{{bounds}}}",
         "local function hist_bucket(ms)",
     ]

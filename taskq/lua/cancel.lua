@@ -3,6 +3,10 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
+arg_id(ARGV[1], 'job_inc', true)
+arg_len(ARGV, 1)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.OK}) end

@@ -209,6 +209,15 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
   if STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
   if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
+  if want > 0 then
+    -- a worker's holdings are capped, so what one heartbeat or leave goes through is too
+    local held = redis.call('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
+    if held >= MAX_HELD then
+      return {C.INVALID, 'worker ' .. worker .. ' holds ' .. held .. ' leases, the most one '
+        .. 'worker may hold (' .. MAX_HELD .. '): ack or release some first', 0}
+    end
+    want = math.min(want, MAX_HELD - held)
+  end
   if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
     return {C.PASS_DONE, {}, 0}
   end
