@@ -299,6 +299,24 @@ class Client:
         """
         self.run(name, "cancel", [""])
 
+    def pause_job(self, name: str) -> None:
+        """Pause ``name``: trainers get no new leases (they wait, without polling, as in
+        a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
+        still end and start. Idempotent.
+
+        Raises:
+            JobNotFound, JobCompleted, JobCancelled.
+        """
+        self.run(name, "pause", [""])
+
+    def resume_job(self, name: str) -> None:
+        """End a pause: every waiting trainer is woken to lease again. Idempotent.
+
+        Raises:
+            JobNotFound.
+        """
+        self.run(name, "resume", [""])
+
     # -- passes -------------------------------------------------------------------
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
         """Start the next pass of a job waiting at a manual boundary.

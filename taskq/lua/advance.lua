@@ -19,6 +19,7 @@ if STATE == 'completed' then return done({C.JOB_COMPLETED, p, 0}) end
 if expected ~= p then return done({C.PASS_MISMATCH, p, 0}) end
 if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   start_pass(p + 1, 'pass_started')
+  check_pass_end()  -- every task dead: waiting (all_dead) at once
   return done({C.OK, p + 1, 0})
 end
 if force ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
@@ -28,4 +29,5 @@ mset(F.P_SKIPPED, skipped)
 STATE = 'running'
 finish_pass('skipped')
 if STATE == 'waiting' then start_pass(p + 1, 'pass_started') end
+check_pass_end()  -- every task dead: waiting (all_dead) at once
 return done({C.OK, mnum(F.PASS), skipped})

@@ -1,5 +1,6 @@
-#!lua
+#!lua flags=allow-oom
 -- delete: remove every key of the job (UNLINK: O(1) here, freed in the background).
+-- It only frees, so it runs out of memory too (allow-oom): the operator's way out.
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}

@@ -17,4 +17,5 @@ if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')
 mincr(F.P_RESETS)
 start_pass(p, 'pass_reset')
+check_pass_end()  -- every task dead: waiting (all_dead) at once, not running with nothing
 return done({C.OK, p})

@@ -28,7 +28,7 @@ for _, task in ipairs(ids) do
     retried = retried + 1
   end
 end
-if retried > 0 and STATE ~= 'running' then
+if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
   STATE = 'running'
   event('pass_reopened', 'round', ROUND)

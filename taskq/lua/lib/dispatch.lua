@@ -209,6 +209,11 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
   if STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
   if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
+  if want > 0 and mget(F.PAUSED) == '1' then
+    -- paused: wait like a waiting state (resume broadcasts), keeping what is held
+    redis.call('ZADD', K_WAITING, now_s(), m)
+    return {C.NOTHING, {}, 0}
+  end
   if want > 0 then
     -- a worker's holdings are capped, so what one heartbeat or leave goes through is too
     local held = redis.call('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
