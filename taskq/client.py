@@ -23,7 +23,7 @@ from .models import JobConfig, JobStatus
 from .scripts import MAX_RETRY, PAGE_MAX, Code, Scripts, raise_for
 
 STAGING_TTL_S = 3600
-STAGING_BATCH = 2000
+STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 
 
 def validate_config(cfg: JobConfig) -> None:

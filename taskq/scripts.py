@@ -80,15 +80,15 @@ HIST_BOUNDS_MS: tuple[int, ...] = (
 #: caller asks (docs/capacity.md has the worst call per verb they give). The scripts
 #: refuse a larger request with INVALID (or, for the reaper's budget, do this much and
 #: answer "more").
-MAX_BATCH = 64  #: tasks one call acks, fails, releases, starts or leases (batches(k) <= this)
-MAX_PREFETCH = 32  #: Trainer(prefetch=...): reserved tasks kept ahead (1 + prefetch <= MAX_BATCH)
-MAX_HELD = 128  #: leases one worker incarnation may hold at once
+MAX_BATCH = 32  #: tasks one call acks, fails, releases, starts or leases (batches(k) <= this)
+MAX_PREFETCH = 16  #: Trainer(prefetch=...): reserved tasks kept ahead (1 + prefetch <= MAX_BATCH)
+MAX_HELD = 64  #: leases one worker incarnation may hold at once
 MAX_LISTED = 4 * MAX_HELD  #: (task, token) pairs one heartbeat may list
-MAX_RECLAIM = 64  #: leases one reap (or leave) call ends; the rest in the next calls
-LAZY_RECLAIM = 16  #: leases a trainer's own call reclaims on the way
-PAGE_MAX = 500  #: tasks one peek page lists
-MAX_RETRY = 64  #: dead tasks one retry call puts back
-EVENT_LIST_MAX = 32  #: tasks one leased / acked / reserved event lists (count has them all)
+MAX_RECLAIM = 32  #: leases one reap (or leave) call ends; the rest in the next calls
+LAZY_RECLAIM = 8  #: leases a trainer's own call reclaims on the way
+PAGE_MAX = 100  #: tasks one peek page lists
+MAX_RETRY = 32  #: dead tasks one retry call puts back
+EVENT_LIST_MAX = 16  #: tasks one leased / acked / reserved event lists (count has them all)
 
 _LIMITS = ("MAX_BATCH", "MAX_PREFETCH", "MAX_HELD", "MAX_LISTED", "MAX_RECLAIM",
            "LAZY_RECLAIM", "PAGE_MAX", "MAX_RETRY", "EVENT_LIST_MAX")

@@ -4,7 +4,7 @@
 -- ARGV: state (todo | leased | done | dead), cursor ('0' to start), count (1..PAGE_MAX)
 -- returns: {code, {{task, lease_record_or_false, failures, attempts}...}, next_cursor}
 -- The listing is complete when next_cursor is '0'. Like SCAN's, a page may hold fewer
--- than count rows (todo looks at no more than 1,000 positions of the order per page) and
+-- than count rows (todo looks at no more than 4 x count positions of the order per page) and
 -- a task that changes state between pages may be listed twice or not at all; a page is
 -- bounded whatever the caller asks. Cursors: todo 'f<rank in the front>' then
 -- 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
@@ -39,7 +39,7 @@ if state == 'todo' then
   if next_cursor == '0' then
     pos = math.max(pos, mnum(F.CURSOR))
     local perm, steps = perm_fn(n), 0
-    while #ids < count and pos < n and steps < 1000 do
+    while #ids < count and pos < n and steps < 4 * count do
       local t = tostring(perm(pos))
       pos, steps = pos + 1, steps + 1
       if is_free(t) and redis.call('ZSCORE', K_FRONT, t) == false then ids[#ids + 1] = t end
