@@ -19,6 +19,7 @@ Data flow: this script -> taskq.Client / taskq.Trainer -> Redis; SLOWLOG -> the 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -112,24 +113,35 @@ def exercise(client: taskq.Client, job: str, n: int, list_limit: int = 100_000,
     client.delete_job(job)
 
 
-def worst_by_verb(entries: list[dict]) -> dict[str, tuple[float, int]]:
-    """SLOWLOG entries -> {verb or command: (longest ms, calls)}."""
-    out: dict[str, tuple[float, int]] = {}
+def durations_by_verb(entries: list[dict]) -> dict[str, list[float]]:
+    """SLOWLOG entries -> {verb (peek: per state) or command: [ms of each call]}."""
+    out: dict[str, list[float]] = {}
     for e in entries:
         cmd = e["command"]
         if isinstance(cmd, bytes):
             cmd = cmd.decode(errors="replace")
         words = cmd.split()
         name = words[0].upper() if words else "?"
-        if name in ("FCALL", "FCALL_RO") and len(words) > 1:
+        if name in ("FCALL", "FCALL_RO") and len(words) > 2:
             m = _FN.match(words[1])
             name = m.group(1) if m else words[1]
+            first_arg = 3 + int(words[2]) if words[2].isdigit() else len(words)
+            if name == "peek" and first_arg < len(words):
+                name = f"peek {words[first_arg]}"  # per state listed
         elif name in ("SLOWLOG", "CONFIG"):
             continue
-        ms = e["duration"] / 1000.0
-        worst, calls = out.get(name, (0.0, 0))
-        out[name] = (max(worst, ms), calls + 1)
+        out.setdefault(name, []).append(e["duration"] / 1000.0)
     return out
+
+
+def worst_by_verb(entries: list[dict]) -> dict[str, tuple[float, int]]:
+    """SLOWLOG entries -> {verb or command: (longest ms, calls)}."""
+    return {name: (max(ms), len(ms)) for name, ms in durations_by_verb(entries).items()}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> int:
@@ -148,12 +160,18 @@ def main() -> int:
                  mark=lambda step: print(f"{time.monotonic() - started:7.1f}s  {step}",
                                          file=sys.stderr))
         entries = client.redis.slowlog_get(1_000_000)
-    worst = worst_by_verb(entries)
-    print(f"worst single call per verb, {a.tasks:,} tasks (SLOWLOG, ms)\n")
-    print("| verb or command | worst ms | calls |")
-    print("|---|---:|---:|")
-    for name, (ms, calls) in sorted(worst.items(), key=lambda kv: -kv[1][0]):
-        print(f"| {name} | {ms:.2f} | {calls:,} |")
+    load = os.getloadavg()[0]
+    by_verb = durations_by_verb(entries)
+    print(f"worst single call per verb, {a.tasks:,} tasks (SLOWLOG wall time, ms; "
+          f"{os.cpu_count()} CPUs, load average {load:.1f} at the end)\n")
+    print("| verb (FCALL) or command | worst ms | p99 ms | p50 ms | calls |")
+    print("|---|---:|---:|---:|---:|")
+    fcalls = [n for n in by_verb if n.islower()]
+    for name in sorted(fcalls, key=lambda n: -max(by_verb[n])) + sorted(
+            (n for n in by_verb if not n.islower()), key=lambda n: -max(by_verb[n])):
+        ms = by_verb[name]
+        print(f"| {name} | {max(ms):.2f} | {_pct(ms, 0.99):.2f} | {_pct(ms, 0.5):.2f} "
+              f"| {len(ms):,} |")
     return 0
 
 

@@ -1,16 +1,21 @@
 """Builds taskq's Redis Function library, one function per operation, and calls it.
 
 Each ``lua/verb.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the read-only
-ones) and a KEYS / ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
+ones, ``flags=allow-oom`` for those that only free or set a flag, so an operator can still
+cancel, delete or pause a job on a Redis out of memory; one flag per verb) and a KEYS /
+ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
 ``the job's keys (keys.JOB_KEYS)``, then ``+ name, ...`` for any extra one (create's
 staging hash), and that is the number of keys a call must pass (checked here). The
 library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.JOB_KEYS``, the ``C`` table of return codes, the histogram bounds), the parts
+``keys.JOB_KEYS``, the ``C`` table of return codes, the per-call bounds ``MAX_BATCH`` ...,
+the histogram bounds), the parts
 ``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
 verb's body registered as the function ``taskq_<version>_<verb>``, which calls
 ``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the name of the meta field
 ``keys.MetaField.<NAME>`` (a literal, so no lookup at run time); an unknown name is refused.
-Python stays the one source of truth for codes, key names and meta field names.
+Python stays the one source of truth for codes, bounds, key names and meta field names.
+Every verb checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the
+name of the bad argument before its first write: Redis does not roll a script back.
 
 Why a Function library and not one EVALSHA script per operation: a library is compiled
 and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local

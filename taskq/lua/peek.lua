@@ -39,10 +39,13 @@ if state == 'todo' then
   if next_cursor == '0' then
     pos = math.max(pos, mnum(F.CURSOR))
     local perm, steps = perm_fn(n), 0
+    local front_empty = redis.call('ZCARD', K_FRONT) == 0
     while #ids < count and pos < n and steps < 4 * count do
       local t = tostring(perm(pos))
       pos, steps = pos + 1, steps + 1
-      if is_free(t) and redis.call('ZSCORE', K_FRONT, t) == false then ids[#ids + 1] = t end
+      if is_free(t) and (front_empty or redis.call('ZSCORE', K_FRONT, t) == false) then
+        ids[#ids + 1] = t
+      end
     end
     if pos < n then next_cursor = 'c' .. fmt(pos) end
   end
@@ -64,10 +67,16 @@ elseif state == 'dead' then
   local r = redis.call('SSCAN', K_DEAD, cursor, 'COUNT', count)
   next_cursor, ids = r[1], r[2]
 end
+-- the lease record only where it is current (leased); no counts to read when none exist
 local out = {}
+local with_counts = not counts_empty()
 for _, t in ipairs(ids) do
-  out[#out + 1] = {tonumber(t), redis.call('HGET', K_LEASES, t) or false,
-    tonumber(redis.call('HGET', K_COUNTS, 'f:' .. t) or '0'),
-    tonumber(redis.call('HGET', K_COUNTS, 'a:' .. t) or '0')}
+  local f, a = 0, 0
+  if with_counts then
+    f = tonumber(redis.call('HGET', K_COUNTS, 'f:' .. t) or '0')
+    a = tonumber(redis.call('HGET', K_COUNTS, 'a:' .. t) or '0')
+  end
+  out[#out + 1] = {tonumber(t), state == 'leased' and redis.call('HGET', K_LEASES, t) or false,
+    f, a}
 end
 return {C.OK, out, next_cursor}
