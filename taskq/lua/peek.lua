@@ -4,7 +4,7 @@
 -- ARGV: state (todo | leased | done | dead), cursor ('0' to start), count (1..PAGE_MAX)
 -- returns: {code, {{task, lease_record_or_false, failures, attempts}...}, next_cursor}
 -- The listing is complete when next_cursor is '0'. Like SCAN's, a page may hold fewer
--- than count rows (todo looks at no more than 4 x count positions of the order per page) and
+-- than count rows (todo looks at 4 x count positions of the order per page at most) and
 -- a task that changes state between pages may be listed twice or not at all; a page is
 -- bounded whatever the caller asks. Cursors: todo 'f<rank in the front>' then
 -- 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
@@ -38,13 +38,31 @@ if state == 'todo' then
   end
   if next_cursor == '0' then
     pos = math.max(pos, mnum(F.CURSOR))
-    local perm, steps = perm_fn(n), 0
-    local front_empty = redis.call('ZCARD', K_FRONT) == 0
-    while #ids < count and pos < n and steps < 4 * count do
-      local t = tostring(perm(pos))
-      pos, steps = pos + 1, steps + 1
-      if is_free(t) and (front_empty or redis.call('ZSCORE', K_FRONT, t) == false) then
-        ids[#ids + 1] = t
+    -- positions of the order looked up in chunks (a few commands per chunk, not a few per
+    -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
+    -- not in the front (listed above)
+    local perm, budget = perm_fn(n), 4 * count
+    local any_front = redis.call('ZCARD', K_FRONT) > 0
+    while #ids < count and pos < n and budget > 0 do
+      local span = math.min(count - #ids, n - pos, budget)
+      budget = budget - span
+      local cand, bits = {}, {}
+      for k = 1, span do
+        cand[k] = tostring(perm(pos + k - 1))
+        bits[3 * k - 2], bits[3 * k - 1], bits[3 * k] = 'GET', 'u1', cand[k]
+      end
+      pos = pos + span
+      local done = redis.call('BITFIELD_RO', K_DONE, unpack(bits))
+      local recs = redis.call('HMGET', K_LEASES, unpack(cand))
+      local dead, front = false, false
+      if not dead_empty() then dead = redis.call('SMISMEMBER', K_DEAD, unpack(cand)) end
+      if any_front then front = redis.call('ZMSCORE', K_FRONT, unpack(cand)) end
+      for k = 1, span do
+        local rec = recs[k]
+        if done[k] == 0 and not (dead and dead[k] == 1) and not (front and front[k])
+            and not (rec and string.byte(rec, 1) == 76 and lease_is_current(parse_lease(rec))) then
+          ids[#ids + 1] = cand[k]
+        end
       end
     end
     if pos < n then next_cursor = 'c' .. fmt(pos) end
@@ -67,16 +85,19 @@ elseif state == 'dead' then
   local r = redis.call('SSCAN', K_DEAD, cursor, 'COUNT', count)
   next_cursor, ids = r[1], r[2]
 end
--- the lease record only where it is current (leased); no counts to read when none exist
+-- the rows: lease records only for leased tasks, counts only when any exist (one HMGET
+-- each for the page)
 local out = {}
-local with_counts = not counts_empty()
-for _, t in ipairs(ids) do
-  local f, a = 0, 0
-  if with_counts then
-    f = tonumber(redis.call('HGET', K_COUNTS, 'f:' .. t) or '0')
-    a = tonumber(redis.call('HGET', K_COUNTS, 'a:' .. t) or '0')
-  end
-  out[#out + 1] = {tonumber(t), state == 'leased' and redis.call('HGET', K_LEASES, t) or false,
-    f, a}
+if #ids == 0 then return {C.OK, out, next_cursor} end
+local recs, counts = {}, {}
+if state == 'leased' then recs = redis.call('HMGET', K_LEASES, unpack(ids)) end
+if not counts_empty() then
+  local fields = {}
+  for k, t in ipairs(ids) do fields[2 * k - 1], fields[2 * k] = 'f:' .. t, 'a:' .. t end
+  counts = redis.call('HMGET', K_COUNTS, unpack(fields))
+end
+for k, t in ipairs(ids) do
+  out[k] = {tonumber(t), recs[k] or false, tonumber(counts[2 * k - 1] or '0') or 0,
+    tonumber(counts[2 * k] or '0') or 0}
 end
 return {C.OK, out, next_cursor}
