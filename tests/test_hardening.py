@@ -13,7 +13,14 @@ from redis_server import RedisServer
 
 import taskq
 from taskq.keys import JobKeys
-from taskq.scripts import EVENT_LIST_MAX, MAX_BATCH, MAX_HELD, MAX_PREFETCH, MAX_RECLAIM
+from taskq.scripts import (
+    EVENT_LIST_MAX,
+    MAX_BATCH,
+    MAX_HELD,
+    MAX_PREFETCH,
+    MAX_RECLAIM,
+    PAGE_MAX,
+)
 
 
 def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
@@ -74,6 +81,47 @@ def test_leaving_with_more_than_one_call_ends_leaves_the_rest_reclaimable(client
     assert (status.state, status.leased, status.counters["acked"]) == ("completed", 0, n)
     assert client.audit(job_name)["ok"]
     assert client.redis.hlen(JobKeys(job_name).winfo) == 0
+
+
+# -- listings come in pages ----------------------------------------------------------
+def test_listings_page_through_every_state_completely(client, job_name):
+    n = 3 * PAGE_MAX + 17
+    make_job(client, job_name, n, max_failures=1, shuffle=True, seed=7)
+    t = trainer(client, job_name, "w")
+    done, dead, leased = set(), set(), set()
+    for _ in range(PAGE_MAX + 5):
+        task = t.lease(timeout=0)
+        assert task is not None
+        t.ack(task)
+        done.add(task.id)
+    for _ in range(7):
+        task = t.lease(timeout=0)
+        assert task is not None
+        t.fail(task, "dead at once")
+        dead.add(task.id)
+    for _ in range(MAX_BATCH):
+        task = t.lease(timeout=0)
+        assert task is not None
+        leased.add(task.id)
+    t.release([x for x in t.held][:3])  # three back to the front: listed first in todo
+    leased -= {x for x in leased if x not in {h.id for h in t.held}}
+    expected = {"done": done, "dead": dead, "leased": leased,
+                "todo": set(range(n)) - done - dead - leased}
+    for state, ids in expected.items():
+        pages, cursor, seen = 0, "0", []
+        while True:
+            rows, cursor = client.tasks_page(job_name, state, cursor)
+            assert len(rows) <= PAGE_MAX
+            seen += [r["id"] for r in rows]
+            pages += 1
+            if cursor == "0":
+                break
+        assert sorted(seen) == sorted(ids), state
+        assert {r["id"] for r in client.tasks(job_name, state, limit=10**6)} == ids
+    assert len(client.tasks(job_name, "todo", limit=5)) == 5
+    with pytest.raises(taskq.InvalidInput, match="count must be in"):
+        client.tasks_page(job_name, "todo", "0", PAGE_MAX + 1)
+    t.close()
 
 
 # -- events: an entry is bounded ----------------------------------------------------
@@ -221,3 +269,20 @@ def test_pause_gives_no_new_leases_keeps_held_ones_and_resume_wakes_waiters(clie
     assert client.status(job_name).state == "running"
     holder.close()
     waiter.close()
+
+
+def test_cli_pause_and_resume(url, client, job_name):
+    from click.testing import CliRunner
+    from taskq.cli.main import cli
+
+    make_job(client, job_name, 2)
+    r = CliRunner().invoke(cli, ["--url", url, "job", "pause", job_name])
+    assert r.exit_code == 0 and "paused" in r.output
+    r = CliRunner().invoke(cli, ["--url", url, "job", "status", job_name, "--json"])
+    assert r.exit_code == 0 and '"state": "paused"' in r.output
+    r = CliRunner().invoke(cli, ["--url", url, "job", "resume", job_name])
+    assert r.exit_code == 0 and "resumed" in r.output
+    assert client.status(job_name).state == "running"
+    client.cancel_job(job_name)
+    r = CliRunner().invoke(cli, ["--url", url, "job", "pause", job_name])
+    assert r.exit_code != 0 and "cancelled" in r.output + (r.stderr or "")
