@@ -286,3 +286,21 @@ def test_cli_pause_and_resume(url, client, job_name):
     client.cancel_job(job_name)
     r = CliRunner().invoke(cli, ["--url", url, "job", "pause", job_name])
     assert r.exit_code != 0 and "cancelled" in r.output + (r.stderr or "")
+
+
+def test_a_paused_job_still_ends_a_per_pass_iterator_at_a_manual_boundary(client, job_name):
+    make_job(client, job_name, 2, passes=2, auto_advance=False)
+    t = trainer(client, job_name, "w")
+    passes = t.passes()
+    assert len(list(next(passes))) == 2
+    client.pause_job(job_name)
+    status = client.status(job_name)
+    assert (status.state, status.reason) == ("waiting", "manual_advance")
+    assert t.lease(timeout=0, expect_pass=0) is None
+    # the pass is done for it (PASS_DONE): not left waiting for a resume
+    assert client.redis.zcard(JobKeys(job_name).waiting) == 0
+    client.next_pass(job_name)
+    client.resume_job(job_name)
+    assert len(list(next(passes))) == 2
+    t.close()
+    assert client.status(job_name).state == "completed"

@@ -209,6 +209,9 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
   if STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
   if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
+  if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
+    return {C.PASS_DONE, {}, 0}
+  end
   if want > 0 and mget(F.PAUSED) == '1' then
     -- paused: wait like a waiting state (resume broadcasts), keeping what is held
     redis.call('ZADD', K_WAITING, now_s(), m)
@@ -222,9 +225,6 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
         .. 'worker may hold (' .. MAX_HELD .. '): ack or release some first', 0}
     end
     want = math.min(want, MAX_HELD - held)
-  end
-  if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
-    return {C.PASS_DONE, {}, 0}
   end
   -- expecting a later pass than the current one only happens after a rollback (a restart
   -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
