@@ -449,8 +449,9 @@ class Client:
     def reap(self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = "") -> tuple[
         int, bool, bool
     ]:
-        """Reclaim expired leases of ``name`` once (bounded). Returns (reclaimed,
-        more_left, locked_by_another_reaper)."""
+        """Reclaim expired leases of ``name`` once: at most ``min(budget, MAX_RECLAIM)``
+        (one call stays short whatever the budget). Returns (reclaimed, more_left,
+        locked_by_another_reaper)."""
         reply = self.run(name, "reap", ["", budget, lock_ms, owner or "reaper"])
         if int(reply[0]) == Code.LOCKED:
             return 0, False, True
