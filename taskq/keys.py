@@ -71,6 +71,7 @@ class MetaField:
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself
+    PAUSED = "paused"  # 1: paused (no new leases; pause / resume)
     MCLOCK = "mclock"  # 1: the job runs on the manual clock (tests)
     CURSOR = "cursor"  # position in the pass's order
     NDONE = "ndone"  # tasks acked in this pass attempt

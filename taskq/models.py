@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-STATES = ("running", "waiting", "completed", "cancelled")
+STATES = ("running", "paused", "waiting", "completed", "cancelled")
 
 _EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread asks first
 

@@ -89,6 +89,8 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")
+    if state == "running" and meta.get(F.PAUSED) == "1":
+        state = "paused"  # running, but no new leases until resumed
     if state in ("completed", "cancelled"):
         leased = 0
     todo = max(0, n - dead - done - leased) if state != "cancelled" else 0
@@ -120,7 +122,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
         done=done, dead=dead, workers=alive, incarnation=meta[F.INC], config=config,
         counters=counters, pass_started_ms=_int(meta, F.PSTART),
         created_ms=_int(meta, F.CREATED), now_ms=now_ms, pass_attempt=_int(meta, F.P_RESETS),
-        reserved=_int(meta, F.NRESERVED) if state == "running" else 0,
+        reserved=_int(meta, F.NRESERVED) if state in ("running", "paused") else 0,
         histograms={"task_duration": histogram(hist, "dur"),
                     "redispatch_lateness": histogram(hist, "late")},
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
@@ -351,7 +353,7 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     bits, reserved, started, dead = pipe.execute()
     checks = {
         "done_matches_bitmap": status.state == "cancelled" or bits == status.done,
-        "leased_matches_indexes": status.state != "running"
+        "leased_matches_indexes": status.state not in ("running", "paused")
         or status.leased == reserved + started,
         "dead_matches_set": dead == status.dead,
         "done_within_live": status.done <= status.tasks - status.dead,

@@ -34,7 +34,7 @@ from .heartbeat import HelperHeartbeat, start_thread, stop_dropped
 from .keys import JobKeys
 from .models import Task
 from .protocol import HeartbeatReply, JobInfo, Step, Wire
-from .scripts import Code, Scripts
+from .scripts import MAX_PREFETCH, Code, Scripts
 
 log = logging.getLogger("taskq.trainer")
 
@@ -101,8 +101,8 @@ class Trainer:
         self.worker_id = worker_id or default_worker_id()
         if "|" in self.worker_id or not self.worker_id:
             raise errors.InvalidInput(f"bad worker id {self.worker_id!r}: '|' not allowed")
-        if prefetch < 0:
-            raise errors.InvalidInput(f"prefetch must be >= 0, got {prefetch}")
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         if worker_ttl is not None and worker_ttl <= 0:
             raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
         if heartbeat is True:

@@ -5,14 +5,21 @@
 --       started, rest reserved), expect_pass (-1 any)
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
 --           {pass, gen, state, reason}}
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local want = arg_int(ARGV[4], 'want', 0, MAX_BATCH)
+local call_no = arg_int(ARGV[5], 'call_no', 0, 9007199254740991)
+local mode = arg_enum(ARGV[6], 'mode', 'S R F')
+local expect_pass = arg_int(ARGV[7], 'expect_pass', -1, 9007199254740991)
+arg_len(ARGV, 7)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
-local want, call_no = tonumber(ARGV[4]), tonumber(ARGV[5])
 
-reclaim(100)
+reclaim(LAZY_RECLAIM)
 local ws = touch_worker(worker, winc)
 if ws == 'lost' then return done({C.REREGISTER, {}, 0, job_info()}) end
 if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info()}) end
-local r = lease_part(worker, winc, want, call_no, ARGV[6], tonumber(ARGV[7]))
+local r = lease_part(worker, winc, want, call_no, mode, expect_pass)
 return done({r[1], r[2], r[3], job_info()})

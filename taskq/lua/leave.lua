@@ -2,16 +2,25 @@
 -- leave: a worker deregisters, releasing everything it holds in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc, worker, winc
--- returns: {code, released_count}
+-- returns: {code, released_count, more (1: the rest is left to reclaim)}
 -- Started leases count an attempt (as a release does); reserved ones count nothing.
+-- One call ends at most MAX_RECLAIM leases: when the worker holds more, it is declared
+-- lost at once instead of removed, so the rest is reclaimed as a lost worker's, in bounded
+-- steps, by the next calls (any trainer's lazy reclaim, the reaper), which then remove it.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+arg_len(ARGV, 3)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
 local m = worker .. '|' .. winc
 local released = 0
 local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
-  'LIMIT', 0, 1000)
-for _, item in ipairs(items) do
+  'LIMIT', 0, MAX_RECLAIM + 1)
+local more = #items > MAX_RECLAIM
+for idx, item in ipairs(items) do
+  if idx > MAX_RECLAIM then break end
   local task = string.match(item, '|([^|]*)$')
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
@@ -24,6 +33,13 @@ for _, item in ipairs(items) do
     redis.call('ZREM', K_OWNED, item)
   end
 end
-if redis.call('ZSCORE', K_WORKERS, m) then remove_worker(m, 'worker_left') end
+if more then
+  redis.call('ZADD', K_WORKERS, fmt(JNOW - 1), m)
+  redis.call('ZREM', K_WAITING, m)
+  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
+  event('worker_left', 'worker', worker, 'incarnation', winc, 'to_reclaim', 'yes')
+elseif redis.call('ZSCORE', K_WORKERS, m) then
+  remove_worker(m, 'worker_left')
+end
 check_pass_end()
-return done({C.OK, released})
+return done({C.OK, released, more and 1 or 0})

@@ -4,18 +4,24 @@
 -- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local ttl = arg_int(ARGV[4], 'ttl_ms', 0, 31536000000)
+local host = arg_id(ARGV[5], 'host', true)
+local pid = arg_int(ARGV[6], 'pid', 0, 4294967295)
+arg_len(ARGV, 6)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
-local ttl = tonumber(ARGV[4]) or 0
 if ttl <= 0 then ttl = mnum(F.TTL) end
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
   redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
 end
-reclaim(1000)
+reclaim(MAX_RECLAIM)
 redis.call('HSET', K_WINFO, worker,
-  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0')
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

@@ -14,6 +14,10 @@ local function save_summary(kind)
   }
   redis.call('HSET', K_PASSES, field, cjson.encode(summary))
   redis.call('HDEL', K_PASSES, tostring(tonumber(p) - 1000))
+  -- resets of one pass are kept 1,000 deep too (a reset loop must not grow the hash)
+  if kind == 'reset' then
+    redis.call('HDEL', K_PASSES, p .. '/r' .. fmt(mnum(F.P_RESETS) - 1000))
+  end
 end
 
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
