@@ -49,11 +49,15 @@ class Feeder(threading.Thread):
         tasks_ahead: tasks leased and not yet read to their end, at most.
         after_pass: the pass the previous iteration finished, if it did.
         worker_id: the trainer's worker id.
+        processes: the DataLoader's worker processes; one that dies (a non-zero exit)
+            ends the iteration and releases everything held at once, wherever torch's
+            error surfaces in the main thread (maybe in the loop body, not in next()).
     """
 
     def __init__(self, dataset: TaskDataset, tasks: Any, readers: int,
                  finished: Callable[[], int], iteration: int, pass_end: str,
-                 tasks_ahead: int, after_pass: int | None, worker_id: str | None) -> None:
+                 tasks_ahead: int, after_pass: int | None, worker_id: str | None,
+                 processes: Callable[[], list[Any]] = list) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
         self.tasks = tasks
@@ -64,6 +68,7 @@ class Feeder(threading.Thread):
         self.tasks_ahead = max(1, tasks_ahead)
         self.after_pass = after_pass
         self.worker_id = worker_id
+        self.processes = processes
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self.end_state: str | None = None
@@ -144,6 +149,10 @@ class Feeder(threading.Thread):
             self._flush()
             if self._finish.is_set():
                 return
+            dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
+                                   "they had")
             holding = bool(self._held)
             if phase == "end" or (
                     phase == "feed" and self._dispatched - self.finished() >= self.tasks_ahead

@@ -147,7 +147,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         start = sum(feed.finished)
         feeder = Feeder(ds, feed.tasks, max(1, self.num_workers),
                         lambda: sum(feed.finished) - start, self._iteration_no,
-                        self.pass_end, self.tasks_ahead, self._done_pass, self.worker_id)
+                        self.pass_end, self.tasks_ahead, self._done_pass, self.worker_id,
+                        lambda: list(getattr(torch_iter, "_workers", ())))
         feeder.start()
         self._current = _TaskqIter(self, torch_iter, feeder, feed)
         return self._current
@@ -283,10 +284,10 @@ class _TaskqIter:
                                          f"{text}")
 
     def _finish(self) -> NoReturn:
-        self._end(ack_taken=True, shutdown=False)
+        self._end(ack_taken=True, shutdown=False, raise_error=True)
         raise StopIteration
 
-    def _end(self, ack_taken: bool, shutdown: bool) -> None:
+    def _end(self, ack_taken: bool, shutdown: bool, raise_error: bool = False) -> None:
         if self.ended:
             return
         self.ended = True
@@ -306,7 +307,7 @@ class _TaskqIter:
             loader.state = feeder.end_state
             if feeder.end_state in ("pass_complete", "exhausted"):
                 loader._done_pass = feeder.pass_no
-        if feeder.error is not None and not shutdown:
+        if feeder.error is not None and raise_error:
             raise feeder.error
 
     def _stop_workers(self, broken: bool) -> None:
