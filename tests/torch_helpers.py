@@ -48,3 +48,44 @@ def rows_of(batch: dict[str, Any]) -> list[tuple[int, int]]:
 
 def per_file(rows: list[tuple[int, int]]) -> Counter[int]:
     return Counter(f for f, _ in rows)
+
+
+def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any) -> None:
+    """One DDP rank (gloo): a tiny model over a taskq.torch loader for two passes, steps
+    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states) on ``out``."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    import taskq.torch
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=30))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=rank)
+    steps, rows, states = [], [], []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local") as loader:
+        for _ in range(2):
+            n, got = 0, []
+            with Join([model]):
+                for batch in loader:
+                    x = batch["i"].float().unsqueeze(1)
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    got += rows_of(batch)
+                    n += 1
+                    time.sleep(0.03 if rank == 0 else 0.0)  # ranks of different speeds
+            steps.append(n)
+            rows.append(got)
+            states.append(loader.state)
+    # the same weights everywhere: every step was an allreduce of all ranks (or a shadow)
+    weight = [p.detach().flatten().tolist() for p in model.parameters()]
+    out.put((rank, steps, rows, states, weight))
+    dist.destroy_process_group()
