@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,16 @@ def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.Data
                                   num_workers=num_workers, **kw)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
 def test_passes_deliver_every_sample_once_and_end_with_the_job(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int
-) -> None:
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int,
+        persistent: bool) -> None:
     """Two passes of 6 tasks x 10 rows: each epoch yields every row once, the first ends
     'pass_complete', the second 'completed'; a third iter ends at once; audit: 6 + 6."""
     chunks = write_jsonl(tmp_path, 6, 10)
     make_job(client, job_name, chunks, passes=2)
-    with _loader(url, job_name, num_workers, seed=7) as loader:
+    extra = {"persistent_workers": True} if persistent else {}
+    with _loader(url, job_name, num_workers, seed=7, **extra) as loader:
         epochs, states, passes = [], [], []
         for _ in range(2):
             rows: list[tuple[int, int]] = []
@@ -218,3 +220,52 @@ def test_plain_iteration_is_refused_and_json_rows_are_real(tmp_path: Path) -> No
         iter(ds)
     with pytest.raises(taskq.InvalidInput):
         taskq.torch.DataLoader(ds, shuffle=True)
+
+
+def test_global_pass_end_waits_for_everyone_and_reads_late_work_in_process(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """Another trainer holds a task while the loader's workers finish the rest: the
+    iteration does not end; when that task comes back it is read in the main process and
+    the iteration ends with the pass (here the job) complete."""
+    chunks = write_jsonl(tmp_path, 4, 3)
+    make_job(client, job_name, chunks)
+    other = taskq.Trainer(job_name, url=url)
+    held = other.lease(timeout=2.0)
+    assert held is not None
+    released_at: list[float] = []
+
+    def give_back() -> None:
+        released_at.append(time.monotonic())
+        other.release(held)
+
+    timer = threading.Timer(1.5, give_back)
+    timer.start()
+    try:
+        with _loader(url, job_name, 2) as loader:
+            rows = [r for b in loader for r in rows_of(b)]
+            ended_at = time.monotonic()
+            assert loader.state == "completed"
+    finally:
+        timer.join()
+        other.close()
+    assert ended_at > released_at[0]
+    assert sorted(rows) == [(f, i) for f in range(4) for i in range(3)]
+    assert client.audit(job_name)["passes"][0]["done"] == 4
+
+
+def test_cancelling_the_job_ends_the_iteration_at_once(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    chunks = write_jsonl(tmp_path, 20, 20)
+    make_job(client, job_name, chunks)
+    with _loader(url, job_name, 2) as loader:
+        n = 0
+        for _ in loader:
+            n += 1
+            if n == 2:
+                client.cancel_job(job_name)
+                cancelled_at = time.monotonic()
+            time.sleep(0.02)
+        assert loader.state == "cancelled"
+        assert time.monotonic() - cancelled_at < 5.0
+        assert n < 50  # of 100 batches: the rest was never delivered
+        assert list(loader) == [] and loader.state == "cancelled"

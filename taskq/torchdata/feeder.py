@@ -153,11 +153,13 @@ class Feeder(threading.Thread):
             if dead:
                 raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
                                    "they had")
+            # a lease the server took back (say, the job was cancelled): ask it now
+            revoked = self._drop_revoked()
             holding = bool(self._held)
-            if phase == "end" or (
-                    phase == "feed" and self._dispatched - self.finished() >= self.tasks_ahead
-            ) or (phase == "tail" and holding
-                  and time.monotonic() - last_poll < _TAIL_POLL_S):
+            idle = phase == "end" or (
+                phase == "feed" and self._dispatched - self.finished() >= self.tasks_ahead
+            ) or (phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S)
+            if idle and not (revoked and phase != "end"):
                 self._wait(0.5)
                 continue
             last_poll = time.monotonic()
@@ -194,6 +196,15 @@ class Feeder(threading.Thread):
                 phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
+
+    def _drop_revoked(self) -> bool:
+        """Forget held tasks the server took back (a heartbeat's answer): their acks
+        would be stale. True if there were any."""
+        with self._lock:
+            gone = [t.id for t in self._held.values() if t.revoked.is_set()]
+            for task_id in gone:
+                del self._held[task_id]
+        return bool(gone)
 
     def _dispatch(self, task: Task, to: Any) -> None:
         with self._lock:
