@@ -198,7 +198,7 @@ class TaskDataset(IterableDataset[Any]):
                     open_.append(task)
             if not open_:
                 break
-            task = open_[rng.randrange(len(open_))] if len(open_) > 1 else open_[0]
+            task = open_[int(rng.random() * len(open_))] if len(open_) > 1 else open_[0]
             index, raw = task.ahead
             try:
                 sample = self.transform(raw) if self.transform is not None else raw

@@ -146,11 +146,13 @@ class Feeder(threading.Thread):
         phase = "feed"
         last_poll = 0.0
         while True:
-            self._flush()
+            acks = self._collect()
             if self._finish.is_set():
+                self._ack(acks)
                 return
             dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
             if dead:
+                self._ack(acks)  # taken by the loop before the death
                 raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
                                    "they had")
             # a lease the server took back (say, the job was cancelled): ask it now
@@ -160,11 +162,20 @@ class Feeder(threading.Thread):
                 phase == "feed" and self._dispatched - self.finished() >= self.tasks_ahead
             ) or (phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S)
             if idle and not (revoked and phase != "end"):
-                self._wait(0.5)
+                self._ack(acks)
+                # readers finishing a task do not wake us: look at their counts often
+                self._wait(0.05 if phase == "feed" else 0.5)
                 continue
             last_poll = time.monotonic()
+            want = 1 if phase == "tail" else max(
+                1, self.tasks_ahead - (self._dispatched - self.finished()))
+            self.acked += len(acks)
             try:
-                task = trainer.lease(timeout=0 if holding else _BLOCK_S, expect_pass=pass_no)
+                # one call acks what the loop took and leases several: Trainer.lease()
+                # takes one task and no acks, and each call waits for the GIL behind
+                # a busy main thread (num_workers=0)
+                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no,
+                                       acks=acks)
             except errors.JobCompleted:
                 phase = self._end("completed")
                 continue
@@ -174,10 +185,9 @@ class Feeder(threading.Thread):
             except errors.Draining:
                 phase = self._end("draining")
                 continue
-            except errors.CorruptData:
-                continue  # the trainer failed it already (unreadable chunk list)
-            if task is not None:
-                self._dispatch(task, self.tail if phase == "tail" else self.tasks)
+            if got:
+                for task in got:
+                    self._dispatch(task, self.tail if phase == "tail" else self.tasks)
                 continue
             if self._finish.is_set():
                 continue
@@ -233,9 +243,21 @@ class Feeder(threading.Thread):
 
     def _flush(self) -> None:
         """Perform the main thread's acks (one call) and fails."""
-        if not self._cmds or self.trainer is None:
-            return
+        self._ack(self._collect())
+
+    def _ack(self, acks: list[Task]) -> None:
+        if acks and self.trainer is not None:
+            try:
+                self.trainer.ack(acks)
+            except errors.LeaseLost as e:
+                log.warning("%s", e)  # the others in the call were counted
+            self.acked += len(acks)
+
+    def _collect(self) -> list[Task]:
+        """Take the main thread's commands: perform the fails; return the tasks to ack."""
         acks: list[Task] = []
+        if not self._cmds or self.trainer is None:
+            return acks
         fails: list[tuple[Task, str]] = []
         while self._cmds:
             kind, task_id, token, text = self._cmds.popleft()
@@ -248,12 +270,6 @@ class Feeder(threading.Thread):
                 acks.append(task)
             else:
                 fails.append((task, text))
-        if acks:
-            try:
-                self.trainer.ack(acks)
-            except errors.LeaseLost as e:
-                log.warning("%s", e)  # the others in the call were counted
-            self.acked += len(acks)
         for task, text in fails:
             log.warning("job %s task %s: %s; failing the task", self.dataset.job, task.id,
                         text)
@@ -262,3 +278,4 @@ class Feeder(threading.Thread):
             except errors.LeaseLost as e:
                 log.warning("%s", e)
             self.failed += 1
+        return acks

@@ -62,7 +62,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             the loop goes on) or "raise" (also raise ``CorruptData`` from the loop).
         pass_end: "global" or "local" (see above).
         tasks_ahead: tasks leased and not yet read to their end, at most (default
-            ``max(1, num_workers) * (interleave + 1)``).
+            ``max(2, num_workers) * (interleave + 2)``).
         worker_id: the trainer's worker id (default ``host:pid:random``).
 
     Raises:
@@ -107,7 +107,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.user_drop_last = drop_last
         self.on_error = on_error
         self.pass_end = pass_end
-        self.tasks_ahead = tasks_ahead or max(1, num_workers) * (dataset.interleave + 1)
+        self.tasks_ahead = tasks_ahead or max(2, num_workers) * (dataset.interleave + 2)
         self.worker_id = worker_id
         #: why the last iteration ended: "pass_complete", "completed", "cancelled",
         #: "exhausted" (pass_end="local"), "draining"; None before the first one ended
