@@ -43,8 +43,7 @@ def test_two_ddp_ranks_two_passes_with_join(client: taskq.Client, url: str, job_
     everything = sorted((f, i) for f, n in enumerate(sizes) for i in range(n))
     for pass_no in range(2):
         rows = results[0][1][pass_no] + results[1][1][pass_no]
-        assert sorted(rows) == everything
-        assert all(results[r][0][pass_no] > 0 for r in range(2))
+        assert sorted(rows) == everything  # (a rank may get no task: Join covers that too)
     assert results[0][0] != results[1][0], "the ranks took as many steps: nothing to align"
     assert results[0][3] == results[1][3]
     audit = client.audit(job_name)

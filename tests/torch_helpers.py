@@ -70,7 +70,8 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=rank)
     steps, rows, states = [], [], []
-    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local") as loader:
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local",
+                                tasks_ahead=2) as loader:
         for _ in range(2):
             n, got = 0, []
             with Join([model]):
@@ -81,7 +82,7 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
                     opt.zero_grad()
                     got += rows_of(batch)
                     n += 1
-                    time.sleep(0.03 if rank == 0 else 0.0)  # ranks of different speeds
+                    time.sleep(0.05 if rank == 0 else 0.0)  # ranks of different speeds
             steps.append(n)
             rows.append(got)
             states.append(loader.state)
