@@ -3,14 +3,18 @@ passes, the ack rule, shuffling, bad data, a SIGKILLed worker, Redis load per pr
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
+import tarfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from redis_server import RedisServer, wait_until
 from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
@@ -101,22 +105,41 @@ def test_task_is_acked_only_after_the_loop_took_its_last_sample(
 
 def test_bad_data_fails_the_task_until_dead_and_the_pass_completes(
         client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
-    """A missing file and a corrupt row: each task fails with the reader's error text,
-    is dead at max_failures, the loop sees every good row and the pass completes."""
-    chunks = write_jsonl(tmp_path, 4, 5)
+    """A missing file, a corrupt Parquet file, a truncated tar member and a bad JSON row:
+    each task fails with the reader's error text, is dead at max_failures, the loop sees
+    every good row and the pass completes."""
+    chunks = write_jsonl(tmp_path, 6, 5)
     chunks[1]["path"] = str(tmp_path / "missing.jsonl")
     Path(chunks[2]["path"]).write_text('{"f": 2, "i": 0}\n{"f": 2, "i"\n')
+    bad_parquet = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"f": [3] * 50, "i": list(range(50))}), bad_parquet)
+    data = bad_parquet.read_bytes()
+    bad_parquet.write_bytes(data[:8] + b"\x00" * 64 + data[72:])  # pages overwritten
+    chunks[3] = {"path": str(bad_parquet), "format": "parquet"}
+    tar_path = tmp_path / "rows.tar"
+    body = "".join(json.dumps({"f": 4, "i": i}) + "\n" for i in range(200)).encode()
+    with tarfile.open(tar_path, "w") as tar:
+        info = tarfile.TarInfo("rows.jsonl")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    tar_path.write_bytes(tar_path.read_bytes()[:512 + len(body) // 2])  # member cut short
+    chunks[4] = {"path": str(tar_path), "format": "tar"}
+    good_parquet = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"f": [5] * 5, "i": list(range(5))}), good_parquet)
+    chunks[5] = {"path": str(good_parquet), "format": "parquet"}
     make_job(client, job_name, chunks, max_failures=2)
     with _loader(url, job_name, 2, batch_size=3) as loader:
         rows = [r for b in loader for r in rows_of(b)]
         assert loader.state == "completed"
-    assert per_file(rows) == {0: 5, 3: 5}
+        assert loader.counts["tasks_failed"] == 8
+    assert per_file(rows) == {0: 5, 5: 5}
     st = client.status(job_name)
-    assert (st.done, st.dead) == (2, 2)
+    assert (st.done, st.dead) == (2, 4)
     texts = [f.get("error", "") for _, f in client.events(job_name, count=500)
              if f["type"] == "failed"]
-    assert sum("FileNotFoundError" in t for t in texts) == 2
-    assert sum("JSONDecodeError" in t for t in texts) == 2
+    for kind in ("FileNotFoundError", "JSONDecodeError", "ReadError"):
+        assert sum(kind in t for t in texts) == 2, (kind, texts)
+    assert sum("ArrowInvalid" in t or "OSError" in t for t in texts) == 2, texts
 
 
 def test_on_error_raise_stops_the_loop_with_the_readers_text(

@@ -24,14 +24,34 @@ def write_jsonl(directory: Path, files: int, lines: int | list[int]) -> list[dic
 
 
 def jsonl_reader(chunks: list[dict[str, Any]], start: int) -> Iterator[dict[str, int]]:
-    """Rows of a task's files, from row ``start`` (module level: picklable for spawn)."""
+    """Rows of a task's files, from row ``start`` (module level: picklable for spawn).
+    JSONL by default; ``"format": "parquet"`` (pyarrow) or ``"tar"`` (JSONL members)."""
     k = 0
     for chunk in chunks:
+        for row in _rows(chunk):
+            if k >= start:
+                yield row
+            k += 1
+
+
+def _rows(chunk: dict[str, Any]) -> Iterator[dict[str, int]]:
+    fmt = chunk.get("format", "jsonl")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(chunk["path"]).iter_batches():
+            yield from batch.to_pylist()
+    elif fmt == "tar":
+        import tarfile
+
+        with tarfile.open(chunk["path"]) as tar:
+            for member in tar:
+                f = tar.extractfile(member)
+                if f is not None:
+                    yield from (json.loads(line) for line in f.read().splitlines())
+    else:
         with open(chunk["path"]) as f:
-            for line in f:
-                if k >= start:
-                    yield json.loads(line)
-                k += 1
+            yield from (json.loads(line) for line in f)
 
 
 def make_job(client: taskq.Client, name: str, chunks: list[dict[str, Any]],
