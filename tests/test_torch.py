@@ -292,3 +292,22 @@ def test_cancelling_the_job_ends_the_iteration_at_once(
         assert time.monotonic() - cancelled_at < 5.0
         assert n < 50  # of 100 batches: the rest was never delivered
         assert list(loader) == [] and loader.state == "cancelled"
+
+
+def test_break_releases_what_was_held_and_the_next_iteration_finishes_the_pass(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """`break` after 2 batches (no task taken whole), then iterate again: nothing of the
+    broken iteration was acked (every row comes again), its tasks went back at once, the
+    pass completes, and no feeder thread is left."""
+    chunks = write_jsonl(tmp_path, 6, 8)
+    make_job(client, job_name, chunks)
+    with _loader(url, job_name, 2, batch_size=4) as loader:
+        for n, _ in enumerate(loader):
+            if n == 1:
+                break
+        rest = [r for b in loader for r in rows_of(b)]  # the first iteration is closed here
+        assert loader.state == "completed"
+    assert set(rest) == {(f, i) for f in range(6) for i in range(8)}
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["passes"][0]["done"] == 6
+    assert not [t for t in threading.enumerate() if t.name.startswith("taskq-feeder")]
