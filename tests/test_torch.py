@@ -234,6 +234,12 @@ def test_local_pass_end_ends_when_nothing_is_left_to_lease(
     other.close()
 
 
+def test_a_missing_job_raises_from_the_loop(url: str, job_name: str) -> None:
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
+    with taskq.torch.DataLoader(ds, num_workers=2) as loader, pytest.raises(taskq.JobNotFound):
+        next(iter(loader))
+
+
 def test_plain_iteration_is_refused_and_json_rows_are_real(tmp_path: Path) -> None:
     chunks = write_jsonl(tmp_path, 1, 2)
     assert [json.loads(x) for x in Path(chunks[0]["path"]).read_text().splitlines()] == [
