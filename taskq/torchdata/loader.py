@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import torch.utils.data
 
 from .. import errors
+from ..trainer import default_worker_id
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
 from .feeder import Feeder
 
@@ -63,7 +64,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         pass_end: "global" or "local" (see above).
         tasks_ahead: tasks leased and not yet read to their end, at most (default
             ``max(2, num_workers) * (interleave + 2)``).
-        worker_id: the trainer's worker id (default ``host:pid:random``).
+        worker_id: the trainer's worker id (default ``host:pid:random``, kept for the
+            loader's life).
 
     Raises:
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
@@ -108,7 +110,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.on_error = on_error
         self.pass_end = pass_end
         self.tasks_ahead = tasks_ahead or max(2, num_workers) * (dataset.interleave + 2)
-        self.worker_id = worker_id
+        #: one worker id for all iterations (each registers anew under it)
+        self.worker_id = worker_id or default_worker_id()
         #: why the last iteration ended: "pass_complete", "completed", "cancelled",
         #: "exhausted" (pass_end="local"), "draining"; None before the first one ended
         self.state: str | None = None
