@@ -1,6 +1,7 @@
 """taskq.torch.DataLoader next to a static split of the same files: samples/s, time to
 first batch, Redis script calls per second per trainer process; then a trainer process
-SIGKILLed mid-pass (samples re-read, and the audit).
+SIGKILLed mid-pass (samples re-read, and the audit); then heartbeats/s of one trainer
+process with 0, 2, 4 and 8 DataLoader workers at the same step rate.
 
 Where it sits: standalone, not part of CI or `run.py` (`python bench/torch_loader.py`).
 It starts its own redis-server (common.start_redis), writes 200 JSONL and 50 Parquet
@@ -151,6 +152,31 @@ def _taskq(server: common.RedisServer, chunks: list[dict[str, Any]], fmt: str, n
     return ttfb_t, rate_t, calls_s
 
 
+def heartbeat_rows(server: common.RedisServer, chunks: list[dict[str, Any]],
+                   workers: list[int]) -> list[dict[str, Any]]:
+    """Heartbeats/s and script calls/s of one trainer process whose loop is bound by a
+    0.1 s step (so every row consumes at the same rate), for each num_workers."""
+    url = f"redis://{common.LOOPBACK}:{server.port}/0"
+    client = taskq.connect(url)
+    out = []
+    for nw in workers:
+        job = f"bench-hb-{nw}-{time.monotonic_ns()}"
+        client.create_job(job, chunks, heartbeat_interval=0.5, worker_ttl=3.0)
+        before, t0 = fcalls(server), time.monotonic()
+        ds = taskq.torch.TaskDataset(job, reader=read_task, url=url)
+        with taskq.torch.DataLoader(ds, batch_size=4, num_workers=nw) as loader:
+            it = iter(loader)
+            for _ in it:
+                time.sleep(0.1)
+            assert it.feeder.trainer is not None
+            beats = it.feeder.trainer.heartbeats_sent
+        took = time.monotonic() - t0
+        out.append({"num_workers": nw, "heartbeats_s": beats / took,
+                    "calls_s": (fcalls(server) - before) / took})
+        client.delete_job(job)
+    return out
+
+
 def _victim(url: str, job: str, log: str) -> None:
     ds = taskq.torch.TaskDataset(job, transform=tokenize, reader=read_task, url=url)
     with open(log, "a") as out, taskq.torch.DataLoader(ds, batch_size=BATCH,
@@ -217,6 +243,8 @@ def main() -> None:
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                   for k, v in row.items()}), flush=True)
         kill = kill_run(server, *sets["jsonl"], tmp)
+        small = write_files(tmp / "small", "jsonl", 16, 8)
+        beats = heartbeat_rows(server, small, [0, 2, 4, 8])
     print("| format | workers | static samples/s | taskq samples/s | ratio | first batch "
           "static / taskq ms | Redis calls/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -224,6 +252,9 @@ def main() -> None:
         print(f"| {r['format']} | {r['num_workers']} | {r['static_sps']:,.0f} | "
               f"{r['taskq_sps']:,.0f} | {r['ratio']:.2f} | {r['static_ttfb_ms']:.0f} / "
               f"{r['taskq_ttfb_ms']:.0f} | {r['redis_calls_s']:.1f} |")
+    for b in beats:
+        print(f"heartbeats: {b['num_workers']} workers: {b['heartbeats_s']:.2f}/s, "
+              f"script calls {b['calls_s']:.1f}/s")
     print("kill:", json.dumps({k: round(v, 2) if isinstance(v, float) else v
                                for k, v in kill.items()}))
     sys.stdout.flush()
