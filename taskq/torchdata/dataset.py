@@ -165,7 +165,7 @@ class TaskDataset(IterableDataset[Any]):
         Returns:
             An iterator of (tags, control, batch) units.
         """
-        rng = random.Random(f"{self.seed}:{rng_key}:interleave")
+        rand = random.Random(f"{self.seed}:{rng_key}:interleave").random
         open_: list[_Open] = []
         tags: list[Tag] = []
         samples: list[Any] = []
@@ -173,8 +173,9 @@ class TaskDataset(IterableDataset[Any]):
         stopped = False
         size = feed.batch_size or 1
         collate = feed.collate_fn or (default_collate if feed.batch_size else default_convert)
+        transform, interleave = self.transform, self.interleave
         while True:
-            while not stopped and len(open_) < self.interleave:
+            while not stopped and len(open_) < interleave:
                 if not open_ and flush_when_idle and (samples or ctrl):
                     msg = source(False)
                     if msg is None:
@@ -196,19 +197,21 @@ class TaskDataset(IterableDataset[Any]):
                     finished()
                 else:
                     open_.append(task)
-            if not open_:
+            n_open = len(open_)
+            if not n_open:
                 break
-            task = open_[int(rng.random() * len(open_))] if len(open_) > 1 else open_[0]
+            # the hot loop: one sample per turn, with locals only
+            task = open_[int(rand() * n_open)] if n_open > 1 else open_[0]
             index, raw = task.ahead
             try:
-                sample = self.transform(raw) if self.transform is not None else raw
-                task.ahead = next(task.samples, _END)
+                sample = raw if transform is None else transform(raw)
+                task.ahead = ahead = next(task.samples, _END)
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
                 finished()
                 continue
-            last = task.ahead is _END
+            last = ahead is _END
             tags.append((task.task_id, task.token, index, last))
             samples.append(sample)
             if last:
@@ -240,7 +243,7 @@ class TaskDataset(IterableDataset[Any]):
                 items = list(it)  # a read error surfaces here, before any sample is out
                 order = list(range(len(items)))
                 random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
-                return _Open(task_id, token, ((start + i, items[i]) for i in order))
+                return _Open(task_id, token, iter([(start + i, items[i]) for i in order]))
             return _Open(task_id, token, enumerate(it, start))
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
