@@ -84,6 +84,9 @@ class Feeder(threading.Thread):
         self._finish = threading.Event()
         self._dispatched = 0
         self._readers_stopped = False
+        #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
+        #: late work read in the main process), "end"
+        self.phase = "feed"
 
     # -- the main thread's side ---------------------------------------------------
     def holds(self, task_id: int, token: int) -> bool:
@@ -95,7 +98,10 @@ class Feeder(threading.Thread):
     def ack(self, pairs: list[tuple[int, int]]) -> None:
         """Ack these (task, token) pairs (in one call, soon)."""
         self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
-        self._wake.set()
+        if self.phase != "feed":
+            # while feeding, the next lease (at most 50 ms away) carries them: one call
+            # for many tasks; at a pass's tail they are what everyone waits for
+            self._wake.set()
 
     def fail(self, task_id: int, token: int, text: str) -> None:
         """Fail one task with the reader's error text."""
@@ -143,7 +149,6 @@ class Feeder(threading.Thread):
     def _loop(self) -> None:
         assert self.trainer is not None and self.pass_no is not None
         trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
-        phase = "feed"
         last_poll = 0.0
         while True:
             acks = self._collect()
@@ -158,17 +163,18 @@ class Feeder(threading.Thread):
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self._drop_revoked()
             holding = bool(self._held)
-            idle = phase == "end" or (
-                phase == "feed" and self._dispatched - self.finished() >= self.tasks_ahead
-            ) or (phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S)
-            if idle and not (revoked and phase != "end"):
+            reading = self._dispatched - self.finished()
+            idle = self.phase == "end" or (
+                self.phase == "feed" and reading >= self.tasks_ahead
+            ) or (self.phase == "tail" and holding
+                  and time.monotonic() - last_poll < _TAIL_POLL_S)
+            if idle and not (revoked and self.phase != "end"):
                 self._ack(acks)
                 # readers finishing a task do not wake us: look at their counts often
-                self._wait(0.05 if phase == "feed" else 0.5)
+                self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
             last_poll = time.monotonic()
-            want = 1 if phase == "tail" else max(
-                1, self.tasks_ahead - (self._dispatched - self.finished()))
+            want = 1 if self.phase == "tail" else max(1, self.tasks_ahead - reading)
             self.acked += len(acks)
             try:
                 # one call acks what the loop took and leases several: Trainer.lease()
@@ -177,33 +183,33 @@ class Feeder(threading.Thread):
                 got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no,
                                        acks=acks)
             except errors.JobCompleted:
-                phase = self._end("completed")
+                self.phase = self._end("completed")
                 continue
             except errors.JobCancelled:
-                phase = self._end("cancelled")
+                self.phase = self._end("cancelled")
                 continue
             except errors.Draining:
-                phase = self._end("draining")
+                self.phase = self._end("draining")
                 continue
             if got:
                 for task in got:
-                    self._dispatch(task, self.tail if phase == "tail" else self.tasks)
+                    self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
                 continue
             if self._finish.is_set():
                 continue
             st = trainer.client.status(job, summaries=0)
             if st.state in ("completed", "cancelled"):
-                phase = self._end(st.state)
+                self.phase = self._end(st.state)
             elif st.pass_no > pass_no or (st.pass_no == pass_no and st.state == "waiting"
                                           and st.reason == "manual_advance"):
-                phase = self._end("pass_complete")
+                self.phase = self._end("pass_complete")
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
-            elif phase == "feed":
+            elif self.phase == "feed":
                 # nothing left to lease now: readers finish what they have
                 self._stop_readers()
-                phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+                self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
 
@@ -231,6 +237,7 @@ class Feeder(threading.Thread):
                 self.tasks.put(stop_msg(self.iteration))
 
     def _end(self, state: str) -> str:
+        self.phase = "end"
         if self.end_state is None:
             self.end_state = state
         self._stop_readers()
