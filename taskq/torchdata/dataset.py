@@ -63,6 +63,8 @@ class Feed:
     collate_fn: Callable[[Any], Any] | None
     drop_last: bool
     parent_pid: int = field(default_factory=os.getpid)
+    #: in-process readers only (not picklable): told each time a task was read
+    on_finished: Callable[[], None] | None = None
 
 
 def default_reader(chunks: Any, start: int) -> Iterable[Any]:
@@ -276,3 +278,5 @@ def _count(feed: Feed, slot: int) -> None:
     # one writer per slot (this worker), so no lock: a lock held by a SIGKILLed worker
     # would hang the feeder that reads the counts
     feed.finished[slot] += 1
+    if feed.on_finished is not None:
+        feed.on_finished()

@@ -33,6 +33,8 @@ log = logging.getLogger("taskq.torch")
 _BLOCK_S = 2.0
 #: how often to look for re-dispatched work while our own tasks are still being consumed
 _TAIL_POLL_S = 2.0
+#: how long an ack may wait for the next lease call to carry it, while feeding
+_ACK_DELAY_S = 0.25
 
 
 class Feeder(threading.Thread):
@@ -87,6 +89,8 @@ class Feeder(threading.Thread):
         #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
         #: late work read in the main process), "end"
         self.phase = "feed"
+        self._acks: list[Task] = []
+        self._acks_since = 0.0
 
     # -- the main thread's side ---------------------------------------------------
     def holds(self, task_id: int, token: int) -> bool:
@@ -98,10 +102,11 @@ class Feeder(threading.Thread):
     def ack(self, pairs: list[tuple[int, int]]) -> None:
         """Ack these (task, token) pairs (in one call, soon)."""
         self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
-        if self.phase != "feed":
-            # while feeding, the next lease (at most 50 ms away) carries them: one call
-            # for many tasks; at a pass's tail they are what everyone waits for
-            self._wake.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """A reader finished a task (in-process readers call this): lease more now."""
+        self._wake.set()
 
     def fail(self, task_id: int, token: int, text: str) -> None:
         """Fail one task with the reader's error text."""
@@ -151,13 +156,16 @@ class Feeder(threading.Thread):
         trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
         last_poll = 0.0
         while True:
-            acks = self._collect()
+            new = self._collect()
+            if new and not self._acks:
+                self._acks_since = time.monotonic()
+            self._acks += new
             if self._finish.is_set():
-                self._ack(acks)
+                self._ack(self._take_acks())
                 return
             dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
             if dead:
-                self._ack(acks)  # taken by the loop before the death
+                self._ack(self._take_acks())  # taken by the loop before the death
                 raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
                                    "they had")
             # a lease the server took back (say, the job was cancelled): ask it now
@@ -169,12 +177,17 @@ class Feeder(threading.Thread):
             ) or (self.phase == "tail" and holding
                   and time.monotonic() - last_poll < _TAIL_POLL_S)
             if idle and not (revoked and self.phase != "end"):
-                self._ack(acks)
-                # readers finishing a task do not wake us: look at their counts often
+                # while feeding, acks wait for the next lease call (one call for many
+                # tasks) up to _ACK_DELAY_S; at a pass's tail everyone waits for them
+                if self._acks and (self.phase != "feed" or
+                                   time.monotonic() - self._acks_since > _ACK_DELAY_S):
+                    self._ack(self._take_acks())
+                # worker processes finishing a task do not wake us: look at their counts
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
             last_poll = time.monotonic()
             want = 1 if self.phase == "tail" else max(1, self.tasks_ahead - reading)
+            acks = self._take_acks()
             self.acked += len(acks)
             try:
                 # one call acks what the loop took and leases several: Trainer.lease()
@@ -250,7 +263,12 @@ class Feeder(threading.Thread):
 
     def _flush(self) -> None:
         """Perform the main thread's acks (one call) and fails."""
-        self._ack(self._collect())
+        new = self._collect()
+        self._ack(self._take_acks() + new)
+
+    def _take_acks(self) -> list[Task]:
+        acks, self._acks = self._acks, []
+        return acks
 
     def _ack(self, acks: list[Task]) -> None:
         if acks and self.trainer is not None:

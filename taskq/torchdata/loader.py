@@ -152,6 +152,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                         lambda: sum(feed.finished) - start, self._iteration_no,
                         self.pass_end, self.tasks_ahead, self._done_pass, self.worker_id,
                         lambda: list(getattr(torch_iter, "_workers", ())))
+        if self.num_workers == 0:
+            feed.on_finished = feeder.wake
         feeder.start()
         self._current = _TaskqIter(self, torch_iter, feeder, feed)
         return self._current
