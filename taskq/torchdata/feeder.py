@@ -68,6 +68,7 @@ class Feeder(threading.Thread):
         self.iteration = iteration
         self.pass_end = pass_end
         self.tasks_ahead = max(1, tasks_ahead)
+        self._refill = max(1, self.tasks_ahead // 2)
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.processes = processes
@@ -172,8 +173,9 @@ class Feeder(threading.Thread):
             revoked = self._drop_revoked()
             holding = bool(self._held)
             reading = self._dispatched - self.finished()
+            # refill by half the read-ahead at a time: several tasks per lease call
             idle = self.phase == "end" or (
-                self.phase == "feed" and reading >= self.tasks_ahead
+                self.phase == "feed" and reading > self.tasks_ahead - self._refill
             ) or (self.phase == "tail" and holding
                   and time.monotonic() - last_poll < _TAIL_POLL_S)
             if idle and not (revoked and self.phase != "end"):
