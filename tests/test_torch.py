@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from redis_server import RedisServer, wait_until
+from support import RedisServer, wait_until
 from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
 
 import taskq

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import errors
 from ..models import Task
+from ..scripts import MAX_BATCH
 from ..trainer import Trainer
 from .dataset import TaskDataset, TaskMsg, stop_msg
 
@@ -188,8 +189,11 @@ class Feeder(threading.Thread):
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
             last_poll = time.monotonic()
-            want = 1 if self.phase == "tail" else max(1, self.tasks_ahead - reading)
+            want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
             acks = self._take_acks()
+            if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
+                self._ack(acks)
+                acks = []
             self.acked += len(acks)
             try:
                 # one call acks what the loop took and leases several: Trainer.lease()
@@ -274,10 +278,11 @@ class Feeder(threading.Thread):
 
     def _ack(self, acks: list[Task]) -> None:
         if acks and self.trainer is not None:
-            try:
-                self.trainer.ack(acks)
-            except errors.LeaseLost as e:
-                log.warning("%s", e)  # the others in the call were counted
+            for start in range(0, len(acks), MAX_BATCH):  # one call acks MAX_BATCH at most
+                try:
+                    self.trainer.ack(acks[start:start + MAX_BATCH])
+                except errors.LeaseLost as e:
+                    log.warning("%s", e)  # the others in the call were counted
             self.acked += len(acks)
 
     def _collect(self) -> list[Task]:

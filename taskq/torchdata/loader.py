@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import torch.utils.data
 
 from .. import errors
+from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
 from .feeder import Feeder
@@ -109,7 +110,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.user_drop_last = drop_last
         self.on_error = on_error
         self.pass_end = pass_end
-        self.tasks_ahead = tasks_ahead or max(2, num_workers) * (dataset.interleave + 2)
+        # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
+        # whose samples are still on their way to the loop must stay under it
+        limit = MAX_HELD // 2
+        if tasks_ahead is not None and not 1 <= tasks_ahead <= limit:
+            raise errors.InvalidInput(f"tasks_ahead must be in [1, {limit}], got {tasks_ahead}")
+        self.tasks_ahead = tasks_ahead or min(limit,
+                                              max(2, num_workers) * (dataset.interleave + 2))
         #: one worker id for all iterations (each registers anew under it)
         self.worker_id = worker_id or default_worker_id()
         #: why the last iteration ended: "pass_complete", "completed", "cancelled",
