@@ -144,6 +144,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             feed = Feed(queue.Queue(), _Box(self._iteration_no), [0],
                         self.samples_per_batch, self.user_collate_fn, self.user_drop_last)
         elif fresh or self._feed is None:
+            if self._feed is not None and self._feed.tasks is not None:
+                _retire(self._feed.tasks)  # its feeder thread must not live through the fork
             ctx = self.multiprocessing_context or multiprocessing.get_context()
             feed = Feed(ctx.Queue(), ctx.RawValue("q", self._iteration_no),
                         ctx.RawArray("q", self.num_workers), self.samples_per_batch,
@@ -340,6 +342,20 @@ class _TaskqIter:
     def close(self) -> None:
         """Abandon this iteration: release what it holds (nothing taken counts as done)."""
         self._end(ack_taken=False, shutdown=False)
+
+
+def _retire(tasks: Any) -> None:
+    """Close a past iteration's task queue and join its feeder thread (drained first, so
+    the thread never blocks on a full pipe whose readers are gone)."""
+    if not hasattr(tasks, "join_thread"):
+        return  # num_workers=0: a queue.Queue, no thread
+    try:
+        while True:
+            tasks.get_nowait()
+    except (queue.Empty, OSError, EOFError, ValueError):
+        pass
+    tasks.close()
+    tasks.join_thread()
 
 
 def _abandon(feeder: Feeder, feed: Feed) -> None:
