@@ -22,6 +22,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "started": "zset", "workers": "zset", "winfo": "hash", "waiting": "zset",
     "counts": "hash", "passes": "hash", "hist": "hash", "events": "stream", "wake": "list",
     "bcast0": "list", "bcast1": "list", "clock": "string", "lock": "string",
+    "progress": "hash", "ckpts": "zset", "ckpt": "hash", "ckdone": "string", "ckprog": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

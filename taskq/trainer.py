@@ -233,9 +233,10 @@ class Trainer:
         too, until ``_fail_corrupt`` fails them)."""
         tasks, corrupt = [], []
         with self._lock:
-            for task_id, token, attempt, chunks, started in rows:
+            for task_id, token, attempt, chunks, started, *rest in rows:
                 task = Task(id=int(task_id), pass_no=pass_no, chunks=[], token=int(token),
-                            attempt=int(attempt), job=self.job, started=bool(int(started)))
+                            attempt=int(attempt), job=self.job, started=bool(int(started)),
+                            start=int(rest[0]) if rest else 0)
                 self._held[task.id] = task
                 try:
                     task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
