@@ -90,8 +90,10 @@ redis.call('DEL', K_CKDONE, K_CKPROG)
 mset(F.CK_OPEN, '')
 -- the oldest beyond `keep` go, a few per call (each is a handful of fields)
 local over = redis.call('ZCARD', K_CKPTS) - arg
-for _, old in ipairs(redis.call('ZRANGE', K_CKPTS, 0, math.min(over, 10) - 1)) do
-  ck_drop(old)
+if over > 0 then
+  for _, old in ipairs(redis.call('ZRANGE', K_CKPTS, 0, math.min(over, 10) - 1)) do
+    ck_drop(old)
+  end
 end
 event('checkpoint', 'id', id, 'done', fmt(rec.done))
 return done({C.OK, seq})
