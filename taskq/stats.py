@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from . import errors, integrity
 from .keys import MetaField as F
 from .scripts import HIST_BOUNDS_MS, raise_for
 
@@ -211,18 +211,23 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "dead_matches_set": dead == status.dead,
         "done_within_live": status.done <= status.tasks - status.dead,
     }
+    progress = integrity.progress_check(client.redis, keys)  # docs/resume.md
+    checks["no_progress_on_done"] = not progress["done_with_progress"]
     return {
         "job": name,
         "state": status.state,
         "pass": status.pass_no,
         "passes": [
             {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
-                                   "stale", "resets", "max_lateness_ms", "expired")}
+                                   "stale", "resets", "max_lateness_ms", "expired",
+                                   "resumed", "resumed_samples", "reread_samples",
+                                   "rewound")}
             for s in passes
         ],
         "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
                     "todo": status.todo, "dead": status.dead},
         "counters": status.counters,
+        "progress": progress,
         "checks": checks,
         "ok": all(checks.values()),
     }
