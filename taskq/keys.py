@@ -59,7 +59,7 @@ class MetaField:
 
     INC = "inc"  # job incarnation (random hex, new on every create)
     STATE = "state"  # running | waiting | completed | cancelled
-    REASON = "reason"  # why waiting: manual_advance | all_dead | ''
+    REASON = "reason"  # why waiting: manual_advance | all_dead | rewinding | ''
     PASS = "pass"  # current pass number
     PASSES = "passes"  # passes to run (-1 = until cancelled)
     ROUND = "round"  # pass attempt id: grows on every pass start / reset / cancel / completion
