@@ -13,10 +13,9 @@ progress.lua (with the heartbeat) -> Redis; lease reply -> Task.start -> the rea
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import errors
-from .scripts import Code
 
 if TYPE_CHECKING:
     from .models import Task
@@ -67,17 +66,3 @@ class ProgressBuffer:
                 if cur is None or (cur[0] is task and cur[1] < n):
                     self._pending[task.id] = (task, n)
 
-
-def progress_args(job_inc: str, worker: str, winc: str,
-                  items: list[tuple[Task, int]]) -> list[Any]:
-    """The ARGV of one ``progress`` call (see ``lua/progress.lua``)."""
-    args: list[Any] = [job_inc, worker, winc, len(items)]
-    for task, n in items:
-        args += [task.id, task.token, n]
-    return args
-
-
-def stale_ids(items: list[tuple[Task, int]], results: list[Any]) -> list[int]:
-    """The ids whose report the server refused (the lease is no longer this trainer's)."""
-    return [task.id for (task, _), r in zip(items, results, strict=False)
-            if int(r) == Code.STALE]

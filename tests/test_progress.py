@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from data_files import write_parquet
-from redis_server import RedisServer, stop_process, wait_until
+from support import RedisServer, stop_process, wait_until
 
 import taskq
 from taskq.data import build_chunks, read_task
