@@ -249,3 +249,17 @@ def test_cli_lists_checkpoints_and_rewinds(url, client, job_name):
     assert client.status(job_name).done == 1
     r = run(url, "job", "rewind", job_name, "nope")
     assert r.exit_code == 1
+
+
+def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
+    make_job(client, job_name, n=2)
+    ck = client.checkpoint(job_name)["id"]
+    client.run(job_name, "rewind", ["", ck, "begin", 0])
+    with pytest.raises(taskq.TaskqError, match="rewind is in progress"):
+        client.checkpoint(job_name)
+    client.rewind(job_name, ck)
+    client.cancel_job(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        client.checkpoint(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        client.rewind(job_name, ck)

@@ -202,3 +202,15 @@ def test_task_of_a_trainer_sigkilled_at_90_percent_is_finished_from_there(
     # what the first one took past its last record is read again, and never more
     assert set(first) & set(second) == set(range(task.start, len(first)))
     assert client.status(job_name).state == "completed"
+
+
+def test_with_a_helper_process_the_loop_sends_progress_once_per_interval(client, url,
+                                                                         job_name):
+    client.create_job(job_name, chunks=[{"i": 0}], worker_ttl=2.0, heartbeat_interval=0.2,
+                      task_timeout=None)
+    with taskq.Trainer(job_name, url=url, worker_id="p", heartbeat="process") as a:
+        task = a.lease(timeout=5)
+        a.progress(task, 3)
+        # the helper process heartbeats; the loop's own call sends once an interval passed
+        assert wait_until(lambda: (a.progress(task, 6), progress_of(client, job_name))[1]
+                          == {str(task.id): "6"})
