@@ -45,6 +45,7 @@ def test_checkpoint_records_pass_done_progress_and_counters(client, job_name):
     ck = client.checkpoint(job_name)
     assert (ck["pass"], ck["done"], ck["unfinished"], ck["state"]) == (0, 2, 1, "sealed")
     assert ck["counters"]["c_acked"] == 2
+    assert ck["incarnation"] == client.status(job_name).incarnation
     assert client.checkpoints(job_name) == [ck]
     # the stored pages: the done bitmap and the unfinished task with its progress
     assert client.redis.hget(client.keys(job_name).ckpt, f"{ck['id']}:p:0") == f"{half.id}:5"

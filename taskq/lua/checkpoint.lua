@@ -51,6 +51,7 @@ if step == 'begin' then
     reason = mget(F.REASON) or '', created_ms = NOW, bytes = bytes,
     pages = math.ceil(bytes / CK_PAGE_BYTES), ppages = 0, todo_done = ntodo == 0,
     unfinished = ntodo, pstart = mnum(F.PSTART), counters = counters,
+    incarnation = mget(F.INC),
   }
   redis.call('HSET', K_CKPT, id, cjson.encode(rec))
   mset(F.CK_OPEN, id)
