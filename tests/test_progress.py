@@ -18,6 +18,7 @@ from data_files import write_parquet
 from support import RedisServer, stop_process, wait_until
 
 import taskq
+from taskq import acl
 from taskq.data import build_chunks, read_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -218,3 +219,23 @@ def test_with_a_helper_process_the_loop_sends_progress_once_per_interval(client,
         # the helper process heartbeats; the loop's own call sends once an interval passed
         assert wait_until(lambda: (a.progress(task, 6), progress_of(client, job_name))[1]
                           == {str(task.id): "6"})
+
+
+def test_a_per_job_trainer_credential_may_record_progress_and_end_passes(
+        client, url, job_name, redis_server):
+    make_job(client, job_name, n=2, passes=2, manual_clock=False)
+    rule = acl.trainer_rule(job_name, password="pw-progress-s3cr3t")
+    acl.apply(client.redis, rule)
+    host = url.split("//", 1)[1]
+    own = f"redis://{rule.user}:pw-progress-s3cr3t@{host}"
+    with taskq.Trainer(job_name, url=own, heartbeat=False) as t:
+        first = t.lease(timeout=1)
+        t.progress(first, 2)
+        assert t.heartbeat() == []
+        t.release(first)
+        again = t.lease(timeout=1)
+        assert (again.id, again.start) == (first.id, 2)
+        t.ack(again)
+        seen = [again.id] + [task.id for task in t]  # the ack ending pass 0 clears progress
+    assert sorted(seen) == [0, 0, 1, 1]
+    assert client.status(job_name).state == "completed"
