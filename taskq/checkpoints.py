@@ -177,3 +177,47 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False) -> bool:
         _step(client, job, ckpt, "rewind", ["todo", k, epoch])
     _step(client, job, ckpt, "rewind", ["seal", 0, epoch])
     return True
+
+
+def state_of(job: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The small dict a data loader's ``state_dict()`` returns for a checkpoint.
+
+    Args:
+        job: the job name.
+        record: what ``checkpoint()`` returned.
+
+    Returns:
+        ``{"job", "checkpoint", "incarnation", "pass", "done"}`` (JSON-able; ``restore``
+        reads it back).
+    """
+    return {"job": job, "checkpoint": record["id"], "incarnation": record.get("incarnation"),
+            "pass": record["pass"], "done": record["done"]}
+
+
+def restore(client: Client, state: dict[str, Any]) -> bool:
+    """Rewind the job a loader state names to its checkpoint, once: what every restarted
+    trainer (and DataLoader worker) loading the same state calls; the first one rewinds,
+    the others find the job already there (``rewind(..., once=True)``).
+
+    Args:
+        client: the admin client.
+        state: a dict made by ``state_of``.
+
+    Returns:
+        True when this call rewound the job, False when it was already there.
+
+    Raises:
+        InvalidInput: not such a dict, or a state of another incarnation of the job (it
+            was created again since: its checkpoints are gone).
+        JobNotFound, JobCancelled.
+    """
+    if not isinstance(state, dict) or not isinstance(state.get("job"), str) \
+            or not isinstance(state.get("checkpoint"), str):
+        raise errors.InvalidInput(f"not a taskq loader state: {state!r}")
+    job, ckpt = state["job"], state["checkpoint"]
+    inc = state.get("incarnation")
+    if inc and client.status(job, summaries=0).incarnation != inc:
+        raise errors.InvalidInput(
+            f"job {job!r}: the state names checkpoint {ckpt} of an earlier incarnation of the "
+            f"job (it was created again since); its position cannot be restored")
+    return rewind(client, job, ckpt, once=True)

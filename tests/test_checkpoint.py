@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from taskq.cli.main import cli
 
 import taskq
+from taskq import checkpoints
 
 
 def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
@@ -264,3 +265,19 @@ def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
         client.checkpoint(job_name)
     with pytest.raises(taskq.JobCancelled):
         client.rewind(job_name, ck)
+
+
+def test_loader_state_restores_once_and_refuses_another_incarnation(client, job_name):
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    assert json.loads(json.dumps(state)) == state and state["done"] == 1
+    t.ack(t.lease(timeout=0))
+    assert [checkpoints.restore(client, state) for _ in range(3)] == [True, False, False]
+    assert client.status(job_name).done == 1
+    make_job(client, job_name, n=3, replace=True)
+    with pytest.raises(taskq.InvalidInput, match="earlier incarnation"):
+        checkpoints.restore(client, state)
+    with pytest.raises(taskq.InvalidInput, match="not a taskq loader state"):
+        checkpoints.restore(client, {"job": job_name})
