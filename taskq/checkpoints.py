@@ -142,7 +142,7 @@ def listing(client: Client, job: str) -> list[dict[str, Any]]:
     return [_decode(r) for r in raws if r is not None]
 
 
-def rewind(client: Client, job: str, ckpt: str, once: bool = False) -> bool:
+def rewind(client: Client, job: str, ckpt: str, once: bool = False, key: str = "") -> bool:
     """Put ``job`` back to checkpoint ``ckpt``.
 
     Tasks done after it return to todo, its progress comes back, every lease held now is
@@ -153,8 +153,11 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False) -> bool:
         client: the admin client.
         job: the job name.
         ckpt: a sealed checkpoint of the job.
-        once: do nothing when the last completed rewind of the job went to ``ckpt`` and no
-            task was acked since (what restarted trainers loading one state ask for).
+        once: do nothing when the last completed rewind of the job went to ``ckpt`` and
+            (with ``key``) was made under the same key, or (without) no task was acked
+            since: what restarted trainers loading one state ask for.
+        key: with ``once``, what identifies one restart of the trainers (torchrun:
+            ``f"{TORCHELASTIC_RUN_ID}:{TORCHELASTIC_RESTART_COUNT}"``), up to 200 chars.
 
     Returns:
         True when the job was rewound, False when ``once`` found it already there.
@@ -163,8 +166,11 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False) -> bool:
         InvalidInput: no such checkpoint. JobNotFound, JobCancelled. TaskqError: another
             rewind took over meanwhile (it finishes the job's rewind).
     """
+    if not isinstance(key, str) or len(key) > 200:
+        raise errors.InvalidInput(f"rewind key must be a string of at most 200 chars, "
+                                  f"got {key!r}")
     get(client, job, ckpt)  # a readable error for an unknown id
-    reply = client.run(job, "rewind", ["", ckpt, "begin", int(once)])
+    reply = client.run(job, "rewind", ["", ckpt, "begin", int(once), key])
     code = int(reply[0])
     if code == Code.DUP:
         return False
@@ -194,7 +200,7 @@ def state_of(job: str, record: dict[str, Any]) -> dict[str, Any]:
             "pass": record["pass"], "done": record["done"]}
 
 
-def restore(client: Client, state: dict[str, Any]) -> bool:
+def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
     """Rewind the job a loader state names to its checkpoint, once: what every restarted
     trainer (and DataLoader worker) loading the same state calls; the first one rewinds,
     the others find the job already there (``rewind(..., once=True)``).
@@ -202,6 +208,9 @@ def restore(client: Client, state: dict[str, Any]) -> bool:
     Args:
         client: the admin client.
         state: a dict made by ``state_of``.
+        key: what identifies this restart of the trainers (see ``rewind``); without it, a
+            trainer that loads the state after another one already acked work rewinds
+            again.
 
     Returns:
         True when this call rewound the job, False when it was already there.
@@ -220,4 +229,4 @@ def restore(client: Client, state: dict[str, Any]) -> bool:
         raise errors.InvalidInput(
             f"job {job!r}: the state names checkpoint {ckpt} of an earlier incarnation of the "
             f"job (it was created again since); its position cannot be restored")
-    return rewind(client, job, ckpt, once=True)
+    return rewind(client, job, ckpt, once=True, key=key)

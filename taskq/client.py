@@ -452,12 +452,14 @@ class Client:
         """
         return checkpoints.listing(self, name)
 
-    def rewind(self, name: str, ckpt: str, once: bool = False) -> bool:
+    def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
         """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``).
 
         Args:
-            once: skip when the job's last rewind went to ``ckpt`` and nothing was acked
-                since (restarted trainers loading the same state).
+            once: skip when the job's last rewind went to ``ckpt`` under the same ``key``
+                (a restart's id), or without a key when nothing was acked since
+                (restarted trainers loading the same state).
+            key: see ``once``.
 
         Returns:
             True when rewound, False when ``once`` skipped it.
@@ -465,7 +467,7 @@ class Client:
         Raises:
             InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
         """
-        return checkpoints.rewind(self, name, ckpt, once)
+        return checkpoints.rewind(self, name, ckpt, once, key)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
         """Tests only: move a manual-clock job's clock by ``ms``.

@@ -117,6 +117,7 @@ class MetaField:
     RW_EPOCH = "rw_epoch"  # grows on every rewind start: fences a superseded rewind's pages
     RW_LAST = "rw_last"  # the checkpoint of the last rewind that completed
     RW_ACKS = "rw_acks"  # acked_job when that rewind completed (repeat detection)
+    RW_KEY = "rw_key"  # the restore key of the last rewind begun ('' = none given)
 
 
 #: ``MetaField``'s attributes: Lua's ``F.NAME`` -> the field's name.

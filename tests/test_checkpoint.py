@@ -281,3 +281,18 @@ def test_loader_state_restores_once_and_refuses_another_incarnation(client, job_
         checkpoints.restore(client, state)
     with pytest.raises(taskq.InvalidInput, match="not a taskq loader state"):
         checkpoints.restore(client, {"job": job_name})
+
+
+def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client, job_name):
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    t.ack(t.lease(timeout=0))
+    assert checkpoints.restore(client, state, key="run1:0")
+    b = trainer(client, job_name, "b")
+    b.ack(b.lease(timeout=0))  # the first restarted trainer already works
+    assert not checkpoints.restore(client, state, key="run1:0")  # a slower one: no rewind
+    assert client.status(job_name).done == 2
+    assert checkpoints.restore(client, state, key="run1:1")  # the next restart rewinds
+    assert client.status(job_name).done == 1

@@ -1,11 +1,12 @@
 #!lua
 -- rewind: put the job back to a checkpoint's position, in bounded calls.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), id, step (begin | page | todo | seal), arg, epoch
---   begin, arg = once (1|0): revoke every lease (a new round: late acks are stale), go
+-- ARGV: job_inc ('' = any), id, step (begin | page | todo | seal), arg, epoch (begin: key)
+--   begin, arg = once (1|0), key: revoke every lease (a new round: late acks are stale), go
 --     back to the checkpoint's pass, cursor and done count, and wait ('rewinding') while
 --     the pages are copied back. returns {code, epoch, pages, todo_pages}; with once=1,
---     DUP when the last completed rewind went to this checkpoint and nothing was acked since
+--     DUP when the last completed rewind went to this checkpoint and, with a key (a
+--     restart's id), was made under the same key; without one, when nothing was acked since
 --   page, arg = k: done-bitmap page k back. returns {code}
 --   todo, arg = k: unfinished-task page k back (to the front, with its progress). {code}
 --   seal: summaries of the passes ended after the checkpoint are marked rewound; the job
@@ -17,17 +18,25 @@ if not valid_id(id) or not arg then return {C.INVALID} end
 if step ~= 'begin' and step ~= 'page' and step ~= 'todo' and step ~= 'seal' then
   return {C.INVALID}
 end
-local epoch = uint(ARGV[5] or '0')
-if not epoch then return {C.INVALID} end
+local epoch, key = 0, ''
+if step == 'begin' then
+  key = ARGV[5] or ''
+  if #key > 200 then return {C.INVALID} end
+else
+  epoch = uint(ARGV[5] or '0')
+  if not epoch then return {C.INVALID} end
+end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
 local rec = ck_record(id)
 if not rec or rec.state ~= 'sealed' then return done({C.INVALID}) end
 if step == 'begin' then
-  if arg == 1 and mget(F.RW_LAST) == id and (mget(F.RW_OPEN) or '') == ''
-      and mnum(F.ACKED_JOB) == mnum(F.RW_ACKS) then
-    return done({C.DUP, 0, 0, 0})
+  if arg == 1 and mget(F.RW_LAST) == id and (mget(F.RW_OPEN) or '') == '' then
+    if key ~= '' and mget(F.RW_KEY) == key then return done({C.DUP, 0, 0, 0}) end
+    if key == '' and mnum(F.ACKED_JOB) == mnum(F.RW_ACKS) then
+      return done({C.DUP, 0, 0, 0})
+    end
   end
   local open = mget(F.CK_OPEN) or ''
   if open ~= '' then
@@ -43,7 +52,7 @@ if step == 'begin' then
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0, F.PSTART, fmt(NOW),
-    F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id)
+    F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id, F.RW_KEY, key)
   STATE = 'waiting'
   event('rewind_started', 'checkpoint', id, 'round', ROUND, 'revoked', fmt(revoked))
   broadcast()
