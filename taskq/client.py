@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
-from . import errors, stats
+from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
@@ -480,6 +480,48 @@ class Client:
         check that the counters agree with the sets they count."""
         with translate(self.url, self.keys(name), self.redis):
             return stats.audit(self, name)
+
+    # -- checkpoints (taskq/checkpoints.py) ----------------------------------------
+    def checkpoint(self, name: str, keep: int = checkpoints.DEFAULT_KEEP,
+                   ckpt: str | None = None) -> dict[str, Any]:
+        """Record the job's position (pass, done set, progress, counters) under an id.
+
+        Args:
+            keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
+            ckpt: the id (default: a new time-ordered one).
+
+        Returns:
+            The checkpoint's record; ``record["id"]`` names it.
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
+        """
+        return checkpoints.checkpoint(self, name, keep, ckpt)
+
+    def checkpoints(self, name: str) -> list[dict[str, Any]]:
+        """The job's sealed checkpoints, oldest first.
+
+        Raises:
+            JobNotFound.
+        """
+        return checkpoints.listing(self, name)
+
+    def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
+        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``).
+
+        Args:
+            once: skip when the job's last rewind went to ``ckpt`` under the same ``key``
+                (a restart's id), or without a key when nothing was acked since
+                (restarted trainers loading the same state).
+            key: see ``once``.
+
+        Returns:
+            True when rewound, False when ``once`` skipped it.
+
+        Raises:
+            InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
+        """
+        return checkpoints.rewind(self, name, ckpt, once, key)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
         """Tests only: move a manual-clock job's clock by ``ms``.

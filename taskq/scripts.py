@@ -117,7 +117,7 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
 #: before it (and the generated constants) define.
 LIB_PARTS: tuple[str, ...] = (
     "meta.lua", "args.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
-    "dispatch.lua",
+    "progress.lua", "dispatch.lua",
 )
 
 _NAME_RE = re.compile(r"^([a-z]+)\.lua$")

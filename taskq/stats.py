@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import redis
 
-from . import errors
+from . import errors, integrity
 from .keys import JobKeys
 from .keys import MetaField as F
 from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
@@ -358,6 +358,8 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "dead_matches_set": dead == status.dead,
         "done_within_live": status.done <= status.tasks - status.dead,
     }
+    progress = integrity.progress_check(client.redis, keys)  # docs/resume.md
+    checks["no_progress_on_done"] = not progress["done_with_progress"]
     return {
         "job": name,
         "state": status.state,
@@ -365,13 +367,15 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "passes": [
             {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
                                    "stale", "resets", "max_lateness_ms", "expired",
-                                   "started_ms", "ended_ms")}
+                                   "started_ms", "ended_ms", "resumed", "resumed_samples",
+                                   "reread_samples", "rewound")}
             for s in passes
         ],
         "first_lease_ms": first_lease_ms(client, name),
         "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
                     "todo": status.todo, "dead": status.dead},
         "counters": status.counters,
+        "progress": progress,
         "checks": checks,
         "ok": all(checks.values()),
     }

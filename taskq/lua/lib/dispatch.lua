@@ -187,6 +187,7 @@ local function take(worker, winc, want, call_no, mode)
   if #out > 0 then
     local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
     for k, g in ipairs(out) do g[4] = chunks[k] end
+    add_starts(out, GRANTED)
   end
   return out
 end
