@@ -174,7 +174,7 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
     t.ack(t.lease(timeout=0))
     ck = client.checkpoint(job_name)["id"]
     t.ack(t.lease(timeout=0))
-    client.run(job_name, "rewind", ["", ck, "begin", 0])  # the caller died after begin
+    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # the caller died after begin
     s = client.status(job_name)
     assert (s.state, s.reason) == ("waiting", "rewinding")
     assert t.lease(timeout=0) is None  # nothing is given out meanwhile
@@ -186,8 +186,8 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
 def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
     make_job(client, job_name, n=4)
     ck = client.checkpoint(job_name)["id"]
-    first = client.run(job_name, "rewind", ["", ck, "begin", 0])
-    client.run(job_name, "rewind", ["", ck, "begin", 0])  # a second rewind started
+    first = client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
     reply = client.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
     assert int(reply[0]) == taskq.scripts.Code.STALE
 
@@ -256,7 +256,7 @@ def test_cli_lists_checkpoints_and_rewinds(url, client, job_name):
 def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
     make_job(client, job_name, n=2)
     ck = client.checkpoint(job_name)["id"]
-    client.run(job_name, "rewind", ["", ck, "begin", 0])
+    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     with pytest.raises(taskq.TaskqError, match="rewind is in progress"):
         client.checkpoint(job_name)
     client.rewind(job_name, ck)

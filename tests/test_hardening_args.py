@@ -27,6 +27,8 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "token": ["x", "1|2", ""],
     "enum": ["Q", ""],
     "text": ["x" * 70000],
+    "ckpt": ["a|b", "a:b", "", "x" * 65, "a b"],
+    "cursor": ["x", "-1", "", "1" * 21],
 }
 
 #: verb -> (a well-formed ARGV, the kind of each of its arguments). The well-formed ARGV
@@ -49,6 +51,9 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                                                     "int"]),
     "leave": (["", "w", "i"], ["inc", "id", "id"]),
     "pause": ([""], ["inc"]),
+    "progress": (["", "w", "i", "1", "0", "5", "3"],
+                 ["inc", "id", "id", "count", "task", "token", "int"]),
+    "checkpoint": (["", "c1", "todo", "0", "0"], ["inc", "ckpt", "enum", "int", "cursor"]),
     "peek": (["todo", "0", "10"], ["enum", "-", "int"]),
     "reap": (["", "10", "1000", "r"], ["inc", "int", "int", "id"]),
     "register": (["", "w", "i", "0", "h", "1"], ["inc", "id", "id", "int", "inc", "int"]),
@@ -57,10 +62,21 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "resume": ([""], ["inc"]),
     "retry": (["", "1", "0"], ["inc", "count", "task"]),
     "revoke": (["", "0"], ["inc", "task"]),
+    "rewind": (["", "c1", "page", "0", "1"], ["inc", "ckpt", "enum", "int", "int"]),
     "stats": (["1", "10"], ["int", "int"]),
 }
 
-#: Values in range for the type but past a verb's own bound.
+#: The other shapes of verbs whose arguments depend on their step ("verb step" -> as in
+#: CASES); each is checked like the verb's own case.
+STEPS: dict[str, tuple[list[str], list[str]]] = {
+    "checkpoint begin": (["", "c1", "begin", "1"], ["inc", "ckpt", "enum", "int"]),
+    "checkpoint page": (["", "c1", "page", "0"], ["inc", "ckpt", "enum", "int"]),
+    "checkpoint seal": (["", "c1", "seal", "1"], ["inc", "ckpt", "enum", "int"]),
+    "rewind begin": (["", "c1", "begin", "1", "k"], ["inc", "ckpt", "enum", "int", "text"]),
+    "rewind seal": (["", "c1", "seal", "0", "1"], ["inc", "ckpt", "enum", "int", "int"]),
+}
+
+#: Values in range for the type but past a verb's own bound (a verb or a STEPS key).
 OVER_BOUND: list[tuple[str, int, str]] = [
     ("ack", 8, str(MAX_BATCH + 1)),  # want
     ("lease", 3, str(MAX_BATCH + 1)),  # want
@@ -68,22 +84,34 @@ OVER_BOUND: list[tuple[str, int, str]] = [
     ("retry", 1, str(MAX_RETRY + 1)),  # n
     ("heartbeat", 4, str(MAX_LISTED + 1)),  # n
     ("peek", 1, "zz"),  # not a todo cursor
+    ("progress", 3, str(MAX_LISTED + 1)),  # n
+    ("progress", 3, "2"),  # n: more triples than given
+    ("checkpoint", 3, "4294967296"),  # page
+    ("checkpoint begin", 3, "0"),  # keep
+    ("checkpoint seal", 3, "1001"),  # keep
+    ("rewind", 3, "4294967296"),  # page
+    ("rewind", 4, "9007199254740992"),  # epoch
+    ("rewind begin", 3, "2"),  # once
+    ("rewind begin", 4, "k" * 201),  # key
+    ("rewind seal", 3, "1"),  # unused arg
 ]
 
 
 def bad_argvs(verb: str) -> list[list[str]]:
-    """Copies of the verb's well-formed ARGV with one argument bad, one missing, one extra."""
-    argv, kinds = CASES[verb]
+    """Copies of the verb's well-formed ARGVs with one argument bad, one missing, one extra."""
+    shapes = {verb: CASES[verb], **{k: c for k, c in STEPS.items() if k.split()[0] == verb}}
     out = []
-    for pos, kind in enumerate(kinds):
-        for value in BAD_BY_KIND.get(kind, []):
-            bad = list(argv)
-            bad[pos] = value
-            out.append(bad)
-    if verb != "stats":  # stats takes any number of bounds
-        out.append(argv[:-1])
-        out.append([*argv, "1"])
-    out += [argv[:pos] + [value] + argv[pos + 1:] for v, pos, value in OVER_BOUND if v == verb]
+    for name, (argv, kinds) in shapes.items():
+        for pos, kind in enumerate(kinds):
+            for value in BAD_BY_KIND.get(kind, []):
+                bad = list(argv)
+                bad[pos] = value
+                out.append(bad)
+        if verb != "stats":  # stats takes any number of bounds
+            out.append(argv[:-1])
+            out.append([*argv, "1"])
+        out += [argv[:pos] + [value] + argv[pos + 1:]
+                for v, pos, value in OVER_BOUND if v == name]
     return out
 
 
@@ -159,3 +187,33 @@ def test_the_client_raises_invalid_input_naming_the_argument(client, job_name):
     client.create_job(job_name, chunks=[{"i": 0}], task_timeout=None)
     with pytest.raises(taskq.InvalidInput, match=r"task: not an integer"):
         client.run(job_name, "revoke", ["", "x"])
+
+
+def test_every_step_and_bound_names_a_case():
+    """A typo in STEPS or OVER_BOUND would silently check nothing."""
+    assert {k.split()[0] for k in STEPS} <= set(CASES)
+    assert {v for v, _, _ in OVER_BOUND} <= set(CASES) | set(STEPS)
+
+
+def test_progress_reports_are_bounded_and_named(client, job_name):
+    client.create_job(job_name, chunks=[{"i": 0}], task_timeout=None)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    task = t.lease(timeout=0)
+    assert task is not None
+    base = [t.job_incarnation, "w", t.incarnation]
+    reply = fcall(client, job_name, "progress", [*base, str(MAX_LISTED + 1)])
+    assert reply[0] == Code.INVALID
+    assert reply[1].startswith(f"reports: not in [0, {MAX_LISTED}]")
+    reply = fcall(client, job_name, "progress", [*base, "2", str(task.id), str(task.token), "3"])
+    assert reply[0] == Code.INVALID and reply[1].startswith("reports: more triples than given")
+    reply = fcall(client, job_name, "progress", [*base, "1", str(task.id), str(task.token), "3"])
+    assert reply[0] == Code.OK
+    assert client.redis.hget(JobKeys(job_name).progress, str(task.id)) == "3"
+    t.close()
+
+
+def test_a_checkpoint_id_with_a_separator_is_refused_by_the_script(client, job_name):
+    client.create_job(job_name, chunks=[{"i": 0}], task_timeout=None)
+    reply = fcall(client, job_name, "checkpoint", ["", "c:d:0", "begin", "1"])
+    assert reply[0] == Code.INVALID and reply[1].startswith("checkpoint: not 1-64 of")
+    assert client.redis.hlen(JobKeys(job_name).ckpt) == 0

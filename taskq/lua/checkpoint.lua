@@ -1,23 +1,37 @@
 #!lua
 -- checkpoint: record the job's position under an id, in bounded calls.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), id, step (begin | page | todo | seal), arg
---   begin, arg = keep: freeze the done bitmap and the unfinished tasks (progress, front,
---     leased) into scratch keys; write the record. returns {code, pages, unfinished}
+-- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | page | todo |
+--       seal), arg (todo: and a cursor)
+--   begin, arg = keep (1..1000): freeze the done bitmap and the unfinished tasks (progress,
+--     front, leased) into scratch keys; write the record. returns {code, pages, unfinished}
 --   page, arg = k: copy done-bitmap page k into the checkpoint. returns {code}
 --   todo, arg = k, cursor: copy page k of the unfinished tasks ("task:samples", one HSCAN
 --     step from cursor). returns {code, next cursor ('0' after the last page)}
---   seal, arg = keep: list the checkpoint, drop the oldest beyond `keep`. returns {code, seq}
+--   seal, arg = keep (1..1000): list the checkpoint, drop the oldest beyond `keep`.
+--     returns {code, seq}
 -- An id already sealed answers DUP to begin; a step of a checkpoint that is not the open
 -- one (superseded by a newer begin) answers STALE. Work per call: one page (64 kB of
 -- bitmap, 2,000 tasks), except begin's copies (COPY of the bitmap, N/8 bytes, and of the
 -- progress hash; a walk of the front and the leased tasks).
-local id, step, arg = ARGV[2], ARGV[3], uint(ARGV[4])
-if not valid_id(id) or not arg then return {C.INVALID} end
-if step ~= 'begin' and step ~= 'page' and step ~= 'todo' and step ~= 'seal' then
-  return {C.INVALID}
+arg_id(ARGV[1], 'job_inc', true)
+local id = arg_ckpt(ARGV[2], 'checkpoint')
+local step = arg_enum(ARGV[3], 'step', 'begin page todo seal')
+local arg, cursor = 0, '0'
+if step == 'begin' or step == 'seal' then
+  arg = arg_int(ARGV[4], 'keep', 1, 1000)
+else
+  arg = arg_int(ARGV[4], 'page', 0, 4294967295)
 end
-if (step == 'begin' or step == 'seal') and (arg < 1 or arg > 1000) then return {C.INVALID} end
+if step == 'todo' then
+  cursor = arg_text(ARGV[5], 'cursor', 20)
+  if not string.match(cursor, '^%d+$') then arg_fail('cursor', 'not a scan cursor', cursor) end
+  arg_len(ARGV, 5)
+else
+  arg_len(ARGV, 4)
+end
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
@@ -67,8 +81,7 @@ end
 if step == 'todo' then
   -- page k holds one HSCAN step of the frozen hash from `cursor` (ARGV[5], '0' for k = 0);
   -- the reply's cursor is the next page's, '0' after the last one
-  local cursor = ARGV[5] or '0'
-  if not uint(cursor) or arg > rec.ppages then return done({C.INVALID}) end
+  if arg > rec.ppages then return done({C.INVALID}) end
   local r = redis.call('HSCAN', K_CKPROG, cursor, 'COUNT', CK_PAGE_PAIRS)
   local items = {}
   for i = 1, #r[2], 2 do items[#items + 1] = r[2][i] .. ':' .. r[2][i + 1] end

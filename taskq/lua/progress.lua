@@ -1,23 +1,32 @@
 #!lua
 -- progress: a holder records how far into its tasks it got (fenced like an ack).
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, n, (task, token, samples) x n
+-- ARGV: job_inc, worker, winc, n (0..MAX_LISTED), (task, token, samples) x n
 -- returns: {code, {result per task: OK | STALE}}
 -- `samples` counts from the task's sample 0 (a resumed task reports start + taken) and
 -- only moves the record forward. A report about a lease that is no longer the caller's
 -- changes nothing; what it claims beyond the record is counted as re-read (p_reread).
-local n = uint(ARGV[4])
-if not n or #ARGV ~= 4 + 3 * n then return {C.INVALID} end
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+-- as many reports as a heartbeat may list held tasks (a trainer's buffer may still hold
+-- tasks it lost since the last flush)
+local n = arg_int(ARGV[4], 'reports', 0, MAX_LISTED)
+if not args_bad() and #ARGV < 4 + 3 * n then
+  arg_fail('reports', 'more triples than given', ARGV[4])
+  n = 0
+end
 for k = 1, n do
   local b = 4 + 3 * (k - 1)
-  if not uint(ARGV[b + 1]) or not uint(ARGV[b + 2]) or not uint(ARGV[b + 3]) then
-    return {C.INVALID}
-  end
+  arg_task(ARGV[b + 1], 'reports task')
+  arg_token(ARGV[b + 2], 'reports token')
+  arg_int(ARGV[b + 3], 'reports samples', 0, 9007199254740991)
 end
+arg_len(ARGV, 4 + 3 * n)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-reclaim(100)  -- a worker past its deadline has lost its leases before it writes
-local worker, winc = ARGV[2], ARGV[3]
+reclaim(LAZY_RECLAIM)  -- a worker past its deadline has lost its leases before it writes
 local out = {}
 for k = 1, n do
   local b = 4 + 3 * (k - 1)

@@ -1,7 +1,8 @@
 #!lua
 -- rewind: put the job back to a checkpoint's position, in bounded calls.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), id, step (begin | page | todo | seal), arg, epoch (begin: key)
+-- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | page | todo |
+--       seal), arg, epoch (begin: key, '' for none; always 5 arguments)
 --   begin, arg = once (1|0), key: revoke every lease (a new round: late acks are stale), go
 --     back to the checkpoint's pass, cursor and done count, and wait ('rewinding') while
 --     the pages are copied back. returns {code, epoch, pages, todo_pages}; with once=1,
@@ -9,23 +10,28 @@
 --     restart's id), was made under the same key; without one, when nothing was acked since
 --   page, arg = k: done-bitmap page k back. returns {code}
 --   todo, arg = k: unfinished-task page k back (to the front, with its progress). {code}
---   seal: summaries of the passes ended after the checkpoint are marked rewound; the job
---     runs again (or ends its pass at once, if the checkpoint's pass was complete). {code}
+--   seal, arg = 0: summaries of the passes ended after the checkpoint are marked rewound;
+--     the job runs again (or ends its pass at once, if the checkpoint's pass was complete). {code}
 -- A step under an epoch that is not the last begin's answers STALE (a newer rewind took
 -- over); repeating the whole rewind finishes a half-done one.
-local id, step, arg = ARGV[2], ARGV[3], uint(ARGV[4])
-if not valid_id(id) or not arg then return {C.INVALID} end
-if step ~= 'begin' and step ~= 'page' and step ~= 'todo' and step ~= 'seal' then
-  return {C.INVALID}
-end
-local epoch, key = 0, ''
+arg_id(ARGV[1], 'job_inc', true)
+local id = arg_ckpt(ARGV[2], 'checkpoint')
+local step = arg_enum(ARGV[3], 'step', 'begin page todo seal')
+local arg, epoch, key = 0, 0, ''
 if step == 'begin' then
-  key = ARGV[5] or ''
-  if #key > 200 then return {C.INVALID} end
+  arg = arg_int(ARGV[4], 'once', 0, 1)
+  key = arg_text(ARGV[5], 'key', 200)
 else
-  epoch = uint(ARGV[5] or '0')
-  if not epoch then return {C.INVALID} end
+  if step == 'seal' then
+    arg_int(ARGV[4], 'arg', 0, 0)
+  else
+    arg = arg_int(ARGV[4], 'page', 0, 4294967295)
+  end
+  epoch = arg_int(ARGV[5], 'epoch', 0, 9007199254740991)
 end
+arg_len(ARGV, 5)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end

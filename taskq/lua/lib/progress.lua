@@ -42,13 +42,12 @@ local function ck_drop(id)
   redis.call('ZREM', K_CKPTS, id)
 end
 
--- A checkpoint id (from a client): 1-64 of [A-Za-z0-9._-].
-local function valid_id(id)
-  return id ~= nil and #id >= 1 and #id <= 64 and string.match(id, '^[A-Za-z0-9._-]+$') ~= nil
-end
-
--- ARGV[k] as a non-negative integer, or nil.
-local function uint(s)
-  if not s or not string.match(s, '^%d+$') or #s > 17 then return nil end
-  return tonumber(s)
+-- A checkpoint id (lib/args.lua's idiom): 1-64 of [A-Za-z0-9._-], so never the ':' that
+-- separates it from its page in the checkpoint hash's field names.
+local function arg_ckpt(v, name)
+  if type(v) ~= 'string' or #v < 1 or #v > 64 or not string.match(v, '^[A-Za-z0-9._-]+$') then
+    arg_fail(name, 'not 1-64 of A-Z a-z 0-9 . _ -', v)
+    return ''
+  end
+  return v
 end
