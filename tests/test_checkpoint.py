@@ -13,6 +13,7 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq import checkpoints
+from taskq.scripts import MAX_BATCH, MAX_HELD
 
 
 def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
@@ -80,21 +81,31 @@ def test_bad_checkpoint_arguments_write_nothing(client, job_name, kw):
 def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
     n = 5000
     make_job(client, job_name, n=n)
-    t = trainer(client, job_name, "a")
-    batch = [x for _ in range(3) for x in t._lease_n(1000, 0, None)]  # unfinished, leased
-    assert len(batch) == 3000
+    # 3,000 leased tasks: more than one page of unfinished tasks; one worker holds at
+    # most MAX_HELD and one call leases at most MAX_BATCH
+    holders = [trainer(client, job_name, f"a{i}") for i in range(3000 // MAX_HELD + 1)]
+    held: dict[taskq.Trainer, list[taskq.Task]] = {}
+    total = 0
+    for t in holders:
+        while len(held.setdefault(t, [])) < MAX_HELD and total < 3000:
+            got = t._lease_n(min(MAX_BATCH, MAX_HELD - len(held[t]), 3000 - total), 0, None)
+            held[t] += got
+            total += len(got)
+    assert total == 3000
     ck = client.checkpoint(job_name)
     assert ck["unfinished"] == 3000
     pages = [f for f in client.redis.hkeys(client.keys(job_name).ckpt) if ":p:" in f]
     assert len(pages) >= 2
-    t.release(batch)
+    for t, tasks in held.items():
+        for i in range(0, len(tasks), MAX_BATCH):
+            t.release(tasks[i:i + MAX_BATCH])
     b = trainer(client, job_name, "b")
-    acked = sum(len(got) for got in b.batches(1000))
+    acked = sum(len(got) for got in b.batches(MAX_BATCH))
     assert acked == n and client.status(job_name).state == "completed"
     assert client.rewind(job_name, ck["id"])
     s = client.status(job_name)
     assert (s.state, s.done, s.todo) == ("running", 0, n)
-    again = {x.id for got in b.batches(1000) for x in got}
+    again = {x.id for got in b.batches(MAX_BATCH) for x in got}
     assert again == set(range(n))
 
 
