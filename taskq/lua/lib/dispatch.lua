@@ -80,6 +80,7 @@ end
 -- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
+local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
 local RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil  -- per call
 local function grant(task, worker, winc, call_no, st)
   local tok = next_token()
@@ -107,6 +108,27 @@ local function grant(task, worker, winc, call_no, st)
   mincr(F.P_LEASED)
   event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
   return {tonumber(task), tok, attempt, false, st == 'S' and 1 or 0}
+end
+
+-- After a failure, the worker that failed a task does not get it back for one heartbeat
+-- interval while another worker is alive (one broken node must not burn a task's
+-- failures in milliseconds); counts' "x:<task>" = "worker|jnow of the failure".
+local OTHERS_ALIVE = nil  -- per call
+local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made this call skip
+local function avoided(task, worker)
+  if counts_empty() then return false end
+  local x = redis.call('HGET', K_COUNTS, 'x:' .. task)
+  if not x then return false end
+  local w, at = string.match(x, '^(.*)|([^|]*)$')
+  if w ~= worker then return false end
+  local until_ms = (tonumber(at) or 0) + mnum(F.HBI)
+  if until_ms <= JNOW then return false end
+  if OTHERS_ALIVE == nil then
+    OTHERS_ALIVE = redis.call('ZCOUNT', K_WORKERS, jnow_s(), '+inf') > 1
+  end
+  if not OTHERS_ALIVE then return false end
+  if not AVOID_UNTIL or until_ms < AVOID_UNTIL then AVOID_UNTIL = until_ms end
+  return true
 end
 
 local function is_free(task)
@@ -139,7 +161,10 @@ local function take_leases(worker, winc, want, call_no, mode)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    if is_free(task) then
+    local free = is_free(task)
+    if free and avoided(task, worker) then
+      SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
+    elseif free then
       local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
         redis.call('ZADD', K_FRONT, popped[2], task)
@@ -183,7 +208,9 @@ end
 
 local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
+  SKIPPED = {}
   local out = take_leases(worker, winc, want, call_no, mode)
+  for _, p in ipairs(SKIPPED) do redis.call('ZADD', K_FRONT, p[2], p[1]) end
   if #out > 0 then
     local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
     for k, g in ipairs(out) do g[4] = chunks[k] end
@@ -193,10 +220,10 @@ end
 
 -- How long a waiter may block before lazy reclaim could give it work (ms; 0 = no bound).
 local function wait_bound_ms()
-  if mnum(F.NLEASED) == 0 then return 0 end
-  local best = nil
+  local best = AVOID_UNTIL  -- a failed task this worker must leave to others a while
+  if mnum(F.NLEASED) == 0 and not best then return 0 end
   local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-  if #d > 0 then best = tonumber(d[2]) end
+  if #d > 0 and (not best or tonumber(d[2]) < best) then best = tonumber(d[2]) end
   local w = redis.call('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
   if #w > 0 and (not best or tonumber(w[2]) < best) then best = tonumber(w[2]) end
   if not best then return 0 end

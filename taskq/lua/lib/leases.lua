@@ -155,6 +155,13 @@ local function to_front(task)
   wake_one()
 end
 
+-- Notes who failed a task (fail, task timeout), so take_leases gives it to another
+-- worker first (dispatch.lua: avoided).
+local function note_failer(task, worker)
+  COUNTS_EMPTY = false
+  redis.call('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
+end
+
 local function make_dead(task, why)
   redis.call('SADD', K_DEAD, task)
   DEAD_EMPTY = false
@@ -195,6 +202,7 @@ local function expire(task, l, reason, deadline)
   local charge = 'attempt'
   if reason == 'task_timeout' then charge = 'failure' end
   if l.st == 'R' then charge = 'none' end
+  if charge == 'failure' then note_failer(task, l.worker) end
   requeue(task, charge)
 end
 
@@ -204,7 +212,7 @@ local function acked_one(task, l, tok, worker)
   mincr(F.NDONE)
   observe('dur', NOW - l.since)
   if not counts_empty() then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end
   mincr(F.C_ACKED)
   local acked = mincr(F.ACKED_JOB)
@@ -217,6 +225,7 @@ end
 -- uncharged, marked solo (see fail.lua). `why` is the error text.
 local function failed_one(task, _, _, worker, n, why)
   mincr(F.C_FAILED)
+  note_failer(task, worker)
   if n > 1 then
     redis.call('HSET', K_COUNTS, 's:' .. task, '1')
     event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
