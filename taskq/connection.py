@@ -51,6 +51,22 @@ def mask_url(url: str) -> str:
     return f"{scheme}://{authority}" + _SECRET_QUERY_RE.sub(r"\1***", tail)
 
 
+def trainer_conn_name(incarnation: str) -> str:
+    """The name a trainer gives its heartbeat connection (CLIENT SETNAME).
+
+    The reaper counts a connection id as a worker's only once it has seen it under this
+    name (connwatch.py): after a Redis restart an old id may name someone else's
+    connection. Names show in ``CLIENT LIST`` for operators too.
+
+    Args:
+        incarnation: the worker incarnation (random hex).
+
+    Returns:
+        ``taskq-trainer-<incarnation>``.
+    """
+    return f"taskq-trainer-{incarnation}"
+
+
 def resolve_url(url: str | None) -> str:
     """``url``, else ``TASKQ_REDIS_URL``, else the local default."""
     return url or os.environ.get("TASKQ_REDIS_URL") or DEFAULT_URL

@@ -1,7 +1,7 @@
 #!lua
 -- heartbeat: the worker's whole truth in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n
+-- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n[, conn id]
 -- returns: {code (OK | DRAINING | REREGISTER), {revoked task ids}, {pass, gen, state, reason}}
 -- Renews liveness; revokes leases granted to this worker by calls up to the last reply
 -- it received that it did not list (their reply was lost); answers the listed leases
@@ -14,6 +14,7 @@ local n = tonumber(ARGV[5])
 reclaim(20)
 local ws = touch_worker(worker, winc)
 if ws == 'lost' then return done({C.REREGISTER, {}, job_info()}) end
+set_conn(worker, winc, ARGV[6 + 2 * n])  -- this call's connection (CLIENT ID), if sent
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc

@@ -1,7 +1,7 @@
 #!lua
 -- register: a worker incarnation joins the job.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid
+-- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid[, conn id]
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 local err = open_job(ARGV[1])
@@ -15,7 +15,8 @@ if old and old ~= '' and old ~= winc then
 end
 reclaim(1000)
 redis.call('HSET', K_WINFO, worker,
-  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0|'
+    .. (ARGV[7] or ''))
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})
