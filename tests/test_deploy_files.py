@@ -539,7 +539,7 @@ ADMIN_VERBS = {
     "create", "stage", "flip", "replace", "delete", "cancel", "advance", "next", "reset",
     "retry", "revoke", "drain", "force", "clock", "config", "audit", "repair", "purge",
 }  # fmt: skip
-REAPER_VERBS = {"reap"}
+REAPER_VERBS = {"reap", "closed"}
 
 
 def acl_lines() -> list[list[str]]:
