@@ -103,6 +103,9 @@ class MetaField:
     P_MAXLATE = "p_maxlate"  # largest re-dispatch lateness (ms)
     P_LEASED = "p_leased"
     P_EXPIRED = "p_expired"
+    BACKUP_K = "backup_k"  # backup leases: after k x the median task time (0 = off)
+    C_BACKUPS = "c_backups"  # backup leases granted
+    P_BACKUPS = "p_backups"
 
 
 #: ``MetaField``'s attributes: Lua's ``F.NAME`` -> the field's name.

@@ -22,20 +22,20 @@ local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|
   'LIMIT', 0, 1000)
 for _, item in ipairs(items) do
   local task = string.match(item, '|([^|]*)$')
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if not lease_is_current(l) or member(l.worker, l.winc, task) ~= item then
     redis.call('ZREM', K_OWNED, item)
   elseif held[task] == nil and l.call <= last_reply then
     end_lease(task, l, 'V')
     mincr(F.C_REVOKED)
     event('revoked', 'task', task, 'worker', worker, 'reason', 'reply_lost')
-    to_front(task)
+    if not survives(task, l) then to_front(task) end
   end
 end
 local revoked = {}
 for k = 1, n do
   local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if not holds(l, worker, winc, tok) then
     revoked[#revoked + 1] = tonumber(task)
   end

@@ -13,12 +13,13 @@ local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|
   'LIMIT', 0, 1000)
 for _, item in ipairs(items) do
   local task = string.match(item, '|([^|]*)$')
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
     end_lease(task, l, 'R')
     mincr(F.C_RELEASED)
     event('released', 'task', task, 'worker', worker)
-    if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
+    if survives(task, l) then  -- its backup (or the task it backed up) carries on
+    elseif l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     released = released + 1
   else
     redis.call('ZREM', K_OWNED, item)

@@ -9,13 +9,14 @@ local function reclaim(budget)
     'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #lost, 2 do
     local m, deadline = lost[i], tonumber(lost[i + 1])
+    local mw, mi = string.match(m, '^(.*)|([^|]*)$')
     local room = budget - did
     if room <= 0 then more = true; break end
     local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
       'LIMIT', 0, room)
     for _, item in ipairs(items) do
       local task = string.match(item, '|([^|]*)$')
-      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      local l = lease_for(task, mw, mi)
       if lease_is_current(l) and member(l.worker, l.winc, task) == item then
         expire(task, l, 'worker_lost', deadline)
         did = did + 1
@@ -140,6 +141,56 @@ local function is_free(task)
   return not lease_is_current(parse_lease(rec))
 end
 
+-- The job's median task time (ms), interpolated in the "dur" histogram, once 10 tasks
+-- were acked; nil before.
+local function median_ms()
+  local fields = {'dur:count'}
+  for b = 1, #HIST_BOUNDS + 1 do fields[#fields + 1] = 'dur:' .. b end
+  local v = redis.call('HMGET', K_HIST, unpack(fields))
+  local total = tonumber(v[1] or '0') or 0
+  if total < 10 then return nil end
+  local need, seen, lo = total / 2, 0, 0
+  for b = 1, #HIST_BOUNDS + 1 do
+    local c = tonumber(v[b + 1] or '0') or 0
+    local hi = HIST_BOUNDS[b] or lo * 2
+    if c > 0 and seen + c >= need then return lo + (hi - lo) * (need - seen) / c end
+    seen, lo = seen + c, hi
+  end
+  return lo
+end
+
+-- At the tail of a pass (nothing left to lease or steal), an idle trainer may take a
+-- backup lease of a started task that has run longer than backup_k x the median task
+-- time: at most one backup per task at a time, never of the caller's own task. The
+-- record goes to field "b:<task>" (leases.lua); the first ack wins.
+local function take_backup(worker, winc, call_no)
+  local k = tonumber(mget(F.BACKUP_K) or '') or 0
+  if k <= 0 then return nil end
+  local med = median_ms()
+  if not med then return nil end
+  local cands = redis.call('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
+    'LIMIT', 0, 10)
+  for _, task in ipairs(cands) do
+    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker
+        and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
+      local tok = next_token()
+      redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
+        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts)
+      GRANTED[#GRANTED + 1] = task
+      redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
+      mincr(F.C_LEASED)
+      mincr(F.P_LEASED)
+      mincr(F.C_BACKUPS)
+      mincr(F.P_BACKUPS)
+      event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
+        'running_ms', fmt(JNOW - tonumber(redis.call('ZSCORE', K_STARTED, task))))
+      return {tonumber(task), tok, l.attempt, false, 1}
+    end
+  end
+  return nil
+end
+
 -- Leases up to `want` tasks: the front first (a solo task only alone), then the
 -- cursor's order; when nothing is left, steal a reserved task from another trainer.
 -- The kind of the next lease of a take: mode S or R as asked; F: the first started, the
@@ -202,6 +253,9 @@ local function take_leases(worker, winc, want, call_no, mode)
         break
       end
     end
+  end
+  if #out == 0 and mode ~= 'R' and cursor >= n and STATE == 'running' then
+    out[#out + 1] = take_backup(worker, winc, call_no)
   end
   return out
 end

@@ -4,6 +4,9 @@
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt"  (current)
 --   "E|worker|winc|token|round|A-F-X"                            (just ended)
+-- A started task may also have a backup lease (dispatch.lua: take_backup), the same
+-- record in field "b:<task>": the first ack wins and the other lease is revoked; when one
+-- ends without an ack the other carries on as the task's lease (survives).
 
 -- A lease record as a table; rs / calls / attempts are the record's own strings (written
 -- back as they are), round / since / call / attempt their numbers.
@@ -96,6 +99,35 @@ end
 
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
 
+-- The lease of `task` this worker incarnation holds or last held: the task's record, or
+-- its backup record (l.backup) when that one is the worker's. Backups exist only in a pass
+-- attempt that granted one (p_backups), so other calls read one record.
+local function lease_for(task, worker, winc)
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local mine = l and l.worker == worker and l.winc == winc
+  if (mine and lease_is_current(l)) or mnum(F.P_BACKUPS) == 0 then return l end
+  local b = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+  if b and b.worker == worker and b.winc == winc and (lease_is_current(b) or not mine) then
+    b.backup = true
+    return b
+  end
+  return l
+end
+
+-- The task's other current lease once `l` ended: its backup, or the lease it backed up.
+local function other_lease(task, l)
+  if mnum(F.P_BACKUPS) == 0 then return nil end
+  local o
+  if l.backup then
+    o = parse_lease(redis.call('HGET', K_LEASES, task))
+  else
+    o = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+    if o then o.backup = true end
+  end
+  if lease_is_current(o) then return o end
+  return nil
+end
+
 -- Whether the counts hash (a: f: s: per task) is empty, read once per call; any write
 -- to it in this call makes it "maybe not empty" (false).
 local COUNTS_EMPTY = nil  -- per call
@@ -123,9 +155,34 @@ local function unindex(task, l)
 end
 
 local function end_lease(task, l, kind)
+  local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+  if l.backup then  -- a backup is in no index but owned, and not counted in nleased
+    redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+    redis.call('HSET', K_LEASES, 'b:' .. task, rec)
+    return
+  end
   unindex(task, l)
-  redis.call('HSET', K_LEASES, task,
-    'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind)
+  redis.call('HSET', K_LEASES, task, rec)
+end
+
+-- After `l` ended without an ack: true when the task's other lease is current and carries
+-- on as the task's lease (nothing charged, not requeued). A surviving backup takes the
+-- task's record (the two records swap, so a repeat of the ending is still recognised)
+-- and its indexes, with a task timeout from now.
+local function survives(task, l)
+  local o = other_lease(task, l)
+  if not o then return false end
+  if o.backup then
+    local ended = redis.call('HGET', K_LEASES, task)
+    redis.call('HSET', K_LEASES, task, redis.call('HGET', K_LEASES, 'b:' .. task))
+    redis.call('HSET', K_LEASES, 'b:' .. task, ended)
+    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+    mincr(F.NLEASED)
+  end
+  event('backup_survives', 'task', task, 'worker', o.worker)
+  return true
 end
 
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
@@ -138,7 +195,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
-    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    local l = lease_for(task, worker, winc)
     if holds(l, worker, winc, tok) then
       end_lease(task, l, kind)
       on_end(task, l, tok, worker, n, note)
@@ -202,6 +259,7 @@ local function expire(task, l, reason, deadline)
   local charge = 'attempt'
   if reason == 'task_timeout' then charge = 'failure' end
   if l.st == 'R' then charge = 'none' end
+  if survives(task, l) then return end
   if charge == 'failure' then note_failer(task, l.worker) end
   requeue(task, charge)
 end
@@ -219,12 +277,22 @@ local function acked_one(task, l, tok, worker)
   mset(F.LAST_ACK, now_s())
   if acked % 20 == 0 then recompute_auto_timeout() end
   event_task('acked', task, worker, tok)
+  local o = other_lease(task, l)
+  if o then  -- the first ack wins: the other holder's lease is revoked (its ack is stale)
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', 'acked_elsewhere')
+  end
 end
 
 -- One failing task is charged a failure; each of a failing batch of n > 1 goes back
 -- uncharged, marked solo (see fail.lua). `why` is the error text.
-local function failed_one(task, _, _, worker, n, why)
+local function failed_one(task, l, _, worker, n, why)
   mincr(F.C_FAILED)
+  if survives(task, l) then
+    event('failed', 'task', task, 'worker', worker, 'error', why)
+    return
+  end
   note_failer(task, worker)
   if n > 1 then
     redis.call('HSET', K_COUNTS, 's:' .. task, '1')
@@ -240,5 +308,6 @@ end
 local function released_one(task, l, _, worker)
   mincr(F.C_RELEASED)
   event('released', 'task', task, 'worker', worker)
+  if survives(task, l) then return end
   if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
 end
