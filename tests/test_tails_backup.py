@@ -208,3 +208,15 @@ def test_an_operator_revoke_takes_both_leases(client, job_name):
     s = client.status(job_name, summaries=0)
     assert (s.leased, s.todo) == (0, 1)
     assert slow.heartbeat() == [straggler.id] and fast.heartbeat() == [backup.id]
+
+
+def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name):
+    make_job(client, job_name)
+    fast, _, _ = tail(client, job_name)  # the straggler started at 0; now is 1100 ms
+    keys = client.keys(job_name)
+    client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x the median
+    median = 50 + 50 * (N - 1) / 2 / (N - 1)  # interpolated in the 50-100 ms bucket
+    reply = client.scripts.call("lease", keys.all, [
+        fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1])
+    assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
+    assert abs(int(reply[2]) - (20 * median - 1100)) <= 2, "woken when a backup is due"

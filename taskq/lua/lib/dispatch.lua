@@ -116,6 +116,7 @@ end
 -- failures in milliseconds); counts' "x:<task>" = "worker|jnow of the failure".
 local OTHERS_ALIVE = nil  -- per call
 local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made this call skip
+local BACKUP_AT = nil  -- per call: when the next started task may get a backup (job clock)
 local function avoided(task, worker)
   if counts_empty() then return false end
   local x = redis.call('HGET', K_COUNTS, 'x:' .. task)
@@ -188,6 +189,10 @@ local function take_backup(worker, winc, call_no)
       return {tonumber(task), tok, l.attempt, false, 1}
     end
   end
+  -- none yet: a waiter comes back when the next started task passes the bar
+  local nxt = redis.call('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(JNOW - k * med), '+inf',
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if #nxt > 0 then BACKUP_AT = math.ceil(tonumber(nxt[2]) + k * med) end
   return nil
 end
 
@@ -275,6 +280,7 @@ end
 -- How long a waiter may block before lazy reclaim could give it work (ms; 0 = no bound).
 local function wait_bound_ms()
   local best = AVOID_UNTIL  -- a failed task this worker must leave to others a while
+  if BACKUP_AT and (not best or BACKUP_AT < best) then best = BACKUP_AT end
   if mnum(F.NLEASED) == 0 and not best then return 0 end
   local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
   if #d > 0 and (not best or tonumber(d[2]) < best) then best = tonumber(d[2]) end
