@@ -105,6 +105,7 @@ class MetaField:
     P_EXPIRED = "p_expired"
     BACKUP_K = "backup_k"  # backup leases: after k x the median task time (0 = off)
     C_BACKUPS = "c_backups"  # backup leases granted
+    DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
     P_BACKUPS = "p_backups"
 
 

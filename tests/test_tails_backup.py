@@ -5,8 +5,8 @@ counts the task once; at most one backup per task, only at the tail, off with
 backup_leases=False; when one holder fails, releases, leaves or is lost, the other carries
 on (docs/trainers.md, "Tails").
 
-Jobs run on the manual clock: every acked task takes 100 ms, so the median is ~75 ms
-(interpolated in the 50-100 ms bucket) and k = 3 puts the bar at ~225 ms.
+Jobs run on the manual clock: every acked task takes 100 ms, so the median is 100 ms
+and k = 3 puts the bar at 300 ms.
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ def test_no_backup_before_k_times_the_median(client, job_name):
     make_job(client, job_name)
     fast, _, _ = tail(client, job_name)  # the straggler has run 1.1 s already
     keys = client.keys(job_name)
-    client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x ~75 ms = 1.5 s
+    client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x 100 ms = 2 s
     assert fast.lease(timeout=0) is None
-    client.advance_clock(job_name, 500)
+    client.advance_clock(job_name, 899)
+    fast.heartbeat()
+    assert fast.lease(timeout=0) is None, "1999 ms"
+    client.advance_clock(job_name, 1)
     backup = fast.lease(timeout=0)
     assert backup is not None
 
@@ -215,8 +218,8 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
     fast, _, _ = tail(client, job_name)  # the straggler started at 0; now is 1100 ms
     keys = client.keys(job_name)
     client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x the median
-    median = 50 + 50 * (N - 1) / 2 / (N - 1)  # interpolated in the 50-100 ms bucket
+    median = 100
     reply = client.scripts.call("lease", keys.all, [
         fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1])
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
-    assert abs(int(reply[2]) - (20 * median - 1100)) <= 2, "woken when a backup is due"
+    assert int(reply[2]) == 20 * median - 1100 + 1, "woken when a backup is due"

@@ -142,22 +142,10 @@ local function is_free(task)
   return not lease_is_current(parse_lease(rec))
 end
 
--- The job's median task time (ms), interpolated in the "dur" histogram, once 10 tasks
--- were acked; nil before.
+-- The job's median task time (ms; acked_one keeps it), once 10 tasks were acked.
 local function median_ms()
-  local fields = {'dur:count'}
-  for b = 1, #HIST_BOUNDS + 1 do fields[#fields + 1] = 'dur:' .. b end
-  local v = redis.call('HMGET', K_HIST, unpack(fields))
-  local total = tonumber(v[1] or '0') or 0
-  if total < 10 then return nil end
-  local need, seen, lo = total / 2, 0, 0
-  for b = 1, #HIST_BOUNDS + 1 do
-    local c = tonumber(v[b + 1] or '0') or 0
-    local hi = HIST_BOUNDS[b] or lo * 2
-    if c > 0 and seen + c >= need then return lo + (hi - lo) * (need - seen) / c end
-    seen, lo = seen + c, hi
-  end
-  return lo
+  if mnum(F.ACKED_JOB) < 10 then return nil end
+  return mnum(F.DUR_MED) / 1000
 end
 
 -- At the tail of a pass (nothing left to lease or steal), an idle trainer may take a
