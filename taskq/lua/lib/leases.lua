@@ -181,7 +181,7 @@ local function survives(task, l)
     if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
     mincr(F.NLEASED)
   end
-  event('backup_survives', 'task', task, 'worker', o.worker)
+  event('carries_on', 'task', task, 'worker', o.worker)
   return true
 end
 
