@@ -186,6 +186,8 @@ def test_a_lost_straggler_leaves_the_backup_running(client, job_name):
     s = client.status(job_name, summaries=0)
     assert (s.leased, s.todo) == (1, 0)
     assert counters(client, job_name)["expired_worker_lost"] == 1
+    assert client.redis.hget(client.keys(job_name).counts, f"a:{backup.id}") == "1", \
+        "the loss is charged though the backup carries on"
     fast.ack(backup)
     assert_pass_counted_once(client, job_name)
     assert straggler.id == backup.id
@@ -223,3 +225,27 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
         fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1])
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
     assert int(reply[2]) == 20 * median - 1100 + 1, "woken when a backup is due"
+
+
+def test_an_ending_the_other_lease_survives_is_still_charged(client, job_name):
+    """A task that kills whoever runs it must not kill twice as many trainers."""
+    make_job(client, job_name, max_failures=1)
+    fast, slow, straggler = tail(client, job_name)
+    backup = fast.lease(timeout=0)
+    fast.fail(backup, error="boom")  # the cap is 1 failure: the task is dead
+    s = client.status(job_name, summaries=0)
+    assert (s.dead, s.pass_no) == (1, 1), "dead, and the pass ended over the live tasks"
+    assert slow.heartbeat() == [straggler.id], "the straggler's lease went with it"
+    assert client.audit(job_name)["ok"]
+    assert counters(client, job_name)["failed"] == 1
+
+
+def test_no_backup_of_a_task_that_already_cost_an_attempt(client, job_name):
+    make_job(client, job_name)
+    fast, slow, straggler = tail(client, job_name)
+    slow.release(straggler)  # an attempt counted: it may be a poison task
+    again = slow.lease(timeout=0)
+    assert again is not None and again.id == straggler.id and again.attempt == 2
+    client.advance_clock(job_name, 1000)
+    slow.heartbeat()
+    assert fast.lease(timeout=0) is None

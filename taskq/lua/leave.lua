@@ -18,7 +18,7 @@ for _, item in ipairs(items) do
     end_lease(task, l, 'R')
     mincr(F.C_RELEASED)
     event('released', 'task', task, 'worker', worker)
-    if survives(task, l) then  -- its backup (or the task it backed up) carries on
+    if survives(task, l, l.st == 'S' and 'attempt' or 'none') then  -- the other lease carries on
     elseif l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     released = released + 1
   else

@@ -161,7 +161,8 @@ local function take_backup(worker, winc, call_no)
     'LIMIT', 0, 10)
   for _, task in ipairs(cands) do
     local l = parse_lease(redis.call('HGET', K_LEASES, task))
-    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker
+    -- a task on its first attempt only: one that already cost a trainer may be poison
+    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempt == 1
         and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
       redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok

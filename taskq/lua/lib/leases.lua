@@ -165,26 +165,6 @@ local function end_lease(task, l, kind)
   redis.call('HSET', K_LEASES, task, rec)
 end
 
--- After `l` ended without an ack: true when the task's other lease is current and carries
--- on as the task's lease (nothing charged, not requeued). A surviving backup takes the
--- task's record (the two records swap, so a repeat of the ending is still recognised)
--- and its indexes, with a task timeout from now.
-local function survives(task, l)
-  local o = other_lease(task, l)
-  if not o then return false end
-  if o.backup then
-    local ended = redis.call('HGET', K_LEASES, task)
-    redis.call('HSET', K_LEASES, task, redis.call('HGET', K_LEASES, 'b:' .. task))
-    redis.call('HSET', K_LEASES, 'b:' .. task, ended)
-    redis.call('ZADD', K_STARTED, jnow_s(), task)
-    local dl = start_deadline()
-    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
-    mincr(F.NLEASED)
-  end
-  event('carries_on', 'task', task, 'worker', o.worker)
-  return true
-end
-
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
 -- it holds gets its ended record (kind A | F | R) and then
 -- `on_end(task, lease, token, worker, n, note)` (one of the *_one functions below, defined
@@ -226,9 +206,9 @@ local function make_dead(task, why)
   event('dead', 'task', task, 'reason', why)
 end
 
--- A started lease that ended without an ack: count it, then dead or back to the front.
+-- Counts a lease that ended without an ack; returns why the task is now dead, or nil.
 -- charge: 'failure' (fail, task timeout) | 'attempt' (lost, release) | 'none'
-local function requeue(task, charge)
+local function charge_task(task, charge)
   local dead_reason = nil
   if charge ~= 'none' then
     COUNTS_EMPTY = false
@@ -239,11 +219,47 @@ local function requeue(task, charge)
       if f >= mnum(F.MAXF) then dead_reason = 'max_failures' end
     end
   end
+  return dead_reason
+end
+
+-- A started lease that ended without an ack: count it, then dead or back to the front.
+local function requeue(task, charge)
+  local dead_reason = charge_task(task, charge)
   if dead_reason then
     make_dead(task, dead_reason)
   else
     to_front(task)
   end
+end
+
+-- After `l` ended without an ack: true when the task's other lease is current and carries
+-- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
+-- whoever runs it must not kill twice as many trainers): at a cap the other lease is
+-- revoked and the task is dead. A surviving backup takes the task's record (the two
+-- records swap, so a repeat of the ending is still recognised) and its indexes, with a
+-- task timeout from now.
+local function survives(task, l, charge)
+  local o = other_lease(task, l)
+  if not o then return false end
+  local dead_reason = charge_task(task, charge or 'none')
+  if dead_reason then
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    make_dead(task, dead_reason)
+    return true
+  end
+  if o.backup then
+    local ended = redis.call('HGET', K_LEASES, task)
+    redis.call('HSET', K_LEASES, task, redis.call('HGET', K_LEASES, 'b:' .. task))
+    redis.call('HSET', K_LEASES, 'b:' .. task, ended)
+    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+    mincr(F.NLEASED)
+  end
+  event('carries_on', 'task', task, 'worker', o.worker)
+  return true
 end
 
 -- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
@@ -259,7 +275,7 @@ local function expire(task, l, reason, deadline)
   local charge = 'attempt'
   if reason == 'task_timeout' then charge = 'failure' end
   if l.st == 'R' then charge = 'none' end
-  if survives(task, l) then return end
+  if survives(task, l, charge) then return end
   if charge == 'failure' then note_failer(task, l.worker) end
   requeue(task, charge)
 end
@@ -295,7 +311,7 @@ end
 -- uncharged, marked solo (see fail.lua). `why` is the error text.
 local function failed_one(task, l, _, worker, n, why)
   mincr(F.C_FAILED)
-  if survives(task, l) then
+  if survives(task, l, n == 1 and 'failure' or 'none') then
     event('failed', 'task', task, 'worker', worker, 'error', why)
     return
   end
@@ -314,6 +330,6 @@ end
 local function released_one(task, l, _, worker)
   mincr(F.C_RELEASED)
   event('released', 'task', task, 'worker', worker)
-  if survives(task, l) then return end
+  if survives(task, l, l.st == 'S' and 'attempt' or 'none') then return end
   if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
 end
