@@ -249,3 +249,16 @@ def test_no_backup_of_a_task_that_already_cost_an_attempt(client, job_name):
     client.advance_clock(job_name, 1000)
     slow.heartbeat()
     assert fast.lease(timeout=0) is None
+
+
+def test_the_median_follows_the_usual_task_not_the_stragglers(client, job_name):
+    client.create_job(job_name, chunks=[{"i": i} for i in range(40)], manual_clock=True,
+                      task_timeout=None, passes=1)
+    t = trainer(client, job_name, "w")
+    for i in range(30):
+        task = t.lease(timeout=0)
+        client.advance_clock(job_name, 2000 if i % 6 == 5 else 100)  # 5 of 30 are slow
+        t.heartbeat()
+        t.ack(task)
+    med_us = int(client.redis.hget(client.keys(job_name).meta, "dur_med"))
+    assert 95_000 <= med_us <= 125_000, med_us
