@@ -6,6 +6,7 @@ Data flow: operator -> cli/job.py -> taskq.datasets (chunks) -> taskq.Client -> 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from typing import Any
 
@@ -33,6 +34,7 @@ from .common import (
     echo_json,
     interactive,
     pass_label,
+    show,
 )
 
 #: Inputs at least this large (bytes read, or tasks written) get a progress bar.
@@ -51,10 +53,19 @@ def _progress() -> Progress:
 
 
 def _read_chunks(manifest: str | None, files: str | None, lines: str | None,
-                 records_per_chunk: int | None, show: bool) -> list[Any]:
+                 records_per_chunk: int | None, show: bool, fmt: str | None = None,
+                 sizing: dict[str, Any] | None = None,
+                 storage_options: dict[str, Any] | None = None) -> list[Any]:
     """The chunks from exactly one source, read and validated in full."""
     if files is not None:
-        return datasets.file_chunks(files)
+        return datasets.format_chunks(files, fmt, records_per_chunk=records_per_chunk,
+                                      storage_options=storage_options, **(sizing or {}))
+    if lines is not None and fmt is not None:
+        from taskq import data
+
+        data.reader(fmt)  # the data extra, before reading
+        return data.build_chunks(lines, fmt, records_per_chunk=records_per_chunk,
+                                 storage_options=storage_options)
     source = manifest if manifest is not None else lines
     assert source is not None
     big = show and os.path.isfile(source) and os.path.getsize(source) >= BIG_INPUT_BYTES
@@ -68,6 +79,45 @@ def _read_chunks(manifest: str | None, files: str | None, lines: str | None,
             return datasets.manifest_chunks(manifest, progress=advance)
         assert records_per_chunk is not None
         return datasets.line_chunks(source, records_per_chunk, progress=advance)
+
+
+class ByteSizeType(click.ParamType):
+    """A size in bytes >= 1: an integer with an optional K, M, G suffix (powers of 1024)."""
+
+    name = "BYTES"
+    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in self._UNITS else ""
+        try:
+            n = int(text[: len(text) - len(unit)]) * self._UNITS[unit]
+        except ValueError:
+            self.fail(f"{value!r} is not a size (e.g. 1048576, 64M, 1G)", param, ctx)
+        if n < 1:
+            self.fail(f"{value!r}: a size must be >= 1 byte", param, ctx)
+        return n
+
+
+class JsonObjectType(click.ParamType):
+    """A JSON object (``--storage-options '{"anon": true}'``)."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            obj = json.loads(value)
+        except ValueError as e:
+            self.fail(f"not JSON: {e}", param, ctx)
+        if not isinstance(obj, dict):
+            self.fail("must be a JSON object", param, ctx)
+        return obj
 
 
 class _NoProgress:
@@ -88,14 +138,28 @@ class _NoProgress:
 
 @job.command("create")
 @click.argument("name")
+@click.argument("extra", nargs=-1, metavar="")
 @click.option("--manifest", type=click.Path(dir_okay=False), metavar="FILE",
               help="JSON-lines file: one chunk (any JSON) per line.")
 @click.option("--files", metavar="GLOB",
-              help="One chunk per matching file, sorted by path (quote it; ** recurses).")
+              help="Files (quote it; ** recurses; local or s3://, gs://, http(s)://) "
+                   "chunked by --format; one chunk per file when no format applies.")
 @click.option("--lines", type=click.Path(dir_okay=False), metavar="FILE",
               help="Byte ranges of FILE aligned to line ends (with --records-per-chunk).")
+@click.option("--format", "fmt", type=click.Choice(["lines", "jsonl", "parquet", "tar"]),
+              help="How to chunk and read the files (default for --files: from each "
+                   "file's extension; none of them: one whole-file chunk per file).")
 @click.option("--records-per-chunk", type=click.IntRange(min=1), metavar="N",
-              help="Lines per chunk for --lines.")
+              help="Lines per chunk for --lines and --files lines|jsonl (scans for "
+                   "newlines); samples per chunk for tar shards (default a shard).")
+@click.option("--chunk-bytes", type=ByteSizeType(), metavar="BYTES",
+              help="Byte-range size for --files lines|jsonl (e.g. 16M; by file size "
+                   "alone, no scan) [default: 64M].")
+@click.option("--row-groups-per-chunk", type=click.IntRange(min=1), metavar="N",
+              help="Parquet row groups per chunk [default: 1].")
+@click.option("--storage-options", type=JsonObjectType(), metavar="JSON",
+              help="fsspec options for remote --files URLs (s3://, gs://, http(s)://), "
+                   "as a JSON object.")
 @click.option("--chunks-per-task", type=click.IntRange(min=1), default=1, show_default=True,
               help="Chunks per task (the unit a trainer leases).")
 @click.option("--passes", type=PassesType(), default="1", show_default=True,
@@ -123,30 +187,32 @@ class _NoProgress:
                    "steps that may run again).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
-def create(ctx: click.Context, name: str, manifest: str | None, files: str | None,
-           lines: str | None, records_per_chunk: int | None, chunks_per_task: int,
+def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str | None,
+           files: str | None, lines: str | None, fmt: str | None,
+           records_per_chunk: int | None, chunk_bytes: int | None,
+           row_groups_per_chunk: int | None, storage_options: dict[str, Any] | None,
+           chunks_per_task: int,
            passes: int | None, worker_ttl: float, heartbeat_interval: float,
            task_timeout: float | str | None, max_failures: int, max_attempts: int,
            shuffle: bool, seed: int, manual_advance: bool, replace: bool,
            exist_ok: bool, as_json: bool) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines.
 
-    Everything is read and validated before anything is written; the job appears all at
-    once or not at all.
+    --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
+    lines/jsonl by byte range, parquet by row groups, tar by shard or samples. Everything
+    is read and validated before anything is written; the job appears all at once or not
+    at all. See docs/data.md.
     """
-    sources = [s for s in (manifest, files, lines) if s is not None]
-    if len(sources) != 1:
-        raise click.UsageError("give exactly one of --manifest, --files, --lines", ctx)
-    if lines is not None and records_per_chunk is None:
-        raise click.UsageError("--lines needs --records-per-chunk N", ctx)
-    if lines is None and records_per_chunk is not None:
-        raise click.UsageError("--records-per-chunk goes with --lines", ctx)
+    _check_sources(ctx, extra, manifest, files, lines, fmt, records_per_chunk, chunk_bytes,
+                   row_groups_per_chunk, storage_options)
     if replace and exist_ok:
         raise click.UsageError("--replace and --exist-ok exclude each other", ctx)
     client = client_of(ctx)
     client.keys(name)  # a bad name fails before any file is read
     show = interactive(stderr=True)
-    chunks = _read_chunks(manifest, files, lines, records_per_chunk, show)
+    sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
+    chunks = _read_chunks(manifest, files, lines, records_per_chunk, show, fmt, sizing,
+                          storage_options)
     ntasks = -(-len(chunks) // chunks_per_task)
     try:
         with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
@@ -172,6 +238,47 @@ def create(ctx: click.Context, name: str, manifest: str | None, files: str | Non
     click.echo(f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
                f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
                f"{' (replaced)' if replace else ''}")
+
+
+def _check_sources(ctx: click.Context, extra: tuple[str, ...], manifest: str | None,
+                   files: str | None, lines: str | None, fmt: str | None,
+                   records_per_chunk: int | None, chunk_bytes: int | None,
+                   row_groups_per_chunk: int | None,
+                   storage_options: dict[str, Any] | None) -> None:
+    """Usage errors of `job create`'s source and sizing options, before any reading."""
+    if extra:
+        if files is not None:
+            raise click.UsageError(
+                f"--files got {len(extra) + 1} paths: the shell expanded an unquoted "
+                f"pattern; quote it, e.g. --files 'data/part-*.jsonl'", ctx)
+        raise click.UsageError(f"unexpected extra arguments: {' '.join(extra)}", ctx)
+    sources = [s for s in (manifest, files, lines) if s is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give exactly one of --manifest, --files, --lines", ctx)
+    if manifest is not None:
+        given = [o for o, v in (("--format", fmt), ("--records-per-chunk", records_per_chunk),
+                                ("--chunk-bytes", chunk_bytes),
+                                ("--row-groups-per-chunk", row_groups_per_chunk),
+                                ("--storage-options", storage_options)) if v is not None]
+        if given:
+            raise click.UsageError(f"{given[0]} does not go with --manifest (a manifest "
+                                   f"lists its chunks as they are)", ctx)
+    if lines is not None:
+        if records_per_chunk is None:
+            raise click.UsageError("--lines needs --records-per-chunk N", ctx)
+        if fmt not in (None, "lines", "jsonl"):
+            raise click.UsageError("--lines takes --format lines or jsonl", ctx)
+        if chunk_bytes is not None or row_groups_per_chunk is not None:
+            raise click.UsageError("--lines chunks by --records-per-chunk only", ctx)
+    if chunk_bytes is not None and records_per_chunk is not None:
+        raise click.UsageError("give --chunk-bytes or --records-per-chunk, not both", ctx)
+    if chunk_bytes is not None and fmt in ("parquet", "tar"):
+        raise click.UsageError(f"--chunk-bytes goes with lines|jsonl, not {fmt}", ctx)
+    if row_groups_per_chunk is not None and fmt not in (None, "parquet"):
+        raise click.UsageError(f"--row-groups-per-chunk goes with parquet, not {fmt}", ctx)
+    if records_per_chunk is not None and fmt == "parquet":
+        raise click.UsageError("parquet chunks by --row-groups-per-chunk, not "
+                               "--records-per-chunk", ctx)
 
 
 def _when(ms: int) -> str:
@@ -217,20 +324,32 @@ def status_table(status: JobStatus) -> Table:
     return table
 
 
-def summaries_table(summaries: list[dict[str, Any]]) -> Table:
-    """Per-pass summaries (pass, attempt, how it ended, done, dead, ...)."""
-    table = Table(title="passes", title_justify="left")
+def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None) -> Table:
+    """Per-pass summaries (pass, round, how it ended, done, dead, ...).
+
+    ``took`` runs from a pass's start to its end; pass 0 starts at its first lease
+    (``first_lease_ms``), not at the job's creation, so waiting for trainers is not
+    counted (marked ``*`` when the first lease is no longer in the events).
+    """
+    table = Table(title="passes (docs/operations.md: reading the tables)", title_justify="left")
     for col in ("pass", "round", "ended", "done", "dead", "skipped", "stale", "expired",
                 "max lateness", "took"):
         table.add_column(col, justify="right" if col not in ("ended",) else "left")
     for s in summaries:
-        took = None
-        if s.get("ended_ms") and s.get("started_ms"):
-            took = (s["ended_ms"] - s["started_ms"]) / 1000.0
+        took, mark = None, ""
+        started, ended = s.get("started_ms"), s.get("ended_ms")
+        if s.get("pass") == 0 and s.get("round") == 1 and started:
+            if first_lease_ms:
+                started = max(started, first_lease_ms)
+            else:
+                mark = "*"
+        if ended and started:
+            took = (ended - started) / 1000.0
         table.add_row(str(s.get("pass")), str(s.get("round")), str(s.get("state")),
                       str(s.get("done")), str(s.get("dead")), str(s.get("skipped")),
                       str(s.get("stale")), str(s.get("expired")),
-                      age((s.get("max_lateness_ms") or 0) / 1000.0), age(took))
+                      age((s.get("max_lateness_ms") or 0) / 1000.0),
+                      age(took) + mark if took is not None else "-")
     return table
 
 
@@ -242,17 +361,19 @@ def summaries_table(summaries: list[dict[str, Any]]) -> Table:
 @click.pass_context
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes."""
-    status = client_of(ctx).status(name, summaries=summaries)
+    client = client_of(ctx)
+    status = client.status(name, summaries=summaries)
     if as_json:
         data = status.as_dict()
         data["histograms"] = status.histograms
         data["lease_ages"] = status.lease_ages
         echo_json(data)
         return
-    out = console()
-    out.print(status_table(status))
     if status.summaries:
-        out.print(summaries_table(status.summaries))
+        show(status_table(status),
+             summaries_table(status.summaries, client.first_lease_ms(name)))
+    else:
+        show(status_table(status))
 
 
 @job.command("list")
@@ -300,14 +421,15 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
             continue
         table.add_row(r["job"], r["state"], pass_label(r["pass"], r["passes"]),
                       f"{r['done']}/{r['tasks']}", str(r["dead"]), str(r["workers"]))
-    console().print(table)
+    show(table)
 
 
 @job.command("delete")
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def delete(ctx: click.Context, name: str, yes: bool) -> None:
+def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     """Delete job NAME and every key of it; its trainers stop (job not found)."""
     client = client_of(ctx)
     status = client.status(name, summaries=0)  # unknown job: fail before asking
@@ -315,16 +437,27 @@ def delete(ctx: click.Context, name: str, yes: bool) -> None:
         click.confirm(f"delete job {name} ({status.state}, {status.tasks} tasks, "
                       f"{status.workers} workers)?", abort=True, err=True)
     client.delete_job(name)
-    click.echo(f"job {name}: deleted")
+    if as_json:
+        echo_json({"job": name, "deleted": True, "state_before": status.state,
+                   "tasks": status.tasks})
+    else:
+        click.echo(f"job {name}: deleted")
 
 
 @job.command("cancel")
 @click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def cancel(ctx: click.Context, name: str) -> None:
+def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
     """Cancel job NAME: every lease is revoked and the trainers' loops end."""
-    client_of(ctx).cancel_job(name)
-    click.echo(f"job {name}: cancelled")
+    client = client_of(ctx)
+    before = client.status(name, summaries=0)
+    client.cancel_job(name)
+    if as_json:
+        echo_json({"job": name, "state": "cancelled", "state_before": before.state,
+                   "pass": before.pass_no, "leases_revoked": before.leased})
+    else:
+        click.echo(f"job {name}: cancelled")
 
 
 @job.command("audit")
@@ -338,13 +471,12 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         echo_json(report)
     else:
-        out = console()
-        out.print(summaries_table(report["passes"]))
+        show(summaries_table(report["passes"], report.get("first_lease_ms")))
         cur = report["current"]
-        out.print(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
-                  f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
+        click.echo(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
+                   f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
         for check, ok in report["checks"].items():
-            out.print(f"{'ok ' if ok else 'FAIL'} {check}")
+            click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
     if not report["ok"]:
         failed = [k for k, ok in report["checks"].items() if not ok]
         raise taskq.TaskqError(f"job {name}: audit failed: {', '.join(failed)}")

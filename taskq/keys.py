@@ -166,3 +166,43 @@ def job_from_meta_key(key: str, key_prefix: str | None = None) -> str | None:
     p = re.escape(key_prefix or prefix())
     m = re.match(rf"^{p}:\{{([A-Za-z0-9._-]{{1,64}})\}}:meta$", key)
     return m.group(1) if m else None
+
+
+#: Characters a Redis glob gives a meaning to (escaped in ACL key patterns).
+_GLOB_SPECIAL_RE = re.compile(r"([*?\[\]\\])")
+
+
+def _glob_escape(text: str) -> str:
+    return _GLOB_SPECIAL_RE.sub(r"\\\1", text)
+
+
+def acl_key_patterns(job: str | None, names: tuple[str, ...] | None = None,
+                     key_prefix: str | None = None) -> list[str]:
+    """Redis glob patterns (for ACL ``~pattern`` rules) of one job's keys, or every job's.
+
+    Args:
+        job: the job; None for every job (``{*}``: a job name holds no ``{``, ``}`` or
+            ``:``, so the tag cannot reach into another key's).
+        names: the keys of ``JOB_KEYS`` to match; None for every key of the job (the
+            staging hashes of a create too).
+        key_prefix: overrides ``TASKQ_PREFIX``.
+
+    Returns:
+        The patterns, in ``JOB_KEYS`` order (one ``...:*`` pattern when ``names`` is None).
+
+    Raises:
+        ValueError: a name that is not in ``JOB_KEYS``.
+    """
+    tag = "{*}" if job is None else "{" + _glob_escape(job) + "}"
+    base = f"{_glob_escape(key_prefix or prefix())}:{tag}"
+    if names is None:
+        return [f"{base}:*"]
+    unknown = set(names) - set(JOB_KEYS)
+    if unknown:
+        raise ValueError(f"not job keys: {sorted(unknown)}")
+    return [f"{base}:{name}" for name in JOB_KEYS if name in names]
+
+
+def acl_jobs_index_pattern(key_prefix: str | None = None) -> str:
+    """The jobs index as an ACL key pattern (glob characters of the prefix escaped)."""
+    return _glob_escape(jobs_index(key_prefix))

@@ -113,3 +113,41 @@ def test_line_ranges_reject_bad_input(tmp_path: Path) -> None:
         datasets.line_chunks(write(tmp_path / "e.txt", ""), 5)
     with pytest.raises(InvalidInput, match="cannot read"):
         datasets.line_chunks(str(tmp_path / "missing.txt"), 5)
+
+
+@pytest.mark.parametrize("nesting", [65, 990, 5000])
+def test_manifest_nested_too_deep_is_a_bad_line(tmp_path: Path, nesting: int) -> None:
+    """Refused at create, before any codec further on (lease, Lua) meets it."""
+    p = write(tmp_path / "m.jsonl", '{"a": 1}\n' + '{"k": ' * nesting + "1" + "}" * nesting
+              + "\n")
+    with pytest.raises(InvalidInput, match="bad manifest line 2: nested deeper than 64"):
+        datasets.manifest_chunks(p)
+
+
+def test_manifest_nesting_up_to_the_cap_is_accepted(tmp_path: Path) -> None:
+    deep = "[" * datasets.MAX_CHUNK_DEPTH + "]" * datasets.MAX_CHUNK_DEPTH
+    assert datasets.manifest_chunks(write(tmp_path / "m.jsonl", deep + "\n"))
+    assert [datasets.depth(v) for v in (1, [], {}, [[1]], {"a": [{"b": {}}]}, [1, [2, [3]]])
+            ] == [0, 1, 1, 2, 4, 3]
+
+
+@pytest.mark.parametrize("name", ["data.txt.gz", "x.jsonl.zst", "y.bz2", "z.xz"])
+def test_line_ranges_of_compressed_files_are_refused(tmp_path: Path, name: str) -> None:
+    p = write(tmp_path / name, b"\x1f\x8b not read")
+    with pytest.raises(InvalidInput, match="byte ranges of a compressed file"):
+        datasets.line_chunks(p, 10)
+
+
+def test_format_chunks_by_extension_or_whole_files(tmp_path: Path) -> None:
+    write(tmp_path / "a.bin", b"12345")
+    assert datasets.format_chunks(str(tmp_path / "*.bin")) == [
+        {"path": str(tmp_path / "a.bin"), "offset": 0, "length": 5}]
+    with pytest.raises(InvalidInput, match="--chunk-bytes needs a format"):
+        datasets.format_chunks(str(tmp_path / "*.bin"), chunk_bytes=2)
+    assert datasets.format_chunks(str(tmp_path / "*.bin"), "lines", chunk_bytes=2) == [
+        {"format": "lines", "path": str(tmp_path / "a.bin"), "offset": o, "length": n}
+        for o, n in ((0, 2), (2, 2), (4, 1))]
+    write(tmp_path / "b.jsonl", b"1\n")
+    assert datasets.format_chunks(str(tmp_path / "*.jsonl"))[0]["format"] == "jsonl"
+    with pytest.raises(InvalidInput, match="a.bin: cannot tell the format"):
+        datasets.format_chunks(str(tmp_path / "*"))

@@ -1,0 +1,123 @@
+"""``taskq acl``: print (or apply) the Redis ACL user of one job's trainers, a reaper or
+an exporter, for the taskq library of this version.
+
+Data flow: operator -> cli/acl.py -> taskq.acl (rules) -> stdout, or ``ACL SETUSER`` on
+Redis with ``--apply``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+import taskq
+from taskq import acl as rules
+from taskq.connection import translate
+from taskq.scripts import LIBRARY
+
+from .common import client_of
+
+
+def _password(password_env: str | None, password_file: Path | None) -> str | None:
+    if password_env and password_file:
+        raise click.UsageError("give --password-env or --password-file, not both")
+    if password_env:
+        value = os.environ.get(password_env)
+        if not value:
+            raise taskq.InvalidInput(f"environment variable {password_env} is not set or empty")
+        return value
+    if password_file:
+        try:
+            value = password_file.read_text().rstrip("\r\n")
+        except OSError as e:
+            raise taskq.InvalidInput(f"cannot read the password file {password_file}: "
+                                     f"{e.strerror}") from e
+        if not value:
+            raise taskq.InvalidInput(f"the password file {password_file} is empty")
+        return value
+    return None
+
+
+def _options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--apply", "apply_", is_flag=True,
+                     help="Run ACL SETUSER on the server (the --url user needs ACL rights: "
+                          "@admin, which acl.conf's admin does not have). Replaces the "
+                          "user if it exists.")(f)
+    f = click.option("--format", "fmt", type=click.Choice(["setuser", "aclfile"]),
+                     default="setuser", show_default=True,
+                     help="setuser: an `ACL SETUSER` command (quoted for a shell or "
+                          "redis-cli); aclfile: a line of an ACL file.")(f)
+    f = click.option("--password-file", type=click.Path(dir_okay=False, path_type=Path),
+                     metavar="FILE", help="Read the password from FILE (one line).")(f)
+    f = click.option("--password-env", metavar="VAR",
+                     help="Read the password from the environment variable VAR.")(f)
+    f = click.option("--user", metavar="NAME",
+                     help="The user name (default: <role>-<job>, or <role>-all).")(f)
+    return f
+
+
+def _emit(ctx: click.Context, rule: rules.Rule, fmt: str, apply_: bool) -> None:
+    if apply_:
+        client = client_of(ctx)
+        with translate(client.url):
+            rules.apply(client.redis, rule)
+        click.echo(f"applied user {rule.user} on {client.url} (in memory: ACL SAVE, or "
+                   f"CONFIG REWRITE, keeps it across restarts)")
+    else:
+        click.echo(rule.setuser_line() if fmt == "setuser" else rule.aclfile_line())
+    click.echo(f"# taskq {taskq.__version__}, library {LIBRARY}: allows "
+               f"{' '.join(rule.functions())}; the names change with the library, so apply "
+               f"this again after upgrading taskq", err=True)
+
+
+@click.group("acl")
+def acl() -> None:
+    """Redis ACL users scoped to one job (or to taskq's keys) for this taskq version.
+
+    Prints the rule (the password as its SHA-256, never in clear), or applies it with
+    --apply. See docs/security.md, "Per-job credentials".
+    """
+
+
+@acl.command("trainer")
+@click.argument("job")
+@_options
+@click.pass_context
+def trainer(ctx: click.Context, job: str, user: str | None, password_env: str | None,
+            password_file: Path | None, fmt: str, apply_: bool) -> None:
+    """The user of JOB's trainers: JOB's keys only, the trainer's functions only.
+
+    Example: taskq acl trainer mnist --password-env MNIST_PW --apply
+    """
+    prefix = ctx.find_root().obj.prefix
+    rule = rules.trainer_rule(job, user, _password(password_env, password_file), prefix)
+    _emit(ctx, rule, fmt, apply_)
+
+
+@acl.command("reaper")
+@click.argument("job", required=False)
+@_options
+@click.pass_context
+def reaper(ctx: click.Context, job: str | None, user: str | None, password_env: str | None,
+           password_file: Path | None, fmt: str, apply_: bool) -> None:
+    """The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB."""
+    prefix = ctx.find_root().obj.prefix
+    rule = rules.reaper_rule(job, user, _password(password_env, password_file), prefix)
+    _emit(ctx, rule, fmt, apply_)
+
+
+@acl.command("exporter")
+@click.argument("job", required=False)
+@_options
+@click.pass_context
+def exporter(ctx: click.Context, job: str | None, user: str | None,
+             password_env: str | None, password_file: Path | None, fmt: str,
+             apply_: bool) -> None:
+    """A read-only user (`taskq exporter`, status) for JOB, or every job without JOB."""
+    prefix = ctx.find_root().obj.prefix
+    rule = rules.exporter_rule(job, user, _password(password_env, password_file), prefix)
+    _emit(ctx, rule, fmt, apply_)
