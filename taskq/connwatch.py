@@ -54,6 +54,39 @@ _LIST_BATCH = 500
 _Key = tuple[str, str, str, str]  # job, worker, incarnation, connection id
 
 
+def _parse_client_list(text: Any) -> list[dict[str, str]]:
+    """``CLIENT LIST`` lines as dicts (``id=.. addr=.. name=..``; a name holds no space)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return [dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+            for line in str(text).splitlines() if line.strip()]
+
+
+class _OwnConnection:
+    """One connection of the reaper's own, taken from its client's pool and kept: its id
+    changes only when it reconnects, which every Redis restart or failover forces (a
+    pooled connection would change with whichever the pool hands out)."""
+
+    def __init__(self, redis_client: Any) -> None:
+        self.pool = redis_client.connection_pool
+        self.conn: Any = None
+
+    def call(self, *args: Any) -> Any:
+        if self.conn is None:
+            self.conn = self.pool.get_connection()
+        try:
+            self.conn.send_command(*args)
+            return self.conn.read_response()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            self.conn.disconnect()  # the next call connects again (a new id)
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.pool.release(self.conn)
+            self.conn = None
+
+
 class ConnWatch:
     """Tracks trainers' heartbeat connections for ``Reaper``.
 
@@ -85,6 +118,7 @@ class ConnWatch:
         #: Workers declared lost by a closed connection, since start.
         self.declared = 0
         self._own_id: str | None = None
+        self._own: _OwnConnection | None = None
         self._off_until = 0.0
         self._gone: dict[_Key, float | None] = {}  # seen keys -> gone since (None: present)
 
@@ -102,10 +136,12 @@ class ConnWatch:
         r = self.client.redis
         if not isinstance(r, redis.Redis):
             return self._turn_off("a Redis Cluster client (connections live on many nodes)")
+        if self._own is None:
+            self._own = _OwnConnection(r)
         try:
             with translate(self.client.url):
-                own = str(r.client_id())
-                listed = r.client_list(client_id=[own])
+                own = str(self._own.call("CLIENT", "ID"))
+                listed = _parse_client_list(self._own.call("CLIENT", "LIST", "ID", own))
         except redis.exceptions.ResponseError as e:
             return self._turn_off(f"CLIENT LIST refused ({e})")
         except errors.TaskqError as e:
@@ -184,6 +220,18 @@ class ConnWatch:
         for key in [k for k in self._gone if k[0] == job and k not in listed]:
             del self._gone[key]
         return reclaimed
+
+    def close(self) -> None:
+        """Give the watch's own connection back to the pool."""
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+        self._own_id = None
+
+    def watched(self, job: str) -> list[tuple[str, str, str]]:
+        """(worker, incarnation, connection id) of ``job``'s workers the watch has seen
+        under the worker's name: those it would declare lost once gone."""
+        return [(w, i, c) for (j, w, i, c) in self._gone if j == job]
 
     def forget(self, job: str) -> None:
         """Drop what was seen of ``job`` (it vanished or is reaped by another reaper)."""

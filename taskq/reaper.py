@@ -251,6 +251,8 @@ class Reaper:
         try:
             return self._loop(stop)
         finally:
+            if self.watch is not None:
+                self.watch.close()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
 
