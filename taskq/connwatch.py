@@ -121,6 +121,11 @@ class ConnWatch:
         self._own: _OwnConnection | None = None
         self._off_until = 0.0
         self._gone: dict[_Key, float | None] = {}  # seen keys -> gone since (None: present)
+        # (job, worker, incarnation) -> a connection id seen under its name since this
+        # watch's own connection was made: the heartbeat's connection replaces the one
+        # the worker registered on, and a trainer killed before the next look is judged
+        # by the new id too (both belong to its process; a restart clears this)
+        self._incs: dict[tuple[str, str, str], str] = {}
 
     # -- once per tick ------------------------------------------------------------------
     def begin_tick(self) -> bool:
@@ -152,6 +157,7 @@ class ConnWatch:
             # a new connection of our own: Redis restarted, failed over, or we reconnected.
             # Ids seen before may now name other connections: start over.
             self._gone.clear()
+            self._incs.clear()
             self._own_id = own
         if not any(str(c.get("id")) == own for c in listed):
             return self._turn_off("CLIENT LIST does not show this reaper's own connection "
@@ -168,6 +174,7 @@ class ConnWatch:
         self.off = why
         self._off_until = self.clock() + self.recheck
         self._gone.clear()
+        self._incs.clear()
         return False
 
     # -- per job ------------------------------------------------------------------------
@@ -198,10 +205,11 @@ class ConnWatch:
             if name is not None:
                 if name == trainer_conn_name(winc) or key in self._gone:
                     self._gone[key] = None  # seen (a rename later does not unsee it)
+                    self._incs[key[:3]] = cid
                 continue
-            if key not in self._gone:
+            if key not in self._gone and self._incs.get(key[:3]) in (None, cid):
                 continue  # never seen as this worker's: not ours to judge
-            since = self._gone[key]
+            since = self._gone.get(key)
             if since is None:
                 since = self._gone[key] = now
             due = max(since + grace, now + (min_quiet_ms - int(quiet_ms)) / 1000.0)
@@ -219,6 +227,9 @@ class ConnWatch:
                 self._due(now + grace)
         for key in [k for k in self._gone if k[0] == job and k not in listed]:
             del self._gone[key]
+        incs = {k[:3] for k in listed}
+        for inc in [i for i in self._incs if i[0] == job and i not in incs]:
+            del self._incs[inc]
         return reclaimed
 
     def close(self) -> None:
@@ -237,6 +248,8 @@ class ConnWatch:
         """Drop what was seen of ``job`` (it vanished or is reaped by another reaper)."""
         for key in [k for k in self._gone if k[0] == job]:
             del self._gone[key]
+        for inc in [i for i in self._incs if i[0] == job]:
+            del self._incs[inc]
 
     def _due(self, t: float) -> None:
         if self.next_due is None or t < self.next_due:

@@ -302,3 +302,28 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     assert wait_until(lambda: not client.redis.client_list(client_id=[own]), 5)
     reaper.tick()
     assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(
+        client, url, job_name):
+    """The heartbeat's connection replaces the one the worker registered on; a trainer
+    killed before the watch looked again is judged by the new id (same process)."""
+    make_job(client, job_name, n=1)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    first = redis.Redis.from_url(url, decode_responses=True)
+    first.client_setname(f"taskq-trainer-{t.incarnation}")
+    second = redis.Redis.from_url(url, decode_responses=True)
+    second.client_setname(f"taskq-trainer-{t.incarnation}")
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [str(first.client_id())]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()  # sees the first connection under the worker's name
+    gone = str(second.client_id())
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [gone]))  # then a new one
+    second.close()
+    first.close()
+    assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)
+    time.sleep(2 * HBI)  # quiet for longer than the watch asks
+    reaper.tick()
+    assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
