@@ -132,7 +132,7 @@ class Client:
         manual_clock: bool = False,
         progress: Callable[[int, int], None] | None = None,
         backup_leases: bool = True,
-        backup_factor: float = 3.0,
+        backup_factor: float = 2.0,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 

@@ -6,7 +6,7 @@ backup_leases=False; when one holder fails, releases, leaves or is lost, the oth
 on (docs/trainers.md, "Tails").
 
 Jobs run on the manual clock: every acked task takes 100 ms, so the median is 100 ms
-and k = 3 puts the bar at 300 ms.
+and the default k = 2 puts the bar at 200 ms.
 """
 
 from __future__ import annotations
