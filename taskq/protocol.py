@@ -11,6 +11,8 @@ Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py ->
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -105,6 +107,25 @@ def heartbeat_incarnation(args: Sequence[Any]) -> str:
     return str(args[2])
 
 
+#: Seconds a heartbeat connection's id is taken as known: after that (and after any
+#: failed heartbeat) the next heartbeat names its connection and asks its id again. A
+#: reconnect redis-py's retry hides leaves the record on the old id meanwhile: the reaper
+#: then sees it gone but the worker heartbeating, and declares nothing (connwatch.py).
+CONN_RECHECK_S = 10.0
+_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float]] = \
+    weakref.WeakKeyDictionary()  # scripts -> (incarnation, connection id, checked at)
+
+
+def _conn_id(scripts: Scripts, incarnation: str) -> str:
+    known = _CONN_IDS.get(scripts)
+    now = time.monotonic()
+    if known is not None and known[0] == incarnation and now - known[2] < CONN_RECHECK_S:
+        return known[1]
+    cid = name_connection(scripts.redis, incarnation)
+    _CONN_IDS[scripts] = (incarnation, cid, now)
+    return cid
+
+
 def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
                    args: list[Any]) -> list[Any]:
     """One raw heartbeat call (the helper process sends the raw reply on, as JSON).
@@ -121,11 +142,15 @@ def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
     Raises:
         ConnectionLost: Redis could not be reached.
     """
-    with translate(masked_url):
-        # the connection, named, and its id: the reaper sees it close when the trainer
-        # dies (connwatch.py); the record keeps the id this heartbeat went out on
-        cid = name_connection(scripts.redis, heartbeat_incarnation(args))
-        reply: list[Any] = scripts.call("heartbeat", keys, [*args, cid] if cid else args)
+    try:
+        with translate(masked_url):
+            # the connection, named, and its id: the reaper sees it close when the trainer
+            # dies (connwatch.py); the record keeps the id this heartbeat goes out on
+            cid = _conn_id(scripts, heartbeat_incarnation(args))
+            reply: list[Any] = scripts.call("heartbeat", keys, [*args, cid] if cid else args)
+    except errors.ConnectionLost:
+        _CONN_IDS.pop(scripts, None)  # the next heartbeat may go out on a new connection
+        raise
     return reply
 
 
