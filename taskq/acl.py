@@ -37,7 +37,8 @@ from .scripts import LIBRARY, VERBS
 TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave",
                  "progress")
 TRAINER_RO_VERBS = ("stats",)  # Trainer.passes() reads the current pass
-REAPER_VERBS = ("reap",)
+REAPER_VERBS = ("reap", "closed")
+REAPER_RO_VERBS = ("conns",)  # with CLIENT LIST ID: closed connections (connwatch.py)
 EXPORTER_RO_VERBS = ("stats", "peek")  # peek: `taskq tasks` with an exporter's URL
 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
@@ -197,8 +198,9 @@ def reaper_rule(job: str | None = None, user: str | None = None,
                 password: str | None = None, key_prefix: str | None = None) -> Rule:
     """The user of ``taskq reaper`` for one job (``--job``) or every job.
 
-    Like the trainer's, with the ``reap`` function only, ``SET`` on the per-job lock, no
-    BLPOP; for every job, read access to the jobs index (the reaper lists the jobs).
+    Like the trainer's, with the ``reap`` and ``closed`` functions (``conns`` read-only)
+    and ``CLIENT LIST`` (it looks up its workers' connection ids), ``SET`` on the per-job
+    lock, no BLPOP; for every job, read access to the jobs index (the reaper lists the jobs).
 
     Args:
         job: the job; None for every job.
@@ -217,7 +219,7 @@ def reaper_rule(job: str | None = None, user: str | None = None,
     rules = [
         "on", password_rule(password, name),
         "resetkeys", *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)), *index,
-        "resetchannels", *BASE_RULES, *_fcalls(REAPER_VERBS, ()),
+        "resetchannels", *BASE_RULES, "+client|list", *_fcalls(REAPER_VERBS, REAPER_RO_VERBS),
         _selector(acl_key_patterns(job, WRITTEN_KEYS, pfx), WRITE_COMMANDS),
         _selector(acl_key_patterns(job, SCRATCH_KEYS, pfx), ("del", "unlink")),
         _selector(acl_key_patterns(job, ("lock",), pfx), ("set",)),

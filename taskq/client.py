@@ -9,6 +9,7 @@ Data flow: CLI / user code -> client.py -> scripts.py -> Redis; reads -> stats.p
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
@@ -132,6 +133,8 @@ class Client:
         replace: bool = False,
         manual_clock: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        backup_leases: bool = True,
+        backup_factor: float = 2.0,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -151,6 +154,10 @@ class Client:
             replace: replace an existing job (a new incarnation).
             manual_clock: tests only: the job's clock moves by ``advance_clock``.
             progress: called with (tasks_written, total) while staging.
+            backup_leases: at the tail of a pass an idle trainer may take a backup lease
+                of a task that has run longer than ``backup_factor`` x the job's median
+                task time; the first ack wins (docs/trainers.md, "Tails").
+            backup_factor: that k (> 1).
 
         Returns:
             The new job's status.
@@ -170,6 +177,10 @@ class Client:
             seed=seed, auto_advance=auto_advance, manual_clock=manual_clock,
         )
         validate_config(cfg)
+        if (not isinstance(backup_factor, (int, float)) or isinstance(backup_factor, bool)
+                or not math.isfinite(backup_factor) or backup_factor <= 1):
+            raise errors.InvalidConfig(f"backup_factor must be a number > 1, got "
+                                      f"{backup_factor!r}")
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
         self.check_memory_policy()
         with translate(self.url):
@@ -199,7 +210,7 @@ class Client:
                 F.SEED: seed % 65521, F.SEED_FULL: seed, F.ADVANCE: int(auto_advance),
                 F.MCLOCK: int(manual_clock), F.CURSOR: 0, F.NDONE: 0, F.NLEASED: 0,
                 F.NRESERVED: 0, F.OFFSET: 0, F.GEN: 0, F.EVMAX: 10000, F.AUTO_TT: 0,
-                F.ACKED_JOB: 0, F.FSEQ: 0,
+                F.ACKED_JOB: 0, F.FSEQ: 0, F.BACKUP_K: backup_factor if backup_leases else 0,
             }
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():

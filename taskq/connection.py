@@ -51,6 +51,52 @@ def mask_url(url: str) -> str:
     return f"{scheme}://{authority}" + _SECRET_QUERY_RE.sub(r"\1***", tail)
 
 
+def trainer_conn_name(incarnation: str) -> str:
+    """The name a trainer gives its heartbeat connection (CLIENT SETNAME).
+
+    The reaper counts a connection id as a worker's only once it has seen it under this
+    name (connwatch.py): after a Redis restart an old id may name someone else's
+    connection. Names show in ``CLIENT LIST`` for operators too.
+
+    Args:
+        incarnation: the worker incarnation (random hex).
+
+    Returns:
+        ``taskq-trainer-<incarnation>``.
+    """
+    return f"taskq-trainer-{incarnation}"
+
+
+def name_connection(redis_client: Any, incarnation: str) -> str:
+    """Name the connection a trainer's heartbeats go out on and return its CLIENT ID.
+
+    A single-threaded client reuses one pooled connection, so the heartbeat sent right
+    after this goes out on the connection named here; the worker record keeps the id for
+    the reaper (connwatch.py). Both commands go in one round trip.
+
+    Args:
+        redis_client: the heartbeat's redis-py client.
+        incarnation: the worker incarnation (the connection's name is made from it).
+
+    Returns:
+        The connection's id, or '' where it cannot be had (a cluster client, a proxy or a
+        service that refuses CLIENT): the reaper then leaves this worker to its ttl.
+
+    Raises:
+        redis.exceptions.ConnectionError: Redis unreachable.
+    """
+    if not isinstance(redis_client, redis.Redis):
+        return ""
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.client_setname(trainer_conn_name(incarnation))
+    pipe.client_id()
+    try:
+        _, cid = pipe.execute()
+    except redis.exceptions.ResponseError:
+        return ""
+    return str(cid)
+
+
 def resolve_url(url: str | None) -> str:
     """``url``, else ``TASKQ_REDIS_URL``, else the local default."""
     return url or os.environ.get("TASKQ_REDIS_URL") or DEFAULT_URL

@@ -23,15 +23,15 @@ JOB_KEYS: tuple[str, ...] = (
     "done",  # bitmap: tasks acked in the current pass attempt
     "dead",  # set: dead task ids (job-wide)
     "front",  # zset: re-dispatched task ids, leased before the cursor's order
-    "leases",  # hash: task id -> current (or just ended) lease record
+    "leases",  # hash: task id -> current (or just ended) lease record; "b:<task>" a backup's
     "owned",  # zset (lex): "worker|incarnation|task" for every lease held
     "deadlines",  # zset: task id -> task-timeout deadline (job clock, ms)
     "reserved",  # zset: task id -> lease time, for prefetched leases not yet started
     "started",  # zset: task id -> start time (job clock, ms), for lease ages
     "workers",  # zset: "worker|incarnation" -> liveness deadline (job clock, ms)
-    "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain"
+    "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain|conn"
     "waiting",  # zset: "worker|incarnation" -> time it began waiting for work
-    "counts",  # hash: "f:<task>" failures, "a:<task>" attempts, "s:<task>" solo flag
+    "counts",  # hash: "f:<task>" failures, "a:<task>" attempts, "s:<task>" solo, "x:<task>" failer
     "passes",  # hash: pass number -> JSON summary of that pass (last 1,000 kept)
     "hist",  # hash: histogram buckets (task duration, re-dispatch lateness)
     "events",  # stream: what happened, trimmed by approximate MAXLEN
@@ -119,6 +119,10 @@ class MetaField:
     RW_LAST = "rw_last"  # the checkpoint of the last rewind that completed
     RW_ACKS = "rw_acks"  # acked_job when that rewind completed (repeat detection)
     RW_KEY = "rw_key"  # the restore key of the last rewind begun ('' = none given)
+    BACKUP_K = "backup_k"  # backup leases: after k x the median task time (0 = off)
+    C_BACKUPS = "c_backups"  # backup leases granted
+    DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
+    P_BACKUPS = "p_backups"
 
 
 #: ``MetaField``'s attributes: Lua's ``F.NAME`` -> the field's name.

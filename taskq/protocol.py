@@ -11,12 +11,14 @@ Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py ->
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import errors
 from .client import Client
-from .connection import translate
+from .connection import name_connection, translate
 from .integrity import decode_chunks
 from .models import Task
 from .scripts import Code, Scripts
@@ -88,7 +90,7 @@ class HeartbeatReply(NamedTuple):
 def heartbeat_args(job_incarnation: str, worker_id: str, incarnation: str,
                    last_reply_no: int, pairs: Sequence[tuple[int, int]]) -> list[Any]:
     """The heartbeat's ARGV: ``job_inc, worker, winc, last_reply_call_no, n, (task,
-    token) x n``."""
+    token) x n`` (``call_heartbeat`` adds the connection's id)."""
     args: list[Any] = [job_incarnation, worker_id, incarnation, last_reply_no, len(pairs)]
     for tid, tok in pairs:
         args += [tid, tok]
@@ -103,6 +105,25 @@ def heartbeat_pairs(args: Sequence[Any]) -> list[tuple[int, int]]:
 def heartbeat_incarnation(args: Sequence[Any]) -> str:
     """The worker incarnation a heartbeat's ARGV was sent under."""
     return str(args[2])
+
+
+#: Seconds a heartbeat connection's id is taken as known: after that (and after any
+#: failed heartbeat) the next heartbeat names its connection and asks its id again. A
+#: reconnect redis-py's retry hides leaves the record on the old id meanwhile: the reaper
+#: then sees it gone but the worker heartbeating, and declares nothing (connwatch.py).
+CONN_RECHECK_S = 10.0
+_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float]] = \
+    weakref.WeakKeyDictionary()  # scripts -> (incarnation, connection id, checked at)
+
+
+def _conn_id(scripts: Scripts, incarnation: str) -> str:
+    known = _CONN_IDS.get(scripts)
+    now = time.monotonic()
+    if known is not None and known[0] == incarnation and now - known[2] < CONN_RECHECK_S:
+        return known[1]
+    cid = name_connection(scripts.redis, incarnation)
+    _CONN_IDS[scripts] = (incarnation, cid, now)
+    return cid
 
 
 def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
@@ -121,8 +142,15 @@ def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
     Raises:
         ConnectionLost: Redis could not be reached.
     """
-    with translate(masked_url):
-        reply: list[Any] = scripts.call("heartbeat", keys, args)
+    try:
+        with translate(masked_url):
+            # the connection, named, and its id: the reaper sees it close when the trainer
+            # dies (connwatch.py); the record keeps the id this heartbeat goes out on
+            cid = _conn_id(scripts, heartbeat_incarnation(args))
+            reply: list[Any] = scripts.call("heartbeat", keys, [*args, cid] if cid else args)
+    except errors.ConnectionLost:
+        _CONN_IDS.pop(scripts, None)  # the next heartbeat may go out on a new connection
+        raise
     return reply
 
 
@@ -160,8 +188,10 @@ class Wire:
             JobNotFound: no such job (or not that incarnation).
             ConnectionLost: Redis could not be reached.
         """
+        with translate(self.client.url):
+            cid = name_connection(self.client.redis, incarnation)  # until the 1st heartbeat
         reply = self.run("register", [job_incarnation, worker_id, incarnation, ttl_ms,
-                                      host, pid])
+                                      host, pid, cid])
         return Registered(str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0,
                           decode_info(reply[4]))
 

@@ -30,6 +30,7 @@ from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
 from . import errors
 from .client import Client
+from .connwatch import ConnWatch
 
 log = logging.getLogger("taskq.reaper")
 
@@ -70,6 +71,11 @@ class Reaper:
         reaper_id: the lock's owner name (``host:pid:random`` by default).
         backoff: a redis-py backoff deciding the wait between attempts while Redis is
             unreachable (default ``EqualJitterBackoff(cap=5.0, base=0.1)``).
+        watch_connections: also declare lost, in about a second, a worker whose heartbeat
+            connection closed (a SIGKILLed trainer; connwatch.py); off where Redis does not
+            show connections (logged once), and then the ttl alone decides.
+        conn_grace: seconds a closed connection must stay gone (default: half the job's
+            heartbeat interval).
 
     Raises:
         InvalidInput: a non-positive interval, batch or max_batches, or a negative
@@ -88,6 +94,8 @@ class Reaper:
         lock_ms: int | None = None,
         reaper_id: str | None = None,
         backoff: AbstractBackoff | None = None,
+        watch_connections: bool = True,
+        conn_grace: float | None = None,
     ) -> None:
         if not interval > 0:
             raise errors.InvalidInput(f"interval must be positive, got {interval!r}")
@@ -113,6 +121,8 @@ class Reaper:
         #: Jobs that still had work left when the last tick's batches ran out.
         self.backlog: list[str] = []
         self._problems: dict[str, str] = {}
+        self.watch = ConnWatch(client, grace=conn_grace) if watch_connections else None
+        self._watching = False
 
     # -- one pass over the jobs -------------------------------------------------------
     def tick(self) -> dict[str, int]:
@@ -131,6 +141,7 @@ class Reaper:
         started = time.monotonic()
         jobs = self._jobs()
         self.locked, self.backlog = [], []
+        self._watching = self.watch is not None and self.watch.begin_tick()
         reclaimed: dict[str, int] = {}
         for job in jobs:
             if job == _INDEX:
@@ -192,9 +203,13 @@ class Reaper:
                                                  owner=self.reaper_id)
             if locked:
                 self.locked.append(job)
+                if self.watch is not None:
+                    self.watch.forget(job)  # the lock holder watches it
                 return total
             total += did
             if not more:
+                if self._watching and self.watch is not None:
+                    total += self.watch.check(job)
                 return total
         self.backlog.append(job)
         return total
@@ -236,6 +251,8 @@ class Reaper:
         try:
             return self._loop(stop)
         finally:
+            if self.watch is not None:
+                self.watch.close()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
 
@@ -271,6 +288,10 @@ class Reaper:
                 self.backoff.reset()
             if self.backlog and sum(reclaimed.values()):
                 continue  # bounded work per call; the rest goes on at once
-            stop.wait(max(0.0, self.interval - (time.monotonic() - tick_start)))
+            wait = self.interval - (time.monotonic() - tick_start)
+            if self.watch is not None and self.watch.next_due is not None:
+                # a closed connection's grace ends before the next tick: wake for it
+                wait = min(wait, self.watch.next_due - time.monotonic())
+            stop.wait(max(0.0, wait))
         log.info("reaper %s stopped", self.reaper_id)
         return EXIT_OK

@@ -265,6 +265,11 @@ class Scripts:
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
 
+    @property
+    def redis(self) -> Any:
+        """The redis-py client the operations are called on."""
+        return self._redis
+
     def load(self) -> None:
         """Load the library (REPLACE: the same name always holds the same text)."""
         self._redis.function_load(SOURCE, replace=True)

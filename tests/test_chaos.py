@@ -66,8 +66,10 @@ def test_scale_up_scale_down_and_kill_lose_nothing_and_nobody_hangs(
 def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
         client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
     job = job_name
+    # no backup leases: the slow trainer's later acks must not lose to a backup here
     client.create_job(job, chunks=[{"i": i} for i in range(60)], passes=2,
-                      worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None)
+                      worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None,
+                      backup_leases=False)
     with Fleet(url, job, tmp_path) as fleet, \
             ReaperProc(url, interval=0.2, jobs=[job], log_path=tmp_path / "reaper.log"):
         (paused,) = fleet.spawn(1, step_s=1.0, explicit_ack=True, worker_id="paused")
@@ -127,9 +129,11 @@ def test_poison_tasks_end_dead_at_their_caps_without_stalling_the_pass(
     chunks: list[Any] = [{"i": i} for i in range(40)]
     chunks[kill_id] = POISON_KILL
     chunks[raise_id] = POISON_RAISE
+    # no backup leases: a backup of a poison task would cost one more trainer than the caps
     client.create_job(job, chunks=chunks, passes=2, worker_ttl=TTL_S,
                       heartbeat_interval=HBI_S, task_timeout=None,
-                      max_attempts=max_attempts, max_failures=max_failures)
+                      max_attempts=max_attempts, max_failures=max_failures,
+                      backup_leases=False)
     began = time.monotonic()
     max_spawns = 3 + max_attempts + max_failures + 3
     with Fleet(url, job, tmp_path, step_s=0.05) as fleet, \
@@ -189,9 +193,10 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
     client = taskq.connect(url)
     job = job_name
     n_tasks = 12
+    # no backup leases: the long bodies hold their tasks until the cancel revokes them
     client.create_job(job, chunks=[{"i": i} for i in range(n_tasks)], passes=3,
                       worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None,
-                      auto_advance=False)
+                      auto_advance=False, backup_leases=False)
     r = own_redis.client()
     with Fleet(url, job, tmp_path, step_s=0.2) as fleet:
         fleet.spawn(3)

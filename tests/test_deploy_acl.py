@@ -40,7 +40,7 @@ ADMIN_VERBS = {
     "retry", "revoke", "drain", "force", "clock", "config", "audit", "repair", "purge",
     "checkpoint", "rewind",
 }  # fmt: skip
-REAPER_VERBS = {"reap"}
+REAPER_VERBS = {"reap", "closed"}
 
 
 def acl_lines() -> list[list[str]]:

@@ -40,6 +40,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "advance": (["", "0", "1"], ["inc", "int", "enum"]),
     "cancel": ([""], ["inc"]),
     "clock": (["", "5", "0"], ["inc", "int", "enum"]),
+    "closed": (["", "w", "i", "7", "100", "8"], ["inc", "id", "id", "token", "int", "int"]),
+    "conns": (["0", "10"], ["int", "int"]),
     "create": (["0", "1", "state", "running"], ["enum", "int", "-", "-"]),
     "delete": ([""], ["inc"]),
     "drain": (["", "w"], ["inc", "id"]),

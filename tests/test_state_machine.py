@@ -56,6 +56,11 @@ class EngineMachine(RuleBasedStateMachine):
     def _is_current(self, worker: str, task: taskq.Task) -> bool:
         keys = self.client.keys(self.job)
         lease = parse_lease(self.client.redis.hget(keys.leases, str(task.id)))
+        # a task at the tail of a pass may have a backup lease beside it (field b:<task>)
+        backup = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
+        if backup and backup["worker"] == worker and not (lease and lease["worker"] == worker
+                                                          and lease["live"]):
+            lease = backup
         t = self.trainers[worker]
         # the call reclaims first: a worker past its liveness deadline (on the job's
         # clock, after the silence rule) has already lost its leases when it writes
@@ -167,8 +172,16 @@ class EngineMachine(RuleBasedStateMachine):
         rnd = self._meta("round")
         dead = {int(x) for x in r.smembers(keys.dead)}
         done = {i for i in range(N_TASKS) if r.getbit(keys.done, i)}
-        leases = {int(k): parse_lease(v) for k, v in r.hgetall(keys.leases).items()}
+        raw = r.hgetall(keys.leases)
+        leases = {int(k): parse_lease(v) for k, v in raw.items() if not k.startswith("b:")}
         leased = {t for t, ls in leases.items() if ls and ls["live"] and ls["round"] == rnd}
+        backups = {int(k[2:]): parse_lease(v) for k, v in raw.items() if k.startswith("b:")}
+        backed = {t for t, b in backups.items() if b and b["live"] and b["round"] == rnd}
+        # a backup lease only beside its task's current lease, held by another worker, and
+        # only while the job runs (its holder's writes follow the same rules)
+        for t in backed:
+            assert t in leased, "a backup without the task's own lease"
+            assert backups[t]["worker"] != leases[t]["worker"], "a backup of one's own task"
         # 1. every live task in exactly one of todo, leased, done; dead in none
         assert not (done & leased), "a task is both done and leased"
         assert not (dead & leased) and not (dead & done), "a dead task is in todo/leased/done"
@@ -187,6 +200,9 @@ class EngineMachine(RuleBasedStateMachine):
             lease = leases[t]
             assert lease is not None
             assert f"{lease['worker']}|{lease['worker_incarnation']}" in alive
+        for t in backed:
+            b = backups[t]
+            assert f"{b['worker']}|{b['worker_incarnation']}" in alive
 
     @invariant()
     def pass_grows_by_one_only_when_complete(self) -> None:
@@ -205,3 +221,22 @@ EngineMachine.TestCase.settings = settings(
 def test_engine_state_machine(sm_url):
     EngineMachine.url = sm_url
     EngineMachine.TestCase("runTest").runTest()
+
+
+class BackupMachine(EngineMachine):
+    """The same steps with backup leases in play from the start: the job's median task
+    time is set to 100 ms as if 10 tasks had been acked, so a task that runs past 200 ms at
+    the tail of a pass gets a backup (docs/trainers.md, "Tails")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client.redis.hset(self.client.keys(self.job).meta,
+                               mapping={"acked_job": 10, "dur_med": 100_000})
+
+
+BackupMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_with_backup_leases(sm_url):
+    BackupMachine.url = sm_url
+    BackupMachine.TestCase("runTest").runTest()

@@ -1,7 +1,7 @@
 #!lua
 -- heartbeat: the worker's whole truth in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n
+-- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n[, conn id]
 -- returns: {code (OK | DRAINING | REREGISTER), {revoked task ids}, {pass, gen, state, reason}}
 -- Renews liveness; revokes leases granted to this worker by calls up to the last reply
 -- it received that it did not list (their reply was lost); answers the listed leases
@@ -10,7 +10,7 @@ arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local last_reply = arg_int(ARGV[4], 'last_reply_call_no', 0, 9007199254740991)
 local n = arg_pairs(ARGV, 5, 'held', MAX_LISTED)
-arg_len(ARGV, 5 + 2 * n)
+local conn = arg_opt_conn(ARGV, 6 + 2 * n)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
@@ -18,6 +18,7 @@ if err then return done({err}) end
 reclaim(LAZY_RECLAIM)
 local ws = touch_worker(worker, winc)
 if ws == 'lost' then return done({C.REREGISTER, {}, job_info()}) end
+set_conn(worker, winc, conn)  -- this call's connection (CLIENT ID), if sent
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc
@@ -25,20 +26,20 @@ local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|
   'LIMIT', 0, MAX_HELD)
 for _, item in ipairs(items) do
   local task = string.match(item, '|([^|]*)$')
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if not lease_is_current(l) or member(l.worker, l.winc, task) ~= item then
     redis.call('ZREM', K_OWNED, item)
   elseif held[task] == nil and l.call <= last_reply then
     end_lease(task, l, 'V')
     mincr(F.C_REVOKED)
     event('revoked', 'task', task, 'worker', worker, 'reason', 'reply_lost')
-    to_front(task)
+    if not survives(task, l) then to_front(task) end
   end
 end
 local revoked = {}
 for k = 1, n do
   local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if not holds(l, worker, winc, tok) then
     revoked[#revoked + 1] = tonumber(task)
   end

@@ -22,12 +22,13 @@ local more = #items > MAX_RECLAIM
 for idx, item in ipairs(items) do
   if idx > MAX_RECLAIM then break end
   local task = string.match(item, '|([^|]*)$')
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = lease_for(task, worker, winc)
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
     end_lease(task, l, 'R')
     mincr(F.C_RELEASED)
     event('released', 'task', task, 'worker', worker)
-    if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
+    if survives(task, l, l.st == 'S' and 'attempt' or 'none') then  -- the other lease carries on
+    elseif l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     released = released + 1
   else
     redis.call('ZREM', K_OWNED, item)

@@ -1,7 +1,7 @@
 #!lua
 -- register: a worker incarnation joins the job.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid
+-- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid[, conn id]
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 arg_id(ARGV[1], 'job_inc', true)
@@ -9,7 +9,7 @@ local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local ttl = arg_int(ARGV[4], 'ttl_ms', 0, 31536000000)
 local host = arg_id(ARGV[5], 'host', true)
 local pid = arg_int(ARGV[6], 'pid', 0, 4294967295)
-arg_len(ARGV, 6)
+local conn = arg_opt_conn(ARGV, 7)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
@@ -21,7 +21,8 @@ if old and old ~= '' and old ~= winc then
 end
 reclaim(MAX_RECLAIM)
 redis.call('HSET', K_WINFO, worker,
-  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0')
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|'
+    .. conn)
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

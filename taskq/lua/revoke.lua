@@ -13,6 +13,8 @@ if err then return done({err}) end
 local l = parse_lease(redis.call('HGET', K_LEASES, task))
 if not lease_is_current(l) then return done({C.NOT_LEASED}) end
 end_lease(task, l, 'V')
+local b = other_lease(task, l)
+if b then end_lease(task, b, 'V') end  -- its backup goes too: the task goes to the front
 mincr(F.C_REVOKED)
 event('revoked', 'task', task, 'worker', l.worker, 'reason', 'operator')
 to_front(task)

@@ -24,6 +24,19 @@ local function arg_len(argv, n)
   if #argv ~= n then arg_fail('ARGV', 'expected ' .. n .. ' arguments', #argv) end
 end
 
+-- The optional last argument at position i: a connection's CLIENT ID (digits) or ''
+-- (not known), then nothing more; returns the id or ''.
+local function arg_opt_conn(argv, i)
+  local v = argv[i]
+  if v == nil then arg_len(argv, i - 1); return '' end
+  arg_len(argv, i)
+  if v ~= '' and (#v > 20 or not string.match(v, '^%d+$')) then
+    arg_fail('conn id', 'not a connection id', v)
+    return ''
+  end
+  return v
+end
+
 -- An integer (decimal digits, an optional minus sign) in [lo, hi].
 local function arg_int(v, name, lo, hi)
   if type(v) ~= 'string' or #v > 20 or not string.match(v, '^%-?%d+$') then

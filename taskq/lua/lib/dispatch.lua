@@ -9,13 +9,14 @@ local function reclaim(budget)
     'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #lost, 2 do
     local m, deadline = lost[i], tonumber(lost[i + 1])
+    local mw, mi = string.match(m, '^(.*)|([^|]*)$')
     local room = budget - did
     if room <= 0 then more = true; break end
     local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
       'LIMIT', 0, room)
     for _, item in ipairs(items) do
       local task = string.match(item, '|([^|]*)$')
-      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      local l = lease_for(task, mw, mi)
       if lease_is_current(l) and member(l.worker, l.winc, task) == item then
         expire(task, l, 'worker_lost', deadline)
         did = did + 1
@@ -80,6 +81,7 @@ end
 -- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
+local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
 local RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil  -- per call
 local function grant(task, worker, winc, call_no, st)
   local tok = next_token()
@@ -109,6 +111,28 @@ local function grant(task, worker, winc, call_no, st)
   return {tonumber(task), tok, attempt, false, st == 'S' and 1 or 0}
 end
 
+-- After a failure, the worker that failed a task does not get it back for one heartbeat
+-- interval while another worker is alive (one broken node must not burn a task's
+-- failures in milliseconds); counts' "x:<task>" = "worker|jnow of the failure".
+local OTHERS_ALIVE = nil  -- per call
+local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made this call skip
+local BACKUP_AT = nil  -- per call: when the next started task may get a backup (job clock)
+local function avoided(task, worker)
+  if counts_empty() then return false end
+  local x = redis.call('HGET', K_COUNTS, 'x:' .. task)
+  if not x then return false end
+  local w, at = string.match(x, '^(.*)|([^|]*)$')
+  if w ~= worker then return false end
+  local until_ms = (tonumber(at) or 0) + mnum(F.HBI)
+  if until_ms <= JNOW then return false end
+  if OTHERS_ALIVE == nil then
+    OTHERS_ALIVE = redis.call('ZCOUNT', K_WORKERS, jnow_s(), '+inf') > 1
+  end
+  if not OTHERS_ALIVE then return false end
+  if not AVOID_UNTIL or until_ms < AVOID_UNTIL then AVOID_UNTIL = until_ms end
+  return true
+end
+
 local function is_free(task)
   if not dead_empty() and redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
   if redis.call('GETBIT', K_DONE, task) == 1 then return false end
@@ -116,6 +140,49 @@ local function is_free(task)
   -- no record, or an ended one ("E|..."): free without parsing it
   if not rec or string.byte(rec, 1) ~= 76 then return true end  -- 76: 'L'
   return not lease_is_current(parse_lease(rec))
+end
+
+-- The job's median task time (ms; acked_one keeps it), once 10 tasks were acked.
+local function median_ms()
+  if mnum(F.ACKED_JOB) < 10 then return nil end
+  return mnum(F.DUR_MED) / 1000
+end
+
+-- At the tail of a pass (nothing left to lease or steal), an idle trainer may take a
+-- backup lease of a started task that has run longer than backup_k x the median task
+-- time: at most one backup per task at a time, never of the caller's own task. The
+-- record goes to field "b:<task>" (leases.lua); the first ack wins.
+local function take_backup(worker, winc, call_no)
+  local k = tonumber(mget(F.BACKUP_K) or '') or 0
+  if k <= 0 then return nil end
+  local med = median_ms()
+  if not med then return nil end
+  local cands = redis.call('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
+    'LIMIT', 0, 10)
+  for _, task in ipairs(cands) do
+    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    -- a task on its first attempt only: one that already cost a trainer may be poison
+    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempt == 1
+        and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
+      local tok = next_token()
+      redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
+        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts)
+      GRANTED[#GRANTED + 1] = task
+      redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
+      mincr(F.C_LEASED)
+      mincr(F.P_LEASED)
+      mincr(F.C_BACKUPS)
+      mincr(F.P_BACKUPS)
+      event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
+        'running_ms', fmt(JNOW - tonumber(redis.call('ZSCORE', K_STARTED, task))))
+      return {tonumber(task), tok, l.attempt, false, 1}
+    end
+  end
+  -- none yet: a waiter comes back when the next started task passes the bar
+  local nxt = redis.call('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(JNOW - k * med), '+inf',
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if #nxt > 0 then BACKUP_AT = math.ceil(tonumber(nxt[2]) + k * med) end
+  return nil
 end
 
 -- Leases up to `want` tasks: the front first (a solo task only alone), then the
@@ -139,7 +206,10 @@ local function take_leases(worker, winc, want, call_no, mode)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    if is_free(task) then
+    local free = is_free(task)
+    if free and avoided(task, worker) then
+      SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
+    elseif free then
       local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
         redis.call('ZADD', K_FRONT, popped[2], task)
@@ -178,12 +248,17 @@ local function take_leases(worker, winc, want, call_no, mode)
       end
     end
   end
+  if #out == 0 and mode ~= 'R' and cursor >= n and STATE == 'running' then
+    out[#out + 1] = take_backup(worker, winc, call_no)
+  end
   return out
 end
 
 local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
+  SKIPPED = {}
   local out = take_leases(worker, winc, want, call_no, mode)
+  for _, p in ipairs(SKIPPED) do redis.call('ZADD', K_FRONT, p[2], p[1]) end
   if #out > 0 then
     local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
     for k, g in ipairs(out) do g[4] = chunks[k] end
@@ -194,10 +269,11 @@ end
 
 -- How long a waiter may block before lazy reclaim could give it work (ms; 0 = no bound).
 local function wait_bound_ms()
-  if mnum(F.NLEASED) == 0 then return 0 end
-  local best = nil
+  local best = AVOID_UNTIL  -- a failed task this worker must leave to others a while
+  if BACKUP_AT and (not best or BACKUP_AT < best) then best = BACKUP_AT end
+  if mnum(F.NLEASED) == 0 and not best then return 0 end
   local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-  if #d > 0 then best = tonumber(d[2]) end
+  if #d > 0 and (not best or tonumber(d[2]) < best) then best = tonumber(d[2]) end
   local w = redis.call('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
   if #w > 0 and (not best or tonumber(w[2]) < best) then best = tonumber(w[2]) end
   if not best then return 0 end

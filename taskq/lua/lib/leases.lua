@@ -4,6 +4,9 @@
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt"  (current)
 --   "E|worker|winc|token|round|A-F-X"                            (just ended)
+-- A started task may also have a backup lease (dispatch.lua: take_backup), the same
+-- record in field "b:<task>": the first ack wins and the other lease is revoked; when one
+-- ends without an ack the other carries on as the task's lease (survives).
 
 -- A lease record as a table; rs / calls / attempts are the record's own strings (written
 -- back as they are), round / since / call / attempt their numbers.
@@ -96,6 +99,35 @@ end
 
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
 
+-- The lease of `task` this worker incarnation holds or last held: the task's record, or
+-- its backup record (l.backup) when that one is the worker's. Backups exist only in a pass
+-- attempt that granted one (p_backups), so other calls read one record.
+local function lease_for(task, worker, winc)
+  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local mine = l and l.worker == worker and l.winc == winc
+  if (mine and lease_is_current(l)) or mnum(F.P_BACKUPS) == 0 then return l end
+  local b = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+  if b and b.worker == worker and b.winc == winc and (lease_is_current(b) or not mine) then
+    b.backup = true
+    return b
+  end
+  return l
+end
+
+-- The task's other current lease once `l` ended: its backup, or the lease it backed up.
+local function other_lease(task, l)
+  if mnum(F.P_BACKUPS) == 0 then return nil end
+  local o
+  if l.backup then
+    o = parse_lease(redis.call('HGET', K_LEASES, task))
+  else
+    o = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+    if o then o.backup = true end
+  end
+  if lease_is_current(o) then return o end
+  return nil
+end
+
 -- Whether the counts hash (a: f: s: per task) is empty, read once per call; any write
 -- to it in this call makes it "maybe not empty" (false).
 local COUNTS_EMPTY = nil  -- per call
@@ -129,9 +161,14 @@ local function unindex(task, l)
 end
 
 local function end_lease(task, l, kind)
+  local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+  if l.backup then  -- a backup is in no index but owned, and not counted in nleased
+    redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+    redis.call('HSET', K_LEASES, 'b:' .. task, rec)
+    return
+  end
   unindex(task, l)
-  redis.call('HSET', K_LEASES, task,
-    'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind)
+  redis.call('HSET', K_LEASES, task, rec)
 end
 
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
@@ -144,7 +181,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
-    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    local l = lease_for(task, worker, winc)
     if holds(l, worker, winc, tok) then
       end_lease(task, l, kind)
       on_end(task, l, tok, worker, n, note)
@@ -161,6 +198,13 @@ local function to_front(task)
   wake_one()
 end
 
+-- Notes who failed a task (fail, task timeout), so take_leases gives it to another
+-- worker first (dispatch.lua: avoided).
+local function note_failer(task, worker)
+  COUNTS_EMPTY = false
+  redis.call('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
+end
+
 local function make_dead(task, why)
   redis.call('SADD', K_DEAD, task)
   DEAD_EMPTY = false
@@ -168,9 +212,9 @@ local function make_dead(task, why)
   event('dead', 'task', task, 'reason', why)
 end
 
--- A started lease that ended without an ack: count it, then dead or back to the front.
+-- Counts a lease that ended without an ack; returns why the task is now dead, or nil.
 -- charge: 'failure' (fail, task timeout) | 'attempt' (lost, release) | 'none'
-local function requeue(task, charge)
+local function charge_task(task, charge)
   local dead_reason = nil
   if charge ~= 'none' then
     COUNTS_EMPTY = false
@@ -181,11 +225,47 @@ local function requeue(task, charge)
       if f >= mnum(F.MAXF) then dead_reason = 'max_failures' end
     end
   end
+  return dead_reason
+end
+
+-- A started lease that ended without an ack: count it, then dead or back to the front.
+local function requeue(task, charge)
+  local dead_reason = charge_task(task, charge)
   if dead_reason then
     make_dead(task, dead_reason)
   else
     to_front(task)
   end
+end
+
+-- After `l` ended without an ack: true when the task's other lease is current and carries
+-- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
+-- whoever runs it must not kill twice as many trainers): at a cap the other lease is
+-- revoked and the task is dead. A surviving backup takes the task's record (the two
+-- records swap, so a repeat of the ending is still recognised) and its indexes, with a
+-- task timeout from now.
+local function survives(task, l, charge)
+  local o = other_lease(task, l)
+  if not o then return false end
+  local dead_reason = charge_task(task, charge or 'none')
+  if dead_reason then
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    make_dead(task, dead_reason)
+    return true
+  end
+  if o.backup then
+    local ended = redis.call('HGET', K_LEASES, task)
+    redis.call('HSET', K_LEASES, task, redis.call('HGET', K_LEASES, 'b:' .. task))
+    redis.call('HSET', K_LEASES, 'b:' .. task, ended)
+    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+    mincr(F.NLEASED)
+  end
+  event('carries_on', 'task', task, 'worker', o.worker)
+  return true
 end
 
 -- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
@@ -201,6 +281,8 @@ local function expire(task, l, reason, deadline)
   local charge = 'attempt'
   if reason == 'task_timeout' then charge = 'failure' end
   if l.st == 'R' then charge = 'none' end
+  if survives(task, l, charge) then return end
+  if charge == 'failure' then note_failer(task, l.worker) end
   requeue(task, charge)
 end
 
@@ -209,8 +291,14 @@ local function acked_one(task, l, tok, worker)
   redis.call('SETBIT', K_DONE, task, '1')
   mincr(F.NDONE)
   observe('dur', NOW - l.since)
+  -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
+  -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
+  local d, med = (NOW - l.since) * 1000, mnum(F.DUR_MED)
+  if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
+    med = med / 1.05 end
+  mput(F.DUR_MED, med)
   if not counts_empty() then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end
   -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
   if not progress_empty() then redis.call('HDEL', K_PROGRESS, task) end
@@ -219,12 +307,23 @@ local function acked_one(task, l, tok, worker)
   mset(F.LAST_ACK, now_s())
   if acked % 20 == 0 then recompute_auto_timeout() end
   event_task('acked', task, worker, tok)
+  local o = other_lease(task, l)
+  if o then  -- the first ack wins: the other holder's lease is revoked (its ack is stale)
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', 'acked_elsewhere')
+  end
 end
 
 -- One failing task is charged a failure; each of a failing batch of n > 1 goes back
 -- uncharged, marked solo (see fail.lua). `why` is the error text.
-local function failed_one(task, _, _, worker, n, why)
+local function failed_one(task, l, _, worker, n, why)
   mincr(F.C_FAILED)
+  if survives(task, l, n == 1 and 'failure' or 'none') then
+    event('failed', 'task', task, 'worker', worker, 'error', why)
+    return
+  end
+  note_failer(task, worker)
   if n > 1 then
     redis.call('HSET', K_COUNTS, 's:' .. task, '1')
     event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
@@ -239,5 +338,6 @@ end
 local function released_one(task, l, _, worker)
   mincr(F.C_RELEASED)
   event('released', 'task', task, 'worker', worker)
+  if survives(task, l, l.st == 'S' and 'attempt' or 'none') then return end
   if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
 end

@@ -1,0 +1,32 @@
+#!lua
+-- closed: the reaper saw a worker's heartbeat connection gone: declare the worker lost.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: job_inc ('' = any), worker, winc, conn id, min_quiet_ms, budget
+-- returns: {code (OK | NOTHING), reclaimed}
+-- Fenced: only this incarnation, only while its record still names this connection (a
+-- heartbeat after a reconnect records the new one), and only when it has made no call for
+-- min_quiet_ms on the job's liveness clock (frozen through silences, so a Redis restart
+-- or failover that dropped every connection at once does not count). Its leases then end
+-- as any lost worker's do (reclaim: worker_lost).
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local cid = arg_token(ARGV[4], 'conn id')
+local quiet = arg_int(ARGV[5], 'min_quiet_ms', 0, 31536000000)
+local budget = arg_int(ARGV[6], 'budget', 1, MAX_RECLAIM)
+arg_len(ARGV, 6)
+local bad = args_bad()
+if bad then return bad end
+local err = open_job(ARGV[1])
+if err then return done({err, 0}) end
+local m = worker .. '|' .. winc
+local deadline = tonumber(redis.call('ZSCORE', K_WORKERS, m) or '')
+local inc, ttl_s = winfo(worker)
+if not deadline or inc ~= winc or winfo_conn(worker) ~= cid or deadline < JNOW then
+  return done({C.NOTHING, 0})
+end
+local ttl = tonumber(ttl_s) or mnum(F.TTL)
+if JNOW - (deadline - ttl) < quiet then return done({C.NOTHING, 0}) end
+redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), m)
+event('connection_closed', 'worker', worker, 'incarnation', winc, 'conn', cid)
+local did = reclaim(budget)
+return done({C.OK, did})

@@ -1,0 +1,38 @@
+#!lua flags=no-writes
+-- conns: the workers whose heartbeat connection is known, a bounded batch, read-only.
+-- KEYS: the job's keys (keys.JOB_KEYS)
+-- ARGV: offset (rank in the workers set), limit
+-- returns: {code, heartbeat_ms, next_offset (0: the end), {{worker, winc, conn id,
+--           quiet_ms}...}}
+-- quiet_ms is how long the worker has made no call, on the job's liveness clock (frozen
+-- through silences). The reaper looks these ids up with CLIENT LIST ID (reaper.py).
+local offset = arg_int(ARGV[1], 'offset', 0, 4294967295)
+local limit = arg_int(ARGV[2], 'limit', 1, PAGE_MAX)
+arg_len(ARGV, 2)
+local bad = args_bad()
+if bad then return bad end
+if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
+local now
+if redis.call('HGET', K_META, F.MCLOCK) == '1' then
+  now = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local jnow = now - (tonumber(redis.call('HGET', K_META, F.OFFSET) or '0') or 0)
+local ranked = redis.call('ZRANGE', K_WORKERS, offset, offset + limit - 1, 'WITHSCORES')
+local out = {}
+for i = 1, #ranked, 2 do
+  local worker, winc = string.match(ranked[i], '^(.*)|([^|]*)$')
+  local rec = redis.call('HGET', K_WINFO, worker)
+  if rec then
+    local f = split(rec)
+    if f[1] == winc and f[7] and f[7] ~= '' then
+      local ttl = tonumber(f[2]) or mnum(F.TTL)
+      out[#out + 1] = {worker, winc, f[7], fmt(jnow - (tonumber(ranked[i + 1]) - ttl))}
+    end
+  end
+end
+local nxt = 0
+if #ranked == 2 * limit then nxt = offset + limit end
+return {C.OK, mnum(F.HBI), nxt, out}

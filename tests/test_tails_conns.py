@@ -1,0 +1,332 @@
+"""Closed connections against real redis-servers: a SIGKILLed trainer is declared lost
+by its closed heartbeat connection long before its ttl, and never a live one: not after a
+Redis restart, not after a network blip (a proxy closing every connection), not where
+CLIENT LIST is refused or the client is a cluster client (there the ttl decides, as
+before). Also the reaper's ACL: CLIENT LIST and no other admin command.
+
+Real time throughout (the connection watch runs on the reaper's monotonic clock), with a
+10 s ttl so "before the ttl" is unambiguous; no test asserts a latency goal (bench/ does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from support import RedisClusterProcs, RedisServer, wait_until
+from tcp_proxy import TcpProxy
+
+import taskq
+from taskq import protocol
+from taskq.reaper import Reaper
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TTL, HBI = 10.0, 0.5
+
+
+def make_job(client: taskq.Client, name: str, n: int = 2, **kw: Any) -> taskq.JobStatus:
+    kw.setdefault("worker_ttl", TTL)
+    kw.setdefault("heartbeat_interval", HBI)
+    kw.setdefault("task_timeout", None)
+    return client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)
+
+
+def events(client: taskq.Client, job: str, kind: str) -> list[dict[str, str]]:
+    return [f for _, f in client.events(job, count=100_000) if f["type"] == kind]
+
+
+def conn_id(client: taskq.Client, job: str, worker: str) -> str:
+    rec = client.redis.hget(client.keys(job).winfo, worker) or ""
+    f = rec.split("|")
+    return f[6] if len(f) > 6 else ""
+
+
+class ReaperThread:
+    """A Reaper running in a thread of the test until ``stop()``."""
+
+    def __init__(self, client: taskq.Client, job: str, **kw: Any) -> None:
+        kw.setdefault("interval", 0.1)
+        self.reaper = Reaper(client, jobs=[job], **kw)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self.reaper.run, args=(self._stop,), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+
+
+def watching(reaper: ReaperThread, client: taskq.Client, job: str, worker: str) -> bool:
+    """Until the watch has seen the worker's current connection under its name."""
+    watch = reaper.reaper.watch
+    assert watch is not None
+    return wait_until(lambda: any(w == worker and c == conn_id(client, job, worker)
+                                  for w, _, c in watch.watched(job)), 5)
+
+
+def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
+    """A trainer process that leases one task and holds it (heartbeating) until killed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, str(HERE / "trainer_proc.py"), url, job, "--hold",
+                             "--worker-id", wid], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("LEASED"):
+            return proc
+    raise AssertionError("the trainer process never leased")
+
+
+@pytest.fixture
+def holder_cleanup() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def test_a_sigkilled_trainer_is_lost_by_its_closed_connection_before_its_ttl(
+        client, url, job_name, holder_cleanup):
+    make_job(client, job_name, n=1)
+    holder = spawn_holder(url, job_name, "victim")
+    holder_cleanup.append(holder)
+    assert wait_until(lambda: conn_id(client, job_name, "victim") != "", 5), \
+        "the heartbeat records its connection id"
+    reaper = ReaperThread(client, job_name)
+    try:
+        time.sleep(2 * HBI)  # the first heartbeat records the heartbeat's own connection
+        assert watching(reaper, client, job_name, "victim")
+        killed = time.monotonic()
+        holder.kill()
+        holder.wait(10)
+        assert wait_until(lambda: client.status(job_name, summaries=0).todo == 1, TTL / 2), \
+            [f for _, f in client.events(job_name, count=100)]
+        took = time.monotonic() - killed
+    finally:
+        reaper.stop()
+    closed = events(client, job_name, "connection_closed")
+    assert [e["worker"] for e in closed] == ["victim"]
+    expired = events(client, job_name, "expired")
+    assert [(e["worker"], e["reason"]) for e in expired] == [("victim", "worker_lost")]
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 1
+    assert took < TTL / 2
+
+
+def test_a_live_trainer_is_never_declared_lost_by_the_watch(client, url, job_name):
+    make_job(client, job_name, n=2)
+    with taskq.Trainer(job_name, url=url, worker_id="alive") as t:
+        task = t.lease(timeout=1)
+        assert task is not None
+        assert wait_until(lambda: conn_id(client, job_name, "alive") != "", 5)
+        reaper = ReaperThread(client, job_name)
+        try:
+            time.sleep(2 * HBI)
+            assert watching(reaper, client, job_name, "alive"), "the watch judges it"
+            time.sleep(4 * HBI)
+        finally:
+            reaper.stop()
+        assert reaper.reaper.watch is not None and reaper.reaper.watch.off == ""
+        assert not task.revoked.is_set()
+    assert events(client, job_name, "connection_closed") == []
+
+
+def test_a_redis_restart_declares_nobody_lost(own_redis, job_name):
+    client = taskq.connect(own_redis.url)
+    make_job(client, job_name, n=2)
+    with taskq.Trainer(job_name, url=own_redis.url, worker_id="alive") as t:
+        task = t.lease(timeout=1)
+        assert task is not None
+        first = conn_id(client, job_name, "alive")
+        assert wait_until(lambda: conn_id(client, job_name, "alive") != "", 5)
+        reaper = ReaperThread(client, job_name)
+        try:
+            time.sleep(2 * HBI)
+            assert watching(reaper, client, job_name, "alive"), "the watch judges it"
+            own_redis.restart()  # every connection drops at once, the reaper's too
+            # the trainer reconnects and records its new connection; ids restart from 1
+            assert wait_until(lambda: conn_id(client, job_name, "alive") not in ("", first), 5)
+            time.sleep(4 * HBI)
+        finally:
+            reaper.stop()
+        assert not task.revoked.is_set()
+        t.ack(task)  # still its lease
+    assert events(client, job_name, "connection_closed") == []
+    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
+
+
+def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, monkeypatch):
+    # a reconnect redis-py's retry hides is noticed at the next recheck of the id
+    monkeypatch.setattr(protocol, "CONN_RECHECK_S", 1.0)
+    make_job(client, job_name, n=2)
+    proxy = TcpProxy(redis_server.port)
+    try:
+        with taskq.Trainer(job_name, url=proxy.url, worker_id="blip") as t:
+            task = t.lease(timeout=1)
+            assert task is not None
+            assert wait_until(lambda: conn_id(client, job_name, "blip") != "", 5)
+            before = conn_id(client, job_name, "blip")
+            reaper = ReaperThread(client, job_name)  # straight to Redis
+            try:
+                time.sleep(2 * HBI)
+                assert watching(reaper, client, job_name, "blip"), "the watch judges it"
+                before = conn_id(client, job_name, "blip")
+                for _ in range(3):  # the proxy closes every connection, three times
+                    proxy.cut()
+                    time.sleep(0.05)
+                    proxy.restore(deliver=False)
+                    time.sleep(HBI)
+                assert wait_until(lambda: conn_id(client, job_name, "blip") != before, 5), \
+                    "the next heartbeat records the new connection"
+                time.sleep(4 * HBI)
+            finally:
+                reaper.stop()
+            assert not task.revoked.is_set()
+            t.ack(task)
+    finally:
+        proxy.stop()
+    assert events(client, job_name, "connection_closed") == []
+
+
+@pytest.fixture
+def acl_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server with deploy/redis/acl.conf (test passwords) and a reaper user
+    that lacks CLIENT LIST (as on a managed service that refuses it)."""
+    acl = (ROOT / "deploy" / "redis" / "acl.conf").read_text()
+    acl = acl.replace(">CHANGE_ME_", ">pw_")
+    # RedisServer.start() checks readiness with INFO as the default user
+    acl = acl.replace("user default on nopass resetkeys resetchannels -@all +ping",
+                      "user default on nopass resetkeys resetchannels -@all +ping +info")
+    nolist = next(line for line in acl.splitlines() if line.startswith("user reaper "))
+    nolist = nolist.replace("user reaper ", "user reaper2 ").replace(" +client|list", "")
+    aclfile = tmp_path / "acl.conf"
+    aclfile.write_text(acl + "\n" + nolist + "\n")
+    server = RedisServer(extra=["--aclfile", str(aclfile)])
+    yield server
+    server.cleanup()
+
+
+def user_url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:pw_{'reaper' if user == 'reaper2' else user}@127.0.0.1:{server.port}/0"
+
+
+def test_the_reaper_role_may_list_clients_and_nothing_more(acl_server):
+    r = redis.Redis.from_url(user_url(acl_server, "reaper"), decode_responses=True)
+    own = r.client_id()
+    assert [c["id"] for c in r.client_list(client_id=[own])] == [str(own)]
+    for command in (("CLIENT", "KILL", "ID", "999999"), ("CLIENT", "PAUSE", "1"),
+                    ("CLIENT", "NO-EVICT", "on"), ("INFO",), ("CONFIG", "GET", "port")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.execute_command(*command)
+    trainer = redis.Redis.from_url(user_url(acl_server, "trainer"), decode_responses=True)
+    assert trainer.client_setname("taskq-trainer-x") and trainer.client_id() > 0
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        trainer.client_list()
+
+
+def test_refused_client_list_falls_back_to_the_ttl_and_says_so_once(
+        acl_server, job_name, caplog, holder_cleanup):
+    admin = taskq.connect(user_url(acl_server, "admin"))
+    make_job(admin, job_name, n=1, worker_ttl=2.0)
+    holder = spawn_holder(user_url(acl_server, "trainer"), job_name, "victim")
+    holder_cleanup.append(holder)
+    assert wait_until(lambda: conn_id(admin, job_name, "victim") != "", 5)
+    caplog.set_level(logging.WARNING, logger="taskq.reaper")
+    reaper = ReaperThread(taskq.connect(user_url(acl_server, "reaper2")), job_name)
+    try:
+        time.sleep(0.3)
+        holder.kill()
+        holder.wait(10)
+        assert wait_until(lambda: admin.status(job_name, summaries=0).todo == 1, 10), \
+            "the ttl still decides"
+    finally:
+        reaper.stop()
+    watch = reaper.reaper.watch
+    assert watch is not None and "CLIENT LIST refused" in watch.off
+    assert events(admin, job_name, "connection_closed") == []
+    said = [r for r in caplog.records if "closed connections are not watched" in r.message]
+    assert len(said) == 1, "logged once, not every tick"
+
+
+def test_a_cluster_client_turns_the_watch_off(job_name, caplog):
+    cluster = RedisClusterProcs(masters=3)
+    try:
+        client = taskq.connect(cluster.url)
+        make_job(client, job_name, n=1)
+        caplog.set_level(logging.WARNING, logger="taskq.reaper")
+        reaper = Reaper(client, jobs=[job_name])
+        reaper.tick()
+        reaper.tick()
+        assert reaper.watch is not None and "Cluster" in reaper.watch.off
+        said = [r for r in caplog.records if "closed connections are not watched" in r.message]
+        assert len(said) == 1
+    finally:
+        cluster.cleanup()
+
+
+def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_name):
+    """After a restart an old id may name another connection: a recorded id whose
+    connection carries another name is never taken for the worker's."""
+    make_job(client, job_name, n=1)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    other = redis.Redis.from_url(url, decode_responses=True)
+    other.client_setname("someone-else")
+    foreign = str(other.client_id())
+    keys = client.keys(job_name)  # the worker's record names a connection not its own
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [foreign]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()
+    other.close()  # that connection goes away
+    assert wait_until(lambda: not client.redis.client_list(client_id=[foreign]), 5)
+    time.sleep(2 * HBI)  # the worker is quiet for longer than the watch asks
+    for _ in range(3):
+        reaper.tick()
+    assert events(client, job_name, "connection_closed") == []
+    assert reaper.watch is not None and reaper.watch.declared == 0
+    # the same, seen under the worker's name first, is judged: the gate is the name
+    mine = redis.Redis.from_url(url, decode_responses=True)
+    mine.client_setname(f"taskq-trainer-{t.incarnation}")
+    own = str(mine.client_id())
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [own]))
+    reaper.tick()
+    mine.close()
+    assert wait_until(lambda: not client.redis.client_list(client_id=[own]), 5)
+    reaper.tick()
+    assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(
+        client, url, job_name):
+    """The heartbeat's connection replaces the one the worker registered on; a trainer
+    killed before the watch looked again is judged by the new id (same process)."""
+    make_job(client, job_name, n=1)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    first = redis.Redis.from_url(url, decode_responses=True)
+    first.client_setname(f"taskq-trainer-{t.incarnation}")
+    second = redis.Redis.from_url(url, decode_responses=True)
+    second.client_setname(f"taskq-trainer-{t.incarnation}")
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [str(first.client_id())]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()  # sees the first connection under the worker's name
+    gone = str(second.client_id())
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [gone]))  # then a new one
+    second.close()
+    first.close()
+    assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)
+    time.sleep(2 * HBI)  # quiet for longer than the watch asks
+    reaper.tick()
+    assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
