@@ -29,6 +29,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "text": ["x" * 70000],
     "ckpt": ["a|b", "a:b", "", "x" * 65, "a b"],
     "cursor": ["x", "-1", "", "1" * 21],
+    "conn": ["x", "-1", "1|2", "1" * 21],
 }
 
 #: verb -> (a well-formed ARGV, the kind of each of its arguments). The well-formed ARGV
@@ -47,8 +48,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "drain": (["", "w"], ["inc", "id"]),
     "fail": (["", "w", "i", "err", "1", "0", "5"],
              ["inc", "id", "id", "text", "count", "task", "token"]),
-    "heartbeat": (["", "w", "i", "0", "1", "0", "5"],
-                  ["inc", "id", "id", "int", "count", "task", "token"]),
+    "heartbeat": (["", "w", "i", "0", "1", "0", "5", "7"],
+                  ["inc", "id", "id", "int", "count", "task", "token", "conn"]),
     "lease": (["", "w", "i", "1", "1", "S", "-1"], ["inc", "id", "id", "int", "int", "enum",
                                                     "int"]),
     "leave": (["", "w", "i"], ["inc", "id", "id"]),
@@ -58,7 +59,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "checkpoint": (["", "c1", "todo", "0", "0"], ["inc", "ckpt", "enum", "int", "cursor"]),
     "peek": (["todo", "0", "10"], ["enum", "-", "int"]),
     "reap": (["", "10", "1000", "r"], ["inc", "int", "int", "id"]),
-    "register": (["", "w", "i", "0", "h", "1"], ["inc", "id", "id", "int", "inc", "int"]),
+    "register": (["", "w", "i", "0", "h", "1", "7"],
+                 ["inc", "id", "id", "int", "inc", "int", "conn"]),
     "release": (["", "w", "i", "1", "0", "5"], ["inc", "id", "id", "count", "task", "token"]),
     "reset": (["", "-1"], ["inc", "int"]),
     "resume": ([""], ["inc"]),
@@ -110,7 +112,8 @@ def bad_argvs(verb: str) -> list[list[str]]:
                 bad[pos] = value
                 out.append(bad)
         if verb != "stats":  # stats takes any number of bounds
-            out.append(argv[:-1])
+            # a trailing connection id is optional: leaving it out is a good call
+            out.append(argv[:-2] if kinds[-1] == "conn" else argv[:-1])
             out.append([*argv, "1"])
         out += [argv[:pos] + [value] + argv[pos + 1:]
                 for v, pos, value in OVER_BOUND if v == name]
