@@ -203,6 +203,10 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
     if problem:
         recorder.add(SECTION, "all rows", None, "", f"skipped: {problem}")
         return
+    if "hiredis" in parsers and not HIREDIS_AVAILABLE:
+        recorder.add(SECTION, "hiredis rows", None, "", "skipped: hiredis not installed "
+                     "(pip install 'taskq[fast]')")
+        parsers = tuple(p for p in parsers if p != "hiredis")
     bull: list[dict[int, float]] = []
     ours: dict[str, list[list[dict]]] = {p: [] for p in parsers}
     for k in range(rounds):
