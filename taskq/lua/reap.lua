@@ -10,5 +10,5 @@ if holder and holder ~= ARGV[4] then return done({C.LOCKED, 0, 0}) end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 redis.call('SET', K_LOCK, ARGV[4], 'PX', tonumber(ARGV[3]))
-local did, more = reclaim(tonumber(ARGV[2]))
+local did, more = reclaim(tonumber(ARGV[2]), true)
 return done({C.OK, did, more and 1 or 0})

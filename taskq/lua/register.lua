@@ -13,9 +13,10 @@ local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
   redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
 end
-reclaim(1000)
+reclaim(1000, true)
 redis.call('HSET', K_WINFO, worker,
   winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0')
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
+due_by(JNOW + ttl)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})
