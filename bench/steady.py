@@ -1,7 +1,7 @@
 """Steady state, head to head: taskq next to BullMQ and the probe, best of alternating rounds.
 
 Usage: .venv/bin/python bench/steady.py [--tasks 10000] [--rounds 3] [--parsers hiredis,python]
-       (also run.py's `steady` section)
+           [--before DIR]     (also run.py's `steady` section)
 
 Where it sits: the like-with-like rows of the bench. `throughput.mjs` (BullMQ) and the
 taskq/probe rows here all exclude start-up: every client first runs a warm-up (its
@@ -12,6 +12,10 @@ parser in a fresh interpreter (`TASKQ_BENCH_PARSER=python` hides hiredis from re
 before it is imported) so probe and taskq always share one client stack. Rounds alternate
 so that a shared machine's drift hits every row alike; a row's value is its best round,
 and the ratios are also given per round (back to back, the steadier number).
+
+`--before DIR` (a tree of an older commit: `git archive REV | tar -x -C DIR`) adds, per
+parser, the same rounds with DIR's taskq first on PYTHONPATH: a change measured before
+and after in one run, alternating.
 
 Shapes (one process unless named): probe 1/call (1, 4 procs) and 16/call; taskq
 `for task in trainer` at prefetch 1 (1, 4 procs) and prefetch 0, `trainer.batches(16)`,
@@ -162,17 +166,22 @@ def _probe_child(port, sha, batch, tasks, warm, go, results) -> None:
                  "stale": stale})
 
 
-def one_round(tasks: int) -> None:
-    """Every shape once in this interpreter; one JSON line per shape on stdout."""
+def one_round(tasks: int, only: str = "") -> None:
+    """Every shape (or those whose label holds a word of `only`) once in this
+    interpreter; one JSON line per shape on stdout."""
     for label, kind, batch, prefetch, processes in SHAPES:
+        if only and not any(word in label for word in only.split("|")):
+            continue
         n = tasks * (4 if batch > 1 or prefetch > 1 else 1)  # fast shapes: a longer window
         result = measure_shape(kind, batch, prefetch, processes, n)
         print(json.dumps({"shape": label, "tasks": n, **result}), flush=True)
 
 
 # -- the rounds, alternating ------------------------------------------------------------------
-def _run_parser_round(parser: str, tasks: int) -> list[dict]:
+def _run_parser_round(parser: str, tasks: int, code_dir: str = "") -> list[dict]:
     env = dict(os.environ, TASKQ_BENCH_PARSER=parser)
+    if code_dir:
+        env["PYTHONPATH"] = os.pathsep.join([code_dir, env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, __file__, "--one-round", "--tasks", str(tasks)],
                          env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
@@ -194,9 +203,10 @@ def _run_bullmq_round(tasks: int) -> dict[int, float]:
 
 
 def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10_000,
-        parsers: tuple[str, ...] = ("hiredis", "python")) -> None:
+        parsers: tuple[str, ...] = ("hiredis", "python"), before: str = "") -> None:
     """Adds the steady-state rows: BullMQ at concurrency 1 and 16, then per parser the
-    probe and taskq shapes, each its best of `rounds` alternating rounds."""
+    probe and taskq shapes, each its best of `rounds` alternating rounds (and with
+    `before`, a tree of older code, the same shapes on it, as "<parser>, before")."""
     from peers import bullmq_bench
 
     problem = bullmq_bench.prepare()
@@ -208,13 +218,16 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
                      "(pip install 'taskq[fast]')")
         parsers = tuple(p for p in parsers if p != "hiredis")
     bull: list[dict[int, float]] = []
-    ours: dict[str, list[list[dict]]] = {p: [] for p in parsers}
+    variants = [(p, p, "") for p in parsers]
+    if before:
+        variants = [v for p in parsers for v in ((f"{p}, before", p, before), (p, p, ""))]
+    ours: dict[str, list[list[dict]]] = {label: [] for label, _, _ in variants}
     for k in range(rounds):
         print(f"  round {k + 1}/{rounds}: BullMQ", flush=True)
         bull.append(_run_bullmq_round(tasks))
-        for parser in parsers:
-            print(f"  round {k + 1}/{rounds}: taskq and probe, {parser} parser", flush=True)
-            ours[parser].append(_run_parser_round(parser, tasks))
+        for label, parser, code_dir in variants:
+            print(f"  round {k + 1}/{rounds}: taskq and probe, {label}", flush=True)
+            ours[label].append(_run_parser_round(parser, tasks, code_dir))
     version = bullmq_bench.installed_version()
     best_bull = {c: max(r[c] for r in bull) for c in (1, 16)}
     for c in (1, 16):
@@ -222,7 +235,7 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
                      "jobs/s", f"best of {rounds}: "
                      + ", ".join(f"{r[c]:,.0f}" for r in bull)
                      + f"; {tasks} jobs after 2,000 warm-up, removeOnComplete")
-    for parser in parsers:
+    for parser in ours:
         per_round = [{r["shape"]: r for r in rows} for rows in ours[parser]]
         for label, *_ in SHAPES:
             got = [rnd[label] for rnd in per_round if label in rnd]
@@ -239,14 +252,15 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
             vs_bull = None
             if label in PEERS:
                 probe_label, conc = PEERS[label]
-                probes = [rnd[probe_label]["tasks_per_s"] for rnd in per_round]
                 mine = [rnd[label]["tasks_per_s"] for rnd in per_round]
                 vs_bull = best["tasks_per_s"] / best_bull[conc]
                 back = [m / b[conc] for m, b in zip(mine, bull, strict=False)]
-                of_probe = [m / p for m, p in zip(mine, probes, strict=False)]
-                note += (f"; {best['tasks_per_s'] / max(probes):.0%} of the best probe "
-                         f"{probe_label} (per round {_pcts(of_probe)}); vs BullMQ c{conc} "
-                         f"per round {', '.join(f'{x:.2f}x' for x in back)}")
+                if all(probe_label in rnd for rnd in per_round):
+                    probes = [rnd[probe_label]["tasks_per_s"] for rnd in per_round]
+                    of_probe = [m / p for m, p in zip(mine, probes, strict=False)]
+                    note += (f"; {best['tasks_per_s'] / max(probes):.0%} of the best probe "
+                             f"{probe_label} (per round {_pcts(of_probe)})")
+                note += f"; vs BullMQ c{conc} per round {', '.join(f'{x:.2f}x' for x in back)}"
             if best["problem"]:
                 note += f"; {best['problem']}"
             recorder.add(SECTION, name, best["tasks_per_s"], "tasks/s", note,
@@ -262,19 +276,25 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000, help="timed tasks per row")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parsers", default="hiredis,python")
+    parser.add_argument("--before", default="", help="a tree of older code to compare")
+    parser.add_argument("--shapes", default="", help="only shapes whose label has one of "
+                        "these |-separated words")
     parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     common.install_signal_handlers()
+    if args.shapes:
+        os.environ["TASKQ_BENCH_SHAPES"] = args.shapes
     if args.one_round:
         want = os.environ.get("TASKQ_BENCH_PARSER", "hiredis")
         if (want == "hiredis") != HIREDIS_AVAILABLE:
             print(f"parser {want} asked, hiredis available: {HIREDIS_AVAILABLE}",
                   file=sys.stderr)
             return 2
-        one_round(args.tasks)
+        one_round(args.tasks, os.environ.get("TASKQ_BENCH_SHAPES", ""))
         return 0
     recorder = common.Recorder()  # printed, not written: run.py writes latest.*
-    run(recorder, True, args.rounds, args.tasks, tuple(args.parsers.split(",")))
+    run(recorder, True, args.rounds, args.tasks, tuple(args.parsers.split(",")),
+        args.before)
     print(common.render_markdown({"rows": recorder.rows}))
     return 0
 
