@@ -36,6 +36,8 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import common  # noqa: E402
 import probe  # noqa: E402
@@ -58,10 +60,11 @@ SHAPES = (
     ("taskq batches(16), 1 proc", "taskq", 16, 0, 1),
     ("taskq 1/call prefetch 16, 1 proc", "taskq", 1, 16, 1),
 )
-# taskq shape -> (probe shape, BullMQ concurrency) it is compared with
-PEERS = {
+# taskq shape -> (probe shape, BullMQ concurrency it is compared with; None: no BullMQ
+# row of that shape — one Worker process is not four trainer processes)
+PEERS: dict[str, tuple[str, int | None]] = {
     "taskq 1/call prefetch 1, 1 proc": ("probe 1/call, 1 proc", 1),
-    "taskq 1/call prefetch 1, 4 proc": ("probe 1/call, 4 proc", 1),
+    "taskq 1/call prefetch 1, 4 proc": ("probe 1/call, 4 proc", None),
     "taskq 1/call prefetch 0, 1 proc": ("probe 1/call, 1 proc", 1),
     "taskq batches(16), 1 proc": ("probe 16/call, 1 proc", 16),
     "taskq 1/call prefetch 16, 1 proc": ("probe 1/call, 1 proc", 16),
@@ -80,6 +83,8 @@ def measure_shape(kind: str, batch: int, prefetch: int, processes: int, tasks: i
     with common.start_redis() as server:
         port = server.port
         admin = redis.Redis(host=common.LOOPBACK, port=port)
+        target: Callable[..., None]
+        args: tuple[Any, ...]
         if kind == "taskq":
             create_job(port, "steady", (per_proc + WARMUP_TASKS + 64) * processes + 1_000,
                        passes=None)
@@ -120,7 +125,7 @@ def measure_shape(kind: str, batch: int, prefetch: int, processes: int, tasks: i
 
 def _taskq_child(url, job, batch, prefetch, tasks, warm, go, results) -> None:
     trainer = taskq.Trainer(job, url=url, prefetch=prefetch, handle_signals=False)
-    items = iter(trainer) if batch == 1 else trainer.batches(batch)
+    items: Iterator[Any] = iter(trainer) if batch == 1 else trainer.batches(batch)
     seen = 0
     while seen < WARMUP_TASKS:
         got = next(items)
@@ -253,14 +258,16 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
             if label in PEERS:
                 probe_label, conc = PEERS[label]
                 mine = [rnd[label]["tasks_per_s"] for rnd in per_round]
-                vs_bull = best["tasks_per_s"] / best_bull[conc]
-                back = [m / b[conc] for m, b in zip(mine, bull, strict=False)]
                 if all(probe_label in rnd for rnd in per_round):
                     probes = [rnd[probe_label]["tasks_per_s"] for rnd in per_round]
                     of_probe = [m / p for m, p in zip(mine, probes, strict=False)]
                     note += (f"; {best['tasks_per_s'] / max(probes):.0%} of the best probe "
                              f"{probe_label} (per round {_pcts(of_probe)})")
-                note += f"; vs BullMQ c{conc} per round {', '.join(f'{x:.2f}x' for x in back)}"
+                if conc is not None:
+                    vs_bull = best["tasks_per_s"] / best_bull[conc]
+                    back = [m / b[conc] for m, b in zip(mine, bull, strict=False)]
+                    note += (f"; vs BullMQ c{conc} per round "
+                             f"{', '.join(f'{x:.2f}x' for x in back)}")
             if best["problem"]:
                 note += f"; {best['problem']}"
             recorder.add(SECTION, name, best["tasks_per_s"], "tasks/s", note,
