@@ -210,8 +210,15 @@ class Recorder:
         self.mode = mode
         self.rows: list[dict] = []
 
-    def add(self, section: str, name: str, value: float | None, unit: str, note: str = "",
-            vs_bullmq: float | None = None) -> dict:
+    def add(
+        self,
+        section: str,
+        name: str,
+        value: float | None,
+        unit: str,
+        note: str = "",
+        vs_bullmq: float | None = None,
+    ) -> dict:
         """Records one row (value None means "not measured"; say why in note) and prints it.
 
         vs_bullmq: the row's rate over BullMQ's of the same shape, measured in the same run
@@ -222,8 +229,10 @@ class Recorder:
             row["vs_bullmq"] = vs_bullmq
         self.rows.append(row)
         ratio = f" ({vs_bullmq:.2f}x BullMQ)" if vs_bullmq is not None else ""
-        print(f"  [{section}] {name}: {_format_value(value)} {unit}{ratio}  {note}".rstrip(),
-              flush=True)
+        print(
+            f"  [{section}] {name}: {_format_value(value)} {unit}{ratio}  {note}".rstrip(),
+            flush=True,
+        )
         return row
 
     def write(self) -> str:

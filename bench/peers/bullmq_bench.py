@@ -38,8 +38,8 @@ def run(recorder: common.Recorder, quick: bool, max_wait_s: float | None = None)
     jobs = 10_000 if quick else 40_000
     with common.start_redis() as server:
         lines, problem = run_node(
-            ["throughput.mjs", "--port", str(server.port), "--jobs", str(jobs),
-             "--warmup", "2000"], timeout_s=600
+            ["throughput.mjs", "--port", str(server.port), "--jobs", str(jobs), "--warmup", "2000"],
+            timeout_s=600,
         )
     results = [json.loads(line) for line in lines]
     throughputs = [result for result in results if "jobs_per_s" in result]
@@ -47,8 +47,10 @@ def run(recorder: common.Recorder, quick: bool, max_wait_s: float | None = None)
         errors = [result["error"] for result in results if "error" in result]
         recorder.add(SECTION, "empty jobs", None, "jobs/s", problem or "; ".join(errors))
     for result in throughputs:
-        note = (f"bullmq {version}, {jobs} jobs after 2,000 warm-up, removeOnComplete; "
-                f"{result['start_jobs_per_s']:,.0f}/s counting the Worker's start")
+        note = (
+            f"bullmq {version}, {jobs} jobs after 2,000 warm-up, removeOnComplete; "
+            f"{result['start_jobs_per_s']:,.0f}/s counting the Worker's start"
+        )
         if result["concurrency"] == 1:
             recorder.add(
                 SECTION, "enqueue empty jobs", result["enqueue_jobs_per_s"], "jobs/s", note
