@@ -27,7 +27,7 @@ test-valkey:
 
 bench:
 	@scripts/bootstrap.sh
-	@.venv/bin/python -m pip install -q -e '.[dev,bench]'
+	@.venv/bin/python -m pip install -q -e '.[dev,bench,fast]'
 	@.venv/bin/python bench/run.py --quick
 
 lint:

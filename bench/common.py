@@ -210,11 +210,29 @@ class Recorder:
         self.mode = mode
         self.rows: list[dict] = []
 
-    def add(self, section: str, name: str, value: float | None, unit: str, note: str = "") -> dict:
-        """Records one row (value None means "not measured"; say why in note) and prints it."""
+    def add(
+        self,
+        section: str,
+        name: str,
+        value: float | None,
+        unit: str,
+        note: str = "",
+        vs_bullmq: float | None = None,
+    ) -> dict:
+        """Records one row (value None means "not measured"; say why in note) and prints it.
+
+        vs_bullmq: the row's rate over BullMQ's of the same shape, measured in the same run
+        (the table's 'taskq / BullMQ' column).
+        """
         row = {"section": section, "name": name, "value": value, "unit": unit, "note": note}
+        if vs_bullmq is not None:
+            row["vs_bullmq"] = vs_bullmq
         self.rows.append(row)
-        print(f"  [{section}] {name}: {_format_value(value)} {unit}  {note}".rstrip(), flush=True)
+        ratio = f" ({vs_bullmq:.2f}x BullMQ)" if vs_bullmq is not None else ""
+        print(
+            f"  [{section}] {name}: {_format_value(value)} {unit}{ratio}  {note}".rstrip(),
+            flush=True,
+        )
         return row
 
     def write(self) -> str:
@@ -243,7 +261,7 @@ class Recorder:
         return table
 
 
-SECTION_ORDER = {"ceiling": 0, "probe": 1, "taskq": 2, "rq": 3, "bullmq": 4}
+SECTION_ORDER = {"ceiling": 0, "probe": 1, "taskq": 2, "steady": 3, "rq": 4, "bullmq": 5}
 
 
 def render_markdown(document: dict) -> str:
@@ -255,14 +273,15 @@ def render_markdown(document: dict) -> str:
         f"Python {machine.get('python', '?')}, rq {machine.get('rq', '?')}, "
         f"Node {machine.get('node', '?')}.",
         "",
-        "| section | name | value | unit | note |",
-        "|---|---|---:|---|---|",
+        "| section | name | value | unit | taskq / BullMQ | note |",
+        "|---|---|---:|---|---:|---|",
     ]
     for row in document.get("rows", []):
         note = str(row.get("note", "")).replace("|", "/")
+        ratio = f"{row['vs_bullmq']:.2f}x" if row.get("vs_bullmq") is not None else ""
         lines.append(
             f"| {row['section']} | {row['name']} | {_format_value(row['value'])} "
-            f"| {row['unit']} | {note} |"
+            f"| {row['unit']} | {ratio} | {note} |"
         )
     return "\n".join(lines) + "\n"
 

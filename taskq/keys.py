@@ -84,6 +84,7 @@ class MetaField:
     NRESERVED = "nreserved"  # of which reserved (prefetched, not started)
     OFFSET = "offset"  # silence offset (ms): JNOW = NOW - offset
     SEEN = "seen"  # the job clock at the last call (ms)
+    DUE = "due"  # no worker or task deadline is below it (JNOW ms): reclaim's hint
     GEN = "gen"  # broadcast generation
     EVMAX = "evmax"  # approximate MAXLEN of the events stream
     LAST_TOKEN = "last_token"  # the last lease token granted

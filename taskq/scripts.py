@@ -41,7 +41,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import inspect
+import os
 import re
+import threading
 from importlib import resources
 from typing import Any
 
@@ -258,12 +261,53 @@ LIBRARY, SOURCE, _FUNCTIONS = _build()
 VERBS = tuple(sorted(_FUNCTIONS))
 
 
+def _bulk(arg: Any) -> bytes:
+    """One RESP bulk string (redis-py's Encoder rules for the types taskq sends)."""
+    if isinstance(arg, bytes):
+        b = arg
+    elif isinstance(arg, str):
+        b = arg.encode()
+    elif isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        b = repr(arg).encode()
+    else:
+        raise errors.TaskqError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+def _pool_of(redis_client: Any) -> Any:
+    """The connection pool to call on directly, or None (a cluster client, one pinned
+    connection, a pool that needs a command name): those go through execute_command."""
+    if not isinstance(redis_client, redis.Redis) or redis_client.connection is not None:
+        return None
+    pool = redis_client.connection_pool
+    try:
+        params = inspect.signature(pool.get_connection).parameters
+    except (TypeError, ValueError):
+        return None
+    name = params.get("command_name")
+    if name is not None and name.default is inspect.Parameter.empty:
+        return None  # redis-py < 5.3 wants it; the ordinary path serves it
+    return pool
+
+
 class Scripts:
     """The operations, called on one Redis connection (FCALL; the library is loaded on
     first need)."""
 
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
+        # A call's constant part (FCALL, the function, its KEYS: 24 of a trainer's ~30
+        # arguments) is packed once per (verb, keys); bench/README.md measured redis-py's
+        # per-command machinery around it (packing every argument, the Retry and event
+        # wrappers) as the largest share of a trainer's CPU per task.
+        self._pool = _pool_of(redis_client)
+        self._packed: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
+        # one connection kept out of the pool for whichever thread calls first (the pool's
+        # get/release with its checks and events cost as much as the packing); a second
+        # thread meanwhile takes one from the pool. (pid, connection): a forked child
+        # leaves its parent's socket alone and takes its own.
+        self._own: tuple[int, Any] | None = None
+        self._own_lock = threading.Lock()
 
     @property
     def redis(self) -> Any:
@@ -290,6 +334,8 @@ class Scripts:
             raise errors.TaskqError(f"{verb}: expects {nkeys} keys, got {len(keys)}")
         command = "FCALL_RO" if read_only else "FCALL"
         try:
+            if self._pool is not None:
+                return self._call_packed(verb, command, name, keys, args)
             return self._redis.execute_command(command, name, nkeys, *keys, *args)
         except redis.exceptions.ResponseError as e:
             if "Function not found" not in str(e):
@@ -303,3 +349,39 @@ class Scripts:
                 f"(for example `taskq job status JOB`), then retry"
             ) from e
         return self._redis.execute_command(command, name, nkeys, *keys, *args)
+
+    def _call_packed(self, verb: str, command: str, name: str,
+                     keys: list[str] | list[bytes], args: list[Any]) -> Any:
+        """FCALL on a pooled connection with the constant part packed once; a connection
+        error goes on through ``execute_command``, whose retry policy is the client's."""
+        cache_key = (verb, tuple(keys))
+        const = self._packed.get(cache_key)
+        if const is None:
+            head = [command, name, len(keys), *keys]
+            const = (len(head), b"".join(_bulk(a) for a in head))
+            self._packed[cache_key] = const
+        n, packed = const
+        body = [b"".join([b"*%d\r\n" % (n + len(args)), packed, *map(_bulk, args)])]
+        assert self._pool is not None
+        if self._own_lock.acquire(blocking=False):
+            try:
+                if self._own is None or self._own[0] != os.getpid():
+                    self._own = (os.getpid(), self._pool.get_connection())
+                conn = self._own[1]
+                try:
+                    conn.send_packed_command(body)
+                    return conn.read_response()
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    conn.disconnect()
+            finally:
+                self._own_lock.release()
+        else:
+            conn = self._pool.get_connection()
+            try:
+                conn.send_packed_command(body)
+                return conn.read_response()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                conn.disconnect()
+            finally:
+                self._pool.release(conn)
+        return self._redis.execute_command(command, name, len(keys), *keys, *args)

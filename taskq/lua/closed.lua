@@ -27,6 +27,7 @@ end
 local ttl = tonumber(ttl_s) or mnum(F.TTL)
 if JNOW - (deadline - ttl) < quiet then return done({C.NOTHING, 0}) end
 redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), m)
+due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
 event('connection_closed', 'worker', worker, 'incarnation', winc, 'conn', cid)
-local did = reclaim(budget)
+local did = reclaim(budget, true)
 return done({C.OK, did})

@@ -17,5 +17,5 @@ if holder and holder ~= reaper_id then return done({C.LOCKED, 0, 0}) end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 redis.call('SET', K_LOCK, reaper_id, 'PX', lock_ms)
-local did, more = reclaim(budget)
+local did, more = reclaim(budget, true)
 return done({C.OK, did, more and 1 or 0})

@@ -65,12 +65,20 @@ local function task_timeout_ms()
   return tonumber(tt) or 0
 end
 
+-- A deadline (JNOW ms) is set at `ms`: reclaim's hint F.DUE stays below every deadline.
+local function due_by(ms)
+  if ms < mnum(F.DUE) then mput(F.DUE, ms) end
+end
+
 -- The deadline of a task started now (a string), or nil without a task timeout.
 local DL_TT, DL_S = nil, nil  -- per call
 local function start_deadline()
   local tt = task_timeout_ms()
   if tt <= 0 then return nil end
-  if tt ~= DL_TT then DL_TT, DL_S = tt, fmt(JNOW + tt) end
+  if tt ~= DL_TT then
+    DL_TT, DL_S = tt, fmt(JNOW + tt)
+    due_by(JNOW + tt)
+  end
   return DL_S
 end
 

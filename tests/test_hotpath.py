@@ -1,0 +1,94 @@
+"""The hot path's shortcuts keep the semantics: reclaim's stored hint, the packed FCALL.
+
+Against a real redis-server. Reclaim skips its scans while the job clock is below the
+meta field ``due``; these tests set deadlines below a stored hint (a short-ttl worker, a
+short task timeout) and check that the next ordinary call still reclaims on time. The
+packed FCALL keeps one connection out of the pool: a restart of Redis and a forked child
+must not see a stale or shared socket.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from functools import partial
+
+import support
+
+import taskq
+
+make_job = partial(support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0,
+                   task_timeout=None)
+
+
+def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
+    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False, **kw)  # type: ignore[arg-type]
+
+
+def counters(client: taskq.Client, job: str) -> dict:
+    return client.status(job, summaries=0).counters
+
+
+def test_a_short_ttl_worker_joining_under_the_hint_is_reclaimed_on_time(client, job_name):
+    make_job(client, job_name, n=3)
+    a = trainer(client, job_name, "a")
+    a.lease(timeout=0)  # reclaim scanned: the hint is a second ahead at most
+    b = trainer(client, job_name, "b", worker_ttl=0.2)  # a deadline below that hint
+    lost = b.lease(timeout=0)
+    client.advance_clock(job_name, 300)
+    again = a.lease(timeout=0)  # an ordinary call (no reaper): lazy reclaim
+    assert counters(client, job_name)["expired_worker_lost"] == 1
+    assert again is not None and again.id == lost.id, "b's task went back and was leased"
+
+
+def test_a_task_timeout_below_the_hint_expires_on_time(client, job_name):
+    make_job(client, job_name, n=2, task_timeout=0.3, max_failures=5)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    stuck = a.lease(timeout=0)
+    client.advance_clock(job_name, 400)
+    b.heartbeat()  # b stays alive; a's lease is past its 300 ms timeout
+    got = b.lease(timeout=0)
+    assert counters(client, job_name)["expired_task_timeout"] == 1
+    assert got is not None and got.id in (stuck.id, 1 - stuck.id)
+
+
+def test_nothing_is_reclaimed_before_it_is_due(client, job_name):
+    make_job(client, job_name, n=2, worker_ttl=1.0, heartbeat_interval=0.25)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    a.lease(timeout=0)
+    client.advance_clock(job_name, 999)
+    b.lease(timeout=0)
+    assert counters(client, job_name)["expired_worker_lost"] == 0
+    client.advance_clock(job_name, 2)
+    b.heartbeat()
+    assert counters(client, job_name)["expired_worker_lost"] == 1
+
+
+def test_calls_go_on_after_redis_restarts_under_the_kept_connection(own_redis, job_name):
+    client = taskq.connect(own_redis.url)
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "w")
+    first = t.lease(timeout=0)
+    own_redis.restart(kill=False)  # (a clean stop keeps the AOF) the kept socket is dead now
+    t.ack(first)
+    nxt = t.lease(timeout=2)
+    assert nxt is not None and nxt.id != first.id
+    assert counters(client, job_name)["acked"] == 1
+
+
+def _child_calls(client: taskq.Client, job: str, out: mp.Queue) -> None:
+    out.put([client.status(job, summaries=0).counters["leased"] for _ in range(50)])
+
+
+def test_a_forked_child_does_not_share_the_kept_connection(client, job_name):
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "w")
+    t.lease(timeout=0)  # the parent's calls now go through its kept connection
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_calls, args=(client, job_name, out))
+    child.start()
+    parent = [counters(client, job_name)["leased"] for _ in range(50)]
+    seen = out.get(timeout=30)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert parent == [1] * 50 and seen == [1] * 50, "every reply answered its own call"
