@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from . import errors
 from .client import Client
-from .connection import name_connection, translate
+from .connection import name_connection, trainer_conn_name, translate
 from .integrity import decode_chunks
 from .models import Task
 from .scripts import Code, Scripts
@@ -121,7 +121,9 @@ def _conn_id(scripts: Scripts, incarnation: str) -> str:
     now = time.monotonic()
     if known is not None and known[0] == incarnation and now - known[2] < CONN_RECHECK_S:
         return known[1]
-    cid = name_connection(scripts.redis, incarnation)
+    cid = scripts.name_own_connection(trainer_conn_name(incarnation))
+    if cid is None:
+        cid = name_connection(scripts.redis, incarnation)
     _CONN_IDS[scripts] = (incarnation, cid, now)
     return cid
 

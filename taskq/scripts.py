@@ -314,6 +314,46 @@ class Scripts:
         """The redis-py client the operations are called on."""
         return self._redis
 
+    def name_own_connection(self, name: str) -> str | None:
+        """Name the connection that this thread's calls go out on and return its CLIENT ID.
+
+        The kept connection of ``call`` is outside the pool, so naming a pooled one would
+        record an id no call uses; a closed-connection watch (connwatch.py) must see the
+        connection the heartbeats really go out on.
+
+        Args:
+            name: the connection's name (CLIENT SETNAME).
+
+        Returns:
+            The id; '' where CLIENT is refused (a proxy, a managed service); None when the
+            calls do not go out on a kept connection (a cluster client, another thread
+            holds it): then a pooled connection is what to name.
+
+        Raises:
+            redis.exceptions.ConnectionError: Redis unreachable.
+        """
+        if self._pool is None or not self._own_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._own is None or self._own[0] != os.getpid():
+                self._own = (os.getpid(), self._pool.get_connection())
+            conn = self._own[1]
+            replies: list[Any] = []
+            try:
+                conn.send_packed_command(conn.pack_commands([("CLIENT", "SETNAME", name),
+                                                             ("CLIENT", "ID")]))
+                for _ in range(2):  # both replies are read, refused or not
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.exceptions.ResponseError:
+                        replies.append(None)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                conn.disconnect()
+                raise
+            return "" if replies[0] is None or replies[1] is None else str(int(replies[1]))
+        finally:
+            self._own_lock.release()
+
     def load(self) -> None:
         """Load the library (REPLACE: the same name always holds the same text)."""
         self._redis.function_load(SOURCE, replace=True)

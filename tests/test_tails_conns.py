@@ -142,6 +142,23 @@ def test_a_live_trainer_is_never_declared_lost_by_the_watch(client, url, job_nam
     assert events(client, job_name, "connection_closed") == []
 
 
+def test_the_recorded_connection_is_the_one_the_heartbeats_go_out_on(client, url, job_name):
+    make_job(client, job_name, n=2)
+    with taskq.Trainer(job_name, url=url, worker_id="beating") as t:
+        assert t.lease(timeout=1) is not None
+        # the record is written by a heartbeat (register names a pooled connection first)
+        cid = {"": ""}
+
+        def heartbeat_named() -> bool:
+            cid[""] = conn_id(client, job_name, "beating")
+            clients = {c["id"]: c for c in client.redis.client_list()}
+            return cid[""] in clients and clients[cid[""]]["cmd"] == "fcall"
+
+        # the connection the record names carries the heartbeats (its last command is an
+        # FCALL), not an idle pooled one that happened to be named
+        assert wait_until(heartbeat_named, 10), cid
+
+
 def test_a_redis_restart_declares_nobody_lost(own_redis, job_name):
     client = taskq.connect(own_redis.url)
     make_job(client, job_name, n=2)
