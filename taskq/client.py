@@ -130,6 +130,7 @@ class Client:
         replace: bool = False,
         manual_clock: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        shards: int = 1,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -149,6 +150,8 @@ class Client:
             replace: replace an existing job (a new incarnation).
             manual_clock: tests only: the job's clock moves by ``advance_clock``.
             progress: called with (tasks_written, total) while staging.
+            shards: S > 1 spreads the job over S shards on different cluster masters,
+                one pass for all (``sharded.create``; it returns a ``ShardedStatus``).
 
         Returns:
             The new job's status.
@@ -160,6 +163,15 @@ class Client:
             JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
             ConnectionLost: Redis is unreachable.
         """
+        if shards != 1:
+            from . import sharded
+
+            return sharded.create(  # type: ignore[return-value]
+                self, name, chunks, shards, chunks_per_task=chunks_per_task, passes=passes,
+                auto_advance=auto_advance, replace=replace, worker_ttl=worker_ttl,
+                heartbeat_interval=heartbeat_interval, task_timeout=task_timeout,
+                max_failures=max_failures, max_attempts=max_attempts, shuffle=shuffle,
+                seed=seed, manual_clock=manual_clock)
         keys = self.keys(name)
         cfg = JobConfig(
             chunks_per_task=chunks_per_task, passes=passes, worker_ttl=worker_ttl,
