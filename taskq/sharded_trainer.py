@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
+import redis
+
 from . import errors, sharded
 from .client import Client
 from .keys import shard_set_key
@@ -71,10 +73,10 @@ class ShardedTrainer:
                  idle_wait: float = 1.0, heartbeat: bool | str = True,
                  worker_ttl: float | None = None, handle_signals: bool = True,
                  reconnect_timeout: float = 60.0) -> None:
-        self.client = client or Client(url, retries=1)
+        self.reconnect_timeout = reconnect_timeout
+        self.client = client or self._retrying(self._connect, url)
         self.job = job
         self._url = url
-        self.reconnect_timeout = reconnect_timeout
         self.sset = self._retrying(sharded.require, self.client, job)
         self.shards = self.sset.shards
         if home is None:
@@ -102,6 +104,15 @@ class ShardedTrainer:
         self._open(home)
 
     # -- plumbing -----------------------------------------------------------------
+    @staticmethod
+    def _connect(url: str | None) -> Client:
+        try:
+            return Client(url, retries=1)
+        except redis.exceptions.RedisClusterException as e:
+            # redis-py cannot read the slot map while the cluster is down (a master
+            # paused or failing over): as transient as any other lost connection
+            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
+
     def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, retrying ``ConnectionLost`` (a master paused or failing over)
         with backoff for up to ``reconnect_timeout`` seconds."""

@@ -242,7 +242,7 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
     cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=passes,
                        replace=True, worker_ttl=1.5, heartbeat_interval=0.3)
     log = tmp_path / "acks.log"
-    procs = [start_proc(cluster.url, name, log, 0.02) for _ in range(4)]
+    procs = [start_proc(cluster.url, name, log, 0.05) for _ in range(4)]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().startswith("READY")
@@ -254,13 +254,27 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
         procs[0].kill()  # mid-task, holding a lease
         procs[1].send_signal(signal.SIGTERM)  # releases what it holds, leaves
         assert procs[1].wait(30) != 0
-        procs += [start_proc(cluster.url, name, log, 0.02) for _ in range(2)]
-        # pause a master's process across a pass boundary
-        assert wait_until(lambda: sharded.status(cclient, name).pass_no >= 1, timeout=60,
-                          interval=0.05)
-        paused = cluster.servers[1].proc
+        procs += [start_proc(cluster.url, name, log, 0.05) for _ in range(2)]
+        for p in procs[-2:]:
+            assert p.stdout is not None and p.stdout.readline().startswith("READY")
+        # pause, across a pass boundary, the master of a shard still running its pass
+        # while another shard already waits at the barrier; longer than the cluster's
+        # node timeout (2 s), so the cluster flags it too
+        at_barrier: list[str] = []
+
+        def boundary() -> bool:
+            shards = sharded.status(cclient, name).shards
+            if any(s.state == "waiting" and s.pass_no == 1 for s in shards):
+                at_barrier.extend(s.job for s in shards if s.state == "running"
+                                  and s.pass_no == 1)
+            return bool(at_barrier)
+
+        assert wait_until(boundary, timeout=60, interval=0.01)
+        port = cluster.owner_port(JobKeys(at_barrier[0]).meta)
+        paused = next(s.proc for s in cluster.servers if s.port == port)
+        assert paused is not None
         paused.send_signal(signal.SIGSTOP)
-        time.sleep(1.0)
+        time.sleep(3.0)
         paused.send_signal(signal.SIGCONT)
         for p in procs[2:]:
             p.wait(120)
