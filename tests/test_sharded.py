@@ -7,6 +7,7 @@ real subprocesses for SIGKILL / SIGTERM; a master is paused with SIGSTOP.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 from support import RedisClusterProcs, wait_until
 
 import taskq
+from cli.main import cli
 from taskq import sharded
 from taskq.keys import JobKeys
 from taskq.sharded_trainer import ShardedTrainer
@@ -291,3 +294,45 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
     audit = sharded.audit(cclient, name)
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
+
+
+def cli_run(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--url", url, *args])
+
+
+def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
+    cluster: RedisClusterProcs, cclient: taskq.Client, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(9)))
+    url = cluster.url
+    r = cli_run(url, "job", "create", "clijob", "--manifest", str(manifest), "--shards", "3",
+                "--passes", "3", "--manual-advance", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["tasks"] == 9 and len(doc["shards"]) == 3
+    assert len({s["master"] for s in doc["shards"]}) == 3
+    r = cli_run(url, "pass", "next", "clijob")
+    assert r.exit_code != 0 and "has work left" in r.output
+    seen = []
+    with ShardedTrainer("clijob", url=url, idle_wait=0.1) as tr:
+        for task in next(iter(tr.passes())):
+            seen.append(tr.global_id(task))
+    assert sorted(seen) == list(range(9))
+    r = cli_run(url, "job", "status", "clijob")
+    assert r.exit_code == 0 and "waiting (manual_advance)" in r.output
+    assert all(s in r.output for s in sharded.require(cclient, "clijob").shards)
+    r = cli_run(url, "pass", "next", "clijob", "--expect", "0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pass"] == 1
+    assert [s.pass_no for s in sharded.status(cclient, "clijob").shards] == [1, 1, 1]
+    r = cli_run(url, "job", "audit", "clijob")
+    assert r.exit_code == 0, r.output
+    assert "ok   passes_agree" in r.output and "ok   once_per_pass" in r.output
+    r = cli_run(url, "job", "cancel", "clijob")
+    assert r.exit_code == 0, r.output
+    assert {s.state for s in sharded.status(cclient, "clijob").shards} == {"cancelled"}
+    r = cli_run(url, "job", "delete", "clijob", "--yes")
+    assert r.exit_code == 0, r.output
+    assert sharded.load(cclient, "clijob") is None
+    assert not any(j.startswith("clijob") for j in cclient.list_jobs())
