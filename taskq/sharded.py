@@ -483,3 +483,21 @@ def audit(client: Client, name: str) -> dict[str, Any]:
               "once_per_pass": once}
     return {"job": name, "shards": shard_audits, "passes": per_pass, "checks": checks,
             "ok": all(checks.values())}
+
+
+def advance_all(client: Client) -> dict[str, int]:
+    """The barrier step for every sharded job in the index (for a reaper's tick): a job
+    whose trainers all died at a pass boundary moves on without them.
+
+    Returns:
+        Sharded job -> the pass it advanced to, for those that moved.
+    """
+    moved = {}
+    for name in list_sets(client):
+        try:
+            to = advance(client, name)
+        except errors.JobNotFound:
+            continue  # deleted meanwhile, or a shard missing (status shows which)
+        if to is not None:
+            moved[name] = to
+    return moved

@@ -57,8 +57,10 @@ class ShardedTrainer:
         client: a configured ``taskq.Client`` to share.
         worker_id: this worker's id on every shard (``host:pid:random`` by default).
         home: the home shard's index; the next in turn when None.
-        idle_wait: seconds one idle round waits for work before looking at the other
-            shards again.
+        idle_wait: seconds the first idle round waits for work before looking at the
+            other shards again; it doubles while nothing comes, up to ``max_idle_wait``
+            (the polls of a crowd of idle trainers at a pass's tail stay bounded).
+        max_idle_wait: the longest wait between two looks at the other shards.
         heartbeat, worker_ttl, reconnect_timeout: as ``Trainer`` (per shard trainer).
         handle_signals: in the ``with`` block, SIGTERM -> ``SystemExit``, SIGINT ->
             ``KeyboardInterrupt``, so everything held is released.
@@ -70,7 +72,8 @@ class ShardedTrainer:
 
     def __init__(self, job: str, url: str | None = None, client: Client | None = None,
                  worker_id: str | None = None, *, home: int | None = None,
-                 idle_wait: float = 1.0, heartbeat: bool | str = True,
+                 idle_wait: float = 0.5, max_idle_wait: float = 5.0,
+                 heartbeat: bool | str = True,
                  worker_ttl: float | None = None, handle_signals: bool = True,
                  reconnect_timeout: float = 60.0) -> None:
         self.reconnect_timeout = reconnect_timeout
@@ -88,6 +91,9 @@ class ShardedTrainer:
         self.home = home
         self.worker_id = worker_id or default_worker_id()
         self.idle_wait = idle_wait
+        self.max_idle_wait = max(idle_wait, max_idle_wait)
+        self._idle = idle_wait
+        self._carry: Task | None = None  # a task of the next pass, got while waiting
         self.handle_signals = handle_signals
         self._trainer_kw: dict[str, Any] = {
             "heartbeat": heartbeat, "worker_ttl": worker_ttl, "handle_signals": False,
@@ -230,9 +236,19 @@ class ShardedTrainer:
                 if task is not None:
                     return task
                 self._close_idle(k)
+        wait, self._idle = self._idle, min(self._idle * 2, self.max_idle_wait)
         if not _finished(sts[self.home], pass_no):
-            return self._lease(self.home, pass_no, self.idle_wait)
-        time.sleep(self.idle_wait * (0.5 + random.random()))
+            return self._lease(self.home, pass_no, wait)
+        # home waits at the barrier: block on its wake-ups for the next pass; home
+        # advances only once every shard finished this one, so a task of the next pass
+        # ends this pass (no polling needed to see the barrier lift)
+        if self.sset.passes is None or pass_no + 1 < self.sset.passes:
+            nxt = self._lease(self.home, pass_no + 1, wait)
+            if nxt is not None:
+                self._carry = nxt
+                return True
+            return None
+        time.sleep(wait * (0.5 + random.random()))
         return None
 
     def _ack(self, task: Task) -> None:
@@ -254,7 +270,11 @@ class ShardedTrainer:
                 self._ack(done)
             if self._closed or self._draining or self._state == "cancelled":
                 return
-            task = self._take(pass_no)
+            task, self._carry = self._carry, None
+            if task is None or task.pass_no != pass_no:
+                if task is not None:  # not this pass's (a rewind): give it back
+                    self._release(task)
+                task = self._take(pass_no)
             while task is None and not (self._draining or self._state == "cancelled"):
                 got = self._idle_round(pass_no)
                 if got is True:
@@ -262,8 +282,15 @@ class ShardedTrainer:
                 task = got if isinstance(got, Task) else None
             if task is None:
                 return
+            self._idle = self.idle_wait
             self._current = task
             yield task
+
+    def _release(self, task: Task) -> None:
+        try:
+            self._open(self._shard_of(task)).release(task)
+        except errors.LeaseLost:
+            pass
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass of the whole job; each ends when every shard has

@@ -336,3 +336,18 @@ def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
     assert r.exit_code == 0, r.output
     assert sharded.load(cclient, "clijob") is None
     assert not any(j.startswith("clijob") for j in cclient.list_jobs())
+
+
+def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2)
+    sset = sharded.require(client, job_name)
+    for shard in sset.shards:  # every shard done with pass 0, nobody ran the step
+        with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
+            for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
+                tr.ack(task)
+    assert sharded.status(client, job_name).reason == "barrier"
+    assert sharded.advance_all(client)[job_name] == 1
+    assert sharded.status(client, job_name).state == "running"
+    assert job_name not in sharded.advance_all(client)
