@@ -351,3 +351,32 @@ def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
     assert sharded.advance_all(client)[job_name] == 1
     assert sharded.status(client, job_name).state == "running"
     assert job_name not in sharded.advance_all(client)
+
+
+def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=2)
+    sset = sharded.require(client, job_name)
+    trainers = [ShardedTrainer(job_name, url=url, heartbeat=False) for _ in range(6)]
+    try:
+        assert [t.home for t in trainers] == [0, 1, 2, 0, 1, 2]
+        assert [t.registered_shards for t in trainers[:3]] == [[s] for s in sset.shards]
+    finally:
+        for t in trainers:
+            t.close()
+    # shard 0 done by others: its home trainer takes shards 1 and 2 and leaves them again
+    with taskq.Trainer(sset.shards[0], client=client, heartbeat=False) as other:
+        for task in iter(lambda: other.lease(timeout=0, expect_pass=0), None):
+            other.ack(task)
+    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.1) as tr:
+        first = next(iter(tr.passes()))
+        got = []
+        for task in first:
+            got.append(tr.global_id(task))
+            assert tr.registered_shards == [sset.shards[0], task.job]
+            assert [w["id"] for w in client.workers(task.job)] == [tr.worker_id]
+        assert sorted(got) == [1, 2, 4, 5] and tr.taken_elsewhere == 4
+        assert tr.registered_shards == [sset.shards[0]]
+        assert all(client.workers(s) == [] for s in sset.shards[1:])
+        assert [s.pass_no for s in sharded.status(client, job_name).shards] == [1, 1, 1]
