@@ -41,6 +41,9 @@ log = logging.getLogger("taskq.sharded")
 
 T = TypeVar("T")
 
+#: Idle trainers reaping another shard per idle round, expected, however many there are.
+REAPERS_PER_ROUND = 4
+
 
 def _finished(s: JobStatus, pass_no: int) -> bool:
     """True when shard ``s`` has nothing more to do for ``pass_no``."""
@@ -136,9 +139,17 @@ class ShardedTrainer:
 
     def _open(self, k: int) -> Trainer:
         if k not in self._trainers:
-            self._trainers[k] = Trainer(self.shards[k], url=self._url, client=self.client,
-                                        worker_id=self.worker_id, **self._trainer_kw)
+            self._trainers[k] = self._retrying(self._new_trainer, k)
         return self._trainers[k]
+
+    def _new_trainer(self, k: int) -> Trainer:
+        try:
+            return Trainer(self.shards[k], url=self._url, client=self.client,
+                           worker_id=self.worker_id, **self._trainer_kw)
+        except redis.exceptions.RedisClusterException as e:
+            # the heartbeat's own connection reads the slot map when it starts: as in
+            # _connect, a cluster that is down is transient
+            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
 
     def _close_idle(self, k: int) -> None:
         """Leave shard ``k`` (not home) once nothing is held there."""
@@ -223,10 +234,14 @@ class ShardedTrainer:
         if any(s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting"
                for s in sts):  # a barrier step died half-way: finish it
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
+        # leases of a vanished trainer come back only through a script call on their
+        # shard; with no trainer left there, somebody must reap (bounded, locked per
+        # shard). A crowd of idle trainers shares that duty: each reaps with a chance
+        # of REAPERS_PER_ROUND / (registered workers), a few reaps per round in all.
+        crowd = max(1, sum(s.workers for s in sts))
         for s in sts:
-            if s.state == "running" and s.todo == 0 and s.leased > 0:
-                # leases of a vanished trainer come back only through a script call on
-                # their shard; with no trainer left there, reap (bounded; locked per shard)
+            if (s.state == "running" and s.todo == 0 and s.leased > 0
+                    and random.random() < REAPERS_PER_ROUND / crowd):
                 self._retrying(self.client.reap, s.job, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
         for k in sorted(order, key=lambda k: -sts[k].todo):

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from taskq import LeaseLost
 from taskq.sharded_trainer import ShardedTrainer
 
 
@@ -28,7 +29,10 @@ def main() -> int:
         for task in trainer:
             time.sleep(a.sleep)
             if not task.revoked.is_set():
-                trainer.ack(task)  # explicit, so the log holds only counted acks
+                try:
+                    trainer.ack(task)  # explicit, so the log holds only counted acks
+                except LeaseLost:
+                    continue  # declared lost meanwhile (a paused master): not counted
                 if log:
                     log.write(f"{task.pass_no} {trainer.global_id(task)}\n")
     return 0
