@@ -251,7 +251,13 @@ class ShardedTrainer:
                 if task is not None:
                     return task
                 self._close_idle(k)
-        wait, self._idle = self._idle, min(self._idle * 2, self.max_idle_wait)
+        # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
+        # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
+        # must come faster than that, or a vanished trainer's leases never expire
+        quiet = min(float(s.config.get("worker_ttl", 5.0))
+                    - float(s.config.get("heartbeat_interval", 1.0)) for s in sts)
+        limit = max(0.05, min(self.max_idle_wait, quiet / 2))
+        wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
         if not _finished(sts[self.home], pass_no):
             return self._lease(self.home, pass_no, wait)
         # home waits at the barrier: block on its wake-ups for the next pass; home

@@ -110,12 +110,17 @@ def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     client.create_job(job_name + "-plain", [{"i": 1}])
     with pytest.raises(taskq.JobExists, match="one shard"):
         client.create_job(job_name + "-plain", [{"i": 1}, {"i": 2}], shards=2, replace=True)
+    client.create_job(job_name + "-x.s1", [{"i": 1}])
+    with pytest.raises(taskq.JobExists, match="would be a shard"):
+        client.create_job(job_name + "-x", [{"i": 1}, {"i": 2}], shards=2)
+    assert sharded.load(client, job_name + "-x") is None
     # replace with fewer shards: the old extra shard goes
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, replace=True)
     assert f"{job_name}.s2" not in client.list_jobs()
     sharded.delete(client, job_name)
     assert sharded.load(client, job_name) is None
-    assert [j for j in client.list_jobs() if j.startswith(job_name)] == [job_name + "-plain"]
+    assert [j for j in client.list_jobs() if j.startswith(job_name)] == [
+        job_name + "-plain", job_name + "-x.s1"]
 
 
 def test_barrier_holds_a_finished_shard_until_every_shard_is_done(
