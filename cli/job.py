@@ -25,6 +25,7 @@ import taskq
 from taskq import datasets
 from taskq.models import JobStatus
 
+from . import shards as shards_cli
 from .common import (
     PassesType,
     TaskTimeoutType,
@@ -185,6 +186,9 @@ class _NoProgress:
 @click.option("--exist-ok", is_flag=True,
               help="If a job of that name exists, leave it as it is and exit 0 (for set-up "
                    "steps that may run again).")
+@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Spread the job over S shards on different cluster masters, one pass "
+                   "for all (docs/sharding.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
 def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str | None,
@@ -195,7 +199,7 @@ def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str 
            passes: int | None, worker_ttl: float, heartbeat_interval: float,
            task_timeout: float | str | None, max_failures: int, max_attempts: int,
            shuffle: bool, seed: int, manual_advance: bool, replace: bool,
-           exist_ok: bool, as_json: bool) -> None:
+           exist_ok: bool, shards: int, as_json: bool) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines.
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
@@ -223,12 +227,14 @@ def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str 
                 task_timeout=task_timeout, max_failures=max_failures, max_attempts=max_attempts,
                 shuffle=shuffle, seed=seed, auto_advance=not manual_advance, replace=replace,
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),
+                shards=shards,
             )
     except taskq.JobExists:
         if not exist_ok:
             raise
         if as_json:
-            echo_json(client.status(name).as_dict())
+            if not shards_cli.handle(ctx, "status", name, True):
+                echo_json(client.status(name).as_dict())
         else:
             click.echo(f"job {name} exists: left as it is (--exist-ok)")
         return
@@ -360,7 +366,10 @@ def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None)
               help="Per-pass summaries to show (the latest).")
 @click.pass_context
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
-    """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes."""
+    """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
+    sharded job: the sums and a breakdown by shard)."""
+    if shards_cli.handle(ctx, "status", name, as_json):
+        return
     client = client_of(ctx)
     status = client.status(name, summaries=summaries)
     if as_json:
@@ -431,6 +440,8 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
 @click.pass_context
 def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     """Delete job NAME and every key of it; its trainers stop (job not found)."""
+    if shards_cli.handle(ctx, "delete", name, as_json, yes=yes):
+        return
     client = client_of(ctx)
     status = client.status(name, summaries=0)  # unknown job: fail before asking
     if not yes:
@@ -450,6 +461,8 @@ def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
     """Cancel job NAME: every lease is revoked and the trainers' loops end."""
+    if shards_cli.handle(ctx, "cancel", name, as_json):
+        return
     client = client_of(ctx)
     before = client.status(name, summaries=0)
     client.cancel_job(name)
@@ -484,7 +497,10 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
-    delay; and whether the counters agree with the sets they count (exit 1 if not)."""
+    delay; and whether the counters agree with the sets they count (exit 1 if not). A
+    sharded job: every shard, and whether the shards agree on every pass."""
+    if shards_cli.handle(ctx, "audit", name, as_json):
+        return
     report = client_of(ctx).audit(name)
     if as_json:
         echo_json(report)

@@ -21,6 +21,7 @@ from rich.table import Table
 import taskq
 from taskq.models import JobStatus
 
+from . import shards as shards_cli
 from .common import age, client_of, console, echo_json, interactive, pass_label
 
 FINAL_STATES = ("completed", "cancelled")
@@ -45,6 +46,8 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
 
     Refuses while the current pass has work left unless --force.
     """
+    if shards_cli.handle(ctx, "next", name, as_json, expected=expected, force=force):
+        return
     client = client_of(ctx)
     before = client.status(name, summaries=0)
     try:
@@ -72,6 +75,8 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
 @click.pass_context
 def reset(ctx: click.Context, name: str, expected: int | None, as_json: bool) -> None:
     """Restart the current pass of NAME (a new attempt; leases out become stale)."""
+    if shards_cli.handle(ctx, "reset", name, as_json, expected=expected):
+        return
     client = client_of(ctx)
     pass_no = client.reset_pass(name, expected_pass=expected)
     if as_json:

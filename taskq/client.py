@@ -135,6 +135,7 @@ class Client:
         progress: Callable[[int, int], None] | None = None,
         backup_leases: bool = True,
         backup_factor: float = 2.0,
+        shards: int = 1,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -158,6 +159,8 @@ class Client:
                 of a task that has run longer than ``backup_factor`` x the job's median
                 task time; the first ack wins (docs/trainers.md, "Tails").
             backup_factor: that k (> 1).
+            shards: S > 1 spreads the job over S shards on different cluster masters,
+                one pass for all (``sharded.create``; it returns a ``ShardedStatus``).
 
         Returns:
             The new job's status.
@@ -169,6 +172,16 @@ class Client:
             JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
             ConnectionLost: Redis is unreachable.
         """
+        if shards != 1:
+            from . import sharded
+
+            return sharded.create(  # type: ignore[return-value]
+                self, name, chunks, shards, chunks_per_task=chunks_per_task, passes=passes,
+                auto_advance=auto_advance, replace=replace, worker_ttl=worker_ttl,
+                heartbeat_interval=heartbeat_interval, task_timeout=task_timeout,
+                max_failures=max_failures, max_attempts=max_attempts, shuffle=shuffle,
+                seed=seed, manual_clock=manual_clock, backup_leases=backup_leases,
+                backup_factor=backup_factor)
         keys = self.keys(name)
         cfg = JobConfig(
             chunks_per_task=chunks_per_task, passes=passes, worker_ttl=worker_ttl,

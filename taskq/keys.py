@@ -223,3 +223,27 @@ def acl_key_patterns(job: str | None, names: tuple[str, ...] | None = None,
 def acl_jobs_index_pattern(key_prefix: str | None = None) -> str:
     """The jobs index as an ACL key pattern (glob characters of the prefix escaped)."""
     return _glob_escape(jobs_index(key_prefix))
+
+
+# -- sharded jobs (taskq/sharded.py) -------------------------------------------------------
+#: Longest name a sharded job may have: its shards are ``NAME.s<k>[.<t>]`` (<= 64).
+MAX_SHARDED_NAME = 52
+
+
+def shard_name(job: str, index: int, attempt: int = 0) -> str:
+    """The name of shard ``index`` of sharded job ``job``: ``job.s<index>``, or
+    ``job.s<index>.<attempt>`` when placement had to try another hash tag (the shard's
+    name is its hash tag, so its slot and master follow from it)."""
+    return f"{job}.s{index}" if attempt == 0 else f"{job}.s{index}.{attempt}"
+
+
+def shard_set_key(job: str, key_prefix: str | None = None) -> str:
+    """The hash recording a sharded job's shard set (its shards' names, sizes, how it
+    advances). Under the tag ``{job}``, so one job's ACL patterns cover it; no plain job
+    of that name exists beside it."""
+    return f"{key_prefix or prefix()}:{{{job}}}:shards"
+
+
+def shard_sets_index(key_prefix: str | None = None) -> str:
+    """The set of sharded job names (outside every slot, like the jobs index)."""
+    return f"{key_prefix or prefix()}:shardsets"

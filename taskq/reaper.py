@@ -28,7 +28,7 @@ from typing import Any
 import redis
 from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
-from . import errors
+from . import errors, sharded
 from .client import Client
 from .connwatch import ConnWatch
 
@@ -157,6 +157,15 @@ class Reaper:
             else:
                 if self._problems.pop(job, None) is not None:
                     log.info("job %s: reaping again", job)
+        if self.jobs is None:  # all jobs: sharded ones whose trainers all died at a pass
+            try:                # boundary move on (docs/sharding.md)
+                for name, to in sharded.advance_all(self.client).items():
+                    log.info("sharded job %s: every shard finished its pass; now pass %d",
+                             name, to)
+            except errors.ConnectionLost:
+                raise
+            except (errors.TaskqError, redis.exceptions.ResponseError) as e:
+                self._problem("(sharded jobs)", logging.ERROR, f"barrier step failed: {e}")
         # forget problems of jobs no longer listed, so a re-created job is reported anew
         for job in set(self._problems) - set(jobs):
             del self._problems[job]

@@ -1,0 +1,347 @@
+"""Sharded jobs: one job spread over S ordinary jobs (its shards), one pass for all.
+
+A job lives in one hash slot, so one job is served by one Redis core. A sharded job
+``NAME`` is S ordinary jobs ``NAME.s0`` .. (each its own hash tag, placed so that they
+land on different masters of a cluster) plus a small record of the set
+(``keys.shard_set_key``). Global task ``i`` is task ``i // S`` of shard ``i % S``, so
+every shard holds a stride sample of the data set.
+
+The shards run with a manual pass boundary: a shard whose pass ``p`` is complete waits.
+The barrier step (``advance``) is a sequence of single-slot calls, each safe to repeat
+(no script can span slots): it reads every shard and, once all wait at ``p``, advances
+each by ``next_pass(shard, expected_pass=p)``; a shard already at ``p+1`` answers
+``PassMismatch``, which is success. A shard left waiting behind one that moved on (the
+step died half-way) is advanced first, whoever runs the next step: a trainer that finds
+its pass done everywhere (``sharded_trainer.py``), the reaper, or ``taskq pass next``.
+See docs/sharding.md.
+
+The record and the read side (status, audit) are ``shardset.py``'s, re-exported here.
+
+Data flow: client.py (``create_job(shards=S)``) / cli -> sharded.py -> client.py ->
+Redis; sharded_trainer.py -> sharded.py (``advance``, ``load``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from . import errors
+from .config import encode_tasks, validate_config
+from .connection import translate
+from .keys import (
+    MAX_SHARDED_NAME,
+    JobKeys,
+    shard_name,
+    shard_set_key,
+    shard_sets_index,
+    valid_job_name,
+)
+from .models import JobConfig, JobStatus
+from .shardset import (
+    ShardedStatus,
+    ShardSet,
+    audit,
+    combine,
+    list_sets,
+    load,
+    require,
+    status,
+)
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = [
+    "ShardSet", "ShardedStatus", "advance", "advance_all", "audit", "cancel", "combine",
+    "create", "delete", "list_sets", "load", "next_pass", "place", "require", "reset_pass",
+    "retry", "status",
+]
+
+#: Hash tags tried per shard to reach the wanted master (1/M of them do; M masters).
+PLACEMENT_TRIES = 1000
+
+def place(client: Client, name: str, shards: int) -> list[str]:
+    """Shard names for ``name`` whose slots fall on different masters, round robin.
+
+    On a cluster each shard ``k`` tries hash tags ``NAME.s<k>``, ``NAME.s<k>.1``, ...
+    (the shard's job name is its tag) until the slot (CRC16, as ``CLUSTER KEYSLOT``) is
+    served by master ``k mod M`` of the client's slot map (``CLUSTER SLOTS``), starting
+    at a master picked by the name so that small sharded jobs do not all start on the
+    same one. Re-sharding the cluster later moves slots, not jobs.
+
+    Returns:
+        The S names (``NAME.s<k>`` on a single Redis).
+    """
+    redis_client = client.redis
+    if not isinstance(redis_client, RedisCluster) or shards == 1:
+        return [shard_name(name, k) for k in range(shards)]
+    with translate(client.url):
+        masters = sorted(node.name for node in redis_client.get_primaries())
+        first = key_slot(name.encode()) % len(masters)
+        out = []
+        for k in range(shards):
+            want = masters[(first + k) % len(masters)]
+            for attempt in range(PLACEMENT_TRIES):
+                candidate = shard_name(name, k, attempt)
+                meta = JobKeys(candidate, client.prefix).meta
+                if redis_client.get_node_from_key(meta).name == want:
+                    break
+            out.append(candidate)
+    return out
+
+
+def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
+           chunks_per_task: int = 1, passes: int | None = 1, auto_advance: bool = True,
+           replace: bool = False, **config: Any) -> ShardedStatus:
+    """Create (or replace) sharded job ``name`` (``Client.create_job(shards=S)``).
+
+    Args:
+        name: ``[A-Za-z0-9._-]``, at most ``MAX_SHARDED_NAME`` characters.
+        chunks, chunks_per_task, passes, replace, config: as ``Client.create_job``.
+        shards: S >= 2; at most the number of tasks.
+        auto_advance: the barrier step starts the next pass by itself (else it waits for
+            ``next_pass``, for every shard at once).
+
+    Returns:
+        The new job's status.
+
+    Raises:
+        InvalidInput: a bad name, shard count, config or chunks (nothing written).
+        JobExists: a job or sharded job of that name exists and ``replace`` is false.
+        ConnectionLost: Redis is unreachable.
+    """
+    if not valid_job_name(name) or len(name) > MAX_SHARDED_NAME:
+        raise errors.InvalidInput(f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} "
+                                  f"of A-Z a-z 0-9 . _ -")
+    validate_config(JobConfig(chunks_per_task=chunks_per_task, passes=passes,
+                              auto_advance=auto_advance, **config))
+    chunk_list = list(chunks)
+    tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
+    if not 2 <= shards <= len(tasks):
+        raise errors.InvalidInput(f"shards must be 2..{len(tasks)} (the tasks), got {shards}")
+    old = load(client, name)
+    with translate(client.url):
+        plain = client.redis.exists(client.keys(name).meta)
+    if plain:
+        raise errors.JobExists(f"job {name!r} exists as a job of one shard")
+    if old is not None and not replace:
+        raise errors.JobExists(f"sharded job {name!r} exists")
+    names = place(client, name, shards)
+    with translate(client.url):
+        taken = [s for s in names if (old is None or s not in old.shards)
+                 and client.redis.exists(client.keys(s).meta)]
+    if taken:
+        raise errors.JobExists(f"job {taken[0]!r} exists: it would be a shard of {name!r}")
+    # global task i -> shard i % S: each shard's chunks regroup into the same tasks
+    per_shard: list[list[Any]] = [[] for _ in range(shards)]
+    for i in range(len(tasks)):
+        per_shard[i % shards].extend(chunk_list[i * chunks_per_task:(i + 1) * chunks_per_task])
+    record = {"shards": json.dumps(names), "tasks": len(tasks),
+              "passes": -1 if passes is None else passes, "advance": int(auto_advance),
+              "inc": secrets.token_hex(8), "created_ms": int(time.time() * 1000)}
+    key = shard_set_key(name, client.prefix)
+    with translate(client.url):
+        # the record first: a create that dies half-way leaves a set that names its
+        # shards (status shows the missing ones; create --replace or delete cleans up)
+        client.redis.delete(key)
+        client.redis.hset(key, mapping=record)
+        client.redis.sadd(shard_sets_index(client.prefix), name)
+    for shard, shard_chunks in zip(names, per_shard, strict=True):
+        client.create_job(shard, shard_chunks, chunks_per_task=chunks_per_task,
+                          passes=passes, auto_advance=False, replace=replace, **config)
+    if old is not None:
+        for stale in set(old.shards) - set(names):
+            try:
+                client.delete_job(stale)
+            except errors.JobNotFound:
+                pass
+    return status(client, name)
+
+
+def _waiting(s: JobStatus) -> bool:
+    return s.state == "waiting" and s.reason == "manual_advance"
+
+
+def _advance_shard(client: Client, shard: str, expected: int, force: bool = False) -> None:
+    """``next_pass`` on one shard; a shard that moved on already (a repeated step) or
+    finished is success."""
+    try:
+        client.next_pass(shard, expected_pass=expected, force=force)
+    except (errors.PassMismatch, errors.JobCompleted):
+        pass
+
+
+def advance(client: Client, name: str, manual: bool = False,
+            sset: ShardSet | None = None) -> int | None:
+    """The barrier step: safe to run any time, by anyone, any number of times at once.
+
+    First every shard waiting at a pass below the highest shard's is advanced (an earlier
+    step advanced some shards and died). Then, when every unfinished shard waits at the
+    same pass ``p`` and the job advances by itself (or ``manual``), each is advanced with
+    ``expected_pass=p``.
+
+    Args:
+        manual: advance at a manual boundary too (``next_pass``).
+        sset: the shard set, when the caller has it.
+
+    Returns:
+        The pass advanced to, or None when nothing was ready.
+
+    Raises:
+        JobNotFound: no such sharded job or shard. ConnectionLost.
+    """
+    sset = sset or require(client, name)
+    shards = [client.status(s, summaries=0) for s in sset.shards]
+    if any(s.state == "cancelled" for s in shards):
+        for s in shards:  # a cancel that died half-way: finish it
+            if s.state not in ("cancelled", "completed"):
+                _cancel_shard(client, s.job)
+        return None
+    top = max(s.pass_no for s in shards)
+    moved = None
+    for s in shards:
+        if _waiting(s) and s.pass_no < top:
+            _advance_shard(client, s.job, s.pass_no)
+            moved = top
+    live = [s for s in shards if s.state != "completed"]
+    if moved is None and live and (sset.auto_advance or manual) and all(
+            _waiting(s) and s.pass_no == top for s in live):
+        for s in live:
+            _advance_shard(client, s.job, top)
+        moved = top + 1
+    return moved
+
+
+def next_pass(client: Client, name: str, expected_pass: int | None = None,
+              force: bool = False) -> int:
+    """Start the next pass of every shard (``taskq pass next`` on a sharded job).
+
+    Args:
+        expected_pass: the pass the caller believes current (compare-and-set).
+        force: skip what is left of the pass in every shard.
+
+    Returns:
+        The pass after the call.
+
+    Raises:
+        PassIncomplete: a shard has work left and no force. PassMismatch, JobCompleted,
+        JobCancelled, JobNotFound.
+    """
+    sset = require(client, name)
+    st = status(client, name)
+    if st.state == "completed":
+        raise errors.JobCompleted(f"job {name!r} is completed")
+    if st.state == "cancelled":
+        raise errors.JobCancelled(f"job {name!r} was cancelled")
+    if expected_pass is not None and expected_pass != st.pass_no:
+        raise errors.PassMismatch(f"job {name}: the current pass is {st.pass_no}, not "
+                                  f"{expected_pass}; nothing changed")
+    if force:
+        for s in st.shards:
+            if s.state != "completed" and s.pass_no == st.pass_no:
+                _advance_shard(client, s.job, s.pass_no, force=True)
+        advance(client, name, sset=sset)
+        return status(client, name).pass_no
+    moved = advance(client, name, manual=True, sset=sset)
+    if moved is None:
+        left = [f"{s.job} (todo {s.todo}, leased {s.leased})" for s in st.shards
+                if not _waiting(s) and s.state != "completed"]
+        raise errors.PassIncomplete(f"job {name}: pass {st.pass_no} has work left in "
+                                    f"{', '.join(left)}; --force skips it")
+    return moved
+
+
+def _cancel_shard(client: Client, shard: str) -> None:
+    try:
+        client.cancel_job(shard)
+    except (errors.JobCancelled, errors.JobCompleted):
+        pass
+
+
+def cancel(client: Client, name: str) -> None:
+    """Cancel every shard (idempotent per shard; the barrier step finishes a cancel that
+    died half-way).
+
+    Raises:
+        JobCompleted: every shard was completed already. JobNotFound.
+    """
+    sset = require(client, name)
+    shards = [client.status(s, summaries=0) for s in sset.shards]
+    if all(s.state == "completed" for s in shards):
+        raise errors.JobCompleted(f"job {name!r} is completed")
+    for s in shards:
+        if s.state not in ("cancelled", "completed"):
+            _cancel_shard(client, s.job)
+
+
+def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> int:
+    """Restart the current pass in every shard (its leases become stale).
+
+    Raises:
+        PassMismatch: ``expected_pass`` is not the current pass. JobNotFound, ...
+    """
+    st = status(client, name)
+    if expected_pass is not None and expected_pass != st.pass_no:
+        raise errors.PassMismatch(f"job {name}: the current pass is {st.pass_no}, not "
+                                  f"{expected_pass}; nothing changed")
+    for s in st.shards:
+        if s.state != "completed" and s.pass_no == st.pass_no:
+            try:
+                client.reset_pass(s.job, expected_pass=st.pass_no)
+            except errors.PassMismatch:
+                pass
+    return st.pass_no
+
+
+def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> int:
+    """Retry dead tasks (global ids) in every shard; as ``Client.retry``."""
+    sset = require(client, name)
+    if not task_ids:
+        return sum(client.retry(s) for s in sset.shards)
+    by_shard: dict[str, list[int]] = {}
+    for t in task_ids:
+        shard, local = sset.locate(int(t))
+        by_shard.setdefault(shard, []).append(local)
+    return sum(client.retry(shard, ids) for shard, ids in by_shard.items())
+
+
+def delete(client: Client, name: str) -> None:
+    """Delete every shard and the record (shards already gone are skipped).
+
+    Raises:
+        JobNotFound: no such sharded job.
+    """
+    sset = require(client, name)
+    for shard in sset.shards:
+        try:
+            client.delete_job(shard)
+        except errors.JobNotFound:
+            pass
+    with translate(client.url):
+        client.redis.delete(shard_set_key(name, client.prefix))
+        client.redis.srem(shard_sets_index(client.prefix), name)
+
+
+def advance_all(client: Client) -> dict[str, int]:
+    """The barrier step for every sharded job in the index (for a reaper's tick): a job
+    whose trainers all died at a pass boundary moves on without them.
+
+    Returns:
+        Sharded job -> the pass it advanced to, for those that moved.
+    """
+    moved = {}
+    for name in list_sets(client):
+        try:
+            to = advance(client, name)
+        except errors.JobNotFound:
+            continue  # deleted meanwhile, or a shard missing (status shows which)
+        if to is not None:
+            moved[name] = to
+    return moved

@@ -1,0 +1,203 @@
+"""The read side of sharded jobs: the shard-set record and the job's status and audit.
+
+A sharded job (``sharded.py``) is S ordinary jobs plus one record (``keys.shard_set_key``);
+this module reads the record and sums the shards' statuses and audits into one view,
+with each shard's detail beside it.
+
+Data flow: sharded.py, sharded_trainer.py, cli/shards.py -> shardset.py -> client.py
+(status, audit) -> stats.py -> Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.cluster import RedisCluster
+
+from . import errors
+from .connection import translate
+from .keys import shard_set_key, shard_sets_index
+from .models import JobStatus
+
+if TYPE_CHECKING:
+    from .client import Client
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """The record of one sharded job.
+
+    Attributes:
+        name: the sharded job's name.
+        shards: the shards' job names, shard ``k`` at index ``k``.
+        tasks: tasks of the whole job (global task ``i`` is in shard ``i % S``).
+        passes: passes to run, None for until cancelled.
+        auto_advance: the barrier step advances by itself (else ``next_pass``).
+        incarnation: new on every create.
+    """
+
+    name: str
+    shards: list[str]
+    tasks: int
+    passes: int | None
+    auto_advance: bool
+    incarnation: str
+
+    def locate(self, task_id: int) -> tuple[str, int]:
+        """(shard job name, task id in the shard) of global task ``task_id``."""
+        if not 0 <= task_id < self.tasks:
+            raise errors.InvalidInput(f"job {self.name}: no task {task_id} (0..{self.tasks - 1})")
+        return self.shards[task_id % len(self.shards)], task_id // len(self.shards)
+
+    def global_id(self, shard: str, task_id: int) -> int:
+        """The global id of task ``task_id`` of ``shard``."""
+        return task_id * len(self.shards) + self.shards.index(shard)
+
+
+def load(client: Client, name: str) -> ShardSet | None:
+    """The shard set of ``name``, or None when ``name`` is not a sharded job."""
+    with translate(client.url):
+        raw = client.redis.hgetall(shard_set_key(name, client.prefix))
+    if not raw:
+        return None
+    try:
+        passes = int(raw["passes"])
+        return ShardSet(name=name, shards=list(json.loads(raw["shards"])),
+                        tasks=int(raw["tasks"]), passes=None if passes < 0 else passes,
+                        auto_advance=raw["advance"] == "1", incarnation=raw["inc"])
+    except (KeyError, ValueError) as e:
+        raise errors.CorruptData(f"{shard_set_key(name, client.prefix)}: not a shard set "
+                                 f"record ({e})") from e
+
+
+def require(client: Client, name: str) -> ShardSet:
+    """``load`` that raises ``JobNotFound`` for a name that is not a sharded job."""
+    found = load(client, name)
+    if found is None:
+        raise errors.JobNotFound(f"sharded job {name!r} not found")
+    return found
+
+
+def list_sets(client: Client) -> list[str]:
+    """The sharded jobs' names, sorted."""
+    with translate(client.url):
+        return sorted(client.redis.smembers(shard_sets_index(client.prefix)))
+
+
+@dataclass
+class ShardedStatus:
+    """A sharded job as one (sums) plus each shard's own ``JobStatus``."""
+
+    job: str
+    state: str
+    reason: str
+    pass_no: int
+    passes: int | None
+    tasks: int
+    todo: int
+    leased: int
+    reserved: int
+    done: int
+    dead: int
+    workers: int
+    shards: list[JobStatus] = field(default_factory=list)
+    masters: list[str | None] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The status keys of ``JobStatus.as_dict`` that sum, plus ``shards``."""
+        return {
+            "job": self.job, "state": self.state, "reason": self.reason,
+            "pass": self.pass_no, "passes": self.passes, "tasks": self.tasks,
+            "todo": self.todo, "leased": self.leased, "reserved": self.reserved,
+            "done": self.done, "dead": self.dead, "workers": self.workers,
+            "shards": [
+                {"job": s.job, "master": m, "state": s.state, "reason": s.reason,
+                 "pass": s.pass_no, "tasks": s.tasks, "todo": s.todo, "leased": s.leased,
+                 "done": s.done, "dead": s.dead, "workers": s.workers}
+                for s, m in zip(self.shards, self.masters, strict=True)
+            ],
+        }
+
+
+def _master(client: Client, shard: str) -> str | None:
+    if not isinstance(client.redis, RedisCluster):
+        return None
+    return str(client.redis.get_node_from_key(client.keys(shard).meta).name)
+
+
+def combine(sset: ShardSet, shards: Sequence[JobStatus]) -> tuple[str, str, int]:
+    """(state, reason, pass) of the whole job from its shards' statuses.
+
+    Cancelled if any shard is; completed when all are; waiting when every unfinished
+    shard waits (reason ``barrier``: the next step advances them; ``manual_advance``:
+    for ``next_pass``; ``all_dead`` wins); else running. The pass is the lowest
+    unfinished shard's.
+    """
+    live = [s for s in shards if s.state != "completed"]
+    pass_no = min((s.pass_no for s in live), default=max(s.pass_no for s in shards))
+    if any(s.state == "cancelled" for s in shards):
+        return "cancelled", "", pass_no
+    if not live:
+        return "completed", "", pass_no
+    if any(s.state == "running" for s in live):
+        return "running", "", pass_no
+    if any(s.reason == "all_dead" for s in live):
+        return "waiting", "all_dead", pass_no
+    return "waiting", "barrier" if sset.auto_advance else "manual_advance", pass_no
+
+
+def status(client: Client, name: str) -> ShardedStatus:
+    """Every shard's status and their sums.
+
+    Raises:
+        JobNotFound: no such sharded job, or one of its shards is missing.
+    """
+    sset = require(client, name)
+    shards = [client.status(s, summaries=0) for s in sset.shards]
+    state, reason, pass_no = combine(sset, shards)
+    return ShardedStatus(
+        job=name, state=state, reason=reason, pass_no=pass_no, passes=sset.passes,
+        tasks=sum(s.tasks for s in shards), todo=sum(s.todo for s in shards),
+        leased=sum(s.leased for s in shards), reserved=sum(s.reserved for s in shards),
+        done=sum(s.done for s in shards), dead=sum(s.dead for s in shards),
+        workers=sum(s.workers for s in shards), shards=shards,
+        masters=[_master(client, s) for s in sset.shards])
+
+
+def audit(client: Client, name: str) -> dict[str, Any]:
+    """Every shard's audit plus the pass agreement between them.
+
+    Checks (besides each shard's own): ``shards_ok``; ``passes_agree``: every pass below
+    the highest shard's pass is finished (completed or skipped) in every shard, i.e. no
+    shard ever ran ahead of the barrier; ``once_per_pass``: per finished pass, the done
+    tasks of all shards plus the dead ones are the job's tasks.
+    """
+    sset = require(client, name)
+    shard_audits = [client.audit(s) for s in sset.shards]
+    finished: dict[int, dict[str, dict[str, Any]]] = {}
+    for a in shard_audits:
+        for rec in a["passes"]:  # the latest round of each pass wins
+            finished.setdefault(int(rec["pass"]), {})[a["job"]] = rec
+    top = max(a["pass"] for a in shard_audits)
+    per_pass = []
+    agree = once = True
+    for p in sorted(finished):
+        recs = finished[p]
+        ended = {j: r for j, r in recs.items() if r.get("state") in ("completed", "skipped")}
+        if p < top and len(ended) != len(sset.shards):
+            agree = False
+        if len(ended) == len(sset.shards):
+            done = sum(int(r.get("done") or 0) for r in ended.values())
+            dead = sum(int(r.get("dead") or 0) for r in ended.values())
+            skipped = sum(int(r.get("skipped") or 0) for r in ended.values())
+            if done + dead + skipped != sset.tasks:
+                once = False
+            per_pass.append({"pass": p, "done": done, "dead": dead, "skipped": skipped,
+                             "stale": sum(int(r.get("stale") or 0) for r in ended.values())})
+    checks = {"shards_ok": all(a["ok"] for a in shard_audits), "passes_agree": agree,
+              "once_per_pass": once}
+    return {"job": name, "shards": shard_audits, "passes": per_pass, "checks": checks,
+            "ok": all(checks.values())}

@@ -1,0 +1,42 @@
+"""A sharded-job trainer run as a real subprocess, for the SIGKILL / SIGTERM tests.
+
+Usage: sharded_proc.py URL JOB [--sleep S] [--log FILE]
+Prints "READY <pid>" once registered; each task acked is appended to --log as
+"<pass> <global id>" after its ack landed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from taskq import LeaseLost
+from taskq.sharded_trainer import ShardedTrainer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("job")
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--log", default="")
+    a = ap.parse_args()
+    log = open(a.log, "a", buffering=1) if a.log else None
+    with ShardedTrainer(a.job, url=a.url, idle_wait=0.2) as trainer:
+        print(f"READY {os.getpid()}", flush=True)
+        for task in trainer:
+            time.sleep(a.sleep)
+            if not task.revoked.is_set():
+                try:
+                    trainer.ack(task)  # explicit, so the log holds only counted acks
+                except LeaseLost:
+                    continue  # declared lost meanwhile (a paused master): not counted
+                if log:
+                    log.write(f"{task.pass_no} {trainer.global_id(task)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""Sharded jobs: one job over several shards (ordinary jobs), one pass for all.
+
+Most tests run on a real local 3-master Redis Cluster (module fixture, as in
+test_cluster.py); a few use the session's single server. Trainers run in threads, and as
+real subprocesses for SIGKILL / SIGTERM; a master is paused with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from support import RedisClusterProcs, wait_until
+
+import taskq
+from cli.main import cli
+from taskq import sharded
+from taskq.keys import JobKeys
+from taskq.sharded_trainer import ShardedTrainer
+
+PROC = os.path.join(os.path.dirname(__file__), "sharded_proc.py")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterProcs]:
+    procs = RedisClusterProcs(masters=3)
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cclient(cluster: RedisClusterProcs) -> taskq.Client:
+    return taskq.connect(cluster.url)
+
+
+@pytest.fixture
+def job_name(job_name: str) -> str:
+    """A unique name short enough for a sharded job (its shards add a suffix)."""
+    return job_name[:20] + job_name[-8:]
+
+
+def run_trainers(url: str, name: str, count: int, **kw: object) -> list[tuple[int, int]]:
+    """``count`` sharded trainers in threads until the job ends; (pass, global id) of
+    every task acked."""
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    errs: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with ShardedTrainer(name, url=url, **kw) as trainer:  # type: ignore[arg-type]
+                for one_pass in trainer.passes():
+                    for task in one_pass:
+                        gid = trainer.global_id(task)
+                        trainer.ack(task)
+                        with lock:
+                            seen.append((task.pass_no, gid))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errs, errs
+    assert not any(t.is_alive() for t in threads)
+    return seen
+
+
+# -- single server --------------------------------------------------------------------
+def test_one_shard_is_todays_job(client: taskq.Client, job_name: str) -> None:
+    status = client.create_job(job_name, [{"i": i} for i in range(4)], shards=1)
+    assert isinstance(status, taskq.JobStatus) and status.tasks == 4
+    assert sharded.load(client, job_name) is None
+
+
+def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name: str) -> None:
+    for bad in (0, 5):
+        with pytest.raises(taskq.InvalidInput, match="shards must be 2..4"):
+            client.create_job(job_name, [{"i": i} for i in range(4)], shards=bad)
+    with pytest.raises(taskq.InvalidInput, match="bad sharded job name"):
+        client.create_job("x" * 60, [{"i": 1}, {"i": 2}], shards=2)
+    assert sharded.load(client, job_name) is None
+    assert not any(j.startswith(job_name) for j in client.list_jobs())
+
+
+def test_tasks_stride_over_shards_and_names_collide_with_nothing(
+    client: taskq.Client, job_name: str
+) -> None:
+    st = client.create_job(job_name, [{"i": i} for i in range(10)], shards=3,
+                           chunks_per_task=2)
+    sset = sharded.require(client, job_name)
+    assert sset.shards == [f"{job_name}.s{k}" for k in range(3)]
+    assert (st.tasks, [s.tasks for s in st.shards]) == (5, [2, 2, 1])
+    # global task i is task i // 3 of shard i % 3, chunks as a one-shard job groups them
+    assert client.task(sset.shards[1], 1, history=0)["chunks"] == [{"i": 8}, {"i": 9}]
+    assert sset.locate(4) == (sset.shards[1], 1) and sset.global_id(sset.shards[1], 1) == 4
+    with pytest.raises(taskq.JobExists):
+        client.create_job(job_name, [{"i": 1}, {"i": 2}], shards=2)
+    client.create_job(job_name + "-plain", [{"i": 1}])
+    with pytest.raises(taskq.JobExists, match="one shard"):
+        client.create_job(job_name + "-plain", [{"i": 1}, {"i": 2}], shards=2, replace=True)
+    client.create_job(job_name + "-x.s1", [{"i": 1}])
+    with pytest.raises(taskq.JobExists, match="would be a shard"):
+        client.create_job(job_name + "-x", [{"i": 1}, {"i": 2}], shards=2)
+    assert sharded.load(client, job_name + "-x") is None
+    # replace with fewer shards: the old extra shard goes
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, replace=True)
+    assert f"{job_name}.s2" not in client.list_jobs()
+    sharded.delete(client, job_name)
+    assert sharded.load(client, job_name) is None
+    assert [j for j in client.list_jobs() if j.startswith(job_name)] == [
+        job_name + "-plain", job_name + "-x.s1"]
+
+
+def test_barrier_holds_a_finished_shard_until_every_shard_is_done(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=3)
+    sset = sharded.require(client, job_name)
+    s0, s1 = sset.shards
+    with taskq.Trainer(s0, client=client, heartbeat=False) as tr:
+        for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):
+            tr.ack(task)
+    st = sharded.status(client, job_name)
+    assert [(s.state, s.pass_no) for s in st.shards] == [("waiting", 0), ("running", 0)]
+    assert (st.state, st.pass_no, st.done) == ("running", 0, 2)
+    assert sharded.advance(client, job_name) is None  # s1 not done: nothing moves
+    with pytest.raises(taskq.PassIncomplete, match=s1):
+        sharded.next_pass(client, job_name)
+    with taskq.Trainer(s1, client=client, heartbeat=False) as tr:
+        for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):
+            tr.ack(task)
+    assert sharded.status(client, job_name).reason == "barrier"
+    # a step that died half-way (s0 advanced, s1 not) is finished by the next one
+    client.next_pass(s0, expected_pass=0)
+    assert sharded.advance(client, job_name) == 1
+    assert [s.pass_no for s in sharded.status(client, job_name).shards] == [1, 1]
+    assert sharded.advance(client, job_name) is None  # repeated: nothing more
+
+
+def test_cancel_reset_retry_act_on_every_shard(client: taskq.Client, job_name: str) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=None,
+                      max_failures=1)
+    sset = sharded.require(client, job_name)
+    with taskq.Trainer(sset.shards[2], client=client, heartbeat=False) as tr:
+        task = tr.lease(timeout=0)
+        assert task is not None
+        tr.fail(task, "boom")
+    st = sharded.status(client, job_name)
+    assert st.dead == 1
+    assert sharded.retry(client, job_name, [sset.global_id(sset.shards[2], task.id)]) == 1
+    assert sharded.reset_pass(client, job_name, expected_pass=0) == 0
+    with pytest.raises(taskq.PassMismatch):
+        sharded.reset_pass(client, job_name, expected_pass=3)
+    sharded.cancel(client, job_name)
+    st = sharded.status(client, job_name)
+    assert st.state == "cancelled" and {s.state for s in st.shards} == {"cancelled"}
+
+
+def test_a_cancel_that_died_half_way_is_finished_by_the_next_step(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2)
+    sset = sharded.require(client, job_name)
+    client.cancel_job(sset.shards[0])
+    sharded.advance(client, job_name)
+    assert [s.state for s in sharded.status(client, job_name).shards] == ["cancelled"] * 2
+
+
+def test_trainers_on_a_single_redis_run_every_pass_once(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(30)], shards=3, passes=3)
+    seen = run_trainers(url, job_name, 4, idle_wait=0.2)
+    assert sorted(seen) == [(p, i) for p in range(3) for i in range(30)]
+    audit = sharded.audit(client, job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
+
+
+# -- cluster --------------------------------------------------------------------------
+def test_shards_land_on_different_masters(cluster: RedisClusterProcs,
+                                          cclient: taskq.Client) -> None:
+    for name, shards in (("place-a", 3), ("place-b", 3), ("place-c", 6)):
+        cclient.create_job(name, [{"i": i} for i in range(12)], shards=shards, replace=True)
+        sset = sharded.require(cclient, name)
+        owners = [cluster.owner_port(JobKeys(s).meta) for s in sset.shards]
+        assert sorted(owners) == sorted([s.port for s in cluster.servers] * (shards // 3))
+        st = sharded.status(cclient, name)
+        assert len(set(st.masters)) == 3 and st.tasks == 12
+
+
+def test_a_cluster_job_of_three_shards_runs_passes_in_step(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name = "steps"
+    cclient.create_job(name, [{"i": i} for i in range(60)], shards=3, passes=3, replace=True)
+    seen = run_trainers(cluster.url, name, 3, idle_wait=0.2)
+    assert sorted(seen) == [(p, i) for p in range(3) for i in range(60)]
+    audit = sharded.audit(cclient, name)
+    assert audit["ok"], audit["checks"]
+    st = sharded.status(cclient, name)
+    assert st.state == "completed" and st.workers == 0
+
+
+def test_a_shard_whose_last_trainer_vanished_still_finishes(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name = "orphan"
+    cclient.create_job(name, [{"i": i} for i in range(30)], shards=3, passes=2,
+                       replace=True, worker_ttl=1.0, heartbeat_interval=0.25)
+    sset = sharded.require(cclient, name)
+    # the only trainer homed on shard 2 takes a task and vanishes (no heartbeat, no leave)
+    gone = taskq.Trainer(sset.shards[2], url=cluster.url, heartbeat=False)
+    assert gone.lease(timeout=0) is not None
+    seen: list[tuple[int, int]] = []
+    stolen = []
+    for home in (0, 1):
+        with ShardedTrainer(name, url=cluster.url, home=home, idle_wait=0.2) as tr:
+            for task in tr:
+                seen.append((task.pass_no, tr.global_id(task)))
+                assert tr.registered_shards[0] == sset.shards[home]
+            stolen.append(tr.taken_elsewhere)
+    assert sorted(seen) == [(p, i) for p in range(2) for i in range(30)]
+    assert stolen[0] >= 20  # shards 1 and 2 came to the first trainer
+    assert sharded.audit(cclient, name)["ok"]
+
+
+def start_proc(url: str, name: str, log: Path, sleep: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, PROC, url, name, "--log", str(log), "--sleep",
+                             str(sleep)], stdout=subprocess.PIPE, text=True)
+
+
+def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
+    cluster: RedisClusterProcs, cclient: taskq.Client, tmp_path: Path
+) -> None:
+    name = "chaos"
+    n, passes = 45, 4
+    cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=passes,
+                       replace=True, worker_ttl=1.5, heartbeat_interval=0.3)
+    log = tmp_path / "acks.log"
+    procs = [start_proc(cluster.url, name, log, 0.05) for _ in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().startswith("READY")
+
+        def done_count() -> int:
+            return sharded.status(cclient, name).done
+
+        assert wait_until(lambda: done_count() >= 10, timeout=60, interval=0.05)
+        procs[0].kill()  # mid-task, holding a lease
+        procs[1].send_signal(signal.SIGTERM)  # releases what it holds, leaves
+        assert procs[1].wait(30) != 0
+        procs += [start_proc(cluster.url, name, log, 0.05) for _ in range(2)]
+        for p in procs[-2:]:
+            assert p.stdout is not None and p.stdout.readline().startswith("READY")
+        # pause, across a pass boundary, the master of a shard still running its pass
+        # while another shard already waits at the barrier; longer than the cluster's
+        # node timeout (2 s), so the cluster flags it too
+        at_barrier: list[str] = []
+
+        def boundary() -> bool:
+            shards = sharded.status(cclient, name).shards
+            if any(s.state == "waiting" and s.pass_no == 1 for s in shards):
+                at_barrier.extend(s.job for s in shards if s.state == "running"
+                                  and s.pass_no == 1)
+            return bool(at_barrier)
+
+        assert wait_until(boundary, timeout=60, interval=0.01)
+        port = cluster.owner_port(JobKeys(at_barrier[0]).meta)
+        paused = next(s.proc for s in cluster.servers if s.port == port)
+        assert paused is not None
+        paused.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        paused.send_signal(signal.SIGCONT)
+        for p in procs[2:]:
+            p.wait(120)
+            assert p.returncode == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    st = sharded.status(cclient, name)
+    assert st.state == "completed"
+    acked = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
+    assert len(acked) == len(set(acked))  # no task counted twice in a pass
+    audit = sharded.audit(cclient, name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
+
+
+def cli_run(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--url", url, *args])
+
+
+def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
+    cluster: RedisClusterProcs, cclient: taskq.Client, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(9)))
+    url = cluster.url
+    r = cli_run(url, "job", "create", "clijob", "--manifest", str(manifest), "--shards", "3",
+                "--passes", "3", "--manual-advance", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["tasks"] == 9 and len(doc["shards"]) == 3
+    assert len({s["master"] for s in doc["shards"]}) == 3
+    r = cli_run(url, "pass", "next", "clijob")
+    assert r.exit_code != 0 and "has work left" in r.output
+    seen = []
+    with ShardedTrainer("clijob", url=url, idle_wait=0.1) as tr:
+        for task in next(iter(tr.passes())):
+            seen.append(tr.global_id(task))
+    assert sorted(seen) == list(range(9))
+    r = cli_run(url, "job", "status", "clijob")
+    assert r.exit_code == 0 and "waiting (manual_advance)" in r.output
+    assert all(s in r.output for s in sharded.require(cclient, "clijob").shards)
+    r = cli_run(url, "pass", "next", "clijob", "--expect", "0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pass"] == 1
+    assert [s.pass_no for s in sharded.status(cclient, "clijob").shards] == [1, 1, 1]
+    r = cli_run(url, "job", "audit", "clijob")
+    assert r.exit_code == 0, r.output
+    assert "ok   passes_agree" in r.output and "ok   once_per_pass" in r.output
+    r = cli_run(url, "job", "cancel", "clijob")
+    assert r.exit_code == 0, r.output
+    assert {s.state for s in sharded.status(cclient, "clijob").shards} == {"cancelled"}
+    r = cli_run(url, "job", "delete", "clijob", "--yes")
+    assert r.exit_code == 0, r.output
+    assert sharded.load(cclient, "clijob") is None
+    assert not any(j.startswith("clijob") for j in cclient.list_jobs())
+
+
+def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2)
+    sset = sharded.require(client, job_name)
+    for shard in sset.shards:  # every shard done with pass 0, nobody ran the step
+        with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
+            for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
+                tr.ack(task)
+    assert sharded.status(client, job_name).reason == "barrier"
+    assert sharded.advance_all(client)[job_name] == 1
+    assert sharded.status(client, job_name).state == "running"
+    assert job_name not in sharded.advance_all(client)
+
+
+def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=2)
+    sset = sharded.require(client, job_name)
+    trainers = [ShardedTrainer(job_name, url=url, heartbeat=False) for _ in range(6)]
+    try:
+        assert [t.home for t in trainers] == [0, 1, 2, 0, 1, 2]
+        assert [t.registered_shards for t in trainers[:3]] == [[s] for s in sset.shards]
+    finally:
+        for t in trainers:
+            t.close()
+    # shard 0 done by others: its home trainer takes shards 1 and 2 and leaves them again
+    with taskq.Trainer(sset.shards[0], client=client, heartbeat=False) as other:
+        for task in iter(lambda: other.lease(timeout=0, expect_pass=0), None):
+            other.ack(task)
+    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.1) as tr:
+        first = next(iter(tr.passes()))
+        got = []
+        for task in first:
+            got.append(tr.global_id(task))
+            assert tr.registered_shards == [sset.shards[0], task.job]
+            assert [w["id"] for w in client.workers(task.job)] == [tr.worker_id]
+        assert sorted(got) == [1, 2, 4, 5] and tr.taken_elsewhere == 4
+        assert tr.registered_shards == [sset.shards[0]]
+        assert all(client.workers(s) == [] for s in sset.shards[1:])
+        assert [s.pass_no for s in sharded.status(client, job_name).shards] == [1, 1, 1]
