@@ -338,18 +338,22 @@ class Scripts:
             if self._own is None or self._own[0] != os.getpid():
                 self._own = (os.getpid(), self._pool.get_connection())
             conn = self._own[1]
-            replies: list[Any] = []
-            try:
-                conn.send_packed_command(conn.pack_commands([("CLIENT", "SETNAME", name),
-                                                             ("CLIENT", "ID")]))
-                for _ in range(2):  # both replies are read, refused or not
-                    try:
-                        replies.append(conn.read_response())
-                    except redis.exceptions.ResponseError:
-                        replies.append(None)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                conn.disconnect()
-                raise
+            for attempt in (1, 2):  # a connection a restart closed reconnects once
+                replies: list[Any] = []
+                try:
+                    conn.send_packed_command(conn.pack_commands(
+                        [("CLIENT", "SETNAME", name), ("CLIENT", "ID")]))
+                    for _ in range(2):  # both replies are read, refused or not
+                        try:
+                            replies.append(conn.read_response())
+                        except redis.exceptions.ResponseError:
+                            replies.append(None)
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    conn.disconnect()
+                    if attempt == 2:
+                        raise
+                    continue
+                break
             return "" if replies[0] is None or replies[1] is None else str(int(replies[1]))
         finally:
             self._own_lock.release()

@@ -120,8 +120,9 @@ def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
     if not valid_job_name(name) or len(name) > MAX_SHARDED_NAME:
         raise errors.InvalidInput(f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} "
                                   f"of A-Z a-z 0-9 . _ -")
+    job_config = {k: v for k, v in config.items() if k not in ("backup_leases", "backup_factor")}
     validate_config(JobConfig(chunks_per_task=chunks_per_task, passes=passes,
-                              auto_advance=auto_advance, **config))
+                              auto_advance=auto_advance, **job_config))
     chunk_list = list(chunks)
     tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
     if not 2 <= shards <= len(tasks):
