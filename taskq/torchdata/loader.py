@@ -14,7 +14,10 @@ workers (dataset.py) -> torch's result queue -> loader.py.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing
+import os
 import queue
 import weakref
 from collections import Counter
@@ -23,11 +26,13 @@ from typing import Any, NoReturn
 
 import torch.utils.data
 
-from .. import errors
+from .. import checkpoints, errors
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
 from .feeder import Feeder
+
+log = logging.getLogger("taskq.torch")
 
 _PASS_ENDS = ("global", "local")
 _JOIN_S = 15.0
@@ -167,6 +172,78 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._current = _TaskqIter(self, torch_iter, feeder, feed)
         return self._current
 
+    def sync(self) -> None:
+        """Ack the tasks the loop finished and send how far it got into the others, now
+        (not at the next step or heartbeat): each data-parallel rank calls it before the
+        one that checkpoints calls ``state_dict()`` (see docs/torch.md)."""
+        cur = self._current
+        if cur is not None and not cur.ended:
+            cur._settle()
+            cur.feeder.call(lambda trainer: None)
+
+    def state_dict(self, ckpt: str | None = None) -> dict[str, Any]:
+        """Checkpoint the job's position and name it, for the model's checkpoint.
+
+        What the loop took so far counts (the batch just handed out included): its tasks
+        are acked and the progress sent first, then ``Client.checkpoint`` records the
+        pass, the done set and every unfinished task's progress.
+
+        Args:
+            ckpt: the checkpoint's id (default: a new time-ordered one).
+
+        Returns:
+            ``taskq.checkpoints.state_of(job, record)``: a small JSON-able dict
+            (``{"job", "checkpoint", "incarnation", "pass", "done"}``).
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
+        """
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        cur = self._current
+        record: dict[str, Any] | None = None
+        if cur is not None and not cur.ended and cur.feeder.is_alive():
+            cur._settle()
+            try:
+                record = cur.feeder.call(
+                    lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
+            except errors.TaskqError as e:
+                if cur.feeder.is_alive():
+                    raise
+                log.debug("the iteration ended during state_dict: %s", e)
+        if record is None:
+            with _client(ds) as client:
+                record = client.checkpoint(ds.job, ckpt=ckpt)
+        return checkpoints.state_of(ds.job, record)
+
+    def load_state_dict(self, state: dict[str, Any], key: str | None = None) -> bool:
+        """Put the job back to the checkpoint ``state`` names, once per restart: every
+        restarted trainer calls it (whatever their number and their DataLoader workers');
+        the first one rewinds the job, the others find it there.
+
+        Args:
+            state: what ``state_dict()`` returned.
+            key: what names this restart of the trainers; default under torchrun
+                ``f"{TORCHELASTIC_RUN_ID}:{TORCHELASTIC_RESTART_COUNT}"``, else "" (then
+                a trainer loading the state after others acked work rewinds again: see
+                docs/resume.md).
+
+        Returns:
+            True when this call rewound the job.
+
+        Raises:
+            InvalidInput: not a loader state, or one of an earlier incarnation of the job.
+            JobNotFound, JobCancelled, ConnectionLost.
+        """
+        if key is None:
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+            key = (f"{run_id}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+                   if run_id else "")
+        self._end_current()  # its leases are revoked by the rewind anyway
+        self._done_pass = None
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        with _client(ds) as client:
+            return checkpoints.restore(client, state, key=key)
+
     def _end_current(self) -> None:
         cur = self._current
         if cur is not None and not cur.ended:
@@ -201,6 +278,7 @@ class _TaskqIter:
         self.ended = False
         self.tail: Iterator[Unit] | None = None
         self._taken: list[tuple[int, int]] = []
+        self._reached: dict[tuple[int, int], int] = {}
         # dropped unfinished (a `break` out of the loop): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
 
@@ -221,9 +299,7 @@ class _TaskqIter:
 
     def _next(self) -> Any:
         counts = self._counts()
-        if self._taken:
-            self.feeder.ack(self._taken)
-            self._taken = []
+        self._settle()
         while True:
             if self.feeder.error is not None:
                 raise self.feeder.error
@@ -235,17 +311,33 @@ class _TaskqIter:
             tags, ctrl, batch = unit
             self._control(ctrl)
             finished = []
+            reached: dict[tuple[int, int], int] = {}
             holds = self.feeder.holds
-            for task_id, token, _, last in tags:
-                if last and holds(task_id, token):
-                    finished.append((task_id, token))
+            for task_id, token, index, last in tags:
+                if last:
+                    if holds(task_id, token):
+                        finished.append((task_id, token))
+                else:
+                    # a task's samples come in increasing position: the last one counts
+                    reached[task_id, token] = index + 1
             if batch is None:
                 self.feeder.ack(finished)  # dropped (drop_last): nothing left to take
                 continue
             self._taken = finished
+            self._reached = reached
             counts["samples"] += len(tags)
             counts["batches"] += 1
             return batch
+
+    def _settle(self) -> None:
+        """The batch handed out last was taken (the step finished): ack the tasks it
+        ended, record how far it got into the others."""
+        if self._reached:
+            self.feeder.progress(self._reached)
+            self._reached = {}
+        if self._taken:
+            self.feeder.ack(self._taken)
+            self._taken = []
 
     def _counts(self) -> Counter[str]:
         loader = self.loader_ref()
@@ -307,9 +399,9 @@ class _TaskqIter:
         self.ended = True
         self._finalizer.detach()
         feeder = self.feeder
-        if ack_taken and self._taken:
-            feeder.ack(self._taken)
-        self._taken = []
+        if ack_taken:
+            self._settle()
+        self._taken, self._reached = [], {}
         if shutdown or self.torch_iter is not None:
             self._stop_workers(shutdown)
         feeder.finish()
@@ -342,6 +434,21 @@ class _TaskqIter:
     def close(self) -> None:
         """Abandon this iteration: release what it holds (nothing taken counts as done)."""
         self._end(ack_taken=False, shutdown=False)
+
+
+@contextlib.contextmanager
+def _client(ds: TaskDataset) -> Iterator[Any]:
+    """The dataset's client, or one of our own closed afterwards."""
+    if ds.client is not None:
+        yield ds.client
+        return
+    from ..client import Client
+
+    client = Client(ds.url)
+    try:
+        yield client
+    finally:
+        client.redis.close()
 
 
 def _retire(tasks: Any) -> None:
