@@ -77,3 +77,56 @@ def test_sigkilled_loader_task_resumes_where_the_loop_got(
         assert min(i for _, i in b) == recorded  # the reader began there
     passes = client.audit(job_name)["passes"]
     assert passes[0]["resumed"] == 1 and passes[0]["resumed_samples"] == recorded
+
+
+def test_checkpoint_then_sigkill_all_then_restart_with_another_topology(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """3 trainers (2 DataLoader workers each) over 9 tasks x 40 rows; at step 8 each
+    syncs and rank 0 checkpoints (loader.state_dict(), the model's sample count beside
+    it); every trainer is SIGKILLed 4 steps later. 2 trainers with 4 workers each load
+    the state (one rewind for the restart key) and finish the pass: counted from the
+    checkpoint every row is consumed exactly once, and the model's count (checkpoint +
+    after the restart) is the number of rows."""
+    chunks = write_jsonl(tmp_path / "data", 9, 40)
+    make_job(client, job_name, chunks)
+    run = tmp_path / "run"
+    run.mkdir()
+    procs = [_start(url, job_name, str(run / f"r{r}.rows"), "2", "--ckpt", "8", "--extra",
+                    "4", "--ranks", "3", "--rank", str(r), "--shuffle") for r in range(3)]
+    try:
+        for p in procs:
+            _wait_line(p, "STOPPED")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    before, after_ckpt = [], []
+    for r in range(3):
+        lines = (run / f"r{r}.rows").read_text().splitlines()
+        cut = lines.index("CKPT")
+        before += [tuple(map(int, x.split())) for x in lines[:cut]]
+        after_ckpt += lines[cut + 1:]
+    assert len(before) == 3 * 8 * 4 and after_ckpt  # work was lost after the checkpoint
+    state_file = run / "r0.rows.ckpt"
+    saved = json.loads(state_file.read_text())
+    assert saved["data"]["job"] == job_name and saved["seen"] == len(before)
+    again = [_start(url, job_name, str(tmp_path / f"s{r}.rows"), "4", "--state",
+                    str(state_file), "--key", "restart-1", "--shuffle") for r in range(2)]
+    seen = 0
+    try:
+        for p in again:
+            assert p.stdout is not None
+            line = p.stdout.readline().split()
+            assert line[:1] == ["DONE"], line
+            seen += int(line[1]) - saved["seen"]
+    finally:
+        for p in again:
+            p.kill()
+            p.wait()
+    after = [r for i in range(2) for r in _rows(tmp_path / f"s{i}.rows")]
+    consumed = Counter(before + after)
+    assert set(consumed) == {(f, i) for f in range(9) for i in range(40)}
+    assert max(consumed.values()) == 1, [k for k, v in consumed.items() if v > 1][:10]
+    assert saved["seen"] + seen == 9 * 40  # the model's count matches the data
+    assert client.status(job_name).state == "completed"
+    assert len(client.latest_events(job_name, "rewind_started", 10, 100000)) == 1

@@ -7,7 +7,7 @@ Appends each taken batch's rows ("f i" lines) to OUT, flushed per step. ``--stop
 after N steps print "STOPPED" and sleep until killed. ``--ckpt K``: at step K every rank
 sends what it took (``loader.sync()``), waits for all ``--ranks`` at a file barrier, and
 rank 0 writes ``loader.state_dict()`` and the model's step count to OUT.ckpt; a line
-"CKPT" marks the point in OUT; after M more steps it prints "STOPPED" and sleeps.
+"CKPT" marks the point in OUT; after M more steps it prints "STOPPED" and sleeps. At the end it prints "DONE <samples the model trained on>".
 ``--state FILE``: ``loader.load_state_dict`` of that checkpoint file first.
 """
 
@@ -46,12 +46,14 @@ def main() -> int:
     a = ap.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
+    model.register_buffer("seen", torch.zeros((), dtype=torch.long))  # samples trained on
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader, shuffle=a.shuffle)
     loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=a.workers, tasks_ahead=2)
     if a.state:
         saved = json.loads(Path(a.state).read_text())
         loader.load_state_dict(saved["data"], key=a.key)
+        model.seen += saved["seen"]  # stands for load_state_dict of the model
     step = 0
     with open(a.out, "a", buffering=1) as out:
         for batch in loader:
@@ -60,28 +62,32 @@ def main() -> int:
             opt.step()
             opt.zero_grad()
             step += 1
+            model.seen += len(x)
             out.write("".join(f"{f} {i}\n" for f, i in rows_of(batch)))
             if a.ckpt is not None and step == a.ckpt:
-                _checkpoint(a, loader, out)
+                _checkpoint(a, loader, out, int(model.seen))
             if (a.stop is not None and step == a.stop) or (
                     a.ckpt is not None and step == a.ckpt + a.extra):
                 print("STOPPED", flush=True)
                 while True:
                     time.sleep(1)
             time.sleep(0.02)
-    print("DONE", flush=True)
+    print(f"DONE {int(model.seen)}", flush=True)
     return 0
 
 
-def _checkpoint(a: argparse.Namespace, loader: taskq.torch.DataLoader, out: object) -> None:
+def _checkpoint(a: argparse.Namespace, loader: taskq.torch.DataLoader, out: object,
+                seen: int) -> None:
     loader.sync()  # what this rank took is acked and recorded before the checkpoint
     base = Path(a.out).parent
-    (base / f"ready-{a.rank}").write_text("")
+    (base / f"ready-{a.rank}").write_text(str(seen))
     while len(list(base.glob("ready-*"))) < a.ranks:
         time.sleep(0.02)
     if a.rank == 0:
         state = loader.state_dict()
-        Path(a.out + ".ckpt").write_text(json.dumps({"data": state}))
+        # the data-parallel model's count: what every rank trained on (an allreduce)
+        total = sum(int(p.read_text()) for p in base.glob("ready-*"))
+        Path(a.out + ".ckpt").write_text(json.dumps({"data": state, "seen": total}))
     while not list(base.glob("*.ckpt")):
         time.sleep(0.02)
     out.write("CKPT\n")  # type: ignore[attr-defined]
