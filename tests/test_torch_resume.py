@@ -6,7 +6,6 @@ checkpoint taken at step k is restored once by a new topology of trainers."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -14,10 +14,7 @@ workers (dataset.py) -> torch's result queue -> loader.py.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import multiprocessing
-import os
 import queue
 import weakref
 from collections import Counter
@@ -26,13 +23,12 @@ from typing import Any, NoReturn
 
 import torch.utils.data
 
-from .. import checkpoints, errors
+from .. import errors
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
+from . import resume
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
 from .feeder import Feeder
-
-log = logging.getLogger("taskq.torch")
 
 _PASS_ENDS = ("global", "local")
 _JOIN_S = 15.0
@@ -182,67 +178,35 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             cur.feeder.call(lambda trainer: None)
 
     def state_dict(self, ckpt: str | None = None) -> dict[str, Any]:
-        """Checkpoint the job's position and name it, for the model's checkpoint.
-
-        What the loop took so far counts (the batch just handed out included): its tasks
-        are acked and the progress sent first, then ``Client.checkpoint`` records the
-        pass, the done set and every unfinished task's progress.
+        """Checkpoint the job's position and name it, for the model's checkpoint
+        (``taskq/torchdata/resume.py``; docs/torch.md).
 
         Args:
             ckpt: the checkpoint's id (default: a new time-ordered one).
 
         Returns:
-            ``taskq.checkpoints.state_of(job, record)``: a small JSON-able dict
-            (``{"job", "checkpoint", "incarnation", "pass", "done"}``).
+            ``taskq.checkpoints.state_of(job, record)``: a small JSON-able dict.
 
         Raises:
             InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
         """
-        ds: TaskDataset = self.dataset  # type: ignore[assignment]
-        cur = self._current
-        record: dict[str, Any] | None = None
-        if cur is not None and not cur.ended and cur.feeder.is_alive():
-            cur._settle()
-            try:
-                record = cur.feeder.call(
-                    lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
-            except errors.TaskqError as e:
-                if cur.feeder.is_alive():
-                    raise
-                log.debug("the iteration ended during state_dict: %s", e)
-        if record is None:
-            with _client(ds) as client:
-                record = client.checkpoint(ds.job, ckpt=ckpt)
-        return checkpoints.state_of(ds.job, record)
+        return resume.state_dict(self, ckpt)
 
     def load_state_dict(self, state: dict[str, Any], key: str | None = None) -> bool:
-        """Put the job back to the checkpoint ``state`` names, once per restart: every
-        restarted trainer calls it (whatever their number and their DataLoader workers');
-        the first one rewinds the job, the others find it there.
+        """Put the job back to the checkpoint ``state`` names, once per restart
+        (``taskq/torchdata/resume.py``; docs/torch.md).
 
         Args:
             state: what ``state_dict()`` returned.
-            key: what names this restart of the trainers; default under torchrun
-                ``f"{TORCHELASTIC_RUN_ID}:{TORCHELASTIC_RESTART_COUNT}"``, else "" (then
-                a trainer loading the state after others acked work rewinds again: see
-                docs/resume.md).
+            key: what names this restart (default: from torchrun's environment).
 
         Returns:
             True when this call rewound the job.
 
         Raises:
-            InvalidInput: not a loader state, or one of an earlier incarnation of the job.
-            JobNotFound, JobCancelled, ConnectionLost.
+            InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
         """
-        if key is None:
-            run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-            key = (f"{run_id}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-                   if run_id else "")
-        self._end_current()  # its leases are revoked by the rewind anyway
-        self._done_pass = None
-        ds: TaskDataset = self.dataset  # type: ignore[assignment]
-        with _client(ds) as client:
-            return checkpoints.restore(client, state, key=key)
+        return resume.load_state_dict(self, state, key)
 
     def _end_current(self) -> None:
         cur = self._current
@@ -434,21 +398,6 @@ class _TaskqIter:
     def close(self) -> None:
         """Abandon this iteration: release what it holds (nothing taken counts as done)."""
         self._end(ack_taken=False, shutdown=False)
-
-
-@contextlib.contextmanager
-def _client(ds: TaskDataset) -> Iterator[Any]:
-    """The dataset's client, or one of our own closed afterwards."""
-    if ds.client is not None:
-        yield ds.client
-        return
-    from ..client import Client
-
-    client = Client(ds.url)
-    try:
-        yield client
-    finally:
-        client.redis.close()
 
 
 def _retire(tasks: Any) -> None:
