@@ -58,13 +58,13 @@ def _write_data(root: str) -> list[dict[str, Any]]:
         if f < FILES:
             table = pa.table({"id": ids, "x": x.tolist(), "y": y.tolist()})
             pq.write_table(table, os.path.join(root, f"part-{f}.parquet"),
-                           row_group_size=ROWS // 4)
+                           row_group_size=ROWS // 2)
         else:
             with open(os.path.join(root, f"part-{f}.jsonl"), "w") as out:
                 out.writelines(json.dumps({"id": i, "x": a, "y": b}) + "\n"
                                for i, a, b in zip(ids, x.tolist(), y.tolist(), strict=True))
     return (build_chunks(os.path.join(root, "*.parquet"))
-            + build_chunks(os.path.join(root, "*.jsonl"), records_per_chunk=ROWS // 4))
+            + build_chunks(os.path.join(root, "*.jsonl"), records_per_chunk=ROWS // 2))
 
 
 def to_tensors(row: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +154,9 @@ def run(url: str | None, prefix: str | None) -> bool:
 
         for i in range(3):
             spawn(i)
-        _wait(lambda: client.status(job).done >= len(chunks) // 3, "a third of pass 1", procs)
+        _wait(lambda: client.status(job).done >= len(chunks) // 4
+              and _lines(os.path.join(run_dir, "trainer-0.log")) >= ROWS,
+              "a quarter of pass 1", procs)
         os.kill(procs[0].pid or 0, signal.SIGKILL)
         out.print(f"{time.strftime('%H:%M:%S')} pass 1, {client.status(job).done} of "
                   f"{len(chunks)} tasks done: SIGKILL trainer 0, add trainer 3")
@@ -172,6 +174,14 @@ def run(url: str | None, prefix: str | None) -> bool:
             server.cleanup()
         if os.environ.get("TASKQ_DEMO_KEEP") is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
 
 
 def _wait(cond: Any, what: str, procs: dict[int, BaseProcess]) -> None:

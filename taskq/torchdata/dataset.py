@@ -14,9 +14,13 @@ torch's result queue -> loader iterator (main process) -> training loop.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import queue
 import random
+import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +41,10 @@ Ctrl = tuple[str, int, int, str]
 #: what one fetch returns: (tags, control entries, batch or None)
 Unit = tuple[list[Tag], list[Ctrl], Any]
 
+log = logging.getLogger("taskq.torch")
+
 _POLL_S = 0.25
+_PR_SET_PDEATHSIG = 1
 _END = object()
 
 
@@ -150,6 +157,8 @@ class TaskDataset(IterableDataset[Any]):
         slot = info.id if info is not None else 0
         iteration = int(feed.iteration.value)
         in_worker = info is not None
+        if in_worker:
+            _die_with_parent(feed.parent_pid)
         return self.units(lambda block: _take(feed, iteration, block, in_worker), feed,
                           lambda: _count(feed, slot), flush_when_idle=False,
                           rng_key=f"{slot}:{iteration}")
@@ -278,6 +287,22 @@ def _take(feed: Feed, iteration: int, block: bool, in_worker: bool) -> TaskMsg |
             continue
         if msg[0] == iteration:
             return msg
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this worker when its trainer dies (Linux): a worker of a
+    SIGKILLed trainer would otherwise block for ever on torch's result pipe (its siblings
+    keep the read end open), holding the trainer's stdout and its files open."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError) as e:  # pragma: no cover - no prctl
+        log.debug("no parent-death signal: %s", e)
+        return
+    if os.getppid() != parent_pid:  # it died before the prctl
+        os._exit(1)
 
 
 def _count(feed: Feed, slot: int) -> None:

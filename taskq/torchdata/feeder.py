@@ -87,6 +87,7 @@ class Feeder(threading.Thread):
         self._lock = threading.Lock()
         self._cmds: deque[tuple[str, int, int, str]] = deque()
         self._reached: dict[tuple[int, int], int] = {}
+        self._progress_sent = time.monotonic()
         self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
         self._finish = threading.Event()
@@ -334,6 +335,16 @@ class Feeder(threading.Thread):
         for task, token, n in tasks:
             if task is not None and task.token == token and not task.revoked.is_set():
                 self.trainer.progress(task, n)
+        # the trainer's heartbeat sends it too; sending it from here as well, once per
+        # interval, does not depend on how the trainer beats (a trainer made with
+        # client= was seen not to send it)
+        now = time.monotonic()
+        if now - self._progress_sent >= self.trainer.heartbeat_interval:
+            self._progress_sent = now
+            try:
+                self.trainer.flush_progress()
+            except errors.ConnectionLost as e:
+                log.warning("progress not sent yet: %s", e)  # kept, sent next time
 
     def _take_acks(self) -> list[Task]:
         acks, self._acks = self._acks, []
