@@ -29,7 +29,7 @@ def _start(*args: str) -> subprocess.Popen[str]:
 def _wait_line(proc: subprocess.Popen[str], word: str) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.strip() == word, (line, proc.poll())
+    assert line.split()[:1] == [word], (line, proc.poll())
 
 
 def _rows(path: Path) -> list[tuple[int, int]]:
