@@ -8,7 +8,8 @@ copy of a one-weight linear model (no gradient exchange: the data path is the po
 Mid-pass one trainer is SIGKILLed and another one is added. At the end it prints the loss
 per pass and the per-sample audit: every row taken once per pass, except what the killed
 trainer took after its last progress record (read again by the next holder, at most one
-heartbeat's worth), next to the job's own audit.
+heartbeat's worth), next to the job's own audit. ``TASKQ_DEMO_KEEP=1`` keeps the run
+directory (data, trainer logs); ``TASKQ_DEMO_TIMEOUT`` bounds each wait (default 150 s).
 
 Data flow: cli/demo_torch.py -> taskq.data (files -> chunks) -> taskq.Client (job);
 trainer processes -> taskq.torch.DataLoader -> (feeder: taskq.Trainer -> Redis;
