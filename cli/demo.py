@@ -197,13 +197,20 @@ def _read_logs(run_dir: str) -> collections.Counter[tuple[int, int]]:
               show_default=True, help="Mean seconds a trainer spends on one task.")
 @click.option("--chaos/--no-chaos", default=True, show_default=True,
               help="SIGKILL one trainer mid-run.")
+@click.option("--torch", "torch_mode", is_flag=True,
+              help="PyTorch mode: a small model trained through taskq.torch on generated "
+                   "Parquet/JSONL files (needs torch and the data extra); the options "
+                   "above do not apply.")
 @click.pass_context
 def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, ntasks: int,
-         step_s: float, chaos: bool) -> None:
+         step_s: float, chaos: bool, torch_mode: bool) -> None:
     """Run elastic trainers over a generated data set and prove every task of every pass
     was acked exactly once, while trainers join, leave (SIGTERM) and die (SIGKILL)."""
     root = ctx.find_root().obj
     url, prefix = demo_url or root.url, root.prefix
+    if torch_mode:
+        _torch_demo(ctx, url, prefix)
+        return
     out = console()
     began = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="taskq-demo-")
@@ -256,6 +263,21 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         raise taskq.TaskqError(f"demo: the audit found a problem (trainer logs kept in "
                                f"{run_dir})")
     shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _torch_demo(ctx: click.Context, url: str | None, prefix: str | None) -> None:
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pyarrow") is None:
+        raise taskq.errors.InvalidInput("demo --torch needs torch and the data extra: "
+                                        "pip install torch 'taskq[data]'")
+    from . import demo_torch
+
+    try:
+        ok = demo_torch.run(url, prefix)
+    except KeyboardInterrupt:
+        click.echo("taskq: demo interrupted; stopping what it started", err=True)
+        ctx.exit(130)
+    if not ok:
+        raise taskq.TaskqError("demo --torch: the audit found a problem")
 
 
 def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, passes: int,

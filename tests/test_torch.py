@@ -302,18 +302,24 @@ def test_cancelling_the_job_ends_the_iteration_at_once(
 
 def test_break_releases_what_was_held_and_the_next_iteration_finishes_the_pass(
         client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
-    """`break` after 2 batches (no task taken whole), then iterate again: nothing of the
-    broken iteration was acked (every row comes again), its tasks went back at once, the
-    pass completes, and no feeder thread is left."""
+    """`break` in the second step (no task taken whole), then iterate again: nothing of
+    the broken iteration was acked, its tasks went back at once with the progress of the
+    step that finished (its rows do not come again, the broken step's rows do), the pass
+    completes, and no feeder thread is left."""
     chunks = write_jsonl(tmp_path, 6, 8)
     make_job(client, job_name, chunks)
     with _loader(url, job_name, 2, batch_size=4) as loader:
-        for n, _ in enumerate(loader):
+        steps = []
+        for n, batch in enumerate(loader):
+            steps.append(rows_of(batch))
             if n == 1:
                 break
+        assert client.status(job_name).done == 0
         rest = [r for b in loader for r in rows_of(b)]  # the first iteration is closed here
         assert loader.state == "completed"
-    assert set(rest) == {(f, i) for f in range(6) for i in range(8)}
+    assert not set(rest) & set(steps[0])
+    assert set(steps[1]) <= set(rest)
+    assert set(rest) | set(steps[0]) == {(f, i) for f in range(6) for i in range(8)}
     audit = client.audit(job_name)
     assert audit["ok"] and audit["passes"][0]["done"] == 6
     assert not [t for t in threading.enumerate() if t.name.startswith("taskq-feeder")]

@@ -14,9 +14,13 @@ torch's result queue -> loader iterator (main process) -> training loop.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import queue
 import random
+import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +32,8 @@ from .. import errors
 
 #: a task message: (iteration, task id, token, pass, chunks, start); task id None = stop
 TaskMsg = tuple[int, Any, int, int, Any, int]
-#: per sample: (task id, token, index in the task, last sample of the task)
+#: per sample: (task id, token, position in the task's delivery order (the sample index
+#: unshuffled), last sample of the task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
 #: (kind, task id, token, text); kind "done": nothing of the task left to deliver (no
 #: samples, or drop_last dropped its last ones); "error": the reader or transform failed
@@ -36,7 +41,10 @@ Ctrl = tuple[str, int, int, str]
 #: what one fetch returns: (tags, control entries, batch or None)
 Unit = tuple[list[Tag], list[Ctrl], Any]
 
+log = logging.getLogger("taskq.torch")
+
 _POLL_S = 0.25
+_PR_SET_PDEATHSIG = 1
 _END = object()
 
 
@@ -100,8 +108,10 @@ class TaskDataset(IterableDataset[Any]):
         client: a configured ``taskq.Client`` instead (stays in the main process).
         shuffle: shuffle the samples inside each task, seeded by (seed, pass, task), and
             interleave open tasks at random; False reads tasks in order, one at a time.
-            Shuffling holds a task's samples in memory.
-        seed: the shuffle seed.
+            Shuffling holds a task's samples in memory, and a resumed task is read from
+            its sample 0 (its order is the whole task's; the first ``task.start`` of it
+            are skipped).
+        seed: the shuffle seed (keep it across restarts: resumed tasks rely on it).
         interleave: tasks a worker reads from at once (sample-level mixing).
         trainer_options: keyword arguments for the loader's ``taskq.Trainer``.
 
@@ -147,6 +157,8 @@ class TaskDataset(IterableDataset[Any]):
         slot = info.id if info is not None else 0
         iteration = int(feed.iteration.value)
         in_worker = info is not None
+        if in_worker:
+            _die_with_parent(feed.parent_pid)
         return self.units(lambda block: _take(feed, iteration, block, in_worker), feed,
                           lambda: _count(feed, slot), flush_when_idle=False,
                           rng_key=f"{slot}:{iteration}")
@@ -240,13 +252,16 @@ class TaskDataset(IterableDataset[Any]):
         """Start reading one task; None (and an error entry) when the reader fails."""
         _, task_id, token, pass_no, chunks, start = msg
         try:
-            it = iter(self.reader(chunks, start))
             if self.shuffle:
-                items = list(it)  # a read error surfaces here, before any sample is out
+                # the whole task in one seeded order (seed, pass, task); a resumed task
+                # skips the first ``start`` of that order, which its earlier holders took
+                # (progress counts positions in this order), so it is read from sample 0
+                items = list(self.reader(chunks, 0))  # a read error surfaces here
                 order = list(range(len(items)))
                 random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
-                return _Open(task_id, token, iter([(start + i, items[i]) for i in order]))
-            return _Open(task_id, token, enumerate(it, start))
+                return _Open(task_id, token,
+                             iter([(k, items[order[k]]) for k in range(start, len(items))]))
+            return _Open(task_id, token, enumerate(iter(self.reader(chunks, start)), start))
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None
@@ -272,6 +287,22 @@ def _take(feed: Feed, iteration: int, block: bool, in_worker: bool) -> TaskMsg |
             continue
         if msg[0] == iteration:
             return msg
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this worker when its trainer dies (Linux): a worker of a
+    SIGKILLed trainer would otherwise block for ever on torch's result pipe (its siblings
+    keep the read end open), holding the trainer's stdout and its files open."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError) as e:  # pragma: no cover - no prctl
+        log.debug("no parent-death signal: %s", e)
+        return
+    if os.getppid() != parent_pid:  # it died before the prctl
+        os._exit(1)
 
 
 def _count(feed: Feed, slot: int) -> None:

@@ -20,6 +20,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .. import errors
@@ -84,6 +86,9 @@ class Feeder(threading.Thread):
         self._held: dict[int, Task] = {}
         self._lock = threading.Lock()
         self._cmds: deque[tuple[str, int, int, str]] = deque()
+        self._reached: dict[tuple[int, int], int] = {}
+        self._progress_sent = time.monotonic()
+        self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
         self._finish = threading.Event()
         self._dispatched = 0
@@ -106,6 +111,14 @@ class Feeder(threading.Thread):
         self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
         self._wake.set()
 
+    def progress(self, reached: dict[tuple[int, int], int]) -> None:
+        """Record that the loop took samples ``[0, n)`` of these (task, token) -> n: kept
+        for the feeder thread, which hands them to the trainer (sent with its heartbeat)."""
+        with self._lock:
+            for key, n in reached.items():
+                if n > self._reached.get(key, 0):
+                    self._reached[key] = n
+
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
         self._wake.set()
@@ -114,6 +127,27 @@ class Feeder(threading.Thread):
         """Fail one task with the reader's error text."""
         self._cmds.append(("fail", task_id, token, text))
         self._wake.set()
+
+    def call(self, fn: Callable[[Trainer], Any], timeout: float = 60.0) -> Any:
+        """Run ``fn(trainer)`` in this thread once what the main thread asked so far is
+        done: its acks performed and the progress recorded sent (``flush_progress``).
+
+        Raises:
+            TaskqError: the iteration ended first; what ``fn`` raised.
+        """
+        fut: Future[Any] = Future()
+        self._calls.append((fn, fut))
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while not fut.done():
+            if not self.is_alive() or time.monotonic() > deadline:
+                if not fut.done():
+                    raise errors.TaskqError("the loader's iteration ended before the call")
+            try:
+                return fut.result(timeout=0.2)
+            except FutureTimeout:
+                continue
+        return fut.result()
 
     def finish(self) -> None:
         """Perform what was asked, release anything still held, leave, and end."""
@@ -133,6 +167,9 @@ class Feeder(threading.Thread):
                 self._flush()
             except BaseException as e:
                 self.error = self.error or e
+            while self._calls:
+                self._calls.popleft()[1].set_exception(
+                    errors.TaskqError("the loader's iteration ended before the call"))
             if self.trainer is not None:
                 self.trainer.close()  # releases what is still held, in one call
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
@@ -162,6 +199,8 @@ class Feeder(threading.Thread):
             if new and not self._acks:
                 self._acks_since = time.monotonic()
             self._acks += new
+            if self._calls:
+                self._run_calls()
             if self._finish.is_set():
                 self._ack(self._take_acks())
                 return
@@ -232,6 +271,17 @@ class Feeder(threading.Thread):
             elif holding:
                 self._wait(0.5)
 
+    def _run_calls(self) -> None:
+        assert self.trainer is not None
+        self._ack(self._take_acks())
+        self.trainer.flush_progress()
+        while self._calls:
+            fn, fut = self._calls.popleft()
+            try:
+                fut.set_result(fn(self.trainer))
+            except BaseException as e:  # the caller raises it
+                fut.set_exception(e)
+
     def _drop_revoked(self) -> bool:
         """Forget held tasks the server took back (a heartbeat's answer): their acks
         would be stale. True if there were any."""
@@ -272,6 +322,30 @@ class Feeder(threading.Thread):
         new = self._collect()
         self._ack(self._take_acks() + new)
 
+    def _record_progress(self) -> None:
+        """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
+        sends it (one call per interval for all held tasks)."""
+        assert self.trainer is not None
+        with self._lock:
+            if not self._reached:
+                return
+            reached, self._reached = self._reached, {}
+            tasks = [(self._held.get(task_id), token, n)
+                     for (task_id, token), n in reached.items()]
+        for task, token, n in tasks:
+            if task is not None and task.token == token and not task.revoked.is_set():
+                self.trainer.progress(task, n)
+        # the trainer's heartbeat sends it too; sending it from here as well, once per
+        # interval, does not depend on how the trainer beats (a trainer made with
+        # client= was seen not to send it)
+        now = time.monotonic()
+        if now - self._progress_sent >= self.trainer.heartbeat_interval:
+            self._progress_sent = now
+            try:
+                self.trainer.flush_progress()
+            except errors.ConnectionLost as e:
+                log.warning("progress not sent yet: %s", e)  # kept, sent next time
+
     def _take_acks(self) -> list[Task]:
         acks, self._acks = self._acks, []
         return acks
@@ -288,7 +362,10 @@ class Feeder(threading.Thread):
     def _collect(self) -> list[Task]:
         """Take the main thread's commands: perform the fails; return the tasks to ack."""
         acks: list[Task] = []
-        if not self._cmds or self.trainer is None:
+        if self.trainer is None:
+            return acks
+        self._record_progress()
+        if not self._cmds:
             return acks
         fails: list[tuple[Task, str]] = []
         while self._cmds:

@@ -26,6 +26,7 @@ import torch.utils.data
 from .. import errors
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
+from . import resume
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
 from .feeder import Feeder
 
@@ -167,6 +168,46 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._current = _TaskqIter(self, torch_iter, feeder, feed)
         return self._current
 
+    def sync(self) -> None:
+        """Ack the tasks the loop finished and send how far it got into the others, now
+        (not at the next step or heartbeat): each data-parallel rank calls it before the
+        one that checkpoints calls ``state_dict()`` (see docs/torch.md)."""
+        cur = self._current
+        if cur is not None and not cur.ended:
+            cur._settle()
+            cur.feeder.call(lambda trainer: None)
+
+    def state_dict(self, ckpt: str | None = None) -> dict[str, Any]:
+        """Checkpoint the job's position and name it, for the model's checkpoint
+        (``taskq/torchdata/resume.py``; docs/torch.md).
+
+        Args:
+            ckpt: the checkpoint's id (default: a new time-ordered one).
+
+        Returns:
+            ``taskq.checkpoints.state_of(job, record)``: a small JSON-able dict.
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
+        """
+        return resume.state_dict(self, ckpt)
+
+    def load_state_dict(self, state: dict[str, Any], key: str | None = None) -> bool:
+        """Put the job back to the checkpoint ``state`` names, once per restart
+        (``taskq/torchdata/resume.py``; docs/torch.md).
+
+        Args:
+            state: what ``state_dict()`` returned.
+            key: what names this restart (default: from torchrun's environment).
+
+        Returns:
+            True when this call rewound the job.
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
+        """
+        return resume.load_state_dict(self, state, key)
+
     def _end_current(self) -> None:
         cur = self._current
         if cur is not None and not cur.ended:
@@ -201,6 +242,7 @@ class _TaskqIter:
         self.ended = False
         self.tail: Iterator[Unit] | None = None
         self._taken: list[tuple[int, int]] = []
+        self._reached: dict[tuple[int, int], int] = {}
         # dropped unfinished (a `break` out of the loop): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
 
@@ -221,9 +263,7 @@ class _TaskqIter:
 
     def _next(self) -> Any:
         counts = self._counts()
-        if self._taken:
-            self.feeder.ack(self._taken)
-            self._taken = []
+        self._settle()
         while True:
             if self.feeder.error is not None:
                 raise self.feeder.error
@@ -235,17 +275,33 @@ class _TaskqIter:
             tags, ctrl, batch = unit
             self._control(ctrl)
             finished = []
+            reached: dict[tuple[int, int], int] = {}
             holds = self.feeder.holds
-            for task_id, token, _, last in tags:
-                if last and holds(task_id, token):
-                    finished.append((task_id, token))
+            for task_id, token, index, last in tags:
+                if last:
+                    if holds(task_id, token):
+                        finished.append((task_id, token))
+                else:
+                    # a task's samples come in increasing position: the last one counts
+                    reached[task_id, token] = index + 1
             if batch is None:
                 self.feeder.ack(finished)  # dropped (drop_last): nothing left to take
                 continue
             self._taken = finished
+            self._reached = reached
             counts["samples"] += len(tags)
             counts["batches"] += 1
             return batch
+
+    def _settle(self) -> None:
+        """The batch handed out last was taken (the step finished): ack the tasks it
+        ended, record how far it got into the others."""
+        if self._reached:
+            self.feeder.progress(self._reached)
+            self._reached = {}
+        if self._taken:
+            self.feeder.ack(self._taken)
+            self._taken = []
 
     def _counts(self) -> Counter[str]:
         loader = self.loader_ref()
@@ -307,9 +363,9 @@ class _TaskqIter:
         self.ended = True
         self._finalizer.detach()
         feeder = self.feeder
-        if ack_taken and self._taken:
-            feeder.ack(self._taken)
-        self._taken = []
+        if ack_taken:
+            self._settle()
+        self._taken, self._reached = [], {}
         if shutdown or self.torch_iter is not None:
             self._stop_workers(shutdown)
         feeder.finish()
