@@ -42,13 +42,27 @@ import taskq  # noqa: E402
 from taskq.devserver import RedisServer  # noqa: E402
 
 
-def round_scale(client: taskq.Client, url: str, job: str, log_dir: Path,
-                a: argparse.Namespace) -> dict[str, Any]:
+def round_scale(
+    client: taskq.Client, url: str, job: str, log_dir: Path, a: argparse.Namespace
+) -> dict[str, Any]:
     """One round of scenario 1 at full size; adds ``ok`` and ``problems``."""
     s = scale_up_down_kill(
-        client, url, job, log_dir, tasks=a.tasks, passes=a.passes, first=a.first,
-        peak=a.peak, last=a.last, step_s=a.step, up_at=a.tasks // 5,
-        down_at=a.tasks + a.tasks // 5, ttl_s=a.ttl, hbi_s=a.hbi, timeout_s=600)
+        client,
+        url,
+        job,
+        log_dir,
+        tasks=a.tasks,
+        passes=a.passes,
+        first=a.first,
+        peak=a.peak,
+        last=a.last,
+        step_s=a.step,
+        up_at=a.tasks // 5,
+        down_at=a.tasks + a.tasks // 5,
+        ttl_s=a.ttl,
+        hbi_s=a.hbi,
+        timeout_s=600,
+    )
     problems = []
     if s["acked"] != a.tasks * a.passes or s["dead"]:
         problems.append(f"acked {s['acked']} dead {s['dead']}")
@@ -60,27 +74,46 @@ def round_scale(client: taskq.Client, url: str, job: str, log_dir: Path,
         problems.append(f"re-dispatch lateness {s['max_lateness_ms']} ms")
     if s["unaccounted_leases"]:
         problems.append(f"{s['unaccounted_leases']} leases ended no counted way")
-    return {"scenario": "scale", "runtime_s": s["runtime_s"], "tail_s": s["tail_s"],
-            "max_kill_wait_s": s["max_kill_wait_s"], "max_term_wait_s": s["max_term_wait_s"],
-            "max_lateness_ms": s["max_lateness_ms"], "acked": s["acked"],
-            "duplicates": s["duplicates"], "stale": s["stale"], "counters": s["counters"],
-            "ok": not problems, "problems": problems}
+    return {
+        "scenario": "scale",
+        "runtime_s": s["runtime_s"],
+        "tail_s": s["tail_s"],
+        "max_kill_wait_s": s["max_kill_wait_s"],
+        "max_term_wait_s": s["max_term_wait_s"],
+        "max_lateness_ms": s["max_lateness_ms"],
+        "acked": s["acked"],
+        "duplicates": s["duplicates"],
+        "stale": s["stale"],
+        "counters": s["counters"],
+        "ok": not problems,
+        "problems": problems,
+    }
 
 
-def round_poison(client: taskq.Client, url: str, job: str, log_dir: Path,
-                 a: argparse.Namespace) -> dict[str, Any]:
+def round_poison(
+    client: taskq.Client, url: str, job: str, log_dir: Path, a: argparse.Namespace
+) -> dict[str, Any]:
     """Poison tasks (one kills its trainer, one raises) among ``a.tasks`` with
     ``a.peak`` trainers respawned as they die."""
     max_attempts, max_failures = 4, 3
     chunks: list[Any] = [{"i": i} for i in range(a.tasks)]
     kill_id, raise_id = a.tasks // 3, 2 * a.tasks // 3
     chunks[kill_id], chunks[raise_id] = POISON_KILL, POISON_RAISE
-    client.create_job(job, chunks=chunks, passes=a.passes, worker_ttl=a.ttl,
-                      heartbeat_interval=a.hbi, task_timeout=None,
-                      max_attempts=max_attempts, max_failures=max_failures)
+    client.create_job(
+        job,
+        chunks=chunks,
+        passes=a.passes,
+        worker_ttl=a.ttl,
+        heartbeat_interval=a.hbi,
+        task_timeout=None,
+        max_attempts=max_attempts,
+        max_failures=max_failures,
+    )
     began = time.monotonic()
-    with Fleet(url, job, log_dir, step_s=a.step) as fleet, \
-            ReaperProc(url, interval=0.2, jobs=[job], log_path=log_dir / "reaper.log"):
+    with (
+        Fleet(url, job, log_dir, step_s=a.step) as fleet,
+        ReaperProc(url, interval=0.2, jobs=[job], log_path=log_dir / "reaper.log"),
+    ):
         fleet.spawn(a.peak)
         limit = a.peak + max_attempts + max_failures
         deadline = time.monotonic() + 600
@@ -96,9 +129,15 @@ def round_poison(client: taskq.Client, url: str, job: str, log_dir: Path,
     problems = []
     if codes.count(-signal.SIGKILL) != max_attempts or codes.count(1) != max_failures:
         problems.append(f"exit codes {codes}")
-    return {"scenario": "poison", "runtime_s": round(time.monotonic() - began, 2),
-            "acked": s["acked"], "dead": s["dead"], "counters": s["counters"],
-            "ok": not problems, "problems": problems}
+    return {
+        "scenario": "poison",
+        "runtime_s": round(time.monotonic() - began, 2),
+        "acked": s["acked"],
+        "dead": s["dead"],
+        "counters": s["counters"],
+        "ok": not problems,
+        "problems": problems,
+    }
 
 
 def main() -> int:
@@ -113,8 +152,12 @@ def main() -> int:
     ap.add_argument("--step", type=float, default=0.05, help="seconds per task body")
     ap.add_argument("--ttl", type=float, default=5.0, help="the job's worker_ttl")
     ap.add_argument("--hbi", type=float, default=1.0, help="the job's heartbeat_interval")
-    ap.add_argument("--margin", type=float, default=2.0,
-                    help="seconds allowed on top of the ttl for a re-dispatch")
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=2.0,
+        help="seconds allowed on top of the ttl for a re-dispatch",
+    )
     ap.add_argument("--no-poison", action="store_true", help="skip the poison round")
     ap.add_argument("--out", help="also write the JSON lines here")
     a = ap.parse_args()

@@ -45,13 +45,24 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
     started = time.monotonic()
     row: dict[str, object] = {"seed": seed}
     try:
-        result = random_scenario(rig, seed, duration_s=args.duration, n=args.tasks,
-                                 passes=args.passes, finish_timeout=args.finish_timeout,
-                                 max_live=args.max_live)
-        row.update(ok=True, acked=result["acked"], stale=result["stale"],
-                   dead=result["dead"], duplicates=result["duplicates"],
-                   max_lateness_ms=result["max_lateness_ms"],
-                   schedule_entries=len(result["schedule"]))
+        result = random_scenario(
+            rig,
+            seed,
+            duration_s=args.duration,
+            n=args.tasks,
+            passes=args.passes,
+            finish_timeout=args.finish_timeout,
+            max_live=args.max_live,
+        )
+        row.update(
+            ok=True,
+            acked=result["acked"],
+            stale=result["stale"],
+            dead=result["dead"],
+            duplicates=result["duplicates"],
+            max_lateness_ms=result["max_lateness_ms"],
+            schedule_entries=len(result["schedule"]),
+        )
     except Exception as e:  # noqa: BLE001 - a failing seed is reported, the run goes on
         traceback.print_exc()
         row.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000], workdir=str(workdir))
@@ -68,8 +79,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=10, help="run seeds start..start+N-1")
     ap.add_argument("--start", type=int, default=1)
-    ap.add_argument("--seed", type=int, action="append", default=[],
-                    help="run this seed (repeat); overrides --seeds")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        default=[],
+        help="run this seed (repeat); overrides --seeds",
+    )
     ap.add_argument("--duration", type=float, default=30.0, help="schedule length (s)")
     ap.add_argument("--tasks", type=int, default=60)
     ap.add_argument("--passes", type=int, default=8)
@@ -84,8 +100,11 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     failed = [r["seed"] for r in rows if not r["ok"]]
-    print(f"{len(rows) - len(failed)}/{len(rows)} seeds passed"
-          + (f"; failed: {failed}" if failed else ""), flush=True)
+    print(
+        f"{len(rows) - len(failed)}/{len(rows)} seeds passed"
+        + (f"; failed: {failed}" if failed else ""),
+        flush=True,
+    )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 1 if failed else 0

@@ -23,11 +23,15 @@ PROBES = (
     ("10 x HGET", "for i = 1, 10 do redis.call('HGET', k[1], 'f1') end return 0"),
     ("30 x HGET", "for i = 1, 30 do redis.call('HGET', k[1], 'f1') end return 0"),
     ("TIME", "redis.call('TIME') return 0"),
-    ("HGETALL of 36 fields into a table",
-     "local kv = redis.call('HGETALL', k[1]) local m = {} "
-     "for i = 1, #kv, 2 do m[kv[i]] = kv[i + 1] end return 0"),
-    ("20 x string.format('%.0f')",
-     "for i = 1, 20 do local s = string.format('%.0f', i * 1000.5) end return 0"),
+    (
+        "HGETALL of 36 fields into a table",
+        "local kv = redis.call('HGETALL', k[1]) local m = {} "
+        "for i = 1, #kv, 2 do m[kv[i]] = kv[i + 1] end return 0",
+    ),
+    (
+        "20 x string.format('%.0f')",
+        "for i = 1, 20 do local s = string.format('%.0f', i * 1000.5) end return 0",
+    ),
 )
 
 
@@ -51,21 +55,40 @@ def main() -> None:
         admin.hset(keys[0], mapping={f"f{i}": i for i in range(36)})
         args = ("a", "b", "c", 1, 0, 0, 1, "S", -1)
         for label, body in PROBES:
-            admin.function_load("#!lua name=costs\nredis.register_function('costs', "
-                                f"function(k, a) {body} end)", replace=True)
+            admin.function_load(
+                f"#!lua name=costs\nredis.register_function('costs', function(k, a) {body} end)",
+                replace=True,
+            )
             us = best_us(admin, lambda: admin.fcall("costs", len(keys), *keys, *args))
             print(f"{label}: {us:.1f} µs")
         client = create_job(server.port, "costs", 20_000, passes=None)
-        trainer = taskq.Trainer("costs", url=url_of(server.port), handle_signals=False,
-                                heartbeat=False)
+        trainer = taskq.Trainer(
+            "costs", url=url_of(server.port), handle_signals=False, heartbeat=False
+        )
         job_keys = client.keys("costs").all_bytes
-        for label, want in (("taskq ack, nothing to ack or lease", 0),
-                            ("taskq ack, lease one started task", 1)):
+        for label, want in (
+            ("taskq ack, nothing to ack or lease", 0),
+            ("taskq ack, lease one started task", 1),
+        ):
+
             def one(want: int = want) -> None:
                 trainer._call_no += 1
-                client.scripts.call("ack", job_keys, [
-                    trainer.job_incarnation, trainer.worker_id, trainer.incarnation,
-                    trainer._call_no, 0, 0, want, "S", -1])
+                client.scripts.call(
+                    "ack",
+                    job_keys,
+                    [
+                        trainer.job_incarnation,
+                        trainer.worker_id,
+                        trainer.incarnation,
+                        trainer._call_no,
+                        0,
+                        0,
+                        want,
+                        "S",
+                        -1,
+                    ],
+                )
+
             print(f"{label}: {best_us(admin, one, 1_000):.1f} µs")
         trainer.close()
         admin.close()

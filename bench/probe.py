@@ -43,7 +43,8 @@ local token = string.format('%.0f', redis.call('INCR', KEYS[3]))
 # KEYS: 1 front list, 2 cursor, 3 token counter, 4 leases hash, 5 done bitmap
 # ARGV: 1 tasks to lease, then (task, token) pairs to ack
 # returns {acked, stale, token, task...}
-ACK_AND_LEASE_LUA = """
+ACK_AND_LEASE_LUA = (
+    """
 local acked, stale = 0, 0
 for i = 2, #ARGV, 2 do
   local task, token = ARGV[i], ARGV[i + 1]
@@ -55,7 +56,9 @@ for i = 2, #ARGV, 2 do
     stale = stale + 1
   end
 end
-""" + PICK_LUA + """local fields = {}
+"""
+    + PICK_LUA
+    + """local fields = {}
 for _, task in ipairs(tasks) do
   fields[#fields + 1] = task
   fields[#fields + 1] = token
@@ -67,6 +70,7 @@ for _, task in ipairs(tasks) do
 end
 return reply
 """
+)
 KEYS = (
     "probe:{p}:front",
     "probe:{p}:cursor",
@@ -83,7 +87,8 @@ KEYS = (
 # writes are variadic, one command per call. bench/README.md compares it with the probe:
 # what taskq can reach is below this line.
 # KEYS: the probe's 1-5, then 6 meta, 7 owned, 8 started, 9 workers, 10 events, 11 hist
-FLOOR_LUA = """
+FLOOR_LUA = (
+    """
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local meta = redis.call('HGETALL', KEYS[6])
@@ -109,7 +114,9 @@ if acked > 0 then
   redis.call('HINCRBY', KEYS[11], 'dur:count', acked)
   redis.call('HINCRBY', KEYS[11], 'dur:sum', acked)
 end
-""" + PICK_LUA + """local fields, owned, started = {}, {}, {}
+"""
+    + PICK_LUA
+    + """local fields, owned, started = {}, {}, {}
 for _, task in ipairs(tasks) do
   fields[#fields + 1] = task
   fields[#fields + 1] = 'L|w|1|' .. token
@@ -131,8 +138,10 @@ for _, task in ipairs(tasks) do
 end
 return reply
 """
-FLOOR_KEYS = KEYS + tuple(f"probe:{{p}}:{name}" for name in
-                          ("meta", "owned", "started", "workers", "events", "hist"))
+)
+FLOOR_KEYS = KEYS + tuple(
+    f"probe:{{p}}:{name}" for name in ("meta", "owned", "started", "workers", "events", "hist")
+)
 
 
 def run(recorder: common.Recorder, quick: bool) -> None:
@@ -160,8 +169,7 @@ def run(recorder: common.Recorder, quick: bool) -> None:
             )
 
 
-def measure(port: int, processes: int, batch: int, duration_s: float,
-            floor: bool = False) -> dict:
+def measure(port: int, processes: int, batch: int, duration_s: float, floor: bool = False) -> dict:
     """Runs `processes` closed-loop clients for `duration_s` against 127.0.0.1:port
     (calling FLOOR_LUA instead of the probe's script when `floor`).
 
@@ -177,8 +185,7 @@ def measure(port: int, processes: int, batch: int, duration_s: float,
     start = ctx.Event()
     results = ctx.Queue()
     workers = [
-        ctx.Process(target=_client_loop, args=(port, sha, keys, batch, duration_s, start,
-                                                      results))
+        ctx.Process(target=_client_loop, args=(port, sha, keys, batch, duration_s, start, results))
         for _ in range(processes)
     ]
     for worker in workers:

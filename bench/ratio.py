@@ -31,8 +31,10 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES, help=f"default {SHAPES}")
     args = parser.parse_args()
     common.install_signal_handlers()
-    print("| tasks/call | procs | probe tasks/s | floor / probe | taskq tasks/s | taskq / probe "
-          "| taskq server µs/task | taskq client µs/task |")
+    print(
+        "| tasks/call | procs | probe tasks/s | floor / probe | taskq tasks/s | taskq / probe "
+        "| taskq server µs/task | taskq client µs/task |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape in args.shapes.split(","):
         size, _, prefetch = shape.partition("p")  # "1x4p1": prefetch 1
@@ -44,8 +46,9 @@ def main() -> None:
             with common.start_redis() as server_proc:
                 f = probe.measure(server_proc.port, procs, batch, args.seconds, floor=True)
             with common.start_redis() as server_proc:
-                t = taskq_rows.measure_throughput(server_proc.port, procs, batch, args.seconds,
-                                                  True, int(prefetch or 0))
+                t = taskq_rows.measure_throughput(
+                    server_proc.port, procs, batch, args.seconds, True, int(prefetch or 0)
+                )
             calls = {k.removeprefix("cmdstat_"): v for k, v in t["stats"].items()}
             usec = sum(calls.get(k, {"usec": 0})["usec"] for k in ("evalsha", "fcall"))
             acked = t["tasks_per_s"] * args.seconds
@@ -54,11 +57,14 @@ def main() -> None:
             rates.append((p["tasks_per_s"], t["tasks_per_s"]))
             server.append(usec / max(acked, 1))
             client.append(t["client_us"])
-        print(f"| {batch}{' (prefetch ' + prefetch + ')' if prefetch else ''} | {procs} "
-              f"| {statistics.median(r[0] for r in rates):,.0f} "
-              f"| {statistics.median(floors):.0%} | {statistics.median(r[1] for r in rates):,.0f} "
-              f"| {statistics.median(ratios):.0%} | {statistics.median(server):.0f} "
-              f"| {statistics.median(client):.0f} |", flush=True)
+        print(
+            f"| {batch}{' (prefetch ' + prefetch + ')' if prefetch else ''} | {procs} "
+            f"| {statistics.median(r[0] for r in rates):,.0f} "
+            f"| {statistics.median(floors):.0%} | {statistics.median(r[1] for r in rates):,.0f} "
+            f"| {statistics.median(ratios):.0%} | {statistics.median(server):.0f} "
+            f"| {statistics.median(client):.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

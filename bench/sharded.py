@@ -45,16 +45,32 @@ def _port() -> int:
 
 def start_cluster(masters: int = 3) -> list[RedisServer]:
     """``masters`` cluster-enabled servers joined into one cluster (no replicas)."""
-    servers = [RedisServer(port=_port(), extra=["--cluster-enabled", "yes",
-                                                "--cluster-config-file", "nodes.conf"])
-               for _ in range(masters)]
-    subprocess.run([find_cli(find_server()), "--cluster", "create",
-                    *[f"{LOOPBACK}:{s.port}" for s in servers], "--cluster-replicas", "0",
-                    "--cluster-yes"], check=True, capture_output=True, timeout=60)
+    servers = [
+        RedisServer(
+            port=_port(), extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        )
+        for _ in range(masters)
+    ]
+    subprocess.run(
+        [
+            find_cli(find_server()),
+            "--cluster",
+            "create",
+            *[f"{LOOPBACK}:{s.port}" for s in servers],
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
     def ok() -> bool:
-        return all(redis.Redis(host=LOOPBACK, port=s.port).cluster("info")["cluster_state"]
-                   == "ok" for s in servers)
+        return all(
+            redis.Redis(host=LOOPBACK, port=s.port).cluster("info")["cluster_state"] == "ok"
+            for s in servers
+        )
 
     if not wait_until(ok, timeout=30, interval=0.1):
         raise RuntimeError("the cluster did not reach cluster_state:ok")
@@ -72,8 +88,11 @@ def snapshot(ports: list[int]) -> dict[int, dict[str, float]]:
         for name in ("cmdstat_fcall", "cmdstat_fcall_ro"):
             calls += stats.get(name, {}).get("calls", 0)
             usec += stats.get(name, {}).get("usec", 0)
-        out[port] = {"cpu": cpu["used_cpu_user"] + cpu["used_cpu_sys"], "calls": calls,
-                     "usec": usec}
+        out[port] = {
+            "cpu": cpu["used_cpu_user"] + cpu["used_cpu_sys"],
+            "calls": calls,
+            "usec": usec,
+        }
     return out
 
 
@@ -98,8 +117,9 @@ def worker(url: str, job: str, mode: str) -> None:
                 tr.ack(task)
 
 
-def row(url: str, ports: list[int], shards: int, mode: str, tasks: int, passes: int,
-        trainers: int) -> dict[str, Any]:
+def row(
+    url: str, ports: list[int], shards: int, mode: str, tasks: int, passes: int, trainers: int
+) -> dict[str, Any]:
     client = taskq.connect(url)
     job = f"bench-{mode}-{shards}-{random.randint(0, 10**6)}"
     client.create_job(job, [{"i": i} for i in range(tasks)], shards=shards, passes=passes)
@@ -117,15 +137,26 @@ def row(url: str, ports: list[int], shards: int, mode: str, tasks: int, passes: 
     per = {}
     for port in ports:
         d = {k: after[port][k] - before[port][k] for k in ("cpu", "calls", "usec")}
-        per[port] = {"cpu_per_s": round(d["cpu"] / took, 3), "calls": int(d["calls"]),
-                     "server_us_per_task": round(d["usec"] / done, 1),
-                     "calls_per_task": round(d["calls"] / done, 2)}
-    return {"shards": shards, "mode": mode, "tasks": done, "seconds": round(took, 2),
-            "tasks_per_s": round(done / took), "masters": per,
-            "server_us_per_task": round(sum(after[p]["usec"] - before[p]["usec"]
-                                            for p in ports) / done, 1),
-            "calls_per_task": round(sum(after[p]["calls"] - before[p]["calls"]
-                                        for p in ports) / done, 2)}
+        per[port] = {
+            "cpu_per_s": round(d["cpu"] / took, 3),
+            "calls": int(d["calls"]),
+            "server_us_per_task": round(d["usec"] / done, 1),
+            "calls_per_task": round(d["calls"] / done, 2),
+        }
+    return {
+        "shards": shards,
+        "mode": mode,
+        "tasks": done,
+        "seconds": round(took, 2),
+        "tasks_per_s": round(done / took),
+        "masters": per,
+        "server_us_per_task": round(
+            sum(after[p]["usec"] - before[p]["usec"] for p in ports) / done, 1
+        ),
+        "calls_per_task": round(
+            sum(after[p]["calls"] - before[p]["calls"] for p in ports) / done, 2
+        ),
+    }
 
 
 def main() -> None:
@@ -139,19 +170,27 @@ def main() -> None:
     try:
         ports = [s.port for s in servers]
         url = f"redis+cluster://{LOOPBACK}:{ports[0]}"
-        rows = [row(url, ports, s, m, a.tasks, a.passes, a.trainers)
-                for s, m in ((1, "iterator"), (1, "lease_ack"), (3, "sharded"))]
+        rows = [
+            row(url, ports, s, m, a.tasks, a.passes, a.trainers)
+            for s, m in ((1, "iterator"), (1, "lease_ack"), (3, "sharded"))
+        ]
     finally:
         for s in servers:
             s.cleanup()
-    print("| S | trainer | tasks/s | server µs/task (all) | calls/task | per master: "
-          "CPU (cores), server µs/task, calls |")
+    print(
+        "| S | trainer | tasks/s | server µs/task (all) | calls/task | per master: "
+        "CPU (cores), server µs/task, calls |"
+    )
     print("|---|---|---:|---:|---:|---|")
     for r in rows:
-        masters = "; ".join(f"{m['cpu_per_s']:.2f}, {m['server_us_per_task']}, {m['calls']}"
-                            for m in r["masters"].values())
-        print(f"| {r['shards']} | {r['mode']} | {r['tasks_per_s']} | "
-              f"{r['server_us_per_task']} | {r['calls_per_task']} | {masters} |")
+        masters = "; ".join(
+            f"{m['cpu_per_s']:.2f}, {m['server_us_per_task']}, {m['calls']}"
+            for m in r["masters"].values()
+        )
+        print(
+            f"| {r['shards']} | {r['mode']} | {r['tasks_per_s']} | "
+            f"{r['server_us_per_task']} | {r['calls_per_task']} | {masters} |"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

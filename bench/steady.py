@@ -86,8 +86,9 @@ def measure_shape(kind: str, batch: int, prefetch: int, processes: int, tasks: i
         target: Callable[..., None]
         args: tuple[Any, ...]
         if kind == "taskq":
-            create_job(port, "steady", (per_proc + WARMUP_TASKS + 64) * processes + 1_000,
-                       passes=None)
+            create_job(
+                port, "steady", (per_proc + WARMUP_TASKS + 64) * processes + 1_000, passes=None
+            )
             target, args = _taskq_child, (url_of(port), "steady", batch, prefetch)
         else:
             admin.delete(*probe.KEYS)
@@ -167,8 +168,7 @@ def _probe_child(port, sha, batch, tasks, warm, go, results) -> None:
     while acked < tasks:
         acked += call()
     ended, cpu = time.time(), time.process_time() - cpu
-    results.put({"acked": acked, "started": started, "ended": ended, "cpu_s": cpu,
-                 "stale": stale})
+    results.put({"acked": acked, "started": started, "ended": ended, "cpu_s": cpu, "stale": stale})
 
 
 def one_round(tasks: int, only: str = "") -> None:
@@ -187,8 +187,13 @@ def _run_parser_round(parser: str, tasks: int, code_dir: str = "") -> list[dict]
     env = dict(os.environ, TASKQ_BENCH_PARSER=parser)
     if code_dir:
         env["PYTHONPATH"] = os.pathsep.join([code_dir, env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, "--one-round", "--tasks", str(tasks)],
-                         env=env, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, __file__, "--one-round", "--tasks", str(tasks)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{parser} round exited {out.returncode}: {out.stderr[-500:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -199,16 +204,30 @@ def _run_bullmq_round(tasks: int) -> dict[int, float]:
 
     with common.start_redis() as server:
         lines, problem = bullmq_bench.run_node(
-            ["throughput.mjs", "--port", str(server.port), "--jobs", str(tasks),
-             "--warmup", "2000"], timeout_s=600)
+            [
+                "throughput.mjs",
+                "--port",
+                str(server.port),
+                "--jobs",
+                str(tasks),
+                "--warmup",
+                "2000",
+            ],
+            timeout_s=600,
+        )
     if problem or not lines:
         raise RuntimeError(f"BullMQ round: {problem or 'no result'}")
-    return {r["concurrency"]: r["jobs_per_s"] for r in map(json.loads, lines)
-            if "jobs_per_s" in r}
+    return {r["concurrency"]: r["jobs_per_s"] for r in map(json.loads, lines) if "jobs_per_s" in r}
 
 
-def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10_000,
-        parsers: tuple[str, ...] = ("hiredis", "python"), before: str = "") -> None:
+def run(
+    recorder: common.Recorder,
+    quick: bool,
+    rounds: int = 3,
+    tasks: int = 10_000,
+    parsers: tuple[str, ...] = ("hiredis", "python"),
+    before: str = "",
+) -> None:
     """Adds the steady-state rows: BullMQ at concurrency 1 and 16, then per parser the
     probe and taskq shapes, each its best of `rounds` alternating rounds (and with
     `before`, a tree of older code, the same shapes on it, as "<parser>, before")."""
@@ -219,8 +238,13 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
         recorder.add(SECTION, "all rows", None, "", f"skipped: {problem}")
         return
     if "hiredis" in parsers and not HIREDIS_AVAILABLE:
-        recorder.add(SECTION, "hiredis rows", None, "", "skipped: hiredis not installed "
-                     "(pip install 'taskq[fast]')")
+        recorder.add(
+            SECTION,
+            "hiredis rows",
+            None,
+            "",
+            "skipped: hiredis not installed (pip install 'taskq[fast]')",
+        )
         parsers = tuple(p for p in parsers if p != "hiredis")
     bull: list[dict[int, float]] = []
     variants = [(p, p, "") for p in parsers]
@@ -236,10 +260,15 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
     version = bullmq_bench.installed_version()
     best_bull = {c: max(r[c] for r in bull) for c in (1, 16)}
     for c in (1, 16):
-        recorder.add(SECTION, f"BullMQ {version}, 1 Worker, concurrency {c}", best_bull[c],
-                     "jobs/s", f"best of {rounds}: "
-                     + ", ".join(f"{r[c]:,.0f}" for r in bull)
-                     + f"; {tasks} jobs after 2,000 warm-up, removeOnComplete")
+        recorder.add(
+            SECTION,
+            f"BullMQ {version}, 1 Worker, concurrency {c}",
+            best_bull[c],
+            "jobs/s",
+            f"best of {rounds}: "
+            + ", ".join(f"{r[c]:,.0f}" for r in bull)
+            + f"; {tasks} jobs after 2,000 warm-up, removeOnComplete",
+        )
     for parser in ours:
         per_round = [{r["shape"]: r for r in rows} for rows in ours[parser]]
         for label, *_ in SHAPES:
@@ -249,11 +278,13 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
             best = max(got, key=lambda r: r["tasks_per_s"])
             name = f"{label} [{parser}]"
             values = ", ".join(f"{r['tasks_per_s']:,.0f}" for r in got)
-            note = (f"best of {len(got)}: {values}; {best['tasks']} tasks after warm-up; "
-                    f"client CPU {best['client_us']:.0f} µs/task, server "
-                    f"{best['server_us_per_call']:.0f} µs/call "
-                    f"({best['server_us_per_task']:.0f} µs/task), redis-server CPU "
-                    f"{best['redis_cpu']:.0%}")
+            note = (
+                f"best of {len(got)}: {values}; {best['tasks']} tasks after warm-up; "
+                f"client CPU {best['client_us']:.0f} µs/task, server "
+                f"{best['server_us_per_call']:.0f} µs/call "
+                f"({best['server_us_per_task']:.0f} µs/task), redis-server CPU "
+                f"{best['redis_cpu']:.0%}"
+            )
             vs_bull = None
             if label in PEERS:
                 probe_label, conc = PEERS[label]
@@ -261,17 +292,17 @@ def run(recorder: common.Recorder, quick: bool, rounds: int = 3, tasks: int = 10
                 if all(probe_label in rnd for rnd in per_round):
                     probes = [rnd[probe_label]["tasks_per_s"] for rnd in per_round]
                     of_probe = [m / p for m, p in zip(mine, probes, strict=False)]
-                    note += (f"; {best['tasks_per_s'] / max(probes):.0%} of the best probe "
-                             f"{probe_label} (per round {_pcts(of_probe)})")
+                    note += (
+                        f"; {best['tasks_per_s'] / max(probes):.0%} of the best probe "
+                        f"{probe_label} (per round {_pcts(of_probe)})"
+                    )
                 if conc is not None:
                     vs_bull = best["tasks_per_s"] / best_bull[conc]
                     back = [m / b[conc] for m, b in zip(mine, bull, strict=False)]
-                    note += (f"; vs BullMQ c{conc} per round "
-                             f"{', '.join(f'{x:.2f}x' for x in back)}")
+                    note += f"; vs BullMQ c{conc} per round {', '.join(f'{x:.2f}x' for x in back)}"
             if best["problem"]:
                 note += f"; {best['problem']}"
-            recorder.add(SECTION, name, best["tasks_per_s"], "tasks/s", note,
-                         vs_bullmq=vs_bull)
+            recorder.add(SECTION, name, best["tasks_per_s"], "tasks/s", note, vs_bullmq=vs_bull)
 
 
 def _pcts(values: list[float]) -> str:
@@ -284,8 +315,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parsers", default="hiredis,python")
     parser.add_argument("--before", default="", help="a tree of older code to compare")
-    parser.add_argument("--shapes", default="", help="only shapes whose label has one of "
-                        "these |-separated words")
+    parser.add_argument(
+        "--shapes", default="", help="only shapes whose label has one of these |-separated words"
+    )
     parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     common.install_signal_handlers()
@@ -294,14 +326,12 @@ def main() -> int:
     if args.one_round:
         want = os.environ.get("TASKQ_BENCH_PARSER", "hiredis")
         if (want == "hiredis") != HIREDIS_AVAILABLE:
-            print(f"parser {want} asked, hiredis available: {HIREDIS_AVAILABLE}",
-                  file=sys.stderr)
+            print(f"parser {want} asked, hiredis available: {HIREDIS_AVAILABLE}", file=sys.stderr)
             return 2
         one_round(args.tasks, os.environ.get("TASKQ_BENCH_SHAPES", ""))
         return 0
     recorder = common.Recorder()  # printed, not written: run.py writes latest.*
-    run(recorder, True, args.rounds, args.tasks, tuple(args.parsers.split(",")),
-        args.before)
+    run(recorder, True, args.rounds, args.tasks, tuple(args.parsers.split(",")), args.before)
     print(common.render_markdown({"rows": recorder.rows}))
     return 0
 

@@ -44,14 +44,20 @@ def _ms(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
 
 
-def trial(port: int, name: str, trainers: int, tasks: int, step_s: float, slow: float,
-          backups: bool) -> dict[str, float]:
+def trial(
+    port: int, name: str, trainers: int, tasks: int, step_s: float, slow: float, backups: bool
+) -> dict[str, float]:
     """One job, one pass; returns its makespan (s) and the backups' numbers."""
     client = taskq.connect(url_of(port))
     client.create_job(name, [{"i": i} for i in range(tasks)], passes=1, backup_leases=backups)
-    procs = [CTX.Process(target=_trainer, daemon=True,
-                         args=(url_of(port), name, step_s * (slow if i == 0 else 1.0)))
-             for i in range(trainers)]
+    procs = [
+        CTX.Process(
+            target=_trainer,
+            daemon=True,
+            args=(url_of(port), name, step_s * (slow if i == 0 else 1.0)),
+        )
+        for i in range(trainers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -76,8 +82,13 @@ def trial(port: int, name: str, trainers: int, tasks: int, step_s: float, slow: 
                 acked.setdefault(task, _ms(i))
     duplicated_s = sum(max(0, acked.get(t, end) - at) for t, at in granted.items()) / 1000
     c = client.status(name, summaries=0).counters
-    return {"makespan_s": (end - first) / 1000, "backups": len(granted),
-            "revoked": c["revoked"], "stale": c["stale"], "duplicated_s": duplicated_s}
+    return {
+        "makespan_s": (end - first) / 1000,
+        "backups": len(granted),
+        "revoked": c["revoked"],
+        "stale": c["stale"],
+        "duplicated_s": duplicated_s,
+    }
 
 
 def main() -> int:
@@ -91,26 +102,41 @@ def main() -> int:
     common.install_signal_handlers()
     port, stop = common.redis_port_factory()
     step = a.task_ms / 1000
-    rows = [("no straggler", 1.0, True), ("straggler, backups off", a.slow, False),
-            ("straggler, backups on", a.slow, True)]
+    rows = [
+        ("no straggler", 1.0, True),
+        ("straggler, backups off", a.slow, False),
+        ("straggler, backups on", a.slow, True),
+    ]
     results: dict[str, list[dict[str, float]]] = {}
     try:
         for label, slow, backups in rows:
             for r in range(a.repeat):
-                res = trial(port, f"tail-{label.replace(' ', '').replace(',', '-')}-{r}",
-                            a.trainers, a.tasks, step, slow, backups)
+                res = trial(
+                    port,
+                    f"tail-{label.replace(' ', '').replace(',', '-')}-{r}",
+                    a.trainers,
+                    a.tasks,
+                    step,
+                    slow,
+                    backups,
+                )
                 results.setdefault(label, []).append(res)
-                print(f"{label:24s} makespan {res['makespan_s']:.3f} s; backups "
-                      f"{res['backups']:.0f}, revoked {res['revoked']:.0f}, stale acks "
-                      f"{res['stale']:.0f}, duplicated task time {res['duplicated_s']:.3f} s",
-                      flush=True)
+                print(
+                    f"{label:24s} makespan {res['makespan_s']:.3f} s; backups "
+                    f"{res['backups']:.0f}, revoked {res['revoked']:.0f}, stale acks "
+                    f"{res['stale']:.0f}, duplicated task time {res['duplicated_s']:.3f} s",
+                    flush=True,
+                )
         base = statistics.median(x["makespan_s"] for x in results[rows[0][0]])
         for label, *_ in rows:
             spans = [x["makespan_s"] for x in results[label]]
             dup = sum(x["duplicated_s"] for x in results[label]) / len(spans)
-            print(f"{label:24s} median {statistics.median(spans):.3f} s = "
-                  f"{statistics.median(spans) / base:.2f} x, worst {max(spans) / base:.2f} x; "
-                  f"duplicated task time {dup:.3f} s a pass", flush=True)
+            print(
+                f"{label:24s} median {statistics.median(spans):.3f} s = "
+                f"{statistics.median(spans) / base:.2f} x, worst {max(spans) / base:.2f} x; "
+                f"duplicated task time {dup:.3f} s a pass",
+                flush=True,
+            )
     finally:
         stop()
     return 0

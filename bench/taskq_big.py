@@ -54,30 +54,48 @@ def _rows(recorder: common.Recorder, quick: bool, port: int) -> None:
         per_task = (int(admin.info("memory")["used_memory"]) - before - json_bytes) / n
         del chunks
         if n == 1_000_000:
-            recorder.add(SECTION, "create a 1,000,000-task job", create_s, "s",
-                         "goal ≤ 10 s; JSON encoding + pipelined staging (2,000 per HSET) + "
-                         "one O(1) flip, all-or-nothing")
+            recorder.add(
+                SECTION,
+                "create a 1,000,000-task job",
+                create_s,
+                "s",
+                "goal ≤ 10 s; JSON encoding + pipelined staging (2,000 per HSET) + "
+                "one O(1) flip, all-or-nothing",
+            )
         status_s = _median_time(lambda job=job: client.status(job, summaries=0))
         collector = TaskqCollector(client, jobs=[job])
         collect_s = _median_time(lambda c=collector: list(c.collect()))
-        recorder.add(SECTION, f"status() + exporter collect, {n:,} tasks",
-                     (status_s + collect_s) * 1000, "ms",
-                     f"median of 5: status {status_s * 1000:.2f} ms, collect "
-                     f"{collect_s * 1000:.2f} ms (should be flat in the task count)")
-        recorder.add(SECTION, f"Redis memory per task beyond its JSON, {n:,} tasks", per_task,
-                     "bytes", f"goal ≤ 200; task JSON {json_bytes / n:.1f} B avg; "
-                     f"{_breakdown(admin, client, job, n)}")
+        recorder.add(
+            SECTION,
+            f"status() + exporter collect, {n:,} tasks",
+            (status_s + collect_s) * 1000,
+            "ms",
+            f"median of 5: status {status_s * 1000:.2f} ms, collect "
+            f"{collect_s * 1000:.2f} ms (should be flat in the task count)",
+        )
+        recorder.add(
+            SECTION,
+            f"Redis memory per task beyond its JSON, {n:,} tasks",
+            per_task,
+            "bytes",
+            f"goal ≤ 200; task JSON {json_bytes / n:.1f} B avg; "
+            f"{_breakdown(admin, client, job, n)}",
+        )
     n = 100_000 if quick else 1_000_000
     pass_job = f"big-{n}"
     before = int(admin.info("memory")["used_memory"])
     drained_s = _drain(url, pass_job, n)
     after = int(admin.info("memory")["used_memory"])
     events = admin.memory_usage(client.keys(pass_job).events, samples=0) or 0
-    recorder.add(SECTION, f"Redis memory per task added by one full pass, {n:,} tasks",
-                 (after - before) / n, "bytes",
-                 f"{(after - before - events) / n:.0f} B/task without the events stream; "
-                 f"drained in {drained_s:.1f} s (2 trainers, batches of 500); "
-                 f"{_breakdown(admin, client, pass_job, n)}")
+    recorder.add(
+        SECTION,
+        f"Redis memory per task added by one full pass, {n:,} tasks",
+        (after - before) / n,
+        "bytes",
+        f"{(after - before - events) / n:.0f} B/task without the events stream; "
+        f"drained in {drained_s:.1f} s (2 trainers, batches of 500); "
+        f"{_breakdown(admin, client, pass_job, n)}",
+    )
     admin.close()
     _rss_row(recorder, url)
 
@@ -97,8 +115,11 @@ def _breakdown(admin: redis.Redis, client: taskq.Client, job: str, n: int) -> st
     for name in ("chunks", "leases", "done", "events"):
         size = admin.memory_usage(getattr(keys, name), samples=0) or 0
         if size:
-            parts.append(f"{name} {size / n:.1f} B/task" if name != "events"
-                         else f"events stream {size / MB:.1f} MB (capped per job)")
+            parts.append(
+                f"{name} {size / n:.1f} B/task"
+                if name != "events"
+                else f"events stream {size / MB:.1f} MB (capped per job)"
+            )
     return "MEMORY USAGE: " + ", ".join(parts)
 
 
@@ -134,16 +155,23 @@ def _rss_row(recorder: common.Recorder, url: str) -> None:
     bare = _rss_of("import redis", url)
     trainer = _rss_of(
         "import taskq; t = taskq.Trainer('big-10000', url=URL, handle_signals=False); "
-        "import time; time.sleep(0.3)", url)
-    recorder.add(SECTION, "trainer client memory over bare `import redis`",
-                 (trainer - bare) / MB, "MB",
-                 f"goal ≤ 25; RSS {bare / MB:.1f} MB importing redis vs {trainer / MB:.1f} MB "
-                 "importing taskq with a registered Trainer and its heartbeat thread "
-                 "(fresh interpreters)")
+        "import time; time.sleep(0.3)",
+        url,
+    )
+    recorder.add(
+        SECTION,
+        "trainer client memory over bare `import redis`",
+        (trainer - bare) / MB,
+        "MB",
+        f"goal ≤ 25; RSS {bare / MB:.1f} MB importing redis vs {trainer / MB:.1f} MB "
+        "importing taskq with a registered Trainer and its heartbeat thread "
+        "(fresh interpreters)",
+    )
 
 
 def _rss_of(code: str, url: str) -> int:
     script = f"URL = {url!r}\n{code}\nprint({_RSS})"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     return int(out.stdout.strip().splitlines()[-1])

@@ -18,8 +18,20 @@ import probe
 import redis
 import taskq_rows
 
-OUTSIDE = {"evalsha", "fcall", "fcall_ro", "function|load", "blpop", "info", "config|resetstat", "ping", "hello", "client|setinfo",
-           "script|load", "del"}
+OUTSIDE = {
+    "evalsha",
+    "fcall",
+    "fcall_ro",
+    "function|load",
+    "blpop",
+    "info",
+    "config|resetstat",
+    "ping",
+    "hello",
+    "client|setinfo",
+    "script|load",
+    "del",
+}
 
 
 def table(title: str, stats: dict, tasks: int) -> str:
@@ -30,14 +42,19 @@ def table(title: str, stats: dict, tasks: int) -> str:
     per = evalsha["calls"]
     inner = {k: v for k, v in calls.items() if k not in OUTSIDE}
     inner_us = sum(v["usec"] for v in inner.values())
-    lines = [f"{title}: {per} calls, {evalsha['usec'] / per:.0f} µs per call, "
-             f"{evalsha['usec'] / max(tasks, 1):.1f} µs per task; "
-             f"{sum(v['calls'] for v in inner.values()) / per:.1f} commands per call", "",
-             "| command | calls per call | µs per call | share of the call's time |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        f"{title}: {per} calls, {evalsha['usec'] / per:.0f} µs per call, "
+        f"{evalsha['usec'] / max(tasks, 1):.1f} µs per task; "
+        f"{sum(v['calls'] for v in inner.values()) / per:.1f} commands per call",
+        "",
+        "| command | calls per call | µs per call | share of the call's time |",
+        "|---|---:|---:|---:|",
+    ]
     for name, v in sorted(inner.items(), key=lambda kv: -kv[1]["usec"]):
-        lines.append(f"| {name} | {v['calls'] / per:.2f} | {v['usec'] / per:.1f} "
-                     f"| {v['usec'] / evalsha['usec']:.0%} |")
+        lines.append(
+            f"| {name} | {v['calls'] / per:.2f} | {v['usec'] / per:.1f} "
+            f"| {v['usec'] / evalsha['usec']:.0%} |"
+        )
     rest = evalsha["usec"] - inner_us
     lines.append(f"| (Lua itself) | | {rest / per:.1f} | {rest / evalsha['usec']:.0%} |")
     return "\n".join(lines) + "\n"
@@ -51,16 +68,16 @@ def main() -> None:
     try:
         for batch in (1, 16):
             with common.start_redis() as server:
-                result = taskq_rows.measure_throughput(server.port, 1, batch, args.seconds,
-                                                       True)
+                result = taskq_rows.measure_throughput(server.port, 1, batch, args.seconds, True)
                 tasks = int(result["tasks_per_s"] * args.seconds)
                 print(table(f"taskq {batch}/call, 1 proc", result["stats"], tasks))
             with common.start_redis() as server:
                 admin = redis.Redis(host=common.LOOPBACK, port=server.port)
                 admin.config_resetstat()
                 got = probe.measure(server.port, 1, batch, args.seconds)
-                print(table(f"probe {batch}/call, 1 proc", admin.info("commandstats"),
-                            got["acked"]))
+                print(
+                    table(f"probe {batch}/call, 1 proc", admin.info("commandstats"), got["acked"])
+                )
                 admin.close()
     finally:
         common.stop_all_servers()

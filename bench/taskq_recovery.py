@@ -29,8 +29,11 @@ import taskq
 
 SECTION = "taskq"
 TASK_TIMEOUT_S = 5.0
-GOALS = {"sigkill": "goal p99 ≤ worker_ttl + 1 s = 6 s", "sigterm": "goal p99 ≤ 100 ms",
-         "timeout": "no goal; time past the 5 s timeout"}
+GOALS = {
+    "sigkill": "goal p99 ≤ worker_ttl + 1 s = 6 s",
+    "sigterm": "goal p99 ≤ 100 ms",
+    "timeout": "no goal; time past the 5 s timeout",
+}
 #: With a reaper, a SIGKILLed trainer's closed connection gives it away (connwatch.py).
 GOAL_SIGKILL_REAPER = "goal p99 ≤ 1.5 s (closed connection seen by the reaper)"
 
@@ -58,8 +61,10 @@ def run(recorder: common.Recorder, quick: bool, factory) -> None:
             p50 = common.percentile(latencies, 50)
             p99 = common.percentile(latencies, 99)
             goal = GOAL_SIGKILL_REAPER if kind == "sigkill" and reaper else GOALS[kind]
-            note = (f"{len(latencies)} trials ({wave} at once, one job each): p50 {p50:.3f} s "
-                    f"p99 {p99:.3f} s max {max(latencies):.3f} s; {goal}")
+            note = (
+                f"{len(latencies)} trials ({wave} at once, one job each): p50 {p50:.3f} s "
+                f"p99 {p99:.3f} s max {max(latencies):.3f} s; {goal}"
+            )
             if problems:
                 note += f"; {len(problems)} trial(s) failed: {problems[0]}"
             recorder.add(SECTION, name, p99, "s (p99)", note)
@@ -105,15 +110,13 @@ def run_wave(port: int, kind: str, reaper: bool, first: int, count: int) -> tupl
             if job not in got:
                 problems.append(f"{job}: not re-dispatched within 30 s")
             elif job not in held or got[job][0] != held[job][0]:
-                problems.append(f"{job}: the idle trainer got task {got[job][0]}, not the "
-                                "victim's")
+                problems.append(f"{job}: the idle trainer got task {got[job][0]}, not the victim's")
             else:
                 latencies.append(got[job][1] - starts[job])
         if kind == "timeout":
             late = [job for job in jobs if job in got and got[job][2] > starts[job]]
             if late:
-                problems.append(f"{len(late)} idle trainer(s) were not blocked before the "
-                                "deadline")
+                problems.append(f"{len(late)} idle trainer(s) were not blocked before the deadline")
     admin.close()
     return latencies, problems
 
@@ -131,8 +134,9 @@ def _collect(events, what: str, count: int, timeout_s: float) -> dict[str, tuple
     return found
 
 
-def _wait_blocked(admin: redis.Redis, client: taskq.Client, jobs: list[str],
-                  timeout_s: float) -> None:
+def _wait_blocked(
+    admin: redis.Redis, client: taskq.Client, jobs: list[str], timeout_s: float
+) -> None:
     """Until every idle trainer is registered as waiting (blocked in lease)."""
     deadline = time.monotonic() + timeout_s
     pending = list(jobs)
@@ -196,10 +200,12 @@ def main() -> int:
         finally:
             stop()
         if latencies:
-            print(f"SIGKILL, reaper {'on' if reaper else 'off'}: {len(latencies)} trials, "
-                  f"p50 {common.percentile(latencies, 50):.3f} s, "
-                  f"p99 {common.percentile(latencies, 99):.3f} s, max {max(latencies):.3f} s"
-                  + (f"; {len(problems)} problem(s): {problems[0]}" if problems else ""))
+            print(
+                f"SIGKILL, reaper {'on' if reaper else 'off'}: {len(latencies)} trials, "
+                f"p50 {common.percentile(latencies, 50):.3f} s, "
+                f"p99 {common.percentile(latencies, 99):.3f} s, max {max(latencies):.3f} s"
+                + (f"; {len(problems)} problem(s): {problems[0]}" if problems else "")
+            )
         else:
             print(f"SIGKILL, reaper {'on' if reaper else 'off'}: no trial; {problems[:3]}")
     return 0

@@ -41,15 +41,21 @@ PortFactory = Callable[[], tuple[int, Callable[[], None]]]
 def run(recorder: common.Recorder, quick: bool, redis_port_factory: PortFactory) -> None:
     """Adds the taskq rows (see the module docstring) to `recorder`."""
     recorder.add(SECTION, "taskq code measured", None, "", _code_version())
-    parts = [("throughput", throughput_rows), ("re-dispatch", taskq_recovery.run),
-             ("idle", idle_row), ("scale", scale_row), ("big jobs", taskq_big.run)]
+    parts = [
+        ("throughput", throughput_rows),
+        ("re-dispatch", taskq_recovery.run),
+        ("idle", idle_row),
+        ("scale", scale_row),
+        ("big jobs", taskq_big.run),
+    ]
     for label, part in parts:
         try:
             part(recorder, quick, redis_port_factory)
         except Exception as error:  # one broken part must not hide the others' rows
             traceback.print_exc()
-            recorder.add(SECTION, f"{label} rows failed", None, "",
-                         f"{type(error).__name__}: {error}")
+            recorder.add(
+                SECTION, f"{label} rows failed", None, "", f"{type(error).__name__}: {error}"
+            )
         finally:
             common.stop_all_servers()
 
@@ -57,10 +63,18 @@ def run(recorder: common.Recorder, quick: bool, redis_port_factory: PortFactory)
 def _code_version() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "taskq"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "taskq"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "git unavailable"
     return f"commit {head}" + (" with uncommitted changes under taskq/" if dirty else "")
@@ -75,12 +89,10 @@ def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory
     probe_rows = {r["name"]: r["value"] for r in recorder.rows if r["section"] == "probe"}
     for batch, prefetch in ((1, 0), (1, 1), (16, 0)):
         for processes in (1, 4, 16):
-            name = (f"throughput {batch}/call{' prefetch 1' if prefetch else ''}, "
-                    f"{processes} proc")
+            name = f"throughput {batch}/call{' prefetch 1' if prefetch else ''}, {processes} proc"
             port, stop = factory()
             try:
-                result = measure_throughput(port, processes, batch, duration_s, quick,
-                                            prefetch)
+                result = measure_throughput(port, processes, batch, duration_s, quick, prefetch)
             finally:
                 stop()
             if result["tasks_per_s"] is None:
@@ -93,11 +105,13 @@ def throughput_rows(recorder: common.Recorder, quick: bool, factory: PortFactory
                 probe_rate = _own_probe(factory, processes, batch, 3.0 if quick else 15.0)
                 probe_src = "probe run here"
             ratio = result["tasks_per_s"] / probe_rate if probe_rate else 0.0
-            note = (f"{ratio:.0%} of the probe ({probe_rate:,.0f}/s, {probe_src}; goal ≥ 70%); "
-                    f"{duration_s:.0f} s, call p50 {result['p50_ms']:.2f} ms "
-                    f"p99 {result['p99_ms']:.2f} ms; redis-server CPU "
-                    f"{result['redis_cpu']:.0%}, trainer CPU {result['client_us']:.0f} µs per "
-                    f"task; {result['profile']}")
+            note = (
+                f"{ratio:.0%} of the probe ({probe_rate:,.0f}/s, {probe_src}; goal ≥ 70%); "
+                f"{duration_s:.0f} s, call p50 {result['p50_ms']:.2f} ms "
+                f"p99 {result['p99_ms']:.2f} ms; redis-server CPU "
+                f"{result['redis_cpu']:.0%}, trainer CPU {result['client_us']:.0f} µs per "
+                f"task; {result['profile']}"
+            )
             if result["problem"]:
                 note += f"; {result['problem']}"
             recorder.add(SECTION, name, result["tasks_per_s"], "tasks/s", note)
@@ -111,8 +125,9 @@ def _own_probe(factory: PortFactory, processes: int, batch: int, duration_s: flo
         stop()
 
 
-def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
-                       quick: bool, prefetch: int = 0) -> dict:
+def measure_throughput(
+    port: int, processes: int, batch: int, duration_s: float, quick: bool, prefetch: int = 0
+) -> dict:
     """Closed-loop trainers with empty bodies for `duration_s`; the server's counters check
     the count and INFO commandstats give the cost per script call."""
     job = "tput"
@@ -122,8 +137,9 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
     results = CTX.Queue()
     with Children() as children:
         for _ in range(processes):
-            children.start(_throughput_child, url_of(port), job, batch, prefetch, duration_s,
-                           start, results)
+            children.start(
+                _throughput_child, url_of(port), job, batch, prefetch, duration_s, start, results
+            )
         _wait_workers(client, job, processes, timeout_s=30)
         acked_before = client.status(job, summaries=0).counters["acked"]
         admin.config_resetstat()
@@ -142,9 +158,16 @@ def measure_throughput(port: int, processes: int, batch: int, duration_s: float,
         children.stop(grace_s=5)
     admin.close()
     if not reports:
-        return {"tasks_per_s": None, "p50_ms": 0, "p99_ms": 0, "redis_cpu": 0, "profile": "",
-                "client_us": 0, "stats": stats,
-                "problem": "no trainer reported within the bound"}
+        return {
+            "tasks_per_s": None,
+            "p50_ms": 0,
+            "p99_ms": 0,
+            "redis_cpu": 0,
+            "profile": "",
+            "client_us": 0,
+            "stats": stats,
+            "problem": "no trainer reported within the bound",
+        }
     acked = sum(r["acked"] for r in reports)
     window = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
     server_acked = client.status(job, summaries=0).counters["acked"] - acked_before
@@ -172,16 +195,27 @@ def script_profile(stats: dict, acked: int) -> str:
     evalsha = calls.get("fcall", {"calls": 0, "usec": 0})
     if not evalsha["calls"]:
         return "no script calls"
-    outside = {"fcall", "fcall_ro", "blpop", "info", "config|resetstat", "ping", "hello",
-               "client|setinfo", "function|load"}
+    outside = {
+        "fcall",
+        "fcall_ro",
+        "blpop",
+        "info",
+        "config|resetstat",
+        "ping",
+        "hello",
+        "client|setinfo",
+        "function|load",
+    }
     inner = {k: v["calls"] for k, v in calls.items() if k not in outside}
     inner_calls = sum(inner.values())
     top = sorted(inner.items(), key=lambda kv: -calls[kv[0]]["usec"])[:5]
     per = evalsha["calls"]
     detail = ", ".join(f"{k} {v / per:.1f}" for k, v in top)
-    return (f"{per} FCALL, {evalsha['usec'] / per:.0f} µs each, "
-            f"{evalsha['usec'] / max(acked, 1):.0f} µs server time per task, "
-            f"{inner_calls / per:.0f} Redis commands per call (top by time: {detail})")
+    return (
+        f"{per} FCALL, {evalsha['usec'] / per:.0f} µs each, "
+        f"{evalsha['usec'] / max(acked, 1):.0f} µs server time per task, "
+        f"{inner_calls / per:.0f} Redis commands per call (top by time: {detail})"
+    )
 
 
 def _wait_workers(client: taskq.Client, job: str, count: int, timeout_s: float) -> None:
@@ -212,8 +246,7 @@ def _throughput_child(url, job, batch, prefetch, duration_s, start, results) -> 
             break
     ended = time.time()
     trainer.close()
-    results.put({"acked": acked, "started": started, "ended": ended,
-                 "latencies_ms": latencies_ms})
+    results.put({"acked": acked, "started": started, "ended": ended, "latencies_ms": latencies_ms})
 
 
 # -- idle cost -----------------------------------------------------------------------------
@@ -229,8 +262,7 @@ def idle_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> No
         stop_event = CTX.Event()
         with Children() as children:
             for _ in range(processes):
-                children.start(_idle_child, url_of(port), job, trainers // processes,
-                               stop_event)
+                children.start(_idle_child, url_of(port), job, trainers // processes, stop_event)
             reaper = children.start(_reaper_child, url_of(port))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -256,11 +288,15 @@ def idle_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> No
     scripts = (per_command.get("fcall", 0) + per_command.get("fcall_ro", 0)) / window_s
     blpops = per_command.get("blpop", 0) / window_s
     recorder.add(
-        SECTION, "idle: 50 trainers at a pass barrier + 1 reaper", rate, "commands/s",
+        SECTION,
+        "idle: 50 trainers at a pass barrier + 1 reaper",
+        rate,
+        "commands/s",
         f"{window_s:.0f} s window; {scripts:.1f} FCALL/s (heartbeats 1/s per trainer, "
         f"reaper ticks, lease retries), {blpops:.1f} BLPOP/s, the rest inside scripts; "
         f"trainer CPU {trainer_cpu:.1%} of a core for all 50 ({trainer_cpu / trainers:.2%} "
-        f"each), reaper {reaper_cpu:.1%}")
+        f"each), reaper {reaper_cpu:.1%}",
+    )
 
 
 def _idle_child(url, job, count, stop_event) -> None:
@@ -303,8 +339,15 @@ def scale_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> N
         results = CTX.Queue()
         with Children() as children:
             for _ in range(processes):
-                children.start(_scale_child, url_of(port), job, workers // processes, task_s,
-                               stop_event, results)
+                children.start(
+                    _scale_child,
+                    url_of(port),
+                    job,
+                    workers // processes,
+                    task_s,
+                    stop_event,
+                    results,
+                )
             _wait_workers(client, job, workers, timeout_s=120)
             time.sleep(3.0)  # past the start-up burst
             cpu_before = redis_cpu_seconds(port)
@@ -313,7 +356,7 @@ def scale_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> N
             time.sleep(window_s)
             window_end = time.time()
             redis_cpu = (redis_cpu_seconds(port) - cpu_before) / window_s
-            trainer_cpu = (cpu_seconds([p.pid for p in children.procs]) - trainer_before)
+            trainer_cpu = cpu_seconds([p.pid for p in children.procs]) - trainer_before
             trainer_cpu /= window_s
             counters = client.status(job, summaries=0).counters
             acked, lost = counters["acked"], counters["expired_worker_lost"]
@@ -332,18 +375,29 @@ def scale_row(recorder: common.Recorder, quick: bool, factory: PortFactory) -> N
         recorder.add(SECTION, "scale: 1,000 trainers", None, "", "no lease in the window")
         return
     calls_per_s = len(latencies) * processes / max(len(reports), 1) / window_s
-    note = (f"{window_s:.0f} s window, tasks sleep {task_s:.0f} s; Redis CPU "
-            f"{redis_cpu:.0%} of a core in all ({redis_cpu / workers * 1e6:.0f} µs/s per "
-            f"worker), {calls_per_s:.0f} ack+lease calls/s + ~{workers} heartbeats/s; "
-            f"ack+lease latency p50 {common.percentile(latencies, 50):.1f} ms p99 "
-            f"{common.percentile(latencies, 99):.1f} ms max {max(latencies):.0f} ms; "
-            f"trainer processes {trainer_cpu:.0%} CPU; {acked} acked in all, {lost} leases "
-            "expired by a lost worker (a late heartbeat)")
-    recorder.add(SECTION, "scale: 1,000 trainers, Redis CPU per worker",
-                 redis_cpu / workers * 100.0, "% of a core", note)
-    recorder.add(SECTION, "scale: 1,000 trainers, ack+lease p99",
-                 common.percentile(latencies, 99), "ms",
-                 f"p50 {common.percentile(latencies, 50):.1f} ms; {len(latencies)} calls")
+    note = (
+        f"{window_s:.0f} s window, tasks sleep {task_s:.0f} s; Redis CPU "
+        f"{redis_cpu:.0%} of a core in all ({redis_cpu / workers * 1e6:.0f} µs/s per "
+        f"worker), {calls_per_s:.0f} ack+lease calls/s + ~{workers} heartbeats/s; "
+        f"ack+lease latency p50 {common.percentile(latencies, 50):.1f} ms p99 "
+        f"{common.percentile(latencies, 99):.1f} ms max {max(latencies):.0f} ms; "
+        f"trainer processes {trainer_cpu:.0%} CPU; {acked} acked in all, {lost} leases "
+        "expired by a lost worker (a late heartbeat)"
+    )
+    recorder.add(
+        SECTION,
+        "scale: 1,000 trainers, Redis CPU per worker",
+        redis_cpu / workers * 100.0,
+        "% of a core",
+        note,
+    )
+    recorder.add(
+        SECTION,
+        "scale: 1,000 trainers, ack+lease p99",
+        common.percentile(latencies, 99),
+        "ms",
+        f"p50 {common.percentile(latencies, 50):.1f} ms; {len(latencies)} calls",
+    )
 
 
 def _scale_child(url, job, count, task_s, stop_event, results) -> None:
@@ -351,8 +405,9 @@ def _scale_child(url, job, count, task_s, stop_event, results) -> None:
     # process drives its trainers from a few scheduler threads (a trainer's next task is
     # due `task_s` after it got its last one) and one thread beats for all of them, each
     # trainer once per heartbeat interval, staggered.
-    trainers = [taskq.Trainer(job, url=url, handle_signals=False, heartbeat=False)
-                for _ in range(count)]
+    trainers = [
+        taskq.Trainer(job, url=url, handle_signals=False, heartbeat=False) for _ in range(count)
+    ]
     done = threading.Event()
     samples: list[tuple[float, float]] = []
     lock = threading.Lock()
@@ -388,8 +443,9 @@ def _scale_child(url, job, count, task_s, stop_event, results) -> None:
                     pass
             next_due += interval
 
-    drivers = [threading.Thread(target=drive, args=(trainers[k::4],), daemon=True)
-               for k in range(4)]
+    drivers = [
+        threading.Thread(target=drive, args=(trainers[k::4],), daemon=True) for k in range(4)
+    ]
     threads = [*drivers, threading.Thread(target=beat, daemon=True)]
     for thread in threads:
         thread.start()

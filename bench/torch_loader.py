@@ -54,8 +54,11 @@ def write_files(root: Path, fmt: str, files: int, rows: int) -> list[dict[str, A
         texts = [" ".join(rng.choices(WORDS, k=rng.randint(10, 40))) for _ in ids]
         path = root / f"part-{f:04d}.{fmt}"
         if fmt == "jsonl":
-            path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
-                                    for i, t in zip(ids, texts, strict=True)))
+            path.write_text(
+                "".join(
+                    json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, texts, strict=True)
+                )
+            )
         else:
             pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=256)
         chunks.append({"path": str(path), "format": fmt})
@@ -111,20 +114,37 @@ def _drain(loader: Any) -> tuple[int, float, float]:
 
 def fcalls(server: common.RedisServer) -> int:
     stats = server.client(decode_responses=True).info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items()
-               if k.split("|")[0] in ("cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha"))
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k.split("|")[0] in ("cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha")
+    )
 
 
-def compare(server: common.RedisServer, chunks: list[dict[str, Any]], fmt: str, nw: int,
-            total: int, repeat: int) -> dict[str, Any]:
+def compare(
+    server: common.RedisServer,
+    chunks: list[dict[str, Any]],
+    fmt: str,
+    nw: int,
+    total: int,
+    repeat: int,
+) -> dict[str, Any]:
     """The two loaders one after the other, ``repeat`` times; the best run of each."""
-    runs = [(_static(chunks, nw, total), _taskq(server, chunks, fmt, nw, total))
-            for _ in range(repeat)]
+    runs = [
+        (_static(chunks, nw, total), _taskq(server, chunks, fmt, nw, total)) for _ in range(repeat)
+    ]
     (ttfb_s, rate_s), _ = max(runs, key=lambda r: r[0][1])
     _, (ttfb_t, rate_t, calls_s) = max(runs, key=lambda r: r[1][1])
-    return {"format": fmt, "num_workers": nw, "static_sps": rate_s, "taskq_sps": rate_t,
-            "ratio": rate_t / rate_s, "static_ttfb_ms": ttfb_s * 1000,
-            "taskq_ttfb_ms": ttfb_t * 1000, "redis_calls_s": calls_s}
+    return {
+        "format": fmt,
+        "num_workers": nw,
+        "static_sps": rate_s,
+        "taskq_sps": rate_t,
+        "ratio": rate_t / rate_s,
+        "static_ttfb_ms": ttfb_s * 1000,
+        "taskq_ttfb_ms": ttfb_t * 1000,
+        "redis_calls_s": calls_s,
+    }
 
 
 def _static(chunks: list[dict[str, Any]], nw: int, total: int) -> tuple[float, float]:
@@ -133,8 +153,9 @@ def _static(chunks: list[dict[str, Any]], nw: int, total: int) -> tuple[float, f
     return ttfb, rate
 
 
-def _taskq(server: common.RedisServer, chunks: list[dict[str, Any]], fmt: str, nw: int,
-           total: int) -> tuple[float, float, float]:
+def _taskq(
+    server: common.RedisServer, chunks: list[dict[str, Any]], fmt: str, nw: int, total: int
+) -> tuple[float, float, float]:
     kw: dict[str, Any] = {"num_workers": nw}
     url = f"redis://{common.LOOPBACK}:{server.port}/0"
     job = f"bench-{fmt}-{nw}-{time.monotonic_ns()}"
@@ -152,8 +173,9 @@ def _taskq(server: common.RedisServer, chunks: list[dict[str, Any]], fmt: str, n
     return ttfb_t, rate_t, calls_s
 
 
-def heartbeat_rows(server: common.RedisServer, chunks: list[dict[str, Any]],
-                   workers: list[int]) -> list[dict[str, Any]]:
+def heartbeat_rows(
+    server: common.RedisServer, chunks: list[dict[str, Any]], workers: list[int]
+) -> list[dict[str, Any]]:
     """Heartbeats/s and script calls/s of one trainer process whose loop is bound by a
     0.1 s step (so every row consumes at the same rate), for each num_workers."""
     url = f"redis://{common.LOOPBACK}:{server.port}/0"
@@ -171,24 +193,32 @@ def heartbeat_rows(server: common.RedisServer, chunks: list[dict[str, Any]],
             assert it.feeder.trainer is not None
             beats = it.feeder.trainer.heartbeats_sent
         took = time.monotonic() - t0
-        out.append({"num_workers": nw, "heartbeats_s": beats / took,
-                    "calls_s": (fcalls(server) - before) / took})
+        out.append(
+            {
+                "num_workers": nw,
+                "heartbeats_s": beats / took,
+                "calls_s": (fcalls(server) - before) / took,
+            }
+        )
         client.delete_job(job)
     return out
 
 
 def _victim(url: str, job: str, log: str) -> None:
     ds = taskq.torch.TaskDataset(job, transform=tokenize, reader=read_task, url=url)
-    with open(log, "a") as out, taskq.torch.DataLoader(ds, batch_size=BATCH,
-                                                       num_workers=2) as loader:
+    with (
+        open(log, "a") as out,
+        taskq.torch.DataLoader(ds, batch_size=BATCH, num_workers=2) as loader,
+    ):
         for batch in loader:
             out.write(" ".join(map(str, batch["id"].tolist())) + "\n")
             out.flush()
             time.sleep(0.005)
 
 
-def kill_run(server: common.RedisServer, chunks: list[dict[str, Any]], total: int,
-             tmp: Path) -> dict[str, Any]:
+def kill_run(
+    server: common.RedisServer, chunks: list[dict[str, Any]], total: int, tmp: Path
+) -> dict[str, Any]:
     """A trainer process (2 workers) SIGKILLed after about a third of the pass; a second
     one finishes it. Counts rows read twice, rows missing, and the audit."""
     url = f"redis://{common.LOOPBACK}:{server.port}/0"
@@ -201,8 +231,8 @@ def kill_run(server: common.RedisServer, chunks: list[dict[str, Any]], total: in
     victim.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (
-            not os.path.exists(logs[0]) or
-            sum(len(x.split()) for x in open(logs[0])) < total // 3):
+        not os.path.exists(logs[0]) or sum(len(x.split()) for x in open(logs[0])) < total // 3
+    ):
         time.sleep(0.05)
     os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
     victim.join()
@@ -213,11 +243,17 @@ def kill_run(server: common.RedisServer, chunks: list[dict[str, Any]], total: in
     ids = [[int(i) for line in open(p) for i in line.split()] for p in logs]
     seen = Counter(ids[0]) + Counter(ids[1])
     audit = client.audit(job)
-    return {"victim_rows": len(ids[0]), "survivor_rows": len(ids[1]),
-            "read_twice": sum(1 for c in seen.values() if c > 1),
-            "missing": total - len(seen), "done": audit["passes"][0]["done"],
-            "tasks": len(chunks), "stale": audit["passes"][0]["stale"], "ok": audit["ok"],
-            "finish_after_kill_s": time.monotonic() - killed_at}
+    return {
+        "victim_rows": len(ids[0]),
+        "survivor_rows": len(ids[1]),
+        "read_twice": sum(1 for c in seen.values() if c > 1),
+        "missing": total - len(seen),
+        "done": audit["passes"][0]["done"],
+        "tasks": len(chunks),
+        "stale": audit["passes"][0]["stale"],
+        "ok": audit["ok"],
+        "finish_after_kill_s": time.monotonic() - killed_at,
+    }
 
 
 def main() -> None:
@@ -229,34 +265,54 @@ def main() -> None:
     args = ap.parse_args()
     common.install_signal_handlers()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="taskq-torch-bench-") as d, \
-            common.start_redis() as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="taskq-torch-bench-") as d,
+        common.start_redis() as server,
+    ):
         tmp = Path(d)
-        sets = {"jsonl": (write_files(tmp / "jsonl", "jsonl", 200, args.rows_jsonl),
-                          200 * args.rows_jsonl),
-                "parquet": (write_files(tmp / "parquet", "parquet", 50, args.rows_parquet),
-                            50 * args.rows_parquet)}
+        sets = {
+            "jsonl": (
+                write_files(tmp / "jsonl", "jsonl", 200, args.rows_jsonl),
+                200 * args.rows_jsonl,
+            ),
+            "parquet": (
+                write_files(tmp / "parquet", "parquet", 50, args.rows_parquet),
+                50 * args.rows_parquet,
+            ),
+        }
         for fmt, (chunks, total) in sets.items():
             for nw in args.workers:
                 row = compare(server, chunks, fmt, nw, total, args.repeat)
                 rows.append(row)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in row.items()}), flush=True)
+                print(
+                    json.dumps(
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                    ),
+                    flush=True,
+                )
         kill = kill_run(server, *sets["jsonl"], tmp)
         small = write_files(tmp / "small", "jsonl", 16, 8)
         beats = heartbeat_rows(server, small, [0, 2, 4, 8])
-    print("| format | workers | static samples/s | taskq samples/s | ratio | first batch "
-          "static / taskq ms | Redis calls/s |")
+    print(
+        "| format | workers | static samples/s | taskq samples/s | ratio | first batch "
+        "static / taskq ms | Redis calls/s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['format']} | {r['num_workers']} | {r['static_sps']:,.0f} | "
-              f"{r['taskq_sps']:,.0f} | {r['ratio']:.2f} | {r['static_ttfb_ms']:.0f} / "
-              f"{r['taskq_ttfb_ms']:.0f} | {r['redis_calls_s']:.1f} |")
+        print(
+            f"| {r['format']} | {r['num_workers']} | {r['static_sps']:,.0f} | "
+            f"{r['taskq_sps']:,.0f} | {r['ratio']:.2f} | {r['static_ttfb_ms']:.0f} / "
+            f"{r['taskq_ttfb_ms']:.0f} | {r['redis_calls_s']:.1f} |"
+        )
     for b in beats:
-        print(f"heartbeats: {b['num_workers']} workers: {b['heartbeats_s']:.2f}/s, "
-              f"script calls {b['calls_s']:.1f}/s")
-    print("kill:", json.dumps({k: round(v, 2) if isinstance(v, float) else v
-                               for k, v in kill.items()}))
+        print(
+            f"heartbeats: {b['num_workers']} workers: {b['heartbeats_s']:.2f}/s, "
+            f"script calls {b['calls_s']:.1f}/s"
+        )
+    print(
+        "kill:",
+        json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in kill.items()}),
+    )
     sys.stdout.flush()
 
 

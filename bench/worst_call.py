@@ -34,8 +34,14 @@ _FN = re.compile(rf"^{LIBRARY}_([a-z_]+)$")
 
 
 def _trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False,  # type: ignore[arg-type]
-                         handle_signals=False, **kw)
+    return taskq.Trainer(
+        job,
+        client=client,
+        worker_id=wid,
+        heartbeat=False,  # type: ignore[arg-type]
+        handle_signals=False,
+        **kw,
+    )
 
 
 def _hold(t: taskq.Trainer, n: int) -> list[taskq.Task]:
@@ -47,15 +53,27 @@ def _hold(t: taskq.Trainer, n: int) -> list[taskq.Task]:
     return got
 
 
-def exercise(client: taskq.Client, job: str, n: int, list_limit: int = 100_000,
-             mark: Callable[[str], None] = lambda step: None) -> None:
+def exercise(
+    client: taskq.Client,
+    job: str,
+    n: int,
+    list_limit: int = 100_000,
+    mark: Callable[[str], None] = lambda step: None,
+) -> None:
     """Every trainer and admin operation on a new job of ``n`` tasks, at the largest sizes
     the API accepts (see the module docstring). Listings read up to ``list_limit`` rows
     (page by page: every page is one call of at most PAGE_MAX rows). ``mark(step)`` is
     called before each step."""
     mark("create")
-    client.create_job(job, chunks=({"i": i} for i in range(n)), passes=None,
-                      task_timeout=None, manual_clock=True, max_failures=1, replace=True)
+    client.create_job(
+        job,
+        chunks=({"i": i} for i in range(n)),
+        passes=None,
+        task_timeout=None,
+        manual_clock=True,
+        max_failures=1,
+        replace=True,
+    )
     mark("iterate, prefetch")
     it = _trainer(client, job, "iter", prefetch=MAX_PREFETCH)
     for k, _task in enumerate(it):
@@ -72,7 +90,7 @@ def exercise(client: taskq.Client, job: str, n: int, list_limit: int = 100_000,
     for _ in range(3):
         h.heartbeat()
     h.release(held[:MAX_BATCH])
-    h.fail(held[MAX_BATCH:2 * MAX_BATCH], "a failing batch goes back uncharged")
+    h.fail(held[MAX_BATCH : 2 * MAX_BATCH], "a failing batch goes back uncharged")
     _hold(h, MAX_HELD)
     h.heartbeat()
     mark("leave")
@@ -148,24 +166,31 @@ def main() -> int:
     sys.path.insert(0, __file__.rpartition("/")[0])
     import common
 
-    with common.start_redis(["--slowlog-log-slower-than", "100",
-                             "--slowlog-max-len", "1000000"]) as server:
+    with common.start_redis(
+        ["--slowlog-log-slower-than", "100", "--slowlog-max-len", "1000000"]
+    ) as server:
         client = taskq.connect(f"redis://127.0.0.1:{server.port}/0")
         started = time.monotonic()
         client.redis.slowlog_reset()
-        exercise(client, "worst", a.tasks,
-                 mark=lambda step: print(f"{time.monotonic() - started:7.1f}s  {step}",
-                                         file=sys.stderr))
+        exercise(
+            client,
+            "worst",
+            a.tasks,
+            mark=lambda step: print(f"{time.monotonic() - started:7.1f}s  {step}", file=sys.stderr),
+        )
         entries = client.redis.slowlog_get(1_000_000)
     load = os.getloadavg()[0]
     by_verb = durations_by_verb(entries)
-    print(f"worst single call per verb, {a.tasks:,} tasks (SLOWLOG wall time, ms; "
-          f"{os.cpu_count()} CPUs, load average {load:.1f} at the end)\n")
+    print(
+        f"worst single call per verb, {a.tasks:,} tasks (SLOWLOG wall time, ms; "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at the end)\n"
+    )
     print("| verb (FCALL) or command | worst ms | calls > 0.1 ms | calls > 1 ms |")
     print("|---|---:|---:|---:|")
     fcalls = [n for n in by_verb if n.islower()]
     for name in sorted(fcalls, key=lambda n: -max(by_verb[n])) + sorted(
-            (n for n in by_verb if not n.islower()), key=lambda n: -max(by_verb[n])):
+        (n for n in by_verb if not n.islower()), key=lambda n: -max(by_verb[n])
+    ):
         ms = by_verb[name]
         print(f"| {name} | {max(ms):.2f} | {len(ms):,} | {sum(m > 1.0 for m in ms):,} |")
     return 0

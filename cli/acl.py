@@ -34,8 +34,9 @@ def _password(password_env: str | None, password_file: Path | None) -> str | Non
         try:
             value = password_file.read_text().rstrip("\r\n")
         except OSError as e:
-            raise taskq.InvalidInput(f"cannot read the password file {password_file}: "
-                                     f"{e.strerror}") from e
+            raise taskq.InvalidInput(
+                f"cannot read the password file {password_file}: {e.strerror}"
+            ) from e
         if not value:
             raise taskq.InvalidInput(f"the password file {password_file} is empty")
         return value
@@ -43,20 +44,35 @@ def _password(password_env: str | None, password_file: Path | None) -> str | Non
 
 
 def _options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--apply", "apply_", is_flag=True,
-                     help="Run ACL SETUSER on the server (the --url user needs ACL rights: "
-                          "@admin, which acl.conf's admin does not have). Replaces the "
-                          "user if it exists.")(f)
-    f = click.option("--format", "fmt", type=click.Choice(["setuser", "aclfile"]),
-                     default="setuser", show_default=True,
-                     help="setuser: an `ACL SETUSER` command (quoted for a shell or "
-                          "redis-cli); aclfile: a line of an ACL file.")(f)
-    f = click.option("--password-file", type=click.Path(dir_okay=False, path_type=Path),
-                     metavar="FILE", help="Read the password from FILE (one line).")(f)
-    f = click.option("--password-env", metavar="VAR",
-                     help="Read the password from the environment variable VAR.")(f)
-    f = click.option("--user", metavar="NAME",
-                     help="The user name (default: <role>-<job>, or <role>-all).")(f)
+    f = click.option(
+        "--apply",
+        "apply_",
+        is_flag=True,
+        help="Run ACL SETUSER on the server (the --url user needs ACL rights: "
+        "@admin, which acl.conf's admin does not have). Replaces the "
+        "user if it exists.",
+    )(f)
+    f = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["setuser", "aclfile"]),
+        default="setuser",
+        show_default=True,
+        help="setuser: an `ACL SETUSER` command (quoted for a shell or "
+        "redis-cli); aclfile: a line of an ACL file.",
+    )(f)
+    f = click.option(
+        "--password-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help="Read the password from FILE (one line).",
+    )(f)
+    f = click.option(
+        "--password-env", metavar="VAR", help="Read the password from the environment variable VAR."
+    )(f)
+    f = click.option(
+        "--user", metavar="NAME", help="The user name (default: <role>-<job>, or <role>-all)."
+    )(f)
     return f
 
 
@@ -65,13 +81,18 @@ def _emit(ctx: click.Context, rule: rules.Rule, fmt: str, apply_: bool) -> None:
         client = client_of(ctx)
         with translate(client.url):
             rules.apply(client.redis, rule)
-        click.echo(f"applied user {rule.user} on {client.url} (in memory: ACL SAVE, or "
-                   f"CONFIG REWRITE, keeps it across restarts)")
+        click.echo(
+            f"applied user {rule.user} on {client.url} (in memory: ACL SAVE, or "
+            f"CONFIG REWRITE, keeps it across restarts)"
+        )
     else:
         click.echo(rule.setuser_line() if fmt == "setuser" else rule.aclfile_line())
-    click.echo(f"# taskq {taskq.__version__}, library {LIBRARY}: allows "
-               f"{' '.join(rule.functions())}; the names change with the library, so apply "
-               f"this again after upgrading taskq", err=True)
+    click.echo(
+        f"# taskq {taskq.__version__}, library {LIBRARY}: allows "
+        f"{' '.join(rule.functions())}; the names change with the library, so apply "
+        f"this again after upgrading taskq",
+        err=True,
+    )
 
 
 @click.group("acl")
@@ -87,8 +108,15 @@ def acl() -> None:
 @click.argument("job")
 @_options
 @click.pass_context
-def trainer(ctx: click.Context, job: str, user: str | None, password_env: str | None,
-            password_file: Path | None, fmt: str, apply_: bool) -> None:
+def trainer(
+    ctx: click.Context,
+    job: str,
+    user: str | None,
+    password_env: str | None,
+    password_file: Path | None,
+    fmt: str,
+    apply_: bool,
+) -> None:
     """The user of JOB's trainers: JOB's keys only, the trainer's functions only.
 
     Example: taskq acl trainer mnist --password-env MNIST_PW --apply
@@ -102,8 +130,15 @@ def trainer(ctx: click.Context, job: str, user: str | None, password_env: str | 
 @click.argument("job", required=False)
 @_options
 @click.pass_context
-def reaper(ctx: click.Context, job: str | None, user: str | None, password_env: str | None,
-           password_file: Path | None, fmt: str, apply_: bool) -> None:
+def reaper(
+    ctx: click.Context,
+    job: str | None,
+    user: str | None,
+    password_env: str | None,
+    password_file: Path | None,
+    fmt: str,
+    apply_: bool,
+) -> None:
     """The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB."""
     prefix = ctx.find_root().obj.prefix
     rule = rules.reaper_rule(job, user, _password(password_env, password_file), prefix)
@@ -114,9 +149,15 @@ def reaper(ctx: click.Context, job: str | None, user: str | None, password_env: 
 @click.argument("job", required=False)
 @_options
 @click.pass_context
-def exporter(ctx: click.Context, job: str | None, user: str | None,
-             password_env: str | None, password_file: Path | None, fmt: str,
-             apply_: bool) -> None:
+def exporter(
+    ctx: click.Context,
+    job: str | None,
+    user: str | None,
+    password_env: str | None,
+    password_file: Path | None,
+    fmt: str,
+    apply_: bool,
+) -> None:
     """A read-only user (`taskq exporter`, status) for JOB, or every job without JOB."""
     prefix = ctx.find_root().obj.prefix
     rule = rules.exporter_rule(job, user, _password(password_env, password_file), prefix)

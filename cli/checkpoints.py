@@ -19,7 +19,8 @@ def _when(ms: int | None) -> str:
     if not ms:
         return "-"
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S")
+        "%Y-%m-%d %H:%M:%S"
+    )
 
 
 @job.command("checkpoints")
@@ -38,11 +39,16 @@ def checkpoints_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
         return
     table = Table()
     for col in ("id", "pass", "done", "unfinished", "job state", "taken (UTC)"):
-        table.add_column(col, justify="right" if col in ("pass", "done", "unfinished")
-                         else "left")
+        table.add_column(col, justify="right" if col in ("pass", "done", "unfinished") else "left")
     for r in rows:
-        table.add_row(r["id"], str(r["pass"]), str(r["done"]), str(r["unfinished"]),
-                      r["job_state"], _when(r.get("sealed_ms")))
+        table.add_row(
+            r["id"],
+            str(r["pass"]),
+            str(r["done"]),
+            str(r["unfinished"]),
+            r["job_state"],
+            _when(r.get("sealed_ms")),
+        )
     console().print(table)
 
 

@@ -24,8 +24,11 @@ def client_of(ctx: click.Context) -> taskq.Client:
 
 def setup_logging() -> None:
     """Log lines to stderr for the long-running commands (reaper, exporter)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def echo_json(data: Any) -> None:
@@ -65,8 +68,9 @@ class PassesType(click.ParamType):
 
     name = "N|inf"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> int | None:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
         if value is None or isinstance(value, int):
             return None if value in (None, 0) else int(value)
         text = str(value).strip().lower()
@@ -75,11 +79,11 @@ class PassesType(click.ParamType):
         try:
             n = int(text)
         except ValueError:
-            self.fail(f"{value!r} is not a number of passes (an integer >= 1, or 0/inf)",
-                      param, ctx)
+            self.fail(
+                f"{value!r} is not a number of passes (an integer >= 1, or 0/inf)", param, ctx
+            )
         if n < 0:
-            self.fail(f"{value!r}: passes must be >= 1 (or 0/inf for until cancelled)",
-                      param, ctx)
+            self.fail(f"{value!r}: passes must be >= 1 (or 0/inf for until cancelled)", param, ctx)
         return n or None
 
 
@@ -88,8 +92,9 @@ class TaskTimeoutType(click.ParamType):
 
     name = "auto|none|SECONDS"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> float | str | None:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float | str | None:
         if value is None:
             return None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -105,8 +110,7 @@ class TaskTimeoutType(click.ParamType):
             except ValueError:
                 self.fail(f"{value!r} is not auto, none or a number of seconds", param, ctx)
         if not math.isfinite(seconds) or seconds <= 0:
-            self.fail(f"{value!r}: a task timeout must be a positive number of seconds",
-                      param, ctx)
+            self.fail(f"{value!r}: a task timeout must be a positive number of seconds", param, ctx)
         return seconds
 
 

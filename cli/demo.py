@@ -59,8 +59,9 @@ def _child_stdio(path: str) -> None:
     sys.stdout = sys.stderr = out
 
 
-def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: str,
-                  step_s: float) -> None:
+def _trainer_main(
+    url: str, prefix: str | None, job: str, index: int, run_dir: str, step_s: float
+) -> None:
     """A demo trainer: lease, "train" (sleep), log ``pass task token``, ack by iterating."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us with SIGTERM
     _child_stdio(os.path.join(run_dir, f"trainer-{index}.err"))
@@ -68,8 +69,10 @@ def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: s
     client = taskq.Client(url, key_prefix=prefix)
     worker_id = f"demo-trainer-{index}:{os.getpid()}"
     try:
-        with open(os.path.join(run_dir, f"trainer-{index}.log"), "a", buffering=1) as log, \
-                taskq.Trainer(job, client=client, worker_id=worker_id) as trainer:
+        with (
+            open(os.path.join(run_dir, f"trainer-{index}.log"), "a", buffering=1) as log,
+            taskq.Trainer(job, client=client, worker_id=worker_id) as trainer,
+        ):
             for task in trainer:
                 time.sleep(step_s * rng.uniform(0.5, 1.5))
                 log.write(f"{task.pass_no} {task.id} {task.token}\n")
@@ -117,8 +120,11 @@ class Fleet:
             sys.stdout.flush()
             sys.stderr.flush()
             proc = self.ctx.Process(
-                target=_trainer_main, name=f"taskq-demo-trainer-{index}", daemon=True,
-                args=(self.url, self.prefix, self.job, index, self.run_dir, self.step_s))
+                target=_trainer_main,
+                name=f"taskq-demo-trainer-{index}",
+                daemon=True,
+                args=(self.url, self.prefix, self.job, index, self.run_dir, self.step_s),
+            )
             proc.start()
             self.trainers[index] = proc
             new.append(index)
@@ -129,9 +135,12 @@ class Fleet:
             return False
         sys.stdout.flush()
         sys.stderr.flush()
-        self.reaper = self.ctx.Process(target=_reaper_main, name="taskq-demo-reaper",
-                                       daemon=True,
-                                       args=(self.url, self.prefix, self.job, self.run_dir))
+        self.reaper = self.ctx.Process(
+            target=_reaper_main,
+            name="taskq-demo-reaper",
+            daemon=True,
+            args=(self.url, self.prefix, self.job, self.run_dir),
+        )
         self.reaper.start()
         return True
 
@@ -184,26 +193,65 @@ def _read_logs(run_dir: str) -> collections.Counter[tuple[int, int]]:
 
 
 @click.command("demo")
-@click.option("--url", "demo_url", metavar="URL",
-              help="Use this Redis (default: --url / TASKQ_REDIS_URL, else a local "
-                   "redis-server started for the demo).")
-@click.option("--trainers", type=click.IntRange(min=1, max=64), default=4, show_default=True,
-              help="Trainer processes at the start.")
-@click.option("--passes", type=click.IntRange(min=1, max=50), default=3, show_default=True,
-              help="Passes over the data set.")
-@click.option("--tasks", "ntasks", type=click.IntRange(min=1, max=100000), default=60,
-              show_default=True, help="Tasks in the job (two generated chunks each).")
-@click.option("--step", "step_s", type=click.FloatRange(min=0), default=0.2,
-              show_default=True, help="Mean seconds a trainer spends on one task.")
-@click.option("--chaos/--no-chaos", default=True, show_default=True,
-              help="SIGKILL one trainer mid-run.")
-@click.option("--torch", "torch_mode", is_flag=True,
-              help="PyTorch mode: a small model trained through taskq.torch on generated "
-                   "Parquet/JSONL files (needs torch and the data extra); the options "
-                   "above do not apply.")
+@click.option(
+    "--url",
+    "demo_url",
+    metavar="URL",
+    help="Use this Redis (default: --url / TASKQ_REDIS_URL, else a local "
+    "redis-server started for the demo).",
+)
+@click.option(
+    "--trainers",
+    type=click.IntRange(min=1, max=64),
+    default=4,
+    show_default=True,
+    help="Trainer processes at the start.",
+)
+@click.option(
+    "--passes",
+    type=click.IntRange(min=1, max=50),
+    default=3,
+    show_default=True,
+    help="Passes over the data set.",
+)
+@click.option(
+    "--tasks",
+    "ntasks",
+    type=click.IntRange(min=1, max=100000),
+    default=60,
+    show_default=True,
+    help="Tasks in the job (two generated chunks each).",
+)
+@click.option(
+    "--step",
+    "step_s",
+    type=click.FloatRange(min=0),
+    default=0.2,
+    show_default=True,
+    help="Mean seconds a trainer spends on one task.",
+)
+@click.option(
+    "--chaos/--no-chaos", default=True, show_default=True, help="SIGKILL one trainer mid-run."
+)
+@click.option(
+    "--torch",
+    "torch_mode",
+    is_flag=True,
+    help="PyTorch mode: a small model trained through taskq.torch on generated "
+    "Parquet/JSONL files (needs torch and the data extra); the options "
+    "above do not apply.",
+)
 @click.pass_context
-def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, ntasks: int,
-         step_s: float, chaos: bool, torch_mode: bool) -> None:
+def demo(
+    ctx: click.Context,
+    demo_url: str | None,
+    trainers: int,
+    passes: int,
+    ntasks: int,
+    step_s: float,
+    chaos: bool,
+    torch_mode: bool,
+) -> None:
     """Run elastic trainers over a generated data set and prove every task of every pass
     was acked exactly once, while trainers join, leave (SIGTERM) and die (SIGKILL)."""
     root = ctx.find_root().obj
@@ -227,12 +275,22 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
             out.print(f"started redis-server at {url} (stopped at the end)")
         client = taskq.Client(url, key_prefix=prefix)
         job = f"demo-{secrets.token_hex(3)}"
-        chunks = [{"path": f"demo://shard-{i // 16:03d}", "offset": (i % 16) * 4096,
-                   "length": 4096} for i in range(2 * ntasks)]
-        client.create_job(job, chunks, chunks_per_task=2, passes=passes,
-                          worker_ttl=DEMO_WORKER_TTL_S, heartbeat_interval=DEMO_HEARTBEAT_S)
-        out.print(f"job {job}: {ntasks} tasks x {passes} passes, worker_ttl "
-                  f"{DEMO_WORKER_TTL_S:g}s, heartbeat {DEMO_HEARTBEAT_S:g}s")
+        chunks = [
+            {"path": f"demo://shard-{i // 16:03d}", "offset": (i % 16) * 4096, "length": 4096}
+            for i in range(2 * ntasks)
+        ]
+        client.create_job(
+            job,
+            chunks,
+            chunks_per_task=2,
+            passes=passes,
+            worker_ttl=DEMO_WORKER_TTL_S,
+            heartbeat_interval=DEMO_HEARTBEAT_S,
+        )
+        out.print(
+            f"job {job}: {ntasks} tasks x {passes} passes, worker_ttl "
+            f"{DEMO_WORKER_TTL_S:g}s, heartbeat {DEMO_HEARTBEAT_S:g}s"
+        )
         # the demo's own threads (the live display, the client's pool) must not be forked:
         # trainers start from a fork server, a clean process that has only imported taskq
         mp = multiprocessing.get_context("forkserver")
@@ -247,9 +305,17 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         out.print(f"{time.strftime('%H:%M:%S')} start: {len(first)} trainer(s) {first}")
         _run(out, client, fleet, job, ntasks, passes, trainers, chaos)
         fleet.stop_all()
-        ok = _summary(out, client, job, ntasks, passes, run_dir, fleet,
-                      time.monotonic() - began,
-                      kept_in=None if server is not None else client.url)
+        ok = _summary(
+            out,
+            client,
+            job,
+            ntasks,
+            passes,
+            run_dir,
+            fleet,
+            time.monotonic() - began,
+            kept_in=None if server is not None else client.url,
+        )
     except KeyboardInterrupt:
         click.echo("taskq: demo interrupted; stopping what it started", err=True)
         ctx.exit(130)
@@ -260,15 +326,15 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         if server is not None:
             server.cleanup()
     if not ok:
-        raise taskq.TaskqError(f"demo: the audit found a problem (trainer logs kept in "
-                               f"{run_dir})")
+        raise taskq.TaskqError(f"demo: the audit found a problem (trainer logs kept in {run_dir})")
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _torch_demo(ctx: click.Context, url: str | None, prefix: str | None) -> None:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pyarrow") is None:
-        raise taskq.errors.InvalidInput("demo --torch needs torch and the data extra: "
-                                        "pip install torch 'taskq[data]'")
+        raise taskq.errors.InvalidInput(
+            "demo --torch needs torch and the data extra: pip install torch 'taskq[data]'"
+        )
     from . import demo_torch
 
     try:
@@ -280,14 +346,28 @@ def _torch_demo(ctx: click.Context, url: str | None, prefix: str | None) -> None
         raise taskq.TaskqError("demo --torch: the audit found a problem")
 
 
-def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, passes: int,
-         trainers: int, chaos: bool) -> None:
+def _run(
+    out: Any,
+    client: taskq.Client,
+    fleet: Fleet,
+    job: str,
+    ntasks: int,
+    passes: int,
+    trainers: int,
+    chaos: bool,
+) -> None:
     """Watch the job until it completes, scaling the fleet as planned."""
     total = ntasks * passes
     plan = _plan(trainers, chaos)
     rng = random.Random()
-    bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out)
+    bar = Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=out,
+    )
     overall = bar.add_task("all passes", total=total, info="")
     current = bar.add_task("pass 0", total=ntasks, info="")
     deadline = time.monotonic() + FINISH_TIMEOUT_S
@@ -297,21 +377,27 @@ def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, pa
             finished = status.state == "completed"
             done_all = total if finished else status.pass_no * ntasks + status.done
             alive = fleet.alive()
-            bar.update(overall, completed=done_all,
-                       info=f"trainers {len(alive)}  workers {status.workers}")
-            bar.update(current, completed=ntasks if finished else status.done,
-                       description=f"pass {status.pass_no}",
-                       info=f"leased {status.leased}  todo {status.todo}")
+            bar.update(
+                overall, completed=done_all, info=f"trainers {len(alive)}  workers {status.workers}"
+            )
+            bar.update(
+                current,
+                completed=ntasks if finished else status.done,
+                description=f"pass {status.pass_no}",
+                info=f"leased {status.leased}  todo {status.todo}",
+            )
             while plan and done_all >= plan[0][0] * total and not finished:
                 _act(out, client, fleet, plan.pop(0)[1], trainers, rng)
             if finished or status.state == "cancelled":
                 break
             if not fleet.alive():
-                raise taskq.TaskqError(f"demo: every trainer exited before job {job} "
-                                       f"completed; see {fleet.run_dir}")
+                raise taskq.TaskqError(
+                    f"demo: every trainer exited before job {job} completed; see {fleet.run_dir}"
+                )
             if time.monotonic() > deadline:
-                raise taskq.TaskqError(f"demo: job {job} did not complete within "
-                                       f"{FINISH_TIMEOUT_S:g}s")
+                raise taskq.TaskqError(
+                    f"demo: job {job} did not complete within {FINISH_TIMEOUT_S:g}s"
+                )
             if fleet.stop_flag.wait(0.1):
                 raise KeyboardInterrupt
     for proc in fleet.trainers.values():  # their loops end by themselves on completion
@@ -320,8 +406,9 @@ def _run(out: Any, client: taskq.Client, fleet: Fleet, job: str, ntasks: int, pa
         proc.join(10)
 
 
-def _act(out: Any, client: taskq.Client, fleet: Fleet, action: str, trainers: int,
-         rng: random.Random) -> None:
+def _act(
+    out: Any, client: taskq.Client, fleet: Fleet, action: str, trainers: int, rng: random.Random
+) -> None:
     alive = fleet.alive()
     stamp = time.strftime("%H:%M:%S")
     if action == "up":
@@ -334,14 +421,18 @@ def _act(out: Any, client: taskq.Client, fleet: Fleet, action: str, trainers: in
         victim = rng.choice(alive)
         fleet.signal(victim, signal.SIGKILL)
         fleet.kills.append((f"demo-trainer-{victim}:", client.status(fleet.job, 0).now_ms))
-        out.print(f"{stamp} chaos: SIGKILL trainer {victim} (its task comes back after "
-                  f"worker_ttl {DEMO_WORKER_TTL_S:g}s)")
+        out.print(
+            f"{stamp} chaos: SIGKILL trainer {victim} (its task comes back after "
+            f"worker_ttl {DEMO_WORKER_TTL_S:g}s)"
+        )
     elif action == "down" and len(alive) > 1:
         leaving = rng.sample(alive, max(1, min(len(alive) - 1, len(alive) // 3)))
         for index in leaving:
             fleet.signal(index, signal.SIGTERM)
-        out.print(f"{stamp} scale down: SIGTERM trainer(s) {sorted(leaving)} "
-                  f"(they release what they hold)")
+        out.print(
+            f"{stamp} scale down: SIGTERM trainer(s) {sorted(leaving)} "
+            f"(they release what they hold)"
+        )
 
 
 def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
@@ -359,29 +450,51 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
         last = page[-1][0]
     lines = []
     for prefix, kill_ms in fleet.kills:
-        lost = [(i, e["task"]) for i, (_, e) in enumerate(events)
-                if e.get("type") == "expired" and e.get("worker", "").startswith(prefix)]
+        lost = [
+            (i, e["task"])
+            for i, (_, e) in enumerate(events)
+            if e.get("type") == "expired" and e.get("worker", "").startswith(prefix)
+        ]
         if not lost:
             lines.append(f"SIGKILLed {prefix.rstrip(':')}: held no task")
         for at, task in lost:
-            again = next((int(eid.split("-")[0]) for eid, e in events[at:]
-                          if e.get("type") == "leased"
-                          and task in e.get("tasks", "").split(",")), None)
+            again = next(
+                (
+                    int(eid.split("-")[0])
+                    for eid, e in events[at:]
+                    if e.get("type") == "leased" and task in e.get("tasks", "").split(",")
+                ),
+                None,
+            )
             expired_ms = int(events[at][0].split("-")[0])
             late_ms = int(events[at][1].get("lateness_ms") or 0)
             deadline_s = (expired_ms - late_ms - kill_ms) / 1000.0
-            back = "was not leased again" if again is None else \
-                f"was leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
+            back = (
+                "was not leased again"
+                if again is None
+                else f"was leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
+            )
             # the deadline counts from the last heartbeat, so it comes before kill + ttl
-            lines.append(f"SIGKILLed {prefix.rstrip(':')}: the lease of task {task} ran out "
-                         f"{deadline_s:.2f}s after the kill (last heartbeat + worker_ttl "
-                         f"{DEMO_WORKER_TTL_S:g}s), was reclaimed {late_ms / 1000.0:.2f}s "
-                         f"past that deadline and {back}")
+            lines.append(
+                f"SIGKILLed {prefix.rstrip(':')}: the lease of task {task} ran out "
+                f"{deadline_s:.2f}s after the kill (last heartbeat + worker_ttl "
+                f"{DEMO_WORKER_TTL_S:g}s), was reclaimed {late_ms / 1000.0:.2f}s "
+                f"past that deadline and {back}"
+            )
     return lines
 
 
-def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
-             run_dir: str, fleet: Fleet, took_s: float, kept_in: str | None) -> bool:
+def _summary(
+    out: Any,
+    client: taskq.Client,
+    job: str,
+    ntasks: int,
+    passes: int,
+    run_dir: str,
+    fleet: Fleet,
+    took_s: float,
+    kept_in: str | None,
+) -> bool:
     """Print the per-pass table and the verdict; True when every check holds.
 
     ``kept_in``: the (masked) URL of a Redis the job stays in after the demo, or None
@@ -390,8 +503,15 @@ def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
     processed = _read_logs(run_dir)
     summaries = {s["pass"]: s for s in report["passes"] if s.get("state") == "completed"}
     table = Table(title=f"job {job}", title_justify="left")
-    for col in ("pass", "acked once", "processed", "re-runs", "stale rejected", "expired",
-                "max lateness"):
+    for col in (
+        "pass",
+        "acked once",
+        "processed",
+        "re-runs",
+        "stale rejected",
+        "expired",
+        "max lateness",
+    ):
         table.add_column(col, justify="right")
     all_once = report["ok"]
     missing = 0
@@ -401,24 +521,34 @@ def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
         missing += sum(1 for n in ran if n == 0)
         acked_ok = s.get("done") == ntasks
         all_once = all_once and acked_ok
-        table.add_row(str(p), f"{s.get('done', 0)}/{ntasks}", str(sum(ran)),
-                      str(sum(n - 1 for n in ran if n > 1)), str(s.get("stale", 0)),
-                      str(s.get("expired", 0)),
-                      age((s.get("max_lateness_ms") or 0) / 1000.0))
+        table.add_row(
+            str(p),
+            f"{s.get('done', 0)}/{ntasks}",
+            str(sum(ran)),
+            str(sum(n - 1 for n in ran if n > 1)),
+            str(s.get("stale", 0)),
+            str(s.get("expired", 0)),
+            age((s.get("max_lateness_ms") or 0) / 1000.0),
+        )
     all_once = all_once and missing == 0
     longest_ms = max([s.get("max_lateness_ms") or 0 for s in summaries.values()] or [0])
     out.print(table)
-    out.print(f"every task acked exactly once per pass: "
-              f"{'yes' if all_once else 'NO'} ({passes} passes x {ntasks} tasks; "
-              f"audit checks {'ok' if report['ok'] else 'FAILED'}"
-              f"{f', {missing} task(s) never processed' if missing else ''})")
-    out.print(f"max lateness: {longest_ms / 1000.0:.2f}s (how long an expired lease waited "
-              f"past its deadline, the worker's last heartbeat + worker_ttl "
-              f"{DEMO_WORKER_TTL_S:g}s, before it was handed out again)")
+    out.print(
+        f"every task acked exactly once per pass: "
+        f"{'yes' if all_once else 'NO'} ({passes} passes x {ntasks} tasks; "
+        f"audit checks {'ok' if report['ok'] else 'FAILED'}"
+        f"{f', {missing} task(s) never processed' if missing else ''})"
+    )
+    out.print(
+        f"max lateness: {longest_ms / 1000.0:.2f}s (how long an expired lease waited "
+        f"past its deadline, the worker's last heartbeat + worker_ttl "
+        f"{DEMO_WORKER_TTL_S:g}s, before it was handed out again)"
+    )
     for line in _recoveries(client, job, fleet):
         out.print(line)
-    out.print(f"trainers: {fleet.started} started, {fleet.terminated} SIGTERMed, "
-              f"{fleet.killed} SIGKILLed")
+    out.print(
+        f"trainers: {fleet.started} started, {fleet.terminated} SIGTERMed, {fleet.killed} SIGKILLed"
+    )
     out.print(f"total time: {took_s:.1f}s")
     if kept_in is not None:
         url = f"--url {kept_in} "

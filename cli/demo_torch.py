@@ -58,22 +58,27 @@ def _write_data(root: str) -> list[dict[str, Any]]:
         ids = list(range(f * ROWS, (f + 1) * ROWS))
         if f < FILES:
             table = pa.table({"id": ids, "x": x.tolist(), "y": y.tolist()})
-            pq.write_table(table, os.path.join(root, f"part-{f}.parquet"),
-                           row_group_size=ROWS // 2)
+            pq.write_table(table, os.path.join(root, f"part-{f}.parquet"), row_group_size=ROWS // 2)
         else:
             with open(os.path.join(root, f"part-{f}.jsonl"), "w") as out:
-                out.writelines(json.dumps({"id": i, "x": a, "y": b}) + "\n"
-                               for i, a, b in zip(ids, x.tolist(), y.tolist(), strict=True))
-    return (build_chunks(os.path.join(root, "*.parquet"))
-            + build_chunks(os.path.join(root, "*.jsonl"), records_per_chunk=ROWS // 2))
+                out.writelines(
+                    json.dumps({"id": i, "x": a, "y": b}) + "\n"
+                    for i, a, b in zip(ids, x.tolist(), y.tolist(), strict=True)
+                )
+    return build_chunks(os.path.join(root, "*.parquet")) + build_chunks(
+        os.path.join(root, "*.jsonl"), records_per_chunk=ROWS // 2
+    )
 
 
 def to_tensors(row: dict[str, Any]) -> dict[str, Any]:
     """A row (Parquet dict or JSON object) as the model's input (in the workers)."""
     import torch
 
-    return {"id": int(row["id"]), "x": torch.tensor([float(row["x"])]),
-            "y": torch.tensor([float(row["y"])])}
+    return {
+        "id": int(row["id"]),
+        "x": torch.tensor([float(row["x"])]),
+        "y": torch.tensor([float(row["y"])]),
+    }
 
 
 def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: str) -> None:
@@ -91,8 +96,9 @@ def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: s
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ds = taskq.torch.TaskDataset(job, to_tensors, client=taskq.Client(url, key_prefix=prefix))
-    loader = taskq.torch.DataLoader(ds, batch_size=16, num_workers=2,
-                                    worker_id=f"demo-torch-{index}:{os.getpid()}")
+    loader = taskq.torch.DataLoader(
+        ds, batch_size=16, num_workers=2, worker_id=f"demo-torch-{index}:{os.getpid()}"
+    )
     with open(os.path.join(run_dir, f"trainer-{index}.log"), "a", buffering=1) as log:
         while loader.state not in ("completed", "cancelled"):
             total, n = 0.0, 0
@@ -140,27 +146,40 @@ def run(url: str | None, prefix: str | None) -> bool:
         os.mkdir(data_dir)
         chunks = _write_data(data_dir)
         job = f"demo-torch-{secrets.token_hex(3)}"
-        client.create_job(job, chunks, passes=PASSES, worker_ttl=2.0,
-                          heartbeat_interval=HEARTBEAT_S)
+        client.create_job(
+            job, chunks, passes=PASSES, worker_ttl=2.0, heartbeat_interval=HEARTBEAT_S
+        )
         samples = 2 * FILES * ROWS
-        out.print(f"job {job}: {len(chunks)} tasks ({FILES} Parquet + {FILES} JSONL files, "
-                  f"{samples} samples) x {PASSES} passes; 3 trainers x 2 DataLoader workers")
+        out.print(
+            f"job {job}: {len(chunks)} tasks ({FILES} Parquet + {FILES} JSONL files, "
+            f"{samples} samples) x {PASSES} passes; 3 trainers x 2 DataLoader workers"
+        )
         mp = multiprocessing.get_context("spawn")  # no thread or socket of ours is copied
 
         def spawn(index: int) -> None:
-            p = mp.Process(target=_trainer_main, args=(url, prefix, job, index, run_dir),
-                           name=f"taskq-demo-torch-{index}")  # not daemonic: it forks workers
+            p = mp.Process(
+                target=_trainer_main,
+                args=(url, prefix, job, index, run_dir),
+                name=f"taskq-demo-torch-{index}",
+            )  # not daemonic: it forks workers
             p.start()
             procs[index] = p
 
         for i in range(3):
             spawn(i)
-        _wait(lambda: client.status(job).done >= len(chunks) // 4
-              and _lines(os.path.join(run_dir, "trainer-0.log")) >= ROWS,
-              "a quarter of pass 1", procs)
+        _wait(
+            lambda: (
+                client.status(job).done >= len(chunks) // 4
+                and _lines(os.path.join(run_dir, "trainer-0.log")) >= ROWS
+            ),
+            "a quarter of pass 1",
+            procs,
+        )
         os.kill(procs[0].pid or 0, signal.SIGKILL)
-        out.print(f"{time.strftime('%H:%M:%S')} pass 1, {client.status(job).done} of "
-                  f"{len(chunks)} tasks done: SIGKILL trainer 0, add trainer 3")
+        out.print(
+            f"{time.strftime('%H:%M:%S')} pass 1, {client.status(job).done} of "
+            f"{len(chunks)} tasks done: SIGKILL trainer 0, add trainer 3"
+        )
         spawn(3)
         _wait(lambda: client.status(job).state == "completed", "the job's completion", procs)
         for p in procs.values():
@@ -189,15 +208,18 @@ def _wait(cond: Any, what: str, procs: dict[int, BaseProcess]) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not cond():
         if all(p.exitcode not in (None, 0) for p in procs.values()):
-            raise taskq.TaskqError(f"demo --torch: every trainer failed (exit codes "
-                                   f"{[p.exitcode for p in procs.values()]})")
+            raise taskq.TaskqError(
+                f"demo --torch: every trainer failed (exit codes "
+                f"{[p.exitcode for p in procs.values()]})"
+            )
         if time.monotonic() > deadline:
             raise taskq.TaskqError(f"demo --torch: no {what} after {TIMEOUT_S:g}s")
         time.sleep(0.1)
 
 
-def _summary(out: Any, client: taskq.Client, job: str, run_dir: str, samples: int,
-             took: float) -> bool:
+def _summary(
+    out: Any, client: taskq.Client, job: str, run_dir: str, samples: int, took: float
+) -> bool:
     taken: dict[int, collections.Counter[int]] = collections.defaultdict(collections.Counter)
     killed: dict[int, set[int]] = collections.defaultdict(set)
     loss: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -227,16 +249,22 @@ def _summary(out: Any, client: taskq.Client, job: str, run_dir: str, samples: in
         twice = [i for i, c in cnt.items() if c > 1]
         unexplained = [i for i in twice if cnt[i] > 2 or i not in killed[p]]
         ok = ok and missing == 0 and not unexplained
-        out.print(f"pass {p + 1}: loss {mean} (mean over the samples of the trainers that "
-                  f"finished it); samples taken {sum(cnt.values())}, distinct "
-                  f"{len(cnt)} of {samples}, read again after the SIGKILL {len(twice)}")
+        out.print(
+            f"pass {p + 1}: loss {mean} (mean over the samples of the trainers that "
+            f"finished it); samples taken {sum(cnt.values())}, distinct "
+            f"{len(cnt)} of {samples}, read again after the SIGKILL {len(twice)}"
+        )
     resumed = sum(int(p.get("resumed", 0)) for p in audit["passes"])
     resumed_samples = sum(int(p.get("resumed_samples", 0)) for p in audit["passes"])
-    out.print(f"resumed tasks: {resumed} (re-dispatched after the SIGKILL, started at their "
-              f"recorded progress: {resumed_samples} samples not read again)")
-    out.print(f"every sample taken once per pass (re-reads only of what the killed trainer "
-              f"took after its last progress record): {'yes' if ok else 'NO'} "
-              f"({PASSES} passes x {samples} samples)")
+    out.print(
+        f"resumed tasks: {resumed} (re-dispatched after the SIGKILL, started at their "
+        f"recorded progress: {resumed_samples} samples not read again)"
+    )
+    out.print(
+        f"every sample taken once per pass (re-reads only of what the killed trainer "
+        f"took after its last progress record): {'yes' if ok else 'NO'} "
+        f"({PASSES} passes x {samples} samples)"
+    )
     out.print(f"total time: {took:.1f}s")
     return bool(ok)
 

@@ -31,8 +31,11 @@ def typed(fields: dict[str, str]) -> dict[str, Any]:
     for key, value in fields.items():
         if key in TEXT_FIELDS:
             out[key] = value
-        elif (key in ("tasks", "tokens") and "count" in fields  # a batch event's id list
-              and all(_INT.fullmatch(v) for v in value.split(","))):
+        elif (
+            key in ("tasks", "tokens")
+            and "count" in fields  # a batch event's id list
+            and all(_INT.fullmatch(v) for v in value.split(","))
+        ):
             out[key] = [int(v) for v in value.split(",")]
         elif _INT.fullmatch(value):
             out[key] = int(value)
@@ -55,8 +58,11 @@ def _line(event_id: str, fields: dict[str, str], as_json: bool) -> str:
         return json.dumps({"id": event_id, **typed(fields)}, sort_keys=True)
     ms = int(event_id.split("-")[0])
     when = datetime.datetime.fromtimestamp(ms / 1000.0).strftime("%H:%M:%S.%f")[:-3]
-    rest = " ".join(f"{k}={one_line(v) if ' ' not in v else repr(one_line(v))}"
-                    for k, v in fields.items() if k != "type")
+    rest = " ".join(
+        f"{k}={one_line(v) if ' ' not in v else repr(one_line(v))}"
+        for k, v in fields.items()
+        if k != "type"
+    )
     return f"{when} {fields.get('type', '?'):<16} {rest}"
 
 
@@ -64,8 +70,14 @@ def _line(event_id: str, fields: dict[str, str], as_json: bool) -> str:
 @click.argument("name")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events (Ctrl-C ends).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option("--count", "-n", type=click.IntRange(min=0), default=50, show_default=True,
-              help="How many of the latest events to print first.")
+@click.option(
+    "--count",
+    "-n",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="How many of the latest events to print first.",
+)
 @click.pass_context
 def events(ctx: click.Context, name: str, follow: bool, as_json: bool, count: int) -> None:
     """Recent events of job NAME (leased, acked, expired, pass_completed, ...)."""
@@ -88,8 +100,7 @@ def events(ctx: click.Context, name: str, follow: bool, as_json: bool, count: in
         while True:
             if last == "-":
                 last = "0-0"
-            for event_id, fields in client.events(name, since=last, count=PAGE,
-                                                  block_ms=1000):
+            for event_id, fields in client.events(name, since=last, count=PAGE, block_ms=1000):
                 click.echo(_line(event_id, fields, as_json))
                 last = event_id
     except KeyboardInterrupt:

@@ -11,11 +11,21 @@ from .common import client_of, setup_logging
 
 
 @click.command("exporter")
-@click.option("--port", type=click.IntRange(min=0, max=65535), default=9478,
-              show_default=True, help="HTTP port of /metrics.")
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=9478,
+    show_default=True,
+    help="HTTP port of /metrics.",
+)
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--job", "jobs", multiple=True, metavar="NAME",
-              help="Export only this job (repeat); default: every job.")
+@click.option(
+    "--job",
+    "jobs",
+    multiple=True,
+    metavar="NAME",
+    help="Export only this job (repeat); default: every job.",
+)
 @click.pass_context
 def exporter(ctx: click.Context, port: int, addr: str, jobs: tuple[str, ...]) -> None:
     """Serve /metrics for Prometheus until SIGTERM / Ctrl-C."""

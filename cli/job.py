@@ -49,24 +49,42 @@ def job() -> None:
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                    TimeElapsedColumn(), console=console(stderr=True), transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    )
 
 
-def _read_chunks(manifest: str | None, files: str | None, lines: str | None,
-                 records_per_chunk: int | None, show: bool, fmt: str | None = None,
-                 sizing: dict[str, Any] | None = None,
-                 storage_options: dict[str, Any] | None = None) -> list[Any]:
+def _read_chunks(
+    manifest: str | None,
+    files: str | None,
+    lines: str | None,
+    records_per_chunk: int | None,
+    show: bool,
+    fmt: str | None = None,
+    sizing: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[Any]:
     """The chunks from exactly one source, read and validated in full."""
     if files is not None:
-        return datasets.format_chunks(files, fmt, records_per_chunk=records_per_chunk,
-                                      storage_options=storage_options, **(sizing or {}))
+        return datasets.format_chunks(
+            files,
+            fmt,
+            records_per_chunk=records_per_chunk,
+            storage_options=storage_options,
+            **(sizing or {}),
+        )
     if lines is not None and fmt is not None:
         from taskq import data
 
         data.reader(fmt)  # the data extra, before reading
-        return data.build_chunks(lines, fmt, records_per_chunk=records_per_chunk,
-                                 storage_options=storage_options)
+        return data.build_chunks(
+            lines, fmt, records_per_chunk=records_per_chunk, storage_options=storage_options
+        )
     source = manifest if manifest is not None else lines
     assert source is not None
     big = show and os.path.isfile(source) and os.path.getsize(source) >= BIG_INPUT_BYTES
@@ -88,8 +106,7 @@ class ByteSizeType(click.ParamType):
     name = "BYTES"
     _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> int:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
@@ -108,8 +125,9 @@ class JsonObjectType(click.ParamType):
 
     name = "JSON"
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> dict[str, Any]:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dict[str, Any]:
         if isinstance(value, dict):
             return value
         try:
@@ -140,66 +158,160 @@ class _NoProgress:
 @job.command("create")
 @click.argument("name")
 @click.argument("extra", nargs=-1, metavar="")
-@click.option("--manifest", type=click.Path(dir_okay=False), metavar="FILE",
-              help="JSON-lines file: one chunk (any JSON) per line.")
-@click.option("--files", metavar="GLOB",
-              help="Files (quote it; ** recurses; local or s3://, gs://, http(s)://) "
-                   "chunked by --format; one chunk per file when no format applies.")
-@click.option("--lines", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Byte ranges of FILE aligned to line ends (with --records-per-chunk).")
-@click.option("--format", "fmt", type=click.Choice(["lines", "jsonl", "parquet", "tar"]),
-              help="How to chunk and read the files (default for --files: from each "
-                   "file's extension; none of them: one whole-file chunk per file).")
-@click.option("--records-per-chunk", type=click.IntRange(min=1), metavar="N",
-              help="Lines per chunk for --lines and --files lines|jsonl (scans for "
-                   "newlines); samples per chunk for tar shards (default a shard).")
-@click.option("--chunk-bytes", type=ByteSizeType(), metavar="BYTES",
-              help="Byte-range size for --files lines|jsonl (e.g. 16M; by file size "
-                   "alone, no scan) [default: 64M].")
-@click.option("--row-groups-per-chunk", type=click.IntRange(min=1), metavar="N",
-              help="Parquet row groups per chunk [default: 1].")
-@click.option("--storage-options", type=JsonObjectType(), metavar="JSON",
-              help="fsspec options for remote --files URLs (s3://, gs://, http(s)://), "
-                   "as a JSON object.")
-@click.option("--chunks-per-task", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Chunks per task (the unit a trainer leases).")
-@click.option("--passes", type=PassesType(), default="1", show_default=True,
-              help="Number of passes; 0 or inf runs until cancelled.")
-@click.option("--worker-ttl", type=click.FloatRange(min=0, min_open=True), default=5.0,
-              show_default=True, help="Seconds of silence after which a worker is lost.")
-@click.option("--heartbeat-interval", type=click.FloatRange(min=0, min_open=True),
-              default=1.0, show_default=True,
-              help="Seconds between a trainer's heartbeats (< --worker-ttl).")
-@click.option("--task-timeout", type=TaskTimeoutType(), default="auto", show_default=True,
-              help="Cap on one lease's run time: auto (10x p99 once known), none, or seconds.")
-@click.option("--max-failures", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Failures (fail, timeout) before a task is dead.")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Started leases ending without an ack before a task is dead.")
-@click.option("--shuffle/--no-shuffle", default=False, show_default=True,
-              help="A seeded new task order every pass.")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="JSON-lines file: one chunk (any JSON) per line.",
+)
+@click.option(
+    "--files",
+    metavar="GLOB",
+    help="Files (quote it; ** recurses; local or s3://, gs://, http(s)://) "
+    "chunked by --format; one chunk per file when no format applies.",
+)
+@click.option(
+    "--lines",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Byte ranges of FILE aligned to line ends (with --records-per-chunk).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["lines", "jsonl", "parquet", "tar"]),
+    help="How to chunk and read the files (default for --files: from each "
+    "file's extension; none of them: one whole-file chunk per file).",
+)
+@click.option(
+    "--records-per-chunk",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Lines per chunk for --lines and --files lines|jsonl (scans for "
+    "newlines); samples per chunk for tar shards (default a shard).",
+)
+@click.option(
+    "--chunk-bytes",
+    type=ByteSizeType(),
+    metavar="BYTES",
+    help="Byte-range size for --files lines|jsonl (e.g. 16M; by file size "
+    "alone, no scan) [default: 64M].",
+)
+@click.option(
+    "--row-groups-per-chunk",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Parquet row groups per chunk [default: 1].",
+)
+@click.option(
+    "--storage-options",
+    type=JsonObjectType(),
+    metavar="JSON",
+    help="fsspec options for remote --files URLs (s3://, gs://, http(s)://), as a JSON object.",
+)
+@click.option(
+    "--chunks-per-task",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Chunks per task (the unit a trainer leases).",
+)
+@click.option(
+    "--passes",
+    type=PassesType(),
+    default="1",
+    show_default=True,
+    help="Number of passes; 0 or inf runs until cancelled.",
+)
+@click.option(
+    "--worker-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds of silence after which a worker is lost.",
+)
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds between a trainer's heartbeats (< --worker-ttl).",
+)
+@click.option(
+    "--task-timeout",
+    type=TaskTimeoutType(),
+    default="auto",
+    show_default=True,
+    help="Cap on one lease's run time: auto (10x p99 once known), none, or seconds.",
+)
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Failures (fail, timeout) before a task is dead.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Started leases ending without an ack before a task is dead.",
+)
+@click.option(
+    "--shuffle/--no-shuffle",
+    default=False,
+    show_default=True,
+    help="A seeded new task order every pass.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="The shuffle seed.")
-@click.option("--manual-advance", is_flag=True,
-              help="Wait for `taskq pass next` between passes.")
-@click.option("--replace", is_flag=True,
-              help="Replace an existing job of that name (a new incarnation).")
-@click.option("--exist-ok", is_flag=True,
-              help="If a job of that name exists, leave it as it is and exit 0 (for set-up "
-                   "steps that may run again).")
-@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Spread the job over S shards on different cluster masters, one pass "
-                   "for all (docs/sharding.md).")
+@click.option("--manual-advance", is_flag=True, help="Wait for `taskq pass next` between passes.")
+@click.option(
+    "--replace", is_flag=True, help="Replace an existing job of that name (a new incarnation)."
+)
+@click.option(
+    "--exist-ok",
+    is_flag=True,
+    help="If a job of that name exists, leave it as it is and exit 0 (for set-up "
+    "steps that may run again).",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Spread the job over S shards on different cluster masters, one pass "
+    "for all (docs/sharding.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
-def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str | None,
-           files: str | None, lines: str | None, fmt: str | None,
-           records_per_chunk: int | None, chunk_bytes: int | None,
-           row_groups_per_chunk: int | None, storage_options: dict[str, Any] | None,
-           chunks_per_task: int,
-           passes: int | None, worker_ttl: float, heartbeat_interval: float,
-           task_timeout: float | str | None, max_failures: int, max_attempts: int,
-           shuffle: bool, seed: int, manual_advance: bool, replace: bool,
-           exist_ok: bool, shards: int, as_json: bool) -> None:
+def create(
+    ctx: click.Context,
+    name: str,
+    extra: tuple[str, ...],
+    manifest: str | None,
+    files: str | None,
+    lines: str | None,
+    fmt: str | None,
+    records_per_chunk: int | None,
+    chunk_bytes: int | None,
+    row_groups_per_chunk: int | None,
+    storage_options: dict[str, Any] | None,
+    chunks_per_task: int,
+    passes: int | None,
+    worker_ttl: float,
+    heartbeat_interval: float,
+    task_timeout: float | str | None,
+    max_failures: int,
+    max_attempts: int,
+    shuffle: bool,
+    seed: int,
+    manual_advance: bool,
+    replace: bool,
+    exist_ok: bool,
+    shards: int,
+    as_json: bool,
+) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines.
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
@@ -207,25 +319,45 @@ def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str 
     is read and validated before anything is written; the job appears all at once or not
     at all. See docs/data.md.
     """
-    _check_sources(ctx, extra, manifest, files, lines, fmt, records_per_chunk, chunk_bytes,
-                   row_groups_per_chunk, storage_options)
+    _check_sources(
+        ctx,
+        extra,
+        manifest,
+        files,
+        lines,
+        fmt,
+        records_per_chunk,
+        chunk_bytes,
+        row_groups_per_chunk,
+        storage_options,
+    )
     if replace and exist_ok:
         raise click.UsageError("--replace and --exist-ok exclude each other", ctx)
     client = client_of(ctx)
     client.keys(name)  # a bad name fails before any file is read
     show = interactive(stderr=True)
     sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
-    chunks = _read_chunks(manifest, files, lines, records_per_chunk, show, fmt, sizing,
-                          storage_options)
+    chunks = _read_chunks(
+        manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
+    )
     ntasks = -(-len(chunks) // chunks_per_task)
     try:
         with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
             writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
             status = client.create_job(
-                name, chunks, chunks_per_task=chunks_per_task, passes=passes,
-                worker_ttl=worker_ttl, heartbeat_interval=heartbeat_interval,
-                task_timeout=task_timeout, max_failures=max_failures, max_attempts=max_attempts,
-                shuffle=shuffle, seed=seed, auto_advance=not manual_advance, replace=replace,
+                name,
+                chunks,
+                chunks_per_task=chunks_per_task,
+                passes=passes,
+                worker_ttl=worker_ttl,
+                heartbeat_interval=heartbeat_interval,
+                task_timeout=task_timeout,
+                max_failures=max_failures,
+                max_attempts=max_attempts,
+                shuffle=shuffle,
+                seed=seed,
+                auto_advance=not manual_advance,
+                replace=replace,
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),
                 shards=shards,
             )
@@ -241,34 +373,54 @@ def create(ctx: click.Context, name: str, extra: tuple[str, ...], manifest: str 
     if as_json:
         echo_json(status.as_dict())
         return
-    click.echo(f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
-               f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
-               f"{' (replaced)' if replace else ''}")
+    click.echo(
+        f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
+        f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
+        f"{' (replaced)' if replace else ''}"
+    )
 
 
-def _check_sources(ctx: click.Context, extra: tuple[str, ...], manifest: str | None,
-                   files: str | None, lines: str | None, fmt: str | None,
-                   records_per_chunk: int | None, chunk_bytes: int | None,
-                   row_groups_per_chunk: int | None,
-                   storage_options: dict[str, Any] | None) -> None:
+def _check_sources(
+    ctx: click.Context,
+    extra: tuple[str, ...],
+    manifest: str | None,
+    files: str | None,
+    lines: str | None,
+    fmt: str | None,
+    records_per_chunk: int | None,
+    chunk_bytes: int | None,
+    row_groups_per_chunk: int | None,
+    storage_options: dict[str, Any] | None,
+) -> None:
     """Usage errors of `job create`'s source and sizing options, before any reading."""
     if extra:
         if files is not None:
             raise click.UsageError(
                 f"--files got {len(extra) + 1} paths: the shell expanded an unquoted "
-                f"pattern; quote it, e.g. --files 'data/part-*.jsonl'", ctx)
+                f"pattern; quote it, e.g. --files 'data/part-*.jsonl'",
+                ctx,
+            )
         raise click.UsageError(f"unexpected extra arguments: {' '.join(extra)}", ctx)
     sources = [s for s in (manifest, files, lines) if s is not None]
     if len(sources) != 1:
         raise click.UsageError("give exactly one of --manifest, --files, --lines", ctx)
     if manifest is not None:
-        given = [o for o, v in (("--format", fmt), ("--records-per-chunk", records_per_chunk),
-                                ("--chunk-bytes", chunk_bytes),
-                                ("--row-groups-per-chunk", row_groups_per_chunk),
-                                ("--storage-options", storage_options)) if v is not None]
+        given = [
+            o
+            for o, v in (
+                ("--format", fmt),
+                ("--records-per-chunk", records_per_chunk),
+                ("--chunk-bytes", chunk_bytes),
+                ("--row-groups-per-chunk", row_groups_per_chunk),
+                ("--storage-options", storage_options),
+            )
+            if v is not None
+        ]
         if given:
-            raise click.UsageError(f"{given[0]} does not go with --manifest (a manifest "
-                                   f"lists its chunks as they are)", ctx)
+            raise click.UsageError(
+                f"{given[0]} does not go with --manifest (a manifest lists its chunks as they are)",
+                ctx,
+            )
     if lines is not None:
         if records_per_chunk is None:
             raise click.UsageError("--lines needs --records-per-chunk N", ctx)
@@ -283,8 +435,9 @@ def _check_sources(ctx: click.Context, extra: tuple[str, ...], manifest: str | N
     if row_groups_per_chunk is not None and fmt not in (None, "parquet"):
         raise click.UsageError(f"--row-groups-per-chunk goes with parquet, not {fmt}", ctx)
     if records_per_chunk is not None and fmt == "parquet":
-        raise click.UsageError("parquet chunks by --row-groups-per-chunk, not "
-                               "--records-per-chunk", ctx)
+        raise click.UsageError(
+            "parquet chunks by --row-groups-per-chunk, not --records-per-chunk", ctx
+        )
 
 
 def _when(ms: int) -> str:
@@ -305,11 +458,15 @@ def status_table(status: JobStatus) -> Table:
     table.add_row("state", state)
     attempt = f", attempt {status.pass_attempt + 1}" if status.pass_attempt else ""
     table.add_row("pass", pass_label(status.pass_no, status.passes) + attempt)
-    table.add_row("tasks", f"{status.tasks} ({cfg.get('chunks')} chunks, "
-                           f"{cfg.get('chunks_per_task')} per task)")
-    table.add_row("todo / leased / done / dead",
-                  f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
-                  f"{status.done} / {status.dead}")
+    table.add_row(
+        "tasks",
+        f"{status.tasks} ({cfg.get('chunks')} chunks, {cfg.get('chunks_per_task')} per task)",
+    )
+    table.add_row(
+        "todo / leased / done / dead",
+        f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
+        f"{status.done} / {status.dead}",
+    )
     table.add_row("workers", str(status.workers))
     table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
     table.add_row("eta (this pass)", age(d["eta_s"]))
@@ -318,14 +475,16 @@ def status_table(status: JobStatus) -> Table:
     if tt == "auto":
         auto = cfg.get("auto_task_timeout_s")
         tt = f"auto ({age(auto) if auto else 'not yet known'})"
-    table.add_row("config", f"worker_ttl {cfg.get('worker_ttl')}s, heartbeat "
-                            f"{cfg.get('heartbeat_interval')}s, task_timeout {tt}, "
-                            f"max_failures {cfg.get('max_failures')}, max_attempts "
-                            f"{cfg.get('max_attempts')}, shuffle {cfg.get('shuffle')}, "
-                            f"auto_advance {cfg.get('auto_advance')}")
+    table.add_row(
+        "config",
+        f"worker_ttl {cfg.get('worker_ttl')}s, heartbeat "
+        f"{cfg.get('heartbeat_interval')}s, task_timeout {tt}, "
+        f"max_failures {cfg.get('max_failures')}, max_attempts "
+        f"{cfg.get('max_attempts')}, shuffle {cfg.get('shuffle')}, "
+        f"auto_advance {cfg.get('auto_advance')}",
+    )
     c = status.counters
-    table.add_row("counters", ", ".join(f"{k} {v}" for k, v in c.items()
-                                        if not k.endswith("_ms")))
+    table.add_row("counters", ", ".join(f"{k} {v}" for k, v in c.items() if not k.endswith("_ms")))
     table.add_row("created", _when(status.created_ms))
     return table
 
@@ -338,8 +497,18 @@ def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None)
     counted (marked ``*`` when the first lease is no longer in the events).
     """
     table = Table(title="passes (docs/operations.md: reading the tables)", title_justify="left")
-    for col in ("pass", "round", "ended", "done", "dead", "skipped", "stale", "expired",
-                "max lateness", "took"):
+    for col in (
+        "pass",
+        "round",
+        "ended",
+        "done",
+        "dead",
+        "skipped",
+        "stale",
+        "expired",
+        "max lateness",
+        "took",
+    ):
         table.add_column(col, justify="right" if col not in ("ended",) else "left")
     for s in summaries:
         took, mark = None, ""
@@ -351,19 +520,31 @@ def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None)
                 mark = "*"
         if ended and started:
             took = (ended - started) / 1000.0
-        table.add_row(str(s.get("pass")), str(s.get("round")), str(s.get("state")),
-                      str(s.get("done")), str(s.get("dead")), str(s.get("skipped")),
-                      str(s.get("stale")), str(s.get("expired")),
-                      age((s.get("max_lateness_ms") or 0) / 1000.0),
-                      age(took) + mark if took is not None else "-")
+        table.add_row(
+            str(s.get("pass")),
+            str(s.get("round")),
+            str(s.get("state")),
+            str(s.get("done")),
+            str(s.get("dead")),
+            str(s.get("skipped")),
+            str(s.get("stale")),
+            str(s.get("expired")),
+            age((s.get("max_lateness_ms") or 0) / 1000.0),
+            age(took) + mark if took is not None else "-",
+        )
     return table
 
 
 @job.command("status")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@click.option("--summaries", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Per-pass summaries to show (the latest).")
+@click.option(
+    "--summaries",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Per-pass summaries to show (the latest).",
+)
 @click.pass_context
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
@@ -379,17 +560,18 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
         echo_json(data)
         return
     if status.summaries:
-        show(status_table(status),
-             summaries_table(status.summaries, client.first_lease_ms(name)))
+        show(status_table(status), summaries_table(status.summaries, client.first_lease_ms(name)))
     else:
         show(status_table(status))
 
 
 @job.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
-@click.option("--repair", is_flag=True,
-              help="First rebuild the job index from the jobs' keys (after an interrupted "
-                   "create or delete).")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="First rebuild the job index from the jobs' keys (after an interrupted create or delete).",
+)
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
     """The jobs in this Redis (under the key prefix)."""
@@ -397,8 +579,10 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
     if repair:
         added, removed = client.repair_index()
         if not as_json:
-            click.echo(f"index repaired: {len(added)} added {added}, "
-                       f"{len(removed)} removed {removed}", err=True)
+            click.echo(
+                f"index repaired: {len(added)} added {added}, {len(removed)} removed {removed}",
+                err=True,
+            )
     rows: list[dict[str, Any]] = []
     for name in client.list_jobs():
         try:
@@ -406,12 +590,32 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
         except (taskq.JobNotFound, taskq.CorruptData) as e:
             # one broken entry must not hide the others
             state = "missing" if isinstance(e, taskq.JobNotFound) else "unreadable"
-            rows.append({"job": name, "state": state, "error": str(e), "pass": None,
-                         "passes": None, "tasks": None, "done": None, "dead": None,
-                         "workers": None})
+            rows.append(
+                {
+                    "job": name,
+                    "state": state,
+                    "error": str(e),
+                    "pass": None,
+                    "passes": None,
+                    "tasks": None,
+                    "done": None,
+                    "dead": None,
+                    "workers": None,
+                }
+            )
             continue
-        rows.append({"job": name, "state": s.state, "pass": s.pass_no, "passes": s.passes,
-                     "tasks": s.tasks, "done": s.done, "dead": s.dead, "workers": s.workers})
+        rows.append(
+            {
+                "job": name,
+                "state": s.state,
+                "pass": s.pass_no,
+                "passes": s.passes,
+                "tasks": s.tasks,
+                "done": s.done,
+                "dead": s.dead,
+                "workers": s.workers,
+            }
+        )
     if as_json:
         echo_json(rows)
         return
@@ -428,8 +632,14 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
         if r["state"] == "unreadable":
             table.add_row(r["job"], f"unreadable: {r['error']}", "-", "-", "-", "-")
             continue
-        table.add_row(r["job"], r["state"], pass_label(r["pass"], r["passes"]),
-                      f"{r['done']}/{r['tasks']}", str(r["dead"]), str(r["workers"]))
+        table.add_row(
+            r["job"],
+            r["state"],
+            pass_label(r["pass"], r["passes"]),
+            f"{r['done']}/{r['tasks']}",
+            str(r["dead"]),
+            str(r["workers"]),
+        )
     show(table)
 
 
@@ -445,12 +655,16 @@ def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     client = client_of(ctx)
     status = client.status(name, summaries=0)  # unknown job: fail before asking
     if not yes:
-        click.confirm(f"delete job {name} ({status.state}, {status.tasks} tasks, "
-                      f"{status.workers} workers)?", abort=True, err=True)
+        click.confirm(
+            f"delete job {name} ({status.state}, {status.tasks} tasks, {status.workers} workers)?",
+            abort=True,
+            err=True,
+        )
     client.delete_job(name)
     if as_json:
-        echo_json({"job": name, "deleted": True, "state_before": status.state,
-                   "tasks": status.tasks})
+        echo_json(
+            {"job": name, "deleted": True, "state_before": status.state, "tasks": status.tasks}
+        )
     else:
         click.echo(f"job {name}: deleted")
 
@@ -467,8 +681,15 @@ def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
     before = client.status(name, summaries=0)
     client.cancel_job(name)
     if as_json:
-        echo_json({"job": name, "state": "cancelled", "state_before": before.state,
-                   "pass": before.pass_no, "leases_revoked": before.leased})
+        echo_json(
+            {
+                "job": name,
+                "state": "cancelled",
+                "state_before": before.state,
+                "pass": before.pass_no,
+                "leases_revoked": before.leased,
+            }
+        )
     else:
         click.echo(f"job {name}: cancelled")
 
@@ -507,8 +728,10 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     else:
         show(summaries_table(report["passes"], report.get("first_lease_ms")))
         cur = report["current"]
-        click.echo(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
-                   f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
+        click.echo(
+            f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
+            f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}"
+        )
         for check, ok in report["checks"].items():
             click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
     if not report["ok"]:

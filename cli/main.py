@@ -44,8 +44,12 @@ class CliState:
         """The shared client (created on first use)."""
         if self._client is None:
             # a few quick retries: an operator waits ~1 s, not ~5 s, for "cannot reach"
-            self._client = taskq.Client(self.url, key_prefix=self.prefix, retries=CLI_RETRIES,
-                                        allow_eviction=self.allow_eviction)
+            self._client = taskq.Client(
+                self.url,
+                key_prefix=self.prefix,
+                retries=CLI_RETRIES,
+                allow_eviction=self.allow_eviction,
+            )
         return self._client
 
 
@@ -72,8 +76,9 @@ class TaskqGroup(click.Group):
             # said in the CLI's words (--worker-ttl), not the API's (worker_ttl)
             raise click.UsageError(_option_words(str(e))) from e
         except taskq.JobExists as e:
-            raise click.ClickException(f"{e} (--replace replaces it, --exist-ok leaves it "
-                                       f"as it is)") from e
+            raise click.ClickException(
+                f"{e} (--replace replaces it, --exist-ok leaves it as it is)"
+            ) from e
         except taskq.TaskqError as e:
             raise click.ClickException(str(e)) from e
         except redis.exceptions.RedisError as e:
@@ -103,8 +108,16 @@ class TaskqGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-CONFIG_NAMES = ("worker_ttl", "heartbeat_interval", "task_timeout", "chunks_per_task",
-                "max_failures", "max_attempts", "passes", "seed")
+CONFIG_NAMES = (
+    "worker_ttl",
+    "heartbeat_interval",
+    "task_timeout",
+    "chunks_per_task",
+    "max_failures",
+    "max_attempts",
+    "passes",
+    "seed",
+)
 
 
 def _option_words(message: str) -> str:
@@ -122,8 +135,10 @@ def _glob_hint(error: click.UsageError, args: Any) -> str:
     argv = list(sys.argv[1:] if args is None else args)
     if not any(isinstance(a, str) and os.path.exists(a) for a in argv):
         return ""
-    return "; a shell expanded an unquoted pattern into these paths: quote it, e.g. " \
-           "--files 'data/part-*.jsonl'"
+    return (
+        "; a shell expanded an unquoted pattern into these paths: quote it, e.g. "
+        "--files 'data/part-*.jsonl'"
+    )
 
 
 def _set_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -133,9 +148,11 @@ def _set_url(ctx: click.Context, param: click.Parameter, value: str | None) -> N
         state.url = value
 
 
-URL_HELP = ("Redis URL (redis://, rediss://, unix://, redis+cluster://, redis+sentinel://); "
-            "accepted before or after the subcommand; env TASKQ_REDIS_URL, default "
-            "redis://127.0.0.1:6379/0.")
+URL_HELP = (
+    "Redis URL (redis://, rediss://, unix://, redis+cluster://, redis+sentinel://); "
+    "accepted before or after the subcommand; env TASKQ_REDIS_URL, default "
+    "redis://127.0.0.1:6379/0."
+)
 
 
 def add_url_option(command: click.Command) -> None:
@@ -147,8 +164,16 @@ def add_url_option(command: click.Command) -> None:
         return
     if any("--url" in p.opts for p in command.params):
         return
-    command.params.append(click.Option(["--url"], metavar="URL", expose_value=False,
-                                       is_eager=True, callback=_set_url, help=URL_HELP))
+    command.params.append(
+        click.Option(
+            ["--url"],
+            metavar="URL",
+            expose_value=False,
+            is_eager=True,
+            callback=_set_url,
+            help=URL_HELP,
+        )
+    )
 
 
 def _set_allow_eviction(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -158,15 +183,23 @@ def _set_allow_eviction(ctx: click.Context, param: click.Parameter, value: bool)
 
 
 ALLOW_EVICTION = click.Option(
-    ["--allow-eviction"], is_flag=True, expose_value=False, callback=_set_allow_eviction,
+    ["--allow-eviction"],
+    is_flag=True,
+    expose_value=False,
+    callback=_set_allow_eviction,
     help="Create the job even if Redis's maxmemory-policy is not noeviction (eviction "
-         "silently drops leases and done marks).")
+    "silently drops leases and done marks).",
+)
 
 
 @click.group(cls=TaskqGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", envvar="TASKQ_REDIS_URL", metavar="URL", help=URL_HELP)
-@click.option("--prefix", envvar="TASKQ_PREFIX", metavar="PREFIX",
-              help="Key prefix of taskq's keys; env TASKQ_PREFIX, default 'taskq'.")
+@click.option(
+    "--prefix",
+    envvar="TASKQ_PREFIX",
+    metavar="PREFIX",
+    help="Key prefix of taskq's keys; env TASKQ_PREFIX, default 'taskq'.",
+)
 @click.version_option(taskq.__version__, prog_name="taskq")
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, prefix: str | None) -> None:

@@ -34,14 +34,21 @@ def pass_group() -> None:
 
 @pass_group.command("next")
 @click.argument("name")
-@click.option("--force", is_flag=True,
-              help="Skip what is left of an incomplete pass (recorded as skipped).")
-@click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
-              help="Only advance if PASS is still the current pass (compare-and-set).")
+@click.option(
+    "--force", is_flag=True, help="Skip what is left of an incomplete pass (recorded as skipped)."
+)
+@click.option(
+    "--expect",
+    "expected",
+    type=click.IntRange(min=0),
+    metavar="PASS",
+    help="Only advance if PASS is still the current pass (compare-and-set).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
-             as_json: bool) -> None:
+def next_cmd(
+    ctx: click.Context, name: str, force: bool, expected: int | None, as_json: bool
+) -> None:
     """Start the next pass of NAME (manual advance).
 
     Refuses while the current pass has work left unless --force.
@@ -54,13 +61,23 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
         new_pass = client.next_pass(name, expected_pass=expected, force=force)
     except taskq.PassIncomplete as e:
         s = client.status(name, summaries=0)
-        raise taskq.PassIncomplete(f"job {name}: pass {s.pass_no} has work left (todo "
-                                   f"{s.todo}, leased {s.leased}); --force skips it") from e
+        raise taskq.PassIncomplete(
+            f"job {name}: pass {s.pass_no} has work left (todo "
+            f"{s.todo}, leased {s.leased}); --force skips it"
+        ) from e
     status = client.status(name, summaries=0)
     if as_json:
-        echo_json({"job": name, "from_pass": before.pass_no, "pass": status.pass_no,
-                   "state": status.state, "skipped": before.todo + before.leased
-                   if force and before.state == "running" else 0})
+        echo_json(
+            {
+                "job": name,
+                "from_pass": before.pass_no,
+                "pass": status.pass_no,
+                "state": status.state,
+                "skipped": before.todo + before.leased
+                if force and before.state == "running"
+                else 0,
+            }
+        )
     elif status.state == "completed":
         click.echo(f"job {name}: completed (last pass {status.pass_no})")
     else:
@@ -69,8 +86,13 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
 
 @pass_group.command("reset")
 @click.argument("name")
-@click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
-              help="Only reset if PASS is still the current pass.")
+@click.option(
+    "--expect",
+    "expected",
+    type=click.IntRange(min=0),
+    metavar="PASS",
+    help="Only reset if PASS is still the current pass.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
 def reset(ctx: click.Context, name: str, expected: int | None, as_json: bool) -> None:
@@ -93,8 +115,7 @@ def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
     rows = client.workers(name)
     for w in rows[:limit]:
         state = "draining" if w["draining"] else "alive" if w["alive"] else "lost"
-        table.add_row(w["id"], str(w["leases"]), age(w["last_heartbeat_age_s"]) + " ago",
-                      state)
+        table.add_row(w["id"], str(w["leases"]), age(w["last_heartbeat_age_s"]) + " ago", state)
     if len(rows) > limit:
         table.add_row(f"... {len(rows) - limit} more", "", "", "")
     return table
@@ -115,16 +136,23 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 def _plain(name: str, s: JobStatus) -> str:
     d = s.as_dict()
     when = datetime.datetime.now().strftime("%H:%M:%S")
-    return (f"{when} job {name} pass {pass_label(s.pass_no, s.passes)}: {s.state}"
-            f"{' (' + s.reason + ')' if s.reason else ''} todo {s.todo} leased {s.leased} "
-            f"done {s.done} dead {s.dead} workers {s.workers} "
-            f"{d['throughput_per_s']:.1f} tasks/s eta {age(d['eta_s'])}")
+    return (
+        f"{when} job {name} pass {pass_label(s.pass_no, s.passes)}: {s.state}"
+        f"{' (' + s.reason + ')' if s.reason else ''} todo {s.todo} leased {s.leased} "
+        f"done {s.done} dead {s.dead} workers {s.workers} "
+        f"{d['throughput_per_s']:.1f} tasks/s eta {age(d['eta_s'])}"
+    )
 
 
 @pass_group.command("watch")
 @click.argument("name")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
-              help="Seconds between refreshes.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
 @click.pass_context
 def watch(ctx: click.Context, name: str, interval: float) -> None:
     """Live progress of the current pass of NAME and its workers, until the job is
@@ -152,12 +180,19 @@ def watch(ctx: click.Context, name: str, interval: float) -> None:
     click.echo(f"job {name}: {status.state} (pass {status.pass_no})")
 
 
-def _watch_plain(client: taskq.Client, name: str, interval: float,
-                 status: JobStatus) -> JobStatus:
+def _watch_plain(client: taskq.Client, name: str, interval: float, status: JobStatus) -> JobStatus:
     last: tuple[Any, ...] | None = None
     while True:
-        key = (status.state, status.reason, status.pass_no, status.todo, status.leased,
-               status.done, status.dead, status.workers)
+        key = (
+            status.state,
+            status.reason,
+            status.pass_no,
+            status.todo,
+            status.leased,
+            status.done,
+            status.dead,
+            status.workers,
+        )
         if key != last:
             click.echo(_plain(name, status))
             last = key
@@ -167,11 +202,15 @@ def _watch_plain(client: taskq.Client, name: str, interval: float,
         status = client.status(name, summaries=0)
 
 
-def _watch_live(client: taskq.Client, name: str, interval: float,
-                status: JobStatus) -> JobStatus:
+def _watch_live(client: taskq.Client, name: str, interval: float, status: JobStatus) -> JobStatus:
     out = console()
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=out)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=out,
+    )
     info = ""
     current = bar.add_task("", total=status.tasks)
 
@@ -179,11 +218,17 @@ def _watch_live(client: taskq.Client, name: str, interval: float,
         nonlocal info
         s = client.status(name, summaries=0)
         d = s.as_dict()
-        bar.update(current, completed=s.done, total=max(1, s.tasks - s.dead),
-                   description=f"{name} pass {pass_label(s.pass_no, s.passes)}")
-        info = (f"{s.state}{' (' + s.reason + ')' if s.reason else ''}  todo {s.todo}  "
-                f"leased {s.leased}  done {s.done}  dead {s.dead}  workers {s.workers}  "
-                f"{d['throughput_per_s']:.1f} tasks/s  eta {age(d['eta_s'])}")
+        bar.update(
+            current,
+            completed=s.done,
+            total=max(1, s.tasks - s.dead),
+            description=f"{name} pass {pass_label(s.pass_no, s.passes)}",
+        )
+        info = (
+            f"{s.state}{' (' + s.reason + ')' if s.reason else ''}  todo {s.todo}  "
+            f"leased {s.leased}  done {s.done}  dead {s.dead}  workers {s.workers}  "
+            f"{d['throughput_per_s']:.1f} tasks/s  eta {age(d['eta_s'])}"
+        )
         return s
 
     def view() -> Table:

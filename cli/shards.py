@@ -30,18 +30,26 @@ def status_tables(st: sharded.ShardedStatus) -> tuple[Table, Table]:
     table.add_row("state", st.state + (f" ({st.reason})" if st.reason else ""))
     table.add_row("pass", pass_label(st.pass_no, st.passes))
     table.add_row("tasks", str(st.tasks))
-    table.add_row("todo / leased / done / dead",
-                  f"{st.todo} / {st.leased} (reserved {st.reserved}) / {st.done} / {st.dead}")
+    table.add_row(
+        "todo / leased / done / dead",
+        f"{st.todo} / {st.leased} (reserved {st.reserved}) / {st.done} / {st.dead}",
+    )
     table.add_row("workers", f"{st.workers} (registrations over the shards)")
     shards = Table(title="shards", title_justify="left")
-    for col in ("shard", "master", "state", "pass", "todo", "leased", "done", "dead",
-                "workers"):
-        shards.add_column(col, justify="left" if col in ("shard", "master", "state")
-                          else "right")
+    for col in ("shard", "master", "state", "pass", "todo", "leased", "done", "dead", "workers"):
+        shards.add_column(col, justify="left" if col in ("shard", "master", "state") else "right")
     for s, master in zip(st.shards, st.masters, strict=True):
-        shards.add_row(s.job, master or "-", s.state + (f" ({s.reason})" if s.reason else ""),
-                       str(s.pass_no), str(s.todo), str(s.leased), f"{s.done}/{s.tasks}",
-                       str(s.dead), str(s.workers))
+        shards.add_row(
+            s.job,
+            master or "-",
+            s.state + (f" ({s.reason})" if s.reason else ""),
+            str(s.pass_no),
+            str(s.todo),
+            str(s.leased),
+            f"{s.done}/{s.tasks}",
+            str(s.dead),
+            str(s.workers),
+        )
     return table, shards
 
 
@@ -58,8 +66,10 @@ def _audit(client: taskq.Client, name: str, as_json: bool) -> None:
         show(table)
         for a in report["shards"]:
             bad = [k for k, ok in a["checks"].items() if not ok]
-            click.echo(f"{'ok  ' if not bad else 'FAIL'} shard {a['job']} (pass {a['pass']}, "
-                       f"{a['state']}){': ' + ', '.join(bad) if bad else ''}")
+            click.echo(
+                f"{'ok  ' if not bad else 'FAIL'} shard {a['job']} (pass {a['pass']}, "
+                f"{a['state']}){': ' + ', '.join(bad) if bad else ''}"
+            )
         for check, ok in report["checks"].items():
             click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
     if not report["ok"]:
@@ -91,13 +101,18 @@ def handle(ctx: click.Context, verb: str, name: str, as_json: bool, **kw: Any) -
     elif verb == "delete":
         st = sharded.status(client, name)
         if not kw.get("yes"):
-            click.confirm(f"delete sharded job {name} ({st.state}, {st.tasks} tasks in "
-                          f"{len(st.shards)} shards)?", abort=True, err=True)
+            click.confirm(
+                f"delete sharded job {name} ({st.state}, {st.tasks} tasks in "
+                f"{len(st.shards)} shards)?",
+                abort=True,
+                err=True,
+            )
         sharded.delete(client, name)
         out = {"job": name, "deleted": True, "state_before": st.state, "tasks": st.tasks}
     elif verb == "next":
-        new_pass = sharded.next_pass(client, name, expected_pass=kw.get("expected"),
-                                     force=bool(kw.get("force")))
+        new_pass = sharded.next_pass(
+            client, name, expected_pass=kw.get("expected"), force=bool(kw.get("force"))
+        )
         out = {"job": name, "pass": new_pass, "state": sharded.status(client, name).state}
     elif verb == "reset":
         out = {"job": name, "pass": sharded.reset_pass(client, name, kw.get("expected"))}
@@ -107,6 +122,8 @@ def handle(ctx: click.Context, verb: str, name: str, as_json: bool, **kw: Any) -
         if as_json:
             echo_json(out)
         else:
-            click.echo(f"job {name}: {verb} done on every shard "
-                       f"({', '.join(f'{k} {v}' for k, v in out.items() if k != 'job')})")
+            click.echo(
+                f"job {name}: {verb} done on every shard "
+                f"({', '.join(f'{k} {v}' for k, v in out.items() if k != 'job')})"
+            )
     return True

@@ -34,10 +34,20 @@ def tasks() -> None:
 
 @tasks.command("list")
 @click.argument("name")
-@click.option("--state", type=click.Choice(["todo", "leased", "done", "dead"]),
-              default="leased", show_default=True, help="Which tasks to list.")
-@click.option("--limit", type=click.IntRange(min=1, max=100000), default=100,
-              show_default=True, help="At most this many rows.")
+@click.option(
+    "--state",
+    type=click.Choice(["todo", "leased", "done", "dead"]),
+    default="leased",
+    show_default=True,
+    help="Which tasks to list.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=100000),
+    default=100,
+    show_default=True,
+    help="At most this many rows.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the tasks as JSON.")
 @click.pass_context
 def list_cmd(ctx: click.Context, name: str, state: str, limit: int, as_json: bool) -> None:
@@ -67,19 +77,26 @@ def list_cmd(ctx: click.Context, name: str, state: str, limit: int, as_json: boo
     if state == "dead":
         cols += ["last error", "chunks"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("worker", "last error", "chunks")
-                         else "right")
+        table.add_column(
+            col, justify="left" if col in ("worker", "last error", "chunks") else "right"
+        )
     for r in rows:
         # a leased task's lease record numbers the current attempt (counter + 1)
         attempts = r.get("attempt", r["attempts"]) if state == "leased" else r["attempts"]
         cells = [str(r["id"]), str(r["failures"]), str(attempts)]
         if state == "leased":
-            cells += [r.get("worker", "-"), str(r.get("token", "-")),
-                      "yes" if r.get("started") else "reserved", age(r.get("age_s"))]
+            cells += [
+                r.get("worker", "-"),
+                str(r.get("token", "-")),
+                "yes" if r.get("started") else "reserved",
+                age(r.get("age_s")),
+            ]
         if state == "dead":
             error = r.get("last_error")
-            cells += [one_line(error) if error else "- (not in the recent events)",
-                      _chunks_text(r.get("chunks"))]
+            cells += [
+                one_line(error) if error else "- (not in the recent events)",
+                _chunks_text(r.get("chunks")),
+            ]
         table.add_row(*cells)
     show(table)
     if len(rows) == limit:
@@ -89,8 +106,13 @@ def list_cmd(ctx: click.Context, name: str, state: str, limit: int, as_json: boo
 @tasks.command("show")
 @click.argument("name")
 @click.argument("task_id", metavar="ID", type=click.IntRange(min=0))
-@click.option("--history", type=click.IntRange(min=0, max=1000), default=10,
-              show_default=True, help="How many of the task's latest events to show.")
+@click.option(
+    "--history",
+    type=click.IntRange(min=0, max=1000),
+    default=10,
+    show_default=True,
+    help="How many of the task's latest events to show.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @click.pass_context
 def show_cmd(ctx: click.Context, name: str, task_id: int, history: int, as_json: bool) -> None:
@@ -104,15 +126,18 @@ def show_cmd(ctx: click.Context, name: str, task_id: int, history: int, as_json:
     out.append(f"task {t['id']} of job {name}: {t['state']} (pass {t['pass']})")
     lease = t["lease"]
     if lease:
-        out.append(f"holder: {lease['worker']} (token {lease['token']}, "
-                   f"{'started' if lease['started'] else 'reserved'}, attempt "
-                   f"{lease['attempt']})")
+        out.append(
+            f"holder: {lease['worker']} (token {lease['token']}, "
+            f"{'started' if lease['started'] else 'reserved'}, attempt "
+            f"{lease['attempt']})"
+        )
     else:
         last = t["last_lease"]
-        out.append("holder: -" + (f" (last: {last['worker']}, {last['ended']})" if last
-                                  else ""))
-    out.append(f"failures: {t['failures']} of {t['max_failures']}; attempts: {t['attempts']} "
-               f"of {t['max_attempts']}{'; leased alone until it passes (solo)' if t['solo'] else ''}")
+        out.append("holder: -" + (f" (last: {last['worker']}, {last['ended']})" if last else ""))
+    out.append(
+        f"failures: {t['failures']} of {t['max_failures']}; attempts: {t['attempts']} "
+        f"of {t['max_attempts']}{'; leased alone until it passes (solo)' if t['solo'] else ''}"
+    )
     error = t["last_error"]
     if error:
         lines = error.splitlines()
@@ -126,18 +151,26 @@ def show_cmd(ctx: click.Context, name: str, task_id: int, history: int, as_json:
     if history:
         out.append(f"history (latest {len(t['history'])} of the recent events):")
         for e in t["history"]:
-            when = datetime.datetime.fromtimestamp(e["ms"] / 1000.0).strftime(
-                "%H:%M:%S.%f")[:-3]
-            rest = " ".join(f"{k}={one_line(str(v))}" for k, v in e.items()
-                            if k not in ("id", "ms", "type", "tasks", "tokens", "count"))
+            when = datetime.datetime.fromtimestamp(e["ms"] / 1000.0).strftime("%H:%M:%S.%f")[:-3]
+            rest = " ".join(
+                f"{k}={one_line(str(v))}"
+                for k, v in e.items()
+                if k not in ("id", "ms", "type", "tasks", "tokens", "count")
+            )
             out.append(f"  {when} {e.get('type', '?'):<10} {rest}")
     click.echo("\n".join(out))
 
 
 @tasks.command("retry")
 @click.argument("name")
-@click.option("--id", "ids", type=click.IntRange(min=0), multiple=True, metavar="ID",
-              help="A dead task to retry (repeat; default: every dead task).")
+@click.option(
+    "--id",
+    "ids",
+    type=click.IntRange(min=0),
+    multiple=True,
+    metavar="ID",
+    help="A dead task to retry (repeat; default: every dead task).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
 def retry(ctx: click.Context, name: str, ids: tuple[int, ...], as_json: bool) -> None:
@@ -168,8 +201,9 @@ def revoke(ctx: click.Context, name: str, task_id: int, as_json: bool) -> None:
     client = client_of(ctx)
     if not client.revoke(name, task_id):
         state = client.task(name, task_id, history=0)["state"]
-        raise taskq.InvalidInput(f"job {name}: task {task_id} is {state}, not leased; "
-                                 f"nothing to revoke")
+        raise taskq.InvalidInput(
+            f"job {name}: task {task_id} is {state}, not leased; nothing to revoke"
+        )
     if as_json:
         echo_json({"job": name, "revoked": task_id})
     else:

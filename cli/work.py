@@ -59,8 +59,9 @@ class Seconds(click.ParamType):
         self.minimum = minimum
         self.open_min = open_min
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         try:
             seconds = float(value)
         except (TypeError, ValueError):
@@ -99,8 +100,13 @@ class _Runner:
         tail)."""
         payload = json.dumps(task.as_dict()).encode()
         env = dict(os.environ)
-        env.update(TASKQ_JOB=task.job, TASKQ_TASK_ID=str(task.id), TASKQ_PASS=str(task.pass_no),
-                   TASKQ_TOKEN=str(task.token), TASKQ_ATTEMPT=str(task.attempt))
+        env.update(
+            TASKQ_JOB=task.job,
+            TASKQ_TASK_ID=str(task.id),
+            TASKQ_PASS=str(task.pass_no),
+            TASKQ_TOKEN=str(task.token),
+            TASKQ_ATTEMPT=str(task.attempt),
+        )
         env.pop("TASKQ_TASK", None)
         if len(payload) < ENV_TASK_MAX:
             env["TASKQ_TASK"] = payload.decode()
@@ -131,16 +137,22 @@ class _Runner:
             try:
                 # a session of its own: what CMD starts can be signalled with it, and a
                 # terminal's Ctrl-C reaches CMD only through us (once, not twice)
-                self.child = subprocess.Popen(self.cmd, stdin=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, env=env,
-                                              start_new_session=True)
+                self.child = subprocess.Popen(
+                    self.cmd,
+                    stdin=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                )
             except OSError as e:
                 return None, f"could not start {self.cmd[0]!r}: {e}"
             child = self.child
             if self.signum is not None:  # a signal came while it was starting
                 _signal_group(child, self.signum)
-            readers = [threading.Thread(target=pump_stderr, args=(child.stderr,), daemon=True),
-                       threading.Thread(target=feed_stdin, args=(child.stdin,), daemon=True)]
+            readers = [
+                threading.Thread(target=pump_stderr, args=(child.stderr,), daemon=True),
+                threading.Thread(target=feed_stdin, args=(child.stdin,), daemon=True),
+            ]
             for th in readers:
                 th.start()
             stopping_since: float | None = None
@@ -176,8 +188,9 @@ class _Runner:
         for task in trainer:
             rc, tail = self.run_one(task)
             if self.signum is not None:
-                log.info("task %s: signal %d; releasing (command exit %s)", task.id,
-                         self.signum, rc)
+                log.info(
+                    "task %s: signal %d; releasing (command exit %s)", task.id, self.signum, rc
+                )
                 self._end(trainer.release, task)
                 self.counts["released"] += 1
                 return 128 + self.signum
@@ -205,16 +218,22 @@ class _Runner:
             log.warning("task %s: cannot read its state after the failure: %s", task.id, e)
             return
         if state == "dead":
-            log.error("task %s is dead (max failures or max attempts reached): taskq tasks "
-                      "show %s %s", task.id, task.job, task.id)
+            log.error(
+                "task %s is dead (max failures or max attempts reached): taskq tasks show %s %s",
+                task.id,
+                task.job,
+                task.id,
+            )
             self.dead.append(task.id)
 
     def summary(self, code: int) -> str:
         """The one line logged at exit."""
         c = self.counts
         dead = f" ({len(self.dead)} now dead: task(s) {self.dead})" if self.dead else ""
-        return (f"worker {self.trainer.worker_id} leaving: {c['done']} done, {c['failed']} "
-                f"failed{dead}, {c['released']} released, {c['revoked']} revoked; exit {code}")
+        return (
+            f"worker {self.trainer.worker_id} leaving: {c['done']} done, {c['failed']} "
+            f"failed{dead}, {c['released']} released, {c['revoked']} revoked; exit {code}"
+        )
 
     @staticmethod
     def _end(action: Any, task: taskq.Task, *args: Any) -> None:
@@ -275,18 +294,25 @@ def _wait_for_redis(client: taskq.Client, bound_s: float) -> None:
         try:
             client.ping()
             if time.monotonic() - began > 1:
-                log.info("Redis at %s answers again after %.1f s", client.url,
-                         time.monotonic() - began)
+                log.info(
+                    "Redis at %s answers again after %.1f s", client.url, time.monotonic() - began
+                )
             return
         except taskq.ConnectionLost as e:
             waited = time.monotonic() - began
             if waited >= bound_s:
-                raise taskq.ConnectionLost(f"Redis at {client.url} did not answer for "
-                                           f"{waited:.0f} s; giving up") from e
+                raise taskq.ConnectionLost(
+                    f"Redis at {client.url} did not answer for {waited:.0f} s; giving up"
+                ) from e
             delay = min(delay, bound_s - waited)
-            log.warning("waiting for Redis at %s to answer: unreachable for %.1f s, next "
-                        "try in %.1f s, giving up after %.0f s", client.url, waited, delay,
-                        bound_s)
+            log.warning(
+                "waiting for Redis at %s to answer: unreachable for %.1f s, next "
+                "try in %.1f s, giving up after %.0f s",
+                client.url,
+                waited,
+                delay,
+                bound_s,
+            )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -309,8 +335,10 @@ class _RedisDownContext(logging.Filter):
             if self.since is None or now - self.last > 30:  # a new outage
                 self.since = now
             self.last = now
-            record.msg = ("Redis at %s unreachable; retrying (%.1f s since the first retry; "
-                          "a call gives up after %.0f s)")
+            record.msg = (
+                "Redis at %s unreachable; retrying (%.1f s since the first retry; "
+                "a call gives up after %.0f s)"
+            )
             record.args = (self.url, now - self.since, self.bound_s)
         return True
 
@@ -326,21 +354,49 @@ def _redis_url(url: str | None) -> tuple[str | None, str | None]:
 @click.command("work", context_settings={"ignore_unknown_options": True})
 @click.argument("job")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-@click.option("--prefetch", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Reserved tasks kept ahead of the current one (others may steal them).")
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Reserved tasks kept ahead of the current one (others may steal them).",
+)
 @click.option("--worker-id", metavar="ID", help="Worker id (default host:pid:random).")
-@click.option("--worker-ttl", type=Seconds(0.01), metavar="SECONDS",
-              help="This worker's own liveness ttl, longer than the job's heartbeat interval "
-                   "(default: the job's worker_ttl).")
-@click.option("--heartbeat", type=click.Choice(["thread", "process"]), default="thread",
-              show_default=True, help="Send heartbeats from a thread or a helper process.")
-@click.option("--grace", type=Seconds(0), default=10.0, show_default=True,
-              metavar="SECONDS",
-              help="After a revoke or a signal, SIGKILL the command if it has not exited.")
-@click.option("--url", metavar="URL",
-              help="Redis URL (default: the group's --url, env TASKQ_REDIS_URL).")
-def work(job: str, cmd: tuple[str, ...], prefetch: int, worker_id: str | None,
-         worker_ttl: float | None, heartbeat: str, grace: float, url: str | None) -> None:
+@click.option(
+    "--worker-ttl",
+    type=Seconds(0.01),
+    metavar="SECONDS",
+    help="This worker's own liveness ttl, longer than the job's heartbeat interval "
+    "(default: the job's worker_ttl).",
+)
+@click.option(
+    "--heartbeat",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Send heartbeats from a thread or a helper process.",
+)
+@click.option(
+    "--grace",
+    type=Seconds(0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After a revoke or a signal, SIGKILL the command if it has not exited.",
+)
+@click.option(
+    "--url", metavar="URL", help="Redis URL (default: the group's --url, env TASKQ_REDIS_URL)."
+)
+def work(
+    job: str,
+    cmd: tuple[str, ...],
+    prefetch: int,
+    worker_id: str | None,
+    worker_ttl: float | None,
+    heartbeat: str,
+    grace: float,
+    url: str | None,
+) -> None:
     """Run CMD once per task of JOB, in any language.
 
     The task JSON ({"job", "id", "pass", "token", "attempt", "chunks"}) is on CMD's stdin
@@ -355,8 +411,11 @@ def work(job: str, cmd: tuple[str, ...], prefetch: int, worker_id: str | None,
     Example: taskq work mnist -- python train_chunk.py --lr 0.1
     """
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     argv = list(cmd)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -372,11 +431,20 @@ def work(job: str, cmd: tuple[str, ...], prefetch: int, worker_id: str | None,
     _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
     config = client.status(job, summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
-        raise click.UsageError(f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
-                               f"heartbeat interval ({config['heartbeat_interval']:g} s)")
-    trainer = taskq.Trainer(job, url=resolved, client=client, worker_id=worker_id,
-                            prefetch=prefetch, worker_ttl=worker_ttl, heartbeat=heartbeat,
-                            handle_signals=False)
+        raise click.UsageError(
+            f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
+            f"heartbeat interval ({config['heartbeat_interval']:g} s)"
+        )
+    trainer = taskq.Trainer(
+        job,
+        url=resolved,
+        client=client,
+        worker_id=worker_id,
+        prefetch=prefetch,
+        worker_ttl=worker_ttl,
+        heartbeat=heartbeat,
+        handle_signals=False,
+    )
     down = _RedisDownContext(client.url, trainer.reconnect_timeout)
     logging.getLogger("taskq.trainer").addFilter(down)
     runner = _Runner(trainer, argv, grace)

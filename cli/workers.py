@@ -39,8 +39,15 @@ def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
     for w in rows:
         joined = age(max(0, now_ms - int(w["joined_ms"])) / 1000.0) + " ago"
         state = "draining" if w["draining"] else "alive" if w["alive"] else "lost"
-        table.add_row(w["id"], w["host"], str(w["pid"]), joined,
-                      age(w["last_heartbeat_age_s"]) + " ago", str(w["leases"]), state)
+        table.add_row(
+            w["id"],
+            w["host"],
+            str(w["pid"]),
+            joined,
+            age(w["last_heartbeat_age_s"]) + " ago",
+            str(w["leases"]),
+            state,
+        )
     show(table)
 
 
@@ -50,8 +57,9 @@ def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.option("--all", "drain_all", is_flag=True, help="Drain every registered worker.")
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def drain(ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool,
-          as_json: bool) -> None:
+def drain(
+    ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool, as_json: bool
+) -> None:
     """Ask workers of NAME to finish their current task, then leave."""
     client = client_of(ctx)
     if drain_all == bool(worker_ids):

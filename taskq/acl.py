@@ -34,8 +34,7 @@ from .keys import JOB_KEYS, acl_jobs_index_pattern, acl_key_patterns, prefix, va
 from .scripts import LIBRARY, VERBS
 
 #: Functions a trainer calls (``Trainer``, ``taskq work``): FCALL and FCALL_RO.
-TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave",
-                 "progress")
+TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave", "progress")
 TRAINER_RO_VERBS = ("stats",)  # Trainer.passes() reads the current pass
 REAPER_VERBS = ("reap", "closed")
 REAPER_RO_VERBS = ("conns",)  # with CLIENT LIST ID: closed connections (connwatch.py)
@@ -44,8 +43,18 @@ EXPORTER_RO_VERBS = ("stats", "peek")  # peek: `taskq tasks` with an exporter's 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
 #: cannot rebuild. The job's config, chunks, leases, counts and events are not here.
-SCRATCH_KEYS = ("done", "front", "owned", "deadlines", "reserved", "started", "wake",
-                "bcast0", "bcast1", "progress")
+SCRATCH_KEYS = (
+    "done",
+    "front",
+    "owned",
+    "deadlines",
+    "reserved",
+    "started",
+    "wake",
+    "bcast0",
+    "bcast1",
+    "progress",
+)
 #: Keys no trainer or reaper function writes: the chunks (written once by create), the
 #: manual clock (the admin's ``clock``) and the reaper's lock (``SET`` by the reaper only).
 READ_ONLY_KEYS = ("chunks", "clock", "lock")
@@ -56,15 +65,38 @@ WRITTEN_KEYS = tuple(k for k in JOB_KEYS if k not in READ_ONLY_KEYS)
 #: sorted sets (front, owned, deadlines, reserved, started, workers, waiting);
 #: LPUSH/RPUSH/LTRIM/PEXPIRE the wake-up lists; SADD dead; SETBIT done; XADD events
 #: (with MAXLEN, so no XTRIM).
-WRITE_COMMANDS = ("hset", "hdel", "hincrby", "zadd", "zrem", "zpopmin", "lpush", "rpush",
-                  "ltrim", "pexpire", "sadd", "setbit", "xadd")
+WRITE_COMMANDS = (
+    "hset",
+    "hdel",
+    "hincrby",
+    "zadd",
+    "zrem",
+    "zpopmin",
+    "lpush",
+    "rpush",
+    "ltrim",
+    "pexpire",
+    "sadd",
+    "setbit",
+    "xadd",
+)
 
 #: Connection commands (AUTH/HELLO/SELECT/CLIENT SETNAME, PING), every read command on
 #: the user's keys (a function reads what it likes; a failing read half-way through a
 #: function would stop it after its first writes) and TIME (functions read the clock);
 #: minus what lists or counts the keys of other jobs (SCAN, KEYS, RANDOMKEY, DBSIZE).
-BASE_RULES = ("-@all", "+@connection", "+@read", "+time", "-@admin", "-@dangerous",
-              "-scan", "-keys", "-randomkey", "-dbsize")
+BASE_RULES = (
+    "-@all",
+    "+@connection",
+    "+@read",
+    "+time",
+    "-@admin",
+    "-@dangerous",
+    "-scan",
+    "-keys",
+    "-randomkey",
+    "-dbsize",
+)
 
 _USER_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 _PREFIX_RE = re.compile(r"^[^\s()\"']{1,128}$")
@@ -96,8 +128,7 @@ class Rule:
 
     def functions(self) -> list[str]:
         """The function names this rule allows (they change with the library)."""
-        return [r.split("|", 1)[1] for r in self.rules if r.startswith(("+fcall|",
-                                                                         "+fcall_ro|"))]
+        return [r.split("|", 1)[1] for r in self.rules if r.startswith(("+fcall|", "+fcall_ro|"))]
 
 
 def password_rule(password: str | None, user: str) -> str:
@@ -139,8 +170,9 @@ def function_name(verb: str) -> str:
 
 
 def _fcalls(verbs: tuple[str, ...], ro_verbs: tuple[str, ...]) -> list[str]:
-    return [f"+fcall|{function_name(v)}" for v in verbs] + \
-        [f"+fcall_ro|{function_name(v)}" for v in ro_verbs]
+    return [f"+fcall|{function_name(v)}" for v in verbs] + [
+        f"+fcall_ro|{function_name(v)}" for v in ro_verbs
+    ]
 
 
 def _selector(patterns: list[str], commands: tuple[str, ...]) -> str:
@@ -148,8 +180,7 @@ def _selector(patterns: list[str], commands: tuple[str, ...]) -> str:
     return f"({keys} resetchannels -@all {' '.join('+' + c for c in commands)})"
 
 
-def _check(role: str, job: str | None, user: str | None, key_prefix: str | None) -> tuple[
-        str, str]:
+def _check(role: str, job: str | None, user: str | None, key_prefix: str | None) -> tuple[str, str]:
     if job is not None and not valid_job_name(job):
         raise errors.InvalidInput(f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -")
     name = user or f"{role}-{job if job is not None else 'all'}"
@@ -161,8 +192,9 @@ def _check(role: str, job: str | None, user: str | None, key_prefix: str | None)
     return name, pfx
 
 
-def trainer_rule(job: str, user: str | None = None, password: str | None = None,
-                 key_prefix: str | None = None) -> Rule:
+def trainer_rule(
+    job: str, user: str | None = None, password: str | None = None, key_prefix: str | None = None
+) -> Rule:
     """The user of one job's trainers.
 
     It may: read the job's keys, call the trainer's functions on them (register, lease,
@@ -185,17 +217,25 @@ def trainer_rule(job: str, user: str | None = None, password: str | None = None,
     """
     name, pfx = _check("trainer", job, user, key_prefix)
     rules = [
-        "on", password_rule(password, name),
-        "resetkeys", *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
-        "resetchannels", *BASE_RULES, *_fcalls(TRAINER_VERBS, TRAINER_RO_VERBS),
+        "on",
+        password_rule(password, name),
+        "resetkeys",
+        *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
+        "resetchannels",
+        *BASE_RULES,
+        *_fcalls(TRAINER_VERBS, TRAINER_RO_VERBS),
         _selector(acl_key_patterns(job, WRITTEN_KEYS, pfx), WRITE_COMMANDS),
         _selector(acl_key_patterns(job, SCRATCH_KEYS, pfx), ("del", "unlink", "blpop")),
     ]
     return Rule(name, tuple(rules), "trainer", job)
 
 
-def reaper_rule(job: str | None = None, user: str | None = None,
-                password: str | None = None, key_prefix: str | None = None) -> Rule:
+def reaper_rule(
+    job: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    key_prefix: str | None = None,
+) -> Rule:
     """The user of ``taskq reaper`` for one job (``--job``) or every job.
 
     Like the trainer's, with the ``reap`` and ``closed`` functions (``conns`` read-only)
@@ -217,9 +257,15 @@ def reaper_rule(job: str | None = None, user: str | None = None,
     name, pfx = _check("reaper", job, user, key_prefix)
     index = [] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]
     rules = [
-        "on", password_rule(password, name),
-        "resetkeys", *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)), *index,
-        "resetchannels", *BASE_RULES, "+client|list", *_fcalls(REAPER_VERBS, REAPER_RO_VERBS),
+        "on",
+        password_rule(password, name),
+        "resetkeys",
+        *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
+        *index,
+        "resetchannels",
+        *BASE_RULES,
+        "+client|list",
+        *_fcalls(REAPER_VERBS, REAPER_RO_VERBS),
         _selector(acl_key_patterns(job, WRITTEN_KEYS, pfx), WRITE_COMMANDS),
         _selector(acl_key_patterns(job, SCRATCH_KEYS, pfx), ("del", "unlink")),
         _selector(acl_key_patterns(job, ("lock",), pfx), ("set",)),
@@ -227,8 +273,12 @@ def reaper_rule(job: str | None = None, user: str | None = None,
     return Rule(name, tuple(rules), "reaper", job)
 
 
-def exporter_rule(job: str | None = None, user: str | None = None,
-                  password: str | None = None, key_prefix: str | None = None) -> Rule:
+def exporter_rule(
+    job: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    key_prefix: str | None = None,
+) -> Rule:
     """The user of ``taskq exporter`` (and read-only status) for one job or every job.
 
     Read-only key patterns (``%R~``): reads and ``FCALL_RO`` of ``stats`` and ``peek``.
@@ -248,9 +298,14 @@ def exporter_rule(job: str | None = None, user: str | None = None,
     name, pfx = _check("exporter", job, user, key_prefix)
     index = [] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]
     rules = [
-        "on", password_rule(password, name),
-        "resetkeys", *(f"%R~{p}" for p in acl_key_patterns(job, key_prefix=pfx)), *index,
-        "resetchannels", *BASE_RULES, *_fcalls((), EXPORTER_RO_VERBS),
+        "on",
+        password_rule(password, name),
+        "resetkeys",
+        *(f"%R~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
+        *index,
+        "resetchannels",
+        *BASE_RULES,
+        *_fcalls((), EXPORTER_RO_VERBS),
     ]
     return Rule(name, tuple(rules), "exporter", job)
 

@@ -33,18 +33,23 @@ DEFAULT_KEEP = 20
 def new_id() -> str:
     """A checkpoint id: the UTC time to the millisecond, then 4 random hex digits."""
     ms = int(time.time() * 1000)
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}-" \
+    return (
+        time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms / 1000))
+        + f".{ms % 1000:03d}-"
         + secrets.token_hex(2)
+    )
 
 
 def _check(job: str, ckpt: str) -> None:
     if not valid_job_name(ckpt):
-        raise errors.InvalidInput(f"job {job!r}: bad checkpoint id {ckpt!r}: use 1-64 of "
-                                  f"A-Z a-z 0-9 . _ -")
+        raise errors.InvalidInput(
+            f"job {job!r}: bad checkpoint id {ckpt!r}: use 1-64 of A-Z a-z 0-9 . _ -"
+        )
 
 
-def checkpoint(client: Client, job: str, keep: int = DEFAULT_KEEP,
-               ckpt: str | None = None) -> dict[str, Any]:
+def checkpoint(
+    client: Client, job: str, keep: int = DEFAULT_KEEP, ckpt: str | None = None
+) -> dict[str, Any]:
     """Record ``job``'s position under a new checkpoint id.
 
     Args:
@@ -119,8 +124,9 @@ def get(client: Client, job: str, ckpt: str) -> dict[str, Any]:
     if not exists:
         raise errors.JobNotFound(f"job {job!r} not found (deleted or replaced)")
     if raw is None or json.loads(raw).get("state") != "sealed":
-        raise errors.InvalidInput(f"job {job!r}: no checkpoint {ckpt!r} (see `taskq job "
-                                  f"checkpoints {job}`)")
+        raise errors.InvalidInput(
+            f"job {job!r}: no checkpoint {ckpt!r} (see `taskq job checkpoints {job}`)"
+        )
     return _decode(raw)
 
 
@@ -167,8 +173,7 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False, key: str = "
             rewind took over meanwhile (it finishes the job's rewind).
     """
     if not isinstance(key, str) or len(key) > 200:
-        raise errors.InvalidInput(f"rewind key must be a string of at most 200 chars, "
-                                  f"got {key!r}")
+        raise errors.InvalidInput(f"rewind key must be a string of at most 200 chars, got {key!r}")
     get(client, job, ckpt)  # a readable error for an unknown id
     reply = client.run(job, "rewind", ["", ckpt, "begin", int(once), key])
     code = int(reply[0])
@@ -196,8 +201,13 @@ def state_of(job: str, record: dict[str, Any]) -> dict[str, Any]:
         ``{"job", "checkpoint", "incarnation", "pass", "done"}`` (JSON-able; ``restore``
         reads it back).
     """
-    return {"job": job, "checkpoint": record["id"], "incarnation": record.get("incarnation"),
-            "pass": record["pass"], "done": record["done"]}
+    return {
+        "job": job,
+        "checkpoint": record["id"],
+        "incarnation": record.get("incarnation"),
+        "pass": record["pass"],
+        "done": record["done"],
+    }
 
 
 def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
@@ -220,13 +230,17 @@ def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
             was created again since: its checkpoints are gone).
         JobNotFound, JobCancelled.
     """
-    if not isinstance(state, dict) or not isinstance(state.get("job"), str) \
-            or not isinstance(state.get("checkpoint"), str):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("job"), str)
+        or not isinstance(state.get("checkpoint"), str)
+    ):
         raise errors.InvalidInput(f"not a taskq loader state: {state!r}")
     job, ckpt = state["job"], state["checkpoint"]
     inc = state.get("incarnation")
     if inc and client.status(job, summaries=0).incarnation != inc:
         raise errors.InvalidInput(
             f"job {job!r}: the state names checkpoint {ckpt} of an earlier incarnation of the "
-            f"job (it was created again since); its position cannot be restored")
+            f"job (it was created again since); its position cannot be restored"
+        )
     return rewind(client, job, ckpt, once=True, key=key)

@@ -70,14 +70,18 @@ class Client:
         """The keys of ``job`` (validates the name)."""
         if job not in self._keys:
             if not valid_job_name(job):
-                raise errors.InvalidInput(
-                    f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -"
-                )
+                raise errors.InvalidInput(f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -")
             self._keys[job] = JobKeys(job, self.prefix)
         return self._keys[job]
 
-    def run(self, job: str, verb: str, args: Sequence[Any], extra_keys: Sequence[str] = (),
-            passthrough: Container[int] = ()) -> Any:
+    def run(
+        self,
+        job: str,
+        verb: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        passthrough: Container[int] = (),
+    ) -> Any:
         """Run one operation's script on ``job``; negative codes raise their error, except
         those in ``passthrough``, which the caller handles from the reply."""
         job_keys = self.keys(job)
@@ -86,8 +90,13 @@ class Client:
             reply = self.scripts.call(verb, keys, list(args))
         code = int(reply[0])
         if code not in passthrough:
-            raise_for(code, job, reply[1] if code == Code.INVALID and len(reply) > 1
-                      and isinstance(reply[1], str) else "")
+            raise_for(
+                code,
+                job,
+                reply[1]
+                if code == Code.INVALID and len(reply) > 1 and isinstance(reply[1], str)
+                else "",
+            )
         return reply
 
     def ping(self) -> None:
@@ -176,24 +185,47 @@ class Client:
             from . import sharded
 
             return sharded.create(  # type: ignore[return-value]
-                self, name, chunks, shards, chunks_per_task=chunks_per_task, passes=passes,
-                auto_advance=auto_advance, replace=replace, worker_ttl=worker_ttl,
-                heartbeat_interval=heartbeat_interval, task_timeout=task_timeout,
-                max_failures=max_failures, max_attempts=max_attempts, shuffle=shuffle,
-                seed=seed, manual_clock=manual_clock, backup_leases=backup_leases,
-                backup_factor=backup_factor)
+                self,
+                name,
+                chunks,
+                shards,
+                chunks_per_task=chunks_per_task,
+                passes=passes,
+                auto_advance=auto_advance,
+                replace=replace,
+                worker_ttl=worker_ttl,
+                heartbeat_interval=heartbeat_interval,
+                task_timeout=task_timeout,
+                max_failures=max_failures,
+                max_attempts=max_attempts,
+                shuffle=shuffle,
+                seed=seed,
+                manual_clock=manual_clock,
+                backup_leases=backup_leases,
+                backup_factor=backup_factor,
+            )
         keys = self.keys(name)
         cfg = JobConfig(
-            chunks_per_task=chunks_per_task, passes=passes, worker_ttl=worker_ttl,
-            heartbeat_interval=heartbeat_interval, task_timeout=task_timeout,
-            max_failures=max_failures, max_attempts=max_attempts, shuffle=shuffle,
-            seed=seed, auto_advance=auto_advance, manual_clock=manual_clock,
+            chunks_per_task=chunks_per_task,
+            passes=passes,
+            worker_ttl=worker_ttl,
+            heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout,
+            max_failures=max_failures,
+            max_attempts=max_attempts,
+            shuffle=shuffle,
+            seed=seed,
+            auto_advance=auto_advance,
+            manual_clock=manual_clock,
         )
         validate_config(cfg)
-        if (not isinstance(backup_factor, (int, float)) or isinstance(backup_factor, bool)
-                or not math.isfinite(backup_factor) or backup_factor <= 1):
-            raise errors.InvalidConfig(f"backup_factor must be a number > 1, got "
-                                      f"{backup_factor!r}")
+        if (
+            not isinstance(backup_factor, (int, float))
+            or isinstance(backup_factor, bool)
+            or not math.isfinite(backup_factor)
+            or backup_factor <= 1
+        ):
+            raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
         self.check_memory_policy()
         with translate(self.url):
@@ -211,19 +243,46 @@ class Client:
                     pipe.execute()
                     if progress:
                         progress(start + len(batch), len(tasks))
-            tt = "auto" if task_timeout == "auto" else "none" if task_timeout is None else str(
-                int(float(task_timeout) * 1000)  # type: ignore[arg-type]
+            tt = (
+                "auto"
+                if task_timeout == "auto"
+                else "none"
+                if task_timeout is None
+                else str(
+                    int(float(task_timeout) * 1000)  # type: ignore[arg-type]
+                )
             )
             meta = {
-                F.INC: incarnation, F.STATE: "running", F.REASON: "", F.PASS: 0,
-                F.PASSES: -1 if passes is None else passes, F.ROUND: 1, F.N: len(tasks),
-                F.NCHUNKS: nchunks, F.CPT: chunks_per_task,
-                F.TTL: int(worker_ttl * 1000), F.HBI: int(heartbeat_interval * 1000), F.TT: tt,
-                F.MAXF: max_failures, F.MAXA: max_attempts, F.SHUFFLE: int(shuffle),
-                F.SEED: seed % 65521, F.SEED_FULL: seed, F.ADVANCE: int(auto_advance),
-                F.MCLOCK: int(manual_clock), F.CURSOR: 0, F.NDONE: 0, F.NLEASED: 0,
-                F.NRESERVED: 0, F.OFFSET: 0, F.GEN: 0, F.EVMAX: 10000, F.AUTO_TT: 0,
-                F.ACKED_JOB: 0, F.FSEQ: 0, F.BACKUP_K: backup_factor if backup_leases else 0,
+                F.INC: incarnation,
+                F.STATE: "running",
+                F.REASON: "",
+                F.PASS: 0,
+                F.PASSES: -1 if passes is None else passes,
+                F.ROUND: 1,
+                F.N: len(tasks),
+                F.NCHUNKS: nchunks,
+                F.CPT: chunks_per_task,
+                F.TTL: int(worker_ttl * 1000),
+                F.HBI: int(heartbeat_interval * 1000),
+                F.TT: tt,
+                F.MAXF: max_failures,
+                F.MAXA: max_attempts,
+                F.SHUFFLE: int(shuffle),
+                F.SEED: seed % 65521,
+                F.SEED_FULL: seed,
+                F.ADVANCE: int(auto_advance),
+                F.MCLOCK: int(manual_clock),
+                F.CURSOR: 0,
+                F.NDONE: 0,
+                F.NLEASED: 0,
+                F.NRESERVED: 0,
+                F.OFFSET: 0,
+                F.GEN: 0,
+                F.EVMAX: 10000,
+                F.AUTO_TT: 0,
+                F.ACKED_JOB: 0,
+                F.FSEQ: 0,
+                F.BACKUP_K: backup_factor if backup_leases else 0,
             }
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():
@@ -335,10 +394,14 @@ class Client:
     def _mismatch(self, name: str, expected: int) -> str:
         current = self.status(name, summaries=0).pass_no
         if expected > current:
-            return (f"job {name}: pass {expected} is not reached yet (the current pass is "
-                    f"{current}); nothing changed")
-        return (f"job {name}: pass {expected} is over, the pass moved on to {current} "
-                f"meanwhile; nothing changed")
+            return (
+                f"job {name}: pass {expected} is not reached yet (the current pass is "
+                f"{current}); nothing changed"
+            )
+        return (
+            f"job {name}: pass {expected} is over, the pass moved on to {current} "
+            f"meanwhile; nothing changed"
+        )
 
     def reset_pass(self, name: str, expected_pass: int | None = None) -> int:
         """Restart the current pass (a new attempt; its leases become stale).
@@ -377,9 +440,11 @@ class Client:
             for task_id in ids:
                 state = self.task(name, task_id, history=0)["state"]
                 if state != "dead":
-                    raise errors.InvalidInput(f"job {name}: task {task_id} is {state}, not "
-                                              f"dead; only dead tasks are retried (nothing "
-                                              f"retried)")
+                    raise errors.InvalidInput(
+                        f"job {name}: task {task_id} is {state}, not "
+                        f"dead; only dead tasks are retried (nothing "
+                        f"retried)"
+                    )
             for start in range(0, len(ids), MAX_RETRY):
                 batch = ids[start : start + MAX_RETRY]
                 reply = self.run(name, "retry", ["", len(batch), *batch])
@@ -418,8 +483,9 @@ class Client:
         """Ask a worker to finish its current task and leave."""
         self.run(name, "drain", ["", worker_id])
 
-    def tasks_page(self, name: str, state: str = "leased", cursor: str = "0",
-                   count: int = PAGE_MAX) -> tuple[list[dict[str, Any]], str]:
+    def tasks_page(
+        self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
+    ) -> tuple[list[dict[str, Any]], str]:
         """One page of the tasks of the current pass in ``state`` (one bounded call).
 
         Args:
@@ -452,8 +518,9 @@ class Client:
             if cursor == "0":
                 return
 
-    def tasks(self, name: str, state: str = "leased", limit: int = 100,
-              details: bool = False) -> list[dict[str, Any]]:
+    def tasks(
+        self, name: str, state: str = "leased", limit: int = 100, details: bool = False
+    ) -> list[dict[str, Any]]:
         """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
         read page by page (no call lists more than ``PAGE_MAX``).
 
@@ -487,8 +554,9 @@ class Client:
             lo = since if since == "-" else "(" + since
             return list(self.redis.xrange(key, min=lo, max="+", count=count))
 
-    def latest_events(self, name: str, kind: str, limit: int,
-                      scan: int = 1000) -> list[dict[str, str]]:
+    def latest_events(
+        self, name: str, kind: str, limit: int, scan: int = 1000
+    ) -> list[dict[str, str]]:
         """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
         oldest first (bounded)."""
         with translate(self.url, self.keys(name), self.redis):
@@ -506,8 +574,9 @@ class Client:
             return stats.audit(self, name)
 
     # -- checkpoints (taskq/checkpoints.py) ----------------------------------------
-    def checkpoint(self, name: str, keep: int = checkpoints.DEFAULT_KEEP,
-                   ckpt: str | None = None) -> dict[str, Any]:
+    def checkpoint(
+        self, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+    ) -> dict[str, Any]:
         """Record the job's position (pass, done set, progress, counters) under an id.
 
         Args:
@@ -556,9 +625,9 @@ class Client:
         reply = self.run(name, "clock", ["", int(ms), int(silent)])
         return int(reply[1])
 
-    def reap(self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = "") -> tuple[
-        int, bool, bool
-    ]:
+    def reap(
+        self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
+    ) -> tuple[int, bool, bool]:
         """Reclaim expired leases of ``name`` once: at most ``min(budget, MAX_RECLAIM)``
         (one call stays short whatever the budget). Returns (reclaimed, more_left,
         locked_by_another_reaper)."""

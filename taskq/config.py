@@ -53,8 +53,10 @@ def validate_config(cfg: JobConfig) -> None:
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not math.isfinite(tt):
             bad(f"task_timeout must be 'auto', None or seconds, got {tt!r}")
         elif tt < MIN_SECONDS:
-            bad(f"task_timeout must be at least {MIN_SECONDS:g} s (times are kept in ms), "
-                f"got {tt!r}")
+            bad(
+                f"task_timeout must be at least {MIN_SECONDS:g} s (times are kept in ms), "
+                f"got {tt!r}"
+            )
     for name in ("max_failures", "max_attempts"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -106,4 +108,5 @@ def check_memory_policy(policy: str | None, url: str) -> None:
         raise errors.InvalidConfig(
             f"Redis at {url} has maxmemory-policy {policy}: it may evict a job's keys "
             f"(leases, done marks) silently; set maxmemory-policy {SAFE_POLICY} (or pass "
-            f"allow_eviction=True to accept the risk)")
+            f"allow_eviction=True to accept the risk)"
+        )

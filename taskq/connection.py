@@ -290,7 +290,8 @@ def _out_of_memory(masked_url: str, msg: str) -> errors.RedisOutOfMemory:
     """One line naming the server and the way out (Redis's own text last)."""
     return errors.RedisOutOfMemory(
         f"Redis at {masked_url} is out of memory (maxmemory reached, noeviction): delete "
-        f"finished jobs or raise maxmemory ({msg.splitlines()[0] if msg else 'OOM'})")
+        f"finished jobs or raise maxmemory ({msg.splitlines()[0] if msg else 'OOM'})"
+    )
 
 
 def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -> str:
@@ -303,9 +304,12 @@ def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -
         except redis.exceptions.RedisError:
             bad = []
         if bad:
-            return "; ".join(
-                f"{key} holds a {actual}, taskq writes a {expected} there" for key, actual,
-                expected in bad
-            ) + " (not written by taskq: remove it or use another TASKQ_PREFIX)"
+            return (
+                "; ".join(
+                    f"{key} holds a {actual}, taskq writes a {expected} there"
+                    for key, actual, expected in bad
+                )
+                + " (not written by taskq: remove it or use another TASKQ_PREFIX)"
+            )
     where = f"a key of job {job_keys.job!r}" if job_keys is not None else "a key"
     return f"{where} holds a type taskq does not write: {msg}"

@@ -88,13 +88,15 @@ def manifest_chunks(path: str, progress: Progress | None = None) -> list[Any]:
             except RecursionError as e:
                 raise errors.InvalidInput(
                     f"{path}: bad manifest line {line_no}: nested deeper than "
-                    f"{MAX_CHUNK_DEPTH} levels") from e
+                    f"{MAX_CHUNK_DEPTH} levels"
+                ) from e
             if chunk is None:
                 raise errors.InvalidInput(f"{path}: bad manifest line {line_no}: null chunk")
             if depth(chunk) > MAX_CHUNK_DEPTH:
                 raise errors.InvalidInput(
                     f"{path}: bad manifest line {line_no}: nested deeper than "
-                    f"{MAX_CHUNK_DEPTH} levels")
+                    f"{MAX_CHUNK_DEPTH} levels"
+                )
             chunks.append(chunk)
     if progress:
         progress(total, total)
@@ -133,17 +135,23 @@ def file_chunks(pattern: str) -> list[dict[str, Any]]:
     Raises:
         InvalidInput: no file matches.
     """
-    paths = sorted({os.path.abspath(p) for p in glob.glob(pattern, recursive=True)
-                    if os.path.isfile(p)})
+    paths = sorted(
+        {os.path.abspath(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)}
+    )
     if not paths:
         raise errors.InvalidInput(f"no files match {pattern!r}")
     return [{"path": p, "offset": 0, "length": _size(p)} for p in paths]
 
 
-def format_chunks(pattern: str, fmt: str | None = None, *, chunk_bytes: int | None = None,
-                  records_per_chunk: int | None = None,
-                  row_groups_per_chunk: int | None = None,
-                  storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def format_chunks(
+    pattern: str,
+    fmt: str | None = None,
+    *,
+    chunk_bytes: int | None = None,
+    records_per_chunk: int | None = None,
+    row_groups_per_chunk: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """The chunks of the files matching ``pattern``: by format (``taskq.data``) when one
     is given or the files' extensions tell it, else one whole-file chunk per file
     (``file_chunks``, no format field: read as lines).
@@ -165,15 +173,20 @@ def format_chunks(pattern: str, fmt: str | None = None, *, chunk_bytes: int | No
     """
     from . import data
 
-    sizing = {"chunk_bytes": chunk_bytes, "records_per_chunk": records_per_chunk,
-              "row_groups_per_chunk": row_groups_per_chunk}
+    sizing = {
+        "chunk_bytes": chunk_bytes,
+        "records_per_chunk": records_per_chunk,
+        "row_groups_per_chunk": row_groups_per_chunk,
+    }
     if fmt is None and "://" not in pattern:
         paths = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
         if all(data.guess_format(p) is None for p in paths):
             given = [k.replace("_", "-") for k, v in sizing.items() if v is not None]
             if paths and given:
-                raise errors.InvalidInput(f"--{given[0]} needs a format: give --format "
-                                          f"(the extensions of {pattern!r} do not tell it)")
+                raise errors.InvalidInput(
+                    f"--{given[0]} needs a format: give --format "
+                    f"(the extensions of {pattern!r} do not tell it)"
+                )
             return file_chunks(pattern)
     return data.build_chunks(pattern, fmt, storage_options=storage_options, **sizing)
 
@@ -203,7 +216,8 @@ def line_chunks(
     if suffix:
         raise errors.InvalidInput(
             f"{path}: byte ranges of a compressed file ({suffix}) cannot be read; give it "
-            f"whole: --files {path} --format lines|jsonl")
+            f"whole: --files {path} --format lines|jsonl"
+        )
     total = _size(path)
     with _open(path) as f:
         chunks = line_ranges(f, os.path.abspath(path), total, records_per_chunk, progress)
@@ -212,8 +226,9 @@ def line_chunks(
     return chunks
 
 
-def line_ranges(f: IO[bytes], path: str, total: int, records_per_chunk: int,
-                progress: Progress | None = None) -> list[dict[str, Any]]:
+def line_ranges(
+    f: IO[bytes], path: str, total: int, records_per_chunk: int, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     """The line-aligned ranges of an open file, ``records_per_chunk`` lines each.
 
     Args:
@@ -248,13 +263,20 @@ def line_ranges(f: IO[bytes], path: str, total: int, records_per_chunk: int,
                 i = block.index(b"\n", i) + 1
             left -= need
             end = pos + i
-            chunks.append({"path": path, "offset": start, "length": end - start,
-                           "records": records_per_chunk})
+            chunks.append(
+                {"path": path, "offset": start, "length": end - start, "records": records_per_chunk}
+            )
             start, records = end, 0
         pos += len(block)
         if progress:
             progress(pos, total)
     if pos > start:  # a last line without a newline, or a short last chunk
-        chunks.append({"path": path, "offset": start, "length": pos - start,
-                       "records": records + (last != b"\n")})
+        chunks.append(
+            {
+                "path": path,
+                "offset": start,
+                "length": pos - start,
+                "records": records + (last != b"\n"),
+            }
+        )
     return chunks

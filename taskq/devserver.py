@@ -99,8 +99,9 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None: 
             proc.wait(timeout)
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
-               interval: float = 0.02) -> bool:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02
+) -> bool:
     """Poll ``predicate`` until it is truthy or ``timeout`` passes.
 
     Args:
@@ -138,9 +139,16 @@ class RedisServer:
         TaskqError: the binary is missing, or the server exited or did not answer in time.
     """
 
-    def __init__(self, aof: bool = False, extra: Sequence[str] = (), port: int | None = None,
-                 directory: str | Path | None = None, binary: str | None = None,
-                 new_session: bool = False, ready: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        aof: bool = False,
+        extra: Sequence[str] = (),
+        port: int | None = None,
+        directory: str | Path | None = None,
+        binary: str | None = None,
+        new_session: bool = False,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
         self.binary = find_server(binary)
         self.aof = aof
         self.extra = list(extra)
@@ -172,11 +180,30 @@ class RedisServer:
 
     def args(self) -> list[str]:
         """The command line that starts this server."""
-        a = [self.binary, "--port", str(self.port), "--bind", LOOPBACK, "--dir", str(self.dir),
-             "--save", "", "--daemonize", "no", "--logfile", str(self.log)]
+        a = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            LOOPBACK,
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.log),
+        ]
         if self.aof:
-            a += ["--appendonly", "yes", "--appendfsync", "everysec",
-                  "--auto-aof-rewrite-percentage", "0"]
+            a += [
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--auto-aof-rewrite-percentage",
+                "0",
+            ]
         else:
             a += ["--appendonly", "no"]
         return a + self.extra
@@ -190,9 +217,12 @@ class RedisServer:
         Raises:
             TaskqError: it exited, or did not get ready within ``timeout``.
         """
-        self.proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL,
-                                     start_new_session=self.new_session)
+        self.proc = subprocess.Popen(
+            self.args(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=self.new_session,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ready():

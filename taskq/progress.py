@@ -65,4 +65,3 @@ class ProgressBuffer:
                 cur = self._pending.get(task.id)
                 if cur is None or (cur[0] is task and cur[1] < n):
                     self._pending[task.id] = (task, n)
-

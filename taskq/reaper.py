@@ -102,8 +102,9 @@ class Reaper:
         if give_up_after is not None and give_up_after < 0:
             raise errors.InvalidInput(f"give_up_after must be >= 0, got {give_up_after!r}")
         if batch < 1 or max_batches < 1:
-            raise errors.InvalidInput(f"batch and max_batches must be >= 1, got {batch}, "
-                                      f"{max_batches}")
+            raise errors.InvalidInput(
+                f"batch and max_batches must be >= 1, got {batch}, {max_batches}"
+            )
         if jobs is not None:
             for job in jobs:
                 client.keys(job)  # validates the name up front
@@ -158,10 +159,9 @@ class Reaper:
                 if self._problems.pop(job, None) is not None:
                     log.info("job %s: reaping again", job)
         if self.jobs is None:  # all jobs: sharded ones whose trainers all died at a pass
-            try:                # boundary move on (docs/sharding.md)
+            try:  # boundary move on (docs/sharding.md)
                 for name, to in sharded.advance_all(self.client).items():
-                    log.info("sharded job %s: every shard finished its pass; now pass %d",
-                             name, to)
+                    log.info("sharded job %s: every shard finished its pass; now pass %d", name, to)
             except errors.ConnectionLost:
                 raise
             except (errors.TaskqError, redis.exceptions.ResponseError) as e:
@@ -174,8 +174,7 @@ class Reaper:
             took_ms = (time.monotonic() - started) * 1000
             detail = "; ".join(self._what(job, n) for job, n in reclaimed.items() if n)
             more = f"; work left in {', '.join(self.backlog)}" if self.backlog else ""
-            log.info("re-dispatched %d lease(s) in %.0f ms: %s%s", total, took_ms, detail,
-                     more)
+            log.info("re-dispatched %d lease(s) in %.0f ms: %s%s", total, took_ms, detail, more)
         return reclaimed
 
     def _what(self, job: str, n: int) -> str:
@@ -183,13 +182,16 @@ class Reaper:
         (this tick's, as the job's reap lock keeps other reapers out), at most
         ``LOGGED_TASKS`` named. Reading them is best effort: the count is the record."""
         try:
-            expired = self.client.latest_events(job, "expired", min(n, LOGGED_TASKS),
-                                                scan=min(1000, 4 * n + 50))
+            expired = self.client.latest_events(
+                job, "expired", min(n, LOGGED_TASKS), scan=min(1000, 4 * n + 50)
+            )
         except (errors.TaskqError, redis.exceptions.RedisError):
             return f"{job}={n}"
-        named = ", ".join(f"task {e.get('task', '?')} ({e.get('reason', '?')}, worker "
-                          f"{e.get('worker', '?')}, {e.get('lateness_ms', '?')} ms late)"
-                          for e in expired)
+        named = ", ".join(
+            f"task {e.get('task', '?')} ({e.get('reason', '?')}, worker "
+            f"{e.get('worker', '?')}, {e.get('lateness_ms', '?')} ms late)"
+            for e in expired
+        )
         rest = f", +{n - len(expired)} more" if n > len(expired) else ""
         return f"{job}={n}: {named}{rest}" if named else f"{job}={n}"
 
@@ -208,8 +210,9 @@ class Reaper:
     def _reap_job(self, job: str) -> int:
         total = 0
         for _ in range(self.max_batches):
-            did, more, locked = self.client.reap(job, budget=self.batch, lock_ms=self.lock_ms,
-                                                 owner=self.reaper_id)
+            did, more, locked = self.client.reap(
+                job, budget=self.batch, lock_ms=self.lock_ms, owner=self.reaper_id
+            )
             if locked:
                 self.locked.append(job)
                 if self.watch is not None:
@@ -251,8 +254,9 @@ class Reaper:
         if threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, frame: FrameType | None) -> None:
-                log.info("%s received: stopping after the current tick",
-                         signal.Signals(signum).name)
+                log.info(
+                    "%s received: stopping after the current tick", signal.Signals(signum).name
+                )
                 stop.set()
 
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -267,8 +271,13 @@ class Reaper:
 
     def _loop(self, stop: threading.Event) -> int:
         jobs = "every job" if self.jobs is None else ", ".join(self.jobs) or "no job"
-        log.info("reaper %s: %s at %s, every %.2f s", self.reaper_id, jobs, self.client.url,
-                 self.interval)
+        log.info(
+            "reaper %s: %s at %s, every %.2f s",
+            self.reaper_id,
+            jobs,
+            self.client.url,
+            self.interval,
+        )
         failures = 0
         down_since: float | None = None
         while not stop.is_set():
@@ -280,15 +289,24 @@ class Reaper:
                     down_since = tick_start
                 down_for = time.monotonic() - down_since
                 if self.give_up_after is not None and down_for >= self.give_up_after:
-                    log.error("giving up: Redis unreachable for %.1f s (give-up-after %g s): %s",
-                              down_for, self.give_up_after, e)
+                    log.error(
+                        "giving up: Redis unreachable for %.1f s (give-up-after %g s): %s",
+                        down_for,
+                        self.give_up_after,
+                        e,
+                    )
                     return EXIT_GAVE_UP
                 failures += 1
                 delay = self.backoff.compute(failures)
                 if self.give_up_after is not None:
                     delay = min(delay, max(0.0, self.give_up_after - down_for))
-                log.warning("Redis unreachable for %.1f s; retrying in %.2f s (attempt %d): %s",
-                            down_for, delay, failures, e)
+                log.warning(
+                    "Redis unreachable for %.1f s; retrying in %.2f s (attempt %d): %s",
+                    down_for,
+                    delay,
+                    failures,
+                    e,
+                )
                 stop.wait(delay)
                 continue
             if down_since is not None:

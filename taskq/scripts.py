@@ -80,7 +80,21 @@ class Code(enum.IntEnum):
 #: Bucket upper bounds (ms) of the histograms the scripts keep (task duration "dur",
 #: re-dispatch lateness "late"); one more bucket is +Inf.
 HIST_BOUNDS_MS: tuple[int, ...] = (
-    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 900000,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    30000,
+    60000,
+    300000,
+    900000,
     3600000,
 )
 
@@ -98,8 +112,17 @@ PAGE_MAX = 100  #: tasks one peek page lists
 MAX_RETRY = 32  #: dead tasks one retry call puts back
 EVENT_LIST_MAX = 16  #: tasks one leased / acked / reserved event lists (count has them all)
 
-_LIMITS = ("MAX_BATCH", "MAX_PREFETCH", "MAX_HELD", "MAX_LISTED", "MAX_RECLAIM",
-           "LAZY_RECLAIM", "PAGE_MAX", "MAX_RETRY", "EVENT_LIST_MAX")
+_LIMITS = (
+    "MAX_BATCH",
+    "MAX_PREFETCH",
+    "MAX_HELD",
+    "MAX_LISTED",
+    "MAX_RECLAIM",
+    "LAZY_RECLAIM",
+    "PAGE_MAX",
+    "MAX_RETRY",
+    "EVENT_LIST_MAX",
+)
 
 _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
     Code.JOB_NOT_FOUND: (errors.JobNotFound, "job {job!r} not found (deleted or replaced)"),
@@ -119,8 +142,15 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
 #: The parts of the library, in the order they are joined: each uses only what the parts
 #: before it (and the generated constants) define.
 LIB_PARTS: tuple[str, ...] = (
-    "meta.lua", "args.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
-    "progress.lua", "dispatch.lua",
+    "meta.lua",
+    "args.lua",
+    "events.lua",
+    "call.lua",
+    "leases.lua",
+    "passes.lua",
+    "workers.lua",
+    "progress.lua",
+    "dispatch.lua",
 )
 
 _NAME_RE = re.compile(r"^([a-z]+)\.lua$")
@@ -193,14 +223,19 @@ def _begin(parts: dict[str, str]) -> str:
                     f"marked `-- per call` (begin() could not reset it)"
                 )
             resets.append(f"  {m.group(1)} = {m.group(2)}")
-    return "\n".join([
-        "-- Every function of the library starts here: the keys of this call's job, and every",
-        "-- piece of per-call state back to its start (generated from the `-- per call` lines).",
-        "local function begin(keys)",
-        "  set_keys(keys)",
-        *resets,
-        "end",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "-- Every function of the library starts here: the keys of this call's job, and every",
+                "-- piece of per-call state back to its start (generated from the `-- per call` lines).",
+                "local function begin(keys)",
+                "  set_keys(keys)",
+                *resets,
+                "end",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _fields(file: str, text: str) -> str:
@@ -228,8 +263,7 @@ def _nkeys(file: str, text: str) -> int:
 def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
     """(library name, library source, {verb: (function name, number of keys, read-only)})."""
     pkg = resources.files("taskq") / "lua"
-    parts = {file: _fields(f"lib/{file}", (pkg / "lib" / file).read_text())
-             for file in LIB_PARTS}
+    parts = {file: _fields(f"lib/{file}", (pkg / "lib" / file).read_text()) for file in LIB_PARTS}
     lib = "".join(f"-- lib/{file}\n{text}" for file, text in parts.items()) + _begin(parts)
     verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
@@ -241,19 +275,25 @@ def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
         if not first.startswith("#!lua"):
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
-        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]),
-                      _fields(entry.name, body)))
-    text = _generated() + lib + "".join(
-        f"\nredis.register_function{{function_name = '%FN%{verb}', "
-        f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
-        f"callback = function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend}}\n"
-        for verb, _, flags, body in verbs
+        verbs.append(
+            (verb, _nkeys(entry.name, body), ",".join(flags[:1]), _fields(entry.name, body))
+        )
+    text = (
+        _generated()
+        + lib
+        + "".join(
+            f"\nredis.register_function{{function_name = '%FN%{verb}', "
+            f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
+            f"callback = function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend}}\n"
+            for verb, _, flags, body in verbs
+        )
     )
     version = hashlib.sha1(text.encode()).hexdigest()[:12]
     name = f"taskq_{version}"
     source = f"#!lua name={name}\n" + text.replace("%FN%", f"{name}_")
-    functions = {verb: (f"{name}_{verb}", nkeys, "no-writes" in flags)
-                 for verb, nkeys, flags, _ in verbs}
+    functions = {
+        verb: (f"{name}_{verb}", nkeys, "no-writes" in flags) for verb, nkeys, flags, _ in verbs
+    }
     return name, source, functions
 
 
@@ -341,8 +381,9 @@ class Scripts:
             for attempt in (1, 2):  # a connection a restart closed reconnects once
                 replies: list[Any] = []
                 try:
-                    conn.send_packed_command(conn.pack_commands(
-                        [("CLIENT", "SETNAME", name), ("CLIENT", "ID")]))
+                    conn.send_packed_command(
+                        conn.pack_commands([("CLIENT", "SETNAME", name), ("CLIENT", "ID")])
+                    )
                     for _ in range(2):  # both replies are read, refused or not
                         try:
                             replies.append(conn.read_response())
@@ -394,8 +435,9 @@ class Scripts:
             ) from e
         return self._redis.execute_command(command, name, nkeys, *keys, *args)
 
-    def _call_packed(self, verb: str, command: str, name: str,
-                     keys: list[str] | list[bytes], args: list[Any]) -> Any:
+    def _call_packed(
+        self, verb: str, command: str, name: str, keys: list[str] | list[bytes], args: list[Any]
+    ) -> Any:
         """FCALL on a pooled connection with the constant part packed once; a connection
         error goes on through ``execute_command``, whose retry policy is the client's."""
         cache_key = (verb, tuple(keys))

@@ -59,13 +59,28 @@ if TYPE_CHECKING:
     from .client import Client
 
 __all__ = [
-    "ShardSet", "ShardedStatus", "advance", "advance_all", "audit", "cancel", "combine",
-    "create", "delete", "list_sets", "load", "next_pass", "place", "require", "reset_pass",
-    "retry", "status",
+    "ShardSet",
+    "ShardedStatus",
+    "advance",
+    "advance_all",
+    "audit",
+    "cancel",
+    "combine",
+    "create",
+    "delete",
+    "list_sets",
+    "load",
+    "next_pass",
+    "place",
+    "require",
+    "reset_pass",
+    "retry",
+    "status",
 ]
 
 #: Hash tags tried per shard to reach the wanted master (1/M of them do; M masters).
 PLACEMENT_TRIES = 1000
+
 
 def place(client: Client, name: str, shards: int) -> list[str]:
     """Shard names for ``name`` whose slots fall on different masters, round robin.
@@ -97,9 +112,17 @@ def place(client: Client, name: str, shards: int) -> list[str]:
     return out
 
 
-def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
-           chunks_per_task: int = 1, passes: int | None = 1, auto_advance: bool = True,
-           replace: bool = False, **config: Any) -> ShardedStatus:
+def create(
+    client: Client,
+    name: str,
+    chunks: Iterable[Any],
+    shards: int,
+    chunks_per_task: int = 1,
+    passes: int | None = 1,
+    auto_advance: bool = True,
+    replace: bool = False,
+    **config: Any,
+) -> ShardedStatus:
     """Create (or replace) sharded job ``name`` (``Client.create_job(shards=S)``).
 
     Args:
@@ -118,11 +141,15 @@ def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
         ConnectionLost: Redis is unreachable.
     """
     if not valid_job_name(name) or len(name) > MAX_SHARDED_NAME:
-        raise errors.InvalidInput(f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} "
-                                  f"of A-Z a-z 0-9 . _ -")
+        raise errors.InvalidInput(
+            f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} of A-Z a-z 0-9 . _ -"
+        )
     job_config = {k: v for k, v in config.items() if k not in ("backup_leases", "backup_factor")}
-    validate_config(JobConfig(chunks_per_task=chunks_per_task, passes=passes,
-                              auto_advance=auto_advance, **job_config))
+    validate_config(
+        JobConfig(
+            chunks_per_task=chunks_per_task, passes=passes, auto_advance=auto_advance, **job_config
+        )
+    )
     chunk_list = list(chunks)
     tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
     if not 2 <= shards <= len(tasks):
@@ -136,17 +163,25 @@ def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
         raise errors.JobExists(f"sharded job {name!r} exists")
     names = place(client, name, shards)
     with translate(client.url):
-        taken = [s for s in names if (old is None or s not in old.shards)
-                 and client.redis.exists(client.keys(s).meta)]
+        taken = [
+            s
+            for s in names
+            if (old is None or s not in old.shards) and client.redis.exists(client.keys(s).meta)
+        ]
     if taken:
         raise errors.JobExists(f"job {taken[0]!r} exists: it would be a shard of {name!r}")
     # global task i -> shard i % S: each shard's chunks regroup into the same tasks
     per_shard: list[list[Any]] = [[] for _ in range(shards)]
     for i in range(len(tasks)):
-        per_shard[i % shards].extend(chunk_list[i * chunks_per_task:(i + 1) * chunks_per_task])
-    record = {"shards": json.dumps(names), "tasks": len(tasks),
-              "passes": -1 if passes is None else passes, "advance": int(auto_advance),
-              "inc": secrets.token_hex(8), "created_ms": int(time.time() * 1000)}
+        per_shard[i % shards].extend(chunk_list[i * chunks_per_task : (i + 1) * chunks_per_task])
+    record = {
+        "shards": json.dumps(names),
+        "tasks": len(tasks),
+        "passes": -1 if passes is None else passes,
+        "advance": int(auto_advance),
+        "inc": secrets.token_hex(8),
+        "created_ms": int(time.time() * 1000),
+    }
     key = shard_set_key(name, client.prefix)
     with translate(client.url):
         # the record first: a create that dies half-way leaves a set that names its
@@ -155,8 +190,15 @@ def create(client: Client, name: str, chunks: Iterable[Any], shards: int,
         client.redis.hset(key, mapping=record)
         client.redis.sadd(shard_sets_index(client.prefix), name)
     for shard, shard_chunks in zip(names, per_shard, strict=True):
-        client.create_job(shard, shard_chunks, chunks_per_task=chunks_per_task,
-                          passes=passes, auto_advance=False, replace=replace, **config)
+        client.create_job(
+            shard,
+            shard_chunks,
+            chunks_per_task=chunks_per_task,
+            passes=passes,
+            auto_advance=False,
+            replace=replace,
+            **config,
+        )
     if old is not None:
         for stale in set(old.shards) - set(names):
             try:
@@ -179,8 +221,9 @@ def _advance_shard(client: Client, shard: str, expected: int, force: bool = Fals
         pass
 
 
-def advance(client: Client, name: str, manual: bool = False,
-            sset: ShardSet | None = None) -> int | None:
+def advance(
+    client: Client, name: str, manual: bool = False, sset: ShardSet | None = None
+) -> int | None:
     """The barrier step: safe to run any time, by anyone, any number of times at once.
 
     First every shard waiting at a pass below the highest shard's is advanced (an earlier
@@ -212,16 +255,21 @@ def advance(client: Client, name: str, manual: bool = False,
             _advance_shard(client, s.job, s.pass_no)
             moved = top
     live = [s for s in shards if s.state != "completed"]
-    if moved is None and live and (sset.auto_advance or manual) and all(
-            _waiting(s) and s.pass_no == top for s in live):
+    if (
+        moved is None
+        and live
+        and (sset.auto_advance or manual)
+        and all(_waiting(s) and s.pass_no == top for s in live)
+    ):
         for s in live:
             _advance_shard(client, s.job, top)
         moved = top + 1
     return moved
 
 
-def next_pass(client: Client, name: str, expected_pass: int | None = None,
-              force: bool = False) -> int:
+def next_pass(
+    client: Client, name: str, expected_pass: int | None = None, force: bool = False
+) -> int:
     """Start the next pass of every shard (``taskq pass next`` on a sharded job).
 
     Args:
@@ -242,8 +290,9 @@ def next_pass(client: Client, name: str, expected_pass: int | None = None,
     if st.state == "cancelled":
         raise errors.JobCancelled(f"job {name!r} was cancelled")
     if expected_pass is not None and expected_pass != st.pass_no:
-        raise errors.PassMismatch(f"job {name}: the current pass is {st.pass_no}, not "
-                                  f"{expected_pass}; nothing changed")
+        raise errors.PassMismatch(
+            f"job {name}: the current pass is {st.pass_no}, not {expected_pass}; nothing changed"
+        )
     if force:
         for s in st.shards:
             if s.state != "completed" and s.pass_no == st.pass_no:
@@ -252,10 +301,14 @@ def next_pass(client: Client, name: str, expected_pass: int | None = None,
         return status(client, name).pass_no
     moved = advance(client, name, manual=True, sset=sset)
     if moved is None:
-        left = [f"{s.job} (todo {s.todo}, leased {s.leased})" for s in st.shards
-                if not _waiting(s) and s.state != "completed"]
-        raise errors.PassIncomplete(f"job {name}: pass {st.pass_no} has work left in "
-                                    f"{', '.join(left)}; --force skips it")
+        left = [
+            f"{s.job} (todo {s.todo}, leased {s.leased})"
+            for s in st.shards
+            if not _waiting(s) and s.state != "completed"
+        ]
+        raise errors.PassIncomplete(
+            f"job {name}: pass {st.pass_no} has work left in {', '.join(left)}; --force skips it"
+        )
     return moved
 
 
@@ -290,8 +343,9 @@ def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> i
     """
     st = status(client, name)
     if expected_pass is not None and expected_pass != st.pass_no:
-        raise errors.PassMismatch(f"job {name}: the current pass is {st.pass_no}, not "
-                                  f"{expected_pass}; nothing changed")
+        raise errors.PassMismatch(
+            f"job {name}: the current pass is {st.pass_no}, not {expected_pass}; nothing changed"
+        )
     for s in st.shards:
         if s.state != "completed" and s.pass_no == st.pass_no:
             try:

@@ -47,8 +47,11 @@ REAPERS_PER_ROUND = 4
 
 def _finished(s: JobStatus, pass_no: int) -> bool:
     """True when shard ``s`` has nothing more to do for ``pass_no``."""
-    return (s.state in ("completed", "cancelled") or s.pass_no > pass_no
-            or (s.state == "waiting" and s.reason == "manual_advance"))
+    return (
+        s.state in ("completed", "cancelled")
+        or s.pass_no > pass_no
+        or (s.state == "waiting" and s.reason == "manual_advance")
+    )
 
 
 class ShardedTrainer:
@@ -73,12 +76,21 @@ class ShardedTrainer:
         InvalidInput: a bad ``home``.
     """
 
-    def __init__(self, job: str, url: str | None = None, client: Client | None = None,
-                 worker_id: str | None = None, *, home: int | None = None,
-                 idle_wait: float = 0.5, max_idle_wait: float = 5.0,
-                 heartbeat: bool | str = True,
-                 worker_ttl: float | None = None, handle_signals: bool = True,
-                 reconnect_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        job: str,
+        url: str | None = None,
+        client: Client | None = None,
+        worker_id: str | None = None,
+        *,
+        home: int | None = None,
+        idle_wait: float = 0.5,
+        max_idle_wait: float = 5.0,
+        heartbeat: bool | str = True,
+        worker_ttl: float | None = None,
+        handle_signals: bool = True,
+        reconnect_timeout: float = 60.0,
+    ) -> None:
         self.reconnect_timeout = reconnect_timeout
         self.client = client or self._retrying(self._connect, url)
         self.job = job
@@ -86,8 +98,9 @@ class ShardedTrainer:
         self.sset = self._retrying(sharded.require, self.client, job)
         self.shards = self.sset.shards
         if home is None:
-            seq = self._retrying(self.client.redis.hincrby,
-                                 shard_set_key(job, self.client.prefix), "seq", 1)
+            seq = self._retrying(
+                self.client.redis.hincrby, shard_set_key(job, self.client.prefix), "seq", 1
+            )
             home = (int(seq) - 1) % len(self.shards)
         if not 0 <= home < len(self.shards):
             raise errors.InvalidInput(f"home must be 0..{len(self.shards) - 1}, got {home}")
@@ -99,8 +112,11 @@ class ShardedTrainer:
         self._carry: Task | None = None  # a task of the next pass, got while waiting
         self.handle_signals = handle_signals
         self._trainer_kw: dict[str, Any] = {
-            "heartbeat": heartbeat, "worker_ttl": worker_ttl, "handle_signals": False,
-            "reconnect_timeout": reconnect_timeout}
+            "heartbeat": heartbeat,
+            "worker_ttl": worker_ttl,
+            "handle_signals": False,
+            "reconnect_timeout": reconnect_timeout,
+        }
         self._trainers: dict[int, Trainer] = {}
         self._state = "running"
         self._pass = 0
@@ -144,8 +160,13 @@ class ShardedTrainer:
 
     def _new_trainer(self, k: int) -> Trainer:
         try:
-            return Trainer(self.shards[k], url=self._url, client=self.client,
-                           worker_id=self.worker_id, **self._trainer_kw)
+            return Trainer(
+                self.shards[k],
+                url=self._url,
+                client=self.client,
+                worker_id=self.worker_id,
+                **self._trainer_kw,
+            )
         except redis.exceptions.RedisClusterException as e:
             # the heartbeat's own connection reads the slot map when it starts: as in
             # _connect, a cluster that is down is transient
@@ -231,8 +252,9 @@ class ShardedTrainer:
         if all(_finished(s, pass_no) for s in sts):
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
             return True
-        if any(s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting"
-               for s in sts):  # a barrier step died half-way: finish it
+        if any(
+            s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
+        ):  # a barrier step died half-way: finish it
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
         # leases of a vanished trainer come back only through a script call on their
         # shard; with no trainer left there, somebody must reap (bounded, locked per
@@ -240,8 +262,12 @@ class ShardedTrainer:
         # of REAPERS_PER_ROUND / (registered workers), a few reaps per round in all.
         crowd = max(1, sum(s.workers for s in sts))
         for s in sts:
-            if (s.state == "running" and s.todo == 0 and s.leased > 0
-                    and random.random() < REAPERS_PER_ROUND / crowd):
+            if (
+                s.state == "running"
+                and s.todo == 0
+                and s.leased > 0
+                and random.random() < REAPERS_PER_ROUND / crowd
+            ):
                 self._retrying(self.client.reap, s.job, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
         for k in sorted(order, key=lambda k: -sts[k].todo):
@@ -254,8 +280,10 @@ class ShardedTrainer:
         # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
         # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
         # must come faster than that, or a vanished trainer's leases never expire
-        quiet = min(float(s.config.get("worker_ttl", 5.0))
-                    - float(s.config.get("heartbeat_interval", 1.0)) for s in sts)
+        quiet = min(
+            float(s.config.get("worker_ttl", 5.0)) - float(s.config.get("heartbeat_interval", 1.0))
+            for s in sts
+        )
         limit = max(0.05, min(self.max_idle_wait, quiet / 2))
         wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
         if not _finished(sts[self.home], pass_no):
@@ -276,8 +304,12 @@ class ShardedTrainer:
         k = self._shard_of(task)
         tr = self._trainers.get(k)
         if tr is None or task.revoked.is_set():
-            log.warning("job %s: lease of task %s of %s was revoked; its result is not "
-                        "counted", self.job, task.id, task.job)
+            log.warning(
+                "job %s: lease of task %s of %s was revoked; its result is not counted",
+                self.job,
+                task.id,
+                task.job,
+            )
             return
         try:
             tr.ack(task)
@@ -374,12 +406,21 @@ class ShardedTrainer:
                 self._old_handlers[signum] = signal.signal(signum, self._on_signal)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
             current = self._current
-            if (current is not None and exc is not None and not isinstance(
-                    exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError))):
+            if (
+                current is not None
+                and exc is not None
+                and not isinstance(
+                    exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
+                )
+            ):
                 try:
                     self.fail(current, f"{type(exc).__name__}: {exc}")
                 except errors.TaskqError as e:

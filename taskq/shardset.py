@@ -65,12 +65,18 @@ def load(client: Client, name: str) -> ShardSet | None:
         return None
     try:
         passes = int(raw["passes"])
-        return ShardSet(name=name, shards=list(json.loads(raw["shards"])),
-                        tasks=int(raw["tasks"]), passes=None if passes < 0 else passes,
-                        auto_advance=raw["advance"] == "1", incarnation=raw["inc"])
+        return ShardSet(
+            name=name,
+            shards=list(json.loads(raw["shards"])),
+            tasks=int(raw["tasks"]),
+            passes=None if passes < 0 else passes,
+            auto_advance=raw["advance"] == "1",
+            incarnation=raw["inc"],
+        )
     except (KeyError, ValueError) as e:
-        raise errors.CorruptData(f"{shard_set_key(name, client.prefix)}: not a shard set "
-                                 f"record ({e})") from e
+        raise errors.CorruptData(
+            f"{shard_set_key(name, client.prefix)}: not a shard set record ({e})"
+        ) from e
 
 
 def require(client: Client, name: str) -> ShardSet:
@@ -109,14 +115,32 @@ class ShardedStatus:
     def as_dict(self) -> dict[str, Any]:
         """The status keys of ``JobStatus.as_dict`` that sum, plus ``shards``."""
         return {
-            "job": self.job, "state": self.state, "reason": self.reason,
-            "pass": self.pass_no, "passes": self.passes, "tasks": self.tasks,
-            "todo": self.todo, "leased": self.leased, "reserved": self.reserved,
-            "done": self.done, "dead": self.dead, "workers": self.workers,
+            "job": self.job,
+            "state": self.state,
+            "reason": self.reason,
+            "pass": self.pass_no,
+            "passes": self.passes,
+            "tasks": self.tasks,
+            "todo": self.todo,
+            "leased": self.leased,
+            "reserved": self.reserved,
+            "done": self.done,
+            "dead": self.dead,
+            "workers": self.workers,
             "shards": [
-                {"job": s.job, "master": m, "state": s.state, "reason": s.reason,
-                 "pass": s.pass_no, "tasks": s.tasks, "todo": s.todo, "leased": s.leased,
-                 "done": s.done, "dead": s.dead, "workers": s.workers}
+                {
+                    "job": s.job,
+                    "master": m,
+                    "state": s.state,
+                    "reason": s.reason,
+                    "pass": s.pass_no,
+                    "tasks": s.tasks,
+                    "todo": s.todo,
+                    "leased": s.leased,
+                    "done": s.done,
+                    "dead": s.dead,
+                    "workers": s.workers,
+                }
                 for s, m in zip(self.shards, self.masters, strict=True)
             ],
         }
@@ -159,12 +183,21 @@ def status(client: Client, name: str) -> ShardedStatus:
     shards = [client.status(s, summaries=0) for s in sset.shards]
     state, reason, pass_no = combine(sset, shards)
     return ShardedStatus(
-        job=name, state=state, reason=reason, pass_no=pass_no, passes=sset.passes,
-        tasks=sum(s.tasks for s in shards), todo=sum(s.todo for s in shards),
-        leased=sum(s.leased for s in shards), reserved=sum(s.reserved for s in shards),
-        done=sum(s.done for s in shards), dead=sum(s.dead for s in shards),
-        workers=sum(s.workers for s in shards), shards=shards,
-        masters=[_master(client, s) for s in sset.shards])
+        job=name,
+        state=state,
+        reason=reason,
+        pass_no=pass_no,
+        passes=sset.passes,
+        tasks=sum(s.tasks for s in shards),
+        todo=sum(s.todo for s in shards),
+        leased=sum(s.leased for s in shards),
+        reserved=sum(s.reserved for s in shards),
+        done=sum(s.done for s in shards),
+        dead=sum(s.dead for s in shards),
+        workers=sum(s.workers for s in shards),
+        shards=shards,
+        masters=[_master(client, s) for s in sset.shards],
+    )
 
 
 def audit(client: Client, name: str) -> dict[str, Any]:
@@ -195,9 +228,24 @@ def audit(client: Client, name: str) -> dict[str, Any]:
             skipped = sum(int(r.get("skipped") or 0) for r in ended.values())
             if done + dead + skipped != sset.tasks:
                 once = False
-            per_pass.append({"pass": p, "done": done, "dead": dead, "skipped": skipped,
-                             "stale": sum(int(r.get("stale") or 0) for r in ended.values())})
-    checks = {"shards_ok": all(a["ok"] for a in shard_audits), "passes_agree": agree,
-              "once_per_pass": once}
-    return {"job": name, "shards": shard_audits, "passes": per_pass, "checks": checks,
-            "ok": all(checks.values())}
+            per_pass.append(
+                {
+                    "pass": p,
+                    "done": done,
+                    "dead": dead,
+                    "skipped": skipped,
+                    "stale": sum(int(r.get("stale") or 0) for r in ended.values()),
+                }
+            )
+    checks = {
+        "shards_ok": all(a["ok"] for a in shard_audits),
+        "passes_agree": agree,
+        "once_per_pass": once,
+    }
+    return {
+        "job": name,
+        "shards": shard_audits,
+        "passes": per_pass,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }

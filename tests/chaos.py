@@ -75,8 +75,16 @@ def _body(task: taskq.Task, step_s: float, until_revoked_s: float) -> bool:
     return task.revoked.is_set()
 
 
-def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: float,
-                  until_revoked_s: float, explicit_ack: bool, options: dict[str, Any]) -> None:
+def _trainer_main(
+    url: str,
+    job: str,
+    worker_id: str,
+    log_path: str,
+    step_s: float,
+    until_revoked_s: float,
+    explicit_ack: bool,
+    options: dict[str, Any],
+) -> None:
     """The trainer process: one trainer loop, one JSON line per processed task.
 
     With ``explicit_ack`` the body acks each task itself (``trainer.ack``) and logs
@@ -94,9 +102,15 @@ def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: flo
                 for task in trainer:
                     start = time.time()
                     revoked = _body(task, step_s, until_revoked_s)
-                    row = {"worker": worker_id, "pass": task.pass_no, "task": task.id,
-                           "token": task.token, "t": time.time(), "start": start,
-                           "revoked": revoked}
+                    row = {
+                        "worker": worker_id,
+                        "pass": task.pass_no,
+                        "task": task.id,
+                        "token": task.token,
+                        "t": time.time(),
+                        "start": start,
+                        "revoked": revoked,
+                    }
                     if explicit_ack:
                         try:
                             trainer.ack(task)
@@ -114,8 +128,12 @@ def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: flo
             code = 1
         finally:
             with open(log_path + ".exit", "a") as out:
-                out.write(json.dumps({"worker": worker_id, "state": state, "t": time.time(),
-                                      "code": code}) + "\n")
+                out.write(
+                    json.dumps(
+                        {"worker": worker_id, "state": state, "t": time.time(), "code": code}
+                    )
+                    + "\n"
+                )
     sys.stdout.flush()
     os._exit(code)
 
@@ -192,9 +210,16 @@ class Fleet:
         self.trainers: list[TrainerProc] = []
         self._seq = 0
 
-    def spawn(self, n: int = 1, *, step_s: float | None = None, until_revoked_s: float = 0.0,
-              explicit_ack: bool = False, worker_id: str | None = None,
-              **options: Any) -> list[TrainerProc]:
+    def spawn(
+        self,
+        n: int = 1,
+        *,
+        step_s: float | None = None,
+        until_revoked_s: float = 0.0,
+        explicit_ack: bool = False,
+        worker_id: str | None = None,
+        **options: Any,
+    ) -> list[TrainerProc]:
         """Start ``n`` trainers.
 
         Args:
@@ -211,10 +236,20 @@ class Fleet:
             wid = worker_id or f"w{self._seq:03d}"
             log_path = self.log_dir / f"{wid}.jsonl"
             proc = TRAINER_START.Process(
-                target=_trainer_main, name=f"trainer-{wid}", daemon=False,
-                args=(self.url, self.job, wid, str(log_path),
-                      self.step_s if step_s is None else step_s, until_revoked_s,
-                      explicit_ack, options))
+                target=_trainer_main,
+                name=f"trainer-{wid}",
+                daemon=False,
+                args=(
+                    self.url,
+                    self.job,
+                    wid,
+                    str(log_path),
+                    self.step_s if step_s is None else step_s,
+                    until_revoked_s,
+                    explicit_ack,
+                    options,
+                ),
+            )
             proc.start()
             tp = TrainerProc(wid, log_path, proc)
             self.trainers.append(tp)
@@ -235,8 +270,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         for t in list(trainers if trainers is not None else self.trainers):
             t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.alive() for t in (trainers if trainers is not None
-                                            else self.trainers))
+        return not any(t.alive() for t in (trainers if trainers is not None else self.trainers))
 
     def close(self) -> None:
         """SIGCONT + SIGKILL every trainer still running and reap them (always safe)."""
@@ -282,12 +316,14 @@ def read_logs(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
 # -- held leases, kills with a record of what the victim held -------------------------
 def held_by(client: taskq.Client, job: str, worker_id: str) -> list[dict[str, Any]]:
     """The current leases of ``worker_id`` (from the server)."""
-    return [t for t in client.tasks(job, state="leased", limit=10000)
-            if t.get("worker") == worker_id]
+    return [
+        t for t in client.tasks(job, state="leased", limit=10000) if t.get("worker") == worker_id
+    ]
 
 
-def remove_trainers(client: taskq.Client, job: str, victims: list[tuple[TrainerProc, str]],
-                    pause_s: float = 0.1) -> list[dict[str, Any]]:
+def remove_trainers(
+    client: taskq.Client, job: str, victims: list[tuple[TrainerProc, str]], pause_s: float = 0.1
+) -> list[dict[str, Any]]:
     """SIGTERM or SIGKILL trainers at once, recording what each held at that moment.
 
     Every victim is SIGSTOPped first (for ``pause_s``, well under any ttl) so what the
@@ -315,13 +351,15 @@ def remove_trainers(client: taskq.Client, job: str, victims: list[tuple[TrainerP
         else:
             t = trainer.term()
             trainer.cont()
-        out.append({"worker": trainer.worker_id, "how": how, "t": t, "pass": status.pass_no,
-                    "held": held})
+        out.append(
+            {"worker": trainer.worker_id, "how": how, "t": t, "pass": status.pass_no, "held": held}
+        )
     return out
 
 
-def remove_trainer(client: taskq.Client, job: str, trainer: TrainerProc, how: str,
-                   pause_s: float = 0.1) -> dict[str, Any]:
+def remove_trainer(
+    client: taskq.Client, job: str, trainer: TrainerProc, how: str, pause_s: float = 0.1
+) -> dict[str, Any]:
     """``remove_trainers`` for one trainer."""
     return remove_trainers(client, job, [(trainer, how)], pause_s)[0]
 
@@ -341,8 +379,9 @@ def acked_by(client: taskq.Client, job: str) -> set[tuple[str, int, int]]:
         last = page[-1][0]
 
 
-def redispatch_waits(removals: list[dict[str, Any]],
-                     records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def redispatch_waits(
+    removals: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """For each task a removed trainer held: seconds from the signal to the next start of
     that task (same pass) in any trainer's log. ``wait_s`` is None if never seen."""
     starts: dict[tuple[int, int], list[float]] = defaultdict(list)
@@ -352,9 +391,15 @@ def redispatch_waits(removals: list[dict[str, Any]],
     for rm in removals:
         for task_id in rm["held"]:
             later = [s for s in starts[(rm["pass"], task_id)] if s >= rm["t"]]
-            out.append({"worker": rm["worker"], "how": rm["how"], "task": task_id,
-                        "pass": rm["pass"],
-                        "wait_s": round(min(later) - rm["t"], 3) if later else None})
+            out.append(
+                {
+                    "worker": rm["worker"],
+                    "how": rm["how"],
+                    "task": task_id,
+                    "pass": rm["pass"],
+                    "wait_s": round(min(later) - rm["t"], 3) if later else None,
+                }
+            )
     return out
 
 
@@ -370,22 +415,29 @@ def taskq_cmd() -> list[str]:
 def run_cli(url: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run ``taskq ARGS`` against ``url`` and return the finished process."""
     env = dict(os.environ, TASKQ_REDIS_URL=url)
-    return subprocess.run([*taskq_cmd(), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [*taskq_cmd(), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 class ReaperProc:
     """``taskq reaper`` in a subprocess; ``stop()`` ends it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, url: str, interval: float = 0.2, jobs: Iterable[str] = (),
-                 log_path: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        interval: float = 0.2,
+        jobs: Iterable[str] = (),
+        log_path: Path | str | None = None,
+    ) -> None:
         env = dict(os.environ, TASKQ_REDIS_URL=url)
         args = [*taskq_cmd(), "reaper", "--interval", str(interval)]
         for job in jobs:
             args += ["--job", job]
         self._log = open(log_path, "ab") if log_path else None
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=self._log or subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.DEVNULL, stderr=self._log or subprocess.DEVNULL
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -405,8 +457,9 @@ class ReaperProc:
 
 
 # -- waiting helpers ----------------------------------------------------------------------
-def wait_for(predicate: Any, timeout: float, interval: float = 0.05,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Any, timeout: float, interval: float = 0.05, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until truthy; raises AssertionError naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     while True:
@@ -424,11 +477,25 @@ def acked(client: taskq.Client, job: str) -> int:
 
 
 # -- scenario 1 at any size ------------------------------------------------------------
-def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, *,
-                       tasks: int, passes: int, first: int, peak: int, last: int,
-                       step_s: float, up_at: int, down_at: int, ttl_s: float,
-                       hbi_s: float, reaper_interval: float = 0.2,
-                       timeout_s: float = 120.0) -> dict[str, Any]:
+def scale_up_down_kill(
+    client: taskq.Client,
+    url: str,
+    job: str,
+    log_dir: Path,
+    *,
+    tasks: int,
+    passes: int,
+    first: int,
+    peak: int,
+    last: int,
+    step_s: float,
+    up_at: int,
+    down_at: int,
+    ttl_s: float,
+    hbi_s: float,
+    reaper_interval: float = 0.2,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
     """Scenario 1 (the PaddlePaddle report) at any size; ``tests/test_chaos.py`` runs the
     CI form, ``bench/chaos_long.py`` the full one.
 
@@ -441,12 +508,20 @@ def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, 
     ``max_term_wait_s`` (signal to the next start of a task the victim held) and
     ``waits``.
     """
-    client.create_job(job, chunks=[{"i": i} for i in range(tasks)], passes=passes,
-                      worker_ttl=ttl_s, heartbeat_interval=hbi_s, task_timeout=None)
+    client.create_job(
+        job,
+        chunks=[{"i": i} for i in range(tasks)],
+        passes=passes,
+        worker_ttl=ttl_s,
+        heartbeat_interval=hbi_s,
+        task_timeout=None,
+    )
     began = time.monotonic()
     reaper_log = log_dir / "reaper.log"
-    with Fleet(url, job, log_dir, step_s=step_s) as fleet, \
-            ReaperProc(url, interval=reaper_interval, jobs=[job], log_path=reaper_log) as reaper:
+    with (
+        Fleet(url, job, log_dir, step_s=step_s) as fleet,
+        ReaperProc(url, interval=reaper_interval, jobs=[job], log_path=reaper_log) as reaper,
+    ):
         fleet.spawn(first)
         wait_for(lambda: acked(client, job) >= up_at, timeout_s, what=f"{up_at} acks")
         fleet.spawn(peak - first)
@@ -465,8 +540,10 @@ def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, 
         fleet.join_all(10)
         for t in survivors:
             record = t.exit_record()
-            assert t.exitcode == 0, f"survivor {t.worker_id} exited {t.exitcode} " \
-                                    f"({'early' if t.exitcode == EXIT_EARLY else record})"
+            assert t.exitcode == 0, (
+                f"survivor {t.worker_id} exited {t.exitcode} "
+                f"({'early' if t.exitcode == EXIT_EARLY else record})"
+            )
             assert record is not None and record["state"] == "completed", record
         for t, how in plan:
             expected = 128 + signal.SIGTERM if how == "term" else -signal.SIGKILL
@@ -476,23 +553,34 @@ def scale_up_down_kill(client: taskq.Client, url: str, job: str, log_dir: Path, 
         # A SIGTERM may land while the trainer's ack of its task is already in flight: that
         # task was acked by the leaving trainer itself (the server's acked events say so).
         self_acked = acked_by(client, job)
-    missing = [w for w in waits if w["wait_s"] is None
-               and (w["how"] == "kill" or (w["worker"], w["pass"], w["task"]) not in self_acked)]
+    missing = [
+        w
+        for w in waits
+        if w["wait_s"] is None
+        and (w["how"] == "kill" or (w["worker"], w["pass"], w["task"]) not in self_acked)
+    ]
     assert not missing, f"never leased again: {missing} (all: {waits})"
     waits = [w for w in waits if w["wait_s"] is not None]
     kill_waits = [w["wait_s"] for w in waits if w["how"] == "kill"]
     term_waits = [w["wait_s"] for w in waits if w["how"] == "term"]
     summary.update(
-        runtime_s=round(time.monotonic() - began, 2), tail_s=round(tail_s, 2),
+        runtime_s=round(time.monotonic() - began, 2),
+        tail_s=round(tail_s, 2),
         max_kill_wait_s=max(kill_waits, default=None),
-        max_term_wait_s=max(term_waits, default=None), waits=waits)
+        max_term_wait_s=max(term_waits, default=None),
+        waits=waits,
+    )
     return summary
 
 
 # -- the audit ------------------------------------------------------------------------------
-def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
-              expect_dead: Iterable[int] | None = None,
-              expect_state: str | None = "completed") -> dict[str, Any]:
+def audit_job(
+    client: taskq.Client,
+    job: str,
+    logs: Iterable[Path | str],
+    expect_dead: Iterable[int] | None = None,
+    expect_state: str | None = "completed",
+) -> dict[str, Any]:
     """Assert the product's promise over a finished (or cancelled) job; return a summary.
 
     Checks:
@@ -517,8 +605,9 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
     failures = [f"{k} is false" for k, v in report["checks"].items() if not v]
     assert report["ok"] and not failures, f"server audit failed: {failures}: {report}"
     if expect_state is not None:
-        assert report["state"] == expect_state, f"job state {report['state']!r}, " \
-                                                f"expected {expect_state!r}: {report}"
+        assert report["state"] == expect_state, (
+            f"job state {report['state']!r}, expected {expect_state!r}: {report}"
+        )
     n = status.tasks
     summaries = report["passes"]
     done_total = 0
@@ -526,8 +615,10 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
         done_total += int(s["done"] or 0)
         if s["state"] == "completed":
             total = int(s["done"] or 0) + int(s["dead"] or 0) + int(s["skipped"] or 0)
-            assert total == n, (f"pass {s['pass']} (round {s['round']}): done {s['done']} + "
-                                f"dead {s['dead']} + skipped {s['skipped']} != {n} tasks")
+            assert total == n, (
+                f"pass {s['pass']} (round {s['round']}): done {s['done']} + "
+                f"dead {s['dead']} + skipped {s['skipped']} != {n} tasks"
+            )
         else:
             assert int(s["done"] or 0) <= n - int(s["dead"] or 0), f"pass summary {s}"
     cur = report["current"]
@@ -539,7 +630,8 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
     acked_counter = int(report["counters"]["acked"])
     assert acked_counter == done_total, (
         f"acked counter {acked_counter} != sum of done over pass attempts {done_total}: "
-        f"{summaries} current {cur}")
+        f"{summaries} current {cur}"
+    )
     assert report["counters"]["dead"] >= cur["dead"]
 
     # processed at least once according to the trainers' logs
@@ -549,8 +641,9 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
         processed[(int(r["pass"]), int(r["task"]))] += 1
     dead_rows = client.tasks(job, state="dead", limit=10000)
     dead_ids = {int(d["id"]) for d in dead_rows}
-    completed_passes = sorted({s["pass"] for s in summaries if s["state"] == "completed"
-                               and not s["skipped"]})
+    completed_passes = sorted(
+        {s["pass"] for s in summaries if s["state"] == "completed" and not s["skipped"]}
+    )
     missing = []
     for p in completed_passes:
         for task_id in range(n):
@@ -560,16 +653,28 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
 
     cfg = status.config
     for d in dead_rows:
-        assert d["failures"] >= cfg["max_failures"] or d["attempts"] >= cfg["max_attempts"], \
+        assert d["failures"] >= cfg["max_failures"] or d["attempts"] >= cfg["max_attempts"], (
             f"dead task below both caps: {d} (config {cfg})"
+        )
     if expect_dead is not None:
-        assert dead_ids == set(expect_dead), f"dead tasks {sorted(dead_ids)}, expected " \
-                                             f"{sorted(set(expect_dead))}"
+        assert dead_ids == set(expect_dead), (
+            f"dead tasks {sorted(dead_ids)}, expected {sorted(set(expect_dead))}"
+        )
     # every lease ended exactly one way, or is still held (a cancel revokes lazily and
     # counts nothing: for a cancelled job this is the number held at the cancel)
     c = report["counters"]
-    ended = sum(int(c[k]) for k in ("acked", "failed", "released", "expired_worker_lost",
-                                    "expired_task_timeout", "stolen", "revoked"))
+    ended = sum(
+        int(c[k])
+        for k in (
+            "acked",
+            "failed",
+            "released",
+            "expired_worker_lost",
+            "expired_task_timeout",
+            "stolen",
+            "revoked",
+        )
+    )
     return {
         "unaccounted_leases": int(c["leased"]) - ended - int(cur["leased"]),
         "passes": len(summaries),
@@ -582,4 +687,3 @@ def audit_job(client: taskq.Client, job: str, logs: Iterable[Path | str],
         "counters": report["counters"],
         "audit": report,
     }
-

@@ -72,13 +72,20 @@ class Rig:
 
     # -- setup
     def create_job(self, n: int, passes: int, **kw: Any) -> None:
-        self.client.create_job(self.job, [{"i": i} for i in range(n)], passes=passes,
-                               worker_ttl=TTL_S, heartbeat_interval=HBI_S, **kw)
+        self.client.create_job(
+            self.job,
+            [{"i": i} for i in range(n)],
+            passes=passes,
+            worker_ttl=TTL_S,
+            heartbeat_interval=HBI_S,
+            **kw,
+        )
         self.note(f"job created: {n} tasks x {passes} passes, ttl {TTL_S}s, hbi {HBI_S}s")
 
     def start_reaper(self) -> None:
-        self.reaper = ReaperProc(self.server.url, interval=0.2, jobs=[self.job],
-                                 log_path=self.workdir / "reaper.log")
+        self.reaper = ReaperProc(
+            self.server.url, interval=0.2, jobs=[self.job], log_path=self.workdir / "reaper.log"
+        )
         self.note(f"reaper started (pid {self.reaper.proc.pid})")
 
     def spawn(self, proxied: bool = False, n: int = 1, **kw: Any) -> list[TrainerProc]:
@@ -129,8 +136,10 @@ class Rig:
 
         def rewritten() -> bool:
             info = r.info("persistence")
-            return (int(info["aof_rewrite_in_progress"]) == 0
-                    and int(info["aof_rewrite_scheduled"]) == 0)
+            return (
+                int(info["aof_rewrite_in_progress"]) == 0
+                and int(info["aof_rewrite_scheduled"]) == 0
+            )
 
         wait_for(rewritten, 10, what="BGREWRITEAOF to finish")
         assert r.info("persistence")["aof_last_bgrewrite_status"] == "ok"
@@ -176,9 +185,19 @@ class Rig:
     def log_probe_task(self, probe: taskq.Trainer, task: taskq.Task) -> None:
         """Record a task a probe processed (and is about to ack) like a fleet trainer."""
         with open(self.workdir / "logs" / "probes.jsonl", "a") as f:
-            f.write(json.dumps({"worker": probe.worker_id, "pass": task.pass_no,
-                                "task": task.id, "token": task.token, "t": time.time(),
-                                "start": time.time()}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "worker": probe.worker_id,
+                        "pass": task.pass_no,
+                        "task": task.id,
+                        "token": task.token,
+                        "t": time.time(),
+                        "start": time.time(),
+                    }
+                )
+                + "\n"
+            )
 
     def trainers(self) -> list[TrainerProc]:
         return self.direct.trainers + self.proxied.trainers
@@ -186,17 +205,21 @@ class Rig:
     def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for every trainer to exit, check none ended early, and run the audit."""
         ok = self.direct.join_all(timeout) and self.proxied.join_all(5)
-        assert ok, f"trainers still running after {timeout}s: " \
-                   f"{[t.worker_id for t in self.trainers() if t.alive()]}; " \
-                   f"status {self.client.status(self.job, summaries=0)}"
+        assert ok, (
+            f"trainers still running after {timeout}s: "
+            f"{[t.worker_id for t in self.trainers() if t.alive()]}; "
+            f"status {self.client.status(self.job, summaries=0)}"
+        )
         early = [t.worker_id for t in self.trainers() if t.exitcode == EXIT_EARLY]
         assert not early, f"trainers ended while the job still had work: {early}"
         for probe in self.probes:
             probe.close()
         result = audit_job(self.client, self.job, self.logs())
-        self.note(f"audit: passes {result['passes']} acked {result['acked']} stale "
-                  f"{result['stale']} dead {result['dead']} processed {result['processed']} "
-                  f"duplicates {result['duplicates']}")
+        self.note(
+            f"audit: passes {result['passes']} acked {result['acked']} stale "
+            f"{result['stale']} dead {result['dead']} processed {result['processed']} "
+            f"duplicates {result['duplicates']}"
+        )
         return result
 
     def close(self) -> None:
@@ -222,8 +245,17 @@ class Rig:
 
 # -- scenario 7: a seeded random schedule -----------------------------------------------------
 #: What a random schedule is made of, with weights.
-ACTIONS = {"join": 3, "join_proxied": 2, "leave": 2, "kill": 2, "pause_short": 2,
-           "pause_long": 2, "cut_short": 1, "cut_long": 1, "redis_restart": 1}
+ACTIONS = {
+    "join": 3,
+    "join_proxied": 2,
+    "leave": 2,
+    "kill": 2,
+    "pause_short": 2,
+    "pause_long": 2,
+    "cut_short": 1,
+    "cut_long": 1,
+    "redis_restart": 1,
+}
 MAX_LIVE = 5  # trainers at once (a 2-core machine)
 
 
@@ -258,8 +290,7 @@ class RandomRun:
     """Runs a planned schedule on a rig: one entry at its time, the end of each pause or
     cut at its own; an entry with no eligible target is skipped (and noted)."""
 
-    def __init__(self, rig: Rig, schedule: list[dict[str, Any]],
-                 max_live: int = MAX_LIVE) -> None:
+    def __init__(self, rig: Rig, schedule: list[dict[str, Any]], max_live: int = MAX_LIVE) -> None:
         self.rig = rig
         self.schedule = schedule
         self.max_live = max_live
@@ -270,8 +301,7 @@ class RandomRun:
         self.redis_back_at = 0.0  # restart due (time.time()) while Redis is down
 
     def live(self) -> list[TrainerProc]:
-        return [t for t in self.rig.trainers()
-                if t.alive() and t.worker_id not in self.removed]
+        return [t for t in self.rig.trainers() if t.alive() and t.worker_id not in self.removed]
 
     def eligible(self) -> list[TrainerProc]:
         return [t for t in self.live() if t.worker_id not in self.paused]
@@ -376,13 +406,23 @@ class RandomRun:
             self.rig.spawn(n=2 - len(direct), step_s=0.05)
 
 
-def random_scenario(rig: Rig, seed: int, duration_s: float, n: int, passes: int,
-                    finish_timeout: float = 90.0, max_live: int = MAX_LIVE) -> dict[str, Any]:
+def random_scenario(
+    rig: Rig,
+    seed: int,
+    duration_s: float,
+    n: int,
+    passes: int,
+    finish_timeout: float = 90.0,
+    max_live: int = MAX_LIVE,
+) -> dict[str, Any]:
     """Scenario 7 on ``rig``: a job, a reaper, 2 direct trainers and 1 behind the proxy,
     the schedule of ``seed``, then the audit. Returns the audit summary."""
     schedule = plan(seed, duration_s)
-    header = f"seed {seed}\nschedule:\n" + "\n".join(f"  {json.dumps(e)}" for e in schedule) \
+    header = (
+        f"seed {seed}\nschedule:\n"
+        + "\n".join(f"  {json.dumps(e)}" for e in schedule)
         + "\ntimeline:\n"
+    )
     with rig.explained(header):
         rig.create_job(n, passes)
         rig.start_reaper()
@@ -394,8 +434,11 @@ def random_scenario(rig: Rig, seed: int, duration_s: float, n: int, passes: int,
         assert result["passes"] == passes, result
         for t in rig.trainers():
             how = run.removed.get(t.worker_id)
-            expected = {None: (0,), "term": (0, 128 + signal.SIGTERM, -signal.SIGTERM),
-                        "kill": (0, -signal.SIGKILL)}[how]
+            expected = {
+                None: (0,),
+                "term": (0, 128 + signal.SIGTERM, -signal.SIGTERM),
+                "kill": (0, -signal.SIGKILL),
+            }[how]
             assert t.exitcode in expected, f"{t.worker_id} ({how}) exited {t.exitcode}"
         result["schedule"] = schedule
         return result

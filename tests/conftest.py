@@ -28,8 +28,12 @@ def _warn_on_threaded_fork() -> None:
     # Python 3.12+ warns when a multi-threaded process forks (the child may deadlock on a
     # lock another thread held); say the same on older Pythons, so CI on 3.11 sees it too.
     if threading.active_count() > 1:
-        warnings.warn(f"This process ({os.getpid()}) is multi-threaded, use of fork() may "
-                      "lead to deadlocks in the child.", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"This process ({os.getpid()}) is multi-threaded, use of fork() may "
+            "lead to deadlocks in the child.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
 
 if sys.version_info < (3, 12):

@@ -29,8 +29,11 @@ def write_shard(path: Path, samples: list[dict[str, bytes]], gz: bool = False) -
     """A tar shard in the WebDataset layout: members ``<key>.<ext>`` in sample order."""
     with tarfile.open(str(path), "w:gz" if gz else "w") as tf:
         for sample in samples:
-            key = sample["__key__"].decode() if isinstance(sample["__key__"], bytes) \
+            key = (
+                sample["__key__"].decode()
+                if isinstance(sample["__key__"], bytes)
                 else str(sample["__key__"])
+            )
             for ext, data in sample.items():
                 if ext == "__key__":
                     continue
@@ -44,8 +47,11 @@ def shard_samples(n: int, first: int = 0) -> list[dict[str, Any]]:
     """``n`` samples with a jpg, a cls and (every third one) a json member."""
     out: list[dict[str, Any]] = []
     for i in range(first, first + n):
-        sample: dict[str, Any] = {"__key__": f"s{i:05d}", "jpg": os.urandom(10 + i % 700),
-                                  "cls": str(i % 10).encode()}
+        sample: dict[str, Any] = {
+            "__key__": f"s{i:05d}",
+            "jpg": os.urandom(10 + i % 700),
+            "cls": str(i % 10).encode(),
+        }
         if i % 3 == 0:
             sample["json"] = b'{"i": %d}' % i
         out.append(sample)
@@ -105,7 +111,7 @@ class RangeServer:
                         self.send_header("Content-Length", "0")
                         self.end_headers()
                         return
-                    body = data[lo: hi + 1]
+                    body = data[lo : hi + 1]
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))

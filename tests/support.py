@@ -29,9 +29,18 @@ from taskq.devserver import (
 )
 
 __all__ = [
-    "LOOPBACK", "SERVER_BINARY", "RedisClusterProcs", "RedisServer",
-    "ROOT", "free_port", "load_yaml", "load_yaml_all", "make_job", "server_version",
-    "stop_process", "wait_until",
+    "LOOPBACK",
+    "SERVER_BINARY",
+    "RedisClusterProcs",
+    "RedisServer",
+    "ROOT",
+    "free_port",
+    "load_yaml",
+    "load_yaml_all",
+    "make_job",
+    "server_version",
+    "stop_process",
+    "wait_until",
 ]
 
 #: The server binary every test starts (``$TASKQ_TEST_SERVER`` or redis-server); a missing
@@ -41,8 +50,9 @@ SERVER_BINARY = find_server()
 
 def server_version() -> str:
     """``<binary> <version>`` of the server the tests start, e.g. ``valkey-server 8.0.1``."""
-    out = subprocess.run([SERVER_BINARY, "--version"], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        [SERVER_BINARY, "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
     version = next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
     return f"{os.path.basename(SERVER_BINARY)} {version}"
 
@@ -77,14 +87,33 @@ class RedisClusterProcs:
         self.servers: list[RedisServer] = []
         try:
             for _ in range(masters):
-                self.servers.append(RedisServer(port=cluster_port(), extra=[
-                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "2000"]))
+                self.servers.append(
+                    RedisServer(
+                        port=cluster_port(),
+                        extra=[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "2000",
+                        ],
+                    )
+                )
             subprocess.run(
-                [cli, "--cluster", "create",
-                 *[f"{LOOPBACK}:{s.port}" for s in self.servers],
-                 "--cluster-replicas", "0", "--cluster-yes"],
-                check=True, capture_output=True, timeout=60)
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *[f"{LOOPBACK}:{s.port}" for s in self.servers],
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             if not wait_until(self.ok, timeout=30, interval=0.1):
                 raise RuntimeError("the test cluster did not reach cluster_state:ok")
         except BaseException:
@@ -93,8 +122,7 @@ class RedisClusterProcs:
 
     def ok(self) -> bool:
         """True when every node says cluster_state:ok."""
-        return all(self.node(s.port).cluster("info")["cluster_state"] == "ok"
-                   for s in self.servers)
+        return all(self.node(s.port).cluster("info")["cluster_state"] == "ok" for s in self.servers)
 
     @staticmethod
     def node(port: int) -> redis.Redis:
@@ -108,7 +136,8 @@ class RedisClusterProcs:
         """The port of the master serving ``key``'s slot (asked of the cluster)."""
         slot = self.node(self.servers[0].port).cluster("keyslot", key)
         for start, end, master, *_ in self.node(self.servers[0].port).execute_command(
-                "CLUSTER", "SLOTS"):
+            "CLUSTER", "SLOTS"
+        ):
             if int(start) <= int(slot) <= int(end):
                 return int(master[1])
         raise AssertionError(f"no master serves slot {slot}")

@@ -119,8 +119,12 @@ class TcpProxy:
     def __enter__(self) -> TcpProxy:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     # -- the threads --------------------------------------------------------------------

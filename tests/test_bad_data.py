@@ -43,9 +43,7 @@ def test_corrupt_task_json_makes_lease_raise_corrupt_data_naming_the_key(
     assert failed and "not JSON" in failed[0]["error"]
 
 
-def test_task_json_that_is_not_a_list_is_corrupt_data(
-    client: taskq.Client, job_name: str
-) -> None:
+def test_task_json_that_is_not_a_list_is_corrupt_data(client: taskq.Client, job_name: str) -> None:
     client.create_job(job_name, [{"i": 0}])
     client.redis.hset(client.keys(job_name).chunks, "0", '{"path": "x"}')
     with taskq.Trainer(job_name, client=client, heartbeat=False) as trainer:
@@ -59,12 +57,18 @@ def test_a_corrupt_task_ends_dead_and_the_pass_completes(
 ) -> None:
     """One task with corrupt chunks JSON: the iterator logs, fails it and goes on; it is
     dead after max_failures, every other task is acked, the pass (the job) completes."""
-    client.create_job(job_name, [{"i": i} for i in range(6)], max_failures=3,
-                      worker_ttl=2.0, heartbeat_interval=0.2)
+    client.create_job(
+        job_name,
+        [{"i": i} for i in range(6)],
+        max_failures=3,
+        worker_ttl=2.0,
+        heartbeat_interval=0.2,
+    )
     client.redis.hset(client.keys(job_name).chunks, "3", "{not json")
     seen: list[int] = []
-    with taskq.Trainer(job_name, client=client, prefetch=2 if how == "prefetch" else 0,
-                       reconnect_timeout=5) as trainer:
+    with taskq.Trainer(
+        job_name, client=client, prefetch=2 if how == "prefetch" else 0, reconnect_timeout=5
+    ) as trainer:
         if how == "batches":
             for batch in trainer.batches(4):
                 seen += [t.id for t in batch]
@@ -191,8 +195,12 @@ def test_interrupted_create_and_delete_are_repaired_on_a_cluster(
 
     # the same through the CLI
     client.run(names[1], "delete", [""])
-    out = subprocess.run([TASKQ_CLI, "--url", cluster.url, "job", "list", "--repair",
-                          "--json"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [TASKQ_CLI, "--url", cluster.url, "job", "list", "--repair", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert names[1] not in client.list_jobs()
     assert names[1] not in json.dumps(json.loads(out.stdout))

@@ -43,15 +43,35 @@ def _log(msg: str, **data: Any) -> None:
 
 
 def test_scale_up_scale_down_and_kill_lose_nothing_and_nobody_hangs(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
-    summary = scale_up_down_kill(client, url, job_name, tmp_path, tasks=120, passes=3,
-                                 first=6, peak=12, last=3, step_s=0.05, up_at=30,
-                                 down_at=150, ttl_s=TTL_S, hbi_s=HBI_S)
-    _log("scenario 1", runtime_s=summary["runtime_s"], tail_s=summary["tail_s"],
-         max_kill_wait_s=summary["max_kill_wait_s"],
-         max_term_wait_s=summary["max_term_wait_s"],
-         max_lateness_ms=summary["max_lateness_ms"], acked=summary["acked"],
-         duplicates=summary["duplicates"], counters=summary["counters"])
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    summary = scale_up_down_kill(
+        client,
+        url,
+        job_name,
+        tmp_path,
+        tasks=120,
+        passes=3,
+        first=6,
+        peak=12,
+        last=3,
+        step_s=0.05,
+        up_at=30,
+        down_at=150,
+        ttl_s=TTL_S,
+        hbi_s=HBI_S,
+    )
+    _log(
+        "scenario 1",
+        runtime_s=summary["runtime_s"],
+        tail_s=summary["tail_s"],
+        max_kill_wait_s=summary["max_kill_wait_s"],
+        max_term_wait_s=summary["max_term_wait_s"],
+        max_lateness_ms=summary["max_lateness_ms"],
+        acked=summary["acked"],
+        duplicates=summary["duplicates"],
+        counters=summary["counters"],
+    )
     assert summary["passes"] == 3 and summary["acked"] == 3 * 120
     assert summary["dead"] == []
     assert summary["unaccounted_leases"] == 0, summary["counters"]
@@ -64,14 +84,23 @@ def test_scale_up_scale_down_and_kill_lose_nothing_and_nobody_hangs(
 
 
 def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     job = job_name
     # no backup leases: the slow trainer's later acks must not lose to a backup here
-    client.create_job(job, chunks=[{"i": i} for i in range(60)], passes=2,
-                      worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None,
-                      backup_leases=False)
-    with Fleet(url, job, tmp_path) as fleet, \
-            ReaperProc(url, interval=0.2, jobs=[job], log_path=tmp_path / "reaper.log"):
+    client.create_job(
+        job,
+        chunks=[{"i": i} for i in range(60)],
+        passes=2,
+        worker_ttl=TTL_S,
+        heartbeat_interval=HBI_S,
+        task_timeout=None,
+        backup_leases=False,
+    )
+    with (
+        Fleet(url, job, tmp_path) as fleet,
+        ReaperProc(url, interval=0.2, jobs=[job], log_path=tmp_path / "reaper.log"),
+    ):
         (paused,) = fleet.spawn(1, step_s=1.0, explicit_ack=True, worker_id="paused")
         (other,) = fleet.spawn(1, step_s=0.1, worker_id="other")
         wait_for(lambda: len(paused.records()) >= 1, 30, what="the slow trainer's first task")
@@ -86,8 +115,11 @@ def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
 
         def finished_by_other() -> bool:
             rows = other.records()
-            mine = [r for r in rows if r["task"] == task_id and r["pass"] == pass_no
-                    and r["start"] > stopped_at]
+            mine = [
+                r
+                for r in rows
+                if r["task"] == task_id and r["pass"] == pass_no and r["start"] > stopped_at
+            ]
             # the row after it means the next call (carrying its ack) was made
             return bool(mine) and any(r["start"] > mine[0]["t"] for r in rows)
 
@@ -97,20 +129,31 @@ def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
         # plus the ttl: nobody may take the task before that
         assert paused_for > TTL_S - HBI_S, paused_for
         resumed_at = paused.cont()
-        wait_for(lambda: any(r["start"] > resumed_at for r in paused.records()), 30,
-                 what="the resumed trainer to take new work")
+        wait_for(
+            lambda: any(r["start"] > resumed_at for r in paused.records()),
+            30,
+            what="the resumed trainer to take new work",
+        )
         assert fleet.join_all(60), "a trainer hangs"
         assert paused.exitcode == 0 and other.exitcode == 0
         rows = paused.records()
-        late = [r for r in rows if r["task"] == task_id and r["pass"] == pass_no
-                and r["start"] < stopped_at]
+        late = [
+            r
+            for r in rows
+            if r["task"] == task_id and r["pass"] == pass_no and r["start"] < stopped_at
+        ]
         assert len(late) == 1 and late[0]["stale"] is True, late
         after = [r for r in rows if r["start"] > resumed_at]
         assert after and not any(r["stale"] for r in after), after
         workers = {w["id"]: w for w in client.workers(job)}
         summary = audit_job(client, job, fleet.logs())
-    _log("scenario 2", paused_s=round(paused_for, 2), stale=summary["stale"],
-         tasks_after_resume=len(after), counters=summary["counters"])
+    _log(
+        "scenario 2",
+        paused_s=round(paused_for, 2),
+        stale=summary["stale"],
+        tasks_after_resume=len(after),
+        counters=summary["counters"],
+    )
     assert summary["stale"] >= 1
     assert summary["audit"]["passes"][pass_no]["stale"] >= 1
     # the task is counted once in its pass (audit_job: done == live tasks per pass)
@@ -122,7 +165,8 @@ def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
 
 
 def test_poison_tasks_end_dead_at_their_caps_without_stalling_the_pass(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     job = job_name
     max_attempts, max_failures = 3, 2
     kill_id, raise_id = 7, 13
@@ -130,14 +174,23 @@ def test_poison_tasks_end_dead_at_their_caps_without_stalling_the_pass(
     chunks[kill_id] = POISON_KILL
     chunks[raise_id] = POISON_RAISE
     # no backup leases: a backup of a poison task would cost one more trainer than the caps
-    client.create_job(job, chunks=chunks, passes=2, worker_ttl=TTL_S,
-                      heartbeat_interval=HBI_S, task_timeout=None,
-                      max_attempts=max_attempts, max_failures=max_failures,
-                      backup_leases=False)
+    client.create_job(
+        job,
+        chunks=chunks,
+        passes=2,
+        worker_ttl=TTL_S,
+        heartbeat_interval=HBI_S,
+        task_timeout=None,
+        max_attempts=max_attempts,
+        max_failures=max_failures,
+        backup_leases=False,
+    )
     began = time.monotonic()
     max_spawns = 3 + max_attempts + max_failures + 3
-    with Fleet(url, job, tmp_path, step_s=0.05) as fleet, \
-            ReaperProc(url, interval=0.2, jobs=[job], log_path=tmp_path / "reaper.log"):
+    with (
+        Fleet(url, job, tmp_path, step_s=0.05) as fleet,
+        ReaperProc(url, interval=0.2, jobs=[job], log_path=tmp_path / "reaper.log"),
+    ):
         fleet.spawn(3)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -155,8 +208,13 @@ def test_poison_tasks_end_dead_at_their_caps_without_stalling_the_pass(
         codes = [t.exitcode for t in fleet.trainers]
         summary = audit_job(client, job, fleet.logs(), expect_dead={kill_id, raise_id})
     dead_rows = {d["id"]: d for d in client.tasks(job, state="dead")}
-    _log("scenario 5", completed_s=round(completed_s, 2), exit_codes=codes,
-         dead=dead_rows, counters=summary["counters"])
+    _log(
+        "scenario 5",
+        completed_s=round(completed_s, 2),
+        exit_codes=codes,
+        dead=dead_rows,
+        counters=summary["counters"],
+    )
     assert dead_rows[kill_id]["attempts"] == max_attempts
     assert dead_rows[raise_id]["failures"] == max_failures
     # every lease of a poison task cost one trainer: exactly the caps, no more
@@ -182,26 +240,36 @@ def _commands(r: redis.Redis) -> tuple[int, int]:
     pipe.info("stats")
     pipe.info("commandstats")
     stats, cmdstats = pipe.execute()
-    client_calls = sum(int(cmdstats.get(f"cmdstat_{c}", {}).get("calls", 0))
-                       for c in CLIENT_COMMANDS)
+    client_calls = sum(
+        int(cmdstats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in CLIENT_COMMANDS
+    )
     return int(stats["total_commands_processed"]), client_calls
 
 
 def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
-        own_redis: Any, job_name: str, tmp_path: Path) -> None:
+    own_redis: Any, job_name: str, tmp_path: Path
+) -> None:
     url = own_redis.url
     client = taskq.connect(url)
     job = job_name
     n_tasks = 12
     # no backup leases: the long bodies hold their tasks until the cancel revokes them
-    client.create_job(job, chunks=[{"i": i} for i in range(n_tasks)], passes=3,
-                      worker_ttl=TTL_S, heartbeat_interval=HBI_S, task_timeout=None,
-                      auto_advance=False, backup_leases=False)
+    client.create_job(
+        job,
+        chunks=[{"i": i} for i in range(n_tasks)],
+        passes=3,
+        worker_ttl=TTL_S,
+        heartbeat_interval=HBI_S,
+        task_timeout=None,
+        auto_advance=False,
+        backup_leases=False,
+    )
     r = own_redis.client()
     with Fleet(url, job, tmp_path, step_s=0.2) as fleet:
         fleet.spawn(3)
-        wait_for(lambda: client.status(job, summaries=0).state == "waiting", 30,
-                 what="the pass boundary")
+        wait_for(
+            lambda: client.status(job, summaries=0).state == "waiting", 30, what="the pass boundary"
+        )
         status = client.status(job, summaries=0)
         assert status.reason == "manual_advance" and status.pass_no == 0
         # long bodies that stop only when their lease is revoked; they join at the
@@ -218,9 +286,14 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
         assert len(fleet.alive()) == trainers, "a trainer left at the pass boundary"
         assert acked(client, job) == n_tasks
         assert client.status(job, summaries=0).pass_no == 0
-        _log("scenario 6: waiting", trainers=trainers, client_calls_per_s=round(rate, 1),
-             total_commands_per_s=round(total_rate, 1), heartbeats_per_s=trainers / HBI_S,
-             bound=bound)
+        _log(
+            "scenario 6: waiting",
+            trainers=trainers,
+            client_calls_per_s=round(rate, 1),
+            total_commands_per_s=round(total_rate, 1),
+            heartbeats_per_s=trainers / HBI_S,
+            bound=bound,
+        )
         assert rate < bound, f"{rate:.1f} client calls/s while waiting (bound {bound})"
         # with the commands the scripts run (a few dozen per heartbeat): still no spinning
         assert total_rate < 50 * trainers / HBI_S + 100, f"{total_rate:.1f} commands/s"
@@ -228,8 +301,11 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
         advanced = run_cli(url, "pass", "next", job)
         assert advanced.returncode == 0, advanced.stderr
         # the long bodies take two tasks of pass 1 and hold them; the others do the rest
-        wait_for(lambda: client.status(job, summaries=0).done == n_tasks - 2, 30,
-                 what="pass 1 done but for the long bodies' tasks")
+        wait_for(
+            lambda: client.status(job, summaries=0).done == n_tasks - 2,
+            30,
+            what="pass 1 done but for the long bodies' tasks",
+        )
         status = client.status(job, summaries=0)
         assert status.pass_no == 1 and status.leased == 2 and status.state == "running"
         holders = {t["worker"] for t in client.tasks(job, state="leased")}
@@ -250,9 +326,12 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
             assert len(rows) == 1 and rows[0]["revoked"] is True, rows
             stops.append(rows[0]["t"] - cancelled_at)
         summary = audit_job(client, job, fleet.logs(), expect_state="cancelled")
-    _log("scenario 6: cancel", last_exit_after_s=round(exit_after, 2),
-         long_bodies_stopped_after_s=[round(s, 2) for s in stops],
-         counters=summary["counters"])
+    _log(
+        "scenario 6: cancel",
+        last_exit_after_s=round(exit_after, 2),
+        long_bodies_stopped_after_s=[round(s, 2) for s in stops],
+        counters=summary["counters"],
+    )
     # the long bodies learn it from their next heartbeat (every 0.5 s), not after their
     # 30 s bodies: the margin is for a loaded machine
     assert max(stops) < HBI_S + 5.0

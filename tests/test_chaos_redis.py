@@ -54,23 +54,27 @@ def test_redis_kill9_mid_pass_loses_nothing_and_counts_each_task_once(rig: Rig) 
         rig.spawn(n=3, step_s=0.04)
         wait_for(lambda: acked(rig) >= n + n // 3, 30, what="pass 1 under way")
         status = rig.client.status(rig.job, summaries=0)
-        rig.note(f"before the crash: pass {status.pass_no}, done {status.done}, "
-                 f"acked {status.counters['acked']}")
+        rig.note(
+            f"before the crash: pass {status.pass_no}, done {status.done}, "
+            f"acked {status.counters['acked']}"
+        )
         rig.crash_redis(down_s=1.0)
         status = rig.client.status(rig.job, summaries=0)
-        rig.note(f"after the restart: pass {status.pass_no}, done {status.done}, "
-                 f"acked {status.counters['acked']}")
+        rig.note(
+            f"after the restart: pass {status.pass_no}, done {status.done}, "
+            f"acked {status.counters['acked']}"
+        )
         result = rig.finish(60)
         assert result["passes"] == passes
         assert result["acked"] == n * passes, result
-        assert all(t.exitcode == 0 for t in rig.trainers()), \
-            [(t.worker_id, t.exitcode) for t in rig.trainers()]
+        assert all(t.exitcode == 0 for t in rig.trainers()), [
+            (t.worker_id, t.exitcode) for t in rig.trainers()
+        ]
         assert rig.reaper is not None and rig.reaper.alive(), "the reaper exited"
         assert "Traceback" not in (rig.workdir / "reaper.log").read_text()
 
 
-def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(
-        rig: Rig) -> None:
+def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(rig: Rig) -> None:
     """Restart from an older copy of the whole appendonlydir (a failover to a lagging
     replica): every token leased afterwards is larger than every token seen before; a
     probe's lease granted after the copy is stale afterwards (LeaseLost, nothing counted);
@@ -92,18 +96,18 @@ def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(
         assert held is not None
         rig.note(f"probe holds task {held.id} (pass {held.pass_no}, token {held.token})")
         # (pass 0 cannot end while the probe holds its task: the fleet idles at its end)
-        wait_for(lambda: acked(rig) >= acked_at_copy + n // 2, 30,
-                 what="work acked after the copy")
+        wait_for(lambda: acked(rig) >= acked_at_copy + n // 2, 30, what="work acked after the copy")
         time.sleep(1.0)
-        last_token_before = int(rig.client.redis.hget(rig.client.keys(rig.job).meta,
-                                                      "last_token"))
+        last_token_before = int(rig.client.redis.hget(rig.client.keys(rig.job).meta, "last_token"))
         t_kill = time.time()
         acked_before_kill = acked(rig)
         rig.restart_from(copy)
         t_restart = time.time()
         acked_after = acked(rig)
-        rig.note(f"acked {acked_before_kill} before the rollback, {acked_after} after "
-                 f"(copy had {acked_at_copy})")
+        rig.note(
+            f"acked {acked_before_kill} before the rollback, {acked_after} after "
+            f"(copy had {acked_at_copy})"
+        )
         assert acked_after < acked_before_kill, "the restart did not roll anything back"
 
         # the probe's lease does not exist on the rolled-back server: stale, not counted
@@ -126,19 +130,21 @@ def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(
         # every task whose body ended after the copy (its ack after it) ran again after
         # the restart; acks in flight at the kill may have been retried, so leave those out
         rerun = {(r["pass"], r["task"]) for r in after}
-        acked_after_copy = {(r["pass"], r["task"]) for r in records
-                            if t_copy + 0.2 < r["t"] < t_kill - 0.5}
+        acked_after_copy = {
+            (r["pass"], r["task"]) for r in records if t_copy + 0.2 < r["t"] < t_kill - 0.5
+        }
         assert acked_after_copy, "no work between the copy and the rollback"
         missing = sorted(acked_after_copy - rerun)
         assert not missing, f"acked after the copy, not re-run after the rollback: {missing}"
         redone = [r for r in after if (r["pass"], r["task"]) == (held.pass_no, held.id)]
         assert redone and all(int(r["token"]) > held.token for r in redone), redone
-        rig.note(f"{len(acked_after_copy)} task(s) acked after the copy were re-run; "
-                 f"{len(after)} leases after the restart, all tokens > {seen_max}")
+        rig.note(
+            f"{len(acked_after_copy)} task(s) acked after the copy were re-run; "
+            f"{len(after)} leases after the restart, all tokens > {seen_max}"
+        )
 
 
-def test_rollback_across_a_pass_boundary_gives_the_next_pass_iterator_the_redo(
-        rig: Rig) -> None:
+def test_rollback_across_a_pass_boundary_gives_the_next_pass_iterator_the_redo(rig: Rig) -> None:
     """After a restart from a copy taken before the end of pass 0, a trainer whose per-pass
     iterator already expects pass 1 (``lease(expect_pass=1)``, what ``passes()`` sends) is
     given the pass-0 work the rollback undid, instead of waiting for pass 1 for ever; the
@@ -171,19 +177,22 @@ def test_rollback_across_a_pass_boundary_gives_the_next_pass_iterator_the_redo(
 
 
 def test_trainer_started_while_redis_is_down_registers_when_it_returns(
-        own_redis: RedisServer, job_name: str) -> None:
+    own_redis: RedisServer, job_name: str
+) -> None:
     """A trainer constructed while Redis is away (a pod scheduled during a restart) waits
     for it, like every other call, instead of failing at once."""
     client = taskq.connect(own_redis.url)
-    client.create_job(job_name, [{"i": i} for i in range(2)], worker_ttl=TTL_S,
-                      heartbeat_interval=HBI_S)
+    client.create_job(
+        job_name, [{"i": i} for i in range(2)], worker_ttl=TTL_S, heartbeat_interval=HBI_S
+    )
     own_redis.kill()
     back = threading.Timer(1.0, own_redis.start)
     back.start()
     try:
         t0 = time.monotonic()
-        with taskq.Trainer(job_name, url=own_redis.url, reconnect_timeout=20,
-                           handle_signals=False) as trainer:
+        with taskq.Trainer(
+            job_name, url=own_redis.url, reconnect_timeout=20, handle_signals=False
+        ) as trainer:
             registered_s = time.monotonic() - t0
             task = trainer.lease(timeout=5)
             assert task is not None
@@ -200,8 +209,11 @@ def _lost_workers(rig: Rig) -> set[str]:
 
 
 def _processed_by(rig: Rig, worker_prefix: str, after: float) -> set[tuple[int, int]]:
-    return {(int(r["pass"]), int(r["task"])) for r in read_logs(rig.logs())
-            if r["worker"].startswith(worker_prefix) and r["start"] > after}
+    return {
+        (int(r["pass"]), int(r["task"]))
+        for r in read_logs(rig.logs())
+        if r["worker"].startswith(worker_prefix) and r["start"] > after
+    }
 
 
 def test_partition_cut_trainers_lost_redispatched_then_stale_and_rejoin(rig: Rig) -> None:
@@ -226,17 +238,25 @@ def test_partition_cut_trainers_lost_redispatched_then_stale_and_rejoin(rig: Rig
         rig.proxy.cut()
         holding = {(held.pass_no, held.id)} | {
             (rig.client.status(rig.job, summaries=0).pass_no, t["id"])
-            for t in rig.client.tasks(rig.job, "leased", 1000) if t["worker"] in cut_ids}
+            for t in rig.client.tasks(rig.job, "leased", 1000)
+            if t["worker"] in cut_ids
+        }
         rig.note(f"cut trainers hold {sorted(holding)}")
 
         wait_for(held.at_risk.is_set, TTL_S + 3, what="the cut probe's task at risk")
         rig.note("probe: task at_risk")
         assert not held.revoked.is_set(), "revoked while out of contact: only the server decides"
-        wait_for(lambda: cut_ids <= _lost_workers(rig), TTL_S + 5,
-                 what="the server to declare the cut trainers lost")
+        wait_for(
+            lambda: cut_ids <= _lost_workers(rig),
+            TTL_S + 5,
+            what="the server to declare the cut trainers lost",
+        )
         rig.note(f"declared lost: {sorted(cut_ids)}")
-        wait_for(lambda: holding <= _processed_by(rig, "d", t_cut), 15,
-                 what=f"the direct trainer to run what the cut ones held {sorted(holding)}")
+        wait_for(
+            lambda: holding <= _processed_by(rig, "d", t_cut),
+            15,
+            what=f"the direct trainer to run what the cut ones held {sorted(holding)}",
+        )
         rig.note("what they held ran on the direct trainer")
         assert rig.proxy.is_cut and time.time() - t_cut < 9, "cut too long for the test"
 
@@ -262,8 +282,9 @@ def test_partition_cut_trainers_lost_redispatched_then_stale_and_rejoin(rig: Rig
         for t in cut:
             assert joined.count(t.worker_id) >= 2, f"{t.worker_id} did not re-register"
             assert t.exitcode == 0, (t.worker_id, t.exitcode)
-            assert _processed_by(rig, t.worker_id, t_restore), \
+            assert _processed_by(rig, t.worker_id, t_restore), (
                 f"{t.worker_id} did not carry on after the cut"
+            )
         lost = rig.counters()["expired_worker_lost"]
         assert lost >= len(holding), f"expired_worker_lost {lost} < held {len(holding)}"
 
@@ -306,16 +327,19 @@ def test_redis_stopped_longer_than_ttl_loses_nobody_and_records_stay_right(rig: 
 
 
 def test_granted_task_pass_is_its_replys_not_a_late_heartbeats(
-        own_redis: RedisServer, job_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    own_redis: RedisServer, job_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found by a random schedule (a prefetching trainer logged a task of pass 4 as pass
     3): a heartbeat answered before the pass changed can apply its older pass from the
     heartbeat thread between a lease reply and the tasks built from it. Each granted
     task's ``pass_no`` is the pass its own reply names."""
     client = taskq.connect(own_redis.url)
-    client.create_job(job_name, [{"i": i} for i in range(2)], passes=2, worker_ttl=TTL_S,
-                      heartbeat_interval=HBI_S)
-    with taskq.Trainer(job_name, url=own_redis.url, heartbeat=False,
-                       handle_signals=False) as trainer:
+    client.create_job(
+        job_name, [{"i": i} for i in range(2)], passes=2, worker_ttl=TTL_S, heartbeat_interval=HBI_S
+    )
+    with taskq.Trainer(
+        job_name, url=own_redis.url, heartbeat=False, handle_signals=False
+    ) as trainer:
         trainer.ack(trainer.lease(timeout=5))
         last = trainer.lease(timeout=5)
         assert last is not None and last.pass_no == 0
@@ -340,6 +364,8 @@ def test_random_schedule_ends_with_a_clean_audit(rig: Rig, seed: int) -> None:
     few passes: every trainer not removed ends normally, and the audit counts every
     task once per pass."""
     result = random_scenario(rig, seed, duration_s=14.0, n=30, passes=6)
-    print(f"\nseed {seed}: acked {result['acked']} stale {result['stale']} dead "
-          f"{result['dead']} processed {result['processed']} duplicates "
-          f"{result['duplicates']} max lateness {result['max_lateness_ms']} ms")
+    print(
+        f"\nseed {seed}: acked {result['acked']} stale {result['stale']} dead "
+        f"{result['dead']} processed {result['processed']} duplicates "
+        f"{result['duplicates']} max lateness {result['max_lateness_ms']} ms"
+    )

@@ -69,8 +69,7 @@ def test_checkpoint_with_an_existing_id_is_not_rewritten(client, job_name):
     assert client.checkpoint(job_name, ckpt="epoch-1") == first
 
 
-@pytest.mark.parametrize("kw", [{"keep": 0}, {"keep": 1001}, {"ckpt": "a b"},
-                                {"ckpt": "x" * 65}])
+@pytest.mark.parametrize("kw", [{"keep": 0}, {"keep": 1001}, {"ckpt": "a b"}, {"ckpt": "x" * 65}])
 def test_bad_checkpoint_arguments_write_nothing(client, job_name, kw):
     make_job(client, job_name)
     with pytest.raises(taskq.InvalidInput):
@@ -98,7 +97,7 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
     assert len(pages) >= 2
     for t, tasks in held.items():
         for i in range(0, len(tasks), MAX_BATCH):
-            t.release(tasks[i:i + MAX_BATCH])
+            t.release(tasks[i : i + MAX_BATCH])
     b = trainer(client, job_name, "b")
     acked = sum(len(got) for got in b.batches(MAX_BATCH))
     assert acked == n and client.status(job_name).state == "completed"
@@ -210,8 +209,7 @@ def test_rewind_to_an_unknown_checkpoint_is_one_clear_error(client, job_name):
 
 
 def test_rewind_while_trainers_run_revokes_all_and_no_late_ack_counts(url, client, job_name):
-    make_job(client, job_name, n=40, manual_clock=False, worker_ttl=2.0,
-             heartbeat_interval=0.1)
+    make_job(client, job_name, n=40, manual_clock=False, worker_ttl=2.0, heartbeat_interval=0.1)
     ck = client.checkpoint(job_name)
     holding = threading.Barrier(4)
     rewound = threading.Event()

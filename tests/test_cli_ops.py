@@ -34,10 +34,12 @@ def one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-def sh(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
-       cwd: str = "/") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ENTRY_POINT, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+def sh(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60, cwd: str = "/"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ENTRY_POINT, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
 
 
 def fail_once(client: taskq.Client, url: str, job: str, error: str) -> int:
@@ -50,15 +52,19 @@ def fail_once(client: taskq.Client, url: str, job: str, error: str) -> int:
 
 
 # -- --url on both sides ----------------------------------------------------------------
-@pytest.mark.parametrize("argv", [
-    ["job", "status", "{job}", "--url", "{url}"],
-    ["--url", "{url}", "job", "status", "{job}"],
-    ["job", "status", "{job}"],  # from TASKQ_REDIS_URL
-    ["--url", "{dead}", "job", "status", "{job}", "--url", "{url}"],  # the later one wins
-], ids=["after", "before", "env", "both"])
-def test_url_is_accepted_before_and_after_the_subcommand(url: str, client: taskq.Client,
-                                                         job_name: str,
-                                                         argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["job", "status", "{job}", "--url", "{url}"],
+        ["--url", "{url}", "job", "status", "{job}"],
+        ["job", "status", "{job}"],  # from TASKQ_REDIS_URL
+        ["--url", "{dead}", "job", "status", "{job}", "--url", "{url}"],  # the later one wins
+    ],
+    ids=["after", "before", "env", "both"],
+)
+def test_url_is_accepted_before_and_after_the_subcommand(
+    url: str, client: taskq.Client, job_name: str, argv: list[str]
+) -> None:
     client.create_job(job_name, [1, 2])
     dead = f"redis://127.0.0.1:{free_port()}/0"
     args = [a.format(job=job_name, url=url, dead=dead) for a in argv]
@@ -76,8 +82,11 @@ def test_every_subcommand_accepts_url() -> None:
             return [(path, cmd)]
         return [leaf for name, c in sub.items() for leaf in leaves(c, f"{path} {name}")]
 
-    missing = [path for path, cmd in leaves(group, "taskq")
-               if not any("--url" in p.opts for p in cmd.params)]  # type: ignore[attr-defined]
+    missing = [
+        path
+        for path, cmd in leaves(group, "taskq")
+        if not any("--url" in p.opts for p in cmd.params)
+    ]  # type: ignore[attr-defined]
     assert missing == []
 
 
@@ -90,14 +99,15 @@ def test_entry_point_url_after_subcommand(url: str, client: taskq.Client, job_na
 
 
 # -- precise errors instead of silent successes ------------------------------------------
-def test_retry_of_a_task_that_is_not_dead_or_missing_exits_1(url: str, client: taskq.Client,
-                                                             job_name: str) -> None:
+def test_retry_of_a_task_that_is_not_dead_or_missing_exits_1(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, list(range(10)), max_failures=1)
     r = run("--url", url, "tasks", "retry", job_name, "--id", "3")
     assert r.exit_code == 1
     assert one_error_line(r.stderr).endswith(
-        f"job {job_name}: task 3 is todo, not dead; only dead tasks are retried "
-        f"(nothing retried)")
+        f"job {job_name}: task 3 is todo, not dead; only dead tasks are retried (nothing retried)"
+    )
     r = run("--url", url, "tasks", "retry", job_name, "--id", "99")
     assert r.exit_code == 1
     assert f"job {job_name}: no task 99 (its tasks are 0-9)" in one_error_line(r.stderr)
@@ -110,8 +120,9 @@ def test_retry_of_a_task_that_is_not_dead_or_missing_exits_1(url: str, client: t
     assert json.loads(r.stdout) == {"job": job_name, "retried": 1, "ids": [dead]}
 
 
-def test_revoke_of_a_missing_or_unleased_task_exits_1(url: str, client: taskq.Client,
-                                                      job_name: str) -> None:
+def test_revoke_of_a_missing_or_unleased_task_exits_1(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, list(range(10)))
     r = run("--url", url, "tasks", "revoke", job_name, "999")
     assert r.exit_code == 1
@@ -127,8 +138,9 @@ def test_revoke_of_a_missing_or_unleased_task_exits_1(url: str, client: taskq.Cl
         assert json.loads(r.stdout) == {"job": job_name, "revoked": task.id}
 
 
-def test_pass_next_expect_names_the_current_pass(url: str, client: taskq.Client,
-                                                 job_name: str) -> None:
+def test_pass_next_expect_names_the_current_pass(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, [1, 2], passes=3, auto_advance=False)
     r = run("--url", url, "pass", "next", job_name, "--expect", "5", "--force")
     assert r.exit_code == 1
@@ -137,8 +149,13 @@ def test_pass_next_expect_names_the_current_pass(url: str, client: taskq.Client,
     assert "moved on" not in line
     r = run("--url", url, "pass", "next", job_name, "--force", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout) == {"job": job_name, "from_pass": 0, "pass": 1,
-                                    "state": "running", "skipped": 2}
+    assert json.loads(r.stdout) == {
+        "job": job_name,
+        "from_pass": 0,
+        "pass": 1,
+        "state": "running",
+        "skipped": 2,
+    }
     r = run("--url", url, "pass", "next", job_name, "--expect", "0", "--force")
     assert r.exit_code == 1
     assert "pass 0 is over, the pass moved on to 1 meanwhile" in one_error_line(r.stderr)
@@ -154,20 +171,29 @@ def test_mutating_commands_print_json(url: str, client: taskq.Client, job_name: 
         assert json.loads(r.stdout) == {"job": job_name, "pass": 0, "attempt": 2}
         r = run("--url", url, "job", "cancel", job_name, "--json")
         assert r.exit_code == 0, r.output
-        assert json.loads(r.stdout) == {"job": job_name, "state": "cancelled",
-                                        "state_before": "running", "pass": 0,
-                                        "leases_revoked": 0}
+        assert json.loads(r.stdout) == {
+            "job": job_name,
+            "state": "cancelled",
+            "state_before": "running",
+            "pass": 0,
+            "leases_revoked": 0,
+        }
     r = run("--url", url, "job", "delete", job_name, "--yes", "--json")
-    assert json.loads(r.stdout) == {"job": job_name, "deleted": True,
-                                    "state_before": "cancelled", "tasks": 2}
+    assert json.loads(r.stdout) == {
+        "job": job_name,
+        "deleted": True,
+        "state_before": "cancelled",
+        "tasks": 2,
+    }
 
 
 # -- failure causes -------------------------------------------------------------------------
 CAUSE = "exit 3: ValueError: cannot decode shard 2\nstep pid 77 starting\nTraceback ..."
 
 
-def test_events_keep_one_line_per_event_and_json_numbers(url: str, client: taskq.Client,
-                                                         job_name: str) -> None:
+def test_events_keep_one_line_per_event_and_json_numbers(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, [1, 2], max_failures=1)
     fail_once(client, url, job_name, CAUSE)
     r = run("--url", url, "events", job_name)
@@ -186,10 +212,12 @@ def test_events_keep_one_line_per_event_and_json_numbers(url: str, client: taskq
     assert next(e for e in events if e["type"] == "failed")["error"] == CAUSE
 
 
-def test_tasks_show_and_dead_list_show_the_cause_and_chunks(url: str, client: taskq.Client,
-                                                            job_name: str) -> None:
-    client.create_job(job_name, [{"path": f"shard-{i}"} for i in range(4)],
-                      chunks_per_task=2, max_failures=1)
+def test_tasks_show_and_dead_list_show_the_cause_and_chunks(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(
+        job_name, [{"path": f"shard-{i}"} for i in range(4)], chunks_per_task=2, max_failures=1
+    )
     dead = fail_once(client, url, job_name, CAUSE)
     r = run("--url", url, "tasks", "list", job_name, "--state", "dead")
     assert r.exit_code == 0, r.output
@@ -197,8 +225,7 @@ def test_tasks_show_and_dead_list_show_the_cause_and_chunks(url: str, client: ta
     assert '[{"path":"shard-0"},{"path":"shard-1"}]' in r.stdout
     r = run("--url", url, "tasks", "list", job_name, "--state", "dead", "--json")
     row = json.loads(r.stdout)[0]
-    assert (row["last_error"], row["chunks"]) == (CAUSE, [{"path": "shard-0"},
-                                                          {"path": "shard-1"}])
+    assert (row["last_error"], row["chunks"]) == (CAUSE, [{"path": "shard-0"}, {"path": "shard-1"}])
     r = run("--url", url, "tasks", "show", job_name, str(dead))
     assert r.exit_code == 0, r.output
     out = r.stdout
@@ -221,13 +248,13 @@ def test_tasks_show_names_the_holder(url: str, client: taskq.Client, job_name: s
         task = trainer.lease(timeout=1)
         assert task is not None
         r = run("--url", url, "tasks", "show", job_name, str(task.id))
-        assert f"holder: {trainer.worker_id} (token {task.token}, started, attempt 1)" \
-            in r.stdout
+        assert f"holder: {trainer.worker_id} (token {task.token}, started, attempt 1)" in r.stdout
 
 
 # -- tables -----------------------------------------------------------------------------------
 def test_tasks_list_has_one_attempts_column_unchanged_by_a_revoke(
-        url: str, client: taskq.Client, job_name: str) -> None:
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, [1])
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         task = trainer.lease(timeout=1)
@@ -244,7 +271,8 @@ def test_tasks_list_has_one_attempts_column_unchanged_by_a_revoke(
 
 
 def test_piped_status_is_not_padded_and_pass_0_took_starts_at_the_first_lease(
-        url: str, client: taskq.Client, job_name: str) -> None:
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, [1, 2], passes=1)
     time.sleep(1.2)  # nobody trains yet: not part of pass 0's duration
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
@@ -263,15 +291,20 @@ def test_piped_status_is_not_padded_and_pass_0_took_starts_at_the_first_lease(
 
 
 # -- bad values: one line, exit 2 ----------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["--worker-ttl", "1", "--heartbeat-interval", "2"],
-     "--heartbeat-interval (2.0) must be shorter than --worker-ttl (1.0)"),
-    (["--heartbeat-interval", "0.0004"], "--heartbeat-interval must be at least 0.01 s"),
-    (["--task-timeout", "0.0001"], "--task-timeout must be at least 0.01 s"),
-])
-def test_config_out_of_range_is_a_usage_error(url: str, client: taskq.Client, job_name: str,
-                                             tmp_path: Path, args: list[str],
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--worker-ttl", "1", "--heartbeat-interval", "2"],
+            "--heartbeat-interval (2.0) must be shorter than --worker-ttl (1.0)",
+        ),
+        (["--heartbeat-interval", "0.0004"], "--heartbeat-interval must be at least 0.01 s"),
+        (["--task-timeout", "0.0001"], "--task-timeout must be at least 0.01 s"),
+    ],
+)
+def test_config_out_of_range_is_a_usage_error(
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path, args: list[str], message: str
+) -> None:
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"a": 1}\n')
     r = run("--url", url, "job", "create", job_name, "--manifest", str(manifest), *args)
@@ -280,8 +313,7 @@ def test_config_out_of_range_is_a_usage_error(url: str, client: taskq.Client, jo
     assert job_name not in client.list_jobs()
 
 
-def test_create_refuses_an_evicting_redis_unless_allowed(tmp_path: Path,
-                                                         job_name: str) -> None:
+def test_create_refuses_an_evicting_redis_unless_allowed(tmp_path: Path, job_name: str) -> None:
     server = RedisServer()
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"a": 1}\n')
@@ -294,8 +326,16 @@ def test_create_refuses_an_evicting_redis_unless_allowed(tmp_path: Path,
         assert "maxmemory-policy allkeys-lru" in line and "--allow-eviction" in line
         assert "allow_eviction=True" not in line
         assert admin.list_jobs() == []
-        r = run("--url", server.url, "job", "create", job_name, "--manifest", str(manifest),
-                "--allow-eviction")
+        r = run(
+            "--url",
+            server.url,
+            "job",
+            "create",
+            job_name,
+            "--manifest",
+            str(manifest),
+            "--allow-eviction",
+        )
         assert r.exit_code == 0, r.output
         with pytest.raises(taskq.errors.InvalidConfig, match="allow_eviction=True"):
             admin.create_job(f"{job_name}-2", [1])
@@ -304,8 +344,9 @@ def test_create_refuses_an_evicting_redis_unless_allowed(tmp_path: Path,
         server.cleanup()
 
 
-def test_job_exists_says_the_cli_flags(url: str, client: taskq.Client, job_name: str,
-                                       tmp_path: Path) -> None:
+def test_job_exists_says_the_cli_flags(
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"a": 1}\n')
     client.create_job(job_name, [1])
@@ -320,8 +361,17 @@ def test_unquoted_glob_says_to_quote_it(url: str, job_name: str, tmp_path: Path)
         (tmp_path / f"part-{i}.jsonl").write_text("{}\n")
     env = {**os.environ, "TASKQ_REDIS_URL": url}
     # what a shell passes for: --files data/part-*.jsonl
-    r = sh("job", "create", job_name, "--files", "part-0.jsonl", "part-1.jsonl",
-           "part-2.jsonl", env=env, cwd=str(tmp_path))
+    r = sh(
+        "job",
+        "create",
+        job_name,
+        "--files",
+        "part-0.jsonl",
+        "part-1.jsonl",
+        "part-2.jsonl",
+        env=env,
+        cwd=str(tmp_path),
+    )
     assert r.returncode == 2
     line = one_error_line(r.stderr)
     assert "unquoted pattern" in line and "quote it" in line
@@ -330,14 +380,17 @@ def test_unquoted_glob_says_to_quote_it(url: str, job_name: str, tmp_path: Path)
 # -- pass watch off a terminal --------------------------------------------------------------
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_pass_watch_off_a_terminal_prints_lines_and_exits_on_signals(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path, signum: int,
-        code: int) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path, signum: int, code: int
+) -> None:
     client.create_job(job_name, [1, 2, 3], passes=None)
     out = tmp_path / "watch.log"
     with open(out, "w") as f:
-        proc = subprocess.Popen([ENTRY_POINT, "--url", url, "pass", "watch", job_name,
-                                 "--interval", "0.1"], stdout=f, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [ENTRY_POINT, "--url", url, "pass", "watch", job_name, "--interval", "0.1"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         assert wait_until(lambda: "todo 3" in out.read_text(), 15)
         with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
@@ -359,15 +412,17 @@ def test_pass_watch_off_a_terminal_prints_lines_and_exits_on_signals(
 
 
 def test_pass_watch_on_a_terminal_puts_an_error_on_its_own_line(
-        url: str, client: taskq.Client, job_name: str) -> None:
+    url: str, client: taskq.Client, job_name: str
+) -> None:
     import pty
     import select
 
     client.create_job(job_name, [1, 2, 3], passes=None)
     pid, fd = pty.fork()
     if pid == 0:  # the child: taskq on a terminal
-        os.execv(ENTRY_POINT, ["taskq", "--url", url, "pass", "watch", job_name,
-                               "--interval", "0.1"])
+        os.execv(
+            ENTRY_POINT, ["taskq", "--url", url, "pass", "watch", job_name, "--interval", "0.1"]
+        )
     out = b""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -84,8 +84,14 @@ def test_ten_jobs_on_three_masters_create_lease_ack_reap_status(
     names = spread_names(cluster, "run")
     assert len(names) == 10
     for name in names:
-        cclient.create_job(name, [{"i": i} for i in range(8)], worker_ttl=2.0,
-                           heartbeat_interval=0.5, manual_clock=True, replace=True)
+        cclient.create_job(
+            name,
+            [{"i": i} for i in range(8)],
+            worker_ttl=2.0,
+            heartbeat_interval=0.5,
+            manual_clock=True,
+            replace=True,
+        )
         owner = cluster.owner_port(JobKeys(name).meta)
         # the job's keys live on its slot's master; the others redirect (MOVED)
         assert cluster.node(owner).exists(*JobKeys(name).all) >= 2
@@ -143,20 +149,31 @@ def test_reaper_and_exporter_read_every_master(
 ) -> None:
     names = spread_names(cluster, "obs")
     for name in names:
-        cclient.create_job(name, [{"i": i} for i in range(4)], replace=True, manual_clock=True,
-                           worker_ttl=2.0, heartbeat_interval=0.5)
+        cclient.create_job(
+            name,
+            [{"i": i} for i in range(4)],
+            replace=True,
+            manual_clock=True,
+            worker_ttl=2.0,
+            heartbeat_interval=0.5,
+        )
         taskq.Trainer(name, client=cclient, heartbeat=False).lease(timeout=0)
         taskq.Trainer(name, client=cclient, heartbeat=False).lease(timeout=0)
     for name in names[::2]:
         cclient.advance_clock(name, 3000)
     # the reaper walks the index (every job, on every master) and reaps what expired
-    assert Reaper(cclient).tick() == {**{n: 0 for n in cclient.list_jobs()},
-                                      **{n: 2 for n in names[::2]}}
+    assert Reaper(cclient).tick() == {
+        **{n: 0 for n in cclient.list_jobs()},
+        **{n: 2 for n in names[::2]},
+    }
 
     collector = TaskqCollector(cclient, jobs=names)
     families = {f.name: f for f in collector.collect()}
-    leased = {s.labels["job_name"]: s.value for s in families["taskq_tasks"].samples
-              if s.labels.get("state") == "leased"}
+    leased = {
+        s.labels["job_name"]: s.value
+        for s in families["taskq_tasks"].samples
+        if s.labels.get("state") == "leased"
+    }
     assert leased == {name: 0 if i % 2 == 0 else 2 for i, name in enumerate(names)}
     errors_total = families["taskq_exporter_scrape_errors"].samples[0].value
     assert errors_total == 0
@@ -169,15 +186,23 @@ def test_cli_job_status_and_list_on_a_cluster(
     for name in names:
         cclient.create_job(name, [{"i": i} for i in range(5)], replace=True)
     for name in names:
-        out = subprocess.run([TASKQ_CLI, "--url", cluster.url, "job", "status", name, "--json"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [TASKQ_CLI, "--url", cluster.url, "job", "status", name, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         assert doc["job"] == name and doc["tasks"] == 5 and doc["todo"] == 5
 
     # an index entry lost (the SADD after a create never ran) comes back with --repair
     cclient.redis.srem(jobs_index(), names[0])
-    out = subprocess.run([TASKQ_CLI, "--url", cluster.url, "job", "list", "--repair"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [TASKQ_CLI, "--url", cluster.url, "job", "list", "--repair"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert names[0] in cclient.list_jobs()

@@ -23,8 +23,9 @@ ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
 
 
 def taskq_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ENTRY_POINT, "--url", url, *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [ENTRY_POINT, "--url", url, *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def run(url: str, *args: str) -> Result:
@@ -49,25 +50,42 @@ def assert_no_job(client: taskq.Client, name: str) -> None:
 
 
 def test_parquet_files_by_row_groups_through_the_entry_point(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     write_parquet(tmp_path / "a.parquet", rows=100, row_group_size=10)
     write_parquet(tmp_path / "b.parquet", rows=30, row_group_size=10, start=100)
-    out = taskq_cli(url, "job", "create", job_name, "--files", str(tmp_path / "*.parquet"),
-                    "--row-groups-per-chunk", "4", "--chunks-per-task", "2")
+    out = taskq_cli(
+        url,
+        "job",
+        "create",
+        job_name,
+        "--files",
+        str(tmp_path / "*.parquet"),
+        "--row-groups-per-chunk",
+        "4",
+        "--chunks-per-task",
+        "2",
+    )
     assert out.returncode == 0, out.stderr
     assert f"job {job_name}: 2 tasks from 4 chunks" in out.stdout
     chunks = all_chunks(client, job_name)
-    assert [(c["format"], c["rows"]) for c in chunks] == [("parquet", 40), ("parquet", 40),
-                                                          ("parquet", 20), ("parquet", 30)]
+    assert [(c["format"], c["rows"]) for c in chunks] == [
+        ("parquet", 40),
+        ("parquet", 40),
+        ("parquet", 20),
+        ("parquet", 30),
+    ]
     assert [r["i"] for r in data.read_task(chunks)] == list(range(130))
 
 
 def test_jsonl_guessed_from_the_extension_with_chunk_bytes(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     (tmp_path / "part-0.jsonl").write_text("".join(f'{{"i": {i}}}\n' for i in range(300)))
     (tmp_path / "part-1.jsonl.gz").write_bytes(gzip.compress(b'{"i": 300}\n'))
-    out = taskq_cli(url, "job", "create", job_name, "--files", str(tmp_path / "part-*"),
-                    "--chunk-bytes", "1K")
+    out = taskq_cli(
+        url, "job", "create", job_name, "--files", str(tmp_path / "part-*"), "--chunk-bytes", "1K"
+    )
     assert out.returncode == 0, out.stderr
     chunks = all_chunks(client, job_name)
     assert {c["format"] for c in chunks} == {"jsonl"}
@@ -78,25 +96,45 @@ def test_jsonl_guessed_from_the_extension_with_chunk_bytes(
 
 
 def test_lines_format_tar_shards_and_lines_with_a_format(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     (tmp_path / "t.txt").write_text("a\r\nb\nc")
-    r = run(url, "job", "create", job_name, "--files", str(tmp_path / "*.txt"),
-            "--format", "lines")
+    r = run(url, "job", "create", job_name, "--files", str(tmp_path / "*.txt"), "--format", "lines")
     assert r.exit_code == 0, r.output
     assert list(data.read_task(all_chunks(client, job_name))) == ["a", "b", "c"]
 
     samples = shard_samples(7)
     write_shard(tmp_path / "s.tar", samples)
-    r = run(url, "job", "create", job_name, "--replace", "--files", str(tmp_path / "s.tar"),
-            "--records-per-chunk", "3")
+    r = run(
+        url,
+        "job",
+        "create",
+        job_name,
+        "--replace",
+        "--files",
+        str(tmp_path / "s.tar"),
+        "--records-per-chunk",
+        "3",
+    )
     assert r.exit_code == 0, r.output
     chunks = all_chunks(client, job_name)
     assert [c["samples"] for c in chunks] == [3, 3, 1]
     assert list(data.read_task(chunks)) == samples
 
     (tmp_path / "v.jsonl").write_text("1\n2\n3\n")
-    r = run(url, "job", "create", job_name, "--replace", "--lines", str(tmp_path / "v.jsonl"),
-            "--records-per-chunk", "2", "--format", "jsonl")
+    r = run(
+        url,
+        "job",
+        "create",
+        job_name,
+        "--replace",
+        "--lines",
+        str(tmp_path / "v.jsonl"),
+        "--records-per-chunk",
+        "2",
+        "--format",
+        "jsonl",
+    )
     assert r.exit_code == 0, r.output
     chunks = all_chunks(client, job_name)
     assert [(c["format"], c["records"]) for c in chunks] == [("jsonl", 2), ("jsonl", 1)]
@@ -104,26 +142,31 @@ def test_lines_format_tar_shards_and_lines_with_a_format(
 
 
 def test_files_of_no_known_format_stay_whole_file_chunks(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     (tmp_path / "a.bin").write_bytes(b"xyz")
     assert run(url, "job", "create", job_name, "--files", str(tmp_path / "*.bin")).exit_code == 0
     assert all_chunks(client, job_name) == [
-        {"path": str(tmp_path / "a.bin"), "offset": 0, "length": 3}]
+        {"path": str(tmp_path / "a.bin"), "offset": 0, "length": 3}
+    ]
 
 
 def test_compressed_lines_are_refused_with_one_line(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     path = tmp_path / "data.txt.gz"
     path.write_bytes(gzip.compress(b"a\nb\n"))
-    out = taskq_cli(url, "job", "create", job_name, "--lines", str(path),
-                    "--records-per-chunk", "1")
+    out = taskq_cli(
+        url, "job", "create", job_name, "--lines", str(path), "--records-per-chunk", "1"
+    )
     assert out.returncode == 1
     assert "byte ranges of a compressed file" in one_error_line(out.stderr)
     assert_no_job(client, job_name)
 
 
-def test_an_unquoted_glob_says_to_quote_it(url: str, client: taskq.Client, job_name: str,
-                                           tmp_path: Path) -> None:
+def test_an_unquoted_glob_says_to_quote_it(
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     for i in range(3):
         (tmp_path / f"part-{i}.jsonl").write_text("1\n")
     paths = sorted(str(p) for p in tmp_path.glob("part-*.jsonl"))  # as the shell expands
@@ -136,7 +179,8 @@ def test_an_unquoted_glob_says_to_quote_it(url: str, client: taskq.Client, job_n
 
 @pytest.mark.parametrize("depth", [990, 5000])
 def test_a_deeply_nested_manifest_is_refused_at_create(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path, depth: int) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path, depth: int
+) -> None:
     path = tmp_path / "deep.jsonl"
     path.write_text('{"ok": 1}\n' + "[" * depth + "]" * depth + "\n")
     out = taskq_cli(url, "job", "create", job_name, "--manifest", str(path))
@@ -146,7 +190,8 @@ def test_a_deeply_nested_manifest_is_refused_at_create(
 
 
 def test_corrupt_or_truncated_files_fail_create_with_one_line(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really" * 20)
     r = run(url, "job", "create", job_name, "--files", str(tmp_path / "bad.parquet"))
     assert r.exit_code == 1
@@ -159,25 +204,36 @@ def test_corrupt_or_truncated_files_fail_create_with_one_line(
     assert_no_job(client, job_name)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--manifest", "{m}", "--format", "jsonl"], "--format does not go with --manifest"),
-    (["--files", "{d}/*.jsonl", "--format", "parquet", "--chunk-bytes", "1M"],
-     "--chunk-bytes goes with lines|jsonl"),
-    (["--files", "{d}/*.jsonl", "--format", "jsonl", "--row-groups-per-chunk", "2"],
-     "--row-groups-per-chunk goes with parquet"),
-    (["--files", "{d}/*.jsonl", "--chunk-bytes", "1M", "--records-per-chunk", "3"],
-     "not both"),
-    (["--files", "{d}/*.parquet", "--format", "parquet", "--records-per-chunk", "3"],
-     "--row-groups-per-chunk"),
-    (["--files", "{d}/*.jsonl", "--chunk-bytes", "lots"], "is not a size"),
-    (["--files", "{d}/*.jsonl", "--storage-options", "[1]"], "must be a JSON object"),
-    (["--lines", "{d}/a.jsonl", "--records-per-chunk", "2", "--format", "tar"],
-     "--lines takes --format lines or jsonl"),
-    (["--files", "{d}/*.jsonl", "--format", "csv"], "'csv' is not one of"),
-], ids=lambda a: a if isinstance(a, str) else " ".join(a[-2:]))
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--manifest", "{m}", "--format", "jsonl"], "--format does not go with --manifest"),
+        (
+            ["--files", "{d}/*.jsonl", "--format", "parquet", "--chunk-bytes", "1M"],
+            "--chunk-bytes goes with lines|jsonl",
+        ),
+        (
+            ["--files", "{d}/*.jsonl", "--format", "jsonl", "--row-groups-per-chunk", "2"],
+            "--row-groups-per-chunk goes with parquet",
+        ),
+        (["--files", "{d}/*.jsonl", "--chunk-bytes", "1M", "--records-per-chunk", "3"], "not both"),
+        (
+            ["--files", "{d}/*.parquet", "--format", "parquet", "--records-per-chunk", "3"],
+            "--row-groups-per-chunk",
+        ),
+        (["--files", "{d}/*.jsonl", "--chunk-bytes", "lots"], "is not a size"),
+        (["--files", "{d}/*.jsonl", "--storage-options", "[1]"], "must be a JSON object"),
+        (
+            ["--lines", "{d}/a.jsonl", "--records-per-chunk", "2", "--format", "tar"],
+            "--lines takes --format lines or jsonl",
+        ),
+        (["--files", "{d}/*.jsonl", "--format", "csv"], "'csv' is not one of"),
+    ],
+    ids=lambda a: a if isinstance(a, str) else " ".join(a[-2:]),
+)
 def test_bad_option_combinations_are_usage_errors(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path, args: list[str],
-        message: str) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "a.jsonl").write_text("1\n")
     (tmp_path / "m.jsonl").write_text('{"x": 1}\n')
     args = [a.format(d=tmp_path, m=tmp_path / "m.jsonl") for a in args]
@@ -187,16 +243,19 @@ def test_bad_option_combinations_are_usage_errors(
     assert_no_job(client, job_name)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--files", "{d}/*.bin", "--chunk-bytes", "10"], "--chunk-bytes needs a format"),
-    (["--files", "{d}/*.parquet", "--row-groups-per-chunk", "0"], "0 is not in the range"),
-    (["--files", "{d}/nothing-*.parquet"], "no files match"),
-    (["--files", "{d}/*.parquet", "--chunk-bytes", "1K"], "chunk-bytes does not apply"),
-    (["--files", "{d}/*", "--format", "parquet"], "ArrowInvalid"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--files", "{d}/*.bin", "--chunk-bytes", "10"], "--chunk-bytes needs a format"),
+        (["--files", "{d}/*.parquet", "--row-groups-per-chunk", "0"], "0 is not in the range"),
+        (["--files", "{d}/nothing-*.parquet"], "no files match"),
+        (["--files", "{d}/*.parquet", "--chunk-bytes", "1K"], "chunk-bytes does not apply"),
+        (["--files", "{d}/*", "--format", "parquet"], "ArrowInvalid"),
+    ],
+)
 def test_bad_inputs_are_one_line_and_no_job(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path, args: list[str],
-        message: str) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path, args: list[str], message: str
+) -> None:
     (tmp_path / "a.bin").write_bytes(b"123")
     write_parquet(tmp_path / "p.parquet", rows=5, row_group_size=5)
     args = [a.format(d=tmp_path) for a in args]
@@ -207,18 +266,30 @@ def test_bad_inputs_are_one_line_and_no_job(
 
 
 def test_remote_files_over_http_with_storage_options(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    url: str, client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     write_parquet(tmp_path / "r.parquet", rows=40, row_group_size=10)
     server = RangeServer(tmp_path)
     try:
-        out = taskq_cli(url, "job", "create", job_name, "--files", f"{server.url}/r.parquet",
-                        "--row-groups-per-chunk", "3", "--storage-options",
-                        '{"headers": {"X-Test": "from-cli"}}')
+        out = taskq_cli(
+            url,
+            "job",
+            "create",
+            job_name,
+            "--files",
+            f"{server.url}/r.parquet",
+            "--row-groups-per-chunk",
+            "3",
+            "--storage-options",
+            '{"headers": {"X-Test": "from-cli"}}',
+        )
         assert out.returncode == 0, out.stderr
         assert server.marks and set(server.marks) == {"from-cli"}
         chunks = all_chunks(client, job_name)
         assert [(c["path"], c["rows"]) for c in chunks] == [
-            (f"{server.url}/r.parquet", 30), (f"{server.url}/r.parquet", 10)]
+            (f"{server.url}/r.parquet", 30),
+            (f"{server.url}/r.parquet", 10),
+        ]
         assert [r["i"] for r in data.read_task(chunks)] == list(range(40))
     finally:
         server.close()

@@ -19,10 +19,10 @@ from taskq.errors import DataError
 
 
 def test_every_parquet_row_exactly_once_through_a_job(
-        client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     for i in range(4):
-        write_parquet(tmp_path / f"part-{i}.parquet", rows=250, row_group_size=40,
-                      start=i * 250)
+        write_parquet(tmp_path / f"part-{i}.parquet", rows=250, row_group_size=40, start=i * 250)
     chunks = data.build_chunks(str(tmp_path / "*.parquet"), row_groups_per_chunk=2)
     client.create_job(job_name, chunks, chunks_per_task=3, shuffle=True, seed=5)
     seen: Counter[int] = Counter()
@@ -35,12 +35,14 @@ def test_every_parquet_row_exactly_once_through_a_job(
 
 
 def test_resuming_a_task_at_start_gives_the_rest_of_it(
-        client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, job_name: str, tmp_path: Path
+) -> None:
     """A task read part-way, released, then read again from the index reached: the two
     reads together give every sample of the task once."""
     write_shard(tmp_path / "s.tar", shard_samples(20))
-    client.create_job(job_name, data.build_chunks(str(tmp_path / "s.tar"),
-                                                  records_per_chunk=3), chunks_per_task=7)
+    client.create_job(
+        job_name, data.build_chunks(str(tmp_path / "s.tar"), records_per_chunk=3), chunks_per_task=7
+    )
     with taskq.Trainer(job_name, client=client, heartbeat=False) as trainer:
         task = trainer.lease(timeout=0)
         assert task is not None
@@ -55,8 +57,10 @@ def test_resuming_a_task_at_start_gives_the_rest_of_it(
 
 
 def corrupt_parquet(tmp_path: Path) -> tuple[list[dict], str]:
-    paths = [write_parquet(tmp_path / f"p{i}.parquet", rows=30, row_group_size=30,
-                           start=i * 30) for i in range(4)]
+    paths = [
+        write_parquet(tmp_path / f"p{i}.parquet", rows=30, row_group_size=30, start=i * 30)
+        for i in range(4)
+    ]
     chunks = data.build_chunks(str(tmp_path / "*.parquet"))
     raw = bytearray(Path(paths[2]).read_bytes())
     footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
@@ -66,11 +70,10 @@ def corrupt_parquet(tmp_path: Path) -> tuple[list[dict], str]:
 
 
 def truncated_tar(tmp_path: Path) -> tuple[list[dict], str]:
-    paths = [write_shard(tmp_path / f"s{i}.tar", shard_samples(4, first=i * 4))
-             for i in range(4)]
+    paths = [write_shard(tmp_path / f"s{i}.tar", shard_samples(4, first=i * 4)) for i in range(4)]
     chunks = data.build_chunks(str(tmp_path / "*.tar"))
     raw = Path(paths[2]).read_bytes()
-    Path(paths[2]).write_bytes(raw[:512 * 5 + 3])  # inside the 3rd member's data
+    Path(paths[2]).write_bytes(raw[: 512 * 5 + 3])  # inside the 3rd member's data
     return chunks, f"{paths[2]}: member "
 
 
@@ -82,14 +85,20 @@ def unreadable_jsonl(tmp_path: Path) -> tuple[list[dict], str]:
     return chunks, f"{tmp_path / 'j2.jsonl'}: open: FileNotFoundError"
 
 
-@pytest.mark.parametrize("make", [corrupt_parquet, truncated_tar, unreadable_jsonl],
-                         ids=["corrupt-parquet", "truncated-tar", "unreadable-file"])
+@pytest.mark.parametrize(
+    "make",
+    [corrupt_parquet, truncated_tar, unreadable_jsonl],
+    ids=["corrupt-parquet", "truncated-tar", "unreadable-file"],
+)
 def test_bad_data_fails_its_task_ends_dead_and_the_pass_completes(
-        url: str, client: taskq.Client, job_name: str, tmp_path: Path,
-        make: Callable[[Path], tuple[list[dict], str]]) -> None:
+    url: str,
+    client: taskq.Client,
+    job_name: str,
+    tmp_path: Path,
+    make: Callable[[Path], tuple[list[dict], str]],
+) -> None:
     chunks, text = make(tmp_path)
-    client.create_job(job_name, chunks, max_failures=3, worker_ttl=2.0,
-                      heartbeat_interval=0.2)
+    client.create_job(job_name, chunks, max_failures=3, worker_ttl=2.0, heartbeat_interval=0.2)
     good, failures = 0, 0
     with taskq.Trainer(job_name, client=client) as trainer:
         for task in trainer:

@@ -31,29 +31,30 @@ def expected_lines(content: bytes) -> list[str]:
     return [(p[:-1] if p.endswith(b"\r") else p).decode() for p in parts]
 
 
-def read_ranges(path: str, bounds: list[int], reader: data.storage.Reader = LINES,
-                fmt: str = "lines") -> list[object]:
+def read_ranges(
+    path: str, bounds: list[int], reader: data.storage.Reader = LINES, fmt: str = "lines"
+) -> list[object]:
     out: list[object] = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
-        out += list(reader.read({"format": fmt, "path": path, "offset": lo,
-                                 "length": hi - lo}))
+        out += list(reader.read({"format": fmt, "path": path, "offset": lo, "length": hi - lo}))
     return out
 
 
-line_text = st.text(alphabet=st.characters(blacklist_characters="\r\n",
-                                           blacklist_categories=("Cs",)), max_size=12)
+line_text = st.text(
+    alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=12
+)
 
 
 @st.composite
 def files_and_tilings(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     lines = draw(st.lists(line_text, max_size=25))
-    ends = draw(st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=len(lines),
-                         max_size=len(lines)))
+    ends = draw(
+        st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=len(lines), max_size=len(lines))
+    )
     content = b"".join(t.encode() + e for t, e in zip(lines, ends, strict=True))
     if lines and draw(st.booleans()):
         content = content[: -len(ends[-1])]  # a last line without a newline
-    sizes = draw(st.lists(st.integers(min_value=0, max_value=max(len(content), 1)),
-                          max_size=40))
+    sizes = draw(st.lists(st.integers(min_value=0, max_value=max(len(content), 1)), max_size=40))
     bounds, pos = [0], 0
     for size in sizes:  # zero sizes make empty ranges
         pos = min(pos + size, len(content))
@@ -65,8 +66,7 @@ def files_and_tilings(draw: st.DrawFn) -> tuple[bytes, list[int]]:
 
 @settings(max_examples=300, deadline=None)
 @given(files_and_tilings())
-def test_every_line_is_read_exactly_once_over_any_tiling(case: tuple[bytes, list[int]]
-                                                         ) -> None:
+def test_every_line_is_read_exactly_once_over_any_tiling(case: tuple[bytes, list[int]]) -> None:
     """Random line lengths, LF and CRLF, empty lines, a last line with or without a
     newline, random range sizes (empty ones, ones smaller than a line)."""
     content, bounds = case
@@ -77,15 +77,26 @@ def test_every_line_is_read_exactly_once_over_any_tiling(case: tuple[bytes, list
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(st.integers(), st.text(max_size=8), st.none(),
-                          st.dictionaries(st.text(max_size=3), st.integers(), max_size=3)),
-                max_size=20),
-       st.integers(min_value=1, max_value=64), st.booleans())
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(),
+            st.text(max_size=8),
+            st.none(),
+            st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+        ),
+        max_size=20,
+    ),
+    st.integers(min_value=1, max_value=64),
+    st.booleans(),
+)
 def test_jsonl_ranges_give_every_value_once_and_skip_blank_lines(
-        values: list[object], chunk_bytes: int, crlf: bool) -> None:
+    values: list[object], chunk_bytes: int, crlf: bool
+) -> None:
     end = "\r\n" if crlf else "\n"
-    text = "".join(json.dumps(v) + end + ("  " + end if i % 4 == 1 else "")
-                   for i, v in enumerate(values))
+    text = "".join(
+        json.dumps(v) + end + ("  " + end if i % 4 == 1 else "") for i, v in enumerate(values)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "v.jsonl")
         Path(path).write_text(text, newline="")
@@ -152,9 +163,14 @@ def test_compressed_files_are_whole_file_chunks(tmp_path: Path, suffix: str) -> 
     packed = gzip.compress(text) if suffix == ".gz" else zstandard.ZstdCompressor().compress(text)
     path.write_bytes(packed)
     chunks = data.build_chunks(str(path), chunk_bytes=100)
-    assert chunks == [{"format": "jsonl", "path": str(path),
-                       "compression": "gzip" if suffix == ".gz" else "zstd",
-                       "bytes": len(packed)}]
+    assert chunks == [
+        {
+            "format": "jsonl",
+            "path": str(path),
+            "compression": "gzip" if suffix == ".gz" else "zstd",
+            "bytes": len(packed),
+        }
+    ]
     assert [v["i"] for v in data.read_task(chunks)] == list(range(1000))
     assert [v["i"] for v in data.read_task(chunks, start=990)] == list(range(990, 1000))
 
@@ -192,8 +208,9 @@ def test_bad_utf8_missing_file_and_truncated_gzip_are_data_errors(tmp_path: Path
     with pytest.raises(DataError, match="missing.txt: open: FileNotFoundError"):
         list(LINES.read({"format": "lines", "path": str(tmp_path / "missing.txt")}))
     cut = tmp_path / "cut.jsonl.gz"
-    packed = gzip.compress(b"".join(b'{"a": "%s"}\n' % os.urandom(8).hex().encode()
-                                    for _ in range(5000)))
+    packed = gzip.compress(
+        b"".join(b'{"a": "%s"}\n' % os.urandom(8).hex().encode() for _ in range(5000))
+    )
     cut.write_bytes(packed[: len(packed) // 2])
     with pytest.raises(DataError, match="cut.jsonl.gz: line at byte .*(EOFError|BadGzipFile)"):
         list(data.read_task(data.build_chunks(str(cut))))

@@ -36,14 +36,19 @@ def test_row_group_chunks_carry_rows_and_cover_every_row_once(tmp_path: Path) ->
     b = write_parquet(tmp_path / "b.parquet", rows=25, row_group_size=10, start=100)
     chunks = data.build_chunks(str(tmp_path / "*.parquet"), row_groups_per_chunk=3)
     assert [(c["path"], c["row_groups"], c["rows"]) for c in chunks] == [
-        (a, [0, 1, 2], 30), (a, [3, 4, 5], 30), (a, [6, 7, 8], 30), (a, [9], 10),
-        (b, [0, 1, 2], 25)]
+        (a, [0, 1, 2], 30),
+        (a, [3, 4, 5], 30),
+        (a, [6, 7, 8], 30),
+        (a, [9], 10),
+        (b, [0, 1, 2], 25),
+    ]
     assert all(c["format"] == "parquet" for c in chunks)
     rows = list(data.read_task(chunks))
     assert [r["i"] for r in rows] == list(range(125))
     assert rows[7] == {"i": 7, "s": "row 7", "f": 3.5}
     assert data.build_chunks(a) == [
-        {"format": "parquet", "path": a, "row_groups": [g], "rows": 10} for g in range(10)]
+        {"format": "parquet", "path": a, "row_groups": [g], "rows": 10} for g in range(10)
+    ]
 
 
 def test_chunks_are_built_from_the_footer_alone(tmp_path: Path) -> None:
@@ -83,8 +88,9 @@ def test_start_skips_whole_row_groups_by_metadata(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "p.parquet", rows=40, row_group_size=10)
     meta = pq.ParquetFile(path).metadata
     column = meta.row_group(2).column(0)
-    first_kept = min(o for o in (column.data_page_offset, column.dictionary_page_offset)
-                     if o is not None)
+    first_kept = min(
+        o for o in (column.data_page_offset, column.dictionary_page_offset) if o is not None
+    )
     raw = bytearray(Path(path).read_bytes())
     raw[4:first_kept] = bytes((i * 131 + 7) % 256 for i in range(first_kept - 4))
     Path(path).write_bytes(bytes(raw))
@@ -92,11 +98,26 @@ def test_start_skips_whole_row_groups_by_metadata(tmp_path: Path) -> None:
     assert [r["i"] for r in PARQUET.read(chunk, start=25)] == list(range(25, 40))
     with pytest.raises(DataError, match="row group 0"):
         list(PARQUET.read(chunk))
-    gone = {"format": "parquet", "path": str(tmp_path / "gone.parquet"),
-            "row_groups": [0], "rows": 10}
-    assert [r["i"] for r in data.read_task([gone, chunk], start=38)] == [28, 29, 30, 31,
-                                                                         32, 33, 34, 35,
-                                                                         36, 37, 38, 39]
+    gone = {
+        "format": "parquet",
+        "path": str(tmp_path / "gone.parquet"),
+        "row_groups": [0],
+        "rows": 10,
+    }
+    assert [r["i"] for r in data.read_task([gone, chunk], start=38)] == [
+        28,
+        29,
+        30,
+        31,
+        32,
+        33,
+        34,
+        35,
+        36,
+        37,
+        38,
+        39,
+    ]
 
 
 def test_not_parquet_is_invalid_at_create_and_a_data_error_at_read(tmp_path: Path) -> None:

@@ -41,14 +41,19 @@ def put(url: str, payload: bytes) -> None:
 
 def test_memory_filesystem_every_format(memdir: str, tmp_path: Path) -> None:
     put(f"{memdir}/a.jsonl", b"".join(b'{"i": %d}\r\n' % i for i in range(40)))
-    put(f"{memdir}/b.parquet",
-        Path(write_parquet(tmp_path / "b.parquet", rows=30, row_group_size=8)).read_bytes())
+    put(
+        f"{memdir}/b.parquet",
+        Path(write_parquet(tmp_path / "b.parquet", rows=30, row_group_size=8)).read_bytes(),
+    )
     samples = shard_samples(5)
     put(f"{memdir}/c.tar", Path(write_shard(tmp_path / "c.tar", samples)).read_bytes())
     put(f"{memdir}/sub/d.txt", b"not matched by the glob\n")
     chunks = data.build_chunks(f"{memdir}/*.*", chunk_bytes=64, row_groups_per_chunk=2)
-    assert {c["path"] for c in chunks} == {f"{memdir}/a.jsonl", f"{memdir}/b.parquet",
-                                           f"{memdir}/c.tar"}
+    assert {c["path"] for c in chunks} == {
+        f"{memdir}/a.jsonl",
+        f"{memdir}/b.parquet",
+        f"{memdir}/c.tar",
+    }
     assert [c["format"] for c in chunks] == ["jsonl"] * 7 + ["parquet"] * 2 + ["tar"]
     got = list(data.read_task(chunks))
     assert got[:40] == [{"i": i} for i in range(40)]
@@ -86,8 +91,9 @@ def test_http_jsonl_byte_ranges_are_read_by_range(http: RangeServer, tmp_path: P
     assert starts and min(starts) == third["offset"] - 1  # ranged, not from byte 0
 
 
-def test_http_parquet_footer_only_at_create_and_ranged_reads(http: RangeServer,
-                                                             tmp_path: Path) -> None:
+def test_http_parquet_footer_only_at_create_and_ranged_reads(
+    http: RangeServer, tmp_path: Path
+) -> None:
     path = write_parquet(tmp_path / "p.parquet", rows=50000, row_group_size=10000)
     raw = Path(path).read_bytes()
     footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
@@ -99,10 +105,10 @@ def test_http_parquet_footer_only_at_create_and_ranged_reads(http: RangeServer,
     # pyarrow fetches the file's tail (64 KiB at most, or the footer if larger): no page
     tail = min(footer, len(raw) - (64 << 10))
     assert tail > 500_000  # the data pages lie before it
-    assert gets and all(r is not None and int(r.split("=")[1].split("-")[0]) >= tail
-                        for r in gets), gets
-    assert [r["i"] for r in data.read_task(chunks[2:], columns=["i"])] == list(range(40000,
-                                                                                    50000))
+    assert gets and all(
+        r is not None and int(r.split("=")[1].split("-")[0]) >= tail for r in gets
+    ), gets
+    assert [r["i"] for r in data.read_task(chunks[2:], columns=["i"])] == list(range(40000, 50000))
 
 
 def test_http_tar_member_range_and_storage_options(http: RangeServer, tmp_path: Path) -> None:
@@ -123,8 +129,11 @@ def test_http_missing_file(http: RangeServer) -> None:
     with pytest.raises(InvalidInput, match="no files match"):
         data.build_chunks(f"{http.url}/nope.jsonl")
     with pytest.raises(DataError, match="nope.jsonl: open: FileNotFoundError"):
-        list(data.read_task([{"format": "jsonl", "path": f"{http.url}/nope.jsonl",
-                              "offset": 0, "length": 10}]))
+        list(
+            data.read_task(
+                [{"format": "jsonl", "path": f"{http.url}/nope.jsonl", "offset": 0, "length": 10}]
+            )
+        )
 
 
 def test_import_taskq_needs_no_data_extra_and_a_missing_extra_says_so() -> None:
@@ -144,7 +153,12 @@ try:
 except taskq.InvalidInput as e:
     print(e)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert out.returncode == 0, out.stderr
     assert "format parquet needs the data extra: pip install 'taskq[data]'" in out.stdout

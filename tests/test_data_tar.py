@@ -29,9 +29,13 @@ def test_members_are_grouped_into_samples_by_key(tmp_path: Path) -> None:
 def test_webdataset_keys_directories_and_extensions(tmp_path: Path) -> None:
     path = tmp_path / "k.tar"
     with tarfile.open(str(path), "w") as tf:
-        for name, payload in (("dir/a.b.seg.PNG", b"1"), ("dir/a.b.txt", b"2"),
-                              ("dir", None), ("README", b"no extension"),
-                              ("other/a.b.txt", b"3")):
+        for name, payload in (
+            ("dir/a.b.seg.PNG", b"1"),
+            ("dir/a.b.txt", b"2"),
+            ("dir", None),
+            ("README", b"no extension"),
+            ("other/a.b.txt", b"3"),
+        ):
             info = tarfile.TarInfo(name)
             if payload is None:
                 info.type = tarfile.DIRTYPE
@@ -41,12 +45,14 @@ def test_webdataset_keys_directories_and_extensions(tmp_path: Path) -> None:
             tf.addfile(info, io.BytesIO(payload))
     assert list(data.read_task(data.build_chunks(str(path)))) == [
         {"__key__": "dir/a", "b.seg.png": b"1", "b.txt": b"2"},
-        {"__key__": "other/a", "b.txt": b"3"}]
+        {"__key__": "other/a", "b.txt": b"3"},
+    ]
 
 
 @pytest.mark.parametrize("per_chunk", [1, 2, 5, 13, 100])
-def test_member_ranges_hold_whole_samples_and_cover_the_shard(tmp_path: Path,
-                                                              per_chunk: int) -> None:
+def test_member_ranges_hold_whole_samples_and_cover_the_shard(
+    tmp_path: Path, per_chunk: int
+) -> None:
     samples = shard_samples(13)
     path = write_shard(tmp_path / "a.tar", samples)
     chunks = data.build_chunks(path, records_per_chunk=per_chunk)
@@ -78,7 +84,7 @@ def test_skipped_samples_data_is_never_read(tmp_path: Path) -> None:
     with tarfile.open(path) as tf:
         first = tf.getmember("s00000.jpg")
     raw = bytearray(Path(path).read_bytes())
-    raw[first.offset_data: first.offset_data + first.size] = b"\x00" * first.size
+    raw[first.offset_data : first.offset_data + first.size] = b"\x00" * first.size
     Path(path).write_bytes(bytes(raw))
     chunk = data.build_chunks(path)[0]
     assert list(TAR.read(chunk, start=1)) == samples[1:]
@@ -88,8 +94,9 @@ def test_compressed_shard_is_streamed_whole(tmp_path: Path) -> None:
     samples = shard_samples(6)
     path = write_shard(tmp_path / "a.tar.gz", samples, gz=True)
     chunks = data.build_chunks(path)
-    assert chunks == [{"format": "tar", "path": path, "compression": "gzip",
-                       "bytes": Path(path).stat().st_size}]
+    assert chunks == [
+        {"format": "tar", "path": path, "compression": "gzip", "bytes": Path(path).stat().st_size}
+    ]
     assert list(data.read_task(chunks)) == samples
     assert list(data.read_task(chunks, start=4)) == samples[4:]
     with pytest.raises(InvalidInput, match="compressed shard cannot be read by member range"):
@@ -121,7 +128,7 @@ def test_garbage_headers_are_data_errors_not_silent_ends(tmp_path: Path) -> None
     with tarfile.open(path) as tf:
         third = tf.getmember("s00002.jpg").offset
     raw = bytearray(Path(path).read_bytes())
-    raw[third: third + 512] = b"\x17" * 512
+    raw[third : third + 512] = b"\x17" * 512
     Path(path).write_bytes(bytes(raw))
     with pytest.raises(DataError, match="2 samples, the chunk says 6"):
         list(TAR.read(chunk))

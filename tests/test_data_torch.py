@@ -25,8 +25,11 @@ def _parquet(tmp_path: Path, files: int, rows: int) -> list[int]:
     values = []
     for f in range(files):
         xs = list(range(f * rows, (f + 1) * rows))
-        pq.write_table(pa.table({"x": xs, "y": [v * 0.5 for v in xs]}),
-                       tmp_path / f"part-{f}.parquet", row_group_size=25)
+        pq.write_table(
+            pa.table({"x": xs, "y": [v * 0.5 for v in xs]}),
+            tmp_path / f"part-{f}.parquet",
+            row_group_size=25,
+        )
         values += xs
     return values
 
@@ -35,8 +38,7 @@ def _jsonl(tmp_path: Path, files: int, rows: int) -> list[int]:
     values = []
     for f in range(files):
         xs = list(range(f * rows, (f + 1) * rows))
-        (tmp_path / f"part-{f}.jsonl").write_text("".join(json.dumps({"x": v}) + "\n"
-                                                          for v in xs))
+        (tmp_path / f"part-{f}.jsonl").write_text("".join(json.dumps({"x": v}) + "\n" for v in xs))
         values += xs
     return values
 
@@ -47,8 +49,10 @@ def _tar(tmp_path: Path, shards: int, samples: int) -> list[int]:
         with tarfile.open(tmp_path / f"shard-{s}.tar", "w") as tar:
             for i in range(samples):
                 v = s * samples + i
-                for ext, payload in (("json", json.dumps({"x": v}).encode()),
-                                     ("txt", f"sample {v}".encode())):
+                for ext, payload in (
+                    ("json", json.dumps({"x": v}).encode()),
+                    ("txt", f"sample {v}".encode()),
+                ):
                     info = tarfile.TarInfo(f"s{v:06d}.{ext}")
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
@@ -62,7 +66,8 @@ def _x_of_tar(sample: dict) -> dict:
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "tar"])
 def test_every_sample_of_built_chunks_reaches_the_loop_once_per_pass(
-        fmt: str, client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    fmt: str, client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     if fmt == "parquet":
         values = _parquet(tmp_path, files=3, rows=100)
         chunks = data.build_chunks(str(tmp_path / "*.parquet"), row_groups_per_chunk=2)

@@ -22,11 +22,19 @@ def test_manifest_reads_one_chunk_per_line_skipping_blank_lines(tmp_path: Path) 
     assert datasets.manifest_chunks(p) == [{"path": "a"}, ["x", 1], "plain"]
 
 
-@pytest.mark.parametrize("bad_line, expected_no", [
-    ('{"a": 1', 3), ("NaN", 3), ("null", 3), ("not json", 3), ('{"a": Infinity}', 3),
-])
-def test_manifest_bad_line_names_its_number(tmp_path: Path, bad_line: str,
-                                            expected_no: int) -> None:
+@pytest.mark.parametrize(
+    "bad_line, expected_no",
+    [
+        ('{"a": 1', 3),
+        ("NaN", 3),
+        ("null", 3),
+        ("not json", 3),
+        ('{"a": Infinity}', 3),
+    ],
+)
+def test_manifest_bad_line_names_its_number(
+    tmp_path: Path, bad_line: str, expected_no: int
+) -> None:
     p = write(tmp_path / "m.jsonl", '{"a": 1}\n\n' + bad_line + '\n{"a": 2}\n')
     with pytest.raises(InvalidInput, match=f"bad manifest line {expected_no}\\b"):
         datasets.manifest_chunks(p)
@@ -53,11 +61,16 @@ def test_files_are_sorted_regular_files_with_sizes(tmp_path: Path) -> None:
     write(tmp_path / "sub" / "e.bin", b"yy")
     chunks = datasets.file_chunks(str(tmp_path / "*.bin"))
     assert [(os.path.basename(c["path"]), c["offset"], c["length"]) for c in chunks] == [
-        ("a.bin", 0, 5), ("b.bin", 0, 3)]
+        ("a.bin", 0, 5),
+        ("b.bin", 0, 3),
+    ]
     assert all(os.path.isabs(c["path"]) for c in chunks)
     deep = datasets.file_chunks(str(tmp_path / "**" / "*.bin"))
     assert [os.path.relpath(c["path"], tmp_path) for c in deep] == [
-        "a.bin", "b.bin", os.path.join("sub", "e.bin")]
+        "a.bin",
+        "b.bin",
+        os.path.join("sub", "e.bin"),
+    ]
 
 
 def test_files_no_match_is_invalid(tmp_path: Path) -> None:
@@ -67,7 +80,7 @@ def test_files_no_match_is_invalid(tmp_path: Path) -> None:
 
 def _check_ranges(path: str, chunks: list[dict], per_chunk: int) -> None:
     data = Path(path).read_bytes()
-    pieces = [data[c["offset"]: c["offset"] + c["length"]] for c in chunks]
+    pieces = [data[c["offset"] : c["offset"] + c["length"]] for c in chunks]
     assert b"".join(pieces) == data  # covers the file exactly once, in order
     assert chunks[0]["offset"] == 0
     for prev, nxt in zip(chunks, chunks[1:], strict=False):
@@ -79,8 +92,7 @@ def _check_ranges(path: str, chunks: list[dict], per_chunk: int) -> None:
 
 
 @pytest.mark.parametrize("per_chunk", [1, 3, 7, 1000])
-def test_line_ranges_end_at_line_ends_and_cover_the_file(tmp_path: Path,
-                                                         per_chunk: int) -> None:
+def test_line_ranges_end_at_line_ends_and_cover_the_file(tmp_path: Path, per_chunk: int) -> None:
     p = write(tmp_path / "l.txt", "".join(f"record {i} {'x' * (i % 13)}\n" for i in range(50)))
     chunks = datasets.line_chunks(p, per_chunk)
     assert len(chunks) == -(-50 // per_chunk)
@@ -91,7 +103,10 @@ def test_line_ranges_last_line_without_newline_is_a_record(tmp_path: Path) -> No
     p = write(tmp_path / "l.txt", "a\nb\nc\nd\ne")
     chunks = datasets.line_chunks(p, 2)
     assert [(c["offset"], c["length"], c["records"]) for c in chunks] == [
-        (0, 4, 2), (4, 4, 2), (8, 1, 1)]
+        (0, 4, 2),
+        (4, 4, 2),
+        (8, 1, 1),
+    ]
     _check_ranges(p, chunks, 2)
 
 
@@ -118,8 +133,7 @@ def test_line_ranges_reject_bad_input(tmp_path: Path) -> None:
 @pytest.mark.parametrize("nesting", [65, 990, 5000])
 def test_manifest_nested_too_deep_is_a_bad_line(tmp_path: Path, nesting: int) -> None:
     """Refused at create, before any codec further on (lease, Lua) meets it."""
-    p = write(tmp_path / "m.jsonl", '{"a": 1}\n' + '{"k": ' * nesting + "1" + "}" * nesting
-              + "\n")
+    p = write(tmp_path / "m.jsonl", '{"a": 1}\n' + '{"k": ' * nesting + "1" + "}" * nesting + "\n")
     with pytest.raises(InvalidInput, match="bad manifest line 2: nested deeper than 64"):
         datasets.manifest_chunks(p)
 
@@ -127,8 +141,14 @@ def test_manifest_nested_too_deep_is_a_bad_line(tmp_path: Path, nesting: int) ->
 def test_manifest_nesting_up_to_the_cap_is_accepted(tmp_path: Path) -> None:
     deep = "[" * datasets.MAX_CHUNK_DEPTH + "]" * datasets.MAX_CHUNK_DEPTH
     assert datasets.manifest_chunks(write(tmp_path / "m.jsonl", deep + "\n"))
-    assert [datasets.depth(v) for v in (1, [], {}, [[1]], {"a": [{"b": {}}]}, [1, [2, [3]]])
-            ] == [0, 1, 1, 2, 4, 3]
+    assert [datasets.depth(v) for v in (1, [], {}, [[1]], {"a": [{"b": {}}]}, [1, [2, [3]]])] == [
+        0,
+        1,
+        1,
+        2,
+        4,
+        3,
+    ]
 
 
 @pytest.mark.parametrize("name", ["data.txt.gz", "x.jsonl.zst", "y.bz2", "z.xz"])
@@ -141,12 +161,14 @@ def test_line_ranges_of_compressed_files_are_refused(tmp_path: Path, name: str) 
 def test_format_chunks_by_extension_or_whole_files(tmp_path: Path) -> None:
     write(tmp_path / "a.bin", b"12345")
     assert datasets.format_chunks(str(tmp_path / "*.bin")) == [
-        {"path": str(tmp_path / "a.bin"), "offset": 0, "length": 5}]
+        {"path": str(tmp_path / "a.bin"), "offset": 0, "length": 5}
+    ]
     with pytest.raises(InvalidInput, match="--chunk-bytes needs a format"):
         datasets.format_chunks(str(tmp_path / "*.bin"), chunk_bytes=2)
     assert datasets.format_chunks(str(tmp_path / "*.bin"), "lines", chunk_bytes=2) == [
         {"format": "lines", "path": str(tmp_path / "a.bin"), "offset": o, "length": n}
-        for o, n in ((0, 2), (2, 2), (4, 1))]
+        for o, n in ((0, 2), (2, 2), (4, 1))
+    ]
     write(tmp_path / "b.jsonl", b"1\n")
     assert datasets.format_chunks(str(tmp_path / "*.jsonl"))[0]["format"] == "jsonl"
     with pytest.raises(InvalidInput, match="a.bin: cannot tell the format"):

@@ -19,27 +19,38 @@ ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
 
 
 @pytest.mark.slow
-def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str,
-                                                           client: taskq.Client) -> None:
+def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str, client: taskq.Client) -> None:
     began = time.monotonic()
-    r = subprocess.run([ENTRY_POINT, "demo", "--url", url, "--trainers", "3", "--passes", "2"],
-                       capture_output=True, text=True, timeout=120, cwd="/")
+    r = subprocess.run(
+        [ENTRY_POINT, "demo", "--url", url, "--trainers", "3", "--passes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     took = time.monotonic() - began
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "every task acked exactly once per pass: yes (2 passes x 60 tasks" in out
     assert "SIGKILL trainer" in out and "scale up" in out and "scale down" in out
-    assert re.search(r"max lateness: \d+\.\d+s \(how long an expired lease waited past its "
-                     r"deadline", out)
+    assert re.search(
+        r"max lateness: \d+\.\d+s \(how long an expired lease waited past its "
+        r"deadline",
+        out,
+    )
     assert "start: 3 trainer(s) [0, 1, 2]" in out  # every trainer the summary counts
     assert re.search(r"trainers: [3-9] started", out)
     killed = re.search(r"SIGKILLed \S+: (.*)", out)
-    assert killed and ("was leased again" in killed.group(1)
-                       or "held no task" in killed.group(1)), out
+    assert killed and (
+        "was leased again" in killed.group(1) or "held no task" in killed.group(1)
+    ), out
     assert re.search(r"total time: \d+\.\ds", out)
-    left = re.search(r"job (demo-[0-9a-f]+) is left in Redis at (\S+)\n"
-                     r"inspect: taskq --url (\S+) job status demo-.*\n"
-                     r"remove:  taskq --url (\S+) job delete demo-", out)
+    left = re.search(
+        r"job (demo-[0-9a-f]+) is left in Redis at (\S+)\n"
+        r"inspect: taskq --url (\S+) job status demo-.*\n"
+        r"remove:  taskq --url (\S+) job delete demo-",
+        out,
+    )
     assert left and left.group(2) == left.group(3) == left.group(4) == url, out
     assert took < 60, f"demo took {took:.1f}s"
     job = re.search(r"job (demo-[0-9a-f]+):", out)
@@ -83,9 +94,14 @@ def _alive(pids: set[int]) -> set[int]:
 @pytest.mark.slow
 def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TASKQ_REDIS_URL"}
-    proc = subprocess.Popen([ENTRY_POINT, "demo", "--tasks", "997", "--step", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd="/")
+    proc = subprocess.Popen(
+        [ENTRY_POINT, "demo", "--tasks", "997", "--step", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd="/",
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -110,13 +126,19 @@ def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
 
 @pytest.mark.slow
 def test_torch_demo_trains_through_a_sigkill_and_a_join_with_every_sample_audited(
-        url: str, client: taskq.Client) -> None:
+    url: str, client: taskq.Client
+) -> None:
     """``taskq demo --torch`` through the entry point: 3 trainers (2 loader workers
     each) over generated Parquet/JSONL files, one SIGKILLed and one added mid-pass; the
     loss per pass is printed and falls; every sample of each pass was taken, re-reads
     only of the killed trainer's; the job's own audit agrees."""
-    r = subprocess.run([ENTRY_POINT, "demo", "--torch", "--url", url], capture_output=True,
-                       text=True, timeout=240, cwd="/")
+    r = subprocess.run(
+        [ENTRY_POINT, "demo", "--torch", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd="/",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "3 trainers x 2 DataLoader workers" in out
@@ -125,8 +147,10 @@ def test_torch_demo_trains_through_a_sigkill_and_a_join_with_every_sample_audite
     assert len(losses) == 2 and losses[1] < losses[0], out
     assert re.search(r"pass 1: .*distinct 720 of 720", out)
     assert re.search(r"pass 2: .*distinct 720 of 720", out)
-    assert "every sample taken once per pass (re-reads only of what the killed trainer " \
-           "took after its last progress record): yes (2 passes x 720 samples)" in out
+    assert (
+        "every sample taken once per pass (re-reads only of what the killed trainer "
+        "took after its last progress record): yes (2 passes x 720 samples)" in out
+    )
     job = re.search(r"job (demo-torch-[0-9a-f]+):", out)
     assert job is not None
     report = client.audit(job.group(1))

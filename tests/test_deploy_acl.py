@@ -98,8 +98,9 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]
             return False
 
     # a server that refuses the ACL file exits: RedisServer says so, naming its log
-    server = RedisServer(extra=["--aclfile", str(aclfile)], port=port, directory=workdir,
-                         ready=ready)
+    server = RedisServer(
+        extra=["--aclfile", str(aclfile)], port=port, directory=workdir, ready=ready
+    )
     try:
         yield client
     finally:

@@ -26,9 +26,19 @@ IMAGE = "taskq:latest"
 
 
 def test_compose_file_validates_against_the_compose_spec_schema() -> None:
-    r = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                        "vendor.compose-spec", str(COMPOSE)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(COMPOSE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -198,5 +208,3 @@ def test_dockerignore_keeps_everything_the_dockerfile_copies() -> None:
     for source in copied:
         assert (ROOT / source).exists(), source
         assert not dockerignored(source, patterns), f"{source} is COPY'd but .dockerignore drops it"
-
-

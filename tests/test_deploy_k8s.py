@@ -56,7 +56,14 @@ def test_k8s_objects_validate_strictly_against_the_kubernetes_schemas(
     errors = [e for obj in checked for e in schema_errors(obj, version)]
     assert not errors, "\n".join(errors)
     assert {o["kind"] for o in checked} == {
-        "ConfigMap", "Deployment", "Job", "Namespace", "Secret", "Service", "StatefulSet"}
+        "ConfigMap",
+        "Deployment",
+        "Job",
+        "Namespace",
+        "Secret",
+        "Service",
+        "StatefulSet",
+    }
 
 
 def test_the_schema_check_catches_a_pod_condition_without_status(
@@ -174,5 +181,3 @@ def test_k8s_reaper_and_exporter(k8s_objects: list[dict[str, Any]]) -> None:
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
         p["name"] for p in service["spec"]["ports"]
     }
-
-

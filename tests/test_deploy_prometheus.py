@@ -217,5 +217,3 @@ def test_dashboard_queries_are_valid_promql(dashboard: dict[str, Any], tmp_path:
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = run_promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-
-

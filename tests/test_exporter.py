@@ -340,8 +340,9 @@ def test_unreachable_redis_does_not_break_the_scrape(serving: Any) -> None:
     _, samples = scrape(port)
     assert value(samples, "taskq_exporter_scrape_errors_total") == 1
     assert value(samples, "taskq_redis_up") == 0
-    assert not [k for k in samples
-                if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")]
+    assert not [
+        k for k in samples if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")
+    ]
 
 
 def test_unreachable_redis_is_tried_once_per_scrape_and_every_job_counted(
@@ -357,8 +358,9 @@ def test_unreachable_redis_is_tried_once_per_scrape_and_every_job_counted(
     assert time.monotonic() - started < 4.0
     assert value(samples, "taskq_exporter_scrape_errors_total") == len(jobs)
     assert value(samples, "taskq_redis_up") == 0
-    assert not [k for k in samples
-                if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")]
+    assert not [
+        k for k in samples if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")
+    ]
 
 
 @pytest.fixture
@@ -449,8 +451,9 @@ def test_last_ack_timestamp_is_unix_seconds_and_absent_before_the_first_ack(
     assert abs(acked_at - time.time()) < 60
 
 
-def test_redis_up_and_memory_policy_are_exposed(serving: Any, client: taskq.Client,
-                                                job_name: str) -> None:
+def test_redis_up_and_memory_policy_are_exposed(
+    serving: Any, client: taskq.Client, job_name: str
+) -> None:
     client.create_job(job_name, [1])
     _, samples = scrape(serving([job_name]))
     assert value(samples, "taskq_redis_up") == 1
@@ -467,16 +470,33 @@ def test_an_evicting_redis_shows_in_the_policy_gauge(serving: Any) -> None:
         server.cleanup()
 
 
-def test_a_user_without_info_has_no_policy_gauge_but_is_up(serving: Any, client: taskq.Client,
-                                                           job_name: str) -> None:
+def test_a_user_without_info_has_no_policy_gauge_but_is_up(
+    serving: Any, client: taskq.Client, job_name: str
+) -> None:
     """The exporter ACL of deploy/redis/acl.conf has no INFO: the gauge is absent (the
     eviction alert cannot fire on a guess) and the jobs are still exported."""
     client.create_job(job_name, [1])
     # the exporter line of deploy/redis/acl.conf
     client.redis.execute_command(
-        "ACL", "SETUSER", "noinfo-exporter", "reset", "on", ">pw", "~*", "resetchannels",
-        "-@all", "+@read", "+@connection", "+select", "+ping", "+time", "-@write",
-        "-@dangerous", "-@admin", "+fcall_ro")
+        "ACL",
+        "SETUSER",
+        "noinfo-exporter",
+        "reset",
+        "on",
+        ">pw",
+        "~*",
+        "resetchannels",
+        "-@all",
+        "+@read",
+        "+@connection",
+        "+select",
+        "+ping",
+        "+time",
+        "-@write",
+        "-@dangerous",
+        "-@admin",
+        "+fcall_ro",
+    )
     try:
         port_url = client.redis.connection_pool.connection_kwargs["port"]
         reader = taskq.connect(f"redis://noinfo-exporter:pw@127.0.0.1:{port_url}/0")

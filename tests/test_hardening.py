@@ -105,8 +105,12 @@ def test_listings_page_through_every_state_completely(client, job_name):
         leased.add(task.id)
     t.release([x for x in t.held][:3])  # three back to the front: listed first in todo
     leased -= {x for x in leased if x not in {h.id for h in t.held}}
-    expected = {"done": done, "dead": dead, "leased": leased,
-                "todo": set(range(n)) - done - dead - leased}
+    expected = {
+        "done": done,
+        "dead": dead,
+        "leased": leased,
+        "todo": set(range(n)) - done - dead - leased,
+    }
     for state, ids in expected.items():
         pages, cursor, seen = 0, "0", []
         while True:
@@ -213,8 +217,7 @@ def test_concurrent_next_pass_without_expect_advances_once_per_read(client, job_
         barrier = threading.Barrier(2)
         results: list[object] = []
 
-        def advance(barrier: threading.Barrier = barrier,
-                    results: list[object] = results) -> None:
+        def advance(barrier: threading.Barrier = barrier, results: list[object] = results) -> None:
             c = taskq.Client(redis_client=client.redis)
             read = c.status(job_name, summaries=0).pass_no
             barrier.wait()

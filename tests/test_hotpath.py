@@ -16,8 +16,9 @@ import support
 
 import taskq
 
-make_job = partial(support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0,
-                   task_timeout=None)
+make_job = partial(
+    support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
+)
 
 
 def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:

@@ -88,8 +88,7 @@ def test_stale_holder_cannot_move_progress_and_its_claim_is_counted_reread(clien
     assert again.start == 5  # samples 5..8 were taken by a and will be read again by b
     b.ack(again)
     summary = client.audit(job_name)["passes"][-1]
-    assert (summary["resumed"], summary["resumed_samples"], summary["reread_samples"]) == \
-        (1, 5, 4)
+    assert (summary["resumed"], summary["resumed_samples"], summary["reread_samples"]) == (1, 5, 4)
 
 
 def test_release_sends_progress_first(client, job_name):
@@ -149,8 +148,12 @@ def test_progress_script_checks_its_arguments_before_writing(client, job_name):
     a = trainer(client, job_name, "a")
     task = a.lease(timeout=0)
     base = [a.job_incarnation, "a", a.incarnation]
-    for bad in ([1, task.id, task.token], [2, task.id, task.token, 3],
-                [1, task.id, task.token, -3], [1, "x", task.token, 3]):
+    for bad in (
+        [1, task.id, task.token],
+        [2, task.id, task.token, 3],
+        [1, task.id, task.token, -3],
+        [1, "x", task.token, 3],
+    ):
         with pytest.raises(taskq.InvalidInput):
             client.run(job_name, "progress", base + bad)
     assert progress_of(client, job_name) == {}
@@ -175,15 +178,25 @@ def test_progress_survives_a_redis_restart(own_redis: RedisServer, job_name):
 
 # -- a real trainer SIGKILLed at 90 % ----------------------------------------------------
 def test_task_of_a_trainer_sigkilled_at_90_percent_is_finished_from_there(
-        client, url, job_name, tmp_path: Path):
+    client, url, job_name, tmp_path: Path
+):
     rows = 200
     path = write_parquet(tmp_path / "d.parquet", rows=rows, row_group_size=50)
     chunks = build_chunks(path)
-    client.create_job(job_name, chunks=chunks, chunks_per_task=len(chunks), worker_ttl=1.0,
-                      heartbeat_interval=0.2, task_timeout=None)
+    client.create_job(
+        job_name,
+        chunks=chunks,
+        chunks_per_task=len(chunks),
+        worker_ttl=1.0,
+        heartbeat_interval=0.2,
+        task_timeout=None,
+    )
     out = tmp_path / "first.txt"
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "progress_proc.py"), url,
-                             job_name, str(out)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "progress_proc.py"), url, job_name, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert line.startswith("AT90"), line
@@ -209,20 +222,22 @@ def test_task_of_a_trainer_sigkilled_at_90_percent_is_finished_from_there(
     assert client.status(job_name).state == "completed"
 
 
-def test_with_a_helper_process_the_loop_sends_progress_once_per_interval(client, url,
-                                                                         job_name):
-    client.create_job(job_name, chunks=[{"i": 0}], worker_ttl=2.0, heartbeat_interval=0.2,
-                      task_timeout=None)
+def test_with_a_helper_process_the_loop_sends_progress_once_per_interval(client, url, job_name):
+    client.create_job(
+        job_name, chunks=[{"i": 0}], worker_ttl=2.0, heartbeat_interval=0.2, task_timeout=None
+    )
     with taskq.Trainer(job_name, url=url, worker_id="p", heartbeat="process") as a:
         task = a.lease(timeout=5)
         a.progress(task, 3)
         # the helper process heartbeats; the loop's own call sends once an interval passed
-        assert wait_until(lambda: (a.progress(task, 6), progress_of(client, job_name))[1]
-                          == {str(task.id): "6"})
+        assert wait_until(
+            lambda: (a.progress(task, 6), progress_of(client, job_name))[1] == {str(task.id): "6"}
+        )
 
 
 def test_a_per_job_trainer_credential_may_record_progress_and_end_passes(
-        client, url, job_name, redis_server):
+    client, url, job_name, redis_server
+):
     make_job(client, job_name, n=2, passes=2, manual_clock=False)
     rule = acl.trainer_rule(job_name, password="pw-progress-s3cr3t")
     acl.apply(client.redis, rule)

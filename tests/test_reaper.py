@@ -32,14 +32,23 @@ from taskq.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
 from taskq.scripts import HIST_BOUNDS_MS
 
 # subprocesses import this checkout's taskq whatever the working directory
-SUBPROCESS_ENV = {**os.environ,
-                  "PYTHONPATH": os.pathsep.join(filter(None, [
-                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      os.environ.get("PYTHONPATH")]))}
+SUBPROCESS_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        filter(
+            None,
+            [
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                os.environ.get("PYTHONPATH"),
+            ],
+        )
+    ),
+}
 
 
-make_job = partial(support.make_job, manual_clock=True, worker_ttl=2.0, heartbeat_interval=0.5,
-                   task_timeout=None)
+make_job = partial(
+    support.make_job, manual_clock=True, worker_ttl=2.0, heartbeat_interval=0.5, task_timeout=None
+)
 
 
 def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
@@ -196,8 +205,16 @@ def test_two_reapers_racing_over_1000_expired_leases_redispatch_each_once(client
     client.advance_clock(job_name, 2001)
     # a lock of 1 ms lets both reapers really interleave: only atomicity stands between
     # them and a double dispatch
-    reapers = [Reaper(taskq.connect(client.url.replace("***", "")), jobs=[job_name],
-                      batch=37, max_batches=1, lock_ms=1) for _ in range(2)]
+    reapers = [
+        Reaper(
+            taskq.connect(client.url.replace("***", "")),
+            jobs=[job_name],
+            batch=37,
+            max_batches=1,
+            lock_ms=1,
+        )
+        for _ in range(2)
+    ]
     totals = [0, 0]
     start = threading.Barrier(2)
 
@@ -231,15 +248,16 @@ sys.exit(Reaper(taskq.connect(url), jobs=[job], interval=0.05, batch=batch, max_
 """
 
 
-def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(
-    url, client, job_name
-):
+def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(url, client, job_name):
     n = 1000
     make_job(client, job_name, n=n, worker_ttl=2.0)
     lease_all(client, job_name, workers=50, each=20)
     client.advance_clock(job_name, 2001)
-    first = subprocess.Popen([sys.executable, "-c", REAPER_PROC, url, job_name, "1", "1000"],
-                             stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV)
+    first = subprocess.Popen(
+        [sys.executable, "-c", REAPER_PROC, url, job_name, "1", "1000"],
+        stderr=subprocess.DEVNULL,
+        env=SUBPROCESS_ENV,
+    )
     try:
         assert wait_until(lambda: counters(client, job_name)["expired_worker_lost"] >= 50, 20)
     finally:
@@ -250,10 +268,15 @@ def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(
 
     standby = Reaper(client, jobs=[job_name])
     assert standby.tick() == {job_name: 0} and standby.locked == [job_name], (
-        "the dead reaper's lock holds until it lapses")
+        "the dead reaper's lock holds until it lapses"
+    )
 
-    second = subprocess.Popen([sys.executable, "-c", REAPER_PROC, url, job_name, "1000", "1000"],
-                              stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    second = subprocess.Popen(
+        [sys.executable, "-c", REAPER_PROC, url, job_name, "1000", "1000"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=SUBPROCESS_ENV,
+    )
     try:
         assert wait_until(lambda: counters(client, job_name)["expired_worker_lost"] >= n, 20)
         time.sleep(0.2)
@@ -288,8 +311,12 @@ def test_redis_restart_gives_workers_a_grace_period_then_real_losses_go_back(
     make_job(c, job_name, n=3, manual_clock=False, worker_ttl=1.0, heartbeat_interval=0.2)
     alive, gone = trainer(c, job_name, "alive"), trainer(c, job_name, "gone")
     kept, lost = alive.lease(timeout=0), gone.lease(timeout=0)
-    reaper = Reaper(taskq.connect(own_redis.url, retries=0), jobs=[job_name], interval=0.1,
-                    backoff=ConstantBackoff(0.1))
+    reaper = Reaper(
+        taskq.connect(own_redis.url, retries=0),
+        jobs=[job_name],
+        interval=0.1,
+        backoff=ConstantBackoff(0.1),
+    )
     stop = threading.Event()
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
         loop = threading.Thread(target=reaper.run, args=(stop,))
@@ -305,6 +332,7 @@ def test_redis_restart_gives_workers_a_grace_period_then_real_losses_go_back(
                 assert alive.heartbeat() == []
                 assert counters(c, job_name)["expired_worker_lost"] == 0, "silence is not death"
                 time.sleep(0.1)
+
             def gone_is_lost() -> bool:
                 alive.heartbeat()
                 return counters(c, job_name)["expired_worker_lost"] >= 1
@@ -328,8 +356,9 @@ def test_redis_restart_gives_workers_a_grace_period_then_real_losses_go_back(
 
 def test_give_up_after_exits_nonzero_with_a_clear_message(caplog):
     nobody = taskq.connect(f"redis://127.0.0.1:{free_port()}/0", retries=0)
-    reaper = Reaper(nobody, jobs=["j"], interval=0.05, give_up_after=0.5,
-                    backoff=ConstantBackoff(0.05))
+    reaper = Reaper(
+        nobody, jobs=["j"], interval=0.05, give_up_after=0.5, backoff=ConstantBackoff(0.05)
+    )
     started = time.monotonic()
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
         code = reaper.run(threading.Event())
@@ -355,9 +384,10 @@ def test_vanished_and_corrupt_jobs_are_logged_and_skipped(client, job_name, capl
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
         assert reaper.tick() == {good: 1}
         assert good in reaper.tick()
-    by_job = {job: [r for r in caplog.records
-                    if r.name == "taskq.reaper" and job + ":" in r.getMessage()]
-              for job in (corrupt, odd, gone)}
+    by_job = {
+        job: [r for r in caplog.records if r.name == "taskq.reaper" and job + ":" in r.getMessage()]
+        for job in (corrupt, odd, gone)
+    }
     assert [r.levelno for r in by_job[corrupt]] == [logging.ERROR], "logged once"
     message = by_job[corrupt][0].getMessage()
     assert "cannot reap" in message and ("CorruptData" in message or "WRONGTYPE" in message)
@@ -433,18 +463,21 @@ def read_held(launcher: subprocess.Popen[str], count: int, timeout: float) -> di
     return held
 
 
-def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(
-    url, client, job_name, capsys
-):
+def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(url, client, job_name, capsys):
     """Ten trials where an idle trainer waits in ``lease()``, and five where nobody asks
     for work, so only the reaper can notice (time until the task is back in todo)."""
     ttl, trials, reaper_only = 1.0, 10, 5
     jobs = [f"{job_name}-{i}" for i in range(trials + reaper_only)]
     for name in jobs:
-        client.create_job(name, chunks=[{"i": 0}], worker_ttl=ttl, heartbeat_interval=0.2,
-                          task_timeout=None)
-    launcher = subprocess.Popen([sys.executable, "-c", HOLDERS_PROC, url, *jobs],
-                                stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+        client.create_job(
+            name, chunks=[{"i": 0}], worker_ttl=ttl, heartbeat_interval=0.2, task_timeout=None
+        )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", HOLDERS_PROC, url, *jobs],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=SUBPROCESS_ENV,
+    )
     holder_pid: dict[str, int] = {}
     stop = threading.Event()
     reaper = Reaper(taskq.connect(url), jobs=jobs)  # the default interval, 0.5 s
@@ -474,13 +507,16 @@ def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(
             time.sleep(0.3 + 0.08 * (i - trials))
             killed = time.monotonic()
             os.kill(holder_pid[jobs[i]], signal.SIGKILL)
-            assert wait_until(lambda: observer.status(jobs[i], summaries=0).todo == 1,
-                              ttl + 10, interval=0.01), f"trial {i}: never back in todo"
+            assert wait_until(
+                lambda: observer.status(jobs[i], summaries=0).todo == 1, ttl + 10, interval=0.01
+            ), f"trial {i}: never back in todo"
             by_reaper.append(time.monotonic() - killed)
 
         threads = [threading.Thread(target=trial, args=(i,)) for i in range(trials)]
-        threads += [threading.Thread(target=unattended, args=(i,))
-                    for i in range(trials, trials + reaper_only)]
+        threads += [
+            threading.Thread(target=unattended, args=(i,))
+            for i in range(trials, trials + reaper_only)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -497,17 +533,20 @@ def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(
         if loop.ident:
             loop.join(10)
     assert len(recovery) == trials and len(by_reaper) == reaper_only
-    late_ms = {name: [int(e["lateness_ms"]) for e in events(client, name, "expired")]
-               for name in jobs}
+    late_ms = {
+        name: [int(e["lateness_ms"]) for e in events(client, name, "expired")] for name in jobs
+    }
     idle_late = [ms for name in jobs[:trials] for ms in late_ms[name]]
     reaper_late = [ms for name in jobs[trials:] for ms in late_ms[name]]
     with capsys.disabled():
-        print(f"\nSIGKILL, worker_ttl={ttl}s, reaper every 0.5 s: re-leased by a blocked idle "
-              f"trainer in p50 {statistics.median(recovery):.2f}s max {max(recovery):.2f}s "
-              f"({trials} trials; lateness p50 {statistics.median(idle_late):.0f} ms); "
-              f"back in todo with nobody asking in p50 {statistics.median(by_reaper):.2f}s "
-              f"max {max(by_reaper):.2f}s ({reaper_only} trials; lateness p50 "
-              f"{statistics.median(reaper_late):.0f} ms max {max(reaper_late)} ms)")
+        print(
+            f"\nSIGKILL, worker_ttl={ttl}s, reaper every 0.5 s: re-leased by a blocked idle "
+            f"trainer in p50 {statistics.median(recovery):.2f}s max {max(recovery):.2f}s "
+            f"({trials} trials; lateness p50 {statistics.median(idle_late):.0f} ms); "
+            f"back in todo with nobody asking in p50 {statistics.median(by_reaper):.2f}s "
+            f"max {max(by_reaper):.2f}s ({reaper_only} trials; lateness p50 "
+            f"{statistics.median(reaper_late):.0f} ms max {max(reaper_late)} ms)"
+        )
     assert max(recovery) < ttl + 3.0 and max(by_reaper) < ttl + 3.0
     for name in jobs:
         assert len(late_ms[name]) == 1, f"{name}: one expiry"

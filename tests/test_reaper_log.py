@@ -11,10 +11,17 @@ import taskq
 from taskq.reaper import Reaper
 
 
-def test_one_info_line_per_tick_that_did_something(client: taskq.Client, job_name: str,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    client.create_job(job_name, [{"i": i} for i in range(3)], manual_clock=True,
-                      worker_ttl=2.0, heartbeat_interval=0.5, task_timeout=None)
+def test_one_info_line_per_tick_that_did_something(
+    client: taskq.Client, job_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.create_job(
+        job_name,
+        [{"i": i} for i in range(3)],
+        manual_clock=True,
+        worker_ttl=2.0,
+        heartbeat_interval=0.5,
+        task_timeout=None,
+    )
     trainer = taskq.Trainer(job_name, client=client, worker_id="w-lost", heartbeat=False)
     held = sorted(t.id for t in (trainer.lease(timeout=0), trainer.lease(timeout=0)) if t)
     assert len(held) == 2

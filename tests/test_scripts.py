@@ -34,13 +34,16 @@ def test_begin_resets_every_per_call_local_of_the_real_library():
     for part in scripts.LIB_PARTS:
         for line in (pkg / part).read_text().splitlines():
             if line.startswith("local ") and not line.startswith("local function "):
-                names = line[len("local "):].partition("=")[0]
+                names = line[len("local ") :].partition("=")[0]
                 declared |= {n.strip() for n in names.split(",")}
-    body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", scripts.SOURCE,
-                     re.S | re.M)
+    body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", scripts.SOURCE, re.S | re.M)
     assert body is not None
-    reset = {n.strip() for line in body.group(1).splitlines() if "=" in line
-             for n in line.partition("=")[0].split(",")}
+    reset = {
+        n.strip()
+        for line in body.group(1).splitlines()
+        if "=" in line
+        for n in line.partition("=")[0].split(",")
+    }
     assert {"NOW", "M", "EVBUF", "GRANTED", "COUNTS_EMPTY"} <= declared
     assert declared <= reset
 

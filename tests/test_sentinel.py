@@ -36,8 +36,11 @@ class SentinelProc:
             f"sentinel failover-timeout {SERVICE} 5000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self.proc = subprocess.Popen([SERVER_BINARY, str(conf), "--sentinel"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [SERVER_BINARY, str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         if not wait_until(self.ping, timeout=10):
             self.cleanup()
             raise RuntimeError(f"sentinel on {self.port} did not start")
@@ -50,7 +53,8 @@ class SentinelProc:
 
     def master_port(self) -> int:
         host, port = redis.Redis(port=self.port, decode_responses=True).execute_command(
-            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE
+        )
         return int(port)
 
     def cleanup(self) -> None:
@@ -65,8 +69,10 @@ class SentinelSetup:
         self.sentinels: list[SentinelProc] = []
         try:
             self.replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(self.master.port)])
-            assert wait_until(lambda: self.master.client().info("replication")
-                              ["connected_slaves"] == 1, timeout=15)
+            assert wait_until(
+                lambda: self.master.client().info("replication")["connected_slaves"] == 1,
+                timeout=15,
+            )
             self.sentinels = [SentinelProc(self.master.port) for _ in range(3)]
             # every sentinel must know the others and the replica before a failover works
             assert wait_until(self.sentinels_ready, timeout=20, interval=0.1)
@@ -77,9 +83,11 @@ class SentinelSetup:
     def sentinels_ready(self) -> bool:
         for s in self.sentinels:
             info = redis.Redis(port=s.port, decode_responses=True).execute_command(
-                "SENTINEL", "MASTER", SERVICE)
-            fields = dict(zip(info[::2], info[1::2], strict=False)) if isinstance(
-                info, list) else info
+                "SENTINEL", "MASTER", SERVICE
+            )
+            fields = (
+                dict(zip(info[::2], info[1::2], strict=False)) if isinstance(info, list) else info
+            )
             if int(fields["num-other-sentinels"]) < 2 or int(fields["num-slaves"]) < 1:
                 return False
         return True
@@ -141,8 +149,9 @@ def test_failover_mid_pass_trainers_carry_on_and_records_stay_right(
     sentinel_setup.master.kill()
     killed_at = time.monotonic()
     done_at_kill = len(seen)
-    assert wait_until(lambda: sentinel_setup.sentinels[0].master_port() != old_port,
-                      timeout=30, interval=0.1), "no failover"
+    assert wait_until(
+        lambda: sentinel_setup.sentinels[0].master_port() != old_port, timeout=30, interval=0.1
+    ), "no failover"
     failover_s = time.monotonic() - killed_at
     for t in threads:
         t.join(90)
@@ -161,7 +170,6 @@ def test_failover_mid_pass_trainers_carry_on_and_records_stay_right(
     # fencing: every lease granted by the new master has a larger token than any granted
     # by the old one (the first few started after the kill may be prefetched before it)
     before = [tok for at, _, tok in seen if at < killed_at]
-    after = sorted((at, tok) for at, _, tok in seen if at > killed_at)[trainers * 2:]
+    after = sorted((at, tok) for at, _, tok in seen if at > killed_at)[trainers * 2 :]
     assert after and min(tok for _, tok in after) > max(before)
-    print(f"failover {failover_s:.1f}s, {done_at_kill} done at kill, "
-          f"{len(seen) - tasks} re-run")
+    print(f"failover {failover_s:.1f}s, {done_at_kill} done at kill, {len(seen) - tasks} re-run")

@@ -97,8 +97,7 @@ def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name
 def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     client: taskq.Client, job_name: str
 ) -> None:
-    st = client.create_job(job_name, [{"i": i} for i in range(10)], shards=3,
-                           chunks_per_task=2)
+    st = client.create_job(job_name, [{"i": i} for i in range(10)], shards=3, chunks_per_task=2)
     sset = sharded.require(client, job_name)
     assert sset.shards == [f"{job_name}.s{k}" for k in range(3)]
     assert (st.tasks, [s.tasks for s in st.shards]) == (5, [2, 2, 1])
@@ -120,7 +119,9 @@ def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     sharded.delete(client, job_name)
     assert sharded.load(client, job_name) is None
     assert [j for j in client.list_jobs() if j.startswith(job_name)] == [
-        job_name + "-plain", job_name + "-x.s1"]
+        job_name + "-plain",
+        job_name + "-x.s1",
+    ]
 
 
 def test_barrier_holds_a_finished_shard_until_every_shard_is_done(
@@ -150,8 +151,7 @@ def test_barrier_holds_a_finished_shard_until_every_shard_is_done(
 
 
 def test_cancel_reset_retry_act_on_every_shard(client: taskq.Client, job_name: str) -> None:
-    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=None,
-                      max_failures=1)
+    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=None, max_failures=1)
     sset = sharded.require(client, job_name)
     with taskq.Trainer(sset.shards[2], client=client, heartbeat=False) as tr:
         task = tr.lease(timeout=0)
@@ -190,8 +190,9 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
 
 
 # -- cluster --------------------------------------------------------------------------
-def test_shards_land_on_different_masters(cluster: RedisClusterProcs,
-                                          cclient: taskq.Client) -> None:
+def test_shards_land_on_different_masters(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
     for name, shards in (("place-a", 3), ("place-b", 3), ("place-c", 6)):
         cclient.create_job(name, [{"i": i} for i in range(12)], shards=shards, replace=True)
         sset = sharded.require(cclient, name)
@@ -218,8 +219,15 @@ def test_a_shard_whose_last_trainer_vanished_still_finishes(
     cluster: RedisClusterProcs, cclient: taskq.Client
 ) -> None:
     name = "orphan"
-    cclient.create_job(name, [{"i": i} for i in range(30)], shards=3, passes=2,
-                       replace=True, worker_ttl=1.0, heartbeat_interval=0.25)
+    cclient.create_job(
+        name,
+        [{"i": i} for i in range(30)],
+        shards=3,
+        passes=2,
+        replace=True,
+        worker_ttl=1.0,
+        heartbeat_interval=0.25,
+    )
     sset = sharded.require(cclient, name)
     # the only trainer homed on shard 2 takes a task and vanishes (no heartbeat, no leave)
     gone = taskq.Trainer(sset.shards[2], url=cluster.url, heartbeat=False)
@@ -238,8 +246,11 @@ def test_a_shard_whose_last_trainer_vanished_still_finishes(
 
 
 def start_proc(url: str, name: str, log: Path, sleep: float) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, PROC, url, name, "--log", str(log), "--sleep",
-                             str(sleep)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, PROC, url, name, "--log", str(log), "--sleep", str(sleep)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
@@ -247,8 +258,15 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
 ) -> None:
     name = "chaos"
     n, passes = 45, 4
-    cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=passes,
-                       replace=True, worker_ttl=1.5, heartbeat_interval=0.3)
+    cclient.create_job(
+        name,
+        [{"i": i} for i in range(n)],
+        shards=3,
+        passes=passes,
+        replace=True,
+        worker_ttl=1.5,
+        heartbeat_interval=0.3,
+    )
     log = tmp_path / "acks.log"
     procs = [start_proc(cluster.url, name, log, 0.05) for _ in range(4)]
     try:
@@ -273,8 +291,7 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
         def boundary() -> bool:
             shards = sharded.status(cclient, name).shards
             if any(s.state == "waiting" and s.pass_no == 1 for s in shards):
-                at_barrier.extend(s.job for s in shards if s.state == "running"
-                                  and s.pass_no == 1)
+                at_barrier.extend(s.job for s in shards if s.state == "running" and s.pass_no == 1)
             return bool(at_barrier)
 
         assert wait_until(boundary, timeout=60, interval=0.01)
@@ -311,8 +328,20 @@ def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(9)))
     url = cluster.url
-    r = cli_run(url, "job", "create", "clijob", "--manifest", str(manifest), "--shards", "3",
-                "--passes", "3", "--manual-advance", "--json")
+    r = cli_run(
+        url,
+        "job",
+        "create",
+        "clijob",
+        "--manifest",
+        str(manifest),
+        "--shards",
+        "3",
+        "--passes",
+        "3",
+        "--manual-advance",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["tasks"] == 9 and len(doc["shards"]) == 3

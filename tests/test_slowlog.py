@@ -34,8 +34,9 @@ def slow_verbs(client: taskq.Client, job: str) -> dict[str, tuple[float, int]]:
 
 
 def test_no_call_of_any_verb_on_a_200k_task_job_takes_10_ms():
-    server = RedisServer(extra=["--slowlog-log-slower-than", str(SLOW_US),
-                                "--slowlog-max-len", "10000"])
+    server = RedisServer(
+        extra=["--slowlog-log-slower-than", str(SLOW_US), "--slowlog-max-len", "10000"]
+    )
     try:
         client = taskq.connect(server.url)
         first = slow_verbs(client, "big")

@@ -33,9 +33,17 @@ class EngineMachine(RuleBasedStateMachine):
         self.client = taskq.connect(self.url)
         self.job = f"sm-{next(_ids)}"
         self.client.create_job(
-            self.job, chunks=list(range(N_TASKS)), passes=None, worker_ttl=3.0,
-            heartbeat_interval=1.0, task_timeout=None, max_failures=2, max_attempts=3,
-            shuffle=True, seed=11, manual_clock=True,
+            self.job,
+            chunks=list(range(N_TASKS)),
+            passes=None,
+            worker_ttl=3.0,
+            heartbeat_interval=1.0,
+            task_timeout=None,
+            max_failures=2,
+            max_attempts=3,
+            shuffle=True,
+            seed=11,
+            manual_clock=True,
         )
         self.trainers = {
             w: taskq.Trainer(self.job, client=self.client, worker_id=w, heartbeat=False)
@@ -58,8 +66,11 @@ class EngineMachine(RuleBasedStateMachine):
         lease = parse_lease(self.client.redis.hget(keys.leases, str(task.id)))
         # a task at the tail of a pass may have a backup lease beside it (field b:<task>)
         backup = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
-        if backup and backup["worker"] == worker and not (lease and lease["worker"] == worker
-                                                          and lease["live"]):
+        if (
+            backup
+            and backup["worker"] == worker
+            and not (lease and lease["worker"] == worker and lease["live"])
+        ):
             lease = backup
         t = self.trainers[worker]
         # the call reclaims first: a worker past its liveness deadline (on the job's
@@ -71,8 +82,12 @@ class EngineMachine(RuleBasedStateMachine):
         deadline = self.client.redis.zscore(keys.workers, f"{worker}|{t.incarnation}")
         alive = deadline is not None and deadline >= now - offset
         return bool(
-            alive and lease and lease["live"] and lease["round"] == self._meta("round")
-            and lease["worker"] == worker and lease["worker_incarnation"] == t.incarnation
+            alive
+            and lease
+            and lease["live"]
+            and lease["round"] == self._meta("round")
+            and lease["worker"] == worker
+            and lease["worker_incarnation"] == t.incarnation
             and lease["token"] == task.token
         )
 
@@ -102,8 +117,11 @@ class EngineMachine(RuleBasedStateMachine):
             self.held[w].append(task)
 
     @precondition(lambda self: any(self.held.values()))
-    @rule(w=st.sampled_from(WORKERS), op=st.sampled_from(["ack", "ack", "fail", "release"]),
-          i=st.integers(0, 3))
+    @rule(
+        w=st.sampled_from(WORKERS),
+        op=st.sampled_from(["ack", "ack", "fail", "release"]),
+        i=st.integers(0, 3),
+    )
     def end(self, w: str, op: str, i: int) -> None:
         if not self.held[w]:
             return
@@ -213,7 +231,9 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 EngineMachine.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=40, deadline=None,
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -230,8 +250,9 @@ class BackupMachine(EngineMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.client.redis.hset(self.client.keys(self.job).meta,
-                               mapping={"acked_job": 10, "dur_med": 100_000})
+        self.client.redis.hset(
+            self.client.keys(self.job).meta, mapping={"acked_job": 10, "dur_med": 100_000}
+        )
 
 
 BackupMachine.TestCase.settings = EngineMachine.TestCase.settings

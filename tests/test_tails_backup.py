@@ -186,8 +186,9 @@ def test_a_lost_straggler_leaves_the_backup_running(client, job_name):
     s = client.status(job_name, summaries=0)
     assert (s.leased, s.todo) == (1, 0)
     assert counters(client, job_name)["expired_worker_lost"] == 1
-    assert client.redis.hget(client.keys(job_name).counts, f"a:{backup.id}") == "1", \
+    assert client.redis.hget(client.keys(job_name).counts, f"a:{backup.id}") == "1", (
         "the loss is charged though the backup carries on"
+    )
     fast.ack(backup)
     assert_pass_counted_once(client, job_name)
     assert straggler.id == backup.id
@@ -221,8 +222,9 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
     keys = client.keys(job_name)
     client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x the median
     median = 100
-    reply = client.scripts.call("lease", keys.all, [
-        fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1])
+    reply = client.scripts.call(
+        "lease", keys.all, [fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1]
+    )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
     assert int(reply[2]) == 20 * median - 1100 + 1, "woken when a backup is due"
 
@@ -252,8 +254,13 @@ def test_no_backup_of_a_task_that_already_cost_an_attempt(client, job_name):
 
 
 def test_the_median_follows_the_usual_task_not_the_stragglers(client, job_name):
-    client.create_job(job_name, chunks=[{"i": i} for i in range(40)], manual_clock=True,
-                      task_timeout=None, passes=1)
+    client.create_job(
+        job_name,
+        chunks=[{"i": i} for i in range(40)],
+        manual_clock=True,
+        task_timeout=None,
+        passes=1,
+    )
     t = trainer(client, job_name, "w")
     for i in range(30):
         task = t.lease(timeout=0)

@@ -52,20 +52,26 @@ def pings(**kwargs: Any) -> bool:
 def doc_block(lang: str) -> str:
     """The first fenced ``lang`` block of docs/security.md's TLS section."""
     text = SECURITY_DOC.read_text()
-    section = text[text.index("## TLS\n"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## TLS\n") :]
+    section = section[: section.index("\n## ", 1)]
     fence = f"```{lang}\n"
     assert fence in section, f"docs/security.md, TLS: no {lang} block"
-    block = section[section.index(fence) + len(fence):]
-    return block[:block.index("```")]
+    block = section[section.index(fence) + len(fence) :]
+    return block[: block.index("```")]
 
 
 def make_certs(d: Path) -> None:
     """A CA, a server certificate for 127.0.0.1 and a client certificate: the documented
     recipe of docs/security.md, run as written (with 2-day certificates)."""
     (d / "certs.cnf").write_text(doc_block("ini"))
-    subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block("sh")], cwd=d, check=True,
-                   capture_output=True, timeout=120, env={**os.environ, "DAYS": "2"})
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", doc_block("sh")],
+        cwd=d,
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "DAYS": "2"},
+    )
 
 
 def strict_context(d: Path) -> ssl.SSLContext:
@@ -81,13 +87,32 @@ def tls_server() -> Iterator[tuple[int, Path]]:
     d = Path(tempfile.mkdtemp(prefix="taskq-tls-"))
     make_certs(d)
     port = free_port()
-    tls = dict(ssl=True, ssl_ca_certs=str(d / "ca.crt"), ssl_certfile=str(d / "client.crt"),
-               ssl_keyfile=str(d / "client.key"), password="tls-pw")
+    tls = dict(
+        ssl=True,
+        ssl_ca_certs=str(d / "ca.crt"),
+        ssl_certfile=str(d / "client.crt"),
+        ssl_keyfile=str(d / "client.key"),
+        password="tls-pw",
+    )
     server = RedisServer(
-        extra=["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
-               "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.crt"),
-               "--tls-auth-clients", "yes", "--requirepass", "tls-pw"],
-        ready=lambda: pings(port=port, **tls))
+        extra=[
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(d / "server.crt"),
+            "--tls-key-file",
+            str(d / "server.key"),
+            "--tls-ca-cert-file",
+            str(d / "ca.crt"),
+            "--tls-auth-clients",
+            "yes",
+            "--requirepass",
+            "tls-pw",
+        ],
+        ready=lambda: pings(port=port, **tls),
+    )
     yield port, d
     server.cleanup()
     shutil.rmtree(d, ignore_errors=True)
@@ -99,8 +124,10 @@ def test_documented_certificates_pass_strict_verification_both_ways(
     port, d = tls_server
     ctx = strict_context(d)
     # the server verifies our client certificate in the handshake (tls-auth-clients yes)
-    with socket.create_connection((LOOPBACK, port), timeout=10) as raw, \
-            ctx.wrap_socket(raw, server_hostname=LOOPBACK) as tls:
+    with (
+        socket.create_connection((LOOPBACK, port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname=LOOPBACK) as tls,
+    ):
         tls.sendall(b"AUTH tls-pw\r\nPING\r\n")
         reply = b""
         while not reply.endswith(b"+PONG\r\n"):
@@ -111,20 +138,81 @@ def test_documented_certificates_pass_strict_verification_both_ways(
     # and a CA as `openssl req -x509` makes it is what strict verification refuses
     old = d / "old"
     old.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                    "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=old CA"],
-                   cwd=old, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=old CA",
+        ],
+        cwd=old,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     (old / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "s.key",
-                    "-out", "s.csr", "-subj", "/CN=127.0.0.1"],
-                   cwd=old, check=True, capture_output=True, timeout=60)
-    subprocess.run(["openssl", "x509", "-req", "-in", "s.csr", "-CA", "ca.crt", "-CAkey",
-                    "ca.key", "-CAcreateserial", "-out", "s.crt", "-days", "2", "-extfile",
-                    "san.ext"], cwd=old, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "s.key",
+            "-out",
+            "s.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        cwd=old,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    subprocess.run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            "s.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "s.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+        cwd=old,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     for strict in (False, True):
         flag = ["-x509_strict"] if strict else []
-        r = subprocess.run(["openssl", "verify", *flag, "-CAfile", "ca.crt", "s.crt"],
-                           cwd=old, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["openssl", "verify", *flag, "-CAfile", "ca.crt", "s.crt"],
+            cwd=old,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert (r.returncode == 0) is not strict, (strict, r.stdout, r.stderr)
 
 
@@ -187,8 +275,9 @@ def test_connection_lost_and_the_cli_error_line_mask_the_password() -> None:
     with pytest.raises(taskq.ConnectionLost) as e:
         taskq.connect(url, retries=0).ping()
     assert "***" in str(e.value) and "hunter2" not in str(e.value)
-    out = subprocess.run([TASKQ_CLI, "--url", url, "job", "list"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [TASKQ_CLI, "--url", url, "job", "list"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0
     assert "hunter2" not in out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
@@ -209,8 +298,12 @@ def acl_port() -> Iterator[int]:
     # a superuser of the test's own, only to flush the script cache
     (d / "acl.conf").write_text(text + "user tester on >tester-pw ~* &* +@all\n")
     port = free_port()
-    server = RedisServer(extra=["--aclfile", str(d / "acl.conf")], port=port, directory=d,
-                         ready=lambda: pings(port=port))
+    server = RedisServer(
+        extra=["--aclfile", str(d / "acl.conf")],
+        port=port,
+        directory=d,
+        ready=lambda: pings(port=port),
+    )
     yield port
     server.cleanup()
     shutil.rmtree(d, ignore_errors=True)
@@ -229,9 +322,7 @@ def assert_refused(exc: BaseException, role: str) -> None:
     assert "\n" not in text
 
 
-def test_acl_trainer_runs_passes_but_cannot_delete_or_flush(
-    acl_port: int, job_name: str
-) -> None:
+def test_acl_trainer_runs_passes_but_cannot_delete_or_flush(acl_port: int, job_name: str) -> None:
     admin = taskq.connect(role_url(acl_port, "admin"))
     admin.create_job(job_name, [{"i": i} for i in range(12)], passes=2)
     url = role_url(acl_port, "trainer")
@@ -249,8 +340,12 @@ def test_acl_trainer_runs_passes_but_cannot_delete_or_flush(
         trainer_client.delete_job(job_name)
     assert_refused(e.value, "trainer")
     assert admin.status(job_name).tasks == 12  # nothing was deleted
-    out = subprocess.run([TASKQ_CLI, "--url", url, "job", "delete", job_name, "--yes"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [TASKQ_CLI, "--url", url, "job", "delete", job_name, "--yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1, out.stderr
     assert lines[0].startswith("taskq: error:") and "refused by ACL" in lines[0], lines
@@ -307,8 +402,13 @@ def test_acl_exporter_reads_but_cannot_write(acl_port: int, job_name: str) -> No
 
 def test_acl_reaper_reaps_but_cannot_delete(acl_port: int, job_name: str) -> None:
     admin = taskq.connect(role_url(acl_port, "admin"))
-    admin.create_job(job_name, [{"i": i} for i in range(3)], manual_clock=True,
-                     worker_ttl=2.0, heartbeat_interval=0.5)
+    admin.create_job(
+        job_name,
+        [{"i": i} for i in range(3)],
+        manual_clock=True,
+        worker_ttl=2.0,
+        heartbeat_interval=0.5,
+    )
     lost = taskq.Trainer(job_name, url=role_url(acl_port, "trainer"), heartbeat=False)
     assert lost.lease(timeout=0) is not None
     admin.advance_clock(job_name, 3000)

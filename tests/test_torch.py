@@ -24,18 +24,25 @@ import taskq.torch
 
 
 def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.DataLoader:
-    ds_kw = {k: kw.pop(k) for k in ("shuffle", "seed", "interleave", "transform", "reader")
-             if k in kw}
+    ds_kw = {
+        k: kw.pop(k) for k in ("shuffle", "seed", "interleave", "transform", "reader") if k in kw
+    }
     ds_kw.setdefault("reader", jsonl_reader)
     ds = taskq.torch.TaskDataset(job, url=url, **ds_kw)
-    return taskq.torch.DataLoader(ds, batch_size=kw.pop("batch_size", 4),
-                                  num_workers=num_workers, **kw)
+    return taskq.torch.DataLoader(
+        ds, batch_size=kw.pop("batch_size", 4), num_workers=num_workers, **kw
+    )
 
 
 @pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
 def test_passes_deliver_every_sample_once_and_end_with_the_job(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int,
-        persistent: bool) -> None:
+    client: taskq.Client,
+    url: str,
+    job_name: str,
+    tmp_path: Path,
+    num_workers: int,
+    persistent: bool,
+) -> None:
     """Two passes of 6 tasks x 10 rows: each epoch yields every row once, the first ends
     'pass_complete', the second 'completed'; a third iter ends at once; audit: 6 + 6."""
     chunks = write_jsonl(tmp_path, 6, 10)
@@ -61,13 +68,13 @@ def test_passes_deliver_every_sample_once_and_end_with_the_job(
     assert file0[0] != list(range(10)) and file0[0] != file0[1]
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
-    assert [(p["pass"], p["done"], p["stale"]) for p in audit["passes"]] == [
-        (0, 6, 0), (1, 6, 0)]
+    assert [(p["pass"], p["done"], p["stale"]) for p in audit["passes"]] == [(0, 6, 0), (1, 6, 0)]
     assert loader.counts["tasks_acked"] == 12 and loader.counts["samples"] == 120
 
 
 def test_interleaving_mixes_tasks_within_a_batch(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """interleave=3: batches hold rows of several tasks; shuffle=False reads one task at a
     time in file order."""
     chunks = write_jsonl(tmp_path, 6, 12)
@@ -85,7 +92,8 @@ def test_interleaving_mixes_tasks_within_a_batch(
 
 
 def test_task_is_acked_only_after_the_loop_took_its_last_sample(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """A batch holding a task's last row is out: not acked while the step runs; the next
     next() acks it."""
     chunks = write_jsonl(tmp_path, 3, 4)
@@ -104,7 +112,8 @@ def test_task_is_acked_only_after_the_loop_took_its_last_sample(
 
 
 def test_bad_data_fails_the_task_until_dead_and_the_pass_completes(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """A missing file, a corrupt Parquet file, a truncated tar member and a bad JSON row:
     each task fails with the reader's error text, is dead at max_failures, the loop sees
     every good row and the pass completes."""
@@ -122,7 +131,7 @@ def test_bad_data_fails_the_task_until_dead_and_the_pass_completes(
         info = tarfile.TarInfo("rows.jsonl")
         info.size = len(body)
         tar.addfile(info, io.BytesIO(body))
-    tar_path.write_bytes(tar_path.read_bytes()[:512 + len(body) // 2])  # member cut short
+    tar_path.write_bytes(tar_path.read_bytes()[: 512 + len(body) // 2])  # member cut short
     chunks[4] = {"path": str(tar_path), "format": "tar"}
     good_parquet = tmp_path / "good.parquet"
     pq.write_table(pa.table({"f": [5] * 5, "i": list(range(5))}), good_parquet)
@@ -135,15 +144,17 @@ def test_bad_data_fails_the_task_until_dead_and_the_pass_completes(
     assert per_file(rows) == {0: 5, 5: 5}
     st = client.status(job_name)
     assert (st.done, st.dead) == (2, 4)
-    texts = [f.get("error", "") for _, f in client.events(job_name, count=500)
-             if f["type"] == "failed"]
+    texts = [
+        f.get("error", "") for _, f in client.events(job_name, count=500) if f["type"] == "failed"
+    ]
     for kind in ("FileNotFoundError", "JSONDecodeError", "ReadError"):
         assert sum(kind in t for t in texts) == 2, (kind, texts)
     assert sum("ArrowInvalid" in t or "OSError" in t for t in texts) == 2, texts
 
 
 def test_on_error_raise_stops_the_loop_with_the_readers_text(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     chunks = write_jsonl(tmp_path, 2, 3)
     chunks[0]["path"] = str(tmp_path / "missing.jsonl")
     make_job(client, job_name, chunks, max_failures=3)
@@ -156,7 +167,8 @@ def test_on_error_raise_stops_the_loop_with_the_readers_text(
 
 
 def test_sigkilled_worker_gives_back_what_the_loop_did_not_take(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """A DataLoader worker is SIGKILLed while its batches are buffered: the loop gets
     torch's error, nothing it did not take to the end is acked, every task held goes back
     at once, and the next iteration completes the pass (audit: each task once)."""
@@ -191,12 +203,14 @@ def test_sigkilled_worker_gives_back_what_the_loop_did_not_take(
 
 def _fcalls(server: RedisServer) -> int:
     stats = server.client().info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items()
-               if k.split("|")[0] in ("cmdstat_fcall", "cmdstat_evalsha"))
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k.split("|")[0] in ("cmdstat_fcall", "cmdstat_evalsha")
+    )
 
 
-def test_redis_calls_do_not_grow_with_num_workers(
-        own_redis: RedisServer, tmp_path: Path) -> None:
+def test_redis_calls_do_not_grow_with_num_workers(own_redis: RedisServer, tmp_path: Path) -> None:
     """The same job read by a loader with 0 and with 2 workers at the same step rate:
     script calls per second (heartbeats, leases, acks; INFO commandstats) within 1.5x."""
     client = taskq.connect(own_redis.url)
@@ -216,7 +230,8 @@ def test_redis_calls_do_not_grow_with_num_workers(
 
 
 def test_local_pass_end_ends_when_nothing_is_left_to_lease(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """pass_end='local': the iteration ends once this loader took all it could while
     another trainer still holds a task; the next iteration waits for the next pass."""
     chunks = write_jsonl(tmp_path, 4, 3)
@@ -243,7 +258,9 @@ def test_a_missing_job_raises_from_the_loop(url: str, job_name: str) -> None:
 def test_plain_iteration_is_refused_and_json_rows_are_real(tmp_path: Path) -> None:
     chunks = write_jsonl(tmp_path, 1, 2)
     assert [json.loads(x) for x in Path(chunks[0]["path"]).read_text().splitlines()] == [
-        {"f": 0, "i": 0}, {"f": 0, "i": 1}]
+        {"f": 0, "i": 0},
+        {"f": 0, "i": 1},
+    ]
     ds = taskq.torch.TaskDataset("x", reader=jsonl_reader)
     with pytest.raises(taskq.InvalidInput):
         iter(ds)
@@ -252,7 +269,8 @@ def test_plain_iteration_is_refused_and_json_rows_are_real(tmp_path: Path) -> No
 
 
 def test_global_pass_end_waits_for_everyone_and_reads_late_work_in_process(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """Another trainer holds a task while the loader's workers finish the rest: the
     iteration does not end; when that task comes back it is read in the main process and
     the iteration ends with the pass (here the job) complete."""
@@ -283,7 +301,8 @@ def test_global_pass_end_waits_for_everyone_and_reads_late_work_in_process(
 
 
 def test_cancelling_the_job_ends_the_iteration_at_once(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     chunks = write_jsonl(tmp_path, 20, 20)
     make_job(client, job_name, chunks)
     with _loader(url, job_name, 2) as loader:
@@ -301,7 +320,8 @@ def test_cancelling_the_job_ends_the_iteration_at_once(
 
 
 def test_break_releases_what_was_held_and_the_next_iteration_finishes_the_pass(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """`break` in the second step (no task taken whole), then iterate again: nothing of
     the broken iteration was acked, its tasks went back at once with the progress of the
     step that finished (its rows do not come again, the broken step's rows do), the pass

@@ -12,8 +12,9 @@ from torch_helpers import ddp_rank, make_job, write_jsonl
 import taskq
 
 
-def test_two_ddp_ranks_two_passes_with_join(client: taskq.Client, url: str, job_name: str,
-                                            tmp_path: Path) -> None:
+def test_two_ddp_ranks_two_passes_with_join(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """Neither rank hangs at a pass end (bounded joins), every row is read once per pass
     by exactly one rank, the ranks end with the same weights, and the audit shows every
     task acked once in each pass."""
@@ -23,8 +24,7 @@ def test_two_ddp_ranks_two_passes_with_join(client: taskq.Client, url: str, job_
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     init = str(tmp_path / "dist-init")
-    procs = [ctx.Process(target=ddp_rank, args=(r, 2, url, job_name, init, out))
-             for r in range(2)]
+    procs = [ctx.Process(target=ddp_rank, args=(r, 2, url, job_name, init, out)) for r in range(2)]
     for p in procs:
         p.start()
     results = {}
@@ -49,5 +49,7 @@ def test_two_ddp_ranks_two_passes_with_join(client: taskq.Client, url: str, job_
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"], p["stale"]) for p in audit["passes"]] == [
-        (0, len(sizes), 0), (1, len(sizes), 0)]
+        (0, len(sizes), 0),
+        (1, len(sizes), 0),
+    ]
     assert audit["state"] == "completed"

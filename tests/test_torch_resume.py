@@ -22,8 +22,7 @@ PROC = str(Path(__file__).with_name("torch_resume_proc.py"))
 
 
 def _start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, PROC, *args], stdout=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen([sys.executable, PROC, *args], stdout=subprocess.PIPE, text=True)
 
 
 def _wait_line(proc: subprocess.Popen[str], word: str) -> None:
@@ -33,8 +32,10 @@ def _wait_line(proc: subprocess.Popen[str], word: str) -> None:
 
 
 def _rows(path: Path) -> list[tuple[int, int]]:
-    return [(int(f), int(i)) for f, i in
-            (line.split() for line in path.read_text().splitlines() if line != "CKPT")]
+    return [
+        (int(f), int(i))
+        for f, i in (line.split() for line in path.read_text().splitlines() if line != "CKPT")
+    ]
 
 
 def _recorded(client: taskq.Client, job: str) -> dict[str, int]:
@@ -43,7 +44,8 @@ def _recorded(client: taskq.Client, job: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_sigkilled_loader_task_resumes_where_the_loop_got(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path, shuffle: bool) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, shuffle: bool
+) -> None:
     """One task of 400 rows: a loader process (2 workers, batches of 4) takes 30 batches
     and is SIGKILLed; the progress recorded with its heartbeats reached the 29 batches
     whose step finished (not one Redis call per sample: the heartbeat carries it). The
@@ -55,8 +57,9 @@ def test_sigkilled_loader_task_resumes_where_the_loop_got(
     first = _start(url, job_name, str(tmp_path / "a.rows"), "2", "--stop", "30", *flags)
     try:
         _wait_line(first, "STOPPED")
-        assert wait_until(lambda: _recorded(client, job_name).get("0", 0) >= 29 * 4, 10.0), \
+        assert wait_until(lambda: _recorded(client, job_name).get("0", 0) >= 29 * 4, 10.0), (
             _recorded(client, job_name)
+        )
         recorded = _recorded(client, job_name)["0"]
     finally:
         first.send_signal(signal.SIGKILL)
@@ -79,7 +82,8 @@ def test_sigkilled_loader_task_resumes_where_the_loop_got(
 
 
 def test_checkpoint_then_sigkill_all_then_restart_with_another_topology(
-        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """3 trainers (2 DataLoader workers each) over 9 tasks x 40 rows; at step 8 each
     syncs and rank 0 checkpoints (loader.state_dict(), the model's sample count beside
     it); every trainer is SIGKILLed 4 steps later. 2 trainers with 4 workers each load
@@ -90,8 +94,24 @@ def test_checkpoint_then_sigkill_all_then_restart_with_another_topology(
     make_job(client, job_name, chunks)
     run = tmp_path / "run"
     run.mkdir()
-    procs = [_start(url, job_name, str(run / f"r{r}.rows"), "2", "--ckpt", "8", "--extra",
-                    "4", "--ranks", "3", "--rank", str(r), "--shuffle") for r in range(3)]
+    procs = [
+        _start(
+            url,
+            job_name,
+            str(run / f"r{r}.rows"),
+            "2",
+            "--ckpt",
+            "8",
+            "--extra",
+            "4",
+            "--ranks",
+            "3",
+            "--rank",
+            str(r),
+            "--shuffle",
+        )
+        for r in range(3)
+    ]
     try:
         for p in procs:
             _wait_line(p, "STOPPED")
@@ -104,13 +124,25 @@ def test_checkpoint_then_sigkill_all_then_restart_with_another_topology(
         lines = (run / f"r{r}.rows").read_text().splitlines()
         cut = lines.index("CKPT")
         before += [tuple(map(int, x.split())) for x in lines[:cut]]
-        after_ckpt += lines[cut + 1:]
+        after_ckpt += lines[cut + 1 :]
     assert len(before) == 3 * 8 * 4 and after_ckpt  # work was lost after the checkpoint
     state_file = run / "r0.rows.ckpt"
     saved = json.loads(state_file.read_text())
     assert saved["data"]["job"] == job_name and saved["seen"] == len(before)
-    again = [_start(url, job_name, str(tmp_path / f"s{r}.rows"), "4", "--state",
-                    str(state_file), "--key", "restart-1", "--shuffle") for r in range(2)]
+    again = [
+        _start(
+            url,
+            job_name,
+            str(tmp_path / f"s{r}.rows"),
+            "4",
+            "--state",
+            str(state_file),
+            "--key",
+            "restart-1",
+            "--shuffle",
+        )
+        for r in range(2)
+    ]
     seen = 0
     try:
         for p in again:

@@ -34,7 +34,8 @@ def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:
 # -- one thread leases, another acks (a torch loader's feeder thread) -------------------
 @pytest.mark.parametrize("heartbeat", ["thread", "process"])
 def test_lease_in_a_feeder_thread_while_the_main_thread_acks_and_fails(
-        client: taskq.Client, url: str, job_name: str, heartbeat: str) -> None:
+    client: taskq.Client, url: str, job_name: str, heartbeat: str
+) -> None:
     """A feeder thread calls ``lease()`` while the main thread acks (and fails some tasks
     once) on the same Trainer: every task is acked exactly once, nothing is stale, and
     nothing is left held. (Found: an ack reply landing before the reply of a lease sent
@@ -81,8 +82,9 @@ def test_lease_in_a_feeder_thread_while_the_main_thread_acks_and_fails(
 
 
 # -- state and pass_no ---------------------------------------------------------------------
-def test_state_tells_a_finished_pass_from_a_completed_job(client: taskq.Client, url: str,
-                                                           job_name: str) -> None:
+def test_state_tells_a_finished_pass_from_a_completed_job(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     """After a pass's iterator ends, ``state`` is not "completed" until the last pass ends;
     ``pass_no`` follows the passes."""
     make_job(client, job_name, 3, passes=2)
@@ -98,7 +100,8 @@ def test_state_tells_a_finished_pass_from_a_completed_job(client: taskq.Client, 
 
 
 def test_state_says_cancelled_when_iteration_ends_on_a_cancel(
-        client: taskq.Client, url: str, job_name: str) -> None:
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     """A cancel ends the pass's iterator like a finished pass; ``state`` says which."""
     make_job(client, job_name, 5, passes=3)
     with taskq.Trainer(job_name, url=url, handle_signals=False) as t:
@@ -140,17 +143,18 @@ def free_junk(r: redis.Redis, count: int) -> None:
     r.delete(*[f"junk:{i}" for i in range(count)])
 
 
-def test_out_of_memory_is_a_clear_retryable_error(small_redis: RedisServer,
-                                                  job_name: str,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_out_of_memory_is_a_clear_retryable_error(
+    small_redis: RedisServer, job_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A full Redis: ``lease()`` retries with backoff (logging the cause), raises
     ``RedisOutOfMemory`` (a ``ConnectionLost``) naming it after ``reconnect_timeout``,
     and succeeds once memory is freed while it retries."""
     client = taskq.connect(small_redis.url)
     make_job(client, job_name, 2)
     r = redis.Redis(port=small_redis.port, decode_responses=True)
-    with taskq.Trainer(job_name, url=small_redis.url, heartbeat=False, handle_signals=False,
-                       reconnect_timeout=0.5) as t:
+    with taskq.Trainer(
+        job_name, url=small_redis.url, heartbeat=False, handle_signals=False, reconnect_timeout=0.5
+    ) as t:
         junk = fill_until_full(r)
         with caplog.at_level(logging.WARNING, logger="taskq.trainer"):
             with pytest.raises(errors.RedisOutOfMemory) as e:
@@ -159,8 +163,11 @@ def test_out_of_memory_is_a_clear_retryable_error(small_redis: RedisServer,
         assert isinstance(e.value, errors.ConnectionLost)
         assert "out of memory" in message and "maxmemory" in message
         assert f"127.0.0.1:{small_redis.port}" in message and "\n" not in message
-        assert any("out of memory" in rec.getMessage() and "retrying" in rec.getMessage()
-                   for rec in caplog.records if rec.name == "taskq.trainer")
+        assert any(
+            "out of memory" in rec.getMessage() and "retrying" in rec.getMessage()
+            for rec in caplog.records
+            if rec.name == "taskq.trainer"
+        )
 
         t.reconnect_timeout = 30.0
         threading.Timer(0.5, free_junk, args=(r, junk)).start()
@@ -169,16 +176,18 @@ def test_out_of_memory_is_a_clear_retryable_error(small_redis: RedisServer,
         t.ack(task)
 
 
-def test_heartbeat_logs_one_line_per_change_of_state(small_redis: RedisServer,
-                                                     job_name: str,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_heartbeat_logs_one_line_per_change_of_state(
+    small_redis: RedisServer, job_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """While Redis is full the heartbeat thread logs one line (the error, no traceback),
     not one per beat; when it can write again, one "recovered" line."""
     client = taskq.connect(small_redis.url)
     make_job(client, job_name, 1, worker_ttl=5.0, heartbeat_interval=0.1)
     r = redis.Redis(port=small_redis.port, decode_responses=True)
-    with caplog.at_level(logging.INFO, logger="taskq.heartbeat"), \
-            taskq.Trainer(job_name, url=small_redis.url, handle_signals=False) as t:
+    with (
+        caplog.at_level(logging.INFO, logger="taskq.heartbeat"),
+        taskq.Trainer(job_name, url=small_redis.url, handle_signals=False) as t,
+    ):
         sent = t.heartbeats_sent
         assert wait_until(lambda: t.heartbeats_sent > sent, 5)
         junk = fill_until_full(r)
@@ -216,7 +225,7 @@ def _imports(path: Path, package: str) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -236,8 +245,11 @@ def _import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         # a package's __init__ re-exports its modules: that edge is not a cycle of theirs
-        graph[name] = {m for m in _imports(path, package)
-                       if m in modules and m != name and not name.startswith(m + ".")}
+        graph[name] = {
+            m
+            for m in _imports(path, package)
+            if m in modules and m != name and not name.startswith(m + ".")
+        }
     return graph
 
 
@@ -252,8 +264,9 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("module", ["taskq.trainer", "taskq.heartbeat", "taskq.protocol",
-                                    "taskq.models"])
+@pytest.mark.parametrize(
+    "module", ["taskq.trainer", "taskq.heartbeat", "taskq.protocol", "taskq.models"]
+)
 def test_the_trainers_modules_are_on_no_import_cycle(module: str) -> None:
     """No import (``TYPE_CHECKING`` ones included) leads from the module back to itself:
     the heartbeat knows the trainer through ``HeartbeatHost``, not by importing it."""

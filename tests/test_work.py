@@ -27,25 +27,31 @@ make_job = partial(support.make_job, worker_ttl=1.0, heartbeat_interval=0.2)
 
 
 def run_work(url: str, job: str, script: str, *opts: str) -> tuple[int, str]:
-    result = CliRunner().invoke(work, [job, "--url", url, *opts, "--", sys.executable, "-c",
-                                       script], catch_exceptions=False)
+    result = CliRunner().invoke(
+        work, [job, "--url", url, *opts, "--", sys.executable, "-c", script], catch_exceptions=False
+    )
     return result.exit_code, result.output
 
 
 def spawn_work(url: str, job: str, script: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, TASKQ_REDIS_URL=url, PYTHONPATH=str(ROOT))
-    cmd = [str(TASKQ)] if TASKQ.exists() else [sys.executable, "-c",
-                                                "from taskq.cli.main import main; main()"]
-    return subprocess.Popen([*cmd, "work", job, "--grace", "2", "--", sys.executable, "-c",
-                             script], env=env, cwd=ROOT)
+    cmd = (
+        [str(TASKQ)]
+        if TASKQ.exists()
+        else [sys.executable, "-c", "from taskq.cli.main import main; main()"]
+    )
+    return subprocess.Popen(
+        [*cmd, "work", job, "--grace", "2", "--", sys.executable, "-c", script], env=env, cwd=ROOT
+    )
 
 
 def events(client: taskq.Client, job: str, kind: str) -> list[dict[str, str]]:
     return [f for _, f in client.events(job, count=1000) if f["type"] == kind]
 
 
-def test_command_succeeds_with_task_on_stdin_and_env(client: taskq.Client, url: str,
-                                                     job_name: str, tmp_path: Path) -> None:
+def test_command_succeeds_with_task_on_stdin_and_env(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """Three tasks, each run takes 1.5 s under a 1 s ttl: heartbeats go on meanwhile."""
     out = tmp_path / "out.jsonl"
     script = f"""
@@ -72,8 +78,7 @@ with open({str(out)!r}, "a") as f:
     assert st.counters["expired_worker_lost"] == 0 and st.counters["stale"] == 0
 
 
-def test_command_fails_with_stderr_tail(client: taskq.Client, url: str,
-                                        job_name: str) -> None:
+def test_command_fails_with_stderr_tail(client: taskq.Client, url: str, job_name: str) -> None:
     script = """
 import os, sys
 if os.environ["TASKQ_ATTEMPT"] == "1":
@@ -93,8 +98,7 @@ if os.environ["TASKQ_ATTEMPT"] == "1":
     assert st.state == "completed" and st.counters["acked"] == 2 and st.counters["failed"] == 2
 
 
-def test_command_killed_by_a_signal_fails(client: taskq.Client, url: str,
-                                          job_name: str) -> None:
+def test_command_killed_by_a_signal_fails(client: taskq.Client, url: str, job_name: str) -> None:
     script = """
 import os, signal
 if os.environ["TASKQ_ATTEMPT"] == "1":
@@ -107,8 +111,9 @@ if os.environ["TASKQ_ATTEMPT"] == "1":
     assert client.status(job_name).counters["acked"] == 1
 
 
-def test_sigterm_is_passed_on_and_the_lease_released(client: taskq.Client, url: str,
-                                                     job_name: str, tmp_path: Path) -> None:
+def test_sigterm_is_passed_on_and_the_lease_released(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """The command traps SIGTERM and exits 0: still released (not acked), at once."""
     started, got = tmp_path / "started", tmp_path / "got-term"
     script = f"""
@@ -142,8 +147,9 @@ time.sleep(30)
     assert st.counters["failed"] == 0 and st.workers == 0
 
 
-def test_command_outliving_its_lease_is_terminated(client: taskq.Client, url: str,
-                                                   job_name: str, tmp_path: Path) -> None:
+def test_command_outliving_its_lease_is_terminated(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     marker, ran = tmp_path / "marker", tmp_path / "ran"
     script = f"""
 import os, time
@@ -201,9 +207,9 @@ def _grandchildren_gone(pids_file: Path) -> None:
     assert pids and wait_until(lambda: not any(_alive(p) for p in pids), 10), pids
 
 
-def test_revoke_terminates_the_commands_whole_process_group(client: taskq.Client, url: str,
-                                                           job_name: str,
-                                                           tmp_path: Path) -> None:
+def test_revoke_terminates_the_commands_whole_process_group(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     pids = tmp_path / "pids"
     make_job(client, job_name, 1, task_timeout=None)
     proc = spawn_work(url, job_name, GRANDCHILD.format(pids=str(pids)))
@@ -217,8 +223,9 @@ def test_revoke_terminates_the_commands_whole_process_group(client: taskq.Client
         proc.kill()
 
 
-def test_sigterm_reaches_the_commands_grandchildren(client: taskq.Client, url: str,
-                                                    job_name: str, tmp_path: Path) -> None:
+def test_sigterm_reaches_the_commands_grandchildren(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     pids = tmp_path / "pids"
     make_job(client, job_name, 1, task_timeout=None)
     proc = spawn_work(url, job_name, GRANDCHILD.format(pids=str(pids)))
@@ -231,8 +238,9 @@ def test_sigterm_reaches_the_commands_grandchildren(client: taskq.Client, url: s
         proc.kill()
 
 
-def test_grace_escalates_to_sigkill_for_the_group(client: taskq.Client, url: str,
-                                                  job_name: str, tmp_path: Path) -> None:
+def test_grace_escalates_to_sigkill_for_the_group(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     """A grandchild that ignores SIGTERM is SIGKILLed after --grace (here 2 s)."""
     pids = tmp_path / "pids"
     script = f"""
@@ -255,8 +263,9 @@ time.sleep(60)
         proc.kill()
 
 
-def test_a_task_ending_dead_gives_a_summary_and_exit_3(client: taskq.Client, url: str,
-                                                       job_name: str) -> None:
+def test_a_task_ending_dead_gives_a_summary_and_exit_3(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     script = """
 import os, sys
 if os.environ["TASKQ_TASK_ID"] == "1":
@@ -264,38 +273,56 @@ if os.environ["TASKQ_TASK_ID"] == "1":
 """
     make_job(client, job_name, 3, max_failures=1)
     env = dict(os.environ, TASKQ_REDIS_URL=url)
-    r = subprocess.run([str(TASKQ), "work", job_name, "--", sys.executable, "-c", script],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [str(TASKQ), "work", job_name, "--", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 3, r.stderr
     summary = [line for line in r.stderr.splitlines() if "leaving:" in line]
     assert len(summary) == 1
-    assert summary[0].endswith("2 done, 1 failed (1 now dead: task(s) [1]), 0 released, "
-                               "0 revoked; exit 3")
+    assert summary[0].endswith(
+        "2 done, 1 failed (1 now dead: task(s) [1]), 0 released, 0 revoked; exit 3"
+    )
     failed = events(client, job_name, "failed")
     assert failed[0]["error"] == "exit 1: cannot decode shard 1"
 
 
-def test_a_clean_run_logs_its_summary_and_exits_0(client: taskq.Client, url: str,
-                                                  job_name: str) -> None:
+def test_a_clean_run_logs_its_summary_and_exits_0(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 2)
     env = dict(os.environ, TASKQ_REDIS_URL=url)
-    r = subprocess.run([str(TASKQ), "work", job_name, "--", "true"], capture_output=True,
-                       text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [str(TASKQ), "work", job_name, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "leaving: 2 done, 0 failed, 0 released, 0 revoked; exit 0" in r.stderr
 
 
-def test_bad_seconds_and_a_ttl_under_the_heartbeat_are_usage_errors(client: taskq.Client,
-                                                                    url: str,
-                                                                    job_name: str) -> None:
+def test_bad_seconds_and_a_ttl_under_the_heartbeat_are_usage_errors(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 1, worker_ttl=5.0, heartbeat_interval=1.0)
-    for opts, text in ((["--worker-ttl", "nan"], "finite number of seconds"),
-                       (["--worker-ttl", "inf"], "finite number of seconds"),
-                       (["--grace", "nan"], "finite number of seconds"),
-                       (["--grace", "-1"], "finite number of seconds"),
-                       (["--worker-ttl", "0.5"], "must be longer than job")):
-        r = subprocess.run([str(TASKQ), "--url", url, "work", job_name, *opts, "--", "true"],
-                           capture_output=True, text=True, timeout=60)
+    for opts, text in (
+        (["--worker-ttl", "nan"], "finite number of seconds"),
+        (["--worker-ttl", "inf"], "finite number of seconds"),
+        (["--grace", "nan"], "finite number of seconds"),
+        (["--grace", "-1"], "finite number of seconds"),
+        (["--worker-ttl", "0.5"], "must be longer than job"),
+    ):
+        r = subprocess.run(
+            [str(TASKQ), "--url", url, "work", job_name, *opts, "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2, (opts, r.stderr)
         lines = r.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("taskq: error: ") and text in lines[0]
@@ -305,8 +332,11 @@ def test_bad_seconds_and_a_ttl_under_the_heartbeat_are_usage_errors(client: task
 def test_redis_down_at_start_says_what_it_waits_for(job_name: str) -> None:
     port = free_port()
     url = f"redis://:s3cret@127.0.0.1:{port}/0"
-    proc = subprocess.Popen([str(TASKQ), "--url", url, "work", job_name, "--", "true"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(TASKQ), "--url", url, "work", job_name, "--", "true"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()

@@ -54,8 +54,7 @@ def _rows(chunk: dict[str, Any]) -> Iterator[dict[str, int]]:
             yield from (json.loads(line) for line in f)
 
 
-def make_job(client: taskq.Client, name: str, chunks: list[dict[str, Any]],
-             **kw: Any) -> None:
+def make_job(client: taskq.Client, name: str, chunks: list[dict[str, Any]], **kw: Any) -> None:
     kw.setdefault("worker_ttl", 2.0)
     kw.setdefault("heartbeat_interval", 0.3)
     client.create_job(name, chunks, **kw)
@@ -83,15 +82,21 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
 
     import taskq.torch
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+    )
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=rank)
     steps, rows, states = [], [], []
-    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local",
-                                tasks_ahead=2) as loader:
+    with taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=1, pass_end="local", tasks_ahead=2
+    ) as loader:
         for _ in range(2):
             n, got = 0, []
             with Join([model]):

@@ -67,7 +67,8 @@ def main() -> int:
             if a.ckpt is not None and step == a.ckpt:
                 _checkpoint(a, loader, out, int(model.seen))
             if (a.stop is not None and step == a.stop) or (
-                    a.ckpt is not None and step == a.ckpt + a.extra):
+                a.ckpt is not None and step == a.ckpt + a.extra
+            ):
                 print("STOPPED", flush=True)
                 while True:
                     time.sleep(1)
@@ -76,8 +77,9 @@ def main() -> int:
     return 0
 
 
-def _checkpoint(a: argparse.Namespace, loader: taskq.torch.DataLoader, out: object,
-                seen: int) -> None:
+def _checkpoint(
+    a: argparse.Namespace, loader: taskq.torch.DataLoader, out: object, seen: int
+) -> None:
     loader.sync()  # what this rank took is acked and recorded before the checkpoint
     base = Path(a.out).parent
     (base / f"ready-{a.rank}").write_text(str(seen))

@@ -28,8 +28,9 @@ def main() -> int:
     ap.add_argument("--worker-id", default=None)
     a = ap.parse_args()
     log = open(a.log, "a", buffering=1) if a.log else None
-    with taskq.Trainer(a.job, url=a.url, prefetch=a.prefetch, heartbeat=a.heartbeat,
-                       worker_id=a.worker_id) as trainer:
+    with taskq.Trainer(
+        a.job, url=a.url, prefetch=a.prefetch, heartbeat=a.heartbeat, worker_id=a.worker_id
+    ) as trainer:
         helper = trainer._helper.proc.pid if trainer._helper else 0
         print(f"READY {os.getpid()} {helper}", flush=True)
         for task in trainer:

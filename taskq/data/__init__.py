@@ -59,8 +59,15 @@ from .. import errors
 if TYPE_CHECKING:
     from .storage import Reader
 
-__all__ = ["FORMATS", "build_chunks", "compression_of", "guess_format", "read_task", "reader",
-           "reader_for"]
+__all__ = [
+    "FORMATS",
+    "build_chunks",
+    "compression_of",
+    "guess_format",
+    "read_task",
+    "reader",
+    "reader_for",
+]
 
 #: Chunk formats and the module that reads each.
 FORMATS = {"lines": "lines", "jsonl": "lines", "parquet": "parquet", "tar": "tar"}
@@ -69,11 +76,23 @@ FORMATS = {"lines": "lines", "jsonl": "lines", "parquet": "parquet", "tar": "tar
 OPTIONS = frozenset({"storage_options", "columns", "batch_rows"})
 
 #: Compression suffixes (whole-file chunks only) and the name fsspec knows them by.
-COMPRESSIONS = {".gz": "gzip", ".tgz": "gzip", ".zst": "zstd", ".zstd": "zstd",
-                ".bz2": "bz2", ".xz": "xz"}
+COMPRESSIONS = {
+    ".gz": "gzip",
+    ".tgz": "gzip",
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".bz2": "bz2",
+    ".xz": "xz",
+}
 
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
-               ".pq": "parquet", ".tar": "tar", ".tgz": "tar"}
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".tar": "tar",
+    ".tgz": "tar",
+}
 
 
 def compression_of(path: str) -> str | None:
@@ -120,7 +139,8 @@ def _module(fmt: str) -> Any:
         return importlib.import_module(f".{FORMATS[fmt]}", __name__)
     except ImportError as e:
         raise errors.InvalidInput(
-            f"format {fmt} needs the data extra: pip install 'taskq[data]' ({e})") from e
+            f"format {fmt} needs the data extra: pip install 'taskq[data]' ({e})"
+        ) from e
 
 
 def reader(fmt: str) -> Reader:
@@ -136,8 +156,7 @@ def reader(fmt: str) -> Reader:
         InvalidInput: an unknown format, or the data extra is not installed.
     """
     if fmt not in FORMATS:
-        raise errors.InvalidInput(
-            f"unknown format {fmt!r} (one of {', '.join(sorted(FORMATS))})")
+        raise errors.InvalidInput(f"unknown format {fmt!r} (one of {', '.join(sorted(FORMATS))})")
     return _module(fmt).READERS[fmt]  # type: ignore[no-any-return]
 
 
@@ -160,12 +179,14 @@ def reader_for(chunk: Any) -> Reader:
     fmt = chunk.get("format")
     if fmt is None:
         if not all(k in chunk for k in ("path", "offset", "length")):
-            raise errors.DataError(str(chunk.get("path", repr(chunk)[:80])), "chunk",
-                                   "no format and no path/offset/length")
+            raise errors.DataError(
+                str(chunk.get("path", repr(chunk)[:80])),
+                "chunk",
+                "no format and no path/offset/length",
+            )
         fmt = "lines"
     if fmt not in FORMATS:
-        raise errors.DataError(str(chunk.get("path", "?")), "chunk",
-                               f"unknown format {fmt!r}")
+        raise errors.DataError(str(chunk.get("path", "?")), "chunk", f"unknown format {fmt!r}")
     return reader(fmt)
 
 
@@ -178,7 +199,8 @@ def check_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
         raise errors.InvalidInput(
-            f"unknown read option(s) {', '.join(unknown)} (known: {', '.join(sorted(OPTIONS))})")
+            f"unknown read option(s) {', '.join(unknown)} (known: {', '.join(sorted(OPTIONS))})"
+        )
 
 
 def read_task(chunks: Iterable[Any], start: int = 0, **options: Any) -> Iterator[Any]:
@@ -213,10 +235,15 @@ def _samples(chunks: list[Any], start: int, options: dict[str, Any]) -> Iterator
         start = max(0, start - held)
 
 
-def build_chunks(pattern: str, fmt: str | None = None, *,
-                 chunk_bytes: int | None = None, records_per_chunk: int | None = None,
-                 row_groups_per_chunk: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def build_chunks(
+    pattern: str,
+    fmt: str | None = None,
+    *,
+    chunk_bytes: int | None = None,
+    records_per_chunk: int | None = None,
+    row_groups_per_chunk: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """The chunks of every file matching ``pattern`` (sorted by path), by format.
 
     Args:
@@ -243,22 +270,28 @@ def build_chunks(pattern: str, fmt: str | None = None, *,
     try:
         files = storage.expand(pattern, storage_options)
     except ImportError as e:  # pragma: no cover - the extra is missing
-        raise errors.InvalidInput(f"{pattern} needs the data extra: pip install "
-                                  f"'taskq[data]' ({e})") from e
+        raise errors.InvalidInput(
+            f"{pattern} needs the data extra: pip install 'taskq[data]' ({e})"
+        ) from e
     by_format: dict[str, list[tuple[str, int]]] = {}
     for path, size in files:
         f = fmt or guess_format(path)
         if f is None:
-            raise errors.InvalidInput(f"{path}: cannot tell the format from the extension "
-                                      f"(give --format {'|'.join(FORMATS)})")
+            raise errors.InvalidInput(
+                f"{path}: cannot tell the format from the extension "
+                f"(give --format {'|'.join(FORMATS)})"
+            )
         by_format.setdefault(f, []).append((path, size))
-    sizing = {"chunk_bytes": chunk_bytes, "records_per_chunk": records_per_chunk,
-              "row_groups_per_chunk": row_groups_per_chunk}
+    sizing = {
+        "chunk_bytes": chunk_bytes,
+        "records_per_chunk": records_per_chunk,
+        "row_groups_per_chunk": row_groups_per_chunk,
+    }
     for name, value in sizing.items():
         if value is not None and not any(name in reader(f).sizing for f in by_format):
             raise errors.InvalidInput(
-                f"{name.replace('_', '-')} does not apply to {'/'.join(sorted(by_format))} "
-                f"files")
+                f"{name.replace('_', '-')} does not apply to {'/'.join(sorted(by_format))} files"
+            )
     per_path: dict[str, list[dict[str, Any]]] = {}
     for f, group in by_format.items():
         rdr = reader(f)
@@ -269,4 +302,3 @@ def build_chunks(pattern: str, fmt: str | None = None, *,
     if not chunks:
         raise errors.InvalidInput(f"{pattern}: no data (every matching file is empty)")
     return chunks
-

@@ -47,7 +47,8 @@ def refuse_compressed_ranges(path: str) -> None:
     if compression_of(path):
         raise errors.InvalidInput(
             f"{path}: byte ranges of a compressed file cannot be read; give it whole "
-            f"(--files with --format lines|jsonl and no --records-per-chunk)")
+            f"(--files with --format lines|jsonl and no --records-per-chunk)"
+        )
 
 
 class LinesReader(Reader):
@@ -56,10 +57,14 @@ class LinesReader(Reader):
     format = "lines"
     sizing = frozenset({"chunk_bytes", "records_per_chunk"})
 
-    def chunks(self, files: list[tuple[str, int]],
-               storage_options: dict[str, Any] | None = None,
-               chunk_bytes: int | None = None, records_per_chunk: int | None = None,
-               **sizing: Any) -> list[dict[str, Any]]:
+    def chunks(
+        self,
+        files: list[tuple[str, int]],
+        storage_options: dict[str, Any] | None = None,
+        chunk_bytes: int | None = None,
+        records_per_chunk: int | None = None,
+        **sizing: Any,
+    ) -> list[dict[str, Any]]:
         """Byte ranges of each file: ``chunk_bytes`` each (by size alone, the default
         64 MiB), or ``records_per_chunk`` lines each (scanning for newlines); one
         whole-file chunk per compressed file.
@@ -80,8 +85,7 @@ class LinesReader(Reader):
         """
         if chunk_bytes is not None and records_per_chunk is not None:
             raise errors.InvalidInput("give chunk bytes or records per chunk, not both")
-        for name, value in (("chunk bytes", chunk_bytes),
-                            ("records per chunk", records_per_chunk)):
+        for name, value in (("chunk bytes", chunk_bytes), ("records per chunk", records_per_chunk)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise errors.InvalidInput(f"{name} must be >= 1, got {value!r}")
         step = chunk_bytes or DEFAULT_CHUNK_BYTES
@@ -91,8 +95,9 @@ class LinesReader(Reader):
             if compression:
                 if records_per_chunk is not None:
                     refuse_compressed_ranges(path)
-                out.append({"format": self.format, "path": path, "compression": compression,
-                            "bytes": size})
+                out.append(
+                    {"format": self.format, "path": path, "compression": compression, "bytes": size}
+                )
             elif records_per_chunk is not None:
                 if size == 0:
                     continue
@@ -100,13 +105,24 @@ class LinesReader(Reader):
                     ranges = datasets.line_ranges(f, path, size, records_per_chunk)
                 out += [{"format": self.format, **r} for r in ranges]
             else:
-                out += [{"format": self.format, "path": path, "offset": o,
-                         "length": min(step, size - o)} for o in range(0, size, step)]
+                out += [
+                    {
+                        "format": self.format,
+                        "path": path,
+                        "offset": o,
+                        "length": min(step, size - o),
+                    }
+                    for o in range(0, size, step)
+                ]
         return out
 
-    def read(self, chunk: dict[str, Any], start: int = 0,
-             storage_options: dict[str, Any] | None = None,
-             **options: Any) -> Generator[Any, None, int]:
+    def read(
+        self,
+        chunk: dict[str, Any],
+        start: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Generator[Any, None, int]:
         """The lines the chunk's range owns (see the module docstring), from ``start``.
 
         Args:
@@ -126,8 +142,11 @@ class LinesReader(Reader):
         offset = chunk_int(chunk, "offset", 0) or 0
         length = chunk_int(chunk, "length")
         if compression and offset:
-            raise errors.DataError(path, f"byte {offset}", "a byte range of a compressed "
-                                   "file cannot be read (whole-file chunks only)")
+            raise errors.DataError(
+                path,
+                f"byte {offset}",
+                "a byte range of a compressed file cannot be read (whole-file chunks only)",
+            )
         end = None if compression or length is None else offset + length
         count = 0
         spot = Spot(path)
@@ -163,8 +182,11 @@ class LinesReader(Reader):
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The ``records`` of a chunk built with records per chunk, else None."""
         records = chunk.get("records")
-        return records if isinstance(records, int) and not isinstance(records, bool) \
-            and records >= 0 else None
+        return (
+            records
+            if isinstance(records, int) and not isinstance(records, bool) and records >= 0
+            else None
+        )
 
 
 class JsonlReader(LinesReader):

@@ -25,10 +25,13 @@ class ParquetReader(Reader):
     format = "parquet"
     sizing = frozenset({"row_groups_per_chunk"})
 
-    def chunks(self, files: list[tuple[str, int]],
-               storage_options: dict[str, Any] | None = None,
-               row_groups_per_chunk: int | None = None,
-               **sizing: Any) -> list[dict[str, Any]]:
+    def chunks(
+        self,
+        files: list[tuple[str, int]],
+        storage_options: dict[str, Any] | None = None,
+        row_groups_per_chunk: int | None = None,
+        **sizing: Any,
+    ) -> list[dict[str, Any]]:
         """``row_groups_per_chunk`` row groups per chunk (default 1), from each footer.
 
         Args:
@@ -55,14 +58,20 @@ class ParquetReader(Reader):
                 groups = list(range(first, min(first + per, len(rows))))
                 n = sum(rows[g] for g in groups)
                 if n:
-                    out.append({"format": self.format, "path": path, "row_groups": groups,
-                                "rows": n})
+                    out.append(
+                        {"format": self.format, "path": path, "row_groups": groups, "rows": n}
+                    )
         return out
 
-    def read(self, chunk: dict[str, Any], start: int = 0,
-             storage_options: dict[str, Any] | None = None,
-             columns: list[str] | None = None, batch_rows: int | None = None,
-             **options: Any) -> Generator[Any, None, int]:
+    def read(
+        self,
+        chunk: dict[str, Any],
+        start: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        columns: list[str] | None = None,
+        batch_rows: int | None = None,
+        **options: Any,
+    ) -> Generator[Any, None, int]:
         """The rows of the chunk's row groups from row ``start``; whole row groups
         before it are skipped by their metadata, without reading them.
 
@@ -94,10 +103,14 @@ class ParquetReader(Reader):
             if groups is None:
                 groups = list(range(meta.num_row_groups))
             for g in groups:
-                if isinstance(g, bool) or not isinstance(g, int) \
-                        or not 0 <= g < meta.num_row_groups:
-                    raise errors.DataError(path, "chunk", f"no row group {g!r} (the file "
-                                                          f"has {meta.num_row_groups})")
+                if (
+                    isinstance(g, bool)
+                    or not isinstance(g, int)
+                    or not 0 <= g < meta.num_row_groups
+                ):
+                    raise errors.DataError(
+                        path, "chunk", f"no row group {g!r} (the file has {meta.num_row_groups})"
+                    )
             sizes = [meta.row_group(g).num_rows for g in groups]
             total = sum(sizes)
             skip, first = start, 0
@@ -109,8 +122,9 @@ class ParquetReader(Reader):
             at = first
             spot.where = f"row group {groups[at]}"
             done_in_group = 0
-            for batch in pf.iter_batches(batch_size=batch_rows or ROW_BATCH,
-                                         row_groups=groups[first:], columns=columns):
+            for batch in pf.iter_batches(
+                batch_size=batch_rows or ROW_BATCH, row_groups=groups[first:], columns=columns
+            ):
                 # the row group being decoded, for the error text
                 done_in_group += batch.num_rows
                 while at < len(groups) - 1 and done_in_group > sizes[at]:
@@ -132,8 +146,7 @@ class ParquetReader(Reader):
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The chunk's ``rows`` (from the footer at create)."""
         rows = chunk.get("rows")
-        return rows if isinstance(rows, int) and not isinstance(rows, bool) \
-            and rows >= 0 else None
+        return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
 
 
 READERS: dict[str, Reader] = {"parquet": ParquetReader()}

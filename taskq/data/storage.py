@@ -33,8 +33,7 @@ def filesystem(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, 
     return fs, fs_path
 
 
-def expand(pattern: str, storage_options: dict[str, Any] | None = None
-           ) -> list[tuple[str, int]]:
+def expand(pattern: str, storage_options: dict[str, Any] | None = None) -> list[tuple[str, int]]:
     """The regular files matching ``pattern``, sorted, with their sizes in bytes.
 
     Args:
@@ -63,12 +62,14 @@ def expand(pattern: str, storage_options: dict[str, Any] | None = None
     files = sorted((p, info) for p, info in found.items() if info.get("type") == "file")
     if not files:
         if found and not glob.has_magic(root):
-            raise errors.InvalidInput(f"{pattern} is a directory: give a glob, e.g. "
-                                      f"'{pattern.rstrip('/')}/*.parquet'")
+            raise errors.InvalidInput(
+                f"{pattern} is a directory: give a glob, e.g. '{pattern.rstrip('/')}/*.parquet'"
+            )
         raise errors.InvalidInput(f"no files match {pattern!r}")
     local = isinstance(fs, LocalFileSystem)
-    return [(p if local else fs.unstrip_protocol(p), int(info.get("size") or 0))
-            for p, info in files]
+    return [
+        (p if local else fs.unstrip_protocol(p), int(info.get("size") or 0)) for p, info in files
+    ]
 
 
 def describe(e: BaseException) -> str:
@@ -112,8 +113,9 @@ def built(path: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def open_file(path: str, storage_options: dict[str, Any] | None = None,
-              compression: str | None = None) -> Iterator[IO[bytes]]:
+def open_file(
+    path: str, storage_options: dict[str, Any] | None = None, compression: str | None = None
+) -> Iterator[IO[bytes]]:
     """A binary file object for ``path`` (decompressed when ``compression`` is given).
 
     Remote files are read by range through fsspec's block cache, behind a 1 MiB buffer
@@ -144,8 +146,9 @@ def chunk_int(chunk: dict[str, Any], field: str, default: int | None = None) -> 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise errors.DataError(str(chunk.get("path")), "chunk",
-                               f"{field} must be an integer >= 0, got {value!r}")
+        raise errors.DataError(
+            str(chunk.get("path")), "chunk", f"{field} must be an integer >= 0, got {value!r}"
+        )
     return value
 
 
@@ -165,9 +168,12 @@ class Reader:
     format = ""
     sizing: frozenset[str] = frozenset()
 
-    def chunks(self, files: list[tuple[str, int]],
-               storage_options: dict[str, Any] | None = None,
-               **sizing: Any) -> list[dict[str, Any]]:
+    def chunks(
+        self,
+        files: list[tuple[str, int]],
+        storage_options: dict[str, Any] | None = None,
+        **sizing: Any,
+    ) -> list[dict[str, Any]]:
         """The chunks of ``files`` (``(path, size)`` pairs, in order).
 
         Args:
@@ -183,8 +189,9 @@ class Reader:
         """
         raise NotImplementedError
 
-    def read(self, chunk: dict[str, Any], start: int = 0,
-             **options: Any) -> Generator[Any, None, int]:
+    def read(
+        self, chunk: dict[str, Any], start: int = 0, **options: Any
+    ) -> Generator[Any, None, int]:
         """The chunk's samples from index ``start`` (0-based within the chunk).
 
         Args:

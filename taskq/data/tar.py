@@ -79,10 +79,13 @@ class TarReader(Reader):
     format = "tar"
     sizing = frozenset({"records_per_chunk"})
 
-    def chunks(self, files: list[tuple[str, int]],
-               storage_options: dict[str, Any] | None = None,
-               records_per_chunk: int | None = None,
-               **sizing: Any) -> list[dict[str, Any]]:
+    def chunks(
+        self,
+        files: list[tuple[str, int]],
+        storage_options: dict[str, Any] | None = None,
+        records_per_chunk: int | None = None,
+        **sizing: Any,
+    ) -> list[dict[str, Any]]:
         """One chunk per shard, or per ``records_per_chunk`` samples of a shard, from
         its headers; a compressed shard is one chunk without counts.
 
@@ -109,23 +112,33 @@ class TarReader(Reader):
             compression = compression_of(path)
             if compression:
                 if per is not None:
-                    raise errors.InvalidInput(f"{path}: a compressed shard cannot be read "
-                                              f"by member range; give it whole")
-                out.append({"format": self.format, "path": path, "compression": compression,
-                            "bytes": size})
+                    raise errors.InvalidInput(
+                        f"{path}: a compressed shard cannot be read by member range; give it whole"
+                    )
+                out.append(
+                    {"format": self.format, "path": path, "compression": compression, "bytes": size}
+                )
                 continue
             samples = self._scan(path, size, storage_options)
             step = per or max(len(samples), 1)
             for i in range(0, len(samples), step):
-                group = samples[i:i + step]
+                group = samples[i : i + step]
                 first, last = group[0][0], group[-1][1]
-                out.append({"format": self.format, "path": path, "offset": first,
-                            "length": last - first, "members": sum(s[2] for s in group),
-                            "samples": len(group)})
+                out.append(
+                    {
+                        "format": self.format,
+                        "path": path,
+                        "offset": first,
+                        "length": last - first,
+                        "members": sum(s[2] for s in group),
+                        "samples": len(group),
+                    }
+                )
         return out
 
-    def _scan(self, path: str, size: int, storage_options: dict[str, Any] | None
-              ) -> list[tuple[int, int, int]]:
+    def _scan(
+        self, path: str, size: int, storage_options: dict[str, Any] | None
+    ) -> list[tuple[int, int, int]]:
         """``(first header offset, end of data, members)`` per sample, from headers."""
         samples: list[tuple[int, int, int]] = []
         key = None
@@ -134,16 +147,19 @@ class TarReader(Reader):
             for member, k, ext in _members(tf, None):
                 data_end = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
                 if member.offset_data + member.size > size:
-                    raise errors.InvalidInput(f"{path}: member {member.name} at byte "
-                                              f"{member.offset}: truncated (the file ends "
-                                              f"at byte {size})")
+                    raise errors.InvalidInput(
+                        f"{path}: member {member.name} at byte "
+                        f"{member.offset}: truncated (the file ends "
+                        f"at byte {size})"
+                    )
                 if k != key:
                     samples.append((member.offset, data_end, 1))
                     key, exts = k, {ext}
                     continue
                 if ext in exts:
-                    raise errors.InvalidInput(f"{path}: member {member.name}: duplicate "
-                                              f"extension {ext!r} in sample {k!r}")
+                    raise errors.InvalidInput(
+                        f"{path}: member {member.name}: duplicate extension {ext!r} in sample {k!r}"
+                    )
                 exts.add(ext)
                 first, _, n = samples[-1]
                 samples[-1] = (first, data_end, n + 1)
@@ -153,13 +169,16 @@ class TarReader(Reader):
             f.seek(tail_at)
             tail = f.read(min(size - tail_at, _TAIL_MAX + 1))
             if len(tail) > _TAIL_MAX or tail.strip(b"\0"):
-                raise errors.InvalidInput(f"{path}: bad or truncated tar header at byte "
-                                          f"{tail_at}")
+                raise errors.InvalidInput(f"{path}: bad or truncated tar header at byte {tail_at}")
         return samples
 
-    def read(self, chunk: dict[str, Any], start: int = 0,
-             storage_options: dict[str, Any] | None = None,
-             **options: Any) -> Generator[Any, None, int]:
+    def read(
+        self,
+        chunk: dict[str, Any],
+        start: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Generator[Any, None, int]:
         """The samples of the chunk's members from sample ``start``; members of skipped
         samples are passed over by their headers, their data not read.
 
@@ -181,8 +200,11 @@ class TarReader(Reader):
         length = chunk_int(chunk, "length")
         expected = chunk_int(chunk, "samples")
         if compression and offset:
-            raise errors.DataError(path, f"byte {offset}", "a member range of a compressed "
-                                   "shard cannot be read (whole shards only)")
+            raise errors.DataError(
+                path,
+                f"byte {offset}",
+                "a member range of a compressed shard cannot be read (whole shards only)",
+            )
         end = None if length is None else offset + length
         spot = Spot(path, f"header at byte {offset}")
         index = -1
@@ -199,8 +221,9 @@ class TarReader(Reader):
                         index += 1
                         sample = {"__key__": key}
                     elif ext in sample:
-                        raise errors.DataError(path, spot.where,
-                                               f"duplicate extension {ext!r} in sample {key!r}")
+                        raise errors.DataError(
+                            path, spot.where, f"duplicate extension {ext!r} in sample {key!r}"
+                        )
                     if index >= start:
                         handle = tf.extractfile(member)
                         assert handle is not None  # a regular file always has one
@@ -212,15 +235,21 @@ class TarReader(Reader):
             yield sample
         count = index + 1
         if expected is not None and count != expected:
-            raise errors.DataError(path, f"bytes {offset}+{length}", f"{count} samples, the "
-                                   f"chunk says {expected} (truncated or corrupt tar?)")
+            raise errors.DataError(
+                path,
+                f"bytes {offset}+{length}",
+                f"{count} samples, the chunk says {expected} (truncated or corrupt tar?)",
+            )
         return count
 
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The chunk's ``samples`` (from the headers at create)."""
         samples = chunk.get("samples")
-        return samples if isinstance(samples, int) and not isinstance(samples, bool) \
-            and samples >= 0 else None
+        return (
+            samples
+            if isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
+            else None
+        )
 
 
 READERS: dict[str, Reader] = {"tar": TarReader()}

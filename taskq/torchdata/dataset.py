@@ -80,8 +80,7 @@ def default_reader(chunks: Any, start: int) -> Iterable[Any]:
     try:
         from ..data import read_task  # type: ignore[import-not-found,unused-ignore]
     except ImportError as e:  # pragma: no cover - depends on the installed extras
-        raise errors.InvalidInput("no default reader (taskq.data is missing); pass "
-                                  "reader=") from e
+        raise errors.InvalidInput("no default reader (taskq.data is missing); pass reader=") from e
     return read_task(chunks, start)  # type: ignore[no-any-return]
 
 
@@ -159,13 +158,22 @@ class TaskDataset(IterableDataset[Any]):
         in_worker = info is not None
         if in_worker:
             _die_with_parent(feed.parent_pid)
-        return self.units(lambda block: _take(feed, iteration, block, in_worker), feed,
-                          lambda: _count(feed, slot), flush_when_idle=False,
-                          rng_key=f"{slot}:{iteration}")
+        return self.units(
+            lambda block: _take(feed, iteration, block, in_worker),
+            feed,
+            lambda: _count(feed, slot),
+            flush_when_idle=False,
+            rng_key=f"{slot}:{iteration}",
+        )
 
-    def units(self, source: Callable[[bool], TaskMsg | None], feed: Feed,
-              finished: Callable[[], None], flush_when_idle: bool, rng_key: str
-              ) -> Iterator[Unit]:
+    def units(
+        self,
+        source: Callable[[bool], TaskMsg | None],
+        feed: Feed,
+        finished: Callable[[], None],
+        flush_when_idle: bool,
+        rng_key: str,
+    ) -> Iterator[Unit]:
         """Units from the tasks ``source`` gives until a stop message.
 
         Args:
@@ -242,8 +250,13 @@ class TaskDataset(IterableDataset[Any]):
             yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
 
     @staticmethod
-    def _unit(tags: list[Tag], samples: list[Any], ctrl: list[Ctrl],
-              collate: Callable[[Any], Any], batch_size: int | None) -> Unit:
+    def _unit(
+        tags: list[Tag],
+        samples: list[Any],
+        ctrl: list[Ctrl],
+        collate: Callable[[Any], Any],
+        batch_size: int | None,
+    ) -> Unit:
         if not samples:
             return tags, ctrl, None
         return tags, ctrl, collate(samples if batch_size else samples[0])
@@ -259,8 +272,9 @@ class TaskDataset(IterableDataset[Any]):
                 items = list(self.reader(chunks, 0))  # a read error surfaces here
                 order = list(range(len(items)))
                 random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
-                return _Open(task_id, token,
-                             iter([(k, items[order[k]]) for k in range(start, len(items))]))
+                return _Open(
+                    task_id, token, iter([(k, items[order[k]]) for k in range(start, len(items))])
+                )
             return _Open(task_id, token, enumerate(iter(self.reader(chunks, start)), start))
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
@@ -276,11 +290,11 @@ def _take(feed: Feed, iteration: int, block: bool, in_worker: bool) -> TaskMsg |
     longer current or (in a worker process) the main process is gone."""
     while True:
         if int(feed.iteration.value) != iteration or (
-                in_worker and os.getppid() != feed.parent_pid):
+            in_worker and os.getppid() != feed.parent_pid
+        ):
             return stop_msg(iteration)
         try:
-            msg: TaskMsg = (feed.tasks.get(timeout=_POLL_S) if block
-                            else feed.tasks.get_nowait())
+            msg: TaskMsg = feed.tasks.get(timeout=_POLL_S) if block else feed.tasks.get_nowait()
         except queue.Empty:
             if not block:
                 return None

@@ -59,10 +59,19 @@ class Feeder(threading.Thread):
             error surfaces in the main thread (maybe in the loop body, not in next()).
     """
 
-    def __init__(self, dataset: TaskDataset, tasks: Any, readers: int,
-                 finished: Callable[[], int], iteration: int, pass_end: str,
-                 tasks_ahead: int, after_pass: int | None, worker_id: str | None,
-                 processes: Callable[[], list[Any]] = list) -> None:
+    def __init__(
+        self,
+        dataset: TaskDataset,
+        tasks: Any,
+        readers: int,
+        finished: Callable[[], int],
+        iteration: int,
+        pass_end: str,
+        tasks_ahead: int,
+        after_pass: int | None,
+        worker_id: str | None,
+        processes: Callable[[], list[Any]] = list,
+    ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
         self.tasks = tasks
@@ -169,7 +178,8 @@ class Feeder(threading.Thread):
                 self.error = self.error or e
             while self._calls:
                 self._calls.popleft()[1].set_exception(
-                    errors.TaskqError("the loader's iteration ended before the call"))
+                    errors.TaskqError("the loader's iteration ended before the call")
+                )
             if self.trainer is not None:
                 self.trainer.close()  # releases what is still held, in one call
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
@@ -180,8 +190,14 @@ class Feeder(threading.Thread):
 
     def _start(self) -> None:
         ds = self.dataset
-        self.trainer = Trainer(ds.job, url=ds.url, client=ds.client, worker_id=self.worker_id,
-                               handle_signals=False, **ds.trainer_options)
+        self.trainer = Trainer(
+            ds.job,
+            url=ds.url,
+            client=ds.client,
+            worker_id=self.worker_id,
+            handle_signals=False,
+            **ds.trainer_options,
+        )
         st = self.trainer.client.status(ds.job, summaries=0)
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -207,22 +223,25 @@ class Feeder(threading.Thread):
             dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
             if dead:
                 self._ack(self._take_acks())  # taken by the loop before the death
-                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
-                                   "they had")
+                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what they had")
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self._drop_revoked()
             holding = bool(self._held)
             reading = self._dispatched - self.finished()
             # refill by half the read-ahead at a time: several tasks per lease call
-            idle = self.phase == "end" or (
-                self.phase == "feed" and reading > self.tasks_ahead - self._refill
-            ) or (self.phase == "tail" and holding
-                  and time.monotonic() - last_poll < _TAIL_POLL_S)
+            idle = (
+                self.phase == "end"
+                or (self.phase == "feed" and reading > self.tasks_ahead - self._refill)
+                or (
+                    self.phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S
+                )
+            )
             if idle and not (revoked and self.phase != "end"):
                 # while feeding, acks wait for the next lease call (one call for many
                 # tasks) up to _ACK_DELAY_S; at a pass's tail everyone waits for them
-                if self._acks and (self.phase != "feed" or
-                                   time.monotonic() - self._acks_since > _ACK_DELAY_S):
+                if self._acks and (
+                    self.phase != "feed" or time.monotonic() - self._acks_since > _ACK_DELAY_S
+                ):
                     self._ack(self._take_acks())
                 # worker processes finishing a task do not wake us: look at their counts
                 self._wait(0.05 if self.phase == "feed" else 0.5)
@@ -238,8 +257,7 @@ class Feeder(threading.Thread):
                 # one call acks what the loop took and leases several: Trainer.lease()
                 # takes one task and no acks, and each call waits for the GIL behind
                 # a busy main thread (num_workers=0)
-                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no,
-                                       acks=acks)
+                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no, acks=acks)
             except errors.JobCompleted:
                 self.phase = self._end("completed")
                 continue
@@ -258,8 +276,9 @@ class Feeder(threading.Thread):
             st = trainer.client.status(job, summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
-            elif st.pass_no > pass_no or (st.pass_no == pass_no and st.state == "waiting"
-                                          and st.reason == "manual_advance"):
+            elif st.pass_no > pass_no or (
+                st.pass_no == pass_no and st.state == "waiting" and st.reason == "manual_advance"
+            ):
                 self.phase = self._end("pass_complete")
             elif st.pass_no < pass_no:
                 if holding:
@@ -294,8 +313,16 @@ class Feeder(threading.Thread):
     def _dispatch(self, task: Task, to: Any) -> None:
         with self._lock:
             self._held[task.id] = task
-        to.put((self.iteration, task.id, task.token, task.pass_no, task.chunks,
-                int(getattr(task, "start", 0))))
+        to.put(
+            (
+                self.iteration,
+                task.id,
+                task.token,
+                task.pass_no,
+                task.chunks,
+                int(getattr(task, "start", 0)),
+            )
+        )
         if to is self.tasks:
             self._dispatched += 1
 
@@ -330,8 +357,7 @@ class Feeder(threading.Thread):
             if not self._reached:
                 return
             reached, self._reached = self._reached, {}
-            tasks = [(self._held.get(task_id), token, n)
-                     for (task_id, token), n in reached.items()]
+            tasks = [(self._held.get(task_id), token, n) for (task_id, token), n in reached.items()]
         for task, token, n in tasks:
             if task is not None and task.token == token and not task.revoked.is_set():
                 self.trainer.progress(task, n)
@@ -354,7 +380,7 @@ class Feeder(threading.Thread):
         if acks and self.trainer is not None:
             for start in range(0, len(acks), MAX_BATCH):  # one call acks MAX_BATCH at most
                 try:
-                    self.trainer.ack(acks[start:start + MAX_BATCH])
+                    self.trainer.ack(acks[start : start + MAX_BATCH])
                 except errors.LeaseLost as e:
                     log.warning("%s", e)  # the others in the call were counted
             self.acked += len(acks)
@@ -380,8 +406,7 @@ class Feeder(threading.Thread):
             else:
                 fails.append((task, text))
         for task, text in fails:
-            log.warning("job %s task %s: %s; failing the task", self.dataset.job, task.id,
-                        text)
+            log.warning("job %s task %s: %s; failing the task", self.dataset.job, task.id, text)
             try:
                 self.trainer.fail(task, text)
             except errors.LeaseLost as e:

@@ -91,11 +91,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise errors.InvalidInput("taskq.torch.DataLoader needs a taskq.torch.TaskDataset")
         for name in ("sampler", "batch_sampler", "shuffle", "generator"):
             if torch_options.get(name) is not None:
-                raise errors.InvalidInput(f"{name}= is not supported: the job gives the order "
-                                          "(TaskDataset(shuffle=, seed=) for inside a task)")
+                raise errors.InvalidInput(
+                    f"{name}= is not supported: the job gives the order "
+                    "(TaskDataset(shuffle=, seed=) for inside a task)"
+                )
         if torch_options.pop("in_order", False):
-            raise errors.InvalidInput("in_order=True is not supported: one worker waiting "
-                                      "for a task would hold back the others' batches")
+            raise errors.InvalidInput(
+                "in_order=True is not supported: one worker waiting "
+                "for a task would hold back the others' batches"
+            )
         if on_error not in ("fail", "raise"):
             raise errors.InvalidInput(f"on_error must be 'fail' or 'raise', not {on_error!r}")
         if pass_end not in _PASS_ENDS:
@@ -104,8 +108,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise errors.InvalidInput(f"batch_size must be >= 1 or None, got {batch_size}")
         if drop_last and batch_size is None:
             raise errors.InvalidInput("drop_last needs a batch_size")
-        super().__init__(dataset, batch_size=None, num_workers=num_workers,
-                         collate_fn=_passthrough, in_order=False, **torch_options)
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            collate_fn=_passthrough,
+            in_order=False,
+            **torch_options,
+        )
         self.samples_per_batch = batch_size
         self.user_collate_fn = collate_fn
         self.user_drop_last = drop_last
@@ -116,8 +126,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         limit = MAX_HELD // 2
         if tasks_ahead is not None and not 1 <= tasks_ahead <= limit:
             raise errors.InvalidInput(f"tasks_ahead must be in [1, {limit}], got {tasks_ahead}")
-        self.tasks_ahead = tasks_ahead or min(limit,
-                                              max(2, num_workers) * (dataset.interleave + 2))
+        self.tasks_ahead = tasks_ahead or min(limit, max(2, num_workers) * (dataset.interleave + 2))
         #: one worker id for all iterations (each registers anew under it)
         self.worker_id = worker_id or default_worker_id()
         #: why the last iteration ended: "pass_complete", "completed", "cancelled",
@@ -142,15 +151,26 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
         fresh = not (self.persistent_workers and self._iterator is not None)
         if self.num_workers == 0:
-            feed = Feed(queue.Queue(), _Box(self._iteration_no), [0],
-                        self.samples_per_batch, self.user_collate_fn, self.user_drop_last)
+            feed = Feed(
+                queue.Queue(),
+                _Box(self._iteration_no),
+                [0],
+                self.samples_per_batch,
+                self.user_collate_fn,
+                self.user_drop_last,
+            )
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
                 _retire(self._feed.tasks)  # its feeder thread must not live through the fork
             ctx = self.multiprocessing_context or multiprocessing.get_context()
-            feed = Feed(ctx.Queue(), ctx.RawValue("q", self._iteration_no),
-                        ctx.RawArray("q", self.num_workers), self.samples_per_batch,
-                        self.user_collate_fn, self.user_drop_last)
+            feed = Feed(
+                ctx.Queue(),
+                ctx.RawValue("q", self._iteration_no),
+                ctx.RawArray("q", self.num_workers),
+                self.samples_per_batch,
+                self.user_collate_fn,
+                self.user_drop_last,
+            )
         else:
             feed = self._feed
         feed.iteration.value = self._iteration_no
@@ -158,10 +178,18 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         # the workers start (fork) here, before this iteration's trainer and threads
         torch_iter = super().__iter__()
         start = sum(feed.finished)
-        feeder = Feeder(ds, feed.tasks, max(1, self.num_workers),
-                        lambda: sum(feed.finished) - start, self._iteration_no,
-                        self.pass_end, self.tasks_ahead, self._done_pass, self.worker_id,
-                        lambda: list(getattr(torch_iter, "_workers", ())))
+        feeder = Feeder(
+            ds,
+            feed.tasks,
+            max(1, self.num_workers),
+            lambda: sum(feed.finished) - start,
+            self._iteration_no,
+            self.pass_end,
+            self.tasks_ahead,
+            self._done_pass,
+            self.worker_id,
+            lambda: list(getattr(torch_iter, "_workers", ())),
+        )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
         feeder.start()
@@ -337,8 +365,9 @@ class _TaskqIter:
                     if not self.feeder.is_alive():
                         return stop_msg(it_no)
 
-        return ds.units(take, self.feed, lambda: None, flush_when_idle=True,
-                        rng_key=f"tail:{it_no}")
+        return ds.units(
+            take, self.feed, lambda: None, flush_when_idle=True, rng_key=f"tail:{it_no}"
+        )
 
     def _control(self, ctrl: list[Any]) -> None:
         holds = self.feeder.holds
@@ -350,8 +379,7 @@ class _TaskqIter:
                 continue
             self.feeder.fail(task_id, token, text)
             if self.on_error == "raise":
-                raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: "
-                                         f"{text}")
+                raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
 
     def _finish(self) -> NoReturn:
         self._end(ack_taken=True, shutdown=False, raise_error=True)
@@ -417,4 +445,3 @@ def _retire(tasks: Any) -> None:
 def _abandon(feeder: Feeder, feed: Feed) -> None:
     feed.iteration.value = -1
     feeder.finish()
-

@@ -65,8 +65,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
     if cur is not None and not cur.ended and cur.feeder.is_alive():
         cur._settle()
         try:
-            record = cur.feeder.call(
-                lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
+            record = cur.feeder.call(lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
         except errors.TaskqError as e:
             if cur.feeder.is_alive():
                 raise
