@@ -97,6 +97,7 @@ class MetaField:
     C_DEAD = "c_dead"
     C_STOLEN = "c_stolen"
     C_REVOKED = "c_revoked"
+    C_FORGED = "c_forged"  # writes with a lease's token (or a worker's name), not its secret
     P_STALE = "p_stale"
     P_SKIPPED = "p_skipped"
     P_RESETS = "p_resets"

@@ -34,6 +34,7 @@ METRIC_TYPES = {
                 "dead",
                 "stolen",
                 "revoked",
+                "forged",
                 "expired",
                 "exporter_scrape_errors",
             )

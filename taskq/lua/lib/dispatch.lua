@@ -91,7 +91,7 @@ local function grant(task, worker, winc, call_no, st)
   if RS_N ~= ROUND then RS_N, RS_S = ROUND, tostring(ROUND) end
   if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
   redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s)
+    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
   GRANTED[#GRANTED + 1] = task
   redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
