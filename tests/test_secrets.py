@@ -212,6 +212,24 @@ def test_a_reserved_lease_is_not_started_with_another_secret(client: taskq.Clien
     assert started != reserved
 
 
+def test_a_leave_in_a_workers_name_needs_its_secret(client: taskq.Client,
+                                                    job_name: str) -> None:
+    make_job(client, job_name, 3)
+    holder = trainer(client, job_name, "holder")
+    task = holder.lease(timeout=0)
+    assert task is not None
+    forger = Forger(client, job_name)
+    reply = forger.run("leave", [*forger.who(task.id), forger.secret])
+    assert (reply[0], reply[1]) == (Code.REREGISTER, 0)
+    status = client.status(job_name, summaries=0)
+    assert (status.leased, status.workers, status.counters["released"]) == (1, 1, 0)
+    assert status.counters["forged"] == 1
+    holder.ack(task)
+    holder.close()  # the holder's own leave works
+    status = client.status(job_name, summaries=0)
+    assert (status.done, status.workers, status.counters["forged"]) == (1, 0, 1)
+
+
 def test_register_without_a_secret_is_refused_with_an_upgrade_message(
     client: taskq.Client, job_name: str
 ) -> None:
