@@ -75,6 +75,49 @@ def child(calls: int) -> dict[str, float]:
             "secret": with_secret}
 
 
+#: The work a secret adds to a call, each timed alone inside one script (no client, no
+#: network): {name: (Lua body run `n` times, what it stands for)}. `s` is a secret, `rec`
+#: and `rec2` lease records without and with the digest, `k` a scratch hash.
+MICRO = {
+    "loop": ("local x = i", "the empty loop (subtracted from the others)"),
+    "hash": ("local d = string.sub(redis.sha1hex(s), 1, 16)",
+             "hash the secret once (use_secret)"),
+    "parse8": ("local a, b, c, d, e, f, g, h = string.match(rec, P8)",
+               "parse a record without the digest"),
+    "parse9": ("local a, b, c, d, e, f, g, h, j = string.match(rec2, P9)",
+               "parse a record with it"),
+    "hset8": ("redis.call('HSET', k, 'f', rec)", "write a record without the digest"),
+    "hset9": ("redis.call('HSET', k, 'f', rec2)", "write a record with it"),
+}
+
+
+def micro(n: int, rounds: int = 7) -> dict[str, float]:
+    """µs per run of each MICRO body, on a private redis-server: the parts take turns,
+    `rounds` times, and each gets the median of its rounds (a shared machine's load
+    comes and goes)."""
+    field = "([^|]*)"
+    p8 = "^L|" + "|".join([field] * 8) + "$"
+    p9 = "^L|" + "|".join([field] * 9) + "$"
+    rec = "L|host:1234:abcdef|0123456789ab|1764590000123456|3|S|1764590000123|42|1"
+    prelude = (f"local s, k = ARGV[1], KEYS[1]\nlocal rec = '{rec}'\n"
+               f"local rec2 = rec .. '|0123456789abcdef'\nlocal P8, P9 = '{p8}', '{p9}'\n")
+    times: dict[str, list[float]] = {name: [] for name in MICRO}
+    with common.start_redis() as server:
+        r = redis.Redis(host=common.LOOPBACK, port=server.port)
+        secret = secrets.token_hex(16)
+        scripts = {name: prelude + f"for i = 1, {n} do {body} end\nreturn 1"
+                   for name, (body, _) in MICRO.items()}
+        for script in scripts.values():
+            r.eval(script, 1, "micro:k", secret)  # warm up
+        for _ in range(rounds):
+            for name, script in scripts.items():
+                t0 = time.perf_counter()
+                r.eval(script, 1, "micro:k", secret)
+                times[name].append((time.perf_counter() - t0) / n * 1e6)
+        r.close()
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def export(rev: str, into: Path) -> Path:
     """The taskq package of git revision ``rev``, unpacked under ``into``."""
     archive = into / "taskq.tar"
@@ -90,6 +133,8 @@ def main() -> None:
     parser.add_argument("--before", default="main", help="git revision to compare with")
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--micro-n", type=int, default=200000,
+                        help="runs of each part in the per-part timing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -117,6 +162,18 @@ def main() -> None:
         print(f"| {name} | {'yes' if rows[0]['secret'] else 'no'} "
               f"| {statistics.median(srv):.1f} ({', '.join(f'{v:.1f}' for v in srv)}) "
               f"| {statistics.median(wall):.1f} ({', '.join(f'{v:.0f}' for v in wall)}) |")
+    parts = micro(args.micro_n)
+    print(f"\nThe parts, each timed alone in a script ({args.micro_n} runs; median of 7 "
+          "rounds taken in turns; µs per run, less the empty loop)")
+    print("| part | µs |")
+    print("|---|---:|")
+    for name, (_, what) in MICRO.items():
+        if name != "loop":
+            print(f"| {what} | {parts[name] - parts['loop']:.3f} |")
+    per_call = (parts["hash"] - parts["loop"]) + 2 * (parts["parse9"] - parts["parse8"]) \
+        + 2 * (parts["hset9"] - parts["hset8"])
+    print(f"\nadded per ack+lease call of 1 task (one hash, two parses and two writes "
+          f"of a longer record): {per_call:.2f} µs")
 
 
 if __name__ == "__main__":
