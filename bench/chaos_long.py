@@ -37,9 +37,9 @@ from chaos import (  # noqa: E402
     audit_job,
     scale_up_down_kill,
 )
-from redis_server import RedisServer  # noqa: E402
 
 import taskq  # noqa: E402
+from taskq.devserver import RedisServer  # noqa: E402
 
 
 def round_scale(client: taskq.Client, url: str, job: str, log_dir: Path,

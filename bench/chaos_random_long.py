@@ -31,10 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
 
-from redis_server import RedisServer  # noqa: E402
-from test_chaos_redis import Rig, random_scenario  # noqa: E402
+from chaos_rig import Rig, random_scenario  # noqa: E402
+
+from taskq.devserver import RedisServer  # noqa: E402
 
 
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:

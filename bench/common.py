@@ -13,130 +13,67 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
+from taskq import devserver
+
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
-LOOPBACK = "127.0.0.1"
+LOOPBACK = devserver.LOOPBACK
 
-# Every server this process started and has not stopped yet; emptied at exit and on SIGTERM.
+# Every server this process started; stopped at exit and on SIGTERM (cleanup is idempotent).
 _live_servers: list[RedisServer] = []
 
 
-@dataclass
-class RedisServer:
-    """A redis-server child process bound to 127.0.0.1 on a port of its own."""
+class RedisServer(devserver.RedisServer):
+    """The package's local server, seen as the bench uses it: raw-bytes clients (rq needs
+    them) and ``process`` for psutil."""
 
-    port: int
-    process: subprocess.Popen
-    workdir: Path
-    _stopped: bool = field(default=False, repr=False)
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.proc is not None
+        return self.proc
 
-    def client(self, **kwargs) -> redis.Redis:
+    def client(self, **kwargs: object) -> redis.Redis:
         """Returns a redis-py client for this server (extra kwargs go to `redis.Redis`)."""
-        return redis.Redis(host=LOOPBACK, port=self.port, **kwargs)
-
-    def stop(self) -> None:
-        """Stops the server (SIGTERM, then SIGKILL after 5 s) and removes its temp dir."""
-        if self._stopped:
-            return
-        self._stopped = True
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self in _live_servers:
-            _live_servers.remove(self)
-
-    def __enter__(self) -> RedisServer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+        kwargs.setdefault("decode_responses", False)
+        return super().client(**kwargs)
 
 
-def free_port() -> int:
-    """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def start_redis(extra_args: Sequence[str] = (), persistence: bool = False) -> RedisServer:
-    """Starts a private redis-server on a free loopback port in a fresh temp dir.
+def start_redis(extra_args: Sequence[str] = ()) -> RedisServer:
+    """Starts a private server (`$TASKQ_TEST_SERVER`, default redis-server) on a free
+    loopback port in a fresh temp dir.
 
     Args:
-        extra_args: more `redis-server` arguments, e.g. ("--maxclients", "2000").
-        persistence: keep Redis' default RDB/AOF settings instead of `--save '' --appendonly no`.
+        extra_args: more server arguments, e.g. ("--maxclients", "2000"); no persistence.
 
     Returns:
-        The running server; call `.stop()` (or use it as a context manager).
+        The running server; call `.cleanup()` (or use it as a context manager).
 
     Raises:
-        RuntimeError: redis-server is missing or did not answer PING within 10 s (3 ports tried).
+        taskq.TaskqError: the binary is missing or the server did not start (3 ports tried).
     """
-    if shutil.which("redis-server") is None:
-        raise RuntimeError("redis-server is not on PATH")
-    last_error = ""
-    for _attempt in range(3):
-        port = free_port()
-        workdir = Path(tempfile.mkdtemp(prefix=f"taskq-bench-redis-{port}-"))
-        args = ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--dir", str(workdir)]
-        args += ["--daemonize", "no", "--logfile", str(workdir / "redis.log")]
-        if not persistence:
-            args += ["--save", "", "--appendonly", "no"]
-        args += list(extra_args)
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        server = RedisServer(port=port, process=process, workdir=workdir)
-        _live_servers.append(server)
-        if _wait_for_ping(server, timeout_s=10.0):
-            return server
-        last_error = (workdir / "redis.log").read_text(errors="replace")[-500:]
-        server.stop()
-    raise RuntimeError(f"redis-server did not start: {last_error}")
-
-
-def _wait_for_ping(server: RedisServer, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    client = server.client(socket_timeout=1)
-    try:
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                return False
-            try:
-                if client.ping():
-                    return True
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        return False
-    finally:
-        client.close()
+    server = RedisServer(extra=extra_args)
+    _live_servers.append(server)
+    return server
 
 
 def redis_port_factory() -> tuple[int, Callable[[], None]]:
     """Starts a fresh private redis-server and returns (port, stop_fn)."""
     server = start_redis()
-    return server.port, server.stop
+    return server.port, server.cleanup
 
 
 def stop_all_servers() -> None:
     """Stops every redis-server this process started and has not stopped yet."""
-    for server in list(_live_servers):
-        server.stop()
+    while _live_servers:
+        _live_servers.pop().cleanup()
 
 
 def _on_sigterm(signum, frame) -> None:

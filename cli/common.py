@@ -40,6 +40,20 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
+def show(*renderables: Any) -> None:
+    """Print rich renderables on stdout: as they are on a terminal; off one (a pipe, a
+    file) without the padding rich adds to fill each line to the widest one."""
+    out = console()
+    if interactive(stderr=False):
+        for r in renderables:
+            out.print(r)
+        return
+    with out.capture() as captured:
+        for r in renderables:
+            out.print(r)
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
 def interactive(stderr: bool = True) -> bool:
     """True when the stream is a terminal (live displays only make sense there)."""
     stream = sys.stderr if stderr else sys.stdout

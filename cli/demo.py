@@ -1,7 +1,7 @@
 """``taskq demo``: elastic trainers, scaling and a SIGKILL, with every task acked once.
 
 Starts a local redis-server when no URL is given, creates a job from generated chunks,
-runs trainer processes (fork) and a reaper process, scales the trainers up and down
+runs trainer processes (from a fork server) and a reaper process, scales the trainers up and down
 mid-run (SIGTERM) and SIGKILLs one (``--chaos``), shows live progress, then checks the
 job's audit and the trainers' own logs. Everything it started is stopped on the way out,
 Ctrl-C included.
@@ -21,8 +21,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,80 +34,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import taskq
+from taskq import devserver
 
 from .common import age, console
 
-REDIS_MISSING = "redis-server not found; install with: sudo apt-get install -y redis-server"
 DEMO_WORKER_TTL_S = 2.0
 DEMO_HEARTBEAT_S = 0.5
 FINISH_TIMEOUT_S = 120.0
 
 
-class LocalRedis:
-    """A throw-away redis-server on a free loopback port, in a temp dir (no persistence)."""
+def local_redis() -> devserver.RedisServer:
+    """A throw-away redis-server on a free loopback port, in a temp dir (no persistence).
 
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise taskq.TaskqError(REDIS_MISSING)
-        self.dir = tempfile.mkdtemp(prefix="taskq-demo-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-        try:
-            for _ in range(3):  # a free port may be taken between probe and bind
-                port = _free_port()
-                self.proc = subprocess.Popen(
-                    [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir,
-                     "--save", "", "--appendonly", "no", "--daemonize", "no",
-                     "--logfile", os.path.join(self.dir, "redis.log")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True)  # Ctrl-C is ours to handle, not redis-server's
-                self.url = f"redis://127.0.0.1:{port}/0"
-                if self._wait_ready():
-                    return
-                self._stop_proc()
-            raise taskq.TaskqError(f"redis-server did not start; see {self.dir}/redis.log")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self, timeout: float = 10.0) -> bool:
-        client = taskq.Client(self.url, retries=0, socket_timeout=1.0)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            try:
-                client.ping()
-                return True
-            except taskq.ConnectionLost:
-                time.sleep(0.05)
-        return False
-
-    def _stop_proc(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        self._stop_proc()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    In its own session: Ctrl-C is the demo's to handle, not redis-server's.
+    """
+    return devserver.RedisServer(binary="redis-server", new_session=True)
 
 
 def _child_stdio(path: str) -> None:
-    """Point a forked child's stdio at ``path`` (the parent's live display stays clean)."""
+    """Point a child's stdio at ``path`` (the parent's live display stays clean)."""
     out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)
@@ -264,7 +207,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
     out = console()
     began = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="taskq-demo-")
-    server: LocalRedis | None = None
+    server: devserver.RedisServer | None = None
     fleet: Fleet | None = None
     # Ctrl-C only sets a flag, checked between steps: a KeyboardInterrupt raised inside a
     # fork's at-fork handlers would be swallowed and the demo would run on.
@@ -272,7 +215,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
     old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     try:
         if url is None:
-            server = LocalRedis()
+            server = local_redis()
             url = server.url
             out.print(f"started redis-server at {url} (stopped at the end)")
         client = taskq.Client(url, key_prefix=prefix)
@@ -283,17 +226,23 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
                           worker_ttl=DEMO_WORKER_TTL_S, heartbeat_interval=DEMO_HEARTBEAT_S)
         out.print(f"job {job}: {ntasks} tasks x {passes} passes, worker_ttl "
                   f"{DEMO_WORKER_TTL_S:g}s, heartbeat {DEMO_HEARTBEAT_S:g}s")
-        fleet = Fleet(multiprocessing.get_context("fork"), url, prefix, job, run_dir, step_s)
+        # the demo's own threads (the live display, the client's pool) must not be forked:
+        # trainers start from a fork server, a clean process that has only imported taskq
+        mp = multiprocessing.get_context("forkserver")
+        mp.set_forkserver_preload(["taskq", "taskq.cli.demo"])
+        fleet = Fleet(mp, url, prefix, job, run_dir, step_s)
         if fleet.start_reaper():
             out.print("reaper: running (interval 0.25s)")
         else:
             out.print("reaper: taskq.reaper not available; the lease script reclaims lazily")
         fleet.stop_flag = stop
-        fleet.spawn(trainers)
+        first = fleet.spawn(trainers)
+        out.print(f"{time.strftime('%H:%M:%S')} start: {len(first)} trainer(s) {first}")
         _run(out, client, fleet, job, ntasks, passes, trainers, chaos)
         fleet.stop_all()
         ok = _summary(out, client, job, ntasks, passes, run_dir, fleet,
-                      time.monotonic() - began, keep_hint=server is None)
+                      time.monotonic() - began,
+                      kept_in=None if server is not None else client.url)
     except KeyboardInterrupt:
         click.echo("taskq: demo interrupted; stopping what it started", err=True)
         ctx.exit(130)
@@ -302,7 +251,7 @@ def demo(ctx: click.Context, demo_url: str | None, trainers: int, passes: int, n
         if fleet is not None:
             fleet.stop_all()
         if server is not None:
-            server.stop()
+            server.cleanup()
     if not ok:
         raise taskq.TaskqError(f"demo: the audit found a problem (trainer logs kept in "
                                f"{run_dir})")
@@ -396,21 +345,31 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
             again = next((int(eid.split("-")[0]) for eid, e in events[at:]
                           if e.get("type") == "leased"
                           and task in e.get("tasks", "").split(",")), None)
-            back = "not leased again" if again is None else \
-                f"leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
-            lines.append(f"SIGKILLed {prefix.rstrip(':')}: its task {task} {back}")
+            expired_ms = int(events[at][0].split("-")[0])
+            late_ms = int(events[at][1].get("lateness_ms") or 0)
+            deadline_s = (expired_ms - late_ms - kill_ms) / 1000.0
+            back = "was not leased again" if again is None else \
+                f"was leased again {(again - kill_ms) / 1000.0:.2f}s after the kill"
+            # the deadline counts from the last heartbeat, so it comes before kill + ttl
+            lines.append(f"SIGKILLed {prefix.rstrip(':')}: the lease of task {task} ran out "
+                         f"{deadline_s:.2f}s after the kill (last heartbeat + worker_ttl "
+                         f"{DEMO_WORKER_TTL_S:g}s), was reclaimed {late_ms / 1000.0:.2f}s "
+                         f"past that deadline and {back}")
     return lines
 
 
 def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
-             run_dir: str, fleet: Fleet, took_s: float, keep_hint: bool) -> bool:
-    """Print the per-pass table and the verdict; True when every check holds."""
+             run_dir: str, fleet: Fleet, took_s: float, kept_in: str | None) -> bool:
+    """Print the per-pass table and the verdict; True when every check holds.
+
+    ``kept_in``: the (masked) URL of a Redis the job stays in after the demo, or None
+    when the demo's own server goes with it."""
     report = client.audit(job)
     processed = _read_logs(run_dir)
     summaries = {s["pass"]: s for s in report["passes"] if s.get("state") == "completed"}
     table = Table(title=f"job {job}", title_justify="left")
     for col in ("pass", "acked once", "processed", "re-runs", "stale rejected", "expired",
-                "longest re-dispatch delay"):
+                "max lateness"):
         table.add_column(col, justify="right")
     all_once = report["ok"]
     missing = 0
@@ -431,13 +390,17 @@ def _summary(out: Any, client: taskq.Client, job: str, ntasks: int, passes: int,
               f"{'yes' if all_once else 'NO'} ({passes} passes x {ntasks} tasks; "
               f"audit checks {'ok' if report['ok'] else 'FAILED'}"
               f"{f', {missing} task(s) never processed' if missing else ''})")
-    out.print(f"longest re-dispatch delay: {longest_ms / 1000.0:.2f}s after a missed "
-              f"deadline (worker_ttl {DEMO_WORKER_TTL_S:g}s)")
+    out.print(f"max lateness: {longest_ms / 1000.0:.2f}s (how long an expired lease waited "
+              f"past its deadline, the worker's last heartbeat + worker_ttl "
+              f"{DEMO_WORKER_TTL_S:g}s, before it was handed out again)")
     for line in _recoveries(client, job, fleet):
         out.print(line)
     out.print(f"trainers: {fleet.started} started, {fleet.terminated} SIGTERMed, "
               f"{fleet.killed} SIGKILLed")
     out.print(f"total time: {took_s:.1f}s")
-    if keep_hint:
-        out.print(f"inspect: taskq job status {job}; taskq job audit {job}")
+    if kept_in is not None:
+        url = f"--url {kept_in} "
+        out.print(f"job {job} is left in Redis at {kept_in}")
+        out.print(f"inspect: taskq {url}job status {job}; taskq {url}job audit {job}")
+        out.print(f"remove:  taskq {url}job delete {job} --yes")
     return bool(all_once)

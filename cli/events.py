@@ -10,20 +10,53 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import re
+from typing import Any
 
 import click
 
 from .common import client_of
 
 PAGE = 1000
+#: Fields that hold text even when it looks like a number (a hex incarnation may be all
+#: digits; a worker id may be).
+TEXT_FIELDS = {"type", "worker", "from", "by", "incarnation", "error", "reason", "op"}
+_INT = re.compile(r"-?\d+")
+
+
+def typed(fields: dict[str, str]) -> dict[str, Any]:
+    """The stream's fields with numbers as numbers (a batch event's ``tasks`` and
+    ``tokens``: lists of numbers)."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key in TEXT_FIELDS:
+            out[key] = value
+        elif (key in ("tasks", "tokens") and "count" in fields  # a batch event's id list
+              and all(_INT.fullmatch(v) for v in value.split(","))):
+            out[key] = [int(v) for v in value.split(",")]
+        elif _INT.fullmatch(value):
+            out[key] = int(value)
+        else:
+            out[key] = value
+    return out
+
+
+def one_line(value: str) -> str:
+    """A multi-line value (a command's stderr tail) as its first line and a count of the
+    rest, so one event stays one line; ``--json`` and ``taskq tasks show`` have it all."""
+    lines = [line for line in value.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return value.strip()
+    return f"{lines[0]} (+{len(lines) - 1} more lines)"
 
 
 def _line(event_id: str, fields: dict[str, str], as_json: bool) -> str:
     if as_json:
-        return json.dumps({"id": event_id, **fields}, sort_keys=True)
+        return json.dumps({"id": event_id, **typed(fields)}, sort_keys=True)
     ms = int(event_id.split("-")[0])
     when = datetime.datetime.fromtimestamp(ms / 1000.0).strftime("%H:%M:%S.%f")[:-3]
-    rest = " ".join(f"{k}={v}" for k, v in fields.items() if k != "type")
+    rest = " ".join(f"{k}={one_line(v) if ' ' not in v else repr(one_line(v))}"
+                    for k, v in fields.items() if k != "type")
     return f"{when} {fields.get('type', '?'):<16} {rest}"
 
 

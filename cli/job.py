@@ -34,6 +34,7 @@ from .common import (
     echo_json,
     interactive,
     pass_label,
+    show,
 )
 
 #: Inputs at least this large (bytes read, or tasks written) get a progress bar.
@@ -323,20 +324,32 @@ def status_table(status: JobStatus) -> Table:
     return table
 
 
-def summaries_table(summaries: list[dict[str, Any]]) -> Table:
-    """Per-pass summaries (pass, attempt, how it ended, done, dead, ...)."""
-    table = Table(title="passes", title_justify="left")
+def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None) -> Table:
+    """Per-pass summaries (pass, round, how it ended, done, dead, ...).
+
+    ``took`` runs from a pass's start to its end; pass 0 starts at its first lease
+    (``first_lease_ms``), not at the job's creation, so waiting for trainers is not
+    counted (marked ``*`` when the first lease is no longer in the events).
+    """
+    table = Table(title="passes (docs/operations.md: reading the tables)", title_justify="left")
     for col in ("pass", "round", "ended", "done", "dead", "skipped", "stale", "expired",
                 "max lateness", "took"):
         table.add_column(col, justify="right" if col not in ("ended",) else "left")
     for s in summaries:
-        took = None
-        if s.get("ended_ms") and s.get("started_ms"):
-            took = (s["ended_ms"] - s["started_ms"]) / 1000.0
+        took, mark = None, ""
+        started, ended = s.get("started_ms"), s.get("ended_ms")
+        if s.get("pass") == 0 and s.get("round") == 1 and started:
+            if first_lease_ms:
+                started = max(started, first_lease_ms)
+            else:
+                mark = "*"
+        if ended and started:
+            took = (ended - started) / 1000.0
         table.add_row(str(s.get("pass")), str(s.get("round")), str(s.get("state")),
                       str(s.get("done")), str(s.get("dead")), str(s.get("skipped")),
                       str(s.get("stale")), str(s.get("expired")),
-                      age((s.get("max_lateness_ms") or 0) / 1000.0), age(took))
+                      age((s.get("max_lateness_ms") or 0) / 1000.0),
+                      age(took) + mark if took is not None else "-")
     return table
 
 
@@ -348,17 +361,19 @@ def summaries_table(summaries: list[dict[str, Any]]) -> Table:
 @click.pass_context
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes."""
-    status = client_of(ctx).status(name, summaries=summaries)
+    client = client_of(ctx)
+    status = client.status(name, summaries=summaries)
     if as_json:
         data = status.as_dict()
         data["histograms"] = status.histograms
         data["lease_ages"] = status.lease_ages
         echo_json(data)
         return
-    out = console()
-    out.print(status_table(status))
     if status.summaries:
-        out.print(summaries_table(status.summaries))
+        show(status_table(status),
+             summaries_table(status.summaries, client.first_lease_ms(name)))
+    else:
+        show(status_table(status))
 
 
 @job.command("list")
@@ -406,14 +421,15 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
             continue
         table.add_row(r["job"], r["state"], pass_label(r["pass"], r["passes"]),
                       f"{r['done']}/{r['tasks']}", str(r["dead"]), str(r["workers"]))
-    console().print(table)
+    show(table)
 
 
 @job.command("delete")
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def delete(ctx: click.Context, name: str, yes: bool) -> None:
+def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     """Delete job NAME and every key of it; its trainers stop (job not found)."""
     client = client_of(ctx)
     status = client.status(name, summaries=0)  # unknown job: fail before asking
@@ -421,16 +437,27 @@ def delete(ctx: click.Context, name: str, yes: bool) -> None:
         click.confirm(f"delete job {name} ({status.state}, {status.tasks} tasks, "
                       f"{status.workers} workers)?", abort=True, err=True)
     client.delete_job(name)
-    click.echo(f"job {name}: deleted")
+    if as_json:
+        echo_json({"job": name, "deleted": True, "state_before": status.state,
+                   "tasks": status.tasks})
+    else:
+        click.echo(f"job {name}: deleted")
 
 
 @job.command("cancel")
 @click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def cancel(ctx: click.Context, name: str) -> None:
+def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
     """Cancel job NAME: every lease is revoked and the trainers' loops end."""
-    client_of(ctx).cancel_job(name)
-    click.echo(f"job {name}: cancelled")
+    client = client_of(ctx)
+    before = client.status(name, summaries=0)
+    client.cancel_job(name)
+    if as_json:
+        echo_json({"job": name, "state": "cancelled", "state_before": before.state,
+                   "pass": before.pass_no, "leases_revoked": before.leased})
+    else:
+        click.echo(f"job {name}: cancelled")
 
 
 @job.command("audit")
@@ -444,13 +471,12 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         echo_json(report)
     else:
-        out = console()
-        out.print(summaries_table(report["passes"]))
+        show(summaries_table(report["passes"], report.get("first_lease_ms")))
         cur = report["current"]
-        out.print(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
-                  f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
+        click.echo(f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
+                   f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}")
         for check, ok in report["checks"].items():
-            out.print(f"{'ok ' if ok else 'FAIL'} {check}")
+            click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
     if not report["ok"]:
         failed = [k for k, ok in report["checks"].items() if not ok]
         raise taskq.TaskqError(f"job {name}: audit failed: {', '.join(failed)}")

@@ -8,6 +8,7 @@ Data flow: operator -> cli/main.py -> cli/<noun>.py -> taskq.Client -> Redis.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -34,6 +35,7 @@ class CliState:
     def __init__(self, url: str | None, prefix: str | None) -> None:
         self.url = url
         self.prefix = prefix
+        self.allow_eviction = False
         self._client: taskq.Client | None = None
 
     @property
@@ -41,7 +43,8 @@ class CliState:
         """The shared client (created on first use)."""
         if self._client is None:
             # a few quick retries: an operator waits ~1 s, not ~5 s, for "cannot reach"
-            self._client = taskq.Client(self.url, key_prefix=self.prefix, retries=CLI_RETRIES)
+            self._client = taskq.Client(self.url, key_prefix=self.prefix, retries=CLI_RETRIES,
+                                        allow_eviction=self.allow_eviction)
         return self._client
 
 
@@ -63,6 +66,13 @@ class TaskqGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except taskq.errors.InvalidConfig as e:
+            # a bad option value (or combination) is a usage error, whoever found it;
+            # said in the CLI's words (--worker-ttl), not the API's (worker_ttl)
+            raise click.UsageError(_option_words(str(e))) from e
+        except taskq.JobExists as e:
+            raise click.ClickException(f"{e} (--replace replaces it, --exist-ok leaves it "
+                                       f"as it is)") from e
         except taskq.TaskqError as e:
             raise click.ClickException(str(e)) from e
         except redis.exceptions.RedisError as e:
@@ -84,7 +94,7 @@ class TaskqGroup(click.Group):
             hint = ""
             if e.ctx is not None:
                 hint = f" (see '{e.ctx.command_path} --help')"
-            fail(f"{e.format_message()}{hint}", e.exit_code)
+            fail(f"{e.format_message()}{_glob_hint(e, args)}{hint}", e.exit_code)
         except click.ClickException as e:
             fail(e.format_message(), e.exit_code)
         except click.Abort:
@@ -92,10 +102,68 @@ class TaskqGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+CONFIG_NAMES = ("worker_ttl", "heartbeat_interval", "task_timeout", "chunks_per_task",
+                "max_failures", "max_attempts", "passes", "seed")
+
+
+def _option_words(message: str) -> str:
+    message = message.replace("allow_eviction=True", "--allow-eviction")
+    for name in CONFIG_NAMES:
+        message = message.replace(name, "--" + name.replace("_", "-"))
+    return message
+
+
+def _glob_hint(error: click.UsageError, args: Any) -> str:
+    """For "unexpected extra arguments" that are existing paths: the shell expanded an
+    unquoted glob (``--files data/*.jsonl``), so say to quote it."""
+    if not error.message.startswith("Got unexpected extra argument"):
+        return ""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not any(isinstance(a, str) and os.path.exists(a) for a in argv):
+        return ""
+    return "; a shell expanded an unquoted pattern into these paths: quote it, e.g. " \
+           "--files 'data/part-*.jsonl'"
+
+
+def _set_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """The callback of a subcommand's ``--url``: it overrides the group's (and the env's)."""
+    state = ctx.find_root().obj
+    if value is not None and isinstance(state, CliState):
+        state.url = value
+
+
+URL_HELP = ("Redis URL (redis://, rediss://, unix://, redis+cluster://, redis+sentinel://); "
+            "accepted before or after the subcommand; env TASKQ_REDIS_URL, default "
+            "redis://127.0.0.1:6379/0.")
+
+
+def add_url_option(command: click.Command) -> None:
+    """Give ``command`` (every leaf command, for a group) the shared ``--url`` option, so
+    ``taskq --url U job status J`` and ``taskq job status J --url U`` both work."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            add_url_option(sub)
+        return
+    if any("--url" in p.opts for p in command.params):
+        return
+    command.params.append(click.Option(["--url"], metavar="URL", expose_value=False,
+                                       is_eager=True, callback=_set_url, help=URL_HELP))
+
+
+def _set_allow_eviction(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    state = ctx.find_root().obj
+    if value and isinstance(state, CliState):
+        state.allow_eviction = True
+
+
+ALLOW_EVICTION = click.Option(
+    ["--allow-eviction"], is_flag=True, expose_value=False, callback=_set_allow_eviction,
+    help="Create the job even if Redis's maxmemory-policy is not noeviction (eviction "
+         "silently drops leases and done marks).")
+
+
 @click.group(cls=TaskqGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", envvar="TASKQ_REDIS_URL", metavar="URL",
-              help="Redis URL (redis://, rediss://, unix://, redis+cluster://, "
-                   "redis+sentinel://); env TASKQ_REDIS_URL, default redis://127.0.0.1:6379/0.")
+@click.option("--url", envvar="TASKQ_REDIS_URL", metavar="URL", help=URL_HELP)
 @click.option("--prefix", envvar="TASKQ_PREFIX", metavar="PREFIX",
               help="Key prefix of taskq's keys; env TASKQ_PREFIX, default 'taskq'.")
 @click.version_option(taskq.__version__, prog_name="taskq")
@@ -122,6 +190,9 @@ cli.add_command(demo_module.demo)
 
 cli.add_command(work)
 cli.add_command(acl_group)
+job.job.commands["create"].params.append(ALLOW_EVICTION)
+for _command in cli.commands.values():
+    add_url_option(_command)
 
 
 def main() -> None:

@@ -7,7 +7,11 @@ Data flow: operator -> cli/passes.py -> taskq.Client -> Redis.
 
 from __future__ import annotations
 
+import datetime
+import signal
 import time
+from types import FrameType
+from typing import Any
 
 import click
 from rich.live import Live
@@ -17,7 +21,7 @@ from rich.table import Table
 import taskq
 from taskq.models import JobStatus
 
-from .common import age, client_of, console, pass_label
+from .common import age, client_of, console, echo_json, interactive, pass_label
 
 FINAL_STATES = ("completed", "cancelled")
 
@@ -33,13 +37,16 @@ def pass_group() -> None:
               help="Skip what is left of an incomplete pass (recorded as skipped).")
 @click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
               help="Only advance if PASS is still the current pass (compare-and-set).")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None) -> None:
+def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None,
+             as_json: bool) -> None:
     """Start the next pass of NAME (manual advance).
 
     Refuses while the current pass has work left unless --force.
     """
     client = client_of(ctx)
+    before = client.status(name, summaries=0)
     try:
         new_pass = client.next_pass(name, expected_pass=expected, force=force)
     except taskq.PassIncomplete as e:
@@ -47,7 +54,11 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None) -
         raise taskq.PassIncomplete(f"job {name}: pass {s.pass_no} has work left (todo "
                                    f"{s.todo}, leased {s.leased}); --force skips it") from e
     status = client.status(name, summaries=0)
-    if status.state == "completed":
+    if as_json:
+        echo_json({"job": name, "from_pass": before.pass_no, "pass": status.pass_no,
+                   "state": status.state, "skipped": before.todo + before.leased
+                   if force and before.state == "running" else 0})
+    elif status.state == "completed":
         click.echo(f"job {name}: completed (last pass {status.pass_no})")
     else:
         click.echo(f"job {name}: pass {pass_label(new_pass, status.passes)} started")
@@ -57,11 +68,17 @@ def next_cmd(ctx: click.Context, name: str, force: bool, expected: int | None) -
 @click.argument("name")
 @click.option("--expect", "expected", type=click.IntRange(min=0), metavar="PASS",
               help="Only reset if PASS is still the current pass.")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def reset(ctx: click.Context, name: str, expected: int | None) -> None:
+def reset(ctx: click.Context, name: str, expected: int | None, as_json: bool) -> None:
     """Restart the current pass of NAME (a new attempt; leases out become stale)."""
-    pass_no = client_of(ctx).reset_pass(name, expected_pass=expected)
-    click.echo(f"job {name}: pass {pass_no} restarted")
+    client = client_of(ctx)
+    pass_no = client.reset_pass(name, expected_pass=expected)
+    if as_json:
+        status = client.status(name, summaries=0)
+        echo_json({"job": name, "pass": pass_no, "attempt": status.pass_attempt + 1})
+    else:
+        click.echo(f"job {name}: pass {pass_no} restarted")
 
 
 def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
@@ -78,6 +95,27 @@ def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
     return table
 
 
+class _Stop(Exception):
+    """SIGTERM while watching: leave like Ctrl-C, with the signal's exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signum)
+
+
+def _plain(name: str, s: JobStatus) -> str:
+    d = s.as_dict()
+    when = datetime.datetime.now().strftime("%H:%M:%S")
+    return (f"{when} job {name} pass {pass_label(s.pass_no, s.passes)}: {s.state}"
+            f"{' (' + s.reason + ')' if s.reason else ''} todo {s.todo} leased {s.leased} "
+            f"done {s.done} dead {s.dead} workers {s.workers} "
+            f"{d['throughput_per_s']:.1f} tasks/s eta {age(d['eta_s'])}")
+
+
 @pass_group.command("watch")
 @click.argument("name")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
@@ -85,13 +123,51 @@ def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
 @click.pass_context
 def watch(ctx: click.Context, name: str, interval: float) -> None:
     """Live progress of the current pass of NAME and its workers, until the job is
-    completed or cancelled (or Ctrl-C)."""
+    completed or cancelled (or Ctrl-C: exit 130; SIGTERM: 143).
+
+    Off a terminal (a file, a pipe, kubectl logs) it prints one plain line per change
+    instead of a live display.
+    """
     client = client_of(ctx)
+    status: JobStatus = client.status(name, summaries=0)
+    old = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        if interactive(stderr=False):
+            status = _watch_live(client, name, interval, status)
+        else:
+            status = _watch_plain(client, name, interval, status)
+    except KeyboardInterrupt:
+        click.echo(f"job {name}: stopped watching (Ctrl-C)", err=True)
+        ctx.exit(130)
+    except _Stop as e:
+        click.echo(f"job {name}: stopped watching (signal {e.signum})", err=True)
+        ctx.exit(128 + e.signum)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    click.echo(f"job {name}: {status.state} (pass {status.pass_no})")
+
+
+def _watch_plain(client: taskq.Client, name: str, interval: float,
+                 status: JobStatus) -> JobStatus:
+    last: tuple[Any, ...] | None = None
+    while True:
+        key = (status.state, status.reason, status.pass_no, status.todo, status.leased,
+               status.done, status.dead, status.workers)
+        if key != last:
+            click.echo(_plain(name, status))
+            last = key
+        if status.state in FINAL_STATES:
+            return status
+        time.sleep(interval)
+        status = client.status(name, summaries=0)
+
+
+def _watch_live(client: taskq.Client, name: str, interval: float,
+                status: JobStatus) -> JobStatus:
     out = console()
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=out)
     info = ""
-    status: JobStatus = client.status(name, summaries=0)
     current = bar.add_task("", total=status.tasks)
 
     def refresh() -> JobStatus:
@@ -112,14 +188,10 @@ def watch(ctx: click.Context, name: str, interval: float) -> None:
         grid.add_row(_workers_table(client, name))
         return grid
 
-    try:
-        with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
-            while True:
-                status = refresh()
-                live.update(view())
-                if status.state in FINAL_STATES:
-                    break
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        return
-    click.echo(f"job {name}: {status.state} (pass {status.pass_no})")
+    with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+        while True:
+            status = refresh()
+            live.update(view())
+            if status.state in FINAL_STATES:
+                return status
+            time.sleep(interval)

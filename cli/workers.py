@@ -10,7 +10,7 @@ from rich.table import Table
 
 import taskq
 
-from .common import age, client_of, console, echo_json
+from .common import age, client_of, echo_json, show
 
 
 @click.group("workers")
@@ -41,15 +41,17 @@ def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
         state = "draining" if w["draining"] else "alive" if w["alive"] else "lost"
         table.add_row(w["id"], w["host"], str(w["pid"]), joined,
                       age(w["last_heartbeat_age_s"]) + " ago", str(w["leases"]), state)
-    console().print(table)
+    show(table)
 
 
 @workers.command("drain")
 @click.argument("name")
 @click.argument("worker_ids", metavar="[WORKER]...", nargs=-1)
 @click.option("--all", "drain_all", is_flag=True, help="Drain every registered worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def drain(ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool) -> None:
+def drain(ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool,
+          as_json: bool) -> None:
     """Ask workers of NAME to finish their current task, then leave."""
     client = client_of(ctx)
     if drain_all == bool(worker_ids):
@@ -60,6 +62,9 @@ def drain(ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all:
             client.drain(name, worker_id)
         except taskq.InvalidInput as e:
             raise taskq.InvalidInput(f"job {name}: no worker {worker_id!r}") from e
-        click.echo(f"job {name}: worker {worker_id} draining")
-    if not targets:
+        if not as_json:
+            click.echo(f"job {name}: worker {worker_id} draining")
+    if as_json:
+        echo_json({"job": name, "draining": targets})
+    elif not targets:
         click.echo(f"job {name}: no workers to drain")

@@ -7,6 +7,7 @@ from .client import Client, connect
 from .errors import (
     ConnectionLost,
     CorruptData,
+    DataError,
     Draining,
     InvalidInput,
     JobCancelled,
@@ -16,6 +17,7 @@ from .errors import (
     LeaseLost,
     PassIncomplete,
     PassMismatch,
+    RedisOutOfMemory,
     TaskqError,
     WorkerLost,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "Client",
     "ConnectionLost",
     "CorruptData",
+    "DataError",
     "Draining",
     "InvalidInput",
     "JobCancelled",
@@ -39,6 +42,7 @@ __all__ = [
     "LeaseLost",
     "PassIncomplete",
     "PassMismatch",
+    "RedisOutOfMemory",
     "Task",
     "TaskqError",
     "Trainer",

@@ -8,13 +8,12 @@ Data flow: CLI / user code -> client.py -> scripts.py -> Redis; reads -> stats.p
 
 from __future__ import annotations
 
-import json
-import math
 import secrets
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from . import errors, stats
+from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
 from .keys import MetaField as F
@@ -24,68 +23,7 @@ from .scripts import Code, Scripts, raise_for
 STAGING_TTL_S = 3600
 STAGING_BATCH = 2000
 
-
-def validate_config(cfg: JobConfig) -> None:
-    """Raise ``InvalidInput`` for a config the engine cannot run."""
-
-    def bad(msg: str) -> None:
-        raise errors.InvalidInput(msg)
-
-    if not isinstance(cfg.chunks_per_task, int) or cfg.chunks_per_task < 1:
-        bad(f"chunks_per_task must be an integer >= 1, got {cfg.chunks_per_task!r}")
-    if cfg.passes is not None and (not isinstance(cfg.passes, int) or cfg.passes < 1):
-        bad(f"passes must be an integer >= 1 or None, got {cfg.passes!r}")
-    for name in ("worker_ttl", "heartbeat_interval"):
-        v = getattr(cfg, name)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            bad(f"{name} must be a number, got {v!r}")
-        if v <= 0:
-            bad(f"{name} must be positive, got {v!r}")
-    if cfg.heartbeat_interval >= cfg.worker_ttl:
-        bad(
-            f"heartbeat_interval ({cfg.heartbeat_interval}) must be shorter than "
-            f"worker_ttl ({cfg.worker_ttl})"
-        )
-    tt = cfg.task_timeout
-    if not (tt is None or tt == "auto"):
-        if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not math.isfinite(tt):
-            bad(f"task_timeout must be 'auto', None or seconds, got {tt!r}")
-        elif tt <= 0:
-            bad(f"task_timeout must be positive, got {tt!r}")
-    for name in ("max_failures", "max_attempts"):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad(f"{name} must be an integer >= 1, got {v!r}")
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
-        bad(f"seed must be an integer, got {cfg.seed!r}")
-
-
-def encode_tasks(chunks: Iterable[Any], chunks_per_task: int) -> tuple[list[str], int]:
-    """Group chunks into tasks and encode each as a JSON list; validates every chunk.
-
-    Returns:
-        (the tasks' JSON, the number of chunks).
-
-    Raises:
-        InvalidInput: a chunk is not JSON-serialisable, or there are none.
-    """
-    tasks: list[str] = []
-    group: list[str] = []
-    count = 0
-    for i, chunk in enumerate(chunks):
-        count += 1
-        try:
-            group.append(json.dumps(chunk, separators=(",", ":"), allow_nan=False))
-        except (TypeError, ValueError) as e:
-            raise errors.InvalidInput(f"chunk {i} is not JSON: {e}") from e
-        if len(group) == chunks_per_task:
-            tasks.append("[" + ",".join(group) + "]")
-            group = []
-    if group:
-        tasks.append("[" + ",".join(group) + "]")
-    if not tasks:
-        raise errors.InvalidInput("a job needs at least one chunk")
-    return tasks, count
+__all__ = ["Client", "connect", "encode_tasks", "validate_config"]
 
 
 class Client:
@@ -97,6 +35,9 @@ class Client:
         key_prefix: overrides ``TASKQ_PREFIX``.
         cluster: force the cluster client.
         retries: connection retries per command (bounded, exponential backoff).
+        socket_timeout: seconds before a Redis call gives up on its answer.
+        allow_eviction: let ``create_job`` run on a Redis whose maxmemory-policy may
+            evict keys (it refuses by default: eviction silently drops leases).
     """
 
     def __init__(
@@ -108,7 +49,9 @@ class Client:
         cluster: bool | None = None,
         retries: int = 6,
         socket_timeout: float = 10.0,
+        allow_eviction: bool = False,
     ) -> None:
+        self.allow_eviction = allow_eviction
         if redis_client is not None:
             self.redis = redis_client
             self.url = "<given client>"
@@ -148,6 +91,26 @@ class Client:
         """Raise ``ConnectionLost`` unless Redis answers."""
         with translate(self.url):
             self.redis.ping()
+
+    def memory_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy`` (the worst of a cluster's nodes), or None when
+        this user may not read it (INFO is an admin command under the ACLs of
+        deploy/redis/acl.conf).
+
+        Raises:
+            ConnectionLost: Redis is unreachable.
+        """
+        with translate(self.url):
+            return stats.memory_policy(self)
+
+    def check_memory_policy(self) -> None:
+        """Refuse a Redis that may evict taskq's keys (unless ``allow_eviction``).
+
+        Raises:
+            InvalidConfig: the policy is readable and not ``noeviction``.
+        """
+        if not self.allow_eviction:
+            check_memory_policy(self.memory_policy(), self.url)
 
     # -- jobs ---------------------------------------------------------------------
     def create_job(
@@ -191,8 +154,10 @@ class Client:
             The new job's status.
 
         Raises:
-            InvalidInput: bad name, config or chunks (nothing written).
-            JobExists: the name is taken and ``replace`` is false.
+            InvalidInput: bad name, config or chunks (nothing written); InvalidConfig
+                (a subclass) for a setting out of range or a Redis that may evict keys
+                (see ``allow_eviction``).
+            JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
             ConnectionLost: Redis is unreachable.
         """
         keys = self.keys(name)
@@ -204,9 +169,10 @@ class Client:
         )
         validate_config(cfg)
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
+        self.check_memory_policy()
         with translate(self.url):
             if not replace and self.redis.exists(keys.meta):
-                raise errors.JobExists(f"job {name!r} exists (use replace=True / --replace)")
+                raise errors.JobExists(f"job {name!r} exists")
         incarnation = secrets.token_hex(8)
         staging = keys.staging_chunks(incarnation)
         try:
@@ -310,31 +276,69 @@ class Client:
             The pass number after the call.
 
         Raises:
-            PassIncomplete: work left and no force. PassMismatch: another advancer won.
-            JobCompleted, JobCancelled, JobNotFound.
+            PassIncomplete: work left and no force. PassMismatch: ``expected_pass`` is not
+            the current pass (the message says which is, and whether it moved on or was
+            never reached). JobCompleted, JobCancelled, JobNotFound.
         """
         if expected_pass is None:
             expected_pass = self.status(name, summaries=0).pass_no
-        reply = self.run(name, "advance", ["", expected_pass, int(force)])
+        try:
+            reply = self.run(name, "advance", ["", expected_pass, int(force)])
+        except errors.PassMismatch as e:
+            raise errors.PassMismatch(self._mismatch(name, expected_pass)) from e
         return int(reply[1])
 
+    def _mismatch(self, name: str, expected: int) -> str:
+        current = self.status(name, summaries=0).pass_no
+        if expected > current:
+            return (f"job {name}: pass {expected} is not reached yet (the current pass is "
+                    f"{current}); nothing changed")
+        return (f"job {name}: pass {expected} is over, the pass moved on to {current} "
+                f"meanwhile; nothing changed")
+
     def reset_pass(self, name: str, expected_pass: int | None = None) -> int:
-        """Restart the current pass (a new attempt; its leases become stale)."""
-        reply = self.run(name, "reset", ["", -1 if expected_pass is None else expected_pass])
+        """Restart the current pass (a new attempt; its leases become stale).
+
+        Returns:
+            The pass restarted.
+
+        Raises:
+            PassMismatch: ``expected_pass`` is not the current pass. JobNotFound, ...
+        """
+        try:
+            reply = self.run(name, "reset", ["", -1 if expected_pass is None else expected_pass])
+        except errors.PassMismatch as e:
+            assert expected_pass is not None
+            raise errors.PassMismatch(self._mismatch(name, expected_pass)) from e
         return int(reply[1])
 
     # -- tasks and workers --------------------------------------------------------
     def retry(self, name: str, task_ids: Sequence[int] | None = None) -> int:
         """Put dead tasks (all of them when ``task_ids`` is None) back at the front.
 
+        Args:
+            task_ids: the dead tasks to retry; each is checked first (read before the
+                write), so a typo is an error rather than "0 retried".
+
         Returns:
             How many tasks were retried.
+
+        Raises:
+            InvalidInput: a task id that does not exist, or a task that is not dead
+                (nothing retried). JobNotFound.
         """
         total = 0
         if task_ids:
-            for start in range(0, len(task_ids), 1000):
-                ids = [int(t) for t in task_ids[start : start + 1000]]
-                reply = self.run(name, "retry", ["", len(ids), *ids])
+            ids = sorted({int(t) for t in task_ids})
+            for task_id in ids:
+                state = self.task(name, task_id, history=0)["state"]
+                if state != "dead":
+                    raise errors.InvalidInput(f"job {name}: task {task_id} is {state}, not "
+                                              f"dead; only dead tasks are retried (nothing "
+                                              f"retried)")
+            for start in range(0, len(ids), 1000):
+                batch = ids[start : start + 1000]
+                reply = self.run(name, "retry", ["", len(batch), *batch])
                 total += int(reply[1])
             return total
         while True:
@@ -344,20 +348,48 @@ class Client:
                 return total
 
     def revoke(self, name: str, task_id: int) -> bool:
-        """Send one task's lease back to the front (nothing counted). False if not leased."""
+        """Send one task's lease back to the front (nothing counted).
+
+        Returns:
+            True if revoked, False if the task is not leased.
+
+        Raises:
+            InvalidInput: no such task. JobNotFound.
+        """
+        self.task(name, task_id, history=0)  # no such task: an error, not "not leased"
         reply = self.run(name, "revoke", ["", int(task_id)])
         return int(reply[0]) == Code.OK
+
+    def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+        """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,
+        failures, attempts, last error, and its latest ``history`` events.
+
+        Raises:
+            InvalidInput: no such task. JobNotFound, CorruptData.
+        """
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.task_detail(self, name, int(task_id), history=history)
 
     def drain(self, name: str, worker_id: str) -> None:
         """Ask a worker to finish its current task and leave."""
         self.run(name, "drain", ["", worker_id])
 
-    def tasks(self, name: str, state: str = "leased", limit: int = 100) -> list[dict[str, Any]]:
-        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead)."""
+    def tasks(self, name: str, state: str = "leased", limit: int = 100,
+              details: bool = False) -> list[dict[str, Any]]:
+        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead).
+
+        Args:
+            details: add each task's ``chunks`` and ``last_error`` (from the newest
+                events; bounded).
+        """
         if state not in ("todo", "leased", "done", "dead"):
             raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
         reply = self.run(name, "peek", [state, int(limit)])
-        return stats.parse_tasks(reply[1], state)
+        rows = stats.parse_tasks(reply[1], state)
+        if details and rows:
+            with translate(self.url, self.keys(name), self.redis):
+                stats.add_details(self, name, rows)
+        return rows
 
     def workers(self, name: str) -> list[dict[str, Any]]:
         """The registered workers of ``name`` with their lease counts."""
@@ -376,6 +408,18 @@ class Client:
                 return [(i, f) for _, entries in reply for i, f in entries]
             lo = since if since == "-" else "(" + since
             return list(self.redis.xrange(key, min=lo, max="+", count=count))
+
+    def latest_events(self, name: str, kind: str, limit: int,
+                      scan: int = 1000) -> list[dict[str, str]]:
+        """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
+        oldest first (bounded)."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.latest_of_type(self, name, kind, limit, scan)
+
+    def first_lease_ms(self, name: str) -> int | None:
+        """When pass 0's first lease was granted (server ms), if still in the events."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.first_lease_ms(self, name)
 
     def audit(self, name: str) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a

@@ -197,7 +197,9 @@ def translate(
 
     Raises:
         ConnectionLost: Redis unreachable, loading, or a cluster mid-failover (transient).
-        TaskqError: credentials or ACL refused, a read-only replica, out of memory.
+        RedisOutOfMemory: Redis is full (``maxmemory`` with ``noeviction``; transient, a
+            kind of ``ConnectionLost``).
+        TaskqError: credentials or ACL refused, a read-only replica.
         CorruptData: a key of the job holds a type taskq never writes there.
     """
     try:
@@ -219,7 +221,7 @@ def translate(
             f"Redis at {masked_url} refused by ACL (this user may not do that): {e}"
         ) from e
     except redis.exceptions.OutOfMemoryError as e:
-        raise errors.TaskqError(f"Redis at {masked_url} is out of memory: {e}") from e
+        raise _out_of_memory(masked_url, str(e)) from e
     except redis.exceptions.ReadOnlyError as e:
         raise errors.TaskqError(
             f"Redis at {masked_url} is a read-only replica (point the URL at the master, "
@@ -232,10 +234,17 @@ def translate(
                 f"Redis at {masked_url} refused by ACL (this user may not do that): {msg}"
             ) from e
         if msg.startswith("OOM") or "OOM command not allowed" in msg:
-            raise errors.TaskqError(f"Redis at {masked_url} is out of memory: {msg}") from e
+            raise _out_of_memory(masked_url, msg) from e
         if "WRONGTYPE" in msg:
             raise errors.CorruptData(_wrong_type_message(job_keys, redis_client, msg)) from e
         raise
+
+
+def _out_of_memory(masked_url: str, msg: str) -> errors.RedisOutOfMemory:
+    """One line naming the server and the way out (Redis's own text last)."""
+    return errors.RedisOutOfMemory(
+        f"Redis at {masked_url} is out of memory (maxmemory reached, noeviction): delete "
+        f"finished jobs or raise maxmemory ({msg.splitlines()[0] if msg else 'OOM'})")
 
 
 def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -> str:

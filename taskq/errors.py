@@ -2,7 +2,7 @@
 
 Scripts return numeric codes; ``scripts.py`` maps them to these classes in one table.
 Redis connection errors are translated at the boundary into ``ConnectionLost`` with the
-URL's password masked.
+URL's password masked (``RedisOutOfMemory``, a kind of it, when Redis is full).
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ class TaskqError(Exception):
 
 class InvalidInput(TaskqError, ValueError):
     """A bad argument, config value, job name or manifest; nothing was written."""
+
+
+class InvalidConfig(InvalidInput):
+    """A job or worker setting out of range (the CLI reports it as a usage error)."""
 
 
 class JobNotFound(TaskqError):
@@ -60,7 +64,22 @@ class Draining(TaskqError):
 
 
 class ConnectionLost(TaskqError):
-    """Redis could not be reached (the URL is given with its password masked)."""
+    """Redis could not serve the call now (the URL is given with its password masked).
+
+    Transient: unreachable, loading, failing over, or (``RedisOutOfMemory``) full. A
+    trainer retries it with backoff for up to its ``reconnect_timeout``, the reaper for
+    as long as it runs.
+    """
+
+
+class RedisOutOfMemory(ConnectionLost):
+    """Redis refused a write: it reached ``maxmemory`` and evicts nothing (``noeviction``).
+
+    A ``ConnectionLost``, so everything that retries an unreachable Redis (a trainer's
+    calls up to ``reconnect_timeout``, the reaper's loop) retries this too, with backoff:
+    memory comes back when jobs are deleted, or ``maxmemory`` is raised, without the
+    trainers restarting. The message names the server and says what to do.
+    """
 
 
 class CorruptData(TaskqError):

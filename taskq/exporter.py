@@ -111,13 +111,28 @@ class TaskqCollector:
         Returns:
             One ``JobStatus`` per readable job, in the order of ``jobs`` (or of the index).
         """
+        return self._scrape()[0]
+
+    def _scrape(self) -> tuple[list[JobStatus], bool, str | None]:
+        """(readable jobs' statuses, Redis answered, its maxmemory-policy or None)."""
+        try:
+            policy = self.client.memory_policy()
+        except errors.ConnectionLost as e:
+            self._error("Redis", e, count=len(self.jobs) if self.jobs else 1)
+            return [], False, None
+        except _SKIPPED as e:
+            self._error("Redis's maxmemory-policy", e)
+            policy = None
         names = self.jobs
         if names is None:
             try:
                 names = self.client.list_jobs()
+            except errors.ConnectionLost as e:
+                self._error("Redis", e)
+                return [], False, policy
             except _SKIPPED as e:
                 self._error("the job index", e)
-                return []
+                return [], True, policy
             self._read("the job index")
         out = []
         for i, name in enumerate(names):
@@ -126,31 +141,55 @@ class TaskqCollector:
                 out.append(self.client.status(name, summaries=0))
             except errors.ConnectionLost as e:
                 self._error("Redis", e, count=len(names) - i)
-                break
+                return out, False, policy
             except _SKIPPED as e:
                 self._error(what, e)
             else:
                 self._read(what)
-                self._read("Redis")
-        return out
+        self._read("Redis")
+        return out, True, policy
 
     def describe(self) -> Iterable[Metric]:
         """The metric families without samples (so registering reads nothing)."""
-        return list(_families(()))
+        return [*_families(()), *_exporter_families(0, None, None)]
 
     def collect(self) -> Iterable[Metric]:
         """The metric families of one scrape."""
-        statuses = self.snapshots()
+        statuses, up, policy = self._scrape()
         yield from _families(statuses)
         with self._lock:
             errors_total = self._errors
-        yield CounterMetricFamily(
-            "taskq_exporter_scrape_errors",
-            "Job snapshots (or job index reads) this exporter process failed to read since "
-            "it started: job deleted or replaced mid-scrape, unreadable data, Redis "
-            "unreachable. The failing job is left out of that scrape.",
-            value=errors_total,
-        )
+        yield from _exporter_families(errors_total, up, policy)
+
+
+def _exporter_families(errors_total: int, up: bool | None,
+                       policy: str | None) -> Iterator[Metric]:
+    """The exporter's own families: scrape errors, Redis up, Redis's memory policy."""
+    yield CounterMetricFamily(
+        "taskq_exporter_scrape_errors",
+        "Job snapshots (or job index reads) this exporter process failed to read since "
+        "it started: job deleted or replaced mid-scrape, unreadable data, Redis "
+        "unreachable. The failing job is left out of that scrape.",
+        value=errors_total,
+    )
+    redis_up = GaugeMetricFamily(
+        "taskq_redis_up",
+        "1 if Redis answered this scrape, 0 if it was unreachable (then every per-job "
+        "series is absent: the alert TaskqRedisUnreachable fires on this, not on them).",
+    )
+    if up is not None:
+        redis_up.add_metric([], 1 if up else 0)
+    yield redis_up
+    policy_info = GaugeMetricFamily(
+        "taskq_redis_maxmemory_policy",
+        "Always 1, labelled with Redis's maxmemory-policy (anything but noeviction may "
+        "silently drop a job's keys); absent when Redis is down or the exporter's user "
+        "may not run INFO.",
+        labels=["policy"],
+    )
+    if policy is not None:
+        policy_info.add_metric([policy], 1)
+    yield policy_info
 
 
 def _histogram(name: str, doc: str, statuses: Iterable[JobStatus], key: str) -> Metric:

@@ -1,11 +1,12 @@
-"""Heartbeats from a helper process, for trainers whose steps hold the GIL.
+"""Heartbeats of a trainer: its daemon thread, or a helper process for GIL-bound steps.
 
-``Trainer(heartbeat="process")`` starts one: it heartbeats on the trainer's behalf
-whatever the trainer's threads are doing, and dies with the trainer.
+``Trainer(heartbeat="process")`` starts a helper process: it heartbeats on the trainer's
+behalf whatever the trainer's threads are doing, and dies with the trainer. Both see the
+trainer only through ``HeartbeatHost``; what an answer does to the trainer is the
+trainer's business (``Trainer.apply_heartbeat``), the wire format is ``protocol.py``'s.
 
-Also the heartbeat thread's loop and what any heartbeat answer does to the trainer.
-
-Data flow: trainer.py -> heartbeat.py (pipe) -> helper process -> heartbeat script -> Redis.
+Data flow: trainer.py -> heartbeat.py (thread, or pipe -> helper process) -> protocol.py
+-> heartbeat script -> Redis.
 """
 
 from __future__ import annotations
@@ -21,127 +22,75 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from . import errors
-from .connection import make_redis, translate
+from .connection import make_redis
 from .keys import JobKeys
-from .scripts import Code, Scripts
+from .protocol import HeartbeatReply, call_heartbeat
+from .scripts import Scripts
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
-
-log = logging.getLogger("taskq.trainer")
+log = logging.getLogger(__name__)
 
 
-def apply_answer(t: Trainer, code: int, revoked: list[int], info: list[Any] | None,
-                 pairs: list[tuple[int, int]], incarnation: str) -> list[int]:
-    """Act on a heartbeat's answer (from the trainer's process or its helper process).
+class HeartbeatHost(Protocol):
+    """What the heartbeat thread and the helper process's reader need of a trainer."""
 
-    Answers may land after newer lease replies (see ``Trainer._note_info``): only the
-    listed leases are revoked, and pass, generation and state never move backwards.
+    job: str
 
-    Args:
-        t: the trainer.
-        code: the heartbeat script's code.
-        revoked: ids of listed leases the server no longer counts as this worker's.
-        info: (pass, gen, state, reason) of the job, when the answer carries it.
-        pairs: the (task, token) pairs the heartbeat listed.
-        incarnation: the worker incarnation the heartbeat was sent under.
+    def heartbeat(self) -> list[int]:
+        """Send one heartbeat from this process and apply its answer.
 
-    Returns:
-        The ids of held tasks now marked revoked.
-    """
-    t._last_contact = time.monotonic()
-    if code == Code.JOB_NOT_FOUND:
-        t._ended = errors.JobNotFound
-        t._mark_all_revoked()
-        return [tid for tid, _ in pairs]
-    if code == Code.REREGISTER:
-        t._rejoin(incarnation)
-        return [tid for tid, _ in pairs]
-    if code < 0:
-        return []
-    if info is not None:
-        t._note_info(info)
-    tokens = dict(pairs)
-    out = []
-    with t._lock:
-        for tid in revoked:
-            task = t._held.get(tid)
-            # only the lease that was listed: the id may be held again under a new token
-            if task is not None and task.token == tokens.get(tid):
-                task.revoked.set()
-                t._forget(task)
-                out.append(tid)
-        for task in t._held.values():
-            if task._at_risk is not None:  # never set if never made
-                task._at_risk.clear()
-    if out:
-        log.info("job %s: lease(s) revoked by the server: %s", t.job, out)
-        t._changed()
-    if code == Code.DRAINING:
-        t._draining = True
-    if t._state == "cancelled":
-        t._mark_all_revoked()
-    return out
+        Raises:
+            ConnectionLost: Redis could not serve the call.
+        """
+        ...
+
+    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
+        """Apply an answer to a heartbeat sent elsewhere (the helper process) with ARGV
+        ``args``; returns the ids of held tasks now revoked."""
+        ...
+
+    def keep_beating(self) -> bool:
+        """Called after every beat, answered or not: mark what is held at risk while out of
+        contact for longer than the ttl; False once there is nothing to beat for."""
+        ...
 
 
-def check_contact(t: Trainer) -> None:
-    """Set ``at_risk`` on everything ``t`` holds while it has been out of contact for
-    longer than its ttl (its own monotonic clock; the server's answer on reconnect
-    decides)."""
-    if time.monotonic() - t._last_contact > t.ttl_s:
-        with t._lock:
-            held = list(t._held.values())
-        for task in held:
-            if not task.at_risk.is_set():
-                log.warning("job %s: out of contact with Redis for > %.1fs; task %s at risk",
-                            t.job, t.ttl_s, task.id)
-                task.at_risk.set()
+class _Health:
+    """A heartbeat's state, logged once per change (ok -> failing: the error in one line;
+    failing -> ok: "recovered"), not once per failing beat."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.failing = ""  # the kind of error the last beat failed with; "" = ok
+
+    def ok(self) -> None:
+        if self.failing:
+            log.warning("job %s: heartbeat recovered", self.job)
+            self.failing = ""
+
+    def failed(self, kind: str, text: str, traceback: bool = False) -> None:
+        if kind != self.failing:
+            log.warning("job %s: heartbeat failing: %s", self.job, text, exc_info=traceback)
+            self.failing = kind
 
 
-def heartbeat_state(t: Trainer) -> tuple[list[Any], list[tuple[int, int]]]:
-    """(heartbeat ARGV, the (task, token) pairs it lists), taken together under the lock."""
-    with t._lock:
-        pairs = [(task.id, task.token) for task in t._held.values()]
-        args: list[Any] = [t.job_incarnation, t.worker_id, t.incarnation, t._last_reply_no,
-                           len(pairs)]
-    for tid, tok in pairs:
-        args += [tid, tok]
-    return args, pairs
-
-
-def send_heartbeat(t: Trainer, scripts: Scripts) -> list[int]:
-    """One heartbeat of ``t`` from this process (``Trainer.heartbeat``), its answer applied.
-
-    Returns:
-        The ids of held tasks the server revoked.
-
-    Raises:
-        ConnectionLost: Redis could not be reached.
-    """
-    args, pairs = heartbeat_state(t)
-    with translate(t.client.url):
-        reply = scripts.call("heartbeat", t.keys.all, args)
-    t.heartbeats_sent += 1
-    return apply_answer(t, int(reply[0]), [int(x) for x in reply[1]] if len(reply) > 1 else [],
-                        reply[2] if len(reply) > 2 else None, pairs, args[2])
-
-
-def _beat(t: Trainer) -> bool:
+def _beat(host: HeartbeatHost, health: _Health) -> bool:
     """One beat of the heartbeat thread; False once there is nothing to beat for."""
     try:
-        t.heartbeat()
-    except errors.ConnectionLost:
-        pass
-    except Exception:  # the thread must survive anything transient
-        log.exception("heartbeat failed")
-    check_contact(t)
-    return t._ended is None and not t._closed
+        host.heartbeat()
+        health.ok()
+    except errors.TaskqError as e:
+        health.failed(type(e).__name__, f"{type(e).__name__}: {e}")
+    except Exception as e:  # the thread must survive anything; a bug shows its traceback once
+        health.failed(type(e).__name__, f"{type(e).__name__}: {e}", traceback=True)
+    return host.keep_beating()
 
 
-def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: float) -> None:
+def heartbeat_loop(ref: weakref.ref[HeartbeatHost], stop: threading.Event,
+                   interval: float) -> None:
     """The heartbeat thread: one beat per interval on a fixed schedule (a slow call is not
     added on top) until ``stop`` is set, the trainer is gone or has nothing to beat for.
 
@@ -150,13 +99,18 @@ def heartbeat_loop(ref: weakref.ref[Trainer], stop: threading.Event, interval: f
         stop: set by ``close()`` or by the trainer's finalizer.
         interval: seconds between beats.
     """
+    host = ref()
+    if host is None:
+        return
+    health = _Health(host.job)
+    del host
     next_due = time.monotonic() + interval
     while not stop.wait(max(0.0, next_due - time.monotonic())):
         next_due = max(next_due + interval, time.monotonic())
-        trainer = ref()
-        if trainer is None or not _beat(trainer):
+        host = ref()
+        if host is None or not _beat(host, health):
             return
-        del trainer
+        del host
 
 
 class HelperHeartbeat:
@@ -172,9 +126,21 @@ class HelperHeartbeat:
     a Trainer dropped without ``close()`` is collected and its finalizer stops the helper.
     """
 
-    def __init__(self, trainer: Trainer) -> None:
-        self._trainer = weakref.ref(trainer)
-        self.job = trainer.job
+    def __init__(self, host: HeartbeatHost, url: str, prefix: str, interval: float,
+                 ttl_s: float, args: list[Any]) -> None:
+        """Start the helper and wait (up to 15 s) for its first beat.
+
+        Args:
+            host: the trainer (held weakly).
+            url: the raw Redis URL (the helper opens its own connection).
+            prefix: the key prefix.
+            interval: seconds between beats.
+            ttl_s: the worker's ttl (bounds the helper's socket timeout).
+            args: the first heartbeat's ARGV (``protocol.heartbeat_args``).
+        """
+        self._host = weakref.ref(host)
+        self.job = host.job
+        self._health = _Health(host.job)
         self._wlock = threading.Lock()
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,17 +152,16 @@ class HelperHeartbeat:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin = self.proc.stdin
         self._stdout = self.proc.stdout
-        self._send({"url": trainer._raw_url, "prefix": trainer.client.prefix,
-                    "job": trainer.job, "interval": trainer.heartbeat_interval,
-                    "ttl": trainer.ttl_s, "ppid": os.getpid()})
-        self.push(heartbeat_state(trainer)[0])
+        self._send({"url": url, "prefix": prefix, "job": host.job, "interval": interval,
+                    "ttl": ttl_s, "ppid": os.getpid()})
+        self.push(args)
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"taskq-heartbeat-reader-{trainer.job}")
+                                        name=f"taskq-heartbeat-reader-{host.job}")
         self._reader.start()
         # the helper needs a moment to start Python; do not lease before it heartbeats
         if not self._ready.wait(15.0):
-            log.warning("job %s: the heartbeat helper process has not answered yet", trainer.job)
+            log.warning("job %s: the heartbeat helper process has not answered yet", host.job)
 
     def _send(self, msg: dict[str, Any]) -> None:
         with self._wlock:
@@ -221,27 +186,28 @@ class HelperHeartbeat:
             except ValueError:
                 continue
             self._ready.set()
-            t = self._trainer()
-            if t is None:
+            host = self._host()
+            if host is None:
                 break
-            if "error" not in msg:
-                self._apply(t, msg)
-            check_contact(t)
-            del t
-        t = self._trainer()
-        if t is not None and not t._closed:
+            self._apply(host, msg)
+            host.keep_beating()
+            del host
+        host = self._host()
+        if host is not None and host.keep_beating():
             log.error("job %s: the heartbeat helper process exited (code %s)", self.job,
                       self.proc.poll())
 
-    @staticmethod
-    def _apply(t: Trainer, msg: dict[str, Any]) -> None:
-        args = msg["args"]
-        pairs = [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
-        t.heartbeats_sent += 1
+    def _apply(self, host: HeartbeatHost, msg: dict[str, Any]) -> None:
+        """One line from the helper: the raw reply to the ARGV it sent, or its error."""
+        if "error" in msg:
+            kind = str(msg.get("kind", "TaskqError"))
+            self._health.failed(kind, f"{kind}: {msg['error']}")
+            return
         try:
-            apply_answer(t, int(msg["code"]), msg["revoked"], msg.get("info"), pairs, args[2])
-        except Exception:  # the reader must survive anything transient
-            log.exception("heartbeat reply failed")
+            host.apply_heartbeat(HeartbeatReply.decode(msg["reply"]), msg["args"])
+            self._health.ok()
+        except Exception as e:  # the reader must survive anything; a bug shows once
+            self._health.failed(type(e).__name__, f"{type(e).__name__}: {e}", traceback=True)
 
     def stop(self, wait: bool = True) -> None:
         """Close the helper's stdin (it exits at once) and reap it.
@@ -264,26 +230,28 @@ class HelperHeartbeat:
             self.proc.wait()
 
 
-def start_thread(t: Trainer, stop: threading.Event) -> tuple[threading.Thread, Scripts | None]:
-    """Start the heartbeat thread of ``t`` (a daemon: it dies with the process).
+def start_thread(host: HeartbeatHost, stop: threading.Event, url: str | None,
+                 interval: float, ttl_s: float) -> tuple[threading.Thread, Scripts | None]:
+    """Start the heartbeat thread of ``host`` (a daemon: it dies with the process).
 
     Args:
-        t: the trainer, held weakly by the thread (a dropped Trainer is collected).
+        host: the trainer, held weakly by the thread (a dropped Trainer is collected).
         stop: ends the thread when set.
+        url: the raw Redis URL for a connection of its own; None: beat on the client's.
+        interval: seconds between beats.
+        ttl_s: the worker's ttl (bounds the connection's socket timeout).
 
     Returns:
-        The thread, and the scripts of its own connection (None with a given client:
-        the client's connection is used).
+        The thread, and the scripts of its own connection (None without ``url``).
     """
     scripts = None
-    if t._raw_url is not None:
+    if url is not None:
         # its own connection, failing fast: a heartbeat stuck in retries for longer than
         # the ttl would be worse than one missed beat
-        hb_redis, _ = make_redis(t._raw_url, retries=1,
-                                 socket_timeout=max(0.5, min(t.ttl_s / 2, 5.0)))
+        hb_redis, _ = make_redis(url, retries=1, socket_timeout=max(0.5, min(ttl_s / 2, 5.0)))
         scripts = Scripts(hb_redis)
-    thread = threading.Thread(target=heartbeat_loop, name=f"taskq-heartbeat-{t.job}",
-                              args=(weakref.ref(t), stop, t.heartbeat_interval), daemon=True)
+    thread = threading.Thread(target=heartbeat_loop, name=f"taskq-heartbeat-{host.job}",
+                              args=(weakref.ref(host), stop, interval), daemon=True)
     thread.start()
     return thread, scripts
 
@@ -366,13 +334,10 @@ def helper_main() -> None:
             continue
         next_due = max(next_due + interval, time.monotonic())
         try:
-            with translate(masked):
-                reply = scripts.call("heartbeat", keys, args)
             answer: dict[str, Any] = {
-                "code": int(reply[0]), "revoked": [int(x) for x in reply[1]] if len(reply) > 1
-                else [], "info": reply[2] if len(reply) > 2 else None, "args": args}
+                "reply": call_heartbeat(scripts, masked, keys, args), "args": args}
         except errors.TaskqError as e:
-            answer = {"error": str(e)}
+            answer = {"error": str(e), "kind": type(e).__name__}
         try:
             out.write(json.dumps(answer) + "\n")
             out.flush()

@@ -49,6 +49,10 @@ def default_reaper_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+#: At most this many tasks are named in one job's part of a tick's log line.
+LOGGED_TASKS = 10
+
+
 class Reaper:
     """Re-dispatches expired and orphaned leases of some or all jobs, tick after tick.
 
@@ -147,11 +151,27 @@ class Reaper:
             del self._problems[job]
         total = sum(reclaimed.values())
         if total:
-            detail = " ".join(f"{job}={n}" for job, n in reclaimed.items() if n)
+            took_ms = (time.monotonic() - started) * 1000
+            detail = "; ".join(self._what(job, n) for job, n in reclaimed.items() if n)
             more = f"; work left in {', '.join(self.backlog)}" if self.backlog else ""
-            log.info("re-dispatched %d lease(s) in %.0f ms: %s%s", total,
-                     (time.monotonic() - started) * 1000, detail, more)
+            log.info("re-dispatched %d lease(s) in %.0f ms: %s%s", total, took_ms, detail,
+                     more)
         return reclaimed
+
+    def _what(self, job: str, n: int) -> str:
+        """``J=2: task 3 (worker_lost, worker w1, 12 ms late), ...``: the newest ``n`` expiry events
+        (this tick's, as the job's reap lock keeps other reapers out), at most
+        ``LOGGED_TASKS`` named. Reading them is best effort: the count is the record."""
+        try:
+            expired = self.client.latest_events(job, "expired", min(n, LOGGED_TASKS),
+                                                scan=min(1000, 4 * n + 50))
+        except (errors.TaskqError, redis.exceptions.RedisError):
+            return f"{job}={n}"
+        named = ", ".join(f"task {e.get('task', '?')} ({e.get('reason', '?')}, worker "
+                          f"{e.get('worker', '?')}, {e.get('lateness_ms', '?')} ms late)"
+                          for e in expired)
+        rest = f", +{n - len(expired)} more" if n > len(expired) else ""
+        return f"{job}={n}: {named}{rest}" if named else f"{job}={n}"
 
     def _jobs(self) -> list[str]:
         if self.jobs is not None:

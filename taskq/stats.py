@@ -9,14 +9,24 @@ Data flow: client.py / exporter.py / CLI -> stats.py -> Redis (reads only).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import redis
 
 from . import errors
+from .keys import JobKeys
 from .keys import MetaField as F
-from .scripts import HIST_BOUNDS_MS, raise_for
+from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
 
-if TYPE_CHECKING:
-    from .client import Client
+
+class Client(Protocol):
+    """What the read views need of a ``taskq.Client``: its connection, its function
+    library and its key builder (a Protocol, so stats.py does not import client.py)."""
+
+    redis: Any  # redis.Redis, RedisCluster or a Sentinel master: untyped replies
+    scripts: Scripts
+
+    def keys(self, job: str) -> JobKeys: ...
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -156,6 +166,108 @@ def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
     return out
 
 
+#: Events read (newest first) when looking for a task's history: bounded work per call.
+EVENT_SCAN = 5000
+
+
+def task_histories(client: Client, name: str, task_ids: list[int], per_task: int,
+                   scan: int = EVENT_SCAN) -> dict[int, list[dict[str, Any]]]:
+    """The latest ``per_task`` events of each task, oldest first, from the newest
+    ``scan`` events of the stream (it is trimmed: older history is gone anyway)."""
+    wanted = {str(t): int(t) for t in task_ids}
+    out: dict[int, list[dict[str, Any]]] = {int(t): [] for t in task_ids}
+    if not wanted or per_task <= 0:
+        return out
+    for event_id, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
+        ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
+        for t in ids:
+            if t in wanted and len(out[wanted[t]]) < per_task:
+                out[wanted[t]].append({"id": event_id, "ms": int(event_id.split("-")[0]),
+                                       **fields})
+    for events in out.values():
+        events.reverse()
+    return out
+
+
+def latest_of_type(client: Client, name: str, kind: str, limit: int,
+                   scan: int) -> list[dict[str, str]]:
+    """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
+    first (what the reaper names after a tick)."""
+    out: list[dict[str, str]] = []
+    for _, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
+        if fields.get("type") == kind:
+            out.append(fields)
+            if len(out) >= limit:
+                break
+    out.reverse()
+    return out
+
+
+def last_error(history: list[dict[str, Any]]) -> str | None:
+    """The error of the latest failure (or dead reason, or expiry) in a task's history."""
+    for e in reversed(history):
+        if e.get("type") == "failed":
+            return str(e.get("error", ""))
+        if e.get("type") == "expired":
+            return f"lease expired ({e.get('reason', '?')})"
+    return None
+
+
+def add_details(client: Client, name: str, rows: list[dict[str, Any]]) -> None:
+    """Add ``chunks`` and ``last_error`` to rows of ``parse_tasks`` (in place)."""
+    ids = [row["id"] for row in rows]
+    raw = client.redis.hmget(client.keys(name).chunks, [str(i) for i in ids])
+    histories = task_histories(client, name, ids, per_task=20)
+    for row, chunks in zip(rows, raw, strict=True):
+        try:
+            row["chunks"] = json.loads(chunks) if chunks is not None else None
+        except ValueError:
+            row["chunks"] = None
+        row["last_error"] = last_error(histories[row["id"]])
+
+
+def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+    """One task: state, chunks, holder, failures, attempts, last error, recent events.
+
+    Raises:
+        JobNotFound: no such job. InvalidInput: no such task. CorruptData: unreadable.
+    """
+    keys = client.keys(name)
+    t = str(int(task_id))
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
+    pipe.hget(keys.chunks, t)
+    pipe.sismember(keys.dead, t)
+    pipe.getbit(keys.done, int(t))
+    pipe.hget(keys.leases, t)
+    pipe.hmget(keys.counts, [f"f:{t}", f"a:{t}", f"s:{t}"])
+    (inc, n, rnd, state, pass_no, maxf, maxa), chunks, dead, done, record, counts = \
+        pipe.execute()
+    if inc is None:
+        raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
+    ntasks = int(n or 0)
+    if not 0 <= int(t) < ntasks:
+        raise errors.InvalidInput(f"job {name}: no task {t} (its tasks are 0-{ntasks - 1})")
+    lease = parse_lease(record)
+    held = bool(lease and lease["live"] and lease["round"] == int(rnd or 0)
+                and state == "running")
+    task_state = ("dead" if dead else "leased" if held else "done" if done
+                  else "todo" if state == "running" else state)
+    try:
+        decoded = json.loads(chunks) if chunks is not None else None
+    except ValueError as e:
+        raise errors.CorruptData(f"{keys.chunks}: task {t} is not JSON") from e
+    events = task_histories(client, name, [int(t)], max(history, 20))[int(t)]
+    return {
+        "job": name, "id": int(t), "state": task_state, "pass": int(pass_no or 0),
+        "chunks": decoded, "failures": int(counts[0] or 0), "max_failures": int(maxf or 0),
+        "attempts": int(counts[1] or 0), "max_attempts": int(maxa or 0),
+        "solo": counts[2] == "1", "lease": lease if held else None,
+        "last_lease": lease if lease and not held else None,
+        "last_error": last_error(events), "history": events[-history:] if history else [],
+    }
+
+
 def workers(client: Client, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
@@ -193,6 +305,39 @@ def workers(client: Client, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+def memory_policy(client: Client) -> str | None:
+    """``maxmemory-policy`` from INFO memory (the worst of a cluster's nodes), or None
+    when this user may not run INFO."""
+    try:
+        info = client.redis.info("memory")
+    except redis.exceptions.NoPermissionError:
+        return None
+    except redis.exceptions.ResponseError as e:
+        if "NOPERM" in str(e) or "unknown command" in str(e):
+            return None
+        raise
+    nodes = [info] if "maxmemory_policy" in info else list(info.values())
+    policies = {str(n.get("maxmemory_policy")) for n in nodes if isinstance(n, dict)
+                and n.get("maxmemory_policy")}
+    if not policies:
+        return None
+    unsafe = sorted(policies - {"noeviction"})
+    return unsafe[0] if unsafe else "noeviction"
+
+
+def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
+    """When pass 0's first lease was granted, from the oldest events (None once the
+    stream was trimmed past it, or before any lease): pass 0 starts when the job is
+    created, so its duration would otherwise count the wait for the first trainer."""
+    entries = client.redis.xrange(client.keys(name).events, count=scan)
+    if not entries or entries[0][1].get("type") != "job_created":
+        return None
+    for event_id, fields in entries:
+        if fields.get("type") in ("leased", "reserved") and fields.get("pass", "0") == "0":
+            return int(event_id.split("-")[0])
+    return None
+
+
 def audit(client: Client, name: str) -> dict[str, Any]:
     """Per-pass records and counter checks (``taskq job audit``)."""
     keys = client.keys(name)
@@ -218,9 +363,11 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "pass": status.pass_no,
         "passes": [
             {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
-                                   "stale", "resets", "max_lateness_ms", "expired")}
+                                   "stale", "resets", "max_lateness_ms", "expired",
+                                   "started_ms", "ended_ms")}
             for s in passes
         ],
+        "first_lease_ms": first_lease_ms(client, name),
         "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
                     "todo": status.todo, "dead": status.dead},
         "counters": status.counters,

@@ -5,7 +5,10 @@ with the process, so a SIGKILLed trainer keeps nothing alive), and iterates task
 acking the previous task, starting a reserved one and leasing the next is one script
 call. Every write carries the lease token; the server decides what is current.
 
-Data flow: trainer code -> trainer.py -> scripts.py (lua) -> Redis <- reaper.py.
+The verbs' ARGV and replies are ``protocol.py``'s; the heartbeat thread and helper
+process (``heartbeat.py``) see a trainer only as a ``HeartbeatHost``.
+
+Data flow: trainer code -> trainer.py -> protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
 """
 
 from __future__ import annotations
@@ -20,17 +23,17 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import FrameType, TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
-from . import errors
+from . import errors, protocol
 from .client import Client
-from .connection import resolve_url, translate
-from .heartbeat import HelperHeartbeat, heartbeat_state, send_heartbeat, start_thread, stop_dropped
-from .integrity import decode_chunks
+from .connection import resolve_url
+from .heartbeat import HelperHeartbeat, start_thread, stop_dropped
 from .keys import JobKeys
 from .models import Task
+from .protocol import HeartbeatReply, JobInfo, Step, Wire
 from .scripts import Code, Scripts
 
 log = logging.getLogger("taskq.trainer")
@@ -42,23 +45,6 @@ _END_STATES: dict[int, str] = {Code.JOB_COMPLETED: "completed", Code.JOB_CANCELL
 def default_worker_id() -> str:
     """``host:pid:random``, unique per process."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-#: codes the trainer reads from the reply instead of raising
-_PASSTHROUGH = (Code.REREGISTER, Code.JOB_COMPLETED, Code.JOB_CANCELLED)
-
-
-class _Reply(NamedTuple):
-    """One ack/start/lease call's answer, as the trainer uses it."""
-
-    code: int
-    granted: list[Task]        # usable tasks (corrupt ones were failed and left out)
-    wait_s: float
-    ack_res: list[int]
-    start_res: list[int]
-    gen: int                   # the broadcast generation the reply saw (-1: none)
-    corrupt: list[tuple[Task, errors.CorruptData]]  # granted, chunks unreadable
-
 
 
 class Trainer:
@@ -83,8 +69,14 @@ class Trainer:
         reconnect_timeout: seconds a call keeps retrying while Redis is unreachable
             (backoff with jitter); then ``ConnectionLost`` is raised.
 
+    Attributes:
+        state: the job's state as this trainer last heard it (see the property).
+        pass_no: the newest pass this trainer heard of (see the property).
+
     Raises:
-        JobNotFound: no such job. ConnectionLost: Redis unreachable.
+        JobNotFound: no such job.
+        ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+            ``reconnect_timeout``.
     """
 
     def __init__(
@@ -104,7 +96,8 @@ class Trainer:
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
         self.client = client or Client(url, retries=1)
         self.job = job
-        self.keys: JobKeys = self.client.keys(job)
+        self._wire = Wire(self.client, job)
+        self.keys: JobKeys = self._wire.keys
         self.worker_id = worker_id or default_worker_id()
         if "|" in self.worker_id or not self.worker_id:
             raise errors.InvalidInput(f"bad worker id {self.worker_id!r}: '|' not allowed")
@@ -133,7 +126,12 @@ class Trainer:
         self._held: dict[int, Task] = {}
         self._reserved: deque[Task] = deque()
         self._call_no = 0
+        # the heartbeat's last_reply_call_no: the server revokes unlisted leases granted by
+        # calls up to it, so it stays below every call still in flight (another thread's
+        # lease may be granted but not yet applied when this thread's ack reply lands)
         self._last_reply_no = 0
+        self._replied = 0
+        self._in_flight: set[int] = set()
         self._info_lock = threading.Lock()
         self._gen = 0
         self._pass = 0
@@ -157,9 +155,13 @@ class Trainer:
         # for it like every other call, up to reconnect_timeout
         self._retrying(self._register)
         if heartbeat == "thread":
-            self._hb_thread, self._hb_scripts = start_thread(self, self._stop)
+            self._hb_thread, self._hb_scripts = start_thread(
+                self, self._stop, self._raw_url, self.heartbeat_interval, self.ttl_s)
         elif heartbeat == "process":
-            self._helper = HelperHeartbeat(self)
+            assert self._raw_url is not None
+            self._helper = HelperHeartbeat(self, self._raw_url, self.client.prefix,
+                                           self.heartbeat_interval, self.ttl_s,
+                                           self._beat_args())
         # nothing started here holds the trainer strongly: dropped, it is collected and
         # this stops its heartbeats
         self._finalizer = weakref.finalize(self, stop_dropped, job, self._stop, self._helper)
@@ -167,25 +169,25 @@ class Trainer:
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
         self.incarnation = secrets.token_hex(6)
-        reply = self._run("register", [
-            self.job_incarnation, self.worker_id, self.incarnation, self._own_ttl_ms,
-            socket.gethostname(), os.getpid(),
-        ])
-        self.job_incarnation = reply[1]
-        self.ttl_s = int(reply[2]) / 1000.0
-        self.heartbeat_interval = int(reply[3]) / 1000.0
-        self._note_info(reply[4])
+        reg = self._contact(self._wire.register, self.job_incarnation, self.worker_id,
+                            self.incarnation, self._own_ttl_ms, socket.gethostname(),
+                            os.getpid())
+        self.job_incarnation = reg.job_incarnation
+        self.ttl_s = reg.ttl_s
+        self.heartbeat_interval = reg.heartbeat_interval_s
+        self._note_info(reg.info)
         log.debug("registered %s/%s on job %s", self.worker_id, self.incarnation, self.job)
         self._changed()
 
     def _changed(self) -> None:
         """Tell the helper heartbeat process what this trainer holds now."""
         if self._helper is not None:
-            self._helper.push(heartbeat_state(self)[0])
+            self._helper.push(self._beat_args())
 
-    def _run(self, verb: str, args: list[Any]) -> Any:
+    def _contact(self, call: Any, *args: Any) -> Any:
+        """``call(*args)`` (a ``Wire`` verb), noting the contact with the server."""
         try:
-            reply = self.client.run(self.job, verb, args, passthrough=_PASSTHROUGH)
+            reply = call(*args)
         except errors.JobNotFound:
             self._last_contact = time.monotonic()
             self._ended = errors.JobNotFound
@@ -193,21 +195,20 @@ class Trainer:
         self._last_contact = time.monotonic()
         return reply
 
-    def _note_info(self, info: list[Any]) -> int:
-        """Apply a reply's (pass, gen, state, ...); returns its generation.
+    def _note_info(self, info: JobInfo | Sequence[Any]) -> None:
+        """Apply a reply's (pass, gen, state, reason).
 
         Answers arrive out of order: the heartbeat thread (or the helper's reader) may apply
         one computed before a lease reply this thread applied since. Pass and generation
         only move forward; a state is taken only from an answer of the newest generation
         seen (every state change bumps the generation).
         """
-        pass_no, gen = int(info[0]), int(info[1])
+        pass_no, gen, state = int(info[0]), int(info[1]), str(info[2])
         with self._info_lock:
             if gen >= self._gen:
-                self._state = info[2]
+                self._state = state
             self._gen = max(self._gen, gen)
             self._pass = max(self._pass, pass_no)
-        return gen
 
     def _mark_all_revoked(self) -> None:
         with self._lock:
@@ -227,25 +228,6 @@ class Trainer:
             self._mark_all_revoked()
             self._register()
 
-    def _tasks_from(self, rows: list[Any], call_no: int, pass_no: int
-                    ) -> tuple[list[Task], list[tuple[Task, errors.CorruptData]]]:
-        """The granted tasks, now held; apart, those whose chunks cannot be read (held
-        too, until ``_fail_corrupt`` fails them)."""
-        tasks, corrupt = [], []
-        with self._lock:
-            for task_id, token, attempt, chunks, started in rows:
-                task = Task(id=int(task_id), pass_no=pass_no, chunks=[], token=int(token),
-                            attempt=int(attempt), job=self.job, started=bool(int(started)))
-                self._held[task.id] = task
-                try:
-                    task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
-                    tasks.append(task)
-                except errors.CorruptData as e:
-                    corrupt.append((task, e))
-            self._last_reply_no = max(self._last_reply_no, call_no)
-        self._changed()
-        return tasks, corrupt
-
     def _fail_corrupt(self, corrupt: list[tuple[Task, errors.CorruptData]]
                       ) -> list[errors.CorruptData]:
         """Fail each task whose chunks cannot be read, alone (one failure charged per
@@ -256,7 +238,7 @@ class Trainer:
             msg = f"job {self.job!r} task {task.id}: {err}"
             log.error("%s; failing the task", msg)
             try:
-                self._write("fail", [task], [msg])
+                self._write("fail", [task], msg)
             except errors.LeaseLost:
                 pass  # it was taken or expired meanwhile: its new holder fails it
             out.append(errors.CorruptData(msg))
@@ -265,46 +247,54 @@ class Trainer:
 
     def _step(
         self, acks: list[Task], starts: list[Task], want: int, mode: str, expect_pass: int
-    ) -> _Reply:
-        """One ack/start/lease call (tasks with corrupt chunks come back apart, held)."""
+    ) -> Step:
+        """One ack/start/lease call; the tasks it grants are held (those with corrupt
+        chunks too, apart, until ``_fail_corrupt`` fails them)."""
         with self._lock:
             self._call_no += 1
             call_no = self._call_no
             incarnation = self.incarnation
-        args: list[Any] = [self.job_incarnation, self.worker_id, incarnation, call_no,
-                           len(acks)]
-        for t in acks:
-            args += [t.id, t.token]
-        args.append(len(starts))
-        for t in starts:
-            args += [t.id, t.token]
-        args += [want, mode, expect_pass]
-        reply = self._run("ack", args)
-        code = int(reply[0])
-        ack_res = [int(x) for x in reply[4]] if len(reply) > 4 else []
-        start_res = [int(x) for x in reply[5]] if len(reply) > 5 else []
+            self._in_flight.add(call_no)
+        try:
+            r = self._contact(self._wire.step, self.job_incarnation, self.worker_id,
+                              incarnation, call_no, acks, starts, want, mode, expect_pass)
+        except BaseException:
+            with self._lock:  # its reply is lost: later replies may count
+                self._in_flight.discard(call_no)
+                self._note_replied()
+            raise
         with self._lock:
+            self._in_flight.discard(call_no)
             self._forget(*acks)
-            for t, res in zip(starts, start_res, strict=False):
+            for t, res in zip(starts, r.start_res, strict=False):
                 if res == Code.STOLEN:
                     self._forget(t)
                     t.revoked.set()
                     self.stolen_from_me += 1
                 elif res == Code.OK:
                     t.started = True
-        if code == Code.REREGISTER:
+            if r.info is not None:
+                for t in r.granted:
+                    self._held[t.id] = t
+                for t, _ in r.corrupt:
+                    self._held[t.id] = t
+                self._replied = max(self._replied, call_no)
+            self._note_replied()
+        if r.code == Code.REREGISTER:
             self._rejoin(incarnation)
-        pass_no, gen = self._pass, -1
-        if len(reply) > 3:
-            gen = self._note_info(reply[3])
-            pass_no = int(reply[3][0])  # the pass of this reply's tasks
-        if code in _END_STATES:
+        if r.info is not None:
+            self._note_info(r.info)
+            self._changed()
+        if r.code in _END_STATES:
             with self._info_lock:
-                self._state = _END_STATES[code]
-        granted, corrupt = (self._tasks_from(reply[1], call_no, pass_no) if len(reply) > 1
-                            else ([], []))
-        wait_s = int(reply[2]) / 1000.0 if len(reply) > 2 else 0.0
-        return _Reply(code, granted, wait_s, ack_res, start_res, gen, corrupt)
+                self._state = _END_STATES[r.code]
+        return r
+
+    def _note_replied(self) -> None:
+        """(Under the lock.) The heartbeat may claim the replies up to the newest one
+        applied, but not up to a call still in flight."""
+        self._last_reply_no = (min(self._replied, min(self._in_flight) - 1)
+                               if self._in_flight else self._replied)
 
     def _forget(self, *tasks: Task) -> None:
         """Drop ``tasks`` from what this trainer holds (only those leases, not newer ones of
@@ -333,23 +323,22 @@ class Trainer:
         timeout = min(bound_s, _MAX_BLOCK_S) if bound_s > 0 else _MAX_BLOCK_S
         if timeout <= 0:
             return
-        bcast = self.keys.bcast0 if (gen + 1) % 2 == 0 else self.keys.bcast1
-        with translate(self.client.url):
-            self.client.redis.blpop([self.keys.wake, bcast], timeout=max(timeout, 0.01))
+        self._wire.wait(gen, timeout)
 
     def _retrying(self, fn: Any, *args: Any, bound_s: float | None = None) -> Any:
-        """Call ``fn`` until it succeeds, retrying ConnectionLost with backoff and jitter
-        for up to ``reconnect_timeout`` seconds (``bound_s`` if given; else not once
-        closed); the held-pairs heartbeat makes blind retries safe."""
+        """Call ``fn`` until it succeeds, retrying ConnectionLost (``RedisOutOfMemory``
+        too) with backoff and jitter for up to ``reconnect_timeout`` seconds (``bound_s``
+        if given; else not once closed); the held-pairs heartbeat makes blind retries
+        safe."""
         deadline = time.monotonic() + (self.reconnect_timeout if bound_s is None else bound_s)
         delay = 0.05
         while True:
             try:
                 return fn(*args)
-            except errors.ConnectionLost:
+            except errors.ConnectionLost as e:
                 if time.monotonic() > deadline or (bound_s is None and self._stop.is_set()):
                     raise
-                log.warning("Redis unreachable; retrying in %.2fs", delay)
+                log.warning("%s; retrying in %.2fs", e, delay)
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 2.0)
 
@@ -372,10 +361,14 @@ class Trainer:
             A task, or None when ``timeout`` passed with nothing to give.
 
         Raises:
-            JobCompleted, JobCancelled, JobNotFound: there will never be work again.
+            JobCompleted: the job's last pass is done; there will never be work again.
+            JobCancelled: the job was cancelled; there will never be work again.
+            JobNotFound: the job was deleted or replaced; there will never be work again.
             Draining: an operator asked this worker to leave.
             CorruptData: the task granted has unreadable chunks (the message names the
                 job, the task and the key); it was already failed, not left leased.
+            ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+                ``reconnect_timeout``.
         """
         tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
         return tasks[0] if tasks else None
@@ -420,15 +413,12 @@ class Trainer:
                 raise errors.LeaseLost(msg, stale)
             log.warning("%s", msg)
 
-    def _write(self, verb: str, tasks: list[Task], extra: list[Any]) -> None:
-        args: list[Any] = [self.job_incarnation, self.worker_id, self.incarnation, *extra,
-                           len(tasks)]
-        for t in tasks:
-            args += [t.id, t.token]
-        reply = self._retrying(self._run, verb, args)
+    def _write(self, verb: str, tasks: list[Task], *extra: Any) -> None:
+        results = self._retrying(self._contact, self._wire.write, verb, self.job_incarnation,
+                                 self.worker_id, self.incarnation, tasks, extra)
         self._forget(*tasks)
         self._changed()
-        self._check_acks(tasks, [int(x) for x in reply[1]], raise_stale=True)
+        self._check_acks(tasks, results, raise_stale=True)
 
     def ack(self, task: Task | list[Task]) -> None:
         """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
@@ -448,12 +438,13 @@ class Trainer:
         back uncharged, to be retried one task at a time.
 
         Args:
-            task: a task or a list; error: the reason, kept in the event (500 chars).
+            task: a task or a list.
+            error: the reason, kept in the event (500 chars).
 
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._write("fail", task if isinstance(task, list) else [task], [str(error)[:500]])
+        self._write("fail", task if isinstance(task, list) else [task], str(error)[:500])
 
     def release(self, task: Task | list[Task]) -> None:
         """Give a task back unfinished (leasable by others at once).
@@ -464,7 +455,7 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._write("release", task if isinstance(task, list) else [task], [])
+        self._write("release", task if isinstance(task, list) else [task])
 
     def heartbeat(self) -> list[int]:
         """Send one heartbeat now (what the heartbeat thread does every interval).
@@ -473,9 +464,11 @@ class Trainer:
             The ids of held tasks the server revoked (their ``revoked`` is set).
 
         Raises:
-            ConnectionLost: Redis could not be reached.
+            ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
         """
-        return send_heartbeat(self, self._hb_scripts or self.client.scripts)
+        args = self._beat_args()
+        reply = self._wire.heartbeat(self._hb_scripts or self.client.scripts, args)
+        return self.apply_heartbeat(reply, args)
 
     @property
     def held(self) -> list[Task]:
@@ -487,6 +480,96 @@ class Trainer:
     def draining(self) -> bool:
         """True once an operator asked this worker to finish its task and leave."""
         return self._draining
+
+    @property
+    def state(self) -> str:
+        """The job's state as this trainer last heard it (read-only): ``"running"``,
+        ``"waiting"`` (at a pass boundary for ``taskq pass next``), ``"completed"`` (its
+        last pass is done) or ``"cancelled"``. Every reply and heartbeat answer updates
+        it; after ``passes()`` or iteration ends it says why (see ``passes``)."""
+        return self._state
+
+    @property
+    def pass_no(self) -> int:
+        """The newest pass of the job this trainer heard of (read-only; never goes back)."""
+        return self._pass
+
+    # -- the heartbeat's view of the trainer (heartbeat.HeartbeatHost) -------------------
+    def _beat_args(self) -> list[Any]:
+        """The next heartbeat's ARGV: the held (task, token) pairs and the last reply's
+        call number, taken together under the lock."""
+        with self._lock:
+            return protocol.heartbeat_args(
+                self.job_incarnation, self.worker_id, self.incarnation, self._last_reply_no,
+                [(task.id, task.token) for task in self._held.values()])
+
+    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
+        """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
+        the helper process); for ``taskq.heartbeat``, not needed by trainer code.
+
+        Answers may land after newer lease replies (see ``_note_info``): only the leases
+        ``args`` listed are revoked, and pass, generation and state never move backwards.
+
+        Args:
+            reply: the decoded answer.
+            args: the heartbeat's ARGV (``protocol.heartbeat_args``).
+
+        Returns:
+            The ids of held tasks now marked revoked.
+        """
+        self.heartbeats_sent += 1
+        self._last_contact = time.monotonic()
+        pairs = protocol.heartbeat_pairs(args)
+        if reply.code == Code.JOB_NOT_FOUND:
+            self._ended = errors.JobNotFound
+            self._mark_all_revoked()
+            return [tid for tid, _ in pairs]
+        if reply.code == Code.REREGISTER:
+            self._rejoin(protocol.heartbeat_incarnation(args))
+            return [tid for tid, _ in pairs]
+        if reply.code < 0:
+            return []
+        if reply.info is not None:
+            self._note_info(reply.info)
+        tokens = dict(pairs)
+        out = []
+        with self._lock:
+            for tid in reply.revoked:
+                task = self._held.get(tid)
+                # only the lease that was listed: the id may be held again under a new token
+                if task is not None and task.token == tokens.get(tid):
+                    task.revoked.set()
+                    self._forget(task)
+                    out.append(tid)
+            for task in self._held.values():
+                if task._at_risk is not None:  # never set if never made
+                    task._at_risk.clear()
+        if out:
+            log.info("job %s: lease(s) revoked by the server: %s", self.job, out)
+            self._changed()
+        if reply.code == Code.DRAINING:
+            self._draining = True
+        if self._state == "cancelled":
+            self._mark_all_revoked()
+        return out
+
+    def keep_beating(self) -> bool:
+        """After each beat, answered or not: set ``at_risk`` on everything held while out
+        of contact for longer than the ttl (this process's monotonic clock; the server's
+        answer on reconnect decides); for ``taskq.heartbeat``.
+
+        Returns:
+            False once there is nothing to beat for (closed, or the job is gone).
+        """
+        if time.monotonic() - self._last_contact > self.ttl_s:
+            with self._lock:
+                held = list(self._held.values())
+            for task in held:
+                if not task.at_risk.is_set():
+                    log.warning("job %s: out of contact with Redis for > %.1fs; task %s at "
+                                "risk", self.job, self.ttl_s, task.id)
+                    task.at_risk.set()
+        return self._ended is None and not self._closed
 
     # -- iteration ----------------------------------------------------------------
     def __iter__(self) -> Iterator[Task]:
@@ -562,6 +645,19 @@ class Trainer:
         """One iterator per pass; each ends when its pass is complete for everyone (a
         barrier: the next one blocks while the job waits at a manual boundary).
 
+        A pass's iterator ends the same way whether its pass is complete, the job is
+        completed or cancelled, or this worker drains; tell them apart after it ends by
+        ``state`` (``"completed"``, ``"cancelled"``; else the pass is done and the job
+        goes on) and ``draining``. ``passes()`` itself ends after the job's last pass,
+        on cancel or drain. For example::
+
+            for epoch in trainer.passes():
+                for task in epoch:
+                    train(task)
+                if trainer.state == "cancelled":
+                    break              # no checkpoint of a cancelled run
+                checkpoint()
+
         Returns:
             Iterators of tasks, one per pass, until the job is completed or cancelled.
 
@@ -589,7 +685,8 @@ class Trainer:
             An iterator of batches (tasks with unreadable chunks are failed and left out).
 
         Raises:
-            InvalidInput: ``k < 1``. JobNotFound: the job was deleted or replaced.
+            InvalidInput: ``k < 1``.
+            JobNotFound: the job was deleted or replaced.
         """
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
@@ -612,7 +709,8 @@ class Trainer:
         seconds; past that the server reclaims the leases after the worker's ttl.
 
         Raises:
-            Nothing from Redis (logged); a signal's exception during the leave propagates.
+            SystemExit: a SIGTERM during the leave (nothing from Redis: that is logged).
+            KeyboardInterrupt: a SIGINT during the leave.
         """
         if self._closed:
             return
@@ -630,8 +728,8 @@ class Trainer:
 
     def _leave(self) -> None:
         try:
-            self._retrying(self._run, "leave",
-                           [self.job_incarnation, self.worker_id, self.incarnation],
+            self._retrying(self._contact, self._wire.leave, self.job_incarnation,
+                           self.worker_id, self.incarnation,
                            bound_s=min(self.reconnect_timeout, 5.0))
         except errors.ConnectionLost as e:
             log.warning("leave: %s (the server reclaims after the ttl)", e)

@@ -2,8 +2,11 @@
 
 Shared by ``tests/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
 ``tests/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
-form ``bench/chaos_long.py``. Trainers are forked (``multiprocessing`` "fork" start
-method) from a parent that has already imported taskq, so one starts in milliseconds.
+form ``bench/chaos_long.py``. Trainers are started by ``multiprocessing``'s forkserver:
+the test process holds threads (probes' heartbeats, redis-py, the proxy), and a fork of a
+threaded process may deadlock in the child (Python 3.12+ warns). The fork server is a
+single-threaded process that has imported taskq once, so a trainer still starts in
+milliseconds.
 
 Each trainer runs ``with taskq.Trainer(job, url=..., worker_id=...) as t: for task in t:``
 and appends one JSON line per processed task to its own log file::
@@ -17,7 +20,7 @@ ended with the job completed or cancelled; ``EXIT_EARLY`` the loop ended while t
 still had work; 1 the body raised (the ``with`` block failed the task); 143 SIGTERM
 (the ``with`` block released what it held).
 
-Data flow: test -> chaos.py -> forked trainer processes -> taskq.Trainer -> Redis;
+Data flow: test -> chaos.py -> trainer processes -> taskq.Trainer -> Redis;
 ``audit_job`` -> client.audit (stats.py) + the trainers' logs.
 """
 
@@ -36,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redis_server import stop_process
+from support import stop_process
 
 import taskq
 
-FORK = multiprocessing.get_context("fork")
+TRAINER_START = multiprocessing.get_context("forkserver")
+TRAINER_START.set_forkserver_preload(["taskq", "chaos"])
 
 #: A trainer's exit code when its loop ended while the job was neither completed nor
 #: cancelled (a survivor that gave up early: the Paddle "No more available task" bug).
@@ -73,7 +77,7 @@ def _body(task: taskq.Task, step_s: float, until_revoked_s: float) -> bool:
 
 def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: float,
                   until_revoked_s: float, explicit_ack: bool, options: dict[str, Any]) -> None:
-    """The forked child: one trainer loop, one JSON line per processed task.
+    """The trainer process: one trainer loop, one JSON line per processed task.
 
     With ``explicit_ack`` the body acks each task itself (``trainer.ack``) and logs
     ``"stale": true`` when the server rejected it (``LeaseLost``); otherwise the iterator
@@ -118,11 +122,11 @@ def _trainer_main(url: str, job: str, worker_id: str, log_path: str, step_s: flo
 
 @dataclass
 class TrainerProc:
-    """A forked trainer: its process, worker id and log file."""
+    """A trainer process: its process, worker id and log file."""
 
     worker_id: str
     log_path: Path
-    proc: Any  # multiprocessing.context.ForkProcess
+    proc: Any  # multiprocessing.context.ForkServerProcess
     started_at: float = field(default_factory=time.time)
     signals: list[tuple[str, float]] = field(default_factory=list)
 
@@ -191,7 +195,7 @@ class Fleet:
     def spawn(self, n: int = 1, *, step_s: float | None = None, until_revoked_s: float = 0.0,
               explicit_ack: bool = False, worker_id: str | None = None,
               **options: Any) -> list[TrainerProc]:
-        """Fork ``n`` trainers.
+        """Start ``n`` trainers.
 
         Args:
             n: how many.
@@ -206,7 +210,7 @@ class Fleet:
             self._seq += 1
             wid = worker_id or f"w{self._seq:03d}"
             log_path = self.log_dir / f"{wid}.jsonl"
-            proc = FORK.Process(
+            proc = TRAINER_START.Process(
                 target=_trainer_main, name=f"trainer-{wid}", daemon=False,
                 args=(self.url, self.job, wid, str(log_path),
                       self.step_s if step_s is None else step_s, until_revoked_s,

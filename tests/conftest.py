@@ -1,26 +1,48 @@
-"""Fixtures: a real redis-server per session (started here), a fresh job name per test."""
+"""Fixtures: a real server per session (started here), a fresh job name per test.
+
+The server is ``redis-server`` unless ``TASKQ_TEST_SERVER`` names another binary
+(``valkey-server``); the run's header says which one and its version.
+"""
 
 from __future__ import annotations
 
 import itertools
 import os
 import sys
+import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from redis_server import RedisServer  # noqa: E402
+from support import RedisServer, server_version  # noqa: E402
 
 import taskq  # noqa: E402
 
 _counter = itertools.count()
 
 
+def _warn_on_threaded_fork() -> None:
+    # Python 3.12+ warns when a multi-threaded process forks (the child may deadlock on a
+    # lock another thread held); say the same on older Pythons, so CI on 3.11 sees it too.
+    if threading.active_count() > 1:
+        warnings.warn(f"This process ({os.getpid()}) is multi-threaded, use of fork() may "
+                      "lead to deadlocks in the child.", DeprecationWarning, stacklevel=2)
+
+
+if sys.version_info < (3, 12):
+    os.register_at_fork(before=_warn_on_threaded_fork)
+
+
+def pytest_report_header() -> str:
+    return f"taskq: tests start {server_version()}"
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    """A redis-server the suite started (shared; tests use unique job names)."""
+    """A server the suite started (shared; tests use unique job names)."""
     server = RedisServer()
     yield server
     server.cleanup()
@@ -28,7 +50,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
-    """A redis-server of this test alone (AOF on), for kills and restarts."""
+    """A server of this test alone (AOF on), for kills and restarts."""
     server = RedisServer(aof=True)
     yield server
     server.cleanup()

@@ -19,6 +19,8 @@ METRIC_TYPES = {
             "taskq_oldest_lease_age_seconds",
             "taskq_last_pass_duration_seconds",
             "taskq_last_ack_timestamp_seconds",
+            "taskq_redis_up",
+            "taskq_redis_maxmemory_policy",
         ],
         "gauge",
     ),

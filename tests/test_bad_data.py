@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from redis_cluster import RedisClusterProcs
+from support import RedisClusterProcs
 
 import taskq
 from taskq.client import STAGING_TTL_S

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from redis_server import free_port
+from support import free_port
 from taskq.cli.main import cli
 
 import taskq
@@ -176,7 +176,6 @@ def test_bad_option_values_are_usage_errors_exit_2(url: str, client: taskq.Clien
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--worker-ttl", "1", "--heartbeat-interval", "2"], "heartbeat_interval"),
     (["--files", "/nonexistent-dir/*.bin"], "no files match"),
     (["--lines", "/nonexistent-file.txt", "--records-per-chunk", "5"], "cannot read"),
 ])

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from redis_cluster import RedisClusterProcs
+from support import RedisClusterProcs
 
 import taskq
 from taskq.exporter import TaskqCollector

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import redis
-from redis_server import wait_until
+from support import wait_until
 
 import taskq
 
@@ -29,10 +29,18 @@ def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str,
     out = r.stdout
     assert "every task acked exactly once per pass: yes (2 passes x 60 tasks" in out
     assert "SIGKILL trainer" in out and "scale up" in out and "scale down" in out
-    assert re.search(r"longest re-dispatch delay: \d+\.\d+s", out)
+    assert re.search(r"max lateness: \d+\.\d+s \(how long an expired lease waited past its "
+                     r"deadline", out)
+    assert "start: 3 trainer(s) [0, 1, 2]" in out  # every trainer the summary counts
+    assert re.search(r"trainers: [3-9] started", out)
     killed = re.search(r"SIGKILLed \S+: (.*)", out)
-    assert killed and ("leased again" in killed.group(1) or "held no task" in killed.group(1)), out
+    assert killed and ("was leased again" in killed.group(1)
+                       or "held no task" in killed.group(1)), out
     assert re.search(r"total time: \d+\.\ds", out)
+    left = re.search(r"job (demo-[0-9a-f]+) is left in Redis at (\S+)\n"
+                     r"inspect: taskq --url (\S+) job status demo-.*\n"
+                     r"remove:  taskq --url (\S+) job delete demo-", out)
+    assert left and left.group(2) == left.group(3) == left.group(4) == url, out
     assert took < 60, f"demo took {took:.1f}s"
     job = re.search(r"job (demo-[0-9a-f]+):", out)
     assert job is not None
@@ -41,24 +49,40 @@ def test_demo_acks_every_task_once_per_pass_under_a_minute(url: str,
     assert client.status(job.group(1)).workers == 0  # every trainer left or was reaped
 
 
-def _demo_processes(marker: str) -> list[int]:
-    pids = []
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (the demo's fork server, trainers, reaper, Redis)."""
+    parent: dict[int, int] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    pids.append(int(pid))
+            with open(f"/proc/{pid}/stat") as f:
+                # the command name may hold spaces: the ppid is the 2nd field after ')'
+                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(pid)
         except OSError:
             continue
-    return pids
+    return alive
 
 
 @pytest.mark.slow
 def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TASKQ_REDIS_URL"}
-    marker = "--tasks\x00997\x00"  # an unusual argv, to find the demo's processes
     proc = subprocess.Popen([ENTRY_POINT, "demo", "--tasks", "997", "--step", "0.5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd="/")
@@ -68,7 +92,9 @@ def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
         m = re.search(r"started redis-server at (redis://\S+)", first)
         assert m, first
         server = redis.Redis.from_url(m.group(1))
-        assert wait_until(lambda: len(_demo_processes(marker)) >= 5, timeout=20)
+        # redis-server, the fork server, the reaper and 3 trainers
+        assert wait_until(lambda: len(_descendants(proc.pid)) >= 6, timeout=20)
+        started = _descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -77,6 +103,6 @@ def test_demo_ctrl_c_stops_its_redis_and_trainers() -> None:
             proc.wait(10)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert wait_until(lambda: not _demo_processes(marker), timeout=10)
+    assert wait_until(lambda: not _alive(started), timeout=10), _alive(started)
     with pytest.raises(redis.exceptions.ConnectionError):
         server.ping()

@@ -9,20 +9,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from functools import partial
 
 import pytest
+import support
 from redis.cluster import key_slot
 
 import taskq
 from taskq.keys import JobKeys
 
-
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> taskq.JobStatus:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("worker_ttl", 5.0)
-    kw.setdefault("heartbeat_interval", 1.0)
-    kw.setdefault("task_timeout", None)
-    return client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
+make_job = partial(support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0,
+                   task_timeout=None)
 
 
 def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
@@ -95,7 +92,7 @@ def test_unknown_job_raises_job_not_found(client):
 
 
 def test_redis_down_raises_connection_lost_with_masked_password():
-    from redis_server import free_port
+    from support import free_port
 
     c = taskq.connect(f"redis://user:s3cret@127.0.0.1:{free_port()}/0", retries=0)
     with pytest.raises(taskq.ConnectionLost) as e:

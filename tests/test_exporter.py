@@ -21,7 +21,7 @@ import pytest
 import redis
 from metric_names import METRIC_TYPES
 from prometheus_client.parser import text_string_to_metric_families
-from redis_server import RedisServer, free_port
+from support import RedisServer, free_port
 
 import taskq
 from taskq import exporter
@@ -293,7 +293,7 @@ def test_exposes_exactly_the_documented_metric_names_and_types(
 def test_labels_are_bounded_never_worker_or_task_ids(scenario: Scenario, serving: Any) -> None:
     port = serving([scenario.job])
     body, samples = scrape(port)
-    allowed = {"job_name", "state", "le", "reason"}
+    allowed = {"job_name", "state", "le", "reason", "policy"}  # policy: one series
     for name, labels in samples:
         assert name.startswith("taskq_"), name
         assert {k for k, _ in labels} <= allowed, (name, labels)
@@ -339,7 +339,9 @@ def test_unreachable_redis_does_not_break_the_scrape(serving: Any) -> None:
     port = serving(via=down)
     _, samples = scrape(port)
     assert value(samples, "taskq_exporter_scrape_errors_total") == 1
-    assert not [k for k in samples if k[0] != "taskq_exporter_scrape_errors_total"]
+    assert value(samples, "taskq_redis_up") == 0
+    assert not [k for k in samples
+                if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")]
 
 
 def test_unreachable_redis_is_tried_once_per_scrape_and_every_job_counted(
@@ -354,7 +356,9 @@ def test_unreachable_redis_is_tried_once_per_scrape_and_every_job_counted(
     _, samples = scrape(port)
     assert time.monotonic() - started < 4.0
     assert value(samples, "taskq_exporter_scrape_errors_total") == len(jobs)
-    assert not [k for k in samples if k[0] != "taskq_exporter_scrape_errors_total"]
+    assert value(samples, "taskq_redis_up") == 0
+    assert not [k for k in samples
+                if k[0] not in ("taskq_exporter_scrape_errors_total", "taskq_redis_up")]
 
 
 @pytest.fixture
@@ -443,3 +447,42 @@ def test_last_ack_timestamp_is_unix_seconds_and_absent_before_the_first_ack(
     _, samples = scrape(port)
     acked_at = value(samples, "taskq_last_ack_timestamp_seconds", job_name=job_name)
     assert abs(acked_at - time.time()) < 60
+
+
+def test_redis_up_and_memory_policy_are_exposed(serving: Any, client: taskq.Client,
+                                                job_name: str) -> None:
+    client.create_job(job_name, [1])
+    _, samples = scrape(serving([job_name]))
+    assert value(samples, "taskq_redis_up") == 1
+    assert value(samples, "taskq_redis_maxmemory_policy", policy="noeviction") == 1
+
+
+def test_an_evicting_redis_shows_in_the_policy_gauge(serving: Any) -> None:
+    server = RedisServer(extra=["--maxmemory-policy", "allkeys-lru"])
+    try:
+        _, samples = scrape(serving([], via=taskq.connect(server.url)))
+        assert value(samples, "taskq_redis_maxmemory_policy", policy="allkeys-lru") == 1
+        assert value(samples, "taskq_redis_up") == 1
+    finally:
+        server.cleanup()
+
+
+def test_a_user_without_info_has_no_policy_gauge_but_is_up(serving: Any, client: taskq.Client,
+                                                           job_name: str) -> None:
+    """The exporter ACL of deploy/redis/acl.conf has no INFO: the gauge is absent (the
+    eviction alert cannot fire on a guess) and the jobs are still exported."""
+    client.create_job(job_name, [1])
+    # the exporter line of deploy/redis/acl.conf
+    client.redis.execute_command(
+        "ACL", "SETUSER", "noinfo-exporter", "reset", "on", ">pw", "~*", "resetchannels",
+        "-@all", "+@read", "+@connection", "+select", "+ping", "+time", "-@write",
+        "-@dangerous", "-@admin", "+fcall_ro")
+    try:
+        port_url = client.redis.connection_pool.connection_kwargs["port"]
+        reader = taskq.connect(f"redis://noinfo-exporter:pw@127.0.0.1:{port_url}/0")
+        _, samples = scrape(serving([job_name], via=reader))
+        assert value(samples, "taskq_redis_up") == 1
+        assert not [k for k in samples if k[0] == "taskq_redis_maxmemory_policy"]
+        assert value(samples, "taskq_tasks", job_name=job_name, state="todo") == 1
+    finally:
+        client.redis.acl_deluser("noinfo-exporter")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import free_port, stop_process
+from support import free_port, stop_process
 from test_exporter import run_scenario
 
 import taskq
@@ -292,6 +292,9 @@ def test_alert_rules_check_test_and_load_into_a_live_prometheus(
             "TaskqNoWorkers",
             "TaskqRedispatchLatenessHigh",
             "TaskqExporterDown",
+            "TaskqRedisUnreachable",
+            "TaskqExporterScrapeErrors",
+            "TaskqRedisEvictionPolicy",
         }
         assert all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"

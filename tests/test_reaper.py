@@ -17,11 +17,13 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import pytest
+import support
 from redis.backoff import ConstantBackoff
-from redis_server import free_port, wait_until
+from support import free_port, wait_until
 
 import taskq
 from taskq.keys import jobs_index
@@ -35,12 +37,8 @@ SUBPROCESS_ENV = {**os.environ,
                       os.environ.get("PYTHONPATH")]))}
 
 
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.JobStatus:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("worker_ttl", 2.0)
-    kw.setdefault("heartbeat_interval", 0.5)
-    kw.setdefault("task_timeout", None)
-    return client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)
+make_job = partial(support.make_job, manual_clock=True, worker_ttl=2.0, heartbeat_interval=0.5,
+                   task_timeout=None)
 
 
 def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis_server import REDIS_SERVER, RedisServer, free_port, stop_process, wait_until
+from support import SERVER_BINARY, RedisServer, free_port, stop_process, wait_until
 
 import taskq
 
@@ -36,7 +36,7 @@ class SentinelProc:
             f"sentinel failover-timeout {SERVICE} 5000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self.proc = subprocess.Popen([REDIS_SERVER or "redis-server", str(conf), "--sentinel"],
+        self.proc = subprocess.Popen([SERVER_BINARY, str(conf), "--sentinel"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_until(self.ping, timeout=10):
             self.cleanup()

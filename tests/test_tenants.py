@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_server import REDIS_SERVER, free_port, stop_process, wait_until
+from support import SERVER_BINARY, free_port, stop_process, wait_until
 
 import taskq
 from taskq import acl
@@ -56,7 +56,7 @@ class AclServer:
         self.aclfile.write_text(text + f"user {TESTER[0]} on >{TESTER[1]} ~* &* +@all\n")
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [REDIS_SERVER or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            [SERVER_BINARY, "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", str(self.dir),
              "--aclfile", str(self.aclfile), "--logfile", str(self.dir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

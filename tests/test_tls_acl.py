@@ -1,6 +1,7 @@
 """TLS, passwords and the least-privilege ACL users of deploy/redis/acl.conf, on real servers.
 
-- ``rediss://`` with a CA, a server and a client certificate made by the ``openssl`` CLI;
+- ``rediss://`` with a CA, a server and a client certificate made by the recipe of
+  docs/security.md (``openssl`` CLI), checked against strict (Python 3.13) verification;
 - the password from the URL or ``TASKQ_REDIS_PASSWORD``, never printed (errors, the CLI);
 - each ACL role can do its job and nothing more, and a refusal is one readable taskq error.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -18,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis_server import REDIS_SERVER, free_port, stop_process, wait_until
+from support import LOOPBACK, RedisServer, free_port
 
 import taskq
 from taskq.connection import mask_url
@@ -27,34 +30,13 @@ from taskq.reaper import Reaper
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"
+SECURITY_DOC = ROOT / "docs" / "security.md"
 TASKQ_CLI = os.path.join(os.path.dirname(sys.executable), "taskq")
 ROLES = ("trainer", "reaper", "exporter", "admin")
 
 
 def password(role: str) -> str:
     return f"pw-{role}-s3cr3t"
-
-
-class ServerProc:
-    """A redis-server with arbitrary arguments, ready once ``ready()`` is true."""
-
-    def __init__(self, args: list[str], ready: Any, directory: Path) -> None:
-        self.dir = directory
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER or "redis-server", "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(directory),
-             "--logfile", str(directory / "redis.log"), *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_until(lambda: ready() or self.proc.poll() is not None, timeout=10) \
-                or self.proc.poll() is not None:
-            log = (directory / "redis.log").read_text() if (directory / "redis.log").exists() \
-                else ""
-            self.cleanup()
-            raise RuntimeError(f"redis-server did not start: {log[-2000:]}")
-
-    def cleanup(self) -> None:
-        stop_process(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def pings(**kwargs: Any) -> bool:
@@ -67,21 +49,31 @@ def pings(**kwargs: Any) -> bool:
 # --- TLS -----------------------------------------------------------------------------
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+def doc_block(lang: str) -> str:
+    """The first fenced ``lang`` block of docs/security.md's TLS section."""
+    text = SECURITY_DOC.read_text()
+    section = text[text.index("## TLS\n"):]
+    section = section[:section.index("\n## ", 1)]
+    fence = f"```{lang}\n"
+    assert fence in section, f"docs/security.md, TLS: no {lang} block"
+    block = section[section.index(fence) + len(fence):]
+    return block[:block.index("```")]
 
 
 def make_certs(d: Path) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, signed by it."""
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.crt", "-days", "2", "-subj", "/CN=taskq test CA", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, cn in (("server", "127.0.0.1"), ("client", "taskq-trainer")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-                f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
-                *(["-extfile", "san.ext"] if name == "server" else []), cwd=d)
+    """A CA, a server certificate for 127.0.0.1 and a client certificate: the documented
+    recipe of docs/security.md, run as written (with 2-day certificates)."""
+    (d / "certs.cnf").write_text(doc_block("ini"))
+    subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block("sh")], cwd=d, check=True,
+                   capture_output=True, timeout=120, env={**os.environ, "DAYS": "2"})
+
+
+def strict_context(d: Path) -> ssl.SSLContext:
+    """A client context that verifies as Python 3.13's default does (VERIFY_X509_STRICT)."""
+    ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    ctx.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
+    return ctx
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +83,49 @@ def tls_server() -> Iterator[tuple[int, Path]]:
     port = free_port()
     tls = dict(ssl=True, ssl_ca_certs=str(d / "ca.crt"), ssl_certfile=str(d / "client.crt"),
                ssl_keyfile=str(d / "client.key"), password="tls-pw")
-    server = ServerProc(
-        ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
-         "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.crt"),
-         "--tls-auth-clients", "yes", "--requirepass", "tls-pw"],
-        lambda: pings(port=port, **tls), Path(tempfile.mkdtemp(prefix="taskq-tls-redis-")))
+    server = RedisServer(
+        extra=["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
+               "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.crt"),
+               "--tls-auth-clients", "yes", "--requirepass", "tls-pw"],
+        ready=lambda: pings(port=port, **tls))
     yield port, d
     server.cleanup()
     shutil.rmtree(d, ignore_errors=True)
+
+
+def test_documented_certificates_pass_strict_verification_both_ways(
+    tls_server: tuple[int, Path],
+) -> None:
+    port, d = tls_server
+    ctx = strict_context(d)
+    # the server verifies our client certificate in the handshake (tls-auth-clients yes)
+    with socket.create_connection((LOOPBACK, port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname=LOOPBACK) as tls:
+        tls.sendall(b"AUTH tls-pw\r\nPING\r\n")
+        reply = b""
+        while not reply.endswith(b"+PONG\r\n"):
+            chunk = tls.recv(100)
+            assert chunk, reply
+            reply += chunk
+        assert reply == b"+OK\r\n+PONG\r\n"
+    # and a CA as `openssl req -x509` makes it is what strict verification refuses
+    old = d / "old"
+    old.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=old CA"],
+                   cwd=old, check=True, capture_output=True, timeout=60)
+    (old / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "s.key",
+                    "-out", "s.csr", "-subj", "/CN=127.0.0.1"],
+                   cwd=old, check=True, capture_output=True, timeout=60)
+    subprocess.run(["openssl", "x509", "-req", "-in", "s.csr", "-CA", "ca.crt", "-CAkey",
+                    "ca.key", "-CAcreateserial", "-out", "s.crt", "-days", "2", "-extfile",
+                    "san.ext"], cwd=old, check=True, capture_output=True, timeout=60)
+    for strict in (False, True):
+        flag = ["-x509_strict"] if strict else []
+        r = subprocess.run(["openssl", "verify", *flag, "-CAfile", "ca.crt", "s.crt"],
+                           cwd=old, capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0) is not strict, (strict, r.stdout, r.stderr)
 
 
 def tls_url(port: int, d: Path, client_cert: bool = True, password: str = "tls-pw") -> str:
@@ -182,10 +209,11 @@ def acl_port() -> Iterator[int]:
     # a superuser of the test's own, only to flush the script cache
     (d / "acl.conf").write_text(text + "user tester on >tester-pw ~* &* +@all\n")
     port = free_port()
-    server = ServerProc(["--port", str(port), "--aclfile", str(d / "acl.conf")],
-                        lambda: pings(port=port), d)
+    server = RedisServer(extra=["--aclfile", str(d / "acl.conf")], port=port, directory=d,
+                         ready=lambda: pings(port=port))
     yield port
     server.cleanup()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def role_url(port: int, role: str) -> str:

@@ -13,24 +13,23 @@ import threading
 import time
 import weakref
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_server import RedisServer, wait_until
+import support
+from support import RedisServer, wait_until
 
 import taskq
-from taskq.heartbeat import apply_answer
+from taskq.protocol import HeartbeatReply, JobInfo, heartbeat_args
 from taskq.scripts import Code
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:
-    kw.setdefault("worker_ttl", 2.0)
-    kw.setdefault("heartbeat_interval", 0.2)
-    client.create_job(name, [{"i": i} for i in range(n)], **kw)
+make_job = partial(support.make_job, worker_ttl=2.0, heartbeat_interval=0.2)
 
 
 def spawn(url: str, job: str, *args: str) -> subprocess.Popen[str]:
@@ -445,6 +444,11 @@ def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServ
 
 
 # -- heartbeat answers out of order -----------------------------------------------------
+def beat_args(t: taskq.Trainer) -> list[Any]:
+    """The ARGV of a heartbeat of ``t`` listing nothing."""
+    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, 0, [])
+
+
 class _Interleaved(taskq.Trainer):
     """Runs ``before_wait`` between a lease reply and the wait it leads to: the moment a
     heartbeat answer (from the thread or the helper process) can land in."""
@@ -471,8 +475,8 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
         trainer.ack(task)  # pass 0 done: the job waits for `pass next`
 
         def stale(t: taskq.Trainer) -> None:
-            info = [t._pass, t._gen - 1, "running", ""]
-            apply_answer(t, Code.OK, [], info, [], t.incarnation)
+            info = JobInfo(t.pass_no, t._gen - 1, "running", "")
+            t.apply_heartbeat(HeartbeatReply(Code.OK, [], info), beat_args(t))
             threading.Timer(0.3, client.next_pass, args=(job_name,)).start()
 
         def newer(t: taskq.Trainer) -> None:
@@ -486,11 +490,11 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
         print(f"\n{order}: woke after {elapsed:.2f} s")
         assert task is not None and task.pass_no == 1
         assert elapsed < 1.5, "blocked on the wrong broadcast list"
-        now = (trainer._pass, trainer._gen, trainer._state)
+        now = (trainer.pass_no, trainer._gen, trainer.state)
         assert now[:2] == (1, int(client.redis.hget(trainer.keys.meta, "gen")))
-        old = [0, now[1] - 1, "waiting", "manual_advance"]
-        apply_answer(trainer, Code.OK, [], old, [], trainer.incarnation)
-        assert (trainer._pass, trainer._gen, trainer._state) == now
+        old = JobInfo(0, now[1] - 1, "waiting", "manual_advance")
+        trainer.apply_heartbeat(HeartbeatReply(Code.OK, [], old), beat_args(trainer))
+        assert (trainer.pass_no, trainer._gen, trainer.state) == now
         trainer.ack(task)
 
 

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
+import support
 from click.testing import CliRunner
-from redis_server import wait_until
+from support import free_port, wait_until
 from taskq.cli.work import work
 
 import taskq
@@ -21,10 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKQ = ROOT / ".venv" / "bin" / "taskq"
 
 
-def make_job(client: taskq.Client, name: str, n: int, **kw: object) -> None:
-    kw.setdefault("worker_ttl", 1.0)
-    kw.setdefault("heartbeat_interval", 0.2)
-    client.create_job(name, [{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
+make_job = partial(support.make_job, worker_ttl=1.0, heartbeat_interval=0.2)
 
 
 def run_work(url: str, job: str, script: str, *opts: str) -> tuple[int, str]:
@@ -87,7 +86,8 @@ if os.environ["TASKQ_ATTEMPT"] == "1":
     failed = events(client, job_name, "failed")
     assert len(failed) == 2
     for f in failed:
-        assert f["error"].startswith("exit 3: ") and f["error"].endswith(f"boom on {f['task']}")
+        # the cause (the last stderr line) first, then the tail before it
+        assert f["error"].startswith(f"exit 3: boom on {f['task']}\nnoise\n")
         assert len(f["error"]) <= 500
     st = client.status(job_name)
     assert st.state == "completed" and st.counters["acked"] == 2 and st.counters["failed"] == 2
@@ -175,3 +175,144 @@ if not os.path.exists({str(marker)!r}):
 def test_missing_command_is_a_usage_error(url: str, job_name: str) -> None:
     result = CliRunner().invoke(work, [job_name, "--url", url, "--", "no-such-cmd-xyz"])
     assert result.exit_code == 2 and "command not found" in result.output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purpose
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+GRANDCHILD = """
+import os, subprocess, sys, time
+kid = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 30"], stdin=subprocess.PIPE)
+with open({pids!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{kid.pid}}\\n")
+sys.stdin.read()
+time.sleep(30)
+"""
+
+
+def _grandchildren_gone(pids_file: Path) -> None:
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert pids and wait_until(lambda: not any(_alive(p) for p in pids), 10), pids
+
+
+def test_revoke_terminates_the_commands_whole_process_group(client: taskq.Client, url: str,
+                                                           job_name: str,
+                                                           tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    make_job(client, job_name, 1, task_timeout=None)
+    proc = spawn_work(url, job_name, GRANDCHILD.format(pids=str(pids)))
+    try:
+        assert wait_until(lambda: pids.exists() and pids.read_text().strip(), 15)
+        assert client.revoke(job_name, 0)
+        _grandchildren_gone(pids)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+        proc.kill()
+
+
+def test_sigterm_reaches_the_commands_grandchildren(client: taskq.Client, url: str,
+                                                    job_name: str, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    make_job(client, job_name, 1, task_timeout=None)
+    proc = spawn_work(url, job_name, GRANDCHILD.format(pids=str(pids)))
+    try:
+        assert wait_until(lambda: pids.exists() and pids.read_text().strip(), 15)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 128 + signal.SIGTERM
+        _grandchildren_gone(pids)
+    finally:
+        proc.kill()
+
+
+def test_grace_escalates_to_sigkill_for_the_group(client: taskq.Client, url: str,
+                                                  job_name: str, tmp_path: Path) -> None:
+    """A grandchild that ignores SIGTERM is SIGKILLed after --grace (here 2 s)."""
+    pids = tmp_path / "pids"
+    script = f"""
+import os, signal, subprocess, sys, time
+kid = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+with open({str(pids)!r}, "w") as f:
+    f.write(str(kid.pid))
+time.sleep(60)
+"""
+    make_job(client, job_name, 1, task_timeout=None)
+    proc = spawn_work(url, job_name, script)
+    try:
+        assert wait_until(lambda: pids.exists() and pids.read_text().strip(), 15)
+        time.sleep(0.3)  # the grandchild has set SIG_IGN by now
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        _grandchildren_gone(pids)
+    finally:
+        proc.kill()
+
+
+def test_a_task_ending_dead_gives_a_summary_and_exit_3(client: taskq.Client, url: str,
+                                                       job_name: str) -> None:
+    script = """
+import os, sys
+if os.environ["TASKQ_TASK_ID"] == "1":
+    sys.exit("cannot decode shard 1")
+"""
+    make_job(client, job_name, 3, max_failures=1)
+    env = dict(os.environ, TASKQ_REDIS_URL=url)
+    r = subprocess.run([str(TASKQ), "work", job_name, "--", sys.executable, "-c", script],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 3, r.stderr
+    summary = [line for line in r.stderr.splitlines() if "leaving:" in line]
+    assert len(summary) == 1
+    assert summary[0].endswith("2 done, 1 failed (1 now dead: task(s) [1]), 0 released, "
+                               "0 revoked; exit 3")
+    failed = events(client, job_name, "failed")
+    assert failed[0]["error"] == "exit 1: cannot decode shard 1"
+
+
+def test_a_clean_run_logs_its_summary_and_exits_0(client: taskq.Client, url: str,
+                                                  job_name: str) -> None:
+    make_job(client, job_name, 2)
+    env = dict(os.environ, TASKQ_REDIS_URL=url)
+    r = subprocess.run([str(TASKQ), "work", job_name, "--", "true"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "leaving: 2 done, 0 failed, 0 released, 0 revoked; exit 0" in r.stderr
+
+
+def test_bad_seconds_and_a_ttl_under_the_heartbeat_are_usage_errors(client: taskq.Client,
+                                                                    url: str,
+                                                                    job_name: str) -> None:
+    make_job(client, job_name, 1, worker_ttl=5.0, heartbeat_interval=1.0)
+    for opts, text in ((["--worker-ttl", "nan"], "finite number of seconds"),
+                       (["--worker-ttl", "inf"], "finite number of seconds"),
+                       (["--grace", "nan"], "finite number of seconds"),
+                       (["--grace", "-1"], "finite number of seconds"),
+                       (["--worker-ttl", "0.5"], "must be longer than job")):
+        r = subprocess.run([str(TASKQ), "--url", url, "work", job_name, *opts, "--", "true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (opts, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("taskq: error: ") and text in lines[0]
+    assert client.status(job_name).counters["leased"] == 0
+
+
+def test_redis_down_at_start_says_what_it_waits_for(job_name: str) -> None:
+    port = free_port()
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    proc = subprocess.Popen([str(TASKQ), "--url", url, "work", job_name, "--", "true"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+    assert "waiting for Redis at redis://:***@127.0.0.1:" in line, line
+    assert f":{port}/0 to answer: unreachable for" in line and "giving up after 60 s" in line
+    assert "s3cret" not in line

@@ -13,9 +13,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import taskq  # noqa: E402
+import taskq
 
 
 def main() -> int:

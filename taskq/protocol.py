@@ -1,0 +1,262 @@
+"""The trainer's wire protocol: each verb's ARGV built, and its reply decoded, in one place.
+
+``Wire`` runs the verbs a trainer calls (register, ack, fail, release, leave, heartbeat)
+on one job and hands back typed replies; the ARGV order and the reply shapes of the Lua
+headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
+it arrives; the rest of the trainer reads named fields. What a reply *does* to a
+trainer's state (held leases, pass, generation) stays in trainer.py.
+
+Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from . import errors
+from .client import Client
+from .connection import translate
+from .integrity import decode_chunks
+from .models import Task
+from .scripts import Code, Scripts
+
+#: codes a trainer reads from the reply instead of raising
+PASSTHROUGH = (Code.REREGISTER, Code.JOB_COMPLETED, Code.JOB_CANCELLED)
+
+_NO_CORRUPT: tuple[tuple[Task, errors.CorruptData], ...] = ()
+
+
+class JobInfo(NamedTuple):
+    """The job as a reply saw it: ``{pass, gen, state, reason}``."""
+
+    pass_no: int
+    gen: int
+    state: str
+    reason: str
+
+
+def decode_info(raw: Sequence[Any]) -> JobInfo:
+    """The ``{pass, gen, state, reason}`` element of a reply."""
+    return JobInfo(int(raw[0]), int(raw[1]), str(raw[2]), str(raw[3]) if len(raw) > 3 else "")
+
+
+class Registered(NamedTuple):
+    """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info}``."""
+
+    job_incarnation: str
+    ttl_s: float
+    heartbeat_interval_s: float
+    info: JobInfo
+
+
+class Step(NamedTuple):
+    """``ack`` (ack, start, lease in one call): ``{code, rows, wait_ms, info, acks, starts}``.
+
+    A reply that carries only its code (an error the caller reads) has no tasks, no
+    info and no per-write results.
+    """
+
+    code: int
+    granted: list[Task]        # usable tasks (corrupt ones are apart, in ``corrupt``)
+    wait_s: float
+    info: JobInfo | None
+    ack_res: list[int]         # one result code per ack sent
+    start_res: list[int]       # one result code per start sent
+    corrupt: Sequence[tuple[Task, errors.CorruptData]]  # granted, chunks unreadable
+
+    @property
+    def gen(self) -> int:
+        """The broadcast generation the reply saw (-1: none)."""
+        return self.info.gen if self.info is not None else -1
+
+
+class HeartbeatReply(NamedTuple):
+    """``heartbeat``: ``{code, revoked task ids, info}``."""
+
+    code: int
+    revoked: list[int]
+    info: JobInfo | None
+
+    @classmethod
+    def decode(cls, reply: Sequence[Any]) -> HeartbeatReply:
+        """Decode a raw heartbeat reply (from this process or the helper's JSON line)."""
+        return cls(int(reply[0]), [int(x) for x in reply[1]] if len(reply) > 1 else [],
+                   decode_info(reply[2]) if len(reply) > 2 else None)
+
+
+def heartbeat_args(job_incarnation: str, worker_id: str, incarnation: str,
+                   last_reply_no: int, pairs: Sequence[tuple[int, int]]) -> list[Any]:
+    """The heartbeat's ARGV: ``job_inc, worker, winc, last_reply_call_no, n, (task,
+    token) x n``."""
+    args: list[Any] = [job_incarnation, worker_id, incarnation, last_reply_no, len(pairs)]
+    for tid, tok in pairs:
+        args += [tid, tok]
+    return args
+
+
+def heartbeat_pairs(args: Sequence[Any]) -> list[tuple[int, int]]:
+    """The (task, token) pairs a heartbeat's ARGV lists (``heartbeat_args`` read back)."""
+    return [(int(args[5 + 2 * k]), int(args[6 + 2 * k])) for k in range(int(args[4]))]
+
+
+def heartbeat_incarnation(args: Sequence[Any]) -> str:
+    """The worker incarnation a heartbeat's ARGV was sent under."""
+    return str(args[2])
+
+
+def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
+                   args: list[Any]) -> list[Any]:
+    """One raw heartbeat call (the helper process sends the raw reply on, as JSON).
+
+    Args:
+        scripts: the connection to call on (the heartbeat's own, or the client's).
+        masked_url: the URL named in errors.
+        keys: the job's keys.
+        args: ``heartbeat_args(...)``.
+
+    Returns:
+        The raw reply (``HeartbeatReply.decode`` reads it).
+
+    Raises:
+        ConnectionLost: Redis could not be reached.
+    """
+    with translate(masked_url):
+        reply: list[Any] = scripts.call("heartbeat", keys, args)
+    return reply
+
+
+class Wire:
+    """The verbs a trainer sends for one job, over one ``Client``.
+
+    Args:
+        client: the client to call through (its ``run`` raises negative codes except
+            ``PASSTHROUGH``, which come back in the reply).
+        job: the job name.
+    """
+
+    def __init__(self, client: Client, job: str) -> None:
+        self.client = client
+        self.job = job
+        self.keys = client.keys(job)
+
+    def run(self, verb: str, args: list[Any]) -> Any:
+        """One verb's raw reply.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
+        return self.client.run(self.job, verb, args, passthrough=PASSTHROUGH)
+
+    def register(self, job_incarnation: str, worker_id: str, incarnation: str,
+                 ttl_ms: int, host: str, pid: int) -> Registered:
+        """Join the job as ``worker_id`` under a new ``incarnation``.
+
+        Returns:
+            The job's incarnation, the worker's ttl and heartbeat interval, the job's info.
+
+        Raises:
+            JobNotFound: no such job (or not that incarnation).
+            ConnectionLost: Redis could not be reached.
+        """
+        reply = self.run("register", [job_incarnation, worker_id, incarnation, ttl_ms,
+                                      host, pid])
+        return Registered(str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0,
+                          decode_info(reply[4]))
+
+    def step(self, job_incarnation: str, worker_id: str, incarnation: str, call_no: int,
+             acks: Sequence[Task], starts: Sequence[Task], want: int, mode: str,
+             expect_pass: int) -> Step:
+        """Ack ``acks``, start ``starts`` and lease up to ``want`` more, in one call.
+
+        Args:
+            mode: ``S`` (lease started), ``R`` (reserve), ``F`` (first started, rest
+                reserved).
+            expect_pass: lease only from this pass (-1: any).
+
+        Returns:
+            The decoded reply; its tasks carry the pass the reply names.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
+        args: list[Any] = [job_incarnation, worker_id, incarnation, call_no, len(acks)]
+        for t in acks:
+            args += [t.id, t.token]
+        args.append(len(starts))
+        for t in starts:
+            args += [t.id, t.token]
+        args += [want, mode, expect_pass]
+        return self.decode_step(self.run("ack", args))
+
+    def decode_step(self, reply: Sequence[Any]) -> Step:
+        """Decode an ``ack`` reply, building its tasks (apart: those with unreadable
+        chunks, each with its error naming the job, the task and the key)."""
+        code = int(reply[0])
+        if len(reply) < 6:
+            return Step(code, [], 0.0, None, [], [], _NO_CORRUPT)
+        info = decode_info(reply[3])
+        granted: list[Task] = []
+        corrupt: Any = _NO_CORRUPT
+        for task_id, token, attempt, chunks, started in reply[1]:
+            task = Task(id=int(task_id), pass_no=info.pass_no, chunks=[], token=int(token),
+                        attempt=int(attempt), job=self.job, started=bool(int(started)))
+            try:
+                task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
+                granted.append(task)
+            except errors.CorruptData as e:
+                corrupt = [*corrupt, (task, e)]
+        return Step(code, granted, int(reply[2]) / 1000.0, info,
+                    [int(x) for x in reply[4]], [int(x) for x in reply[5]], corrupt)
+
+    def write(self, verb: str, job_incarnation: str, worker_id: str, incarnation: str,
+              tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
+        """End leases: ``fail`` (``extra`` = [error text]) or ``release``.
+
+        Returns:
+            One result code per task (``Code.STALE``: not this worker's lease any more).
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
+        args: list[Any] = [job_incarnation, worker_id, incarnation, *extra, len(tasks)]
+        for t in tasks:
+            args += [t.id, t.token]
+        reply = self.run(verb, args)
+        return [int(x) for x in reply[1]] if len(reply) > 1 else []
+
+    def leave(self, job_incarnation: str, worker_id: str, incarnation: str) -> int:
+        """Deregister, releasing everything held.
+
+        Returns:
+            How many leases were released.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
+        reply = self.run("leave", [job_incarnation, worker_id, incarnation])
+        return int(reply[1]) if len(reply) > 1 else 0
+
+    def heartbeat(self, scripts: Scripts, args: list[Any]) -> HeartbeatReply:
+        """One heartbeat on ``scripts`` (the heartbeat's own connection or the client's).
+
+        Raises:
+            ConnectionLost: Redis could not be reached.
+        """
+        return HeartbeatReply.decode(call_heartbeat(scripts, self.client.url, self.keys.all,
+                                                    args))
+
+    def wait(self, gen: int, timeout: float) -> None:
+        """Block up to ``timeout`` seconds for a wake token or the next broadcast after
+        generation ``gen`` (it goes to the list of the next generation's parity).
+
+        Raises:
+            ConnectionLost: Redis could not be reached.
+        """
+        bcast = self.keys.bcast0 if (gen + 1) % 2 == 0 else self.keys.bcast1
+        with translate(self.client.url):
+            self.client.redis.blpop([self.keys.wake, bcast], timeout=max(timeout, 0.01))

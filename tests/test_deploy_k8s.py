@@ -1,0 +1,178 @@
+"""Checks of the Kubernetes manifests in deploy/k8s.
+
+Where it sits: nothing here runs taskq and no cluster runs in CI. Every object of a kind
+Kubernetes ships is validated, strictly (unknown fields are errors), against the
+OpenAPI schemas of several Kubernetes versions that kubernetes-validate bundles
+(offline); the manifests are then cross-checked with each other and the image. The
+CRD objects (ServiceMonitor, PrometheusRule) and the Kustomization have no schema there:
+their structure is checked here by hand, and the PrometheusRule's rules by promtool
+(tests/test_deploy_prometheus.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from support import ROOT, load_yaml, load_yaml_all
+
+K8S = ROOT / "deploy" / "k8s"
+REDIS_URL = "redis://redis:6379/0"
+IMAGE = "taskq:latest"
+#: docs/kubernetes.md: the trainer Job's podFailurePolicy needs 1.26+.
+K8S_VERSIONS = ("1.26", "1.28", "1.30", "1.31", "1.34", kubernetes_validate.latest_version())
+#: Kinds no bundled schema covers (CRDs of the Prometheus operator; kustomize's own).
+NO_SCHEMA_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.fixture(scope="module")
+def k8s_objects() -> list[dict[str, Any]]:
+    kustomization = load_yaml(K8S / "kustomization.yaml")
+    objects = []
+    for resource in kustomization["resources"]:
+        path = K8S / resource
+        assert path.is_file(), f"kustomization lists {resource}, which does not exist"
+        objects.extend(load_yaml_all(path))
+    return objects
+
+
+def schema_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """What kubernetes-validate --strict says of ``obj`` for Kubernetes ``version``."""
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(part) for part in e.absolute_path)
+        return [f"{obj['kind']}/{obj['metadata']['name']}: {where}: {e.message}"]
+    return []
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_k8s_objects_validate_strictly_against_the_kubernetes_schemas(
+    k8s_objects: list[dict[str, Any]], version: str
+) -> None:
+    checked = [o for o in k8s_objects if o["kind"] not in NO_SCHEMA_KINDS]
+    errors = [e for obj in checked for e in schema_errors(obj, version)]
+    assert not errors, "\n".join(errors)
+    assert {o["kind"] for o in checked} == {
+        "ConfigMap", "Deployment", "Job", "Namespace", "Secret", "Service", "StatefulSet"}
+
+
+def test_the_schema_check_catches_a_pod_condition_without_status(
+    k8s_objects: list[dict[str, Any]],
+) -> None:
+    job = copy.deepcopy(find(k8s_objects, "Job", "taskq-trainer"))
+    del job["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["status"]
+    errors = schema_errors(job, "1.31")
+    assert errors and "'status' is a required property" in errors[0], errors
+
+
+def test_crds_and_the_kustomization_have_no_bundled_schema(
+    k8s_objects: list[dict[str, Any]],
+) -> None:
+    """What the schema check leaves out, kept honest: if a schema ever ships for these,
+    this fails and they move into the check above."""
+    crds = [o for o in k8s_objects if o["kind"] in NO_SCHEMA_KINDS]
+    assert {o["kind"] for o in crds} == NO_SCHEMA_KINDS
+    for obj in [*crds, load_yaml(K8S / "kustomization.yaml")]:
+        with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+            kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+
+
+def test_kustomization_lists_every_manifest_in_the_folder() -> None:
+    listed = set(load_yaml(K8S / "kustomization.yaml")["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    template = obj["spec"]["template"]["spec"]
+    return [*template.get("initContainers", []), *template["containers"]]
+
+
+def test_k8s_objects_are_well_formed(k8s_objects: list[dict[str, Any]]) -> None:
+    for obj in k8s_objects:
+        assert obj.get("apiVersion") and obj.get("kind") and obj["metadata"].get("name"), obj
+
+
+def test_k8s_taskq_containers_use_one_image_exec_form_and_the_secret(
+    k8s_objects: list[dict[str, Any]],
+) -> None:
+    secret = find(k8s_objects, "Secret", "taskq-redis")
+    assert secret["stringData"]["TASKQ_REDIS_URL"] == REDIS_URL
+    taskq_containers = [
+        c
+        for o in k8s_objects
+        if o["kind"] in {"Deployment", "StatefulSet", "Job"}
+        for c in containers(o)
+        if c["image"].startswith("taskq")
+    ]
+    assert len(taskq_containers) >= 4
+    for container in taskq_containers:
+        assert container["image"] == IMAGE
+        command = container["command"]
+        assert isinstance(command, list) and command[:3] == ["/usr/bin/tini", "--", "taskq"]
+        assert {"secretRef": {"name": "taskq-redis"}} in container["envFrom"]
+
+
+def test_k8s_trainer_job_stops_gracefully(k8s_objects: list[dict[str, Any]]) -> None:
+    job = find(k8s_objects, "Job", "taskq-trainer")
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["parallelism"] >= 2
+    assert "completions" not in job["spec"], "a work-queue Job: pods end when the taskq job does"
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    (trainer,) = pod["containers"]
+    command = trainer["command"]
+    assert isinstance(command, list) and all(isinstance(part, str) for part in command)
+    assert command[3:5] == ["work", "demo"] and "--" in command[5:]
+    assert not {"sh", "/bin/sh", "bash", "/bin/bash"} & set(command[:4])
+    ignored_exit_codes = [
+        rule["onExitCodes"]["values"]
+        for rule in job["spec"].get("podFailurePolicy", {}).get("rules", [])
+        if "onExitCodes" in rule and rule["action"] == "Ignore"
+    ]
+    assert [143] in ignored_exit_codes, "a SIGTERMed trainer must not count as a failure"
+
+
+def test_k8s_redis_is_a_statefulset_with_aof_on_a_pvc(k8s_objects: list[dict[str, Any]]) -> None:
+    statefulset = find(k8s_objects, "StatefulSet", "redis")
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    mounts = {m["name"]: m["mountPath"] for m in containers(statefulset)[0]["volumeMounts"]}
+    assert mounts["data"] == "/data"
+    config = find(k8s_objects, "ConfigMap", "redis-config")["data"]["redis.conf"]
+    lines = {line.strip() for line in config.splitlines()}
+    assert {
+        "appendonly yes",
+        "appendfsync everysec",
+        "maxmemory-policy noeviction",
+        "dir /data",
+    } <= lines
+    service = find(k8s_objects, "Service", "redis")
+    assert service["spec"]["selector"] == statefulset["spec"]["template"]["metadata"]["labels"]
+
+
+def test_k8s_reaper_and_exporter(k8s_objects: list[dict[str, Any]]) -> None:
+    reaper = find(k8s_objects, "Deployment", "taskq-reaper")
+    assert reaper["spec"]["replicas"] == 2
+    exporter = find(k8s_objects, "Deployment", "taskq-exporter")
+    port_names = {p["name"] for p in containers(exporter)[0]["ports"]}
+    # The Operator names the scrape job after the Service: up{job="taskq-exporter"}.
+    service = find(k8s_objects, "Service", "taskq-exporter")
+    assert service["spec"]["selector"] == exporter["spec"]["template"]["metadata"]["labels"]
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    monitor = find(k8s_objects, "ServiceMonitor", "taskq-exporter")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
+        p["name"] for p in service["spec"]["ports"]
+    }
+
+
