@@ -6,6 +6,10 @@ headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is decoded on
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in trainer.py.
 
+Every verb that ends, starts or grants leases (and register, which sets it) carries the
+worker incarnation's lease secret as its last argument; Redis keeps only a digest of it
+(docs/design.md, "Lease secrets"). It is never logged, nor put in an error.
+
 Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
 """
 
@@ -149,9 +153,10 @@ class Wire:
         """
         return self.client.run(self.job, verb, args, passthrough=PASSTHROUGH)
 
-    def register(self, job_incarnation: str, worker_id: str, incarnation: str,
+    def register(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
                  ttl_ms: int, host: str, pid: int) -> Registered:
-        """Join the job as ``worker_id`` under a new ``incarnation``.
+        """Join the job as ``worker_id`` under a new ``incarnation`` whose lease secret is
+        ``secret`` (at least 16 characters; every later write of the incarnation sends it).
 
         Returns:
             The job's incarnation, the worker's ttl and heartbeat interval, the job's info.
@@ -161,13 +166,13 @@ class Wire:
             ConnectionLost: Redis could not be reached.
         """
         reply = self.run("register", [job_incarnation, worker_id, incarnation, ttl_ms,
-                                      host, pid])
+                                      host, pid, secret])
         return Registered(str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0,
                           decode_info(reply[4]))
 
-    def step(self, job_incarnation: str, worker_id: str, incarnation: str, call_no: int,
-             acks: Sequence[Task], starts: Sequence[Task], want: int, mode: str,
-             expect_pass: int) -> Step:
+    def step(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
+             call_no: int, acks: Sequence[Task], starts: Sequence[Task], want: int,
+             mode: str, expect_pass: int) -> Step:
         """Ack ``acks``, start ``starts`` and lease up to ``want`` more, in one call.
 
         Args:
@@ -188,7 +193,7 @@ class Wire:
         args.append(len(starts))
         for t in starts:
             args += [t.id, t.token]
-        args += [want, mode, expect_pass]
+        args += [want, mode, expect_pass, secret]
         return self.decode_step(self.run("ack", args))
 
     def decode_step(self, reply: Sequence[Any]) -> Step:
@@ -212,7 +217,7 @@ class Wire:
                     [int(x) for x in reply[4]], [int(x) for x in reply[5]], corrupt)
 
     def write(self, verb: str, job_incarnation: str, worker_id: str, incarnation: str,
-              tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
+              secret: str, tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
         """End leases: ``fail`` (``extra`` = [error text]) or ``release``.
 
         Returns:
@@ -225,10 +230,12 @@ class Wire:
         args: list[Any] = [job_incarnation, worker_id, incarnation, *extra, len(tasks)]
         for t in tasks:
             args += [t.id, t.token]
+        args.append(secret)
         reply = self.run(verb, args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
-    def leave(self, job_incarnation: str, worker_id: str, incarnation: str) -> int:
+    def leave(self, job_incarnation: str, worker_id: str, incarnation: str,
+              secret: str) -> int:
         """Deregister, releasing everything held.
 
         Returns:
@@ -238,7 +245,7 @@ class Wire:
             JobNotFound: the job was deleted or replaced.
             ConnectionLost: Redis could not be reached.
         """
-        reply = self.run("leave", [job_incarnation, worker_id, incarnation])
+        reply = self.run("leave", [job_incarnation, worker_id, incarnation, secret])
         return int(reply[1]) if len(reply) > 1 else 0
 
     def heartbeat(self, scripts: Scripts, args: list[Any]) -> HeartbeatReply:
