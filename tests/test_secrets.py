@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from taskq.cli.work import work
 
 import taskq
 from taskq.scripts import Code
@@ -285,3 +290,30 @@ def test_admin_verbs_need_no_secret(client: taskq.Client, job_name: str) -> None
     assert (c["revoked"], c["expired_worker_lost"], c["forged"]) == (1, 1, 0)
     client.cancel_job(job_name)
     assert client.status(job_name, summaries=0).state == "cancelled"
+
+
+def test_taskq_work_keeps_the_secret_from_its_command(client: taskq.Client, url: str,
+                                                      job_name: str, tmp_path: Path) -> None:
+    """The command sees its task (stdin, environment, arguments), and nothing in them
+    hashes to the digest its lease record keeps: the secret stayed in ``taskq work``."""
+    make_job(client, job_name, 1)
+    seen = tmp_path / "seen.json"
+    script = f"""
+import json, os, sys
+with open({str(seen)!r}, "w") as f:
+    json.dump({{"stdin": sys.stdin.read(), "env": dict(os.environ), "argv": sys.argv}}, f)
+"""
+    result = CliRunner().invoke(work, [job_name, "--url", url, "--", sys.executable, "-c",
+                                       script], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert client.status(job_name, summaries=0).counters["acked"] == 1
+    record = client.redis.hget(client.keys(job_name).leases, "0")
+    digest = record.rsplit("|", 1)[1]
+    assert re.fullmatch(r"[0-9a-f]{16}", digest), record
+    text = seen.read_text()
+    candidates = set(re.findall(r"[0-9a-f]{16,}", text))
+    assert candidates, "the task's token at least is there"
+    hashed = {hashlib.sha1(c[i:i + n].encode()).hexdigest()[:16]
+              for c in candidates for n in (16, 32, 64) for i in range(len(c) - n + 1)}
+    assert digest not in hashed
+    assert digest not in result.output
