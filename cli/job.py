@@ -460,6 +460,24 @@ def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(f"job {name}: cancelled")
 
 
+@job.command("pause")
+@click.argument("name")
+@click.pass_context
+def pause(ctx: click.Context, name: str) -> None:
+    """Pause NAME: trainers get no new leases (they wait) and keep what they hold."""
+    client_of(ctx).pause_job(name)
+    click.echo(f"job {name}: paused (resume with `taskq job resume {name}`)")
+
+
+@job.command("resume")
+@click.argument("name")
+@click.pass_context
+def resume(ctx: click.Context, name: str) -> None:
+    """Resume NAME after a pause: waiting trainers lease again at once."""
+    client_of(ctx).resume_job(name)
+    click.echo(f"job {name}: resumed")
+
+
 @job.command("audit")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as JSON.")

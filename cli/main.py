@@ -17,6 +17,7 @@ import redis
 
 import taskq
 
+from . import checkpoints as _checkpoints  # noqa: F401  (adds job checkpoints / rewind)
 from . import demo as demo_module
 from . import events, exporter, job, passes, reaper, tasks, workers
 from .acl import acl as acl_group

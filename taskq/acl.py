@@ -34,7 +34,8 @@ from .keys import JOB_KEYS, acl_jobs_index_pattern, acl_key_patterns, prefix, va
 from .scripts import LIBRARY, VERBS
 
 #: Functions a trainer calls (``Trainer``, ``taskq work``): FCALL and FCALL_RO.
-TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave")
+TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave",
+                 "progress")
 TRAINER_RO_VERBS = ("stats",)  # Trainer.passes() reads the current pass
 REAPER_VERBS = ("reap",)
 EXPORTER_RO_VERBS = ("stats", "peek")  # peek: `taskq tasks` with an exporter's URL
@@ -43,7 +44,7 @@ EXPORTER_RO_VERBS = ("stats", "peek")  # peek: `taskq tasks` with an exporter's 
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
 #: cannot rebuild. The job's config, chunks, leases, counts and events are not here.
 SCRATCH_KEYS = ("done", "front", "owned", "deadlines", "reserved", "started", "wake",
-                "bcast0", "bcast1")
+                "bcast0", "bcast1", "progress")
 #: Keys no trainer or reaper function writes: the chunks (written once by create), the
 #: manual clock (the admin's ``clock``) and the reaper's lock (``SET`` by the reaper only).
 READ_ONLY_KEYS = ("chunks", "clock", "lock")
@@ -164,7 +165,7 @@ def trainer_rule(job: str, user: str | None = None, password: str | None = None,
     """The user of one job's trainers.
 
     It may: read the job's keys, call the trainer's functions on them (register, lease,
-    ack, fail, release, heartbeat, leave; ``stats`` read-only), BLPOP its wake-up lists,
+    ack, fail, release, heartbeat, leave, progress; ``stats`` read-only), BLPOP its wake-up lists,
     and make its functions' writes on its keys (never on the chunks, the clock or the
     lock; DEL/UNLINK only on the per-pass keys). Nothing of another job, nothing outside
     the job's slot (not even the jobs index: a trainer never lists jobs).

@@ -8,20 +8,21 @@ Data flow: CLI / user code -> client.py -> scripts.py -> Redis; reads -> stats.p
 
 from __future__ import annotations
 
+import itertools
 import secrets
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
-from . import errors, stats
+from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
 from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
 from .keys import MetaField as F
 from .models import JobConfig, JobStatus
-from .scripts import Code, Scripts, raise_for
+from .scripts import MAX_RETRY, PAGE_MAX, Code, Scripts, raise_for
 
 STAGING_TTL_S = 3600
-STAGING_BATCH = 2000
+STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 
 __all__ = ["Client", "connect", "encode_tasks", "validate_config"]
 
@@ -84,7 +85,8 @@ class Client:
             reply = self.scripts.call(verb, keys, list(args))
         code = int(reply[0])
         if code not in passthrough:
-            raise_for(code, job)
+            raise_for(code, job, reply[1] if code == Code.INVALID and len(reply) > 1
+                      and isinstance(reply[1], str) else "")
         return reply
 
     def ping(self) -> None:
@@ -263,6 +265,24 @@ class Client:
         """
         self.run(name, "cancel", [""])
 
+    def pause_job(self, name: str) -> None:
+        """Pause ``name``: trainers get no new leases (they wait, without polling, as in
+        a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
+        still end and start. Idempotent.
+
+        Raises:
+            JobNotFound, JobCompleted, JobCancelled.
+        """
+        self.run(name, "pause", [""])
+
+    def resume_job(self, name: str) -> None:
+        """End a pause: every waiting trainer is woken to lease again. Idempotent.
+
+        Raises:
+            JobNotFound.
+        """
+        self.run(name, "resume", [""])
+
     # -- passes -------------------------------------------------------------------
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
         """Start the next pass of a job waiting at a manual boundary.
@@ -336,8 +356,8 @@ class Client:
                     raise errors.InvalidInput(f"job {name}: task {task_id} is {state}, not "
                                               f"dead; only dead tasks are retried (nothing "
                                               f"retried)")
-            for start in range(0, len(ids), 1000):
-                batch = ids[start : start + 1000]
+            for start in range(0, len(ids), MAX_RETRY):
+                batch = ids[start : start + MAX_RETRY]
                 reply = self.run(name, "retry", ["", len(batch), *batch])
                 total += int(reply[1])
             return total
@@ -374,18 +394,52 @@ class Client:
         """Ask a worker to finish its current task and leave."""
         self.run(name, "drain", ["", worker_id])
 
+    def tasks_page(self, name: str, state: str = "leased", cursor: str = "0",
+                   count: int = PAGE_MAX) -> tuple[list[dict[str, Any]], str]:
+        """One page of the tasks of the current pass in ``state`` (one bounded call).
+
+        Args:
+            name: the job.
+            state: todo | leased | done | dead.
+            cursor: "0" for the first page, then the cursor the last page returned.
+            count: the most rows of this page, 1..``PAGE_MAX`` (a page may hold fewer and
+                still not be the last one, as SCAN's do).
+
+        Returns:
+            (rows, next cursor); the listing is complete when the cursor is "0".
+
+        Raises:
+            InvalidInput: a bad state, cursor or count. JobNotFound.
+        """
+        if state not in ("todo", "leased", "done", "dead"):
+            raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
+        if not 1 <= int(count) <= PAGE_MAX:
+            raise errors.InvalidInput(f"count must be in [1, {PAGE_MAX}], got {count}")
+        reply = self.run(name, "peek", [state, cursor, int(count)])
+        return stats.parse_tasks(reply[1], state), str(reply[2])
+
+    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
+        """Every task of the current pass in ``state``, page by page (each page one
+        bounded call; a task changing state meanwhile may be listed twice or missed)."""
+        cursor = "0"
+        while True:
+            rows, cursor = self.tasks_page(name, state, cursor)
+            yield from rows
+            if cursor == "0":
+                return
+
     def tasks(self, name: str, state: str = "leased", limit: int = 100,
               details: bool = False) -> list[dict[str, Any]]:
-        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead).
+        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
+        read page by page (no call lists more than ``PAGE_MAX``).
 
         Args:
             details: add each task's ``chunks`` and ``last_error`` (from the newest
                 events; bounded).
         """
-        if state not in ("todo", "leased", "done", "dead"):
-            raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
-        reply = self.run(name, "peek", [state, int(limit)])
-        rows = stats.parse_tasks(reply[1], state)
+        if int(limit) < 1:
+            raise errors.InvalidInput(f"limit must be >= 1, got {limit}")
+        rows = list(itertools.islice(self.iter_tasks(name, state), int(limit)))
         if details and rows:
             with translate(self.url, self.keys(name), self.redis):
                 stats.add_details(self, name, rows)
@@ -427,6 +481,48 @@ class Client:
         with translate(self.url, self.keys(name), self.redis):
             return stats.audit(self, name)
 
+    # -- checkpoints (taskq/checkpoints.py) ----------------------------------------
+    def checkpoint(self, name: str, keep: int = checkpoints.DEFAULT_KEEP,
+                   ckpt: str | None = None) -> dict[str, Any]:
+        """Record the job's position (pass, done set, progress, counters) under an id.
+
+        Args:
+            keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
+            ckpt: the id (default: a new time-ordered one).
+
+        Returns:
+            The checkpoint's record; ``record["id"]`` names it.
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
+        """
+        return checkpoints.checkpoint(self, name, keep, ckpt)
+
+    def checkpoints(self, name: str) -> list[dict[str, Any]]:
+        """The job's sealed checkpoints, oldest first.
+
+        Raises:
+            JobNotFound.
+        """
+        return checkpoints.listing(self, name)
+
+    def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
+        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``).
+
+        Args:
+            once: skip when the job's last rewind went to ``ckpt`` under the same ``key``
+                (a restart's id), or without a key when nothing was acked since
+                (restarted trainers loading the same state).
+            key: see ``once``.
+
+        Returns:
+            True when rewound, False when ``once`` skipped it.
+
+        Raises:
+            InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
+        """
+        return checkpoints.rewind(self, name, ckpt, once, key)
+
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
         """Tests only: move a manual-clock job's clock by ``ms``.
 
@@ -439,8 +535,9 @@ class Client:
     def reap(self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = "") -> tuple[
         int, bool, bool
     ]:
-        """Reclaim expired leases of ``name`` once (bounded). Returns (reclaimed,
-        more_left, locked_by_another_reaper)."""
+        """Reclaim expired leases of ``name`` once: at most ``min(budget, MAX_RECLAIM)``
+        (one call stays short whatever the budget). Returns (reclaimed, more_left,
+        locked_by_another_reaper)."""
         reply = self.run(name, "reap", ["", budget, lock_ms, owner or "reaper"])
         if int(reply[0]) == Code.LOCKED:
             return 0, False, True

@@ -22,6 +22,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "started": "zset", "workers": "zset", "winfo": "hash", "waiting": "zset",
     "counts": "hash", "passes": "hash", "hist": "hash", "events": "stream", "wake": "list",
     "bcast0": "list", "bcast1": "list", "clock": "string", "lock": "string",
+    "progress": "hash", "ckpts": "zset", "ckpt": "hash", "ckdone": "string", "ckprog": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 
@@ -72,3 +73,43 @@ def wrong_type_keys(redis_client: Any, job_keys: JobKeys) -> list[tuple[str, str
         if actual not in ("none", EXPECTED_TYPES[name]):
             found.append((key, actual, EXPECTED_TYPES[name]))
     return found
+
+
+def progress_check(redis_client: Any, job_keys: JobKeys, limit: int = 10000) -> dict[str, Any]:
+    """The audit's view of the progress hash (docs/resume.md): tasks with recorded
+    progress in this pass attempt, and whether any of them is done (an ack removes a
+    task's progress, so none should be).
+
+    Args:
+        redis_client: the client's redis.
+        job_keys: the job's keys.
+        limit: the most entries read (HSCAN pages); the rest is not checked.
+
+    Returns:
+        ``{"tasks": n, "samples": recorded samples summed over the entries read,
+        "checked": entries read, "done_with_progress": [task ids]}``.
+
+    Raises:
+        CorruptData: an entry is not a task id with a number of samples.
+    """
+    entries: list[tuple[int, int]] = []
+    for field, value in redis_client.hscan_iter(job_keys.progress, count=1000):
+        try:
+            entries.append((int(field), int(value)))
+        except (TypeError, ValueError) as e:
+            raise errors.CorruptData(
+                f"{job_keys.progress} field {field!r}: {value!r} is not a task's progress "
+                f"(task id -> samples); the value was not written by taskq"
+            ) from e
+        if len(entries) >= limit:
+            break
+    pipe = redis_client.pipeline(transaction=False)
+    for task, _ in entries:
+        pipe.getbit(job_keys.done, task)
+    bits = pipe.execute() if entries else []
+    return {
+        "tasks": int(redis_client.hlen(job_keys.progress)),
+        "samples": sum(n for _, n in entries),
+        "checked": len(entries),
+        "done_with_progress": [t for (t, _), b in zip(entries, bits, strict=True) if b],
+    }

@@ -40,6 +40,11 @@ JOB_KEYS: tuple[str, ...] = (
     "bcast1",  # list: broadcast tokens for odd generations
     "clock",  # string: the manual clock (ms), for tests
     "lock",  # string: the reaper's short per-job lock
+    "progress",  # hash: task id -> samples its holders recorded as taken (this pass attempt)
+    "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
+    "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done-bitmap pages, "<id>:p:<k>" todo pages
+    "ckdone",  # string: the done bitmap frozen by an open checkpoint (paged into ckpt)
+    "ckprog",  # hash: the progress and unfinished tasks frozen by an open checkpoint
 )
 
 
@@ -54,7 +59,7 @@ class MetaField:
 
     INC = "inc"  # job incarnation (random hex, new on every create)
     STATE = "state"  # running | waiting | completed | cancelled
-    REASON = "reason"  # why waiting: manual_advance | all_dead | ''
+    REASON = "reason"  # why waiting: manual_advance | all_dead | rewinding | ''
     PASS = "pass"  # current pass number
     PASSES = "passes"  # passes to run (-1 = until cancelled)
     ROUND = "round"  # pass attempt id: grows on every pass start / reset / cancel / completion
@@ -71,6 +76,7 @@ class MetaField:
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself
+    PAUSED = "paused"  # 1: paused (no new leases; pause / resume)
     MCLOCK = "mclock"  # 1: the job runs on the manual clock (tests)
     CURSOR = "cursor"  # position in the pass's order
     NDONE = "ndone"  # tasks acked in this pass attempt
@@ -104,6 +110,16 @@ class MetaField:
     P_MAXLATE = "p_maxlate"  # largest re-dispatch lateness (ms)
     P_LEASED = "p_leased"
     P_EXPIRED = "p_expired"
+    P_RESUMED = "p_resumed"  # leases granted past sample 0 (a task resumed from its progress)
+    P_RESUMED_S = "p_resumed_s"  # samples those leases skipped (their starts, summed)
+    P_REREAD = "p_reread"  # samples reported by holders after their lease ended (re-read)
+    CK_SEQ = "ck_seq"  # sequence of checkpoints
+    CK_OPEN = "ck_open"  # the checkpoint being written ('' = none)
+    RW_OPEN = "rw_open"  # the checkpoint a rewind in progress goes back to ('' = none)
+    RW_EPOCH = "rw_epoch"  # grows on every rewind start: fences a superseded rewind's pages
+    RW_LAST = "rw_last"  # the checkpoint of the last rewind that completed
+    RW_ACKS = "rw_acks"  # acked_job when that rewind completed (repeat detection)
+    RW_KEY = "rw_key"  # the restore key of the last rewind begun ('' = none given)
 
 
 #: ``MetaField``'s attributes: Lua's ``F.NAME`` -> the field's name.

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-STATES = ("running", "waiting", "completed", "cancelled")
+STATES = ("running", "paused", "waiting", "completed", "cancelled")
 
 _EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread asks first
 
@@ -49,6 +49,9 @@ class Task:
     attempt: int
     job: str = ""
     started: bool = True
+    #: the sample index (0-based over the whole task) where reading begins: what earlier
+    #: holders of this pass attempt recorded as taken (``Trainer.progress``); 0 for a fresh task
+    start: int = 0
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)
@@ -82,6 +85,7 @@ class Task:
             "pass": self.pass_no,
             "token": self.token,
             "attempt": self.attempt,
+            "start": self.start,
             "chunks": self.chunks,
         }
 

@@ -1,8 +1,8 @@
 """The trainer's wire protocol: each verb's ARGV built, and its reply decoded, in one place.
 
-``Wire`` runs the verbs a trainer calls (register, ack, fail, release, leave, heartbeat)
-on one job and hands back typed replies; the ARGV order and the reply shapes of the Lua
-headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
+``Wire`` runs the verbs a trainer calls (register, ack, fail, release, progress, leave,
+heartbeat) on one job and hands back typed replies; the ARGV order and the reply shapes of
+the Lua headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in trainer.py.
 
@@ -205,9 +205,11 @@ class Wire:
         info = decode_info(reply[3])
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
-        for task_id, token, attempt, chunks, started in reply[1]:
+        for task_id, token, attempt, chunks, started, *rest in reply[1]:
+            # rest[0]: where reading begins (the task's recorded progress, docs/resume.md)
             task = Task(id=int(task_id), pass_no=info.pass_no, chunks=[], token=int(token),
-                        attempt=int(attempt), job=self.job, started=bool(int(started)))
+                        attempt=int(attempt), job=self.job, started=bool(int(started)),
+                        start=int(rest[0]) if rest else 0)
             try:
                 task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
                 granted.append(task)
@@ -232,6 +234,25 @@ class Wire:
             args += [t.id, t.token]
         args.append(secret)
         reply = self.run(verb, args)
+        return [int(x) for x in reply[1]] if len(reply) > 1 else []
+
+    def progress(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
+                 items: Sequence[tuple[Task, int]]) -> list[int]:
+        """Record how far into each task its holder got: ``(task, samples)`` pairs.
+
+        Returns:
+            One result code per pair (``Code.STALE``: not this worker's lease any more;
+            nothing recorded).
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
+        args: list[Any] = [job_incarnation, worker_id, incarnation, len(items)]
+        for task, n in items:
+            args += [task.id, task.token, n]
+        args.append(secret)
+        reply = self.run("progress", args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
     def leave(self, job_incarnation: str, worker_id: str, incarnation: str,

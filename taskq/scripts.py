@@ -1,16 +1,21 @@
 """Builds taskq's Redis Function library, one function per operation, and calls it.
 
 Each ``lua/verb.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the read-only
-ones) and a KEYS / ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
+ones, ``flags=allow-oom`` for those that only free or set a flag, so an operator can still
+cancel, delete or pause a job on a Redis out of memory; one flag per verb) and a KEYS /
+ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
 ``the job's keys (keys.JOB_KEYS)``, then ``+ name, ...`` for any extra one (create's
 staging hash), and that is the number of keys a call must pass (checked here). The
 library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.JOB_KEYS``, the ``C`` table of return codes, the histogram bounds), the parts
+``keys.JOB_KEYS``, the ``C`` table of return codes, the per-call bounds ``MAX_BATCH`` ...,
+the histogram bounds), the parts
 ``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
 verb's body registered as the function ``taskq_<version>_<verb>``, which calls
 ``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the name of the meta field
 ``keys.MetaField.<NAME>`` (a literal, so no lookup at run time); an unknown name is refused.
-Python stays the one source of truth for codes, key names and meta field names.
+Python stays the one source of truth for codes, bounds, key names and meta field names.
+Every verb checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the
+name of the bad argument before its first write: Redis does not roll a script back.
 
 Why a Function library and not one EVALSHA script per operation: a library is compiled
 and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local
@@ -76,6 +81,23 @@ HIST_BOUNDS_MS: tuple[int, ...] = (
     3600000,
 )
 
+#: Bounds on what one call may do, so that no call keeps Redis busy for long whatever the
+#: caller asks (docs/capacity.md has the worst call per verb they give). The scripts
+#: refuse a larger request with INVALID (or, for the reaper's budget, do this much and
+#: answer "more").
+MAX_BATCH = 32  #: tasks one call acks, fails, releases, starts or leases (batches(k) <= this)
+MAX_PREFETCH = 16  #: Trainer(prefetch=...): reserved tasks kept ahead (1 + prefetch <= MAX_BATCH)
+MAX_HELD = 64  #: leases one worker incarnation may hold at once
+MAX_LISTED = 4 * MAX_HELD  #: (task, token) pairs one heartbeat may list
+MAX_RECLAIM = 32  #: leases one reap (or leave) call ends; the rest in the next calls
+LAZY_RECLAIM = 8  #: leases a trainer's own call reclaims on the way
+PAGE_MAX = 100  #: tasks one peek page lists
+MAX_RETRY = 32  #: dead tasks one retry call puts back
+EVENT_LIST_MAX = 16  #: tasks one leased / acked / reserved event lists (count has them all)
+
+_LIMITS = ("MAX_BATCH", "MAX_PREFETCH", "MAX_HELD", "MAX_LISTED", "MAX_RECLAIM",
+           "LAZY_RECLAIM", "PAGE_MAX", "MAX_RETRY", "EVENT_LIST_MAX")
+
 _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
     Code.JOB_NOT_FOUND: (errors.JobNotFound, "job {job!r} not found (deleted or replaced)"),
     Code.JOB_EXISTS: (errors.JobExists, "job {job!r} exists (use replace=True / --replace)"),
@@ -94,8 +116,8 @@ _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
 #: The parts of the library, in the order they are joined: each uses only what the parts
 #: before it (and the generated constants) define.
 LIB_PARTS: tuple[str, ...] = (
-    "meta.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
-    "dispatch.lua",
+    "meta.lua", "args.lua", "events.lua", "call.lua", "leases.lua", "passes.lua", "workers.lua",
+    "progress.lua", "dispatch.lua",
 )
 
 _NAME_RE = re.compile(r"^([a-z]+)\.lua$")
@@ -131,6 +153,7 @@ def _generated() -> str:
         f"  {', '.join(names)} = unpack(keys, 1, {len(names)})",
         "end",
         f"local C = {{{codes}}}",
+        *(f"local {name} = {globals()[name]}" for name in _LIMITS),
         f"local HIST_BOUNDS = {{{bounds}}}",
         "local function hist_bucket(ms)",
     ]

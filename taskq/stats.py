@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import redis
 
-from . import errors
+from . import errors, integrity
 from .keys import JobKeys
 from .keys import MetaField as F
 from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
@@ -90,6 +90,8 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")
+    if state == "running" and meta.get(F.PAUSED) == "1":
+        state = "paused"  # running, but no new leases until resumed
     if state in ("completed", "cancelled"):
         leased = 0
     todo = max(0, n - dead - done - leased) if state != "cancelled" else 0
@@ -121,7 +123,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
         done=done, dead=dead, workers=alive, incarnation=meta[F.INC], config=config,
         counters=counters, pass_started_ms=_int(meta, F.PSTART),
         created_ms=_int(meta, F.CREATED), now_ms=now_ms, pass_attempt=_int(meta, F.P_RESETS),
-        reserved=_int(meta, F.NRESERVED) if state == "running" else 0,
+        reserved=_int(meta, F.NRESERVED) if state in ("running", "paused") else 0,
         histograms={"task_duration": histogram(hist, "dur"),
                     "redispatch_lateness": histogram(hist, "late")},
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
@@ -352,11 +354,13 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     bits, reserved, started, dead = pipe.execute()
     checks = {
         "done_matches_bitmap": status.state == "cancelled" or bits == status.done,
-        "leased_matches_indexes": status.state != "running"
+        "leased_matches_indexes": status.state not in ("running", "paused")
         or status.leased == reserved + started,
         "dead_matches_set": dead == status.dead,
         "done_within_live": status.done <= status.tasks - status.dead,
     }
+    progress = integrity.progress_check(client.redis, keys)  # docs/resume.md
+    checks["no_progress_on_done"] = not progress["done_with_progress"]
     return {
         "job": name,
         "state": status.state,
@@ -364,13 +368,15 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "passes": [
             {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
                                    "stale", "resets", "max_lateness_ms", "expired",
-                                   "started_ms", "ended_ms")}
+                                   "started_ms", "ended_ms", "resumed", "resumed_samples",
+                                   "reread_samples", "rewound")}
             for s in passes
         ],
         "first_lease_ms": first_lease_ms(client, name),
         "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
                     "todo": status.todo, "dead": status.dead},
         "counters": status.counters,
+        "progress": progress,
         "checks": checks,
         "ok": all(checks.values()),
     }

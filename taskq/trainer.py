@@ -33,8 +33,9 @@ from .connection import resolve_url
 from .heartbeat import HelperHeartbeat, start_thread, stop_dropped
 from .keys import JobKeys
 from .models import Task
+from .progress import ProgressBuffer
 from .protocol import HeartbeatReply, JobInfo, Step, Wire
-from .scripts import Code, Scripts
+from .scripts import MAX_PREFETCH, Code, Scripts
 
 log = logging.getLogger("taskq.trainer")
 
@@ -101,8 +102,8 @@ class Trainer:
         self.worker_id = worker_id or default_worker_id()
         if "|" in self.worker_id or not self.worker_id:
             raise errors.InvalidInput(f"bad worker id {self.worker_id!r}: '|' not allowed")
-        if prefetch < 0:
-            raise errors.InvalidInput(f"prefetch must be >= 0, got {prefetch}")
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         if worker_ttl is not None and worker_ttl <= 0:
             raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
         if heartbeat is True:
@@ -151,6 +152,11 @@ class Trainer:
         self._secret = ""
         self.heartbeats_sent = 0
         self.stolen_from_me = 0
+        # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
+        # the helper process, from the loop's own thread at most once per interval
+        self._progress = ProgressBuffer()
+        self._progress_inline = heartbeat == "process"
+        self._progress_sent = time.monotonic()
         self._helper: HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None
         self._hb_thread: threading.Thread | None = None
@@ -271,6 +277,7 @@ class Trainer:
                 self._in_flight.discard(call_no)
                 self._note_replied()
             raise
+        self._progress.discard(acks)  # a done task's progress is spent
         with self._lock:
             self._in_flight.discard(call_no)
             self._forget(*acks)
@@ -422,6 +429,7 @@ class Trainer:
             log.warning("%s", msg)
 
     def _write(self, verb: str, tasks: list[Task], *extra: Any) -> None:
+        self._flush_quietly()  # the next holder starts where this one got
         with self._lock:
             incarnation, secret = self.incarnation, self._secret
         results = self._retrying(self._contact, self._wire.write, verb, self.job_incarnation,
@@ -478,7 +486,59 @@ class Trainer:
         """
         args = self._beat_args()
         reply = self._wire.heartbeat(self._hb_scripts or self.client.scripts, args)
-        return self.apply_heartbeat(reply, args)
+        revoked = self.apply_heartbeat(reply, args)
+        self.flush_progress()
+        return revoked
+
+    def progress(self, task: Task, n: int) -> None:
+        """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
+        task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
+        here and sent with the next heartbeat (and before ``release``, ``fail``,
+        ``close``), so a re-dispatched task's next holder starts there (``task.start``).
+        Only moves forward. See docs/resume.md.
+
+        Args:
+            task: a task this trainer holds.
+            n: samples taken so far, an integer >= 0.
+
+        Raises:
+            InvalidInput: ``n`` is not an integer >= 0.
+        """
+        self._progress.record(task, n)
+        if self._progress_inline and \
+                time.monotonic() - self._progress_sent >= self.heartbeat_interval:
+            self._flush_quietly()
+
+    def flush_progress(self) -> list[int]:
+        """Send the recorded progress now (the heartbeat does it every interval).
+
+        Returns:
+            The ids of tasks whose report was refused: their lease is no longer this
+            trainer's (nothing recorded; what they claimed is counted as re-read).
+
+        Raises:
+            ConnectionLost: Redis could not be reached (the progress stays buffered).
+        """
+        self._progress_sent = time.monotonic()
+        items = self._progress.take()
+        if not items:
+            return []
+        with self._lock:
+            incarnation, secret = self.incarnation, self._secret
+        try:
+            results = self._contact(self._wire.progress, self.job_incarnation,
+                                    self.worker_id, incarnation, secret, items)
+        except errors.ConnectionLost:
+            self._progress.restore(items)
+            raise
+        return [t.id for (t, _), r in zip(items, results, strict=False) if r == Code.STALE]
+
+    def _flush_quietly(self) -> None:
+        """``flush_progress`` where a failure must not stop what follows (logged)."""
+        try:
+            self.flush_progress()
+        except errors.TaskqError as e:
+            log.warning("job %s: progress not sent: %s", self.job, e)
 
     @property
     def held(self) -> list[Task]:
@@ -737,6 +797,7 @@ class Trainer:
             self._stop_heartbeats()
 
     def _leave(self) -> None:
+        self._flush_quietly()
         try:
             with self._lock:
                 incarnation, secret = self.incarnation, self._secret

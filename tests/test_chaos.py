@@ -91,7 +91,9 @@ def test_paused_trainer_ack_is_stale_and_it_rejoins_with_new_work(
 
         wait_for(finished_by_other, TTL_S + 10, what="the other trainer to finish the task")
         paused_for = time.time() - stopped_at
-        assert paused_for > TTL_S
+        # its liveness deadline is its last heartbeat (at most one interval before the stop)
+        # plus the ttl: nobody may take the task before that
+        assert paused_for > TTL_S - HBI_S, paused_for
         resumed_at = paused.cont()
         wait_for(lambda: any(r["start"] > resumed_at for r in paused.records()), 30,
                  what="the resumed trainer to take new work")
@@ -246,6 +248,7 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
     _log("scenario 6: cancel", last_exit_after_s=round(exit_after, 2),
          long_bodies_stopped_after_s=[round(s, 2) for s in stops],
          counters=summary["counters"])
-    # the long bodies learn it from their next heartbeat (every 0.5 s)
-    assert max(stops) < HBI_S + 2.0
+    # the long bodies learn it from their next heartbeat (every 0.5 s), not after their
+    # 30 s bodies: the margin is for a loaded machine
+    assert max(stops) < HBI_S + 5.0
     assert exit_after < HBI_S + 3.0

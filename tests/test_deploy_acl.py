@@ -32,11 +32,13 @@ SCRATCH_KEYS = {
     "wake",
     "bcast0",
     "bcast1",
+    "progress",
 }
 #: Script verbs only the admin (the CLI) runs; any other verb but `reap` is a trainer's.
 ADMIN_VERBS = {
     "create", "stage", "flip", "replace", "delete", "cancel", "advance", "next", "reset",
     "retry", "revoke", "drain", "force", "clock", "config", "audit", "repair", "purge",
+    "checkpoint", "rewind",
 }  # fmt: skip
 REAPER_VERBS = {"reap"}
 

@@ -10,20 +10,26 @@
 -- counted stale; repeating the ack that just ended the lease is a quiet success. Both
 -- need the holder's secret: the right token with another secret is answered stale and
 -- counted forged (so is the lease half, answered like a lost worker's, as in lease.lua).
-local err = open_job(ARGV[1])
-if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
-local call_no = tonumber(ARGV[4])
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local call_no = arg_int(ARGV[4], 'call_no', 0, 9007199254740991)
 local i = 5
-local n_acks = tonumber(ARGV[i])
+local n_acks = arg_pairs(ARGV, i, 'acks', MAX_BATCH)
 local ack_args = i
 i = i + 1 + 2 * n_acks
-local n_starts = tonumber(ARGV[i])
+local n_starts = arg_pairs(ARGV, i, 'starts', MAX_BATCH)
 local start_args = i
 i = i + 1 + 2 * n_starts
-local want, mode, expect_pass = tonumber(ARGV[i]), ARGV[i + 1], tonumber(ARGV[i + 2])
-use_secret(ARGV[i + 3])
-reclaim(100)
+local want = arg_int(ARGV[i], 'want', 0, MAX_BATCH)
+local mode = arg_enum(ARGV[i + 1], 'mode', 'S R F')
+local expect_pass = arg_int(ARGV[i + 2], 'expect_pass', -1, 9007199254740991)
+arg_secret(ARGV[i + 3])
+arg_len(ARGV, i + 3)
+local bad = args_bad()
+if bad then return bad end
+local err = open_job(ARGV[1])
+if err then return done({err}) end
+reclaim(LAZY_RECLAIM)
 local ws = touch_worker(worker, winc, true)
 
 local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', acked_one)

@@ -5,21 +5,29 @@
 -- returns: {code, pass_after, skipped}
 -- Without force it refuses while the pass has work left (PASS_INCOMPLETE); with force
 -- the rest of the pass is recorded as skipped and its leases become stale (by round).
+arg_id(ARGV[1], 'job_inc', true)
+local expected = arg_int(ARGV[2], 'expected_pass', 0, 9007199254740991)
+local force = arg_enum(ARGV[3], 'force', '0 1')
+arg_len(ARGV, 3)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p, 0}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p, 0}) end
-if tonumber(ARGV[2]) ~= p then return done({C.PASS_MISMATCH, p, 0}) end
+if expected ~= p then return done({C.PASS_MISMATCH, p, 0}) end
 if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   start_pass(p + 1, 'pass_started')
+  check_pass_end()  -- every task dead: waiting (all_dead) at once
   return done({C.OK, p + 1, 0})
 end
-if ARGV[3] ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
+if force ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
 local live = mnum(F.N) - redis.call('SCARD', K_DEAD)
 local skipped = math.max(0, live - mnum(F.NDONE))
 mset(F.P_SKIPPED, skipped)
 STATE = 'running'
 finish_pass('skipped')
 if STATE == 'waiting' then start_pass(p + 1, 'pass_started') end
+check_pass_end()  -- every task dead: waiting (all_dead) at once
 return done({C.OK, mnum(F.PASS), skipped})

@@ -3,9 +3,15 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), advance_ms, silent (1: not traffic, so the silence rule may apply)
 -- returns: {code, now_ms}
+arg_id(ARGV[1], 'job_inc', true)
+local advance = arg_int(ARGV[2], 'advance_ms', 0, 31536000000)
+arg_enum(ARGV[3], 'silent', '0 1')
+arg_len(ARGV, 3)
+local bad = args_bad()
+if bad then return bad end
 local cur = redis.call('HGET', K_META, F.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND, 0} end
 if redis.call('HGET', K_META, F.MCLOCK) ~= '1' then return {C.INVALID, 0} end
-local now = redis.call('INCRBY', K_CLOCK, tonumber(ARGV[2]))
+local now = redis.call('INCRBY', K_CLOCK, advance)
 if ARGV[3] ~= '1' then redis.call('HSET', K_META, F.SEEN, now) end
 return {C.OK, now}

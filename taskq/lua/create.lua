@@ -4,6 +4,15 @@
 -- ARGV: replace (1|0), n_tasks, then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
+arg_enum(ARGV[1], 'replace', '0 1')
+arg_int(ARGV[2], 'n_tasks', 1, 4294967295)
+if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
+for k = 3, #ARGV, 2 do
+  if not string.match(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
+  arg_text(ARGV[k + 1], ARGV[k], 1024)
+end
+local bad = args_bad()
+if bad then return bad end
 local staging = KEYS[#KEYS]
 local exists = redis.call('EXISTS', K_META) == 1
 if exists and ARGV[1] ~= '1' then

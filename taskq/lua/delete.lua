@@ -1,8 +1,13 @@
-#!lua
+#!lua flags=allow-oom
 -- delete: remove every key of the job (UNLINK: O(1) here, freed in the background).
+-- It only frees, so it runs out of memory too (allow-oom): the operator's way out.
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
+arg_id(ARGV[1], 'job_inc', true)
+arg_len(ARGV, 1)
+local bad = args_bad()
+if bad then return bad end
 local cur = redis.call('HGET', K_META, F.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
 redis.call('UNLINK', unpack(KEYS))

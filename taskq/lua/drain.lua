@@ -3,6 +3,11 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), worker
 -- returns: {code (OK | WORKER_NOT_FOUND)}
+arg_id(ARGV[1], 'job_inc', true)
+arg_id(ARGV[2], 'worker')
+arg_len(ARGV, 2)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 local info = redis.call('HGET', K_WINFO, ARGV[2])

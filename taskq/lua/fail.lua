@@ -6,12 +6,17 @@
 -- One failing task is charged a failure (dead at max_failures or max_attempts); a batch
 -- of several goes back uncharged, each marked solo, to be leased alone until it is acked
 -- or fails alone, so one bad task does not charge its neighbours.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local why = string.sub(arg_text(ARGV[4], 'error_text', 65536), 1, 500)
+local n = arg_pairs(ARGV, 5, 'tasks', MAX_BATCH)
+arg_secret(ARGV[6 + 2 * n])
+arg_len(ARGV, 6 + 2 * n)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-reclaim(100)  -- a worker past its deadline has lost its leases before it writes
-local worker, winc, why = ARGV[2], ARGV[3], string.sub(ARGV[4], 1, 500)
-local n = tonumber(ARGV[5])
-use_secret(ARGV[6 + 2 * n])
+reclaim(LAZY_RECLAIM)  -- a worker past its deadline has lost its leases before it writes
 local out = end_held(ARGV, 5, n, worker, winc, 'F', 'fail', failed_one, why)
 check_pass_end()
 return done({C.OK, out})

@@ -6,19 +6,23 @@
 -- Renews liveness; revokes leases granted to this worker by calls up to the last reply
 -- it received that it did not list (their reply was lost); answers the listed leases
 -- that are no longer current.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local last_reply = arg_int(ARGV[4], 'last_reply_call_no', 0, 9007199254740991)
+local n = arg_pairs(ARGV, 5, 'held', MAX_LISTED)
+arg_len(ARGV, 5 + 2 * n)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
-local last_reply = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-reclaim(20)
+reclaim(LAZY_RECLAIM)
 local ws = touch_worker(worker, winc)
 if ws == 'lost' then return done({C.REREGISTER, {}, job_info()}) end
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc
 local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
-  'LIMIT', 0, 1000)
+  'LIMIT', 0, MAX_HELD)
 for _, item in ipairs(items) do
   local task = string.match(item, '|([^|]*)$')
   local l = parse_lease(redis.call('HGET', K_LEASES, task))

@@ -2,30 +2,39 @@
 -- leave: a worker deregisters, releasing everything it holds in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc, worker, winc, secret
--- returns: {code, released_count}
+-- returns: {code, released_count, more (1: the rest is left to reclaim)}
 -- Started leases count an attempt (as a release does); reserved ones count nothing.
+-- One call ends at most MAX_RECLAIM leases: when the worker holds more, it is declared
+-- lost at once instead of removed, so the rest is reclaimed as a lost worker's, in bounded
+-- steps, by the next calls (any trainer's lazy reclaim, the reaper), which then remove it.
 -- Only with the worker's lease secret: another is answered REREGISTER, counted forged,
 -- and neither releases nor removes anything.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+arg_secret(ARGV[4])
+arg_len(ARGV, 4)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
 local m = worker .. '|' .. winc
-use_secret(ARGV[4])
 local inc, _, _, wdig = winfo(worker)
 if inc == winc and not (CALLER_DIG and wdig == CALLER_DIG) then
   forged(nil, worker, nil, 'leave')
-  return done({C.REREGISTER, 0})
+  return done({C.REREGISTER, 0, 0})
 end
 local released = 0
 local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
-  'LIMIT', 0, 1000)
-for _, item in ipairs(items) do
+  'LIMIT', 0, MAX_RECLAIM + 1)
+local more = #items > MAX_RECLAIM
+for idx, item in ipairs(items) do
+  if idx > MAX_RECLAIM then break end
   local task = string.match(item, '|([^|]*)$')
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
     if l.dig ~= CALLER_DIG then
       forged(nil, worker, nil, 'leave')
-      return done({C.REREGISTER, released})
+      return done({C.REREGISTER, released, 0})
     end
     end_lease(task, l, 'R')
     mincr(F.C_RELEASED)
@@ -36,6 +45,13 @@ for _, item in ipairs(items) do
     redis.call('ZREM', K_OWNED, item)
   end
 end
-if redis.call('ZSCORE', K_WORKERS, m) then remove_worker(m, 'worker_left') end
+if more then
+  redis.call('ZADD', K_WORKERS, fmt(JNOW - 1), m)
+  redis.call('ZREM', K_WAITING, m)
+  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
+  event('worker_left', 'worker', worker, 'incarnation', winc, 'to_reclaim', 'yes')
+elseif redis.call('ZSCORE', K_WORKERS, m) then
+  remove_worker(m, 'worker_left')
+end
 check_pass_end()
-return done({C.OK, released})
+return done({C.OK, released, more and 1 or 0})

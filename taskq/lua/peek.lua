@@ -1,42 +1,103 @@
 #!lua flags=no-writes
--- peek: list up to `limit` tasks of the current pass in one state, read-only.
+-- peek: one page of the tasks of the current pass in one state, read-only.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: state (todo | leased | done | dead), limit
--- returns: {code, {{task, lease_record_or_false, failures, attempts}...}}
+-- ARGV: state (todo | leased | done | dead), cursor ('0' to start), count (1..PAGE_MAX)
+-- returns: {code, {{task, lease_record_or_false, failures, attempts}...}, next_cursor}
+-- The listing is complete when next_cursor is '0'. Like SCAN's, a page may hold fewer
+-- than count rows (todo looks at 4 x count positions of the order per page at most) and
+-- a task that changes state between pages may be listed twice or not at all; a page is
+-- bounded whatever the caller asks. Cursors: todo 'f<rank in the front>' then
+-- 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
+local state = arg_enum(ARGV[1], 'state', 'todo leased done dead')
+local cursor = arg_text(ARGV[2], 'cursor', 24)
+local count = arg_int(ARGV[3], 'count', 1, PAGE_MAX)
+arg_len(ARGV, 3)
+local phase, pos = '', 0
+if state == 'todo' and cursor ~= '0' then
+  phase = string.sub(cursor, 1, 1)
+  if phase ~= 'f' and phase ~= 'c' then arg_fail('cursor', 'not a todo cursor', cursor) end
+  pos = arg_int(string.sub(cursor, 2), 'cursor', 0, 4294967295)
+elseif state == 'dead' then
+  arg_token(cursor, 'cursor')
+else
+  pos = arg_int(cursor, 'cursor', 0, 4294967295)
+end
+local bad = args_bad()
+if bad then return bad end
 if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 ROUND = mnum(F.ROUND)
-local state, limit = ARGV[1], tonumber(ARGV[2])
-local ids = {}
+local ids, next_cursor = {}, '0'
 if state == 'todo' then
-  for _, t in ipairs(redis.call('ZRANGE', K_FRONT, 0, limit - 1)) do ids[#ids + 1] = t end
-  local n, cursor, steps = mnum(F.N), mnum(F.CURSOR), 0
-  local perm = perm_fn(n)
-  while #ids < limit and cursor < n and steps < 10000 do
-    local t = tostring(perm(cursor))
-    cursor, steps = cursor + 1, steps + 1
-    if is_free(t) and redis.call('ZSCORE', K_FRONT, t) == false then ids[#ids + 1] = t end
+  local n = mnum(F.N)
+  if phase ~= 'c' then
+    for _, t in ipairs(redis.call('ZRANGE', K_FRONT, pos, pos + count - 1)) do
+      ids[#ids + 1] = t
+    end
+    if #ids == count then next_cursor = 'f' .. fmt(pos + count) end
+    phase, pos = 'c', 0
+  end
+  if next_cursor == '0' then
+    pos = math.max(pos, mnum(F.CURSOR))
+    -- positions of the order looked up in chunks (a few commands per chunk, not a few per
+    -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
+    -- not in the front (listed above)
+    local perm, budget = perm_fn(n), 4 * count
+    local any_front = redis.call('ZCARD', K_FRONT) > 0
+    while #ids < count and pos < n and budget > 0 do
+      local span = math.min(count - #ids, n - pos, budget)
+      budget = budget - span
+      local cand, bits = {}, {}
+      for k = 1, span do
+        cand[k] = tostring(perm(pos + k - 1))
+        bits[3 * k - 2], bits[3 * k - 1], bits[3 * k] = 'GET', 'u1', cand[k]
+      end
+      pos = pos + span
+      local done = redis.call('BITFIELD_RO', K_DONE, unpack(bits))
+      local recs = redis.call('HMGET', K_LEASES, unpack(cand))
+      local dead, front = false, false
+      if not dead_empty() then dead = redis.call('SMISMEMBER', K_DEAD, unpack(cand)) end
+      if any_front then front = redis.call('ZMSCORE', K_FRONT, unpack(cand)) end
+      for k = 1, span do
+        local rec = recs[k]
+        if done[k] == 0 and not (dead and dead[k] == 1) and not (front and front[k])
+            and not (rec and string.byte(rec, 1) == 76 and lease_is_current(parse_lease(rec))) then
+          ids[#ids + 1] = cand[k]
+        end
+      end
+    end
+    if pos < n then next_cursor = 'c' .. fmt(pos) end
   end
 elseif state == 'leased' then
-  for _, item in ipairs(redis.call('ZRANGE', K_OWNED, 0, limit - 1)) do
+  for _, item in ipairs(redis.call('ZRANGE', K_OWNED, pos, pos + count - 1)) do
     ids[#ids + 1] = string.match(item, '|([^|]*)$')
   end
+  if #ids == count then next_cursor = fmt(pos + count) end
 elseif state == 'done' then
-  local pos, n = 0, mnum(F.N)
-  while #ids < limit and pos < n do
+  local n = mnum(F.N)
+  while #ids < count and pos < n do
     local b = redis.call('BITPOS', K_DONE, 1, pos, -1, 'BIT')
-    if b < 0 then break end
+    if b < 0 then pos = n; break end
     ids[#ids + 1] = tostring(b)
     pos = b + 1
   end
+  if pos < n and #ids == count then next_cursor = fmt(pos) end
 elseif state == 'dead' then
-  ids = redis.call('SRANDMEMBER', K_DEAD, limit)
-else
-  return {C.INVALID}
+  local r = redis.call('SSCAN', K_DEAD, cursor, 'COUNT', count)
+  next_cursor, ids = r[1], r[2]
 end
+-- the rows: lease records only for leased tasks, counts only when any exist (one HMGET
+-- each for the page)
 local out = {}
-for _, t in ipairs(ids) do
-  out[#out + 1] = {tonumber(t), redis.call('HGET', K_LEASES, t) or false,
-    tonumber(redis.call('HGET', K_COUNTS, 'f:' .. t) or '0'),
-    tonumber(redis.call('HGET', K_COUNTS, 'a:' .. t) or '0')}
+if #ids == 0 then return {C.OK, out, next_cursor} end
+local recs, counts = {}, {}
+if state == 'leased' then recs = redis.call('HMGET', K_LEASES, unpack(ids)) end
+if not counts_empty() then
+  local fields = {}
+  for k, t in ipairs(ids) do fields[2 * k - 1], fields[2 * k] = 'f:' .. t, 'a:' .. t end
+  counts = redis.call('HMGET', K_COUNTS, unpack(fields))
 end
-return {C.OK, out}
+for k, t in ipairs(ids) do
+  out[k] = {tonumber(t), recs[k] or false, tonumber(counts[2 * k - 1] or '0') or 0,
+    tonumber(counts[2 * k] or '0') or 0}
+end
+return {C.OK, out, next_cursor}

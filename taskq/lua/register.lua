@@ -6,24 +6,25 @@
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 -- secret: this incarnation's lease secret (at least 16 characters); only its digest is
 -- kept, in the worker record, and every later write of the worker must send it.
-local dig = secret_digest(ARGV[7])
-if not dig then
-  -- never echo what came: it may be a secret of the right kind sent in the wrong place
-  return {C.INVALID, 'secret: missing or shorter than 16 characters (a taskq client '
-    .. 'older than this library; upgrade it)'}
-end
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local ttl = arg_int(ARGV[4], 'ttl_ms', 0, 31536000000)
+local host = arg_id(ARGV[5], 'host', true)
+local pid = arg_int(ARGV[6], 'pid', 0, 4294967295)
+local dig = arg_secret(ARGV[7])
+arg_len(ARGV, 7)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local worker, winc = ARGV[2], ARGV[3]
-local ttl = tonumber(ARGV[4]) or 0
 if ttl <= 0 then ttl = mnum(F.TTL) end
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
   redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
 end
-reclaim(1000)
+reclaim(MAX_RECLAIM)
 redis.call('HSET', K_WINFO, worker,
-  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|0|' .. dig)
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|' .. dig)
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

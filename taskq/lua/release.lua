@@ -4,12 +4,16 @@
 -- ARGV: job_inc, worker, winc, n, (task, token) x n, secret
 -- returns: {code, {result per task}}
 -- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.
+arg_id(ARGV[1], 'job_inc', true)
+local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
+local n = arg_pairs(ARGV, 4, 'tasks', MAX_BATCH)
+arg_secret(ARGV[5 + 2 * n])
+arg_len(ARGV, 5 + 2 * n)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-reclaim(100)  -- a worker past its deadline has lost its leases before it writes
-local worker, winc = ARGV[2], ARGV[3]
-local n = tonumber(ARGV[4])
-use_secret(ARGV[5 + 2 * n])
+reclaim(LAZY_RECLAIM)  -- a worker past its deadline has lost its leases before it writes
 local out = end_held(ARGV, 4, n, worker, winc, 'R', 'release', released_one)
 check_pass_end()
 return done({C.OK, out})

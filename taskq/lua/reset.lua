@@ -3,14 +3,19 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), expected_pass (-1 = current)
 -- returns: {code, pass}
+arg_id(ARGV[1], 'job_inc', true)
+local expected = arg_int(ARGV[2], 'expected_pass', -1, 9007199254740991)
+arg_len(ARGV, 2)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
 local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
-local expected = tonumber(ARGV[2])
 if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')
 mincr(F.P_RESETS)
 start_pass(p, 'pass_reset')
+check_pass_end()  -- every task dead: waiting (all_dead) at once, not running with nothing
 return done({C.OK, p})

@@ -2,15 +2,20 @@
 -- retry: dead tasks back to the front of the current pass (reopening a completed
 -- job's last pass, or a job waiting because every task was dead).
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to 1000 dead tasks)
+-- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to MAX_RETRY dead tasks)
 -- returns: {code, retried, dead_left}
+arg_id(ARGV[1], 'job_inc', true)
+local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
+for k = 1, n do arg_task(ARGV[2 + k], 'task') end
+arg_len(ARGV, 2 + n)
+local bad = args_bad()
+if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
-local n = tonumber(ARGV[2])
 local ids = {}
 if n == 0 then
-  ids = redis.call('SRANDMEMBER', K_DEAD, 1000)
+  ids = redis.call('SRANDMEMBER', K_DEAD, MAX_RETRY)
 else
   for k = 1, n do ids[k] = ARGV[2 + k] end
 end
@@ -23,7 +28,7 @@ for _, task in ipairs(ids) do
     retried = retried + 1
   end
 end
-if retried > 0 and STATE ~= 'running' then
+if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
   STATE = 'running'
   event('pass_reopened', 'round', ROUND)

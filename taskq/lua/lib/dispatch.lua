@@ -187,6 +187,7 @@ local function take(worker, winc, want, call_no, mode)
   if #out > 0 then
     local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
     for k, g in ipairs(out) do g[4] = chunks[k] end
+    add_starts(out, GRANTED)
   end
   return out
 end
@@ -211,6 +212,20 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
   if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
     return {C.PASS_DONE, {}, 0}
+  end
+  if want > 0 and mget(F.PAUSED) == '1' then
+    -- paused: wait like a waiting state (resume broadcasts), keeping what is held
+    redis.call('ZADD', K_WAITING, now_s(), m)
+    return {C.NOTHING, {}, 0}
+  end
+  if want > 0 then
+    -- a worker's holdings are capped, so what one heartbeat or leave goes through is too
+    local held = redis.call('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
+    if held >= MAX_HELD then
+      return {C.INVALID, 'worker ' .. worker .. ' holds ' .. held .. ' leases, the most one '
+        .. 'worker may hold (' .. MAX_HELD .. '): ack or release some first', 0}
+    end
+    want = math.min(want, MAX_HELD - held)
   end
   -- expecting a later pass than the current one only happens after a rollback (a restart
   -- from an older AOF, a failover to a lagging replica): that work must be redone, and a

@@ -5,13 +5,16 @@ local EVMAX = 10000  -- per call (open_job sets it from the job)
 
 -- leased / acked events are gathered per call (one entry listing the tasks and tokens)
 -- and written before any other event, so the stream keeps the order things happened in.
+-- An entry lists at most EVENT_LIST_MAX tasks (count has them all): the stream is capped
+-- in entries, so a bounded entry bounds its bytes (docs/capacity.md).
 local EVBUF, EVORDER = {}, {}  -- per call
 local function flush_events()
   for _, kind in ipairs(EVORDER) do
     local b = EVBUF[kind]
+    local listed = math.min(#b.tasks, EVENT_LIST_MAX)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
-      'worker', b.worker, 'tasks', table.concat(b.tasks, ','),
-      'tokens', table.concat(b.tokens, ','), 'count', #b.tasks)
+      'worker', b.worker, 'tasks', table.concat(b.tasks, ',', 1, listed),
+      'tokens', table.concat(b.tokens, ',', 1, listed), 'count', #b.tasks)
   end
   EVBUF, EVORDER = {}, {}
 end

@@ -45,6 +45,16 @@ local function use_secret(secret)
   CALLER_DIG = secret_digest(secret)
   return CALLER_DIG
 end
+-- The secret argument, checked with the others (lib/args.lua) but never shown in the
+-- answer; the caller's digest from then on. Returns the digest (or a stand-in when bad).
+local function arg_secret(v)
+  if not use_secret(v) then
+    arg_fail('secret', 'missing or shorter than 16 characters (a taskq client older '
+      .. 'than this library? upgrade it)')
+    return ''
+  end
+  return CALLER_DIG
+end
 
 -- A write naming the right token of a lease with the wrong secret: someone who read the
 -- leases hash. Answered stale by the caller, counted apart so an operator notices.
@@ -150,6 +160,12 @@ local function dead_empty()
   if DEAD_EMPTY == nil then DEAD_EMPTY = redis.call('SCARD', K_DEAD) == 0 end
   return DEAD_EMPTY
 end
+-- Whether no task of this pass attempt has recorded progress, read once per call.
+local PROGRESS_EMPTY = nil  -- per call
+local function progress_empty()
+  if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = redis.call('EXISTS', K_PROGRESS) == 0 end
+  return PROGRESS_EMPTY
+end
 
 -- Removes a live lease's index entries (not the lease record itself).
 local function unindex(task, l)
@@ -247,6 +263,8 @@ local function acked_one(task, l, tok, worker)
   if not counts_empty() then
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
   end
+  -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
+  if not progress_empty() then redis.call('HDEL', K_PROGRESS, task) end
   mincr(F.C_ACKED)
   local acked = mincr(F.ACKED_JOB)
   mset(F.LAST_ACK, now_s())

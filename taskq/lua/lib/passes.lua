@@ -11,15 +11,23 @@ local function save_summary(kind)
     skipped = mnum(F.P_SKIPPED), stale = mnum(F.P_STALE), resets = mnum(F.P_RESETS),
     max_lateness_ms = mnum(F.P_MAXLATE), leased = mnum(F.P_LEASED),
     expired = mnum(F.P_EXPIRED),
+    resumed = mnum(F.P_RESUMED), resumed_samples = mnum(F.P_RESUMED_S),
+    reread_samples = mnum(F.P_REREAD),
   }
   redis.call('HSET', K_PASSES, field, cjson.encode(summary))
   redis.call('HDEL', K_PASSES, tostring(tonumber(p) - 1000))
+  -- resets of one pass are kept 1,000 deep too (a reset loop must not grow the hash)
+  if kind == 'reset' then
+    redis.call('HDEL', K_PASSES, p .. '/r' .. fmt(mnum(F.P_RESETS) - 1000))
+  end
 end
 
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
 local function start_pass(p, kind)
   ROUND = mincr(F.ROUND)
-  redis.call('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
+  redis.call('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
+    K_PROGRESS)
+  mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.PSTART, fmt(NOW), F.STATE, 'running', F.REASON, '')
@@ -47,7 +55,7 @@ local function finish_pass(kind)
   if passes >= 0 and p + 1 >= passes then
     ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
-    redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
+    redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
     STATE = 'completed'
     event('job_completed')
     broadcast()

@@ -1,0 +1,282 @@
+"""``TaskDataset``: the reading half of ``taskq.torch``, run in DataLoader worker processes.
+
+A worker takes task messages (task, token, pass, chunks, start) from a queue the loader's
+feeder thread fills in the main process, reads each task's samples with the reader,
+shuffles them per task and pass, interleaves a few open tasks, batches them, and yields
+one *unit* per batch: the user's collated batch plus a tag per sample (task, token,
+index, last) and control entries (a task finished with no sample left to deliver, or its
+reader failed with this text). The loader's iterator in the main process strips the tags
+and acks a task once the loop took its last sample. Workers never talk to Redis.
+
+Data flow: feeder (main process, trainer.py) -> task queue -> TaskDataset (worker) ->
+torch's result queue -> loader iterator (main process) -> training loop.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from .. import errors
+
+#: a task message: (iteration, task id, token, pass, chunks, start); task id None = stop
+TaskMsg = tuple[int, Any, int, int, Any, int]
+#: per sample: (task id, token, index in the task, last sample of the task)
+Tag = tuple[int, int, int, bool]
+#: (kind, task id, token, text); kind "done": nothing of the task left to deliver (no
+#: samples, or drop_last dropped its last ones); "error": the reader or transform failed
+Ctrl = tuple[str, int, int, str]
+#: what one fetch returns: (tags, control entries, batch or None)
+Unit = tuple[list[Tag], list[Ctrl], Any]
+
+_POLL_S = 0.25
+_END = object()
+
+
+def stop_msg(iteration: int) -> TaskMsg:
+    """The message telling one reader that no more tasks come in this iteration."""
+    return (iteration, None, 0, 0, None, 0)
+
+
+@dataclass
+class Feed:
+    """What the loader hands a dataset for one run of workers (picklable for spawn: the
+    multiprocessing objects cross at process start only).
+
+    ``iteration`` holds the loader's current iteration number; a message of another
+    iteration is stale (left over from an abandoned one with persistent workers) and a
+    reader whose iteration is no longer current ends. ``finished`` counts tasks each
+    reader finished reading (one slot per worker; the feeder paces on it).
+    """
+
+    tasks: Any
+    iteration: Any
+    finished: Any
+    batch_size: int | None
+    collate_fn: Callable[[Any], Any] | None
+    drop_last: bool
+    parent_pid: int = field(default_factory=os.getpid)
+    #: in-process readers only (not picklable): told each time a task was read
+    on_finished: Callable[[], None] | None = None
+
+
+def default_reader(chunks: Any, start: int) -> Iterable[Any]:
+    """The reader used when none is given: ``taskq.data.read_task``."""
+    try:
+        from ..data import read_task  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as e:  # pragma: no cover - depends on the installed extras
+        raise errors.InvalidInput("no default reader (taskq.data is missing); pass "
+                                  "reader=") from e
+    return read_task(chunks, start)  # type: ignore[no-any-return]
+
+
+class _Open:
+    """One task being read: its samples in delivery order, one looked ahead (to know
+    which is the last)."""
+
+    __slots__ = ("task_id", "token", "samples", "ahead")
+
+    def __init__(self, task_id: int, token: int, samples: Iterator[tuple[int, Any]]) -> None:
+        self.task_id, self.token, self.samples = task_id, token, samples
+        self.ahead: Any = next(samples, _END)
+
+
+class TaskDataset(IterableDataset[Any]):
+    """An ``IterableDataset`` over the tasks of a taskq job, for ``taskq.torch.DataLoader``.
+
+    Args:
+        job: the job name.
+        transform: applied to every sample in the worker (e.g. tokenize).
+        reader: ``(chunks, start) -> iterable of samples`` for one task; defaults to
+            ``taskq.data.read_task``. Its exceptions fail the task with their text.
+        url: Redis URL (or ``TASKQ_REDIS_URL``) for the loader's trainer.
+        client: a configured ``taskq.Client`` instead (stays in the main process).
+        shuffle: shuffle the samples inside each task, seeded by (seed, pass, task), and
+            interleave open tasks at random; False reads tasks in order, one at a time.
+            Shuffling holds a task's samples in memory.
+        seed: the shuffle seed.
+        interleave: tasks a worker reads from at once (sample-level mixing).
+        trainer_options: keyword arguments for the loader's ``taskq.Trainer``.
+
+    Raises:
+        InvalidInput: ``interleave < 1``.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        reader: Callable[[Any, int], Iterable[Any]] | None = None,
+        url: str | None = None,
+        client: Any = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        interleave: int = 2,
+        trainer_options: dict[str, Any] | None = None,
+    ) -> None:
+        if interleave < 1:
+            raise errors.InvalidInput(f"interleave must be >= 1, got {interleave}")
+        self.job = job
+        self.transform = transform
+        self.reader = reader or default_reader
+        self.url = url
+        self.client = client
+        self.shuffle = shuffle
+        self.seed = seed
+        self.interleave = interleave if shuffle else 1
+        self.trainer_options = dict(trainer_options or {})
+        self.feed: Feed | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a worker reads files only: the client (sockets, locks) stays in the main process
+        return {**self.__dict__, "client": None}
+
+    def __iter__(self) -> Iterator[Unit]:
+        feed = self.feed
+        if feed is None:
+            raise errors.InvalidInput("TaskDataset is read through taskq.torch.DataLoader")
+        info = get_worker_info()
+        slot = info.id if info is not None else 0
+        iteration = int(feed.iteration.value)
+        in_worker = info is not None
+        return self.units(lambda block: _take(feed, iteration, block, in_worker), feed,
+                          lambda: _count(feed, slot), flush_when_idle=False,
+                          rng_key=f"{slot}:{iteration}")
+
+    def units(self, source: Callable[[bool], TaskMsg | None], feed: Feed,
+              finished: Callable[[], None], flush_when_idle: bool, rng_key: str
+              ) -> Iterator[Unit]:
+        """Units from the tasks ``source`` gives until a stop message.
+
+        Args:
+            source: the next message (blocking or not; None: nothing now).
+            feed: batch size, collate and drop_last.
+            finished: called once per task read to its end (or failed).
+            flush_when_idle: yield a short batch rather than wait with samples held
+                (for work read in the main process, where nobody else could take them).
+            rng_key: what makes this reader's interleaving differ from the others'.
+
+        Returns:
+            An iterator of (tags, control, batch) units.
+        """
+        rand = random.Random(f"{self.seed}:{rng_key}:interleave").random
+        open_: list[_Open] = []
+        tags: list[Tag] = []
+        samples: list[Any] = []
+        ctrl: list[Ctrl] = []
+        stopped = False
+        size = feed.batch_size or 1
+        collate = feed.collate_fn or (default_collate if feed.batch_size else default_convert)
+        transform, interleave = self.transform, self.interleave
+        while True:
+            while not stopped and len(open_) < interleave:
+                if not open_ and flush_when_idle and (samples or ctrl):
+                    msg = source(False)
+                    if msg is None:
+                        yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+                        tags, samples, ctrl = [], [], []
+                        continue
+                else:
+                    msg = source(not open_)
+                if msg is None:
+                    break
+                if msg[1] is None:
+                    stopped = True
+                    break
+                task = self._open(msg, ctrl)
+                if task is None:
+                    finished()
+                elif task.ahead is _END:
+                    ctrl.append(("done", task.task_id, task.token, ""))
+                    finished()
+                else:
+                    open_.append(task)
+            n_open = len(open_)
+            if not n_open:
+                break
+            # the hot loop: one sample per turn, with locals only
+            task = open_[int(rand() * n_open)] if n_open > 1 else open_[0]
+            index, raw = task.ahead
+            try:
+                sample = raw if transform is None else transform(raw)
+                task.ahead = ahead = next(task.samples, _END)
+            except Exception as e:
+                ctrl.append(("error", task.task_id, task.token, _text(e)))
+                open_.remove(task)
+                finished()
+                continue
+            last = ahead is _END
+            tags.append((task.task_id, task.token, index, last))
+            samples.append(sample)
+            if last:
+                open_.remove(task)
+                finished()
+            if len(samples) >= size:
+                yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+                tags, samples, ctrl = [], [], []
+        if samples and feed.drop_last and feed.batch_size:
+            # dropped as torch drops a worker's short last batch; their tasks are over
+            ctrl += [("done", t, tok, "") for t, tok, _, last in tags if last]
+            tags, samples = [], []
+        if samples or ctrl:
+            yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+
+    @staticmethod
+    def _unit(tags: list[Tag], samples: list[Any], ctrl: list[Ctrl],
+              collate: Callable[[Any], Any], batch_size: int | None) -> Unit:
+        if not samples:
+            return tags, ctrl, None
+        return tags, ctrl, collate(samples if batch_size else samples[0])
+
+    def _open(self, msg: TaskMsg, ctrl: list[Ctrl]) -> _Open | None:
+        """Start reading one task; None (and an error entry) when the reader fails."""
+        _, task_id, token, pass_no, chunks, start = msg
+        try:
+            it = iter(self.reader(chunks, start))
+            if self.shuffle:
+                items = list(it)  # a read error surfaces here, before any sample is out
+                order = list(range(len(items)))
+                random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
+                return _Open(task_id, token, iter([(start + i, items[i]) for i in order]))
+            return _Open(task_id, token, enumerate(it, start))
+        except Exception as e:
+            ctrl.append(("error", task_id, token, _text(e)))
+            return None
+
+
+def _text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _take(feed: Feed, iteration: int, block: bool, in_worker: bool) -> TaskMsg | None:
+    """The next task message of ``iteration``; a stop message when the iteration is no
+    longer current or (in a worker process) the main process is gone."""
+    while True:
+        if int(feed.iteration.value) != iteration or (
+                in_worker and os.getppid() != feed.parent_pid):
+            return stop_msg(iteration)
+        try:
+            msg: TaskMsg = (feed.tasks.get(timeout=_POLL_S) if block
+                            else feed.tasks.get_nowait())
+        except queue.Empty:
+            if not block:
+                return None
+            continue
+        if msg[0] == iteration:
+            return msg
+
+
+def _count(feed: Feed, slot: int) -> None:
+    # one writer per slot (this worker), so no lock: a lock held by a SIGKILLed worker
+    # would hang the feeder that reads the counts
+    feed.finished[slot] += 1
+    if feed.on_finished is not None:
+        feed.on_finished()

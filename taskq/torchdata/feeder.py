@@ -1,0 +1,313 @@
+"""The feeder: the one thread of a trainer process that talks to Redis for its DataLoader.
+
+It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
+DataLoader workers started, so nothing of it crosses a fork): it leases tasks of the
+current pass and puts them on the readers' queue, keeping about ``tasks_ahead`` tasks
+being read; it acks and fails the tasks the main thread tells it about; it decides when
+the readers stop and when the pass is over. Every trainer call comes from this thread:
+a lease reply processed after a concurrent ack's reply could let a heartbeat in between
+revoke the lease as "reply lost", so calls are never made from two threads at once.
+
+Data flow: loader iterator (main thread) -> commands -> feeder -> trainer.py -> Redis;
+feeder -> task queue -> readers (dataset.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .. import errors
+from ..models import Task
+from ..scripts import MAX_BATCH
+from ..trainer import Trainer
+from .dataset import TaskDataset, TaskMsg, stop_msg
+
+log = logging.getLogger("taskq.torch")
+
+#: seconds a lease waits when this process holds nothing (no ack of ours can be pending)
+_BLOCK_S = 2.0
+#: how often to look for re-dispatched work while our own tasks are still being consumed
+_TAIL_POLL_S = 2.0
+#: how long an ack may wait for the next lease call to carry it, while feeding
+_ACK_DELAY_S = 0.25
+
+
+class Feeder(threading.Thread):
+    """Leases for one loader iteration and performs its acks and fails.
+
+    Args:
+        dataset: the job, reader settings and trainer options.
+        tasks: the readers' queue (workers' multiprocessing queue, or an in-process one).
+        readers: how many readers take from ``tasks`` (one stop message each).
+        finished: the number of tasks the readers finished reading so far.
+        iteration: the loader's iteration number, carried by every message.
+        pass_end: "global" (the pass is over when it is complete for everyone) or
+            "local" (when nothing of it is left to lease, e.g. for DDP with Join).
+        tasks_ahead: tasks leased and not yet read to their end, at most.
+        after_pass: the pass the previous iteration finished, if it did.
+        worker_id: the trainer's worker id.
+        processes: the DataLoader's worker processes; one that dies (a non-zero exit)
+            ends the iteration and releases everything held at once, wherever torch's
+            error surfaces in the main thread (maybe in the loop body, not in next()).
+    """
+
+    def __init__(self, dataset: TaskDataset, tasks: Any, readers: int,
+                 finished: Callable[[], int], iteration: int, pass_end: str,
+                 tasks_ahead: int, after_pass: int | None, worker_id: str | None,
+                 processes: Callable[[], list[Any]] = list) -> None:
+        super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
+        self.dataset = dataset
+        self.tasks = tasks
+        self.readers = readers
+        self.finished = finished
+        self.iteration = iteration
+        self.pass_end = pass_end
+        self.tasks_ahead = max(1, tasks_ahead)
+        self._refill = max(1, self.tasks_ahead // 2)
+        self.after_pass = after_pass
+        self.worker_id = worker_id
+        self.processes = processes
+        #: tasks leased after the readers stopped (global pass end), read in-process
+        self.tail: queue.Queue[TaskMsg] = queue.Queue()
+        self.end_state: str | None = None
+        self.error: BaseException | None = None
+        self.pass_no: int | None = None
+        self.trainer: Trainer | None = None
+        self.acked = 0
+        self.failed = 0
+        self._held: dict[int, Task] = {}
+        self._lock = threading.Lock()
+        self._cmds: deque[tuple[str, int, int, str]] = deque()
+        self._wake = threading.Event()
+        self._finish = threading.Event()
+        self._dispatched = 0
+        self._readers_stopped = False
+        #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
+        #: late work read in the main process), "end"
+        self.phase = "feed"
+        self._acks: list[Task] = []
+        self._acks_since = 0.0
+
+    # -- the main thread's side ---------------------------------------------------
+    def holds(self, task_id: int, token: int) -> bool:
+        """True while (task, token) was leased by this iteration and not ended."""
+        with self._lock:
+            task = self._held.get(task_id)
+        return task is not None and task.token == token
+
+    def ack(self, pairs: list[tuple[int, int]]) -> None:
+        """Ack these (task, token) pairs (in one call, soon)."""
+        self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """A reader finished a task (in-process readers call this): lease more now."""
+        self._wake.set()
+
+    def fail(self, task_id: int, token: int, text: str) -> None:
+        """Fail one task with the reader's error text."""
+        self._cmds.append(("fail", task_id, token, text))
+        self._wake.set()
+
+    def finish(self) -> None:
+        """Perform what was asked, release anything still held, leave, and end."""
+        self._finish.set()
+        self._wake.set()
+
+    # -- the thread ---------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._start()
+            self._loop()
+        except BaseException as e:  # handed to the main thread, which raises it
+            self.error = e
+            self._end("error")
+        finally:
+            try:
+                self._flush()
+            except BaseException as e:
+                self.error = self.error or e
+            if self.trainer is not None:
+                self.trainer.close()  # releases what is still held, in one call
+                if self.dataset.client is None:  # ours: no socket outlives the iteration
+                    try:
+                        self.trainer.client.redis.close()
+                    except Exception as e:
+                        log.debug("closing the connections: %s", e)
+
+    def _start(self) -> None:
+        ds = self.dataset
+        self.trainer = Trainer(ds.job, url=ds.url, client=ds.client, worker_id=self.worker_id,
+                               handle_signals=False, **ds.trainer_options)
+        st = self.trainer.client.status(ds.job, summaries=0)
+        pass_no = st.pass_no
+        if self.after_pass is not None:
+            pass_no = max(pass_no, self.after_pass + 1)
+        elif st.state == "waiting" and st.reason == "manual_advance":
+            pass_no += 1  # the current pass is complete: this iteration is the next one
+        self.pass_no = pass_no
+
+    def _loop(self) -> None:
+        assert self.trainer is not None and self.pass_no is not None
+        trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
+        last_poll = 0.0
+        while True:
+            new = self._collect()
+            if new and not self._acks:
+                self._acks_since = time.monotonic()
+            self._acks += new
+            if self._finish.is_set():
+                self._ack(self._take_acks())
+                return
+            dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
+            if dead:
+                self._ack(self._take_acks())  # taken by the loop before the death
+                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what "
+                                   "they had")
+            # a lease the server took back (say, the job was cancelled): ask it now
+            revoked = self._drop_revoked()
+            holding = bool(self._held)
+            reading = self._dispatched - self.finished()
+            # refill by half the read-ahead at a time: several tasks per lease call
+            idle = self.phase == "end" or (
+                self.phase == "feed" and reading > self.tasks_ahead - self._refill
+            ) or (self.phase == "tail" and holding
+                  and time.monotonic() - last_poll < _TAIL_POLL_S)
+            if idle and not (revoked and self.phase != "end"):
+                # while feeding, acks wait for the next lease call (one call for many
+                # tasks) up to _ACK_DELAY_S; at a pass's tail everyone waits for them
+                if self._acks and (self.phase != "feed" or
+                                   time.monotonic() - self._acks_since > _ACK_DELAY_S):
+                    self._ack(self._take_acks())
+                # worker processes finishing a task do not wake us: look at their counts
+                self._wait(0.05 if self.phase == "feed" else 0.5)
+                continue
+            last_poll = time.monotonic()
+            want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
+            acks = self._take_acks()
+            if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
+                self._ack(acks)
+                acks = []
+            self.acked += len(acks)
+            try:
+                # one call acks what the loop took and leases several: Trainer.lease()
+                # takes one task and no acks, and each call waits for the GIL behind
+                # a busy main thread (num_workers=0)
+                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no,
+                                       acks=acks)
+            except errors.JobCompleted:
+                self.phase = self._end("completed")
+                continue
+            except errors.JobCancelled:
+                self.phase = self._end("cancelled")
+                continue
+            except errors.Draining:
+                self.phase = self._end("draining")
+                continue
+            if got:
+                for task in got:
+                    self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
+                continue
+            if self._finish.is_set():
+                continue
+            st = trainer.client.status(job, summaries=0)
+            if st.state in ("completed", "cancelled"):
+                self.phase = self._end(st.state)
+            elif st.pass_no > pass_no or (st.pass_no == pass_no and st.state == "waiting"
+                                          and st.reason == "manual_advance"):
+                self.phase = self._end("pass_complete")
+            elif st.pass_no < pass_no:
+                if holding:
+                    self._wait(0.5)  # the pass has not started; ours are still out
+            elif self.phase == "feed":
+                # nothing left to lease now: readers finish what they have
+                self._stop_readers()
+                self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+            elif holding:
+                self._wait(0.5)
+
+    def _drop_revoked(self) -> bool:
+        """Forget held tasks the server took back (a heartbeat's answer): their acks
+        would be stale. True if there were any."""
+        with self._lock:
+            gone = [t.id for t in self._held.values() if t.revoked.is_set()]
+            for task_id in gone:
+                del self._held[task_id]
+        return bool(gone)
+
+    def _dispatch(self, task: Task, to: Any) -> None:
+        with self._lock:
+            self._held[task.id] = task
+        to.put((self.iteration, task.id, task.token, task.pass_no, task.chunks,
+                int(getattr(task, "start", 0))))
+        if to is self.tasks:
+            self._dispatched += 1
+
+    def _stop_readers(self) -> None:
+        if not self._readers_stopped:
+            self._readers_stopped = True
+            for _ in range(self.readers):
+                self.tasks.put(stop_msg(self.iteration))
+
+    def _end(self, state: str) -> str:
+        self.phase = "end"
+        if self.end_state is None:
+            self.end_state = state
+        self._stop_readers()
+        self.tail.put(stop_msg(self.iteration))
+        return "end"
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _flush(self) -> None:
+        """Perform the main thread's acks (one call) and fails."""
+        new = self._collect()
+        self._ack(self._take_acks() + new)
+
+    def _take_acks(self) -> list[Task]:
+        acks, self._acks = self._acks, []
+        return acks
+
+    def _ack(self, acks: list[Task]) -> None:
+        if acks and self.trainer is not None:
+            for start in range(0, len(acks), MAX_BATCH):  # one call acks MAX_BATCH at most
+                try:
+                    self.trainer.ack(acks[start:start + MAX_BATCH])
+                except errors.LeaseLost as e:
+                    log.warning("%s", e)  # the others in the call were counted
+            self.acked += len(acks)
+
+    def _collect(self) -> list[Task]:
+        """Take the main thread's commands: perform the fails; return the tasks to ack."""
+        acks: list[Task] = []
+        if not self._cmds or self.trainer is None:
+            return acks
+        fails: list[tuple[Task, str]] = []
+        while self._cmds:
+            kind, task_id, token, text = self._cmds.popleft()
+            with self._lock:
+                task = self._held.get(task_id)
+                if task is None or task.token != token:
+                    continue
+                del self._held[task_id]
+            if kind == "ack":
+                acks.append(task)
+            else:
+                fails.append((task, text))
+        for task, text in fails:
+            log.warning("job %s task %s: %s; failing the task", self.dataset.job, task.id,
+                        text)
+            try:
+                self.trainer.fail(task, text)
+            except errors.LeaseLost as e:
+                log.warning("%s", e)
+            self.failed += 1
+        return acks

@@ -1,0 +1,298 @@
+"""Checkpoints of a job's position and rewinds to them, against a real redis-server:
+what a checkpoint holds, keeping the last N, rewinding a running or completed job, the
+fence on every lease held at the rewind, repeat-safety, paging, the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+from taskq.cli.main import cli
+
+import taskq
+from taskq import checkpoints
+
+
+def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
+    kw.setdefault("manual_clock", True)
+    kw.setdefault("task_timeout", None)
+    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
+
+
+def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
+    kw.setdefault("heartbeat", False)
+    return taskq.Trainer(job, client=client, worker_id=wid, **kw)  # type: ignore[arg-type]
+
+
+def done_ids(client: taskq.Client, job: str) -> set[int]:
+    return {t["id"] for t in client.tasks(job, "done", limit=100000)}
+
+
+def run(url: str, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, ["--url", url, *args])
+
+
+# -- taking and listing ----------------------------------------------------------------
+def test_checkpoint_records_pass_done_progress_and_counters(client, job_name):
+    make_job(client, job_name)
+    t = trainer(client, job_name, "a")
+    for _ in range(2):
+        t.ack(t.lease(timeout=0))
+    half = t.lease(timeout=0)
+    t.progress(half, 5)
+    t.heartbeat()
+    ck = client.checkpoint(job_name)
+    assert (ck["pass"], ck["done"], ck["unfinished"], ck["state"]) == (0, 2, 1, "sealed")
+    assert ck["counters"]["c_acked"] == 2
+    assert ck["incarnation"] == client.status(job_name).incarnation
+    assert client.checkpoints(job_name) == [ck]
+    # the stored pages: the done bitmap and the unfinished task with its progress
+    assert client.redis.hget(client.keys(job_name).ckpt, f"{ck['id']}:p:0") == f"{half.id}:5"
+
+
+def test_only_the_last_keep_checkpoints_are_kept(client, job_name):
+    make_job(client, job_name)
+    ids = [client.checkpoint(job_name, keep=3)["id"] for _ in range(5)]
+    assert [c["id"] for c in client.checkpoints(job_name)] == ids[2:]
+    fields = client.redis.hkeys(client.keys(job_name).ckpt)
+    assert not [f for f in fields if f.split(":")[0] in ids[:2]]  # their pages went too
+
+
+def test_checkpoint_with_an_existing_id_is_not_rewritten(client, job_name):
+    make_job(client, job_name)
+    first = client.checkpoint(job_name, ckpt="epoch-1")
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    assert client.checkpoint(job_name, ckpt="epoch-1") == first
+
+
+@pytest.mark.parametrize("kw", [{"keep": 0}, {"keep": 1001}, {"ckpt": "a b"},
+                                {"ckpt": "x" * 65}])
+def test_bad_checkpoint_arguments_write_nothing(client, job_name, kw):
+    make_job(client, job_name)
+    with pytest.raises(taskq.InvalidInput):
+        client.checkpoint(job_name, **kw)
+    assert client.redis.exists(client.keys(job_name).ckpt) == 0
+
+
+def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
+    n = 5000
+    make_job(client, job_name, n=n)
+    t = trainer(client, job_name, "a")
+    batch = [x for _ in range(3) for x in t._lease_n(1000, 0, None)]  # unfinished, leased
+    assert len(batch) == 3000
+    ck = client.checkpoint(job_name)
+    assert ck["unfinished"] == 3000
+    pages = [f for f in client.redis.hkeys(client.keys(job_name).ckpt) if ":p:" in f]
+    assert len(pages) >= 2
+    t.release(batch)
+    b = trainer(client, job_name, "b")
+    acked = sum(len(got) for got in b.batches(1000))
+    assert acked == n and client.status(job_name).state == "completed"
+    assert client.rewind(job_name, ck["id"])
+    s = client.status(job_name)
+    assert (s.state, s.done, s.todo) == ("running", 0, n)
+    again = {x.id for got in b.batches(1000) for x in got}
+    assert again == set(range(n))
+
+
+# -- rewinding -------------------------------------------------------------------------
+def test_rewind_returns_later_work_to_todo_and_restores_progress(client, job_name):
+    make_job(client, job_name, n=6)
+    t = trainer(client, job_name, "a")
+    early = [t.lease(timeout=0) for _ in range(2)]
+    t.ack(early)
+    mid = t.lease(timeout=0)
+    t.progress(mid, 3)
+    t.heartbeat()
+    ck = client.checkpoint(job_name)
+    t.progress(mid, 8)
+    t.ack(mid)
+    late = t.lease(timeout=0)
+    t.ack(late)
+    assert done_ids(client, job_name) == {early[0].id, early[1].id, mid.id, late.id}
+    assert client.rewind(job_name, ck["id"])
+    assert done_ids(client, job_name) == {early[0].id, early[1].id}
+    b = trainer(client, job_name, "b")
+    rest = {x.id: x.start for x in (b.lease(timeout=0) for _ in range(4))}
+    assert rest == {mid.id: 3, late.id: 0, 4: 0, 5: 0}
+    assert b.lease(timeout=0) is None
+
+
+def test_rewind_fences_every_lease_held_at_that_moment(client, job_name):
+    make_job(client, job_name, n=6)
+    ck = client.checkpoint(job_name)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    ta, tb = a.lease(timeout=0), b.lease(timeout=0)
+    client.rewind(job_name, ck["id"])
+    assert a.heartbeat() == [ta.id] and ta.revoked.is_set()
+    with pytest.raises(taskq.LeaseLost):
+        b.ack(tb)  # a late ack from before the rewind is stale
+    s = client.status(job_name)
+    assert (s.done, s.counters["stale"]) == (0, 1)
+
+
+def test_rewind_of_a_completed_job_undoes_its_passes_and_marks_them(client, job_name):
+    make_job(client, job_name, n=2, passes=2)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    ck = client.checkpoint(job_name)  # pass 0, one task done
+    for _ in t:  # the rest of the job
+        pass
+    assert client.status(job_name).state == "completed"
+    assert client.rewind(job_name, ck["id"])
+    s = client.status(job_name)
+    assert (s.state, s.pass_no, s.done) == ("running", 0, 1)
+    summaries = client.audit(job_name)["passes"]
+    raw = [json.loads(v) for v in client.redis.hvals(client.keys(job_name).passes)]
+    assert len(summaries) == 2 and all(r["rewound"] and r["rewound_to"] == ck["id"] for r in raw)
+    seen = [task.id for task in t]  # the rest of pass 0, then pass 1 again
+    assert sorted(seen) == [0, 1, 1] or sorted(seen) == [0, 0, 1]
+    assert client.status(job_name).state == "completed"
+
+
+def test_rewind_is_safe_to_repeat_and_once_skips_a_second_time(client, job_name):
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    ck = client.checkpoint(job_name)
+    t.ack(t.lease(timeout=0))
+    assert client.rewind(job_name, ck["id"], once=True)
+    assert not client.rewind(job_name, ck["id"], once=True)  # another trainer, same state
+    assert client.rewind(job_name, ck["id"])  # without once: again (same result)
+    assert client.status(job_name).done == 1
+    t.ack(t.lease(timeout=0))  # work went on since: once rewinds again
+    assert client.rewind(job_name, ck["id"], once=True)
+    assert client.status(job_name).done == 1
+
+
+def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    ck = client.checkpoint(job_name)["id"]
+    t.ack(t.lease(timeout=0))
+    client.run(job_name, "rewind", ["", ck, "begin", 0])  # the caller died after begin
+    s = client.status(job_name)
+    assert (s.state, s.reason) == ("waiting", "rewinding")
+    assert t.lease(timeout=0) is None  # nothing is given out meanwhile
+    assert client.rewind(job_name, ck)
+    s = client.status(job_name)
+    assert (s.state, s.done) == ("running", 1)
+
+
+def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
+    make_job(client, job_name, n=4)
+    ck = client.checkpoint(job_name)["id"]
+    first = client.run(job_name, "rewind", ["", ck, "begin", 0])
+    client.run(job_name, "rewind", ["", ck, "begin", 0])  # a second rewind started
+    reply = client.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
+    assert int(reply[0]) == taskq.scripts.Code.STALE
+
+
+def test_rewind_to_an_unknown_checkpoint_is_one_clear_error(client, job_name):
+    make_job(client, job_name)
+    with pytest.raises(taskq.InvalidInput, match="no checkpoint 'nope'"):
+        client.rewind(job_name, "nope")
+
+
+def test_rewind_while_trainers_run_revokes_all_and_no_late_ack_counts(url, client, job_name):
+    make_job(client, job_name, n=40, manual_clock=False, worker_ttl=2.0,
+             heartbeat_interval=0.1)
+    ck = client.checkpoint(job_name)
+    holding = threading.Barrier(4)
+    rewound = threading.Event()
+    revoked: list[bool] = []
+    late_acks: list[int] = []
+
+    def run_trainer(wid: str) -> None:
+        with taskq.Trainer(job_name, url=url, worker_id=wid, handle_signals=False) as tr:
+            task = tr.lease(timeout=10)
+            assert task is not None
+            holding.wait(10)
+            rewound.wait(10)
+            revoked.append(task.revoked.wait(5))
+            try:
+                tr.ack(task)
+            except taskq.LeaseLost:
+                late_acks.append(task.id)
+
+    threads = [threading.Thread(target=run_trainer, args=(f"w{i}",)) for i in range(3)]
+    for th in threads:
+        th.start()
+    holding.wait(10)
+    assert client.status(job_name).leased == 3
+    client.rewind(job_name, ck["id"])
+    rewound.set()
+    for th in threads:
+        th.join(20)
+    assert revoked == [True, True, True] and len(late_acks) == 3
+    s = client.status(job_name)
+    assert (s.done, s.todo, s.counters["stale"]) == (0, 40, 3)
+    assert client.audit(job_name)["ok"]
+
+
+# -- the CLI -------------------------------------------------------------------------------
+def test_cli_lists_checkpoints_and_rewinds(url, client, job_name):
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    ck = client.checkpoint(job_name)
+    t.ack(t.lease(timeout=0))
+    r = run(url, "job", "checkpoints", job_name, "--json")
+    assert r.exit_code == 0, r.output
+    assert [c["id"] for c in json.loads(r.output)] == [ck["id"]]
+    r = run(url, "job", "checkpoints", job_name)
+    assert ck["id"] in r.output
+    r = run(url, "job", "rewind", job_name, ck["id"])
+    assert r.exit_code == 0 and "rewound" in r.output
+    assert client.status(job_name).done == 1
+    r = run(url, "job", "rewind", job_name, "nope")
+    assert r.exit_code == 1
+
+
+def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
+    make_job(client, job_name, n=2)
+    ck = client.checkpoint(job_name)["id"]
+    client.run(job_name, "rewind", ["", ck, "begin", 0])
+    with pytest.raises(taskq.TaskqError, match="rewind is in progress"):
+        client.checkpoint(job_name)
+    client.rewind(job_name, ck)
+    client.cancel_job(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        client.checkpoint(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        client.rewind(job_name, ck)
+
+
+def test_loader_state_restores_once_and_refuses_another_incarnation(client, job_name):
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    assert json.loads(json.dumps(state)) == state and state["done"] == 1
+    t.ack(t.lease(timeout=0))
+    assert [checkpoints.restore(client, state) for _ in range(3)] == [True, False, False]
+    assert client.status(job_name).done == 1
+    make_job(client, job_name, n=3, replace=True)
+    with pytest.raises(taskq.InvalidInput, match="earlier incarnation"):
+        checkpoints.restore(client, state)
+    with pytest.raises(taskq.InvalidInput, match="not a taskq loader state"):
+        checkpoints.restore(client, {"job": job_name})
+
+
+def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client, job_name):
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    t.ack(t.lease(timeout=0))
+    assert checkpoints.restore(client, state, key="run1:0")
+    b = trainer(client, job_name, "b")
+    b.ack(b.lease(timeout=0))  # the first restarted trainer already works
+    assert not checkpoints.restore(client, state, key="run1:0")  # a slower one: no rewind
+    assert client.status(job_name).done == 2
+    assert checkpoints.restore(client, state, key="run1:1")  # the next restart rewinds
+    assert client.status(job_name).done == 1

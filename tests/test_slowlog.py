@@ -1,0 +1,47 @@
+"""No single call blocks Redis for long, whatever the caller asks for, against a real
+redis-server: every trainer and admin operation on a 200,000-task job, at the largest
+requests the API accepts (bench/worst_call.py's ``exercise``), with SLOWLOG at 10 ms.
+
+A bound, not a timing goal: the sizes the scripts accept keep each call around a
+millisecond, while a call doing unbounded work at this size (a listing of 100,000 rows,
+a heartbeat or leave of thousands of leases, a reap of everything) takes 50 ms to seconds.
+On a busy machine the scheduler can stretch any call past 10 ms now and then, so a second
+run on a fresh job decides: a verb slow in both runs fails the test. Listings read 1,000
+rows here (ten pages of the largest size; more pages would only be more of the same call).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from support import RedisServer
+
+import taskq
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+from worst_call import exercise, worst_by_verb  # noqa: E402
+
+SLOW_US = 10_000
+
+
+def slow_verbs(client: taskq.Client, job: str) -> dict[str, tuple[float, int]]:
+    """{verb or command: (longest ms, calls over 10 ms)} of one run of every operation."""
+    client.redis.slowlog_reset()
+    exercise(client, job, 200_000, list_limit=1000)
+    return worst_by_verb(client.redis.slowlog_get(10_000))
+
+
+def test_no_call_of_any_verb_on_a_200k_task_job_takes_10_ms():
+    server = RedisServer(extra=["--slowlog-log-slower-than", str(SLOW_US),
+                                "--slowlog-max-len", "10000"])
+    try:
+        client = taskq.connect(server.url)
+        first = slow_verbs(client, "big")
+        if first:
+            second = slow_verbs(client, "big2")
+            both = {v: (first[v], second[v]) for v in set(first) & set(second)}
+            assert both == {}, (first, second)
+    finally:
+        server.cleanup()

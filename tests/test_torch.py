@@ -1,0 +1,319 @@
+"""taskq.torch over real JSONL files, a real redis-server and real DataLoader workers:
+passes, the ack rule, shuffling, bad data, a SIGKILLed worker, Redis load per process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import RedisServer, wait_until
+from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
+
+import taskq
+import taskq.torch
+
+
+def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.DataLoader:
+    ds_kw = {k: kw.pop(k) for k in ("shuffle", "seed", "interleave", "transform", "reader")
+             if k in kw}
+    ds_kw.setdefault("reader", jsonl_reader)
+    ds = taskq.torch.TaskDataset(job, url=url, **ds_kw)
+    return taskq.torch.DataLoader(ds, batch_size=kw.pop("batch_size", 4),
+                                  num_workers=num_workers, **kw)
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_passes_deliver_every_sample_once_and_end_with_the_job(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int,
+        persistent: bool) -> None:
+    """Two passes of 6 tasks x 10 rows: each epoch yields every row once, the first ends
+    'pass_complete', the second 'completed'; a third iter ends at once; audit: 6 + 6."""
+    chunks = write_jsonl(tmp_path, 6, 10)
+    make_job(client, job_name, chunks, passes=2)
+    extra = {"persistent_workers": True} if persistent else {}
+    with _loader(url, job_name, num_workers, seed=7, **extra) as loader:
+        epochs, states, passes = [], [], []
+        for _ in range(2):
+            rows: list[tuple[int, int]] = []
+            for batch in loader:
+                rows += rows_of(batch)
+            epochs.append(rows)
+            states.append(loader.state)
+            passes.append(loader.pass_no)
+        assert list(loader) == []
+        assert loader.state == "completed"
+    want = sorted((f, i) for f in range(6) for i in range(10))
+    assert [sorted(r) for r in epochs] == [want, want]
+    assert states == ["pass_complete", "completed"]
+    assert passes == [0, 1]
+    # seeded shuffle inside a task, new per pass
+    file0 = [[i for f, i in rows if f == 0] for rows in epochs]
+    assert file0[0] != list(range(10)) and file0[0] != file0[1]
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["pass"], p["done"], p["stale"]) for p in audit["passes"]] == [
+        (0, 6, 0), (1, 6, 0)]
+    assert loader.counts["tasks_acked"] == 12 and loader.counts["samples"] == 120
+
+
+def test_interleaving_mixes_tasks_within_a_batch(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """interleave=3: batches hold rows of several tasks; shuffle=False reads one task at a
+    time in file order."""
+    chunks = write_jsonl(tmp_path, 6, 12)
+    make_job(client, job_name, chunks, passes=2)
+    mixed = []
+    with _loader(url, job_name, 0, interleave=3, batch_size=6) as loader:
+        for b in loader:
+            mixed.append(len(per_file(rows_of(b))))
+            time.sleep(0.02)  # a step: the feeder has tasks queued ahead
+    assert max(mixed) >= 2
+    with _loader(url, job_name, 0, shuffle=False, batch_size=6) as loader:
+        batches = [rows_of(b) for b in loader]
+    assert all(len(per_file(b)) == 1 for b in batches)
+    assert all([i for _, i in b] == sorted(i for _, i in b) for b in batches)
+
+
+def test_task_is_acked_only_after_the_loop_took_its_last_sample(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """A batch holding a task's last row is out: not acked while the step runs; the next
+    next() acks it."""
+    chunks = write_jsonl(tmp_path, 3, 4)
+    make_job(client, job_name, chunks)
+    with _loader(url, job_name, 0, shuffle=False, batch_size=4) as loader:
+        it = iter(loader)
+        first = rows_of(next(it))
+        assert per_file(first) == {first[0][0]: 4}  # the whole task: its last row is in it
+        time.sleep(0.5)  # the feeder acts on its own; the step is still "running"
+        assert client.status(job_name).done == 0
+        next(it)
+        assert wait_until(lambda: client.status(job_name).done == 1, 5.0)
+        assert [t["id"] for t in client.tasks(job_name, "done")] == [first[0][0]]
+        assert sum(len(rows_of(b)) for b in it) == 4
+        assert loader.state == "completed"
+
+
+def test_bad_data_fails_the_task_until_dead_and_the_pass_completes(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """A missing file, a corrupt Parquet file, a truncated tar member and a bad JSON row:
+    each task fails with the reader's error text, is dead at max_failures, the loop sees
+    every good row and the pass completes."""
+    chunks = write_jsonl(tmp_path, 6, 5)
+    chunks[1]["path"] = str(tmp_path / "missing.jsonl")
+    Path(chunks[2]["path"]).write_text('{"f": 2, "i": 0}\n{"f": 2, "i"\n')
+    bad_parquet = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"f": [3] * 50, "i": list(range(50))}), bad_parquet)
+    data = bad_parquet.read_bytes()
+    bad_parquet.write_bytes(data[:8] + b"\x00" * 64 + data[72:])  # pages overwritten
+    chunks[3] = {"path": str(bad_parquet), "format": "parquet"}
+    tar_path = tmp_path / "rows.tar"
+    body = "".join(json.dumps({"f": 4, "i": i}) + "\n" for i in range(200)).encode()
+    with tarfile.open(tar_path, "w") as tar:
+        info = tarfile.TarInfo("rows.jsonl")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    tar_path.write_bytes(tar_path.read_bytes()[:512 + len(body) // 2])  # member cut short
+    chunks[4] = {"path": str(tar_path), "format": "tar"}
+    good_parquet = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"f": [5] * 5, "i": list(range(5))}), good_parquet)
+    chunks[5] = {"path": str(good_parquet), "format": "parquet"}
+    make_job(client, job_name, chunks, max_failures=2)
+    with _loader(url, job_name, 2, batch_size=3) as loader:
+        rows = [r for b in loader for r in rows_of(b)]
+        assert loader.state == "completed"
+        assert loader.counts["tasks_failed"] == 8
+    assert per_file(rows) == {0: 5, 5: 5}
+    st = client.status(job_name)
+    assert (st.done, st.dead) == (2, 4)
+    texts = [f.get("error", "") for _, f in client.events(job_name, count=500)
+             if f["type"] == "failed"]
+    for kind in ("FileNotFoundError", "JSONDecodeError", "ReadError"):
+        assert sum(kind in t for t in texts) == 2, (kind, texts)
+    assert sum("ArrowInvalid" in t or "OSError" in t for t in texts) == 2, texts
+
+
+def test_on_error_raise_stops_the_loop_with_the_readers_text(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    chunks = write_jsonl(tmp_path, 2, 3)
+    chunks[0]["path"] = str(tmp_path / "missing.jsonl")
+    make_job(client, job_name, chunks, max_failures=3)
+    with _loader(url, job_name, 0, on_error="raise", shuffle=False) as loader:
+        with pytest.raises(taskq.CorruptData, match="FileNotFoundError"):
+            for _ in loader:
+                pass
+    st = client.status(job_name)
+    assert st.leased == 0 and st.counters.get("failed", 1) >= 1
+
+
+def test_sigkilled_worker_gives_back_what_the_loop_did_not_take(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """A DataLoader worker is SIGKILLed while its batches are buffered: the loop gets
+    torch's error, nothing it did not take to the end is acked, every task held goes back
+    at once, and the next iteration completes the pass (audit: each task once)."""
+    sizes = [24] * 8
+    chunks = write_jsonl(tmp_path, 8, sizes)
+    make_job(client, job_name, chunks)
+    loader = _loader(url, job_name, 2, batch_size=4, prefetch_factor=4, interleave=1)
+    taken: list[tuple[int, int]] = []
+    it = iter(loader)
+    with pytest.raises(RuntimeError, match="(?i)worker"):
+        for n, batch in enumerate(it):
+            taken += rows_of(batch)
+            if n == 3:
+                assert wait_until(lambda: sum(1 for _ in it.feeder._held) >= 2, 5.0)
+                os.kill(it.torch_iter._workers[0].pid, signal.SIGKILL)
+                time.sleep(0.5)  # its batches stay buffered, unread by the loop
+    # torch's error may surface in the loop body, not in next(): the feeder saw the
+    # death too and released everything it held
+    assert wait_until(lambda: client.status(job_name).leased == 0, 5.0)
+    got = per_file(taken)
+    done = [t["id"] for t in client.tasks(job_name, "done")]
+    assert all(got[t] == sizes[t] for t in done), (done, got)
+    assert any(0 < got[t] < sizes[t] for t in range(8)), got  # a task was cut short
+    assert client.status(job_name).todo == 8 - len(done)
+    rest = [r for b in loader for r in rows_of(b)]
+    loader.close()
+    assert loader.state == "completed"
+    assert set(taken) | set(rest) == {(f, i) for f in range(8) for i in range(24)}
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["passes"][0]["done"] == 8 and audit["passes"][0]["stale"] == 0
+
+
+def _fcalls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k.split("|")[0] in ("cmdstat_fcall", "cmdstat_evalsha"))
+
+
+def test_redis_calls_do_not_grow_with_num_workers(
+        own_redis: RedisServer, tmp_path: Path) -> None:
+    """The same job read by a loader with 0 and with 2 workers at the same step rate:
+    script calls per second (heartbeats, leases, acks; INFO commandstats) within 1.5x."""
+    client = taskq.connect(own_redis.url)
+    chunks = write_jsonl(tmp_path, 12, 8)
+    rates = {}
+    for nw in (0, 2):
+        job = f"calls-{nw}"
+        make_job(client, job, chunks, heartbeat_interval=0.2, worker_ttl=2.0)
+        own_redis.client().config_resetstat()
+        before, t0 = _fcalls(own_redis), time.monotonic()
+        with _loader(own_redis.url, job, nw, batch_size=4) as loader:
+            for _ in loader:
+                time.sleep(0.08)  # the step bounds the rate, whatever num_workers
+        rates[nw] = (_fcalls(own_redis) - before) / (time.monotonic() - t0)
+    assert rates[2] <= 1.5 * rates[0], rates
+    assert rates[0] > 0
+
+
+def test_local_pass_end_ends_when_nothing_is_left_to_lease(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """pass_end='local': the iteration ends once this loader took all it could while
+    another trainer still holds a task; the next iteration waits for the next pass."""
+    chunks = write_jsonl(tmp_path, 4, 3)
+    make_job(client, job_name, chunks, passes=2)
+    other = taskq.Trainer(job_name, url=url)
+    held = other.lease(timeout=2.0)
+    assert held is not None
+    with _loader(url, job_name, 0, pass_end="local") as loader:
+        rows = [r for b in loader for r in rows_of(b)]
+        assert loader.state == "exhausted" and len(rows) == 9
+        assert client.status(job_name).pass_no == 0
+        other.ack(held)
+        rows2 = [r for b in loader for r in rows_of(b)]
+        assert len(rows2) == 12 and loader.pass_no == 1
+    other.close()
+
+
+def test_a_missing_job_raises_from_the_loop(url: str, job_name: str) -> None:
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
+    with taskq.torch.DataLoader(ds, num_workers=2) as loader, pytest.raises(taskq.JobNotFound):
+        next(iter(loader))
+
+
+def test_plain_iteration_is_refused_and_json_rows_are_real(tmp_path: Path) -> None:
+    chunks = write_jsonl(tmp_path, 1, 2)
+    assert [json.loads(x) for x in Path(chunks[0]["path"]).read_text().splitlines()] == [
+        {"f": 0, "i": 0}, {"f": 0, "i": 1}]
+    ds = taskq.torch.TaskDataset("x", reader=jsonl_reader)
+    with pytest.raises(taskq.InvalidInput):
+        iter(ds)
+    with pytest.raises(taskq.InvalidInput):
+        taskq.torch.DataLoader(ds, shuffle=True)
+
+
+def test_global_pass_end_waits_for_everyone_and_reads_late_work_in_process(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """Another trainer holds a task while the loader's workers finish the rest: the
+    iteration does not end; when that task comes back it is read in the main process and
+    the iteration ends with the pass (here the job) complete."""
+    chunks = write_jsonl(tmp_path, 4, 3)
+    make_job(client, job_name, chunks)
+    other = taskq.Trainer(job_name, url=url)
+    held = other.lease(timeout=2.0)
+    assert held is not None
+    released_at: list[float] = []
+
+    def give_back() -> None:
+        released_at.append(time.monotonic())
+        other.release(held)
+
+    timer = threading.Timer(1.5, give_back)
+    timer.start()
+    try:
+        with _loader(url, job_name, 2) as loader:
+            rows = [r for b in loader for r in rows_of(b)]
+            ended_at = time.monotonic()
+            assert loader.state == "completed"
+    finally:
+        timer.join()
+        other.close()
+    assert ended_at > released_at[0]
+    assert sorted(rows) == [(f, i) for f in range(4) for i in range(3)]
+    assert client.audit(job_name)["passes"][0]["done"] == 4
+
+
+def test_cancelling_the_job_ends_the_iteration_at_once(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    chunks = write_jsonl(tmp_path, 20, 20)
+    make_job(client, job_name, chunks)
+    with _loader(url, job_name, 2) as loader:
+        n = 0
+        for _ in loader:
+            n += 1
+            if n == 2:
+                client.cancel_job(job_name)
+                cancelled_at = time.monotonic()
+            time.sleep(0.02)
+        assert loader.state == "cancelled"
+        assert time.monotonic() - cancelled_at < 5.0
+        assert n < 50  # of 100 batches: the rest was never delivered
+        assert list(loader) == [] and loader.state == "cancelled"
+
+
+def test_break_releases_what_was_held_and_the_next_iteration_finishes_the_pass(
+        client: taskq.Client, url: str, job_name: str, tmp_path: Path) -> None:
+    """`break` after 2 batches (no task taken whole), then iterate again: nothing of the
+    broken iteration was acked (every row comes again), its tasks went back at once, the
+    pass completes, and no feeder thread is left."""
+    chunks = write_jsonl(tmp_path, 6, 8)
+    make_job(client, job_name, chunks)
+    with _loader(url, job_name, 2, batch_size=4) as loader:
+        for n, _ in enumerate(loader):
+            if n == 1:
+                break
+        rest = [r for b in loader for r in rows_of(b)]  # the first iteration is closed here
+        assert loader.state == "completed"
+    assert set(rest) == {(f, i) for f in range(6) for i in range(8)}
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["passes"][0]["done"] == 6
+    assert not [t for t in threading.enumerate() if t.name.startswith("taskq-feeder")]

@@ -1,0 +1,112 @@
+"""Shared by the taskq.torch tests: real JSONL files and a reader over them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import taskq
+
+
+def write_jsonl(directory: Path, files: int, lines: int | list[int]) -> list[dict[str, Any]]:
+    """``files`` JSONL files of ``{"f": file, "i": line}`` rows; their chunk descriptors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chunks = []
+    for f in range(files):
+        n = lines[f] if isinstance(lines, list) else lines
+        path = directory / f"part-{f:04d}.jsonl"
+        path.write_text("".join(json.dumps({"f": f, "i": i}) + "\n" for i in range(n)))
+        chunks.append({"path": str(path), "n": n})
+    return chunks
+
+
+def jsonl_reader(chunks: list[dict[str, Any]], start: int) -> Iterator[dict[str, int]]:
+    """Rows of a task's files, from row ``start`` (module level: picklable for spawn).
+    JSONL by default; ``"format": "parquet"`` (pyarrow) or ``"tar"`` (JSONL members)."""
+    k = 0
+    for chunk in chunks:
+        for row in _rows(chunk):
+            if k >= start:
+                yield row
+            k += 1
+
+
+def _rows(chunk: dict[str, Any]) -> Iterator[dict[str, int]]:
+    fmt = chunk.get("format", "jsonl")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(chunk["path"]).iter_batches():
+            yield from batch.to_pylist()
+    elif fmt == "tar":
+        import tarfile
+
+        with tarfile.open(chunk["path"]) as tar:
+            for member in tar:
+                f = tar.extractfile(member)
+                if f is not None:
+                    yield from (json.loads(line) for line in f.read().splitlines())
+    else:
+        with open(chunk["path"]) as f:
+            yield from (json.loads(line) for line in f)
+
+
+def make_job(client: taskq.Client, name: str, chunks: list[dict[str, Any]],
+             **kw: Any) -> None:
+    kw.setdefault("worker_ttl", 2.0)
+    kw.setdefault("heartbeat_interval", 0.3)
+    client.create_job(name, chunks, **kw)
+
+
+def rows_of(batch: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (file, line) pairs of a default-collated batch."""
+    return list(zip(batch["f"].tolist(), batch["i"].tolist(), strict=True))
+
+
+def per_file(rows: list[tuple[int, int]]) -> Counter[int]:
+    return Counter(f for f, _ in rows)
+
+
+def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any) -> None:
+    """One DDP rank (gloo): a tiny model over a taskq.torch loader for two passes, steps
+    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states) on ``out``."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    import taskq.torch
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=30))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=rank)
+    steps, rows, states = [], [], []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local",
+                                tasks_ahead=2) as loader:
+        for _ in range(2):
+            n, got = 0, []
+            with Join([model]):
+                for batch in loader:
+                    x = batch["i"].float().unsqueeze(1)
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    got += rows_of(batch)
+                    n += 1
+                    time.sleep(0.05 if rank == 0 else 0.0)  # ranks of different speeds
+            steps.append(n)
+            rows.append(got)
+            states.append(loader.state)
+    # the same weights everywhere: every step was an allreduce of all ranks (or a shadow)
+    weight = [p.detach().flatten().tolist() for p in model.parameters()]
+    out.put((rank, steps, rows, states, weight))
+    dist.destroy_process_group()
