@@ -160,6 +160,27 @@ def test_the_quiet_repeat_survives_the_worker_record(client: taskq.Client,
     assert counters(client, job_name)["stale"] == 0
 
 
+def test_a_late_write_after_a_re_register_is_stale_not_forged(client: taskq.Client,
+                                                              job_name: str) -> None:
+    """A trainer declared lost joins again under a new incarnation and a new secret; its
+    late writes about its old leases name the new incarnation: stale, never forged."""
+    make_job(client, job_name, 2, manual_clock=True, task_timeout=None)
+    holder = trainer(client, job_name, "holder")
+    task = holder.lease(timeout=0)
+    assert task is not None
+    old = holder.incarnation
+    client.advance_clock(job_name, 60_000)
+    assert client.reap(job_name)[0] == 1  # lost: its lease expired
+    with pytest.raises(taskq.LeaseLost):
+        holder.ack(task)  # answered REREGISTER too: the trainer joins again
+    assert holder.incarnation != old
+    with pytest.raises(taskq.LeaseLost):
+        holder.ack(task)  # the same late ack, now under the new incarnation
+    c = counters(client, job_name)
+    assert (c["stale"], c["forged"], c["acked"]) == (2, 0, 0)
+    holder.close()
+
+
 def test_forged_attempts_show_in_counters_and_events(client: taskq.Client,
                                                      job_name: str) -> None:
     make_job(client, job_name, 2)

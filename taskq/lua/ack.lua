@@ -8,8 +8,9 @@
 --           {pass, gen, state, reason}, {ack result per ack}, {start result per start}}
 -- An ack whose (worker, token) is not the task's current lease changes nothing and is
 -- counted stale; repeating the ack that just ended the lease is a quiet success. Both
--- need the holder's secret: the right token with another secret is answered stale and
--- counted forged (so is the lease half, answered like a lost worker's, as in lease.lua).
+-- need the holder's secret: the holder's name and token with another secret are
+-- answered stale and counted forged (so is the lease half, answered like a lost
+-- worker's, as in lease.lua).
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local call_no = arg_int(ARGV[4], 'call_no', 0, 9007199254740991)

@@ -36,7 +36,7 @@ for k = 1, n do
       PROGRESS_EMPTY = false
     end
     out[k] = C.OK
-  elseif l and l.token == tok and not (CALLER_DIG and l.dig == CALLER_DIG) then
+  elseif is_forged(l, worker, winc, tok) then
     forged(task, worker, tok, 'progress')
     out[k] = C.STALE
   else

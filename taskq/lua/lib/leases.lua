@@ -56,7 +56,7 @@ local function arg_secret(v)
   return CALLER_DIG
 end
 
--- A write naming the right token of a lease with the wrong secret: someone who read the
+-- A write naming a lease's holder and token with the wrong secret: someone who read the
 -- leases hash. Answered stale by the caller, counted apart so an operator notices.
 -- (task nil: a lease request in a worker's name, whose record has the digest.)
 local function forged(task, worker, tok, op)
@@ -68,11 +68,20 @@ local function forged(task, worker, tok, op)
   end
 end
 
+-- A write naming the lease's own holder (worker, incarnation) and token with another
+-- secret: someone who read the record (the holder itself never does: its incarnation and
+-- secret change together, so after a re-register its late writes name another
+-- incarnation and are merely stale).
+local function is_forged(l, worker, winc, tok)
+  return l and l.token == tok and l.worker == worker and l.winc == winc
+    and not (CALLER_DIG and l.dig == CALLER_DIG)
+end
+
 -- A write about a lease that is not current: a quiet success when its holder (the secret
--- matches) repeats the ending this very lease got (tokens are unique); the lease's token
--- with another secret is forged; else stale. Forged and stale change nothing, are counted.
+-- matches) repeats the ending this very lease got (tokens are unique); forged (above);
+-- else stale. Forged and stale change nothing, are counted.
 local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
-  if l and l.token == tok and not (CALLER_DIG and l.dig == CALLER_DIG) then
+  if is_forged(l, worker, winc, tok) then
     forged(task, worker, tok, op)
     return C.STALE
   end
