@@ -338,3 +338,22 @@ with open({str(seen)!r}, "w") as f:
               for c in candidates for n in (16, 32, 64) for i in range(len(c) - n + 1)}
     assert digest not in hashed
     assert digest not in result.output
+
+
+def test_progress_in_a_holders_name_needs_its_secret(client: taskq.Client,
+                                                     job_name: str) -> None:
+    make_job(client, job_name, 2)
+    holder = trainer(client, job_name, "holder")
+    task = holder.lease(timeout=0)
+    assert task is not None
+    forger = Forger(client, job_name)
+    tok = forger.lease_of(task.id)["token"]
+    reply = forger.run("progress", [*forger.who(task.id), 1, task.id, tok, 5, forger.secret])
+    assert reply[1] == [Code.STALE]
+    keys = client.keys(job_name)
+    assert client.redis.hget(keys.progress, str(task.id)) is None
+    assert counters(client, job_name)["forged"] == 1
+    holder.progress(task, 3)
+    assert holder.flush_progress() == []
+    assert client.redis.hget(keys.progress, str(task.id)) == "3"
+    holder.close()
