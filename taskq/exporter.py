@@ -59,6 +59,11 @@ COUNTERS = {
         "revoked",
         "Leases revoked by an operator or by a heartbeat that did not list them.",
     ),
+    "taskq_forged": (
+        "forged",
+        "Writes naming a lease's token (or a worker) without its lease secret: "
+        "refused, they changed nothing.",
+    ),
 }
 _SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
 

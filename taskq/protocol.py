@@ -6,6 +6,10 @@ the Lua headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is de
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in trainer.py.
 
+Every verb that ends, starts or grants leases (and register, which sets it) carries the
+worker incarnation's lease secret as its last argument; Redis keeps only a digest of it
+(docs/design.md, "Lease secrets"). It is never logged, nor put in an error.
+
 Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
 """
 
@@ -177,9 +181,10 @@ class Wire:
         """
         return self.client.run(self.job, verb, args, passthrough=PASSTHROUGH)
 
-    def register(self, job_incarnation: str, worker_id: str, incarnation: str,
+    def register(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
                  ttl_ms: int, host: str, pid: int) -> Registered:
-        """Join the job as ``worker_id`` under a new ``incarnation``.
+        """Join the job as ``worker_id`` under a new ``incarnation`` whose lease secret is
+        ``secret`` (at least 16 characters; every later write of the incarnation sends it).
 
         Returns:
             The job's incarnation, the worker's ttl and heartbeat interval, the job's info.
@@ -191,13 +196,13 @@ class Wire:
         with translate(self.client.url):
             cid = name_connection(self.client.redis, incarnation)  # until the 1st heartbeat
         reply = self.run("register", [job_incarnation, worker_id, incarnation, ttl_ms,
-                                      host, pid, cid])
+                                      host, pid, secret, cid])
         return Registered(str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0,
                           decode_info(reply[4]))
 
-    def step(self, job_incarnation: str, worker_id: str, incarnation: str, call_no: int,
-             acks: Sequence[Task], starts: Sequence[Task], want: int, mode: str,
-             expect_pass: int) -> Step:
+    def step(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
+             call_no: int, acks: Sequence[Task], starts: Sequence[Task], want: int,
+             mode: str, expect_pass: int) -> Step:
         """Ack ``acks``, start ``starts`` and lease up to ``want`` more, in one call.
 
         Args:
@@ -218,7 +223,7 @@ class Wire:
         args.append(len(starts))
         for t in starts:
             args += [t.id, t.token]
-        args += [want, mode, expect_pass]
+        args += [want, mode, expect_pass, secret]
         return self.decode_step(self.run("ack", args))
 
     def decode_step(self, reply: Sequence[Any]) -> Step:
@@ -244,7 +249,7 @@ class Wire:
                     [int(x) for x in reply[4]], [int(x) for x in reply[5]], corrupt)
 
     def write(self, verb: str, job_incarnation: str, worker_id: str, incarnation: str,
-              tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
+              secret: str, tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
         """End leases: ``fail`` (``extra`` = [error text]) or ``release``.
 
         Returns:
@@ -257,10 +262,11 @@ class Wire:
         args: list[Any] = [job_incarnation, worker_id, incarnation, *extra, len(tasks)]
         for t in tasks:
             args += [t.id, t.token]
+        args.append(secret)
         reply = self.run(verb, args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
-    def progress(self, job_incarnation: str, worker_id: str, incarnation: str,
+    def progress(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str,
                  items: Sequence[tuple[Task, int]]) -> list[int]:
         """Record how far into each task its holder got: ``(task, samples)`` pairs.
 
@@ -275,10 +281,12 @@ class Wire:
         args: list[Any] = [job_incarnation, worker_id, incarnation, len(items)]
         for task, n in items:
             args += [task.id, task.token, n]
+        args.append(secret)
         reply = self.run("progress", args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
-    def leave(self, job_incarnation: str, worker_id: str, incarnation: str) -> int:
+    def leave(self, job_incarnation: str, worker_id: str, incarnation: str,
+              secret: str) -> int:
         """Deregister, releasing everything held.
 
         Returns:
@@ -288,7 +296,7 @@ class Wire:
             JobNotFound: the job was deleted or replaced.
             ConnectionLost: Redis could not be reached.
         """
-        reply = self.run("leave", [job_incarnation, worker_id, incarnation])
+        reply = self.run("leave", [job_incarnation, worker_id, incarnation, secret])
         return int(reply[1]) if len(reply) > 1 else 0
 
     def heartbeat(self, scripts: Scripts, args: list[Any]) -> HeartbeatReply:

@@ -41,6 +41,7 @@ COUNTERS = {
     "dead": F.C_DEAD,
     "stolen": F.C_STOLEN,
     "revoked": F.C_REVOKED,
+    "forged": F.C_FORGED,
 }
 
 

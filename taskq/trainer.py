@@ -147,6 +147,9 @@ class Trainer:
         self._old_handlers: dict[int, Any] = {}
         self.job_incarnation = ""
         self.incarnation = ""
+        # this incarnation's lease secret: sent with every write, kept in this process
+        # alone (Redis keeps a digest); never logged, never given to a child process
+        self._secret = ""
         self.heartbeats_sent = 0
         self.stolen_from_me = 0
         # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
@@ -174,9 +177,13 @@ class Trainer:
 
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
-        self.incarnation = secrets.token_hex(6)
+        # a new incarnation and its lease secret, swapped in together: a call never sends
+        # one incarnation with another's secret (it would be counted forged)
+        incarnation, secret = secrets.token_hex(6), secrets.token_hex(16)
+        with self._lock:
+            self.incarnation, self._secret = incarnation, secret
         reg = self._contact(self._wire.register, self.job_incarnation, self.worker_id,
-                            self.incarnation, self._own_ttl_ms, socket.gethostname(),
+                            incarnation, secret, self._own_ttl_ms, socket.gethostname(),
                             os.getpid())
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s
@@ -259,11 +266,12 @@ class Trainer:
         with self._lock:
             self._call_no += 1
             call_no = self._call_no
-            incarnation = self.incarnation
+            incarnation, secret = self.incarnation, self._secret
             self._in_flight.add(call_no)
         try:
             r = self._contact(self._wire.step, self.job_incarnation, self.worker_id,
-                              incarnation, call_no, acks, starts, want, mode, expect_pass)
+                              incarnation, secret, call_no, acks, starts, want, mode,
+                              expect_pass)
         except BaseException:
             with self._lock:  # its reply is lost: later replies may count
                 self._in_flight.discard(call_no)
@@ -422,8 +430,10 @@ class Trainer:
 
     def _write(self, verb: str, tasks: list[Task], *extra: Any) -> None:
         self._flush_quietly()  # the next holder starts where this one got
+        with self._lock:
+            incarnation, secret = self.incarnation, self._secret
         results = self._retrying(self._contact, self._wire.write, verb, self.job_incarnation,
-                                 self.worker_id, self.incarnation, tasks, extra)
+                                 self.worker_id, incarnation, secret, tasks, extra)
         self._forget(*tasks)
         self._changed()
         self._check_acks(tasks, results, raise_stale=True)
@@ -513,9 +523,11 @@ class Trainer:
         items = self._progress.take()
         if not items:
             return []
+        with self._lock:
+            incarnation, secret = self.incarnation, self._secret
         try:
             results = self._contact(self._wire.progress, self.job_incarnation,
-                                    self.worker_id, self.incarnation, items)
+                                    self.worker_id, incarnation, secret, items)
         except errors.ConnectionLost:
             self._progress.restore(items)
             raise
@@ -787,8 +799,10 @@ class Trainer:
     def _leave(self) -> None:
         self._flush_quietly()
         try:
+            with self._lock:
+                incarnation, secret = self.incarnation, self._secret
             self._retrying(self._contact, self._wire.leave, self.job_incarnation,
-                           self.worker_id, self.incarnation,
+                           self.worker_id, incarnation, secret,
                            bound_s=min(self.reconnect_timeout, 5.0))
         except errors.ConnectionLost as e:
             log.warning("leave: %s (the server reclaims after the ttl)", e)

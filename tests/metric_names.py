@@ -36,6 +36,7 @@ METRIC_TYPES = {
                 "dead",
                 "stolen",
                 "revoked",
+                "forged",
                 "expired",
                 "exporter_scrape_errors",
             )

@@ -48,7 +48,7 @@ def events(client: taskq.Client, job: str, kind: str) -> list[dict[str, str]]:
 def conn_id(client: taskq.Client, job: str, worker: str) -> str:
     rec = client.redis.hget(client.keys(job).winfo, worker) or ""
     f = rec.split("|")
-    return f[6] if len(f) > 6 else ""
+    return f[7] if len(f) > 7 else ""
 
 
 class ReaperThread:
@@ -285,7 +285,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     foreign = str(other.client_id())
     keys = client.keys(job_name)  # the worker's record names a connection not its own
     rec = client.redis.hget(keys.winfo, "w").split("|")
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [foreign]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [foreign]))
     reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
     reaper.tick()
     other.close()  # that connection goes away
@@ -299,7 +299,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     mine = redis.Redis.from_url(url, decode_responses=True)
     mine.client_setname(f"taskq-trainer-{t.incarnation}")
     own = str(mine.client_id())
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [own]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [own]))
     reaper.tick()
     mine.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[own]), 5)
@@ -319,11 +319,11 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(
     first.client_setname(f"taskq-trainer-{t.incarnation}")
     second = redis.Redis.from_url(url, decode_responses=True)
     second.client_setname(f"taskq-trainer-{t.incarnation}")
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [str(first.client_id())]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [str(first.client_id())]))
     reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
     reaper.tick()  # sees the first connection under the worker's name
     gone = str(second.client_id())
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [gone]))  # then a new one
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [gone]))  # then a new one
     second.close()
     first.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)

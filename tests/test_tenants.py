@@ -30,7 +30,7 @@ from taskq import acl
 from taskq.exporter import TaskqCollector
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.reaper import Reaper
-from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE
+from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE, Code
 from taskq.stats import parse_lease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,9 +182,9 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
     assert task is not None
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     writes = {
-        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1],
-        "fail": [*who, "x", 1, task.id, task.token],
-        "release": [*who, 1, task.id, task.token],
+        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._secret],
+        "fail": [*who, "x", 1, task.id, task.token, holder._secret],
+        "release": [*who, 1, task.id, task.token, holder._secret],
         "heartbeat": [*who, 99, 1, task.id],
         "leave": [*who],
     }
@@ -259,10 +259,11 @@ def test_trainer_of_a_keeps_the_raw_writes_its_functions_make_on_a(
     assert [c for c in denied if server.dryrun(user, *c)] == []
 
 
-def test_within_a_one_credential_can_end_another_workers_lease(jobs: Jobs) -> None:
-    """Trusted within a job: whoever holds A's credential reads A's leases (tokens
-    included) and can ack in another A worker's name; that worker's own ack is then a
-    quiet repeat. Lease secrets are not done yet."""
+def test_within_a_a_read_token_cannot_end_another_workers_lease(jobs: Jobs) -> None:
+    """Whoever holds A's credential reads A's leases (tokens included), but ending a
+    lease takes its holder's lease secret, which no key holds: an ack in another A
+    worker's name with the token read there is refused (stale, counted forged), and the
+    holder's own ack then counts."""
     holder = taskq.Trainer(jobs.a, url=jobs.url_a, heartbeat=False)
     task = holder.lease(timeout=1)
     assert task is not None
@@ -270,11 +271,15 @@ def test_within_a_one_credential_can_end_another_workers_lease(jobs: Jobs) -> No
     lease = parse_lease(jobs.raw_a.hget(k.leases, str(task.id)))
     assert lease is not None and lease["token"] == task.token
     job_inc = jobs.raw_a.hget(k.meta, "inc")
-    jobs.client_a.run(jobs.a, "ack", [job_inc, lease["worker"], lease["worker_incarnation"],
-                                      10**6, 1, task.id, lease["token"], 0, 0, "S", -1])
-    holder.ack(task)  # no LeaseLost: answered as a repeat of the ack already made
+    reply = jobs.client_a.run(
+        jobs.a, "ack", [job_inc, lease["worker"], lease["worker_incarnation"], 10**6, 1,
+                        task.id, lease["token"], 0, 0, "S", -1, "a guess of my own making"],
+        passthrough=(Code.REREGISTER,))
+    assert reply[4] == [Code.STALE]
+    holder.ack(task)  # counts: the forged ack ended nothing
     status = jobs.admin.status(jobs.a)
     assert (status.done, status.counters["acked"], status.counters["stale"]) == (1, 1, 0)
+    assert status.counters["forged"] == 1
     holder.close()
 
 

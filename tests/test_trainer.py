@@ -262,7 +262,7 @@ def test_lost_lease_reply_healed_by_heartbeat(client: taskq.Client, url: str,
         keys = client.keys(job_name).all
         reply = client.scripts.call("lease", keys, [
             trainer.job_incarnation, trainer.worker_id, trainer.incarnation, 1, lost_call,
-            "S", -1])  # granted on the server; the reply is "lost" (dropped here)
+            "S", -1, trainer._secret])  # granted on the server; the reply is "lost" (dropped here)
         lost_task = int(reply[1][0][0])
         mine = trainer.lease()  # a later reply: last_reply >= lost_call
         assert mine is not None and mine.id != lost_task
@@ -283,7 +283,8 @@ def test_heartbeat_leaves_in_flight_grants_alone(client: taskq.Client, url: str,
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         call = trainer._call_no + 5  # a reply that may still be on the wire
         client.scripts.call("lease", client.keys(job_name).all, [
-            trainer.job_incarnation, trainer.worker_id, trainer.incarnation, 1, call, "S", -1])
+            trainer.job_incarnation, trainer.worker_id, trainer.incarnation, 1, call, "S", -1,
+            trainer._secret])
         trainer.heartbeat()
         assert client.status(job_name).leased == 1
 
