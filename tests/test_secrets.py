@@ -357,3 +357,49 @@ def test_progress_in_a_holders_name_needs_its_secret(client: taskq.Client,
     assert holder.flush_progress() == []
     assert client.redis.hget(keys.progress, str(task.id)) == "3"
     holder.close()
+
+
+def test_a_backup_lease_is_checked_against_its_own_holders_secret(
+    client: taskq.Client, job_name: str
+) -> None:
+    """A backup lease (field b:<task>) keeps its holder's digest: its worker, incarnation
+    and token read from the hash, with another secret, end nothing; its holder's ack then
+    wins over the straggler's lease as ever."""
+    n = 12  # a median task time needs 10 acks
+    client.create_job(job_name, [{"i": i} for i in range(n)], manual_clock=True,
+                      worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None)
+    fast, slow = trainer(client, job_name, "fast"), trainer(client, job_name, "slow")
+    straggler = slow.lease(timeout=0)
+    assert straggler is not None
+    for _ in range(n - 1):  # 100 ms each: the median; the straggler is past 2 x that
+        task = fast.lease(timeout=0)
+        assert task is not None
+        client.advance_clock(job_name, 100)
+        fast.ack(task)
+    slow.heartbeat()
+    backup = fast.lease(timeout=0)
+    assert backup is not None and backup.id == straggler.id
+    keys = client.keys(job_name)
+    field = f"b:{backup.id}"
+    rec = client.redis.hget(keys.leases, field)
+    lease = parse_lease(rec)
+    assert lease is not None and (lease["worker"], lease["token"]) == ("fast", backup.token)
+    assert rec.endswith("|" + hashlib.sha1(fast._secret.encode()).hexdigest()[:16])
+    forger = Forger(client, job_name)
+    who = [client.redis.hget(keys.meta, "inc"), "fast", lease["worker_incarnation"]]
+    tok = lease["token"]
+    assert forger.run("ack", [*who, 10**6, 1, backup.id, tok, 0, 0, "S", -1,
+                              forger.secret])[4] == [Code.STALE]
+    assert forger.run("fail", [*who, "forged", 1, backup.id, tok, forger.secret])[1] == [
+        Code.STALE]
+    assert forger.run("release", [*who, 1, backup.id, tok, forger.secret])[1] == [Code.STALE]
+    assert client.redis.hget(keys.leases, field) == rec, "the backup lease is untouched"
+    c = counters(client, job_name)
+    assert (c["acked"], c["failed"], c["released"], c["forged"]) == (n - 1, 0, 0, 3)
+    fast.ack(backup)  # the true holder's ack counts, and wins
+    c = counters(client, job_name)
+    assert (c["acked"], c["revoked"], c["forged"]) == (n, 1, 3)
+    assert client.status(job_name, summaries=0).state == "completed"
+    fast.close()
+    slow.close()
+    assert client.audit(job_name)["ok"]
