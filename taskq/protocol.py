@@ -6,9 +6,10 @@ the Lua headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is de
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in trainer.py.
 
-Every verb that ends, starts or grants leases (and register, which sets it) carries the
-worker incarnation's lease secret as its last argument; Redis keeps only a digest of it
-(docs/design.md, "Lease secrets"). It is never logged, nor put in an error.
+Every verb that ends, starts, grants or renews leases (and register, which sets it)
+carries the worker incarnation's lease secret as its last argument (before the optional
+connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
+"Lease secrets"). It is never logged, nor put in an error.
 
 Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
 """
@@ -91,13 +92,14 @@ class HeartbeatReply(NamedTuple):
                    decode_info(reply[2]) if len(reply) > 2 else None)
 
 
-def heartbeat_args(job_incarnation: str, worker_id: str, incarnation: str,
+def heartbeat_args(job_incarnation: str, worker_id: str, incarnation: str, secret: str,
                    last_reply_no: int, pairs: Sequence[tuple[int, int]]) -> list[Any]:
     """The heartbeat's ARGV: ``job_inc, worker, winc, last_reply_call_no, n, (task,
-    token) x n`` (``call_heartbeat`` adds the connection's id)."""
+    token) x n, secret`` (``call_heartbeat`` adds the connection's id)."""
     args: list[Any] = [job_incarnation, worker_id, incarnation, last_reply_no, len(pairs)]
     for tid, tok in pairs:
         args += [tid, tok]
+    args.append(secret)
     return args
 
 

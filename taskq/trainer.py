@@ -566,11 +566,12 @@ class Trainer:
 
     # -- the heartbeat's view of the trainer (heartbeat.HeartbeatHost) -------------------
     def _beat_args(self) -> list[Any]:
-        """The next heartbeat's ARGV: the held (task, token) pairs and the last reply's
-        call number, taken together under the lock."""
+        """The next heartbeat's ARGV: the held (task, token) pairs, the last reply's call
+        number and the incarnation's secret, taken together under the lock."""
         with self._lock:
             return protocol.heartbeat_args(
-                self.job_incarnation, self.worker_id, self.incarnation, self._last_reply_no,
+                self.job_incarnation, self.worker_id, self.incarnation, self._secret,
+                self._last_reply_no,
                 [(task.id, task.token) for task in self._held.values()])
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:

@@ -219,6 +219,36 @@ def test_a_lease_in_a_workers_name_needs_its_secret(client: taskq.Client,
     holder.close()
 
 
+def test_a_heartbeat_in_a_workers_name_needs_its_secret(client: taskq.Client,
+                                                        job_name: str) -> None:
+    """A heartbeat listing none of the worker's leases, past its last reply, would revoke
+    them all and renew the worker: with another secret it does neither, and is counted."""
+    make_job(client, job_name, 3, manual_clock=True)
+    holder = trainer(client, job_name, "holder")
+    task = holder.lease(timeout=0)
+    assert task is not None
+    keys = client.keys(job_name)
+    m = f"holder|{holder.incarnation}"
+    deadline = client.redis.zscore(keys.workers, m)
+    client.advance_clock(job_name, 1000)
+    who = [holder.job_incarnation, "holder", holder.incarnation]
+    reply = client.run(job_name, "heartbeat", [*who, 10**6, 0, secrets.token_hex(16)],
+                       passthrough=(Code.REREGISTER,))
+    assert (reply[0], reply[1]) == (Code.REREGISTER, [])
+    assert client.redis.zscore(keys.workers, m) == deadline, "a forged call is no heartbeat"
+    status = client.status(job_name, summaries=0)
+    assert (status.leased, status.counters["revoked"], status.counters["forged"]) == (1, 0, 1)
+    events = [f for _, f in client.events(job_name) if f["type"] == "forged"]
+    assert events == [{"type": "forged", "pass": "0", "worker": "holder", "op": "heartbeat"}]
+    # the same heartbeat with the holder's secret is the worker's own: it renews it and
+    # revokes the lease it does not list (so the forged one would have)
+    reply = client.run(job_name, "heartbeat", [*who, 10**6, 0, holder._secret])
+    assert reply[0] == Code.OK
+    assert client.redis.zscore(keys.workers, m) > deadline
+    assert client.status(job_name, summaries=0).counters["revoked"] == 1
+    holder.close()
+
+
 def test_a_reserved_lease_is_not_started_with_another_secret(client: taskq.Client,
                                                              job_name: str) -> None:
     make_job(client, job_name, 3)

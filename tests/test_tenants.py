@@ -185,8 +185,8 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
         "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._secret],
         "fail": [*who, "x", 1, task.id, task.token, holder._secret],
         "release": [*who, 1, task.id, task.token, holder._secret],
-        "heartbeat": [*who, 99, 1, task.id],
-        "leave": [*who],
+        "heartbeat": [*who, 99, 1, task.id, task.token, holder._secret],
+        "leave": [*who, holder._secret],
     }
     for verb, args in writes.items():
         refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args),

@@ -446,7 +446,7 @@ def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServ
 # -- heartbeat answers out of order -----------------------------------------------------
 def beat_args(t: taskq.Trainer) -> list[Any]:
     """The ARGV of a heartbeat of ``t`` listing nothing."""
-    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, 0, [])
+    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, t._secret, 0, [])
 
 
 class _Interleaved(taskq.Trainer):
