@@ -14,6 +14,7 @@ demo:
 test:
 	@scripts/bootstrap.sh --with-prometheus --with-valkey
 	@.venv/bin/ruff check taskq cli tests bench
+	@.venv/bin/ruff format --check taskq cli tests bench
 	@.venv/bin/mypy -p taskq
 	@.venv/bin/mypy cli
 	@$(MAKE) --no-print-directory test-valkey

@@ -58,8 +58,11 @@ def _parse_client_list(text: Any) -> list[dict[str, str]]:
     """``CLIENT LIST`` lines as dicts (``id=.. addr=.. name=..``; a name holds no space)."""
     if isinstance(text, bytes):
         text = text.decode()
-    return [dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
-            for line in str(text).splitlines() if line.strip()]
+    return [
+        dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+        for line in str(text).splitlines()
+        if line.strip()
+    ]
 
 
 class _OwnConnection:
@@ -100,8 +103,14 @@ class ConnWatch:
         clock: a monotonic clock (seconds).
     """
 
-    def __init__(self, client: Any, grace: float | None = None, quiet: float = 1.25,
-                 recheck: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: Any,
+        grace: float | None = None,
+        quiet: float = 1.25,
+        recheck: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if grace is not None and grace < 0:
             raise errors.InvalidInput(f"grace must be >= 0, got {grace!r}")
         if quiet < 1.0:
@@ -160,8 +169,10 @@ class ConnWatch:
             self._incs.clear()
             self._own_id = own
         if not any(str(c.get("id")) == own for c in listed):
-            return self._turn_off("CLIENT LIST does not show this reaper's own connection "
-                                  "(a proxy or a managed service?)")
+            return self._turn_off(
+                "CLIENT LIST does not show this reaper's own connection "
+                "(a proxy or a managed service?)"
+            )
         if self.off:
             log.info("closed connections are watched again")
             self.off = ""
@@ -169,8 +180,10 @@ class ConnWatch:
 
     def _turn_off(self, why: str) -> bool:
         if self.off != why:
-            log.warning("closed connections are not watched: %s; lost workers are found "
-                        "after their ttl", why)
+            log.warning(
+                "closed connections are not watched: %s; lost workers are found after their ttl",
+                why,
+            )
         self.off = why
         self._off_until = self.clock() + self.recheck
         self._gone.clear()
@@ -216,13 +229,20 @@ class ConnWatch:
             if due > now:
                 self._due(due)
                 continue
-            reply = self.client.run(job, "closed", ["", worker, winc, cid, min_quiet_ms,
-                                                   MAX_RECLAIM])
+            reply = self.client.run(
+                job, "closed", ["", worker, winc, cid, min_quiet_ms, MAX_RECLAIM]
+            )
             if int(reply[0]) == Code.OK:
                 self.declared += 1
                 reclaimed += int(reply[1])
-                log.info("job %s: worker %s/%s declared lost: its connection %s closed "
-                         "%.0f ms ago", job, worker, winc, cid, (now - since) * 1000)
+                log.info(
+                    "job %s: worker %s/%s declared lost: its connection %s closed %.0f ms ago",
+                    job,
+                    worker,
+                    winc,
+                    cid,
+                    (now - since) * 1000,
+                )
                 del self._gone[key]
             else:
                 self._due(now + grace)
@@ -275,6 +295,6 @@ class ConnWatch:
         uniq = sorted({i for i in ids if i.isdigit()})  # a trainer's word, not trusted
         with translate(self.client.url):
             for i in range(0, len(uniq), ID_BATCH):
-                for c in r.client_list(client_id=uniq[i:i + ID_BATCH]):
+                for c in r.client_list(client_id=uniq[i : i + ID_BATCH]):
                     out[str(c.get("id"))] = str(c.get("name") or "")
         return out

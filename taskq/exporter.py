@@ -59,6 +59,11 @@ COUNTERS = {
         "revoked",
         "Leases revoked by an operator or by a heartbeat that did not list them.",
     ),
+    "taskq_forged": (
+        "forged",
+        "Writes naming a lease's token (or a worker) without its lease secret: "
+        "refused, they changed nothing.",
+    ),
 }
 _SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
 
@@ -157,8 +162,7 @@ class TaskqCollector:
         yield from _exporter_families(errors_total, up, policy)
 
 
-def _exporter_families(errors_total: int, up: bool | None,
-                       policy: str | None) -> Iterator[Metric]:
+def _exporter_families(errors_total: int, up: bool | None, policy: str | None) -> Iterator[Metric]:
     """The exporter's own families: scrape errors, Redis up, Redis's memory policy."""
     yield CounterMetricFamily(
         "taskq_exporter_scrape_errors",

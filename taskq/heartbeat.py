@@ -89,8 +89,7 @@ def _beat(host: HeartbeatHost, health: _Health) -> bool:
     return host.keep_beating()
 
 
-def heartbeat_loop(ref: weakref.ref[HeartbeatHost], stop: threading.Event,
-                   interval: float) -> None:
+def heartbeat_loop(ref: weakref.ref[HeartbeatHost], stop: threading.Event, interval: float) -> None:
     """The heartbeat thread: one beat per interval on a fixed schedule (a slow call is not
     added on top) until ``stop`` is set, the trainer is gone or has nothing to beat for.
 
@@ -126,8 +125,15 @@ class HelperHeartbeat:
     a Trainer dropped without ``close()`` is collected and its finalizer stops the helper.
     """
 
-    def __init__(self, host: HeartbeatHost, url: str, prefix: str, interval: float,
-                 ttl_s: float, args: list[Any]) -> None:
+    def __init__(
+        self,
+        host: HeartbeatHost,
+        url: str,
+        prefix: str,
+        interval: float,
+        ttl_s: float,
+        args: list[Any],
+    ) -> None:
         """Start the helper and wait (up to 15 s) for its first beat.
 
         Args:
@@ -147,17 +153,29 @@ class HelperHeartbeat:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from taskq.heartbeat import helper_main; helper_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin = self.proc.stdin
         self._stdout = self.proc.stdout
-        self._send({"url": url, "prefix": prefix, "job": host.job, "interval": interval,
-                    "ttl": ttl_s, "ppid": os.getpid()})
+        self._send(
+            {
+                "url": url,
+                "prefix": prefix,
+                "job": host.job,
+                "interval": interval,
+                "ttl": ttl_s,
+                "ppid": os.getpid(),
+            }
+        )
         self.push(args)
         self._ready = threading.Event()
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"taskq-heartbeat-reader-{host.job}")
+        self._reader = threading.Thread(
+            target=self._read_loop, daemon=True, name=f"taskq-heartbeat-reader-{host.job}"
+        )
         self._reader.start()
         # the helper needs a moment to start Python; do not lease before it heartbeats
         if not self._ready.wait(15.0):
@@ -194,8 +212,9 @@ class HelperHeartbeat:
             del host
         host = self._host()
         if host is not None and host.keep_beating():
-            log.error("job %s: the heartbeat helper process exited (code %s)", self.job,
-                      self.proc.poll())
+            log.error(
+                "job %s: the heartbeat helper process exited (code %s)", self.job, self.proc.poll()
+            )
 
     def _apply(self, host: HeartbeatHost, msg: dict[str, Any]) -> None:
         """One line from the helper: the raw reply to the ARGV it sent, or its error."""
@@ -230,8 +249,9 @@ class HelperHeartbeat:
             self.proc.wait()
 
 
-def start_thread(host: HeartbeatHost, stop: threading.Event, url: str | None,
-                 interval: float, ttl_s: float) -> tuple[threading.Thread, Scripts | None]:
+def start_thread(
+    host: HeartbeatHost, stop: threading.Event, url: str | None, interval: float, ttl_s: float
+) -> tuple[threading.Thread, Scripts | None]:
     """Start the heartbeat thread of ``host`` (a daemon: it dies with the process).
 
     Args:
@@ -250,8 +270,12 @@ def start_thread(host: HeartbeatHost, stop: threading.Event, url: str | None,
         # the ttl would be worse than one missed beat
         hb_redis, _ = make_redis(url, retries=1, socket_timeout=max(0.5, min(ttl_s / 2, 5.0)))
         scripts = Scripts(hb_redis)
-    thread = threading.Thread(target=heartbeat_loop, name=f"taskq-heartbeat-{host.job}",
-                              args=(weakref.ref(host), stop, interval), daemon=True)
+    thread = threading.Thread(
+        target=heartbeat_loop,
+        name=f"taskq-heartbeat-{host.job}",
+        args=(weakref.ref(host), stop, interval),
+        daemon=True,
+    )
     thread.start()
     return thread, scripts
 
@@ -269,8 +293,9 @@ def stop_dropped(job: str, stop: threading.Event, helper: HelperHeartbeat | None
     if helper is not None:
         helper.stop(wait=False)
     try:
-        log.warning("job %s: a Trainer was dropped without close(); its leases go back "
-                    "after its ttl", job)
+        log.warning(
+            "job %s: a Trainer was dropped without close(); its leases go back after its ttl", job
+        )
     except Exception:  # logging torn down at interpreter exit
         pass
 
@@ -316,8 +341,9 @@ def helper_main() -> None:
     if os.getppid() != ppid:
         return
     interval = float(conf["interval"])
-    redis_client, masked = make_redis(conf["url"], retries=1,
-                                      socket_timeout=max(0.5, min(float(conf["ttl"]) / 2, 5.0)))
+    redis_client, masked = make_redis(
+        conf["url"], retries=1, socket_timeout=max(0.5, min(float(conf["ttl"]) / 2, 5.0))
+    )
     scripts = Scripts(redis_client)
     keys = JobKeys(conf["job"], conf["prefix"]).all
     args: list[Any] | None = None
@@ -335,7 +361,9 @@ def helper_main() -> None:
         next_due = max(next_due + interval, time.monotonic())
         try:
             answer: dict[str, Any] = {
-                "reply": call_heartbeat(scripts, masked, keys, args), "args": args}
+                "reply": call_heartbeat(scripts, masked, keys, args),
+                "args": args,
+            }
         except errors.TaskqError as e:
             answer = {"error": str(e), "kind": type(e).__name__}
         try:

@@ -29,7 +29,7 @@ JOB_KEYS: tuple[str, ...] = (
     "reserved",  # zset: task id -> lease time, for prefetched leases not yet started
     "started",  # zset: task id -> start time (job clock, ms), for lease ages
     "workers",  # zset: "worker|incarnation" -> liveness deadline (job clock, ms)
-    "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain|conn"
+    "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn"
     "waiting",  # zset: "worker|incarnation" -> time it began waiting for work
     "counts",  # hash: "f:<task>" failures, "a:<task>" attempts, "s:<task>" solo, "x:<task>" failer
     "passes",  # hash: pass number -> JSON summary of that pass (last 1,000 kept)
@@ -104,6 +104,7 @@ class MetaField:
     C_DEAD = "c_dead"
     C_STOLEN = "c_stolen"
     C_REVOKED = "c_revoked"
+    C_FORGED = "c_forged"  # writes with a lease's token (or a worker's name), not its secret
     P_STALE = "p_stale"
     P_SKIPPED = "p_skipped"
     P_RESETS = "p_resets"
@@ -193,8 +194,9 @@ def _glob_escape(text: str) -> str:
     return _GLOB_SPECIAL_RE.sub(r"\\\1", text)
 
 
-def acl_key_patterns(job: str | None, names: tuple[str, ...] | None = None,
-                     key_prefix: str | None = None) -> list[str]:
+def acl_key_patterns(
+    job: str | None, names: tuple[str, ...] | None = None, key_prefix: str | None = None
+) -> list[str]:
     """Redis glob patterns (for ACL ``~pattern`` rules) of one job's keys, or every job's.
 
     Args:

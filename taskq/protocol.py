@@ -6,6 +6,11 @@ the Lua headers (``taskq/lua/<verb>-N.lua``) are known here alone. A reply is de
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in trainer.py.
 
+Every verb that ends, starts, grants or renews leases (and register, which sets it)
+carries the worker incarnation's lease secret as its last argument (before the optional
+connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
+"Lease secrets"). It is never logged, nor put in an error.
+
 Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
 """
 
@@ -60,11 +65,11 @@ class Step(NamedTuple):
     """
 
     code: int
-    granted: list[Task]        # usable tasks (corrupt ones are apart, in ``corrupt``)
+    granted: list[Task]  # usable tasks (corrupt ones are apart, in ``corrupt``)
     wait_s: float
     info: JobInfo | None
-    ack_res: list[int]         # one result code per ack sent
-    start_res: list[int]       # one result code per start sent
+    ack_res: list[int]  # one result code per ack sent
+    start_res: list[int]  # one result code per start sent
     corrupt: Sequence[tuple[Task, errors.CorruptData]]  # granted, chunks unreadable
 
     @property
@@ -83,17 +88,27 @@ class HeartbeatReply(NamedTuple):
     @classmethod
     def decode(cls, reply: Sequence[Any]) -> HeartbeatReply:
         """Decode a raw heartbeat reply (from this process or the helper's JSON line)."""
-        return cls(int(reply[0]), [int(x) for x in reply[1]] if len(reply) > 1 else [],
-                   decode_info(reply[2]) if len(reply) > 2 else None)
+        return cls(
+            int(reply[0]),
+            [int(x) for x in reply[1]] if len(reply) > 1 else [],
+            decode_info(reply[2]) if len(reply) > 2 else None,
+        )
 
 
-def heartbeat_args(job_incarnation: str, worker_id: str, incarnation: str,
-                   last_reply_no: int, pairs: Sequence[tuple[int, int]]) -> list[Any]:
+def heartbeat_args(
+    job_incarnation: str,
+    worker_id: str,
+    incarnation: str,
+    secret: str,
+    last_reply_no: int,
+    pairs: Sequence[tuple[int, int]],
+) -> list[Any]:
     """The heartbeat's ARGV: ``job_inc, worker, winc, last_reply_call_no, n, (task,
-    token) x n`` (``call_heartbeat`` adds the connection's id)."""
+    token) x n, secret`` (``call_heartbeat`` adds the connection's id)."""
     args: list[Any] = [job_incarnation, worker_id, incarnation, last_reply_no, len(pairs)]
     for tid, tok in pairs:
         args += [tid, tok]
+    args.append(secret)
     return args
 
 
@@ -112,8 +127,9 @@ def heartbeat_incarnation(args: Sequence[Any]) -> str:
 #: reconnect redis-py's retry hides leaves the record on the old id meanwhile: the reaper
 #: then sees it gone but the worker heartbeating, and declares nothing (connwatch.py).
 CONN_RECHECK_S = 10.0
-_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float]] = \
-    weakref.WeakKeyDictionary()  # scripts -> (incarnation, connection id, checked at)
+_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float]] = (
+    weakref.WeakKeyDictionary()
+)  # scripts -> (incarnation, connection id, checked at)
 
 
 def _conn_id(scripts: Scripts, incarnation: str) -> str:
@@ -128,8 +144,9 @@ def _conn_id(scripts: Scripts, incarnation: str) -> str:
     return cid
 
 
-def call_heartbeat(scripts: Scripts, masked_url: str, keys: list[str],
-                   args: list[Any]) -> list[Any]:
+def call_heartbeat(
+    scripts: Scripts, masked_url: str, keys: list[str], args: list[Any]
+) -> list[Any]:
     """One raw heartbeat call (the helper process sends the raw reply on, as JSON).
 
     Args:
@@ -179,9 +196,18 @@ class Wire:
         """
         return self.client.run(self.job, verb, args, passthrough=PASSTHROUGH)
 
-    def register(self, job_incarnation: str, worker_id: str, incarnation: str,
-                 ttl_ms: int, host: str, pid: int) -> Registered:
-        """Join the job as ``worker_id`` under a new ``incarnation``.
+    def register(
+        self,
+        job_incarnation: str,
+        worker_id: str,
+        incarnation: str,
+        secret: str,
+        ttl_ms: int,
+        host: str,
+        pid: int,
+    ) -> Registered:
+        """Join the job as ``worker_id`` under a new ``incarnation`` whose lease secret is
+        ``secret`` (at least 16 characters; every later write of the incarnation sends it).
 
         Returns:
             The job's incarnation, the worker's ttl and heartbeat interval, the job's info.
@@ -192,14 +218,26 @@ class Wire:
         """
         with translate(self.client.url):
             cid = name_connection(self.client.redis, incarnation)  # until the 1st heartbeat
-        reply = self.run("register", [job_incarnation, worker_id, incarnation, ttl_ms,
-                                      host, pid, cid])
-        return Registered(str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0,
-                          decode_info(reply[4]))
+        reply = self.run(
+            "register", [job_incarnation, worker_id, incarnation, ttl_ms, host, pid, secret, cid]
+        )
+        return Registered(
+            str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0, decode_info(reply[4])
+        )
 
-    def step(self, job_incarnation: str, worker_id: str, incarnation: str, call_no: int,
-             acks: Sequence[Task], starts: Sequence[Task], want: int, mode: str,
-             expect_pass: int) -> Step:
+    def step(
+        self,
+        job_incarnation: str,
+        worker_id: str,
+        incarnation: str,
+        secret: str,
+        call_no: int,
+        acks: Sequence[Task],
+        starts: Sequence[Task],
+        want: int,
+        mode: str,
+        expect_pass: int,
+    ) -> Step:
         """Ack ``acks``, start ``starts`` and lease up to ``want`` more, in one call.
 
         Args:
@@ -220,7 +258,7 @@ class Wire:
         args.append(len(starts))
         for t in starts:
             args += [t.id, t.token]
-        args += [want, mode, expect_pass]
+        args += [want, mode, expect_pass, secret]
         return self.decode_step(self.run("ack", args))
 
     def decode_step(self, reply: Sequence[Any]) -> Step:
@@ -234,19 +272,41 @@ class Wire:
         corrupt: Any = _NO_CORRUPT
         for task_id, token, attempt, chunks, started, *rest in reply[1]:
             # rest[0]: where reading begins (the task's recorded progress, docs/resume.md)
-            task = Task(id=int(task_id), pass_no=info.pass_no, chunks=[], token=int(token),
-                        attempt=int(attempt), job=self.job, started=bool(int(started)),
-                        start=int(rest[0]) if rest else 0)
+            task = Task(
+                id=int(task_id),
+                pass_no=info.pass_no,
+                chunks=[],
+                token=int(token),
+                attempt=int(attempt),
+                job=self.job,
+                started=bool(int(started)),
+                start=int(rest[0]) if rest else 0,
+            )
             try:
                 task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
                 granted.append(task)
             except errors.CorruptData as e:
                 corrupt = [*corrupt, (task, e)]
-        return Step(code, granted, int(reply[2]) / 1000.0, info,
-                    [int(x) for x in reply[4]], [int(x) for x in reply[5]], corrupt)
+        return Step(
+            code,
+            granted,
+            int(reply[2]) / 1000.0,
+            info,
+            [int(x) for x in reply[4]],
+            [int(x) for x in reply[5]],
+            corrupt,
+        )
 
-    def write(self, verb: str, job_incarnation: str, worker_id: str, incarnation: str,
-              tasks: Sequence[Task], extra: Sequence[Any] = ()) -> list[int]:
+    def write(
+        self,
+        verb: str,
+        job_incarnation: str,
+        worker_id: str,
+        incarnation: str,
+        secret: str,
+        tasks: Sequence[Task],
+        extra: Sequence[Any] = (),
+    ) -> list[int]:
         """End leases: ``fail`` (``extra`` = [error text]) or ``release``.
 
         Returns:
@@ -259,11 +319,18 @@ class Wire:
         args: list[Any] = [job_incarnation, worker_id, incarnation, *extra, len(tasks)]
         for t in tasks:
             args += [t.id, t.token]
+        args.append(secret)
         reply = self.run(verb, args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
-    def progress(self, job_incarnation: str, worker_id: str, incarnation: str,
-                 items: Sequence[tuple[Task, int]]) -> list[int]:
+    def progress(
+        self,
+        job_incarnation: str,
+        worker_id: str,
+        incarnation: str,
+        secret: str,
+        items: Sequence[tuple[Task, int]],
+    ) -> list[int]:
         """Record how far into each task its holder got: ``(task, samples)`` pairs.
 
         Returns:
@@ -277,10 +344,11 @@ class Wire:
         args: list[Any] = [job_incarnation, worker_id, incarnation, len(items)]
         for task, n in items:
             args += [task.id, task.token, n]
+        args.append(secret)
         reply = self.run("progress", args)
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
-    def leave(self, job_incarnation: str, worker_id: str, incarnation: str) -> int:
+    def leave(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str) -> int:
         """Deregister, releasing everything held.
 
         Returns:
@@ -290,7 +358,7 @@ class Wire:
             JobNotFound: the job was deleted or replaced.
             ConnectionLost: Redis could not be reached.
         """
-        reply = self.run("leave", [job_incarnation, worker_id, incarnation])
+        reply = self.run("leave", [job_incarnation, worker_id, incarnation, secret])
         return int(reply[1]) if len(reply) > 1 else 0
 
     def heartbeat(self, scripts: Scripts, args: list[Any]) -> HeartbeatReply:
@@ -299,8 +367,7 @@ class Wire:
         Raises:
             ConnectionLost: Redis could not be reached.
         """
-        return HeartbeatReply.decode(call_heartbeat(scripts, self.client.url, self.keys.all,
-                                                    args))
+        return HeartbeatReply.decode(call_heartbeat(scripts, self.client.url, self.keys.all, args))
 
     def wait(self, gen: int, timeout: float) -> None:
         """Block up to ``timeout`` seconds for a wake token or the next broadcast after

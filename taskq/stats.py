@@ -28,6 +28,7 @@ class Client(Protocol):
 
     def keys(self, job: str) -> JobKeys: ...
 
+
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
 COUNTERS = {
@@ -41,6 +42,7 @@ COUNTERS = {
     "dead": F.C_DEAD,
     "stolen": F.C_STOLEN,
     "revoked": F.C_REVOKED,
+    "forged": F.C_FORGED,
 }
 
 
@@ -117,14 +119,29 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
     counters["last_pass_ms"] = _int(meta, F.LAST_PASS_MS)
     lease_ages = {str(b): c for b, c in zip(LEASE_AGE_BOUNDS_S, older, strict=True)}
     status = JobStatus(
-        job=name, state=state, reason=meta.get(F.REASON, ""), pass_no=pass_no,
-        passes=None if passes < 0 else passes, tasks=n, todo=todo, leased=leased,
-        done=done, dead=dead, workers=alive, incarnation=meta[F.INC], config=config,
-        counters=counters, pass_started_ms=_int(meta, F.PSTART),
-        created_ms=_int(meta, F.CREATED), now_ms=now_ms, pass_attempt=_int(meta, F.P_RESETS),
+        job=name,
+        state=state,
+        reason=meta.get(F.REASON, ""),
+        pass_no=pass_no,
+        passes=None if passes < 0 else passes,
+        tasks=n,
+        todo=todo,
+        leased=leased,
+        done=done,
+        dead=dead,
+        workers=alive,
+        incarnation=meta[F.INC],
+        config=config,
+        counters=counters,
+        pass_started_ms=_int(meta, F.PSTART),
+        created_ms=_int(meta, F.CREATED),
+        now_ms=now_ms,
+        pass_attempt=_int(meta, F.P_RESETS),
         reserved=_int(meta, F.NRESERVED) if state in ("running", "paused") else 0,
-        histograms={"task_duration": histogram(hist, "dur"),
-                    "redispatch_lateness": histogram(hist, "late")},
+        histograms={
+            "task_duration": histogram(hist, "dur"),
+            "redispatch_lateness": histogram(hist, "late"),
+        },
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
         lease_ages=lease_ages,
     )
@@ -141,14 +158,33 @@ def parse_lease(record: str | None) -> dict[str, Any] | None:
         return None
     f = record.split("|")
     if f[0] == "L" and len(f) >= 9:
-        return {"live": True, "worker": f[1], "worker_incarnation": f[2], "token": int(f[3]),
-                "round": int(f[4]), "started": f[5] == "S", "since_ms": int(f[6]),
-                "call": int(f[7]), "attempt": int(f[8])}
+        return {
+            "live": True,
+            "worker": f[1],
+            "worker_incarnation": f[2],
+            "token": int(f[3]),
+            "round": int(f[4]),
+            "started": f[5] == "S",
+            "since_ms": int(f[6]),
+            "call": int(f[7]),
+            "attempt": int(f[8]),
+        }
     if f[0] == "E" and len(f) >= 6:
-        return {"live": False, "worker": f[1], "worker_incarnation": f[2], "token": int(f[3]),
-                "round": int(f[4]), "ended": {"A": "acked", "F": "failed", "R": "released",
-                                              "X": "expired", "S": "stolen",
-                                              "V": "revoked"}.get(f[5], f[5])}
+        return {
+            "live": False,
+            "worker": f[1],
+            "worker_incarnation": f[2],
+            "token": int(f[3]),
+            "round": int(f[4]),
+            "ended": {
+                "A": "acked",
+                "F": "failed",
+                "R": "released",
+                "X": "expired",
+                "S": "stolen",
+                "V": "revoked",
+            }.get(f[5], f[5]),
+        }
     return None
 
 
@@ -156,13 +192,21 @@ def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
     """The rows of the peek script as dicts."""
     out = []
     for task_id, record, failures, attempts in rows:
-        item: dict[str, Any] = {"id": int(task_id), "state": state,
-                                "failures": int(failures), "attempts": int(attempts)}
+        item: dict[str, Any] = {
+            "id": int(task_id),
+            "state": state,
+            "failures": int(failures),
+            "attempts": int(attempts),
+        }
         lease = parse_lease(record) if state == "leased" else None
         if lease and lease["live"]:
-            item.update(worker=lease["worker"], token=lease["token"],
-                        started=lease["started"], since_ms=lease["since_ms"],
-                        attempt=lease["attempt"])
+            item.update(
+                worker=lease["worker"],
+                token=lease["token"],
+                started=lease["started"],
+                since_ms=lease["since_ms"],
+                attempt=lease["attempt"],
+            )
         out.append(item)
     return out
 
@@ -171,8 +215,9 @@ def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
 EVENT_SCAN = 5000
 
 
-def task_histories(client: Client, name: str, task_ids: list[int], per_task: int,
-                   scan: int = EVENT_SCAN) -> dict[int, list[dict[str, Any]]]:
+def task_histories(
+    client: Client, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
+) -> dict[int, list[dict[str, Any]]]:
     """The latest ``per_task`` events of each task, oldest first, from the newest
     ``scan`` events of the stream (it is trimmed: older history is gone anyway)."""
     wanted = {str(t): int(t) for t in task_ids}
@@ -183,15 +228,15 @@ def task_histories(client: Client, name: str, task_ids: list[int], per_task: int
         ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
         for t in ids:
             if t in wanted and len(out[wanted[t]]) < per_task:
-                out[wanted[t]].append({"id": event_id, "ms": int(event_id.split("-")[0]),
-                                       **fields})
+                out[wanted[t]].append({"id": event_id, "ms": int(event_id.split("-")[0]), **fields})
     for events in out.values():
         events.reverse()
     return out
 
 
-def latest_of_type(client: Client, name: str, kind: str, limit: int,
-                   scan: int) -> list[dict[str, str]]:
+def latest_of_type(
+    client: Client, name: str, kind: str, limit: int, scan: int
+) -> list[dict[str, str]]:
     """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
     first (what the reaper names after a tick)."""
     out: list[dict[str, str]] = []
@@ -242,30 +287,45 @@ def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> d
     pipe.getbit(keys.done, int(t))
     pipe.hget(keys.leases, t)
     pipe.hmget(keys.counts, [f"f:{t}", f"a:{t}", f"s:{t}"])
-    (inc, n, rnd, state, pass_no, maxf, maxa), chunks, dead, done, record, counts = \
-        pipe.execute()
+    (inc, n, rnd, state, pass_no, maxf, maxa), chunks, dead, done, record, counts = pipe.execute()
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
     ntasks = int(n or 0)
     if not 0 <= int(t) < ntasks:
         raise errors.InvalidInput(f"job {name}: no task {t} (its tasks are 0-{ntasks - 1})")
     lease = parse_lease(record)
-    held = bool(lease and lease["live"] and lease["round"] == int(rnd or 0)
-                and state == "running")
-    task_state = ("dead" if dead else "leased" if held else "done" if done
-                  else "todo" if state == "running" else state)
+    held = bool(lease and lease["live"] and lease["round"] == int(rnd or 0) and state == "running")
+    task_state = (
+        "dead"
+        if dead
+        else "leased"
+        if held
+        else "done"
+        if done
+        else "todo"
+        if state == "running"
+        else state
+    )
     try:
         decoded = json.loads(chunks) if chunks is not None else None
     except ValueError as e:
         raise errors.CorruptData(f"{keys.chunks}: task {t} is not JSON") from e
     events = task_histories(client, name, [int(t)], max(history, 20))[int(t)]
     return {
-        "job": name, "id": int(t), "state": task_state, "pass": int(pass_no or 0),
-        "chunks": decoded, "failures": int(counts[0] or 0), "max_failures": int(maxf or 0),
-        "attempts": int(counts[1] or 0), "max_attempts": int(maxa or 0),
-        "solo": counts[2] == "1", "lease": lease if held else None,
+        "job": name,
+        "id": int(t),
+        "state": task_state,
+        "pass": int(pass_no or 0),
+        "chunks": decoded,
+        "failures": int(counts[0] or 0),
+        "max_failures": int(maxf or 0),
+        "attempts": int(counts[1] or 0),
+        "max_attempts": int(maxa or 0),
+        "solo": counts[2] == "1",
+        "lease": lease if held else None,
         "last_lease": lease if lease and not held else None,
-        "last_error": last_error(events), "history": events[-history:] if history else [],
+        "last_error": last_error(events),
+        "history": events[-history:] if history else [],
     }
 
 
@@ -294,13 +354,21 @@ def workers(client: Client, name: str) -> list[dict[str, Any]]:
         m = f"{worker}|{winc}"
         deadline = deadlines.get(m)
         pipe.zlexcount(keys.owned, f"[{m}|", f"({m}|\xff")
-        rows.append({
-            "id": worker, "incarnation": winc, "host": host, "pid": int(pid or 0),
-            "joined_ms": joined, "ttl_s": ttl_ms / 1000.0,
-            "last_heartbeat_age_s": None if deadline is None
-            else round((jnow - (deadline - ttl_ms)) / 1000.0, 3),
-            "alive": deadline is not None and deadline >= jnow, "draining": drain == "1",
-        })
+        rows.append(
+            {
+                "id": worker,
+                "incarnation": winc,
+                "host": host,
+                "pid": int(pid or 0),
+                "joined_ms": joined,
+                "ttl_s": ttl_ms / 1000.0,
+                "last_heartbeat_age_s": None
+                if deadline is None
+                else round((jnow - (deadline - ttl_ms)) / 1000.0, 3),
+                "alive": deadline is not None and deadline >= jnow,
+                "draining": drain == "1",
+            }
+        )
     for row, held in zip(rows, pipe.execute(), strict=True):
         row["leases"] = int(held)
     return rows
@@ -318,8 +386,11 @@ def memory_policy(client: Client) -> str | None:
             return None
         raise
     nodes = [info] if "maxmemory_policy" in info else list(info.values())
-    policies = {str(n.get("maxmemory_policy")) for n in nodes if isinstance(n, dict)
-                and n.get("maxmemory_policy")}
+    policies = {
+        str(n.get("maxmemory_policy"))
+        for n in nodes
+        if isinstance(n, dict) and n.get("maxmemory_policy")
+    }
     if not policies:
         return None
     unsafe = sorted(policies - {"noeviction"})
@@ -365,15 +436,37 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         "state": status.state,
         "pass": status.pass_no,
         "passes": [
-            {k: s.get(k) for k in ("pass", "round", "state", "done", "dead", "skipped",
-                                   "stale", "resets", "max_lateness_ms", "expired",
-                                   "started_ms", "ended_ms", "resumed", "resumed_samples",
-                                   "reread_samples", "rewound")}
+            {
+                k: s.get(k)
+                for k in (
+                    "pass",
+                    "round",
+                    "state",
+                    "done",
+                    "dead",
+                    "skipped",
+                    "stale",
+                    "resets",
+                    "max_lateness_ms",
+                    "expired",
+                    "started_ms",
+                    "ended_ms",
+                    "resumed",
+                    "resumed_samples",
+                    "reread_samples",
+                    "rewound",
+                )
+            }
             for s in passes
         ],
         "first_lease_ms": first_lease_ms(client, name),
-        "current": {"pass": status.pass_no, "done": status.done, "leased": status.leased,
-                    "todo": status.todo, "dead": status.dead},
+        "current": {
+            "pass": status.pass_no,
+            "done": status.done,
+            "leased": status.leased,
+            "todo": status.todo,
+            "dead": status.dead,
+        },
         "counters": status.counters,
         "progress": progress,
         "checks": checks,

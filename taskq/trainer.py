@@ -109,13 +109,15 @@ class Trainer:
         if heartbeat is True:
             heartbeat = "thread"
         if heartbeat not in (False, "thread", "process"):
-            raise errors.InvalidInput(f"heartbeat must be 'thread', 'process' or False, "
-                                      f"not {heartbeat!r}")
+            raise errors.InvalidInput(
+                f"heartbeat must be 'thread', 'process' or False, not {heartbeat!r}"
+            )
         # the raw URL (with any password) for connections of our own; None with a given client
         self._raw_url = resolve_url(url) if client is None else url
         if heartbeat == "process" and self._raw_url is None:
-            raise errors.InvalidInput("heartbeat='process' needs url= (the helper process "
-                                      "opens its own connection)")
+            raise errors.InvalidInput(
+                "heartbeat='process' needs url= (the helper process opens its own connection)"
+            )
         if reconnect_timeout < 0:
             raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
         self.prefetch = prefetch
@@ -147,6 +149,9 @@ class Trainer:
         self._old_handlers: dict[int, Any] = {}
         self.job_incarnation = ""
         self.incarnation = ""
+        # this incarnation's lease secret: sent with every write, kept in this process
+        # alone (Redis keeps a digest); never logged, never given to a child process
+        self._secret = ""
         self.heartbeats_sent = 0
         self.stolen_from_me = 0
         # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
@@ -162,22 +167,39 @@ class Trainer:
         self._retrying(self._register)
         if heartbeat == "thread":
             self._hb_thread, self._hb_scripts = start_thread(
-                self, self._stop, self._raw_url, self.heartbeat_interval, self.ttl_s)
+                self, self._stop, self._raw_url, self.heartbeat_interval, self.ttl_s
+            )
         elif heartbeat == "process":
             assert self._raw_url is not None
-            self._helper = HelperHeartbeat(self, self._raw_url, self.client.prefix,
-                                           self.heartbeat_interval, self.ttl_s,
-                                           self._beat_args())
+            self._helper = HelperHeartbeat(
+                self,
+                self._raw_url,
+                self.client.prefix,
+                self.heartbeat_interval,
+                self.ttl_s,
+                self._beat_args(),
+            )
         # nothing started here holds the trainer strongly: dropped, it is collected and
         # this stops its heartbeats
         self._finalizer = weakref.finalize(self, stop_dropped, job, self._stop, self._helper)
 
     # -- registration and plumbing ------------------------------------------------
     def _register(self) -> None:
-        self.incarnation = secrets.token_hex(6)
-        reg = self._contact(self._wire.register, self.job_incarnation, self.worker_id,
-                            self.incarnation, self._own_ttl_ms, socket.gethostname(),
-                            os.getpid())
+        # a new incarnation and its lease secret, swapped in together: a call never sends
+        # one incarnation with another's secret (it would be counted forged)
+        incarnation, secret = secrets.token_hex(6), secrets.token_hex(16)
+        with self._lock:
+            self.incarnation, self._secret = incarnation, secret
+        reg = self._contact(
+            self._wire.register,
+            self.job_incarnation,
+            self.worker_id,
+            incarnation,
+            secret,
+            self._own_ttl_ms,
+            socket.gethostname(),
+            os.getpid(),
+        )
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s
         self.heartbeat_interval = reg.heartbeat_interval_s
@@ -234,8 +256,9 @@ class Trainer:
             self._mark_all_revoked()
             self._register()
 
-    def _fail_corrupt(self, corrupt: list[tuple[Task, errors.CorruptData]]
-                      ) -> list[errors.CorruptData]:
+    def _fail_corrupt(
+        self, corrupt: list[tuple[Task, errors.CorruptData]]
+    ) -> list[errors.CorruptData]:
         """Fail each task whose chunks cannot be read, alone (one failure charged per
         lease, so it is dead after max_failures instead of circulating), with the error
         as the failure text; returns the errors, naming the job, the task and the key."""
@@ -259,11 +282,22 @@ class Trainer:
         with self._lock:
             self._call_no += 1
             call_no = self._call_no
-            incarnation = self.incarnation
+            incarnation, secret = self.incarnation, self._secret
             self._in_flight.add(call_no)
         try:
-            r = self._contact(self._wire.step, self.job_incarnation, self.worker_id,
-                              incarnation, call_no, acks, starts, want, mode, expect_pass)
+            r = self._contact(
+                self._wire.step,
+                self.job_incarnation,
+                self.worker_id,
+                incarnation,
+                secret,
+                call_no,
+                acks,
+                starts,
+                want,
+                mode,
+                expect_pass,
+            )
         except BaseException:
             with self._lock:  # its reply is lost: later replies may count
                 self._in_flight.discard(call_no)
@@ -300,8 +334,9 @@ class Trainer:
     def _note_replied(self) -> None:
         """(Under the lock.) The heartbeat may claim the replies up to the newest one
         applied, but not up to a call still in flight."""
-        self._last_reply_no = (min(self._replied, min(self._in_flight) - 1)
-                               if self._in_flight else self._replied)
+        self._last_reply_no = (
+            min(self._replied, min(self._in_flight) - 1) if self._in_flight else self._replied
+        )
 
     def _forget(self, *tasks: Task) -> None:
         """Drop ``tasks`` from what this trainer holds (only those leases, not newer ones of
@@ -380,13 +415,20 @@ class Trainer:
         tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
         return tasks[0] if tasks else None
 
-    def _lease_n(self, n: int, timeout: float, expect_pass: int | None,
-                 acks: list[Task] | None = None, raise_corrupt: bool = False) -> list[Task]:
+    def _lease_n(
+        self,
+        n: int,
+        timeout: float,
+        expect_pass: int | None,
+        acks: list[Task] | None = None,
+        raise_corrupt: bool = False,
+    ) -> list[Task]:
         deadline = time.monotonic() + timeout
         acks = list(acks or [])
         while True:
-            r = self._retrying(self._step, acks, [], n, "S",
-                               -1 if expect_pass is None else expect_pass)
+            r = self._retrying(
+                self._step, acks, [], n, "S", -1 if expect_pass is None else expect_pass
+            )
             self._check_acks(acks, r.ack_res, raise_stale=False)
             acks = []
             bad = self._fail_corrupt(r.corrupt)
@@ -404,8 +446,9 @@ class Trainer:
             if remaining <= 0:
                 return []
             if not bad:
-                self._retrying(self._wait, min(remaining, r.wait_s) if r.wait_s > 0
-                               else remaining, r.gen)
+                self._retrying(
+                    self._wait, min(remaining, r.wait_s) if r.wait_s > 0 else remaining, r.gen
+                )
 
     def _check_acks(self, acks: list[Task], results: list[int], raise_stale: bool) -> None:
         if Code.STALE not in results:
@@ -422,8 +465,19 @@ class Trainer:
 
     def _write(self, verb: str, tasks: list[Task], *extra: Any) -> None:
         self._flush_quietly()  # the next holder starts where this one got
-        results = self._retrying(self._contact, self._wire.write, verb, self.job_incarnation,
-                                 self.worker_id, self.incarnation, tasks, extra)
+        with self._lock:
+            incarnation, secret = self.incarnation, self._secret
+        results = self._retrying(
+            self._contact,
+            self._wire.write,
+            verb,
+            self.job_incarnation,
+            self.worker_id,
+            incarnation,
+            secret,
+            tasks,
+            extra,
+        )
         self._forget(*tasks)
         self._changed()
         self._check_acks(tasks, results, raise_stale=True)
@@ -495,8 +549,10 @@ class Trainer:
             InvalidInput: ``n`` is not an integer >= 0.
         """
         self._progress.record(task, n)
-        if self._progress_inline and \
-                time.monotonic() - self._progress_sent >= self.heartbeat_interval:
+        if (
+            self._progress_inline
+            and time.monotonic() - self._progress_sent >= self.heartbeat_interval
+        ):
             self._flush_quietly()
 
     def flush_progress(self) -> list[int]:
@@ -513,9 +569,17 @@ class Trainer:
         items = self._progress.take()
         if not items:
             return []
+        with self._lock:
+            incarnation, secret = self.incarnation, self._secret
         try:
-            results = self._contact(self._wire.progress, self.job_incarnation,
-                                    self.worker_id, self.incarnation, items)
+            results = self._contact(
+                self._wire.progress,
+                self.job_incarnation,
+                self.worker_id,
+                incarnation,
+                secret,
+                items,
+            )
         except errors.ConnectionLost:
             self._progress.restore(items)
             raise
@@ -554,12 +618,17 @@ class Trainer:
 
     # -- the heartbeat's view of the trainer (heartbeat.HeartbeatHost) -------------------
     def _beat_args(self) -> list[Any]:
-        """The next heartbeat's ARGV: the held (task, token) pairs and the last reply's
-        call number, taken together under the lock."""
+        """The next heartbeat's ARGV: the held (task, token) pairs, the last reply's call
+        number and the incarnation's secret, taken together under the lock."""
         with self._lock:
             return protocol.heartbeat_args(
-                self.job_incarnation, self.worker_id, self.incarnation, self._last_reply_no,
-                [(task.id, task.token) for task in self._held.values()])
+                self.job_incarnation,
+                self.worker_id,
+                self.incarnation,
+                self._secret,
+                self._last_reply_no,
+                [(task.id, task.token) for task in self._held.values()],
+            )
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
         """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
@@ -624,8 +693,12 @@ class Trainer:
                 held = list(self._held.values())
             for task in held:
                 if not task.at_risk.is_set():
-                    log.warning("job %s: out of contact with Redis for > %.1fs; task %s at "
-                                "risk", self.job, self.ttl_s, task.id)
+                    log.warning(
+                        "job %s: out of contact with Redis for > %.1fs; task %s at risk",
+                        self.job,
+                        self.ttl_s,
+                        task.id,
+                    )
                     task.at_risk.set()
         return self._ended is None and not self._closed
 
@@ -645,8 +718,11 @@ class Trainer:
                 if self._reserved:
                     starts = [self._reserved.popleft()]
             if current is not None and current._revoked is not None and current._revoked.is_set():
-                log.warning("job %s: lease of task %s was revoked; its result is not "
-                            "counted", self.job, current.id)
+                log.warning(
+                    "job %s: lease of task %s was revoked; its result is not counted",
+                    self.job,
+                    current.id,
+                )
                 acks = []
             current = None
             if self._draining:
@@ -787,9 +863,17 @@ class Trainer:
     def _leave(self) -> None:
         self._flush_quietly()
         try:
-            self._retrying(self._contact, self._wire.leave, self.job_incarnation,
-                           self.worker_id, self.incarnation,
-                           bound_s=min(self.reconnect_timeout, 5.0))
+            with self._lock:
+                incarnation, secret = self.incarnation, self._secret
+            self._retrying(
+                self._contact,
+                self._wire.leave,
+                self.job_incarnation,
+                self.worker_id,
+                incarnation,
+                secret,
+                bound_s=min(self.reconnect_timeout, 5.0),
+            )
         except errors.ConnectionLost as e:
             log.warning("leave: %s (the server reclaims after the ttl)", e)
         except errors.TaskqError as e:
@@ -807,14 +891,14 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:  # a forked child: behave as if never installed
-            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
-                          else signal.default_int_handler)
+            signal.signal(
+                signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler
+            )
             if signum != signal.SIGINT:
                 os.kill(os.getpid(), signum)
                 return
             raise KeyboardInterrupt
-        log.info("job %s: signal %d; leaving (releasing what this trainer holds)", self.job,
-                 signum)
+        log.info("job %s: signal %d; leaving (releasing what this trainer holds)", self.job, signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
@@ -832,8 +916,9 @@ class Trainer:
         tb: TracebackType | None,
     ) -> None:
         try:
-            if exc is not None and not isinstance(exc, (SystemExit, KeyboardInterrupt,
-                                                         GeneratorExit, errors.TaskqError)):
+            if exc is not None and not isinstance(
+                exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
+            ):
                 self._fail_current(exc_type, exc)
         finally:
             try:

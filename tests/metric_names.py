@@ -36,6 +36,7 @@ METRIC_TYPES = {
                 "dead",
                 "stolen",
                 "revoked",
+                "forged",
                 "expired",
                 "exporter_scrape_errors",
             )
@@ -48,5 +49,4 @@ METRIC_TYPES = {
 
 _SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 #: The series names a scrape carries.
-EXPOSED_NAMES = {name + suffix for name, kind in METRIC_TYPES.items()
-                 for suffix in _SUFFIXES[kind]}
+EXPOSED_NAMES = {name + suffix for name, kind in METRIC_TYPES.items() for suffix in _SUFFIXES[kind]}

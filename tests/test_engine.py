@@ -18,8 +18,9 @@ from redis.cluster import key_slot
 import taskq
 from taskq.keys import JobKeys
 
-make_job = partial(support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0,
-                   task_timeout=None)
+make_job = partial(
+    support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
+)
 
 
 def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
@@ -413,7 +414,8 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     keys = client.keys(job_name).all
     # a lease call whose reply never reached the trainer (call number 7)
     reply = client.scripts.call(
-        "lease", keys, [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1])
+        "lease", keys, [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._secret]
+    )
     lost_id = int(reply[1][0][0])
     t._last_reply_no = 6
     t.heartbeat()
@@ -431,7 +433,8 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
     slow, idle = trainer(client, job_name, "slow"), trainer(client, job_name, "idle")
     keys = client.keys(job_name).all
     reply = client.scripts.call(
-        "lease", keys, [slow.job_incarnation, "slow", slow.incarnation, 2, 1, "F", -1])
+        "lease", keys, [slow.job_incarnation, "slow", slow.incarnation, 2, 1, "F", -1, slow._secret]
+    )
     started, reserved = (int(r[0]) for r in reply[1])
     stolen = idle.lease(timeout=0)
     assert stolen.id == reserved
@@ -496,8 +499,9 @@ def test_library_reloads_after_function_flush(client, job_name):
 
 def test_shuffle_is_a_permutation_that_changes_per_pass(client, job_name):
     n = 50
-    client.create_job(job_name, chunks=list(range(n)), shuffle=True, seed=7, passes=2,
-                      manual_clock=True)
+    client.create_job(
+        job_name, chunks=list(range(n)), shuffle=True, seed=7, passes=2, manual_clock=True
+    )
     t = trainer(client, job_name, "w")
     orders = []
     for _ in range(2):
@@ -516,8 +520,7 @@ def test_events_stream_records_the_story(client, job_name):
     t = trainer(client, job_name, "w")
     t.ack(t.lease(timeout=0))
     kinds = [f["type"] for _, f in client.events(job_name, count=100)]
-    for k in ("job_created", "worker_joined", "leased", "acked", "pass_completed",
-              "job_completed"):
+    for k in ("job_created", "worker_joined", "leased", "acked", "pass_completed", "job_completed"):
         assert k in kinds
     assert json.loads(client.redis.hget(client.keys(job_name).passes, "0"))["done"] == 1
 

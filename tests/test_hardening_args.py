@@ -30,14 +30,31 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "ckpt": ["a|b", "a:b", "", "x" * 65, "a b"],
     "cursor": ["x", "-1", "", "1" * 21],
     "conn": ["x", "-1", "1|2", "1" * 21],
+    "secret": ["", "shortsecret0123"],  # (never echoed: the answer names it, not the value)
 }
+
+SECRET = "s" * 32
 
 #: verb -> (a well-formed ARGV, the kind of each of its arguments). The well-formed ARGV
 #: itself is never sent: only copies with one argument made bad.
 CASES: dict[str, tuple[list[str], list[str]]] = {
-    "ack": (["", "w", "i", "1", "1", "0", "5", "0", "1", "S", "-1"],
-            ["inc", "id", "id", "int", "count", "task", "token", "count", "int", "enum",
-             "int"]),
+    "ack": (
+        ["", "w", "i", "1", "1", "0", "5", "0", "1", "S", "-1", SECRET],
+        [
+            "inc",
+            "id",
+            "id",
+            "int",
+            "count",
+            "task",
+            "token",
+            "count",
+            "int",
+            "enum",
+            "int",
+            "secret",
+        ],
+    ),
     "advance": (["", "0", "1"], ["inc", "int", "enum"]),
     "cancel": ([""], ["inc"]),
     "clock": (["", "5", "0"], ["inc", "int", "enum"]),
@@ -46,22 +63,35 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "create": (["0", "1", "state", "running"], ["enum", "int", "-", "-"]),
     "delete": ([""], ["inc"]),
     "drain": (["", "w"], ["inc", "id"]),
-    "fail": (["", "w", "i", "err", "1", "0", "5"],
-             ["inc", "id", "id", "text", "count", "task", "token"]),
-    "heartbeat": (["", "w", "i", "0", "1", "0", "5", "7"],
-                  ["inc", "id", "id", "int", "count", "task", "token", "conn"]),
-    "lease": (["", "w", "i", "1", "1", "S", "-1"], ["inc", "id", "id", "int", "int", "enum",
-                                                    "int"]),
-    "leave": (["", "w", "i"], ["inc", "id", "id"]),
+    "fail": (
+        ["", "w", "i", "err", "1", "0", "5", SECRET],
+        ["inc", "id", "id", "text", "count", "task", "token", "secret"],
+    ),
+    "heartbeat": (
+        ["", "w", "i", "0", "1", "0", "5", SECRET, "7"],
+        ["inc", "id", "id", "int", "count", "task", "token", "secret", "conn"],
+    ),
+    "lease": (
+        ["", "w", "i", "1", "1", "S", "-1", SECRET],
+        ["inc", "id", "id", "int", "int", "enum", "int", "secret"],
+    ),
+    "leave": (["", "w", "i", SECRET], ["inc", "id", "id", "secret"]),
     "pause": ([""], ["inc"]),
-    "progress": (["", "w", "i", "1", "0", "5", "3"],
-                 ["inc", "id", "id", "count", "task", "token", "int"]),
+    "progress": (
+        ["", "w", "i", "1", "0", "5", "3", SECRET],
+        ["inc", "id", "id", "count", "task", "token", "int", "secret"],
+    ),
     "checkpoint": (["", "c1", "todo", "0", "0"], ["inc", "ckpt", "enum", "int", "cursor"]),
     "peek": (["todo", "0", "10"], ["enum", "-", "int"]),
     "reap": (["", "10", "1000", "r"], ["inc", "int", "int", "id"]),
-    "register": (["", "w", "i", "0", "h", "1", "7"],
-                 ["inc", "id", "id", "int", "inc", "int", "conn"]),
-    "release": (["", "w", "i", "1", "0", "5"], ["inc", "id", "id", "count", "task", "token"]),
+    "register": (
+        ["", "w", "i", "0", "h", "1", SECRET, "7"],
+        ["inc", "id", "id", "int", "inc", "int", "secret", "conn"],
+    ),
+    "release": (
+        ["", "w", "i", "1", "0", "5", SECRET],
+        ["inc", "id", "id", "count", "task", "token", "secret"],
+    ),
     "reset": (["", "-1"], ["inc", "int"]),
     "resume": ([""], ["inc"]),
     "retry": (["", "1", "0"], ["inc", "count", "task"]),
@@ -115,8 +145,7 @@ def bad_argvs(verb: str) -> list[list[str]]:
             # a trailing connection id is optional: leaving it out is a good call
             out.append(argv[:-2] if kinds[-1] == "conn" else argv[:-1])
             out.append([*argv, "1"])
-        out += [argv[:pos] + [value] + argv[pos + 1:]
-                for v, pos, value in OVER_BOUND if v == name]
+        out += [argv[:pos] + [value] + argv[pos + 1 :] for v, pos, value in OVER_BOUND if v == name]
     return out
 
 
@@ -145,6 +174,7 @@ def test_malformed_arguments_answer_invalid_and_change_nothing(client, job_name,
         reply = fcall(client, job_name, verb, argv)
         assert reply[0] == Code.INVALID, (verb, argv, reply)
         assert isinstance(reply[1], str) and ": " in reply[1], reply
+        assert "shortsecret" not in reply[1], "a secret is never echoed"
     # nothing written: the meta hash and the events stream are as they were
     after = client.redis.dump(JobKeys(job_name).meta), client.redis.xlen(JobKeys(job_name).events)
     assert after == before
@@ -164,9 +194,25 @@ def test_ack_with_a_non_numeric_argument_sets_nothing(client, job_name):
     t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
     task = t.lease(timeout=0)
     assert task is not None
-    reply = fcall(client, job_name, "ack", [
-        t.job_incarnation, "w", t.incarnation, "9", "1", str(task.id), str(task.token), "0",
-        "many", "S", "-1"])
+    reply = fcall(
+        client,
+        job_name,
+        "ack",
+        [
+            t.job_incarnation,
+            "w",
+            t.incarnation,
+            "9",
+            "1",
+            str(task.id),
+            str(task.token),
+            "0",
+            "many",
+            "S",
+            "-1",
+            t._secret,
+        ],
+    )
     assert reply[0] == Code.INVALID and reply[1].startswith("want: not an integer")
     assert client.redis.getbit(JobKeys(job_name).done, task.id) == 0
     assert client.status(job_name).leased == 1
@@ -180,10 +226,10 @@ def test_ack_with_a_non_numeric_argument_sets_nothing(client, job_name):
 def test_a_worker_id_with_a_separator_is_refused_by_the_script(client, job_name):
     """Refused only by the Python client before: a raw register made unparseable leases."""
     client.create_job(job_name, chunks=[{"i": i} for i in range(2)], task_timeout=None)
-    reply = fcall(client, job_name, "register", ["", "evil|id", "i1", "0", "h", "1"])
+    reply = fcall(client, job_name, "register", ["", "evil|id", "i1", "0", "h", "1", SECRET])
     assert reply[0] == Code.INVALID and reply[1].startswith("worker: contains '|'")
     assert client.redis.hlen(JobKeys(job_name).winfo) == 0
-    reply = fcall(client, job_name, "lease", ["", "evil|id", "i1", "1", "1", "S", "-1"])
+    reply = fcall(client, job_name, "lease", ["", "evil|id", "i1", "1", "1", "S", "-1", SECRET])
     assert reply[0] == Code.INVALID
     assert client.status(job_name).leased == 0
 
@@ -211,7 +257,9 @@ def test_progress_reports_are_bounded_and_named(client, job_name):
     assert reply[1].startswith(f"reports: not in [0, {MAX_LISTED}]")
     reply = fcall(client, job_name, "progress", [*base, "2", str(task.id), str(task.token), "3"])
     assert reply[0] == Code.INVALID and reply[1].startswith("reports: more triples than given")
-    reply = fcall(client, job_name, "progress", [*base, "1", str(task.id), str(task.token), "3"])
+    reply = fcall(
+        client, job_name, "progress", [*base, "1", str(task.id), str(task.token), "3", t._secret]
+    )
     assert reply[0] == Code.OK
     assert client.redis.hget(JobKeys(job_name).progress, str(task.id)) == "3"
     t.close()

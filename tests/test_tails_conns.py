@@ -48,7 +48,7 @@ def events(client: taskq.Client, job: str, kind: str) -> list[dict[str, str]]:
 def conn_id(client: taskq.Client, job: str, worker: str) -> str:
     rec = client.redis.hget(client.keys(job).winfo, worker) or ""
     f = rec.split("|")
-    return f[6] if len(f) > 6 else ""
+    return f[7] if len(f) > 7 else ""
 
 
 class ReaperThread:
@@ -70,16 +70,26 @@ def watching(reaper: ReaperThread, client: taskq.Client, job: str, worker: str) 
     """Until the watch has seen the worker's current connection under its name."""
     watch = reaper.reaper.watch
     assert watch is not None
-    return wait_until(lambda: any(w == worker and c == conn_id(client, job, worker)
-                                  for w, _, c in watch.watched(job)), 5)
+    return wait_until(
+        lambda: any(
+            w == worker and c == conn_id(client, job, worker) for w, _, c in watch.watched(job)
+        ),
+        5,
+    )
 
 
 def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
     """A trainer process that leases one task and holds it (heartbeating) until killed."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, str(HERE / "trainer_proc.py"), url, job, "--hold",
-                             "--worker-id", wid], stdout=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "trainer_proc.py"), url, job, "--hold", "--worker-id", wid],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("LEASED"):
@@ -98,12 +108,14 @@ def holder_cleanup() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def test_a_sigkilled_trainer_is_lost_by_its_closed_connection_before_its_ttl(
-        client, url, job_name, holder_cleanup):
+    client, url, job_name, holder_cleanup
+):
     make_job(client, job_name, n=1)
     holder = spawn_holder(url, job_name, "victim")
     holder_cleanup.append(holder)
-    assert wait_until(lambda: conn_id(client, job_name, "victim") != "", 5), \
+    assert wait_until(lambda: conn_id(client, job_name, "victim") != "", 5), (
         "the heartbeat records its connection id"
+    )
     reaper = ReaperThread(client, job_name)
     try:
         time.sleep(2 * HBI)  # the first heartbeat records the heartbeat's own connection
@@ -111,8 +123,9 @@ def test_a_sigkilled_trainer_is_lost_by_its_closed_connection_before_its_ttl(
         killed = time.monotonic()
         holder.kill()
         holder.wait(10)
-        assert wait_until(lambda: client.status(job_name, summaries=0).todo == 1, TTL / 2), \
-            [f for _, f in client.events(job_name, count=100)]
+        assert wait_until(lambda: client.status(job_name, summaries=0).todo == 1, TTL / 2), [
+            f for _, f in client.events(job_name, count=100)
+        ]
         took = time.monotonic() - killed
     finally:
         reaper.stop()
@@ -204,8 +217,9 @@ def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, mon
                     time.sleep(0.05)
                     proxy.restore(deliver=False)
                     time.sleep(HBI)
-                assert wait_until(lambda: conn_id(client, job_name, "blip") != before, 5), \
+                assert wait_until(lambda: conn_id(client, job_name, "blip") != before, 5), (
                     "the next heartbeat records the new connection"
+                )
                 time.sleep(4 * HBI)
             finally:
                 reaper.stop()
@@ -223,8 +237,10 @@ def acl_server(tmp_path: Path) -> Iterator[RedisServer]:
     acl = (ROOT / "deploy" / "redis" / "acl.conf").read_text()
     acl = acl.replace(">CHANGE_ME_", ">pw_")
     # RedisServer.start() checks readiness with INFO as the default user
-    acl = acl.replace("user default on nopass resetkeys resetchannels -@all +ping",
-                      "user default on nopass resetkeys resetchannels -@all +ping +info")
+    acl = acl.replace(
+        "user default on nopass resetkeys resetchannels -@all +ping",
+        "user default on nopass resetkeys resetchannels -@all +ping +info",
+    )
     nolist = next(line for line in acl.splitlines() if line.startswith("user reaper "))
     nolist = nolist.replace("user reaper ", "user reaper2 ").replace(" +client|list", "")
     aclfile = tmp_path / "acl.conf"
@@ -242,8 +258,13 @@ def test_the_reaper_role_may_list_clients_and_nothing_more(acl_server):
     r = redis.Redis.from_url(user_url(acl_server, "reaper"), decode_responses=True)
     own = r.client_id()
     assert [c["id"] for c in r.client_list(client_id=[own])] == [str(own)]
-    for command in (("CLIENT", "KILL", "ID", "999999"), ("CLIENT", "PAUSE", "1"),
-                    ("CLIENT", "NO-EVICT", "on"), ("INFO",), ("CONFIG", "GET", "port")):
+    for command in (
+        ("CLIENT", "KILL", "ID", "999999"),
+        ("CLIENT", "PAUSE", "1"),
+        ("CLIENT", "NO-EVICT", "on"),
+        ("INFO",),
+        ("CONFIG", "GET", "port"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             r.execute_command(*command)
     trainer = redis.Redis.from_url(user_url(acl_server, "trainer"), decode_responses=True)
@@ -253,7 +274,8 @@ def test_the_reaper_role_may_list_clients_and_nothing_more(acl_server):
 
 
 def test_refused_client_list_falls_back_to_the_ttl_and_says_so_once(
-        acl_server, job_name, caplog, holder_cleanup):
+    acl_server, job_name, caplog, holder_cleanup
+):
     admin = taskq.connect(user_url(acl_server, "admin"))
     make_job(admin, job_name, n=1, worker_ttl=2.0)
     holder = spawn_holder(user_url(acl_server, "trainer"), job_name, "victim")
@@ -265,8 +287,9 @@ def test_refused_client_list_falls_back_to_the_ttl_and_says_so_once(
         time.sleep(0.3)
         holder.kill()
         holder.wait(10)
-        assert wait_until(lambda: admin.status(job_name, summaries=0).todo == 1, 10), \
+        assert wait_until(lambda: admin.status(job_name, summaries=0).todo == 1, 10), (
             "the ttl still decides"
+        )
     finally:
         reaper.stop()
     watch = reaper.reaper.watch
@@ -302,7 +325,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     foreign = str(other.client_id())
     keys = client.keys(job_name)  # the worker's record names a connection not its own
     rec = client.redis.hget(keys.winfo, "w").split("|")
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [foreign]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [foreign]))
     reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
     reaper.tick()
     other.close()  # that connection goes away
@@ -316,7 +339,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     mine = redis.Redis.from_url(url, decode_responses=True)
     mine.client_setname(f"taskq-trainer-{t.incarnation}")
     own = str(mine.client_id())
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [own]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [own]))
     reaper.tick()
     mine.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[own]), 5)
@@ -324,8 +347,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
 
 
-def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(
-        client, url, job_name):
+def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(client, url, job_name):
     """The heartbeat's connection replaces the one the worker registered on; a trainer
     killed before the watch looked again is judged by the new id (same process)."""
     make_job(client, job_name, n=1)
@@ -336,11 +358,11 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(
     first.client_setname(f"taskq-trainer-{t.incarnation}")
     second = redis.Redis.from_url(url, decode_responses=True)
     second.client_setname(f"taskq-trainer-{t.incarnation}")
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [str(first.client_id())]))
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [str(first.client_id())]))
     reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
     reaper.tick()  # sees the first connection under the worker's name
     gone = str(second.client_id())
-    client.redis.hset(keys.winfo, "w", "|".join(rec[:6] + [gone]))  # then a new one
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [gone]))  # then a new one
     second.close()
     first.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)

@@ -30,7 +30,7 @@ from taskq import acl
 from taskq.exporter import TaskqCollector
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.reaper import Reaper
-from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE
+from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE, Code
 from taskq.stats import parse_lease
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +56,29 @@ class AclServer:
         self.aclfile.write_text(text + f"user {TESTER[0]} on >{TESTER[1]} ~* &* +@all\n")
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [SERVER_BINARY, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-             "--aclfile", str(self.aclfile), "--logfile", str(self.dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.tester = redis.Redis(port=self.port, username=TESTER[0], password=TESTER[1],
-                                  decode_responses=True)
+            [
+                SERVER_BINARY,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--aclfile",
+                str(self.aclfile),
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.tester = redis.Redis(
+            port=self.port, username=TESTER[0], password=TESTER[1], decode_responses=True
+        )
 
         def up() -> bool:
             try:
@@ -165,9 +182,15 @@ def test_trainer_credential_runs_whole_passes_of_its_job(jobs: Jobs) -> None:
 
 def test_trainer_of_a_cannot_read_b(jobs: Jobs) -> None:
     keys_b = jobs.admin.keys(jobs.b)
-    for command in (("HGETALL", keys_b.chunks), ("HGETALL", keys_b.leases),
-                    ("HGETALL", keys_b.meta), ("XRANGE", keys_b.events, "-", "+"),
-                    ("SMEMBERS", "taskq:jobs"), ("SCAN", "0"), ("KEYS", "*")):
+    for command in (
+        ("HGETALL", keys_b.chunks),
+        ("HGETALL", keys_b.leases),
+        ("HGETALL", keys_b.meta),
+        ("XRANGE", keys_b.events, "-", "+"),
+        ("SMEMBERS", "taskq:jobs"),
+        ("SCAN", "0"),
+        ("KEYS", "*"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             jobs.raw_a.execute_command(*command)
     refused(lambda: jobs.client_a.status(jobs.b), jobs.user_a)
@@ -182,15 +205,14 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
     assert task is not None
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     writes = {
-        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1],
-        "fail": [*who, "x", 1, task.id, task.token],
-        "release": [*who, 1, task.id, task.token],
-        "heartbeat": [*who, 99, 1, task.id],
-        "leave": [*who],
+        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._secret],
+        "fail": [*who, "x", 1, task.id, task.token, holder._secret],
+        "release": [*who, 1, task.id, task.token, holder._secret],
+        "heartbeat": [*who, 99, 1, task.id, task.token, holder._secret],
+        "leave": [*who, holder._secret],
     }
     for verb, args in writes.items():
-        refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args),
-                jobs.user_a)
+        refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args), jobs.user_a)
     holder.ack(task)  # the real holder's ack counts: it was nobody's quiet repeat
     status = jobs.admin.status(jobs.b)
     assert (status.done, status.counters["acked"], status.counters["stale"]) == (1, 1, 0)
@@ -200,13 +222,24 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
 
 def test_trainer_of_a_cannot_cancel_advance_reset_or_change_b(jobs: Jobs) -> None:
     c, b = jobs.client_a, jobs.b
-    for call in (lambda: c.cancel_job(b), lambda: c.next_pass(b, 0, force=True),
-                 lambda: c.reset_pass(b, 0), lambda: c.delete_job(b), lambda: c.retry(b),
-                 lambda: c.revoke(b, 0), lambda: c.drain(b, "w"), lambda: c.reap(b)):
+    for call in (
+        lambda: c.cancel_job(b),
+        lambda: c.next_pass(b, 0, force=True),
+        lambda: c.reset_pass(b, 0),
+        lambda: c.delete_job(b),
+        lambda: c.retry(b),
+        lambda: c.revoke(b, 0),
+        lambda: c.drain(b, "w"),
+        lambda: c.reap(b),
+    ):
         refused(call, jobs.user_a)
     meta_b = jobs.admin.keys(b).meta
-    for command in (("HSET", meta_b, "state", "cancelled"), ("HDEL", meta_b, "inc"),
-                    ("DEL", meta_b), ("DEL", jobs.admin.keys(b).done)):
+    for command in (
+        ("HSET", meta_b, "state", "cancelled"),
+        ("HDEL", meta_b, "inc"),
+        ("DEL", meta_b),
+        ("DEL", jobs.admin.keys(b).done),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             jobs.raw_a.execute_command(*command)
     status = jobs.admin.status(b)
@@ -219,18 +252,28 @@ def test_trainer_of_a_cannot_cancel_advance_reset_or_change_b(jobs: Jobs) -> Non
 
 def test_trainer_of_a_cannot_run_the_admin_functions_of_a(jobs: Jobs) -> None:
     c, a = jobs.client_a, jobs.a
-    for call in (lambda: c.cancel_job(a), lambda: c.next_pass(a, 0, force=True),
-                 lambda: c.reset_pass(a, 0), lambda: c.delete_job(a), lambda: c.retry(a),
-                 lambda: c.revoke(a, 0), lambda: c.drain(a, "w"), lambda: c.reap(a),
-                 lambda: c.advance_clock(a, 10), lambda: c.tasks(a, "todo"),
-                 lambda: c.create_job(a, [{"i": 0}], replace=True)):
+    for call in (
+        lambda: c.cancel_job(a),
+        lambda: c.next_pass(a, 0, force=True),
+        lambda: c.reset_pass(a, 0),
+        lambda: c.delete_job(a),
+        lambda: c.retry(a),
+        lambda: c.revoke(a, 0),
+        lambda: c.drain(a, "w"),
+        lambda: c.reap(a),
+        lambda: c.advance_clock(a, 10),
+        lambda: c.tasks(a, "todo"),
+        lambda: c.create_job(a, [{"i": 0}], replace=True),
+    ):
         refused(call, jobs.user_a)
     with pytest.raises(redis.exceptions.NoPermissionError):
-        jobs.raw_a.function_load("#!lua name=x\nredis.register_function('x', "
-                                 "function() return 1 end)")
+        jobs.raw_a.function_load(
+            "#!lua name=x\nredis.register_function('x', function() return 1 end)"
+        )
     # another library's functions (an older or newer taskq) are refused by name as well
-    assert not jobs.server.dryrun(jobs.user_a, "FCALL", "taskq_000000000000_ack", "1",
-                                  jobs.admin.keys(a).meta)
+    assert not jobs.server.dryrun(
+        jobs.user_a, "FCALL", "taskq_000000000000_ack", "1", jobs.admin.keys(a).meta
+    )
     # names match case-insensitively, as FCALL finds functions: no way around by case
     meta = jobs.admin.keys(a).meta
     assert jobs.server.dryrun(jobs.user_a, "FCALL", f"{LIBRARY}_ACK".upper(), "1", meta)
@@ -247,22 +290,42 @@ def test_trainer_of_a_keeps_the_raw_writes_its_functions_make_on_a(
     anything but per-pass keys are not."""
     k = jobs.admin.keys(jobs.a)
     user = jobs.user_a
-    allowed = [("HSET", k.meta, "state", "cancelled"), ("HDEL", k.meta, "inc"),
-               ("HGETALL", k.leases), ("HGETALL", k.chunks), ("ZADD", k.front, "1", "0"),
-               ("DEL", k.done), ("UNLINK", k.owned), ("BLPOP", k.wake, "1")]
-    denied = [("HSET", k.chunks, "0", "[]"), ("DEL", k.meta), ("UNLINK", k.chunks),
-              ("DEL", k.leases), ("DEL", k.counts), ("UNLINK", k.events), ("DEL", k.dead),
-              ("SET", k.clock, "1"), ("SET", k.lock, "x"), ("SET", k.meta, "x"),
-              ("RENAME", k.meta, k.lock), ("BLPOP", k.meta, "1"), ("HSET", k.passes + "x", "a", "b"),
-              ("FLUSHALL",), ("CONFIG", "GET", "maxmemory")]
+    allowed = [
+        ("HSET", k.meta, "state", "cancelled"),
+        ("HDEL", k.meta, "inc"),
+        ("HGETALL", k.leases),
+        ("HGETALL", k.chunks),
+        ("ZADD", k.front, "1", "0"),
+        ("DEL", k.done),
+        ("UNLINK", k.owned),
+        ("BLPOP", k.wake, "1"),
+    ]
+    denied = [
+        ("HSET", k.chunks, "0", "[]"),
+        ("DEL", k.meta),
+        ("UNLINK", k.chunks),
+        ("DEL", k.leases),
+        ("DEL", k.counts),
+        ("UNLINK", k.events),
+        ("DEL", k.dead),
+        ("SET", k.clock, "1"),
+        ("SET", k.lock, "x"),
+        ("SET", k.meta, "x"),
+        ("RENAME", k.meta, k.lock),
+        ("BLPOP", k.meta, "1"),
+        ("HSET", k.passes + "x", "a", "b"),
+        ("FLUSHALL",),
+        ("CONFIG", "GET", "maxmemory"),
+    ]
     assert [c for c in allowed if not server.dryrun(user, *c)] == []
     assert [c for c in denied if server.dryrun(user, *c)] == []
 
 
-def test_within_a_one_credential_can_end_another_workers_lease(jobs: Jobs) -> None:
-    """Trusted within a job: whoever holds A's credential reads A's leases (tokens
-    included) and can ack in another A worker's name; that worker's own ack is then a
-    quiet repeat. Lease secrets are not done yet."""
+def test_within_a_a_read_token_cannot_end_another_workers_lease(jobs: Jobs) -> None:
+    """Whoever holds A's credential reads A's leases (tokens included), but ending a
+    lease takes its holder's lease secret, which no key holds: an ack in another A
+    worker's name with the token read there is refused (stale, counted forged), and the
+    holder's own ack then counts."""
     holder = taskq.Trainer(jobs.a, url=jobs.url_a, heartbeat=False)
     task = holder.lease(timeout=1)
     assert task is not None
@@ -270,11 +333,30 @@ def test_within_a_one_credential_can_end_another_workers_lease(jobs: Jobs) -> No
     lease = parse_lease(jobs.raw_a.hget(k.leases, str(task.id)))
     assert lease is not None and lease["token"] == task.token
     job_inc = jobs.raw_a.hget(k.meta, "inc")
-    jobs.client_a.run(jobs.a, "ack", [job_inc, lease["worker"], lease["worker_incarnation"],
-                                      10**6, 1, task.id, lease["token"], 0, 0, "S", -1])
-    holder.ack(task)  # no LeaseLost: answered as a repeat of the ack already made
+    reply = jobs.client_a.run(
+        jobs.a,
+        "ack",
+        [
+            job_inc,
+            lease["worker"],
+            lease["worker_incarnation"],
+            10**6,
+            1,
+            task.id,
+            lease["token"],
+            0,
+            0,
+            "S",
+            -1,
+            "a guess of my own making",
+        ],
+        passthrough=(Code.REREGISTER,),
+    )
+    assert reply[4] == [Code.STALE]
+    holder.ack(task)  # counts: the forged ack ended nothing
     status = jobs.admin.status(jobs.a)
     assert (status.done, status.counters["acked"], status.counters["stale"]) == (1, 1, 0)
+    assert status.counters["forged"] == 1
     holder.close()
 
 
@@ -330,8 +412,11 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
     """A function runs with its caller's ACL: a command it needs and the rule lacks would
     stop it half-way with NOPERM."""
     job = f"drift-{role}"
-    rule = acl.trainer_rule(job, password="x") if role == "trainer" \
+    rule = (
+        acl.trainer_rule(job, password="x")
+        if role == "trainer"
         else acl.reaper_rule(job, password="x")
+    )
     server.apply(rule)
     verbs = acl.TRAINER_VERBS + acl.TRAINER_RO_VERBS if role == "trainer" else acl.REAPER_VERBS
     keys = JobKeys(job)
@@ -349,13 +434,20 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
     assert missing == [], f"the {role} rule denies what its functions call"
     for verb in verbs:
         name, nkeys, read_only = _FUNCTIONS[verb]
-        assert server.dryrun(rule.user, "FCALL_RO" if read_only else "FCALL", name,
-                             str(nkeys), *keys.all, *["1"] * 12)
+        assert server.dryrun(
+            rule.user,
+            "FCALL_RO" if read_only else "FCALL",
+            name,
+            str(nkeys),
+            *keys.all,
+            *["1"] * 12,
+        )
 
 
 def test_function_names_are_the_current_librarys() -> None:
-    assert {v: acl.function_name(v) for v in _FUNCTIONS} == \
-        {v: name for v, (name, _, _) in _FUNCTIONS.items()}
+    assert {v: acl.function_name(v) for v in _FUNCTIONS} == {
+        v: name for v, (name, _, _) in _FUNCTIONS.items()
+    }
     with pytest.raises(taskq.TaskqError, match="no 'nope' function"):
         acl.function_name("nope")
 
@@ -366,8 +458,7 @@ def test_function_names_are_the_current_librarys() -> None:
 def test_reaper_of_a_reaps_a_only_and_reaper_of_all_lists_jobs(
     server: AclServer, job_name: str
 ) -> None:
-    jobs = Jobs(server, job_name[:50], manual_clock=True, worker_ttl=2.0,
-                heartbeat_interval=0.5)
+    jobs = Jobs(server, job_name[:50], manual_clock=True, worker_ttl=2.0, heartbeat_interval=0.5)
     for job, url in ((jobs.a, jobs.url_a), (jobs.b, jobs.url_b)):
         lost = taskq.Trainer(job, url=url, heartbeat=False)
         assert lost.lease(timeout=0) is not None
@@ -407,8 +498,13 @@ def test_exporter_user_reads_every_job_and_writes_nothing(server: AclServer, job
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([TASKQ_CLI, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [TASKQ_CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_prints_the_rule_with_the_password_hashed(jobs: Jobs, tmp_path: Path) -> None:
@@ -435,8 +531,18 @@ def test_cli_prints_the_rule_with_the_password_hashed(jobs: Jobs, tmp_path: Path
 
 def test_cli_aclfile_line_loads_and_works(server: AclServer, jobs: Jobs) -> None:
     secret = "file-s3cr3t"
-    out = cli("acl", "trainer", jobs.a, "--user", "filetrainer", "--format", "aclfile",
-              "--password-env", "TQ_PW", env={"TQ_PW": secret})
+    out = cli(
+        "acl",
+        "trainer",
+        jobs.a,
+        "--user",
+        "filetrainer",
+        "--format",
+        "aclfile",
+        "--password-env",
+        "TQ_PW",
+        env={"TQ_PW": secret},
+    )
     assert out.returncode == 0, out.stderr
     base = server.aclfile.read_text()
     try:
@@ -453,8 +559,19 @@ def test_cli_aclfile_line_loads_and_works(server: AclServer, jobs: Jobs) -> None
 def test_cli_applies_the_rule_and_refusals_are_one_line(server: AclServer, jobs: Jobs) -> None:
     tester_url = server.url(*TESTER)
     env = {"TQ_PW": "applied-pw"}
-    applied = cli("--url", tester_url, "acl", "trainer", jobs.a, "--user", "applied",
-                  "--password-env", "TQ_PW", "--apply", env=env)
+    applied = cli(
+        "--url",
+        tester_url,
+        "acl",
+        "trainer",
+        jobs.a,
+        "--user",
+        "applied",
+        "--password-env",
+        "TQ_PW",
+        "--apply",
+        env=env,
+    )
     assert applied.returncode == 0, applied.stderr
     assert "applied user applied" in applied.stdout and TESTER[1] not in applied.stdout
     url = server.url("applied", "applied-pw")
@@ -464,8 +581,20 @@ def test_cli_applies_the_rule_and_refusals_are_one_line(server: AclServer, jobs:
         (["--url", tester_url, "acl", "trainer", jobs.a, "--apply"], {}, "no password given"),
         (["acl", "trainer", "bad name"], {}, "bad job name"),
         (["acl", "trainer", jobs.a, "--password-env", "TQ_UNSET_VAR"], {}, "not set"),
-        (["--url", server.url("admin"), "acl", "trainer", jobs.a, "--password-env", "TQ_PW",
-          "--apply"], env, "refused by ACL"),  # acl.conf's admin may not manage users
+        (
+            [
+                "--url",
+                server.url("admin"),
+                "acl",
+                "trainer",
+                jobs.a,
+                "--password-env",
+                "TQ_PW",
+                "--apply",
+            ],
+            env,
+            "refused by ACL",
+        ),  # acl.conf's admin may not manage users
         (["--url", url, "job", "cancel", jobs.b], {}, "refused by ACL"),
         (["--url", url, "job", "cancel", jobs.a], {}, "refused by ACL"),
     ):
@@ -479,9 +608,12 @@ def test_cli_applies_the_rule_and_refusals_are_one_line(server: AclServer, jobs:
 
 
 def test_rules_refuse_bad_names_and_prefixes() -> None:
-    for call in (lambda: acl.trainer_rule("a b"), lambda: acl.trainer_rule("a", user="x y"),
-                 lambda: acl.trainer_rule("a", key_prefix="p (x)"),
-                 lambda: acl.trainer_rule("a", password="has space")):
+    for call in (
+        lambda: acl.trainer_rule("a b"),
+        lambda: acl.trainer_rule("a", user="x y"),
+        lambda: acl.trainer_rule("a", key_prefix="p (x)"),
+        lambda: acl.trainer_rule("a", password="has space"),
+    ):
         with pytest.raises(taskq.InvalidInput):
             call()
     assert acl.trainer_rule("a", key_prefix="p*x").rules[3] == r"~p\*x:{a}:*"

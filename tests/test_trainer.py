@@ -33,8 +33,12 @@ make_job = partial(support.make_job, worker_ttl=2.0, heartbeat_interval=0.2)
 
 
 def spawn(url: str, job: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(HERE / "trainer_proc.py"), url, job, *args],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "trainer_proc.py"), url, job, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def read_until(proc: subprocess.Popen[str], prefix: str) -> str:
@@ -104,8 +108,7 @@ def test_passes_is_a_barrier(client: taskq.Client, url: str, job_name: str) -> N
     assert [p["done"] for p in passes_of(client, job_name)] == [6, 6]
 
 
-def test_passes_waits_at_a_manual_boundary(client: taskq.Client, url: str,
-                                           job_name: str) -> None:
+def test_passes_waits_at_a_manual_boundary(client: taskq.Client, url: str, job_name: str) -> None:
     make_job(client, job_name, 3, passes=2, auto_advance=False)
     ends: list[float] = []
     with taskq.Trainer(job_name, url=url) as trainer:
@@ -131,8 +134,9 @@ def test_batches(client: taskq.Client, url: str, job_name: str) -> None:
     assert st.state == "completed" and st.counters["acked"] == 10
 
 
-def test_body_error_fails_current_and_releases_reserved(client: taskq.Client, url: str,
-                                                        job_name: str) -> None:
+def test_body_error_fails_current_and_releases_reserved(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 6)
     with pytest.raises(RuntimeError), taskq.Trainer(job_name, url=url, prefetch=2) as trainer:
         for task in trainer:
@@ -146,8 +150,9 @@ def test_body_error_fails_current_and_releases_reserved(client: taskq.Client, ur
     assert st.workers == 0
 
 
-def test_break_releases_and_ack_before_break_counts(client: taskq.Client, url: str,
-                                                    job_name: str) -> None:
+def test_break_releases_and_ack_before_break_counts(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 4)
     with taskq.Trainer(job_name, url=url) as trainer:
         for task in trainer:
@@ -162,8 +167,9 @@ def test_break_releases_and_ack_before_break_counts(client: taskq.Client, url: s
     assert st.done == 1 and st.leased == 0 and st.counters["released"] == 1
 
 
-def test_keyboard_interrupt_releases_without_failure(client: taskq.Client, url: str,
-                                                     job_name: str) -> None:
+def test_keyboard_interrupt_releases_without_failure(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 3)
     with pytest.raises(KeyboardInterrupt), taskq.Trainer(job_name, url=url) as trainer:
         for _task in trainer:
@@ -173,8 +179,7 @@ def test_keyboard_interrupt_releases_without_failure(client: taskq.Client, url: 
 
 
 # -- signals and crashes -----------------------------------------------------------
-def test_sigterm_releases_within_a_second(client: taskq.Client, url: str,
-                                          job_name: str) -> None:
+def test_sigterm_releases_within_a_second(client: taskq.Client, url: str, job_name: str) -> None:
     make_job(client, job_name, 1, worker_ttl=30.0, heartbeat_interval=1.0)
     proc = spawn(url, job_name, "--hold")
     try:
@@ -196,8 +201,9 @@ def test_sigterm_releases_within_a_second(client: taskq.Client, url: str,
 
 
 @pytest.mark.parametrize("heartbeat", ["thread", "process"])
-def test_sigkill_recovered_by_lazy_reclaim(client: taskq.Client, url: str, job_name: str,
-                                           heartbeat: str) -> None:
+def test_sigkill_recovered_by_lazy_reclaim(
+    client: taskq.Client, url: str, job_name: str, heartbeat: str
+) -> None:
     """No reaper runs: the next lease call reclaims what the killed trainer held, one ttl
     later; a helper heartbeat process dies with its trainer."""
     make_job(client, job_name, 1, worker_ttl=1.0, heartbeat_interval=0.2)
@@ -217,8 +223,13 @@ def test_sigkill_recovered_by_lazy_reclaim(client: taskq.Client, url: str, job_n
         print(f"\nSIGKILL ({heartbeat} heartbeats) -> re-leased in {latency:.2f} s (ttl 1 s)")
         assert latency < 3.0
         if helper:
-            assert wait_until(lambda: not os.path.exists(f"/proc/{helper}") or
-                              Path(f"/proc/{helper}/stat").read_text().split()[2] == "Z", 5)
+            assert wait_until(
+                lambda: (
+                    not os.path.exists(f"/proc/{helper}")
+                    or Path(f"/proc/{helper}/stat").read_text().split()[2] == "Z"
+                ),
+                5,
+            )
     finally:
         proc.kill()
     assert client.status(job_name).counters["expired_worker_lost"] == 1
@@ -240,8 +251,7 @@ def test_revoked_lease_seen_by_the_loop(client: taskq.Client, url: str, job_name
     assert st.counters["acked"] == 3 and st.counters["revoked"] == 1 and st.done == 3
 
 
-def test_explicit_ack_of_a_lost_lease_raises(client: taskq.Client, url: str,
-                                            job_name: str) -> None:
+def test_explicit_ack_of_a_lost_lease_raises(client: taskq.Client, url: str, job_name: str) -> None:
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         task = trainer.lease()
@@ -253,16 +263,28 @@ def test_explicit_ack_of_a_lost_lease_raises(client: taskq.Client, url: str,
     assert client.status(job_name).counters["stale"] == 1
 
 
-def test_lost_lease_reply_healed_by_heartbeat(client: taskq.Client, url: str,
-                                              job_name: str) -> None:
+def test_lost_lease_reply_healed_by_heartbeat(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 3)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         lost_call = trainer._call_no + 1
         trainer._call_no = lost_call
         keys = client.keys(job_name).all
-        reply = client.scripts.call("lease", keys, [
-            trainer.job_incarnation, trainer.worker_id, trainer.incarnation, 1, lost_call,
-            "S", -1])  # granted on the server; the reply is "lost" (dropped here)
+        reply = client.scripts.call(
+            "lease",
+            keys,
+            [
+                trainer.job_incarnation,
+                trainer.worker_id,
+                trainer.incarnation,
+                1,
+                lost_call,
+                "S",
+                -1,
+                trainer._secret,
+            ],
+        )  # granted on the server; the reply is "lost" (dropped here)
         lost_task = int(reply[1][0][0])
         mine = trainer.lease()  # a later reply: last_reply >= lost_call
         assert mine is not None and mine.id != lost_task
@@ -277,27 +299,43 @@ def test_lost_lease_reply_healed_by_heartbeat(client: taskq.Client, url: str,
         trainer.ack(mine)
 
 
-def test_heartbeat_leaves_in_flight_grants_alone(client: taskq.Client, url: str,
-                                                 job_name: str) -> None:
+def test_heartbeat_leaves_in_flight_grants_alone(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         call = trainer._call_no + 5  # a reply that may still be on the wire
-        client.scripts.call("lease", client.keys(job_name).all, [
-            trainer.job_incarnation, trainer.worker_id, trainer.incarnation, 1, call, "S", -1])
+        client.scripts.call(
+            "lease",
+            client.keys(job_name).all,
+            [
+                trainer.job_incarnation,
+                trainer.worker_id,
+                trainer.incarnation,
+                1,
+                call,
+                "S",
+                -1,
+                trainer._secret,
+            ],
+        )
         trainer.heartbeat()
         assert client.status(job_name).leased == 1
 
 
 # -- prefetch and stealing -----------------------------------------------------------
-def test_prefetch_stealing_with_skewed_speeds(client: taskq.Client, url: str, job_name: str,
-                                              tmp_path: Path) -> None:
+def test_prefetch_stealing_with_skewed_speeds(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
     n, passes = 24, 2
     make_job(client, job_name, n, passes=passes)
     logs = [tmp_path / f"t{i}.log" for i in range(3)]
     speeds = ["0.6", "0.02", "0.02"]
     t0 = time.monotonic()
-    procs = [spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
-             for s, lg in zip(speeds, logs, strict=True)]
+    procs = [
+        spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
+        for s, lg in zip(speeds, logs, strict=True)
+    ]
     try:
         for p in procs:
             assert p.wait(60) == 0
@@ -311,8 +349,10 @@ def test_prefetch_stealing_with_skewed_speeds(client: taskq.Client, url: str, jo
     assert set(per_pass.values()) == {1}, "a task was acked twice in one pass"
     slow_done = len(logs[0].read_text().splitlines())
     audit = client.audit(job_name)
-    print(f"\nskewed: {elapsed:.1f}s, slow trainer acked {slow_done}/{n * passes}, "
-          f"stolen {audit['counters']['stolen']}")
+    print(
+        f"\nskewed: {elapsed:.1f}s, slow trainer acked {slow_done}/{n * passes}, "
+        f"stolen {audit['counters']['stolen']}"
+    )
     assert audit["ok"] and [p["done"] for p in passes_of(client, job_name)] == [n] * passes
     assert audit["counters"]["stolen"] > 0 and audit["counters"]["stale"] == 0
     assert audit["counters"]["acked"] == n * passes
@@ -322,8 +362,10 @@ def test_prefetch_stealing_with_skewed_speeds(client: taskq.Client, url: str, jo
 
 def test_never_steals_started_tasks(client: taskq.Client, url: str, job_name: str) -> None:
     make_job(client, job_name, 3)
-    with taskq.Trainer(job_name, url=url, prefetch=2, heartbeat=False) as victim, \
-            taskq.Trainer(job_name, url=url, heartbeat=False) as thief:
+    with (
+        taskq.Trainer(job_name, url=url, prefetch=2, heartbeat=False) as victim,
+        taskq.Trainer(job_name, url=url, heartbeat=False) as thief,
+    ):
         it = iter(victim)
         first = next(it)
         assert first.started and len(victim.held) == 3
@@ -370,8 +412,9 @@ def test_survives_redis_restart_mid_pass(own_redis: RedisServer, job_name: str) 
     assert set(acked) == set(range(n))
 
 
-def test_out_of_contact_sets_at_risk_and_server_decides(own_redis: RedisServer,
-                                                        job_name: str) -> None:
+def test_out_of_contact_sets_at_risk_and_server_decides(
+    own_redis: RedisServer, job_name: str
+) -> None:
     client = taskq.connect(own_redis.url)
     make_job(client, job_name, 2, worker_ttl=1.0, heartbeat_interval=0.2)
     with taskq.Trainer(job_name, url=own_redis.url) as trainer:
@@ -394,8 +437,7 @@ def _hold_gil(seconds: float) -> None:
 
 
 @pytest.mark.parametrize("heartbeat", ["thread", "process"])
-def test_gil_holding_step(client: taskq.Client, url: str, job_name: str,
-                          heartbeat: str) -> None:
+def test_gil_holding_step(client: taskq.Client, url: str, job_name: str, heartbeat: str) -> None:
     """A 2.5 s GIL-holding step stops thread heartbeats (ttl 1 s: the lease is lost while
     another process keeps the job's clock going); helper-process heartbeats keep it."""
     make_job(client, job_name, 2, worker_ttl=1.0, heartbeat_interval=0.2)
@@ -427,12 +469,14 @@ def test_one_heartbeat_per_interval(client: taskq.Client, url: str, job_name: st
     assert 5 <= sent <= 12  # a fixed schedule: never more than one per interval
 
 
-def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServer,
-                                                            job_name: str) -> None:
+def test_unreachable_redis_gives_up_after_reconnect_timeout(
+    own_redis: RedisServer, job_name: str
+) -> None:
     client = taskq.connect(own_redis.url)
     make_job(client, job_name, 1)
-    with taskq.Trainer(job_name, url=own_redis.url, heartbeat=False,
-                       reconnect_timeout=1.0) as trainer:
+    with taskq.Trainer(
+        job_name, url=own_redis.url, heartbeat=False, reconnect_timeout=1.0
+    ) as trainer:
         own_redis.stop()
         t0 = time.monotonic()
         with pytest.raises(taskq.ConnectionLost):
@@ -445,7 +489,7 @@ def test_unreachable_redis_gives_up_after_reconnect_timeout(own_redis: RedisServ
 # -- heartbeat answers out of order -----------------------------------------------------
 def beat_args(t: taskq.Trainer) -> list[Any]:
     """The ARGV of a heartbeat of ``t`` listing nothing."""
-    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, 0, [])
+    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, t._secret, 0, [])
 
 
 class _Interleaved(taskq.Trainer):
@@ -462,8 +506,9 @@ class _Interleaved(taskq.Trainer):
 
 
 @pytest.mark.parametrize("order", ["stale_answer", "newer_answer"])
-def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: str,
-                                                     job_name: str, order: str) -> None:
+def test_heartbeat_answers_do_not_misdirect_the_wait(
+    client: taskq.Client, url: str, job_name: str, order: str
+) -> None:
     """A heartbeat answer computed before the lease reply (stale) or after a broadcast the
     reply did not see yet (newer) lands before the wait: the trainer still wakes at once on
     `pass next`, and pass, generation and state never go backwards."""
@@ -480,7 +525,7 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
 
         def newer(t: taskq.Trainer) -> None:
             client.next_pass(job_name)  # broadcast to the waiters of the reply's generation
-            t.heartbeat()               # whose answer (the next generation) lands first
+            t.heartbeat()  # whose answer (the next generation) lands first
 
         trainer.before_wait = stale if order == "stale_answer" else newer
         t0 = time.monotonic()
@@ -499,8 +544,9 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(client: taskq.Client, url: 
 
 # -- leaks -------------------------------------------------------------------------------
 @pytest.mark.parametrize("heartbeat", ["thread", "process"])
-def test_close_stops_heartbeats(client: taskq.Client, url: str, job_name: str,
-                                heartbeat: str) -> None:
+def test_close_stops_heartbeats(
+    client: taskq.Client, url: str, job_name: str, heartbeat: str
+) -> None:
     make_job(client, job_name, 1, heartbeat_interval=0.1)
     trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
     thread, helper = trainer._hb_thread, trainer._helper
@@ -515,8 +561,9 @@ def test_close_stops_heartbeats(client: taskq.Client, url: str, job_name: str,
 
 
 @pytest.mark.parametrize("heartbeat", ["thread", "process"])
-def test_dropped_trainer_leaves_nothing_running(client: taskq.Client, url: str,
-                                                job_name: str, heartbeat: str) -> None:
+def test_dropped_trainer_leaves_nothing_running(
+    client: taskq.Client, url: str, job_name: str, heartbeat: str
+) -> None:
     """A Trainer garbage-collected without close(): its heartbeat thread ends, its helper
     process exits, and what it held goes back after its ttl."""
     make_job(client, job_name, 1, worker_ttl=1.0)

@@ -205,10 +205,10 @@ def test_heartbeat_logs_one_line_per_change_of_state(
 
 # -- the typed decoders ------------------------------------------------------------------------
 def test_heartbeat_args_and_pairs_read_back() -> None:
-    args = heartbeat_args("ji", "w", "inc", 7, [(3, 11), (9, 12)])
-    assert args == ["ji", "w", "inc", 7, 2, 3, 11, 9, 12]
+    args = heartbeat_args("ji", "w", "inc", "s" * 32, 7, [(3, 11), (9, 12)])
+    assert args == ["ji", "w", "inc", 7, 2, 3, 11, 9, 12, "s" * 32]
     assert heartbeat_pairs(args) == [(3, 11), (9, 12)]
-    assert heartbeat_pairs(heartbeat_args("ji", "w", "inc", 0, [])) == []
+    assert heartbeat_pairs(heartbeat_args("ji", "w", "inc", "s" * 32, 0, [])) == []
 
 
 def test_heartbeat_reply_decodes_full_and_code_only_replies() -> None:

@@ -2,11 +2,15 @@
 -- ack: ack finished leases, start reserved ones, and lease the next, in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc, worker, winc, call_no, n_acks, (task, token) x n_acks,
---       n_starts, (task, token) x n_starts, want, mode (S | R | F), expect_pass (-1 any)
+--       n_starts, (task, token) x n_starts, want, mode (S | R | F), expect_pass (-1 any),
+--       secret
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
 --           {pass, gen, state, reason}, {ack result per ack}, {start result per start}}
 -- An ack whose (worker, token) is not the task's current lease changes nothing and is
--- counted stale; repeating the ack that just ended the lease is a quiet success.
+-- counted stale; repeating the ack that just ended the lease is a quiet success. Both
+-- need the holder's secret: the holder's name and token with another secret are
+-- answered stale and counted forged (so is the lease half, answered like a lost
+-- worker's, as in lease.lua).
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local call_no = arg_int(ARGV[4], 'call_no', 0, 9007199254740991)
@@ -20,13 +24,14 @@ i = i + 1 + 2 * n_starts
 local want = arg_int(ARGV[i], 'want', 0, MAX_BATCH)
 local mode = arg_enum(ARGV[i + 1], 'mode', 'S R F')
 local expect_pass = arg_int(ARGV[i + 2], 'expect_pass', -1, 9007199254740991)
-arg_len(ARGV, i + 2)
+arg_secret(ARGV[i + 3])
+arg_len(ARGV, i + 3)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 reclaim(LAZY_RECLAIM)
-local ws = touch_worker(worker, winc)
+local ws = touch_worker(worker, winc, true)
 
 local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', acked_one)
 if n_acks > 0 then check_pass_end() end
@@ -35,10 +40,10 @@ local starts = {}
 for k = 1, n_starts do
   local task, tok = ARGV[start_args + 2 * k - 1], ARGV[start_args + 2 * k]
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
-  if holds(l, worker, winc, tok) then
+  if holds_secret(l, worker, winc, tok) then
     if l.st == 'R' then
       redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-        .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts)
+        .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts .. '|' .. l.dig)
       redis.call('ZREM', K_RESERVED, task)
       mincr(F.NRESERVED, -1)
       redis.call('ZADD', K_STARTED, jnow_s(), task)
@@ -52,7 +57,10 @@ for k = 1, n_starts do
   end
 end
 
-if ws == 'lost' then return done({C.REREGISTER, {}, 0, job_info(), acks, starts}) end
+if ws == 'forged' and want > 0 then forged(nil, worker, nil, 'lease') end
+if ws == 'lost' or ws == 'forged' then
+  return done({C.REREGISTER, {}, 0, job_info(), acks, starts})
+end
 if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info(), acks, starts}) end
 local r = lease_part(worker, winc, want, call_no, mode, expect_pass)
 return done({r[1], r[2], r[3], job_info(), acks, starts})

@@ -27,9 +27,9 @@ for i = 1, #ranked, 2 do
   local rec = redis.call('HGET', K_WINFO, worker)
   if rec then
     local f = split(rec)
-    if f[1] == winc and f[7] and f[7] ~= '' then
+    if f[1] == winc and f[8] and f[8] ~= '' then
       local ttl = tonumber(f[2]) or mnum(F.TTL)
-      out[#out + 1] = {worker, winc, f[7], fmt(jnow - (tonumber(ranked[i + 1]) - ttl))}
+      out[#out + 1] = {worker, winc, f[8], fmt(jnow - (tonumber(ranked[i + 1]) - ttl))}
     end
   end
 end

@@ -1,7 +1,7 @@
 #!lua
 -- fail: the trainer reports that its tasks failed.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, error_text, n, (task, token) x n
+-- ARGV: job_inc, worker, winc, error_text, n, (task, token) x n, secret
 -- returns: {code, {result per task}}
 -- One failing task is charged a failure (dead at max_failures or max_attempts); a batch
 -- of several goes back uncharged, each marked solo, to be leased alone until it is acked
@@ -10,7 +10,8 @@ arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local why = string.sub(arg_text(ARGV[4], 'error_text', 65536), 1, 500)
 local n = arg_pairs(ARGV, 5, 'tasks', MAX_BATCH)
-arg_len(ARGV, 5 + 2 * n)
+arg_secret(ARGV[6 + 2 * n])
+arg_len(ARGV, 6 + 2 * n)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])

@@ -2,24 +2,28 @@
 -- lease: grant up to `want` tasks to a worker (reclaiming expired leases it meets).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc, worker, winc, want, call_no, mode (S started | R reserved | F first
---       started, rest reserved), expect_pass (-1 any)
+--       started, rest reserved), expect_pass (-1 any), secret
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
 --           {pass, gen, state, reason}}
+-- A call whose secret is not the worker's (the worker record's digest) is answered like
+-- a lost worker's, counted forged, and neither renews the worker nor grants anything.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local want = arg_int(ARGV[4], 'want', 0, MAX_BATCH)
 local call_no = arg_int(ARGV[5], 'call_no', 0, 9007199254740991)
 local mode = arg_enum(ARGV[6], 'mode', 'S R F')
 local expect_pass = arg_int(ARGV[7], 'expect_pass', -1, 9007199254740991)
-arg_len(ARGV, 7)
+arg_secret(ARGV[8])
+arg_len(ARGV, 8)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 
 reclaim(LAZY_RECLAIM)
-local ws = touch_worker(worker, winc)
-if ws == 'lost' then return done({C.REREGISTER, {}, 0, job_info()}) end
+local ws = touch_worker(worker, winc, true)
+if ws == 'forged' then forged(nil, worker, nil, 'lease') end
+if ws ~= 'ok' and ws ~= 'drain' then return done({C.REREGISTER, {}, 0, job_info()}) end
 if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info()}) end
 local r = lease_part(worker, winc, want, call_no, mode, expect_pass)
 return done({r[1], r[2], r[3], job_info()})

@@ -1,20 +1,28 @@
 #!lua
 -- leave: a worker deregisters, releasing everything it holds in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc
+-- ARGV: job_inc, worker, winc, secret
 -- returns: {code, released_count, more (1: the rest is left to reclaim)}
 -- Started leases count an attempt (as a release does); reserved ones count nothing.
 -- One call ends at most MAX_RECLAIM leases: when the worker holds more, it is declared
 -- lost at once instead of removed, so the rest is reclaimed as a lost worker's, in bounded
 -- steps, by the next calls (any trainer's lazy reclaim, the reaper), which then remove it.
+-- Only with the worker's lease secret: another is answered REREGISTER, counted forged,
+-- and neither releases nor removes anything.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
-arg_len(ARGV, 3)
+arg_secret(ARGV[4])
+arg_len(ARGV, 4)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 local m = worker .. '|' .. winc
+local inc, _, _, wdig = winfo(worker)
+if inc == winc and not (CALLER_DIG and wdig == CALLER_DIG) then
+  forged(nil, worker, nil, 'leave')
+  return done({C.REREGISTER, 0, 0})
+end
 local released = 0
 local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
   'LIMIT', 0, MAX_RECLAIM + 1)
@@ -24,6 +32,10 @@ for idx, item in ipairs(items) do
   local task = string.match(item, '|([^|]*)$')
   local l = lease_for(task, worker, winc)
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
+    if l.dig ~= CALLER_DIG then
+      forged(nil, worker, nil, 'leave')
+      return done({C.REREGISTER, released, 0})
+    end
     end_lease(task, l, 'R')
     mincr(F.C_RELEASED)
     event('released', 'task', task, 'worker', worker)

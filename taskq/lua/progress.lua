@@ -1,11 +1,13 @@
 #!lua
 -- progress: a holder records how far into its tasks it got (fenced like an ack).
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, n (0..MAX_LISTED), (task, token, samples) x n
+-- ARGV: job_inc, worker, winc, n (0..MAX_LISTED), (task, token, samples) x n, secret
 -- returns: {code, {result per task: OK | STALE}}
 -- `samples` counts from the task's sample 0 (a resumed task reports start + taken) and
 -- only moves the record forward. A report about a lease that is no longer the caller's
--- changes nothing; what it claims beyond the record is counted as re-read (p_reread).
+-- changes nothing; what it claims beyond the record is counted as re-read (p_reread). It
+-- needs the holder's lease secret, as an ack does: the right token with another secret is
+-- answered STALE and counted forged (and claims nothing re-read).
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 -- as many reports as a heartbeat may list held tasks (a trainer's buffer may still hold
@@ -21,7 +23,8 @@ for k = 1, n do
   arg_token(ARGV[b + 2], 'reports token')
   arg_int(ARGV[b + 3], 'reports samples', 0, 9007199254740991)
 end
-arg_len(ARGV, 4 + 3 * n)
+arg_secret(ARGV[5 + 3 * n])
+arg_len(ARGV, 5 + 3 * n)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
@@ -33,12 +36,15 @@ for k = 1, n do
   local task, tok, samples = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
   local l = parse_lease(redis.call('HGET', K_LEASES, task))
   local cur = tonumber(redis.call('HGET', K_PROGRESS, task) or '0') or 0
-  if holds(l, worker, winc, tok) then
+  if holds_secret(l, worker, winc, tok) then
     if samples > cur then
       redis.call('HSET', K_PROGRESS, task, fmt(samples))
       PROGRESS_EMPTY = false
     end
     out[k] = C.OK
+  elseif is_forged(l, worker, winc, tok) then
+    forged(task, worker, tok, 'progress')
+    out[k] = C.STALE
   else
     if l and l.token == tok and l.round == ROUND and samples > cur
         and redis.call('GETBIT', K_DONE, task) == 0 then

@@ -1,15 +1,19 @@
 #!lua
 -- register: a worker incarnation joins the job.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid[, conn id]
+-- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid, secret
+--       [, conn id]
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
+-- secret: this incarnation's lease secret (at least 16 characters); only its digest is
+-- kept, in the worker record, and every later write of the worker must send it.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local ttl = arg_int(ARGV[4], 'ttl_ms', 0, 31536000000)
 local host = arg_id(ARGV[5], 'host', true)
 local pid = arg_int(ARGV[6], 'pid', 0, 4294967295)
-local conn = arg_opt_conn(ARGV, 7)
+local dig = arg_secret(ARGV[7])
+local conn = arg_opt_conn(ARGV, 8)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
@@ -23,7 +27,7 @@ end
 reclaim(MAX_RECLAIM, true)
 redis.call('HSET', K_WINFO, worker,
   winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|'
-    .. conn)
+    .. dig .. '|' .. conn)
 redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 due_by(JNOW + ttl)
 event('worker_joined', 'worker', worker, 'incarnation', winc)

@@ -1,13 +1,14 @@
 #!lua
 -- release: the trainer gives tasks back unfinished (graceful leave, SIGTERM, break).
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, n, (task, token) x n
+-- ARGV: job_inc, worker, winc, n, (task, token) x n, secret
 -- returns: {code, {result per task}}
 -- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local n = arg_pairs(ARGV, 4, 'tasks', MAX_BATCH)
-arg_len(ARGV, 4 + 2 * n)
+arg_secret(ARGV[5 + 2 * n])
+arg_len(ARGV, 5 + 2 * n)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])

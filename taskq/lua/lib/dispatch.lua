@@ -107,7 +107,7 @@ local function grant(task, worker, winc, call_no, st)
   if RS_N ~= ROUND then RS_N, RS_S = ROUND, tostring(ROUND) end
   if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
   redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s)
+    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
   GRANTED[#GRANTED + 1] = task
   redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
@@ -180,7 +180,8 @@ local function take_backup(worker, winc, call_no)
         and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
       redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts)
+        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts
+        .. '|' .. CALLER_DIG)
       GRANTED[#GRANTED + 1] = task
       redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
       mincr(F.C_LEASED)

@@ -2,38 +2,93 @@
 -- reserved indexes, ending a lease (end_lease, end_held), and where a task goes after a
 -- lease ended without an ack (requeue: the front or dead; expire).
 -- A lease record (HASH leases, field task) is
---   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt"  (current)
---   "E|worker|winc|token|round|A-F-X"                            (just ended)
+--   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
+--   "E|worker|winc|token|round|A-F-X|digest"                            (just ended)
+-- digest: the holder's lease secret digest (secret_digest), copied from the worker record
+-- at the grant so the ended record still answers the holder's repeats after the worker
+-- record is gone. Tokens order leases and anyone who reads the hash sees them; only the
+-- holder knows the secret behind the digest (docs/design.md, "Lease secrets").
 -- A started task may also have a backup lease (dispatch.lua: take_backup), the same
--- record in field "b:<task>": the first ack wins and the other lease is revoked; when one
--- ends without an ack the other carries on as the task's lease (survives).
+-- record (with its own holder's digest) in field "b:<task>": the first ack wins and the
+-- other lease is revoked; when one ends without an ack the other carries on as the task's
+-- lease (survives).
 
 -- A lease record as a table; rs / calls / attempts are the record's own strings (written
 -- back as they are), round / since / call / attempt their numbers.
 local function parse_lease(rec)
   if not rec then return nil end
   if string.byte(rec, 1) == 76 then  -- 'L'
-    local w, wi, tok, r, st, since, call, att = string.match(rec,
-      '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    local w, wi, tok, r, st, since, call, att, dig = string.match(rec,
+      '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if w then
       return {live = true, worker = w, winc = wi, token = tok, round = tonumber(r), rs = r,
               st = st, since = tonumber(since), call = tonumber(call), calls = call,
-              attempt = tonumber(att), attempts = att}
+              attempt = tonumber(att), attempts = att, dig = dig}
     end
   end
+  -- (a record written before lease secrets has no digest: nil, which no secret matches)
   local f = split(rec)
   if f[1] == 'L' then
     return {live = true, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
             rs = f[5], st = f[6], since = tonumber(f[7]), call = tonumber(f[8]), calls = f[8],
-            attempt = tonumber(f[9]), attempts = f[9]}
+            attempt = tonumber(f[9]), attempts = f[9], dig = f[10]}
   end
   return {live = false, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
-          rs = f[5], kind = f[6]}
+          rs = f[5], kind = f[6], dig = f[7]}
 end
 
--- A write about a lease that is not current: a quiet success when it repeats the ending
--- this very lease got (tokens are unique), else stale: changes nothing, is counted.
+-- The caller's lease secret as the digest records keep: the first 16 hex digits (64
+-- bits) of its SHA-1, or nil for a missing or short secret (matching no record). Hashed
+-- once per call (use_secret); the secret itself is never written anywhere.
+local CALLER_DIG = nil  -- per call
+local function secret_digest(secret)
+  if type(secret) ~= 'string' or #secret < 16 then return nil end
+  return string.sub(redis.sha1hex(secret), 1, 16)
+end
+local function use_secret(secret)
+  CALLER_DIG = secret_digest(secret)
+  return CALLER_DIG
+end
+-- The secret argument, checked with the others (lib/args.lua) but never shown in the
+-- answer; the caller's digest from then on. Returns the digest (or a stand-in when bad).
+local function arg_secret(v)
+  if not use_secret(v) then
+    arg_fail('secret', 'missing or shorter than 16 characters (a taskq client older '
+      .. 'than this library? upgrade it)')
+    return ''
+  end
+  return CALLER_DIG
+end
+
+-- A write naming a lease's holder and token with the wrong secret: someone who read the
+-- leases hash. Answered stale by the caller, counted apart so an operator notices.
+-- (task nil: a lease request in a worker's name, whose record has the digest.)
+local function forged(task, worker, tok, op)
+  mincr(F.C_FORGED)
+  if task then
+    event('forged', 'task', task, 'worker', worker, 'token', tok, 'op', op)
+  else
+    event('forged', 'worker', worker, 'op', op)
+  end
+end
+
+-- A write naming the lease's own holder (worker, incarnation) and token with another
+-- secret: someone who read the record (the holder itself never does: its incarnation and
+-- secret change together, so after a re-register its late writes name another
+-- incarnation and are merely stale).
+local function is_forged(l, worker, winc, tok)
+  return l and l.token == tok and l.worker == worker and l.winc == winc
+    and not (CALLER_DIG and l.dig == CALLER_DIG)
+end
+
+-- A write about a lease that is not current: a quiet success when its holder (the secret
+-- matches) repeats the ending this very lease got (tokens are unique); forged (above);
+-- else stale. Forged and stale change nothing, are counted.
 local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
+  if is_forged(l, worker, winc, tok) then
+    forged(task, worker, tok, op)
+    return C.STALE
+  end
   if l and not l.live and l.kind == kind and l.worker == worker and l.winc == winc
       and l.token == tok then
     return C.DUP
@@ -105,6 +160,12 @@ local function holds(l, worker, winc, tok)
   return lease_is_current(l) and l.worker == worker and l.winc == winc and l.token == tok
 end
 
+-- holds(), and the caller's secret (use_secret) is the holder's: what ending or starting
+-- a lease needs.
+local function holds_secret(l, worker, winc, tok)
+  return holds(l, worker, winc, tok) and CALLER_DIG ~= nil and l.dig == CALLER_DIG
+end
+
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
 
 -- The lease of `task` this worker incarnation holds or last held: the task's record, or
@@ -170,6 +231,7 @@ end
 
 local function end_lease(task, l, kind)
   local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+    .. '|' .. (l.dig or '')
   if l.backup then  -- a backup is in no index but owned, and not counted in nleased
     redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
     redis.call('HSET', K_LEASES, 'b:' .. task, rec)
@@ -180,7 +242,7 @@ local function end_lease(task, l, kind)
 end
 
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
--- it holds gets its ended record (kind A | F | R) and then
+-- it holds (with its secret, use_secret) gets its ended record (kind A | F | R) and then
 -- `on_end(task, lease, token, worker, n, note)` (one of the *_one functions below, defined
 -- once in the library rather than as a closure on every call); any other is a quiet
 -- repeat or stale (op names it in the stale event). Returns the result per pair (C.OK,
@@ -190,7 +252,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
     local l = lease_for(task, worker, winc)
-    if holds(l, worker, winc, tok) then
+    if holds_secret(l, worker, winc, tok) then
       end_lease(task, l, kind)
       on_end(task, l, tok, worker, n, note)
       out[k] = C.OK

@@ -1,21 +1,22 @@
 -- workers.lua: worker records (winfo), liveness (touch_worker), removal.
 
 -- A worker's record (HASH winfo, field worker) is
--- "incarnation|ttl_ms|joined_ms|host|pid|drain|conn": its incarnation, ttl (a string) and
--- drain flag, or nil when there is none.
+-- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn": its incarnation, ttl (a
+-- string), drain flag and lease secret digest (secret_digest; '' in a record written
+-- before lease secrets), or nil when there is none.
 local function winfo(worker)
   local rec = redis.call('HGET', K_WINFO, worker)
   if not rec then return nil end
-  return string.match(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)')
+  return string.match(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
 end
 
--- The id of the worker's heartbeat connection (the record's 7th field: Redis's
+-- The id of the worker's heartbeat connection (the record's 8th field: Redis's
 -- CLIENT ID, sent by the trainer; '' when unknown), for the reaper's closed-connection
 -- check (reaper.py).
 local function winfo_conn(worker)
   local rec = redis.call('HGET', K_WINFO, worker)
   if not rec then return nil end
-  return string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
+  return string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
 end
 
 -- Records the connection id a worker incarnation sent (a heartbeat after a reconnect
@@ -25,10 +26,10 @@ local function set_conn(worker, winc, cid)
   local rec = redis.call('HGET', K_WINFO, worker)
   if not rec then return end
   local f = split(rec)
-  if f[1] ~= winc or f[7] == cid then return end
-  for k = #f + 1, 6 do f[k] = '' end
-  f[7] = cid
-  redis.call('HSET', K_WINFO, worker, table.concat(f, '|', 1, 7))
+  if f[1] ~= winc or f[8] == cid then return end
+  for k = #f + 1, 7 do f[k] = '' end
+  f[8] = cid
+  redis.call('HSET', K_WINFO, worker, table.concat(f, '|', 1, 8))
 end
 
 local function remove_worker(m, kind)
@@ -39,14 +40,16 @@ local function remove_worker(m, kind)
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
--- The worker's state: 'ok', or 'lost' (unknown incarnation: it must re-register).
--- Renews its liveness as any call from it is proof of life.
-local function touch_worker(worker, winc)
+-- The worker's state: 'ok', or 'lost' (unknown incarnation: it must re-register), or
+-- 'forged' when `check` and the caller's secret (use_secret) is not the worker's.
+-- Renews its liveness as any call from it is proof of life (a forged one is not).
+local function touch_worker(worker, winc, check)
   local m = worker .. '|' .. winc
   local deadline = redis.call('ZSCORE', K_WORKERS, m)
   if not deadline then return 'lost' end
-  local inc, ttl_s, drain = winfo(worker)
+  local inc, ttl_s, drain, dig = winfo(worker)
   if inc ~= winc then return 'lost' end
+  if check and not (CALLER_DIG and dig == CALLER_DIG) then return 'forged' end
   local ttl = tonumber(ttl_s) or mnum(F.TTL)
   redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), m)
   if drain == '1' then return 'drain' end
