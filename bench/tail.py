@@ -6,7 +6,7 @@ whose step takes `--task-ms`; in the straggler trials one of them takes `--slow`
 long (checking `task.revoked` every 10 ms, as a cooperative training step would). The
 makespan runs from the pass's first lease to its end (the events stream's ids are the
 server's clock). Three rows: no straggler; a straggler without backups
-(`backup_leases=False`); a straggler with backups (the default, k = 2). Goal: the last
+(`backup_leases=False`); a straggler with backups (`backup_leases=True`, k = 2). Goal: the last
 <= 1.3 x the first (medians over `--repeat` trials). The duplicated work is the backups granted and the task time the
 losing holders spent on them (from each backup's grant to the winner's ack).
 

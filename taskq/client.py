@@ -142,7 +142,7 @@ class Client:
         replace: bool = False,
         manual_clock: bool = False,
         progress: Callable[[int, int], None] | None = None,
-        backup_leases: bool = True,
+        backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
     ) -> JobStatus:
@@ -166,7 +166,9 @@ class Client:
             progress: called with (tasks_written, total) while staging.
             backup_leases: at the tail of a pass an idle trainer may take a backup lease
                 of a task that has run longer than ``backup_factor`` x the job's median
-                task time; the first ack wins (docs/trainers.md, "Tails").
+                task time; the first ack wins (docs/trainers.md, "Tails"). Off by
+                default: a backup does the task's work twice, which for a training loop
+                means its samples twice in the pass.
             backup_factor: that k (> 1).
             shards: S > 1 spreads the job over S shards on different cluster masters,
                 one pass for all (``sharded.create``; it returns a ``ShardedStatus``).

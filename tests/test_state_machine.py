@@ -27,6 +27,7 @@ def sm_url(redis_server):
 
 class EngineMachine(RuleBasedStateMachine):
     url: str = ""
+    backup_leases = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,6 +44,7 @@ class EngineMachine(RuleBasedStateMachine):
             max_attempts=3,
             shuffle=True,
             seed=11,
+            backup_leases=self.backup_leases,
             manual_clock=True,
         )
         self.trainers = {
@@ -247,6 +249,8 @@ class BackupMachine(EngineMachine):
     """The same steps with backup leases in play from the start: the job's median task
     time is set to 100 ms as if 10 tasks had been acked, so a task that runs past 200 ms at
     the tail of a pass gets a backup (docs/trainers.md, "Tails")."""
+
+    backup_leases = True
 
     def __init__(self) -> None:
         super().__init__()

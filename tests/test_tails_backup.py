@@ -22,6 +22,7 @@ N = 12
 
 def make_job(client: taskq.Client, name: str, **kw: Any) -> taskq.JobStatus:
     kw.setdefault("manual_clock", True)
+    kw.setdefault("backup_leases", True)
     kw.setdefault("worker_ttl", 5.0)
     kw.setdefault("heartbeat_interval", 1.0)
     kw.setdefault("task_timeout", None)
