@@ -452,6 +452,7 @@ def test_a_backup_lease_is_checked_against_its_own_holders_secret(
         worker_ttl=5.0,
         heartbeat_interval=1.0,
         task_timeout=None,
+        backup_leases=True,
     )
     fast, slow = trainer(client, job_name, "fast"), trainer(client, job_name, "slow")
     straggler = slow.lease(timeout=0)
