@@ -392,12 +392,19 @@ class Trainer:
             raise errors.JobCancelled(f"job {self.job!r} was cancelled")
 
     # -- the public calls ---------------------------------------------------------
-    def lease(self, timeout: float = 2.0, expect_pass: int | None = None) -> Task | None:
-        """Lease one task, started.
+    def lease(
+        self,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+    ) -> Task | None:
+        """Lease one task, started; with ``acks``, ack those in the same call.
 
         Args:
             timeout: seconds to wait for work (0: do not wait).
             expect_pass: never return work of another pass (``PASS_DONE`` -> None).
+            acks: finished tasks to ack in the same call. A lost lease among them is
+                logged, not raised: its ``revoked`` event is set and nothing was counted.
 
         Returns:
             A task, or None when ``timeout`` passed with nothing to give.
@@ -412,8 +419,42 @@ class Trainer:
             ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
                 ``reconnect_timeout``.
         """
-        tasks = self._lease_n(1, timeout, expect_pass, raise_corrupt=True)
+        tasks = self._lease_n(
+            1, timeout, expect_pass, acks=self._still_held(acks), raise_corrupt=True
+        )
         return tasks[0] if tasks else None
+
+    def lease_many(
+        self,
+        n: int,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+    ) -> list[Task]:
+        """Lease up to ``n`` tasks, started, in one call; with ``acks``, ack those in it.
+
+        Args:
+            n: the most tasks to lease (1 to the job's per-call bound).
+            timeout: seconds to wait for work (0: do not wait).
+            expect_pass: never return work of another pass (``PASS_DONE`` -> []).
+            acks: finished tasks to ack in the same call (a lost lease is logged and its
+                ``revoked`` event set, not raised).
+
+        Returns:
+            The tasks leased (those with unreadable chunks are failed and left out);
+            empty when ``timeout`` passed with nothing to give.
+
+        Raises:
+            InvalidInput: ``n < 1``.
+            JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
+        """
+        if n < 1:
+            raise errors.InvalidInput(f"n must be >= 1, got {n}")
+        return self._lease_n(n, timeout, expect_pass, acks=self._still_held(acks))
+
+    def _still_held(self, acks: Sequence[Task]) -> list[Task]:
+        with self._lock:
+            return [t for t in acks if self._held.get(t.id) is t]
 
     def _lease_n(
         self,
@@ -826,10 +867,8 @@ class Trainer:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         batch: list[Task] = []
         while True:
-            with self._lock:
-                acks = [t for t in batch if self._held.get(t.id) is t]
             try:
-                batch = self._lease_n(k, _MAX_BLOCK_S, None, acks=acks)
+                batch = self._lease_n(k, _MAX_BLOCK_S, None, acks=self._still_held(batch))
             except (errors.JobCompleted, errors.JobCancelled, errors.Draining):
                 return
             if batch:

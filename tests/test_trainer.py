@@ -584,3 +584,23 @@ def test_dropped_trainer_leaves_nothing_running(
         task = other.lease(timeout=5)
         assert task is not None
         other.ack(task)
+
+
+def test_lease_with_acks_acks_and_leases_in_one_call(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    make_job(client, job_name, 5)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+        first = trainer.lease_many(2, timeout=0)
+        assert [t.id for t in first] == [0, 1]
+        calls = trainer._call_no
+        nxt = trainer.lease(timeout=0, acks=first)
+        assert nxt is not None and nxt.id == 2 and trainer._call_no == calls + 1
+        assert client.status(job_name).counters["acked"] == 2
+        client.revoke(job_name, nxt.id)
+        rest = trainer.lease_many(5, timeout=0, acks=[nxt])
+        assert nxt.revoked.is_set() and sorted(t.id for t in rest) == [2, 3, 4]
+        with pytest.raises(taskq.JobCompleted):  # the last acks completed the job
+            trainer.lease(timeout=0, acks=rest)
+    st = client.status(job_name)
+    assert st.counters["acked"] == 5 and st.counters["stale"] == 1 and st.done == 5
