@@ -1,5 +1,7 @@
-"""``taskq acl``: print (or apply) the Redis ACL user of one job's trainers, a reaper or
-an exporter, for the taskq library of this version.
+"""``taskq acl ROLE [JOB]``: print (or apply) the Redis ACL user of one job's trainers, a
+reaper or an exporter, for the taskq library of this version.
+
+One command per role of ``taskq.acl.ROLES``, generated from that table.
 
 Data flow: operator -> cli/acl.py -> taskq.acl (rules) -> stdout, or ``ACL SETUSER`` on
 Redis with ``--apply``.
@@ -104,61 +106,30 @@ def acl() -> None:
     """
 
 
-@acl.command("trainer")
-@click.argument("job")
-@_options
-@click.pass_context
-def trainer(
-    ctx: click.Context,
-    job: str,
-    user: str | None,
-    password_env: str | None,
-    password_file: Path | None,
-    fmt: str,
-    apply_: bool,
-) -> None:
-    """The user of JOB's trainers: JOB's keys only, the trainer's functions only.
+def _command(role: rules.Role) -> click.Command:
+    """``taskq acl <role> [JOB]``: one command per role of ``taskq.acl.ROLES``."""
 
-    Example: taskq acl trainer mnist --password-env MNIST_PW --apply
-    """
-    prefix = ctx.find_root().obj.prefix
-    rule = rules.trainer_rule(job, user, _password(password_env, password_file), prefix)
-    _emit(ctx, rule, fmt, apply_)
+    @click.pass_context
+    def command(
+        ctx: click.Context,
+        job: str | None,
+        user: str | None,
+        password_env: str | None,
+        password_file: Path | None,
+        fmt: str,
+        apply_: bool,
+    ) -> None:
+        prefix = ctx.find_root().obj.prefix
+        password = _password(password_env, password_file)
+        _emit(ctx, rules.rule(role.name, job, user, password, prefix), fmt, apply_)
 
-
-@acl.command("reaper")
-@click.argument("job", required=False)
-@_options
-@click.pass_context
-def reaper(
-    ctx: click.Context,
-    job: str | None,
-    user: str | None,
-    password_env: str | None,
-    password_file: Path | None,
-    fmt: str,
-    apply_: bool,
-) -> None:
-    """The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB."""
-    prefix = ctx.find_root().obj.prefix
-    rule = rules.reaper_rule(job, user, _password(password_env, password_file), prefix)
-    _emit(ctx, rule, fmt, apply_)
+    command.__doc__ = (
+        f"{role.summary}\n\nExample: taskq acl {role.name} mnist --password-env MNIST_PW --apply"
+    )
+    command = _options(command)
+    command = click.argument("job", required=role.needs_job)(command)
+    return acl.command(role.name)(command)
 
 
-@acl.command("exporter")
-@click.argument("job", required=False)
-@_options
-@click.pass_context
-def exporter(
-    ctx: click.Context,
-    job: str | None,
-    user: str | None,
-    password_env: str | None,
-    password_file: Path | None,
-    fmt: str,
-    apply_: bool,
-) -> None:
-    """A read-only user (`taskq exporter`, status) for JOB, or every job without JOB."""
-    prefix = ctx.find_root().obj.prefix
-    rule = rules.exporter_rule(job, user, _password(password_env, password_file), prefix)
-    _emit(ctx, rule, fmt, apply_)
+for _role in rules.ROLES.values():
+    _command(_role)

@@ -27,18 +27,12 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from . import errors
 from .keys import JOB_KEYS, acl_jobs_index_pattern, acl_key_patterns, prefix, valid_job_name
 from .scripts import LIBRARY, VERBS
-
-#: Functions a trainer calls (``Trainer``, ``taskq work``): FCALL and FCALL_RO.
-TRAINER_VERBS = ("register", "lease", "ack", "fail", "release", "heartbeat", "leave", "progress")
-TRAINER_RO_VERBS = ("stats",)  # Trainer.passes() reads the current pass
-REAPER_VERBS = ("reap", "closed")
-REAPER_RO_VERBS = ("conns",)  # with CLIENT LIST ID: closed connections (connwatch.py)
-EXPORTER_RO_VERBS = ("stats", "peek")  # peek: `taskq tasks` with an exporter's URL
 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
@@ -97,6 +91,74 @@ BASE_RULES = (
     "-randomkey",
     "-dbsize",
 )
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one kind of user may do: the one place a role's rule is described.
+
+    ``rule()`` turns a role into the rule of one job (or every job); ``taskq acl
+    <role>`` is generated from ``ROLES``.
+    """
+
+    name: str
+    #: One line for ``taskq acl --help`` and the command's help.
+    summary: str
+    #: Functions called with ``FCALL`` and with ``FCALL_RO``.
+    verbs: tuple[str, ...]
+    ro_verbs: tuple[str, ...]
+    #: Whether the rule is always for one job (a trainer never lists jobs).
+    needs_job: bool
+    #: Key patterns read-only (``%R~``) rather than read and write (``~``).
+    read_only: bool = False
+    #: Commands beyond ``BASE_RULES`` on the user's keys (``+client|list``).
+    extra: tuple[str, ...] = ()
+    #: Selectors ``(keys, commands)``: the writes its functions make, on which keys.
+    writes: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+
+
+ROLES: dict[str, Role] = {
+    r.name: r
+    for r in (
+        Role(
+            "trainer",
+            "The user of JOB's trainers: JOB's keys only, the trainer's functions only.",
+            ("register", "lease", "ack", "fail", "release", "heartbeat", "leave", "progress"),
+            ("stats",),  # Trainer.passes() reads the current pass
+            needs_job=True,
+            writes=(
+                (WRITTEN_KEYS, WRITE_COMMANDS),
+                (SCRATCH_KEYS, ("del", "unlink", "blpop")),
+            ),
+        ),
+        Role(
+            "reaper",
+            "The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB.",
+            ("reap", "closed"),
+            ("conns",),  # with CLIENT LIST ID: closed connections (connwatch.py)
+            needs_job=False,
+            # It looks up its workers' connection ids; CLIENT LIST shows every client's
+            # address and name, so no other role has it.
+            extra=("+client|list",),
+            writes=(
+                (WRITTEN_KEYS, WRITE_COMMANDS),
+                (SCRATCH_KEYS, ("del", "unlink")),
+                (("lock",), ("set",)),
+            ),
+        ),
+        Role(
+            "exporter",
+            "A read-only user (`taskq exporter`, status) for JOB, or every job without JOB.",
+            (),
+            ("stats", "peek"),  # peek: `taskq tasks` with an exporter's URL
+            needs_job=False,
+            read_only=True,
+        ),
+    )
+}
+TRAINER_VERBS, TRAINER_RO_VERBS = ROLES["trainer"].verbs, ROLES["trainer"].ro_verbs
+REAPER_VERBS, REAPER_RO_VERBS = ROLES["reaper"].verbs, ROLES["reaper"].ro_verbs
+EXPORTER_RO_VERBS = ROLES["exporter"].ro_verbs
 
 _USER_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 _PREFIX_RE = re.compile(r"^[^\s()\"']{1,128}$")
@@ -192,59 +254,24 @@ def _check(role: str, job: str | None, user: str | None, key_prefix: str | None)
     return name, pfx
 
 
-def trainer_rule(
-    job: str, user: str | None = None, password: str | None = None, key_prefix: str | None = None
-) -> Rule:
-    """The user of one job's trainers.
-
-    It may: read the job's keys, call the trainer's functions on them (register, lease,
-    ack, fail, release, heartbeat, leave, progress; ``stats`` read-only), BLPOP its wake-up lists,
-    and make its functions' writes on its keys (never on the chunks, the clock or the
-    lock; DEL/UNLINK only on the per-pass keys). Nothing of another job, nothing outside
-    the job's slot (not even the jobs index: a trainer never lists jobs).
-
-    Args:
-        job: the job.
-        user: the user name (default ``trainer-<job>``).
-        password: the password (stored as its SHA-256); None prints a placeholder.
-        key_prefix: overrides ``TASKQ_PREFIX``.
-
-    Returns:
-        The rule.
-
-    Raises:
-        InvalidInput: a bad job name, user name, prefix or password.
-    """
-    name, pfx = _check("trainer", job, user, key_prefix)
-    rules = [
-        "on",
-        password_rule(password, name),
-        "resetkeys",
-        *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
-        "resetchannels",
-        *BASE_RULES,
-        *_fcalls(TRAINER_VERBS, TRAINER_RO_VERBS),
-        _selector(acl_key_patterns(job, WRITTEN_KEYS, pfx), WRITE_COMMANDS),
-        _selector(acl_key_patterns(job, SCRATCH_KEYS, pfx), ("del", "unlink", "blpop")),
-    ]
-    return Rule(name, tuple(rules), "trainer", job)
-
-
-def reaper_rule(
+def rule(
+    role: str,
     job: str | None = None,
     user: str | None = None,
     password: str | None = None,
     key_prefix: str | None = None,
 ) -> Rule:
-    """The user of ``taskq reaper`` for one job (``--job``) or every job.
+    """The user of ``role`` (a name in ``ROLES``) for one job, or for every job.
 
-    Like the trainer's, with the ``reap`` and ``closed`` functions (``conns`` read-only)
-    and ``CLIENT LIST`` (it looks up its workers' connection ids), ``SET`` on the per-job
-    lock, no BLPOP; for every job, read access to the jobs index (the reaper lists the jobs).
+    The rule: the password, the job's key patterns (``~``, or ``%R~`` for a read-only
+    role) and, for every job, the jobs index read-only (such a user lists the jobs);
+    ``BASE_RULES``; the role's extra commands; its functions by name; one selector per
+    write it makes (``Role.writes``), so a write is allowed only on the keys that need it.
 
     Args:
-        job: the job; None for every job.
-        user: the user name (default ``reaper-<job>`` / ``reaper-all``).
+        role: ``trainer``, ``reaper`` or ``exporter``.
+        job: the job; None for every job (not for a trainer).
+        user: the user name (default ``<role>-<job>`` / ``<role>-all``).
         password: the password (stored as its SHA-256); None prints a placeholder.
         key_prefix: overrides ``TASKQ_PREFIX``.
 
@@ -252,62 +279,35 @@ def reaper_rule(
         The rule.
 
     Raises:
-        InvalidInput: a bad job name, user name, prefix or password.
+        InvalidInput: an unknown role, a missing job for a trainer, a bad job name, user
+            name, prefix or password.
     """
-    name, pfx = _check("reaper", job, user, key_prefix)
-    index = [] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]
+    spec = ROLES.get(role)
+    if spec is None:
+        raise errors.InvalidInput(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
+    if spec.needs_job and job is None:
+        raise errors.InvalidInput(f"a {role} rule is for one job: name the job")
+    name, pfx = _check(role, job, user, key_prefix)
+    access = "%R~" if spec.read_only else "~"
     rules = [
         "on",
         password_rule(password, name),
         "resetkeys",
-        *(f"~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
-        *index,
+        *(f"{access}{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
+        *([] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]),
         "resetchannels",
         *BASE_RULES,
-        "+client|list",
-        *_fcalls(REAPER_VERBS, REAPER_RO_VERBS),
-        _selector(acl_key_patterns(job, WRITTEN_KEYS, pfx), WRITE_COMMANDS),
-        _selector(acl_key_patterns(job, SCRATCH_KEYS, pfx), ("del", "unlink")),
-        _selector(acl_key_patterns(job, ("lock",), pfx), ("set",)),
+        *spec.extra,
+        *_fcalls(spec.verbs, spec.ro_verbs),
+        *(_selector(acl_key_patterns(job, keys, pfx), cmds) for keys, cmds in spec.writes),
     ]
-    return Rule(name, tuple(rules), "reaper", job)
+    return Rule(name, tuple(rules), role, job)
 
 
-def exporter_rule(
-    job: str | None = None,
-    user: str | None = None,
-    password: str | None = None,
-    key_prefix: str | None = None,
-) -> Rule:
-    """The user of ``taskq exporter`` (and read-only status) for one job or every job.
-
-    Read-only key patterns (``%R~``): reads and ``FCALL_RO`` of ``stats`` and ``peek``.
-
-    Args:
-        job: the job; None for every job (with the jobs index).
-        user: the user name (default ``exporter-<job>`` / ``exporter-all``).
-        password: the password (stored as its SHA-256); None prints a placeholder.
-        key_prefix: overrides ``TASKQ_PREFIX``.
-
-    Returns:
-        The rule.
-
-    Raises:
-        InvalidInput: a bad job name, user name, prefix or password.
-    """
-    name, pfx = _check("exporter", job, user, key_prefix)
-    index = [] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]
-    rules = [
-        "on",
-        password_rule(password, name),
-        "resetkeys",
-        *(f"%R~{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
-        *index,
-        "resetchannels",
-        *BASE_RULES,
-        *_fcalls((), EXPORTER_RO_VERBS),
-    ]
-    return Rule(name, tuple(rules), "exporter", job)
+#: ``rule`` of one role, for callers that build one kind of user.
+trainer_rule = partial(rule, "trainer")
+reaper_rule = partial(rule, "reaper")
+exporter_rule = partial(rule, "exporter")
 
 
 def apply(redis_client: Any, rule: Rule) -> None:
