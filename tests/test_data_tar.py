@@ -101,6 +101,8 @@ def test_compressed_shard_is_streamed_whole(tmp_path: Path) -> None:
     assert list(data.read_task(chunks, start=4)) == samples[4:]
     with pytest.raises(InvalidInput, match="compressed shard cannot be read by member range"):
         data.build_chunks(path, records_per_chunk=2)
+    with pytest.raises(DataError, match="member range of a compressed file cannot be read"):
+        list(TAR.read({"path": path, "offset": 512, "length": 1024}))
 
 
 def test_truncated_member_is_a_data_error(tmp_path: Path) -> None:

@@ -21,16 +21,7 @@ from typing import Any
 
 from .. import datasets, errors
 from . import compression_of
-from .storage import (
-    Reader,
-    Spot,
-    built,
-    chunk_compression,
-    chunk_int,
-    chunk_path,
-    guarded,
-    open_file,
-)
+from .storage import Reader, building, chunk_count, chunk_range, reading
 
 #: Byte-range size when neither --chunk-bytes nor --records-per-chunk is given: large
 #: enough that one ranged read per task amortises a remote open, small enough that a
@@ -95,13 +86,11 @@ class LinesReader(Reader):
             if compression:
                 if records_per_chunk is not None:
                     refuse_compressed_ranges(path)
-                out.append(
-                    {"format": self.format, "path": path, "compression": compression, "bytes": size}
-                )
+                out.append(self.whole_file(path, compression, size))
             elif records_per_chunk is not None:
                 if size == 0:
                     continue
-                with built(path), open_file(path, storage_options) as f:
+                with building(path, storage_options) as f:
                     ranges = datasets.line_ranges(f, path, size, records_per_chunk)
                 out += [{"format": self.format, **r} for r in ranges]
             else:
@@ -137,20 +126,10 @@ class LinesReader(Reader):
             DataError: unreadable file, bad UTF-8 / JSON, a byte range of a compressed
                 file.
         """
-        path = chunk_path(chunk)
-        compression = chunk_compression(chunk, path)
-        offset = chunk_int(chunk, "offset", 0) or 0
-        length = chunk_int(chunk, "length")
-        if compression and offset:
-            raise errors.DataError(
-                path,
-                f"byte {offset}",
-                "a byte range of a compressed file cannot be read (whole-file chunks only)",
-            )
+        path, compression, offset, length = chunk_range(chunk, "byte")
         end = None if compression or length is None else offset + length
         count = 0
-        spot = Spot(path)
-        with guarded(spot), open_file(path, storage_options, compression) as f:
+        with reading(path, storage_options, compression) as (f, spot):
             pos = offset
             if offset > 0:
                 spot.where = f"byte {offset - 1}"
@@ -181,12 +160,7 @@ class LinesReader(Reader):
 
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The ``records`` of a chunk built with records per chunk, else None."""
-        records = chunk.get("records")
-        return (
-            records
-            if isinstance(records, int) and not isinstance(records, bool) and records >= 0
-            else None
-        )
+        return chunk_count(chunk, "records")
 
 
 class JsonlReader(LinesReader):

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from .. import errors
-from .storage import Reader, Spot, built, chunk_int, chunk_path, guarded, open_file
+from .storage import Reader, building, chunk_count, chunk_int, chunk_path, reading
 
 #: Rows per batch pyarrow decodes at a time when rows are yielded one by one.
 ROW_BATCH = 8192
@@ -51,7 +51,7 @@ class ParquetReader(Reader):
             raise errors.InvalidInput(f"row groups per chunk must be >= 1, got {per!r}")
         out: list[dict[str, Any]] = []
         for path, _size in files:
-            with built(path), open_file(path, storage_options) as f:
+            with building(path, storage_options) as f:
                 meta = pq.ParquetFile(f).metadata
                 rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             for first in range(0, len(rows), per):
@@ -95,8 +95,7 @@ class ParquetReader(Reader):
         if groups is not None and (not isinstance(groups, list) or not groups):
             raise errors.DataError(path, "chunk", "row_groups must be a non-empty list")
         chunk_int(chunk, "rows")
-        spot = Spot(path)
-        with guarded(spot), open_file(path, storage_options) as f:
+        with reading(path, storage_options) as (f, spot):
             spot.where = "footer"
             pf = pq.ParquetFile(f)
             meta = pf.metadata
@@ -145,8 +144,7 @@ class ParquetReader(Reader):
 
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The chunk's ``rows`` (from the footer at create)."""
-        rows = chunk.get("rows")
-        return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
+        return chunk_count(chunk, "rows")
 
 
 READERS: dict[str, Reader] = {"parquet": ParquetReader()}

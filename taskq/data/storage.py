@@ -2,7 +2,8 @@
 
 Data flow: a chunk's path -> ``open_file`` (fsspec: local, s3://, gs://, http(s)://, ...;
 remote files are read by range) -> a format module's reader. Builders list files with
-``expand``. Any library error while reading becomes ``DataError`` in ``guarded``.
+``expand``. A reader opens with ``reading`` (any library error becomes ``DataError``),
+a builder with ``building`` (the same error is ``InvalidInput``: bad input at create).
 """
 
 from __future__ import annotations
@@ -103,16 +104,6 @@ def guarded(spot: Spot) -> Iterator[Spot]:
 
 
 @contextlib.contextmanager
-def built(path: str) -> Iterator[None]:
-    """For builders: a file that cannot be read or parsed is bad input (InvalidInput)."""
-    try:
-        with guarded(Spot(path, "")):
-            yield
-    except errors.DataError as e:
-        raise errors.InvalidInput(str(e)) from e
-
-
-@contextlib.contextmanager
 def open_file(
     path: str, storage_options: dict[str, Any] | None = None, compression: str | None = None
 ) -> Iterator[IO[bytes]]:
@@ -130,6 +121,57 @@ def open_file(
             yield cast(IO[bytes], io.BufferedReader(f, REMOTE_BUFFER))
         else:
             yield f
+
+
+@contextlib.contextmanager
+def reading(
+    path: str,
+    storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
+    where: str = "open",
+) -> Iterator[tuple[IO[bytes], Spot]]:
+    """For readers: ``open_file`` inside ``guarded``, the one way a reader opens a file.
+
+    Any library error raised while opening or inside the ``with`` becomes
+    ``DataError(path, spot.where, text)``; the reader moves ``spot.where`` along as it
+    reads, so the error says where in the file it stopped.
+
+    Args:
+        path: the file (a local path or an fsspec URL).
+        storage_options: passed to fsspec.
+        compression: decompress with this fsspec codec (``gzip``, ``zstd`` ...).
+        where: the spot's first place (``open`` unless the reader knows better).
+
+    Returns:
+        A context manager giving ``(file, spot)``.
+
+    Raises:
+        DataError: the file cannot be opened, or reading it failed.
+    """
+    spot = Spot(path, where)
+    with guarded(spot), open_file(path, storage_options, compression) as f:
+        yield f, spot
+
+
+@contextlib.contextmanager
+def building(path: str, storage_options: dict[str, Any] | None = None) -> Iterator[IO[bytes]]:
+    """For builders: ``reading``, where a file that cannot be read or parsed is bad input.
+
+    Args:
+        path: the file (a local path or an fsspec URL).
+        storage_options: passed to fsspec.
+
+    Returns:
+        A context manager giving the open file.
+
+    Raises:
+        InvalidInput: the file cannot be opened, or reading it failed.
+    """
+    try:
+        with reading(path, storage_options, where="") as (f, _):
+            yield f
+    except errors.DataError as e:
+        raise errors.InvalidInput(str(e)) from e
 
 
 def chunk_path(chunk: dict[str, Any]) -> str:
@@ -156,6 +198,41 @@ def chunk_compression(chunk: dict[str, Any], path: str) -> str | None:
     """The chunk's ``compression`` field, else what the path's suffix says."""
     value = chunk.get("compression", compression_of(path))
     return str(value) if value else None
+
+
+def chunk_range(chunk: dict[str, Any], unit: str) -> tuple[str, str | None, int, int | None]:
+    """The ``path``, ``compression``, ``offset`` and ``length`` of a ranged chunk.
+
+    Args:
+        chunk: a chunk with a path and, optionally, ``offset`` (default 0), ``length``
+            (default: to the end) and ``compression``.
+        unit: what the range counts in the error (``byte``, ``member``).
+
+    Returns:
+        ``(path, compression, offset, length)``.
+
+    Raises:
+        DataError: no path, a bad offset or length, or a range of a compressed file (a
+            compressed stream cannot be entered half-way; its chunk is the whole file).
+    """
+    path = chunk_path(chunk)
+    compression = chunk_compression(chunk, path)
+    offset = chunk_int(chunk, "offset", 0) or 0
+    length = chunk_int(chunk, "length")
+    if compression and offset:
+        raise errors.DataError(
+            path,
+            f"byte {offset}",
+            f"a {unit} range of a compressed file cannot be read (whole-file chunks only)",
+        )
+    return path, compression, offset, length
+
+
+def chunk_count(chunk: dict[str, Any], field: str) -> int | None:
+    """A count the builder wrote into the chunk (``rows``, ``samples``), None if absent or
+    not an integer >= 0 (``Reader.size`` is a hint: reading then counts)."""
+    value = chunk.get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class Reader:
@@ -211,3 +288,8 @@ class Reader:
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The number of samples in ``chunk`` if the chunk says so, else None."""
         return None
+
+    def whole_file(self, path: str, compression: str, size: int) -> dict[str, Any]:
+        """The chunk of a compressed file: read whole, as one stream (no counts: the
+        builder reads no compressed data)."""
+        return {"format": self.format, "path": path, "compression": compression, "bytes": size}

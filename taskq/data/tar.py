@@ -20,16 +20,7 @@ from typing import IO, Any
 
 from .. import errors
 from . import compression_of
-from .storage import (
-    Reader,
-    Spot,
-    built,
-    chunk_compression,
-    chunk_int,
-    chunk_path,
-    guarded,
-    open_file,
-)
+from .storage import Reader, building, chunk_count, chunk_int, chunk_range, reading
 
 # WebDataset's base_plus_ext: key = path up to the first dot of the file name.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
@@ -115,9 +106,7 @@ class TarReader(Reader):
                     raise errors.InvalidInput(
                         f"{path}: a compressed shard cannot be read by member range; give it whole"
                     )
-                out.append(
-                    {"format": self.format, "path": path, "compression": compression, "bytes": size}
-                )
+                out.append(self.whole_file(path, compression, size))
                 continue
             samples = self._scan(path, size, storage_options)
             step = per or max(len(samples), 1)
@@ -143,7 +132,7 @@ class TarReader(Reader):
         samples: list[tuple[int, int, int]] = []
         key = None
         exts: set[str] = set()
-        with built(path), open_file(path, storage_options) as f, _open_tar(f, False) as tf:
+        with building(path, storage_options) as f, _open_tar(f, False) as tf:
             for member, k, ext in _members(tf, None):
                 data_end = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
                 if member.offset_data + member.size > size:
@@ -194,22 +183,13 @@ class TarReader(Reader):
             DataError: not a tar, a truncated member, a duplicate extension, fewer
                 samples than the chunk's ``samples``.
         """
-        path = chunk_path(chunk)
-        compression = chunk_compression(chunk, path)
-        offset = chunk_int(chunk, "offset", 0) or 0
-        length = chunk_int(chunk, "length")
+        path, compression, offset, length = chunk_range(chunk, "member")
         expected = chunk_int(chunk, "samples")
-        if compression and offset:
-            raise errors.DataError(
-                path,
-                f"byte {offset}",
-                "a member range of a compressed shard cannot be read (whole shards only)",
-            )
         end = None if length is None else offset + length
-        spot = Spot(path, f"header at byte {offset}")
         index = -1
         sample: dict[str, Any] = {}
-        with guarded(spot), open_file(path, storage_options, compression) as f:
+        where = f"header at byte {offset}"
+        with reading(path, storage_options, compression, where) as (f, spot):
             if offset:
                 f.seek(offset)
             with _open_tar(f, bool(compression)) as tf:
@@ -244,12 +224,7 @@ class TarReader(Reader):
 
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The chunk's ``samples`` (from the headers at create)."""
-        samples = chunk.get("samples")
-        return (
-            samples
-            if isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
-            else None
-        )
+        return chunk_count(chunk, "samples")
 
 
 READERS: dict[str, Reader] = {"tar": TarReader()}
