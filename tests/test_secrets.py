@@ -35,6 +35,20 @@ def trainer(
     )
 
 
+def holding(client: taskq.Client, job: str, n: int, **kw: Any) -> tuple[taskq.Trainer, taskq.Task]:
+    """A job of ``n`` tasks (``kw`` go to ``make_job``) and trainer ``holder`` holding one."""
+    make_job(client, job, n, **kw)
+    holder = trainer(client, job, "holder")
+    task = holder.lease(timeout=0)
+    assert task is not None
+    return holder, task
+
+
+def ack_args(who: list[Any], task_id: int, token: int, secret: str) -> list[Any]:
+    """The ``ack`` function's arguments: acks ``task_id`` in ``who``'s name, leases none."""
+    return [*who, 10**6, 1, task_id, token, 0, 0, "S", -1, secret]
+
+
 class Forger:
     """Someone with the job's credential: reads the lease records, then calls the
     trainer's functions in the holder's name with a secret of its own."""
@@ -44,13 +58,15 @@ class Forger:
         self.keys = client.keys(job)
         self.secret = secrets.token_hex(16)
 
-    def lease_of(self, task_id: int) -> dict[str, Any]:
-        lease = parse_lease(self.client.redis.hget(self.keys.leases, str(task_id)))
+    def lease_of(self, task_id: int, backup: bool = False) -> dict[str, Any]:
+        """The record of a task's lease, or of its backup lease (field ``b:<task>``)."""
+        field = f"b:{task_id}" if backup else str(task_id)
+        lease = parse_lease(self.client.redis.hget(self.keys.leases, field))
         assert lease is not None
         return lease
 
-    def who(self, task_id: int) -> list[Any]:
-        lease = self.lease_of(task_id)
+    def who(self, task_id: int, backup: bool = False) -> list[Any]:
+        lease = self.lease_of(task_id, backup)
         inc = self.client.redis.hget(self.keys.meta, "inc")
         return [inc, lease["worker"], lease["worker_incarnation"]]
 
@@ -58,19 +74,20 @@ class Forger:
         reply: list[Any] = self.client.run(self.job, verb, args, passthrough=(Code.REREGISTER,))
         return reply
 
-    def ack(self, task_id: int, want: int = 0) -> list[Any]:
-        tok = self.lease_of(task_id)["token"]
-        return self.run(
-            "ack", [*self.who(task_id), 10**6, 1, task_id, tok, 0, want, "S", -1, self.secret]
-        )
+    def ack(self, task_id: int, backup: bool = False) -> list[Any]:
+        tok = self.lease_of(task_id, backup)["token"]
+        who = self.who(task_id, backup)
+        return self.run("ack", ack_args(who, task_id, tok, self.secret))
 
-    def fail(self, task_id: int) -> list[Any]:
-        tok = self.lease_of(task_id)["token"]
-        return self.run("fail", [*self.who(task_id), "forged", 1, task_id, tok, self.secret])
+    def fail(self, task_id: int, backup: bool = False) -> list[Any]:
+        tok = self.lease_of(task_id, backup)["token"]
+        who = self.who(task_id, backup)
+        return self.run("fail", [*who, "forged", 1, task_id, tok, self.secret])
 
-    def release(self, task_id: int) -> list[Any]:
-        tok = self.lease_of(task_id)["token"]
-        return self.run("release", [*self.who(task_id), 1, task_id, tok, self.secret])
+    def release(self, task_id: int, backup: bool = False) -> list[Any]:
+        tok = self.lease_of(task_id, backup)["token"]
+        who = self.who(task_id, backup)
+        return self.run("release", [*who, 1, task_id, tok, self.secret])
 
 
 def counters(client: taskq.Client, job: str) -> dict[str, int]:
@@ -80,10 +97,7 @@ def counters(client: taskq.Client, job: str) -> dict[str, int]:
 def test_a_copied_token_cannot_ack_fail_or_release_and_the_holders_ack_counts(
     client: taskq.Client, job_name: str
 ) -> None:
-    make_job(client, job_name, 3)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 3)
     forger = Forger(client, job_name)
     before = forger.lease_of(task.id)
     assert forger.ack(task.id)[4] == [Code.STALE]
@@ -130,30 +144,18 @@ def test_a_second_trainer_with_a_copied_task_gets_lease_lost(
 def test_the_true_holders_repeated_ack_stays_quiet_a_forged_one_does_not(
     client: taskq.Client, job_name: str
 ) -> None:
-    make_job(client, job_name, 2)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 2)
     holder.ack(task)
-    args = [
-        holder.job_incarnation,
-        holder.worker_id,
-        holder.incarnation,
-        10**6,
-        1,
-        task.id,
-        task.token,
-        0,
-        0,
-        "S",
-        -1,
-    ]
+    who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     # the holder's retry (its reply was lost, say): a quiet success, nothing counted
-    again = client.run(job_name, "ack", [*args, holder._secret])
+    again = client.run(job_name, "ack", ack_args(who, task.id, task.token, holder._secret))
     assert again[4] == [Code.DUP]
     # the same repeat with another secret (a reader of the ended record): stale, forged
     forged = client.run(
-        job_name, "ack", [*args, secrets.token_hex(16)], passthrough=(Code.REREGISTER,)
+        job_name,
+        "ack",
+        ack_args(who, task.id, task.token, secrets.token_hex(16)),
+        passthrough=(Code.REREGISTER,),
     )
     assert forged[4] == [Code.STALE]
     c = counters(client, job_name)
@@ -164,10 +166,7 @@ def test_the_true_holders_repeated_ack_stays_quiet_a_forged_one_does_not(
 def test_the_quiet_repeat_survives_the_worker_record(client: taskq.Client, job_name: str) -> None:
     """The ended lease record keeps the digest: after the worker left (its record gone),
     its late repeat is still recognised as the holder's."""
-    make_job(client, job_name, 2)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 2)
     holder.ack(task)
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     secret = holder._secret
@@ -176,7 +175,7 @@ def test_the_quiet_repeat_survives_the_worker_record(client: taskq.Client, job_n
     reply = client.run(
         job_name,
         "ack",
-        [*who, 10**6, 1, task.id, task.token, 0, 0, "S", -1, secret],
+        ack_args(who, task.id, task.token, secret),
         passthrough=(Code.REREGISTER,),
     )
     assert reply[4] == [Code.DUP]
@@ -188,10 +187,7 @@ def test_a_late_write_after_a_re_register_is_stale_not_forged(
 ) -> None:
     """A trainer declared lost joins again under a new incarnation and a new secret; its
     late writes about its old leases name the new incarnation: stale, never forged."""
-    make_job(client, job_name, 2, manual_clock=True, task_timeout=None)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 2, manual_clock=True, task_timeout=None)
     old = holder.incarnation
     client.advance_clock(job_name, 60_000)
     assert client.reap(job_name)[0] == 1  # lost: its lease expired
@@ -206,10 +202,7 @@ def test_a_late_write_after_a_re_register_is_stale_not_forged(
 
 
 def test_forged_attempts_show_in_counters_and_events(client: taskq.Client, job_name: str) -> None:
-    make_job(client, job_name, 2)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 2)
     forger = Forger(client, job_name)
     forger.fail(task.id)
     events = [f for _, f in client.events(job_name) if f["type"] == "forged"]
@@ -227,64 +220,44 @@ def test_forged_attempts_show_in_counters_and_events(client: taskq.Client, job_n
     holder.close()
 
 
-def test_a_lease_in_a_workers_name_needs_its_secret(client: taskq.Client, job_name: str) -> None:
-    """The worker's name and incarnation are readable too: leasing under them with
-    another secret grants nothing, does not renew the worker, and is counted."""
-    make_job(client, job_name, 3, manual_clock=True)
-    holder = trainer(client, job_name, "holder")
-    keys = client.keys(job_name)
-    m = f"holder|{holder.incarnation}"
-    deadline = client.redis.zscore(keys.workers, m)
-    client.advance_clock(job_name, 1000)
-    who = [holder.job_incarnation, "holder", holder.incarnation]
-    reply = client.run(
-        job_name,
-        "lease",
-        [*who, 2, 10**6, "S", -1, secrets.token_hex(16)],
-        passthrough=(Code.REREGISTER,),
-    )
-    assert (reply[0], reply[1]) == (Code.REREGISTER, [])
-    assert client.redis.zscore(keys.workers, m) == deadline, "a forged call is no heartbeat"
-    status = client.status(job_name, summaries=0)
-    assert (status.leased, status.counters["forged"]) == (0, 1)
-    events = [f for _, f in client.events(job_name) if f["type"] == "forged"]
-    assert events == [{"type": "forged", "pass": "0", "worker": "holder", "op": "lease"}]
-    assert holder.lease(timeout=0) is not None  # the holder itself is unaffected
-    holder.close()
-
-
-def test_a_heartbeat_in_a_workers_name_needs_its_secret(
-    client: taskq.Client, job_name: str
+@pytest.mark.parametrize("op", ["lease", "heartbeat"])
+def test_a_lease_or_heartbeat_in_a_workers_name_needs_its_secret(
+    client: taskq.Client, job_name: str, op: str
 ) -> None:
-    """A heartbeat listing none of the worker's leases, past its last reply, would revoke
-    them all and renew the worker: with another secret it does neither, and is counted."""
+    """The worker's name and incarnation are readable too. With another secret, a lease
+    under them grants nothing, and a heartbeat listing none of the worker's leases (which,
+    past its last reply, would revoke them all) revokes nothing; neither renews the
+    worker, and both are counted. The same call with the worker's own secret works."""
     make_job(client, job_name, 3, manual_clock=True)
     holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    held = 0
+    if op == "heartbeat":
+        assert holder.lease(timeout=0) is not None
+        held = 1
     keys = client.keys(job_name)
     m = f"holder|{holder.incarnation}"
     deadline = client.redis.zscore(keys.workers, m)
     client.advance_clock(job_name, 1000)
     who = [holder.job_incarnation, "holder", holder.incarnation]
+    args = [2, 10**6, "S", -1] if op == "lease" else [10**6, 0]
     reply = client.run(
-        job_name,
-        "heartbeat",
-        [*who, 10**6, 0, secrets.token_hex(16)],
-        passthrough=(Code.REREGISTER,),
+        job_name, op, [*who, *args, secrets.token_hex(16)], passthrough=(Code.REREGISTER,)
     )
     assert (reply[0], reply[1]) == (Code.REREGISTER, [])
     assert client.redis.zscore(keys.workers, m) == deadline, "a forged call is no heartbeat"
     status = client.status(job_name, summaries=0)
-    assert (status.leased, status.counters["revoked"], status.counters["forged"]) == (1, 0, 1)
+    assert (status.leased, status.counters["revoked"], status.counters["forged"]) == (held, 0, 1)
     events = [f for _, f in client.events(job_name) if f["type"] == "forged"]
-    assert events == [{"type": "forged", "pass": "0", "worker": "holder", "op": "heartbeat"}]
-    # the same heartbeat with the holder's secret is the worker's own: it renews it and
-    # revokes the lease it does not list (so the forged one would have)
-    reply = client.run(job_name, "heartbeat", [*who, 10**6, 0, holder._secret])
-    assert reply[0] == Code.OK
-    assert client.redis.zscore(keys.workers, m) > deadline
-    assert client.status(job_name, summaries=0).counters["revoked"] == 1
+    assert events == [{"type": "forged", "pass": "0", "worker": "holder", "op": op}]
+    if op == "lease":
+        assert holder.lease(timeout=0) is not None  # the holder itself is unaffected
+    else:
+        # the same heartbeat with the holder's secret is the worker's own: it renews it
+        # and revokes the lease it does not list (so the forged one would have)
+        reply = client.run(job_name, "heartbeat", [*who, *args, holder._secret])
+        assert reply[0] == Code.OK
+        assert client.redis.zscore(keys.workers, m) > deadline
+        assert client.status(job_name, summaries=0).counters["revoked"] == 1
     holder.close()
 
 
@@ -313,10 +286,7 @@ def test_a_reserved_lease_is_not_started_with_another_secret(
 
 
 def test_a_leave_in_a_workers_name_needs_its_secret(client: taskq.Client, job_name: str) -> None:
-    make_job(client, job_name, 3)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 3)
     forger = Forger(client, job_name)
     reply = forger.run("leave", [*forger.who(task.id), forger.secret])
     assert (reply[0], reply[1]) == (Code.REREGISTER, 0)
@@ -421,10 +391,7 @@ with open({str(seen)!r}, "w") as f:
 
 
 def test_progress_in_a_holders_name_needs_its_secret(client: taskq.Client, job_name: str) -> None:
-    make_job(client, job_name, 2)
-    holder = trainer(client, job_name, "holder")
-    task = holder.lease(timeout=0)
-    assert task is not None
+    holder, task = holding(client, job_name, 2)
     forger = Forger(client, job_name)
     tok = forger.lease_of(task.id)["token"]
     reply = forger.run("progress", [*forger.who(task.id), 1, task.id, tok, 5, forger.secret])
@@ -472,13 +439,9 @@ def test_a_backup_lease_is_checked_against_its_own_holders_secret(
     assert lease is not None and (lease["worker"], lease["token"]) == ("fast", backup.token)
     assert rec.endswith("|" + hashlib.sha1(fast._secret.encode()).hexdigest()[:16])
     forger = Forger(client, job_name)
-    who = [client.redis.hget(keys.meta, "inc"), "fast", lease["worker_incarnation"]]
-    tok = lease["token"]
-    assert forger.run("ack", [*who, 10**6, 1, backup.id, tok, 0, 0, "S", -1, forger.secret])[4] == [
-        Code.STALE
-    ]
-    assert forger.run("fail", [*who, "forged", 1, backup.id, tok, forger.secret])[1] == [Code.STALE]
-    assert forger.run("release", [*who, 1, backup.id, tok, forger.secret])[1] == [Code.STALE]
+    assert forger.ack(backup.id, backup=True)[4] == [Code.STALE]
+    assert forger.fail(backup.id, backup=True)[1] == [Code.STALE]
+    assert forger.release(backup.id, backup=True)[1] == [Code.STALE]
     assert client.redis.hget(keys.leases, field) == rec, "the backup lease is untouched"
     c = counters(client, job_name)
     assert (c["acked"], c["failed"], c["released"], c["forged"]) == (n - 1, 0, 0, 3)

@@ -77,35 +77,23 @@ def test_no_backup_before_k_times_the_median(client, job_name):
     assert backup is not None
 
 
-def test_the_backups_ack_wins_and_the_straggler_is_revoked(client, job_name):
+@pytest.mark.parametrize("first", ["backup", "straggler"])
+def test_the_first_ack_wins_and_the_other_lease_is_revoked(client, job_name, first):
     make_job(client, job_name)
     fast, slow, straggler = tail(client, job_name)
     backup = fast.lease(timeout=0)
     assert backup is not None and backup.id == straggler.id, "a backup of the straggler"
     assert backup.token != straggler.token
     assert client.status(job_name, summaries=0).leased == 1, "one task leased, not two"
+    winner, won, loser, lost = (
+        (fast, backup, slow, straggler) if first == "backup" else (slow, straggler, fast, backup)
+    )
     client.advance_clock(job_name, 100)
-    fast.ack(backup)
-    s = client.status(job_name, summaries=0)
-    assert s.pass_no == 1, "the backup's ack ended the pass"
-    assert slow.heartbeat() == [straggler.id] and straggler.revoked.is_set()
+    winner.ack(won)
+    assert client.status(job_name, summaries=0).pass_no == 1, "the first ack ended the pass"
+    assert loser.heartbeat() == [lost.id] and lost.revoked.is_set()
     with pytest.raises(taskq.LeaseLost):
-        slow.ack(straggler)
-    c = counters(client, job_name)
-    assert (c["revoked"], c["stale"]) == (1, 1)
-    assert_pass_counted_once(client, job_name)
-
-
-def test_the_straggler_acking_first_revokes_the_backup(client, job_name):
-    make_job(client, job_name)
-    fast, slow, straggler = tail(client, job_name)
-    backup = fast.lease(timeout=0)
-    assert backup is not None
-    slow.ack(straggler)
-    assert client.status(job_name, summaries=0).pass_no == 1
-    assert fast.heartbeat() == [backup.id] and backup.revoked.is_set()
-    with pytest.raises(taskq.LeaseLost):
-        fast.ack(backup)
+        loser.ack(lost)
     c = counters(client, job_name)
     assert (c["revoked"], c["stale"]) == (1, 1)
     assert_pass_counted_once(client, job_name)
@@ -150,29 +138,30 @@ def test_a_bad_backup_factor_is_refused(client, job_name):
         make_job(client, job_name, backup_factor=1.0)
 
 
-def test_the_straggler_failing_leaves_the_backup_running(client, job_name):
+@pytest.mark.parametrize(
+    ("holder", "end"),
+    [("straggler", "fail"), ("backup", "fail"), ("backup", "leave")],
+    ids=["straggler-fails", "backup-fails", "backup-holder-leaves"],
+)
+def test_one_holder_failing_or_leaving_leaves_the_other_running(client, job_name, holder, end):
     make_job(client, job_name)
     fast, slow, straggler = tail(client, job_name)
     backup = fast.lease(timeout=0)
-    slow.fail(straggler, error="boom")
+    assert backup is not None
+    ender, ended, other, kept = (
+        (slow, straggler, fast, backup)
+        if holder == "straggler"
+        else (fast, backup, slow, straggler)
+    )
+    if end == "fail":
+        ender.fail(ended, error="boom")
+    else:
+        ender.close()
     s = client.status(job_name, summaries=0)
-    assert (s.leased, s.todo, s.dead) == (1, 0, 0), "not requeued: the backup carries on"
-    assert fast.heartbeat() == []
+    assert (s.leased, s.todo, s.dead) == (1, 0, 0), "not requeued: the other holder carries on"
+    assert other.heartbeat() == []
     client.advance_clock(job_name, 100)
-    fast.ack(backup)
-    assert_pass_counted_once(client, job_name)
-    assert client.audit(job_name)["ok"]
-
-
-def test_the_backup_failing_leaves_the_straggler_running(client, job_name):
-    make_job(client, job_name)
-    fast, slow, straggler = tail(client, job_name)
-    backup = fast.lease(timeout=0)
-    fast.fail(backup, error="boom")
-    s = client.status(job_name, summaries=0)
-    assert (s.leased, s.todo) == (1, 0)
-    assert slow.heartbeat() == []
-    slow.ack(straggler)
+    other.ack(kept)
     assert_pass_counted_once(client, job_name)
 
 
@@ -193,18 +182,6 @@ def test_a_lost_straggler_leaves_the_backup_running(client, job_name):
     fast.ack(backup)
     assert_pass_counted_once(client, job_name)
     assert straggler.id == backup.id
-
-
-def test_the_backup_holder_leaving_leaves_the_straggler_running(client, job_name):
-    make_job(client, job_name)
-    fast, slow, straggler = tail(client, job_name)
-    assert fast.lease(timeout=0) is not None
-    fast.close()
-    s = client.status(job_name, summaries=0)
-    assert (s.leased, s.todo) == (1, 0)
-    assert slow.heartbeat() == []
-    slow.ack(straggler)
-    assert_pass_counted_once(client, job_name)
 
 
 def test_an_operator_revoke_takes_both_leases(client, job_name):
