@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# The long form runs the tests' own chaos scenarios (tests/chaos.py) at full size, so it
+# imports them; servers come from taskq.devserver, nothing else of tests/ is needed.
 sys.path.insert(0, str(ROOT / "tests"))
 
 from chaos import (  # noqa: E402

@@ -30,6 +30,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The long form runs the tests' own chaos scenarios (tests/chaos_rig.py) at full size, so it
+# imports them; servers come from taskq.devserver, nothing else of tests/ is needed.
 sys.path.insert(0, str(ROOT / "tests"))
 
 from chaos_rig import Rig, random_scenario  # noqa: E402

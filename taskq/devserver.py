@@ -2,7 +2,8 @@
 
 Where it sits: outside the data flow. ``taskq demo`` starts one when no URL is given, the
 test suite starts one per session (and more for kills, TLS, ACL, Sentinel, Cluster), and
-the bench starts one per measurement. Nothing here talks to a server it did not start.
+the bench starts one per measurement; ``RedisCluster`` joins several into a local Redis
+Cluster. Nothing here talks to a server it did not start.
 
 The binary is ``redis-server`` unless told otherwise; ``valkey-server`` (7.2 and later)
 speaks the same protocol and takes the same options, so ``find_server("valkey-server")``
@@ -13,6 +14,7 @@ suite and the bench (README.md says which servers and versions are tested).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -272,6 +274,118 @@ class RedisServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def cluster_port() -> int:
+    """A port free on 127.0.0.1 whose cluster-bus port (+10,000) is free too.
+
+    Cluster mode needs both, so ports come from below 45,000 rather than ``free_port``.
+
+    Returns:
+        The port number.
+    """
+    while True:
+        port = random.randint(20000, 45000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind((LOOPBACK, p))
+            return port
+        except OSError:
+            continue
+
+
+class RedisCluster:
+    """``masters`` server processes joined by ``<redis|valkey>-cli --cluster create``.
+
+    Started by the constructor (no replicas); ``cleanup()`` stops every node.
+
+    Args:
+        masters: how many masters (3 at least: ``--cluster create`` wants three).
+        binary: the server binary (default: :func:`find_server`); its ``*-cli`` joins them.
+
+    Raises:
+        TaskqError: a server did not start, or the cluster did not reach
+            ``cluster_state:ok``.
+        subprocess.CalledProcessError: ``--cluster create`` failed.
+    """
+
+    def __init__(self, masters: int = 3, binary: str | None = None) -> None:
+        server = find_server(binary)
+        cli = find_cli(server)
+        self.servers: list[RedisServer] = []
+        try:
+            for _ in range(masters):
+                self.servers.append(
+                    RedisServer(
+                        port=cluster_port(),
+                        binary=server,
+                        extra=[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "2000",
+                        ],
+                    )
+                )
+            subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *[f"{LOOPBACK}:{s.port}" for s in self.servers],
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            if not wait_until(self.ok, timeout=30, interval=0.1):
+                raise TaskqError("the local cluster did not reach cluster_state:ok")
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def ok(self) -> bool:
+        """True when every node says cluster_state:ok."""
+        return all(self.node(s.port).cluster("info")["cluster_state"] == "ok" for s in self.servers)
+
+    @staticmethod
+    def node(port: int) -> redis.Redis:
+        """A redis-py client of one node (``decode_responses=True``)."""
+        return redis.Redis(host=LOOPBACK, port=port, decode_responses=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://{LOOPBACK}:{self.servers[0].port}"
+
+    def owner_port(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot (asked of the cluster).
+
+        Raises:
+            TaskqError: no master serves the slot (the cluster is not whole).
+        """
+        first = self.node(self.servers[0].port)
+        slot = first.cluster("keyslot", key)
+        for start, end, master, *_ in first.execute_command("CLUSTER", "SLOTS"):
+            if int(start) <= int(slot) <= int(end):
+                return int(master[1])
+        raise TaskqError(f"no master serves slot {slot}")
+
+    def cleanup(self) -> None:
+        """Stop every node and remove their directories."""
+        for s in self.servers:
+            s.cleanup()
+
+    def __enter__(self) -> RedisCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support import stop_process
-
 import taskq
+from taskq.devserver import stop_process
 
 TRAINER_START = multiprocessing.get_context("forkserver")
 TRAINER_START.set_forkserver_preload(["taskq", "chaos"])

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from chaos import EXIT_EARLY, Fleet, ReaperProc, TrainerProc, audit_job, wait_for
-from support import RedisServer
 from tcp_proxy import TcpProxy
 
 import taskq
+from taskq.devserver import RedisServer
 
 TTL_S = 2.0
 HBI_S = 0.5
