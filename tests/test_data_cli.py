@@ -49,6 +49,20 @@ def assert_no_job(client: taskq.Client, name: str) -> None:
     assert not list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*"))
 
 
+def refusal(
+    client: taskq.Client,
+    name: str,
+    out: subprocess.CompletedProcess[str] | Result,
+    codes: tuple[int, ...],
+) -> str:
+    """The one error line of a refused ``job create`` of ``name``: it exited with one of
+    ``codes`` and wrote no job."""
+    code = out.returncode if isinstance(out, subprocess.CompletedProcess) else out.exit_code
+    assert code in codes, (code, out.stdout, out.stderr)
+    assert_no_job(client, name)
+    return one_error_line(out.stderr)
+
+
 def test_parquet_files_by_row_groups_through_the_entry_point(
     url: str, client: taskq.Client, job_name: str, tmp_path: Path
 ) -> None:
@@ -159,9 +173,7 @@ def test_compressed_lines_are_refused_with_one_line(
     out = taskq_cli(
         url, "job", "create", job_name, "--lines", str(path), "--records-per-chunk", "1"
     )
-    assert out.returncode == 1
-    assert "byte ranges of a compressed file" in one_error_line(out.stderr)
-    assert_no_job(client, job_name)
+    assert "byte ranges of a compressed file" in refusal(client, job_name, out, (1,))
 
 
 def test_an_unquoted_glob_says_to_quote_it(
@@ -171,10 +183,8 @@ def test_an_unquoted_glob_says_to_quote_it(
         (tmp_path / f"part-{i}.jsonl").write_text("1\n")
     paths = sorted(str(p) for p in tmp_path.glob("part-*.jsonl"))  # as the shell expands
     out = taskq_cli(url, "job", "create", job_name, "--files", *paths)
-    assert out.returncode == 2
-    line = one_error_line(out.stderr)
+    line = refusal(client, job_name, out, (2,))
     assert "--files got 3 paths" in line and "quote it" in line
-    assert_no_job(client, job_name)
 
 
 @pytest.mark.parametrize("depth", [990, 5000])
@@ -184,9 +194,8 @@ def test_a_deeply_nested_manifest_is_refused_at_create(
     path = tmp_path / "deep.jsonl"
     path.write_text('{"ok": 1}\n' + "[" * depth + "]" * depth + "\n")
     out = taskq_cli(url, "job", "create", job_name, "--manifest", str(path))
-    assert out.returncode == 1
-    assert "bad manifest line 2: nested deeper than 64 levels" in one_error_line(out.stderr)
-    assert_no_job(client, job_name)
+    line = refusal(client, job_name, out, (1,))
+    assert "bad manifest line 2: nested deeper than 64 levels" in line
 
 
 def test_corrupt_or_truncated_files_fail_create_with_one_line(
@@ -194,14 +203,12 @@ def test_corrupt_or_truncated_files_fail_create_with_one_line(
 ) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really" * 20)
     r = run(url, "job", "create", job_name, "--files", str(tmp_path / "bad.parquet"))
-    assert r.exit_code == 1
-    assert "bad.parquet: ArrowInvalid" in one_error_line(r.stderr)
+    assert "bad.parquet: ArrowInvalid" in refusal(client, job_name, r, (1,))
     shard = Path(write_shard(tmp_path / "s.tar", shard_samples(3)))
     shard.write_bytes(shard.read_bytes()[:1500])
     r = run(url, "job", "create", job_name, "--files", str(shard))
-    assert r.exit_code == 1
-    assert "s.tar: bad or truncated tar header at byte 1024" in one_error_line(r.stderr)
-    assert_no_job(client, job_name)
+    line = refusal(client, job_name, r, (1,))
+    assert "s.tar: bad or truncated tar header at byte 1024" in line
 
 
 @pytest.mark.parametrize(
@@ -238,9 +245,7 @@ def test_bad_option_combinations_are_usage_errors(
     (tmp_path / "m.jsonl").write_text('{"x": 1}\n')
     args = [a.format(d=tmp_path, m=tmp_path / "m.jsonl") for a in args]
     r = run(url, "job", "create", job_name, *args)
-    assert r.exit_code == 2, r.output
-    assert message in one_error_line(r.stderr)
-    assert_no_job(client, job_name)
+    assert message in refusal(client, job_name, r, (2,))
 
 
 @pytest.mark.parametrize(
@@ -260,9 +265,7 @@ def test_bad_inputs_are_one_line_and_no_job(
     write_parquet(tmp_path / "p.parquet", rows=5, row_group_size=5)
     args = [a.format(d=tmp_path) for a in args]
     r = run(url, "job", "create", job_name, *args)
-    assert r.exit_code in (1, 2), r.output
-    assert message in one_error_line(r.stderr)
-    assert_no_job(client, job_name)
+    assert message in refusal(client, job_name, r, (1, 2))
 
 
 def test_remote_files_over_http_with_storage_options(
