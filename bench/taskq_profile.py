@@ -18,20 +18,8 @@ import probe
 import redis
 import taskq_rows
 
-OUTSIDE = {
-    "evalsha",
-    "fcall",
-    "fcall_ro",
-    "function|load",
-    "blpop",
-    "info",
-    "config|resetstat",
-    "ping",
-    "hello",
-    "client|setinfo",
-    "script|load",
-    "del",
-}
+# The probe's script runs by EVALSHA (loaded with SCRIPT LOAD); DEL clears between runs.
+OUTSIDE = taskq_rows.OUTSIDE | {"evalsha", "script|load", "del"}
 
 
 def table(title: str, stats: dict, tasks: int) -> str:

@@ -62,19 +62,15 @@ def run(recorder: common.Recorder, quick: bool, redis_port_factory: PortFactory)
 
 def _code_version() -> str:
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "taskq"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "taskq")
     except (OSError, subprocess.TimeoutExpired):
         return "git unavailable"
     return f"commit {head}" + (" with uncommitted changes under taskq/" if dirty else "")
@@ -189,13 +185,10 @@ def measure_throughput(
     }
 
 
-def script_profile(stats: dict, acked: int) -> str:
-    """Server cost per FCALL (µs and Redis commands run inside it) from commandstats."""
-    calls = {k.removeprefix("cmdstat_"): v for k, v in stats.items()}
-    evalsha = calls.get("fcall", {"calls": 0, "usec": 0})
-    if not evalsha["calls"]:
-        return "no script calls"
-    outside = {
+#: Commands in commandstats that no FCALL ran: the calls themselves, the trainers' waits
+#: and connection set-up, and the bench's own INFO / CONFIG RESETSTAT / FUNCTION LOAD.
+OUTSIDE = frozenset(
+    {
         "fcall",
         "fcall_ro",
         "blpop",
@@ -206,7 +199,16 @@ def script_profile(stats: dict, acked: int) -> str:
         "client|setinfo",
         "function|load",
     }
-    inner = {k: v["calls"] for k, v in calls.items() if k not in outside}
+)
+
+
+def script_profile(stats: dict, acked: int) -> str:
+    """Server cost per FCALL (µs and Redis commands run inside it) from commandstats."""
+    calls = {k.removeprefix("cmdstat_"): v for k, v in stats.items()}
+    evalsha = calls.get("fcall", {"calls": 0, "usec": 0})
+    if not evalsha["calls"]:
+        return "no script calls"
+    inner = {k: v["calls"] for k, v in calls.items() if k not in OUTSIDE}
     inner_calls = sum(inner.values())
     top = sorted(inner.items(), key=lambda kv: -calls[kv[0]]["usec"])[:5]
     per = evalsha["calls"]
