@@ -1,4 +1,5 @@
-"""What the tests share: the server binary, local servers and clusters, job factories.
+"""What the tests share: the server binary, local servers and clusters, job factories,
+and the checks of the CLI's output.
 
 The servers themselves come from ``taskq.devserver`` (the demo and the bench start theirs
 there too). ``TASKQ_TEST_SERVER`` names the binary (default ``redis-server``; CI also runs
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,20 @@ from taskq.devserver import (
 )
 
 __all__ = [
+    "ENTRY_POINT",
     "LOOPBACK",
     "SERVER_BINARY",
     "RedisClusterProcs",
     "cluster_port",
     "RedisServer",
     "ROOT",
+    "assert_no_job",
     "free_port",
+    "job_keys",
     "load_yaml",
     "load_yaml_all",
     "make_job",
+    "one_error_line",
     "server_version",
     "stop_process",
     "wait_until",
@@ -64,6 +70,30 @@ def make_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.Jo
 #: The local cluster of the cluster tests (its nodes run ``SERVER_BINARY`` too: both
 #: follow ``$TASKQ_TEST_SERVER``).
 RedisClusterProcs = RedisCluster
+
+
+# -- the CLI ------------------------------------------------------------------------------
+#: The installed ``taskq`` console script of the environment running the tests.
+ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
+
+
+def one_error_line(stderr: str) -> str:
+    """The single ``taskq: error:`` line a failing command must print (and nothing else)."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("taskq: error: "), stderr
+    return lines[0]
+
+
+def job_keys(client: taskq.Client, name: str) -> list[str]:
+    """Every key of job ``name`` (staging keys included)."""
+    return list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*", count=1000))
+
+
+def assert_no_job(client: taskq.Client, name: str) -> None:
+    """Job ``name`` has no key and is not in the jobs index (a refused create wrote nothing)."""
+    assert job_keys(client, name) == []
+    assert name not in client.list_jobs()
 
 
 # -- files of the repo -------------------------------------------------------------------

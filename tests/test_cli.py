@@ -6,40 +6,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from support import free_port
+from support import ENTRY_POINT, assert_no_job, free_port, job_keys, one_error_line
 from taskq.cli.main import cli
 
 import taskq
 from taskq.keys import jobs_index
 
-ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
-
 
 def run(url: str, *args: str, input: str | None = None) -> Result:
     return CliRunner().invoke(cli, ["--url", url, *args], input=input)
-
-
-def one_error_line(stderr: str) -> str:
-    """The single ``taskq: error:`` line a failing command must print."""
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("taskq: error: "), stderr
-    return lines[0]
-
-
-def job_keys(client: taskq.Client, name: str) -> list[str]:
-    return list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*", count=1000))
-
-
-def assert_no_job(client: taskq.Client, name: str) -> None:
-    assert job_keys(client, name) == []
-    assert name not in client.list_jobs()
 
 
 @pytest.fixture

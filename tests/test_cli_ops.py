@@ -9,29 +9,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from support import RedisServer, free_port, wait_until
+from support import ENTRY_POINT, RedisServer, free_port, one_error_line, wait_until
 from taskq.cli.main import cli
 
 import taskq
 
-ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
-
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), env=env)
-
-
-def one_error_line(stderr: str) -> str:
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("taskq: error: "), stderr
-    return lines[0]
 
 
 def sh(

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 from data_files import RangeServer, shard_samples, write_parquet, write_shard
+from support import ENTRY_POINT, assert_no_job, one_error_line
 from taskq.cli.main import cli
 
 import taskq
 from taskq import data
-
-ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
 
 
 def taskq_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -32,21 +29,9 @@ def run(url: str, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--url", url, *args])
 
 
-def one_error_line(stderr: str) -> str:
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("taskq: error: "), stderr
-    return lines[0]
-
-
 def all_chunks(client: taskq.Client, name: str) -> list[dict]:
     raw = client.redis.hgetall(client.keys(name).chunks)
     return [c for _, t in sorted((int(k), json.loads(v)) for k, v in raw.items()) for c in t]
-
-
-def assert_no_job(client: taskq.Client, name: str) -> None:
-    assert name not in client.list_jobs()
-    assert not list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*"))
 
 
 def refusal(

@@ -6,16 +6,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import redis
-from support import wait_until
+from support import ENTRY_POINT, wait_until
 
 import taskq
-
-ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
 
 
 @pytest.mark.slow
