@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,21 @@ def assert_refused(exc: BaseException, user: str) -> None:
     assert password(user) not in text and "\n" not in text
 
 
+def admin_calls(c: taskq.Client, job: str) -> list[Callable[[], object]]:
+    """What an operator does to ``job`` (cancel, advance, reset, delete, retry, revoke,
+    drain, reap): no trainer's function among them."""
+    return [
+        lambda: c.cancel_job(job),
+        lambda: c.next_pass(job, 0, force=True),
+        lambda: c.reset_pass(job, 0),
+        lambda: c.delete_job(job),
+        lambda: c.retry(job),
+        lambda: c.revoke(job, 0),
+        lambda: c.drain(job, "w"),
+        lambda: c.reap(job),
+    ]
+
+
 def refused(call: Any, user: str) -> None:
     with pytest.raises(taskq.TaskqError) as e:
         call()
@@ -221,17 +236,8 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
 
 
 def test_trainer_of_a_cannot_cancel_advance_reset_or_change_b(jobs: Jobs) -> None:
-    c, b = jobs.client_a, jobs.b
-    for call in (
-        lambda: c.cancel_job(b),
-        lambda: c.next_pass(b, 0, force=True),
-        lambda: c.reset_pass(b, 0),
-        lambda: c.delete_job(b),
-        lambda: c.retry(b),
-        lambda: c.revoke(b, 0),
-        lambda: c.drain(b, "w"),
-        lambda: c.reap(b),
-    ):
+    b = jobs.b
+    for call in admin_calls(jobs.client_a, b):
         refused(call, jobs.user_a)
     meta_b = jobs.admin.keys(b).meta
     for command in (
@@ -253,14 +259,7 @@ def test_trainer_of_a_cannot_cancel_advance_reset_or_change_b(jobs: Jobs) -> Non
 def test_trainer_of_a_cannot_run_the_admin_functions_of_a(jobs: Jobs) -> None:
     c, a = jobs.client_a, jobs.a
     for call in (
-        lambda: c.cancel_job(a),
-        lambda: c.next_pass(a, 0, force=True),
-        lambda: c.reset_pass(a, 0),
-        lambda: c.delete_job(a),
-        lambda: c.retry(a),
-        lambda: c.revoke(a, 0),
-        lambda: c.drain(a, "w"),
-        lambda: c.reap(a),
+        *admin_calls(c, a),
         lambda: c.advance_clock(a, 10),
         lambda: c.tasks(a, "todo"),
         lambda: c.create_job(a, [{"i": 0}], replace=True),
