@@ -2,6 +2,8 @@
 
 Where it sits: nothing here runs taskq. A private server loads acl.conf and answers
 `ACL DRYRUN` for each user, including every command the Lua scripts in taskq/lua/ call.
+Which keys a trainer's or reaper's function may delete, and which verbs are the
+reaper's, come from taskq/acl.py (the per-job rules say the same).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 import redis
 from support import ROOT, RedisServer, free_port
 
+from taskq.acl import REAPER_VERBS, SCRATCH_KEYS
+
 ACL = ROOT / "deploy" / "redis" / "acl.conf"
 LUA = ROOT / "taskq" / "lua"
 
@@ -21,26 +25,13 @@ LUA = ROOT / "taskq" / "lua"
 # --- Redis ACL -------------------------------------------------------------------------
 
 ACL_USERS = {"default", "trainer", "reaper", "exporter", "admin"}
-#: Job keys a trainer's scripts may DEL/UNLINK (per-pass state and wake-up lists).
-SCRATCH_KEYS = {
-    "done",
-    "front",
-    "owned",
-    "deadlines",
-    "reserved",
-    "started",
-    "wake",
-    "bcast0",
-    "bcast1",
-    "progress",
-}
-#: Script verbs only the admin (the CLI) runs; any other verb but `reap` is a trainer's.
+#: Script verbs only the admin (the CLI) runs; any other verb but the reaper's is a
+#: trainer's.
 ADMIN_VERBS = {
     "create", "stage", "flip", "replace", "delete", "cancel", "advance", "next", "reset",
     "retry", "revoke", "drain", "force", "clock", "config", "audit", "repair", "purge",
     "checkpoint", "rewind",
 }  # fmt: skip
-REAPER_VERBS = {"reap", "closed"}
 
 
 def acl_lines() -> list[list[str]]:
@@ -277,7 +268,7 @@ def test_acl_allows_every_command_the_lua_scripts_call(acl_redis: redis.Redis) -
                 keys = (resolve_key_args(script, args[:1]) if args else None) or []
             for user in users:
                 if command in {"DEL", "UNLINK"} and user != "admin":
-                    outside = set(keys) - SCRATCH_KEYS
+                    outside = set(keys) - set(SCRATCH_KEYS)
                     assert not outside, (
                         f"{script.name} ({user}) deletes {outside}: the {user} ACL denies it. "
                         f"If {script.name} is an admin script add its verb to ADMIN_VERBS."
