@@ -1,7 +1,9 @@
-"""The exporter's metric families, as docs/operations.md documents them (tests only).
+"""The exporter's metric families and the alerts on them, as docs/operations.md
+documents them (tests only).
 
-Used by test_exporter.py (what a scrape exposes) and test_deploy_files.py (what the
-dashboard and the alert rules may query).
+Used by test_exporter.py (what a scrape exposes), test_deploy_prometheus.py (what the
+dashboard and the alert rules may query, which alerts the rules define) and
+test_prometheus_live.py (which alerts a real Prometheus loads).
 """
 
 from __future__ import annotations
@@ -50,3 +52,15 @@ METRIC_TYPES = {
 _SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 #: The series names a scrape carries.
 EXPOSED_NAMES = {name + suffix for name, kind in METRIC_TYPES.items() for suffix in _SUFFIXES[kind]}
+
+#: The alerts of deploy/prometheus (each has a section in docs/operations.md).
+ALERT_NAMES = {
+    "TaskqPassStalled",
+    "TaskqDeadTasks",
+    "TaskqNoWorkers",
+    "TaskqRedispatchLatenessHigh",
+    "TaskqExporterDown",
+    "TaskqRedisUnreachable",
+    "TaskqExporterScrapeErrors",
+    "TaskqRedisEvictionPolicy",
+}

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from metric_names import EXPOSED_NAMES
+from metric_names import ALERT_NAMES, EXPOSED_NAMES
 from support import ROOT, load_yaml, load_yaml_all
 
 DEPLOY = ROOT / "deploy"
@@ -30,17 +30,6 @@ K8S = DEPLOY / "k8s"
 KNOWN_METRICS = EXPOSED_NAMES | {"up"}
 #: Metrics without a job_name label: a dashboard query may leave them unfiltered.
 UNLABELLED_METRICS = {"taskq_exporter_scrape_errors_total", "up"}
-
-ALERT_NAMES = {
-    "TaskqPassStalled",
-    "TaskqDeadTasks",
-    "TaskqNoWorkers",
-    "TaskqRedispatchLatenessHigh",
-    "TaskqExporterDown",
-    "TaskqRedisUnreachable",
-    "TaskqExporterScrapeErrors",
-    "TaskqRedisEvictionPolicy",
-}
 
 PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 PROMQL_MODIFIER = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from metric_names import ALERT_NAMES
 from support import free_port, stop_process
 from test_exporter import run_scenario
 
@@ -286,16 +287,7 @@ def test_alert_rules_check_test_and_load_into_a_live_prometheus(
         poll("TaskqDeadTasks to fire for the job", dead_alert)
         groups = prometheus.get("/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert {r["name"] for r in rules} >= {
-            "TaskqPassStalled",
-            "TaskqDeadTasks",
-            "TaskqNoWorkers",
-            "TaskqRedispatchLatenessHigh",
-            "TaskqExporterDown",
-            "TaskqRedisUnreachable",
-            "TaskqExporterScrapeErrors",
-            "TaskqRedisEvictionPolicy",
-        }
+        assert {r["name"] for r in rules} >= ALERT_NAMES
         assert all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"
         ]
