@@ -10,31 +10,30 @@ finished pass ``p`` it runs the barrier step (``sharded.advance``), which any tr
 the reaper may repeat, and the pass iterator ends: ``passes()`` means the whole job's
 pass, as ``Trainer.passes()`` does for one shard.
 
-Built on the public ``Trainer`` calls: a task costs a lease call and an ack call (one
-combined call with a plain ``Trainer`` iterator; the public API has no non-blocking
-ack-and-lease step with an expected pass).
+A task costs one call: the finished task (or batch) is acked in the call that leases the
+next ones (``Trainer.lease_many(acks=...)`` on the finished task's shard, with the pass
+expected), as a plain ``Trainer``'s iterator does. ``prefetch`` leases tasks ahead;
+``batches(k)`` hands out up to ``k`` tasks of one shard at a time.
 
 Data flow: trainer code -> sharded_trainer.py -> trainer.py (one per shard) -> Redis;
--> sharded.py (status reads, the barrier step).
+-> sharded.py (status reads, the barrier step); cli/work.py -> sharded_trainer.py.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
-
-import redis
 
 from . import errors, sharded
 from .client import Client
 from .keys import shard_set_key
 from .models import JobStatus, Task
+from .scripts import MAX_PREFETCH
+from .signals import LeaveOnSignal
 from .trainer import Trainer, default_worker_id
 
 log = logging.getLogger("taskq.sharded")
@@ -54,7 +53,7 @@ def _finished(s: JobStatus, pass_no: int) -> bool:
     )
 
 
-class ShardedTrainer:
+class ShardedTrainer(LeaveOnSignal):
     """A worker of one sharded job (see the module docstring).
 
     Args:
@@ -63,6 +62,8 @@ class ShardedTrainer:
         client: a configured ``taskq.Client`` to share.
         worker_id: this worker's id on every shard (``host:pid:random`` by default).
         home: the home shard's index; the next in turn when None.
+        prefetch: tasks leased ahead of the current one (on the shard the last ones came
+            from; they are this trainer's until acked, released on close). 0: none.
         idle_wait: seconds the first idle round waits for work before looking at the
             other shards again; it doubles while nothing comes, up to ``max_idle_wait``
             (the polls of a crowd of idle trainers at a pass's tail stay bounded).
@@ -73,7 +74,8 @@ class ShardedTrainer:
 
     Raises:
         JobNotFound: no such sharded job.
-        InvalidInput: a bad ``home``.
+        InvalidInput: a bad ``home`` or ``prefetch``.
+        ConnectionLost: the cluster unreachable for longer than ``reconnect_timeout``.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class ShardedTrainer:
         worker_id: str | None = None,
         *,
         home: int | None = None,
+        prefetch: int = 0,
         idle_wait: float = 0.5,
         max_idle_wait: float = 5.0,
         heartbeat: bool | str = True,
@@ -91,8 +94,11 @@ class ShardedTrainer:
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
     ) -> None:
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.reconnect_timeout = reconnect_timeout
-        self.client = client or self._retrying(self._connect, url)
+        # one redis-py retry per command; this trainer's own loop does the rest
+        self.client = client or self._retrying(lambda: Client(url, retries=1))
         self.job = job
         self._url = url
         self.sset = self._retrying(sharded.require, self.client, job)
@@ -105,12 +111,16 @@ class ShardedTrainer:
         if not 0 <= home < len(self.shards):
             raise errors.InvalidInput(f"home must be 0..{len(self.shards) - 1}, got {home}")
         self.home = home
+        self.prefetch = prefetch
         self.worker_id = worker_id or default_worker_id()
         self.idle_wait = idle_wait
         self.max_idle_wait = max(idle_wait, max_idle_wait)
         self._idle = idle_wait
-        self._carry: Task | None = None  # a task of the next pass, got while waiting
+        self._carry: list[Task] = []  # tasks of the next pass, got while waiting
+        self._ahead: deque[Task] = deque()  # prefetched, leased, not yet handed out
+        self._pending: list[Task] = []  # handed out: acked with the next step
         self.handle_signals = handle_signals
+        self._old_handlers: dict[int, Any] = {}
         self._trainer_kw: dict[str, Any] = {
             "heartbeat": heartbeat,
             "worker_ttl": worker_ttl,
@@ -122,25 +132,14 @@ class ShardedTrainer:
         self._pass = 0
         self._closed = False
         self._draining = False
-        self._old_handlers: dict[int, Any] = {}
-        self._current: Task | None = None
         #: tasks taken from shards other than home (the shared tail)
         self.taken_elsewhere = 0
         self._open(home)
 
     # -- plumbing -----------------------------------------------------------------
-    @staticmethod
-    def _connect(url: str | None) -> Client:
-        try:
-            return Client(url, retries=1)
-        except redis.exceptions.RedisClusterException as e:
-            # redis-py cannot read the slot map while the cluster is down (a master
-            # paused or failing over): as transient as any other lost connection
-            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
-
     def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, retrying ``ConnectionLost`` (a master paused or failing over)
-        with backoff for up to ``reconnect_timeout`` seconds."""
+        """``fn(*args)``, retrying ``ConnectionLost`` (a master paused or failing over, a
+        cluster down at start-up) with backoff for up to ``reconnect_timeout`` seconds."""
         deadline = time.monotonic() + self.reconnect_timeout
         delay = 0.05
         while True:
@@ -159,18 +158,13 @@ class ShardedTrainer:
         return self._trainers[k]
 
     def _new_trainer(self, k: int) -> Trainer:
-        try:
-            return Trainer(
-                self.shards[k],
-                url=self._url,
-                client=self.client,
-                worker_id=self.worker_id,
-                **self._trainer_kw,
-            )
-        except redis.exceptions.RedisClusterException as e:
-            # the heartbeat's own connection reads the slot map when it starts: as in
-            # _connect, a cluster that is down is transient
-            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
+        return Trainer(
+            self.shards[k],
+            url=self._url,
+            client=self.client,
+            worker_id=self.worker_id,
+            **self._trainer_kw,
+        )
 
     def _close_idle(self, k: int) -> None:
         """Leave shard ``k`` (not home) once nothing is held there."""
@@ -184,6 +178,12 @@ class ShardedTrainer:
 
     def _shard_of(self, task: Task) -> int:
         return self.shards.index(task.job)
+
+    def _by_shard(self, tasks: Sequence[Task]) -> dict[int, list[Task]]:
+        out: dict[int, list[Task]] = {}
+        for t in tasks:
+            out.setdefault(self._shard_of(t), []).append(t)
+        return out
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job (``task.id`` is its id in its shard)."""
@@ -210,36 +210,76 @@ class ShardedTrainer:
         return [self.shards[k] for k in sorted(self._trainers)]
 
     # -- taking work ----------------------------------------------------------------
-    def _lease(self, k: int, pass_no: int, timeout: float) -> Task | None:
+    def _lease(
+        self, k: int, pass_no: int, timeout: float, n: int = 1, acks: Sequence[Task] = ()
+    ) -> list[Task]:
+        """Up to ``n`` tasks of ``pass_no`` from shard ``k``, acking ``acks`` (all of
+        shard ``k``) in the same call; [] when none."""
         try:
-            task = self._open(k).lease(timeout=timeout, expect_pass=pass_no)
+            got = self._open(k).lease_many(n, timeout=timeout, expect_pass=pass_no, acks=acks)
         except errors.JobCompleted:
-            return None
+            return []
         except errors.JobCancelled:
             self._state = "cancelled"
-            return None
+            return []
         except errors.Draining:
             self._draining = True
-            return None
-        if task is not None and k != self.home:
-            self.taken_elsewhere += 1
-        return task
+            return []
+        if k != self.home:
+            self.taken_elsewhere += len(got)
+        return got
 
-    def _take(self, pass_no: int) -> Task | None:
-        """A task of ``pass_no``: home, then shards already open, then any shard whose
-        status shows work left; None when nothing is leasable now."""
-        task = self._lease(self.home, pass_no, 0)
-        if task is not None or self._draining or self._state == "cancelled":
-            return task
+    def _counted(self, done: Sequence[Task]) -> list[Task]:
+        """``done`` without the tasks whose lease was revoked (logged: not counted)."""
+        keep = []
+        for t in done:
+            if t.revoked.is_set() or self._shard_of(t) not in self._trainers:
+                log.warning(
+                    "job %s: lease of task %s of %s was revoked; its result is not counted",
+                    self.job,
+                    t.id,
+                    t.job,
+                )
+            else:
+                keep.append(t)
+        return keep
+
+    def _ack_now(self, done: Sequence[Task]) -> None:
+        """Ack ``done`` in one call per shard (no lease with it); a lost lease is logged."""
+        for k, tasks in self._by_shard(self._counted(done)).items():
+            try:
+                self._trainers[k].ack(tasks)
+            except errors.LeaseLost as e:
+                log.warning("%s", e)
+
+    def _take(self, pass_no: int, done: Sequence[Task], n: int) -> list[Task]:
+        """Ack ``done`` and lease up to ``n`` tasks of ``pass_no`` in the same call: on
+        ``done``'s shard when that is not home (a shard's tail, while it lasts), else
+        home; then shards already open. [] when nothing is leasable now."""
+        done = self._counted(done)
+        by_shard = self._by_shard(done)
+        if len(by_shard) > 1:  # tasks acked by hand in between: not one shard's batch
+            self._ack_now(done)
+            by_shard = {}
+        for k, acks in by_shard.items():
+            if k != self.home:
+                got = self._lease(k, pass_no, 0, n, acks)
+                if got or self._draining or self._state == "cancelled":
+                    return got
+                self._close_idle(k)
+                by_shard = {}
+        got = self._lease(self.home, pass_no, 0, n, by_shard.get(self.home, ()))
+        if got or self._draining or self._state == "cancelled":
+            return got
         for k in sorted(self._trainers):
             if k != self.home:
-                task = self._lease(k, pass_no, 0)
-                if task is not None:
-                    return task
+                got = self._lease(k, pass_no, 0, n)
+                if got:
+                    return got
                 self._close_idle(k)
-        return None
+        return []
 
-    def _idle_round(self, pass_no: int) -> Task | None | bool:
+    def _idle_round(self, pass_no: int, n: int) -> list[Task] | bool:
         """Nothing leasable: read every shard; steal from one with work left, end the
         pass (True) when all have finished it (running the barrier step), else wait."""
         sts = self._statuses()
@@ -273,9 +313,9 @@ class ShardedTrainer:
         for k in sorted(order, key=lambda k: -sts[k].todo):
             s = sts[k]
             if s.todo > 0 and s.state == "running" and s.pass_no == pass_no:
-                task = self._lease(k, pass_no, 0)
-                if task is not None:
-                    return task
+                got = self._lease(k, pass_no, 0, n)
+                if got:
+                    return got
                 self._close_idle(k)
         # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
         # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
@@ -287,63 +327,91 @@ class ShardedTrainer:
         limit = max(0.05, min(self.max_idle_wait, quiet / 2))
         wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
         if not _finished(sts[self.home], pass_no):
-            return self._lease(self.home, pass_no, wait)
+            return self._lease(self.home, pass_no, wait, n)
         # home waits at the barrier: block on its wake-ups for the next pass; home
         # advances only once every shard finished this one, so a task of the next pass
         # ends this pass (no polling needed to see the barrier lift)
         if self.sset.passes is None or pass_no + 1 < self.sset.passes:
-            nxt = self._lease(self.home, pass_no + 1, wait)
-            if nxt is not None:
+            nxt = self._lease(self.home, pass_no + 1, wait, n)
+            if nxt:
                 self._carry = nxt
                 return True
-            return None
+            return []
         time.sleep(wait * (0.5 + random.random()))
-        return None
+        return []
 
-    def _ack(self, task: Task) -> None:
-        k = self._shard_of(task)
-        tr = self._trainers.get(k)
-        if tr is None or task.revoked.is_set():
-            log.warning(
-                "job %s: lease of task %s of %s was revoked; its result is not counted",
-                self.job,
-                task.id,
-                task.job,
-            )
-            return
-        try:
-            tr.ack(task)
-        except errors.LeaseLost as e:
-            log.warning("%s", e)
+    def _stopped(self) -> bool:
+        return self._closed or self._draining or self._state == "cancelled"
+
+    def _fill(self, pass_no: int, done: list[Task], n: int) -> list[Task]:
+        """Ack ``done`` and get up to ``n`` tasks of ``pass_no``, waiting (idle rounds)
+        while none is leasable; [] when the pass is over, or the job or this worker."""
+        got, self._carry = self._carry, []
+        stale = [t for t in got if t.pass_no != pass_no]
+        if stale:  # not this pass's (a rewind): give them back
+            self._release_quietly(stale)
+            got = [t for t in got if t.pass_no == pass_no]
+        if got:
+            self._ack_now(done)
+        else:
+            got = self._take(pass_no, done, n)
+        while not got and not (self._draining or self._state == "cancelled"):
+            found = self._idle_round(pass_no, n)
+            if found is True:
+                return []
+            got = found or []
+        if got:
+            self._idle = self.idle_wait
+        return got
 
     def _iterate(self, pass_no: int) -> Iterator[Task]:
         while True:
-            if self._current is not None:
-                done, self._current = self._current, None
-                self._ack(done)
-            if self._closed or self._draining or self._state == "cancelled":
+            done, self._pending = self._pending, []
+            if self._stopped():
+                self._ack_now(done)
                 return
-            task, self._carry = self._carry, None
-            if task is None or task.pass_no != pass_no:
-                if task is not None:  # not this pass's (a rewind): give it back
-                    self._release(task)
-                task = self._take(pass_no)
-            while task is None and not (self._draining or self._state == "cancelled"):
-                got = self._idle_round(pass_no)
-                if got is True:
+            while self._ahead and self._ahead[0].pass_no != pass_no:  # a pass left early
+                self._release_quietly([self._ahead.popleft()])
+            if self._ahead:
+                task = self._ahead.popleft()
+                if done:  # ack it and top the prefetch up, one call on its shard
+                    k = self._shard_of(done[0])
+                    want = self.prefetch - len(self._ahead)
+                    if want > 0 and len(self._by_shard(done)) == 1 and self._counted(done):
+                        self._ahead.extend(self._lease(k, pass_no, 0, want, self._counted(done)))
+                    else:
+                        self._ack_now(done)
+            else:
+                got = self._fill(pass_no, done, 1 + self.prefetch)
+                if not got:
                     return
-                task = got if isinstance(got, Task) else None
-            if task is None:
-                return
-            self._idle = self.idle_wait
-            self._current = task
+                task = got[0]
+                self._ahead.extend(got[1:])
+            if self._state == "cancelled" or task.revoked.is_set():
+                continue
+            self._pending = [task]
             yield task
 
-    def _release(self, task: Task) -> None:
-        try:
-            self._open(self._shard_of(task)).release(task)
-        except errors.LeaseLost:
-            pass
+    def _iterate_batches(self, pass_no: int, k: int) -> Iterator[list[Task]]:
+        while True:
+            done, self._pending = self._pending, []
+            if self._stopped():
+                self._ack_now(done)
+                return
+            got = self._fill(pass_no, done, k)
+            if not got:
+                return
+            self._pending = list(got)
+            yield got
+
+    def _pass_numbers(self) -> Iterator[int]:
+        pass_no = sharded.combine(self.sset, self._statuses())[2]
+        while self._state not in ("completed", "cancelled") and not self._closed:
+            self._pass = max(self._pass, pass_no)
+            yield pass_no
+            if self._draining:
+                return
+            pass_no += 1
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass of the whole job; each ends when every shard has
@@ -351,38 +419,80 @@ class ShardedTrainer:
         tell them apart by ``state`` and ``draining`` as with ``Trainer.passes()``.
 
         Returns:
-            Iterators of tasks (``global_id(task)`` names a task in the whole job).
+            Iterators of tasks (``global_id(task)`` names a task in the whole job); a
+            task is acked in the call that leases the next one.
 
         Raises:
             JobNotFound: a shard was deleted or replaced.
         """
-        pass_no = sharded.combine(self.sset, self._statuses())[2]
-        while self._state not in ("completed", "cancelled") and not self._closed:
-            self._pass = max(self._pass, pass_no)
+        for pass_no in self._pass_numbers():
             yield self._iterate(pass_no)
-            if self._draining:
-                return
-            pass_no += 1
 
     def __iter__(self) -> Iterator[Task]:
         for one_pass in self.passes():
             yield from one_pass
 
-    def ack(self, task: Task) -> None:
-        """Ack ``task`` now (iteration would ack it when the next task is asked for).
+    def batches(self, k: int) -> Iterator[list[Task]]:
+        """Lists of up to ``k`` tasks of one shard, leased together and acked together in
+        the call that leases the next batch; through every pass (a batch never mixes
+        two passes), until the job is completed or cancelled, or this worker drains.
+
+        Args:
+            k: the most tasks in one batch (1 to the per-call bound).
+
+        Returns:
+            An iterator of batches.
+
+        Raises:
+            InvalidInput: ``k < 1``.
+            JobNotFound: a shard was deleted or replaced.
+        """
+        if k < 1:
+            raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
+        for pass_no in self._pass_numbers():
+            yield from self._iterate_batches(pass_no, k)
+
+    def _forget(self, tasks: Sequence[Task]) -> None:
+        self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
+
+    def ack(self, task: Task | list[Task]) -> None:
+        """Ack a task (or a batch) now; iteration would ack it with the next lease.
 
         Raises:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
-        if self._current is task:
-            self._current = None
-        self._open(self._shard_of(task)).ack(task)
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).ack(part)
 
-    def fail(self, task: Task, error: str = "") -> None:
-        """Report a failed task (as ``Trainer.fail``); iteration moves on without it."""
-        if self._current is task:
-            self._current = None
-        self._open(self._shard_of(task)).fail(task, error)
+    def fail(self, task: Task | list[Task], error: str = "") -> None:
+        """Report a failed task or batch (as ``Trainer.fail``); iteration moves on.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).fail(part, error)
+
+    def release(self, task: Task | list[Task]) -> None:
+        """Give a task (or a batch) back unfinished, leasable by others at once.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).release(part)
+
+    def _release_quietly(self, tasks: list[Task]) -> None:
+        try:
+            self.release(tasks)
+        except errors.LeaseLost:
+            pass
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
@@ -390,45 +500,18 @@ class ShardedTrainer:
         if self._closed:
             return
         self._closed = True
+        self._ahead.clear()
         trainers, self._trainers = list(self._trainers.values()), {}
         for tr in trainers:
             tr.close()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("job %s: signal %d; leaving", self.job, signum)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
-
-    def __enter__(self) -> ShardedTrainer:
-        if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._old_handlers[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            current = self._current
-            if (
-                current is not None
-                and exc is not None
-                and not isinstance(
-                    exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
-                )
-            ):
-                try:
-                    self.fail(current, f"{type(exc).__name__}: {exc}")
-                except errors.TaskqError as e:
-                    log.warning("could not fail task %s: %s", current.id, e)
-        finally:
+    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
+        """The body raised: the task(s) it was working on failed; the rest (prefetched)
+        are released by close()."""
+        current = [t for t in self._pending if not t.revoked.is_set()]
+        if current:
+            name = exc_type.__name__ if exc_type else "error"
             try:
-                self.close()
-            finally:
-                for signum, handler in self._old_handlers.items():
-                    signal.signal(signum, handler)
-                self._old_handlers.clear()
+                self.fail(current, f"{name}: {exc}")
+            except errors.TaskqError as e:
+                log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
