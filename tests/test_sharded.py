@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
-from support import RedisClusterProcs, wait_until
+from support import RedisClusterProcs, free_port, wait_until
 
 import taskq
 from cli.main import cli
@@ -190,6 +191,142 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
     audit = sharded.audit(client, job_name)
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
+
+
+def fcalls(r: redis.Redis) -> int:
+    """Script calls (``FCALL``) the server has answered so far."""
+    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def test_a_task_costs_one_call_acked_with_the_next_lease(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """One trainer through every shard: the iterator acks each task in the call that
+    leases the next (the old lease + ack pattern spent two calls per task)."""
+    n = 60
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=1)
+    raw = redis.Redis.from_url(url)
+    before = fcalls(raw)
+    seen = []
+    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.05) as tr:
+        for task in tr:
+            seen.append(tr.global_id(task))
+    calls = fcalls(raw) - before
+    assert sorted(seen) == list(range(n))
+    assert sharded.status(client, job_name).done == n
+    # n ack-and-lease calls, plus a register, a leave and a few empty leases per shard
+    assert calls <= n + 20, calls
+
+
+def run_batched(url: str, name: str, **kw: object) -> list[tuple[int, int, int]]:
+    """One ``batches(3)`` trainer and one ``prefetch=2`` trainer in threads, until the
+    job ends; (pass, global id, batch size) of every task handed out."""
+    seen: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+    errs: list[BaseException] = []
+
+    def batched() -> None:
+        try:
+            with ShardedTrainer(name, url=url, **kw) as tr:  # type: ignore[arg-type]
+                for batch in tr.batches(3):
+                    assert len({t.job for t in batch} | {t.pass_no for t in batch}) == 2
+                    with lock:
+                        seen.extend((t.pass_no, tr.global_id(t), len(batch)) for t in batch)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+
+    def prefetching() -> None:
+        try:
+            with ShardedTrainer(name, url=url, prefetch=2, **kw) as tr:  # type: ignore[arg-type]
+                for task in tr:
+                    with lock:
+                        seen.append((task.pass_no, tr.global_id(task), 1))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+
+    threads = [threading.Thread(target=batched), threading.Thread(target=prefetching)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errs, errs
+    assert not any(t.is_alive() for t in threads)
+    return seen
+
+
+def test_batches_and_prefetch_run_every_pass_once(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    n, passes = 40, 3
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=passes)
+    seen = run_batched(url, job_name, idle_wait=0.05)
+    assert sorted((p, i) for p, i, _ in seen) == [(p, i) for p in range(passes) for i in range(n)]
+    assert max(size for _, _, size in seen) == 3  # batches of up to 3 (one shard, one pass)
+    audit = sharded.audit(client, job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
+    st = sharded.status(client, job_name)
+    assert st.state == "completed" and st.workers == 0 and st.leased == 0
+
+
+def test_prefetched_tasks_are_released_on_close(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(12)], shards=2, passes=1)
+    with ShardedTrainer(job_name, url=url, home=0, prefetch=3, heartbeat=False) as tr:
+        first = next(iter(tr))
+        assert first.job == tr.shards[0]
+        assert sharded.status(client, job_name).leased == 4  # the current one + 3 ahead
+    st = sharded.status(client, job_name)
+    assert (st.leased, st.done, st.workers) == (0, 0, 0)  # nothing acked: it never ended
+
+
+def test_bad_prefetch_and_batch_sizes_are_refused(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2)
+    with pytest.raises(taskq.InvalidInput, match="prefetch"):
+        ShardedTrainer(job_name, url=url, prefetch=-1)
+    with ShardedTrainer(job_name, url=url, heartbeat=False) as tr:
+        with pytest.raises(taskq.InvalidInput, match="batch size"):
+            next(tr.batches(0))
+
+
+def test_taskq_work_runs_a_sharded_job(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    n = 9
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=2)
+    out = tmp_path / "out.txt"
+    script = (
+        "import json, os, sys; t = json.load(sys.stdin); "
+        f"open({str(out)!r}, 'a').write('%s %s %s %s\\n' % (os.environ['TASKQ_PASS'], "
+        "os.environ['TASKQ_GLOBAL_ID'], os.environ['TASKQ_JOB'], t['chunks'][0]['i']))"
+    )
+    r = CliRunner().invoke(
+        cli,
+        ["--url", url, "work", job_name, "--prefetch", "1", "--", sys.executable, "-c", script],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    rows = [line.split() for line in out.read_text().splitlines()]
+    sset = sharded.require(client, job_name)
+    # the global id names the chunk; each shard's tasks ran under the shard's name
+    assert sorted((int(p), int(g)) for p, g, _, _ in rows) == [
+        (p, i) for p in range(2) for i in range(n)
+    ]
+    assert all(g == i and job == sset.locate(int(g))[0] for _, g, job, i in rows)
+    st = sharded.status(client, job_name)
+    assert st.state == "completed" and st.workers == 0
+
+
+def test_cli_against_a_stopped_cluster_prints_one_line(tmp_path: Path) -> None:
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    r = CliRunner().invoke(cli, ["--url", url, "job", "status", "anything"])
+    assert r.exit_code != 0
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot reach the cluster" in lines[0], r.output
+    assert "Traceback" not in r.output
 
 
 # -- cluster --------------------------------------------------------------------------
