@@ -45,11 +45,12 @@ REAPERS_PER_ROUND = 4
 
 
 def _finished(s: JobStatus, pass_no: int) -> bool:
-    """True when shard ``s`` has nothing more to do for ``pass_no``."""
+    """True when shard ``s`` has nothing more to do for ``pass_no`` (its pass complete,
+    or none of its tasks live: see ``sharded.advance``)."""
     return (
         s.state in ("completed", "cancelled")
         or s.pass_no > pass_no
-        or (s.state == "waiting" and s.reason == "manual_advance")
+        or (s.state == "waiting" and s.reason in ("manual_advance", "all_dead"))
     )
 
 
@@ -283,13 +284,14 @@ class ShardedTrainer(LeaveOnSignal):
         """Nothing leasable: read every shard; steal from one with work left, end the
         pass (True) when all have finished it (running the barrier step), else wait."""
         sts = self._statuses()
-        state, _, _ = sharded.combine(self.sset, sts)
+        state, reason, _ = sharded.combine(self.sset, sts)
         if state in ("completed", "cancelled"):
             if state == "cancelled":
                 self._retrying(sharded.advance, self.client, self.job, False, self.sset)
             self._state = state
             return True
-        if all(_finished(s, pass_no) for s in sts):
+        # a job with no live task at all waits for a retry, as a plain job does
+        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
             return True
         if any(

@@ -193,6 +193,57 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
 
 
+def kill_shard(client: taskq.Client, shard: str) -> list[int]:
+    """Fail every task of ``shard`` once (dead at ``max_failures=1``); their ids."""
+    ids = []
+    with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
+        for task in iter(lambda: tr.lease(timeout=0), None):
+            tr.fail(task, "boom")
+            ids.append(task.id)
+    return ids
+
+
+def test_a_shard_whose_tasks_all_died_does_not_hold_the_barrier(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """As in a plain job, a pass ends once its live tasks are done: a shard with none
+    left is finished; only a job with no live task at all waits ``all_dead``."""
+    n, passes = 9, 3
+    client.create_job(
+        job_name, [{"i": i} for i in range(n)], shards=3, passes=passes, max_failures=1
+    )
+    sset = sharded.require(client, job_name)
+    dead = {sset.global_id(sset.shards[2], t) for t in kill_shard(client, sset.shards[2])}
+    assert dead == {2, 5, 8}
+    st = sharded.status(client, job_name)
+    assert st.shards[2].reason == "all_dead" and (st.state, st.dead) == ("running", 3)
+    seen = run_trainers(url, job_name, 2, idle_wait=0.05)
+    live = [i for i in range(n) if i not in dead]
+    assert sorted(seen) == [(p, i) for p in range(passes) for i in live]
+    st = sharded.status(client, job_name)
+    assert st.state == "completed"
+    audit = sharded.audit(client, job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["done"], p["dead"]) for p in audit["passes"]] == [(6, 3)] * passes
+
+
+def test_a_job_with_no_live_task_waits_all_dead_until_a_retry(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2, max_failures=1)
+    sset = sharded.require(client, job_name)
+    for shard in sset.shards:
+        kill_shard(client, shard)
+    st = sharded.status(client, job_name)
+    assert (st.state, st.reason, st.dead) == ("waiting", "all_dead", 4)
+    assert sharded.advance(client, job_name) is None  # nothing to run: no pass moves
+    with pytest.raises(taskq.PassIncomplete, match="all dead"):
+        sharded.next_pass(client, job_name)
+    assert [s.pass_no for s in sharded.status(client, job_name).shards] == [0, 0]
+    assert sharded.retry(client, job_name) == 4
+    assert sharded.status(client, job_name).state == "running"
+
+
 def fcalls(r: redis.Redis) -> int:
     """Script calls (``FCALL``) the server has answered so far."""
     return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
