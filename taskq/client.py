@@ -17,7 +17,15 @@ from typing import Any
 from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
-from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
+from .keys import (
+    JobKeys,
+    job_from_meta_key,
+    jobs_index,
+    meta_pattern,
+    prefix,
+    shard_set_key,
+    valid_job_name,
+)
 from .keys import MetaField as F
 from .models import JobConfig, JobStatus
 from .scripts import MAX_RETRY, PAGE_MAX, Code, Scripts, raise_for
@@ -348,6 +356,10 @@ class Client:
         Raises:
             JobNotFound, JobCompleted.
         """
+        if self._sharded(name):
+            from . import sharded
+
+            return sharded.cancel(self, name)
         self.run(name, "cancel", [""])
 
     def pause_job(self, name: str) -> None:
@@ -358,6 +370,10 @@ class Client:
         Raises:
             JobNotFound, JobCompleted, JobCancelled.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.pause(self, name)
         self.run(name, "pause", [""])
 
     def resume_job(self, name: str) -> None:
@@ -366,7 +382,19 @@ class Client:
         Raises:
             JobNotFound.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.resume(self, name)
         self.run(name, "resume", [""])
+
+    def _sharded(self, name: str) -> bool:
+        """True when ``name`` is a sharded job (its verbs act on every shard: cancel,
+        pause, resume, checkpoint, checkpoints, rewind)."""
+        if not valid_job_name(name):
+            return False  # the plain path says what is wrong with the name
+        with translate(self.url):
+            return bool(self.redis.exists(shard_set_key(name, self.prefix)))
 
     # -- passes -------------------------------------------------------------------
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
@@ -591,6 +619,10 @@ class Client:
         Raises:
             InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.checkpoint(self, name, keep, ckpt)
         return checkpoints.checkpoint(self, name, keep, ckpt)
 
     def checkpoints(self, name: str) -> list[dict[str, Any]]:
@@ -599,6 +631,10 @@ class Client:
         Raises:
             JobNotFound.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.listing(self, name)
         return checkpoints.listing(self, name)
 
     def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
@@ -616,6 +652,10 @@ class Client:
         Raises:
             InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.rewind(self, name, ckpt, once, key)
         return checkpoints.rewind(self, name, ckpt, once, key)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:

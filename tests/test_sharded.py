@@ -7,6 +7,7 @@ real subprocesses for SIGKILL / SIGTERM; a master is paused with SIGSTOP.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -561,6 +562,73 @@ def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
     assert r.exit_code == 0, r.output
     assert sharded.load(cclient, "clijob") is None
     assert not any(j.startswith("clijob") for j in cclient.list_jobs())
+
+
+def test_pause_checkpoint_and_rewind_act_on_every_shard_as_one(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name, n = "ckpt", 30
+    cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=2, replace=True)
+    sset = sharded.require(cclient, name)
+    url = cluster.url
+    r = cli_run(url, "job", "pause", name, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {
+        "job": name,
+        "state": "paused",
+        "state_before": "running",
+        "pass": 0,
+        "shards": 3,
+    }
+    assert [s.state for s in sharded.status(cclient, name).shards] == ["paused"] * 3
+    with taskq.Trainer(sset.shards[1], url=url, heartbeat=False) as tr:
+        assert tr.lease(timeout=0) is None  # no shard gives work while paused
+    r = cli_run(url, "job", "resume", name)
+    assert r.exit_code == 0 and "resumed (all 3 shards)" in r.output
+    assert sharded.status(cclient, name).state == "running"
+    with ShardedTrainer(name, url=url, heartbeat=False) as st:
+        for task in itertools.islice(st, 10):
+            st.ack(task)
+    r = cli_run(url, "job", "checkpoint", name, "--json")
+    assert r.exit_code == 0, r.output
+    ck = json.loads(r.output)
+    assert (ck["pass"], ck["done"], len(ck["shards"])) == (0, 10, 3)
+    assert cclient.checkpoint(name, ckpt=ck["id"])["done"] == 10  # repeated: the same one
+    r = cli_run(url, "job", "checkpoints", name, "--json")
+    assert [c["id"] for c in json.loads(r.output)] == [ck["id"]]
+    first = run_trainers(url, name, 2, idle_wait=0.05)
+    assert len(first) == 2 * n - 10
+    assert sharded.status(cclient, name).state == "completed"
+    r = cli_run(url, "job", "rewind", name, ck["id"])
+    assert r.exit_code == 0 and "10 done, 3 shards" in r.output, r.output
+    st_ = sharded.status(cclient, name)
+    assert (st_.state, st_.pass_no, st_.done) == ("running", 0, 10)
+    again = run_trainers(url, name, 2, idle_wait=0.05)
+    assert sorted(again) == sorted(first)  # the same work again, from the same point
+    assert sharded.status(cclient, name).state == "completed"
+    r = cli_run(url, "job", "rewind", name, "nosuch")
+    assert r.exit_code != 0 and "no checkpoint 'nosuch'" in r.output
+
+
+def test_a_checkpoint_across_a_pass_boundary_rewinds_to_one_pass(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name = "ckb"
+    cclient.create_job(
+        name, [{"i": i} for i in range(6)], shards=3, passes=3, auto_advance=False, replace=True
+    )
+    sset = sharded.require(cclient, name)
+    for shard in sset.shards:
+        with taskq.Trainer(shard, url=cluster.url, heartbeat=False) as tr:
+            for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
+                tr.ack(task)
+    cclient.next_pass(sset.shards[0], expected_pass=0)  # a step that stopped half-way
+    ck = cclient.checkpoint(name)
+    assert [c["pass"] for c in ck["shards"]] == [1, 0, 0] and ck["job_state"] == "mixed"
+    sharded.next_pass(cclient, name)
+    assert cclient.rewind(name, ck["id"])
+    assert [s.pass_no for s in sharded.status(cclient, name).shards] == [1, 1, 1]
+    assert sharded.audit(cclient, name)["checks"]["passes_agree"]
 
 
 def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
