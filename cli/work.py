@@ -370,7 +370,8 @@ def _redis_url(url: str | None) -> tuple[str | None, str | None]:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Reserved tasks kept ahead of the current one (others may steal them).",
+    help="Tasks kept ahead of the current one (reserved: others may steal them; on a "
+    "sharded job, leased to this worker).",
 )
 @click.option("--worker-id", metavar="ID", help="Worker id (default host:pid:random).")
 @click.option(

@@ -351,7 +351,8 @@ class Client:
                     self.redis.srem(jobs_index(self.prefix), name)
 
     def cancel_job(self, name: str) -> None:
-        """Cancel ``name``: every lease is revoked; trainers' loops end.
+        """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
+        every shard, ``sharded.cancel``).
 
         Raises:
             JobNotFound, JobCompleted.
@@ -365,7 +366,7 @@ class Client:
     def pause_job(self, name: str) -> None:
         """Pause ``name``: trainers get no new leases (they wait, without polling, as in
         a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
-        still end and start. Idempotent.
+        still end and start. Idempotent. A sharded job: every shard (sharded_admin.py).
 
         Raises:
             JobNotFound, JobCompleted, JobCancelled.
@@ -377,7 +378,8 @@ class Client:
         self.run(name, "pause", [""])
 
     def resume_job(self, name: str) -> None:
-        """End a pause: every waiting trainer is woken to lease again. Idempotent.
+        """End a pause: every waiting trainer is woken to lease again. Idempotent. A
+        sharded job: every shard.
 
         Raises:
             JobNotFound.
@@ -607,7 +609,8 @@ class Client:
     def checkpoint(
         self, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
     ) -> dict[str, Any]:
-        """Record the job's position (pass, done set, progress, counters) under an id.
+        """Record the job's position (pass, done set, progress, counters) under an id (a
+        sharded job: one id over every shard, ``sharded_admin.checkpoint``).
 
         Args:
             keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
@@ -638,7 +641,8 @@ class Client:
         return checkpoints.listing(self, name)
 
     def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
-        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``).
+        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``; a sharded
+        job: every shard, then the barrier step, ``sharded_admin.rewind``).
 
         Args:
             once: skip when the job's last rewind went to ``ckpt`` under the same ``key``

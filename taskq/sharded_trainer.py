@@ -156,13 +156,14 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
                 self._release_quietly([self._ahead.popleft()])
             if self._ahead:
                 task = self._ahead.popleft()
-                if done:  # ack it and top the prefetch up, one call on its shard
-                    k = self._shard_of(done[0])
+                counted = self._counted(done)
+                if counted:  # ack it and top the prefetch up, one call on its shard
                     want = self.prefetch - len(self._ahead)
-                    if want > 0 and len(self._by_shard(done)) == 1 and self._counted(done):
-                        self._ahead.extend(self._lease(k, pass_no, 0, want, self._counted(done)))
+                    if want > 0 and len(self._by_shard(counted)) == 1:
+                        k = self._shard_of(counted[0])
+                        self._ahead.extend(self._lease(k, pass_no, 0, want, counted))
                     else:
-                        self._ack_now(done)
+                        self._ack_now(counted)
             else:
                 got = self._fill(pass_no, done, 1 + self.prefetch)
                 if not got:

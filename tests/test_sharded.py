@@ -333,6 +333,20 @@ def test_prefetched_tasks_are_released_on_close(
     assert (st.leased, st.done, st.workers) == (0, 0, 0)  # nothing acked: it never ended
 
 
+def test_an_error_in_the_with_block_fails_the_current_task_and_releases_the_rest(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(8)], shards=2, passes=1)
+    with pytest.raises(ValueError, match="bad sample"):
+        with ShardedTrainer(job_name, url=url, home=1, prefetch=2, heartbeat=False) as tr:
+            task = next(iter(tr))
+            raise ValueError("bad sample")
+    shard = sharded.require(client, job_name).shards[1]
+    st = client.status(shard, summaries=0)
+    assert (st.counters["failed"], st.leased, st.workers, st.done) == (1, 0, 0, 0)
+    assert client.task(shard, task.id, history=0)["failures"] == 1
+
+
 def test_bad_prefetch_and_batch_sizes_are_refused(
     client: taskq.Client, url: str, job_name: str
 ) -> None:
