@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors
-from .keys import JOB_KEYS, acl_jobs_index_pattern, acl_key_patterns, prefix, valid_job_name
+from .keys import (
+    JOB_KEYS,
+    acl_jobs_index_pattern,
+    acl_key_patterns,
+    acl_shard_sets_pattern,
+    prefix,
+    valid_job_name,
+)
 from .scripts import LIBRARY, VERBS
 
 #: Functions a trainer calls (``Trainer``, ``taskq work``): FCALL and FCALL_RO.
@@ -284,7 +291,7 @@ def exporter_rule(
     Read-only key patterns (``%R~``): reads and ``FCALL_RO`` of ``stats`` and ``peek``.
 
     Args:
-        job: the job; None for every job (with the jobs index).
+        job: the job; None for every job (with the jobs index and the sharded jobs').
         user: the user name (default ``exporter-<job>`` / ``exporter-all``).
         password: the password (stored as its SHA-256); None prints a placeholder.
         key_prefix: overrides ``TASKQ_PREFIX``.
@@ -296,7 +303,12 @@ def exporter_rule(
         InvalidInput: a bad job name, user name, prefix or password.
     """
     name, pfx = _check("exporter", job, user, key_prefix)
-    index = [] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]
+    # every job: the jobs index, and the sharded jobs' (a sharded job is shown as one)
+    index = (
+        []
+        if job is not None
+        else [f"%R~{acl_jobs_index_pattern(pfx)}", f"%R~{acl_shard_sets_pattern(pfx)}"]
+    )
     rules = [
         "on",
         password_rule(password, name),
