@@ -7,8 +7,9 @@ in a closed loop (no work per task) until the job completes, and reads ``INFO cp
 ``INFO commandstats`` of every master before and after. Rows:
 
 - S=1, the ``Trainer`` iterator (one ack-and-lease call per task): today's job;
-- S=1, ``Trainer.lease()`` + ``ack()`` (two calls per task, the sharded trainer's pattern);
-- S=3, ``ShardedTrainer`` (two calls per task, spread over the three masters).
+- S=1, ``Trainer.lease(acks=[previous])`` (one call per task, the sharded trainer's
+  pattern on one master);
+- S=3, ``ShardedTrainer`` (one call per task, spread over the three masters).
 
 Usage: python bench/sharded.py [--tasks N] [--passes P] [--trainers W] [--json FILE]
 """
@@ -108,13 +109,13 @@ def worker(url: str, job: str, mode: str) -> None:
             for _ in tr:
                 pass
             return
-        while True:  # lease() + ack(): the sharded trainer's two calls per task
+        done: list[taskq.Task] = []
+        while True:  # lease(acks=...): the sharded trainer's one call per task
             try:
-                task = tr.lease(timeout=1.0)
+                task = tr.lease(timeout=1.0, acks=done)
             except taskq.JobCompleted:
                 return
-            if task is not None:
-                tr.ack(task)
+            done = [task] if task is not None else []
 
 
 def row(
@@ -172,7 +173,7 @@ def main() -> None:
         url = f"redis+cluster://{LOOPBACK}:{ports[0]}"
         rows = [
             row(url, ports, s, m, a.tasks, a.passes, a.trainers)
-            for s, m in ((1, "iterator"), (1, "lease_ack"), (3, "sharded"))
+            for s, m in ((1, "iterator"), (1, "lease_acks"), (3, "sharded"))
         ]
     finally:
         for s in servers:

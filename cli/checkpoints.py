@@ -1,15 +1,20 @@
-"""``taskq job checkpoints`` and ``taskq job rewind``: list a job's checkpoints, put the
-job back to one (docs/resume.md).
+"""``taskq job checkpoint``, ``checkpoints`` and ``rewind``: take a checkpoint of a job,
+list them, put the job back to one (docs/resume.md). A sharded job's checkpoint is one
+id over every shard (docs/sharding.md).
 
-Data flow: operator -> cli/checkpoints.py -> taskq.Client (checkpoints.py) -> Redis.
+Data flow: operator -> cli/checkpoints.py -> taskq.Client (checkpoints.py, or
+sharded_admin.py for a sharded job) -> Redis.
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import click
 from rich.table import Table
+
+from taskq.checkpoints import DEFAULT_KEEP
 
 from .common import client_of, console, echo_json
 from .job import job
@@ -20,6 +25,37 @@ def _when(ms: int | None) -> str:
         return "-"
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S"
+    )
+
+
+def _shards(rec: dict[str, Any]) -> str:
+    return f", {len(rec['shards'])} shards" if rec.get("shards") else ""
+
+
+@job.command("checkpoint")
+@click.argument("name")
+@click.option(
+    "--keep",
+    type=click.IntRange(1, 1000),
+    default=DEFAULT_KEEP,
+    show_default=True,
+    help="Checkpoints kept (the oldest beyond it go).",
+)
+@click.option("--id", "ckpt", metavar="ID", help="The checkpoint's id (default: a new one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checkpoint as JSON.")
+@click.pass_context
+def checkpoint_cmd(
+    ctx: click.Context, name: str, keep: int, ckpt: str | None, as_json: bool
+) -> None:
+    """Record where job NAME stands (pass, tasks done, unfinished tasks' progress) under
+    an id that `taskq job rewind` takes. Repeating an id finishes a checkpoint that
+    stopped half-way."""
+    rec = client_of(ctx).checkpoint(name, keep=keep, ckpt=ckpt)
+    if as_json:
+        echo_json(rec)
+        return
+    click.echo(
+        f"job {name}: checkpoint {rec['id']} (pass {rec['pass']}, {rec['done']} done{_shards(rec)})"
     )
 
 
@@ -64,5 +100,5 @@ def rewind_cmd(ctx: click.Context, name: str, checkpoint: str) -> None:
     client.rewind(name, checkpoint)
     rec = client.checkpoints(name)
     at = next((r for r in rec if r["id"] == checkpoint), None)
-    where = f" (pass {at['pass']}, {at['done']} done)" if at else ""
+    where = f" (pass {at['pass']}, {at['done']} done{_shards(at)})" if at else ""
     click.echo(f"job {name}: rewound to checkpoint {checkpoint}{where}")

@@ -1,4 +1,5 @@
-"""``taskq job ...``: create, inspect, list, audit, cancel and delete jobs.
+"""``taskq job ...``: create, inspect, list, audit, cancel, pause, resume and delete jobs
+(a sharded job as one: cli/shards.py).
 
 Data flow: operator -> cli/job.py -> taskq.datasets (chunks) -> taskq.Client -> Redis.
 """
@@ -22,7 +23,7 @@ from rich.progress import (
 from rich.table import Table
 
 import taskq
-from taskq import datasets
+from taskq import datasets, sharded
 from taskq.models import JobStatus
 
 from . import shards as shards_cli
@@ -669,47 +670,50 @@ def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
         click.echo(f"job {name}: deleted")
 
 
-@job.command("cancel")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
-@click.pass_context
-def cancel(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Cancel job NAME: every lease is revoked and the trainers' loops end."""
-    if shards_cli.handle(ctx, "cancel", name, as_json):
-        return
-    client = client_of(ctx)
-    before = client.status(name, summaries=0)
-    client.cancel_job(name)
-    if as_json:
-        echo_json(
-            {
-                "job": name,
-                "state": "cancelled",
-                "state_before": before.state,
-                "pass": before.pass_no,
-                "leases_revoked": before.leased,
-            }
-        )
-    else:
-        click.echo(f"job {name}: cancelled")
+def _lifecycle_command(verb: str, summary: str, said: str) -> click.Command:
+    """``taskq job cancel|pause|resume NAME [--json]``: one shape, ``Client.<verb>_job``
+    (a sharded job: every shard, as one)."""
+
+    @job.command(verb, help=summary)
+    @click.argument("name")
+    @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
+    @click.pass_context
+    def command(ctx: click.Context, name: str, as_json: bool) -> None:
+        client = client_of(ctx)
+        sset = sharded.load(client, name)
+        read = (lambda: sharded.status(client, name)) if sset else (lambda: client.status(name, 0))
+        before = read()
+        getattr(client, f"{verb}_job")(name)
+        out: dict[str, Any] = {
+            "job": name,
+            "state": "cancelled" if verb == "cancel" else read().state,
+            "state_before": before.state,
+            "pass": before.pass_no,
+        }
+        if verb == "cancel":
+            out["leases_revoked"] = before.leased
+        if sset is not None:
+            out["shards"] = len(sset.shards)
+        if as_json:
+            echo_json(out)
+        else:
+            every = f" (all {len(sset.shards)} shards)" if sset is not None else ""
+            click.echo(f"job {name}: {said.format(name=name)}{every}")
+
+    return command
 
 
-@job.command("pause")
-@click.argument("name")
-@click.pass_context
-def pause(ctx: click.Context, name: str) -> None:
-    """Pause NAME: trainers get no new leases (they wait) and keep what they hold."""
-    client_of(ctx).pause_job(name)
-    click.echo(f"job {name}: paused (resume with `taskq job resume {name}`)")
-
-
-@job.command("resume")
-@click.argument("name")
-@click.pass_context
-def resume(ctx: click.Context, name: str) -> None:
-    """Resume NAME after a pause: waiting trainers lease again at once."""
-    client_of(ctx).resume_job(name)
-    click.echo(f"job {name}: resumed")
+cancel = _lifecycle_command(
+    "cancel", "Cancel job NAME: every lease is revoked and the trainers' loops end.", "cancelled"
+)
+pause = _lifecycle_command(
+    "pause",
+    "Pause NAME: trainers get no new leases (they wait) and keep what they hold.",
+    "paused (resume with `taskq job resume {name}`)",
+)
+resume = _lifecycle_command(
+    "resume", "Resume NAME after a pause: waiting trainers lease again at once.", "resumed"
+)
 
 
 @job.command("audit")

@@ -1,8 +1,9 @@
 """The CLI's view of sharded jobs: one job (sums) with a per-shard breakdown.
 
-``taskq job status|audit|cancel|delete`` and ``taskq pass next|reset`` call ``handle``
-first; for a sharded job it does the work over every shard and says so, otherwise the
-command goes on as for a job of one shard.
+``taskq job status|audit|delete`` and ``taskq pass next|reset`` call ``handle`` first; for
+a sharded job it does the work over every shard and says so, otherwise the command goes
+on as for a job of one shard. (``job cancel|pause|resume|checkpoint|checkpoints|rewind``
+go through ``taskq.Client``, which acts on every shard of a sharded job.)
 
 Data flow: operator -> cli/job.py, cli/passes.py -> cli/shards.py -> taskq.sharded ->
 taskq.Client -> Redis.
@@ -78,7 +79,7 @@ def _audit(client: taskq.Client, name: str, as_json: bool) -> None:
 
 
 def handle(ctx: click.Context, verb: str, name: str, as_json: bool, **kw: Any) -> bool:
-    """Run ``verb`` (status, audit, cancel, delete, next, reset) over every shard when
+    """Run ``verb`` (status, audit, delete, next, reset) over every shard when
     ``name`` is a sharded job.
 
     Returns:
@@ -95,9 +96,6 @@ def handle(ctx: click.Context, verb: str, name: str, as_json: bool, **kw: Any) -
             show(*status_tables(st))
     elif verb == "audit":
         _audit(client, name, as_json)
-    elif verb == "cancel":
-        sharded.cancel(client, name)
-        out: dict[str, Any] = {"job": name, "state": "cancelled"}
     elif verb == "delete":
         st = sharded.status(client, name)
         if not kw.get("yes"):
@@ -108,7 +106,12 @@ def handle(ctx: click.Context, verb: str, name: str, as_json: bool, **kw: Any) -
                 err=True,
             )
         sharded.delete(client, name)
-        out = {"job": name, "deleted": True, "state_before": st.state, "tasks": st.tasks}
+        out: dict[str, Any] = {
+            "job": name,
+            "deleted": True,
+            "state_before": st.state,
+            "tasks": st.tasks,
+        }
     elif verb == "next":
         new_pass = sharded.next_pass(
             client, name, expected_pass=kw.get("expected"), force=bool(kw.get("force"))

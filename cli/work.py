@@ -14,7 +14,11 @@ the job completed (or was cancelled, or the worker drained) and no task it ran i
 3 (``EXIT_DEAD``), a task it ran ended dead; 128 + N after signal N; 1 for errors, 2 for
 usage errors.
 
-Data flow: any program <- cli/work.py -> taskq.Trainer -> Redis.
+A sharded job (``taskq job create --shards S``, found by its shard-set record) is worked
+by a ``ShardedTrainer``: ``TASKQ_JOB`` and ``TASKQ_TASK_ID`` name the shard and the task in
+it, ``TASKQ_GLOBAL_ID`` the task in the whole job.
+
+Data flow: any program <- cli/work.py -> taskq.Trainer / ShardedTrainer -> Redis.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from typing import Any
 import click
 
 import taskq
+from taskq import sharded
 from taskq.connection import resolve_url
+from taskq.sharded_trainer import ShardedTrainer
 
 log = logging.getLogger("taskq.work")
 
@@ -76,7 +82,9 @@ class Seconds(click.ParamType):
 class _Runner:
     """Runs CMD for tasks of one trainer and turns signals into a graceful leave."""
 
-    def __init__(self, trainer: taskq.Trainer, cmd: list[str], grace: float) -> None:
+    def __init__(
+        self, trainer: taskq.Trainer | ShardedTrainer, cmd: list[str], grace: float
+    ) -> None:
         self.trainer = trainer
         self.cmd = cmd
         self.grace = grace
@@ -108,6 +116,9 @@ class _Runner:
             TASKQ_ATTEMPT=str(task.attempt),
         )
         env.pop("TASKQ_TASK", None)
+        env.pop("TASKQ_GLOBAL_ID", None)
+        if isinstance(self.trainer, ShardedTrainer):
+            env["TASKQ_GLOBAL_ID"] = str(self.trainer.global_id(task))
         if len(payload) < ENV_TASK_MAX:
             env["TASKQ_TASK"] = payload.decode()
         tail: deque[bytes] = deque()
@@ -359,7 +370,8 @@ def _redis_url(url: str | None) -> tuple[str | None, str | None]:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Reserved tasks kept ahead of the current one (others may steal them).",
+    help="Tasks kept ahead of the current one (reserved: others may steal them; on a "
+    "sharded job, leased to this worker).",
 )
 @click.option("--worker-id", metavar="ID", help="Worker id (default host:pid:random).")
 @click.option(
@@ -429,13 +441,15 @@ def work(
     client.keys(job)  # a bad name fails before any wait
     # a probe without redis-py's own retries, so the log says when the next try really is
     _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
-    config = client.status(job, summaries=0).config
+    sset = sharded.load(client, job)
+    config = client.status(sset.shards[0] if sset else job, summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
         raise click.UsageError(
             f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
             f"heartbeat interval ({config['heartbeat_interval']:g} s)"
         )
-    trainer = taskq.Trainer(
+    kind = ShardedTrainer if sset is not None else taskq.Trainer
+    trainer = kind(
         job,
         url=resolved,
         client=client,
@@ -446,7 +460,8 @@ def work(
         handle_signals=False,
     )
     down = _RedisDownContext(client.url, trainer.reconnect_timeout)
-    logging.getLogger("taskq.trainer").addFilter(down)
+    for name in ("taskq.trainer", "taskq.sharded"):
+        logging.getLogger(name).addFilter(down)
     runner = _Runner(trainer, argv, grace)
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -461,7 +476,8 @@ def work(
         try:
             trainer.close()
         finally:
-            logging.getLogger("taskq.trainer").removeFilter(down)
+            for name in ("taskq.trainer", "taskq.sharded"):
+                logging.getLogger(name).removeFilter(down)
             for restored, handler in old.items():
                 signal.signal(restored, handler)
             log.info("%s", runner.summary(code))

@@ -31,7 +31,14 @@ from functools import partial
 from typing import Any
 
 from . import errors
-from .keys import JOB_KEYS, acl_jobs_index_pattern, acl_key_patterns, prefix, valid_job_name
+from .keys import (
+    JOB_KEYS,
+    acl_jobs_index_pattern,
+    acl_key_patterns,
+    acl_shard_sets_pattern,
+    prefix,
+    valid_job_name,
+)
 from .scripts import LIBRARY, VERBS
 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
@@ -294,7 +301,12 @@ def rule(
         password_rule(password, name),
         "resetkeys",
         *(f"{access}{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
-        *([] if job is not None else [f"%R~{acl_jobs_index_pattern(pfx)}"]),
+        # every job: the jobs index and the sharded jobs' (a sharded job is shown as one)
+        *(
+            []
+            if job is not None
+            else [f"%R~{acl_jobs_index_pattern(pfx)}", f"%R~{acl_shard_sets_pattern(pfx)}"]
+        ),
         "resetchannels",
         *BASE_RULES,
         *spec.extra,

@@ -17,7 +17,15 @@ from typing import Any
 from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
-from .keys import JobKeys, job_from_meta_key, jobs_index, meta_pattern, prefix, valid_job_name
+from .keys import (
+    JobKeys,
+    job_from_meta_key,
+    jobs_index,
+    meta_pattern,
+    prefix,
+    shard_set_key,
+    valid_job_name,
+)
 from .keys import MetaField as F
 from .models import JobConfig, JobStatus
 from .scripts import MAX_RETRY, PAGE_MAX, Code, Scripts, raise_for
@@ -343,30 +351,52 @@ class Client:
                     self.redis.srem(jobs_index(self.prefix), name)
 
     def cancel_job(self, name: str) -> None:
-        """Cancel ``name``: every lease is revoked; trainers' loops end.
+        """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
+        every shard, ``sharded.cancel``).
 
         Raises:
             JobNotFound, JobCompleted.
         """
+        if self._sharded(name):
+            from . import sharded
+
+            return sharded.cancel(self, name)
         self.run(name, "cancel", [""])
 
     def pause_job(self, name: str) -> None:
         """Pause ``name``: trainers get no new leases (they wait, without polling, as in
         a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
-        still end and start. Idempotent.
+        still end and start. Idempotent. A sharded job: every shard (sharded_admin.py).
 
         Raises:
             JobNotFound, JobCompleted, JobCancelled.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.pause(self, name)
         self.run(name, "pause", [""])
 
     def resume_job(self, name: str) -> None:
-        """End a pause: every waiting trainer is woken to lease again. Idempotent.
+        """End a pause: every waiting trainer is woken to lease again. Idempotent. A
+        sharded job: every shard.
 
         Raises:
             JobNotFound.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.resume(self, name)
         self.run(name, "resume", [""])
+
+    def _sharded(self, name: str) -> bool:
+        """True when ``name`` is a sharded job (its verbs act on every shard: cancel,
+        pause, resume, checkpoint, checkpoints, rewind)."""
+        if not valid_job_name(name):
+            return False  # the plain path says what is wrong with the name
+        with translate(self.url):
+            return bool(self.redis.exists(shard_set_key(name, self.prefix)))
 
     # -- passes -------------------------------------------------------------------
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
@@ -579,7 +609,8 @@ class Client:
     def checkpoint(
         self, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
     ) -> dict[str, Any]:
-        """Record the job's position (pass, done set, progress, counters) under an id.
+        """Record the job's position (pass, done set, progress, counters) under an id (a
+        sharded job: one id over every shard, ``sharded_admin.checkpoint``).
 
         Args:
             keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
@@ -591,6 +622,10 @@ class Client:
         Raises:
             InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.checkpoint(self, name, keep, ckpt)
         return checkpoints.checkpoint(self, name, keep, ckpt)
 
     def checkpoints(self, name: str) -> list[dict[str, Any]]:
@@ -599,10 +634,15 @@ class Client:
         Raises:
             JobNotFound.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.listing(self, name)
         return checkpoints.listing(self, name)
 
     def rewind(self, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
-        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``).
+        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``; a sharded
+        job: every shard, then the barrier step, ``sharded_admin.rewind``).
 
         Args:
             once: skip when the job's last rewind went to ``ckpt`` under the same ``key``
@@ -616,6 +656,10 @@ class Client:
         Raises:
             InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
         """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.rewind(self, name, ckpt, once, key)
         return checkpoints.rewind(self, name, ckpt, once, key)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:

@@ -126,6 +126,8 @@ def make_redis(
 
     Raises:
         InvalidInput: the URL cannot be parsed.
+        ConnectionLost: a cluster URL whose nodes cannot be reached (its slot map is read
+            at once).
     """
     url = resolve_url(url)
     masked = mask_url(url)
@@ -146,7 +148,12 @@ def make_redis(
         if scheme in ("redis+cluster", "rediss+cluster") or (
             cluster and scheme in ("redis", "rediss")
         ):
-            return _cluster(url, parts, common), masked
+            try:
+                return _cluster(url, parts, common), masked
+            except redis.exceptions.RedisClusterException as e:
+                # the cluster client reads the slot map when it is made: a cluster that
+                # is down (a master paused, failing over) is as transient as a lost link
+                raise errors.ConnectionLost(f"cannot reach the cluster at {masked}: {e}") from e
         if cluster:
             raise errors.InvalidInput(f"cluster=True needs a redis:// or rediss:// URL: {masked}")
         if scheme == "redis+sentinel":

@@ -3,7 +3,10 @@
 Every number comes from the counters and histograms the Lua scripts keep in Redis, so
 the exporter holds no state of its own (besides its scrape-error counter): several may
 run, and a restart loses nothing. Metrics are labelled by ``job_name`` only, never by a
-worker or task id, so their number stays bounded however many trainers come and go.
+worker or task id, so their number stays bounded however many trainers come and go. A
+shard of a sharded job (docs/sharding.md) is exported under its sharded job's
+``job_name`` with a ``shard`` label (the shard's own job name): ``sum by (job_name)``
+is the job's figure, and the shard label gives the detail.
 
 Data flow: Prometheus -> exporter.py -> client.status() -> stats.py -> Redis (reads only).
 """
@@ -27,7 +30,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from . import errors
+from . import errors, shardset
 from .models import STATES, JobStatus
 from .stats import LEASE_AGE_BOUNDS_S
 
@@ -63,6 +66,11 @@ COUNTERS = {
         "forged",
         "Writes naming a lease's token (or a worker) without its lease secret: "
         "refused, they changed nothing.",
+    ),
+    "taskq_backups": (
+        "backups",
+        "Backup leases granted: a second lease of a straggling task (backup_leases), "
+        "whose first ack counts.",
     ),
 }
 _SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
@@ -113,6 +121,31 @@ class TaskqCollector:
         """
         return self._scrape()[0]
 
+    def _shards(self) -> dict[str, str]:
+        """Shard job name -> its sharded job's name, for every sharded job."""
+        out: dict[str, str] = {}
+        try:
+            for name in shardset.list_sets(self.client):
+                sset = shardset.load(self.client, name)
+                if sset is not None:
+                    out.update(dict.fromkeys(sset.shards, name))
+        except _SKIPPED as e:
+            self._error("the shard sets", e)  # shards go out as jobs of their own
+            return out
+        self._read("the shard sets")
+        return out
+
+    def _expand(self, names: Sequence[str]) -> list[str]:
+        """``names`` with every sharded job replaced by its shards."""
+        out: list[str] = []
+        for name in names:
+            try:
+                sset = shardset.load(self.client, name)
+            except _SKIPPED:
+                sset = None  # read as a job: its status says what is wrong
+            out.extend(sset.shards if sset is not None else [name])
+        return out
+
     def _scrape(self) -> tuple[list[JobStatus], bool, str | None]:
         """(readable jobs' statuses, Redis answered, its maxmemory-policy or None)."""
         try:
@@ -134,6 +167,8 @@ class TaskqCollector:
                 self._error("the job index", e)
                 return [], True, policy
             self._read("the job index")
+        else:
+            names = self._expand(names)
         out = []
         for i, name in enumerate(names):
             what = f"job {name!r}"
@@ -156,10 +191,22 @@ class TaskqCollector:
     def collect(self) -> Iterable[Metric]:
         """The metric families of one scrape."""
         statuses, up, policy = self._scrape()
-        yield from _families(statuses)
+        parent_of = self._shards() if up and statuses else {}
+        for family in _families(statuses):
+            if parent_of:
+                family.samples = [_as_one(sample, parent_of) for sample in family.samples]
+            yield family
         with self._lock:
             errors_total = self._errors
         yield from _exporter_families(errors_total, up, policy)
+
+
+def _as_one(sample: Any, parent_of: dict[str, str]) -> Any:
+    """A shard's sample under its sharded job's name, with the shard as ``shard``."""
+    job = sample.labels.get("job_name")
+    if job not in parent_of:
+        return sample
+    return sample._replace(labels={**sample.labels, "job_name": parent_of[job], "shard": job})
 
 
 def _exporter_families(errors_total: int, up: bool | None, policy: str | None) -> Iterator[Metric]:

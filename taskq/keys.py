@@ -249,3 +249,9 @@ def shard_set_key(job: str, key_prefix: str | None = None) -> str:
 def shard_sets_index(key_prefix: str | None = None) -> str:
     """The set of sharded job names (outside every slot, like the jobs index)."""
     return f"{key_prefix or prefix()}:shardsets"
+
+
+def acl_shard_sets_pattern(key_prefix: str | None = None) -> str:
+    """The sharded jobs' index as an ACL key pattern (an exporter of every job reads it
+    to show a sharded job as one)."""
+    return _glob_escape(shard_sets_index(key_prefix))

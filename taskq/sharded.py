@@ -63,6 +63,7 @@ __all__ = [
     "ShardedStatus",
     "advance",
     "advance_all",
+    "all_dead",
     "audit",
     "cancel",
     "combine",
@@ -212,11 +213,24 @@ def _waiting(s: JobStatus) -> bool:
     return s.state == "waiting" and s.reason == "manual_advance"
 
 
-def _advance_shard(client: Client, shard: str, expected: int, force: bool = False) -> None:
+def _at_boundary(s: JobStatus) -> bool:
+    """Shard ``s`` has nothing left in its pass: complete, or every task of it dead (a
+    plain job's pass ends once its live tasks are done; one without any waits
+    ``all_dead``, and so does a sharded job only when every shard has none)."""
+    return _waiting(s) or all_dead(s)
+
+
+def all_dead(s: JobStatus) -> bool:
+    """Shard ``s`` waits with no live task (every task dead at the caps)."""
+    return s.state == "waiting" and s.reason == "all_dead"
+
+
+def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = False) -> None:
     """``next_pass`` on one shard; a shard that moved on already (a repeated step) or
-    finished is success."""
+    finished is success. A shard with no live task only moves with ``force`` (it skips
+    nothing: no task of it is live, none is leased)."""
     try:
-        client.next_pass(shard, expected_pass=expected, force=force)
+        client.next_pass(s.job, expected_pass=expected, force=force or all_dead(s))
     except (errors.PassMismatch, errors.JobCompleted):
         pass
 
@@ -228,8 +242,10 @@ def advance(
 
     First every shard waiting at a pass below the highest shard's is advanced (an earlier
     step advanced some shards and died). Then, when every unfinished shard waits at the
-    same pass ``p`` and the job advances by itself (or ``manual``), each is advanced with
-    ``expected_pass=p``.
+    same pass ``p`` (its pass complete, or none of its tasks live while another shard has
+    live ones) and the job advances by itself (or ``manual``), each is advanced with
+    ``expected_pass=p``. A job none of whose tasks is live waits (``all_dead``), as a
+    plain job does, until a retry.
 
     Args:
         manual: advance at a manual boundary too (``next_pass``).
@@ -251,18 +267,19 @@ def advance(
     top = max(s.pass_no for s in shards)
     moved = None
     for s in shards:
-        if _waiting(s) and s.pass_no < top:
-            _advance_shard(client, s.job, s.pass_no)
+        if _at_boundary(s) and s.pass_no < top:
+            _advance_shard(client, s, s.pass_no)
             moved = top
     live = [s for s in shards if s.state != "completed"]
     if (
         moved is None
         and live
         and (sset.auto_advance or manual)
-        and all(_waiting(s) and s.pass_no == top for s in live)
+        and all(_at_boundary(s) and s.pass_no == top for s in live)
+        and not all(all_dead(s) for s in shards)  # a completed shard had live tasks
     ):
         for s in live:
-            _advance_shard(client, s.job, top)
+            _advance_shard(client, s, top)
         moved = top + 1
     return moved
 
@@ -296,7 +313,7 @@ def next_pass(
     if force:
         for s in st.shards:
             if s.state != "completed" and s.pass_no == st.pass_no:
-                _advance_shard(client, s.job, s.pass_no, force=True)
+                _advance_shard(client, s, s.pass_no, force=True)
         advance(client, name, sset=sset)
         return status(client, name).pass_no
     moved = advance(client, name, manual=True, sset=sset)
@@ -304,8 +321,13 @@ def next_pass(
         left = [
             f"{s.job} (todo {s.todo}, leased {s.leased})"
             for s in st.shards
-            if not _waiting(s) and s.state != "completed"
+            if not _at_boundary(s) and s.state != "completed"
         ]
+        if not left:
+            raise errors.PassIncomplete(
+                f"job {name}: no task of pass {st.pass_no} is live (all dead); retry them "
+                "(taskq tasks retry) or --force"
+            )
         raise errors.PassIncomplete(
             f"job {name}: pass {st.pass_no} has work left in {', '.join(left)}; --force skips it"
         )

@@ -10,51 +10,36 @@ finished pass ``p`` it runs the barrier step (``sharded.advance``), which any tr
 the reaper may repeat, and the pass iterator ends: ``passes()`` means the whole job's
 pass, as ``Trainer.passes()`` does for one shard.
 
-Built on the public ``Trainer`` calls: a task costs a lease call and an ack call (one
-combined call with a plain ``Trainer`` iterator; the public API has no non-blocking
-ack-and-lease step with an expected pass).
+A task costs one call: the finished task (or batch) is acked in the call that leases the
+next ones (``Trainer.lease_many(acks=...)`` on the finished task's shard, with the pass
+expected), as a plain ``Trainer``'s iterator does. ``prefetch`` leases tasks ahead;
+``batches(k)`` hands out up to ``k`` tasks of one shard at a time.
 
-Data flow: trainer code -> sharded_trainer.py -> trainer.py (one per shard) -> Redis;
--> sharded.py (status reads, the barrier step).
+Data flow: trainer code -> sharded_trainer.py -> sharded_take.py (where tasks come from)
+-> trainer.py (one per shard) -> Redis;
+-> sharded.py (status reads, the barrier step); cli/work.py -> sharded_trainer.py.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
-from typing import Any, TypeVar
-
-import redis
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from . import errors, sharded
 from .client import Client
 from .keys import shard_set_key
-from .models import JobStatus, Task
+from .models import Task
+from .scripts import MAX_PREFETCH
+from .sharded_take import ShardTaker
+from .signals import LeaveOnSignal
 from .trainer import Trainer, default_worker_id
 
 log = logging.getLogger("taskq.sharded")
 
-T = TypeVar("T")
 
-#: Idle trainers reaping another shard per idle round, expected, however many there are.
-REAPERS_PER_ROUND = 4
-
-
-def _finished(s: JobStatus, pass_no: int) -> bool:
-    """True when shard ``s`` has nothing more to do for ``pass_no``."""
-    return (
-        s.state in ("completed", "cancelled")
-        or s.pass_no > pass_no
-        or (s.state == "waiting" and s.reason == "manual_advance")
-    )
-
-
-class ShardedTrainer:
+class ShardedTrainer(ShardTaker, LeaveOnSignal):
     """A worker of one sharded job (see the module docstring).
 
     Args:
@@ -63,6 +48,8 @@ class ShardedTrainer:
         client: a configured ``taskq.Client`` to share.
         worker_id: this worker's id on every shard (``host:pid:random`` by default).
         home: the home shard's index; the next in turn when None.
+        prefetch: tasks leased ahead of the current one (on the shard the last ones came
+            from; they are this trainer's until acked, released on close). 0: none.
         idle_wait: seconds the first idle round waits for work before looking at the
             other shards again; it doubles while nothing comes, up to ``max_idle_wait``
             (the polls of a crowd of idle trainers at a pass's tail stay bounded).
@@ -73,7 +60,8 @@ class ShardedTrainer:
 
     Raises:
         JobNotFound: no such sharded job.
-        InvalidInput: a bad ``home``.
+        InvalidInput: a bad ``home`` or ``prefetch``.
+        ConnectionLost: the cluster unreachable for longer than ``reconnect_timeout``.
     """
 
     def __init__(
@@ -84,6 +72,7 @@ class ShardedTrainer:
         worker_id: str | None = None,
         *,
         home: int | None = None,
+        prefetch: int = 0,
         idle_wait: float = 0.5,
         max_idle_wait: float = 5.0,
         heartbeat: bool | str = True,
@@ -91,8 +80,11 @@ class ShardedTrainer:
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
     ) -> None:
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.reconnect_timeout = reconnect_timeout
-        self.client = client or self._retrying(self._connect, url)
+        # one redis-py retry per command; this trainer's own loop does the rest
+        self.client = client or self._retrying(lambda: Client(url, retries=1))
         self.job = job
         self._url = url
         self.sset = self._retrying(sharded.require, self.client, job)
@@ -105,12 +97,16 @@ class ShardedTrainer:
         if not 0 <= home < len(self.shards):
             raise errors.InvalidInput(f"home must be 0..{len(self.shards) - 1}, got {home}")
         self.home = home
+        self.prefetch = prefetch
         self.worker_id = worker_id or default_worker_id()
         self.idle_wait = idle_wait
         self.max_idle_wait = max(idle_wait, max_idle_wait)
         self._idle = idle_wait
-        self._carry: Task | None = None  # a task of the next pass, got while waiting
+        self._carry: list[Task] = []  # tasks of the next pass, got while waiting
+        self._ahead: deque[Task] = deque()  # prefetched, leased, not yet handed out
+        self._pending: list[Task] = []  # handed out: acked with the next step
         self.handle_signals = handle_signals
+        self._old_handlers: dict[int, Any] = {}
         self._trainer_kw: dict[str, Any] = {
             "heartbeat": heartbeat,
             "worker_ttl": worker_ttl,
@@ -122,68 +118,9 @@ class ShardedTrainer:
         self._pass = 0
         self._closed = False
         self._draining = False
-        self._old_handlers: dict[int, Any] = {}
-        self._current: Task | None = None
         #: tasks taken from shards other than home (the shared tail)
         self.taken_elsewhere = 0
         self._open(home)
-
-    # -- plumbing -----------------------------------------------------------------
-    @staticmethod
-    def _connect(url: str | None) -> Client:
-        try:
-            return Client(url, retries=1)
-        except redis.exceptions.RedisClusterException as e:
-            # redis-py cannot read the slot map while the cluster is down (a master
-            # paused or failing over): as transient as any other lost connection
-            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
-
-    def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, retrying ``ConnectionLost`` (a master paused or failing over)
-        with backoff for up to ``reconnect_timeout`` seconds."""
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
-        while True:
-            try:
-                return fn(*args)
-            except errors.ConnectionLost as e:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("%s; retrying in %.2fs", e, delay)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
-
-    def _open(self, k: int) -> Trainer:
-        if k not in self._trainers:
-            self._trainers[k] = self._retrying(self._new_trainer, k)
-        return self._trainers[k]
-
-    def _new_trainer(self, k: int) -> Trainer:
-        try:
-            return Trainer(
-                self.shards[k],
-                url=self._url,
-                client=self.client,
-                worker_id=self.worker_id,
-                **self._trainer_kw,
-            )
-        except redis.exceptions.RedisClusterException as e:
-            # the heartbeat's own connection reads the slot map when it starts: as in
-            # _connect, a cluster that is down is transient
-            raise errors.ConnectionLost(f"cannot reach the cluster: {e}") from e
-
-    def _close_idle(self, k: int) -> None:
-        """Leave shard ``k`` (not home) once nothing is held there."""
-        tr = self._trainers.get(k)
-        if k != self.home and tr is not None and not tr.held:
-            del self._trainers[k]
-            tr.close()
-
-    def _statuses(self) -> list[JobStatus]:
-        return [self._retrying(self.client.status, s, 0) for s in self.shards]
-
-    def _shard_of(self, task: Task) -> int:
-        return self.shards.index(task.job)
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job (``task.id`` is its id in its shard)."""
@@ -209,141 +146,55 @@ class ShardedTrainer:
         """The shards this trainer is registered on now (home and those it leases from)."""
         return [self.shards[k] for k in sorted(self._trainers)]
 
-    # -- taking work ----------------------------------------------------------------
-    def _lease(self, k: int, pass_no: int, timeout: float) -> Task | None:
-        try:
-            task = self._open(k).lease(timeout=timeout, expect_pass=pass_no)
-        except errors.JobCompleted:
-            return None
-        except errors.JobCancelled:
-            self._state = "cancelled"
-            return None
-        except errors.Draining:
-            self._draining = True
-            return None
-        if task is not None and k != self.home:
-            self.taken_elsewhere += 1
-        return task
-
-    def _take(self, pass_no: int) -> Task | None:
-        """A task of ``pass_no``: home, then shards already open, then any shard whose
-        status shows work left; None when nothing is leasable now."""
-        task = self._lease(self.home, pass_no, 0)
-        if task is not None or self._draining or self._state == "cancelled":
-            return task
-        for k in sorted(self._trainers):
-            if k != self.home:
-                task = self._lease(k, pass_no, 0)
-                if task is not None:
-                    return task
-                self._close_idle(k)
-        return None
-
-    def _idle_round(self, pass_no: int) -> Task | None | bool:
-        """Nothing leasable: read every shard; steal from one with work left, end the
-        pass (True) when all have finished it (running the barrier step), else wait."""
-        sts = self._statuses()
-        state, _, _ = sharded.combine(self.sset, sts)
-        if state in ("completed", "cancelled"):
-            if state == "cancelled":
-                self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-            self._state = state
-            return True
-        if all(_finished(s, pass_no) for s in sts):
-            self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-            return True
-        if any(
-            s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
-        ):  # a barrier step died half-way: finish it
-            self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-        # leases of a vanished trainer come back only through a script call on their
-        # shard; with no trainer left there, somebody must reap (bounded, locked per
-        # shard). A crowd of idle trainers shares that duty: each reaps with a chance
-        # of REAPERS_PER_ROUND / (registered workers), a few reaps per round in all.
-        crowd = max(1, sum(s.workers for s in sts))
-        for s in sts:
-            if (
-                s.state == "running"
-                and s.todo == 0
-                and s.leased > 0
-                and random.random() < REAPERS_PER_ROUND / crowd
-            ):
-                self._retrying(self.client.reap, s.job, 100, 1000, self.worker_id)
-        order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
-        for k in sorted(order, key=lambda k: -sts[k].todo):
-            s = sts[k]
-            if s.todo > 0 and s.state == "running" and s.pass_no == pass_no:
-                task = self._lease(k, pass_no, 0)
-                if task is not None:
-                    return task
-                self._close_idle(k)
-        # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
-        # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
-        # must come faster than that, or a vanished trainer's leases never expire
-        quiet = min(
-            float(s.config.get("worker_ttl", 5.0)) - float(s.config.get("heartbeat_interval", 1.0))
-            for s in sts
-        )
-        limit = max(0.05, min(self.max_idle_wait, quiet / 2))
-        wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
-        if not _finished(sts[self.home], pass_no):
-            return self._lease(self.home, pass_no, wait)
-        # home waits at the barrier: block on its wake-ups for the next pass; home
-        # advances only once every shard finished this one, so a task of the next pass
-        # ends this pass (no polling needed to see the barrier lift)
-        if self.sset.passes is None or pass_no + 1 < self.sset.passes:
-            nxt = self._lease(self.home, pass_no + 1, wait)
-            if nxt is not None:
-                self._carry = nxt
-                return True
-            return None
-        time.sleep(wait * (0.5 + random.random()))
-        return None
-
-    def _ack(self, task: Task) -> None:
-        k = self._shard_of(task)
-        tr = self._trainers.get(k)
-        if tr is None or task.revoked.is_set():
-            log.warning(
-                "job %s: lease of task %s of %s was revoked; its result is not counted",
-                self.job,
-                task.id,
-                task.job,
-            )
-            return
-        try:
-            tr.ack(task)
-        except errors.LeaseLost as e:
-            log.warning("%s", e)
-
     def _iterate(self, pass_no: int) -> Iterator[Task]:
         while True:
-            if self._current is not None:
-                done, self._current = self._current, None
-                self._ack(done)
-            if self._closed or self._draining or self._state == "cancelled":
+            done, self._pending = self._pending, []
+            if self._stopped():
+                self._ack_now(done)
                 return
-            task, self._carry = self._carry, None
-            if task is None or task.pass_no != pass_no:
-                if task is not None:  # not this pass's (a rewind): give it back
-                    self._release(task)
-                task = self._take(pass_no)
-            while task is None and not (self._draining or self._state == "cancelled"):
-                got = self._idle_round(pass_no)
-                if got is True:
+            while self._ahead and self._ahead[0].pass_no != pass_no:  # a pass left early
+                self._release_quietly([self._ahead.popleft()])
+            if self._ahead:
+                task = self._ahead.popleft()
+                counted = self._counted(done)
+                if counted:  # ack it and top the prefetch up, one call on its shard
+                    want = self.prefetch - len(self._ahead)
+                    if want > 0 and len(self._by_shard(counted)) == 1:
+                        k = self._shard_of(counted[0])
+                        self._ahead.extend(self._lease(k, pass_no, 0, want, counted))
+                    else:
+                        self._ack_now(counted)
+            else:
+                got = self._fill(pass_no, done, 1 + self.prefetch)
+                if not got:
                     return
-                task = got if isinstance(got, Task) else None
-            if task is None:
-                return
-            self._idle = self.idle_wait
-            self._current = task
+                task = got[0]
+                self._ahead.extend(got[1:])
+            if self._state == "cancelled" or task.revoked.is_set():
+                continue
+            self._pending = [task]
             yield task
 
-    def _release(self, task: Task) -> None:
-        try:
-            self._open(self._shard_of(task)).release(task)
-        except errors.LeaseLost:
-            pass
+    def _iterate_batches(self, pass_no: int, k: int) -> Iterator[list[Task]]:
+        while True:
+            done, self._pending = self._pending, []
+            if self._stopped():
+                self._ack_now(done)
+                return
+            got = self._fill(pass_no, done, k)
+            if not got:
+                return
+            self._pending = list(got)
+            yield got
+
+    def _pass_numbers(self) -> Iterator[int]:
+        pass_no = sharded.combine(self.sset, self._statuses())[2]
+        while self._state not in ("completed", "cancelled") and not self._closed:
+            self._pass = max(self._pass, pass_no)
+            yield pass_no
+            if self._draining:
+                return
+            pass_no += 1
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass of the whole job; each ends when every shard has
@@ -351,38 +202,74 @@ class ShardedTrainer:
         tell them apart by ``state`` and ``draining`` as with ``Trainer.passes()``.
 
         Returns:
-            Iterators of tasks (``global_id(task)`` names a task in the whole job).
+            Iterators of tasks (``global_id(task)`` names a task in the whole job); a
+            task is acked in the call that leases the next one.
 
         Raises:
             JobNotFound: a shard was deleted or replaced.
         """
-        pass_no = sharded.combine(self.sset, self._statuses())[2]
-        while self._state not in ("completed", "cancelled") and not self._closed:
-            self._pass = max(self._pass, pass_no)
+        for pass_no in self._pass_numbers():
             yield self._iterate(pass_no)
-            if self._draining:
-                return
-            pass_no += 1
 
     def __iter__(self) -> Iterator[Task]:
         for one_pass in self.passes():
             yield from one_pass
 
-    def ack(self, task: Task) -> None:
-        """Ack ``task`` now (iteration would ack it when the next task is asked for).
+    def batches(self, k: int) -> Iterator[list[Task]]:
+        """Lists of up to ``k`` tasks of one shard, leased together and acked together in
+        the call that leases the next batch; through every pass (a batch never mixes
+        two passes), until the job is completed or cancelled, or this worker drains.
+
+        Args:
+            k: the most tasks in one batch (1 to the per-call bound).
+
+        Returns:
+            An iterator of batches.
+
+        Raises:
+            InvalidInput: ``k < 1``.
+            JobNotFound: a shard was deleted or replaced.
+        """
+        if k < 1:
+            raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
+        for pass_no in self._pass_numbers():
+            yield from self._iterate_batches(pass_no, k)
+
+    def _forget(self, tasks: Sequence[Task]) -> None:
+        self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
+
+    def ack(self, task: Task | list[Task]) -> None:
+        """Ack a task (or a batch) now; iteration would ack it with the next lease.
 
         Raises:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
-        if self._current is task:
-            self._current = None
-        self._open(self._shard_of(task)).ack(task)
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).ack(part)
 
-    def fail(self, task: Task, error: str = "") -> None:
-        """Report a failed task (as ``Trainer.fail``); iteration moves on without it."""
-        if self._current is task:
-            self._current = None
-        self._open(self._shard_of(task)).fail(task, error)
+    def fail(self, task: Task | list[Task], error: str = "") -> None:
+        """Report a failed task or batch (as ``Trainer.fail``); iteration moves on.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).fail(part, error)
+
+    def release(self, task: Task | list[Task]) -> None:
+        """Give a task (or a batch) back unfinished, leasable by others at once.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        tasks = task if isinstance(task, list) else [task]
+        self._forget(tasks)
+        for k, part in self._by_shard(tasks).items():
+            self._open(k).release(part)
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
@@ -390,45 +277,18 @@ class ShardedTrainer:
         if self._closed:
             return
         self._closed = True
+        self._ahead.clear()
         trainers, self._trainers = list(self._trainers.values()), {}
         for tr in trainers:
             tr.close()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("job %s: signal %d; leaving", self.job, signum)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
-
-    def __enter__(self) -> ShardedTrainer:
-        if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._old_handlers[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            current = self._current
-            if (
-                current is not None
-                and exc is not None
-                and not isinstance(
-                    exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
-                )
-            ):
-                try:
-                    self.fail(current, f"{type(exc).__name__}: {exc}")
-                except errors.TaskqError as e:
-                    log.warning("could not fail task %s: %s", current.id, e)
-        finally:
+    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
+        """The body raised: the task(s) it was working on failed; the rest (prefetched)
+        are released by close()."""
+        current = [t for t in self._pending if not t.revoked.is_set()]
+        if current:
+            name = exc_type.__name__ if exc_type else "error"
             try:
-                self.close()
-            finally:
-                for signum, handler in self._old_handlers.items():
-                    signal.signal(signum, handler)
-                self._old_handlers.clear()
+                self.fail(current, f"{name}: {exc}")
+            except errors.TaskqError as e:
+                log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)

@@ -155,10 +155,12 @@ def _master(client: Client, shard: str) -> str | None:
 def combine(sset: ShardSet, shards: Sequence[JobStatus]) -> tuple[str, str, int]:
     """(state, reason, pass) of the whole job from its shards' statuses.
 
-    Cancelled if any shard is; completed when all are; waiting when every unfinished
-    shard waits (reason ``barrier``: the next step advances them; ``manual_advance``:
-    for ``next_pass``; ``all_dead`` wins); else running. The pass is the lowest
-    unfinished shard's.
+    Cancelled if any shard is; completed when all are; paused if any unfinished shard
+    is (a pause or resume that stopped half-way shows); waiting when every unfinished
+    shard waits: ``all_dead`` when none of them has a live task (a plain job's rule),
+    else ``barrier`` (the next step advances them) or ``manual_advance`` (for
+    ``next_pass``); else running. A shard with no live task while others have some has
+    finished its pass. The pass is the lowest unfinished shard's.
     """
     live = [s for s in shards if s.state != "completed"]
     pass_no = min((s.pass_no for s in live), default=max(s.pass_no for s in shards))
@@ -166,9 +168,11 @@ def combine(sset: ShardSet, shards: Sequence[JobStatus]) -> tuple[str, str, int]
         return "cancelled", "", pass_no
     if not live:
         return "completed", "", pass_no
+    if any(s.state == "paused" for s in live):  # a pause (or resume) half-way counts
+        return "paused", "", pass_no
     if any(s.state == "running" for s in live):
         return "running", "", pass_no
-    if any(s.reason == "all_dead" for s in live):
+    if all(s.reason == "all_dead" for s in shards):  # a completed shard had live tasks
         return "waiting", "all_dead", pass_no
     return "waiting", "barrier" if sset.auto_advance else "manual_advance", pass_no
 

@@ -43,6 +43,7 @@ COUNTERS = {
     "stolen": F.C_STOLEN,
     "revoked": F.C_REVOKED,
     "forged": F.C_FORGED,
+    "backups": F.C_BACKUPS,
 }
 
 

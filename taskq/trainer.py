@@ -17,14 +17,12 @@ import logging
 import os
 import random
 import secrets
-import signal
 import socket
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
-from types import FrameType, TracebackType
 from typing import Any
 
 from . import errors, protocol
@@ -36,6 +34,7 @@ from .models import Task
 from .progress import ProgressBuffer
 from .protocol import HeartbeatReply, JobInfo, Step, Wire
 from .scripts import MAX_PREFETCH, Code, Scripts
+from .signals import LeaveOnSignal
 
 log = logging.getLogger("taskq.trainer")
 
@@ -48,7 +47,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Trainer:
+class Trainer(LeaveOnSignal):
     """A worker of one job.
 
     Args:
@@ -928,43 +927,6 @@ class Trainer:
         if self._helper is not None:
             self._helper.stop()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked child: behave as if never installed
-            signal.signal(
-                signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler
-            )
-            if signum != signal.SIGINT:
-                os.kill(os.getpid(), signum)
-                return
-            raise KeyboardInterrupt
-        log.info("job %s: signal %d; leaving (releasing what this trainer holds)", self.job, signum)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
-
-    def __enter__(self) -> Trainer:
-        if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._old_handlers[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is not None and not isinstance(
-                exc, (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
-            ):
-                self._fail_current(exc_type, exc)
-        finally:
-            try:
-                self.close()
-            finally:
-                self._restore_signals()
-
     def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
         """The body raised: the task(s) it was working on failed (a batch goes back to be
         retried one task at a time); reserved ones are released by close()."""
@@ -975,8 +937,3 @@ class Trainer:
                 self.fail(current, error=f"{name}: {exc}")
             except errors.TaskqError as e:
                 log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
-
-    def _restore_signals(self) -> None:
-        for signum, handler in self._old_handlers.items():
-            signal.signal(signum, handler)
-        self._old_handlers.clear()

@@ -39,6 +39,7 @@ METRIC_TYPES = {
                 "stolen",
                 "revoked",
                 "forged",
+                "backups",
                 "expired",
                 "exporter_scrape_errors",
             )

@@ -122,7 +122,8 @@ def test_alerts_are_all_there_and_use_known_metrics() -> None:
         assert not unknown, f"{rule['alert']}: unknown metrics {unknown}"
     stall = next(rule for rule in rules if rule["alert"] == "TaskqPassStalled")
     assert stall["for"] == "10m"
-    assert "increase(taskq_acked_total[10m]) == 0" in stall["expr"]
+    # summed by job_name: a sharded job's shards (a shard label each) stall as one job
+    assert "sum by (job_name) (increase(taskq_acked_total[10m])) == 0" in stall["expr"]
 
 
 def test_prometheusrule_carries_the_same_groups_as_alerts_yml() -> None:

@@ -506,3 +506,37 @@ def test_a_user_without_info_has_no_policy_gauge_but_is_up(
         assert value(samples, "taskq_tasks", job_name=job_name, state="todo") == 1
     finally:
         client.redis.acl_deluser("noinfo-exporter")
+
+
+def test_a_sharded_job_is_exported_as_one_with_a_shard_label(
+    client: taskq.Client, serving: Any, job_name: str
+) -> None:
+    """Each shard's series carry the sharded job's job_name and the shard's name as
+    ``shard``: ``sum by (job_name)`` is the job's figure; a plain job keeps its labels."""
+    from taskq import sharded
+
+    name = job_name[:40]
+    client.create_job(name, [{"i": i} for i in range(9)], shards=3, passes=2)
+    client.create_job(name + "-plain", [{"i": 1}])
+    sset = sharded.require(client, name)
+    with _trainer(client, sset.shards[1], "w1") as tr:
+        for task in tr.lease_many(3, timeout=0):
+            tr.ack(task)
+    for port in (serving(), serving([name, name + "-plain"])):
+        _, samples = scrape(port)
+        mine = job_samples(samples, name)
+        shards = {dict(labels).get("shard") for _, labels in mine}
+        assert shards == set(sset.shards)  # every series of the job names its shard
+        for shard in sset.shards:
+            st = client.status(shard, summaries=0)
+            assert (
+                value(samples, "taskq_tasks", job_name=name, shard=shard, state="done") == st.done
+            )
+        done = sum(
+            v for (n, lab), v in mine.items() if n == "taskq_tasks" and ("state", "done") in lab
+        )
+        acked = sum(v for (n, _), v in mine.items() if n == "taskq_acked_total")
+        assert (done, acked) == (3, 3) == (sharded.status(client, name).done, 3)
+        assert value(samples, "taskq_backups_total", job_name=name, shard=sset.shards[0]) == 0
+        assert not any(("job_name", s) in lab for _, lab in samples for s in sset.shards)
+        assert value(samples, "taskq_tasks", job_name=name + "-plain", state="todo") == 1

@@ -7,6 +7,7 @@ real subprocesses for SIGKILL / SIGTERM; a master is paused with SIGSTOP.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -18,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
-from support import RedisClusterProcs, wait_until
+from support import RedisClusterProcs, free_port, wait_until
 
 import taskq
 from cli.main import cli
@@ -190,6 +192,207 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
     audit = sharded.audit(client, job_name)
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
+
+
+def kill_shard(client: taskq.Client, shard: str) -> list[int]:
+    """Fail every task of ``shard`` once (dead at ``max_failures=1``); their ids."""
+    ids = []
+    with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
+        for task in iter(lambda: tr.lease(timeout=0), None):
+            tr.fail(task, "boom")
+            ids.append(task.id)
+    return ids
+
+
+def test_a_shard_whose_tasks_all_died_does_not_hold_the_barrier(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """As in a plain job, a pass ends once its live tasks are done: a shard with none
+    left is finished; only a job with no live task at all waits ``all_dead``."""
+    n, passes = 9, 3
+    client.create_job(
+        job_name, [{"i": i} for i in range(n)], shards=3, passes=passes, max_failures=1
+    )
+    sset = sharded.require(client, job_name)
+    dead = {sset.global_id(sset.shards[2], t) for t in kill_shard(client, sset.shards[2])}
+    assert dead == {2, 5, 8}
+    st = sharded.status(client, job_name)
+    assert st.shards[2].reason == "all_dead" and (st.state, st.dead) == ("running", 3)
+    seen = run_trainers(url, job_name, 2, idle_wait=0.05)
+    live = [i for i in range(n) if i not in dead]
+    assert sorted(seen) == [(p, i) for p in range(passes) for i in live]
+    st = sharded.status(client, job_name)
+    assert st.state == "completed"
+    audit = sharded.audit(client, job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["done"], p["dead"]) for p in audit["passes"]] == [(6, 3)] * passes
+
+
+def test_a_job_with_no_live_task_waits_all_dead_until_a_retry(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2, max_failures=1)
+    sset = sharded.require(client, job_name)
+    for shard in sset.shards:
+        kill_shard(client, shard)
+    st = sharded.status(client, job_name)
+    assert (st.state, st.reason, st.dead) == ("waiting", "all_dead", 4)
+    assert sharded.advance(client, job_name) is None  # nothing to run: no pass moves
+    with pytest.raises(taskq.PassIncomplete, match="all dead"):
+        sharded.next_pass(client, job_name)
+    assert [s.pass_no for s in sharded.status(client, job_name).shards] == [0, 0]
+    assert sharded.retry(client, job_name) == 4
+    assert sharded.status(client, job_name).state == "running"
+
+
+def fcalls(r: redis.Redis) -> int:
+    """Script calls (``FCALL``) the server has answered so far."""
+    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def test_a_task_costs_one_call_acked_with_the_next_lease(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """One trainer through every shard: the iterator acks each task in the call that
+    leases the next (the old lease + ack pattern spent two calls per task)."""
+    n = 60
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=1)
+    raw = redis.Redis.from_url(url)
+    before = fcalls(raw)
+    seen = []
+    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.05) as tr:
+        for task in tr:
+            seen.append(tr.global_id(task))
+    calls = fcalls(raw) - before
+    assert sorted(seen) == list(range(n))
+    assert sharded.status(client, job_name).done == n
+    # n ack-and-lease calls, plus a register, a leave and a few empty leases per shard
+    assert calls <= n + 20, calls
+
+
+def run_batched(url: str, name: str, **kw: object) -> list[tuple[int, int, int]]:
+    """One ``batches(3)`` trainer and one ``prefetch=2`` trainer in threads, until the
+    job ends; (pass, global id, batch size) of every task handed out."""
+    seen: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+    errs: list[BaseException] = []
+
+    def batched() -> None:
+        try:
+            with ShardedTrainer(name, url=url, **kw) as tr:  # type: ignore[arg-type]
+                for batch in tr.batches(3):
+                    assert len({t.job for t in batch} | {t.pass_no for t in batch}) == 2
+                    with lock:
+                        seen.extend((t.pass_no, tr.global_id(t), len(batch)) for t in batch)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+
+    def prefetching() -> None:
+        try:
+            with ShardedTrainer(name, url=url, prefetch=2, **kw) as tr:  # type: ignore[arg-type]
+                for task in tr:
+                    with lock:
+                        seen.append((task.pass_no, tr.global_id(task), 1))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+
+    threads = [threading.Thread(target=batched), threading.Thread(target=prefetching)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errs, errs
+    assert not any(t.is_alive() for t in threads)
+    return seen
+
+
+def test_batches_and_prefetch_run_every_pass_once(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    n, passes = 40, 3
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=passes)
+    seen = run_batched(url, job_name, idle_wait=0.05)
+    assert sorted((p, i) for p, i, _ in seen) == [(p, i) for p in range(passes) for i in range(n)]
+    assert max(size for _, _, size in seen) == 3  # batches of up to 3 (one shard, one pass)
+    audit = sharded.audit(client, job_name)
+    assert audit["ok"], audit["checks"]
+    assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
+    st = sharded.status(client, job_name)
+    assert st.state == "completed" and st.workers == 0 and st.leased == 0
+
+
+def test_prefetched_tasks_are_released_on_close(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(12)], shards=2, passes=1)
+    with ShardedTrainer(job_name, url=url, home=0, prefetch=3, heartbeat=False) as tr:
+        first = next(iter(tr))
+        assert first.job == tr.shards[0]
+        assert sharded.status(client, job_name).leased == 4  # the current one + 3 ahead
+    st = sharded.status(client, job_name)
+    assert (st.leased, st.done, st.workers) == (0, 0, 0)  # nothing acked: it never ended
+
+
+def test_an_error_in_the_with_block_fails_the_current_task_and_releases_the_rest(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(8)], shards=2, passes=1)
+    with pytest.raises(ValueError, match="bad sample"):
+        with ShardedTrainer(job_name, url=url, home=1, prefetch=2, heartbeat=False) as tr:
+            task = next(iter(tr))
+            raise ValueError("bad sample")
+    shard = sharded.require(client, job_name).shards[1]
+    st = client.status(shard, summaries=0)
+    assert (st.counters["failed"], st.leased, st.workers, st.done) == (1, 0, 0, 0)
+    assert client.task(shard, task.id, history=0)["failures"] == 1
+
+
+def test_bad_prefetch_and_batch_sizes_are_refused(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2)
+    with pytest.raises(taskq.InvalidInput, match="prefetch"):
+        ShardedTrainer(job_name, url=url, prefetch=-1)
+    with ShardedTrainer(job_name, url=url, heartbeat=False) as tr:
+        with pytest.raises(taskq.InvalidInput, match="batch size"):
+            next(tr.batches(0))
+
+
+def test_taskq_work_runs_a_sharded_job(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    n = 9
+    client.create_job(job_name, [{"i": i} for i in range(n)], shards=3, passes=2)
+    out = tmp_path / "out.txt"
+    script = (
+        "import json, os, sys; t = json.load(sys.stdin); "
+        f"open({str(out)!r}, 'a').write('%s %s %s %s\\n' % (os.environ['TASKQ_PASS'], "
+        "os.environ['TASKQ_GLOBAL_ID'], os.environ['TASKQ_JOB'], t['chunks'][0]['i']))"
+    )
+    r = CliRunner().invoke(
+        cli,
+        ["--url", url, "work", job_name, "--prefetch", "1", "--", sys.executable, "-c", script],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    rows = [line.split() for line in out.read_text().splitlines()]
+    sset = sharded.require(client, job_name)
+    # the global id names the chunk; each shard's tasks ran under the shard's name
+    assert sorted((int(p), int(g)) for p, g, _, _ in rows) == [
+        (p, i) for p in range(2) for i in range(n)
+    ]
+    assert all(g == i and job == sset.locate(int(g))[0] for _, g, job, i in rows)
+    st = sharded.status(client, job_name)
+    assert st.state == "completed" and st.workers == 0
+
+
+def test_cli_against_a_stopped_cluster_prints_one_line(tmp_path: Path) -> None:
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    r = CliRunner().invoke(cli, ["--url", url, "job", "status", "anything"])
+    assert r.exit_code != 0
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot reach the cluster" in lines[0], r.output
+    assert "Traceback" not in r.output
 
 
 # -- cluster --------------------------------------------------------------------------
@@ -373,6 +576,73 @@ def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
     assert r.exit_code == 0, r.output
     assert sharded.load(cclient, "clijob") is None
     assert not any(j.startswith("clijob") for j in cclient.list_jobs())
+
+
+def test_pause_checkpoint_and_rewind_act_on_every_shard_as_one(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name, n = "ckpt", 30
+    cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=2, replace=True)
+    sset = sharded.require(cclient, name)
+    url = cluster.url
+    r = cli_run(url, "job", "pause", name, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {
+        "job": name,
+        "state": "paused",
+        "state_before": "running",
+        "pass": 0,
+        "shards": 3,
+    }
+    assert [s.state for s in sharded.status(cclient, name).shards] == ["paused"] * 3
+    with taskq.Trainer(sset.shards[1], url=url, heartbeat=False) as tr:
+        assert tr.lease(timeout=0) is None  # no shard gives work while paused
+    r = cli_run(url, "job", "resume", name)
+    assert r.exit_code == 0 and "resumed (all 3 shards)" in r.output
+    assert sharded.status(cclient, name).state == "running"
+    with ShardedTrainer(name, url=url, heartbeat=False) as st:
+        for task in itertools.islice(st, 10):
+            st.ack(task)
+    r = cli_run(url, "job", "checkpoint", name, "--json")
+    assert r.exit_code == 0, r.output
+    ck = json.loads(r.output)
+    assert (ck["pass"], ck["done"], len(ck["shards"])) == (0, 10, 3)
+    assert cclient.checkpoint(name, ckpt=ck["id"])["done"] == 10  # repeated: the same one
+    r = cli_run(url, "job", "checkpoints", name, "--json")
+    assert [c["id"] for c in json.loads(r.output)] == [ck["id"]]
+    first = run_trainers(url, name, 2, idle_wait=0.05)
+    assert len(first) == 2 * n - 10
+    assert sharded.status(cclient, name).state == "completed"
+    r = cli_run(url, "job", "rewind", name, ck["id"])
+    assert r.exit_code == 0 and "10 done, 3 shards" in r.output, r.output
+    st_ = sharded.status(cclient, name)
+    assert (st_.state, st_.pass_no, st_.done) == ("running", 0, 10)
+    again = run_trainers(url, name, 2, idle_wait=0.05)
+    assert sorted(again) == sorted(first)  # the same work again, from the same point
+    assert sharded.status(cclient, name).state == "completed"
+    r = cli_run(url, "job", "rewind", name, "nosuch")
+    assert r.exit_code != 0 and "no checkpoint 'nosuch'" in r.output
+
+
+def test_a_checkpoint_across_a_pass_boundary_rewinds_to_one_pass(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    name = "ckb"
+    cclient.create_job(
+        name, [{"i": i} for i in range(6)], shards=3, passes=3, auto_advance=False, replace=True
+    )
+    sset = sharded.require(cclient, name)
+    for shard in sset.shards:
+        with taskq.Trainer(shard, url=cluster.url, heartbeat=False) as tr:
+            for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
+                tr.ack(task)
+    cclient.next_pass(sset.shards[0], expected_pass=0)  # a step that stopped half-way
+    ck = cclient.checkpoint(name)
+    assert [c["pass"] for c in ck["shards"]] == [1, 0, 0] and ck["job_state"] == "mixed"
+    sharded.next_pass(cclient, name)
+    assert cclient.rewind(name, ck["id"])
+    assert [s.pass_no for s in sharded.status(cclient, name).shards] == [1, 1, 1]
+    assert sharded.audit(cclient, name)["checks"]["passes_agree"]
 
 
 def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
