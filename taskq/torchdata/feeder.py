@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import errors
 from ..models import Task
-from ..scripts import MAX_BATCH
+from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
 from .dataset import TaskDataset, TaskMsg, stop_msg
 
@@ -38,6 +38,10 @@ _BLOCK_S = 2.0
 _TAIL_POLL_S = 2.0
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
+#: acks="commit": how long the loop may wait for a batch, with nothing left being read
+#: and no lease possible under MAX_HELD, before that is an error (a batch read to its end
+#: reaches the loop well within it)
+_STARVED_S = 2.0
 
 
 class Feeder(threading.Thread):
@@ -57,6 +61,9 @@ class Feeder(threading.Thread):
         processes: the DataLoader's worker processes; one that dies (a non-zero exit)
             ends the iteration and releases everything held at once, wherever torch's
             error surfaces in the main thread (maybe in the loop body, not in next()).
+        hold_acks: acks="commit": taken tasks stay held until ``commit()``; leases stop
+            at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
+            can give is answered with an error (it must commit more often).
     """
 
     def __init__(
@@ -71,6 +78,8 @@ class Feeder(threading.Thread):
         after_pass: int | None,
         worker_id: str | None,
         processes: Callable[[], list[Any]] = list,
+        *,
+        hold_acks: bool = False,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -84,6 +93,9 @@ class Feeder(threading.Thread):
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.processes = processes
+        self.hold_acks = hold_acks
+        #: when the main thread began waiting for a batch (monotonic), 0.0 when not
+        self.main_waiting = 0.0
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self.end_state: str | None = None
@@ -157,6 +169,57 @@ class Feeder(threading.Thread):
             except FutureTimeout:
                 continue
         return fut.result()
+
+    def commit(self, acks: list[tuple[int, int]], reached: dict[tuple[int, int], int]) -> None:
+        """Ack these (task, token) pairs and record how far the loop got into the held
+        tasks of ``reached`` (progress sent at once), in this thread, now.
+
+        Raises:
+            TaskqError: the iteration ended first; ConnectionLost.
+        """
+
+        def run(trainer: Trainer) -> None:
+            with self._lock:
+                done = [self._held.pop(t) for t, tok in acks if self._owns(t, tok)]
+                partial = [
+                    (self._held[t], n) for (t, tok), n in reached.items() if self._owns(t, tok)
+                ]
+            self._ack(done)
+            for task, n in partial:
+                if not task.revoked.is_set():
+                    trainer.progress(task, n)
+            trainer.flush_progress()
+
+        self.call(run)
+
+    def park(self, keep: list[tuple[int, int]]) -> None:
+        """End leasing for this iteration but keep the (task, token) pairs of ``keep``
+        held (heartbeats go on) until ``commit()`` or ``finish()``; anything else held
+        (work leased for a tail nobody reads) is released.
+
+        Raises:
+            TaskqError: the iteration ended first.
+        """
+
+        def run(trainer: Trainer) -> None:
+            if self.phase != "end":
+                self.phase = self._end("exhausted")
+            kept = set(keep)
+            with self._lock:
+                others = [t for t in self._held.values() if (t.id, t.token) not in kept]
+                for task in others:
+                    del self._held[task.id]
+            if others:
+                try:
+                    trainer.release(others)
+                except errors.LeaseLost as e:
+                    log.warning("%s", e)
+
+        self.call(run)
+
+    def _owns(self, task_id: int, token: int) -> bool:
+        task = self._held.get(task_id)
+        return task is not None and task.token == token
 
     def finish(self) -> None:
         """Perform what was asked, release anything still held, leave, and end."""
@@ -246,8 +309,15 @@ class Feeder(threading.Thread):
                 # worker processes finishing a task do not wake us: look at their counts
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
+            with self._lock:
+                room = MAX_HELD - len(self._held)  # acks pending go out with the lease
+            if room <= 0:
+                self._check_starved(reading)
+                self._wait(0.05)
+                continue
             last_poll = time.monotonic()
             want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
+            want = min(want, room)
             acks = self._take_acks()
             if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
                 self._ack(acks)
@@ -289,6 +359,24 @@ class Feeder(threading.Thread):
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
+
+    def _check_starved(self, reading: int) -> None:
+        """acks="commit" at the held bound: the loop waiting for a batch that nothing held
+        can give would wait for ever (its uncommitted tasks fill the bound)."""
+        since = self.main_waiting
+        if (
+            self.hold_acks
+            and reading <= 0
+            and since
+            and time.monotonic() - since > _STARVED_S
+            and self.main_waiting == since
+        ):
+            raise errors.TaskqError(
+                f"job {self.dataset.job!r}: this trainer holds {len(self._held)} tasks, the "
+                f"most one may hold ({MAX_HELD}), and the loop waits for more: with "
+                "acks='commit' a task taken stays held until loader.commit(), so call "
+                "commit() more often (what was not committed is given back, read again)"
+            )
 
     def _run_calls(self) -> None:
         assert self.trainer is not None
