@@ -244,7 +244,8 @@ class Feeder(threading.Thread):
                     errors.TaskqError("the loader's iteration ended before the call")
                 )
             if self.trainer is not None:
-                self.trainer.close()  # releases what is still held, in one call
+                self._release_held()
+                self.trainer.close()  # leaves the job
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
                     try:
                         self.trainer.client.redis.close()
@@ -359,6 +360,20 @@ class Feeder(threading.Thread):
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
+
+    def _release_held(self) -> None:
+        """Give back what is still held, MAX_BATCH per call (a leave ends a bounded number
+        of leases and leaves the rest to expire; with acks="commit" up to MAX_HELD)."""
+        assert self.trainer is not None
+        with self._lock:
+            held = [t for t in self._held.values() if not t.revoked.is_set()]
+            self._held.clear()
+        for start in range(0, len(held), MAX_BATCH):
+            try:
+                self.trainer.release(held[start : start + MAX_BATCH])
+            except errors.TaskqError as e:
+                log.warning("release: %s (the leases expire instead)", e)
+                return
 
     def _check_starved(self, reading: int) -> None:
         """acks="commit" at the held bound: the loop waiting for a batch that nothing held
