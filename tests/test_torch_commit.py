@@ -177,6 +177,9 @@ def test_two_trainers_global_pass_end_with_commits_run_every_pass(
     everything = sorted((f, i) for f, n in enumerate(sizes) for i in range(n))
     for pass_no in range(3):
         assert sorted(results[1][0][pass_no] + results[3][0][pass_no]) == everything
+    # an iterator ends "exhausted" when it would wait for the pass end with tasks to commit
+    for _, states in results.values():
+        assert set(states) <= {"pass_complete", "exhausted", "completed"}, states
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"], p["stale"]) for p in audit["passes"]] == [
