@@ -193,6 +193,36 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
     assert (s.state, s.done) == ("running", 1)
 
 
+def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_name):
+    """A dead task and a rewind whose caller died after begin: tasks retry, pass next
+    --force and pass reset are refused before any write (the position is half copied),
+    naming the rewind to repeat; the CLI says it in one line, exit 1. After the rewind
+    is repeated, retry works."""
+    make_job(client, job_name, n=4, max_failures=1)
+    t = trainer(client, job_name, "a")
+    t.fail(t.lease(timeout=0), "bad")  # task 0 is dead
+    ck = client.checkpoint(job_name)["id"]
+    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    before = client.redis.hgetall(client.keys(job_name).meta)
+    for call in (
+        lambda: client.retry(job_name),
+        lambda: client.retry(job_name, [0]),
+        lambda: client.next_pass(job_name, force=True),
+        lambda: client.reset_pass(job_name),
+    ):
+        with pytest.raises(taskq.TaskqError, match=f"rewind to checkpoint {ck} is half done"):
+            call()
+    assert client.redis.hgetall(client.keys(job_name).meta) == before  # nothing written
+    for args in (("tasks", "retry", job_name), ("pass", "next", job_name, "--force")):
+        r = run(url, *args)
+        assert r.exit_code == 1, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and f"taskq job rewind {job_name} {ck}" in lines[0], r.output
+        assert "Traceback" not in r.output
+    assert client.rewind(job_name, ck)
+    assert client.retry(job_name) == 1
+
+
 def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
     make_job(client, job_name, n=4)
     ck = client.checkpoint(job_name)["id"]
