@@ -22,6 +22,7 @@ else
   for k = 1, n do ids[k] = ARGV[2 + k] end
 end
 local retried = 0
+local ck_open = mget(F.CK_OPEN) or ''
 for _, task in ipairs(ids) do
   if redis.call('SREM', K_DEAD, task) == 1 then
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
@@ -29,6 +30,13 @@ for _, task in ipairs(ids) do
     event('retried', 'task', task)
     retried = retried + 1
   end
+end
+if retried > 0 and ck_open ~= '' then
+  -- a checkpoint being written reads tasks done since its begin as unfinished then,
+  -- which a task dead then is not: it is dropped (its writer takes it again)
+  ck_drop(ck_open)
+  mset(F.CK_OPEN, '')
+  redis.call('DEL', K_CKDONE, K_CKPROG)
 end
 if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
