@@ -142,10 +142,10 @@ def one_run(
             for line in out.read_text().splitlines():
                 p, f, i = line.split()
                 taken[int(p), int(f), int(i)] += 1
-    per_pass: dict[int, tuple[int, int]] = {}
+    per_pass: dict[int, tuple[int, int, int]] = {}
     for (p, _, _), n in taken.items():
-        read, again = per_pass.get(p, (0, 0))
-        per_pass[p] = (read + n, again + n - 1)
+        read, again, distinct = per_pass.get(p, (0, 0, 0))
+        per_pass[p] = (read + n, again + n - 1, distinct + 1)
     audit = client.audit(job)
     client.redis.close()
     return {
@@ -173,10 +173,11 @@ def run(recorder: common.Recorder, quick: bool, redis_port_factory: PortFactory)
                 stop()
             per_pass = r["per_pass"]
             assert isinstance(per_pass, dict)
-            again = sum(a for _, a in per_pass.values())
+            again = sum(a for _, a, _ in per_pass.values())
             ratios = ", ".join(
-                f"pass {p}: {read / size:.3f} ({a} again)"
-                for p, (read, a) in sorted(per_pass.items())
+                f"pass {p}: {read / size:.3f} ({a} again"
+                + (f", {size - k} MISSING)" if k != size else ")")
+                for p, (read, a, k) in sorted(per_pass.items())
             )
             recorder.add(
                 SECTION,
