@@ -209,11 +209,7 @@ class Feeder(threading.Thread):
                 others = [t for t in self._held.values() if (t.id, t.token) not in kept]
                 for task in others:
                     del self._held[task.id]
-            if others:
-                try:
-                    trainer.release(others)
-                except errors.LeaseLost as e:
-                    log.warning("%s", e)
+            self._release(others)
 
         self.call(run)
 
@@ -364,13 +360,19 @@ class Feeder(threading.Thread):
     def _release_held(self) -> None:
         """Give back what is still held, MAX_BATCH per call (a leave ends a bounded number
         of leases and leaves the rest to expire; with acks="commit" up to MAX_HELD)."""
-        assert self.trainer is not None
         with self._lock:
-            held = [t for t in self._held.values() if not t.revoked.is_set()]
+            held = list(self._held.values())
             self._held.clear()
-        for start in range(0, len(held), MAX_BATCH):
+        self._release(held)
+
+    def _release(self, tasks: list[Task]) -> None:
+        assert self.trainer is not None
+        tasks = [t for t in tasks if not t.revoked.is_set()]
+        for start in range(0, len(tasks), MAX_BATCH):
             try:
-                self.trainer.release(held[start : start + MAX_BATCH])
+                self.trainer.release(tasks[start : start + MAX_BATCH])
+            except (errors.JobCancelled, errors.JobCompleted):
+                return  # nothing to give back
             except errors.TaskqError as e:
                 log.warning("release: %s (the leases expire instead)", e)
                 return
