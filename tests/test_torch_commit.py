@@ -35,17 +35,18 @@ def _recorded(client: taskq.Client, job: str) -> dict[int, int]:
     return {int(k): int(v) for k, v in client.redis.hgetall(client.keys(job).progress).items()}
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_commit_acks_exactly_what_was_taken_before_it(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int
 ) -> None:
-    """6 tasks of 10 rows, 2 workers, batches of 4: after 5 batches and several heartbeat
+    """6 tasks of 10 rows, batches of 4: after 5 batches and several heartbeat
     intervals nothing is acked or recorded; commit() acks the tasks the loop took to their
     end and records the rows taken of the others; the iteration ending with uncommitted
     tasks makes the next iter() refuse until commit() (which acks the rest), and
     state_dict() commits too."""
     chunks = write_jsonl(tmp_path, 6, 10)
     make_job(client, job_name, chunks, passes=2)
-    with _loader(url, job_name) as loader:
+    with _loader(url, job_name, num_workers=num_workers) as loader:
         it = iter(loader)
         rows = [r for _ in range(5) for r in rows_of(next(it))]
         time.sleep(1.0)  # three heartbeat intervals: with acks="taken" progress is sent
@@ -188,15 +189,16 @@ def test_two_trainers_global_pass_end_with_commits_run_every_pass(
     assert audit["state"] == "completed"
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_too_many_uncommitted_tasks_is_one_clear_error(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, num_workers: int
 ) -> None:
     """80 tasks of 2 rows, never committed: the loader leases no more than one trainer
     may hold (64), the loop waiting for more gets a TaskqError telling to commit more
     often, and everything it held is given back (nothing acked)."""
     chunks = write_jsonl(tmp_path, 80, 2)
     make_job(client, job_name, chunks)
-    with _loader(url, job_name, batch_size=2) as loader:
+    with _loader(url, job_name, batch_size=2, num_workers=num_workers) as loader:
         taken = 0
         with pytest.raises(taskq.TaskqError, match=r"commit\(\) more often"):
             for _ in loader:
