@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/run.py --quick|--full [--only SECTION ...] [--max-wait S]
 
-Sections, in order: ceiling, probe, taskq, steady, rq, bullmq. Each starts its own redis-server(s)
+Sections, in order: ceiling, probe, taskq, resume, steady, rq, bullmq. Each starts its own redis-server(s)
 on free loopback ports and stops them (also on Ctrl-C / SIGTERM). Rows of sections not run
 are kept from the previous latest.json. Never run in CI.
 
@@ -32,7 +32,7 @@ import ceiling
 import common
 import probe
 
-SECTIONS = ("ceiling", "probe", "taskq", "steady", "rq", "bullmq")
+SECTIONS = ("ceiling", "probe", "taskq", "resume", "steady", "rq", "bullmq")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +86,10 @@ def run_section(section: str, recorder: common.Recorder, quick: bool, max_wait: 
                 print("  bench/taskq_rows.py not present yet: skipped", flush=True)
                 return
             importlib.import_module("taskq_rows").run(recorder, quick, common.redis_port_factory)
+        elif section == "resume":
+            import reread
+
+            reread.run(recorder, quick, common.redis_port_factory)
         elif section == "steady":
             import steady
 

@@ -2,9 +2,11 @@
 
 A checkpoint records where a job stands: its pass, the pass's done set, each unfinished
 task's progress (samples taken), the tasks leased or waiting in the front, the counters.
-It is written in bounded calls (``checkpoint.lua``: begin freezes the position, then one
-call per 64 kB page of the done bitmap and per page of unfinished tasks, then a seal that
-lists it and drops the oldest beyond ``keep``). A rewind (``rewind.lua``) puts the job back
+It is written in bounded calls (``checkpoint.lua``: begin freezes the unfinished tasks,
+then one call per 64 kB page of the done bitmap copied, per page of unfinished tasks and
+per page of tasks given out since the begin (those two clear what was done after the
+begin), per page written, then a seal that lists it and drops the oldest beyond
+``keep``); a pass attempt that ends meanwhile makes it start again, a few times at most. A rewind (``rewind.lua``) puts the job back
 the same way, fenced by a rewind epoch: a rewind superseded by another one stops at its
 next call, and repeating a rewind finishes a half-done one. Semantics: docs/resume.md.
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .connection import translate
+from .keys import MetaField as F
 from .keys import valid_job_name
 from .scripts import Code
 
@@ -70,6 +73,30 @@ def checkpoint(
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
     ckpt = ckpt or new_id()
     _check(job, ckpt)
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _write(client, job, keep, ckpt)
+        except _Dropped as e:
+            if attempt == _ATTEMPTS - 1:
+                raise errors.TaskqError(
+                    f"job {job!r}: checkpoint {ckpt}: {e} {_ATTEMPTS} times; try again"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+_ATTEMPTS = 3
+
+
+class _Dropped(Exception):
+    """The checkpoint being written was dropped (a new pass attempt, dead tasks retried)."""
+
+
+def _write(client: Client, job: str, keep: int, ckpt: str) -> dict[str, Any]:
+    """One attempt at writing checkpoint ``ckpt``.
+
+    Raises:
+        _Dropped: the position it was taking went away meanwhile.
+    """
     reply = client.run(job, "checkpoint", ["", ckpt, "begin", keep])
     code = int(reply[0])
     if code == Code.LOCKED:
@@ -77,18 +104,32 @@ def checkpoint(
     if code == Code.DUP:
         return get(client, job, ckpt)
     pages, unfinished = int(reply[1]), int(reply[2])
-    steps: list[list[Any]] = [["page", k] for k in range(pages)]
-    for step in steps:
-        _step(client, job, ckpt, "checkpoint", step)
-    if unfinished:
-        k, cursor = 0, "0"
-        while True:
-            r = _step(client, job, ckpt, "checkpoint", ["todo", k, cursor])
-            cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
-            k += 1
-            if cursor == "0":
-                break
-    _step(client, job, ckpt, "checkpoint", ["seal", keep])
+    try:
+        since = 0
+        for k in range(pages):
+            since = int(_step(client, job, ckpt, "checkpoint", ["copy", k])[1])
+        if unfinished:
+            k, cursor = 0, "0"
+            while True:
+                r = _step(client, job, ckpt, "checkpoint", ["todo", k, cursor])
+                cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
+                k += 1
+                if cursor == "0":
+                    break
+        for k in range(since):
+            _step(client, job, ckpt, "checkpoint", ["since", k])
+        for k in range(pages):
+            _step(client, job, ckpt, "checkpoint", ["page", k])
+        _step(client, job, ckpt, "checkpoint", ["seal", keep])
+    except errors.PassMismatch:
+        raise _Dropped("the pass attempt ended while it was written") from None
+    except errors.TaskqError:
+        keys = client.keys(job)
+        with translate(client.url, keys, client.redis):
+            open_now = client.redis.hget(keys.meta, F.CK_OPEN)
+        if not open_now:  # dropped, not superseded by a newer checkpoint
+            raise _Dropped("dead tasks were retried while it was written") from None
+        raise
     return get(client, job, ckpt)
 
 
@@ -105,7 +146,8 @@ def _step(client: Client, job: str, ckpt: str, verb: str, step: list[Any]) -> An
 
 def _decode(raw: Any) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(raw)
-    for k in ("todo_done", "bytes", "ppages", "pages", "cursor", "pstart"):
+    scratch = ("todo_done", "bytes", "ppages", "pages", "cursor", "pstart", "copied")
+    for k in (*scratch, "cursor_end", "since"):
         rec.pop(k, None)
     return rec
 

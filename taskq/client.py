@@ -421,6 +421,7 @@ class Client:
             reply = self.run(name, "advance", ["", expected_pass, int(force)])
         except errors.PassMismatch as e:
             raise errors.PassMismatch(self._mismatch(name, expected_pass)) from e
+        _refuse_half_rewind(name, reply, 3)
         return int(reply[1])
 
     def _mismatch(self, name: str, expected: int) -> str:
@@ -449,6 +450,7 @@ class Client:
         except errors.PassMismatch as e:
             assert expected_pass is not None
             raise errors.PassMismatch(self._mismatch(name, expected_pass)) from e
+        _refuse_half_rewind(name, reply, 2)
         return int(reply[1])
 
     # -- tasks and workers --------------------------------------------------------
@@ -480,10 +482,12 @@ class Client:
             for start in range(0, len(ids), MAX_RETRY):
                 batch = ids[start : start + MAX_RETRY]
                 reply = self.run(name, "retry", ["", len(batch), *batch])
+                _refuse_half_rewind(name, reply, 3)
                 total += int(reply[1])
             return total
         while True:
             reply = self.run(name, "retry", ["", 0])
+            _refuse_half_rewind(name, reply, 3)
             total += int(reply[1])
             if int(reply[1]) == 0 or int(reply[2]) == 0:
                 return total
@@ -681,6 +685,17 @@ class Client:
         if int(reply[0]) == Code.LOCKED:
             return 0, False, True
         return int(reply[1]), bool(int(reply[2])), False
+
+
+def _refuse_half_rewind(name: str, reply: Any, at: int) -> None:
+    """Raise when a verb was refused because a rewind of the job is half done (its reply
+    names the checkpoint at index ``at``)."""
+    if int(reply[0]) == Code.LOCKED:
+        ckpt = reply[at]
+        raise errors.TaskqError(
+            f"job {name}: a rewind to checkpoint {ckpt} is half done (its position is half "
+            f"copied); finish it first with `taskq job rewind {name} {ckpt}`; nothing changed"
+        )
 
 
 def connect(url: str | None = None, **kwargs: Any) -> Client:

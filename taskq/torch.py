@@ -6,6 +6,9 @@
         for batch in loader:        # ends when the pass is complete for everyone
             step(batch)
 
+``DataLoader(..., acks="commit")`` holds acks and progress until ``loader.commit()``
+(a restart from the last checkpoint repeats nothing committed).
+
 Training loop -> taskq.torch -> readers (in DataLoader workers) + one trainer per process
 (in the main process). See docs/torch.md; the code is in ``taskq/torchdata/``.
 """

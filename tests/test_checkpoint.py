@@ -13,7 +13,7 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq import checkpoints
-from taskq.scripts import MAX_BATCH, MAX_HELD
+from taskq.scripts import MAX_BATCH, MAX_HELD, Code
 
 
 def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
@@ -108,6 +108,63 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
     assert again == set(range(n))
 
 
+def _ck(client: taskq.Client, job: str, *args: object) -> list:
+    return client.run(job, "checkpoint", ["", "ck1", *args])
+
+
+def test_the_bitmap_is_copied_in_pages_yet_holds_the_position_of_the_begin(client, job_name):
+    """Acks go on between the steps of a checkpoint: one of a task leased at the begin,
+    one of a task the cursor gave out after it (both before the bitmap page was copied),
+    one after the copy. The sealed checkpoint's done set is the begin's, and a rewind to
+    it gives back exactly the three."""
+    make_job(client, job_name, n=10)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    first = a.lease(timeout=0)
+    a.ack(first)
+    held = a.lease(timeout=0)
+    _, pages, unfinished = _ck(client, job_name, "begin", 20)
+    assert (pages, unfinished) == (1, 1)  # no bitmap was copied by the begin
+    a.ack(held)  # leased at the begin
+    later = b._lease_n(2, 0, None)
+    b.ack(later[0])  # given out after the begin
+    code, since = _ck(client, job_name, "copy", 0)
+    assert (code, since) == (0, 1)
+    assert _ck(client, job_name, "copy", 0)[0] == 0  # a repeat is a no-op
+    b.ack(later[1])  # after the copy
+    with pytest.raises(taskq.InvalidInput):
+        _ck(client, job_name, "page", 0)  # not before the fix-ups
+    _ck(client, job_name, "todo", 0, "0")
+    _ck(client, job_name, "since", 0)
+    _ck(client, job_name, "page", 0)
+    _ck(client, job_name, "seal", 20)
+    ck = checkpoints.get(client, job_name, "ck1")
+    assert ck["done"] == 1
+    assert client.rewind(job_name, "ck1")
+    assert done_ids(client, job_name) == {first.id}
+    assert client.status(job_name).done == 1
+    assert client.audit(job_name)["ok"]
+
+
+def test_a_checkpoint_whose_pass_attempt_ends_meanwhile_is_dropped_and_taken_again(
+    client, job_name
+):
+    make_job(client, job_name, n=4, max_failures=1)
+    t = trainer(client, job_name, "a")
+    t.ack(t.lease(timeout=0))
+    _ck(client, job_name, "begin", 20)
+    client.reset_pass(job_name)  # a new attempt: the begin's done bitmap is gone
+    with pytest.raises(taskq.PassMismatch):
+        _ck(client, job_name, "copy", 0)
+    assert client.redis.hget(client.keys(job_name).meta, "ck_open") == ""
+    assert client.redis.hget(client.keys(job_name).ckpt, "ck1") is None
+    t.fail(t.lease(timeout=0), "bad")  # dead
+    _ck(client, job_name, "begin", 20)
+    assert client.retry(job_name) == 1  # the dead task may be acked: the begin's view goes
+    assert _ck(client, job_name, "copy", 0)[0] == Code.STALE
+    # the whole call takes it again; it records the position of its own begin
+    assert client.checkpoint(job_name, ckpt="ck1")["done"] == 0
+
+
 # -- rewinding -------------------------------------------------------------------------
 def test_rewind_returns_later_work_to_todo_and_restores_progress(client, job_name):
     make_job(client, job_name, n=6)
@@ -191,6 +248,36 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
     assert client.rewind(job_name, ck)
     s = client.status(job_name)
     assert (s.state, s.done) == ("running", 1)
+
+
+def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_name):
+    """A dead task and a rewind whose caller died after begin: tasks retry, pass next
+    --force and pass reset are refused before any write (the position is half copied),
+    naming the rewind to repeat; the CLI says it in one line, exit 1. After the rewind
+    is repeated, retry works."""
+    make_job(client, job_name, n=4, max_failures=1)
+    t = trainer(client, job_name, "a")
+    t.fail(t.lease(timeout=0), "bad")  # task 0 is dead
+    ck = client.checkpoint(job_name)["id"]
+    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    before = client.redis.hgetall(client.keys(job_name).meta)
+    for call in (
+        lambda: client.retry(job_name),
+        lambda: client.retry(job_name, [0]),
+        lambda: client.next_pass(job_name, force=True),
+        lambda: client.reset_pass(job_name),
+    ):
+        with pytest.raises(taskq.TaskqError, match=f"rewind to checkpoint {ck} is half done"):
+            call()
+    assert client.redis.hgetall(client.keys(job_name).meta) == before  # nothing written
+    for args in (("tasks", "retry", job_name), ("pass", "next", job_name, "--force")):
+        r = run(url, *args)
+        assert r.exit_code == 1, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and f"taskq job rewind {job_name} {ck}" in lines[0], r.output
+        assert "Traceback" not in r.output
+    assert client.rewind(job_name, ck)
+    assert client.retry(job_name) == 1
 
 
 def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):

@@ -7,6 +7,7 @@ explicit); the SIGKILL test runs a real trainer subprocess reading a real Parque
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -89,6 +90,41 @@ def test_stale_holder_cannot_move_progress_and_its_claim_is_counted_reread(clien
     b.ack(again)
     summary = client.audit(job_name)["passes"][-1]
     assert (summary["resumed"], summary["resumed_samples"], summary["reread_samples"]) == (1, 5, 4)
+
+
+def test_a_backup_holder_records_progress_fenced_by_its_own_token(client, job_name):
+    """At a pass's tail an idle trainer takes a backup lease of the straggler: its
+    progress reports are recorded (not answered stale); a report under the straggler's
+    token from the backup holder, or under the backup's token from the straggler's
+    holder, is refused; when both leases end the next holder starts at the furthest."""
+    make_job(client, job_name, n=12, backup_leases=True, worker_ttl=5.0)
+    fast, slow = trainer(client, job_name, "fast"), trainer(client, job_name, "slow")
+    straggler = slow.lease(timeout=0)
+    for _ in range(11):
+        task = fast.lease(timeout=0)
+        client.advance_clock(job_name, 100)  # the median task time: 100 ms
+        fast.ack(task)
+    client.advance_clock(job_name, 300)
+    slow.heartbeat()
+    backup = fast.lease(timeout=0)
+    assert backup is not None and backup.id == straggler.id and backup.token != straggler.token
+    fast.progress(backup, 7)
+    assert fast.flush_progress() == []  # recorded, not stale
+    assert progress_of(client, job_name) == {str(backup.id): "7"}
+    slow.progress(straggler, 4)  # the straggler's holder is behind: changes nothing
+    assert slow.flush_progress() == []
+    assert progress_of(client, job_name) == {str(backup.id): "7"}
+    # the backup's token from the other holder (and the other way round) is refused
+    keys = client.keys(job_name)
+    for who, tok in ((slow, backup.token), (fast, straggler.token)):
+        mixed = dataclasses.replace(backup, token=tok)
+        who.progress(mixed, 9)
+        assert who.flush_progress() == [backup.id]
+    assert client.redis.hget(keys.progress, str(backup.id)) == "7"
+    fast.release(backup)
+    slow.release(straggler)
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again.id == backup.id and again.start == 7
 
 
 def test_release_sends_progress_first(client, job_name):

@@ -182,7 +182,7 @@ def test_sigkilled_worker_gives_back_what_the_loop_did_not_take(
         for n, batch in enumerate(it):
             taken += rows_of(batch)
             if n == 3:
-                assert wait_until(lambda: sum(1 for _ in it.feeder._held) >= 2, 5.0)
+                assert wait_until(lambda: it.feeder.ledger.count() >= 2, 5.0)
                 os.kill(it.torch_iter._workers[0].pid, signal.SIGKILL)
                 time.sleep(0.5)  # its batches stay buffered, unread by the loop
     # torch's error may surface in the loop body, not in next(): the feeder saw the

@@ -1,7 +1,7 @@
 """A trainer process over a ``taskq.torch.DataLoader``, for the resume tests.
 
 Usage: torch_resume_proc.py URL JOB OUT WORKERS [--stop N] [--ckpt K --ranks R --rank I
-[--extra M]] [--state FILE --key KEY] [--shuffle]
+[--extra M]] [--state FILE --key KEY] [--shuffle] [--commit-at C]
 
 Appends each taken batch's rows ("f i" lines) to OUT, flushed per step. ``--stop N``:
 after N steps print "STOPPED" and sleep until killed. ``--ckpt K``: at step K every rank
@@ -9,6 +9,8 @@ sends what it took (``loader.sync()``), waits for all ``--ranks`` at a file barr
 rank 0 writes ``loader.state_dict()`` and the model's step count to OUT.ckpt; a line
 "CKPT" marks the point in OUT; after M more steps it prints "STOPPED" and sleeps. At the end it prints "DONE <samples the model trained on>".
 ``--state FILE``: ``loader.load_state_dict`` of that checkpoint file first.
+``--commit-at C``: the loader holds acks for ``commit()`` (``acks="commit"``), called
+after step C (a line "COMMIT" marks the point in OUT) and at the end.
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ def main() -> int:
     ap.add_argument("--state")
     ap.add_argument("--key", default="")
     ap.add_argument("--shuffle", action="store_true")
+    ap.add_argument("--commit-at", type=int)
     a = ap.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     model.register_buffer("seen", torch.zeros((), dtype=torch.long))  # samples trained on
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader, shuffle=a.shuffle)
-    loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=a.workers, tasks_ahead=2)
+    acks = "taken" if a.commit_at is None else "commit"
+    loader = taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=a.workers, tasks_ahead=2, acks=acks
+    )
     if a.state:
         saved = json.loads(Path(a.state).read_text())
         loader.load_state_dict(saved["data"], key=a.key)
@@ -64,6 +70,9 @@ def main() -> int:
             step += 1
             model.seen += len(x)
             out.write("".join(f"{f} {i}\n" for f, i in rows_of(batch)))
+            if a.commit_at is not None and step == a.commit_at:
+                loader.commit()
+                out.write("COMMIT\n")
             if a.ckpt is not None and step == a.ckpt:
                 _checkpoint(a, loader, out, int(model.seen))
             if (a.stop is not None and step == a.stop) or (
@@ -73,6 +82,7 @@ def main() -> int:
                 while True:
                     time.sleep(1)
             time.sleep(0.02)
+    loader.commit()
     print(f"DONE {int(model.seen)}", flush=True)
     return 0
 

@@ -2,7 +2,8 @@
 -- advance: start the next pass (compare-and-set on the pass number).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), expected_pass, force (1|0)
--- returns: {code, pass_after, skipped}
+-- returns: {code, pass_after, skipped}; LOCKED (with the checkpoint's id 4th) while a
+-- rewind is half done: its position is half copied, nothing is written
 -- Without force it refuses while the pass has work left (PASS_INCOMPLETE); with force
 -- the rest of the pass is recorded as skipped and its leases become stale (by round).
 arg_id(ARGV[1], 'job_inc', true)
@@ -16,6 +17,7 @@ if err then return done({err, 0, 0}) end
 local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p, 0}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p, 0}) end
+if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, p, 0, mget(F.RW_OPEN)}) end
 if expected ~= p then return done({C.PASS_MISMATCH, p, 0}) end
 if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   start_pass(p + 1, 'pass_started')

@@ -7,7 +7,8 @@
 -- only moves the record forward. A report about a lease that is no longer the caller's
 -- changes nothing; what it claims beyond the record is counted as re-read (p_reread). It
 -- needs the holder's lease secret, as an ack does: the right token with another secret is
--- answered STALE and counted forged (and claims nothing re-read).
+-- answered STALE and counted forged (and claims nothing re-read). A backup lease's
+-- holder reports like the task's own holder, fenced by the backup's token and secret.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 -- as many reports as a heartbeat may list held tasks (a trainer's buffer may still hold
@@ -34,7 +35,8 @@ local out = {}
 for k = 1, n do
   local b = 4 + 3 * (k - 1)
   local task, tok, samples = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  -- a backup lease's holder reports under the backup's token (lease_for reads its record)
+  local l = lease_for(task, worker, winc)
   local cur = tonumber(redis.call('HGET', K_PROGRESS, task) or '0') or 0
   if holds_secret(l, worker, winc, tok) then
     if samples > cur then

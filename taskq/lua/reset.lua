@@ -2,7 +2,8 @@
 -- reset: restart the current pass (a new attempt of it; its leases become stale).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), expected_pass (-1 = current)
--- returns: {code, pass}
+-- returns: {code, pass}; LOCKED (with the checkpoint's id 3rd) while a rewind is half
+-- done: its position is half copied, nothing is written
 arg_id(ARGV[1], 'job_inc', true)
 local expected = arg_int(ARGV[2], 'expected_pass', -1, 9007199254740991)
 arg_len(ARGV, 2)
@@ -13,6 +14,7 @@ if err then return done({err, 0}) end
 local p = mnum(F.PASS)
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
+if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, p, mget(F.RW_OPEN)}) end
 if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')
 mincr(F.P_RESETS)

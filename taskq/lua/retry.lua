@@ -3,7 +3,8 @@
 -- job's last pass, or a job waiting because every task was dead).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to MAX_RETRY dead tasks)
--- returns: {code, retried, dead_left}
+-- returns: {code, retried, dead_left}; LOCKED (with the checkpoint's id 4th) while a
+-- rewind is half done: its position is half copied, nothing is written
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
 for k = 1, n do arg_task(ARGV[2 + k], 'task') end
@@ -13,6 +14,7 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
+if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, 0, 0, mget(F.RW_OPEN)}) end
 local ids = {}
 if n == 0 then
   ids = redis.call('SRANDMEMBER', K_DEAD, MAX_RETRY)
@@ -20,6 +22,7 @@ else
   for k = 1, n do ids[k] = ARGV[2 + k] end
 end
 local retried = 0
+local ck_open = mget(F.CK_OPEN) or ''
 for _, task in ipairs(ids) do
   if redis.call('SREM', K_DEAD, task) == 1 then
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
@@ -27,6 +30,13 @@ for _, task in ipairs(ids) do
     event('retried', 'task', task)
     retried = retried + 1
   end
+end
+if retried > 0 and ck_open ~= '' then
+  -- a checkpoint being written reads tasks done since its begin as unfinished then,
+  -- which a task dead then is not: it is dropped (its writer takes it again)
+  ck_drop(ck_open)
+  mset(F.CK_OPEN, '')
+  redis.call('DEL', K_CKDONE, K_CKPROG)
 end
 if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')

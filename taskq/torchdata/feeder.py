@@ -8,7 +8,10 @@ the readers stop and when the pass is over. Every trainer call comes from this t
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
-Data flow: loader iterator (main thread) -> commands -> feeder -> trainer.py -> Redis;
+What it holds and what the main thread asked about it (acks, fails, progress, commits)
+is the iteration's ledger (``ledger.py``), which it performs.
+
+Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer.py -> Redis;
 feeder -> task queue -> readers (dataset.py).
 """
 
@@ -26,9 +29,10 @@ from typing import Any
 
 from .. import errors
 from ..models import Task
-from ..scripts import MAX_BATCH
+from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
 from .dataset import TaskDataset, TaskMsg, stop_msg
+from .ledger import Ledger
 
 log = logging.getLogger("taskq.torch")
 
@@ -38,6 +42,10 @@ _BLOCK_S = 2.0
 _TAIL_POLL_S = 2.0
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
+#: acks="commit": how long the loop may wait for a batch, with nothing left being read
+#: and no lease possible under MAX_HELD, before that is an error (a batch read to its end
+#: reaches the loop well within it)
+_STARVED_S = 2.0
 
 
 class Feeder(threading.Thread):
@@ -57,6 +65,9 @@ class Feeder(threading.Thread):
         processes: the DataLoader's worker processes; one that dies (a non-zero exit)
             ends the iteration and releases everything held at once, wherever torch's
             error surfaces in the main thread (maybe in the loop body, not in next()).
+        hold_acks: acks="commit": taken tasks stay held until ``commit()``; leases stop
+            at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
+            can give is answered with an error (it must commit more often).
     """
 
     def __init__(
@@ -71,6 +82,8 @@ class Feeder(threading.Thread):
         after_pass: int | None,
         worker_id: str | None,
         processes: Callable[[], list[Any]] = list,
+        *,
+        hold_acks: bool = False,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -84,19 +97,17 @@ class Feeder(threading.Thread):
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.processes = processes
+        self.hold_acks = hold_acks
+        #: when the main thread began waiting for a batch (monotonic), 0.0 when not
+        self.main_waiting = 0.0
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self.end_state: str | None = None
         self.error: BaseException | None = None
         self.pass_no: int | None = None
         self.trainer: Trainer | None = None
-        self.acked = 0
-        self.failed = 0
-        self._held: dict[int, Task] = {}
-        self._lock = threading.Lock()
-        self._cmds: deque[tuple[str, int, int, str]] = deque()
-        self._reached: dict[tuple[int, int], int] = {}
-        self._progress_sent = time.monotonic()
+        #: what this iteration holds and what the main thread asked about it
+        self.ledger = Ledger(dataset.job)
         self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
         self._finish = threading.Event()
@@ -109,24 +120,29 @@ class Feeder(threading.Thread):
         self._acks_since = 0.0
 
     # -- the main thread's side ---------------------------------------------------
+    @property
+    def acked(self) -> int:
+        """Tasks acked by this iteration so far."""
+        return self.ledger.acked
+
+    @property
+    def failed(self) -> int:
+        """Tasks failed by this iteration so far."""
+        return self.ledger.failed
+
     def holds(self, task_id: int, token: int) -> bool:
         """True while (task, token) was leased by this iteration and not ended."""
-        with self._lock:
-            task = self._held.get(task_id)
-        return task is not None and task.token == token
+        return self.ledger.holds(task_id, token)
 
     def ack(self, pairs: list[tuple[int, int]]) -> None:
         """Ack these (task, token) pairs (in one call, soon)."""
-        self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
+        self.ledger.ack(pairs)
         self._wake.set()
 
     def progress(self, reached: dict[tuple[int, int], int]) -> None:
         """Record that the loop took samples ``[0, n)`` of these (task, token) -> n: kept
         for the feeder thread, which hands them to the trainer (sent with its heartbeat)."""
-        with self._lock:
-            for key, n in reached.items():
-                if n > self._reached.get(key, 0):
-                    self._reached[key] = n
+        self.ledger.progress(reached)
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
@@ -134,7 +150,7 @@ class Feeder(threading.Thread):
 
     def fail(self, task_id: int, token: int, text: str) -> None:
         """Fail one task with the reader's error text."""
-        self._cmds.append(("fail", task_id, token, text))
+        self.ledger.fail(task_id, token, text)
         self._wake.set()
 
     def call(self, fn: Callable[[Trainer], Any], timeout: float = 60.0) -> Any:
@@ -157,6 +173,31 @@ class Feeder(threading.Thread):
             except FutureTimeout:
                 continue
         return fut.result()
+
+    def commit(self, acks: list[tuple[int, int]], reached: dict[tuple[int, int], int]) -> None:
+        """Ack these (task, token) pairs and record how far the loop got into the held
+        tasks of ``reached`` (progress sent at once), in this thread, now.
+
+        Raises:
+            TaskqError: the iteration ended first; ConnectionLost.
+        """
+        self.call(lambda trainer: self.ledger.commit(acks, reached))
+
+    def park(self, keep: list[tuple[int, int]]) -> None:
+        """End leasing for this iteration but keep the (task, token) pairs of ``keep``
+        held (heartbeats go on) until ``commit()`` or ``finish()``; anything else held
+        (work leased for a tail nobody reads) is released.
+
+        Raises:
+            TaskqError: the iteration ended first.
+        """
+
+        def run(trainer: Trainer) -> None:
+            if self.phase != "end":
+                self.phase = self._end("exhausted")
+            self.ledger.keep_only(keep)
+
+        self.call(run)
 
     def finish(self) -> None:
         """Perform what was asked, release anything still held, leave, and end."""
@@ -181,7 +222,8 @@ class Feeder(threading.Thread):
                     errors.TaskqError("the loader's iteration ended before the call")
                 )
             if self.trainer is not None:
-                self.trainer.close()  # releases what is still held, in one call
+                self.ledger.release_all()
+                self.trainer.close()  # leaves the job
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
                     try:
                         self.trainer.client.redis.close()
@@ -198,6 +240,7 @@ class Feeder(threading.Thread):
             handle_signals=False,
             **ds.trainer_options,
         )
+        self.ledger.trainer = self.trainer
         st = self.trainer.client.status(ds.job, summaries=0)
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -211,7 +254,7 @@ class Feeder(threading.Thread):
         trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
         last_poll = 0.0
         while True:
-            new = self._collect()
+            new = self.ledger.collect()
             if new and not self._acks:
                 self._acks_since = time.monotonic()
             self._acks += new
@@ -225,8 +268,8 @@ class Feeder(threading.Thread):
                 self._ack(self._take_acks())  # taken by the loop before the death
                 raise RuntimeError(f"DataLoader worker(s) {dead} died; released what they had")
             # a lease the server took back (say, the job was cancelled): ask it now
-            revoked = self._drop_revoked()
-            holding = bool(self._held)
+            revoked = self.ledger.drop_revoked()
+            holding = self.ledger.count() > 0
             reading = self._dispatched - self.finished()
             # refill by half the read-ahead at a time: several tasks per lease call
             idle = (
@@ -246,13 +289,19 @@ class Feeder(threading.Thread):
                 # worker processes finishing a task do not wake us: look at their counts
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
+            room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
+            if room <= 0:
+                self._check_starved(reading)
+                self._wait(0.05)
+                continue
             last_poll = time.monotonic()
             want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
+            want = min(want, room)
             acks = self._take_acks()
             if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
                 self._ack(acks)
                 acks = []
-            self.acked += len(acks)
+            self.ledger.acked += len(acks)
             try:
                 # one call acks what the loop took and leases several: Trainer.lease()
                 # takes one task and no acks, and each call waits for the GIL behind
@@ -290,6 +339,24 @@ class Feeder(threading.Thread):
             elif holding:
                 self._wait(0.5)
 
+    def _check_starved(self, reading: int) -> None:
+        """acks="commit" at the held bound: the loop waiting for a batch that nothing held
+        can give would wait for ever (its uncommitted tasks fill the bound)."""
+        since = self.main_waiting
+        if (
+            self.hold_acks
+            and reading <= 0
+            and since
+            and time.monotonic() - since > _STARVED_S
+            and self.main_waiting == since
+        ):
+            raise errors.TaskqError(
+                f"job {self.dataset.job!r}: this trainer holds {self.ledger.count()} tasks, the "
+                f"most one may hold ({MAX_HELD}), and the loop waits for more: with "
+                "acks='commit' a task taken stays held until loader.commit(), so call "
+                "commit() more often (what was not committed is given back, read again)"
+            )
+
     def _run_calls(self) -> None:
         assert self.trainer is not None
         self._ack(self._take_acks())
@@ -301,18 +368,8 @@ class Feeder(threading.Thread):
             except BaseException as e:  # the caller raises it
                 fut.set_exception(e)
 
-    def _drop_revoked(self) -> bool:
-        """Forget held tasks the server took back (a heartbeat's answer): their acks
-        would be stale. True if there were any."""
-        with self._lock:
-            gone = [t.id for t in self._held.values() if t.revoked.is_set()]
-            for task_id in gone:
-                del self._held[task_id]
-        return bool(gone)
-
     def _dispatch(self, task: Task, to: Any) -> None:
-        with self._lock:
-            self._held[task.id] = task
+        self.ledger.add(task)
         to.put(
             (
                 self.iteration,
@@ -346,70 +403,12 @@ class Feeder(threading.Thread):
 
     def _flush(self) -> None:
         """Perform the main thread's acks (one call) and fails."""
-        new = self._collect()
+        new = self.ledger.collect()
         self._ack(self._take_acks() + new)
-
-    def _record_progress(self) -> None:
-        """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
-        sends it (one call per interval for all held tasks)."""
-        assert self.trainer is not None
-        with self._lock:
-            if not self._reached:
-                return
-            reached, self._reached = self._reached, {}
-            tasks = [(self._held.get(task_id), token, n) for (task_id, token), n in reached.items()]
-        for task, token, n in tasks:
-            if task is not None and task.token == token and not task.revoked.is_set():
-                self.trainer.progress(task, n)
-        # the trainer's heartbeat sends it too; sending it from here as well, once per
-        # interval, does not depend on how the trainer beats (a trainer made with
-        # client= was seen not to send it)
-        now = time.monotonic()
-        if now - self._progress_sent >= self.trainer.heartbeat_interval:
-            self._progress_sent = now
-            try:
-                self.trainer.flush_progress()
-            except errors.ConnectionLost as e:
-                log.warning("progress not sent yet: %s", e)  # kept, sent next time
 
     def _take_acks(self) -> list[Task]:
         acks, self._acks = self._acks, []
         return acks
 
     def _ack(self, acks: list[Task]) -> None:
-        if acks and self.trainer is not None:
-            for start in range(0, len(acks), MAX_BATCH):  # one call acks MAX_BATCH at most
-                try:
-                    self.trainer.ack(acks[start : start + MAX_BATCH])
-                except errors.LeaseLost as e:
-                    log.warning("%s", e)  # the others in the call were counted
-            self.acked += len(acks)
-
-    def _collect(self) -> list[Task]:
-        """Take the main thread's commands: perform the fails; return the tasks to ack."""
-        acks: list[Task] = []
-        if self.trainer is None:
-            return acks
-        self._record_progress()
-        if not self._cmds:
-            return acks
-        fails: list[tuple[Task, str]] = []
-        while self._cmds:
-            kind, task_id, token, text = self._cmds.popleft()
-            with self._lock:
-                task = self._held.get(task_id)
-                if task is None or task.token != token:
-                    continue
-                del self._held[task_id]
-            if kind == "ack":
-                acks.append(task)
-            else:
-                fails.append((task, text))
-        for task, text in fails:
-            log.warning("job %s task %s: %s; failing the task", self.dataset.job, task.id, text)
-            try:
-                self.trainer.fail(task, text)
-            except errors.LeaseLost as e:
-                log.warning("%s", e)
-            self.failed += 1
-        return acks
+        self.ledger.ack_now(acks)

@@ -2,24 +2,20 @@
 
 ``__iter__`` hands the dataset a task queue, starts torch's iterator (the workers fork
 here, before any Redis connection or thread of this iteration exists), then starts the
-feeder thread that owns the trainer. The iterator returned strips the per-sample tags
-off each batch and acks a task once the batch holding its last sample was taken: on the
-next ``__next__`` (the step finished) or at the end of the iteration. If torch raises (a
-worker died), every task held and not taken to its end is released, then the error is
-raised again.
+feeder thread that owns the trainer, and returns the iteration's iterator
+(``iteration.py``): it acks a task once the batch holding its last sample was taken, or
+with ``acks="commit"`` at the next ``commit()``.
 
-Data flow: training loop -> loader.py -> feeder.py (trainer.py -> Redis);
-workers (dataset.py) -> torch's result queue -> loader.py.
+Data flow: training loop -> loader.py -> iteration.py -> feeder.py (trainer.py -> Redis);
+workers (dataset.py) -> torch's result queue -> iteration.py.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import queue
-import weakref
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import torch.utils.data
 
@@ -27,11 +23,12 @@ from .. import errors
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
 from . import resume
-from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
+from .dataset import Feed, TaskDataset
 from .feeder import Feeder
+from .iteration import TaskqIter
 
 _PASS_ENDS = ("global", "local")
-_JOIN_S = 15.0
+_ACKS = ("taken", "commit")
 
 
 class _Box:
@@ -64,6 +61,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         on_error: "fail" (a task whose reader fails is failed with the error text and
             the loop goes on) or "raise" (also raise ``CorruptData`` from the loop).
         pass_end: "global" or "local" (see above).
+        acks: "taken" (a task is acked once the loop took its last sample, how far the
+            loop got into the others is sent with the heartbeat) or "commit" (both wait
+            for ``commit()`` or ``state_dict()``: a job restarted from its last
+            checkpoint repeats nothing committed; see docs/torch.md for the trade-off).
         tasks_ahead: tasks leased and not yet read to their end, at most (default
             ``max(2, num_workers) * (interleave + 2)``).
         worker_id: the trainer's worker id (default ``host:pid:random``, kept for the
@@ -83,6 +84,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         drop_last: bool = False,
         on_error: str = "fail",
         pass_end: str = "global",
+        acks: str = "taken",
         tasks_ahead: int | None = None,
         worker_id: str | None = None,
         **torch_options: Any,
@@ -104,6 +106,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise errors.InvalidInput(f"on_error must be 'fail' or 'raise', not {on_error!r}")
         if pass_end not in _PASS_ENDS:
             raise errors.InvalidInput(f"pass_end must be one of {_PASS_ENDS}, not {pass_end!r}")
+        if acks not in _ACKS:
+            raise errors.InvalidInput(f"acks must be one of {_ACKS}, not {acks!r}")
         if batch_size is not None and batch_size < 1:
             raise errors.InvalidInput(f"batch_size must be >= 1 or None, got {batch_size}")
         if drop_last and batch_size is None:
@@ -121,6 +125,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.user_drop_last = drop_last
         self.on_error = on_error
         self.pass_end = pass_end
+        self.acks = acks
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
         limit = MAX_HELD // 2
@@ -137,7 +142,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._done_pass: int | None = None
         self._iteration_no = 0
         self._feed: Feed | None = None
-        self._current: _TaskqIter | None = None
+        self._current: TaskqIter | None = None
 
     @property
     def pass_no(self) -> int | None:
@@ -145,7 +150,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         cur = self._current
         return None if cur is None else cur.feeder.pass_no
 
-    def __iter__(self) -> _TaskqIter:  # type: ignore[override]
+    def __iter__(self) -> TaskqIter:  # type: ignore[override]
+        cur = self._current
+        n = 0 if cur is None else cur.uncommitted()
+        if n:
+            raise errors.TaskqError(
+                f"the loader's last iteration took from {n} task(s) it did not commit: "
+                "call loader.commit() (or loader.close() to give them back, to be read "
+                "again) before the next iter()"
+            )
         self._end_current()
         self._iteration_no += 1
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
@@ -189,21 +202,38 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self._done_pass,
             self.worker_id,
             lambda: list(getattr(torch_iter, "_workers", ())),
+            hold_acks=self.acks == "commit",
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
         feeder.start()
-        self._current = _TaskqIter(self, torch_iter, feeder, feed)
+        self._current = TaskqIter(self, torch_iter, feeder, feed)
         return self._current
 
     def sync(self) -> None:
         """Ack the tasks the loop finished and send how far it got into the others, now
         (not at the next step or heartbeat): each data-parallel rank calls it before the
-        one that checkpoints calls ``state_dict()`` (see docs/torch.md)."""
+        one that checkpoints calls ``state_dict()`` (see docs/torch.md). With
+        ``acks="commit"`` it is ``commit()``."""
+        self.commit()
+
+    def commit(self) -> int:
+        """Commit what the loop took so far (the batch handed out last included): ack
+        the tasks it took to their end and record how far it got into the others, now.
+        With ``acks="commit"`` nothing is acked or recorded otherwise: after a crash the
+        tasks' next holders read again what the loop took since the last commit. Call it
+        where the model's state is saved (``state_dict()`` commits first) and often
+        enough: one trainer holds at most 64 tasks, uncommitted ones included.
+
+        Returns:
+            The number of tasks acked.
+
+        Raises:
+            TaskqError: the iteration ended with an error before (it gave back what it
+                held: nothing was committed); ConnectionLost.
+        """
         cur = self._current
-        if cur is not None and not cur.ended:
-            cur._settle()
-            cur.feeder.call(lambda trainer: None)
+        return 0 if cur is None else cur.commit()
 
     def state_dict(self, ckpt: str | None = None) -> dict[str, Any]:
         """Checkpoint the job's position and name it, for the model's checkpoint
@@ -238,12 +268,12 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def _end_current(self) -> None:
         cur = self._current
-        if cur is not None and not cur.ended:
+        if cur is not None:
             cur.close()
 
     def close(self) -> None:
-        """End the current iteration (releasing what it holds, leaving the job) and stop
-        persistent workers. Idempotent."""
+        """End the current iteration (releasing what it holds, uncommitted tasks too,
+        leaving the job) and stop persistent workers. Idempotent."""
         self._end_current()
         it = self._iterator
         if it is not None and hasattr(it, "_shutdown_workers"):
@@ -255,177 +285,6 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class _TaskqIter:
-    """One pass of a ``taskq.torch.DataLoader``: yields the user's batches."""
-
-    def __init__(self, loader: DataLoader, torch_iter: Any, feeder: Feeder, feed: Feed) -> None:
-        self.loader_ref = weakref.ref(loader)
-        self.torch_iter: Any = torch_iter
-        self.feeder = feeder
-        self.feed = feed
-        self.on_error = loader.on_error
-        self.pass_end = loader.pass_end
-        self.ended = False
-        self.tail: Iterator[Unit] | None = None
-        self._taken: list[tuple[int, int]] = []
-        self._reached: dict[tuple[int, int], int] = {}
-        # dropped unfinished (a `break` out of the loop): release, leave, stop the thread
-        self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
-
-    def __iter__(self) -> _TaskqIter:
-        return self
-
-    def __next__(self) -> Any:
-        if self.ended:
-            raise StopIteration
-        try:
-            return self._next()
-        except StopIteration:
-            raise
-        except BaseException:
-            # the step before this call finished: what it took counts as taken
-            self._end(ack_taken=True, shutdown=True)
-            raise
-
-    def _next(self) -> Any:
-        counts = self._counts()
-        self._settle()
-        while True:
-            if self.feeder.error is not None:
-                raise self.feeder.error
-            if self.feeder.end_state in ("completed", "cancelled"):
-                self._finish()
-            unit = self._next_unit()
-            if unit is None:
-                self._finish()
-            tags, ctrl, batch = unit
-            self._control(ctrl)
-            finished = []
-            reached: dict[tuple[int, int], int] = {}
-            holds = self.feeder.holds
-            for task_id, token, index, last in tags:
-                if last:
-                    if holds(task_id, token):
-                        finished.append((task_id, token))
-                else:
-                    # a task's samples come in increasing position: the last one counts
-                    reached[task_id, token] = index + 1
-            if batch is None:
-                self.feeder.ack(finished)  # dropped (drop_last): nothing left to take
-                continue
-            self._taken = finished
-            self._reached = reached
-            counts["samples"] += len(tags)
-            counts["batches"] += 1
-            return batch
-
-    def _settle(self) -> None:
-        """The batch handed out last was taken (the step finished): ack the tasks it
-        ended, record how far it got into the others."""
-        if self._reached:
-            self.feeder.progress(self._reached)
-            self._reached = {}
-        if self._taken:
-            self.feeder.ack(self._taken)
-            self._taken = []
-
-    def _counts(self) -> Counter[str]:
-        loader = self.loader_ref()
-        return loader.counts if loader is not None else Counter()
-
-    def _next_unit(self) -> Unit | None:
-        if self.torch_iter is not None:
-            try:
-                unit: Unit = next(self.torch_iter)
-                return unit
-            except StopIteration:
-                self.torch_iter = None
-                if self.pass_end == "local":
-                    return None
-                self.tail = self._tail_units()
-        if self.tail is None:
-            return None
-        return next(self.tail, None)
-
-    def _tail_units(self) -> Iterator[Unit]:
-        """Work leased after the readers stopped (re-dispatched from a lost trainer),
-        read here in the main process until the pass is complete for everyone."""
-        ds: TaskDataset = self.feeder.dataset
-        tail, it_no = self.feeder.tail, self.feeder.iteration
-
-        def take(block: bool) -> TaskMsg | None:
-            while True:
-                try:
-                    return tail.get(timeout=0.25) if block else tail.get_nowait()
-                except queue.Empty:
-                    if not block:
-                        return None
-                    if not self.feeder.is_alive():
-                        return stop_msg(it_no)
-
-        return ds.units(
-            take, self.feed, lambda: None, flush_when_idle=True, rng_key=f"tail:{it_no}"
-        )
-
-    def _control(self, ctrl: list[Any]) -> None:
-        holds = self.feeder.holds
-        for kind, task_id, token, text in ctrl:
-            if not holds(task_id, token):
-                continue
-            if kind == "done":
-                self.feeder.ack([(task_id, token)])
-                continue
-            self.feeder.fail(task_id, token, text)
-            if self.on_error == "raise":
-                raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
-
-    def _finish(self) -> NoReturn:
-        self._end(ack_taken=True, shutdown=False, raise_error=True)
-        raise StopIteration
-
-    def _end(self, ack_taken: bool, shutdown: bool, raise_error: bool = False) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        self._finalizer.detach()
-        feeder = self.feeder
-        if ack_taken:
-            self._settle()
-        self._taken, self._reached = [], {}
-        if shutdown or self.torch_iter is not None:
-            self._stop_workers(shutdown)
-        feeder.finish()
-        feeder.join(_JOIN_S)
-        loader = self.loader_ref()
-        if loader is not None:
-            loader.counts["tasks_acked"] += feeder.acked
-            loader.counts["tasks_failed"] += feeder.failed
-            loader.state = feeder.end_state
-            if feeder.end_state in ("pass_complete", "exhausted"):
-                loader._done_pass = feeder.pass_no
-        if feeder.error is not None and raise_error:
-            raise feeder.error
-
-    def _stop_workers(self, broken: bool) -> None:
-        """Stop reading: readers see their iteration is over; a broken torch iterator's
-        workers are shut down (persistent ones too: the next iteration starts new ones)."""
-        self.feed.iteration.value = -1
-        it = self.torch_iter
-        self.torch_iter = None
-        loader = self.loader_ref()
-        if it is None or loader is None:
-            return
-        if broken or not loader.persistent_workers:
-            if hasattr(it, "_shutdown_workers"):
-                it._shutdown_workers()
-            if loader._iterator is it:
-                loader._iterator = None
-
-    def close(self) -> None:
-        """Abandon this iteration: release what it holds (nothing taken counts as done)."""
-        self._end(ack_taken=False, shutdown=False)
 
 
 def _retire(tasks: Any) -> None:
@@ -440,8 +299,3 @@ def _retire(tasks: Any) -> None:
         pass
     tasks.close()
     tasks.join_thread()
-
-
-def _abandon(feeder: Feeder, feed: Feed) -> None:
-    feed.iteration.value = -1
-    feeder.finish()

@@ -43,7 +43,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
     """Checkpoint the job's position and name it.
 
     What the loop took so far counts (the batch just handed out included): its tasks are
-    acked and the progress sent first, then ``Client.checkpoint`` records the pass, the
+    acked and the progress sent first (with ``acks="commit"``: committed), then ``Client.checkpoint`` records the pass, the
     done set and every unfinished task's progress. Other trainers' progress counts as of
     their last heartbeat: data-parallel ranks call ``loader.sync()`` before the one that
     checkpoints calls this (docs/torch.md).
@@ -60,6 +60,8 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
         InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
     """
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
+    if loader.acks == "commit":
+        loader.commit()  # the checkpoint is where the loop's position is committed
     cur = loader._current
     record: dict[str, Any] | None = None
     if cur is not None and not cur.ended and cur.feeder.is_alive():

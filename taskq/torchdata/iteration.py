@@ -1,0 +1,300 @@
+"""One iteration (one pass) of a ``taskq.torch.DataLoader``: the iterator the loop holds.
+
+It strips the per-sample tags off each batch and, once the step that took a batch is
+over (the next ``__next__``, ``commit()`` or the end of the iteration), acks the tasks
+whose last sample the batch held and records how far it got into the others. With
+``acks="commit"`` both wait in this iterator until ``commit()``: the tasks stay held
+(the trainer's heartbeat keeps their leases), and an iteration that ends while some are
+uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()`` or
+``close()``. If torch raises (a worker died), every task held and not committed is
+released, then the error is raised again.
+
+Data flow: training loop -> iteration.py -> feeder.py (trainer.py -> Redis);
+workers (dataset.py) -> torch's result queue -> iteration.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .. import errors
+from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
+from .feeder import Feeder
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
+_JOIN_S = 15.0
+
+Pair = tuple[int, int]
+
+
+class TaskqIter:
+    """One pass of a ``taskq.torch.DataLoader``: yields the user's batches."""
+
+    def __init__(self, loader: DataLoader, torch_iter: Any, feeder: Feeder, feed: Feed) -> None:
+        self.loader_ref = weakref.ref(loader)
+        self.torch_iter: Any = torch_iter
+        self.feeder = feeder
+        self.feed = feed
+        self.on_error = loader.on_error
+        self.pass_end = loader.pass_end
+        #: acks="commit": taken tasks wait for commit()
+        self.hold = loader.acks == "commit"
+        self.ended = False
+        self.tail: Iterator[Unit] | None = None
+        self._taken: list[Pair] = []
+        self._reached: dict[Pair, int] = {}
+        # acks="commit": taken to their end / how far taken, not committed yet
+        self._pending: dict[Pair, None] = {}
+        self._pending_reached: dict[Pair, int] = {}
+        self._feeder_done = False
+        # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
+        # is gone): release, leave, stop the thread
+        self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
+
+    def __iter__(self) -> TaskqIter:
+        return self
+
+    def __next__(self) -> Any:
+        if self.ended:
+            raise StopIteration
+        try:
+            return self._next()
+        except StopIteration:
+            raise
+        except BaseException:
+            # the step before this call finished: what it took counts as taken (with
+            # acks="commit" it is released all the same: nothing uncommitted is kept)
+            self._end(ack_taken=True, shutdown=True)
+            raise
+
+    def _next(self) -> Any:
+        counts = self._counts()
+        self._settle()
+        while True:
+            if self.feeder.error is not None:
+                raise self.feeder.error
+            if self.feeder.end_state in ("completed", "cancelled"):
+                self._finish()
+            unit = self._next_unit()
+            if unit is None:
+                self._finish()
+            tags, ctrl, batch = unit
+            self._control(ctrl)
+            finished = []
+            reached: dict[Pair, int] = {}
+            holds = self.feeder.holds
+            for task_id, token, index, last in tags:
+                if last:
+                    if holds(task_id, token):
+                        finished.append((task_id, token))
+                else:
+                    # a task's samples come in increasing position: the last one counts
+                    reached[task_id, token] = index + 1
+            if batch is None:
+                self._ack(finished)  # dropped (drop_last): nothing left to take
+                continue
+            self._taken = finished
+            self._reached = reached
+            counts["samples"] += len(tags)
+            counts["batches"] += 1
+            return batch
+
+    def _ack(self, pairs: list[Pair]) -> None:
+        if self.hold:
+            self._pending.update(dict.fromkeys(pairs))
+        else:
+            self.feeder.ack(pairs)
+
+    def _settle(self) -> None:
+        """The batch handed out last was taken (the step finished): ack the tasks it
+        ended, record how far it got into the others (acks="commit": keep both for
+        ``commit()``)."""
+        if self._reached:
+            if self.hold:
+                for key, n in self._reached.items():
+                    self._pending_reached[key] = max(n, self._pending_reached.get(key, 0))
+            else:
+                self.feeder.progress(self._reached)
+            self._reached = {}
+        if self._taken:
+            self._ack(self._taken)
+            self._taken = []
+
+    def uncommitted(self) -> int:
+        """Tasks the loop took from (to their end or not) since the last commit."""
+        if not self.hold:
+            return 0
+        if not self.ended:
+            self._settle()
+        return len(self._pending.keys() | self._pending_reached.keys())
+
+    def commit(self) -> int:
+        """Ack the tasks the loop took to their end and record how far it got into the
+        others, in the feeder thread, now; a parked iteration's feeder then ends.
+
+        Returns:
+            The number of tasks acked.
+
+        Raises:
+            TaskqError: the iteration had ended with an error (what it held was
+                released: nothing is committed), or the call failed.
+        """
+        if not self.ended:
+            self._settle()
+        acks, reached = list(self._pending), dict(self._pending_reached)
+        self._pending, self._pending_reached = {}, {}
+        if self._feeder_done:
+            if acks or reached:
+                raise errors.TaskqError(
+                    f"job {self.feeder.dataset.job!r}: nothing committed, the loader's "
+                    "iteration ended first and gave back what it held"
+                )
+            return 0
+        if acks or reached or not self.hold:
+            self.feeder.commit(acks, reached)
+        if self.ended:
+            self._close_feeder()
+        return len(acks)
+
+    def _counts(self) -> Counter[str]:
+        loader = self.loader_ref()
+        return loader.counts if loader is not None else Counter()
+
+    def _next_unit(self) -> Unit | None:
+        if self.torch_iter is not None:
+            self.feeder.main_waiting = time.monotonic()
+            try:
+                unit: Unit = next(self.torch_iter)
+                return unit
+            except StopIteration:
+                self.torch_iter = None
+                if self.pass_end == "local":
+                    return None
+                self.tail = self._tail_units()
+            finally:
+                self.feeder.main_waiting = 0.0
+        if self.tail is None:
+            return None
+        return next(self.tail, None)
+
+    def _tail_units(self) -> Iterator[Unit]:
+        """Work leased after the readers stopped (re-dispatched from a lost trainer),
+        read here in the main process until the pass is complete for everyone. With
+        uncommitted tasks held it ends instead of waiting (the pass cannot end before
+        they are committed): the next iteration takes the pass's late work."""
+        ds: TaskDataset = self.feeder.dataset
+        tail, it_no = self.feeder.tail, self.feeder.iteration
+
+        def take(block: bool) -> TaskMsg | None:
+            while True:
+                try:
+                    return tail.get(timeout=0.25) if block else tail.get_nowait()
+                except queue.Empty:
+                    if not block:
+                        return None
+                    if not self.feeder.is_alive() or self.uncommitted():
+                        return stop_msg(it_no)
+
+        return ds.units(
+            take, self.feed, lambda: None, flush_when_idle=True, rng_key=f"tail:{it_no}"
+        )
+
+    def _control(self, ctrl: list[Any]) -> None:
+        holds = self.feeder.holds
+        for kind, task_id, token, text in ctrl:
+            if not holds(task_id, token):
+                continue
+            if kind == "done":
+                self._ack([(task_id, token)])
+                continue
+            self.feeder.fail(task_id, token, text)
+            if self.on_error == "raise":
+                raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
+
+    def _finish(self) -> NoReturn:
+        self._end(ack_taken=True, shutdown=False, raise_error=True, park=True)
+        raise StopIteration
+
+    def _end(
+        self, ack_taken: bool, shutdown: bool, raise_error: bool = False, park: bool = False
+    ) -> None:
+        if self.ended:
+            if not park:
+                self._close_feeder()  # a parked feeder: give back what it holds
+            return
+        self.ended = True
+        if ack_taken:
+            self._settle()
+        self._taken, self._reached = [], {}
+        if shutdown or self.torch_iter is not None:
+            self._stop_workers(shutdown)
+        if park and self.uncommitted() and self.feeder.error is None:
+            # the pass is over for this loop, its tasks wait for commit(): lease no more
+            try:
+                self.feeder.park(list(self._pending.keys() | self._pending_reached.keys()))
+            except errors.TaskqError:
+                self._close_feeder()
+            else:
+                self._note_end()
+        else:
+            self._close_feeder()
+        if self.feeder.error is not None and raise_error:
+            raise self.feeder.error
+
+    def _close_feeder(self) -> None:
+        """End the feeder: perform what was asked, release what is held, leave."""
+        if self._feeder_done:
+            return
+        self._feeder_done = True
+        self._finalizer.detach()
+        self.feeder.finish()
+        self.feeder.join(_JOIN_S)
+        self._pending, self._pending_reached = {}, {}
+        self._note_end()
+        loader = self.loader_ref()
+        if loader is not None:
+            loader.counts["tasks_acked"] += self.feeder.acked
+            loader.counts["tasks_failed"] += self.feeder.failed
+
+    def _note_end(self) -> None:
+        loader = self.loader_ref()
+        feeder = self.feeder
+        if loader is not None:
+            loader.state = feeder.end_state
+            if feeder.end_state in ("pass_complete", "exhausted"):
+                loader._done_pass = feeder.pass_no
+
+    def _stop_workers(self, broken: bool) -> None:
+        """Stop reading: readers see their iteration is over; a broken torch iterator's
+        workers are shut down (persistent ones too: the next iteration starts new ones)."""
+        self.feed.iteration.value = -1
+        it = self.torch_iter
+        self.torch_iter = None
+        loader = self.loader_ref()
+        if it is None or loader is None:
+            return
+        if broken or not loader.persistent_workers:
+            if hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()
+            if loader._iterator is it:
+                loader._iterator = None
+
+    def close(self) -> None:
+        """Abandon this iteration: release what it holds (nothing taken counts as done;
+        with acks="commit" nothing uncommitted either)."""
+        if self.hold:
+            self._taken, self._reached = [], {}
+            self._pending, self._pending_reached = {}, {}
+        self._end(ack_taken=False, shutdown=False)
+
+
+def _abandon(feeder: Feeder, feed: Feed) -> None:
+    feed.iteration.value = -1
+    feeder.finish()

@@ -1,0 +1,198 @@
+"""The ledger of one loader iteration: the tasks it holds and what to do with them.
+
+The main thread records here what the loop did (a task taken to its end: ack it; a
+reader failed: fail it; how far the loop got into a task); the feeder thread, the only
+one that calls the trainer, performs it: acks (``MAX_BATCH`` per call, or carried by the
+next lease call), fails, progress handed to the trainer, releases, and with
+``acks="commit"`` the commit of what the loop took since the last one.
+
+Data flow: loader iterator (main thread) -> ledger.py -> feeder.py (its thread) ->
+trainer.py -> Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .. import errors
+from ..models import Task
+from ..scripts import MAX_BATCH
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
+
+log = logging.getLogger("taskq.torch")
+
+Pair = tuple[int, int]
+
+
+class Ledger:
+    """What one iteration holds (by task id) and the main thread's commands about it.
+
+    Args:
+        job: the job name (for messages).
+    """
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        #: set by the feeder thread once it made the iteration's trainer
+        self.trainer: Trainer | None = None
+        self.acked = 0
+        self.failed = 0
+        self._held: dict[int, Task] = {}
+        self._lock = threading.Lock()
+        self._cmds: deque[tuple[str, int, int, str]] = deque()
+        self._reached: dict[Pair, int] = {}
+        self._progress_sent = time.monotonic()
+
+    # -- the main thread's side ---------------------------------------------------
+    def holds(self, task_id: int, token: int) -> bool:
+        """True while (task, token) was leased by this iteration and not ended."""
+        with self._lock:
+            return self._owns(task_id, token)
+
+    def ack(self, pairs: list[Pair]) -> None:
+        """Ack these (task, token) pairs (the feeder thread does, soon)."""
+        self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
+
+    def fail(self, task_id: int, token: int, text: str) -> None:
+        """Fail one task with the reader's error text (the feeder thread does, soon)."""
+        self._cmds.append(("fail", task_id, token, text))
+
+    def progress(self, reached: dict[Pair, int]) -> None:
+        """Record that the loop took samples ``[0, n)`` of these (task, token) -> n."""
+        with self._lock:
+            for key, n in reached.items():
+                if n > self._reached.get(key, 0):
+                    self._reached[key] = n
+
+    # -- the feeder thread's side -------------------------------------------------
+    def add(self, task: Task) -> None:
+        """A task leased by this iteration."""
+        with self._lock:
+            self._held[task.id] = task
+
+    def count(self) -> int:
+        """Tasks held (leased and not acked, failed or released by this iteration)."""
+        with self._lock:
+            return len(self._held)
+
+    def drop_revoked(self) -> bool:
+        """Forget held tasks the server took back (a heartbeat's answer): their acks
+        would be stale. True if there were any."""
+        with self._lock:
+            gone = [t.id for t in self._held.values() if t.revoked.is_set()]
+            for task_id in gone:
+                del self._held[task_id]
+        return bool(gone)
+
+    def collect(self) -> list[Task]:
+        """Take the main thread's commands: hand the progress to the trainer, perform
+        the fails; return the tasks to ack (no longer held)."""
+        acks: list[Task] = []
+        if self.trainer is None:
+            return acks
+        self._record_progress(self.trainer)
+        fails: list[tuple[Task, str]] = []
+        while self._cmds:
+            kind, task_id, token, text = self._cmds.popleft()
+            with self._lock:
+                if not self._owns(task_id, token):
+                    continue
+                task = self._held.pop(task_id)
+            if kind == "ack":
+                acks.append(task)
+            else:
+                fails.append((task, text))
+        for task, text in fails:
+            log.warning("job %s task %s: %s; failing the task", self.job, task.id, text)
+            try:
+                self.trainer.fail(task, text)
+            except errors.LeaseLost as e:
+                log.warning("%s", e)
+            self.failed += 1
+        return acks
+
+    def ack_now(self, acks: list[Task]) -> None:
+        """Ack these tasks, ``MAX_BATCH`` per call."""
+        if acks and self.trainer is not None:
+            for start in range(0, len(acks), MAX_BATCH):
+                try:
+                    self.trainer.ack(acks[start : start + MAX_BATCH])
+                except errors.LeaseLost as e:
+                    log.warning("%s", e)  # the others in the call were counted
+            self.acked += len(acks)
+
+    def commit(self, acks: list[Pair], reached: dict[Pair, int]) -> None:
+        """Ack these (task, token) pairs and send how far the loop got into the held
+        tasks of ``reached``, now (acks="commit")."""
+        assert self.trainer is not None
+        with self._lock:
+            done = [self._held.pop(t) for t, tok in acks if self._owns(t, tok)]
+            partial = [(self._held[t], n) for (t, tok), n in reached.items() if self._owns(t, tok)]
+        self.ack_now(done)
+        for task, n in partial:
+            if not task.revoked.is_set():
+                self.trainer.progress(task, n)
+        self.trainer.flush_progress()
+
+    def keep_only(self, keep: list[Pair]) -> None:
+        """Release every held task but these (task, token) pairs."""
+        kept = set(keep)
+        with self._lock:
+            others = [t for t in self._held.values() if (t.id, t.token) not in kept]
+            for task in others:
+                del self._held[task.id]
+        self._release(others)
+
+    def release_all(self) -> None:
+        """Give back what is still held, ``MAX_BATCH`` per call (a leave ends a bounded
+        number of leases and leaves the rest to expire; with acks="commit" up to
+        MAX_HELD are held)."""
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        self._release(held)
+
+    def _owns(self, task_id: int, token: int) -> bool:
+        task = self._held.get(task_id)
+        return task is not None and task.token == token
+
+    def _release(self, tasks: list[Task]) -> None:
+        if self.trainer is None:
+            return
+        tasks = [t for t in tasks if not t.revoked.is_set()]
+        for start in range(0, len(tasks), MAX_BATCH):
+            try:
+                self.trainer.release(tasks[start : start + MAX_BATCH])
+            except (errors.JobCancelled, errors.JobCompleted):
+                return  # nothing to give back
+            except errors.TaskqError as e:
+                log.warning("release: %s (the leases expire instead)", e)
+                return
+
+    def _record_progress(self, trainer: Trainer) -> None:
+        """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
+        sends it (one call per interval for all held tasks)."""
+        with self._lock:
+            if not self._reached:
+                return
+            reached, self._reached = self._reached, {}
+            tasks = [(self._held.get(task_id), token, n) for (task_id, token), n in reached.items()]
+        for task, token, n in tasks:
+            if task is not None and task.token == token and not task.revoked.is_set():
+                trainer.progress(task, n)
+        # the trainer's heartbeat sends it too; sending it from here as well, once per
+        # interval, does not depend on how the trainer beats (a trainer made with
+        # client= was seen not to send it)
+        now = time.monotonic()
+        if now - self._progress_sent >= trainer.heartbeat_interval:
+            self._progress_sent = now
+            try:
+                trainer.flush_progress()
+            except errors.ConnectionLost as e:
+                log.warning("progress not sent yet: %s", e)  # kept, sent next time
