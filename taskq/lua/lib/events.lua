@@ -1,7 +1,7 @@
 -- events.lua: the events stream (buffered per call), the histograms, and the wake-ups
 -- of waiting workers (the wake list, the broadcast lists).
 
-local EVMAX = 10000  -- per call (open_job sets it from the job)
+local EVMAX = '10000'  -- per call (open_job sets it from the job)
 
 -- leased / acked events are gathered per call (one entry listing the tasks and tokens)
 -- and written before any other event, so the stream keeps the order things happened in.
