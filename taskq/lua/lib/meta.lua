@@ -94,6 +94,13 @@ local function flush()
   DIRTY = {}
 end
 
+-- Keeps the meta hash in Redis's hashtable encoding (F.ENC, keys.py): written at create,
+-- and by the first register of a job created before it (a hash never goes back to a
+-- listpack until a restart reloads it, and the field is kept across that).
+local function pad_meta()
+  if not mget(F.ENC) then mset(F.ENC, string.rep('h', 80)) end
+end
+
 local function split(s)
   local fields, start = {}, 1
   while true do
