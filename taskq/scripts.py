@@ -303,7 +303,12 @@ VERBS = tuple(sorted(_FUNCTIONS))
 
 def _bulk(arg: Any) -> bytes:
     """One RESP bulk string (redis-py's Encoder rules for the types taskq sends)."""
-    if isinstance(arg, bytes):
+    t = type(arg)
+    if t is int:  # the common case first: ids, tokens, counts (bool is not int here)
+        b = b"%d" % arg
+    elif t is str:
+        b = arg.encode()
+    elif isinstance(arg, bytes):
         b = arg
     elif isinstance(arg, str):
         b = arg.encode()
@@ -312,6 +317,11 @@ def _bulk(arg: Any) -> bytes:
     else:
         raise errors.TaskqError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
     return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+#: Packed bulk strings of the short str arguments a trainer repeats on every call (its job
+#: incarnation, worker id, incarnation, mode letters, secret), up to this many per Scripts.
+_BULK_CACHE_MAX = 256
 
 
 def _pool_of(redis_client: Any) -> Any:
@@ -342,6 +352,11 @@ class Scripts:
         # wrappers) as the largest share of a trainer's CPU per task.
         self._pool = _pool_of(redis_client)
         self._packed: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
+        # the same, found by the key list's identity (a job's keys are one list for the
+        # life of its Client): no tuple of 22 keys hashed per call. The entry holds the
+        # list, so its id is not reused while cached.
+        self._packed_by_id: dict[tuple[str, int], tuple[Any, tuple[int, bytes]]] = {}
+        self._bulk_str: dict[str, bytes] = {}
         # one connection kept out of the pool for whichever thread calls first (the pool's
         # get/release with its checks and events cost as much as the packing); a second
         # thread meanwhile takes one from the pool. (pid, connection): a forked child
@@ -440,14 +455,35 @@ class Scripts:
     ) -> Any:
         """FCALL on a pooled connection with the constant part packed once; a connection
         error goes on through ``execute_command``, whose retry policy is the client's."""
-        cache_key = (verb, tuple(keys))
-        const = self._packed.get(cache_key)
-        if const is None:
-            head = [command, name, len(keys), *keys]
-            const = (len(head), b"".join(_bulk(a) for a in head))
-            self._packed[cache_key] = const
+        by_id = self._packed_by_id.get((verb, id(keys)))
+        if by_id is not None and by_id[0] is keys:
+            const = by_id[1]
+        else:
+            cache_key = (verb, tuple(keys))
+            const = self._packed.get(cache_key)
+            if const is None:
+                head = [command, name, len(keys), *keys]
+                const = (len(head), b"".join(_bulk(a) for a in head))
+                self._packed[cache_key] = const
+            if len(self._packed_by_id) < 64:
+                self._packed_by_id[(verb, id(keys))] = (keys, const)
         n, packed = const
-        body = [b"".join([b"*%d\r\n" % (n + len(args)), packed, *map(_bulk, args)])]
+        parts = [b"*%d\r\n" % (n + len(args)), packed]
+        strs = self._bulk_str
+        for a in args:
+            if type(a) is int:
+                b = b"%d" % a
+                parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+            elif type(a) is str:
+                p = strs.get(a)
+                if p is None:
+                    p = _bulk(a)
+                    if len(a) <= 64 and len(strs) < _BULK_CACHE_MAX:
+                        strs[a] = p
+                parts.append(p)
+            else:
+                parts.append(_bulk(a))
+        body = [b"".join(parts)]
         assert self._pool is not None
         if self._own_lock.acquire(blocking=False):
             try:
