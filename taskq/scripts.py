@@ -319,6 +319,15 @@ def _bulk(arg: Any) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(b), b)
 
 
+#: Packed bulk strings of the small ints a call sends most (counts, modes' wants, -1).
+_INT_BULK: dict[int, bytes] = {i: b"$%d\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(-1, 1024)}
+
+#: Bumped in a forked child: a kept connection belongs to the process that opened it
+#: (os.getpid() is a system call on every call; this is a list read).
+_FORK_GEN = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+
 #: Packed bulk strings of the short str arguments a trainer repeats on every call (its job
 #: incarnation, worker id, incarnation, mode letters, secret), up to this many per Scripts.
 _BULK_CACHE_MAX = 256
@@ -359,8 +368,8 @@ class Scripts:
         self._bulk_str: dict[str, bytes] = {}
         # one connection kept out of the pool for whichever thread calls first (the pool's
         # get/release with its checks and events cost as much as the packing); a second
-        # thread meanwhile takes one from the pool. (pid, connection): a forked child
-        # leaves its parent's socket alone and takes its own.
+        # thread meanwhile takes one from the pool. (fork generation, connection): a
+        # forked child leaves its parent's socket alone and takes its own.
         self._own: tuple[int, Any] | None = None
         self._own_lock = threading.Lock()
 
@@ -390,8 +399,8 @@ class Scripts:
         if self._pool is None or not self._own_lock.acquire(blocking=False):
             return None
         try:
-            if self._own is None or self._own[0] != os.getpid():
-                self._own = (os.getpid(), self._pool.get_connection())
+            if self._own is None or self._own[0] != _FORK_GEN[0]:
+                self._own = (_FORK_GEN[0], self._pool.get_connection())
             conn = self._own[1]
             for attempt in (1, 2):  # a connection a restart closed reconnects once
                 replies: list[Any] = []
@@ -472,8 +481,11 @@ class Scripts:
         strs = self._bulk_str
         for a in args:
             if type(a) is int:
-                b = b"%d" % a
-                parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+                p = _INT_BULK.get(a)
+                if p is None:
+                    b = b"%d" % a
+                    p = b"$%d\r\n%s\r\n" % (len(b), b)
+                parts.append(p)
             elif type(a) is str:
                 p = strs.get(a)
                 if p is None:
@@ -487,8 +499,8 @@ class Scripts:
         assert self._pool is not None
         if self._own_lock.acquire(blocking=False):
             try:
-                if self._own is None or self._own[0] != os.getpid():
-                    self._own = (os.getpid(), self._pool.get_connection())
+                if self._own is None or self._own[0] != _FORK_GEN[0]:
+                    self._own = (_FORK_GEN[0], self._pool.get_connection())
                 conn = self._own[1]
                 try:
                     conn.send_packed_command(body)
