@@ -469,11 +469,12 @@ class Scripts:
             const = by_id[1]
         else:
             cache_key = (verb, tuple(keys))
-            const = self._packed.get(cache_key)
-            if const is None:
+            found = self._packed.get(cache_key)
+            if found is None:
                 head = [command, name, len(keys), *keys]
-                const = (len(head), b"".join(_bulk(a) for a in head))
-                self._packed[cache_key] = const
+                found = (len(head), b"".join(_bulk(a) for a in head))
+                self._packed[cache_key] = found
+            const = found
             if len(self._packed_by_id) < 64:
                 self._packed_by_id[(verb, id(keys))] = (keys, const)
         n, packed = const
