@@ -35,12 +35,15 @@ local function event(kind, ...)
 end
 
 local HBUF = {}  -- per call
+-- (name: 'dur' or 'late'; dur's count and sum fields are literals, no string built per ack)
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
   local bucket = name .. ':' .. hist_bucket(ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
-  HBUF[name .. ':count'] = (HBUF[name .. ':count'] or 0) + 1
-  HBUF[name .. ':sum'] = (HBUF[name .. ':sum'] or 0) + ms
+  local count, sum = 'dur:count', 'dur:sum'
+  if name ~= 'dur' then count, sum = name .. ':count', name .. ':sum' end
+  HBUF[count] = (HBUF[count] or 0) + 1
+  HBUF[sum] = (HBUF[sum] or 0) + ms
 end
 
 -- Counted wake-ups: one token per task that became leasable, never more than waiters.
