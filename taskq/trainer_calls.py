@@ -204,8 +204,9 @@ class TrainerCalls:
         self._progress.discard(acks)  # a done task's progress is spent
         with self._lock:
             self._in_flight.discard(call_no)
-            self._forget(*acks)
-            for t, res in zip(starts, r.start_res, strict=False):
+            if acks:
+                self._forget(*acks)
+            for t, res in zip(starts, r.start_res, strict=False) if starts else ():
                 if res == Code.STOLEN:
                     self._forget(t)
                     t.revoked.set()

@@ -162,8 +162,10 @@ class TrainerIteration(TrainerBeats):
             except (errors.JobNotFound, errors.JobCancelled):
                 self._mark_all_revoked()
                 raise
-            self._check_acks(acks, r.ack_res, raise_stale=False)
-            bad = self._fail_corrupt(r.corrupt)  # logged; the loop goes on with other work
+            if acks:
+                self._check_acks(acks, r.ack_res, raise_stale=False)
+            # logged; the loop goes on with other work
+            bad = self._fail_corrupt(r.corrupt) if r.corrupt else []
             code, got = r.code, r.granted
             if code == Code.REREGISTER:
                 continue
