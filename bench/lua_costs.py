@@ -6,8 +6,9 @@ Where it sits: beside `taskq_profile.py`, whose commandstats see only the time i
 Redis commands a script runs. This prints the rest: a bare FCALL with taskq's 22 KEYS, one
 `redis.call` (HGET), TIME, the meta hash read whole into a Lua table, `string.format`, and
 taskq's own `ack` with nothing to ack or lease (the fixed part of every call) and acking
-the task the last call leased while leasing one (the 1/call hot path, no prefetch). Each is µs of server time per FCALL (INFO commandstats), best of 3 x 2,000
-calls, against a private redis-server.
+the task the last call leased while leasing one (the 1/call hot path, no prefetch). Each
+is µs of server time per FCALL (INFO commandstats), best of 3 x 2,000 calls, against a
+private redis-server.
 """
 
 from __future__ import annotations
