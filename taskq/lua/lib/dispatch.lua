@@ -323,7 +323,7 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
     local got = take(worker, winc, want, call_no, mode)
     if #got > 0 then
-      if not WAITING_EMPTY then redis.call('ZREM', K_WAITING, m) end
+      redis.call('ZREM', K_WAITING, m)
       return {C.OK, got, 0}
     end
   end

@@ -211,19 +211,16 @@ end
 -- Whether the counts hash (a: f: s: per task), the dead set and this pass attempt's
 -- progress hash are empty, each read once per call; any write to one in this call makes
 -- it "maybe not empty" (false). Most calls ask about all three and all are empty: one
--- EXISTS of the three keys (and the waiting set) answers them together, else each is
--- read alone.
--- The waiting set is asked along (WAITING_EMPTY: no worker waits, so a worker that got
--- tasks has no entry to remove); nothing in a call adds to it before a take.
+-- EXISTS of the three keys answers them together, else each is read alone.
+-- (The waiting set is not asked along: with workers waiting, which is common, the
+-- EXISTS would answer "some" and each flag would cost its own command again.)
 local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, EMPTIES_READ = nil, nil, nil, false  -- per call
-local WAITING_EMPTY = false  -- per call
 local function read_empties()
   EMPTIES_READ = true
-  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS, K_WAITING) == 0 then
+  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS) == 0 then
     if COUNTS_EMPTY == nil then COUNTS_EMPTY = true end
     if DEAD_EMPTY == nil then DEAD_EMPTY = true end
     if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = true end
-    WAITING_EMPTY = true
   end
 end
 local function counts_empty()
