@@ -14,6 +14,8 @@ import secrets
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
+import redis
+
 from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
 from .connection import make_redis, translate
@@ -93,11 +95,22 @@ class Client:
         """Run one operation's script on ``job``; negative codes raise their error, except
         those in ``passthrough``, which the caller handles from the reply."""
         job_keys = self.keys(job)
-        keys: list[Any] = job_keys.all_bytes + [k.encode() for k in extra_keys]
-        with translate(self.url, job_keys, self.redis):
-            reply = self.scripts.call(verb, keys, list(args))
+        # the job's own key list as it is (one list per job: the constant part of the
+        # call is packed once per list, scripts.py), a new one only with extra keys
+        keys: list[Any] = (
+            job_keys.all_bytes
+            if not extra_keys
+            else job_keys.all_bytes + [k.encode() for k in extra_keys]
+        )
+        try:
+            reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
+        except redis.exceptions.RedisError as e:
+            # translated only when it happens: the context manager's enter and exit cost
+            # a few µs on every call of a trainer's hot path (bench/README.md)
+            with translate(self.url, job_keys, self.redis):
+                raise e
         code = int(reply[0])
-        if code not in passthrough:
+        if code < 0 and code not in passthrough:
             raise_for(
                 code,
                 job,

@@ -267,33 +267,43 @@ class Wire:
         code = int(reply[0])
         if len(reply) < 6:
             return Step(code, [], 0.0, None, [], [], _NO_CORRUPT)
-        info = decode_info(reply[3])
+        raw_info = reply[3]
+        info = JobInfo(
+            int(raw_info[0]),
+            int(raw_info[1]),
+            str(raw_info[2]),
+            str(raw_info[3]) if len(raw_info) > 3 else "",
+        )
+        pass_no, job = info.pass_no, self.job
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
-        for task_id, token, attempt, chunks, started, *rest in reply[1]:
-            # rest[0]: where reading begins (the task's recorded progress, docs/resume.md)
+        # one row per task: {id, token, attempt, chunks_json, started, start}; start is
+        # where reading begins (the task's recorded progress, docs/resume.md). Positional
+        # arguments and no per-row unpacking: this loop is most of a reply's decoding.
+        for row in reply[1]:
             task = Task(
-                id=int(task_id),
-                pass_no=info.pass_no,
-                chunks=[],
-                token=int(token),
-                attempt=int(attempt),
-                job=self.job,
-                started=bool(int(started)),
-                start=int(rest[0]) if rest else 0,
+                int(row[0]),
+                pass_no,
+                [],
+                int(row[1]),
+                int(row[2]),
+                job,
+                row[4] == 1 or row[4] == "1",
+                int(row[5]) if len(row) > 5 else 0,
             )
             try:
-                task.chunks = decode_chunks(chunks, self.keys.chunks, task_id)
+                task.chunks = decode_chunks(row[3], self.keys.chunks, row[0])
                 granted.append(task)
             except errors.CorruptData as e:
                 corrupt = [*corrupt, (task, e)]
+        acks, starts = reply[4], reply[5]
         return Step(
             code,
             granted,
             int(reply[2]) / 1000.0,
             info,
-            [int(x) for x in reply[4]],
-            [int(x) for x in reply[5]],
+            [int(x) for x in acks] if acks else [],
+            [int(x) for x in starts] if starts else [],
             corrupt,
         )
 

@@ -303,7 +303,12 @@ VERBS = tuple(sorted(_FUNCTIONS))
 
 def _bulk(arg: Any) -> bytes:
     """One RESP bulk string (redis-py's Encoder rules for the types taskq sends)."""
-    if isinstance(arg, bytes):
+    t = type(arg)
+    if t is int:  # the common case first: ids, tokens, counts (bool is not int here)
+        b = b"%d" % arg
+    elif t is str:
+        b = arg.encode()
+    elif isinstance(arg, bytes):
         b = arg
     elif isinstance(arg, str):
         b = arg.encode()
@@ -312,6 +317,20 @@ def _bulk(arg: Any) -> bytes:
     else:
         raise errors.TaskqError(f"cannot send {type(arg).__name__} {arg!r} to Redis")
     return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+#: Packed bulk strings of the small ints a call sends most (counts, modes' wants, -1).
+_INT_BULK: dict[int, bytes] = {i: b"$%d\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(-1, 1024)}
+
+#: Bumped in a forked child: a kept connection belongs to the process that opened it
+#: (os.getpid() is a system call on every call; this is a list read).
+_FORK_GEN = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+
+#: Packed bulk strings of the short str arguments a trainer repeats on every call (its job
+#: incarnation, worker id, incarnation, mode letters, secret), up to this many per Scripts.
+_BULK_CACHE_MAX = 256
 
 
 def _pool_of(redis_client: Any) -> Any:
@@ -342,10 +361,15 @@ class Scripts:
         # wrappers) as the largest share of a trainer's CPU per task.
         self._pool = _pool_of(redis_client)
         self._packed: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
+        # the same, found by the key list's identity (a job's keys are one list for the
+        # life of its Client): no tuple of 22 keys hashed per call. The entry holds the
+        # list, so its id is not reused while cached.
+        self._packed_by_id: dict[tuple[str, int], tuple[Any, tuple[int, bytes]]] = {}
+        self._bulk_str: dict[str, bytes] = {}
         # one connection kept out of the pool for whichever thread calls first (the pool's
         # get/release with its checks and events cost as much as the packing); a second
-        # thread meanwhile takes one from the pool. (pid, connection): a forked child
-        # leaves its parent's socket alone and takes its own.
+        # thread meanwhile takes one from the pool. (fork generation, connection): a
+        # forked child leaves its parent's socket alone and takes its own.
         self._own: tuple[int, Any] | None = None
         self._own_lock = threading.Lock()
 
@@ -375,8 +399,8 @@ class Scripts:
         if self._pool is None or not self._own_lock.acquire(blocking=False):
             return None
         try:
-            if self._own is None or self._own[0] != os.getpid():
-                self._own = (os.getpid(), self._pool.get_connection())
+            if self._own is None or self._own[0] != _FORK_GEN[0]:
+                self._own = (_FORK_GEN[0], self._pool.get_connection())
             conn = self._own[1]
             for attempt in (1, 2):  # a connection a restart closed reconnects once
                 replies: list[Any] = []
@@ -440,19 +464,44 @@ class Scripts:
     ) -> Any:
         """FCALL on a pooled connection with the constant part packed once; a connection
         error goes on through ``execute_command``, whose retry policy is the client's."""
-        cache_key = (verb, tuple(keys))
-        const = self._packed.get(cache_key)
-        if const is None:
-            head = [command, name, len(keys), *keys]
-            const = (len(head), b"".join(_bulk(a) for a in head))
-            self._packed[cache_key] = const
+        by_id = self._packed_by_id.get((verb, id(keys)))
+        if by_id is not None and by_id[0] is keys:
+            const = by_id[1]
+        else:
+            cache_key = (verb, tuple(keys))
+            found = self._packed.get(cache_key)
+            if found is None:
+                head = [command, name, len(keys), *keys]
+                found = (len(head), b"".join(_bulk(a) for a in head))
+                self._packed[cache_key] = found
+            const = found
+            if len(self._packed_by_id) < 64:
+                self._packed_by_id[(verb, id(keys))] = (keys, const)
         n, packed = const
-        body = [b"".join([b"*%d\r\n" % (n + len(args)), packed, *map(_bulk, args)])]
+        parts = [b"*%d\r\n" % (n + len(args)), packed]
+        strs = self._bulk_str
+        for a in args:
+            if type(a) is int:
+                p = _INT_BULK.get(a)
+                if p is None:
+                    b = b"%d" % a
+                    p = b"$%d\r\n%s\r\n" % (len(b), b)
+                parts.append(p)
+            elif type(a) is str:
+                p = strs.get(a)
+                if p is None:
+                    p = _bulk(a)
+                    if len(a) <= 64 and len(strs) < _BULK_CACHE_MAX:
+                        strs[a] = p
+                parts.append(p)
+            else:
+                parts.append(_bulk(a))
+        body = [b"".join(parts)]
         assert self._pool is not None
         if self._own_lock.acquire(blocking=False):
             try:
-                if self._own is None or self._own[0] != os.getpid():
-                    self._own = (os.getpid(), self._pool.get_connection())
+                if self._own is None or self._own[0] != _FORK_GEN[0]:
+                    self._own = (_FORK_GEN[0], self._pool.get_connection())
                 conn = self._own[1]
                 try:
                     conn.send_packed_command(body)

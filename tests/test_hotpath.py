@@ -93,3 +93,55 @@ def test_a_forked_child_does_not_share_the_kept_connection(client, job_name):
     child.join(timeout=30)
     assert child.exitcode == 0
     assert parent == [1] * 50 and seen == [1] * 50, "every reply answered its own call"
+
+
+def test_auto_task_timeout_is_ten_times_the_p99_bucket(client, job_name):
+    """The auto timeout reads the duration histogram in one HMGET: 20 tasks of 10 s each
+    put the p99 in the 10,000 ms bucket, so the timeout is 100 s (above the 60 s floor)."""
+    make_job(client, job_name, n=25, task_timeout="auto", worker_ttl=60.0)
+    t = trainer(client, job_name, "w")
+    for _ in range(20):
+        task = t.lease(timeout=0)
+        assert task is not None
+        client.advance_clock(job_name, 10_000)
+        t.ack(task)
+    status = client.status(job_name, summaries=0)
+    assert status.config["auto_task_timeout_s"] == 100.0
+
+
+def test_meta_hash_is_kept_in_the_hashtable_encoding(client, job_name):
+    """A create writes the padding field, so the meta hash's ~30 reads per call are O(1);
+    a job created without it (an older taskq) gets it from its first register."""
+    make_job(client, job_name, n=2)
+    meta = client.keys(job_name).meta
+    assert client.redis.object("encoding", meta) == "hashtable"
+    client.redis.hdel(meta, "enc")  # as a job written before the field existed
+    trainer(client, job_name, "a")
+    assert client.redis.hget(meta, "enc") is not None
+
+
+def test_counters_that_come_back_are_correct_in_the_hash(client, job_name):
+    """A call that ends one lease and grants another leaves nleased / nreserved unwritten
+    (the same number); the stored numbers still match what is held."""
+    make_job(client, job_name, n=6)
+    t = trainer(client, job_name, "a", prefetch=1)
+    it = iter(t)
+    for _ in range(4):
+        next(it)
+        status = client.status(job_name, summaries=0)
+        assert (status.leased, status.reserved) == (2, 1)
+    t.close()
+    status = client.status(job_name, summaries=0)
+    assert (status.leased, status.reserved, status.done) == (0, 0, 3)
+
+
+def test_a_worker_whose_member_is_gone_is_lost_not_renewed(client, job_name):
+    """Renewing with ZADD XX never re-adds a worker the server removed: its next call is
+    answered as a lost worker's (it re-registers under a new incarnation)."""
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "a")
+    old = t.incarnation
+    client.redis.zrem(client.keys(job_name).workers, f"a|{old}")
+    assert t.lease(timeout=0) is not None
+    assert t.incarnation != old
+    assert client.redis.zscore(client.keys(job_name).workers, f"a|{old}") is None

@@ -604,3 +604,19 @@ def test_lease_with_acks_acks_and_leases_in_one_call(
             trainer.lease(timeout=0, acks=rest)
     st = client.status(job_name)
     assert st.counters["acked"] == 5 and st.counters["stale"] == 1 and st.done == 5
+
+
+@pytest.mark.parametrize("given", ["client", "url"])
+def test_heartbeat_thread_sends_buffered_progress(url, client, job_name, given):
+    """The heartbeat thread sends what ``progress`` buffered, whether the trainer was
+    built on a given ``Client`` (its beats share that client's connection) or a URL."""
+    make_job(client, job_name, 2, task_timeout=None)
+    kw: dict[str, Any] = {"client": taskq.connect(url)} if given == "client" else {"url": url}
+    with taskq.Trainer(job_name, handle_signals=False, **kw) as t:
+        task = t.lease(timeout=1)
+        assert task is not None
+        t.progress(task, 5)
+        key = client.keys(job_name).progress
+        wait_until(lambda: client.redis.hget(key, str(task.id)) == "5", timeout=5)
+        t.progress(task, 9)
+        wait_until(lambda: client.redis.hget(key, str(task.id)) == "9", timeout=5)

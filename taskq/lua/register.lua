@@ -19,6 +19,7 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 if ttl <= 0 then ttl = mnum(F.TTL) end
+pad_meta()
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
   redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)

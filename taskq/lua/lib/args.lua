@@ -54,8 +54,11 @@ end
 -- A task id: a canonical integer in [0, 2^32 - 1] (a bit offset of the done bitmap),
 -- kept as the string (it names hash fields).
 local function arg_task(v, name)
-  local n = arg_int(v, name, 0, 4294967295)
-  if not ARG_BAD and fmt(n) ~= v then arg_fail(name, 'not a canonical task id', v) end
+  arg_int(v, name, 0, 4294967295)
+  -- canonical: no sign, no leading zero (a pattern, not a formatting of the number)
+  if not ARG_BAD and v ~= '0' and not string.find(v, '^[1-9]%d*$') then
+    arg_fail(name, 'not a canonical task id', v)
+  end
   return v
 end
 

@@ -4,6 +4,8 @@
 --   JNOW = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
 
 local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''  -- per call
+-- the server's TIME in µs when open_job read it (next_token's floor), else nil
+local TIME_US = nil  -- per call
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call
 local function now_s()
@@ -13,6 +15,12 @@ end
 local function jnow_s()
   if not JNOW_S then JNOW_S = string.format('%.0f', JNOW) end
   return JNOW_S
+end
+-- ROUND as a string (lease records carry it), made again only when ROUND changed
+local ROUND_N, ROUND_S = nil, nil  -- per call
+local function round_s()
+  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, tostring(ROUND) end
+  return ROUND_S
 end
 
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
@@ -26,7 +34,9 @@ local function open_job(inc)
     NOW = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
   else
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local sec, us = tonumber(t[1]), tonumber(t[2])
+    NOW = sec * 1000 + math.floor(us / 1000)
+    TIME_US = sec * 1000000 + us
   end
   local seen = tonumber(mget(F.SEEN) or '') or NOW
   local gap = NOW - seen
@@ -37,11 +47,11 @@ local function open_job(inc)
     mincr(F.OFFSET, gap)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
-  if gap ~= 0 then mset(F.SEEN, fmt(NOW)) end
+  if gap ~= 0 then mset(F.SEEN, now_s()) end
   JNOW = NOW - mnum(F.OFFSET)
   ROUND = mnum(F.ROUND)
   STATE = mget(F.STATE)
-  EVMAX = mnum(F.EVMAX)
+  EVMAX = mget(F.EVMAX) or '0'  -- a string: XADD's argument as stored
   return nil
 end
 

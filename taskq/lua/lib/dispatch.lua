@@ -96,7 +96,7 @@ end
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
-local RS_N, RS_S, CN_N, CN_S = nil, nil, nil, nil  -- per call
+local CN_N, CN_S = nil, nil  -- per call
 local function grant(task, worker, winc, call_no, st)
   local tok = next_token()
   local attempt, att_s = 1, '1'
@@ -104,10 +104,9 @@ local function grant(task, worker, winc, call_no, st)
     attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
     att_s = tostring(attempt)
   end
-  if RS_N ~= ROUND then RS_N, RS_S = ROUND, tostring(ROUND) end
   if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
   redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-    .. RS_S .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
+    .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
   GRANTED[#GRANTED + 1] = task
   redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
@@ -176,7 +175,7 @@ local function take_backup(worker, winc, call_no)
   for _, task in ipairs(cands) do
     local l = parse_lease(redis.call('HGET', K_LEASES, task))
     -- a task on its first attempt only: one that already cost a trainer may be poison
-    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempt == 1
+    if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempts == '1'
         and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
       redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
@@ -190,7 +189,7 @@ local function take_backup(worker, winc, call_no)
       mincr(F.P_BACKUPS)
       event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
         'running_ms', fmt(JNOW - tonumber(redis.call('ZSCORE', K_STARTED, task))))
-      return {tonumber(task), tok, l.attempt, false, 1}
+      return {tonumber(task), tok, tonumber(l.attempts), false, 1}
     end
   end
   -- none yet: a waiter comes back when the next started task passes the bar

@@ -1,7 +1,7 @@
 -- events.lua: the events stream (buffered per call), the histograms, and the wake-ups
 -- of waiting workers (the wake list, the broadcast lists).
 
-local EVMAX = 10000  -- per call (open_job sets it from the job)
+local EVMAX = '10000'  -- per call (open_job sets it from the job)
 
 -- leased / acked events are gathered per call (one entry listing the tasks and tokens)
 -- and written before any other event, so the stream keeps the order things happened in.
@@ -35,12 +35,15 @@ local function event(kind, ...)
 end
 
 local HBUF = {}  -- per call
+-- (name: 'dur' or 'late'; dur's count and sum fields are literals, no string built per ack)
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
   local bucket = name .. ':' .. hist_bucket(ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
-  HBUF[name .. ':count'] = (HBUF[name .. ':count'] or 0) + 1
-  HBUF[name .. ':sum'] = (HBUF[name .. ':sum'] or 0) + ms
+  local count, sum = 'dur:count', 'dur:sum'
+  if name ~= 'dur' then count, sum = name .. ':count', name .. ':sum' end
+  HBUF[count] = (HBUF[count] or 0) + 1
+  HBUF[sum] = (HBUF[sum] or 0) + ms
 end
 
 -- Counted wake-ups: one token per task that became leasable, never more than waiters.

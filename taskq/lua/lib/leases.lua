@@ -13,25 +13,27 @@
 -- other lease is revoked; when one ends without an ack the other carries on as the task's
 -- lease (survives).
 
--- A lease record as a table; rs / calls / attempts are the record's own strings (written
--- back as they are), round / since / call / attempt their numbers.
+-- A lease record as a table; rs / sinces / calls / attempts are the record's own strings
+-- (written back as they are), round its number. Only the round is compared on every call,
+-- so the other numbers are left as strings (tonumber where used: each conversion is a
+-- strtod, bench/README.md), and the round is converted only when it is not the current one.
 local function parse_lease(rec)
   if not rec then return nil end
   if string.byte(rec, 1) == 76 then  -- 'L'
     local w, wi, tok, r, st, since, call, att, dig = string.match(rec,
       '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if w then
-      return {live = true, worker = w, winc = wi, token = tok, round = tonumber(r), rs = r,
-              st = st, since = tonumber(since), call = tonumber(call), calls = call,
-              attempt = tonumber(att), attempts = att, dig = dig}
+      local round = ROUND
+      if r ~= round_s() then round = tonumber(r) end
+      return {live = true, worker = w, winc = wi, token = tok, round = round, rs = r,
+              st = st, sinces = since, calls = call, attempts = att, dig = dig}
     end
   end
   -- (a record written before lease secrets has no digest: nil, which no secret matches)
   local f = split(rec)
   if f[1] == 'L' then
     return {live = true, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
-            rs = f[5], st = f[6], since = tonumber(f[7]), call = tonumber(f[8]), calls = f[8],
-            attempt = tonumber(f[9]), attempts = f[9], dig = f[10]}
+            rs = f[5], st = f[6], sinces = f[7], calls = f[8], attempts = f[9], dig = f[10]}
   end
   return {live = false, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
           rs = f[5], kind = f[6], dig = f[7]}
@@ -103,12 +105,16 @@ end
 local TOKEN_US = nil  -- per call
 local function next_token()
   if not TOKEN_US then
-    local t = redis.call('TIME')
-    TOKEN_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    TOKEN_US = TIME_US  -- this call's TIME (open_job), read once
+    if not TOKEN_US then
+      local t = redis.call('TIME')
+      TOKEN_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
   end
   local tok = math.max(mnum(F.LAST_TOKEN) + 1, TOKEN_US)
-  mput(F.LAST_TOKEN, tok)
-  return fmt(tok)
+  local tok_s = fmt(tok)
+  mput_s(F.LAST_TOKEN, tok, tok_s)
+  return tok_s
 end
 
 -- The task timeout fixed at start: none, a number, or auto (10 x p99, at least 60 s,
@@ -138,13 +144,18 @@ local function start_deadline()
 end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
+-- (The count and the buckets in one HMGET: every 20th ack reads them, and one command per
+-- bucket was about 5 % of an ack's server time, bench/README.md.)
 local function recompute_auto_timeout()
-  local total = tonumber(redis.call('HGET', K_HIST, 'dur:count') or '0') or 0
-  local need, seen = total * 0.99, 0
   local bounds = HIST_BOUNDS
+  local fields = {'dur:count'}
+  for b = 1, #bounds do fields[b + 1] = 'dur:' .. b end
+  local got = redis.call('HMGET', K_HIST, unpack(fields))
+  local total = tonumber(got[1] or '0') or 0
+  local need, seen = total * 0.99, 0
   local p99 = bounds[#bounds]
   for b = 1, #bounds do
-    seen = seen + (tonumber(redis.call('HGET', K_HIST, 'dur:' .. b) or '0') or 0)
+    seen = seen + (tonumber(got[b + 1] or '0') or 0)
     if seen >= need then p99 = bounds[b]; break end
   end
   mset(F.AUTO_TT, fmt(math.max(60000, 10 * p99)))
@@ -197,22 +208,33 @@ local function other_lease(task, l)
   return nil
 end
 
--- Whether the counts hash (a: f: s: per task) is empty, read once per call; any write
--- to it in this call makes it "maybe not empty" (false).
-local COUNTS_EMPTY = nil  -- per call
+-- Whether the counts hash (a: f: s: per task), the dead set and this pass attempt's
+-- progress hash are empty, each read once per call; any write to one in this call makes
+-- it "maybe not empty" (false). Most calls ask about all three and all are empty: one
+-- EXISTS of the three keys answers them together, else each is read alone.
+-- (The waiting set is not asked along: with workers waiting, which is common, the
+-- EXISTS would answer "some" and each flag would cost its own command again.)
+local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, EMPTIES_READ = nil, nil, nil, false  -- per call
+local function read_empties()
+  EMPTIES_READ = true
+  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS) == 0 then
+    if COUNTS_EMPTY == nil then COUNTS_EMPTY = true end
+    if DEAD_EMPTY == nil then DEAD_EMPTY = true end
+    if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = true end
+  end
+end
 local function counts_empty()
+  if COUNTS_EMPTY == nil and not EMPTIES_READ then read_empties() end
   if COUNTS_EMPTY == nil then COUNTS_EMPTY = redis.call('HLEN', K_COUNTS) == 0 end
   return COUNTS_EMPTY
 end
--- Whether the dead set is empty, read once per call; make_dead clears it.
-local DEAD_EMPTY = nil  -- per call
 local function dead_empty()
+  if DEAD_EMPTY == nil and not EMPTIES_READ then read_empties() end
   if DEAD_EMPTY == nil then DEAD_EMPTY = redis.call('SCARD', K_DEAD) == 0 end
   return DEAD_EMPTY
 end
--- Whether no task of this pass attempt has recorded progress, read once per call.
-local PROGRESS_EMPTY = nil  -- per call
 local function progress_empty()
+  if PROGRESS_EMPTY == nil and not EMPTIES_READ then read_empties() end
   if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = redis.call('EXISTS', K_PROGRESS) == 0 end
   return PROGRESS_EMPTY
 end
@@ -360,10 +382,11 @@ end
 local function acked_one(task, l, tok, worker)
   redis.call('SETBIT', K_DONE, task, '1')
   mincr(F.NDONE)
-  observe('dur', NOW - l.since)
+  local ran = NOW - (tonumber(l.sinces) or NOW)
+  observe('dur', ran)
   -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
   -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
-  local d, med = (NOW - l.since) * 1000, mnum(F.DUR_MED)
+  local d, med = ran * 1000, mnum(F.DUR_MED)
   if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
     med = med / 1.05 end
   mput(F.DUR_MED, med)

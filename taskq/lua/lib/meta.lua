@@ -9,65 +9,104 @@
 
 local function fmt(n) return string.format('%.0f', n) end
 
--- The meta hash is read once (HGETALL: a few dozen short fields, cheaper than naming
--- them) and written once at the end of the call (flush, through done()): a script is
--- atomic, so nobody sees the difference. A counter changed in this call is kept as a
--- number in M (formatted once, in flush); NUM caches the numbers parsed from M's strings.
-local M, DIRTY, NUM = {}, {}, {}  -- per call
+-- The meta hash: the fields the hot verbs (ack, lease, heartbeat) read are fetched in one
+-- HMGET at open_job, any other on first use (HGET); every change is written in one HSET
+-- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
+-- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
+-- (a string and a table slot per field and name) cost more than naming the ~30 needed
+-- (bench/README.md). M holds the stored strings (false: no such field) and those set by
+-- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
+-- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
+local M, MN, DIRTY, NUM, ORIG = {}, {}, {}, {}, {}  -- per call
+-- (The table is built by one constructor, sized for the fields at once: filled one field
+-- at a time it was rehashed six times per call.)
 local function load_meta()
-  local kv = redis.call('HGETALL', K_META)
-  for i = 1, #kv, 2 do M[kv[i]] = kv[i + 1] end
+  local v = redis.call('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
+    F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
+    F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
+    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE)
+  M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
+    [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
+    [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
+    [F.REASON] = v[13], [F.PAUSED] = v[14], [F.N] = v[15], [F.CURSOR] = v[16],
+    [F.NDONE] = v[17], [F.NLEASED] = v[18], [F.NRESERVED] = v[19],
+    [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
+    [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
+    [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29]}
 end
 local function mget(f)
+  local n = MN[f]
+  if n then return fmt(n) end
   local v = M[f]
   if v == nil then
     v = redis.call('HGET', K_META, f)
     M[f] = v
   end
   if v == false then return nil end
-  if type(v) == 'number' then return fmt(v) end
   return v
 end
 local function mnum(f)
-  local v = M[f]
-  if type(v) == 'number' then return v end
-  local n = NUM[f]
+  local n = MN[f] or NUM[f]
   if n then return n end
-  n = tonumber(mget(f) or '0') or 0
+  local stored = mget(f)
+  local parsed = tonumber(stored or '0')
+  n = parsed or 0
   NUM[f] = n
+  if stored and parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
   return n
 end
 -- Sets a field to a number (formatted with %.0f when written).
 local function mput(f, v)
-  M[f] = v
+  MN[f] = v
+  DIRTY[f] = true
+end
+-- Sets a field to number n whose string s the caller made already (not formatted again).
+local function mput_s(f, n, s)
+  M[f] = s
+  MN[f] = nil
+  NUM[f] = n
   DIRTY[f] = true
 end
 local function mset(...)
   local a = {...}
   for i = 1, #a, 2 do
-    local v = a[i + 1]
+    local f, v = a[i], a[i + 1]
     if type(v) == 'number' then v = fmt(v) end
-    M[a[i]] = v
-    NUM[a[i]] = nil
-    DIRTY[a[i]] = true
+    M[f] = v
+    MN[f] = nil
+    NUM[f] = nil
+    DIRTY[f] = true
   end
 end
 local function mincr(f, n)
   local v = mnum(f) + (n or 1)
-  M[f] = v
+  MN[f] = v
   DIRTY[f] = true
   return v
 end
 local function flush()
   local args = {}
   for f, _ in pairs(DIRTY) do
-    local v = M[f]
-    if type(v) == 'number' then v = fmt(v) end
-    args[#args + 1] = f
-    args[#args + 1] = v
+    local n = MN[f]
+    if not n then
+      args[#args + 1] = f
+      args[#args + 1] = M[f]
+    elseif ORIG[f] ~= n then
+      -- (a counter that came back to its stored number, a lease granted and one ended in
+      -- the same call: nleased, nreserved, is not written again)
+      args[#args + 1] = f
+      args[#args + 1] = fmt(n)
+    end
   end
   if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
   DIRTY = {}
+end
+
+-- Keeps the meta hash in Redis's hashtable encoding (F.ENC, keys.py): written at create,
+-- and by the first register of a job created before it (a hash never goes back to a
+-- listpack until a restart reloads it, and the field is kept across that).
+local function pad_meta()
+  if not mget(F.ENC) then mset(F.ENC, string.rep('h', 80)) end
 end
 
 local function split(s)

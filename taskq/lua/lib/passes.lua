@@ -69,8 +69,10 @@ end
 -- A pass is complete when todo and leased are both empty.
 local function check_pass_end()
   if STATE ~= 'running' then return end
-  local live = mnum(F.N) - redis.call('SCARD', K_DEAD)
-  if mnum(F.NLEASED) > 0 or mnum(F.NDONE) < live then return end
+  if mnum(F.NLEASED) > 0 then return end
+  local live = mnum(F.N)
+  if not dead_empty() then live = live - redis.call('SCARD', K_DEAD) end
+  if mnum(F.NDONE) < live then return end
   if live == 0 then
     set_waiting('all_dead')
     return

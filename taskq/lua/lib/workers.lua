@@ -43,15 +43,21 @@ end
 -- The worker's state: 'ok', or 'lost' (unknown incarnation: it must re-register), or
 -- 'forged' when `check` and the caller's secret (use_secret) is not the worker's.
 -- Renews its liveness as any call from it is proof of life (a forged one is not).
+-- ZADD XX CH renews and says whether the member exists in one command (0: missing, or
+-- renewed to the same score; only then ZSCORE tells the two apart).
 local function touch_worker(worker, winc, check)
   local m = worker .. '|' .. winc
-  local deadline = redis.call('ZSCORE', K_WORKERS, m)
-  if not deadline then return 'lost' end
   local inc, ttl_s, drain, dig = winfo(worker)
   if inc ~= winc then return 'lost' end
-  if check and not (CALLER_DIG and dig == CALLER_DIG) then return 'forged' end
+  if check and not (CALLER_DIG and dig == CALLER_DIG) then
+    if not redis.call('ZSCORE', K_WORKERS, m) then return 'lost' end
+    return 'forged'
+  end
   local ttl = tonumber(ttl_s) or mnum(F.TTL)
-  redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), m)
+  if redis.call('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
+      and not redis.call('ZSCORE', K_WORKERS, m) then
+    return 'lost'
+  end
   if drain == '1' then return 'drain' end
   return 'ok'
 end
