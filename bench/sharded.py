@@ -1,10 +1,10 @@
 """Sharded jobs on a local 3-master cluster: Redis CPU and server time per master.
 
 Where it sits: the numbers behind docs/capacity.md's sharded rows. Starts a private
-3-master Redis Cluster (``taskq.devserver`` servers joined by ``redis-cli --cluster
-create``), then per row creates one job of N tasks and P passes, runs W trainer processes
-in a closed loop (no work per task) until the job completes, and reads ``INFO cpu`` and
-``INFO commandstats`` of every master before and after. Rows:
+3-master Redis Cluster (``taskq.devserver.RedisCluster``), then per row creates one job
+of N tasks and P passes, runs W trainer processes in a closed loop (no work per task)
+until the job completes, and reads ``INFO cpu`` and ``INFO commandstats`` of every master
+before and after. Rows:
 
 - S=1, the ``Trainer`` iterator (one ack-and-lease call per task): today's job;
 - S=1, ``Trainer.lease(acks=[previous])`` (one call per task, the sharded trainer's
@@ -20,62 +20,14 @@ import argparse
 import json
 import multiprocessing as mp
 import random
-import socket
-import subprocess
 import time
 from typing import Any
 
 import redis
 
 import taskq
-from taskq.devserver import LOOPBACK, RedisServer, find_cli, find_server, wait_until
+from taskq.devserver import LOOPBACK, RedisCluster
 from taskq.sharded_trainer import ShardedTrainer
-
-
-def _port() -> int:
-    while True:
-        port = random.randint(20000, 45000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind((LOOPBACK, p))
-            return port
-        except OSError:
-            continue
-
-
-def start_cluster(masters: int = 3) -> list[RedisServer]:
-    """``masters`` cluster-enabled servers joined into one cluster (no replicas)."""
-    servers = [
-        RedisServer(
-            port=_port(), extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        )
-        for _ in range(masters)
-    ]
-    subprocess.run(
-        [
-            find_cli(find_server()),
-            "--cluster",
-            "create",
-            *[f"{LOOPBACK}:{s.port}" for s in servers],
-            "--cluster-replicas",
-            "0",
-            "--cluster-yes",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-
-    def ok() -> bool:
-        return all(
-            redis.Redis(host=LOOPBACK, port=s.port).cluster("info")["cluster_state"] == "ok"
-            for s in servers
-        )
-
-    if not wait_until(ok, timeout=30, interval=0.1):
-        raise RuntimeError("the cluster did not reach cluster_state:ok")
-    return servers
 
 
 def snapshot(ports: list[int]) -> dict[int, dict[str, float]]:
@@ -167,17 +119,12 @@ def main() -> None:
     ap.add_argument("--trainers", type=int, default=3)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
-    servers = start_cluster()
-    try:
-        ports = [s.port for s in servers]
-        url = f"redis+cluster://{LOOPBACK}:{ports[0]}"
+    with RedisCluster(3) as cluster:
+        ports = [s.port for s in cluster.servers]
         rows = [
-            row(url, ports, s, m, a.tasks, a.passes, a.trainers)
+            row(cluster.url, ports, s, m, a.tasks, a.passes, a.trainers)
             for s, m in ((1, "iterator"), (1, "lease_acks"), (3, "sharded"))
         ]
-    finally:
-        for s in servers:
-            s.cleanup()
     print(
         "| S | trainer | tasks/s | server µs/task (all) | calls/task | per master: "
         "CPU (cores), server µs/task, calls |"
