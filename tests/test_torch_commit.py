@@ -6,7 +6,6 @@ global pass end and commits run several passes; the held bound is one clear erro
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 from support import wait_until
-from torch_helpers import jsonl_reader, make_job, rows_of, write_jsonl
+from torch_helpers import gather, jsonl_reader, make_job, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
@@ -162,19 +161,7 @@ def test_two_trainers_global_pass_end_with_commits_run_every_pass(
     procs = [ctx.Process(target=_rank, args=(url, job_name, e, 3, out)) for e in (1, 3)]
     for p in procs:
         p.start()
-    results = {}
-    try:
-        for _ in procs:
-            every, rows, states = out.get(timeout=90)
-            results[every] = (rows, states)
-    except queue.Empty:
-        raise AssertionError(f"a trainer hung; got {sorted(results)}") from None
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    results = {every: (rows, states) for every, rows, states in gather(procs, out, 90, "trainer")}
     everything = sorted((f, i) for f, n in enumerate(sizes) for i in range(n))
     for pass_no in range(3):
         assert sorted(results[1][0][pass_no] + results[3][0][pass_no]) == everything

@@ -4,10 +4,9 @@ uneven steps per rank kept aligned by torch.distributed.algorithms.Join."""
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from pathlib import Path
 
-from torch_helpers import ddp_rank, make_job, write_jsonl
+from torch_helpers import ddp_rank, gather, make_job, write_jsonl
 
 import taskq
 
@@ -27,19 +26,7 @@ def test_two_ddp_ranks_two_passes_with_join(
     procs = [ctx.Process(target=ddp_rank, args=(r, 2, url, job_name, init, out)) for r in range(2)]
     for p in procs:
         p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, steps, rows, states, weight = out.get(timeout=60)
-            results[rank] = (steps, rows, states, weight)
-    except queue.Empty:
-        raise AssertionError(f"a rank hung; got {sorted(results)}") from None
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
     everything = sorted((f, i) for f, n in enumerate(sizes) for i in range(n))
     for pass_no in range(2):
         rows = results[0][1][pass_no] + results[1][1][pass_no]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,3 +116,21 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
     weight = [p.detach().flatten().tolist() for p in model.parameters()]
     out.put((rank, steps, rows, states, weight))
     dist.destroy_process_group()
+
+
+def gather(procs: list[Any], out: Any, timeout: float, who: str) -> list[Any]:
+    """One result per process from ``out``; fails naming the hung ``who`` (rank,
+    trainer) and reaps every process (killing those still alive after 10 s)."""
+    results: list[Any] = []
+    try:
+        for _ in procs:
+            results.append(out.get(timeout=timeout))
+    except queue.Empty:
+        raise AssertionError(f"a {who} hung; got {len(results)} of {len(procs)}") from None
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
