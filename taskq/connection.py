@@ -167,6 +167,43 @@ def make_redis(
         raise errors.InvalidInput(f"bad Redis URL {masked}: {e}") from e
 
 
+def check_given_client(redis_client: Any) -> None:
+    """Refuse a redis-py client that taskq cannot read replies from, before any call.
+
+    taskq reads every reply as str (protocol.py, stats.py): a client built without
+    ``decode_responses=True`` (redis-py's default) hands back bytes, which would surface
+    much later as a job "not found" or "not a taskq job" after a half-made job. The
+    setting is read from the client's encoder (``redis.Redis``, a Sentinel master, and
+    ``RedisCluster`` all have one), so nothing is sent to Redis here.
+
+    Args:
+        redis_client: the client given to ``Client(redis_client=...)``.
+
+    Raises:
+        InvalidInput: an asyncio client, an object that is not a redis-py client, or one
+            whose replies are bytes.
+    """
+    kind = type(redis_client).__name__
+    if type(redis_client).__module__.startswith("redis.asyncio"):
+        raise errors.InvalidInput(
+            f"redis_client is an asyncio {kind}: taskq calls Redis synchronously; give a "
+            "redis.Redis (or RedisCluster, or a Sentinel master_for client) built with "
+            "decode_responses=True, or pass url= instead"
+        )
+    get_encoder = getattr(redis_client, "get_encoder", None)
+    if get_encoder is None:
+        raise errors.InvalidInput(
+            f"redis_client is a {kind}, not a redis-py client: give a redis.Redis (or "
+            "RedisCluster, or a Sentinel master_for client) built with "
+            "decode_responses=True, or pass url= instead"
+        )
+    if not getattr(get_encoder(), "decode_responses", False):
+        raise errors.InvalidInput(
+            f"redis_client (a {kind}) returns bytes: taskq reads replies as str; build it "
+            "with decode_responses=True, or pass url= and let taskq make its own"
+        )
+
+
 def _hosts(netloc: str) -> list[tuple[str, int]]:
     """``host:port[,host:port...]`` after the user info (which ends at the last ``@``)."""
     out = []
