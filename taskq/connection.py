@@ -1,8 +1,8 @@
 """Connecting to Redis: URLs, retries, password masking, and error translation.
 
-Everything that talks to Redis goes through a connection made here, and every Redis
-exception crosses into taskq's hierarchy at ``translate`` (``ConnectionLost`` names the
-URL with its password masked).
+Everything that talks to Redis goes through a connection made here (or a caller's own
+redis-py client, checked here first), and every Redis exception crosses into taskq's
+hierarchy at ``translate`` (``ConnectionLost`` names the URL with its password masked).
 
 Data flow: connect() -> client.py (admin) / trainer.py / reaper.py / exporter.py.
 """
@@ -172,7 +172,7 @@ def check_given_client(redis_client: Any) -> None:
 
     taskq reads every reply as str (protocol.py, stats.py): a client built without
     ``decode_responses=True`` (redis-py's default) hands back bytes, which would surface
-    much later as a job "not found" or "not a taskq job" after a half-made job. The
+    only later, as a puzzling "not a taskq job" or "job not found". The
     setting is read from the client's encoder (``redis.Redis``, a Sentinel master, and
     ``RedisCluster`` all have one), so nothing is sent to Redis here.
 
