@@ -18,7 +18,7 @@ import redis
 
 from . import checkpoints, errors, stats
 from .config import check_memory_policy, encode_tasks, validate_config
-from .connection import make_redis, translate
+from .connection import check_given_client, make_redis, translate
 from .keys import (
     JobKeys,
     job_from_meta_key,
@@ -43,13 +43,23 @@ class Client:
 
     Args:
         url: Redis URL; ``TASKQ_REDIS_URL`` or ``redis://127.0.0.1:6379/0`` by default.
-        redis_client: an already configured redis-py client to use instead.
+        redis_client: an already configured redis-py client to use instead: a
+            ``redis.Redis``, a ``RedisCluster`` or a Sentinel ``master_for`` client, built
+            with ``decode_responses=True`` (taskq reads every reply as str). ``url``,
+            ``cluster``, ``retries`` and ``socket_timeout`` are then the client's own
+            business and are ignored.
         key_prefix: overrides ``TASKQ_PREFIX``.
         cluster: force the cluster client.
         retries: connection retries per command (bounded, exponential backoff).
         socket_timeout: seconds before a Redis call gives up on its answer.
         allow_eviction: let ``create_job`` run on a Redis whose maxmemory-policy may
             evict keys (it refuses by default: eviction silently drops leases).
+
+    Raises:
+        InvalidInput: a bad URL; a ``redis_client`` built without
+            ``decode_responses=True``, an asyncio one, or not a redis-py client at all
+            (refused here, before anything is sent).
+        ConnectionLost: a cluster URL whose nodes cannot be reached.
     """
 
     def __init__(
@@ -65,6 +75,7 @@ class Client:
     ) -> None:
         self.allow_eviction = allow_eviction
         if redis_client is not None:
+            check_given_client(redis_client)
             self.redis = redis_client
             self.url = "<given client>"
         else:

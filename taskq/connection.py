@@ -1,8 +1,8 @@
 """Connecting to Redis: URLs, retries, password masking, and error translation.
 
-Everything that talks to Redis goes through a connection made here, and every Redis
-exception crosses into taskq's hierarchy at ``translate`` (``ConnectionLost`` names the
-URL with its password masked).
+Everything that talks to Redis goes through a connection made here (or a caller's own
+redis-py client, checked here first), and every Redis exception crosses into taskq's
+hierarchy at ``translate`` (``ConnectionLost`` names the URL with its password masked).
 
 Data flow: connect() -> client.py (admin) / trainer.py / reaper.py / exporter.py.
 """
@@ -165,6 +165,43 @@ def make_redis(
         if isinstance(e, errors.InvalidInput):
             raise
         raise errors.InvalidInput(f"bad Redis URL {masked}: {e}") from e
+
+
+def check_given_client(redis_client: Any) -> None:
+    """Refuse a redis-py client that taskq cannot read replies from, before any call.
+
+    taskq reads every reply as str (protocol.py, stats.py): a client built without
+    ``decode_responses=True`` (redis-py's default) hands back bytes, which would surface
+    only later, as a puzzling "not a taskq job" or "job not found". The
+    setting is read from the client's encoder (``redis.Redis``, a Sentinel master, and
+    ``RedisCluster`` all have one), so nothing is sent to Redis here.
+
+    Args:
+        redis_client: the client given to ``Client(redis_client=...)``.
+
+    Raises:
+        InvalidInput: an asyncio client, an object that is not a redis-py client, or one
+            whose replies are bytes.
+    """
+    kind = type(redis_client).__name__
+    if type(redis_client).__module__.startswith("redis.asyncio"):
+        raise errors.InvalidInput(
+            f"redis_client is an asyncio {kind}: taskq calls Redis synchronously; give a "
+            "redis.Redis (or RedisCluster, or a Sentinel master_for client) built with "
+            "decode_responses=True, or pass url= instead"
+        )
+    get_encoder = getattr(redis_client, "get_encoder", None)
+    if get_encoder is None:
+        raise errors.InvalidInput(
+            f"redis_client is a {kind}, not a redis-py client: give a redis.Redis (or "
+            "RedisCluster, or a Sentinel master_for client) built with "
+            "decode_responses=True, or pass url= instead"
+        )
+    if not getattr(get_encoder(), "decode_responses", False):
+        raise errors.InvalidInput(
+            f"redis_client (a {kind}) returns bytes: taskq reads replies as str; build it "
+            "with decode_responses=True, or pass url= and let taskq make its own"
+        )
 
 
 def _hosts(netloc: str) -> list[tuple[str, int]]:
