@@ -19,7 +19,7 @@ test:
 	@.venv/bin/mypy cli
 	@$(MAKE) --no-print-directory test-valkey
 	@echo "taskq: the whole suite on redis-server"
-	@scripts/run-tests.sh
+	@scripts/run-tests.sh --durations=10
 
 test-valkey:
 	@scripts/bootstrap.sh --with-valkey
