@@ -1,0 +1,230 @@
+"""A ``Client``'s connection and reads: keys, the one script call, status, tasks, events.
+
+``ClientConnection`` is the base of ``Client`` (client.py): the job keys, ``run`` (one
+Lua script call with its errors raised), the Redis checks (``ping``, the
+``maxmemory-policy``) and every read (status, listings, task pages, workers, events,
+audit), which go through stats.py. The writes are built on it: creating and ending jobs
+(client_jobs.py), passes, tasks and checkpoints (client_ops.py).
+
+Data flow: client.py / client_jobs.py / client_ops.py -> client_conn.py -> scripts.py ->
+Redis; reads -> stats.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Container, Iterator, Sequence
+from typing import Any
+
+import redis
+
+from . import errors, stats
+from .config import check_memory_policy
+from .connection import translate
+from .keys import JobKeys, jobs_index, shard_set_key, valid_job_name
+from .models import JobStatus
+from .scripts import PAGE_MAX, Code, Scripts, raise_for
+
+
+class ClientConnection:
+    """The connection and reading part of ``Client`` (built by ``Client.__init__``)."""
+
+    redis: Any
+    url: str
+    prefix: str
+    scripts: Scripts
+    allow_eviction: bool
+    _keys: dict[str, JobKeys]
+
+    # -- plumbing -----------------------------------------------------------------
+    def keys(self, job: str) -> JobKeys:
+        """The keys of ``job`` (validates the name)."""
+        if job not in self._keys:
+            if not valid_job_name(job):
+                raise errors.InvalidInput(f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -")
+            self._keys[job] = JobKeys(job, self.prefix)
+        return self._keys[job]
+
+    def run(
+        self,
+        job: str,
+        verb: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        passthrough: Container[int] = (),
+    ) -> Any:
+        """Run one operation's script on ``job``; negative codes raise their error, except
+        those in ``passthrough``, which the caller handles from the reply."""
+        job_keys = self.keys(job)
+        # the job's own key list as it is (one list per job: the constant part of the
+        # call is packed once per list, scripts.py), a new one only with extra keys
+        keys: list[Any] = (
+            job_keys.all_bytes
+            if not extra_keys
+            else job_keys.all_bytes + [k.encode() for k in extra_keys]
+        )
+        try:
+            reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
+        except redis.exceptions.RedisError as e:
+            # translated only when it happens: the context manager's enter and exit cost
+            # a few µs on every call of a trainer's hot path (bench/README.md)
+            with translate(self.url, job_keys, self.redis):
+                raise e
+        code = int(reply[0])
+        if code < 0 and code not in passthrough:
+            raise_for(
+                code,
+                job,
+                reply[1]
+                if code == Code.INVALID and len(reply) > 1 and isinstance(reply[1], str)
+                else "",
+            )
+        return reply
+
+    def ping(self) -> None:
+        """Raise ``ConnectionLost`` unless Redis answers."""
+        with translate(self.url):
+            self.redis.ping()
+
+    def memory_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy`` (the worst of a cluster's nodes), or None when
+        this user may not read it (INFO is an admin command under the ACLs of
+        deploy/redis/acl.conf).
+
+        Raises:
+            ConnectionLost: Redis is unreachable.
+        """
+        with translate(self.url):
+            return stats.memory_policy(self)
+
+    def check_memory_policy(self) -> None:
+        """Refuse a Redis that may evict taskq's keys (unless ``allow_eviction``).
+
+        Raises:
+            InvalidConfig: the policy is readable and not ``noeviction``.
+        """
+        if not self.allow_eviction:
+            check_memory_policy(self.memory_policy(), self.url)
+
+    def _sharded(self, name: str) -> bool:
+        """True when ``name`` is a sharded job (its verbs act on every shard: cancel,
+        pause, resume, checkpoint, checkpoints, rewind)."""
+        if not valid_job_name(name):
+            return False  # the plain path says what is wrong with the name
+        with translate(self.url):
+            return bool(self.redis.exists(shard_set_key(name, self.prefix)))
+
+    # -- reading ------------------------------------------------------------------
+    def status(self, name: str, summaries: int = 20) -> JobStatus:
+        """A snapshot of ``name`` (O(1) in its number of tasks).
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.snapshot(self, name, summaries=summaries)
+
+    def list_jobs(self) -> list[str]:
+        """Names of the jobs in the index, sorted."""
+        with translate(self.url):
+            return sorted(self.redis.smembers(jobs_index(self.prefix)))
+
+    def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+        """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,
+        failures, attempts, last error, and its latest ``history`` events.
+
+        Raises:
+            InvalidInput: no such task. JobNotFound, CorruptData.
+        """
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.task_detail(self, name, int(task_id), history=history)
+
+    def tasks_page(
+        self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
+    ) -> tuple[list[dict[str, Any]], str]:
+        """One page of the tasks of the current pass in ``state`` (one bounded call).
+
+        Args:
+            name: the job.
+            state: todo | leased | done | dead.
+            cursor: "0" for the first page, then the cursor the last page returned.
+            count: the most rows of this page, 1..``PAGE_MAX`` (a page may hold fewer and
+                still not be the last one, as SCAN's do).
+
+        Returns:
+            (rows, next cursor); the listing is complete when the cursor is "0".
+
+        Raises:
+            InvalidInput: a bad state, cursor or count. JobNotFound.
+        """
+        if state not in ("todo", "leased", "done", "dead"):
+            raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
+        if not 1 <= int(count) <= PAGE_MAX:
+            raise errors.InvalidInput(f"count must be in [1, {PAGE_MAX}], got {count}")
+        reply = self.run(name, "peek", [state, cursor, int(count)])
+        return stats.parse_tasks(reply[1], state), str(reply[2])
+
+    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
+        """Every task of the current pass in ``state``, page by page (each page one
+        bounded call; a task changing state meanwhile may be listed twice or missed)."""
+        cursor = "0"
+        while True:
+            rows, cursor = self.tasks_page(name, state, cursor)
+            yield from rows
+            if cursor == "0":
+                return
+
+    def tasks(
+        self, name: str, state: str = "leased", limit: int = 100, details: bool = False
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
+        read page by page (no call lists more than ``PAGE_MAX``).
+
+        Args:
+            details: add each task's ``chunks`` and ``last_error`` (from the newest
+                events; bounded).
+        """
+        if int(limit) < 1:
+            raise errors.InvalidInput(f"limit must be >= 1, got {limit}")
+        rows = list(itertools.islice(self.iter_tasks(name, state), int(limit)))
+        if details and rows:
+            with translate(self.url, self.keys(name), self.redis):
+                stats.add_details(self, name, rows)
+        return rows
+
+    def workers(self, name: str) -> list[dict[str, Any]]:
+        """The registered workers of ``name`` with their lease counts."""
+        with translate(self.url):
+            return stats.workers(self, name)
+
+    def events(
+        self, name: str, since: str = "-", count: int = 100, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events after ``since`` ("-" for the oldest kept), oldest first."""
+        key = self.keys(name).events
+        with translate(self.url):
+            if block_ms is not None:
+                start = "$" if since == "-" else since
+                reply = self.redis.xread({key: start}, count=count, block=block_ms)
+                return [(i, f) for _, entries in reply for i, f in entries]
+            lo = since if since == "-" else "(" + since
+            return list(self.redis.xrange(key, min=lo, max="+", count=count))
+
+    def latest_events(
+        self, name: str, kind: str, limit: int, scan: int = 1000
+    ) -> list[dict[str, str]]:
+        """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
+        oldest first (bounded)."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.latest_of_type(self, name, kind, limit, scan)
+
+    def first_lease_ms(self, name: str) -> int | None:
+        """When pass 0's first lease was granted (server ms), if still in the events."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.first_lease_ms(self, name)
+
+    def audit(self, name: str) -> dict[str, Any]:
+        """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
+        check that the counters agree with the sets they count."""
+        with translate(self.url, self.keys(name), self.redis):
+            return stats.audit(self, name)

@@ -1,0 +1,281 @@
+"""Creating and ending jobs: create (staged, then flipped live), delete, cancel, pause,
+resume, and the job index's repair.
+
+``ClientJobs`` is the part of ``Client`` (client.py) that writes a job's life: every
+setting is checked before the first write (config.py), the chunks are staged in pipelined
+batches and made live by one ``create`` script call; a sharded job's verbs go to every
+shard (sharded.py, sharded_admin.py).
+
+Data flow: CLI / user code -> client.py -> client_jobs.py -> scripts.py -> Redis.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
+
+from . import errors
+from .client_conn import ClientConnection
+from .config import encode_tasks, validate_config
+from .connection import translate
+from .keys import MetaField as F
+from .keys import job_from_meta_key, jobs_index, meta_pattern
+from .models import JobConfig, JobStatus
+
+if TYPE_CHECKING:
+    # the modules called here take a Client: these methods only run as part of one
+    from .client import Client
+
+
+STAGING_TTL_S = 3600
+STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
+
+
+class ClientJobs(ClientConnection):
+    """The job-lifecycle part of ``Client``."""
+
+    # -- jobs ---------------------------------------------------------------------
+    def create_job(
+        self,
+        name: str,
+        chunks: Iterable[Any],
+        chunks_per_task: int = 1,
+        passes: int | None = 1,
+        worker_ttl: float = 5.0,
+        heartbeat_interval: float = 1.0,
+        task_timeout: float | str | None = "auto",
+        max_failures: int = 3,
+        max_attempts: int = 10,
+        shuffle: bool = False,
+        seed: int = 0,
+        auto_advance: bool = True,
+        replace: bool = False,
+        manual_clock: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        backup_leases: bool = False,
+        backup_factor: float = 2.0,
+        shards: int = 1,
+    ) -> JobStatus:
+        """Create (or replace) a job: validated first, staged, then flipped live at once.
+
+        Args:
+            name: job name, ``[A-Za-z0-9._-]{1,64}``.
+            chunks: JSON-able chunk descriptors, in order.
+            chunks_per_task: chunks per task (the unit leased).
+            passes: number of passes, or None to run until cancelled.
+            worker_ttl: seconds of silence after which a worker is lost.
+            heartbeat_interval: seconds between a trainer's heartbeats (< worker_ttl).
+            task_timeout: "auto", seconds, or None for no cap on one lease's run time.
+            max_failures: failures (fail, timeout) before a task is dead.
+            max_attempts: started leases ending without an ack before a task is dead.
+            shuffle: a seeded new order every pass.
+            seed: the shuffle seed.
+            auto_advance: start the next pass by itself (else wait for ``next_pass``).
+            replace: replace an existing job (a new incarnation).
+            manual_clock: tests only: the job's clock moves by ``advance_clock``.
+            progress: called with (tasks_written, total) while staging.
+            backup_leases: at the tail of a pass an idle trainer may take a backup lease
+                of a task that has run longer than ``backup_factor`` x the job's median
+                task time; the first ack wins (docs/trainers.md, "Tails"). Off by
+                default: a backup does the task's work twice, which for a training loop
+                means its samples twice in the pass.
+            backup_factor: that k (> 1).
+            shards: S > 1 spreads the job over S shards on different cluster masters,
+                one pass for all (``sharded.create``; it returns a ``ShardedStatus``).
+
+        Returns:
+            The new job's status.
+
+        Raises:
+            InvalidInput: bad name, config or chunks (nothing written); InvalidConfig
+                (a subclass) for a setting out of range or a Redis that may evict keys
+                (see ``allow_eviction``).
+            JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
+            ConnectionLost: Redis is unreachable.
+        """
+        if shards != 1:
+            from . import sharded
+
+            return sharded.create(  # type: ignore[return-value]
+                cast("Client", self),
+                name,
+                chunks,
+                shards,
+                chunks_per_task=chunks_per_task,
+                passes=passes,
+                auto_advance=auto_advance,
+                replace=replace,
+                worker_ttl=worker_ttl,
+                heartbeat_interval=heartbeat_interval,
+                task_timeout=task_timeout,
+                max_failures=max_failures,
+                max_attempts=max_attempts,
+                shuffle=shuffle,
+                seed=seed,
+                manual_clock=manual_clock,
+                backup_leases=backup_leases,
+                backup_factor=backup_factor,
+            )
+        keys = self.keys(name)
+        cfg = JobConfig(
+            chunks_per_task=chunks_per_task,
+            passes=passes,
+            worker_ttl=worker_ttl,
+            heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout,
+            max_failures=max_failures,
+            max_attempts=max_attempts,
+            shuffle=shuffle,
+            seed=seed,
+            auto_advance=auto_advance,
+            manual_clock=manual_clock,
+        )
+        validate_config(cfg)
+        if (
+            not isinstance(backup_factor, (int, float))
+            or isinstance(backup_factor, bool)
+            or not math.isfinite(backup_factor)
+            or backup_factor <= 1
+        ):
+            raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
+        tasks, nchunks = encode_tasks(chunks, chunks_per_task)
+        self.check_memory_policy()
+        with translate(self.url):
+            if not replace and self.redis.exists(keys.meta):
+                raise errors.JobExists(f"job {name!r} exists")
+        incarnation = secrets.token_hex(8)
+        staging = keys.staging_chunks(incarnation)
+        try:
+            with translate(self.url):
+                for start in range(0, len(tasks), STAGING_BATCH):
+                    batch = tasks[start : start + STAGING_BATCH]
+                    pipe = self.redis.pipeline(transaction=False)
+                    pipe.hset(staging, mapping={str(start + i): t for i, t in enumerate(batch)})
+                    pipe.expire(staging, STAGING_TTL_S)
+                    pipe.execute()
+                    if progress:
+                        progress(start + len(batch), len(tasks))
+            tt = (
+                "auto"
+                if task_timeout == "auto"
+                else "none"
+                if task_timeout is None
+                else str(
+                    int(float(task_timeout) * 1000)  # type: ignore[arg-type]
+                )
+            )
+            meta = {
+                F.INC: incarnation,
+                F.STATE: "running",
+                F.REASON: "",
+                F.PASS: 0,
+                F.PASSES: -1 if passes is None else passes,
+                F.ROUND: 1,
+                F.N: len(tasks),
+                F.NCHUNKS: nchunks,
+                F.CPT: chunks_per_task,
+                F.TTL: int(worker_ttl * 1000),
+                F.HBI: int(heartbeat_interval * 1000),
+                F.TT: tt,
+                F.MAXF: max_failures,
+                F.MAXA: max_attempts,
+                F.SHUFFLE: int(shuffle),
+                F.SEED: seed % 65521,
+                F.SEED_FULL: seed,
+                F.ADVANCE: int(auto_advance),
+                F.MCLOCK: int(manual_clock),
+                F.CURSOR: 0,
+                F.NDONE: 0,
+                F.NLEASED: 0,
+                F.NRESERVED: 0,
+                F.OFFSET: 0,
+                F.GEN: 0,
+                F.EVMAX: 10000,
+                F.AUTO_TT: 0,
+                F.ACKED_JOB: 0,
+                F.FSEQ: 0,
+                F.BACKUP_K: backup_factor if backup_leases else 0,
+            }
+            args: list[Any] = [int(replace), len(tasks)]
+            for k, v in meta.items():
+                args += [k, v]
+            self.run(name, "create", args, extra_keys=[staging])
+        except BaseException:
+            with translate(self.url):
+                self.redis.unlink(staging)
+            raise
+        with translate(self.url):
+            self.redis.sadd(jobs_index(self.prefix), name)
+        return self.status(name)
+
+    def repair_index(self) -> tuple[list[str], list[str]]:
+        """Rebuild the job index from the jobs' meta keys (after an interrupted create
+        or delete). Returns (added, removed)."""
+        with translate(self.url):
+            found = set()
+            for key in self.redis.scan_iter(match=meta_pattern(self.prefix), count=1000):
+                job = job_from_meta_key(key, self.prefix)
+                if job:
+                    found.add(job)
+            listed = set(self.redis.smembers(jobs_index(self.prefix)))
+            added, removed = sorted(found - listed), sorted(listed - found)
+            if added:
+                self.redis.sadd(jobs_index(self.prefix), *added)
+            if removed:
+                self.redis.srem(jobs_index(self.prefix), *removed)
+        return added, removed
+
+    def delete_job(self, name: str) -> None:
+        """Delete every key of ``name``; its trainers get ``JobNotFound``.
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        try:
+            self.run(name, "delete", [""])
+        finally:
+            with translate(self.url):
+                if not self.redis.exists(self.keys(name).meta):
+                    self.redis.srem(jobs_index(self.prefix), name)
+
+    def cancel_job(self, name: str) -> None:
+        """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
+        every shard, ``sharded.cancel``).
+
+        Raises:
+            JobNotFound, JobCompleted.
+        """
+        if self._sharded(name):
+            from . import sharded
+
+            return sharded.cancel(cast("Client", self), name)
+        self.run(name, "cancel", [""])
+
+    def pause_job(self, name: str) -> None:
+        """Pause ``name``: trainers get no new leases (they wait, without polling, as in
+        a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
+        still end and start. Idempotent. A sharded job: every shard (sharded_admin.py).
+
+        Raises:
+            JobNotFound, JobCompleted, JobCancelled.
+        """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.pause(cast("Client", self), name)
+        self.run(name, "pause", [""])
+
+    def resume_job(self, name: str) -> None:
+        """End a pause: every waiting trainer is woken to lease again. Idempotent. A
+        sharded job: every shard.
+
+        Raises:
+            JobNotFound.
+        """
+        if self._sharded(name):
+            from . import sharded_admin
+
+            return sharded_admin.resume(cast("Client", self), name)
+        self.run(name, "resume", [""])
