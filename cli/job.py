@@ -1,159 +1,36 @@
-"""``taskq job ...``: create, inspect, list, audit, cancel, pause, resume and delete jobs
-(a sharded job as one: cli/shards.py).
+"""``taskq job ...``: the ``job`` group, and the commands that write: create, delete,
+cancel, pause, resume (a sharded job as one: cli/shards.py). The read-only views
+(status, list, audit) are cli/job_view.py's, checkpoints cli/checkpoints.py's; create's
+input is read by cli/job_input.py.
 
-Data flow: operator -> cli/job.py -> taskq.datasets (chunks) -> taskq.Client -> Redis.
+Data flow: operator -> cli/job.py -> cli/job_input.py (chunks) -> taskq.Client -> Redis.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 from typing import Any
 
 import click
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskID,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
 import taskq
-from taskq import datasets, sharded
-from taskq.models import JobStatus
+from taskq import sharded
 
 from . import shards as shards_cli
-from .common import (
-    PassesType,
-    TaskTimeoutType,
-    age,
-    client_of,
-    console,
-    echo_json,
-    interactive,
-    pass_label,
-    show,
+from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
+from .job_input import (
+    BIG_INPUT_TASKS,
+    ByteSizeType,
+    JsonObjectType,
+    NoProgress,
+    check_sources,
+    progress_bar,
+    read_chunks,
 )
-
-#: Inputs at least this large (bytes read, or tasks written) get a progress bar.
-BIG_INPUT_BYTES = 8 << 20
-BIG_INPUT_TASKS = 5000
 
 
 @click.group("job")
 def job() -> None:
     """Create, inspect and remove jobs (one named dispatch of one data set)."""
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=console(stderr=True),
-        transient=True,
-    )
-
-
-def _read_chunks(
-    manifest: str | None,
-    files: str | None,
-    lines: str | None,
-    records_per_chunk: int | None,
-    show: bool,
-    fmt: str | None = None,
-    sizing: dict[str, Any] | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> list[Any]:
-    """The chunks from exactly one source, read and validated in full."""
-    if files is not None:
-        return datasets.format_chunks(
-            files,
-            fmt,
-            records_per_chunk=records_per_chunk,
-            storage_options=storage_options,
-            **(sizing or {}),
-        )
-    if lines is not None and fmt is not None:
-        from taskq import data
-
-        data.reader(fmt)  # the data extra, before reading
-        return data.build_chunks(
-            lines, fmt, records_per_chunk=records_per_chunk, storage_options=storage_options
-        )
-    source = manifest if manifest is not None else lines
-    assert source is not None
-    big = show and os.path.isfile(source) and os.path.getsize(source) >= BIG_INPUT_BYTES
-    with _progress() if big else _NoProgress() as bar:
-        reading = bar.add_task(f"reading {source}", total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(reading, completed=done, total=total)
-
-        if manifest is not None:
-            return datasets.manifest_chunks(manifest, progress=advance)
-        assert records_per_chunk is not None
-        return datasets.line_chunks(source, records_per_chunk, progress=advance)
-
-
-class ByteSizeType(click.ParamType):
-    """A size in bytes >= 1: an integer with an optional K, M, G suffix (powers of 1024)."""
-
-    name = "BYTES"
-    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
-        unit = text[-1:] if text[-1:] in self._UNITS else ""
-        try:
-            n = int(text[: len(text) - len(unit)]) * self._UNITS[unit]
-        except ValueError:
-            self.fail(f"{value!r} is not a size (e.g. 1048576, 64M, 1G)", param, ctx)
-        if n < 1:
-            self.fail(f"{value!r}: a size must be >= 1 byte", param, ctx)
-        return n
-
-
-class JsonObjectType(click.ParamType):
-    """A JSON object (``--storage-options '{"anon": true}'``)."""
-
-    name = "JSON"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> dict[str, Any]:
-        if isinstance(value, dict):
-            return value
-        try:
-            obj = json.loads(value)
-        except ValueError as e:
-            self.fail(f"not JSON: {e}", param, ctx)
-        if not isinstance(obj, dict):
-            self.fail("must be a JSON object", param, ctx)
-        return obj
-
-
-class _NoProgress:
-    """Stands in for a rich Progress when the input is small or stderr is no terminal."""
-
-    def __enter__(self) -> _NoProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def add_task(self, description: str, total: float | None = None) -> TaskID:
-        return TaskID(0)
-
-    def update(self, task_id: TaskID, **fields: Any) -> None:
-        return None
 
 
 @job.command("create")
@@ -320,7 +197,7 @@ def create(
     is read and validated before anything is written; the job appears all at once or not
     at all. See docs/data.md.
     """
-    _check_sources(
+    check_sources(
         ctx,
         extra,
         manifest,
@@ -338,12 +215,12 @@ def create(
     client.keys(name)  # a bad name fails before any file is read
     show = interactive(stderr=True)
     sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
-    chunks = _read_chunks(
+    chunks = read_chunks(
         manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
     )
     ntasks = -(-len(chunks) // chunks_per_task)
     try:
-        with _progress() if show and ntasks >= BIG_INPUT_TASKS else _NoProgress() as bar:
+        with progress_bar() if show and ntasks >= BIG_INPUT_TASKS else NoProgress() as bar:
             writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
             status = client.create_job(
                 name,
@@ -379,269 +256,6 @@ def create(
         f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
         f"{' (replaced)' if replace else ''}"
     )
-
-
-def _check_sources(
-    ctx: click.Context,
-    extra: tuple[str, ...],
-    manifest: str | None,
-    files: str | None,
-    lines: str | None,
-    fmt: str | None,
-    records_per_chunk: int | None,
-    chunk_bytes: int | None,
-    row_groups_per_chunk: int | None,
-    storage_options: dict[str, Any] | None,
-) -> None:
-    """Usage errors of `job create`'s source and sizing options, before any reading."""
-    if extra:
-        if files is not None:
-            raise click.UsageError(
-                f"--files got {len(extra) + 1} paths: the shell expanded an unquoted "
-                f"pattern; quote it, e.g. --files 'data/part-*.jsonl'",
-                ctx,
-            )
-        raise click.UsageError(f"unexpected extra arguments: {' '.join(extra)}", ctx)
-    sources = [s for s in (manifest, files, lines) if s is not None]
-    if len(sources) != 1:
-        raise click.UsageError("give exactly one of --manifest, --files, --lines", ctx)
-    if manifest is not None:
-        given = [
-            o
-            for o, v in (
-                ("--format", fmt),
-                ("--records-per-chunk", records_per_chunk),
-                ("--chunk-bytes", chunk_bytes),
-                ("--row-groups-per-chunk", row_groups_per_chunk),
-                ("--storage-options", storage_options),
-            )
-            if v is not None
-        ]
-        if given:
-            raise click.UsageError(
-                f"{given[0]} does not go with --manifest (a manifest lists its chunks as they are)",
-                ctx,
-            )
-    if lines is not None:
-        if records_per_chunk is None:
-            raise click.UsageError("--lines needs --records-per-chunk N", ctx)
-        if fmt not in (None, "lines", "jsonl"):
-            raise click.UsageError("--lines takes --format lines or jsonl", ctx)
-        if chunk_bytes is not None or row_groups_per_chunk is not None:
-            raise click.UsageError("--lines chunks by --records-per-chunk only", ctx)
-    if chunk_bytes is not None and records_per_chunk is not None:
-        raise click.UsageError("give --chunk-bytes or --records-per-chunk, not both", ctx)
-    if chunk_bytes is not None and fmt in ("parquet", "tar"):
-        raise click.UsageError(f"--chunk-bytes goes with lines|jsonl, not {fmt}", ctx)
-    if row_groups_per_chunk is not None and fmt not in (None, "parquet"):
-        raise click.UsageError(f"--row-groups-per-chunk goes with parquet, not {fmt}", ctx)
-    if records_per_chunk is not None and fmt == "parquet":
-        raise click.UsageError(
-            "parquet chunks by --row-groups-per-chunk, not --records-per-chunk", ctx
-        )
-
-
-def _when(ms: int) -> str:
-    if not ms:
-        return "-"
-    return datetime.datetime.fromtimestamp(ms / 1000.0).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def status_table(status: JobStatus) -> Table:
-    """The human view of one status snapshot (used by `job status`)."""
-    d = status.as_dict()
-    cfg = status.config
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    state = status.state + (f" ({status.reason})" if status.reason else "")
-    table.add_row("job", f"{status.job}  (incarnation {status.incarnation})")
-    table.add_row("state", state)
-    attempt = f", attempt {status.pass_attempt + 1}" if status.pass_attempt else ""
-    table.add_row("pass", pass_label(status.pass_no, status.passes) + attempt)
-    table.add_row(
-        "tasks",
-        f"{status.tasks} ({cfg.get('chunks')} chunks, {cfg.get('chunks_per_task')} per task)",
-    )
-    table.add_row(
-        "todo / leased / done / dead",
-        f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
-        f"{status.done} / {status.dead}",
-    )
-    table.add_row("workers", str(status.workers))
-    table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
-    table.add_row("eta (this pass)", age(d["eta_s"]))
-    table.add_row("oldest lease", age(status.oldest_lease_age_s))
-    tt = cfg.get("task_timeout")
-    if tt == "auto":
-        auto = cfg.get("auto_task_timeout_s")
-        tt = f"auto ({age(auto) if auto else 'not yet known'})"
-    table.add_row(
-        "config",
-        f"worker_ttl {cfg.get('worker_ttl')}s, heartbeat "
-        f"{cfg.get('heartbeat_interval')}s, task_timeout {tt}, "
-        f"max_failures {cfg.get('max_failures')}, max_attempts "
-        f"{cfg.get('max_attempts')}, shuffle {cfg.get('shuffle')}, "
-        f"auto_advance {cfg.get('auto_advance')}",
-    )
-    c = status.counters
-    table.add_row("counters", ", ".join(f"{k} {v}" for k, v in c.items() if not k.endswith("_ms")))
-    table.add_row("created", _when(status.created_ms))
-    return table
-
-
-def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None) -> Table:
-    """Per-pass summaries (pass, round, how it ended, done, dead, ...).
-
-    ``took`` runs from a pass's start to its end; pass 0 starts at its first lease
-    (``first_lease_ms``), not at the job's creation, so waiting for trainers is not
-    counted (marked ``*`` when the first lease is no longer in the events).
-    """
-    table = Table(title="passes (docs/operations.md: reading the tables)", title_justify="left")
-    for col in (
-        "pass",
-        "round",
-        "ended",
-        "done",
-        "dead",
-        "skipped",
-        "stale",
-        "expired",
-        "max lateness",
-        "took",
-    ):
-        table.add_column(col, justify="right" if col not in ("ended",) else "left")
-    for s in summaries:
-        took, mark = None, ""
-        started, ended = s.get("started_ms"), s.get("ended_ms")
-        if s.get("pass") == 0 and s.get("round") == 1 and started:
-            if first_lease_ms:
-                started = max(started, first_lease_ms)
-            else:
-                mark = "*"
-        if ended and started:
-            took = (ended - started) / 1000.0
-        table.add_row(
-            str(s.get("pass")),
-            str(s.get("round")),
-            str(s.get("state")),
-            str(s.get("done")),
-            str(s.get("dead")),
-            str(s.get("skipped")),
-            str(s.get("stale")),
-            str(s.get("expired")),
-            age((s.get("max_lateness_ms") or 0) / 1000.0),
-            age(took) + mark if took is not None else "-",
-        )
-    return table
-
-
-@job.command("status")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@click.option(
-    "--summaries",
-    type=click.IntRange(min=0),
-    default=20,
-    show_default=True,
-    help="Per-pass summaries to show (the latest).",
-)
-@click.pass_context
-def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
-    """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
-    sharded job: the sums and a breakdown by shard)."""
-    if shards_cli.handle(ctx, "status", name, as_json):
-        return
-    client = client_of(ctx)
-    status = client.status(name, summaries=summaries)
-    if as_json:
-        data = status.as_dict()
-        data["histograms"] = status.histograms
-        data["lease_ages"] = status.lease_ages
-        echo_json(data)
-        return
-    if status.summaries:
-        show(status_table(status), summaries_table(status.summaries, client.first_lease_ms(name)))
-    else:
-        show(status_table(status))
-
-
-@job.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
-@click.option(
-    "--repair",
-    is_flag=True,
-    help="First rebuild the job index from the jobs' keys (after an interrupted create or delete).",
-)
-@click.pass_context
-def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
-    """The jobs in this Redis (under the key prefix)."""
-    client = client_of(ctx)
-    if repair:
-        added, removed = client.repair_index()
-        if not as_json:
-            click.echo(
-                f"index repaired: {len(added)} added {added}, {len(removed)} removed {removed}",
-                err=True,
-            )
-    rows: list[dict[str, Any]] = []
-    for name in client.list_jobs():
-        try:
-            s = client.status(name, summaries=0)
-        except (taskq.JobNotFound, taskq.CorruptData) as e:
-            # one broken entry must not hide the others
-            state = "missing" if isinstance(e, taskq.JobNotFound) else "unreadable"
-            rows.append(
-                {
-                    "job": name,
-                    "state": state,
-                    "error": str(e),
-                    "pass": None,
-                    "passes": None,
-                    "tasks": None,
-                    "done": None,
-                    "dead": None,
-                    "workers": None,
-                }
-            )
-            continue
-        rows.append(
-            {
-                "job": name,
-                "state": s.state,
-                "pass": s.pass_no,
-                "passes": s.passes,
-                "tasks": s.tasks,
-                "done": s.done,
-                "dead": s.dead,
-                "workers": s.workers,
-            }
-        )
-    if as_json:
-        echo_json(rows)
-        return
-    if not rows:
-        click.echo("no jobs")
-        return
-    table = Table()
-    for col in ("job", "state", "pass", "done", "dead", "workers"):
-        table.add_column(col, justify="left" if col in ("job", "state") else "right")
-    for r in rows:
-        if r["state"] == "missing":
-            table.add_row(r["job"], "missing (taskq job list --repair)", "-", "-", "-", "-")
-            continue
-        if r["state"] == "unreadable":
-            table.add_row(r["job"], f"unreadable: {r['error']}", "-", "-", "-", "-")
-            continue
-        table.add_row(
-            r["job"],
-            r["state"],
-            pass_label(r["pass"], r["passes"]),
-            f"{r['done']}/{r['tasks']}",
-            str(r["dead"]),
-            str(r["workers"]),
-        )
-    show(table)
 
 
 @job.command("delete")
@@ -714,30 +328,3 @@ pause = _lifecycle_command(
 resume = _lifecycle_command(
     "resume", "Resume NAME after a pause: waiting trainers lease again at once.", "resumed"
 )
-
-
-@job.command("audit")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the audit as JSON.")
-@click.pass_context
-def audit(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
-    delay; and whether the counters agree with the sets they count (exit 1 if not). A
-    sharded job: every shard, and whether the shards agree on every pass."""
-    if shards_cli.handle(ctx, "audit", name, as_json):
-        return
-    report = client_of(ctx).audit(name)
-    if as_json:
-        echo_json(report)
-    else:
-        show(summaries_table(report["passes"], report.get("first_lease_ms")))
-        cur = report["current"]
-        click.echo(
-            f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
-            f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}"
-        )
-        for check, ok in report["checks"].items():
-            click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
-    if not report["ok"]:
-        failed = [k for k, ok in report["checks"].items() if not ok]
-        raise taskq.TaskqError(f"job {name}: audit failed: {', '.join(failed)}")

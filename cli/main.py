@@ -20,6 +20,7 @@ import taskq
 from . import checkpoints as _checkpoints  # noqa: F401  (adds job checkpoints / rewind)
 from . import demo as demo_module
 from . import events, exporter, job, passes, reaper, tasks, workers
+from . import job_view as _job_view  # noqa: F401  (adds job status / list / audit)
 from .acl import acl as acl_group
 from .work import work
 
