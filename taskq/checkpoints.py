@@ -2,12 +2,14 @@
 
 A checkpoint records where a job stands: its pass, the pass's done set, each unfinished
 task's progress (samples taken), the tasks leased or waiting in the front, the counters.
-It is written in bounded calls (``checkpoint.lua``: begin freezes the unfinished tasks,
-then one call per 64 kB page of the done bitmap copied, per page of unfinished tasks and
-per page of tasks given out since the begin (those two clear what was done after the
-begin), per page written, then a seal that lists it and drops the oldest beyond
-``keep``); a pass attempt that ends meanwhile makes it start again, a few times at most. A rewind (``rewind.lua``) puts the job back
-the same way, fenced by a rewind epoch: a rewind superseded by another one stops at its
+It is written in bounded calls (``checkpoint.lua``: begin notes the cursor; then one call
+per page of the freeze, the walks of the leased tasks, the front and the progress that
+gather the tasks unfinished at the begin (what leaves meanwhile is noted as it goes), per
+64 kB page of the done bitmap copied, per page of tasks given out since the begin and per
+page of unfinished tasks (those two clear what was done after the begin), per page
+written, then a seal that lists it and drops the oldest beyond ``keep``); a pass attempt
+that ends meanwhile makes it start again, a few times at most. A rewind (``rewind.lua``)
+puts the job back the same way, fenced by a rewind epoch: a rewind superseded by another one stops at its
 next call, and repeating a rewind finishes a half-done one. Semantics: docs/resume.md.
 
 Data flow: client.py (checkpoint / rewind / checkpoints) -> checkpoints.py -> scripts.py
@@ -103,21 +105,23 @@ def _write(client: Client, job: str, keep: int, ckpt: str) -> dict[str, Any]:
         raise errors.TaskqError(f"job {job!r}: a rewind is in progress; checkpoint after it")
     if code == Code.DUP:
         return get(client, job, ckpt)
-    pages, unfinished = int(reply[1]), int(reply[2])
+    pages = int(reply[1])
     try:
+        k = 0
+        while int(_step(client, job, ckpt, "checkpoint", ["freeze", k])[1]):
+            k += 1
         since = 0
         for k in range(pages):
             since = int(_step(client, job, ckpt, "checkpoint", ["copy", k])[1])
-        if unfinished:
-            k, cursor = 0, "0"
-            while True:
-                r = _step(client, job, ckpt, "checkpoint", ["todo", k, cursor])
-                cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
-                k += 1
-                if cursor == "0":
-                    break
         for k in range(since):
             _step(client, job, ckpt, "checkpoint", ["since", k])
+        k, cursor = 0, "0"
+        while True:
+            r = _step(client, job, ckpt, "checkpoint", ["todo", k, cursor])
+            cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
+            k += 1
+            if cursor == "0":
+                break
         for k in range(pages):
             _step(client, job, ckpt, "checkpoint", ["page", k])
         _step(client, job, ckpt, "checkpoint", ["seal", keep])
@@ -146,8 +150,9 @@ def _step(client: Client, job: str, ckpt: str, verb: str, step: list[Any]) -> An
 
 def _decode(raw: Any) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(raw)
-    scratch = ("todo_done", "bytes", "ppages", "pages", "cursor", "pstart", "copied")
-    for k in (*scratch, "cursor_end", "since"):
+    scratch = ("todo_done", "bytes", "ppages", "pages", "cursor", "pstart", "copied", "fseq")
+    freeze = ("fzk", "fzp", "fzc", "frozen")
+    for k in (*scratch, *freeze, "cursor_end", "since"):
         rec.pop(k, None)
     return rec
 

@@ -44,6 +44,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "ckpt": "hash",
     "ckdone": "string",
     "ckprog": "hash",
+    "ckset": "set",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -44,7 +44,8 @@ JOB_KEYS: tuple[str, ...] = (
     "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
     "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done-bitmap pages, "<id>:p:<k>" todo pages
     "ckdone",  # string: the done bitmap frozen by an open checkpoint (paged into ckpt)
-    "ckprog",  # hash: the progress and unfinished tasks frozen by an open checkpoint
+    "ckprog",  # hash: task id -> progress at an open checkpoint's begin (copy, before-images)
+    "ckset",  # set: the tasks unfinished at an open checkpoint's begin (its freeze gathers)
 )
 
 
@@ -116,6 +117,7 @@ class MetaField:
     P_REREAD = "p_reread"  # samples reported by holders after their lease ended (re-read)
     CK_SEQ = "ck_seq"  # sequence of checkpoints
     CK_OPEN = "ck_open"  # the checkpoint being written ('' = none)
+    CK_FREEZE = "ck_freeze"  # the checkpoint whose freeze walks are under way ('' = none)
     RW_OPEN = "rw_open"  # the checkpoint a rewind in progress goes back to ('' = none)
     RW_EPOCH = "rw_epoch"  # grows on every rewind start: fences a superseded rewind's pages
     RW_LAST = "rw_last"  # the checkpoint of the last rewind that completed

@@ -123,26 +123,187 @@ def test_the_bitmap_is_copied_in_pages_yet_holds_the_position_of_the_begin(clien
     a.ack(first)
     held = a.lease(timeout=0)
     _, pages, unfinished = _ck(client, job_name, "begin", 20)
-    assert (pages, unfinished) == (1, 1)  # no bitmap was copied by the begin
+    assert (pages, unfinished) == (1, 0)  # no bitmap copied, no task walked by the begin
     a.ack(held)  # leased at the begin
     later = b._lease_n(2, 0, None)
     b.ack(later[0])  # given out after the begin
+    with pytest.raises(taskq.InvalidInput):
+        _ck(client, job_name, "copy", 0)  # not before the freeze
+    k = 0
+    while _ck(client, job_name, "freeze", k)[1]:
+        k += 1
+    assert _ck(client, job_name, "freeze", k) == [0, 0]  # a repeat is a no-op
     code, since = _ck(client, job_name, "copy", 0)
     assert (code, since) == (0, 1)
     assert _ck(client, job_name, "copy", 0)[0] == 0  # a repeat is a no-op
     b.ack(later[1])  # after the copy
     with pytest.raises(taskq.InvalidInput):
         _ck(client, job_name, "page", 0)  # not before the fix-ups
-    _ck(client, job_name, "todo", 0, "0")
+    with pytest.raises(taskq.InvalidInput):
+        _ck(client, job_name, "todo", 0, "0")  # not before `since`
     _ck(client, job_name, "since", 0)
+    _ck(client, job_name, "todo", 0, "0")
     _ck(client, job_name, "page", 0)
     _ck(client, job_name, "seal", 20)
     ck = checkpoints.get(client, job_name, "ck1")
-    assert ck["done"] == 1
+    assert (ck["done"], ck["unfinished"]) == (1, 1)
     assert client.rewind(job_name, "ck1")
     assert done_ids(client, job_name) == {first.id}
     assert client.status(job_name).done == 1
     assert client.audit(job_name)["ok"]
+
+
+def _lease_full(t: taskq.Trainer, want: int = MAX_HELD) -> list[taskq.Task]:
+    got: list[taskq.Task] = []
+    while len(got) < want:
+        more = t._lease_n(min(MAX_BATCH, want - len(got)), 0, None)
+        if not more:
+            break
+        got += more
+    return got
+
+
+def _position(client: taskq.Client, job: str) -> tuple[set[int], set[int], dict[str, str]]:
+    """(done tasks, unfinished tasks (leased or in the front), progress hash)."""
+    keys = client.keys(job)
+    owned = {int(m.rsplit("|", 1)[1]) for m in client.redis.zrange(keys.owned, 0, -1)}
+    front = {int(m) for m in client.redis.zrange(keys.front, 0, -1)}
+    return done_ids(client, job), owned | front, client.redis.hgetall(keys.progress)
+
+
+def test_work_between_every_checkpoint_step_leaves_the_begins_position(client, job_name):
+    """Between every call of a checkpoint (each page of the freeze walks, the copy, the
+    fix-ups, the pages, the seal): acks of tasks leased at the begin (some with progress),
+    progress reports on others, pops of the front, leases from the cursor, releases, and
+    a trainer lost (its leases back to the front). A rewind to the sealed checkpoint gives
+    back exactly the begin's position: its done set, its unfinished tasks (leased or in
+    the front) in the front with their progress at the begin; the rest of the pass then
+    gives every other task exactly once."""
+    n = 4000
+    make_job(client, job_name, n=n)
+    holders = [trainer(client, job_name, f"h{i}", worker_ttl=600) for i in range(36)]
+    held = {t: _lease_full(t) for t in holders}
+    short = trainer(client, job_name, "short", worker_ttl=1)
+    lost = _lease_full(short)
+    for i, t in enumerate(holders):
+        t.ack(held[t][:4])
+        for j, task in enumerate(held[t][4:10]):
+            t.progress(task, 1 + i + j)
+        t.heartbeat()
+        if i % 9 == 0:  # into the front, some with progress
+            t.release(held[t][4:24])
+            held[t] = held[t][24:]
+        else:
+            held[t] = held[t][4:]
+    short.progress(lost[0], 7)
+    short.heartbeat()
+    done0, todo0, prog0 = _position(client, job_name)
+    assert len(todo0) > 2000 and prog0  # more than a page of leased tasks
+    steps = 0
+    others: list[taskq.Trainer] = []
+
+    def churn() -> None:
+        nonlocal steps
+        steps += 1
+        for t in holders[steps % 6 :: 6]:
+            if len(held[t]) >= 3:
+                t.progress(held[t][0], 1000 + steps)  # a progress changed, then done
+                t.heartbeat()
+                t.ack(held[t][:2])
+                t.progress(held[t][2], 500 + steps)  # a progress changed, still leased
+                t.heartbeat()
+                held[t] = held[t][2:]
+        c = trainer(client, job_name, f"c{steps}", worker_ttl=600)
+        others.append(c)
+        got = _lease_full(c)  # the front first, then the cursor
+        c.ack(got[:20])
+        c.progress(got[20], 3)
+        c.heartbeat()
+        c.release(got[20:24])
+        if steps == 2:  # the short-lived trainer is lost: its leases go to the front
+            client.advance_clock(job_name, 1500)
+            for t in holders + others:
+                t.heartbeat()
+            while client.reap(job_name)[1]:
+                pass
+
+    code, pages, _ = _ck(client, job_name, "begin", 20)
+    assert code == Code.OK
+    churn()
+    k = 0
+    while True:
+        more = _ck(client, job_name, "freeze", k)[1]
+        churn()
+        k += 1
+        if not more:
+            break
+    assert k >= 3  # the leased set, the front, the progress: each one page at least
+    since = 0
+    for p in range(pages):
+        since = _ck(client, job_name, "copy", p)[1]
+        churn()
+    assert since >= 1  # the cursor gave out tasks after the begin
+    for p in range(since):
+        _ck(client, job_name, "since", p)
+        churn()
+    p, cursor = 0, "0"
+    while True:
+        cursor = _ck(client, job_name, "todo", p, cursor)[1]
+        churn()
+        p += 1
+        if cursor == "0":
+            break
+    for p in range(pages):
+        _ck(client, job_name, "page", p)
+        churn()
+    assert _ck(client, job_name, "seal", 20)[0] == Code.OK
+    assert client.redis.hget(client.keys(job_name).meta, "ck_freeze") == ""
+    ck = checkpoints.get(client, job_name, "ck1")
+    assert (ck["done"], ck["unfinished"]) == (len(done0), len(todo0))
+    churn()
+    assert client.rewind(job_name, "ck1")
+    done1, todo1, prog1 = _position(client, job_name)
+    assert done1 == done0
+    assert todo1 == todo0  # every one of them in the front now
+    assert prog1 == {t: v for t, v in prog0.items() if v != "0"}
+    b = trainer(client, job_name, "b")
+    rest = [x.id for got in b.batches(MAX_BATCH) for x in got]
+    assert sorted(rest) == sorted(set(range(n)) - done0)
+    assert client.status(job_name).state == "completed"
+
+
+def test_no_checkpoint_call_walks_more_than_a_page(client, job_name):
+    """A job with 6,000 leased tasks and 3,000 in the front: the begin walks nothing, and
+    every freeze and todo call takes in at most a page (2,000 tasks, with the slack of a
+    scan step), so the walks take several calls."""
+    n = 10000
+    make_job(client, job_name, n=n)
+    keys = client.keys(job_name)
+    holders = [trainer(client, job_name, f"h{i}", worker_ttl=600) for i in range(141)]
+    held = [_lease_full(t) for t in holders]
+    for t, got in list(zip(holders, held, strict=True))[::3]:
+        for j in range(0, len(got), MAX_BATCH):
+            t.release(got[j : j + MAX_BATCH])
+    leased, front = client.redis.zcard(keys.owned), client.redis.zcard(keys.front)
+    assert leased > 5900 and front > 2900
+    _ck(client, job_name, "begin", 20)
+    assert client.redis.scard(keys.ckset) == 0
+    sizes, k, more = [], 0, 1
+    while more:
+        before = client.redis.scard(keys.ckset)
+        more = _ck(client, job_name, "freeze", k)[1]
+        sizes.append(client.redis.scard(keys.ckset) - before)
+        k += 1
+    assert max(sizes) <= 3000 and len(sizes) >= 5, sizes
+    assert client.redis.scard(keys.ckset) == leased + front
+    p, cursor, pages = 0, "0", []
+    while True:
+        cursor = _ck(client, job_name, "todo", p, cursor)[1]
+        pages.append(len(client.redis.hget(keys.ckpt, f"ck1:p:{p}").split(",")))
+        p += 1
+        if cursor == "0":
+            break
+    assert max(pages) <= 3000 and len(pages) >= 4 and sum(pages) >= leased + front, pages
 
 
 def test_a_checkpoint_whose_pass_attempt_ends_meanwhile_is_dropped_and_taken_again(

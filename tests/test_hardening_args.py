@@ -106,6 +106,7 @@ STEPS: dict[str, tuple[list[str], list[str]]] = {
     "checkpoint begin": (["", "c1", "begin", "1"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint page": (["", "c1", "page", "0"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint copy": (["", "c1", "copy", "0"], ["inc", "ckpt", "enum", "int"]),
+    "checkpoint freeze": (["", "c1", "freeze", "0"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint since": (["", "c1", "since", "0"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint seal": (["", "c1", "seal", "1"], ["inc", "ckpt", "enum", "int"]),
     "rewind begin": (["", "c1", "begin", "1", "k"], ["inc", "ckpt", "enum", "int", "text"]),
@@ -124,6 +125,7 @@ OVER_BOUND: list[tuple[str, int, str]] = [
     ("progress", 3, "2"),  # n: more triples than given
     ("checkpoint", 3, "4294967296"),  # page
     ("checkpoint copy", 3, "4294967296"),  # page
+    ("checkpoint freeze", 3, "4294967296"),  # page
     ("checkpoint since", 3, "4294967296"),  # page
     ("checkpoint begin", 3, "0"),  # keep
     ("checkpoint seal", 3, "1001"),  # keep

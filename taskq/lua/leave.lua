@@ -44,6 +44,7 @@ for idx, item in ipairs(items) do
     released = released + 1
   else
     redis.call('ZREM', K_OWNED, item)
+    ck_left(task)
   end
 end
 if more then

@@ -40,6 +40,7 @@ for k = 1, n do
   local cur = tonumber(redis.call('HGET', K_PROGRESS, task) or '0') or 0
   if holds_secret(l, worker, winc, tok) then
     if samples > cur then
+      ck_before(task)
       redis.call('HSET', K_PROGRESS, task, fmt(samples))
       PROGRESS_EMPTY = false
     end

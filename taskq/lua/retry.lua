@@ -35,8 +35,8 @@ if retried > 0 and ck_open ~= '' then
   -- a checkpoint being written reads tasks done since its begin as unfinished then,
   -- which a task dead then is not: it is dropped (its writer takes it again)
   ck_drop(ck_open)
-  mset(F.CK_OPEN, '')
-  redis.call('DEL', K_CKDONE, K_CKPROG)
+  mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
+  redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
 end
 if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')

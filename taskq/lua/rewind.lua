@@ -47,7 +47,8 @@ if step == 'begin' then
   local open = mget(F.CK_OPEN) or ''
   if open ~= '' then
     ck_drop(open)  -- a checkpoint being written of a position that goes away
-    mset(F.CK_OPEN, '')
+    mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
+    redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
   end
   local revoked = mnum(F.NLEASED)
   if revoked > 0 then mincr(F.C_REVOKED, revoked) end

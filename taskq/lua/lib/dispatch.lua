@@ -28,6 +28,7 @@ local function reclaim(budget, force)
         did = did + 1
       else
         redis.call('ZREM', K_OWNED, item)
+        ck_left(task)
       end
     end
     if #items < room then remove_worker(m, 'worker_lost') else more = true end
@@ -220,6 +221,7 @@ local function take_leases(worker, winc, want, call_no, mode)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
+    ck_left(task)
     local free = is_free(task)
     if free and avoided(task, worker) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place

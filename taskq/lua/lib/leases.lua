@@ -242,6 +242,7 @@ end
 -- Removes a live lease's index entries (not the lease record itself).
 local function unindex(task, l)
   redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+  ck_left(task)
   redis.call('ZREM', K_DEADLINES, task)
   redis.call('ZREM', K_STARTED, task)
   if l.st == 'R' then
@@ -256,6 +257,7 @@ local function end_lease(task, l, kind)
     .. '|' .. (l.dig or '')
   if l.backup then  -- a backup is in no index but owned, and not counted in nleased
     redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+    ck_left(task)
     redis.call('HSET', K_LEASES, 'b:' .. task, rec)
     return
   end
@@ -394,7 +396,10 @@ local function acked_one(task, l, tok, worker)
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end
   -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
-  if not progress_empty() then redis.call('HDEL', K_PROGRESS, task) end
+  if not progress_empty() then
+    ck_before(task)
+    redis.call('HDEL', K_PROGRESS, task)
+  end
   mincr(F.C_ACKED)
   local acked = mincr(F.ACKED_JOB)
   mset(F.LAST_ACK, now_s())
