@@ -31,6 +31,9 @@ local function start_pass(p, kind)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(NOW), F.STATE, 'running', F.REASON, '')
+  -- a checkpoint's freeze of the old round is over (its next step answers PASS_MISMATCH):
+  -- the hooks that note what leaves the leased set and the front stop here
+  mset(F.CK_FREEZE, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
   STATE = 'running'
   event(kind, 'round', ROUND)
@@ -54,7 +57,7 @@ local function finish_pass(kind)
   local passes = mnum(F.PASSES)
   if passes >= 0 and p + 1 >= passes then
     ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
-    mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
+    mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0, F.CK_FREEZE, '')
     redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
     STATE = 'completed'
     event('job_completed')
