@@ -87,9 +87,13 @@ def test_sigkilled_trainer_rereads_exactly_what_it_did_not_commit(
     """4 tasks of 60 rows: a trainer (2 workers, batches of 4) commits after step 20,
     takes 10 more batches and is SIGKILLed. The next trainer reads every row the first
     did not commit, none it did: the 40 rows after the commit are read twice, nothing
-    committed is lost or repeated."""
+    committed is lost or repeated, though the killed trainer's leases come back only after
+    the next trainer's first iteration ended."""
     chunks = write_jsonl(tmp_path / "data", 4, 60)
-    make_job(client, job_name, chunks)
+    # the killed trainer's leases outlive the second trainer's first iteration (worker_ttl 6 s):
+    # it ends "exhausted" holding uncommitted tasks, commits, and its next iteration takes
+    # the late work of the same pass
+    make_job(client, job_name, chunks, worker_ttl=6.0)
     flags = ["--shuffle"] if shuffle else []
     first = _commit_run(
         url, job_name, tmp_path / "a.rows", "--commit-at", "20", "--stop", "30", *flags

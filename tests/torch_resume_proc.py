@@ -10,7 +10,8 @@ rank 0 writes ``loader.state_dict()`` and the model's step count to OUT.ckpt; a 
 "CKPT" marks the point in OUT; after M more steps it prints "STOPPED" and sleeps. At the end it prints "DONE <samples the model trained on>".
 ``--state FILE``: ``loader.load_state_dict`` of that checkpoint file first.
 ``--commit-at C``: the loader holds acks for ``commit()`` (``acks="commit"``), called
-after step C (a line "COMMIT" marks the point in OUT) and at the end.
+after step C (a line "COMMIT" marks the point in OUT) and at the end of each iteration;
+an iteration that ended "exhausted" (it held uncommitted tasks) is followed by another.
 """
 
 from __future__ import annotations
@@ -62,27 +63,32 @@ def main() -> int:
         model.seen += saved["seen"]  # stands for load_state_dict of the model
     step = 0
     with open(a.out, "a", buffering=1) as out:
-        for batch in loader:
-            x = batch["i"].float().unsqueeze(1)
-            model(x).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
-            step += 1
-            model.seen += len(x)
-            out.write("".join(f"{f} {i}\n" for f, i in rows_of(batch)))
-            if a.commit_at is not None and step == a.commit_at:
-                loader.commit()
-                out.write("COMMIT\n")
-            if a.ckpt is not None and step == a.ckpt:
-                _checkpoint(a, loader, out, int(model.seen))
-            if (a.stop is not None and step == a.stop) or (
-                a.ckpt is not None and step == a.ckpt + a.extra
-            ):
-                print("STOPPED", flush=True)
-                while True:
-                    time.sleep(1)
-            time.sleep(0.02)
-    loader.commit()
+        # an iteration holding uncommitted tasks ends "exhausted" instead of waiting for
+        # the pass end (docs/torch.md): commit, then iterate again for the late work
+        while True:
+            for batch in loader:
+                x = batch["i"].float().unsqueeze(1)
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                step += 1
+                model.seen += len(x)
+                out.write("".join(f"{f} {i}\n" for f, i in rows_of(batch)))
+                if a.commit_at is not None and step == a.commit_at:
+                    loader.commit()
+                    out.write("COMMIT\n")
+                if a.ckpt is not None and step == a.ckpt:
+                    _checkpoint(a, loader, out, int(model.seen))
+                if (a.stop is not None and step == a.stop) or (
+                    a.ckpt is not None and step == a.ckpt + a.extra
+                ):
+                    print("STOPPED", flush=True)
+                    while True:
+                        time.sleep(1)
+                time.sleep(0.02)
+            loader.commit()
+            if loader.state != "exhausted":
+                break
     print(f"DONE {int(model.seen)}", flush=True)
     return 0
 

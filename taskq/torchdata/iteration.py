@@ -268,7 +268,12 @@ class TaskqIter:
         feeder = self.feeder
         if loader is not None:
             loader.state = feeder.end_state
-            if feeder.end_state in ("pass_complete", "exhausted"):
+            # the pass is over for this loader: complete, or ended locally. An iteration
+            # of the global pass end that ended "exhausted" held uncommitted tasks: its
+            # pass goes on, and the next iteration takes its late work (docs/torch.md)
+            if feeder.end_state == "pass_complete" or (
+                feeder.end_state == "exhausted" and feeder.pass_end == "local"
+            ):
                 loader._done_pass = feeder.pass_no
 
     def _stop_workers(self, broken: bool) -> None:
