@@ -15,6 +15,7 @@ import os
 import platform
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -292,3 +293,30 @@ def _format_value(value: float | None) -> str:
     if isinstance(value, float) and not value.is_integer() and abs(value) < 100:
         return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
     return f"{value:,.0f}"
+
+
+def json_rows_of(
+    script: str, args: Sequence[str], code_dir: str = "", timeout: float = 900, **env: str
+) -> list[dict]:
+    """Run ``script`` with ``args`` in a fresh interpreter (the code of ``code_dir`` first
+    on the path when given: a "before" tree) and return the JSON objects it printed, one
+    per line.
+
+    Raises:
+        RuntimeError: the run exited non-zero (the end of its stderr is in the message).
+    """
+    full_env = dict(os.environ, **env)
+    if code_dir:
+        full_env["PYTHONPATH"] = os.pathsep.join([code_dir, full_env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, script, *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{Path(script).name} {' '.join(args)} exited {out.returncode}: {out.stderr[-800:]}"
+        )
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

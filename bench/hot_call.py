@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -82,19 +79,9 @@ def measure(shape: str, tasks: int) -> dict[str, Any]:
 
 
 def _round(code_dir: str, shapes: str, tasks: int) -> list[dict[str, Any]]:
-    env = dict(os.environ)
-    if code_dir:
-        env["PYTHONPATH"] = os.pathsep.join([code_dir, env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [sys.executable, __file__, "--one", "--shapes", shapes, "--tasks", str(tasks)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return common.json_rows_of(
+        __file__, ["--one", "--shapes", shapes, "--tasks", str(tasks)], code_dir
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"round exited {out.returncode}: {out.stderr[-800:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
 FIGURES = (

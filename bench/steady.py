@@ -34,7 +34,6 @@ if os.environ.get("TASKQ_BENCH_PARSER") == "python":
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -184,19 +183,13 @@ def one_round(tasks: int, only: str = "") -> None:
 
 # -- the rounds, alternating ------------------------------------------------------------------
 def _run_parser_round(parser: str, tasks: int, code_dir: str = "") -> list[dict]:
-    env = dict(os.environ, TASKQ_BENCH_PARSER=parser)
-    if code_dir:
-        env["PYTHONPATH"] = os.pathsep.join([code_dir, env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [sys.executable, __file__, "--one-round", "--tasks", str(tasks)],
-        env=env,
-        capture_output=True,
-        text=True,
+    return common.json_rows_of(
+        __file__,
+        ["--one-round", "--tasks", str(tasks)],
+        code_dir,
         timeout=1800,
+        TASKQ_BENCH_PARSER=parser,
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"{parser} round exited {out.returncode}: {out.stderr[-500:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
 def _run_bullmq_round(tasks: int) -> dict[int, float]:
