@@ -11,7 +11,8 @@ server µs per FCALL and per task (INFO commandstats, after CONFIG RESETSTAT), t
 commands per FCALL, and the trainer's CPU µs per task (process time: nothing else runs in
 the process). CPU times move far less with the machine's load than rates do. `--before
 DIR` (a tree of an older commit: `git archive REV | tar -x -C DIR`) runs DIR's taskq in
-alternating rounds with this tree's; each figure is the least of its rounds.
+alternating rounds with this tree's (or `--after DIR`'s: a snapshot, so this tree can change
+while it runs); each figure is the least of its rounds.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", default="")
+    parser.add_argument(
+        "--after", default="", help="a tree to run as 'after' instead of this one (a snapshot)"
+    )
     parser.add_argument("--shapes", default="|".join(SHAPES))
     parser.add_argument("--commands", action="store_true", help="list the commands per call")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -108,7 +112,11 @@ def main() -> None:
         for shape in shapes:
             print(json.dumps(measure(shape, args.tasks)), flush=True)
         return
-    trees = [("before", args.before), ("after", "")] if args.before else [("this tree", "")]
+    trees = (
+        [("before", args.before), ("after", args.after)]
+        if args.before
+        else [("this tree", args.after)]
+    )
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for _ in range(args.rounds):
         for label, code_dir in trees:
