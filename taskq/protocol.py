@@ -186,6 +186,10 @@ class Wire:
         self.client = client
         self.job = job
         self.keys = client.keys(job)
+        # the last (raw info, JobInfo) a step decoded, one tuple so threads swap it whole:
+        # the job's info changes a few times a pass, and a reply equal to the last one
+        # reuses its JobInfo
+        self._info: tuple[Any, JobInfo | None] = (None, None)
 
     def run(self, verb: str, args: list[Any]) -> Any:
         """One verb's raw reply.
@@ -259,7 +263,7 @@ class Wire:
         for t in starts:
             args += [t.id, t.token]
         args += [want, mode, expect_pass, secret]
-        return self.decode_step(self.run("ack", args))
+        return self.decode_step(self.client.run(self.job, "ack", args, passthrough=PASSTHROUGH))
 
     def decode_step(self, reply: Sequence[Any]) -> Step:
         """Decode an ``ack`` reply, building its tasks (apart: those with unreadable
@@ -268,12 +272,10 @@ class Wire:
         if len(reply) < 6:
             return Step(code, [], 0.0, None, [], [], _NO_CORRUPT)
         raw_info = reply[3]
-        info = JobInfo(
-            int(raw_info[0]),
-            int(raw_info[1]),
-            str(raw_info[2]),
-            str(raw_info[3]) if len(raw_info) > 3 else "",
-        )
+        last_raw, info = self._info
+        if info is None or raw_info != last_raw:
+            info = decode_info(raw_info)
+            self._info = (raw_info, info)
         pass_no, job = info.pass_no, self.job
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
@@ -296,16 +298,8 @@ class Wire:
                 granted.append(task)
             except errors.CorruptData as e:
                 corrupt = [*corrupt, (task, e)]
-        acks, starts = reply[4], reply[5]
-        return Step(
-            code,
-            granted,
-            int(reply[2]) / 1000.0,
-            info,
-            [int(x) for x in acks] if acks else [],
-            [int(x) for x in starts] if starts else [],
-            corrupt,
-        )
+        # the per-write results are the script's integer codes, as the parser made them
+        return Step(code, granted, int(reply[2]) / 1000.0, info, reply[4], reply[5], corrupt)
 
     def write(
         self,
