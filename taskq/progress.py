@@ -45,6 +45,8 @@ class ProgressBuffer:
 
     def discard(self, tasks: list[Task]) -> None:
         """Drop the entries of ``tasks`` (acked: their progress is spent)."""
+        if not self._pending:
+            return  # nothing recorded (most loops): no lock taken per ack
         with self._lock:
             for t in tasks:
                 old = self._pending.get(t.id)

@@ -498,7 +498,7 @@ class Scripts:
                 parts.append(_bulk(a))
         body = [b"".join(parts)]
         assert self._pool is not None
-        if self._own_lock.acquire(blocking=False):
+        if self._own_lock.acquire(False):  # positional: the keyword form costs 0.2 µs
             try:
                 if self._own is None or self._own[0] != _FORK_GEN[0]:
                     self._own = (_FORK_GEN[0], self._pool.get_connection())

@@ -18,7 +18,11 @@ from . import errors
 from .models import Task
 from .scripts import Code
 from .trainer_beats import TrainerBeats
-from .trainer_calls import _MAX_BLOCK_S
+from .trainer_calls import _MAX_BLOCK_S, OK, REREGISTER, STALE
+
+# more codes a step's reply is compared with, as plain ints (see trainer_calls.py)
+DRAINING, PASS_DONE = int(Code.DRAINING), int(Code.PASS_DONE)
+_ENDED = (int(Code.JOB_COMPLETED), int(Code.JOB_CANCELLED))
 
 log = logging.getLogger("taskq.trainer")
 
@@ -162,20 +166,20 @@ class TrainerIteration(TrainerBeats):
             except (errors.JobNotFound, errors.JobCancelled):
                 self._mark_all_revoked()
                 raise
-            if acks:
+            if acks and STALE in r.ack_res:
                 self._check_acks(acks, r.ack_res, raise_stale=False)
             # logged; the loop goes on with other work
             bad = self._fail_corrupt(r.corrupt) if r.corrupt else []
             code, got = r.code, r.granted
-            if code == Code.REREGISTER:
+            if code == REREGISTER:
                 continue
-            if code == Code.DRAINING:
+            if code == DRAINING:
                 self._draining = True
                 return
-            if code in (Code.JOB_COMPLETED, Code.JOB_CANCELLED):
+            if code in _ENDED:
                 self._mark_all_revoked()
                 return
-            if starts and r.start_res and r.start_res[0] == Code.OK:
+            if starts and r.start_res and r.start_res[0] == OK:
                 current = starts[0]
             with self._lock:
                 for t in got:
@@ -186,7 +190,7 @@ class TrainerIteration(TrainerBeats):
             if current is not None:
                 yield current
                 continue
-            if code == Code.PASS_DONE:
+            if code == PASS_DONE:
                 self._release_reserved()
                 return
             if not got and not starts and not bad:
