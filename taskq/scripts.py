@@ -349,6 +349,41 @@ def _pool_of(redis_client: Any) -> Any:
     return pool
 
 
+def _exchange(conn: Any, body: list[bytes]) -> Any:
+    """Send one packed command on the kept connection ``conn`` and read its reply.
+
+    A connected connection is written and read directly (its socket, its parser, which
+    handles RESP3 pushes itself): redis-py's ``send_packed_command`` / ``read_response``
+    around them (the health check, the error text naming the host) cost ~7 k
+    instructions of a trainer's ~125 k per task (bench/README.md, "Hot-path pass 3").
+    Their error handling is kept: any failure closes the connection (a reply half read
+    must not be taken for the next one); an OS error becomes redis-py's
+    ``ConnectionError``, which the caller retries through ``execute_command``; an error
+    reply is raised. A connection not connected (or a redis-py without these
+    attributes) goes through redis-py's own calls.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: the socket failed (closed).
+        redis.exceptions.ResponseError: Redis answered an error.
+    """
+    sock, parser = getattr(conn, "_sock", None), getattr(conn, "_parser", None)
+    if sock is None or parser is None:
+        conn.send_packed_command(body)
+        return conn.read_response()
+    try:
+        sock.sendall(body[0])
+        reply = parser.read_response()
+    except OSError as e:  # socket.timeout too
+        conn.disconnect()
+        raise redis.exceptions.ConnectionError(f"taskq: {e}") from e
+    except BaseException:
+        conn.disconnect()
+        raise
+    if isinstance(reply, redis.exceptions.ResponseError):
+        raise reply
+    return reply
+
+
 class Scripts:
     """The operations, called on one Redis connection (FCALL; the library is loaded on
     first need)."""
@@ -504,8 +539,7 @@ class Scripts:
                     self._own = (_FORK_GEN[0], self._pool.get_connection())
                 conn = self._own[1]
                 try:
-                    conn.send_packed_command(body)
-                    return conn.read_response()
+                    return _exchange(conn, body)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     conn.disconnect()
             finally:

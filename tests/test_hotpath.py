@@ -10,11 +10,15 @@ must not see a stale or shared socket.
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from functools import partial
 
+import pytest
+import redis
 import support
 
 import taskq
+from taskq.scripts import _exchange
 
 make_job = partial(
     support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
@@ -72,6 +76,54 @@ def test_calls_go_on_after_redis_restarts_under_the_kept_connection(own_redis, j
     own_redis.restart(kill=False)  # (a clean stop keeps the AOF) the kept socket is dead now
     t.ack(first)
     nxt = t.lease(timeout=2)
+    assert nxt is not None and nxt.id != first.id
+    assert counters(client, job_name)["acked"] == 1
+
+
+def test_a_call_timed_out_on_the_kept_connection_goes_on_through_the_retry(client, job_name):
+    url = client.redis.connection_pool.connection_kwargs
+    slow = taskq.connect(f"redis://{url['host']}:{url['port']}/0", socket_timeout=0.3)
+    make_job(slow, job_name, n=4)
+    t = trainer(slow, job_name, "w")
+    first = t.lease(timeout=0)
+    assert first is not None
+    client.redis.client_pause(1000)  # every client's commands wait 1 s: this read times out
+    t.ack(first)
+    nxt = t.lease(timeout=0)
+    assert nxt is not None and nxt.id != first.id
+    assert counters(client, job_name)["acked"] == 1
+    assert [tk.id for tk in t.held] == [nxt.id]
+
+
+def test_a_read_that_times_out_closes_the_kept_connection(client):
+    """The kept connection is read below redis-py's wrappers: a read that fails must close
+    it, so its late reply is never taken for the next command's."""
+    url = client.redis.connection_pool.connection_kwargs
+    r = redis.Redis(host=url["host"], port=url["port"], socket_timeout=0.3, decode_responses=True)
+    conn = r.connection_pool.get_connection()
+    incr = [conn.pack_command("INCR", "hotpath:x")[0]]
+    assert _exchange(conn, incr) == 1
+    client.redis.client_pause(600)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        _exchange(conn, incr)
+    assert conn._sock is None, "closed: its late reply (2) cannot be read"
+    time.sleep(0.8)
+    # GET's own answer, a string (the INCR ran or was dropped with its client), never the
+    # INCR's late integer reply
+    assert _exchange(conn, [conn.pack_command("GET", "hotpath:x")[0]]) in ("1", "2")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        _exchange(conn, [conn.pack_command("LPUSH", "hotpath:x", "a")[0]])
+    assert _exchange(conn, [conn.pack_command("PING")[0]]) == "PONG", "an error reply is read whole"
+    r.connection_pool.release(conn)
+    r.close()
+
+
+def test_an_error_reply_on_the_kept_connection_is_raised_and_the_library_reloaded(client, job_name):
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "w")
+    first = t.lease(timeout=0)
+    client.redis.function_flush()  # the next call's FCALL answers "Function not found"
+    nxt = t.lease(timeout=0, acks=[first])
     assert nxt is not None and nxt.id != first.id
     assert counters(client, job_name)["acked"] == 1
 
