@@ -55,7 +55,7 @@ class ClientConnection:
     ) -> Any:
         """Run one operation's script on ``job``; negative codes raise their error, except
         those in ``passthrough``, which the caller handles from the reply."""
-        job_keys = self.keys(job)
+        job_keys = self._keys.get(job) or self.keys(job)
         # the job's own key list as it is (one list per job: the constant part of the
         # call is packed once per list, scripts.py), a new one only with extra keys
         keys: list[Any] = (

@@ -276,7 +276,7 @@ class Wire:
         if info is None or raw_info != last_raw:
             info = decode_info(raw_info)
             self._info = (raw_info, info)
-        pass_no, job = info.pass_no, self.job
+        pass_no, job, chunks_key = info.pass_no, self.job, self.keys.chunks
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
         # one row per task: {id, token, attempt, chunks_json, started, start}; start is
@@ -294,7 +294,7 @@ class Wire:
                 int(row[5]) if len(row) > 5 else 0,
             )
             try:
-                task.chunks = decode_chunks(row[3], self.keys.chunks, row[0])
+                task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)
             except errors.CorruptData as e:
                 corrupt = [*corrupt, (task, e)]

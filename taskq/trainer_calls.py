@@ -45,6 +45,8 @@ OK, STALE, STOLEN, REREGISTER = (
     int(Code.STOLEN),
     int(Code.REREGISTER),
 )
+DRAINING, PASS_DONE = int(Code.DRAINING), int(Code.PASS_DONE)
+JOB_COMPLETED, JOB_CANCELLED = int(Code.JOB_COMPLETED), int(Code.JOB_CANCELLED)
 
 
 class TrainerCalls:
@@ -219,7 +221,8 @@ class TrainerCalls:
             self._in_flight.discard(call_no)
             if acks:
                 self._forget_locked(acks)
-            for t, res in zip(starts, r.start_res, strict=False) if starts else ():
+            for i, res in enumerate(r.start_res):  # one per start sent (none: a bare code)
+                t = starts[i]
                 if res == STOLEN:
                     self._forget_locked((t,))
                     t.revoked.set()
@@ -303,9 +306,9 @@ class TrainerCalls:
                 delay = min(delay * 2, 2.0)
 
     def _end_code(self, code: int) -> None:
-        if code == Code.JOB_COMPLETED:
+        if code == JOB_COMPLETED:
             raise errors.JobCompleted(f"job {self.job!r} is completed")
-        if code == Code.JOB_CANCELLED:
+        if code == JOB_CANCELLED:
             self._mark_all_revoked()
             raise errors.JobCancelled(f"job {self.job!r} was cancelled")
 

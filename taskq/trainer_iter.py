@@ -16,13 +16,17 @@ from collections.abc import Iterator, Sequence
 
 from . import errors
 from .models import Task
-from .scripts import Code
 from .trainer_beats import TrainerBeats
-from .trainer_calls import _MAX_BLOCK_S, OK, REREGISTER, STALE
-
-# more codes a step's reply is compared with, as plain ints (see trainer_calls.py)
-DRAINING, PASS_DONE = int(Code.DRAINING), int(Code.PASS_DONE)
-_ENDED = (int(Code.JOB_COMPLETED), int(Code.JOB_CANCELLED))
+from .trainer_calls import (
+    _MAX_BLOCK_S,
+    DRAINING,
+    JOB_CANCELLED,
+    JOB_COMPLETED,
+    OK,
+    PASS_DONE,
+    REREGISTER,
+    STALE,
+)
 
 log = logging.getLogger("taskq.trainer")
 
@@ -109,18 +113,20 @@ class TrainerIteration(TrainerBeats):
             r = self._retrying(
                 self._step, acks, [], n, "S", -1 if expect_pass is None else expect_pass
             )
-            self._check_acks(acks, r.ack_res, raise_stale=False)
+            if acks and STALE in r.ack_res:
+                self._check_acks(acks, r.ack_res, raise_stale=False)
             acks = []
-            bad = self._fail_corrupt(r.corrupt)
-            if r.code == Code.REREGISTER:
+            bad = self._fail_corrupt(r.corrupt) if r.corrupt else []
+            if r.code == REREGISTER:
                 continue
-            if r.code == Code.DRAINING:
+            if r.code == DRAINING:
                 self._draining = True
                 raise errors.Draining(f"worker {self.worker_id} is draining")
-            self._end_code(r.code)
+            if r.code == JOB_COMPLETED or r.code == JOB_CANCELLED:
+                self._end_code(r.code)
             if bad and raise_corrupt:
                 raise bad[0]
-            if r.granted or r.code == Code.PASS_DONE:
+            if r.granted or r.code == PASS_DONE:
                 return r.granted
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -176,7 +182,7 @@ class TrainerIteration(TrainerBeats):
             if code == DRAINING:
                 self._draining = True
                 return
-            if code in _ENDED:
+            if code == JOB_COMPLETED or code == JOB_CANCELLED:
                 self._mark_all_revoked()
                 return
             if starts and r.start_res and r.start_res[0] == OK:
