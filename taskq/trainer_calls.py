@@ -141,6 +141,8 @@ class TrainerCalls:
         seen (every state change bumps the generation).
         """
         pass_no, gen, state = info.pass_no, info.gen, info.state
+        if gen == self._gen and state == self._state and pass_no <= self._pass:
+            return  # what is noted already (most replies): applying it would change nothing
         with self._info_lock:
             if gen >= self._gen:
                 self._state = state
