@@ -132,7 +132,7 @@ class TrainerCalls:
         self._last_contact = time.monotonic()
         return reply
 
-    def _note_info(self, info: JobInfo) -> None:
+    def _note_info(self, info: JobInfo | Sequence[Any]) -> None:
         """Apply a reply's (pass, gen, state, reason).
 
         Answers arrive out of order: the heartbeat thread (or the helper's reader) may apply
@@ -140,7 +140,7 @@ class TrainerCalls:
         only move forward; a state is taken only from an answer of the newest generation
         seen (every state change bumps the generation).
         """
-        pass_no, gen, state = info.pass_no, info.gen, info.state
+        pass_no, gen, state = info[0], info[1], info[2]  # typed already (decode_info)
         if gen == self._gen and state == self._state and pass_no <= self._pass:
             return  # what is noted already (most replies): applying it would change nothing
         with self._info_lock:
