@@ -144,18 +144,23 @@ local function start_deadline()
 end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
--- (The count and the buckets in one HMGET: every 20th ack reads them, and one command per
--- bucket was about 5 % of an ack's server time, bench/README.md.)
+-- (The buckets in one HMGET, their sum the count: every 20th ack reads them, and one
+-- command per bucket was about 5 % of an ack's server time, bench/README.md.)
 local function recompute_auto_timeout()
   local bounds = HIST_BOUNDS
-  local fields = {'dur:count'}
-  for b = 1, #bounds do fields[b + 1] = 'dur:' .. b end
+  local fields = {}
+  for b = 1, #bounds + 1 do fields[b] = 'dur:' .. b end
   local got = redis.call('HMGET', K_HIST, unpack(fields))
-  local total = tonumber(got[1] or '0') or 0
+  local total = 0
+  for b = 1, #bounds + 1 do
+    local c = tonumber(got[b] or '0') or 0
+    got[b] = c
+    total = total + c
+  end
   local need, seen = total * 0.99, 0
   local p99 = bounds[#bounds]
   for b = 1, #bounds do
-    seen = seen + (tonumber(got[b + 1] or '0') or 0)
+    seen = seen + got[b]
     if seen >= need then p99 = bounds[b]; break end
   end
   mset(F.AUTO_TT, fmt(math.max(60000, 10 * p99)))

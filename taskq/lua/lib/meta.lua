@@ -13,7 +13,7 @@ local function fmt(n) return string.format('%.0f', n) end
 -- HMGET at open_job, any other on first use (HGET); every change is written in one HSET
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
--- (a string and a table slot per field and name) cost more than naming the ~30 needed
+-- (a string and a table slot per field and name) cost more than naming the ~31 needed
 -- (bench/README.md). M holds the stored strings (false: no such field) and those set by
 -- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
 -- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
@@ -24,7 +24,8 @@ local function load_meta()
   local v = redis.call('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
     F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
-    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE)
+    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE,
+    F.DUR_SUM)
   M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
     [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
     [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
@@ -33,7 +34,7 @@ local function load_meta()
     [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
     [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
-    [F.CK_FREEZE] = v[30]}
+    [F.CK_FREEZE] = v[30], [F.DUR_SUM] = v[31]}
 end
 local function mget(f)
   local n = MN[f]
