@@ -26,6 +26,7 @@ local ck_open = mget(F.CK_OPEN) or ''
 for _, task in ipairs(ids) do
   if redis.call('SREM', K_DEAD, task) == 1 then
     redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    FRONT_EMPTY = false
     redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
     event('retried', 'task', task)
     retried = retried + 1

@@ -77,6 +77,7 @@ if step == 'todo' then
   local page = redis.call('HGET', K_CKPT, id .. ':p:' .. arg) or ''
   for task, samples in string.gmatch(page, '(%d+):(%d+)') do
     if dead_empty() or redis.call('SISMEMBER', K_DEAD, task) == 0 then
+      FRONT_EMPTY = false
       redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
       if samples ~= '0' then redis.call('HSET', K_PROGRESS, task, samples) end
     end

@@ -9,17 +9,17 @@ local TIME_US = nil  -- per call
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call
 local function now_s()
-  if not NOW_S then NOW_S = string.format('%.0f', NOW) end
+  if not NOW_S then NOW_S = fmt(NOW) end
   return NOW_S
 end
 local function jnow_s()
-  if not JNOW_S then JNOW_S = string.format('%.0f', JNOW) end
+  if not JNOW_S then JNOW_S = fmt(JNOW) end
   return JNOW_S
 end
 -- ROUND as a string (lease records carry it), made again only when ROUND changed
 local ROUND_N, ROUND_S = nil, nil  -- per call
 local function round_s()
-  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, tostring(ROUND) end
+  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, fmt(ROUND) end
   return ROUND_S
 end
 

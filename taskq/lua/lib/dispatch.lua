@@ -103,9 +103,9 @@ local function grant(task, worker, winc, call_no, st)
   local attempt, att_s = 1, '1'
   if not counts_empty() then
     attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
-    att_s = tostring(attempt)
+    att_s = fmt(attempt)
   end
-  if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
+  if CN_N ~= call_no then CN_N, CN_S = call_no, fmt(call_no) end
   redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
     .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
   GRANTED[#GRANTED + 1] = task
@@ -215,8 +215,9 @@ end
 local function take_leases(worker, winc, want, call_no, mode)
   local out = {}
   local steps = 0
-  local front_empty = false  -- ZPOPMIN found the front empty (nothing adds to it below)
-  while #out < want and steps < 1000 do
+  -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
+  local front_empty = front_known_empty()
+  while not front_empty and #out < want and steps < 1000 do
     local popped = redis.call('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
@@ -228,6 +229,7 @@ local function take_leases(worker, winc, want, call_no, mode)
     elseif free then
       local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
+        FRONT_EMPTY = false
         redis.call('ZADD', K_FRONT, popped[2], task)
         return out
       end
@@ -240,7 +242,7 @@ local function take_leases(worker, winc, want, call_no, mode)
   if #out < want and cursor < n then
     local perm = perm_fn(n)
     while #out < want and cursor < n and steps < 1000 do
-      local task = tostring(perm(cursor))
+      local task = fmt(perm(cursor))
       cursor = cursor + 1
       steps = steps + 1
       if is_free(task) and (front_empty or redis.call('ZSCORE', K_FRONT, task) == false) then
@@ -274,7 +276,10 @@ local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
   SKIPPED = {}
   local out = take_leases(worker, winc, want, call_no, mode)
-  for _, p in ipairs(SKIPPED) do redis.call('ZADD', K_FRONT, p[2], p[1]) end
+  for _, p in ipairs(SKIPPED) do
+    FRONT_EMPTY = false
+    redis.call('ZADD', K_FRONT, p[2], p[1])
+  end
   if #out > 0 then
     local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
     for k, g in ipairs(out) do g[4] = chunks[k] end

@@ -14,7 +14,7 @@ local function flush_events()
     local listed = math.min(#b.tasks, EVENT_LIST_MAX)
     redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
       'worker', b.worker, 'tasks', table.concat(b.tasks, ',', 1, listed),
-      'tokens', table.concat(b.tokens, ',', 1, listed), 'count', #b.tasks)
+      'tokens', table.concat(b.tokens, ',', 1, listed), 'count', fmt(#b.tasks))
   end
   EVBUF, EVORDER = {}, {}
 end

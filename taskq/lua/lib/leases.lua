@@ -213,19 +213,22 @@ local function other_lease(task, l)
   return nil
 end
 
--- Whether the counts hash (a: f: s: per task), the dead set and this pass attempt's
--- progress hash are empty, each read once per call; any write to one in this call makes
--- it "maybe not empty" (false). Most calls ask about all three and all are empty: one
--- EXISTS of the three keys answers them together, else each is read alone.
+-- Whether the counts hash (a: f: s: per task), the dead set, this pass attempt's progress
+-- hash and the front are empty, each read once per call; any write to one in this call
+-- makes it "maybe not empty" (false). Most calls ask about all four and all are empty: one
+-- EXISTS of the four keys answers them together, else each is read alone (the front by
+-- the ZPOPMIN that would pop from it).
 -- (The waiting set is not asked along: with workers waiting, which is common, the
 -- EXISTS would answer "some" and each flag would cost its own command again.)
-local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, EMPTIES_READ = nil, nil, nil, false  -- per call
+local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, FRONT_EMPTY = nil, nil, nil, nil  -- per call
+local EMPTIES_READ = false  -- per call
 local function read_empties()
   EMPTIES_READ = true
-  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS) == 0 then
+  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS, K_FRONT) == 0 then
     if COUNTS_EMPTY == nil then COUNTS_EMPTY = true end
     if DEAD_EMPTY == nil then DEAD_EMPTY = true end
     if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = true end
+    if FRONT_EMPTY == nil then FRONT_EMPTY = true end
   end
 end
 local function counts_empty()
@@ -242,6 +245,11 @@ local function progress_empty()
   if PROGRESS_EMPTY == nil and not EMPTIES_READ then read_empties() end
   if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = redis.call('EXISTS', K_PROGRESS) == 0 end
   return PROGRESS_EMPTY
+end
+-- True only when the front is known empty (nil: maybe not; its ZPOPMIN tells).
+local function front_known_empty()
+  if FRONT_EMPTY == nil and not EMPTIES_READ then read_empties() end
+  return FRONT_EMPTY == true
 end
 
 -- Removes a live lease's index entries (not the lease record itself).
@@ -293,6 +301,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
 end
 
 local function to_front(task)
+  FRONT_EMPTY = false
   redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
   wake_one()
 end
