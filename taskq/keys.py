@@ -133,6 +133,10 @@ class MetaField:
     #: there; readers add the two (stats.histogram).
     DUR_SUM = "dur_sum"
     LATE_SUM = "late_sum"
+    #: The size of the waiting set (ZADD / ZREM answer what they changed): a worker that got
+    #: tasks leaves the set only when the set is not empty (absent in a job created before
+    #: the field: counted once, then kept).
+    NWAITING = "nwaiting"
     #: 80 bytes of padding, longer than Redis's hash-max-listpack-value (64 by default): the
     #: meta hash stays in the hashtable encoding, where each of a call's ~30 field reads is
     #: O(1) instead of a scan of the listpack's ~60 fields (bench/README.md)

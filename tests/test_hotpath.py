@@ -182,3 +182,26 @@ def test_a_histogram_written_by_the_older_layout_still_reads_right(client, job_n
     assert h["count"] == 3 and h["sum_s"] == 3.02
     assert h["counts"][2] == 1 and h["counts"][7] == 1 and h["counts"][8] == 1
     assert client.redis.hget(keys.hist, "dur:count") == "2", "the old field is left as it was"
+
+
+def test_the_waiting_count_follows_the_set_and_a_job_without_it_counts_once(client, job_name):
+    """``nwaiting`` is the waiting set's size (a worker that got tasks skips the set's ZREM
+    when it is 0); a job whose meta lacks it (an older taskq) counts the set once and a
+    waiting worker still leaves the set when it gets a task."""
+    make_job(client, job_name, n=2)
+    keys = client.keys(job_name)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    first, second = a.lease(timeout=0), a.lease(timeout=0)
+    assert first is not None and second is not None
+    assert b.lease(timeout=0) is None  # nothing left: b waits
+    assert client.redis.zcard(keys.waiting) == 1
+    assert client.redis.hget(keys.meta, "nwaiting") == "1"
+    client.redis.hdel(keys.meta, "nwaiting")  # as a job written before the field
+    a.fail(first, "boom")  # back to the front, for b (a failed it; b is alive)
+    got = b.lease(timeout=0)
+    assert got is not None and got.id == first.id
+    assert client.redis.zcard(keys.waiting) == 0, "b left the waiting set"
+    assert client.redis.hget(keys.meta, "nwaiting") == "0"
+    a.ack(second)
+    b.ack(got)
+    assert client.redis.zcard(keys.waiting) == 0

@@ -35,7 +35,7 @@ redis.call('HSET', K_META, unpack(fields))
 redis.call('HSET', K_META, F.LAST_TOKEN, last_token)
 if redis.call('HGET', K_META, F.MCLOCK) == '1' then redis.call('SET', K_CLOCK, 0) end
 open_job('')
-mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW))
+mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW), F.NWAITING, 0)
 pad_meta()
 event('job_created', 'tasks', ARGV[2], 'incarnation', mget(F.INC))
 event('pass_started', 'round', ROUND)

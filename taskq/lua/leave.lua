@@ -50,7 +50,7 @@ end
 if more then
   redis.call('ZADD', K_WORKERS, fmt(JNOW - 1), m)
   due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
-  redis.call('ZREM', K_WAITING, m)
+  wait_rem(m)
   if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
   event('worker_left', 'worker', worker, 'incarnation', winc, 'to_reclaim', 'yes')
 elseif redis.call('ZSCORE', K_WORKERS, m) then

@@ -312,11 +312,14 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   end
   if want > 0 and mget(F.PAUSED) == '1' then
     -- paused: wait like a waiting state (resume broadcasts), keeping what is held
-    redis.call('ZADD', K_WAITING, now_s(), m)
+    wait_add(m, now_s())
     return {C.NOTHING, {}, 0}
   end
-  if want > 0 then
-    -- a worker's holdings are capped, so what one heartbeat or leave goes through is too
+  -- A worker's holdings are capped, so what one heartbeat or leave goes through is too.
+  -- The cap is only within reach when the whole job holds that many: a worker's leases are
+  -- among the job's nleased plus its backups (owned, not counted in nleased; p_backups, the
+  -- pass attempt's, bounds the live ones), so below that its count is not needed.
+  if want > 0 and mnum(F.NLEASED) + mnum(F.P_BACKUPS) + want > MAX_HELD then
     local held = redis.call('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
     if held >= MAX_HELD then
       return {C.INVALID, 'worker ' .. worker .. ' holds ' .. held .. ' leases, the most one '
@@ -330,12 +333,12 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
     local got = take(worker, winc, want, call_no, mode)
     if #got > 0 then
-      redis.call('ZREM', K_WAITING, m)
+      wait_rem(m)
       return {C.OK, got, 0}
     end
   end
   if want > 0 then
-    redis.call('ZADD', K_WAITING, now_s(), m)
+    wait_add(m, now_s())
     return {C.NOTHING, {}, wait_bound_ms()}
   end
   return {C.OK, {}, 0}

@@ -45,6 +45,27 @@ local function observe(name, ms)
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end
 end
 
+-- The waiting set's size is kept in the meta field nwaiting (ZADD and ZREM answer what they
+-- changed), so a worker that got tasks leaves the set only when the set is not empty: most
+-- calls skip that ZREM. Every change of the set goes through wait_add / wait_rem (a job
+-- created before the field counts the set once).
+local function nwaiting()
+  if not mget(F.NWAITING) then mput(F.NWAITING, redis.call('ZCARD', K_WAITING)) end
+  return mnum(F.NWAITING)
+end
+local function wait_add(m, score)
+  local n = nwaiting()
+  local added = redis.call('ZADD', K_WAITING, score, m)
+  if added ~= 0 then mput(F.NWAITING, n + added) end
+end
+local function wait_rem(m)
+  local n = nwaiting()
+  if n > 0 then
+    local removed = redis.call('ZREM', K_WAITING, m)
+    if removed ~= 0 then mput(F.NWAITING, n - removed) end
+  end
+end
+
 -- Counted wake-ups: one token per task that became leasable, never more than waiters.
 local function wake_one()
   local waiters = redis.call('ZCARD', K_WAITING)

@@ -35,7 +35,7 @@ end
 local function remove_worker(m, kind)
   local worker, winc = string.match(m, '^(.*)|([^|]*)$')
   redis.call('ZREM', K_WORKERS, m)
-  redis.call('ZREM', K_WAITING, m)
+  wait_rem(m)
   if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
   event(kind, 'worker', worker, 'incarnation', winc)
 end
