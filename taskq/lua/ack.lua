@@ -39,16 +39,16 @@ if n_acks > 0 then check_pass_end() end
 local starts = {}
 for k = 1, n_starts do
   local task, tok = ARGV[start_args + 2 * k - 1], ARGV[start_args + 2 * k]
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  local l = parse_lease(rcall('HGET', K_LEASES, task))
   if holds_secret(l, worker, winc, tok) then
     if l.st == 'R' then
-      redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
+      rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
         .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts .. '|' .. l.dig)
-      redis.call('ZREM', K_RESERVED, task)
+      rcall('ZREM', K_RESERVED, task)
       mincr(F.NRESERVED, -1)
-      redis.call('ZADD', K_STARTED, jnow_s(), task)
+      rcall('ZADD', K_STARTED, jnow_s(), task)
       local dl = start_deadline()
-      if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+      if dl then rcall('ZADD', K_DEADLINES, dl, task) end
       event('started', 'task', task, 'worker', worker)
     end
     starts[k] = C.OK

@@ -31,21 +31,21 @@ local function open_job(inc)
   if not cur then return C.JOB_NOT_FOUND end
   if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end
   if mget(F.MCLOCK) == '1' then
-    NOW = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+    NOW = tonum(rcall('GET', K_CLOCK) or '0') or 0
   else
-    local t = redis.call('TIME')
-    local sec, us = tonumber(t[1]), tonumber(t[2])
-    NOW = sec * 1000 + math.floor(us / 1000)
+    local t = rcall('TIME')
+    local sec, us = tonum(t[1]), tonum(t[2])
+    NOW = sec * 1000 + mfloor(us / 1000)
     TIME_US = sec * 1000000 + us
   end
-  local seen = tonumber(mget(F.SEEN) or '') or NOW
+  local seen = tonum(mget(F.SEEN) or '') or NOW
   local gap = NOW - seen
   -- A live worker calls at least every heartbeat interval, so a gap longer than
   -- ttl - interval could make healthy workers miss their deadline: that is a silence.
   if gap > mnum(F.TTL) - mnum(F.HBI) then
     -- Silence is the server's, not the workers': freeze the liveness clock over it.
     mincr(F.OFFSET, gap)
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
+    rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
   if gap ~= 0 then mset(F.SEEN, now_s()) end
   JNOW = NOW - mnum(F.OFFSET)
@@ -59,7 +59,7 @@ end
 -- writes land before the reply.
 local function done(reply)
   flush_events()
-  for field, n in pairs(HBUF) do redis.call('HINCRBY', K_HIST, field, fmt(n)) end
+  for field, n in lpairs(HBUF) do rcall('HINCRBY', K_HIST, field, fmt(n)) end
   HBUF = {}
   flush()
   return reply

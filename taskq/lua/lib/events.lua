@@ -9,12 +9,12 @@ local EVMAX = '10000'  -- per call (open_job sets it from the job)
 -- in entries, so a bounded entry bounds its bytes (docs/capacity.md).
 local EVBUF, EVORDER = {}, {}  -- per call
 local function flush_events()
-  for _, kind in ipairs(EVORDER) do
+  for _, kind in lipairs(EVORDER) do
     local b = EVBUF[kind]
-    local listed = math.min(#b.tasks, EVENT_LIST_MAX)
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
-      'worker', b.worker, 'tasks', table.concat(b.tasks, ',', 1, listed),
-      'tokens', table.concat(b.tokens, ',', 1, listed), 'count', fmt(#b.tasks))
+    local listed = mmin(#b.tasks, EVENT_LIST_MAX)
+    rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
+      'worker', b.worker, 'tasks', tconcat(b.tasks, ',', 1, listed),
+      'tokens', tconcat(b.tokens, ',', 1, listed), 'count', fmt(#b.tasks))
   end
   EVBUF, EVORDER = {}, {}
 end
@@ -31,7 +31,7 @@ local function event_task(kind, task, worker, token)
 end
 local function event(kind, ...)
   if #EVORDER > 0 then flush_events() end
-  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget(F.PASS), ...)
+  rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget(F.PASS), ...)
 end
 
 local HBUF = {}  -- per call
@@ -50,28 +50,28 @@ end
 -- calls skip that ZREM. Every change of the set goes through wait_add / wait_rem (a job
 -- created before the field counts the set once).
 local function nwaiting()
-  if not mget(F.NWAITING) then mput(F.NWAITING, redis.call('ZCARD', K_WAITING)) end
+  if not mget(F.NWAITING) then mput(F.NWAITING, rcall('ZCARD', K_WAITING)) end
   return mnum(F.NWAITING)
 end
 local function wait_add(m, score)
   local n = nwaiting()
-  local added = redis.call('ZADD', K_WAITING, score, m)
+  local added = rcall('ZADD', K_WAITING, score, m)
   if added ~= 0 then mput(F.NWAITING, n + added) end
 end
 local function wait_rem(m)
   local n = nwaiting()
   if n > 0 then
-    local removed = redis.call('ZREM', K_WAITING, m)
+    local removed = rcall('ZREM', K_WAITING, m)
     if removed ~= 0 then mput(F.NWAITING, n - removed) end
   end
 end
 
 -- Counted wake-ups: one token per task that became leasable, never more than waiters.
 local function wake_one()
-  local waiters = redis.call('ZCARD', K_WAITING)
+  local waiters = rcall('ZCARD', K_WAITING)
   if waiters > 0 then
-    redis.call('LPUSH', K_WAKE, '1')
-    redis.call('LTRIM', K_WAKE, 0, waiters - 1)
+    rcall('LPUSH', K_WAKE, '1')
+    rcall('LTRIM', K_WAKE, 0, waiters - 1)
   end
 end
 
@@ -82,13 +82,13 @@ local function broadcast()
   local gen = mincr(F.GEN)
   local key = K_BCAST0
   if gen % 2 == 1 then key = K_BCAST1 end
-  redis.call('DEL', key)
-  local waiters = math.min(redis.call('ZCARD', K_WAITING), 1000)
+  rcall('DEL', key)
+  local waiters = mmin(rcall('ZCARD', K_WAITING), 1000)
   if waiters > 0 then
     local tokens = {}
     for i = 1, waiters do tokens[i] = '1' end
-    redis.call('RPUSH', key, unpack(tokens))
-    redis.call('PEXPIRE', key, 600000)
+    rcall('RPUSH', key, unpk(tokens))
+    rcall('PEXPIRE', key, 600000)
   end
-  redis.call('DEL', K_WAKE)
+  rcall('DEL', K_WAKE)
 end

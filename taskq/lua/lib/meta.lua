@@ -7,14 +7,29 @@
 -- lines) resets it at the start of every call. F.<NAME> is keys.MetaField.<NAME>, replaced by
 -- the field's name when the library is built. Semantics: docs/design.md.
 
+-- Redis's Lua globals the library calls, bound into library locals at the start of every
+-- call (bind_globals, from begin()): a global is a lookup in the globals table on every use
+-- (redis.call two), a library local an upvalue. (The library cannot read globals while it
+-- loads: they exist only in a call.)
+local rcall, tonum, smatch, sfind, ssub, sformat = nil, nil, nil, nil, nil, nil  -- per call
+local sbyte, mmin, mmax, mfloor, tconcat, unpk = nil, nil, nil, nil, nil, nil  -- per call
+local ltype, lpairs, lipairs = nil, nil, nil  -- per call
+local function bind_globals()
+  rcall, tonum, smatch, sfind, ssub, sformat = redis.call, tonumber, string.match,
+    string.find, string.sub, string.format
+  sbyte, mmin, mmax, mfloor, tconcat, unpk = string.byte, math.min, math.max, math.floor,
+    table.concat, unpack
+  ltype, lpairs, lipairs = type, pairs, ipairs
+end
+
 -- An integer (every number but the streaming median dur_med) is formatted with '%d': the
 -- same digits as '%.0f', which glibc runs through its multi-precision float printer at
 -- several times the cost (about 5 % of a hot call's instructions, bench/README.md).
 local function fmt(n)
   if n % 1 == 0 and n <= 9007199254740992 and n >= -9007199254740992 then
-    return string.format('%d', n)
+    return sformat('%d', n)
   end
-  return string.format('%.0f', n)
+  return sformat('%.0f', n)
 end
 
 -- The meta hash: the fields the hot verbs (ack, lease, heartbeat) read are fetched in one
@@ -31,7 +46,7 @@ local M, MN, DIRTY, NUM, ORIG = {}, {}, {}, {}, {}  -- per call
 -- in MN / DIRTY / NUM / ORIG means what nil means. Lua 5.1 makes a key even for `t[k] =
 -- nil`, so a field is cleared only where it is set.)
 local function load_meta()
-  local v = redis.call('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
+  local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
     F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
     F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE,
@@ -69,7 +84,7 @@ local function mget(f)
   if n then return fmt(n) end
   local v = M[f]
   if v == nil then
-    v = redis.call('HGET', K_META, f)
+    v = rcall('HGET', K_META, f)
     M[f] = v
   end
   if v == false then return nil end
@@ -79,7 +94,7 @@ local function mnum(f)
   local n = MN[f] or NUM[f]
   if n then return n end
   local stored = mget(f)
-  local parsed = tonumber(stored or '0')
+  local parsed = tonum(stored or '0')
   n = parsed or 0
   NUM[f] = n
   if stored and parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
@@ -101,7 +116,7 @@ local function mset(...)
   local a = {...}
   for i = 1, #a, 2 do
     local f, v = a[i], a[i + 1]
-    if type(v) == 'number' then v = fmt(v) end
+    if ltype(v) == 'number' then v = fmt(v) end
     M[f] = v
     if MN[f] then MN[f] = nil end
     if NUM[f] then NUM[f] = nil end
@@ -114,12 +129,12 @@ end
 -- the front is noted in its scratch set (ck_left), and a task's progress before it changes
 -- in its scratch hash (ck_before): what the walks may no longer find. Off: one field test.
 local function ck_left(task)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' then redis.call('SADD', K_CKSET, task) end
+  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' then rcall('SADD', K_CKSET, task) end
 end
 local function ck_before(task)
   -- (HEXISTS + HSET rather than HSETNX: the trainer's ACL rule has no HSETNX, acl.py)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' and redis.call('HEXISTS', K_CKPROG, task) == 0 then
-    redis.call('HSET', K_CKPROG, task, redis.call('HGET', K_PROGRESS, task) or '0')
+  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' and rcall('HEXISTS', K_CKPROG, task) == 0 then
+    rcall('HSET', K_CKPROG, task, rcall('HGET', K_PROGRESS, task) or '0')
   end
 end
 
@@ -135,7 +150,7 @@ local function flush()
     false, false, false, false, false, false, false, false, false, false, false, false, false,
     false, false, false, false, false, false, false, false}
   local k = 0
-  for f, d in pairs(DIRTY) do
+  for f, d in lpairs(DIRTY) do
     if d then
       local n = MN[f]
       if not n then
@@ -151,7 +166,7 @@ local function flush()
       end
     end
   end
-  if k > 0 then redis.call('HSET', K_META, unpack(args, 1, k)) end
+  if k > 0 then rcall('HSET', K_META, unpk(args, 1, k)) end
   DIRTY = {}
 end
 
@@ -165,12 +180,12 @@ end
 local function split(s)
   local fields, start = {}, 1
   while true do
-    local i = string.find(s, '|', start, true)
+    local i = sfind(s, '|', start, true)
     if not i then
-      fields[#fields + 1] = string.sub(s, start)
+      fields[#fields + 1] = ssub(s, start)
       return fields
     end
-    fields[#fields + 1] = string.sub(s, start, i - 1)
+    fields[#fields + 1] = ssub(s, start, i - 1)
     start = i + 1
   end
 end

@@ -5,38 +5,38 @@
 -- string), drain flag and lease secret digest (secret_digest; '' in a record written
 -- before lease secrets), or nil when there is none.
 local function winfo(worker)
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local rec = rcall('HGET', K_WINFO, worker)
   if not rec then return nil end
-  return string.match(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
+  return smatch(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
 end
 
 -- The id of the worker's heartbeat connection (the record's 8th field: Redis's
 -- CLIENT ID, sent by the trainer; '' when unknown), for the reaper's closed-connection
 -- check (reaper.py).
 local function winfo_conn(worker)
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local rec = rcall('HGET', K_WINFO, worker)
   if not rec then return nil end
-  return string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
+  return smatch(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
 end
 
 -- Records the connection id a worker incarnation sent (a heartbeat after a reconnect
 -- carries a new one); a no-op when unchanged or not its record.
 local function set_conn(worker, winc, cid)
   if cid == nil or cid == '' then return end
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local rec = rcall('HGET', K_WINFO, worker)
   if not rec then return end
   local f = split(rec)
   if f[1] ~= winc or f[8] == cid then return end
   for k = #f + 1, 7 do f[k] = '' end
   f[8] = cid
-  redis.call('HSET', K_WINFO, worker, table.concat(f, '|', 1, 8))
+  rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 8))
 end
 
 local function remove_worker(m, kind)
-  local worker, winc = string.match(m, '^(.*)|([^|]*)$')
-  redis.call('ZREM', K_WORKERS, m)
+  local worker, winc = smatch(m, '^(.*)|([^|]*)$')
+  rcall('ZREM', K_WORKERS, m)
   wait_rem(m)
-  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
+  if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
@@ -50,12 +50,12 @@ local function touch_worker(worker, winc, check)
   local inc, ttl_s, drain, dig = winfo(worker)
   if inc ~= winc then return 'lost' end
   if check and not (CALLER_DIG and dig == CALLER_DIG) then
-    if not redis.call('ZSCORE', K_WORKERS, m) then return 'lost' end
+    if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
     return 'forged'
   end
-  local ttl = tonumber(ttl_s) or mnum(F.TTL)
-  if redis.call('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
-      and not redis.call('ZSCORE', K_WORKERS, m) then
+  local ttl = tonum(ttl_s) or mnum(F.TTL)
+  if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
+      and not rcall('ZSCORE', K_WORKERS, m) then
     return 'lost'
   end
   if drain == '1' then return 'drain' end
