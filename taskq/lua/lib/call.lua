@@ -25,8 +25,9 @@ end
 
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
 -- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
-local function open_job(inc)
-  load_meta()
+-- (loaded: the caller ran load_meta already, in this call)
+local function open_job(inc, loaded)
+  if not loaded then load_meta() end
   local cur = mget(F.INC)
   if not cur then return C.JOB_NOT_FOUND end
   if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end

@@ -4,8 +4,11 @@
 -- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn": its incarnation, ttl (a
 -- string), drain flag and lease secret digest (secret_digest; '' in a record written
 -- before lease secrets), or nil when there is none.
-local function winfo(worker)
-  local rec = rcall('HGET', K_WINFO, worker)
+-- `rec`: the record read already in this call (false: none), unless a write since
+-- (WINFO_WRITTEN) may have changed it.
+local WINFO_WRITTEN = false  -- per call
+local function winfo(worker, rec)
+  if rec == nil or WINFO_WRITTEN then rec = rcall('HGET', K_WINFO, worker) end
   if not rec then return nil end
   return smatch(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
 end
@@ -29,6 +32,7 @@ local function set_conn(worker, winc, cid)
   if f[1] ~= winc or f[8] == cid then return end
   for k = #f + 1, 7 do f[k] = '' end
   f[8] = cid
+  WINFO_WRITTEN = true
   rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 8))
 end
 
@@ -36,6 +40,7 @@ local function remove_worker(m, kind)
   local worker, winc = smatch(m, '^(.*)|([^|]*)$')
   rcall('ZREM', K_WORKERS, m)
   wait_rem(m)
+  WINFO_WRITTEN = true
   if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
   event(kind, 'worker', worker, 'incarnation', winc)
 end
@@ -45,9 +50,10 @@ end
 -- Renews its liveness as any call from it is proof of life (a forged one is not).
 -- ZADD XX CH renews and says whether the member exists in one command (0: missing, or
 -- renewed to the same score; only then ZSCORE tells the two apart).
-local function touch_worker(worker, winc, check)
+-- (rec: the worker's record if the caller read it already, see winfo)
+local function touch_worker(worker, winc, check, rec)
   local m = worker .. '|' .. winc
-  local inc, ttl_s, drain, dig = winfo(worker)
+  local inc, ttl_s, drain, dig = winfo(worker, rec)
   if inc ~= winc then return 'lost' end
   if check and not (CALLER_DIG and dig == CALLER_DIG) then
     if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
