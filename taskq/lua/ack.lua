@@ -50,7 +50,7 @@ if n_acks > 0 then check_pass_end() end
 local starts = {}
 for k = 1, n_starts do
   local task, tok = ARGV[start_args + 2 * k - 1], ARGV[start_args + 2 * k]
-  local l = parse_lease(rcall('HGET', K_LEASES, task))
+  local l = parse_lease(rcall('HGET', K_LEASES, task), worker, winc, tok)
   if holds_secret(l, worker, winc, tok) then
     if l.st == 'R' then
       rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'

@@ -35,7 +35,7 @@ local function open_job(inc, loaded)
     NOW = tonum(rcall('GET', K_CLOCK) or '0') or 0
   else
     local t = rcall('TIME')
-    local sec, us = tonum(t[1]), tonum(t[2])
+    local sec, us = t[1] + 0, t[2] + 0  -- (digits: one strtod each, tonumber makes two)
     NOW = sec * 1000 + mfloor(us / 1000)
     TIME_US = sec * 1000000 + us
   end

@@ -98,7 +98,8 @@ end
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
 local CN_N, CN_S = nil, nil  -- per call
-local function grant(task, worker, winc, call_no, st)
+-- (task_n: the task's number when the caller has it, else nil)
+local function grant(task, worker, winc, call_no, st, task_n)
   local tok = next_token()
   local attempt, att_s = 1, '1'
   if not counts_empty() then
@@ -122,7 +123,7 @@ local function grant(task, worker, winc, call_no, st)
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
   event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
-  return {tonum(task), tok, attempt, false, st == 'S' and 1 or 0}
+  return {task_n or tonum(task), tok, attempt, false, st == 'S' and 1 or 0}
 end
 
 -- After a failure, the worker that failed a task does not get it back for one heartbeat
@@ -242,11 +243,12 @@ local function take_leases(worker, winc, want, call_no, mode)
   if #out < want and cursor < n then
     local perm = perm_fn(n)
     while #out < want and cursor < n and steps < 1000 do
-      local task = fmt(perm(cursor))
+      local task_n = perm(cursor)
+      local task = fmt(task_n)
       cursor = cursor + 1
       steps = steps + 1
       if is_free(task) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
-        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out), task_n)
       end
     end
     mset(F.CURSOR, cursor)

@@ -17,9 +17,24 @@
 -- (written back as they are), round its number. Only the round is compared on every call,
 -- so the other numbers are left as strings (tonumber where used: each conversion is a
 -- strtod, bench/README.md), and the round is converted only when it is not the current one.
-local function parse_lease(rec)
+-- A caller that names the holder it expects (worker, winc, tok: checked ids, so no '|' in
+-- them) has the record's head compared as one string when it is that holder's current
+-- lease, and only the rest matched (the whole pattern was ~half of an ack's record work).
+local function parse_lease(rec, worker, winc, tok)
   if not rec then return nil end
   if sbyte(rec, 1) == 76 then  -- 'L'
+    if tok then
+      local rs = round_s()
+      local head = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. rs .. '|'
+      if ssub(rec, 1, #head) == head then
+        local st, since, call, att, dig = smatch(rec,
+          '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$', #head + 1)
+        if st then
+          return {live = true, worker = worker, winc = winc, token = tok, round = ROUND,
+                  rs = rs, st = st, sinces = since, calls = call, attempts = att, dig = dig}
+        end
+      end
+    end
     local w, wi, tok, r, st, since, call, att, dig = smatch(rec,
       '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if w then
@@ -187,8 +202,9 @@ local function member(worker, winc, task) return worker .. '|' .. winc .. '|' ..
 -- The lease of `task` this worker incarnation holds or last held: the task's record, or
 -- its backup record (l.backup) when that one is the worker's. Backups exist only in a pass
 -- attempt that granted one (p_backups), so other calls read one record.
-local function lease_for(task, worker, winc)
-  local l = parse_lease(rcall('HGET', K_LEASES, task))
+-- (tok: the token the caller names, if any: parse_lease's short way for its own lease)
+local function lease_for(task, worker, winc, tok)
+  local l = parse_lease(rcall('HGET', K_LEASES, task), worker, winc, tok)
   local mine = l and l.worker == worker and l.winc == winc
   if (mine and lease_is_current(l)) or mnum(F.P_BACKUPS) == 0 then return l end
   local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
@@ -288,7 +304,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
-    local l = lease_for(task, worker, winc)
+    local l = lease_for(task, worker, winc, tok)
     if holds_secret(l, worker, winc, tok) then
       end_lease(task, l, kind)
       on_end(task, l, tok, worker, n, note)
