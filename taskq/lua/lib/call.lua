@@ -48,7 +48,7 @@ local function open_job(inc, loaded)
     mincr(F.OFFSET, gap)
     rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
-  if gap ~= 0 then mset(F.SEEN, now_s()) end
+  if gap ~= 0 then mset_s(F.SEEN, now_s()) end
   JNOW = NOW - mnum(F.OFFSET)
   ROUND = mnum(F.ROUND)
   STATE = mget(F.STATE)

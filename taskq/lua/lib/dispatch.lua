@@ -251,7 +251,7 @@ local function take_leases(worker, winc, want, call_no, mode)
         out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out), task_n)
       end
     end
-    mset(F.CURSOR, cursor)
+    mset_s(F.CURSOR, fmt(cursor))
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.

@@ -432,7 +432,7 @@ local function acked_one(task, l, tok, worker)
   end
   mincr(F.C_ACKED)
   local acked = mincr(F.ACKED_JOB)
-  mset(F.LAST_ACK, now_s())
+  mset_s(F.LAST_ACK, now_s())
   if acked % 20 == 0 then recompute_auto_timeout() end
   event_task('acked', task, worker, tok)
   local o = other_lease(task, l)

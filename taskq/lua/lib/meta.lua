@@ -112,6 +112,13 @@ local function mput_s(f, n, s)
   NUM[f] = n
   DIRTY[f] = true
 end
+-- One field set to a string (mset without its argument table).
+local function mset_s(f, s)
+  M[f] = s
+  if MN[f] then MN[f] = nil end
+  if NUM[f] then NUM[f] = nil end
+  DIRTY[f] = true
+end
 local function mset(...)
   local a = {...}
   for i = 1, #a, 2 do

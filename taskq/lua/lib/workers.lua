@@ -10,7 +10,19 @@ local WINFO_WRITTEN = false  -- per call
 local function winfo(worker, rec)
   if rec == nil or WINFO_WRITTEN then rec = rcall('HGET', K_WINFO, worker) end
   if not rec then return nil end
-  return smatch(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
+  -- (the separators found by plain search: a pattern walked every byte of the record
+  -- through a character class, host and digest included)
+  local p1 = sfind(rec, '|', 1, true)
+  local p2 = p1 and sfind(rec, '|', p1 + 1, true)
+  local p3 = p2 and sfind(rec, '|', p2 + 1, true)
+  local p4 = p3 and sfind(rec, '|', p3 + 1, true)
+  local p5 = p4 and sfind(rec, '|', p4 + 1, true)
+  if not p5 then return nil end
+  local p6 = sfind(rec, '|', p5 + 1, true)
+  if not p6 then return ssub(rec, 1, p1 - 1), ssub(rec, p1 + 1, p2 - 1), ssub(rec, p5 + 1), '' end
+  local p7 = sfind(rec, '|', p6 + 1, true)
+  return ssub(rec, 1, p1 - 1), ssub(rec, p1 + 1, p2 - 1), ssub(rec, p5 + 1, p6 - 1),
+    ssub(rec, p6 + 1, (p7 or 0) - 1)
 end
 
 -- The id of the worker's heartbeat connection (the record's 8th field: Redis's
