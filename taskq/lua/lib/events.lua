@@ -11,10 +11,15 @@ local EVBUF, EVORDER = {}, {}  -- per call
 local function flush_events()
   for _, kind in lipairs(EVORDER) do
     local b = EVBUF[kind]
-    local listed = mmin(#b.tasks, EVENT_LIST_MAX)
+    local n = #b.tasks
+    local tasks, tokens, count = b.tasks[1], b.tokens[1], '1'  -- (one task: nothing to join)
+    if n > 1 then
+      local listed = mmin(n, EVENT_LIST_MAX)
+      tasks, tokens, count = tconcat(b.tasks, ',', 1, listed), tconcat(b.tokens, ',', 1, listed),
+        fmt(n)
+    end
     rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
-      'worker', b.worker, 'tasks', tconcat(b.tasks, ',', 1, listed),
-      'tokens', tconcat(b.tokens, ',', 1, listed), 'count', fmt(#b.tasks))
+      'worker', b.worker, 'tasks', tasks, 'tokens', tokens, 'count', count)
   end
   EVBUF, EVORDER = {}, {}
 end
