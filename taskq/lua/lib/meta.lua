@@ -36,7 +36,7 @@ end
 -- HMGET at open_job, any other on first use (HGET); every change is written in one HSET
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
--- (a string and a table slot per field and name) cost more than naming the ~31 needed
+-- (a string and a table slot per field and name) cost more than naming the ~32 needed
 -- (bench/README.md). M holds the stored strings (false: no such field) and those set by
 -- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
 -- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
