@@ -127,6 +127,16 @@ class MetaField:
     C_BACKUPS = "c_backups"  # backup leases granted
     DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
     P_BACKUPS = "p_backups"
+    #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the
+    #: buckets' sum): written with the meta the call writes anyway, not one HINCRBY per
+    #: ack. A job created before them also has ``dur:sum`` / ``late:sum`` in ``hist``, frozen
+    #: there; readers add the two (stats.histogram).
+    DUR_SUM = "dur_sum"
+    LATE_SUM = "late_sum"
+    #: The size of the waiting set (ZADD / ZREM answer what they changed): a worker that got
+    #: tasks leaves the set only when the set is not empty (absent in a job created before
+    #: the field: counted once, then kept).
+    NWAITING = "nwaiting"
     #: 80 bytes of padding, longer than Redis's hash-max-listpack-value (64 by default): the
     #: meta hash stays in the hashtable encoding, where each of a call's ~30 field reads is
     #: O(1) instead of a scan of the listpack's ~60 fields (bench/README.md)

@@ -202,7 +202,9 @@ def _begin(parts: dict[str, str]) -> str:
     A library's locals outlive a call, so every top-level ``local`` of a part that is not a
     function must be per-call state, declared on one line ending in ``-- per call``:
     ``begin()`` assigns each declaration's initial value again, so no call sees the last
-    one's. A top-level local without the marker is refused (it could not be reset).
+    one's. A top-level local without the marker is refused (it could not be reset). Then
+    ``bind_globals()`` (lib/meta.lua) binds the Lua globals the library calls into its
+    locals: globals exist only in a call, not while the library loads.
 
     Args:
         parts: file name -> text of each library part.
@@ -231,6 +233,7 @@ def _begin(parts: dict[str, str]) -> str:
                 "local function begin(keys)",
                 "  set_keys(keys)",
                 *resets,
+                "  bind_globals()",
                 "end",
             ]
         )

@@ -58,14 +58,27 @@ def _int(meta: dict[str, str], field: str, key: str = "") -> int:
         raise errors.CorruptData(f"{key}: field {field!r} is not a number") from e
 
 
-def histogram(hist: dict[str, str], name: str) -> dict[str, Any]:
-    """A histogram kept by the scripts, in seconds: bounds, per-bucket counts, sum, count."""
+def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> dict[str, Any]:
+    """A histogram kept by the scripts, in seconds: bounds, per-bucket counts, sum, count.
+
+    Args:
+        hist: the job's ``hist`` hash (``<name>:<bucket>`` -> count).
+        name: the histogram, ``dur`` or ``late``.
+        meta_sum: its sum in ms, the meta field the scripts keep it in (``dur_sum`` /
+            ``late_sum``); None when absent.
+
+    Returns:
+        ``bounds_s``, ``counts`` (one more than the bounds: +Inf), ``sum_s``, ``count``.
+        The count is the buckets' sum; the sum adds ``<name>:sum`` of the hash, where a
+        job created by an older version kept it (it stays there, no longer written).
+    """
     counts = [int(hist.get(f"{name}:{i}", 0)) for i in range(1, len(HIST_BOUNDS_MS) + 2)]
+    total_ms = float(meta_sum or 0) + float(hist.get(f"{name}:sum", 0) or 0)
     return {
         "bounds_s": [b / 1000.0 for b in HIST_BOUNDS_MS],
         "counts": counts,
-        "sum_s": float(hist.get(f"{name}:sum", 0) or 0) / 1000.0,
-        "count": int(hist.get(f"{name}:count", 0)),
+        "sum_s": total_ms / 1000.0,
+        "count": sum(counts),
     }
 
 
@@ -140,8 +153,8 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
         pass_attempt=_int(meta, F.P_RESETS),
         reserved=_int(meta, F.NRESERVED) if state in ("running", "paused") else 0,
         histograms={
-            "task_duration": histogram(hist, "dur"),
-            "redispatch_lateness": histogram(hist, "late"),
+            "task_duration": histogram(hist, "dur", meta.get(F.DUR_SUM)),
+            "redispatch_lateness": histogram(hist, "late", meta.get(F.LATE_SUM)),
         },
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
         lease_ages=lease_ages,

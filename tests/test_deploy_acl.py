@@ -171,7 +171,8 @@ def test_acl_dryrun(
     assert dryrun(acl_redis, user, *command) is allowed
 
 
-LUA_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
+#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*['\"]([A-Za-z]+)['\"]")
 
 
 def lua_calls(path: Path) -> list[tuple[str, list[str]]]:

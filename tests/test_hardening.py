@@ -61,6 +61,26 @@ def test_a_worker_holds_at_most_max_held_leases(client, job_name):
     t.close()
 
 
+def test_the_cap_counts_the_worker_not_the_job(client, job_name):
+    """The cap's count is skipped while the job as a whole holds too few to reach it; with
+    others holding leases too, a worker at the cap is refused and a batch that would pass
+    it is cut to what is left, while the others lease on."""
+    make_job(client, job_name, 2 * MAX_HELD + 10)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    for _ in range(8):
+        assert b.lease(timeout=0) is not None
+    got = 0
+    while got < MAX_HELD - 5:
+        got += len(a._lease_n(min(MAX_BATCH, MAX_HELD - 5 - got), 0, None))
+    assert len(a._lease_n(MAX_BATCH, 0, None)) == 5, "cut to the cap's remainder"
+    with pytest.raises(taskq.InvalidInput, match=rf"holds {MAX_HELD} leases"):
+        a.lease(timeout=0)
+    assert b.lease(timeout=0) is not None
+    assert client.status(job_name).leased == MAX_HELD + 9
+    a.close()
+    b.close()
+
+
 def test_leaving_with_more_than_one_call_ends_leaves_the_rest_reclaimable(client, job_name):
     """Started leases with no deadline (auto timeout not known yet) used to stay leased
     for good past the leave's limit; the rest is now a lost worker's, reclaimed in

@@ -276,3 +276,16 @@ def test_a_checkpoint_id_with_a_separator_is_refused_by_the_script(client, job_n
     reply = fcall(client, job_name, "checkpoint", ["", "c:d:0", "begin", "1"])
     assert reply[0] == Code.INVALID and reply[1].startswith("checkpoint: not 1-64 of")
     assert client.redis.hlen(JobKeys(job_name).ckpt) == 0
+
+
+def test_an_incarnation_that_only_begins_like_the_workers_record_is_refused(client, job_name):
+    """The ack checks the worker's ids only when they differ from its record: an incarnation
+    that is the record's first two fields ('|' between) is refused as ever."""
+    client.create_job(job_name, chunks=[{"i": 0}])
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    rec = client.redis.hget(JobKeys(job_name).winfo, "w")
+    winc = "|".join(rec.split("|")[:2])
+    keys = client.keys(job_name)
+    reply = client.scripts.call("ack", keys.all, ["", "w", winc, 1, 0, 0, 1, "S", -1, "s" * 16])
+    assert reply[0] == Code.INVALID and reply[1].startswith("winc: contains '|'")
+    t.close()

@@ -197,3 +197,63 @@ def test_a_worker_whose_member_is_gone_is_lost_not_renewed(client, job_name):
     assert t.lease(timeout=0) is not None
     assert t.incarnation != old
     assert client.redis.zscore(client.keys(job_name).workers, f"a|{old}") is None
+
+
+def test_duration_histogram_sum_and_count_without_their_hash_fields(client, job_name):
+    """An ack writes one bucket of the hist hash; the sum is the meta field ``dur_sum``
+    and the count the buckets' sum: status reports both exactly."""
+    make_job(client, job_name, n=4)
+    t = trainer(client, job_name, "w")
+    for ms in (3, 40, 700):
+        task = t.lease(timeout=0)
+        assert task is not None
+        client.advance_clock(job_name, ms)
+        t.ack(task)
+    h = client.status(job_name, summaries=0).histograms["task_duration"]
+    assert h["count"] == 3 and h["sum_s"] == 0.743
+    assert sum(h["counts"]) == 3 and h["counts"][0] == 1  # 3 ms: the 5 ms bucket
+    keys = client.keys(job_name)
+    assert client.redis.hget(keys.meta, "dur_sum") == "743"
+    assert not {"dur:count", "dur:sum"} & set(client.redis.hkeys(keys.hist))
+
+
+def test_a_histogram_written_by_the_older_layout_still_reads_right(client, job_name):
+    """A job whose hist hash holds ``dur:count`` / ``dur:sum`` (written before the sum moved
+    to the meta hash) keeps them; status adds the old sum to the new one and counts the
+    buckets, which both layouts write."""
+    make_job(client, job_name, n=3)
+    keys = client.keys(job_name)
+    # what the older scripts left after two acks of 1 s and 2 s
+    client.redis.hset(keys.hist, mapping={"dur:8": 1, "dur:9": 1, "dur:count": 2, "dur:sum": 3000})
+    t = trainer(client, job_name, "w")
+    task = t.lease(timeout=0)
+    assert task is not None
+    client.advance_clock(job_name, 20)
+    t.ack(task)
+    h = client.status(job_name, summaries=0).histograms["task_duration"]
+    assert h["count"] == 3 and h["sum_s"] == 3.02
+    assert h["counts"][2] == 1 and h["counts"][7] == 1 and h["counts"][8] == 1
+    assert client.redis.hget(keys.hist, "dur:count") == "2", "the old field is left as it was"
+
+
+def test_the_waiting_count_follows_the_set_and_a_job_without_it_counts_once(client, job_name):
+    """``nwaiting`` is the waiting set's size (a worker that got tasks skips the set's ZREM
+    when it is 0); a job whose meta lacks it (an older taskq) counts the set once and a
+    waiting worker still leaves the set when it gets a task."""
+    make_job(client, job_name, n=2)
+    keys = client.keys(job_name)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    first, second = a.lease(timeout=0), a.lease(timeout=0)
+    assert first is not None and second is not None
+    assert b.lease(timeout=0) is None  # nothing left: b waits
+    assert client.redis.zcard(keys.waiting) == 1
+    assert client.redis.hget(keys.meta, "nwaiting") == "1"
+    client.redis.hdel(keys.meta, "nwaiting")  # as a job written before the field
+    a.fail(first, "boom")  # back to the front, for b (a failed it; b is alive)
+    got = b.lease(timeout=0)
+    assert got is not None and got.id == first.id
+    assert client.redis.zcard(keys.waiting) == 0, "b left the waiting set"
+    assert client.redis.hget(keys.meta, "nwaiting") == "0"
+    a.ack(second)
+    b.ack(got)
+    assert client.redis.zcard(keys.waiting) == 0

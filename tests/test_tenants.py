@@ -371,7 +371,8 @@ def test_within_a_a_raw_hdel_of_the_meta_breaks_the_job_until_replaced(jobs: Job
     assert jobs.admin.status(jobs.b).todo == 6  # B is out of its reach
 
 
-LUA_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'\s*(?:,\s*(K_[A-Z0-9_]+))?")
+#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*'([A-Za-z]+)'\s*(?:,\s*(K_[A-Z0-9_]+))?")
 
 
 def library_calls(verbs: tuple[str, ...]) -> set[tuple[str, str | None]]:

@@ -25,8 +25,8 @@ if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   return done({C.OK, p + 1, 0})
 end
 if force ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
-local live = mnum(F.N) - redis.call('SCARD', K_DEAD)
-local skipped = math.max(0, live - mnum(F.NDONE))
+local live = mnum(F.N) - rcall('SCARD', K_DEAD)
+local skipped = mmax(0, live - mnum(F.NDONE))
 mset(F.P_SKIPPED, skipped)
 STATE = 'running'
 finish_pass('skipped')

@@ -15,7 +15,7 @@ if STATE == 'cancelled' then return done({C.OK}) end
 if STATE == 'completed' then return done({C.JOB_COMPLETED}) end
 save_summary('cancelled')
 ROUND = mincr(F.ROUND)
-redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
+rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
 mset(F.STATE, 'cancelled', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
 STATE = 'cancelled'
 event('job_cancelled')

@@ -45,7 +45,7 @@ else
 end
 if step == 'todo' then
   cursor = arg_text(ARGV[5], 'cursor', 20)
-  if not string.match(cursor, '^%d+$') then arg_fail('cursor', 'not a scan cursor', cursor) end
+  if not smatch(cursor, '^%d+$') then arg_fail('cursor', 'not a scan cursor', cursor) end
   arg_len(ARGV, 5)
 else
   arg_len(ARGV, 4)
@@ -61,23 +61,23 @@ if step == 'begin' then
   local open = mget(F.CK_OPEN) or ''
   if open ~= '' and open ~= id then ck_drop(open) end
   if mget(F.RW_OPEN) and mget(F.RW_OPEN) ~= '' then return done({C.LOCKED}) end
-  redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
-  local bytes = redis.call('STRLEN', K_DONE)
+  rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+  local bytes = rcall('STRLEN', K_DONE)
   local counters = {}
-  for _, f in ipairs({F.C_LEASED, F.C_ACKED, F.C_FAILED, F.C_RELEASED, F.C_EXP_WL,
+  for _, f in lipairs({F.C_LEASED, F.C_ACKED, F.C_FAILED, F.C_RELEASED, F.C_EXP_WL,
                       F.C_EXP_TT, F.C_STALE, F.C_DEAD, F.C_STOLEN, F.C_REVOKED}) do
     counters[f] = mnum(f)
   end
   rec = {
     id = id, state = 'open', pass = mnum(F.PASS), round = ROUND, cursor = mnum(F.CURSOR),
-    done = mnum(F.NDONE), dead = redis.call('SCARD', K_DEAD), job_state = STATE,
+    done = mnum(F.NDONE), dead = rcall('SCARD', K_DEAD), job_state = STATE,
     reason = mget(F.REASON) or '', created_ms = NOW, bytes = bytes,
     pages = math.ceil(bytes / CK_PAGE_BYTES), ppages = 0, todo_done = false,
     unfinished = 0, pstart = mnum(F.PSTART), counters = counters,
     fseq = mnum(F.FSEQ), fzk = 0, fzp = 0, fzc = '0', frozen = false,
     incarnation = mget(F.INC), copied = 0, cursor_end = mnum(F.CURSOR),
   }
-  redis.call('HSET', K_CKPT, id, cjson.encode(rec))
+  rcall('HSET', K_CKPT, id, cjson.encode(rec))
   mset(F.CK_OPEN, id, F.CK_FREEZE, id)
   return done({C.OK, rec.pages, 0})
 end
@@ -85,7 +85,7 @@ if not rec or rec.state ~= 'open' or mget(F.CK_OPEN) ~= id then return done({C.S
 if mnum(F.PASS) ~= rec.pass or ROUND ~= rec.round then
   ck_drop(id)  -- its pass attempt is over: the done bitmap of the begin is gone
   mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-  redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+  rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
   return done({C.PASS_MISMATCH})
 end
 local copied = rec.copied == rec.pages
@@ -97,19 +97,19 @@ if step == 'freeze' then
   if arg == rec.fzk and not rec.frozen then
     local r
     if rec.fzp == 0 then
-      r = redis.call('ZSCAN', K_OWNED, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
+      r = rcall('ZSCAN', K_OWNED, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
       for i = 1, #r[2], 2 do
-        redis.call('SADD', K_CKSET, string.match(r[2][i], '|([^|]*)$'))
+        rcall('SADD', K_CKSET, smatch(r[2][i], '|([^|]*)$'))
       end
     elseif rec.fzp == 1 then
       -- entries put in the front after the begin (a later sequence) are not of it
-      r = redis.call('ZSCAN', K_FRONT, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
+      r = rcall('ZSCAN', K_FRONT, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
       for i = 1, #r[2], 2 do
-        if tonumber(r[2][i + 1]) <= rec.fseq then redis.call('SADD', K_CKSET, r[2][i]) end
+        if tonum(r[2][i + 1]) <= rec.fseq then rcall('SADD', K_CKSET, r[2][i]) end
       end
     else
-      r = redis.call('HSCAN', K_PROGRESS, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
-      for i = 1, #r[2], 2 do redis.call('HSETNX', K_CKPROG, r[2][i], r[2][i + 1]) end
+      r = rcall('HSCAN', K_PROGRESS, rec.fzc, 'COUNT', CK_PAGE_PAIRS)
+      for i = 1, #r[2], 2 do rcall('HSETNX', K_CKPROG, r[2][i], r[2][i + 1]) end
     end
     rec.fzc = r[1]
     if r[1] == '0' then rec.fzp = rec.fzp + 1 end
@@ -120,7 +120,7 @@ if step == 'freeze' then
       mset(F.CK_FREEZE, '')
     end
     rec.fzk = arg + 1
-    redis.call('HSET', K_CKPT, id, cjson.encode(rec))
+    rcall('HSET', K_CKPT, id, cjson.encode(rec))
   end
   return done({C.OK, rec.frozen and 0 or 1})
 end
@@ -128,10 +128,10 @@ if not rec.frozen then return done({C.INVALID}) end
 if step == 'copy' then
   if arg > rec.copied or arg >= rec.pages then return done({C.INVALID}) end
   if arg == rec.copied then
-    redis.call('SETRANGE', K_CKDONE, arg * CK_PAGE_BYTES, redis.call('GETRANGE', K_DONE,
+    rcall('SETRANGE', K_CKDONE, arg * CK_PAGE_BYTES, rcall('GETRANGE', K_DONE,
       arg * CK_PAGE_BYTES, (arg + 1) * CK_PAGE_BYTES - 1))
     rec.copied, rec.cursor_end = arg + 1, mnum(F.CURSOR)
-    redis.call('HSET', K_CKPT, id, cjson.encode(rec))
+    rcall('HSET', K_CKPT, id, cjson.encode(rec))
   end
   return done({C.OK, since_pages()})
 end
@@ -140,20 +140,20 @@ if step == 'since' then
   if arg >= since_pages() then return done({C.INVALID}) end
   local perm = perm_fn(mnum(F.N))
   local from = rec.cursor + arg * CK_PAGE_PAIRS
-  for pos = from, math.min(rec.cursor_end, from + CK_PAGE_PAIRS) - 1 do
+  for pos = from, mmin(rec.cursor_end, from + CK_PAGE_PAIRS) - 1 do
     local task = perm(pos)
-    redis.call('SETBIT', K_CKDONE, task, 0)
-    redis.call('SREM', K_CKSET, task)
+    rcall('SETBIT', K_CKDONE, task, 0)
+    rcall('SREM', K_CKSET, task)
   end
-  rec.since = math.max(rec.since or 0, arg + 1)
-  redis.call('HSET', K_CKPT, id, cjson.encode(rec))
+  rec.since = mmax(rec.since or 0, arg + 1)
+  rcall('HSET', K_CKPT, id, cjson.encode(rec))
   return done({C.OK})
 end
 if step == 'page' then
   if arg >= rec.pages or not rec.todo_done or (rec.since or 0) < since_pages() then
     return done({C.INVALID})
   end
-  redis.call('HSET', K_CKPT, id .. ':d:' .. arg, redis.call('GETRANGE', K_CKDONE,
+  rcall('HSET', K_CKPT, id .. ':d:' .. arg, rcall('GETRANGE', K_CKDONE,
     arg * CK_PAGE_BYTES, (arg + 1) * CK_PAGE_BYTES - 1))
   return done({C.OK})
 end
@@ -162,35 +162,35 @@ if step == 'todo' then
   -- the reply's cursor is the next page's, '0' after the last one. After `since`: the set
   -- is then the tasks unfinished at the begin.
   if arg > rec.ppages or (rec.since or 0) < since_pages() then return done({C.INVALID}) end
-  if arg == 0 then rec.unfinished = redis.call('SCARD', K_CKSET) end
-  local r = redis.call('SSCAN', K_CKSET, cursor, 'COUNT', CK_PAGE_PAIRS)
+  if arg == 0 then rec.unfinished = rcall('SCARD', K_CKSET) end
+  local r = rcall('SSCAN', K_CKSET, cursor, 'COUNT', CK_PAGE_PAIRS)
   local items = {}
-  for _, task in ipairs(r[2]) do
-    items[#items + 1] = task .. ':' .. (redis.call('HGET', K_CKPROG, task) or '0')
-    redis.call('SETBIT', K_CKDONE, tonumber(task), 0)  -- unfinished at the begin
+  for _, task in lipairs(r[2]) do
+    items[#items + 1] = task .. ':' .. (rcall('HGET', K_CKPROG, task) or '0')
+    rcall('SETBIT', K_CKDONE, tonum(task), 0)  -- unfinished at the begin
   end
-  redis.call('HSET', K_CKPT, id .. ':p:' .. arg, table.concat(items, ','))
-  rec.ppages = math.max(rec.ppages, arg + 1)
+  rcall('HSET', K_CKPT, id .. ':p:' .. arg, tconcat(items, ','))
+  rec.ppages = mmax(rec.ppages, arg + 1)
   rec.todo_done = r[1] == '0'
-  redis.call('HSET', K_CKPT, id, cjson.encode(rec))
+  rcall('HSET', K_CKPT, id, cjson.encode(rec))
   return done({C.OK, r[1]})
 end
 -- seal
 if not rec.todo_done or (rec.since or 0) < since_pages() then return done({C.INVALID}) end
 for k = 0, rec.pages - 1 do
-  if redis.call('HEXISTS', K_CKPT, id .. ':d:' .. k) == 0 then return done({C.INVALID}) end
+  if rcall('HEXISTS', K_CKPT, id .. ':d:' .. k) == 0 then return done({C.INVALID}) end
 end
 if rec.unfinished > 0 and not rec.todo_done then return done({C.INVALID}) end
 local seq = mincr(F.CK_SEQ)
 rec.state, rec.seq, rec.sealed_ms = 'sealed', seq, NOW
-redis.call('HSET', K_CKPT, id, cjson.encode(rec))
-redis.call('ZADD', K_CKPTS, seq, id)
+rcall('HSET', K_CKPT, id, cjson.encode(rec))
+rcall('ZADD', K_CKPTS, seq, id)
 mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
 -- the oldest beyond `keep` go, a few per call (each is a handful of fields)
-local over = redis.call('ZCARD', K_CKPTS) - arg
+local over = rcall('ZCARD', K_CKPTS) - arg
 if over > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', K_CKPTS, 0, math.min(over, 10) - 1)) do
+  for _, old in lipairs(rcall('ZRANGE', K_CKPTS, 0, mmin(over, 10) - 1)) do
     ck_drop(old)
   end
 end

@@ -19,14 +19,14 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
 local m = worker .. '|' .. winc
-local deadline = tonumber(redis.call('ZSCORE', K_WORKERS, m) or '')
+local deadline = tonum(rcall('ZSCORE', K_WORKERS, m) or '')
 local inc, ttl_s = winfo(worker)
 if not deadline or inc ~= winc or winfo_conn(worker) ~= cid or deadline < JNOW then
   return done({C.NOTHING, 0})
 end
-local ttl = tonumber(ttl_s) or mnum(F.TTL)
+local ttl = tonum(ttl_s) or mnum(F.TTL)
 if JNOW - (deadline - ttl) < quiet then return done({C.NOTHING, 0}) end
-redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), m)
+rcall('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), m)
 due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
 event('connection_closed', 'worker', worker, 'incarnation', winc, 'conn', cid)
 local did = reclaim(budget, true)

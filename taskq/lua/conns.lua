@@ -11,25 +11,25 @@ local limit = arg_int(ARGV[2], 'limit', 1, PAGE_MAX)
 arg_len(ARGV, 2)
 local bad = args_bad()
 if bad then return bad end
-if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
+if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 local now
-if redis.call('HGET', K_META, F.MCLOCK) == '1' then
-  now = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+if rcall('HGET', K_META, F.MCLOCK) == '1' then
+  now = tonum(rcall('GET', K_CLOCK) or '0') or 0
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = rcall('TIME')
+  now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
 end
-local jnow = now - (tonumber(redis.call('HGET', K_META, F.OFFSET) or '0') or 0)
-local ranked = redis.call('ZRANGE', K_WORKERS, offset, offset + limit - 1, 'WITHSCORES')
+local jnow = now - (tonum(rcall('HGET', K_META, F.OFFSET) or '0') or 0)
+local ranked = rcall('ZRANGE', K_WORKERS, offset, offset + limit - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #ranked, 2 do
-  local worker, winc = string.match(ranked[i], '^(.*)|([^|]*)$')
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local worker, winc = smatch(ranked[i], '^(.*)|([^|]*)$')
+  local rec = rcall('HGET', K_WINFO, worker)
   if rec then
     local f = split(rec)
     if f[1] == winc and f[8] and f[8] ~= '' then
-      local ttl = tonumber(f[2]) or mnum(F.TTL)
-      out[#out + 1] = {worker, winc, f[8], fmt(jnow - (tonumber(ranked[i + 1]) - ttl))}
+      local ttl = tonum(f[2]) or mnum(F.TTL)
+      out[#out + 1] = {worker, winc, f[8], fmt(jnow - (tonum(ranked[i + 1]) - ttl))}
     end
   end
 end

@@ -8,34 +8,34 @@ arg_enum(ARGV[1], 'replace', '0 1')
 arg_int(ARGV[2], 'n_tasks', 1, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
 for k = 3, #ARGV, 2 do
-  if not string.match(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
+  if not smatch(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
   arg_text(ARGV[k + 1], ARGV[k], 1024)
 end
 local bad = args_bad()
 if bad then return bad end
 local staging = KEYS[#KEYS]
-local exists = redis.call('EXISTS', K_META) == 1
+local exists = rcall('EXISTS', K_META) == 1
 if exists and ARGV[1] ~= '1' then
-  redis.call('UNLINK', staging)
+  rcall('UNLINK', staging)
   return done({C.JOB_EXISTS})
 end
-if redis.call('HLEN', staging) ~= tonumber(ARGV[2]) then
-  redis.call('UNLINK', staging)
+if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
+  rcall('UNLINK', staging)
   return done({C.INVALID})
 end
-local last_token = redis.call('HGET', K_META, F.LAST_TOKEN) or '0'
+local last_token = rcall('HGET', K_META, F.LAST_TOKEN) or '0'
 local job_keys = {}
 for k = 1, #KEYS - 1 do job_keys[k] = KEYS[k] end
-redis.call('UNLINK', unpack(job_keys))
-redis.call('RENAME', staging, K_CHUNKS)
-redis.call('PERSIST', K_CHUNKS)
+rcall('UNLINK', unpk(job_keys))
+rcall('RENAME', staging, K_CHUNKS)
+rcall('PERSIST', K_CHUNKS)
 local fields = {}
 for k = 3, #ARGV do fields[#fields + 1] = ARGV[k] end
-redis.call('HSET', K_META, unpack(fields))
-redis.call('HSET', K_META, F.LAST_TOKEN, last_token)
-if redis.call('HGET', K_META, F.MCLOCK) == '1' then redis.call('SET', K_CLOCK, 0) end
+rcall('HSET', K_META, unpk(fields))
+rcall('HSET', K_META, F.LAST_TOKEN, last_token)
+if rcall('HGET', K_META, F.MCLOCK) == '1' then rcall('SET', K_CLOCK, 0) end
 open_job('')
-mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW))
+mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW), F.NWAITING, 0)
 pad_meta()
 event('job_created', 'tasks', ARGV[2], 'incarnation', mget(F.INC))
 event('pass_started', 'round', ROUND)

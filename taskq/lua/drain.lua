@@ -10,10 +10,10 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local info = redis.call('HGET', K_WINFO, ARGV[2])
+local info = rcall('HGET', K_WINFO, ARGV[2])
 if not info then return done({C.WORKER_NOT_FOUND}) end
 local f = split(info)
 f[6] = '1'
-redis.call('HSET', K_WINFO, ARGV[2], table.concat(f, '|'))
+rcall('HSET', K_WINFO, ARGV[2], tconcat(f, '|'))
 event('drain_requested', 'worker', ARGV[2])
 return done({C.OK})

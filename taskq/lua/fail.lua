@@ -8,7 +8,7 @@
 -- or fails alone, so one bad task does not charge its neighbours.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
-local why = string.sub(arg_text(ARGV[4], 'error_text', 65536), 1, 500)
+local why = ssub(arg_text(ARGV[4], 'error_text', 65536), 1, 500)
 local n = arg_pairs(ARGV, 5, 'tasks', MAX_BATCH)
 arg_secret(ARGV[6 + 2 * n])
 arg_len(ARGV, 6 + 2 * n)

@@ -25,15 +25,15 @@ set_conn(worker, winc, conn)  -- this call's connection (CLIENT ID), if sent
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc
-local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
+local items = rcall('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
   'LIMIT', 0, MAX_HELD)
-for _, item in ipairs(items) do
-  local task = string.match(item, '|([^|]*)$')
+for _, item in lipairs(items) do
+  local task = smatch(item, '|([^|]*)$')
   local l = lease_for(task, worker, winc)
   if not lease_is_current(l) or member(l.worker, l.winc, task) ~= item then
-    redis.call('ZREM', K_OWNED, item)
+    rcall('ZREM', K_OWNED, item)
     ck_left(task)
-  elseif held[task] == nil and tonumber(l.calls) <= last_reply then
+  elseif held[task] == nil and tonum(l.calls) <= last_reply then
     end_lease(task, l, 'V')
     mincr(F.C_REVOKED)
     event('revoked', 'task', task, 'worker', worker, 'reason', 'reply_lost')
@@ -45,7 +45,7 @@ for k = 1, n do
   local task, tok = ARGV[4 + 2 * k], ARGV[5 + 2 * k]
   local l = lease_for(task, worker, winc)
   if not holds_secret(l, worker, winc, tok) then
-    revoked[#revoked + 1] = tonumber(task)
+    revoked[#revoked + 1] = tonum(task)
   end
 end
 local code = C.OK

@@ -24,12 +24,12 @@ if inc == winc and not (CALLER_DIG and wdig == CALLER_DIG) then
   return done({C.REREGISTER, 0, 0})
 end
 local released = 0
-local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
+local items = rcall('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
   'LIMIT', 0, MAX_RECLAIM + 1)
 local more = #items > MAX_RECLAIM
-for idx, item in ipairs(items) do
+for idx, item in lipairs(items) do
   if idx > MAX_RECLAIM then break end
-  local task = string.match(item, '|([^|]*)$')
+  local task = smatch(item, '|([^|]*)$')
   local l = lease_for(task, worker, winc)
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
     if l.dig ~= CALLER_DIG then
@@ -43,17 +43,17 @@ for idx, item in ipairs(items) do
     elseif l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
     released = released + 1
   else
-    redis.call('ZREM', K_OWNED, item)
+    rcall('ZREM', K_OWNED, item)
     ck_left(task)
   end
 end
 if more then
-  redis.call('ZADD', K_WORKERS, fmt(JNOW - 1), m)
+  rcall('ZADD', K_WORKERS, fmt(JNOW - 1), m)
   due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
-  redis.call('ZREM', K_WAITING, m)
-  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
+  wait_rem(m)
+  if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
   event('worker_left', 'worker', worker, 'incarnation', winc, 'to_reclaim', 'yes')
-elseif redis.call('ZSCORE', K_WORKERS, m) then
+elseif rcall('ZSCORE', K_WORKERS, m) then
   remove_worker(m, 'worker_left')
 end
 check_pass_end()

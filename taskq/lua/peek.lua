@@ -14,9 +14,9 @@ local count = arg_int(ARGV[3], 'count', 1, PAGE_MAX)
 arg_len(ARGV, 3)
 local phase, pos = '', 0
 if state == 'todo' and cursor ~= '0' then
-  phase = string.sub(cursor, 1, 1)
+  phase = ssub(cursor, 1, 1)
   if phase ~= 'f' and phase ~= 'c' then arg_fail('cursor', 'not a todo cursor', cursor) end
-  pos = arg_int(string.sub(cursor, 2), 'cursor', 0, 4294967295)
+  pos = arg_int(ssub(cursor, 2), 'cursor', 0, 4294967295)
 elseif state == 'dead' then
   arg_token(cursor, 'cursor')
 else
@@ -24,27 +24,27 @@ else
 end
 local bad = args_bad()
 if bad then return bad end
-if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
+if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 ROUND = mnum(F.ROUND)
 local ids, next_cursor = {}, '0'
 if state == 'todo' then
   local n = mnum(F.N)
   if phase ~= 'c' then
-    for _, t in ipairs(redis.call('ZRANGE', K_FRONT, pos, pos + count - 1)) do
+    for _, t in lipairs(rcall('ZRANGE', K_FRONT, pos, pos + count - 1)) do
       ids[#ids + 1] = t
     end
     if #ids == count then next_cursor = 'f' .. fmt(pos + count) end
     phase, pos = 'c', 0
   end
   if next_cursor == '0' then
-    pos = math.max(pos, mnum(F.CURSOR))
+    pos = mmax(pos, mnum(F.CURSOR))
     -- positions of the order looked up in chunks (a few commands per chunk, not a few per
     -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
     -- not in the front (listed above)
     local perm, budget = perm_fn(n), 4 * count
-    local any_front = redis.call('ZCARD', K_FRONT) > 0
+    local any_front = rcall('ZCARD', K_FRONT) > 0
     while #ids < count and pos < n and budget > 0 do
-      local span = math.min(count - #ids, n - pos, budget)
+      local span = mmin(count - #ids, n - pos, budget)
       budget = budget - span
       local cand, bits = {}, {}
       for k = 1, span do
@@ -52,15 +52,15 @@ if state == 'todo' then
         bits[3 * k - 2], bits[3 * k - 1], bits[3 * k] = 'GET', 'u1', cand[k]
       end
       pos = pos + span
-      local done = redis.call('BITFIELD_RO', K_DONE, unpack(bits))
-      local recs = redis.call('HMGET', K_LEASES, unpack(cand))
+      local done = rcall('BITFIELD_RO', K_DONE, unpk(bits))
+      local recs = rcall('HMGET', K_LEASES, unpk(cand))
       local dead, front = false, false
-      if not dead_empty() then dead = redis.call('SMISMEMBER', K_DEAD, unpack(cand)) end
-      if any_front then front = redis.call('ZMSCORE', K_FRONT, unpack(cand)) end
+      if not dead_empty() then dead = rcall('SMISMEMBER', K_DEAD, unpk(cand)) end
+      if any_front then front = rcall('ZMSCORE', K_FRONT, unpk(cand)) end
       for k = 1, span do
         local rec = recs[k]
         if done[k] == 0 and not (dead and dead[k] == 1) and not (front and front[k])
-            and not (rec and string.byte(rec, 1) == 76 and lease_is_current(parse_lease(rec))) then
+            and not (rec and sbyte(rec, 1) == 76 and lease_is_current(parse_lease(rec))) then
           ids[#ids + 1] = cand[k]
         end
       end
@@ -68,21 +68,21 @@ if state == 'todo' then
     if pos < n then next_cursor = 'c' .. fmt(pos) end
   end
 elseif state == 'leased' then
-  for _, item in ipairs(redis.call('ZRANGE', K_OWNED, pos, pos + count - 1)) do
-    ids[#ids + 1] = string.match(item, '|([^|]*)$')
+  for _, item in lipairs(rcall('ZRANGE', K_OWNED, pos, pos + count - 1)) do
+    ids[#ids + 1] = smatch(item, '|([^|]*)$')
   end
   if #ids == count then next_cursor = fmt(pos + count) end
 elseif state == 'done' then
   local n = mnum(F.N)
   while #ids < count and pos < n do
-    local b = redis.call('BITPOS', K_DONE, 1, pos, -1, 'BIT')
+    local b = rcall('BITPOS', K_DONE, 1, pos, -1, 'BIT')
     if b < 0 then pos = n; break end
     ids[#ids + 1] = tostring(b)
     pos = b + 1
   end
   if pos < n and #ids == count then next_cursor = fmt(pos) end
 elseif state == 'dead' then
-  local r = redis.call('SSCAN', K_DEAD, cursor, 'COUNT', count)
+  local r = rcall('SSCAN', K_DEAD, cursor, 'COUNT', count)
   next_cursor, ids = r[1], r[2]
 end
 -- the rows: lease records only for leased tasks, counts only when any exist (one HMGET
@@ -90,14 +90,14 @@ end
 local out = {}
 if #ids == 0 then return {C.OK, out, next_cursor} end
 local recs, counts = {}, {}
-if state == 'leased' then recs = redis.call('HMGET', K_LEASES, unpack(ids)) end
+if state == 'leased' then recs = rcall('HMGET', K_LEASES, unpk(ids)) end
 if not counts_empty() then
   local fields = {}
-  for k, t in ipairs(ids) do fields[2 * k - 1], fields[2 * k] = 'f:' .. t, 'a:' .. t end
-  counts = redis.call('HMGET', K_COUNTS, unpack(fields))
+  for k, t in lipairs(ids) do fields[2 * k - 1], fields[2 * k] = 'f:' .. t, 'a:' .. t end
+  counts = rcall('HMGET', K_COUNTS, unpk(fields))
 end
-for k, t in ipairs(ids) do
-  out[k] = {tonumber(t), recs[k] or false, tonumber(counts[2 * k - 1] or '0') or 0,
-    tonumber(counts[2 * k] or '0') or 0}
+for k, t in lipairs(ids) do
+  out[k] = {tonum(t), recs[k] or false, tonum(counts[2 * k - 1] or '0') or 0,
+    tonum(counts[2 * k] or '0') or 0}
 end
 return {C.OK, out, next_cursor}

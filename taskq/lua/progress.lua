@@ -34,14 +34,14 @@ reclaim(LAZY_RECLAIM)  -- a worker past its deadline has lost its leases before 
 local out = {}
 for k = 1, n do
   local b = 4 + 3 * (k - 1)
-  local task, tok, samples = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
+  local task, tok, samples = ARGV[b + 1], ARGV[b + 2], tonum(ARGV[b + 3])
   -- a backup lease's holder reports under the backup's token (lease_for reads its record)
   local l = lease_for(task, worker, winc)
-  local cur = tonumber(redis.call('HGET', K_PROGRESS, task) or '0') or 0
+  local cur = tonum(rcall('HGET', K_PROGRESS, task) or '0') or 0
   if holds_secret(l, worker, winc, tok) then
     if samples > cur then
       ck_before(task)
-      redis.call('HSET', K_PROGRESS, task, fmt(samples))
+      rcall('HSET', K_PROGRESS, task, fmt(samples))
       PROGRESS_EMPTY = false
     end
     out[k] = C.OK
@@ -50,7 +50,7 @@ for k = 1, n do
     out[k] = C.STALE
   else
     if l and l.token == tok and l.round == ROUND and samples > cur
-        and redis.call('GETBIT', K_DONE, task) == 0 then
+        and rcall('GETBIT', K_DONE, task) == 0 then
       mincr(F.P_REREAD, samples - cur)
     end
     out[k] = C.STALE

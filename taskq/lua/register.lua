@@ -22,14 +22,14 @@ if ttl <= 0 then ttl = mnum(F.TTL) end
 pad_meta()
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
-  redis.call('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
+  rcall('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
   due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
 end
 reclaim(MAX_RECLAIM, true)
-redis.call('HSET', K_WINFO, worker,
+rcall('HSET', K_WINFO, worker,
   winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|'
     .. dig .. '|' .. conn)
-redis.call('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
+rcall('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
 due_by(JNOW + ttl)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

@@ -17,16 +17,17 @@ if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, 0, 0, mget(F.RW_OPEN)}) end
 local ids = {}
 if n == 0 then
-  ids = redis.call('SRANDMEMBER', K_DEAD, MAX_RETRY)
+  ids = rcall('SRANDMEMBER', K_DEAD, MAX_RETRY)
 else
   for k = 1, n do ids[k] = ARGV[2 + k] end
 end
 local retried = 0
 local ck_open = mget(F.CK_OPEN) or ''
-for _, task in ipairs(ids) do
-  if redis.call('SREM', K_DEAD, task) == 1 then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
-    redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
+for _, task in lipairs(ids) do
+  if rcall('SREM', K_DEAD, task) == 1 then
+    rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    FRONT_EMPTY = false
+    rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
     event('retried', 'task', task)
     retried = retried + 1
   end
@@ -36,7 +37,7 @@ if retried > 0 and ck_open ~= '' then
   -- which a task dead then is not: it is dropped (its writer takes it again)
   ck_drop(ck_open)
   mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-  redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+  rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
 end
 if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
@@ -44,6 +45,6 @@ if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a fla
   event('pass_reopened', 'round', ROUND)
   broadcast()
 elseif retried > 0 then
-  for _ = 1, math.min(retried, 1000) do wake_one() end
+  for _ = 1, mmin(retried, 1000) do wake_one() end
 end
-return done({C.OK, retried, redis.call('SCARD', K_DEAD)})
+return done({C.OK, retried, rcall('SCARD', K_DEAD)})

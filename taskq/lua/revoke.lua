@@ -10,7 +10,7 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-local l = parse_lease(redis.call('HGET', K_LEASES, task))
+local l = parse_lease(rcall('HGET', K_LEASES, task))
 if not lease_is_current(l) then return done({C.NOT_LEASED}) end
 end_lease(task, l, 'V')
 local b = other_lease(task, l)

@@ -48,12 +48,12 @@ if step == 'begin' then
   if open ~= '' then
     ck_drop(open)  -- a checkpoint being written of a position that goes away
     mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-    redis.call('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+    rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
   end
   local revoked = mnum(F.NLEASED)
   if revoked > 0 then mincr(F.C_REVOKED, revoked) end
   ROUND = mincr(F.ROUND)
-  redis.call('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
+  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
     K_PROGRESS, K_WAKE)
   local ep = mincr(F.RW_EPOCH)
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
@@ -68,28 +68,29 @@ end
 if mget(F.RW_OPEN) ~= id or mnum(F.RW_EPOCH) ~= epoch then return done({C.STALE}) end
 if step == 'page' then
   if arg >= rec.pages then return done({C.INVALID}) end
-  redis.call('SETRANGE', K_DONE, arg * CK_PAGE_BYTES,
-    redis.call('HGET', K_CKPT, id .. ':d:' .. arg) or '')
+  rcall('SETRANGE', K_DONE, arg * CK_PAGE_BYTES,
+    rcall('HGET', K_CKPT, id .. ':d:' .. arg) or '')
   return done({C.OK})
 end
 if step == 'todo' then
   if arg >= rec.ppages then return done({C.INVALID}) end
-  local page = redis.call('HGET', K_CKPT, id .. ':p:' .. arg) or ''
+  local page = rcall('HGET', K_CKPT, id .. ':p:' .. arg) or ''
   for task, samples in string.gmatch(page, '(%d+):(%d+)') do
-    if dead_empty() or redis.call('SISMEMBER', K_DEAD, task) == 0 then
-      redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
-      if samples ~= '0' then redis.call('HSET', K_PROGRESS, task, samples) end
+    if dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0 then
+      FRONT_EMPTY = false
+      rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+      if samples ~= '0' then rcall('HSET', K_PROGRESS, task, samples) end
     end
   end
   return done({C.OK})
 end
 -- seal
-local kv = redis.call('HGETALL', K_PASSES)  -- at most ~1,000 summaries (passes.lua)
+local kv = rcall('HGETALL', K_PASSES)  -- at most ~1,000 summaries (passes.lua)
 for i = 1, #kv, 2 do
   local s = cjson.decode(kv[i + 1])
   if not s.rewound and (s.pass > rec.pass or (s.pass == rec.pass and s.round >= rec.round)) then
     s.rewound, s.rewound_to = true, id
-    redis.call('HSET', K_PASSES, kv[i], cjson.encode(s))
+    rcall('HSET', K_PASSES, kv[i], cjson.encode(s))
   end
 end
 mset(F.STATE, 'running', F.REASON, '', F.RW_OPEN, '', F.RW_LAST, id,

@@ -9,20 +9,20 @@ local bounds = {}
 for k = 1, #ARGV do bounds[k] = arg_int(ARGV[k], 'bound', 0, 31536000) end
 local bad = args_bad()
 if bad then return bad end
-if redis.call('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
+if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 local now
-if redis.call('HGET', K_META, F.MCLOCK) == '1' then
-  now = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+if rcall('HGET', K_META, F.MCLOCK) == '1' then
+  now = tonum(rcall('GET', K_CLOCK) or '0') or 0
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = rcall('TIME')
+  now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
 end
-local jnow = now - (tonumber(redis.call('HGET', K_META, F.OFFSET) or '0') or 0)
+local jnow = now - (tonum(rcall('HGET', K_META, F.OFFSET) or '0') or 0)
 local older = {}
 for k = 1, #ARGV do
-  older[k] = redis.call('ZCOUNT', K_STARTED, '-inf', fmt(jnow - bounds[k] * 1000))
+  older[k] = rcall('ZCOUNT', K_STARTED, '-inf', fmt(jnow - bounds[k] * 1000))
 end
-local oldest = redis.call('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
-return {C.OK, redis.call('HGETALL', K_META), redis.call('SCARD', K_DEAD),
-  redis.call('ZCOUNT', K_WORKERS, fmt(jnow), '+inf'), fmt(now), fmt(jnow),
-  redis.call('HGETALL', K_HIST), older, oldest[2] or false}
+local oldest = rcall('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
+return {C.OK, rcall('HGETALL', K_META), rcall('SCARD', K_DEAD),
+  rcall('ZCOUNT', K_WORKERS, fmt(jnow), '+inf'), fmt(now), fmt(jnow),
+  rcall('HGETALL', K_HIST), older, oldest[2] or false}

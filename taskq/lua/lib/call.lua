@@ -9,45 +9,46 @@ local TIME_US = nil  -- per call
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call
 local function now_s()
-  if not NOW_S then NOW_S = string.format('%.0f', NOW) end
+  if not NOW_S then NOW_S = fmt(NOW) end
   return NOW_S
 end
 local function jnow_s()
-  if not JNOW_S then JNOW_S = string.format('%.0f', JNOW) end
+  if not JNOW_S then JNOW_S = fmt(JNOW) end
   return JNOW_S
 end
 -- ROUND as a string (lease records carry it), made again only when ROUND changed
 local ROUND_N, ROUND_S = nil, nil  -- per call
 local function round_s()
-  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, tostring(ROUND) end
+  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, fmt(ROUND) end
   return ROUND_S
 end
 
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
 -- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
-local function open_job(inc)
-  load_meta()
+-- (loaded: the caller ran load_meta already, in this call)
+local function open_job(inc, loaded)
+  if not loaded then load_meta() end
   local cur = mget(F.INC)
   if not cur then return C.JOB_NOT_FOUND end
   if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end
   if mget(F.MCLOCK) == '1' then
-    NOW = tonumber(redis.call('GET', K_CLOCK) or '0') or 0
+    NOW = tonum(rcall('GET', K_CLOCK) or '0') or 0
   else
-    local t = redis.call('TIME')
-    local sec, us = tonumber(t[1]), tonumber(t[2])
-    NOW = sec * 1000 + math.floor(us / 1000)
+    local t = rcall('TIME')
+    local sec, us = t[1] + 0, t[2] + 0  -- (digits: one strtod each, tonumber makes two)
+    NOW = sec * 1000 + mfloor(us / 1000)
     TIME_US = sec * 1000000 + us
   end
-  local seen = tonumber(mget(F.SEEN) or '') or NOW
+  local seen = tonum(mget(F.SEEN) or '') or NOW
   local gap = NOW - seen
   -- A live worker calls at least every heartbeat interval, so a gap longer than
   -- ttl - interval could make healthy workers miss their deadline: that is a silence.
   if gap > mnum(F.TTL) - mnum(F.HBI) then
     -- Silence is the server's, not the workers': freeze the liveness clock over it.
     mincr(F.OFFSET, gap)
-    redis.call('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
+    rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
-  if gap ~= 0 then mset(F.SEEN, now_s()) end
+  if gap ~= 0 then mset_s(F.SEEN, now_s()) end
   JNOW = NOW - mnum(F.OFFSET)
   ROUND = mnum(F.ROUND)
   STATE = mget(F.STATE)
@@ -59,7 +60,7 @@ end
 -- writes land before the reply.
 local function done(reply)
   flush_events()
-  for field, n in pairs(HBUF) do redis.call('HINCRBY', K_HIST, field, fmt(n)) end
+  for field, n in lpairs(HBUF) do rcall('HINCRBY', K_HIST, field, fmt(n)) end
   HBUF = {}
   flush()
   return reply

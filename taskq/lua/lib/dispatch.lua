@@ -11,23 +11,23 @@
 local function reclaim(budget, force)
   if not force and JNOW <= mnum(F.DUE) then return 0, false end
   local did, more = 0, false
-  local lost = redis.call('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. jnow_s(),
+  local lost = rcall('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. jnow_s(),
     'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #lost, 2 do
-    local m, deadline = lost[i], tonumber(lost[i + 1])
-    local mw, mi = string.match(m, '^(.*)|([^|]*)$')
+    local m, deadline = lost[i], tonum(lost[i + 1])
+    local mw, mi = smatch(m, '^(.*)|([^|]*)$')
     local room = budget - did
     if room <= 0 then more = true; break end
-    local items = redis.call('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
+    local items = rcall('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
       'LIMIT', 0, room)
-    for _, item in ipairs(items) do
-      local task = string.match(item, '|([^|]*)$')
+    for _, item in lipairs(items) do
+      local task = smatch(item, '|([^|]*)$')
       local l = lease_for(task, mw, mi)
       if lease_is_current(l) and member(l.worker, l.winc, task) == item then
         expire(task, l, 'worker_lost', deadline)
         did = did + 1
       else
-        redis.call('ZREM', K_OWNED, item)
+        rcall('ZREM', K_OWNED, item)
         ck_left(task)
       end
     end
@@ -36,16 +36,16 @@ local function reclaim(budget, force)
   if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
   if did < budget then
     local limit = budget - did
-    local exp = redis.call('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. jnow_s(),
+    local exp = rcall('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. jnow_s(),
       'WITHSCORES', 'LIMIT', 0, limit)
     for i = 1, #exp, 2 do
       local task = exp[i]
-      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+      local l = parse_lease(rcall('HGET', K_LEASES, task))
       if lease_is_current(l) and l.st == 'S' then
-        expire(task, l, 'task_timeout', tonumber(exp[i + 1]))
+        expire(task, l, 'task_timeout', tonum(exp[i + 1]))
         did = did + 1
       else
-        redis.call('ZREM', K_DEADLINES, task)
+        rcall('ZREM', K_DEADLINES, task)
       end
     end
     if #exp / 2 >= limit then more = true end  -- (WITHSCORES: two entries per task)
@@ -53,10 +53,10 @@ local function reclaim(budget, force)
   if did > 0 then check_pass_end() end
   if not more then
     local due = JNOW + 1000  -- a second ahead at most
-    local w = redis.call('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
-    if #w > 0 then due = math.min(due, tonumber(w[2])) end
-    local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-    if #d > 0 then due = math.min(due, tonumber(d[2])) end
+    local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
+    if #w > 0 then due = mmin(due, tonum(w[2])) end
+    local d = rcall('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+    if #d > 0 then due = mmin(due, tonum(d[2])) end
     mput(F.DUE, due)
   end
   return did, more
@@ -78,7 +78,7 @@ local function perm_fn(n)
   local keys = {}
   for r = 1, 4 do keys[r] = (seed * 31 + p * 7919 + r * 104729) % 65536 end
   local function feistel(x)
-    local left, right = math.floor(x / half), x % half
+    local left, right = mfloor(x / half), x % half
     for r = 1, 4 do
       local f = (right * 40503 + keys[r] * 9973 + 12345) % 65536
       f = bit.bxor(f, bit.rshift(f, 7))
@@ -98,31 +98,32 @@ end
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
 local CN_N, CN_S = nil, nil  -- per call
-local function grant(task, worker, winc, call_no, st)
+-- (task_n: the task's number when the caller has it, else nil)
+local function grant(task, worker, winc, call_no, st, task_n)
   local tok = next_token()
   local attempt, att_s = 1, '1'
   if not counts_empty() then
-    attempt = (tonumber(redis.call('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
-    att_s = tostring(attempt)
+    attempt = (tonum(rcall('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
+    att_s = fmt(attempt)
   end
-  if CN_N ~= call_no then CN_N, CN_S = call_no, tostring(call_no) end
-  redis.call('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
+  if CN_N ~= call_no then CN_N, CN_S = call_no, fmt(call_no) end
+  rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
     .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
   GRANTED[#GRANTED + 1] = task
-  redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
+  rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
-    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    rcall('ZADD', K_STARTED, jnow_s(), task)
     local dl = start_deadline()
-    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
   else
-    redis.call('ZADD', K_RESERVED, now_s(), task)
+    rcall('ZADD', K_RESERVED, now_s(), task)
     mincr(F.NRESERVED)
   end
   mincr(F.NLEASED)
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
   event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
-  return {tonumber(task), tok, attempt, false, st == 'S' and 1 or 0}
+  return {task_n or tonum(task), tok, attempt, false, st == 'S' and 1 or 0}
 end
 
 -- After a failure, the worker that failed a task does not get it back for one heartbeat
@@ -133,14 +134,14 @@ local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made th
 local BACKUP_AT = nil  -- per call: when the next started task may get a backup (job clock)
 local function avoided(task, worker)
   if counts_empty() then return false end
-  local x = redis.call('HGET', K_COUNTS, 'x:' .. task)
+  local x = rcall('HGET', K_COUNTS, 'x:' .. task)
   if not x then return false end
-  local w, at = string.match(x, '^(.*)|([^|]*)$')
+  local w, at = smatch(x, '^(.*)|([^|]*)$')
   if w ~= worker then return false end
-  local until_ms = (tonumber(at) or 0) + mnum(F.HBI)
+  local until_ms = (tonum(at) or 0) + mnum(F.HBI)
   if until_ms <= JNOW then return false end
   if OTHERS_ALIVE == nil then
-    OTHERS_ALIVE = redis.call('ZCOUNT', K_WORKERS, jnow_s(), '+inf') > 1
+    OTHERS_ALIVE = rcall('ZCOUNT', K_WORKERS, jnow_s(), '+inf') > 1
   end
   if not OTHERS_ALIVE then return false end
   if not AVOID_UNTIL or until_ms < AVOID_UNTIL then AVOID_UNTIL = until_ms end
@@ -148,11 +149,11 @@ local function avoided(task, worker)
 end
 
 local function is_free(task)
-  if not dead_empty() and redis.call('SISMEMBER', K_DEAD, task) == 1 then return false end
-  if redis.call('GETBIT', K_DONE, task) == 1 then return false end
-  local rec = redis.call('HGET', K_LEASES, task)
+  if not dead_empty() and rcall('SISMEMBER', K_DEAD, task) == 1 then return false end
+  if rcall('GETBIT', K_DONE, task) == 1 then return false end
+  local rec = rcall('HGET', K_LEASES, task)
   -- no record, or an ended one ("E|..."): free without parsing it
-  if not rec or string.byte(rec, 1) ~= 76 then return true end  -- 76: 'L'
+  if not rec or sbyte(rec, 1) ~= 76 then return true end  -- 76: 'L'
   return not lease_is_current(parse_lease(rec))
 end
 
@@ -167,36 +168,36 @@ end
 -- time: at most one backup per task at a time, never of the caller's own task. The
 -- record goes to field "b:<task>" (leases.lua); the first ack wins.
 local function take_backup(worker, winc, call_no)
-  local k = tonumber(mget(F.BACKUP_K) or '') or 0
+  local k = tonum(mget(F.BACKUP_K) or '') or 0
   if k <= 0 then return nil end
   local med = median_ms()
   if not med then return nil end
-  local cands = redis.call('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
+  local cands = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
     'LIMIT', 0, 10)
-  for _, task in ipairs(cands) do
-    local l = parse_lease(redis.call('HGET', K_LEASES, task))
+  for _, task in lipairs(cands) do
+    local l = parse_lease(rcall('HGET', K_LEASES, task))
     -- a task on its first attempt only: one that already cost a trainer may be poison
     if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempts == '1'
-        and not lease_is_current(parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))) then
+        and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
-      redis.call('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
+      rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
         .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts
         .. '|' .. CALLER_DIG)
       GRANTED[#GRANTED + 1] = task
-      redis.call('ZADD', K_OWNED, '0', member(worker, winc, task))
+      rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
       mincr(F.C_LEASED)
       mincr(F.P_LEASED)
       mincr(F.C_BACKUPS)
       mincr(F.P_BACKUPS)
       event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
-        'running_ms', fmt(JNOW - tonumber(redis.call('ZSCORE', K_STARTED, task))))
-      return {tonumber(task), tok, tonumber(l.attempts), false, 1}
+        'running_ms', fmt(JNOW - tonum(rcall('ZSCORE', K_STARTED, task))))
+      return {tonum(task), tok, tonum(l.attempts), false, 1}
     end
   end
   -- none yet: a waiter comes back when the next started task passes the bar
-  local nxt = redis.call('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(JNOW - k * med), '+inf',
+  local nxt = rcall('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(JNOW - k * med), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
-  if #nxt > 0 then BACKUP_AT = math.ceil(tonumber(nxt[2]) + k * med) end
+  if #nxt > 0 then BACKUP_AT = math.ceil(tonum(nxt[2]) + k * med) end
   return nil
 end
 
@@ -215,9 +216,10 @@ end
 local function take_leases(worker, winc, want, call_no, mode)
   local out = {}
   local steps = 0
-  local front_empty = false  -- ZPOPMIN found the front empty (nothing adds to it below)
-  while #out < want and steps < 1000 do
-    local popped = redis.call('ZPOPMIN', K_FRONT)
+  -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
+  local front_empty = front_known_empty()
+  while not front_empty and #out < want and steps < 1000 do
+    local popped = rcall('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
@@ -226,9 +228,10 @@ local function take_leases(worker, winc, want, call_no, mode)
     if free and avoided(task, worker) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then
-      local solo = not counts_empty() and redis.call('HGET', K_COUNTS, 's:' .. task) == '1'
+      local solo = not counts_empty() and rcall('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
-        redis.call('ZADD', K_FRONT, popped[2], task)
+        FRONT_EMPTY = false
+        rcall('ZADD', K_FRONT, popped[2], task)
         return out
       end
       out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
@@ -240,21 +243,22 @@ local function take_leases(worker, winc, want, call_no, mode)
   if #out < want and cursor < n then
     local perm = perm_fn(n)
     while #out < want and cursor < n and steps < 1000 do
-      local task = tostring(perm(cursor))
+      local task_n = perm(cursor)
+      local task = fmt(task_n)
       cursor = cursor + 1
       steps = steps + 1
-      if is_free(task) and (front_empty or redis.call('ZSCORE', K_FRONT, task) == false) then
-        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+      if is_free(task) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
+        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out), task_n)
       end
     end
-    mset(F.CURSOR, cursor)
+    mset_s(F.CURSOR, fmt(cursor))
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.
   if #out == 0 and mode ~= 'R' and cursor >= n and mnum(F.NRESERVED) > 0 then
-    local cands = redis.call('ZRANGE', K_RESERVED, 0, 9)
-    for _, task in ipairs(cands) do
-      local l = parse_lease(redis.call('HGET', K_LEASES, task))
+    local cands = rcall('ZRANGE', K_RESERVED, 0, 9)
+    for _, task in lipairs(cands) do
+      local l = parse_lease(rcall('HGET', K_LEASES, task))
       if lease_is_current(l) and l.st == 'R' and not (l.worker == worker and l.winc == winc) then
         end_lease(task, l, 'S')
         mincr(F.C_STOLEN)
@@ -274,10 +278,13 @@ local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
   SKIPPED = {}
   local out = take_leases(worker, winc, want, call_no, mode)
-  for _, p in ipairs(SKIPPED) do redis.call('ZADD', K_FRONT, p[2], p[1]) end
+  for _, p in lipairs(SKIPPED) do
+    FRONT_EMPTY = false
+    rcall('ZADD', K_FRONT, p[2], p[1])
+  end
   if #out > 0 then
-    local chunks = redis.call('HMGET', K_CHUNKS, unpack(GRANTED))
-    for k, g in ipairs(out) do g[4] = chunks[k] end
+    local chunks = rcall('HMGET', K_CHUNKS, unpk(GRANTED))
+    for k, g in lipairs(out) do g[4] = chunks[k] end
     add_starts(out, GRANTED)
   end
   return out
@@ -288,12 +295,12 @@ local function wait_bound_ms()
   local best = AVOID_UNTIL  -- a failed task this worker must leave to others a while
   if BACKUP_AT and (not best or BACKUP_AT < best) then best = BACKUP_AT end
   if mnum(F.NLEASED) == 0 and not best then return 0 end
-  local d = redis.call('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-  if #d > 0 and (not best or tonumber(d[2]) < best) then best = tonumber(d[2]) end
-  local w = redis.call('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
-  if #w > 0 and (not best or tonumber(w[2]) < best) then best = tonumber(w[2]) end
+  local d = rcall('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
+  if #d > 0 and (not best or tonum(d[2]) < best) then best = tonum(d[2]) end
+  local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
+  if #w > 0 and (not best or tonum(w[2]) < best) then best = tonum(w[2]) end
   if not best then return 0 end
-  return math.max(1, best - JNOW + 1)
+  return mmax(1, best - JNOW + 1)
 end
 
 -- The lease half shared by lease.lua and ack.lua. Returns {code, tasks, wait_ms}.
@@ -307,17 +314,20 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   end
   if want > 0 and mget(F.PAUSED) == '1' then
     -- paused: wait like a waiting state (resume broadcasts), keeping what is held
-    redis.call('ZADD', K_WAITING, now_s(), m)
+    wait_add(m, now_s())
     return {C.NOTHING, {}, 0}
   end
-  if want > 0 then
-    -- a worker's holdings are capped, so what one heartbeat or leave goes through is too
-    local held = redis.call('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
+  -- A worker's holdings are capped, so what one heartbeat or leave goes through is too.
+  -- The cap is only within reach when the whole job holds that many: a worker's leases are
+  -- among the job's nleased plus its backups (owned, not counted in nleased; p_backups, the
+  -- pass attempt's, bounds the live ones), so below that its count is not needed.
+  if want > 0 and mnum(F.NLEASED) + mnum(F.P_BACKUPS) + want > MAX_HELD then
+    local held = rcall('ZLEXCOUNT', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255')
     if held >= MAX_HELD then
       return {C.INVALID, 'worker ' .. worker .. ' holds ' .. held .. ' leases, the most one '
         .. 'worker may hold (' .. MAX_HELD .. '): ack or release some first', 0}
     end
-    want = math.min(want, MAX_HELD - held)
+    want = mmin(want, MAX_HELD - held)
   end
   -- expecting a later pass than the current one only happens after a rollback (a restart
   -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
@@ -325,12 +335,12 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
     local got = take(worker, winc, want, call_no, mode)
     if #got > 0 then
-      redis.call('ZREM', K_WAITING, m)
+      wait_rem(m)
       return {C.OK, got, 0}
     end
   end
   if want > 0 then
-    redis.call('ZADD', K_WAITING, now_s(), m)
+    wait_add(m, now_s())
     return {C.NOTHING, {}, wait_bound_ms()}
   end
   return {C.OK, {}, 0}

@@ -17,14 +17,29 @@
 -- (written back as they are), round its number. Only the round is compared on every call,
 -- so the other numbers are left as strings (tonumber where used: each conversion is a
 -- strtod, bench/README.md), and the round is converted only when it is not the current one.
-local function parse_lease(rec)
+-- A caller that names the holder it expects (worker, winc, tok: checked ids, so no '|' in
+-- them) has the record's head compared as one string when it is that holder's current
+-- lease, and only the rest matched (the whole pattern was ~half of an ack's record work).
+local function parse_lease(rec, worker, winc, tok)
   if not rec then return nil end
-  if string.byte(rec, 1) == 76 then  -- 'L'
-    local w, wi, tok, r, st, since, call, att, dig = string.match(rec,
+  if sbyte(rec, 1) == 76 then  -- 'L'
+    if tok then
+      local rs = round_s()
+      local head = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. rs .. '|'
+      if ssub(rec, 1, #head) == head then
+        local st, since, call, att, dig = smatch(rec,
+          '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$', #head + 1)
+        if st then
+          return {live = true, worker = worker, winc = winc, token = tok, round = ROUND,
+                  rs = rs, st = st, sinces = since, calls = call, attempts = att, dig = dig}
+        end
+      end
+    end
+    local w, wi, tok, r, st, since, call, att, dig = smatch(rec,
       '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if w then
       local round = ROUND
-      if r ~= round_s() then round = tonumber(r) end
+      if r ~= round_s() then round = tonum(r) end
       return {live = true, worker = w, winc = wi, token = tok, round = round, rs = r,
               st = st, sinces = since, calls = call, attempts = att, dig = dig}
     end
@@ -32,10 +47,10 @@ local function parse_lease(rec)
   -- (a record written before lease secrets has no digest: nil, which no secret matches)
   local f = split(rec)
   if f[1] == 'L' then
-    return {live = true, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
+    return {live = true, worker = f[2], winc = f[3], token = f[4], round = tonum(f[5]),
             rs = f[5], st = f[6], sinces = f[7], calls = f[8], attempts = f[9], dig = f[10]}
   end
-  return {live = false, worker = f[2], winc = f[3], token = f[4], round = tonumber(f[5]),
+  return {live = false, worker = f[2], winc = f[3], token = f[4], round = tonum(f[5]),
           rs = f[5], kind = f[6], dig = f[7]}
 end
 
@@ -44,8 +59,8 @@ end
 -- once per call (use_secret); the secret itself is never written anywhere.
 local CALLER_DIG = nil  -- per call
 local function secret_digest(secret)
-  if type(secret) ~= 'string' or #secret < 16 then return nil end
-  return string.sub(redis.sha1hex(secret), 1, 16)
+  if ltype(secret) ~= 'string' or #secret < 16 then return nil end
+  return ssub(redis.sha1hex(secret), 1, 16)
 end
 local function use_secret(secret)
   CALLER_DIG = secret_digest(secret)
@@ -107,11 +122,11 @@ local function next_token()
   if not TOKEN_US then
     TOKEN_US = TIME_US  -- this call's TIME (open_job), read once
     if not TOKEN_US then
-      local t = redis.call('TIME')
-      TOKEN_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      local t = rcall('TIME')
+      TOKEN_US = tonum(t[1]) * 1000000 + tonum(t[2])
     end
   end
-  local tok = math.max(mnum(F.LAST_TOKEN) + 1, TOKEN_US)
+  local tok = mmax(mnum(F.LAST_TOKEN) + 1, TOKEN_US)
   local tok_s = fmt(tok)
   mput_s(F.LAST_TOKEN, tok, tok_s)
   return tok_s
@@ -123,7 +138,7 @@ local function task_timeout_ms()
   local tt = mget(F.TT)
   if tt == 'none' then return 0 end
   if tt == 'auto' then return mnum(F.AUTO_TT) end
-  return tonumber(tt) or 0
+  return tonum(tt) or 0
 end
 
 -- A deadline (JNOW ms) is set at `ms`: reclaim's hint F.DUE stays below every deadline.
@@ -144,21 +159,26 @@ local function start_deadline()
 end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
--- (The count and the buckets in one HMGET: every 20th ack reads them, and one command per
--- bucket was about 5 % of an ack's server time, bench/README.md.)
+-- (The buckets in one HMGET, their sum the count: every 20th ack reads them, and one
+-- command per bucket was about 5 % of an ack's server time, bench/README.md.)
 local function recompute_auto_timeout()
   local bounds = HIST_BOUNDS
-  local fields = {'dur:count'}
-  for b = 1, #bounds do fields[b + 1] = 'dur:' .. b end
-  local got = redis.call('HMGET', K_HIST, unpack(fields))
-  local total = tonumber(got[1] or '0') or 0
+  local fields = {}
+  for b = 1, #bounds + 1 do fields[b] = 'dur:' .. b end
+  local got = rcall('HMGET', K_HIST, unpk(fields))
+  local total = 0
+  for b = 1, #bounds + 1 do
+    local c = tonum(got[b] or '0') or 0
+    got[b] = c
+    total = total + c
+  end
   local need, seen = total * 0.99, 0
   local p99 = bounds[#bounds]
   for b = 1, #bounds do
-    seen = seen + (tonumber(got[b + 1] or '0') or 0)
+    seen = seen + got[b]
     if seen >= need then p99 = bounds[b]; break end
   end
-  mset(F.AUTO_TT, fmt(math.max(60000, 10 * p99)))
+  mset(F.AUTO_TT, fmt(mmax(60000, 10 * p99)))
 end
 
 local function lease_is_current(l)
@@ -182,11 +202,12 @@ local function member(worker, winc, task) return worker .. '|' .. winc .. '|' ..
 -- The lease of `task` this worker incarnation holds or last held: the task's record, or
 -- its backup record (l.backup) when that one is the worker's. Backups exist only in a pass
 -- attempt that granted one (p_backups), so other calls read one record.
-local function lease_for(task, worker, winc)
-  local l = parse_lease(redis.call('HGET', K_LEASES, task))
+-- (tok: the token the caller names, if any: parse_lease's short way for its own lease)
+local function lease_for(task, worker, winc, tok)
+  local l = parse_lease(rcall('HGET', K_LEASES, task), worker, winc, tok)
   local mine = l and l.worker == worker and l.winc == winc
   if (mine and lease_is_current(l)) or mnum(F.P_BACKUPS) == 0 then return l end
-  local b = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+  local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
   if b and b.worker == worker and b.winc == winc and (lease_is_current(b) or not mine) then
     b.backup = true
     return b
@@ -199,54 +220,62 @@ local function other_lease(task, l)
   if mnum(F.P_BACKUPS) == 0 then return nil end
   local o
   if l.backup then
-    o = parse_lease(redis.call('HGET', K_LEASES, task))
+    o = parse_lease(rcall('HGET', K_LEASES, task))
   else
-    o = parse_lease(redis.call('HGET', K_LEASES, 'b:' .. task))
+    o = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
     if o then o.backup = true end
   end
   if lease_is_current(o) then return o end
   return nil
 end
 
--- Whether the counts hash (a: f: s: per task), the dead set and this pass attempt's
--- progress hash are empty, each read once per call; any write to one in this call makes
--- it "maybe not empty" (false). Most calls ask about all three and all are empty: one
--- EXISTS of the three keys answers them together, else each is read alone.
+-- Whether the counts hash (a: f: s: per task), the dead set, this pass attempt's progress
+-- hash and the front are empty, each read once per call; any write to one in this call
+-- makes it "maybe not empty" (false). Most calls ask about all four and all are empty: one
+-- EXISTS of the four keys answers them together, else each is read alone (the front by
+-- the ZPOPMIN that would pop from it).
 -- (The waiting set is not asked along: with workers waiting, which is common, the
 -- EXISTS would answer "some" and each flag would cost its own command again.)
-local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, EMPTIES_READ = nil, nil, nil, false  -- per call
+local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, FRONT_EMPTY = nil, nil, nil, nil  -- per call
+local EMPTIES_READ = false  -- per call
 local function read_empties()
   EMPTIES_READ = true
-  if redis.call('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS) == 0 then
+  if rcall('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS, K_FRONT) == 0 then
     if COUNTS_EMPTY == nil then COUNTS_EMPTY = true end
     if DEAD_EMPTY == nil then DEAD_EMPTY = true end
     if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = true end
+    if FRONT_EMPTY == nil then FRONT_EMPTY = true end
   end
 end
 local function counts_empty()
   if COUNTS_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if COUNTS_EMPTY == nil then COUNTS_EMPTY = redis.call('HLEN', K_COUNTS) == 0 end
+  if COUNTS_EMPTY == nil then COUNTS_EMPTY = rcall('HLEN', K_COUNTS) == 0 end
   return COUNTS_EMPTY
 end
 local function dead_empty()
   if DEAD_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if DEAD_EMPTY == nil then DEAD_EMPTY = redis.call('SCARD', K_DEAD) == 0 end
+  if DEAD_EMPTY == nil then DEAD_EMPTY = rcall('SCARD', K_DEAD) == 0 end
   return DEAD_EMPTY
 end
 local function progress_empty()
   if PROGRESS_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = redis.call('EXISTS', K_PROGRESS) == 0 end
+  if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = rcall('EXISTS', K_PROGRESS) == 0 end
   return PROGRESS_EMPTY
+end
+-- True only when the front is known empty (nil: maybe not; its ZPOPMIN tells).
+local function front_known_empty()
+  if FRONT_EMPTY == nil and not EMPTIES_READ then read_empties() end
+  return FRONT_EMPTY == true
 end
 
 -- Removes a live lease's index entries (not the lease record itself).
 local function unindex(task, l)
-  redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+  rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
   ck_left(task)
-  redis.call('ZREM', K_DEADLINES, task)
-  redis.call('ZREM', K_STARTED, task)
+  rcall('ZREM', K_DEADLINES, task)
+  rcall('ZREM', K_STARTED, task)
   if l.st == 'R' then
-    redis.call('ZREM', K_RESERVED, task)
+    rcall('ZREM', K_RESERVED, task)
     mincr(F.NRESERVED, -1)
   end
   mincr(F.NLEASED, -1)
@@ -256,13 +285,13 @@ local function end_lease(task, l, kind)
   local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
     .. '|' .. (l.dig or '')
   if l.backup then  -- a backup is in no index but owned, and not counted in nleased
-    redis.call('ZREM', K_OWNED, member(l.worker, l.winc, task))
+    rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
     ck_left(task)
-    redis.call('HSET', K_LEASES, 'b:' .. task, rec)
+    rcall('HSET', K_LEASES, 'b:' .. task, rec)
     return
   end
   unindex(task, l)
-  redis.call('HSET', K_LEASES, task, rec)
+  rcall('HSET', K_LEASES, task, rec)
 end
 
 -- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
@@ -275,7 +304,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
   for k = 1, n do
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
-    local l = lease_for(task, worker, winc)
+    local l = lease_for(task, worker, winc, tok)
     if holds_secret(l, worker, winc, tok) then
       end_lease(task, l, kind)
       on_end(task, l, tok, worker, n, note)
@@ -288,7 +317,8 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
 end
 
 local function to_front(task)
-  redis.call('ZADD', K_FRONT, mincr(F.FSEQ), task)
+  FRONT_EMPTY = false
+  rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
   wake_one()
 end
 
@@ -296,11 +326,11 @@ end
 -- worker first (dispatch.lua: avoided).
 local function note_failer(task, worker)
   COUNTS_EMPTY = false
-  redis.call('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
+  rcall('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
 end
 
 local function make_dead(task, why)
-  redis.call('SADD', K_DEAD, task)
+  rcall('SADD', K_DEAD, task)
   DEAD_EMPTY = false
   mincr(F.C_DEAD)
   event('dead', 'task', task, 'reason', why)
@@ -312,10 +342,10 @@ local function charge_task(task, charge)
   local dead_reason = nil
   if charge ~= 'none' then
     COUNTS_EMPTY = false
-    local a = redis.call('HINCRBY', K_COUNTS, 'a:' .. task, 1)
+    local a = rcall('HINCRBY', K_COUNTS, 'a:' .. task, 1)
     if a >= mnum(F.MAXA) then dead_reason = 'max_attempts' end
     if charge == 'failure' then
-      local f = redis.call('HINCRBY', K_COUNTS, 'f:' .. task, 1)
+      local f = rcall('HINCRBY', K_COUNTS, 'f:' .. task, 1)
       if f >= mnum(F.MAXF) then dead_reason = 'max_failures' end
     end
   end
@@ -350,12 +380,12 @@ local function survives(task, l, charge)
     return true
   end
   if o.backup then
-    local ended = redis.call('HGET', K_LEASES, task)
-    redis.call('HSET', K_LEASES, task, redis.call('HGET', K_LEASES, 'b:' .. task))
-    redis.call('HSET', K_LEASES, 'b:' .. task, ended)
-    redis.call('ZADD', K_STARTED, jnow_s(), task)
+    local ended = rcall('HGET', K_LEASES, task)
+    rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
+    rcall('HSET', K_LEASES, 'b:' .. task, ended)
+    rcall('ZADD', K_STARTED, jnow_s(), task)
     local dl = start_deadline()
-    if dl then redis.call('ZADD', K_DEADLINES, dl, task) end
+    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
     mincr(F.NLEASED)
   end
   event('carries_on', 'task', task, 'worker', o.worker)
@@ -382,9 +412,9 @@ end
 
 -- The ends end_held applies (ack, fail, release), with its arguments.
 local function acked_one(task, l, tok, worker)
-  redis.call('SETBIT', K_DONE, task, '1')
+  rcall('SETBIT', K_DONE, task, '1')
   mincr(F.NDONE)
-  local ran = NOW - (tonumber(l.sinces) or NOW)
+  local ran = NOW - (tonum(l.sinces) or NOW)
   observe('dur', ran)
   -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
   -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
@@ -393,16 +423,16 @@ local function acked_one(task, l, tok, worker)
     med = med / 1.05 end
   mput(F.DUR_MED, med)
   if not counts_empty() then
-    redis.call('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
+    rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end
   -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
   if not progress_empty() then
     ck_before(task)
-    redis.call('HDEL', K_PROGRESS, task)
+    rcall('HDEL', K_PROGRESS, task)
   end
   mincr(F.C_ACKED)
   local acked = mincr(F.ACKED_JOB)
-  mset(F.LAST_ACK, now_s())
+  mset_s(F.LAST_ACK, now_s())
   if acked % 20 == 0 then recompute_auto_timeout() end
   event_task('acked', task, worker, tok)
   local o = other_lease(task, l)
@@ -423,11 +453,11 @@ local function failed_one(task, l, _, worker, n, why)
   end
   note_failer(task, worker)
   if n > 1 then
-    redis.call('HSET', K_COUNTS, 's:' .. task, '1')
+    rcall('HSET', K_COUNTS, 's:' .. task, '1')
     event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
     to_front(task)
   else
-    redis.call('HDEL', K_COUNTS, 's:' .. task)
+    rcall('HDEL', K_COUNTS, 's:' .. task)
     event('failed', 'task', task, 'worker', worker, 'error', why)
     requeue(task, 'failure')
   end

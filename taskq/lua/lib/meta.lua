@@ -7,24 +7,50 @@
 -- lines) resets it at the start of every call. F.<NAME> is keys.MetaField.<NAME>, replaced by
 -- the field's name when the library is built. Semantics: docs/design.md.
 
-local function fmt(n) return string.format('%.0f', n) end
+-- Redis's Lua globals the library calls, bound into library locals at the start of every
+-- call (bind_globals, from begin()): a global is a lookup in the globals table on every use
+-- (redis.call two), a library local an upvalue. (The library cannot read globals while it
+-- loads: they exist only in a call.)
+local rcall, tonum, smatch, sfind, ssub, sformat = nil, nil, nil, nil, nil, nil  -- per call
+local sbyte, mmin, mmax, mfloor, tconcat, unpk = nil, nil, nil, nil, nil, nil  -- per call
+local ltype, lpairs, lipairs = nil, nil, nil  -- per call
+local function bind_globals()
+  rcall, tonum, smatch, sfind, ssub, sformat = redis.call, tonumber, string.match,
+    string.find, string.sub, string.format
+  sbyte, mmin, mmax, mfloor, tconcat, unpk = string.byte, math.min, math.max, math.floor,
+    table.concat, unpack
+  ltype, lpairs, lipairs = type, pairs, ipairs
+end
+
+-- An integer (every number but the streaming median dur_med) is formatted with '%d': the
+-- same digits as '%.0f', which glibc runs through its multi-precision float printer at
+-- several times the cost (about 5 % of a hot call's instructions, bench/README.md).
+local function fmt(n)
+  if n % 1 == 0 and n <= 9007199254740992 and n >= -9007199254740992 then
+    return sformat('%d', n)
+  end
+  return sformat('%.0f', n)
+end
 
 -- The meta hash: the fields the hot verbs (ack, lease, heartbeat) read are fetched in one
 -- HMGET at open_job, any other on first use (HGET); every change is written in one HSET
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
--- (a string and a table slot per field and name) cost more than naming the ~30 needed
+-- (a string and a table slot per field and name) cost more than naming the ~32 needed
 -- (bench/README.md). M holds the stored strings (false: no such field) and those set by
 -- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
 -- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
 local M, MN, DIRTY, NUM, ORIG = {}, {}, {}, {}, {}  -- per call
--- (The table is built by one constructor, sized for the fields at once: filled one field
--- at a time it was rehashed six times per call.)
+-- (Each table is built by one constructor, sized for the fields a hot call reads or writes
+-- at once: filled one field at a time, the four were rehashed ~20 times per call. A false
+-- in MN / DIRTY / NUM / ORIG means what nil means. Lua 5.1 makes a key even for `t[k] =
+-- nil`, so a field is cleared only where it is set.)
 local function load_meta()
-  local v = redis.call('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
+  local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
     F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
-    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE)
+    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE,
+    F.DUR_SUM, F.NWAITING)
   M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
     [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
     [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
@@ -33,14 +59,32 @@ local function load_meta()
     [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
     [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
-    [F.CK_FREEZE] = v[30]}
+    [F.CK_FREEZE] = v[30], [F.DUR_SUM] = v[31], [F.NWAITING] = v[32],
+    [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
+  MN = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false}
+  DIRTY = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
+    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false}
+  NUM = {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
+    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
+    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
+    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
+    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
+    [F.NWAITING] = false}
+  ORIG = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
+    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
 end
 local function mget(f)
   local n = MN[f]
   if n then return fmt(n) end
   local v = M[f]
   if v == nil then
-    v = redis.call('HGET', K_META, f)
+    v = rcall('HGET', K_META, f)
     M[f] = v
   end
   if v == false then return nil end
@@ -50,7 +94,7 @@ local function mnum(f)
   local n = MN[f] or NUM[f]
   if n then return n end
   local stored = mget(f)
-  local parsed = tonumber(stored or '0')
+  local parsed = tonum(stored or '0')
   n = parsed or 0
   NUM[f] = n
   if stored and parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
@@ -64,18 +108,25 @@ end
 -- Sets a field to number n whose string s the caller made already (not formatted again).
 local function mput_s(f, n, s)
   M[f] = s
-  MN[f] = nil
+  if MN[f] then MN[f] = nil end
   NUM[f] = n
+  DIRTY[f] = true
+end
+-- One field set to a string (mset without its argument table).
+local function mset_s(f, s)
+  M[f] = s
+  if MN[f] then MN[f] = nil end
+  if NUM[f] then NUM[f] = nil end
   DIRTY[f] = true
 end
 local function mset(...)
   local a = {...}
   for i = 1, #a, 2 do
     local f, v = a[i], a[i + 1]
-    if type(v) == 'number' then v = fmt(v) end
+    if ltype(v) == 'number' then v = fmt(v) end
     M[f] = v
-    MN[f] = nil
-    NUM[f] = nil
+    if MN[f] then MN[f] = nil end
+    if NUM[f] then NUM[f] = nil end
     DIRTY[f] = true
   end
 end
@@ -85,12 +136,12 @@ end
 -- the front is noted in its scratch set (ck_left), and a task's progress before it changes
 -- in its scratch hash (ck_before): what the walks may no longer find. Off: one field test.
 local function ck_left(task)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' then redis.call('SADD', K_CKSET, task) end
+  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' then rcall('SADD', K_CKSET, task) end
 end
 local function ck_before(task)
   -- (HEXISTS + HSET rather than HSETNX: the trainer's ACL rule has no HSETNX, acl.py)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' and redis.call('HEXISTS', K_CKPROG, task) == 0 then
-    redis.call('HSET', K_CKPROG, task, redis.call('HGET', K_PROGRESS, task) or '0')
+  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' and rcall('HEXISTS', K_CKPROG, task) == 0 then
+    rcall('HSET', K_CKPROG, task, rcall('HGET', K_PROGRESS, task) or '0')
   end
 end
 
@@ -101,20 +152,28 @@ local function mincr(f, n)
   return v
 end
 local function flush()
-  local args = {}
-  for f, _ in pairs(DIRTY) do
-    local n = MN[f]
-    if not n then
-      args[#args + 1] = f
-      args[#args + 1] = M[f]
-    elseif ORIG[f] ~= n then
-      -- (a counter that came back to its stored number, a lease granted and one ended in
-      -- the same call: nleased, nreserved, is not written again)
-      args[#args + 1] = f
-      args[#args + 1] = fmt(n)
+  -- (the argument list sized at once: grown one pair at a time it was reallocated 5 times)
+  local args = {false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false}
+  local k = 0
+  for f, d in lpairs(DIRTY) do
+    if d then
+      local n = MN[f]
+      if not n then
+        args[k + 1] = f
+        args[k + 2] = M[f]
+        k = k + 2
+      elseif ORIG[f] ~= n then
+        -- (a counter that came back to its stored number, a lease granted and one ended in
+        -- the same call: nleased, nreserved, is not written again)
+        args[k + 1] = f
+        args[k + 2] = fmt(n)
+        k = k + 2
+      end
     end
   end
-  if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
+  if k > 0 then rcall('HSET', K_META, unpk(args, 1, k)) end
   DIRTY = {}
 end
 
@@ -128,12 +187,12 @@ end
 local function split(s)
   local fields, start = {}, 1
   while true do
-    local i = string.find(s, '|', start, true)
+    local i = sfind(s, '|', start, true)
     if not i then
-      fields[#fields + 1] = string.sub(s, start)
+      fields[#fields + 1] = ssub(s, start)
       return fields
     end
-    fields[#fields + 1] = string.sub(s, start, i - 1)
+    fields[#fields + 1] = ssub(s, start, i - 1)
     start = i + 1
   end
 end

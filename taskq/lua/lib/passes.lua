@@ -5,27 +5,27 @@ local function save_summary(kind)
   local field = p
   if kind == 'reset' then field = p .. '/r' .. fmt(mnum(F.P_RESETS)) end
   local summary = {
-    pass = tonumber(p), round = ROUND, state = kind,
+    pass = tonum(p), round = ROUND, state = kind,
     started_ms = mnum(F.PSTART), ended_ms = NOW,
-    done = mnum(F.NDONE), dead = redis.call('SCARD', K_DEAD),
+    done = mnum(F.NDONE), dead = rcall('SCARD', K_DEAD),
     skipped = mnum(F.P_SKIPPED), stale = mnum(F.P_STALE), resets = mnum(F.P_RESETS),
     max_lateness_ms = mnum(F.P_MAXLATE), leased = mnum(F.P_LEASED),
     expired = mnum(F.P_EXPIRED),
     resumed = mnum(F.P_RESUMED), resumed_samples = mnum(F.P_RESUMED_S),
     reread_samples = mnum(F.P_REREAD),
   }
-  redis.call('HSET', K_PASSES, field, cjson.encode(summary))
-  redis.call('HDEL', K_PASSES, tostring(tonumber(p) - 1000))
+  rcall('HSET', K_PASSES, field, cjson.encode(summary))
+  rcall('HDEL', K_PASSES, tostring(tonum(p) - 1000))
   -- resets of one pass are kept 1,000 deep too (a reset loop must not grow the hash)
   if kind == 'reset' then
-    redis.call('HDEL', K_PASSES, p .. '/r' .. fmt(mnum(F.P_RESETS) - 1000))
+    rcall('HDEL', K_PASSES, p .. '/r' .. fmt(mnum(F.P_RESETS) - 1000))
   end
 end
 
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
 local function start_pass(p, kind)
   ROUND = mincr(F.ROUND)
-  redis.call('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
+  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
     K_PROGRESS)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
@@ -58,7 +58,7 @@ local function finish_pass(kind)
   if passes >= 0 and p + 1 >= passes then
     ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0, F.CK_FREEZE, '')
-    redis.call('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
+    rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
     STATE = 'completed'
     event('job_completed')
     broadcast()
@@ -74,7 +74,7 @@ local function check_pass_end()
   if STATE ~= 'running' then return end
   if mnum(F.NLEASED) > 0 then return end
   local live = mnum(F.N)
-  if not dead_empty() then live = live - redis.call('SCARD', K_DEAD) end
+  if not dead_empty() then live = live - rcall('SCARD', K_DEAD) end
   if mnum(F.NDONE) < live then return end
   if live == 0 then
     set_waiting('all_dead')

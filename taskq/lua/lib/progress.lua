@@ -6,12 +6,12 @@
 -- this pass attempt recorded as taken; a row starting past 0 counts as resumed.
 local function add_starts(out, granted)
   if progress_empty() then
-    for _, g in ipairs(out) do g[6] = 0 end
+    for _, g in lipairs(out) do g[6] = 0 end
     return
   end
-  local got = redis.call('HMGET', K_PROGRESS, unpack(granted))
-  for k, g in ipairs(out) do
-    local start = tonumber(got[k] or '0') or 0
+  local got = rcall('HMGET', K_PROGRESS, unpk(granted))
+  for k, g in lipairs(out) do
+    local start = tonum(got[k] or '0') or 0
     g[6] = start
     if start > 0 then
       mincr(F.P_RESUMED)
@@ -25,7 +25,7 @@ end
 local CK_PAGE_BYTES, CK_PAGE_PAIRS = 65536, 2000  -- per call
 
 local function ck_record(id)
-  local raw = redis.call('HGET', K_CKPT, id)
+  local raw = rcall('HGET', K_CKPT, id)
   if not raw then return nil end
   return cjson.decode(raw)
 end
@@ -38,14 +38,14 @@ local function ck_drop(id)
     for k = 0, (rec.pages or 0) - 1 do fields[#fields + 1] = id .. ':d:' .. k end
     for k = 0, (rec.ppages or 0) - 1 do fields[#fields + 1] = id .. ':p:' .. k end
   end
-  redis.call('HDEL', K_CKPT, unpack(fields))
-  redis.call('ZREM', K_CKPTS, id)
+  rcall('HDEL', K_CKPT, unpk(fields))
+  rcall('ZREM', K_CKPTS, id)
 end
 
 -- A checkpoint id (lib/args.lua's idiom): 1-64 of [A-Za-z0-9._-], so never the ':' that
 -- separates it from its page in the checkpoint hash's field names.
 local function arg_ckpt(v, name)
-  if type(v) ~= 'string' or #v < 1 or #v > 64 or not string.match(v, '^[A-Za-z0-9._-]+$') then
+  if ltype(v) ~= 'string' or #v < 1 or #v > 64 or not smatch(v, '^[A-Za-z0-9._-]+$') then
     arg_fail(name, 'not 1-64 of A-Z a-z 0-9 . _ -', v)
     return ''
   end

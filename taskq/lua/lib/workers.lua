@@ -4,39 +4,56 @@
 -- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn": its incarnation, ttl (a
 -- string), drain flag and lease secret digest (secret_digest; '' in a record written
 -- before lease secrets), or nil when there is none.
-local function winfo(worker)
-  local rec = redis.call('HGET', K_WINFO, worker)
+-- `rec`: the record read already in this call (false: none), unless a write since
+-- (WINFO_WRITTEN) may have changed it.
+local WINFO_WRITTEN = false  -- per call
+local function winfo(worker, rec)
+  if rec == nil or WINFO_WRITTEN then rec = rcall('HGET', K_WINFO, worker) end
   if not rec then return nil end
-  return string.match(rec, '^([^|]*)|([^|]*)|[^|]*|[^|]*|[^|]*|([^|]*)|?([^|]*)')
+  -- (the separators found by plain search: a pattern walked every byte of the record
+  -- through a character class, host and digest included)
+  local p1 = sfind(rec, '|', 1, true)
+  local p2 = p1 and sfind(rec, '|', p1 + 1, true)
+  local p3 = p2 and sfind(rec, '|', p2 + 1, true)
+  local p4 = p3 and sfind(rec, '|', p3 + 1, true)
+  local p5 = p4 and sfind(rec, '|', p4 + 1, true)
+  if not p5 then return nil end
+  local p6 = sfind(rec, '|', p5 + 1, true)
+  if not p6 then return ssub(rec, 1, p1 - 1), ssub(rec, p1 + 1, p2 - 1), ssub(rec, p5 + 1), '' end
+  local p7 = sfind(rec, '|', p6 + 1, true)
+  return ssub(rec, 1, p1 - 1), ssub(rec, p1 + 1, p2 - 1), ssub(rec, p5 + 1, p6 - 1),
+    ssub(rec, p6 + 1, (p7 or 0) - 1)
 end
 
 -- The id of the worker's heartbeat connection (the record's 8th field: Redis's
 -- CLIENT ID, sent by the trainer; '' when unknown), for the reaper's closed-connection
 -- check (reaper.py).
 local function winfo_conn(worker)
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local rec = rcall('HGET', K_WINFO, worker)
   if not rec then return nil end
-  return string.match(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
+  return smatch(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
 end
 
 -- Records the connection id a worker incarnation sent (a heartbeat after a reconnect
 -- carries a new one); a no-op when unchanged or not its record.
 local function set_conn(worker, winc, cid)
   if cid == nil or cid == '' then return end
-  local rec = redis.call('HGET', K_WINFO, worker)
+  local rec = rcall('HGET', K_WINFO, worker)
   if not rec then return end
   local f = split(rec)
   if f[1] ~= winc or f[8] == cid then return end
   for k = #f + 1, 7 do f[k] = '' end
   f[8] = cid
-  redis.call('HSET', K_WINFO, worker, table.concat(f, '|', 1, 8))
+  WINFO_WRITTEN = true
+  rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 8))
 end
 
 local function remove_worker(m, kind)
-  local worker, winc = string.match(m, '^(.*)|([^|]*)$')
-  redis.call('ZREM', K_WORKERS, m)
-  redis.call('ZREM', K_WAITING, m)
-  if winfo(worker) == winc then redis.call('HDEL', K_WINFO, worker) end
+  local worker, winc = smatch(m, '^(.*)|([^|]*)$')
+  rcall('ZREM', K_WORKERS, m)
+  wait_rem(m)
+  WINFO_WRITTEN = true
+  if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
@@ -45,17 +62,18 @@ end
 -- Renews its liveness as any call from it is proof of life (a forged one is not).
 -- ZADD XX CH renews and says whether the member exists in one command (0: missing, or
 -- renewed to the same score; only then ZSCORE tells the two apart).
-local function touch_worker(worker, winc, check)
+-- (rec: the worker's record if the caller read it already, see winfo)
+local function touch_worker(worker, winc, check, rec)
   local m = worker .. '|' .. winc
-  local inc, ttl_s, drain, dig = winfo(worker)
+  local inc, ttl_s, drain, dig = winfo(worker, rec)
   if inc ~= winc then return 'lost' end
   if check and not (CALLER_DIG and dig == CALLER_DIG) then
-    if not redis.call('ZSCORE', K_WORKERS, m) then return 'lost' end
+    if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
     return 'forged'
   end
-  local ttl = tonumber(ttl_s) or mnum(F.TTL)
-  if redis.call('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
-      and not redis.call('ZSCORE', K_WORKERS, m) then
+  local ttl = tonum(ttl_s) or mnum(F.TTL)
+  if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
+      and not rcall('ZSCORE', K_WORKERS, m) then
     return 'lost'
   end
   if drain == '1' then return 'drain' end
