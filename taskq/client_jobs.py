@@ -95,30 +95,6 @@ class ClientJobs(ClientConnection):
             JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
             ConnectionLost: Redis is unreachable.
         """
-        if shards != 1:
-            from . import sharded
-
-            return sharded.create(  # type: ignore[return-value]
-                cast("Client", self),
-                name,
-                chunks,
-                shards,
-                chunks_per_task=chunks_per_task,
-                passes=passes,
-                auto_advance=auto_advance,
-                replace=replace,
-                worker_ttl=worker_ttl,
-                heartbeat_interval=heartbeat_interval,
-                task_timeout=task_timeout,
-                max_failures=max_failures,
-                max_attempts=max_attempts,
-                shuffle=shuffle,
-                seed=seed,
-                manual_clock=manual_clock,
-                backup_leases=backup_leases,
-                backup_factor=backup_factor,
-            )
-        keys = self.keys(name)
         cfg = JobConfig(
             chunks_per_task=chunks_per_task,
             passes=passes,
@@ -132,6 +108,20 @@ class ClientJobs(ClientConnection):
             auto_advance=auto_advance,
             manual_clock=manual_clock,
         )
+        if shards != 1:
+            from . import sharded
+
+            return sharded.create(  # type: ignore[return-value]
+                cast("Client", self),
+                name,
+                chunks,
+                shards,
+                cfg,
+                replace=replace,
+                backup_leases=backup_leases,
+                backup_factor=backup_factor,
+            )
+        keys = self.keys(name)
         validate_config(cfg)
         if (
             not isinstance(backup_factor, (int, float))

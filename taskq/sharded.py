@@ -23,6 +23,7 @@ Redis; sharded_trainer.py -> sharded.py (``advance``, ``load``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -118,20 +119,20 @@ def create(
     name: str,
     chunks: Iterable[Any],
     shards: int,
-    chunks_per_task: int = 1,
-    passes: int | None = 1,
-    auto_advance: bool = True,
+    cfg: JobConfig,
     replace: bool = False,
-    **config: Any,
+    **backups: Any,
 ) -> ShardedStatus:
     """Create (or replace) sharded job ``name`` (``Client.create_job(shards=S)``).
 
     Args:
         name: ``[A-Za-z0-9._-]``, at most ``MAX_SHARDED_NAME`` characters.
-        chunks, chunks_per_task, passes, replace, config: as ``Client.create_job``.
+        chunks, replace, backups: as ``Client.create_job`` (``backup_leases``,
+            ``backup_factor``).
         shards: S >= 2; at most the number of tasks.
-        auto_advance: the barrier step starts the next pass by itself (else it waits for
-            ``next_pass``, for every shard at once).
+        cfg: the job's configuration, each shard's too, except ``auto_advance``: the
+            barrier step starts the next pass by itself when it is set (else it waits
+            for ``next_pass``, for every shard at once); the shards themselves wait.
 
     Returns:
         The new job's status.
@@ -145,12 +146,8 @@ def create(
         raise errors.InvalidInput(
             f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} of A-Z a-z 0-9 . _ -"
         )
-    job_config = {k: v for k, v in config.items() if k not in ("backup_leases", "backup_factor")}
-    validate_config(
-        JobConfig(
-            chunks_per_task=chunks_per_task, passes=passes, auto_advance=auto_advance, **job_config
-        )
-    )
+    validate_config(cfg)
+    chunks_per_task, passes = cfg.chunks_per_task, cfg.passes
     chunk_list = list(chunks)
     tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
     if not 2 <= shards <= len(tasks):
@@ -179,7 +176,7 @@ def create(
         "shards": json.dumps(names),
         "tasks": len(tasks),
         "passes": -1 if passes is None else passes,
-        "advance": int(auto_advance),
+        "advance": int(cfg.auto_advance),
         "inc": secrets.token_hex(8),
         "created_ms": int(time.time() * 1000),
     }
@@ -194,11 +191,9 @@ def create(
         client.create_job(
             shard,
             shard_chunks,
-            chunks_per_task=chunks_per_task,
-            passes=passes,
-            auto_advance=False,
+            **{**dataclasses.asdict(cfg), "auto_advance": False},
             replace=replace,
-            **config,
+            **backups,
         )
     if old is not None:
         for stale in set(old.shards) - set(names):
