@@ -13,6 +13,7 @@ import click
 from rich.table import Table
 
 import taskq
+from taskq import inputwait_view
 from taskq.models import JobStatus
 
 from . import shards as shards_cli
@@ -51,6 +52,8 @@ def status_table(status: JobStatus) -> Table:
     table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
     table.add_row("eta (this pass)", age(d["eta_s"]))
     table.add_row("oldest lease", age(status.oldest_lease_age_s))
+    if status.input:
+        table.add_row("input", inputwait_view.line(status.input))
     tt = cfg.get("task_timeout")
     if tt == "auto":
         auto = cfg.get("auto_task_timeout_s")
@@ -137,6 +140,7 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
         data = status.as_dict()
         data["histograms"] = status.histograms
         data["lease_ages"] = status.lease_ages
+        data["input"] = status.input
         echo_json(data)
         return
     if status.summaries:

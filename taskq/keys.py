@@ -137,6 +137,14 @@ class MetaField:
     #: tasks leaves the set only when the set is not empty (absent in a job created before
     #: the field: counted once, then kept).
     NWAITING = "nwaiting"
+    #: The training loops' data wait (inputwait.py, sent with the heartbeats; written by
+    #: the heartbeat script): ``iw`` the job's totals "n,wait_us,step_us,<bucket counts>",
+    #: ``iw_win`` the current and previous 60 s windows "start_ms,<the same>|<previous>",
+    #: ``iw_worst`` the (at most 3) trainers waiting most over their last minute
+    #: "worker|ppm|at_ms|..." (ppm of their loop time).
+    IW = "iw"
+    IW_WIN = "iw_win"
+    IW_WORST = "iw_worst"
     #: 80 bytes of padding, longer than Redis's hash-max-listpack-value (64 by default): the
     #: meta hash stays in the hashtable encoding, where each of a call's ~30 field reads is
     #: O(1) instead of a scan of the listpack's ~60 fields (bench/README.md)

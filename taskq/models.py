@@ -117,6 +117,8 @@ class JobStatus:
     histograms: dict[str, dict[str, Any]] = field(default_factory=dict)
     oldest_lease_age_s: float | None = None
     lease_ages: dict[str, int] = field(default_factory=dict)
+    #: the training loops' data wait (inputwait_view.summary): totals, recent, worst
+    input: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The documented status keys (the CLI's ``job status --json`` prints these)."""

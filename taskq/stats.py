@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import redis
 
-from . import errors, integrity
+from . import errors, inputwait_view, integrity
 from .keys import JobKeys
 from .keys import MetaField as F
 from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
@@ -158,6 +158,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
         },
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
         lease_ages=lease_ages,
+        input=inputwait_view.summary(meta, now_ms),
     )
     if summaries > 0:
         fields = [str(p) for p in range(max(0, pass_no - summaries + 1), pass_no + 1)]

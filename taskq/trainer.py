@@ -31,6 +31,7 @@ from . import errors
 from .client import Client
 from .connection import resolve_url
 from .heartbeat import HelperHeartbeat, start_thread, stop_dropped
+from .inputwait import InputBeat, InputMeter
 from .keys import JobKeys
 from .models import Task
 from .progress import ProgressBuffer
@@ -68,6 +69,9 @@ class Trainer(TrainerIteration, LeaveOnSignal):
             behaviour back) so the loop ends and everything held is released.
         reconnect_timeout: seconds a call keeps retrying while Redis is unreachable
             (backoff with jitter); then ``ConnectionLost`` is raised.
+        input_meter: the meter of the loop's data wait to send with the heartbeats
+            (``taskq.torch.DataLoader`` gives its own); a new one when None. Iterating the
+            trainer times each ``next()``; ``heartbeat="process"`` does not send it.
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
@@ -91,6 +95,7 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         heartbeat: bool | str = True,
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
+        input_meter: InputMeter | None = None,
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
@@ -158,6 +163,9 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         self._progress = ProgressBuffer()
         self._progress_inline = heartbeat == "process"
         self._progress_sent = time.monotonic()
+        # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
+        self.input_meter = input_meter or InputMeter()
+        self._input_beat = InputBeat(self.input_meter)
         self._helper: HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None
         self._hb_thread: threading.Thread | None = None

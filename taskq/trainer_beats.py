@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import errors, protocol
+from .inputwait import InputBeat, InputMeter
 from .protocol import HeartbeatReply
 from .scripts import Code
 from .trainer_calls import TrainerCalls
@@ -24,6 +25,11 @@ log = logging.getLogger("taskq.trainer")
 
 class TrainerBeats(TrainerCalls):
     """The heartbeat's view of a ``Trainer``; not used on its own."""
+
+    #: the training loop's data wait and steps (inputwait.py): timed by the iterator
+    #: (trainer_iter.py) or a ``taskq.torch.DataLoader``, sent with each heartbeat
+    input_meter: InputMeter
+    _input_beat: InputBeat
 
     def heartbeat(self) -> list[int]:
         """Send one heartbeat now (what the heartbeat thread does every interval).
@@ -35,7 +41,13 @@ class TrainerBeats(TrainerCalls):
             ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
         """
         args = self._beat_args()
+        # the loop's data wait since the last answered beat: one more argument, no call
+        waited = self._input_beat.arg()
+        if waited is not None:
+            args.append(waited[0])
         reply = self._wire.heartbeat(self._hb_scripts or self.client.scripts, args)
+        if waited is not None and reply.code in (Code.OK, Code.DRAINING):
+            self._input_beat.sent(waited[1])
         revoked = self.apply_heartbeat(reply, args)
         self.flush_progress()
         return revoked

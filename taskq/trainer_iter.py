@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from . import errors
 from .models import Task
@@ -141,6 +141,24 @@ class TrainerIteration(TrainerBeats):
         return self._iterate(None)
 
     def _iterate(self, expect_pass: int | None) -> Iterator[Task]:
+        """``_tasks`` with each ``next()`` timed by the trainer's input meter (its data
+        wait; the time between two ``next()`` calls is the step)."""
+        meter = self.input_meter
+        tasks = self._tasks(expect_pass)
+        meter.restart()
+        try:
+            while True:
+                meter.enter()
+                task = next(tasks, None)
+                if task is None:
+                    return
+                meter.leave()
+                yield task
+        finally:
+            meter.stop()
+            tasks.close()
+
+    def _tasks(self, expect_pass: int | None) -> Generator[Task, None, None]:
         current: Task | None = None
         ep = -1 if expect_pass is None else expect_pass
         while True:
@@ -261,10 +279,17 @@ class TrainerIteration(TrainerBeats):
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         batch: list[Task] = []
-        while True:
-            try:
-                batch = self._lease_n(k, _MAX_BLOCK_S, None, acks=self._still_held(batch))
-            except (errors.JobCompleted, errors.JobCancelled, errors.Draining):
-                return
-            if batch:
-                yield batch
+        meter = self.input_meter
+        meter.restart()
+        try:
+            while True:
+                meter.enter()
+                try:
+                    batch = self._lease_n(k, _MAX_BLOCK_S, None, acks=self._still_held(batch))
+                except (errors.JobCompleted, errors.JobCancelled, errors.Draining):
+                    return
+                if batch:
+                    meter.leave()
+                    yield batch
+        finally:
+            meter.stop()

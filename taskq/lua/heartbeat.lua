@@ -1,18 +1,44 @@
 #!lua
 -- heartbeat: the worker's whole truth in one call.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n, secret[, conn id]
+-- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n, secret
+--   [, input wait][, conn id]
 -- returns: {code (OK | DRAINING | REREGISTER), {revoked task ids}, {pass, gen, state, reason}}
 -- Renews liveness; revokes leases granted to this worker by calls up to the last reply
 -- it received that it did not list (their reply was lost); answers the listed leases
 -- that are no longer current. Only with the worker's lease secret: another is answered
 -- REREGISTER, counted forged, and neither renews the worker nor revokes anything.
+-- The optional input wait (taskq/inputwait.py) is the training loop's data wait since the
+-- worker's last answered beat: 'i' then n, wait_us, step_us, recent_wait_us,
+-- recent_step_us (the worker's own last minute) and the 13 bucket counts of its waits
+-- (inputwait.WAIT_BOUNDS_S), which sum to n; its first byte tells it from a connection id.
+-- It is added to the job's totals (F.IW), its last two 60 s windows (F.IW_WIN) and its
+-- three worst trainers (F.IW_WORST): a few fields, whatever the number of trainers.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local last_reply = arg_int(ARGV[4], 'last_reply_call_no', 0, 9007199254740991)
 local n = arg_pairs(ARGV, 5, 'held', MAX_LISTED)
 arg_secret(ARGV[6 + 2 * n])
-local conn = arg_opt_conn(ARGV, 7 + 2 * n)
+local iw, at = nil, 7 + 2 * n
+local iw_arg = ARGV[at]
+if ltype(iw_arg) == 'string' and sbyte(iw_arg, 1) == 105 then  -- 'i'
+  at, iw = at + 1, {}
+  local ok = #iw_arg <= 400 and sfind(iw_arg, '^i%d[%d,]*$') and sbyte(iw_arg, -1) ~= 44
+    and not sfind(iw_arg, ',,', 1, true)
+  if ok then
+    for d in string.gmatch(iw_arg, '%d+') do
+      if #iw > 18 or #d > 15 then ok = false; break end
+      iw[#iw + 1] = d + 0
+    end
+  end
+  local sum = 0
+  if ok and #iw == 18 then for k = 6, 18 do sum = sum + iw[k] end end
+  if not ok or #iw ~= 18 or sum ~= iw[1] then
+    arg_fail('input wait', 'not n,wait,step,recent wait,recent step and 13 counts summing to n',
+      iw_arg)
+  end
+end
+local conn = arg_opt_conn(ARGV, at)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
@@ -22,6 +48,56 @@ local ws = touch_worker(worker, winc, true)
 if ws == 'forged' then forged(nil, worker, nil, 'heartbeat') end
 if ws == 'lost' or ws == 'forged' then return done({C.REREGISTER, {}, job_info()}) end
 set_conn(worker, winc, conn)  -- this call's connection (CLIENT ID), if sent
+if iw then
+  -- rec: "[start_ms,]n,wait_us,step_us,<13 counts>" (nil or malformed: zeros), with this
+  -- beat's figures added; `start`: a window's start, kept first
+  local function plus(rec, start)
+    local out, k, base = {}, 0, start and 1 or 0
+    if rec then
+      for d in string.gmatch(rec, '[^,]+') do
+        k = k + 1
+        if k > 17 then break end
+        out[k] = tonum(d) or 0
+      end
+    end
+    if k ~= base + 16 then
+      for j = 1, base + 16 do out[j] = 0 end
+    end
+    if start then out[1] = start end
+    for j = 1, 3 do out[base + j] = out[base + j] + iw[j] end
+    for j = 1, 13 do out[base + 3 + j] = out[base + 3 + j] + iw[5 + j] end
+    for j = 1, base + 16 do out[j] = fmt(out[j]) end
+    return tconcat(out, ',')
+  end
+  mset_s(F.IW, plus(mget(F.IW), nil))
+  local win_ms = 60000
+  local start = NOW - NOW % win_ms
+  local cur, prev = smatch(mget(F.IW_WIN) or '', '^([^|]*)|?(.*)$')
+  local cur_start = tonum(smatch(cur, '^(%d+),') or '')
+  if cur_start ~= start then
+    if cur_start == start - win_ms then prev = cur else prev = '' end
+    cur = nil
+  end
+  mset_s(F.IW_WIN, plus(cur, start) .. '|' .. prev)
+  -- the worst three by their own last minute, in ppm of loop time; one record each,
+  -- dropped a minute after its trainer's last beat
+  local ranked, f = {}, split(mget(F.IW_WORST) or '')
+  for k = 1, mmin(#f - 2, 7), 3 do
+    local seen_ms = tonum(f[k + 2]) or 0
+    if f[k] ~= worker and seen_ms > NOW - win_ms then
+      ranked[#ranked + 1] = {f[k], tonum(f[k + 1]) or 0, seen_ms}
+    end
+  end
+  if iw[4] + iw[5] > 0 then
+    ranked[#ranked + 1] = {worker, mfloor(iw[4] * 1000000 / (iw[4] + iw[5])), NOW}
+  end
+  table.sort(ranked, function(a, b) return a[2] > b[2] end)
+  local out = {}
+  for k = 1, mmin(3, #ranked) do
+    out[k] = ranked[k][1] .. '|' .. fmt(ranked[k][2]) .. '|' .. fmt(ranked[k][3])
+  end
+  mset_s(F.IW_WORST, tconcat(out, '|'))
+end
 local held = {}
 for k = 1, n do held[ARGV[4 + 2 * k]] = ARGV[5 + 2 * k] end
 local m = worker .. '|' .. winc
