@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from . import errors, shardset
+from .exporter_input import input_families
 from .models import STATES, JobStatus
 from .stats import LEASE_AGE_BOUNDS_S
 
@@ -356,6 +357,7 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
             "taskq_task_duration_seconds", duration_doc, labels=["job_name"]
         )
     yield from (last_pass, last_ack)
+    yield from input_families(statuses)
 
 
 def start(

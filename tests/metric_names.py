@@ -23,6 +23,8 @@ METRIC_TYPES = {
             "taskq_last_ack_timestamp_seconds",
             "taskq_redis_up",
             "taskq_redis_maxmemory_policy",
+            "taskq_input_bound_ratio",
+            "taskq_input_worst_trainer_ratio",
         ],
         "gauge",
     ),
@@ -42,12 +44,14 @@ METRIC_TYPES = {
                 "backups",
                 "expired",
                 "exporter_scrape_errors",
+                "input_step_seconds",
             )
         ],
         "counter",
     ),
     "taskq_redispatch_lateness_seconds": "histogram",
     "taskq_task_duration_seconds": "histogram",
+    "taskq_input_wait_seconds": "histogram",
 }
 
 _SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}

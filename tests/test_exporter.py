@@ -137,6 +137,7 @@ def run_scenario(
     loop = iter(d)  # the iterator prefetches: one started, one reserved
     sc.loops.append(loop)
     assert next(loop) is not None
+    d.heartbeat()  # its loop's data wait (one next(), a step under way): the input series
     return sc
 
 
@@ -240,6 +241,20 @@ def assert_agrees_with_status(samples: Samples, st: taskq.JobStatus) -> None:
     )
     assert value(samples, "taskq_last_ack_timestamp_seconds", job_name=job) == (
         pytest.approx(st.counters["last_ack_ms"] / 1000)
+    )
+    total = st.input["total"]
+    assert value(samples, "taskq_input_wait_seconds_count", job_name=job) == total["count"]
+    assert value(samples, "taskq_input_wait_seconds_sum", job_name=job) == (
+        pytest.approx(total["wait_s"])
+    )
+    assert value(samples, "taskq_input_step_seconds_total", job_name=job) == (
+        pytest.approx(total["step_s"])
+    )
+    assert value(samples, "taskq_input_bound_ratio", job_name=job) == (
+        pytest.approx(st.input["recent"]["fraction"])
+    )
+    assert value(samples, "taskq_input_worst_trainer_ratio", job_name=job) == (
+        pytest.approx(st.input["worst"][0]["fraction"])
     )
 
 
