@@ -28,6 +28,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .. import errors
+from ..inputwait import InputMeter
 from ..models import Task
 from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
@@ -84,6 +85,7 @@ class Feeder(threading.Thread):
         processes: Callable[[], list[Any]] = list,
         *,
         hold_acks: bool = False,
+        input_meter: InputMeter | None = None,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -98,6 +100,8 @@ class Feeder(threading.Thread):
         self.worker_id = worker_id
         self.processes = processes
         self.hold_acks = hold_acks
+        #: the loader's data-wait meter, sent with this iteration's trainer's heartbeats
+        self.input_meter = input_meter
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
         self.main_waiting = 0.0
         #: tasks leased after the readers stopped (global pass end), read in-process
@@ -238,6 +242,7 @@ class Feeder(threading.Thread):
             client=ds.client,
             worker_id=self.worker_id,
             handle_signals=False,
+            input_meter=self.input_meter,
             **ds.trainer_options,
         )
         self.ledger.trainer = self.trainer

@@ -54,6 +54,9 @@ class TaskqIter:
         self._pending: dict[Pair, None] = {}
         self._pending_reached: dict[Pair, int] = {}
         self._feeder_done = False
+        #: times each next() (the loop's data wait) and the steps between (inputwait.py)
+        self.meter = loader.input_meter
+        self.meter.restart()
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
         # is gone): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
@@ -62,6 +65,17 @@ class TaskqIter:
         return self
 
     def __next__(self) -> Any:
+        meter = self.meter
+        meter.enter()
+        try:
+            batch = self._next_batch()
+        except BaseException:
+            meter.stop()
+            raise
+        meter.leave()
+        return batch
+
+    def _next_batch(self) -> Any:
         if self.ended:
             raise StopIteration
         try:

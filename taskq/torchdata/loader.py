@@ -20,6 +20,7 @@ from typing import Any
 import torch.utils.data
 
 from .. import errors
+from ..inputwait import InputMeter
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
 from . import resume
@@ -139,6 +140,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.state: str | None = None
         #: samples, batches, tasks acked and failed over this loader's life
         self.counts: Counter[str] = Counter()
+        #: the loop's data wait (``next(loader)``) and steps, sent with the heartbeats
+        self.input_meter = InputMeter()
         self._done_pass: int | None = None
         self._iteration_no = 0
         self._feed: Feed | None = None
@@ -203,6 +206,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self.worker_id,
             lambda: list(getattr(torch_iter, "_workers", ())),
             hold_acks=self.acks == "commit",
+            input_meter=self.input_meter,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
