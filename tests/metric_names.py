@@ -68,4 +68,5 @@ ALERT_NAMES = {
     "TaskqRedisUnreachable",
     "TaskqExporterScrapeErrors",
     "TaskqRedisEvictionPolicy",
+    "TaskqInputBound",
 }
