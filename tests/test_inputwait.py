@@ -1,0 +1,201 @@
+"""The training loop's data wait (issue 31): the in-process meter, what a heartbeat carries,
+what the heartbeat script keeps per job (bounded, its argument checked before any write),
+and how ``taskq job status`` shows it. The exporter and a real Prometheus:
+tests/test_prometheus_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from taskq.cli.main import cli
+
+import taskq
+from taskq import inputwait_view, scripts
+from taskq.inputwait import N_BUCKETS, WAIT_BOUNDS_S, InputBeat, InputMeter
+from taskq.keys import JobKeys
+from taskq.scripts import Code
+
+
+def test_the_meter_times_the_wait_inside_next_and_the_step_between() -> None:
+    meter = InputMeter()
+    meter.enter()
+    time.sleep(0.03)
+    meter.leave()
+    time.sleep(0.02)
+    meter.enter()
+    meter.leave()
+    count, wait_s, step_s, counts = meter.totals()
+    assert count == 2
+    assert 0.03 <= wait_s < 0.06
+    assert 0.02 <= step_s < 0.05
+    assert sum(counts) == 2 and len(counts) == N_BUCKETS
+    assert counts[0] == 1  # the immediate one: under 1 ms
+    assert counts[WAIT_BOUNDS_S.index(0.05)] == 1  # 30 ms: in (25, 50] ms
+
+
+def test_a_wait_or_step_under_way_shows_at_once_and_a_stopped_next_counts_nothing() -> None:
+    meter = InputMeter()
+    meter.enter()
+    time.sleep(0.02)
+    assert meter.totals()[1] >= 0.02  # stuck in next(): visible before it returns
+    meter.stop()  # the iteration ended (StopIteration): the wait is not counted
+    assert meter.totals()[:3] == (0, 0.0, 0.0)
+    meter.enter()
+    meter.leave()
+    time.sleep(0.02)
+    assert meter.totals()[2] >= 0.02  # a long step under way
+    meter.restart()  # between two iterations: neither wait nor step
+    time.sleep(0.01)
+    meter.enter()
+    assert meter.totals()[2] < 0.02 + 0.005
+
+
+def test_a_beat_carries_what_changed_since_the_last_answered_one() -> None:
+    meter = InputMeter()
+    beat = InputBeat(meter)
+    assert beat.arg() is None  # the loop never ran: nothing to send
+    for _ in range(3):
+        meter.enter()
+        meter.leave()
+    first = beat.arg()
+    assert first is not None
+    fields = [int(x) for x in first[0][1:].split(",")]
+    assert first[0][0] == "i" and len(fields) == 5 + N_BUCKETS
+    assert fields[0] == 3 == sum(fields[5:])
+    again = beat.arg()  # the first was never answered: still all of it
+    assert again is not None and int(again[0][1:].split(",")[0]) == 3
+    beat.sent(again[1])
+    meter.enter()
+    meter.leave()
+    after = beat.arg()
+    assert after is not None and int(after[0][1:].split(",")[0]) == 1
+
+
+def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list[Any]:
+    args = [*trainer._beat_args(), *extra]
+    name, nkeys, _ = scripts._FUNCTIONS["heartbeat"]
+    reply: list[Any] = client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.all, *args)
+    return reply
+
+
+def _arg(n: int, wait_us: int, step_us: int, recent: tuple[int, int] | None = None) -> str:
+    counts = [0] * N_BUCKETS
+    counts[3] = n
+    rw, rs = recent if recent else (wait_us, step_us)
+    return "i" + ",".join(str(x) for x in (n, wait_us, step_us, rw, rs, *counts))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "i1,2,3",  # too few numbers
+        _arg(2, 10, 10).replace("i2,", "i3,", 1),  # counts do not sum to n
+        "i" + ",".join(["1"] * 40),  # too many
+        _arg(1, 10, 10) + ",",  # a trailing comma
+        _arg(1, 10, 10).replace(",", ",,", 1),  # an empty number
+        _arg(1, 10**16, 10),  # a number of 17 digits
+        _arg(1, 10, 10).replace("10", "1x", 1),  # not digits
+        "i" + "9" * 400,  # too long
+    ],
+)
+def test_a_malformed_input_wait_is_refused_before_any_write(
+    client: taskq.Client, job_name: str, bad: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(2)])
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    meta = JobKeys(job_name).meta
+    before = client.redis.dump(meta), client.redis.zrange(t.keys.workers, 0, -1, withscores=True)
+    reply = _raw_beat(client, t, bad)
+    assert reply[0] == Code.INVALID and "input wait" in reply[1], reply
+    assert (
+        client.redis.dump(meta),
+        client.redis.zrange(t.keys.workers, 0, -1, withscores=True),
+    ) == (before)
+    t.close()
+
+
+def test_an_input_wait_goes_before_the_connection_id_and_both_are_read(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(2)])
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    assert _raw_beat(client, t, _arg(4, 100_000, 300_000), "12345")[0] == Code.OK
+    bad_conn = _raw_beat(client, t, _arg(1, 1, 1), "not-a-conn")
+    assert bad_conn[0] == Code.INVALID and "conn id" in bad_conn[1]
+    assert _raw_beat(client, t, "12345")[0] == Code.OK  # the connection id alone, as before
+    total = client.status(job_name, summaries=0).input["total"]
+    assert (total["count"], total["wait_s"], total["step_s"]) == (4, 0.1, 0.3)
+    t.close()
+
+
+def test_the_worst_three_trainers_are_kept_and_forgotten_a_minute_after_their_last_beat(
+    client: taskq.Client, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(2)], manual_clock=True, worker_ttl=600)
+    shares = {"w10": 10, "w50": 50, "w90": 90, "w30": 30, "w70": 70}
+    trainers = {
+        w: taskq.Trainer(job_name, client=client, worker_id=w, heartbeat=False) for w in shares
+    }
+    for w, pct in shares.items():
+        assert _raw_beat(client, trainers[w], _arg(1, pct * 1000, (100 - pct) * 1000))[0] == 0
+    data = client.status(job_name, summaries=0).input
+    assert [(x["worker"], x["fraction"]) for x in data["worst"]] == [
+        ("w90", 0.9),
+        ("w70", 0.7),
+        ("w50", 0.5),
+    ]
+    recent = data["recent"]
+    assert recent["count"] == 5 and recent["fraction"] == pytest.approx(250 / 500)
+    # the worst improves: its record is replaced, not kept beside the new one
+    _raw_beat(client, trainers["w90"], _arg(1, 1000, 99_000))
+    worst = client.status(job_name, summaries=0).input["worst"]
+    assert [x["worker"] for x in worst] == ["w70", "w50", "w90"]
+
+    client.advance_clock(job_name, 61_000)
+    _raw_beat(client, trainers["w10"], _arg(1, 10_000, 90_000))
+    data = client.status(job_name, summaries=0).input
+    assert [x["worker"] for x in data["worst"]] == ["w10"]  # the others: silent for > 1 min
+    assert data["recent"]["count"] == 7  # this window and the one before
+    assert data["total"]["count"] == 7
+
+    client.advance_clock(job_name, 121_000)  # no beat for two windows: nothing recent
+    data = client.status(job_name, summaries=0).input
+    assert (data["recent"]["count"], data["recent"]["fraction"], data["worst"]) == (0, None, [])
+    assert data["total"]["count"] == 7  # the totals (the exporter's counters) stay
+    assert inputwait_view.line(data) == "no training loop reported in the last minute"
+    for t in trainers.values():
+        t.close()
+
+
+def test_iterating_a_trainer_reports_its_wait_and_job_status_shows_it(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    client.create_job(job_name, [{"i": i} for i in range(6)])
+    t = taskq.Trainer(job_name, client=client, worker_id="host-3:88", heartbeat=False)
+    for _task in t:
+        time.sleep(0.02)  # a step of 20 ms; the wait is a Redis call of well under that
+    t.heartbeat()
+    t.close()
+    data = client.status(job_name, summaries=0).input
+    assert data["total"]["count"] == 6
+    assert data["total"]["step_s"] >= 0.1
+    assert data["recent"]["fraction"] < 0.5
+    assert data["worst"][0]["worker"] == "host-3:88"
+
+    shown = CliRunner().invoke(cli, ["--url", url, "job", "status", job_name])
+    assert shown.exit_code == 0, shown.output
+    line = next(x for x in shown.output.splitlines() if x.startswith("input"))
+    assert "% of loop time waiting for data (p95 " in line
+    assert "; worst trainer host-3:88 " in line
+    as_json = CliRunner().invoke(cli, ["--url", url, "job", "status", job_name, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    carried = json.loads(as_json.output)["input"]
+    assert carried["recent"]["fraction"] == pytest.approx(data["recent"]["fraction"])
+    assert carried["recent"]["p95_s"] > 0
+    assert carried["worst"][0]["worker"] == "host-3:88"
+    assert len(carried["total"]["counts"]) == len(carried["bounds_s"]) + 1
