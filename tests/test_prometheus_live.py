@@ -7,12 +7,14 @@ Prometheus is the Debian package (`make test` installs it); the test fails witho
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -240,6 +242,93 @@ def test_prometheus_scrapes_the_scenario_and_every_dashboard_query_returns_data(
     finally:
         scenario.close()
     assert time.monotonic() - started < 60
+
+
+def _sleepy_reader(pause_s: float, chunks: list[dict[str, Any]], start: int) -> Iterator[Any]:
+    """A task's samples, ``pause_s`` of (simulated) reading each."""
+    for k in range(start, sum(int(c["n"]) for c in chunks)):
+        if pause_s:
+            time.sleep(pause_s)
+        yield {"x": k}
+
+
+def _training_loop(url: str, job: str, read_s: float, step_s: float, stop: Any) -> None:
+    """A taskq.torch loop over ``job`` (in-process reading) until ``stop`` or its end."""
+    from taskq.torch import DataLoader, TaskDataset
+
+    dataset = TaskDataset(
+        job, reader=functools.partial(_sleepy_reader, read_s), url=url, shuffle=False
+    )
+    with DataLoader(dataset, batch_size=4, num_workers=0) as loader:
+        for _batch in loader:
+            if step_s:
+                time.sleep(step_s)
+            if stop.is_set():
+                break
+
+
+def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
+    client: taskq.Client, url: str, job_name: str, prometheus: Prometheus
+) -> None:
+    """Through the loader's meter, the heartbeats, the exporter and Prometheus: a reader
+    sleeping 5 ms per sample under a step of nothing waits most of the loop's time, a
+    step of 20 ms over a reader of nothing hardly at all."""
+    reader_bound, step_bound = f"{job_name}-reader", f"{job_name}-step"
+    for job in (reader_bound, step_bound):
+        client.create_job(
+            job, [{"n": 40} for _ in range(50)], worker_ttl=2.0, heartbeat_interval=0.2
+        )
+    stop = threading.Event()
+    loops = [
+        threading.Thread(target=_training_loop, args=(url, reader_bound, 0.005, 0.0, stop)),
+        threading.Thread(target=_training_loop, args=(url, step_bound, 0.0, 0.02, stop)),
+    ]
+    for loop in loops:
+        loop.start()
+    window = RATE_INTERVAL
+
+    def fraction(job: str) -> str:
+        sel = f'{{job_name="{job}"}}'
+        wait = f"sum(rate(taskq_input_wait_seconds_sum{sel}[{window}]))"
+        step = f"sum(rate(taskq_input_step_seconds_total{sel}[{window}]))"
+        return f"{wait} / ({wait} + {step})"
+
+    def values(expr: str) -> list[float]:
+        return [float(r["value"][1]) for r in prometheus.query(expr)["data"]["result"]]
+
+    seen: dict[str, Any] = {}
+
+    def separated() -> bool:
+        # the alert's expression (over the test's window) and the job's own gauge agree
+        seen["rate"] = {job: values(fraction(job)) for job in (reader_bound, step_bound)}
+        seen["gauge"] = {
+            job: values(f'taskq_input_bound_ratio{{job_name="{job}"}}')
+            for job in (reader_bound, step_bound)
+        }
+        seen["p95"] = values(
+            "histogram_quantile(0.95, sum by (le) (rate(taskq_input_wait_seconds_bucket"
+            f'{{job_name="{reader_bound}"}}[{window}])))'
+        )
+        return all(
+            len(got[reader_bound]) == 1
+            and len(got[step_bound]) == 1
+            and got[reader_bound][0] > 0.7
+            and got[step_bound][0] < 0.3
+            for got in (seen["rate"], seen["gauge"])
+        ) and bool(seen["p95"] and seen["p95"][0] >= 0.01)
+
+    started = time.monotonic()
+    try:
+        assert poll_quietly(separated, timeout=20), seen
+    finally:
+        stop.set()
+        for loop in loops:
+            loop.join(timeout=15)
+    assert not any(loop.is_alive() for loop in loops)
+    for job, bound in ((reader_bound, "input-bound"), (step_bound, "step-bound")):
+        status = client.status(job, summaries=0)
+        assert status.input["worst"], (bound, status.input)
+    assert time.monotonic() - started < 30
 
 
 def poll_quietly(check: Callable[[], bool], timeout: float = WAIT_S) -> bool:
