@@ -28,6 +28,11 @@ N_BUCKETS = len(WAIT_BOUNDS_S) + 1
 RECENT_S = 60.0
 #: The heartbeat argument's first byte, which tells it from the connection id after it.
 ARG_TAG = "i"
+#: Seconds between two heartbeats that carry the wait (the first as soon as the loop ran):
+#: the heartbeat script's bookkeeping of it costs about as much as the rest of a beat
+#: (docs/operations.md, "Is training waiting for data?"), and what a skipped beat would
+#: have carried goes with the next one.
+SEND_EVERY_S = 5.0
 
 _perf = time.perf_counter
 
@@ -99,21 +104,30 @@ class InputBeat:
 
     Args:
         meter: the loop's meter.
+        every_s: seconds between two beats that carry it (``SEND_EVERY_S`` when None).
     """
 
-    def __init__(self, meter: InputMeter) -> None:
+    def __init__(self, meter: InputMeter, every_s: float | None = None) -> None:
         self.meter = meter
+        self.every_s = SEND_EVERY_S if every_s is None else every_s
         self._sent: tuple[int, float, float, list[int]] = (0, 0.0, 0.0, [0] * N_BUCKETS)
+        self._sent_at = float("-inf")
         self._recent: deque[tuple[float, float, float]] = deque()  # (at, wait_s, step_s)
+        self._recent_wait_s = 0.0  # the sums of _recent
+        self._recent_step_s = 0.0
 
     def arg(self) -> tuple[str, tuple[int, float, float, list[int]]] | None:
         """The heartbeat argument for what changed, and the totals it covers (give them
-        to ``sent`` once the beat was answered); None when the loop never ran.
+        to ``sent`` once the beat was answered); None when the loop never ran or the last
+        one went less than ``every_s`` ago.
 
         Returns:
             ``"i<n>,<wait_us>,<step_us>,<recent_wait_us>,<recent_step_us>,<count>..."``
             (one count per bucket), and the totals.
         """
+        now = time.monotonic()
+        if now - self._sent_at < self.every_s:
+            return None
         totals = self.meter.totals()
         count, wait_s, step_s, counts = totals
         s_count, s_wait, s_step, s_counts = self._sent
@@ -121,12 +135,13 @@ class InputBeat:
             return None
         d_counts = [max(0, a - b) for a, b in zip(counts, s_counts, strict=True)]
         d_wait, d_step = max(0.0, wait_s - s_wait), max(0.0, step_s - s_step)
-        now = time.monotonic()
         recent = self._recent
         while recent and recent[0][0] < now - RECENT_S:
-            recent.popleft()
-        r_wait = d_wait + sum(w for _, w, _ in recent)
-        r_step = d_step + sum(s for _, _, s in recent)
+            _, old_wait, old_step = recent.popleft()
+            self._recent_wait_s -= old_wait
+            self._recent_step_s -= old_step
+        r_wait = d_wait + max(0.0, self._recent_wait_s)
+        r_step = d_step + max(0.0, self._recent_step_s)
         fields = [sum(d_counts), _us(d_wait), _us(d_step), _us(r_wait), _us(r_step), *d_counts]
         return ARG_TAG + ",".join(str(x) for x in fields), totals
 
@@ -138,9 +153,11 @@ class InputBeat:
         """
         count, wait_s, step_s, counts = totals
         s_count, s_wait, s_step, s_counts = self._sent
-        self._recent.append(
-            (time.monotonic(), max(0.0, wait_s - s_wait), max(0.0, step_s - s_step))
-        )
+        self._sent_at = now = time.monotonic()
+        d_wait, d_step = max(0.0, wait_s - s_wait), max(0.0, step_s - s_step)
+        self._recent.append((now, d_wait, d_step))
+        self._recent_wait_s += d_wait
+        self._recent_step_s += d_step
         # never backwards: a read racing the loop's thread may see a sum a moment ahead
         self._sent = (
             max(count, s_count),

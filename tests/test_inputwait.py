@@ -16,7 +16,7 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq import inputwait_view, scripts
-from taskq.inputwait import N_BUCKETS, WAIT_BOUNDS_S, InputBeat, InputMeter
+from taskq.inputwait import N_BUCKETS, SEND_EVERY_S, WAIT_BOUNDS_S, InputBeat, InputMeter
 from taskq.keys import JobKeys
 from taskq.scripts import Code
 
@@ -57,7 +57,7 @@ def test_a_wait_or_step_under_way_shows_at_once_and_a_stopped_next_counts_nothin
 
 def test_a_beat_carries_what_changed_since_the_last_answered_one() -> None:
     meter = InputMeter()
-    beat = InputBeat(meter)
+    beat = InputBeat(meter, every_s=0)
     assert beat.arg() is None  # the loop never ran: nothing to send
     for _ in range(3):
         meter.enter()
@@ -74,6 +74,23 @@ def test_a_beat_carries_what_changed_since_the_last_answered_one() -> None:
     meter.leave()
     after = beat.arg()
     assert after is not None and int(after[0][1:].split(",")[0]) == 1
+
+
+def test_a_beat_carries_it_at_most_every_few_seconds_and_loses_nothing_between() -> None:
+    meter = InputMeter()
+    beat = InputBeat(meter)  # the default: every SEND_EVERY_S
+    assert beat.every_s == SEND_EVERY_S >= 1
+    meter.enter()
+    meter.leave()
+    first = beat.arg()
+    assert first is not None  # the first at once
+    beat.sent(first[1])
+    meter.enter()
+    meter.leave()
+    assert beat.arg() is None  # the next beats go without it...
+    beat._sent_at -= SEND_EVERY_S
+    later = beat.arg()  # ...and the one after SEND_EVERY_S carries what they skipped
+    assert later is not None and int(later[0][1:].split(",")[0]) == 1
 
 
 def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list[Any]:
