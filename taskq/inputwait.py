@@ -47,7 +47,7 @@ class InputMeter:
     evaluation) is neither wait nor step.
     """
 
-    __slots__ = ("count", "counts", "step_s", "wait_s", "_in", "_out")
+    __slots__ = ("beat", "count", "counts", "step_s", "wait_s", "_in", "_out")
 
     def __init__(self) -> None:
         self.count = 0  # next() calls that returned
@@ -56,6 +56,9 @@ class InputMeter:
         self.counts = [0] * N_BUCKETS  # the returned calls' waits by WAIT_BOUNDS_S bucket
         self._in = 0.0  # perf_counter at the last enter(); 0: none
         self._out = 0.0  # perf_counter at the last leave(); 0: none since the (re)start
+        #: what the heartbeats sent of it (``InputBeat.of``): kept with the meter, so the
+        #: next trainer given it (the torch loader's, one per pass) goes on from there
+        self.beat: InputBeat | None = None
 
     def enter(self) -> None:
         """The loop asks for its next batch or task (the step before it ended)."""
@@ -106,6 +109,20 @@ class InputBeat:
         meter: the loop's meter.
         every_s: seconds between two beats that carry it (``SEND_EVERY_S`` when None).
     """
+
+    @classmethod
+    def of(cls, meter: InputMeter) -> InputBeat:
+        """The heartbeats' side of ``meter``, made on first use and kept with it.
+
+        Args:
+            meter: the loop's meter.
+
+        Returns:
+            Its ``InputBeat`` (every trainer given the meter shares it).
+        """
+        if meter.beat is None:
+            meter.beat = cls(meter)
+        return meter.beat
 
     def __init__(self, meter: InputMeter, every_s: float | None = None) -> None:
         self.meter = meter

@@ -139,7 +139,7 @@ def line(summary_: dict[str, Any]) -> str:
     """
     recent = summary_["recent"]
     if recent["fraction"] is None:
-        return "no training loop reported in the last minute"
+        return "no training loop reported in the last minute or two"
     text = f"{recent['fraction'] * 100:.0f} % of loop time waiting for data"
     if recent["p95_s"] is not None:
         text += f" (p95 {_ms(recent['p95_s'])})"

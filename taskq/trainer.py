@@ -165,7 +165,7 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         self._progress_sent = time.monotonic()
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
         self.input_meter = input_meter or InputMeter()
-        self._input_beat = InputBeat(self.input_meter)
+        self._input_beat = InputBeat.of(self.input_meter)
         self._helper: HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None
         self._hb_thread: threading.Thread | None = None
