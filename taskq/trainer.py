@@ -164,7 +164,7 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         self._progress_inline = heartbeat == "process"
         self._progress_sent = time.monotonic()
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
-        self.input_meter = input_meter or InputMeter()
+        self.input_meter = input_meter if input_meter is not None else InputMeter()
         self._input_beat = InputBeat.of(self.input_meter)
         self._helper: HelperHeartbeat | None = None
         self._hb_scripts: Scripts | None = None

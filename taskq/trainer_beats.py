@@ -27,7 +27,8 @@ class TrainerBeats(TrainerCalls):
     """The heartbeat's view of a ``Trainer``; not used on its own."""
 
     #: the training loop's data wait and steps (inputwait.py): timed by the iterator
-    #: (trainer_iter.py) or a ``taskq.torch.DataLoader``, sent with each heartbeat
+    #: (trainer_iter.py) or a ``taskq.torch.DataLoader``, sent with a heartbeat at most
+    #: every ``inputwait.SEND_EVERY_S``
     input_meter: InputMeter
     _input_beat: InputBeat
 
