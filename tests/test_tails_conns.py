@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -81,14 +82,17 @@ def watching(reaper: ReaperThread, client: taskq.Client, job: str, worker: str) 
     )
 
 
-def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
-    """A trainer process that leases one task and holds it (heartbeating) until killed."""
+def spawn_holder(url: str, job: str, wid: str, *extra: str) -> subprocess.Popen[str]:
+    """A trainer process that leases one task and holds it (heartbeating) until killed
+    (``--hold``), or with ``--ack-on-stdin`` until told to ack it (``ack_held``)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
+    mode = list(extra) if "--ack-on-stdin" in extra else ["--hold", *extra]
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "trainer_proc.py"), url, job, "--hold", "--worker-id", wid],
+        [sys.executable, str(HERE / "trainer_proc.py"), url, job, "--worker-id", wid, *mode],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -100,12 +104,23 @@ def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
     raise AssertionError("the trainer process never leased")
 
 
+def ack_held(proc: subprocess.Popen[str]) -> str:
+    """Tell a ``--ack-on-stdin`` trainer process to ack its task; its answer line."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("ack\n")
+    proc.stdin.flush()
+    answer = proc.stdout.readline().strip()
+    proc.wait(10)
+    return answer
+
+
 @pytest.fixture
 def holder_cleanup() -> Iterator[list[subprocess.Popen[str]]]:
     procs: list[subprocess.Popen[str]] = []
     yield procs
     for p in procs:
         if p.poll() is None:
+            p.send_signal(signal.SIGCONT)  # a test that failed while it was stopped
             p.kill()
             p.wait(10)
 
@@ -232,6 +247,92 @@ def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, mon
     finally:
         proxy.stop()
     assert events(client, job_name, "connection_closed") == []
+
+
+def conn_named(client: taskq.Client, cid: str, name: str) -> bool:
+    """Whether connection ``cid`` is open and named ``name``."""
+    return [c.get("name") for c in client.redis.client_list(client_id=[cid])] == [name]
+
+
+def witness_id(client: taskq.Client, job: str, worker: str) -> str:
+    """The record's 9th field: the connection the worker registered on, once its
+    heartbeats go out on another."""
+    f = str(client.redis.hget(client.keys(job).winfo, worker) or "").split("|")
+    return f[8] if len(f) > 8 else ""
+
+
+def incarnation_of(client: taskq.Client, job: str, worker: str) -> str:
+    return str(client.redis.hget(client.keys(job).winfo, worker) or "").split("|")[0]
+
+
+def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
+    own_redis, job_name, holder_cleanup
+):
+    """A trainer with its own 20 s ttl (long steps) on a job of default settings, stopped
+    for 8 s while Redis's `timeout 3` closes its idle connections: the closes are no
+    evidence (the watch last saw the connection idle, not beating); nobody is declared
+    lost, the next heartbeat records the new connection, and the ack is accepted."""
+    client = taskq.connect(own_redis.url)
+    make_job(client, job_name, n=1, worker_ttl=5.0, heartbeat_interval=1.0)
+    proc = spawn_holder(own_redis.url, job_name, "slow", "--ack-on-stdin", "--worker-ttl", "20")
+    holder_cleanup.append(proc)
+    reaper = ReaperThread(client, job_name, interval=0.5)  # the default interval
+    try:
+        assert watching(reaper, client, job_name, "slow")
+        stopped = conn_id(client, job_name, "slow")
+        client.redis.config_set("timeout", 3)
+        proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert wait_until(lambda: not client.redis.client_list(client_id=[stopped]), 7.5), (
+            "Redis's timeout closes the stopped trainer's heartbeat connection"
+        )
+        time.sleep(max(0.0, 8.0 - (time.monotonic() - t0)))
+        proc.send_signal(signal.SIGCONT)
+        inc = incarnation_of(client, job_name, "slow")
+        assert wait_until(lambda: conn_id(client, job_name, "slow") not in ("", stopped), 5), (
+            "the next heartbeat records its new connection"
+        )
+        assert conn_named(client, conn_id(client, job_name, "slow"), f"taskq-trainer-{inc}")
+        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+    finally:
+        reaper.stop()
+    assert events(client, job_name, "connection_closed") == []
+    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
+
+
+def test_a_killed_heartbeat_connection_and_a_stall_are_not_declared_lost(
+    client, url, job_name, holder_cleanup
+):
+    """Default ttl and heartbeat; the trainer stopped, its heartbeat connection killed
+    (CLIENT KILL), 2 s later it resumes: the connection it registered on is still open
+    (another of its process), so the close is no evidence; the next heartbeat records
+    the new connection and the ack is accepted. (The SIGKILL test above is the contrast:
+    there every connection of the process closes at once.)"""
+    make_job(client, job_name, n=1, worker_ttl=5.0, heartbeat_interval=1.0)
+    proc = spawn_holder(url, job_name, "cut", "--ack-on-stdin")
+    holder_cleanup.append(proc)
+    reaper = ReaperThread(client, job_name, interval=0.5)
+    try:
+        # the first heartbeat records its own connection; the registering one is kept
+        assert wait_until(lambda: witness_id(client, job_name, "cut") != "", 5)
+        assert watching(reaper, client, job_name, "cut")
+        killed = conn_id(client, job_name, "cut")
+        inc = incarnation_of(client, job_name, "cut")
+        proc.send_signal(signal.SIGSTOP)  # no heartbeat can slip in between
+        assert client.redis.client_kill_filter(_id=killed) == 1
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: conn_id(client, job_name, "cut") not in ("", killed), 5), (
+            "the next heartbeat records its new connection"
+        )
+        assert conn_named(client, conn_id(client, job_name, "cut"), f"taskq-trainer-{inc}")
+        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+    finally:
+        reaper.stop()
+    assert events(client, job_name, "connection_closed") == []
+    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
 
 
 @pytest.fixture
