@@ -3,15 +3,28 @@
 The kernel closes a dead process's sockets at once and Redis drops them from CLIENT
 LIST within milliseconds. Every trainer names its heartbeat connection
 (``connection.trainer_conn_name``) and sends that connection's CLIENT ID with its
-heartbeats; the worker record keeps it (``lua/heartbeat.lua``). Each tick the reaper
-lists the ids of a job's workers (``lua/conns.lua``, bounded batches), looks only those
-up with ``CLIENT LIST ID ...`` (at most ``batch`` ids a call, never the whole list), and
-declares a worker lost (``lua/closed.lua``, fenced on its incarnation and connection id)
-when a connection it has seen carrying the worker's name has been gone for ``grace`` and
-the worker has made no call for ``quiet``. Heartbeats and the ttl stay the backstop.
+heartbeats; the worker record keeps it (``lua/heartbeat.lua``), and the connection the
+worker registered on as its *witness* once the heartbeats go out on another
+(``lib/workers.lua`` set_conn). Each tick the reaper lists the ids of a job's workers
+(``lua/conns.lua``, bounded batches), looks only those up with ``CLIENT LIST ID ...``
+(at most ``batch`` ids a call, never the whole list), and declares a worker lost
+(``lua/closed.lua``, fenced on its incarnation and connection id) when a connection it
+has seen carrying the worker's name has been gone for ``grace`` and the worker has made
+no call for ``quiet`` heartbeat intervals and ``quiet_ttl`` of its own ttl. Heartbeats
+and the ttl stay the backstop.
 
-It never misfires on:
+A closed connection is evidence, not a verdict: it counts only if the connection was
+carrying heartbeats when it closed (the idle time the last look saw, plus the time
+since, at most two heartbeat intervals and at least 2 s) and the witness is not open
+under the worker's name. A close that does not count is left to the ttl (or to the
+trainer's next heartbeat, which records a new connection). So it never misfires on:
 
+- Redis's ``timeout`` closing a stalled trainer's idle connections (SIGSTOP, a VM pause, a
+  long GIL-bound step inside the ttl): the last look saw the connection idle.
+- ``CLIENT KILL`` of the heartbeat connection, or a proxy dropping it, even with the
+  trainer stalled right after: the witness is open; the next heartbeat reconnects,
+  and records the new id (``protocol._conn_id`` names the connection again after any
+  reconnect, ``Scripts.own_resets``).
 - a Redis restart or failover: every connection drops, the reaper's own too. A changed
   id of its own connection resets everything it had seen; ids seen before count for
   nothing afterwards (a new connection may reuse an old id: it is only "the worker's"
@@ -24,6 +37,11 @@ It never misfires on:
   the reaper's own connection, or the client is a cluster client, the watch turns itself
   off (logged once) and the ttl decides, as without it; it looks again every
   ``recheck`` seconds.
+
+What it cannot tell from a death (docs/reaper.md): a ``CLIENT KILL`` of a beating
+connection with no witness open (a trainer's first heartbeat interval, an idle-closed
+witness) followed at once by a stall longer than ``quiet``; a Redis ``timeout`` at or
+below the heartbeat interval plus a second.
 
 Data flow: reaper.py -> connwatch.py -> scripts.py (conns, closed) and CLIENT LIST ID
 -> Redis <- trainer heartbeats (CLIENT ID).
