@@ -15,7 +15,7 @@ and the ttl stay the backstop.
 
 A closed connection is evidence, not a verdict: it counts only if the connection was
 carrying heartbeats when it closed (the idle time the last look saw, plus the time
-since, at most two heartbeat intervals and at least 2 s) and the witness is not open
+since, under two heartbeat intervals and under 2 s at least) and the witness is not open
 under the worker's name. A close that does not count is left to the ttl (or to the
 trainer's next heartbeat, which records a new connection). So it never misfires on:
 
@@ -40,8 +40,8 @@ trainer's next heartbeat, which records a new connection). So it never misfires 
 
 What it cannot tell from a death (docs/reaper.md): a ``CLIENT KILL`` of a beating
 connection with no witness open (a trainer's first heartbeat interval, an idle-closed
-witness) followed at once by a stall longer than ``quiet``; a Redis ``timeout`` at or
-below the heartbeat interval plus a second.
+witness) followed at once by a stall longer than ``quiet``; a Redis ``timeout`` shorter
+than twice the heartbeat interval (or than 2 s) on a stalled trainer.
 
 Data flow: reaper.py -> connwatch.py -> scripts.py (conns, closed) and CLIENT LIST ID
 -> Redis <- trainer heartbeats (CLIENT ID).
@@ -246,9 +246,9 @@ class ConnWatch:
         """
         hbi_ms, rows = self._rows(job)
         grace = self.grace if self.grace is not None else hbi_ms / 2000.0
-        # a connection carrying heartbeats shows an idle time (whole seconds) below this,
-        # looked at this often; one closed while idle longer (Redis's `timeout` on a
-        # stalled trainer) says nothing of the trainer
+        # a connection carrying heartbeats shows an idle time (whole seconds) plus time
+        # since that look below this; one closed while idle longer (Redis's `timeout`
+        # closes at idle > timeout, so any timeout of at least this) says nothing
         beating_ms = 2 * max(hbi_ms, 1000)
         present = self._present([c for row in rows for c in (row[2], row[5])])
         now = self.clock()
@@ -276,7 +276,7 @@ class ConnWatch:
             if seen.gone is None:
                 seen.gone = now
                 # closed while carrying heartbeats, as far as the last look tells?
-                seen.evidence = seen.idle_s * 1000 + (now - seen.at) * 1000 <= beating_ms
+                seen.evidence = seen.idle_s * 1000 + (now - seen.at) * 1000 < beating_ms
             if seen.evidence:
                 other = present.get(wid) if wid and wid != cid else None
                 if other is not None and other[0] == mine:
