@@ -280,6 +280,7 @@ def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
     try:
         assert watching(reaper, client, job_name, "slow")
         stopped = conn_id(client, job_name, "slow")
+        inc = incarnation_of(client, job_name, "slow")
         client.redis.config_set("timeout", 3)
         proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
@@ -288,7 +289,6 @@ def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
         )
         time.sleep(max(0.0, 8.0 - (time.monotonic() - t0)))
         proc.send_signal(signal.SIGCONT)
-        inc = incarnation_of(client, job_name, "slow")
         assert wait_until(lambda: conn_id(client, job_name, "slow") not in ("", stopped), 5), (
             "the next heartbeat records its new connection"
         )
@@ -475,3 +475,87 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(cli
     time.sleep(QUIET)  # quiet for longer than the watch asks
     reaper.tick()
     assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_reconnect_is_recorded_by_the_next_heartbeat_and_the_witness_stays(
+    client, job_name, monkeypatch
+):
+    monkeypatch.setattr(protocol, "CONN_RECHECK_S", 3600.0)  # not the periodic recheck
+    make_job(client, job_name, n=1)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    registered = conn_id(client, job_name, "w")
+    t.heartbeat()  # on the client's kept connection, not the pooled one register named
+    first = conn_id(client, job_name, "w")
+    assert first not in ("", registered)
+    assert witness_id(client, job_name, "w") == registered
+    assert client.redis.client_kill_filter(_id=first) == 1
+    t.heartbeat()  # finds it closed and goes out on a pooled connection
+    t.heartbeat()  # names the reconnected one and records it
+    now = conn_id(client, job_name, "w")
+    assert now not in ("", first, registered)
+    assert conn_named(client, now, f"taskq-trainer-{t.incarnation}")
+    assert witness_id(client, job_name, "w") == registered, "the witness stays the first one"
+
+
+def named_connection(url: str, name: str) -> tuple[redis.Redis, str]:
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.client_setname(name)
+    return r, str(r.client_id())
+
+
+def gone(client: taskq.Client, *ids: str) -> bool:
+    return wait_until(lambda: not client.redis.client_list(client_id=list(ids)), 5)
+
+
+def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
+    client, url, job_name
+):
+    make_job(client, job_name, n=1, worker_ttl=4.0)  # the watch asks 1 s of quiet
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    name = f"taskq-trainer-{t.incarnation}"
+    beat, beat_id = named_connection(url, name)
+    witness, wit_id = named_connection(url, name)
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [beat_id, wit_id]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()  # both seen under the worker's name, beating
+    beat.close()
+    assert gone(client, beat_id)
+    reaper.tick()  # gone, the witness open: a CLIENT KILL, not a death
+    time.sleep(1.2)  # quiet for longer than the watch asks
+    reaper.tick()
+    assert events(client, job_name, "connection_closed") == []
+    # the contrast: every connection of the process closes at once (a SIGKILL)
+    beat, beat_id = named_connection(url, name)
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [beat_id, wit_id]))
+    reaper.tick()
+    beat.close()
+    witness.close()
+    assert gone(client, beat_id, wit_id)
+    reaper.tick()
+    assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_connection_closed_after_it_was_seen_idle_is_no_evidence(client, url, job_name):
+    """Redis's `timeout` closes a stalled trainer's connection only once it has been idle
+    for longer than the timeout: the watch saw it idle, and the close says nothing."""
+    make_job(client, job_name, n=1, worker_ttl=6.0)  # the watch asks 1.5 s of quiet
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    idle, idle_id = named_connection(url, f"taskq-trainer-{t.incarnation}")
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [idle_id]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()
+    assert wait_until(
+        lambda: int(client.redis.client_list(client_id=[idle_id])[0]["idle"]) >= 2, 5, 0.05
+    )
+    reaper.tick()  # seen idle for 2 s: not carrying heartbeats (the interval is 0.5 s)
+    idle.close()
+    assert gone(client, idle_id)
+    reaper.tick()
+    time.sleep(0.5)  # quiet for longer than the watch asks, inside the ttl
+    reaper.tick()
+    assert events(client, job_name, "connection_closed") == []
+    assert reaper.watch is not None and reaper.watch.declared == 0
