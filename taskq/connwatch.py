@@ -250,7 +250,9 @@ class ConnWatch:
         # since that look below this; one closed while idle longer (Redis's `timeout`
         # closes at idle > timeout, so any timeout of at least this) says nothing
         beating_ms = 2 * max(hbi_ms, 1000)
-        present = self._present([c for row in rows for c in (row[2], row[5])])
+        present = self._present([row[2] for row in rows])
+        # the witnesses only of connections gone (one more lookup, only when one closed)
+        present.update(self._present([r[5] for r in rows if r[2] not in present and r[5]]))
         now = self.clock()
         listed: set[_Key] = set()
         reclaimed = 0
