@@ -3,15 +3,28 @@
 The kernel closes a dead process's sockets at once and Redis drops them from CLIENT
 LIST within milliseconds. Every trainer names its heartbeat connection
 (``connection.trainer_conn_name``) and sends that connection's CLIENT ID with its
-heartbeats; the worker record keeps it (``lua/heartbeat.lua``). Each tick the reaper
-lists the ids of a job's workers (``lua/conns.lua``, bounded batches), looks only those
-up with ``CLIENT LIST ID ...`` (at most ``batch`` ids a call, never the whole list), and
-declares a worker lost (``lua/closed.lua``, fenced on its incarnation and connection id)
-when a connection it has seen carrying the worker's name has been gone for ``grace`` and
-the worker has made no call for ``quiet``. Heartbeats and the ttl stay the backstop.
+heartbeats; the worker record keeps it (``lua/heartbeat.lua``), and the connection the
+worker registered on as its *witness* once the heartbeats go out on another
+(``lib/workers.lua`` set_conn). Each tick the reaper lists the ids of a job's workers
+(``lua/conns.lua``, bounded batches), looks only those up with ``CLIENT LIST ID ...``
+(at most ``batch`` ids a call, never the whole list), and declares a worker lost
+(``lua/closed.lua``, fenced on its incarnation and connection id) when a connection it
+has seen carrying the worker's name has been gone for ``grace`` and the worker has made
+no call for ``quiet`` heartbeat intervals and ``quiet_ttl`` of its own ttl. Heartbeats
+and the ttl stay the backstop.
 
-It never misfires on:
+A closed connection is evidence, not a verdict: it counts only if the connection was
+carrying heartbeats when it closed (the idle time the last look saw, plus the time
+since, under two heartbeat intervals and under 2 s at least) and the witness is not open
+under the worker's name. A close that does not count is left to the ttl (or to the
+trainer's next heartbeat, which records a new connection). So it never misfires on:
 
+- Redis's ``timeout`` closing a stalled trainer's idle connections (SIGSTOP, a VM pause, a
+  long GIL-bound step inside the ttl): the last look saw the connection idle.
+- ``CLIENT KILL`` of the heartbeat connection, or a proxy dropping it, even with the
+  trainer stalled right after: the witness is open; the next heartbeat reconnects,
+  and records the new id (``protocol._conn_id`` names the connection again after any
+  reconnect, ``Scripts.own_resets``).
 - a Redis restart or failover: every connection drops, the reaper's own too. A changed
   id of its own connection resets everything it had seen; ids seen before count for
   nothing afterwards (a new connection may reuse an old id: it is only "the worker's"
@@ -24,6 +37,11 @@ It never misfires on:
   the reaper's own connection, or the client is a cluster client, the watch turns itself
   off (logged once) and the ttl decides, as without it; it looks again every
   ``recheck`` seconds.
+
+What it cannot tell from a death (docs/reaper.md): a ``CLIENT KILL`` of a beating
+connection with no witness open (a trainer's first heartbeat interval, an idle-closed
+witness) followed at once by a stall longer than ``quiet``; a Redis ``timeout`` shorter
+than twice the heartbeat interval (or than 2 s) on a stalled trainer.
 
 Data flow: reaper.py -> connwatch.py -> scripts.py (conns, closed) and CLIENT LIST ID
 -> Redis <- trainer heartbeats (CLIENT ID).
@@ -52,6 +70,21 @@ MAX_IDS_PER_JOB = 5000
 _LIST_BATCH = PAGE_MAX  # workers listed per conns call
 
 _Key = tuple[str, str, str, str]  # job, worker, incarnation, connection id
+_Row = tuple[str, str, str, int, int, str]  # worker, incarnation, conn, quiet_ms, ttl_ms, witness
+
+
+class _Seen:
+    """A connection seen under its worker's name: when last seen and how idle (CLIENT
+    LIST ``idle``, whole seconds); once gone, since when and whether its closing is
+    evidence of the trainer's death."""
+
+    __slots__ = ("at", "idle_s", "gone", "evidence")
+
+    def __init__(self, at: float, idle_s: int) -> None:
+        self.at = at
+        self.idle_s = idle_s
+        self.gone: float | None = None
+        self.evidence = False
 
 
 def _parse_client_list(text: Any) -> list[dict[str, str]]:
@@ -98,7 +131,9 @@ class ConnWatch:
             one: a cluster client turns the watch off).
         grace: seconds a seen connection must stay gone; None: half the job's heartbeat
             interval.
-        quiet: the worker must also have made no call for this many heartbeat intervals.
+        quiet: the worker must also have made no call for this many heartbeat intervals,
+        quiet_ttl: ... and for this fraction of its own ttl (a trainer given a long ttl
+            for long steps is judged against it).
         recheck: seconds between looks while the watch is off.
         clock: a monotonic clock (seconds).
     """
@@ -108,6 +143,7 @@ class ConnWatch:
         client: Any,
         grace: float | None = None,
         quiet: float = 1.25,
+        quiet_ttl: float = 0.25,
         recheck: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -115,9 +151,12 @@ class ConnWatch:
             raise errors.InvalidInput(f"grace must be >= 0, got {grace!r}")
         if quiet < 1.0:
             raise errors.InvalidInput(f"quiet must be >= 1 heartbeat interval, got {quiet!r}")
+        if not 0.0 <= quiet_ttl < 1.0:
+            raise errors.InvalidInput(f"quiet_ttl must be in [0, 1), got {quiet_ttl!r}")
         self.client = client
         self.grace = grace
         self.quiet = float(quiet)
+        self.quiet_ttl = float(quiet_ttl)
         self.recheck = float(recheck)
         self.clock = clock
         #: Why the watch is off ('' while on).
@@ -129,12 +168,13 @@ class ConnWatch:
         self._own_id: str | None = None
         self._own: _OwnConnection | None = None
         self._off_until = 0.0
-        self._gone: dict[_Key, float | None] = {}  # seen keys -> gone since (None: present)
-        # (job, worker, incarnation) -> a connection id seen under its name since this
-        # watch's own connection was made: the heartbeat's connection replaces the one
-        # the worker registered on, and a trainer killed before the next look is judged
-        # by the new id too (both belong to its process; a restart clears this)
-        self._incs: dict[tuple[str, str, str], str] = {}
+        self._seen: dict[_Key, _Seen] = {}  # keys seen under the worker's name
+        # (job, worker, incarnation) -> the last connection id seen under its name since
+        # this watch's own connection was made, when, and its idle time: the heartbeat's
+        # connection replaces the one the worker registered on, and a trainer killed
+        # before the next look is judged by the new id too (both belong to its process;
+        # a restart clears this)
+        self._incs: dict[tuple[str, str, str], tuple[str, float, int]] = {}
 
     # -- once per tick ------------------------------------------------------------------
     def begin_tick(self) -> bool:
@@ -165,7 +205,7 @@ class ConnWatch:
         if own != self._own_id:
             # a new connection of our own: Redis restarted, failed over, or we reconnected.
             # Ids seen before may now name other connections: start over.
-            self._gone.clear()
+            self._seen.clear()
             self._incs.clear()
             self._own_id = own
         if not any(str(c.get("id")) == own for c in listed):
@@ -186,7 +226,7 @@ class ConnWatch:
             )
         self.off = why
         self._off_until = self.clock() + self.recheck
-        self._gone.clear()
+        self._seen.clear()
         self._incs.clear()
         return False
 
@@ -206,26 +246,50 @@ class ConnWatch:
         """
         hbi_ms, rows = self._rows(job)
         grace = self.grace if self.grace is not None else hbi_ms / 2000.0
-        min_quiet_ms = int(self.quiet * hbi_ms)
+        # a connection carrying heartbeats shows an idle time (whole seconds) plus time
+        # since that look below this; one closed while idle longer (Redis's `timeout`
+        # closes at idle > timeout, so any timeout of at least this) says nothing
+        beating_ms = 2 * max(hbi_ms, 1000)
         present = self._present([row[2] for row in rows])
+        # the witnesses only of connections gone (one more lookup, only when one closed)
+        present.update(self._present([r[5] for r in rows if r[2] not in present and r[5]]))
         now = self.clock()
         listed: set[_Key] = set()
         reclaimed = 0
-        for worker, winc, cid, quiet_ms in rows:
+        for worker, winc, cid, quiet_ms, ttl_ms, wid in rows:
             key = (job, worker, winc, cid)
+            inc = key[:3]
+            mine = trainer_conn_name(winc)
             listed.add(key)
-            name = present.get(cid)
-            if name is not None:
-                if name == trainer_conn_name(winc) or key in self._gone:
-                    self._gone[key] = None  # seen (a rename later does not unsee it)
-                    self._incs[key[:3]] = cid
+            found = present.get(cid)
+            seen = self._seen.get(key)
+            if found is not None:
+                if found[0] == mine or seen is not None:
+                    # seen (a rename later does not unsee it), and how idle it was
+                    self._seen[key] = _Seen(now, found[1])
+                    self._incs[inc] = (cid, now, found[1])
                 continue
-            if key not in self._gone and self._incs.get(key[:3]) in (None, cid):
-                continue  # never seen as this worker's: not ours to judge
-            since = self._gone.get(key)
-            if since is None:
-                since = self._gone[key] = now
-            due = max(since + grace, now + (min_quiet_ms - int(quiet_ms)) / 1000.0)
+            if seen is None:
+                last = self._incs.get(inc)
+                if last is None or last[0] == cid:
+                    continue  # never seen as this worker's: not ours to judge
+                # a new id of a connection seen under its name: judged by that sighting
+                seen = self._seen[key] = _Seen(last[1], last[2])
+            if seen.gone is None:
+                seen.gone = now
+                # closed while carrying heartbeats, as far as the last look tells?
+                seen.evidence = seen.idle_s * 1000 + (now - seen.at) * 1000 < beating_ms
+            if seen.evidence:
+                other = present.get(wid) if wid and wid != cid else None
+                if other is not None and other[0] == mine:
+                    # another connection of the same process is open: the heartbeat's
+                    # alone was closed (CLIENT KILL, a proxy); the trainer reconnects on
+                    # its next heartbeat, or its ttl decides
+                    seen.evidence = False
+            if not seen.evidence:
+                continue  # the ttl decides
+            min_quiet_ms = max(int(self.quiet * hbi_ms), int(self.quiet_ttl * ttl_ms))
+            due = max(seen.gone + grace, now + (min_quiet_ms - quiet_ms) / 1000.0)
             if due > now:
                 self._due(due)
                 continue
@@ -241,13 +305,13 @@ class ConnWatch:
                     worker,
                     winc,
                     cid,
-                    (now - since) * 1000,
+                    (now - seen.gone) * 1000,
                 )
-                del self._gone[key]
+                del self._seen[key]
             else:
                 self._due(now + grace)
-        for key in [k for k in self._gone if k[0] == job and k not in listed]:
-            del self._gone[key]
+        for key in [k for k in self._seen if k[0] == job and k not in listed]:
+            del self._seen[key]
         incs = {k[:3] for k in listed}
         for inc in [i for i in self._incs if i[0] == job and i not in incs]:
             del self._incs[inc]
@@ -263,12 +327,12 @@ class ConnWatch:
     def watched(self, job: str) -> list[tuple[str, str, str]]:
         """(worker, incarnation, connection id) of ``job``'s workers the watch has seen
         under the worker's name: those it would declare lost once gone."""
-        return [(w, i, c) for (j, w, i, c) in self._gone if j == job]
+        return [(w, i, c) for (j, w, i, c) in self._seen if j == job]
 
     def forget(self, job: str) -> None:
         """Drop what was seen of ``job`` (it vanished or is reaped by another reaper)."""
-        for key in [k for k in self._gone if k[0] == job]:
-            del self._gone[key]
+        for key in [k for k in self._seen if k[0] == job]:
+            del self._seen[key]
         for inc in [i for i in self._incs if i[0] == job]:
             del self._incs[inc]
 
@@ -276,25 +340,33 @@ class ConnWatch:
         if self.next_due is None or t < self.next_due:
             self.next_due = t
 
-    def _rows(self, job: str) -> tuple[int, list[tuple[str, str, str, int]]]:
-        rows: list[tuple[str, str, str, int]] = []
+    def _rows(self, job: str) -> tuple[int, list[_Row]]:
+        """The job's heartbeat interval (ms) and its workers with a known connection."""
+        rows: list[_Row] = []
         offset, hbi_ms = 0, 1000
         while len(rows) < MAX_IDS_PER_JOB:
             reply = self.client.run(job, "conns", [offset, _LIST_BATCH])
             hbi_ms = int(reply[1])
-            rows += [(str(w), str(i), str(c), int(q)) for w, i, c, q in reply[3]]
+            rows += [
+                (str(w), str(i), str(c), int(q), int(t), str(x)) for w, i, c, q, t, x in reply[3]
+            ]
             offset = int(reply[2])
             if offset == 0:
                 break
         return hbi_ms, rows
 
-    def _present(self, ids: list[str]) -> dict[str, str]:
-        """Connection id -> name, for those of ``ids`` that exist (bounded batches)."""
-        out: dict[str, str] = {}
+    def _present(self, ids: list[str]) -> dict[str, tuple[str, int]]:
+        """Connection id -> (name, idle seconds), for those of ``ids`` that exist (bounded
+        batches)."""
+        out: dict[str, tuple[str, int]] = {}
         r = self.client.redis
         uniq = sorted({i for i in ids if i.isdigit()})  # a trainer's word, not trusted
         with translate(self.client.url):
             for i in range(0, len(uniq), ID_BATCH):
                 for c in r.client_list(client_id=uniq[i : i + ID_BATCH]):
-                    out[str(c.get("id"))] = str(c.get("name") or "")
+                    idle = str(c.get("idle") or "0")
+                    out[str(c.get("id"))] = (
+                        str(c.get("name") or ""),
+                        int(idle) if idle.isdigit() else 0,
+                    )
         return out

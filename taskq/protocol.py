@@ -122,25 +122,32 @@ def heartbeat_incarnation(args: Sequence[Any]) -> str:
     return str(args[2])
 
 
-#: Seconds a heartbeat connection's id is taken as known: after that (and after any
-#: failed heartbeat) the next heartbeat names its connection and asks its id again. A
-#: reconnect redis-py's retry hides leaves the record on the old id meanwhile: the reaper
-#: then sees it gone but the worker heartbeating, and declares nothing (connwatch.py).
+#: Seconds a heartbeat connection's id is taken as known: after that, after any failed
+#: heartbeat, and after any reconnect of the connection (``Scripts.own_resets``: a
+#: CLIENT KILL, Redis's ``timeout``, a proxy closing it; the call that found it closed
+#: went out on a pooled connection) the next heartbeat names its connection and asks its
+#: id again, so the record names the connection the heartbeats go out on (connwatch.py).
 CONN_RECHECK_S = 10.0
-_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float]] = (
+_CONN_IDS: weakref.WeakKeyDictionary[Scripts, tuple[str, str, float, int]] = (
     weakref.WeakKeyDictionary()
-)  # scripts -> (incarnation, connection id, checked at)
+)  # scripts -> (incarnation, connection id, checked at, own_resets then)
 
 
 def _conn_id(scripts: Scripts, incarnation: str) -> str:
     known = _CONN_IDS.get(scripts)
     now = time.monotonic()
-    if known is not None and known[0] == incarnation and now - known[2] < CONN_RECHECK_S:
+    resets = scripts.own_resets
+    if (
+        known is not None
+        and known[0] == incarnation
+        and known[3] == resets
+        and now - known[2] < CONN_RECHECK_S
+    ):
         return known[1]
     cid = scripts.name_own_connection(trainer_conn_name(incarnation))
     if cid is None:
         cid = name_connection(scripts.redis, incarnation)
-    _CONN_IDS[scripts] = (incarnation, cid, now)
+    _CONN_IDS[scripts] = (incarnation, cid, now, scripts.own_resets)
     return cid
 
 

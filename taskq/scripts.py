@@ -410,6 +410,9 @@ class Scripts:
         # forked child leaves its parent's socket alone and takes its own.
         self._own: tuple[int, Any] | None = None
         self._own_lock = threading.Lock()
+        #: Times the kept connection was dropped (its next call reconnects, under a new
+        #: CLIENT ID): a heartbeat names its connection again when this changed.
+        self.own_resets = 0
 
     @property
     def redis(self) -> Any:
@@ -453,6 +456,7 @@ class Scripts:
                             replies.append(None)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     conn.disconnect()
+                    self.own_resets += 1
                     if attempt == 2:
                         raise
                     continue
@@ -545,6 +549,7 @@ class Scripts:
                     return _exchange(conn, body)
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     conn.disconnect()
+                    self.own_resets += 1
             finally:
                 self._own_lock.release()
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,9 @@ from taskq.reaper import Reaper
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TTL, HBI = 10.0, 0.5
+#: Quiet for longer than the watch asks before it declares: a quarter of the ttl (and
+#: 1.25 heartbeat intervals), with room.
+QUIET = TTL / 4 + HBI
 
 
 def make_job(client: taskq.Client, name: str, n: int = 2, **kw: Any) -> taskq.JobStatus:
@@ -78,14 +82,17 @@ def watching(reaper: ReaperThread, client: taskq.Client, job: str, worker: str) 
     )
 
 
-def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
-    """A trainer process that leases one task and holds it (heartbeating) until killed."""
+def spawn_holder(url: str, job: str, wid: str, *extra: str) -> subprocess.Popen[str]:
+    """A trainer process that leases one task and holds it (heartbeating) until killed
+    (``--hold``), or with ``--ack-on-stdin`` until told to ack it (``ack_held``)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
+    mode = list(extra) if "--ack-on-stdin" in extra else ["--hold", *extra]
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "trainer_proc.py"), url, job, "--hold", "--worker-id", wid],
+        [sys.executable, str(HERE / "trainer_proc.py"), url, job, "--worker-id", wid, *mode],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -97,12 +104,23 @@ def spawn_holder(url: str, job: str, wid: str) -> subprocess.Popen[str]:
     raise AssertionError("the trainer process never leased")
 
 
+def ack_held(proc: subprocess.Popen[str]) -> str:
+    """Tell a ``--ack-on-stdin`` trainer process to ack its task; its answer line."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("ack\n")
+    proc.stdin.flush()
+    answer = proc.stdout.readline().strip()
+    proc.wait(10)
+    return answer
+
+
 @pytest.fixture
 def holder_cleanup() -> Iterator[list[subprocess.Popen[str]]]:
     procs: list[subprocess.Popen[str]] = []
     yield procs
     for p in procs:
         if p.poll() is None:
+            p.send_signal(signal.SIGCONT)  # a test that failed while it was stopped
             p.kill()
             p.wait(10)
 
@@ -197,8 +215,9 @@ def test_a_redis_restart_declares_nobody_lost(own_redis, job_name):
 
 
 def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, monkeypatch):
-    # a reconnect redis-py's retry hides is noticed at the next recheck of the id
-    monkeypatch.setattr(protocol, "CONN_RECHECK_S", 1.0)
+    # a reconnect redis-py's retry hides is noticed by the next heartbeat (own_resets),
+    # not only at the 10 s recheck of the id
+    monkeypatch.setattr(protocol, "CONN_RECHECK_S", 3600.0)
     make_job(client, job_name, n=2)
     proxy = TcpProxy(redis_server.port)
     try:
@@ -228,6 +247,92 @@ def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, mon
     finally:
         proxy.stop()
     assert events(client, job_name, "connection_closed") == []
+
+
+def conn_named(client: taskq.Client, cid: str, name: str) -> bool:
+    """Whether connection ``cid`` is open and named ``name``."""
+    return [c.get("name") for c in client.redis.client_list(client_id=[cid])] == [name]
+
+
+def witness_id(client: taskq.Client, job: str, worker: str) -> str:
+    """The record's 9th field: the connection the worker registered on, once its
+    heartbeats go out on another."""
+    f = str(client.redis.hget(client.keys(job).winfo, worker) or "").split("|")
+    return f[8] if len(f) > 8 else ""
+
+
+def incarnation_of(client: taskq.Client, job: str, worker: str) -> str:
+    return str(client.redis.hget(client.keys(job).winfo, worker) or "").split("|")[0]
+
+
+def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
+    own_redis, job_name, holder_cleanup
+):
+    """A trainer with its own 20 s ttl (long steps) on a job of default settings, stopped
+    for 8 s while Redis's `timeout 3` closes its idle connections: the closes are no
+    evidence (the watch last saw the connection idle, not beating); nobody is declared
+    lost, the next heartbeat records the new connection, and the ack is accepted."""
+    client = taskq.connect(own_redis.url)
+    make_job(client, job_name, n=1, worker_ttl=5.0, heartbeat_interval=1.0)
+    proc = spawn_holder(own_redis.url, job_name, "slow", "--ack-on-stdin", "--worker-ttl", "20")
+    holder_cleanup.append(proc)
+    reaper = ReaperThread(client, job_name, interval=0.5)  # the default interval
+    try:
+        assert watching(reaper, client, job_name, "slow")
+        stopped = conn_id(client, job_name, "slow")
+        inc = incarnation_of(client, job_name, "slow")
+        client.redis.config_set("timeout", 3)
+        proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert wait_until(lambda: not client.redis.client_list(client_id=[stopped]), 7.5), (
+            "Redis's timeout closes the stopped trainer's heartbeat connection"
+        )
+        time.sleep(max(0.0, 8.0 - (time.monotonic() - t0)))
+        proc.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: conn_id(client, job_name, "slow") not in ("", stopped), 5), (
+            "the next heartbeat records its new connection"
+        )
+        assert conn_named(client, conn_id(client, job_name, "slow"), f"taskq-trainer-{inc}")
+        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+    finally:
+        reaper.stop()
+    assert events(client, job_name, "connection_closed") == []
+    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
+
+
+def test_a_killed_heartbeat_connection_and_a_stall_are_not_declared_lost(
+    client, url, job_name, holder_cleanup
+):
+    """Default ttl and heartbeat; the trainer stopped, its heartbeat connection killed
+    (CLIENT KILL), 2 s later it resumes: the connection it registered on is still open
+    (another of its process), so the close is no evidence; the next heartbeat records
+    the new connection and the ack is accepted. (The SIGKILL test above is the contrast:
+    there every connection of the process closes at once.)"""
+    make_job(client, job_name, n=1, worker_ttl=5.0, heartbeat_interval=1.0)
+    proc = spawn_holder(url, job_name, "cut", "--ack-on-stdin")
+    holder_cleanup.append(proc)
+    reaper = ReaperThread(client, job_name, interval=0.5)
+    try:
+        # the first heartbeat records its own connection; the registering one is kept
+        assert wait_until(lambda: witness_id(client, job_name, "cut") != "", 5)
+        assert watching(reaper, client, job_name, "cut")
+        killed = conn_id(client, job_name, "cut")
+        inc = incarnation_of(client, job_name, "cut")
+        proc.send_signal(signal.SIGSTOP)  # no heartbeat can slip in between
+        assert client.redis.client_kill_filter(_id=killed) == 1
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: conn_id(client, job_name, "cut") not in ("", killed), 5), (
+            "the next heartbeat records its new connection"
+        )
+        assert conn_named(client, conn_id(client, job_name, "cut"), f"taskq-trainer-{inc}")
+        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+    finally:
+        reaper.stop()
+    assert events(client, job_name, "connection_closed") == []
+    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
 
 
 @pytest.fixture
@@ -330,7 +435,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     reaper.tick()
     other.close()  # that connection goes away
     assert wait_until(lambda: not client.redis.client_list(client_id=[foreign]), 5)
-    time.sleep(2 * HBI)  # the worker is quiet for longer than the watch asks
+    time.sleep(QUIET)  # the worker is quiet for longer than the watch asks
     for _ in range(3):
         reaper.tick()
     assert events(client, job_name, "connection_closed") == []
@@ -366,6 +471,91 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(cli
     second.close()
     first.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)
-    time.sleep(2 * HBI)  # quiet for longer than the watch asks
+    reaper.tick()  # the next look finds it gone, a moment after the first was seen beating
+    time.sleep(QUIET)  # quiet for longer than the watch asks
     reaper.tick()
     assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_reconnect_is_recorded_by_the_next_heartbeat_and_the_witness_stays(
+    client, job_name, monkeypatch
+):
+    monkeypatch.setattr(protocol, "CONN_RECHECK_S", 3600.0)  # not the periodic recheck
+    make_job(client, job_name, n=1)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    registered = conn_id(client, job_name, "w")
+    t.heartbeat()  # on the client's kept connection, not the pooled one register named
+    first = conn_id(client, job_name, "w")
+    assert first not in ("", registered)
+    assert witness_id(client, job_name, "w") == registered
+    assert client.redis.client_kill_filter(_id=first) == 1
+    t.heartbeat()  # finds it closed and goes out on a pooled connection
+    t.heartbeat()  # names the reconnected one and records it
+    now = conn_id(client, job_name, "w")
+    assert now not in ("", first, registered)
+    assert conn_named(client, now, f"taskq-trainer-{t.incarnation}")
+    assert witness_id(client, job_name, "w") == registered, "the witness stays the first one"
+
+
+def named_connection(url: str, name: str) -> tuple[redis.Redis, str]:
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.client_setname(name)
+    return r, str(r.client_id())
+
+
+def gone(client: taskq.Client, *ids: str) -> bool:
+    return wait_until(lambda: not client.redis.client_list(client_id=list(ids)), 5)
+
+
+def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
+    client, url, job_name
+):
+    make_job(client, job_name, n=1, worker_ttl=4.0)  # the watch asks 1 s of quiet
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    name = f"taskq-trainer-{t.incarnation}"
+    beat, beat_id = named_connection(url, name)
+    witness, wit_id = named_connection(url, name)
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [beat_id, wit_id]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()  # both seen under the worker's name, beating
+    beat.close()
+    assert gone(client, beat_id)
+    reaper.tick()  # gone, the witness open: a CLIENT KILL, not a death
+    time.sleep(1.2)  # quiet for longer than the watch asks
+    reaper.tick()
+    assert events(client, job_name, "connection_closed") == []
+    # the contrast: every connection of the process closes at once (a SIGKILL)
+    beat, beat_id = named_connection(url, name)
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [beat_id, wit_id]))
+    reaper.tick()
+    beat.close()
+    witness.close()
+    assert gone(client, beat_id, wit_id)
+    reaper.tick()
+    assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
+
+
+def test_a_connection_closed_after_it_was_seen_idle_is_no_evidence(client, url, job_name):
+    """Redis's `timeout` closes a stalled trainer's connection only once it has been idle
+    for longer than the timeout: the watch saw it idle, and the close says nothing."""
+    make_job(client, job_name, n=1, worker_ttl=6.0)  # the watch asks 1.5 s of quiet
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    keys = client.keys(job_name)
+    rec = client.redis.hget(keys.winfo, "w").split("|")
+    idle, idle_id = named_connection(url, f"taskq-trainer-{t.incarnation}")
+    client.redis.hset(keys.winfo, "w", "|".join(rec[:7] + [idle_id]))
+    reaper = Reaper(client, jobs=[job_name], conn_grace=0.0)
+    reaper.tick()
+    assert wait_until(
+        lambda: int(client.redis.client_list(client_id=[idle_id])[0]["idle"]) >= 2, 5, 0.05
+    )
+    reaper.tick()  # seen idle for 2 s: not carrying heartbeats (the interval is 0.5 s)
+    idle.close()
+    assert gone(client, idle_id)
+    reaper.tick()
+    time.sleep(0.5)  # quiet for longer than the watch asks, inside the ttl
+    reaper.tick()
+    assert events(client, job_name, "connection_closed") == []
+    assert reaper.watch is not None and reaper.watch.declared == 0

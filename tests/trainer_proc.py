@@ -1,9 +1,11 @@
 """A trainer run as a real subprocess, for the signal, SIGKILL and skew tests.
 
 Usage: trainer_proc.py URL JOB [--sleep S] [--prefetch K] [--log FILE] [--hold]
-           [--heartbeat thread|process] [--worker-id ID]
+           [--heartbeat thread|process] [--worker-id ID] [--worker-ttl S] [--ack-on-stdin]
 Prints "LEASED <id>" (flushed) when it gets a task; with --hold it then sleeps until
-signalled; each acked task is appended to --log as "<pass> <id> <token>".
+signalled; with --ack-on-stdin it holds the task until a line arrives on stdin, acks it
+and prints "ACKED <id>" or "ACK REFUSED <error>", then leaves; each acked task is
+appended to --log as "<pass> <id> <token>".
 """
 
 from __future__ import annotations
@@ -26,15 +28,30 @@ def main() -> int:
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--heartbeat", default="thread")
     ap.add_argument("--worker-id", default=None)
+    ap.add_argument("--worker-ttl", type=float, default=None)
+    ap.add_argument("--ack-on-stdin", action="store_true")
     a = ap.parse_args()
     log = open(a.log, "a", buffering=1) if a.log else None
     with taskq.Trainer(
-        a.job, url=a.url, prefetch=a.prefetch, heartbeat=a.heartbeat, worker_id=a.worker_id
+        a.job,
+        url=a.url,
+        prefetch=a.prefetch,
+        heartbeat=a.heartbeat,
+        worker_id=a.worker_id,
+        worker_ttl=a.worker_ttl,
     ) as trainer:
         helper = trainer._helper.proc.pid if trainer._helper else 0
         print(f"READY {os.getpid()} {helper}", flush=True)
         for task in trainer:
             print(f"LEASED {task.id}", flush=True)
+            if a.ack_on_stdin:
+                sys.stdin.readline()
+                try:
+                    trainer.ack(task)
+                    print(f"ACKED {task.id}", flush=True)
+                except taskq.TaskqError as e:
+                    print(f"ACK REFUSED {type(e).__name__}: {e}", flush=True)
+                return 0
             if a.hold:
                 while True:
                     time.sleep(60)

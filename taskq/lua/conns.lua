@@ -3,9 +3,11 @@
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: offset (rank in the workers set), limit
 -- returns: {code, heartbeat_ms, next_offset (0: the end), {{worker, winc, conn id,
---           quiet_ms}...}}
+--           quiet_ms, ttl_ms, witness id}...}}
 -- quiet_ms is how long the worker has made no call, on the job's liveness clock (frozen
--- through silences). The reaper looks these ids up with CLIENT LIST ID (reaper.py).
+-- through silences); ttl_ms its own ttl; the witness is the connection it registered on
+-- when its heartbeats go out on another ('' if none; lib/workers.lua set_conn). The
+-- reaper looks these ids up with CLIENT LIST ID (connwatch.py).
 local offset = arg_int(ARGV[1], 'offset', 0, 4294967295)
 local limit = arg_int(ARGV[2], 'limit', 1, PAGE_MAX)
 arg_len(ARGV, 2)
@@ -29,7 +31,8 @@ for i = 1, #ranked, 2 do
     local f = split(rec)
     if f[1] == winc and f[8] and f[8] ~= '' then
       local ttl = tonum(f[2]) or mnum(F.TTL)
-      out[#out + 1] = {worker, winc, f[8], fmt(jnow - (tonum(ranked[i + 1]) - ttl))}
+      out[#out + 1] = {worker, winc, f[8], fmt(jnow - (tonum(ranked[i + 1]) - ttl)), fmt(ttl),
+        f[9] or ''}
     end
   end
 end

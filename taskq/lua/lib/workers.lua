@@ -1,9 +1,9 @@
 -- workers.lua: worker records (winfo), liveness (touch_worker), removal.
 
 -- A worker's record (HASH winfo, field worker) is
--- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn": its incarnation, ttl (a
--- string), drain flag and lease secret digest (secret_digest; '' in a record written
--- before lease secrets), or nil when there is none.
+-- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn[|witness]": its incarnation,
+-- ttl (a string), drain flag and lease secret digest (secret_digest; '' in a record
+-- written before lease secrets), or nil when there is none (conn, witness: set_conn).
 -- `rec`: the record read already in this call (false: none), unless a write since
 -- (WINFO_WRITTEN) may have changed it.
 local WINFO_WRITTEN = false  -- per call
@@ -35,7 +35,10 @@ local function winfo_conn(worker)
 end
 
 -- Records the connection id a worker incarnation sent (a heartbeat after a reconnect
--- carries a new one); a no-op when unchanged or not its record.
+-- carries a new one); a no-op when unchanged or not its record. The first change keeps
+-- the id it replaces, the connection the worker registered on, as the record's 9th field:
+-- another connection of the same process, which a SIGKILL closes with the heartbeat's and
+-- a CLIENT KILL of the heartbeat's leaves open (connwatch.py).
 local function set_conn(worker, winc, cid)
   if cid == nil or cid == '' then return end
   local rec = rcall('HGET', K_WINFO, worker)
@@ -43,9 +46,10 @@ local function set_conn(worker, winc, cid)
   local f = split(rec)
   if f[1] ~= winc or f[8] == cid then return end
   for k = #f + 1, 7 do f[k] = '' end
+  if f[9] == nil then f[9] = f[8] or '' end  -- the first change only
   f[8] = cid
   WINFO_WRITTEN = true
-  rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 8))
+  rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 9))
 end
 
 local function remove_worker(m, kind)
