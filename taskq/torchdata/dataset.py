@@ -112,7 +112,9 @@ class TaskDataset(IterableDataset[Any]):
             are skipped).
         seed: the shuffle seed (keep it across restarts: resumed tasks rely on it).
         interleave: tasks a worker reads from at once (sample-level mixing).
-        trainer_options: keyword arguments for the loader's ``taskq.Trainer``.
+        trainer_options: keyword arguments for the loader's ``taskq.Trainer``;
+            ``handle_signals=False`` keeps the loader from handling SIGTERM (see
+            ``taskq/torchdata/signals.py``).
 
     Raises:
         InvalidInput: ``interleave < 1``.

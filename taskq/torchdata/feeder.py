@@ -232,13 +232,15 @@ class Feeder(threading.Thread):
 
     def _start(self) -> None:
         ds = self.dataset
+        # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
+        options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
             client=ds.client,
             worker_id=self.worker_id,
             handle_signals=False,
-            **ds.trainer_options,
+            **options,
         )
         self.ledger.trainer = self.trainer
         st = self.trainer.client.status(ds.job, summaries=0)

@@ -16,6 +16,7 @@ workers (dataset.py) -> torch's result queue -> iteration.py.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 import weakref
 from collections import Counter
@@ -301,5 +302,10 @@ class TaskqIter:
 
 
 def _abandon(feeder: Feeder, feed: Feed) -> None:
+    """An iteration dropped unfinished, or alive at the interpreter's exit (SIGTERM's
+    SystemExit raised in the loop body): the feeder releases what it holds, progress
+    first, before the process ends (a daemon thread would be cut short)."""
     feed.iteration.value = -1
     feeder.finish()
+    if feeder is not threading.current_thread():
+        feeder.join(_JOIN_S)

@@ -22,7 +22,7 @@ import torch.utils.data
 from .. import errors
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
-from . import resume
+from . import resume, signals
 from .dataset import Feed, TaskDataset
 from .feeder import Feeder
 from .iteration import TaskqIter
@@ -162,6 +162,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._end_current()
         self._iteration_no += 1
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        if ds.trainer_options.get("handle_signals", True):
+            signals.install()  # SIGTERM: SystemExit in the loop, everything released
         fresh = not (self.persistent_workers and self._iterator is not None)
         if self.num_workers == 0:
             feed = Feed(
