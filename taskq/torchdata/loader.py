@@ -258,7 +258,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
         Args:
             state: what ``state_dict()`` returned.
-            key: what names this restart (default: from torchrun's environment).
+            key: what names this restart (default: with a ``torch.distributed``
+                process group, one rank 0 makes and broadcasts: every rank calls this;
+                under torchrun without a group it is refused; see docs/torch.md).
 
         Returns:
             True when this call rewound the job.
