@@ -10,6 +10,7 @@ import signal
 import tarfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -166,37 +167,45 @@ def test_on_error_raise_stops_the_loop_with_the_readers_text(
     assert st.leased == 0 and st.counters.get("failed", 1) >= 1
 
 
-def test_sigkilled_worker_gives_back_what_the_loop_did_not_take(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+# the new workers are forked while the loader's feeder and heartbeat threads run
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_sigkilled_worker_is_replaced_and_the_loop_ends_normally(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, shuffle: bool
 ) -> None:
-    """A DataLoader worker is SIGKILLed while its batches are buffered: the loop gets
-    torch's error, nothing it did not take to the end is acked, every task held goes back
-    at once, and the next iteration completes the pass (audit: each task once)."""
+    """A DataLoader worker is SIGKILLed (as the OOM killer does) while its batches are
+    buffered: the loop sees no exception and ends with the pass complete, every sample
+    taken, none twice but possibly the batch in the step at that moment; the loader
+    counts one worker restart, and only the task the dead worker was reading (if any)
+    was given back (released), not the whole holding."""
     sizes = [24] * 8
     chunks = write_jsonl(tmp_path, 8, sizes)
     make_job(client, job_name, chunks)
-    loader = _loader(url, job_name, 2, batch_size=4, prefetch_factor=4, interleave=1)
     taken: list[tuple[int, int]] = []
-    it = iter(loader)
-    with pytest.raises(RuntimeError, match="(?i)worker"):
+    step_batch: list[tuple[int, int]] = []
+    with _loader(
+        url, job_name, 2, batch_size=4, prefetch_factor=4, interleave=1, shuffle=shuffle
+    ) as loader:
+        it = iter(loader)
         for n, batch in enumerate(it):
-            taken += rows_of(batch)
+            rows = rows_of(batch)
+            taken += rows
             if n == 3:
                 assert wait_until(lambda: it.feeder.ledger.count() >= 2, 5.0)
                 os.kill(it.torch_iter._workers[0].pid, signal.SIGKILL)
+                step_batch = rows
                 time.sleep(0.5)  # its batches stay buffered, unread by the loop
-    # torch's error may surface in the loop body, not in next(): the feeder saw the
-    # death too and released everything it held
-    assert wait_until(lambda: client.status(job_name).leased == 0, 5.0)
-    got = per_file(taken)
-    done = [t["id"] for t in client.tasks(job_name, "done")]
-    assert all(got[t] == sizes[t] for t in done), (done, got)
-    assert any(0 < got[t] < sizes[t] for t in range(8)), got  # a task was cut short
-    assert client.status(job_name).todo == 8 - len(done)
-    rest = [r for b in loader for r in rows_of(b)]
-    loader.close()
-    assert loader.state == "completed"
-    assert set(taken) | set(rest) == {(f, i) for f in range(8) for i in range(24)}
+            time.sleep(0.01)
+        assert loader.state == "completed"
+        assert loader.counts["worker_restarts"] == 1
+        # the task the dead worker was reading, if any (interleave=1): not all held
+        assert loader.counts["tasks_given_back"] <= 1
+    everything = {(f, i) for f in range(8) for i in range(24)}
+    assert set(taken) == everything
+    twice = [r for r, k in Counter(taken).items() if k > 1]
+    assert set(twice) <= set(step_batch), twice
+    st = client.status(job_name)
+    assert st.counters["released"] == loader.counts["tasks_given_back"]
     audit = client.audit(job_name)
     assert audit["ok"] and audit["passes"][0]["done"] == 8 and audit["passes"][0]["stale"] == 0
 

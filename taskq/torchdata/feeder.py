@@ -62,9 +62,6 @@ class Feeder(threading.Thread):
         tasks_ahead: tasks leased and not yet read to their end, at most.
         after_pass: the pass the previous iteration finished, if it did.
         worker_id: the trainer's worker id.
-        processes: the DataLoader's worker processes; one that dies (a non-zero exit)
-            ends the iteration and releases everything held at once, wherever torch's
-            error surfaces in the main thread (maybe in the loop body, not in next()).
         hold_acks: acks="commit": taken tasks stay held until ``commit()``; leases stop
             at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
             can give is answered with an error (it must commit more often).
@@ -81,7 +78,6 @@ class Feeder(threading.Thread):
         tasks_ahead: int,
         after_pass: int | None,
         worker_id: str | None,
-        processes: Callable[[], list[Any]] = list,
         *,
         hold_acks: bool = False,
     ) -> None:
@@ -96,7 +92,6 @@ class Feeder(threading.Thread):
         self._refill = max(1, self.tasks_ahead // 2)
         self.after_pass = after_pass
         self.worker_id = worker_id
-        self.processes = processes
         self.hold_acks = hold_acks
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
         self.main_waiting = 0.0
@@ -265,10 +260,6 @@ class Feeder(threading.Thread):
             if self._finish.is_set():
                 self._ack(self._take_acks())
                 return
-            dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
-            if dead:
-                self._ack(self._take_acks())  # taken by the loop before the death
-                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what they had")
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self.ledger.drop_revoked()
             holding = self.ledger.count() > 0
@@ -341,6 +332,41 @@ class Feeder(threading.Thread):
             elif holding:
                 self._wait(0.5)
 
+    def restart_readers(
+        self,
+        tasks: Any,
+        finished: Callable[[], int],
+        dead_held: set[int],
+        taken: dict[tuple[int, int], int],
+    ) -> int:
+        """New reader processes replace the old ones (one died): give back the tasks the
+        dead one was reading (progress first) and hand the new ones every other task
+        held, from where the loop got (``taken``: (task, token) -> samples taken, -1 for
+        a task whose last sample the loop took). Called in this thread (``call``).
+
+        Returns:
+            The number of tasks given back.
+        """
+        self._acks += self.ledger.collect()  # what the loop asked before this call
+        self._ack(self._take_acks())
+        self.tasks, self.finished, self._dispatched = tasks, finished, 0
+        back, again = [], []
+        for task in self.ledger.held_tasks():
+            n = taken.get((task.id, task.token))
+            if n == -1:
+                continue  # the loop took its last sample: acked (or waiting for a commit)
+            if task.id in dead_held:
+                back.append(task)
+            else:
+                again.append((task, task.start if n is None else max(n, task.start)))
+        self.ledger.give_back(back)
+        for task, start in again:
+            self._send(task, start, self.tasks)
+        if self._readers_stopped:  # the old readers were told to stop: so are the new
+            self._readers_stopped = False
+            self._stop_readers()
+        return len(back)
+
     def _check_starved(self, reading: int) -> None:
         """acks="commit" at the held bound: the loop waiting for a batch that nothing held
         can give would wait for ever (its uncommitted tasks fill the bound)."""
@@ -372,16 +398,10 @@ class Feeder(threading.Thread):
 
     def _dispatch(self, task: Task, to: Any) -> None:
         self.ledger.add(task)
-        to.put(
-            (
-                self.iteration,
-                task.id,
-                task.token,
-                task.pass_no,
-                task.chunks,
-                int(getattr(task, "start", 0)),
-            )
-        )
+        self._send(task, int(getattr(task, "start", 0)), to)
+
+    def _send(self, task: Task, start: int, to: Any) -> None:
+        to.put((self.iteration, task.id, task.token, task.pass_no, task.chunks, start))
         if to is self.tasks:
             self._dispatched += 1
 

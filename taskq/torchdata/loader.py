@@ -177,21 +177,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
                 _retire(self._feed.tasks)  # its feeder thread must not live through the fork
-            ctx = self.multiprocessing_context or multiprocessing.get_context()
-            feed = Feed(
-                ctx.Queue(),
-                ctx.RawValue("q", self._iteration_no),
-                ctx.RawArray("q", self.num_workers),
-                self.samples_per_batch,
-                self.user_collate_fn,
-                self.user_drop_last,
-            )
+            feed = self._worker_feed(self._iteration_no)
         else:
             feed = self._feed
         feed.iteration.value = self._iteration_no
         self._feed = ds.feed = feed
         # the workers start (fork) here, before this iteration's trainer and threads
-        torch_iter = super().__iter__()
+        torch_iter = self._start_workers()
         start = sum(feed.finished)
         feeder = Feeder(
             ds,
@@ -203,7 +195,6 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self.tasks_ahead,
             self._done_pass,
             self.worker_id,
-            lambda: list(getattr(torch_iter, "_workers", ())),
             hold_acks=self.acks == "commit",
         )
         if self.num_workers == 0:
@@ -211,6 +202,35 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         feeder.start()
         self._current = TaskqIter(self, torch_iter, feeder, feed)
         return self._current
+
+    def _worker_feed(self, iteration: int) -> Feed:
+        """A new task queue and shared counters for a run of worker processes."""
+        ctx = self.multiprocessing_context or multiprocessing.get_context()
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        return Feed(
+            ctx.Queue(),
+            ctx.RawValue("q", iteration),
+            ctx.RawArray("q", self.num_workers),
+            self.samples_per_batch,
+            self.user_collate_fn,
+            self.user_drop_last,
+            taken=ctx.RawArray("q", self.num_workers),
+            reading=ctx.RawArray("q", [-1] * (self.num_workers * ds.interleave)),
+            width=ds.interleave,
+        )
+
+    def _start_workers(self) -> Any:
+        """torch's iterator over the dataset (its workers start here). torch's SIGCHLD
+        handler would raise a worker's death in the main thread wherever it is (in the
+        loop body too); the iteration watches its workers itself and restarts them
+        (iteration.py), so the handler is told to leave these alone."""
+        torch_iter: Any = super().__iter__()
+        if getattr(torch_iter, "_worker_pids_set", False):
+            from torch.utils.data import _utils
+
+            _utils.signal_handling._remove_worker_pids(id(torch_iter))
+            torch_iter._worker_pids_set = False
+        return torch_iter
 
     def sync(self) -> None:
         """Ack the tasks the loop finished and send how far it got into the others, now
