@@ -352,3 +352,37 @@ def test_break_releases_what_was_held_and_the_next_iteration_finishes_the_pass(
     audit = client.audit(job_name)
     assert audit["ok"] and audit["passes"][0]["done"] == 6
     assert not [t for t in threading.enumerate() if t.name.startswith("taskq-feeder")]
+
+
+def test_after_pause_and_resume_the_loader_reads_ahead_again(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The job is paused during the pass and resumed 1 s later: the loader does not take
+    the pause for the pass's tail (its workers go on, several tasks leased ahead at once
+    after the resume, not one at a time), and the pass completes with every row once."""
+    chunks = write_jsonl(tmp_path, 24, 8)
+    make_job(client, job_name, chunks)
+    rows: list[tuple[int, int]] = []
+    held_after: list[int] = []
+    resumed = threading.Event()
+
+    def resume() -> None:
+        client.resume_job(job_name)
+        resumed.set()
+
+    timer = threading.Timer(1.0, resume)
+    with _loader(url, job_name, 2, batch_size=4) as loader:
+        it = iter(loader)
+        for n, batch in enumerate(it):
+            rows += rows_of(batch)
+            if n == 2:
+                client.pause_job(job_name)
+                timer.start()
+            if resumed.is_set():
+                held_after.append(it.feeder.ledger.count())
+                assert it.feeder.phase == "feed" or client.status(job_name).todo == 0
+            time.sleep(0.02)
+        assert loader.state == "completed"
+    timer.join()
+    assert sorted(rows) == [(f, i) for f in range(24) for i in range(8)]
+    assert held_after and max(held_after) >= 3, held_after

@@ -325,6 +325,10 @@ class Feeder(threading.Thread):
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
+            elif self.phase == "feed" and (st.state == "paused" or st.todo > 0):
+                # nothing for us now, but the pass is not at its tail (paused, or work
+                # left to others a while): the readers go on, read-ahead resumes after
+                self._wait(0.5)
             elif self.phase == "feed":
                 # nothing left to lease now: readers finish what they have
                 self._stop_readers()
