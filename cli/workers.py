@@ -60,7 +60,9 @@ def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
 def drain(
     ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool, as_json: bool
 ) -> None:
-    """Ask workers of NAME to finish their current task, then leave."""
+    """Ask workers of NAME to leave: they lease nothing more and leave once done with
+    what they hold (a trainer, its current task; a taskq.torch loader, every task it
+    leased ahead too)."""
     client = client_of(ctx)
     if drain_all == bool(worker_ids):
         raise click.UsageError("name WORKER ids or give --all (not both)", ctx)

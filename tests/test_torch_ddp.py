@@ -37,6 +37,8 @@ def test_two_ddp_ranks_two_passes_with_join(
         rows = results[0][1][pass_no] + results[1][1][pass_no]
         assert sorted(rows) == everything  # (a rank may get no task: Join covers that too)
     assert results[0][0] != results[1][0], "the ranks took as many steps: nothing to align"
+    for rank in (0, 1):  # pass_end="local"; the job completed after the last pass
+        assert results[rank][2][0] == "exhausted" and results[rank][2][2] == "completed"
     assert results[0][3] == results[1][3]
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]

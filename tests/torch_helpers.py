@@ -72,7 +72,8 @@ def per_file(rows: list[tuple[int, int]]) -> Counter[int]:
 
 def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any) -> None:
     """One DDP rank (gloo): a tiny model over a taskq.torch loader for two passes, steps
-    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states) on ``out``."""
+    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states: after
+    each pass and once all ranks are done, weights) on ``out``."""
     import time
     from datetime import timedelta
 
@@ -112,6 +113,8 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
             steps.append(n)
             rows.append(got)
             states.append(loader.state)
+        dist.barrier()  # every rank is past the last pass: the job is completed
+        states.append(loader.state)
     # the same weights everywhere: every step was an allreduce of all ranks (or a shadow)
     weight = [p.detach().flatten().tolist() for p in model.parameters()]
     out.put((rank, steps, rows, states, weight))

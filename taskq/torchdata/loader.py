@@ -134,15 +134,36 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.tasks_ahead = tasks_ahead or min(limit, max(2, num_workers) * (dataset.interleave + 2))
         #: one worker id for all iterations (each registers anew under it)
         self.worker_id = worker_id or default_worker_id()
-        #: why the last iteration ended: "pass_complete", "completed", "cancelled",
-        #: "exhausted" (pass_end="local"), "draining"; None before the first one ended
-        self.state: str | None = None
-        #: samples, batches, tasks acked and failed over this loader's life
+        self._state: str | None = None
+        #: over this loader's life (cumulative, all iterations): "samples", "batches",
+        #: "tasks_acked", "tasks_failed", "worker_restarts" (DataLoader workers that died
+        #: and were replaced), "tasks_given_back" (the tasks those were reading)
         self.counts: Counter[str] = Counter()
         self._done_pass: int | None = None
         self._iteration_no = 0
         self._feed: Feed | None = None
         self._current: TaskqIter | None = None
+
+    @property
+    def state(self) -> str | None:
+        """Why the last iteration ended: "pass_complete", "completed" (the job is over),
+        "cancelled", "exhausted" (pass_end="local": nothing of the pass was left to take;
+        "completed" once the job completed after it, as when this was its last pass),
+        "draining"; None before the first iteration ended."""
+        if self._state == "exhausted" and self.pass_end == "local":
+            ds: TaskDataset = self.dataset  # type: ignore[assignment]
+            try:
+                with resume.client_of(ds) as client:
+                    st = client.status(ds.job, summaries=0)
+            except errors.TaskqError:
+                return self._state
+            if st.state == "completed":
+                self._state = "completed"
+        return self._state
+
+    @state.setter
+    def state(self, value: str | None) -> None:
+        self._state = value
 
     @property
     def pass_no(self) -> int | None:

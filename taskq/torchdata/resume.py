@@ -116,7 +116,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
             # the iteration ended meanwhile: its acks and progress were sent at its end
             log.debug("the iteration ended during state_dict: %s", e)
     if record is None:
-        with _client(ds) as client:
+        with client_of(ds) as client:
             record = client.checkpoint(ds.job, ckpt=ckpt)
     return checkpoints.state_of(ds.job, record)
 
@@ -153,7 +153,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
     dist = _dist()
     if dist is None:
-        with _client(ds) as client:
+        with client_of(ds) as client:
             return checkpoints.restore(client, state, key=key)
     # rank 0 rewinds, the others wait for its outcome: no rank reads before the job is
     # rewound (a lease taken before is revoked by the rewind: what the loop took of it
@@ -161,7 +161,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     outcome: list[Any] = [None]
     if dist.get_rank() == 0:
         try:
-            with _client(ds) as client:
+            with client_of(ds) as client:
                 outcome[0] = checkpoints.restore(client, state, key=key)
         except errors.TaskqError as e:
             outcome[0] = e
@@ -174,7 +174,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
 
 
 @contextlib.contextmanager
-def _client(ds: TaskDataset) -> Iterator[Any]:
+def client_of(ds: TaskDataset) -> Iterator[Any]:
     """The dataset's client, or one of our own closed afterwards."""
     if ds.client is not None:
         yield ds.client
