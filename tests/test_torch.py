@@ -386,3 +386,45 @@ def test_after_pause_and_resume_the_loader_reads_ahead_again(
     timer.join()
     assert sorted(rows) == [(f, i) for f in range(24) for i in range(8)]
     assert held_after and max(held_after) >= 3, held_after
+
+
+def test_a_trainer_added_when_todo_is_empty_takes_samples_in_that_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """A loader (2 workers, a slow step) has leased every task of the pass, most of them
+    read-ahead it has not begun; a trainer added then (todo empty) takes some of that
+    read-ahead in the same pass (stolen, since it was reserved, not started) and reads
+    it; the loader never reads what was taken from it: every row once in the pass."""
+    chunks = write_jsonl(tmp_path, 12, 16)
+    make_job(client, job_name, chunks)
+    added_rows: list[tuple[int, int]] = []
+    added_tasks: list[int] = []
+
+    def added_trainer() -> None:
+        with taskq.Trainer(job_name, url=url, handle_signals=False) as trainer:
+            while True:
+                try:
+                    task = trainer.lease(timeout=1.0)
+                except taskq.JobCompleted:
+                    return
+                if task is None:
+                    return
+                added_tasks.append(task.id)
+                added_rows.extend((r["f"], r["i"]) for r in jsonl_reader(task.chunks, task.start))
+                trainer.ack(task)
+
+    rows: list[tuple[int, int]] = []
+    thread = threading.Thread(target=added_trainer)
+    with _loader(url, job_name, 2, batch_size=4, tasks_ahead=12, interleave=1) as loader:
+        for batch in loader:
+            rows += rows_of(batch)
+            if thread.ident is None and client.status(job_name).todo == 0:
+                thread.start()  # todo is empty: the loader holds every task
+            time.sleep(0.03)
+        assert loader.state == "completed"
+    thread.join(10)
+    assert added_tasks and added_rows, "the added trainer took nothing in the pass"
+    assert sorted(rows + added_rows) == [(f, i) for f in range(12) for i in range(16)]
+    assert client.status(job_name).counters["stolen"] >= 1  # reserved read-ahead
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["passes"][0]["done"] == 12

@@ -113,6 +113,12 @@ class Feeder(threading.Thread):
         self.phase = "feed"
         self._acks: list[Task] = []
         self._acks_since = 0.0
+        #: leased reserved, not on the readers' queue yet (stealable until started)
+        self._reserved: deque[Task] = deque()
+        #: tasks to keep on the queue or being read: each reader's open ones and its next
+        self._read_target = min(self.tasks_ahead, readers * (dataset.interleave + 1))
+        #: when a lease last found nothing while the reserve was not empty
+        self._dry_at = 0.0
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -190,6 +196,7 @@ class Feeder(threading.Thread):
         def run(trainer: Trainer) -> None:
             if self.phase != "end":
                 self.phase = self._end("exhausted")
+            self._reserved.clear()
             self.ledger.keep_only(keep)
 
         self.call(run)
@@ -262,17 +269,32 @@ class Feeder(threading.Thread):
                 return
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self.ledger.drop_revoked()
+            if revoked and self._reserved:
+                self._reserved = deque(t for t in self._reserved if not t.revoked.is_set())
             holding = self.ledger.count() > 0
-            reading = self._dispatched - self.finished()
-            # refill by half the read-ahead at a time: several tasks per lease call
-            idle = (
-                self.phase == "end"
-                or (self.phase == "feed" and reading > self.tasks_ahead - self._refill)
-                or (
-                    self.phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S
-                )
-            )
-            if idle and not (revoked and self.phase != "end"):
+            reading = self._dispatched - self.finished()  # on the queue or being read
+            feeding = self.phase == "feed"
+            # what the readers need now (each one's open tasks and its next) is started
+            # from the reserve; the rest of the read-ahead stays reserved: an idle
+            # trainer may take it until a reader needs it
+            need = max(0, self._read_target - reading) if feeding else 0
+            starts = [self._reserved.popleft() for _ in range(min(need, len(self._reserved)))]
+            need -= len(starts)
+            ahead = reading + len(starts) + len(self._reserved)
+            dry = bool(self._reserved) and time.monotonic() - self._dry_at < _TAIL_POLL_S
+            reserve = False
+            if self.phase == "tail":
+                want = 0 if holding and time.monotonic() - last_poll < _TAIL_POLL_S else 1
+            elif not feeding or dry:
+                want = 0
+            elif need > 0:
+                want = min(MAX_BATCH, need)
+            elif self.tasks_ahead - ahead >= self._refill:
+                # refill by half the read-ahead at a time: several tasks per lease call
+                want, reserve = min(MAX_BATCH, self.tasks_ahead - ahead), True
+            else:
+                want = 0
+            if not want and not starts and not (revoked and self.phase != "end"):
                 # while feeding, acks wait for the next lease call (one call for many
                 # tasks) up to _ACK_DELAY_S; at a pass's tail everyone waits for them
                 if self._acks and (
@@ -283,23 +305,32 @@ class Feeder(threading.Thread):
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
             room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
-            if room <= 0:
+            if room <= 0 and not starts:
                 self._check_starved(reading)
                 self._wait(0.05)
                 continue
-            last_poll = time.monotonic()
-            want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
-            want = min(want, room)
+            want = max(0, min(want, room))
+            if want:
+                last_poll = time.monotonic()
             acks = self._take_acks()
             if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
                 self._ack(acks)
                 acks = []
             self.ledger.acked += len(acks)
+            if not want and not starts and not acks:
+                continue
             try:
-                # one call acks what the loop took and leases several: Trainer.lease()
-                # takes one task and no acks, and each call waits for the GIL behind
-                # a busy main thread (num_workers=0)
-                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no, acks=acks)
+                # one call acks what the loop took, starts what the readers begin and
+                # leases several (each call waits for the GIL behind a busy main thread
+                # with num_workers=0)
+                got = trainer.lease_many(
+                    want,
+                    0 if holding or acks or starts else _BLOCK_S,
+                    pass_no,
+                    acks=acks,
+                    starts=starts,
+                    reserve=reserve,
+                )
             except errors.JobCompleted:
                 self.phase = self._end("completed")
                 continue
@@ -309,9 +340,19 @@ class Feeder(threading.Thread):
             except errors.Draining:
                 self.phase = self._end("draining")
                 continue
+            for task in starts:
+                if task.started and not task.revoked.is_set():
+                    self._send(task, int(getattr(task, "start", 0)), self.tasks)
+                # else taken by an idle trainer first: it is no longer held
             if got:
                 for task in got:
-                    self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
+                    if reserve:
+                        self.ledger.add(task)
+                        self._reserved.append(task)
+                    else:
+                        self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
+                continue
+            if not want:
                 continue
             if self._finish.is_set():
                 continue
@@ -329,6 +370,8 @@ class Feeder(threading.Thread):
                 # nothing for us now, but the pass is not at its tail (paused, or work
                 # left to others a while): the readers go on, read-ahead resumes after
                 self._wait(0.5)
+            elif self.phase == "feed" and self._reserved:
+                self._dry_at = time.monotonic()  # the readers start the reserve first
             elif self.phase == "feed":
                 # nothing left to lease now: readers finish what they have
                 self._stop_readers()
@@ -355,9 +398,10 @@ class Feeder(threading.Thread):
         self._ack(self._take_acks())
         self.tasks, self.finished, self._dispatched = tasks, finished, 0
         back, again = [], []
+        reserved = {task.id for task in self._reserved}
         for task in self.ledger.held_tasks():
             n = taken.get((task.id, task.token))
-            if n == -1:
+            if n == -1 or task.id in reserved:
                 continue  # the loop took its last sample: acked (or waiting for a commit)
             if task.id in dead_held:
                 back.append(task)
