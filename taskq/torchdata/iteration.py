@@ -6,8 +6,9 @@ whose last sample the batch held and records how far it got into the others. Wit
 ``acks="commit"`` both wait in this iterator until ``commit()``: the tasks stay held
 (the trainer's heartbeat keeps their leases), and an iteration that ends while some are
 uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()`` or
-``close()``. If torch raises (a worker died), every task held and not committed is
-released, then the error is raised again.
+``close()``. A DataLoader worker that died is replaced (``_restart_workers``) and the pass
+goes on; if torch raises anything else, every task held and not committed is released,
+then the error is raised again.
 
 Data flow: training loop -> iteration.py -> feeder.py (trainer.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
