@@ -22,6 +22,7 @@ from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
+from taskq import checkpoints
 
 
 def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.DataLoader:
@@ -428,3 +429,37 @@ def test_a_trainer_added_when_todo_is_empty_takes_samples_in_that_pass(
     assert client.status(job_name).counters["stolen"] >= 1  # reserved read-ahead
     audit = client.audit(job_name)
     assert audit["ok"] and audit["passes"][0]["done"] == 12
+
+
+def test_local_pass_end_after_load_state_dict_does_not_wait_for_a_dead_peers_tasks(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """Two peers hold tasks when the run is restarted from a checkpoint: one dead (no
+    heartbeats) and one stuck (heartbeats go on, as a rank blocked in a collective).
+    After load_state_dict, a pass_end='local' loader reads every row the checkpoint left,
+    theirs included, and ends within seconds, not after task_timeout (30 s) or
+    worker_ttl (30 s); its next iteration ends the job."""
+    chunks = write_jsonl(tmp_path, 8, 6)
+    make_job(client, job_name, chunks, worker_ttl=30.0, task_timeout=30.0)
+    first = taskq.Trainer(job_name, url=url, handle_signals=False)
+    task = first.lease(timeout=2.0)
+    assert task is not None
+    first.ack(task)
+    first.close()
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    dead = taskq.Trainer(job_name, url=url, heartbeat=False, handle_signals=False)
+    stuck = taskq.Trainer(job_name, url=url, handle_signals=False)
+    held = [dead.lease(timeout=2.0), stuck.lease(timeout=2.0), stuck.lease(timeout=2.0)]
+    assert all(held)
+    began = time.monotonic()
+    # (no worker processes: forking beside the stuck peer's heartbeat thread is not the point)
+    with _loader(url, job_name, 0, pass_end="local") as loader:
+        assert loader.load_state_dict(state, key="restart-1")
+        rows = [r for b in loader for r in rows_of(b)]
+        took = time.monotonic() - began
+        assert sorted(rows) == [(f, i) for f in range(8) if f != task.id for i in range(6)]
+        assert took < 10.0, took
+        assert loader.state == "completed"
+        assert list(loader) == []
+    stuck.close()
+    assert client.status(job_name).state == "completed"

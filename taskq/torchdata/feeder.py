@@ -366,9 +366,13 @@ class Feeder(threading.Thread):
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
-            elif self.phase == "feed" and (st.state == "paused" or st.todo > 0):
-                # nothing for us now, but the pass is not at its tail (paused, or work
-                # left to others a while): the readers go on, read-ahead resumes after
+            elif self.phase == "feed" and (
+                st.state == "paused"
+                or (st.state == "waiting" and st.reason == "rewinding")
+                or st.todo > 0
+            ):
+                # nothing for us now, but the pass is not at its tail (paused, a rewind
+                # half done, work left to others a while): the readers go on
                 self._wait(0.5)
             elif self.phase == "feed" and self._reserved:
                 self._dry_at = time.monotonic()  # the readers start the reserve first
