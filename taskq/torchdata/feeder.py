@@ -119,6 +119,8 @@ class Feeder(threading.Thread):
         self._read_target = min(self.tasks_ahead, readers * (dataset.interleave + 1))
         #: when a lease last found nothing while the reserve was not empty
         self._dry_at = 0.0
+        #: tasks sent to the tail (read in the main process)
+        self._tail_ids: set[int] = set()
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -402,11 +404,13 @@ class Feeder(threading.Thread):
         self._ack(self._take_acks())
         self.tasks, self.finished, self._dispatched = tasks, finished, 0
         back, again = [], []
-        reserved = {task.id for task in self._reserved}
+        elsewhere = {task.id for task in self._reserved} | self._tail_ids
         for task in self.ledger.held_tasks():
             n = taken.get((task.id, task.token))
-            if n == -1 or task.id in reserved:
-                continue  # the loop took its last sample: acked (or waiting for a commit)
+            if n == -1 or task.id in elsewhere:
+                # the loop took its last sample (acked, or waiting for a commit); not
+                # begun (reserved); read in the main process (the tail)
+                continue
             if task.id in dead_held:
                 back.append(task)
             else:
@@ -456,6 +460,8 @@ class Feeder(threading.Thread):
         to.put((self.iteration, task.id, task.token, task.pass_no, task.chunks, start))
         if to is self.tasks:
             self._dispatched += 1
+        else:
+            self._tail_ids.add(task.id)
 
     def _stop_readers(self) -> None:
         if not self._readers_stopped:
