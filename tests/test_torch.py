@@ -170,22 +170,24 @@ def test_on_error_raise_stops_the_loop_with_the_readers_text(
 
 # the new workers are forked while the loader's feeder and heartbeat threads run
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("shuffle,persistent", [(False, False), (True, False), (True, True)])
 def test_sigkilled_worker_is_replaced_and_the_loop_ends_normally(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path, shuffle: bool
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, shuffle: bool, persistent: bool
 ) -> None:
     """A DataLoader worker is SIGKILLed (as the OOM killer does) while its batches are
     buffered: the loop sees no exception and ends with the pass complete, every sample
     taken, none twice but possibly the batch in the step at that moment; the loader
     counts one worker restart, and only the task the dead worker was reading (if any)
-    was given back (released), not the whole holding."""
+    was given back (released), not the whole holding. The next pass (persistent workers
+    or not) reads every sample once again."""
     sizes = [24] * 8
     chunks = write_jsonl(tmp_path, 8, sizes)
-    make_job(client, job_name, chunks)
+    make_job(client, job_name, chunks, passes=2)
     taken: list[tuple[int, int]] = []
     step_batch: list[tuple[int, int]] = []
+    extra = {"persistent_workers": True} if persistent else {}
     with _loader(
-        url, job_name, 2, batch_size=4, prefetch_factor=4, interleave=1, shuffle=shuffle
+        url, job_name, 2, batch_size=4, prefetch_factor=4, interleave=1, shuffle=shuffle, **extra
     ) as loader:
         it = iter(loader)
         for n, batch in enumerate(it):
@@ -197,18 +199,22 @@ def test_sigkilled_worker_is_replaced_and_the_loop_ends_normally(
                 step_batch = rows
                 time.sleep(0.5)  # its batches stay buffered, unread by the loop
             time.sleep(0.01)
-        assert loader.state == "completed"
+        assert loader.state == "pass_complete"
         assert loader.counts["worker_restarts"] == 1
         # the task the dead worker was reading, if any (interleave=1): not all held
         assert loader.counts["tasks_given_back"] <= 1
+        again = [r for b in loader for r in rows_of(b)]
+        assert loader.state == "completed"
     everything = {(f, i) for f in range(8) for i in range(24)}
     assert set(taken) == everything
     twice = [r for r, k in Counter(taken).items() if k > 1]
     assert set(twice) <= set(step_batch), twice
+    assert sorted(again) == sorted(everything)
     st = client.status(job_name)
     assert st.counters["released"] == loader.counts["tasks_given_back"]
     audit = client.audit(job_name)
-    assert audit["ok"] and audit["passes"][0]["done"] == 8 and audit["passes"][0]["stale"] == 0
+    assert audit["ok"], audit["checks"]
+    assert [(p["done"], p["stale"]) for p in audit["passes"]] == [(8, 0), (8, 0)]
 
 
 def _fcalls(server: RedisServer) -> int:
