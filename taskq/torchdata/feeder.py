@@ -2,9 +2,10 @@
 
 It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
 DataLoader workers started, so nothing of it crosses a fork): it leases tasks of the
-current pass and puts them on the readers' queue, keeping about ``tasks_ahead`` tasks
-being read; it acks and fails the tasks the main thread tells it about; it decides when
-the readers stop and when the pass is over. Every trainer call comes from this thread:
+current pass, keeping about ``tasks_ahead`` tasks leased and not read to their end (the
+readers' queue and the reserve of read-ahead not begun: ``readahead.py``); it acks and
+fails the tasks the main thread tells it about; it decides when the readers stop and
+when the pass is over. Every trainer call comes from this thread:
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
@@ -12,13 +13,12 @@ What it holds and what the main thread asked about it (acks, fails, progress, co
 is the iteration's ledger (``ledger.py``), which it performs.
 
 Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer.py -> Redis;
-feeder -> task queue -> readers (dataset.py).
+feeder -> readahead.py -> task queue -> readers (dataset.py).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -31,8 +31,9 @@ from .. import errors
 from ..models import Task
 from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
-from .dataset import TaskDataset, TaskMsg, stop_msg
+from .dataset import TaskDataset
 from .ledger import Ledger
+from .readahead import ReadAhead
 
 log = logging.getLogger("taskq.torch")
 
@@ -83,20 +84,17 @@ class Feeder(threading.Thread):
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
-        self.tasks = tasks
-        self.readers = readers
-        self.finished = finished
         self.iteration = iteration
         self.pass_end = pass_end
-        self.tasks_ahead = max(1, tasks_ahead)
-        self._refill = max(1, self.tasks_ahead // 2)
+        #: the readers' queue and the reserve (read-ahead not begun)
+        self.ahead = ReadAhead(tasks, readers, finished, iteration, tasks_ahead, dataset.interleave)
+        #: tasks leased after the readers stopped (global pass end), read in-process
+        self.tail = self.ahead.tail
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.hold_acks = hold_acks
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
         self.main_waiting = 0.0
-        #: tasks leased after the readers stopped (global pass end), read in-process
-        self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self.end_state: str | None = None
         self.error: BaseException | None = None
         self.pass_no: int | None = None
@@ -106,21 +104,11 @@ class Feeder(threading.Thread):
         self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
         self._finish = threading.Event()
-        self._dispatched = 0
-        self._readers_stopped = False
         #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
         #: late work read in the main process), "end"
         self.phase = "feed"
         self._acks: list[Task] = []
         self._acks_since = 0.0
-        #: leased reserved, not on the readers' queue yet (stealable until started)
-        self._reserved: deque[Task] = deque()
-        #: tasks to keep on the queue or being read: each reader's open ones and its next
-        self._read_target = min(self.tasks_ahead, readers * (dataset.interleave + 1))
-        #: when a lease last found nothing while the reserve was not empty
-        self._dry_at = 0.0
-        #: tasks sent to the tail (read in the main process)
-        self._tail_ids: set[int] = set()
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -198,7 +186,6 @@ class Feeder(threading.Thread):
         def run(trainer: Trainer) -> None:
             if self.phase != "end":
                 self.phase = self._end("exhausted")
-            self._reserved.clear()
             self.ledger.keep_only(keep)
 
         self.call(run)
@@ -271,29 +258,16 @@ class Feeder(threading.Thread):
                 return
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self.ledger.drop_revoked()
-            if revoked and self._reserved:
-                self._reserved = deque(t for t in self._reserved if not t.revoked.is_set())
+            if revoked:
+                self.ahead.forget_revoked()
             holding = self.ledger.count() > 0
-            reading = self._dispatched - self.finished()  # on the queue or being read
-            feeding = self.phase == "feed"
-            # what the readers need now (each one's open tasks and its next) is started
-            # from the reserve; the rest of the read-ahead stays reserved: an idle
-            # trainer may take it until a reader needs it
-            need = max(0, self._read_target - reading) if feeding else 0
-            starts = [self._reserved.popleft() for _ in range(min(need, len(self._reserved)))]
-            need -= len(starts)
-            ahead = reading + len(starts) + len(self._reserved)
-            dry = bool(self._reserved) and time.monotonic() - self._dry_at < _TAIL_POLL_S
+            reading = self.ahead.reading()
+            starts: list[Task] = []
             reserve = False
-            if self.phase == "tail":
+            if self.phase == "feed":
+                starts, want, reserve = self.ahead.plan()
+            elif self.phase == "tail":
                 want = 0 if holding and time.monotonic() - last_poll < _TAIL_POLL_S else 1
-            elif not feeding or dry:
-                want = 0
-            elif need > 0:
-                want = min(MAX_BATCH, need)
-            elif self.tasks_ahead - ahead >= self._refill:
-                # refill by half the read-ahead at a time: several tasks per lease call
-                want, reserve = min(MAX_BATCH, self.tasks_ahead - ahead), True
             else:
                 want = 0
             if not want and not starts and not (revoked and self.phase != "end"):
@@ -342,17 +316,9 @@ class Feeder(threading.Thread):
             except errors.Draining:
                 self.phase = self._end("draining")
                 continue
-            for task in starts:
-                if task.started and not task.revoked.is_set():
-                    self._send(task, int(getattr(task, "start", 0)), self.tasks)
-                # else taken by an idle trainer first: it is no longer held
+            self.ahead.started(starts)
             if got:
-                for task in got:
-                    if reserve:
-                        self.ledger.add(task)
-                        self._reserved.append(task)
-                    else:
-                        self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
+                self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
                 continue
             if not want:
                 continue
@@ -376,11 +342,11 @@ class Feeder(threading.Thread):
                 # nothing for us now, but the pass is not at its tail (paused, a rewind
                 # half done, work left to others a while): the readers go on
                 self._wait(0.5)
-            elif self.phase == "feed" and self._reserved:
-                self._dry_at = time.monotonic()  # the readers start the reserve first
+            elif self.phase == "feed" and self.ahead.reserved:
+                self.ahead.note_dry()  # the readers start the reserve first
             elif self.phase == "feed":
                 # nothing left to lease now: readers finish what they have
-                self._stop_readers()
+                self.ahead.stop_readers()
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
@@ -402,25 +368,8 @@ class Feeder(threading.Thread):
         """
         self._acks += self.ledger.collect()  # what the loop asked before this call
         self._ack(self._take_acks())
-        self.tasks, self.finished, self._dispatched = tasks, finished, 0
-        back, again = [], []
-        elsewhere = {task.id for task in self._reserved} | self._tail_ids
-        for task in self.ledger.held_tasks():
-            n = taken.get((task.id, task.token))
-            if n == -1 or task.id in elsewhere:
-                # the loop took its last sample (acked, or waiting for a commit); not
-                # begun (reserved); read in the main process (the tail)
-                continue
-            if task.id in dead_held:
-                back.append(task)
-            else:
-                again.append((task, task.start if n is None else max(n, task.start)))
+        back = self.ahead.restart(tasks, finished, self.ledger.held_tasks(), dead_held, taken)
         self.ledger.give_back(back)
-        for task, start in again:
-            self._send(task, start, self.tasks)
-        if self._readers_stopped:  # the old readers were told to stop: so are the new
-            self._readers_stopped = False
-            self._stop_readers()
         return len(back)
 
     def _check_starved(self, reading: int) -> None:
@@ -452,29 +401,11 @@ class Feeder(threading.Thread):
             except BaseException as e:  # the caller raises it
                 fut.set_exception(e)
 
-    def _dispatch(self, task: Task, to: Any) -> None:
-        self.ledger.add(task)
-        self._send(task, int(getattr(task, "start", 0)), to)
-
-    def _send(self, task: Task, start: int, to: Any) -> None:
-        to.put((self.iteration, task.id, task.token, task.pass_no, task.chunks, start))
-        if to is self.tasks:
-            self._dispatched += 1
-        else:
-            self._tail_ids.add(task.id)
-
-    def _stop_readers(self) -> None:
-        if not self._readers_stopped:
-            self._readers_stopped = True
-            for _ in range(self.readers):
-                self.tasks.put(stop_msg(self.iteration))
-
     def _end(self, state: str) -> str:
         self.phase = "end"
         if self.end_state is None:
             self.end_state = state
-        self._stop_readers()
-        self.tail.put(stop_msg(self.iteration))
+        self.ahead.end()
         return "end"
 
     def _wait(self, seconds: float) -> None:
