@@ -66,6 +66,7 @@ class Feeder(threading.Thread):
         hold_acks: acks="commit": taken tasks stay held until ``commit()``; leases stop
             at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
             can give is answered with an error (it must commit more often).
+        spare: tasks queued per reader beyond its open ones (``readahead.py``).
     """
 
     def __init__(
@@ -81,13 +82,16 @@ class Feeder(threading.Thread):
         worker_id: str | None,
         *,
         hold_acks: bool = False,
+        spare: int = 1,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
         self.iteration = iteration
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
-        self.ahead = ReadAhead(tasks, readers, finished, iteration, tasks_ahead, dataset.interleave)
+        self.ahead = ReadAhead(
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare
+        )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
         self.after_pass = after_pass

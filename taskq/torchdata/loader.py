@@ -217,6 +217,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self._done_pass,
             self.worker_id,
             hold_acks=self.acks == "commit",
+            spare=0 if self.num_workers == 0 else 1,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake

@@ -39,6 +39,9 @@ class ReadAhead:
         iteration: the loader's iteration number, carried by every message.
         tasks_ahead: tasks leased and not yet read to their end, at most.
         interleave: tasks a reader reads from at once.
+        spare: tasks queued per reader beyond its open ones (1 for worker processes,
+            whose progress the feeder polls; 0 in-process, where a finished task wakes
+            the feeder at once and a slow loop should hold no more started work).
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class ReadAhead:
         iteration: int,
         tasks_ahead: int,
         interleave: int,
+        spare: int = 1,
     ) -> None:
         self.tasks = tasks
         self.readers = readers
@@ -57,8 +61,8 @@ class ReadAhead:
         self.tasks_ahead = max(1, tasks_ahead)
         #: refill by half the read-ahead at a time: several tasks per lease call
         self.refill = max(1, self.tasks_ahead // 2)
-        #: tasks to keep on the queue or being read: each reader's open ones and its next
-        self.read_target = min(self.tasks_ahead, readers * (interleave + 1))
+        #: tasks to keep on the queue or being read: each reader's open ones (and its next)
+        self.read_target = min(self.tasks_ahead, readers * (interleave + spare))
         #: leased reserved, not on the readers' queue yet (stealable until started)
         self.reserved: deque[Task] = deque()
         #: tasks leased after the readers stopped (global pass end), read in-process
