@@ -1,4 +1,5 @@
-# The README's two commands live here: `make demo` and `make test`.
+# The README's two commands live here: `make demo` and `make test` (which also builds the
+# wheel and imports every module from it in a fresh venv: scripts/check-wheel.sh).
 .PHONY: demo test test-valkey lint bench clean
 
 # The subset `make test` also runs against Valkey 8 (~2 min): the engine, the trainer, the
@@ -17,6 +18,7 @@ test:
 	@.venv/bin/ruff format --check taskq cli tests bench
 	@.venv/bin/mypy -p taskq
 	@.venv/bin/mypy cli
+	@scripts/check-wheel.sh
 	@$(MAKE) --no-print-directory test-valkey
 	@echo "taskq: the whole suite on redis-server"
 	@scripts/run-tests.sh --durations=10

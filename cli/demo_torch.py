@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import collections
 import json
-import multiprocessing
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import taskq
@@ -81,9 +80,9 @@ def to_tensors(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: str) -> None:
+def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> None:
     """A trainer process: the loader, the model, and a log of ``pass id`` per sample
-    taken and ``loss pass sum n`` per pass."""
+    taken and ``loss pass sum n`` per pass (arguments as strings: its command line)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
     err = open(os.path.join(run_dir, f"trainer-{index}.err"), "a", buffering=1)  # noqa: SIM115
     os.dup2(err.fileno(), 2)
@@ -91,11 +90,13 @@ def _trainer_main(url: str, prefix: str | None, job: str, index: int, run_dir: s
 
     import taskq.torch
 
-    torch.manual_seed(index)
+    torch.manual_seed(int(index))
     torch.set_num_threads(1)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ds = taskq.torch.TaskDataset(job, to_tensors, client=taskq.Client(url, key_prefix=prefix))
+    ds = taskq.torch.TaskDataset(
+        job, to_tensors, client=taskq.Client(url, key_prefix=prefix or None)
+    )
     loader = taskq.torch.DataLoader(
         ds, batch_size=16, num_workers=2, worker_id=f"demo-torch-{index}:{os.getpid()}"
     )
@@ -135,7 +136,7 @@ def run(url: str | None, prefix: str | None) -> bool:
     began = time.monotonic()
     run_dir = tempfile.mkdtemp(prefix="taskq-demo-torch-")
     server = None
-    procs: dict[int, BaseProcess] = {}
+    procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
         if url is None:
             server = local_redis()
@@ -154,16 +155,18 @@ def run(url: str | None, prefix: str | None) -> bool:
             f"job {job}: {len(chunks)} tasks ({FILES} Parquet + {FILES} JSONL files, "
             f"{samples} samples) x {PASSES} passes; 3 trainers x 2 DataLoader workers"
         )
-        mp = multiprocessing.get_context("spawn")  # no thread or socket of ours is copied
 
         def spawn(index: int) -> None:
-            p = mp.Process(
-                target=_trainer_main,
-                args=(url, prefix, job, index, run_dir),
-                name=f"taskq-demo-torch-{index}",
-            )  # not daemonic: it forks workers
-            p.start()
-            procs[index] = p
+            # a process of its own (not a multiprocessing child): nothing of ours is
+            # copied, and the semaphores of a SIGKILLed trainer are its own resource
+            # tracker's to clean up (a shared tracker reports them "leaked")
+            code = (
+                "import sys; from taskq.cli.demo_torch import _trainer_main as m; m(*sys.argv[1:])"
+            )
+            argv = [sys.executable, "-c", code, url, prefix or "", job, str(index), run_dir]
+            procs[index] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+            )
 
         for i in range(3):
             spawn(i)
@@ -171,29 +174,48 @@ def run(url: str | None, prefix: str | None) -> bool:
             lambda: (
                 client.status(job).done >= len(chunks) // 4
                 and _lines(os.path.join(run_dir, "trainer-0.log")) >= ROWS
+                and _partway(client, job, "demo-torch-0:") > 0
             ),
-            "a quarter of pass 1",
+            "a quarter of pass 1 with trainer 0 partway into a task",
             procs,
         )
-        os.kill(procs[0].pid or 0, signal.SIGKILL)
+        into = _partway(client, job, "demo-torch-0:")
+        procs[0].send_signal(signal.SIGKILL)
         out.print(
             f"{time.strftime('%H:%M:%S')} pass 1, {client.status(job).done} of "
-            f"{len(chunks)} tasks done: SIGKILL trainer 0, add trainer 3"
+            f"{len(chunks)} tasks done: SIGKILL trainer 0 ({into} samples into the tasks it "
+            "holds, recorded), add trainer 3"
         )
         spawn(3)
         _wait(lambda: client.status(job).state == "completed", "the job's completion", procs)
         for p in procs.values():
-            p.join(10)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
         return _summary(out, client, job, run_dir, samples, time.monotonic() - began)
     finally:
         for p in procs.values():
-            if p.is_alive():
+            if p.poll() is None:
                 p.kill()
-                p.join(5)
+                p.wait(5)
         if server is not None:
             server.cleanup()
         if os.environ.get("TASKQ_DEMO_KEEP") is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _partway(client: taskq.Client, job: str, worker_prefix: str) -> int:
+    """Samples recorded as taken of the tasks the worker(s) of ``worker_prefix`` hold."""
+    held = [
+        t["id"]
+        for t in client.tasks(job, "leased")
+        if str(t.get("worker", "")).startswith(worker_prefix)
+    ]
+    if not held:
+        return 0
+    progress = client.redis.hmget(client.keys(job).progress, [str(t) for t in held])
+    return sum(int(n) for n in progress if n is not None)
 
 
 def _lines(path: str) -> int:
@@ -204,13 +226,13 @@ def _lines(path: str) -> int:
         return 0
 
 
-def _wait(cond: Any, what: str, procs: dict[int, BaseProcess]) -> None:
+def _wait(cond: Any, what: str, procs: dict[int, subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not cond():
-        if all(p.exitcode not in (None, 0) for p in procs.values()):
+        if all(p.poll() not in (None, 0) for p in procs.values()):
             raise taskq.TaskqError(
                 f"demo --torch: every trainer failed (exit codes "
-                f"{[p.exitcode for p in procs.values()]})"
+                f"{[p.poll() for p in procs.values()]})"
             )
         if time.monotonic() > deadline:
             raise taskq.TaskqError(f"demo --torch: no {what} after {TIMEOUT_S:g}s")

@@ -60,7 +60,9 @@ def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
 def drain(
     ctx: click.Context, name: str, worker_ids: tuple[str, ...], drain_all: bool, as_json: bool
 ) -> None:
-    """Ask workers of NAME to finish their current task, then leave."""
+    """Ask workers of NAME to leave: they lease nothing more and leave once done with
+    what they work on (a trainer, its current task; a taskq.torch loader, every task its
+    readers began or have queued), giving back read-ahead not begun."""
     client = client_of(ctx)
     if drain_all == bool(worker_ids):
         raise click.UsageError("name WORKER ids or give --all (not both)", ctx)

@@ -73,27 +73,45 @@ class TrainerIteration(TrainerBeats):
         timeout: float = 2.0,
         expect_pass: int | None = None,
         acks: Sequence[Task] = (),
+        *,
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
     ) -> list[Task]:
         """Lease up to ``n`` tasks, started, in one call; with ``acks``, ack those in it.
 
         Args:
-            n: the most tasks to lease (1 to the job's per-call bound).
+            n: the most tasks to lease (1 to the job's per-call bound; 0 with ``acks``
+                or ``starts``: none, only those).
             timeout: seconds to wait for work (0: do not wait).
             expect_pass: never return work of another pass (``PASS_DONE`` -> []).
             acks: finished tasks to ack in the same call (a lost lease is logged and its
                 ``revoked`` event set, not raised).
+            starts: tasks this trainer leased with ``reserve=True``, to start in the same
+                call (before the lease): each comes back started (``task.started``) or,
+                if an idle trainer took it meanwhile, no longer held (``task.revoked``
+                set; ``stolen_from_me`` counts it).
+            reserve: lease the tasks reserved, not started: read-ahead an idle trainer
+                may still take (steal) until it is started (``starts=``); the task
+                timeout runs from the start.
 
         Returns:
             The tasks leased (those with unreadable chunks are failed and left out);
             empty when ``timeout`` passed with nothing to give.
 
         Raises:
-            InvalidInput: ``n < 1``.
+            InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
             JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
         """
-        if n < 1:
-            raise errors.InvalidInput(f"n must be >= 1, got {n}")
-        return self._lease_n(n, timeout, expect_pass, acks=self._still_held(acks))
+        if n < 0 or (n == 0 and not acks and not starts):
+            raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
+        return self._lease_n(
+            n,
+            timeout,
+            expect_pass,
+            acks=self._still_held(acks),
+            starts=list(starts),
+            mode="R" if reserve else "S",
+        )
 
     def _still_held(self, acks: Sequence[Task]) -> list[Task]:
         with self._lock:
@@ -106,16 +124,19 @@ class TrainerIteration(TrainerBeats):
         expect_pass: int | None,
         acks: list[Task] | None = None,
         raise_corrupt: bool = False,
+        starts: list[Task] | None = None,
+        mode: str = "S",
     ) -> list[Task]:
         deadline = time.monotonic() + timeout
         acks = list(acks or [])
+        starts = starts or []
         while True:
             r = self._retrying(
-                self._step, acks, [], n, "S", -1 if expect_pass is None else expect_pass
+                self._step, acks, starts, n, mode, -1 if expect_pass is None else expect_pass
             )
             if acks and STALE in r.ack_res:
                 self._check_acks(acks, r.ack_res, raise_stale=False)
-            acks = []
+            acks, starts = [], []
             bad = self._fail_corrupt(r.corrupt) if r.corrupt else []
             if r.code == REREGISTER:
                 continue
@@ -126,7 +147,7 @@ class TrainerIteration(TrainerBeats):
                 self._end_code(r.code)
             if bad and raise_corrupt:
                 raise bad[0]
-            if r.granted or r.code == PASS_DONE:
+            if r.granted or r.code == PASS_DONE or n == 0:
                 return r.granted
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -1,14 +1,19 @@
 """DDP over a taskq job: 2 ranks of real DistributedDataParallel on gloo, 2 passes,
-uneven steps per rank kept aligned by torch.distributed.algorithms.Join."""
+uneven steps per rank kept aligned by torch.distributed.algorithms.Join; relaunches under
+torchrun's default environment, each rewinding to the checkpoint."""
 
 from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
-from torch_helpers import ddp_rank, gather, make_job, write_jsonl
+import pytest
+from torch_helpers import ddp_rank, gather, jsonl_reader, make_job, restart_rank, write_jsonl
 
 import taskq
+import taskq.torch
+from taskq import checkpoints
 
 
 def test_two_ddp_ranks_two_passes_with_join(
@@ -32,6 +37,8 @@ def test_two_ddp_ranks_two_passes_with_join(
         rows = results[0][1][pass_no] + results[1][1][pass_no]
         assert sorted(rows) == everything  # (a rank may get no task: Join covers that too)
     assert results[0][0] != results[1][0], "the ranks took as many steps: nothing to align"
+    for rank in (0, 1):  # pass_end="local"; the job completed after the last pass
+        assert results[rank][2][0] == "exhausted" and results[rank][2][2] == "completed"
     assert results[0][3] == results[1][3]
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
@@ -40,3 +47,61 @@ def test_two_ddp_ranks_two_passes_with_join(
         (1, len(sizes), 0),
     ]
     assert audit["state"] == "completed"
+
+
+def _launch(url: str, job: str, init: str, state: dict[str, Any], steps: int | None) -> list[Any]:
+    """One torchrun-like launch of 2 ranks; their (rank, rewound, rows), by rank."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=restart_rank, args=(r, 2, url, job, init, state, steps, out))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    return sorted(gather(procs, out, 60, "rank"))
+
+
+def test_two_relaunches_under_torchruns_default_environment_both_rewind(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """A checkpoint with 2 of 8 tasks done; two launches of 2 ranks each, both with
+    TORCHELASTIC_RUN_ID=none and TORCHELASTIC_RESTART_COUNT=0 (plain torchrun, no
+    --rdzv-id), load the state with the default key. The first takes 2 batches per rank
+    (acked) and ends; the second still rewinds (its key is its own: rank 0 made it and
+    broadcast it), once for its two ranks, and reads exactly what the checkpoint left."""
+    chunks = write_jsonl(tmp_path / "data", 8, 12)
+    make_job(client, job_name, chunks)
+    with taskq.Trainer(job_name, url=url) as trainer:
+        for _ in range(2):
+            task = trainer.lease(timeout=2.0)
+            assert task is not None
+            trainer.ack(task)
+        done = {t["id"] for t in client.tasks(job_name, "done")}
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    left = sorted((f, i) for f in range(8) if f not in done for i in range(12))
+    first = _launch(url, job_name, str(tmp_path / "init-1"), state, steps=2)
+    assert [r[1] for r in first].count(True) == 1
+    assert client.status(job_name).done >= 1  # the first launch acked work
+    second = _launch(url, job_name, str(tmp_path / "init-2"), state, steps=None)
+    assert [r[1] for r in second].count(True) == 1, "the second launch did not rewind"
+    assert sorted(second[0][2] + second[1][2]) == left
+    assert len(client.latest_events(job_name, "rewind_started", 10, 100000)) == 2
+    assert client.status(job_name).state == "completed"
+
+
+def test_load_state_dict_under_torchrun_without_a_process_group_is_refused(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """torchrun's variables alone cannot name a launch: no key given and no process
+    group is a clear error, and the job is not rewound."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 2, 3))
+    state = checkpoints.state_of(job_name, client.checkpoint(job_name))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
+    with taskq.torch.DataLoader(ds) as loader:
+        with pytest.raises(taskq.InvalidInput, match="init_process_group"):
+            loader.load_state_dict(state)
+        assert loader.load_state_dict(state, key="attempt-7")
+    assert len(client.latest_events(job_name, "rewind_started", 10, 100000)) == 1

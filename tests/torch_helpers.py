@@ -72,7 +72,8 @@ def per_file(rows: list[tuple[int, int]]) -> Counter[int]:
 
 def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any) -> None:
     """One DDP rank (gloo): a tiny model over a taskq.torch loader for two passes, steps
-    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states) on ``out``."""
+    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states: after
+    each pass and once all ranks are done, weights) on ``out``."""
     import time
     from datetime import timedelta
 
@@ -112,6 +113,8 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
             steps.append(n)
             rows.append(got)
             states.append(loader.state)
+        dist.barrier()  # every rank is past the last pass: the job is completed
+        states.append(loader.state)
     # the same weights everywhere: every step was an allreduce of all ranks (or a shadow)
     weight = [p.detach().flatten().tolist() for p in model.parameters()]
     out.put((rank, steps, rows, states, weight))
@@ -134,3 +137,51 @@ def gather(procs: list[Any], out: Any, timeout: float, who: str) -> list[Any]:
                 p.kill()
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     return results
+
+
+def restart_rank(
+    rank: int,
+    world: int,
+    url: str,
+    job: str,
+    init_file: str,
+    state: dict[str, Any],
+    steps: int | None,
+    out: Any,
+) -> None:
+    """One rank of a relaunch under torchrun's default environment (no ``--rdzv-id``:
+    ``TORCHELASTIC_RUN_ID=none``, ``TORCHELASTIC_RESTART_COUNT=0`` on every launch): a
+    gloo process group, ``loader.load_state_dict(state)`` with the default key, then
+    ``steps`` batches (all of the pass if None), synced; puts (rank, rewound, rows) on
+    ``out``."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import taskq.torch
+
+    os.environ.update(
+        TORCHELASTIC_RUN_ID="none",
+        TORCHELASTIC_RESTART_COUNT="0",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+    )
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, shuffle=False)
+    rows: list[tuple[int, int]] = []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, tasks_ahead=2) as loader:
+        rewound = loader.load_state_dict(state)
+        for n, batch in enumerate(loader, 1):
+            rows += rows_of(batch)
+            if steps is not None and n == steps:
+                loader.sync()  # acked and recorded: a rewind that is skipped loses it
+                break
+    out.put((rank, rewound, rows))
+    dist.destroy_process_group()

@@ -61,7 +61,11 @@ class Feed:
     ``iteration`` holds the loader's current iteration number; a message of another
     iteration is stale (left over from an abandoned one with persistent workers) and a
     reader whose iteration is no longer current ends. ``finished`` counts tasks each
-    reader finished reading (one slot per worker; the feeder paces on it).
+    reader finished reading (one slot per worker; the feeder paces on it); ``taken``
+    counts the task messages each took off the queue (the queue is FIFO: the first
+    ``sum(taken)`` tasks dispatched are being read or were read); ``reading`` holds the
+    ids of the tasks each reader is reading (``width`` cells per worker, -1 free), so a
+    dead worker's tasks are known.
     """
 
     tasks: Any
@@ -70,6 +74,9 @@ class Feed:
     batch_size: int | None
     collate_fn: Callable[[Any], Any] | None
     drop_last: bool
+    taken: Any = None
+    reading: Any = None
+    width: int = 0
     parent_pid: int = field(default_factory=os.getpid)
     #: in-process readers only (not picklable): told each time a task was read
     on_finished: Callable[[], None] | None = None
@@ -112,7 +119,9 @@ class TaskDataset(IterableDataset[Any]):
             are skipped).
         seed: the shuffle seed (keep it across restarts: resumed tasks rely on it).
         interleave: tasks a worker reads from at once (sample-level mixing).
-        trainer_options: keyword arguments for the loader's ``taskq.Trainer``.
+        trainer_options: keyword arguments for the loader's ``taskq.Trainer``;
+            ``handle_signals=False`` keeps the loader from handling SIGTERM (see
+            ``taskq/torchdata/signals.py``).
 
     Raises:
         InvalidInput: ``interleave < 1``.
@@ -158,10 +167,17 @@ class TaskDataset(IterableDataset[Any]):
         in_worker = info is not None
         if in_worker:
             _die_with_parent(feed.parent_pid)
+
+        def take(block: bool) -> TaskMsg | None:
+            msg = _take(feed, iteration, block, in_worker)
+            if msg is not None and msg[1] is not None:
+                _opened(feed, slot, msg[1])
+            return msg
+
         return self.units(
-            lambda block: _take(feed, iteration, block, in_worker),
+            take,
             feed,
-            lambda: _count(feed, slot),
+            lambda task_id: _count(feed, slot, task_id),
             flush_when_idle=False,
             rng_key=f"{slot}:{iteration}",
         )
@@ -170,7 +186,7 @@ class TaskDataset(IterableDataset[Any]):
         self,
         source: Callable[[bool], TaskMsg | None],
         feed: Feed,
-        finished: Callable[[], None],
+        finished: Callable[[int], None],
         flush_when_idle: bool,
         rng_key: str,
     ) -> Iterator[Unit]:
@@ -179,7 +195,7 @@ class TaskDataset(IterableDataset[Any]):
         Args:
             source: the next message (blocking or not; None: nothing now).
             feed: batch size, collate and drop_last.
-            finished: called once per task read to its end (or failed).
+            finished: called with the task id once per task read to its end (or failed).
             flush_when_idle: yield a short batch rather than wait with samples held
                 (for work read in the main process, where nobody else could take them).
             rng_key: what makes this reader's interleaving differ from the others'.
@@ -213,10 +229,10 @@ class TaskDataset(IterableDataset[Any]):
                     break
                 task = self._open(msg, ctrl)
                 if task is None:
-                    finished()
+                    finished(msg[1])
                 elif task.ahead is _END:
                     ctrl.append(("done", task.task_id, task.token, ""))
-                    finished()
+                    finished(task.task_id)
                 else:
                     open_.append(task)
             n_open = len(open_)
@@ -231,14 +247,14 @@ class TaskDataset(IterableDataset[Any]):
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
-                finished()
+                finished(task.task_id)
                 continue
             last = ahead is _END
             tags.append((task.task_id, task.token, index, last))
             samples.append(sample)
             if last:
                 open_.remove(task)
-                finished()
+                finished(task.task_id)
             if len(samples) >= size:
                 yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
                 tags, samples, ctrl = [], [], []
@@ -319,9 +335,37 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _count(feed: Feed, slot: int) -> None:
+def _opened(feed: Feed, slot: int, task_id: int) -> None:
+    """A reader took a task off the queue: count it and note it as being read."""
+    if feed.taken is not None:
+        feed.taken[slot] += 1
+    if feed.width:
+        cells = feed.reading
+        for k in range(slot * feed.width, (slot + 1) * feed.width):
+            if cells[k] < 0:
+                cells[k] = task_id
+                return
+
+
+def _count(feed: Feed, slot: int, task_id: int) -> None:
     # one writer per slot (this worker), so no lock: a lock held by a SIGKILLed worker
     # would hang the feeder that reads the counts
+    if feed.width:
+        cells = feed.reading
+        for k in range(slot * feed.width, (slot + 1) * feed.width):
+            if cells[k] == task_id:
+                cells[k] = -1
+                break
     feed.finished[slot] += 1
     if feed.on_finished is not None:
         feed.on_finished()
+
+
+def being_read(feed: Feed, slot: int) -> set[int]:
+    """The ids of the tasks reader ``slot`` is reading (taken, not read to their end)."""
+    if not feed.width:
+        return set()
+    cells = feed.reading
+    return {
+        int(cells[k]) for k in range(slot * feed.width, (slot + 1) * feed.width) if cells[k] >= 0
+    }

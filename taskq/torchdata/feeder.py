@@ -2,9 +2,10 @@
 
 It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
 DataLoader workers started, so nothing of it crosses a fork): it leases tasks of the
-current pass and puts them on the readers' queue, keeping about ``tasks_ahead`` tasks
-being read; it acks and fails the tasks the main thread tells it about; it decides when
-the readers stop and when the pass is over. Every trainer call comes from this thread:
+current pass, keeping about ``tasks_ahead`` tasks leased and not read to their end (the
+readers' queue and the reserve of read-ahead not begun: ``readahead.py``); it acks and
+fails the tasks the main thread tells it about; it decides when the readers stop and
+when the pass is over. Every trainer call comes from this thread:
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
@@ -12,13 +13,12 @@ What it holds and what the main thread asked about it (acks, fails, progress, co
 is the iteration's ledger (``ledger.py``), which it performs.
 
 Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer.py -> Redis;
-feeder -> task queue -> readers (dataset.py).
+feeder -> readahead.py -> task queue -> readers (dataset.py).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -32,8 +32,9 @@ from ..inputwait import InputMeter
 from ..models import Task
 from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
-from .dataset import TaskDataset, TaskMsg, stop_msg
+from .dataset import TaskDataset
 from .ledger import Ledger
+from .readahead import ReadAhead
 
 log = logging.getLogger("taskq.torch")
 
@@ -63,12 +64,10 @@ class Feeder(threading.Thread):
         tasks_ahead: tasks leased and not yet read to their end, at most.
         after_pass: the pass the previous iteration finished, if it did.
         worker_id: the trainer's worker id.
-        processes: the DataLoader's worker processes; one that dies (a non-zero exit)
-            ends the iteration and releases everything held at once, wherever torch's
-            error surfaces in the main thread (maybe in the loop body, not in next()).
         hold_acks: acks="commit": taken tasks stay held until ``commit()``; leases stop
             at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
             can give is answered with an error (it must commit more often).
+        spare: tasks queued per reader beyond its open ones (``readahead.py``).
     """
 
     def __init__(
@@ -82,30 +81,28 @@ class Feeder(threading.Thread):
         tasks_ahead: int,
         after_pass: int | None,
         worker_id: str | None,
-        processes: Callable[[], list[Any]] = list,
         *,
         hold_acks: bool = False,
         input_meter: InputMeter | None = None,
+        spare: int = 1,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
-        self.tasks = tasks
-        self.readers = readers
-        self.finished = finished
         self.iteration = iteration
         self.pass_end = pass_end
-        self.tasks_ahead = max(1, tasks_ahead)
-        self._refill = max(1, self.tasks_ahead // 2)
+        #: the readers' queue and the reserve (read-ahead not begun)
+        self.ahead = ReadAhead(
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare
+        )
+        #: tasks leased after the readers stopped (global pass end), read in-process
+        self.tail = self.ahead.tail
         self.after_pass = after_pass
         self.worker_id = worker_id
-        self.processes = processes
         self.hold_acks = hold_acks
         #: the loader's data-wait meter, sent with this iteration's trainer's heartbeats
         self.input_meter = input_meter
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
         self.main_waiting = 0.0
-        #: tasks leased after the readers stopped (global pass end), read in-process
-        self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self.end_state: str | None = None
         self.error: BaseException | None = None
         self.pass_no: int | None = None
@@ -115,8 +112,6 @@ class Feeder(threading.Thread):
         self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
         self._finish = threading.Event()
-        self._dispatched = 0
-        self._readers_stopped = False
         #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
         #: late work read in the main process), "end"
         self.phase = "feed"
@@ -236,6 +231,8 @@ class Feeder(threading.Thread):
 
     def _start(self) -> None:
         ds = self.dataset
+        # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
+        options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
@@ -243,7 +240,7 @@ class Feeder(threading.Thread):
             worker_id=self.worker_id,
             handle_signals=False,
             input_meter=self.input_meter,
-            **ds.trainer_options,
+            **options,
         )
         self.ledger.trainer = self.trainer
         st = self.trainer.client.status(ds.job, summaries=0)
@@ -268,23 +265,21 @@ class Feeder(threading.Thread):
             if self._finish.is_set():
                 self._ack(self._take_acks())
                 return
-            dead = [p.pid for p in self.processes() if p.exitcode not in (None, 0)]
-            if dead:
-                self._ack(self._take_acks())  # taken by the loop before the death
-                raise RuntimeError(f"DataLoader worker(s) {dead} died; released what they had")
             # a lease the server took back (say, the job was cancelled): ask it now
             revoked = self.ledger.drop_revoked()
+            if revoked:
+                self.ahead.forget_revoked()
             holding = self.ledger.count() > 0
-            reading = self._dispatched - self.finished()
-            # refill by half the read-ahead at a time: several tasks per lease call
-            idle = (
-                self.phase == "end"
-                or (self.phase == "feed" and reading > self.tasks_ahead - self._refill)
-                or (
-                    self.phase == "tail" and holding and time.monotonic() - last_poll < _TAIL_POLL_S
-                )
-            )
-            if idle and not (revoked and self.phase != "end"):
+            reading = self.ahead.reading()
+            starts: list[Task] = []
+            reserve = False
+            if self.phase == "feed":
+                starts, want, reserve = self.ahead.plan()
+            elif self.phase == "tail":
+                want = 0 if holding and time.monotonic() - last_poll < _TAIL_POLL_S else 1
+            else:
+                want = 0
+            if not want and not starts and not (revoked and self.phase != "end"):
                 # while feeding, acks wait for the next lease call (one call for many
                 # tasks) up to _ACK_DELAY_S; at a pass's tail everyone waits for them
                 if self._acks and (
@@ -295,23 +290,32 @@ class Feeder(threading.Thread):
                 self._wait(0.05 if self.phase == "feed" else 0.5)
                 continue
             room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
-            if room <= 0:
+            if room <= 0 and not starts:
                 self._check_starved(reading)
                 self._wait(0.05)
                 continue
-            last_poll = time.monotonic()
-            want = 1 if self.phase == "tail" else min(MAX_BATCH, max(1, self.tasks_ahead - reading))
-            want = min(want, room)
+            want = max(0, min(want, room))
+            if want:
+                last_poll = time.monotonic()
             acks = self._take_acks()
             if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
                 self._ack(acks)
                 acks = []
             self.ledger.acked += len(acks)
+            if not want and not starts and not acks:
+                continue
             try:
-                # one call acks what the loop took and leases several: Trainer.lease()
-                # takes one task and no acks, and each call waits for the GIL behind
-                # a busy main thread (num_workers=0)
-                got = trainer._lease_n(want, 0 if holding or acks else _BLOCK_S, pass_no, acks=acks)
+                # one call acks what the loop took, starts what the readers begin and
+                # leases several (each call waits for the GIL behind a busy main thread
+                # with num_workers=0)
+                got = trainer.lease_many(
+                    want,
+                    0 if holding or acks or starts else _BLOCK_S,
+                    pass_no,
+                    acks=acks,
+                    starts=starts,
+                    reserve=reserve,
+                )
             except errors.JobCompleted:
                 self.phase = self._end("completed")
                 continue
@@ -321,9 +325,11 @@ class Feeder(threading.Thread):
             except errors.Draining:
                 self.phase = self._end("draining")
                 continue
+            self.ahead.started(starts)
             if got:
-                for task in got:
-                    self._dispatch(task, self.tail if self.phase == "tail" else self.tasks)
+                self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
+                continue
+            if not want:
                 continue
             if self._finish.is_set():
                 continue
@@ -337,12 +343,43 @@ class Feeder(threading.Thread):
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
+            elif self.phase == "feed" and (
+                st.state == "paused"
+                or (st.state == "waiting" and st.reason == "rewinding")
+                or st.todo > 0
+            ):
+                # nothing for us now, but the pass is not at its tail (paused, a rewind
+                # half done, work left to others a while): the readers go on
+                self._wait(0.5)
+            elif self.phase == "feed" and self.ahead.reserved:
+                self.ahead.note_dry()  # the readers start the reserve first
             elif self.phase == "feed":
                 # nothing left to lease now: readers finish what they have
-                self._stop_readers()
+                self.ahead.stop_readers()
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
             elif holding:
                 self._wait(0.5)
+
+    def restart_readers(
+        self,
+        tasks: Any,
+        finished: Callable[[], int],
+        dead_held: set[int],
+        taken: dict[tuple[int, int], int],
+    ) -> int:
+        """New reader processes replace the old ones (one died): give back the tasks the
+        dead one was reading (progress first) and hand the new ones every other task
+        held, from where the loop got (``taken``: (task, token) -> samples taken, -1 for
+        a task whose last sample the loop took). Called in this thread (``call``).
+
+        Returns:
+            The number of tasks given back.
+        """
+        self._acks += self.ledger.collect()  # what the loop asked before this call
+        self._ack(self._take_acks())
+        back = self.ahead.restart(tasks, finished, self.ledger.held_tasks(), dead_held, taken)
+        self.ledger.give_back(back)
+        return len(back)
 
     def _check_starved(self, reading: int) -> None:
         """acks="commit" at the held bound: the loop waiting for a batch that nothing held
@@ -373,33 +410,11 @@ class Feeder(threading.Thread):
             except BaseException as e:  # the caller raises it
                 fut.set_exception(e)
 
-    def _dispatch(self, task: Task, to: Any) -> None:
-        self.ledger.add(task)
-        to.put(
-            (
-                self.iteration,
-                task.id,
-                task.token,
-                task.pass_no,
-                task.chunks,
-                int(getattr(task, "start", 0)),
-            )
-        )
-        if to is self.tasks:
-            self._dispatched += 1
-
-    def _stop_readers(self) -> None:
-        if not self._readers_stopped:
-            self._readers_stopped = True
-            for _ in range(self.readers):
-                self.tasks.put(stop_msg(self.iteration))
-
     def _end(self, state: str) -> str:
         self.phase = "end"
         if self.end_state is None:
             self.end_state = state
-        self._stop_readers()
-        self.tail.put(stop_msg(self.iteration))
+        self.ahead.end()
         return "end"
 
     def _wait(self, seconds: float) -> None:

@@ -6,8 +6,9 @@ whose last sample the batch held and records how far it got into the others. Wit
 ``acks="commit"`` both wait in this iterator until ``commit()``: the tasks stay held
 (the trainer's heartbeat keeps their leases), and an iteration that ends while some are
 uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()`` or
-``close()``. If torch raises (a worker died), every task held and not committed is
-released, then the error is raised again.
+``close()``. A DataLoader worker that died is replaced (``_restart_workers``) and the pass
+goes on; if torch raises anything else, every task held and not committed is released,
+then the error is raised again.
 
 Data flow: training loop -> iteration.py -> feeder.py (trainer.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
@@ -15,7 +16,9 @@ workers (dataset.py) -> torch's result queue -> iteration.py.
 
 from __future__ import annotations
 
+import logging
 import queue
+import threading
 import time
 import weakref
 from collections import Counter
@@ -23,13 +26,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import errors
-from .dataset import Feed, TaskDataset, TaskMsg, Unit, stop_msg
+from .dataset import Feed, TaskDataset, TaskMsg, Unit, being_read, stop_msg
 from .feeder import Feeder
 
 if TYPE_CHECKING:
     from .loader import DataLoader
 
 _JOIN_S = 15.0
+#: worker deaths one iteration survives; the next one is raised (a task that kills every
+#: reader would otherwise be read for ever)
+_MAX_RESTARTS = 3
+
+log = logging.getLogger("taskq.torch")
 
 Pair = tuple[int, int]
 
@@ -57,6 +65,11 @@ class TaskqIter:
         #: times each next() (the loop's data wait) and the steps between (inputwait.py)
         self.meter = loader.input_meter
         self.meter.restart()
+        #: how far the loop got into each task of this iteration: samples taken, -1 when
+        #: it took the last one (what new workers read on from, after a worker died)
+        self._upto: dict[Pair, int] = {}
+        #: worker deaths survived in this iteration
+        self.restarts = 0
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
         # is gone): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
@@ -113,6 +126,7 @@ class TaskqIter:
                     reached[task_id, token] = index + 1
             if batch is None:
                 self._ack(finished)  # dropped (drop_last): nothing left to take
+                self._upto.update(dict.fromkeys(finished, -1))
                 continue
             self._taken = finished
             self._reached = reached
@@ -130,6 +144,12 @@ class TaskqIter:
         """The batch handed out last was taken (the step finished): ack the tasks it
         ended, record how far it got into the others (acks="commit": keep both for
         ``commit()``)."""
+        upto = self._upto
+        for key, n in self._reached.items():
+            if n > upto.get(key, 0):
+                upto[key] = n
+        for key in self._taken:
+            upto[key] = -1
         if self._reached:
             if self.hold:
                 for key, n in self._reached.items():
@@ -185,8 +205,16 @@ class TaskqIter:
         if self.torch_iter is not None:
             self.feeder.main_waiting = time.monotonic()
             try:
-                unit: Unit = next(self.torch_iter)
-                return unit
+                while True:
+                    dead = self._dead_workers()
+                    if dead:
+                        self._restart_workers(dead)
+                    try:
+                        unit: Unit = next(self.torch_iter)
+                        return unit
+                    except RuntimeError:
+                        if not self._dead_workers():
+                            raise  # not a worker's death (torch names it, within 5 s)
             except StopIteration:
                 self.torch_iter = None
                 if self.pass_end == "local":
@@ -197,6 +225,60 @@ class TaskqIter:
         if self.tail is None:
             return None
         return next(self.tail, None)
+
+    def _dead_workers(self) -> list[int]:
+        """The DataLoader workers of this iteration that died (by index)."""
+        workers = getattr(self.torch_iter, "_workers", ())
+        return [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+
+    def _restart_workers(self, dead: list[int]) -> None:
+        """A worker died (the OOM killer, say): start new workers and go on with the pass.
+        The tasks the dead one was reading are given back (progress first: their next
+        holder starts where the loop got); every other task held is read on by the new
+        workers from where the loop got (what the old workers read and the loop did not
+        take is dropped with them, so nothing reaches the loop twice).
+
+        Raises:
+            RuntimeError: workers died more than ``_MAX_RESTARTS`` times in this pass.
+        """
+        loader = self.loader_ref()
+        old_iter, old_feed = self.torch_iter, self.feed
+        workers = old_iter._workers
+        what = ", ".join(f"pid {workers[i].pid} (exit {workers[i].exitcode})" for i in dead)
+        if loader is None or self.restarts >= _MAX_RESTARTS:
+            raise RuntimeError(
+                f"DataLoader worker(s) {what} died, {self.restarts + 1} times in this pass"
+            )
+        self.restarts += 1
+        held = set().union(*(being_read(old_feed, i) for i in dead))
+        old_feed.iteration.value = -1  # the other readers end
+        self.torch_iter = None
+        if hasattr(old_iter, "_shutdown_workers"):
+            old_iter._shutdown_workers()
+        if loader._iterator is old_iter:
+            loader._iterator = None
+        ds: TaskDataset = self.feeder.dataset
+        feed = loader._worker_feed(self.feeder.iteration)
+        self.feed = loader._feed = ds.feed = feed
+        self.torch_iter = loader._start_workers()
+        given_back = self.feeder.call(
+            lambda trainer: self.feeder.restart_readers(
+                feed.tasks, lambda: sum(feed.finished), held, dict(self._upto)
+            )
+        )
+        # the dead worker may have held the old queue's read lock: nobody reads it again
+        old_feed.tasks.cancel_join_thread()
+        old_feed.tasks.close()
+        counts = self._counts()
+        counts["worker_restarts"] += 1
+        counts["tasks_given_back"] += given_back
+        log.warning(
+            "job %s: DataLoader worker %s died; new workers started, the %d task(s) it "
+            "was reading given back, the others read on from where the loop got",
+            ds.job,
+            what,
+            given_back,
+        )
 
     def _tail_units(self) -> Iterator[Unit]:
         """Work leased after the readers stopped (re-dispatched from a lost trainer),
@@ -217,7 +299,7 @@ class TaskqIter:
                         return stop_msg(it_no)
 
         return ds.units(
-            take, self.feed, lambda: None, flush_when_idle=True, rng_key=f"tail:{it_no}"
+            take, self.feed, lambda _task: None, flush_when_idle=True, rng_key=f"tail:{it_no}"
         )
 
     def _control(self, ctrl: list[Any]) -> None:
@@ -227,6 +309,7 @@ class TaskqIter:
                 continue
             if kind == "done":
                 self._ack([(task_id, token)])
+                self._upto[task_id, token] = -1
                 continue
             self.feeder.fail(task_id, token, text)
             if self.on_error == "raise":
@@ -315,5 +398,10 @@ class TaskqIter:
 
 
 def _abandon(feeder: Feeder, feed: Feed) -> None:
+    """An iteration dropped unfinished, or alive at the interpreter's exit (SIGTERM's
+    SystemExit raised in the loop body): the feeder releases what it holds, progress
+    first, before the process ends (a daemon thread would be cut short)."""
     feed.iteration.value = -1
     feeder.finish()
+    if feeder is not threading.current_thread():
+        feeder.join(_JOIN_S)

@@ -140,6 +140,19 @@ class Ledger:
                 self.trainer.progress(task, n)
         self.trainer.flush_progress()
 
+    def held_tasks(self) -> list[Task]:
+        """The tasks held, in the order they were leased."""
+        with self._lock:
+            return list(self._held.values())
+
+    def give_back(self, tasks: list[Task]) -> None:
+        """Release these held tasks (the progress recorded is sent first)."""
+        with self._lock:
+            for task in tasks:
+                if self._held.get(task.id) is task:
+                    del self._held[task.id]
+        self._release(tasks)
+
     def keep_only(self, keep: list[Pair]) -> None:
         """Release every held task but these (task, token) pairs."""
         kept = set(keep)

@@ -23,7 +23,7 @@ from .. import errors
 from ..inputwait import InputMeter
 from ..scripts import MAX_HELD
 from ..trainer import default_worker_id
-from . import resume
+from . import resume, signals
 from .dataset import Feed, TaskDataset
 from .feeder import Feeder
 from .iteration import TaskqIter
@@ -135,10 +135,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.tasks_ahead = tasks_ahead or min(limit, max(2, num_workers) * (dataset.interleave + 2))
         #: one worker id for all iterations (each registers anew under it)
         self.worker_id = worker_id or default_worker_id()
-        #: why the last iteration ended: "pass_complete", "completed", "cancelled",
-        #: "exhausted" (pass_end="local"), "draining"; None before the first one ended
-        self.state: str | None = None
-        #: samples, batches, tasks acked and failed over this loader's life
+        self._state: str | None = None
+        #: over this loader's life (cumulative, all iterations): "samples", "batches",
+        #: "tasks_acked", "tasks_failed", "worker_restarts" (DataLoader workers that died
+        #: and were replaced), "tasks_given_back" (the tasks those were reading)
         self.counts: Counter[str] = Counter()
         #: the loop's data wait (``next(loader)``) and steps, sent with the heartbeats
         self.input_meter = InputMeter()
@@ -146,6 +146,27 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._iteration_no = 0
         self._feed: Feed | None = None
         self._current: TaskqIter | None = None
+
+    @property
+    def state(self) -> str | None:
+        """Why the last iteration ended: "pass_complete", "completed" (the job is over),
+        "cancelled", "exhausted" (pass_end="local": nothing of the pass was left to take;
+        "completed" once the job completed after it, as when this was its last pass),
+        "draining"; None before the first iteration ended."""
+        if self._state == "exhausted" and self.pass_end == "local":
+            ds: TaskDataset = self.dataset  # type: ignore[assignment]
+            try:
+                with resume.client_of(ds) as client:
+                    st = client.status(ds.job, summaries=0)
+            except errors.TaskqError:
+                return self._state
+            if st.state == "completed":
+                self._state = "completed"
+        return self._state
+
+    @state.setter
+    def state(self, value: str | None) -> None:
+        self._state = value
 
     @property
     def pass_no(self) -> int | None:
@@ -165,6 +186,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._end_current()
         self._iteration_no += 1
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        if ds.trainer_options.get("handle_signals", True):
+            signals.install()  # SIGTERM: SystemExit in the loop, everything released
         fresh = not (self.persistent_workers and self._iterator is not None)
         if self.num_workers == 0:
             feed = Feed(
@@ -178,21 +201,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
                 _retire(self._feed.tasks)  # its feeder thread must not live through the fork
-            ctx = self.multiprocessing_context or multiprocessing.get_context()
-            feed = Feed(
-                ctx.Queue(),
-                ctx.RawValue("q", self._iteration_no),
-                ctx.RawArray("q", self.num_workers),
-                self.samples_per_batch,
-                self.user_collate_fn,
-                self.user_drop_last,
-            )
+            feed = self._worker_feed(self._iteration_no)
         else:
             feed = self._feed
         feed.iteration.value = self._iteration_no
         self._feed = ds.feed = feed
         # the workers start (fork) here, before this iteration's trainer and threads
-        torch_iter = super().__iter__()
+        torch_iter = self._start_workers()
         start = sum(feed.finished)
         feeder = Feeder(
             ds,
@@ -204,15 +219,44 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self.tasks_ahead,
             self._done_pass,
             self.worker_id,
-            lambda: list(getattr(torch_iter, "_workers", ())),
             hold_acks=self.acks == "commit",
             input_meter=self.input_meter,
+            spare=0 if self.num_workers == 0 else 1,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
         feeder.start()
         self._current = TaskqIter(self, torch_iter, feeder, feed)
         return self._current
+
+    def _worker_feed(self, iteration: int) -> Feed:
+        """A new task queue and shared counters for a run of worker processes."""
+        ctx = self.multiprocessing_context or multiprocessing.get_context()
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        return Feed(
+            ctx.Queue(),
+            ctx.RawValue("q", iteration),
+            ctx.RawArray("q", self.num_workers),
+            self.samples_per_batch,
+            self.user_collate_fn,
+            self.user_drop_last,
+            taken=ctx.RawArray("q", self.num_workers),
+            reading=ctx.RawArray("q", [-1] * (self.num_workers * ds.interleave)),
+            width=ds.interleave,
+        )
+
+    def _start_workers(self) -> Any:
+        """torch's iterator over the dataset (its workers start here). torch's SIGCHLD
+        handler would raise a worker's death in the main thread wherever it is (in the
+        loop body too); the iteration watches its workers itself and restarts them
+        (iteration.py), so the handler is told to leave these alone."""
+        torch_iter: Any = super().__iter__()
+        if getattr(torch_iter, "_worker_pids_set", False):
+            from torch.utils.data import _utils
+
+            _utils.signal_handling._remove_worker_pids(id(torch_iter))
+            torch_iter._worker_pids_set = False
+        return torch_iter
 
     def sync(self) -> None:
         """Ack the tasks the loop finished and send how far it got into the others, now
@@ -260,7 +304,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
         Args:
             state: what ``state_dict()`` returned.
-            key: what names this restart (default: from torchrun's environment).
+            key: what names this restart (default: with a ``torch.distributed``
+                process group, one rank 0 makes and broadcasts: every rank calls this;
+                under torchrun without a group it is refused; see docs/torch.md).
 
         Returns:
             True when this call rewound the job.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +29,56 @@ log = logging.getLogger("taskq.torch")
 
 
 def restart_key() -> str:
-    """torchrun's name for this restart of the trainers, "" outside torchrun.
+    """The key naming this launch of the trainers for ``load_state_dict``: unique per
+    launch and the same on every rank of it.
+
+    With a ``torch.distributed`` process group, rank 0 makes one (torchrun's run id and
+    restart count, for the reader, and 16 random hex digits, since plain ``torchrun``
+    relaunches all have ``TORCHELASTIC_RUN_ID=none`` and ``TORCHELASTIC_RESTART_COUNT=0``)
+    and broadcasts it: a collective call, which every rank makes. Outside torchrun and
+    without a process group: "" (see ``load_state_dict``).
 
     Returns:
-        ``f"{TORCHELASTIC_RUN_ID}:{TORCHELASTIC_RESTART_COUNT}"`` when the run id is set.
+        The key ("" outside torchrun with no process group).
+
+    Raises:
+        InvalidInput: under torchrun with no process group initialized: no key can be
+            agreed on (torchrun's own variables are the same on every launch); call
+            ``init_process_group`` first or pass ``key=``.
     """
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if not run_id:
-        return ""
-    return f"{run_id}:{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist = _dist()
+    if dist is not None:
+        made = [_new_key() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(made, src=0)
+        return str(made[0])
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        raise errors.InvalidInput(
+            "load_state_dict under torchrun needs a key naming this launch, the same on "
+            "every rank: call it after torch.distributed.init_process_group (rank 0 then "
+            "makes one and broadcasts it), or pass key= (say, your scheduler's id of this "
+            "attempt). torchrun's TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT are "
+            f"{os.environ.get('TORCHELASTIC_RUN_ID')!r} and "
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')!r} on every launch without "
+            "--rdzv-id, so they cannot tell two launches apart"
+        )
+    return ""
+
+
+def _new_key() -> str:
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"{run_id[:100]}:{restart[:20]}:{secrets.token_hex(8)}"
+
+
+def _dist() -> Any:
+    """``torch.distributed`` when a default process group is initialized, else None."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
 
 
 def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
@@ -74,7 +116,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
             # the iteration ended meanwhile: its acks and progress were sent at its end
             log.debug("the iteration ended during state_dict: %s", e)
     if record is None:
-        with _client(ds) as client:
+        with client_of(ds) as client:
             record = client.checkpoint(ds.job, ckpt=ckpt)
     return checkpoints.state_of(ds.job, record)
 
@@ -88,15 +130,20 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     Args:
         loader: the loader.
         state: what ``state_dict()`` returned.
-        key: what names this restart of the trainers; default ``restart_key()`` (under
-            torchrun ``f"{TORCHELASTIC_RUN_ID}:{TORCHELASTIC_RESTART_COUNT}"``, else "":
-            then a trainer loading the state after others acked work rewinds again).
+        key: what names this restart of the trainers; default ``restart_key()``: with
+            a process group, one made by rank 0 and broadcast (every rank must call);
+            under torchrun without one, refused; else "" (then a trainer loading the
+            state after others acked work rewinds again).
+
+    With a ``torch.distributed`` process group it is a collective call: rank 0 makes the
+    key and rewinds, every rank returns once it did (raising its error if it failed).
 
     Returns:
         True when this call rewound the job.
 
     Raises:
-        InvalidInput: not a loader state, or one of an earlier incarnation of the job.
+        InvalidInput: not a loader state, or one of an earlier incarnation of the job;
+            under torchrun, no key given and no process group to agree on one.
         JobNotFound, JobCancelled, ConnectionLost.
     """
     if key is None:
@@ -104,12 +151,30 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     loader._end_current()
     loader._done_pass = None  # the next iteration asks the job which pass it is in
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
-    with _client(ds) as client:
-        return checkpoints.restore(client, state, key=key)
+    dist = _dist()
+    if dist is None:
+        with client_of(ds) as client:
+            return checkpoints.restore(client, state, key=key)
+    # rank 0 rewinds, the others wait for its outcome: no rank reads before the job is
+    # rewound (a lease taken before is revoked by the rewind: what the loop took of it
+    # would come again), and two ranks' rewinds cannot supersede each other
+    outcome: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            with client_of(ds) as client:
+                outcome[0] = checkpoints.restore(client, state, key=key)
+        except errors.TaskqError as e:
+            outcome[0] = e
+            dist.broadcast_object_list(outcome, src=0)
+            raise
+    dist.broadcast_object_list(outcome, src=0)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return bool(outcome[0]) and dist.get_rank() == 0
 
 
 @contextlib.contextmanager
-def _client(ds: TaskDataset) -> Iterator[Any]:
+def client_of(ds: TaskDataset) -> Iterator[Any]:
     """The dataset's client, or one of our own closed afterwards."""
     if ds.client is not None:
         yield ds.client

@@ -1,0 +1,181 @@
+"""The read-ahead of one loader iteration: what its readers have, and what waits for them.
+
+Only what the readers need now is on their task queue, started: each reader's open tasks
+and its next one. The rest of the read-ahead is leased *reserved* and kept here: an idle
+trainer may still take it (the server's steal) until a reader needs it, when it is
+started (``Trainer.lease_many(starts=...)``) and put on the queue. This part owns that
+state (the queue, the reserve, the counts the pace is set by) and decides what the next
+lease call starts and asks for; the feeder (feeder.py) makes the call.
+
+Data flow: feeder.py -> readahead.py -> task queue -> readers (dataset.py).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..models import Task
+from ..scripts import MAX_BATCH
+from .dataset import TaskMsg, stop_msg
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+#: how long a reserve found with nothing left to lease is only started, not refilled
+DRY_S = 2.0
+
+
+class ReadAhead:
+    """The readers' queue and the reserve of one iteration.
+
+    Args:
+        tasks: the readers' queue (workers' multiprocessing queue, or an in-process one).
+        readers: how many readers take from ``tasks`` (one stop message each).
+        finished: the number of tasks the readers finished reading so far.
+        iteration: the loader's iteration number, carried by every message.
+        tasks_ahead: tasks leased and not yet read to their end, at most.
+        interleave: tasks a reader reads from at once.
+        spare: tasks queued per reader beyond its open ones (1 for worker processes,
+            whose progress the feeder polls; 0 in-process, where a finished task wakes
+            the feeder at once and a slow loop should hold no more started work).
+    """
+
+    def __init__(
+        self,
+        tasks: Any,
+        readers: int,
+        finished: Callable[[], int],
+        iteration: int,
+        tasks_ahead: int,
+        interleave: int,
+        spare: int = 1,
+    ) -> None:
+        self.tasks = tasks
+        self.readers = readers
+        self.finished = finished
+        self.iteration = iteration
+        self.tasks_ahead = max(1, tasks_ahead)
+        #: refill by half the read-ahead at a time: several tasks per lease call
+        self.refill = max(1, self.tasks_ahead // 2)
+        #: tasks to keep on the queue or being read: each reader's open ones (and its next)
+        self.read_target = min(self.tasks_ahead, readers * (interleave + spare))
+        #: leased reserved, not on the readers' queue yet (stealable until started)
+        self.reserved: deque[Task] = deque()
+        #: tasks leased after the readers stopped (global pass end), read in-process
+        self.tail: queue.Queue[TaskMsg] = queue.Queue()
+        self._tail_ids: set[int] = set()
+        self._dispatched = 0
+        self._stopped = False
+        self._dry_at = 0.0
+
+    def reading(self) -> int:
+        """Tasks on the readers' queue or being read."""
+        return self._dispatched - self.finished()
+
+    def plan(self) -> tuple[list[Task], int, bool]:
+        """What the next call does while the readers take tasks.
+
+        Returns:
+            (reserved tasks to start now, tasks to lease, lease them reserved): the
+            readers' needs come first, from the reserve, else leased started; the rest of
+            the read-ahead is leased reserved.
+        """
+        reading = self.reading()
+        need = max(0, self.read_target - reading)
+        starts = [self.reserved.popleft() for _ in range(min(need, len(self.reserved)))]
+        need -= len(starts)
+        if self.reserved and time.monotonic() - self._dry_at < DRY_S:
+            return starts, 0, False  # nothing left to lease: the reserve is started first
+        if need > 0:
+            return starts, min(MAX_BATCH, need), False
+        room = self.tasks_ahead - (reading + len(starts) + len(self.reserved))
+        if room >= self.refill:
+            return starts, min(MAX_BATCH, room), True
+        return starts, 0, False
+
+    def forget_revoked(self) -> None:
+        """Drop reserved tasks the server took back (stolen, revoked)."""
+        if self.reserved:
+            self.reserved = deque(t for t in self.reserved if not t.revoked.is_set())
+
+    def started(self, starts: list[Task]) -> None:
+        """Put the tasks just started on the readers' queue (one taken by an idle
+        trainer first is no longer held: it is left out)."""
+        for task in starts:
+            if task.started and not task.revoked.is_set():
+                self.send(task, int(getattr(task, "start", 0)))
+
+    def took(self, got: list[Task], reserve: bool, ledger: Ledger, to_tail: bool) -> None:
+        """Tasks a lease granted: kept in the reserve, or sent to the readers (or the
+        tail, read in the main process)."""
+        for task in got:
+            ledger.add(task)
+            if reserve:
+                self.reserved.append(task)
+            else:
+                self.send(task, int(getattr(task, "start", 0)), to_tail)
+
+    def note_dry(self) -> None:
+        """A lease found nothing left while the reserve was not empty."""
+        self._dry_at = time.monotonic()
+
+    def send(self, task: Task, start: int, to_tail: bool = False) -> None:
+        """Put one task on the readers' queue (or the tail), reading from ``start``."""
+        msg = (self.iteration, task.id, task.token, task.pass_no, task.chunks, start)
+        if to_tail:
+            self._tail_ids.add(task.id)
+            self.tail.put(msg)
+        else:
+            self.tasks.put(msg)
+            self._dispatched += 1
+
+    def stop_readers(self) -> None:
+        """Tell every reader that no more tasks come (once)."""
+        if not self._stopped:
+            self._stopped = True
+            for _ in range(self.readers):
+                self.tasks.put(stop_msg(self.iteration))
+
+    def end(self) -> None:
+        """The iteration is over: the readers and the tail stop; the reserve is dropped
+        (it is held, released with the rest)."""
+        self.stop_readers()
+        self.tail.put(stop_msg(self.iteration))
+        self.reserved.clear()
+
+    def restart(
+        self,
+        tasks: Any,
+        finished: Callable[[], int],
+        held: list[Task],
+        dead_held: set[int],
+        taken: dict[tuple[int, int], int],
+    ) -> list[Task]:
+        """New readers replace the old ones (one died), on a new queue: every held task
+        they were reading, or had queued, is sent to them again from where the loop got
+        (``taken``: (task, token) -> samples taken, -1 for a task whose last sample the
+        loop took), but those the dead reader was reading (``dead_held``), returned for
+        the caller to give back. Tasks in the reserve or the tail stay where they are.
+
+        Returns:
+            The tasks to give back.
+        """
+        self.tasks, self.finished, self._dispatched = tasks, finished, 0
+        elsewhere = {task.id for task in self.reserved} | self._tail_ids
+        back: list[Task] = []
+        for task in held:
+            n = taken.get((task.id, task.token))
+            if n == -1 or task.id in elsewhere:
+                continue  # taken to its end (acked or waiting for a commit); not begun
+            if task.id in dead_held:
+                back.append(task)
+            else:
+                self.send(task, task.start if n is None else max(n, task.start))
+        if self._stopped:  # the old readers were told to stop: so are the new ones
+            self._stopped = False
+            self.stop_readers()
+        return back

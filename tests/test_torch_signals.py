@@ -1,0 +1,55 @@
+"""SIGTERM in a process training through taskq.torch.DataLoader (real processes, real
+DataLoader workers, a real redis-server): the loader releases everything at once, the
+loop's progress sent first."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch_helpers import make_job, write_jsonl
+
+import taskq
+
+PROC = str(Path(__file__).with_name("torch_sigterm_proc.py"))
+
+
+@pytest.mark.parametrize("in_with", [True, False])
+def test_sigterm_releases_everything_at_once_with_progress_sent_first(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, in_with: bool
+) -> None:
+    """8 tasks x 40 rows, 2 workers, batches of 4; SIGTERM to the main process (as the
+    kubelet sends it) during its 10th step: within 1 s nothing is leased (released, not
+    expired: worker_ttl is 30 s), the process exits 143, and what the loop took before
+    that step (9 batches, 36 rows) is recorded as done or as progress: nothing taken is
+    lost and the step in flight is not counted."""
+    chunks = write_jsonl(tmp_path / "data", 8, 40)
+    make_job(client, job_name, chunks, worker_ttl=30.0)
+    args = [] if in_with else ["--no-with"]
+    proc = subprocess.Popen(
+        [sys.executable, PROC, url, job_name, "2", *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["STEPS", "10"]
+        assert client.status(job_name).leased > 0
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        while client.status(job_name).leased and time.monotonic() - sent < 1.0:
+            time.sleep(0.02)
+        released_after = time.monotonic() - sent
+        assert client.status(job_name).leased == 0, f"still leased after {released_after:.2f}s"
+        assert proc.wait(10) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    st = client.status(job_name)
+    progress = {
+        int(k): int(v) for k, v in client.redis.hgetall(client.keys(job_name).progress).items()
+    }
+    assert st.done * 40 + sum(progress.values()) == 9 * 4, (st.done, progress)
+    assert st.counters.get("expired_worker_lost", 0) == 0
