@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from . import errors, sharded
 from .client import Client
+from .jobs import PlainJob
 from .models import JobStatus, Task
-from .shardset import ShardSet
+from .shardset import ShardSet, shard_status
 from .trainer import Trainer
 
 log = logging.getLogger("taskq.sharded")
@@ -97,7 +98,7 @@ class ShardTaker:
         return self._trainers[k]
 
     def _new_trainer(self, k: int) -> Trainer:
-        return Trainer(
+        return Trainer.of_shard(
             self.shards[k],
             url=self._url,
             client=self.client,
@@ -113,7 +114,7 @@ class ShardTaker:
             tr.close()
 
     def _statuses(self) -> list[JobStatus]:
-        return [self._retrying(self.client.status, s, 0) for s in self.shards]
+        return [self._retrying(shard_status, self.client, s) for s in self.shards]
 
     def _shard_of(self, task: Task) -> int:
         return self.shards.index(task.job)
@@ -224,7 +225,7 @@ class ShardTaker:
                 and s.leased > 0
                 and random.random() < REAPERS_PER_ROUND / crowd
             ):
-                self._retrying(self.client.reap, s.job, 100, 1000, self.worker_id)
+                self._retrying(PlainJob(self.client, s.job).reap, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
         for k in sorted(order, key=lambda k: -sts[k].todo):
             s = sts[k]

@@ -42,6 +42,22 @@ from .trainer_iter import TrainerIteration
 log = logging.getLogger("taskq.trainer")
 
 
+def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
+    """Whether ``job`` is a sharded job (``client.job``), retrying an unreachable Redis
+    for up to ``reconnect_timeout`` seconds as the trainer's own calls do."""
+    deadline = time.monotonic() + reconnect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return client.job(job).sharded
+        except errors.ConnectionLost as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; retrying in %.2fs", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 def default_worker_id() -> str:
     """``host:pid:random``, unique per process."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -79,6 +95,38 @@ class Trainer(TrainerIteration, LeaveOnSignal):
             ``reconnect_timeout``.
     """
 
+    def __new__(
+        cls, job: str, url: str | None = None, client: Client | None = None, *a: Any, **kw: Any
+    ) -> Any:
+        """``Trainer(name)`` works on any job: a sharded job's name gives its
+        ``ShardedTrainer`` (sharded_trainer.py), the same surface (iteration,
+        ``passes()``, ``batches(k)``, ``lease`` / ``lease_many``, ``progress``, ``ack`` /
+        ``fail`` / ``release``, the ``with`` block, ``close``); ``client.job(name)`` tells
+        which (jobs.py). A subclass, or ``of_shard``, is always a plain trainer."""
+        if cls is not Trainer:
+            return super().__new__(cls)
+        probe = client or Client(url, retries=1)
+        if _is_sharded(probe, job, float(kw.get("reconnect_timeout", 60.0))):
+            from .sharded_trainer import ShardedTrainer
+
+            return ShardedTrainer(job, url, probe, *a, **kw)
+        self = super().__new__(cls)
+        self.__dict__["_probe_client"] = probe  # the client __init__ would make: made once
+        return self
+
+    @classmethod
+    def of_shard(cls, job: str, **kw: Any) -> Trainer:
+        """A plain trainer of ``job``, a job of the engine (a sharded trainer's shard),
+        without asking whether ``job`` is a sharded job.
+
+        Args:
+            job: the job (a shard's) name.
+            kw: ``Trainer``'s arguments.
+        """
+        self: Trainer = object.__new__(cls)
+        Trainer.__init__(self, job, **kw)
+        return self
+
     def __init__(
         self,
         job: str,
@@ -94,7 +142,7 @@ class Trainer(TrainerIteration, LeaveOnSignal):
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
-        self.client = client or Client(url, retries=1)
+        self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
         self.job = job
         self._wire = Wire(self.client, job)
         self.keys: JobKeys = self._wire.keys
