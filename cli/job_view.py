@@ -1,5 +1,6 @@
 """``taskq job status``, ``list`` and ``audit``: the read-only views of jobs (a sharded
-job as one: cli/shards.py), registered on the ``job`` group of cli/job.py.
+job as one, with its shards' breakdown drawn by cli/shards.py), registered on the ``job``
+group of cli/job.py.
 
 Data flow: operator -> cli/job_view.py -> taskq.Client (stats.py) -> Redis.
 """
@@ -14,6 +15,7 @@ from rich.table import Table
 
 import taskq
 from taskq.models import JobStatus
+from taskq.shardset import ShardedStatus
 
 from . import shards as shards_cli
 from .common import age, client_of, echo_json, pass_label, show
@@ -129,10 +131,14 @@ def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None)
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
     sharded job: the sums and a breakdown by shard)."""
-    if shards_cli.handle(ctx, "status", name, as_json):
-        return
     client = client_of(ctx)
     status = client.status(name, summaries=summaries)
+    if isinstance(status, ShardedStatus):  # the sums, then one row per shard
+        if as_json:
+            echo_json(status.as_dict())
+        else:
+            show(*shards_cli.status_tables(status))
+        return
     if as_json:
         data = status.as_dict()
         data["histograms"] = status.histograms
@@ -231,11 +237,11 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
     delay; and whether the counters agree with the sets they count (exit 1 if not). A
     sharded job: every shard, and whether the shards agree on every pass."""
-    if shards_cli.handle(ctx, "audit", name, as_json):
-        return
     report = client_of(ctx).audit(name)
     if as_json:
         echo_json(report)
+    elif "shards" in report:  # a sharded job's: every shard and the agreement
+        shards_cli.show_audit(report)
     else:
         show(summaries_table(report["passes"], report.get("first_lease_ms")))
         cur = report["current"]

@@ -243,6 +243,12 @@ class PlainJob:
             reply = self.client.run(self.name, "advance", ["", expected_pass, int(force)])
         except errors.PassMismatch as e:
             raise errors.PassMismatch(self._mismatch(expected_pass)) from e
+        except errors.PassIncomplete as e:
+            st = self.status(summaries=0)
+            raise errors.PassIncomplete(
+                f"job {self.name}: pass {st.pass_no} has work left (todo {st.todo}, leased "
+                f"{st.leased}); --force skips it"
+            ) from e
         refuse_half_rewind(self.name, reply, 3)
         return int(reply[1])
 

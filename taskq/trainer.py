@@ -254,6 +254,11 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         """The newest pass of the job this trainer heard of (read-only; never goes back)."""
         return self._pass
 
+    def global_id(self, task: Task) -> int:
+        """The task's id in the whole job: ``task.id`` (``ShardedTrainer`` maps a shard's
+        task to its id in the sharded job)."""
+        return task.id
+
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
         """Release everything held in one call and deregister (leasable by others at once),

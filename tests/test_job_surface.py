@@ -1,0 +1,289 @@
+"""One job surface: the same verbs, trainer and CLI for a plain job and a sharded one.
+
+Every test runs on a real local 3-master Redis Cluster (module fixture) and is
+parametrized over a plain job and a 3-shard job; the sharded job's own guarantees (one
+cut across the shards, a rewind to one pass, an audit that sees shards disagree) follow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from support import RedisClusterProcs, make_job
+
+import taskq
+from cli.main import cli
+from taskq import sharded, sharded_admin
+from taskq.jobs import PlainJob
+from taskq.sharded_trainer import ShardedTrainer
+from taskq.shardset import ShardedStatus
+
+KINDS = ["plain", "sharded"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterProcs]:
+    procs = RedisClusterProcs(masters=3)
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cclient(cluster: RedisClusterProcs) -> taskq.Client:
+    return taskq.connect(cluster.url)
+
+
+@pytest.fixture
+def job_name(job_name: str) -> str:
+    """A unique name short enough for a sharded job (its shards add a suffix)."""
+    return job_name[:20] + job_name[-8:]
+
+
+def create(client: taskq.Client, name: str, kind: str, n: int = 6, **kw: Any) -> None:
+    make_job(client, name, n, shards=3 if kind == "sharded" else 1, **kw)
+
+
+def run(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--url", url, *args])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_verb_works_on_the_handle(cclient: taskq.Client, job_name: str, kind: str) -> None:
+    create(cclient, job_name, kind, max_failures=1, passes=3, auto_advance=False)
+    job = cclient.job(job_name)
+    assert job.sharded == (kind == "sharded")
+    st = job.status()
+    assert (st.tasks, st.todo, st.state, st.pass_no) == (6, 6, "running", 0)
+    assert isinstance(st, ShardedStatus) == (kind == "sharded")
+    assert sorted(t["id"] for t in job.tasks("todo")) == list(range(6))
+    job.pause()
+    assert job.status().state == "paused"
+    job.resume()
+    with taskq.Trainer(job_name, client=cclient, heartbeat=False) as trainer:
+        assert isinstance(trainer, ShardedTrainer) == (kind == "sharded")
+        first = trainer.lease(timeout=1)
+        assert first is not None
+        gid = trainer.global_id(first)
+        assert [t["id"] for t in job.tasks("leased")] == [gid]
+        assert job.task(gid)["state"] == "leased"
+        assert [w["id"] for w in job.workers()] == [trainer.worker_id]
+        trainer.fail(first, "boom")
+        assert job.task(gid)["state"] == "dead"
+        assert job.retry([gid]) == 1
+        ckpt = job.checkpoint()
+        got = trainer.lease_many(6, timeout=1)
+        assert got
+        trainer.ack(got)
+    assert job.status().done == len(got)
+    assert any(f.get("type") == "acked" for _, f in job.events(count=1000))
+    assert job.rewind(ckpt)  # the record checkpoint() returned
+    assert job.status().done == 0
+    assert job.rewind(ckpt["id"])  # or its id
+    assert [c["id"] for c in job.checkpoints()] == [ckpt["id"]]
+    with pytest.raises(taskq.PassIncomplete, match="work left"):
+        job.next()
+    assert job.next(force=True) == 1
+    assert job.reset(expected_pass=1) == 1
+    assert job.audit()["ok"]
+    job.cancel()
+    assert job.status().state == "cancelled"
+    job.delete()
+    with pytest.raises(taskq.JobNotFound):
+        cclient.status(job_name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_client_methods_take_any_job(cclient: taskq.Client, job_name: str, kind: str) -> None:
+    create(cclient, job_name, kind, passes=2, auto_advance=False)
+    assert cclient.status(job_name).tasks == 6
+    assert len(cclient.tasks(job_name, "todo", limit=100)) == 6
+    assert cclient.audit(job_name)["ok"]
+    assert cclient.retry(job_name) == 0
+    assert cclient.workers(job_name) == []
+    rec = cclient.checkpoint(job_name)
+    assert cclient.rewind(job_name, rec)
+    assert cclient.next_pass(job_name, force=True) == 1
+    cclient.pause_job(job_name)
+    cclient.resume_job(job_name)
+    cclient.cancel_job(job_name)
+    cclient.delete_job(job_name)
+    with pytest.raises(taskq.JobNotFound):
+        cclient.audit(job_name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", [42, {"no": "id"}, "x" * 500, ["a"]])
+def test_rewind_refuses_a_bad_argument_in_one_line(
+    cclient: taskq.Client, job_name: str, kind: str, bad: Any
+) -> None:
+    create(cclient, job_name, kind)
+    rec = cclient.checkpoint(job_name)
+    with pytest.raises(taskq.InvalidInput) as info:
+        cclient.rewind(job_name, bad)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 200, message
+    assert json.dumps(rec)[:60] not in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_trainer_surface(cluster: RedisClusterProcs, job_name: str, kind: str) -> None:
+    client = taskq.connect(cluster.url)
+    create(client, job_name, kind, n=9, passes=2)
+    seen: list[tuple[int, int]] = []
+    with taskq.Trainer(job_name, url=cluster.url, prefetch=1) as trainer:
+        for epoch in trainer.passes():
+            for task in epoch:
+                trainer.progress(task, 1)
+                seen.append((task.pass_no, trainer.global_id(task)))
+        assert trainer.state == "completed"
+    assert sorted(seen) == [(p, i) for p in range(2) for i in range(9)]
+    assert client.audit(job_name)["ok"]
+    create(client, job_name, kind, n=9, passes=1, replace=True)
+    batches: list[list[int]] = []
+    with taskq.Trainer(job_name, client=client) as trainer:
+        for batch in trainer.batches(2):
+            assert len(batch) <= 2
+            batches.append([trainer.global_id(t) for t in batch])
+    assert sorted(i for b in batches for i in b) == list(range(9))
+    with taskq.Trainer(job_name, client=client, heartbeat=False) as trainer:
+        with pytest.raises(taskq.JobCompleted):
+            trainer.lease_many(1, timeout=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cli_takes_any_job(cluster: RedisClusterProcs, job_name: str, kind: str) -> None:
+    url = cluster.url
+    client = taskq.connect(url)
+    create(client, job_name, kind, max_failures=1, passes=2, auto_advance=False)
+    trainer = taskq.Trainer(job_name, client=client, heartbeat=False)
+    task = trainer.lease(timeout=1)
+    assert task is not None
+    gid = trainer.global_id(task)
+    trainer.fail(task, "boom")
+    for args in (
+        ["job", "status", job_name],
+        ["job", "status", job_name, "--json"],
+        ["job", "audit", job_name],
+        ["tasks", "list", job_name, "--state", "dead"],
+        ["tasks", "show", job_name, str(gid)],
+        ["tasks", "retry", job_name, "--id", str(gid)],
+        ["workers", "list", job_name],
+        ["workers", "list", job_name, "--json"],
+        ["events", job_name, "-n", "5"],
+        ["job", "checkpoint", job_name, "--id", "c1"],
+        ["job", "checkpoints", job_name],
+        ["job", "rewind", job_name, "c1"],
+        ["job", "pause", job_name],
+        ["job", "resume", job_name],
+        ["pass", "next", job_name, "--force"],
+        ["pass", "reset", job_name],
+    ):
+        r = run(url, *args)
+        assert r.exit_code == 0, (args, r.output)
+    trainer.close()
+    assert json.loads(run(url, "job", "status", job_name, "--json").output)["pass"] == 1
+    r = run(url, "pass", "next", job_name)
+    assert r.exit_code == 1 and "work left" in r.output
+    r = run(url, "job", "rewind", job_name, "nope")
+    assert r.exit_code == 1 and "no checkpoint" in r.output
+    assert run(url, "job", "cancel", job_name).exit_code == 0
+    assert run(url, "job", "delete", job_name, "--yes").exit_code == 0
+    r = run(url, "job", "status", job_name)
+    assert r.exit_code == 1 and "not found" in r.output
+
+
+# -- a sharded job's own guarantees ------------------------------------------------------
+def _finish_pass(client: taskq.Client, name: str) -> None:
+    """Lease and ack every task of the current pass (each shard, a plain trainer)."""
+    sset = sharded.require(client, name)
+    for shard in sset.shards:
+        tr = taskq.Trainer.of_shard(shard, client=client, heartbeat=False)
+        while got := tr.lease_many(10, timeout=0):
+            tr.ack(got)
+        tr.close()
+
+
+def test_the_barrier_does_not_move_during_a_cut(cclient: taskq.Client, job_name: str) -> None:
+    create(cclient, job_name, "sharded", passes=3)
+    _finish_pass(cclient, job_name)
+    with sharded.barrier_lock(cclient, job_name, "checkpoint", 5000) as held:
+        assert held is not None
+        assert sharded.advance(cclient, job_name) is None  # a cut holds the barrier
+        assert cclient.status(job_name).pass_no == 0
+    assert sharded.advance(cclient, job_name) == 1
+    assert {s.pass_no for s in cclient.status(job_name).shards} == {1}
+
+
+def test_a_cut_under_which_a_pass_moved_is_taken_again(
+    cclient: taskq.Client, job_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create(cclient, job_name, "sharded", passes=3)
+    _finish_pass(cclient, job_name)  # every shard waits at the end of pass 0
+    sset = sharded.require(cclient, job_name)
+    real = PlainJob.checkpoint
+    calls = []
+
+    def checkpoint_then_move(self: PlainJob, keep: int = 20, ckpt: str | None = None) -> Any:
+        rec = real(self, keep, ckpt)
+        calls.append(self.name)
+        if len(calls) == 1:  # a step that outlived its lock: the other shards move on
+            for shard in sset.shards[1:]:
+                PlainJob(cclient, shard).next(expected_pass=0)
+        return rec
+
+    monkeypatch.setattr(PlainJob, "checkpoint", checkpoint_then_move)
+    rec = cclient.checkpoint(job_name, ckpt="cut1")
+    monkeypatch.undo()
+    assert len(calls) == 6  # the first cut refused, the second taken whole
+    assert rec["id"] == "cut1" and set(rec["shard_ids"].values()) == {"cut1.r1"}
+    assert [r["pass"] for r in rec["shards"]][1:] == [1, 1]
+    # shard 0 waits at the boundary the others crossed: a step half-way, still in step
+    assert cclient.audit(job_name)["checks"]["shards_in_step"]
+    assert sharded.advance(cclient, job_name) == 1
+    assert cclient.audit(job_name)["ok"]
+
+
+def test_a_sharded_rewind_puts_every_shard_at_one_pass(
+    cclient: taskq.Client, job_name: str
+) -> None:
+    create(cclient, job_name, "sharded", n=9, passes=3)
+    tr = taskq.Trainer(job_name, client=cclient, heartbeat=False)
+    tr.ack(tr.lease_many(2, timeout=1))
+    rec = cclient.checkpoint(job_name)
+    assert (rec["pass"], rec["done"]) == (0, 2)
+    tr.close()
+    _finish_pass(cclient, job_name)
+    assert sharded.advance(cclient, job_name) == 1
+    tr = taskq.Trainer(job_name, client=cclient, heartbeat=False)
+    assert tr.lease_many(3, timeout=1)  # pass 1 is handed out
+    assert cclient.rewind(job_name, rec)
+    st = cclient.status(job_name)
+    assert [s.pass_no for s in st.shards] == [0, 0, 0] and st.done == 2
+    assert cclient.audit(job_name)["ok"]
+    tr.close()
+
+
+def test_the_sharded_audit_sees_shards_disagree(
+    cluster: RedisClusterProcs, cclient: taskq.Client, job_name: str
+) -> None:
+    create(cclient, job_name, "sharded", n=9, passes=3)
+    rec = cclient.checkpoint(job_name)
+    _finish_pass(cclient, job_name)
+    assert sharded.advance(cclient, job_name) == 1
+    shard0 = sharded.require(cclient, job_name).shards[0]
+    PlainJob(cclient, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
+    audit = cclient.audit(job_name)
+    assert not audit["checks"]["shards_in_step"] and not audit["ok"]
+    r = run(cluster.url, "job", "audit", job_name)
+    assert r.exit_code == 1 and "shards_in_step" in r.output
+
+
+def test_sharded_admin_keeps_the_listed_checkpoint(cclient: taskq.Client, job_name: str) -> None:
+    create(cclient, job_name, "sharded")
+    rec = cclient.checkpoint(job_name, ckpt="same")
+    assert cclient.checkpoint(job_name, ckpt="same") == rec
+    assert sharded_admin.get(cclient, job_name, "same") == rec
