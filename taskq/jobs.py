@@ -44,6 +44,11 @@ class Job(Protocol):
         """True for a job spread over shards."""
         ...
 
+    def parts(self) -> list[str]:
+        """The engine jobs it is made of: itself for a plain job, its shards for a
+        sharded one (what a per-job ACL rule must cover)."""
+        ...
+
     def status(self, summaries: int = 20) -> JobStatus: ...
     def audit(self) -> dict[str, Any]: ...
     def task(self, task_id: int, history: int = 20) -> dict[str, Any]: ...
@@ -161,6 +166,10 @@ class PlainJob:
 
     def __repr__(self) -> str:
         return f"PlainJob({self.name!r})"
+
+    def parts(self) -> list[str]:
+        """``[name]``: a plain job is one engine job."""
+        return [self.name]
 
     # -- reading ------------------------------------------------------------------
     def status(self, summaries: int = 20) -> JobStatus:

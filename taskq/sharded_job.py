@@ -53,6 +53,10 @@ class ShardedJob:
     def __repr__(self) -> str:
         return f"ShardedJob({self.name!r}, shards={len(self.shards)})"
 
+    def parts(self) -> list[str]:
+        """The shards' job names, shard ``k`` at index ``k``."""
+        return list(self.sset.shards)
+
     def _of(self, task_id: int) -> tuple[PlainJob, int]:
         shard, local = self.sset.locate(int(task_id))
         return self.shards[self.sset.shards.index(shard)], local

@@ -36,6 +36,7 @@ from typing import Any
 
 from . import errors, sharded
 from .client import Client
+from .connection import translate
 from .keys import shard_set_key
 from .models import Task
 from .scripts import MAX_PREFETCH
@@ -97,9 +98,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         self.sset = self._retrying(sharded.require, self.client, job)
         self.shards = self.sset.shards
         if home is None:
-            seq = self._retrying(
-                self.client.redis.hincrby, shard_set_key(job, self.client.prefix), "seq", 1
-            )
+            seq = self._retrying(self._next_home_seq)
             home = (int(seq) - 1) % len(self.shards)
         if not 0 <= home < len(self.shards):
             raise errors.InvalidInput(f"home must be 0..{len(self.shards) - 1}, got {home}")
@@ -128,6 +127,13 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         #: tasks taken from shards other than home (the shared tail)
         self.taken_elsewhere = 0
         self._open(home)
+
+    def _next_home_seq(self) -> int:
+        """The record's join counter, incremented: the n-th trainer's home is n mod S."""
+        with translate(self.client.url):
+            return int(
+                self.client.redis.hincrby(shard_set_key(self.job, self.client.prefix), "seq", 1)
+            )
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job (``task.id`` is its id in its shard)."""

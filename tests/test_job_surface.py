@@ -287,3 +287,39 @@ def test_sharded_admin_keeps_the_listed_checkpoint(cclient: taskq.Client, job_na
     rec = cclient.checkpoint(job_name, ckpt="same")
     assert cclient.checkpoint(job_name, ckpt="same") == rec
     assert sharded_admin.get(cclient, job_name, "same") == rec
+
+
+# -- per-job credentials -----------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_per_job_credential_on_the_cluster_runs_its_job_only(
+    cluster: RedisClusterProcs, cclient: taskq.Client, job_name: str, kind: str
+) -> None:
+    create(cclient, job_name, kind, n=6, passes=2)
+    other = job_name[:-1] + "X"
+    create(cclient, other, kind, n=3)
+    user = f"tr-{job_name}"
+    r = CliRunner().invoke(
+        cli,
+        ["--url", cluster.url, "acl", "trainer", job_name, "--user", user]
+        + ["--password-env", "TQ_JOB_PW", "--apply"],
+        env={"TQ_JOB_PW": "job-pw"},
+    )
+    assert r.exit_code == 0, r.output
+    for node in cluster.servers:  # applied on every master
+        assert node.client().acl_getuser(user)
+    url = cluster.url.replace("://", f"://{user}:job-pw@", 1)
+    seen = []
+    with taskq.Trainer(job_name, url=url) as trainer:
+        assert isinstance(trainer, ShardedTrainer) == (kind == "sharded")
+        for task in trainer:
+            seen.append(trainer.global_id(task))
+    assert sorted(seen) == sorted(list(range(6)) * 2)
+    for refused in (
+        lambda: taskq.Trainer(other, url=url),
+        lambda: taskq.connect(url).status(other),
+        lambda: taskq.connect(url).delete_job(job_name),
+    ):
+        with pytest.raises(taskq.TaskqError) as info:
+            refused()
+        assert "refused by ACL" in str(info.value) and "\n" not in str(info.value)
+    assert cclient.status(job_name).state == "completed"  # the refused delete changed nothing
