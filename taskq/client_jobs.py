@@ -133,6 +133,11 @@ class ClientJobs(ClientConnection):
             raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
         self.check_memory_policy()
+        if self.job(name).sharded:  # no plain job beside a sharded one of that name
+            raise errors.JobExists(
+                f"job {name!r} exists as a sharded job (replace it with shards >= 2, or "
+                f"delete it first)"
+            )
         with translate(self.url):
             if not replace and self.redis.exists(keys.meta):
                 raise errors.JobExists(f"job {name!r} exists")

@@ -242,6 +242,11 @@ class ShardedJob:
         """Create the job again from ``chunks`` (a new incarnation), over as many shards
         as now unless ``shards=`` says otherwise."""
         settings.setdefault("shards", len(self.shards))
+        if settings["shards"] == 1:
+            raise errors.InvalidInput(
+                f"job {self.name!r} is a sharded job: replace it with shards >= 2, or "
+                f"delete it first to make a job of one shard of that name"
+            )
         return self.client.create_job(self.name, chunks, replace=True, **settings)
 
     # -- checkpoints --------------------------------------------------------------

@@ -40,7 +40,14 @@ def _finished(s: JobStatus, pass_no: int) -> bool:
     return (
         s.state in ("completed", "cancelled")
         or s.pass_no > pass_no
-        or (s.state == "waiting" and s.reason in ("manual_advance", "all_dead"))
+        or (s.pass_no == pass_no and _at_rest(s))
+    )
+
+
+def _at_rest(s: JobStatus) -> bool:
+    """Shard ``s`` waits at a pass boundary (its pass complete, or no live task)."""
+    return s.state in ("completed", "cancelled") or (
+        s.state == "waiting" and s.reason in ("manual_advance", "all_dead")
     )
 
 
@@ -206,9 +213,12 @@ class ShardTaker:
             self._state = state
             return True
         # a job with no live task at all waits for a retry, as a plain job does
-        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
+        if reason != "all_dead" and all(_at_rest(s) for s in sts):
+            # every shard waits at a boundary: the barrier step (it does nothing while a
+            # checkpoint's cut holds the barrier lock: the next round tries again)
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-            return True
+            if all(_finished(s, pass_no) for s in sts):
+                return True
         if any(
             s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
         ):  # a barrier step died half-way: finish it

@@ -8,6 +8,9 @@ cut across the shards, a rewind to one pass, an audit that sees shards disagree)
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -323,3 +326,49 @@ def test_a_per_job_credential_on_the_cluster_runs_its_job_only(
             refused()
         assert "refused by ACL" in str(info.value) and "\n" not in str(info.value)
     assert cclient.status(job_name).state == "completed"  # the refused delete changed nothing
+
+
+HOLD_ONE = """
+import sys, time, taskq
+with taskq.Trainer(sys.argv[2], url=sys.argv[1]) as trainer:
+    for task in trainer:
+        print("HOLDING", type(trainer).__name__, trainer.global_id(task), flush=True)
+        time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sigterm_releases_what_the_trainer_holds(
+    cluster: RedisClusterProcs, cclient: taskq.Client, job_name: str, kind: str
+) -> None:
+    create(cclient, job_name, kind, n=6, worker_ttl=30, heartbeat_interval=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_ONE, cluster.url, job_name],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:2] == ["HOLDING", "ShardedTrainer" if kind == "sharded" else "Trainer"]
+        assert cclient.status(job_name).leased == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    st = cclient.status(job_name)  # released at once, not after the 30 s ttl
+    assert (st.leased, st.todo, st.workers) == (0, 6, 0)
+
+
+def test_no_plain_job_beside_a_sharded_one(cclient: taskq.Client, job_name: str) -> None:
+    create(cclient, job_name, "sharded")
+    for make in (
+        lambda: make_job(cclient, job_name, 3),
+        lambda: make_job(cclient, job_name, 3, replace=True),
+        lambda: cclient.job(job_name).replace([{"i": 0}], shards=1),
+    ):
+        with pytest.raises((taskq.JobExists, taskq.InvalidInput), match="sharded job"):
+            make()
+    st = cclient.job(job_name).replace([{"i": i} for i in range(4)])
+    assert (st.tasks, len(st.shards)) == (4, 3)  # type: ignore[attr-defined]
