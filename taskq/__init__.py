@@ -3,6 +3,7 @@
 Public names only; see ``client.py`` (admin API) and ``trainer.py`` (the trainer client).
 """
 
+from . import sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
 from .client import Client, connect
 from .errors import (
     ConnectionLost,

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, sharded
+from . import trainer as trainer_module
 from .client import Client
 from .connection import translate
 from .keys import shard_set_key
@@ -385,3 +386,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
                 self.fail(current, f"{name}: {exc}")
             except errors.TaskqError as e:
                 log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
+
+
+# ``taskq.Trainer(name)`` of a sharded job is one of these (trainer.py)
+trainer_module.SHARDED_TRAINER = ShardedTrainer

@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
@@ -40,6 +41,12 @@ from .signals import LeaveOnSignal
 from .trainer_iter import TrainerIteration
 
 log = logging.getLogger("taskq.trainer")
+
+
+#: What ``Trainer(name)`` of a sharded job builds: ``ShardedTrainer``, set by
+#: sharded_trainer.py when it is imported (``import taskq`` does), so that this module
+#: imports nothing that imports it back.
+SHARDED_TRAINER: Callable[..., Any] | None = None
 
 
 def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
@@ -107,9 +114,9 @@ class Trainer(TrainerIteration, LeaveOnSignal):
             return super().__new__(cls)
         probe = client or Client(url, retries=1)
         if _is_sharded(probe, job, float(kw.get("reconnect_timeout", 60.0))):
-            from .sharded_trainer import ShardedTrainer
-
-            return ShardedTrainer(job, url, probe, *a, **kw)
+            if SHARDED_TRAINER is None:  # pragma: no cover - `import taskq` sets it
+                raise errors.TaskqError(f"job {job!r} is sharded: import taskq.sharded_trainer")
+            return SHARDED_TRAINER(job, url, probe, *a, **kw)
         self = super().__new__(cls)
         self.__dict__["_probe_client"] = probe  # the client __init__ would make: made once
         return self
