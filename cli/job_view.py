@@ -160,7 +160,8 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
 )
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
-    """The jobs in this Redis (under the key prefix)."""
+    """The jobs in this Redis (under the key prefix); a sharded job is listed as one row
+    (its sums), beside its shards."""
     client = client_of(ctx)
     if repair:
         added, removed = client.repair_index()
@@ -170,7 +171,7 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
                 err=True,
             )
     rows: list[dict[str, Any]] = []
-    for name in client.list_jobs():
+    for name in client.list_jobs(sharded=True):
         try:
             s = client.status(name, summaries=0)
         except (taskq.JobNotFound, taskq.CorruptData) as e:
@@ -190,18 +191,19 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
                 }
             )
             continue
-        rows.append(
-            {
-                "job": name,
-                "state": s.state,
-                "pass": s.pass_no,
-                "passes": s.passes,
-                "tasks": s.tasks,
-                "done": s.done,
-                "dead": s.dead,
-                "workers": s.workers,
-            }
-        )
+        row: dict[str, Any] = {
+            "job": name,
+            "state": s.state,
+            "pass": s.pass_no,
+            "passes": s.passes,
+            "tasks": s.tasks,
+            "done": s.done,
+            "dead": s.dead,
+            "workers": s.workers,
+        }
+        if isinstance(s, ShardedStatus):
+            row["shards"] = len(s.shards)
+        rows.append(row)
     if as_json:
         echo_json(rows)
         return
@@ -219,7 +221,7 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
             table.add_row(r["job"], f"unreadable: {r['error']}", "-", "-", "-", "-")
             continue
         table.add_row(
-            r["job"],
+            r["job"] + (f" ({r['shards']} shards)" if r.get("shards") else ""),
             r["state"],
             pass_label(r["pass"], r["passes"]),
             f"{r['done']}/{r['tasks']}",

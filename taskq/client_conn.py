@@ -22,7 +22,7 @@ from . import errors, stats
 from .config import check_memory_policy
 from .connection import translate
 from .jobs import Job, iter_tasks
-from .keys import JobKeys, jobs_index, valid_job_name
+from .keys import JobKeys, jobs_index, shard_sets_index, valid_job_name
 from .models import JobStatus
 from .scripts import PAGE_MAX, Code, Scripts, raise_for
 
@@ -121,10 +121,17 @@ class ClientConnection:
         """
         return self.job(name).status(summaries)
 
-    def list_jobs(self) -> list[str]:
-        """Names of the jobs in the index, sorted."""
+    def list_jobs(self, sharded: bool = False) -> list[str]:
+        """Names of the jobs in the index, sorted (a sharded job's shards are jobs there).
+
+        Args:
+            sharded: add the sharded jobs' own names (``taskq job list`` shows both).
+        """
         with translate(self.url):
-            return sorted(self.redis.smembers(jobs_index(self.prefix)))
+            names = set(self.redis.smembers(jobs_index(self.prefix)))
+            if sharded:
+                names |= set(self.redis.smembers(shard_sets_index(self.prefix)))
+        return sorted(names)
 
     def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
         """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,

@@ -308,6 +308,11 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             raise errors.JobCompleted(f"job {self.job!r} is completed")
 
     @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats (the home shard's, as the job's)."""
+        return self._open(self.home).heartbeat_interval
+
+    @property
     def held(self) -> list[Task]:
         """The tasks this trainer holds, on every shard (current and leased ahead)."""
         return [t for tr in list(self._trainers.values()) for t in tr.held]

@@ -189,6 +189,9 @@ def test_the_cli_takes_any_job(cluster: RedisClusterProcs, job_name: str, kind: 
         assert r.exit_code == 0, (args, r.output)
     trainer.close()
     assert json.loads(run(url, "job", "status", job_name, "--json").output)["pass"] == 1
+    listed = {r["job"]: r for r in json.loads(run(url, "job", "list", "--json").output)}
+    assert listed[job_name]["tasks"] == 6
+    assert listed[job_name].get("shards") == (3 if kind == "sharded" else None)
     r = run(url, "pass", "next", job_name)
     assert r.exit_code == 1 and "work left" in r.output
     r = run(url, "job", "rewind", job_name, "nope")
