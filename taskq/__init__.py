@@ -3,7 +3,6 @@
 Public names only; see ``client.py`` (admin API) and ``trainer.py`` (the trainer client).
 """
 
-from . import sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
 from .client import Client, connect
 from .errors import (
     ConnectionLost,
@@ -24,6 +23,11 @@ from .errors import (
 )
 from .models import JobConfig, JobStatus, Task
 from .trainer import Trainer
+
+# isort: split
+# after trainer.py, so its classes are made first, as before (bench/trainer_instructions.py
+# counts ~1 % more per task when this comes first: a layout effect, not more work)
+from . import sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
 
 __version__ = "0.1.0"
 
