@@ -7,7 +7,8 @@ under the barrier lock (``sharded.barrier_lock``), so no barrier step moves a pa
 while it is taken, and every shard's (pass, attempt) is read before and after; a cut
 under which one moved all the same is refused and taken again under a new id for the
 shards. It is listed only once every shard's part is sealed, in the shard-set record
-(field ``ckpt.<id>``, with the shards' ids). A rewind, under the same lock, puts every
+(field ``ckpt.<id>``, with the shards' ids); then the taker runs the barrier step, one
+a trainer may have been refused meanwhile. A rewind, under the same lock, puts every
 shard back to its part of the cut, then runs the barrier step (which finishes a
 boundary a step that died half-way had straddled), so every shard ends at the same
 pass. See docs/sharding.md.
@@ -89,6 +90,23 @@ def _position(client: Client, sset: ShardSet) -> list[tuple[int, int, bool]]:
     return out
 
 
+def _moved(sset: ShardSet, before: list[Any], after: list[Any]) -> bool:
+    """True when a shard's pass moved between ``before`` and ``after`` (``_position``).
+
+    A shard that completed the job's last pass meanwhile has not: the last pass has no
+    barrier (each shard completes by itself), so its part, taken before or after, is
+    one of the same cut.
+    """
+    last = None if sset.passes is None else sset.passes - 1
+    for (b_pass, b_attempt, b_end), (a_pass, a_attempt, a_end) in zip(before, after, strict=True):
+        if (b_pass, b_attempt, b_end) == (a_pass, a_attempt, a_end):
+            continue
+        if a_end and not b_end and b_pass == last and a_pass in (last, sset.passes):
+            continue
+        return True
+    return False
+
+
 def _free_id(client: Client, sset: ShardSet, ckpt: str, attempt: int) -> str:
     """The shards' checkpoint id for cut ``attempt`` of ``ckpt``: one no shard holds
     yet (sealed or half-written by an attempt that died or was refused), so no shard's
@@ -152,7 +170,7 @@ def checkpoint(
             for shard in sset.shards:
                 recs.append(PlainJob(client, shard).checkpoint(keep=shard_keep, ckpt=shard_id))
                 keep_lock()
-            if _position(client, sset) != before or not keep_lock():
+            if _moved(sset, before, _position(client, sset)) or not keep_lock():
                 log.warning("job %s: checkpoint %s: a pass moved during the cut; again", name, ckpt)
                 continue
         out = _combine(ckpt, recs)
@@ -162,6 +180,9 @@ def checkpoint(
             ids = sorted(f for f in client.redis.hkeys(key) if f.startswith(CKPT_FIELD))
             if len(ids) > keep:  # ids are time-ordered: the oldest go, as per shard
                 client.redis.hdel(key, *ids[: len(ids) - keep])
+        # a step refused while the cut held the lock is not left to the trainers' next
+        # idle round (seconds away, at a pass's tail): the cut's taker runs it now
+        sharded.advance(client, name, sset=sset)
         return out
     raise errors.TaskqError(
         f"job {name!r}: checkpoint {ckpt}: the passes moved (or a barrier step held the "

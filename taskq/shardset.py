@@ -250,8 +250,8 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     """Every shard's audit plus the pass agreement between them.
 
     Checks (besides each shard's own): ``shards_ok``; ``passes_agree``: every pass below
-    the highest shard's pass is finished (completed or skipped, not undone by a rewind)
-    in every shard, i.e. no shard ever ran ahead of the barrier; ``shards_in_step``: now,
+    the highest shard's pass is finished (completed or skipped) in every shard, i.e. no
+    shard ever ran ahead of the barrier; ``shards_in_step``: now,
     every unfinished shard is at the highest pass, or one below it waiting at the
     boundary (a barrier step half-way, which the next step finishes), so no shard hands
     out a pass while another still runs an earlier one (a rewind to a cut that was not
@@ -270,11 +270,7 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     agree = once = True
     for p in sorted(finished):
         recs = finished[p]
-        ended = {
-            j: r
-            for j, r in recs.items()
-            if r.get("state") in ("completed", "skipped") and not r.get("rewound")
-        }
+        ended = {j: r for j, r in recs.items() if r.get("state") in ("completed", "skipped")}
         if p < top and len(ended) != len(sset.shards):
             agree = False
         if len(ended) == len(sset.shards):
