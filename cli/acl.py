@@ -78,6 +78,23 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _shards(ctx: click.Context, job: str | None, apply_: bool) -> list[str] | None:
+    """The shards of ``job`` when it is a sharded job (the rule must cover them), read
+    from Redis when a URL is given (``--url``, ``TASKQ_REDIS_URL``) or with ``--apply``;
+    None for a plain job, or when no Redis was asked (said on stderr)."""
+    if job is None:
+        return None
+    if not (apply_ or ctx.find_root().obj.url or os.environ.get("TASKQ_REDIS_URL")):
+        click.echo(
+            f"# no --url: the rule is for a plain job {job}; give --url (or "
+            f"TASKQ_REDIS_URL) if it is a sharded job, so the rule covers its shards",
+            err=True,
+        )
+        return None
+    handle = client_of(ctx).job(job)
+    return handle.parts() if handle.sharded else None
+
+
 def _emit(ctx: click.Context, rule: rules.Rule, fmt: str, apply_: bool) -> None:
     if apply_:
         client = client_of(ctx)
@@ -121,7 +138,11 @@ def _command(role: rules.Role) -> click.Command:
     ) -> None:
         prefix = ctx.find_root().obj.prefix
         password = _password(password_env, password_file)
-        _emit(ctx, rules.rule(role.name, job, user, password, prefix), fmt, apply_)
+        rule = rules.rule(role.name, job, user, password, prefix)  # bad input: said first
+        shards = _shards(ctx, job, apply_)
+        if shards:
+            rule = rules.rule(role.name, job, user, password, prefix, shards)
+        _emit(ctx, rule, fmt, apply_)
 
     command.__doc__ = (
         f"{role.summary}\n\nExample: taskq acl {role.name} mnist --password-env MNIST_PW --apply"

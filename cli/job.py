@@ -1,5 +1,5 @@
 """``taskq job ...``: the ``job`` group, and the commands that write: create, delete,
-cancel, pause, resume (a sharded job as one: cli/shards.py). The read-only views
+cancel, pause, resume (each the job handle's verb: a plain or a sharded job alike). The read-only views
 (status, list, audit) are cli/job_view.py's, checkpoints cli/checkpoints.py's; create's
 input is read by cli/job_input.py.
 
@@ -13,9 +13,8 @@ from typing import Any
 import click
 
 import taskq
-from taskq import sharded
+from taskq.shardset import ShardedStatus
 
-from . import shards as shards_cli
 from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
 from .job_input import (
     BIG_INPUT_TASKS,
@@ -243,8 +242,7 @@ def create(
         if not exist_ok:
             raise
         if as_json:
-            if not shards_cli.handle(ctx, "status", name, True):
-                echo_json(client.status(name).as_dict())
+            echo_json(client.status(name).as_dict())
         else:
             click.echo(f"job {name} exists: left as it is (--exist-ok)")
         return
@@ -265,13 +263,14 @@ def create(
 @click.pass_context
 def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     """Delete job NAME and every key of it; its trainers stop (job not found)."""
-    if shards_cli.handle(ctx, "delete", name, as_json, yes=yes):
-        return
     client = client_of(ctx)
     status = client.status(name, summaries=0)  # unknown job: fail before asking
     if not yes:
+        shards = status.shards if isinstance(status, ShardedStatus) else []
+        where = f" in {len(shards)} shards" if shards else ""
         click.confirm(
-            f"delete job {name} ({status.state}, {status.tasks} tasks, {status.workers} workers)?",
+            f"delete job {name} ({status.state}, {status.tasks} tasks{where}, "
+            f"{status.workers} workers)?",
             abort=True,
             err=True,
         )
@@ -285,7 +284,7 @@ def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
 
 
 def _lifecycle_command(verb: str, summary: str, said: str) -> click.Command:
-    """``taskq job cancel|pause|resume NAME [--json]``: one shape, ``Client.<verb>_job``
+    """``taskq job cancel|pause|resume NAME [--json]``: one shape, the job handle's verb
     (a sharded job: every shard, as one)."""
 
     @job.command(verb, help=summary)
@@ -293,25 +292,24 @@ def _lifecycle_command(verb: str, summary: str, said: str) -> click.Command:
     @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
     @click.pass_context
     def command(ctx: click.Context, name: str, as_json: bool) -> None:
-        client = client_of(ctx)
-        sset = sharded.load(client, name)
-        read = (lambda: sharded.status(client, name)) if sset else (lambda: client.status(name, 0))
-        before = read()
-        getattr(client, f"{verb}_job")(name)
+        handle = client_of(ctx).job(name)
+        before = handle.status(summaries=0)
+        getattr(handle, verb)()
         out: dict[str, Any] = {
             "job": name,
-            "state": "cancelled" if verb == "cancel" else read().state,
+            "state": "cancelled" if verb == "cancel" else handle.status(summaries=0).state,
             "state_before": before.state,
             "pass": before.pass_no,
         }
         if verb == "cancel":
             out["leases_revoked"] = before.leased
-        if sset is not None:
-            out["shards"] = len(sset.shards)
+        shards = before.shards if isinstance(before, ShardedStatus) else []
+        if shards:
+            out["shards"] = len(shards)
         if as_json:
             echo_json(out)
         else:
-            every = f" (all {len(sset.shards)} shards)" if sset is not None else ""
+            every = f" (all {len(shards)} shards)" if shards else ""
             click.echo(f"job {name}: {said.format(name=name)}{every}")
 
     return command

@@ -1,5 +1,6 @@
 """``taskq job status``, ``list`` and ``audit``: the read-only views of jobs (a sharded
-job as one: cli/shards.py), registered on the ``job`` group of cli/job.py.
+job as one, with its shards' breakdown drawn by cli/shards.py), registered on the ``job``
+group of cli/job.py.
 
 Data flow: operator -> cli/job_view.py -> taskq.Client (stats.py) -> Redis.
 """
@@ -15,6 +16,7 @@ from rich.table import Table
 import taskq
 from taskq import inputwait_view
 from taskq.models import JobStatus
+from taskq.shardset import ShardedStatus
 
 from . import shards as shards_cli
 from .common import age, client_of, echo_json, pass_label, show
@@ -132,10 +134,14 @@ def summaries_table(summaries: list[dict[str, Any]], first_lease_ms: int | None)
 def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> None:
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
     sharded job: the sums and a breakdown by shard)."""
-    if shards_cli.handle(ctx, "status", name, as_json):
-        return
     client = client_of(ctx)
     status = client.status(name, summaries=summaries)
+    if isinstance(status, ShardedStatus):  # the sums, then one row per shard
+        if as_json:
+            echo_json(status.as_dict())
+        else:
+            show(*shards_cli.status_tables(status))
+        return
     if as_json:
         data = status.as_dict()
         data["histograms"] = status.histograms
@@ -158,7 +164,8 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
 )
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
-    """The jobs in this Redis (under the key prefix)."""
+    """The jobs in this Redis (under the key prefix); a sharded job is listed as one row
+    (its sums), beside its shards."""
     client = client_of(ctx)
     if repair:
         added, removed = client.repair_index()
@@ -168,7 +175,7 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
                 err=True,
             )
     rows: list[dict[str, Any]] = []
-    for name in client.list_jobs():
+    for name in client.list_jobs(sharded=True):
         try:
             s = client.status(name, summaries=0)
         except (taskq.JobNotFound, taskq.CorruptData) as e:
@@ -188,18 +195,19 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
                 }
             )
             continue
-        rows.append(
-            {
-                "job": name,
-                "state": s.state,
-                "pass": s.pass_no,
-                "passes": s.passes,
-                "tasks": s.tasks,
-                "done": s.done,
-                "dead": s.dead,
-                "workers": s.workers,
-            }
-        )
+        row: dict[str, Any] = {
+            "job": name,
+            "state": s.state,
+            "pass": s.pass_no,
+            "passes": s.passes,
+            "tasks": s.tasks,
+            "done": s.done,
+            "dead": s.dead,
+            "workers": s.workers,
+        }
+        if isinstance(s, ShardedStatus):
+            row["shards"] = len(s.shards)
+        rows.append(row)
     if as_json:
         echo_json(rows)
         return
@@ -217,7 +225,7 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
             table.add_row(r["job"], f"unreadable: {r['error']}", "-", "-", "-", "-")
             continue
         table.add_row(
-            r["job"],
+            r["job"] + (f" ({r['shards']} shards)" if r.get("shards") else ""),
             r["state"],
             pass_label(r["pass"], r["passes"]),
             f"{r['done']}/{r['tasks']}",
@@ -235,11 +243,11 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
     delay; and whether the counters agree with the sets they count (exit 1 if not). A
     sharded job: every shard, and whether the shards agree on every pass."""
-    if shards_cli.handle(ctx, "audit", name, as_json):
-        return
     report = client_of(ctx).audit(name)
     if as_json:
         echo_json(report)
+    elif "shards" in report:  # a sharded job's: every shard and the agreement
+        shards_cli.show_audit(report)
     else:
         show(summaries_table(report["passes"], report.get("first_lease_ms")))
         cur = report["current"]

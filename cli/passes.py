@@ -21,7 +21,6 @@ from rich.table import Table
 import taskq
 from taskq.models import JobStatus
 
-from . import shards as shards_cli
 from .common import age, client_of, console, echo_json, interactive, pass_label
 
 FINAL_STATES = ("completed", "cancelled")
@@ -53,18 +52,9 @@ def next_cmd(
 
     Refuses while the current pass has work left unless --force.
     """
-    if shards_cli.handle(ctx, "next", name, as_json, expected=expected, force=force):
-        return
     client = client_of(ctx)
     before = client.status(name, summaries=0)
-    try:
-        new_pass = client.next_pass(name, expected_pass=expected, force=force)
-    except taskq.PassIncomplete as e:
-        s = client.status(name, summaries=0)
-        raise taskq.PassIncomplete(
-            f"job {name}: pass {s.pass_no} has work left (todo "
-            f"{s.todo}, leased {s.leased}); --force skips it"
-        ) from e
+    new_pass = client.next_pass(name, expected_pass=expected, force=force)
     status = client.status(name, summaries=0)
     if as_json:
         echo_json(
@@ -97,8 +87,6 @@ def next_cmd(
 @click.pass_context
 def reset(ctx: click.Context, name: str, expected: int | None, as_json: bool) -> None:
     """Restart the current pass of NAME (a new attempt; leases out become stale)."""
-    if shards_cli.handle(ctx, "reset", name, as_json, expected=expected):
-        return
     client = client_of(ctx)
     pass_no = client.reset_pass(name, expected_pass=expected)
     if as_json:

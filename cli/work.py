@@ -14,11 +14,12 @@ the job completed (or was cancelled, or the worker drained) and no task it ran i
 3 (``EXIT_DEAD``), a task it ran ended dead; 128 + N after signal N; 1 for errors, 2 for
 usage errors.
 
-A sharded job (``taskq job create --shards S``, found by its shard-set record) is worked
-by a ``ShardedTrainer``: ``TASKQ_JOB`` and ``TASKQ_TASK_ID`` name the shard and the task in
-it, ``TASKQ_GLOBAL_ID`` the task in the whole job.
+Any job, plain or sharded, is worked by ``taskq.Trainer(JOB)`` (a sharded job's is a
+``ShardedTrainer`` behind the same surface): ``TASKQ_JOB`` and ``TASKQ_TASK_ID`` name the
+job (a sharded job's shard) and the task in it, ``TASKQ_GLOBAL_ID`` the task in the whole
+job (the same id for a plain job).
 
-Data flow: any program <- cli/work.py -> taskq.Trainer / ShardedTrainer -> Redis.
+Data flow: any program <- cli/work.py -> taskq.Trainer -> Redis.
 """
 
 from __future__ import annotations
@@ -40,9 +41,7 @@ from typing import Any
 import click
 
 import taskq
-from taskq import sharded
 from taskq.connection import resolve_url
-from taskq.sharded_trainer import ShardedTrainer
 
 log = logging.getLogger("taskq.work")
 
@@ -82,9 +81,7 @@ class Seconds(click.ParamType):
 class _Runner:
     """Runs CMD for tasks of one trainer and turns signals into a graceful leave."""
 
-    def __init__(
-        self, trainer: taskq.Trainer | ShardedTrainer, cmd: list[str], grace: float
-    ) -> None:
+    def __init__(self, trainer: taskq.Trainer, cmd: list[str], grace: float) -> None:
         self.trainer = trainer
         self.cmd = cmd
         self.grace = grace
@@ -116,9 +113,7 @@ class _Runner:
             TASKQ_ATTEMPT=str(task.attempt),
         )
         env.pop("TASKQ_TASK", None)
-        env.pop("TASKQ_GLOBAL_ID", None)
-        if isinstance(self.trainer, ShardedTrainer):
-            env["TASKQ_GLOBAL_ID"] = str(self.trainer.global_id(task))
+        env["TASKQ_GLOBAL_ID"] = str(self.trainer.global_id(task))
         if len(payload) < ENV_TASK_MAX:
             env["TASKQ_TASK"] = payload.decode()
         tail: deque[bytes] = deque()
@@ -441,15 +436,13 @@ def work(
     client.keys(job)  # a bad name fails before any wait
     # a probe without redis-py's own retries, so the log says when the next try really is
     _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
-    sset = sharded.load(client, job)
-    config = client.status(sset.shards[0] if sset else job, summaries=0).config
+    config = client.status(job, summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
         raise click.UsageError(
             f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
             f"heartbeat interval ({config['heartbeat_interval']:g} s)"
         )
-    kind = ShardedTrainer if sset is not None else taskq.Trainer
-    trainer = kind(
+    trainer = taskq.Trainer(
         job,
         url=resolved,
         client=client,

@@ -24,6 +24,11 @@ from .errors import (
 from .models import JobConfig, JobStatus, Task
 from .trainer import Trainer
 
+# isort: split
+# after trainer.py, so its classes are made first, as before (bench/trainer_instructions.py
+# counts ~1 % more per task when this comes first: a layout effect, not more work)
+from . import sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -26,9 +26,12 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+
+from redis.cluster import RedisCluster
 
 from . import errors
 from .keys import (
@@ -36,7 +39,9 @@ from .keys import (
     acl_jobs_index_pattern,
     acl_key_patterns,
     acl_shard_sets_pattern,
+    barrier_key,
     prefix,
+    shard_set_key,
     valid_job_name,
 )
 from .scripts import LIBRARY, VERBS
@@ -98,6 +103,29 @@ BASE_RULES = (
     "-randomkey",
     "-dbsize",
 )
+
+
+#: What a Redis Cluster client needs to connect and follow the slot map (redis-py reads
+#: ``CLUSTER SLOTS`` / ``CLUSTER SHARDS`` when it is made and after a MOVED, and
+#: ``COMMAND`` for the key positions): topology, no data. Harmless on a single Redis.
+CLUSTER_RULES = (
+    "+cluster|slots",
+    "+cluster|shards",
+    "+cluster|nodes",
+    "+cluster|info",
+    "+cluster|myid",
+    "+cluster|keyslot",
+    "+readonly",
+    "+command",
+)
+
+#: What a sharded job's trainer does beyond a plain job's (sharded_take.py): the barrier
+#: step (``advance`` on each shard, through ``next_pass`` with the pass expected), the
+#: bounded reap of a shard whose trainers vanished, a home from the record's counter and
+#: the barrier lock (``keys.barrier_key``: SET NX PX, PEXPIRE, DEL by its holder).
+SHARDED_TRAINER_VERBS = ("advance", "reap")
+SHARDED_RECORD_WRITES = ("hincrby",)
+BARRIER_WRITES = ("set", "pexpire", "del")
 
 
 @dataclass(frozen=True)
@@ -244,6 +272,11 @@ def _fcalls(verbs: tuple[str, ...], ro_verbs: tuple[str, ...]) -> list[str]:
     ]
 
 
+def _glob_escape_key(key: str) -> str:
+    """One key as an ACL pattern matching only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in key)
+
+
 def _selector(patterns: list[str], commands: tuple[str, ...]) -> str:
     keys = " ".join(f"~{p}" for p in patterns)
     return f"({keys} resetchannels -@all {' '.join('+' + c for c in commands)})"
@@ -267,6 +300,7 @@ def rule(
     user: str | None = None,
     password: str | None = None,
     key_prefix: str | None = None,
+    shards: Sequence[str] | None = None,
 ) -> Rule:
     """The user of ``role`` (a name in ``ROLES``) for one job, or for every job.
 
@@ -281,9 +315,15 @@ def rule(
         user: the user name (default ``<role>-<job>`` / ``<role>-all``).
         password: the password (stored as its SHA-256); None prints a placeholder.
         key_prefix: overrides ``TASKQ_PREFIX``.
+        shards: when ``job`` is a sharded job, its shards' names (``Client.job(job)``
+            tells): the rule covers every shard's keys and the record's
+            (``taskq:{JOB}:*``), and a trainer may also run the barrier step and the
+            reap of a shard (``SHARDED_TRAINER_VERBS``), take a home from the record and
+            hold the barrier lock.
 
     Returns:
-        The rule.
+        The rule (it also allows what a Redis Cluster client needs to connect:
+        ``CLUSTER_RULES``).
 
     Raises:
         InvalidInput: an unknown role, a missing job for a trainer, a bad job name, user
@@ -295,12 +335,30 @@ def rule(
     if spec.needs_job and job is None:
         raise errors.InvalidInput(f"a {role} rule is for one job: name the job")
     name, pfx = _check(role, job, user, key_prefix)
+    for shard in shards or ():
+        _check(role, shard, user, key_prefix)
     access = "%R~" if spec.read_only else "~"
+    # a sharded job: every shard's keys, and the record's tag (the record, the lock)
+    tags: list[str | None] = [*shards, job] if shards else [job]
+
+    def patterns(names: tuple[str, ...] | None = None) -> list[str]:
+        return [p for tag in tags for p in acl_key_patterns(tag, names, pfx)]
+
+    verbs = spec.verbs
+    writes = [(patterns(keys), cmds) for keys, cmds in spec.writes]
+    if shards and role == "trainer":
+        verbs = (*verbs, *SHARDED_TRAINER_VERBS)
+        record = [_glob_escape_key(shard_set_key(job or "", pfx))]
+        writes += [
+            (patterns(("lock",)), ("set",)),  # the reap's per-shard lock
+            (record, SHARDED_RECORD_WRITES),
+            ([_glob_escape_key(barrier_key(job or "", pfx))], BARRIER_WRITES),
+        ]
     rules = [
         "on",
         password_rule(password, name),
         "resetkeys",
-        *(f"{access}{p}" for p in acl_key_patterns(job, key_prefix=pfx)),
+        *(f"{access}{p}" for p in patterns()),
         # every job: the jobs index and the sharded jobs' (a sharded job is shown as one)
         *(
             []
@@ -309,9 +367,10 @@ def rule(
         ),
         "resetchannels",
         *BASE_RULES,
+        *CLUSTER_RULES,
         *spec.extra,
-        *_fcalls(spec.verbs, spec.ro_verbs),
-        *(_selector(acl_key_patterns(job, keys, pfx), cmds) for keys, cmds in spec.writes),
+        *_fcalls(verbs, spec.ro_verbs),
+        *(_selector(keys, cmds) for keys, cmds in writes),
     ]
     return Rule(name, tuple(rules), role, job)
 
@@ -323,7 +382,8 @@ exporter_rule = partial(rule, "exporter")
 
 
 def apply(redis_client: Any, rule: Rule) -> None:
-    """Create or replace the user on the server (``ACL SETUSER <user> reset ...``).
+    """Create or replace the user on the server (``ACL SETUSER <user> reset ...``); on a
+    Redis Cluster on every node (ACLs are per node: a client connects to each master).
 
     The connection's user needs ``ACL SETUSER`` (``@admin``): deploy/redis/acl.conf's
     ``admin`` does not have it. The change lives in memory until ``ACL SAVE`` (with an
@@ -341,4 +401,9 @@ def apply(redis_client: Any, rule: Rule) -> None:
         raise errors.InvalidInput(
             f"user {rule.user}: no password given (--password-env VAR or --password-file F)"
         )
+    if isinstance(redis_client, RedisCluster):
+        redis_client.execute_command(
+            "ACL", "SETUSER", *rule.setuser_args(), target_nodes=RedisCluster.ALL_NODES
+        )
+        return
     redis_client.execute_command("ACL", "SETUSER", *rule.setuser_args())

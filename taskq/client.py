@@ -5,9 +5,12 @@ one Lua script call (scripts.py), every read goes through stats.py.
 
 ``Client`` is built in parts: its connection and reads (``client_conn.py``), creating and
 ending jobs (``client_jobs.py``), operating a running job: passes, tasks, checkpoints
-(``client_ops.py``); this module has its construction and ``connect``.
+(``client_ops.py``); this module has its construction, ``job(name)`` (the one place a
+plain job and a sharded one are told apart: jobs.py) and ``connect``. Every method that
+takes a job name is the job handle's verb.
 
-Data flow: CLI / user code -> client.py -> scripts.py -> Redis; reads -> stats.py.
+Data flow: CLI / user code -> client.py -> jobs.py (the job's handle) -> scripts.py ->
+Redis; reads -> stats.py.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .client_jobs import STAGING_TTL_S as STAGING_TTL_S
 from .client_ops import ClientOps
 from .config import encode_tasks, validate_config
 from .connection import check_given_client, make_redis
+from .jobs import Job, open_job
 from .keys import JobKeys, prefix
 from .scripts import Scripts
 
@@ -73,6 +77,17 @@ class Client(ClientOps):
         self.prefix = key_prefix or prefix()
         self.scripts = Scripts(self.redis)
         self._keys: dict[str, JobKeys] = {}
+
+    def job(self, name: str) -> Job:
+        """The handle of job ``name``, plain or sharded, whose verbs (status, audit,
+        tasks, retry, next, reset, pause, resume, cancel, delete, replace, checkpoint,
+        checkpoints, rewind, events, workers) work the same for both (jobs.py). Every
+        method of this class that takes a job name goes through it.
+
+        Raises:
+            InvalidInput: a bad name. ConnectionLost.
+        """
+        return open_job(self, name)
 
 
 def connect(url: str | None = None, **kwargs: Any) -> Client:

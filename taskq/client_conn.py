@@ -2,8 +2,9 @@
 
 ``ClientConnection`` is the base of ``Client`` (client.py): the job keys, ``run`` (one
 Lua script call with its errors raised), the Redis checks (``ping``, the
-``maxmemory-policy``) and every read (status, listings, task pages, workers, events,
-audit), which go through stats.py. The writes are built on it: creating and ending jobs
+``maxmemory-policy``), ``job(name)`` (the job's handle, jobs.py: plain or sharded is
+decided there) and the reads by job name (status, task pages, workers, events, audit),
+each through the handle. The writes are built on it: creating and ending jobs
 (client_jobs.py), passes, tasks and checkpoints (client_ops.py).
 
 Data flow: client.py / client_jobs.py / client_ops.py -> client_conn.py -> scripts.py ->
@@ -12,7 +13,6 @@ Redis; reads -> stats.py.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Container, Iterator, Sequence
 from typing import Any
 
@@ -21,7 +21,8 @@ import redis
 from . import errors, stats
 from .config import check_memory_policy
 from .connection import translate
-from .keys import JobKeys, jobs_index, shard_set_key, valid_job_name
+from .jobs import Job, iter_tasks
+from .keys import JobKeys, jobs_index, shard_sets_index, valid_job_name
 from .models import JobStatus
 from .scripts import PAGE_MAX, Code, Scripts, raise_for
 
@@ -106,38 +107,41 @@ class ClientConnection:
         if not self.allow_eviction:
             check_memory_policy(self.memory_policy(), self.url)
 
-    def _sharded(self, name: str) -> bool:
-        """True when ``name`` is a sharded job (its verbs act on every shard: cancel,
-        pause, resume, checkpoint, checkpoints, rewind)."""
-        if not valid_job_name(name):
-            return False  # the plain path says what is wrong with the name
-        with translate(self.url):
-            return bool(self.redis.exists(shard_set_key(name, self.prefix)))
+    def job(self, name: str) -> Job:
+        """The handle of job ``name`` (defined by ``Client``, client.py)."""
+        raise NotImplementedError  # pragma: no cover - Client's
 
     # -- reading ------------------------------------------------------------------
     def status(self, name: str, summaries: int = 20) -> JobStatus:
-        """A snapshot of ``name`` (O(1) in its number of tasks).
+        """A snapshot of ``name`` (O(1) in its number of tasks; a sharded job: the sums,
+        each shard's status in ``.shards``).
 
         Raises:
             JobNotFound: no such job.
         """
-        with translate(self.url, self.keys(name), self.redis):
-            return stats.snapshot(self, name, summaries=summaries)
+        return self.job(name).status(summaries)
 
-    def list_jobs(self) -> list[str]:
-        """Names of the jobs in the index, sorted."""
+    def list_jobs(self, sharded: bool = False) -> list[str]:
+        """Names of the jobs in the index, sorted (a sharded job's shards are jobs there).
+
+        Args:
+            sharded: add the sharded jobs' own names (``taskq job list`` shows both).
+        """
         with translate(self.url):
-            return sorted(self.redis.smembers(jobs_index(self.prefix)))
+            names = set(self.redis.smembers(jobs_index(self.prefix)))
+            if sharded:
+                names |= set(self.redis.smembers(shard_sets_index(self.prefix)))
+        return sorted(names)
 
     def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
         """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,
-        failures, attempts, last error, and its latest ``history`` events.
+        failures, attempts, last error, and its latest ``history`` events (a sharded
+        job: ``task_id`` is the task's id in the whole job).
 
         Raises:
             InvalidInput: no such task. JobNotFound, CorruptData.
         """
-        with translate(self.url, self.keys(name), self.redis):
-            return stats.task_detail(self, name, int(task_id), history=history)
+        return self.job(name).task(task_id, history)
 
     def tasks_page(
         self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
@@ -157,22 +161,12 @@ class ClientConnection:
         Raises:
             InvalidInput: a bad state, cursor or count. JobNotFound.
         """
-        if state not in ("todo", "leased", "done", "dead"):
-            raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
-        if not 1 <= int(count) <= PAGE_MAX:
-            raise errors.InvalidInput(f"count must be in [1, {PAGE_MAX}], got {count}")
-        reply = self.run(name, "peek", [state, cursor, int(count)])
-        return stats.parse_tasks(reply[1], state), str(reply[2])
+        return self.job(name).tasks_page(state, cursor, count)
 
     def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
         """Every task of the current pass in ``state``, page by page (each page one
         bounded call; a task changing state meanwhile may be listed twice or missed)."""
-        cursor = "0"
-        while True:
-            rows, cursor = self.tasks_page(name, state, cursor)
-            yield from rows
-            if cursor == "0":
-                return
+        return iter_tasks(self.job(name), state)
 
     def tasks(
         self, name: str, state: str = "leased", limit: int = 100, details: bool = False
@@ -184,47 +178,32 @@ class ClientConnection:
             details: add each task's ``chunks`` and ``last_error`` (from the newest
                 events; bounded).
         """
-        if int(limit) < 1:
-            raise errors.InvalidInput(f"limit must be >= 1, got {limit}")
-        rows = list(itertools.islice(self.iter_tasks(name, state), int(limit)))
-        if details and rows:
-            with translate(self.url, self.keys(name), self.redis):
-                stats.add_details(self, name, rows)
-        return rows
+        return self.job(name).tasks(state, limit, details)
 
     def workers(self, name: str) -> list[dict[str, Any]]:
-        """The registered workers of ``name`` with their lease counts."""
-        with translate(self.url):
-            return stats.workers(self, name)
+        """The registered workers of ``name`` with their lease counts (a sharded job:
+        every shard's, each row naming its ``shard``)."""
+        return self.job(name).workers()
 
     def events(
         self, name: str, since: str = "-", count: int = 100, block_ms: int | None = None
     ) -> list[tuple[str, dict[str, str]]]:
         """Events after ``since`` ("-" for the oldest kept), oldest first."""
-        key = self.keys(name).events
-        with translate(self.url):
-            if block_ms is not None:
-                start = "$" if since == "-" else since
-                reply = self.redis.xread({key: start}, count=count, block=block_ms)
-                return [(i, f) for _, entries in reply for i, f in entries]
-            lo = since if since == "-" else "(" + since
-            return list(self.redis.xrange(key, min=lo, max="+", count=count))
+        return self.job(name).events(since, count, block_ms)
 
     def latest_events(
         self, name: str, kind: str, limit: int, scan: int = 1000
     ) -> list[dict[str, str]]:
         """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
         oldest first (bounded)."""
-        with translate(self.url, self.keys(name), self.redis):
-            return stats.latest_of_type(self, name, kind, limit, scan)
+        return self.job(name).latest_events(kind, limit, scan)
 
     def first_lease_ms(self, name: str) -> int | None:
         """When pass 0's first lease was granted (server ms), if still in the events."""
-        with translate(self.url, self.keys(name), self.redis):
-            return stats.first_lease_ms(self, name)
+        return self.job(name).first_lease_ms()
 
     def audit(self, name: str) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
-        check that the counters agree with the sets they count."""
-        with translate(self.url, self.keys(name), self.redis):
-            return stats.audit(self, name)
+        check that the counters agree with the sets they count (a sharded job: every
+        shard's, and whether the shards agree)."""
+        return self.job(name).audit()

@@ -3,10 +3,11 @@ resume, and the job index's repair.
 
 ``ClientJobs`` is the part of ``Client`` (client.py) that writes a job's life: every
 setting is checked before the first write (config.py), the chunks are staged in pipelined
-batches and made live by one ``create`` script call; a sharded job's verbs go to every
-shard (sharded.py, sharded_admin.py).
+batches and made live by one ``create`` script call (``shards=S``: sharded.py). Delete,
+cancel, pause and resume are the job handle's verbs (jobs.py), plain or sharded.
 
-Data flow: CLI / user code -> client.py -> client_jobs.py -> scripts.py -> Redis.
+Data flow: CLI / user code -> client.py -> client_jobs.py -> scripts.py -> Redis;
+-> jobs.py (the job's handle).
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class ClientJobs(ClientConnection):
             raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
         self.check_memory_policy()
+        if self.job(name).sharded:  # no plain job beside a sharded one of that name
+            raise errors.JobExists(
+                f"job {name!r} exists as a sharded job (replace it with shards >= 2, or "
+                f"delete it first)"
+            )
         with translate(self.url):
             if not replace and self.redis.exists(keys.meta):
                 raise errors.JobExists(f"job {name!r} exists")
@@ -218,44 +224,32 @@ class ClientJobs(ClientConnection):
         return added, removed
 
     def delete_job(self, name: str) -> None:
-        """Delete every key of ``name``; its trainers get ``JobNotFound``.
+        """Delete every key of ``name`` (a sharded job: every shard and its record); its
+        trainers get ``JobNotFound``.
 
         Raises:
             JobNotFound: no such job.
         """
-        try:
-            self.run(name, "delete", [""])
-        finally:
-            with translate(self.url):
-                if not self.redis.exists(self.keys(name).meta):
-                    self.redis.srem(jobs_index(self.prefix), name)
+        self.job(name).delete()
 
     def cancel_job(self, name: str) -> None:
         """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
-        every shard, ``sharded.cancel``).
+        every shard).
 
         Raises:
             JobNotFound, JobCompleted.
         """
-        if self._sharded(name):
-            from . import sharded
-
-            return sharded.cancel(cast("Client", self), name)
-        self.run(name, "cancel", [""])
+        self.job(name).cancel()
 
     def pause_job(self, name: str) -> None:
         """Pause ``name``: trainers get no new leases (they wait, without polling, as in
         a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
-        still end and start. Idempotent. A sharded job: every shard (sharded_admin.py).
+        still end and start. Idempotent. A sharded job: every shard.
 
         Raises:
             JobNotFound, JobCompleted, JobCancelled.
         """
-        if self._sharded(name):
-            from . import sharded_admin
-
-            return sharded_admin.pause(cast("Client", self), name)
-        self.run(name, "pause", [""])
+        self.job(name).pause()
 
     def resume_job(self, name: str) -> None:
         """End a pause: every waiting trainer is woken to lease again. Idempotent. A
@@ -264,8 +258,4 @@ class ClientJobs(ClientConnection):
         Raises:
             JobNotFound.
         """
-        if self._sharded(name):
-            from . import sharded_admin
-
-            return sharded_admin.resume(cast("Client", self), name)
-        self.run(name, "resume", [""])
+        self.job(name).resume()

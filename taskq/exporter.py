@@ -8,7 +8,8 @@ shard of a sharded job (docs/sharding.md) is exported under its sharded job's
 ``job_name`` with a ``shard`` label (the shard's own job name): ``sum by (job_name)``
 is the job's figure, and the shard label gives the detail.
 
-Data flow: Prometheus -> exporter.py -> client.status() -> stats.py -> Redis (reads only).
+Data flow: Prometheus -> exporter.py -> client.job(name).parts() (a sharded job's shards),
+client.status() -> stats.py -> Redis (reads only).
 """
 
 from __future__ import annotations
@@ -127,9 +128,9 @@ class TaskqCollector:
         out: dict[str, str] = {}
         try:
             for name in shardset.list_sets(self.client):
-                sset = shardset.load(self.client, name)
-                if sset is not None:
-                    out.update(dict.fromkeys(sset.shards, name))
+                job = self.client.job(name)
+                if job.sharded:
+                    out.update(dict.fromkeys(job.parts(), name))
         except _SKIPPED as e:
             self._error("the shard sets", e)  # shards go out as jobs of their own
             return out
@@ -141,10 +142,9 @@ class TaskqCollector:
         out: list[str] = []
         for name in names:
             try:
-                sset = shardset.load(self.client, name)
+                out.extend(self.client.job(name).parts())  # a plain job's: [name]
             except _SKIPPED:
-                sset = None  # read as a job: its status says what is wrong
-            out.extend(sset.shards if sset is not None else [name])
+                out.append(name)  # read as a job: its status says what is wrong
         return out
 
     def _scrape(self) -> tuple[list[JobStatus], bool, str | None]:

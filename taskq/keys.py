@@ -270,6 +270,14 @@ def shard_set_key(job: str, key_prefix: str | None = None) -> str:
     return f"{key_prefix or prefix()}:{{{job}}}:shards"
 
 
+def barrier_key(job: str, key_prefix: str | None = None) -> str:
+    """A sharded job's barrier lock (a string, ``SET NX PX``): held by the barrier step
+    while it moves the shards' passes, and by a checkpoint or rewind while it takes or
+    restores its cut, so that the passes cannot move under it. Under the tag ``{job}``,
+    beside the shard-set record."""
+    return f"{key_prefix or prefix()}:{{{job}}}:barrier"
+
+
 def shard_sets_index(key_prefix: str | None = None) -> str:
     """The set of sharded job names (outside every slot, like the jobs index)."""
     return f"{key_prefix or prefix()}:shardsets"

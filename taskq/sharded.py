@@ -34,8 +34,10 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from . import errors
+from .barrier import ADMIN_WAIT_S, STEP_LOCK_MS, barrier_lock
 from .config import encode_tasks, validate_config
 from .connection import translate
+from .jobs import PlainJob
 from .keys import (
     MAX_SHARDED_NAME,
     JobKeys,
@@ -53,6 +55,7 @@ from .shardset import (
     list_sets,
     load,
     require,
+    shard_status,
     status,
 )
 
@@ -66,6 +69,7 @@ __all__ = [
     "advance_all",
     "all_dead",
     "audit",
+    "barrier_lock",
     "cancel",
     "combine",
     "create",
@@ -78,6 +82,7 @@ __all__ = [
     "reset_pass",
     "retry",
     "status",
+    "step",
 ]
 
 #: Hash tags tried per shard to reach the wanted master (1/M of them do; M masters).
@@ -198,7 +203,7 @@ def create(
     if old is not None:
         for stale in set(old.shards) - set(names):
             try:
-                client.delete_job(stale)
+                PlainJob(client, stale).delete()
             except errors.JobNotFound:
                 pass
     return status(client, name)
@@ -225,15 +230,23 @@ def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = Fa
     finished is success. A shard with no live task only moves with ``force`` (it skips
     nothing: no task of it is live, none is leased)."""
     try:
-        client.next_pass(s.job, expected_pass=expected, force=force or all_dead(s))
+        PlainJob(client, s.job).next(expected_pass=expected, force=force or all_dead(s))
     except (errors.PassMismatch, errors.JobCompleted):
         pass
 
 
 def advance(
-    client: Client, name: str, manual: bool = False, sset: ShardSet | None = None
+    client: Client,
+    name: str,
+    manual: bool = False,
+    sset: ShardSet | None = None,
+    wait_s: float = 0.0,
 ) -> int | None:
     """The barrier step: safe to run any time, by anyone, any number of times at once.
+
+    It runs under the barrier lock (``barrier_lock``): while another step or a
+    checkpoint's cut holds it, this one does nothing (returns None; the next idle round,
+    the reaper or the holder itself moves the passes).
 
     First every shard waiting at a pass below the highest shard's is advanced (an earlier
     step advanced some shards and died). Then, when every unfinished shard waits at the
@@ -245,15 +258,24 @@ def advance(
     Args:
         manual: advance at a manual boundary too (``next_pass``).
         sset: the shard set, when the caller has it.
+        wait_s: how long to wait for the lock when another holds it.
 
     Returns:
-        The pass advanced to, or None when nothing was ready.
+        The pass advanced to, or None when nothing was ready (or the lock was held).
 
     Raises:
         JobNotFound: no such sharded job or shard. ConnectionLost.
     """
     sset = sset or require(client, name)
-    shards = [client.status(s, summaries=0) for s in sset.shards]
+    with barrier_lock(client, name, "step", STEP_LOCK_MS, wait_s) as held:
+        if held is None:
+            return None
+        return step(client, sset, manual)
+
+
+def step(client: Client, sset: ShardSet, manual: bool = False) -> int | None:
+    """The barrier step's moves (``advance``), for a caller holding the barrier lock."""
+    shards = [shard_status(client, s) for s in sset.shards]
     if any(s.state == "cancelled" for s in shards):
         for s in shards:  # a cancel that died half-way: finish it
             if s.state not in ("cancelled", "completed"):
@@ -296,7 +318,18 @@ def next_pass(
         JobCancelled, JobNotFound.
     """
     sset = require(client, name)
-    st = status(client, name)
+    with barrier_lock(client, name, "step", STEP_LOCK_MS, ADMIN_WAIT_S) as held:
+        if held is None:
+            raise errors.TaskqError(
+                f"job {name}: a checkpoint or rewind holds the barrier (over "
+                f"{ADMIN_WAIT_S:g} s); nothing changed, try again"
+            )
+        return _next_pass(client, sset, expected_pass, force)
+
+
+def _next_pass(client: Client, sset: ShardSet, expected_pass: int | None, force: bool) -> int:
+    name = sset.name
+    st = status(client, name, sset)
     if st.state == "completed":
         raise errors.JobCompleted(f"job {name!r} is completed")
     if st.state == "cancelled":
@@ -309,9 +342,9 @@ def next_pass(
         for s in st.shards:
             if s.state != "completed" and s.pass_no == st.pass_no:
                 _advance_shard(client, s, s.pass_no, force=True)
-        advance(client, name, sset=sset)
-        return status(client, name).pass_no
-    moved = advance(client, name, manual=True, sset=sset)
+        step(client, sset)
+        return status(client, name, sset).pass_no
+    moved = step(client, sset, manual=True)
     if moved is None:
         left = [
             f"{s.job} (todo {s.todo}, leased {s.leased})"
@@ -331,7 +364,7 @@ def next_pass(
 
 def _cancel_shard(client: Client, shard: str) -> None:
     try:
-        client.cancel_job(shard)
+        PlainJob(client, shard).cancel()
     except (errors.JobCancelled, errors.JobCompleted):
         pass
 
@@ -344,7 +377,7 @@ def cancel(client: Client, name: str) -> None:
         JobCompleted: every shard was completed already. JobNotFound.
     """
     sset = require(client, name)
-    shards = [client.status(s, summaries=0) for s in sset.shards]
+    shards = [shard_status(client, s) for s in sset.shards]
     if all(s.state == "completed" for s in shards):
         raise errors.JobCompleted(f"job {name!r} is completed")
     for s in shards:
@@ -366,7 +399,7 @@ def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> i
     for s in st.shards:
         if s.state != "completed" and s.pass_no == st.pass_no:
             try:
-                client.reset_pass(s.job, expected_pass=st.pass_no)
+                PlainJob(client, s.job).reset(expected_pass=st.pass_no)
             except errors.PassMismatch:
                 pass
     return st.pass_no
@@ -376,12 +409,12 @@ def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> i
     """Retry dead tasks (global ids) in every shard; as ``Client.retry``."""
     sset = require(client, name)
     if not task_ids:
-        return sum(client.retry(s) for s in sset.shards)
+        return sum(PlainJob(client, s).retry() for s in sset.shards)
     by_shard: dict[str, list[int]] = {}
     for t in task_ids:
         shard, local = sset.locate(int(t))
         by_shard.setdefault(shard, []).append(local)
-    return sum(client.retry(shard, ids) for shard, ids in by_shard.items())
+    return sum(PlainJob(client, shard).retry(ids) for shard, ids in by_shard.items())
 
 
 def delete(client: Client, name: str) -> None:
@@ -393,7 +426,7 @@ def delete(client: Client, name: str) -> None:
     sset = require(client, name)
     for shard in sset.shards:
         try:
-            client.delete_job(shard)
+            PlainJob(client, shard).delete()
         except errors.JobNotFound:
             pass
     with translate(client.url):

@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from . import errors, sharded
 from .client import Client
+from .jobs import PlainJob
 from .models import JobStatus, Task
-from .shardset import ShardSet
+from .shardset import ShardSet, shard_status
 from .trainer import Trainer
 
 log = logging.getLogger("taskq.sharded")
@@ -39,7 +40,14 @@ def _finished(s: JobStatus, pass_no: int) -> bool:
     return (
         s.state in ("completed", "cancelled")
         or s.pass_no > pass_no
-        or (s.state == "waiting" and s.reason in ("manual_advance", "all_dead"))
+        or (s.pass_no == pass_no and _at_rest(s))
+    )
+
+
+def _at_rest(s: JobStatus) -> bool:
+    """Shard ``s`` waits at a pass boundary (its pass complete, or no live task)."""
+    return s.state in ("completed", "cancelled") or (
+        s.state == "waiting" and s.reason in ("manual_advance", "all_dead")
     )
 
 
@@ -97,7 +105,7 @@ class ShardTaker:
         return self._trainers[k]
 
     def _new_trainer(self, k: int) -> Trainer:
-        return Trainer(
+        return Trainer.of_shard(
             self.shards[k],
             url=self._url,
             client=self.client,
@@ -113,7 +121,7 @@ class ShardTaker:
             tr.close()
 
     def _statuses(self) -> list[JobStatus]:
-        return [self._retrying(self.client.status, s, 0) for s in self.shards]
+        return [self._retrying(shard_status, self.client, s) for s in self.shards]
 
     def _shard_of(self, task: Task) -> int:
         return self.shards.index(task.job)
@@ -205,9 +213,12 @@ class ShardTaker:
             self._state = state
             return True
         # a job with no live task at all waits for a retry, as a plain job does
-        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
+        if reason != "all_dead" and all(_at_rest(s) for s in sts):
+            # every shard waits at a boundary: the barrier step (it does nothing while a
+            # checkpoint's cut holds the barrier lock: the next round tries again)
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-            return True
+            if all(_finished(s, pass_no) for s in sts):
+                return True
         if any(
             s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
         ):  # a barrier step died half-way: finish it
@@ -224,7 +235,7 @@ class ShardTaker:
                 and s.leased > 0
                 and random.random() < REAPERS_PER_ROUND / crowd
             ):
-                self._retrying(self.client.reap, s.job, 100, 1000, self.worker_id)
+                self._retrying(PlainJob(self.client, s.job).reap, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
         for k in sorted(order, key=lambda k: -sts[k].todo):
             s = sts[k]

@@ -1,5 +1,11 @@
 """The trainer of a sharded job: a home shard first, the other shards' tails after.
 
+``taskq.Trainer(name)`` of a sharded job returns a ``ShardedTrainer`` (trainer.py asks
+``client.job(name)``): the same surface as a plain ``Trainer`` (iteration, ``passes()``,
+``batches(k)``, ``prefetch``, ``lease`` / ``lease_many``, ``progress``, ``ack`` / ``fail``
+/ ``release``, the ``with`` block's SIGTERM release, ``close``), so code written for one
+job works on both.
+
 A ``ShardedTrainer`` holds one ordinary ``Trainer`` per shard it works on: its home shard
 (spread evenly: the n-th trainer to join gets shard ``n mod S``) for as long as it runs,
 another shard only while it takes tasks from there (registered and heartbeating there
@@ -23,12 +29,15 @@ Data flow: trainer code -> sharded_trainer.py -> sharded_take.py (where tasks co
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, sharded
+from . import trainer as trainer_module
 from .client import Client
+from .connection import translate
 from .keys import shard_set_key
 from .models import Task
 from .scripts import MAX_PREFETCH
@@ -90,9 +99,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         self.sset = self._retrying(sharded.require, self.client, job)
         self.shards = self.sset.shards
         if home is None:
-            seq = self._retrying(
-                self.client.redis.hincrby, shard_set_key(job, self.client.prefix), "seq", 1
-            )
+            seq = self._retrying(self._next_home_seq)
             home = (int(seq) - 1) % len(self.shards)
         if not 0 <= home < len(self.shards):
             raise errors.InvalidInput(f"home must be 0..{len(self.shards) - 1}, got {home}")
@@ -121,6 +128,13 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         #: tasks taken from shards other than home (the shared tail)
         self.taken_elsewhere = 0
         self._open(home)
+
+    def _next_home_seq(self) -> int:
+        """The record's join counter, incremented: the n-th trainer's home is n mod S."""
+        with translate(self.client.url):
+            return int(
+                self.client.redis.hincrby(shard_set_key(self.job, self.client.prefix), "seq", 1)
+            )
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job (``task.id`` is its id in its shard)."""
@@ -235,6 +249,91 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         for pass_no in self._pass_numbers():
             yield from self._iterate_batches(pass_no, k)
 
+    def lease_many(self, n: int, timeout: float | None = 2.0) -> list[Task]:
+        """Lease up to ``n`` tasks of the job's current pass, started, from one shard
+        (home first, then the others' tails), as ``Trainer.lease_many``; when the pass
+        is over everywhere the next one's come.
+
+        Args:
+            n: the most tasks (1 to the per-call bound).
+            timeout: seconds to wait for work (0: do not wait; None: until there is).
+
+        Returns:
+            The tasks leased; empty when ``timeout`` passed with nothing to give.
+
+        Raises:
+            InvalidInput: ``n < 1``. JobCompleted, JobCancelled: no work will ever come.
+            Draining: an operator drained this worker. JobNotFound, ConnectionLost.
+        """
+        if n < 1:
+            raise errors.InvalidInput(f"n must be >= 1, got {n}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._raise_if_over()
+            carried, self._carry = self._carry, []
+            if carried:
+                self._pass = max(self._pass, max(t.pass_no for t in carried))
+                return carried
+            got = self._take(self._pass, (), n)
+            if got:
+                return got
+            self._raise_if_over()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None:  # one look at every shard even at timeout 0
+                self._idle = min(self._idle, max(0.01, left))
+            found = self._idle_round(self._pass, n)
+            if found is True:
+                if self._state not in ("completed", "cancelled"):
+                    self._pass += 1  # every shard finished it: the next pass
+                continue
+            if found:
+                self._idle = self.idle_wait
+                return found
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    def lease(self, timeout: float | None = 2.0) -> Task | None:
+        """Lease one task (``lease_many(1, timeout)``); None when ``timeout`` passed."""
+        got = self.lease_many(1, timeout)
+        return got[0] if got else None
+
+    def _raise_if_over(self) -> None:
+        if self._closed:
+            raise errors.TaskqError(f"job {self.job}: this trainer is closed")
+        if self._draining:
+            raise errors.Draining(f"worker {self.worker_id} is draining")
+        if self._state == "cancelled":
+            raise errors.JobCancelled(f"job {self.job!r} was cancelled")
+        if self._state == "completed":
+            raise errors.JobCompleted(f"job {self.job!r} is completed")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats (the home shard's, as the job's)."""
+        return self._open(self.home).heartbeat_interval
+
+    @property
+    def held(self) -> list[Task]:
+        """The tasks this trainer holds, on every shard (current and leased ahead)."""
+        return [t for tr in list(self._trainers.values()) for t in tr.held]
+
+    def progress(self, task: Task, n: int) -> None:
+        """Record that the loop took samples ``[0, n)`` of ``task``: kept by its shard's
+        trainer and sent with that shard's heartbeat (as ``Trainer.progress``).
+
+        Raises:
+            InvalidInput: ``n`` is not an integer >= 0.
+        """
+        self._open(self._shard_of(task)).progress(task, n)
+
+    def flush_progress(self) -> list[int]:
+        """Send the recorded progress of every shard now (as ``Trainer.flush_progress``).
+
+        Returns:
+            The ids (in their shard) of tasks whose report was refused.
+        """
+        return [i for tr in list(self._trainers.values()) for i in tr.flush_progress()]
+
     def _forget(self, tasks: Sequence[Task]) -> None:
         self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
 
@@ -292,3 +391,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
                 self.fail(current, f"{name}: {exc}")
             except errors.TaskqError as e:
                 log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
+
+
+# ``taskq.Trainer(name)`` of a sharded job is one of these (trainer.py)
+trainer_module.SHARDED_TRAINER = ShardedTrainer

@@ -4,8 +4,9 @@ A sharded job (``sharded.py``) is S ordinary jobs plus one record (``keys.shard_
 this module reads the record and sums the shards' statuses and audits into one view,
 with each shard's detail beside it.
 
-Data flow: sharded.py, sharded_trainer.py, cli/shards.py -> shardset.py -> client.py
-(status, audit) -> stats.py -> Redis.
+Data flow: jobs.py (is a name sharded?), sharded_job.py, sharded.py, sharded_trainer.py
+-> shardset.py -> stats.py (each shard's status and audit, a shard being a plain job) ->
+Redis.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 
-from . import errors
+from . import errors, stats
 from .connection import translate
 from .keys import shard_set_key, shard_sets_index
 from .models import JobStatus
@@ -37,6 +38,7 @@ class ShardSet:
         passes: passes to run, None for until cancelled.
         auto_advance: the barrier step advances by itself (else ``next_pass``).
         incarnation: new on every create.
+        created_ms: when it was created (Unix ms; 0 if the record does not say).
     """
 
     name: str
@@ -45,6 +47,7 @@ class ShardSet:
     passes: int | None
     auto_advance: bool
     incarnation: str
+    created_ms: int = 0
 
     def locate(self, task_id: int) -> tuple[str, int]:
         """(shard job name, task id in the shard) of global task ``task_id``."""
@@ -72,6 +75,7 @@ def load(client: Client, name: str) -> ShardSet | None:
             passes=None if passes < 0 else passes,
             auto_advance=raw["advance"] == "1",
             incarnation=raw["inc"],
+            created_ms=int(raw.get("created_ms") or 0),
         )
     except (KeyError, ValueError) as e:
         raise errors.CorruptData(
@@ -94,56 +98,34 @@ def list_sets(client: Client) -> list[str]:
 
 
 @dataclass
-class ShardedStatus:
-    """A sharded job as one (sums) plus each shard's own ``JobStatus``."""
+class ShardedStatus(JobStatus):
+    """A sharded job as one: a ``JobStatus`` of sums (counters and histograms summed,
+    times the latest, the lowest unfinished pass) plus each shard's own ``JobStatus``
+    (``shards``) and its master on a cluster (``masters``)."""
 
-    job: str
-    state: str
-    reason: str
-    pass_no: int
-    passes: int | None
-    tasks: int
-    todo: int
-    leased: int
-    reserved: int
-    done: int
-    dead: int
-    workers: int
     shards: list[JobStatus] = field(default_factory=list)
     masters: list[str | None] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """The status keys of ``JobStatus.as_dict`` that sum, plus ``shards``."""
-        return {
-            "job": self.job,
-            "state": self.state,
-            "reason": self.reason,
-            "pass": self.pass_no,
-            "passes": self.passes,
-            "tasks": self.tasks,
-            "todo": self.todo,
-            "leased": self.leased,
-            "reserved": self.reserved,
-            "done": self.done,
-            "dead": self.dead,
-            "workers": self.workers,
-            "shards": [
-                {
-                    "job": s.job,
-                    "master": m,
-                    "state": s.state,
-                    "reason": s.reason,
-                    "pass": s.pass_no,
-                    "tasks": s.tasks,
-                    "todo": s.todo,
-                    "leased": s.leased,
-                    "done": s.done,
-                    "dead": s.dead,
-                    "workers": s.workers,
-                }
-                for s, m in zip(self.shards, self.masters, strict=True)
-            ],
-        }
+        """The keys of ``JobStatus.as_dict`` (of the sums), plus ``shards``."""
+        out = super().as_dict()
+        out["shards"] = [
+            {
+                "job": s.job,
+                "master": m,
+                "state": s.state,
+                "reason": s.reason,
+                "pass": s.pass_no,
+                "tasks": s.tasks,
+                "todo": s.todo,
+                "leased": s.leased,
+                "done": s.done,
+                "dead": s.dead,
+                "workers": s.workers,
+            }
+            for s, m in zip(self.shards, self.masters, strict=True)
+        ]
+        return out
 
 
 def _master(client: Client, shard: str) -> str | None:
@@ -177,15 +159,35 @@ def combine(sset: ShardSet, shards: Sequence[JobStatus]) -> tuple[str, str, int]
     return "waiting", "barrier" if sset.auto_advance else "manual_advance", pass_no
 
 
-def status(client: Client, name: str) -> ShardedStatus:
+def shard_status(client: Client, shard: str) -> JobStatus:
+    """One shard's status (a shard is a plain job: no look for a shard set)."""
+    with translate(client.url, client.keys(shard), client.redis):
+        status: JobStatus = stats.snapshot(client, shard, summaries=0)
+    return status
+
+
+def status(client: Client, name: str, sset: ShardSet | None = None) -> ShardedStatus:
     """Every shard's status and their sums.
 
     Raises:
         JobNotFound: no such sharded job, or one of its shards is missing.
     """
-    sset = require(client, name)
-    shards = [client.status(s, summaries=0) for s in sset.shards]
+    sset = sset or require(client, name)
+    shards = [shard_status(client, s) for s in sset.shards]
     state, reason, pass_no = combine(sset, shards)
+    first = shards[0]
+    counters: dict[str, int] = {}
+    for s in shards:
+        for k, v in s.counters.items():  # a time (``*_ms``) is the latest, a count sums
+            counters[k] = (
+                max(counters.get(k, 0), v) if k.endswith("_ms") else counters.get(k, 0) + v
+            )
+    ages: dict[str, int] = {}
+    for s in shards:
+        for k, v in s.lease_ages.items():
+            ages[k] = ages.get(k, 0) + v
+    oldest = [s.oldest_lease_age_s for s in shards if s.oldest_lease_age_s is not None]
+    at_pass = [s.pass_started_ms for s in shards if s.pass_no == pass_no] or [0]
     return ShardedStatus(
         job=name,
         state=state,
@@ -199,9 +201,49 @@ def status(client: Client, name: str) -> ShardedStatus:
         done=sum(s.done for s in shards),
         dead=sum(s.dead for s in shards),
         workers=sum(s.workers for s in shards),
+        incarnation=sset.incarnation,
+        config={
+            **first.config,
+            "passes": sset.passes,
+            "auto_advance": sset.auto_advance,
+            "shards": len(shards),
+        },
+        counters=counters,
+        pass_started_ms=min(at_pass),
+        created_ms=sset.created_ms or min(s.created_ms for s in shards),
+        now_ms=max(s.now_ms for s in shards),
+        pass_attempt=max(s.pass_attempt for s in shards if s.pass_no == pass_no)
+        if any(s.pass_no == pass_no for s in shards)
+        else 0,
+        histograms=_sum_histograms(shards),
+        oldest_lease_age_s=max(oldest) if oldest else None,
+        lease_ages=ages,
         shards=shards,
         masters=[_master(client, s) for s in sset.shards],
     )
+
+
+def _sum_histograms(shards: Sequence[JobStatus]) -> dict[str, dict[str, Any]]:
+    """The shards' histograms bucket by bucket (their bounds are the same: scripts.py)."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in shards:
+        for name, h in s.histograms.items():
+            if name not in out:
+                out[name] = {**h, "counts": list(h["counts"]), "sum_s": h.get("sum_s", 0.0)}
+                continue
+            acc = out[name]
+            acc["counts"] = [a + b for a, b in zip(acc["counts"], h["counts"], strict=True)]
+            acc["sum_s"] = acc.get("sum_s", 0.0) + h.get("sum_s", 0.0)
+            for k, v in h.items():
+                if k not in ("counts", "sum_s", "bounds_s") and isinstance(v, (int, float)):
+                    acc[k] = acc.get(k, 0) + v
+    return out
+
+
+def shard_audit(client: Client, shard: str) -> dict[str, Any]:
+    """One shard's own audit (a plain job's)."""
+    with translate(client.url, client.keys(shard), client.redis):
+        return stats.audit(client, shard)
 
 
 def audit(client: Client, name: str) -> dict[str, Any]:
@@ -209,11 +251,16 @@ def audit(client: Client, name: str) -> dict[str, Any]:
 
     Checks (besides each shard's own): ``shards_ok``; ``passes_agree``: every pass below
     the highest shard's pass is finished (completed or skipped) in every shard, i.e. no
-    shard ever ran ahead of the barrier; ``once_per_pass``: per finished pass, the done
-    tasks of all shards plus the dead ones are the job's tasks.
+    shard ever ran ahead of the barrier; ``shards_in_step``: now,
+    every unfinished shard is at the highest pass, or one below it waiting at the
+    boundary (a barrier step half-way, which the next step finishes), so no shard hands
+    out a pass while another still runs an earlier one (a rewind to a cut that was not
+    one); ``once_per_pass``: per finished pass, the done tasks of all shards plus the
+    dead ones are the job's tasks.
     """
     sset = require(client, name)
-    shard_audits = [client.audit(s) for s in sset.shards]
+    shard_audits = [shard_audit(client, s) for s in sset.shards]
+    now = [shard_status(client, s) for s in sset.shards]
     finished: dict[int, dict[str, dict[str, Any]]] = {}
     for a in shard_audits:
         for rec in a["passes"]:  # the latest round of each pass wins
@@ -241,9 +288,21 @@ def audit(client: Client, name: str) -> dict[str, Any]:
                     "stale": sum(int(r.get("stale") or 0) for r in ended.values()),
                 }
             )
+    top_now = max(s.pass_no for s in now)
+    in_step = all(
+        s.state in ("completed", "cancelled")
+        or s.pass_no == top_now
+        or (
+            s.pass_no == top_now - 1
+            and s.state == "waiting"
+            and s.reason in ("manual_advance", "all_dead")
+        )
+        for s in now
+    )
     checks = {
         "shards_ok": all(a["ok"] for a in shard_audits),
         "passes_agree": agree,
+        "shards_in_step": in_step,
         "once_per_pass": once,
     }
     return {

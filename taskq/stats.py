@@ -12,6 +12,7 @@ import json
 from typing import Any, Protocol
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import errors, inputwait_view, integrity
 from .keys import JobKeys
@@ -344,16 +345,28 @@ def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> d
     }
 
 
+def _server_time(client: Client, key: str) -> tuple[int, int]:
+    """TIME of the server holding ``key`` (a cluster refuses TIME in a pipeline, and
+    another master's clock is not the job's)."""
+    redis_client = client.redis
+    if isinstance(redis_client, RedisCluster):
+        node = redis_client.get_node_from_key(key)
+        sec, usec = redis_client.execute_command("TIME", target_nodes=node)
+    else:
+        sec, usec = redis_client.time()
+    return int(sec), int(usec)
+
+
 def workers(client: Client, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
     pipe = client.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, [F.MCLOCK, F.OFFSET, F.INC])
     pipe.get(keys.clock)
-    pipe.time()
     pipe.hgetall(keys.winfo)
     pipe.zrange(keys.workers, 0, 9999, withscores=True)
-    (mclock, offset, inc), clock, (sec, usec), infos, ranked = pipe.execute()
+    (mclock, offset, inc), clock, infos, ranked = pipe.execute()
+    sec, usec = _server_time(client, keys.meta)
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
     now = int(clock or 0) if mclock == "1" else int(sec) * 1000 + int(usec) // 1000

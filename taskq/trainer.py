@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
@@ -41,6 +42,28 @@ from .signals import LeaveOnSignal
 from .trainer_iter import TrainerIteration
 
 log = logging.getLogger("taskq.trainer")
+
+
+#: What ``Trainer(name)`` of a sharded job builds: ``ShardedTrainer``, set by
+#: sharded_trainer.py when it is imported (``import taskq`` does), so that this module
+#: imports nothing that imports it back.
+SHARDED_TRAINER: Callable[..., Any] | None = None
+
+
+def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
+    """Whether ``job`` is a sharded job (``client.job``), retrying an unreachable Redis
+    for up to ``reconnect_timeout`` seconds as the trainer's own calls do."""
+    deadline = time.monotonic() + reconnect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return client.job(job).sharded
+        except errors.ConnectionLost as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; retrying in %.2fs", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def default_worker_id() -> str:
@@ -83,6 +106,38 @@ class Trainer(TrainerIteration, LeaveOnSignal):
             ``reconnect_timeout``.
     """
 
+    def __new__(
+        cls, job: str, url: str | None = None, client: Client | None = None, *a: Any, **kw: Any
+    ) -> Any:
+        """``Trainer(name)`` works on any job: a sharded job's name gives its
+        ``ShardedTrainer`` (sharded_trainer.py), the same surface (iteration,
+        ``passes()``, ``batches(k)``, ``lease`` / ``lease_many``, ``progress``, ``ack`` /
+        ``fail`` / ``release``, the ``with`` block, ``close``); ``client.job(name)`` tells
+        which (jobs.py). A subclass, or ``of_shard``, is always a plain trainer."""
+        if cls is not Trainer:
+            return super().__new__(cls)
+        probe = client or Client(url, retries=1)
+        if _is_sharded(probe, job, float(kw.get("reconnect_timeout", 60.0))):
+            if SHARDED_TRAINER is None:  # pragma: no cover - `import taskq` sets it
+                raise errors.TaskqError(f"job {job!r} is sharded: import taskq.sharded_trainer")
+            return SHARDED_TRAINER(job, url, probe, *a, **kw)
+        self = super().__new__(cls)
+        self.__dict__["_probe_client"] = probe  # the client __init__ would make: made once
+        return self
+
+    @classmethod
+    def of_shard(cls, job: str, **kw: Any) -> Trainer:
+        """A plain trainer of ``job``, a job of the engine (a sharded trainer's shard),
+        without asking whether ``job`` is a sharded job.
+
+        Args:
+            job: the job (a shard's) name.
+            kw: ``Trainer``'s arguments.
+        """
+        self: Trainer = object.__new__(cls)
+        Trainer.__init__(self, job, **kw)
+        return self
+
     def __init__(
         self,
         job: str,
@@ -99,7 +154,7 @@ class Trainer(TrainerIteration, LeaveOnSignal):
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
-        self.client = client or Client(url, retries=1)
+        self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
         self.job = job
         self._wire = Wire(self.client, job)
         self.keys: JobKeys = self._wire.keys
@@ -213,6 +268,11 @@ class Trainer(TrainerIteration, LeaveOnSignal):
     def pass_no(self) -> int:
         """The newest pass of the job this trainer heard of (read-only; never goes back)."""
         return self._pass
+
+    def global_id(self, task: Task) -> int:
+        """The task's id in the whole job: ``task.id`` (``ShardedTrainer`` maps a shard's
+        task to its id in the sharded job)."""
+        return task.id
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
