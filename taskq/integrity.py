@@ -21,6 +21,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "chunks": "hash",
     "done": "string",
     "dead": "set",
+    "deadbits": "string",
     "front": "zset",
     "leases": "hash",
     "owned": "zset",
@@ -32,6 +33,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "waiting": "zset",
     "counts": "hash",
     "passes": "hash",
+    "passidx": "zset",
     "hist": "hash",
     "events": "stream",
     "wake": "list",
@@ -42,9 +44,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "progress": "hash",
     "ckpts": "zset",
     "ckpt": "hash",
-    "ckdone": "string",
     "ckprog": "hash",
-    "ckset": "set",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 
