@@ -63,7 +63,7 @@ if step == 'begin' then
   end
   local ep = mincr(F.RW_EPOCH)
   -- the attempt that runs now is undone: its summary is kept, marked rewound
-  if STATE == 'running' then save_summary('rewound', ep) end
+  if STATE == 'running' then save_summary('rewound', ep, id) end
   local revoked = mnum(F.NLEASED)
   if revoked > 0 then mincr(F.C_REVOKED, revoked) end
   ROUND = mincr(F.ROUND)

@@ -37,10 +37,11 @@ local function recount_done()
   return bits
 end
 
--- kind: completed | skipped | reset | cancelled | rewound (`epoch`: the rewind's). A
+-- kind: completed | skipped | reset | cancelled | rewound (`epoch`, `to`: the rewind's
+-- epoch and checkpoint). A
 -- summary says what the attempt's sets held at its end: `acked` the done set's size,
 -- `live` the live tasks, `dead_done` the dead tasks found done (nil: not checked).
-local function save_summary(kind, epoch)
+local function save_summary(kind, epoch, to)
   local p = mget(F.PASS)
   local field = p
   if kind == 'reset' then field = p .. '/r' .. fmt(mnum(F.P_RESETS)) end
@@ -56,7 +57,7 @@ local function save_summary(kind, epoch)
     resumed = mnum(F.P_RESUMED), resumed_samples = mnum(F.P_RESUMED_S),
     reread_samples = mnum(F.P_REREAD),
   }
-  if kind == 'rewound' then summary.rewound = true end
+  if kind == 'rewound' then summary.rewound, summary.rewound_to = true, to end
   -- the write that adds a summary drops the oldest beyond SUMMARIES_MAX (passes, resets
   -- and rewound attempts together), so the hash is bounded in all; passidx orders the
   -- fields by a sequence (sum_seq), which a checkpoint notes
