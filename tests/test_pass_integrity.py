@@ -251,3 +251,43 @@ def test_rewind_is_idempotent_and_epoch_fenced(client, job_name):
         client.run(job_name, "rewind", ["", ck["id"], "walk", 0, begun[1]])
     assert client.rewind(job_name, ck)
     assert (done_ids(client, job_name), dead_ids(client, job_name)) == after
+
+
+def test_the_audit_checks_ended_attempts_and_sees_drift_after_a_pass_and_a_rewind(client, job_name):
+    """The audit is ok while a pass runs, after it ended (waiting for `pass next`) and
+    after a rewind; it sees a dead task in the done set, a dead bitmap apart from the
+    set, an ended attempt that did not ack every live task, and a completed summary that
+    says so."""
+    make_job(client, job_name, n=4, max_failures=1, auto_advance=False, passes=None)
+    keys = client.keys(job_name)
+    t = trainer(client, job_name, "a")
+    t.fail(t.lease(timeout=0), "bad")
+    t.ack(t.lease(timeout=0))
+    assert client.audit(job_name)["ok"]
+    ck = client.checkpoint(job_name)
+    drain(t, client, job_name)
+    s = client.status(job_name)
+    assert (s.state, s.reason) == ("waiting", "manual_advance")
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["checks"]["ended_attempt_acked_every_live_task"]
+    assert audit["passes"][0]["acked"] == audit["passes"][0]["live"] == 3
+    assert client.rewind(job_name, ck)
+    assert client.audit(job_name)["ok"]
+    dead = next(iter(dead_ids(client, job_name)))
+    client.redis.setbit(keys.done, dead, 1)
+    checks = client.audit(job_name)["checks"]
+    assert not checks["no_dead_task_done"]
+    client.redis.setbit(keys.done, dead, 0)
+    client.redis.setbit(keys.deadbits, dead, 0)
+    assert not client.audit(job_name)["checks"]["dead_bitmap_matches_set"]
+    client.redis.setbit(keys.deadbits, dead, 1)
+    drain(t, client, job_name)
+    assert client.audit(job_name)["ok"]
+    live = sorted(set(range(4)) - {dead})
+    client.redis.setbit(keys.done, live[0], 0)  # an ended attempt missing a live task
+    client.redis.hset(keys.meta, "ndone", 2)
+    assert not client.audit(job_name)["checks"]["ended_attempt_acked_every_live_task"]
+    summary = json.loads(client.redis.hget(keys.passes, "0"))
+    summary["acked"] = 2
+    client.redis.hset(keys.passes, "0", json.dumps(summary))
+    assert not client.audit(job_name)["checks"]["completed_attempts_acked_every_live_task"]
