@@ -291,3 +291,26 @@ def test_the_audit_checks_ended_attempts_and_sees_drift_after_a_pass_and_a_rewin
     summary["acked"] = 2
     client.redis.hset(keys.passes, "0", json.dumps(summary))
     assert not client.audit(job_name)["checks"]["completed_attempts_acked_every_live_task"]
+
+
+def test_progress_above_a_tasks_known_size_is_refused_before_any_write(client, job_name):
+    """Chunks that say their size (parquet ``rows``): a report above the task's samples is
+    refused with one clear InvalidInput, nothing buffered or sent; without a known size
+    (chunks of another shape) any report is taken."""
+    chunks = [
+        {"format": "parquet", "path": f"p{i}.parquet", "row_groups": [0], "rows": 10}
+        for i in range(2)
+    ]
+    client.create_job(job_name, chunks=chunks, chunks_per_task=2, manual_clock=True)
+    t = trainer(client, job_name, "a")
+    task = t.lease(timeout=0)
+    with pytest.raises(taskq.InvalidInput, match=r"progress 21 of task 0 is beyond its size \(20"):
+        t.progress(task, 21)
+    t.progress(task, 20)
+    assert t.flush_progress() == []
+    assert client.redis.hget(client.keys(job_name).progress, str(task.id)) == "20"
+    other = f"{job_name}-x"
+    make_job(client, other, n=1)
+    u = trainer(client, other, "b")
+    big = u.lease(timeout=0)
+    u.progress(big, 2**40)  # no size known: the record moves forward
