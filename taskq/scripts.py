@@ -115,7 +115,7 @@ SUMMARIES_MAX = 1000  #: pass summaries the passes hash keeps in all (passes, re
 DEAD_CHECK_MAX = 1000  #: dead tasks a pass's end checks against its done set in one call
 CK_PAGE_BYTES = 65536  #: bytes of a bitmap one checkpoint page holds (8 x as many tasks)
 CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (one scan step)
-RW_WALK = 2000  #: positions of the checkpoint's order one rewind walk step goes through
+RW_WALK = 1000  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
 
 _LIMITS = (
