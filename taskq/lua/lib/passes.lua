@@ -71,11 +71,18 @@ local function save_summary(kind, epoch, to)
   end
 end
 
+-- The sets of a pass attempt go (a new pass, a reset, a rewind): O(1), with UNLINK; with
+-- `wake`, the per-task wake list too.
+local function drop_pass_sets(wake)
+  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
+    K_PROGRESS)
+  if wake then rcall('UNLINK', K_WAKE) end
+end
+
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
 local function start_pass(p, kind)
   ROUND = mincr(F.ROUND)
-  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
-    K_PROGRESS)
+  drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
