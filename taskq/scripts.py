@@ -117,6 +117,9 @@ CK_PAGE_BYTES = 65536  #: bytes of a bitmap one checkpoint page holds (8 x as ma
 CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (one scan step)
 RW_WALK = 1000  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
+RW_DEAD_BYTES = (
+    1024  #: bytes of the dead bitmap (8 x as many tasks) one rewind dead step makes the cut's
+)
 
 _LIMITS = (
     "MAX_BATCH",
@@ -134,6 +137,7 @@ _LIMITS = (
     "CK_PAGE_PAIRS",
     "RW_WALK",
     "RW_MARK",
+    "RW_DEAD_BYTES",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its

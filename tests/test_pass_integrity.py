@@ -314,3 +314,32 @@ def test_progress_above_a_tasks_known_size_is_refused_before_any_write(client, j
     u = trainer(client, other, "b")
     big = u.lease(timeout=0)
     u.progress(big, 2**40)  # no size known: the record moves forward
+
+
+def test_a_rewind_brings_back_to_life_many_tasks_dead_since_the_cut(client, job_name):
+    """1,500 tasks die after the cut, spread over every dead step of a 20,000-task job
+    (8,192 tasks a step); 50 dead at the cut stay dead. The rewind makes the dead set and
+    its bitmap the cut's, clears the failure counts of those live again, and the pass
+    then gives each of them once."""
+    n = 20_000
+    make_job(client, job_name, n=n, max_failures=1, shuffle=True)
+    keys = client.keys(job_name)
+    t = trainer(client, job_name, "a")
+    for _ in range(50):
+        t.fail(t.lease(timeout=0), "dead at the cut")
+    before = dead_ids(client, job_name)
+    ck = client.checkpoint(job_name)
+    died = set()
+    for _ in range(1500):
+        task = t.lease(timeout=0)
+        t.fail(task, "dies after the cut")
+        died.add(task.id)
+    assert max(died) > 2 * 8192 and min(died) < 8192
+    assert client.rewind(job_name, ck)
+    assert dead_ids(client, job_name) == before
+    assert client.redis.bitcount(keys.deadbits) == len(before)
+    assert not any(client.redis.hexists(keys.counts, f"f:{x}") for x in list(died)[:50])
+    b = trainer(client, job_name, "b")
+    again = {x.id for got in b.batches(32) for x in got}
+    assert again == set(range(n)) - before
+    assert client.audit(job_name)["ok"]

@@ -75,6 +75,7 @@ if step == 'begin' then
     id = id, state = 'open', pass = mnum(F.PASS), round = ROUND, cursor = mnum(F.CURSOR),
     done = rcall('BITCOUNT', K_DONE), dead = rcall('SCARD', K_DEAD), job_state = STATE,
     reason = mget(F.REASON) or '', created_ms = NOW, pages = pages.d, xpages = pages.x,
+    xbytes = rcall('STRLEN', K_DEADBITS),
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),

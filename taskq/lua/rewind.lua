@@ -13,8 +13,9 @@
 --     a key (a restart's id), was made under the same key; without one, when nothing was
 --     acked since
 --   page, arg = k: done-bitmap page k back
---   dead, arg = k: dead-bitmap page k: what was dead at the cut is dead again (the set
---     and its bitmap), what was live is live (with its failure counts cleared)
+--   dead, arg = k: dead-bitmap bytes RW_DEAD_BYTES k ... (8,192 tasks): what was dead at
+--     the cut is dead again (the set and its bitmap), what was live is live (with its
+--     failure counts cleared)
 --   todo, arg = k: progress page k back
 --   walk, arg = k: the cut's positions 2,000 k ... below its cursor: each live task not
 --     done goes to the front (the cursor gives the rest), so no live task is unreachable
@@ -69,7 +70,8 @@ if step == 'begin' then
   ROUND = mincr(F.ROUND)
   drop_pass_sets(true)
   -- the plan: pages per step, the dead pages covering the bitmap of the cut and of now
-  local xpages = mmax(rec.xpages or 0, math.ceil(rcall('STRLEN', K_DEADBITS) / CK_PAGE_BYTES))
+  local cut_bytes = rec.xbytes or (rec.xpages or 0) * CK_PAGE_BYTES
+  local xpages = math.ceil(mmax(cut_bytes, rcall('STRLEN', K_DEADBITS)) / RW_DEAD_BYTES)
   if not rec.xpages then xpages = 0 end  -- a checkpoint made before the dead pages
   local later = rcall('ZCOUNT', K_PASSIDX, '(' .. fmt(rec.sum_seq or 0), '+inf')
   local plan = {rec.pages, xpages, rec.ppages, math.ceil(rec.cursor / RW_WALK),
@@ -85,11 +87,11 @@ if step == 'begin' then
   return done({C.OK, ep, plan[1], plan[2], plan[3], plan[4], plan[5]})
 end
 -- One page k of a rewind's step (page | dead | todo | walk | mark) to checkpoint `rec`
--- (id `id`) under rewind epoch `epoch`; the caller checked the order (rewind.lua).
+-- (id `id`) under rewind epoch `epoch`; the plan's order is checked below.
 --   page: done-bitmap page k back
---   dead: dead-bitmap page k: what was dead at the cut is dead again (the set and its
---     bitmap), what was live is live (its failure counts cleared); 256-byte blocks are
---     compared as strings, bits only where they differ
+--   dead: dead-bitmap bytes RW_DEAD_BYTES k ...: what was dead at the cut is dead again
+--     (the set and its bitmap), what was live is live (its failure counts cleared);
+--     256-byte blocks are compared as strings, bits only where they differ
 --   todo: progress page k back
 --   walk: the cut's positions RW_WALK k ... below its cursor: each live task not done
 --     goes to the front (after the done and dead pages: the sets are the cut's)
@@ -102,9 +104,11 @@ local function restore_page(step, rec, id, arg, epoch)
     return
   end
   if step == 'dead' then
-    local from = arg * CK_PAGE_BYTES
-    local cut = rcall('HGET', K_CKPT, id .. ':x:' .. arg) or ''
-    local now = rcall('GETRANGE', K_DEADBITS, from, from + CK_PAGE_BYTES - 1)
+    local from = arg * RW_DEAD_BYTES
+    local pk = mfloor(from / CK_PAGE_BYTES)
+    local off = from - pk * CK_PAGE_BYTES
+    local cut = ssub(rcall('HGET', K_CKPT, id .. ':x:' .. pk) or '', off + 1, off + RW_DEAD_BYTES)
+    local now = rcall('GETRANGE', K_DEADBITS, from, from + RW_DEAD_BYTES - 1)
     local len = mmax(#cut, #now)
     if #cut < len then cut = cut .. string.rep('\0', len - #cut) end
     if #now < len then now = now .. string.rep('\0', len - #now) end
