@@ -115,11 +115,9 @@ SUMMARIES_MAX = 1000  #: pass summaries the passes hash keeps in all (passes, re
 DEAD_CHECK_MAX = 1000  #: dead tasks a pass's end checks against its done set in one call
 CK_PAGE_BYTES = 65536  #: bytes of a bitmap one checkpoint page holds (8 x as many tasks)
 CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (one scan step)
-RW_WALK = 1000  #: positions of the checkpoint's order one rewind walk step goes through
+RW_WALK = 500  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
-RW_DEAD_BYTES = (
-    1024  #: bytes of the dead bitmap (8 x as many tasks) one rewind dead step makes the cut's
-)
+RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead step restores
 
 _LIMITS = (
     "MAX_BATCH",

@@ -318,7 +318,7 @@ def test_progress_above_a_tasks_known_size_is_refused_before_any_write(client, j
 
 def test_a_rewind_brings_back_to_life_many_tasks_dead_since_the_cut(client, job_name):
     """1,500 tasks die after the cut, spread over every dead step of a 20,000-task job
-    (8,192 tasks a step); 50 dead at the cut stay dead. The rewind makes the dead set and
+    (512 tasks a step); 50 dead at the cut stay dead. The rewind makes the dead set and
     its bitmap the cut's, clears the failure counts of those live again, and the pass
     then gives each of them once."""
     n = 20_000
@@ -334,7 +334,7 @@ def test_a_rewind_brings_back_to_life_many_tasks_dead_since_the_cut(client, job_
         task = t.lease(timeout=0)
         t.fail(task, "dies after the cut")
         died.add(task.id)
-    assert max(died) > 2 * 8192 and min(died) < 8192
+    assert max(died) > 16 * 512 and min(died) < 512
     assert client.rewind(job_name, ck)
     assert dead_ids(client, job_name) == before
     assert client.redis.bitcount(keys.deadbits) == len(before)

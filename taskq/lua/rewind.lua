@@ -13,12 +13,12 @@
 --     a key (a restart's id), was made under the same key; without one, when nothing was
 --     acked since
 --   page, arg = k: done-bitmap page k back
---   dead, arg = k: dead-bitmap bytes RW_DEAD_BYTES k ... (8,192 tasks): what was dead at
+--   dead, arg = k: dead-bitmap bytes RW_DEAD_BYTES k ... (512 tasks): what was dead at
 --     the cut is dead again (the set and its bitmap), what was live is live (with its
 --     failure counts cleared)
 --   todo, arg = k: progress page k back
---   walk, arg = k: the cut's positions 2,000 k ... below its cursor: each live task not
---     done goes to the front (the cursor gives the rest), so no live task is unreachable
+--   walk, arg = k: the cut's positions RW_WALK (500) k ... below its cursor: each live
+--     task not done goes to the front (the cursor gives the rest), so none is unreachable
 --   mark, arg = k: summaries written after the cut, 100 per page: kept, marked rewound and
 --     renamed "<field>/w<epoch>", so a pass run again writes its own
 --   seal, arg = 0: the done count is the set's size again; the job runs (or ends its
@@ -91,7 +91,7 @@ end
 --   page: done-bitmap page k back
 --   dead: dead-bitmap bytes RW_DEAD_BYTES k ...: what was dead at the cut is dead again
 --     (the set and its bitmap), what was live is live (its failure counts cleared);
---     256-byte blocks are compared as strings, bits only where they differ
+--     32-byte blocks are compared as strings, bits only where they differ
 --   todo: progress page k back
 --   walk: the cut's positions RW_WALK k ... below its cursor: each live task not done
 --     goes to the front (after the done and dead pages: the sets are the cut's)
@@ -113,9 +113,9 @@ local function restore_page(step, rec, id, arg, epoch)
     if #cut < len then cut = cut .. string.rep('\0', len - #cut) end
     if #now < len then now = now .. string.rep('\0', len - #now) end
     if cut == now then return end
-    -- blocks of 256 bytes compared as strings; bits only where they differ
-    for b = 1, len, 256 do
-      local e = mmin(b + 255, len)
+    -- blocks of 32 bytes compared as strings; bits only where they differ
+    for b = 1, len, 32 do
+      local e = mmin(b + 31, len)
       if ssub(cut, b, e) ~= ssub(now, b, e) then
         for i = b, e do
           local c, n = sbyte(cut, i), sbyte(now, i)
