@@ -200,6 +200,7 @@ def raise_for(code: int, job: str, detail: str = "") -> None:
 #: ``KC[i]`` (the call's KEYS table, ``i`` written at build) rather than as a local each,
 #: keeping the chunk's locals well under Lua's 200. The Lua text still says ``K_CKPT``.
 COLD_KEYS = (
+    "wake",
     "deadbits",
     "passes",
     "passidx",
