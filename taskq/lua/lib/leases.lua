@@ -1,6 +1,6 @@
 -- leases.lua: lease records, tokens, task timeouts, the owned / started / deadlines /
--- reserved indexes, ending a lease (end_lease, end_held); where the task goes then is
--- endings.lua's, whose a write is (the caller's secret) secrets.lua's.
+-- reserved indexes, ending a lease (end_lease, end_held). Where the task goes then is
+-- endings.lua's; whose a write is (the caller's lease secret) is secrets.lua's.
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
 --   "E|worker|winc|token|round|A-F-X|digest"                            (just ended)
