@@ -1,16 +1,16 @@
 """Checkpoints of a job's position, and rewinding a job to one.
 
-A checkpoint records where a job stands: its pass, the pass's done set, each unfinished
-task's progress (samples taken), the tasks leased or waiting in the front, the counters.
-It is written in bounded calls (``checkpoint.lua``: begin notes the cursor; then one call
-per page of the freeze, the walks of the leased tasks, the front and the progress that
-gather the tasks unfinished at the begin (what leaves meanwhile is noted as it goes), per
-64 kB page of the done bitmap copied, per page of tasks given out since the begin and per
-page of unfinished tasks (those two clear what was done after the begin), per page
-written, then a seal that lists it and drops the oldest beyond ``keep``); a pass attempt
-that ends meanwhile makes it start again, a few times at most. A rewind (``rewind.lua``)
-puts the job back the same way, fenced by a rewind epoch: a rewind superseded by another one stops at its
-next call, and repeating a rewind finishes a half-done one. Semantics: docs/resume.md.
+A checkpoint is one consistent cut of a job, taken in one call (``checkpoint.lua``
+``begin``): its pass, round and cursor, the done set and the dead set (their bitmaps,
+copied at once: N / 8 bytes each), the progress of its unfinished tasks (a COPY of the
+progress hash into a scratch hash), the counters. It is never refused for what the job
+is doing (a pass starting or ending, trainers leasing and acking): the calls after the
+cut only page the scratch hash into the checkpoint and seal it. A rewind
+(``rewind.lua``) restores the cut and derives the rest: the tasks given out before the
+cut's cursor and neither done nor dead then go to the front, the cursor gives the others.
+It runs in bounded steps fenced by a rewind epoch: a rewind superseded by another stops at
+its next call, and repeating a rewind finishes a half-done one. Semantics: docs/design.md
+("Progress, checkpoints, rewind") and docs/resume.md.
 
 Data flow: client.py (checkpoint / rewind / checkpoints) -> checkpoints.py -> scripts.py
 (checkpoint.lua, rewind.lua) -> Redis; the torch loader's state_dict names a checkpoint.
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .connection import translate
-from .keys import MetaField as F
 from .keys import valid_job_name
 from .scripts import Code
 
@@ -57,6 +56,9 @@ def checkpoint(
 ) -> dict[str, Any]:
     """Record ``job``'s position under a new checkpoint id.
 
+    The position is one cut, taken in one call at any moment of a pass (its start, its
+    end, while trainers lease and ack); the calls after it only copy what it took.
+
     Args:
         client: the admin client.
         job: the job name.
@@ -75,65 +77,20 @@ def checkpoint(
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
     ckpt = ckpt or new_id()
     _check(job, ckpt)
-    for attempt in range(_ATTEMPTS):
-        try:
-            return _write(client, job, keep, ckpt)
-        except _Dropped as e:
-            if attempt == _ATTEMPTS - 1:
-                raise errors.TaskqError(
-                    f"job {job!r}: checkpoint {ckpt}: {e} {_ATTEMPTS} times; try again"
-                ) from None
-    raise AssertionError("unreachable")
-
-
-_ATTEMPTS = 3
-
-
-class _Dropped(Exception):
-    """The checkpoint being written was dropped (a new pass attempt, dead tasks retried)."""
-
-
-def _write(client: Client, job: str, keep: int, ckpt: str) -> dict[str, Any]:
-    """One attempt at writing checkpoint ``ckpt``.
-
-    Raises:
-        _Dropped: the position it was taking went away meanwhile.
-    """
     reply = client.run(job, "checkpoint", ["", ckpt, "begin", keep])
     code = int(reply[0])
     if code == Code.LOCKED:
         raise errors.TaskqError(f"job {job!r}: a rewind is in progress; checkpoint after it")
     if code == Code.DUP:
         return get(client, job, ckpt)
-    pages = int(reply[1])
-    try:
-        k = 0
-        while int(_step(client, job, ckpt, "checkpoint", ["freeze", k])[1]):
-            k += 1
-        since = 0
-        for k in range(pages):
-            since = int(_step(client, job, ckpt, "checkpoint", ["copy", k])[1])
-        for k in range(since):
-            _step(client, job, ckpt, "checkpoint", ["since", k])
-        k, cursor = 0, "0"
-        while True:
-            r = _step(client, job, ckpt, "checkpoint", ["todo", k, cursor])
-            cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
-            k += 1
-            if cursor == "0":
-                break
-        for k in range(pages):
-            _step(client, job, ckpt, "checkpoint", ["page", k])
-        _step(client, job, ckpt, "checkpoint", ["seal", keep])
-    except errors.PassMismatch:
-        raise _Dropped("the pass attempt ended while it was written") from None
-    except errors.TaskqError:
-        keys = client.keys(job)
-        with translate(client.url, keys, client.redis):
-            open_now = client.redis.hget(keys.meta, F.CK_OPEN)
-        if not open_now:  # dropped, not superseded by a newer checkpoint
-            raise _Dropped("dead tasks were retried while it was written") from None
-        raise
+    k, cursor = 0, "0"
+    while True:
+        r = _step(client, job, ckpt, "checkpoint", ["prog", k, cursor])
+        cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
+        k += 1
+        if cursor == "0":
+            break
+    _step(client, job, ckpt, "checkpoint", ["seal", keep])
     return get(client, job, ckpt)
 
 
@@ -150,9 +107,8 @@ def _step(client: Client, job: str, ckpt: str, verb: str, step: list[Any]) -> An
 
 def _decode(raw: Any) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(raw)
-    scratch = ("todo_done", "bytes", "ppages", "pages", "cursor", "pstart", "copied", "fseq")
-    freeze = ("fzk", "fzp", "fzc", "frozen")
-    for k in (*scratch, *freeze, "cursor_end", "since"):
+    scratch = ("todo_done", "ppages", "pages", "xpages", "cursor", "pstart", "sum_seq", "n")
+    for k in scratch:
         rec.pop(k, None)
     return rec
 
@@ -195,17 +151,24 @@ def listing(client: Client, job: str) -> list[dict[str, Any]]:
     return [_decode(r) for r in raws if r is not None]
 
 
-def rewind(client: Client, job: str, ckpt: str, once: bool = False, key: str = "") -> bool:
+def rewind(
+    client: Client, job: str, ckpt: str | dict[str, Any], once: bool = False, key: str = ""
+) -> bool:
     """Put ``job`` back to checkpoint ``ckpt``.
 
-    Tasks done after it return to todo, its progress comes back, every lease held now is
-    revoked (late acks are stale), passes completed after it are undone (their summaries
-    kept, marked ``rewound``). Works on a completed job; repeating it is safe.
+    The checkpoint's cut comes back (its pass and cursor, done set, dead set) and the rest
+    is derived from it: every live task not done then and given out before its cursor goes
+    to the front with its progress, tasks dead then are dead again and tasks live then
+    live again (with their failure counts cleared). Every lease held now is revoked (late
+    acks are stale); the attempt running now and the passes ended after the checkpoint
+    are undone, their summaries kept, marked ``rewound``. Works on a completed job;
+    repeating it is safe.
 
     Args:
         client: the admin client.
         job: the job name.
-        ckpt: a sealed checkpoint of the job.
+        ckpt: a sealed checkpoint of the job: its id, or the record ``checkpoint()``
+            returned.
         once: do nothing when the last completed rewind of the job went to ``ckpt`` and
             (with ``key``) was made under the same key, or (without) no task was acked
             since: what restarted trainers loading one state ask for.
@@ -219,6 +182,13 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False, key: str = "
         InvalidInput: no such checkpoint. JobNotFound, JobCancelled. TaskqError: another
             rewind took over meanwhile (it finishes the job's rewind).
     """
+    if isinstance(ckpt, dict):
+        ckpt = ckpt.get("id")  # type: ignore[assignment]
+    if not isinstance(ckpt, str):
+        raise errors.InvalidInput(
+            f"job {job!r}: rewind takes a checkpoint id or the record checkpoint() returned, "
+            f"got {ckpt!r}"
+        )
     if not isinstance(key, str) or len(key) > 200:
         raise errors.InvalidInput(f"rewind key must be a string of at most 200 chars, got {key!r}")
     get(client, job, ckpt)  # a readable error for an unknown id
@@ -228,13 +198,17 @@ def rewind(client: Client, job: str, ckpt: str, once: bool = False, key: str = "
         return False
     if code != Code.OK:
         raise errors.TaskqError(f"job {job!r}: rewind {ckpt}: code {code}")
-    epoch, pages, todo = int(reply[1]), int(reply[2]), int(reply[3])
-    for k in range(pages):
-        _step(client, job, ckpt, "rewind", ["page", k, epoch])
-    for k in range(todo):
-        _step(client, job, ckpt, "rewind", ["todo", k, epoch])
+    epoch = int(reply[1])
+    # the plan's steps in its order: the done and dead pages, the progress pages, the
+    # walk that puts what was unfinished at the cut in the front, the summaries' marks
+    for step, pages in zip(_REWIND_STEPS, reply[2:7], strict=True):
+        for k in range(int(pages)):
+            _step(client, job, ckpt, "rewind", [step, k, epoch])
     _step(client, job, ckpt, "rewind", ["seal", 0, epoch])
     return True
+
+
+_REWIND_STEPS = ("page", "dead", "todo", "walk", "mark")
 
 
 def state_of(job: str, record: dict[str, Any]) -> dict[str, Any]:

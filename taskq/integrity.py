@@ -21,6 +21,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "chunks": "hash",
     "done": "string",
     "dead": "set",
+    "deadbits": "string",
     "front": "zset",
     "leases": "hash",
     "owned": "zset",
@@ -32,6 +33,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "waiting": "zset",
     "counts": "hash",
     "passes": "hash",
+    "passidx": "zset",
     "hist": "hash",
     "events": "stream",
     "wake": "list",
@@ -42,9 +44,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "progress": "hash",
     "ckpts": "zset",
     "ckpt": "hash",
-    "ckdone": "string",
     "ckprog": "hash",
-    "ckset": "set",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 
@@ -158,4 +158,58 @@ def progress_check(redis_client: Any, job_keys: JobKeys, limit: int = 10000) -> 
         "samples": sum(n for _, n in entries),
         "checked": len(entries),
         "done_with_progress": [t for (t, _), b in zip(entries, bits, strict=True) if b],
+    }
+
+
+def dead_check(redis_client: Any, job_keys: JobKeys, limit: int = 100000) -> dict[str, Any]:
+    """The audit's view of the dead set against the done set and the dead bitmap: no
+    dead task is done (a dead task is in no set of the pass), and the bitmap a checkpoint
+    copies holds exactly the set's members. Read in pages (SSCAN, pipelined GETBITs).
+
+    Args:
+        redis_client: the client's redis.
+        job_keys: the job's keys.
+        limit: the most members read; the rest is not checked.
+
+    Returns:
+        ``{"dead": set size, "checked": members read, "done": [dead ids found done],
+        "not_in_bitmap": [dead ids whose bit is clear], "bitmap": the bitmap's count}``.
+
+    Raises:
+        CorruptData: a member is not a task id.
+    """
+    members: list[int] = []
+    for m in redis_client.sscan_iter(job_keys.dead, count=1000):
+        try:
+            members.append(int(m))
+        except (TypeError, ValueError) as e:
+            raise errors.CorruptData(
+                f"{job_keys.dead} member {m!r} is not a task id; the value was not written by taskq"
+            ) from e
+        if len(members) >= limit:
+            break
+    found_done: list[int] = []
+    missing: list[int] = []
+    for i in range(0, len(members), 1000):
+        page = members[i : i + 1000]
+        pipe = redis_client.pipeline(transaction=False)
+        for task in page:
+            pipe.getbit(job_keys.done, task)
+            pipe.getbit(job_keys.deadbits, task)
+        bits = pipe.execute()
+        for k, task in enumerate(page):
+            if bits[2 * k]:
+                found_done.append(task)
+            if not bits[2 * k + 1]:
+                missing.append(task)
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.scard(job_keys.dead)
+    pipe.bitcount(job_keys.deadbits)
+    size, in_bitmap = pipe.execute()
+    return {
+        "dead": int(size),
+        "checked": len(members),
+        "done": sorted(found_done),
+        "not_in_bitmap": sorted(missing),
+        "bitmap": int(in_bitmap),
     }

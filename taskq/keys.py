@@ -22,6 +22,7 @@ JOB_KEYS: tuple[str, ...] = (
     "chunks",  # hash: task id -> JSON list of chunks
     "done",  # bitmap: tasks acked in the current pass attempt
     "dead",  # set: dead task ids (job-wide)
+    "deadbits",  # bitmap: the dead set's members as bits (kept with it; a checkpoint copies it)
     "front",  # zset: re-dispatched task ids, leased before the cursor's order
     "leases",  # hash: task id -> current (or just ended) lease record; "b:<task>" a backup's
     "owned",  # zset (lex): "worker|incarnation|task" for every lease held
@@ -32,7 +33,8 @@ JOB_KEYS: tuple[str, ...] = (
     "winfo",  # hash: worker id -> "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn"
     "waiting",  # zset: "worker|incarnation" -> time it began waiting for work
     "counts",  # hash: "f:<task>" failures, "a:<task>" attempts, "s:<task>" solo, "x:<task>" failer
-    "passes",  # hash: pass number -> JSON summary of that pass (last 1,000 kept)
+    "passes",  # hash: "<pass>", "<pass>/r<k>", "<pass>/w<e>" -> JSON summary (bounded in all)
+    "passidx",  # zset: summary field of passes -> its sequence (the oldest go first)
     "hist",  # hash: histogram buckets (task duration, re-dispatch lateness)
     "events",  # stream: what happened, trimmed by approximate MAXLEN
     "wake",  # list: one token per task that became leasable, popped by waiters
@@ -42,10 +44,9 @@ JOB_KEYS: tuple[str, ...] = (
     "lock",  # string: the reaper's short per-job lock
     "progress",  # hash: task id -> samples its holders recorded as taken (this pass attempt)
     "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
-    "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done-bitmap pages, "<id>:p:<k>" todo pages
-    "ckdone",  # string: the done bitmap frozen by an open checkpoint (paged into ckpt)
-    "ckprog",  # hash: task id -> progress at an open checkpoint's begin (copy, before-images)
-    "ckset",  # set: the tasks unfinished at an open checkpoint's begin (its freeze gathers)
+    "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done / "<id>:x:<k>" dead bitmap pages,
+    # "<id>:p:<k>" progress pages
+    "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
 )
 
 
@@ -117,11 +118,13 @@ class MetaField:
     P_REREAD = "p_reread"  # samples reported by holders after their lease ended (re-read)
     CK_SEQ = "ck_seq"  # sequence of checkpoints
     CK_OPEN = "ck_open"  # the checkpoint being written ('' = none)
-    CK_FREEZE = "ck_freeze"  # the checkpoint whose freeze walks are under way ('' = none)
+    SUM_SEQ = "sum_seq"  # sequence of pass summaries (passidx scores)
     RW_OPEN = "rw_open"  # the checkpoint a rewind in progress goes back to ('' = none)
     RW_EPOCH = "rw_epoch"  # grows on every rewind start: fences a superseded rewind's pages
     RW_LAST = "rw_last"  # the checkpoint of the last rewind that completed
     RW_ACKS = "rw_acks"  # acked_job when that rewind completed (repeat detection)
+    RW_PLAN = "rw_plan"  # the rewind's pages per step (page,dead,todo,walk,mark)
+    RW_STEP = "rw_step"  # the rewind's pages done so far, in the plan's order
     RW_KEY = "rw_key"  # the restore key of the last rewind begun ('' = none given)
     BACKUP_K = "backup_k"  # backup leases: after k x the median task time (0 = off)
     C_BACKUPS = "c_backups"  # backup leases granted

@@ -16,6 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import errors
+from .data import task_size
 
 if TYPE_CHECKING:
     from .models import Task
@@ -33,10 +34,16 @@ class ProgressBuffer:
         task's first report is ``task.start`` + taken).
 
         Raises:
-            InvalidInput: ``n`` is not an integer >= 0.
+            InvalidInput: ``n`` is not an integer >= 0, or above the task's size where
+                its chunks say it (``taskq.data.task_size``); nothing is recorded.
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise errors.InvalidInput(f"progress must be an integer >= 0, got {n!r}")
+        size = task_size(task.chunks)
+        if size is not None and n > size:
+            raise errors.InvalidInput(
+                f"progress {n} of task {task.id} is beyond its size ({size} samples)"
+            )
         with self._lock:
             old = self._pending.get(task.id)
             if old is not None and old[0] is task and old[1] >= n:

@@ -111,6 +111,13 @@ LAZY_RECLAIM = 8  #: leases a trainer's own call reclaims on the way
 PAGE_MAX = 100  #: tasks one peek page lists
 MAX_RETRY = 32  #: dead tasks one retry call puts back
 EVENT_LIST_MAX = 16  #: tasks one leased / acked / reserved event lists (count has them all)
+SUMMARIES_MAX = 1000  #: pass summaries the passes hash keeps in all (passes, resets, rewound)
+DEAD_CHECK_MAX = 1000  #: dead tasks a pass's end checks against its done set in one call
+CK_PAGE_BYTES = 65536  #: bytes of a bitmap one checkpoint page holds (8 x as many tasks)
+CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (one scan step)
+RW_WALK = 500  #: positions of the checkpoint's order one rewind walk step goes through
+RW_MARK = 100  #: summaries one rewind mark step marks rewound
+RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead step restores
 
 _LIMITS = (
     "MAX_BATCH",
@@ -122,7 +129,19 @@ _LIMITS = (
     "PAGE_MAX",
     "MAX_RETRY",
     "EVENT_LIST_MAX",
+    "SUMMARIES_MAX",
+    "DEAD_CHECK_MAX",
+    "CK_PAGE_BYTES",
+    "CK_PAGE_PAIRS",
+    "RW_WALK",
+    "RW_MARK",
+    "RW_DEAD_BYTES",
 )
+
+#: The most top-level locals the built library's chunk may have, and upvalues any of its
+#: functions may have: Lua 5.1 stops loading at 200 and 60; the build refuses well before.
+MAX_LOCALS = 180
+MAX_UPVALUES = 50
 
 _ERRORS: dict[Code, tuple[type[errors.TaskqError], str]] = {
     Code.JOB_NOT_FOUND: (errors.JobNotFound, "job {job!r} not found (deleted or replaced)"),
@@ -146,11 +165,14 @@ LIB_PARTS: tuple[str, ...] = (
     "args.lua",
     "events.lua",
     "call.lua",
+    "secrets.lua",
     "leases.lua",
+    "endings.lua",
     "passes.lua",
     "workers.lua",
     "progress.lua",
     "dispatch.lua",
+    "cuts.lua",
 )
 
 _NAME_RE = re.compile(r"^([a-z]+)\.lua$")
@@ -174,19 +196,38 @@ def raise_for(code: int, job: str, detail: str = "") -> None:
         raise cls(f"{text}: {detail}" if detail else text)
 
 
+#: Keys no hot call (lease, ack, heartbeat, progress) touches: the library reads them as
+#: ``KC[i]`` (the call's KEYS table, ``i`` written at build) rather than as a local each,
+#: keeping the chunk's locals well under Lua's 200. The Lua text still says ``K_CKPT``.
+COLD_KEYS = (
+    "wake",
+    "deadbits",
+    "passes",
+    "passidx",
+    "bcast0",
+    "bcast1",
+    "clock",
+    "lock",
+    "ckpts",
+    "ckpt",
+    "ckprog",
+)
+_COLD_RE = re.compile(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b")
+
+
 def _generated() -> str:
-    """Definitions made from Python's constants: the K_* keys, the codes, the histogram."""
-    names = [f"K_{name.upper()}" for name in JOB_KEYS]
-    codes = ", ".join(f"{c.name} = {int(c)}" for c in Code)
+    """Definitions made from Python's constants: the K_* keys and the histogram. (The codes
+    and the bounds are written into the text as numbers, cold keys as ``KC[i]``:
+    ``_constants``.)"""
+    names = [f"K_{name.upper()}" for name in JOB_KEYS if name not in COLD_KEYS]
+    slots = ", ".join(f"keys[{JOB_KEYS.index(n[2:].lower()) + 1}]" for n in names)
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [
-        f"local {', '.join(names)}",
+        f"local KC, {', '.join(names)}",
         "-- the keys of the job a call is about (called by begin())",
         "local function set_keys(keys)",
-        f"  {', '.join(names)} = unpack(keys, 1, {len(names)})",
+        f"  KC, {', '.join(names)} = keys, {slots}",
         "end",
-        f"local C = {{{codes}}}",
-        *(f"local {name} = {globals()[name]}" for name in _LIMITS),
         f"local HIST_BOUNDS = {{{bounds}}}",
         "local function hist_bucket(ms)",
     ]
@@ -194,6 +235,95 @@ def _generated() -> str:
         lines.append(f"  if ms <= {bound} then return '{i}' end")
     lines += [f"  return '{len(HIST_BOUNDS_MS) + 1}'", "end"]
     return "\n".join(lines) + "\n"
+
+
+_CODE_RE = re.compile(r"\bC\.([A-Za-z_]\w*)")
+_LIMIT_RE = re.compile(r"\b(" + "|".join(_LIMITS) + r")\b")
+
+
+def _constants(file: str, text: str) -> str:
+    """``text`` with every ``C.NAME`` (a ``Code``) and every bound of ``_LIMITS`` written
+    as its number: a literal costs no lookup and no local of the library's chunk (Lua 5.1
+    allows 200 of them, ``MAX_LOCALS``)."""
+
+    def code(m: re.Match[str]) -> str:
+        if m.group(1) not in Code.__members__:
+            raise errors.TaskqError(f"{file}: C.{m.group(1)} is not a scripts.Code")
+        value = int(Code[m.group(1)])
+        return f"({value})" if value < 0 else str(value)
+
+    text = _CODE_RE.sub(code, text)
+    text = _COLD_RE.sub(lambda m: f"KC[{JOB_KEYS.index(m.group(1).lower()) + 1}]", text)
+    return _LIMIT_RE.sub(lambda m: str(globals()[m.group(1)]), text)
+
+
+_LUA_STRING_RE = re.compile(r"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"|--[^\n]*")
+_IDENT_RE = re.compile(r"(?<![.\w])([A-Za-z_]\w*)")
+_TOP_DECL_RE = re.compile(
+    r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*(?:=|$))", re.M
+)
+
+
+def headroom(chunk: str) -> tuple[int, dict[str, int]]:
+    """The top-level locals of a library chunk and the upvalues of each of its functions.
+
+    ``chunk`` is the library's text before its first ``redis.register_function``, plus
+    the functions registered (each callback counted as a function of its own). An
+    identifier a function uses that names a top-level local declared before it is an
+    upvalue (nested functions count for the function around them, as in Lua); a local of
+    the function with the same name is counted too, so the count is an upper bound.
+
+    Returns:
+        (locals, {function: upvalues}).
+    """
+    raw_head, _, raw_tail = chunk.partition("\nredis.register_function")
+    head = _LUA_STRING_RE.sub("''", raw_head)
+    declared: list[str] = []
+    upvalues: dict[str, int] = {}
+    lines = head.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _TOP_DECL_RE.match(lines[i])
+        if m and m.group(1):
+            name, end = m.group(1), i + 1
+            if re.search(r"\)\s.*\bend$", lines[i]):  # a function on one line
+                end, text = i, lines[i].partition(")")[2]
+            else:
+                while end < len(lines) and lines[end] != "end":
+                    end += 1
+                text = "\n".join(lines[i + 1 : end])
+            known = set(declared)
+            upvalues[name] = len({w for w in _IDENT_RE.findall(text) if w in known})
+            declared.append(name)
+            i = end + 1
+            continue
+        if m and m.group(2):
+            declared += [n.strip() for n in m.group(2).split(",") if n.strip()]
+        i += 1
+    known = set(declared)
+    for fn in re.finditer(r"function_name = '%FN%(\w+)'(.*?)\nend}", raw_tail, re.S):
+        text = _LUA_STRING_RE.sub("''", fn.group(2))
+        upvalues[f"verb {fn.group(1)}"] = len({w for w in _IDENT_RE.findall(text) if w in known})
+    return len(declared), upvalues
+
+
+def _check_headroom(text: str) -> None:
+    """Refuse a library close to Lua 5.1's limits (200 locals, 60 upvalues): it would
+    stop loading a few definitions later, on every server at once."""
+    n_locals, upvalues = headroom(text)
+    if n_locals > MAX_LOCALS:
+        raise errors.TaskqError(
+            f"the Lua library has {n_locals} top-level locals (at most {MAX_LOCALS}; Lua "
+            f"5.1 stops at 200): write constants into the text at build (like F.* and "
+            f"C.*, scripts._constants), or gather related per-call state into one table"
+        )
+    worst = max(upvalues, key=upvalues.__getitem__)
+    if upvalues[worst] > MAX_UPVALUES:
+        raise errors.TaskqError(
+            f"the Lua library's function {worst} uses {upvalues[worst]} library locals "
+            f"(upvalues; at most {MAX_UPVALUES}, Lua 5.1 stops at 60): split it, or "
+            f"move state it resets into a helper it calls (as bind_globals does)"
+        )
 
 
 def _begin(parts: dict[str, str]) -> str:
@@ -216,6 +346,7 @@ def _begin(parts: dict[str, str]) -> str:
         TaskqError: a top-level local that is neither a function nor marked per call.
     """
     resets = []
+    bound = _bound_globals(parts)
     for file, text in parts.items():
         for decl in _TOP_LOCAL_RE.findall(text):
             m = _PER_CALL_RE.match(decl)
@@ -224,6 +355,9 @@ def _begin(parts: dict[str, str]) -> str:
                     f"lib/{file}: top-level `local {decl.strip()}` is not a function and not "
                     f"marked `-- per call` (begin() could not reset it)"
                 )
+            names = [n.strip() for n in m.group(1).split(",")]
+            if all(n in bound for n in names):
+                continue  # bind_globals sets them on every call: no reset, no upvalue
             resets.append(f"  {m.group(1)} = {m.group(2)}")
     return (
         "\n".join(
@@ -239,6 +373,23 @@ def _begin(parts: dict[str, str]) -> str:
         )
         + "\n"
     )
+
+
+_BIND_RE = re.compile(r"^local function bind_globals\(\)\n(.*?)^end$", re.S | re.M)
+
+
+def _bound_globals(parts: dict[str, str]) -> set[str]:
+    """The names ``bind_globals()`` (lib/meta.lua) assigns: begin() need not reset them."""
+    for text in parts.values():
+        m = _BIND_RE.search(text)
+        if m:
+            body = m.group(1)
+            return {
+                n.strip()
+                for stmt in re.findall(r"^\s*([\w\s,]+?)\s*=", body, re.M)
+                for n in stmt.split(",")
+            }
+    return set()
 
 
 def _fields(file: str, text: str) -> str:
@@ -266,7 +417,10 @@ def _nkeys(file: str, text: str) -> int:
 def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
     """(library name, library source, {verb: (function name, number of keys, read-only)})."""
     pkg = resources.files("taskq") / "lua"
-    parts = {file: _fields(f"lib/{file}", (pkg / "lib" / file).read_text()) for file in LIB_PARTS}
+    parts = {
+        file: _constants(f"lib/{file}", _fields(f"lib/{file}", (pkg / "lib" / file).read_text()))
+        for file in LIB_PARTS
+    }
     lib = "".join(f"-- lib/{file}\n{text}" for file, text in parts.items()) + _begin(parts)
     verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
@@ -279,7 +433,12 @@ def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
         verbs.append(
-            (verb, _nkeys(entry.name, body), ",".join(flags[:1]), _fields(entry.name, body))
+            (
+                verb,
+                _nkeys(entry.name, body),
+                ",".join(flags[:1]),
+                _constants(entry.name, _fields(entry.name, body)),
+            )
         )
     text = (
         _generated()
@@ -291,6 +450,8 @@ def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
             for verb, _, flags, body in verbs
         )
     )
+    if os.environ.get("TASKQ_NO_HEADROOM") != "1":
+        _check_headroom(text)
     version = hashlib.sha1(text.encode()).hexdigest()[:12]
     name = f"taskq_{version}"
     source = f"#!lua name={name}\n" + text.replace("%FN%", f"{name}_")

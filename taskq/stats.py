@@ -439,7 +439,10 @@ def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
 
 
 def audit(client: Client, name: str) -> dict[str, Any]:
-    """Per-pass records and counter checks (``taskq job audit``)."""
+    """Per-pass records and the checks of docs/design.md's invariants (``taskq job audit``),
+    meaningful in every state: while a pass runs, after it ended (the acked set of an
+    ended attempt is the live tasks) and after a rewind. Every completed pass attempt
+    whose summary says what its sets held (``acked``, ``live``) is checked too."""
     keys = client.keys(name)
     status = snapshot(client, name, summaries=0)
     raw = client.redis.hgetall(keys.passes)
@@ -450,12 +453,31 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     pipe.zcard(keys.started)
     pipe.scard(keys.dead)
     bits, reserved, started, dead = pipe.execute()
+    rewinding = status.state == "waiting" and status.reason == "rewinding"
+    live = status.tasks - status.dead
+    dead_view = integrity.dead_check(client.redis, keys)
+    # a pass attempt ended complete (the job waits for `pass next`, or is completed):
+    # its acked set is the live tasks, by membership
+    ended = status.state == "completed" or (
+        status.state == "waiting" and status.reason == "manual_advance"
+    )
     checks = {
-        "done_matches_bitmap": status.state == "cancelled" or bits == status.done,
+        "done_matches_bitmap": status.state == "cancelled" or rewinding or bits == status.done,
         "leased_matches_indexes": status.state not in ("running", "paused")
         or status.leased == reserved + started,
         "dead_matches_set": dead == status.dead,
-        "done_within_live": status.done <= status.tasks - status.dead,
+        "done_within_live": status.done <= live,
+        # no task both done and dead; the dead bitmap (what a checkpoint copies) the set
+        "no_dead_task_done": not dead_view["done"],
+        "dead_bitmap_matches_set": not dead_view["not_in_bitmap"]
+        and dead_view["bitmap"] == dead_view["dead"],
+        "ended_attempt_acked_every_live_task": not ended or (bits == live and bits == status.done),
+        "completed_attempts_acked_every_live_task": all(
+            s.get("acked", s["done"]) == s.get("live", s["done"]) == s["done"]
+            and not s.get("dead_done")
+            for s in passes
+            if s.get("state") == "completed" and not s.get("rewound") and "acked" in s
+        ),
     }
     progress = integrity.progress_check(client.redis, keys)  # docs/resume.md
     checks["no_progress_on_done"] = not progress["done_with_progress"]
@@ -483,6 +505,9 @@ def audit(client: Client, name: str) -> dict[str, Any]:
                     "resumed_samples",
                     "reread_samples",
                     "rewound",
+                    "acked",
+                    "live",
+                    "dead_done",
                 )
             }
             for s in passes
@@ -497,6 +522,7 @@ def audit(client: Client, name: str) -> dict[str, Any]:
         },
         "counters": status.counters,
         "progress": progress,
+        "dead": dead_view,
         "checks": checks,
         "ok": all(checks.values()),
     }

@@ -45,7 +45,44 @@ def test_begin_resets_every_per_call_local_of_the_real_library():
         for n in line.partition("=")[0].split(",")
     }
     assert {"NOW", "M", "EVBUF", "GRANTED", "COUNTS_EMPTY"} <= declared
-    assert declared <= reset
+    # what bind_globals() sets on every call is not reset first (no upvalue of begin)
+    bound = scripts._bound_globals({"meta.lua": (pkg / "meta.lua").read_text()})
+    assert {"rcall", "tonum", "lipairs"} <= bound
+    assert declared - bound <= reset
+    assert not bound & reset
+    assert "bind_globals()" in body.group(1)
+
+
+def test_the_build_refuses_a_library_near_luas_local_and_upvalue_limits():
+    """Lua 5.1 stops loading a chunk at 200 locals and a function at 60 upvalues; the
+    build refuses 180 / 50 with a message that says what to do."""
+    n_locals, upvalues = scripts.headroom(scripts.SOURCE.replace(f"{scripts.LIBRARY}_", "%FN%"))
+    assert n_locals <= scripts.MAX_LOCALS and max(upvalues.values()) <= scripts.MAX_UPVALUES
+    assert upvalues["begin"] > 0 and upvalues["verb ack"] > 0
+    many = "".join(f"local v{i} = nil  -- per call\n" for i in range(181))
+    with pytest.raises(taskq.TaskqError, match=r"181 top-level locals .*write constants"):
+        scripts._check_headroom(many)
+    uses = " + ".join(f"u{i}" for i in range(51))
+    wide = "".join(f"local function u{i}() end\n" for i in range(51))
+    wide += f"local function big()\n  return {uses}\nend\n"
+    with pytest.raises(taskq.TaskqError, match=r"function big uses 51 library locals .*split"):
+        scripts._check_headroom(wide)
+
+
+def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
+    text = scripts._constants("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
+    ckpt = JOB_KEYS.index("ckpt") + 1
+    assert text == f"return {{0, (-1), {scripts.MAX_BATCH}, KC[{ckpt}]}}"
+    with pytest.raises(taskq.TaskqError, match=r"x.lua: C.NOPE is not a scripts.Code"):
+        scripts._constants("x.lua", "C.NOPE")
+
+
+def test_every_lua_file_is_under_400_lines():
+    pkg = resources.files("taskq") / "lua"
+    files = [*pkg.glob("*.lua"), *(pkg / "lib").glob("*.lua")]  # type: ignore[attr-defined]
+    assert files
+    long = {f.name: n for f in files if (n := len(f.read_text().splitlines())) >= 400}
+    assert long == {}
 
 
 def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():

@@ -1,11 +1,15 @@
-"""A hypothesis state machine drives the engine (manual clock) through random steps and
-checks the invariants of docs/design.md after every one, against a plain-Python model of
-who holds what. The model is the trainers' side; Redis is the truth checked for
-consistency."""
+"""A hypothesis state machine drives the engine (manual clock) through random steps of
+every verb (lease, ack, fail, release, progress, heartbeat, expiry on the manual clock,
+reap, retry, revoke, reset, advance and force, pause / resume, a checkpoint's cut and its
+later steps interleaved with the rest, rewind, cancel; backup leases in a second machine)
+and checks the invariants of docs/design.md after every one, against a plain-Python model
+of who holds what and which tasks each pass attempt acked. The model is the trainers'
+side; Redis is the truth checked for consistency and membership."""
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -13,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import taskq
+from taskq.scripts import Code
 from taskq.stats import parse_lease
 
 N_TASKS = 5
@@ -40,12 +45,13 @@ class EngineMachine(RuleBasedStateMachine):
             worker_ttl=3.0,
             heartbeat_interval=1.0,
             task_timeout=None,
-            max_failures=2,
+            max_failures=1,
             max_attempts=3,
             shuffle=True,
             seed=11,
             backup_leases=self.backup_leases,
             manual_clock=True,
+            auto_advance=False,
         )
         self.trainers = {
             w: taskq.Trainer(self.job, client=self.client, worker_id=w, heartbeat=False)
@@ -58,6 +64,12 @@ class EngineMachine(RuleBasedStateMachine):
         self.last_round = self._meta("round")
         self.last_done = 0
         self.forced = False
+        # the model of membership: the tasks each pass attempt (round) acked, each once
+        self.acked: dict[int, set[int]] = {self.last_round: set()}
+        self.summaries_seen = 0
+        self.cancelled = False
+        self.open_ck: tuple[str, set[int], set[int]] | None = None
+        self.sealed: list[tuple[str, set[int], set[int]]] = []
 
     # -- helpers -----------------------------------------------------------------
     def _meta(self, field: str) -> int:
@@ -96,11 +108,14 @@ class EngineMachine(RuleBasedStateMachine):
     def _end(self, worker: str, task: taskq.Task, op: str) -> None:
         current = self._is_current(worker, task)
         done_before = self._meta("ndone")
+        rnd = self._meta("round")
         fn = getattr(self.trainers[worker], op)
         if current:
             fn(task)
             if op == "ack":
-                assert self._meta("ndone") == done_before + 1 or self._meta("round") != 0
+                assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
+                self._attempt(rnd).add(task.id)
+                assert self._meta("ndone") == done_before + 1 or self._meta("round") != rnd
         else:
             with pytest.raises(taskq.LeaseLost):
                 fn(task)
@@ -108,7 +123,55 @@ class EngineMachine(RuleBasedStateMachine):
             self.held[worker].remove(task)
         self.ended.append((worker, task))
 
+    def _attempt(self, rnd: int) -> set[int]:
+        """The tasks the model saw acked in pass attempt ``rnd`` (a new round acked none)."""
+        return self.acked.setdefault(rnd, set())
+
+    def _sets(self) -> tuple[set[int], set[int]]:
+        """(done set, dead set) as Redis holds them."""
+        keys, r = self.client.keys(self.job), self.client.redis
+        return (
+            {i for i in range(N_TASKS) if r.getbit(keys.done, i)},
+            {int(x) for x in r.smembers(keys.dead)},
+        )
+
+    def _drop_held(self) -> None:
+        """Every lease held went stale at once (a rewind, a cancel): late writes now."""
+        for w in WORKERS:
+            self.ended += [(w, t) for t in self.held[w]]
+            self.held[w] = []
+
     # -- rules -------------------------------------------------------------------
+    def teardown(self) -> None:
+        """No live task is unreachable: once every lease is given back, leasing and acking
+        finishes the pass (or the job waits with every task dead, or was cancelled)."""
+        if self.cancelled:
+            return
+        self.client.resume_job(self.job)
+        s = self.client.status(self.job)
+        if s.state != "running":
+            return
+        for w in WORKERS:
+            for task in self.held[w]:
+                try:
+                    self.trainers[w].release(task)
+                except (taskq.LeaseLost, taskq.WorkerLost):
+                    pass
+        pass0 = s.pass_no
+        t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
+        for _ in range(4 * N_TASKS):
+            s = self.client.status(self.job)
+            if s.pass_no != pass0 or s.state != "running":
+                break
+            task = t.lease(timeout=0)
+            if task is None:
+                self.client.reap(self.job)
+                continue
+            t.ack(task)
+        s = self.client.status(self.job)
+        assert s.pass_no != pass0 or s.state != "running", "a live task is unreachable"
+
+    @precondition(lambda self: not self.cancelled)
     @rule(w=st.sampled_from(WORKERS))
     def lease(self, w: str) -> None:
         task = self.trainers[w].lease(timeout=0)
@@ -118,6 +181,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert 0 <= task.id < N_TASKS
             self.held[w].append(task)
 
+    @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: any(self.held.values()))
     @rule(
         w=st.sampled_from(WORKERS),
@@ -129,6 +193,15 @@ class EngineMachine(RuleBasedStateMachine):
             return
         self._end(w, self.held[w][i % len(self.held[w])], op)
 
+    @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS), op=st.sampled_from(["ack", "ack", "ack", "fail"]))
+    def lease_and_end(self, w: str, op: str) -> None:
+        """One task through its whole life at once (passes end, tasks die often)."""
+        self.lease(w)
+        if self.held[w]:
+            self._end(w, self.held[w][-1], op)
+
+    @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: any(self.held.values()))
     @rule(w=st.sampled_from(WORKERS))
     def release_and_lease_again(self, w: str) -> None:
@@ -137,6 +210,7 @@ class EngineMachine(RuleBasedStateMachine):
             self._end(w, self.held[w][0], "release")
             self.lease(w)
 
+    @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
     @rule(i=st.integers(0, 50))
     def late_ack(self, i: int) -> None:
@@ -151,35 +225,145 @@ class EngineMachine(RuleBasedStateMachine):
             assert self._meta("c_stale") == stale + 1
         assert self._meta("c_acked") == acked, "a late ack never counts"
 
+    @precondition(lambda self: not self.cancelled)
     @rule(w=st.sampled_from(WORKERS))
     def heartbeat(self, w: str) -> None:
         revoked = set(self.trainers[w].heartbeat())
         self.held[w] = [t for t in self.held[w] if t.id not in revoked and not t.revoked.is_set()]
 
+    @precondition(lambda self: not self.cancelled)
     @rule(ms=st.sampled_from([500, 1000, 2000, 4000]), silent=st.booleans())
     def advance(self, ms: int, silent: bool) -> None:
         self.client.advance_clock(self.job, ms, silent=silent)
 
+    @precondition(lambda self: not self.cancelled)
     @rule()
     def reap(self) -> None:
         self.client.reap(self.job)
 
+    @precondition(lambda self: not self.cancelled)
     @rule()
     def retry(self) -> None:
-        self.client.retry(self.job)
+        before = self.client.status(self.job)
+        if before.reason == "rewinding":
+            return
+        if self.client.retry(self.job) and before.state != "running":
+            # a reopened attempt keeps what it acked (a completed job's last pass)
+            self._attempt(self._meta("round")).update(self._sets()[0])
 
+    @precondition(lambda self: not self.cancelled)
     @rule(task_id=st.integers(0, N_TASKS - 1))
     def revoke(self, task_id: int) -> None:
         self.client.revoke(self.job, task_id)
 
-    @rule()
-    def force_next(self) -> None:
+    @precondition(lambda self: not self.cancelled)
+    @rule(force=st.booleans())
+    def next_pass(self, force: bool) -> None:
+        s = self.client.status(self.job)
+        waiting = s.state == "waiting" and s.reason == "manual_advance"
         try:
-            self.client.next_pass(self.job, force=True)
-            self.forced = True
+            self.client.next_pass(self.job, force=force)
+            self.forced = force and not waiting
+            assert waiting or force, "a pass with work left advanced without force"
+        except taskq.PassIncomplete:
+            assert not force and not waiting
         except (taskq.PassMismatch, taskq.JobCompleted):
             pass
+        except taskq.TaskqError as e:
+            assert "half done" in str(e)  # a rewind half done refuses it
 
+    @rule(w=st.sampled_from(WORKERS), i=st.integers(0, 3), samples=st.integers(0, 50))
+    def progress(self, w: str, i: int, samples: int) -> None:
+        if not self.held[w] or self.cancelled:
+            return
+        task = self.held[w][i % len(self.held[w])]
+        self.trainers[w].progress(task, samples)
+        self.trainers[w].flush_progress()
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        if paused:
+            self.client.pause_job(self.job)
+        else:
+            self.client.resume_job(self.job)
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def checkpoint_cut(self) -> None:
+        """A checkpoint's cut; its later steps come in another rule, so leases, acks,
+        deaths, retries and pass ends happen between them."""
+        ck = f"ck{len(self.sealed)}-{next(_ids)}"
+        code = int(self.client.run(self.job, "checkpoint", ["", ck, "begin", 5])[0])
+        if code == Code.LOCKED:
+            return
+        assert code == Code.OK, "a checkpoint's cut is never refused"
+        done, dead = self._sets()
+        self.open_ck = (ck, done, dead)
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def checkpoint(self) -> None:
+        """A whole checkpoint in one go (the cut is its first call)."""
+        if self.client.status(self.job).reason == "rewinding":
+            return
+        done, dead = self._sets()
+        rec = self.client.checkpoint(self.job, keep=5)
+        assert rec["done"] == len(done) and rec["dead"] == len(dead)
+        kept = {c["id"] for c in self.client.checkpoints(self.job)}
+        self.sealed = [c for c in self.sealed if c[0] in kept]
+        self.sealed.append((rec["id"], done, dead))
+
+    @precondition(lambda self: self.open_ck is not None and not self.cancelled)
+    @rule()
+    def checkpoint_seal(self) -> None:
+        assert self.open_ck is not None
+        ck, done, dead = self.open_ck
+        self.open_ck = None
+        k, cursor = 0, "0"
+        while True:
+            r = self.client.run(self.job, "checkpoint", ["", ck, "prog", k, cursor])
+            if int(r[0]) == Code.STALE:  # a rewind began since and dropped it
+                return
+            cursor, k = str(r[1]), k + 1
+            if cursor == "0":
+                break
+        assert int(self.client.run(self.job, "checkpoint", ["", ck, "seal", 5])[0]) == 0
+        rec = self.client.checkpoints(self.job)[-1]
+        assert rec["id"] == ck and rec["done"] == len(done) and rec["dead"] == len(dead)
+        kept = {c["id"] for c in self.client.checkpoints(self.job)}
+        self.sealed = [c for c in self.sealed if c[0] in kept]
+        self.sealed.append((ck, done, dead))
+
+    @precondition(lambda self: bool(self.sealed) and not self.cancelled)
+    @rule(i=st.integers(0, 10))
+    def rewind(self, i: int) -> None:
+        ck, done, dead = self.sealed[i % len(self.sealed)]
+        if ck not in {c["id"] for c in self.client.checkpoints(self.job)}:
+            return
+        assert self.client.rewind(self.job, ck)
+        self.open_ck = None
+        self._drop_held()
+        got_done, got_dead = self._sets()
+        assert got_dead == dead, "what was dead at the cut is dead again, the rest live"
+        assert got_done == done, "the done set is the cut's"
+        # the rewound attempt continues the cut's: it acked what the cut holds
+        self.acked[self._meta("round")] = set(got_done)
+        self.last_pass = self._meta("pass")
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(now=st.integers(0, 15))
+    def cancel(self, now: int) -> None:
+        """Rare (one draw in 16): after it every trainer call is refused."""
+        if now:
+            return
+        self.client.cancel_job(self.job)
+        self.cancelled = True
+        self._drop_held()
+        with pytest.raises(taskq.JobCancelled):
+            self.trainers[WORKERS[0]].lease(timeout=0)
+
+    @precondition(lambda self: not self.cancelled)
     @rule()
     def reset(self) -> None:
         self.client.reset_pass(self.job)
@@ -187,6 +371,8 @@ class EngineMachine(RuleBasedStateMachine):
     # -- invariants (docs/design.md, numbered as there) -------------------------
     @invariant()
     def partition_and_counters(self) -> None:
+        if self.client.status(self.job).reason == "rewinding":
+            return
         keys = self.client.keys(self.job)
         r = self.client.redis
         rnd = self._meta("round")
@@ -225,6 +411,38 @@ class EngineMachine(RuleBasedStateMachine):
             assert f"{b['worker']}|{b['worker_incarnation']}" in alive
 
     @invariant()
+    def membership(self) -> None:
+        """The done set is the tasks the model saw acked in the current attempt; every
+        attempt that completed acked each live task once; no live task is unreachable."""
+        s = self.client.status(self.job)
+        if self.cancelled or s.reason == "rewinding":
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        done, dead = self._sets()
+        rnd = self._meta("round")
+        if s.state != "completed":
+            assert done == self._attempt(rnd), "the done set is what this attempt acked"
+        assert not done & dead, "a task both done and dead"
+        assert {i for i in range(N_TASKS) if r.getbit(keys.deadbits, i)} == dead
+        # summaries written since the last step: a completed one acked every live task
+        raw = [json.loads(v) for v in r.hvals(keys.passes)]
+        for summary in sorted(raw, key=lambda x: x.get("seq", 0)):
+            if summary.get("seq", 0) <= self.summaries_seen:
+                continue
+            self.summaries_seen = summary["seq"]
+            if summary["state"] == "completed" and not summary.get("rewound"):
+                live = set(range(N_TASKS)) - dead
+                assert self.acked.get(summary["round"], set()) == live, (
+                    "a pass attempt completed without every live task acked once"
+                )
+                assert summary["acked"] == summary["live"] == len(live)
+        if s.state == "running":
+            todo = {t["id"] for t in self.client.tasks(self.job, "todo", limit=1000)}
+            leased = {t["id"] for t in self.client.tasks(self.job, "leased", limit=1000)}
+            left = set(range(N_TASKS)) - dead - done
+            assert left <= todo | leased, "a live task is unreachable"
+
+    @invariant()
     def pass_grows_by_one_only_when_complete(self) -> None:
         p = self._meta("pass")
         assert p - self.last_pass in (0, 1), "the pass number grows by exactly one"
@@ -233,7 +451,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 EngineMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -224,6 +224,33 @@ def read_task(chunks: Iterable[Any], start: int = 0, **options: Any) -> Iterator
     return _samples(list(chunks), start, options)
 
 
+def task_size(chunks: Any) -> int | None:
+    """The number of samples of a task when every chunk says its own (a ``format`` whose
+    reader knows the chunk's size: parquet ``rows``, tar ``samples``, ...), else None.
+    Never raises: a chunk that is not one of ours has no known size.
+
+    Args:
+        chunks: the task's chunks (``Task.chunks``).
+
+    Returns:
+        The task's samples, or None.
+    """
+    if not isinstance(chunks, list) or not chunks:
+        return None
+    total = 0
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or chunk.get("format") not in FORMATS:
+            return None
+        try:
+            size = reader_for(chunk).size(chunk)
+        except (errors.TaskqError, ValueError, TypeError):
+            return None
+        if not isinstance(size, int) or isinstance(size, bool):
+            return None
+        total += size
+    return total
+
+
 def _samples(chunks: list[Any], start: int, options: dict[str, Any]) -> Iterator[Any]:
     for chunk in chunks:
         rdr = reader_for(chunk)

@@ -25,8 +25,11 @@ if STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
   return done({C.OK, p + 1, 0})
 end
 if force ~= '1' then return done({C.PASS_INCOMPLETE, p, 0}) end
-local live = mnum(F.N) - rcall('SCARD', K_DEAD)
-local skipped = mmax(0, live - mnum(F.NDONE))
+-- what is skipped is what the sets say is left: live tasks not in the done set
+local live = live_tasks()
+local wrong = dead_and_done(true)
+if wrong and wrong > 0 then event('recount', 'dead_done', fmt(wrong)) end
+local skipped = mmax(0, live - recount_done())
 mset(F.P_SKIPPED, skipped)
 STATE = 'running'
 finish_pass('skipped')

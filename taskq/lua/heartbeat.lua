@@ -110,7 +110,6 @@ for _, item in lipairs(items) do
   local l = lease_for(task, worker, winc)
   if not lease_is_current(l) or member(l.worker, l.winc, task) ~= item then
     rcall('ZREM', K_OWNED, item)
-    ck_left(task)
   elseif held[task] == nil and tonum(l.calls) <= last_reply then
     end_lease(task, l, 'V')
     mincr(F.C_REVOKED)

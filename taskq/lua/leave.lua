@@ -44,7 +44,6 @@ for idx, item in lipairs(items) do
     released = released + 1
   else
     rcall('ZREM', K_OWNED, item)
-    ck_left(task)
   end
 end
 if more then

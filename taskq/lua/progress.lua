@@ -40,7 +40,6 @@ for k = 1, n do
   local cur = tonum(rcall('HGET', K_PROGRESS, task) or '0') or 0
   if holds_secret(l, worker, winc, tok) then
     if samples > cur then
-      ck_before(task)
       rcall('HSET', K_PROGRESS, task, fmt(samples))
       PROGRESS_EMPTY = false
     end

@@ -3,7 +3,8 @@
 -- job's last pass, or a job waiting because every task was dead).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to MAX_RETRY dead tasks)
--- returns: {code, retried, dead_left}; LOCKED (with the checkpoint's id 4th) while a
+-- returns: {code, retried, dead_left}; a checkpoint being written is not affected (its cut
+-- was taken in one call); LOCKED (with the checkpoint's id 4th) while a
 -- rewind is half done: its position is half copied, nothing is written
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
@@ -22,23 +23,21 @@ else
   for k = 1, n do ids[k] = ARGV[2 + k] end
 end
 local retried = 0
-local ck_open = mget(F.CK_OPEN) or ''
+local was_done = 0
 for _, task in lipairs(ids) do
   if rcall('SREM', K_DEAD, task) == 1 then
+    rcall('SETBIT', K_DEADBITS, task, 0)
     rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task)
+    -- live again, so it must be acked in this attempt: a done bit (never set on a dead
+    -- task, by construction) is cleared and the count made the set's size again
+    if rcall('SETBIT', K_DONE, task, 0) == 1 then was_done = was_done + 1 end
     FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
     event('retried', 'task', task)
     retried = retried + 1
   end
 end
-if retried > 0 and ck_open ~= '' then
-  -- a checkpoint being written reads tasks done since its begin as unfinished then,
-  -- which a task dead then is not: it is dropped (its writer takes it again)
-  ck_drop(ck_open)
-  mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-  rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
-end
+if was_done > 0 then recount_done() end
 if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
   STATE = 'running'

@@ -1,22 +1,33 @@
 #!lua
--- rewind: put the job back to a checkpoint's position, in bounded calls.
+-- rewind: put the job back to a checkpoint's cut, and derive the rest from it, in bounded
+-- calls.
 -- KEYS: the job's keys (keys.JOB_KEYS)
--- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | page | todo |
---       seal), arg, epoch (begin: key, '' for none; always 5 arguments)
---   begin, arg = once (1|0), key: revoke every lease (a new round: late acks are stale), go
---     back to the checkpoint's pass, cursor and done count, and wait ('rewinding') while
---     the pages are copied back. returns {code, epoch, pages, todo_pages}; with once=1,
---     DUP when the last completed rewind went to this checkpoint and, with a key (a
---     restart's id), was made under the same key; without one, when nothing was acked since
---   page, arg = k: done-bitmap page k back. returns {code}
---   todo, arg = k: unfinished-task page k back (to the front, with its progress). {code}
---   seal, arg = 0: summaries of the passes ended after the checkpoint are marked rewound;
---     the job runs again (or ends its pass at once, if the checkpoint's pass was complete). {code}
+-- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | page | dead |
+--       todo | walk | mark | seal), arg, epoch (begin: key, '' for none; always 5)
+--   begin, arg = once (1|0), key: the running attempt's summary is kept (marked rewound),
+--     every lease is revoked (a new round: late acks are stale), the pass's sets go, pass
+--     and cursor are the cut's, and the job waits ('rewinding') while the steps below run,
+--     each page k = 0, 1, ... in this order (a repeat of a page done is a no-op, a page
+--     out of order INVALID). returns {code, epoch, pages, xpages, ppages, wpages, mpages};
+--     with once=1, DUP when the last completed rewind went to this checkpoint and, with
+--     a key (a restart's id), was made under the same key; without one, when nothing was
+--     acked since
+--   page, arg = k: done-bitmap page k back
+--   dead, arg = k: dead-bitmap bytes RW_DEAD_BYTES k ... (512 tasks): what was dead at
+--     the cut is dead again (the set and its bitmap), what was live is live (with its
+--     failure counts cleared)
+--   todo, arg = k: progress page k back
+--   walk, arg = k: the cut's positions RW_WALK (500) k ... below its cursor: each live
+--     task not done goes to the front (the cursor gives the rest), so none is unreachable
+--   mark, arg = k: summaries written after the cut, 100 per page: kept, marked rewound and
+--     renamed "<field>/w<epoch>", so a pass run again writes its own
+--   seal, arg = 0: the done count is the set's size again; the job runs (or ends its
+--     pass at once, if the cut's pass was complete)
 -- A step under an epoch that is not the last begin's answers STALE (a newer rewind took
 -- over); repeating the whole rewind finishes a half-done one.
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
-local step = arg_enum(ARGV[3], 'step', 'begin page todo seal')
+local step = arg_enum(ARGV[3], 'step', 'begin page dead todo walk mark seal')
 local arg, epoch, key = 0, 0, ''
 if step == 'begin' then
   arg = arg_int(ARGV[4], 'once', 0, 1)
@@ -37,66 +48,170 @@ if err then return done({err}) end
 if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
 local rec = ck_record(id)
 if not rec or rec.state ~= 'sealed' then return done({C.INVALID}) end
+local STEPS = {'page', 'dead', 'todo', 'walk', 'mark'}
 if step == 'begin' then
   if arg == 1 and mget(F.RW_LAST) == id and (mget(F.RW_OPEN) or '') == '' then
-    if key ~= '' and mget(F.RW_KEY) == key then return done({C.DUP, 0, 0, 0}) end
+    if key ~= '' and mget(F.RW_KEY) == key then return done({C.DUP, 0, 0, 0, 0, 0, 0}) end
     if key == '' and mnum(F.ACKED_JOB) == mnum(F.RW_ACKS) then
-      return done({C.DUP, 0, 0, 0})
+      return done({C.DUP, 0, 0, 0, 0, 0, 0})
     end
   end
   local open = mget(F.CK_OPEN) or ''
   if open ~= '' then
     ck_drop(open)  -- a checkpoint being written of a position that goes away
-    mset(F.CK_OPEN, '', F.CK_FREEZE, '')  -- its freeze hooks stop (lib/meta.lua)
-    rcall('DEL', K_CKDONE, K_CKPROG, K_CKSET)
+    mset(F.CK_OPEN, '')
+    rcall('UNLINK', K_CKPROG)
   end
+  local ep = mincr(F.RW_EPOCH)
+  -- the attempt that runs now is undone: its summary is kept, marked rewound
+  if STATE == 'running' then save_summary('rewound', ep, id) end
   local revoked = mnum(F.NLEASED)
   if revoked > 0 then mincr(F.C_REVOKED, revoked) end
   ROUND = mincr(F.ROUND)
-  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
-    K_PROGRESS, K_WAKE)
-  local ep = mincr(F.RW_EPOCH)
+  drop_pass_sets(true)
+  -- the plan: pages per step, the dead pages covering the bitmap of the cut and of now
+  local cut_bytes = rec.xbytes or (rec.xpages or 0) * CK_PAGE_BYTES
+  local xpages = math.ceil(mmax(cut_bytes, rcall('STRLEN', K_DEADBITS)) / RW_DEAD_BYTES)
+  if not rec.xpages then xpages = 0 end  -- a checkpoint made before the dead pages
+  local later = rcall('ZCOUNT', K_PASSIDX, '(' .. fmt(rec.sum_seq or 0), '+inf')
+  local plan = {rec.pages, xpages, rec.ppages, math.ceil(rec.cursor / RW_WALK),
+    math.ceil(later / RW_MARK)}
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
-    F.P_EXPIRED, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0, F.PSTART, fmt(NOW),
-    F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id, F.RW_KEY, key)
+    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
+    F.PSTART, fmt(NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
+    F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0)
   STATE = 'waiting'
   event('rewind_started', 'checkpoint', id, 'round', ROUND, 'revoked', fmt(revoked))
   broadcast()
-  return done({C.OK, ep, rec.pages, rec.ppages})
+  return done({C.OK, ep, plan[1], plan[2], plan[3], plan[4], plan[5]})
 end
-if mget(F.RW_OPEN) ~= id or mnum(F.RW_EPOCH) ~= epoch then return done({C.STALE}) end
-if step == 'page' then
-  if arg >= rec.pages then return done({C.INVALID}) end
-  rcall('SETRANGE', K_DONE, arg * CK_PAGE_BYTES,
-    rcall('HGET', K_CKPT, id .. ':d:' .. arg) or '')
-  return done({C.OK})
-end
-if step == 'todo' then
-  if arg >= rec.ppages then return done({C.INVALID}) end
-  local page = rcall('HGET', K_CKPT, id .. ':p:' .. arg) or ''
-  for task, samples in string.gmatch(page, '(%d+):(%d+)') do
-    if dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0 then
-      FRONT_EMPTY = false
-      rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
-      if samples ~= '0' then rcall('HSET', K_PROGRESS, task, samples) end
+-- One page k of a rewind's step (page | dead | todo | walk | mark) to checkpoint `rec`
+-- (id `id`) under rewind epoch `epoch`; the plan's order is checked below.
+--   page: done-bitmap page k back
+--   dead: dead-bitmap bytes RW_DEAD_BYTES k ...: what was dead at the cut is dead again
+--     (the set and its bitmap), what was live is live (its failure counts cleared);
+--     32-byte blocks are compared as strings, bits only where they differ
+--   todo: progress page k back
+--   walk: the cut's positions RW_WALK k ... below its cursor: each live task not done
+--     goes to the front (after the done and dead pages: the sets are the cut's)
+--   mark: the summaries written after the cut, RW_MARK per page: marked rewound and
+--     renamed "<field>/w<epoch>", so a pass run again writes its own
+local function restore_page(step, rec, id, arg, epoch)
+  if step == 'page' then
+    rcall('SETRANGE', K_DONE, arg * CK_PAGE_BYTES,
+      rcall('HGET', K_CKPT, id .. ':d:' .. arg) or '')
+    return
+  end
+  if step == 'dead' then
+    local from = arg * RW_DEAD_BYTES
+    local pk = mfloor(from / CK_PAGE_BYTES)
+    local off = from - pk * CK_PAGE_BYTES
+    local cut = ssub(rcall('HGET', K_CKPT, id .. ':x:' .. pk) or '', off + 1, off + RW_DEAD_BYTES)
+    local now = rcall('GETRANGE', K_DEADBITS, from, from + RW_DEAD_BYTES - 1)
+    local len = mmax(#cut, #now)
+    if #cut < len then cut = cut .. string.rep('\0', len - #cut) end
+    if #now < len then now = now .. string.rep('\0', len - #now) end
+    if cut == now then return end
+    -- blocks of 32 bytes compared as strings; bits only where they differ
+    for b = 1, len, 32 do
+      local e = mmin(b + 31, len)
+      if ssub(cut, b, e) ~= ssub(now, b, e) then
+        for i = b, e do
+          local c, n = sbyte(cut, i), sbyte(now, i)
+          if c ~= n then
+            for j = 0, 7 do
+              local mask = bit.rshift(128, j)
+              local was, is = bit.band(c, mask) ~= 0, bit.band(n, mask) ~= 0
+              local task = fmt((from + i - 1) * 8 + j)
+              if was and not is then
+                rcall('SADD', K_DEAD, task)
+                DEAD_EMPTY = false
+              elseif is and not was then
+                rcall('SREM', K_DEAD, task)
+                rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
+              end
+            end
+          end
+        end
+      end
     end
+    rcall('SETRANGE', K_DEADBITS, from, cut)
+    return
   end
+  if step == 'todo' then
+    local page = rcall('HGET', K_CKPT, id .. ':p:' .. arg) or ''
+    for task, samples in string.gmatch(page, '(%d+):(%d+)') do
+      if samples ~= '0' then
+        rcall('HSET', K_PROGRESS, task, samples)
+        PROGRESS_EMPTY = false
+      end
+    end
+    return
+  end
+  if step == 'walk' then
+    -- (after the done and dead pages: the sets are the cut's)
+    local perm = perm_fn(mnum(F.N))
+    local from = arg * RW_WALK
+    for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
+      local task = perm(pos)
+      if rcall('GETBIT', K_DONE, task) == 0
+          and (dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0) then
+        FRONT_EMPTY = false
+        rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+      end
+    end
+    return
+  end
+  if step == 'mark' then
+    local got = rcall('ZRANGEBYSCORE', K_PASSIDX, '(' .. fmt(rec.sum_seq or 0), '+inf',
+      'WITHSCORES', 'LIMIT', arg * RW_MARK, RW_MARK)
+    for i = 1, #got, 2 do
+      local field, seq = got[i], got[i + 1]
+      local raw = rcall('HGET', K_PASSES, field)
+      local s = raw and cjson.decode(raw)
+      if s and not s.rewound then
+        s.rewound, s.rewound_to = true, id
+        rcall('HDEL', K_PASSES, field)
+        rcall('ZREM', K_PASSIDX, field)
+        field = field .. '/w' .. fmt(epoch)
+        rcall('ZADD', K_PASSIDX, seq, field)
+        rcall('HSET', K_PASSES, field, cjson.encode(s))
+      end
+    end
+    return
+  end
+end
+
+if mget(F.RW_OPEN) ~= id or mnum(F.RW_EPOCH) ~= epoch then return done({C.STALE}) end
+-- where this step stands in the plan: steps before it, and its own pages
+local plan, at = {}, 0
+for v in string.gmatch(mget(F.RW_PLAN) or '', '%d+') do plan[#plan + 1] = tonum(v) end
+local pages = 0
+for i, s in lipairs(STEPS) do
+  if s == step then pages = plan[i] or 0; break end
+  at = at + (plan[i] or 0)
+end
+local done_steps = mnum(F.RW_STEP)
+if step == 'seal' then
+  if done_steps < at then return done({C.INVALID}) end
+else
+  if arg >= pages or at + arg > done_steps then return done({C.INVALID}) end
+  if at + arg < done_steps then return done({C.OK}) end  -- a repeat: done already
+  mput(F.RW_STEP, done_steps + 1)
+end
+if step ~= 'seal' then
+  restore_page(step, rec, id, arg, epoch)
   return done({C.OK})
 end
--- seal
-local kv = rcall('HGETALL', K_PASSES)  -- at most ~1,000 summaries (passes.lua)
-for i = 1, #kv, 2 do
-  local s = cjson.decode(kv[i + 1])
-  if not s.rewound and (s.pass > rec.pass or (s.pass == rec.pass and s.round >= rec.round)) then
-    s.rewound, s.rewound_to = true, id
-    rcall('HSET', K_PASSES, kv[i], cjson.encode(s))
-  end
-end
+-- seal: the count is the restored set's size; a dead task is never done (the cut had
+-- none; a checkpoint made before the dead pages is checked here)
+if not rec.xpages then dead_and_done(true) end
+recount_done()
 mset(F.STATE, 'running', F.REASON, '', F.RW_OPEN, '', F.RW_LAST, id,
   F.RW_ACKS, mnum(F.ACKED_JOB))
 STATE = 'running'
-event('rewound', 'checkpoint', id, 'pass', fmt(rec.pass), 'done', fmt(rec.done))
+event('rewound', 'checkpoint', id, 'pass', fmt(rec.pass), 'done', mget(F.NDONE))
 broadcast()
 check_pass_end()
 return done({C.OK})

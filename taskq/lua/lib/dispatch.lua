@@ -28,7 +28,6 @@ local function reclaim(budget, force)
         did = did + 1
       else
         rcall('ZREM', K_OWNED, item)
-        ck_left(task)
       end
     end
     if #items < room then remove_worker(m, 'worker_lost') else more = true end
@@ -157,12 +156,6 @@ local function is_free(task)
   return not lease_is_current(parse_lease(rec))
 end
 
--- The job's median task time (ms; acked_one keeps it), once 10 tasks were acked.
-local function median_ms()
-  if mnum(F.ACKED_JOB) < 10 then return nil end
-  return mnum(F.DUR_MED) / 1000
-end
-
 -- At the tail of a pass (nothing left to lease or steal), an idle trainer may take a
 -- backup lease of a started task that has run longer than backup_k x the median task
 -- time: at most one backup per task at a time, never of the caller's own task. The
@@ -170,8 +163,9 @@ end
 local function take_backup(worker, winc, call_no)
   local k = tonum(mget(F.BACKUP_K) or '') or 0
   if k <= 0 then return nil end
-  local med = median_ms()
-  if not med then return nil end
+  -- the job's median task time (ms; acked_one keeps it), once 10 tasks were acked
+  if mnum(F.ACKED_JOB) < 10 then return nil end
+  local med = mnum(F.DUR_MED) / 1000
   local cands = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
     'LIMIT', 0, 10)
   for _, task in lipairs(cands) do
@@ -217,13 +211,13 @@ local function take_leases(worker, winc, want, call_no, mode)
   local out = {}
   local steps = 0
   -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
-  local front_empty = front_known_empty()
+  if FRONT_EMPTY == nil and not EMPTIES_READ then read_empties() end
+  local front_empty = FRONT_EMPTY == true
   while not front_empty and #out < want and steps < 1000 do
     local popped = rcall('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    ck_left(task)
     local free = is_free(task)
     if free and avoided(task, worker) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place

@@ -1,6 +1,6 @@
 -- leases.lua: lease records, tokens, task timeouts, the owned / started / deadlines /
--- reserved indexes, ending a lease (end_lease, end_held), and where a task goes after a
--- lease ended without an ack (requeue: the front or dead; expire).
+-- reserved indexes, ending a lease (end_lease, end_held). Where the task goes then is
+-- endings.lua's; whose a write is (the caller's lease secret) is secrets.lua's.
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
 --   "E|worker|winc|token|round|A-F-X|digest"                            (just ended)
@@ -54,68 +54,6 @@ local function parse_lease(rec, worker, winc, tok)
           rs = f[5], kind = f[6], dig = f[7]}
 end
 
--- The caller's lease secret as the digest records keep: the first 16 hex digits (64
--- bits) of its SHA-1, or nil for a missing or short secret (matching no record). Hashed
--- once per call (use_secret); the secret itself is never written anywhere.
-local CALLER_DIG = nil  -- per call
-local function secret_digest(secret)
-  if ltype(secret) ~= 'string' or #secret < 16 then return nil end
-  return ssub(redis.sha1hex(secret), 1, 16)
-end
-local function use_secret(secret)
-  CALLER_DIG = secret_digest(secret)
-  return CALLER_DIG
-end
--- The secret argument, checked with the others (lib/args.lua) but never shown in the
--- answer; the caller's digest from then on. Returns the digest (or a stand-in when bad).
-local function arg_secret(v)
-  if not use_secret(v) then
-    arg_fail('secret', 'missing or shorter than 16 characters (a taskq client older '
-      .. 'than this library? upgrade it)')
-    return ''
-  end
-  return CALLER_DIG
-end
-
--- A write naming a lease's holder and token with the wrong secret: someone who read the
--- leases hash. Answered stale by the caller, counted apart so an operator notices.
--- (task nil: a lease request in a worker's name, whose record has the digest.)
-local function forged(task, worker, tok, op)
-  mincr(F.C_FORGED)
-  if task then
-    event('forged', 'task', task, 'worker', worker, 'token', tok, 'op', op)
-  else
-    event('forged', 'worker', worker, 'op', op)
-  end
-end
-
--- A write naming the lease's own holder (worker, incarnation) and token with another
--- secret: someone who read the record (the holder itself never does: its incarnation and
--- secret change together, so after a re-register its late writes name another
--- incarnation and are merely stale).
-local function is_forged(l, worker, winc, tok)
-  return l and l.token == tok and l.worker == worker and l.winc == winc
-    and not (CALLER_DIG and l.dig == CALLER_DIG)
-end
-
--- A write about a lease that is not current: a quiet success when its holder (the secret
--- matches) repeats the ending this very lease got (tokens are unique); forged (above);
--- else stale. Forged and stale change nothing, are counted.
-local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
-  if is_forged(l, worker, winc, tok) then
-    forged(task, worker, tok, op)
-    return C.STALE
-  end
-  if l and not l.live and l.kind == kind and l.worker == worker and l.winc == winc
-      and l.token == tok then
-    return C.DUP
-  end
-  mincr(F.C_STALE)
-  mincr(F.P_STALE)
-  event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', op)
-  return C.STALE
-end
-
 -- Tokens only grow, even after a restart that lost writes: max(last + 1, real TIME in us).
 local TOKEN_US = nil  -- per call
 local function next_token()
@@ -132,15 +70,6 @@ local function next_token()
   return tok_s
 end
 
--- The task timeout fixed at start: none, a number, or auto (10 x p99, at least 60 s,
--- once 20 tasks of the job were acked).
-local function task_timeout_ms()
-  local tt = mget(F.TT)
-  if tt == 'none' then return 0 end
-  if tt == 'auto' then return mnum(F.AUTO_TT) end
-  return tonum(tt) or 0
-end
-
 -- A deadline (JNOW ms) is set at `ms`: reclaim's hint F.DUE stays below every deadline.
 local function due_by(ms)
   if ms < mnum(F.DUE) then mput(F.DUE, ms) end
@@ -148,8 +77,17 @@ end
 
 -- The deadline of a task started now (a string), or nil without a task timeout.
 local DL_TT, DL_S = nil, nil  -- per call
+-- The task timeout fixed at start: none, a number, or auto (10 x p99, at least 60 s,
+-- once 20 tasks of the job were acked).
 local function start_deadline()
-  local tt = task_timeout_ms()
+  local tt = mget(F.TT)
+  if tt == 'none' then
+    tt = 0
+  elseif tt == 'auto' then
+    tt = mnum(F.AUTO_TT)
+  else
+    tt = tonum(tt) or 0
+  end
   if tt <= 0 then return nil end
   if tt ~= DL_TT then
     DL_TT, DL_S = tt, fmt(JNOW + tt)
@@ -262,16 +200,17 @@ local function progress_empty()
   if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = rcall('EXISTS', K_PROGRESS) == 0 end
   return PROGRESS_EMPTY
 end
--- True only when the front is known empty (nil: maybe not; its ZPOPMIN tells).
-local function front_known_empty()
-  if FRONT_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  return FRONT_EMPTY == true
-end
 
--- Removes a live lease's index entries (not the lease record itself).
-local function unindex(task, l)
+local function end_lease(task, l, kind)
+  local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+    .. '|' .. (l.dig or '')
+  if l.backup then  -- a backup is in no index but owned, and not counted in nleased
+    rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
+    rcall('HSET', K_LEASES, 'b:' .. task, rec)
+    return
+  end
+  -- the live lease's index entries (not the record itself)
   rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
-  ck_left(task)
   rcall('ZREM', K_DEADLINES, task)
   rcall('ZREM', K_STARTED, task)
   if l.st == 'R' then
@@ -279,18 +218,6 @@ local function unindex(task, l)
     mincr(F.NRESERVED, -1)
   end
   mincr(F.NLEASED, -1)
-end
-
-local function end_lease(task, l, kind)
-  local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
-    .. '|' .. (l.dig or '')
-  if l.backup then  -- a backup is in no index but owned, and not counted in nleased
-    rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
-    ck_left(task)
-    rcall('HSET', K_LEASES, 'b:' .. task, rec)
-    return
-  end
-  unindex(task, l)
   rcall('HSET', K_LEASES, task, rec)
 end
 
@@ -314,158 +241,4 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     end
   end
   return out
-end
-
-local function to_front(task)
-  FRONT_EMPTY = false
-  rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
-  wake_one()
-end
-
--- Notes who failed a task (fail, task timeout), so take_leases gives it to another
--- worker first (dispatch.lua: avoided).
-local function note_failer(task, worker)
-  COUNTS_EMPTY = false
-  rcall('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
-end
-
-local function make_dead(task, why)
-  rcall('SADD', K_DEAD, task)
-  DEAD_EMPTY = false
-  mincr(F.C_DEAD)
-  event('dead', 'task', task, 'reason', why)
-end
-
--- Counts a lease that ended without an ack; returns why the task is now dead, or nil.
--- charge: 'failure' (fail, task timeout) | 'attempt' (lost, release) | 'none'
-local function charge_task(task, charge)
-  local dead_reason = nil
-  if charge ~= 'none' then
-    COUNTS_EMPTY = false
-    local a = rcall('HINCRBY', K_COUNTS, 'a:' .. task, 1)
-    if a >= mnum(F.MAXA) then dead_reason = 'max_attempts' end
-    if charge == 'failure' then
-      local f = rcall('HINCRBY', K_COUNTS, 'f:' .. task, 1)
-      if f >= mnum(F.MAXF) then dead_reason = 'max_failures' end
-    end
-  end
-  return dead_reason
-end
-
--- A started lease that ended without an ack: count it, then dead or back to the front.
-local function requeue(task, charge)
-  local dead_reason = charge_task(task, charge)
-  if dead_reason then
-    make_dead(task, dead_reason)
-  else
-    to_front(task)
-  end
-end
-
--- After `l` ended without an ack: true when the task's other lease is current and carries
--- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
--- whoever runs it must not kill twice as many trainers): at a cap the other lease is
--- revoked and the task is dead. A surviving backup takes the task's record (the two
--- records swap, so a repeat of the ending is still recognised) and its indexes, with a
--- task timeout from now.
-local function survives(task, l, charge)
-  local o = other_lease(task, l)
-  if not o then return false end
-  local dead_reason = charge_task(task, charge or 'none')
-  if dead_reason then
-    end_lease(task, o, 'V')
-    mincr(F.C_REVOKED)
-    event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
-    make_dead(task, dead_reason)
-    return true
-  end
-  if o.backup then
-    local ended = rcall('HGET', K_LEASES, task)
-    rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
-    rcall('HSET', K_LEASES, 'b:' .. task, ended)
-    rcall('ZADD', K_STARTED, jnow_s(), task)
-    local dl = start_deadline()
-    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
-    mincr(F.NLEASED)
-  end
-  event('carries_on', 'task', task, 'worker', o.worker)
-  return true
-end
-
--- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
-local function expire(task, l, reason, deadline)
-  local late = JNOW - deadline
-  if late < 0 then late = 0 end
-  observe('late', late)
-  if late > mnum(F.P_MAXLATE) then mset(F.P_MAXLATE, fmt(late)) end
-  end_lease(task, l, 'X')
-  if reason == 'worker_lost' then mincr(F.C_EXP_WL) else mincr(F.C_EXP_TT) end
-  mincr(F.P_EXPIRED)
-  event('expired', 'task', task, 'reason', reason, 'worker', l.worker, 'lateness_ms', fmt(late))
-  local charge = 'attempt'
-  if reason == 'task_timeout' then charge = 'failure' end
-  if l.st == 'R' then charge = 'none' end
-  if survives(task, l, charge) then return end
-  if charge == 'failure' then note_failer(task, l.worker) end
-  requeue(task, charge)
-end
-
--- The ends end_held applies (ack, fail, release), with its arguments.
-local function acked_one(task, l, tok, worker)
-  rcall('SETBIT', K_DONE, task, '1')
-  mincr(F.NDONE)
-  local ran = NOW - (tonum(l.sinces) or NOW)
-  observe('dur', ran)
-  -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
-  -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
-  local d, med = ran * 1000, mnum(F.DUR_MED)
-  if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
-    med = med / 1.05 end
-  mput(F.DUR_MED, med)
-  if not counts_empty() then
-    rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
-  end
-  -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
-  if not progress_empty() then
-    ck_before(task)
-    rcall('HDEL', K_PROGRESS, task)
-  end
-  mincr(F.C_ACKED)
-  local acked = mincr(F.ACKED_JOB)
-  mset_s(F.LAST_ACK, now_s())
-  if acked % 20 == 0 then recompute_auto_timeout() end
-  event_task('acked', task, worker, tok)
-  local o = other_lease(task, l)
-  if o then  -- the first ack wins: the other holder's lease is revoked (its ack is stale)
-    end_lease(task, o, 'V')
-    mincr(F.C_REVOKED)
-    event('revoked', 'task', task, 'worker', o.worker, 'reason', 'acked_elsewhere')
-  end
-end
-
--- One failing task is charged a failure; each of a failing batch of n > 1 goes back
--- uncharged, marked solo (see fail.lua). `why` is the error text.
-local function failed_one(task, l, _, worker, n, why)
-  mincr(F.C_FAILED)
-  if survives(task, l, n == 1 and 'failure' or 'none') then
-    event('failed', 'task', task, 'worker', worker, 'error', why)
-    return
-  end
-  note_failer(task, worker)
-  if n > 1 then
-    rcall('HSET', K_COUNTS, 's:' .. task, '1')
-    event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
-    to_front(task)
-  else
-    rcall('HDEL', K_COUNTS, 's:' .. task)
-    event('failed', 'task', task, 'worker', worker, 'error', why)
-    requeue(task, 'failure')
-  end
-end
-
-local function released_one(task, l, _, worker)
-  mincr(F.C_RELEASED)
-  event('released', 'task', task, 'worker', worker)
-  if survives(task, l, l.st == 'S' and 'attempt' or 'none') then return end
-  if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
 end

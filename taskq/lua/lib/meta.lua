@@ -49,8 +49,8 @@ local function load_meta()
   local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
     F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
-    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.CK_FREEZE,
-    F.DUR_SUM, F.NWAITING)
+    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.DUR_SUM,
+    F.NWAITING)
   M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
     [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
     [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
@@ -59,7 +59,7 @@ local function load_meta()
     [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
     [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
-    [F.CK_FREEZE] = v[30], [F.DUR_SUM] = v[31], [F.NWAITING] = v[32],
+    [F.DUR_SUM] = v[30], [F.NWAITING] = v[31],
     [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
   MN = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
     [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
@@ -128,20 +128,6 @@ local function mset(...)
     if MN[f] then MN[f] = nil end
     if NUM[f] then NUM[f] = nil end
     DIRTY[f] = true
-  end
-end
-
--- While a checkpoint freezes its begin's unfinished tasks (checkpoint.lua: its paged walks
--- of the leased set, the front and the progress hash), a task leaving the leased set or
--- the front is noted in its scratch set (ck_left), and a task's progress before it changes
--- in its scratch hash (ck_before): what the walks may no longer find. Off: one field test.
-local function ck_left(task)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' then rcall('SADD', K_CKSET, task) end
-end
-local function ck_before(task)
-  -- (HEXISTS + HSET rather than HSETNX: the trainer's ACL rule has no HSETNX, acl.py)
-  if M[F.CK_FREEZE] and M[F.CK_FREEZE] ~= '' and rcall('HEXISTS', K_CKPROG, task) == 0 then
-    rcall('HSET', K_CKPROG, task, rcall('HGET', K_PROGRESS, task) or '0')
   end
 end
 

@@ -1,39 +1,92 @@
--- passes.lua: pass ends and starts, the per-pass summaries, the waiting states.
+-- passes.lua: pass ends and starts, the per-pass summaries (bounded in all), the waiting
+-- states, and completion by membership.
 
-local function save_summary(kind)
+-- The live tasks: all of them but the dead.
+local function live_tasks()
+  if dead_empty() then return mnum(F.N) end
+  return mnum(F.N) - rcall('SCARD', K_DEAD)
+end
+
+-- The dead tasks whose done bit is set (a dead task is in no set of the pass), checked
+-- when the dead set is small enough to read in one call (nil: not checked here; the
+-- audit reads it in pages). Cleared (fix = true): the task is not live, so no ack of it
+-- can stand for one of a live task. Never found by construction (docs/design.md,
+-- "Invariants"); the check is what makes "complete" a statement about membership.
+local function dead_and_done(fix)
+  if dead_empty() then return 0 end
+  if rcall('SCARD', K_DEAD) > DEAD_CHECK_MAX then return nil end
+  local found = 0
+  for _, task in lipairs(rcall('SMEMBERS', K_DEAD)) do
+    if rcall('GETBIT', K_DONE, task) == 1 then
+      found = found + 1
+      if fix then rcall('SETBIT', K_DONE, task, 0) end
+    end
+  end
+  return found
+end
+
+-- The done count made the done set's size again (a BITCOUNT of at most N / 8 bytes):
+-- where the count could drift from the set (a rewind, a retry, a forced advance, the
+-- pass's end). Returns the count; a drift found is an event.
+local function recount_done()
+  local bits = rcall('BITCOUNT', K_DONE)
+  if bits ~= mnum(F.NDONE) then
+    event('recount', 'done', fmt(bits), 'was', fmt(mnum(F.NDONE)))
+    mput(F.NDONE, bits)
+  end
+  return bits
+end
+
+-- kind: completed | skipped | reset | cancelled | rewound (`epoch`, `to`: the rewind's
+-- epoch and checkpoint). A
+-- summary says what the attempt's sets held at its end: `acked` the done set's size,
+-- `live` the live tasks, `dead_done` the dead tasks found done (nil: not checked).
+local function save_summary(kind, epoch, to)
   local p = mget(F.PASS)
   local field = p
   if kind == 'reset' then field = p .. '/r' .. fmt(mnum(F.P_RESETS)) end
+  if kind == 'rewound' then field = p .. '/w' .. fmt(epoch) end
   local summary = {
     pass = tonum(p), round = ROUND, state = kind,
     started_ms = mnum(F.PSTART), ended_ms = NOW,
     done = mnum(F.NDONE), dead = rcall('SCARD', K_DEAD),
+    acked = rcall('BITCOUNT', K_DONE), live = live_tasks(), dead_done = dead_and_done(false),
     skipped = mnum(F.P_SKIPPED), stale = mnum(F.P_STALE), resets = mnum(F.P_RESETS),
     max_lateness_ms = mnum(F.P_MAXLATE), leased = mnum(F.P_LEASED),
     expired = mnum(F.P_EXPIRED),
     resumed = mnum(F.P_RESUMED), resumed_samples = mnum(F.P_RESUMED_S),
     reread_samples = mnum(F.P_REREAD),
   }
+  if kind == 'rewound' then summary.rewound, summary.rewound_to = true, to end
+  -- the write that adds a summary drops the oldest beyond SUMMARIES_MAX (passes, resets
+  -- and rewound attempts together), so the hash is bounded in all; passidx orders the
+  -- fields by a sequence (sum_seq), which a checkpoint notes
+  local seq = mincr(F.SUM_SEQ)
+  summary.seq = seq
   rcall('HSET', K_PASSES, field, cjson.encode(summary))
-  rcall('HDEL', K_PASSES, tostring(tonum(p) - 1000))
-  -- resets of one pass are kept 1,000 deep too (a reset loop must not grow the hash)
-  if kind == 'reset' then
-    rcall('HDEL', K_PASSES, p .. '/r' .. fmt(mnum(F.P_RESETS) - 1000))
+  rcall('ZADD', K_PASSIDX, seq, field)
+  if rcall('ZCARD', K_PASSIDX) > SUMMARIES_MAX then
+    local old = rcall('ZPOPMIN', K_PASSIDX)
+    if old[1] then rcall('HDEL', K_PASSES, old[1]) end
   end
+end
+
+-- The sets of a pass attempt go (a new pass, a reset, a rewind): O(1), with UNLINK; with
+-- `wake`, the per-task wake list too.
+local function drop_pass_sets(wake)
+  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
+    K_PROGRESS)
+  if wake then rcall('UNLINK', K_WAKE) end
 end
 
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
 local function start_pass(p, kind)
   ROUND = mincr(F.ROUND)
-  rcall('UNLINK', K_DONE, K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED,
-    K_PROGRESS)
+  drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(NOW), F.STATE, 'running', F.REASON, '')
-  -- a checkpoint's freeze of the old round is over (its next step answers PASS_MISMATCH):
-  -- the hooks that note what leaves the leased set and the front stop here
-  mset(F.CK_FREEZE, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
   STATE = 'running'
   event(kind, 'round', ROUND)
@@ -57,7 +110,7 @@ local function finish_pass(kind)
   local passes = mnum(F.PASSES)
   if passes >= 0 and p + 1 >= passes then
     ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
-    mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0, F.CK_FREEZE, '')
+    mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
     rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
     STATE = 'completed'
     event('job_completed')
@@ -69,16 +122,22 @@ local function finish_pass(kind)
   end
 end
 
--- A pass is complete when todo and leased are both empty.
+-- A pass attempt is complete exactly when every live task is in its done set and no
+-- lease is current. The count (ndone, kept with the set by every ack) says when to look;
+-- the set decides: its size is counted again and a dead task found done is taken out
+-- (once per attempt, at its end), so a drifted count can neither end an attempt early
+-- nor keep it open.
 local function check_pass_end()
   if STATE ~= 'running' then return end
   if mnum(F.NLEASED) > 0 then return end
-  local live = mnum(F.N)
-  if not dead_empty() then live = live - rcall('SCARD', K_DEAD) end
+  local live = live_tasks()
   if mnum(F.NDONE) < live then return end
   if live == 0 then
     set_waiting('all_dead')
     return
   end
+  local wrong = dead_and_done(true)
+  if wrong and wrong > 0 then event('recount', 'dead_done', fmt(wrong)) end
+  if recount_done() ~= live then return end
   finish_pass('completed')
 end

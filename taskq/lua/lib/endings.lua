@@ -1,0 +1,158 @@
+-- endings.lua: where a task goes after its lease ended: done (acked_one), back to the
+-- front or dead (requeue, charged by charge_task), carried on by its other lease
+-- (survives), and the ends end_held applies (acked_one, failed_one, released_one).
+-- Backup leases: leases.lua's header.
+
+local function to_front(task)
+  FRONT_EMPTY = false
+  rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+  wake_one()
+end
+
+-- Notes who failed a task (fail, task timeout), so take_leases gives it to another
+-- worker first (dispatch.lua: avoided).
+local function note_failer(task, worker)
+  COUNTS_EMPTY = false
+  rcall('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
+end
+
+local function make_dead(task, why)
+  rcall('SADD', K_DEAD, task)
+  rcall('SETBIT', K_DEADBITS, task, 1)  -- the set's bitmap, which a checkpoint copies
+  DEAD_EMPTY = false
+  mincr(F.C_DEAD)
+  event('dead', 'task', task, 'reason', why)
+end
+
+-- Counts a lease that ended without an ack; returns why the task is now dead, or nil.
+-- charge: 'failure' (fail, task timeout) | 'attempt' (lost, release) | 'none'
+local function charge_task(task, charge)
+  local dead_reason = nil
+  if charge ~= 'none' then
+    COUNTS_EMPTY = false
+    local a = rcall('HINCRBY', K_COUNTS, 'a:' .. task, 1)
+    if a >= mnum(F.MAXA) then dead_reason = 'max_attempts' end
+    if charge == 'failure' then
+      local f = rcall('HINCRBY', K_COUNTS, 'f:' .. task, 1)
+      if f >= mnum(F.MAXF) then dead_reason = 'max_failures' end
+    end
+  end
+  return dead_reason
+end
+
+-- A started lease that ended without an ack: count it, then dead or back to the front.
+local function requeue(task, charge)
+  local dead_reason = charge_task(task, charge)
+  if dead_reason then
+    make_dead(task, dead_reason)
+  else
+    to_front(task)
+  end
+end
+
+-- After `l` ended without an ack: true when the task's other lease is current and carries
+-- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
+-- whoever runs it must not kill twice as many trainers): at a cap the other lease is
+-- revoked and the task is dead. A surviving backup takes the task's record (the two
+-- records swap, so a repeat of the ending is still recognised) and its indexes, with a
+-- task timeout from now.
+local function survives(task, l, charge)
+  local o = other_lease(task, l)
+  if not o then return false end
+  local dead_reason = charge_task(task, charge or 'none')
+  if dead_reason then
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    make_dead(task, dead_reason)
+    return true
+  end
+  if o.backup then
+    local ended = rcall('HGET', K_LEASES, task)
+    rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
+    rcall('HSET', K_LEASES, 'b:' .. task, ended)
+    rcall('ZADD', K_STARTED, jnow_s(), task)
+    local dl = start_deadline()
+    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
+    mincr(F.NLEASED)
+  end
+  event('carries_on', 'task', task, 'worker', o.worker)
+  return true
+end
+
+-- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
+local function expire(task, l, reason, deadline)
+  local late = JNOW - deadline
+  if late < 0 then late = 0 end
+  observe('late', late)
+  if late > mnum(F.P_MAXLATE) then mset(F.P_MAXLATE, fmt(late)) end
+  end_lease(task, l, 'X')
+  if reason == 'worker_lost' then mincr(F.C_EXP_WL) else mincr(F.C_EXP_TT) end
+  mincr(F.P_EXPIRED)
+  event('expired', 'task', task, 'reason', reason, 'worker', l.worker, 'lateness_ms', fmt(late))
+  local charge = 'attempt'
+  if reason == 'task_timeout' then charge = 'failure' end
+  if l.st == 'R' then charge = 'none' end
+  if survives(task, l, charge) then return end
+  if charge == 'failure' then note_failer(task, l.worker) end
+  requeue(task, charge)
+end
+
+-- The ends end_held applies (ack, fail, release), with its arguments.
+local function acked_one(task, l, tok, worker)
+  -- the count follows the set: a bit already set (never, by construction) adds nothing
+  if rcall('SETBIT', K_DONE, task, '1') == 0 then mincr(F.NDONE) end
+  local ran = NOW - (tonum(l.sinces) or NOW)
+  observe('dur', ran)
+  -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
+  -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
+  local d, med = ran * 1000, mnum(F.DUR_MED)
+  if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
+    med = med / 1.05 end
+  mput(F.DUR_MED, med)
+  if not counts_empty() then
+    rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
+  end
+  -- a done task's progress is spent: the hash keeps only unfinished tasks (checkpoints)
+  if not progress_empty() then
+    rcall('HDEL', K_PROGRESS, task)
+  end
+  mincr(F.C_ACKED)
+  local acked = mincr(F.ACKED_JOB)
+  mset_s(F.LAST_ACK, now_s())
+  if acked % 20 == 0 then recompute_auto_timeout() end
+  event_task('acked', task, worker, tok)
+  local o = other_lease(task, l)
+  if o then  -- the first ack wins: the other holder's lease is revoked (its ack is stale)
+    end_lease(task, o, 'V')
+    mincr(F.C_REVOKED)
+    event('revoked', 'task', task, 'worker', o.worker, 'reason', 'acked_elsewhere')
+  end
+end
+
+-- One failing task is charged a failure; each of a failing batch of n > 1 goes back
+-- uncharged, marked solo (see fail.lua). `why` is the error text.
+local function failed_one(task, l, _, worker, n, why)
+  mincr(F.C_FAILED)
+  if survives(task, l, n == 1 and 'failure' or 'none') then
+    event('failed', 'task', task, 'worker', worker, 'error', why)
+    return
+  end
+  note_failer(task, worker)
+  if n > 1 then
+    rcall('HSET', K_COUNTS, 's:' .. task, '1')
+    event('failed', 'task', task, 'worker', worker, 'error', why, 'batch', n)
+    to_front(task)
+  else
+    rcall('HDEL', K_COUNTS, 's:' .. task)
+    event('failed', 'task', task, 'worker', worker, 'error', why)
+    requeue(task, 'failure')
+  end
+end
+
+local function released_one(task, l, _, worker)
+  mincr(F.C_RELEASED)
+  event('released', 'task', task, 'worker', worker)
+  if survives(task, l, l.st == 'S' and 'attempt' or 'none') then return end
+  if l.st == 'S' then requeue(task, 'attempt') else requeue(task, 'none') end
+end
