@@ -264,6 +264,8 @@ def audit(client: Client, name: str) -> dict[str, Any]:
     finished: dict[int, dict[str, dict[str, Any]]] = {}
     for a in shard_audits:
         for rec in a["passes"]:  # the latest round of each pass wins
+            if rec.get("rewound"):  # an attempt a rewind undid: history, not the record
+                continue
             finished.setdefault(int(rec["pass"]), {})[a["job"]] = rec
     top = max(a["pass"] for a in shard_audits)
     per_pass = []
