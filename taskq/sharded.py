@@ -17,8 +17,9 @@ See docs/sharding.md.
 
 The record and the read side (status, audit) are ``shardset.py``'s, re-exported here.
 
-Data flow: client.py (``create_job(shards=S)``) / cli -> sharded.py -> client.py ->
-Redis; sharded_trainer.py -> sharded.py (``advance``, ``load``).
+Data flow: client_jobs.py (``create_job(shards=S)``) / sharded_job.py -> sharded.py ->
+the client (a ``caller.Caller``: each shard's ``create_job``), jobs.py -> Redis;
+sharded_trainer.py -> sharded.py (``advance``, ``load``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ import json
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from . import errors
 from .barrier import ADMIN_WAIT_S, STEP_LOCK_MS, barrier_lock
+from .caller import Caller
 from .config import encode_tasks, validate_config
 from .connection import translate
 from .jobs import PlainJob
@@ -58,9 +60,6 @@ from .shardset import (
     shard_status,
     status,
 )
-
-if TYPE_CHECKING:
-    from .client import Client
 
 __all__ = [
     "ShardSet",
@@ -89,7 +88,7 @@ __all__ = [
 PLACEMENT_TRIES = 1000
 
 
-def place(client: Client, name: str, shards: int) -> list[str]:
+def place(client: Caller, name: str, shards: int) -> list[str]:
     """Shard names for ``name`` whose slots fall on different masters, round robin.
 
     On a cluster each shard ``k`` tries hash tags ``NAME.s<k>``, ``NAME.s<k>.1``, ...
@@ -120,7 +119,7 @@ def place(client: Client, name: str, shards: int) -> list[str]:
 
 
 def create(
-    client: Client,
+    client: Caller,
     name: str,
     chunks: Iterable[Any],
     shards: int,
@@ -225,7 +224,7 @@ def all_dead(s: JobStatus) -> bool:
     return s.state == "waiting" and s.reason == "all_dead"
 
 
-def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = False) -> None:
+def _advance_shard(client: Caller, s: JobStatus, expected: int, force: bool = False) -> None:
     """``next_pass`` on one shard; a shard that moved on already (a repeated step) or
     finished is success. A shard with no live task only moves with ``force`` (it skips
     nothing: no task of it is live, none is leased)."""
@@ -236,7 +235,7 @@ def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = Fa
 
 
 def advance(
-    client: Client,
+    client: Caller,
     name: str,
     manual: bool = False,
     sset: ShardSet | None = None,
@@ -273,7 +272,7 @@ def advance(
         return step(client, sset, manual)
 
 
-def step(client: Client, sset: ShardSet, manual: bool = False) -> int | None:
+def step(client: Caller, sset: ShardSet, manual: bool = False) -> int | None:
     """The barrier step's moves (``advance``), for a caller holding the barrier lock."""
     shards = [shard_status(client, s) for s in sset.shards]
     if any(s.state == "cancelled" for s in shards):
@@ -302,7 +301,7 @@ def step(client: Client, sset: ShardSet, manual: bool = False) -> int | None:
 
 
 def next_pass(
-    client: Client, name: str, expected_pass: int | None = None, force: bool = False
+    client: Caller, name: str, expected_pass: int | None = None, force: bool = False
 ) -> int:
     """Start the next pass of every shard (``taskq pass next`` on a sharded job).
 
@@ -327,7 +326,7 @@ def next_pass(
         return _next_pass(client, sset, expected_pass, force)
 
 
-def _next_pass(client: Client, sset: ShardSet, expected_pass: int | None, force: bool) -> int:
+def _next_pass(client: Caller, sset: ShardSet, expected_pass: int | None, force: bool) -> int:
     name = sset.name
     st = status(client, name, sset)
     if st.state == "completed":
@@ -362,14 +361,14 @@ def _next_pass(client: Client, sset: ShardSet, expected_pass: int | None, force:
     return moved
 
 
-def _cancel_shard(client: Client, shard: str) -> None:
+def _cancel_shard(client: Caller, shard: str) -> None:
     try:
         PlainJob(client, shard).cancel()
     except (errors.JobCancelled, errors.JobCompleted):
         pass
 
 
-def cancel(client: Client, name: str) -> None:
+def cancel(client: Caller, name: str) -> None:
     """Cancel every shard (idempotent per shard; the barrier step finishes a cancel that
     died half-way).
 
@@ -385,7 +384,7 @@ def cancel(client: Client, name: str) -> None:
             _cancel_shard(client, s.job)
 
 
-def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> int:
+def reset_pass(client: Caller, name: str, expected_pass: int | None = None) -> int:
     """Restart the current pass in every shard (its leases become stale).
 
     Raises:
@@ -405,7 +404,7 @@ def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> i
     return st.pass_no
 
 
-def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> int:
+def retry(client: Caller, name: str, task_ids: Sequence[int] | None = None) -> int:
     """Retry dead tasks (global ids) in every shard; as ``Client.retry``."""
     sset = require(client, name)
     if not task_ids:
@@ -417,7 +416,7 @@ def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> i
     return sum(PlainJob(client, shard).retry(ids) for shard, ids in by_shard.items())
 
 
-def delete(client: Client, name: str) -> None:
+def delete(client: Caller, name: str) -> None:
     """Delete every shard and the record (shards already gone are skipped).
 
     Raises:
@@ -434,7 +433,7 @@ def delete(client: Client, name: str) -> None:
         client.redis.srem(shard_sets_index(client.prefix), name)
 
 
-def advance_all(client: Client) -> dict[str, int]:
+def advance_all(client: Caller) -> dict[str, int]:
     """The barrier step for every sharded job in the index (for a reaper's tick): a job
     whose trainers all died at a pass boundary moves on without them.
 

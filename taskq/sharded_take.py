@@ -8,7 +8,7 @@ else a shard whose status shows work left; and, when nothing is leasable, an idl
 shard has finished the pass, else wait on home). See docs/sharding.md, "Trainers".
 
 Data flow: sharded_trainer.py -> sharded_take.py -> trainer.py (one per shard) -> Redis;
--> sharded.py (the barrier step), client.py (status reads, reaps).
+-> sharded.py (the barrier step), shardset.py (status reads), jobs.py (reaps).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import errors, sharded
-from .client import Client
+from .caller import Caller
 from .jobs import PlainJob
 from .models import JobStatus, Task
 from .shardset import ShardSet, shard_status
@@ -55,7 +55,7 @@ class ShardTaker:
     """Taking work over the shards (see the module docstring); ``ShardedTrainer`` sets
     the attributes and provides ``release``."""
 
-    client: Client
+    client: Caller
     job: str
     sset: ShardSet
     shards: list[str]

@@ -3,32 +3,22 @@
 Reads never write. ``snapshot`` is one read-only script call, O(1) in the number of
 tasks; the exporter and ``taskq job status`` use it.
 
-Data flow: client.py / exporter.py / CLI -> stats.py -> Redis (reads only).
+Data flow: jobs.py / shardset.py / client_conn.py -> stats.py -> Redis (reads only); it
+sees the client as a ``caller.Caller``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from . import errors, inputwait_view, integrity
-from .keys import JobKeys
+from .caller import Caller
 from .keys import MetaField as F
-from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
-
-
-class Client(Protocol):
-    """What the read views need of a ``taskq.Client``: its connection, its function
-    library and its key builder (a Protocol, so stats.py does not import client.py)."""
-
-    redis: Any  # redis.Redis, RedisCluster or a Sentinel master: untyped replies
-    scripts: Scripts
-
-    def keys(self, job: str) -> JobKeys: ...
-
+from .scripts import HIST_BOUNDS_MS, raise_for
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -83,7 +73,7 @@ def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> d
     }
 
 
-def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
+def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
     """The ``JobStatus`` of ``name``.
 
     Raises:
@@ -232,7 +222,7 @@ EVENT_SCAN = 5000
 
 
 def task_histories(
-    client: Client, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
+    client: Caller, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
 ) -> dict[int, list[dict[str, Any]]]:
     """The latest ``per_task`` events of each task, oldest first, from the newest
     ``scan`` events of the stream (it is trimmed: older history is gone anyway)."""
@@ -251,7 +241,7 @@ def task_histories(
 
 
 def latest_of_type(
-    client: Client, name: str, kind: str, limit: int, scan: int
+    client: Caller, name: str, kind: str, limit: int, scan: int
 ) -> list[dict[str, str]]:
     """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
     first (what the reaper names after a tick)."""
@@ -275,7 +265,7 @@ def last_error(history: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def add_details(client: Client, name: str, rows: list[dict[str, Any]]) -> None:
+def add_details(client: Caller, name: str, rows: list[dict[str, Any]]) -> None:
     """Add ``chunks`` and ``last_error`` to rows of ``parse_tasks`` (in place)."""
     ids = [row["id"] for row in rows]
     raw = client.redis.hmget(client.keys(name).chunks, [str(i) for i in ids])
@@ -288,7 +278,7 @@ def add_details(client: Client, name: str, rows: list[dict[str, Any]]) -> None:
         row["last_error"] = last_error(histories[row["id"]])
 
 
-def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+def task_detail(client: Caller, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
     """One task: state, chunks, holder, failures, attempts, last error, recent events.
 
     Raises:
@@ -345,7 +335,7 @@ def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> d
     }
 
 
-def _server_time(client: Client, key: str) -> tuple[int, int]:
+def _server_time(client: Caller, key: str) -> tuple[int, int]:
     """TIME of the server holding ``key`` (a cluster refuses TIME in a pipeline, and
     another master's clock is not the job's)."""
     redis_client = client.redis
@@ -357,7 +347,7 @@ def _server_time(client: Client, key: str) -> tuple[int, int]:
     return int(sec), int(usec)
 
 
-def workers(client: Client, name: str) -> list[dict[str, Any]]:
+def workers(client: Caller, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
     pipe = client.redis.pipeline(transaction=False)
@@ -402,11 +392,11 @@ def workers(client: Client, name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_policy(client: Client) -> str | None:
+def memory_policy(redis_client: Any) -> str | None:
     """``maxmemory-policy`` from INFO memory (the worst of a cluster's nodes), or None
     when this user may not run INFO."""
     try:
-        info = client.redis.info("memory")
+        info = redis_client.info("memory")
     except redis.exceptions.NoPermissionError:
         return None
     except redis.exceptions.ResponseError as e:
@@ -425,7 +415,7 @@ def memory_policy(client: Client) -> str | None:
     return unsafe[0] if unsafe else "noeviction"
 
 
-def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
+def first_lease_ms(client: Caller, name: str, scan: int = 1000) -> int | None:
     """When pass 0's first lease was granted, from the oldest events (None once the
     stream was trimmed past it, or before any lease): pass 0 starts when the job is
     created, so its duration would otherwise count the wait for the first trainer."""
@@ -438,7 +428,7 @@ def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
     return None
 
 
-def audit(client: Client, name: str) -> dict[str, Any]:
+def audit(client: Caller, name: str) -> dict[str, Any]:
     """Per-pass records and counter checks (``taskq job audit``)."""
     keys = client.keys(name)
     status = snapshot(client, name, summaries=0)
