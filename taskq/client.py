@@ -8,11 +8,12 @@ inherits from another): the connection (``Connection``, client_conn.py: the redi
 client, URL, key prefix, function library, job keys, ``run``, the job index), the reads
 (``Reads``, client_reads.py), the job's life (``Lifecycle``, client_jobs.py: create,
 delete, cancel, pause, resume), the running job's verbs (``Operations``, client_ops.py:
-passes, tasks, checkpoints, the clock, reaping) and the handles (``open_job``,
-client_handles.py: the one place a plain job and a sharded one are told apart). Every
-method that takes a job name is the job handle's verb; each method here hands its call
-to its part, whose docstring it carries. The modules below see a ``Client`` through the
-Protocols of caller.py and import none of this.
+passes, tasks, checkpoints, the clock, reaping) and the handles (``Handles``,
+``open_job``, client_handles.py: the one place a plain job and a sharded one are told
+apart). Every method that takes a job name is the job handle's verb; each method here
+hands its call to its part, whose docstring it carries. A dropped client is freed at once
+(the handles part holds it weakly: no reference cycle). The modules below see a
+``Client`` through the Protocols of caller.py and import none of this.
 
 Data flow: CLI / user code -> client.py -> client_*.py (the parts) -> client_handles.py
 (the job's handle: jobs.py / sharded_job.py) -> scripts.py -> Redis; reads -> stats.py.
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 from . import checkpoints
 from .caller import Job
 from .client_conn import Connection
-from .client_handles import open_job
+from .client_handles import Handles, open_job
 from .client_jobs import STAGING_BATCH as STAGING_BATCH
 from .client_jobs import STAGING_TTL_S as STAGING_TTL_S
 from .client_jobs import Lifecycle
@@ -96,9 +97,10 @@ class Client:
             socket_timeout=socket_timeout,
             allow_eviction=allow_eviction,
         )
-        self._reads = Reads(self.job)
-        self._life = Lifecycle(self._conn, self, self.job)
-        self._ops = Operations(self.job)
+        handles = Handles(self)  # holds this client weakly: no reference cycle
+        self._reads = Reads(handles.job)
+        self._life = Lifecycle(self._conn, handles)
+        self._ops = Operations(handles.job)
 
     # -- the connection (client_conn.py) ------------------------------------------
     @property

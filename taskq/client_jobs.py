@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import errors, sharded
-from .caller import Caller, Job
 from .client_conn import Connection
+from .client_handles import Handles
 from .config import encode_tasks, validate_config
 from .connection import translate
 from .keys import MetaField as F
@@ -36,15 +36,14 @@ class Lifecycle:
 
     Args:
         conn: the connection part (keys, ``run``, the memory-policy check).
-        client: the whole client as the engine modules see it (``sharded.create`` creates
-            each shard through it).
-        open_job: the handle of a job by name (``Client.job``).
+        handles: the handles part: a job's handle, and the whole client as the engine
+            modules see it (``sharded.create`` creates each shard through it).
     """
 
-    def __init__(self, conn: Connection, client: Caller, open_job: Callable[[str], Job]) -> None:
+    def __init__(self, conn: Connection, handles: Handles) -> None:
         self._conn = conn
-        self._client = client
-        self._open = open_job
+        self._handles = handles
+        self._open = handles.job
 
     # -- jobs ---------------------------------------------------------------------
     def create_job(
@@ -120,7 +119,7 @@ class Lifecycle:
         )
         if shards != 1:
             return sharded.create(  # type: ignore[return-value]
-                self._client,
+                self._handles.client,
                 name,
                 chunks,
                 shards,
