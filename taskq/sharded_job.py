@@ -1,8 +1,8 @@
-"""The handle of a sharded job: the verbs of ``jobs.Job`` over one ``PlainJob`` per shard.
+"""The handle of a sharded job: the verbs of ``caller.Job`` over one ``PlainJob`` per shard.
 
-``ShardedJob`` is what ``Client.job(name)`` returns for a sharded job (client_handles.py decides).
-It holds no state of its own beyond the shard-set record it was opened with: each verb
-is the shards' verbs composed, through the barrier (sharded.py) and the cut
+``ShardedJob`` is what ``Client.job(name)`` returns for a sharded job (client_handles.py
+decides). It holds no state of its own beyond the shard-set record it was opened with:
+each verb is the shards' verbs composed, through the barrier (sharded.py) and the cut
 (sharded_admin.py) where passes are concerned. Task ids are global (task ``i`` of the
 whole job is task ``i // S`` of shard ``i % S``); rows of tasks, workers and events name
 their ``shard``.
@@ -33,7 +33,7 @@ EVENTS_POLL_S = 0.1
 
 
 class ShardedJob:
-    """A sharded job (``Client.job(name)`` of one): the ``jobs.Job`` verbs over every shard.
+    """A sharded job (``Client.job(name)`` of one): the ``caller.Job`` verbs over every shard.
 
     Args:
         client: the admin client.
