@@ -3,12 +3,12 @@ pause and resume.
 
 ``Lifecycle`` writes a job's life: every setting is checked before the first write
 (config.py), the chunks are staged in pipelined batches and made live by one ``create``
-script call (``shards=S``: sharded.py, which creates each shard back through the
-client). Delete, cancel, pause and resume are the job handle's verbs (jobs.py,
+script call (``shards=S``: sharded_create.py, which creates each shard back through
+the client). Delete, cancel, pause and resume are the job handle's verbs (jobs.py,
 sharded_job.py), plain or sharded. It owns no state: the connection part's, the handles'.
 
 Data flow: client.py -> client_jobs.py -> client_conn.py (``run``) -> scripts.py ->
-Redis; -> sharded.py; -> the job's handle (client_handles.py).
+Redis; -> sharded_create.py; -> the job's handle (client_handles.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import errors, sharded
+from . import errors, sharded_create
 from .client_conn import Connection
 from .client_handles import Handles
 from .config import encode_tasks, validate_config
@@ -37,7 +37,7 @@ class Lifecycle:
     Args:
         conn: the connection part (keys, ``run``, the memory-policy check).
         handles: the handles part: a job's handle, and the whole client as the engine
-            modules see it (``sharded.create`` creates each shard through it).
+            modules see it (``sharded_create.create`` creates each shard through it).
     """
 
     def __init__(self, conn: Connection, handles: Handles) -> None:
@@ -92,7 +92,7 @@ class Lifecycle:
                 means its samples twice in the pass.
             backup_factor: that k (> 1).
             shards: S > 1 spreads the job over S shards on different cluster masters,
-                one pass for all (``sharded.create``; it returns a ``ShardedStatus``).
+                one pass for all (``sharded_create.create``; it returns a ``ShardedStatus``).
 
         Returns:
             The new job's status.
@@ -118,7 +118,7 @@ class Lifecycle:
             manual_clock=manual_clock,
         )
         if shards != 1:
-            return sharded.create(  # type: ignore[return-value]
+            return sharded_create.create(  # type: ignore[return-value]
                 self._handles.client,
                 name,
                 chunks,
