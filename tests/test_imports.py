@@ -138,10 +138,12 @@ def test_no_module_is_on_an_import_cycle() -> None:
     [
         "taskq.caller",
         "taskq.stats",
+        "taskq.stats_tasks",
         "taskq.barrier",
         "taskq.checkpoints",
         "taskq.shardset",
         "taskq.sharded",
+        "taskq.sharded_create",
         "taskq.sharded_admin",
         "taskq.sharded_job",
         "taskq.jobs",
