@@ -9,8 +9,8 @@ its lateness in the job's ``hist`` hash. The server judges everything, including
 silence rule, so several reapers may run at once: a short per-job lock keeps them from
 stampeding and the scripts' atomicity keeps any lease from being re-dispatched twice.
 
-Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> the client (a ``caller.Admin``) -> scripts.py
-(lua) -> Redis <- trainer.py.
+Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> the client (a
+``caller.Admin``) -> scripts.py (lua) -> Redis <- trainer.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ else a shard whose status shows work left; and, when nothing is leasable, an idl
 shard has finished the pass, else wait on home). See docs/sharding.md, "Trainers".
 
 Data flow: sharded_trainer.py -> sharded_take.py -> trainer.py (one per shard) -> Redis;
--> sharded.py (the barrier step), shardset.py (status reads), jobs.py (reaps).
+-> sharded.py (the barrier step), client.py (status reads, reaps).
 """
 
 from __future__ import annotations
