@@ -130,7 +130,7 @@ def run(url: str | None, prefix: str | None) -> bool:
     Raises:
         TaskqError: the job did not complete in time.
     """
-    from .demo import local_redis
+    from .demo_fleet import local_redis
 
     out = console()
     began = time.monotonic()

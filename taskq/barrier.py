@@ -16,13 +16,10 @@ import contextlib
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
+from .caller import Caller
 from .connection import translate
 from .keys import barrier_key
-
-if TYPE_CHECKING:
-    from .client import Client
 
 #: How long an operator's ``next_pass`` waits for a checkpoint's cut to let go of the lock.
 ADMIN_WAIT_S = 10.0
@@ -34,7 +31,7 @@ STEP_LOCK_MS = 2000
 
 @contextlib.contextmanager
 def barrier_lock(
-    client: Client, name: str, holder: str, ttl_ms: int, wait_s: float = 0.0
+    client: Caller, name: str, holder: str, ttl_ms: int, wait_s: float = 0.0
 ) -> Iterator[Callable[[], bool] | None]:
     """Hold sharded job ``name``'s barrier lock (``keys.barrier_key``) for the block.
 

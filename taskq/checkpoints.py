@@ -29,7 +29,7 @@ from .keys import valid_job_name
 from .scripts import Code
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .caller import Caller as Client  # the client as its modules below see it
 
 DEFAULT_KEEP = 20
 

@@ -1,41 +1,66 @@
-"""A ``Client``'s connection and reads: keys, the one script call, status, tasks, events.
+"""The connection part of ``Client``: Redis, the key prefix, the function library, the keys.
 
-``ClientConnection`` is the base of ``Client`` (client.py): the job keys, ``run`` (one
-Lua script call with its errors raised), the Redis checks (``ping``, the
-``maxmemory-policy``), ``job(name)`` (the job's handle, jobs.py: plain or sharded is
-decided there) and the reads by job name (status, task pages, workers, events, audit),
-each through the handle. The writes are built on it: creating and ending jobs
-(client_jobs.py), passes, tasks and checkpoints (client_ops.py).
+``Connection`` owns what every other part calls through: the redis-py client (built from
+a URL, or given), the URL (for messages), the key prefix, the function library on that
+connection (scripts.py), the job keys (one ``JobKeys`` per job, kept), and ``run`` (one
+Lua script call with its errors raised); the Redis checks (``ping``, the
+``maxmemory-policy``) and the job index (``list_jobs``, ``repair_index``). It knows no
+job handle: the reads (client_reads.py), the job's life (client_jobs.py) and the running
+job's verbs (client_ops.py) are the other parts, composed by ``Client`` (client.py).
 
-Data flow: client.py / client_jobs.py / client_ops.py -> client_conn.py -> scripts.py ->
-Redis; reads -> stats.py.
+Data flow: client.py (and every part through it) -> client_conn.py -> scripts.py ->
+Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import redis
 
 from . import errors, stats
 from .config import check_memory_policy
-from .connection import translate
-from .jobs import Job, iter_tasks
-from .keys import JobKeys, jobs_index, shard_sets_index, valid_job_name
-from .models import JobStatus
-from .scripts import PAGE_MAX, Code, Scripts, raise_for
+from .connection import check_given_client, make_redis, translate
+from .keys import (
+    JobKeys,
+    job_from_meta_key,
+    jobs_index,
+    meta_pattern,
+    prefix,
+    shard_sets_index,
+    valid_job_name,
+)
+from .scripts import Code, Scripts, raise_for
 
 
-class ClientConnection:
-    """The connection and reading part of ``Client`` (built by ``Client.__init__``)."""
+class Connection:
+    """The connection part of ``Client`` (its arguments are ``Client``'s)."""
 
-    redis: Any
-    url: str
-    prefix: str
-    scripts: Scripts
-    allow_eviction: bool
-    _keys: dict[str, JobKeys]
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        redis_client: Any = None,
+        key_prefix: str | None = None,
+        cluster: bool | None = None,
+        retries: int = 6,
+        socket_timeout: float = 10.0,
+        allow_eviction: bool = False,
+    ) -> None:
+        self.allow_eviction = allow_eviction
+        self.redis: Any
+        if redis_client is not None:
+            check_given_client(redis_client)
+            self.redis = redis_client
+            self.url = "<given client>"
+        else:
+            self.redis, self.url = make_redis(
+                url, retries=retries, socket_timeout=socket_timeout, cluster=cluster
+            )
+        self.prefix = key_prefix or prefix()
+        self.scripts = Scripts(self.redis)
+        self._keys: dict[str, JobKeys] = {}
 
     # -- plumbing -----------------------------------------------------------------
     def keys(self, job: str) -> JobKeys:
@@ -96,7 +121,7 @@ class ClientConnection:
             ConnectionLost: Redis is unreachable.
         """
         with translate(self.url):
-            return stats.memory_policy(self)
+            return stats.memory_policy(self.redis)
 
     def check_memory_policy(self) -> None:
         """Refuse a Redis that may evict taskq's keys (unless ``allow_eviction``).
@@ -107,20 +132,7 @@ class ClientConnection:
         if not self.allow_eviction:
             check_memory_policy(self.memory_policy(), self.url)
 
-    def job(self, name: str) -> Job:
-        """The handle of job ``name`` (defined by ``Client``, client.py)."""
-        raise NotImplementedError  # pragma: no cover - Client's
-
-    # -- reading ------------------------------------------------------------------
-    def status(self, name: str, summaries: int = 20) -> JobStatus:
-        """A snapshot of ``name`` (O(1) in its number of tasks; a sharded job: the sums,
-        each shard's status in ``.shards``).
-
-        Raises:
-            JobNotFound: no such job.
-        """
-        return self.job(name).status(summaries)
-
+    # -- the job index --------------------------------------------------------------
     def list_jobs(self, sharded: bool = False) -> list[str]:
         """Names of the jobs in the index, sorted (a sharded job's shards are jobs there).
 
@@ -133,77 +145,19 @@ class ClientConnection:
                 names |= set(self.redis.smembers(shard_sets_index(self.prefix)))
         return sorted(names)
 
-    def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
-        """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,
-        failures, attempts, last error, and its latest ``history`` events (a sharded
-        job: ``task_id`` is the task's id in the whole job).
-
-        Raises:
-            InvalidInput: no such task. JobNotFound, CorruptData.
-        """
-        return self.job(name).task(task_id, history)
-
-    def tasks_page(
-        self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
-    ) -> tuple[list[dict[str, Any]], str]:
-        """One page of the tasks of the current pass in ``state`` (one bounded call).
-
-        Args:
-            name: the job.
-            state: todo | leased | done | dead.
-            cursor: "0" for the first page, then the cursor the last page returned.
-            count: the most rows of this page, 1..``PAGE_MAX`` (a page may hold fewer and
-                still not be the last one, as SCAN's do).
-
-        Returns:
-            (rows, next cursor); the listing is complete when the cursor is "0".
-
-        Raises:
-            InvalidInput: a bad state, cursor or count. JobNotFound.
-        """
-        return self.job(name).tasks_page(state, cursor, count)
-
-    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
-        """Every task of the current pass in ``state``, page by page (each page one
-        bounded call; a task changing state meanwhile may be listed twice or missed)."""
-        return iter_tasks(self.job(name), state)
-
-    def tasks(
-        self, name: str, state: str = "leased", limit: int = 100, details: bool = False
-    ) -> list[dict[str, Any]]:
-        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
-        read page by page (no call lists more than ``PAGE_MAX``).
-
-        Args:
-            details: add each task's ``chunks`` and ``last_error`` (from the newest
-                events; bounded).
-        """
-        return self.job(name).tasks(state, limit, details)
-
-    def workers(self, name: str) -> list[dict[str, Any]]:
-        """The registered workers of ``name`` with their lease counts (a sharded job:
-        every shard's, each row naming its ``shard``)."""
-        return self.job(name).workers()
-
-    def events(
-        self, name: str, since: str = "-", count: int = 100, block_ms: int | None = None
-    ) -> list[tuple[str, dict[str, str]]]:
-        """Events after ``since`` ("-" for the oldest kept), oldest first."""
-        return self.job(name).events(since, count, block_ms)
-
-    def latest_events(
-        self, name: str, kind: str, limit: int, scan: int = 1000
-    ) -> list[dict[str, str]]:
-        """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
-        oldest first (bounded)."""
-        return self.job(name).latest_events(kind, limit, scan)
-
-    def first_lease_ms(self, name: str) -> int | None:
-        """When pass 0's first lease was granted (server ms), if still in the events."""
-        return self.job(name).first_lease_ms()
-
-    def audit(self, name: str) -> dict[str, Any]:
-        """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
-        check that the counters agree with the sets they count (a sharded job: every
-        shard's, and whether the shards agree)."""
-        return self.job(name).audit()
+    def repair_index(self) -> tuple[list[str], list[str]]:
+        """Rebuild the job index from the jobs' meta keys (after an interrupted create
+        or delete). Returns (added, removed)."""
+        with translate(self.url):
+            found = set()
+            for key in self.redis.scan_iter(match=meta_pattern(self.prefix), count=1000):
+                job = job_from_meta_key(key, self.prefix)
+                if job:
+                    found.add(job)
+            listed = set(self.redis.smembers(jobs_index(self.prefix)))
+            added, removed = sorted(found - listed), sorted(listed - found)
+            if added:
+                self.redis.sadd(jobs_index(self.prefix), *added)
+            if removed:
+                self.redis.srem(jobs_index(self.prefix), *removed)
+        return added, removed

@@ -1,13 +1,14 @@
-"""Creating and ending jobs: create (staged, then flipped live), delete, cancel, pause,
-resume, and the job index's repair.
+"""The lifecycle part of ``Client``: create (staged, then flipped live), delete, cancel,
+pause and resume.
 
-``ClientJobs`` is the part of ``Client`` (client.py) that writes a job's life: every
-setting is checked before the first write (config.py), the chunks are staged in pipelined
-batches and made live by one ``create`` script call (``shards=S``: sharded.py). Delete,
-cancel, pause and resume are the job handle's verbs (jobs.py), plain or sharded.
+``Lifecycle`` writes a job's life: every setting is checked before the first write
+(config.py), the chunks are staged in pipelined batches and made live by one ``create``
+script call (``shards=S``: sharded_create.py, which creates each shard back through
+the client). Delete, cancel, pause and resume are the job handle's verbs (jobs.py,
+sharded_job.py), plain or sharded. It owns no state: the connection part's, the handles'.
 
-Data flow: CLI / user code -> client.py -> client_jobs.py -> scripts.py -> Redis;
--> jobs.py (the job's handle).
+Data flow: client.py -> client_jobs.py -> client_conn.py (``run``) -> scripts.py ->
+Redis; -> sharded_create.py; -> the job's handle (client_handles.py).
 """
 
 from __future__ import annotations
@@ -15,27 +16,34 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-from . import errors
-from .client_conn import ClientConnection
+from . import errors, sharded_create
+from .client_conn import Connection
+from .client_handles import Handles
 from .config import encode_tasks, validate_config
 from .connection import translate
 from .keys import MetaField as F
-from .keys import job_from_meta_key, jobs_index, meta_pattern
+from .keys import jobs_index
 from .models import JobConfig, JobStatus
-
-if TYPE_CHECKING:
-    # the modules called here take a Client: these methods only run as part of one
-    from .client import Client
-
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 
 
-class ClientJobs(ClientConnection):
-    """The job-lifecycle part of ``Client``."""
+class Lifecycle:
+    """The job-lifecycle part of ``Client``.
+
+    Args:
+        conn: the connection part (keys, ``run``, the memory-policy check).
+        handles: the handles part: a job's handle, and the whole client as the engine
+            modules see it (``sharded_create.create`` creates each shard through it).
+    """
+
+    def __init__(self, conn: Connection, handles: Handles) -> None:
+        self._conn = conn
+        self._handles = handles
+        self._open = handles.job
 
     # -- jobs ---------------------------------------------------------------------
     def create_job(
@@ -84,7 +92,7 @@ class ClientJobs(ClientConnection):
                 means its samples twice in the pass.
             backup_factor: that k (> 1).
             shards: S > 1 spreads the job over S shards on different cluster masters,
-                one pass for all (``sharded.create``; it returns a ``ShardedStatus``).
+                one pass for all (``sharded_create.create``; it returns a ``ShardedStatus``).
 
         Returns:
             The new job's status.
@@ -110,10 +118,8 @@ class ClientJobs(ClientConnection):
             manual_clock=manual_clock,
         )
         if shards != 1:
-            from . import sharded
-
-            return sharded.create(  # type: ignore[return-value]
-                cast("Client", self),
+            return sharded_create.create(  # type: ignore[return-value]
+                self._handles.client,
                 name,
                 chunks,
                 shards,
@@ -122,7 +128,8 @@ class ClientJobs(ClientConnection):
                 backup_leases=backup_leases,
                 backup_factor=backup_factor,
             )
-        keys = self.keys(name)
+        conn = self._conn
+        keys = conn.keys(name)
         validate_config(cfg)
         if (
             not isinstance(backup_factor, (int, float))
@@ -132,22 +139,22 @@ class ClientJobs(ClientConnection):
         ):
             raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
         tasks, nchunks = encode_tasks(chunks, chunks_per_task)
-        self.check_memory_policy()
-        if self.job(name).sharded:  # no plain job beside a sharded one of that name
+        conn.check_memory_policy()
+        if self._open(name).sharded:  # no plain job beside a sharded one of that name
             raise errors.JobExists(
                 f"job {name!r} exists as a sharded job (replace it with shards >= 2, or "
                 f"delete it first)"
             )
-        with translate(self.url):
-            if not replace and self.redis.exists(keys.meta):
+        with translate(conn.url):
+            if not replace and conn.redis.exists(keys.meta):
                 raise errors.JobExists(f"job {name!r} exists")
         incarnation = secrets.token_hex(8)
         staging = keys.staging_chunks(incarnation)
         try:
-            with translate(self.url):
+            with translate(conn.url):
                 for start in range(0, len(tasks), STAGING_BATCH):
                     batch = tasks[start : start + STAGING_BATCH]
-                    pipe = self.redis.pipeline(transaction=False)
+                    pipe = conn.redis.pipeline(transaction=False)
                     pipe.hset(staging, mapping={str(start + i): t for i, t in enumerate(batch)})
                     pipe.expire(staging, STAGING_TTL_S)
                     pipe.execute()
@@ -197,31 +204,14 @@ class ClientJobs(ClientConnection):
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():
                 args += [k, v]
-            self.run(name, "create", args, extra_keys=[staging])
+            conn.run(name, "create", args, extra_keys=[staging])
         except BaseException:
-            with translate(self.url):
-                self.redis.unlink(staging)
+            with translate(conn.url):
+                conn.redis.unlink(staging)
             raise
-        with translate(self.url):
-            self.redis.sadd(jobs_index(self.prefix), name)
-        return self.status(name)
-
-    def repair_index(self) -> tuple[list[str], list[str]]:
-        """Rebuild the job index from the jobs' meta keys (after an interrupted create
-        or delete). Returns (added, removed)."""
-        with translate(self.url):
-            found = set()
-            for key in self.redis.scan_iter(match=meta_pattern(self.prefix), count=1000):
-                job = job_from_meta_key(key, self.prefix)
-                if job:
-                    found.add(job)
-            listed = set(self.redis.smembers(jobs_index(self.prefix)))
-            added, removed = sorted(found - listed), sorted(listed - found)
-            if added:
-                self.redis.sadd(jobs_index(self.prefix), *added)
-            if removed:
-                self.redis.srem(jobs_index(self.prefix), *removed)
-        return added, removed
+        with translate(conn.url):
+            conn.redis.sadd(jobs_index(conn.prefix), name)
+        return self._open(name).status()
 
     def delete_job(self, name: str) -> None:
         """Delete every key of ``name`` (a sharded job: every shard and its record); its
@@ -230,7 +220,7 @@ class ClientJobs(ClientConnection):
         Raises:
             JobNotFound: no such job.
         """
-        self.job(name).delete()
+        self._open(name).delete()
 
     def cancel_job(self, name: str) -> None:
         """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
@@ -239,7 +229,7 @@ class ClientJobs(ClientConnection):
         Raises:
             JobNotFound, JobCompleted.
         """
-        self.job(name).cancel()
+        self._open(name).cancel()
 
     def pause_job(self, name: str) -> None:
         """Pause ``name``: trainers get no new leases (they wait, without polling, as in
@@ -249,7 +239,7 @@ class ClientJobs(ClientConnection):
         Raises:
             JobNotFound, JobCompleted, JobCancelled.
         """
-        self.job(name).pause()
+        self._open(name).pause()
 
     def resume_job(self, name: str) -> None:
         """End a pause: every waiting trainer is woken to lease again. Idempotent. A
@@ -258,4 +248,4 @@ class ClientJobs(ClientConnection):
         Raises:
             JobNotFound.
         """
-        self.job(name).resume()
+        self._open(name).resume()

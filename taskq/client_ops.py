@@ -1,25 +1,34 @@
-"""Operating a running job: passes, retries, revokes, drains, checkpoints, the clock, reaping.
+"""The operations part of ``Client``: passes, retries, revokes, drains, checkpoints, the
+clock, reaping.
 
-``ClientOps`` is the part of ``Client`` (client.py) that moves a live job: ``next_pass``
-and ``reset_pass`` (compare-and-set on the pass), ``retry`` of dead tasks, ``revoke`` and
-``drain``, the checkpoint verbs, the manual clock of tests and one ``reap`` step. Each is
-the job handle's verb (jobs.py: plain, or sharded over every shard).
+``Operations`` moves a live job: ``next_pass`` and ``reset_pass`` (compare-and-set on the
+pass), ``retry`` of dead tasks, ``revoke`` and ``drain``, the checkpoint verbs, the manual
+clock of tests and one ``reap`` step. It holds the handle opener (``Client.job``) and
+nothing else: each verb is the job handle's (jobs.py: plain, or sharded_job.py over every
+shard).
 
-Data flow: CLI / user code -> client.py -> client_ops.py -> jobs.py (the job's handle)
--> scripts.py (checkpoints.py) -> Redis.
+Data flow: client.py -> client_ops.py -> the job's handle (jobs.py / sharded_job.py) ->
+scripts.py, checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import checkpoints
-from .client_jobs import ClientJobs
+from .caller import Job
 
 
-class ClientOps(ClientJobs):
-    """The running-job part of ``Client``."""
+class Operations:
+    """The running-job part of ``Client``.
+
+    Args:
+        open_job: the handle of a job by name (``Client.job``).
+    """
+
+    def __init__(self, open_job: Callable[[str], Job]) -> None:
+        self._open = open_job
 
     # -- passes -------------------------------------------------------------------
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
@@ -38,7 +47,7 @@ class ClientOps(ClientJobs):
             the current pass (the message says which is, and whether it moved on or was
             never reached). JobCompleted, JobCancelled, JobNotFound.
         """
-        return self.job(name).next(expected_pass, force)
+        return self._open(name).next(expected_pass, force)
 
     def reset_pass(self, name: str, expected_pass: int | None = None) -> int:
         """Restart the current pass (a new attempt; its leases become stale).
@@ -49,7 +58,7 @@ class ClientOps(ClientJobs):
         Raises:
             PassMismatch: ``expected_pass`` is not the current pass. JobNotFound, ...
         """
-        return self.job(name).reset(expected_pass)
+        return self._open(name).reset(expected_pass)
 
     # -- tasks and workers --------------------------------------------------------
     def retry(self, name: str, task_ids: Sequence[int] | None = None) -> int:
@@ -66,7 +75,7 @@ class ClientOps(ClientJobs):
             InvalidInput: a task id that does not exist, or a task that is not dead
                 (nothing retried). JobNotFound.
         """
-        return self.job(name).retry(task_ids)
+        return self._open(name).retry(task_ids)
 
     def revoke(self, name: str, task_id: int) -> bool:
         """Send one task's lease back to the front (nothing counted).
@@ -77,11 +86,11 @@ class ClientOps(ClientJobs):
         Raises:
             InvalidInput: no such task. JobNotFound.
         """
-        return self.job(name).revoke(task_id)
+        return self._open(name).revoke(task_id)
 
     def drain(self, name: str, worker_id: str) -> None:
         """Ask a worker to finish its current task and leave."""
-        self.job(name).drain(worker_id)
+        self._open(name).drain(worker_id)
 
     # -- checkpoints (taskq/checkpoints.py) ----------------------------------------
     def checkpoint(
@@ -100,7 +109,7 @@ class ClientOps(ClientJobs):
         Raises:
             InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
         """
-        return self.job(name).checkpoint(keep, ckpt)
+        return self._open(name).checkpoint(keep, ckpt)
 
     def checkpoints(self, name: str) -> list[dict[str, Any]]:
         """The job's sealed checkpoints, oldest first.
@@ -108,7 +117,7 @@ class ClientOps(ClientJobs):
         Raises:
             JobNotFound.
         """
-        return self.job(name).checkpoints()
+        return self._open(name).checkpoints()
 
     def rewind(
         self, name: str, ckpt: str | dict[str, Any], once: bool = False, key: str = ""
@@ -129,7 +138,7 @@ class ClientOps(ClientJobs):
         Raises:
             InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
         """
-        return self.job(name).rewind(ckpt, once, key)
+        return self._open(name).rewind(ckpt, once, key)
 
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
         """Tests only: move a manual-clock job's clock by ``ms``.
@@ -137,7 +146,7 @@ class ClientOps(ClientJobs):
         Args:
             silent: the advance is not traffic (so the silence rule may apply).
         """
-        return self.job(name).advance_clock(ms, silent)
+        return self._open(name).advance_clock(ms, silent)
 
     def reap(
         self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
@@ -145,4 +154,4 @@ class ClientOps(ClientJobs):
         """Reclaim expired leases of ``name`` once: at most ``min(budget, MAX_RECLAIM)``
         (one call stays short whatever the budget). Returns (reclaimed, more_left,
         locked_by_another_reaper)."""
-        return self.job(name).reap(budget, lock_ms, owner)
+        return self._open(name).reap(budget, lock_ms, owner)

@@ -37,7 +37,7 @@ from .models import STATES, JobStatus
 from .stats import LEASE_AGE_BOUNDS_S
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .caller import Admin
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class TaskqCollector:
         jobs: the job names to export; every job in the index when None.
     """
 
-    def __init__(self, client: Client, jobs: Sequence[str] | None = None) -> None:
+    def __init__(self, client: Admin, jobs: Sequence[str] | None = None) -> None:
         self.client = client
         self.jobs = list(jobs) if jobs else None
         self._errors = 0
@@ -361,7 +361,7 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
 
 
 def start(
-    client: Client,
+    client: Admin,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
@@ -387,7 +387,7 @@ def start(
 
 
 def serve(
-    client: Client,
+    client: Admin,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,

@@ -1,110 +1,37 @@
-"""One job surface: a handle per job whose verbs work the same for plain and sharded jobs.
+"""One job surface: the handle of one plain job, and what both kinds of handle share.
 
-``Client.job(name)`` (``open_job``) is the one place that decides whether ``name`` is a
-plain job or a sharded one (a shard-set record of that name exists); every ``Client``
-method and CLI command goes through the handle it returns. ``PlainJob`` is one job of
-the engine (one hash slot, one script call per state change); ``ShardedJob``
-(sharded_job.py) composes one ``PlainJob`` per shard behind the same verbs, as redis-py
-keeps ``Redis`` and ``RedisCluster`` as two implementations of one command surface.
+``PlainJob`` is one job of the engine (one hash slot, one script call per state change);
+``ShardedJob`` (sharded_job.py) composes one ``PlainJob`` per shard behind the same verbs
+(``caller.Job``), as redis-py keeps ``Redis`` and ``RedisCluster`` as two
+implementations of one command surface. Which of the two ``Client.job(name)`` returns is
+decided in one place: client_handles.py. Every ``Client`` method and CLI command taking a
+job name goes through the handle. A handle calls through a ``caller.Caller`` (the
+client, seen from below: no import of client.py).
 
-Data flow: client.py / cli -> jobs.py (the dispatch; ``PlainJob``) -> scripts.py (one
-call per verb), stats.py (reads), checkpoints.py -> Redis; sharded_job.py -> jobs.py.
+Data flow: client_handles.py / sharded*.py -> jobs.py (``PlainJob``) -> scripts.py (one
+call per verb), stats.py (reads), checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from . import checkpoints, errors, shardset, stats
+from . import checkpoints, errors, stats
+from .caller import Caller
+from .caller import CheckpointRef as CheckpointRef
+from .caller import Job as Job
 from .connection import translate
 from .keys import jobs_index, valid_job_name
 from .models import JobStatus
 from .scripts import MAX_RETRY, PAGE_MAX, Code
-
-if TYPE_CHECKING:
-    from .client import Client
-
-#: What ``rewind`` takes: a checkpoint's id, or the record ``checkpoint`` returned.
-CheckpointRef = str | dict[str, Any]
-
-
-class Job(Protocol):
-    """The verbs of one job, plain or sharded (``Client.job(name)``).
-
-    Task ids are the job's own: a sharded job's global ids (task ``i`` of the whole job).
-    """
-
-    client: Client
-    name: str
-
-    @property
-    def sharded(self) -> bool:
-        """True for a job spread over shards."""
-        ...
-
-    def parts(self) -> list[str]:
-        """The engine jobs it is made of: itself for a plain job, its shards for a
-        sharded one (what a per-job ACL rule must cover)."""
-        ...
-
-    def status(self, summaries: int = 20) -> JobStatus: ...
-    def audit(self) -> dict[str, Any]: ...
-    def task(self, task_id: int, history: int = 20) -> dict[str, Any]: ...
-    def tasks_page(
-        self, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
-    ) -> tuple[list[dict[str, Any]], str]: ...
-    def tasks(
-        self, state: str = "leased", limit: int = 100, details: bool = False
-    ) -> list[dict[str, Any]]: ...
-    def retry(self, task_ids: Sequence[int] | None = None) -> int: ...
-    def revoke(self, task_id: int) -> bool: ...
-    def next(self, expected_pass: int | None = None, force: bool = False) -> int: ...
-    def reset(self, expected_pass: int | None = None) -> int: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def cancel(self) -> None: ...
-    def delete(self) -> None: ...
-    def replace(self, chunks: Iterable[Any], **settings: Any) -> JobStatus: ...
-    def checkpoint(
-        self, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
-    ) -> dict[str, Any]: ...
-    def checkpoints(self) -> list[dict[str, Any]]: ...
-    def rewind(self, ckpt: CheckpointRef, once: bool = False, key: str = "") -> bool: ...
-    def events(
-        self, since: str = "-", count: int = 100, block_ms: int | None = None
-    ) -> list[tuple[str, dict[str, str]]]: ...
-    def latest_events(self, kind: str, limit: int, scan: int = 1000) -> list[dict[str, str]]: ...
-    def first_lease_ms(self) -> int | None: ...
-    def workers(self) -> list[dict[str, Any]]: ...
-    def drain(self, worker_id: str) -> None: ...
-    def reap(
-        self, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
-    ) -> tuple[int, bool, bool]: ...
-    def advance_clock(self, ms: int, silent: bool = False) -> int: ...
 
 
 def check_name(name: str) -> None:
     """Refuse a bad job name (one readable line)."""
     if not isinstance(name, str) or not valid_job_name(name):
         raise errors.InvalidInput(f"bad job name {_short(name)}: use 1-64 of A-Z a-z 0-9 . _ -")
-
-
-def open_job(client: Client, name: str) -> Job:
-    """The handle of ``name``: the one place plain and sharded jobs are told apart.
-
-    Raises:
-        InvalidInput: a bad name. ConnectionLost. CorruptData: an unreadable shard-set
-        record.
-    """
-    check_name(name)
-    sset = shardset.load(client, name)
-    if sset is None:
-        return PlainJob(client, name)
-    from .sharded_job import ShardedJob  # composes PlainJobs: imports this module
-
-    return ShardedJob(client, sset)
 
 
 def _short(value: Any, width: int = 40) -> str:
@@ -159,7 +86,7 @@ class PlainJob:
 
     sharded = False
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: Caller, name: str) -> None:
         self.client = client
         self.name = name
         self.keys = client.keys(name)

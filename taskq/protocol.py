@@ -11,7 +11,8 @@ carries the worker incarnation's lease secret as its last argument (before the o
 connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
 "Lease secrets"). It is never logged, nor put in an error.
 
-Data flow: trainer.py / heartbeat.py -> protocol.py -> client.py / scripts.py -> Redis.
+Data flow: trainer.py / heartbeat.py -> protocol.py -> the client's ``run`` (a
+``caller.Caller``) / scripts.py -> Redis.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import errors
-from .client import Client
+from .caller import Caller
 from .connection import name_connection, trainer_conn_name, translate
 from .integrity import decode_chunks
 from .models import Task
@@ -189,7 +190,7 @@ class Wire:
         job: the job name.
     """
 
-    def __init__(self, client: Client, job: str) -> None:
+    def __init__(self, client: Caller, job: str) -> None:
         self.client = client
         self.job = job
         self.keys = client.keys(job)

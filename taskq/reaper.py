@@ -9,8 +9,8 @@ its lateness in the job's ``hist`` hash. The server judges everything, including
 silence rule, so several reapers may run at once: a short per-job lock keeps them from
 stampeding and the scripts' atomicity keeps any lease from being re-dispatched twice.
 
-Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> client.py -> scripts.py
-(lua) -> Redis <- trainer.py.
+Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> the client (a
+``caller.Admin``) -> scripts.py (lua) -> Redis <- trainer.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import redis
 from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
 from . import errors, sharded
-from .client import Client
+from .caller import Admin
 from .connwatch import ConnWatch
 
 log = logging.getLogger("taskq.reaper")
@@ -84,7 +84,7 @@ class Reaper:
 
     def __init__(
         self,
-        client: Client,
+        client: Admin,
         jobs: list[str] | None = None,
         interval: float = 0.5,
         give_up_after: float | None = None,

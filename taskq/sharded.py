@@ -15,38 +15,26 @@ step died half-way) is advanced first, whoever runs the next step: a trainer tha
 its pass done everywhere (``sharded_trainer.py``), the reaper, or ``taskq pass next``.
 See docs/sharding.md.
 
-The record and the read side (status, audit) are ``shardset.py``'s, re-exported here.
+The record and the read side (status, audit) are ``shardset.py``'s, creating one
+(``create``, ``place``) ``sharded_create.py``'s, each re-exported here.
 
-Data flow: client.py (``create_job(shards=S)``) / cli -> sharded.py -> client.py ->
-Redis; sharded_trainer.py -> sharded.py (``advance``, ``load``).
+Data flow: sharded_job.py / sharded_take.py / reaper.py -> sharded.py (the barrier step,
+passes, cancel, retry, delete) -> jobs.py (one ``PlainJob`` per shard) -> Redis;
+sharded_trainer.py -> sharded.py (``advance``, ``load``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import secrets
-import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
-
-from redis.cluster import RedisCluster
-from redis.crc import key_slot
+from collections.abc import Sequence
 
 from . import errors
 from .barrier import ADMIN_WAIT_S, STEP_LOCK_MS, barrier_lock
-from .config import encode_tasks, validate_config
+from .caller import Caller
 from .connection import translate
 from .jobs import PlainJob
-from .keys import (
-    MAX_SHARDED_NAME,
-    JobKeys,
-    shard_name,
-    shard_set_key,
-    shard_sets_index,
-    valid_job_name,
-)
-from .models import JobConfig, JobStatus
+from .keys import shard_set_key, shard_sets_index
+from .models import JobStatus
+from .sharded_create import create, place
 from .shardset import (
     ShardedStatus,
     ShardSet,
@@ -58,9 +46,6 @@ from .shardset import (
     shard_status,
     status,
 )
-
-if TYPE_CHECKING:
-    from .client import Client
 
 __all__ = [
     "ShardSet",
@@ -85,129 +70,6 @@ __all__ = [
     "step",
 ]
 
-#: Hash tags tried per shard to reach the wanted master (1/M of them do; M masters).
-PLACEMENT_TRIES = 1000
-
-
-def place(client: Client, name: str, shards: int) -> list[str]:
-    """Shard names for ``name`` whose slots fall on different masters, round robin.
-
-    On a cluster each shard ``k`` tries hash tags ``NAME.s<k>``, ``NAME.s<k>.1``, ...
-    (the shard's job name is its tag) until the slot (CRC16, as ``CLUSTER KEYSLOT``) is
-    served by master ``k mod M`` of the client's slot map (``CLUSTER SLOTS``), starting
-    at a master picked by the name so that small sharded jobs do not all start on the
-    same one. Re-sharding the cluster later moves slots, not jobs.
-
-    Returns:
-        The S names (``NAME.s<k>`` on a single Redis).
-    """
-    redis_client = client.redis
-    if not isinstance(redis_client, RedisCluster) or shards == 1:
-        return [shard_name(name, k) for k in range(shards)]
-    with translate(client.url):
-        masters = sorted(node.name for node in redis_client.get_primaries())
-        first = key_slot(name.encode()) % len(masters)
-        out = []
-        for k in range(shards):
-            want = masters[(first + k) % len(masters)]
-            for attempt in range(PLACEMENT_TRIES):
-                candidate = shard_name(name, k, attempt)
-                meta = JobKeys(candidate, client.prefix).meta
-                if redis_client.get_node_from_key(meta).name == want:
-                    break
-            out.append(candidate)
-    return out
-
-
-def create(
-    client: Client,
-    name: str,
-    chunks: Iterable[Any],
-    shards: int,
-    cfg: JobConfig,
-    replace: bool = False,
-    **backups: Any,
-) -> ShardedStatus:
-    """Create (or replace) sharded job ``name`` (``Client.create_job(shards=S)``).
-
-    Args:
-        name: ``[A-Za-z0-9._-]``, at most ``MAX_SHARDED_NAME`` characters.
-        chunks, replace, backups: as ``Client.create_job`` (``backup_leases``,
-            ``backup_factor``).
-        shards: S >= 2; at most the number of tasks.
-        cfg: the job's configuration, each shard's too, except ``auto_advance``: the
-            barrier step starts the next pass by itself when it is set (else it waits
-            for ``next_pass``, for every shard at once); the shards themselves wait.
-
-    Returns:
-        The new job's status.
-
-    Raises:
-        InvalidInput: a bad name, shard count, config or chunks (nothing written).
-        JobExists: a job or sharded job of that name exists and ``replace`` is false.
-        ConnectionLost: Redis is unreachable.
-    """
-    if not valid_job_name(name) or len(name) > MAX_SHARDED_NAME:
-        raise errors.InvalidInput(
-            f"bad sharded job name {name!r}: use 1-{MAX_SHARDED_NAME} of A-Z a-z 0-9 . _ -"
-        )
-    validate_config(cfg)
-    chunks_per_task, passes = cfg.chunks_per_task, cfg.passes
-    chunk_list = list(chunks)
-    tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
-    if not 2 <= shards <= len(tasks):
-        raise errors.InvalidInput(f"shards must be 2..{len(tasks)} (the tasks), got {shards}")
-    old = load(client, name)
-    with translate(client.url):
-        plain = client.redis.exists(client.keys(name).meta)
-    if plain:
-        raise errors.JobExists(f"job {name!r} exists as a job of one shard")
-    if old is not None and not replace:
-        raise errors.JobExists(f"sharded job {name!r} exists")
-    names = place(client, name, shards)
-    with translate(client.url):
-        taken = [
-            s
-            for s in names
-            if (old is None or s not in old.shards) and client.redis.exists(client.keys(s).meta)
-        ]
-    if taken:
-        raise errors.JobExists(f"job {taken[0]!r} exists: it would be a shard of {name!r}")
-    # global task i -> shard i % S: each shard's chunks regroup into the same tasks
-    per_shard: list[list[Any]] = [[] for _ in range(shards)]
-    for i in range(len(tasks)):
-        per_shard[i % shards].extend(chunk_list[i * chunks_per_task : (i + 1) * chunks_per_task])
-    record = {
-        "shards": json.dumps(names),
-        "tasks": len(tasks),
-        "passes": -1 if passes is None else passes,
-        "advance": int(cfg.auto_advance),
-        "inc": secrets.token_hex(8),
-        "created_ms": int(time.time() * 1000),
-    }
-    key = shard_set_key(name, client.prefix)
-    with translate(client.url):
-        # the record first: a create that dies half-way leaves a set that names its
-        # shards (status shows the missing ones; create --replace or delete cleans up)
-        client.redis.delete(key)
-        client.redis.hset(key, mapping=record)
-        client.redis.sadd(shard_sets_index(client.prefix), name)
-    for shard, shard_chunks in zip(names, per_shard, strict=True):
-        client.create_job(
-            shard,
-            shard_chunks,
-            **{**dataclasses.asdict(cfg), "auto_advance": False},
-            replace=replace,
-            **backups,
-        )
-    if old is not None:
-        for stale in set(old.shards) - set(names):
-            try:
-                PlainJob(client, stale).delete()
-            except errors.JobNotFound:
-                pass
-    return status(client, name)
-
 
 def _waiting(s: JobStatus) -> bool:
     return s.state == "waiting" and s.reason == "manual_advance"
@@ -225,7 +87,7 @@ def all_dead(s: JobStatus) -> bool:
     return s.state == "waiting" and s.reason == "all_dead"
 
 
-def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = False) -> None:
+def _advance_shard(client: Caller, s: JobStatus, expected: int, force: bool = False) -> None:
     """``next_pass`` on one shard; a shard that moved on already (a repeated step) or
     finished is success. A shard with no live task only moves with ``force`` (it skips
     nothing: no task of it is live, none is leased)."""
@@ -236,7 +98,7 @@ def _advance_shard(client: Client, s: JobStatus, expected: int, force: bool = Fa
 
 
 def advance(
-    client: Client,
+    client: Caller,
     name: str,
     manual: bool = False,
     sset: ShardSet | None = None,
@@ -273,7 +135,7 @@ def advance(
         return step(client, sset, manual)
 
 
-def step(client: Client, sset: ShardSet, manual: bool = False) -> int | None:
+def step(client: Caller, sset: ShardSet, manual: bool = False) -> int | None:
     """The barrier step's moves (``advance``), for a caller holding the barrier lock."""
     shards = [shard_status(client, s) for s in sset.shards]
     if any(s.state == "cancelled" for s in shards):
@@ -302,7 +164,7 @@ def step(client: Client, sset: ShardSet, manual: bool = False) -> int | None:
 
 
 def next_pass(
-    client: Client, name: str, expected_pass: int | None = None, force: bool = False
+    client: Caller, name: str, expected_pass: int | None = None, force: bool = False
 ) -> int:
     """Start the next pass of every shard (``taskq pass next`` on a sharded job).
 
@@ -327,7 +189,7 @@ def next_pass(
         return _next_pass(client, sset, expected_pass, force)
 
 
-def _next_pass(client: Client, sset: ShardSet, expected_pass: int | None, force: bool) -> int:
+def _next_pass(client: Caller, sset: ShardSet, expected_pass: int | None, force: bool) -> int:
     name = sset.name
     st = status(client, name, sset)
     if st.state == "completed":
@@ -362,14 +224,14 @@ def _next_pass(client: Client, sset: ShardSet, expected_pass: int | None, force:
     return moved
 
 
-def _cancel_shard(client: Client, shard: str) -> None:
+def _cancel_shard(client: Caller, shard: str) -> None:
     try:
         PlainJob(client, shard).cancel()
     except (errors.JobCancelled, errors.JobCompleted):
         pass
 
 
-def cancel(client: Client, name: str) -> None:
+def cancel(client: Caller, name: str) -> None:
     """Cancel every shard (idempotent per shard; the barrier step finishes a cancel that
     died half-way).
 
@@ -385,7 +247,7 @@ def cancel(client: Client, name: str) -> None:
             _cancel_shard(client, s.job)
 
 
-def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> int:
+def reset_pass(client: Caller, name: str, expected_pass: int | None = None) -> int:
     """Restart the current pass in every shard (its leases become stale).
 
     Raises:
@@ -405,7 +267,7 @@ def reset_pass(client: Client, name: str, expected_pass: int | None = None) -> i
     return st.pass_no
 
 
-def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> int:
+def retry(client: Caller, name: str, task_ids: Sequence[int] | None = None) -> int:
     """Retry dead tasks (global ids) in every shard; as ``Client.retry``."""
     sset = require(client, name)
     if not task_ids:
@@ -417,7 +279,7 @@ def retry(client: Client, name: str, task_ids: Sequence[int] | None = None) -> i
     return sum(PlainJob(client, shard).retry(ids) for shard, ids in by_shard.items())
 
 
-def delete(client: Client, name: str) -> None:
+def delete(client: Caller, name: str) -> None:
     """Delete every shard and the record (shards already gone are skipped).
 
     Raises:
@@ -434,7 +296,7 @@ def delete(client: Client, name: str) -> None:
         client.redis.srem(shard_sets_index(client.prefix), name)
 
 
-def advance_all(client: Client) -> dict[str, int]:
+def advance_all(client: Caller) -> dict[str, int]:
     """The barrier step for every sharded job in the index (for a reaper's tick): a job
     whose trainers all died at a pass boundary moves on without them.
 

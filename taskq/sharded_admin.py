@@ -24,16 +24,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import checkpoints, errors, sharded
+from .caller import Caller
 from .connection import translate
 from .jobs import PlainJob, checkpoint_id
 from .keys import shard_set_key
 from .shardset import ShardSet, require, shard_status
-
-if TYPE_CHECKING:
-    from .client import Client
 
 log = logging.getLogger("taskq.sharded")
 
@@ -41,7 +39,7 @@ log = logging.getLogger("taskq.sharded")
 CKPT_FIELD = "ckpt."
 
 
-def pause(client: Client, name: str) -> None:
+def pause(client: Caller, name: str) -> None:
     """Pause every unfinished shard (no new leases anywhere; held ones are kept).
 
     Raises:
@@ -50,7 +48,7 @@ def pause(client: Client, name: str) -> None:
     _each_live(client, require(client, name), lambda job: job.pause())
 
 
-def resume(client: Client, name: str) -> None:
+def resume(client: Caller, name: str) -> None:
     """Resume every unfinished shard (their waiting trainers lease again).
 
     Raises:
@@ -59,7 +57,7 @@ def resume(client: Client, name: str) -> None:
     _each_live(client, require(client, name), lambda job: job.resume())
 
 
-def _each_live(client: Client, sset: ShardSet, act: Callable[[PlainJob], None]) -> None:
+def _each_live(client: Caller, sset: ShardSet, act: Callable[[PlainJob], None]) -> None:
     states = [shard_status(client, s).state for s in sset.shards]
     if "cancelled" in states:
         raise errors.JobCancelled(f"job {sset.name!r} was cancelled")
@@ -81,7 +79,7 @@ CUT_LOCK_MS = 30_000
 CUT_WAIT_S = 10.0
 
 
-def _position(client: Client, sset: ShardSet) -> list[tuple[int, int, bool]]:
+def _position(client: Caller, sset: ShardSet) -> list[tuple[int, int, bool]]:
     """What a cut must not see move: each shard's (pass, pass attempt, finished)."""
     out = []
     for shard in sset.shards:
@@ -107,7 +105,7 @@ def _moved(sset: ShardSet, before: list[Any], after: list[Any]) -> bool:
     return False
 
 
-def _free_id(client: Client, sset: ShardSet, ckpt: str, attempt: int) -> str:
+def _free_id(client: Caller, sset: ShardSet, ckpt: str, attempt: int) -> str:
     """The shards' checkpoint id for cut ``attempt`` of ``ckpt``: one no shard holds
     yet (sealed or half-written by an attempt that died or was refused), so no shard's
     part of the cut is an older one."""
@@ -123,7 +121,7 @@ def _free_id(client: Client, sset: ShardSet, ckpt: str, attempt: int) -> str:
 
 
 def checkpoint(
-    client: Client, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+    client: Caller, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
 ) -> dict[str, Any]:
     """Checkpoint every shard as one cut, then list it in the shard-set record.
 
@@ -203,7 +201,7 @@ def _combine(ckpt: str, recs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def listing(client: Client, name: str) -> list[dict[str, Any]]:
+def listing(client: Caller, name: str) -> list[dict[str, Any]]:
     """The sharded job's sealed checkpoints, oldest first.
 
     Raises:
@@ -215,7 +213,7 @@ def listing(client: Client, name: str) -> list[dict[str, Any]]:
     return [json.loads(raw[f]) for f in sorted(raw) if f.startswith(CKPT_FIELD)]
 
 
-def get(client: Client, name: str, ckpt: str) -> dict[str, Any]:
+def get(client: Caller, name: str, ckpt: str) -> dict[str, Any]:
     """One sharded checkpoint.
 
     Raises:
@@ -232,7 +230,7 @@ def get(client: Client, name: str, ckpt: str) -> dict[str, Any]:
     return rec
 
 
-def rewind(client: Client, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
+def rewind(client: Caller, name: str, ckpt: str, once: bool = False, key: str = "") -> bool:
     """Put every shard back to its part of the cut ``ckpt``, then run the barrier step,
     all under the barrier lock; after it every unfinished shard is at the same pass.
 

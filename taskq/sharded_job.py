@@ -1,13 +1,13 @@
-"""The handle of a sharded job: the verbs of ``jobs.Job`` over one ``PlainJob`` per shard.
+"""The handle of a sharded job: the verbs of ``caller.Job`` over one ``PlainJob`` per shard.
 
-``ShardedJob`` is what ``Client.job(name)`` returns for a sharded job (jobs.py decides).
-It holds no state of its own beyond the shard-set record it was opened with: each verb
-is the shards' verbs composed, through the barrier (sharded.py) and the cut
+``ShardedJob`` is what ``Client.job(name)`` returns for a sharded job (client_handles.py
+decides). It holds no state of its own beyond the shard-set record it was opened with:
+each verb is the shards' verbs composed, through the barrier (sharded.py) and the cut
 (sharded_admin.py) where passes are concerned. Task ids are global (task ``i`` of the
 whole job is task ``i // S`` of shard ``i % S``); rows of tasks, workers and events name
 their ``shard``.
 
-Data flow: client.py / cli -> jobs.py (``open_job``) -> sharded_job.py -> sharded.py,
+Data flow: client_handles.py (``open_job``) -> sharded_job.py -> sharded.py,
 sharded_admin.py, shardset.py -> jobs.py (``PlainJob`` per shard) -> Redis.
 """
 
@@ -17,17 +17,15 @@ import heapq
 import itertools
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import checkpoints, errors, sharded, sharded_admin, shardset
+from .caller import Caller
 from .connection import translate
 from .jobs import CheckpointRef, PlainJob, check_limit, check_page, checkpoint_id, iter_tasks
 from .models import JobStatus
 from .scripts import PAGE_MAX
 from .shardset import ShardSet
-
-if TYPE_CHECKING:
-    from .client import Client
 
 #: How often ``events(block_ms=...)`` looks at the shards' streams while it waits (no
 #: one blocking read spans slots).
@@ -35,7 +33,7 @@ EVENTS_POLL_S = 0.1
 
 
 class ShardedJob:
-    """A sharded job (``Client.job(name)`` of one): the ``jobs.Job`` verbs over every shard.
+    """A sharded job (``Client.job(name)`` of one): the ``caller.Job`` verbs over every shard.
 
     Args:
         client: the admin client.
@@ -44,7 +42,7 @@ class ShardedJob:
 
     sharded = True
 
-    def __init__(self, client: Client, sset: ShardSet) -> None:
+    def __init__(self, client: Caller, sset: ShardSet) -> None:
         self.client = client
         self.name = sset.name
         self.sset = sset

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import errors, sharded
-from .client import Client
+from .caller import Caller
 from .jobs import PlainJob
 from .models import JobStatus, Task
 from .shardset import ShardSet, shard_status
@@ -55,7 +55,7 @@ class ShardTaker:
     """Taking work over the shards (see the module docstring); ``ShardedTrainer`` sets
     the attributes and provides ``release``."""
 
-    client: Client
+    client: Caller
     job: str
     sset: ShardSet
     shards: list[str]

@@ -4,7 +4,7 @@ A sharded job (``sharded.py``) is S ordinary jobs plus one record (``keys.shard_
 this module reads the record and sums the shards' statuses and audits into one view,
 with each shard's detail beside it.
 
-Data flow: jobs.py (is a name sharded?), sharded_job.py, sharded.py, sharded_trainer.py
+Data flow: client_handles.py (is a name sharded?), sharded_job.py, sharded.py, sharded_trainer.py
 -> shardset.py -> stats.py (each shard's status and audit, a shard being a plain job) ->
 Redis.
 """
@@ -14,17 +14,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.cluster import RedisCluster
 
 from . import errors, stats
+from .caller import Caller
 from .connection import translate
 from .keys import shard_set_key, shard_sets_index
 from .models import JobStatus
-
-if TYPE_CHECKING:
-    from .client import Client
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ class ShardSet:
         return task_id * len(self.shards) + self.shards.index(shard)
 
 
-def load(client: Client, name: str) -> ShardSet | None:
+def load(client: Caller, name: str) -> ShardSet | None:
     """The shard set of ``name``, or None when ``name`` is not a sharded job."""
     with translate(client.url):
         raw = client.redis.hgetall(shard_set_key(name, client.prefix))
@@ -83,7 +81,7 @@ def load(client: Client, name: str) -> ShardSet | None:
         ) from e
 
 
-def require(client: Client, name: str) -> ShardSet:
+def require(client: Caller, name: str) -> ShardSet:
     """``load`` that raises ``JobNotFound`` for a name that is not a sharded job."""
     found = load(client, name)
     if found is None:
@@ -91,7 +89,7 @@ def require(client: Client, name: str) -> ShardSet:
     return found
 
 
-def list_sets(client: Client) -> list[str]:
+def list_sets(client: Caller) -> list[str]:
     """The sharded jobs' names, sorted."""
     with translate(client.url):
         return sorted(client.redis.smembers(shard_sets_index(client.prefix)))
@@ -128,7 +126,7 @@ class ShardedStatus(JobStatus):
         return out
 
 
-def _master(client: Client, shard: str) -> str | None:
+def _master(client: Caller, shard: str) -> str | None:
     if not isinstance(client.redis, RedisCluster):
         return None
     return str(client.redis.get_node_from_key(client.keys(shard).meta).name)
@@ -159,14 +157,14 @@ def combine(sset: ShardSet, shards: Sequence[JobStatus]) -> tuple[str, str, int]
     return "waiting", "barrier" if sset.auto_advance else "manual_advance", pass_no
 
 
-def shard_status(client: Client, shard: str) -> JobStatus:
+def shard_status(client: Caller, shard: str) -> JobStatus:
     """One shard's status (a shard is a plain job: no look for a shard set)."""
     with translate(client.url, client.keys(shard), client.redis):
         status: JobStatus = stats.snapshot(client, shard, summaries=0)
     return status
 
 
-def status(client: Client, name: str, sset: ShardSet | None = None) -> ShardedStatus:
+def status(client: Caller, name: str, sset: ShardSet | None = None) -> ShardedStatus:
     """Every shard's status and their sums.
 
     Raises:
@@ -240,13 +238,13 @@ def _sum_histograms(shards: Sequence[JobStatus]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def shard_audit(client: Client, shard: str) -> dict[str, Any]:
+def shard_audit(client: Caller, shard: str) -> dict[str, Any]:
     """One shard's own audit (a plain job's)."""
     with translate(client.url, client.keys(shard), client.redis):
         return stats.audit(client, shard)
 
 
-def audit(client: Client, name: str) -> dict[str, Any]:
+def audit(client: Caller, name: str) -> dict[str, Any]:
     """Every shard's audit plus the pass agreement between them.
 
     Checks (besides each shard's own): ``shards_ok``; ``passes_agree``: every pass below

@@ -1,34 +1,35 @@
 """Read-only views of a job: status snapshots, task and worker lists, the audit.
 
 Reads never write. ``snapshot`` is one read-only script call, O(1) in the number of
-tasks; the exporter and ``taskq job status`` use it.
+tasks; the exporter and ``taskq job status`` use it. The reads of tasks (rows, a task's
+detail and history, the lease record) are stats_tasks.py's, re-exported here.
 
-Data flow: client.py / exporter.py / CLI -> stats.py -> Redis (reads only).
+Data flow: jobs.py / shardset.py / client_conn.py -> stats.py (-> stats_tasks.py) ->
+Redis (reads only); it sees the client as a ``caller.Caller``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
 from . import errors, inputwait_view, integrity
-from .keys import JobKeys
+from .caller import Caller
 from .keys import MetaField as F
-from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
+from .scripts import HIST_BOUNDS_MS, raise_for
 
-
-class Client(Protocol):
-    """What the read views need of a ``taskq.Client``: its connection, its function
-    library and its key builder (a Protocol, so stats.py does not import client.py)."""
-
-    redis: Any  # redis.Redis, RedisCluster or a Sentinel master: untyped replies
-    scripts: Scripts
-
-    def keys(self, job: str) -> JobKeys: ...
-
+# the task reads, re-exported: stats.task_detail, stats.parse_lease, ...
+from .stats_tasks import EVENT_SCAN as EVENT_SCAN
+from .stats_tasks import add_details as add_details
+from .stats_tasks import last_error as last_error
+from .stats_tasks import latest_of_type as latest_of_type
+from .stats_tasks import parse_lease as parse_lease
+from .stats_tasks import parse_tasks as parse_tasks
+from .stats_tasks import task_detail as task_detail
+from .stats_tasks import task_histories as task_histories
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -83,7 +84,7 @@ def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> d
     }
 
 
-def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
+def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
     """The ``JobStatus`` of ``name``.
 
     Raises:
@@ -168,184 +169,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
     return status
 
 
-def parse_lease(record: str | None) -> dict[str, Any] | None:
-    """A lease record (see lua/lib/leases.lua) as a dict, or None."""
-    if not record:
-        return None
-    f = record.split("|")
-    if f[0] == "L" and len(f) >= 9:
-        return {
-            "live": True,
-            "worker": f[1],
-            "worker_incarnation": f[2],
-            "token": int(f[3]),
-            "round": int(f[4]),
-            "started": f[5] == "S",
-            "since_ms": int(f[6]),
-            "call": int(f[7]),
-            "attempt": int(f[8]),
-        }
-    if f[0] == "E" and len(f) >= 6:
-        return {
-            "live": False,
-            "worker": f[1],
-            "worker_incarnation": f[2],
-            "token": int(f[3]),
-            "round": int(f[4]),
-            "ended": {
-                "A": "acked",
-                "F": "failed",
-                "R": "released",
-                "X": "expired",
-                "S": "stolen",
-                "V": "revoked",
-            }.get(f[5], f[5]),
-        }
-    return None
-
-
-def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
-    """The rows of the peek script as dicts."""
-    out = []
-    for task_id, record, failures, attempts in rows:
-        item: dict[str, Any] = {
-            "id": int(task_id),
-            "state": state,
-            "failures": int(failures),
-            "attempts": int(attempts),
-        }
-        lease = parse_lease(record) if state == "leased" else None
-        if lease and lease["live"]:
-            item.update(
-                worker=lease["worker"],
-                token=lease["token"],
-                started=lease["started"],
-                since_ms=lease["since_ms"],
-                attempt=lease["attempt"],
-            )
-        out.append(item)
-    return out
-
-
-#: Events read (newest first) when looking for a task's history: bounded work per call.
-EVENT_SCAN = 5000
-
-
-def task_histories(
-    client: Client, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
-) -> dict[int, list[dict[str, Any]]]:
-    """The latest ``per_task`` events of each task, oldest first, from the newest
-    ``scan`` events of the stream (it is trimmed: older history is gone anyway)."""
-    wanted = {str(t): int(t) for t in task_ids}
-    out: dict[int, list[dict[str, Any]]] = {int(t): [] for t in task_ids}
-    if not wanted or per_task <= 0:
-        return out
-    for event_id, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
-        ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
-        for t in ids:
-            if t in wanted and len(out[wanted[t]]) < per_task:
-                out[wanted[t]].append({"id": event_id, "ms": int(event_id.split("-")[0]), **fields})
-    for events in out.values():
-        events.reverse()
-    return out
-
-
-def latest_of_type(
-    client: Client, name: str, kind: str, limit: int, scan: int
-) -> list[dict[str, str]]:
-    """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
-    first (what the reaper names after a tick)."""
-    out: list[dict[str, str]] = []
-    for _, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
-        if fields.get("type") == kind:
-            out.append(fields)
-            if len(out) >= limit:
-                break
-    out.reverse()
-    return out
-
-
-def last_error(history: list[dict[str, Any]]) -> str | None:
-    """The error of the latest failure (or dead reason, or expiry) in a task's history."""
-    for e in reversed(history):
-        if e.get("type") == "failed":
-            return str(e.get("error", ""))
-        if e.get("type") == "expired":
-            return f"lease expired ({e.get('reason', '?')})"
-    return None
-
-
-def add_details(client: Client, name: str, rows: list[dict[str, Any]]) -> None:
-    """Add ``chunks`` and ``last_error`` to rows of ``parse_tasks`` (in place)."""
-    ids = [row["id"] for row in rows]
-    raw = client.redis.hmget(client.keys(name).chunks, [str(i) for i in ids])
-    histories = task_histories(client, name, ids, per_task=20)
-    for row, chunks in zip(rows, raw, strict=True):
-        try:
-            row["chunks"] = json.loads(chunks) if chunks is not None else None
-        except ValueError:
-            row["chunks"] = None
-        row["last_error"] = last_error(histories[row["id"]])
-
-
-def task_detail(client: Client, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
-    """One task: state, chunks, holder, failures, attempts, last error, recent events.
-
-    Raises:
-        JobNotFound: no such job. InvalidInput: no such task. CorruptData: unreadable.
-    """
-    keys = client.keys(name)
-    t = str(int(task_id))
-    pipe = client.redis.pipeline(transaction=False)
-    pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
-    pipe.hget(keys.chunks, t)
-    pipe.sismember(keys.dead, t)
-    pipe.getbit(keys.done, int(t))
-    pipe.hget(keys.leases, t)
-    pipe.hmget(keys.counts, [f"f:{t}", f"a:{t}", f"s:{t}"])
-    (inc, n, rnd, state, pass_no, maxf, maxa), chunks, dead, done, record, counts = pipe.execute()
-    if inc is None:
-        raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
-    ntasks = int(n or 0)
-    if not 0 <= int(t) < ntasks:
-        raise errors.InvalidInput(f"job {name}: no task {t} (its tasks are 0-{ntasks - 1})")
-    lease = parse_lease(record)
-    held = bool(lease and lease["live"] and lease["round"] == int(rnd or 0) and state == "running")
-    task_state = (
-        "dead"
-        if dead
-        else "leased"
-        if held
-        else "done"
-        if done
-        else "todo"
-        if state == "running"
-        else state
-    )
-    try:
-        decoded = json.loads(chunks) if chunks is not None else None
-    except ValueError as e:
-        raise errors.CorruptData(f"{keys.chunks}: task {t} is not JSON") from e
-    events = task_histories(client, name, [int(t)], max(history, 20))[int(t)]
-    return {
-        "job": name,
-        "id": int(t),
-        "state": task_state,
-        "pass": int(pass_no or 0),
-        "chunks": decoded,
-        "failures": int(counts[0] or 0),
-        "max_failures": int(maxf or 0),
-        "attempts": int(counts[1] or 0),
-        "max_attempts": int(maxa or 0),
-        "solo": counts[2] == "1",
-        "lease": lease if held else None,
-        "last_lease": lease if lease and not held else None,
-        "last_error": last_error(events),
-        "history": events[-history:] if history else [],
-    }
-
-
-def _server_time(client: Client, key: str) -> tuple[int, int]:
+def _server_time(client: Caller, key: str) -> tuple[int, int]:
     """TIME of the server holding ``key`` (a cluster refuses TIME in a pipeline, and
     another master's clock is not the job's)."""
     redis_client = client.redis
@@ -357,7 +181,7 @@ def _server_time(client: Client, key: str) -> tuple[int, int]:
     return int(sec), int(usec)
 
 
-def workers(client: Client, name: str) -> list[dict[str, Any]]:
+def workers(client: Caller, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
     keys = client.keys(name)
     pipe = client.redis.pipeline(transaction=False)
@@ -402,11 +226,11 @@ def workers(client: Client, name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def memory_policy(client: Client) -> str | None:
+def memory_policy(redis_client: Any) -> str | None:
     """``maxmemory-policy`` from INFO memory (the worst of a cluster's nodes), or None
     when this user may not run INFO."""
     try:
-        info = client.redis.info("memory")
+        info = redis_client.info("memory")
     except redis.exceptions.NoPermissionError:
         return None
     except redis.exceptions.ResponseError as e:
@@ -425,7 +249,7 @@ def memory_policy(client: Client) -> str | None:
     return unsafe[0] if unsafe else "noeviction"
 
 
-def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
+def first_lease_ms(client: Caller, name: str, scan: int = 1000) -> int | None:
     """When pass 0's first lease was granted, from the oldest events (None once the
     stream was trimmed past it, or before any lease): pass 0 starts when the job is
     created, so its duration would otherwise count the wait for the first trainer."""
@@ -438,7 +262,7 @@ def first_lease_ms(client: Client, name: str, scan: int = 1000) -> int | None:
     return None
 
 
-def audit(client: Client, name: str) -> dict[str, Any]:
+def audit(client: Caller, name: str) -> dict[str, Any]:
     """Per-pass records and the checks of docs/design.md's invariants (``taskq job audit``),
     meaningful in every state: while a pass runs, after it ended (the acked set of an
     ended attempt is the live tasks) and after a rewind. Every completed pass attempt
