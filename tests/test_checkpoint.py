@@ -87,7 +87,7 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
     total = 0
     for t in holders:
         while len(held.setdefault(t, [])) < MAX_HELD and total < 3000:
-            got = t._lease_n(min(MAX_BATCH, MAX_HELD - len(held[t]), 3000 - total), 0, None)
+            got = t._iter.lease_n(min(MAX_BATCH, MAX_HELD - len(held[t]), 3000 - total), 0, None)
             held[t] += got
             total += len(got)
     assert total == 3000
@@ -125,7 +125,7 @@ def test_the_bitmap_is_copied_in_pages_yet_holds_the_position_of_the_begin(clien
     _, pages, unfinished = _ck(client, job_name, "begin", 20)
     assert (pages, unfinished) == (1, 0)  # no bitmap copied, no task walked by the begin
     a.ack(held)  # leased at the begin
-    later = b._lease_n(2, 0, None)
+    later = b._iter.lease_n(2, 0, None)
     b.ack(later[0])  # given out after the begin
     with pytest.raises(taskq.InvalidInput):
         _ck(client, job_name, "copy", 0)  # not before the freeze
@@ -156,7 +156,7 @@ def test_the_bitmap_is_copied_in_pages_yet_holds_the_position_of_the_begin(clien
 def _lease_full(t: taskq.Trainer, want: int = MAX_HELD) -> list[taskq.Task]:
     got: list[taskq.Task] = []
     while len(got) < want:
-        more = t._lease_n(min(MAX_BATCH, want - len(got)), 0, None)
+        more = t._iter.lease_n(min(MAX_BATCH, want - len(got)), 0, None)
         if not more:
             break
         got += more
