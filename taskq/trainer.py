@@ -23,9 +23,6 @@ protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -40,14 +37,14 @@ from .inputwait import InputMeter
 from .keys import JobKeys
 from .models import Task
 from .protocol import HeartbeatReply, Wire
-from .scripts import MAX_PREFETCH
 from .signals import SignalLeave
-from .trainer_beats import Beats
+from .trainer_beats import Beats, heartbeat_mode
 from .trainer_book import LeaseBook
 from .trainer_calls import Calls
 from .trainer_iter import Iteration
 from .trainer_progress import ProgressSender
 from .trainer_session import JobView, Session
+from .trainer_session import default_worker_id as default_worker_id  # its old home
 
 log = logging.getLogger("taskq.trainer")
 
@@ -72,11 +69,6 @@ def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
             log.warning("%s; retrying in %.2fs", e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
-
-
-def default_worker_id() -> str:
-    """``host:pid:random``, unique per process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class Trainer:
@@ -166,37 +158,20 @@ class Trainer:
         self.job = job
         wire = Wire(self.client, job)
         self.keys: JobKeys = wire.keys
-        self.worker_id = worker_id or default_worker_id()
-        if "|" in self.worker_id or not self.worker_id:
-            raise errors.InvalidInput(f"bad worker id {self.worker_id!r}: '|' not allowed")
-        if not 0 <= prefetch <= MAX_PREFETCH:
-            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
-        if worker_ttl is not None and worker_ttl <= 0:
-            raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
-        if heartbeat is True:
-            heartbeat = "thread"
-        if heartbeat not in (False, "thread", "process"):
-            raise errors.InvalidInput(
-                f"heartbeat must be 'thread', 'process' or False, not {heartbeat!r}"
-            )
+        # each part checks its own arguments (InvalidInput) before anything is sent
+        self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
+        self.worker_id = session.worker_id
         # the raw URL (with any password) for connections of our own; None with a given client
         raw_url = resolve_url(url) if client is None else url
-        if heartbeat == "process" and raw_url is None:
-            raise errors.InvalidInput(
-                "heartbeat='process' needs url= (the helper process opens its own connection)"
-            )
-        if reconnect_timeout < 0:
-            raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
+        mode = heartbeat_mode(heartbeat, raw_url)
         self.handle_signals = handle_signals
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
         self.input_meter = input_meter if input_meter is not None else InputMeter()
-        own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
-        self._session = session = Session(wire, job, self.worker_id, own_ttl_ms, reconnect_timeout)
         self._view = view = JobView()
         self._book = book = LeaseBook()
         # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
         # the helper process, from the loop's own thread at most once per interval
-        self._progress = progress = ProgressSender(wire, session, heartbeat == "process")
+        self._progress = progress = ProgressSender(wire, session, mode == "process")
         self._beats = beats = Beats(
             self.client, wire, session, book, view, progress, self.input_meter
         )
@@ -209,7 +184,7 @@ class Trainer:
         # a trainer started while Redis is away (a pod scheduled during a restart) waits
         # for it like every other call, up to reconnect_timeout
         view.note(session.retrying(session.register).info)
-        beats.start(heartbeat, raw_url)
+        beats.start(mode, raw_url)
         # nothing started here holds the trainer strongly: dropped, it is collected and
         # this stops its heartbeats
         self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beats.helper)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import protocol
+from . import errors, protocol
 from .client import Client
 from .heartbeat import HelperHeartbeat, start_thread
 from .inputwait import InputBeat, InputMeter
@@ -31,6 +31,22 @@ from .trainer_progress import ProgressSender
 from .trainer_session import JobView, Session
 
 log = logging.getLogger("taskq.trainer")
+
+
+def heartbeat_mode(heartbeat: bool | str, raw_url: str | None) -> str | bool:
+    """``Trainer(heartbeat=)`` checked: ``"thread"`` (True too), ``"process"`` (needs
+    the raw URL: the helper opens its own connection) or False."""
+    if heartbeat is True:
+        heartbeat = "thread"
+    if heartbeat not in (False, "thread", "process"):
+        raise errors.InvalidInput(
+            f"heartbeat must be 'thread', 'process' or False, not {heartbeat!r}"
+        )
+    if heartbeat == "process" and raw_url is None:
+        raise errors.InvalidInput(
+            "heartbeat='process' needs url= (the helper process opens its own connection)"
+        )
+    return heartbeat
 
 
 class Beats:

@@ -22,6 +22,7 @@ from .client import Client
 from .inputwait import InputMeter
 from .models import Task
 from .protocol import Wire
+from .scripts import MAX_PREFETCH
 from .trainer_beats import Beats
 from .trainer_book import LeaseBook
 from .trainer_calls import (
@@ -56,6 +57,8 @@ class Iteration:
         prefetch: int,
         input_meter: InputMeter,
     ) -> None:
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.job = session.job
         self._client = client
         self._wire = wire

@@ -30,6 +30,11 @@ from .protocol import JobInfo, Registered, Wire
 log = logging.getLogger("taskq.trainer")
 
 
+def default_worker_id() -> str:
+    """``host:pid:random``, unique per process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
 class JobView:
     """The job as this trainer last heard it: pass, generation, state, drain.
 
@@ -89,14 +94,21 @@ class Session:
         self,
         wire: Wire,
         job: str,
-        worker_id: str,
-        own_ttl_ms: int,
+        worker_id: str | None,
+        worker_ttl: float | None,
         reconnect_timeout: float,
     ) -> None:
+        worker_id = worker_id or default_worker_id()
+        if "|" in worker_id or not worker_id:
+            raise errors.InvalidInput(f"bad worker id {worker_id!r}: '|' not allowed")
+        if worker_ttl is not None and worker_ttl <= 0:
+            raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
+        if reconnect_timeout < 0:
+            raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
         self._wire = wire
         self.job = job
         self.worker_id = worker_id
-        self._own_ttl_ms = own_ttl_ms
+        self._own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
         self.reconnect_timeout = reconnect_timeout
         self._lock = threading.Lock()
         self._rejoin_lock = threading.Lock()
