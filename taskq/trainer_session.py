@@ -1,10 +1,11 @@
 """A trainer's session with the server, and what it last heard of its job.
 
 ``Session`` owns the worker's registration: the job and worker incarnations, the lease
-secret (swapped in with its incarnation under the session's lock, so a call never sends
-one incarnation with another's secret), the ttl and heartbeat interval the server gave,
+secret (one tuple with its incarnation, swapped whole, so a call never sends one
+incarnation with another's secret), the ttl and heartbeat interval the server gave,
 the last contact, the retry loop every call runs in (backoff with jitter, bounded by
-``reconnect_timeout``), rejoining once after being declared lost, and the leave.
+``reconnect_timeout``), rejoining once after being declared lost (under the session's
+lock), and the leave.
 ``JobView`` owns the job's pass, generation, state and this worker's drain flag, under
 its own lock. Both are parts of ``Trainer`` (trainer.py); neither knows the others.
 
@@ -110,7 +111,7 @@ class Session:
         self.worker_id = worker_id
         self._own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
         self.reconnect_timeout = reconnect_timeout
-        self._lock = threading.Lock()
+        # the session's lock: one rejoin at a time (readers of creds take none)
         self._rejoin_lock = threading.Lock()
         self.job_incarnation = ""
         # (incarnation, lease secret): one tuple, swapped whole. The secret is sent with
@@ -141,8 +142,7 @@ class Session:
         """Register a new incarnation with a new secret; returns the server's answer
         (its job info is for the caller to apply)."""
         incarnation, secret = secrets.token_hex(6), secrets.token_hex(16)
-        with self._lock:
-            self.creds = (incarnation, secret)
+        self.creds = (incarnation, secret)  # one store: never one without the other
         reg: Registered = self.contact(
             self._wire.register,
             self.job_incarnation,
