@@ -244,8 +244,12 @@ class Trainer:
 
     @property
     def prefetch(self) -> int:
-        """Reserved tasks kept ahead of the current one."""
+        """Reserved tasks kept ahead of the current one (settable)."""
         return self._iter.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._iter.prefetch = value
 
     @property
     def heartbeats_sent(self) -> int:
