@@ -2,11 +2,12 @@
 
 ``Trainer(heartbeat="process")`` starts a helper process: it heartbeats on the trainer's
 behalf whatever the trainer's threads are doing, and dies with the trainer. Both see the
-trainer only through ``HeartbeatHost``; what an answer does to the trainer is the
-trainer's business (``Trainer.apply_heartbeat``), the wire format is ``protocol.py``'s.
+trainer only through ``HeartbeatHost`` (its heartbeat part, trainer_beats.py's
+``Beats``); what an answer does to the trainer is that part's business
+(``apply_heartbeat``), the wire format is ``protocol.py``'s.
 
-Data flow: trainer.py -> heartbeat.py (thread, or pipe -> helper process) -> protocol.py
--> heartbeat script -> Redis.
+Data flow: trainer_beats.py -> heartbeat.py (thread, or pipe -> helper process) ->
+protocol.py -> heartbeat script -> Redis.
 """
 
 from __future__ import annotations

@@ -5,41 +5,46 @@ with the process, so a SIGKILLed trainer keeps nothing alive), and iterates task
 acking the previous task, starting a reserved one and leasing the next is one script
 call. Every write carries the lease token; the server decides what is current.
 
-The verbs' ARGV and replies are ``protocol.py``'s; the heartbeat thread and helper
-process (``heartbeat.py``) see a trainer only as a ``HeartbeatHost``. The class is built
-in parts: its calls and what their replies do (``trainer_calls.py``), the heartbeat's
-view (``trainer_beats.py``), the iteration modes (``trainer_iter.py``); this module has
-its construction, properties and leaving; the ``with`` block's signal handling is
-``signals.py``'s (shared with ``ShardedTrainer``).
+``Trainer`` is a facade over parts that each own their state and lock: the session and
+the job view (trainer_session.py: registration, incarnations, the lease secret, retries,
+rejoin, leave; pass, generation, state, drain), the lease book (trainer_book.py: held
+and reserved tasks, tokens, call numbers, revocations), the progress buffer
+(trainer_progress.py), the heartbeat (trainer_beats.py, the only thing heartbeat.py
+sees, as a ``HeartbeatHost``), the lease-changing calls (trainer_calls.py) and the
+iteration modes (trainer_iter.py); the ``with`` block's signal handling is
+``signals.py``'s ``SignalLeave`` (shared with ``ShardedTrainer``). This module builds
+them, and has the public surface and leaving. The verbs' ARGV and replies are
+``protocol.py``'s.
 
-Data flow: trainer code -> trainer.py -> protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
+Data flow: trainer code -> trainer.py -> trainer_iter.py / trainer_calls.py ->
+protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
-import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 from . import errors
 from .client import Client
 from .connection import resolve_url
-from .heartbeat import HelperHeartbeat, start_thread, stop_dropped
-from .inputwait import InputBeat, InputMeter
+from .heartbeat import stop_dropped
+from .inputwait import InputMeter
 from .keys import JobKeys
 from .models import Task
-from .progress import ProgressBuffer
-from .protocol import Wire
-from .scripts import MAX_PREFETCH, Scripts
-from .signals import LeaveOnSignal
-from .trainer_iter import TrainerIteration
+from .protocol import HeartbeatReply, Wire
+from .signals import SignalLeave
+from .trainer_beats import Beats, heartbeat_mode
+from .trainer_book import LeaseBook
+from .trainer_calls import Calls
+from .trainer_iter import Iteration
+from .trainer_progress import ProgressSender
+from .trainer_session import JobView, Session
+from .trainer_session import default_worker_id as default_worker_id  # its old home
 
 log = logging.getLogger("taskq.trainer")
 
@@ -66,12 +71,7 @@ def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
             delay = min(delay * 2, 2.0)
 
 
-def default_worker_id() -> str:
-    """``host:pid:random``, unique per process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class Trainer(TrainerIteration, LeaveOnSignal):
+class Trainer:
     """A worker of one job.
 
     Args:
@@ -156,105 +156,49 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
         self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
         self.job = job
-        self._wire = Wire(self.client, job)
-        self.keys: JobKeys = self._wire.keys
-        self.worker_id = worker_id or default_worker_id()
-        if "|" in self.worker_id or not self.worker_id:
-            raise errors.InvalidInput(f"bad worker id {self.worker_id!r}: '|' not allowed")
-        if not 0 <= prefetch <= MAX_PREFETCH:
-            raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
-        if worker_ttl is not None and worker_ttl <= 0:
-            raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
-        if heartbeat is True:
-            heartbeat = "thread"
-        if heartbeat not in (False, "thread", "process"):
-            raise errors.InvalidInput(
-                f"heartbeat must be 'thread', 'process' or False, not {heartbeat!r}"
-            )
+        wire = Wire(self.client, job)
+        self.keys: JobKeys = wire.keys
+        # each part checks its own arguments (InvalidInput) before anything is sent
+        self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
+        self.worker_id = session.worker_id
         # the raw URL (with any password) for connections of our own; None with a given client
-        self._raw_url = resolve_url(url) if client is None else url
-        if heartbeat == "process" and self._raw_url is None:
-            raise errors.InvalidInput(
-                "heartbeat='process' needs url= (the helper process opens its own connection)"
-            )
-        if reconnect_timeout < 0:
-            raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
-        self.prefetch = prefetch
+        raw_url = resolve_url(url) if client is None else url
+        mode = heartbeat_mode(heartbeat, raw_url)
         self.handle_signals = handle_signals
-        self.reconnect_timeout = reconnect_timeout
-        self._own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
-        self._lock = threading.RLock()
-        self._rejoin_lock = threading.Lock()
-        self._held: dict[int, Task] = {}
-        self._reserved: deque[Task] = deque()
-        self._call_no = 0
-        # the heartbeat's last_reply_call_no: the server revokes unlisted leases granted by
-        # calls up to it, so it stays below every call still in flight (another thread's
-        # lease may be granted but not yet applied when this thread's ack reply lands)
-        self._last_reply_no = 0
-        self._replied = 0
-        self._in_flight: set[int] = set()
-        self._info_lock = threading.Lock()
-        self._gen = 0
-        self._pass = 0
-        self._state = "running"
-        self._skipped_gen = -1
-        self._draining = False
-        self._ended: type[errors.TaskqError] | None = None
-        self._closed = False
-        self._last_contact = time.monotonic()
-        self._stop = threading.Event()
-        self._pid = os.getpid()
-        self._old_handlers: dict[int, Any] = {}
-        self.job_incarnation = ""
-        self.incarnation = ""
-        # this incarnation's lease secret: sent with every write, kept in this process
-        # alone (Redis keeps a digest); never logged, never given to a child process
-        self._secret = ""
-        self.heartbeats_sent = 0
-        self.stolen_from_me = 0
-        # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
-        # the helper process, from the loop's own thread at most once per interval
-        self._progress = ProgressBuffer()
-        self._progress_inline = heartbeat == "process"
-        self._progress_sent = time.monotonic()
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
         self.input_meter = input_meter if input_meter is not None else InputMeter()
-        self._input_beat = InputBeat.of(self.input_meter)
-        self._helper: HelperHeartbeat | None = None
-        self._hb_scripts: Scripts | None = None
-        self._hb_thread: threading.Thread | None = None
+        self._view = view = JobView()
+        self._book = book = LeaseBook()
+        # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
+        # the helper process, from the loop's own thread at most once per interval
+        self._progress = progress = ProgressSender(wire, session, mode == "process")
+        self._beats = beats = Beats(
+            self.client, wire, session, book, view, progress, self.input_meter
+        )
+        self._calls = calls = Calls(wire, session, book, view, progress, beats)
+        self._iter = Iteration(
+            self.client, wire, session, book, view, calls, beats, prefetch, self.input_meter
+        )
+        self._signals = SignalLeave(job)
+        self._closed = False
         # a trainer started while Redis is away (a pod scheduled during a restart) waits
         # for it like every other call, up to reconnect_timeout
-        self._retrying(self._register)
-        if heartbeat == "thread":
-            self._hb_thread, self._hb_scripts = start_thread(
-                self, self._stop, self._raw_url, self.heartbeat_interval, self.ttl_s
-            )
-        elif heartbeat == "process":
-            assert self._raw_url is not None
-            self._helper = HelperHeartbeat(
-                self,
-                self._raw_url,
-                self.client.prefix,
-                self.heartbeat_interval,
-                self.ttl_s,
-                self._beat_args(),
-            )
+        view.note(session.retrying(session.register).info)
+        beats.start(mode, raw_url)
         # nothing started here holds the trainer strongly: dropped, it is collected and
         # this stops its heartbeats
-        self._finalizer = weakref.finalize(self, stop_dropped, job, self._stop, self._helper)
+        self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beats.helper)
 
+    # -- what the trainer knows -------------------------------------------------------
     @property
     def held(self) -> list[Task]:
         """The tasks this trainer believes it holds (current and reserved)."""
-        with self._lock:
-            return list(self._held.values())
+        return self._book.held()
 
     @property
     def draining(self) -> bool:
         """True once an operator asked this worker to finish its task and leave."""
-        return self._draining
+        return self._view.draining
 
     @property
     def state(self) -> str:
@@ -262,19 +206,288 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         ``"waiting"`` (at a pass boundary for ``taskq pass next``), ``"completed"`` (its
         last pass is done) or ``"cancelled"``. Every reply and heartbeat answer updates
         it; after ``passes()`` or iteration ends it says why (see ``passes``)."""
-        return self._state
+        return self._view.state
 
     @property
     def pass_no(self) -> int:
         """The newest pass of the job this trainer heard of (read-only; never goes back)."""
-        return self._pass
+        return self._view.pass_no
+
+    @property
+    def incarnation(self) -> str:
+        """This worker's current incarnation (a new one after a rejoin)."""
+        return self._session.incarnation
+
+    @property
+    def job_incarnation(self) -> str:
+        """The job's incarnation this trainer registered with."""
+        return self._session.job_incarnation
+
+    @property
+    def ttl_s(self) -> float:
+        """This worker's liveness ttl in seconds, as the server gave it."""
+        return self._session.ttl_s
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats, as the server gave it."""
+        return self._session.heartbeat_interval
+
+    @property
+    def reconnect_timeout(self) -> float:
+        """Seconds a call keeps retrying while Redis is unreachable (settable)."""
+        return self._session.reconnect_timeout
+
+    @reconnect_timeout.setter
+    def reconnect_timeout(self, value: float) -> None:
+        self._session.reconnect_timeout = value
+
+    @property
+    def prefetch(self) -> int:
+        """Reserved tasks kept ahead of the current one (settable)."""
+        return self._iter.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._iter.prefetch = value
+
+    @property
+    def heartbeats_sent(self) -> int:
+        """Heartbeat answers applied."""
+        return self._beats.sent
+
+    @property
+    def stolen_from_me(self) -> int:
+        """Reserved tasks an idle trainer took before this one started them."""
+        return self._book.stolen_from_me
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job: ``task.id`` (``ShardedTrainer`` maps a shard's
         task to its id in the sharded job)."""
         return task.id
 
+    # -- taking tasks (trainer_iter.py) ---------------------------------------------------
+    def lease(
+        self,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+    ) -> Task | None:
+        """Lease one task, started; with ``acks``, ack those in the same call.
+
+        Args:
+            timeout: seconds to wait for work (0: do not wait).
+            expect_pass: never return work of another pass (``PASS_DONE`` -> None).
+            acks: finished tasks to ack in the same call. A lost lease among them is
+                logged, not raised: its ``revoked`` event is set and nothing was counted.
+
+        Returns:
+            A task, or None when ``timeout`` passed with nothing to give.
+
+        Raises:
+            JobCompleted: the job's last pass is done; there will never be work again.
+            JobCancelled: the job was cancelled; there will never be work again.
+            JobNotFound: the job was deleted or replaced; there will never be work again.
+            Draining: an operator asked this worker to leave.
+            CorruptData: the task granted has unreadable chunks (the message names the
+                job, the task and the key); it was already failed, not left leased.
+            ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+                ``reconnect_timeout``.
+        """
+        return self._iter.lease(timeout, expect_pass, acks)
+
+    def lease_many(
+        self,
+        n: int,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+        *,
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
+    ) -> list[Task]:
+        """Lease up to ``n`` tasks, started, in one call; with ``acks``, ack those in it.
+
+        Args:
+            n: the most tasks to lease (1 to the job's per-call bound; 0 with ``acks``
+                or ``starts``: none, only those).
+            timeout: seconds to wait for work (0: do not wait).
+            expect_pass: never return work of another pass (``PASS_DONE`` -> []).
+            acks: finished tasks to ack in the same call (a lost lease is logged and its
+                ``revoked`` event set, not raised).
+            starts: tasks this trainer leased with ``reserve=True``, to start in the same
+                call (before the lease): each comes back started (``task.started``) or,
+                if an idle trainer took it meanwhile, no longer held (``task.revoked``
+                set; ``stolen_from_me`` counts it).
+            reserve: lease the tasks reserved, not started: read-ahead an idle trainer
+                may still take (steal) until it is started (``starts=``); the task
+                timeout runs from the start.
+
+        Returns:
+            The tasks leased (those with unreadable chunks are failed and left out);
+            empty when ``timeout`` passed with nothing to give.
+
+        Raises:
+            InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
+            JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
+        """
+        return self._iter.lease_many(n, timeout, expect_pass, acks, starts, reserve)
+
+    def __iter__(self) -> Iterator[Task]:
+        return self._iter.iterate(None)
+
+    def passes(self) -> Iterator[Iterator[Task]]:
+        """One iterator per pass; each ends when its pass is complete for everyone (a
+        barrier: the next one blocks while the job waits at a manual boundary).
+
+        A pass's iterator ends the same way whether its pass is complete, the job is
+        completed or cancelled, or this worker drains; tell them apart after it ends by
+        ``state`` (``"completed"``, ``"cancelled"``; else the pass is done and the job
+        goes on) and ``draining``. ``passes()`` itself ends after the job's last pass,
+        on cancel or drain. For example::
+
+            for epoch in trainer.passes():
+                for task in epoch:
+                    train(task)
+                if trainer.state == "cancelled":
+                    break              # no checkpoint of a cancelled run
+                checkpoint()
+
+        Returns:
+            Iterators of tasks, one per pass, until the job is completed or cancelled.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced meanwhile.
+        """
+        return self._iter.passes()
+
+    def batches(self, k: int) -> Iterator[list[Task]]:
+        """Lists of up to ``k`` tasks started together and acked together (one call per
+        batch); ends when the job is completed or cancelled, or this worker drains.
+
+        Args:
+            k: the most tasks in one batch.
+
+        Returns:
+            An iterator of batches (tasks with unreadable chunks are failed and left out).
+
+        Raises:
+            InvalidInput: ``k < 1``.
+            JobNotFound: the job was deleted or replaced.
+        """
+        return self._iter.batches(k)
+
+    # -- ending leases (trainer_calls.py) -------------------------------------------------
+    def ack(self, task: Task | list[Task]) -> None:
+        """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
+
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's; nothing was counted.
+        """
+        self._calls.ack(task if isinstance(task, list) else [task])
+
+    def fail(self, task: Task | list[Task], error: str = "") -> None:
+        """Report a failed task (counts a failure; dead at the caps). A failed batch goes
+        back uncharged, to be retried one task at a time.
+
+        Args:
+            task: a task or a list.
+            error: the reason, kept in the event (500 chars).
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        self._calls.write("fail", task if isinstance(task, list) else [task], str(error)[:500])
+
+    def release(self, task: Task | list[Task]) -> None:
+        """Give a task back unfinished (leasable by others at once).
+
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        self._calls.write("release", task if isinstance(task, list) else [task])
+
+    # -- progress (trainer_progress.py) ---------------------------------------------------
+    def progress(self, task: Task, n: int) -> None:
+        """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
+        task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
+        here and sent with the next heartbeat (and before ``release``, ``fail``,
+        ``close``), so a re-dispatched task's next holder starts there (``task.start``).
+        Only moves forward. See docs/resume.md.
+
+        Args:
+            task: a task this trainer holds.
+            n: samples taken so far, an integer >= 0.
+
+        Raises:
+            InvalidInput: ``n`` is not an integer >= 0.
+        """
+        self._progress.record(task, n)
+
+    def flush_progress(self) -> list[int]:
+        """Send the recorded progress now (the heartbeat does it every interval).
+
+        Returns:
+            The ids of tasks whose report was refused: their lease is no longer this
+            trainer's (nothing recorded; what they claimed is counted as re-read).
+
+        Raises:
+            ConnectionLost: Redis could not be reached (the progress stays buffered).
+        """
+        return self._progress.flush()
+
+    # -- the heartbeat (trainer_beats.py) -------------------------------------------------
+    def heartbeat(self) -> list[int]:
+        """Send one heartbeat now (what the heartbeat thread does every interval).
+
+        Returns:
+            The ids of held tasks the server revoked (their ``revoked`` is set).
+
+        Raises:
+            ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
+        """
+        return self._beats.heartbeat()
+
+    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
+        """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
+        the helper process); for ``taskq.heartbeat``, not needed by trainer code.
+
+        Answers may land after newer lease replies: only the leases ``args`` listed are
+        revoked, and pass, generation and state never move backwards.
+
+        Args:
+            reply: the decoded answer.
+            args: the heartbeat's ARGV (``protocol.heartbeat_args``).
+
+        Returns:
+            The ids of held tasks now marked revoked.
+        """
+        return self._beats.apply_heartbeat(reply, args)
+
+    def keep_beating(self) -> bool:
+        """Mark what is held at risk while out of contact for longer than the ttl; False
+        once there is nothing to beat for (closed, or the job is gone)."""
+        return self._beats.keep_beating()
+
     # -- leaving ------------------------------------------------------------------
+    def __enter__(self) -> Trainer:
+        self._signals.enter(self.handle_signals)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._signals.exit(exc, self._fail_current, self.close)
+
     def close(self) -> None:
         """Release everything held in one call and deregister (leasable by others at once),
         then stop the heartbeat thread or helper process (even if the leave is interrupted).
@@ -288,45 +501,14 @@ class Trainer(TrainerIteration, LeaveOnSignal):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        self._session.stop.set()
         try:
-            self._leave()
+            self._progress.flush_quietly()
+            self._session.leave()
         finally:
-            with self._lock:
-                for task in self._held.values():
-                    task.revoked.set()
-                self._held.clear()
-                self._reserved.clear()
-            self._stop_heartbeats()
-
-    def _leave(self) -> None:
-        self._flush_quietly()
-        try:
-            with self._lock:
-                incarnation, secret = self.incarnation, self._secret
-            self._retrying(
-                self._contact,
-                self._wire.leave,
-                self.job_incarnation,
-                self.worker_id,
-                incarnation,
-                secret,
-                bound_s=min(self.reconnect_timeout, 5.0),
-            )
-        except errors.ConnectionLost as e:
-            log.warning("leave: %s (the server reclaims after the ttl)", e)
-        except errors.TaskqError as e:
-            log.warning("leave: %s", e)
-
-    def _stop_heartbeats(self) -> None:
-        """End the heartbeat thread (a beat in flight is bounded by its socket timeout) or
-        the helper process."""
-        self._finalizer.detach()
-        thread = self._hb_thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(max(0.5, min(self.ttl_s / 2, 5.0)) + 0.5)
-        if self._helper is not None:
-            self._helper.stop()
+            self._book.revoke_all()
+            self._finalizer.detach()
+            self._beats.stop()
 
     def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
         """The body raised: the task(s) it was working on failed (a batch goes back to be

@@ -151,7 +151,7 @@ def test_case4_a_checkpoint_at_a_passs_start_under_load_is_never_refused(client,
         w = trainer(client, job_name, "w")
         try:
             while not stop.is_set():
-                got = w._lease_n(32, 0, None)
+                got = w.lease_many(32, timeout=0)
                 if got:
                     w.ack(got)
         except BaseException as e:  # noqa: BLE001 - reported below

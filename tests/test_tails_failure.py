@@ -96,7 +96,16 @@ def test_the_failed_worker_waits_no_longer_than_the_backoff(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys.all,
-        [broken.job_incarnation, "broken", broken.incarnation, 1, 999, "S", -1, broken._secret],
+        [
+            broken.job_incarnation,
+            "broken",
+            broken.incarnation,
+            1,
+            999,
+            "S",
+            -1,
+            broken._session.secret,
+        ],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
     assert 0 < int(reply[2]) <= 601, "the wait bound ends with the backoff"
