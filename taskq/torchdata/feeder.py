@@ -33,7 +33,7 @@ from ..models import Task
 from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
 from .dataset import TaskDataset
-from .ledger import Ledger
+from .ledger import Ledger, own_id
 from .readahead import ReadAhead
 
 log = logging.getLogger("taskq.torch")
@@ -44,10 +44,23 @@ _BLOCK_S = 2.0
 _TAIL_POLL_S = 2.0
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
+#: a job waiting for one of these reasons has its pass complete: a plain job at a
+#: boundary; a sharded job with every shard done, at the barrier (its next step advances)
+PASS_OVER = ("manual_advance", "barrier")
 #: acks="commit": how long the loop may wait for a batch, with nothing left being read
 #: and no lease possible under MAX_HELD, before that is an error (a batch read to its end
 #: reaches the loop well within it)
 _STARVED_S = 2.0
+
+
+def task_key(trainer: Any) -> Callable[[Task], int]:
+    """How this iteration names a task (in the readers' messages, the ledger, the
+    loop's tags): its id, or for a sharded job's trainer its id in the whole job
+    (``ShardedTrainer.global_id``: two shards have tasks of the same id)."""
+    global_id = getattr(trainer, "global_id", None)
+    if callable(global_id):
+        return global_id  # type: ignore[no-any-return]
+    return own_id
 
 
 class Feeder(threading.Thread):
@@ -243,11 +256,14 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        # a sharded job's task ids are its shard's: the job-wide id names a task here
+        key = task_key(self.trainer)
+        self.ledger.key = self.ahead.key = key
         st = self.trainer.client.status(ds.job, summaries=0)
         pass_no = st.pass_no
         if self.after_pass is not None:
             pass_no = max(pass_no, self.after_pass + 1)
-        elif st.state == "waiting" and st.reason == "manual_advance":
+        elif st.state == "waiting" and st.reason in PASS_OVER:
             pass_no += 1  # the current pass is complete: this iteration is the next one
         self.pass_no = pass_no
 
@@ -337,7 +353,7 @@ class Feeder(threading.Thread):
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
             elif st.pass_no > pass_no or (
-                st.pass_no == pass_no and st.state == "waiting" and st.reason == "manual_advance"
+                st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
             ):
                 self.phase = self._end("pass_complete")
             elif st.pass_no < pass_no:

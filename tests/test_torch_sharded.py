@@ -1,0 +1,182 @@
+"""taskq.torch over a sharded job, on a real local 3-master Redis Cluster: trainer
+processes with real DataLoader workers read every sample once per pass, the loader's
+state_dict / load_state_dict rewinds every shard, and the loader works the same on a
+plain job and a 3-shard one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import RedisClusterProcs
+from torch_helpers import gather, jsonl_reader, rows_of, write_jsonl
+
+import taskq
+import taskq.torch
+from taskq.sharded_trainer import ShardedTrainer
+
+KINDS = ["plain", "sharded"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterProcs]:
+    procs = RedisClusterProcs(masters=3)
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def curl(cluster: RedisClusterProcs) -> str:
+    return str(cluster.url)
+
+
+@pytest.fixture(scope="module")
+def cclient(cluster: RedisClusterProcs) -> taskq.Client:
+    return taskq.connect(cluster.url)
+
+
+@pytest.fixture
+def job_name(job_name: str) -> str:
+    """A unique name short enough for a sharded job (its shards add a suffix)."""
+    return job_name[:20] + job_name[-8:]
+
+
+def _create(
+    client: taskq.Client, name: str, chunks: list[dict[str, Any]], kind: str, **kw: Any
+) -> None:
+    kw.setdefault("worker_ttl", 2.0)
+    kw.setdefault("heartbeat_interval", 0.3)
+    client.create_job(name, chunks, shards=3 if kind == "sharded" else 1, **kw)
+
+
+def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.DataLoader:
+    ds = taskq.torch.TaskDataset(
+        job, url=url, reader=jsonl_reader, seed=3, shuffle=kw.pop("shuffle", True)
+    )
+    return taskq.torch.DataLoader(ds, batch_size=4, num_workers=num_workers, **kw)
+
+
+def _everything(files: int, lines: int) -> list[tuple[int, int]]:
+    return sorted((f, i) for f in range(files) for i in range(lines))
+
+
+def _trainer_proc(url: str, job: str, out: Any) -> None:
+    """One trainer process: a loader with 2 workers for two passes; puts (rows of each
+    pass, states after each, the tasks acked)."""
+    try:
+        with _loader(url, job, 2) as loader:
+            passes, states = [], []
+            for _ in range(2):
+                rows: list[tuple[int, int]] = []
+                for batch in loader:
+                    rows += rows_of(batch)
+                    time.sleep(0.002)  # a step: the processes share the tasks
+                passes.append(rows)
+                states.append(loader.state)
+            out.put((passes, states, loader.counts["tasks_acked"]))
+    except BaseException as e:  # the test names it
+        out.put(repr(e))
+        raise
+
+
+def test_two_processes_by_two_workers_read_every_sample_once_per_pass(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path
+) -> None:
+    """2 trainer processes x 2 DataLoader workers over a 3-shard job, 2 passes: in each
+    pass the two processes together read every row exactly once; each pass ends for
+    both (the barrier), the second with the job completed; the audit shows every task
+    done once per pass."""
+    files, lines = 18, 8
+    chunks = write_jsonl(tmp_path / "data", files, lines)
+    _create(cclient, job_name, chunks, "sharded", passes=2)
+    assert cclient.job(job_name).sharded
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_trainer_proc, args=(curl, job_name, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = gather(procs, out, 40, "trainer")
+    assert all(isinstance(r, tuple) for r in results), results
+    for pass_no in range(2):
+        rows = [row for passes, _, _ in results for row in passes[pass_no]]
+        assert sorted(rows) == _everything(files, lines), f"pass {pass_no}"
+    for _, states, _ in results:
+        assert states == ["pass_complete", "completed"]
+    assert sum(acked for _, _, acked in results) == 2 * files
+    st = cclient.status(job_name)
+    assert st.state == "completed"
+    audit = cclient.audit(job_name)
+    assert audit["ok"], audit["checks"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_loader_reads_a_job_of_either_kind(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path, kind: str
+) -> None:
+    """The loader's happy path (2 workers, two passes) is the same on a plain job and a
+    3-shard one: every row once per pass, "pass_complete" then "completed"; the sharded
+    trainer behind it is a ``ShardedTrainer``."""
+    files, lines = 6, 10
+    chunks = write_jsonl(tmp_path / "data", files, lines)
+    _create(cclient, job_name, chunks, kind, passes=2)
+    with _loader(curl, job_name, 2) as loader:
+        epochs, states, kinds = [], [], []
+        for _ in range(2):
+            rows: list[tuple[int, int]] = []
+            for batch in loader:
+                rows += rows_of(batch)
+                cur = loader._current
+                if cur is not None and cur.feeder.trainer is not None:
+                    kinds.append(isinstance(cur.feeder.trainer, ShardedTrainer))
+            epochs.append(sorted(rows))
+            states.append(loader.state)
+        assert list(loader) == []
+    assert epochs == [_everything(files, lines)] * 2
+    assert states == ["pass_complete", "completed"]
+    assert set(kinds) == {kind == "sharded"}
+    assert loader.counts["tasks_acked"] == 2 * files
+    audit = cclient.audit(job_name)
+    assert audit["ok"], audit["checks"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_state_dict_rewinds_the_job_once(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path, kind: str
+) -> None:
+    """A loader's state_dict mid-pass and a new loader's load_state_dict (a restart) put
+    the job (every shard of a sharded one) back to that point: the rows the loop took
+    after the checkpoint come again, those before do not; a second loader loading the
+    same state under the same key does not rewind again."""
+    files, lines = 9, 6
+    chunks = write_jsonl(tmp_path / "data", files, lines)
+    _create(cclient, job_name, chunks, kind, passes=1)
+    before: list[tuple[int, int]] = []
+    after: list[tuple[int, int]] = []
+    with _loader(curl, job_name, 0, shuffle=False) as loader:
+        it = iter(loader)
+        for _ in range(5):
+            before += rows_of(next(it))
+        state = loader.state_dict()
+        for _ in range(4):
+            after += rows_of(next(it))
+    assert state["job"] == job_name
+    with (
+        _loader(curl, job_name, 0, shuffle=False) as second,
+        _loader(curl, job_name, 0, shuffle=False) as third,
+    ):
+        assert second.load_state_dict(state, key="restart-1") is True
+        assert third.load_state_dict(state, key="restart-1") is False
+        rest: list[tuple[int, int]] = []
+        for batch in second:
+            rest += rows_of(batch)
+        assert second.state == "completed"
+    # nothing the checkpoint counted comes again; everything else does, once
+    assert not set(before) & set(rest)
+    assert sorted(before + rest) == _everything(files, lines)
+    assert set(after) <= set(rest)
+    if kind == "sharded":
+        assert cclient.status(job_name).state == "completed"
