@@ -257,9 +257,11 @@ class ShardTaker:
             ):
                 self._retrying(PlainJob(self.client, s.job).reap, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
-        for k in sorted(order, key=lambda k: -sts[k].todo):
+        # work left: tasks to do, or read-ahead another trainer leased reserved (a lease
+        # there takes it: the server's steal, as on one job)
+        for k in sorted(order, key=lambda k: -(sts[k].todo + sts[k].reserved)):
             s = sts[k]
-            if s.todo > 0 and s.state == "running" and s.pass_no == pass_no:
+            if s.todo + s.reserved > 0 and s.state == "running" and s.pass_no == pass_no:
                 got = self._lease(k, pass_no, 0, n, reserve=reserve)
                 if got:
                     return got
