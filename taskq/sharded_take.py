@@ -243,7 +243,7 @@ class ShardTaker:
             s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
         ):  # a barrier step died half-way: finish it
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
-        if all(_finished(s, pass_no) for s in sts):
+        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
             return True  # every shard is past it (a caller that expected it, late)
         # leases of a vanished trainer come back only through a script call on their
         # shard; with no trainer left there, somebody must reap (bounded, locked per

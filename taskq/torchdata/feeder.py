@@ -2,11 +2,11 @@
 
 It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
 DataLoader workers started, so nothing of it crosses a fork; a ``ShardedTrainer`` for a
-sharded job, used through the same public calls, its tasks named by their job-wide id): it leases tasks of the
-current pass, keeping about ``tasks_ahead`` tasks leased and not read to their end (the
-readers' queue and the reserve of read-ahead not begun: ``readahead.py``); it acks and
-fails the tasks the main thread tells it about; it decides when the readers stop and
-when the pass is over. Every trainer call comes from this thread:
+sharded job, used through the same public calls, its tasks named by their job-wide id):
+it leases tasks of the current pass, keeping about ``tasks_ahead`` tasks leased and not
+read to their end (the readers' queue and the reserve of read-ahead not begun:
+``readahead.py``); it acks and fails the tasks the main thread tells it about; it
+decides when the readers stop and when the pass is over. Every trainer call comes from this thread:
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
