@@ -267,3 +267,26 @@ def test_a_trainer_added_when_todo_is_empty_takes_read_ahead(
     assert cclient.status(job_name).counters["stolen"] >= 1  # reserved read-ahead
     audit = cclient.audit(job_name)
     assert audit["ok"], audit["checks"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_acks_commit_holds_until_commit(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path, kind: str
+) -> None:
+    """acks="commit" on either kind: nothing is acked until ``commit()``; committing every
+    few batches, the pass has every row once and every task done once."""
+    files, lines = 6, 8
+    _create(cclient, job_name, write_jsonl(tmp_path / "data", files, lines), kind)
+    rows: list[tuple[int, int]] = []
+    with _loader(curl, job_name, 2, acks="commit") as loader:
+        for k, batch in enumerate(loader):
+            rows += rows_of(batch)
+            if k == 3:
+                assert cclient.status(job_name).done == 0  # nothing committed yet
+            if k % 4 == 3:
+                loader.commit()
+        loader.commit()
+        assert loader.state == "completed"
+    assert sorted(rows) == _everything(files, lines)
+    st = cclient.status(job_name)
+    assert (st.state, st.done) == ("completed", files)

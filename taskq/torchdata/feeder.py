@@ -34,7 +34,7 @@ from ..models import Task
 from ..scripts import MAX_BATCH, MAX_HELD
 from ..trainer import Trainer
 from .dataset import TaskDataset
-from .ledger import Ledger, own_id
+from .ledger import Ledger
 from .readahead import ReadAhead
 
 log = logging.getLogger("taskq.torch")
@@ -52,16 +52,6 @@ PASS_OVER = ("manual_advance", "barrier")
 #: and no lease possible under MAX_HELD, before that is an error (a batch read to its end
 #: reaches the loop well within it)
 _STARVED_S = 2.0
-
-
-def task_key(trainer: Any) -> Callable[[Task], int]:
-    """How this iteration names a task (in the readers' messages, the ledger, the
-    loop's tags): its id, or for a sharded job's trainer its id in the whole job
-    (``ShardedTrainer.global_id``: two shards have tasks of the same id)."""
-    global_id = getattr(trainer, "global_id", None)
-    if callable(global_id):
-        return global_id  # type: ignore[no-any-return]
-    return own_id
 
 
 class Feeder(threading.Thread):
@@ -257,9 +247,9 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
-        # a sharded job's task ids are its shard's: the job-wide id names a task here
-        key = task_key(self.trainer)
-        self.ledger.key = self.ahead.key = key
+        # a task is named here by its id in the whole job (``global_id``: a sharded job's
+        # task ids are its shard's, two shards have tasks of the same id)
+        self.ledger.key = self.ahead.key = self.trainer.global_id
         st = self.trainer.client.status(ds.job, summaries=0)
         pass_no = st.pass_no
         if self.after_pass is not None:
