@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from . import errors, sharded
 from .caller import Caller
+from .inputwait import InputMeter
 from .jobs import PlainJob
 from .models import JobStatus, Task
 from .shardset import ShardSet, shard_status
@@ -65,6 +66,7 @@ class ShardTaker:
     idle_wait: float
     max_idle_wait: float
     taken_elsewhere: int
+    input_meter: InputMeter
     _idle: float
     _carry: list[Task]
     _trainers: dict[int, Trainer]
@@ -110,6 +112,7 @@ class ShardTaker:
             url=self._url,
             client=self.client,
             worker_id=self.worker_id,
+            input_meter=self.input_meter if k == self.home else None,
             **self._trainer_kw,
         )
 
@@ -134,12 +137,22 @@ class ShardTaker:
 
     # -- taking work ----------------------------------------------------------------
     def _lease(
-        self, k: int, pass_no: int, timeout: float, n: int = 1, acks: Sequence[Task] = ()
+        self,
+        k: int,
+        pass_no: int,
+        timeout: float,
+        n: int = 1,
+        acks: Sequence[Task] = (),
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
     ) -> list[Task]:
-        """Up to ``n`` tasks of ``pass_no`` from shard ``k``, acking ``acks`` (all of
-        shard ``k``) in the same call; [] when none."""
+        """Up to ``n`` tasks of ``pass_no`` from shard ``k`` (reserved with ``reserve``),
+        acking ``acks`` and starting ``starts`` (all of shard ``k``) in the same call; []
+        when none. ``n`` 0: only the acks and starts."""
         try:
-            got = self._open(k).lease_many(n, timeout=timeout, expect_pass=pass_no, acks=acks)
+            got = self._open(k).lease_many(
+                n, timeout=timeout, expect_pass=pass_no, acks=acks, starts=starts, reserve=reserve
+            )
         except errors.JobCompleted:
             return []
         except errors.JobCancelled:
@@ -175,10 +188,13 @@ class ShardTaker:
             except errors.LeaseLost as e:
                 log.warning("%s", e)
 
-    def _take(self, pass_no: int, done: Sequence[Task], n: int) -> list[Task]:
-        """Ack ``done`` and lease up to ``n`` tasks of ``pass_no`` in the same call: on
-        ``done``'s shard when that is not home (a shard's tail, while it lasts), else
-        home; then shards already open. [] when nothing is leasable now."""
+    def _take(
+        self, pass_no: int, done: Sequence[Task], n: int, reserve: bool = False
+    ) -> list[Task]:
+        """Ack ``done`` and lease up to ``n`` tasks of ``pass_no`` (reserved with
+        ``reserve``) in the same call: on ``done``'s shard when that is not home (a
+        shard's tail, while it lasts), else home; then shards already open. [] when
+        nothing is leasable now."""
         done = self._counted(done)
         by_shard = self._by_shard(done)
         if len(by_shard) > 1:  # tasks acked by hand in between: not one shard's batch
@@ -186,25 +202,29 @@ class ShardTaker:
             by_shard = {}
         for k, acks in by_shard.items():
             if k != self.home:
-                got = self._lease(k, pass_no, 0, n, acks)
+                got = self._lease(k, pass_no, 0, n, acks, reserve=reserve)
                 if got or self._draining or self._state == "cancelled":
                     return got
                 self._close_idle(k)
                 by_shard = {}
-        got = self._lease(self.home, pass_no, 0, n, by_shard.get(self.home, ()))
+        got = self._lease(self.home, pass_no, 0, n, by_shard.get(self.home, ()), reserve=reserve)
         if got or self._draining or self._state == "cancelled":
             return got
         for k in sorted(self._trainers):
             if k != self.home:
-                got = self._lease(k, pass_no, 0, n)
+                got = self._lease(k, pass_no, 0, n, reserve=reserve)
                 if got:
                     return got
                 self._close_idle(k)
         return []
 
-    def _idle_round(self, pass_no: int, n: int) -> list[Task] | bool:
+    def _idle_round(
+        self, pass_no: int, n: int, reserve: bool = False, carry: bool = True
+    ) -> list[Task] | bool:
         """Nothing leasable: read every shard; steal from one with work left, end the
-        pass (True) when all have finished it (running the barrier step), else wait."""
+        pass (True) when all have finished it (running the barrier step), else wait.
+        With ``carry`` False a home waiting at the barrier is not asked for the next
+        pass's tasks (none are leased for a caller that expects this pass only)."""
         sts = self._statuses()
         state, reason, _ = sharded.combine(self.sset, sts)
         if state in ("completed", "cancelled"):
@@ -223,6 +243,8 @@ class ShardTaker:
             s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
         ):  # a barrier step died half-way: finish it
             self._retrying(sharded.advance, self.client, self.job, False, self.sset)
+        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
+            return True  # every shard is past it (a caller that expected it, late)
         # leases of a vanished trainer come back only through a script call on their
         # shard; with no trainer left there, somebody must reap (bounded, locked per
         # shard). A crowd of idle trainers shares that duty: each reaps with a chance
@@ -237,10 +259,12 @@ class ShardTaker:
             ):
                 self._retrying(PlainJob(self.client, s.job).reap, 100, 1000, self.worker_id)
         order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
-        for k in sorted(order, key=lambda k: -sts[k].todo):
+        # work left: tasks to do, or read-ahead another trainer leased reserved (a lease
+        # there takes it: the server's steal, as on one job)
+        for k in sorted(order, key=lambda k: -(sts[k].todo + sts[k].reserved)):
             s = sts[k]
-            if s.todo > 0 and s.state == "running" and s.pass_no == pass_no:
-                got = self._lease(k, pass_no, 0, n)
+            if s.todo + s.reserved > 0 and s.state == "running" and s.pass_no == pass_no:
+                got = self._lease(k, pass_no, 0, n, reserve=reserve)
                 if got:
                     return got
                 self._close_idle(k)
@@ -254,12 +278,12 @@ class ShardTaker:
         limit = max(0.05, min(self.max_idle_wait, quiet / 2))
         wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
         if not _finished(sts[self.home], pass_no):
-            return self._lease(self.home, pass_no, wait, n)
+            return self._lease(self.home, pass_no, wait, n, reserve=reserve)
         # home waits at the barrier: block on its wake-ups for the next pass; home
         # advances only once every shard finished this one, so a task of the next pass
         # ends this pass (no polling needed to see the barrier lift)
-        if self.sset.passes is None or pass_no + 1 < self.sset.passes:
-            nxt = self._lease(self.home, pass_no + 1, wait, n)
+        if carry and (self.sset.passes is None or pass_no + 1 < self.sset.passes):
+            nxt = self._lease(self.home, pass_no + 1, wait, n, reserve=reserve)
             if nxt:
                 self._carry = nxt
                 return True

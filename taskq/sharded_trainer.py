@@ -38,6 +38,7 @@ from . import errors, sharded
 from . import trainer as trainer_module
 from .client import Client
 from .connection import translate
+from .inputwait import InputMeter
 from .keys import shard_set_key
 from .models import Task
 from .scripts import MAX_PREFETCH
@@ -64,6 +65,8 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             (the polls of a crowd of idle trainers at a pass's tail stay bounded).
         max_idle_wait: the longest wait between two looks at the other shards.
         heartbeat, worker_ttl, reconnect_timeout: as ``Trainer`` (per shard trainer).
+        input_meter: the loop's data-wait meter (``Trainer``'s), sent with the home
+            shard's heartbeats (the other shards' trainers come and go).
         handle_signals: in the ``with`` block, SIGTERM -> ``SystemExit``, SIGINT ->
             ``KeyboardInterrupt``, so everything held is released.
 
@@ -88,6 +91,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         worker_ttl: float | None = None,
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
+        input_meter: InputMeter | None = None,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -120,6 +124,8 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             "handle_signals": False,
             "reconnect_timeout": reconnect_timeout,
         }
+        #: sent by the home shard's trainer only
+        self.input_meter = input_meter if input_meter is not None else InputMeter()
         self._trainers: dict[int, Trainer] = {}
         self._state = "running"
         self._pass = 0
@@ -249,40 +255,86 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         for pass_no in self._pass_numbers():
             yield from self._iterate_batches(pass_no, k)
 
-    def lease_many(self, n: int, timeout: float | None = 2.0) -> list[Task]:
+    def lease_many(
+        self,
+        n: int,
+        timeout: float | None = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+        *,
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
+    ) -> list[Task]:
         """Lease up to ``n`` tasks of the job's current pass, started, from one shard
         (home first, then the others' tails), as ``Trainer.lease_many``; when the pass
-        is over everywhere the next one's come.
+        is over everywhere the next one's come (not with ``expect_pass``).
+
+        Each task carries its shard (``task.job``): its ack, start, fail or release goes
+        to that shard's trainer. ``acks`` and ``starts`` of home ride on the lease call
+        there; those of other shards take one call per shard (n 0) before it.
 
         Args:
-            n: the most tasks (1 to the per-call bound).
+            n: the most tasks (1 to the per-call bound; 0 with ``acks`` or ``starts``:
+                none, only those).
             timeout: seconds to wait for work (0: do not wait; None: until there is).
+            expect_pass: the whole job's pass wanted: never return work of another one;
+                [] once that pass is over on every shard (the barrier step is run).
+            acks: finished tasks to ack (a lost lease is logged, not raised).
+            starts: tasks leased with ``reserve=True``, to start now (each comes back
+                started, or revoked if an idle trainer took it meanwhile).
+            reserve: lease the tasks reserved, not started (``Trainer.lease_many``).
 
         Returns:
-            The tasks leased; empty when ``timeout`` passed with nothing to give.
+            The tasks leased; empty when ``timeout`` passed with nothing to give, or
+            (``expect_pass``) that pass is over.
 
         Raises:
-            InvalidInput: ``n < 1``. JobCompleted, JobCancelled: no work will ever come.
-            Draining: an operator drained this worker. JobNotFound, ConnectionLost.
+            InvalidInput: ``n < 0``, or 0 with neither acks nor starts. JobCompleted,
+            JobCancelled: no work will ever come. Draining: an operator drained this
+            worker. JobNotFound, ConnectionLost.
         """
-        if n < 1:
-            raise errors.InvalidInput(f"n must be >= 1, got {n}")
+        if n < 0 or (n == 0 and not acks and not starts):
+            raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
+        if self._closed:
+            raise errors.TaskqError(f"job {self.job}: this trainer is closed")
+        pass_no = self._pass if expect_pass is None else expect_pass
+        self._forget(acks)
+        by_ack = self._by_shard(self._counted(acks))
+        by_start = self._by_shard(starts)
+        home_acks: list[Task] = by_ack.pop(self.home, []) if n else []
+        home_starts: list[Task] = by_start.pop(self.home, []) if n else []
+        for k in sorted(set(by_ack) | set(by_start)):  # other shards': one call each
+            self._lease(k, pass_no, 0, 0, by_ack.get(k, ()), by_start.get(k, ()))
+        if n == 0:
+            self._raise_if_over()
+            return []
+        if expect_pass is not None:
+            self._pass = max(self._pass, expect_pass)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if home_acks or home_starts:  # home's ride on a lease there
+            got = self._lease(self.home, pass_no, 0, n, home_acks, home_starts, reserve)
+            if got:
+                return got
         while True:
             self._raise_if_over()
-            carried, self._carry = self._carry, []
-            if carried:
-                self._pass = max(self._pass, max(t.pass_no for t in carried))
-                return carried
-            got = self._take(self._pass, (), n)
+            if expect_pass is None:
+                carried, self._carry = self._carry, []
+                if carried:
+                    self._pass = max(self._pass, max(t.pass_no for t in carried))
+                    return carried
+                pass_no = self._pass
+            got = self._take(pass_no, (), n, reserve)
             if got:
                 return got
             self._raise_if_over()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None:  # one look at every shard even at timeout 0
                 self._idle = min(self._idle, max(0.01, left))
-            found = self._idle_round(self._pass, n)
+            found = self._idle_round(pass_no, n, reserve, carry=expect_pass is None)
             if found is True:
+                if expect_pass is not None:  # that pass is over on every shard
+                    self._raise_if_over()
+                    return []
                 if self._state not in ("completed", "cancelled"):
                     self._pass += 1  # every shard finished it: the next pass
                 continue

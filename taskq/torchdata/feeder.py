@@ -1,11 +1,12 @@
 """The feeder: the one thread of a trainer process that talks to Redis for its DataLoader.
 
 It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
-DataLoader workers started, so nothing of it crosses a fork): it leases tasks of the
-current pass, keeping about ``tasks_ahead`` tasks leased and not read to their end (the
-readers' queue and the reserve of read-ahead not begun: ``readahead.py``); it acks and
-fails the tasks the main thread tells it about; it decides when the readers stop and
-when the pass is over. Every trainer call comes from this thread:
+DataLoader workers started, so nothing of it crosses a fork; a ``ShardedTrainer`` for a
+sharded job, used through the same public calls, its tasks named by their job-wide id):
+it leases tasks of the current pass, keeping about ``tasks_ahead`` tasks leased and not
+read to their end (the readers' queue and the reserve of read-ahead not begun:
+``readahead.py``); it acks and fails the tasks the main thread tells it about; it
+decides when the readers stop and when the pass is over. Every trainer call comes from this thread:
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
@@ -44,6 +45,9 @@ _BLOCK_S = 2.0
 _TAIL_POLL_S = 2.0
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
+#: a job waiting for one of these reasons has its pass complete: a plain job at a
+#: boundary; a sharded job with every shard done, at the barrier (its next step advances)
+PASS_OVER = ("manual_advance", "barrier")
 #: acks="commit": how long the loop may wait for a batch, with nothing left being read
 #: and no lease possible under MAX_HELD, before that is an error (a batch read to its end
 #: reaches the loop well within it)
@@ -243,11 +247,14 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        # a task is named here by its id in the whole job (``global_id``: a sharded job's
+        # task ids are its shard's, two shards have tasks of the same id)
+        self.ledger.key = self.ahead.key = self.trainer.global_id
         st = self.trainer.client.status(ds.job, summaries=0)
         pass_no = st.pass_no
         if self.after_pass is not None:
             pass_no = max(pass_no, self.after_pass + 1)
-        elif st.state == "waiting" and st.reason == "manual_advance":
+        elif st.state == "waiting" and st.reason in PASS_OVER:
             pass_no += 1  # the current pass is complete: this iteration is the next one
         self.pass_no = pass_no
 
@@ -337,7 +344,7 @@ class Feeder(threading.Thread):
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
             elif st.pass_no > pass_no or (
-                st.pass_no == pass_no and st.state == "waiting" and st.reason == "manual_advance"
+                st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
             ):
                 self.phase = self._end("pass_complete")
             elif st.pass_no < pass_no:

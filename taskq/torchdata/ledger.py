@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import errors
@@ -30,6 +31,11 @@ log = logging.getLogger("taskq.torch")
 Pair = tuple[int, int]
 
 
+def own_id(task: Task) -> int:
+    """A plain job's task's name in an iteration: its id."""
+    return task.id
+
+
 class Ledger:
     """What one iteration holds (by task id) and the main thread's commands about it.
 
@@ -41,6 +47,8 @@ class Ledger:
         self.job = job
         #: set by the feeder thread once it made the iteration's trainer
         self.trainer: Trainer | None = None
+        #: a task's name here (its id; a sharded job's: the job-wide id), set by the feeder
+        self.key: Callable[[Task], int] = own_id
         self.acked = 0
         self.failed = 0
         self._held: dict[int, Task] = {}
@@ -74,7 +82,7 @@ class Ledger:
     def add(self, task: Task) -> None:
         """A task leased by this iteration."""
         with self._lock:
-            self._held[task.id] = task
+            self._held[self.key(task)] = task
 
     def count(self) -> int:
         """Tasks held (leased and not acked, failed or released by this iteration)."""
@@ -85,7 +93,7 @@ class Ledger:
         """Forget held tasks the server took back (a heartbeat's answer): their acks
         would be stale. True if there were any."""
         with self._lock:
-            gone = [t.id for t in self._held.values() if t.revoked.is_set()]
+            gone = [k for k, t in self._held.items() if t.revoked.is_set()]
             for task_id in gone:
                 del self._held[task_id]
         return bool(gone)
@@ -109,7 +117,7 @@ class Ledger:
             else:
                 fails.append((task, text))
         for task, text in fails:
-            log.warning("job %s task %s: %s; failing the task", self.job, task.id, text)
+            log.warning("job %s task %s: %s; failing the task", self.job, self.key(task), text)
             try:
                 self.trainer.fail(task, text)
             except errors.LeaseLost as e:
@@ -149,18 +157,18 @@ class Ledger:
         """Release these held tasks (the progress recorded is sent first)."""
         with self._lock:
             for task in tasks:
-                if self._held.get(task.id) is task:
-                    del self._held[task.id]
+                key = self.key(task)
+                if self._held.get(key) is task:
+                    del self._held[key]
         self._release(tasks)
 
     def keep_only(self, keep: list[Pair]) -> None:
         """Release every held task but these (task, token) pairs."""
         kept = set(keep)
         with self._lock:
-            others = [t for t in self._held.values() if (t.id, t.token) not in kept]
-            for task in others:
-                del self._held[task.id]
-        self._release(others)
+            others = [k for k, t in self._held.items() if (k, t.token) not in kept]
+            tasks = [self._held.pop(k) for k in others]
+        self._release(tasks)
 
     def release_all(self) -> None:
         """Give back what is still held, ``MAX_BATCH`` per call (a leave ends a bounded

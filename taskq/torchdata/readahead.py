@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..models import Task
 from ..scripts import MAX_BATCH
 from .dataset import TaskMsg, stop_msg
+from .ledger import own_id
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -68,6 +69,8 @@ class ReadAhead:
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail: queue.Queue[TaskMsg] = queue.Queue()
         self._tail_ids: set[int] = set()
+        #: a task's name in the messages (its id; a sharded job's: the job-wide id)
+        self.key: Callable[[Task], int] = own_id
         self._dispatched = 0
         self._stopped = False
         self._dry_at = 0.0
@@ -125,9 +128,10 @@ class ReadAhead:
 
     def send(self, task: Task, start: int, to_tail: bool = False) -> None:
         """Put one task on the readers' queue (or the tail), reading from ``start``."""
-        msg = (self.iteration, task.id, task.token, task.pass_no, task.chunks, start)
+        key = self.key(task)
+        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start)
         if to_tail:
-            self._tail_ids.add(task.id)
+            self._tail_ids.add(key)
             self.tail.put(msg)
         else:
             self.tasks.put(msg)
@@ -165,13 +169,14 @@ class ReadAhead:
             The tasks to give back.
         """
         self.tasks, self.finished, self._dispatched = tasks, finished, 0
-        elsewhere = {task.id for task in self.reserved} | self._tail_ids
+        key = self.key
+        elsewhere = {key(task) for task in self.reserved} | self._tail_ids
         back: list[Task] = []
         for task in held:
-            n = taken.get((task.id, task.token))
-            if n == -1 or task.id in elsewhere:
+            n = taken.get((key(task), task.token))
+            if n == -1 or key(task) in elsewhere:
                 continue  # taken to its end (acked or waiting for a commit); not begun
-            if task.id in dead_held:
+            if key(task) in dead_held:
                 back.append(task)
             else:
                 self.send(task, task.start if n is None else max(n, task.start))

@@ -3,11 +3,12 @@
 ``state_dict`` has the feeder thread (the only one that calls the trainer) ack what the
 loop took, send the progress it recorded and call ``Client.checkpoint``; the returned
 ``taskq.checkpoints.state_of`` dict goes into the model's checkpoint. ``load_state_dict``
-in a restarted trainer calls ``taskq.checkpoints.restore`` with a key naming the restart,
-so the job is rewound once however many trainers load the same state (docs/resume.md).
+in a restarted trainer rewinds the job through its handle (``client.job(name).rewind``,
+plain or sharded, ``once`` with a key naming the restart), so the job is rewound once
+however many trainers load the same state (docs/resume.md).
 
 Data flow: training loop -> loader.py -> resume.py -> feeder.py (trainer.py) or
-client.py -> checkpoints.py -> Redis.
+client.py -> jobs.py / sharded_job.py (the job's handle) -> checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .. import checkpoints, errors
 from .dataset import TaskDataset
 
 if TYPE_CHECKING:
+    from ..client import Client
     from .loader import DataLoader
 
 log = logging.getLogger("taskq.torch")
@@ -154,7 +156,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     dist = _dist()
     if dist is None:
         with client_of(ds) as client:
-            return checkpoints.restore(client, state, key=key)
+            return restore(client, state, key=key)
     # rank 0 rewinds, the others wait for its outcome: no rank reads before the job is
     # rewound (a lease taken before is revoked by the rewind: what the loop took of it
     # would come again), and two ranks' rewinds cannot supersede each other
@@ -162,7 +164,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     if dist.get_rank() == 0:
         try:
             with client_of(ds) as client:
-                outcome[0] = checkpoints.restore(client, state, key=key)
+                outcome[0] = restore(client, state, key=key)
         except errors.TaskqError as e:
             outcome[0] = e
             dist.broadcast_object_list(outcome, src=0)
@@ -171,6 +173,40 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return bool(outcome[0]) and dist.get_rank() == 0
+
+
+def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
+    """Rewind the job a loader state names to its checkpoint, once, through the job's
+    handle (``client.job(name)``: a plain job, or every shard of a sharded one to the
+    same cut): the first restarted trainer rewinds, the others find the job there.
+
+    Args:
+        client: the admin client.
+        state: a dict made by ``state_dict`` (``checkpoints.state_of``).
+        key: names this restart of the trainers (``Client.rewind``'s ``key``).
+
+    Returns:
+        True when this call rewound the job, False when it was already there.
+
+    Raises:
+        InvalidInput: not such a dict, or a state of another incarnation of the job.
+        JobNotFound, JobCancelled.
+    """
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("job"), str)
+        or not isinstance(state.get("checkpoint"), str)
+    ):
+        raise errors.InvalidInput(f"not a taskq loader state: {state!r}")
+    job, ckpt = state["job"], state["checkpoint"]
+    handle = client.job(job)
+    inc = state.get("incarnation")
+    if inc and handle.status(summaries=0).incarnation != inc:
+        raise errors.InvalidInput(
+            f"job {job!r}: the state names checkpoint {ckpt} of an earlier incarnation of the "
+            f"job (it was created again since); its position cannot be restored"
+        )
+    return handle.rewind(ckpt, once=True, key=key)
 
 
 @contextlib.contextmanager
