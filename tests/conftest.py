@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from support import RedisServer, server_version  # noqa: E402
+from support import RedisClusterProcs, RedisServer, server_version  # noqa: E402
 
 import taskq  # noqa: E402
 
@@ -75,3 +75,17 @@ def job_name(request: pytest.FixtureRequest) -> str:
     """A job name unique to this test."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
     return f"t{next(_counter)}-{os.getpid()}-{base}"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterProcs]:
+    """A local 3-master Redis Cluster for one test module (some modules kill its masters)."""
+    procs = RedisClusterProcs(masters=3)
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture(scope="module")
+def cclient(cluster: RedisClusterProcs) -> taskq.Client:
+    """A Client of the module's cluster."""
+    return taskq.connect(cluster.url)

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from support import RedisClusterProcs
@@ -140,13 +139,6 @@ def test_reaper_and_exporter_survive_foreign_jobs(client: taskq.Client, job_name
 
 
 # --- the jobs index on a cluster -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
 
 
 def names_on_every_master(cluster: RedisClusterProcs, stem: str, count: int = 10) -> list[str]:

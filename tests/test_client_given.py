@@ -10,7 +10,6 @@ from the URL) reads the job it made.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -120,13 +119,6 @@ def test_decoded_sentinel_master_client_runs_a_job(job_name: str) -> None:
         if sentinel_proc is not None:
             sentinel_proc.cleanup()
         master.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
 
 
 def test_cluster_client_bytes_refused_decoded_runs_a_job(

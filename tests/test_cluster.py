@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -25,18 +24,6 @@ from taskq.keys import JobKeys, jobs_index
 from taskq.reaper import Reaper
 
 TASKQ_CLI = os.path.join(os.path.dirname(sys.executable), "taskq")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cclient(cluster: RedisClusterProcs) -> taskq.Client:
-    return taskq.connect(cluster.url)
 
 
 def spread_names(cluster: RedisClusterProcs, stem: str, count: int = 10) -> list[str]:

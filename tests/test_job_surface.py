@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,18 +27,6 @@ from taskq.sharded_trainer import ShardedTrainer
 from taskq.shardset import ShardedStatus
 
 KINDS = ["plain", "sharded"]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cclient(cluster: RedisClusterProcs) -> taskq.Client:
-    return taskq.connect(cluster.url)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,18 +29,6 @@ from taskq.keys import JobKeys
 from taskq.sharded_trainer import ShardedTrainer
 
 PROC = os.path.join(os.path.dirname(__file__), "sharded_proc.py")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cclient(cluster: RedisClusterProcs) -> taskq.Client:
-    return taskq.connect(cluster.url)
 
 
 @pytest.fixture

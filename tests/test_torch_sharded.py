@@ -8,7 +8,6 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +23,8 @@ KINDS = ["plain", "sharded"]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(masters=3)
-    yield procs
-    procs.cleanup()
-
-
-@pytest.fixture(scope="module")
 def curl(cluster: RedisClusterProcs) -> str:
     return str(cluster.url)
-
-
-@pytest.fixture(scope="module")
-def cclient(cluster: RedisClusterProcs) -> taskq.Client:
-    return taskq.connect(cluster.url)
 
 
 @pytest.fixture
