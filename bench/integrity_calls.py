@@ -40,7 +40,7 @@ def _trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
 
 def _ack(t: taskq.Trainer, count: int) -> None:
     while count > 0:
-        got = t._lease_n(min(MAX_BATCH, count), 0, None)
+        got = t.lease_many(min(MAX_BATCH, count), timeout=0)
         assert got, "the job ran out of work"
         t.ack(got)
         count -= len(got)
@@ -61,13 +61,13 @@ def exercise(client: taskq.Client, job: str, n: int, log=print) -> dict[str, flo
     a = _trainer(client, job, "a")
     _ack(a, n // 3)
     for _ in range(2000 // MAX_BATCH):
-        for task in a._lease_n(MAX_BATCH, 0, None):
+        for task in a.lease_many(MAX_BATCH, timeout=0):
             a.fail(task, "dies (max_failures=1)")
     holders = [_trainer(client, job, f"h{i}") for i in range(8)]
     for h in holders:
         got = []
         while len(got) < 62:
-            got += h._lease_n(min(MAX_BATCH, 62 - len(got)), 0, None)
+            got += h.lease_many(min(MAX_BATCH, 62 - len(got)), timeout=0)
         for task in got:
             h.progress(task, 7)
         h.flush_progress()
