@@ -519,9 +519,13 @@ def test_events_stream_records_the_story(client, job_name):
     make_job(client, job_name, n=1)
     t = trainer(client, job_name, "w")
     t.ack(t.lease(timeout=0))
-    kinds = [f["type"] for _, f in client.events(job_name, count=100)]
-    for k in ("job_created", "worker_joined", "leased", "acked", "pass_completed", "job_completed"):
+    entries = [f for _, f in client.events(job_name, count=100)]
+    kinds = [f["type"] for f in entries]
+    for k in ("job_created", "worker_joined", "step", "pass_completed", "job_completed"):
         assert k in kinds
+    # one step entry per call: the lease's, then the ack's
+    steps = [f for f in entries if f["type"] == "step"]
+    assert [("leased" in f, "acked" in f) for f in steps] == [(True, False), (False, True)]
     assert json.loads(client.redis.hget(client.keys(job_name).passes, "0"))["done"] == 1
 
 

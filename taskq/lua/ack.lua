@@ -60,7 +60,7 @@ for k = 1, n_starts do
       rcall('ZADD', K_STARTED, jnow_s(), task)
       local dl = start_deadline()
       if dl then rcall('ZADD', K_DEADLINES, dl, task) end
-      event('started', 'task', task, 'worker', worker)
+      event_task('started', task, worker, tok)
     end
     starts[k] = C.OK
   else
