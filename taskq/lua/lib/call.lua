@@ -60,8 +60,7 @@ end
 -- writes land before the reply.
 local function done(reply)
   flush_events()
-  for field, n in lpairs(HBUF) do rcall('HINCRBY', K_HIST, field, fmt(n)) end
-  HBUF = {}
+  flush_hist()
   flush()
   return reply
 end
