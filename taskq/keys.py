@@ -137,11 +137,6 @@ class MetaField:
     #: there; readers add the two (stats.histogram).
     DUR_SUM = "dur_sum"
     LATE_SUM = "late_sum"
-    #: The duration histogram's buckets in one field: 12 digits per bucket (HIST_WIDTH),
-    #: bucket 1 first, so an ack changes its bucket in place and the count is written with
-    #: the meta the call writes anyway, not one HINCRBY per ack. A job created before it
-    #: also has ``dur:<i>`` in ``hist``, frozen there; readers add the two.
-    DUR_HIST = "dur_hist"
     #: The size of the waiting set (ZADD / ZREM answer what they changed): a worker that got
     #: tasks leaves the set only when the set is not empty (absent in a job created before
     #: the field: counted once, then kept).

@@ -77,8 +77,6 @@ class Code(enum.IntEnum):
     WORKER_NOT_FOUND = -9
 
 
-#: Digits per bucket in the meta field dur_hist (keys.MetaField.DUR_HIST).
-HIST_WIDTH = 12
 #: Bucket upper bounds (ms) of the histograms the scripts keep (task duration "dur",
 #: re-dispatch lateness "late"); one more bucket is +Inf.
 HIST_BOUNDS_MS: tuple[int, ...] = (
@@ -231,7 +229,6 @@ def _generated() -> str:
         f"  KC, {', '.join(names)} = keys, {slots}",
         "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
-        f"local HIST_WIDTH, HIST_FMT = {HIST_WIDTH}, '%0{HIST_WIDTH}d'",
         "local function hist_bucket(ms)",
     ]
     for i, bound in enumerate(HIST_BOUNDS_MS, 1):

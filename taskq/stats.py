@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 from . import errors, inputwait_view, integrity
 from .keys import JobKeys
 from .keys import MetaField as F
-from .scripts import HIST_BOUNDS_MS, HIST_WIDTH, Scripts, raise_for
+from .scripts import HIST_BOUNDS_MS, Scripts, raise_for
 
 
 class Client(Protocol):
@@ -59,9 +59,7 @@ def _int(meta: dict[str, str], field: str, key: str = "") -> int:
         raise errors.CorruptData(f"{key}: field {field!r} is not a number") from e
 
 
-def histogram(
-    hist: dict[str, str], name: str, meta_sum: str | None = None, meta_buckets: str | None = None
-) -> dict[str, Any]:
+def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> dict[str, Any]:
     """A histogram kept by the scripts, in seconds: bounds, per-bucket counts, sum, count.
 
     Args:
@@ -69,8 +67,6 @@ def histogram(
         name: the histogram, ``dur`` or ``late``.
         meta_sum: its sum in ms, the meta field the scripts keep it in (``dur_sum`` /
             ``late_sum``); None when absent.
-        meta_buckets: its buckets kept in one meta field (``dur_hist``: HIST_WIDTH digits
-            per bucket), added to the hash's (which a job created before it keeps).
 
     Returns:
         ``bounds_s``, ``counts`` (one more than the bounds: +Inf), ``sum_s``, ``count``.
@@ -78,9 +74,6 @@ def histogram(
         job created by an older version kept it (it stays there, no longer written).
     """
     counts = [int(hist.get(f"{name}:{i}", 0)) for i in range(1, len(HIST_BOUNDS_MS) + 2)]
-    if meta_buckets:
-        w = HIST_WIDTH
-        counts = [c + int(meta_buckets[i * w : (i + 1) * w] or 0) for i, c in enumerate(counts)]
     total_ms = float(meta_sum or 0) + float(hist.get(f"{name}:sum", 0) or 0)
     return {
         "bounds_s": [b / 1000.0 for b in HIST_BOUNDS_MS],
@@ -161,7 +154,7 @@ def snapshot(client: Client, name: str, summaries: int = 20) -> Any:
         pass_attempt=_int(meta, F.P_RESETS),
         reserved=_int(meta, F.NRESERVED) if state in ("running", "paused") else 0,
         histograms={
-            "task_duration": histogram(hist, "dur", meta.get(F.DUR_SUM), meta.get(F.DUR_HIST)),
+            "task_duration": histogram(hist, "dur", meta.get(F.DUR_SUM)),
             "redispatch_lateness": histogram(hist, "late", meta.get(F.LATE_SUM)),
         },
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,

@@ -60,7 +60,8 @@ end
 -- writes land before the reply.
 local function done(reply)
   flush_events()
-  flush_hist()
+  for field, n in lpairs(HBUF) do rcall('HINCRBY', K_HIST, field, fmt(n)) end
+  HBUF = {}
   flush()
   return reply
 end

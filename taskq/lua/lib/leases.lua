@@ -100,11 +100,10 @@ local function recompute_auto_timeout()
   local bounds = HIST_BOUNDS
   local fields = {}
   for b = 1, #bounds + 1 do fields[b] = 'dur:' .. b end
-  local got = rcall('HMGET', K_HIST, unpk(fields))  -- (an older job's frozen buckets)
-  local now = dur_hist_counts()
+  local got = rcall('HMGET', K_HIST, unpk(fields))
   local total = 0
   for b = 1, #bounds + 1 do
-    local c = (tonum(got[b] or '0') or 0) + now[b] + (HBUF['dur:' .. b] or 0)
+    local c = tonum(got[b] or '0') or 0
     got[b] = c
     total = total + c
   end

@@ -50,7 +50,7 @@ local function load_meta()
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
     F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
     F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.DUR_SUM,
-    F.NWAITING, F.DUR_HIST)
+    F.NWAITING)
   M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
     [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
     [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
@@ -59,7 +59,7 @@ local function load_meta()
     [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
     [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
-    [F.DUR_SUM] = v[30], [F.NWAITING] = v[31], [F.DUR_HIST] = v[32],
+    [F.DUR_SUM] = v[30], [F.NWAITING] = v[31],
     [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
   MN = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
     [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
@@ -67,7 +67,7 @@ local function load_meta()
   DIRTY = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
     [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
     [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
-    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.DUR_HIST] = false}
+    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false}
   NUM = {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
     [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
     [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
