@@ -1,7 +1,8 @@
 """Instructions redis-server runs per hot-path FCALL, counted by valgrind (by hand).
 
 Usage: .venv/bin/python bench/server_instructions.py [--calls 200] [--before DIR]
-           [--shapes 'prefetch 1,prefetch 0,batches(16),prefetch 16']
+           [--shapes 'prefetch 1,prefetch 0,batches(16),prefetch 16'] [--bullmq 1,16]
+           [--jobs 2000]
 
 Where it sits: beside `hot_call.py`, whose server µs per FCALL move with a shared
 machine's load by 20-30 % from run to run; an instruction count does not (±2 %: hash seeds,
@@ -13,6 +14,13 @@ older commit's taskq, `git archive REV taskq | tar -x -C DIR`) runs the same aga
 DIR's library and client. For where the instructions go, keep the dump
 (`--keep FILE`) and read it with `callgrind_annotate --inclusive=yes FILE`
 (bench/README.md has the reading of one). Needs valgrind with callgrind_control.
+
+Each row gives instructions per FCALL, per task (tasks handed out in the window: calls x
+the batch) and Redis commands per FCALL (INFO commandstats: a script's inner commands are
+counted there, so this is redis.calls + 1). The BullMQ rows (`--bullmq`, concurrency list;
+needs node and `npm ci` in bench/peers/bullmq) run in the same invocation on their own
+callgrind'ed server: peers/bullmq/drain_once.mjs drains a warm-up, enqueues `--jobs` no-op
+jobs, the counters are zeroed, one Worker drains them: instructions / jobs.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import time
 import redis
 
 SHAPES = ("prefetch 1", "prefetch 0", "batches(16)", "prefetch 16")
+BULLMQ_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "bullmq")
 
 
 def _free_port() -> int:
@@ -39,12 +48,8 @@ def _free_port() -> int:
     return int(port)
 
 
-def measure(shape: str, calls: int, keep: str = "") -> float:
-    """Thousands of server instructions per FCALL of `shape` (this interpreter's taskq)."""
-    import taskq
-
-    port, d = _free_port(), tempfile.mkdtemp(prefix="taskq-cg-")
-    out = os.path.join(d, "cg.out")
+def _server(d: str, out: str) -> tuple[subprocess.Popen[bytes], int, redis.Redis]:
+    port = _free_port()
     server = subprocess.Popen(
         [
             "valgrind",
@@ -65,14 +70,44 @@ def measure(shape: str, calls: int, keep: str = "") -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    admin = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(300):
+        try:
+            admin.ping()
+            break
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.1)
+    return server, port, admin
+
+
+def _total(out: str, keep: str) -> int:
+    total = 0
+    with open(out + ".1", errors="replace") as f:
+        for line in f:
+            if line.startswith("summary:"):
+                total = int(line.split()[1])
+    if keep:
+        os.replace(out + ".1", keep)
+    return total
+
+
+def _commands(admin: redis.Redis) -> tuple[int, int]:
+    """(FCALLs, all other commands) since the last CONFIG RESETSTAT."""
+    stats = admin.info("commandstats")
+    fcalls = int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+    others = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_fcall")
+    return fcalls, others
+
+
+def measure(shape: str, calls: int, keep: str = "") -> dict[str, float]:
+    """Thousands of server instructions per FCALL and per task of `shape` (this
+    interpreter's taskq), and Redis commands per FCALL."""
+    import taskq
+
+    d = tempfile.mkdtemp(prefix="taskq-cg-")
+    out = os.path.join(d, "cg.out")
+    server, port, admin = _server(d, out)
     try:
-        admin = redis.Redis(host="127.0.0.1", port=port)
-        for _ in range(300):
-            try:
-                admin.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.1)
         url = f"redis://127.0.0.1:{port}/0"
         client = taskq.connect(url)
         client.create_job("cg", [{"i": i} for i in range(calls * 16 + 2_000)], passes=None)
@@ -89,17 +124,56 @@ def measure(shape: str, calls: int, keep: str = "") -> float:
         for _ in range(calls):
             next(items)
         subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
-        fcalls = admin.info("commandstats")["cmdstat_fcall"]["calls"]
+        fcalls, others = _commands(admin)
         trainer.close()
-        total = 0
-        with open(out + ".1", errors="replace") as f:
-            for line in f:
-                if line.startswith("summary:"):
-                    total = int(line.split()[1])
-        if keep:
-            os.replace(out + ".1", keep)
-        return total / fcalls / 1000
+        total = _total(out, keep)
+        return {
+            "call": total / fcalls / 1000,
+            "task": total / (calls * batch) / 1000,
+            "cmds": (others + fcalls) / fcalls,
+        }
     finally:
+        server.terminate()
+        server.wait()
+
+
+def measure_bullmq(concurrency: int, jobs: int, keep: str = "") -> dict[str, float]:
+    """Thousands of server instructions per job: one BullMQ Worker drains `jobs` no-op jobs
+    enqueued before the counters were zeroed; Redis commands per job."""
+    d = tempfile.mkdtemp(prefix="bullmq-cg-")
+    out = os.path.join(d, "cg.out")
+    server, port, admin = _server(d, out)
+    node = None
+    try:
+        node = subprocess.Popen(
+            ["node", "drain_once.mjs", "--port", str(port), "--jobs", str(jobs)]
+            + ["--concurrency", str(concurrency)],
+            cwd=BULLMQ_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert node.stdin is not None and node.stdout is not None
+        if node.stdout.readline().strip() != "ready":
+            raise SystemExit("bullmq: drain_once.mjs did not get ready")
+        admin.config_resetstat()
+        subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
+        node.stdin.write("go\n")
+        node.stdin.flush()
+        if node.stdout.readline().strip() != "done":
+            raise SystemExit("bullmq: drain_once.mjs did not finish")
+        subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
+        fcalls, others = _commands(admin)
+        node.stdin.write("end\n")
+        node.stdin.flush()
+        node.wait(timeout=120)
+        total = _total(out, keep)
+        return {"call": 0.0, "task": total / jobs / 1000, "cmds": (others + fcalls) / jobs}
+    finally:
+        if node is not None and node.poll() is None:
+            os.killpg(node.pid, 9)
+            node.wait()
         server.terminate()
         server.wait()
 
@@ -110,6 +184,8 @@ def main() -> None:
     parser.add_argument("--before", default="")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--keep", default="", help="keep the (last) dump in this file")
+    parser.add_argument("--bullmq", default="", help="BullMQ Worker concurrencies, e.g. 1,16")
+    parser.add_argument("--jobs", type=int, default=2000, help="BullMQ jobs drained")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -118,7 +194,7 @@ def main() -> None:
             print(json.dumps([shape, measure(shape, args.calls, args.keep)]), flush=True)
         return
     trees = [("before", args.before), ("after", "")] if args.before else [("this tree", "")]
-    got: dict[tuple[str, str], float] = {}
+    got: dict[tuple[str, str], dict[str, float]] = {}
     for label, code_dir in trees:
         env = dict(os.environ)
         if code_dir:
@@ -132,14 +208,19 @@ def main() -> None:
             if line.startswith("["):
                 shape, k = json.loads(line)
                 got[(label, shape)] = k
-    print(
-        "| shape | " + " | ".join(f"{label}: k instructions / FCALL" for label, _ in trees) + " |"
-    )
-    print("|---|" + "---:|" * len(trees))
+    peers = [int(c) for c in args.bullmq.split(",") if c.strip()]
+    bull = {c: measure_bullmq(c, args.jobs) for c in peers}
+    head = "".join(f" {label}: k instr / task | per FCALL | cmds / FCALL |" for label, _ in trees)
+    print("| shape |" + head)
+    print("|---|" + "---:|---:|---:|" * len(trees))
     for shape in shapes:
-        print(
-            f"| {shape} | " + " | ".join(f"{got[(label, shape)]:.0f}" for label, _ in trees) + " |"
-        )
+        cells = ""
+        for label, _ in trees:
+            g = got[(label, shape)]
+            cells += f" {g['task']:.0f} | {g['call']:.0f} | {g['cmds']:.1f} |"
+        print(f"| taskq {shape} |" + cells)
+    for c, g in bull.items():
+        print(f"| BullMQ 6.7 c{c} (per job) | {g['task']:.0f} | | {g['cmds']:.1f} / job |")
 
 
 if __name__ == "__main__":

@@ -72,13 +72,13 @@ def trial(
             if p.is_alive():
                 p.kill()
     events = client.events(name, count=100_000)
-    first = min(_ms(i) for i, f in events if f["type"] in ("leased", "reserved"))
+    first = min(_ms(i) for i, f in events if "leased" in f or "reserved" in f)
     end = max(_ms(i) for i, f in events if f["type"] == "pass_completed")
     granted = {f["task"]: _ms(i) for i, f in events if f["type"] == "backup"}
     acked: dict[str, int] = {}
     for i, f in events:
-        if f["type"] == "acked":
-            for task in f["tasks"].split(","):
+        if f["type"] == "step" and "acked" in f:
+            for task in f["acked"].split(","):
                 acked.setdefault(task, _ms(i))
     duplicated_s = sum(max(0, acked.get(t, end) - at) for t, at in granted.items()) / 1000
     c = client.status(name, summaries=0).counters

@@ -59,7 +59,7 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
                 (
                     int(eid.split("-")[0])
                     for eid, e in events[at:]
-                    if e.get("type") == "leased" and task in e.get("tasks", "").split(",")
+                    if task in e.get("leased", "").split(",")
                 ),
                 None,
             )

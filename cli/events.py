@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from taskq.stats_tasks import STEP_KINDS
+
 from .common import client_of
 
 PAGE = 1000
@@ -24,18 +26,22 @@ TEXT_FIELDS = {"type", "worker", "from", "by", "incarnation", "error", "reason",
 _INT = re.compile(r"-?\d+")
 
 
+#: A ``step`` entry's lists: per kind (acked, started, leased, reserved) its task ids and
+#: their tokens (docs/design.md, "Events").
+STEP_LISTS = {f"{kind}{end}" for kind in STEP_KINDS for end in ("", "_tokens")}
+
+
 def typed(fields: dict[str, str]) -> dict[str, Any]:
-    """The stream's fields with numbers as numbers (a batch event's ``tasks`` and
-    ``tokens``: lists of numbers)."""
+    """The stream's fields with numbers as numbers (a ``step`` entry's lists of tasks and
+    tokens, and a batch event's ``tasks`` and ``tokens``: lists of numbers)."""
     out: dict[str, Any] = {}
+    step = fields.get("type") == "step"
     for key, value in fields.items():
         if key in TEXT_FIELDS:
             out[key] = value
         elif (
-            key in ("tasks", "tokens")
-            and "count" in fields  # a batch event's id list
-            and all(_INT.fullmatch(v) for v in value.split(","))
-        ):
+            (step and key in STEP_LISTS) or (key in ("tasks", "tokens") and "count" in fields)
+        ) and all(_INT.fullmatch(v) for v in value.split(",")):
             out[key] = [int(v) for v in value.split(",")]
         elif _INT.fullmatch(value):
             out[key] = int(value)
@@ -80,7 +86,10 @@ def _line(event_id: str, fields: dict[str, str], as_json: bool) -> str:
 )
 @click.pass_context
 def events(ctx: click.Context, name: str, follow: bool, as_json: bool, count: int) -> None:
-    """Recent events of job NAME (leased, acked, expired, pass_completed, ...)."""
+    """Recent events of job NAME (step, expired, failed, pass_completed, ...).
+
+    A trainer's call is one ``step`` entry: per kind (acked, started, leased, reserved)
+    the tasks it lists and their tokens."""
     client = client_of(ctx)
     client.status(name, summaries=0)  # an unknown job fails here, not as an empty list
     latest: collections.deque[tuple[str, dict[str, str]]] = collections.deque(maxlen=count)

@@ -26,7 +26,8 @@ JOB_KEYS: tuple[str, ...] = (
     "front",  # zset: re-dispatched task ids, leased before the cursor's order
     "leases",  # hash: task id -> current (or just ended) lease record; "b:<task>" a backup's
     "owned",  # zset (lex): "worker|incarnation|task" for every lease held
-    "deadlines",  # zset: task id -> task-timeout deadline (job clock, ms)
+    "deadlines",  # zset: not written any more (task timeouts run from "started"); a pass
+    # end, cancel or delete still removes one an older version left
     "reserved",  # zset: task id -> lease time, for prefetched leases not yet started
     "started",  # zset: task id -> start time (job clock, ms), for lease ages
     "workers",  # zset: "worker|incarnation" -> liveness deadline (job clock, ms)

@@ -257,7 +257,8 @@ def first_lease_ms(client: Caller, name: str, scan: int = 1000) -> int | None:
     if not entries or entries[0][1].get("type") != "job_created":
         return None
     for event_id, fields in entries:
-        if fields.get("type") in ("leased", "reserved") and fields.get("pass", "0") == "0":
+        granted = "leased" in fields or "reserved" in fields
+        if fields.get("type") == "step" and granted and fields.get("pass", "0") == "0":
             return int(event_id.split("-")[0])
     return None
 

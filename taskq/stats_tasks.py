@@ -80,20 +80,58 @@ def parse_tasks(rows: list[Any], state: str) -> list[dict[str, Any]]:
 EVENT_SCAN = 5000
 
 
+#: The kinds a ``step`` entry (one per call: docs/design.md, "Events") lists, each as
+#: ``<kind>`` (task ids), ``<kind>_tokens`` and, when more than EVENT_LIST_MAX were
+#: listed, ``<kind>_count``.
+STEP_KINDS = ("acked", "started", "leased", "reserved")
+
+
+def step_parts(fields: dict[str, str]) -> list[dict[str, str]]:
+    """A ``step`` entry as one event per kind it lists (``type`` the kind, ``tasks``,
+    ``tokens``, ``count``, ``pass``, ``worker``); any other entry as itself."""
+    if fields.get("type") != "step":
+        return [fields]
+    out = []
+    for kind in STEP_KINDS:
+        tasks = fields.get(kind)
+        if tasks is None:
+            continue
+        part = {"type": kind, "pass": fields.get("pass", ""), "worker": fields.get("worker", "")}
+        part["tasks"] = tasks
+        part["tokens"] = fields.get(f"{kind}_tokens", "")
+        part["count"] = fields.get(f"{kind}_count", str(len(tasks.split(","))))
+        out.append(part)
+    return out
+
+
 def task_histories(
     client: Caller, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
 ) -> dict[int, list[dict[str, Any]]]:
     """The latest ``per_task`` events of each task, oldest first, from the newest
-    ``scan`` events of the stream (it is trimmed: older history is gone anyway)."""
+    ``scan`` events of the stream (it is trimmed: older history is gone anyway). A
+    ``step`` entry counts as one event per kind it lists the task under (``type`` the
+    kind, with the task's ``token``)."""
     wanted = {str(t): int(t) for t in task_ids}
     out: dict[int, list[dict[str, Any]]] = {int(t): [] for t in task_ids}
     if not wanted or per_task <= 0:
         return out
     for event_id, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
-        ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
-        for t in ids:
-            if t in wanted and len(out[wanted[t]]) < per_task:
-                out[wanted[t]].append({"id": event_id, "ms": int(event_id.split("-")[0]), **fields})
+        ms = int(event_id.split("-")[0])
+        if fields.get("type") != "step":
+            ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
+            for t in ids:
+                if t in wanted and len(out[wanted[t]]) < per_task:
+                    out[wanted[t]].append({"id": event_id, "ms": ms, **fields})
+            continue
+        # newest first: within the entry, the kinds in reverse of the order they came in
+        for part in reversed(step_parts(fields)):
+            tokens = part["tokens"].split(",")
+            for i, t in enumerate(part["tasks"].split(",")):
+                if t in wanted and len(out[wanted[t]]) < per_task:
+                    one = {"type": part["type"], "pass": part["pass"], "worker": part["worker"]}
+                    one["task"] = t
+                    one["token"] = tokens[i] if i < len(tokens) else ""
+                    out[wanted[t]].append({"id": event_id, "ms": ms, **one})
     for events in out.values():
         events.reverse()
     return out

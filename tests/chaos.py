@@ -370,8 +370,8 @@ def acked_by(client: taskq.Client, job: str) -> set[tuple[str, int, int]]:
     while True:
         page = client.events(job, since=last, count=1000)
         for _, e in page:
-            if e.get("type") == "acked":
-                for task in filter(None, e.get("tasks", "").split(",")):
+            if e.get("type") == "step":
+                for task in filter(None, e.get("acked", "").split(",")):
                     out.add((e.get("worker", ""), int(e.get("pass", -1)), int(task)))
         if len(page) < 1000:
             return out

@@ -197,8 +197,8 @@ def test_events_keep_one_line_per_event_and_json_numbers(
     created = next(e for e in events if e["type"] == "job_created")
     assert created["tasks"] == 2 and created["pass"] == 0
     assert isinstance(created["incarnation"], str)
-    leased = next(e for e in events if e["type"] == "leased")
-    assert leased["tasks"] == [0] and isinstance(leased["tokens"][0], int)
+    leased = next(e for e in events if e["type"] == "step" and "leased" in e)
+    assert leased["leased"] == [0] and isinstance(leased["leased_tokens"][0], int)
     assert next(e for e in events if e["type"] == "failed")["error"] == CAUSE
 
 

@@ -361,6 +361,26 @@ def test_auto_task_timeout_starts_after_twenty_acks(client, job_name):
     assert cfg["auto_task_timeout_s"] == 60.0, "10 x p99 (100 ms bucket), at least 60 s"
 
 
+def test_auto_task_timeout_applies_to_tasks_already_running(client, job_name):
+    # the timeout runs from the start time: the first auto value (after the 20th ack)
+    # caps a task started before it, which had no deadline when it started
+    make_job(client, job_name, n=25, task_timeout="auto")
+    x, w = trainer(client, job_name, "x"), trainer(client, job_name, "w")
+    stuck = x.lease(timeout=0)
+    for _ in range(20):
+        task = w.lease(timeout=0)
+        client.advance_clock(job_name, 100)
+        w.ack(task)
+    assert st(client, job_name)["config"]["auto_task_timeout_s"] == 60.0
+    for _ in range(19):  # 57 s more: 59 s since the start, inside the 60 s
+        client.advance_clock(job_name, 3000)
+        assert x.heartbeat() == [] and w.heartbeat() == []
+    client.advance_clock(job_name, 2000)
+    w.heartbeat()
+    assert x.heartbeat() == [stuck.id] and stuck.revoked.is_set()
+    assert st(client, job_name)["counters"]["expired_task_timeout"] == 1
+
+
 def test_silence_gives_every_worker_one_more_ttl(client, job_name):
     make_job(client, job_name, n=2, worker_ttl=3.0)
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
@@ -523,9 +543,13 @@ def test_events_stream_records_the_story(client, job_name):
     make_job(client, job_name, n=1)
     t = trainer(client, job_name, "w")
     t.ack(t.lease(timeout=0))
-    kinds = [f["type"] for _, f in client.events(job_name, count=100)]
-    for k in ("job_created", "worker_joined", "leased", "acked", "pass_completed", "job_completed"):
+    entries = [f for _, f in client.events(job_name, count=100)]
+    kinds = [f["type"] for f in entries]
+    for k in ("job_created", "worker_joined", "step", "pass_completed", "job_completed"):
         assert k in kinds
+    # one step entry per call: the lease's, then the ack's
+    steps = [f for f in entries if f["type"] == "step"]
+    assert [("leased" in f, "acked" in f) for f in steps] == [(True, False), (False, True)]
     assert json.loads(client.redis.hget(client.keys(job_name).passes, "0"))["done"] == 1
 
 

@@ -154,10 +154,10 @@ def test_a_batch_event_lists_a_bounded_number_of_tasks(client, job_name):
     t = trainer(client, job_name, "w")
     batch = next(iter(t.batches(MAX_BATCH)))
     assert len(batch) == MAX_BATCH
-    leased = [f for _, f in client.events(job_name, count=100) if f["type"] == "leased"]
-    assert int(leased[0]["count"]) == MAX_BATCH
-    assert len(leased[0]["tasks"].split(",")) == EVENT_LIST_MAX
-    assert len(leased[0]["tokens"].split(",")) == EVENT_LIST_MAX
+    leased = [f for _, f in client.events(job_name, count=100) if "leased" in f]
+    assert leased[0]["type"] == "step" and int(leased[0]["leased_count"]) == MAX_BATCH
+    assert len(leased[0]["leased"].split(",")) == EVENT_LIST_MAX
+    assert len(leased[0]["leased_tokens"].split(",")) == EVENT_LIST_MAX
     t.close()
 
 

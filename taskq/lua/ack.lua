@@ -58,9 +58,8 @@ for k = 1, n_starts do
       rcall('ZREM', K_RESERVED, task)
       mincr(F.NRESERVED, -1)
       rcall('ZADD', K_STARTED, jnow_s(), task)
-      local dl = start_deadline()
-      if dl then rcall('ZADD', K_DEADLINES, dl, task) end
-      event('started', 'task', task, 'worker', worker)
+      start_due()
+      event_task('started', task, worker, tok)
     end
     starts[k] = C.OK
   else

@@ -6,8 +6,10 @@
 -- The hint F.DUE is at most the earliest worker and task deadline (and at most a second
 -- ahead), so while JNOW has not passed it nothing can be due and the calls of the hot
 -- path skip both scans; `force` (the reaper, register) scans regardless. A deadline is
--- only ever set below it by a new worker or a shorter task timeout (`due_by`); touching a
--- worker only moves its deadline later. bench/README.md has the measurement.
+-- only ever set below it by a new worker, a task started with a timeout shorter than a
+-- second (`due_by`) or a shorter auto timeout (recompute_auto_timeout); touching a worker
+-- only moves its deadline later. A task's deadline is its start (the started zset's
+-- score) + the current task timeout. bench/README.md has the measurement.
 local function reclaim(budget, force)
   if not force and JNOW <= mnum(F.DUE) then return 0, false end
   local did, more = 0, false
@@ -33,18 +35,20 @@ local function reclaim(budget, force)
     if #items < room then remove_worker(m, 'worker_lost') else more = true end
   end
   if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
-  if did < budget then
+  local tt = task_tt()
+  if did < budget and tt > 0 then
+    -- started before JNOW - tt: past the task timeout (the current one, from the start)
     local limit = budget - did
-    local exp = rcall('ZRANGEBYSCORE', K_DEADLINES, '-inf', '(' .. jnow_s(),
+    local exp = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', '(' .. fmt(JNOW - tt),
       'WITHSCORES', 'LIMIT', 0, limit)
     for i = 1, #exp, 2 do
       local task = exp[i]
       local l = parse_lease(rcall('HGET', K_LEASES, task))
       if lease_is_current(l) and l.st == 'S' then
-        expire(task, l, 'task_timeout', tonum(exp[i + 1]))
+        expire(task, l, 'task_timeout', tonum(exp[i + 1]) + tt)
         did = did + 1
       else
-        rcall('ZREM', K_DEADLINES, task)
+        rcall('ZREM', K_STARTED, task)
       end
     end
     if #exp / 2 >= limit then more = true end  -- (WITHSCORES: two entries per task)
@@ -54,8 +58,10 @@ local function reclaim(budget, force)
     local due = JNOW + 1000  -- a second ahead at most
     local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
     if #w > 0 then due = mmin(due, tonum(w[2])) end
-    local d = rcall('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-    if #d > 0 then due = mmin(due, tonum(d[2])) end
+    if tt > 0 then
+      local d = rcall('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
+      if #d > 0 then due = mmin(due, tonum(d[2]) + tt) end
+    end
     mput(F.DUE, due)
   end
   return did, more
@@ -112,8 +118,7 @@ local function grant(task, worker, winc, call_no, st, task_n)
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   if st == 'S' then
     rcall('ZADD', K_STARTED, jnow_s(), task)
-    local dl = start_deadline()
-    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
+    start_due()
   else
     rcall('ZADD', K_RESERVED, now_s(), task)
     mincr(F.NRESERVED)
@@ -289,8 +294,11 @@ local function wait_bound_ms()
   local best = AVOID_UNTIL  -- a failed task this worker must leave to others a while
   if BACKUP_AT and (not best or BACKUP_AT < best) then best = BACKUP_AT end
   if mnum(F.NLEASED) == 0 and not best then return 0 end
-  local d = rcall('ZRANGE', K_DEADLINES, 0, 0, 'WITHSCORES')
-  if #d > 0 and (not best or tonum(d[2]) < best) then best = tonum(d[2]) end
+  local tt = task_tt()
+  if tt > 0 then
+    local d = rcall('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
+    if #d > 0 and (not best or tonum(d[2]) + tt < best) then best = tonum(d[2]) + tt end
+  end
   local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
   if #w > 0 and (not best or tonum(w[2]) < best) then best = tonum(w[2]) end
   if not best then return 0 end

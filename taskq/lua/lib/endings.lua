@@ -72,8 +72,7 @@ local function survives(task, l, charge)
     rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
     rcall('HSET', K_LEASES, 'b:' .. task, ended)
     rcall('ZADD', K_STARTED, jnow_s(), task)
-    local dl = start_deadline()
-    if dl then rcall('ZADD', K_DEADLINES, dl, task) end
+    start_due()
     mincr(F.NLEASED)
   end
   event('carries_on', 'task', task, 'worker', o.worker)

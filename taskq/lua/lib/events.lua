@@ -3,31 +3,46 @@
 
 local EVMAX = '10000'  -- per call (open_job sets it from the job)
 
--- leased / acked events are gathered per call (one entry listing the tasks and tokens)
--- and written before any other event, so the stream keeps the order things happened in.
--- An entry lists at most EVENT_LIST_MAX tasks (count has them all): the stream is capped
--- in entries, so a bounded entry bounds its bytes (docs/capacity.md).
+-- The call's grants, starts and acks are gathered into one `step` entry (docs/design.md,
+-- "Events"): per kind (acked, started, leased, reserved, in the order each first came)
+-- the field <kind> lists the tasks and <kind>_tokens their tokens, with <kind>_count when
+-- more than EVENT_LIST_MAX were listed; it is written before any other event of the call,
+-- so the stream keeps the order things happened in. The stream is capped in entries, so a
+-- bounded entry bounds its bytes (docs/capacity.md).
 local EVBUF, EVORDER = {}, {}  -- per call
 local function flush_events()
-  for _, kind in lipairs(EVORDER) do
+  local nk = #EVORDER
+  if nk == 0 then return end
+  local a = {'XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'step', 'pass', EVBUF.pass,
+    'worker', EVBUF.worker}
+  local k = 12
+  for j = 1, nk do
+    local kind = EVORDER[j]
     local b = EVBUF[kind]
     local n = #b.tasks
-    local tasks, tokens, count = b.tasks[1], b.tokens[1], '1'  -- (one task: nothing to join)
+    local tasks, tokens = b.tasks[1], b.tokens[1]  -- (one task: nothing to join)
     if n > 1 then
       local listed = mmin(n, EVENT_LIST_MAX)
-      tasks, tokens, count = tconcat(b.tasks, ',', 1, listed), tconcat(b.tokens, ',', 1, listed),
-        fmt(n)
+      tasks, tokens = tconcat(b.tasks, ',', 1, listed), tconcat(b.tokens, ',', 1, listed)
     end
-    rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', b.pass,
-      'worker', b.worker, 'tasks', tasks, 'tokens', tokens, 'count', count)
+    a[k + 1], a[k + 2], a[k + 3], a[k + 4] = kind, tasks, kind .. '_tokens', tokens
+    k = k + 4
+    if n > EVENT_LIST_MAX then
+      a[k + 1], a[k + 2] = kind .. '_count', fmt(n)
+      k = k + 2
+    end
   end
+  rcall(unpk(a, 1, k))
   EVBUF, EVORDER = {}, {}
 end
 local function event_task(kind, task, worker, token)
-  local b = EVBUF[kind]
-  if not b or b.worker ~= worker or b.pass ~= mget(F.PASS) then
+  if #EVORDER > 0 and (EVBUF.worker ~= worker or EVBUF.pass ~= mget(F.PASS)) then
     flush_events()
-    b = {worker = worker, pass = mget(F.PASS), tasks = {}, tokens = {}}
+  end
+  if #EVORDER == 0 then EVBUF.worker, EVBUF.pass = worker, mget(F.PASS) end
+  local b = EVBUF[kind]
+  if not b then
+    b = {tasks = {}, tokens = {}}
     EVBUF[kind] = b
     EVORDER[#EVORDER + 1] = kind
   end

@@ -1,5 +1,5 @@
--- leases.lua: lease records, tokens, task timeouts, the owned / started / deadlines /
--- reserved indexes, ending a lease (end_lease, end_held). Where the task goes then is
+-- leases.lua: lease records, tokens, task timeouts, the owned / started / reserved
+-- indexes, ending a lease (end_lease, end_held). Where the task goes then is
 -- endings.lua's; whose a write is (the caller's lease secret) is secrets.lua's.
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
@@ -75,25 +75,22 @@ local function due_by(ms)
   if ms < mnum(F.DUE) then mput(F.DUE, ms) end
 end
 
--- The deadline of a task started now (a string), or nil without a task timeout.
-local DL_TT, DL_S = nil, nil  -- per call
--- The task timeout fixed at start: none, a number, or auto (10 x p99, at least 60 s,
--- once 20 tasks of the job were acked).
-local function start_deadline()
+-- The task timeout in ms (0: none), applied from each started lease's start time (its
+-- score in the started zset, the liveness clock): none, a number, or auto (10 x p99, at
+-- least 60 s, once 20 tasks of the job were acked; a change applies to running tasks).
+local function task_tt()
   local tt = mget(F.TT)
-  if tt == 'none' then
-    tt = 0
-  elseif tt == 'auto' then
-    tt = mnum(F.AUTO_TT)
-  else
-    tt = tonum(tt) or 0
-  end
-  if tt <= 0 then return nil end
-  if tt ~= DL_TT then
-    DL_TT, DL_S = tt, fmt(JNOW + tt)
-    due_by(JNOW + tt)
-  end
-  return DL_S
+  if tt == 'none' then return 0 end
+  if tt == 'auto' then return mnum(F.AUTO_TT) end
+  return tonum(tt) or 0
+end
+-- A lease started now: reclaim's hint F.DUE stays below its deadline (once per call).
+local DL_DONE = false  -- per call
+local function start_due()
+  if DL_DONE then return end
+  DL_DONE = true
+  local tt = task_tt()
+  if tt > 0 then due_by(JNOW + tt) end
 end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
@@ -116,7 +113,11 @@ local function recompute_auto_timeout()
     seen = seen + got[b]
     if seen >= need then p99 = bounds[b]; break end
   end
-  mset(F.AUTO_TT, fmt(mmax(60000, 10 * p99)))
+  local was, tt = task_tt(), mmax(60000, 10 * p99)
+  mset(F.AUTO_TT, fmt(tt))
+  -- the running tasks' deadlines move with it: a shorter (or a first) timeout may make
+  -- one due now, so the next call's reclaim scans and sets the hint again
+  if mget(F.TT) == 'auto' and (was <= 0 or tt < was) then mput(F.DUE, JNOW - 1) end
 end
 
 local function lease_is_current(l)
@@ -211,7 +212,6 @@ local function end_lease(task, l, kind)
   end
   -- the live lease's index entries (not the record itself)
   rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
-  rcall('ZREM', K_DEADLINES, task)
   rcall('ZREM', K_STARTED, task)
   if l.st == 'R' then
     rcall('ZREM', K_RESERVED, task)
