@@ -22,7 +22,7 @@ import timeit
 import common
 
 import taskq
-from taskq import scripts
+from taskq.engine import scripts
 from taskq.inputwait import SEND_EVERY_S, InputBeat, InputMeter
 
 

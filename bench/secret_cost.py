@@ -40,7 +40,7 @@ def child(calls: int) -> dict[str, float]:
 
     import taskq
 
-    header = (resources.files("taskq") / "lua" / "register.lua").read_text()
+    header = (resources.files("taskq.engine") / "lua" / "register.lua").read_text()
     with_secret = "secret" in header.split("\n-- returns", 1)[0]
     with common.start_redis() as server:
         client = taskq.Client(f"redis://{common.LOOPBACK}:{server.port}/0")

@@ -27,7 +27,7 @@ import redis
 
 import taskq
 from taskq.devserver import LOOPBACK, RedisCluster
-from taskq.sharded_trainer import ShardedTrainer
+from taskq.trainer.sharded import ShardedTrainer
 
 
 def snapshot(ports: list[int]) -> dict[int, dict[str, float]]:

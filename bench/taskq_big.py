@@ -23,8 +23,8 @@ import redis
 from taskq_util import CTX, Children, empty_chunks, url_of
 
 import taskq
-from taskq.client import encode_tasks
-from taskq.exporter import TaskqCollector
+from taskq.admin.client import encode_tasks
+from taskq.ops.exporter import TaskqCollector
 
 SECTION = "taskq"
 MB = 1024 * 1024
@@ -142,7 +142,7 @@ def _drain(url: str, job: str, n: int) -> float:
 def _drain_child(url, job, results) -> None:
     trainer = taskq.Trainer(job, url=url, handle_signals=False)
     count = 0
-    for batch in trainer.batches(taskq.scripts.MAX_BATCH):  # the largest batch accepted
+    for batch in trainer.batches(taskq.engine.scripts.MAX_BATCH):  # the largest batch accepted
         count += len(batch)
     trainer.close()
     results.put(count)

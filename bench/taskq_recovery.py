@@ -172,7 +172,7 @@ def _idle(url, job, events) -> None:
 
 
 def _reaper_child(url) -> None:
-    from taskq.reaper import Reaper
+    from taskq.ops.reaper import Reaper
 
     Reaper(taskq.connect(url), interval=0.5).run()
 

@@ -321,7 +321,7 @@ def _idle_child(url, job, count, stop_event) -> None:
 
 
 def _reaper_child(url) -> None:
-    from taskq.reaper import Reaper
+    from taskq.ops.reaper import Reaper
 
     Reaper(taskq.connect(url), interval=0.5).run()
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import taskq
-from taskq.scripts import LIBRARY, MAX_BATCH, MAX_HELD, MAX_PREFETCH
+from taskq.engine.scripts import LIBRARY, MAX_BATCH, MAX_HELD, MAX_PREFETCH
 
 _FN = re.compile(rf"^{LIBRARY}_([a-z_]+)$")
 

@@ -1,7 +1,7 @@
 """``taskq acl ROLE [JOB]``: print (or apply) the Redis ACL user of one job's trainers, a
 reaper or an exporter, for the taskq library of this version.
 
-One command per role of ``taskq.acl.ROLES``, generated from that table.
+One command per role of ``taskq.ops.acl.ROLES``, generated from that table.
 
 Data flow: operator -> cli/acl.py -> taskq.acl (rules) -> stdout, or ``ACL SETUSER`` on
 Redis with ``--apply``.
@@ -17,9 +17,9 @@ from typing import Any
 import click
 
 import taskq
-from taskq import acl as rules
-from taskq.connection import translate
-from taskq.scripts import LIBRARY
+from taskq.engine.connection import translate
+from taskq.engine.scripts import LIBRARY
+from taskq.ops import acl as rules
 
 from .common import client_of
 
@@ -124,7 +124,7 @@ def acl() -> None:
 
 
 def _command(role: rules.Role) -> click.Command:
-    """``taskq acl <role> [JOB]``: one command per role of ``taskq.acl.ROLES``."""
+    """``taskq acl <role> [JOB]``: one command per role of ``taskq.ops.acl.ROLES``."""
 
     @click.pass_context
     def command(

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from taskq.checkpoints import DEFAULT_KEEP
+from taskq.admin.checkpoints import DEFAULT_KEEP
 
 from .common import client_of, console, echo_json
 from .job import job

@@ -11,7 +11,7 @@ The processes are cli/demo_fleet.py's, the closing report cli/demo_report.py's, 
 watch.
 
 Data flow: cli/demo.py -> taskq.Client (job) ; trainer processes (cli/demo_fleet.py) ->
-taskq.Trainer -> Redis <- taskq.reaper.Reaper (process); cli/demo_report.py.
+taskq.Trainer -> Redis <- taskq.ops.reaper.Reaper (process); cli/demo_report.py.
 """
 
 from __future__ import annotations

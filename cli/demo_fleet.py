@@ -69,7 +69,7 @@ def _reaper_main(url: str, prefix: str | None, job: str, run_dir: str) -> None:
     """The demo's reaper: bounds recovery when nobody asks for work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _child_stdio(os.path.join(run_dir, "reaper.err"))
-    from taskq.reaper import Reaper
+    from taskq.ops.reaper import Reaper
 
     sys.exit(Reaper(taskq.Client(url, key_prefix=prefix), jobs=[job], interval=0.25).run())
 
@@ -115,7 +115,7 @@ class Fleet:
         return new
 
     def start_reaper(self) -> bool:
-        if importlib.util.find_spec("taskq.reaper") is None:
+        if importlib.util.find_spec("taskq.ops.reaper") is None:
             return False
         sys.stdout.flush()
         sys.stderr.flush()

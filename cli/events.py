@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from taskq.stats_tasks import STEP_KINDS
+from taskq.admin.stats_tasks import STEP_KINDS
 
 from .common import client_of
 

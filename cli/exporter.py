@@ -29,7 +29,7 @@ from .common import client_of, setup_logging
 @click.pass_context
 def exporter(ctx: click.Context, port: int, addr: str, jobs: tuple[str, ...]) -> None:
     """Serve /metrics for Prometheus until SIGTERM / Ctrl-C."""
-    from taskq.exporter import serve
+    from taskq.ops.exporter import serve
 
     setup_logging()
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 import taskq
-from taskq.shardset import ShardedStatus
+from taskq.admin.shardset import ShardedStatus
 
 from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
 from .job_input import (

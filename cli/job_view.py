@@ -14,9 +14,9 @@ import click
 from rich.table import Table
 
 import taskq
-from taskq import inputwait_view
+from taskq.admin import inputwait_view
+from taskq.admin.shardset import ShardedStatus
 from taskq.models import JobStatus
-from taskq.shardset import ShardedStatus
 
 from . import shards as shards_cli
 from .common import age, client_of, echo_json, pass_label, show

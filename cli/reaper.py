@@ -1,6 +1,6 @@
 """``taskq reaper``: run the loop that re-dispatches expired leases and lost workers' work.
 
-Data flow: cli/reaper.py -> taskq.reaper.Reaper -> Lua (reap) -> Redis.
+Data flow: cli/reaper.py -> taskq.ops.reaper.Reaper -> Lua (reap) -> Redis.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def reaper(
 ) -> None:
     """Re-dispatch expired leases within seconds (several reapers may run; runs until
     SIGTERM / Ctrl-C)."""
-    from taskq.reaper import Reaper
+    from taskq.ops.reaper import Reaper
 
     setup_logging()
     client = client_of(ctx)

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from taskq.shardset import ShardedStatus
+from taskq.admin.shardset import ShardedStatus
 
 from .common import pass_label, show
 

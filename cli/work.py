@@ -41,7 +41,7 @@ from typing import Any
 import click
 
 import taskq
-from taskq.connection import resolve_url
+from taskq.engine.connection import resolve_url
 
 log = logging.getLogger("taskq.work")
 

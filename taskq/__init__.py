@@ -3,7 +3,9 @@
 Public names only; see ``client.py`` (admin API) and ``trainer.py`` (the trainer client).
 """
 
-from .client import Client, connect
+from taskq.admin.client import Client, connect
+from taskq.trainer.core import Trainer
+
 from .errors import (
     ConnectionLost,
     CorruptData,
@@ -22,12 +24,11 @@ from .errors import (
     WorkerLost,
 )
 from .models import JobConfig, JobStatus, Task
-from .trainer import Trainer
 
 # isort: split
 # after trainer.py, so its classes are made first, as before (bench/trainer_instructions.py
 # counts ~1 % more per task when this comes first: a layout effect, not more work)
-from . import sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
+from taskq.trainer import sharded as sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
 
 __version__ = "0.1.0"
 

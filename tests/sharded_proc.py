@@ -13,7 +13,7 @@ import sys
 import time
 
 from taskq import LeaseLost
-from taskq.sharded_trainer import ShardedTrainer
+from taskq.trainer.sharded import ShardedTrainer
 
 
 def main() -> int:

@@ -14,10 +14,10 @@ import pytest
 from support import RedisClusterProcs
 
 import taskq
-from taskq.client import STAGING_TTL_S
-from taskq.exporter import TaskqCollector
+from taskq.admin.client import STAGING_TTL_S
 from taskq.keys import JobKeys, jobs_index
-from taskq.reaper import Reaper
+from taskq.ops.exporter import TaskqCollector
+from taskq.ops.reaper import Reaper
 
 TASKQ_CLI = os.path.join(os.path.dirname(sys.executable), "taskq")
 

@@ -12,7 +12,7 @@ import weakref
 import pytest
 
 import taskq
-from taskq import client_conn, client_handles, client_jobs, client_ops, client_reads
+from taskq.admin import client_conn, client_handles, client_jobs, client_ops, client_reads
 
 PARTS = [
     client_conn.Connection,

@@ -19,9 +19,9 @@ from redis.cluster import RedisCluster
 from support import RedisClusterProcs
 
 import taskq
-from taskq.exporter import TaskqCollector
 from taskq.keys import JobKeys, jobs_index
-from taskq.reaper import Reaper
+from taskq.ops.exporter import TaskqCollector
+from taskq.ops.reaper import Reaper
 
 TASKQ_CLI = os.path.join(os.path.dirname(sys.executable), "taskq")
 

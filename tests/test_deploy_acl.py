@@ -1,9 +1,9 @@
 """Checks of deploy/redis/acl.conf: its shape, and what each user may run.
 
 Where it sits: nothing here runs taskq. A private server loads acl.conf and answers
-`ACL DRYRUN` for each user, including every command the Lua scripts in taskq/lua/ call.
+`ACL DRYRUN` for each user, including every command the Lua scripts in taskq/engine/lua/ call.
 Which keys a trainer's or reaper's function may delete, and which verbs are the
-reaper's, come from taskq/acl.py (the per-job rules say the same).
+reaper's, come from taskq/ops/acl.py (the per-job rules say the same).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import redis
 from support import ROOT, RedisServer, free_port
 
-from taskq.acl import REAPER_VERBS, SCRATCH_KEYS
+from taskq.ops.acl import REAPER_VERBS, SCRATCH_KEYS
 
 ACL = ROOT / "deploy" / "redis" / "acl.conf"
-LUA = ROOT / "taskq" / "lua"
+LUA = ROOT / "taskq" / "engine" / "lua"
 
 
 # --- Redis ACL -------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_acl_allows_every_command_the_lua_scripts_call(acl_redis: redis.Redis) -
     """Scripts run with the caller's ACL: a command a role's script needs and the role
     lacks would stop that script half-way with NOPERM."""
     scripts = sorted(LUA.glob("*.lua"))
-    assert scripts, "taskq/lua/ has no scripts"
+    assert scripts, "taskq/engine/lua/ has no scripts"
     checked = 0
     for script in scripts:
         for command, args in lua_calls(script):

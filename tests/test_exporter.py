@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import RedisServer, free_port
 
 import taskq
-from taskq import exporter
-from taskq.stats import LEASE_AGE_BOUNDS_S
+from taskq.admin.stats import LEASE_AGE_BOUNDS_S
+from taskq.ops import exporter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TTL_MS = 5000
@@ -528,7 +528,7 @@ def test_a_sharded_job_is_exported_as_one_with_a_shard_label(
 ) -> None:
     """Each shard's series carry the sharded job's job_name and the shard's name as
     ``shard``: ``sum by (job_name)`` is the job's figure; a plain job keeps its labels."""
-    from taskq import sharded
+    from taskq.admin import sharded
 
     name = job_name[:40]
     client.create_job(name, [{"i": i} for i in range(9)], shards=3, passes=2)

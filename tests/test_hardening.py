@@ -12,8 +12,7 @@ import redis
 from support import RedisServer
 
 import taskq
-from taskq.keys import JobKeys
-from taskq.scripts import (
+from taskq.engine.scripts import (
     EVENT_LIST_MAX,
     MAX_BATCH,
     MAX_HELD,
@@ -21,6 +20,7 @@ from taskq.scripts import (
     MAX_RECLAIM,
     PAGE_MAX,
 )
+from taskq.keys import JobKeys
 
 
 def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import taskq
-from taskq import scripts
+from taskq.engine import scripts
+from taskq.engine.scripts import MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
 from taskq.keys import JobKeys
-from taskq.scripts import MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
 
 BAD_BY_KIND: dict[str, list[str]] = {
     "inc": ["a|b", "a\nb"],

@@ -5,7 +5,7 @@ import`` anywhere in it, at module level, inside a function (a lazy import) or u
 ``if TYPE_CHECKING:``, is an edge. A package's ``__init__`` re-exporting its own modules
 is not a circle of theirs: the edge from a module to a package containing it is left
 out. The modules below the admin client see it through the Protocols of
-taskq/caller.py, not by importing client.py.
+taskq/admin/caller.py, not by importing client.py.
 """
 
 from __future__ import annotations
@@ -114,10 +114,10 @@ def _excluded(component: list[str]) -> bool:
 def test_the_graph_sees_every_kind_of_import() -> None:
     """The parser finds relative, absolute, lazy and ``TYPE_CHECKING`` imports."""
     graph = import_graph()
-    assert "taskq.client_conn" in graph["taskq.client"]  # from .client_conn import ...
-    assert "taskq.client" in graph["taskq"]  # the package re-exports it
-    assert "taskq" not in graph["taskq.client"]  # a module's own package: no edge
-    assert "taskq.caller" in graph["taskq.checkpoints"]  # under TYPE_CHECKING
+    assert "taskq.admin.client_conn" in graph["taskq.admin.client"]  # from .client_conn import ...
+    assert "taskq.admin.client" in graph["taskq"]  # the package re-exports it
+    assert "taskq" not in graph["taskq.admin.client"]  # a module's own package: no edge
+    assert "taskq.admin.caller" in graph["taskq.admin.checkpoints"]  # under TYPE_CHECKING
     assert "cli.demo_torch" in graph["cli.demo"]  # inside a function
 
 
@@ -136,25 +136,25 @@ def test_no_module_is_on_an_import_cycle() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "taskq.caller",
-        "taskq.stats",
-        "taskq.stats_tasks",
-        "taskq.barrier",
-        "taskq.checkpoints",
-        "taskq.shardset",
-        "taskq.sharded",
-        "taskq.sharded_create",
-        "taskq.sharded_admin",
-        "taskq.sharded_job",
-        "taskq.jobs",
-        "taskq.protocol",
-        "taskq.heartbeat",
-        "taskq.exporter",
-        "taskq.reaper",
+        "taskq.admin.caller",
+        "taskq.admin.stats",
+        "taskq.admin.stats_tasks",
+        "taskq.admin.barrier",
+        "taskq.admin.checkpoints",
+        "taskq.admin.shardset",
+        "taskq.admin.sharded",
+        "taskq.admin.sharded_create",
+        "taskq.admin.sharded_admin",
+        "taskq.admin.sharded_job",
+        "taskq.admin.jobs",
+        "taskq.trainer.protocol",
+        "taskq.trainer.heartbeat",
+        "taskq.ops.exporter",
+        "taskq.ops.reaper",
     ],
 )
 def test_the_modules_below_the_client_do_not_import_it(module: str) -> None:
-    """They reach none of the client's modules: they see it through taskq/caller.py.
+    """They reach none of the client's modules: they see it through taskq/admin/caller.py.
     (The trainers, and sharded_take.py built on ``Trainer``, construct a ``Client``:
     they are above it.)"""
     graph = import_graph()
@@ -165,5 +165,59 @@ def test_the_modules_below_the_client_do_not_import_it(module: str) -> None:
         if node not in seen:
             seen.add(node)
             todo.extend(graph[node])
-    reached = sorted(m for m in seen if m == "taskq.client" or m.startswith("taskq.client_"))
+    reached = sorted(
+        m for m in seen if m == "taskq.admin.client" or m.startswith("taskq.admin.client_")
+    )
     assert not reached, f"{module} reaches {reached}"
+
+
+#: layer -> the layers its modules may import (itself included). Data flow: training loop
+#: -> torchdata -> trainer -> admin -> engine -> Redis; ops and the CLI sit on admin.
+ALLOWED = {
+    "ground": {"ground"},
+    "data": {"ground", "data"},
+    "engine": {"ground", "engine"},
+    "admin": {"ground", "engine", "admin"},
+    "trainer": {"ground", "data", "engine", "admin", "trainer"},
+    "torchdata": {"ground", "data", "engine", "admin", "trainer", "torchdata"},
+    "ops": {"ground", "engine", "admin", "ops"},
+    "public": {"ground", "data", "engine", "admin", "trainer", "torchdata", "ops", "public"},
+    "cli": {"ground", "data", "engine", "admin", "trainer", "torchdata", "ops", "public", "cli"},
+}
+LAYER_OF_PACKAGE = {
+    "taskq.engine": "engine",
+    "taskq.admin": "admin",
+    "taskq.trainer": "trainer",
+    "taskq.torchdata": "torchdata",
+    "taskq.torch": "torchdata",
+    "taskq.ops": "ops",
+    "taskq.data": "data",
+    "taskq.datasets": "data",
+    "cli": "cli",
+}
+
+
+def layer_of(module: str) -> str:
+    """The layer a module belongs to (the shared ground: errors, keys, models, config...)."""
+    if module == "taskq":
+        return "public"
+    for package, layer in LAYER_OF_PACKAGE.items():
+        if module == package or module.startswith(package + "."):
+            return layer
+    return "ground"
+
+
+def test_every_layer_has_modules() -> None:
+    assert {layer_of(m) for m in import_graph()} == set(ALLOWED)
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    """The arrows go one way: nothing below imports what sits above it."""
+    graph = import_graph()
+    upward = sorted(
+        f"{m} ({layer_of(m)}) imports {dep} ({layer_of(dep)})"
+        for m, deps in graph.items()
+        for dep in deps
+        if layer_of(dep) not in ALLOWED[layer_of(m)]
+    )
+    assert not upward, "\n".join(upward)

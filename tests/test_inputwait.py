@@ -15,10 +15,11 @@ from click.testing import CliRunner
 from taskq.cli.main import cli
 
 import taskq
-from taskq import inputwait_view, scripts
+from taskq.admin import inputwait_view
+from taskq.engine import scripts
+from taskq.engine.scripts import Code
 from taskq.inputwait import N_BUCKETS, SEND_EVERY_S, WAIT_BOUNDS_S, InputBeat, InputMeter
 from taskq.keys import JobKeys
-from taskq.scripts import Code
 
 
 def test_the_meter_times_the_wait_inside_next_and_the_step_between() -> None:

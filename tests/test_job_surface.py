@@ -21,10 +21,10 @@ from support import RedisClusterProcs, make_job
 
 import taskq
 from cli.main import cli
-from taskq import sharded, sharded_admin
-from taskq.jobs import PlainJob
-from taskq.sharded_trainer import ShardedTrainer
-from taskq.shardset import ShardedStatus
+from taskq.admin import sharded, sharded_admin
+from taskq.admin.jobs import PlainJob
+from taskq.admin.shardset import ShardedStatus
+from taskq.trainer.sharded import ShardedTrainer
 
 KINDS = ["plain", "sharded"]
 

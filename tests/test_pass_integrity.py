@@ -11,8 +11,8 @@ import threading
 import pytest
 
 import taskq
-from taskq import checkpoints
-from taskq.scripts import SUMMARIES_MAX
+from taskq.admin import checkpoints
+from taskq.engine.scripts import SUMMARIES_MAX
 
 
 def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:

@@ -19,8 +19,8 @@ from data_files import write_parquet
 from support import RedisServer, stop_process, wait_until
 
 import taskq
-from taskq import acl
 from taskq.data import build_chunks, read_task
+from taskq.ops import acl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -29,7 +29,7 @@ from support import free_port, stop_process
 from test_exporter import run_scenario
 
 import taskq
-from taskq import exporter
+from taskq.ops import exporter
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

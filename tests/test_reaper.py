@@ -27,9 +27,9 @@ from redis.backoff import ConstantBackoff
 from support import free_port, wait_until
 
 import taskq
+from taskq.engine.scripts import HIST_BOUNDS_MS
 from taskq.keys import jobs_index
-from taskq.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
-from taskq.scripts import HIST_BOUNDS_MS
+from taskq.ops.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
 
 # subprocesses import this checkout's taskq whatever the working directory
 SUBPROCESS_ENV = {
@@ -240,7 +240,7 @@ REAPER_PROC = """
 import logging, sys
 import taskq
 from taskq.keys import jobs_index
-from taskq.reaper import Reaper
+from taskq.ops.reaper import Reaper
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 url, job, batch, lock_ms = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sys.exit(Reaper(taskq.connect(url), jobs=[job], interval=0.05, batch=batch, max_batches=1,

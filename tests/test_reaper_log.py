@@ -8,7 +8,7 @@ import logging
 import pytest
 
 import taskq
-from taskq.reaper import Reaper
+from taskq.ops.reaper import Reaper
 
 
 def test_one_info_line_per_tick_that_did_something(

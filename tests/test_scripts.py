@@ -1,4 +1,4 @@
-"""The build of the Lua Function library (taskq/scripts.py): per-call state, meta field
+"""The build of the Lua Function library (taskq/engine/scripts.py): per-call state, meta field
 names, key counts, and the order of the parts. No Redis needed: these check the text."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 import taskq
-from taskq import scripts
+from taskq.engine import scripts
 from taskq.keys import JOB_KEYS, META_FIELDS
 
 
@@ -29,7 +29,7 @@ def test_a_multi_line_declaration_is_refused_as_it_could_not_be_reset():
 
 
 def test_begin_resets_every_per_call_local_of_the_real_library():
-    pkg = resources.files("taskq") / "lua" / "lib"
+    pkg = resources.files("taskq.engine") / "lua" / "lib"
     declared = set()
     for part in scripts.LIB_PARTS:
         for line in (pkg / part).read_text().splitlines():
@@ -78,7 +78,7 @@ def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
 
 
 def test_every_lua_file_is_under_400_lines():
-    pkg = resources.files("taskq") / "lua"
+    pkg = resources.files("taskq.engine") / "lua"
     files = [*pkg.glob("*.lua"), *(pkg / "lib").glob("*.lua")]  # type: ignore[attr-defined]
     assert files
     long = {f.name: n for f in files if (n := len(f.read_text().splitlines())) >= 400}
@@ -86,7 +86,7 @@ def test_every_lua_file_is_under_400_lines():
 
 
 def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():
-    pkg = resources.files("taskq") / "lua" / "lib"
+    pkg = resources.files("taskq.engine") / "lua" / "lib"
     assert sorted(scripts.LIB_PARTS) == sorted(p.name for p in pkg.iterdir())
     offsets = [scripts.SOURCE.index(f"-- lib/{part}\n") for part in scripts.LIB_PARTS]
     assert offsets == sorted(offsets)
@@ -100,7 +100,7 @@ def test_an_unknown_meta_field_is_refused_and_known_ones_become_literals():
 
 def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
     """Meta fields are named through F.<NAME> only, so the check above sees every one."""
-    pkg = resources.files("taskq") / "lua"
+    pkg = resources.files("taskq.engine") / "lua"
     files = [p for p in pkg.iterdir() if p.name.endswith(".lua")]
     files += [p for p in (pkg / "lib").iterdir() if p.name.endswith(".lua")]
     literal = re.compile(r"\b(?:mget|mnum|mput|mincr|mset)\('|K_META, '")

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from taskq.cli.work import work
 
 import taskq
-from taskq.scripts import Code
-from taskq.stats import parse_lease
+from taskq.admin.stats import parse_lease
+from taskq.engine.scripts import Code
 
 
 def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:

@@ -24,9 +24,9 @@ from support import RedisClusterProcs, free_port, wait_until
 
 import taskq
 from cli.main import cli
-from taskq import sharded
+from taskq.admin import sharded
 from taskq.keys import JobKeys
-from taskq.sharded_trainer import ShardedTrainer
+from taskq.trainer.sharded import ShardedTrainer
 
 PROC = os.path.join(os.path.dirname(__file__), "sharded_proc.py")
 

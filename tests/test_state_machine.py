@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import taskq
-from taskq.scripts import Code
-from taskq.stats import parse_lease
+from taskq.admin.stats import parse_lease
+from taskq.engine.scripts import Code
 
 N_TASKS = 5
 WORKERS = ("w0", "w1", "w2")

@@ -27,8 +27,8 @@ from support import RedisClusterProcs, RedisServer, wait_until
 from tcp_proxy import TcpProxy
 
 import taskq
-from taskq import protocol
-from taskq.reaper import Reaper
+from taskq.ops.reaper import Reaper
+from taskq.trainer import protocol
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -2,7 +2,7 @@
 
 The server runs deploy/redis/acl.conf (test passwords) plus a superuser ``tester`` that
 applies the generated users. Two jobs, A and B, each with a trainer user made by
-``taskq.acl.trainer_rule``: a trainer of A runs whole passes of A and can neither read nor
+``taskq.ops.acl.trainer_rule``: a trainer of A runs whole passes of A and can neither read nor
 change anything of B, even holding B's lease token; it cannot run the admin functions of
 A either (first-argument ``FCALL`` rules); what it can still do within A is pinned here
 too, as docs/security.md states it.
@@ -26,12 +26,12 @@ import redis
 from support import SERVER_BINARY, free_port, stop_process, wait_until
 
 import taskq
-from taskq import acl
-from taskq.exporter import TaskqCollector
+from taskq.admin.stats import parse_lease
+from taskq.engine.scripts import _FUNCTIONS, LIBRARY, SOURCE, Code
 from taskq.keys import JOB_KEYS, JobKeys
-from taskq.reaper import Reaper
-from taskq.scripts import _FUNCTIONS, LIBRARY, SOURCE, Code
-from taskq.stats import parse_lease
+from taskq.ops import acl
+from taskq.ops.exporter import TaskqCollector
+from taskq.ops.reaper import Reaper
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"

@@ -24,9 +24,9 @@ import redis
 from support import LOOPBACK, RedisServer, free_port
 
 import taskq
-from taskq.connection import mask_url
-from taskq.exporter import TaskqCollector
-from taskq.reaper import Reaper
+from taskq.engine.connection import mask_url
+from taskq.ops.exporter import TaskqCollector
+from taskq.ops.reaper import Reaper
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"

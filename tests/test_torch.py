@@ -22,7 +22,7 @@ from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
-from taskq import checkpoints
+from taskq.admin import checkpoints
 
 
 def _loader(url: str, job: str, num_workers: int, **kw: Any) -> taskq.torch.DataLoader:

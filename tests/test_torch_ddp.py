@@ -13,7 +13,7 @@ from torch_helpers import ddp_rank, gather, jsonl_reader, make_job, restart_rank
 
 import taskq
 import taskq.torch
-from taskq import checkpoints
+from taskq.admin import checkpoints
 
 
 def test_two_ddp_ranks_two_passes_with_join(

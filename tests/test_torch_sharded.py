@@ -17,7 +17,7 @@ from torch_helpers import gather, jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.sharded_trainer import ShardedTrainer
+from taskq.trainer.sharded import ShardedTrainer
 
 KINDS = ["plain", "sharded"]
 

@@ -22,8 +22,8 @@ import support
 from support import RedisServer, wait_until
 
 import taskq
-from taskq.protocol import HeartbeatReply, JobInfo, heartbeat_args
-from taskq.scripts import Code
+from taskq.engine.scripts import Code
+from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -19,8 +19,8 @@ from support import RedisServer, wait_until
 
 import taskq
 from taskq import errors
-from taskq.protocol import HeartbeatReply, JobInfo, heartbeat_args, heartbeat_pairs
-from taskq.scripts import Code
+from taskq.engine.scripts import Code
+from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args, heartbeat_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -265,7 +265,8 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["taskq.trainer", "taskq.heartbeat", "taskq.protocol", "taskq.models"]
+    "module",
+    ["taskq.trainer.core", "taskq.trainer.heartbeat", "taskq.trainer.protocol", "taskq.models"],
 )
 def test_the_trainers_modules_are_on_no_import_cycle(module: str) -> None:
     """No import (``TYPE_CHECKING`` ones included) leads from the module back to itself:

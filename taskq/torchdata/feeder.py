@@ -28,11 +28,12 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from taskq.engine.scripts import MAX_BATCH, MAX_HELD
+from taskq.trainer.core import Trainer
+
 from .. import errors
 from ..inputwait import InputMeter
 from ..models import Task
-from ..scripts import MAX_BATCH, MAX_HELD
-from ..trainer import Trainer
 from .dataset import TaskDataset
 from .ledger import Ledger
 from .readahead import ReadAhead

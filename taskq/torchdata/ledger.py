@@ -19,12 +19,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from taskq.engine.scripts import MAX_BATCH
+
 from .. import errors
 from ..models import Task
-from ..scripts import MAX_BATCH
 
 if TYPE_CHECKING:
-    from ..trainer import Trainer
+    from taskq.trainer.core import Trainer
 
 log = logging.getLogger("taskq.torch")
 

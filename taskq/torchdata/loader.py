@@ -19,10 +19,11 @@ from typing import Any
 
 import torch.utils.data
 
+from taskq.engine.scripts import MAX_HELD
+from taskq.trainer.core import default_worker_id
+
 from .. import errors
 from ..inputwait import InputMeter
-from ..scripts import MAX_HELD
-from ..trainer import default_worker_id
 from . import resume, signals
 from .dataset import Feed, TaskDataset
 from .feeder import Feeder
@@ -291,7 +292,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ckpt: the checkpoint's id (default: a new time-ordered one).
 
         Returns:
-            ``taskq.checkpoints.state_of(job, record)``: a small JSON-able dict.
+            ``taskq.admin.checkpoints.state_of(job, record)``: a small JSON-able dict.
 
         Raises:
             InvalidInput, JobNotFound, JobCancelled, ConnectionLost.

@@ -18,8 +18,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from taskq.engine.scripts import MAX_BATCH
+
 from ..models import Task
-from ..scripts import MAX_BATCH
 from .dataset import TaskMsg, stop_msg
 from .ledger import own_id
 

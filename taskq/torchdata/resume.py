@@ -2,7 +2,7 @@
 
 ``state_dict`` has the feeder thread (the only one that calls the trainer) ack what the
 loop took, send the progress it recorded and call ``Client.checkpoint``; the returned
-``taskq.checkpoints.state_of`` dict goes into the model's checkpoint. ``load_state_dict``
+``taskq.admin.checkpoints.state_of`` dict goes into the model's checkpoint. ``load_state_dict``
 in a restarted trainer rewinds the job through its handle (``client.job(name).rewind``,
 plain or sharded, ``once`` with a key naming the restart), so the job is rewound once
 however many trainers load the same state (docs/resume.md).
@@ -20,11 +20,14 @@ import secrets
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import checkpoints, errors
+from taskq import errors
+from taskq.admin import checkpoints
+
 from .dataset import TaskDataset
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from taskq.admin.client import Client
+
     from .loader import DataLoader
 
 log = logging.getLogger("taskq.torch")
@@ -97,7 +100,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
         ckpt: the checkpoint's id (default: a new time-ordered one).
 
     Returns:
-        ``taskq.checkpoints.state_of(job, record)``: ``{"job", "checkpoint",
+        ``taskq.admin.checkpoints.state_of(job, record)``: ``{"job", "checkpoint",
         "incarnation", "pass", "done"}``, JSON-able.
 
     Raises:
@@ -215,7 +218,7 @@ def client_of(ds: TaskDataset) -> Iterator[Any]:
     if ds.client is not None:
         yield ds.client
         return
-    from ..client import Client
+    from taskq.admin.client import Client
 
     client = Client(ds.url)
     try:

@@ -1,0 +1,1 @@
+"""Administration: the Client, job handles (plain and sharded), checkpoints, stats."""

@@ -1,0 +1,330 @@
+"""One job surface: the handle of one plain job, and what both kinds of handle share.
+
+``PlainJob`` is one job of the engine (one hash slot, one script call per state change);
+``ShardedJob`` (sharded_job.py) composes one ``PlainJob`` per shard behind the same verbs
+(``caller.Job``), as redis-py keeps ``Redis`` and ``RedisCluster`` as two
+implementations of one command surface. Which of the two ``Client.job(name)`` returns is
+decided in one place: client_handles.py. Every ``Client`` method and CLI command taking a
+job name goes through the handle. A handle calls through a ``caller.Caller`` (the
+client, seen from below: no import of client.py).
+
+Data flow: client_handles.py / sharded*.py -> jobs.py (``PlainJob``) -> scripts.py (one
+call per verb), stats.py (reads), checkpoints.py -> Redis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from taskq import errors
+from taskq.admin import checkpoints, stats
+from taskq.admin.caller import Caller
+from taskq.admin.caller import CheckpointRef as CheckpointRef
+from taskq.admin.caller import Job as Job
+from taskq.engine.connection import translate
+from taskq.engine.scripts import MAX_RETRY, PAGE_MAX, Code
+from taskq.keys import jobs_index, valid_job_name
+from taskq.models import JobStatus
+
+
+def check_name(name: str) -> None:
+    """Refuse a bad job name (one readable line)."""
+    if not isinstance(name, str) or not valid_job_name(name):
+        raise errors.InvalidInput(f"bad job name {_short(name)}: use 1-64 of A-Z a-z 0-9 . _ -")
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 4] + "...'"
+
+
+def checkpoint_id(job: str, ckpt: Any) -> str:
+    """The id in what ``rewind`` was given: an id, or the record ``checkpoint`` returned.
+
+    Raises:
+        InvalidInput: neither (one line: the argument is not dumped).
+    """
+    if isinstance(ckpt, dict):
+        ckpt = ckpt.get("id")
+        if not isinstance(ckpt, str):
+            raise errors.InvalidInput(
+                f"job {job!r}: rewind takes a checkpoint id or the record checkpoint() "
+                f"returned; this dict has no 'id'"
+            )
+    if not isinstance(ckpt, str):
+        raise errors.InvalidInput(
+            f"job {job!r}: rewind takes a checkpoint id or the record checkpoint() "
+            f"returned, not {type(ckpt).__name__}"
+        )
+    if not valid_job_name(ckpt):
+        raise errors.InvalidInput(
+            f"job {job!r}: bad checkpoint id {_short(ckpt)}: use 1-64 of A-Z a-z 0-9 . _ -"
+        )
+    return ckpt
+
+
+def refuse_half_rewind(name: str, reply: Any, at: int) -> None:
+    """Raise when a verb was refused because a rewind of the job is half done (its reply
+    names the checkpoint at index ``at``)."""
+    if int(reply[0]) == Code.LOCKED:
+        ckpt = reply[at]
+        raise errors.TaskqError(
+            f"job {name}: a rewind to checkpoint {ckpt} is half done (its position is half "
+            f"copied); finish it first with `taskq job rewind {name} {ckpt}`; nothing changed"
+        )
+
+
+class PlainJob:
+    """One job of the engine (a shard is one too): each verb one bounded script call
+    (``retry`` of many tasks: one per batch; checkpoints: their bounded steps).
+
+    Args:
+        client: the admin client.
+        name: the job's name (checked).
+    """
+
+    sharded = False
+
+    def __init__(self, client: Caller, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.keys = client.keys(name)
+
+    def __repr__(self) -> str:
+        return f"PlainJob({self.name!r})"
+
+    def parts(self) -> list[str]:
+        """``[name]``: a plain job is one engine job."""
+        return [self.name]
+
+    # -- reading ------------------------------------------------------------------
+    def status(self, summaries: int = 20) -> JobStatus:
+        """A snapshot (O(1) in the number of tasks).
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.snapshot(self.client, self.name, summaries=summaries)
+
+    def audit(self) -> dict[str, Any]:
+        """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
+        check that the counters agree with the sets they count."""
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.audit(self.client, self.name)
+
+    def task(self, task_id: int, history: int = 20) -> dict[str, Any]:
+        """One task: state, chunks, holder, failures, attempts, last error, its events.
+
+        Raises:
+            InvalidInput: no such task. JobNotFound, CorruptData.
+        """
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.task_detail(self.client, self.name, int(task_id), history=history)
+
+    def tasks_page(
+        self, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
+    ) -> tuple[list[dict[str, Any]], str]:
+        """One page of the current pass's tasks in ``state`` (``Client.tasks_page``)."""
+        check_page(state, count)
+        reply = self.client.run(self.name, "peek", [state, cursor, int(count)])
+        return stats.parse_tasks(reply[1], state), str(reply[2])
+
+    def tasks(
+        self, state: str = "leased", limit: int = 100, details: bool = False
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` tasks of the current pass in ``state`` (``Client.tasks``)."""
+        rows = list(itertools.islice(iter_tasks(self, state), check_limit(limit)))
+        if details and rows:
+            with translate(self.client.url, self.keys, self.client.redis):
+                stats.add_details(self.client, self.name, rows)
+        return rows
+
+    def events(
+        self, since: str = "-", count: int = 100, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events after ``since`` ("-" for the oldest kept), oldest first."""
+        key = self.keys.events
+        redis_client = self.client.redis
+        with translate(self.client.url):
+            if block_ms is not None:
+                start = "$" if since == "-" else since
+                reply = redis_client.xread({key: start}, count=count, block=block_ms)
+                return [(i, f) for _, entries in reply for i, f in entries]
+            lo = since if since == "-" else "(" + since
+            return list(redis_client.xrange(key, min=lo, max="+", count=count))
+
+    def latest_events(self, kind: str, limit: int, scan: int = 1000) -> list[dict[str, str]]:
+        """The newest ``limit`` events of type ``kind`` among the newest ``scan``."""
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.latest_of_type(self.client, self.name, kind, limit, scan)
+
+    def first_lease_ms(self) -> int | None:
+        """When pass 0's first lease was granted (server ms), if still in the events."""
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.first_lease_ms(self.client, self.name)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The registered workers with their lease counts."""
+        with translate(self.client.url, self.keys, self.client.redis):
+            return stats.workers(self.client, self.name)
+
+    # -- passes -------------------------------------------------------------------
+    def next(self, expected_pass: int | None = None, force: bool = False) -> int:
+        """Start the next pass at a manual boundary (``Client.next_pass``)."""
+        if expected_pass is None:
+            expected_pass = self.status(summaries=0).pass_no
+        try:
+            reply = self.client.run(self.name, "advance", ["", expected_pass, int(force)])
+        except errors.PassMismatch as e:
+            raise errors.PassMismatch(self._mismatch(expected_pass)) from e
+        except errors.PassIncomplete as e:
+            st = self.status(summaries=0)
+            raise errors.PassIncomplete(
+                f"job {self.name}: pass {st.pass_no} has work left (todo {st.todo}, leased "
+                f"{st.leased}); --force skips it"
+            ) from e
+        refuse_half_rewind(self.name, reply, 3)
+        return int(reply[1])
+
+    def _mismatch(self, expected: int) -> str:
+        current = self.status(summaries=0).pass_no
+        if expected > current:
+            return (
+                f"job {self.name}: pass {expected} is not reached yet (the current pass is "
+                f"{current}); nothing changed"
+            )
+        return (
+            f"job {self.name}: pass {expected} is over, the pass moved on to {current} "
+            f"meanwhile; nothing changed"
+        )
+
+    def reset(self, expected_pass: int | None = None) -> int:
+        """Restart the current pass (``Client.reset_pass``)."""
+        expect = -1 if expected_pass is None else expected_pass
+        try:
+            reply = self.client.run(self.name, "reset", ["", expect])
+        except errors.PassMismatch as e:
+            raise errors.PassMismatch(self._mismatch(expect)) from e
+        refuse_half_rewind(self.name, reply, 2)
+        return int(reply[1])
+
+    # -- tasks and workers --------------------------------------------------------
+    def retry(self, task_ids: Sequence[int] | None = None) -> int:
+        """Put dead tasks (all when ``task_ids`` is None) back at the front
+        (``Client.retry``)."""
+        total = 0
+        if task_ids:
+            ids = sorted({int(t) for t in task_ids})
+            for task_id in ids:
+                state = self.task(task_id, history=0)["state"]
+                if state != "dead":
+                    raise errors.InvalidInput(
+                        f"job {self.name}: task {task_id} is {state}, not dead; only dead "
+                        f"tasks are retried (nothing retried)"
+                    )
+            for start in range(0, len(ids), MAX_RETRY):
+                batch = ids[start : start + MAX_RETRY]
+                reply = self.client.run(self.name, "retry", ["", len(batch), *batch])
+                refuse_half_rewind(self.name, reply, 3)
+                total += int(reply[1])
+            return total
+        while True:
+            reply = self.client.run(self.name, "retry", ["", 0])
+            refuse_half_rewind(self.name, reply, 3)
+            total += int(reply[1])
+            if int(reply[1]) == 0 or int(reply[2]) == 0:
+                return total
+
+    def revoke(self, task_id: int) -> bool:
+        """Send one task's lease back to the front; False if it is not leased."""
+        self.task(task_id, history=0)  # no such task: an error, not "not leased"
+        reply = self.client.run(self.name, "revoke", ["", int(task_id)])
+        return int(reply[0]) == Code.OK
+
+    def drain(self, worker_id: str) -> None:
+        """Ask a worker to finish its current task and leave."""
+        self.client.run(self.name, "drain", ["", worker_id])
+
+    def reap(
+        self, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
+    ) -> tuple[int, bool, bool]:
+        """Reclaim expired leases once (``Client.reap``)."""
+        reply = self.client.run(self.name, "reap", ["", budget, lock_ms, owner or "reaper"])
+        if int(reply[0]) == Code.LOCKED:
+            return 0, False, True
+        return int(reply[1]), bool(int(reply[2])), False
+
+    def advance_clock(self, ms: int, silent: bool = False) -> int:
+        """Tests only: move a manual-clock job's clock by ``ms``."""
+        reply = self.client.run(self.name, "clock", ["", int(ms), int(silent)])
+        return int(reply[1])
+
+    # -- the job's life -----------------------------------------------------------
+    def pause(self) -> None:
+        """No new leases; held ones are kept (``Client.pause_job``)."""
+        self.client.run(self.name, "pause", [""])
+
+    def resume(self) -> None:
+        """End a pause (``Client.resume_job``)."""
+        self.client.run(self.name, "resume", [""])
+
+    def cancel(self) -> None:
+        """Cancel: every lease is revoked (``Client.cancel_job``)."""
+        self.client.run(self.name, "cancel", [""])
+
+    def delete(self) -> None:
+        """Delete every key of the job (``Client.delete_job``)."""
+        client = self.client
+        try:
+            client.run(self.name, "delete", [""])
+        finally:
+            with translate(client.url):
+                if not client.redis.exists(self.keys.meta):
+                    client.redis.srem(jobs_index(client.prefix), self.name)
+
+    def replace(self, chunks: Iterable[Any], **settings: Any) -> JobStatus:
+        """Create the job again from ``chunks`` (a new incarnation); the settings are
+        ``Client.create_job``'s."""
+        return self.client.create_job(self.name, chunks, replace=True, **settings)
+
+    # -- checkpoints --------------------------------------------------------------
+    def checkpoint(
+        self, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+    ) -> dict[str, Any]:
+        """Record the job's position under an id (``Client.checkpoint``)."""
+        return checkpoints.checkpoint(self.client, self.name, keep, ckpt)
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The sealed checkpoints, oldest first."""
+        return checkpoints.listing(self.client, self.name)
+
+    def rewind(self, ckpt: CheckpointRef, once: bool = False, key: str = "") -> bool:
+        """Put the job back to a checkpoint: its id or its record (``Client.rewind``)."""
+        return checkpoints.rewind(self.client, self.name, checkpoint_id(self.name, ckpt), once, key)
+
+
+def check_page(state: str, count: int) -> None:
+    if state not in ("todo", "leased", "done", "dead"):
+        raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
+    if not 1 <= int(count) <= PAGE_MAX:
+        raise errors.InvalidInput(f"count must be in [1, {PAGE_MAX}], got {count}")
+
+
+def check_limit(limit: int) -> int:
+    if int(limit) < 1:
+        raise errors.InvalidInput(f"limit must be >= 1, got {limit}")
+    return int(limit)
+
+
+def iter_tasks(job: Job, state: str) -> Iterator[dict[str, Any]]:
+    """Every task of the current pass in ``state``, page by page (each page one bounded
+    call; a task changing state meanwhile may be listed twice or missed)."""
+    cursor = "0"
+    while True:
+        rows, cursor = job.tasks_page(state, cursor)
+        yield from rows
+        if cursor == "0":
+            return

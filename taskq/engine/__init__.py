@@ -1,0 +1,1 @@
+"""The engine: the Redis connection, the Lua library's build and its transport."""

@@ -1,0 +1,1 @@
+"""Operations: the reaper, the connection watch, the exporter, ACL rules."""

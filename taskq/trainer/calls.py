@@ -1,0 +1,166 @@
+"""A trainer's calls that change leases: the ack/start/lease step and the writes.
+
+``Calls`` is the part of ``Trainer`` (trainer.py) that talks to the server about
+leases: one ack/start/lease call (``step``) and what its reply does (to the lease book,
+the job view, a rejoin), the writes that end leases (``ack``, ``fail``, ``release``),
+failing tasks whose chunks cannot be read, and the lost-lease checks. It owns no state
+of its own: it applies replies to the parts that do. The iteration (trainer_iter.py)
+and the facade's ``ack`` / ``fail`` / ``release`` use it.
+
+Data flow: trainer.py / trainer_iter.py -> trainer_calls.py -> protocol.py -> scripts.py
+(lua) -> Redis; replies -> trainer_book.py, trainer_session.py (JobView).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from taskq import errors
+from taskq.engine.scripts import Code
+from taskq.models import Task
+from taskq.trainer.beats import Beats
+from taskq.trainer.book import LeaseBook
+from taskq.trainer.progress_sender import ProgressSender
+from taskq.trainer.protocol import Step, Wire
+from taskq.trainer.session import JobView, Session
+
+log = logging.getLogger("taskq.trainer")
+
+_END_STATES: dict[int, str] = {Code.JOB_COMPLETED: "completed", Code.JOB_CANCELLED: "cancelled"}
+
+# The codes a step's reply is compared with, as plain ints: reading a member of an IntEnum
+# goes through EnumType.__getattr__ (~0.2 µs, ten times a task on the hot path).
+OK, STALE, STOLEN, REREGISTER = (
+    int(Code.OK),
+    int(Code.STALE),
+    int(Code.STOLEN),
+    int(Code.REREGISTER),
+)
+DRAINING, PASS_DONE = int(Code.DRAINING), int(Code.PASS_DONE)
+JOB_COMPLETED, JOB_CANCELLED = int(Code.JOB_COMPLETED), int(Code.JOB_CANCELLED)
+
+
+class Calls:
+    """The lease-changing calls of a trainer (see the module docstring)."""
+
+    def __init__(
+        self,
+        wire: Wire,
+        session: Session,
+        book: LeaseBook,
+        view: JobView,
+        progress: ProgressSender,
+        beats: Beats,
+    ) -> None:
+        self.job = session.job
+        self._wire = wire
+        self._session = session
+        self._book = book
+        self._view = view
+        self._progress = progress
+        self._beats = beats
+
+    def step(
+        self, acks: list[Task], starts: list[Task], want: int, mode: str, expect_pass: int
+    ) -> Step:
+        """One ack/start/lease call; the tasks it grants are held (those with corrupt
+        chunks too, apart, until ``fail_corrupt`` fails them)."""
+        book, session = self._book, self._session
+        call_no = book.begin()
+        incarnation, secret = session.creds
+        try:
+            # the call itself, not through contact(): its *args would cost a tuple per task
+            r = self._wire.step(
+                session.job_incarnation,
+                session.worker_id,
+                incarnation,
+                secret,
+                call_no,
+                acks,
+                starts,
+                want,
+                mode,
+                expect_pass,
+            )
+        except BaseException as e:
+            if isinstance(e, errors.JobNotFound):  # what contact() notes
+                session.gone()
+            book.lost(call_no)
+            raise
+        session.heard()
+        self._progress.discard(acks)  # a done task's progress is spent
+        book.applied(call_no, acks, starts, r)
+        if r.code == REREGISTER:
+            self._beats.rejoin(incarnation)
+        if r.info is not None:
+            self._view.note(r.info)
+            if self._beats.helper is not None:
+                self._beats.changed()
+        if r.code in _END_STATES:
+            self._view.end(_END_STATES[r.code])
+        return r
+
+    def fail_corrupt(self, corrupt: Any) -> list[errors.CorruptData]:
+        """Fail each task whose chunks cannot be read, alone (one failure charged per
+        lease, so it is dead after max_failures instead of circulating), with the error
+        as the failure text; returns the errors, naming the job, the task and the key."""
+        out = []
+        for task, err in corrupt:
+            msg = f"job {self.job!r} task {task.id}: {err}"
+            log.error("%s; failing the task", msg)
+            try:
+                self.write("fail", [task], msg)
+            except errors.LeaseLost:
+                pass  # it was taken or expired meanwhile: its new holder fails it
+            out.append(errors.CorruptData(msg))
+            out[-1].__cause__ = err
+        return out
+
+    def end_code(self, code: int) -> None:
+        """Raise what an end code of a lease reply means."""
+        if code == JOB_COMPLETED:
+            raise errors.JobCompleted(f"job {self.job!r} is completed")
+        if code == JOB_CANCELLED:
+            self._beats.revoke_all()
+            raise errors.JobCancelled(f"job {self.job!r} was cancelled")
+
+    def check_acks(self, acks: list[Task], results: list[int], raise_stale: bool) -> None:
+        """Mark the acks the server refused (stale) revoked; raise or log them."""
+        if STALE not in results:
+            return
+        stale = [t.id for t, r in zip(acks, results, strict=False) if r == STALE]
+        for t in acks:
+            if t.id in stale:
+                t.revoked.set()
+        if stale:
+            msg = f"job {self.job!r}: lease lost for task(s) {stale}; result not counted"
+            if raise_stale:
+                raise errors.LeaseLost(msg, stale)
+            log.warning("%s", msg)
+
+    def write(self, verb: str, tasks: list[Task], *extra: Any) -> None:
+        """``fail`` or ``release`` ``tasks`` (progress sent first: the next holder starts
+        where this one got)."""
+        self._progress.flush_quietly()
+        session = self._session
+        incarnation, secret = session.creds
+        results = session.retrying(
+            session.contact,
+            self._wire.write,
+            verb,
+            session.job_incarnation,
+            session.worker_id,
+            incarnation,
+            secret,
+            tasks,
+            extra,
+        )
+        self._book.forget(tasks)
+        self._beats.changed()
+        self.check_acks(tasks, results, raise_stale=True)
+
+    def ack(self, tasks: list[Task]) -> None:
+        """``Trainer.ack``."""
+        r = self._session.retrying(self.step, tasks, [], 0, "S", -1)
+        self.check_acks(tasks, r.ack_res, raise_stale=True)

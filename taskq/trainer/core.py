@@ -1,0 +1,522 @@
+"""The thin trainer client: lease, ack, fail, release, heartbeats, graceful leave.
+
+A ``Trainer`` registers a worker incarnation, heartbeats from a daemon thread (it dies
+with the process, so a SIGKILLed trainer keeps nothing alive), and iterates tasks:
+acking the previous task, starting a reserved one and leasing the next is one script
+call. Every write carries the lease token; the server decides what is current.
+
+``Trainer`` is a facade over parts that each own their state and lock: the session and
+the job view (trainer_session.py: registration, incarnations, the lease secret, retries,
+rejoin, leave; pass, generation, state, drain), the lease book (trainer_book.py: held
+and reserved tasks, tokens, call numbers, revocations), the progress buffer
+(trainer_progress.py), the heartbeat (trainer_beats.py, the only thing heartbeat.py
+sees, as a ``HeartbeatHost``), the lease-changing calls (trainer_calls.py) and the
+iteration modes (trainer_iter.py); the ``with`` block's signal handling is
+``signals.py``'s ``SignalLeave`` (shared with ``ShardedTrainer``). This module builds
+them, and has the public surface and leaving. The verbs' ARGV and replies are
+``protocol.py``'s.
+
+Data flow: trainer code -> trainer.py -> trainer_iter.py / trainer_calls.py ->
+protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from taskq import errors
+from taskq.admin.client import Client
+from taskq.engine.connection import resolve_url
+from taskq.inputwait import InputMeter
+from taskq.keys import JobKeys
+from taskq.models import Task
+from taskq.trainer.beats import Beats, heartbeat_mode
+from taskq.trainer.book import LeaseBook
+from taskq.trainer.calls import Calls
+from taskq.trainer.heartbeat import stop_dropped
+from taskq.trainer.iteration import Iteration
+from taskq.trainer.progress_sender import ProgressSender
+from taskq.trainer.protocol import HeartbeatReply, Wire
+from taskq.trainer.session import JobView, Session
+from taskq.trainer.session import default_worker_id as default_worker_id  # its old home
+from taskq.trainer.signals import SignalLeave
+
+log = logging.getLogger("taskq.trainer")
+
+
+#: What ``Trainer(name)`` of a sharded job builds: ``ShardedTrainer``, set by
+#: sharded_trainer.py when it is imported (``import taskq`` does), so that this module
+#: imports nothing that imports it back.
+SHARDED_TRAINER: Callable[..., Any] | None = None
+
+
+def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
+    """Whether ``job`` is a sharded job (``client.job``), retrying an unreachable Redis
+    for up to ``reconnect_timeout`` seconds as the trainer's own calls do."""
+    deadline = time.monotonic() + reconnect_timeout
+    delay = 0.05
+    while True:
+        try:
+            return client.job(job).sharded
+        except errors.ConnectionLost as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; retrying in %.2fs", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Trainer:
+    """A worker of one job.
+
+    Args:
+        job: the job name.
+        url: Redis URL (or ``TASKQ_REDIS_URL``); ignored when ``client`` is given.
+        client: a configured ``taskq.Client`` to share (cluster, Sentinel, TLS).
+        worker_id: defaults to ``host:pid:random``; ``|`` is not allowed.
+        prefetch: reserved tasks kept ahead of the current one (others may steal them).
+        worker_ttl: this worker's own liveness ttl in seconds (e.g. for long GIL-bound
+            steps); the job's ``worker_ttl`` when None.
+        heartbeat: ``"thread"`` (or True, the default): a daemon thread of this process;
+            ``"process"``: a helper process that keeps heartbeating while this process
+            holds the GIL for long steps, and exits when this process dies (needs ``url``,
+            not a ``client`` built on a given redis-py client); False: none (tests that
+            drive ``heartbeat()`` by hand).
+        handle_signals: in the ``with`` block, turn SIGTERM into ``SystemExit`` and SIGINT
+            into ``KeyboardInterrupt`` (main thread only; forked children get the default
+            behaviour back) so the loop ends and everything held is released.
+        reconnect_timeout: seconds a call keeps retrying while Redis is unreachable
+            (backoff with jitter); then ``ConnectionLost`` is raised.
+        input_meter: the meter of the loop's data wait to send with the heartbeats
+            (``taskq.torch.DataLoader`` gives its own); a new one when None. Iterating the
+            trainer times each ``next()``; ``heartbeat="process"`` does not send it.
+
+    Attributes:
+        state: the job's state as this trainer last heard it (see the property).
+        pass_no: the newest pass this trainer heard of (see the property).
+
+    Raises:
+        JobNotFound: no such job.
+        ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+            ``reconnect_timeout``.
+    """
+
+    def __new__(
+        cls, job: str, url: str | None = None, client: Client | None = None, *a: Any, **kw: Any
+    ) -> Any:
+        """``Trainer(name)`` works on any job: a sharded job's name gives its
+        ``ShardedTrainer`` (sharded_trainer.py), the same surface (iteration,
+        ``passes()``, ``batches(k)``, ``lease`` / ``lease_many``, ``progress``, ``ack`` /
+        ``fail`` / ``release``, the ``with`` block, ``close``); ``client.job(name)`` tells
+        which (jobs.py). A subclass, or ``of_shard``, is always a plain trainer."""
+        if cls is not Trainer:
+            return super().__new__(cls)
+        probe = client or Client(url, retries=1)
+        if _is_sharded(probe, job, float(kw.get("reconnect_timeout", 60.0))):
+            if SHARDED_TRAINER is None:  # pragma: no cover - `import taskq` sets it
+                raise errors.TaskqError(f"job {job!r} is sharded: import taskq.sharded_trainer")
+            return SHARDED_TRAINER(job, url, probe, *a, **kw)
+        self = super().__new__(cls)
+        self.__dict__["_probe_client"] = probe  # the client __init__ would make: made once
+        return self
+
+    @classmethod
+    def of_shard(cls, job: str, **kw: Any) -> Trainer:
+        """A plain trainer of ``job``, a job of the engine (a sharded trainer's shard),
+        without asking whether ``job`` is a sharded job.
+
+        Args:
+            job: the job (a shard's) name.
+            kw: ``Trainer``'s arguments.
+        """
+        self: Trainer = object.__new__(cls)
+        Trainer.__init__(self, job, **kw)
+        return self
+
+    def __init__(
+        self,
+        job: str,
+        url: str | None = None,
+        client: Client | None = None,
+        worker_id: str | None = None,
+        *,
+        prefetch: int = 0,
+        worker_ttl: float | None = None,
+        heartbeat: bool | str = True,
+        handle_signals: bool = True,
+        reconnect_timeout: float = 60.0,
+        input_meter: InputMeter | None = None,
+    ) -> None:
+        # one redis-py retry per command: the trainer's own loop (backoff with jitter,
+        # bounded by reconnect_timeout) does the rest, so the bound is what it says
+        self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
+        self.job = job
+        wire = Wire(self.client, job)
+        self.keys: JobKeys = wire.keys
+        # each part checks its own arguments (InvalidInput) before anything is sent
+        self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
+        self.worker_id = session.worker_id
+        # the raw URL (with any password) for connections of our own; None with a given client
+        raw_url = resolve_url(url) if client is None else url
+        mode = heartbeat_mode(heartbeat, raw_url)
+        self.handle_signals = handle_signals
+        # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
+        self.input_meter = input_meter if input_meter is not None else InputMeter()
+        self._view = view = JobView()
+        self._book = book = LeaseBook()
+        # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
+        # the helper process, from the loop's own thread at most once per interval
+        self._progress = progress = ProgressSender(wire, session, mode == "process")
+        self._beats = beats = Beats(
+            self.client, wire, session, book, view, progress, self.input_meter
+        )
+        self._calls = calls = Calls(wire, session, book, view, progress, beats)
+        self._iter = Iteration(
+            self.client, wire, session, book, view, calls, beats, prefetch, self.input_meter
+        )
+        self._signals = SignalLeave(job)
+        self._closed = False
+        # a trainer started while Redis is away (a pod scheduled during a restart) waits
+        # for it like every other call, up to reconnect_timeout
+        view.note(session.retrying(session.register).info)
+        beats.start(mode, raw_url)
+        # nothing started here holds the trainer strongly: dropped, it is collected and
+        # this stops its heartbeats
+        self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beats.helper)
+
+    # -- what the trainer knows -------------------------------------------------------
+    @property
+    def held(self) -> list[Task]:
+        """The tasks this trainer believes it holds (current and reserved)."""
+        return self._book.held()
+
+    @property
+    def draining(self) -> bool:
+        """True once an operator asked this worker to finish its task and leave."""
+        return self._view.draining
+
+    @property
+    def state(self) -> str:
+        """The job's state as this trainer last heard it (read-only): ``"running"``,
+        ``"waiting"`` (at a pass boundary for ``taskq pass next``), ``"completed"`` (its
+        last pass is done) or ``"cancelled"``. Every reply and heartbeat answer updates
+        it; after ``passes()`` or iteration ends it says why (see ``passes``)."""
+        return self._view.state
+
+    @property
+    def pass_no(self) -> int:
+        """The newest pass of the job this trainer heard of (read-only; never goes back)."""
+        return self._view.pass_no
+
+    @property
+    def incarnation(self) -> str:
+        """This worker's current incarnation (a new one after a rejoin)."""
+        return self._session.incarnation
+
+    @property
+    def job_incarnation(self) -> str:
+        """The job's incarnation this trainer registered with."""
+        return self._session.job_incarnation
+
+    @property
+    def ttl_s(self) -> float:
+        """This worker's liveness ttl in seconds, as the server gave it."""
+        return self._session.ttl_s
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats, as the server gave it."""
+        return self._session.heartbeat_interval
+
+    @property
+    def reconnect_timeout(self) -> float:
+        """Seconds a call keeps retrying while Redis is unreachable (settable)."""
+        return self._session.reconnect_timeout
+
+    @reconnect_timeout.setter
+    def reconnect_timeout(self, value: float) -> None:
+        self._session.reconnect_timeout = value
+
+    @property
+    def prefetch(self) -> int:
+        """Reserved tasks kept ahead of the current one (settable)."""
+        return self._iter.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._iter.prefetch = value
+
+    @property
+    def heartbeats_sent(self) -> int:
+        """Heartbeat answers applied."""
+        return self._beats.sent
+
+    @property
+    def stolen_from_me(self) -> int:
+        """Reserved tasks an idle trainer took before this one started them."""
+        return self._book.stolen_from_me
+
+    def global_id(self, task: Task) -> int:
+        """The task's id in the whole job: ``task.id`` (``ShardedTrainer`` maps a shard's
+        task to its id in the sharded job)."""
+        return task.id
+
+    # -- taking tasks (trainer_iter.py) ---------------------------------------------------
+    def lease(
+        self,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+    ) -> Task | None:
+        """Lease one task, started; with ``acks``, ack those in the same call.
+
+        Args:
+            timeout: seconds to wait for work (0: do not wait).
+            expect_pass: never return work of another pass (``PASS_DONE`` -> None).
+            acks: finished tasks to ack in the same call. A lost lease among them is
+                logged, not raised: its ``revoked`` event is set and nothing was counted.
+
+        Returns:
+            A task, or None when ``timeout`` passed with nothing to give.
+
+        Raises:
+            JobCompleted: the job's last pass is done; there will never be work again.
+            JobCancelled: the job was cancelled; there will never be work again.
+            JobNotFound: the job was deleted or replaced; there will never be work again.
+            Draining: an operator asked this worker to leave.
+            CorruptData: the task granted has unreadable chunks (the message names the
+                job, the task and the key); it was already failed, not left leased.
+            ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
+                ``reconnect_timeout``.
+        """
+        return self._iter.lease(timeout, expect_pass, acks)
+
+    def lease_many(
+        self,
+        n: int,
+        timeout: float = 2.0,
+        expect_pass: int | None = None,
+        acks: Sequence[Task] = (),
+        *,
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
+    ) -> list[Task]:
+        """Lease up to ``n`` tasks, started, in one call; with ``acks``, ack those in it.
+
+        Args:
+            n: the most tasks to lease (1 to the job's per-call bound; 0 with ``acks``
+                or ``starts``: none, only those).
+            timeout: seconds to wait for work (0: do not wait).
+            expect_pass: never return work of another pass (``PASS_DONE`` -> []).
+            acks: finished tasks to ack in the same call (a lost lease is logged and its
+                ``revoked`` event set, not raised).
+            starts: tasks this trainer leased with ``reserve=True``, to start in the same
+                call (before the lease): each comes back started (``task.started``) or,
+                if an idle trainer took it meanwhile, no longer held (``task.revoked``
+                set; ``stolen_from_me`` counts it).
+            reserve: lease the tasks reserved, not started: read-ahead an idle trainer
+                may still take (steal) until it is started (``starts=``); the task
+                timeout runs from the start.
+
+        Returns:
+            The tasks leased (those with unreadable chunks are failed and left out);
+            empty when ``timeout`` passed with nothing to give.
+
+        Raises:
+            InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
+            JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
+        """
+        return self._iter.lease_many(n, timeout, expect_pass, acks, starts, reserve)
+
+    def __iter__(self) -> Iterator[Task]:
+        return self._iter.iterate(None)
+
+    def passes(self) -> Iterator[Iterator[Task]]:
+        """One iterator per pass; each ends when its pass is complete for everyone (a
+        barrier: the next one blocks while the job waits at a manual boundary).
+
+        A pass's iterator ends the same way whether its pass is complete, the job is
+        completed or cancelled, or this worker drains; tell them apart after it ends by
+        ``state`` (``"completed"``, ``"cancelled"``; else the pass is done and the job
+        goes on) and ``draining``. ``passes()`` itself ends after the job's last pass,
+        on cancel or drain. For example::
+
+            for epoch in trainer.passes():
+                for task in epoch:
+                    train(task)
+                if trainer.state == "cancelled":
+                    break              # no checkpoint of a cancelled run
+                checkpoint()
+
+        Returns:
+            Iterators of tasks, one per pass, until the job is completed or cancelled.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced meanwhile.
+        """
+        return self._iter.passes()
+
+    def batches(self, k: int) -> Iterator[list[Task]]:
+        """Lists of up to ``k`` tasks started together and acked together (one call per
+        batch); ends when the job is completed or cancelled, or this worker drains.
+
+        Args:
+            k: the most tasks in one batch.
+
+        Returns:
+            An iterator of batches (tasks with unreadable chunks are failed and left out).
+
+        Raises:
+            InvalidInput: ``k < 1``.
+            JobNotFound: the job was deleted or replaced.
+        """
+        return self._iter.batches(k)
+
+    # -- ending leases (trainer_calls.py) -------------------------------------------------
+    def ack(self, task: Task | list[Task]) -> None:
+        """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
+
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's; nothing was counted.
+        """
+        self._calls.ack(task if isinstance(task, list) else [task])
+
+    def fail(self, task: Task | list[Task], error: str = "") -> None:
+        """Report a failed task (counts a failure; dead at the caps). A failed batch goes
+        back uncharged, to be retried one task at a time.
+
+        Args:
+            task: a task or a list.
+            error: the reason, kept in the event (500 chars).
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        self._calls.write("fail", task if isinstance(task, list) else [task], str(error)[:500])
+
+    def release(self, task: Task | list[Task]) -> None:
+        """Give a task back unfinished (leasable by others at once).
+
+        Args:
+            task: a task or a list of tasks this trainer holds.
+
+        Raises:
+            LeaseLost: the lease was no longer this trainer's.
+        """
+        self._calls.write("release", task if isinstance(task, list) else [task])
+
+    # -- progress (trainer_progress.py) ---------------------------------------------------
+    def progress(self, task: Task, n: int) -> None:
+        """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
+        task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
+        here and sent with the next heartbeat (and before ``release``, ``fail``,
+        ``close``), so a re-dispatched task's next holder starts there (``task.start``).
+        Only moves forward. See docs/resume.md.
+
+        Args:
+            task: a task this trainer holds.
+            n: samples taken so far, an integer >= 0.
+
+        Raises:
+            InvalidInput: ``n`` is not an integer >= 0.
+        """
+        self._progress.record(task, n)
+
+    def flush_progress(self) -> list[int]:
+        """Send the recorded progress now (the heartbeat does it every interval).
+
+        Returns:
+            The ids of tasks whose report was refused: their lease is no longer this
+            trainer's (nothing recorded; what they claimed is counted as re-read).
+
+        Raises:
+            ConnectionLost: Redis could not be reached (the progress stays buffered).
+        """
+        return self._progress.flush()
+
+    # -- the heartbeat (trainer_beats.py) -------------------------------------------------
+    def heartbeat(self) -> list[int]:
+        """Send one heartbeat now (what the heartbeat thread does every interval).
+
+        Returns:
+            The ids of held tasks the server revoked (their ``revoked`` is set).
+
+        Raises:
+            ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
+        """
+        return self._beats.heartbeat()
+
+    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
+        """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
+        the helper process); for ``taskq.heartbeat``, not needed by trainer code.
+
+        Answers may land after newer lease replies: only the leases ``args`` listed are
+        revoked, and pass, generation and state never move backwards.
+
+        Args:
+            reply: the decoded answer.
+            args: the heartbeat's ARGV (``protocol.heartbeat_args``).
+
+        Returns:
+            The ids of held tasks now marked revoked.
+        """
+        return self._beats.apply_heartbeat(reply, args)
+
+    def keep_beating(self) -> bool:
+        """Mark what is held at risk while out of contact for longer than the ttl; False
+        once there is nothing to beat for (closed, or the job is gone)."""
+        return self._beats.keep_beating()
+
+    # -- leaving ------------------------------------------------------------------
+    def __enter__(self) -> Trainer:
+        self._signals.enter(self.handle_signals)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._signals.exit(exc, self._fail_current, self.close)
+
+    def close(self) -> None:
+        """Release everything held in one call and deregister (leasable by others at once),
+        then stop the heartbeat thread or helper process (even if the leave is interrupted).
+        Idempotent. Retries an unreachable Redis for at most ``min(reconnect_timeout, 5)``
+        seconds; past that the server reclaims the leases after the worker's ttl.
+
+        Raises:
+            SystemExit: a SIGTERM during the leave (nothing from Redis: that is logged).
+            KeyboardInterrupt: a SIGINT during the leave.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._session.stop.set()
+        try:
+            self._progress.flush_quietly()
+            self._session.leave()
+        finally:
+            self._book.revoke_all()
+            self._finalizer.detach()
+            self._beats.stop()
+
+    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
+        """The body raised: the task(s) it was working on failed (a batch goes back to be
+        retried one task at a time); reserved ones are released by close()."""
+        current = [t for t in self.held if t.started and not t.revoked.is_set()]
+        if current:
+            name = exc_type.__name__ if exc_type else "error"
+            try:
+                self.fail(current, error=f"{name}: {exc}")
+            except errors.TaskqError as e:
+                log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)

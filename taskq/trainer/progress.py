@@ -1,0 +1,76 @@
+"""The trainer's side of progress inside a task: buffered, sent a few times a ttl.
+
+``Trainer.progress(task, n)`` only records ``n`` here (the loop may call it for every
+batch); the heartbeat thread sends what changed once per heartbeat interval, in one
+``progress`` call fenced by each lease's token, and ``release`` / ``fail`` / ``close``
+send it first, so a graceful end loses nothing. An ack drops its tasks' entries (a done
+task's progress is spent). Semantics: docs/resume.md.
+
+Data flow: training loop / torch loader -> Trainer.progress -> progress.py (buffer) ->
+progress.lua (with the heartbeat) -> Redis; lease reply -> Task.start -> the readers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from taskq import errors
+from taskq.data import task_size
+
+if TYPE_CHECKING:
+    from taskq.models import Task
+
+
+class ProgressBuffer:
+    """The latest unsent ``n`` per held task (thread-safe; one per trainer)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[Task, int]] = {}
+
+    def record(self, task: Task, n: int) -> None:
+        """Remember that the loop took samples ``[0, n)`` of ``task`` (absolute: a resumed
+        task's first report is ``task.start`` + taken).
+
+        Raises:
+            InvalidInput: ``n`` is not an integer >= 0, or above the task's size where
+                its chunks say it (``taskq.data.task_size``); nothing is recorded.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise errors.InvalidInput(f"progress must be an integer >= 0, got {n!r}")
+        size = task_size(task.chunks)
+        if size is not None and n > size:
+            raise errors.InvalidInput(
+                f"progress {n} of task {task.id} is beyond its size ({size} samples)"
+            )
+        with self._lock:
+            old = self._pending.get(task.id)
+            if old is not None and old[0] is task and old[1] >= n:
+                return
+            self._pending[task.id] = (task, n)
+
+    def discard(self, tasks: list[Task]) -> None:
+        """Drop the entries of ``tasks`` (acked: their progress is spent)."""
+        if not self._pending:
+            return  # nothing recorded (most loops): no lock taken per ack
+        with self._lock:
+            for t in tasks:
+                old = self._pending.get(t.id)
+                if old is not None and old[0] is t:
+                    del self._pending[t.id]
+
+    def take(self) -> list[tuple[Task, int]]:
+        """Everything pending, now removed (``restore`` puts back what a failed send had)."""
+        with self._lock:
+            out = list(self._pending.values())
+            self._pending.clear()
+        return out
+
+    def restore(self, items: list[tuple[Task, int]]) -> None:
+        """Put back entries whose send failed, unless newer ones were recorded since."""
+        with self._lock:
+            for task, n in items:
+                cur = self._pending.get(task.id)
+                if cur is None or (cur[0] is task and cur[1] < n):
+                    self._pending[task.id] = (task, n)

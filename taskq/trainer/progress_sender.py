@@ -1,0 +1,74 @@
+"""A trainer's progress inside tasks: buffered, sent with the heartbeat (docs/resume.md).
+
+``ProgressSender`` is the part of ``Trainer`` (trainer.py) that owns the buffer
+(``progress.ProgressBuffer``, its own lock) and sends it: every heartbeat
+(trainer_beats.py), before a write that ends a lease (trainer_calls.py, so the next
+holder starts where this one got), at ``close``; with the helper heartbeat process,
+also from the loop's own thread at most once per interval (``inline``).
+
+Data flow: trainer.progress() -> trainer_progress.py -> protocol.py (progress) -> Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from taskq import errors
+from taskq.engine.scripts import Code
+from taskq.models import Task
+from taskq.trainer.progress import ProgressBuffer
+from taskq.trainer.protocol import Wire
+from taskq.trainer.session import Session
+
+log = logging.getLogger("taskq.trainer")
+
+
+class ProgressSender:
+    """The progress buffer and its sending (see the module docstring)."""
+
+    def __init__(self, wire: Wire, session: Session, inline: bool) -> None:
+        self._wire = wire
+        self._session = session
+        self._buffer = ProgressBuffer()
+        self._inline = inline
+        self._sent = time.monotonic()
+
+    def record(self, task: Task, n: int) -> None:
+        """``Trainer.progress``: keep it; send it now if inline and an interval passed."""
+        self._buffer.record(task, n)
+        if self._inline and time.monotonic() - self._sent >= self._session.heartbeat_interval:
+            self.flush_quietly()
+
+    def discard(self, tasks: list[Task]) -> None:
+        """Acked tasks: their progress is spent."""
+        self._buffer.discard(tasks)
+
+    def flush(self) -> list[int]:
+        """``Trainer.flush_progress``: send what is recorded; the ids refused (stale)."""
+        self._sent = time.monotonic()
+        items = self._buffer.take()
+        if not items:
+            return []
+        session = self._session
+        incarnation, secret = session.creds
+        try:
+            results = session.contact(
+                self._wire.progress,
+                session.job_incarnation,
+                session.worker_id,
+                incarnation,
+                secret,
+                items,
+            )
+        except errors.ConnectionLost:
+            self._buffer.restore(items)
+            raise
+        return [t.id for (t, _), r in zip(items, results, strict=False) if r == Code.STALE]
+
+    def flush_quietly(self) -> None:
+        """``flush`` where a failure must not stop what follows (logged)."""
+        try:
+            self.flush()
+        except errors.TaskqError as e:
+            log.warning("job %s: progress not sent: %s", self._session.job, e)
