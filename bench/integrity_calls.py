@@ -25,7 +25,7 @@ import sys
 import time
 
 import taskq
-from taskq.engine.scripts import MAX_BATCH, SUMMARIES_MAX
+from taskq.engine.contract import MAX_BATCH, SUMMARIES_MAX
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -142,7 +142,7 @@ def _drain(url: str, job: str, n: int) -> float:
 def _drain_child(url, job, results) -> None:
     trainer = taskq.Trainer(job, url=url, handle_signals=False)
     count = 0
-    for batch in trainer.batches(taskq.engine.scripts.MAX_BATCH):  # the largest batch accepted
+    for batch in trainer.batches(taskq.engine.contract.MAX_BATCH):  # the largest batch accepted
         count += len(batch)
     trainer.close()
     results.put(count)

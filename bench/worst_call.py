@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 
 import taskq
-from taskq.engine.scripts import LIBRARY, MAX_BATCH, MAX_HELD, MAX_PREFETCH
+from taskq.engine.contract import MAX_BATCH, MAX_HELD, MAX_PREFETCH
+from taskq.engine.library import LIBRARY
 
 _FN = re.compile(rf"^{LIBRARY}_([a-z_]+)$")
 

@@ -18,7 +18,7 @@ import click
 
 import taskq
 from taskq.engine.connection import translate
-from taskq.engine.scripts import LIBRARY
+from taskq.engine.library import LIBRARY
 from taskq.ops import acl as rules
 
 from .common import client_of

@@ -49,7 +49,7 @@ needed = {"taskq.torch", "taskq.torchdata.loader", "taskq.data", "taskq.cli.main
 missing = needed - set(names)
 if failed or missing:
     sys.exit("taskq: the wheel is broken:\n  " + "\n  ".join(failed + sorted(missing)))
-lua = os.path.join(os.path.dirname(taskq.__file__), "lua")
+lua = os.path.join(os.path.dirname(taskq.__file__), "engine", "lua")
 if not os.path.isfile(os.path.join(lua, "ack.lua")) or not os.listdir(os.path.join(lua, "lib")):
     sys.exit(f"taskq: the wheel lacks the Lua files ({lua})")
 print(f"taskq: the wheel installs and imports all {len(names)} modules")

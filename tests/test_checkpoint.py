@@ -13,7 +13,7 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq.admin import checkpoints
-from taskq.engine.scripts import MAX_BATCH, MAX_HELD, Code
+from taskq.engine.contract import MAX_BATCH, MAX_HELD, Code
 
 
 def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
@@ -388,7 +388,7 @@ def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
     first = client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
     reply = client.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
-    assert int(reply[0]) == taskq.engine.scripts.Code.STALE
+    assert int(reply[0]) == taskq.engine.contract.Code.STALE
 
 
 def test_rewind_to_an_unknown_checkpoint_is_one_clear_error(client, job_name):

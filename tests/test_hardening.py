@@ -12,7 +12,7 @@ import redis
 from support import RedisServer
 
 import taskq
-from taskq.engine.scripts import (
+from taskq.engine.contract import (
     EVENT_LIST_MAX,
     MAX_BATCH,
     MAX_HELD,

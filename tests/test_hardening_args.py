@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import taskq
-from taskq.engine import scripts
-from taskq.engine.scripts import MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
+from taskq.engine import library
+from taskq.engine.contract import MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
 from taskq.keys import JobKeys
 
 BAD_BY_KIND: dict[str, list[str]] = {
@@ -157,7 +157,7 @@ def bad_argvs(verb: str) -> list[list[str]]:
 
 def fcall(client: taskq.Client, job: str, verb: str, argv: list[str]) -> Any:
     """The verb's function called directly, as a raw client would."""
-    name, nkeys, _ = scripts._FUNCTIONS[verb]
+    name, nkeys, _ = library._FUNCTIONS[verb]
     keys = JobKeys(job).all
     if verb == "create":
         keys = [*keys, JobKeys(job).staging_chunks("raw")]
@@ -166,7 +166,7 @@ def fcall(client: taskq.Client, job: str, verb: str, argv: list[str]) -> Any:
 
 def test_every_verb_has_its_malformed_cases():
     """A new verb must come with its cases here (every script checks every argument)."""
-    assert set(CASES) == set(scripts.VERBS)
+    assert set(CASES) == set(library.VERBS)
 
 
 @pytest.mark.parametrize("verb", sorted(CASES))

@@ -18,7 +18,7 @@ import redis
 import support
 
 import taskq
-from taskq.engine.scripts import _exchange
+from taskq.engine.transport import _exchange
 
 make_job = partial(
     support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None

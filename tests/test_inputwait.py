@@ -16,8 +16,8 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq.admin import inputwait_view
-from taskq.engine import scripts
-from taskq.engine.scripts import Code
+from taskq.engine import library
+from taskq.engine.contract import Code
 from taskq.inputwait import N_BUCKETS, SEND_EVERY_S, WAIT_BOUNDS_S, InputBeat, InputMeter
 from taskq.keys import JobKeys
 
@@ -120,7 +120,7 @@ def test_a_meter_given_to_one_trainer_after_another_is_sent_once(
 
 def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list[Any]:
     args = [*trainer._beats.args(), *extra]
-    name, nkeys, _ = scripts._FUNCTIONS["heartbeat"]
+    name, nkeys, _ = library._FUNCTIONS["heartbeat"]
     reply: list[Any] = client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.all, *args)
     return reply
 

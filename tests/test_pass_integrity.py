@@ -12,7 +12,7 @@ import pytest
 
 import taskq
 from taskq.admin import checkpoints
-from taskq.engine.scripts import SUMMARIES_MAX
+from taskq.engine.contract import SUMMARIES_MAX
 
 
 def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:

@@ -27,7 +27,7 @@ from redis.backoff import ConstantBackoff
 from support import free_port, wait_until
 
 import taskq
-from taskq.engine.scripts import HIST_BOUNDS_MS
+from taskq.engine.contract import HIST_BOUNDS_MS
 from taskq.keys import jobs_index
 from taskq.ops.reaper import EXIT_GAVE_UP, EXIT_OK, Reaper
 

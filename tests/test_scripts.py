@@ -1,4 +1,4 @@
-"""The build of the Lua Function library (taskq/engine/scripts.py): per-call state, meta field
+"""The build of the Lua Function library (taskq/engine/library.py): per-call state, meta field
 names, key counts, and the order of the parts. No Redis needed: these check the text."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 import taskq
-from taskq.engine import scripts
+from taskq.engine import contract, library
 from taskq.keys import JOB_KEYS, META_FIELDS
 
 
@@ -17,26 +17,26 @@ def test_library_refuses_a_top_level_local_that_is_not_marked_per_call():
     """A library's locals outlive a call: state begin() does not reset would leak."""
     parts = {"x.lua": "local A, B = 0, {}  -- per call\nlocal D = 1\n"}
     with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: top-level `local D = 1`"):
-        scripts._begin(parts)
+        library._begin(parts)
     parts["x.lua"] = parts["x.lua"].replace("local D = 1", "local D = 1  -- per call")
-    begin = scripts._begin(parts)
+    begin = library._begin(parts)
     assert "  A, B = 0, {}\n" in begin and "  D = 1\n" in begin
 
 
 def test_a_multi_line_declaration_is_refused_as_it_could_not_be_reset():
     with pytest.raises(taskq.TaskqError, match="not marked"):
-        scripts._begin({"x.lua": "local T = {\n  1,\n}  -- per call\n"})
+        library._begin({"x.lua": "local T = {\n  1,\n}  -- per call\n"})
 
 
 def test_begin_resets_every_per_call_local_of_the_real_library():
     pkg = resources.files("taskq.engine") / "lua" / "lib"
     declared = set()
-    for part in scripts.LIB_PARTS:
+    for part in library.LIB_PARTS:
         for line in (pkg / part).read_text().splitlines():
             if line.startswith("local ") and not line.startswith("local function "):
                 names = line[len("local ") :].partition("=")[0]
                 declared |= {n.strip() for n in names.split(",")}
-    body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", scripts.SOURCE, re.S | re.M)
+    body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", library.SOURCE, re.S | re.M)
     assert body is not None
     reset = {
         n.strip()
@@ -46,7 +46,7 @@ def test_begin_resets_every_per_call_local_of_the_real_library():
     }
     assert {"NOW", "M", "EVBUF", "GRANTED", "COUNTS_EMPTY"} <= declared
     # what bind_globals() sets on every call is not reset first (no upvalue of begin)
-    bound = scripts._bound_globals({"meta.lua": (pkg / "meta.lua").read_text()})
+    bound = library._bound_globals({"meta.lua": (pkg / "meta.lua").read_text()})
     assert {"rcall", "tonum", "lipairs"} <= bound
     assert declared - bound <= reset
     assert not bound & reset
@@ -56,25 +56,25 @@ def test_begin_resets_every_per_call_local_of_the_real_library():
 def test_the_build_refuses_a_library_near_luas_local_and_upvalue_limits():
     """Lua 5.1 stops loading a chunk at 200 locals and a function at 60 upvalues; the
     build refuses 180 / 50 with a message that says what to do."""
-    n_locals, upvalues = scripts.headroom(scripts.SOURCE.replace(f"{scripts.LIBRARY}_", "%FN%"))
-    assert n_locals <= scripts.MAX_LOCALS and max(upvalues.values()) <= scripts.MAX_UPVALUES
+    n_locals, upvalues = library.headroom(library.SOURCE.replace(f"{library.LIBRARY}_", "%FN%"))
+    assert n_locals <= library.MAX_LOCALS and max(upvalues.values()) <= library.MAX_UPVALUES
     assert upvalues["begin"] > 0 and upvalues["verb ack"] > 0
     many = "".join(f"local v{i} = nil  -- per call\n" for i in range(181))
     with pytest.raises(taskq.TaskqError, match=r"181 top-level locals .*write constants"):
-        scripts._check_headroom(many)
+        library._check_headroom(many)
     uses = " + ".join(f"u{i}" for i in range(51))
     wide = "".join(f"local function u{i}() end\n" for i in range(51))
     wide += f"local function big()\n  return {uses}\nend\n"
     with pytest.raises(taskq.TaskqError, match=r"function big uses 51 library locals .*split"):
-        scripts._check_headroom(wide)
+        library._check_headroom(wide)
 
 
 def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
-    text = scripts._constants("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
+    text = library._constants("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
     ckpt = JOB_KEYS.index("ckpt") + 1
-    assert text == f"return {{0, (-1), {scripts.MAX_BATCH}, KC[{ckpt}]}}"
-    with pytest.raises(taskq.TaskqError, match=r"x.lua: C.NOPE is not a scripts.Code"):
-        scripts._constants("x.lua", "C.NOPE")
+    assert text == f"return {{0, (-1), {contract.MAX_BATCH}, KC[{ckpt}]}}"
+    with pytest.raises(taskq.TaskqError, match=r"x.lua: C.NOPE is not a contract.Code"):
+        library._constants("x.lua", "C.NOPE")
 
 
 def test_every_lua_file_is_under_400_lines():
@@ -87,15 +87,15 @@ def test_every_lua_file_is_under_400_lines():
 
 def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():
     pkg = resources.files("taskq.engine") / "lua" / "lib"
-    assert sorted(scripts.LIB_PARTS) == sorted(p.name for p in pkg.iterdir())
-    offsets = [scripts.SOURCE.index(f"-- lib/{part}\n") for part in scripts.LIB_PARTS]
+    assert sorted(library.LIB_PARTS) == sorted(p.name for p in pkg.iterdir())
+    offsets = [library.SOURCE.index(f"-- lib/{part}\n") for part in library.LIB_PARTS]
     assert offsets == sorted(offsets)
 
 
 def test_an_unknown_meta_field_is_refused_and_known_ones_become_literals():
-    assert scripts._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == "mget('pass', 'c_acked')"
+    assert library._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == "mget('pass', 'c_acked')"
     with pytest.raises(taskq.TaskqError, match=r"x.lua: F.PASSS is not in keys.MetaField"):
-        scripts._fields("x.lua", "mget(F.PASSS)")
+        library._fields("x.lua", "mget(F.PASSS)")
 
 
 def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
@@ -106,16 +106,16 @@ def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
     literal = re.compile(r"\b(?:mget|mnum|mput|mincr|mset)\('|K_META, '")
     for path in files:
         assert not literal.search(path.read_text()), path.name
-    assert not re.search(r"\bF\.[A-Za-z_]", scripts.SOURCE)
+    assert not re.search(r"\bF\.[A-Za-z_]", library.SOURCE)
     assert len(set(META_FIELDS.values())) == len(META_FIELDS)
 
 
 def test_the_key_count_comes_from_the_keys_header_line():
-    assert scripts._nkeys("v.lua", "-- KEYS: the job's keys (keys.JOB_KEYS)\n") == len(JOB_KEYS)
+    assert library._nkeys("v.lua", "-- KEYS: the job's keys (keys.JOB_KEYS)\n") == len(JOB_KEYS)
     extra = "-- KEYS: the job's keys (keys.JOB_KEYS) + staging, other (why)\n"
-    assert scripts._nkeys("v.lua", extra) == len(JOB_KEYS) + 2
+    assert library._nkeys("v.lua", extra) == len(JOB_KEYS) + 2
     with pytest.raises(taskq.TaskqError, match="v.lua: needs a header line"):
-        scripts._nkeys("v.lua", "-- KEYS: some keys\n")
-    assert scripts._FUNCTIONS["create"][1] == len(JOB_KEYS) + 1
-    assert scripts._FUNCTIONS["ack"][1] == len(JOB_KEYS)
-    assert scripts._FUNCTIONS["stats"][2] and not scripts._FUNCTIONS["ack"][2]
+        library._nkeys("v.lua", "-- KEYS: some keys\n")
+    assert library._FUNCTIONS["create"][1] == len(JOB_KEYS) + 1
+    assert library._FUNCTIONS["ack"][1] == len(JOB_KEYS)
+    assert library._FUNCTIONS["stats"][2] and not library._FUNCTIONS["ack"][2]

@@ -18,7 +18,7 @@ from taskq.cli.work import work
 
 import taskq
 from taskq.admin.stats import parse_lease
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 
 
 def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import taskq
 from taskq.admin.stats import parse_lease
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 
 N_TASKS = 5
 WORKERS = ("w0", "w1", "w2")

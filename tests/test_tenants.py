@@ -27,7 +27,8 @@ from support import SERVER_BINARY, free_port, stop_process, wait_until
 
 import taskq
 from taskq.admin.stats import parse_lease
-from taskq.engine.scripts import _FUNCTIONS, LIBRARY, SOURCE, Code
+from taskq.engine.contract import Code
+from taskq.engine.library import _FUNCTIONS, LIBRARY, SOURCE
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.ops import acl
 from taskq.ops.exporter import TaskqCollector

@@ -22,7 +22,7 @@ import support
 from support import RedisServer, wait_until
 
 import taskq
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args
 
 HERE = Path(__file__).resolve().parent

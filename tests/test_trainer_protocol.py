@@ -19,7 +19,7 @@ from support import RedisServer, wait_until
 
 import taskq
 from taskq import errors
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args, heartbeat_pairs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Sequence
 from typing import Any, Protocol
 
-from taskq.engine.scripts import PAGE_MAX, Scripts
+from taskq.engine.contract import PAGE_MAX
+from taskq.engine.transport import Scripts
 from taskq.keys import JobKeys
 from taskq.models import JobStatus
 

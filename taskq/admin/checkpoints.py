@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from taskq import errors
 from taskq.engine.connection import translate
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.keys import valid_job_name
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from taskq.admin.client_jobs import Lifecycle
 from taskq.admin.client_ops import Operations
 from taskq.admin.client_reads import Reads
 from taskq.config import encode_tasks, validate_config
-from taskq.engine.scripts import PAGE_MAX, Scripts
+from taskq.engine.contract import PAGE_MAX
+from taskq.engine.transport import Scripts
 from taskq.keys import JobKeys
 from taskq.models import JobStatus
 

@@ -23,7 +23,8 @@ from taskq import errors
 from taskq.admin import stats
 from taskq.config import check_memory_policy
 from taskq.engine.connection import check_given_client, make_redis, translate
-from taskq.engine.scripts import Code, Scripts, raise_for
+from taskq.engine.contract import Code, raise_for
+from taskq.engine.transport import Scripts
 from taskq.keys import (
     JobKeys,
     job_from_meta_key,

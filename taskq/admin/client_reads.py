@@ -14,7 +14,7 @@ from typing import Any
 
 from taskq.admin.caller import Job
 from taskq.admin.jobs import iter_tasks
-from taskq.engine.scripts import PAGE_MAX
+from taskq.engine.contract import PAGE_MAX
 from taskq.models import JobStatus
 
 

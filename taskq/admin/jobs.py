@@ -24,7 +24,7 @@ from taskq.admin.caller import Caller
 from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
 from taskq.engine.connection import translate
-from taskq.engine.scripts import MAX_RETRY, PAGE_MAX, Code
+from taskq.engine.contract import MAX_RETRY, PAGE_MAX, Code
 from taskq.keys import jobs_index, valid_job_name
 from taskq.models import JobStatus
 

@@ -32,7 +32,7 @@ from taskq.admin.jobs import (
 )
 from taskq.admin.shardset import ShardSet
 from taskq.engine.connection import translate
-from taskq.engine.scripts import PAGE_MAX
+from taskq.engine.contract import PAGE_MAX
 from taskq.models import JobStatus
 
 #: How often ``events(block_ms=...)`` looks at the shards' streams while it waits (no

@@ -29,7 +29,7 @@ from taskq.admin.stats_tasks import parse_lease as parse_lease
 from taskq.admin.stats_tasks import parse_tasks as parse_tasks
 from taskq.admin.stats_tasks import task_detail as task_detail
 from taskq.admin.stats_tasks import task_histories as task_histories
-from taskq.engine.scripts import HIST_BOUNDS_MS, raise_for
+from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)

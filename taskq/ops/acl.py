@@ -34,7 +34,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from taskq import errors
-from taskq.engine.scripts import LIBRARY, VERBS
+from taskq.engine.library import LIBRARY, VERBS
 from taskq.keys import (
     JOB_KEYS,
     acl_jobs_index_pattern,

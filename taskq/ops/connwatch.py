@@ -58,7 +58,7 @@ import redis
 
 from taskq import errors
 from taskq.engine.connection import trainer_conn_name, translate
-from taskq.engine.scripts import MAX_RECLAIM, PAGE_MAX, Code
+from taskq.engine.contract import MAX_RECLAIM, PAGE_MAX, Code
 
 log = logging.getLogger("taskq.reaper")
 

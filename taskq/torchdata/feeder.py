@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from taskq.engine.scripts import MAX_BATCH, MAX_HELD
+from taskq.engine.contract import MAX_BATCH, MAX_HELD
 from taskq.trainer.core import Trainer
 
 from .. import errors

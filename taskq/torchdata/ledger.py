@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from taskq.engine.scripts import MAX_BATCH
+from taskq.engine.contract import MAX_BATCH
 
 from .. import errors
 from ..models import Task

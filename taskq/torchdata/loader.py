@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.utils.data
 
-from taskq.engine.scripts import MAX_HELD
+from taskq.engine.contract import MAX_HELD
 from taskq.trainer.core import default_worker_id
 
 from .. import errors

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from taskq.engine.scripts import MAX_BATCH
+from taskq.engine.contract import MAX_BATCH
 
 from ..models import Task
 from .dataset import TaskMsg, stop_msg

@@ -22,7 +22,8 @@ from typing import Any
 
 from taskq import errors
 from taskq.admin.client import Client
-from taskq.engine.scripts import Code, Scripts
+from taskq.engine.contract import Code
+from taskq.engine.transport import Scripts
 from taskq.inputwait import InputBeat, InputMeter
 from taskq.trainer import protocol
 from taskq.trainer.book import LeaseBook

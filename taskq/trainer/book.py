@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from threading import RLock
 
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.models import Task
 from taskq.trainer.protocol import Step
 

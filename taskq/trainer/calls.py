@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from taskq import errors
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.models import Task
 from taskq.trainer.beats import Beats
 from taskq.trainer.book import LeaseBook

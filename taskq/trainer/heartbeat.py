@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from taskq import errors
 from taskq.engine.connection import make_redis
-from taskq.engine.scripts import Scripts
+from taskq.engine.transport import Scripts
 from taskq.keys import JobKeys
 from taskq.trainer.protocol import HeartbeatReply, call_heartbeat
 

@@ -19,7 +19,7 @@ from collections.abc import Generator, Iterator, Sequence
 
 from taskq import errors
 from taskq.admin.client import Client
-from taskq.engine.scripts import MAX_PREFETCH
+from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.models import Task
 from taskq.trainer.beats import Beats

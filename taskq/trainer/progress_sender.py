@@ -15,7 +15,7 @@ import logging
 import time
 
 from taskq import errors
-from taskq.engine.scripts import Code
+from taskq.engine.contract import Code
 from taskq.models import Task
 from taskq.trainer.progress import ProgressBuffer
 from taskq.trainer.protocol import Wire

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 from taskq import errors
 from taskq.admin.caller import Caller
 from taskq.engine.connection import name_connection, trainer_conn_name, translate
-from taskq.engine.scripts import Code, Scripts
+from taskq.engine.contract import Code
+from taskq.engine.transport import Scripts
 from taskq.integrity import decode_chunks
 from taskq.models import Task
 

@@ -38,7 +38,7 @@ from taskq import errors
 from taskq.admin import sharded
 from taskq.admin.client import Client
 from taskq.engine.connection import translate
-from taskq.engine.scripts import MAX_PREFETCH
+from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.keys import shard_set_key
 from taskq.models import Task
