@@ -18,15 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("taskq", "cli")
 
-#: Circles left on purpose, each wholly inside the modules named, with why.
-EXCLUDED: dict[str, frozenset[str]] = {
-    # taskq/torchdata/ is being reworked in its own branch (the loader, its iteration
-    # and its resume read each other's state); its circle is that work's to remove
-    "torchdata": frozenset(
-        {"taskq.torchdata.loader", "taskq.torchdata.iteration", "taskq.torchdata.resume"}
-    ),
-}
-
 
 def _imports(path: Path, package: str) -> set[str]:
     """Every module name ``path`` imports, and for ``from M import x`` also ``M.x``."""
@@ -107,10 +98,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _excluded(component: list[str]) -> bool:
-    return any(set(component) <= allowed for allowed in EXCLUDED.values())
-
-
 def test_the_graph_sees_every_kind_of_import() -> None:
     """The parser finds relative, absolute, lazy and ``TYPE_CHECKING`` imports."""
     graph = import_graph()
@@ -128,8 +115,8 @@ def test_cycle_finder_finds_a_circle() -> None:
 
 def test_no_module_is_on_an_import_cycle() -> None:
     """No import, ``TYPE_CHECKING`` and lazy ones included, leads from a module of taskq/
-    or cli/ back to itself (but for the named exclusions)."""
-    found = [c for c in cycles(import_graph()) if not _excluded(c)]
+    or cli/ back to itself."""
+    found = cycles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 

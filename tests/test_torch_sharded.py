@@ -125,7 +125,7 @@ def test_one_loader_reads_a_job_of_either_kind(
             rows: list[tuple[int, int]] = []
             for batch in loader:
                 rows += rows_of(batch)
-                cur = loader._current
+                cur = loader.current
                 if cur is not None and cur.feeder.trainer is not None:
                     kinds.append(isinstance(cur.feeder.trainer, ShardedTrainer))
             epochs.append(sorted(rows))

@@ -30,7 +30,7 @@ from .dataset import Feed, TaskDataset, TaskMsg, Unit, being_read, stop_msg
 from .feeder import Feeder
 
 if TYPE_CHECKING:
-    from .loader import DataLoader
+    from .host import IterationHost
 
 _JOIN_S = 15.0
 #: worker deaths one iteration survives; the next one is raised (a task that kills every
@@ -45,7 +45,7 @@ Pair = tuple[int, int]
 class TaskqIter:
     """One pass of a ``taskq.torch.DataLoader``: yields the user's batches."""
 
-    def __init__(self, loader: DataLoader, torch_iter: Any, feeder: Feeder, feed: Feed) -> None:
+    def __init__(self, loader: IterationHost, torch_iter: Any, feeder: Feeder, feed: Feed) -> None:
         self.loader_ref = weakref.ref(loader)
         self.torch_iter: Any = torch_iter
         self.feeder = feeder
@@ -103,7 +103,7 @@ class TaskqIter:
 
     def _next(self) -> Any:
         counts = self._counts()
-        self._settle()
+        self.settle()
         while True:
             if self.feeder.error is not None:
                 raise self.feeder.error
@@ -140,7 +140,7 @@ class TaskqIter:
         else:
             self.feeder.ack(pairs)
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """The batch handed out last was taken (the step finished): ack the tasks it
         ended, record how far it got into the others (acks="commit": keep both for
         ``commit()``)."""
@@ -166,7 +166,7 @@ class TaskqIter:
         if not self.hold:
             return 0
         if not self.ended:
-            self._settle()
+            self.settle()
         return len(self._pending.keys() | self._pending_reached.keys())
 
     def commit(self) -> int:
@@ -181,7 +181,7 @@ class TaskqIter:
                 released: nothing is committed), or the call failed.
         """
         if not self.ended:
-            self._settle()
+            self.settle()
         acks, reached = list(self._pending), dict(self._pending_reached)
         self._pending, self._pending_reached = {}, {}
         if self._feeder_done:
@@ -255,12 +255,9 @@ class TaskqIter:
         self.torch_iter = None
         if hasattr(old_iter, "_shutdown_workers"):
             old_iter._shutdown_workers()
-        if loader._iterator is old_iter:
-            loader._iterator = None
-        ds: TaskDataset = self.feeder.dataset
-        feed = loader._worker_feed(self.feeder.iteration)
-        self.feed = loader._feed = ds.feed = feed
-        self.torch_iter = loader._start_workers()
+        loader.drop_workers(old_iter)
+        feed, self.torch_iter = loader.restart_workers(self.feeder.iteration)
+        self.feed = feed
         given_back = self.feeder.call(
             lambda trainer: self.feeder.restart_readers(
                 feed.tasks, lambda: sum(feed.finished), held, dict(self._upto)
@@ -275,7 +272,7 @@ class TaskqIter:
         log.warning(
             "job %s: DataLoader worker %s died; new workers started, the %d task(s) it "
             "was reading given back, the others read on from where the loop got",
-            ds.job,
+            self.feeder.dataset.job,
             what,
             given_back,
         )
@@ -328,7 +325,7 @@ class TaskqIter:
             return
         self.ended = True
         if ack_taken:
-            self._settle()
+            self.settle()
         self._taken, self._reached = [], {}
         if shutdown or self.torch_iter is not None:
             self._stop_workers(shutdown)
@@ -364,14 +361,13 @@ class TaskqIter:
         loader = self.loader_ref()
         feeder = self.feeder
         if loader is not None:
-            loader.state = feeder.end_state
             # the pass is over for this loader: complete, or ended locally. An iteration
             # of the global pass end that ended "exhausted" held uncommitted tasks: its
             # pass goes on, and the next iteration takes its late work (docs/torch.md)
-            if feeder.end_state == "pass_complete" or (
+            over = feeder.end_state == "pass_complete" or (
                 feeder.end_state == "exhausted" and feeder.pass_end == "local"
-            ):
-                loader._done_pass = feeder.pass_no
+            )
+            loader.iteration_ended(feeder.end_state, feeder.pass_no if over else None)
 
     def _stop_workers(self, broken: bool) -> None:
         """Stop reading: readers see their iteration is over; a broken torch iterator's
@@ -385,8 +381,7 @@ class TaskqIter:
         if broken or not loader.persistent_workers:
             if hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
-            if loader._iterator is it:
-                loader._iterator = None
+            loader.drop_workers(it)
 
     def close(self) -> None:
         """Abandon this iteration: release what it holds (nothing taken counts as done;

@@ -184,7 +184,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 "call loader.commit() (or loader.close() to give them back, to be read "
                 "again) before the next iter()"
             )
-        self._end_current()
+        self.end_current()
         self._iteration_no += 1
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
         if ds.trainer_options.get("handle_signals", True):
@@ -317,15 +317,45 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         """
         return resume.load_state_dict(self, state, key)
 
-    def _end_current(self) -> None:
+    # what its iterations and resume.py see of the loader (host.py)
+
+    @property
+    def current(self) -> TaskqIter | None:
+        """The running iteration, if any."""
+        return self._current
+
+    def end_current(self, forget_pass: bool = False) -> None:
+        """End the running iteration (releasing what it holds); ``forget_pass``: the
+        next iteration asks the job which pass it is in."""
         cur = self._current
         if cur is not None:
             cur.close()
+        if forget_pass:
+            self._done_pass = None
+
+    def iteration_ended(self, state: str | None, done_pass: int | None) -> None:
+        """An iteration ended with ``state``; ``done_pass``: the pass it finished."""
+        self.state = state
+        if done_pass is not None:
+            self._done_pass = done_pass
+
+    def drop_workers(self, torch_iter: Any) -> None:
+        """Forget ``torch_iter`` as the kept (persistent) worker iterator."""
+        if self._iterator is torch_iter:
+            self._iterator = None
+
+    def restart_workers(self, iteration_no: int) -> tuple[Feed, Any]:
+        """A new task queue for the iteration and torch's iterator over new workers
+        (after a worker died: the old queue's lock may be held by the dead one)."""
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        feed = self._worker_feed(iteration_no)
+        self._feed = ds.feed = feed
+        return feed, self._start_workers()
 
     def close(self) -> None:
         """End the current iteration (releasing what it holds, uncommitted tasks too,
         leaving the job) and stop persistent workers. Idempotent."""
-        self._end_current()
+        self.end_current()
         it = self._iterator
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()

@@ -28,7 +28,7 @@ from .dataset import TaskDataset
 if TYPE_CHECKING:
     from taskq.admin.client import Client
 
-    from .loader import DataLoader
+    from .host import ResumeHost
 
 log = logging.getLogger("taskq.torch")
 
@@ -86,7 +86,7 @@ def _dist() -> Any:
     return dist
 
 
-def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
+def state_dict(loader: ResumeHost, ckpt: str | None = None) -> dict[str, Any]:
     """Checkpoint the job's position and name it.
 
     What the loop took so far counts (the batch just handed out included): its tasks are
@@ -109,10 +109,10 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
     if loader.acks == "commit":
         loader.commit()  # the checkpoint is where the loop's position is committed
-    cur = loader._current
+    cur = loader.current
     record: dict[str, Any] | None = None
     if cur is not None and not cur.ended and cur.feeder.is_alive():
-        cur._settle()
+        cur.settle()
         try:
             record = cur.feeder.call(lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
         except errors.TaskqError as e:
@@ -126,7 +126,7 @@ def state_dict(loader: DataLoader, ckpt: str | None = None) -> dict[str, Any]:
     return checkpoints.state_of(ds.job, record)
 
 
-def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None = None) -> bool:
+def load_state_dict(loader: ResumeHost, state: dict[str, Any], key: str | None = None) -> bool:
     """Put the job back to the checkpoint ``state`` names, once per restart: every
     restarted trainer calls it (whatever their number and their DataLoader workers');
     the first one rewinds the job, the others find it there. A running iteration of the
@@ -153,8 +153,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any], key: str | None =
     """
     if key is None:
         key = restart_key()
-    loader._end_current()
-    loader._done_pass = None  # the next iteration asks the job which pass it is in
+    loader.end_current(forget_pass=True)  # the next iteration asks the job its pass
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
     dist = _dist()
     if dist is None:
