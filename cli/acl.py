@@ -3,7 +3,7 @@ reaper or an exporter, for the taskq library of this version.
 
 One command per role of ``taskq.ops.acl.ROLES``, generated from that table.
 
-Data flow: operator -> cli/acl.py -> taskq.acl (rules) -> stdout, or ``ACL SETUSER`` on
+Data flow: operator -> cli/acl.py -> taskq.ops.acl (rules) -> stdout, or ``ACL SETUSER`` on
 Redis with ``--apply``.
 """
 

@@ -155,7 +155,7 @@ def demo(
         if fleet.start_reaper():
             out.print("reaper: running (interval 0.25s)")
         else:
-            out.print("reaper: taskq.reaper not available; the lease script reclaims lazily")
+            out.print("reaper: taskq.ops.reaper not available; the lease script reclaims lazily")
         fleet.stop_flag = stop
         first = fleet.spawn(trainers)
         out.print(f"{time.strftime('%H:%M:%S')} start: {len(first)} trainer(s) {first}")

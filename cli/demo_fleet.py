@@ -2,7 +2,7 @@
 (their entry points, run in a fork server's children) and the ``Fleet`` that starts,
 signals and stops them.
 
-Data flow: cli/demo.py -> cli/demo_fleet.py (processes) -> taskq.Trainer / taskq.reaper
+Data flow: cli/demo.py -> cli/demo_fleet.py (processes) -> taskq.Trainer / taskq.ops.reaper
 -> Redis.
 """
 

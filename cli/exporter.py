@@ -1,6 +1,6 @@
 """``taskq exporter``: serve Prometheus metrics of every job (reads only).
 
-Data flow: Prometheus -> cli/exporter.py -> taskq.exporter -> stats.py -> Redis.
+Data flow: Prometheus -> cli/exporter.py -> taskq.ops.exporter -> taskq.admin.stats -> Redis.
 """
 
 from __future__ import annotations

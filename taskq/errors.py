@@ -1,6 +1,6 @@
 """One hierarchy for every error taskq raises.
 
-Scripts return numeric codes; ``scripts.py`` maps them to these classes in one table.
+Scripts return numeric codes; ``engine/contract.py`` maps them to these classes in one table.
 Redis connection errors are translated at the boundary into ``ConnectionLost`` with the
 URL's password masked (``RedisOutOfMemory``, a kind of it, when Redis is full).
 """

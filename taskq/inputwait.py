@@ -9,8 +9,8 @@ and sends what changed since its last answered beat as one more argument of the
 heartbeat it makes anyway; the heartbeat script adds it to the job's bounded record
 (lua/heartbeat.lua; read back by inputwait_view.py).
 
-Data flow: training loop -> trainer_iter.py / torchdata/iteration.py (``next``) ->
-inputwait.py -> trainer_beats.py (heartbeat ARGV) -> heartbeat script -> Redis.
+Data flow: training loop -> trainer/iteration.py / torchdata/iteration.py (``next``) ->
+inputwait.py -> trainer/beats.py (heartbeat ARGV) -> heartbeat script -> Redis.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A key under the taskq prefix may hold something taskq did not write (a hand edit
 foreign tool, a half-restored backup). Nothing here repairs it; the point is one clear
 error that names the key, instead of a ``JSONDecodeError`` or a bare ``WRONGTYPE``.
 
-Data flow: connection.translate / trainer.py / stats.py -> integrity.py (reads only).
+Data flow: connection.translate / trainer/core.py / stats.py -> integrity.py (reads only).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Every key of one job shares the hash tag ``{job}``, so a job lives in one Redis Cluster
 slot and each Lua script can name all of its keys in KEYS. The order of ``JOB_KEYS`` is
-the order of KEYS for every job script; ``scripts.py`` turns it into Lua locals
+the order of KEYS for every job script; ``engine/library.py`` turns it into Lua locals
 (``K_META`` ...), so Python and Lua cannot drift apart.
 
-Data flow: client.py / trainer.py / reaper.py / stats.py -> keys.py -> scripts.py -> Redis.
+Data flow: client.py / trainer/core.py / reaper.py / stats.py -> keys.py -> engine/transport.py -> Redis.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class MetaField:
     """The fields of a job's meta hash (KEY ``meta``), the one list of their names.
 
     Python reads them as ``MetaField.PASS``; the Lua library writes ``F.PASS``, which
-    ``scripts.py`` replaces by the field's name (``'pass'``) when it builds the library and
+    ``engine/transport.py`` replaces by the field's name (``'pass'``) when it builds the library and
     refuses it when the name is not here. Counters ``C_*`` are job-wide, ``P_*`` per pass
     attempt.
     """

@@ -1,6 +1,6 @@
 """Plain data the library hands to its users: job config, leased tasks, status snapshots.
 
-Data flow: client.py builds JobConfig and JobStatus; trainer.py builds Task from the
+Data flow: client.py builds JobConfig and JobStatus; trainer/core.py builds Task from the
 lease script's reply; stats.py, the CLI and the exporter read JobStatus.
 """
 

@@ -419,7 +419,7 @@ def test_serve_blocks_until_sigterm_or_sigint(
     client.create_job(job_name, range(4))
     port = free_port()
     code = (
-        "import taskq, taskq.exporter as e; "
+        "import taskq, taskq.ops.exporter as e; "
         f"e.serve(taskq.connect({url!r}), port={port}, addr='127.0.0.1', "
         f"jobs=[{job_name!r}])"
     )

@@ -47,7 +47,7 @@ class Caller(Protocol):
 
     @property
     def scripts(self) -> Scripts:
-        """The function library on this connection (scripts.py)."""
+        """The function library on this connection (engine/transport.py)."""
         ...
 
     def keys(self, job: str) -> JobKeys:

@@ -12,7 +12,7 @@ It runs in bounded steps fenced by a rewind epoch: a rewind superseded by anothe
 its next call, and repeating a rewind finishes a half-done one. Semantics: docs/design.md
 ("Progress, checkpoints, rewind") and docs/resume.md.
 
-Data flow: client.py (checkpoint / rewind / checkpoints) -> checkpoints.py -> scripts.py
+Data flow: client.py (checkpoint / rewind / checkpoints) -> checkpoints.py -> engine/transport.py
 (checkpoint.lua, rewind.lua) -> Redis; the torch loader's state_dict names a checkpoint.
 """
 

@@ -1,7 +1,7 @@
 """The admin API: create, inspect, advance, retry, cancel and delete jobs.
 
 The CLI calls this module and makes no Redis calls of its own; every state change is
-one Lua script call (scripts.py), every read goes through stats.py.
+one Lua script call (engine/transport.py), every read goes through stats.py.
 
 ``Client`` is a facade over parts that each own their state, composed here (no part
 inherits from another): the connection (``Connection``, client_conn.py: the redis-py
@@ -16,7 +16,7 @@ hands its call to its part, whose docstring it carries. A dropped client is free
 ``Client`` through the Protocols of caller.py and import none of this.
 
 Data flow: CLI / user code -> client.py -> client_*.py (the parts) -> client_handles.py
-(the job's handle: jobs.py / sharded_job.py) -> scripts.py -> Redis; reads -> stats.py.
+(the job's handle: jobs.py / sharded_job.py) -> engine/transport.py -> Redis; reads -> stats.py.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Client:
 
     @property
     def scripts(self) -> Scripts:
-        """The function library on this connection (scripts.py)."""
+        """The function library on this connection (engine/transport.py)."""
         return self._conn.scripts
 
     @property

@@ -2,13 +2,13 @@
 
 ``Connection`` owns what every other part calls through: the redis-py client (built from
 a URL, or given), the URL (for messages), the key prefix, the function library on that
-connection (scripts.py), the job keys (one ``JobKeys`` per job, kept), and ``run`` (one
+connection (engine/transport.py), the job keys (one ``JobKeys`` per job, kept), and ``run`` (one
 Lua script call with its errors raised); the Redis checks (``ping``, the
 ``maxmemory-policy``) and the job index (``list_jobs``, ``repair_index``). It knows no
 job handle: the reads (client_reads.py), the job's life (client_jobs.py) and the running
 job's verbs (client_ops.py) are the other parts, composed by ``Client`` (client.py).
 
-Data flow: client.py (and every part through it) -> client_conn.py -> scripts.py ->
+Data flow: client.py (and every part through it) -> client_conn.py -> engine/transport.py ->
 Redis.
 """
 
@@ -85,7 +85,7 @@ class Connection:
         those in ``passthrough``, which the caller handles from the reply."""
         job_keys = self._keys.get(job) or self.keys(job)
         # the job's own key list as it is (one list per job: the constant part of the
-        # call is packed once per list, scripts.py), a new one only with extra keys
+        # call is packed once per list, engine/transport.py), a new one only with extra keys
         keys: list[Any] = (
             job_keys.all_bytes
             if not extra_keys

@@ -7,7 +7,7 @@ script call (``shards=S``: sharded_create.py, which creates each shard back thro
 the client). Delete, cancel, pause and resume are the job handle's verbs (jobs.py,
 sharded_job.py), plain or sharded. It owns no state: the connection part's, the handles'.
 
-Data flow: client.py -> client_jobs.py -> client_conn.py (``run``) -> scripts.py ->
+Data flow: client.py -> client_jobs.py -> client_conn.py (``run``) -> engine/transport.py ->
 Redis; -> sharded_create.py; -> the job's handle (client_handles.py).
 """
 

@@ -8,7 +8,7 @@ nothing else: each verb is the job handle's (jobs.py: plain, or sharded_job.py o
 shard).
 
 Data flow: client.py -> client_ops.py -> the job's handle (jobs.py / sharded_job.py) ->
-scripts.py, checkpoints.py -> Redis.
+engine/transport.py, checkpoints.py -> Redis.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ decided in one place: client_handles.py. Every ``Client`` method and CLI command
 job name goes through the handle. A handle calls through a ``caller.Caller`` (the
 client, seen from below: no import of client.py).
 
-Data flow: client_handles.py / sharded*.py -> jobs.py (``PlainJob``) -> scripts.py (one
+Data flow: client_handles.py / sharded*.py -> jobs.py (``PlainJob``) -> engine/transport.py (one
 call per verb), stats.py (reads), checkpoints.py -> Redis.
 """
 

@@ -12,7 +12,7 @@ The barrier step (``advance``) is a sequence of single-slot calls, each safe to 
 each by ``next_pass(shard, expected_pass=p)``; a shard already at ``p+1`` answers
 ``PassMismatch``, which is success. A shard left waiting behind one that moved on (the
 step died half-way) is advanced first, whoever runs the next step: a trainer that finds
-its pass done everywhere (``sharded_trainer.py``), the reaper, or ``taskq pass next``.
+its pass done everywhere (``trainer/sharded.py``), the reaper, or ``taskq pass next``.
 See docs/sharding.md.
 
 The record and the read side (status, audit) are ``shardset.py``'s, creating one
@@ -20,7 +20,7 @@ The record and the read side (status, audit) are ``shardset.py``'s, creating one
 
 Data flow: sharded_job.py / sharded_take.py / reaper.py -> sharded.py (the barrier step,
 passes, cancel, retry, delete) -> jobs.py (one ``PlainJob`` per shard) -> Redis;
-sharded_trainer.py -> sharded.py (``advance``, ``load``).
+trainer/sharded.py -> sharded.py (``advance``, ``load``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A sharded job (``sharded.py``) is S ordinary jobs plus one record (``keys.shard_
 this module reads the record and sums the shards' statuses and audits into one view,
 with each shard's detail beside it.
 
-Data flow: client_handles.py (is a name sharded?), sharded_job.py, sharded.py, sharded_trainer.py
+Data flow: client_handles.py (is a name sharded?), sharded_job.py, sharded.py, trainer/sharded.py
 -> shardset.py -> stats.py (each shard's status and audit, a shard being a plain job) ->
 Redis.
 """
@@ -223,7 +223,7 @@ def status(client: Caller, name: str, sset: ShardSet | None = None) -> ShardedSt
 
 
 def _sum_histograms(shards: Sequence[JobStatus]) -> dict[str, dict[str, Any]]:
-    """The shards' histograms bucket by bucket (their bounds are the same: scripts.py)."""
+    """The shards' histograms bucket by bucket (their bounds are the same: engine/contract.py)."""
     out: dict[str, dict[str, Any]] = {}
     for s in shards:
         for name, h in s.histograms.items():

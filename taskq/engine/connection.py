@@ -4,7 +4,7 @@ Everything that talks to Redis goes through a connection made here (or a caller'
 redis-py client, checked here first), and every Redis exception crosses into taskq's
 hierarchy at ``translate`` (``ConnectionLost`` names the URL with its password masked).
 
-Data flow: connect() -> client.py (admin) / trainer.py / reaper.py / exporter.py.
+Data flow: connect() -> client.py (admin) / trainer/core.py / reaper.py / exporter.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ checked like direct commands, so a trainer may also run, outside the functions, 
 writes its functions make (``HSET`` on its own job's meta, ...). Within its own job a
 trainer credential is trusted.
 
-Data flow: cli/acl.py -> acl.py -> keys.py (patterns), scripts.py (function names) ->
+Data flow: cli/acl.py -> acl.py -> keys.py (patterns), engine/library.py (function names) ->
 ``ACL SETUSER`` on Redis (``--apply``, as a user allowed to manage users).
 """
 

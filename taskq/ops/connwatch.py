@@ -43,7 +43,7 @@ connection with no witness open (a trainer's first heartbeat interval, an idle-c
 witness) followed at once by a stall longer than ``quiet``; a Redis ``timeout`` shorter
 than twice the heartbeat interval (or than 2 s) on a stalled trainer.
 
-Data flow: reaper.py -> connwatch.py -> scripts.py (conns, closed) and CLIENT LIST ID
+Data flow: reaper.py -> connwatch.py -> engine/transport.py (conns, closed) and CLIENT LIST ID
 -> Redis <- trainer heartbeats (CLIENT ID).
 """
 

@@ -8,7 +8,7 @@ index, last) and control entries (a task finished with no sample left to deliver
 reader failed with this text). The loader's iterator in the main process strips the tags
 and acks a task once the loop took its last sample. Workers never talk to Redis.
 
-Data flow: feeder (main process, trainer.py) -> task queue -> TaskDataset (worker) ->
+Data flow: feeder (main process, trainer/core.py) -> task queue -> TaskDataset (worker) ->
 torch's result queue -> loader iterator (main process) -> training loop.
 """
 

@@ -13,7 +13,7 @@ revoke the lease as "reply lost", so calls are never made from two threads at on
 What it holds and what the main thread asked about it (acks, fails, progress, commits)
 is the iteration's ledger (``ledger.py``), which it performs.
 
-Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer.py -> Redis;
+Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer/core.py -> Redis;
 feeder -> readahead.py -> task queue -> readers (dataset.py).
 """
 

@@ -10,7 +10,7 @@ uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()
 goes on; if torch raises anything else, every task held and not committed is released,
 then the error is raised again.
 
-Data flow: training loop -> iteration.py -> feeder.py (trainer.py -> Redis);
+Data flow: training loop -> iteration.py -> feeder.py (trainer/core.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
 """
 

@@ -7,7 +7,7 @@ next lease call), fails, progress handed to the trainer, releases, and with
 ``acks="commit"`` the commit of what the loop took since the last one.
 
 Data flow: loader iterator (main thread) -> ledger.py -> feeder.py (its thread) ->
-trainer.py -> Redis.
+trainer/core.py -> Redis.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ feeder thread that owns the trainer, and returns the iteration's iterator
 (``iteration.py``): it acks a task once the batch holding its last sample was taken, or
 with ``acks="commit"`` at the next ``commit()``.
 
-Data flow: training loop -> loader.py -> iteration.py -> feeder.py (trainer.py -> Redis);
+Data flow: training loop -> loader.py -> iteration.py -> feeder.py (trainer/core.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
 """
 

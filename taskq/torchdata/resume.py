@@ -7,7 +7,7 @@ in a restarted trainer rewinds the job through its handle (``client.job(name).re
 plain or sharded, ``once`` with a key naming the restart), so the job is rewound once
 however many trainers load the same state (docs/resume.md).
 
-Data flow: training loop -> loader.py -> resume.py -> feeder.py (trainer.py) or
+Data flow: training loop -> loader.py -> resume.py -> feeder.py (trainer/core.py) or
 client.py -> jobs.py / sharded_job.py (the job's handle) -> checkpoints.py -> Redis.
 """
 

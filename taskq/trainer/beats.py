@@ -1,6 +1,6 @@
 """A trainer's heartbeat: the part the heartbeat thread and helper process see.
 
-``Beats`` is the part of ``Trainer`` (trainer.py) behind ``heartbeat.HeartbeatHost``:
+``Beats`` is the part of ``Trainer`` (trainer/core.py) behind ``heartbeat.HeartbeatHost``:
 the heartbeat thread (heartbeat.py) and the helper process's reader see only it, never
 the trainer. It owns the thread or helper, the heartbeat's own connection, the count of
 beats and the loop's data wait to send (``inputwait.InputBeat``); it builds a beat's
@@ -8,8 +8,8 @@ ARGV from the session and the lease book, applies an answer (revocations, pass, 
 drain, a rejoin), tells the helper what is held whenever that changes, and marks what
 is held at risk while out of contact.
 
-Data flow: heartbeat.py -> trainer_beats.py -> trainer_book.py / trainer_session.py;
-trainer_beats.py -> protocol.py -> heartbeat script -> Redis.
+Data flow: heartbeat.py -> trainer/beats.py -> trainer/book.py / trainer/session.py;
+trainer/beats.py -> protocol.py -> heartbeat script -> Redis.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Beats:
         self._view = view
         self._progress = progress
         #: the training loop's data wait and steps (inputwait.py): timed by the iterator
-        #: (trainer_iter.py) or a ``taskq.torch.DataLoader``, sent with a heartbeat at
+        #: (trainer/iteration.py) or a ``taskq.torch.DataLoader``, sent with a heartbeat at
         #: most every ``inputwait.SEND_EVERY_S``
         self._input_beat = InputBeat.of(input_meter)
         self.sent = 0

@@ -1,14 +1,14 @@
 """A trainer's calls that change leases: the ack/start/lease step and the writes.
 
-``Calls`` is the part of ``Trainer`` (trainer.py) that talks to the server about
+``Calls`` is the part of ``Trainer`` (trainer/core.py) that talks to the server about
 leases: one ack/start/lease call (``step``) and what its reply does (to the lease book,
 the job view, a rejoin), the writes that end leases (``ack``, ``fail``, ``release``),
 failing tasks whose chunks cannot be read, and the lost-lease checks. It owns no state
-of its own: it applies replies to the parts that do. The iteration (trainer_iter.py)
+of its own: it applies replies to the parts that do. The iteration (trainer/iteration.py)
 and the facade's ``ack`` / ``fail`` / ``release`` use it.
 
-Data flow: trainer.py / trainer_iter.py -> trainer_calls.py -> protocol.py -> scripts.py
-(lua) -> Redis; replies -> trainer_book.py, trainer_session.py (JobView).
+Data flow: trainer/core.py / trainer/iteration.py -> trainer/calls.py -> protocol.py -> engine/transport.py
+(lua) -> Redis; replies -> trainer/book.py, trainer/session.py (JobView).
 """
 
 from __future__ import annotations

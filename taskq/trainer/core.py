@@ -6,18 +6,18 @@ acking the previous task, starting a reserved one and leasing the next is one sc
 call. Every write carries the lease token; the server decides what is current.
 
 ``Trainer`` is a facade over parts that each own their state and lock: the session and
-the job view (trainer_session.py: registration, incarnations, the lease secret, retries,
-rejoin, leave; pass, generation, state, drain), the lease book (trainer_book.py: held
+the job view (trainer/session.py: registration, incarnations, the lease secret, retries,
+rejoin, leave; pass, generation, state, drain), the lease book (trainer/book.py: held
 and reserved tasks, tokens, call numbers, revocations), the progress buffer
-(trainer_progress.py), the heartbeat (trainer_beats.py, the only thing heartbeat.py
-sees, as a ``HeartbeatHost``), the lease-changing calls (trainer_calls.py) and the
-iteration modes (trainer_iter.py); the ``with`` block's signal handling is
+(trainer/progress_sender.py), the heartbeat (trainer/beats.py, the only thing heartbeat.py
+sees, as a ``HeartbeatHost``), the lease-changing calls (trainer/calls.py) and the
+iteration modes (trainer/iteration.py); the ``with`` block's signal handling is
 ``signals.py``'s ``SignalLeave`` (shared with ``ShardedTrainer``). This module builds
 them, and has the public surface and leaving. The verbs' ARGV and replies are
 ``protocol.py``'s.
 
-Data flow: trainer code -> trainer.py -> trainer_iter.py / trainer_calls.py ->
-protocol.py -> scripts.py (lua) -> Redis <- reaper.py.
+Data flow: trainer code -> trainer/core.py -> trainer/iteration.py / trainer/calls.py ->
+protocol.py -> engine/transport.py (lua) -> Redis <- reaper.py.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ log = logging.getLogger("taskq.trainer")
 
 
 #: What ``Trainer(name)`` of a sharded job builds: ``ShardedTrainer``, set by
-#: sharded_trainer.py when it is imported (``import taskq`` does), so that this module
+#: trainer/sharded.py when it is imported (``import taskq`` does), so that this module
 #: imports nothing that imports it back.
 SHARDED_TRAINER: Callable[..., Any] | None = None
 
@@ -110,7 +110,7 @@ class Trainer:
         cls, job: str, url: str | None = None, client: Client | None = None, *a: Any, **kw: Any
     ) -> Any:
         """``Trainer(name)`` works on any job: a sharded job's name gives its
-        ``ShardedTrainer`` (sharded_trainer.py), the same surface (iteration,
+        ``ShardedTrainer`` (trainer/sharded.py), the same surface (iteration,
         ``passes()``, ``batches(k)``, ``lease`` / ``lease_many``, ``progress``, ``ack`` /
         ``fail`` / ``release``, the ``with`` block, ``close``); ``client.job(name)`` tells
         which (jobs.py). A subclass, or ``of_shard``, is always a plain trainer."""
@@ -266,7 +266,7 @@ class Trainer:
         task to its id in the sharded job)."""
         return task.id
 
-    # -- taking tasks (trainer_iter.py) ---------------------------------------------------
+    # -- taking tasks (trainer/iteration.py) ---------------------------------------------------
     def lease(
         self,
         timeout: float = 2.0,
@@ -377,7 +377,7 @@ class Trainer:
         """
         return self._iter.batches(k)
 
-    # -- ending leases (trainer_calls.py) -------------------------------------------------
+    # -- ending leases (trainer/calls.py) -------------------------------------------------
     def ack(self, task: Task | list[Task]) -> None:
         """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
 
@@ -413,7 +413,7 @@ class Trainer:
         """
         self._calls.write("release", task if isinstance(task, list) else [task])
 
-    # -- progress (trainer_progress.py) ---------------------------------------------------
+    # -- progress (trainer/progress_sender.py) ---------------------------------------------------
     def progress(self, task: Task, n: int) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
         task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
@@ -442,7 +442,7 @@ class Trainer:
         """
         return self._progress.flush()
 
-    # -- the heartbeat (trainer_beats.py) -------------------------------------------------
+    # -- the heartbeat (trainer/beats.py) -------------------------------------------------
     def heartbeat(self) -> list[int]:
         """Send one heartbeat now (what the heartbeat thread does every interval).
 
@@ -456,7 +456,7 @@ class Trainer:
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
         """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
-        the helper process); for ``taskq.heartbeat``, not needed by trainer code.
+        the helper process); for ``taskq.trainer.heartbeat``, not needed by trainer code.
 
         Answers may land after newer lease replies: only the leases ``args`` listed are
         revoked, and pass, generation and state never move backwards.

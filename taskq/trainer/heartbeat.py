@@ -2,11 +2,11 @@
 
 ``Trainer(heartbeat="process")`` starts a helper process: it heartbeats on the trainer's
 behalf whatever the trainer's threads are doing, and dies with the trainer. Both see the
-trainer only through ``HeartbeatHost`` (its heartbeat part, trainer_beats.py's
+trainer only through ``HeartbeatHost`` (its heartbeat part, trainer/beats.py's
 ``Beats``); what an answer does to the trainer is that part's business
 (``apply_heartbeat``), the wire format is ``protocol.py``'s.
 
-Data flow: trainer_beats.py -> heartbeat.py (thread, or pipe -> helper process) ->
+Data flow: trainer/beats.py -> heartbeat.py (thread, or pipe -> helper process) ->
 protocol.py -> heartbeat script -> Redis.
 """
 

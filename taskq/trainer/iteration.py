@@ -1,14 +1,14 @@
 """A trainer's ways to take tasks: ``lease`` / ``lease_many``, iteration, ``passes()``,
 ``batches(k)``.
 
-``Iteration`` is the part of ``Trainer`` (trainer.py) a training loop drives: each step
+``Iteration`` is the part of ``Trainer`` (trainer/core.py) a training loop drives: each step
 acks the previous task, starts a reserved one and leases the next in one call
-(trainer_calls.py's ``step``), keeping the read-ahead in the lease book
-(trainer_book.py), and waits on the wake-up lists when there is no work. It owns the
+(trainer/calls.py's ``step``), keeping the read-ahead in the lease book
+(trainer/book.py), and waits on the wake-up lists when there is no work. It owns the
 prefetch depth and the input meter it times ``next()`` with; the rest is the session's,
 the book's and the job view's.
 
-Data flow: training loop -> trainer_iter.py -> trainer_calls.py -> protocol.py -> Redis.
+Data flow: training loop -> trainer/iteration.py -> trainer/calls.py -> protocol.py -> Redis.
 """
 
 from __future__ import annotations

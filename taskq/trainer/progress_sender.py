@@ -1,12 +1,12 @@
 """A trainer's progress inside tasks: buffered, sent with the heartbeat (docs/resume.md).
 
-``ProgressSender`` is the part of ``Trainer`` (trainer.py) that owns the buffer
+``ProgressSender`` is the part of ``Trainer`` (trainer/core.py) that owns the buffer
 (``progress.ProgressBuffer``, its own lock) and sends it: every heartbeat
-(trainer_beats.py), before a write that ends a lease (trainer_calls.py, so the next
+(trainer/beats.py), before a write that ends a lease (trainer/calls.py, so the next
 holder starts where this one got), at ``close``; with the helper heartbeat process,
 also from the loop's own thread at most once per interval (``inline``).
 
-Data flow: trainer.progress() -> trainer_progress.py -> protocol.py (progress) -> Redis.
+Data flow: trainer.progress() -> trainer/progress_sender.py -> protocol.py (progress) -> Redis.
 """
 
 from __future__ import annotations

@@ -4,15 +4,15 @@
 heartbeat) on one job and hands back typed replies; the ARGV order and the reply shapes of
 the Lua headers (``taskq/engine/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
-trainer's state (held leases, pass, generation) stays in trainer.py.
+trainer's state (held leases, pass, generation) stays in trainer/core.py.
 
 Every verb that ends, starts, grants or renews leases (and register, which sets it)
 carries the worker incarnation's lease secret as its last argument (before the optional
 connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
 "Lease secrets"). It is never logged, nor put in an error.
 
-Data flow: trainer.py / heartbeat.py -> protocol.py -> the client's ``run`` (a
-``caller.Caller``) / scripts.py -> Redis.
+Data flow: trainer/core.py / heartbeat.py -> protocol.py -> the client's ``run`` (a
+``caller.Caller``) / engine/transport.py -> Redis.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ the last contact, the retry loop every call runs in (backoff with jitter, bounde
 ``reconnect_timeout``), rejoining once after being declared lost (under the session's
 lock), and the leave.
 ``JobView`` owns the job's pass, generation, state and this worker's drain flag, under
-its own lock. Both are parts of ``Trainer`` (trainer.py); neither knows the others.
+its own lock. Both are parts of ``Trainer`` (trainer/core.py); neither knows the others.
 
-Data flow: trainer.py / trainer_calls.py / trainer_beats.py -> trainer_session.py ->
+Data flow: trainer/core.py / trainer/calls.py / trainer/beats.py -> trainer/session.py ->
 protocol.py (register, leave) -> Redis.
 """
 

@@ -1,6 +1,6 @@
 """The trainer of a sharded job: a home shard first, the other shards' tails after.
 
-``taskq.Trainer(name)`` of a sharded job returns a ``ShardedTrainer`` (trainer.py asks
+``taskq.Trainer(name)`` of a sharded job returns a ``ShardedTrainer`` (trainer/core.py asks
 ``client.job(name)``): the same surface as a plain ``Trainer`` (iteration, ``passes()``,
 ``batches(k)``, ``prefetch``, ``lease`` / ``lease_many``, ``progress``, ``ack`` / ``fail``
 / ``release``, the ``with`` block's SIGTERM release, ``close``), so code written for one
@@ -21,9 +21,9 @@ next ones (``Trainer.lease_many(acks=...)`` on the finished task's shard, with t
 expected), as a plain ``Trainer``'s iterator does. ``prefetch`` leases tasks ahead;
 ``batches(k)`` hands out up to ``k`` tasks of one shard at a time.
 
-Data flow: trainer code -> sharded_trainer.py -> sharded_take.py (where tasks come from)
--> trainer.py (one per shard) -> Redis;
--> sharded.py (status reads, the barrier step); cli/work.py -> sharded_trainer.py.
+Data flow: trainer code -> trainer/sharded.py -> sharded_take.py (where tasks come from)
+-> trainer/core.py (one per shard) -> Redis;
+-> sharded.py (status reads, the barrier step); cli/work.py -> trainer/sharded.py.
 """
 
 from __future__ import annotations
@@ -446,5 +446,5 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
                 log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
 
 
-# ``taskq.Trainer(name)`` of a sharded job is one of these (trainer.py)
+# ``taskq.Trainer(name)`` of a sharded job is one of these (trainer/core.py)
 trainer_module.SHARDED_TRAINER = ShardedTrainer

@@ -1,13 +1,13 @@
 """How a sharded trainer takes work: home first, the other shards' tails after, and the
 barrier at a pass's end.
 
-``ShardTaker`` is the part of ``ShardedTrainer`` (sharded_trainer.py) that decides where
+``ShardTaker`` is the part of ``ShardedTrainer`` (trainer/sharded.py) that decides where
 the next tasks come from: the finished task's shard while its tail lasts, else home,
 else a shard whose status shows work left; and, when nothing is leasable, an idle round
 (read every shard, reap a shard whose trainers vanished, run the barrier step when every
 shard has finished the pass, else wait on home). See docs/sharding.md, "Trainers".
 
-Data flow: sharded_trainer.py -> sharded_take.py -> trainer.py (one per shard) -> Redis;
+Data flow: trainer/sharded.py -> sharded_take.py -> trainer/core.py (one per shard) -> Redis;
 -> sharded.py (the barrier step), client.py (status reads, reaps).
 """
 

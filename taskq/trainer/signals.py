@@ -7,10 +7,10 @@ working on. A forked child (a DataLoader worker) that inherited the handlers beh
 if they had never been installed.
 
 ``SignalLeave`` is the one helper: a trainer owns one and calls ``enter()`` and
-``exit(...)`` from its ``__enter__`` / ``__exit__`` (trainer.py). ``LeaveOnSignal`` is
+``exit(...)`` from its ``__enter__`` / ``__exit__`` (trainer/core.py). ``LeaveOnSignal`` is
 the same helper as a mixin, for ``ShardedTrainer`` until it composes it too.
 
-Data flow: trainer code -> trainer.py / sharded_trainer.py (``with``) -> signals.py ->
+Data flow: trainer code -> trainer/core.py / trainer/sharded.py (``with``) -> signals.py ->
 the owner's ``fail_current`` and ``close``.
 """
 
