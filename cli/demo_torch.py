@@ -39,6 +39,9 @@ FILES = 3  # of each format
 ROWS = 120  # per file
 HEARTBEAT_S = 0.5
 STEP_S = 0.01
+#: trainer 0's step is this many times longer: the trainer the demo SIGKILLs is then
+#: always partway into a task it holds (a fast one is often between tasks)
+SLOW_STEP = 40
 TIMEOUT_S = float(os.environ.get("TASKQ_DEMO_TIMEOUT", "150"))
 
 
@@ -111,7 +114,7 @@ def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> 
                 total += float(loss) * len(batch["id"])
                 n += len(batch["id"])
                 log.write("".join(f"{loader.pass_no} {i}\n" for i in batch["id"].tolist()))
-                time.sleep(STEP_S)
+                time.sleep(STEP_S * (SLOW_STEP if index == "0" else 1))
             if n:
                 log.write(f"loss {loader.pass_no} {total} {n}\n")
     loader.close()
@@ -173,7 +176,7 @@ def run(url: str | None, prefix: str | None) -> bool:
         _wait(
             lambda: (
                 client.status(job).done >= len(chunks) // 4
-                and _lines(os.path.join(run_dir, "trainer-0.log")) >= ROWS
+                and _lines(os.path.join(run_dir, "trainer-0.log")) >= 16  # a batch
                 and _partway(client, job, "demo-torch-0:") > 0
             ),
             "a quarter of pass 1 with trainer 0 partway into a task",
@@ -229,6 +232,8 @@ def _lines(path: str) -> int:
 def _wait(cond: Any, what: str, procs: dict[int, subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not cond():
+        if all(p.poll() == 0 for p in procs.values()):
+            raise taskq.TaskqError(f"demo --torch: the trainers finished with no {what}")
         if all(p.poll() not in (None, 0) for p in procs.values()):
             raise taskq.TaskqError(
                 f"demo --torch: every trainer failed (exit codes "
