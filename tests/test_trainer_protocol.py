@@ -5,7 +5,6 @@ graph of taskq/ without cycles."""
 
 from __future__ import annotations
 
-import ast
 import logging
 import queue
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from support import RedisServer, wait_until
+from test_imports import import_graph
 
 import taskq
 from taskq import errors
@@ -218,41 +218,6 @@ def test_heartbeat_reply_decodes_full_and_code_only_replies() -> None:
 
 
 # -- the import graph ---------------------------------------------------------------------------
-def _imports(path: Path, package: str) -> set[str]:
-    """The taskq modules ``path`` imports (relative or absolute, TYPE_CHECKING included)."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            names = [f"{mod}.{a.name}" for a in node.names]
-            out.update(n for n in [mod, *names] if n.startswith("taskq"))
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("taskq"))
-    return out
-
-
-def _import_graph() -> dict[str, set[str]]:
-    modules: dict[str, Path] = {}
-    for path in (ROOT / "taskq").rglob("*.py"):
-        rel = path.relative_to(ROOT).with_suffix("")
-        modules[".".join(rel.parts).removesuffix(".__init__")] = path
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        # a package's __init__ re-exports its modules: that edge is not a cycle of theirs
-        graph[name] = {
-            m
-            for m in _imports(path, package)
-            if m in modules and m != name and not name.startswith(m + ".")
-        }
-    return graph
-
-
 def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
     seen: set[str] = set()
     todo = list(graph[start])
@@ -271,6 +236,6 @@ def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_the_trainers_modules_are_on_no_import_cycle(module: str) -> None:
     """No import (``TYPE_CHECKING`` ones included) leads from the module back to itself:
     the heartbeat knows the trainer through ``HeartbeatHost``, not by importing it."""
-    graph = _import_graph()
+    graph = import_graph()  # tests/test_imports.py's parser
     back = sorted(m for m in _reaches(graph, module) if module in _reaches(graph, m))
     assert module not in _reaches(graph, module), f"{module} is on a cycle with {back}"
