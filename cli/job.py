@@ -160,6 +160,12 @@ def job() -> None:
     help="Spread the job over S shards on different cluster masters, one pass "
     "for all (docs/sharding.md).",
 )
+@click.option(
+    "--split-tails/--no-split-tails",
+    default=True,
+    show_default=True,
+    help="At a pass's tail an idle trainer takes the unread end of a task running long.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
 def create(
@@ -187,6 +193,7 @@ def create(
     replace: bool,
     exist_ok: bool,
     shards: int,
+    split_tails: bool,
     as_json: bool,
 ) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines.
@@ -237,6 +244,7 @@ def create(
                 replace=replace,
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),
                 shards=shards,
+                split_tails=split_tails,
             )
     except taskq.JobExists:
         if not exist_ok:

@@ -130,7 +130,9 @@ class MetaField:
     BACKUP_K = "backup_k"  # backup leases: after k x the median task time (0 = off)
     C_BACKUPS = "c_backups"  # backup leases granted
     DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
-    P_BACKUPS = "p_backups"
+    P_BACKUPS = "p_backups"  # backup leases and split pieces granted this pass attempt
+    SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
+    C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the
     #: buckets' sum): written with the meta the call writes anyway, not one HINCRBY per
     #: ack. A job created before them also has ``dur:sum`` / ``late:sum`` in ``hist``, frozen

@@ -30,6 +30,9 @@ class JobConfig:
     seed: int = 0
     auto_advance: bool = True
     manual_clock: bool = False
+    #: tail splitting: an idle trainer at a pass's tail takes the unread end of a started
+    #: task running long (docs/design.md, "Tail splitting"); needs the task's size
+    split_tails: bool = True
 
 
 @dataclass(eq=False)
@@ -52,6 +55,15 @@ class Task:
     #: the sample index (0-based over the whole task) where reading begins: what earlier
     #: holders of this pass attempt recorded as taken (``Trainer.progress``); 0 for a fresh task
     start: int = 0
+    #: where this lease's reading ends (exclusive sample index): None for the task's end;
+    #: set when the task was split at a pass's tail (the holder's piece ends at the split
+    #: point, the new piece's at the task's end) and moved by the replies to the holder's
+    #: progress reports (docs/design.md, "Tail splitting"). Read up to it:
+    #: ``read_task(task.chunks, task.start, end=lambda: task.end)``.
+    end: int | None = None
+    #: a piece of a split task whose split is not confirmed yet: read nothing until the
+    #: trainer sees it confirmed (trainer_calls.py waits before handing the task out)
+    split_pending: bool = False
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)

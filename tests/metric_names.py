@@ -42,6 +42,7 @@ METRIC_TYPES = {
                 "revoked",
                 "forged",
                 "backups",
+                "splits",
                 "expired",
                 "exporter_scrape_errors",
                 "input_step_seconds",

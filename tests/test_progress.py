@@ -226,6 +226,7 @@ def test_task_of_a_trainer_sigkilled_at_90_percent_is_finished_from_there(
         worker_ttl=1.0,
         heartbeat_interval=0.2,
         task_timeout=None,
+        split_tails=False,  # the second trainer resumes the whole rest (not a split piece)
     )
     out = tmp_path / "first.txt"
     proc = subprocess.Popen(

@@ -33,6 +33,7 @@ def sm_url(redis_server):
 class EngineMachine(RuleBasedStateMachine):
     url: str = ""
     backup_leases = False
+    chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
 
     def __init__(self) -> None:
         super().__init__()
@@ -40,7 +41,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.job = f"sm-{next(_ids)}"
         self.client.create_job(
             self.job,
-            chunks=list(range(N_TASKS)),
+            chunks=list(self.chunks),
             passes=None,
             worker_ttl=3.0,
             heartbeat_interval=1.0,
@@ -134,6 +135,10 @@ class EngineMachine(RuleBasedStateMachine):
             {i for i in range(N_TASKS) if r.getbit(keys.done, i)},
             {int(x) for x in r.smembers(keys.dead)},
         )
+
+    def _pieces(self) -> set[int]:
+        """Tasks reachable through a piece of a split task (none without splits)."""
+        return set()
 
     def _drop_held(self) -> None:
         """Every lease held went stale at once (a rewind, a cancel): late writes now."""
@@ -379,13 +384,19 @@ class EngineMachine(RuleBasedStateMachine):
         dead = {int(x) for x in r.smembers(keys.dead)}
         done = {i for i in range(N_TASKS) if r.getbit(keys.done, i)}
         raw = r.hgetall(keys.leases)
-        leases = {int(k): parse_lease(v) for k, v in raw.items() if not k.startswith("b:")}
+        leases = {int(k): parse_lease(v) for k, v in raw.items() if k.isdigit()}
         leased = {t for t, ls in leases.items() if ls and ls["live"] and ls["round"] == rnd}
         backups = {int(k[2:]): parse_lease(v) for k, v in raw.items() if k.startswith("b:")}
         backed = {t for t, b in backups.items() if b and b["live"] and b["round"] == rnd}
+        # a split task's tail piece (field b:<task> too) stands without its head (lib/split.lua)
+        splits = {
+            int(k[2:])
+            for k, v in raw.items()
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == str(rnd)
+        }
         # a backup lease only beside its task's current lease, held by another worker, and
         # only while the job runs (its holder's writes follow the same rules)
-        for t in backed:
+        for t in backed - splits:
             assert t in leased, "a backup without the task's own lease"
             assert backups[t]["worker"] != leases[t]["worker"], "a backup of one's own task"
         # 1. every live task in exactly one of todo, leased, done; dead in none
@@ -440,7 +451,7 @@ class EngineMachine(RuleBasedStateMachine):
             todo = {t["id"] for t in self.client.tasks(self.job, "todo", limit=1000)}
             leased = {t["id"] for t in self.client.tasks(self.job, "leased", limit=1000)}
             left = set(range(N_TASKS)) - dead - done
-            assert left <= todo | leased, "a live task is unreachable"
+            assert left <= todo | leased | self._pieces(), "a live task is unreachable"
 
     @invariant()
     def pass_grows_by_one_only_when_complete(self) -> None:
@@ -483,3 +494,116 @@ BackupMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_with_backup_leases(sm_url):
     BackupMachine.url = sm_url
     BackupMachine.TestCase("runTest").runTest()
+
+
+class SplitMachine(EngineMachine):
+    """The same steps on tasks whose size is known (50 samples each, ``records`` of a lines
+    chunk), so a lease at a pass's tail splits a started task that reported progress
+    (lib/split.lua): a piece's ack leaves the task undone until its other piece is acked,
+    a piece that ends without an ack goes back; the model counts a task acked once its
+    last piece is."""
+
+    chunks = [  # noqa: RUF012
+        {"format": "lines", "path": f"/nonexistent/{i}", "offset": 0, "length": 1, "records": 50}
+        for i in range(N_TASKS)
+    ]
+
+    def _pieces(self) -> set[int]:
+        """Split tasks whose tail piece is leased or waits among the orphans to be leased
+        again (a head piece that went back is in the front, listed as todo)."""
+        keys, r = self.client.keys(self.job), self.client.redis
+        rnd = str(self._meta("round"))
+        raw = r.hgetall(keys.leases)
+        orph = raw.get("s:orph", "").split("|")
+        orphans = set(orph[1].split()) if len(orph) == 2 and orph[0] == rnd else set()
+        out = set()
+        for k, v in raw.items():
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == rnd:
+                tail = parse_lease(raw.get(f"b:{k[2:]}"))
+                live = tail and tail["live"] and tail["round"] == int(rnd)
+                if live or k[2:] in orphans:
+                    out.add(int(k[2:]))
+        return out
+
+    def _is_current(self, worker: str, task: taskq.Task) -> bool:
+        keys = self.client.keys(self.job)
+        lease = parse_lease(self.client.redis.hget(keys.leases, str(task.id)))
+        piece = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
+        if piece and piece["token"] == task.token:
+            lease = piece  # (one worker may hold both pieces: the token picks)
+        if not lease or lease["token"] != task.token:
+            return False
+        # the base class's liveness rule, on the record the token picked
+        t = self.trainers[worker]
+        now, seen = int(self.client.redis.get(keys.clock) or 0), self._meta("seen")
+        offset = self._meta("offset")
+        if now - seen > self._meta("ttl") - self._meta("hbi"):
+            offset += now - seen
+        deadline = self.client.redis.zscore(keys.workers, f"{worker}|{t.incarnation}")
+        alive = deadline is not None and deadline >= now - offset
+        return bool(
+            alive
+            and lease["live"]
+            and lease["round"] == self._meta("round")
+            and lease["worker"] == worker
+            and lease["worker_incarnation"] == t.incarnation
+        )
+
+    def _end(self, worker: str, task: taskq.Task, op: str) -> None:
+        if op != "ack" or not self._is_current(worker, task):
+            super()._end(worker, task, op)
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        rnd = self._meta("round")
+        done_before = self._meta("ndone")
+        self.trainers[worker].ack(task)
+        if r.getbit(keys.done, task.id) and self._meta("round") == rnd:
+            assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
+            self._attempt(rnd).add(task.id)
+            assert self._meta("ndone") == done_before + 1
+        elif self._meta("round") == rnd:
+            rec = r.hget(keys.leases, f"s:{task.id}") or ""
+            assert rec.split("|")[0] == str(rnd), "an ack left a task undone without a split"
+            assert self._meta("ndone") == done_before
+        if task in self.held[worker]:
+            self.held[worker].remove(task)
+        self.ended.append((worker, task))
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS), v=st.sampled_from(WORKERS), samples=st.integers(0, 50))
+    def tail(self, w: str, v: str, samples: int) -> None:
+        """The tail of a pass: ``w`` takes what is left and reports progress into a task,
+        ``v`` leases (a split, pending until ``w`` knows its end: released at once), ``w``
+        reports again under the end it learnt (the split is confirmed), ``v`` leases again
+        (the piece)."""
+        for _ in range(N_TASKS):
+            before = len(self.held[w])
+            self.lease(w)
+            if len(self.held[w]) == before:
+                break
+        if not self.held[w]:
+            return
+        task = self.held[w][0]
+        n = max(samples, task.start)
+        for _ in range(2):
+            self.trainers[w].progress(task, n)
+            self.trainers[w].flush_progress()
+            if w != v:
+                self.lease(v)
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS))
+    def read_to_end(self, w: str) -> None:
+        """A holder takes its pieces' samples up to the end it knows, reporting them."""
+        for task in self.held[w]:
+            if task.end is not None:
+                self.trainers[w].progress(task, task.end)
+        self.trainers[w].flush_progress()
+
+
+SplitMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_with_split_tails(sm_url):
+    SplitMachine.url = sm_url
+    SplitMachine.TestCase("runTest").runTest()

@@ -248,6 +248,7 @@ class Client:
         backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
+        split_tails: bool = True,
     ) -> JobStatus:
         return self._life.create_job(
             name,
@@ -268,6 +269,7 @@ class Client:
             backup_leases=backup_leases,
             backup_factor=backup_factor,
             shards=shards,
+            split_tails=split_tails,
         )
 
     @_doc(Lifecycle.delete_job)

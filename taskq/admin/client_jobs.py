@@ -67,6 +67,7 @@ class Lifecycle:
         backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
+        split_tails: bool = True,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -94,6 +95,10 @@ class Lifecycle:
             backup_factor: that k (> 1).
             shards: S > 1 spreads the job over S shards on different cluster masters,
                 one pass for all (``sharded_create.create``; it returns a ``ShardedStatus``).
+            split_tails: at the tail of a pass an idle trainer may take the unread end of
+                a started task running long (its holder's lease then ends there); each
+                sample is still read once. Needs the task's size, which a holder sends
+                with its progress (docs/design.md, "Tail splitting"). On by default.
 
         Returns:
             The new job's status.
@@ -117,6 +122,7 @@ class Lifecycle:
             seed=seed,
             auto_advance=auto_advance,
             manual_clock=manual_clock,
+            split_tails=split_tails,
         )
         if shards != 1:
             return sharded_create.create(  # type: ignore[return-value]
@@ -201,6 +207,7 @@ class Lifecycle:
                 F.ACKED_JOB: 0,
                 F.FSEQ: 0,
                 F.BACKUP_K: backup_factor if backup_leases else 0,
+                F.SPLIT: 1 if cfg.split_tails else 0,
             }
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():

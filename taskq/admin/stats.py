@@ -47,6 +47,7 @@ COUNTERS = {
     "revoked": F.C_REVOKED,
     "forged": F.C_FORGED,
     "backups": F.C_BACKUPS,
+    "splits": F.C_SPLITS,
 }
 
 

@@ -12,9 +12,10 @@ so ``import taskq`` and ``import taskq.data`` need neither.
 
 The contract (docs/data.md says the same, with the chunk fields):
 
-``read_task(chunks, start=0, **options) -> Iterator[sample]``
+``read_task(chunks, start=0, end=None, **options) -> Iterator[sample]``
     The samples of a task, its chunks in order, beginning at sample index ``start``
-    (0-based over the whole task). Chunks whose size is in the chunk (parquet ``rows``,
+    (0-based over the whole task) and stopping before ``end`` (an index, or a callable
+    asked before each sample: ``lambda: task.end`` for a task whose end a split moves). Chunks whose size is in the chunk (parquet ``rows``,
     tar ``samples``, lines ``records``) are skipped without opening them; otherwise the
     reader skips cheaply: Parquet by row-group metadata, tar by headers, lines by scanning.
 
@@ -51,7 +52,7 @@ return JSON-able dicts with a ``format`` field.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
@@ -203,12 +204,21 @@ def check_options(options: dict[str, Any]) -> None:
         )
 
 
-def read_task(chunks: Iterable[Any], start: int = 0, **options: Any) -> Iterator[Any]:
-    """The samples of a task: its chunks in order, from sample index ``start``.
+def read_task(
+    chunks: Iterable[Any],
+    start: int = 0,
+    end: int | Callable[[], int | None] | None = None,
+    **options: Any,
+) -> Iterator[Any]:
+    """The samples of a task: its chunks in order, from sample index ``start`` up to
+    (not including) ``end``.
 
     Args:
         chunks: the task's chunks (``task.chunks``).
         start: 0-based index over the whole task of the first sample to yield.
+        end: where to stop: None (the task's end), an index, or a callable asked before
+            each sample (``lambda: task.end``: a split task's end moves while it is
+            read, docs/design.md "Tail splitting"); a batch (``batch_rows``) is cut there.
         **options: ``storage_options`` (fsspec), ``columns`` and ``batch_rows`` (parquet).
 
     Returns:
@@ -216,12 +226,45 @@ def read_task(chunks: Iterable[Any], start: int = 0, **options: Any) -> Iterator
 
     Raises:
         DataError: a chunk's data cannot be read or decoded.
-        InvalidInput: ``start`` < 0, an unknown option, or the data extra is missing.
+        InvalidInput: ``start`` < 0, ``end`` neither None, an integer >= 0 nor a
+            callable, an unknown option, or the data extra is missing.
     """
     if not isinstance(start, int) or start < 0:
         raise errors.InvalidInput(f"start must be an integer >= 0, got {start!r}")
+    if (
+        end is not None
+        and not callable(end)
+        and (not isinstance(end, int) or isinstance(end, bool) or end < 0)
+    ):
+        raise errors.InvalidInput(f"end must be None, an integer >= 0 or a callable, got {end!r}")
     check_options(options)
-    return _samples(list(chunks), start, options)
+    samples = _samples(list(chunks), start, options)
+    if end is None:
+        return samples
+    return _until(samples, start, end)
+
+
+def _until(samples: Iterator[Any], at: int, end: int | Callable[[], int | None]) -> Iterator[Any]:
+    """``samples`` (the first one is sample ``at``) up to ``end``, asked before each."""
+    limit = end if callable(end) else (lambda: end)
+    try:
+        for item in samples:
+            stop = limit()
+            if stop is not None and at >= stop:
+                return
+            rows = getattr(item, "num_rows", None) if hasattr(item, "slice") else None
+            if isinstance(rows, int):  # a RecordBatch (batch_rows): cut at the end
+                if stop is not None and at + rows > stop:
+                    yield item.slice(0, stop - at)
+                    return
+                at += rows
+            else:
+                at += 1
+            yield item
+    finally:
+        close = getattr(samples, "close", None)
+        if close is not None:
+            close()
 
 
 def task_size(chunks: Any) -> int | None:

@@ -175,8 +175,9 @@ class JsonlReader(LinesReader):
         return json.loads(line)
 
     def size(self, chunk: dict[str, Any]) -> int | None:
-        # ``records`` counts lines, blank ones too: not a sample count for jsonl
-        return None
+        # ``records`` counts lines, blank ones too: not a sample count for jsonl; a chunk
+        # may say its ``samples`` (its non-blank lines), which a split needs
+        return chunk_count(chunk, "samples")
 
 
 READERS: dict[str, Reader] = {"lines": LinesReader(), "jsonl": JsonlReader()}

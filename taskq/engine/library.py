@@ -60,6 +60,7 @@ LIB_PARTS: tuple[str, ...] = (
     "call.lua",
     "secrets.lua",
     "leases.lua",
+    "split.lua",
     "endings.lua",
     "passes.lua",
     "workers.lua",

@@ -75,6 +75,11 @@ COUNTERS = {
         "Backup leases granted: a second lease of a straggling task (backup_leases), "
         "whose first ack counts.",
     ),
+    "taskq_splits": (
+        "splits",
+        "Tasks split at a pass's tail: an idle trainer took the unread end of a started "
+        "task (split_tails); each sample is still read once.",
+    ),
 }
 _SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
 

@@ -15,6 +15,7 @@ torch's result queue -> loader iterator (main process) -> training loop.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import queue
@@ -30,8 +31,9 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .. import errors
 
-#: a task message: (iteration, task id, token, pass, chunks, start); task id None = stop
-TaskMsg = tuple[int, Any, int, int, Any, int]
+#: a task message: (iteration, task id, token, pass, chunks, start, end); task id None =
+#: stop; end: where the lease's reading ends (a piece of a split task), None: the task's
+TaskMsg = tuple[int, Any, int, int, Any, int, "int | None"]
 #: per sample: (task id, token, position in the task's delivery order (the sample index
 #: unshuffled), last sample of the task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
@@ -50,7 +52,7 @@ _END = object()
 
 def stop_msg(iteration: int) -> TaskMsg:
     """The message telling one reader that no more tasks come in this iteration."""
-    return (iteration, None, 0, 0, None, 0)
+    return (iteration, None, 0, 0, None, 0, None)
 
 
 @dataclass
@@ -279,7 +281,7 @@ class TaskDataset(IterableDataset[Any]):
 
     def _open(self, msg: TaskMsg, ctrl: list[Ctrl]) -> _Open | None:
         """Start reading one task; None (and an error entry) when the reader fails."""
-        _, task_id, token, pass_no, chunks, start = msg
+        _, task_id, token, pass_no, chunks, start, end = msg
         try:
             if self.shuffle:
                 # the whole task in one seeded order (seed, pass, task); a resumed task
@@ -288,10 +290,14 @@ class TaskDataset(IterableDataset[Any]):
                 items = list(self.reader(chunks, 0))  # a read error surfaces here
                 order = list(range(len(items)))
                 random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
+                stop = len(items) if end is None else min(end, len(items))
                 return _Open(
-                    task_id, token, iter([(k, items[order[k]]) for k in range(start, len(items))])
+                    task_id, token, iter([(k, items[order[k]]) for k in range(start, stop)])
                 )
-            return _Open(task_id, token, enumerate(iter(self.reader(chunks, start)), start))
+            samples = iter(self.reader(chunks, start))
+            if end is not None:  # a piece of a split task: up to its end (fixed at its grant)
+                samples = itertools.islice(samples, max(0, end - start))
+            return _Open(task_id, token, enumerate(samples, start))
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None

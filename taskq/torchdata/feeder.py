@@ -238,6 +238,10 @@ class Feeder(threading.Thread):
         ds = self.dataset
         # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
         options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
+        # the readers run in other processes and read a task to the end it had when it was
+        # leased: this trainer's tasks are not split (a piece handed to it, with its end
+        # fixed, is read up to that end); docs/torch.md
+        options["split_tails"] = False
         self.trainer = Trainer(
             ds.job,
             url=ds.url,

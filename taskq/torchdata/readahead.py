@@ -130,7 +130,7 @@ class ReadAhead:
     def send(self, task: Task, start: int, to_tail: bool = False) -> None:
         """Put one task on the readers' queue (or the tail), reading from ``start``."""
         key = self.key(task)
-        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start)
+        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start, task.end)
         if to_tail:
             self._tail_ids.add(key)
             self.tail.put(msg)

@@ -14,6 +14,7 @@ Data flow: trainer/core.py / trainer/iteration.py -> trainer/calls.py -> protoco
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from taskq import errors
@@ -52,6 +53,7 @@ class Calls:
         view: JobView,
         progress: ProgressSender,
         beats: Beats,
+        split_tails: bool = True,
     ) -> None:
         self.job = session.job
         self._wire = wire
@@ -60,6 +62,11 @@ class Calls:
         self._view = view
         self._progress = progress
         self._beats = beats
+        #: how long a step waits for a pending piece of a split task (None: two ttls);
+        #: ``lease(timeout=...)`` sets it to what its timeout leaves
+        self.split_wait_s: float | None = None
+        #: False: a piece of a split task granted to this trainer is released at once
+        self.split_tails = split_tails
 
     def step(
         self, acks: list[Task], starts: list[Task], want: int, mode: str, expect_pass: int
@@ -67,6 +74,8 @@ class Calls:
         """One ack/start/lease call; the tasks it grants are held (those with corrupt
         chunks too, apart, until ``fail_corrupt`` fails them)."""
         book, session = self._book, self._session
+        if acks:
+            self._confirm_ends(acks)
         call_no = book.begin()
         incarnation, secret = session.creds
         try:
@@ -99,7 +108,66 @@ class Calls:
                 self._beats.changed()
         if r.code in _END_STATES:
             self._view.end(_END_STATES[r.code])
+        if r.granted and any(t.split_pending for t in r.granted):
+            self._await_splits(r.granted)
         return r
+
+    # -- tail splitting (docs/design.md, "Tail splitting") ------------------------------
+    def _confirm_ends(self, acks: list[Task]) -> None:
+        """Before acking the head piece of a split task: report that it read up to the
+        end it knows, which confirms the split (an ack of a head that never learned its
+        end means it read the whole task, and the split is undone)."""
+        items = [(t, t.end, t.end) for t in acks if t.end is not None and not t.split_pending]
+        if not items:
+            return
+        session = self._session
+        incarnation, secret = session.creds
+        try:
+            session.contact(
+                self._wire.progress,
+                session.job_incarnation,
+                session.worker_id,
+                incarnation,
+                secret,
+                items,
+            )
+        except errors.TaskqError as e:
+            log.warning("job %s: split end not confirmed: %s", self.job, e)
+
+    def _await_splits(self, granted: list[Task]) -> None:
+        """A tail piece of a split task is read only once the split is confirmed (its
+        first holder knows where to stop): ask until it is, within two ttls; a piece
+        still pending then, or lost meanwhile, is released / dropped from ``granted``."""
+        session = self._session
+        incarnation, secret = session.creds
+        wait = self.split_wait_s if self.split_tails else 0.0
+        deadline = time.monotonic() + (max(2 * session.ttl_s, 1.0) if wait is None else wait)
+        pending = [t for t in granted if t.split_pending]
+        delay = 0.005
+        first = True
+        while pending and (first or time.monotonic() < deadline):
+            first = False
+            results = session.contact(
+                self._wire.progress,
+                session.job_incarnation,
+                session.worker_id,
+                incarnation,
+                secret,
+                [(t, t.start, None) for t in pending],
+            )
+            for t, res in zip(pending, results, strict=False):
+                if res == STALE:
+                    t.revoked.set()
+                    self._book.forget([t])
+                    granted.remove(t)
+            pending = [t for t in pending if t.split_pending and not t.revoked.is_set()]
+            if pending:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        if pending:
+            for t in pending:
+                granted.remove(t)
+            self.write("release", pending)
 
     def fail_corrupt(self, corrupt: Any) -> list[errors.CorruptData]:
         """Fail each task whose chunks cannot be read, alone (one failure charged per

@@ -95,6 +95,12 @@ class Trainer:
         input_meter: the meter of the loop's data wait to send with the heartbeats
             (``taskq.torch.DataLoader`` gives its own); a new one when None. Iterating the
             trainer times each ``next()``; ``heartbeat="process"`` does not send it.
+        split_tails: take part in tail splitting (docs/design.md, "Tail splitting"): the
+            sizes of its tasks go with its progress, so at a pass's tail an idle trainer
+            may take the unread end of one; the loop then reads up to ``task.end``
+            (``read_task(task.chunks, task.start, end=lambda: task.end)``), which moves
+            with the replies to its progress reports. False: its tasks are never split,
+            and a piece handed to it whose split is still pending is released at once.
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
@@ -151,6 +157,7 @@ class Trainer:
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
+        split_tails: bool = True,
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
@@ -171,11 +178,11 @@ class Trainer:
         self._book = book = LeaseBook()
         # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
         # the helper process, from the loop's own thread at most once per interval
-        self._progress = progress = ProgressSender(wire, session, mode == "process")
+        self._progress = progress = ProgressSender(wire, session, mode == "process", split_tails)
         self._beats = beats = Beats(
             self.client, wire, session, book, view, progress, self.input_meter
         )
-        self._calls = calls = Calls(wire, session, book, view, progress, beats)
+        self._calls = calls = Calls(wire, session, book, view, progress, beats, split_tails)
         self._iter = Iteration(
             self.client, wire, session, book, view, calls, beats, prefetch, self.input_meter
         )

@@ -116,9 +116,14 @@ class Iteration:
         acks = list(acks or [])
         starts = starts or []
         while True:
-            r = retrying(
-                calls.step, acks, starts, n, mode, -1 if expect_pass is None else expect_pass
-            )
+            # a pending piece of a split task is waited for within this call's timeout
+            calls.split_wait_s = max(0.0, deadline - time.monotonic())
+            try:
+                r = retrying(
+                    calls.step, acks, starts, n, mode, -1 if expect_pass is None else expect_pass
+                )
+            finally:
+                calls.split_wait_s = None
             if acks and STALE in r.ack_res:
                 calls.check_acks(acks, r.ack_res, raise_stale=False)
             acks, starts = [], []

@@ -22,12 +22,17 @@ if TYPE_CHECKING:
     from taskq.models import Task
 
 
+#: One report: the task, the samples taken, and the task's end when it was recorded (what
+#: the loop honoured from then on: a split is confirmed by it, docs/design.md).
+Report = tuple["Task", int, "int | None"]
+
+
 class ProgressBuffer:
     """The latest unsent ``n`` per held task (thread-safe; one per trainer)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[Task, int]] = {}
+        self._pending: dict[int, Report] = {}
 
     def record(self, task: Task, n: int) -> None:
         """Remember that the loop took samples ``[0, n)`` of ``task`` (absolute: a resumed
@@ -46,9 +51,13 @@ class ProgressBuffer:
             )
         with self._lock:
             old = self._pending.get(task.id)
-            if old is not None and old[0] is task and old[1] >= n:
+            if old is not None and old[0] is task and old[1] >= n and old[2] == task.end:
                 return
-            self._pending[task.id] = (task, n)
+            self._pending[task.id] = (
+                task,
+                max(n, old[1]) if old and old[0] is task else n,
+                task.end,
+            )
 
     def discard(self, tasks: list[Task]) -> None:
         """Drop the entries of ``tasks`` (acked: their progress is spent)."""
@@ -60,17 +69,17 @@ class ProgressBuffer:
                 if old is not None and old[0] is t:
                     del self._pending[t.id]
 
-    def take(self) -> list[tuple[Task, int]]:
+    def take(self) -> list[Report]:
         """Everything pending, now removed (``restore`` puts back what a failed send had)."""
         with self._lock:
             out = list(self._pending.values())
             self._pending.clear()
         return out
 
-    def restore(self, items: list[tuple[Task, int]]) -> None:
+    def restore(self, items: list[Report]) -> None:
         """Put back entries whose send failed, unless newer ones were recorded since."""
         with self._lock:
-            for task, n in items:
+            for task, n, end in items:
                 cur = self._pending.get(task.id)
                 if cur is None or (cur[0] is task and cur[1] < n):
-                    self._pending[task.id] = (task, n)
+                    self._pending[task.id] = (task, n, end)

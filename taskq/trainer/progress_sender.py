@@ -27,8 +27,11 @@ log = logging.getLogger("taskq.trainer")
 class ProgressSender:
     """The progress buffer and its sending (see the module docstring)."""
 
-    def __init__(self, wire: Wire, session: Session, inline: bool) -> None:
+    def __init__(self, wire: Wire, session: Session, inline: bool, sizes: bool = True) -> None:
         self._wire = wire
+        #: send the tasks' sizes (and the ends honoured) with progress: what lets the
+        #: server split this trainer's tasks (``Trainer(split_tails=False)``: never)
+        self._sizes = sizes
         self._session = session
         self._buffer = ProgressBuffer()
         self._inline = inline
@@ -59,12 +62,13 @@ class ProgressSender:
                 session.worker_id,
                 incarnation,
                 secret,
-                items,
+                items if self._sizes else [(t, n, None) for t, n, _ in items],
+                self._sizes,
             )
         except errors.ConnectionLost:
             self._buffer.restore(items)
             raise
-        return [t.id for (t, _), r in zip(items, results, strict=False) if r == Code.STALE]
+        return [t.id for (t, _, _), r in zip(items, results, strict=False) if r == Code.STALE]
 
     def flush_quietly(self) -> None:
         """``flush`` where a failure must not stop what follows (logged)."""

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from taskq import errors
 from taskq.admin.caller import Caller
+from taskq.data import task_size
 from taskq.engine.connection import name_connection, trainer_conn_name, translate
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
@@ -57,6 +58,18 @@ class Registered(NamedTuple):
     ttl_s: float
     heartbeat_interval_s: float
     info: JobInfo
+
+
+def apply_end(task: Task, end: int, start: int) -> None:
+    """A progress reply's news about ``task``: its piece's end (-1 none, -2 a tail piece
+    whose split is still pending) and a tail piece's start (-1 none)."""
+    if end == -2:
+        return
+    if task.split_pending and start >= 0:
+        task.start = start
+        task.split_pending = False
+    if end >= 0:
+        task.end = end
 
 
 class Step(NamedTuple):
@@ -288,8 +301,9 @@ class Wire:
         pass_no, job, chunks_key = info.pass_no, self.job, self.keys.chunks
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
-        # one row per task: {id, token, attempt, chunks_json, started, start}; start is
-        # where reading begins (the task's recorded progress, docs/resume.md). Positional
+        # one row per task: {id, token, attempt, chunks_json, started, start[, end]};
+        # start is where reading begins (the task's recorded progress, docs/resume.md),
+        # end where it stops for a piece of a split task (-1: the task's end). Positional
         # arguments and no per-row unpacking: this loop is most of a reply's decoding.
         for row in reply[1]:
             task = Task(
@@ -301,6 +315,8 @@ class Wire:
                 job,
                 row[4] == 1 or row[4] == "1",
                 int(row[5]) if len(row) > 5 else 0,
+                int(row[6]) if len(row) > 6 and int(row[6]) >= 0 else None,
+                len(row) > 7 and int(row[7]) == 1,
             )
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
@@ -342,9 +358,13 @@ class Wire:
         worker_id: str,
         incarnation: str,
         secret: str,
-        items: Sequence[tuple[Task, int]],
+        items: Sequence[tuple[Task, int, int | None]],
+        sizes: bool = True,
     ) -> list[int]:
-        """Record how far into each task its holder got: ``(task, samples)`` pairs.
+        """Record how far into each task its holder got: ``(task, samples, known_end)``
+        triples (the end the holder honoured when it took them), each with the task's size
+        when its chunks say it (what tail splitting needs). A task the server split gets
+        its piece's end in ``task.end`` from the reply.
 
         Returns:
             One result code per pair (``Code.STALE``: not this worker's lease any more;
@@ -355,10 +375,19 @@ class Wire:
             ConnectionLost: Redis could not be reached.
         """
         args: list[Any] = [job_incarnation, worker_id, incarnation, len(items)]
-        for task, n in items:
-            args += [task.id, task.token, n]
+        for task, n, known in items:
+            size = task_size(task.chunks) if sizes else None
+            if size is None:
+                args += [task.id, task.token, n]
+            elif known is None:
+                args += [task.id, task.token, f"{n}:{size}"]
+            else:  # the end this holder honoured: it confirms a split (lib/split.lua)
+                args += [task.id, task.token, f"{n}:{size}:{known}"]
         args.append(secret)
         reply = self.run("progress", args)
+        if len(reply) > 3:
+            for (task, _, _), e, s in zip(items, reply[2], reply[3], strict=False):
+                apply_end(task, int(e), int(s))
         return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
     def leave(self, job_incarnation: str, worker_id: str, incarnation: str, secret: str) -> int:

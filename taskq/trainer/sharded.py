@@ -93,6 +93,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
+        split_tails: bool = True,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -124,6 +125,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             "worker_ttl": worker_ttl,
             "handle_signals": False,
             "reconnect_timeout": reconnect_timeout,
+            "split_tails": split_tails,
         }
         #: sent by the home shard's trainer only
         self.input_meter = input_meter if input_meter is not None else InputMeter()

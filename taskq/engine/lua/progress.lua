@@ -2,13 +2,19 @@
 -- progress: a holder records how far into its tasks it got (fenced like an ack).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc, worker, winc, n (0..MAX_LISTED), (task, token, samples) x n, secret
--- returns: {code, {result per task: OK | STALE}}
+--   samples: "<samples>", "<samples>:<size>" or "<samples>:<size>:<end>" (the task's
+--   size in samples when the holder knows it, what tail splitting needs; the end of its
+--   lease it knows, if any: lib/split.lua)
+-- returns: {code, {result per task: OK | STALE}, {end per task: -1 none | -2 a pending
+--   tail piece (read nothing yet) | where the holder's piece ends}, {start per task: -1 |
+--   a tail piece's start}}
 -- `samples` counts from the task's sample 0 (a resumed task reports start + taken) and
 -- only moves the record forward. A report about a lease that is no longer the caller's
 -- changes nothing; what it claims beyond the record is counted as re-read (p_reread). It
 -- needs the holder's lease secret, as an ack does: the right token with another secret is
 -- answered STALE and counted forged (and claims nothing re-read). A backup lease's
--- holder reports like the task's own holder, fenced by the backup's token and secret.
+-- holder reports like the task's own holder, fenced by the backup's token and secret; so
+-- does a split task's tail piece, whose progress goes to the split record.
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 -- as many reports as a heartbeat may list held tasks (a trainer's buffer may still hold
@@ -22,7 +28,15 @@ for k = 1, n do
   local b = 4 + 3 * (k - 1)
   arg_task(ARGV[b + 1], 'reports task')
   arg_token(ARGV[b + 2], 'reports token')
-  arg_int(ARGV[b + 3], 'reports samples', 0, 9007199254740991)
+  local sv = ARGV[b + 3]
+  if ltype(sv) == 'string' and sfind(sv, ':', 1, true) then
+    local a, z, e = smatch(sv, '^(%d+):(%d+):?(%d*)$')
+    if not a or #a > 15 or #z > 15 or #e > 15 or tonum(z) < 1 then
+      arg_fail('reports samples', 'not samples, samples:size or samples:size:end', sv)
+    end
+  else
+    arg_int(sv, 'reports samples', 0, 9007199254740991)
+  end
 end
 arg_secret(ARGV[5 + 3 * n])
 arg_len(ARGV, 5 + 3 * n)
@@ -31,16 +45,47 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 reclaim(LAZY_RECLAIM)  -- a worker past its deadline has lost its leases before it writes
-local out = {}
+local out, ends, starts = {}, {}, {}
 for k = 1, n do
   local b = 4 + 3 * (k - 1)
-  local task, tok, samples = ARGV[b + 1], ARGV[b + 2], tonum(ARGV[b + 3])
+  local task, tok = ARGV[b + 1], ARGV[b + 2]
+  local sa, size, known = smatch(ARGV[b + 3], '^(%d+):(%d+):?(%d*)$')
+  local samples = tonum(sa or ARGV[b + 3])
   -- a backup lease's holder reports under the backup's token (lease_for reads its record)
-  local l = lease_for(task, worker, winc)
+  local l = lease_for(task, worker, winc, tok)
   local cur = tonum(rcall('HGET', K_PROGRESS, task) or '0') or 0
+  ends[k], starts[k] = -1, -1
   if holds_secret(l, worker, winc, tok) then
-    if samples > cur then
-      rcall('HSET', K_PROGRESS, task, fmt(samples))
+    if size and samples <= tonum(size) then rcall('HSETNX', K_LEASES, 'n:' .. task, size) end
+    -- a piece of a split task (lib/split.lua): the tail's report goes to the split record
+    -- (a pending tail's is answered -2: read nothing yet); while the split is pending a
+    -- head's report past the split point wins (the point moves up to it, the tail's start
+    -- with it) and one naming the point as its known end confirms it; once confirmed, a
+    -- claim past the point is capped there (counted re-read)
+    local rec, s = samples, split_rec(task)
+    if s and l.backup then
+      if s.cf and samples > s.tp and samples <= s.n then
+        s.tp = samples
+        split_rec(task, s)
+      end
+      rec, ends[k], starts[k] = nil, s.cf and s.n or -2, s.tp
+    elseif s then
+      if not s.cf and samples > s.m then
+        s.m = mmin(samples, s.n)
+        s.tp = s.m
+        split_rec(task, s)
+        event('split_moved', 'task', task, 'at', fmt(s.m))
+      elseif not s.cf and known == fmt(s.m) then
+        s.cf = true
+        split_rec(task, s)
+      elseif samples > s.m then
+        mincr(F.P_REREAD, samples - s.m)
+        rec = s.m
+      end
+      ends[k] = s.m
+    end
+    if rec and rec > cur then
+      rcall('HSET', K_PROGRESS, task, fmt(rec))
       PROGRESS_EMPTY = false
     end
     out[k] = C.OK
@@ -55,4 +100,4 @@ for k = 1, n do
     out[k] = C.STALE
   end
 end
-return done({C.OK, out})
+return done({C.OK, out, ends, starts})

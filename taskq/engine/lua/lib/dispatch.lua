@@ -137,6 +137,10 @@ local OTHERS_ALIVE = nil  -- per call
 local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made this call skip
 local BACKUP_AT = nil  -- per call: when the next started task may get a backup (job clock)
 local function avoided(task, worker)
+  if mnum(F.P_BACKUPS) > 0 and split_rec(task) then  -- a split task's pieces: two workers
+    local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
+    if lease_is_current(b) and b.worker == worker then return true end
+  end
   if counts_empty() then return false end
   local x = rcall('HGET', K_COUNTS, 'x:' .. task)
   if not x then return false end
@@ -177,6 +181,7 @@ local function take_backup(worker, winc, call_no)
     local l = parse_lease(rcall('HGET', K_LEASES, task))
     -- a task on its first attempt only: one that already cost a trainer may be poison
     if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and l.attempts == '1'
+        and not split_rec(task)
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
       rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
@@ -268,7 +273,9 @@ local function take_leases(worker, winc, want, call_no, mode)
     end
   end
   if #out == 0 and mode ~= 'R' and cursor >= n and STATE == 'running' then
-    out[#out + 1] = take_backup(worker, winc, call_no)
+    local piece = take_split(worker, winc, call_no)
+    if piece then GRANTED[#GRANTED + 1] = fmt(piece[1]) end
+    out[#out + 1] = piece or take_backup(worker, winc, call_no)
   end
   return out
 end

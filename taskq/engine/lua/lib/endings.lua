@@ -56,17 +56,23 @@ end
 -- revoked and the task is dead. A surviving backup takes the task's record (the two
 -- records swap, so a repeat of the ending is still recognised) and its indexes, with a
 -- task timeout from now.
+-- A piece of a split task does not carry the other on: it goes back (split_ended).
 local function survives(task, l, charge)
   local o = other_lease(task, l)
-  if not o then return false end
+  local s = split_rec(task)
+  if not o and not s then return false end
+  if s and l.backup and not s.cf then charge = 'none' end  -- a pending piece read nothing
   local dead_reason = charge_task(task, charge or 'none')
   if dead_reason then
-    end_lease(task, o, 'V')
-    mincr(F.C_REVOKED)
-    event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    if o then
+      end_lease(task, o, 'V')
+      mincr(F.C_REVOKED)
+      event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    end
     make_dead(task, dead_reason)
     return true
   end
+  if s then return split_ended(task, l, false) end
   if o.backup then
     local ended = rcall('HGET', K_LEASES, task)
     rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
@@ -99,6 +105,8 @@ end
 
 -- The ends end_held applies (ack, fail, release), with its arguments.
 local function acked_one(task, l, tok, worker)
+  -- a piece of a split task: the done bit waits for the other piece's ack
+  if not split_ended(task, l, true, worker, tok) then return end
   -- the count follows the set: a bit already set (never, by construction) adds nothing
   if rcall('SETBIT', K_DONE, task, '1') == 0 then mincr(F.NDONE) end
   local ran = NOW - (tonum(l.sinces) or NOW)

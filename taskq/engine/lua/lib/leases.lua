@@ -145,7 +145,9 @@ local function member(worker, winc, task) return worker .. '|' .. winc .. '|' ..
 local function lease_for(task, worker, winc, tok)
   local l = parse_lease(rcall('HGET', K_LEASES, task), worker, winc, tok)
   local mine = l and l.worker == worker and l.winc == winc
-  if (mine and lease_is_current(l)) or mnum(F.P_BACKUPS) == 0 then return l end
+  -- (the token the caller names picks its record: a backup or a piece beside its own)
+  if (mine and lease_is_current(l) and (not tok or l.token == tok))
+      or mnum(F.P_BACKUPS) == 0 then return l end
   local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
   if b and b.worker == worker and b.winc == winc and (lease_is_current(b) or not mine) then
     b.backup = true

@@ -1,0 +1,158 @@
+-- split.lua: tail splitting. At the tail of a pass (nothing left to lease or steal) an
+-- idle trainer may take the unread end of a started task running long: from the holder's
+-- recorded progress p and the task's size n (recorded by the holder with its progress,
+-- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
+-- point m = p + ceil((n - p) / 2) (p < m < n) is chosen. The holder's piece is [start, m)
+-- (its lease, field <task>), the new piece [m, n) gets its own fenced lease in field
+-- "b:<task>" (the backup slot: a task is split or backed up, never both), its own progress
+-- and ack. The split record, field "s:<task>" of the leases hash, is
+--   "round|m|n|head_acked|tail_acked|tail_progress|confirmed"
+-- and stands for this round only. The split is pending until the head's holder shows it
+-- knows m (a progress report naming m as its known end, or the head's lease ending
+-- without an ack): a pending tail's holder reads nothing yet; a head's report past m
+-- while pending wins (m moves up to it, up to n: nothing left for the tail); a head
+-- acked while pending read the whole task (the tail is revoked, the split undone). So no
+-- sample is read by both holders, whatever the holder read since its last report.
+-- The done bit is set when both pieces are acked; a piece that ends without an ack goes
+-- back: the head to the front (re-leased from the task's progress up to m), the tail to
+-- the orphans (field "s:orph", re-leased from its progress up to n). A task is split at
+-- most once per pass attempt. docs/design.md, "Tail splitting".
+
+-- The task's split record of this round, or nil (one HGET, only in a pass attempt that
+-- granted a backup or a piece); with `s`, writes it.
+local function split_rec(task, s)
+  if s then
+    rcall('HSET', K_LEASES, 's:' .. task, round_s() .. '|' .. fmt(s.m) .. '|' .. fmt(s.n)
+      .. '|' .. (s.hd and '1' or '0') .. '|' .. (s.td and '1' or '0') .. '|' .. fmt(s.tp)
+      .. '|' .. (s.cf and '1' or '0'))
+    return s
+  end
+  if mnum(F.P_BACKUPS) == 0 then return nil end
+  local rec = rcall('HGET', K_LEASES, 's:' .. task)
+  if not rec then return nil end
+  local r, m, n, hd, td, tp, cf = smatch(rec,
+    '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  if not r or r ~= round_s() then return nil end
+  return {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
+          cf = cf == '1'}
+end
+
+-- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."), as a
+-- list; with `list`, writes it.
+local function split_orphans(list)
+  if list then
+    rcall('HSET', K_LEASES, 's:orph', round_s() .. '|' .. table.concat(list, ' '))
+    return list
+  end
+  local out = {}
+  local rec = rcall('HGET', K_LEASES, 's:orph')
+  if not rec then return out end
+  local r, rest = smatch(rec, '^([^|]*)|(.*)$')
+  if r ~= round_s() then return out end
+  for t in string.gmatch(rest, '%d+') do out[#out + 1] = t end
+  return out
+end
+
+-- The split half of take_leases: an orphaned tail piece first, else a new split of the
+-- longest-running started task of another trainer (at most 10 looked at). Returns the
+-- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
+-- leaves them) or nil.
+local function take_split(worker, winc, call_no)
+  if mget(F.SPLIT) == '0' then return nil end
+  local task, s, attempts = nil, nil, nil
+  if mnum(F.P_BACKUPS) > 0 then
+    local orph, keep = split_orphans(), {}
+    for _, t in lipairs(orph) do
+      local sp = split_rec(t)
+      local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
+      local h = sp and not sp.td and not lease_is_current(b)
+        and parse_lease(rcall('HGET', K_LEASES, t))
+      -- (never both pieces to one worker: they share its owned entry)
+      if h and not task and not (lease_is_current(h) and h.worker == worker) then
+        task, s, attempts = t, sp, (b and b.attempts) or '1'
+        event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
+      elseif h then
+        keep[#keep + 1] = t  -- still to lease (a stale entry is dropped)
+      end
+    end
+    if #keep < #orph then split_orphans(keep) end
+  end
+  if not task then
+    for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
+      local l = parse_lease(rcall('HGET', K_LEASES, t))
+      if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
+          and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
+        local n = tonum(rcall('HGET', K_LEASES, 'n:' .. t) or '')
+        local p = tonum(rcall('HGET', K_PROGRESS, t) or '0') or 0
+        -- a holder whose liveness runs a heartbeat interval more at least (one that went
+        -- silent could not learn its end: the tail would wait for its lease to expire)
+        local dl = n and n - p >= 2
+          and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
+        if dl and dl - JNOW >= mnum(F.HBI) then
+          local m = p + math.ceil((n - p) / 2)
+          task, attempts = t, l.attempts
+          mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
+          s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
+          mincr(F.C_SPLITS)
+          event('split', 'task', t, 'worker', worker, 'of', l.worker, 'at', fmt(m),
+            'size', fmt(n), 'progress', fmt(p))
+          break
+        end
+      end
+    end
+    if not task then return nil end
+  else
+    mincr(F.P_BACKUPS)
+  end
+  local tok = next_token()
+  rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
+    .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. attempts
+    .. '|' .. CALLER_DIG)
+  rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
+  mincr(F.C_LEASED)
+  mincr(F.P_LEASED)
+  return {tonum(task), tok, tonum(attempts) or 1, false, 1, s.tp, s.n, s.cf and 0 or 1}
+end
+
+-- A piece of a split task ended: acked (true when the task is now done: both pieces
+-- acked, or not split) or not (survives, once the ending was charged and the task is not
+-- dead: the piece goes back, the head to the front, the tail to the orphans).
+local function split_ended(task, l, acked, worker, tok)
+  local s = split_rec(task)
+  if not s then return true end
+  if acked then
+    if not l.backup and not s.cf then
+      -- the head was acked before it knew the split point: it read the whole task, so the
+      -- pending tail (which read nothing) is revoked and the split undone
+      local o = other_lease(task, l)
+      if o then
+        end_lease(task, o, 'V')
+        mincr(F.C_REVOKED)
+        event('revoked', 'task', task, 'worker', o.worker, 'reason', 'split_undone')
+      end
+      s.m, s.tp, s.hd, s.td, s.cf = s.n, s.n, true, true, true
+      split_rec(task, s)
+      return true
+    end
+    if l.backup then s.td = true else s.hd = true end
+    split_rec(task, s)
+    if s.hd and s.td then return true end
+    event_task('piece_acked', task, worker, tok)
+    return false
+  end
+  if l.backup then
+    local orph = split_orphans()
+    orph[#orph + 1] = task
+    split_orphans(orph)
+  else
+    -- the head's next holder starts from its recorded progress and is told the split
+    -- point in its lease: the split stands (confirmed)
+    s.cf = true
+    split_rec(task, s)
+    FRONT_EMPTY = false
+    rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+  end
+  wake_one()
+  event('piece_back', 'task', task, 'worker', l.worker, 'piece', l.backup and 'tail' or 'head')
+  return true
+end
