@@ -59,11 +59,15 @@ class Task:
     #: set when the task was split at a pass's tail (the holder's piece ends at the split
     #: point, the new piece's at the task's end) and moved by the replies to the holder's
     #: progress reports (docs/design.md, "Tail splitting"). Read up to it:
-    #: ``read_task(task.chunks, task.start, end=lambda: task.end)``.
+    #: ``read_task(task.chunks, task.start, end=task.current_end)``.
     end: int | None = None
     #: a piece of a split task whose split is not confirmed yet: read nothing until the
     #: trainer sees it confirmed (trainer_calls.py waits before handing the task out)
     split_pending: bool = False
+    #: the loop reads this task up to ``end`` as it moves (``current_end`` was asked, or
+    #: taskq.torch's loader reads it): only such a task's size goes with its progress, so
+    #: only it can be split; a loop that reads to the chunks' end is never split under it
+    follows_end: bool = field(default=False, init=False, repr=False)
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)
@@ -88,6 +92,17 @@ class Task:
     def at_risk(self) -> threading.Event:
         """Set while the trainer is out of contact for longer than its ttl."""
         return self._event("_at_risk")
+
+    def current_end(self) -> int | None:
+        """Where reading stops now (``end`` as the replies move it; None: the task's end).
+
+        Pass it as ``read_task(task.chunks, task.start, end=task.current_end)``: it is
+        asked before each sample, and asking it tells the trainer that the loop stops at
+        the end, which lets a tail split take this task's unread samples
+        (docs/design.md, "Tail splitting").
+        """
+        self.follows_end = True
+        return self.end
 
     def as_dict(self) -> dict[str, Any]:
         """The task as JSON-able data (what ``taskq work`` passes to its command)."""

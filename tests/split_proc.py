@@ -3,7 +3,7 @@ SIGKILL test.
 
 Usage: split_proc.py URL JOB OUT
 Leases one task, prints "LEASED <task>" (flushed), reads it with
-``read_task(task.chunks, task.start, end=lambda: task.end)`` at ~5 ms a sample, records
+``read_task(task.chunks, task.start, end=task.current_end)`` at ~5 ms a sample, records
 ``trainer.progress(task, n)`` after every sample and appends each sample's ``i`` to OUT;
 at its end it sleeps until killed (it never acks).
 """
@@ -27,7 +27,7 @@ def main() -> int:
         assert task is not None
         print(f"LEASED {task.id}", flush=True)
         n = task.start
-        for row in read_task(task.chunks, task.start, end=lambda: task.end):
+        for row in read_task(task.chunks, task.start, end=task.current_end):
             log.write(f"{row['i']}\n")
             n += 1
             trainer.progress(task, n)

@@ -52,7 +52,7 @@ def job_of(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> Non
 def read_some(t: taskq.Trainer, task: taskq.Task, k: int, out: list[Any]) -> Any:
     """Read ``k`` samples of ``task`` from its start into ``out`` (honouring its end),
     recording progress after each; returns the iterator (to read on)."""
-    it = read_task(task.chunks, task.start, end=lambda: task.end)
+    it = read_task(task.chunks, task.start, end=task.current_end)
     n = task.start
     for sample in it:
         out.append(sample)
@@ -88,7 +88,7 @@ def test_a_split_while_the_holder_reads_jsonl(client, job_name, tmp_path):
     leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
     leaser.start()
     wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
-    it_a = read_task(task.chunks, 10, end=lambda: task.end)
+    it_a = read_task(task.chunks, 10, end=task.current_end)
     got_a.append(next(it_a))
     a.progress(task, 11)
     a.flush_progress()  # a's next report: its reply says the end
@@ -100,7 +100,7 @@ def test_a_split_while_the_holder_reads_jsonl(client, job_name, tmp_path):
     assert piece is not None and piece.id == task.id
     assert (piece.start, piece.end) == (55, 100)
     got_b: list[Any] = []
-    it_b = read_task(piece.chunks, piece.start, end=lambda: piece.end)
+    it_b = read_task(piece.chunks, piece.start, end=piece.current_end)
     read_rest(b, piece, it_b, got_b, piece.start)
     read_rest(a, task, it_a, got_a, 11)
     assert ids(got_a) == list(range(55))
@@ -129,7 +129,7 @@ def split_between(
     leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
     leaser.start()
     wait_until(lambda: client.status(job, summaries=0).counters["splits"] == 1, 10)
-    it = read_task(task.chunks, p, end=lambda: task.end)
+    it = read_task(task.chunks, p, end=task.current_end)
     got_a.append(next(it))
     a.progress(task, p + 1)
     a.flush_progress()
@@ -150,11 +150,11 @@ def test_a_split_while_the_holder_reads_parquet(client, job_name, tmp_path):
     task, piece, got_a, it_a = split_between(client, job_name, a, b, 20)
     assert (task.end, piece.start, piece.end) == (110, 110, 200)  # 20 + ceil(180 / 2)
     got_b: list[Any] = []
-    read_rest(b, piece, read_task(piece.chunks, piece.start, end=lambda: piece.end), got_b, 110)
+    read_rest(b, piece, read_task(piece.chunks, piece.start, end=piece.current_end), got_b, 110)
     read_rest(a, task, it_a, got_a, 21)
     assert ids(got_a) == list(range(110)) and ids(got_b) == list(range(110, 200))
     # batches are cut at the end too
-    batches = list(read_task(task.chunks, 100, end=lambda: task.end, batch_rows=7))
+    batches = list(read_task(task.chunks, 100, end=task.current_end, batch_rows=7))
     assert sum(x.num_rows for x in batches) == 10
     a.ack(task)
     b.ack(piece)
@@ -222,7 +222,7 @@ def test_a_report_already_past_the_split_point_wins(client, job_name, tmp_path):
     piece = got[0]
     assert piece is not None and (piece.start, piece.end) == (70, 100)
     got_b: list[Any] = []
-    read_rest(b, piece, read_task(piece.chunks, piece.start, end=lambda: piece.end), got_b, 70)
+    read_rest(b, piece, read_task(piece.chunks, piece.start, end=piece.current_end), got_b, 70)
     assert ids(got_a) == list(range(70)) and ids(got_b) == list(range(70, 100))
     a.ack(task)
     b.ack(piece)
@@ -305,11 +305,11 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
             assert piece is not None and piece.end == rows and 10 < piece.start < rows
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
-            second = [r["i"] for r in read_task(piece.chunks, piece.start, end=lambda: piece.end)]
+            second = [r["i"] for r in read_task(piece.chunks, piece.start, end=piece.current_end)]
             b.ack(piece)
             head = b.lease(timeout=10)  # the first one's piece, after its ttl
             assert head is not None and head.id == piece.id and head.end == piece.start
-            third = [r["i"] for r in read_task(head.chunks, head.start, end=lambda: head.end)]
+            third = [r["i"] for r in read_task(head.chunks, head.start, end=head.current_end)]
             b.ack(head)
     finally:
         stop_process(proc)
@@ -322,3 +322,57 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
     assert set(first) & set(third) == set(range(head.start, max(first) + 1))
     assert client.status(job_name, summaries=0).state == "completed"
     assert client.audit(job_name)["ok"]
+
+
+def test_an_operator_revoke_sends_each_piece_back_with_what_it_read(client, job_name, tmp_path):
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)  # head [0, 55), tail [55, 100)
+    b.progress(piece, 60)
+    b.flush_progress()
+    client.revoke(job_name, task.id)  # both pieces go back: the head to the front, the tail
+    c, d = trainer(client, job_name, "c"), trainer(client, job_name, "d")  # to the orphans,
+    pieces = [(c, c.lease(timeout=0)), (d, d.lease(timeout=0))]  # each from its progress
+    assert sorted((p.start, p.end) for _, p in pieces if p) == [(11, 55), (60, 100)]
+    for t, p in pieces:
+        assert p is not None
+        t.ack(p)
+    assert client.status(job_name, summaries=0).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_a_tail_piece_alone_is_revoked_once_its_head_is_acked(client, job_name, tmp_path):
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    a.progress(task, task.end)
+    a.ack(task)
+    client.revoke(job_name, task.id)  # the task's live lease is its tail piece
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again is not None and (again.start, again.end) == (55, 100)
+
+
+def test_a_split_task_that_dies_is_retried_whole(client, job_name, tmp_path):
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), max_failures=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    a.fail(task, "bad sample")  # at the cap: the task is dead, its tail piece revoked
+    assert client.status(job_name, summaries=0).dead == 1
+    client.retry(job_name)
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again is not None and again.id == task.id
+    assert again.start == 11 and again.end is None  # the whole rest, the split is over
+
+
+def test_a_loop_that_reads_to_the_chunks_end_is_never_split(client, job_name, tmp_path):
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task = a.lease(timeout=0)
+    assert task is not None
+    for n, _ in enumerate(read_task(task.chunks, task.start), 1):  # no end asked
+        a.progress(task, n)
+        if n == 10:
+            break
+    a.flush_progress()
+    assert b.lease(timeout=0) is None  # nothing to split: its size was never sent
+    assert client.status(job_name, summaries=0).counters["splits"] == 0

@@ -584,6 +584,7 @@ class SplitMachine(EngineMachine):
         if not self.held[w]:
             return
         task = self.held[w][0]
+        task.current_end()  # its loop reads up to the end it knows: the task can be split
         n = max(samples, task.start)
         for _ in range(2):
             self.trainers[w].progress(task, n)

@@ -15,7 +15,7 @@ The contract (docs/data.md says the same, with the chunk fields):
 ``read_task(chunks, start=0, end=None, **options) -> Iterator[sample]``
     The samples of a task, its chunks in order, beginning at sample index ``start``
     (0-based over the whole task) and stopping before ``end`` (an index, or a callable
-    asked before each sample: ``lambda: task.end`` for a task whose end a split moves). Chunks whose size is in the chunk (parquet ``rows``,
+    asked before each sample: ``task.current_end`` for a task whose end a split moves). Chunks whose size is in the chunk (parquet ``rows``,
     tar ``samples``, lines ``records``) are skipped without opening them; otherwise the
     reader skips cheaply: Parquet by row-group metadata, tar by headers, lines by scanning.
 
@@ -217,7 +217,7 @@ def read_task(
         chunks: the task's chunks (``task.chunks``).
         start: 0-based index over the whole task of the first sample to yield.
         end: where to stop: None (the task's end), an index, or a callable asked before
-            each sample (``lambda: task.end``: a split task's end moves while it is
+            each sample (``task.current_end``: a split task's end moves while it is
             read, docs/design.md "Tail splitting"); a batch (``batch_rows``) is cut there.
         **options: ``storage_options`` (fsspec), ``columns`` and ``batch_rows`` (parquet).
 

@@ -95,12 +95,14 @@ class Trainer:
         input_meter: the meter of the loop's data wait to send with the heartbeats
             (``taskq.torch.DataLoader`` gives its own); a new one when None. Iterating the
             trainer times each ``next()``; ``heartbeat="process"`` does not send it.
-        split_tails: take part in tail splitting (docs/design.md, "Tail splitting"): the
-            sizes of its tasks go with its progress, so at a pass's tail an idle trainer
-            may take the unread end of one; the loop then reads up to ``task.end``
-            (``read_task(task.chunks, task.start, end=lambda: task.end)``), which moves
-            with the replies to its progress reports. False: its tasks are never split,
-            and a piece handed to it whose split is still pending is released at once.
+        split_tails: take part in tail splitting (docs/design.md, "Tail splitting"): a
+            task whose loop reads up to ``task.end`` as it moves
+            (``read_task(task.chunks, task.start, end=task.current_end)``) sends its size
+            with its progress, so at a pass's tail an idle trainer may take its unread
+            end; the end moves with the replies to the progress reports. A loop that
+            never asks ``task.current_end`` is never split. False: its tasks are never
+            split, and a piece handed to it whose split is still pending is released at
+            once.
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).

@@ -376,7 +376,8 @@ class Wire:
         """
         args: list[Any] = [job_incarnation, worker_id, incarnation, len(items)]
         for task, n, known in items:
-            size = task_size(task.chunks) if sizes else None
+            # (a loop reading to the chunks' end whatever task.end says is never split)
+            size = task_size(task.chunks) if sizes and task.follows_end else None
             if size is None:
                 args += [task.id, task.token, n]
             elif known is None:

@@ -1,5 +1,6 @@
 #!lua
--- revoke: an operator sends one task's lease back to the front (nothing counted).
+-- revoke: an operator sends one task's lease back to the front (nothing counted); a split
+-- task's pieces go back each on its own (its tail piece alone once its head is acked).
 -- KEYS: the job's keys (keys.JOB_KEYS)
 -- ARGV: job_inc ('' = any), task
 -- returns: {code (OK | NOT_LEASED)}
@@ -11,11 +12,21 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 local l = parse_lease(rcall('HGET', K_LEASES, task))
+local s = split_rec(task)
+-- a split task whose head is acked or between holders: its tail piece alone
+if s and not lease_is_current(l) then l = other_lease(task, {}) end
 if not lease_is_current(l) then return done({C.NOT_LEASED}) end
+local o = other_lease(task, l)
 end_lease(task, l, 'V')
-local b = other_lease(task, l)
-if b then end_lease(task, b, 'V') end  -- its backup goes too: the task goes to the front
+if o then end_lease(task, o, 'V') end  -- its backup or other piece goes too
 mincr(F.C_REVOKED)
 event('revoked', 'task', task, 'worker', l.worker, 'reason', 'operator')
-to_front(task)
+if s then
+  -- each piece of a split task goes back on its own (split.lua: split_ended), keeping
+  -- what each read: the head to the front up to the split point, the tail to the orphans
+  split_ended(task, l, false)
+  if o then split_ended(task, o, false) end
+else
+  to_front(task)  -- a backup's task too: the task goes to the front
+end
 return done({C.OK})

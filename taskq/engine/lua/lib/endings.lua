@@ -20,6 +20,8 @@ local function make_dead(task, why)
   rcall('SADD', K_DEAD, task)
   rcall('SETBIT', K_DEADBITS, task, 1)  -- the set's bitmap, which a checkpoint copies
   DEAD_EMPTY = false
+  -- a split is over with its task (both pieces ended): a retry leases it whole again
+  if mnum(F.P_BACKUPS) > 0 then rcall('HDEL', K_LEASES, 's:' .. task) end
   mincr(F.C_DEAD)
   event('dead', 'task', task, 'reason', why)
 end
