@@ -94,10 +94,18 @@ local function mnum(f)
   local n = MN[f] or NUM[f]
   if n then return n end
   local stored = mget(f)
-  local parsed = tonum(stored or '0')
+  if not stored then
+    NUM[f] = 0
+    return 0
+  end
+  -- (the library writes these fields as digits: a string starting with one converts by
+  -- arithmetic, one strtod, where tonumber makes two; anything else as before)
+  local b = sbyte(stored, 1)
+  local parsed
+  if b and b <= 57 and (b >= 48 or b == 45) then parsed = stored + 0 else parsed = tonum(stored) end
   n = parsed or 0
   NUM[f] = n
-  if stored and parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
+  if parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
   return n
 end
 -- Sets a field to a number (formatted with %.0f when written).
