@@ -40,11 +40,33 @@ end
 -- (bench/README.md). M holds the stored strings (false: no such field) and those set by
 -- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
 -- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
-local M, MN, DIRTY, NUM, ORIG = {}, {}, {}, {}, {}  -- per call
 -- (Each table is built by one constructor, sized for the fields a hot call reads or writes
 -- at once: filled one field at a time, the four were rehashed ~20 times per call. A false
 -- in MN / DIRTY / NUM / ORIG means what nil means. Lua 5.1 makes a key even for `t[k] =
 -- nil`, so a field is cleared only where it is set.)
+-- (begin() makes MN / DIRTY / NUM / ORIG, so load_meta does not make them a second time;
+-- M is load_meta's, as a false in M is a field known absent.)
+local function meta_tables()
+  return {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false},
+  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
+    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false},
+  {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
+    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
+    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
+    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
+    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
+    [F.NWAITING] = false},
+  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
+    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
+end
+local M = {}  -- per call
+local MN, DIRTY, NUM, ORIG = meta_tables()  -- per call
 local function load_meta()
   local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
@@ -61,23 +83,6 @@ local function load_meta()
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
     [F.DUR_SUM] = v[30], [F.NWAITING] = v[31],
     [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
-  MN = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false}
-  DIRTY = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
-    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false}
-  NUM = {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
-    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
-    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
-    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
-    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
-    [F.NWAITING] = false}
-  ORIG = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
-    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
 end
 local function mget(f)
   local n = MN[f]
