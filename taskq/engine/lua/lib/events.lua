@@ -71,7 +71,7 @@ local HBUF = {}  -- per call
 -- HINCRBY per observation rather than three (bench/README.md, "Hot-path pass 3").
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
-  local bucket = name .. ':' .. hist_bucket(ms)
+  local bucket = hist_field(name, ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end
 end
