@@ -118,7 +118,11 @@ def _generated() -> str:
             f"return name .. ':{i}' end"
         )
     last = len(HIST_BOUNDS_MS) + 1
-    lines += [f"  if name == 'dur' then return 'dur:{last}' end", f"  return name .. ':{last}'", "end"]
+    lines += [
+        f"  if name == 'dur' then return 'dur:{last}' end",
+        f"  return name .. ':{last}'",
+        "end",
+    ]
     return "\n".join(lines) + "\n"
 
 
