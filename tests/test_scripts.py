@@ -44,7 +44,7 @@ def test_begin_resets_every_per_call_local_of_the_real_library():
         if "=" in line
         for n in line.partition("=")[0].split(",")
     }
-    assert {"NOW", "M", "EVBUF", "GRANTED", "COUNTS_EMPTY"} <= declared
+    assert {"NOW", "M", "EVT", "GRANTED", "COUNTS_EMPTY"} <= declared
     # what bind_globals() sets on every call is not reset first (no upvalue of begin)
     bound = library._bound_globals({"meta.lua": (pkg / "meta.lua").read_text()})
     assert {"rcall", "tonum", "lipairs"} <= bound

@@ -44,6 +44,10 @@ end
 
 -- An integer (decimal digits, an optional minus sign) in [lo, hi].
 local function arg_int(v, name, lo, hi)
+  -- (the counts and flags most calls send, compared as interned strings: no pattern)
+  if v == '1' and lo <= 1 and hi >= 1 then return 1 end
+  if v == '0' and lo <= 0 and hi >= 0 then return 0 end
+  if v == '-1' and lo <= -1 and hi >= -1 then return -1 end
   if ltype(v) ~= 'string' or #v > 20 or not sfind(v, '^%-?%d+$') then
     arg_fail(name, 'not an integer', v)
     return lo

@@ -39,7 +39,8 @@ local function open_job(inc, loaded)
     NOW = sec * 1000 + mfloor(us / 1000)
     TIME_US = sec * 1000000 + us
   end
-  local seen = tonum(mget(F.SEEN) or '') or NOW
+  local seen = NOW
+  if mget(F.SEEN) then seen = mnum(F.SEEN) end
   local gap = NOW - seen
   -- A live worker calls at least every heartbeat interval, so a gap longer than
   -- ttl - interval could make healthy workers miss their deadline: that is a silence.

@@ -111,14 +111,16 @@ local function acked_one(task, l, tok, worker)
   if not split_ended(task, l, true, worker, tok) then return end
   -- the count follows the set: a bit already set (never, by construction) adds nothing
   if rcall('SETBIT', K_DONE, task, '1') == 0 then mincr(F.NDONE) end
-  local ran = NOW - (tonum(l.sinces) or NOW)
+  local b, ran = sbyte(l.sinces or '', 1), 0  -- (the record's digits: one strtod)
+  if b and b >= 48 and b <= 57 then ran = NOW - l.sinces end
   observe('dur', ran)
   -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
   -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
   local d, med = ran * 1000, mnum(F.DUR_MED)
   if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
     med = med / 1.05 end
-  mput(F.DUR_MED, med)
+  -- (kept a whole number of µs, as it is stored: '%d', not '%.0f''s float printer)
+  mput(F.DUR_MED, mfloor(med + 0.5))
   if not counts_empty() then
     rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end

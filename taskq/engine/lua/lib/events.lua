@@ -9,21 +9,30 @@ local EVMAX = '10000'  -- per call (open_job sets it from the job)
 -- more than EVENT_LIST_MAX were listed; it is written before any other event of the call,
 -- so the stream keeps the order things happened in. The stream is capped in entries, so a
 -- bounded entry bounds its bytes (docs/capacity.md).
-local EVBUF, EVORDER = {}, {}  -- per call
+-- (Per kind, EVT holds its task (a string) or, from its second, the list of them and EVK
+-- the tokens the same way; EVORDER the kinds in the order each first came, EVT.n of them.
+-- The tables are sized by their constructors for the kinds there are, and a kind of one
+-- task makes no list: built one field at a time, an ack's buffer was ~10 tables and as
+-- many rehashes per call, bench/README.md.)
+local EVT = {n = 0, worker = false, pass = false, acked = false, started = false, leased = false, reserved = false, piece_acked = false}  -- per call
+local EVK = {acked = false, started = false, leased = false, reserved = false, piece_acked = false}  -- per call
+local EVORDER = {false, false, false, false, false}  -- per call
 local function flush_events()
-  local nk = #EVORDER
+  local t = EVT
+  local nk = t.n
   if nk == 0 then return end
-  local a = {'XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'step', 'pass', EVBUF.pass,
-    'worker', EVBUF.worker}
+  local a = {'XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'step', 'pass', t.pass,
+    'worker', t.worker, false, false, false, false, false, false, false, false, false, false,
+    false, false}
   local k = 12
   for j = 1, nk do
     local kind = EVORDER[j]
-    local b = EVBUF[kind]
-    local n = #b.tasks
-    local tasks, tokens = b.tasks[1], b.tokens[1]  -- (one task: nothing to join)
-    if n > 1 then
+    local tasks, tokens = t[kind], EVK[kind]
+    local n = 1
+    if ltype(tasks) == 'table' then
+      n = #tasks
       local listed = mmin(n, EVENT_LIST_MAX)
-      tasks, tokens = tconcat(b.tasks, ',', 1, listed), tconcat(b.tokens, ',', 1, listed)
+      tasks, tokens = tconcat(tasks, ',', 1, listed), tconcat(tokens, ',', 1, listed)
     end
     a[k + 1], a[k + 2], a[k + 3], a[k + 4] = kind, tasks, kind .. '_tokens', tokens
     k = k + 4
@@ -31,26 +40,28 @@ local function flush_events()
       a[k + 1], a[k + 2] = kind .. '_count', fmt(n)
       k = k + 2
     end
+    t[kind], EVK[kind] = false, false
   end
+  t.n = 0
   rcall(unpk(a, 1, k))
-  EVBUF, EVORDER = {}, {}
 end
 local function event_task(kind, task, worker, token)
-  if #EVORDER > 0 and (EVBUF.worker ~= worker or EVBUF.pass ~= mget(F.PASS)) then
-    flush_events()
+  local t = EVT
+  if t.n > 0 and (t.worker ~= worker or t.pass ~= mget(F.PASS)) then flush_events() end
+  if t.n == 0 then t.worker, t.pass = worker, mget(F.PASS) end
+  local v = t[kind]
+  if not v then
+    local n = t.n + 1
+    t[kind], EVK[kind], EVORDER[n], t.n = task, token, kind, n
+  elseif ltype(v) == 'string' then
+    t[kind], EVK[kind] = {v, task}, {EVK[kind], token}
+  else
+    local tk = EVK[kind]
+    v[#v + 1], tk[#tk + 1] = task, token
   end
-  if #EVORDER == 0 then EVBUF.worker, EVBUF.pass = worker, mget(F.PASS) end
-  local b = EVBUF[kind]
-  if not b then
-    b = {tasks = {}, tokens = {}}
-    EVBUF[kind] = b
-    EVORDER[#EVORDER + 1] = kind
-  end
-  b.tasks[#b.tasks + 1] = task
-  b.tokens[#b.tokens + 1] = token
 end
 local function event(kind, ...)
-  if #EVORDER > 0 then flush_events() end
+  if EVT.n > 0 then flush_events() end
   rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget(F.PASS), ...)
 end
 
@@ -60,7 +71,7 @@ local HBUF = {}  -- per call
 -- HINCRBY per observation rather than three (bench/README.md, "Hot-path pass 3").
 local function observe(name, ms)
   if ms < 0 then ms = 0 end
-  local bucket = name .. ':' .. hist_bucket(ms)
+  local bucket = hist_field(name, ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end
 end

@@ -1,6 +1,6 @@
 -- meta.lua: the job's meta hash, cached for the call; number formatting; record splitting.
 -- The first part of taskq's Function library (scripts.py joins lib/*.lua in the order of
--- its LIB_PARTS after the generated K_* keys, C codes and hist_bucket / HIST_BOUNDS, then
+-- its LIB_PARTS after the generated K_* keys, C codes and hist_field / HIST_BOUNDS, then
 -- adds the generated begin() and each lua/verb.lua as a function). Everything in the
 -- library is built once, at FUNCTION LOAD, so its locals outlive a call: every top-level
 -- local that is not a function ends in `-- per call`, and begin() (generated from those
@@ -40,11 +40,33 @@ end
 -- (bench/README.md). M holds the stored strings (false: no such field) and those set by
 -- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
 -- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
-local M, MN, DIRTY, NUM, ORIG = {}, {}, {}, {}, {}  -- per call
 -- (Each table is built by one constructor, sized for the fields a hot call reads or writes
 -- at once: filled one field at a time, the four were rehashed ~20 times per call. A false
 -- in MN / DIRTY / NUM / ORIG means what nil means. Lua 5.1 makes a key even for `t[k] =
 -- nil`, so a field is cleared only where it is set.)
+-- (begin() makes MN / DIRTY / NUM / ORIG, so load_meta does not make them a second time;
+-- M is load_meta's, as a false in M is a field known absent.)
+local function meta_tables()
+  return {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false},
+  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
+    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false},
+  {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
+    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
+    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
+    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
+    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
+    [F.NWAITING] = false},
+  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
+    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
+    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
+    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
+end
+local M = {}  -- per call
+local MN, DIRTY, NUM, ORIG = meta_tables()  -- per call
 local function load_meta()
   local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
     F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
@@ -61,23 +83,6 @@ local function load_meta()
     [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
     [F.DUR_SUM] = v[30], [F.NWAITING] = v[31],
     [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
-  MN = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false}
-  DIRTY = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
-    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false}
-  NUM = {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
-    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
-    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
-    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
-    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
-    [F.NWAITING] = false}
-  ORIG = {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
-    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
 end
 local function mget(f)
   local n = MN[f]
@@ -94,10 +99,18 @@ local function mnum(f)
   local n = MN[f] or NUM[f]
   if n then return n end
   local stored = mget(f)
-  local parsed = tonum(stored or '0')
+  if not stored then
+    NUM[f] = 0
+    return 0
+  end
+  -- (the library writes these fields as digits: a string starting with one converts by
+  -- arithmetic, one strtod, where tonumber makes two; anything else as before)
+  local b = sbyte(stored, 1)
+  local parsed
+  if b and b <= 57 and (b >= 48 or b == 45) then parsed = stored + 0 else parsed = tonum(stored) end
   n = parsed or 0
   NUM[f] = n
-  if stored and parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
+  if parsed and not DIRTY[f] then ORIG[f] = n end  -- the stored number (flush)
   return n
 end
 -- Sets a field to a number (formatted with %.0f when written).
@@ -132,7 +145,9 @@ local function mset(...)
 end
 
 local function mincr(f, n)
-  local v = mnum(f) + (n or 1)
+  local v = MN[f]  -- (a field changed in this call already: no call of mnum)
+  if not v then v = mnum(f) end
+  v = v + (n or 1)
   MN[f] = v
   DIRTY[f] = true
   return v

@@ -75,7 +75,10 @@ local function touch_worker(worker, winc, check, rec)
     if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
     return 'forged'
   end
-  local ttl = tonum(ttl_s) or mnum(F.TTL)
+  -- (digits, written by register: converted by arithmetic, one strtod, not tonumber's two)
+  local b = sbyte(ttl_s, 1)
+  local ttl
+  if b and b >= 48 and b <= 57 then ttl = ttl_s + 0 else ttl = mnum(F.TTL) end
   if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
       and not rcall('ZSCORE', K_WORKERS, m) then
     return 'lost'
