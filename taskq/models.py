@@ -64,6 +64,10 @@ class Task:
     #: a piece of a split task whose split is not confirmed yet: read nothing until the
     #: trainer sees it confirmed (trainer_calls.py waits before handing the task out)
     split_pending: bool = False
+    #: where its holder's reading actually ended, when it knows better than ``end``: set
+    #: by taskq.torch before an ack (its readers, in other processes, may have read past
+    #: an end learned late); the ack reports it, which confirms a split or moves its point
+    read_to: int | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)

@@ -73,6 +73,8 @@ class Feeder(threading.Thread):
             at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
             can give is answered with an error (it must commit more often).
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
+        ends: the readers' cells of each task's current end (``Feed.ends``), written
+            here when a task is split while read.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Feeder(threading.Thread):
         hold_acks: bool = False,
         input_meter: InputMeter | None = None,
         spare: int = 1,
+        ends: Any = None,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -97,7 +100,7 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
@@ -147,6 +150,16 @@ class Feeder(threading.Thread):
         """Record that the loop took samples ``[0, n)`` of these (task, token) -> n: kept
         for the feeder thread, which hands them to the trainer (sent with its heartbeat)."""
         self.ledger.progress(reached)
+
+    def honour(self, task_id: int, token: int, end: int) -> None:
+        """The task's reader honours ``end`` from now on (its "end" entry): reported at
+        once (it may confirm a split of the task, docs/torch.md)."""
+        self.ledger.honour(task_id, token, end)
+        self._wake.set()
+
+    def read_to(self, task_id: int, token: int, end: int) -> None:
+        """Where the task's reading ended (the loop took its last sample), for its ack."""
+        self.ledger.read_to(task_id, token, end)
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
@@ -238,10 +251,6 @@ class Feeder(threading.Thread):
         ds = self.dataset
         # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
         options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
-        # the readers run in other processes and read a task to the end it had when it was
-        # leased: this trainer's tasks are not split (a piece handed to it, with its end
-        # fixed, is read up to that end); docs/torch.md
-        options["split_tails"] = False
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
@@ -272,6 +281,8 @@ class Feeder(threading.Thread):
             if new and not self._acks:
                 self._acks_since = time.monotonic()
             self._acks += new
+            # a task split while read: its reader learns the end it moved to
+            self.ahead.sync_ends(self.ledger.held_map())
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():
@@ -375,6 +386,7 @@ class Feeder(threading.Thread):
     def restart_readers(
         self,
         tasks: Any,
+        ends: Any,
         finished: Callable[[], int],
         dead_held: set[int],
         taken: dict[tuple[int, int], int],
@@ -389,7 +401,7 @@ class Feeder(threading.Thread):
         """
         self._acks += self.ledger.collect()  # what the loop asked before this call
         self._ack(self._take_acks())
-        back = self.ahead.restart(tasks, finished, self.ledger.held_tasks(), dead_held, taken)
+        back = self.ahead.restart(tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken)
         self.ledger.give_back(back)
         return len(back)
 
