@@ -159,3 +159,47 @@ def test_a_split_point_the_worker_had_read_past_moves_up(client, url, job_name, 
     assert max(got) >= int(splits[0]["at"]), (max(got), splits[0])
     wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
+
+
+def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name, tmp_path):
+    """Both pieces' holders are loaders: a slow one (a worker process reading far ahead)
+    holds the task, an idle one (in-process reader) joins and takes the tail piece when
+    the pass has nothing left. Whether the piece has samples or is empty (the slow one's
+    worker had read past the split point), it is read and acked: every sample once, both
+    loaders' passes end with the job."""
+    n = 64
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    got2: list[int] = []
+    errs: list[BaseException] = []
+
+    def idle() -> None:
+        try:
+            time.sleep(0.3)
+            ds = taskq.torch.TaskDataset(
+                job_name, url=url, shuffle=False, trainer_options={"handle_signals": False}
+            )
+            with taskq.torch.DataLoader(ds, batch_size=8, collate_fn=as_list) as loader:
+                for b in loader:
+                    got2.extend(s["i"] for s in b)
+        except BaseException as e:
+            errs.append(e)
+
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    got: list[int] = []
+    with taskq.torch.DataLoader(
+        ds, batch_size=8, num_workers=1, collate_fn=as_list, prefetch_factor=4
+    ) as loader:
+        it = iter(loader)
+        th = threading.Thread(target=idle, daemon=True)
+        th.start()
+        for b in it:
+            got += [s["i"] for s in b]
+            time.sleep(0.1)
+    th.join(15)
+    assert not th.is_alive(), "the idle loader's pass did not end"
+    assert not errs, errs
+    both = Counter(got) + Counter(got2)
+    assert sorted(both) == list(range(n))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    assert split_events(client, job_name), "the task was not split"
+    assert client.status(job_name, summaries=0).state == "completed"

@@ -220,6 +220,11 @@ class TaskDataset(IterableDataset[Any]):
         open_: list[_Open] = []
         #: "end" entries the readers of open tasks made (a moved end seen): sent at once
         notes: list[Ctrl] = []
+        #: tasks read to an end of their own (pieces of a split task, or told one), and
+        #: whether the batch being filled holds the last sample of one: at a pass's tail
+        #: nothing else may come to fill it, so it goes out short rather than wait
+        pieces: set[int] = set()
+        piece_done = False
         tags: list[Tag] = []
         samples: list[Any] = []
         ctrl: list[Ctrl] = []
@@ -236,6 +241,16 @@ class TaskDataset(IterableDataset[Any]):
                         tags, samples, ctrl = [], [], []
                         continue
                 else:
+                    if not open_ and (ctrl or piece_done):
+                        # about to wait for a task with nothing open: what ctrl holds (a
+                        # task read with no sample, as an empty piece of a split task)
+                        # and a piece's last samples must not wait for the next one
+                        if piece_done and samples and feed.drop_last and feed.batch_size:
+                            ctrl += [("done", t, tok, str(k + 1)) for t, tok, k, lst in tags if lst]
+                            tags, samples = [], []
+                        yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+                        tags, samples, ctrl = [], [], []
+                        piece_done = False
                     msg = source(not open_)
                 if msg is None:
                     break
@@ -243,6 +258,8 @@ class TaskDataset(IterableDataset[Any]):
                     stopped = True
                     break
                 task = self._open(msg, ctrl, feed.ends, notes)
+                if msg[6] is not None:
+                    pieces.add(msg[1])
                 if task is None:
                     finished(msg[1])
                 elif task.ahead is _END:
@@ -254,6 +271,7 @@ class TaskDataset(IterableDataset[Any]):
                 # the end a reader now honours goes to the loop ahead of the samples held
                 # here (all below it): the loop's progress reports name it (a split's
                 # confirmation) without waiting for this batch to fill
+                pieces.update(t for _, t, _, _ in notes)
                 yield [], notes[:], None
                 notes.clear()
             n_open = len(open_)
@@ -276,9 +294,13 @@ class TaskDataset(IterableDataset[Any]):
             if last:
                 open_.remove(task)
                 finished(task.task_id)
+                if pieces and task.task_id in pieces:
+                    pieces.discard(task.task_id)
+                    piece_done = True
             if len(samples) >= size:
                 yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
                 tags, samples, ctrl = [], [], []
+                piece_done = False
         if samples and feed.drop_last and feed.batch_size:
             # dropped as torch drops a worker's short last batch; their tasks are over
             ctrl += [("done", t, tok, str(k + 1)) for t, tok, k, last in tags if last]

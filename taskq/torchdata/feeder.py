@@ -43,7 +43,7 @@ log = logging.getLogger("taskq.torch")
 #: seconds a lease waits when this process holds nothing (no ack of ours can be pending)
 _BLOCK_S = 2.0
 #: how often to look for re-dispatched work while our own tasks are still being consumed
-_TAIL_POLL_S = 2.0
+_TAIL_POLL_S = 0.5
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
 #: a job waiting for one of these reasons has its pass complete: a plain job at a
@@ -125,6 +125,7 @@ class Feeder(threading.Thread):
         self.phase = "feed"
         self._acks: list[Task] = []
         self._acks_since = 0.0
+        self._sizes = False
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -261,6 +262,8 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
+        self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
@@ -310,7 +313,9 @@ class Feeder(threading.Thread):
                 ):
                     self._ack(self._take_acks())
                 # worker processes finishing a task do not wake us: look at their counts
-                self._wait(0.05 if self.phase == "feed" else 0.5)
+                # (at the tail, with tasks held: their progress goes out often, the
+                # replies tell a split of one, ledger.py)
+                self._wait(0.05 if self.phase == "feed" else 0.1 if holding else 0.5)
                 continue
             room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
             if room <= 0 and not starts:
@@ -351,6 +356,9 @@ class Feeder(threading.Thread):
             self.ahead.started(starts)
             if got:
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
+            if self._sizes and (starts or (got and not reserve)):
+                self.ledger.sizes(starts + ([] if reserve else got))
+            if got:
                 continue
             if not want:
                 continue
@@ -380,8 +388,11 @@ class Feeder(threading.Thread):
                 # nothing left to lease now: readers finish what they have
                 self.ahead.stop_readers()
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+                self.ledger.at_tail = True
             elif holding:
-                self._wait(0.5)
+                # at the tail with our own tasks: the loop goes on (progress out often,
+                # ledger.py), the next look at the pass in _TAIL_POLL_S
+                self._wait(0.1)
 
     def restart_readers(
         self,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from taskq.engine.contract import MAX_BATCH
 
 from .. import errors
+from ..data import task_size
 from ..models import Task
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskq.torch")
 
 Pair = tuple[int, int]
+
+#: how often progress is sent at a pass's tail (at most: the heartbeat interval)
+TAIL_FLUSH_S = 0.1
 
 
 def own_id(task: Task) -> int:
@@ -63,6 +67,9 @@ class Ledger:
         self._known: dict[Pair, int] = {}
         self._read_to: dict[Pair, int] = {}
         self._honoured: dict[Pair, int] = {}
+        #: at a pass's tail (set by the feeder): progress goes out every ``TAIL_FLUSH_S``,
+        #: so a task of ours split by an idle trainer is learned (and confirmed) soon
+        self.at_tail = False
 
     # -- the main thread's side ---------------------------------------------------
     def holds(self, task_id: int, token: int) -> bool:
@@ -230,11 +237,27 @@ class Ledger:
                 log.warning("release: %s (the leases expire instead)", e)
                 return
 
+    def sizes(self, tasks: list[Task]) -> None:
+        """Tasks just started: their size goes to the server now, with their start (what
+        lets an idle trainer split one before the loop took from it: its reader is
+        told the end before it reads that far)."""
+        if self.trainer is None:
+            return
+        for task in tasks:
+            if task.started and not task.revoked.is_set() and task_size(task.chunks) is not None:
+                self.trainer.progress(task, task.start, None)
+
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
-        sends it (one call per interval for all held tasks)."""
+        sends it (one call per interval for all held tasks), with a report about every
+        held started task of known size (the replies are how a task split by an idle
+        trainer learns its end, before its reader began it too). At a pass's tail it is
+        sent every ``TAIL_FLUSH_S``."""
+        now = time.monotonic()
+        every = min(TAIL_FLUSH_S, trainer.heartbeat_interval) if self.at_tail else None
+        due = now - self._progress_sent >= (every or trainer.heartbeat_interval)
         with self._lock:
-            if not self._reached and not self._honoured:
+            if not self._reached and not self._honoured and not due:
                 return
             reached, self._reached = self._reached, {}
             honoured, self._honoured = self._honoured, {}
@@ -248,8 +271,16 @@ class Ledger:
                 for (task_id, token), end in honoured.items()
                 if (task_id, token) not in reached
             ]
+            if due:
+                tasks += [
+                    (t, t.token, -1, known.get((k, t.token)))
+                    for k, t in self._held.items()
+                    if t.started and (k, t.token) not in reached and (k, t.token) not in honoured
+                ]
         for task, token, n, end in tasks:
             if task is not None and task.token == token and not task.revoked.is_set():
+                if n < 0 and task_size(task.chunks) is None:
+                    continue  # nothing to say about it
                 # a report names the end the task's reader honours (None: none yet), never
                 # the task's end as the trainer learned it: the reader may be past that
                 trainer.progress(task, task.start if n < 0 else n, end)
@@ -257,8 +288,7 @@ class Ledger:
         # interval, does not depend on how the trainer beats (a trainer made with
         # client= was seen not to send it); an end newly honoured goes at once (the
         # report that confirms a split: the idle trainer with its tail waits for it)
-        now = time.monotonic()
-        if honoured or now - self._progress_sent >= trainer.heartbeat_interval:
+        if honoured or due:
             self._progress_sent = now
             try:
                 trainer.flush_progress()
