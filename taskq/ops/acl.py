@@ -67,12 +67,14 @@ READ_ONLY_KEYS = ("chunks", "clock", "lock")
 WRITTEN_KEYS = tuple(k for k in JOB_KEYS if k not in READ_ONLY_KEYS)
 
 #: The writes the trainer's and reaper's functions make, each for a reason:
-#: HSET/HDEL/HINCRBY meta, leases, winfo, counts, passes, hist; ZADD/ZREM/ZPOPMIN the
+#: HSET/HDEL/HINCRBY meta, leases, winfo, counts, passes, hist (HSETNX: a task's size
+#: in leases, recorded with its first progress report, lib/split.lua); ZADD/ZREM/ZPOPMIN the
 #: sorted sets (front, owned, deadlines, reserved, started, workers, waiting);
 #: LPUSH/RPUSH/LTRIM/PEXPIRE the wake-up lists; SADD dead; SETBIT done; XADD events
 #: (with MAXLEN, so no XTRIM).
 WRITE_COMMANDS = (
     "hset",
+    "hsetnx",
     "hdel",
     "hincrby",
     "zadd",
