@@ -10,16 +10,33 @@ server's clock). Three rows: no straggler; a straggler without backups
 <= 1.3 x the first (medians over `--repeat` trials). The duplicated work is the backups granted and the task time the
 losing holders spent on them (from each backup's grant to the winner's ack).
 
+`--torch`: the trainers are taskq.torch loaders instead (one process each, a DataLoader
+with `--workers` worker processes, batches of `--batch`), over JSONL files the bench
+writes (`--samples` records a task, `{"t": task, "i": k}`; their chunks say their
+samples, so the tasks can be split); a step takes `--task-ms` / (samples / batch). Four
+rows: no straggler; a straggler without splitting (`split_tails=False`); a straggler with
+splitting (the default); a straggler with backups (`backup_leases=True`, splitting off).
+Reported: makespan ratios to the even pass (best and median of `--repeat`), and the
+samples taken twice, counted from the sample ids every loop delivered (and any never
+delivered). Goal (issue 30): the splitting row <= 1.15 x with 0 samples taken twice.
+
 Usage: .venv/bin/python bench/tail.py [--trainers 8] [--tasks 160] [--task-ms 100]
-           [--slow 10] [--repeat 1]
+           [--slow 10] [--repeat 1] [--torch [--samples 64] [--batch 8] [--workers 1]
+           [--tasks-ahead N]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
+import os
 import statistics
+import tempfile
 import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import common
 
@@ -91,6 +108,176 @@ def trial(
     }
 
 
+def write_tasks(directory: Path, tasks: int, samples: int) -> list[dict[str, Any]]:
+    """One JSONL file a task, ``samples`` records ``{"t": task, "i": k}``; its chunk says
+    its samples (what lets the engine split the task)."""
+    chunks = []
+    for t in range(tasks):
+        path = directory / f"task-{t:04d}.jsonl"
+        path.write_text("".join(json.dumps({"t": t, "i": k}) + "\n" for k in range(samples)))
+        size = path.stat().st_size
+        chunks.append(
+            {"format": "jsonl", "path": str(path), "offset": 0, "length": size, "samples": samples}
+        )
+    return chunks
+
+
+def _as_list(samples: list[Any]) -> list[Any]:
+    return samples
+
+
+def _loader(
+    url: str,
+    job: str,
+    step_s: float,
+    batch: int,
+    workers: int,
+    tasks_ahead: int | None,
+    ready: Any,
+    go: Any,
+    out: str,
+) -> None:
+    """One taskq.torch loader: a step of ``step_s`` a batch; the ids it delivered to
+    ``out`` (JSON)."""
+    import taskq.torch  # imported by the bench before the fork
+
+    ds = taskq.torch.TaskDataset(
+        job, url=url, shuffle=False, trainer_options={"handle_signals": False}
+    )
+    got: list[list[int]] = []
+    with taskq.torch.DataLoader(
+        ds, batch_size=batch, num_workers=workers, collate_fn=_as_list, tasks_ahead=tasks_ahead
+    ) as loader:
+        ready.release()
+        go.wait(120)
+        for b in loader:
+            got += [[s["t"], s["i"]] for s in b]
+            time.sleep(step_s)
+    Path(out).write_text(json.dumps(got))
+
+
+def torch_trial(
+    port: int,
+    name: str,
+    chunks: list[dict[str, Any]],
+    a: argparse.Namespace,
+    slow: float,
+    backups: bool,
+    split: bool,
+) -> dict[str, float]:
+    """One job, one pass read by ``a.trainers`` loaders; makespan and samples twice."""
+    client = taskq.connect(url_of(port))
+    client.create_job(
+        name,
+        chunks=chunks,
+        passes=1,
+        backup_leases=backups,
+        split_tails=split,
+        heartbeat_interval=a.heartbeat,
+        worker_ttl=max(1.0, 10 * a.heartbeat),
+    )
+    step = a.task_ms / 1000 / max(1, a.samples // a.batch)
+    go = CTX.Event()
+    ready = CTX.Semaphore(0)
+    with tempfile.TemporaryDirectory() as out_dir:
+        outs = [os.path.join(out_dir, f"ids-{i}.json") for i in range(a.trainers)]
+        procs = [
+            CTX.Process(
+                target=_loader,
+                daemon=False,
+                args=(
+                    url_of(port),
+                    name,
+                    step * (slow if i == 0 else 1.0),
+                    a.batch,
+                    a.workers,
+                    a.tasks_ahead,
+                    ready,
+                    go,
+                    outs[i],
+                ),
+            )
+            for i in range(a.trainers)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:  # every loader built (their workers fork at iter)
+            if not ready.acquire(timeout=120):
+                raise RuntimeError(f"{name}: the loaders were not built within 120 s")
+        go.set()
+        try:
+            deadline = time.monotonic() + 300
+            for p in procs:
+                p.join(max(1.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    raise RuntimeError(f"{name}: a loader did not end within 300 s")
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        delivered: Counter[tuple[int, int]] = Counter()
+        for path in outs:
+            if os.path.exists(path):
+                delivered.update((t, i) for t, i in json.loads(Path(path).read_text()))
+    events = client.events(name, count=1_000_000)
+    first = min(_ms(i) for i, f in events if "leased" in f or "reserved" in f)
+    end = max(_ms(i) for i, f in events if f["type"] == "pass_completed")
+    c = client.status(name, summaries=0).counters
+    total = len(chunks) * a.samples
+    return {
+        "makespan_s": (end - first) / 1000,
+        "twice": sum(n - 1 for n in delivered.values()),
+        "missing": total - len(delivered),
+        "splits": c["splits"],
+        "backups": sum(1 for _, f in events if f["type"] == "backup"),
+    }
+
+
+def torch_main(a: argparse.Namespace, port: int) -> None:
+    import taskq.torch  # noqa: F401  (once, here: not in each loader process at once)
+
+    rows = [
+        ("no straggler", 1.0, False, True),
+        ("straggler, no splitting", a.slow, False, False),
+        ("straggler, splitting", a.slow, False, True),
+        ("straggler, backups", a.slow, True, False),
+    ]
+    results: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as data:
+        chunks = write_tasks(Path(data), a.tasks, a.samples)
+        for r in range(a.repeat):
+            for label, slow, backups, split in rows:
+                res = torch_trial(
+                    port,
+                    f"ttail-{label.replace(' ', '').replace(',', '-')}-{r}",
+                    chunks,
+                    a,
+                    slow,
+                    backups,
+                    split,
+                )
+                results.setdefault(label, []).append(res)
+                print(
+                    f"{label:26s} makespan {res['makespan_s']:.3f} s; splits "
+                    f"{res['splits']:.0f}, backups {res['backups']:.0f}, samples twice "
+                    f"{res['twice']:.0f}, never delivered {res['missing']:.0f}",
+                    flush=True,
+                )
+    best0 = min(x["makespan_s"] for x in results[rows[0][0]])
+    med0 = statistics.median(x["makespan_s"] for x in results[rows[0][0]])
+    print("| row | best s | best / even | median / even | samples twice | never delivered |")
+    print("|---|---|---|---|---|---|")
+    for label, *_ in rows:
+        spans = [x["makespan_s"] for x in results[label]]
+        twice = max(x["twice"] for x in results[label])
+        missing = max(x["missing"] for x in results[label])
+        print(
+            f"| {label} | {min(spans):.2f} | {min(spans) / best0:.2f} x | "
+            f"{statistics.median(spans) / med0:.2f} x | {twice:.0f} | {missing:.0f} |",
+            flush=True,
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trainers", type=int, default=8)
@@ -98,9 +285,26 @@ def main() -> int:
     ap.add_argument("--task-ms", type=float, default=100.0)
     ap.add_argument("--slow", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--torch", action="store_true", help="taskq.torch loaders as trainers")
+    ap.add_argument("--samples", type=int, default=64, help="--torch: samples a task")
+    ap.add_argument("--batch", type=int, default=8, help="--torch: samples a batch")
+    ap.add_argument("--workers", type=int, default=1, help="--torch: DataLoader workers")
+    ap.add_argument("--tasks-ahead", type=int, default=None, help="--torch: tasks_ahead=")
+    ap.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.1,
+        help="--torch: the jobs' heartbeat interval (s; worker_ttl 10 x, >= 1 s)",
+    )
     a = ap.parse_args()
     common.install_signal_handlers()
     port, stop = common.redis_port_factory()
+    if a.torch:
+        try:
+            torch_main(a, port)
+        finally:
+            stop()
+        return 0
     step = a.task_ms / 1000
     rows = [
         ("no straggler", 1.0, True),

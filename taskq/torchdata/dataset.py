@@ -31,14 +31,18 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .. import errors
 
-#: a task message: (iteration, task id, token, pass, chunks, start, end); task id None =
-#: stop; end: where the lease's reading ends (a piece of a split task), None: the task's
-TaskMsg = tuple[int, Any, int, int, Any, int, "int | None"]
+#: a task message: (iteration, task id, token, pass, chunks, start, end, end slot); task
+#: id None = stop; end: where the lease's reading ends (a piece of a split task), None:
+#: the task's; end slot: the cell of ``Feed.ends`` holding the task's current end (it
+#: moves when the task is split while read), -1 none
+TaskMsg = tuple[int, Any, int, int, Any, int, "int | None", int]
 #: per sample: (task id, token, position in the task's delivery order (the sample index
 #: unshuffled), last sample of the task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
 #: (kind, task id, token, text); kind "done": nothing of the task left to deliver (no
-#: samples, or drop_last dropped its last ones); "error": the reader or transform failed
+#: samples, or drop_last dropped its last ones; text: where its reading ended); "error":
+#: the reader or transform failed (text: the error); "end": the reader honours this end
+#: (text) from now on, having read ahead to it at most (a split task, docs/torch.md)
 Ctrl = tuple[str, int, int, str]
 #: what one fetch returns: (tags, control entries, batch or None)
 Unit = tuple[list[Tag], list[Ctrl], Any]
@@ -46,13 +50,17 @@ Unit = tuple[list[Tag], list[Ctrl], Any]
 log = logging.getLogger("taskq.torch")
 
 _POLL_S = 0.25
+#: ``Feed.ends`` cells: a task's current end, or NO_END (the task's own)
+NO_END = 2**62
+#: cells of ``Feed.ends`` (each task on the readers' queue or being read has one)
+END_SLOTS = 256
 _PR_SET_PDEATHSIG = 1
 _END = object()
 
 
 def stop_msg(iteration: int) -> TaskMsg:
     """The message telling one reader that no more tasks come in this iteration."""
-    return (iteration, None, 0, 0, None, 0, None)
+    return (iteration, None, 0, 0, None, 0, None, -1)
 
 
 @dataclass
@@ -67,7 +75,9 @@ class Feed:
     counts the task messages each took off the queue (the queue is FIFO: the first
     ``sum(taken)`` tasks dispatched are being read or were read); ``reading`` holds the
     ids of the tasks each reader is reading (``width`` cells per worker, -1 free), so a
-    dead worker's tasks are known.
+    dead worker's tasks are known. ``ends`` holds the current end of each task sent
+    (``END_SLOTS`` cells, written by the feeder): a reader stops there, and says where
+    it stopped (a task split while read, docs/torch.md "Tail splitting").
     """
 
     tasks: Any
@@ -79,6 +89,7 @@ class Feed:
     taken: Any = None
     reading: Any = None
     width: int = 0
+    ends: Any = None
     parent_pid: int = field(default_factory=os.getpid)
     #: in-process readers only (not picklable): told each time a task was read
     on_finished: Callable[[], None] | None = None
@@ -207,6 +218,13 @@ class TaskDataset(IterableDataset[Any]):
         """
         rand = random.Random(f"{self.seed}:{rng_key}:interleave").random
         open_: list[_Open] = []
+        #: "end" entries the readers of open tasks made (a moved end seen): sent at once
+        notes: list[Ctrl] = []
+        #: tasks read to an end of their own (pieces of a split task, or told one), and
+        #: whether the batch being filled holds the last sample of one: at a pass's tail
+        #: nothing else may come to fill it, so it goes out short rather than wait
+        pieces: set[int] = set()
+        piece_done = False
         tags: list[Tag] = []
         samples: list[Any] = []
         ctrl: list[Ctrl] = []
@@ -223,20 +241,39 @@ class TaskDataset(IterableDataset[Any]):
                         tags, samples, ctrl = [], [], []
                         continue
                 else:
+                    if not open_ and (ctrl or piece_done):
+                        # about to wait for a task with nothing open: what ctrl holds (a
+                        # task read with no sample, as an empty piece of a split task)
+                        # and a piece's last samples must not wait for the next one
+                        if piece_done and samples and feed.drop_last and feed.batch_size:
+                            ctrl += [("done", t, tok, str(k + 1)) for t, tok, k, lst in tags if lst]
+                            tags, samples = [], []
+                        yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+                        tags, samples, ctrl = [], [], []
+                        piece_done = False
                     msg = source(not open_)
                 if msg is None:
                     break
                 if msg[1] is None:
                     stopped = True
                     break
-                task = self._open(msg, ctrl)
+                task = self._open(msg, ctrl, feed.ends, notes)
+                if msg[6] is not None:
+                    pieces.add(msg[1])
                 if task is None:
                     finished(msg[1])
                 elif task.ahead is _END:
-                    ctrl.append(("done", task.task_id, task.token, ""))
+                    ctrl.append(("done", task.task_id, task.token, str(msg[5])))
                     finished(task.task_id)
                 else:
                     open_.append(task)
+            if notes:
+                # the end a reader now honours goes to the loop ahead of the samples held
+                # here (all below it): the loop's progress reports name it (a split's
+                # confirmation) without waiting for this batch to fill
+                pieces.update(t for _, t, _, _ in notes)
+                yield [], notes[:], None
+                notes.clear()
             n_open = len(open_)
             if not n_open:
                 break
@@ -257,12 +294,16 @@ class TaskDataset(IterableDataset[Any]):
             if last:
                 open_.remove(task)
                 finished(task.task_id)
+                if pieces and task.task_id in pieces:
+                    pieces.discard(task.task_id)
+                    piece_done = True
             if len(samples) >= size:
                 yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
                 tags, samples, ctrl = [], [], []
+                piece_done = False
         if samples and feed.drop_last and feed.batch_size:
             # dropped as torch drops a worker's short last batch; their tasks are over
-            ctrl += [("done", t, tok, "") for t, tok, _, last in tags if last]
+            ctrl += [("done", t, tok, str(k + 1)) for t, tok, k, last in tags if last]
             tags, samples = [], []
         if samples or ctrl:
             yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
@@ -279,9 +320,19 @@ class TaskDataset(IterableDataset[Any]):
             return tags, ctrl, None
         return tags, ctrl, collate(samples if batch_size else samples[0])
 
-    def _open(self, msg: TaskMsg, ctrl: list[Ctrl]) -> _Open | None:
+    def _open(
+        self, msg: TaskMsg, ctrl: list[Ctrl], ends: Any = None, notes: list[Ctrl] | None = None
+    ) -> _Open | None:
         """Start reading one task; None (and an error entry) when the reader fails."""
-        _, task_id, token, pass_no, chunks, start, end = msg
+        _, task_id, token, pass_no, chunks, start, end, slot = msg
+
+        def bounded(samples: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+            if ends is None or slot < 0 or notes is None:
+                return samples
+            return _bounded(
+                samples, ends, slot, lambda h: notes.append(("end", task_id, token, str(h)))
+            )
+
         try:
             if self.shuffle:
                 # the whole task in one seeded order (seed, pass, task); a resumed task
@@ -292,15 +343,40 @@ class TaskDataset(IterableDataset[Any]):
                 random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
                 stop = len(items) if end is None else min(end, len(items))
                 return _Open(
-                    task_id, token, iter([(k, items[order[k]]) for k in range(start, stop)])
+                    task_id,
+                    token,
+                    bounded(iter([(k, items[order[k]]) for k in range(start, stop)])),
                 )
             samples = iter(self.reader(chunks, start))
             if end is not None:  # a piece of a split task: up to its end (fixed at its grant)
                 samples = itertools.islice(samples, max(0, end - start))
-            return _Open(task_id, token, enumerate(samples, start))
+            return _Open(task_id, token, bounded(enumerate(samples, start)))
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None
+
+
+def _bounded(
+    samples: Iterator[tuple[int, Any]], ends: Any, slot: int, note: Callable[[int], None]
+) -> Iterator[tuple[int, Any]]:
+    """``samples`` (position, sample) up to the task's current end, ``ends[slot]``, read
+    before each one. A new end seen is honoured from there: ``h = max(end, position)``
+    (what was read below the position is delivered; nothing at or past ``h`` is), told to
+    the loop with ``note(h)``; an end only ever comes down (the loop's progress reports
+    are what could move it up, and they stay below ``h``)."""
+    seen = NO_END
+    honoured = NO_END
+    for k, item in samples:
+        e = ends[slot]
+        if e != seen:
+            seen = e
+            h = max(e, k)
+            if h < honoured:
+                honoured = h
+                note(h)
+        if k >= honoured:
+            return
+        yield k, item
 
 
 def _text(e: BaseException) -> str:

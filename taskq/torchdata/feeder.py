@@ -43,7 +43,7 @@ log = logging.getLogger("taskq.torch")
 #: seconds a lease waits when this process holds nothing (no ack of ours can be pending)
 _BLOCK_S = 2.0
 #: how often to look for re-dispatched work while our own tasks are still being consumed
-_TAIL_POLL_S = 2.0
+_TAIL_POLL_S = 0.5
 #: how long an ack may wait for the next lease call to carry it, while feeding
 _ACK_DELAY_S = 0.25
 #: a job waiting for one of these reasons has its pass complete: a plain job at a
@@ -73,6 +73,8 @@ class Feeder(threading.Thread):
             at MAX_HELD held, and a loop waiting for a batch that none of the tasks held
             can give is answered with an error (it must commit more often).
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
+        ends: the readers' cells of each task's current end (``Feed.ends``), written
+            here when a task is split while read.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class Feeder(threading.Thread):
         hold_acks: bool = False,
         input_meter: InputMeter | None = None,
         spare: int = 1,
+        ends: Any = None,
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -97,7 +100,7 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
@@ -122,6 +125,7 @@ class Feeder(threading.Thread):
         self.phase = "feed"
         self._acks: list[Task] = []
         self._acks_since = 0.0
+        self._sizes = False
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -147,6 +151,16 @@ class Feeder(threading.Thread):
         """Record that the loop took samples ``[0, n)`` of these (task, token) -> n: kept
         for the feeder thread, which hands them to the trainer (sent with its heartbeat)."""
         self.ledger.progress(reached)
+
+    def honour(self, task_id: int, token: int, end: int) -> None:
+        """The task's reader honours ``end`` from now on (its "end" entry): reported at
+        once (it may confirm a split of the task, docs/torch.md)."""
+        self.ledger.honour(task_id, token, end)
+        self._wake.set()
+
+    def read_to(self, task_id: int, token: int, end: int) -> None:
+        """Where the task's reading ended (the loop took its last sample), for its ack."""
+        self.ledger.read_to(task_id, token, end)
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
@@ -238,10 +252,6 @@ class Feeder(threading.Thread):
         ds = self.dataset
         # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
         options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
-        # the readers run in other processes and read a task to the end it had when it was
-        # leased: this trainer's tasks are not split (a piece handed to it, with its end
-        # fixed, is read up to that end); docs/torch.md
-        options["split_tails"] = False
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
@@ -252,6 +262,8 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
+        self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
@@ -272,6 +284,8 @@ class Feeder(threading.Thread):
             if new and not self._acks:
                 self._acks_since = time.monotonic()
             self._acks += new
+            # a task split while read: its reader learns the end it moved to
+            self.ahead.sync_ends(self.ledger.held_map())
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():
@@ -299,7 +313,9 @@ class Feeder(threading.Thread):
                 ):
                     self._ack(self._take_acks())
                 # worker processes finishing a task do not wake us: look at their counts
-                self._wait(0.05 if self.phase == "feed" else 0.5)
+                # (at the tail, with tasks held: their progress goes out often, the
+                # replies tell a split of one, ledger.py)
+                self._wait(0.05 if self.phase == "feed" else 0.1 if holding else 0.5)
                 continue
             room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
             if room <= 0 and not starts:
@@ -340,6 +356,9 @@ class Feeder(threading.Thread):
             self.ahead.started(starts)
             if got:
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
+            if self._sizes and (starts or (got and not reserve)):
+                self.ledger.sizes(starts + ([] if reserve else got))
+            if got:
                 continue
             if not want:
                 continue
@@ -369,12 +388,16 @@ class Feeder(threading.Thread):
                 # nothing left to lease now: readers finish what they have
                 self.ahead.stop_readers()
                 self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+                self.ledger.at_tail = True
             elif holding:
-                self._wait(0.5)
+                # at the tail with our own tasks: the loop goes on (progress out often,
+                # ledger.py), the next look at the pass in _TAIL_POLL_S
+                self._wait(0.1)
 
     def restart_readers(
         self,
         tasks: Any,
+        ends: Any,
         finished: Callable[[], int],
         dead_held: set[int],
         taken: dict[tuple[int, int], int],
@@ -389,7 +412,7 @@ class Feeder(threading.Thread):
         """
         self._acks += self.ledger.collect()  # what the loop asked before this call
         self._ack(self._take_acks())
-        back = self.ahead.restart(tasks, finished, self.ledger.held_tasks(), dead_held, taken)
+        back = self.ahead.restart(tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken)
         self.ledger.give_back(back)
         return len(back)
 

@@ -121,6 +121,8 @@ class TaskqIter:
                 if last:
                     if holds(task_id, token):
                         finished.append((task_id, token))
+                        # where its reading ended (its ack says it: a split's point)
+                        self.feeder.read_to(task_id, token, index + 1)
                 else:
                     # a task's samples come in increasing position: the last one counts
                     reached[task_id, token] = index + 1
@@ -260,7 +262,7 @@ class TaskqIter:
         self.feed = feed
         given_back = self.feeder.call(
             lambda trainer: self.feeder.restart_readers(
-                feed.tasks, lambda: sum(feed.finished), held, dict(self._upto)
+                feed.tasks, feed.ends, lambda: sum(feed.finished), held, dict(self._upto)
             )
         )
         # the dead worker may have held the old queue's read lock: nobody reads it again
@@ -304,7 +306,12 @@ class TaskqIter:
         for kind, task_id, token, text in ctrl:
             if not holds(task_id, token):
                 continue
+            if kind == "end":
+                self.feeder.honour(task_id, token, int(text))
+                continue
             if kind == "done":
+                if text:
+                    self.feeder.read_to(task_id, token, int(text))
                 self._ack([(task_id, token)])
                 self._upto[task_id, token] = -1
                 continue

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from taskq.engine.contract import MAX_BATCH
 
 from .. import errors
+from ..data import task_size
 from ..models import Task
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskq.torch")
 
 Pair = tuple[int, int]
+
+#: how often progress is sent at a pass's tail (at most: the heartbeat interval)
+TAIL_FLUSH_S = 0.1
 
 
 def own_id(task: Task) -> int:
@@ -57,6 +61,15 @@ class Ledger:
         self._cmds: deque[tuple[str, int, int, str]] = deque()
         self._reached: dict[Pair, int] = {}
         self._progress_sent = time.monotonic()
+        # tail splitting (docs/torch.md): the end each task's reader honours (it told the
+        # loop), named by every progress report about the task; where a task's reading
+        # ended, given to its ack; honoured ends not reported yet (sent at once)
+        self._known: dict[Pair, int] = {}
+        self._read_to: dict[Pair, int] = {}
+        self._honoured: dict[Pair, int] = {}
+        #: at a pass's tail (set by the feeder): progress goes out every ``TAIL_FLUSH_S``,
+        #: so a task of ours split by an idle trainer is learned (and confirmed) soon
+        self.at_tail = False
 
     # -- the main thread's side ---------------------------------------------------
     def holds(self, task_id: int, token: int) -> bool:
@@ -79,7 +92,25 @@ class Ledger:
                 if n > self._reached.get(key, 0):
                     self._reached[key] = n
 
+    def honour(self, task_id: int, token: int, end: int) -> None:
+        """The task's reader honours ``end`` from now on (it read below it at most): the
+        progress reports name it (one is sent at once: it may confirm a split)."""
+        with self._lock:
+            self._known[task_id, token] = end
+            self._honoured[task_id, token] = end
+
+    def read_to(self, task_id: int, token: int, end: int) -> None:
+        """The task's reading ended at ``end`` (the loop took or dropped all below it):
+        its ack says so (``Task.read_to``)."""
+        with self._lock:
+            self._read_to[task_id, token] = end
+
     # -- the feeder thread's side -------------------------------------------------
+    def held_map(self) -> dict[int, Task]:
+        """The held tasks by name (a copy)."""
+        with self._lock:
+            return dict(self._held)
+
     def add(self, task: Task) -> None:
         """A task leased by this iteration."""
         with self._lock:
@@ -113,6 +144,8 @@ class Ledger:
                 if not self._owns(task_id, token):
                     continue
                 task = self._held.pop(task_id)
+                self._known.pop((task_id, token), None)
+                task.read_to = self._read_to.pop((task_id, token), None)
             if kind == "ack":
                 acks.append(task)
             else:
@@ -142,11 +175,18 @@ class Ledger:
         assert self.trainer is not None
         with self._lock:
             done = [self._held.pop(t) for t, tok in acks if self._owns(t, tok)]
-            partial = [(self._held[t], n) for (t, tok), n in reached.items() if self._owns(t, tok)]
+            for task in done:
+                self._known.pop((self.key(task), task.token), None)
+                task.read_to = self._read_to.pop((self.key(task), task.token), None)
+            partial = [
+                (self._held[t], n, self._known.get((t, tok)))
+                for (t, tok), n in reached.items()
+                if self._owns(t, tok)
+            ]
         self.ack_now(done)
-        for task, n in partial:
+        for task, n, known in partial:
             if not task.revoked.is_set():
-                self.trainer.progress(task, n)
+                self.trainer.progress(task, n, known)
         self.trainer.flush_progress()
 
     def held_tasks(self) -> list[Task]:
@@ -197,22 +237,58 @@ class Ledger:
                 log.warning("release: %s (the leases expire instead)", e)
                 return
 
+    def sizes(self, tasks: list[Task]) -> None:
+        """Tasks just started: their size goes to the server now, with their start (what
+        lets an idle trainer split one before the loop took from it: its reader is
+        told the end before it reads that far)."""
+        if self.trainer is None:
+            return
+        for task in tasks:
+            if task.started and not task.revoked.is_set() and task_size(task.chunks) is not None:
+                self.trainer.progress(task, task.start, None)
+
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
-        sends it (one call per interval for all held tasks)."""
+        sends it (one call per interval for all held tasks), with a report about every
+        held started task of known size (the replies are how a task split by an idle
+        trainer learns its end, before its reader began it too). At a pass's tail it is
+        sent every ``TAIL_FLUSH_S``."""
+        now = time.monotonic()
+        every = min(TAIL_FLUSH_S, trainer.heartbeat_interval) if self.at_tail else None
+        due = now - self._progress_sent >= (every or trainer.heartbeat_interval)
         with self._lock:
-            if not self._reached:
+            if not self._reached and not self._honoured and not due:
                 return
             reached, self._reached = self._reached, {}
-            tasks = [(self._held.get(task_id), token, n) for (task_id, token), n in reached.items()]
-        for task, token, n in tasks:
+            honoured, self._honoured = self._honoured, {}
+            known = self._known
+            tasks = [
+                (self._held.get(task_id), token, n, known.get((task_id, token)))
+                for (task_id, token), n in reached.items()
+            ]
+            tasks += [
+                (self._held.get(task_id), token, -1, end)
+                for (task_id, token), end in honoured.items()
+                if (task_id, token) not in reached
+            ]
+            if due:
+                tasks += [
+                    (t, t.token, -1, known.get((k, t.token)))
+                    for k, t in self._held.items()
+                    if t.started and (k, t.token) not in reached and (k, t.token) not in honoured
+                ]
+        for task, token, n, end in tasks:
             if task is not None and task.token == token and not task.revoked.is_set():
-                trainer.progress(task, n)
+                if n < 0 and task_size(task.chunks) is None:
+                    continue  # nothing to say about it
+                # a report names the end the task's reader honours (None: none yet), never
+                # the task's end as the trainer learned it: the reader may be past that
+                trainer.progress(task, task.start if n < 0 else n, end)
         # the trainer's heartbeat sends it too; sending it from here as well, once per
         # interval, does not depend on how the trainer beats (a trainer made with
-        # client= was seen not to send it)
-        now = time.monotonic()
-        if now - self._progress_sent >= trainer.heartbeat_interval:
+        # client= was seen not to send it); an end newly honoured goes at once (the
+        # report that confirms a split: the idle trainer with its tail waits for it)
+        if honoured or due:
             self._progress_sent = now
             try:
                 trainer.flush_progress()

@@ -25,7 +25,7 @@ from taskq.trainer.core import default_worker_id
 from .. import errors
 from ..inputwait import InputMeter
 from . import resume, signals
-from .dataset import Feed, TaskDataset
+from .dataset import END_SLOTS, NO_END, Feed, TaskDataset
 from .feeder import Feeder
 from .iteration import TaskqIter
 
@@ -198,6 +198,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.samples_per_batch,
                 self.user_collate_fn,
                 self.user_drop_last,
+                ends=[NO_END] * END_SLOTS,
             )
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
@@ -223,6 +224,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             hold_acks=self.acks == "commit",
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
+            ends=feed.ends,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
@@ -244,6 +246,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             taken=ctx.RawArray("q", self.num_workers),
             reading=ctx.RawArray("q", [-1] * (self.num_workers * ds.interleave)),
             width=ds.interleave,
+            ends=ctx.RawArray("q", [NO_END] * END_SLOTS),
         )
 
     def _start_workers(self) -> Any:

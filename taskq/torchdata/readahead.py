@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from taskq.engine.contract import MAX_BATCH
 
 from ..models import Task
-from .dataset import TaskMsg, stop_msg
+from .dataset import END_SLOTS, NO_END, TaskMsg, stop_msg
 from .ledger import own_id
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class ReadAhead:
         spare: tasks queued per reader beyond its open ones (1 for worker processes,
             whose progress the feeder polls; 0 in-process, where a finished task wakes
             the feeder at once and a slow loop should hold no more started work).
+        ends: the readers' shared cells of each sent task's current end (``Feed.ends``;
+            None: none, a task is read to the end it had when sent).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class ReadAhead:
         tasks_ahead: int,
         interleave: int,
         spare: int = 1,
+        ends: Any = None,
     ) -> None:
         self.tasks = tasks
         self.readers = readers
@@ -74,6 +77,10 @@ class ReadAhead:
         self.key: Callable[[Task], int] = own_id
         self._dispatched = 0
         self._stopped = False
+        #: the end cells: the readers' array, each sent task's cell, the free ones
+        self._ends = ends
+        self._slots: dict[int, tuple[int, int, int]] = {}  # key -> (slot, token, end written)
+        self._free = list(range(END_SLOTS - 1, -1, -1)) if ends is not None else []
         self._dry_at = 0.0
 
     def reading(self) -> int:
@@ -130,13 +137,44 @@ class ReadAhead:
     def send(self, task: Task, start: int, to_tail: bool = False) -> None:
         """Put one task on the readers' queue (or the tail), reading from ``start``."""
         key = self.key(task)
-        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start, task.end)
+        slot = self._slot(key, task)
+        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start, task.end, slot)
         if to_tail:
             self._tail_ids.add(key)
             self.tail.put(msg)
         else:
             self.tasks.put(msg)
             self._dispatched += 1
+
+    def _slot(self, key: int, task: Task) -> int:
+        """The end cell of a task about to be sent, its current end written (-1: none
+        free; its reader then reads to the end the message says)."""
+        old = self._slots.pop(key, None)
+        if old is not None:
+            self._free.append(old[0])
+        if not self._free:
+            return -1
+        slot = self._free.pop()
+        end = NO_END if task.end is None else task.end
+        self._ends[slot] = end
+        self._slots[key] = (slot, task.token, end)
+        return slot
+
+    def sync_ends(self, held: dict[int, Task]) -> None:
+        """Write the held tasks' ends that moved (a split while they are read) to their
+        readers' cells; free the cells of tasks no longer held."""
+        if not self._slots:
+            return
+        for key, (slot, token, written) in list(self._slots.items()):
+            task = held.get(key)
+            if task is None or task.token != token:
+                del self._slots[key]
+                self._free.append(slot)
+                continue
+            end = NO_END if task.end is None else task.end
+            if end != written:
+                self._ends[slot] = end
+                self._slots[key] = (slot, token, end)
 
     def stop_readers(self) -> None:
         """Tell every reader that no more tasks come (once)."""
@@ -155,6 +193,7 @@ class ReadAhead:
     def restart(
         self,
         tasks: Any,
+        ends: Any,
         finished: Callable[[], int],
         held: list[Task],
         dead_held: set[int],
@@ -170,6 +209,16 @@ class ReadAhead:
             The tasks to give back.
         """
         self.tasks, self.finished, self._dispatched = tasks, finished, 0
+        tail_slots = {k: v for k, v in self._slots.items() if k in self._tail_ids}
+        if self._ends is not None and ends is not None:
+            # the new readers' cells; the tail's tasks (read here, through the
+            # iteration's current feed: the new one) keep their cell numbers
+            self._ends = ends
+            for slot, _, written in tail_slots.values():
+                ends[slot] = written
+            used = {v[0] for v in tail_slots.values()}
+            self._slots = tail_slots
+            self._free = [k for k in range(END_SLOTS - 1, -1, -1) if k not in used]
         key = self.key
         elsewhere = {key(task) for task in self.reserved} | self._tail_ids
         back: list[Task] = []

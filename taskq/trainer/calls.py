@@ -116,23 +116,37 @@ class Calls:
     def _confirm_ends(self, acks: list[Task]) -> None:
         """Before acking the head piece of a split task: report that it read up to the
         end it knows, which confirms the split (an ack of a head that never learned its
-        end means it read the whole task, and the split is undone)."""
-        items = [(t, t.end, t.end) for t in acks if t.end is not None and not t.split_pending]
+        end means it read the whole task, and the split is undone). A holder that read
+        past that end (``task.read_to``: taskq.torch's readers learn the end late) says
+        so: the report moves the split point up to it, a second one confirms it there."""
+        items = []
+        moved = []
+        for t in acks:
+            if t.end is None or t.split_pending:
+                continue
+            upto = t.end if t.read_to is None else t.read_to
+            items.append((t, upto, upto))
+            if upto != t.end:
+                moved.append((t, upto, upto))
         if not items:
             return
         session = self._session
-        incarnation, secret = session.creds
-        try:
-            session.contact(
-                self._wire.progress,
-                session.job_incarnation,
-                session.worker_id,
-                incarnation,
-                secret,
-                items,
-            )
-        except errors.TaskqError as e:
-            log.warning("job %s: split end not confirmed: %s", self.job, e)
+        for batch in (items, moved):
+            if not batch:
+                break
+            incarnation, secret = session.creds
+            try:
+                session.contact(
+                    self._wire.progress,
+                    session.job_incarnation,
+                    session.worker_id,
+                    incarnation,
+                    secret,
+                    batch,
+                )
+            except errors.TaskqError as e:
+                log.warning("job %s: split end not confirmed: %s", self.job, e)
+                return
 
     def _await_splits(self, granted: list[Task]) -> None:
         """A tail piece of a split task is read only once the split is confirmed (its
@@ -167,7 +181,12 @@ class Calls:
         if pending:
             for t in pending:
                 granted.remove(t)
-            self.write("release", pending)
+            try:
+                self.write("release", pending)
+            except errors.LeaseLost as e:
+                # revoked meanwhile (its head was acked before it knew the split point:
+                # the split was undone); nothing of it was read
+                log.info("%s", e)
 
     def fail_corrupt(self, corrupt: Any) -> list[errors.CorruptData]:
         """Fail each task whose chunks cannot be read, alone (one failure charged per

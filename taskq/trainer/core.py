@@ -26,7 +26,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
+from types import EllipsisType, TracebackType
 from typing import Any
 
 from taskq import errors
@@ -423,7 +423,7 @@ class Trainer:
         self._calls.write("release", task if isinstance(task, list) else [task])
 
     # -- progress (trainer/progress_sender.py) ---------------------------------------------------
-    def progress(self, task: Task, n: int) -> None:
+    def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
         task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
         here and sent with the next heartbeat (and before ``release``, ``fail``,
@@ -433,11 +433,17 @@ class Trainer:
         Args:
             task: a task this trainer holds.
             n: samples taken so far, an integer >= 0.
+            end: the end the loop honours from now on (None: none, the task's end);
+                default ``task.end`` as it is now. A loop whose reading is done elsewhere
+                (taskq.torch's readers) names the end they honour: a report naming the
+                split point confirms a split (docs/design.md, "Tail splitting"). Naming
+                one (None too) says the loop stops at the ends it is told, so the task's
+                size goes with its progress and it can be split (as ``task.current_end``).
 
         Raises:
             InvalidInput: ``n`` is not an integer >= 0.
         """
-        self._progress.record(task, n)
+        self._progress.record(task, n, end)
 
     def flush_progress(self) -> list[int]:
         """Send the recorded progress now (the heartbeat does it every interval).

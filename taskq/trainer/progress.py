@@ -13,6 +13,7 @@ progress.lua (with the heartbeat) -> Redis; lease reply -> Task.start -> the rea
 from __future__ import annotations
 
 import threading
+from types import EllipsisType
 from typing import TYPE_CHECKING
 
 from taskq import errors
@@ -34,9 +35,11 @@ class ProgressBuffer:
         self._lock = threading.Lock()
         self._pending: dict[int, Report] = {}
 
-    def record(self, task: Task, n: int) -> None:
+    def record(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Remember that the loop took samples ``[0, n)`` of ``task`` (absolute: a resumed
-        task's first report is ``task.start`` + taken).
+        task's first report is ``task.start`` + taken), honouring ``end`` from then on
+        (``...``: ``task.end`` now; a loader whose readers run elsewhere names the end
+        they honour, which is what confirms a split, docs/design.md "Tail splitting").
 
         Raises:
             InvalidInput: ``n`` is not an integer >= 0, or above the task's size where
@@ -49,14 +52,18 @@ class ProgressBuffer:
             raise errors.InvalidInput(
                 f"progress {n} of task {task.id} is beyond its size ({size} samples)"
             )
+        if end is ...:
+            known = task.end
+        else:  # the caller names the end its reading honours: the task can be split
+            known, task.follows_end = end, True
         with self._lock:
             old = self._pending.get(task.id)
-            if old is not None and old[0] is task and old[1] >= n and old[2] == task.end:
+            if old is not None and old[0] is task and old[1] >= n and old[2] == known:
                 return
             self._pending[task.id] = (
                 task,
                 max(n, old[1]) if old and old[0] is task else n,
-                task.end,
+                known,
             )
 
     def discard(self, tasks: list[Task]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import EllipsisType
 
 from taskq import errors
 from taskq.engine.contract import Code
@@ -37,9 +38,9 @@ class ProgressSender:
         self._inline = inline
         self._sent = time.monotonic()
 
-    def record(self, task: Task, n: int) -> None:
+    def record(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """``Trainer.progress``: keep it; send it now if inline and an interval passed."""
-        self._buffer.record(task, n)
+        self._buffer.record(task, n, end)
         if self._inline and time.monotonic() - self._sent >= self._session.heartbeat_interval:
             self.flush_quietly()
 

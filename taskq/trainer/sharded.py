@@ -32,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from types import EllipsisType
 from typing import Any
 
 from taskq import errors
@@ -372,14 +373,15 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         """The tasks this trainer holds, on every shard (current and leased ahead)."""
         return [t for tr in list(self._trainers.values()) for t in tr.held]
 
-    def progress(self, task: Task, n: int) -> None:
+    def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task``: kept by its shard's
-        trainer and sent with that shard's heartbeat (as ``Trainer.progress``).
+        trainer and sent with that shard's heartbeat (as ``Trainer.progress``, ``end``
+        too).
 
         Raises:
             InvalidInput: ``n`` is not an integer >= 0.
         """
-        self._open(self._shard_of(task)).progress(task, n)
+        self._open(self._shard_of(task)).progress(task, n, end)
 
     def flush_progress(self) -> list[int]:
         """Send the recorded progress of every shard now (as ``Trainer.flush_progress``).

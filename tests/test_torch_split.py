@@ -1,0 +1,205 @@
+"""Tail splitting through taskq.torch: a loader's task split while its DataLoader worker
+reads it (by an idle plain Trainer, or an idle loader), every sample delivered once
+across the pieces' holders; a split point the worker had already read past.
+
+Real parts: the suite's redis-server, real DataLoader worker processes, JSONL files read
+by ``taskq.data.read_task`` (their chunks say their samples: the tasks can be split).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from support import wait_until
+
+import taskq
+import taskq.torch
+from taskq.data import read_task
+
+
+def jsonl_task(path: Path, n: int) -> list[dict[str, Any]]:
+    """One task: a JSONL file of ``n`` records ``{"i": k}`` as one chunk that says its
+    samples (what lets the engine split it)."""
+    path.write_text("".join(json.dumps({"i": k}) + "\n" for k in range(n)))
+    return [
+        {
+            "format": "jsonl",
+            "path": str(path),
+            "offset": 0,
+            "length": path.stat().st_size,
+            "samples": n,
+        }
+    ]
+
+
+def as_list(samples: list[Any]) -> list[Any]:
+    return samples
+
+
+def make_job(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> None:
+    kw.setdefault("worker_ttl", 2.0)
+    kw.setdefault("heartbeat_interval", 0.3)
+    kw.setdefault("task_timeout", None)
+    client.create_job(name, chunks=chunks, passes=1, **kw)
+
+
+class IdleTrainer(threading.Thread):
+    """A plain Trainer that joins, waits for ``go``, then takes what the job gives it (a tail
+    piece) and reads it up to its end, recording the ids it read."""
+
+    def __init__(self, url: str, job: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.job = url, job
+        self.go = threading.Event()
+        self.ids: list[int] = []
+        self.pieces: list[tuple[int, int | None]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with taskq.Trainer(self.job, url=self.url, worker_id="idle", handle_signals=False) as t:
+                self.go.wait(30)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    try:
+                        task = t.lease(timeout=1.0)
+                    except (taskq.errors.JobCompleted, taskq.errors.JobCancelled):
+                        return
+                    if task is None:
+                        if t.client.status(self.job, summaries=0).state == "completed":
+                            return
+                        continue
+                    self.pieces.append((task.start, task.end))
+                    n = task.start
+                    for sample in read_task(task.chunks, task.start, end=lambda t=task: t.end):
+                        self.ids.append(sample["i"])
+                        n += 1
+                        t.progress(task, n)
+                    t.ack(task)
+        except BaseException as e:
+            self.error = e
+
+
+def run_loader(
+    url: str,
+    job: str,
+    idle: IdleTrainer,
+    go_at: int,
+    step_s: float,
+    **loader_kw: Any,
+) -> tuple[list[int], str | None]:
+    """Read the job's pass with a loader of one worker; ``idle`` is let go once the
+    loop took ``go_at`` samples. Returns the ids the loop got and the loader's state."""
+    ds = taskq.torch.TaskDataset(job, url=url, shuffle=False)
+    got: list[int] = []
+    with taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=1, collate_fn=as_list, **loader_kw
+    ) as loader:
+        it = iter(loader)  # the worker forks here, before the idle trainer's threads
+        idle.start()
+        for batch in it:
+            got += [s["i"] for s in batch]
+            if len(got) >= go_at:
+                idle.go.set()
+            time.sleep(step_s)
+        state = loader.state
+    idle.go.set()
+    idle.join(30)
+    assert not idle.is_alive()
+    if idle.error is not None:
+        raise idle.error
+    return got, state
+
+
+def split_events(client: taskq.Client, job: str) -> list[dict[str, Any]]:
+    return [f for _, f in client.events(job, count=10_000) if f["type"] == "split"]
+
+
+def test_a_loaders_task_split_by_an_idle_trainer_is_delivered_once(client, url, job_name, tmp_path):
+    """One task of 200 samples read by a loader at 4 samples / 50 ms; an idle plain
+    Trainer comes when 20 were taken: it gets the unread end, the loader stops at the
+    split point it learns, every sample is read once, and the pass completes."""
+    n = 200
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    idle = IdleTrainer(url, job_name)
+    got, state = run_loader(url, job_name, idle, go_at=20, step_s=0.05)
+    assert state == "pass_complete" or state == "completed"
+    both = Counter(got) + Counter(idle.ids)
+    assert sorted(both) == list(range(n))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    assert split_events(client, job_name), "the task was not split"
+    assert idle.ids, f"the idle trainer's piece was empty: {idle.pieces}"
+    assert max(got) < min(idle.ids)  # the head is the loader's, the tail the idle one's
+    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
+    assert client.status(job_name, summaries=0).counters["splits"] == 1
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
+
+
+def test_a_split_point_the_worker_had_read_past_moves_up(client, url, job_name, tmp_path):
+    """The loader's worker reads far ahead of the loop (prefetch_factor 6 x batches of 4)
+    on a short task: the split point the engine picks from the recorded progress is
+    behind what the worker already read. The loader delivers what its worker read (its
+    report moves the split point up to it), the idle trainer gets the rest: no sample
+    twice, none skipped."""
+    n = 64
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    idle = IdleTrainer(url, job_name)
+    got, _ = run_loader(url, job_name, idle, go_at=28, step_s=0.1, prefetch_factor=6)
+    both = Counter(got) + Counter(idle.ids)
+    assert sorted(both) == list(range(n))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    splits = split_events(client, job_name)
+    assert splits, "the task was not split"
+    # the worker had read past the first split point: the loader delivered beyond it
+    assert max(got) >= int(splits[0]["at"]), (max(got), splits[0])
+    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
+
+
+def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name, tmp_path):
+    """Both pieces' holders are loaders: a slow one (a worker process reading far ahead)
+    holds the task, an idle one (in-process reader) joins and takes the tail piece when
+    the pass has nothing left. Whether the piece has samples or is empty (the slow one's
+    worker had read past the split point), it is read and acked: every sample once, both
+    loaders' passes end with the job."""
+    n = 64
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    got2: list[int] = []
+    errs: list[BaseException] = []
+
+    def idle() -> None:
+        try:
+            time.sleep(0.3)
+            ds = taskq.torch.TaskDataset(
+                job_name, url=url, shuffle=False, trainer_options={"handle_signals": False}
+            )
+            with taskq.torch.DataLoader(ds, batch_size=8, collate_fn=as_list) as loader:
+                for b in loader:
+                    got2.extend(s["i"] for s in b)
+        except BaseException as e:
+            errs.append(e)
+
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    got: list[int] = []
+    with taskq.torch.DataLoader(
+        ds, batch_size=8, num_workers=1, collate_fn=as_list, prefetch_factor=4
+    ) as loader:
+        it = iter(loader)
+        th = threading.Thread(target=idle, daemon=True)
+        th.start()
+        for b in it:
+            got += [s["i"] for s in b]
+            time.sleep(0.1)
+    th.join(15)
+    assert not th.is_alive(), "the idle loader's pass did not end"
+    assert not errs, errs
+    both = Counter(got) + Counter(got2)
+    assert sorted(both) == list(range(n))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    assert split_events(client, job_name), "the task was not split"
+    assert client.status(job_name, summaries=0).state == "completed"
