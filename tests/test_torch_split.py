@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support import wait_until
 
 import taskq
@@ -161,12 +162,14 @@ def test_a_split_point_the_worker_had_read_past_moves_up(client, url, job_name, 
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
 
 
-def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name, tmp_path):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name, tmp_path, shuffle):
     """Both pieces' holders are loaders: a slow one (a worker process reading far ahead)
     holds the task, an idle one (in-process reader) joins and takes the tail piece when
     the pass has nothing left. Whether the piece has samples or is empty (the slow one's
     worker had read past the split point), it is read and acked: every sample once, both
-    loaders' passes end with the job."""
+    loaders' passes end with the job. With ``shuffle=True`` the pieces are positions of
+    the task's seeded order, the same in both loaders."""
     n = 64
     make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
     got2: list[int] = []
@@ -176,7 +179,7 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
         try:
             time.sleep(0.3)
             ds = taskq.torch.TaskDataset(
-                job_name, url=url, shuffle=False, trainer_options={"handle_signals": False}
+                job_name, url=url, shuffle=shuffle, trainer_options={"handle_signals": False}
             )
             with taskq.torch.DataLoader(ds, batch_size=8, collate_fn=as_list) as loader:
                 for b in loader:
@@ -184,7 +187,7 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
         except BaseException as e:
             errs.append(e)
 
-    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=shuffle)
     got: list[int] = []
     with taskq.torch.DataLoader(
         ds, batch_size=8, num_workers=1, collate_fn=as_list, prefetch_factor=4
