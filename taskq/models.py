@@ -68,9 +68,10 @@ class Task:
     #: taskq.torch's loader reads it): only such a task's size goes with its progress, so
     #: only it can be split; a loop that reads to the chunks' end is never split under it
     follows_end: bool = field(default=False, init=False, repr=False)
-    #: where its holder's reading actually ended, when it knows better than ``end``: set
-    #: by taskq.torch before an ack (its readers, in other processes, may have read past
-    #: an end learned late); the ack reports it, which confirms a split or moves its point
+    #: where its holder's reading actually got, when it knows better than ``end``: the
+    #: most progress the loop recorded, or set by taskq.torch before an ack (its readers,
+    #: in other processes, may have read past an end learned late); the ack of a split
+    #: task's head reports it, which confirms the split or moves its point up
     read_to: int | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)

@@ -376,3 +376,34 @@ def test_a_loop_that_reads_to_the_chunks_end_is_never_split(client, job_name, tm
     a.flush_progress()
     assert b.lease(timeout=0) is None  # nothing to split: its size was never sent
     assert client.status(job_name, summaries=0).counters["splits"] == 0
+
+
+def test_a_head_acked_after_reading_past_an_end_it_learnt_late_moves_the_point(
+    client, job_name, tmp_path
+):
+    """The loop read the whole task before the reply telling its end came back (its report
+    still in the buffer at the ack): the ack reports how far it got, so the split point
+    moves up to it and the tail is left nothing to read twice."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task = a.lease(timeout=0)
+    assert task is not None
+    read_some(a, task, 10, [])
+    a.flush_progress()
+    got: list[taskq.Task | None] = []
+    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    a.progress(task, 11)
+    a.flush_progress()
+    assert task.end == 55
+    for n, _ in enumerate(read_task(task.chunks, 11), 12):  # read on, ahead of the news
+        a.progress(task, n)
+    a.ack(task)
+    leaser.join(20)
+    piece = got[0]
+    if piece is not None:  # an empty piece: the point moved to the task's end
+        assert piece.start == piece.end == 100
+        b.ack(piece)
+    assert client.status(job_name, summaries=0).state == "completed"
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0

@@ -117,14 +117,15 @@ class Calls:
         """Before acking the head piece of a split task: report that it read up to the
         end it knows, which confirms the split (an ack of a head that never learned its
         end means it read the whole task, and the split is undone). A holder that read
-        past that end (``task.read_to``: taskq.torch's readers learn the end late) says
+        past that end (``task.read_to``: the progress the loop recorded, or where
+        taskq.torch's readers, which learn the end late, stopped) says
         so: the report moves the split point up to it, a second one confirms it there."""
         items = []
         moved = []
         for t in acks:
             if t.end is None or t.split_pending:
                 continue
-            upto = t.end if t.read_to is None else t.read_to
+            upto = t.end if t.read_to is None else max(t.end, t.read_to)
             items.append((t, upto, upto))
             if upto != t.end:
                 moved.append((t, upto, upto))

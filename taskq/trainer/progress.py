@@ -54,6 +54,10 @@ class ProgressBuffer:
             )
         if end is ...:
             known = task.end
+            # how far the loop got, which the ack of a split task's head reports: an end
+            # learned after the loop read past it moves the split point up (calls.py)
+            if task.read_to is None or n > task.read_to:
+                task.read_to = n
         else:  # the caller names the end its reading honours: the task can be split
             known, task.follows_end = end, True
         with self._lock:

@@ -2,7 +2,8 @@
 -- idle trainer may take the unread end of a started task running long: from the holder's
 -- recorded progress p and the task's size n (recorded by the holder with its progress,
 -- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
--- point m = p + ceil((n - p) / 2) (p < m < n) is chosen. The holder's piece is [start, m)
+-- point m (p < m < n: halfway, m = p + ceil((n - p) / 2), or weighed by the holder's pace
+-- against a typical task's, below) is chosen. The holder's piece is [start, m)
 -- (its lease, field <task>), the new piece [m, n) gets its own fenced lease in field
 -- "b:<task>" (the backup slot: a task is split or backed up, never both), its own progress
 -- and ack. The split record, field "s:<task>" of the leases hash, is
@@ -89,7 +90,15 @@ local function take_split(worker, winc, call_no)
         local dl = n and n - p >= 2
           and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
         if dl and dl - JNOW >= mnum(F.HBI) then
+          -- the split point: halfway, or by pace where both are known (the holder's rate
+          -- on its first attempt's lease against a typical task's, n over the median task
+          -- time) so that both pieces end about together; a slow holder keeps little
           local m = p + math.ceil((n - p) / 2)
+          local med, ran = mnum(F.DUR_MED) / 1000, NOW - (tonum(l.sinces) or NOW)
+          if med > 0 and ran > 0 and l.attempts == '1' then
+            local vh = p / ran
+            m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + n / med))))
+          end
           task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
           s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
