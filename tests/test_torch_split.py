@@ -8,7 +8,6 @@ by ``taskq.data.read_task`` (their chunks say their samples: the tasks can be sp
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from support import wait_until
+from test_split import write_jsonl
 
 import taskq
 import taskq.torch
@@ -26,16 +26,7 @@ from taskq.data import read_task
 def jsonl_task(path: Path, n: int) -> list[dict[str, Any]]:
     """One task: a JSONL file of ``n`` records ``{"i": k}`` as one chunk that says its
     samples (what lets the engine split it)."""
-    path.write_text("".join(json.dumps({"i": k}) + "\n" for k in range(n)))
-    return [
-        {
-            "format": "jsonl",
-            "path": str(path),
-            "offset": 0,
-            "length": path.stat().st_size,
-            "samples": n,
-        }
-    ]
+    return write_jsonl(path, n)
 
 
 def as_list(samples: list[Any]) -> list[Any]:

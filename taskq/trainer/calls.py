@@ -131,20 +131,11 @@ class Calls:
                 moved.append((t, upto, upto))
         if not items:
             return
-        session = self._session
         for batch in (items, moved):
             if not batch:
                 break
-            incarnation, secret = session.creds
             try:
-                session.contact(
-                    self._wire.progress,
-                    session.job_incarnation,
-                    session.worker_id,
-                    incarnation,
-                    secret,
-                    batch,
-                )
+                self._progress.report(batch)
             except errors.TaskqError as e:
                 log.warning("job %s: split end not confirmed: %s", self.job, e)
                 return
@@ -154,7 +145,6 @@ class Calls:
         first holder knows where to stop): ask until it is, within two ttls; a piece
         still pending then, or lost meanwhile, is released / dropped from ``granted``."""
         session = self._session
-        incarnation, secret = session.creds
         wait = self.split_wait_s if self.split_tails else 0.0
         deadline = time.monotonic() + (max(2 * session.ttl_s, 1.0) if wait is None else wait)
         pending = [t for t in granted if t.split_pending]
@@ -162,14 +152,7 @@ class Calls:
         first = True
         while pending and (first or time.monotonic() < deadline):
             first = False
-            results = session.contact(
-                self._wire.progress,
-                session.job_incarnation,
-                session.worker_id,
-                incarnation,
-                secret,
-                [(t, t.start, None) for t in pending],
-            )
+            results = self._progress.report([(t, t.start, None) for t in pending])
             for t, res in zip(pending, results, strict=False):
                 if res == STALE:
                     t.revoked.set()

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from types import EllipsisType
 
 from taskq import errors
 from taskq.engine.contract import Code
 from taskq.models import Task
-from taskq.trainer.progress import ProgressBuffer
+from taskq.trainer.progress import ProgressBuffer, Report
 from taskq.trainer.protocol import Wire
 from taskq.trainer.session import Session
 
@@ -54,22 +55,28 @@ class ProgressSender:
         items = self._buffer.take()
         if not items:
             return []
-        session = self._session
-        incarnation, secret = session.creds
         try:
-            results = session.contact(
-                self._wire.progress,
-                session.job_incarnation,
-                session.worker_id,
-                incarnation,
-                secret,
-                items if self._sizes else [(t, n, None) for t, n, _ in items],
-                self._sizes,
-            )
+            results = self.report(items)
         except errors.ConnectionLost:
             self._buffer.restore(items)
             raise
         return [t.id for (t, _, _), r in zip(items, results, strict=False) if r == Code.STALE]
+
+    def report(self, items: Sequence[Report]) -> list[int]:
+        """One ``progress`` call about ``(task, samples, end honoured)`` triples, outside
+        the buffer (the trainer's own reports about split pieces go this way too); one
+        result code per triple. The replies move ``task.end`` (protocol.py)."""
+        session = self._session
+        incarnation, secret = session.creds
+        return session.contact(
+            self._wire.progress,
+            session.job_incarnation,
+            session.worker_id,
+            incarnation,
+            secret,
+            items if self._sizes else [(t, n, None) for t, n, _ in items],
+            self._sizes,
+        )
 
     def flush_quietly(self) -> None:
         """``flush`` where a failure must not stop what follows (logged)."""
