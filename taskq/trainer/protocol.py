@@ -315,9 +315,11 @@ class Wire:
                 job,
                 row[4] == 1 or row[4] == "1",
                 int(row[5]) if len(row) > 5 else 0,
-                int(row[6]) if len(row) > 6 and int(row[6]) >= 0 else None,
-                len(row) > 7 and int(row[7]) == 1,
             )
+            if len(row) > 6:  # a piece of a split task: its end, and whether it is pending
+                end = int(row[6])
+                task.end = end if end >= 0 else None
+                task.split_pending = len(row) > 7 and int(row[7]) == 1
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)
