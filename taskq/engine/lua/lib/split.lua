@@ -63,13 +63,16 @@ local function take_split(worker, winc, call_no)
   local task, s, attempts = nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
     local orph, keep = split_orphans(), {}
-    for _, t in lipairs(orph) do
-      local sp = split_rec(t)
-      local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
+    for k, t in lipairs(orph) do
+      -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
+      local sp = k <= 10 and split_rec(t)
+      local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
       local h = sp and not sp.td and not lease_is_current(b)
         and parse_lease(rcall('HGET', K_LEASES, t))
+      if k > 10 then
+        keep[#keep + 1] = t
       -- (never both pieces to one worker: they share its owned entry)
-      if h and not task and not (lease_is_current(h) and h.worker == worker) then
+      elseif h and not task and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
