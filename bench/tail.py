@@ -145,6 +145,7 @@ def _loader(
         job, url=url, shuffle=False, trainer_options={"handle_signals": False}
     )
     got: list[list[int]] = []
+    handed_on = 0
     with taskq.torch.DataLoader(
         ds, batch_size=batch, num_workers=workers, collate_fn=_as_list, tasks_ahead=tasks_ahead
     ) as loader:
@@ -153,7 +154,8 @@ def _loader(
         for b in loader:
             got += [[s["t"], s["i"]] for s in b]
             time.sleep(step_s)
-    Path(out).write_text(json.dumps(got))
+        handed_on = loader.counts["samples_handed_on"]
+    Path(out).write_text(json.dumps({"ids": got, "handed_on": handed_on}))
 
 
 def torch_trial(
@@ -216,9 +218,12 @@ def torch_trial(
                 if p.is_alive():
                     p.kill()
         delivered: Counter[tuple[int, int]] = Counter()
+        handed_on = 0
         for path in outs:
             if os.path.exists(path):
-                delivered.update((t, i) for t, i in json.loads(Path(path).read_text()))
+                got = json.loads(Path(path).read_text())
+                delivered.update((t, i) for t, i in got["ids"])
+                handed_on += got["handed_on"]
     events = client.events(name, count=1_000_000)
     first = min(_ms(i) for i, f in events if "leased" in f or "reserved" in f)
     end = max(_ms(i) for i, f in events if f["type"] == "pass_completed")
@@ -229,6 +234,7 @@ def torch_trial(
         "twice": sum(n - 1 for n in delivered.values()),
         "missing": total - len(delivered),
         "splits": c["splits"],
+        "handed_on": handed_on,
         "backups": sum(1 for _, f in events if f["type"] == "backup"),
     }
 
@@ -259,7 +265,8 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
                 results.setdefault(label, []).append(res)
                 print(
                     f"{label:26s} makespan {res['makespan_s']:.3f} s; splits "
-                    f"{res['splits']:.0f}, backups {res['backups']:.0f}, samples twice "
+                    f"{res['splits']:.0f} (read ahead, handed on {res['handed_on']:.0f}), "
+                    f"backups {res['backups']:.0f}, samples twice "
                     f"{res['twice']:.0f}, never delivered {res['missing']:.0f}",
                     flush=True,
                 )

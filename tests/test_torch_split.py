@@ -84,9 +84,10 @@ def run_loader(
     go_at: int,
     step_s: float,
     **loader_kw: Any,
-) -> tuple[list[int], str | None]:
+) -> tuple[list[int], str | None, Counter[str]]:
     """Read the job's pass with a loader of one worker; ``idle`` is let go once the
-    loop took ``go_at`` samples. Returns the ids the loop got and the loader's state."""
+    loop took ``go_at`` samples. Returns the ids the loop got, the loader's state and
+    its counts."""
     ds = taskq.torch.TaskDataset(job, url=url, shuffle=False)
     got: list[int] = []
     with taskq.torch.DataLoader(
@@ -99,13 +100,13 @@ def run_loader(
             if len(got) >= go_at:
                 idle.go.set()
             time.sleep(step_s)
-        state = loader.state
+        state, counts = loader.state, Counter(loader.counts)
     idle.go.set()
     idle.join(30)
     assert not idle.is_alive()
     if idle.error is not None:
         raise idle.error
-    return got, state
+    return got, state, counts
 
 
 def split_events(client: taskq.Client, job: str) -> list[dict[str, Any]]:
@@ -119,7 +120,7 @@ def test_a_loaders_task_split_by_an_idle_trainer_is_delivered_once(client, url, 
     n = 200
     make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
     idle = IdleTrainer(url, job_name)
-    got, state = run_loader(url, job_name, idle, go_at=20, step_s=0.05)
+    got, state, _ = run_loader(url, job_name, idle, go_at=20, step_s=0.05)
     assert state == "pass_complete" or state == "completed"
     both = Counter(got) + Counter(idle.ids)
     assert sorted(both) == list(range(n))
@@ -132,23 +133,25 @@ def test_a_loaders_task_split_by_an_idle_trainer_is_delivered_once(client, url, 
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
 
 
-def test_a_split_point_the_worker_had_read_past_moves_up(client, url, job_name, tmp_path):
+def test_batches_read_past_the_split_point_go_to_the_idle_trainer(client, url, job_name, tmp_path):
     """The loader's worker reads far ahead of the loop (prefetch_factor 6 x batches of 4)
-    on a short task: the split point the engine picks from the recorded progress is
-    behind what the worker already read. The loader delivers what its worker read (its
-    report moves the split point up to it), the idle trainer gets the rest: no sample
-    twice, none skipped."""
+    on a short task: when the idle trainer splits it, the worker has read past the point
+    the engine picks from the recorded progress. The loop is not handed the batches past
+    the point (they stay on torch's queue until the loop's iterator drops them, cut.py):
+    the idle trainer reads them again from where the loop stopped, and the loop does not
+    step through them. No sample twice, none skipped, the pieces meet."""
     n = 64
     make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
     idle = IdleTrainer(url, job_name)
-    got, _ = run_loader(url, job_name, idle, go_at=28, step_s=0.1, prefetch_factor=6)
+    got, _, counts = run_loader(url, job_name, idle, go_at=28, step_s=0.1, prefetch_factor=6)
     both = Counter(got) + Counter(idle.ids)
     assert sorted(both) == list(range(n))
     assert set(both.values()) == {1}, "a sample delivered twice"
     splits = split_events(client, job_name)
     assert splits, "the task was not split"
-    # the worker had read past the first split point: the loader delivered beyond it
-    assert max(got) >= int(splits[0]["at"]), (max(got), splits[0])
+    assert counts["samples_handed_on"] > 0, "no batch read past the point was dropped"
+    assert max(got) + 1 == min(idle.ids), (max(got), idle.pieces)
+    assert max(got) + 1 >= int(splits[0]["at"]), (max(got), splits[0])
     wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
 
@@ -197,3 +200,44 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
     assert set(both.values()) == {1}, "a sample delivered twice"
     assert split_events(client, job_name), "the task was not split"
     assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_the_cut_drops_only_whole_batches_past_the_points():
+    """cut.plan over units as workers send them: a batch of one split task past its
+    point is dropped (its control entries kept), the task's end is the first position
+    dropped and its last kept sample is tagged last; a batch that mixes a sample past
+    the point with another task's is delivered whole, and so is everything of that task
+    before it; a task with no sample kept gets a "cut" entry (acked at once); a task's
+    own "end" and "done" entries are dropped once it is cut."""
+    from taskq.torchdata import cut
+
+    a, b = (1, 7), (2, 7)
+    units = [
+        ([(1, 7, 4, False), (1, 7, 5, False)], [], "A4"),  # below a's point: kept
+        ([(1, 7, 6, False), (1, 7, 7, False)], [("done", 9, 1, "3")], "A6"),  # past: dropped
+        ([(1, 7, 8, True)], [], "A8"),
+        ([], [("end", 1, 7, "9")], None),
+        ([(2, 7, 10, False), (2, 7, 11, False)], [], "B10"),  # past b's point, but:
+        ([(2, 7, 12, False), (3, 7, 0, False)], [], "B12C0"),  # mixed with c: kept
+        ([(2, 7, 13, True)], [], "B13"),  # after the last kept unit of b: dropped
+        ([(3, 7, 1, True)], [("done", 3, 7, "2")], "C1"),
+    ]
+    out, ends = cut.plan(units, {a: 6, b: 10})
+    assert ends == {a: 6, b: 13}
+    assert [u[2] for u in out] == ["A4", None, None, None, "B10", "B12C0", None, "C1"]
+    assert out[0][0][-1] == (1, 7, 5, True)  # a's last kept sample ends its reading
+    assert out[1][1] == [("done", 9, 1, "3")]  # another task's entry survives the drop
+    assert out[3][1] == []  # a's reader's "end" entry: the cut is its end
+    assert out[5][0][0] == (2, 7, 12, True)  # b's reading ends in the mixed batch
+    assert out[7][1] == [("done", 3, 7, "2")]  # c was not cut: its entries stay
+
+    # nothing of a kept in these units: it is acked at its cut by a "cut" entry
+    out, ends = cut.plan([([(1, 7, 6, False)], [], "A6"), ([(1, 7, 7, True)], [], "A7")], {a: 5})
+    assert ends == {a: 6}
+    assert out[0] == ([], [("cut", 1, 7, "6")], None) and out[1] == ([], [], None)
+
+    # what shows a task's reading ended, for the units taken ahead
+    assert cut.ended(([(1, 7, 3, True)], [], "x"), a, 2)
+    assert not cut.ended(([(1, 7, 3, False)], [], "x"), a, 2)
+    assert cut.ended(([], [("end", 1, 7, "2")], None), a, 2)  # honours the point itself
+    assert not cut.ended(([], [("end", 1, 7, "5")], None), a, 2)  # read past: its last comes

@@ -294,7 +294,12 @@ class TaskDataset(IterableDataset[Any]):
             if last:
                 open_.remove(task)
                 finished(task.task_id)
-                if pieces and task.task_id in pieces:
+                if (pieces or notes) and (
+                    task.task_id in pieces or any(c[1] == task.task_id for c in notes)
+                ):
+                    # a piece read to its end, or a task whose end moved (an "end" entry
+                    # made just now): its last samples go out in a batch of their own,
+                    # which the loop's process may drop whole (cut.py)
                     pieces.discard(task.task_id)
                     piece_done = True
             if len(samples) >= size:

@@ -104,6 +104,8 @@ class Feeder(threading.Thread):
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
+        #: sent tasks whose end moved, not yet taken by the main thread (moved_ends)
+        self.moved = self.ahead.moved
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.hold_acks = hold_acks
@@ -161,6 +163,12 @@ class Feeder(threading.Thread):
     def read_to(self, task_id: int, token: int, end: int) -> None:
         """Where the task's reading ended (the loop took its last sample), for its ack."""
         self.ledger.read_to(task_id, token, end)
+
+    def moved_ends(self) -> list[tuple[int, int, int]]:
+        """(task, token, end) of the tasks sent to the readers whose end moved since the
+        last call (a split while they are read: the main thread cuts them, cut.py)."""
+        moved = self.moved
+        return [moved.popleft() for _ in range(len(moved))]
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
@@ -401,18 +409,22 @@ class Feeder(threading.Thread):
         finished: Callable[[], int],
         dead_held: set[int],
         taken: dict[tuple[int, int], int],
+        cut: dict[tuple[int, int], int],
     ) -> int:
         """New reader processes replace the old ones (one died): give back the tasks the
         dead one was reading (progress first) and hand the new ones every other task
         held, from where the loop got (``taken``: (task, token) -> samples taken, -1 for
-        a task whose last sample the loop took). Called in this thread (``call``).
+        a task whose last sample the loop took), up to the end the loop honours for a
+        task it cut (``cut``). Called in this thread (``call``).
 
         Returns:
             The number of tasks given back.
         """
         self._acks += self.ledger.collect()  # what the loop asked before this call
         self._ack(self._take_acks())
-        back = self.ahead.restart(tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken)
+        back = self.ahead.restart(
+            tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken, cut
+        )
         self.ledger.give_back(back)
         return len(back)
 

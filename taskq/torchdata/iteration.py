@@ -21,11 +21,12 @@ import queue
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import errors
+from . import cut
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, being_read, stop_msg
 from .feeder import Feeder
 
@@ -70,6 +71,12 @@ class TaskqIter:
         self._upto: dict[Pair, int] = {}
         #: worker deaths survived in this iteration
         self.restarts = 0
+        #: units taken off torch's queue ahead of the loop, to cut a split task (cut.py)
+        self._ahead: deque[Unit] = deque()
+        #: torch's iterator ended while units were taken ahead
+        self._torch_end = False
+        #: tasks cut here: (task, token) -> the end honoured (their later entries ignored)
+        self._cut: dict[Pair, int] = {}
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
         # is gone): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
@@ -112,6 +119,11 @@ class TaskqIter:
             unit = self._next_unit()
             if unit is None:
                 self._finish()
+            if self.feeder.moved:
+                # a task being read was split: cut it here before this unit goes out
+                self._ahead.appendleft(unit)
+                self._plan_cuts()
+                continue
             tags, ctrl, batch = unit
             self._control(ctrl)
             finished = []
@@ -204,29 +216,89 @@ class TaskqIter:
         return loader.counts if loader is not None else Counter()
 
     def _next_unit(self) -> Unit | None:
+        if self._ahead:
+            return self._ahead.popleft()
         if self.torch_iter is not None:
-            self.feeder.main_waiting = time.monotonic()
-            try:
-                while True:
-                    dead = self._dead_workers()
-                    if dead:
-                        self._restart_workers(dead)
-                    try:
-                        unit: Unit = next(self.torch_iter)
-                        return unit
-                    except RuntimeError:
-                        if not self._dead_workers():
-                            raise  # not a worker's death (torch names it, within 5 s)
-            except StopIteration:
-                self.torch_iter = None
-                if self.pass_end == "local":
-                    return None
-                self.tail = self._tail_units()
-            finally:
-                self.feeder.main_waiting = 0.0
+            unit = None if self._torch_end else self._pull()
+            if unit is not None:
+                return unit
+            self.torch_iter = None
+            if self.pass_end == "local":
+                return None
+            self.tail = self._tail_units()
         if self.tail is None:
             return None
         return next(self.tail, None)
+
+    def _pull(self) -> Unit | None:
+        """The next unit off torch's queue (a dead worker replaced first); None at its
+        end."""
+        self.feeder.main_waiting = time.monotonic()
+        try:
+            while True:
+                dead = self._dead_workers()
+                if dead:
+                    self._restart_workers(dead)
+                try:
+                    unit: Unit = next(self.torch_iter)
+                    return unit
+                except RuntimeError:
+                    if not self._dead_workers():
+                        raise  # not a worker's death (torch names it, within 5 s)
+        except StopIteration:
+            return None
+        finally:
+            self.feeder.main_waiting = 0.0
+
+    def _plan_cuts(self) -> None:
+        """Tasks being read were split (their trainer learned a new end): take units off
+        torch's queue until each one's reading ended there (a few: the workers' read-ahead
+        and the batch that ends the task), drop those past the points (cut.py) and report
+        each cut task's honoured end at once (the split's confirmation)."""
+        moved = self.feeder.moved_ends()
+        if self.torch_iter is None or self._torch_end:
+            return
+        feed = self.feed
+        reading = set().union(*(being_read(feed, i) for i in range(len(feed.finished))))
+        points = {
+            (t, tok): end
+            for t, tok, end in moved
+            if t in reading and (t, tok) not in self._cut and self.feeder.holds(t, tok)
+        }
+        if not points:
+            return
+        units = list(self._ahead)
+        depth = getattr(self.torch_iter, "_prefetch_factor", 2) * max(1, len(feed.finished))
+        bound = len(units) + 4 * depth + 4
+        waiting = {p for p, m in points.items() if not any(cut.ended(u, p, m) for u in units)}
+        restarts = self.restarts
+        while waiting and len(units) < bound:
+            unit = self._pull()
+            if self.restarts != restarts:
+                return  # a worker died: what the old ones read is dropped with them
+            if unit is None:
+                self._torch_end = True
+                break
+            units.append(unit)
+            waiting = {p for p in waiting if not cut.ended(unit, p, points[p])}
+        for p in waiting:
+            del points[p]  # not read to its end within reach: its reader's rule applies
+        planned, ends = cut.plan(units, points)
+        self._ahead = deque(planned)
+        if not ends:
+            return
+        dropped = sum(len(u[0]) for u in units) - sum(len(u[0]) for u in planned)
+        counts = self._counts()
+        counts["samples_handed_on"] += dropped
+        for (task_id, token), end in ends.items():
+            self._cut[task_id, token] = end
+            self.feeder.honour(task_id, token, end)
+        log.debug(
+            "job %s: cut at %s, %d samples read ahead left to the tails' holders",
+            self.feeder.dataset.job,
+            ends,
+            dropped,
+        )
 
     def _dead_workers(self) -> list[int]:
         """The DataLoader workers of this iteration that died (by index)."""
@@ -253,6 +325,7 @@ class TaskqIter:
             )
         self.restarts += 1
         held = set().union(*(being_read(old_feed, i) for i in dead))
+        self._ahead.clear()  # read by the old workers, not taken: dropped with them
         old_feed.iteration.value = -1  # the other readers end
         self.torch_iter = None
         if hasattr(old_iter, "_shutdown_workers"):
@@ -262,7 +335,12 @@ class TaskqIter:
         self.feed = feed
         given_back = self.feeder.call(
             lambda trainer: self.feeder.restart_readers(
-                feed.tasks, feed.ends, lambda: sum(feed.finished), held, dict(self._upto)
+                feed.tasks,
+                feed.ends,
+                lambda: sum(feed.finished),
+                held,
+                dict(self._upto),
+                dict(self._cut),
             )
         )
         # the dead worker may have held the old queue's read lock: nobody reads it again
@@ -306,10 +384,12 @@ class TaskqIter:
         for kind, task_id, token, text in ctrl:
             if not holds(task_id, token):
                 continue
+            if kind in ("end", "done") and (task_id, token) in self._cut:
+                continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
                 self.feeder.honour(task_id, token, int(text))
                 continue
-            if kind == "done":
+            if kind in ("done", "cut"):
                 if text:
                     self.feeder.read_to(task_id, token, int(text))
                 self._ack([(task_id, token)])

@@ -139,7 +139,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._state: str | None = None
         #: over this loader's life (cumulative, all iterations): "samples", "batches",
         #: "tasks_acked", "tasks_failed", "worker_restarts" (DataLoader workers that died
-        #: and were replaced), "tasks_given_back" (the tasks those were reading)
+        #: and were replaced), "tasks_given_back" (the tasks those were reading),
+        #: "samples_handed_on" (read ahead past a split task's point and not handed to
+        #: the loop: the task's other piece has them, torchdata/cut.py)
         self.counts: Counter[str] = Counter()
         #: the loop's data wait (``next(loader)``) and steps, sent with the heartbeats
         self.input_meter = InputMeter()

@@ -82,6 +82,9 @@ class ReadAhead:
         self._slots: dict[int, tuple[int, int, int]] = {}  # key -> (slot, token, end written)
         self._free = list(range(END_SLOTS - 1, -1, -1)) if ends is not None else []
         self._dry_at = 0.0
+        #: (key, token, end) of sent tasks whose end moved, for the loop's process to cut
+        #: what their readers read ahead (cut.py); appended here, taken by the main thread
+        self.moved: deque[tuple[int, int, int]] = deque()
 
     def reading(self) -> int:
         """Tasks on the readers' queue or being read."""
@@ -134,11 +137,13 @@ class ReadAhead:
         """A lease found nothing left while the reserve was not empty."""
         self._dry_at = time.monotonic()
 
-    def send(self, task: Task, start: int, to_tail: bool = False) -> None:
-        """Put one task on the readers' queue (or the tail), reading from ``start``."""
+    def send(self, task: Task, start: int, to_tail: bool = False, end: int | None = None) -> None:
+        """Put one task on the readers' queue (or the tail), reading from ``start`` to
+        ``end`` (None: the task's current end)."""
         key = self.key(task)
-        slot = self._slot(key, task)
-        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start, task.end, slot)
+        end = task.end if end is None else end
+        slot = self._slot(key, task.token, end)
+        msg = (self.iteration, key, task.token, task.pass_no, task.chunks, start, end, slot)
         if to_tail:
             self._tail_ids.add(key)
             self.tail.put(msg)
@@ -146,7 +151,7 @@ class ReadAhead:
             self.tasks.put(msg)
             self._dispatched += 1
 
-    def _slot(self, key: int, task: Task) -> int:
+    def _slot(self, key: int, token: int, end: int | None) -> int:
         """The end cell of a task about to be sent, its current end written (-1: none
         free; its reader then reads to the end the message says)."""
         old = self._slots.pop(key, None)
@@ -155,9 +160,9 @@ class ReadAhead:
         if not self._free:
             return -1
         slot = self._free.pop()
-        end = NO_END if task.end is None else task.end
-        self._ends[slot] = end
-        self._slots[key] = (slot, task.token, end)
+        cell = NO_END if end is None else end
+        self._ends[slot] = cell
+        self._slots[key] = (slot, token, cell)
         return slot
 
     def sync_ends(self, held: dict[int, Task]) -> None:
@@ -175,6 +180,7 @@ class ReadAhead:
             if end != written:
                 self._ends[slot] = end
                 self._slots[key] = (slot, token, end)
+                self.moved.append((key, token, end))
 
     def stop_readers(self) -> None:
         """Tell every reader that no more tasks come (once)."""
@@ -198,12 +204,14 @@ class ReadAhead:
         held: list[Task],
         dead_held: set[int],
         taken: dict[tuple[int, int], int],
+        cut: dict[tuple[int, int], int],
     ) -> list[Task]:
         """New readers replace the old ones (one died), on a new queue: every held task
         they were reading, or had queued, is sent to them again from where the loop got
         (``taken``: (task, token) -> samples taken, -1 for a task whose last sample the
-        loop took), but those the dead reader was reading (``dead_held``), returned for
-        the caller to give back. Tasks in the reserve or the tail stay where they are.
+        loop took) up to the end the loop honours for a task it cut (``cut``), but those
+        the dead reader was reading (``dead_held``), returned for the caller to give
+        back. Tasks in the reserve or the tail stay where they are.
 
         Returns:
             The tasks to give back.
@@ -229,7 +237,8 @@ class ReadAhead:
             if key(task) in dead_held:
                 back.append(task)
             else:
-                self.send(task, task.start if n is None else max(n, task.start))
+                start = task.start if n is None else max(n, task.start)
+                self.send(task, start, end=cut.get((key(task), task.token)))
         if self._stopped:  # the old readers were told to stop: so are the new ones
             self._stopped = False
             self.stop_readers()
