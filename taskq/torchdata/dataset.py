@@ -241,16 +241,22 @@ class TaskDataset(IterableDataset[Any]):
                         tags, samples, ctrl = [], [], []
                         continue
                 else:
-                    if not open_ and (ctrl or piece_done):
+                    if not open_ and (ctrl or piece_done or notes):
                         # about to wait for a task with nothing open: what ctrl holds (a
-                        # task read with no sample, as an empty piece of a split task)
-                        # and a piece's last samples must not wait for the next one
+                        # task read with no sample, as an empty piece of a split task),
+                        # a piece's last samples and the ends just honoured must not wait
+                        # for the next one
                         if piece_done and samples and feed.drop_last and feed.batch_size:
                             ctrl += [("done", t, tok, str(k + 1)) for t, tok, k, lst in tags if lst]
                             tags, samples = [], []
-                        yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
-                        tags, samples, ctrl = [], [], []
+                        if samples or ctrl:
+                            yield self._unit(tags, samples, ctrl, collate, feed.batch_size)
+                            tags, samples, ctrl = [], [], []
                         piece_done = False
+                        if notes:
+                            pieces.update(t for _, t, _, _ in notes)
+                            yield [], notes[:], None
+                            notes.clear()
                     msg = source(not open_)
                 if msg is None:
                     break

@@ -259,11 +259,17 @@ class TaskqIter:
         if self.torch_iter is None or self._torch_end:
             return
         feed = self.feed
+        # begun by a reader (being read, or some of it taken by the loop) and not read to
+        # its end by the loop: its reader's units may be on torch's queue
         reading = set().union(*(being_read(feed, i) for i in range(len(feed.finished))))
+        upto = self._upto
         points = {
             (t, tok): end
             for t, tok, end in moved
-            if t in reading and (t, tok) not in self._cut and self.feeder.holds(t, tok)
+            if (t in reading or (t, tok) in upto)
+            and upto.get((t, tok)) != -1
+            and (t, tok) not in self._cut
+            and self.feeder.holds(t, tok)
         }
         if not points:
             return
