@@ -5,14 +5,16 @@ plain job and a 3-shard one."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RedisClusterProcs
+from support import RedisClusterProcs, wait_until
 from torch_helpers import gather, jsonl_reader, rows_of, write_jsonl
 
 import taskq
@@ -277,3 +279,39 @@ def test_acks_commit_holds_until_commit(
     assert sorted(rows) == _everything(files, lines)
     st = cclient.status(job_name)
     assert (st.state, st.done) == ("completed", files)
+
+
+@pytest.mark.parametrize("kind,commit_every", [("plain", 3), ("sharded", 0), ("sharded", 3)])
+def test_a_loaders_task_split_on_either_kind_with_either_acks(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path, kind: str, commit_every: int
+) -> None:
+    """Tail splitting where it meets sharding and acks="commit": a loader (one worker,
+    reading ahead) holds a long task of a job of either kind (and two of one sample, so
+    three shards have a task), an idle plain Trainer joins when the loop took 20 samples
+    and is given the long task's unread end; with acks="commit" the loader's head is
+    acked at a commit. Every sample once across the two, the split counted, the job
+    completed and its audit clean. (The plain job with the loader's default acks:
+    tests/test_torch_split.py.)"""
+    from test_torch_split import IdleTrainer, run_loader
+
+    sizes = [160, 1, 1]
+    chunks, base = [], 0
+    for f, n in enumerate(sizes):
+        path = tmp_path / f"{f}.jsonl"
+        path.write_text("".join(json.dumps({"i": base + k}) + "\n" for k in range(n)))
+        size = path.stat().st_size
+        chunks.append(
+            {"format": "jsonl", "path": str(path), "offset": 0, "length": size, "samples": n}
+        )
+        base += n
+    _create(cclient, job_name, chunks, kind, task_timeout=None)
+    idle = IdleTrainer(curl, job_name)
+    got, _, _ = run_loader(curl, job_name, idle, go_at=20, step_s=0.05, commit_every=commit_every)
+    both = Counter(got) + Counter(idle.ids)
+    assert sorted(both) == list(range(base))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    assert [i for i in idle.ids if i < sizes[0]], f"no piece of the long task: {idle.pieces}"
+    wait_until(lambda: cclient.status(job_name, summaries=0).state == "completed", 10)
+    assert cclient.status(job_name, summaries=0).counters["splits"] >= 1
+    audit = cclient.audit(job_name)
+    assert audit["ok"], audit["checks"]

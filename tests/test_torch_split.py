@@ -83,11 +83,15 @@ def run_loader(
     idle: IdleTrainer,
     go_at: int,
     step_s: float,
+    commit_every: int = 0,
     **loader_kw: Any,
 ) -> tuple[list[int], str | None, Counter[str]]:
     """Read the job's pass with a loader of one worker; ``idle`` is let go once the
-    loop took ``go_at`` samples. Returns the ids the loop got, the loader's state and
-    its counts."""
+    loop took ``go_at`` samples; with ``commit_every`` the loader acks on commit, made
+    every that many batches and at the end. Returns the ids the loop got, the loader's
+    state and its counts."""
+    if commit_every:
+        loader_kw["acks"] = "commit"
     ds = taskq.torch.TaskDataset(job, url=url, shuffle=False)
     got: list[int] = []
     with taskq.torch.DataLoader(
@@ -95,11 +99,15 @@ def run_loader(
     ) as loader:
         it = iter(loader)  # the worker forks here, before the idle trainer's threads
         idle.start()
-        for batch in it:
+        for k, batch in enumerate(it, 1):
             got += [s["i"] for s in batch]
             if len(got) >= go_at:
                 idle.go.set()
             time.sleep(step_s)
+            if commit_every and k % commit_every == 0:
+                loader.commit()
+        if commit_every:
+            loader.commit()
         state, counts = loader.state, Counter(loader.counts)
     idle.go.set()
     idle.join(30)

@@ -131,6 +131,8 @@ def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
         "seed": _int(meta, F.SEED_FULL),
         "auto_advance": meta.get(F.ADVANCE) == "1",
         "manual_clock": meta.get(F.MCLOCK) == "1",
+        "split_tails": meta.get(F.SPLIT, "1") != "0",
+        "backup_leases": _int(meta, F.BACKUP_K) > 0,
     }
     counters = {k: _int(meta, f) for k, f in COUNTERS.items()}
     counters["last_ack_ms"] = _int(meta, F.LAST_ACK)

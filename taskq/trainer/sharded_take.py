@@ -269,6 +269,24 @@ class ShardTaker:
                 if got:
                     return got
                 self._close_idle(k)
+        # a shard at its tail (nothing left to lease, tasks out): only a lease there lets
+        # its engine give this idle trainer the unread end of a long-running task, or a
+        # backup of one (docs/design.md, "Tail splitting"); the busiest such shard a round
+        tails = [
+            k
+            for k in order
+            if sts[k].state == "running"
+            and sts[k].pass_no == pass_no
+            and sts[k].todo + sts[k].reserved == 0
+            and sts[k].leased > 0
+            and (sts[k].config.get("split_tails") or sts[k].config.get("backup_leases"))
+        ]
+        if tails and not reserve:
+            k = max(tails, key=lambda k: sts[k].leased)
+            got = self._lease(k, pass_no, 0, n)
+            if got:
+                return got
+            self._close_idle(k)
         # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
         # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
         # must come faster than that, or a vanished trainer's leases never expire
