@@ -137,6 +137,42 @@ def test_records_per_chunk_scans_and_chunks_carry_records(tmp_path: Path) -> Non
     assert list(data.read_task(chunks)) == [f"line {i}" for i in range(10)] + ["tail"]
 
 
+json_or_blank = st.one_of(
+    st.integers(min_value=-(10**6), max_value=10**6).map(lambda v: json.dumps({"v": v}).encode()),
+    st.sampled_from([b"", b" ", b"\t", b"  \r", b"\x0b \x0c"]),  # blank: no sample
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(json_or_blank, max_size=40),
+    st.sampled_from([b"", b"\n", b"  "]),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=24),
+)
+def test_jsonl_ranges_by_records_say_their_samples(
+    lines: list[bytes], end: bytes, per_chunk: int, block: int
+) -> None:
+    """JSON lines built with records per chunk: each range says its ``samples`` (its
+    lines that are not blank, what its reader yields), counted in the same scan as its
+    records, whatever the read block size (blank lines across block ends); the task's
+    size is their sum (``task_size``: what lets the engine split it)."""
+    content = b"\n".join(lines) + end
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "x.jsonl")
+        Path(path).write_bytes(content)
+        saved, datasets._READ_BLOCK = datasets._READ_BLOCK, block
+        try:
+            chunks = JSONL.chunks([(path, len(content))], records_per_chunk=per_chunk)
+        finally:
+            datasets._READ_BLOCK = saved
+        for c in chunks:
+            assert c["samples"] == len(list(JSONL.read(c))), c
+        values = [json.loads(x) for x in content.split(b"\n") if x.strip()]
+        assert list(data.read_task(chunks)) == values
+        assert data.task_size(chunks) == (len(values) if chunks else None)
+
+
 def test_start_skips_whole_chunks_by_records_without_opening_them(tmp_path: Path) -> None:
     path = tmp_path / "r.txt"
     path.write_text("".join(f"{i}\n" for i in range(9)))

@@ -47,6 +47,9 @@ class LinesReader(Reader):
 
     format = "lines"
     sizing = frozenset({"chunk_bytes", "records_per_chunk"})
+    #: ranges scanned for lines (``records_per_chunk``) also count their samples (the
+    #: lines that are not blank), when those are not the lines themselves
+    counts_samples = False
 
     def chunks(
         self,
@@ -64,10 +67,12 @@ class LinesReader(Reader):
             files: ``(path, size)`` pairs.
             storage_options: passed to fsspec.
             chunk_bytes: bytes per range (>= 1).
-            records_per_chunk: lines per range (>= 1); chunks then carry ``records``.
+            records_per_chunk: lines per range (>= 1); chunks then carry ``records``
+                (and, for jsonl, ``samples``: the lines that are not blank, which
+                makes their tasks splittable at a pass's tail).
 
         Returns:
-            ``{"format", "path", "offset", "length"[, "records"]}`` per range, or
+            ``{"format", "path", "offset", "length"[, "records"[, "samples"]]}`` per range, or
             ``{"format", "path", "compression", "bytes"}`` per compressed file.
 
         Raises:
@@ -91,7 +96,9 @@ class LinesReader(Reader):
                 if size == 0:
                     continue
                 with building(path, storage_options) as f:
-                    ranges = datasets.line_ranges(f, path, size, records_per_chunk)
+                    ranges = datasets.line_ranges(
+                        f, path, size, records_per_chunk, samples=self.counts_samples
+                    )
                 out += [{"format": self.format, **r} for r in ranges]
             else:
                 out += [
@@ -167,6 +174,7 @@ class JsonlReader(LinesReader):
     """``jsonl``: one decoded JSON value per line; blank lines are skipped."""
 
     format = "jsonl"
+    counts_samples = True
 
     def skips(self, line: bytes) -> bool:
         return not line.strip()
