@@ -407,3 +407,37 @@ def test_a_head_acked_after_reading_past_an_end_it_learnt_late_moves_the_point(
         b.ack(piece)
     assert client.status(job_name, summaries=0).state == "completed"
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
+
+
+def test_a_task_with_its_head_acked_and_its_tail_out_is_in_flight_not_todo(
+    client, job_name, tmp_path
+):
+    """Status where splitting meets the counts: a split task whose head is acked while its
+    tail piece is leased is leased, not todo (its tail stands for it); the tail released
+    makes it todo (an orphan to lease); the orphan leased again, in flight again; the tail
+    acked, done, nothing leased. Two tasks: the other one is todo all along."""
+    chunks = write_jsonl(tmp_path / "a.jsonl", 100) + write_jsonl(tmp_path / "b.jsonl", 100)
+    job_of(client, job_name, chunks, chunks_per_task=1)
+    a, b, c = (trainer(client, job_name, w) for w in ("a", "b", "c"))
+    other = c.lease(timeout=0)  # the second task, held apart so the first is the tail
+    assert other is not None
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+
+    def counts() -> tuple[int, int, int]:
+        st = client.status(job_name, summaries=0)
+        return st.todo, st.leased, st.done
+
+    assert counts() == (0, 2, 0)
+    a.progress(task, task.end)
+    a.ack(task)  # the head: its task is not done, its tail is out
+    assert counts() == (0, 2, 0)
+    b.release(piece)  # the tail goes back: the task is to do (its orphan)
+    assert counts() == (1, 1, 0)
+    again = b.lease(timeout=0)
+    assert again is not None and again.id == task.id and again.start == piece.start
+    assert counts() == (0, 2, 0)
+    b.progress(again, again.end)
+    b.ack(again)
+    c.ack(other)
+    assert counts() == (0, 0, 2)
+    assert client.status(job_name, summaries=0).state == "completed"

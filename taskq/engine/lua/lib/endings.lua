@@ -71,6 +71,7 @@ local function survives(task, l, charge)
       mincr(F.C_REVOKED)
       event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
     end
+    if s and s.hd and l.backup then mincr(F.NLEASED, -1) end  -- it stood for its task
     make_dead(task, dead_reason)
     return true
   end
@@ -108,7 +109,8 @@ end
 -- The ends end_held applies (ack, fail, release), with its arguments.
 local function acked_one(task, l, tok, worker)
   -- a piece of a split task: the done bit waits for the other piece's ack
-  if not split_ended(task, l, true, worker, tok) then return end
+  local over, was_split = split_ended(task, l, true, worker, tok)
+  if not over then return end
   -- the count follows the set: a bit already set (never, by construction) adds nothing
   if rcall('SETBIT', K_DONE, task, '1') == 0 then mincr(F.NDONE) end
   local b, ran = sbyte(l.sinces or '', 1), 0  -- (the record's digits: one strtod)
@@ -116,11 +118,14 @@ local function acked_one(task, l, tok, worker)
   observe('dur', ran)
   -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
   -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
-  local d, med = ran * 1000, mnum(F.DUR_MED)
-  if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
-    med = med / 1.05 end
-  -- (kept a whole number of µs, as it is stored: '%d', not '%.0f''s float printer)
-  mput(F.DUR_MED, mfloor(med + 0.5))
+  -- (a split task's tail acked last ran for its piece only: not a task's time)
+  if not (was_split and l.backup) then
+    local d, med = ran * 1000, mnum(F.DUR_MED)
+    if med <= 0 then med = d elseif d > med then med = med * 1.05 elseif d < med then
+      med = med / 1.05 end
+    -- (kept a whole number of µs, as it is stored: '%d', not '%.0f''s float printer)
+    mput(F.DUR_MED, mfloor(med + 0.5))
+  end
   if not counts_empty() then
     rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
   end

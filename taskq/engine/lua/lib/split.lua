@@ -17,7 +17,10 @@
 -- The done bit is set when both pieces are acked; a piece that ends without an ack goes
 -- back: the head to the front (re-leased from the task's progress up to m), the tail to
 -- the orphans (field "s:orph", re-leased from its progress up to n). A task is split at
--- most once per pass attempt. docs/design.md, "Tail splitting".
+-- most once per pass attempt. A task whose head is acked while its tail piece is leased
+-- is still in flight: the tail stands for it in nleased (not counted in todo, and an idle
+-- trainer's wait stays bounded), from the head's ack (or the orphan's lease) to the
+-- tail's end. docs/design.md, "Tail splitting".
 
 -- The task's split record of this round, or nil (one HGET, only in a pass attempt that
 -- granted a backup or a piece); with `s`, writes it.
@@ -38,20 +41,29 @@ local function split_rec(task, s)
           cf = cf == '1'}
 end
 
--- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."), as a
--- list; with `list`, writes it.
-local function split_orphans(list)
+-- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."): the
+-- first ten as a list, and the rest as they are written (bounded work per call, however
+-- many are orphaned); with `list` (and `rest`), writes them.
+local function split_orphans(list, rest)
   if list then
-    rcall('HSET', K_LEASES, 's:orph', round_s() .. '|' .. table.concat(list, ' '))
+    local body = tconcat(list, ' ')
+    if rest and rest ~= '' then body = body == '' and rest or body .. ' ' .. rest end
+    rcall('HSET', K_LEASES, 's:orph', round_s() .. '|' .. body)
     return list
   end
   local out = {}
   local rec = rcall('HGET', K_LEASES, 's:orph')
-  if not rec then return out end
-  local r, rest = smatch(rec, '^([^|]*)|(.*)$')
-  if r ~= round_s() then return out end
-  for t in string.gmatch(rest, '%d+') do out[#out + 1] = t end
-  return out
+  if not rec then return out, '' end
+  local r, body = smatch(rec, '^([^|]*)|(.*)$')
+  if r ~= round_s() then return out, '' end
+  local pos = 1
+  for _ = 1, 10 do
+    local a, b = sfind(body, '%d+', pos)
+    if not a then break end
+    out[#out + 1] = ssub(body, a, b)
+    pos = b + 1
+  end
+  return out, smatch(ssub(body, pos), '^ *(.-) *$')
 end
 
 -- The split half of take_leases: an orphaned tail piece first, else a new split of the
@@ -62,24 +74,23 @@ local function take_split(worker, winc, call_no)
   if mget(F.SPLIT) == '0' then return nil end
   local task, s, attempts = nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
-    local orph, keep = split_orphans(), {}
-    for k, t in lipairs(orph) do
-      -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
-      local sp = k <= 10 and split_rec(t)
+    -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
+    local orph, rest = split_orphans()
+    local keep = {}
+    for _, t in lipairs(orph) do
+      local sp = split_rec(t)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
       local h = sp and not sp.td and not lease_is_current(b)
         and parse_lease(rcall('HGET', K_LEASES, t))
-      if k > 10 then
-        keep[#keep + 1] = t
       -- (never both pieces to one worker: they share its owned entry)
-      elseif h and not task and not (lease_is_current(h) and h.worker == worker) then
+      if h and not task and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
         keep[#keep + 1] = t  -- still to lease (a stale entry is dropped)
       end
     end
-    if #keep < #orph then split_orphans(keep) end
+    if #keep < #orph then split_orphans(keep, rest) end
   end
   if not task then
     for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
@@ -115,6 +126,7 @@ local function take_split(worker, winc, call_no)
     if not task then return nil end
   else
     mincr(F.P_BACKUPS)
+    if s.hd then mincr(F.NLEASED) end  -- an orphan of an acked head: its task in flight
   end
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
@@ -127,7 +139,7 @@ local function take_split(worker, winc, call_no)
 end
 
 -- A piece of a split task ended: acked (true when the task is now done: both pieces
--- acked, or not split) or not (survives, once the ending was charged and the task is not
+-- acked, or not split; and true second when it was split) or not (survives, once the ending was charged and the task is not
 -- dead: the piece goes back, the head to the front, the tail to the orphans).
 local function split_ended(task, l, acked, worker, tok)
   local s = split_rec(task)
@@ -148,14 +160,20 @@ local function split_ended(task, l, acked, worker, tok)
     end
     if l.backup then s.td = true else s.hd = true end
     split_rec(task, s)
-    if s.hd and s.td then return true end
+    if s.hd and s.td then
+      if l.backup then mincr(F.NLEASED, -1) end  -- the tail stood for its task
+      return true, true
+    end
+    -- a head acked with its tail out: the tail stands for the task in nleased
+    if not l.backup and other_lease(task, l) then mincr(F.NLEASED) end
     event_task('piece_acked', task, worker, tok)
     return false
   end
   if l.backup then
-    local orph = split_orphans()
-    orph[#orph + 1] = task
-    split_orphans(orph)
+    if s.hd then mincr(F.NLEASED, -1) end  -- the tail stood for its task
+    local orph, rest = split_orphans()
+    if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
+    split_orphans(orph, rest)
   else
     -- the head's next holder starts from its recorded progress and is told the split
     -- point in its lease: the split stands (confirmed)
