@@ -96,7 +96,9 @@ def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> 
     torch.manual_seed(int(index))
     torch.set_num_threads(1)
     model = torch.nn.Linear(1, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # (a step large enough that a trainer joining late, with a fresh model, is near the
+    # line within a pass: the loss per pass falls whoever finished it)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ds = taskq.torch.TaskDataset(
         job, to_tensors, client=taskq.Client(url, key_prefix=prefix or None)
     )
@@ -171,7 +173,16 @@ def run(url: str | None, prefix: str | None) -> bool:
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
             )
 
-        for i in range(3):
+        # trainer 0 first, the others once its loop took a batch: whatever the machine's
+        # load (a slow start), the trainer to SIGKILL holds work when the others come
+        # (fast, they would otherwise take the whole pass, splitting its tasks first)
+        spawn(0)
+        _wait(
+            lambda: _lines(os.path.join(run_dir, "trainer-0.log")) >= 1,
+            "a batch taken by trainer 0",
+            procs,
+        )
+        for i in (1, 2):
             spawn(i)
         _wait(
             lambda: (
