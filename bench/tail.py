@@ -22,7 +22,7 @@ delivered). Goal (issue 30): the splitting row <= 1.15 x with 0 samples taken tw
 
 Usage: .venv/bin/python bench/tail.py [--trainers 8] [--tasks 160] [--task-ms 100]
            [--slow 10] [--repeat 1] [--torch [--samples 64] [--batch 8] [--workers 1]
-           [--tasks-ahead N]]
+           [--tasks-ahead N] [--shuffle]]
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def _loader(
     batch: int,
     workers: int,
     tasks_ahead: int | None,
+    shuffle: bool,
     ready: Any,
     go: Any,
     out: str,
@@ -142,7 +143,7 @@ def _loader(
     import taskq.torch  # imported by the bench before the fork
 
     ds = taskq.torch.TaskDataset(
-        job, url=url, shuffle=False, trainer_options={"handle_signals": False}
+        job, url=url, shuffle=shuffle, trainer_options={"handle_signals": False}
     )
     got: list[list[int]] = []
     handed_on = 0
@@ -194,6 +195,7 @@ def torch_trial(
                     a.batch,
                     a.workers,
                     a.tasks_ahead,
+                    a.shuffle,
                     ready,
                     go,
                     outs[i],
@@ -297,6 +299,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="--torch: samples a batch")
     ap.add_argument("--workers", type=int, default=1, help="--torch: DataLoader workers")
     ap.add_argument("--tasks-ahead", type=int, default=None, help="--torch: tasks_ahead=")
+    ap.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="--torch: shuffle=True (the loader's default: samples shuffled per task, two "
+        "tasks interleaved a reader; without it, tasks read in order, one at a time)",
+    )
     ap.add_argument(
         "--heartbeat",
         type=float,

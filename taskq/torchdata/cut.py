@@ -14,9 +14,12 @@ each sample once, and this loop no longer steps through the read-ahead at its ow
 
 A collated batch cannot be taken apart, so a unit that mixes a kept sample with one past a
 point is delivered whole, and so is everything before it of the same task (a task's
-samples reach the loop in increasing position, without a gap): with ``interleave`` > 1
-(``shuffle=True``) batches mix tasks and a cut is found less often; the reader's own
-``"end"`` entry (keep what was read) applies then, as before.
+samples reach the loop in increasing position, without a gap). With ``interleave`` > 1
+(``shuffle=True``) batches mix the open tasks: at a pass's tail a straggler's open tasks
+are usually all split, and the points wait for each other (iteration.py keeps a split
+task's point until it is cut or read), while a reader opens no task beside one whose
+end moved (dataset.py), so its last batches hold split tasks' samples only. Where no cut
+is found, the reader's own ``"end"`` entry applies: the loop keeps what was read.
 
 Data flow: workers (dataset.py) -> torch's result queue -> iteration.py -> plan() ->
 the loop; the honoured end -> feeder.py -> the engine.

@@ -108,10 +108,12 @@ class _Open:
     """One task being read: its samples in delivery order, one looked ahead (to know
     which is the last)."""
 
-    __slots__ = ("task_id", "token", "samples", "ahead")
+    __slots__ = ("task_id", "token", "samples", "ahead", "slot")
 
-    def __init__(self, task_id: int, token: int, samples: Iterator[tuple[int, Any]]) -> None:
-        self.task_id, self.token, self.samples = task_id, token, samples
+    def __init__(
+        self, task_id: int, token: int, samples: Iterator[tuple[int, Any]], slot: int = -1
+    ) -> None:
+        self.task_id, self.token, self.samples, self.slot = task_id, token, samples, slot
         self.ahead: Any = next(samples, _END)
 
 
@@ -232,8 +234,18 @@ class TaskDataset(IterableDataset[Any]):
         size = feed.batch_size or 1
         collate = feed.collate_fn or (default_collate if feed.batch_size else default_convert)
         transform, interleave = self.transform, self.interleave
+        ends = feed.ends
         while True:
-            while not stopped and len(open_) < interleave:
+            # no task is opened beside a piece or a task whose end moved (its cell says
+            # an end): their last samples then share batches with none but each other's,
+            # which the loop's process may drop whole (cut.py)
+            while (
+                not stopped
+                and len(open_) < interleave
+                and not (
+                    ends is not None and any(ends[t.slot] != NO_END for t in open_ if t.slot >= 0)
+                )
+            ):
                 if not open_ and flush_when_idle and (samples or ctrl):
                     msg = source(False)
                     if msg is None:
@@ -266,6 +278,8 @@ class TaskDataset(IterableDataset[Any]):
                 task = self._open(msg, ctrl, feed.ends, notes)
                 if msg[6] is not None:
                     pieces.add(msg[1])
+                if notes:
+                    pieces.update(c[1] for c in notes)
                 if task is None:
                     finished(msg[1])
                 elif task.ahead is _END:
@@ -289,6 +303,8 @@ class TaskDataset(IterableDataset[Any]):
             try:
                 sample = raw if transform is None else transform(raw)
                 task.ahead = ahead = next(task.samples, _END)
+                if notes:
+                    pieces.update(c[1] for c in notes)
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
@@ -300,9 +316,7 @@ class TaskDataset(IterableDataset[Any]):
             if last:
                 open_.remove(task)
                 finished(task.task_id)
-                if (pieces or notes) and (
-                    task.task_id in pieces or any(c[1] == task.task_id for c in notes)
-                ):
+                if pieces and task.task_id in pieces:
                     # a piece read to its end, or a task whose end moved (an "end" entry
                     # made just now): its last samples go out in a batch of their own,
                     # which the loop's process may drop whole (cut.py)
@@ -357,11 +371,12 @@ class TaskDataset(IterableDataset[Any]):
                     task_id,
                     token,
                     bounded(iter([(k, items[order[k]]) for k in range(start, stop)])),
+                    slot,
                 )
             samples = iter(self.reader(chunks, start))
             if end is not None:  # a piece of a split task: up to its end (fixed at its grant)
                 samples = itertools.islice(samples, max(0, end - start))
-            return _Open(task_id, token, bounded(enumerate(samples, start)))
+            return _Open(task_id, token, bounded(enumerate(samples, start)), slot)
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None

@@ -77,6 +77,9 @@ class TaskqIter:
         self._torch_end = False
         #: tasks cut here: (task, token) -> the end honoured (their later entries ignored)
         self._cut: dict[Pair, int] = {}
+        #: split tasks being read and not cut yet: (task, token) -> the split point (a
+        #: later split of another task they share batches with may cut both)
+        self._points: dict[Pair, int] = {}
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
         # is gone): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
@@ -255,17 +258,19 @@ class TaskqIter:
         torch's queue until each one's reading ended there (a few: the workers' read-ahead
         and the batch that ends the task), drop those past the points (cut.py) and report
         each cut task's honoured end at once (the split's confirmation)."""
-        moved = self.feeder.moved_ends()
+        for t, tok, end in self.feeder.moved_ends():
+            self._points[t, tok] = end
         if self.torch_iter is None or self._torch_end:
+            self._points.clear()
             return
         feed = self.feed
         # begun by a reader (being read, or some of it taken by the loop) and not read to
         # its end by the loop: its reader's units may be on torch's queue
         reading = set().union(*(being_read(feed, i) for i in range(len(feed.finished))))
         upto = self._upto
-        points = {
+        self._points = points = {
             (t, tok): end
-            for t, tok, end in moved
+            for (t, tok), end in self._points.items()
             if (t in reading or (t, tok) in upto)
             and upto.get((t, tok)) != -1
             and (t, tok) not in self._cut
@@ -273,6 +278,7 @@ class TaskqIter:
         }
         if not points:
             return
+        points = dict(points)
         units = list(self._ahead)
         depth = getattr(self.torch_iter, "_prefetch_factor", 2) * max(1, len(feed.finished))
         bound = len(units) + 4 * depth + 4
@@ -298,6 +304,7 @@ class TaskqIter:
         counts["samples_handed_on"] += dropped
         for (task_id, token), end in ends.items():
             self._cut[task_id, token] = end
+            self._points.pop((task_id, token), None)
             self.feeder.honour(task_id, token, end)
         log.debug(
             "job %s: cut at %s, %d samples read ahead left to the tails' holders",
@@ -393,6 +400,8 @@ class TaskqIter:
             if kind in ("end", "done") and (task_id, token) in self._cut:
                 continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
+                if int(text) <= self._points.get((task_id, token), -1):
+                    del self._points[task_id, token]  # its reader stops at the point itself
                 self.feeder.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):
