@@ -1,9 +1,11 @@
 """Tail splitting through taskq.torch: a loader's task split while its DataLoader worker
 reads it (by an idle plain Trainer, or an idle loader), every sample delivered once
-across the pieces' holders; a split point the worker had already read past.
+across the pieces' holders; a split point the worker had already read past (the batches
+past it dropped in the loop's process and read by the idle trainer); the cut's rule.
 
-Real parts: the suite's redis-server, real DataLoader worker processes, JSONL files read
-by ``taskq.data.read_task`` (their chunks say their samples: the tasks can be split).
+Real parts: the suite's redis-server, real DataLoader worker processes, JSONL and Parquet
+files read by ``taskq.data.read_task`` (their chunks say their samples: the tasks can be
+split).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from data_files import write_parquet
 from support import wait_until
 from test_split import write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.data import read_task
+from taskq.data import build_chunks, read_task
 
 
 def jsonl_task(path: Path, n: int) -> list[dict[str, Any]]:
@@ -141,15 +144,24 @@ def test_a_loaders_task_split_by_an_idle_trainer_is_delivered_once(client, url, 
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
 
 
-def test_batches_read_past_the_split_point_go_to_the_idle_trainer(client, url, job_name, tmp_path):
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_batches_read_past_the_split_point_go_to_the_idle_trainer(
+    client, url, job_name, tmp_path, fmt
+):
     """The loader's worker reads far ahead of the loop (prefetch_factor 6 x batches of 4)
     on a short task: when the idle trainer splits it, the worker has read past the point
     the engine picks from the recorded progress. The loop is not handed the batches past
     the point (they stay on torch's queue until the loop's iterator drops them, cut.py):
     the idle trainer reads them again from where the loop stopped, and the loop does not
-    step through them. No sample twice, none skipped, the pieces meet."""
+    step through them. No sample twice, none skipped, the pieces meet. JSONL (a chunk that
+    says its samples) and Parquet (row groups of 10: the reader's ranges start inside
+    one)."""
     n = 64
-    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    if fmt == "jsonl":
+        chunks = jsonl_task(tmp_path / "a.jsonl", n)
+    else:
+        chunks = build_chunks(write_parquet(tmp_path / "a.parquet", rows=n, row_group_size=10))
+    make_job(client, job_name, chunks, chunks_per_task=len(chunks))
     idle = IdleTrainer(url, job_name)
     got, _, counts = run_loader(url, job_name, idle, go_at=28, step_s=0.1, prefetch_factor=6)
     both = Counter(got) + Counter(idle.ids)
