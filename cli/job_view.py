@@ -66,7 +66,8 @@ def status_table(status: JobStatus) -> Table:
         f"{cfg.get('heartbeat_interval')}s, task_timeout {tt}, "
         f"max_failures {cfg.get('max_failures')}, max_attempts "
         f"{cfg.get('max_attempts')}, shuffle {cfg.get('shuffle')}, "
-        f"auto_advance {cfg.get('auto_advance')}",
+        f"auto_advance {cfg.get('auto_advance')}, split_tails {cfg.get('split_tails')}, "
+        f"backup_leases {cfg.get('backup_leases')}",
     )
     c = status.counters
     table.add_row("counters", ", ".join(f"{k} {v}" for k, v in c.items() if not k.endswith("_ms")))
