@@ -61,11 +61,35 @@ def test_nothing_is_reclaimed_before_it_is_due(client, job_name):
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     a.lease(timeout=0)
     client.advance_clock(job_name, 999)
+    b.heartbeat()  # (b's heartbeats renew it, its leases do not: docs/design.md)
     b.lease(timeout=0)
     assert counters(client, job_name)["expired_worker_lost"] == 0
     client.advance_clock(job_name, 2)
     b.heartbeat()
     assert counters(client, job_name)["expired_worker_lost"] == 1
+
+
+def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name):
+    """A lease call does not renew its worker (heartbeats do): past its deadline it is
+    lost, also when the call's reclaim stopped at its budget before reaching it."""
+    from taskq.engine.contract import LAZY_RECLAIM, Code
+
+    make_job(client, job_name, n=LAZY_RECLAIM + 4, worker_ttl=1.0, heartbeat_interval=0.25)
+    holders = [trainer(client, job_name, f"h{i}") for i in range(LAZY_RECLAIM + 2)]
+    for t in holders:
+        assert t.lease(timeout=0) is not None
+    late = trainer(client, job_name, "late")  # the latest deadline: reclaimed last
+    client.advance_clock(job_name, 1001)
+    who = [late.job_incarnation, "late", late.incarnation]
+    reply = client.run(
+        job_name,
+        "lease",
+        [*who, 1, 10**6, "S", -1, late._session.secret],
+        passthrough=(Code.REREGISTER,),
+    )
+    assert reply[0] == Code.REREGISTER
+    assert counters(client, job_name)["expired_worker_lost"] == LAZY_RECLAIM
+    assert client.status(job_name).leased == 2  # nothing granted to the lost worker
 
 
 def test_calls_go_on_after_redis_restarts_under_the_kept_connection(own_redis, job_name):
@@ -156,6 +180,7 @@ def test_auto_task_timeout_is_ten_times_the_p99_bucket(client, job_name):
         task = t.lease(timeout=0)
         assert task is not None
         client.advance_clock(job_name, 10_000)
+        t.heartbeat()  # (its heartbeats keep it alive through 200 s, not its calls)
         t.ack(task)
     status = client.status(job_name, summaries=0)
     assert status.config["auto_task_timeout_s"] == 100.0
@@ -188,12 +213,13 @@ def test_counters_that_come_back_are_correct_in_the_hash(client, job_name):
 
 
 def test_a_worker_whose_member_is_gone_is_lost_not_renewed(client, job_name):
-    """Renewing with ZADD XX never re-adds a worker the server removed: its next call is
-    answered as a lost worker's (it re-registers under a new incarnation)."""
+    """Renewing with ZADD XX never re-adds a worker the server removed: its next heartbeat
+    is answered as a lost worker's (it re-registers under a new incarnation)."""
     make_job(client, job_name, n=3)
     t = trainer(client, job_name, "a")
     old = t.incarnation
     client.redis.zrem(client.keys(job_name).workers, f"a|{old}")
+    t.heartbeat()
     assert t.lease(timeout=0) is not None
     assert t.incarnation != old
     assert client.redis.zscore(client.keys(job_name).workers, f"a|{old}") is None
