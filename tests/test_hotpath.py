@@ -212,6 +212,37 @@ def test_counters_that_come_back_are_correct_in_the_hash(client, job_name):
     assert (status.leased, status.reserved, status.done) == (0, 0, 3)
 
 
+def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name):
+    """A batch's lease writes are gathered into one command per key (lib/leases.lua
+    lw_flush): what it leases and acks lands in every index, and a task listed twice in
+    one ack is acked once (the second listing reads the record the first wrote: DUP)."""
+    from taskq.engine.contract import Code
+
+    make_job(client, job_name, n=20)
+    t = trainer(client, job_name, "a")
+    keys = client.keys(job_name)
+    batches = t.batches(8)
+    first = next(batches)
+    assert len(first) == 8
+    assert client.redis.zcard(keys.owned) == 8 and client.redis.zcard(keys.started) == 8
+    assert client.status(job_name, summaries=0).leased == 8
+    a, b = first[0], first[1]
+    who = [t.job_incarnation, "a", t.incarnation]
+    reply = client.run(
+        job_name,
+        "ack",
+        [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]
+        + [t._session.secret],
+    )
+    assert reply[4] == [Code.OK, Code.DUP, Code.OK]
+    status = client.status(job_name, summaries=0)
+    assert (status.done, status.leased, status.counters["acked"]) == (2, 6, 2)
+    assert status.counters["stale"] == 0
+    assert client.redis.zcard(keys.owned) == 6 and client.redis.zcard(keys.started) == 6
+    assert client.audit(job_name)["ok"]
+    t.close()
+
+
 def test_a_worker_whose_member_is_gone_is_lost_not_renewed(client, job_name):
     """Renewing with ZADD XX never re-adds a worker the server removed: its next heartbeat
     is answered as a lost worker's (it re-registers under a new incarnation)."""

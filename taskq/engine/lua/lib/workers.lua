@@ -2,7 +2,7 @@
 
 -- A worker's record (HASH winfo, field worker) is
 -- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn[|witness]": its incarnation,
--- ttl (a string), drain flag and lease secret digest (secret_digest; '' in a record
+-- ttl (a string), drain flag and lease secret digest (use_secret; '' in a record
 -- written before lease secrets), or nil when there is none (conn, witness: set_conn).
 -- `rec`: the record read already in this call (false: none), unless a write since
 -- (WINFO_WRITTEN) may have changed it.
