@@ -186,6 +186,30 @@ def test_auto_task_timeout_is_ten_times_the_p99_bucket(client, job_name):
     assert status.config["auto_task_timeout_s"] == 100.0
 
 
+def test_a_batch_of_acks_counts_as_its_acks_one_by_one(client, job_name):
+    """A batch's ack counts are made once (lib/endings.lua acks_counted): the done count,
+    the histogram, the counters and the auto timeout, recomputed once where the batch
+    passes the 20th ack, are what 24 single acks make."""
+    make_job(client, job_name, n=30, task_timeout="auto", worker_ttl=60.0)
+    t = trainer(client, job_name, "w")
+    batches = t.batches(8)
+    held = next(batches)
+    for _ in range(3):
+        client.advance_clock(job_name, 10_000)
+        t.heartbeat()
+        held = next(batches)  # acks the 8 held, leases 8 more
+    assert len(held) == 6  # the last 6 of 30
+    status = client.status(job_name, summaries=0)
+    assert (status.done, status.counters["acked"], status.leased) == (24, 24, 6)
+    assert status.config["auto_task_timeout_s"] == 100.0
+    keys = client.keys(job_name)
+    hist = client.redis.hgetall(keys.hist)
+    assert sum(int(v) for f, v in hist.items() if f.startswith("dur:")) == 24
+    assert client.redis.hget(keys.meta, "dur_sum") == str(24 * 10_000)
+    assert client.audit(job_name)["ok"]
+    t.close()
+
+
 def test_meta_hash_is_kept_in_the_hashtable_encoding(client, job_name):
     """A create writes the padding field, so the meta hash's ~30 reads per call are O(1);
     a job created without it (an older taskq) gets it from its first register."""

@@ -1,5 +1,5 @@
 -- leases.lua: lease records, tokens, task timeouts, the owned / started / reserved
--- indexes, ending a lease (end_lease, end_held). Where the task goes then is
+-- indexes, ending a lease (end_lease; end_held, endings.lua). Where the task goes then is
 -- endings.lua's; whose a write is (the caller's lease secret) is secrets.lua's.
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
@@ -245,40 +245,3 @@ local function end_lease(task, l, kind, buf)
   rcall('HSET', K_LEASES, task, rec)
 end
 
--- Ends the leases a worker lists, (task, token) pairs from ARGV[first + 1] on: each one
--- it holds (with its secret, use_secret) gets its ended record (kind A | F | R) and then
--- `on_end(task, lease, token, worker, n, note)` (one of the *_one functions below, defined
--- once in the library rather than as a closure on every call); any other is a quiet
--- repeat or stale (op names it in the stale event). Returns the result per pair (C.OK,
--- C.DUP or C.STALE).
--- A batch of acks in a pass attempt without backups or splits (whose acks read and write
--- other records: acked_one) reads its records in one HMGET and gathers its writes
--- (lw_new); a task listed twice reads the record its first listing wrote.
-local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
-  local out = {}
-  local buf, recs = nil, nil
-  if n > 1 and kind == 'A' and mnum(F.P_BACKUPS) == 0 then
-    buf = lw_new()
-    local tasks = {}
-    for k = 1, n do tasks[k] = argv[first + 2 * k - 1] end
-    recs = rcall('HMGET', K_LEASES, unpk(tasks))  -- (checked ids: a read before the checks)
-  end
-  for k = 1, n do
-    local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
-    local l
-    if buf then  -- (lease_for without backups: the task's record)
-      l = parse_lease(buf.p[task] or recs[k], worker, winc, tok)
-    else
-      l = lease_for(task, worker, winc, tok)
-    end
-    if holds_secret(l, worker, winc, tok) then
-      end_lease(task, l, kind, buf)
-      on_end(task, l, tok, worker, n, note)
-      out[k] = C.OK
-    else
-      out[k] = repeat_or_stale(task, l, kind, worker, winc, tok, op)
-    end
-  end
-  if buf then lw_flush(buf) end
-  return out
-end
