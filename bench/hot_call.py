@@ -47,6 +47,7 @@ def measure(shape: str, tasks: int) -> dict[str, Any]:
             prefetch=prefetch,
             heartbeat=False,
             handle_signals=False,
+            worker_ttl=3600,  # no heartbeats, and lease / ack do not renew a worker
         )
         items: Iterator[Any] = iter(trainer) if batch == 1 else trainer.batches(batch)
         seen = 0

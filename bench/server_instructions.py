@@ -113,8 +113,15 @@ def measure(shape: str, calls: int, keep: str = "") -> dict[str, float]:
         client.create_job("cg", [{"i": i} for i in range(calls * 16 + 2_000)], passes=None)
         batch = 16 if shape.startswith("batches") else 1
         prefetch = int(shape.split()[1]) if shape.startswith("prefetch") else 0
+        # no heartbeats (a second's cost, not a call's), so an hour's ttl: lease and ack do
+        # not renew a worker, and under valgrind the window runs past the 5 s default
         trainer = taskq.Trainer(
-            "cg", url=url, prefetch=prefetch, heartbeat=False, handle_signals=False
+            "cg",
+            url=url,
+            prefetch=prefetch,
+            heartbeat=False,
+            handle_signals=False,
+            worker_ttl=3600,
         )
         items = iter(trainer) if batch == 1 else trainer.batches(batch)
         for _ in range(100):

@@ -41,6 +41,7 @@ def one(tasks: int, shape: str) -> None:
             prefetch=1 if shape == "p1" else 0,
             heartbeat=False,
             handle_signals=False,
+            worker_ttl=3600,  # no heartbeats, and lease / ack do not renew a worker
         )
         if shape == "p1":
             items = iter(trainer)

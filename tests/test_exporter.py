@@ -94,6 +94,7 @@ def run_scenario(
         task = a.lease(timeout=1)
         assert task is not None
         client.advance_clock(job, 1500)
+        a.heartbeat()  # (heartbeats renew a worker, its leases and acks do not)
         a.ack(task)
     task = a.lease(timeout=1)
     assert task is not None

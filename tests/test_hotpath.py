@@ -61,11 +61,35 @@ def test_nothing_is_reclaimed_before_it_is_due(client, job_name):
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     a.lease(timeout=0)
     client.advance_clock(job_name, 999)
+    b.heartbeat()  # (b's heartbeats renew it, its leases do not: docs/design.md)
     b.lease(timeout=0)
     assert counters(client, job_name)["expired_worker_lost"] == 0
     client.advance_clock(job_name, 2)
     b.heartbeat()
     assert counters(client, job_name)["expired_worker_lost"] == 1
+
+
+def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name):
+    """A lease call does not renew its worker (heartbeats do): past its deadline it is
+    lost, also when the call's reclaim stopped at its budget before reaching it."""
+    from taskq.engine.contract import LAZY_RECLAIM, Code
+
+    make_job(client, job_name, n=LAZY_RECLAIM + 4, worker_ttl=1.0, heartbeat_interval=0.25)
+    holders = [trainer(client, job_name, f"h{i}") for i in range(LAZY_RECLAIM + 2)]
+    for t in holders:
+        assert t.lease(timeout=0) is not None
+    late = trainer(client, job_name, "late")  # the latest deadline: reclaimed last
+    client.advance_clock(job_name, 1001)
+    who = [late.job_incarnation, "late", late.incarnation]
+    reply = client.run(
+        job_name,
+        "lease",
+        [*who, 1, 10**6, "S", -1, late._session.secret],
+        passthrough=(Code.REREGISTER,),
+    )
+    assert reply[0] == Code.REREGISTER
+    assert counters(client, job_name)["expired_worker_lost"] == LAZY_RECLAIM
+    assert client.status(job_name).leased == 2  # nothing granted to the lost worker
 
 
 def test_calls_go_on_after_redis_restarts_under_the_kept_connection(own_redis, job_name):
@@ -156,9 +180,34 @@ def test_auto_task_timeout_is_ten_times_the_p99_bucket(client, job_name):
         task = t.lease(timeout=0)
         assert task is not None
         client.advance_clock(job_name, 10_000)
+        t.heartbeat()  # (its heartbeats keep it alive through 200 s, not its calls)
         t.ack(task)
     status = client.status(job_name, summaries=0)
     assert status.config["auto_task_timeout_s"] == 100.0
+
+
+def test_a_batch_of_acks_counts_as_its_acks_one_by_one(client, job_name):
+    """A batch's ack counts are made once (lib/endings.lua acks_counted): the done count,
+    the histogram, the counters and the auto timeout, recomputed once where the batch
+    passes the 20th ack, are what 24 single acks make."""
+    make_job(client, job_name, n=30, task_timeout="auto", worker_ttl=60.0)
+    t = trainer(client, job_name, "w")
+    batches = t.batches(8)
+    held = next(batches)
+    for _ in range(3):
+        client.advance_clock(job_name, 10_000)
+        t.heartbeat()
+        held = next(batches)  # acks the 8 held, leases 8 more
+    assert len(held) == 6  # the last 6 of 30
+    status = client.status(job_name, summaries=0)
+    assert (status.done, status.counters["acked"], status.leased) == (24, 24, 6)
+    assert status.config["auto_task_timeout_s"] == 100.0
+    keys = client.keys(job_name)
+    hist = client.redis.hgetall(keys.hist)
+    assert sum(int(v) for f, v in hist.items() if f.startswith("dur:")) == 24
+    assert client.redis.hget(keys.meta, "dur_sum") == str(24 * 10_000)
+    assert client.audit(job_name)["ok"]
+    t.close()
 
 
 def test_meta_hash_is_kept_in_the_hashtable_encoding(client, job_name):
@@ -187,13 +236,45 @@ def test_counters_that_come_back_are_correct_in_the_hash(client, job_name):
     assert (status.leased, status.reserved, status.done) == (0, 0, 3)
 
 
+def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name):
+    """A batch's lease writes are gathered into one command per key (lib/leases.lua
+    lw_flush): what it leases and acks lands in every index, and a task listed twice in
+    one ack is acked once (the second listing reads the record the first wrote: DUP)."""
+    from taskq.engine.contract import Code
+
+    make_job(client, job_name, n=20)
+    t = trainer(client, job_name, "a")
+    keys = client.keys(job_name)
+    batches = t.batches(8)
+    first = next(batches)
+    assert len(first) == 8
+    assert client.redis.zcard(keys.owned) == 8 and client.redis.zcard(keys.started) == 8
+    assert client.status(job_name, summaries=0).leased == 8
+    a, b = first[0], first[1]
+    who = [t.job_incarnation, "a", t.incarnation]
+    reply = client.run(
+        job_name,
+        "ack",
+        [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]
+        + [t._session.secret],
+    )
+    assert reply[4] == [Code.OK, Code.DUP, Code.OK]
+    status = client.status(job_name, summaries=0)
+    assert (status.done, status.leased, status.counters["acked"]) == (2, 6, 2)
+    assert status.counters["stale"] == 0
+    assert client.redis.zcard(keys.owned) == 6 and client.redis.zcard(keys.started) == 6
+    assert client.audit(job_name)["ok"]
+    t.close()
+
+
 def test_a_worker_whose_member_is_gone_is_lost_not_renewed(client, job_name):
-    """Renewing with ZADD XX never re-adds a worker the server removed: its next call is
-    answered as a lost worker's (it re-registers under a new incarnation)."""
+    """Renewing with ZADD XX never re-adds a worker the server removed: its next heartbeat
+    is answered as a lost worker's (it re-registers under a new incarnation)."""
     make_job(client, job_name, n=3)
     t = trainer(client, job_name, "a")
     old = t.incarnation
     client.redis.zrem(client.keys(job_name).workers, f"a|{old}")
+    t.heartbeat()
     assert t.lease(timeout=0) is not None
     assert t.incarnation != old
     assert client.redis.zscore(client.keys(job_name).workers, f"a|{old}") is None

@@ -45,6 +45,7 @@ def tail(client: taskq.Client, job: str) -> tuple[taskq.Trainer, taskq.Trainer, 
         client.advance_clock(job, 100)
         fast.ack(task)
     slow.heartbeat()
+    fast.heartbeat()  # (heartbeats renew a worker, its leases and acks do not)
     s = client.status(job, summaries=0)
     assert (s.done, s.leased, s.todo) == (N - 1, 1, 0)
     return fast, slow, straggler

@@ -9,8 +9,8 @@ worker registered on as its *witness* once the heartbeats go out on another
 (``lua/conns.lua``, bounded batches), looks only those up with ``CLIENT LIST ID ...``
 (at most ``batch`` ids a call, never the whole list), and declares a worker lost
 (``lua/closed.lua``, fenced on its incarnation and connection id) when a connection it
-has seen carrying the worker's name has been gone for ``grace`` and the worker has made
-no call for ``quiet`` heartbeat intervals and ``quiet_ttl`` of its own ttl. Heartbeats
+has seen carrying the worker's name has been gone for ``grace`` and the worker has sent
+no heartbeat for ``quiet`` heartbeat intervals and ``quiet_ttl`` of its own ttl. Heartbeats
 and the ttl stay the backstop.
 
 A closed connection is evidence, not a verdict: it counts only if the connection was
@@ -131,7 +131,8 @@ class ConnWatch:
             one: a cluster client turns the watch off).
         grace: seconds a seen connection must stay gone; None: half the job's heartbeat
             interval.
-        quiet: the worker must also have made no call for this many heartbeat intervals,
+        quiet: the worker must also have sent no heartbeat (nor registered) for this many
+            heartbeat intervals,
         quiet_ttl: ... and for this fraction of its own ttl (a trainer given a long ttl
             for long steps is judged against it).
         recheck: seconds between looks while the watch is off.

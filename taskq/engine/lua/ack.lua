@@ -41,8 +41,8 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1], true)
 if err then return done({err}) end
-reclaim(LAZY_RECLAIM)
-local ws = touch_worker(worker, winc, true, wrec or false)
+local _, left = reclaim(LAZY_RECLAIM)
+local ws = touch_worker(worker, winc, true, wrec or false, false, left)
 
 local acks = end_held(ARGV, ack_args, n_acks, worker, winc, 'A', 'ack', acked_one)
 if n_acks > 0 then check_pass_end() end

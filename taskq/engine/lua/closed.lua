@@ -4,7 +4,7 @@
 -- ARGV: job_inc ('' = any), worker, winc, conn id, min_quiet_ms, budget
 -- returns: {code (OK | NOTHING), reclaimed}
 -- Fenced: only this incarnation, only while its record still names this connection (a
--- heartbeat after a reconnect records the new one), and only when it has made no call for
+-- heartbeat after a reconnect records the new one), and only when it has sent no heartbeat for
 -- min_quiet_ms on the job's liveness clock (frozen through silences, so a Redis restart
 -- or failover that dropped every connection at once does not count). Its leases then end
 -- as any lost worker's do (reclaim: worker_lost).

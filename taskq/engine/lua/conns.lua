@@ -4,8 +4,8 @@
 -- ARGV: offset (rank in the workers set), limit
 -- returns: {code, heartbeat_ms, next_offset (0: the end), {{worker, winc, conn id,
 --           quiet_ms, ttl_ms, witness id}...}}
--- quiet_ms is how long the worker has made no call, on the job's liveness clock (frozen
--- through silences); ttl_ms its own ttl; the witness is the connection it registered on
+-- quiet_ms is how long since the worker last beat (or registered), on the job's liveness
+-- clock (frozen through silences); ttl_ms its own ttl; the witness is the connection it registered on
 -- when its heartbeats go out on another ('' if none; lib/workers.lua set_conn). The
 -- reaper looks these ids up with CLIENT LIST ID (connwatch.py).
 local offset = arg_int(ARGV[1], 'offset', 0, 4294967295)

@@ -44,7 +44,7 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 reclaim(LAZY_RECLAIM)
-local ws = touch_worker(worker, winc, true)
+local ws = touch_worker(worker, winc, true, nil, true)
 if ws == 'forged' then forged(nil, worker, nil, 'heartbeat') end
 if ws == 'lost' or ws == 'forged' then return done({C.REREGISTER, {}, job_info()}) end
 set_conn(worker, winc, conn)  -- this call's connection (CLIENT ID), if sent

@@ -6,7 +6,8 @@
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,
 --           {pass, gen, state, reason}}
 -- A call whose secret is not the worker's (the worker record's digest) is answered like
--- a lost worker's, counted forged, and neither renews the worker nor grants anything.
+-- a lost worker's, counted forged, and grants nothing. (A worker is renewed by its
+-- heartbeats, not here: docs/design.md, "Two clocks".)
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local want = arg_int(ARGV[4], 'want', 0, MAX_BATCH)
@@ -20,8 +21,8 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
 
-reclaim(LAZY_RECLAIM)
-local ws = touch_worker(worker, winc, true)
+local _, left = reclaim(LAZY_RECLAIM)
+local ws = touch_worker(worker, winc, true, nil, false, left)
 if ws == 'forged' then forged(nil, worker, nil, 'lease') end
 if ws ~= 'ok' and ws ~= 'drain' then return done({C.REREGISTER, {}, 0, job_info()}) end
 if ws == 'drain' then return done({C.DRAINING, {}, 0, job_info()}) end

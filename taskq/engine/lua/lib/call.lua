@@ -4,7 +4,8 @@
 --   JNOW = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
 
 local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''  -- per call
--- the server's TIME in µs when open_job read it (next_token's floor), else nil
+-- the server's TIME in µs, read by open_job (or next_token, on the manual clock): the
+-- floor of the tokens, else nil
 local TIME_US = nil  -- per call
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call

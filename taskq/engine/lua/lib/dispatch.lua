@@ -102,26 +102,38 @@ end
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
-local CN_N, CN_S = nil, nil  -- per call
--- (task_n: the task's number when the caller has it, else nil)
-local function grant(task, worker, winc, call_no, st, task_n)
+-- (cn: the call number's digits; task_n: the task's number when the caller has it, else nil)
+-- (buf: a batch's writes, leases.lua lw_new; nil: written at once)
+local function grant(task, worker, winc, cn, st, task_n, buf)
   local tok = next_token()
   local attempt, att_s = 1, '1'
   if not counts_empty() then
     attempt = (tonum(rcall('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
     att_s = fmt(attempt)
   end
-  if CN_N ~= call_no then CN_N, CN_S = call_no, fmt(call_no) end
-  rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-    .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. CN_S .. '|' .. att_s .. '|' .. CALLER_DIG)
+  local rec = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. round_s() .. '|' .. st
+    .. '|' .. now_s() .. '|' .. cn .. '|' .. att_s .. '|' .. CALLER_DIG
   GRANTED[#GRANTED + 1] = task
-  rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
-  if st == 'S' then
-    rcall('ZADD', K_STARTED, jnow_s(), task)
-    start_due()
+  if st == 'S' then start_due() else mincr(F.NRESERVED) end
+  if buf then
+    local h, oa = buf.h, buf.oa
+    local n = #h
+    h[n + 1], h[n + 2] = task, rec
+    buf.p[task] = rec
+    n = #oa
+    oa[n + 1], oa[n + 2] = '0', member(worker, winc, task)
+    local z, score = buf.ra, nil
+    if st == 'S' then z, score = buf.sa, jnow_s() else score = now_s() end
+    n = #z
+    z[n + 1], z[n + 2] = score, task
   else
-    rcall('ZADD', K_RESERVED, now_s(), task)
-    mincr(F.NRESERVED)
+    rcall('HSET', K_LEASES, task, rec)
+    rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
+    if st == 'S' then
+      rcall('ZADD', K_STARTED, jnow_s(), task)
+    else
+      rcall('ZADD', K_RESERVED, now_s(), task)
+    end
   end
   -- (nleased, c_leased and p_leased: counted once per take, for all its grants)
   event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
@@ -154,10 +166,11 @@ local function avoided(task, worker)
   return true
 end
 
-local function is_free(task)
+-- (buf: a batch's writes, whose records it reads first)
+local function is_free(task, buf)
   if not dead_empty() and rcall('SISMEMBER', K_DEAD, task) == 1 then return false end
   if rcall('GETBIT', K_DONE, task) == 1 then return false end
-  local rec = rcall('HGET', K_LEASES, task)
+  local rec = buf and buf.p[task] or rcall('HGET', K_LEASES, task)
   -- no record, or an ended one ("E|..."): free without parsing it
   if not rec or sbyte(rec, 1) ~= 76 then return true end  -- 76: 'L'
   return not lease_is_current(parse_lease(rec))
@@ -167,7 +180,8 @@ end
 -- backup lease of a started task that has run longer than backup_k x the median task
 -- time: at most one backup per task at a time, never of the caller's own task. The
 -- record goes to field "b:<task>" (leases.lua); the first ack wins.
-local function take_backup(worker, winc, call_no)
+-- (cn: the call number's digits)
+local function take_backup(worker, winc, cn)
   local k = tonum(mget(F.BACKUP_K) or '') or 0
   if k <= 0 then return nil end
   -- the job's median task time (ms; acked_one keeps it), once 10 tasks were acked
@@ -183,7 +197,7 @@ local function take_backup(worker, winc, call_no)
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
       rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. l.attempts
+        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. cn .. '|' .. l.attempts
         .. '|' .. CALLER_DIG)
       GRANTED[#GRANTED + 1] = task
       rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
@@ -215,7 +229,7 @@ local function lease_kind(mode, got)
   return mode
 end
 
-local function take_leases(worker, winc, want, call_no, mode)
+local function take_leases(worker, winc, want, cn, mode, buf)
   local out = {}
   local steps = 0
   -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
@@ -226,7 +240,7 @@ local function take_leases(worker, winc, want, call_no, mode)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    local free = is_free(task)
+    local free = is_free(task, buf)
     if free and avoided(task, worker) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then
@@ -236,7 +250,7 @@ local function take_leases(worker, winc, want, call_no, mode)
         rcall('ZADD', K_FRONT, popped[2], task)
         return out, #out
       end
-      out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+      out[#out + 1] = grant(task, worker, winc, cn, lease_kind(mode, #out), nil, buf)
       if solo then return out, #out end
     end
   end
@@ -249,8 +263,8 @@ local function take_leases(worker, winc, want, call_no, mode)
       local task = fmt(task_n)
       cursor = cursor + 1
       steps = steps + 1
-      if is_free(task) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
-        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out), task_n)
+      if is_free(task, buf) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
+        out[#out + 1] = grant(task, worker, winc, cn, lease_kind(mode, #out), task_n, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
@@ -265,15 +279,15 @@ local function take_leases(worker, winc, want, call_no, mode)
         end_lease(task, l, 'S')
         mincr(F.C_STOLEN)
         event('stolen', 'task', task, 'from', l.worker, 'by', worker)
-        out[#out + 1] = grant(task, worker, winc, call_no, lease_kind(mode, #out))
+        out[#out + 1] = grant(task, worker, winc, cn, lease_kind(mode, #out))
         break
       end
     end
   end
   if #out == 0 and mode ~= 'R' and cursor >= n and STATE == 'running' then
-    local piece = take_split(worker, winc, call_no)
+    local piece = take_split(worker, winc, cn)
     if piece then GRANTED[#GRANTED + 1] = fmt(piece[1]) end
-    out[#out + 1] = piece or take_backup(worker, winc, call_no)
+    out[#out + 1] = piece or take_backup(worker, winc, cn)
     return out, 0  -- (a piece or a backup, counted where it was taken)
   end
   return out, #out
@@ -282,8 +296,14 @@ end
 local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
   SKIPPED = {}
+  -- (a take of more than one gathers its grants' writes, leases.lua lw_new: made before
+  -- anything else reads those keys; a steal, a split piece or a backup comes only when
+  -- nothing was granted)
+  local buf = nil
+  if want > 1 then buf = lw_new() end
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
-  local out, granted = take_leases(worker, winc, want, call_no, mode)
+  local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
+  if buf then lw_flush(buf) end
   if granted > 0 then
     mincr(F.NLEASED, granted)
     mincr(F.C_LEASED, granted)

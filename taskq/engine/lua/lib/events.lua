@@ -69,11 +69,14 @@ local HBUF = {}  -- per call
 -- A histogram ('dur' or 'late') keeps its buckets in the hist hash; its sum is a meta field
 -- (written with the meta the call writes anyway) and its count the buckets' sum: one
 -- HINCRBY per observation rather than three (bench/README.md, "Hot-path pass 3").
-local function observe(name, ms)
+-- (nosum: the caller adds ms, returned, to the sum: an ack's, endings.lua acks_counted)
+local function observe(name, ms, nosum)
   if ms < 0 then ms = 0 end
   local bucket = hist_field(name, ms)
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
+  if nosum then return ms end
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end
+  return ms
 end
 
 -- The waiting set's size is kept in the meta field nwaiting (ZADD and ZREM answer what they

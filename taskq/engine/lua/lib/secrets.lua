@@ -6,12 +6,12 @@
 -- bits) of its SHA-1, or nil for a missing or short secret (matching no record). Hashed
 -- once per call (use_secret); the secret itself is never written anywhere.
 local CALLER_DIG = nil  -- per call
-local function secret_digest(secret)
-  if ltype(secret) ~= 'string' or #secret < 16 then return nil end
-  return ssub(redis.sha1hex(secret), 1, 16)
-end
 local function use_secret(secret)
-  CALLER_DIG = secret_digest(secret)
+  if ltype(secret) ~= 'string' or #secret < 16 then
+    CALLER_DIG = nil
+  else
+    CALLER_DIG = ssub(redis.sha1hex(secret), 1, 16)
+  end
   return CALLER_DIG
 end
 -- The secret argument, checked with the others (lib/args.lua) but never shown in the

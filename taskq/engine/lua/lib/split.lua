@@ -69,8 +69,8 @@ end
 -- The split half of take_leases: an orphaned tail piece first, else a new split of the
 -- longest-running started task of another trainer (at most 10 looked at). Returns the
 -- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
--- leaves them) or nil.
-local function take_split(worker, winc, call_no)
+-- leaves them) or nil. (cn: the call number's digits)
+local function take_split(worker, winc, cn)
   if mget(F.SPLIT) == '0' then return nil end
   local task, s, attempts = nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
@@ -130,7 +130,7 @@ local function take_split(worker, winc, call_no)
   end
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-    .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. fmt(call_no) .. '|' .. attempts
+    .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
     .. '|' .. CALLER_DIG)
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)

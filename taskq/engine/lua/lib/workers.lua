@@ -2,7 +2,7 @@
 
 -- A worker's record (HASH winfo, field worker) is
 -- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn[|witness]": its incarnation,
--- ttl (a string), drain flag and lease secret digest (secret_digest; '' in a record
+-- ttl (a string), drain flag and lease secret digest (use_secret; '' in a record
 -- written before lease secrets), or nil when there is none (conn, witness: set_conn).
 -- `rec`: the record read already in this call (false: none), unless a write since
 -- (WINFO_WRITTEN) may have changed it.
@@ -61,13 +61,18 @@ local function remove_worker(m, kind)
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
--- The worker's state: 'ok', or 'lost' (unknown incarnation: it must re-register), or
--- 'forged' when `check` and the caller's secret (use_secret) is not the worker's.
--- Renews its liveness as any call from it is proof of life (a forged one is not).
--- ZADD XX CH renews and says whether the member exists in one command (0: missing, or
--- renewed to the same score; only then ZSCORE tells the two apart).
+-- The worker's state: 'ok', 'drain' (an operator asked it to leave), or 'lost' (unknown
+-- incarnation, or past its deadline: it must re-register), or 'forged' when `check` and
+-- the caller's secret (use_secret) is not the worker's (a forged call renews nothing).
+-- `renew` (heartbeat): its deadline moves to JNOW + ttl; ZADD XX CH renews and says
+-- whether the member exists in one command (0: missing, or renewed to the same score;
+-- only then ZSCORE tells the two apart). Without (lease, ack: the heartbeats renew a
+-- worker, docs/design.md "Two clocks") the record is the answer: a record of this
+-- incarnation is a member of the workers zset (every removal deletes both), and one past
+-- its deadline is left only when this call's reclaim stopped at its budget (`left`; its
+-- deadline is read then): skipped, it found none due (F.DUE), else it removed them all.
 -- (rec: the worker's record if the caller read it already, see winfo)
-local function touch_worker(worker, winc, check, rec)
+local function touch_worker(worker, winc, check, rec, renew, left)
   local m = worker .. '|' .. winc
   local inc, ttl_s, drain, dig = winfo(worker, rec)
   if inc ~= winc then return 'lost' end
@@ -75,13 +80,18 @@ local function touch_worker(worker, winc, check, rec)
     if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
     return 'forged'
   end
-  -- (digits, written by register: converted by arithmetic, one strtod, not tonumber's two)
-  local b = sbyte(ttl_s, 1)
-  local ttl
-  if b and b >= 48 and b <= 57 then ttl = ttl_s + 0 else ttl = mnum(F.TTL) end
-  if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
-      and not rcall('ZSCORE', K_WORKERS, m) then
-    return 'lost'
+  if renew then
+    -- (digits, written by register: converted by arithmetic, one strtod, not tonumber's two)
+    local b = sbyte(ttl_s, 1)
+    local ttl
+    if b and b >= 48 and b <= 57 then ttl = ttl_s + 0 else ttl = mnum(F.TTL) end
+    if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
+        and not rcall('ZSCORE', K_WORKERS, m) then
+      return 'lost'
+    end
+  elseif left then
+    local deadline = rcall('ZSCORE', K_WORKERS, m)
+    if not deadline or deadline + 0 < JNOW then return 'lost' end
   end
   if drain == '1' then return 'drain' end
   return 'ok'
