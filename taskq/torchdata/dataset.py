@@ -226,6 +226,12 @@ class TaskDataset(IterableDataset[Any]):
         #: whether the batch being filled holds the last sample of one: at a pass's tail
         #: nothing else may come to fill it, so it goes out short rather than wait
         pieces: set[int] = set()
+
+        def note(entry: Ctrl) -> None:
+            # an open task's end moved: it is read like a piece from now on
+            notes.append(entry)
+            pieces.add(entry[1])
+
         piece_done = False
         tags: list[Tag] = []
         samples: list[Any] = []
@@ -266,7 +272,6 @@ class TaskDataset(IterableDataset[Any]):
                             tags, samples, ctrl = [], [], []
                         piece_done = False
                         if notes:
-                            pieces.update(t for _, t, _, _ in notes)
                             yield [], notes[:], None
                             notes.clear()
                     msg = source(not open_)
@@ -275,11 +280,9 @@ class TaskDataset(IterableDataset[Any]):
                 if msg[1] is None:
                     stopped = True
                     break
-                task = self._open(msg, ctrl, feed.ends, notes)
+                task = self._open(msg, ctrl, feed.ends, note)
                 if msg[6] is not None:
                     pieces.add(msg[1])
-                if notes:
-                    pieces.update(c[1] for c in notes)
                 if task is None:
                     finished(msg[1])
                 elif task.ahead is _END:
@@ -291,7 +294,6 @@ class TaskDataset(IterableDataset[Any]):
                 # the end a reader now honours goes to the loop ahead of the samples held
                 # here (all below it): the loop's progress reports name it (a split's
                 # confirmation) without waiting for this batch to fill
-                pieces.update(t for _, t, _, _ in notes)
                 yield [], notes[:], None
                 notes.clear()
             n_open = len(open_)
@@ -303,8 +305,6 @@ class TaskDataset(IterableDataset[Any]):
             try:
                 sample = raw if transform is None else transform(raw)
                 task.ahead = ahead = next(task.samples, _END)
-                if notes:
-                    pieces.update(c[1] for c in notes)
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
@@ -346,17 +346,19 @@ class TaskDataset(IterableDataset[Any]):
         return tags, ctrl, collate(samples if batch_size else samples[0])
 
     def _open(
-        self, msg: TaskMsg, ctrl: list[Ctrl], ends: Any = None, notes: list[Ctrl] | None = None
+        self,
+        msg: TaskMsg,
+        ctrl: list[Ctrl],
+        ends: Any = None,
+        note: Callable[[Ctrl], None] | None = None,
     ) -> _Open | None:
         """Start reading one task; None (and an error entry) when the reader fails."""
         _, task_id, token, pass_no, chunks, start, end, slot = msg
 
         def bounded(samples: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-            if ends is None or slot < 0 or notes is None:
+            if ends is None or slot < 0 or note is None:
                 return samples
-            return _bounded(
-                samples, ends, slot, lambda h: notes.append(("end", task_id, token, str(h)))
-            )
+            return _bounded(samples, ends, slot, lambda h: note(("end", task_id, token, str(h))))
 
         try:
             if self.shuffle:
