@@ -54,9 +54,9 @@ JOB_KEYS: tuple[str, ...] = (
 class MetaField:
     """The fields of a job's meta hash (KEY ``meta``), the one list of their names.
 
-    Python reads them as ``MetaField.PASS``; the Lua library writes ``F.PASS``, which
-    ``engine/transport.py`` replaces by the field's name (``'pass'``) when it builds the library and
-    refuses it when the name is not here. Counters ``C_*`` are job-wide, ``P_*`` per pass
+    Python reads them as ``MetaField.PASS``; the Lua library writes ``F.PASS`` (the field's
+    slot in its cache of the hash) or ``N.PASS`` (its name, ``'pass'``), which
+    ``engine/library.py`` replaces when it builds the library, refusing a name not here. Counters ``C_*`` are job-wide, ``P_*`` per pass
     attempt.
     """
 

@@ -93,9 +93,28 @@ def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():
 
 
 def test_an_unknown_meta_field_is_refused_and_known_ones_become_literals():
-    assert library._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == "mget('pass', 'c_acked')"
+    slots = library.META_SLOTS
+    assert library._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == (
+        f"mget({slots['PASS']}, {slots['C_ACKED']})"
+    )
+    assert library._fields("x.lua", "rcall('HGET', K_META, N.PASS)") == (
+        "rcall('HGET', K_META, 'pass')"
+    )
     with pytest.raises(taskq.TaskqError, match=r"x.lua: F.PASSS is not in keys.MetaField"):
         library._fields("x.lua", "mget(F.PASSS)")
+    with pytest.raises(taskq.TaskqError, match=r"x.lua: N.PASSS is not in keys.MetaField"):
+        library._fields("x.lua", "rcall('HGET', K_META, N.PASSS)")
+    # a command on the hash naming a field by its slot would read or write field '11'
+    with pytest.raises(taskq.TaskqError, match=r"names a field as F.NAME"):
+        library._fields("x.lua", "rcall('HGET', K_META, F.PASS)")
+
+
+def test_meta_slots_name_every_field_once_and_the_hot_ones_first():
+    """load_meta's HMGET reply is the cache itself: slot i is the i-th field it names."""
+    names = sorted(library.META_SLOTS, key=library.META_SLOTS.get)
+    assert sorted(names) == sorted(META_FIELDS)
+    assert tuple(names[: len(library.HOT_META)]) == library.HOT_META
+    assert list(library.META_SLOTS.values()) == list(range(1, len(META_FIELDS) + 1))
 
 
 def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
@@ -106,7 +125,7 @@ def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
     literal = re.compile(r"\b(?:mget|mnum|mput|mincr|mset)\('|K_META, '")
     for path in files:
         assert not literal.search(path.read_text()), path.name
-    assert not re.search(r"\bF\.[A-Za-z_]", library.SOURCE)
+    assert not re.search(r"\b[FN]\.[A-Za-z_]", library.SOURCE)
     assert len(set(META_FIELDS.values())) == len(META_FIELDS)
 
 

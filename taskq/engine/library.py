@@ -11,8 +11,10 @@ library is, in this order: the generated constants (the ``K_*`` key locals in th
 the histogram bounds), the parts
 ``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
 verb's body registered as the function ``taskq_<version>_<verb>``, which calls
-``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the name of the meta field
-``keys.MetaField.<NAME>`` (a literal, so no lookup at run time); an unknown name is refused.
+``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the slot of the meta field
+``keys.MetaField.<NAME>`` in the library's cache of the meta hash (an integer: lib/meta.lua's
+tables are arrays), ``N.<NAME>`` by its name (a command on the hash names it); an unknown name
+is refused.
 Python stays the one source of truth for codes, bounds, key names and meta field names.
 Every verb checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the
 name of the bad argument before its first write: Redis does not roll a script back.
@@ -94,11 +96,62 @@ COLD_KEYS = (
 _COLD_RE = re.compile(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b")
 
 
+# The meta fields the hot verbs (ack, lease, heartbeat) read, fetched in one HMGET by
+# lib/meta.lua's load_meta, in this order: their slots 1..len, then the field the ack writes
+# and does not read. Every meta field is a slot (``F.NAME``, an integer) in the library's
+# cache; ``META_NAMES[slot]`` is its name. The rest follow in keys.MetaField's order.
+HOT_META = (
+    "INC",
+    "MCLOCK",
+    "SEEN",
+    "TTL",
+    "HBI",
+    "OFFSET",
+    "ROUND",
+    "STATE",
+    "EVMAX",
+    "DUE",
+    "PASS",
+    "GEN",
+    "REASON",
+    "PAUSED",
+    "N",
+    "CURSOR",
+    "NDONE",
+    "NLEASED",
+    "NRESERVED",
+    "LAST_TOKEN",
+    "TT",
+    "AUTO_TT",
+    "P_BACKUPS",
+    "DUR_MED",
+    "ACKED_JOB",
+    "C_ACKED",
+    "C_LEASED",
+    "P_LEASED",
+    "SHUFFLE",
+    "DUR_SUM",
+    "NWAITING",
+)
+META_SLOTS: dict[str, int] = {
+    name: i
+    for i, name in enumerate(
+        [*HOT_META, "LAST_ACK", *(n for n in META_FIELDS if n not in HOT_META and n != "LAST_ACK")],
+        1,
+    )
+}
+# the slots a call's tables of changes are made with (lib/meta.lua: the hot ones and the
+# ack's last_ack; any other goes into a table's hash part when set)
+SLOTS_MADE = len(HOT_META) + 1
+
+
 def _generated() -> str:
-    """Definitions made from Python's constants: the K_* keys and the histogram. (The codes
-    and the bounds are written into the text as numbers, cold keys as ``KC[i]``:
-    ``_constants``.)"""
+    """Definitions made from Python's constants: the K_* keys, the meta fields' names by
+    slot and the histogram. (The codes and the bounds are written into the text as numbers,
+    cold keys as ``KC[i]``: ``_constants``; meta fields as their slots: ``_fields``.)"""
     names = [f"K_{name.upper()}" for name in JOB_KEYS if name not in COLD_KEYS]
+    falses = "{" + ", ".join(["false"] * SLOTS_MADE) + "}"
+    meta_names = ", ".join(f"'{META_FIELDS[n]}'" for n in sorted(META_SLOTS, key=META_SLOTS.get))
     slots = ", ".join(f"keys[{JOB_KEYS.index(n[2:].lower()) + 1}]" for n in names)
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [
@@ -108,6 +161,13 @@ def _generated() -> str:
         f"  KC, {', '.join(names)} = keys, {slots}",
         "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
+        "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
+        f"local META_NAMES = {{{meta_names}}}",
+        "-- a call's four tables of meta changes (lib/meta.lua), arrays over the hot slots",
+        "local function meta_tables()",
+        f"  return {falses}, {falses},",
+        f"    {falses}, {falses}",
+        "end",
         "-- the hist hash's field of histogram `name`'s bucket of ms: 'dur:<bucket>' a constant",
         "-- (an ack's), any other made",
         "local function hist_field(name, ms)",
@@ -142,6 +202,7 @@ def _constants(file: str, text: str) -> str:
         return f"({value})" if value < 0 else str(value)
 
     text = _CODE_RE.sub(code, text)
+    text = re.sub(r"\bMETA_HOT_SLOTS\b", str(len(HOT_META)), text)
     text = _COLD_RE.sub(lambda m: f"KC[{JOB_KEYS.index(m.group(1).lower()) + 1}]", text)
     return _LIMIT_RE.sub(lambda m: str(getattr(contract, m.group(1))), text)
 
@@ -221,9 +282,10 @@ def _begin(parts: dict[str, str]) -> str:
     A library's locals outlive a call, so every top-level ``local`` of a part that is not a
     function must be per-call state, declared on one line ending in ``-- per call``:
     ``begin()`` assigns each declaration's initial value again, so no call sees the last
-    one's. A top-level local without the marker is refused (it could not be reset). Then
+    one's. A top-level local without the marker is refused (it could not be reset). First
     ``bind_globals()`` (lib/meta.lua) binds the Lua globals the library calls into its
-    locals: globals exist only in a call, not while the library loads.
+    locals (globals exist only in a call, not while the library loads): the resets may call
+    them.
 
     Args:
         parts: file name -> text of each library part.
@@ -255,8 +317,8 @@ def _begin(parts: dict[str, str]) -> str:
                 "-- piece of per-call state back to its start (generated from the `-- per call` lines).",
                 "local function begin(keys)",
                 "  set_keys(keys)",
-                *resets,
                 "  bind_globals()",
+                *resets,
                 "end",
             ]
         )
@@ -281,15 +343,29 @@ def _bound_globals(parts: dict[str, str]) -> set[str]:
     return set()
 
 
+_NAME_FIELD_RE = re.compile(r"\bN\.([A-Za-z_]\w*)")
+_META_CALL_RE = re.compile(r"rcall\([^\n]*K_META[^\n]*\bF\.[A-Z]")
+
+
 def _fields(file: str, text: str) -> str:
-    """``text`` with every ``F.NAME`` replaced by the meta field's name, quoted."""
+    """``text`` with every ``F.NAME`` replaced by the meta field's slot in the library's
+    cache (``META_SLOTS``) and every ``N.NAME`` by its name, quoted: what a command sent
+    to Redis names. ``F.`` in a command on the meta hash is refused (it would name the
+    field by its slot)."""
 
-    def name(m: re.Match[str]) -> str:
+    def field(m: re.Match[str], quoted: bool) -> str:
         if m.group(1) not in META_FIELDS:
-            raise errors.TaskqError(f"{file}: F.{m.group(1)} is not in keys.MetaField")
-        return f"'{META_FIELDS[m.group(1)]}'"
+            raise errors.TaskqError(f"{file}: {m.group(0)} is not in keys.MetaField")
+        return f"'{META_FIELDS[m.group(1)]}'" if quoted else str(META_SLOTS[m.group(1)])
 
-    return _FIELD_RE.sub(name, text)
+    bad = _META_CALL_RE.search(text)
+    if bad:
+        raise errors.TaskqError(
+            f"{file}: a command on K_META names a field as F.NAME (its slot in the library's "
+            f"cache): write N.NAME, its name, or use mget / mset: {bad.group(0)}"
+        )
+    text = _NAME_FIELD_RE.sub(lambda m: field(m, True), text)
+    return _FIELD_RE.sub(lambda m: field(m, False), text)
 
 
 def _nkeys(file: str, text: str) -> int:

@@ -37,59 +37,28 @@ end
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
 -- (a string and a table slot per field and name) cost more than naming the ~32 needed
--- (bench/README.md). M holds the stored strings (false: no such field) and those set by
--- mset; MN a number set in this call (mput, mincr: formatted once, in flush); NUM caches
--- numbers parsed from M's strings, ORIG the numbers of the stored ones (see flush).
--- (Each table is built by one constructor, sized for the fields a hot call reads or writes
--- at once: filled one field at a time, the four were rehashed ~20 times per call. A false
--- in MN / DIRTY / NUM / ORIG means what nil means. Lua 5.1 makes a key even for `t[k] =
--- nil`, so a field is cleared only where it is set.)
--- (begin() makes MN / DIRTY / NUM / ORIG, so load_meta does not make them a second time;
--- M is load_meta's, as a false in M is a field known absent.)
-local function meta_tables()
-  return {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false},
-  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.SEEN] = false,
-    [F.LAST_ACK] = false, [F.LAST_TOKEN] = false, [F.CURSOR] = false},
-  {[F.TTL] = false, [F.HBI] = false, [F.OFFSET] = false, [F.ROUND] = false,
-    [F.DUE] = false, [F.PASS] = false, [F.GEN] = false, [F.N] = false, [F.CURSOR] = false,
-    [F.NDONE] = false, [F.NLEASED] = false, [F.NRESERVED] = false, [F.LAST_TOKEN] = false,
-    [F.AUTO_TT] = false, [F.P_BACKUPS] = false, [F.DUR_MED] = false, [F.ACKED_JOB] = false,
-    [F.C_ACKED] = false, [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUR_SUM] = false,
-    [F.NWAITING] = false},
-  {[F.NDONE] = false, [F.DUR_MED] = false, [F.C_ACKED] = false,
-    [F.ACKED_JOB] = false, [F.DUR_SUM] = false, [F.NRESERVED] = false, [F.NLEASED] = false,
-    [F.C_LEASED] = false, [F.P_LEASED] = false, [F.DUE] = false, [F.OFFSET] = false,
-    [F.LAST_TOKEN] = false, [F.CURSOR] = false, [F.NWAITING] = false}
-end
+-- (bench/README.md).
+-- A field is known by its slot, F.<NAME> (an integer, library.py META_SLOTS; META_NAMES
+-- [slot] is its name): the hot ones are slots 1..31 in the HMGET's order, so the reply is
+-- the cache M itself, and the tables below are arrays over those slots (the generated
+-- meta_tables(), a constructor of falses each; as hash tables keyed by name the four cost
+-- ~23 k instructions a call, ~370 a slot, and load_meta's copy of the reply into M ~14 k,
+-- bench/README.md).
+-- M holds the stored strings (false: no such field) and those set by mset; MN a number
+-- set in this call (mput, mincr: formatted once, in flush); NUM caches numbers parsed
+-- from M's strings, ORIG the numbers of the stored ones (see flush). A false in MN /
+-- DIRTY / NUM / ORIG means what nil means (a field past the made slots is nil until set).
 local M = {}  -- per call
 local MN, DIRTY, NUM, ORIG = meta_tables()  -- per call
 local function load_meta()
-  local v = rcall('HMGET', K_META, F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET,
-    F.ROUND, F.STATE, F.EVMAX, F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR,
-    F.NDONE, F.NLEASED, F.NRESERVED, F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS,
-    F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED, F.P_LEASED, F.SHUFFLE, F.DUR_SUM,
-    F.NWAITING)
-  M = {[F.INC] = v[1], [F.MCLOCK] = v[2], [F.SEEN] = v[3], [F.TTL] = v[4],
-    [F.HBI] = v[5], [F.OFFSET] = v[6], [F.ROUND] = v[7], [F.STATE] = v[8],
-    [F.EVMAX] = v[9], [F.DUE] = v[10], [F.PASS] = v[11], [F.GEN] = v[12],
-    [F.REASON] = v[13], [F.PAUSED] = v[14], [F.N] = v[15], [F.CURSOR] = v[16],
-    [F.NDONE] = v[17], [F.NLEASED] = v[18], [F.NRESERVED] = v[19],
-    [F.LAST_TOKEN] = v[20], [F.TT] = v[21], [F.AUTO_TT] = v[22], [F.P_BACKUPS] = v[23],
-    [F.DUR_MED] = v[24], [F.ACKED_JOB] = v[25], [F.C_ACKED] = v[26],
-    [F.C_LEASED] = v[27], [F.P_LEASED] = v[28], [F.SHUFFLE] = v[29],
-    [F.DUR_SUM] = v[30], [F.NWAITING] = v[31],
-    [F.LAST_ACK] = nil}  -- (a slot for the field every ack writes, not read: nil)
+  M = rcall('HMGET', K_META, unpk(META_NAMES, 1, META_HOT_SLOTS))
 end
 local function mget(f)
   local n = MN[f]
   if n then return fmt(n) end
   local v = M[f]
   if v == nil then
-    v = rcall('HGET', K_META, f)
+    v = rcall('HGET', K_META, META_NAMES[f])
     M[f] = v
   end
   if v == false then return nil end
@@ -162,13 +131,13 @@ local function flush()
     if d then
       local n = MN[f]
       if not n then
-        args[k + 1] = f
+        args[k + 1] = META_NAMES[f]
         args[k + 2] = M[f]
         k = k + 2
       elseif ORIG[f] ~= n then
         -- (a counter that came back to its stored number, a lease granted and one ended in
         -- the same call: nleased, nreserved, is not written again)
-        args[k + 1] = f
+        args[k + 1] = META_NAMES[f]
         args[k + 2] = fmt(n)
         k = k + 2
       end
