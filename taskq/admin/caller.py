@@ -1,12 +1,13 @@
-"""What the modules below the admin client use of it: ``Caller``, ``Job`` and ``Admin``.
+"""What the modules below the admin client use of it: ``Link``, ``Caller``, ``Job``, ``Admin``.
 
-Three ``typing.Protocol`` s, so that no module below client.py imports it (no import
-circle, also at type level): ``Caller`` is the engine's side of a ``taskq.Client`` (its
-Redis connection, its function library, the job keys, ``run`` — one script call — and
-the two client verbs the engine modules call back: ``status`` and ``create_job``);
+Four ``typing.Protocol`` s, so that no module below client.py imports it (no import
+circle, also at type level): ``Link`` is one Redis connection, the job keys and ``run``
+— one script call — which is all a trainer's wire needs; ``Caller`` is the engine's side
+of a ``taskq.Client`` (a ``Link``, its function library, and the two client verbs the
+engine modules call back: ``status`` and ``create_job``);
 ``Job`` is the verbs of one job's handle (``Client.job(name)``: jobs.py, sharded_job.py);
 ``Admin`` adds what the operating modules (exporter.py, reaper.py) read: the handle, the
-job index, events, one reap step. ``taskq.Client`` (client.py) satisfies all three; a
+job index, events, one reap step. ``taskq.Client`` (client.py) satisfies all four; a
 test double may satisfy one.
 
 Data flow: none at run time (types only): barrier.py, checkpoints.py, stats.py,
@@ -27,8 +28,10 @@ from taskq.models import JobStatus
 CheckpointRef = str | dict[str, Any]
 
 
-class Caller(Protocol):
-    """The engine's side of a ``taskq.Client``: its connection and one script call."""
+class Link(Protocol):
+    """One connection and one script call: what a trainer's wire (trainer/protocol.py)
+    calls through. ``taskq.Client`` and its connection part (``Client.caller``) both are
+    one."""
 
     @property
     def redis(self) -> Any:
@@ -38,16 +41,6 @@ class Caller(Protocol):
     @property
     def url(self) -> str:
         """The URL, for error messages (``"<given client>"`` for a given one)."""
-        ...
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of every taskq key."""
-        ...
-
-    @property
-    def scripts(self) -> Scripts:
-        """The function library on this connection (engine/transport.py)."""
         ...
 
     def keys(self, job: str) -> JobKeys:
@@ -64,6 +57,21 @@ class Caller(Protocol):
     ) -> Any:
         """One operation's script on ``job``; negative codes raise, except
         ``passthrough`` ones."""
+        ...
+
+
+class Caller(Link, Protocol):
+    """The engine's side of a ``taskq.Client``: its connection and one script call (a
+    ``Link``), the key prefix, the function library, and two client verbs."""
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of every taskq key."""
+        ...
+
+    @property
+    def scripts(self) -> Scripts:
+        """The function library on this connection (engine/transport.py)."""
         ...
 
     def status(self, name: str, summaries: int = 20) -> JobStatus:

@@ -105,6 +105,12 @@ class Client:
 
     # -- the connection (client_conn.py) ------------------------------------------
     @property
+    def caller(self) -> Connection:
+        """The connection part, which the engine's callers (a trainer's wire) call through
+        directly: this facade's ``run`` would be one call more on every step."""
+        return self._conn
+
+    @property
     def redis(self) -> Any:
         """The redis-py client: ``redis.Redis``, ``RedisCluster`` or a Sentinel master."""
         return self._conn.redis

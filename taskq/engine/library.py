@@ -151,7 +151,9 @@ def _generated() -> str:
     cold keys as ``KC[i]``: ``_constants``; meta fields as their slots: ``_fields``.)"""
     names = [f"K_{name.upper()}" for name in JOB_KEYS if name not in COLD_KEYS]
     falses = "{" + ", ".join(["false"] * SLOTS_MADE) + "}"
-    meta_names = ", ".join(f"'{META_FIELDS[n]}'" for n in sorted(META_SLOTS, key=META_SLOTS.get))
+    meta_names = ", ".join(
+        f"'{META_FIELDS[n]}'" for n in sorted(META_SLOTS, key=META_SLOTS.__getitem__)
+    )
     slots = ", ".join(f"keys[{JOB_KEYS.index(n[2:].lower()) + 1}]" for n in names)
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [

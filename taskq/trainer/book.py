@@ -55,9 +55,6 @@ class LeaseBook:
         with self._lock:
             return list(self._reserved)
 
-    def n_reserved(self) -> int:
-        return len(self._reserved)
-
     def beat_state(self) -> tuple[int, list[tuple[int, int]]]:
         """The heartbeat's part: the last reply it may claim and the held (id, token)
         pairs, taken together."""
@@ -111,15 +108,16 @@ class LeaseBook:
         )
 
     # -- the iteration's read-ahead -------------------------------------------------
-    def next_step(self, current: Task | None) -> tuple[list[Task], list[Task]]:
+    def next_step(self, current: Task | None) -> tuple[list[Task], list[Task], int]:
         """The iterator's next call: ``current`` to ack if still held, the oldest reserved
-        task to start."""
+        task to start, and how many stay reserved (read-ahead) after it."""
         with self._lock:
             acks = (
                 [current] if current is not None and self._held.get(current.id) is current else []
             )
-            starts = [self._reserved.popleft()] if self._reserved else []
-        return acks, starts
+            reserved = self._reserved
+            starts = [reserved.popleft()] if reserved else []
+            return acks, starts, len(reserved)
 
     def place(self, got: Iterable[Task], current: Task | None) -> Task | None:
         """Keep the tasks a step granted: the first started one becomes current (when

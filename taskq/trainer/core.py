@@ -165,7 +165,7 @@ class Trainer:
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
         self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
         self.job = job
-        wire = Wire(self.client, job)
+        wire = Wire(self.client.caller, job)
         self.keys: JobKeys = wire.keys
         # each part checks its own arguments (InvalidInput) before anything is sent
         self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)

@@ -186,7 +186,7 @@ class Iteration:
         current: Task | None = None
         ep = -1 if expect_pass is None else expect_pass
         while True:
-            acks, starts = book.next_step(current)
+            acks, starts, n_reserved = book.next_step(current)
             if current is not None and current._revoked is not None and current._revoked.is_set():
                 log.warning(
                     "job %s: lease of task %s was revoked; its result is not counted",
@@ -200,7 +200,7 @@ class Iteration:
                     retrying(step, acks, [], 0, "S", ep)
                 return
             if starts:
-                want, mode = self.prefetch - book.n_reserved(), "R"
+                want, mode = self.prefetch - n_reserved, "R"
             else:
                 want, mode = 1 + self.prefetch, "F"
             try:

@@ -11,8 +11,8 @@ carries the worker incarnation's lease secret as its last argument (before the o
 connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
 "Lease secrets"). It is never logged, nor put in an error.
 
-Data flow: trainer/core.py / heartbeat.py -> protocol.py -> the client's ``run`` (a
-``caller.Caller``) / engine/transport.py -> Redis.
+Data flow: trainer/core.py / heartbeat.py -> protocol.py -> the ``run`` of the client's
+connection part (``Client.caller``, a ``caller.Link``) / engine/transport.py -> Redis.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from taskq import errors
-from taskq.admin.caller import Caller
+from taskq.admin.caller import Link
 from taskq.data import task_size
 from taskq.engine.connection import name_connection, trainer_conn_name, translate
 from taskq.engine.contract import Code
@@ -204,7 +204,7 @@ class Wire:
         job: the job name.
     """
 
-    def __init__(self, client: Caller, job: str) -> None:
+    def __init__(self, client: Link, job: str) -> None:
         self.client = client
         self.job = job
         self.keys = client.keys(job)
@@ -306,6 +306,7 @@ class Wire:
         # end where it stops for a piece of a split task (-1: the task's end). Positional
         # arguments and no per-row unpacking: this loop is most of a reply's decoding.
         for row in reply[1]:
+            n = len(row)  # (once: a builtin call per row and check is per task)
             task = Task(
                 int(row[0]),
                 pass_no,
@@ -314,12 +315,12 @@ class Wire:
                 int(row[2]),
                 job,
                 row[4] == 1 or row[4] == "1",
-                int(row[5]) if len(row) > 5 else 0,
+                int(row[5]) if n > 5 else 0,
             )
-            if len(row) > 6:  # a piece of a split task: its end, and whether it is pending
+            if n > 6:  # a piece of a split task: its end, and whether it is pending
                 end = int(row[6])
                 task.end = end if end >= 0 else None
-                task.split_pending = len(row) > 7 and int(row[7]) == 1
+                task.split_pending = n > 7 and int(row[7]) == 1
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)
