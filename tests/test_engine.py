@@ -584,3 +584,24 @@ def test_repeating_the_ack_that_completed_a_pass_is_quiet(client, job_name):
     t.ack(task)  # a blind retry after a lost reply
     s = st(client, job_name)
     assert (s["pass"], s["counters"]["acked"], s["counters"]["stale"]) == (1, 1, 0)
+
+
+def test_a_call_across_a_pass_end_writes_a_step_entry_per_pass(client, job_name):
+    """The ack that completes pass 0 and the lease of pass 1 go in one call: each kind is
+    in the step entry of its own pass (the pass ends between them)."""
+    make_job(client, job_name, n=2, passes=2)
+    t = taskq.Trainer(job_name, client=client, heartbeat=False, handle_signals=False)
+    try:
+        seen = [(task.pass_no, task.id) for task, _ in zip(t, range(4), strict=False)]
+    finally:
+        t.close()
+    assert [p for p, _ in seen] == [0, 0, 1, 1]
+    steps = [f for _, f in client.events(job_name, count=100) if f["type"] == "step"]
+    by_pass = [(f["pass"], sorted(k for k in ("acked", "leased") if k in f)) for f in steps]
+    # lease 0; ack 0 + lease 1; ack 1 (pass 0 ends) | lease (pass 1); ack + lease; ...
+    assert by_pass[:4] == [
+        ("0", ["leased"]),
+        ("0", ["acked", "leased"]),
+        ("0", ["acked"]),
+        ("1", ["leased"]),
+    ], by_pass

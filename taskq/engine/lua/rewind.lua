@@ -76,6 +76,7 @@ if step == 'begin' then
   local later = rcall('ZCOUNT', K_PASSIDX, '(' .. fmt(rec.sum_seq or 0), '+inf')
   local plan = {rec.pages, xpages, rec.ppages, math.ceil(rec.cursor / RW_WALK),
     math.ceil(later / RW_MARK)}
+  flush_events()  -- the step entry so far is the pass's before (event_task)
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,

@@ -45,16 +45,23 @@ local function flush_events()
   t.n = 0
   rcall(unpk(a, 1, k))
 end
+-- (An entry is one worker's in one pass: a call about another worker flushes it here,
+-- and the two places that change the pass, start_pass and rewind, flush it first; the
+-- pass is not read again for every task, ~0.8 k instructions each.)
 local function event_task(kind, task, worker, token)
   local t = EVT
-  if t.n > 0 and (t.worker ~= worker or t.pass ~= mget(F.PASS)) then flush_events() end
+  if t.n > 0 and t.worker ~= worker then flush_events() end
   if t.n == 0 then t.worker, t.pass = worker, mget(F.PASS) end
   local v = t[kind]
   if not v then
     local n = t.n + 1
     t[kind], EVK[kind], EVORDER[n], t.n = task, token, kind, n
   elseif ltype(v) == 'string' then
-    t[kind], EVK[kind] = {v, task}, {EVK[kind], token}
+    -- (sized for a batch of 16 at once: grown from two, each list was rehashed three
+    -- times; the nils are past the border, so # is the count)
+    t[kind] = {v, task, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+    EVK[kind] = {EVK[kind], token, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+      nil, nil}
   else
     local tk = EVK[kind]
     v[#v + 1], tk[#tk + 1] = task, token

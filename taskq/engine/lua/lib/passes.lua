@@ -84,6 +84,7 @@ local function start_pass(p, kind)
   ROUND = mincr(F.ROUND)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
+  flush_events()  -- the step entry so far is the last pass's (event_task)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(NOW), F.STATE, 'running', F.REASON, '')
