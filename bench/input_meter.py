@@ -69,7 +69,7 @@ def script_us(url: str, beats: int, rounds: int) -> tuple[float, float]:
             client.redis.config_resetstat()
             for _ in range(beats):
                 args = [*trainer._beats.args(), *extra]
-                client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.all, *args)
+                client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.script, *args)
             stats = client.redis.info("commandstats")["cmdstat_fcall"]
             out[with_wait].append(float(stats["usec_per_call"]))
     trainer.close()

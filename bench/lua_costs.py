@@ -68,7 +68,7 @@ def main() -> None:
         trainer = taskq.Trainer(
             "costs", url=url_of(server.port), handle_signals=False, heartbeat=False
         )
-        job_keys = client.keys("costs").all_bytes
+        job_keys = client.keys("costs").script_bytes
         held: list[Any] = []  # the (task, token) the last call leased: acked by the next
         for label, want in (
             ("taskq ack, nothing to ack or lease", 0),

@@ -46,7 +46,7 @@ def child(calls: int) -> dict[str, float]:
         client = taskq.Client(f"redis://{common.LOOPBACK}:{server.port}/0")
         job = "cost"
         client.create_job(job, [{"i": i} for i in range(calls + 300)], task_timeout=None)
-        keys = client.keys(job).all
+        keys = client.keys(job).script
         secret = secrets.token_hex(16)
         extra = [secret] if with_secret else []
         reg = client.scripts.call(

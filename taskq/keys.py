@@ -1,9 +1,13 @@
 """The only place a Redis key string is built.
 
 Every key of one job shares the hash tag ``{job}``, so a job lives in one Redis Cluster
-slot and each Lua script can name all of its keys in KEYS. The order of ``JOB_KEYS`` is
-the order of KEYS for every job script; ``engine/library.py`` turns it into Lua locals
-(``K_META`` ...), so Python and Lua cannot drift apart.
+slot. A job script is passed the keys its hot verbs touch, ``SCRIPT_KEYS`` (KEYS, in that
+order; ``engine/library.py`` turns them into Lua locals ``K_META`` ...), and makes the
+others, ``COLD_KEYS``, from the job's key base when it needs one: every key of the job is
+in its slot, so Redis (standalone or Cluster) runs the commands on them as on a declared
+key, and the ACL checks each command's keys either way. Each key passed costs ~0.9 k
+instructions of a call (bench/README.md, "the data model's floor"), so Python and Lua
+cannot drift apart and the cold ones cost nothing on the hot path.
 
 Data flow: client.py / trainer/core.py / reaper.py / stats.py -> keys.py -> engine/transport.py -> Redis.
 """
@@ -49,6 +53,25 @@ JOB_KEYS: tuple[str, ...] = (
     # "<id>:p:<k>" progress pages
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
 )
+
+#: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
+#: script that needs one (``kc('name')`` in the Lua, engine/library.py), not passed.
+COLD_KEYS: tuple[str, ...] = (
+    "deadbits",
+    "deadlines",
+    "passes",
+    "passidx",
+    "wake",
+    "bcast0",
+    "bcast1",
+    "clock",
+    "lock",
+    "ckpts",
+    "ckpt",
+    "ckprog",
+)
+#: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
+SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
 
 
 class MetaField:
@@ -186,8 +209,10 @@ class JobKeys:
         self.prefix = key_prefix or prefix()
         self.base = f"{self.prefix}:{{{job}}}"
         self.all: list[str] = [f"{self.base}:{name}" for name in JOB_KEYS]
+        #: the KEYS of a job script (``SCRIPT_KEYS``)
+        self.script: list[str] = [f"{self.base}:{name}" for name in SCRIPT_KEYS]
         #: the same, encoded once (redis-py passes bytes through without encoding them)
-        self.all_bytes: list[bytes] = [k.encode() for k in self.all]
+        self.script_bytes: list[bytes] = [k.encode() for k in self.script]
         for name, key in zip(JOB_KEYS, self.all, strict=True):
             setattr(self, name, key)
 

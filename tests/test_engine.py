@@ -431,7 +431,7 @@ def test_same_worker_id_registering_again_declares_old_incarnation_lost(client, 
 def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     make_job(client, job_name, n=2)
     t = trainer(client, job_name, "w")
-    keys = client.keys(job_name).all
+    keys = client.keys(job_name).script
     # a lease call whose reply never reached the trainer (call number 7)
     reply = client.scripts.call(
         "lease",
@@ -453,7 +453,7 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
 def test_idle_trainer_steals_reserved_never_started(client, job_name):
     make_job(client, job_name, n=2)
     slow, idle = trainer(client, job_name, "slow"), trainer(client, job_name, "idle")
-    keys = client.keys(job_name).all
+    keys = client.keys(job_name).script
     reply = client.scripts.call(
         "lease",
         keys,

@@ -158,7 +158,7 @@ def bad_argvs(verb: str) -> list[list[str]]:
 def fcall(client: taskq.Client, job: str, verb: str, argv: list[str]) -> Any:
     """The verb's function called directly, as a raw client would."""
     name, nkeys, _ = library._FUNCTIONS[verb]
-    keys = JobKeys(job).all
+    keys = JobKeys(job).script
     if verb == "create":
         keys = [*keys, JobKeys(job).staging_chunks("raw")]
     return client.redis.execute_command("FCALL", name, nkeys, *keys, *argv)
@@ -289,6 +289,6 @@ def test_an_incarnation_that_only_begins_like_the_workers_record_is_refused(clie
     rec = client.redis.hget(JobKeys(job_name).winfo, "w")
     winc = "|".join(rec.split("|")[:2])
     keys = client.keys(job_name)
-    reply = client.scripts.call("ack", keys.all, ["", "w", winc, 1, 0, 0, 1, "S", -1, "s" * 16])
+    reply = client.scripts.call("ack", keys.script, ["", "w", winc, 1, 0, 0, 1, "S", -1, "s" * 16])
     assert reply[0] == Code.INVALID and reply[1].startswith("winc: contains '|'")
     t.close()

@@ -10,7 +10,7 @@ import pytest
 
 import taskq
 from taskq.engine import contract, library
-from taskq.keys import JOB_KEYS, META_FIELDS
+from taskq.keys import COLD_KEYS, JOB_KEYS, META_FIELDS, SCRIPT_KEYS
 
 
 def test_library_refuses_a_top_level_local_that_is_not_marked_per_call():
@@ -71,8 +71,7 @@ def test_the_build_refuses_a_library_near_luas_local_and_upvalue_limits():
 
 def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
     text = library._constants("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
-    ckpt = JOB_KEYS.index("ckpt") + 1
-    assert text == f"return {{0, (-1), {contract.MAX_BATCH}, KC[{ckpt}]}}"
+    assert text == f"return {{0, (-1), {contract.MAX_BATCH}, kc('ckpt')}}"
     with pytest.raises(taskq.TaskqError, match=r"x.lua: C.NOPE is not a contract.Code"):
         library._constants("x.lua", "C.NOPE")
 
@@ -130,11 +129,19 @@ def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
 
 
 def test_the_key_count_comes_from_the_keys_header_line():
-    assert library._nkeys("v.lua", "-- KEYS: the job's keys (keys.JOB_KEYS)\n") == len(JOB_KEYS)
-    extra = "-- KEYS: the job's keys (keys.JOB_KEYS) + staging, other (why)\n"
-    assert library._nkeys("v.lua", extra) == len(JOB_KEYS) + 2
+    n = len(SCRIPT_KEYS)
+    assert library._nkeys("v.lua", "-- KEYS: the job's keys (keys.SCRIPT_KEYS)\n") == n
+    extra = "-- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging, other (why)\n"
+    assert library._nkeys("v.lua", extra) == n + 2
     with pytest.raises(taskq.TaskqError, match="v.lua: needs a header line"):
         library._nkeys("v.lua", "-- KEYS: some keys\n")
-    assert library._FUNCTIONS["create"][1] == len(JOB_KEYS) + 1
-    assert library._FUNCTIONS["ack"][1] == len(JOB_KEYS)
+    assert library._FUNCTIONS["create"][1] == n + 1
+    assert library._FUNCTIONS["ack"][1] == n
+
+
+def test_the_keys_passed_and_the_cold_ones_are_every_key_once():
+    """A script is passed SCRIPT_KEYS and makes the cold ones; none is both or neither."""
+    assert sorted(SCRIPT_KEYS + COLD_KEYS) == sorted(JOB_KEYS)
+    assert SCRIPT_KEYS[0] == "meta"  # kc() makes a cold key from the meta key's base
+    assert not re.search(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b", library.SOURCE)
     assert library._FUNCTIONS["stats"][2] and not library._FUNCTIONS["ack"][2]

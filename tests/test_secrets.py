@@ -312,7 +312,7 @@ def test_register_without_a_secret_is_refused_with_an_upgrade_message(
     client: taskq.Client, job_name: str
 ) -> None:
     make_job(client, job_name, 1)
-    keys = client.keys(job_name).all
+    keys = client.keys(job_name).script
     for extra in ([], ["short"]):
         reply = client.scripts.call("register", keys, ["", "old", "inc", 0, "h", 1, *extra])
         assert reply[0] == Code.INVALID

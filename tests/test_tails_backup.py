@@ -203,7 +203,7 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
     median = 100
     reply = client.scripts.call(
         "lease",
-        keys.all,
+        keys.script,
         [fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1, fast._session.secret],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING

@@ -95,7 +95,7 @@ def test_the_failed_worker_waits_no_longer_than_the_backoff(client, job_name):
     keys = client.keys(job_name)
     reply = client.scripts.call(
         "lease",
-        keys.all,
+        keys.script,
         [
             broken.job_incarnation,
             "broken",

@@ -440,7 +440,7 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
             "FCALL_RO" if read_only else "FCALL",
             name,
             str(nkeys),
-            *keys.all,
+            *keys.script,
             *["1"] * 12,
         )
 

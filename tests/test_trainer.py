@@ -271,7 +271,7 @@ def test_lost_lease_reply_healed_by_heartbeat(
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         lost_call = trainer._book.call_no + 1
         trainer._book.call_no = lost_call
-        keys = client.keys(job_name).all
+        keys = client.keys(job_name).script
         reply = client.scripts.call(
             "lease",
             keys,
@@ -308,7 +308,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
         call = trainer._book.call_no + 5  # a reply that may still be on the wire
         client.scripts.call(
             "lease",
-            client.keys(job_name).all,
+            client.keys(job_name).script,
             [
                 trainer.job_incarnation,
                 trainer.worker_id,

@@ -87,9 +87,9 @@ class Connection:
         # the job's own key list as it is (one list per job: the constant part of the
         # call is packed once per list, engine/transport.py), a new one only with extra keys
         keys: list[Any] = (
-            job_keys.all_bytes
+            job_keys.script_bytes
             if not extra_keys
-            else job_keys.all_bytes + [k.encode() for k in extra_keys]
+            else job_keys.script_bytes + [k.encode() for k in extra_keys]
         )
         try:
             reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))

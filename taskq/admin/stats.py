@@ -95,7 +95,7 @@ def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
     from taskq.models import JobStatus
 
     keys = client.keys(name)
-    reply = client.scripts.call("stats", keys.all, list(LEASE_AGE_BOUNDS_S))
+    reply = client.scripts.call("stats", keys.script, list(LEASE_AGE_BOUNDS_S))
     raise_for(int(reply[0]), name)
     meta = _pairs(reply[1])
     if F.INC not in meta or F.N not in meta:

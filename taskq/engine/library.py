@@ -4,10 +4,10 @@ Each ``lua/verb.lua`` opens with a ``#!lua`` line (``flags=no-writes`` for the r
 ones, ``flags=allow-oom`` for those that only free or set a flag, so an operator can still
 cancel, delete or pause a job on a Redis out of memory; one flag per verb) and a KEYS /
 ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
-``the job's keys (keys.JOB_KEYS)``, then ``+ name, ...`` for any extra one (create's
+``the job's keys (keys.SCRIPT_KEYS)``, then ``+ name, ...`` for any extra one (create's
 staging hash), and that is the number of keys a call must pass (checked here). The
 library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.JOB_KEYS``, the ``C`` table of return codes, the per-call bounds ``MAX_BATCH`` ...,
+``keys.SCRIPT_KEYS`` and ``kc(name)``, which makes a cold one, the ``C`` table of return codes, the per-call bounds ``MAX_BATCH`` ...,
 the histogram bounds), the parts
 ``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
 verb's body registered as the function ``taskq_<version>_<verb>``, which calls
@@ -50,7 +50,7 @@ from importlib import resources
 from taskq import errors
 from taskq.engine import contract
 from taskq.engine.contract import _LIMITS, HIST_BOUNDS_MS, Code
-from taskq.keys import JOB_KEYS, META_FIELDS
+from taskq.keys import COLD_KEYS, META_FIELDS, SCRIPT_KEYS
 
 MAX_LOCALS = 180
 MAX_UPVALUES = 50
@@ -73,26 +73,13 @@ LIB_PARTS: tuple[str, ...] = (
 
 _NAME_RE = re.compile(r"^([a-z]+)\.lua$")
 _KEYS_RE = re.compile(
-    r"^-- KEYS: the job's keys \(keys\.JOB_KEYS\)(?: \+ ([a-z_]+(?:, [a-z_]+)*))?(?:$| )", re.M
+    r"^-- KEYS: the job's keys \(keys\.SCRIPT_KEYS\)(?: \+ ([a-z_]+(?:, [a-z_]+)*))?(?:$| )", re.M
 )
 _TOP_LOCAL_RE = re.compile(r"^local\s+(?!function\b)(.*)$", re.M)
 _PER_CALL_RE = re.compile(r"^([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*(.*?)\s*--\s*per call\b")
 _FIELD_RE = re.compile(r"\bF\.([A-Za-z_]\w*)")
 
 
-COLD_KEYS = (
-    "wake",
-    "deadbits",
-    "passes",
-    "passidx",
-    "bcast0",
-    "bcast1",
-    "clock",
-    "lock",
-    "ckpts",
-    "ckpt",
-    "ckprog",
-)
 _COLD_RE = re.compile(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b")
 
 
@@ -148,19 +135,25 @@ SLOTS_MADE = len(HOT_META) + 1
 def _generated() -> str:
     """Definitions made from Python's constants: the K_* keys, the meta fields' names by
     slot and the histogram. (The codes and the bounds are written into the text as numbers,
-    cold keys as ``KC[i]``: ``_constants``; meta fields as their slots: ``_fields``.)"""
-    names = [f"K_{name.upper()}" for name in JOB_KEYS if name not in COLD_KEYS]
+    cold keys as ``kc('name')``: ``_constants``; meta fields as their slots: ``_fields``.)"""
+    names = [f"K_{name.upper()}" for name in SCRIPT_KEYS]
     falses = "{" + ", ".join(["false"] * SLOTS_MADE) + "}"
     meta_names = ", ".join(
         f"'{META_FIELDS[n]}'" for n in sorted(META_SLOTS, key=META_SLOTS.__getitem__)
     )
-    slots = ", ".join(f"keys[{JOB_KEYS.index(n[2:].lower()) + 1}]" for n in names)
+    slots = ", ".join(f"keys[{i}]" for i in range(1, len(names) + 1))
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [
         f"local KC, {', '.join(names)}",
-        "-- the keys of the job a call is about (called by begin())",
+        "-- the keys of the job a call is about (called by begin()); KC: the job's key base,",
+        "-- made by the first kc() of the call",
         "local function set_keys(keys)",
-        f"  KC, {', '.join(names)} = keys, {slots}",
+        f"  KC, {', '.join(names)} = false, {slots}",
+        "end",
+        "-- the job's key `name` (keys.COLD_KEYS: not passed in KEYS, made when used)",
+        "local function kc(name)",
+        "  if not KC then KC = string.sub(K_META, 1, -5) end  -- '<prefix>:{job}:' (of ...:meta)",
+        "  return KC .. name",
         "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
         "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
@@ -205,7 +198,10 @@ def _constants(file: str, text: str) -> str:
 
     text = _CODE_RE.sub(code, text)
     text = re.sub(r"\bMETA_HOT_SLOTS\b", str(len(HOT_META)), text)
-    text = _COLD_RE.sub(lambda m: f"KC[{JOB_KEYS.index(m.group(1).lower()) + 1}]", text)
+    text = re.sub(r"\bSCRIPT_KEY_COUNT\b", str(len(SCRIPT_KEYS)), text)
+    cold = "{" + ", ".join(f"'{k}'" for k in COLD_KEYS) + "}"
+    text = re.sub(r"\bCOLD_KEY_NAMES\b", cold, text)
+    text = _COLD_RE.sub(lambda m: f"kc('{m.group(1).lower()}')", text)
     return _LIMIT_RE.sub(lambda m: str(getattr(contract, m.group(1))), text)
 
 
@@ -375,10 +371,10 @@ def _nkeys(file: str, text: str) -> int:
     m = _KEYS_RE.search(text)
     if not m:
         raise errors.TaskqError(
-            f"{file}: needs a header line `-- KEYS: the job's keys (keys.JOB_KEYS)`, "
+            f"{file}: needs a header line `-- KEYS: the job's keys (keys.SCRIPT_KEYS)`, "
             f"with `+ name, ...` for any extra key"
         )
-    return len(JOB_KEYS) + (len(m.group(1).split(",")) if m.group(1) else 0)
+    return len(SCRIPT_KEYS) + (len(m.group(1).split(",")) if m.group(1) else 0)
 
 
 def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:

@@ -350,7 +350,7 @@ def helper_main() -> None:
         conf["url"], retries=1, socket_timeout=max(0.5, min(float(conf["ttl"]) / 2, 5.0))
     )
     scripts = Scripts(redis_client)
-    keys = JobKeys(conf["job"], conf["prefix"]).all
+    keys = JobKeys(conf["job"], conf["prefix"]).script
     args: list[Any] | None = None
     for msg in pending:
         args = msg.get("args", args)

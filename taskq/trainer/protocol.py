@@ -413,7 +413,9 @@ class Wire:
         Raises:
             ConnectionLost: Redis could not be reached.
         """
-        return HeartbeatReply.decode(call_heartbeat(scripts, self.client.url, self.keys.all, args))
+        return HeartbeatReply.decode(
+            call_heartbeat(scripts, self.client.url, self.keys.script, args)
+        )
 
     def wait(self, gen: int, timeout: float) -> None:
         """Block up to ``timeout`` seconds for a wake token or the next broadcast after

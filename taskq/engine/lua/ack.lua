@@ -1,6 +1,6 @@
 #!lua
 -- ack: ack finished leases, start reserved ones, and lease the next, in one call.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, call_no, n_acks, (task, token) x n_acks,
 --       n_starts, (task, token) x n_starts, want, mode (S | R | F), expect_pass (-1 any),
 --       secret

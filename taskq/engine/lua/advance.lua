@@ -1,6 +1,6 @@
 #!lua
 -- advance: start the next pass (compare-and-set on the pass number).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), expected_pass, force (1|0)
 -- returns: {code, pass_after, skipped}; LOCKED (with the checkpoint's id 4th) while a
 -- rewind is half done: its position is half copied, nothing is written

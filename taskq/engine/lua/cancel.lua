@@ -2,7 +2,7 @@
 -- cancel: the job will never give work again; every lease becomes stale at once.
 -- It frees the lease indexes and writes a flag, a summary and an event, so it runs out of
 -- memory too (allow-oom): the operator's way out.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
 arg_id(ARGV[1], 'job_inc', true)

@@ -1,7 +1,7 @@
 #!lua
 -- checkpoint: record the job's position under an id: the cut in one call, then bounded
 -- calls that page what it copied.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | prog | seal),
 --       arg (prog: and a cursor); the steps go in this order
 --   begin, arg = keep (1..1000): the cut, one consistent position taken at once whatever

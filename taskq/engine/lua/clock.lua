@@ -1,6 +1,6 @@
 #!lua
 -- clock: advance a job's manual clock (tests only).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), advance_ms, silent (1: not traffic, so the silence rule may apply)
 -- returns: {code, now_ms}
 arg_id(ARGV[1], 'job_inc', true)

@@ -1,6 +1,6 @@
 #!lua
 -- closed: the reaper saw a worker's heartbeat connection gone: declare the worker lost.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), worker, winc, conn id, min_quiet_ms, budget
 -- returns: {code (OK | NOTHING), reclaimed}
 -- Fenced: only this incarnation, only while its record still names this connection (a
@@ -20,8 +20,12 @@ local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
 local m = worker .. '|' .. winc
 local deadline = tonum(rcall('ZSCORE', K_WORKERS, m) or '')
-local inc, ttl_s = winfo(worker)
-if not deadline or inc ~= winc or winfo_conn(worker) ~= cid or deadline < JNOW then
+local rec = rcall('HGET', K_WINFO, worker)
+local inc, ttl_s = winfo(worker, rec or false)
+-- the id of its heartbeat connection: the record's 8th field (Redis's CLIENT ID, sent by
+-- the trainer; '' when unknown, see lib/workers.lua set_conn)
+local conn = rec and (smatch(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or '')
+if not deadline or inc ~= winc or conn ~= cid or deadline < JNOW then
   return done({C.NOTHING, 0})
 end
 local ttl = tonum(ttl_s) or mnum(F.TTL)

@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- conns: the workers whose heartbeat connection is known, a bounded batch, read-only.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: offset (rank in the workers set), limit
 -- returns: {code, heartbeat_ms, next_offset (0: the end), {{worker, winc, conn id,
 --           quiet_ms, ttl_ms, witness id}...}}

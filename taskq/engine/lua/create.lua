@@ -1,6 +1,6 @@
 #!lua
 -- create: flip a staged job live in one O(1) step (readers see all of it or none).
--- KEYS: the job's keys (keys.JOB_KEYS) + staging (the hash of chunks written before)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging (the hash of chunks written before)
 -- ARGV: replace (1|0), n_tasks, then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
@@ -24,8 +24,9 @@ if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
   return done({C.INVALID})
 end
 local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
-local job_keys = {}
-for k = 1, #KEYS - 1 do job_keys[k] = KEYS[k] end
+-- every key of the job: those passed and the cold ones (keys.COLD_KEYS)
+local job_keys = {unpk(KEYS, 1, SCRIPT_KEY_COUNT)}
+for _, name in lipairs(COLD_KEY_NAMES) do job_keys[#job_keys + 1] = kc(name) end
 rcall('UNLINK', unpk(job_keys))
 rcall('RENAME', staging, K_CHUNKS)
 rcall('PERSIST', K_CHUNKS)

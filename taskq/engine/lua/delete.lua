@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- delete: remove every key of the job (UNLINK: O(1) here, freed in the background).
 -- It only frees, so it runs out of memory too (allow-oom): the operator's way out.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
 arg_id(ARGV[1], 'job_inc', true)
@@ -10,5 +10,7 @@ local bad = args_bad()
 if bad then return bad end
 local cur = rcall('HGET', K_META, N.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
-rcall('UNLINK', unpk(KEYS))
+local job_keys = {unpk(KEYS)}  -- every key of the job: those passed and the cold ones
+for _, name in lipairs(COLD_KEY_NAMES) do job_keys[#job_keys + 1] = kc(name) end
+rcall('UNLINK', unpk(job_keys))
 return {C.OK}

@@ -1,6 +1,6 @@
 #!lua
 -- drain: ask one worker to finish its current task, then leave.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), worker
 -- returns: {code (OK | WORKER_NOT_FOUND)}
 arg_id(ARGV[1], 'job_inc', true)

@@ -1,6 +1,6 @@
 #!lua
 -- fail: the trainer reports that its tasks failed.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, error_text, n, (task, token) x n, secret
 -- returns: {code, {result per task}}
 -- One failing task is charged a failure (dead at max_failures or max_attempts); a batch

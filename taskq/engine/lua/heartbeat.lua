@@ -1,6 +1,6 @@
 #!lua
 -- heartbeat: the worker's whole truth in one call.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, last_reply_call_no, n, (task, token) x n, secret
 --   [, input wait][, conn id]
 -- returns: {code (OK | DRAINING | REREGISTER), {revoked task ids}, {pass, gen, state, reason}}

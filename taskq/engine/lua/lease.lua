@@ -1,6 +1,6 @@
 #!lua
 -- lease: grant up to `want` tasks to a worker (reclaiming expired leases it meets).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, want, call_no, mode (S started | R reserved | F first
 --       started, rest reserved), expect_pass (-1 any), secret
 -- returns: {code, {{task, token, attempt, chunks_json, started}...}, wait_ms,

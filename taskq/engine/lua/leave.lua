@@ -1,6 +1,6 @@
 #!lua
 -- leave: a worker deregisters, releasing everything it holds in one call.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, secret
 -- returns: {code, released_count, more (1: the rest is left to reclaim)}
 -- Started leases count an attempt (as a release does); reserved ones count nothing.

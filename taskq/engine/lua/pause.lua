@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- pause: trainers get no new leases (they wait, as in a waiting state) and keep what they
 -- hold; acks, heartbeats and reclaim go on. Only a flag, so it runs out of memory too.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
 arg_id(ARGV[1], 'job_inc', true)

@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- peek: one page of the tasks of the current pass in one state, read-only.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: state (todo | leased | done | dead), cursor ('0' to start), count (1..PAGE_MAX)
 -- returns: {code, {{task, lease_record_or_false, failures, attempts}...}, next_cursor}
 -- The listing is complete when next_cursor is '0'. Like SCAN's, a page may hold fewer

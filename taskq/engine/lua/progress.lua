@@ -1,6 +1,6 @@
 #!lua
 -- progress: a holder records how far into its tasks it got (fenced like an ack).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, n (0..MAX_LISTED), (task, token, samples) x n, secret
 --   samples: "<samples>", "<samples>:<size>" or "<samples>:<size>:<end>" (the task's
 --   size in samples when the holder knows it, what tail splitting needs; the end of its

@@ -1,6 +1,6 @@
 #!lua
 -- reap: reclaim expired leases and lost workers' leases, in a bounded batch.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), budget, lock_ms, reaper_id
 -- returns: {code (OK | LOCKED), reclaimed, more (1|0)}
 -- A short per-job lock keeps several reapers from stampeding; atomicity alone already

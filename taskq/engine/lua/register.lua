@@ -1,6 +1,6 @@
 #!lua
 -- register: a worker incarnation joins the job.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid, secret
 --       [, conn id]
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}

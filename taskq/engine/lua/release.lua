@@ -1,6 +1,6 @@
 #!lua
 -- release: the trainer gives tasks back unfinished (graceful leave, SIGTERM, break).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc, worker, winc, n, (task, token) x n, secret
 -- returns: {code, {result per task}}
 -- A started task counts an attempt (dead at max_attempts); a reserved one counts nothing.

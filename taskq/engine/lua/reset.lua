@@ -1,6 +1,6 @@
 #!lua
 -- reset: restart the current pass (a new attempt of it; its leases become stale).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), expected_pass (-1 = current)
 -- returns: {code, pass}; LOCKED (with the checkpoint's id 3rd) while a rewind is half
 -- done: its position is half copied, nothing is written

@@ -1,6 +1,6 @@
 #!lua
 -- resume: end a pause; every waiting trainer is woken (a new generation) to lease again.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
 arg_id(ARGV[1], 'job_inc', true)

@@ -1,7 +1,7 @@
 #!lua
 -- retry: dead tasks back to the front of the current pass (reopening a completed
 -- job's last pass, or a job waiting because every task was dead).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), n, task ids x n (n = 0: up to MAX_RETRY dead tasks)
 -- returns: {code, retried, dead_left}; a checkpoint being written is not affected (its cut
 -- was taken in one call); LOCKED (with the checkpoint's id 4th) while a

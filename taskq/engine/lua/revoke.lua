@@ -1,7 +1,7 @@
 #!lua
 -- revoke: an operator sends one task's lease back to the front (nothing counted); a split
 -- task's pieces go back each on its own (its tail piece alone once its head is acked).
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), task
 -- returns: {code (OK | NOT_LEASED)}
 arg_id(ARGV[1], 'job_inc', true)

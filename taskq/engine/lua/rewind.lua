@@ -1,7 +1,7 @@
 #!lua
 -- rewind: put the job back to a checkpoint's cut, and derive the rest from it, in bounded
 -- calls.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | page | dead |
 --       todo | walk | mark | seal), arg, epoch (begin: key, '' for none; always 5)
 --   begin, arg = once (1|0), key: the running attempt's summary is kept (marked rewound),

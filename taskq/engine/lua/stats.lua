@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- stats: a read-only snapshot of one job, O(1) in the number of tasks.
--- KEYS: the job's keys (keys.JOB_KEYS)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: lease-age bucket bounds in seconds (ascending)
 -- returns: {code, meta (flat field/value list), dead, workers_alive, now_ms, jnow_ms,
 --           hist (flat), {started lease count older than each bound}, oldest_start_jnow}

@@ -25,15 +25,6 @@ local function winfo(worker, rec)
     ssub(rec, p6 + 1, (p7 or 0) - 1)
 end
 
--- The id of the worker's heartbeat connection (the record's 8th field: Redis's
--- CLIENT ID, sent by the trainer; '' when unknown), for the reaper's closed-connection
--- check (reaper.py).
-local function winfo_conn(worker)
-  local rec = rcall('HGET', K_WINFO, worker)
-  if not rec then return nil end
-  return smatch(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or ''
-end
-
 -- Records the connection id a worker incarnation sent (a heartbeat after a reconnect
 -- carries a new one); a no-op when unchanged or not its record. The first change keeps
 -- the id it replaces, the connection the worker registered on, as the record's 9th field:
