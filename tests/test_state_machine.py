@@ -216,6 +216,40 @@ class EngineMachine(RuleBasedStateMachine):
             self.lease(w)
 
     @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS), n=st.integers(0, 4))
+    def ack_all_and_lease_many(self, w: str, n: int) -> None:
+        """The batch path: everything w holds acked and up to n leased in one call (a
+        batch's acks read their records in one HMGET and gather their writes, its grants
+        too: lib/leases.lua lw_new)."""
+        acks = list(self.held[w])
+        if not acks and n == 0:
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        rnd = self._meta("round")
+        current = [t for t in acks if self._is_current(w, t)]
+        done_before = self._meta("ndone")
+        got = self.trainers[w].lease_many(n, timeout=0, acks=acks)
+        if self._meta("round") == rnd:
+            # each current ack sets its task's done bit, but a piece of a split task's,
+            # which waits for the other piece (SplitMachine)
+            done = [t for t in current if r.getbit(keys.done, t.id)]
+            for task in done:
+                assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
+                self._attempt(rnd).add(task.id)
+            for task in current:
+                if task not in done:
+                    rec = r.hget(keys.leases, f"s:{task.id}") or ""
+                    assert rec.split("|")[0] == str(rnd), "an ack left a task undone"
+            assert self._meta("ndone") == done_before + len(done)
+        self.held[w] = []
+        self.ended += [(w, task) for task in acks]
+        for task in got:
+            assert task.token > self.max_token, "a new lease gets a larger token than any before"
+            self.max_token = task.token
+            assert 0 <= task.id < N_TASKS
+            self.held[w].append(task)
+
+    @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
     @rule(i=st.integers(0, 50))
     def late_ack(self, i: int) -> None:

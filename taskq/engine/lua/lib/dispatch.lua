@@ -135,8 +135,19 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
       rcall('ZADD', K_RESERVED, now_s(), task)
     end
   end
-  -- (nleased, c_leased and p_leased: counted once per take, for all its grants)
-  event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
+  -- (nleased, c_leased and p_leased: counted once per take, for all its grants; a batch's
+  -- step event lists too, take())
+  if buf then  -- (buf.S, buf.R: {tasks, tokens} of the grants of each kind)
+    local e = buf[st]
+    if e then
+      local n = #e[1] + 1
+      e[1][n], e[2][n] = task, tok
+    else
+      buf[st] = {{task}, {tok}}
+    end
+  else
+    event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
+  end
   return {task_n or tonum(task), tok, attempt, false, st == 'S' and 1 or 0}
 end
 
@@ -303,7 +314,12 @@ local function take(worker, winc, want, call_no, mode)
   if want > 1 then buf = lw_new() end
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
   local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
-  if buf then lw_flush(buf) end
+  if buf then
+    lw_flush(buf)
+    -- (as grant() would have: the started ones first, mode F)
+    if buf.S then event_tasks('leased', buf.S[1], buf.S[2], worker) end
+    if buf.R then event_tasks('reserved', buf.R[1], buf.R[2], worker) end
+  end
   if granted > 0 then
     mincr(F.NLEASED, granted)
     mincr(F.C_LEASED, granted)

@@ -158,14 +158,16 @@ local function acked_one(task, l, tok, worker, _, _, buf)
     rcall('HDEL', K_PROGRESS, task)
   end
   if a then
-    a.n, a.fresh, a.ms, a.med = a.n + 1, a.fresh + fresh, a.ms + ms, med
+    local k = a.n + 1
+    a.n, a.fresh, a.ms, a.med = k, a.fresh + fresh, a.ms + ms, med
+    a.tasks[k], a.tokens[k] = task, tok  -- (their step event's lists: end_held)
+    return
   elseif buf then
-    buf.acks = {n = 1, fresh = fresh, ms = ms, med = med}
-  else
-    acks_counted(1, fresh, ms, med)
+    buf.acks = {n = 1, fresh = fresh, ms = ms, med = med, tasks = {task}, tokens = {tok}}
+    return
   end
+  acks_counted(1, fresh, ms, med)
   event_task('acked', task, worker, tok)
-  if buf then return end
   local o = other_lease(task, l)
   if o then  -- the first ack wins: the other holder's lease is revoked (its ack is stale)
     end_lease(task, o, 'V')
@@ -212,9 +214,12 @@ end
 -- (lw_new); a task listed twice reads the record its first listing wrote.
 local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local out = {}
-  local buf, recs = nil, nil
+  local buf, recs, into = nil, nil, nil
   if n > 1 and kind == 'A' and mnum(F.P_BACKUPS) == 0 then
     buf = lw_new()
+    -- (the holder's records, each parsed into this one table: used before the next)
+    into = {live = true, worker = worker, winc = winc, token = false, round = ROUND,
+      rs = false, st = false, sinces = false, calls = false, attempts = false, dig = false}
     local tasks = {}
     for k = 1, n do tasks[k] = argv[first + 2 * k - 1] end
     recs = rcall('HMGET', K_LEASES, unpk(tasks))  -- (checked ids: a read before the checks)
@@ -223,7 +228,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     local task, tok = argv[first + 2 * k - 1], argv[first + 2 * k]
     local l
     if buf then  -- (lease_for without backups: the task's record)
-      l = parse_lease(buf.p[task] or recs[k], worker, winc, tok)
+      l = parse_lease(buf.p[task] or recs[k], worker, winc, tok, into)
     else
       l = lease_for(task, worker, winc, tok)
     end
@@ -237,7 +242,10 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   end
   if buf then
     local a = buf.acks
-    if a then acks_counted(a.n, a.fresh, a.ms, a.med) end
+    if a then
+      acks_counted(a.n, a.fresh, a.ms, a.med)
+      event_tasks('acked', a.tasks, a.tokens, worker)
+    end
     lw_flush(buf)
   end
   return out

@@ -67,6 +67,22 @@ local function event_task(kind, task, worker, token)
     v[#v + 1], tk[#tk + 1] = task, token
   end
 end
+-- A batch's tasks of one kind at once (tasks, tokens: lists, which the entry keeps): one
+-- call for the batch, not one per task (~4.9 k instructions each, bench/README.md).
+local function event_tasks(kind, tasks, tokens, worker)
+  local n = #tasks
+  if n == 1 then return event_task(kind, tasks[1], worker, tokens[1]) end
+  if n == 0 then return end
+  local t = EVT
+  if t.n > 0 and t.worker ~= worker then flush_events() end
+  if t.n == 0 then t.worker, t.pass = worker, mget(F.PASS) end
+  if t[kind] then  -- (the kind has some already: appended one by one)
+    for k = 1, n do event_task(kind, tasks[k], worker, tokens[k]) end
+    return
+  end
+  local k = t.n + 1
+  t[kind], EVK[kind], EVORDER[k], t.n = tasks, tokens, kind, k
+end
 local function event(kind, ...)
   if EVT.n > 0 then flush_events() end
   rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', kind, 'pass', mget(F.PASS), ...)

@@ -20,7 +20,10 @@
 -- A caller that names the holder it expects (worker, winc, tok: checked ids, so no '|' in
 -- them) has the record's head compared as one string when it is that holder's current
 -- lease, and only the rest matched (the whole pattern was ~half of an ack's record work).
-local function parse_lease(rec, worker, winc, tok)
+-- (into: a table to fill rather than one made, for that holder's record: a batch's acks,
+-- endings.lua end_held, each used before the next; a table of 11 fields is ~4.4 k
+-- instructions to make, bench/README.md)
+local function parse_lease(rec, worker, winc, tok, into)
   if not rec then return nil end
   if sbyte(rec, 1) == 76 then  -- 'L'
     if tok then
@@ -29,7 +32,11 @@ local function parse_lease(rec, worker, winc, tok)
       if ssub(rec, 1, #head) == head then
         local st, since, call, att, dig = smatch(rec,
           '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$', #head + 1)
-        if st then
+        if st and into then
+          into.token, into.rs, into.st, into.sinces, into.calls, into.attempts, into.dig =
+            tok, rs, st, since, call, att, dig
+          return into
+        elseif st then
           return {live = true, worker = worker, winc = winc, token = tok, round = ROUND,
                   rs = rs, st = st, sinces = since, calls = call, attempts = att, dig = dig}
         end
@@ -202,7 +209,9 @@ end
 
 -- A batch's lease writes, gathered: the records (p, the pending ones by task, which the
 -- batch's own reads see first; h, the HSET pairs) and the index changes (o / s / r: owned,
--- started, reserved members removed; oa / sa / ra: (score, member) pairs added). lw_flush
+-- started, reserved members removed; oa / sa / ra: (score, member) pairs added); a take's
+-- grants also note their step event's lists in S / R ({tasks, tokens}, dispatch.lua
+-- grant) and a batch of acks its counts and lists in acks (endings.lua acked_one). lw_flush
 -- writes them, one command each, in the order one lease's writes go (the removals, then
 -- the records, then the additions); nothing reads those keys between. A batch of 16 wrote
 -- them one command per lease: ~3.5 k instructions each beyond its work, bench/README.md.
