@@ -111,23 +111,35 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
     attempt = (tonum(rcall('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
     att_s = fmt(attempt)
   end
-  local rec = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. round_s() .. '|' .. st
-    .. '|' .. now_s() .. '|' .. cn .. '|' .. att_s .. '|' .. CALLER_DIG
   GRANTED[#GRANTED + 1] = task
   if st == 'S' then start_due() else mincr(F.NRESERVED) end
   if buf then
+    -- (a batch's records share all but the token and attempt: the rest made once per take,
+    -- buf.lh and buf.ts / buf.tr, and the owned members' head buf.mh)
+    local lh, lt = buf.lh, nil
+    if not lh then
+      lh = 'L|' .. worker .. '|' .. winc .. '|'
+      buf.lh, buf.mh = lh, worker .. '|' .. winc .. '|'
+    end
+    if st == 'S' then lt = buf.ts else lt = buf.tr end
+    if not lt then
+      lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
+      if st == 'S' then buf.ts = lt else buf.tr = lt end
+    end
+    local rec = lh .. tok .. lt .. att_s .. '|' .. CALLER_DIG
     local h, oa = buf.h, buf.oa
     local n = #h
     h[n + 1], h[n + 2] = task, rec
     buf.p[task] = rec
     n = #oa
-    oa[n + 1], oa[n + 2] = '0', member(worker, winc, task)
+    oa[n + 1], oa[n + 2] = '0', buf.mh .. task
     local z, score = buf.ra, nil
     if st == 'S' then z, score = buf.sa, jnow_s() else score = now_s() end
     n = #z
     z[n + 1], z[n + 2] = score, task
   else
-    rcall('HSET', K_LEASES, task, rec)
+    rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. round_s()
+      .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|' .. att_s .. '|' .. CALLER_DIG)
     rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
     if st == 'S' then
       rcall('ZADD', K_STARTED, jnow_s(), task)

@@ -232,7 +232,10 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     else
       l = lease_for(task, worker, winc, tok)
     end
-    if holds_secret(l, worker, winc, tok) then
+    -- (a record parsed into `into` is the named holder's current lease: its head matched,
+    -- so only the secret is left to check)
+    if (l ~= nil and l == into and CALLER_DIG ~= nil and l.dig == CALLER_DIG)
+        or (l ~= into and holds_secret(l, worker, winc, tok)) then
       end_lease(task, l, kind, buf)
       on_end(task, l, tok, worker, n, note, buf)
       out[k] = C.OK
