@@ -160,7 +160,9 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
   else
     event_task(st == 'S' and 'leased' or 'reserved', task, worker, tok)
   end
-  return {task_n or tonum(task), tok, attempt, false, st == 'S' and 1 or 0}
+  -- (the row with its start slot, which add_starts sets: a sixth slot set later grew the
+  -- array, a rehash per row)
+  return {task_n or tonum(task), tok, attempt, false, st == 'S' and 1 or 0, 0}
 end
 
 -- After a failure, the worker that failed a task does not get it back for one heartbeat
@@ -230,7 +232,7 @@ local function take_backup(worker, winc, cn)
       mincr(F.P_BACKUPS)
       event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
         'running_ms', fmt(JNOW - tonum(rcall('ZSCORE', K_STARTED, task))))
-      return {tonum(task), tok, tonum(l.attempts), false, 1}
+      return {tonum(task), tok, tonum(l.attempts), false, 1, 0}
     end
   end
   -- none yet: a waiter comes back when the next started task passes the bar

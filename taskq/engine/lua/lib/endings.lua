@@ -217,9 +217,13 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local buf, recs, into = nil, nil, nil
   if n > 1 and kind == 'A' and mnum(F.P_BACKUPS) == 0 then
     buf = lw_new()
-    -- (the holder's records, each parsed into this one table: used before the next)
+    -- (the holder's records, each parsed into this one table: used before the next; the
+    -- heads of their ended records and owned members made once, leases.lua end_lease)
     into = {live = true, worker = worker, winc = winc, token = false, round = ROUND,
       rs = false, st = false, sinces = false, calls = false, attempts = false, dig = false}
+    buf.into, buf.eh, buf.mh = into, 'E|' .. worker .. '|' .. winc .. '|', worker .. '|' .. winc
+      .. '|'
+    buf.et = '|' .. round_s() .. '|A|' .. (CALLER_DIG or '')
     local tasks = {}
     for k = 1, n do tasks[k] = argv[first + 2 * k - 1] end
     recs = rcall('HMGET', K_LEASES, unpk(tasks))  -- (checked ids: a read before the checks)
@@ -244,6 +248,8 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     end
   end
   if buf then
+    if buf.nl > 0 then mincr(F.NLEASED, -buf.nl) end
+    if buf.nr > 0 then mincr(F.NRESERVED, -buf.nr) end
     local a = buf.acks
     if a then
       acks_counted(a.n, a.fresh, a.ms, a.med)

@@ -211,12 +211,13 @@ end
 -- batch's own reads see first; h, the HSET pairs) and the index changes (o / s / r: owned,
 -- started, reserved members removed; oa / sa / ra: (score, member) pairs added); a take's
 -- grants also note their step event's lists in S / R ({tasks, tokens}, dispatch.lua
--- grant) and a batch of acks its counts and lists in acks (endings.lua acked_one). lw_flush
+-- grant) and a batch of acks its counts and lists in acks (endings.lua acked_one), the
+-- leases it ended in nl (nr of them reserved), counted once (end_held). lw_flush
 -- writes them, one command each, in the order one lease's writes go (the removals, then
 -- the records, then the additions); nothing reads those keys between. A batch of 16 wrote
 -- them one command per lease: ~3.5 k instructions each beyond its work, bench/README.md.
 local function lw_new()
-  return {p = {}, h = {}, o = {}, s = {}, r = {}, oa = {}, sa = {}, ra = {}}
+  return {p = {}, h = {}, o = {}, s = {}, r = {}, oa = {}, sa = {}, ra = {}, nl = 0, nr = 0}
 end
 local function lw_flush(b)
   if #b.o > 0 then rcall('ZREM', K_OWNED, unpk(b.o)) end
@@ -229,6 +230,29 @@ local function lw_flush(b)
 end
 -- (buf: a batch's lw_new(), whose writes lw_flush makes; nil: written at once)
 local function end_lease(task, l, kind, buf)
+  if buf and not l.backup then
+    -- (a batch's: its counts made once, end_held; a lease parsed into the batch's table,
+    -- buf.into, has its record and member made from the heads end_held made once)
+    local rec, m
+    if l == buf.into then
+      rec, m = buf.eh .. l.token .. buf.et, buf.mh .. task
+    else
+      rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+        .. '|' .. (l.dig or '')
+      m = member(l.worker, l.winc, task)
+    end
+    buf.nl = buf.nl + 1
+    if l.st == 'R' then
+      buf.nr = buf.nr + 1
+      buf.r[#buf.r + 1] = task
+    end
+    local o, s, h = buf.o, buf.s, buf.h
+    o[#o + 1], s[#s + 1] = m, task
+    local n = #h
+    h[n + 1], h[n + 2] = task, rec
+    buf.p[task] = rec
+    return
+  end
   local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
     .. '|' .. (l.dig or '')
   if l.backup then  -- a backup is in no index but owned, and not counted in nleased
@@ -238,15 +262,6 @@ local function end_lease(task, l, kind, buf)
   end
   if l.st == 'R' then mincr(F.NRESERVED, -1) end
   mincr(F.NLEASED, -1)
-  if buf then
-    local o, s, h = buf.o, buf.s, buf.h
-    o[#o + 1], s[#s + 1] = member(l.worker, l.winc, task), task
-    if l.st == 'R' then buf.r[#buf.r + 1] = task end
-    local n = #h
-    h[n + 1], h[n + 2] = task, rec
-    buf.p[task] = rec
-    return
-  end
   -- the live lease's index entries (not the record itself)
   rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
   rcall('ZREM', K_STARTED, task)

@@ -8,10 +8,8 @@
 -- (split.lua: take_split), a head piece's ends at the split point.
 local function add_starts(out, granted)
   local splits = mnum(F.P_BACKUPS) > 0
-  if progress_empty() and not splits then
-    for _, g in lipairs(out) do g[6] = 0 end
-    return
-  end
+  -- (each row comes with its start slot 0: grant, take_backup)
+  if progress_empty() and not splits then return end
   local got = rcall('HMGET', K_PROGRESS, unpk(granted))
   for k, g in lipairs(out) do
     if g[7] == nil then
