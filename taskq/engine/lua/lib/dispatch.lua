@@ -1,5 +1,5 @@
--- dispatch.lua: reclaiming lost and timed-out leases, the pass's order (cursor, seeded
--- permutation), the front, granting and stealing leases, and the lease half of a call.
+-- dispatch.lua: reclaiming lost and timed-out leases, the front, the cursor (the pass's
+-- order: passes.lua perm_fn), granting and stealing leases, and the lease half of a call.
 
 -- Reclaims what lost workers held and leases past their task timeout; at most `budget`
 -- leases. Returns (reclaimed, more_left).
@@ -65,37 +65,6 @@ local function reclaim(budget, force)
     mput(F.DUE, due)
   end
   return did, more
-end
-
--- The order of a pass: a seeded permutation of 0..N-1 (a 4-round Feistel network on
--- two halves of h bits, cycle-walking into range); identity without shuffle.
-local function perm_fn(n)
-  if mget(F.SHUFFLE) ~= '1' or n <= 1 then return function(i) return i end end
-  local seed = mnum(F.SEED)
-  local p = mnum(F.PASS)
-  if n == 2 then
-    local flip = (seed + p) % 2
-    return function(i) if flip == 1 then return 1 - i end return i end
-  end
-  local h = 1
-  while math.pow(4, h) < n do h = h + 1 end
-  local half = math.pow(2, h)
-  local keys = {}
-  for r = 1, 4 do keys[r] = (seed * 31 + p * 7919 + r * 104729) % 65536 end
-  local function feistel(x)
-    local left, right = mfloor(x / half), x % half
-    for r = 1, 4 do
-      local f = (right * 40503 + keys[r] * 9973 + 12345) % 65536
-      f = bit.bxor(f, bit.rshift(f, 7))
-      left, right = right, bit.bxor(left, f) % half
-    end
-    return left * half + right
-  end
-  return function(i)
-    local x = feistel(i)
-    while x >= n do x = feistel(x) end
-    return x
-  end
 end
 
 -- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
