@@ -229,6 +229,10 @@ class EngineMachine(RuleBasedStateMachine):
         current = [t for t in acks if self._is_current(w, t)]
         done_before = self._meta("ndone")
         got = self.trainers[w].lease_many(n, timeout=0, acks=acks)
+        # the model first (a failed check below must not leave a lease it does not know
+        # of: the teardown would then find a task no one can lease)
+        self.held[w] = list(got)
+        self.ended += [(w, task) for task in acks]
         if self._meta("round") == rnd:
             # each current ack sets its task's done bit, but a piece of a split task's,
             # which waits for the other piece (SplitMachine)
@@ -241,13 +245,10 @@ class EngineMachine(RuleBasedStateMachine):
                     rec = r.hget(keys.leases, f"s:{task.id}") or ""
                     assert rec.split("|")[0] == str(rnd), "an ack left a task undone"
             assert self._meta("ndone") == done_before + len(done)
-        self.held[w] = []
-        self.ended += [(w, task) for task in acks]
         for task in got:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
             assert 0 <= task.id < N_TASKS
-            self.held[w].append(task)
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
