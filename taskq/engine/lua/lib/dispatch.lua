@@ -92,20 +92,23 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
   end
   GRANTED[#GRANTED + 1] = task
   if st == 'S' then start_due() else mincr(F.NRESERVED) end
+  -- the record but its token and attempt (a batch's are alike: made once per take, buf.lh
+  -- and buf.ts / buf.tr, and the owned members' head buf.mh)
+  local lh, lt
   if buf then
-    -- (a batch's records share all but the token and attempt: the rest made once per take,
-    -- buf.lh and buf.ts / buf.tr, and the owned members' head buf.mh)
-    local lh, lt = buf.lh, nil
-    if not lh then
-      lh = 'L|' .. worker .. '|' .. winc .. '|'
-      buf.lh, buf.mh = lh, worker .. '|' .. winc .. '|'
-    end
+    lh = buf.lh
     if st == 'S' then lt = buf.ts else lt = buf.tr end
-    if not lt then
-      lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
-      if st == 'S' then buf.ts = lt else buf.tr = lt end
-    end
-    local rec = lh .. tok .. lt .. att_s .. '|' .. CALLER_DIG
+  end
+  if not lh then
+    lh = 'L|' .. worker .. '|' .. winc .. '|'
+    if buf then buf.lh, buf.mh = lh, member(worker, winc, '') end
+  end
+  if not lt then
+    lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
+    if buf and st == 'S' then buf.ts = lt elseif buf then buf.tr = lt end
+  end
+  local rec = lh .. tok .. lt .. att_s .. '|' .. CALLER_DIG
+  if buf then
     local h, oa = buf.h, buf.oa
     local n = #h
     h[n + 1], h[n + 2] = task, rec
@@ -117,8 +120,7 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
     n = #z
     z[n + 1], z[n + 2] = score, task
   else
-    rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. round_s()
-      .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|' .. att_s .. '|' .. CALLER_DIG)
+    rcall('HSET', K_LEASES, task, rec)
     rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
     if st == 'S' then
       rcall('ZADD', K_STARTED, jnow_s(), task)

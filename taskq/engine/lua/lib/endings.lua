@@ -217,13 +217,11 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   local buf, recs, into = nil, nil, nil
   if n > 1 and kind == 'A' and mnum(F.P_BACKUPS) == 0 then
     buf = lw_new()
-    -- (the holder's records, each parsed into this one table: used before the next; the
-    -- heads of their ended records and owned members made once, leases.lua end_lease)
+    -- (the holder's records, each parsed into this one table: used before the next;
+    -- leases.lua end_lease makes their ended records alike)
     into = {live = true, worker = worker, winc = winc, token = false, round = ROUND,
       rs = false, st = false, sinces = false, calls = false, attempts = false, dig = false}
-    buf.into, buf.eh, buf.mh = into, 'E|' .. worker .. '|' .. winc .. '|', worker .. '|' .. winc
-      .. '|'
-    buf.et = '|' .. round_s() .. '|A|' .. (CALLER_DIG or '')
+    buf.into = into
     local tasks = {}
     for k = 1, n do tasks[k] = argv[first + 2 * k - 1] end
     recs = rcall('HMGET', K_LEASES, unpk(tasks))  -- (checked ids: a read before the checks)
@@ -236,10 +234,14 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     else
       l = lease_for(task, worker, winc, tok)
     end
-    -- (a record parsed into `into` is the named holder's current lease: its head matched,
-    -- so only the secret is left to check)
-    if (l ~= nil and l == into and CALLER_DIG ~= nil and l.dig == CALLER_DIG)
-        or (l ~= into and holds_secret(l, worker, winc, tok)) then
+    local held
+    if l ~= nil and l == into then
+      -- (the named holder's current lease: its head matched, only the secret is left)
+      held = CALLER_DIG ~= nil and l.dig == CALLER_DIG
+    else
+      held = holds_secret(l, worker, winc, tok)
+    end
+    if held then
       end_lease(task, l, kind, buf)
       on_end(task, l, tok, worker, n, note, buf)
       out[k] = C.OK

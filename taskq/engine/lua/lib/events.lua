@@ -57,11 +57,7 @@ local function event_task(kind, task, worker, token)
     local n = t.n + 1
     t[kind], EVK[kind], EVORDER[n], t.n = task, token, kind, n
   elseif ltype(v) == 'string' then
-    -- (sized for a batch of 16 at once: grown from two, each list was rehashed three
-    -- times; the nils are past the border, so # is the count)
-    t[kind] = {v, task, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
-    EVK[kind] = {EVK[kind], token, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-      nil, nil}
+    t[kind], EVK[kind] = {v, task}, {EVK[kind], token}
   else
     local tk = EVK[kind]
     v[#v + 1], tk[#tk + 1] = task, token
@@ -70,16 +66,13 @@ end
 -- A batch's tasks of one kind at once (tasks, tokens: lists, which the entry keeps): one
 -- call for the batch, not one per task (~4.9 k instructions each, bench/README.md).
 local function event_tasks(kind, tasks, tokens, worker)
-  local n = #tasks
-  if n == 1 then return event_task(kind, tasks[1], worker, tokens[1]) end
-  if n == 0 then return end
-  local t = EVT
-  if t.n > 0 and t.worker ~= worker then flush_events() end
-  if t.n == 0 then t.worker, t.pass = worker, mget(F.PASS) end
-  if t[kind] then  -- (the kind has some already: appended one by one)
+  local n, t = #tasks, EVT
+  if n < 2 or t[kind] then  -- (one task, or a kind begun already: one by one)
     for k = 1, n do event_task(kind, tasks[k], worker, tokens[k]) end
     return
   end
+  if t.n > 0 and t.worker ~= worker then flush_events() end
+  if t.n == 0 then t.worker, t.pass = worker, mget(F.PASS) end
   local k = t.n + 1
   t[kind], EVK[kind], EVORDER[k], t.n = tasks, tokens, kind, k
 end

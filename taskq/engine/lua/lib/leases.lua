@@ -230,31 +230,32 @@ local function lw_flush(b)
 end
 -- (buf: a batch's lw_new(), whose writes lw_flush makes; nil: written at once)
 local function end_lease(task, l, kind, buf)
-  if buf and not l.backup then
-    -- (a batch's: its counts made once, end_held; a lease parsed into the batch's table,
-    -- buf.into, has its record and member made from the heads end_held made once)
-    local rec, m
-    if l == buf.into then
-      rec, m = buf.eh .. l.token .. buf.et, buf.mh .. task
-    else
-      rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+  local rec
+  if buf and l == buf.into then
+    -- (the batch's holder: all its records but the token alike, their two ends made once)
+    if not buf.eh then
+      buf.eh, buf.et = 'E|' .. l.worker .. '|' .. l.winc .. '|', '|' .. l.rs .. '|' .. kind
         .. '|' .. (l.dig or '')
-      m = member(l.worker, l.winc, task)
     end
+    rec = buf.eh .. l.token .. buf.et
+  else
+    rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
+      .. '|' .. (l.dig or '')
+  end
+  if buf and not l.backup then  -- (its counts made once, end_held)
     buf.nl = buf.nl + 1
     if l.st == 'R' then
       buf.nr = buf.nr + 1
       buf.r[#buf.r + 1] = task
     end
+    if not buf.mh then buf.mh = member(l.worker, l.winc, '') end
     local o, s, h = buf.o, buf.s, buf.h
-    o[#o + 1], s[#s + 1] = m, task
+    o[#o + 1], s[#s + 1] = buf.mh .. task, task
     local n = #h
     h[n + 1], h[n + 2] = task, rec
     buf.p[task] = rec
     return
   end
-  local rec = 'E|' .. l.worker .. '|' .. l.winc .. '|' .. l.token .. '|' .. l.rs .. '|' .. kind
-    .. '|' .. (l.dig or '')
   if l.backup then  -- a backup is in no index but owned, and not counted in nleased
     rcall('ZREM', K_OWNED, member(l.worker, l.winc, task))
     rcall('HSET', K_LEASES, 'b:' .. task, rec)
