@@ -7,8 +7,8 @@ ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
 ``the job's keys (keys.SCRIPT_KEYS)``, then ``+ name, ...`` for any extra one (create's
 staging hash), and that is the number of keys a call must pass (checked here). The
 library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.SCRIPT_KEYS`` and ``kc(name)``, which makes a cold one, the ``C`` table of return codes, the per-call bounds ``MAX_BATCH`` ...,
-the histogram bounds), the parts
+``keys.SCRIPT_KEYS`` and ``kc(name)``, which makes a cold one; the ``C`` table of return
+codes, the per-call bounds ``MAX_BATCH`` ..., the histogram bounds), the parts
 ``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
 verb's body registered as the function ``taskq_<version>_<verb>``, which calls
 ``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the slot of the meta field
@@ -137,10 +137,7 @@ def _generated() -> str:
     slot and the histogram. (The codes and the bounds are written into the text as numbers,
     cold keys as ``kc('name')``: ``_constants``; meta fields as their slots: ``_fields``.)"""
     names = [f"K_{name.upper()}" for name in SCRIPT_KEYS]
-    falses = "{" + ", ".join(["false"] * SLOTS_MADE) + "}"
-    meta_names = ", ".join(
-        f"'{META_FIELDS[n]}'" for n in sorted(META_SLOTS, key=META_SLOTS.__getitem__)
-    )
+    meta_names = ", ".join(f"'{META_FIELDS[n]}'" for n in META_SLOTS)  # (in slot order)
     slots = ", ".join(f"keys[{i}]" for i in range(1, len(names) + 1))
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [
@@ -155,14 +152,13 @@ def _generated() -> str:
         "  if not KC then KC = string.sub(K_META, 1, -5) end  -- '<prefix>:{job}:' (of ...:meta)",
         "  return KC .. name",
         "end",
+        "-- every key of the job: those passed and the cold ones (create, delete unlink them)",
+        "local function job_keys()",
+        f"  return {{{', '.join(names)}, {', '.join(f'kc({k!r})' for k in COLD_KEYS)}}}",
+        "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
         "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
         f"local META_NAMES = {{{meta_names}}}",
-        "-- a call's four tables of meta changes (lib/meta.lua), arrays over the hot slots",
-        "local function meta_tables()",
-        f"  return {falses}, {falses},",
-        f"    {falses}, {falses}",
-        "end",
         "-- the hist hash's field of histogram `name`'s bucket of ms: 'dur:<bucket>' a constant",
         "-- (an ack's), any other made",
         "local function hist_field(name, ms)",
@@ -198,9 +194,8 @@ def _constants(file: str, text: str) -> str:
 
     text = _CODE_RE.sub(code, text)
     text = re.sub(r"\bMETA_HOT_SLOTS\b", str(len(HOT_META)), text)
-    text = re.sub(r"\bSCRIPT_KEY_COUNT\b", str(len(SCRIPT_KEYS)), text)
-    cold = "{" + ", ".join(f"'{k}'" for k in COLD_KEYS) + "}"
-    text = re.sub(r"\bCOLD_KEY_NAMES\b", cold, text)
+    # a table of changes over the slots made at once (lib/meta.lua): a constructor of falses
+    text = re.sub(r"\bMETA_FALSES\b", "{" + ", ".join(["false"] * SLOTS_MADE) + "}", text)
     text = _COLD_RE.sub(lambda m: f"kc('{m.group(1).lower()}')", text)
     return _LIMIT_RE.sub(lambda m: str(getattr(contract, m.group(1))), text)
 

@@ -24,10 +24,7 @@ if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
   return done({C.INVALID})
 end
 local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
--- every key of the job: those passed and the cold ones (keys.COLD_KEYS)
-local job_keys = {unpk(KEYS, 1, SCRIPT_KEY_COUNT)}
-for _, name in lipairs(COLD_KEY_NAMES) do job_keys[#job_keys + 1] = kc(name) end
-rcall('UNLINK', unpk(job_keys))
+rcall('UNLINK', unpk(job_keys()))
 rcall('RENAME', staging, K_CHUNKS)
 rcall('PERSIST', K_CHUNKS)
 local fields = {}

@@ -10,7 +10,5 @@ local bad = args_bad()
 if bad then return bad end
 local cur = rcall('HGET', K_META, N.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
-local job_keys = {unpk(KEYS)}  -- every key of the job: those passed and the cold ones
-for _, name in lipairs(COLD_KEY_NAMES) do job_keys[#job_keys + 1] = kc(name) end
-rcall('UNLINK', unpk(job_keys))
+rcall('UNLINK', unpk(job_keys()))
 return {C.OK}

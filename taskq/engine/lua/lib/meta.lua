@@ -40,8 +40,8 @@ end
 -- (bench/README.md).
 -- A field is known by its slot, F.<NAME> (an integer, library.py META_SLOTS; META_NAMES
 -- [slot] is its name): the hot ones are slots 1..31 in the HMGET's order, so the reply is
--- the cache M itself, and the tables below are arrays over those slots (the generated
--- meta_tables(), a constructor of falses each; as hash tables keyed by name the four cost
+-- the cache M itself, and the tables below are arrays over those slots (META_FALSES, written
+-- by library.py as a constructor of falses each; as hash tables keyed by name the four cost
 -- ~23 k instructions a call, ~370 a slot, and load_meta's copy of the reply into M ~14 k,
 -- bench/README.md).
 -- M holds the stored strings (false: no such field) and those set by mset; MN a number
@@ -49,7 +49,7 @@ end
 -- from M's strings, ORIG the numbers of the stored ones (see flush). A false in MN /
 -- DIRTY / NUM / ORIG means what nil means (a field past the made slots is nil until set).
 local M = {}  -- per call
-local MN, DIRTY, NUM, ORIG = meta_tables()  -- per call
+local MN, DIRTY, NUM, ORIG = META_FALSES, META_FALSES, META_FALSES, META_FALSES  -- per call
 local function load_meta()
   M = rcall('HMGET', K_META, unpk(META_NAMES, 1, META_HOT_SLOTS))
 end
