@@ -46,6 +46,7 @@ def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
 def job_of(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> None:
     kw.setdefault("manual_clock", True)
     kw.setdefault("task_timeout", None)
+    kw.setdefault("split_tails", True)
     client.create_job(name, chunks=chunks, **kw)
 
 
@@ -287,6 +288,7 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
         worker_ttl=1.0,
         heartbeat_interval=0.2,
         task_timeout=None,
+        split_tails=True,
     )
     out = tmp_path / "first.txt"
     proc = subprocess.Popen(

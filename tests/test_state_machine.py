@@ -33,6 +33,7 @@ def sm_url(redis_server):
 class EngineMachine(RuleBasedStateMachine):
     url: str = ""
     backup_leases = False
+    split_tails = False
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
 
     def __init__(self) -> None:
@@ -51,6 +52,7 @@ class EngineMachine(RuleBasedStateMachine):
             shuffle=True,
             seed=11,
             backup_leases=self.backup_leases,
+            split_tails=self.split_tails,
             manual_clock=True,
             auto_advance=False,
         )
@@ -546,6 +548,8 @@ class SplitMachine(EngineMachine):
     (lib/split.lua): a piece's ack leaves the task undone until its other piece is acked,
     a piece that ends without an ack goes back; the model counts a task acked once its
     last piece is."""
+
+    split_tails = True
 
     chunks = [  # noqa: RUF012
         {"format": "lines", "path": f"/nonexistent/{i}", "offset": 0, "length": 1, "records": 50}

@@ -304,7 +304,7 @@ def test_a_loaders_task_split_on_either_kind_with_either_acks(
             {"format": "jsonl", "path": str(path), "offset": 0, "length": size, "samples": n}
         )
         base += n
-    _create(cclient, job_name, chunks, kind, task_timeout=None)
+    _create(cclient, job_name, chunks, kind, task_timeout=None, split_tails=True)
     idle = IdleTrainer(curl, job_name)
     got, _, _ = run_loader(curl, job_name, idle, go_at=20, step_s=0.05, commit_every=commit_every)
     both = Counter(got) + Counter(idle.ids)

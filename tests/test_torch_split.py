@@ -40,6 +40,7 @@ def make_job(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> N
     kw.setdefault("worker_ttl", 2.0)
     kw.setdefault("heartbeat_interval", 0.3)
     kw.setdefault("task_timeout", None)
+    kw.setdefault("split_tails", True)
     client.create_job(name, chunks=chunks, passes=1, **kw)
 
 

@@ -254,7 +254,7 @@ class Client:
         backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
-        split_tails: bool = True,
+        split_tails: bool = False,
     ) -> JobStatus:
         return self._life.create_job(
             name,

@@ -67,7 +67,7 @@ class Lifecycle:
         backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
-        split_tails: bool = True,
+        split_tails: bool = False,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -98,7 +98,9 @@ class Lifecycle:
             split_tails: at the tail of a pass an idle trainer may take the unread end of
                 a started task running long (its holder's lease then ends there); each
                 sample is still read once. Needs the task's size, which a holder sends
-                with its progress (docs/design.md, "Tail splitting"). On by default.
+                with its progress (docs/design.md, "Tail splitting"). Off by default
+                until a split is accounted by every verb (checkpoint, rewind, retry,
+                timeout, steal, a Redis rollback, the DDP pass end).
 
         Returns:
             The new job's status.
