@@ -7,6 +7,7 @@ from taskq.admin.client import Client, connect
 from taskq.trainer.core import Trainer
 
 from .errors import (
+    BacklogFull,
     ConnectionLost,
     CorruptData,
     DataError,
@@ -33,6 +34,7 @@ from taskq.trainer import sharded as sharded_trainer  # noqa: F401 - sets the im
 __version__ = "0.1.0"
 
 __all__ = [
+    "BacklogFull",
     "Client",
     "ConnectionLost",
     "CorruptData",

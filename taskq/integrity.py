@@ -45,6 +45,8 @@ EXPECTED_TYPES: dict[str, str] = {
     "ckpts": "zset",
     "ckpt": "hash",
     "ckprog": "hash",
+    "appids": "hash",
+    "appends": "zset",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -255,6 +255,8 @@ class Client:
         backup_factor: float = 2.0,
         shards: int = 1,
         split_tails: bool = False,
+        stream: bool = False,
+        max_backlog: int | None = None,
     ) -> JobStatus:
         return self._life.create_job(
             name,
@@ -276,6 +278,8 @@ class Client:
             backup_factor=backup_factor,
             shards=shards,
             split_tails=split_tails,
+            stream=stream,
+            max_backlog=max_backlog,
         )
 
     @_doc(Lifecycle.delete_job)

@@ -68,6 +68,8 @@ class Lifecycle:
         backup_factor: float = 2.0,
         shards: int = 1,
         split_tails: bool = False,
+        stream: bool = False,
+        max_backlog: int | None = None,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -101,6 +103,11 @@ class Lifecycle:
                 with its progress (docs/design.md, "Tail splitting"). Off by default
                 until a split is accounted by every verb (checkpoint, rewind, retry,
                 timeout, steal, a Redis rollback, the DDP pass end).
+            stream: a job whose data keeps arriving (``chunks`` may be empty): its pass
+                does not end while the stream is open, trainers with nothing to lease
+                wait for ``append``; ``seal`` closes it (docs/streams.md).
+            max_backlog: an ``append`` that would leave more tasks not done than this
+                waits or is refused (None: no bound).
 
         Returns:
             The new job's status.
@@ -126,6 +133,10 @@ class Lifecycle:
             manual_clock=manual_clock,
             split_tails=split_tails,
         )
+        if shards != 1 and (stream or max_backlog is not None):
+            raise errors.InvalidConfig(
+                "a stream job (or one with max_backlog) is one shard: drop shards= or stream="
+            )
         if shards != 1:
             return sharded_create.create(  # type: ignore[return-value]
                 self._handles.client,
@@ -147,7 +158,15 @@ class Lifecycle:
             or backup_factor <= 1
         ):
             raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
-        tasks, nchunks = encode_tasks(chunks, chunks_per_task)
+        if max_backlog is not None and (
+            isinstance(max_backlog, bool) or not isinstance(max_backlog, int) or max_backlog < 1
+        ):
+            raise errors.InvalidConfig(f"max_backlog must be an integer >= 1, got {max_backlog!r}")
+        if stream:
+            chunks = list(chunks)
+            tasks, nchunks = encode_tasks(chunks, chunks_per_task) if chunks else ([], 0)
+        else:
+            tasks, nchunks = encode_tasks(chunks, chunks_per_task)
         conn.check_memory_policy()
         if self._open(name).sharded:  # no plain job beside a sharded one of that name
             raise errors.JobExists(
@@ -210,6 +229,9 @@ class Lifecycle:
                 F.FSEQ: 0,
                 F.BACKUP_K: backup_factor if backup_leases else 0,
                 F.SPLIT: 1 if cfg.split_tails else 0,
+                F.PN: len(tasks),
+                F.STREAM: "open" if stream else "",
+                F.MAX_BACKLOG: max_backlog or 0,
             }
             args: list[Any] = [int(replace), len(tasks)]
             for k, v in meta.items():

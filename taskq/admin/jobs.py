@@ -15,6 +15,8 @@ call per verb), stats.py (reads), checkpoints.py -> Redis.
 from __future__ import annotations
 
 import itertools
+import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,9 +26,12 @@ from taskq.admin.caller import Caller
 from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
 from taskq.engine.connection import translate
-from taskq.engine.contract import MAX_RETRY, PAGE_MAX, Code
-from taskq.keys import jobs_index, valid_job_name
-from taskq.models import JobStatus
+from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, Code
+from taskq.keys import MetaField, jobs_index, valid_job_name
+from taskq.models import AppendResult, JobStatus
+
+#: The longest one wait of a blocked append for an ack (then it asks again).
+_APPEND_BLOCK_MS = 5000
 
 
 def check_name(name: str) -> None:
@@ -262,6 +267,101 @@ class PlainJob:
         reply = self.client.run(self.name, "clock", ["", int(ms), int(silent)])
         return int(reply[1])
 
+    # -- appending ----------------------------------------------------------------
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Add chunks to the job as new tasks: they join the current pass (after its own
+        order) and every later one (docs/streams.md).
+
+        Everything is checked before the first write; the chunks then go in pages
+        (at most ``APPEND_MAX`` chunks and ``APPEND_BYTES`` bytes, whole tasks, each one
+        atomic call), so an append interrupted half-way has added whole pages, and
+        repeating it with the same ``ids`` adds the rest only.
+
+        Args:
+            chunks: JSON-able chunk descriptors, in order (grouped ``chunks_per_task`` to
+                a task as at the create; a call's last task may be shorter).
+            ids: one id per chunk (a string of 1-1024 bytes, e.g. the file and its
+                size): a chunk whose id was appended to this job before is skipped.
+            block: when the job's ``max_backlog`` would be passed, wait for trainers to
+                ack (woken by the job's events, no polling); False: refuse at once.
+            timeout: seconds to wait at most in all (None: as long as it takes).
+
+        Returns:
+            The tasks added, the chunks skipped, the first new task's id, the backlog.
+
+        Raises:
+            InvalidInput: a chunk that is not JSON, bad ids, a sealed stream (nothing
+                written). BacklogFull: the backlog stayed full (``block=False``, or the
+                timeout passed); the pages before went in, the message says how many.
+            JobNotFound, JobCancelled.
+        """
+        encoded, id_list = _check_append(self.name, chunks, ids)
+        if not encoded:
+            return AppendResult(0, 0, None, self.status(summaries=0).backlog)
+        with translate(self.client.url, self.keys, self.client.redis):
+            cpt, max_backlog, inc = self.client.redis.hmget(
+                self.keys.meta, [MetaField.CPT, MetaField.MAX_BACKLOG, MetaField.INC]
+            )
+        if inc is None:
+            raise errors.JobNotFound(f"job {self.name!r} not found (deleted or replaced)")
+        pages = _append_pages(encoded, int(cpt or 1), int(max_backlog or 0))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        added = skipped = 0
+        first: int | None = None
+        backlog = 0
+        for lo, hi in pages:
+            while True:
+                args: list[Any] = [inc, 1 if id_list else 0, hi - lo]
+                for k in range(lo, hi):
+                    if id_list:
+                        args.append(id_list[k])
+                    args.append(encoded[k])
+                reply = self.client.run(self.name, "append", args)
+                if int(reply[0]) == Code.OK:
+                    break
+                backlog, limit, last_id = int(reply[3]), int(reply[4]), str(reply[5])
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    raise errors.BacklogFull(
+                        f"job {self.name}: backlog {backlog} of max_backlog {limit}: the next "
+                        f"{hi - lo} chunks would pass it; {added} tasks appended before, "
+                        f"nothing from chunk {lo} on"
+                    )
+                self._wait_for_events(last_id, left)
+            added += int(reply[1])
+            skipped += int(reply[2])
+            backlog = int(reply[4])
+            if first is None and int(reply[1]) > 0:
+                first = int(reply[3])
+        return AppendResult(added, skipped, first, backlog)
+
+    def _wait_for_events(self, after: str, left: float | None) -> None:
+        """Block until the job writes an event after ``after`` (an ack, a pass end) or
+        ``left`` seconds pass (at most ``_APPEND_BLOCK_MS``, then the caller asks again)."""
+        block_ms = (
+            _APPEND_BLOCK_MS if left is None else max(1, min(_APPEND_BLOCK_MS, int(left * 1000)))
+        )
+        with translate(self.client.url):
+            self.client.redis.xread({self.keys.events: after}, count=1, block=block_ms)
+
+    def seal(self) -> int:
+        """Close a stream job: nothing more is appended; its pass ends once every task
+        appended is done (the job completes after its last pass). Idempotent.
+
+        Returns:
+            The number of tasks the stream holds.
+
+        Raises:
+            InvalidInput: not a stream job. JobNotFound, JobCancelled.
+        """
+        return int(self.client.run(self.name, "seal", [""])[1])
+
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:
         """No new leases; held ones are kept (``Client.pause_job``)."""
@@ -304,6 +404,65 @@ class PlainJob:
     def rewind(self, ckpt: CheckpointRef, once: bool = False, key: str = "") -> bool:
         """Put the job back to a checkpoint: its id or its record (``Client.rewind``)."""
         return checkpoints.rewind(self.client, self.name, checkpoint_id(self.name, ckpt), once, key)
+
+
+def _check_append(
+    job: str, chunks: Iterable[Any], ids: Sequence[str] | None
+) -> tuple[list[str], list[str] | None]:
+    """The chunks' JSON and the ids, checked whole before anything is written.
+
+    Raises:
+        InvalidInput: one line naming the first bad chunk or id.
+    """
+    if isinstance(chunks, (str, bytes, dict)):
+        raise errors.InvalidInput(f"job {job}: append takes a list of chunks, not one chunk")
+    encoded: list[str] = []
+    for i, chunk in enumerate(chunks):
+        try:
+            text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
+        if len(text.encode()) > APPEND_BYTES:
+            raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
+        encoded.append(text)
+    if ids is None:
+        return encoded, None
+    if isinstance(ids, (str, bytes)):
+        raise errors.InvalidInput(f"job {job}: ids must be a list of strings, one per chunk")
+    id_list = list(ids)
+    if len(id_list) != len(encoded):
+        raise errors.InvalidInput(
+            f"job {job}: {len(id_list)} ids for {len(encoded)} chunks; give one id per chunk"
+        )
+    for i, chunk_id in enumerate(id_list):
+        if not isinstance(chunk_id, str) or not 1 <= len(chunk_id.encode()) <= 1024:
+            raise errors.InvalidInput(
+                f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
+            )
+    return encoded, id_list
+
+
+def _append_pages(encoded: list[str], cpt: int, max_backlog: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of whole tasks, each within one append call's bounds (and the
+    backlog's, so a page can go in once the backlog is empty)."""
+    per_page = (APPEND_MAX // cpt) * cpt or APPEND_MAX
+    if max_backlog > 0:
+        per_page = min(per_page, max(1, max_backlog * cpt))
+    pages: list[tuple[int, int]] = []
+    lo = 0
+    while lo < len(encoded):
+        hi, size = lo, 0
+        while hi < len(encoded) and hi - lo < per_page:
+            size += len(encoded[hi].encode())
+            if hi > lo and size > APPEND_BYTES:
+                break
+            hi += 1
+        # whole tasks when the bytes cut a page short (a task of big chunks may span two)
+        if hi < len(encoded) and hi - lo > cpt:
+            hi -= (hi - lo) % cpt
+        pages.append((lo, hi))
+        lo = hi
+    return pages
 
 
 def check_page(state: str, count: int) -> None:

@@ -77,6 +77,7 @@ if step == 'begin' then
     reason = mget(F.REASON) or '', created_ms = NOW, pages = pages.d, xpages = pages.x,
     xbytes = rcall('STRLEN', K_DEADBITS),
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
+    pn = tonum(mget(F.PN) or '') or mnum(F.N),  -- the order's size; n: the append position
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),
   }
