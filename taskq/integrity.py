@@ -47,6 +47,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "ckprog": "hash",
     "appids": "hash",
     "appends": "zset",
+    "follow": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

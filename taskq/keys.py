@@ -54,6 +54,7 @@ JOB_KEYS: tuple[str, ...] = (
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
     "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
+    "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -73,6 +74,7 @@ COLD_KEYS: tuple[str, ...] = (
     "ckprog",
     "appids",
     "appends",
+    "follow",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)

@@ -3,11 +3,17 @@ real redis-server (docs/streams.md)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import threading
 from functools import partial
 
 import pytest
 import support
+from click.testing import CliRunner, Result
+from taskq.cli.main import cli
 
 import taskq
 from taskq.engine.contract import APPEND_MAX
@@ -229,3 +235,218 @@ def test_blocked_append_times_out_with_one_line(client, job_name):
     job.append([{"i": 0}])
     with pytest.raises(taskq.BacklogFull, match="0 tasks appended before"):
         job.append([{"i": 1}], timeout=0.2)
+
+
+# -- every verb meets an appended task -------------------------------------------------
+def test_appended_tasks_fail_expire_revoke_and_retry_like_any(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(4)])
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    t0 = a.lease(timeout=0)
+    a.fail(t0, "bad")  # max_failures=1: dead
+    assert client.status(job_name).dead == 1
+    t1 = a.lease(timeout=0)
+    assert client.revoke(job_name, t1.id)  # back to the front
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(t1)
+    t2 = b.lease(timeout=0)
+    assert t2.id == t1.id  # the front first
+    t3 = a.lease(timeout=0)
+    for _ in range(2):  # a stops calling; b heartbeats: a is lost after its ttl
+        client.advance_clock(job_name, 3000)
+        b.heartbeat()
+    client.reap(job_name)
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(t3)
+    b.ack(t2)
+    assert client.retry(job_name) == 1
+    assert sorted(drain(b)) == [0, 2, 3]
+    st = client.status(job_name)
+    assert (st.state, st.done, st.dead, st.backlog) == ("running", 4, 0, 0)
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_reset_and_forced_advance_take_appended_tasks_along(client, job_name):
+    make_job(client, job_name, n=2, passes=3, shuffle=True)
+    job = client.job(job_name)
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    job.append([{"i": 2}, {"i": 3}])
+    client.reset_pass(job_name)  # the attempt again, over all four, in one order
+    assert sorted(drain_tasks_one_pass(t, client, job_name, 0)) == [0, 1, 2, 3]
+    job.append([{"i": 4}])
+    t.ack(t.lease(timeout=0))
+    client.next_pass(job_name, force=True)
+    st = client.status(job_name)
+    assert (st.pass_no, st.todo, st.tasks) == (2, 5, 5)
+    assert sorted(drain(t)) == [0, 1, 2, 3, 4]
+    assert client.audit(job_name)["ok"]
+
+
+def drain_tasks_one_pass(t: taskq.Trainer, client: taskq.Client, job: str, p: int) -> list[int]:
+    """Ack what pass ``p`` hands out; the ids."""
+    out = []
+    while client.status(job).pass_no == p and (task := t.lease(timeout=0)) is not None:
+        t.ack(task)
+        out.append(task.id)
+    return out
+
+
+def test_pause_holds_appended_tasks_and_cancel_ends_the_stream(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name)
+    client.pause_job(job_name)
+    job.append([{"i": 0}])
+    t = trainer(client, job_name, "w")
+    assert t.lease(timeout=0) is None
+    client.resume_job(job_name)
+    task = t.lease(timeout=0)
+    assert task.id == 0
+    client.cancel_job(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        job.append([{"i": 1}])
+    with pytest.raises(taskq.LeaseLost):
+        t.ack(task)
+
+
+def test_checkpoint_holds_the_append_position_and_rewind_keeps_later_appends(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(4)])
+    t = trainer(client, job_name, "w")
+    first = [t.lease(timeout=0), t.lease(timeout=0)]
+    for task in first:
+        t.ack(task)
+    rec = client.checkpoint(job_name)
+    assert (rec["tasks"], rec["done"]) == (4, 2)
+    t.ack(t.lease(timeout=0))
+    job.append([{"i": 4}, {"i": 5}])  # after the cut: never done at it, still to train
+    assert client.rewind(job_name, rec)
+    st = client.status(job_name)
+    assert (st.done, st.tasks, st.todo, st.stream) == (2, 6, 4, "open")
+    assert sorted(drain(t)) == [2, 3, 4, 5]
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_status_shows_the_oldest_unfinished_age(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name)
+    assert client.status(job_name).oldest_unfinished_age_s is None
+    client.advance_clock(job_name, 1000)
+    job.append([{"i": 0}, {"i": 1}])
+    client.advance_clock(job_name, 3000)
+    job.append([{"i": 2}])
+    st = client.status(job_name)
+    assert (st.oldest_unfinished_age_s, st.backlog, st.appended) == (3.0, 3, 3)
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    t.ack(t.lease(timeout=0))
+    assert client.status(job_name).oldest_unfinished_age_s == 0.0  # task 2, just appended
+    t.ack(t.lease(timeout=0))
+    st = client.status(job_name).as_dict()
+    assert (st["oldest_unfinished_age_s"], st["backlog"], st["stream"]) == (None, 0, "open")
+
+
+# -- the CLI ----------------------------------------------------------------------------
+def run(url: str, *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, ["--url", url, *args], input=input)
+
+
+def test_cli_stream_create_append_stdin_seal_and_status(url, client, job_name):
+    r = run(url, "job", "create", job_name, "--stream", "--max-backlog", "100")
+    assert r.exit_code == 0, r.output
+    assert "a stream" in r.output
+    lines = "".join(json.dumps({"path": f"p{i}", "id": f"p{i}"}) + "\n" for i in range(5))
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", "--json", input=lines)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["tasks_appended"] == 5
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", input=lines)  # a retry
+    assert "0 tasks appended, 5 chunks skipped" in r.output
+    r = run(url, "job", "status", job_name)
+    assert "stream open, 5 tasks appended, 0 done, backlog 5 (max 100)" in r.output
+    t = trainer(client, job_name, "w")
+    assert len(drain(t)) == 5
+    r = run(url, "job", "seal", job_name)
+    assert r.exit_code == 0 and "sealed with 5 tasks (completed)" in r.output
+
+
+def test_cli_append_bad_line_is_one_line_and_writes_nothing(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    r = run(url, "job", "append", job_name, "-", input='{"a": 1}\nnot json\n')
+    assert r.exit_code != 0
+    assert "stdin line 2 is not JSON" in r.output and "Traceback" not in r.output
+    assert client.status(job_name).tasks == 0
+    r = run(url, "job", "append", "no-such-job-" + job_name, "-", input='{"a": 1}\n')
+    assert r.exit_code != 0 and "not found" in r.output
+
+
+def test_cli_append_files_twice_adds_them_once(url, client, job_name, tmp_path):
+    for i in range(3):
+        (tmp_path / f"part-{i}.jsonl").write_text("".join(f'{{"x": {k}}}\n' for k in range(10)))
+    client.create_job(job_name, chunks=[], stream=True)
+    pattern = str(tmp_path / "part-*.jsonl")
+    args = ("job", "append", job_name, "--files", pattern, "--records-per-chunk", "5", "--json")
+    first = json.loads(run(url, *args).output)
+    again = json.loads(run(url, *args).output)
+    assert (first["tasks_appended"], again["tasks_appended"], again["chunks_skipped"]) == (6, 0, 6)
+
+
+def _follow(url: str, job: str, pattern: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            support.ENTRY_POINT,
+            "--url",
+            url,
+            "job",
+            "follow",
+            job,
+            "--files",
+            pattern,
+            "--every",
+            "0.05",
+            "--records-per-chunk",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tmp_path):
+    client.create_job(job_name, chunks=[], stream=True)
+    pattern = str(tmp_path / "*.jsonl")
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    follower = _follow(url, job_name, pattern)
+    support.wait_until(lambda: client.status(job_name).tasks == 1)
+    (tmp_path / "b.jsonl").write_text('{"x": 2}\n')
+    support.wait_until(lambda: client.status(job_name).tasks == 2)
+    follower.send_signal(signal.SIGTERM)
+    assert follower.wait(timeout=20) == 0
+    # a file the follower half appended: its first chunk went in, the record was not written
+    (tmp_path / "c.jsonl").write_text('{"x": 3}\n{"x": 4}\n')
+    info = os.stat(tmp_path / "c.jsonl")
+    key = f"{tmp_path / 'c.jsonl'}|{info.st_size}|{info.st_mtime}"
+    client.job(job_name).append([{"half": 1}], ids=[f"{key}#0"])
+    follower = _follow(url, job_name, pattern, "--seal-after", "0")
+    assert follower.wait(timeout=30) == 0, follower.stderr.read() if follower.stderr else ""
+    st = client.status(job_name)
+    # a and b not again; of c only its second line (its first chunk's id went in before)
+    assert (st.tasks, st.stream) == (4, "sealed")
+    last = client.job(job_name).task(3)["chunks"][0]
+    assert (last["path"], last["offset"]) == (str(tmp_path / "c.jsonl"), 9)
+
+
+def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
+    p = _follow(url, "no-such-" + job_name, str(tmp_path / "*.jsonl"))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode != 0
+    assert "not found" in support.one_error_line(err)

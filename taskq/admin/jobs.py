@@ -350,6 +350,22 @@ class PlainJob:
         with translate(self.client.url):
             self.client.redis.xread({self.keys.events: after}, count=1, block=block_ms)
 
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
+        """Whether each file (``path|size|version``) was appended whole by a follower
+        (``taskq job follow``), from the job's ``follow`` hash."""
+        if not file_keys:
+            return []
+        with translate(self.client.url, self.keys, self.client.redis):
+            got = self.client.redis.hmget(self.keys.follow, list(file_keys))
+        return [g is not None for g in got]
+
+    def file_appended(self, file_key: str, chunks: int) -> None:
+        """Note that a file's ``chunks`` chunks were all appended (after its last page:
+        a follower stopped before it appends the file again, and the chunk ids skip
+        what went in)."""
+        with translate(self.client.url, self.keys, self.client.redis):
+            self.client.redis.hset(self.keys.follow, file_key, chunks)
+
     def seal(self) -> int:
         """Close a stream job: nothing more is appended; its pass ends once every task
         appended is done (the job completes after its last pass). Idempotent.

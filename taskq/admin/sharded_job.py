@@ -33,7 +33,7 @@ from taskq.admin.jobs import (
 from taskq.admin.shardset import ShardSet
 from taskq.engine.connection import translate
 from taskq.engine.contract import PAGE_MAX
-from taskq.models import JobStatus
+from taskq.models import AppendResult, JobStatus
 
 #: How often ``events(block_ms=...)`` looks at the shards' streams while it waits (no
 #: one blocking read spans slots).
@@ -261,6 +261,36 @@ class ShardedJob:
     ) -> dict[str, Any]:
         """One cut across every shard (``sharded_admin.checkpoint``)."""
         return sharded_admin.checkpoint(self.client, self.name, keep, ckpt)
+
+    # -- appending: not spread over shards yet (a task's global id is its place in the
+    # shards' fixed layout, shardset.py), so refused before anything is written
+    def _no_append(self) -> errors.InvalidInput:
+        return errors.InvalidInput(
+            f"job {self.name}: a sharded job takes no appends yet; make a stream or a job "
+            f"you append to one shard (shards=1)"
+        )
+
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Refused: a sharded job's layout is fixed at its create."""
+        raise self._no_append()
+
+    def seal(self) -> int:
+        """Refused: a sharded job is never a stream."""
+        raise self._no_append()
+
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
+        """Refused (see ``append``)."""
+        raise self._no_append()
+
+    def file_appended(self, file_key: str, chunks: int) -> None:
+        """Refused (see ``append``)."""
+        raise self._no_append()
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sharded checkpoints, oldest first."""
