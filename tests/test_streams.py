@@ -7,8 +7,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from functools import partial
+from pathlib import Path
 
 import pytest
 import support
@@ -189,7 +191,7 @@ def test_waiting_trainer_is_woken_by_an_append(client, job_name):
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(t.lease(timeout=30)))
     waiter.start()
-    support.wait_until(lambda: client.redis.zcard(client.keys(job_name).waiting) == 1)
+    assert support.wait_until(lambda: client.redis.zcard(client.keys(job_name).waiting) == 1)
     client.job(job_name).append([{"i": 0}])
     waiter.join(timeout=10)
     assert not waiter.is_alive()
@@ -220,7 +222,7 @@ def test_blocked_append_goes_in_when_trainers_ack(client, job_name):
     done: list = []
     producer = threading.Thread(target=lambda: done.append(job.append([{"i": 2}], timeout=30)))
     producer.start()
-    support.wait_until(lambda: client.redis.xlen(client.keys(job_name).events) > 0)
+    assert support.wait_until(lambda: client.redis.xlen(client.keys(job_name).events) > 0)
     assert producer.is_alive()
     t = taskq.Trainer(job_name, client=client, worker_id="w")
     t.ack(t.lease(timeout=1))
@@ -426,9 +428,9 @@ def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tm
     pattern = str(tmp_path / "*.jsonl")
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
     follower = _follow(url, job_name, pattern)
-    support.wait_until(lambda: client.status(job_name).tasks == 1)
+    assert support.wait_until(lambda: client.status(job_name).tasks == 1)
     (tmp_path / "b.jsonl").write_text('{"x": 2}\n')
-    support.wait_until(lambda: client.status(job_name).tasks == 2)
+    assert support.wait_until(lambda: client.status(job_name).tasks == 2)
     follower.send_signal(signal.SIGTERM)
     assert follower.wait(timeout=20) == 0
     # a file the follower half appended: its first chunk went in, the record was not written
@@ -450,3 +452,80 @@ def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
     _, err = p.communicate(timeout=30)
     assert p.returncode != 0
     assert "not found" in support.one_error_line(err)
+
+
+# -- trainers in processes, a producer appending -------------------------------------
+HERE = Path(__file__).parent
+
+
+def _trainer(url: str, job: str, log: Path, wid: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "trainer_proc.py"),
+            url,
+            job,
+            "--log",
+            str(log),
+            "--sleep",
+            "0.005",
+            "--worker-id",
+            wid,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc
+
+
+def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
+    url, client, job_name, tmp_path
+):
+    """Every appended chunk acked exactly once while trainers are killed, stopped and
+    added, with backpressure holding the producer, and the sealed stream completes."""
+    client.create_job(
+        job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.2, max_backlog=40
+    )
+    job = client.job(job_name)
+    log = tmp_path / "acks.log"
+    procs = {w: _trainer(url, job_name, log, w) for w in ("a", "b")}
+    appended = 0
+
+    def produce(k: int) -> None:
+        nonlocal appended
+        ids = [f"c{i}" for i in range(appended, appended + k)]
+        assert job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
+        appended += k
+
+    def done_at_least(n: int) -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=60)
+
+    try:
+        produce(30)
+        done_at_least(10)
+        procs["a"].kill()  # SIGKILL mid-stream: what it held goes back after its ttl
+        procs["c"] = _trainer(url, job_name, log, "c")  # a trainer added
+        produce(30)
+        done_at_least(40)
+        procs["b"].send_signal(signal.SIGTERM)  # a trainer removed: it gives back and leaves
+        assert procs["b"].wait(timeout=20) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+        produce(30)
+        again = [f"c{i}" for i in range(appended - 30, appended)]  # a producer's retry
+        assert job.append([{"i": i} for i in again], ids=again).skipped == 30
+        procs["d"] = _trainer(url, job_name, log, "d")
+        produce(30)  # (max_backlog 40: waits for the trainers' acks)
+        job.seal()
+        for w in ("c", "d"):
+            assert procs[w].wait(timeout=60) == 0  # the loop ends with the job
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", appended, appended)
+    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == appended
+    logged = [line.split()[1] for line in log.read_text().splitlines()]
+    assert len(logged) == len(set(logged)), "a task acked twice"
+    assert client.audit(job_name)["ok"]
