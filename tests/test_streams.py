@@ -16,8 +16,10 @@ import pytest
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
+from torch_helpers import jsonl_reader, rows_of, write_jsonl
 
 import taskq
+import taskq.torch
 from taskq.engine.contract import APPEND_MAX
 
 make_job = partial(
@@ -529,3 +531,50 @@ def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     logged = [line.split()[1] for line in log.read_text().splitlines()]
     assert len(logged) == len(set(logged)), "a task acked twice"
     assert client.audit(job_name)["ok"]
+
+
+# -- taskq.torch over a stream ------------------------------------------------------------
+def _torch_loader(url: str, job: str, **ds_kw: object) -> taskq.torch.DataLoader:
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=3, **ds_kw)  # type: ignore[arg-type]
+    return taskq.torch.DataLoader(ds, batch_size=4, num_workers=2)
+
+
+def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tmp_path):
+    chunks = write_jsonl(tmp_path, 8, 10)
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    job.append(chunks[:3])
+
+    def produce() -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= 1, timeout=60)
+        job.append(chunks[3:6])
+        assert support.wait_until(lambda: client.status(job_name).done >= 4, timeout=60)
+        job.append(chunks[6:])
+        job.seal()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name) as loader:
+        for batch in loader:  # one iteration: the whole stream, appends and all
+            rows += rows_of(batch)
+        assert loader.state == "completed"
+    producer.join(timeout=10)
+    assert sorted(rows) == sorted((f, i) for f in range(8) for i in range(10))
+    assert client.audit(job_name)["ok"]
+
+
+def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_name, tmp_path):
+    chunks = write_jsonl(tmp_path, 4, 5)
+    client.create_job(job_name, chunks=chunks[:2], stream=True, worker_ttl=2.0)
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name, max_idle=0.5) as loader:
+        for batch in loader:
+            rows += rows_of(batch)
+        assert (loader.state, len(rows)) == ("idle", 10)
+        client.job(job_name).append(chunks[2:])
+        client.job(job_name).seal()
+        for batch in loader:  # the same pass, the new tasks
+            rows += rows_of(batch)
+        assert loader.state == "completed"
+    assert sorted(rows) == sorted((f, i) for f in range(4) for i in range(5))

@@ -217,6 +217,7 @@ def status(client: Caller, name: str, sset: ShardSet | None = None) -> ShardedSt
         histograms=_sum_histograms(shards),
         oldest_lease_age_s=max(oldest) if oldest else None,
         lease_ages=ages,
+        backlog=sum(s.backlog for s in shards),
         shards=shards,
         masters=[_master(client, s) for s in sset.shards],
     )
