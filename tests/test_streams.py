@@ -578,3 +578,59 @@ def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_
             rows += rows_of(batch)
         assert loader.state == "completed"
     assert sorted(rows) == sorted((f, i) for f in range(4) for i in range(5))
+
+
+def _torch_trainer(url: str, job: str, log: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "torch_stream_proc.py"), url, job, "2", str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc
+
+
+def test_torch_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
+    url, client, job_name, tmp_path
+):
+    """2 processes x 2 DataLoader workers read a stream while it is appended to; one is
+    SIGKILLed, one SIGTERMed, one added: every appended task acked once, every row read,
+    the sealed stream completes."""
+    chunks = write_jsonl(tmp_path / "data", 24, 20)
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    logs = {w: tmp_path / f"{w}.log" for w in ("a", "b", "c")}
+    procs = {w: _torch_trainer(url, job_name, logs[w]) for w in ("a", "b")}
+
+    def done_at_least(n: int) -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=120)
+
+    try:
+        job.append(chunks[:8], ids=[c["path"] for c in chunks[:8]])
+        done_at_least(2)
+        procs["a"].kill()  # SIGKILL mid-stream: its leases go back after its ttl
+        procs["c"] = _torch_trainer(url, job_name, logs["c"])  # a trainer added
+        job.append(chunks[8:16], ids=[c["path"] for c in chunks[8:16]])
+        done_at_least(10)
+        procs["b"].send_signal(signal.SIGTERM)  # a trainer removed
+        procs["b"].wait(timeout=60)
+        job.append(chunks[16:], ids=[c["path"] for c in chunks[16:]])
+        job.seal()
+        assert procs["c"].wait(timeout=120) == 0
+        assert procs["c"].stdout is not None and "DONE completed" in procs["c"].stdout.read()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", 24, 24)
+    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == 24
+    read = {
+        tuple(map(int, line.split()))
+        for p in logs.values()
+        if p.exists()
+        for line in p.read_text().splitlines()
+    }
+    assert read == {(f, i) for f in range(24) for i in range(20)}  # nothing skipped
+    assert client.audit(job_name)["ok"]
