@@ -41,6 +41,8 @@ def descriptors(n: int, base: int = 0) -> list[dict[str, object]]:
 
 
 def throughput(url: str, n: int) -> dict[str, float]:
+    """Descriptors per second of each shape, and the server's µs per append call (one
+    page of 500; INFO commandstats)."""
     client = taskq.Client(url)
     out = {}
     for label, with_ids in (("no ids", False), ("ids", True)):
@@ -48,10 +50,13 @@ def throughput(url: str, n: int) -> dict[str, float]:
         client.create_job(job, [], stream=True)
         chunks = descriptors(n)
         ids = [f"c{i}" for i in range(n)] if with_ids else None
+        client.redis.config_resetstat()
         t0 = time.perf_counter()
         r = client.job(job).append(chunks, ids=ids)
         out[label] = n / (time.perf_counter() - t0)
         assert r.tasks == n, r
+        stat = client.redis.info("commandstats")["cmdstat_fcall"]
+        out[f"{label}: server µs per page (mean)"] = stat["usec_per_call"]
         if with_ids:
             t0 = time.perf_counter()
             r = client.job(job).append(chunks, ids=ids)
@@ -104,7 +109,8 @@ def main() -> int:
     with common.start_redis() as server:
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
         for label, rate in throughput(url, a.chunks).items():
-            print(f"append {a.chunks:,} descriptors, {label}: {rate:,.0f} /s")
+            unit = "" if "µs" in label else " /s"
+            print(f"append {a.chunks:,} descriptors, {label}: {rate:,.0f}{unit}")
         lat = [x * 1000 for x in latency(url, a.latency_samples)]
         print(
             f"append -> waiting trainer's lease, {len(lat)} samples: p50 "

@@ -446,7 +446,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.appended_ids += ids[skipped:]
         assert (r.tasks, r.skipped) == (k - skipped, skipped)
         assert self._n() == n + k - skipped
-        if before.state != "running" and before.reason != "rewinding":
+        if r.tasks and before.state != "running" and before.reason != "rewinding":
             # a reopened attempt keeps what it acked (as a retry's)
             assert self.client.status(self.job, summaries=0).state in ("running", "paused")
             self._attempt(self._meta("round")).update(self._sets()[0])

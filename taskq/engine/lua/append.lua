@@ -55,7 +55,6 @@ end
 local cpt = mmax(1, mnum(F.CPT))
 local ntasks = math.ceil(#fresh / cpt)
 local backlog = mmax(0, live_tasks() - mnum(F.NDONE))
-if STATE == 'completed' then backlog = 0 end
 local n0 = mnum(F.N)
 if ntasks == 0 then return done({C.OK, 0, skipped, n0, backlog}) end
 local max_backlog = mnum(F.MAX_BACKLOG)
