@@ -114,6 +114,21 @@ def test_duplicate_ids_are_skipped(client, job_name):
     assert client.status(job_name).appended == 3
 
 
+def test_duplicate_ids_with_chunks_per_task_group_the_new_chunks(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, chunks_per_task=2, manual_clock=True)
+    job = client.job(job_name)
+    job.append([{"c": 0}, {"c": 1}], ids=["0", "1"])
+    r = job.append([{"c": 1}, {"c": 2}, {"c": 3}, {"c": 4}], ids=["1", "2", "3", "4"])
+    assert (r.tasks, r.skipped, r.first_task) == (2, 1, 1)  # [2, 3] and [4]
+    t = trainer(client, job_name, "w")
+    assert [task.chunks for task in drain_tasks(t)] == [
+        [{"c": 0}, {"c": 1}],
+        [{"c": 2}, {"c": 3}],
+        [{"c": 4}],
+    ]
+    assert client.status(job_name).config["chunks"] == 5
+
+
 @pytest.mark.parametrize(
     ("chunks", "ids"),
     [
