@@ -7,8 +7,10 @@
 -- order they were appended (positions PN.., a position its task id), so a position
 -- walked never changes its task.
 local function perm_fn(n)
+  if mget(F.SHUFFLE) ~= '1' then return function(i) return i end end
+  -- (read only when shuffling: without, every position is its task id anyway)
   n = mmin(n, tonum(mget(F.PN) or '') or n)
-  if mget(F.SHUFFLE) ~= '1' or n <= 1 then return function(i) return i end end
+  if n <= 1 then return function(i) return i end end
   local seed = mnum(F.SEED)
   local p = mnum(F.PASS)
   if n == 2 then
