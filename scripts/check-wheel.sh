@@ -70,6 +70,7 @@ if [[ -z $line ]]; then
     exit 1
 fi
 cmd=${line%%#*}
+cmd=${cmd%"${cmd##*[![:space:]]}"}  # the comment and the spaces before it
 "$root/.venv/bin/python" -m venv "$tmp/user"
 if ! (cd "$tmp/src" && PATH="$tmp/user/bin:$PATH" PIP_CONSTRAINT="$root/scripts/test-constraints.txt" \
         PIP_DISABLE_PIP_VERSION_CHECK=1 bash -c "$cmd") >"$tmp/install.log" 2>&1; then

@@ -59,7 +59,7 @@ def test_sigterm_to_the_torchrun_agent_stops_every_rank_and_loader_worker(
     leased, no worker registered), no rank takes another sample; a trainer started after
     finishes the pass, and the audit counts every task acked once with no stale ack (a
     rank still alive would have acked beside it)."""
-    chunks = write_jsonl(tmp_path / "data", 60, 6)
+    chunks = write_jsonl(tmp_path / "data", 120, 6)  # ~20 s of steps: the stop comes mid-pass
     make_job(client, job_name, chunks)
     log = tmp_path / "samples.log"
     agent_log = tmp_path / "torchrun.log"
@@ -101,8 +101,9 @@ def test_sigterm_to_the_torchrun_agent_stops_every_rank_and_loader_worker(
 
         agent.send_signal(signal.SIGTERM)
         agent.wait(60)
-        assert wait_until(lambda: not any(map(running, ranks + workers)), timeout=60)
         taken = lines(log)
+        assert wait_until(lambda: not any(map(running, ranks + workers)), timeout=30)
+        assert lines(log) == taken, "a rank took samples after the agent exited"
         status = client.status(job_name)
         assert (status.leased, status.workers) == (0, 0)
         assert status.done < len(chunks)  # stopped mid-pass
