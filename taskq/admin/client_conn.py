@@ -95,7 +95,7 @@ class Connection:
             reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
         except redis.exceptions.RedisError as e:
             # translated only when it happens: the context manager's enter and exit cost
-            # a few µs on every call of a trainer's hot path (bench/README.md)
+            # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
             with translate(self.url, job_keys, self.redis):
                 raise e
         code = int(reply[0])
