@@ -84,8 +84,8 @@ class Connection:
         """Run one operation's script on ``job``; negative codes raise their error, except
         those in ``passthrough``, which the caller handles from the reply."""
         job_keys = self._keys.get(job) or self.keys(job)
-        # the job's own key list as it is (one list per job: the constant part of the
-        # call is packed once per list, engine/transport.py), a new one only with extra keys
+        # the job's own key list as it is (the constant part of the call is packed once
+        # per verb and key list, engine/transport.py), a new one only with extra keys
         keys: list[Any] = (
             job_keys.script_bytes
             if not extra_keys
