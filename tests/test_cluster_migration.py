@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from chaos import ReaperProc, run_cli
+from chaos import ReaperProc, run_cli, taskq_cmd
 from redis.crc import key_slot
 from support import LOOPBACK, ROOT, RedisClusterProcs, free_port, stop_process, wait_until
 
@@ -31,6 +31,8 @@ from taskq.keys import JobKeys
 
 #: Seconds between two keys of a slot moved by hand.
 KEY_PAUSE_S = 0.1
+#: Seconds a move by hand stalls half-way (a big key's MIGRATE), the CLI running.
+STALL_S = 2.0
 #: Slots ``redis-cli --cluster reshard`` moves (the lowest of the job's master).
 RESHARD_SLOTS = 16
 #: A job's tasks: its pass outlasts the move (3 trainers at ~10 ms a task).
@@ -65,16 +67,24 @@ def node_id(cluster: RedisClusterProcs, port: int) -> str:
     return str(cluster.node(port).cluster("myid"))
 
 
-def move_by_hand(cluster: RedisClusterProcs, slot: int, to_port: int) -> float:
+def move_by_hand(
+    cluster: RedisClusterProcs, slot: int, to_port: int, midway: Callable[[], None]
+) -> float:
     """Move ``slot`` to the master at ``to_port`` as ``redis-cli`` does, one key per
-    ``MIGRATE`` with ``KEY_PAUSE_S`` between keys; returns the move's length (seconds)."""
+    ``MIGRATE`` with ``KEY_PAUSE_S`` between keys, calling ``midway`` once half the keys
+    moved; returns the move's length (seconds)."""
     from_port, _ = master_of(cluster, slot)
     src, dst = cluster.node(from_port), cluster.node(to_port)
     started = time.monotonic()
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(cluster, from_port))
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(cluster, to_port))
+    left = int(src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+    moved = 0
     while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
         src.execute_command("MIGRATE", LOOPBACK, to_port, "", 0, 5000, "KEYS", *keys)
+        moved += 1
+        if moved == max(1, left // 2):
+            midway()
         time.sleep(KEY_PAUSE_S)
     assert cluster.spare is not None
     ports = {to_port, from_port} | {s.port for s in [*cluster.servers, cluster.spare]}
@@ -85,12 +95,15 @@ def move_by_hand(cluster: RedisClusterProcs, slot: int, to_port: int) -> float:
     return time.monotonic() - started
 
 
-def move_by_reshard(cluster: RedisClusterProcs, slot: int, to_port: int) -> float:
+def move_by_reshard(
+    cluster: RedisClusterProcs, slot: int, to_port: int, midway: Callable[[], None]
+) -> float:
     """``redis-cli --cluster reshard`` of the lowest ``RESHARD_SLOTS`` slots of ``slot``'s
-    master (``slot`` among them) to ``to_port``; returns its length (seconds)."""
+    master (``slot`` among them) to ``to_port``; returns its length (seconds). (It moves a
+    slot in milliseconds: ``midway`` is not called.)"""
     from_port, _ = master_of(cluster, slot)
     started = time.monotonic()
-    subprocess.run(
+    out = subprocess.run(
         [
             cluster.cli,
             "--cluster",
@@ -104,47 +117,59 @@ def move_by_reshard(cluster: RedisClusterProcs, slot: int, to_port: int) -> floa
             str(RESHARD_SLOTS),
             "--cluster-yes",
         ],
-        check=True,
         capture_output=True,
+        text=True,
         timeout=60,
     )
     took = time.monotonic() - started
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr
     assert master_of(cluster, slot)[0] == to_port, "the reshard did not move the job's slot"
     return took
 
 
 class Observer:
-    """While a slot moves: the CLI's commands in turn, and ``/metrics``, in a loop."""
+    """While a slot moves: the CLI's commands in turn, and ``/metrics``, in a loop; and
+    every command at once with a scrape (``burst``) when the move is half-way."""
 
     def __init__(self, url: str, job: str, metrics_port: int) -> None:
         self.url, self.job, self.metrics_port = url, job, metrics_port
         self.cli: list[tuple[str, int, str, str]] = []
         self.scrapes: list[int] = []
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run_cli),
-            threading.Thread(target=self._scrape),
-        ]
+        self._threads = [threading.Thread(target=self._loop, args=(self._run_cli,))]
+        self._threads.append(threading.Thread(target=self._loop, args=(self._scrape,)))
 
-    def _run_cli(self) -> None:
+    def _loop(self, fn: Callable[[int], None]) -> None:
         i = 0
         while not self._stop.is_set():
-            noun, verb = CLI_COMMANDS[i % len(CLI_COMMANDS)]
-            args = [noun, verb] if verb == "list" and noun == "job" else [noun, verb, self.job]
-            out = run_cli(self.url, *args, timeout=60)
-            self.cli.append((" ".join(args), out.returncode, out.stdout, out.stderr))
+            fn(i)
             i += 1
+            self._stop.wait(0.05)
 
-    def _scrape(self) -> None:
-        while not self._stop.is_set():
-            url = f"http://{LOOPBACK}:{self.metrics_port}/metrics"
-            try:
-                with urllib.request.urlopen(url, timeout=30) as resp:
-                    resp.read()
-                    self.scrapes.append(resp.status)
-            except urllib.error.HTTPError as e:
-                self.scrapes.append(e.code)
-            self._stop.wait(0.1)
+    def _run_cli(self, i: int) -> None:
+        noun, verb = CLI_COMMANDS[i % len(CLI_COMMANDS)]
+        args = [noun, verb] if (noun, verb) == ("job", "list") else [noun, verb, self.job]
+        out = run_cli(self.url, *args, timeout=60)
+        self.cli.append((" ".join(args), out.returncode, out.stdout, out.stderr))
+
+    def _scrape(self, i: int = 0) -> None:
+        url = f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                resp.read()
+                self.scrapes.append(resp.status)
+        except urllib.error.HTTPError as e:
+            self.scrapes.append(e.code)
+
+    def burst(self) -> None:
+        """Every CLI command and a scrape at once, then ``STALL_S`` before the move goes
+        on, so that they meet the slot split between two masters."""
+        for i in range(len(CLI_COMMANDS)):
+            self._threads.append(threading.Thread(target=self._run_cli, args=(i,)))
+        self._threads.append(threading.Thread(target=self._scrape))
+        for t in self._threads[-len(CLI_COMMANDS) - 1 :]:
+            t.start()
+        time.sleep(STALL_S)
 
     def __enter__(self) -> Observer:
         for t in self._threads:
@@ -172,25 +197,28 @@ class Observer:
 class Fleet:
     """3 trainer processes of one job, ``taskq reaper`` and ``taskq exporter``."""
 
-    def __init__(self, url: str, job: str, sharded: bool, log: Path) -> None:
-        self.log = log
-        log.touch()
+    def __init__(self, url: str, job: str, sharded: bool, logs: Path) -> None:
+        self.log = logs / "acks.log"
+        self.log.touch()
         script = "sharded_proc.py" if sharded else "trainer_proc.py"
         args = [sys.executable, str(ROOT / "tests" / script), url, job]
-        args += ["--sleep", "0.01", "--log", str(log), "--stamp"]
-        self.trainers = [
-            subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for _ in range(3)
-        ]
-        self.reaper = ReaperProc(url, interval=0.2)
+        args += ["--sleep", "0.01", "--log", str(self.log), "--stamp"]
+        self.stderr: dict[int, Path] = {}
+        self.trainers = [self._start(args, logs / f"trainer{i}.err") for i in range(3)]
+        self.reaper = ReaperProc(url, interval=0.2, log_path=logs / "reaper.err")
+        self.stderr[self.reaper.proc.pid] = logs / "reaper.err"
         self.metrics_port = free_port()
-        self.exporter = subprocess.Popen(
-            [Path(sys.executable).with_name("taskq"), "--url", url, "exporter"]
-            + ["--addr", LOOPBACK, "--port", str(self.metrics_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        self.exporter = self._start(
+            [*taskq_cmd(), "--url", url, "exporter", "--addr", LOOPBACK]
+            + ["--port", str(self.metrics_port)],
+            logs / "exporter.err",
         )
+
+    def _start(self, args: list[str], stderr: Path) -> subprocess.Popen[bytes]:
+        with open(stderr, "wb") as err:
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+        self.stderr[proc.pid] = stderr
+        return proc
 
     def acks(self) -> list[tuple[int, int, float]]:
         """(pass, task, time) of every ack logged so far."""
@@ -205,7 +233,7 @@ class Fleet:
         gone = []
         for proc in [*self.trainers, self.exporter, self.reaper.proc]:
             if proc.poll() is not None:
-                tail = proc.stderr.read()[-2000:] if proc.stderr else ""
+                tail = self.stderr[proc.pid].read_text()[-2000:]
                 gone.append(f"{proc.args} exited {proc.returncode}: {tail}")
         return gone
 
@@ -220,7 +248,7 @@ def fleet(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
     started: list[Fleet] = []
 
     def start(url: str, job: str, sharded: bool = False) -> Fleet:
-        started.append(Fleet(url, job, sharded, tmp_path / "acks.log"))
+        started.append(Fleet(url, job, sharded, tmp_path))
         return started[-1]
 
     yield start
@@ -228,22 +256,30 @@ def fleet(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
         f.stop()
 
 
-def a_job(cluster: RedisClusterProcs, stem: str, sharded: bool, reshard: bool) -> tuple[str, int]:
-    """A job name, and the slot to move (a shard's for a sharded job) that a reshard of
-    ``RESHARD_SLOTS`` would move, if ``reshard``."""
+def a_job(
+    cluster: RedisClusterProcs, stem: str, sharded: bool, reshard: bool
+) -> tuple[str, int, int]:
+    """A job name (of 3 shards if ``sharded``), the slot to move and its shard's index
+    (0 for a plain job), on a master that is not the spare; with ``reshard``, a slot that
+    a reshard of ``RESHARD_SLOTS`` of its master moves."""
+    assert cluster.spare is not None
     client = taskq.connect(cluster.url)
     for i in range(20000):
         name = f"{stem}-{i}"
-        if sharded:
-            slots = [slot_of(shard) for shard in sharded_create.place(client, name, 3)]
-        else:
-            slots = [slot_of(name)]
-        for slot in slots:
+        shards = sharded_create.place(client, name, 3) if sharded else [name]
+        for k, shard in enumerate(shards):
+            slot = slot_of(shard)
             if master_of(cluster, slot)[0] != cluster.spare.port and (
                 not reshard or first_slots(cluster, slot)
             ):
-                return name, slot
+                return name, slot, k
     raise AssertionError("no job name found")
+
+
+def longest_gap(times: list[float]) -> tuple[float, float]:
+    """(the longest gap between two of ``times``, the time it began)."""
+    times = sorted(times)
+    return max((b - a, a) for a, b in zip(times, times[1:], strict=False))
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
@@ -252,27 +288,36 @@ def test_a_slot_migrating_mid_pass_is_a_pause_not_a_crash(
     cluster: RedisClusterProcs, fleet: Callable[..., Fleet], sharded: bool, how: str
 ) -> None:
     assert cluster.spare is not None
-    job, slot = a_job(cluster, f"mig-{how}-{'s' if sharded else 'p'}", sharded, how == "reshard")
+    job, slot, shard = a_job(
+        cluster, f"mig-{how}-{'s' if sharded else 'p'}", sharded, how == "reshard"
+    )
     client = taskq.connect(cluster.url)
     client.create_job(job, [{"i": i} for i in range(TASKS)], shards=3 if sharded else 1)
     f = fleet(cluster.url, job, sharded)
     assert wait_until(lambda: len(f.acks()) >= TASKS // 5 or f.running(), timeout=60)
     assert not f.running()
     with Observer(cluster.url, job, f.metrics_port) as seen:
-        wait_until(lambda: len(seen.cli) >= 1 and seen.scrapes, timeout=30)
+        assert wait_until(lambda: seen.cli and seen.scrapes, timeout=30)
         move = move_by_hand if how == "by-hand" else move_by_reshard
-        took = move(cluster, slot, cluster.spare.port)
+        began = time.time()
+        took = move(cluster, slot, cluster.spare.port, seen.burst)
         during = len(f.acks())
         assert not f.running()
     seen.check()
-    assert during < TASKS, "the pass ended before the move did: no pause was seen"
+    assert during < TASKS, "the pass ended before the move did: not mid-pass"
     assert wait_until(lambda: len(f.acks()) >= TASKS or f.running(), timeout=120)
     acks = f.acks()
     assert sorted((p, t) for p, t, _ in acks) == [(0, t) for t in range(TASKS)]
-    times = sorted(at for _, _, at in acks)
-    gap = max(b - a for a, b in zip(times, times[1:], strict=False))
-    print(f"{how} {'sharded' if sharded else 'plain'}: move {took:.2f} s, longest gap {gap:.2f} s")
-    assert gap <= took + GAP_MARGIN_S
+    gap, at = longest_gap([at for _, _, at in acks])
+    # the moved shard's own acks (global task i is in shard i % 3)
+    moved_gap, _ = longest_gap([at for _, t, at in acks if not sharded or t % 3 == shard])
+    answered = sum(code == 0 for _, code, _, _ in seen.cli)
+    print(
+        f"{how}, {'sharded' if sharded else 'plain'}: move {took:.2f} s, longest gap "
+        f"{gap:.2f} s ({at - began:+.2f} s into it), {moved_gap:.2f} s on the moved slot; "
+        f"CLI {answered}/{len(seen.cli)} answered"
+    )
+    assert max(gap, moved_gap) <= took + GAP_MARGIN_S
     assert wait_until(lambda: all(p.poll() is not None for p in f.trainers), timeout=30)
     assert [p.returncode for p in f.trainers] == [0, 0, 0]
     assert f.reaper.alive() and f.exporter.poll() is None

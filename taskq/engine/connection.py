@@ -315,15 +315,17 @@ _ACL_REFUSALS = (
 #: cluster client's own errors are not ``RedisError``\ s).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
+#: A slot migrating: TRYAGAIN, ASK or MOVED raised as they are (and a bare
+#: ``ClusterError``: redis-py's TTL ran out on them).
+_MIGRATING = (redis.exceptions.TryAgainError, redis.exceptions.AskError)
+
 #: Redis cannot serve the call now but will: unreachable, loading, failing over, or a
-#: cluster whose slot is migrating (TRYAGAIN, ASK or MOVED until redis-py's TTL ran out:
-#: ``ClusterError``), down (CLUSTERDOWN) or not yet covering the slot in the client's map.
+#: cluster down (CLUSTERDOWN), not yet covering the slot in the client's map, or moving it.
 _TRANSIENT = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.AskError,
+    *_MIGRATING,
     redis.exceptions.SlotNotCoveredError,
     # a refresh of the slot map that reached no node (newer redis-py; before, a
     # RedisClusterException)
@@ -365,6 +367,11 @@ def translate(
             f"password in the URL or TASKQ_REDIS_PASSWORD): {e}"
         ) from e
     except _TRANSIENT as e:
+        if isinstance(e, _MIGRATING) or type(e) is redis.exceptions.ClusterError:
+            raise errors.ConnectionLost(
+                f"Redis Cluster at {masked_url}: the call's slot is moving between masters "
+                f"({_said(e)}; a move stuck half-way shows in `redis-cli --cluster check`)"
+            ) from e
         raise errors.ConnectionLost(f"cannot reach Redis at {masked_url}: {_said(e)}") from e
     except redis.exceptions.RedisClusterException as e:
         raise errors.TaskqError(f"Redis Cluster at {masked_url}: {_said(e)}") from e
