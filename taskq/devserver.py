@@ -330,9 +330,16 @@ class RedisCluster:
             if spare:
                 self.spare = self._node(server)
                 self._cli("add-node", f"{LOOPBACK}:{self.spare.port}", self.first)
-                spare_id = self.node(self.spare.port).cluster("myid")
-                if not wait_until(lambda: self._all_know(spare_id), timeout=30, interval=0.1):
-                    raise TaskqError("the local cluster's nodes did not all meet the spare")
+                joined = self.node(self.spare.port)
+                spare_id = joined.cluster("myid")
+                if not wait_until(
+                    lambda: (
+                        self._all_know(spare_id) and joined.cluster("info")["cluster_state"] == "ok"
+                    ),
+                    timeout=30,
+                    interval=0.1,
+                ):
+                    raise TaskqError("the spare did not join the local cluster")
         except BaseException:
             self.cleanup()
             raise

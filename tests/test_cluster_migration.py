@@ -21,13 +21,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from chaos import ReaperProc, run_cli, taskq_cmd
 from redis.crc import key_slot
-from support import LOOPBACK, ROOT, RedisClusterProcs, free_port, stop_process, wait_until
+from support import (
+    LOOPBACK,
+    ROOT,
+    RedisClusterProcs,
+    free_port,
+    one_error_line,
+    stop_process,
+    wait_until,
+)
 
 import taskq
 from taskq.admin import sharded_create
+from taskq.engine.connection import translate
 from taskq.keys import JobKeys
+from taskq.ops.exporter import TaskqCollector
 
 #: Seconds between two keys of a slot moved by hand.
 KEY_PAUSE_S = 0.1
@@ -321,3 +332,69 @@ def test_a_slot_migrating_mid_pass_is_a_pause_not_a_crash(
     assert wait_until(lambda: all(p.poll() is not None for p in f.trainers), timeout=30)
     assert [p.returncode for p in f.trainers] == [0, 0, 0]
     assert f.reaper.alive() and f.exporter.poll() is None
+
+
+def test_a_move_stuck_half_way_is_one_line_everywhere_until_it_is_finished(
+    cluster: RedisClusterProcs,
+) -> None:
+    """A reshard killed half-way leaves the slot split (``TRYAGAIN`` for good): a trainer
+    gives up after its ``reconnect_timeout`` with ``ConnectionLost``, the CLI prints one
+    line and exits 1, the exporter's scrape leaves the job out and counts it; once the
+    move is finished, all of them work again."""
+    assert cluster.spare is not None
+    job, slot, _ = a_job(cluster, "stuck", False, False)
+    client = taskq.connect(cluster.url)
+    client.create_job(job, [{"i": i} for i in range(20)], worker_ttl=60.0)
+    trainer = taskq.Trainer(job, client=client, heartbeat=False, reconnect_timeout=1.0)
+    held = trainer.lease(timeout=0)
+    assert held is not None
+    split, finish = threading.Event(), threading.Event()
+
+    def stall() -> None:
+        split.set()
+        finish.wait(60)
+
+    moving = threading.Thread(target=move_by_hand, args=(cluster, slot, cluster.spare.port, stall))
+    moving.start()
+    try:
+        assert split.wait(30)
+        with pytest.raises(taskq.ConnectionLost, match="slot is moving between masters"):
+            trainer.ack(held)
+        out = run_cli(cluster.url, "job", "status", job, timeout=60)
+        assert out.returncode == 1 and "Traceback" not in out.stderr
+        assert one_error_line(out.stderr).startswith("taskq: error: Redis Cluster at")
+        collector = TaskqCollector(client, jobs=[job])
+        families = {f.name: f for f in collector.collect()}
+        assert not families["taskq_tasks"].samples
+        assert families["taskq_exporter_scrape_errors"].samples[0].value >= 1
+    finally:
+        finish.set()
+        moving.join(30)
+    trainer.ack(held)  # the same lease, acked once the slot has moved
+    assert client.status(job).counters["acked"] == 1
+    assert run_cli(cluster.url, "job", "status", job).returncode == 0
+    trainer.close()
+
+
+@pytest.mark.parametrize(
+    "error, transient",
+    [
+        (redis.exceptions.ClusterError("TTL exhausted."), True),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"), True),
+        (redis.exceptions.AskError("3999 127.0.0.1:7001"), True),
+        (redis.exceptions.MovedError("3999 127.0.0.1:7001"), True),
+        (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), True),
+        (redis.exceptions.SlotNotCoveredError("Slot 3999 is not covered"), True),
+        (redis.exceptions.RedisClusterException("No targets were found"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_cluster_errors_are_taskq_errors_and_the_passing_ones_connection_lost(
+    error: Exception, transient: bool
+) -> None:
+    with pytest.raises(taskq.TaskqError) as raised:
+        with translate("redis+cluster://127.0.0.1:7000"):
+            raise error
+    assert isinstance(raised.value, taskq.ConnectionLost) == transient
+    assert "redis+cluster://127.0.0.1:7000" in str(raised.value)
+    assert "\n" not in str(raised.value)
