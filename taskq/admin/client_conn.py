@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from typing import Any
 
-import redis
-
 from taskq import errors
 from taskq.admin import stats
 from taskq.config import check_memory_policy
-from taskq.engine.connection import check_given_client, make_redis, translate
+from taskq.engine.connection import REDIS_ERRORS, check_given_client, make_redis, translate
 from taskq.engine.contract import Code, raise_for
 from taskq.engine.transport import Scripts
 from taskq.keys import (
@@ -93,7 +91,7 @@ class Connection:
         )
         try:
             reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
-        except redis.exceptions.RedisError as e:
+        except REDIS_ERRORS as e:
             # translated only when it happens: the context manager's enter and exit cost
             # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
             with translate(self.url, job_keys, self.redis):
