@@ -109,20 +109,6 @@ def _generated() -> str:
         f"  return {{{', '.join(names)}, {', '.join(f'kc({k!r})' for k in COLD_KEYS)}}}",
         "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
-        "-- the hist hash's field of histogram `name`'s bucket of ms: 'dur:<bucket>' a constant",
-        "-- (an ack's), any other made",
-        "local function hist_field(name, ms)",
-    ]
-    for i, bound in enumerate(HIST_BOUNDS_MS, 1):
-        lines.append(
-            f"  if ms <= {bound} then if name == 'dur' then return 'dur:{i}' end "
-            f"return name .. ':{i}' end"
-        )
-    last = len(HIST_BOUNDS_MS) + 1
-    lines += [
-        f"  if name == 'dur' then return 'dur:{last}' end",
-        f"  return name .. ':{last}'",
-        "end",
     ]
     return "\n".join(lines) + "\n"
 

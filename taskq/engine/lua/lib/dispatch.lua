@@ -74,17 +74,7 @@ local SKIPPED = {}  -- per call: {task, score} popped from the front and left fo
 -- (cn: the call number's digits; task_n: the task's number when the caller has it, else nil)
 -- (buf: a batch's writes, leases.lua lw_new; nil: written at once)
 local function grant(task, worker, winc, cn, st, task_n, buf)
-  local tok
-  if buf and buf.tokn then
-    -- (a take's later tokens: the last one + 1, which is past the call's TIME already;
-    -- the last one is written once, take(): next_token each time was ~3 k more a grant)
-    local n = buf.tokn + 1
-    tok = fmt(n)
-    buf.tokn, buf.toks = n, tok
-  else
-    tok = next_token()
-    if buf then buf.tokn = mnum(F.LAST_TOKEN) end
-  end
+  local tok = next_token()
   local attempt, att_s = 1, '1'
   if not counts_empty() then
     attempt = (tonum(rcall('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
@@ -310,7 +300,6 @@ local function take(worker, winc, want, call_no, mode)
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
   local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
   if buf then
-    if buf.toks then mput_s(F.LAST_TOKEN, buf.tokn, buf.toks) end
     lw_flush(buf)
     -- (as grant() would have: the started ones first, mode F)
     if buf.S then event_tasks('leased', buf.S[1], buf.S[2], worker) end

@@ -88,7 +88,9 @@ local HBUF = {}  -- per call
 -- (nosum: the caller adds ms, returned, to the sum: an ack's, endings.lua acks_counted)
 local function observe(name, ms, nosum)
   if ms < 0 then ms = 0 end
-  local bucket = hist_field(name, ms)
+  local b = 1
+  while HIST_BOUNDS[b] and ms > HIST_BOUNDS[b] do b = b + 1 end
+  local bucket = name .. ':' .. b
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
   if nosum then return ms end
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end

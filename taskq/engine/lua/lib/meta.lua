@@ -1,6 +1,6 @@
 -- meta.lua: the job's meta hash, cached for the call; number formatting; record splitting.
 -- The first part of taskq's Function library (scripts.py joins lib/*.lua in the order of
--- its LIB_PARTS after the generated K_* keys, C codes and hist_field / HIST_BOUNDS, then
+-- its LIB_PARTS after the generated K_* keys, C codes and HIST_BOUNDS, then
 -- adds the generated begin() and each lua/verb.lua as a function). Everything in the
 -- library is built once, at FUNCTION LOAD, so its locals outlive a call: every top-level
 -- local that is not a function ends in `-- per call`, and begin() (generated from those
