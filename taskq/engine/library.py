@@ -77,12 +77,59 @@ _KEYS_RE = re.compile(
 )
 _TOP_LOCAL_RE = re.compile(r"^local\s+(?!function\b)(.*)$", re.M)
 _PER_CALL_RE = re.compile(r"^([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*(.*?)\s*--\s*per call\b")
-# a table built once, at load, and never written (a constant: begin() leaves it)
-_CONSTANT_RE = re.compile(r"^local \w+ = \{[^}]*\}  -- constant$", re.M)
 _FIELD_RE = re.compile(r"\bF\.([A-Za-z_]\w*)")
 
 
 _COLD_RE = re.compile(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b")
+
+
+# The meta fields the hot verbs (ack, lease, heartbeat) read, fetched in one HMGET by
+# lib/meta.lua's load_meta, in this order: their slots 1..len, then the field the ack writes
+# and does not read. Every meta field is a slot (``F.NAME``, an integer) in the library's
+# cache; ``META_NAMES[slot]`` is its name. The rest follow in keys.MetaField's order.
+HOT_META = (
+    "INC",
+    "MCLOCK",
+    "SEEN",
+    "TTL",
+    "HBI",
+    "OFFSET",
+    "ROUND",
+    "STATE",
+    "EVMAX",
+    "DUE",
+    "PASS",
+    "GEN",
+    "REASON",
+    "PAUSED",
+    "N",
+    "CURSOR",
+    "NDONE",
+    "NLEASED",
+    "NRESERVED",
+    "LAST_TOKEN",
+    "TT",
+    "AUTO_TT",
+    "P_BACKUPS",
+    "DUR_MED",
+    "ACKED_JOB",
+    "C_ACKED",
+    "C_LEASED",
+    "P_LEASED",
+    "SHUFFLE",
+    "DUR_SUM",
+    "NWAITING",
+)
+META_SLOTS: dict[str, int] = {
+    name: i
+    for i, name in enumerate(
+        [*HOT_META, "LAST_ACK", *(n for n in META_FIELDS if n not in HOT_META and n != "LAST_ACK")],
+        1,
+    )
+}
+# the slots a call's tables of changes are made with (lib/meta.lua: the hot ones and the
+# ack's last_ack; any other goes into a table's hash part when set)
+SLOTS_MADE = len(HOT_META) + 1
 
 
 def _generated() -> str:
@@ -90,6 +137,7 @@ def _generated() -> str:
     slot and the histogram. (The codes and the bounds are written into the text as numbers,
     cold keys as ``kc('name')``: ``_constants``; meta fields as their slots: ``_fields``.)"""
     names = [f"K_{name.upper()}" for name in SCRIPT_KEYS]
+    meta_names = ", ".join(f"'{META_FIELDS[n]}'" for n in META_SLOTS)  # (in slot order)
     slots = ", ".join(f"keys[{i}]" for i in range(1, len(names) + 1))
     bounds = ", ".join(map(str, HIST_BOUNDS_MS))
     lines = [
@@ -109,6 +157,8 @@ def _generated() -> str:
         f"  return {{{', '.join(names)}, {', '.join(f'kc({k!r})' for k in COLD_KEYS)}}}",
         "end",
         f"local HIST_BOUNDS = {{{bounds}}}",
+        "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
+        f"local META_NAMES = {{{meta_names}}}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -129,6 +179,9 @@ def _constants(file: str, text: str) -> str:
         return f"({value})" if value < 0 else str(value)
 
     text = _CODE_RE.sub(code, text)
+    text = re.sub(r"\bMETA_HOT_SLOTS\b", str(len(HOT_META)), text)
+    # a table of changes over the slots made at once (lib/meta.lua): a constructor of falses
+    text = re.sub(r"\bMETA_FALSES\b", "{" + ", ".join(["false"] * SLOTS_MADE) + "}", text)
     text = _COLD_RE.sub(lambda m: f"kc('{m.group(1).lower()}')", text)
     return _LIMIT_RE.sub(lambda m: str(getattr(contract, m.group(1))), text)
 
@@ -225,7 +278,7 @@ def _begin(parts: dict[str, str]) -> str:
     resets = []
     bound = _bound_globals(parts)
     for file, text in parts.items():
-        for decl in _TOP_LOCAL_RE.findall(_CONSTANT_RE.sub("", text)):
+        for decl in _TOP_LOCAL_RE.findall(text):
             m = _PER_CALL_RE.match(decl)
             if not m:
                 raise errors.TaskqError(
@@ -269,16 +322,29 @@ def _bound_globals(parts: dict[str, str]) -> set[str]:
     return set()
 
 
-def _fields(file: str, text: str) -> str:
-    """``text`` with every ``F.NAME`` replaced by the meta field's name, quoted
-    (``keys.MetaField.NAME``); an unknown name is refused."""
+_NAME_FIELD_RE = re.compile(r"\bN\.([A-Za-z_]\w*)")
+_META_CALL_RE = re.compile(r"rcall\([^\n]*K_META[^\n]*\bF\.[A-Z]")
 
-    def field(m: re.Match[str]) -> str:
+
+def _fields(file: str, text: str) -> str:
+    """``text`` with every ``F.NAME`` replaced by the meta field's slot in the library's
+    cache (``META_SLOTS``) and every ``N.NAME`` by its name, quoted: what a command sent
+    to Redis names. ``F.`` in a command on the meta hash is refused (it would name the
+    field by its slot)."""
+
+    def field(m: re.Match[str], quoted: bool) -> str:
         if m.group(1) not in META_FIELDS:
             raise errors.TaskqError(f"{file}: {m.group(0)} is not in keys.MetaField")
-        return f"'{META_FIELDS[m.group(1)]}'"
+        return f"'{META_FIELDS[m.group(1)]}'" if quoted else str(META_SLOTS[m.group(1)])
 
-    return _FIELD_RE.sub(field, text)
+    bad = _META_CALL_RE.search(text)
+    if bad:
+        raise errors.TaskqError(
+            f"{file}: a command on K_META names a field as F.NAME (its slot in the library's "
+            f"cache): write N.NAME, its name, or use mget / mset: {bad.group(0)}"
+        )
+    text = _NAME_FIELD_RE.sub(lambda m: field(m, True), text)
+    return _FIELD_RE.sub(lambda m: field(m, False), text)
 
 
 def _nkeys(file: str, text: str) -> int:

@@ -67,7 +67,7 @@ if step == 'begin' then
   local counters = {}
   for _, f in lipairs({F.C_LEASED, F.C_ACKED, F.C_FAILED, F.C_RELEASED, F.C_EXP_WL,
                       F.C_EXP_TT, F.C_STALE, F.C_DEAD, F.C_STOLEN, F.C_REVOKED}) do
-    counters[f] = mnum(f)
+    counters[META_NAMES[f]] = mnum(f)
   end
   -- done: the set's size (what the count caches); unfinished: the tasks given out and
   -- not done (leased or in the front)

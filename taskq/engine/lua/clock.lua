@@ -9,9 +9,9 @@ arg_enum(ARGV[3], 'silent', '0 1')
 arg_len(ARGV, 3)
 local bad = args_bad()
 if bad then return bad end
-local cur = rcall('HGET', K_META, F.INC)
+local cur = rcall('HGET', K_META, N.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND, 0} end
-if rcall('HGET', K_META, F.MCLOCK) ~= '1' then return {C.INVALID, 0} end
+if rcall('HGET', K_META, N.MCLOCK) ~= '1' then return {C.INVALID, 0} end
 local now = rcall('INCRBY', K_CLOCK, advance)
-if ARGV[3] ~= '1' then rcall('HSET', K_META, F.SEEN, now) end
+if ARGV[3] ~= '1' then rcall('HSET', K_META, N.SEEN, now) end
 return {C.OK, now}

@@ -23,15 +23,15 @@ if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
   rcall('UNLINK', staging)
   return done({C.INVALID})
 end
-local last_token = rcall('HGET', K_META, F.LAST_TOKEN) or '0'
+local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
 rcall('UNLINK', unpk(job_keys()))
 rcall('RENAME', staging, K_CHUNKS)
 rcall('PERSIST', K_CHUNKS)
 local fields = {}
 for k = 3, #ARGV do fields[#fields + 1] = ARGV[k] end
 rcall('HSET', K_META, unpk(fields))
-rcall('HSET', K_META, F.LAST_TOKEN, last_token)
-if rcall('HGET', K_META, F.MCLOCK) == '1' then rcall('SET', K_CLOCK, 0) end
+rcall('HSET', K_META, N.LAST_TOKEN, last_token)
+if rcall('HGET', K_META, N.MCLOCK) == '1' then rcall('SET', K_CLOCK, 0) end
 open_job('')
 mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW), F.NWAITING, 0)
 pad_meta()

@@ -8,7 +8,7 @@ arg_id(ARGV[1], 'job_inc', true)
 arg_len(ARGV, 1)
 local bad = args_bad()
 if bad then return bad end
-local cur = rcall('HGET', K_META, F.INC)
+local cur = rcall('HGET', K_META, N.INC)
 if not cur or (ARGV[1] ~= '' and ARGV[1] ~= cur) then return {C.JOB_NOT_FOUND} end
 rcall('UNLINK', unpk(job_keys()))
 return {C.OK}

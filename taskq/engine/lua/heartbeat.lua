@@ -52,7 +52,7 @@ if iw then
   -- rec: "[start_ms,]n,wait_us,step_us,<13 counts>" (nil or malformed: zeros), with this
   -- beat's figures added; `start`: a window's start, kept first. Only the numbers that
   -- change are parsed and formatted again (a formatting costs ~0.5 us: most buckets get 0)
-  local stored = rcall('HMGET', K_META, F.IW, F.IW_WIN, F.IW_WORST)
+  local stored = rcall('HMGET', K_META, N.IW, N.IW_WIN, N.IW_WORST)
   local function plus(rec, start)
     local nums, k, base = {}, 0, start and 1 or 0
     if rec then

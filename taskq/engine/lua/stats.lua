@@ -11,13 +11,13 @@ local bad = args_bad()
 if bad then return bad end
 if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 local now
-if rcall('HGET', K_META, F.MCLOCK) == '1' then
+if rcall('HGET', K_META, N.MCLOCK) == '1' then
   now = tonum(rcall('GET', K_CLOCK) or '0') or 0
 else
   local t = rcall('TIME')
   now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
 end
-local jnow = now - (tonum(rcall('HGET', K_META, F.OFFSET) or '0') or 0)
+local jnow = now - (tonum(rcall('HGET', K_META, N.OFFSET) or '0') or 0)
 local older = {}
 for k = 1, #ARGV do
   older[k] = rcall('ZCOUNT', K_STARTED, '-inf', fmt(jnow - bounds[k] * 1000))

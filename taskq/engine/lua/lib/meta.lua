@@ -32,31 +32,33 @@ local function fmt(n)
   return sformat('%.0f', n)
 end
 
--- The meta hash: the fields the hot verbs (ack, lease, heartbeat) read (HOT) are fetched in
--- one HMGET at open_job, any other on first use (HGET); every change is written in one HSET
+-- The meta hash: the fields the hot verbs (ack, lease, heartbeat) read are fetched in one
+-- HMGET at open_job, any other on first use (HGET); every change is written in one HSET
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
 -- (a string and a table slot per field and name) cost more than naming the ~32 needed
--- (bench/README.md). A field is named by F.<NAME>, keys.MetaField's name for it.
-local HOT = {F.INC, F.MCLOCK, F.SEEN, F.TTL, F.HBI, F.OFFSET, F.ROUND, F.STATE, F.EVMAX,
-  F.DUE, F.PASS, F.GEN, F.REASON, F.PAUSED, F.N, F.CURSOR, F.NDONE, F.NLEASED, F.NRESERVED,
-  F.LAST_TOKEN, F.TT, F.AUTO_TT, F.P_BACKUPS, F.DUR_MED, F.ACKED_JOB, F.C_ACKED, F.C_LEASED,
-  F.P_LEASED, F.SHUFFLE, F.DUR_SUM, F.NWAITING}  -- constant
+-- (bench/README.md).
+-- A field is known by its slot, F.<NAME> (an integer, library.py META_SLOTS; META_NAMES
+-- [slot] is its name): the hot ones are slots 1..31 in the HMGET's order, so the reply is
+-- the cache M itself, and the tables below are arrays over those slots (META_FALSES, written
+-- by library.py as a constructor of falses each; as hash tables keyed by name the four cost
+-- ~23 k instructions a call, ~370 a slot, and load_meta's copy of the reply into M ~14 k,
+-- bench/README.md).
 -- M holds the stored strings (false: no such field) and those set by mset; MN a number
 -- set in this call (mput, mincr: formatted once, in flush); NUM caches numbers parsed
--- from M's strings, ORIG the numbers of the stored ones (see flush).
+-- from M's strings, ORIG the numbers of the stored ones (see flush). A false in MN /
+-- DIRTY / NUM / ORIG means what nil means (a field past the made slots is nil until set).
 local M = {}  -- per call
-local MN, DIRTY, NUM, ORIG = {}, {}, {}, {}  -- per call
+local MN, DIRTY, NUM, ORIG = META_FALSES, META_FALSES, META_FALSES, META_FALSES  -- per call
 local function load_meta()
-  local got = rcall('HMGET', K_META, unpk(HOT))
-  for i = 1, #HOT do M[HOT[i]] = got[i] end
+  M = rcall('HMGET', K_META, unpk(META_NAMES, 1, META_HOT_SLOTS))
 end
 local function mget(f)
   local n = MN[f]
   if n then return fmt(n) end
   local v = M[f]
   if v == nil then
-    v = rcall('HGET', K_META, f)
+    v = rcall('HGET', K_META, META_NAMES[f])
     M[f] = v
   end
   if v == false then return nil end
@@ -129,13 +131,13 @@ local function flush()
     if d then
       local n = MN[f]
       if not n then
-        args[k + 1] = f
+        args[k + 1] = META_NAMES[f]
         args[k + 2] = M[f]
         k = k + 2
       elseif ORIG[f] ~= n then
         -- (a counter that came back to its stored number, a lease granted and one ended in
         -- the same call: nleased, nreserved, is not written again)
-        args[k + 1] = f
+        args[k + 1] = META_NAMES[f]
         args[k + 2] = fmt(n)
         k = k + 2
       end
