@@ -372,7 +372,7 @@ def test_within_a_a_raw_hdel_of_the_meta_breaks_the_job_until_replaced(jobs: Job
     assert jobs.admin.status(jobs.b).todo == 6  # B is out of its reach
 
 
-#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+#: `redis.call` is bound to the local `rcall` in each Lua part and verb (`local rcall = redis.call`)
 LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*'([A-Za-z]+)'\s*(?:,\s*(K_[A-Z0-9_]+))?")
 
 

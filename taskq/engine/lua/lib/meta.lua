@@ -6,21 +6,8 @@
 -- local that is not a function ends in `-- per call`, and begin() (generated from those
 -- lines) resets it at the start of every call. F.<NAME> is keys.MetaField.<NAME>, replaced by
 -- the field's name when the library is built. Semantics: docs/design.md.
-
--- Redis's Lua globals the library calls, bound into library locals at the start of every
--- call (bind_globals, from begin()): a global is a lookup in the globals table on every use
--- (redis.call two), a library local an upvalue. (The library cannot read globals while it
--- loads: they exist only in a call.)
-local rcall, tonum, smatch, sfind, ssub, sformat = nil, nil, nil, nil, nil, nil  -- per call
-local sbyte, mmin, mmax, mfloor, tconcat, unpk = nil, nil, nil, nil, nil, nil  -- per call
-local ltype, lpairs, lipairs = nil, nil, nil  -- per call
-local function bind_globals()
-  rcall, tonum, smatch, sfind, ssub, sformat = redis.call, tonumber, string.match,
-    string.find, string.sub, string.format
-  sbyte, mmin, mmax, mfloor, tconcat, unpk = string.byte, math.min, math.max, math.floor,
-    table.concat, unpack
-  ltype, lpairs, lipairs = type, pairs, ipairs
-end
+local rcall, tonum, sfind, ssub, sformat, sbyte, unpk, ltype, lpairs =
+  redis.call, tonumber, string.find, string.sub, string.format, string.byte, unpack, type, pairs
 
 -- An integer (every number but the streaming median dur_med) is formatted with '%d': the
 -- same digits as '%.0f', which glibc runs through its multi-precision float printer at
@@ -166,3 +153,13 @@ local function split(s)
     start = i + 1
   end
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  M = {}
+  MN, DIRTY, NUM, ORIG = META_FALSES, META_FALSES, META_FALSES, META_FALSES
+end
+
+return {fmt = fmt, load_meta = load_meta, mget = mget, mnum = mnum, mput = mput, mput_s = mput_s,
+  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, pad_meta = pad_meta, split = split,
+  reset = reset}
