@@ -5,36 +5,66 @@ ones, ``flags=allow-oom`` for those that only free or set a flag, so an operator
 cancel, delete or pause a job on a Redis out of memory; one flag per verb) and a KEYS /
 ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
 ``the job's keys (keys.SCRIPT_KEYS)``, then ``+ name, ...`` for any extra one (create's
-staging hash), and that is the number of keys a call must pass (checked here). The
-library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.SCRIPT_KEYS`` and ``kc(name)``, which makes a cold one; the ``C`` table of return
-codes, the per-call bounds ``MAX_BATCH`` ..., the histogram bounds), the parts
-``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
-verb's body registered as the function ``taskq_<version>_<verb>``, which calls
-``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the slot of the meta field
-``keys.MetaField.<NAME>`` in the library's cache of the meta hash (an integer: lib/meta.lua's
-tables are arrays), ``N.<NAME>`` by its name (a command on the hash names it); an unknown name
-is refused.
-Python stays the one source of truth for codes, bounds, key names and meta field names.
-Every verb checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the
-name of the bad argument before its first write: Redis does not roll a script back.
+staging hash), and that is the number of keys a call must pass (checked here). Every verb
+checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the name of the
+bad argument before its first write: Redis does not roll a script back.
+
+How the library is put together (one chunk, in this order):
+
+- the generated ground: the ``K_*`` locals in the order of ``keys.SCRIPT_KEYS`` and
+  ``kc(name)``, which makes a cold key; ``job_keys()``, ``HIST_BOUNDS``, ``META_NAMES``;
+  ``CALL``, the call's state several parts share (lib/call.lua lists its fields), and
+  ``lib``, the table of the parts;
+- ``build()``: each part ``lua/lib/<part>.lua``, in the order of ``LIB_PARTS``, wrapped in
+  its own closure, ``lib.<part> = (function() <the file> end)()``. A part is a Lua module:
+  it opens by binding what it calls (``local rcall = redis.call``,
+  ``local mget = lib.meta.mget``: upvalues from then on, as fast as a local of the chunk)
+  and ends with ``return {name = name, ...}``, the functions other parts and verbs use.
+  The parts are built by the library's first call in a server (``begin()``), not while the
+  library loads: Redis gives a loading library no Lua globals (``redis``, ``string``, ...);
+- ``begin(keys)``, which every function calls first: the parts built if they are not, the
+  keys of this call's job, a new ``CALL``, and each part with per-call state reset through
+  its ``reset()``;
+- each verb's body registered as the function ``taskq_<version>_<verb>``; it binds what it
+  calls from the parts after its header (``local done = lib.call.done``), on each call.
+
+A part's locals outlive a call. Every top-level ``local`` of a part is a function, a
+binding (``local a, b = x.y, z``: set once, at build), a table marked ``-- constant`` on
+its line, or state marked ``-- per call`` that the part's ``local function reset()`` sets
+back and returns (``reset = reset``); anything else is refused, naming the part.
+
+The only text the build rewrites is the contract's, so that Python stays its one source:
+``C.NAME`` (a ``contract.Code``) and the bounds of ``contract._LIMITS`` become numbers,
+``K_<COLD>`` becomes ``kc('<cold>')``, ``F.<NAME>`` becomes the slot of meta field
+``keys.MetaField.<NAME>`` in lib/meta.lua's cache (an integer: the hot fields first, in the
+order of ``HOT_META``, so ``load_meta``'s HMGET reply is the cache itself; kept because it
+pays over 3 % a call) and ``N.<NAME>`` its name (what a command on the hash names). An
+unknown name is refused.
+
+The guard. Lua 5.1 refuses a function of more than 200 locals or 60 upvalues, and a
+library that does not load fails on every server at once. ``budget`` reads each unit's Lua
+tokens (no regex over lines: neither indentation nor an ``end`` in a string fools it) and
+counts the top-level locals of each part's closure, each verb's callback and the chunk,
+and the names of the part and the chunk each function uses (its upvalues, an upper bound).
+A unit within ``LIMIT_MARGIN`` (10) of either limit is refused with a message that names
+it and says what to do; ``BUDGETS`` holds every unit's count, and a binding of a name a
+part does not return is refused too.
+
+What a maintainer adds where: a helper goes into the part of its concern (bind what it
+calls at the top, add it to the return table if a verb or a later part calls it, and bind
+it there); per-call state goes into the part's locals with ``-- per call`` and its
+``reset()``, or into ``CALL`` when other parts read it; a new part is a new file listed in
+``LIB_PARTS`` after the parts it binds; a new verb is a new ``lua/<verb>.lua``.
 
 Why a Function library and not one EVALSHA script per operation: a library is compiled
-and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local
-function it defines on every call. That cost is small, not the largest one: bench/README.md
-measured a closure at ~0.09 µs, so the ~53 closures of the old per-call prelude came to
-~5 µs of a ~200 µs call (the library saved about 10 % of a call in all). The price is
-that state kept in the library's locals lives across calls: every top-level local of a
-part that is not a function is declared ``-- per call``, ``begin()`` is generated from
-those declarations and resets each of them at the start of every call, and a top-level
-local without the marker is refused (``_begin``).
-
-The library's name carries a hash of its text, so clients of two taskq versions can share
-a server during an upgrade; a client loads its library when the server answers "function
-not found" (a new server, FUNCTION FLUSH, a new cluster master). Libraries persist and
-replicate like data. Loading needs ``FUNCTION LOAD``, which deploy/redis/acl.conf gives
-the admin role only: whoever may load a library may replace one, and every role's calls
-would run the replacement. The semantics the scripts implement are in docs/design.md.
+and its definitions built once; a script re-creates every local function it defines on
+every call (~0.09 µs a closure, bench/README.md). The library's name carries a hash of its
+text, so clients of two taskq versions can share a server during an upgrade; a client
+loads its library when the server answers "function not found" (a new server, FUNCTION
+FLUSH, a new cluster master). Libraries persist and replicate like data. Loading needs
+``FUNCTION LOAD``, which deploy/redis/acl.conf gives the admin role only: whoever may load
+a library may replace one, and every role's calls would run the replacement. The
+semantics the scripts implement are in docs/design.md.
 
 Data flow: lua/*.lua + contract.py + keys.py -> library.py (the text, at import) ->
 transport.py (FUNCTION LOAD, FCALL) -> Redis.

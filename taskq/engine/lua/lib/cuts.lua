@@ -8,7 +8,7 @@ local arg_fail = lib.args.arg_fail
 
 -- (CK_PAGE_BYTES: the bytes of a bitmap one checkpoint page holds, 8 x as many tasks;
 -- CK_PAGE_PAIRS: the most (task, samples) pairs in one page of its progress; both
--- constants of scripts.py, written into the library as numbers)
+-- constants of contract.py, written into the library as numbers by library.py)
 
 local function ck_record(id)
   local raw = rcall('HGET', K_CKPT, id)
