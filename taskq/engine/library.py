@@ -23,8 +23,8 @@ How the library is put together (one chunk, in this order):
   The parts are built by the library's first call in a server (``begin()``), not while the
   library loads: Redis gives a loading library no Lua globals (``redis``, ``string``, ...);
 - ``begin(keys)``, which every function calls first: the parts built if they are not, the
-  keys of this call's job, a new ``CALL``, and each part with per-call state reset through
-  its ``reset()``;
+  keys of this call's job, and each part with per-call state reset through its ``reset()``
+  (lib/call.lua's makes a new ``CALL``);
 - each verb's body registered as the function ``taskq_<version>_<verb>``; it binds what it
   calls from the parts after its header (``local done = lib.call.done``), on each call.
 
@@ -191,10 +191,12 @@ def _generated() -> str:
         f"local HIST_BOUNDS = {{{bounds}}}",
         "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
         f"local META_NAMES = {{{meta_names}}}",
-        "-- this call's state that several parts share (made by begin(); lib/call.lua lists it)",
+        "-- this call's state that several parts share (made by lib/call.lua's reset(), each call)",
         "local CALL = {}",
         "-- the parts (lib/*.lua), each the table of its functions, built by the first call",
         "local lib, BUILT = {}, false",
+        "-- each verb's function, by name (built with the parts: build())",
+        "local VERBS = {}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -301,23 +303,39 @@ def _statement_locals(toks: list[_Token], k: int) -> tuple[list[str], int]:
     return names, k
 
 
-def _is_binding(toks: list[_Token], k: int, count: int) -> bool:
-    """True when ``toks[k:]`` is ``= a.b, c, ...`` (``count`` dotted names) ending its
-    line: a local bound once, when the part is built (a Lua global or another part's
-    function), never written."""
+def _binding_end(toks: list[_Token], k: int, count: int) -> int | None:
+    """The index after ``toks[k:]`` when they are ``= a.b, c, ...`` (``count`` dotted
+    names) ending their line: a local bound once, when its unit is built (a Lua global or
+    a part's function), never written. None when they are not."""
     if k >= len(toks) or toks[k].text != "=":
-        return False
+        return None
     k += 1
     for i in range(count):
         if i and (k >= len(toks) or toks[k].text != ","):
-            return False
+            return None
         k += 1 if i else 0
         if k >= len(toks) or toks[k].kind != "name":
-            return False
+            return None
         k += 1
         while k + 1 < len(toks) and toks[k].text == "." and toks[k + 1].kind == "name":
             k += 2
-    return k >= len(toks) or toks[k].line > toks[k - 1].line
+    return k if k >= len(toks) or toks[k].line > toks[k - 1].line else None
+
+
+def _split_bindings(body: str) -> tuple[str, list[str], str]:
+    """A verb's text up to the end of its leading bindings (its header and the
+    ``local a = lib.part.a`` lines), the names they bind, and the rest (the callback)."""
+    code = [t for t in lua_tokens(body) if t.kind != "comment"]
+    k, names, last_line = 0, [], 0
+    while k + 1 < len(code) and code[k].text == "local" and code[k + 1].text != "function":
+        bound, after = _statement_locals(code, k)
+        end = _binding_end(code, after, len(bound))
+        if end is None:
+            break
+        names += bound
+        last_line, k = code[end - 1].line, end
+    lines = body.split("\n")
+    return "\n".join(lines[:last_line]) + "\n", names, "\n".join(lines[last_line:])
 
 
 def budget(text: str, outer: frozenset[str] = frozenset()) -> Budget:
@@ -351,8 +369,8 @@ def budget(text: str, outer: frozenset[str] = frozenset()) -> Budget:
             mark = marks.get(t.line, "")
             if re.search(r"--\s*per call\b", mark):
                 out.per_call += names
-            elif not re.search(r"--\s*constant\b", mark) and not _is_binding(
-                code, after, len(names)
+            elif not re.search(r"--\s*constant\b", mark) and (
+                _binding_end(code, after, len(names)) is None
             ):
                 out.loose += names
             k = after
@@ -523,31 +541,9 @@ def _build(
         )
         for file in LIB_PARTS
     ]
-    chunk = (
-        _generated()
-        + "-- Builds the parts, in the order of library.LIB_PARTS, on the library's first call in\n"
-        + "-- a server: a library has no Lua globals while it loads, a call has (redis.call ...).\n"
-        + "local function build()\n"
-        + "".join(text for _, text, _ in parts)
-        + "BUILT = true\nend\n"
-        + "-- Every function of the library starts here: the library built, the keys of this\n"
-        + "-- call's job, and every part's per-call state back to its start.\n"
-        + "local function begin(keys)\n"
-        + "  if not BUILT then build() end\n"
-        + "  set_keys(keys)\n"
-        + "  CALL = {}\n"
-        + "".join(f"  lib.{file.removesuffix('.lua')}.reset()\n" for file, _, has in parts if has)
-        + "end\n"
-    )
     exports = {file.removesuffix(".lua"): _exports(file, text) for file, text, _ in parts}
     for file, text, _ in parts:
         _check_bindings(f"lib/{file}", text, exports)
-    BUDGETS["the library's chunk"] = budget(chunk)
-    _check(
-        "the library's chunk",
-        BUDGETS["the library's chunk"],
-        "gather generated constants into a table, or per-call state into CALL",
-    )
     verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
         m = _NAME_RE.match(entry.name)
@@ -559,15 +555,43 @@ def _build(
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
         body = _constants(entry.name, _fields(entry.name, body))
-        BUDGETS[entry.name] = budget(body, _CHUNK_NAMES)
+        head, bound, rest = _split_bindings(body)
+        _check(entry.name, Budget(locals=bound), "bind fewer names")
+        BUDGETS[entry.name] = budget(rest, _CHUNK_NAMES | set(bound))
         _check(entry.name, BUDGETS[entry.name], "move some of its work into a lib/ part")
         _check_bindings(entry.name, body, exports)
-        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]), body))
+        closure = (
+            f"VERBS.{verb} = (function()\n{head}return function(KEYS, ARGV)\n{rest}\nend\nend)()\n"
+        )
+        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]), closure))
+    chunk = (
+        _generated()
+        + "-- Builds the parts, in the order of library.LIB_PARTS, then the verbs, on the\n"
+        + "-- library's first call in a server: a library has no Lua globals while it loads, a\n"
+        + "-- call has (redis.call ...).\n"
+        + "local function build()\n"
+        + "".join(text for _, text, _ in parts)
+        + "".join(closure for _, _, _, closure in verbs)
+        + "BUILT = true\nend\n"
+        + "-- Every function of the library starts here: the library built, the keys of this\n"
+        + "-- call's job, and every part's per-call state back to its start.\n"
+        + "local function begin(keys)\n"
+        + "  if not BUILT then build() end\n"
+        + "  set_keys(keys)\n"
+        + "".join(f"  lib.{file.removesuffix('.lua')}.reset()\n" for file, _, has in parts if has)
+        + "end\n"
+    )
+    BUDGETS["the library's chunk"] = budget(chunk)
+    _check(
+        "the library's chunk",
+        BUDGETS["the library's chunk"],
+        "gather generated constants into a table, or per-call state into CALL",
+    )
     text = chunk + "".join(
         f"\nredis.register_function{{function_name = '%FN%{verb}', "
         f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
-        f"callback = function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend}}\n"
-        for verb, _, flags, body in verbs
+        f"callback = function(KEYS, ARGV)\nbegin(KEYS)\nreturn VERBS.{verb}(KEYS, ARGV)\nend}}\n"
+        for verb, _, flags, _ in verbs
     )
     version = hashlib.sha1(text.encode()).hexdigest()[:12]
     name = f"taskq_{version}"

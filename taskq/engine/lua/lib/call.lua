@@ -1,7 +1,7 @@
 -- call.lua: one call's frame: the job's clocks, open_job (incarnation check, clock,
 -- silence rule), done (every buffered write lands before the reply), job_info.
--- A call's state that several parts read lives in the table CALL (made by begin() on every
--- call; a field not set is nil):
+-- A call's state that several parts read lives in the table CALL (made anew on every call
+-- by reset(), which begin() calls; a field not set is nil):
 --   CALL.NOW   = the job's clock (server TIME in ms, or the manual clock key in tests)
 --   CALL.JNOW  = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
 --   CALL.ROUND, CALL.STATE, CALL.EVMAX: the job's round, state and event stream cap
@@ -82,7 +82,11 @@ end
 
 -- This part's per-call state back to its start (begin(), every call).
 local function reset()
-  CALL.NOW, CALL.JNOW, CALL.ROUND, CALL.STATE, CALL.EVMAX = 0, 0, 0, '', '10000'
+  -- (one constructor naming every field, the nil ones too: the table is sized once, not
+  -- grown field by field)
+  CALL = {NOW = 0, JNOW = 0, ROUND = 0, STATE = '', EVMAX = '10000', TIME_US = nil,
+    CALLER_DIG = nil, COUNTS_EMPTY = nil, DEAD_EMPTY = nil, PROGRESS_EMPTY = nil,
+    FRONT_EMPTY = nil, EMPTIES_READ = nil}
   NOW_S, JNOW_S = nil, nil
   ROUND_N, ROUND_S = nil, nil
 end
