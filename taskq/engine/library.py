@@ -25,8 +25,10 @@ How the library is put together (one chunk, in this order):
 - ``begin(keys)``, which every function calls first: the parts built if they are not, the
   keys of this call's job, and each part with per-call state reset through its ``reset()``
   (lib/call.lua's makes a new ``CALL``);
-- each verb's body registered as the function ``taskq_<version>_<verb>``; it binds what it
-  calls from the parts after its header (``local done = lib.call.done``), on each call.
+- each verb registered as the function ``taskq_<version>_<verb>``, which calls
+  ``begin(KEYS)`` and then the verb's body. A verb binds what it calls from the parts
+  right after its header (``local done = lib.call.done``); ``build()`` makes those lines a
+  closure around the body (``VERBS.<verb>``), so they too run once, not on every call.
 
 A part's locals outlive a call. Every top-level ``local`` of a part is a function, a
 binding (``local a, b = x.y, z``: set once, at build), a table marked ``-- constant`` on
@@ -207,8 +209,7 @@ _LIMIT_RE = re.compile(r"\b(" + "|".join(_LIMITS) + r")\b")
 
 def _constants(file: str, text: str) -> str:
     """``text`` with every ``C.NAME`` (a ``Code``) and every bound of ``_LIMITS`` written
-    as its number: a literal costs no lookup and no local of the library's chunk (Lua 5.1
-    allows 200 of them, ``MAX_LOCALS``)."""
+    as its number: one source of truth with Python, and a literal costs no lookup."""
 
     def code(m: re.Match[str]) -> str:
         if m.group(1) not in Code.__members__:

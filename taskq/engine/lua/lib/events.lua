@@ -89,11 +89,17 @@ local HBUF = {}  -- per call
 -- (written with the meta the call writes anyway) and its count the buckets' sum: one
 -- HINCRBY per observation rather than three (bench/README.md, "Hot-path pass 3").
 -- (nosum: the caller adds ms, returned, to the sum: an ack's, endings.lua acks_counted)
+-- The hist hash's field of each bucket ('dur:1', ...), made once: a number concatenated
+-- into a string goes through the C library's float printer (~1.4 k instructions an ack).
+local HIST_FIELDS = {dur = {}, late = {}}  -- constant
+for name, fields in lpairs(HIST_FIELDS) do
+  for b = 1, #HIST_BOUNDS + 1 do fields[b] = name .. ':' .. b end
+end
 local function observe(name, ms, nosum)
   if ms < 0 then ms = 0 end
   local b = 1
   while HIST_BOUNDS[b] and ms > HIST_BOUNDS[b] do b = b + 1 end
-  local bucket = name .. ':' .. b
+  local bucket = HIST_FIELDS[name][b]
   HBUF[bucket] = (HBUF[bucket] or 0) + 1
   if nosum then return ms end
   if name == 'dur' then mincr(F.DUR_SUM, ms) else mincr(F.LATE_SUM, ms) end
