@@ -168,3 +168,63 @@ def test_the_keys_passed_and_the_cold_ones_are_every_key_once():
     assert SCRIPT_KEYS[0] == "meta"  # kc() makes a cold key from the meta key's base
     assert not re.search(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b", library.SOURCE)
     assert library._FUNCTIONS["stats"][2] and not library._FUNCTIONS["ack"][2]
+
+
+# what the library may read as a global: Lua's and Redis's, and a verb's KEYS / ARGV
+_GLOBALS = {
+    "redis", "cjson", "cmsgpack", "bit", "struct", "string", "table", "math", "unpack",
+    "tonumber", "tostring", "type", "pairs", "ipairs", "next", "select", "error", "pcall",
+    "assert", "setmetatable", "getmetatable", "rawget", "rawset", "KEYS", "ARGV",
+}  # fmt: skip
+_KEYWORDS = {
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+}  # fmt: skip
+
+
+def _free_names(text: str) -> set[str]:
+    """Names ``text`` reads that it declares nowhere (as a local, a parameter or a loop
+    variable): globals to Lua, an error when the line runs if Redis has no such global."""
+    code = [t for t in library.lua_tokens(text) if t.kind != "comment"]
+    declared, used = set(), set()
+    for k, t in enumerate(code):
+        if t.kind != "name" or t.text in _KEYWORDS:
+            continue
+        prev = code[k - 1].text if k else ""
+        if prev in (".", ":"):
+            continue
+        if k + 1 < len(code) and code[k + 1].text == "=" and prev in ("{", ","):
+            continue  # a table constructor's key (or a multiple assignment: read anyway)
+        used.add(t.text)
+    for k, t in enumerate(code):
+        if t.text == "local" or t.text == "for":
+            j = k + 1 + (code[k + 1].text == "function")
+            while j < len(code) and code[j].kind == "name":
+                declared.add(code[j].text)
+                if code[j + 1].text != ",":
+                    break
+                j += 2
+        elif t.text == "function":
+            j = k + 1
+            while code[j].text != "(":
+                j += 1
+            while code[j].text != ")":
+                if code[j].kind == "name":
+                    declared.add(code[j].text)
+                j += 1
+    return used - declared - _GLOBALS - library._CHUNK_NAMES
+
+
+def test_no_part_or_verb_reads_a_name_it_does_not_bind():
+    """A name a unit neither declares nor binds is a global, and Redis answers an error
+    only when the line runs: a part's function a verb forgot to bind, say."""
+    pkg = resources.files("taskq.engine") / "lua"
+    texts = {f"lib/{p}": (pkg / "lib" / p).read_text() for p in library.LIB_PARTS}
+    texts |= {f"{v}.lua": (pkg / f"{v}.lua").read_text().partition("\n")[2] for v in library.VERBS}
+    free = {}
+    for unit, text in texts.items():
+        names = _free_names(library._constants(unit, library._fields(unit, text)))
+        if names:
+            free[unit] = sorted(names)
+    assert free == {}
+    assert _free_names("local a = 1\nreturn a + b") == {"b"}

@@ -40,7 +40,9 @@ The only text the build rewrites is the contract's, so that Python stays its one
 ``K_<COLD>`` becomes ``kc('<cold>')``, ``F.<NAME>`` becomes the slot of meta field
 ``keys.MetaField.<NAME>`` in lib/meta.lua's cache (an integer: the hot fields first, in the
 order of ``HOT_META``, so ``load_meta``'s HMGET reply is the cache itself; kept because it
-pays over 3 % a call) and ``N.<NAME>`` its name (what a command on the hash names). An
+pays over 3 % a call) and ``N.<NAME>`` its name (what a command on the hash names);
+with the cache go ``META_HOT_SLOTS`` (how many fields the HMGET names) and ``META_FALSES``
+(a constructor of falses over the slots a call's tables of changes are made with). An
 unknown name is refused.
 
 The guard. Lua 5.1 refuses a function of more than 200 locals or 60 upvalues, and a
