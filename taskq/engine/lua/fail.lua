@@ -7,7 +7,7 @@
 -- of several goes back uncharged, each marked solo, to be leased alone until it is acked
 -- or fails alone, so one bad task does not charge its neighbours.
 local ssub = string.sub
-local arg_id, arg_len, arg_pairs, arg_text, args_bad =
+local arg_fail, arg_id, arg_len, arg_pairs, arg_text, args_bad = lib.args.arg_fail,
   lib.args.arg_id, lib.args.arg_len, lib.args.arg_pairs, lib.args.arg_text, lib.args.args_bad
 local done, open_job = lib.call.done, lib.call.open_job
 local arg_secret = lib.secrets.arg_secret
