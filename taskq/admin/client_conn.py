@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from typing import Any
 
-import redis
-
 from taskq import errors
 from taskq.admin import stats
 from taskq.config import check_memory_policy
-from taskq.engine.connection import check_given_client, make_redis, translate
+from taskq.engine.connection import REDIS_ERRORS, check_given_client, make_redis, translate
 from taskq.engine.contract import Code, raise_for
 from taskq.engine.transport import Scripts
 from taskq.keys import (
@@ -84,8 +82,8 @@ class Connection:
         """Run one operation's script on ``job``; negative codes raise their error, except
         those in ``passthrough``, which the caller handles from the reply."""
         job_keys = self._keys.get(job) or self.keys(job)
-        # the job's own key list as it is (one list per job: the constant part of the
-        # call is packed once per list, engine/transport.py), a new one only with extra keys
+        # the job's own key list as it is (the constant part of the call is packed once
+        # per verb and key list, engine/transport.py), a new one only with extra keys
         keys: list[Any] = (
             job_keys.script_bytes
             if not extra_keys
@@ -93,9 +91,9 @@ class Connection:
         )
         try:
             reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
-        except redis.exceptions.RedisError as e:
+        except REDIS_ERRORS as e:
             # translated only when it happens: the context manager's enter and exit cost
-            # a few µs on every call of a trainer's hot path (bench/README.md)
+            # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
             with translate(self.url, job_keys, self.redis):
                 raise e
         code = int(reply[0])

@@ -11,6 +11,16 @@
 --   would take the backlog (live tasks not done this pass) past max_backlog: nothing
 --   written, the caller waits for acks (events after that id) or gives up;
 --   {INVALID, why} for a sealed stream; JOB_CANCELLED.
+local rcall, mmax, mmin, mfloor, tconcat, unpk, lipairs =
+  redis.call, math.max, math.min, math.floor, table.concat, unpack, ipairs
+local fmt, mget, mincr, mnum, mput, mset =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
+  lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
+  lib.args.arg_text, lib.args.args_bad
+local broadcast, event = lib.events.broadcast, lib.events.event
+local done, now_s, open_job = lib.call.done, lib.call.now_s, lib.call.open_job
+local live_tasks = lib.passes.live_tasks
 arg_id(ARGV[1], 'job_inc', true)
 local with_ids = arg_enum(ARGV[2], 'with_ids', '0 1') == '1'
 local n = arg_int(ARGV[3], 'n', 1, APPEND_MAX)
@@ -36,7 +46,7 @@ bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 if mget(F.STREAM) == 'sealed' then
   return done({C.INVALID, 'the stream is sealed: nothing is appended to it any more'})
 end
@@ -83,14 +93,14 @@ mincr(F.C_APPENDED, ntasks)
 if skipped > 0 then mincr(F.C_APPEND_DUP, skipped) end
 event('appended', 'first', fmt(n0), 'tasks', fmt(ntasks), 'skipped', fmt(skipped))
 local reason = mget(F.REASON) or ''
-if STATE == 'completed' or (STATE == 'waiting' and reason ~= 'rewinding') then
+if CALL.STATE == 'completed' or (CALL.STATE == 'waiting' and reason ~= 'rewinding') then
   -- the pass is open again for the new tasks (as a retry reopens it); a rewind under
   -- way keeps its state: its seal runs the job, the new tasks past the cut's cursor
   mset(F.STATE, 'running', F.REASON, '')
-  STATE = 'running'
-  event('pass_reopened', 'round', ROUND)
+  CALL.STATE = 'running'
+  event('pass_reopened', 'round', CALL.ROUND)
   broadcast()
-elseif STATE == 'running' then
+elseif CALL.STATE == 'running' then
   -- one wake token per new task, never more than waiters (events.lua wake_one)
   local waiters = rcall('ZCARD', K_WAITING)
   if waiters > 0 then

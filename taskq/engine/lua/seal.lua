@@ -5,13 +5,18 @@
 -- ARGV: job_inc ('' = any)
 -- returns: {OK, tasks} (the tasks appended in all); {INVALID, why} for a job that is not a
 --   stream; JOB_CANCELLED
+local mget, mnum, mset = lib.meta.mget, lib.meta.mnum, lib.meta.mset
+local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
+local check_pass_end = lib.passes.check_pass_end
 arg_id(ARGV[1], 'job_inc', true)
 arg_len(ARGV, 1)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0}) end
 local stream = mget(F.STREAM) or ''
 if stream == '' then
   return done({C.INVALID, 'not a stream job (create it with stream=True / --stream)'})
