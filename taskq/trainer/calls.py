@@ -1,13 +1,13 @@
 """A trainer's calls that change leases: the ack/start/lease step and the writes.
 
-``Calls`` is the part of ``Trainer`` (trainer/core.py) that talks to the server about
+``Calls`` is the part of ``Worker`` (trainer/worker.py) that talks to the server about
 leases: one ack/start/lease call (``step``) and what its reply does (to the lease book,
 the job view, a rejoin), the writes that end leases (``ack``, ``fail``, ``release``),
 failing tasks whose chunks cannot be read, and the lost-lease checks. It owns no state
 of its own: it applies replies to the parts that do. The iteration (trainer/iteration.py)
 and the facade's ``ack`` / ``fail`` / ``release`` use it.
 
-Data flow: trainer/core.py / trainer/iteration.py -> trainer/calls.py -> protocol.py -> engine/transport.py
+Data flow: trainer/worker.py / trainer/iteration.py -> trainer/calls.py -> protocol.py -> engine/transport.py
 (lua) -> Redis; replies -> trainer/book.py, trainer/session.py (JobView).
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from taskq import errors
 from taskq.engine.contract import Code
 from taskq.models import Task
-from taskq.trainer.beats import Beats
 from taskq.trainer.book import LeaseBook
-from taskq.trainer.progress_sender import ProgressSender
+from taskq.trainer.heartbeat import Beats
+from taskq.trainer.progress import ProgressSender
 from taskq.trainer.protocol import Step, Wire
 from taskq.trainer.session import JobView, Session
 

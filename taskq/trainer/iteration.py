@@ -1,7 +1,7 @@
 """A trainer's ways to take tasks: ``lease`` / ``lease_many``, iteration, ``passes()``,
 ``batches(k)``.
 
-``Iteration`` is the part of ``Trainer`` (trainer/core.py) a training loop drives: each step
+``Iteration`` is the part of ``Worker`` (trainer/worker.py) a training loop drives: each step
 acks the previous task, starts a reserved one and leases the next in one call
 (trainer/calls.py's ``step``), keeping the read-ahead in the lease book
 (trainer/book.py), and waits on the wake-up lists when there is no work. It owns the
@@ -18,11 +18,11 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 
 from taskq import errors
-from taskq.admin.client import Client
+from taskq.admin.jobs import PlainJob
+from taskq.engine.connection import Connection
 from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.models import Task
-from taskq.trainer.beats import Beats
 from taskq.trainer.book import LeaseBook
 from taskq.trainer.calls import (
     DRAINING,
@@ -34,6 +34,7 @@ from taskq.trainer.calls import (
     STALE,
     Calls,
 )
+from taskq.trainer.heartbeat import Beats
 from taskq.trainer.protocol import Wire
 from taskq.trainer.session import JobView, Session
 
@@ -47,7 +48,7 @@ class Iteration:
 
     def __init__(
         self,
-        client: Client,
+        connection: Connection,
         wire: Wire,
         session: Session,
         book: LeaseBook,
@@ -60,7 +61,7 @@ class Iteration:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.job = session.job
-        self._client = client
+        self._connection = connection
         self._wire = wire
         self._session = session
         self._book = book
@@ -244,7 +245,7 @@ class Iteration:
     def passes(self) -> Iterator[Iterator[Task]]:
         """``Trainer.passes``."""
         try:
-            pass_no = self._client.status(self.job, summaries=0).pass_no
+            pass_no = PlainJob(self._connection, self.job).status(summaries=0).pass_no
         except errors.JobNotFound:
             return
         view, session = self._view, self._session
