@@ -439,10 +439,10 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
         [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._worker._session.secret],
     )
     lost_id = int(reply[1][0][0])
-    t._worker._book.last_reply_no = 6
+    t._worker._leases.last_reply_no = 6
     t.heartbeat()
     assert st(client, job_name)["leased"] == 1, "a call whose reply may be in flight stays"
-    t._worker._book.last_reply_no = 7
+    t._worker._leases.last_reply_no = 7
     t.heartbeat()
     s = st(client, job_name)
     assert (s["leased"], s["todo"], s["counters"]["revoked"]) == (0, 2, 1)

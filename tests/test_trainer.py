@@ -269,8 +269,8 @@ def test_lost_lease_reply_healed_by_heartbeat(
 ) -> None:
     make_job(client, job_name, 3)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
-        lost_call = trainer._worker._book.call_no + 1
-        trainer._worker._book.call_no = lost_call
+        lost_call = trainer._worker._leases.call_no + 1
+        trainer._worker._leases.call_no = lost_call
         keys = client.keys(job_name).script
         reply = client.scripts.call(
             "lease",
@@ -305,7 +305,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
 ) -> None:
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
-        call = trainer._worker._book.call_no + 5  # a reply that may still be on the wire
+        call = trainer._worker._leases.call_no + 5  # a reply that may still be on the wire
         client.scripts.call(
             "lease",
             client.keys(job_name).script,
@@ -558,7 +558,7 @@ def test_close_stops_heartbeats(
 ) -> None:
     make_job(client, job_name, 1, heartbeat_interval=0.1)
     trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
-    thread, helper = trainer._worker._beats.thread, trainer._worker._beats.helper
+    thread, helper = trainer._worker._heartbeat.thread, trainer._worker._heartbeat.helper
     trainer.close()
     if thread is not None:
         assert not thread.is_alive()
@@ -578,8 +578,12 @@ def test_dropped_trainer_leaves_nothing_running(
     make_job(client, job_name, 1, worker_ttl=1.0)
     trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
     assert trainer.lease(timeout=2) is not None
-    thread = trainer._worker._beats.thread
-    proc = trainer._worker._beats.helper.proc if trainer._worker._beats.helper is not None else None
+    thread = trainer._worker._heartbeat.thread
+    proc = (
+        trainer._worker._heartbeat.helper.proc
+        if trainer._worker._heartbeat.helper is not None
+        else None
+    )
     ref = weakref.ref(trainer)
     del trainer
     gc.collect()
@@ -602,9 +606,9 @@ def test_lease_with_acks_acks_and_leases_in_one_call(
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         first = trainer.lease_many(2, timeout=0)
         assert [t.id for t in first] == [0, 1]
-        calls = trainer._worker._book.call_no
+        calls = trainer._worker._leases.call_no
         nxt = trainer.lease(timeout=0, acks=first)
-        assert nxt is not None and nxt.id == 2 and trainer._worker._book.call_no == calls + 1
+        assert nxt is not None and nxt.id == 2 and trainer._worker._leases.call_no == calls + 1
         assert client.status(job_name).counters["acked"] == 2
         client.revoke(job_name, nxt.id)
         rest = trainer.lease_many(5, timeout=0, acks=[nxt])

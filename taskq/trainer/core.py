@@ -6,7 +6,7 @@ alike: its public surface (properties, ``lease`` / ``lease_many``, iteration,
 ``heartbeat()``, the ``with`` block, ``close``) is written here once. What differs is
 where leases come from, a part chosen once from the job's record when the trainer is
 made: a plain job's ``Worker`` (worker.py: one registered worker of one engine job, with
-its session, lease book, progress, heartbeat and iteration), or a sharded job's
+its session, held leases, progress, heartbeat and iteration), or a sharded job's
 ``ShardedWorker`` (sharded.py: a home shard's worker first, the other shards' tails, the
 barrier). The ``with`` block's signal handling is ``signals.py``'s ``SignalLeave``.
 

@@ -1,17 +1,17 @@
 """Heartbeats of a trainer: its daemon thread, or a helper process for GIL-bound steps,
-and ``Beats``, the worker's part they see.
+and ``Heartbeat``, the worker's part they see.
 
 ``Trainer(heartbeat="process")`` starts a helper process: it heartbeats on the trainer's
 behalf whatever the trainer's threads are doing, and dies with the trainer. Both see the
-trainer only through ``HeartbeatHost``, which ``Beats`` is: it owns the thread or helper,
+trainer only through ``HeartbeatHost``, which ``Heartbeat`` is: it owns the thread or helper,
 the heartbeat's own connection, the count of beats and the loop's data wait to send
-(``inputwait.InputBeat``); it builds a beat's ARGV from the session and the lease book,
+(``inputwait.InputBeat``); it builds a beat's ARGV from the session and the held leases,
 applies an answer (revocations, pass, state, drain, a rejoin), tells the helper what is
 held whenever that changes, and marks what is held at risk while out of contact. The
 wire format is ``protocol.py``'s.
 
-Data flow: worker.py -> heartbeat.py (``Beats``; thread, or pipe -> helper process) ->
-book.py / session.py; -> protocol.py -> heartbeat script -> Redis.
+Data flow: worker.py -> heartbeat.py (``Heartbeat``; thread, or pipe -> helper process) ->
+leases.py / session.py; -> protocol.py -> heartbeat script -> Redis.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from taskq.engine.transport import Scripts
 from taskq.inputwait import InputBeat, InputMeter
 from taskq.keys import JobKeys
 from taskq.trainer import protocol
-from taskq.trainer.book import LeaseBook
+from taskq.trainer.leases import HeldLeases
 from taskq.trainer.progress import ProgressSender
 from taskq.trainer.protocol import HeartbeatReply, Registered, Wire, call_heartbeat
 from taskq.trainer.session import JobView, Session
@@ -311,7 +311,7 @@ def heartbeat_mode(heartbeat: bool | str, raw_url: str | None) -> str | bool:
     return heartbeat
 
 
-class Beats:
+class Heartbeat:
     """A trainer as the heartbeat sees it (``heartbeat.HeartbeatHost``)."""
 
     def __init__(
@@ -319,7 +319,7 @@ class Beats:
         connection: Connection,
         wire: Wire,
         session: Session,
-        book: LeaseBook,
+        leases: HeldLeases,
         view: JobView,
         progress: ProgressSender,
         input_meter: InputMeter,
@@ -328,7 +328,7 @@ class Beats:
         self._connection = connection
         self._wire = wire
         self._session = session
-        self._book = book
+        self._leases = leases
         self._view = view
         self._progress = progress
         #: the training loop's data wait and steps (inputwait.py): timed by the iterator
@@ -372,7 +372,7 @@ class Beats:
         number and the incarnation's secret."""
         session = self._session
         incarnation, secret = session.creds
-        last_reply_no, pairs = self._book.beat_state()
+        last_reply_no, pairs = self._leases.beat_state()
         return protocol.heartbeat_args(
             session.job_incarnation, session.worker_id, incarnation, secret, last_reply_no, pairs
         )
@@ -384,7 +384,7 @@ class Beats:
 
     def revoke_all(self) -> None:
         """Everything held is lost (the job ended, or this worker was declared lost)."""
-        self._book.revoke_all()
+        self._leases.revoke_all()
         self.changed()
 
     def rejoin(self, incarnation: str) -> None:
@@ -430,7 +430,7 @@ class Beats:
             return []
         if reply.info is not None:
             self._view.note(reply.info)
-        out = self._book.revoke_listed(reply.revoked, dict(pairs))
+        out = self._leases.revoke_listed(reply.revoked, dict(pairs))
         if out:
             log.info("job %s: lease(s) revoked by the server: %s", self.job, out)
             self.changed()
@@ -447,7 +447,7 @@ class Beats:
         nothing to beat for (closed, or the job is gone)."""
         session = self._session
         if time.monotonic() - session.last_contact > session.ttl_s:
-            for task in self._book.held():
+            for task in self._leases.held():
                 if not task.at_risk.is_set():
                     log.warning(
                         "job %s: out of contact with Redis for > %.1fs; task %s at risk",

@@ -7,7 +7,7 @@ send it first, so a graceful end loses nothing. An ack drops its tasks' entries 
 task's progress is spent). Semantics: docs/resume.md.
 
 ``ProgressBuffer`` is the buffer (its own lock); ``ProgressSender``, the worker's part
-(worker.py), owns one and sends it: every heartbeat (heartbeat.py's ``Beats``), before a
+(worker.py), owns one and sends it: every heartbeat (heartbeat.py's ``Heartbeat``), before a
 write that ends a lease (calls.py, so the next holder starts where this one got), at
 ``close``; with the helper heartbeat process, also from the loop's own thread at most
 once per interval (``inline``).

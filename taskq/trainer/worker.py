@@ -8,9 +8,9 @@ lease token; the server decides what is current.
 
 It is built of parts that each own their state and lock: the session and the job view
 (session.py: registration, incarnations, the lease secret, retries, rejoin, leave; pass,
-generation, state, drain), the lease book (book.py: held and reserved tasks, tokens,
+generation, state, drain), the held leases (leases.py: held and reserved tasks, tokens,
 call numbers, revocations), the progress buffer (progress.py), the heartbeat (heartbeat.py's
-``Beats``, the only thing the heartbeat thread sees), the lease-changing calls (calls.py)
+``Heartbeat``, the only thing the heartbeat thread sees), the lease-changing calls (calls.py)
 and the iteration modes (iteration.py). ``Trainer`` (core.py) composes one ``Worker`` for
 a plain job; a sharded job's part (sharded.py) one per shard it works on.
 
@@ -31,10 +31,10 @@ from taskq.engine.connection import Connection
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys
 from taskq.models import Task
-from taskq.trainer.book import LeaseBook
 from taskq.trainer.calls import Calls
-from taskq.trainer.heartbeat import Beats, heartbeat_mode, stop_dropped
+from taskq.trainer.heartbeat import Heartbeat, heartbeat_mode, stop_dropped
 from taskq.trainer.iteration import Iteration
+from taskq.trainer.leases import HeldLeases
 from taskq.trainer.progress import ProgressSender
 from taskq.trainer.protocol import HeartbeatReply, Wire
 from taskq.trainer.session import JobView, Session
@@ -76,30 +76,30 @@ class Worker:
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
         self.input_meter = input_meter if input_meter is not None else InputMeter()
         self._view = view = JobView()
-        self._book = book = LeaseBook()
+        self._leases = leases = HeldLeases()
         # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
         # the helper process, from the loop's own thread at most once per interval
         self._progress = progress = ProgressSender(wire, session, mode == "process", split_tails)
-        self._beats = beats = Beats(
-            connection, wire, session, book, view, progress, self.input_meter
+        self._heartbeat = beat = Heartbeat(
+            connection, wire, session, leases, view, progress, self.input_meter
         )
-        self._calls = calls = Calls(wire, session, book, view, progress, beats, split_tails)
+        self._calls = calls = Calls(wire, session, leases, view, progress, beat, split_tails)
         self._iter = Iteration(
-            connection, wire, session, book, view, calls, beats, prefetch, self.input_meter
+            connection, wire, session, leases, view, calls, beat, prefetch, self.input_meter
         )
         self._closed = False
         # a worker started while Redis is away (a pod scheduled during a restart) waits
         # for it like every other call, up to reconnect_timeout
         view.note(session.retrying(session.register).info)
-        beats.start(mode, raw_url)
+        beat.start(mode, raw_url)
         # nothing started here holds the worker strongly: dropped, it is collected and
         # this stops its heartbeats
-        self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beats.helper)
+        self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beat.helper)
 
     # -- what the worker knows ----------------------------------------------------------
     @property
     def held(self) -> list[Task]:
-        return self._book.held()
+        return self._leases.held()
 
     @property
     def draining(self) -> bool:
@@ -147,11 +147,11 @@ class Worker:
 
     @property
     def heartbeats_sent(self) -> int:
-        return self._beats.sent
+        return self._heartbeat.sent
 
     @property
     def stolen_from_me(self) -> int:
-        return self._book.stolen_from_me
+        return self._leases.stolen_from_me
 
     @property
     def shards(self) -> list[str]:
@@ -168,7 +168,7 @@ class Worker:
 
     def current(self) -> list[Task]:
         """The tasks the loop is working on (started, not revoked)."""
-        return [t for t in self._book.held() if t.started and not t.revoked.is_set()]
+        return [t for t in self._leases.held() if t.started and not t.revoked.is_set()]
 
     # -- taking tasks (iteration.py) ------------------------------------------------------
     def lease(
@@ -217,13 +217,13 @@ class Worker:
         return self._progress.flush()
 
     def heartbeat(self) -> list[int]:
-        return self._beats.heartbeat()
+        return self._heartbeat.heartbeat()
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
-        return self._beats.apply_heartbeat(reply, args)
+        return self._heartbeat.apply_heartbeat(reply, args)
 
     def keep_beating(self) -> bool:
-        return self._beats.keep_beating()
+        return self._heartbeat.keep_beating()
 
     # -- leaving ------------------------------------------------------------------------
     def close(self) -> None:
@@ -237,6 +237,6 @@ class Worker:
             self._progress.flush_quietly()
             self._session.leave()
         finally:
-            self._book.revoke_all()
+            self._leases.revoke_all()
             self._finalizer.detach()
-            self._beats.stop()
+            self._heartbeat.stop()
