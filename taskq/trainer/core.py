@@ -136,10 +136,11 @@ class Trainer:
         # worker, or a sharded job's home shard, the others' tails and the barrier
         sset = retrying(reconnect_timeout, shardset.load, conn, job)
         if sset is not None:
+            # its shards' workers beat on the client's connection unless given a URL
             self._worker: Worker | ShardedWorker = ShardedWorker(
                 conn,
                 sset,
-                raw_url,
+                url,
                 worker_id,
                 home=home,
                 idle_wait=idle_wait,

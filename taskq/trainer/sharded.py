@@ -71,7 +71,8 @@ def _at_rest(s: JobStatus) -> bool:
 
 
 class ShardedWorker:
-    """A worker of one sharded job (its arguments are ``Trainer``'s).
+    """A worker of one sharded job (its arguments are ``Trainer``'s). Each public member
+    is ``Trainer``'s of the same name, documented there; tasks come as lists.
 
     Args:
         connection: the engine's connection.
@@ -378,7 +379,7 @@ class ShardedWorker:
     @property
     def held(self) -> list[Task]:
         """The tasks this trainer holds, on every shard (current and leased ahead)."""
-        return [t for tr in list(self._workers.values()) for t in tr.held]
+        return [t for w in list(self._workers.values()) for t in w.held]
 
     def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task``: kept by its shard's
@@ -396,7 +397,7 @@ class ShardedWorker:
         Returns:
             The ids (in their shard) of tasks whose report was refused.
         """
-        return [i for tr in list(self._workers.values()) for i in tr.flush_progress()]
+        return [i for w in list(self._workers.values()) for i in w.flush_progress()]
 
     def _forget(self, tasks: Sequence[Task]) -> None:
         self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
@@ -426,9 +427,9 @@ class ShardedWorker:
             return
         self._closed = True
         self._ahead.clear()
-        trainers, self._workers = list(self._workers.values()), {}
-        for tr in trainers:
-            tr.close()
+        workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.close()
 
     # -- the rest of the surface: the home shard's worker, or all of them --------------
     @property
@@ -497,10 +498,10 @@ class ShardedWorker:
 
     def _close_idle(self, k: int) -> None:
         """Leave shard ``k`` (not home) once nothing is held there."""
-        tr = self._workers.get(k)
-        if k != self.home and tr is not None and not tr.held:
+        worker = self._workers.get(k)
+        if k != self.home and worker is not None and not worker.held:
             del self._workers[k]
-            tr.close()
+            worker.close()
 
     def _statuses(self) -> list[JobStatus]:
         return [self._retrying(s.status, 0) for s in self._handle.shards]

@@ -43,7 +43,8 @@ log = logging.getLogger("taskq.trainer")
 
 
 class Worker:
-    """A worker of one engine job (its arguments are ``Trainer``'s).
+    """A worker of one engine job (its arguments are ``Trainer``'s). Each public member is
+    ``Trainer``'s of the same name, documented there; tasks come as lists.
 
     Args:
         connection: the engine's connection to call through.
