@@ -3,7 +3,7 @@
 Where it sits: outside the data flow. ``taskq demo`` starts one when no URL is given, the
 test suite starts one per session (and more for kills, TLS, ACL, Sentinel, Cluster), and
 the bench starts one per measurement; ``RedisCluster`` joins several into a local Redis
-Cluster. Nothing here talks to a server it did not start.
+Cluster (the suite's, and ``taskq dev cluster``'s for trying a sharded job). Nothing here talks to a server it did not start.
 
 The binary is ``redis-server`` unless told otherwise; ``valkey-server`` (7.2 and later)
 speaks the same protocol and takes the same options, so ``find_server("valkey-server")``
@@ -307,6 +307,8 @@ class RedisCluster:
     Args:
         masters: how many masters (3 at least: ``--cluster create`` wants three).
         binary: the server binary (default: :func:`find_server`); its ``*-cli`` joins them.
+        new_session: start every node in its own session, so a terminal's Ctrl-C reaches
+            only the process that started them (``taskq dev cluster``), which stops them.
 
     Raises:
         TaskqError: a server did not start, or the cluster did not reach
@@ -314,7 +316,9 @@ class RedisCluster:
         subprocess.CalledProcessError: ``--cluster create`` failed.
     """
 
-    def __init__(self, masters: int = 3, binary: str | None = None) -> None:
+    def __init__(
+        self, masters: int = 3, binary: str | None = None, new_session: bool = False
+    ) -> None:
         server = find_server(binary)
         cli = find_cli(server)
         self.servers: list[RedisServer] = []
@@ -324,6 +328,7 @@ class RedisCluster:
                     RedisServer(
                         port=cluster_port(),
                         binary=server,
+                        new_session=new_session,
                         extra=[
                             "--cluster-enabled",
                             "yes",

@@ -134,6 +134,25 @@ def test_fail_requeues_to_front_then_dead_at_max_failures(client, job_name):
     assert client.tasks(job_name, "dead")[0]["id"] == first.id
 
 
+def test_fail_naming_a_task_twice_is_refused_and_changes_nothing(client, job_name):
+    """fail([t, t]) would be a batch of one task, sent back uncharged where fail(t) makes
+    it dead at max_failures=1: the call is refused before its first write."""
+    make_job(client, job_name, n=2, max_failures=1)
+    t = trainer(client, job_name, "w")
+    task = t.lease(timeout=0)
+    before = st(client, job_name)
+    with pytest.raises(taskq.InvalidInput, match="named twice"):
+        t.fail([task, task], error="boom")
+    after = st(client, job_name)
+    assert (after["leased"], after["dead"], after["counters"]) == (
+        before["leased"],
+        before["dead"],
+        before["counters"],
+    )
+    t.fail(task, error="boom")
+    assert st(client, job_name)["dead"] == 1
+
+
 def test_release_counts_attempts_until_dead_at_max_attempts(client, job_name):
     make_job(client, job_name, n=1, max_attempts=3, passes=2)
     t = trainer(client, job_name, "w")

@@ -11,6 +11,8 @@ by importing client.py.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +208,25 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         if layer_of(dep) not in ALLOWED[layer_of(m)]
     )
     assert not upward, "\n".join(upward)
+
+
+def test_import_taskq_leaves_torch_out_and_taskq_torch_is_there_on_first_use() -> None:
+    """``import taskq`` then ``taskq.torch.TaskDataset`` (a lazy attribute), in a fresh
+    interpreter: torch is imported by that first use, not by ``import taskq``."""
+    code = (
+        "import sys, taskq\n"
+        "before = 'torch' in sys.modules\n"
+        "ds = taskq.torch.TaskDataset\n"
+        "print(before, 'torch' in sys.modules, ds.__module__)\n"
+        "try:\n"
+        "    taskq.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "False True taskq.torchdata.dataset",
+        "module 'taskq' has no attribute 'no_such_name'",
+    ]

@@ -206,6 +206,11 @@ def test_trainer_of_a_cannot_read_b(jobs: Jobs) -> None:
         ("SMEMBERS", "taskq:jobs"),
         ("SCAN", "0"),
         ("KEYS", "*"),
+        # client-side caching would push the names of B's changed keys (BCAST), or send
+        # pushes to another client's connection (REDIRECT)
+        ("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "taskq:"),
+        ("CLIENT", "TRACKING", "ON"),
+        ("CLIENT", "CACHING", "YES"),
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             jobs.raw_a.execute_command(*command)

@@ -113,5 +113,6 @@ if over > 0 then
     ck_drop(old)
   end
 end
-event('checkpoint', 'id', id, 'done', fmt(rec.done))
+-- 'checkpoint', as the rewind events name it: an `id` field would read as the entry's id
+event('checkpoint', 'checkpoint', id, 'done', fmt(rec.done))
 return done({C.OK, seq})

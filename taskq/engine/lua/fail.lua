@@ -10,6 +10,15 @@ arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local why = ssub(arg_text(ARGV[4], 'error_text', 65536), 1, 500)
 local n = arg_pairs(ARGV, 5, 'tasks', MAX_BATCH)
+if n > 1 then
+  -- a task named twice would make a batch of one task: it would go back uncharged
+  local named = {}
+  for k = 1, n do
+    local task = ARGV[4 + 2 * k]
+    if named[task] then arg_fail('tasks', 'a task named twice', task); break end
+    named[task] = true
+  end
+end
 arg_secret(ARGV[6 + 2 * n])
 arg_len(ARGV, 6 + 2 * n)
 local bad = args_bad()
