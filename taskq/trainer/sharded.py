@@ -228,16 +228,7 @@ class ShardedWorker:
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass of the whole job; each ends when every shard has
-        finished that pass (a barrier). Ends after the last pass, on cancel or drain;
-        tell them apart by ``state`` and ``draining`` as with ``Trainer.passes()``.
-
-        Returns:
-            Iterators of tasks (``global_id(task)`` names a task in the whole job); a
-            task is acked in the call that leases the next one.
-
-        Raises:
-            JobNotFound: a shard was deleted or replaced.
-        """
+        finished that pass (a barrier); a task is acked in the call that leases the next."""
         for pass_no in self._pass_numbers():
             yield self._iterate(pass_no)
 
@@ -246,20 +237,8 @@ class ShardedWorker:
             yield from one_pass
 
     def batches(self, k: int) -> Iterator[list[Task]]:
-        """Lists of up to ``k`` tasks of one shard, leased together and acked together in
-        the call that leases the next batch; through every pass (a batch never mixes
-        two passes), until the job is completed or cancelled, or this worker drains.
-
-        Args:
-            k: the most tasks in one batch (1 to the per-call bound).
-
-        Returns:
-            An iterator of batches.
-
-        Raises:
-            InvalidInput: ``k < 1``.
-            JobNotFound: a shard was deleted or replaced.
-        """
+        """Lists of up to ``k`` tasks of one shard (a batch never mixes shards or
+        passes), acked together in the call that leases the next batch."""
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         for pass_no in self._pass_numbers():
@@ -280,28 +259,10 @@ class ShardedWorker:
         is over everywhere the next one's come (not with ``expect_pass``).
 
         Each task carries its shard (``task.job``): its ack, start, fail or release goes
-        to that shard's trainer. ``acks`` and ``starts`` of home ride on the lease call
+        to that shard's worker. ``acks`` and ``starts`` of home ride on the lease call
         there; those of other shards take one call per shard (n 0) before it.
-
-        Args:
-            n: the most tasks (1 to the per-call bound; 0 with ``acks`` or ``starts``:
-                none, only those).
-            timeout: seconds to wait for work (0: do not wait; None: until there is).
-            expect_pass: the whole job's pass wanted: never return work of another one;
-                [] once that pass is over on every shard (the barrier step is run).
-            acks: finished tasks to ack (a lost lease is logged, not raised).
-            starts: tasks leased with ``reserve=True``, to start now (each comes back
-                started, or revoked if an idle trainer took it meanwhile).
-            reserve: lease the tasks reserved, not started (``Trainer.lease_many``).
-
-        Returns:
-            The tasks leased; empty when ``timeout`` passed with nothing to give, or
-            (``expect_pass``) that pass is over.
-
-        Raises:
-            InvalidInput: ``n < 0``, or 0 with neither acks nor starts. JobCompleted,
-            JobCancelled: no work will ever come. Draining: an operator drained this
-            worker. JobNotFound, ConnectionLost.
+        ``expect_pass`` is the whole job's pass: [] once it is over on every shard (the
+        barrier step is run).
         """
         if n < 0 or (n == 0 and not acks and not starts):
             raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
