@@ -84,6 +84,8 @@ class Trainer:
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
         pass_no: the newest pass this trainer heard of (see the property).
+        client: the ``taskq.Client`` given or made (for admin reads: status,
+            checkpoint); the trainer calls through its ``connection``.
 
     A sharded job's trainer takes from its home shard first, then the other shards'
     tails, and runs the barrier step at a pass's end (trainer/sharded.py); the surface is
