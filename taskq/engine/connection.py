@@ -435,8 +435,8 @@ class Connection:
             TaskqError: the code's error (engine/contract.py). ConnectionLost.
         """
         job_keys = self._keys.get(job) or self.keys(job)
-        # the job's own key list as it is (one list per job: the constant part of the
-        # call is packed once per list, engine/transport.py), a new one only with extra keys
+        # the job's own key list as it is (the constant part of the call is packed once
+        # per verb and key list, engine/transport.py), a new one only with extra keys
         keys: list[Any] = (
             job_keys.script_bytes
             if not extra_keys
@@ -446,7 +446,7 @@ class Connection:
             reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
         except redis.exceptions.RedisError as e:
             # translated only when it happens: the context manager's enter and exit cost
-            # a few µs on every call of a trainer's hot path (bench/README.md)
+            # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
             with translate(self.url, job_keys, self.redis):
                 raise e
         code = int(reply[0])
