@@ -20,7 +20,6 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CollectorRegistry,
@@ -34,6 +33,7 @@ from prometheus_client.utils import floatToGoString
 from taskq import errors
 from taskq.admin import shardset
 from taskq.admin.stats import LEASE_AGE_BOUNDS_S
+from taskq.engine.connection import REDIS_ERRORS
 from taskq.models import STATES, JobStatus
 from taskq.ops.exporter_input import input_families
 
@@ -81,7 +81,7 @@ COUNTERS = {
         "task (split_tails); each sample is still read once.",
     ),
 }
-_SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
+_SKIPPED = (errors.TaskqError, *REDIS_ERRORS)
 
 
 class TaskqCollector:
