@@ -179,7 +179,7 @@ def test_acl_dryrun(
     assert dryrun(acl_redis, user, *command) is allowed
 
 
-#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+#: `redis.call` is bound to the local `rcall` in each Lua part and verb (`local rcall = redis.call`)
 LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*['\"]([A-Za-z]+)['\"]")
 
 

@@ -2,7 +2,7 @@
 
 ``Wire`` runs the verbs a trainer calls (register, ack, fail, release, progress, leave,
 heartbeat) on one job and hands back typed replies; the ARGV order and the reply shapes of
-the Lua headers (``taskq/engine/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
+the Lua headers (``taskq/engine/lua/<verb>.lua``) are known here alone. A reply is decoded once, where
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
 trainer's state (held leases, pass, generation) stays in the worker's parts (trainer/worker.py).
 
