@@ -144,6 +144,10 @@ class Feeder(threading.Thread):
         """True while (task, token) was leased by this iteration and not ended."""
         return self.ledger.holds(task_id, token)
 
+    def pass_of(self, task_id: int, token: int) -> int | None:
+        """The pass of (task, token) while this iteration holds it, else None."""
+        return self.ledger.pass_of(task_id, token)
+
     def ack(self, pairs: list[tuple[int, int]]) -> None:
         """Ack these (task, token) pairs (in one call, soon)."""
         self.ledger.ack(pairs)

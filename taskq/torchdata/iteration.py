@@ -80,6 +80,10 @@ class TaskqIter:
         #: split tasks being read and not cut yet: (task, token) -> the split point (a
         #: later split of another task they share batches with may cut both)
         self._points: dict[Pair, int] = {}
+        #: the batch handed out last: samples per pass (loader.batch_pass)
+        self.batch_passes: dict[int, int] = {}
+        #: samples handed to the loop in this iteration
+        self.samples = 0
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
         # is gone): release, leave, stop the thread
         self._finalizer = weakref.finalize(self, _abandon, feeder, feed)
@@ -131,10 +135,17 @@ class TaskqIter:
             self._control(ctrl)
             finished = []
             reached: dict[Pair, int] = {}
-            holds = self.feeder.holds
+            passes: Counter[int] = Counter()
+            pass_of, own_pass = self.feeder.pass_of, self.feeder.pass_no
+            if own_pass is None:  # set before the feeder's first lease: never here
+                own_pass = -1
             for task_id, token, index, last in tags:
+                # pass_end="local": a task of the last pass that came back is served in
+                # this one (a sample of a task no longer held counts as this pass's)
+                of = pass_of(task_id, token)
+                passes[own_pass if of is None else of] += 1
                 if last:
-                    if holds(task_id, token):
+                    if of is not None:
                         finished.append((task_id, token))
                         # where its reading ended (its ack says it: a split's point)
                         self.feeder.read_to(task_id, token, index + 1)
@@ -147,6 +158,8 @@ class TaskqIter:
                 continue
             self._taken = finished
             self._reached = reached
+            self.batch_passes = dict(passes)
+            self.samples += len(tags)
             counts["samples"] += len(tags)
             counts["batches"] += 1
             return batch

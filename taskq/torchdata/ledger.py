@@ -77,6 +77,12 @@ class Ledger:
         with self._lock:
             return self._owns(task_id, token)
 
+    def pass_of(self, task_id: int, token: int) -> int | None:
+        """The pass of (task, token) while this iteration holds it, else None."""
+        with self._lock:
+            task = self._held.get(task_id)
+            return task.pass_no if task is not None and task.token == token else None
+
     def ack(self, pairs: list[Pair]) -> None:
         """Ack these (task, token) pairs (the feeder thread does, soon)."""
         self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.utils.data
 
@@ -26,11 +26,25 @@ from .. import errors
 from ..inputwait import InputMeter
 from . import resume, signals
 from .dataset import END_SLOTS, NO_END, Feed, TaskDataset
-from .feeder import Feeder
+from .feeder import PASS_OVER, Feeder
 from .iteration import TaskqIter
 
 _PASS_ENDS = ("global", "local")
 _ACKS = ("taken", "commit")
+
+
+class PassProgress(NamedTuple):
+    """``DataLoader.progress()``: where the job is in the loader's pass, for a progress
+    bar (what ``len(loader)`` gives a static loader)."""
+
+    #: the loader's pass (its current or last iteration's)
+    pass_no: int
+    #: tasks of the pass finished (done or dead), by every trainer of the job
+    done: int
+    #: tasks in the pass
+    total: int
+    #: samples this loader's loop took in its current (or last) iteration
+    samples: int
 
 
 class _Box:
@@ -149,6 +163,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._iteration_no = 0
         self._feed: Feed | None = None
         self._current: TaskqIter | None = None
+        self._status_client: Any = None  # progress(): one client for its status calls
 
     @property
     def state(self) -> str | None:
@@ -176,6 +191,54 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         """The pass of the current (or last) iteration; None before the first one."""
         cur = self._current
         return None if cur is None else cur.feeder.pass_no
+
+    @property
+    def batch_pass(self) -> int | None:
+        """The pass of the batch yielded last (the oldest one when it mixes two); None
+        before the first batch. With ``pass_end="local"`` an iteration may begin with
+        what is left of the previous pass (a task that came back from a lost trainer):
+        its batches say so here, not ``pass_no``."""
+        passes = self.batch_passes
+        return min(passes) if passes else None
+
+    @property
+    def batch_passes(self) -> dict[int, int]:
+        """The batch yielded last: its samples per pass (``{pass: samples}``)."""
+        cur = self._current
+        return {} if cur is None else dict(cur.batch_passes)
+
+    def progress(self) -> PassProgress:
+        """How far the job is through this loader's pass, over all trainers: one status
+        call (``Client.status``; call it every few dozen steps, not every step).
+
+        Returns:
+            ``PassProgress``: tasks finished (done or dead) and tasks in the pass, and the
+            samples this loader's loop took in its current iteration.
+
+        Raises:
+            JobNotFound, ConnectionLost.
+        """
+        ds: TaskDataset = self.dataset  # type: ignore[assignment]
+        if self._status_client is None:
+            from taskq.admin.client import Client
+
+            self._status_client = ds.client or Client(ds.url)
+        st = self._status_client.status(ds.job, summaries=0)
+        mine = self.pass_no
+        done = st.done + st.dead
+        if mine is not None and st.pass_no > mine:
+            done = st.tasks  # the loader's pass is over
+        elif mine is not None and st.pass_no < mine:
+            done = 0  # the loader waits for its pass to begin
+        elif st.state == "completed" or (st.state == "waiting" and st.reason in PASS_OVER):
+            done = st.tasks
+        cur = self._current
+        return PassProgress(
+            st.pass_no if mine is None else mine,
+            done,
+            st.tasks,
+            0 if cur is None else cur.samples,
+        )
 
     def __iter__(self) -> TaskqIter:  # type: ignore[override]
         cur = self._current
@@ -365,6 +428,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
+        client, self._status_client = self._status_client, None
+        if client is not None and client is not self.dataset.client:  # type: ignore[attr-defined]
+            client.redis.close()
 
     def __enter__(self) -> DataLoader:
         return self

@@ -1,0 +1,75 @@
+"""What a training loop can tell of its pass: which pass a batch belongs to under
+``pass_end="local"`` (``loader.batch_pass``), and how far the job is through it
+(``loader.progress()``), over real JSONL files, a real redis-server and real trainers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch_helpers import jsonl_reader, make_job, rows_of, write_jsonl
+
+import taskq
+import taskq.torch
+
+
+def test_a_batch_of_the_last_pass_in_the_next_epoch_says_so(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """pass_end="local": another trainer holds one task of pass 0 while the loader's
+    epoch 0 ends ("exhausted"), then gives it back; epoch 1 serves it first: its batches
+    report pass 0, every other batch of the epoch pass 1."""
+    chunks = write_jsonl(tmp_path, 4, 8)
+    make_job(client, job_name, chunks, passes=2)
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader, interleave=1)
+    with (
+        taskq.Trainer(job_name, url=url) as other,
+        taskq.torch.DataLoader(ds, batch_size=4, pass_end="local") as loader,
+    ):
+        held = other.lease(timeout=5)
+        assert held is not None and held.pass_no == 0
+        held_file = held.chunks[0]["path"]
+        held_f = int(Path(held_file).stem.split("-")[1])
+        first = [rows_of(b) for b in loader]
+        assert loader.state == "exhausted" and loader.pass_no == 0
+        assert sorted({f for rows in first for f, _ in rows}) == sorted({0, 1, 2, 3} - {held_f})
+        other.release(held)
+        seen: list[tuple[int | None, set[int]]] = []
+        for batch in loader:
+            seen.append((loader.batch_pass, {f for f, _ in rows_of(batch)}))
+            assert loader.batch_passes == {loader.batch_pass: len(batch["i"])}
+        assert loader.pass_no == 1
+    old = [files for p, files in seen if p == 0]
+    new = [files for p, files in seen if p == 1]
+    assert len(old) + len(new) == len(seen) == 2 + 8
+    assert old == [{held_f}, {held_f}]  # the task given back, of pass 0, flagged
+    assert sorted(f for files in new for f in files) == sorted([0, 1, 2, 3] * 2)
+
+
+def test_progress_counts_the_whole_jobs_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """Another trainer finishes 2 of 6 tasks first: the loader's first figure already
+    counts them (global); it never goes back, its samples count the loop's rows, and the
+    pass's end reads 6 of 6."""
+    chunks = write_jsonl(tmp_path, 6, 10)
+    make_job(client, job_name, chunks, passes=2)
+    with taskq.Trainer(job_name, url=url) as other:
+        for _ in range(2):
+            task = other.lease(timeout=5)
+            assert task is not None
+            other.ack(task)
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
+    with taskq.torch.DataLoader(ds, batch_size=5) as loader:
+        before = loader.progress()
+        assert (before.done, before.total, before.samples) == (2, 6, 0)
+        figures, rows = [], 0
+        for batch in loader:
+            rows += len(batch["i"])
+            figures.append(loader.progress())
+        end = loader.progress()
+    assert rows == 40
+    assert all(p.pass_no == 0 and p.total == 6 for p in figures)
+    assert [p.done for p in figures] == sorted(p.done for p in figures)
+    assert figures[0].done >= 2
+    assert [p.samples for p in figures] == list(range(5, 45, 5))
+    assert (end.pass_no, end.done, end.total, end.samples) == (0, 6, 6, 40)
