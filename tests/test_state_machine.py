@@ -1,7 +1,8 @@
 """A hypothesis state machine drives the engine (manual clock) through random steps of
 every verb (lease, ack, fail, release, progress, heartbeat, expiry on the manual clock,
 reap, retry, revoke, reset, advance and force, pause / resume, a checkpoint's cut and its
-later steps interleaved with the rest, rewind, cancel; backup leases in a second machine)
+later steps interleaved with the rest, rewind, cancel, append and seal; backup leases in a
+second machine, split tails in a third, an open stream in a fourth)
 and checks the invariants of docs/design.md after every one, against a plain-Python model
 of who holds what and which tasks each pass attempt acked. The model is the trainers'
 side; Redis is the truth checked for consistency and membership."""
@@ -20,7 +21,8 @@ import taskq
 from taskq.admin.stats import parse_lease
 from taskq.engine.contract import Code
 
-N_TASKS = 5
+N_TASKS = 5  # at the create; appends add up to MAX_TASKS
+MAX_TASKS = 9
 WORKERS = ("w0", "w1", "w2")
 _ids = itertools.count()
 
@@ -34,6 +36,7 @@ class EngineMachine(RuleBasedStateMachine):
     url: str = ""
     backup_leases = False
     split_tails = False
+    stream = False
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
 
     def __init__(self) -> None:
@@ -53,6 +56,7 @@ class EngineMachine(RuleBasedStateMachine):
             seed=11,
             backup_leases=self.backup_leases,
             split_tails=self.split_tails,
+            stream=self.stream,
             manual_clock=True,
             auto_advance=False,
         )
@@ -73,6 +77,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.cancelled = False
         self.open_ck: tuple[str, set[int], set[int]] | None = None
         self.sealed: list[tuple[str, set[int], set[int]]] = []
+        self.appended_ids: list[str] = []
 
     # -- helpers -----------------------------------------------------------------
     def _meta(self, field: str) -> int:
@@ -126,6 +131,10 @@ class EngineMachine(RuleBasedStateMachine):
             self.held[worker].remove(task)
         self.ended.append((worker, task))
 
+    def _n(self) -> int:
+        """The tasks the job has now (the create's and the appended)."""
+        return self._meta("n")
+
     def _attempt(self, rnd: int) -> set[int]:
         """The tasks the model saw acked in pass attempt ``rnd`` (a new round acked none)."""
         return self.acked.setdefault(rnd, set())
@@ -134,7 +143,7 @@ class EngineMachine(RuleBasedStateMachine):
         """(done set, dead set) as Redis holds them."""
         keys, r = self.client.keys(self.job), self.client.redis
         return (
-            {i for i in range(N_TASKS) if r.getbit(keys.done, i)},
+            {i for i in range(self._n()) if r.getbit(keys.done, i)},
             {int(x) for x in r.smembers(keys.dead)},
         )
 
@@ -155,6 +164,8 @@ class EngineMachine(RuleBasedStateMachine):
         if self.cancelled:
             return
         self.client.resume_job(self.job)
+        if self.stream:
+            self.client.job(self.job).seal()  # an open stream's pass never ends
         s = self.client.status(self.job)
         if s.state != "running":
             return
@@ -166,7 +177,7 @@ class EngineMachine(RuleBasedStateMachine):
                     pass
         pass0 = s.pass_no
         t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
-        for _ in range(4 * N_TASKS):
+        for _ in range(4 * self._n()):
             s = self.client.status(self.job)
             if s.pass_no != pass0 or s.state != "running":
                 break
@@ -185,7 +196,7 @@ class EngineMachine(RuleBasedStateMachine):
         if task is not None:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
-            assert 0 <= task.id < N_TASKS
+            assert 0 <= task.id < MAX_TASKS
             self.held[w].append(task)
 
     @precondition(lambda self: not self.cancelled)
@@ -250,7 +261,7 @@ class EngineMachine(RuleBasedStateMachine):
         for task in got:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
-            assert 0 <= task.id < N_TASKS
+            assert 0 <= task.id < MAX_TASKS
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
@@ -410,6 +421,46 @@ class EngineMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         self.client.reset_pass(self.job)
 
+    @rule(k=st.integers(1, 2), dup=st.booleans())
+    def append(self, k: int, dup: bool) -> None:
+        """New tasks join the current pass (reopening one that ended); a repeated id adds
+        nothing."""
+        n = self._n()
+        if n + k > MAX_TASKS:
+            return
+        before = self.client.status(self.job, summaries=0)
+        ids = [f"c{next(_ids)}" for _ in range(k)]
+        skipped = 1 if dup and self.appended_ids else 0
+        if skipped:
+            ids[0] = self.appended_ids[-1]  # appended before: skipped
+        job = self.client.job(self.job)
+        if self.cancelled:
+            with pytest.raises(taskq.JobCancelled):
+                job.append([{"a": i} for i in ids], ids=ids)
+            return
+        if before.stream == "sealed":
+            with pytest.raises(taskq.InvalidInput, match="sealed"):
+                job.append([{"a": i} for i in ids], ids=ids)
+            return
+        r = job.append([{"a": i} for i in ids], ids=ids)
+        self.appended_ids += ids[skipped:]
+        assert (r.tasks, r.skipped) == (k - skipped, skipped)
+        assert self._n() == n + k - skipped
+        if r.tasks and before.state != "running" and before.reason != "rewinding":
+            # a reopened attempt keeps what it acked (as a retry's)
+            assert self.client.status(self.job, summaries=0).state in ("running", "paused")
+            self._attempt(self._meta("round")).update(self._sets()[0])
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def seal(self) -> None:
+        if not self.stream:
+            with pytest.raises(taskq.InvalidInput, match="not a stream"):
+                self.client.job(self.job).seal()
+            return
+        self.client.job(self.job).seal()
+        assert self.client.status(self.job, summaries=0).stream == "sealed"
+
     # -- invariants (docs/design.md, numbered as there) -------------------------
     @invariant()
     def partition_and_counters(self) -> None:
@@ -419,7 +470,8 @@ class EngineMachine(RuleBasedStateMachine):
         r = self.client.redis
         rnd = self._meta("round")
         dead = {int(x) for x in r.smembers(keys.dead)}
-        done = {i for i in range(N_TASKS) if r.getbit(keys.done, i)}
+        n = self._n()
+        done = {i for i in range(n) if r.getbit(keys.done, i)}
         raw = r.hgetall(keys.leases)
         leases = {int(k): parse_lease(v) for k, v in raw.items() if k.isdigit()}
         leased = {t for t, ls in leases.items() if ls and ls["live"] and ls["round"] == rnd}
@@ -452,11 +504,12 @@ class EngineMachine(RuleBasedStateMachine):
         if state == "running":
             assert self._meta("nleased") == len(leased) + len(standing)
             st = self.client.status(self.job, summaries=0)
-            assert st.todo == N_TASKS - len(dead) - len(done) - len(leased) - len(standing)
+            assert st.todo == n - len(dead) - len(done) - len(leased) - len(standing)
+            assert st.backlog == st.todo + st.leased
             assert self._meta("nreserved") == r.zcard(keys.reserved)
         assert r.scard(keys.dead) == len(dead)
         # 3. a pass's done count never exceeds its live tasks
-        assert len(done) <= N_TASKS - len(dead)
+        assert len(done) <= n - len(dead)
         # 5. a lost worker holds no lease
         alive = set(r.zrange(keys.workers, 0, -1))
         for t in leased:
@@ -480,7 +533,8 @@ class EngineMachine(RuleBasedStateMachine):
         if s.state != "completed":
             assert done == self._attempt(rnd), "the done set is what this attempt acked"
         assert not done & dead, "a task both done and dead"
-        assert {i for i in range(N_TASKS) if r.getbit(keys.deadbits, i)} == dead
+        n = self._n()
+        assert {i for i in range(n) if r.getbit(keys.deadbits, i)} == dead
         # summaries written since the last step: a completed one acked every live task
         raw = [json.loads(v) for v in r.hvals(keys.passes)]
         for summary in sorted(raw, key=lambda x: x.get("seq", 0)):
@@ -488,7 +542,7 @@ class EngineMachine(RuleBasedStateMachine):
                 continue
             self.summaries_seen = summary["seq"]
             if summary["state"] == "completed" and not summary.get("rewound"):
-                live = set(range(N_TASKS)) - dead
+                live = set(range(n)) - dead
                 assert self.acked.get(summary["round"], set()) == live, (
                     "a pass attempt completed without every live task acked once"
                 )
@@ -496,7 +550,7 @@ class EngineMachine(RuleBasedStateMachine):
         if s.state == "running":
             todo = {t["id"] for t in self.client.tasks(self.job, "todo", limit=1000)}
             leased = {t["id"] for t in self.client.tasks(self.job, "leased", limit=1000)}
-            left = set(range(N_TASKS)) - dead - done
+            left = set(range(n)) - dead - done
             assert left <= todo | leased | self._pieces(), "a live task is unreachable"
 
     @invariant()
@@ -656,3 +710,18 @@ SplitMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_with_split_tails(sm_url):
     SplitMachine.url = sm_url
     SplitMachine.TestCase("runTest").runTest()
+
+
+class StreamMachine(EngineMachine):
+    """The same steps on a stream job: its pass does not end until a seal (appends keep
+    joining it), then it ends as any pass does."""
+
+    stream = True
+
+
+StreamMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_stream(sm_url):
+    StreamMachine.url = sm_url
+    StreamMachine.TestCase("runTest").runTest()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
+from taskq import errors
 from taskq.admin import checkpoints, jobs, sharded, stats
 from taskq.admin.caller import Job
 from taskq.admin.jobs import STAGING_BATCH as STAGING_BATCH
@@ -220,6 +221,8 @@ class Client:
         backup_factor: float = 2.0,
         shards: int = 1,
         split_tails: bool = False,
+        stream: bool = False,
+        max_backlog: int | None = None,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -253,6 +256,11 @@ class Client:
                 with its progress (docs/design.md, "Tail splitting"). Off by default
                 until a split is accounted by every verb (checkpoint, rewind, retry,
                 timeout, steal, a Redis rollback, the DDP pass end).
+            stream: a job whose data keeps arriving (``chunks`` may be empty): its pass
+                does not end while the stream is open, trainers with nothing to lease
+                wait for ``append``; ``seal`` closes it (docs/streams.md).
+            max_backlog: an ``append`` that would leave more tasks not done than this
+                waits or is refused (None: no bound).
 
         Returns:
             The new job's status.
@@ -278,6 +286,10 @@ class Client:
             manual_clock=manual_clock,
             split_tails=split_tails,
         )
+        if shards != 1 and (stream or max_backlog is not None):
+            raise errors.InvalidConfig(
+                "a stream job (or one with max_backlog) is one shard: drop shards= or stream="
+            )
         if shards != 1:
             return sharded.create(
                 self.connection,
@@ -290,7 +302,16 @@ class Client:
                 backup_factor=backup_factor,
             )
         return jobs.create(
-            self.connection, name, chunks, cfg, replace, progress, backup_leases, backup_factor
+            self.connection,
+            name,
+            chunks,
+            cfg,
+            replace,
+            progress,
+            backup_leases,
+            backup_factor,
+            stream=stream,
+            max_backlog=max_backlog,
         )
 
     # -- each a verb of the job's handle (caller.Job) --------------------------------

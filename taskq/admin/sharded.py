@@ -67,7 +67,7 @@ from taskq.keys import (
     shard_sets_index,
     valid_job_name,
 )
-from taskq.models import JobConfig, JobStatus
+from taskq.models import AppendResult, JobConfig, JobStatus
 
 log = logging.getLogger("taskq.sharded")
 
@@ -220,6 +220,7 @@ class ShardedJob:
             histograms=_sum_histograms(shards),
             oldest_lease_age_s=max(oldest) if oldest else None,
             lease_ages=ages,
+            backlog=sum(s.backlog for s in shards),
             shards=shards,
             masters=[self._master(s) for s in self.shards],
         )
@@ -765,6 +766,36 @@ class ShardedJob:
             f"job {name!r}: checkpoint {ckpt}: the passes moved (or a barrier step held the "
             f"lock) during {CUT_ATTEMPTS} attempts at one cut; try again"
         )
+
+    # -- appending: not spread over shards yet (a task's global id is its place in the
+    # shards' fixed layout, shardset.py), so refused before anything is written
+    def _no_append(self) -> errors.InvalidInput:
+        return errors.InvalidInput(
+            f"job {self.name}: a sharded job takes no appends yet; make a stream or a job "
+            f"you append to one shard (shards=1)"
+        )
+
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Refused: a sharded job's layout is fixed at its create."""
+        raise self._no_append()
+
+    def seal(self) -> int:
+        """Refused: a sharded job is never a stream."""
+        raise self._no_append()
+
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
+        """Refused (see ``append``)."""
+        raise self._no_append()
+
+    def file_appended(self, file_key: str, chunks: int) -> None:
+        """Refused (see ``append``)."""
+        raise self._no_append()
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sharded job's sealed checkpoints, oldest first.

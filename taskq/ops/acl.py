@@ -177,6 +177,19 @@ ROLES: dict[str, Role] = {
             ),
         ),
         Role(
+            "producer",
+            "The user of JOB's producers (`taskq job append / seal / follow`): JOB's keys "
+            "only, append and seal only.",
+            ("append", "seal"),
+            ("stats",),  # the handle reads the job's status (the follower, the CLI)
+            needs_job=True,
+            writes=(
+                (WRITTEN_KEYS, WRITE_COMMANDS),
+                (("chunks",), ("hset",)),  # the appended tasks
+                (SCRATCH_KEYS, ("del", "unlink")),  # a seal may end the pass
+            ),
+        ),
+        Role(
             "reaper",
             "The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB.",
             ("reap", "closed"),
@@ -320,7 +333,7 @@ def rule(
     write it makes (``Role.writes``), so a write is allowed only on the keys that need it.
 
     Args:
-        role: ``trainer``, ``reaper`` or ``exporter``.
+        role: ``trainer``, ``producer``, ``reaper`` or ``exporter``.
         job: the job; None for every job (not for a trainer).
         user: the user name (default ``<role>-<job>`` / ``<role>-all``).
         password: the password (stored as its SHA-256); None prints a placeholder.
@@ -387,6 +400,7 @@ def rule(
 
 #: ``rule`` of one role, for callers that build one kind of user.
 trainer_rule = partial(rule, "trainer")
+producer_rule = partial(rule, "producer")
 reaper_rule = partial(rule, "reaper")
 exporter_rule = partial(rule, "exporter")
 
