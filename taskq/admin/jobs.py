@@ -39,7 +39,7 @@ from taskq.models import AppendResult, JobConfig, JobStatus
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 #: ``create_job``'s settings that are not the job's ``JobConfig``.
-CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor")
+CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor", "stream", "max_backlog")
 #: The longest one wait of a blocked append for an ack (then it asks again).
 _APPEND_BLOCK_MS = 5000
 
