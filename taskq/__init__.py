@@ -1,6 +1,6 @@
 """taskq: a Redis-backed work queue that feeds data-set chunks to elastic ML trainers.
 
-Public names only; see ``client.py`` (admin API) and ``trainer/core.py`` (the trainer client).
+Public names only; see ``admin/client.py`` (admin API) and ``trainer/core.py`` (the trainer).
 ``taskq.torch`` (the PyTorch integration) is imported on first use, so ``import taskq``
 alone never imports torch.
 """
@@ -29,11 +29,6 @@ from .errors import (
     WorkerLost,
 )
 from .models import JobConfig, JobStatus, Task
-
-# isort: split
-# after trainer/core.py, so its classes are made first, as before (bench/trainer_instructions.py
-# counts ~1 % more per task when this comes first: a layout effect, not more work)
-from taskq.trainer import sharded as sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
 
 __version__ = "0.1.0"
 

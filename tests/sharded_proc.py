@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
+import taskq
 from taskq import LeaseLost
-from taskq.trainer.sharded import ShardedTrainer
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--stamp", action="store_true")
     a = ap.parse_args()
     log = open(a.log, "a", buffering=1) if a.log else None
-    with ShardedTrainer(a.job, url=a.url, idle_wait=0.2) as trainer:
+    with taskq.Trainer(a.job, url=a.url, idle_wait=0.2) as trainer:
         print(f"READY {os.getpid()}", flush=True)
         for task in trainer:
             time.sleep(a.sleep)

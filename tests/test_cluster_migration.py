@@ -35,7 +35,7 @@ from support import (
 )
 
 import taskq
-from taskq.admin import sharded_create
+from taskq.admin.sharded import place
 from taskq.engine.connection import translate
 from taskq.keys import JobKeys
 from taskq.ops.exporter import TaskqCollector
@@ -277,7 +277,7 @@ def a_job(
     client = taskq.connect(cluster.url)
     for i in range(20000):
         name = f"{stem}-{i}"
-        shards = sharded_create.place(client, name, 3) if sharded else [name]
+        shards = place(client, name, 3) if sharded else [name]
         for k, shard in enumerate(shards):
             slot = slot_of(shard)
             if master_of(cluster, slot)[0] != cluster.spare.port and (

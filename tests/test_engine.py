@@ -455,13 +455,13 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys,
-        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._session.secret],
+        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._worker._session.secret],
     )
     lost_id = int(reply[1][0][0])
-    t._book.last_reply_no = 6
+    t._worker._leases.last_reply_no = 6
     t.heartbeat()
     assert st(client, job_name)["leased"] == 1, "a call whose reply may be in flight stays"
-    t._book.last_reply_no = 7
+    t._worker._leases.last_reply_no = 7
     t.heartbeat()
     s = st(client, job_name)
     assert (s["leased"], s["todo"], s["counters"]["revoked"]) == (0, 2, 1)
@@ -476,7 +476,16 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys,
-        [slow.job_incarnation, "slow", slow.incarnation, 2, 1, "F", -1, slow._session.secret],
+        [
+            slow.job_incarnation,
+            "slow",
+            slow.incarnation,
+            2,
+            1,
+            "F",
+            -1,
+            slow._worker._session.secret,
+        ],
     )
     started, reserved = (int(r[0]) for r in reply[1])
     stolen = idle.lease(timeout=0)

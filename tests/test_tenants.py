@@ -226,11 +226,11 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
     assert task is not None
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     writes = {
-        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._session.secret],
-        "fail": [*who, "x", 1, task.id, task.token, holder._session.secret],
-        "release": [*who, 1, task.id, task.token, holder._session.secret],
-        "heartbeat": [*who, 99, 1, task.id, task.token, holder._session.secret],
-        "leave": [*who, holder._session.secret],
+        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._worker._session.secret],
+        "fail": [*who, "x", 1, task.id, task.token, holder._worker._session.secret],
+        "release": [*who, 1, task.id, task.token, holder._worker._session.secret],
+        "heartbeat": [*who, 99, 1, task.id, task.token, holder._worker._session.secret],
+        "leave": [*who, holder._worker._session.secret],
     }
     for verb, args in writes.items():
         refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args), jobs.user_a)

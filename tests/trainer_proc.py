@@ -43,7 +43,9 @@ def main() -> int:
         worker_id=a.worker_id,
         worker_ttl=a.worker_ttl,
     ) as trainer:
-        helper = trainer._beats.helper.proc.pid if trainer._beats.helper else 0
+        helper = (
+            trainer._worker._heartbeat.helper.proc.pid if trainer._worker._heartbeat.helper else 0
+        )
         print(f"READY {os.getpid()} {helper}", flush=True)
         for task in trainer:
             print(f"LEASED {task.id}", flush=True)

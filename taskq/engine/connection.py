@@ -1,10 +1,14 @@
-"""Connecting to Redis: URLs, retries, password masking, and error translation.
+"""Connecting to Redis: URLs, retries, password masking, error translation, and the
+``Connection`` every caller runs the engine's verbs through.
 
 Everything that talks to Redis goes through a connection made here (or a caller's own
 redis-py client, checked here first), and every Redis exception crosses into taskq's
 hierarchy at ``translate`` (``ConnectionLost`` names the URL with its password masked).
+``Connection`` is the engine's link: the redis-py client, the key prefix, the function
+library on it, the job keys, and ``run`` (one verb's call with its codes raised).
 
-Data flow: connect() -> client.py (admin) / trainer/core.py / reaper.py / exporter.py.
+Data flow: admin/client.py (``Client``), trainer/core.py, the job handles, ops/ ->
+``Connection`` -> engine/transport.py -> Redis.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator, Sequence
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -22,7 +26,9 @@ from redis.cluster import PRIMARY, ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from taskq import errors
-from taskq.keys import JobKeys
+from taskq.engine.contract import Code, raise_for
+from taskq.engine.transport import Scripts
+from taskq.keys import JobKeys, prefix, valid_job_name
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -426,3 +432,104 @@ def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -
             )
     where = f"a key of job {job_keys.job!r}" if job_keys is not None else "a key"
     return f"{where} holds a type taskq does not write: {msg}"
+
+
+class Connection:
+    """The engine's link: one redis-py client and what every verb's call needs.
+
+    Args:
+        url: Redis URL; ``TASKQ_REDIS_URL`` or ``redis://127.0.0.1:6379/0`` by default.
+        redis_client: an already configured redis-py client to use instead (checked by
+            ``check_given_client``); ``url``, ``cluster``, ``retries`` and
+            ``socket_timeout`` are then ignored.
+        key_prefix: overrides ``TASKQ_PREFIX``.
+        cluster: force the cluster client.
+        retries: connection retries per command (bounded, exponential backoff).
+        socket_timeout: seconds before a Redis call gives up on its answer.
+        allow_eviction: creating a job on a Redis that may evict keys is allowed.
+
+    Raises:
+        InvalidInput: a bad URL or given client. ConnectionLost: a cluster unreachable.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        redis_client: Any = None,
+        key_prefix: str | None = None,
+        cluster: bool | None = None,
+        retries: int = 6,
+        socket_timeout: float = 10.0,
+        allow_eviction: bool = False,
+    ) -> None:
+        self.allow_eviction = allow_eviction
+        self.redis: Any
+        if redis_client is not None:
+            check_given_client(redis_client)
+            self.redis = redis_client
+            self.url = "<given client>"
+        else:
+            self.redis, self.url = make_redis(
+                url, retries=retries, socket_timeout=socket_timeout, cluster=cluster
+            )
+        self.prefix = key_prefix or prefix()
+        self.scripts = Scripts(self.redis)
+        self._keys: dict[str, JobKeys] = {}
+
+    def keys(self, job: str) -> JobKeys:
+        """The keys of ``job`` (kept per job).
+
+        Raises:
+            InvalidInput: a bad job name.
+        """
+        if job not in self._keys:
+            if not valid_job_name(job):
+                raise errors.InvalidInput(f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -")
+            self._keys[job] = JobKeys(job, self.prefix)
+        return self._keys[job]
+
+    def run(
+        self,
+        job: str,
+        verb: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        passthrough: Container[int] = (),
+    ) -> Any:
+        """Run one verb's script on ``job``; negative codes raise their error, except
+        those in ``passthrough``, which the caller handles from the reply.
+
+        Raises:
+            TaskqError: the code's error (engine/contract.py). ConnectionLost.
+        """
+        job_keys = self._keys.get(job) or self.keys(job)
+        # the job's own key list as it is (the constant part of the call is packed once
+        # per verb and key list, engine/transport.py), a new one only with extra keys
+        keys: list[Any] = (
+            job_keys.script_bytes
+            if not extra_keys
+            else job_keys.script_bytes + [k.encode() for k in extra_keys]
+        )
+        try:
+            reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
+        except REDIS_ERRORS as e:
+            # translated only when it happens: the context manager's enter and exit cost
+            # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
+            with translate(self.url, job_keys, self.redis):
+                raise e
+        code = int(reply[0])
+        if code < 0 and code not in passthrough:
+            raise_for(
+                code,
+                job,
+                reply[1]
+                if code == Code.INVALID and len(reply) > 1 and isinstance(reply[1], str)
+                else "",
+            )
+        return reply
+
+    def ping(self) -> None:
+        """Raise ``ConnectionLost`` unless Redis answers."""
+        with translate(self.url):
+            self.redis.ping()

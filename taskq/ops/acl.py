@@ -129,7 +129,7 @@ CLUSTER_RULES = (
     "+command",
 )
 
-#: What a sharded job's trainer does beyond a plain job's (sharded_take.py): the barrier
+#: What a sharded job's trainer does beyond a plain job's (trainer/sharded.py): the barrier
 #: step (``advance`` on each shard, through ``next_pass`` with the pass expected), the
 #: bounded reap of a shard whose trainers vanished, a home from the record's counter and
 #: the barrier lock (``keys.barrier_key``: SET NX PX, PEXPIRE, DEL by its holder).

@@ -38,7 +38,7 @@ from taskq.models import STATES, JobStatus
 from taskq.ops.exporter_input import input_families
 
 if TYPE_CHECKING:
-    from taskq.admin.caller import Admin
+    from taskq.admin.client import Client
 
 log = logging.getLogger("taskq.exporter")
 
@@ -96,7 +96,7 @@ class TaskqCollector:
         jobs: the job names to export; every job in the index when None.
     """
 
-    def __init__(self, client: Admin, jobs: Sequence[str] | None = None) -> None:
+    def __init__(self, client: Client, jobs: Sequence[str] | None = None) -> None:
         self.client = client
         self.jobs = list(jobs) if jobs else None
         self._errors = 0
@@ -133,7 +133,7 @@ class TaskqCollector:
         """Shard job name -> its sharded job's name, for every sharded job."""
         out: dict[str, str] = {}
         try:
-            for name in shardset.list_sets(self.client):
+            for name in shardset.list_sets(self.client.connection):
                 job = self.client.job(name)
                 if job.sharded:
                     out.update(dict.fromkeys(job.parts(), name))
@@ -367,7 +367,7 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
 
 
 def start(
-    client: Admin,
+    client: Client,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
@@ -393,7 +393,7 @@ def start(
 
 
 def serve(
-    client: Admin,
+    client: Client,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
