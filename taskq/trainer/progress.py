@@ -123,6 +123,10 @@ class ProgressSender:
         self.discard: Callable[[list[Task]], None] = self._buffer.discard
         self._inline = inline
         self._sent = time.monotonic()
+        #: held from taking the buffer until its send is answered: a flush returns only
+        #: once everything recorded before it is on the server, even when another
+        #: thread (the heartbeat's) took it a moment before (a checkpoint follows a flush)
+        self._sending = threading.Lock()
 
     def record(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """``Trainer.progress``: keep it; send it now if inline and an interval passed."""
@@ -132,15 +136,16 @@ class ProgressSender:
 
     def flush(self) -> list[int]:
         """``Trainer.flush_progress``: send what is recorded; the ids refused (stale)."""
-        self._sent = time.monotonic()
-        items = self._buffer.take()
-        if not items:
-            return []
-        try:
-            results = self.report(items)
-        except errors.ConnectionLost:
-            self._buffer.restore(items)
-            raise
+        with self._sending:
+            self._sent = time.monotonic()
+            items = self._buffer.take()
+            if not items:
+                return []
+            try:
+                results = self.report(items)
+            except errors.ConnectionLost:
+                self._buffer.restore(items)
+                raise
         return [t.id for (t, _, _), r in zip(items, results, strict=False) if r == Code.STALE]
 
     def report(self, items: Sequence[Report]) -> list[int]:
