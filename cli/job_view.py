@@ -19,7 +19,7 @@ from taskq.admin.shardset import ShardedStatus
 from taskq.models import JobStatus
 
 from . import shards as shards_cli
-from .common import age, client_of, echo_json, pass_label, show
+from .common import add_stream_row, age, client_of, echo_json, pass_label, show
 from .job import job
 
 
@@ -50,15 +50,7 @@ def status_table(status: JobStatus) -> Table:
         f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
         f"{status.done} / {status.dead}",
     )
-    if status.stream or status.appended:
-        stream = f"stream {status.stream}, " if status.stream else ""
-        limit = cfg.get("max_backlog")
-        table.add_row(
-            "appended / backlog",
-            f"{stream}{status.appended} tasks appended, {status.done} done, backlog "
-            f"{status.backlog}{f' (max {limit})' if limit else ''}, oldest unfinished "
-            f"{age(status.oldest_unfinished_age_s)}",
-        )
+    add_stream_row(table, status)
     table.add_row("workers", str(status.workers))
     table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
     table.add_row("eta (this pass)", age(d["eta_s"]))

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
-from taskq import errors
 from taskq.admin import checkpoints, jobs, sharded, stats
 from taskq.admin.caller import Job
 from taskq.admin.jobs import STAGING_BATCH as STAGING_BATCH
@@ -258,9 +257,10 @@ class Client:
                 timeout, steal, a Redis rollback, the DDP pass end).
             stream: a job whose data keeps arriving (``chunks`` may be empty): its pass
                 does not end while the stream is open, trainers with nothing to lease
-                wait for ``append``; ``seal`` closes it (docs/streams.md).
+                wait for ``append``; ``seal`` closes it (docs/streams.md). With
+                ``shards``: every shard a stream, appends spread over them.
             max_backlog: an ``append`` that would leave more tasks not done than this
-                waits or is refused (None: no bound).
+                waits or is refused (None: no bound); with ``shards``, divided among them.
 
         Returns:
             The new job's status.
@@ -286,10 +286,6 @@ class Client:
             manual_clock=manual_clock,
             split_tails=split_tails,
         )
-        if shards != 1 and (stream or max_backlog is not None):
-            raise errors.InvalidConfig(
-                "a stream job (or one with max_backlog) is one shard: drop shards= or stream="
-            )
         if shards != 1:
             return sharded.create(
                 self.connection,
@@ -298,6 +294,8 @@ class Client:
                 shards,
                 cfg,
                 replace,
+                stream=stream,
+                max_backlog=max_backlog,
                 backup_leases=backup_leases,
                 backup_factor=backup_factor,
             )
