@@ -46,6 +46,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "ckpt": "hash",
     "ckprog": "hash",
     "appids": "hash",
+    "appidx": "hash",
     "appends": "zset",
     "follow": "hash",
 }

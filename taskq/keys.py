@@ -53,6 +53,7 @@ JOB_KEYS: tuple[str, ...] = (
     # "<id>:p:<k>" progress pages
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
     "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
+    "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
 )
@@ -73,6 +74,7 @@ COLD_KEYS: tuple[str, ...] = (
     "ckpt",
     "ckprog",
     "appids",
+    "appidx",
     "appends",
     "follow",
 )
@@ -165,6 +167,7 @@ class MetaField:
     MAX_BACKLOG = "max_backlog"  # an append past it (tasks not done) is refused (0 = none)
     C_APPENDED = "c_appended"  # tasks appended after the create
     C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
+    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are done and trimmed (trim.lua)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the

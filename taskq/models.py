@@ -170,6 +170,9 @@ class JobStatus:
     #: "open", "sealed")
     appended: int = 0
     stream: str | None = None
+    #: a stream's tasks trimmed behind its watermark (tasks 0 .. trimmed - 1: done, their
+    #: descriptors gone; docs/streams.md)
+    trimmed: int = 0
     #: how long the oldest task not done has waited (since it was appended or the pass
     #: started, whichever is later); None when every task is done
     oldest_unfinished_age_s: float | None = None
@@ -199,6 +202,7 @@ class JobStatus:
             "oldest_lease_age_s": self.oldest_lease_age_s,
             "backlog": self.backlog,
             "appended": self.appended,
+            "trimmed": self.trimmed,
             "stream": self.stream,
             "oldest_unfinished_age_s": self.oldest_unfinished_age_s,
             "config": self.config,

@@ -37,6 +37,7 @@ class EngineMachine(RuleBasedStateMachine):
     backup_leases = False
     split_tails = False
     stream = False
+    passes: int | None = None
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
 
     def __init__(self) -> None:
@@ -46,7 +47,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.client.create_job(
             self.job,
             chunks=list(self.chunks),
-            passes=None,
+            passes=self.passes,
             worker_ttl=3.0,
             heartbeat_interval=1.0,
             task_timeout=None,
@@ -419,7 +420,18 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.cancelled)
     @rule()
     def reset(self) -> None:
-        self.client.reset_pass(self.job)
+        try:
+            self.client.reset_pass(self.job)
+        except taskq.InvalidInput as e:  # a trimmed stream's done tasks cannot be read again
+            assert "trimmed" in str(e) and self._meta("trim_w") > 0
+
+    @rule()
+    def trim(self) -> None:
+        """A stream in its last pass drops its done prefix (trim.lua); any other job
+        is left as it is."""
+        got = self.client.job(self.job).trim()
+        if not self.stream or self.passes is None:
+            assert got == 0
 
     @rule(k=st.integers(1, 2), dup=st.booleans())
     def append(self, k: int, dup: bool) -> None:
@@ -552,6 +564,23 @@ class EngineMachine(RuleBasedStateMachine):
             leased = {t["id"] for t in self.client.tasks(self.job, "leased", limit=1000)}
             left = set(range(n)) - dead - done
             assert left <= todo | leased | self._pieces(), "a live task is unreachable"
+
+    @invariant()
+    def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
+        """Below a stream's watermark every task is done and its descriptor gone (never
+        leased, rewound to or counted twice: the done set holds it); above it every task
+        has its descriptor."""
+        w = self._meta("trim_w")
+        s = self.client.status(self.job, summaries=0)
+        if self.cancelled or s.reason == "rewinding":
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        n = self._n()
+        assert w <= n
+        assert all(r.getbit(keys.done, i) for i in range(w)), "a trimmed task is not done"
+        held = r.hmget(keys.chunks, [str(i) for i in range(n)]) if n else []
+        assert all(c is None for c in held[:w]), "a trimmed task kept its descriptor"
+        assert all(c is not None for c in held[w:]), "a task above the watermark lost its chunks"
 
     @invariant()
     def pass_grows_by_one_only_when_complete(self) -> None:
@@ -719,9 +748,32 @@ class StreamMachine(EngineMachine):
     stream = True
 
 
+class TrimmedStreamMachine(StreamMachine):
+    """A stream of one pass, so its trim runs: the watermark moves over done tasks
+    interleaved with every verb (checkpoints and rewinds bound it, a reset is refused).
+    The stream stays open and its pass is never forced on: the machine's rules are of a
+    job that never completes (the unit tests in test_streams.py seal a trimmed stream)."""
+
+    passes = 1
+
+    def next_pass(self, force: bool) -> None:  # not a rule here (see the docstring)
+        pass
+
+    def seal(self) -> None:  # not a rule here
+        pass
+
+
 StreamMachine.TestCase.settings = EngineMachine.TestCase.settings
 
 
 def test_engine_state_machine_on_a_stream(sm_url):
     StreamMachine.url = sm_url
     StreamMachine.TestCase("runTest").runTest()
+
+
+TrimmedStreamMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_trimmed_stream(sm_url):
+    TrimmedStreamMachine.url = sm_url
+    TrimmedStreamMachine.TestCase("runTest").runTest()

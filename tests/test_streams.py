@@ -354,6 +354,106 @@ def test_checkpoint_holds_the_append_position_and_rewind_keeps_later_appends(cli
     assert client.audit(job_name)["ok"]
 
 
+# -- trimming behind the watermark ------------------------------------------------------
+def _fields(client: taskq.Client, job: str) -> dict[str, int]:
+    keys = client.keys(job)
+    r = client.redis
+    return {
+        "chunks": r.hlen(keys.chunks),
+        "appids": r.hlen(keys.appids),
+        "appidx": r.hlen(keys.appidx),
+        "appends": r.zcard(keys.appends),
+        "leases": r.hlen(keys.leases),
+    }
+
+
+def test_trim_drops_the_done_prefix_and_stops_at_a_task_not_done(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    for k in range(3):  # three appends of 4 tasks, with ids
+        ids = [f"c{k}-{i}" for i in range(4)]
+        job.append([{"id": i} for i in ids], ids=ids)
+    t = trainer(client, job_name, "w")
+    held = [t.lease(timeout=0) for _ in range(7)]
+    t.ack([task for task in held if task.id != 5])  # 0-4 and 6 done, 5 held
+    assert job.trim() == 5  # the watermark stops at task 5, not done
+    assert job.trim() == 0
+    st = client.status(job_name)
+    assert (st.trimmed, st.done, st.tasks, st.backlog) == (5, 6, 12, 6)
+    f = _fields(client, job_name)
+    assert (f["chunks"], f["appids"], f["appidx"]) == (7, 7, 7)
+    assert f["appends"] == 2  # the first append is wholly below the watermark
+    assert client.task(job_name, 2)["chunks"] is None  # trimmed: done, its descriptor gone
+    assert client.task(job_name, 2)["state"] == "done"
+    t.ack(held[5])
+    assert sorted(drain(t)) == list(range(7, 12))
+    assert job.trim() == 7
+    assert _fields(client, job_name) == {
+        "chunks": 0,
+        "appids": 0,
+        "appidx": 0,
+        "appends": 1,
+        "leases": 0,
+    }
+    # an id trimmed with its task is not remembered: what is still above the watermark is
+    ids = ["c2-3", "late"]
+    assert job.append([{"id": i} for i in ids], ids=ids).tasks == 2
+    job.seal()
+    assert sorted(drain(t)) == [12, 13]
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_trim_keeps_what_a_kept_checkpoint_can_rewind_to(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(8)])
+    t = trainer(client, job_name, "w")
+    t.ack([t.lease(timeout=0) for _ in range(3)])
+    rec = client.checkpoint(job_name)  # its cut: tasks 0-2 done
+    t.ack([t.lease(timeout=0) for _ in range(3)])
+    assert job.trim() == 3  # not past the cut's lowest task not done
+    assert client.rewind(job_name, rec)
+    assert sorted(drain(t)) == [3, 4, 5, 6, 7]  # every task the rewind made todo has its chunks
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_trim_leaves_plain_jobs_and_earlier_passes_alone_and_reset_is_refused_after(
+    client, job_name
+):
+    client.create_job(job_name + "p", chunks=[{"i": 0}], manual_clock=True)
+    t = trainer(client, job_name + "p", "w")
+    drain(t)
+    assert client.job(job_name + "p").trim() == 0  # not a stream
+    client.create_job(job_name, chunks=[], stream=True, passes=2, manual_clock=True)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name, "v")
+    t.ack([t.lease(timeout=0) for _ in range(2)])
+    assert job.trim() == 0  # pass 0 of 2: pass 1 reads every task again
+    client.create_job(job_name + "r", chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name + "r")
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name + "r", "u")
+    t.ack(t.lease(timeout=0))
+    assert job.trim() == 1
+    with pytest.raises(taskq.InvalidInput, match="trimmed below task 1"):
+        client.reset_pass(job_name + "r")
+
+
+def test_the_reaper_trims_a_stream(url, client, job_name):
+    from taskq.ops.reaper import Reaper
+
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    client.job(job_name).append([{"i": i} for i in range(5)])
+    t = trainer(client, job_name, "w")
+    drain(t)
+    Reaper(client, jobs=[job_name]).tick()
+    assert client.status(job_name).trimmed == 5
+
+
 def test_status_shows_the_oldest_unfinished_age(client, job_name):
     client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
     job = client.job(job_name)

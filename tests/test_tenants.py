@@ -642,3 +642,18 @@ def test_producer_credential_appends_and_seals_its_stream_only(
     assert producer.job(a).seal() == 1
     assert admin.status(a).state == "completed"
     trainer.close()
+
+
+def test_reaper_credential_trims_a_stream(server: AclServer, job_name: str) -> None:
+    """The reaper's rule runs a stream's trim (its deletes of done tasks' descriptors and
+    of the appends' log below the watermark) on its job."""
+    admin = taskq.connect(server.url("admin"))
+    admin.create_job(job_name, [], stream=True)
+    admin.job(job_name).append([{"i": i} for i in range(3)], ids=["a", "b", "c"])
+    trainer = taskq.Trainer(job_name, url=server.url("admin"), worker_id="t", heartbeat=False)
+    trainer.ack([trainer.lease(timeout=0) for _ in range(3)])
+    trainer.close()
+    url = server.apply(acl.reaper_rule(job_name, password=password(f"reaper-{job_name}")))
+    reaper = taskq.connect(url, retries=0)
+    assert reaper.job(job_name).trim() == 3
+    assert admin.status(job_name).trimmed == 3

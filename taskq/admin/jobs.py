@@ -31,7 +31,7 @@ from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
 from taskq.config import check_memory_policy, encode_tasks, validate_config
 from taskq.engine.connection import Connection, translate
-from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, Code
+from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, TRIM_MAX, Code
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
 from taskq.models import AppendResult, JobConfig, JobStatus
@@ -387,6 +387,17 @@ class PlainJob:
             InvalidInput: not a stream job. JobNotFound, JobCancelled.
         """
         return int(self.connection.run(self.name, "seal", [""])[1])
+
+    def trim(self) -> int:
+        """One bounded step of a stream's trim (the reaper runs it every tick): the
+        watermark moves over up to ``TRIM_MAX`` done tasks, whose descriptors and
+        records go (docs/streams.md, "Trimming behind a watermark"). A job that is not
+        a stream, or not in its last pass, is left as it is.
+
+        Returns:
+            The tasks trimmed by this call (0: nothing to do now).
+        """
+        return int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
 
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:

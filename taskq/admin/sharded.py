@@ -236,6 +236,7 @@ class ShardedJob:
             lease_ages=ages,
             backlog=sum(s.backlog for s in shards),
             appended=sum(s.appended for s in shards),
+            trimmed=sum(s.trimmed for s in shards),
             # a stream is open while any shard's is (a seal that died half-way)
             stream=_stream_state([s.stream for s in shards]),
             oldest_unfinished_age_s=max(unfinished) if unfinished else None,
@@ -858,6 +859,10 @@ class ShardedJob:
         """Close the stream on every shard (idempotent): the job completes once all
         appended is done everywhere. Returns the tasks the stream holds in all."""
         return sum(shard.seal() for shard in self.shards)
+
+    def trim(self) -> int:
+        """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""
+        return sum(shard.trim() for shard in self.shards)
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """A follower's record of whole files (``taskq job follow``): kept on shard 0."""

@@ -167,6 +167,7 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         input=inputwait_view.summary(meta, now_ms),
         backlog=todo + leased,
         appended=_int(meta, F.C_APPENDED),
+        trimmed=_int(meta, F.TRIM_W),
         stream=meta.get(F.STREAM) or None,
     )
     config["max_backlog"] = _int(meta, F.MAX_BACKLOG) or None

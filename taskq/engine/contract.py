@@ -81,6 +81,7 @@ RW_MARK = 100  #: summaries one rewind mark step marks rewound
 RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead step restores
 APPEND_MAX = 500  #: chunks one append call adds (a larger append goes in pages)
 APPEND_BYTES = 1 << 18  #: bytes of chunks' JSON one append call carries (1 MiB took 12 ms)
+TRIM_MAX = 1000  #: tasks one trim call moves a stream's watermark over (their records go)
 
 _LIMITS = (
     "MAX_BATCH",
@@ -101,6 +102,7 @@ _LIMITS = (
     "RW_DEAD_BYTES",
     "APPEND_MAX",
     "APPEND_BYTES",
+    "TRIM_MAX",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its

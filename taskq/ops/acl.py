@@ -192,7 +192,7 @@ ROLES: dict[str, Role] = {
         Role(
             "reaper",
             "The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB.",
-            ("reap", "closed"),
+            ("reap", "closed", "trim"),
             ("conns",),  # with CLIENT LIST ID: closed connections (connwatch.py)
             needs_job=False,
             # It looks up its workers' connection ids; CLIENT LIST shows every client's
@@ -202,6 +202,9 @@ ROLES: dict[str, Role] = {
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (SCRATCH_KEYS, ("del", "unlink")),
                 (("lock",), ("set",)),
+                # a stream's trim: its done tasks' descriptors, the appends' log below them
+                (("chunks",), ("hdel",)),
+                (("appends",), ("zremrangebyscore",)),
             ),
         ),
         Role(

@@ -85,7 +85,16 @@ for i, id in lipairs(fresh_ids) do
   idf[#idf + 1] = fmt(n0 + mfloor((i - 1) / cpt))
 end
 rcall('HSET', K_CHUNKS, unpk(fields))
-if #idf > 0 then rcall('HSET', appids, unpk(idf)) end
+if #idf > 0 then
+  rcall('HSET', appids, unpk(idf))
+  -- each task's ids, for the trim that drops them with the task (trim.lua)
+  local idx = {}
+  for t = 0, ntasks - 1 do
+    idx[#idx + 1] = fmt(n0 + t)
+    idx[#idx + 1] = cjson.encode({unpk(fresh_ids, t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt))})
+  end
+  rcall('HSET', K_APPIDX, unpk(idx))
+end
 rcall('ZADD', K_APPENDS, n0, fmt(n0) .. ':' .. now_s())
 mput(F.N, n0 + ntasks)
 mincr(F.NCHUNKS, #fresh)

@@ -90,6 +90,8 @@ if step == 'begin' then
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
     pn = tonum(mget(F.PN) or '') or mnum(F.N),  -- the order's size; n: the append position
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
+    -- the lowest task not done at the cut: a stream is never trimmed past it (trim.lua)
+    low = mmin(rcall('BITPOS', K_DONE, 0), mnum(F.N)),
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),
   }
   rcall('HSET', K_CKPT, id, cjson.encode(rec))
