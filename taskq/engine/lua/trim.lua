@@ -12,7 +12,8 @@
 -- again: it needs its descriptor), nor moves while a rewind runs. A reset of the pass is
 -- refused once the stream is trimmed (reset.lua); the bits of the done set stay (one bit a
 -- task: 125 kB per million appended).
-local rcall, mmin, lipairs, unpk, cdecode = redis.call, math.min, ipairs, unpack, cjson.decode
+local rcall, mmin, mmax, mfloor, lipairs, unpk, cdecode =
+  redis.call, math.min, math.max, math.floor, ipairs, unpack, cjson.decode
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local arg_id, arg_int, arg_len, args_bad =
   lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
@@ -34,7 +35,8 @@ end
 -- the first task not done from w on (-1: none before the bitmap's end, given an end)
 local hi = rcall('BITPOS', K_DONE, 0, w, -1, 'BIT')
 if hi < 0 then hi = rcall('STRLEN', K_DONE) * 8 end
-hi = mmin(hi, n, w + max)
+-- at most about TRIM_MAX chunk ids a call too: fewer tasks when each holds many chunks
+hi = mmin(hi, n, w + mmax(1, mmin(max, mfloor(TRIM_MAX / mmax(1, mnum(F.CPT))))))
 local cuts = rcall('ZRANGE', K_CKPTS, 0, -1)
 cuts[#cuts + 1] = mget(F.CK_OPEN)
 for _, id in lipairs(cuts) do
