@@ -660,21 +660,30 @@ def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tm
     job = client.job(job_name)
     job.append(chunks[:3])
 
+    rows: list[tuple[int, int]] = []
+    waited: list[bool] = []
+
     def produce() -> None:
-        assert support.wait_until(lambda: client.status(job_name).done >= 1, timeout=60)
-        job.append(chunks[3:6])
-        assert support.wait_until(lambda: client.status(job_name).done >= 4, timeout=60)
-        job.append(chunks[6:])
-        job.seal()
+        # the producer watches the rows the loop got, not the job's done count: while the
+        # stream is open a task whose last rows sit in a worker's partial batch is not
+        # acked (the batch goes out with more rows or when the readers stop), so with 2
+        # workers up to 2 x 3 rows of the 60 appended stay held and "done" may stall
+        try:
+            waited.append(support.wait_until(lambda: len(rows) >= 4, timeout=60))
+            job.append(chunks[3:6])
+            waited.append(support.wait_until(lambda: len(rows) >= 40, timeout=60))
+            job.append(chunks[6:])
+        finally:
+            job.seal()  # the iteration ends even if a wait failed
 
     producer = threading.Thread(target=produce)
     producer.start()
-    rows: list[tuple[int, int]] = []
     with _torch_loader(url, job_name) as loader:
         for batch in loader:  # one iteration: the whole stream, appends and all
             rows += rows_of(batch)
         assert loader.state == "completed"
     producer.join(timeout=10)
+    assert waited == [True, True]  # the loop read appended rows before the next append
     assert sorted(rows) == sorted((f, i) for f in range(8) for i in range(10))
     assert client.audit(job_name)["ok"]
 
