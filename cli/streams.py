@@ -27,7 +27,6 @@ import click
 
 import taskq
 from taskq import datasets
-from taskq.data import storage
 from taskq.engine.contract import APPEND_MAX
 
 from .common import client_of, echo_json
@@ -104,6 +103,8 @@ def _backlog_options(command: Any) -> Any:
 def _listing(pattern: str, storage_options: dict[str, Any] | None) -> list[tuple[str, int, str]]:
     """The files matching ``pattern`` now: (path, size, version), sorted by path; the
     version is the etag when the store has one, else the modification time."""
+    from taskq.data import storage  # fsspec: the data extra, loaded when files are listed
+
     fs, root = storage.filesystem(pattern, storage_options)
     try:
         found = fs.glob(root, detail=True) if glob.has_magic(root) else {root: fs.info(root)}

@@ -15,7 +15,15 @@ import pytest
 
 import taskq
 from taskq.engine import library
-from taskq.engine.contract import APPEND_MAX, MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
+from taskq.engine.contract import (
+    APPEND_MAX,
+    MAX_BATCH,
+    MAX_LISTED,
+    MAX_RETRY,
+    PAGE_MAX,
+    TRIM_MAX,
+    Code,
+)
 from taskq.keys import JobKeys
 
 BAD_BY_KIND: dict[str, list[str]] = {
@@ -101,6 +109,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "rewind": (["", "c1", "page", "0", "1"], ["inc", "ckpt", "enum", "int", "int"]),
     "seal": ([""], ["inc"]),
     "stats": (["1", "10"], ["int", "int"]),
+    "trim": (["", "5"], ["inc", "int"]),
 }
 
 #: The other shapes of verbs whose arguments depend on their step ("verb step" -> as in
@@ -121,6 +130,7 @@ OVER_BOUND: list[tuple[str, int, str]] = [
     ("ack", 8, str(MAX_BATCH + 1)),  # want
     ("lease", 3, str(MAX_BATCH + 1)),  # want
     ("peek", 2, str(PAGE_MAX + 1)),  # count
+    ("trim", 1, str(TRIM_MAX + 1)),  # max
     ("append", 2, str(APPEND_MAX + 1)),  # n
     ("retry", 1, str(MAX_RETRY + 1)),  # n
     ("heartbeat", 4, str(MAX_LISTED + 1)),  # n

@@ -276,10 +276,11 @@ def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
     reader_bound, step_bound = f"{job_name}-reader", f"{job_name}-step"
     for job in (reader_bound, step_bound):
         client.create_job(
-            # 150 tasks: ~30 s of reading for either loop, longer than the check may take
-            # on a loaded machine (the loops stop as soon as it holds)
+            # 300 tasks: ~60 s of reading for either loop, longer than the check may take
+            # on a loaded machine (seen: no two scrapes of the rate within 30 s under a
+            # load of 5); the loops stop as soon as it holds
             job,
-            [{"n": 40} for _ in range(150)],
+            [{"n": 40} for _ in range(300)],
             worker_ttl=2.0,
             heartbeat_interval=0.2,
         )
@@ -324,7 +325,7 @@ def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
 
     started = time.monotonic()
     try:
-        assert poll_quietly(separated, timeout=30), seen
+        assert poll_quietly(separated, timeout=60), seen
     finally:
         stop.set()
         for loop in loops:
