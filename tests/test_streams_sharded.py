@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import zlib
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from torch_helpers import jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.admin.sharded import ShardedJob
+from taskq.admin.sharded import ShardedJob, shard_of_id
 
 HERE = Path(__file__).resolve().parent
 SHARDS = 3
@@ -68,9 +67,20 @@ def test_ids_route_to_one_shard_so_a_retry_skips_them_everywhere(cclient, job_na
     st = cclient.status(job_name)
     per_shard = [0] * SHARDS
     for chunk_id in ids + ["new"]:
-        per_shard[zlib.crc32(chunk_id.encode()) % SHARDS] += 1
+        per_shard[shard_of_id(chunk_id, SHARDS)] += 1
     assert [s.tasks for s in st.shards] == per_shard
     assert (st.tasks, st.appended, st.backlog) == (13, 13, 13)
+
+
+def test_ids_spread_evenly_over_two_shards() -> None:
+    """Ids that differ in their last character only are not sent to one shard (CRC-32's
+    low bits follow that character: k0..k3 all went to one shard of two)."""
+    got = [shard_of_id(f"k{i}", 2) for i in range(8)]
+    assert sorted(got) != [got[0]] * 8
+    counts = [0, 0, 0]
+    for i in range(3000):
+        counts[shard_of_id(f"part-{i:06d}", 3)] += 1
+    assert min(counts) > 900
 
 
 def test_a_bad_append_writes_nothing_on_any_shard(cclient, job_name):
