@@ -19,6 +19,8 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY taskq ./taskq
 COPY cli ./cli
+# the distribution taskq-ml from this checkout (PyPI's `taskq` is an unrelated project);
+# a trainer image adds the extras it reads with: pip install '.[data,torch]'
 RUN pip install . \
     && rm -rf /src/build
 

@@ -14,7 +14,7 @@ real call's in the same run, split what a call costs into the data model's part 
 commands, the FCALL, moving KEYS, ARGV, the replies in and out of Lua) and the library's
 logic (everything else). `--variants` runs the floor again with one change of the data
 model each (a command fewer, a flat reply, fewer KEYS ...): what each change could save at
-most. bench/README.md has the reading.
+most. bench/HISTORY.md has the reading.
 """
 
 from __future__ import annotations

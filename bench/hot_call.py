@@ -3,7 +3,7 @@
 Usage: .venv/bin/python bench/hot_call.py [--tasks 5000] [--rounds 3] [--before DIR]
            [--shapes '1/call prefetch 1|batches(16)'] [--commands]
 
-Where it sits: the quick before/after check of the hot-path passes (bench/README.md), next
+Where it sits: the quick before/after check of the hot-path passes (bench/HISTORY.md), next
 to `steady.py` (throughput, which a shared machine makes noisy) and `taskq_profile.py`
 (the commands inside a call). One trainer in this process, its heartbeat off, drains
 `--tasks` tasks after a warm-up against a private redis-server; printed per shape: the

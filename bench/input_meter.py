@@ -68,7 +68,7 @@ def script_us(url: str, beats: int, rounds: int) -> tuple[float, float]:
             extra = [arg] if with_wait else []
             client.redis.config_resetstat()
             for _ in range(beats):
-                args = [*trainer._beats.args(), *extra]
+                args = [*trainer._worker._heartbeat.args(), *extra]
                 client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.script, *args)
             stats = client.redis.info("commandstats")["cmdstat_fcall"]
             out[with_wait].append(float(stats["usec_per_call"]))

@@ -76,7 +76,7 @@ def main() -> None:
         ):
 
             def one(want: int = want) -> None:
-                trainer._book.call_no += 1
+                trainer._worker._leases.call_no += 1
                 reply = client.scripts.call(
                     "ack",
                     job_keys,
@@ -84,14 +84,14 @@ def main() -> None:
                         trainer.job_incarnation,
                         trainer.worker_id,
                         trainer.incarnation,
-                        trainer._book.call_no,
+                        trainer._worker._leases.call_no,
                         len(held) // 2,
                         *held,
                         0,
                         want,
                         "S",
                         -1,
-                        trainer._session.secret,
+                        trainer._worker._session.secret,
                     ],
                 )
                 assert int(reply[0]) in (0, 1), reply  # a refused call would measure nothing

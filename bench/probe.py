@@ -84,7 +84,7 @@ KEYS = (
 # waiting): read the job's meta hash, renew the worker's liveness, keep the ended lease
 # record (so a repeated ack is quiet), the ownership and started indexes, one `acked` and
 # one `leased` event per call, the duration histogram and the counters. Leases and index
-# writes are variadic, one command per call. bench/README.md compares it with the probe:
+# writes are variadic, one command per call. bench/HISTORY.md compares it with the probe:
 # what taskq can reach is below this line.
 # KEYS: the probe's 1-5, then 6 meta, 7 owned, 8 started, 9 workers, 10 events, 11 hist
 FLOOR_LUA = (

@@ -9,7 +9,7 @@ before and after. Rows:
 - S=1, the ``Trainer`` iterator (one ack-and-lease call per task): today's job;
 - S=1, ``Trainer.lease(acks=[previous])`` (one call per task, the sharded trainer's
   pattern on one master);
-- S=3, ``ShardedTrainer`` (one call per task, spread over the three masters).
+- S=3, a sharded job's ``Trainer`` (one call per task, spread over the three masters).
 
 Usage: python bench/sharded.py [--tasks N] [--passes P] [--trainers W] [--json FILE]
 """
@@ -27,7 +27,6 @@ import redis
 
 import taskq
 from taskq.devserver import LOOPBACK, RedisCluster
-from taskq.trainer.sharded import ShardedTrainer
 
 
 def snapshot(ports: list[int]) -> dict[int, dict[str, float]]:
@@ -52,7 +51,7 @@ def snapshot(ports: list[int]) -> dict[int, dict[str, float]]:
 def worker(url: str, job: str, mode: str) -> None:
     """One trainer process, until the job completes."""
     if mode == "sharded":
-        with ShardedTrainer(job, url=url, idle_wait=0.2) as st:
+        with taskq.Trainer(job, url=url, idle_wait=0.2) as st:
             for _ in st:
                 pass
         return

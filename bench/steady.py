@@ -236,7 +236,7 @@ def run(
             "hiredis rows",
             None,
             "",
-            "skipped: hiredis not installed (pip install 'taskq[fast]')",
+            "skipped: hiredis not installed (pip install 'taskq-ml[fast]')",
         )
         parsers = tuple(p for p in parsers if p != "hiredis")
     bull: list[dict[int, float]] = []

@@ -6,7 +6,7 @@ redis-server from the factory, forks its trainers (`taskq_util.Children`, SIGKIL
 row ends, also on Ctrl-C), is bounded in time, and stops its server. The re-dispatch rows
 live in `taskq_recovery.py`, the big-job and memory rows in `taskq_big.py`.
 
-Rows (see bench/README.md for how to read them):
+Rows (bench/HISTORY.md, "What each row measures", reads them):
   throughput  tasks acked/s, 1/call (`for task in trainer`, prefetch 0 and 1) and 16/call
               (`trainer.batches(16)`), 1/4/16 processes, with the ratio to the probe row
               of the same shape and the server's cost per script call (INFO commandstats)

@@ -2,8 +2,8 @@
 list them, put the job back to one (docs/resume.md). A sharded job's checkpoint is one
 id over every shard (docs/sharding.md).
 
-Data flow: operator -> cli/checkpoints.py -> taskq.Client (checkpoints.py, or
-sharded_admin.py for a sharded job) -> Redis.
+Data flow: operator -> cli/checkpoints.py -> taskq.Client -> the job's handle (jobs.py ->
+checkpoints.py, or sharded.py for a sharded job) -> Redis.
 """
 
 from __future__ import annotations

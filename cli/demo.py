@@ -189,7 +189,7 @@ def demo(
 def _torch_demo(ctx: click.Context, url: str | None, prefix: str | None) -> None:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pyarrow") is None:
         raise taskq.errors.InvalidInput(
-            "demo --torch needs torch and the data extra: pip install torch 'taskq[data]'"
+            "demo --torch needs torch and the data extra: pip install 'taskq-ml[data,torch]'"
         )
     from . import demo_torch
 

@@ -188,17 +188,18 @@ def run(url: str | None, prefix: str | None) -> bool:
             lambda: (
                 client.status(job).done >= len(chunks) // 4
                 and _lines(os.path.join(run_dir, "trainer-0.log")) >= 16  # a batch
-                and _partway(client, job, "demo-torch-0:") > 0
+                and _partway(client, job, "demo-torch-0:")[0] > 0
             ),
-            "a quarter of pass 1 with trainer 0 partway into a task",
+            "a quarter of pass 0 with trainer 0 partway into a task",
             procs,
         )
-        into = _partway(client, job, "demo-torch-0:")
+        into, held = _partway(client, job, "demo-torch-0:")
         procs[0].send_signal(signal.SIGKILL)
+        status = client.status(job)
         out.print(
-            f"{time.strftime('%H:%M:%S')} pass 1, {client.status(job).done} of "
-            f"{len(chunks)} tasks done: SIGKILL trainer 0 ({into} samples into the tasks it "
-            "holds, recorded), add trainer 3"
+            f"{time.strftime('%H:%M:%S')} pass {status.pass_no}, {status.done} of "
+            f"{len(chunks)} tasks done: SIGKILL trainer 0 ({into} samples into the "
+            f"{_plural(held, 'task')} it holds, recorded), add trainer 3"
         )
         spawn(3)
         _wait(lambda: client.status(job).state == "completed", "the job's completion", procs)
@@ -219,17 +220,22 @@ def run(url: str | None, prefix: str | None) -> bool:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _partway(client: taskq.Client, job: str, worker_prefix: str) -> int:
-    """Samples recorded as taken of the tasks the worker(s) of ``worker_prefix`` hold."""
+def _partway(client: taskq.Client, job: str, worker_prefix: str) -> tuple[int, int]:
+    """Samples recorded as taken of the tasks the worker(s) of ``worker_prefix`` hold, and
+    how many tasks they hold."""
     held = [
         t["id"]
         for t in client.tasks(job, "leased")
         if str(t.get("worker", "")).startswith(worker_prefix)
     ]
     if not held:
-        return 0
+        return 0, 0
     progress = client.redis.hmget(client.keys(job).progress, [str(t) for t in held])
-    return sum(int(n) for n in progress if n is not None)
+    return sum(int(n) for n in progress if n is not None), len(held)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _lines(path: str) -> int:
@@ -288,15 +294,15 @@ def _summary(
         unexplained = [i for i in twice if cnt[i] > 2 or i not in killed[p]]
         ok = ok and missing == 0 and not unexplained
         out.print(
-            f"pass {p + 1}: loss {mean} (mean over the samples of the trainers that "
+            f"pass {p}: loss {mean} (mean over the samples of the trainers that "
             f"finished it); samples taken {sum(cnt.values())}, distinct "
             f"{len(cnt)} of {samples}, read again after the SIGKILL {len(twice)}"
         )
     resumed = sum(int(p.get("resumed", 0)) for p in audit["passes"])
     resumed_samples = sum(int(p.get("resumed_samples", 0)) for p in audit["passes"])
     out.print(
-        f"resumed tasks: {resumed} (re-dispatched after the SIGKILL, started at their "
-        f"recorded progress: {resumed_samples} samples not read again)"
+        f"resumed: {_plural(resumed, 'task')} (re-dispatched after the SIGKILL, started at "
+        f"their recorded progress: {_plural(resumed_samples, 'sample')} not read again)"
     )
     out.print(
         f"every sample taken once per pass (re-reads only of what the killed trainer "

@@ -61,7 +61,8 @@ def one_line(value: str) -> str:
 
 def _line(event_id: str, fields: dict[str, str], as_json: bool) -> str:
     if as_json:
-        return json.dumps({"id": event_id, **typed(fields)}, sort_keys=True)
+        # the entry's id last: no field of the event may stand in its place
+        return json.dumps({**typed(fields), "id": event_id}, sort_keys=True)
     ms = int(event_id.split("-")[0])
     when = datetime.datetime.fromtimestamp(ms / 1000.0).strftime("%H:%M:%S.%f")[:-3]
     rest = " ".join(

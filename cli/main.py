@@ -19,6 +19,7 @@ import taskq
 
 from . import checkpoints as _checkpoints  # noqa: F401  (adds job checkpoints / rewind)
 from . import demo as demo_module
+from . import dev as dev_module
 from . import events, exporter, job, passes, reaper, tasks, workers
 from . import job_view as _job_view  # noqa: F401  (adds job status / list / audit)
 from .acl import acl as acl_group
@@ -222,12 +223,14 @@ cli.add_command(events.events)
 cli.add_command(reaper.reaper)
 cli.add_command(exporter.exporter)
 cli.add_command(demo_module.demo)
+cli.add_command(dev_module.dev)
 
 cli.add_command(work)
 cli.add_command(acl_group)
 job.job.commands["create"].params.append(ALLOW_EVICTION)
 for _command in cli.commands.values():
-    add_url_option(_command)
+    if _command is not dev_module.dev:  # it starts servers: no URL to take
+        add_url_option(_command)
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ the job completed (or was cancelled, or the worker drained) and no task it ran i
 3 (``EXIT_DEAD``), a task it ran ended dead; 128 + N after signal N; 1 for errors, 2 for
 usage errors.
 
-Any job, plain or sharded, is worked by ``taskq.Trainer(JOB)`` (a sharded job's is a
-``ShardedTrainer`` behind the same surface): ``TASKQ_JOB`` and ``TASKQ_TASK_ID`` name the
+Any job, plain or sharded, is worked by ``taskq.Trainer(JOB)`` (one class, the same
+surface for both): ``TASKQ_JOB`` and ``TASKQ_TASK_ID`` name the
 job (a sharded job's shard) and the task in it, ``TASKQ_GLOBAL_ID`` the task in the whole
 job (the same id for a plain job).
 

@@ -80,6 +80,11 @@ fi
 stamp=.venv/.taskq-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
     echo "taskq: installing into .venv (log: .venv/pip.log)" >&2
+    # a .venv made when the distribution was still called taskq (PyPI's taskq is another
+    # project): two editable installs of one package would shadow each other
+    if .venv/bin/python -m pip show -q taskq >/dev/null 2>&1; then
+        .venv/bin/python -m pip uninstall -q -y taskq >/dev/null
+    fi
     if ! { .venv/bin/python -m pip install --upgrade pip &&
            .venv/bin/python -m pip install -e '.[dev,data,torch]' -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
         tail -n 30 .venv/pip.log >&2

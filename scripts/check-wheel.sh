@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Build the wheel and import every module of it from a fresh virtualenv, not the editable
-# install the suite uses (which hides a package missing from the wheel). The fresh venv
-# sees the dependencies of .venv through a .pth line (nothing is downloaded) but not its
-# editable taskq: a .pth line only adds a directory, whose own .pth files are not run.
-# Usage: scripts/check-wheel.sh   (from `make test`; a few seconds)
+# Two checks of what a user installs, each in a fresh virtualenv, not the editable install
+# the suite uses (which hides a package missing from the wheel):
+# 1. the wheel built and every module of it imported; this venv sees the dependencies of
+#    .venv through a .pth line (nothing is downloaded) but not its editable taskq: a .pth
+#    line only adds a directory, whose own .pth files are not run;
+# 2. README.md's install line, as written, run in a copy of the checkout by a new venv's
+#    own pip (the distribution taskq-ml with its extras), then `import taskq`,
+#    `taskq.torch` and a short `taskq demo` from that venv. torch is pinned to the build
+#    the suite uses (scripts/test-constraints.txt through PIP_CONSTRAINT: the line itself
+#    is not changed), which pip takes from this machine's disk or its cache.
+# Usage: scripts/check-wheel.sh   (from `make test`; 1-2 minutes, mostly installing torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,7 +25,7 @@ if ! .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/di
     cat "$tmp/build.log" >&2
     exit 1
 fi
-wheel=$(ls "$tmp"/dist/taskq-*.whl)
+wheel=$(ls "$tmp"/dist/taskq_ml-*.whl)
 .venv/bin/python -m venv --without-pip "$tmp/venv"
 site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 deps=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -55,3 +61,37 @@ if not os.path.isfile(os.path.join(lua, "ack.lua")) or not os.listdir(os.path.jo
 print(f"taskq: the wheel installs and imports all {len(names)} modules")
 PY
 "$tmp/venv/bin/taskq" --help >/dev/null
+
+# 2. README.md's install line, in the Install section's code block
+line=$(awk '/^## Install/{s=1} s&&/^```$/{n++; next} s&&n==1&&/^pip install /{print; exit}' \
+    "$root/README.md")
+if [[ -z $line ]]; then
+    echo "taskq: no pip install line in README.md's Install section" >&2
+    exit 1
+fi
+cmd=${line%%#*}
+cmd=${cmd%"${cmd##*[![:space:]]}"}  # the comment and the spaces before it
+"$root/.venv/bin/python" -m venv "$tmp/user"
+if ! (cd "$tmp/src" && PATH="$tmp/user/bin:$PATH" PIP_CONSTRAINT="$root/scripts/test-constraints.txt" \
+        PIP_DISABLE_PIP_VERSION_CHECK=1 bash -c "$cmd") >"$tmp/install.log" 2>&1; then
+    tail -n 30 "$tmp/install.log" >&2
+    echo "taskq: README.md's install line failed in a fresh venv: $cmd" >&2
+    exit 1
+fi
+"$tmp/user/bin/python" - "$root" <<'PY'
+import os
+import sys
+
+import taskq
+
+if os.path.realpath(taskq.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep):
+    sys.exit(f"taskq was imported from the source tree ({taskq.__file__})")
+assert "torch" not in sys.modules, "import taskq imported torch"
+taskq.torch.DataLoader  # noqa: B018 - the lazy attribute, after a plain `import taskq`
+PY
+"$tmp/user/bin/taskq" demo --tasks 12 --passes 2 --trainers 2 --step 0.02 >"$tmp/demo.log" 2>&1 || {
+    cat "$tmp/demo.log" >&2
+    echo "taskq: the demo failed in the venv made by README.md's install line" >&2
+    exit 1
+}
+echo "taskq: README.md's install line ($cmd) installs taskq-ml; taskq, taskq.torch and the demo run"

@@ -1,7 +1,12 @@
 """taskq: a Redis-backed work queue that feeds data-set chunks to elastic ML trainers.
 
-Public names only; see ``client.py`` (admin API) and ``trainer/core.py`` (the trainer client).
+Public names only; see ``admin/client.py`` (admin API) and ``trainer/core.py`` (the trainer).
+``taskq.torch`` (the PyTorch integration) is imported on first use, so ``import taskq``
+alone never imports torch.
 """
+
+import importlib
+from types import ModuleType
 
 from taskq.admin.client import Client, connect
 from taskq.trainer.core import Trainer
@@ -25,12 +30,20 @@ from .errors import (
 )
 from .models import JobConfig, JobStatus, Task
 
-# isort: split
-# after trainer/core.py, so its classes are made first, as before (bench/trainer_instructions.py
-# counts ~1 % more per task when this comes first: a layout effect, not more work)
-from taskq.trainer import sharded as sharded_trainer  # noqa: F401 - sets the implementation behind Trainer(name)
-
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``taskq.torch`` after a plain ``import taskq`` (PEP 562): imported on first use.
+
+    Raises:
+        AttributeError: any other unknown name.
+    """
+    if name == "torch":
+        # (not `from . import torch`: that asks this module for the attribute again)
+        return importlib.import_module("taskq.torch")  # sets taskq.torch for later uses
+    raise AttributeError(f"module 'taskq' has no attribute {name!r}")
+
 
 __all__ = [
     "Client",

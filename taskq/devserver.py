@@ -307,6 +307,10 @@ class RedisCluster:
     Args:
         masters: how many masters (3 at least: ``--cluster create`` wants three).
         binary: the server binary (default: :func:`find_server`); its ``*-cli`` joins them.
+        spare: also start a master that holds no slot, joined as an operator grows a
+            cluster (``--cluster add-node``): ``self.spare``, where slots can be moved to.
+        new_session: start every node in its own session, so a terminal's Ctrl-C reaches
+            only the process that started them (``taskq dev cluster``), which stops them.
 
     Raises:
         TaskqError: a server did not start, or the cluster did not reach
@@ -314,45 +318,70 @@ class RedisCluster:
         subprocess.CalledProcessError: ``--cluster create`` failed.
     """
 
-    def __init__(self, masters: int = 3, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        masters: int = 3,
+        binary: str | None = None,
+        spare: bool = False,
+        new_session: bool = False,
+    ) -> None:
+        self.new_session = new_session
         server = find_server(binary)
-        cli = find_cli(server)
+        self.cli = find_cli(server)
         self.servers: list[RedisServer] = []
+        self.spare: RedisServer | None = None
         try:
             for _ in range(masters):
-                self.servers.append(
-                    RedisServer(
-                        port=cluster_port(),
-                        binary=server,
-                        extra=[
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "2000",
-                        ],
-                    )
-                )
-            subprocess.run(
-                [
-                    cli,
-                    "--cluster",
-                    "create",
-                    *[f"{LOOPBACK}:{s.port}" for s in self.servers],
-                    "--cluster-replicas",
-                    "0",
-                    "--cluster-yes",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+                self.servers.append(self._node(server))
+            self._cli("create", *[f"{LOOPBACK}:{s.port}" for s in self.servers])
             if not wait_until(self.ok, timeout=30, interval=0.1):
                 raise TaskqError("the local cluster did not reach cluster_state:ok")
+            if spare:
+                self.spare = self._node(server)
+                self._cli("add-node", f"{LOOPBACK}:{self.spare.port}", self.first)
+                joined = self.node(self.spare.port)
+                spare_id = joined.cluster("myid")
+                if not wait_until(
+                    lambda: (
+                        self._all_know(spare_id) and joined.cluster("info")["cluster_state"] == "ok"
+                    ),
+                    timeout=30,
+                    interval=0.1,
+                ):
+                    raise TaskqError("the spare did not join the local cluster")
         except BaseException:
             self.cleanup()
             raise
+
+    def _node(self, server: str) -> RedisServer:
+        return RedisServer(
+            port=cluster_port(),
+            binary=server,
+            new_session=self.new_session,
+            extra=[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ],
+        )
+
+    def _cli(self, command: str, *args: str) -> None:
+        """``<cli> --cluster COMMAND ARGS``: no replicas, no questions."""
+        extra = ["--cluster-replicas", "0", "--cluster-yes"] if command == "create" else []
+        subprocess.run(
+            [self.cli, "--cluster", command, *args, *extra],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def _all_know(self, node_id: str) -> bool:
+        return all(
+            node_id in self.node(s.port).execute_command("CLUSTER", "NODES") for s in self.servers
+        )
 
     def ok(self) -> bool:
         """True when every node says cluster_state:ok."""
@@ -365,7 +394,12 @@ class RedisCluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://{LOOPBACK}:{self.servers[0].port}"
+        return f"redis+cluster://{self.first}"
+
+    @property
+    def first(self) -> str:
+        """``host:port`` of the first master."""
+        return f"{LOOPBACK}:{self.servers[0].port}"
 
     def owner_port(self, key: str) -> int:
         """The port of the master serving ``key``'s slot (asked of the cluster).
@@ -382,7 +416,7 @@ class RedisCluster:
 
     def cleanup(self) -> None:
         """Stop every node and remove their directories."""
-        for s in self.servers:
+        for s in [*self.servers, *([self.spare] if self.spare else [])]:
             s.cleanup()
 
     def __enter__(self) -> RedisCluster:

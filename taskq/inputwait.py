@@ -10,7 +10,7 @@ heartbeat it makes anyway; the heartbeat script adds it to the job's bounded rec
 (lua/heartbeat.lua; read back by inputwait_view.py).
 
 Data flow: training loop -> trainer/iteration.py / torchdata/iteration.py (``next``) ->
-inputwait.py -> trainer/beats.py (heartbeat ARGV) -> heartbeat script -> Redis.
+inputwait.py -> trainer/heartbeat.py (``Beats``: the heartbeat ARGV) -> heartbeat script -> Redis.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def _loads(raw: Any) -> Any:
     per task; ``json.loads``'s two whitespace scans and frames cost twice the parse.
 
     (orjson was measured too: it reads integers past 64 bits as floats, and the check that
-    sends those elsewhere costs what it saves: bench/README.md, "Hot-path pass 3".)
+    sends those elsewhere costs what it saves: bench/HISTORY.md, "Hot-path pass 3".)
     """
     if type(raw) is str:
         try:

@@ -6,7 +6,7 @@ order; ``engine/library.py`` turns them into Lua locals ``K_META`` ...), and mak
 others, ``COLD_KEYS``, from the job's key base when it needs one: every key of the job is
 in its slot, so Redis (standalone or Cluster) runs the commands on them as on a declared
 key, and the ACL checks each command's keys either way. Each key passed costs ~0.9 k
-instructions of a call (bench/README.md, "the data model's floor"), so Python and Lua
+instructions of a call (bench/HISTORY.md, "the data model's floor"), so Python and Lua
 cannot drift apart and the cold ones cost nothing on the hot path.
 
 Data flow: client.py / trainer/core.py / reaper.py / stats.py -> keys.py -> engine/transport.py -> Redis.
@@ -176,7 +176,7 @@ class MetaField:
     IW_WORST = "iw_worst"
     #: 80 bytes of padding, longer than Redis's hash-max-listpack-value (64 by default): the
     #: meta hash stays in the hashtable encoding, where each of a call's ~30 field reads is
-    #: O(1) instead of a scan of the listpack's ~60 fields (bench/README.md)
+    #: O(1) instead of a scan of the listpack's ~60 fields (bench/HISTORY.md)
     ENC = "enc"
 
 

@@ -79,8 +79,9 @@ def job_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisClusterProcs]:
-    """A local 3-master Redis Cluster for one test module (some modules kill its masters)."""
-    procs = RedisClusterProcs(masters=3)
+    """A local 3-master Redis Cluster for one test module (some modules kill its masters),
+    and a spare master holding no slot (``cluster.spare``) that slots can migrate to."""
+    procs = RedisClusterProcs(masters=3, spare=True)
     yield procs
     procs.cleanup()
 

@@ -1,8 +1,8 @@
 """A sharded-job trainer run as a real subprocess, for the SIGKILL / SIGTERM tests.
 
-Usage: sharded_proc.py URL JOB [--sleep S] [--log FILE]
+Usage: sharded_proc.py URL JOB [--sleep S] [--log FILE] [--stamp]
 Prints "READY <pid>" once registered; each task acked is appended to --log as
-"<pass> <global id>" after its ack landed.
+"<pass> <global id>" after its ack landed (with --stamp, then the wall-clock time).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
+import taskq
 from taskq import LeaseLost
-from taskq.trainer.sharded import ShardedTrainer
 
 
 def main() -> int:
@@ -22,9 +22,10 @@ def main() -> int:
     ap.add_argument("job")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--log", default="")
+    ap.add_argument("--stamp", action="store_true")
     a = ap.parse_args()
     log = open(a.log, "a", buffering=1) if a.log else None
-    with ShardedTrainer(a.job, url=a.url, idle_wait=0.2) as trainer:
+    with taskq.Trainer(a.job, url=a.url, idle_wait=0.2) as trainer:
         print(f"READY {os.getpid()}", flush=True)
         for task in trainer:
             time.sleep(a.sleep)
@@ -34,7 +35,8 @@ def main() -> int:
                 except LeaseLost:
                     continue  # declared lost meanwhile (a paused master): not counted
                 if log:
-                    log.write(f"{task.pass_no} {trainer.global_id(task)}\n")
+                    stamp = f" {time.time():.3f}" if a.stamp else ""
+                    log.write(f"{task.pass_no} {trainer.global_id(task)}{stamp}\n")
     return 0
 
 

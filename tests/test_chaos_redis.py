@@ -343,15 +343,15 @@ def test_granted_task_pass_is_its_replys_not_a_late_heartbeats(
         trainer.ack(trainer.lease(timeout=5))
         last = trainer.lease(timeout=5)
         assert last is not None and last.pass_no == 0
-        real_note_info = trainer._view.note
+        real_note_info = trainer._worker._view.note
 
         def note_then_late_heartbeat(info: list[Any]) -> None:
             real_note_info(info)
             real_note_info([0, *info[1:]])  # the heartbeat thread's older answer lands
 
-        monkeypatch.setattr(trainer._view, "note", note_then_late_heartbeat)
+        monkeypatch.setattr(trainer._worker._view, "note", note_then_late_heartbeat)
         # ack the last task of pass 0 and lease the first of pass 1 in one call
-        reply = trainer._calls.step([last], [], 1, "S", -1)
+        reply = trainer._worker._calls.step([last], [], 1, "S", -1)
         code, granted = reply[0], reply[1]
         assert granted, code
         assert [t.pass_no for t in granted] == [1] * len(granted)

@@ -508,6 +508,22 @@ def test_events_json_lines(url: str, client: taskq.Client, job_name: str) -> Non
     assert len(r.stdout.splitlines()) == 1
 
 
+def test_events_json_keeps_the_entry_id_of_a_checkpoint_event(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
+    """A checkpoint event names its checkpoint in ``checkpoint``; ``id`` is the stream
+    entry's id on every line, as ``--follow`` resumes from it."""
+    client.create_job(job_name, [1, 2])
+    ckpt = client.job(job_name).checkpoint()
+    r = run(url, "events", job_name, "--json")
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    entry_ids = [event_id for event_id, _ in client.events(job_name, since="-", count=100)]
+    assert [e["id"] for e in lines] == entry_ids
+    [event] = [e for e in lines if e["type"] == "checkpoint"]
+    assert event["checkpoint"] == ckpt["id"]
+
+
 # -- the installed entry point -----------------------------------------------------------
 def sh(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60

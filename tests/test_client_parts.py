@@ -1,31 +1,31 @@
-"""The admin ``Client`` is a facade composed of parts (client_*.py), none inheriting from
-another: each public method hands its call to one part, carrying that part's docstring;
-the parts hold the client weakly, so a dropped client is freed at once. No server is
-needed: a ``Client`` connects on its first call."""
+"""The admin ``Client`` holds the engine's connection and opens job handles: every method
+that takes a job name is one call of its handle's verb (the verb is written in the
+handles, taskq/admin/jobs.py and taskq/admin/sharded.py), none inheriting from another;
+a dropped client is freed at once. No server is needed: a ``Client`` connects on its
+first call."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import inspect
+import textwrap
 import weakref
 
-import pytest
-
 import taskq
-from taskq.admin import client_conn, client_handles, client_jobs, client_ops, client_reads
+from taskq.admin.caller import Job
+from taskq.admin.jobs import PlainJob
+from taskq.admin.sharded import ShardedJob
+from taskq.engine.connection import Connection
 
-PARTS = [
-    client_conn.Connection,
-    client_reads.Reads,
-    client_jobs.Lifecycle,
-    client_ops.Operations,
-    client_handles.Handles,
-]
 URL = "redis://127.0.0.1:1/0"  # never reached
+#: Client methods that take no job name, or make one (the connection, the index, create).
+OWN = {"keys", "run", "ping", "memory_policy", "check_memory_policy", "list_jobs"}
+OWN |= {"repair_index", "job", "create_job"}
 
 
 def test_no_class_of_the_client_inherits_from_another() -> None:
-    for cls in [taskq.Client, *PARTS]:
+    for cls in [taskq.Client, Connection, PlainJob, ShardedJob]:
         assert cls.__bases__ == (object,), cls
 
 
@@ -33,16 +33,24 @@ def _public(cls: type) -> dict[str, object]:
     return {n: m for n, m in vars(cls).items() if not n.startswith("_") and inspect.isfunction(m)}
 
 
-@pytest.mark.parametrize("part", PARTS[:-1], ids=lambda p: p.__name__)
-def test_each_verb_of_a_part_is_the_clients_with_its_signature_and_docstring(
-    part: type,
-) -> None:
-    facade = _public(taskq.Client)
-    for name, method in _public(part).items():
-        assert name in facade, f"{part.__name__}.{name} is not a Client method"
-        mine, theirs = inspect.signature(facade[name]), inspect.signature(method)  # type: ignore[arg-type]
-        assert str(mine) == str(theirs), name
-        assert facade[name].__doc__ == method.__doc__ and method.__doc__, name  # type: ignore[attr-defined]
+def test_each_name_taking_verb_of_the_client_is_one_call_of_its_handle() -> None:
+    verbs = {n: m for n, m in _public(taskq.Client).items() if n not in OWN}
+    assert len(verbs) == 24
+    handle = set(_public(Job))  # type: ignore[arg-type]
+    for name, method in verbs.items():
+        assert method.__doc__, name  # type: ignore[attr-defined]
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))  # type: ignore[arg-type]
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        call = body[-1].value
+        assert len(body) == 2 and isinstance(call, ast.Call), name  # docstring + one call
+        target = call.func if isinstance(call.func, ast.Attribute) else call.args[0].func
+        assert ast.unparse(target.value) == "self.job(name)" or name == "iter_tasks", name
+        assert name == "iter_tasks" or target.attr in handle, name
+
+
+def test_both_handles_implement_every_verb_of_the_surface() -> None:
+    for cls in (PlainJob, ShardedJob):
+        assert set(_public(Job)) <= set(_public(cls)) | {"sharded"}, cls  # type: ignore[arg-type]
 
 
 def test_a_dropped_client_is_freed_without_the_cycle_collector() -> None:
@@ -61,3 +69,4 @@ def test_the_client_exposes_its_connection() -> None:
     assert client.url.startswith("redis://") and client.prefix == "tq-parts"
     assert client.allow_eviction and client.scripts is not None and client.redis is not None
     assert client.keys("a").meta == client.keys("a").meta
+    assert isinstance(client.connection, Connection)

@@ -161,4 +161,4 @@ except taskq.InvalidInput as e:
         env={**os.environ, "PYTHONPATH": ""},
     )
     assert out.returncode == 0, out.stderr
-    assert "format parquet needs the data extra: pip install 'taskq[data]'" in out.stdout
+    assert "format parquet needs the data extra: pip install 'taskq-ml[data]'" in out.stdout

@@ -139,14 +139,20 @@ def test_torch_demo_trains_through_a_sigkill_and_a_join_with_every_sample_audite
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "3 trainers x 2 DataLoader workers" in out
-    kill = re.search(r"SIGKILL trainer 0 \((\d+) samples into the tasks it holds", out)
+    # passes counted from 0, as the CLI counts them; "1 task", "2 tasks"
+    kill = re.search(
+        r"pass 0, \d+ of 12 tasks done: SIGKILL trainer 0 \((\d+) samples into the (\d+) tasks? it holds",
+        out,
+    )
     assert kill and int(kill.group(1)) > 0, out  # killed with work in progress
+    assert (kill.group(2) == "1") == ("the 1 task it holds" in out), out
     assert "add trainer 3" in out
     assert "leaked semaphore" not in r.stderr, r.stderr
     losses = [float(x) for x in re.findall(r"pass \d: loss (\d+\.\d+)", out)]
     assert len(losses) == 2 and losses[1] < losses[0], out
-    assert re.search(r"pass 1: .*distinct 720 of 720", out)
-    assert re.search(r"pass 2: .*distinct 720 of 720", out)
+    assert re.search(r"^pass 0: .*distinct 720 of 720", out, re.M)
+    assert re.search(r"^pass 1: .*distinct 720 of 720", out, re.M)
+    assert not re.search(r"\b1 (task|sample)s\b", out), out
     assert (
         "every sample taken once per pass (re-reads only of what the killed trainer "
         "took after its last progress record): yes (2 passes x 720 samples)" in out

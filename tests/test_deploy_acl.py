@@ -133,6 +133,14 @@ ACL_CASES = [
     ("trainer", ("KEYS", "*"), False),
     ("trainer", ("CONFIG", "SET", "maxmemory", "0"), False),
     ("trainer", ("GET", "other:key"), False),
+    # BCAST pushes would name other jobs' changed keys; REDIRECT reaches another client
+    ("trainer", ("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "taskq:"), False),
+    ("trainer", ("CLIENT", "TRACKING", "ON", "REDIRECT", "7"), False),
+    ("trainer", ("CLIENT", "CACHING", "YES"), False),
+    ("trainer", ("CLIENT", "SETNAME", "w1"), True),
+    ("trainer", ("CLIENT", "ID"), True),
+    ("reaper", ("CLIENT", "TRACKING", "ON", "BCAST"), False),
+    ("exporter", ("CLIENT", "TRACKING", "ON", "BCAST"), False),
     ("reaper", ("SET", key("lock"), "me", "PX", "1000"), True),
     ("reaper", ("FCALL", "no_such_function", "1", key("meta")), True),
     ("reaper", ("DEL", key("meta")), False),
@@ -171,7 +179,7 @@ def test_acl_dryrun(
     assert dryrun(acl_redis, user, *command) is allowed
 
 
-#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+#: `redis.call` is bound to the local `rcall` in each Lua part and verb (`local rcall = redis.call`)
 LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*['\"]([A-Za-z]+)['\"]")
 
 

@@ -134,6 +134,25 @@ def test_fail_requeues_to_front_then_dead_at_max_failures(client, job_name):
     assert client.tasks(job_name, "dead")[0]["id"] == first.id
 
 
+def test_fail_naming_a_task_twice_is_refused_and_changes_nothing(client, job_name):
+    """fail([t, t]) would be a batch of one task, sent back uncharged where fail(t) makes
+    it dead at max_failures=1: the call is refused before its first write."""
+    make_job(client, job_name, n=2, max_failures=1)
+    t = trainer(client, job_name, "w")
+    task = t.lease(timeout=0)
+    before = st(client, job_name)
+    with pytest.raises(taskq.InvalidInput, match="named twice"):
+        t.fail([task, task], error="boom")
+    after = st(client, job_name)
+    assert (after["leased"], after["dead"], after["counters"]) == (
+        before["leased"],
+        before["dead"],
+        before["counters"],
+    )
+    t.fail(task, error="boom")
+    assert st(client, job_name)["dead"] == 1
+
+
 def test_release_counts_attempts_until_dead_at_max_attempts(client, job_name):
     make_job(client, job_name, n=1, max_attempts=3, passes=2)
     t = trainer(client, job_name, "w")
@@ -436,13 +455,13 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys,
-        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._session.secret],
+        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._worker._session.secret],
     )
     lost_id = int(reply[1][0][0])
-    t._book.last_reply_no = 6
+    t._worker._leases.last_reply_no = 6
     t.heartbeat()
     assert st(client, job_name)["leased"] == 1, "a call whose reply may be in flight stays"
-    t._book.last_reply_no = 7
+    t._worker._leases.last_reply_no = 7
     t.heartbeat()
     s = st(client, job_name)
     assert (s["leased"], s["todo"], s["counters"]["revoked"]) == (0, 2, 1)
@@ -457,7 +476,16 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys,
-        [slow.job_incarnation, "slow", slow.incarnation, 2, 1, "F", -1, slow._session.secret],
+        [
+            slow.job_incarnation,
+            "slow",
+            slow.incarnation,
+            2,
+            1,
+            "F",
+            -1,
+            slow._worker._session.secret,
+        ],
     )
     started, reserved = (int(r[0]) for r in reply[1])
     stolen = idle.lease(timeout=0)

@@ -529,12 +529,12 @@ def test_a_sharded_job_is_exported_as_one_with_a_shard_label(
 ) -> None:
     """Each shard's series carry the sharded job's job_name and the shard's name as
     ``shard``: ``sum by (job_name)`` is the job's figure; a plain job keeps its labels."""
-    from taskq.admin import sharded
+    from taskq.admin import shardset
 
     name = job_name[:40]
     client.create_job(name, [{"i": i} for i in range(9)], shards=3, passes=2)
     client.create_job(name + "-plain", [{"i": 1}])
-    sset = sharded.require(client, name)
+    sset = shardset.require(client, name)
     with _trainer(client, sset.shards[1], "w1") as tr:
         for task in tr.lease_many(3, timeout=0):
             tr.ack(task)
@@ -552,7 +552,7 @@ def test_a_sharded_job_is_exported_as_one_with_a_shard_label(
             v for (n, lab), v in mine.items() if n == "taskq_tasks" and ("state", "done") in lab
         )
         acked = sum(v for (n, _), v in mine.items() if n == "taskq_acked_total")
-        assert (done, acked) == (3, 3) == (sharded.status(client, name).done, 3)
+        assert (done, acked) == (3, 3) == (client.job(name).status().done, 3)
         assert value(samples, "taskq_backups_total", job_name=name, shard=sset.shards[0]) == 0
         assert not any(("job_name", s) in lab for _, lab in samples for s in sset.shards)
         assert value(samples, "taskq_tasks", job_name=name + "-plain", state="todo") == 1

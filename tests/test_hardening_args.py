@@ -216,7 +216,7 @@ def test_ack_with_a_non_numeric_argument_sets_nothing(client, job_name):
             "many",
             "S",
             "-1",
-            t._session.secret,
+            t._worker._session.secret,
         ],
     )
     assert reply[0] == Code.INVALID and reply[1].startswith("want: not an integer")
@@ -267,7 +267,7 @@ def test_progress_reports_are_bounded_and_named(client, job_name):
         client,
         job_name,
         "progress",
-        [*base, "1", str(task.id), str(task.token), "3", t._session.secret],
+        [*base, "1", str(task.id), str(task.token), "3", t._worker._session.secret],
     )
     assert reply[0] == Code.OK
     assert client.redis.hget(JobKeys(job_name).progress, str(task.id)) == "3"

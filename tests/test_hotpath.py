@@ -10,6 +10,8 @@ must not see a stale or shared socket.
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 import time
 from functools import partial
 
@@ -84,7 +86,7 @@ def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name
     reply = client.run(
         job_name,
         "lease",
-        [*who, 1, 10**6, "S", -1, late._session.secret],
+        [*who, 1, 10**6, "S", -1, late._worker._session.secret],
         passthrough=(Code.REREGISTER,),
     )
     assert reply[0] == Code.REREGISTER
@@ -140,6 +142,16 @@ def test_a_read_that_times_out_closes_the_kept_connection(client):
     assert _exchange(conn, [conn.pack_command("PING")[0]]) == "PONG", "an error reply is read whole"
     r.connection_pool.release(conn)
     r.close()
+
+
+def test_a_redis_py_whose_internals_are_not_known_is_refused_at_import():
+    """The kept connection reads redis-py's private members: a redis-py outside the
+    majors they were read for stops the import, saying what to install."""
+    code = "import redis; redis.__version__ = '9.0.0'; import taskq"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "this is redis-py 9.0.0" in out.stderr
+    assert "pip install 'redis>=5,<9'" in out.stderr
 
 
 def test_an_error_reply_on_the_kept_connection_is_raised_and_the_library_reloaded(client, job_name):
@@ -256,7 +268,7 @@ def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name
         job_name,
         "ack",
         [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]
-        + [t._session.secret],
+        + [t._worker._session.secret],
     )
     assert reply[4] == [Code.OK, Code.DUP, Code.OK]
     status = client.status(job_name, summaries=0)

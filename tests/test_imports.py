@@ -4,13 +4,15 @@ Every module is parsed with ``ast`` (nothing is imported): an ``import`` or ``fr
 import`` anywhere in it, at module level, inside a function (a lazy import) or under
 ``if TYPE_CHECKING:``, is an edge. A package's ``__init__`` re-exporting its own modules
 is not a circle of theirs: the edge from a module to a package containing it is left
-out. The modules below the admin client see it through the Protocols of
-taskq/admin/caller.py, not by importing client.py.
+out. The modules below the admin client call through the engine's ``Connection``, not
+by importing client.py.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,10 +103,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_every_kind_of_import() -> None:
     """The parser finds relative, absolute, lazy and ``TYPE_CHECKING`` imports."""
     graph = import_graph()
-    assert "taskq.admin.client_conn" in graph["taskq.admin.client"]  # from .client_conn import ...
+    assert "taskq.admin.jobs" in graph["taskq.admin.client"]  # from taskq.admin.jobs import ...
     assert "taskq.admin.client" in graph["taskq"]  # the package re-exports it
     assert "taskq" not in graph["taskq.admin.client"]  # a module's own package: no edge
-    assert "taskq.admin.caller" in graph["taskq.admin.checkpoints"]  # under TYPE_CHECKING
+    assert "taskq.admin.client" in graph["taskq.ops.exporter"]  # under TYPE_CHECKING
     assert "cli.demo_torch" in graph["cli.demo"]  # inside a function
 
 
@@ -130,20 +132,18 @@ def test_no_module_is_on_an_import_cycle() -> None:
         "taskq.admin.checkpoints",
         "taskq.admin.shardset",
         "taskq.admin.sharded",
-        "taskq.admin.sharded_create",
-        "taskq.admin.sharded_admin",
-        "taskq.admin.sharded_job",
         "taskq.admin.jobs",
         "taskq.trainer.protocol",
         "taskq.trainer.heartbeat",
-        "taskq.ops.exporter",
-        "taskq.ops.reaper",
+        "taskq.trainer.worker",
+        "taskq.trainer.sharded",
     ],
 )
 def test_the_modules_below_the_client_do_not_import_it(module: str) -> None:
-    """They reach none of the client's modules: they see it through taskq/admin/caller.py.
-    (The trainers, and sharded_take.py built on ``Trainer``, construct a ``Client``:
-    they are above it.)"""
+    """They reach none of the client's modules: they call through the engine's
+    ``Connection`` (engine/connection.py). (``Trainer`` in trainer/core.py holds a
+    ``Client`` for its ``client`` attribute, and ops/ and the CLI use one: they are above
+    it.)"""
     graph = import_graph()
     seen: set[str] = set()
     todo = list(graph[module])
@@ -208,3 +208,25 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         if layer_of(dep) not in ALLOWED[layer_of(m)]
     )
     assert not upward, "\n".join(upward)
+
+
+def test_import_taskq_leaves_torch_out_and_taskq_torch_is_there_on_first_use() -> None:
+    """``import taskq`` then ``taskq.torch.TaskDataset`` (a lazy attribute), in a fresh
+    interpreter: torch is imported by that first use, not by ``import taskq``."""
+    code = (
+        "import sys, taskq\n"
+        "before = 'torch' in sys.modules\n"
+        "ds = taskq.torch.TaskDataset\n"
+        "print(before, 'torch' in sys.modules, ds.__module__)\n"
+        "try:\n"
+        "    taskq.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "False True taskq.torchdata.dataset",
+        "module 'taskq' has no attribute 'no_such_name'",
+    ]

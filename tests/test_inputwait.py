@@ -119,7 +119,7 @@ def test_a_meter_given_to_one_trainer_after_another_is_sent_once(
 
 
 def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list[Any]:
-    args = [*trainer._beats.args(), *extra]
+    args = [*trainer._worker._heartbeat.args(), *extra]
     name, nkeys, _ = library._FUNCTIONS["heartbeat"]
     reply: list[Any] = client.redis.execute_command(
         "FCALL", name, nkeys, *trainer.keys.script, *args

@@ -21,10 +21,9 @@ from support import RedisClusterProcs, make_job
 
 import taskq
 from cli.main import cli
-from taskq.admin import sharded, sharded_admin
+from taskq.admin import barrier, shardset
 from taskq.admin.jobs import PlainJob
 from taskq.admin.shardset import ShardedStatus
-from taskq.trainer.sharded import ShardedTrainer
 
 KINDS = ["plain", "sharded"]
 
@@ -56,7 +55,8 @@ def test_every_verb_works_on_the_handle(cclient: taskq.Client, job_name: str, ki
     assert job.status().state == "paused"
     job.resume()
     with taskq.Trainer(job_name, client=cclient, heartbeat=False) as trainer:
-        assert isinstance(trainer, ShardedTrainer) == (kind == "sharded")
+        assert trainer.sharded == (kind == "sharded")
+        assert type(trainer) is taskq.Trainer  # one class, whatever the job's kind
         first = trainer.lease(timeout=1)
         assert first is not None
         gid = trainer.global_id(first)
@@ -194,7 +194,7 @@ def test_the_cli_takes_any_job(cluster: RedisClusterProcs, job_name: str, kind: 
 # -- a sharded job's own guarantees ------------------------------------------------------
 def _finish_pass(client: taskq.Client, name: str) -> None:
     """Lease and ack every task of the current pass (each shard, a plain trainer)."""
-    sset = sharded.require(client, name)
+    sset = shardset.require(client, name)
     for shard in sset.shards:
         tr = taskq.Trainer.of_shard(shard, client=client, heartbeat=False)
         while got := tr.lease_many(10, timeout=0):
@@ -205,11 +205,11 @@ def _finish_pass(client: taskq.Client, name: str) -> None:
 def test_the_barrier_does_not_move_during_a_cut(cclient: taskq.Client, job_name: str) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)
-    with sharded.barrier_lock(cclient, job_name, "checkpoint", 5000) as held:
+    with barrier.barrier_lock(cclient, job_name, "checkpoint", 5000) as held:
         assert held is not None
-        assert sharded.advance(cclient, job_name) is None  # a cut holds the barrier
+        assert cclient.job(job_name).advance() is None  # a cut holds the barrier
         assert cclient.status(job_name).pass_no == 0
-    assert sharded.advance(cclient, job_name) == 1
+    assert cclient.job(job_name).advance() == 1
     assert {s.pass_no for s in cclient.status(job_name).shards} == {1}
 
 
@@ -218,7 +218,7 @@ def test_a_cut_under_which_a_pass_moved_is_taken_again(
 ) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)  # every shard waits at the end of pass 0
-    sset = sharded.require(cclient, job_name)
+    sset = shardset.require(cclient, job_name)
     real = PlainJob.checkpoint
     calls = []
 
@@ -252,7 +252,7 @@ def test_a_sharded_rewind_puts_every_shard_at_one_pass(
     assert (rec["pass"], rec["done"]) == (0, 2)
     tr.close()
     _finish_pass(cclient, job_name)
-    assert sharded.advance(cclient, job_name) == 1
+    assert cclient.job(job_name).advance() == 1
     tr = taskq.Trainer(job_name, client=cclient, heartbeat=False)
     assert tr.lease_many(3, timeout=1)  # pass 1 is handed out
     assert cclient.rewind(job_name, rec)
@@ -268,8 +268,8 @@ def test_the_sharded_audit_sees_shards_disagree(
     create(cclient, job_name, "sharded", n=9, passes=3)
     rec = cclient.checkpoint(job_name)
     _finish_pass(cclient, job_name)
-    assert sharded.advance(cclient, job_name) == 1
-    shard0 = sharded.require(cclient, job_name).shards[0]
+    assert cclient.job(job_name).advance() == 1
+    shard0 = shardset.require(cclient, job_name).shards[0]
     PlainJob(cclient, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
     audit = cclient.audit(job_name)
     assert not audit["checks"]["shards_in_step"] and not audit["ok"]
@@ -281,7 +281,7 @@ def test_sharded_admin_keeps_the_listed_checkpoint(cclient: taskq.Client, job_na
     create(cclient, job_name, "sharded")
     rec = cclient.checkpoint(job_name, ckpt="same")
     assert cclient.checkpoint(job_name, ckpt="same") == rec
-    assert sharded_admin.get(cclient, job_name, "same") == rec
+    assert cclient.job(job_name).checkpoint_record("same") == rec
 
 
 # -- per-job credentials -----------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_a_per_job_credential_on_the_cluster_runs_its_job_only(
     url = cluster.url.replace("://", f"://{user}:job-pw@", 1)
     seen = []
     with taskq.Trainer(job_name, url=url) as trainer:
-        assert isinstance(trainer, ShardedTrainer) == (kind == "sharded")
+        assert trainer.sharded == (kind == "sharded")
         for task in trainer:
             seen.append(trainer.global_id(task))
     assert sorted(seen) == sorted(list(range(6)) * 2)
@@ -324,7 +324,8 @@ HOLD_ONE = """
 import sys, time, taskq
 with taskq.Trainer(sys.argv[2], url=sys.argv[1]) as trainer:
     for task in trainer:
-        print("HOLDING", type(trainer).__name__, trainer.global_id(task), flush=True)
+        kind = "ShardedTrainer" if trainer.sharded else type(trainer).__name__
+        print("HOLDING", kind, trainer.global_id(task), flush=True)
         time.sleep(60)
 """
 

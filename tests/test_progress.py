@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,30 @@ def test_progress_is_buffered_until_the_heartbeat_then_recorded(client, job_name
     assert progress_of(client, job_name) == {}  # nothing sent per sample
     a.heartbeat()
     assert progress_of(client, job_name) == {str(task.id): "7"}
+
+
+def test_a_flush_waits_for_the_heartbeat_send_in_flight(client, job_name):
+    """``flush_progress`` (what a checkpoint runs first) returns only once the progress
+    recorded so far is on the server, even when the heartbeat thread took it from the
+    buffer a moment before and its send is still on the way: else the checkpoint that
+    follows records less than the loop took, and a rewind reads those samples again."""
+    make_job(client, job_name)
+    a = trainer(client, job_name, "a")
+    task = a.lease(timeout=0)
+    assert task is not None
+    a.progress(task, 5)
+    client.redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+    # the heartbeat thread's send (the flush a heartbeat ends with), held up
+    beat = threading.Thread(target=a.flush_progress)
+    beat.start()
+    try:
+        # the beat took the buffer and waits in the paused server
+        wait_until(lambda: a._worker._progress._buffer._pending == {}, timeout=5)
+        a.flush_progress()
+        assert progress_of(client, job_name) == {str(task.id): "5"}
+    finally:
+        client.redis.execute_command("CLIENT", "UNPAUSE")
+        beat.join(timeout=10)
 
 
 def test_next_holder_starts_where_the_lost_one_recorded(client, job_name):

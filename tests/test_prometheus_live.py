@@ -276,7 +276,12 @@ def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
     reader_bound, step_bound = f"{job_name}-reader", f"{job_name}-step"
     for job in (reader_bound, step_bound):
         client.create_job(
-            job, [{"n": 40} for _ in range(50)], worker_ttl=2.0, heartbeat_interval=0.2
+            # 150 tasks: ~30 s of reading for either loop, longer than the check may take
+            # on a loaded machine (the loops stop as soon as it holds)
+            job,
+            [{"n": 40} for _ in range(150)],
+            worker_ttl=2.0,
+            heartbeat_interval=0.2,
         )
     stop = threading.Event()
     loops = [
@@ -319,7 +324,7 @@ def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
 
     started = time.monotonic()
     try:
-        assert poll_quietly(separated, timeout=20), seen
+        assert poll_quietly(separated, timeout=30), seen
     finally:
         stop.set()
         for loop in loops:

@@ -13,60 +13,83 @@ from taskq.engine import contract, library
 from taskq.keys import COLD_KEYS, JOB_KEYS, META_FIELDS, SCRIPT_KEYS
 
 
-def test_library_refuses_a_top_level_local_that_is_not_marked_per_call():
-    """A library's locals outlive a call: state begin() does not reset would leak."""
-    parts = {"x.lua": "local A, B = 0, {}  -- per call\nlocal D = 1\n"}
-    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: top-level `local D = 1`"):
-        library._begin(parts)
-    parts["x.lua"] = parts["x.lua"].replace("local D = 1", "local D = 1  -- per call")
-    begin = library._begin(parts)
-    assert "  A, B = 0, {}\n" in begin and "  D = 1\n" in begin
+def test_a_part_refuses_top_level_state_that_is_not_marked_per_call():
+    """A part's locals outlive a call: state its reset() does not set back would leak."""
+    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: top-level `local D` outlives"):
+        library._part("x.lua", "local D = 1\nreturn {}\n")
+    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: its per-call locals \(B\) need"):
+        library._part(
+            "x.lua", "local A, B = 0, {}  -- per call\nlocal function reset() A = 0 end\n"
+        )
+    text, has_state = library._part(
+        "x.lua",
+        "local A, B = 0, {}  -- per call\nlocal function reset()\n  A, B = 0, {}\nend\n"
+        "return {reset = reset}\n",
+    )
+    assert has_state and text.startswith("lib.x = (function()\n-- lib/x.lua\n")
+    assert text.endswith("end)()\n")
 
 
-def test_a_multi_line_declaration_is_refused_as_it_could_not_be_reset():
-    with pytest.raises(taskq.TaskqError, match="not marked"):
-        library._begin({"x.lua": "local T = {\n  1,\n}  -- per call\n"})
+def test_bindings_and_constants_are_not_per_call_state():
+    """A local bound once when the part is built (a global, another part's function) or
+    marked constant needs no reset."""
+    text = (
+        "local rcall, tonum = redis.call, tonumber\n"
+        "local mget, mnum =\n  lib.meta.mget, lib.meta.mnum\n"
+        "local T = {  -- constant\n  1, 2,\n}\n"
+        "return {}\n"
+    )
+    assert library._part("x.lua", text)[1] is False
+    with pytest.raises(taskq.TaskqError, match="`local n` outlives a call"):
+        library._part("x.lua", "local n = lib.meta.mnum('x')\nreturn {}\n")
 
 
-def test_begin_resets_every_per_call_local_of_the_real_library():
-    pkg = resources.files("taskq.engine") / "lua" / "lib"
-    declared = set()
-    for part in library.LIB_PARTS:
-        for line in (pkg / part).read_text().splitlines():
-            if line.startswith("local ") and not line.startswith("local function "):
-                names = line[len("local ") :].partition("=")[0]
-                declared |= {n.strip() for n in names.split(",")}
+def test_begin_resets_every_part_with_per_call_state_and_builds_the_parts_once():
     body = re.search(r"^local function begin\(keys\)\n(.*?)^end$", library.SOURCE, re.S | re.M)
     assert body is not None
-    reset = {
-        n.strip()
-        for line in body.group(1).splitlines()
-        if "=" in line
-        for n in line.partition("=")[0].split(",")
+    assert body.group(1).startswith("  if not BUILT then build() end\n")
+    pkg = resources.files("taskq.engine") / "lua" / "lib"
+    stateful = {
+        part.removesuffix(".lua")
+        for part in library.LIB_PARTS
+        if library.budget((pkg / part).read_text()).per_call
     }
-    assert {"NOW", "M", "EVT", "GRANTED", "COUNTS_EMPTY"} <= declared
-    # what bind_globals() sets on every call is not reset first (no upvalue of begin)
-    bound = library._bound_globals({"meta.lua": (pkg / "meta.lua").read_text()})
-    assert {"rcall", "tonum", "lipairs"} <= bound
-    assert declared - bound <= reset
-    assert not bound & reset
-    assert "bind_globals()" in body.group(1)
+    assert {"meta", "events", "call", "dispatch"} <= stateful
+    assert set(re.findall(r"lib\.(\w+)\.reset\(\)", body.group(1))) == stateful
+    assert "bind_globals" not in library.SOURCE
 
 
-def test_the_build_refuses_a_library_near_luas_local_and_upvalue_limits():
-    """Lua 5.1 stops loading a chunk at 200 locals and a function at 60 upvalues; the
-    build refuses 180 / 50 with a message that says what to do."""
-    n_locals, upvalues = library.headroom(library.SOURCE.replace(f"{library.LIBRARY}_", "%FN%"))
-    assert n_locals <= library.MAX_LOCALS and max(upvalues.values()) <= library.MAX_UPVALUES
-    assert upvalues["begin"] > 0 and upvalues["verb ack"] > 0
-    many = "".join(f"local v{i} = nil  -- per call\n" for i in range(181))
-    with pytest.raises(taskq.TaskqError, match=r"181 top-level locals .*write constants"):
-        library._check_headroom(many)
-    uses = " + ".join(f"u{i}" for i in range(51))
+def test_the_guard_reads_tokens_so_indentation_and_strings_cannot_fool_it():
+    """An `end` at column 0 inside a function, or a keyword in a string or a comment,
+    does not end it (the column-0 `end` heuristic this replaced would have)."""
+    text = (
+        "local a, b, c = 1, 2, 3  -- constant\n"
+        "local function f()\n"
+        "if a then\n"
+        "return b\n"
+        "end\n"
+        "return c  -- end\n"
+        "end\n"
+        "local function g() return 'end' .. [[\nend]] .. a end\n"
+    )
+    got = library.budget(text)
+    assert got.locals == ["a", "b", "c", "f", "g"]
+    assert got.upvalues["f"] == {"a", "b", "c"} and got.upvalues["g"] == {"a"}
+    with pytest.raises(taskq.TaskqError, match="line 2: an unfinished string"):
+        library.lua_tokens("local a = 1\nlocal b = 'x\n")
+
+
+def test_the_build_refuses_a_part_near_luas_local_and_upvalue_limits():
+    """Lua 5.1 stops loading a function at 200 locals or 60 upvalues; the build refuses a
+    part at 191 / 51 with a message that names the part and says what to do."""
+    many = "".join(f"local v{i} = redis.call\n" for i in range(191)) + "return {}\n"
+    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua declares 191 top-level locals .*part"):
+        library._part("x.lua", many)
+    uses = " + ".join(f"u{i}()" for i in range(51))
     wide = "".join(f"local function u{i}() end\n" for i in range(51))
-    wide += f"local function big()\n  return {uses}\nend\n"
-    with pytest.raises(taskq.TaskqError, match=r"function big uses 51 library locals .*split"):
-        library._check_headroom(wide)
+    wide += f"local function big()\n  return {uses}\nend\nreturn {{}}\n"
+    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua's function big uses 51 locals"):
+        library._part("x.lua", wide)
 
 
 def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
@@ -145,3 +168,63 @@ def test_the_keys_passed_and_the_cold_ones_are_every_key_once():
     assert SCRIPT_KEYS[0] == "meta"  # kc() makes a cold key from the meta key's base
     assert not re.search(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b", library.SOURCE)
     assert library._FUNCTIONS["stats"][2] and not library._FUNCTIONS["ack"][2]
+
+
+# what the library may read as a global: Lua's and Redis's, and a verb's KEYS / ARGV
+_GLOBALS = {
+    "redis", "cjson", "cmsgpack", "bit", "struct", "string", "table", "math", "unpack",
+    "tonumber", "tostring", "type", "pairs", "ipairs", "next", "select", "error", "pcall",
+    "assert", "setmetatable", "getmetatable", "rawget", "rawset", "KEYS", "ARGV",
+}  # fmt: skip
+_KEYWORDS = {
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+}  # fmt: skip
+
+
+def _free_names(text: str) -> set[str]:
+    """Names ``text`` reads that it declares nowhere (as a local, a parameter or a loop
+    variable): globals to Lua, an error when the line runs if Redis has no such global."""
+    code = [t for t in library.lua_tokens(text) if t.kind != "comment"]
+    declared, used = set(), set()
+    for k, t in enumerate(code):
+        if t.kind != "name" or t.text in _KEYWORDS:
+            continue
+        prev = code[k - 1].text if k else ""
+        if prev in (".", ":"):
+            continue
+        if k + 1 < len(code) and code[k + 1].text == "=" and prev in ("{", ","):
+            continue  # a table constructor's key (or a multiple assignment: read anyway)
+        used.add(t.text)
+    for k, t in enumerate(code):
+        if t.text == "local" or t.text == "for":
+            j = k + 1 + (code[k + 1].text == "function")
+            while j < len(code) and code[j].kind == "name":
+                declared.add(code[j].text)
+                if code[j + 1].text != ",":
+                    break
+                j += 2
+        elif t.text == "function":
+            j = k + 1
+            while code[j].text != "(":
+                j += 1
+            while code[j].text != ")":
+                if code[j].kind == "name":
+                    declared.add(code[j].text)
+                j += 1
+    return used - declared - _GLOBALS - library._CHUNK_NAMES
+
+
+def test_no_part_or_verb_reads_a_name_it_does_not_bind():
+    """A name a unit neither declares nor binds is a global, and Redis answers an error
+    only when the line runs: a part's function a verb forgot to bind, say."""
+    pkg = resources.files("taskq.engine") / "lua"
+    texts = {f"lib/{p}": (pkg / "lib" / p).read_text() for p in library.LIB_PARTS}
+    texts |= {f"{v}.lua": (pkg / f"{v}.lua").read_text().partition("\n")[2] for v in library.VERBS}
+    free = {}
+    for unit, text in texts.items():
+        names = _free_names(library._constants(unit, library._fields(unit, text)))
+        if names:
+            free[unit] = sorted(names)
+    assert free == {}
+    assert _free_names("local a = 1\nreturn a + b") == {"b"}

@@ -24,9 +24,8 @@ from support import RedisClusterProcs, free_port, wait_until
 
 import taskq
 from cli.main import cli
-from taskq.admin import sharded
+from taskq.admin import sharded, shardset
 from taskq.keys import JobKeys
-from taskq.trainer.sharded import ShardedTrainer
 
 PROC = os.path.join(os.path.dirname(__file__), "sharded_proc.py")
 
@@ -46,7 +45,7 @@ def run_trainers(url: str, name: str, count: int, **kw: object) -> list[tuple[in
 
     def work() -> None:
         try:
-            with ShardedTrainer(name, url=url, **kw) as trainer:  # type: ignore[arg-type]
+            with taskq.Trainer(name, url=url, **kw) as trainer:  # type: ignore[arg-type]
                 for one_pass in trainer.passes():
                     for task in one_pass:
                         gid = trainer.global_id(task)
@@ -73,7 +72,7 @@ def run_trainers(url: str, name: str, count: int, **kw: object) -> list[tuple[in
 def test_one_shard_is_todays_job(client: taskq.Client, job_name: str) -> None:
     status = client.create_job(job_name, [{"i": i} for i in range(4)], shards=1)
     assert isinstance(status, taskq.JobStatus) and status.tasks == 4
-    assert sharded.load(client, job_name) is None
+    assert shardset.load(client, job_name) is None
 
 
 def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name: str) -> None:
@@ -82,7 +81,7 @@ def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name
             client.create_job(job_name, [{"i": i} for i in range(4)], shards=bad)
     with pytest.raises(taskq.InvalidInput, match="bad sharded job name"):
         client.create_job("x" * 60, [{"i": 1}, {"i": 2}], shards=2)
-    assert sharded.load(client, job_name) is None
+    assert shardset.load(client, job_name) is None
     assert not any(j.startswith(job_name) for j in client.list_jobs())
 
 
@@ -90,7 +89,7 @@ def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     client: taskq.Client, job_name: str
 ) -> None:
     st = client.create_job(job_name, [{"i": i} for i in range(10)], shards=3, chunks_per_task=2)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     assert sset.shards == [f"{job_name}.s{k}" for k in range(3)]
     assert (st.tasks, [s.tasks for s in st.shards]) == (5, [2, 2, 1])
     # global task i is task i // 3 of shard i % 3, chunks as a one-shard job groups them
@@ -104,12 +103,12 @@ def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     client.create_job(job_name + "-x.s1", [{"i": 1}])
     with pytest.raises(taskq.JobExists, match="would be a shard"):
         client.create_job(job_name + "-x", [{"i": 1}, {"i": 2}], shards=2)
-    assert sharded.load(client, job_name + "-x") is None
+    assert shardset.load(client, job_name + "-x") is None
     # replace with fewer shards: the old extra shard goes
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, replace=True)
     assert f"{job_name}.s2" not in client.list_jobs()
-    sharded.delete(client, job_name)
-    assert sharded.load(client, job_name) is None
+    client.job(job_name).delete()
+    assert shardset.load(client, job_name) is None
     assert [j for j in client.list_jobs() if j.startswith(job_name)] == [
         job_name + "-plain",
         job_name + "-x.s1",
@@ -120,43 +119,43 @@ def test_barrier_holds_a_finished_shard_until_every_shard_is_done(
     client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=3)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     s0, s1 = sset.shards
     with taskq.Trainer(s0, client=client, heartbeat=False) as tr:
         for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):
             tr.ack(task)
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert [(s.state, s.pass_no) for s in st.shards] == [("waiting", 0), ("running", 0)]
     assert (st.state, st.pass_no, st.done) == ("running", 0, 2)
-    assert sharded.advance(client, job_name) is None  # s1 not done: nothing moves
+    assert client.job(job_name).advance() is None  # s1 not done: nothing moves
     with pytest.raises(taskq.PassIncomplete, match=s1):
-        sharded.next_pass(client, job_name)
+        client.job(job_name).next()
     with taskq.Trainer(s1, client=client, heartbeat=False) as tr:
         for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):
             tr.ack(task)
-    assert sharded.status(client, job_name).reason == "barrier"
+    assert client.job(job_name).status().reason == "barrier"
     # a step that died half-way (s0 advanced, s1 not) is finished by the next one
     client.next_pass(s0, expected_pass=0)
-    assert sharded.advance(client, job_name) == 1
-    assert [s.pass_no for s in sharded.status(client, job_name).shards] == [1, 1]
-    assert sharded.advance(client, job_name) is None  # repeated: nothing more
+    assert client.job(job_name).advance() == 1
+    assert [s.pass_no for s in client.job(job_name).status().shards] == [1, 1]
+    assert client.job(job_name).advance() is None  # repeated: nothing more
 
 
 def test_cancel_reset_retry_act_on_every_shard(client: taskq.Client, job_name: str) -> None:
     client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=None, max_failures=1)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     with taskq.Trainer(sset.shards[2], client=client, heartbeat=False) as tr:
         task = tr.lease(timeout=0)
         assert task is not None
         tr.fail(task, "boom")
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert st.dead == 1
-    assert sharded.retry(client, job_name, [sset.global_id(sset.shards[2], task.id)]) == 1
-    assert sharded.reset_pass(client, job_name, expected_pass=0) == 0
+    assert client.job(job_name).retry([sset.global_id(sset.shards[2], task.id)]) == 1
+    assert client.job(job_name).reset(expected_pass=0) == 0
     with pytest.raises(taskq.PassMismatch):
-        sharded.reset_pass(client, job_name, expected_pass=3)
-    sharded.cancel(client, job_name)
-    st = sharded.status(client, job_name)
+        client.job(job_name).reset(expected_pass=3)
+    client.job(job_name).cancel()
+    st = client.job(job_name).status()
     assert st.state == "cancelled" and {s.state for s in st.shards} == {"cancelled"}
 
 
@@ -164,10 +163,10 @@ def test_a_cancel_that_died_half_way_is_finished_by_the_next_step(
     client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     client.cancel_job(sset.shards[0])
-    sharded.advance(client, job_name)
-    assert [s.state for s in sharded.status(client, job_name).shards] == ["cancelled"] * 2
+    client.job(job_name).advance()
+    assert [s.state for s in client.job(job_name).status().shards] == ["cancelled"] * 2
 
 
 def test_trainers_on_a_single_redis_run_every_pass_once(
@@ -176,7 +175,7 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
     client.create_job(job_name, [{"i": i} for i in range(30)], shards=3, passes=3)
     seen = run_trainers(url, job_name, 4, idle_wait=0.2)
     assert sorted(seen) == [(p, i) for p in range(3) for i in range(30)]
-    audit = sharded.audit(client, job_name)
+    audit = client.job(job_name).audit()
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
 
@@ -200,17 +199,17 @@ def test_a_shard_whose_tasks_all_died_does_not_hold_the_barrier(
     client.create_job(
         job_name, [{"i": i} for i in range(n)], shards=3, passes=passes, max_failures=1
     )
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     dead = {sset.global_id(sset.shards[2], t) for t in kill_shard(client, sset.shards[2])}
     assert dead == {2, 5, 8}
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert st.shards[2].reason == "all_dead" and (st.state, st.dead) == ("running", 3)
     seen = run_trainers(url, job_name, 2, idle_wait=0.05)
     live = [i for i in range(n) if i not in dead]
     assert sorted(seen) == [(p, i) for p in range(passes) for i in live]
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert st.state == "completed"
-    audit = sharded.audit(client, job_name)
+    audit = client.job(job_name).audit()
     assert audit["ok"], audit["checks"]
     assert [(p["done"], p["dead"]) for p in audit["passes"]] == [(6, 3)] * passes
 
@@ -219,17 +218,17 @@ def test_a_job_with_no_live_task_waits_all_dead_until_a_retry(
     client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2, max_failures=1)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     for shard in sset.shards:
         kill_shard(client, shard)
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert (st.state, st.reason, st.dead) == ("waiting", "all_dead", 4)
-    assert sharded.advance(client, job_name) is None  # nothing to run: no pass moves
+    assert client.job(job_name).advance() is None  # nothing to run: no pass moves
     with pytest.raises(taskq.PassIncomplete, match="all dead"):
-        sharded.next_pass(client, job_name)
-    assert [s.pass_no for s in sharded.status(client, job_name).shards] == [0, 0]
-    assert sharded.retry(client, job_name) == 4
-    assert sharded.status(client, job_name).state == "running"
+        client.job(job_name).next()
+    assert [s.pass_no for s in client.job(job_name).status().shards] == [0, 0]
+    assert client.job(job_name).retry() == 4
+    assert client.job(job_name).status().state == "running"
 
 
 def fcalls(r: redis.Redis) -> int:
@@ -247,12 +246,12 @@ def test_a_task_costs_one_call_acked_with_the_next_lease(
     raw = redis.Redis.from_url(url)
     before = fcalls(raw)
     seen = []
-    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.05) as tr:
+    with taskq.Trainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.05) as tr:
         for task in tr:
             seen.append(tr.global_id(task))
     calls = fcalls(raw) - before
     assert sorted(seen) == list(range(n))
-    assert sharded.status(client, job_name).done == n
+    assert client.job(job_name).status().done == n
     # n ack-and-lease calls, plus a register, a leave and a few empty leases per shard
     assert calls <= n + 20, calls
 
@@ -266,7 +265,7 @@ def run_batched(url: str, name: str, **kw: object) -> list[tuple[int, int, int]]
 
     def batched() -> None:
         try:
-            with ShardedTrainer(name, url=url, **kw) as tr:  # type: ignore[arg-type]
+            with taskq.Trainer(name, url=url, **kw) as tr:  # type: ignore[arg-type]
                 for batch in tr.batches(3):
                     assert len({t.job for t in batch} | {t.pass_no for t in batch}) == 2
                     with lock:
@@ -276,7 +275,7 @@ def run_batched(url: str, name: str, **kw: object) -> list[tuple[int, int, int]]
 
     def prefetching() -> None:
         try:
-            with ShardedTrainer(name, url=url, prefetch=2, **kw) as tr:  # type: ignore[arg-type]
+            with taskq.Trainer(name, url=url, prefetch=2, **kw) as tr:  # type: ignore[arg-type]
                 for task in tr:
                     with lock:
                         seen.append((task.pass_no, tr.global_id(task), 1))
@@ -301,10 +300,10 @@ def test_batches_and_prefetch_run_every_pass_once(
     seen = run_batched(url, job_name, idle_wait=0.05)
     assert sorted((p, i) for p, i, _ in seen) == [(p, i) for p in range(passes) for i in range(n)]
     assert max(size for _, _, size in seen) == 3  # batches of up to 3 (one shard, one pass)
-    audit = sharded.audit(client, job_name)
+    audit = client.job(job_name).audit()
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert st.state == "completed" and st.workers == 0 and st.leased == 0
 
 
@@ -312,11 +311,11 @@ def test_prefetched_tasks_are_released_on_close(
     client: taskq.Client, url: str, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(12)], shards=2, passes=1)
-    with ShardedTrainer(job_name, url=url, home=0, prefetch=3, heartbeat=False) as tr:
+    with taskq.Trainer(job_name, url=url, home=0, prefetch=3, heartbeat=False) as tr:
         first = next(iter(tr))
         assert first.job == tr.shards[0]
-        assert sharded.status(client, job_name).leased == 4  # the current one + 3 ahead
-    st = sharded.status(client, job_name)
+        assert client.job(job_name).status().leased == 4  # the current one + 3 ahead
+    st = client.job(job_name).status()
     assert (st.leased, st.done, st.workers) == (0, 0, 0)  # nothing acked: it never ended
 
 
@@ -325,10 +324,10 @@ def test_an_error_in_the_with_block_fails_the_current_task_and_releases_the_rest
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(8)], shards=2, passes=1)
     with pytest.raises(ValueError, match="bad sample"):
-        with ShardedTrainer(job_name, url=url, home=1, prefetch=2, heartbeat=False) as tr:
+        with taskq.Trainer(job_name, url=url, home=1, prefetch=2, heartbeat=False) as tr:
             task = next(iter(tr))
             raise ValueError("bad sample")
-    shard = sharded.require(client, job_name).shards[1]
+    shard = shardset.require(client, job_name).shards[1]
     st = client.status(shard, summaries=0)
     assert (st.counters["failed"], st.leased, st.workers, st.done) == (1, 0, 0, 0)
     assert client.task(shard, task.id, history=0)["failures"] == 1
@@ -339,8 +338,8 @@ def test_bad_prefetch_and_batch_sizes_are_refused(
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2)
     with pytest.raises(taskq.InvalidInput, match="prefetch"):
-        ShardedTrainer(job_name, url=url, prefetch=-1)
-    with ShardedTrainer(job_name, url=url, heartbeat=False) as tr:
+        taskq.Trainer(job_name, url=url, prefetch=-1)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as tr:
         with pytest.raises(taskq.InvalidInput, match="batch size"):
             next(tr.batches(0))
 
@@ -363,13 +362,13 @@ def test_taskq_work_runs_a_sharded_job(
     )
     assert r.exit_code == 0, r.output
     rows = [line.split() for line in out.read_text().splitlines()]
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     # the global id names the chunk; each shard's tasks ran under the shard's name
     assert sorted((int(p), int(g)) for p, g, _, _ in rows) == [
         (p, i) for p in range(2) for i in range(n)
     ]
     assert all(g == i and job == sset.locate(int(g))[0] for _, g, job, i in rows)
-    st = sharded.status(client, job_name)
+    st = client.job(job_name).status()
     assert st.state == "completed" and st.workers == 0
 
 
@@ -388,10 +387,10 @@ def test_shards_land_on_different_masters(
 ) -> None:
     for name, shards in (("place-a", 3), ("place-b", 3), ("place-c", 6)):
         cclient.create_job(name, [{"i": i} for i in range(12)], shards=shards, replace=True)
-        sset = sharded.require(cclient, name)
+        sset = shardset.require(cclient, name)
         owners = [cluster.owner_port(JobKeys(s).meta) for s in sset.shards]
         assert sorted(owners) == sorted([s.port for s in cluster.servers] * (shards // 3))
-        st = sharded.status(cclient, name)
+        st = cclient.job(name).status()
         assert len(set(st.masters)) == 3 and st.tasks == 12
 
 
@@ -402,9 +401,9 @@ def test_a_cluster_job_of_three_shards_runs_passes_in_step(
     cclient.create_job(name, [{"i": i} for i in range(60)], shards=3, passes=3, replace=True)
     seen = run_trainers(cluster.url, name, 3, idle_wait=0.2)
     assert sorted(seen) == [(p, i) for p in range(3) for i in range(60)]
-    audit = sharded.audit(cclient, name)
+    audit = cclient.job(name).audit()
     assert audit["ok"], audit["checks"]
-    st = sharded.status(cclient, name)
+    st = cclient.job(name).status()
     assert st.state == "completed" and st.workers == 0
 
 
@@ -421,21 +420,21 @@ def test_a_shard_whose_last_trainer_vanished_still_finishes(
         worker_ttl=1.0,
         heartbeat_interval=0.25,
     )
-    sset = sharded.require(cclient, name)
+    sset = shardset.require(cclient, name)
     # the only trainer homed on shard 2 takes a task and vanishes (no heartbeat, no leave)
     gone = taskq.Trainer(sset.shards[2], url=cluster.url, heartbeat=False)
     assert gone.lease(timeout=0) is not None
     seen: list[tuple[int, int]] = []
     stolen = []
     for home in (0, 1):
-        with ShardedTrainer(name, url=cluster.url, home=home, idle_wait=0.2) as tr:
+        with taskq.Trainer(name, url=cluster.url, home=home, idle_wait=0.2) as tr:
             for task in tr:
                 seen.append((task.pass_no, tr.global_id(task)))
                 assert tr.registered_shards[0] == sset.shards[home]
             stolen.append(tr.taken_elsewhere)
     assert sorted(seen) == [(p, i) for p in range(2) for i in range(30)]
     assert stolen[0] >= 20  # shards 1 and 2 came to the first trainer
-    assert sharded.audit(cclient, name)["ok"]
+    assert cclient.job(name).audit()["ok"]
 
 
 def start_proc(url: str, name: str, log: Path, sleep: float) -> subprocess.Popen[str]:
@@ -467,7 +466,7 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
             assert p.stdout is not None and p.stdout.readline().startswith("READY")
 
         def done_count() -> int:
-            return sharded.status(cclient, name).done
+            return cclient.job(name).status().done
 
         assert wait_until(lambda: done_count() >= 10, timeout=60, interval=0.05)
         procs[0].kill()  # mid-task, holding a lease
@@ -482,7 +481,7 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
         at_barrier: list[str] = []
 
         def boundary() -> bool:
-            shards = sharded.status(cclient, name).shards
+            shards = cclient.job(name).status().shards
             if any(s.state == "waiting" and s.pass_no == 1 for s in shards):
                 at_barrier.extend(s.job for s in shards if s.state == "running" and s.pass_no == 1)
             return bool(at_barrier)
@@ -502,11 +501,11 @@ def test_killed_trainers_and_a_paused_master_keep_every_pass_exactly_once(
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    st = sharded.status(cclient, name)
+    st = cclient.job(name).status()
     assert st.state == "completed"
     acked = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
     assert len(acked) == len(set(acked))  # no task counted twice in a pass
-    audit = sharded.audit(cclient, name)
+    audit = cclient.job(name).audit()
     assert audit["ok"], audit["checks"]
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(p, n) for p in range(passes)]
 
@@ -542,26 +541,26 @@ def test_cli_creates_shows_advances_audits_and_cancels_a_sharded_job(
     r = cli_run(url, "pass", "next", "clijob")
     assert r.exit_code != 0 and "has work left" in r.output
     seen = []
-    with ShardedTrainer("clijob", url=url, idle_wait=0.1) as tr:
+    with taskq.Trainer("clijob", url=url, idle_wait=0.1) as tr:
         for task in next(iter(tr.passes())):
             seen.append(tr.global_id(task))
     assert sorted(seen) == list(range(9))
     r = cli_run(url, "job", "status", "clijob")
     assert r.exit_code == 0 and "waiting (manual_advance)" in r.output
-    assert all(s in r.output for s in sharded.require(cclient, "clijob").shards)
+    assert all(s in r.output for s in shardset.require(cclient, "clijob").shards)
     r = cli_run(url, "pass", "next", "clijob", "--expect", "0", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["pass"] == 1
-    assert [s.pass_no for s in sharded.status(cclient, "clijob").shards] == [1, 1, 1]
+    assert [s.pass_no for s in cclient.job("clijob").status().shards] == [1, 1, 1]
     r = cli_run(url, "job", "audit", "clijob")
     assert r.exit_code == 0, r.output
     assert "ok   passes_agree" in r.output and "ok   once_per_pass" in r.output
     r = cli_run(url, "job", "cancel", "clijob")
     assert r.exit_code == 0, r.output
-    assert {s.state for s in sharded.status(cclient, "clijob").shards} == {"cancelled"}
+    assert {s.state for s in cclient.job("clijob").status().shards} == {"cancelled"}
     r = cli_run(url, "job", "delete", "clijob", "--yes")
     assert r.exit_code == 0, r.output
-    assert sharded.load(cclient, "clijob") is None
+    assert shardset.load(cclient, "clijob") is None
     assert not any(j.startswith("clijob") for j in cclient.list_jobs())
 
 
@@ -570,7 +569,7 @@ def test_pause_checkpoint_and_rewind_act_on_every_shard_as_one(
 ) -> None:
     name, n = "ckpt", 30
     cclient.create_job(name, [{"i": i} for i in range(n)], shards=3, passes=2, replace=True)
-    sset = sharded.require(cclient, name)
+    sset = shardset.require(cclient, name)
     url = cluster.url
     r = cli_run(url, "job", "pause", name, "--json")
     assert r.exit_code == 0, r.output
@@ -581,13 +580,13 @@ def test_pause_checkpoint_and_rewind_act_on_every_shard_as_one(
         "pass": 0,
         "shards": 3,
     }
-    assert [s.state for s in sharded.status(cclient, name).shards] == ["paused"] * 3
+    assert [s.state for s in cclient.job(name).status().shards] == ["paused"] * 3
     with taskq.Trainer(sset.shards[1], url=url, heartbeat=False) as tr:
         assert tr.lease(timeout=0) is None  # no shard gives work while paused
     r = cli_run(url, "job", "resume", name)
     assert r.exit_code == 0 and "resumed (all 3 shards)" in r.output
-    assert sharded.status(cclient, name).state == "running"
-    with ShardedTrainer(name, url=url, heartbeat=False) as st:
+    assert cclient.job(name).status().state == "running"
+    with taskq.Trainer(name, url=url, heartbeat=False) as st:
         for task in itertools.islice(st, 10):
             st.ack(task)
     r = cli_run(url, "job", "checkpoint", name, "--json")
@@ -599,14 +598,14 @@ def test_pause_checkpoint_and_rewind_act_on_every_shard_as_one(
     assert [c["id"] for c in json.loads(r.output)] == [ck["id"]]
     first = run_trainers(url, name, 2, idle_wait=0.05)
     assert len(first) == 2 * n - 10
-    assert sharded.status(cclient, name).state == "completed"
+    assert cclient.job(name).status().state == "completed"
     r = cli_run(url, "job", "rewind", name, ck["id"])
     assert r.exit_code == 0 and "10 done, 3 shards" in r.output, r.output
-    st_ = sharded.status(cclient, name)
+    st_ = cclient.job(name).status()
     assert (st_.state, st_.pass_no, st_.done) == ("running", 0, 10)
     again = run_trainers(url, name, 2, idle_wait=0.05)
     assert sorted(again) == sorted(first)  # the same work again, from the same point
-    assert sharded.status(cclient, name).state == "completed"
+    assert cclient.job(name).status().state == "completed"
     r = cli_run(url, "job", "rewind", name, "nosuch")
     assert r.exit_code != 0 and "no checkpoint 'nosuch'" in r.output
 
@@ -618,7 +617,7 @@ def test_a_checkpoint_across_a_pass_boundary_rewinds_to_one_pass(
     cclient.create_job(
         name, [{"i": i} for i in range(6)], shards=3, passes=3, auto_advance=False, replace=True
     )
-    sset = sharded.require(cclient, name)
+    sset = shardset.require(cclient, name)
     for shard in sset.shards:
         with taskq.Trainer(shard, url=cluster.url, heartbeat=False) as tr:
             for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
@@ -627,24 +626,24 @@ def test_a_checkpoint_across_a_pass_boundary_rewinds_to_one_pass(
     ck = cclient.checkpoint(name)
     assert [c["pass"] for c in ck["shards"]] == [1, 0, 0] and ck["job_state"] == "mixed"
     # the checkpoint's taker ran the barrier step after the cut: the half-way step is done
-    assert [s.pass_no for s in sharded.status(cclient, name).shards] == [1, 1, 1]
+    assert [s.pass_no for s in cclient.job(name).status().shards] == [1, 1, 1]
     assert cclient.rewind(name, ck["id"])
-    assert [s.pass_no for s in sharded.status(cclient, name).shards] == [1, 1, 1]
-    assert sharded.audit(cclient, name)["checks"]["passes_agree"]
+    assert [s.pass_no for s in cclient.job(name).status().shards] == [1, 1, 1]
+    assert cclient.job(name).audit()["checks"]["passes_agree"]
 
 
 def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
     client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, passes=2)
-    sset = sharded.require(client, job_name)
+    sset = shardset.require(client, job_name)
     for shard in sset.shards:  # every shard done with pass 0, nobody ran the step
         with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
             for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
                 tr.ack(task)
-    assert sharded.status(client, job_name).reason == "barrier"
+    assert client.job(job_name).status().reason == "barrier"
     assert sharded.advance_all(client)[job_name] == 1
-    assert sharded.status(client, job_name).state == "running"
+    assert client.job(job_name).status().state == "running"
     assert job_name not in sharded.advance_all(client)
 
 
@@ -652,8 +651,8 @@ def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
     client: taskq.Client, url: str, job_name: str
 ) -> None:
     client.create_job(job_name, [{"i": i} for i in range(6)], shards=3, passes=2)
-    sset = sharded.require(client, job_name)
-    trainers = [ShardedTrainer(job_name, url=url, heartbeat=False) for _ in range(6)]
+    sset = shardset.require(client, job_name)
+    trainers = [taskq.Trainer(job_name, url=url, heartbeat=False) for _ in range(6)]
     try:
         assert [t.home for t in trainers] == [0, 1, 2, 0, 1, 2]
         assert [t.registered_shards for t in trainers[:3]] == [[s] for s in sset.shards]
@@ -664,7 +663,7 @@ def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
     with taskq.Trainer(sset.shards[0], client=client, heartbeat=False) as other:
         for task in iter(lambda: other.lease(timeout=0, expect_pass=0), None):
             other.ack(task)
-    with ShardedTrainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.1) as tr:
+    with taskq.Trainer(job_name, url=url, home=0, heartbeat=False, idle_wait=0.1) as tr:
         first = next(iter(tr.passes()))
         got = []
         for task in first:
@@ -674,4 +673,4 @@ def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
         assert sorted(got) == [1, 2, 4, 5] and tr.taken_elsewhere == 4
         assert tr.registered_shards == [sset.shards[0]]
         assert all(client.workers(s) == [] for s in sset.shards[1:])
-        assert [s.pass_no for s in sharded.status(client, job_name).shards] == [1, 1, 1]
+        assert [s.pass_no for s in client.job(job_name).status().shards] == [1, 1, 1]

@@ -204,7 +204,16 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
     reply = client.scripts.call(
         "lease",
         keys.script,
-        [fast.job_incarnation, "fast", fast.incarnation, 1, 999, "S", -1, fast._session.secret],
+        [
+            fast.job_incarnation,
+            "fast",
+            fast.incarnation,
+            1,
+            999,
+            "S",
+            -1,
+            fast._worker._session.secret,
+        ],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING
     assert int(reply[2]) == 20 * median - 1100 + 1, "woken when a backup is due"

@@ -104,7 +104,7 @@ def test_the_failed_worker_waits_no_longer_than_the_backoff(client, job_name):
             999,
             "S",
             -1,
-            broken._session.secret,
+            broken._worker._session.secret,
         ],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING

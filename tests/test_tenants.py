@@ -206,6 +206,11 @@ def test_trainer_of_a_cannot_read_b(jobs: Jobs) -> None:
         ("SMEMBERS", "taskq:jobs"),
         ("SCAN", "0"),
         ("KEYS", "*"),
+        # client-side caching would push the names of B's changed keys (BCAST), or send
+        # pushes to another client's connection (REDIRECT)
+        ("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "taskq:"),
+        ("CLIENT", "TRACKING", "ON"),
+        ("CLIENT", "CACHING", "YES"),
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             jobs.raw_a.execute_command(*command)
@@ -221,11 +226,11 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
     assert task is not None
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     writes = {
-        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._session.secret],
-        "fail": [*who, "x", 1, task.id, task.token, holder._session.secret],
-        "release": [*who, 1, task.id, task.token, holder._session.secret],
-        "heartbeat": [*who, 99, 1, task.id, task.token, holder._session.secret],
-        "leave": [*who, holder._session.secret],
+        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._worker._session.secret],
+        "fail": [*who, "x", 1, task.id, task.token, holder._worker._session.secret],
+        "release": [*who, 1, task.id, task.token, holder._worker._session.secret],
+        "heartbeat": [*who, 99, 1, task.id, task.token, holder._worker._session.secret],
+        "leave": [*who, holder._worker._session.secret],
     }
     for verb, args in writes.items():
         refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args), jobs.user_a)
@@ -372,23 +377,21 @@ def test_within_a_a_raw_hdel_of_the_meta_breaks_the_job_until_replaced(jobs: Job
     assert jobs.admin.status(jobs.b).todo == 6  # B is out of its reach
 
 
-#: `redis.call` is bound to the library local `rcall` (lib/meta.lua, bind_globals)
+#: `redis.call` is bound to the local `rcall` in each Lua part and verb (`local rcall = redis.call`)
 LUA_CALL = re.compile(r"(?:\bredis\.p?call|\brcall)\(\s*'([A-Za-z]+)'\s*(?:,\s*(K_[A-Z0-9_]+))?")
 
 
 def library_calls(verbs: tuple[str, ...]) -> set[tuple[str, str | None]]:
     """(command, job key or None) of every redis.call in the shared definitions and in the
-    bodies of ``verbs`` (the library text as loaded: generated constants, _lib, verbs)."""
-    marker = "redis.register_function{function_name = '"
-    shared, *bodies = SOURCE.split(marker)
+    bodies of ``verbs`` (the library text as loaded: the generated ground, the lib/ parts,
+    then each verb's closure, ``VERBS.<verb> = (function() ... end)()``)."""
+    closure = re.compile(r"^VERBS\.(\w+) = \(function\(\)\n(.*?)\nend\)\(\)\n", re.S | re.M)
+    bodies = {m.group(1): m.group(2) for m in closure.finditer(SOURCE)}
+    first = SOURCE.index("\nVERBS.")
+    shared = SOURCE[:first] + SOURCE[SOURCE.index("\nBUILT = true", first) :]
+    assert set(verbs) <= set(bodies), "the library's layout changed: update this test"
     found = set()
-    texts = [shared]
-    for body in bodies:
-        name = body.split("'", 1)[0]
-        if name in {f"{LIBRARY}_{v}" for v in verbs}:
-            texts.append(body)
-    assert len(texts) == len(verbs) + 1, "the library's layout changed: update this test"
-    for text in texts:
+    for text in [shared, *(bodies[v] for v in verbs)]:
         for command, key in LUA_CALL.findall(text):
             found.add((command.upper(), key[2:].lower() if key else None))
     return found

@@ -19,7 +19,6 @@ from torch_helpers import gather, jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.trainer.sharded import ShardedTrainer
 
 KINDS = ["plain", "sharded"]
 
@@ -117,7 +116,7 @@ def test_one_loader_reads_a_job_of_either_kind(
 ) -> None:
     """The loader's happy path (2 workers, two passes) is the same on a plain job and a
     3-shard one: every row once per pass, "pass_complete" then "completed"; the sharded
-    trainer behind it is a ``ShardedTrainer``."""
+    trainer behind it takes its leases over the shards (``Trainer.sharded``)."""
     files, lines = 6, 10
     chunks = write_jsonl(tmp_path / "data", files, lines)
     _create(cclient, job_name, chunks, kind, passes=2)
@@ -129,7 +128,7 @@ def test_one_loader_reads_a_job_of_either_kind(
                 rows += rows_of(batch)
                 cur = loader.current
                 if cur is not None and cur.feeder.trainer is not None:
-                    kinds.append(isinstance(cur.feeder.trainer, ShardedTrainer))
+                    kinds.append(cur.feeder.trainer.sharded)
             epochs.append(sorted(rows))
             states.append(loader.state)
         assert list(loader) == []
@@ -183,13 +182,13 @@ def test_load_state_dict_rewinds_the_job_once(
 def test_sharded_lease_many_starts_acks_and_expects_a_pass(
     cclient: taskq.Client, job_name: str
 ) -> None:
-    """``ShardedTrainer.lease_many`` as the feeder calls it: reserved tasks (not
+    """A sharded job's ``Trainer.lease_many`` as the feeder calls it: reserved tasks (not
     started) from home, then the other shards'; ``n=0`` calls that only start or only
     ack, each on the task's shard; ``expect_pass=0`` gives [] once pass 0 is over on
     every shard, and ``expect_pass=1`` then the next pass's tasks (the barrier step run)."""
     _create(cclient, job_name, [{"i": i} for i in range(6)], "sharded", passes=2)
     with taskq.Trainer(job_name, client=cclient, heartbeat=False, home=0) as tr:
-        assert isinstance(tr, ShardedTrainer)
+        assert tr.sharded
         got: list[taskq.Task] = []
         while len(got) < 6:
             more = tr.lease_many(6, timeout=2, expect_pass=0, reserve=True)

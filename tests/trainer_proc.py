@@ -2,10 +2,12 @@
 
 Usage: trainer_proc.py URL JOB [--sleep S] [--prefetch K] [--log FILE] [--hold]
            [--heartbeat thread|process] [--worker-id ID] [--worker-ttl S] [--ack-on-stdin]
+           [--stamp]
 Prints "LEASED <id>" (flushed) when it gets a task; with --hold it then sleeps until
 signalled; with --ack-on-stdin it holds the task until a line arrives on stdin, acks it
 and prints "ACKED <id>" or "ACK REFUSED <error>", then leaves; each acked task is
-appended to --log as "<pass> <id> <token>".
+appended to --log as "<pass> <id> <token>" (with --stamp, then the wall-clock time of
+the ack's return).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     ap.add_argument("--worker-id", default=None)
     ap.add_argument("--worker-ttl", type=float, default=None)
     ap.add_argument("--ack-on-stdin", action="store_true")
+    ap.add_argument("--stamp", action="store_true")
     a = ap.parse_args()
     log = open(a.log, "a", buffering=1) if a.log else None
     with taskq.Trainer(
@@ -40,7 +43,9 @@ def main() -> int:
         worker_id=a.worker_id,
         worker_ttl=a.worker_ttl,
     ) as trainer:
-        helper = trainer._beats.helper.proc.pid if trainer._beats.helper else 0
+        helper = (
+            trainer._worker._heartbeat.helper.proc.pid if trainer._worker._heartbeat.helper else 0
+        )
         print(f"READY {os.getpid()} {helper}", flush=True)
         for task in trainer:
             print(f"LEASED {task.id}", flush=True)
@@ -58,7 +63,8 @@ def main() -> int:
             time.sleep(a.sleep)
             if log and not task.revoked.is_set():
                 trainer.ack(task)  # explicit, so the log holds only counted acks
-                log.write(f"{task.pass_no} {task.id} {task.token}\n")
+                stamp = f" {time.time():.3f}" if a.stamp else ""
+                log.write(f"{task.pass_no} {task.id} {task.token}{stamp}\n")
     return 0
 
 

@@ -1,13 +1,13 @@
 """A sharded job's barrier lock: the barrier step and a checkpoint's cut exclude each other.
 
 The barrier step (sharded.py) holds it while it moves the shards' passes, a checkpoint
-or rewind of the whole job (sharded_admin.py) while it takes or restores its cut, so no
+or rewind of the whole job (sharded.py) while it takes or restores its cut, so no
 pass moves under a cut. One string per sharded job (``keys.barrier_key``, beside the
 shard-set record), ``SET NX PX`` with a token: a holder that dies leaves it for its
 lifetime at most; the holder renews it (``keep()``) and deletes it only while it is
 still its own. A lock is not a proof: the cut also checks that no pass moved.
 
-Data flow: sharded.py (the step), sharded_admin.py (the cut) -> barrier.py -> Redis.
+Data flow: sharded.py (the step, the cut) -> barrier.py -> Redis.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 
-from taskq.admin.caller import Caller
-from taskq.engine.connection import translate
+from taskq.engine.connection import Connection, translate
 from taskq.keys import barrier_key
 
 #: How long an operator's ``next_pass`` waits for a checkpoint's cut to let go of the lock.
@@ -31,7 +30,7 @@ STEP_LOCK_MS = 2000
 
 @contextlib.contextmanager
 def barrier_lock(
-    client: Caller, name: str, holder: str, ttl_ms: int, wait_s: float = 0.0
+    conn: Connection, name: str, holder: str, ttl_ms: int, wait_s: float = 0.0
 ) -> Iterator[Callable[[], bool] | None]:
     """Hold sharded job ``name``'s barrier lock (``keys.barrier_key``) for the block.
 
@@ -49,25 +48,25 @@ def barrier_lock(
         ``keep``: renews the lock, False when it was lost (expired and taken); None when
         the lock could not be had within ``wait_s``.
     """
-    key = barrier_key(name, client.prefix)
+    key = barrier_key(name, conn.prefix)
     token = f"{holder}:{secrets.token_hex(8)}"
     deadline = time.monotonic() + wait_s
-    with translate(client.url):
-        while not client.redis.set(key, token, nx=True, px=ttl_ms):
+    with translate(conn.url):
+        while not conn.redis.set(key, token, nx=True, px=ttl_ms):
             if time.monotonic() >= deadline:
                 yield None
                 return
             time.sleep(0.02)
 
     def keep() -> bool:
-        with translate(client.url):
-            if client.redis.get(key) != token:
+        with translate(conn.url):
+            if conn.redis.get(key) != token:
                 return False
-            return bool(client.redis.pexpire(key, ttl_ms))
+            return bool(conn.redis.pexpire(key, ttl_ms))
 
     try:
         yield keep
     finally:
-        with translate(client.url):
-            if client.redis.get(key) == token:  # not one taken after ours expired
-                client.redis.delete(key)
+        with translate(conn.url):
+            if conn.redis.get(key) == token:  # not one taken after ours expired
+                conn.redis.delete(key)

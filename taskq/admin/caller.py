@@ -1,86 +1,24 @@
-"""What the modules below the admin client use of it: ``Link``, ``Caller``, ``Job``, ``Admin``.
+"""The surface of a job's handle: ``Job``, one ``typing.Protocol`` for both kinds.
 
-Four ``typing.Protocol`` s, so that no module below client.py imports it (no import
-circle, also at type level): ``Link`` is one Redis connection, the job keys and ``run``
-— one script call — which is all a trainer's wire needs; ``Caller`` is the engine's side
-of a ``taskq.Client`` (a ``Link``, its function library, and the two client verbs the
-engine modules call back: ``status`` and ``create_job``);
-``Job`` is the verbs of one job's handle (``Client.job(name)``: jobs.py, sharded_job.py);
-``Admin`` adds what the operating modules (exporter.py, reaper.py) read: the handle, the
-job index, events, one reap step. ``taskq.Client`` (client.py) satisfies all four; a
-test double may satisfy one.
+``Client.job(name)`` (client.py) gives a ``PlainJob`` (jobs.py) or a ``ShardedJob``
+(sharded.py); both implement ``Job``, as redis-py keeps ``Redis`` and ``RedisCluster`` as
+two implementations of one command surface. A new admin verb is a method here, in both
+handles and in the CLI; ``Client``'s name-taking verbs call ``self.job(name)``.
 
-Data flow: none at run time (types only): barrier.py, checkpoints.py, stats.py,
-shardset.py, sharded*.py, jobs.py, protocol.py, exporter.py, reaper.py -> caller.py.
+Data flow: none at run time (types only): client.py, cli/, ops/ -> caller.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from taskq.engine.connection import Connection
 from taskq.engine.contract import PAGE_MAX
-from taskq.engine.transport import Scripts
-from taskq.keys import JobKeys
 from taskq.models import JobStatus
 
 #: What ``rewind`` takes: a checkpoint's id, or the record ``checkpoint`` returned.
 CheckpointRef = str | dict[str, Any]
-
-
-class Link(Protocol):
-    """One connection and one script call: what a trainer's wire (trainer/protocol.py)
-    calls through. ``taskq.Client`` and its connection part (``Client.caller``) both are
-    one."""
-
-    @property
-    def redis(self) -> Any:
-        """redis.Redis, RedisCluster or a Sentinel master (untyped replies)."""
-        ...
-
-    @property
-    def url(self) -> str:
-        """The URL, for error messages (``"<given client>"`` for a given one)."""
-        ...
-
-    def keys(self, job: str) -> JobKeys:
-        """The keys of ``job`` (validates the name)."""
-        ...
-
-    def run(
-        self,
-        job: str,
-        verb: str,
-        args: Sequence[Any],
-        extra_keys: Sequence[str] = (),
-        passthrough: Container[int] = (),
-    ) -> Any:
-        """One operation's script on ``job``; negative codes raise, except
-        ``passthrough`` ones."""
-        ...
-
-
-class Caller(Link, Protocol):
-    """The engine's side of a ``taskq.Client``: its connection and one script call (a
-    ``Link``), the key prefix, the function library, and two client verbs."""
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of every taskq key."""
-        ...
-
-    @property
-    def scripts(self) -> Scripts:
-        """The function library on this connection (engine/transport.py)."""
-        ...
-
-    def status(self, name: str, summaries: int = 20) -> JobStatus:
-        """A snapshot of job ``name`` (``Client.status``)."""
-        ...
-
-    def create_job(self, name: str, chunks: Iterable[Any], *args: Any, **settings: Any) -> Any:
-        """Create (or replace) a job (``Client.create_job``)."""
-        ...
 
 
 class Job(Protocol):
@@ -89,7 +27,7 @@ class Job(Protocol):
     Task ids are the job's own: a sharded job's global ids (task ``i`` of the whole job).
     """
 
-    client: Caller
+    connection: Connection
     name: str
 
     @property
@@ -135,31 +73,3 @@ class Job(Protocol):
         self, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
     ) -> tuple[int, bool, bool]: ...
     def advance_clock(self, ms: int, silent: bool = False) -> int: ...
-
-
-class Admin(Caller, Protocol):
-    """What the operating modules (exporter, reaper) use of a ``taskq.Client``."""
-
-    def job(self, name: str) -> Job:
-        """The handle of job ``name`` (``Client.job``)."""
-        ...
-
-    def list_jobs(self, sharded: bool = False) -> list[str]:
-        """The job index, sorted (``Client.list_jobs``)."""
-        ...
-
-    def memory_policy(self) -> str | None:
-        """Redis's ``maxmemory-policy``, None when unreadable."""
-        ...
-
-    def latest_events(
-        self, name: str, kind: str, limit: int, scan: int = 1000
-    ) -> list[dict[str, str]]:
-        """The newest ``limit`` events of type ``kind`` (``Client.latest_events``)."""
-        ...
-
-    def reap(
-        self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
-    ) -> tuple[int, bool, bool]:
-        """Reclaim expired leases of ``name`` once (``Client.reap``)."""
-        ...

@@ -12,7 +12,7 @@ It runs in bounded steps fenced by a rewind epoch: a rewind superseded by anothe
 its next call, and repeating a rewind finishes a half-done one. Semantics: docs/design.md
 ("Progress, checkpoints, rewind") and docs/resume.md.
 
-Data flow: client.py (checkpoint / rewind / checkpoints) -> checkpoints.py -> engine/transport.py
+Data flow: the job handle (jobs.py: checkpoint / rewind / checkpoints) -> checkpoints.py -> engine/transport.py
 (checkpoint.lua, rewind.lua) -> Redis; the torch loader's state_dict names a checkpoint.
 """
 
@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taskq import errors
-from taskq.engine.connection import translate
+from taskq.admin import stats
+from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import Code
 from taskq.keys import valid_job_name
-
-if TYPE_CHECKING:
-    from taskq.admin.caller import Caller as Client  # the client as its modules below see it
 
 DEFAULT_KEEP = 20
 
@@ -52,7 +50,7 @@ def _check(job: str, ckpt: str) -> None:
 
 
 def checkpoint(
-    client: Client, job: str, keep: int = DEFAULT_KEEP, ckpt: str | None = None
+    conn: Connection, job: str, keep: int = DEFAULT_KEEP, ckpt: str | None = None
 ) -> dict[str, Any]:
     """Record ``job``'s position under a new checkpoint id.
 
@@ -60,7 +58,7 @@ def checkpoint(
     end, while trainers lease and ack); the calls after it only copy what it took.
 
     Args:
-        client: the admin client.
+        conn: the connection (a ``taskq.Client`` is one too).
         job: the job name.
         keep: how many sealed checkpoints of the job to keep (the oldest go), 1-1000.
         ckpt: the id to use (default: a new time-ordered one); an id already sealed is
@@ -77,25 +75,25 @@ def checkpoint(
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
     ckpt = ckpt or new_id()
     _check(job, ckpt)
-    reply = client.run(job, "checkpoint", ["", ckpt, "begin", keep])
+    reply = conn.run(job, "checkpoint", ["", ckpt, "begin", keep])
     code = int(reply[0])
     if code == Code.LOCKED:
         raise errors.TaskqError(f"job {job!r}: a rewind is in progress; checkpoint after it")
     if code == Code.DUP:
-        return get(client, job, ckpt)
+        return get(conn, job, ckpt)
     k, cursor = 0, "0"
     while True:
-        r = _step(client, job, ckpt, "checkpoint", ["prog", k, cursor])
+        r = _step(conn, job, ckpt, "checkpoint", ["prog", k, cursor])
         cursor = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
         k += 1
         if cursor == "0":
             break
-    _step(client, job, ckpt, "checkpoint", ["seal", keep])
-    return get(client, job, ckpt)
+    _step(conn, job, ckpt, "checkpoint", ["seal", keep])
+    return get(conn, job, ckpt)
 
 
-def _step(client: Client, job: str, ckpt: str, verb: str, step: list[Any]) -> Any:
-    reply = client.run(job, verb, ["", ckpt, *step])
+def _step(conn: Connection, job: str, ckpt: str, verb: str, step: list[Any]) -> Any:
+    reply = conn.run(job, verb, ["", ckpt, *step])
     code = int(reply[0])
     if code == Code.STALE:
         what = "checkpoint" if verb == "checkpoint" else "rewind"
@@ -113,7 +111,7 @@ def _decode(raw: Any) -> dict[str, Any]:
     return rec
 
 
-def get(client: Client, job: str, ckpt: str) -> dict[str, Any]:
+def get(conn: Connection, job: str, ckpt: str) -> dict[str, Any]:
     """One sealed checkpoint's record.
 
     Raises:
@@ -121,9 +119,9 @@ def get(client: Client, job: str, ckpt: str) -> dict[str, Any]:
         JobNotFound: no such job.
     """
     _check(job, ckpt)
-    keys = client.keys(job)
-    with translate(client.url, keys, client.redis):
-        exists, raw = client.redis.exists(keys.meta), client.redis.hget(keys.ckpt, ckpt)
+    keys = conn.keys(job)
+    with translate(conn.url, keys, conn.redis):
+        exists, raw = conn.redis.exists(keys.meta), conn.redis.hget(keys.ckpt, ckpt)
     if not exists:
         raise errors.JobNotFound(f"job {job!r} not found (deleted or replaced)")
     if raw is None or json.loads(raw).get("state") != "sealed":
@@ -133,26 +131,26 @@ def get(client: Client, job: str, ckpt: str) -> dict[str, Any]:
     return _decode(raw)
 
 
-def listing(client: Client, job: str) -> list[dict[str, Any]]:
+def listing(conn: Connection, job: str) -> list[dict[str, Any]]:
     """The job's sealed checkpoints, oldest first (at most ``keep`` of them).
 
     Raises:
         JobNotFound: no such job.
     """
-    keys = client.keys(job)
-    with translate(client.url, keys, client.redis):
-        pipe = client.redis.pipeline(transaction=False)
+    keys = conn.keys(job)
+    with translate(conn.url, keys, conn.redis):
+        pipe = conn.redis.pipeline(transaction=False)
         pipe.exists(keys.meta)
         pipe.zrange(keys.ckpts, 0, -1)
         exists, ids = pipe.execute()
         if not exists:
             raise errors.JobNotFound(f"job {job!r} not found (deleted or replaced)")
-        raws = client.redis.hmget(keys.ckpt, ids) if ids else []
+        raws = conn.redis.hmget(keys.ckpt, ids) if ids else []
     return [_decode(r) for r in raws if r is not None]
 
 
 def rewind(
-    client: Client, job: str, ckpt: str | dict[str, Any], once: bool = False, key: str = ""
+    conn: Connection, job: str, ckpt: str | dict[str, Any], once: bool = False, key: str = ""
 ) -> bool:
     """Put ``job`` back to checkpoint ``ckpt``.
 
@@ -165,7 +163,7 @@ def rewind(
     repeating it is safe.
 
     Args:
-        client: the admin client.
+        conn: the connection (a ``taskq.Client`` is one too).
         job: the job name.
         ckpt: a sealed checkpoint of the job: its id, or the record ``checkpoint()``
             returned.
@@ -191,8 +189,8 @@ def rewind(
         )
     if not isinstance(key, str) or len(key) > 200:
         raise errors.InvalidInput(f"rewind key must be a string of at most 200 chars, got {key!r}")
-    get(client, job, ckpt)  # a readable error for an unknown id
-    reply = client.run(job, "rewind", ["", ckpt, "begin", int(once), key])
+    get(conn, job, ckpt)  # a readable error for an unknown id
+    reply = conn.run(job, "rewind", ["", ckpt, "begin", int(once), key])
     code = int(reply[0])
     if code == Code.DUP:
         return False
@@ -203,8 +201,8 @@ def rewind(
     # walk that puts what was unfinished at the cut in the front, the summaries' marks
     for step, pages in zip(_REWIND_STEPS, reply[2:7], strict=True):
         for k in range(int(pages)):
-            _step(client, job, ckpt, "rewind", [step, k, epoch])
-    _step(client, job, ckpt, "rewind", ["seal", 0, epoch])
+            _step(conn, job, ckpt, "rewind", [step, k, epoch])
+    _step(conn, job, ckpt, "rewind", ["seal", 0, epoch])
     return True
 
 
@@ -231,13 +229,13 @@ def state_of(job: str, record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
+def restore(conn: Connection, state: dict[str, Any], key: str = "") -> bool:
     """Rewind the job a loader state names to its checkpoint, once: what every restarted
     trainer (and DataLoader worker) loading the same state calls; the first one rewinds,
     the others find the job already there (``rewind(..., once=True)``).
 
     Args:
-        client: the admin client.
+        conn: the connection (a ``taskq.Client`` is one too).
         state: a dict made by ``state_of``.
         key: what identifies this restart of the trainers (see ``rewind``); without it, a
             trainer that loads the state after another one already acked work rewinds
@@ -259,9 +257,14 @@ def restore(client: Client, state: dict[str, Any], key: str = "") -> bool:
         raise errors.InvalidInput(f"not a taskq loader state: {state!r}")
     job, ckpt = state["job"], state["checkpoint"]
     inc = state.get("incarnation")
-    if inc and client.status(job, summaries=0).incarnation != inc:
+    if inc and _incarnation(conn, job) != inc:
         raise errors.InvalidInput(
             f"job {job!r}: the state names checkpoint {ckpt} of an earlier incarnation of the "
             f"job (it was created again since); its position cannot be restored"
         )
-    return rewind(client, job, ckpt, once=True, key=key)
+    return rewind(conn, job, ckpt, once=True, key=key)
+
+
+def _incarnation(conn: Connection, job: str) -> str:
+    with translate(conn.url, conn.keys(job), conn.redis):
+        return str(stats.snapshot(conn, job, summaries=0).incarnation)

@@ -1,57 +1,43 @@
 """The admin API: create, inspect, advance, retry, cancel and delete jobs.
 
-The CLI calls this module and makes no Redis calls of its own; every state change is
-one Lua script call (engine/transport.py), every read goes through stats.py.
+``Client`` is the connection (engine/connection.py's ``Connection``: the redis-py client,
+URL, key prefix, function library, job keys, ``run``), job creation (``create_job``: a
+plain job is jobs.py's ``create``, a sharded one sharded.py's), the job index
+(``list_jobs``, ``repair_index``), the Redis checks, and ``job(name)``: the job's handle,
+a ``PlainJob`` (jobs.py) or a ``ShardedJob`` (sharded.py), told apart here once, by the
+shard-set record. Every other method takes a job name and is one call of its handle's
+verb (``caller.Job``), kept as the public API; the verbs themselves are written in the
+handles only. The CLI calls this module and makes no Redis calls of its own.
 
-``Client`` is a facade over parts that each own their state, composed here (no part
-inherits from another): the connection (``Connection``, client_conn.py: the redis-py
-client, URL, key prefix, function library, job keys, ``run``, the job index), the reads
-(``Reads``, client_reads.py), the job's life (``Lifecycle``, client_jobs.py: create,
-delete, cancel, pause, resume), the running job's verbs (``Operations``, client_ops.py:
-passes, tasks, checkpoints, the clock, reaping) and the handles (``Handles``,
-``open_job``, client_handles.py: the one place a plain job and a sharded one are told
-apart). Every method that takes a job name is the job handle's verb; each method here
-hands its call to its part, whose docstring it carries. A dropped client is freed at once
-(the handles part holds it weakly: no reference cycle). The modules below see a
-``Client`` through the Protocols of caller.py and import none of this.
-
-Data flow: CLI / user code -> client.py -> client_*.py (the parts) -> client_handles.py
-(the job's handle: jobs.py / sharded_job.py) -> engine/transport.py -> Redis; reads -> stats.py.
+Data flow: CLI / user code -> client.py -> the job's handle (jobs.py / sharded.py) ->
+engine/connection.py (``run``) -> engine/transport.py -> Redis; reads -> stats.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from taskq.admin import checkpoints
+from taskq.admin import checkpoints, jobs, sharded, stats
 from taskq.admin.caller import Job
-from taskq.admin.client_conn import Connection
-from taskq.admin.client_handles import Handles, open_job
-from taskq.admin.client_jobs import STAGING_BATCH as STAGING_BATCH
-from taskq.admin.client_jobs import STAGING_TTL_S as STAGING_TTL_S
-from taskq.admin.client_jobs import Lifecycle
-from taskq.admin.client_ops import Operations
-from taskq.admin.client_reads import Reads
-from taskq.config import encode_tasks, validate_config
+from taskq.admin.jobs import STAGING_BATCH as STAGING_BATCH
+from taskq.admin.jobs import STAGING_TTL_S as STAGING_TTL_S
+from taskq.admin.jobs import PlainJob, check_name, iter_tasks
+from taskq.admin.shardset import load
+from taskq.config import check_memory_policy, encode_tasks, validate_config
+from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import PAGE_MAX
 from taskq.engine.transport import Scripts
-from taskq.keys import JobKeys
-from taskq.models import JobStatus
+from taskq.keys import (
+    JobKeys,
+    job_from_meta_key,
+    jobs_index,
+    meta_pattern,
+    shard_sets_index,
+)
+from taskq.models import JobConfig, JobStatus
 
 __all__ = ["Client", "connect", "encode_tasks", "validate_config"]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _doc(part_method: Callable[..., Any]) -> Callable[[_F], _F]:
-    """The facade's method carries the docstring of the part's method it calls."""
-
-    def carry(method: _F) -> _F:
-        method.__doc__ = part_method.__doc__
-        return method
-
-    return carry
 
 
 class Client:
@@ -89,7 +75,7 @@ class Client:
         socket_timeout: float = 10.0,
         allow_eviction: bool = False,
     ) -> None:
-        self._conn = Connection(
+        self.connection = Connection(
             url,
             redis_client=redis_client,
             key_prefix=key_prefix,
@@ -98,48 +84,37 @@ class Client:
             socket_timeout=socket_timeout,
             allow_eviction=allow_eviction,
         )
-        handles = Handles(self)  # holds this client weakly: no reference cycle
-        self._reads = Reads(handles.job)
-        self._life = Lifecycle(self._conn, handles)
-        self._ops = Operations(handles.job)
 
-    # -- the connection (client_conn.py) ------------------------------------------
-    @property
-    def caller(self) -> Connection:
-        """The connection part, which the engine's callers (a trainer's wire) call through
-        directly: this facade's ``run`` would be one call more on every step."""
-        return self._conn
-
+    # -- the connection -----------------------------------------------------------
     @property
     def redis(self) -> Any:
         """The redis-py client: ``redis.Redis``, ``RedisCluster`` or a Sentinel master."""
-        return self._conn.redis
+        return self.connection.redis
 
     @property
     def url(self) -> str:
         """The Redis URL (``"<given client>"`` for a ``redis_client``)."""
-        return self._conn.url
+        return self.connection.url
 
     @property
     def prefix(self) -> str:
         """The prefix of every taskq key."""
-        return self._conn.prefix
+        return self.connection.prefix
 
     @property
     def scripts(self) -> Scripts:
         """The function library on this connection (engine/transport.py)."""
-        return self._conn.scripts
+        return self.connection.scripts
 
     @property
     def allow_eviction(self) -> bool:
         """Whether ``create_job`` runs on a Redis that may evict keys."""
-        return self._conn.allow_eviction
+        return self.connection.allow_eviction
 
-    @_doc(Connection.keys)
     def keys(self, job: str) -> JobKeys:
-        return self._conn.keys(job)
+        """The keys of ``job`` (validates the name)."""
+        return self.connection.keys(job)
 
-    @_doc(Connection.run)
     def run(
         self,
         job: str,
@@ -148,92 +123,82 @@ class Client:
         extra_keys: Sequence[str] = (),
         passthrough: Container[int] = (),
     ) -> Any:
-        return self._conn.run(job, verb, args, extra_keys, passthrough)
+        """Run one operation's script on ``job``; negative codes raise their error, except
+        those in ``passthrough``, which the caller handles from the reply."""
+        return self.connection.run(job, verb, args, extra_keys, passthrough)
 
-    @_doc(Connection.ping)
     def ping(self) -> None:
-        self._conn.ping()
+        """Raise ``ConnectionLost`` unless Redis answers."""
+        self.connection.ping()
 
-    @_doc(Connection.memory_policy)
     def memory_policy(self) -> str | None:
-        return self._conn.memory_policy()
-
-    @_doc(Connection.check_memory_policy)
-    def check_memory_policy(self) -> None:
-        self._conn.check_memory_policy()
-
-    @_doc(Connection.list_jobs)
-    def list_jobs(self, sharded: bool = False) -> list[str]:
-        return self._conn.list_jobs(sharded)
-
-    @_doc(Connection.repair_index)
-    def repair_index(self) -> tuple[list[str], list[str]]:
-        return self._conn.repair_index()
-
-    # -- the handles (client_handles.py) ------------------------------------------
-    def job(self, name: str) -> Job:
-        """The handle of job ``name``, plain or sharded, whose verbs (status, audit,
-        tasks, retry, next, reset, pause, resume, cancel, delete, replace, checkpoint,
-        checkpoints, rewind, events, workers) work the same for both (jobs.py,
-        sharded_job.py). Every method of this class that takes a job name goes through
-        it.
+        """Redis's ``maxmemory-policy`` (the worst of a cluster's nodes), or None when
+        this user may not read it (INFO is an admin command under the ACLs of
+        deploy/redis/acl.conf).
 
         Raises:
-            InvalidInput: a bad name. ConnectionLost.
+            ConnectionLost: Redis is unreachable.
         """
-        return open_job(self, name)
+        with translate(self.url):
+            return stats.memory_policy(self.redis)
 
-    # -- reading (client_reads.py) ------------------------------------------------
-    @_doc(Reads.status)
-    def status(self, name: str, summaries: int = 20) -> JobStatus:
-        return self._reads.status(name, summaries)
+    def check_memory_policy(self) -> None:
+        """Refuse a Redis that may evict taskq's keys (unless ``allow_eviction``).
 
-    @_doc(Reads.task)
-    def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
-        return self._reads.task(name, task_id, history)
+        Raises:
+            InvalidConfig: the policy is readable and not ``noeviction``.
+        """
+        if not self.allow_eviction:
+            check_memory_policy(self.memory_policy(), self.url)
 
-    @_doc(Reads.tasks_page)
-    def tasks_page(
-        self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
-    ) -> tuple[list[dict[str, Any]], str]:
-        return self._reads.tasks_page(name, state, cursor, count)
+    # -- the job index ------------------------------------------------------------
+    def list_jobs(self, sharded: bool = False) -> list[str]:
+        """Names of the jobs in the index, sorted (a sharded job's shards are jobs there).
 
-    @_doc(Reads.iter_tasks)
-    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
-        return self._reads.iter_tasks(name, state)
+        Args:
+            sharded: add the sharded jobs' own names (``taskq job list`` shows both).
+        """
+        with translate(self.url):
+            names = set(self.redis.smembers(jobs_index(self.prefix)))
+            if sharded:
+                names |= set(self.redis.smembers(shard_sets_index(self.prefix)))
+        return sorted(names)
 
-    @_doc(Reads.tasks)
-    def tasks(
-        self, name: str, state: str = "leased", limit: int = 100, details: bool = False
-    ) -> list[dict[str, Any]]:
-        return self._reads.tasks(name, state, limit, details)
+    def repair_index(self) -> tuple[list[str], list[str]]:
+        """Rebuild the job index from the jobs' meta keys (after an interrupted create
+        or delete). Returns (added, removed)."""
+        with translate(self.url):
+            found = set()
+            for key in self.redis.scan_iter(match=meta_pattern(self.prefix), count=1000):
+                job = job_from_meta_key(key, self.prefix)
+                if job:
+                    found.add(job)
+            listed = set(self.redis.smembers(jobs_index(self.prefix)))
+            added, removed = sorted(found - listed), sorted(listed - found)
+            if added:
+                self.redis.sadd(jobs_index(self.prefix), *added)
+            if removed:
+                self.redis.srem(jobs_index(self.prefix), *removed)
+        return added, removed
 
-    @_doc(Reads.workers)
-    def workers(self, name: str) -> list[dict[str, Any]]:
-        return self._reads.workers(name)
+    # -- jobs -----------------------------------------------------------------------
+    def job(self, name: str) -> Job:
+        """The handle of job ``name``: a ``ShardedJob`` (sharded.py) when a shard-set
+        record of that name exists, else a ``PlainJob`` (jobs.py); their verbs (status,
+        audit, tasks, retry, next, reset, pause, resume, cancel, delete, replace,
+        checkpoint, checkpoints, rewind, events, workers, ...: ``caller.Job``) work the
+        same for both. Every method of this class that takes a job name calls it.
 
-    @_doc(Reads.events)
-    def events(
-        self, name: str, since: str = "-", count: int = 100, block_ms: int | None = None
-    ) -> list[tuple[str, dict[str, str]]]:
-        return self._reads.events(name, since, count, block_ms)
+        Raises:
+            InvalidInput: a bad name. ConnectionLost. CorruptData: an unreadable
+            shard-set record.
+        """
+        check_name(name)
+        sset = load(self.connection, name)
+        if sset is None:
+            return PlainJob(self.connection, name)
+        return sharded.ShardedJob(self.connection, sset)
 
-    @_doc(Reads.latest_events)
-    def latest_events(
-        self, name: str, kind: str, limit: int, scan: int = 1000
-    ) -> list[dict[str, str]]:
-        return self._reads.latest_events(name, kind, limit, scan)
-
-    @_doc(Reads.first_lease_ms)
-    def first_lease_ms(self, name: str) -> int | None:
-        return self._reads.first_lease_ms(name)
-
-    @_doc(Reads.audit)
-    def audit(self, name: str) -> dict[str, Any]:
-        return self._reads.audit(name)
-
-    # -- the job's life (client_jobs.py) ------------------------------------------
-    @_doc(Lifecycle.create_job)
     def create_job(
         self,
         name: str,
@@ -256,9 +221,50 @@ class Client:
         shards: int = 1,
         split_tails: bool = False,
     ) -> JobStatus:
-        return self._life.create_job(
-            name,
-            chunks,
+        """Create (or replace) a job: validated first, staged, then flipped live at once.
+
+        Args:
+            name: job name, ``[A-Za-z0-9._-]{1,64}``.
+            chunks: JSON-able chunk descriptors, in order.
+            chunks_per_task: chunks per task (the unit leased).
+            passes: number of passes, or None to run until cancelled.
+            worker_ttl: seconds of silence after which a worker is lost.
+            heartbeat_interval: seconds between a trainer's heartbeats (< worker_ttl).
+            task_timeout: "auto", seconds, or None for no cap on one lease's run time.
+            max_failures: failures (fail, timeout) before a task is dead.
+            max_attempts: started leases ending without an ack before a task is dead.
+            shuffle: a seeded new order every pass.
+            seed: the shuffle seed.
+            auto_advance: start the next pass by itself (else wait for ``next_pass``).
+            replace: replace an existing job (a new incarnation).
+            manual_clock: tests only: the job's clock moves by ``advance_clock``.
+            progress: called with (tasks_written, total) while staging.
+            backup_leases: at the tail of a pass an idle trainer may take a backup lease
+                of a task that has run longer than ``backup_factor`` x the job's median
+                task time; the first ack wins (docs/trainers.md, "Tails"). Off by
+                default: a backup does the task's work twice, which for a training loop
+                means its samples twice in the pass.
+            backup_factor: that k (> 1).
+            shards: S > 1 spreads the job over S shards on different cluster masters,
+                one pass for all (sharded.py's ``create``; it returns a ``ShardedStatus``).
+            split_tails: at the tail of a pass an idle trainer may take the unread end of
+                a started task running long (its holder's lease then ends there); each
+                sample is still read once. Needs the task's size, which a holder sends
+                with its progress (docs/design.md, "Tail splitting"). Off by default
+                until a split is accounted by every verb (checkpoint, rewind, retry,
+                timeout, steal, a Redis rollback, the DDP pass end).
+
+        Returns:
+            The new job's status.
+
+        Raises:
+            InvalidInput: bad name, config or chunks (nothing written); InvalidConfig
+                (a subclass) for a setting out of range or a Redis that may evict keys
+                (see ``allow_eviction``).
+            JobExists: the name is taken and ``replace`` is false (pass ``replace=True``).
+            ConnectionLost: Redis is unreachable.
+        """
+        cfg = JobConfig(
             chunks_per_task=chunks_per_task,
             passes=passes,
             worker_ttl=worker_ttl,
@@ -269,77 +275,268 @@ class Client:
             shuffle=shuffle,
             seed=seed,
             auto_advance=auto_advance,
-            replace=replace,
             manual_clock=manual_clock,
-            progress=progress,
-            backup_leases=backup_leases,
-            backup_factor=backup_factor,
-            shards=shards,
             split_tails=split_tails,
         )
+        if shards != 1:
+            return sharded.create(
+                self.connection,
+                name,
+                chunks,
+                shards,
+                cfg,
+                replace,
+                backup_leases=backup_leases,
+                backup_factor=backup_factor,
+            )
+        return jobs.create(
+            self.connection, name, chunks, cfg, replace, progress, backup_leases, backup_factor
+        )
 
-    @_doc(Lifecycle.delete_job)
+    # -- each a verb of the job's handle (caller.Job) --------------------------------
+    def status(self, name: str, summaries: int = 20) -> JobStatus:
+        """A snapshot of ``name`` (O(1) in its number of tasks; a sharded job: the sums,
+        each shard's status in ``.shards``).
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        return self.job(name).status(summaries)
+
+    def task(self, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+        """One task of ``name``: state (todo, leased, done, dead), chunks, lease holder,
+        failures, attempts, last error, and its latest ``history`` events (a sharded
+        job: ``task_id`` is the task's id in the whole job).
+
+        Raises:
+            InvalidInput: no such task. JobNotFound, CorruptData.
+        """
+        return self.job(name).task(task_id, history)
+
+    def tasks_page(
+        self, name: str, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
+    ) -> tuple[list[dict[str, Any]], str]:
+        """One page of the tasks of the current pass in ``state`` (one bounded call).
+
+        Args:
+            name: the job.
+            state: todo | leased | done | dead.
+            cursor: "0" for the first page, then the cursor the last page returned.
+            count: the most rows of this page, 1..``PAGE_MAX`` (a page may hold fewer and
+                still not be the last one, as SCAN's do).
+
+        Returns:
+            (rows, next cursor); the listing is complete when the cursor is "0".
+
+        Raises:
+            InvalidInput: a bad state, cursor or count. JobNotFound.
+        """
+        return self.job(name).tasks_page(state, cursor, count)
+
+    def iter_tasks(self, name: str, state: str = "leased") -> Iterator[dict[str, Any]]:
+        """Every task of the current pass in ``state``, page by page (each page one
+        bounded call; a task changing state meanwhile may be listed twice or missed)."""
+        return iter_tasks(self.job(name), state)
+
+    def tasks(
+        self, name: str, state: str = "leased", limit: int = 100, details: bool = False
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` tasks of the current pass in ``state`` (todo|leased|done|dead),
+        read page by page (no call lists more than ``PAGE_MAX``).
+
+        Args:
+            details: add each task's ``chunks`` and ``last_error`` (from the newest
+                events; bounded).
+        """
+        return self.job(name).tasks(state, limit, details)
+
+    def workers(self, name: str) -> list[dict[str, Any]]:
+        """The registered workers of ``name`` with their lease counts (a sharded job:
+        every shard's, each row naming its ``shard``)."""
+        return self.job(name).workers()
+
+    def events(
+        self, name: str, since: str = "-", count: int = 100, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events after ``since`` ("-" for the oldest kept), oldest first."""
+        return self.job(name).events(since, count, block_ms)
+
+    def latest_events(
+        self, name: str, kind: str, limit: int, scan: int = 1000
+    ) -> list[dict[str, str]]:
+        """The newest ``limit`` events of type ``kind`` among the newest ``scan`` events,
+        oldest first (bounded)."""
+        return self.job(name).latest_events(kind, limit, scan)
+
+    def first_lease_ms(self, name: str) -> int | None:
+        """When pass 0's first lease was granted (server ms), if still in the events."""
+        return self.job(name).first_lease_ms()
+
+    def audit(self, name: str) -> dict[str, Any]:
+        """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
+        check that the counters agree with the sets they count (a sharded job: every
+        shard's, and whether the shards agree)."""
+        return self.job(name).audit()
+
     def delete_job(self, name: str) -> None:
-        self._life.delete_job(name)
+        """Delete every key of ``name`` (a sharded job: every shard and its record); its
+        trainers get ``JobNotFound``.
 
-    @_doc(Lifecycle.cancel_job)
+        Raises:
+            JobNotFound: no such job.
+        """
+        self.job(name).delete()
+
     def cancel_job(self, name: str) -> None:
-        self._life.cancel_job(name)
+        """Cancel ``name``: every lease is revoked; trainers' loops end (a sharded job:
+        every shard).
 
-    @_doc(Lifecycle.pause_job)
+        Raises:
+            JobNotFound, JobCompleted.
+        """
+        self.job(name).cancel()
+
     def pause_job(self, name: str) -> None:
-        self._life.pause_job(name)
+        """Pause ``name``: trainers get no new leases (they wait, without polling, as in
+        a waiting state) and keep what they hold; acks and heartbeats go on. Passes may
+        still end and start. Idempotent. A sharded job: every shard.
 
-    @_doc(Lifecycle.resume_job)
+        Raises:
+            JobNotFound, JobCompleted, JobCancelled.
+        """
+        self.job(name).pause()
+
     def resume_job(self, name: str) -> None:
-        self._life.resume_job(name)
+        """End a pause: every waiting trainer is woken to lease again. Idempotent. A
+        sharded job: every shard.
 
-    # -- the running job (client_ops.py) ------------------------------------------
-    @_doc(Operations.next_pass)
+        Raises:
+            JobNotFound.
+        """
+        self.job(name).resume()
+
     def next_pass(self, name: str, expected_pass: int | None = None, force: bool = False) -> int:
-        return self._ops.next_pass(name, expected_pass, force)
+        """Start the next pass of a job waiting at a manual boundary.
 
-    @_doc(Operations.reset_pass)
+        Args:
+            expected_pass: the pass the caller believes current (compare-and-set);
+                the current one when None.
+            force: skip what is left of an incomplete pass (recorded as skipped).
+
+        Returns:
+            The pass number after the call.
+
+        Raises:
+            PassIncomplete: work left and no force. PassMismatch: ``expected_pass`` is not
+            the current pass (the message says which is, and whether it moved on or was
+            never reached). JobCompleted, JobCancelled, JobNotFound.
+        """
+        return self.job(name).next(expected_pass, force)
+
     def reset_pass(self, name: str, expected_pass: int | None = None) -> int:
-        return self._ops.reset_pass(name, expected_pass)
+        """Restart the current pass (a new attempt; its leases become stale).
 
-    @_doc(Operations.retry)
+        Returns:
+            The pass restarted.
+
+        Raises:
+            PassMismatch: ``expected_pass`` is not the current pass. JobNotFound, ...
+        """
+        return self.job(name).reset(expected_pass)
+
     def retry(self, name: str, task_ids: Sequence[int] | None = None) -> int:
-        return self._ops.retry(name, task_ids)
+        """Put dead tasks (all of them when ``task_ids`` is None) back at the front.
 
-    @_doc(Operations.revoke)
+        Args:
+            task_ids: the dead tasks to retry; each is checked first (read before the
+                write), so a typo is an error rather than "0 retried".
+
+        Returns:
+            How many tasks were retried.
+
+        Raises:
+            InvalidInput: a task id that does not exist, or a task that is not dead
+                (nothing retried). JobNotFound.
+        """
+        return self.job(name).retry(task_ids)
+
     def revoke(self, name: str, task_id: int) -> bool:
-        return self._ops.revoke(name, task_id)
+        """Send one task's lease back to the front (nothing counted).
 
-    @_doc(Operations.drain)
+        Returns:
+            True if revoked, False if the task is not leased.
+
+        Raises:
+            InvalidInput: no such task. JobNotFound.
+        """
+        return self.job(name).revoke(task_id)
+
     def drain(self, name: str, worker_id: str) -> None:
-        self._ops.drain(name, worker_id)
+        """Ask a worker to finish its current task and leave."""
+        self.job(name).drain(worker_id)
 
-    @_doc(Operations.checkpoint)
     def checkpoint(
         self, name: str, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
     ) -> dict[str, Any]:
-        return self._ops.checkpoint(name, keep, ckpt)
+        """Record the job's position (pass, done set, progress, counters) under an id (a
+        sharded job: one id over every shard, ``ShardedJob.checkpoint``).
 
-    @_doc(Operations.checkpoints)
+        Args:
+            keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
+            ckpt: the id (default: a new time-ordered one).
+
+        Returns:
+            The checkpoint's record; ``record["id"]`` names it (``rewind`` takes either).
+
+        Raises:
+            InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
+        """
+        return self.job(name).checkpoint(keep, ckpt)
+
     def checkpoints(self, name: str) -> list[dict[str, Any]]:
-        return self._ops.checkpoints(name)
+        """The job's sealed checkpoints, oldest first.
 
-    @_doc(Operations.rewind)
+        Raises:
+            JobNotFound.
+        """
+        return self.job(name).checkpoints()
+
     def rewind(
         self, name: str, ckpt: str | dict[str, Any], once: bool = False, key: str = ""
     ) -> bool:
-        return self._ops.rewind(name, ckpt, once, key)
+        """Put the job back to checkpoint ``ckpt`` (see ``checkpoints.rewind``; a sharded
+        job: every shard to the same cut, ``ShardedJob.rewind``).
 
-    @_doc(Operations.advance_clock)
+        Args:
+            ckpt: the checkpoint's id, or the record ``checkpoint`` returned.
+            once: skip when the job's last rewind went to ``ckpt`` under the same ``key``
+                (a restart's id), or without a key when nothing was acked since
+                (restarted trainers loading the same state).
+            key: see ``once``.
+
+        Returns:
+            True when rewound, False when ``once`` skipped it.
+
+        Raises:
+            InvalidInput (unknown checkpoint), JobNotFound, JobCancelled.
+        """
+        return self.job(name).rewind(ckpt, once, key)
+
     def advance_clock(self, name: str, ms: int, silent: bool = False) -> int:
-        return self._ops.advance_clock(name, ms, silent)
+        """Tests only: move a manual-clock job's clock by ``ms``.
 
-    @_doc(Operations.reap)
+        Args:
+            silent: the advance is not traffic (so the silence rule may apply).
+        """
+        return self.job(name).advance_clock(ms, silent)
+
     def reap(
         self, name: str, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
     ) -> tuple[int, bool, bool]:
-        return self._ops.reap(name, budget, lock_ms, owner)
+        """Reclaim expired leases of ``name`` once: at most ``min(budget, MAX_RECLAIM)``
+        (one call stays short whatever the budget). Returns (reclaimed, more_left,
+        locked_by_another_reaper)."""
+        return self.job(name).reap(budget, lock_ms, owner)
 
 
 def connect(url: str | None = None, **kwargs: Any) -> Client:

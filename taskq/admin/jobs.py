@@ -1,32 +1,43 @@
-"""One job surface: the handle of one plain job, and what both kinds of handle share.
+"""The handle of one plain job (``PlainJob``), its creation, and what both kinds of
+handle share.
 
 ``PlainJob`` is one job of the engine (one hash slot, one script call per state change);
-``ShardedJob`` (sharded_job.py) composes one ``PlainJob`` per shard behind the same verbs
+``ShardedJob`` (sharded.py) composes one ``PlainJob`` per shard behind the same verbs
 (``caller.Job``), as redis-py keeps ``Redis`` and ``RedisCluster`` as two
 implementations of one command surface. Which of the two ``Client.job(name)`` returns is
-decided in one place: client_handles.py. Every ``Client`` method and CLI command taking a
-job name goes through the handle. A handle calls through a ``caller.Caller`` (the
-client, seen from below: no import of client.py).
+decided there, from the shard-set record. Every ``Client`` method and CLI command taking
+a job name goes through the handle. ``create`` writes a new job: every setting checked
+before the first write, the chunks staged in pipelined batches and flipped live by one
+``create`` script call.
 
-Data flow: client_handles.py / sharded*.py -> jobs.py (``PlainJob``) -> engine/transport.py (one
-call per verb), stats.py (reads), checkpoints.py -> Redis.
+Data flow: client.py / sharded.py -> jobs.py (``PlainJob``, ``create``) ->
+engine/connection.py (``run``: one call per verb), stats.py (reads), checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+import math
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from taskq import errors
-from taskq.admin import checkpoints, stats
-from taskq.admin.caller import Caller
+from taskq.admin import checkpoints, shardset, stats
 from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
-from taskq.engine.connection import translate
+from taskq.config import check_memory_policy, encode_tasks, validate_config
+from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import MAX_RETRY, PAGE_MAX, Code
+from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
-from taskq.models import JobStatus
+from taskq.models import JobConfig, JobStatus
+
+STAGING_TTL_S = 3600
+STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
+#: ``create_job``'s settings that are not the job's ``JobConfig``.
+CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor")
 
 
 def check_name(name: str) -> None:
@@ -81,16 +92,16 @@ class PlainJob:
     (``retry`` of many tasks: one per batch; checkpoints: their bounded steps).
 
     Args:
-        client: the admin client.
+        connection: the engine's connection.
         name: the job's name (checked).
     """
 
     sharded = False
 
-    def __init__(self, client: Caller, name: str) -> None:
-        self.client = client
+    def __init__(self, connection: Connection, name: str) -> None:
+        self.connection = connection
         self.name = name
-        self.keys = client.keys(name)
+        self.keys = connection.keys(name)
 
     def __repr__(self) -> str:
         return f"PlainJob({self.name!r})"
@@ -106,14 +117,14 @@ class PlainJob:
         Raises:
             JobNotFound: no such job.
         """
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.snapshot(self.client, self.name, summaries=summaries)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.snapshot(self.connection, self.name, summaries=summaries)
 
     def audit(self) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
         check that the counters agree with the sets they count."""
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.audit(self.client, self.name)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.audit(self.connection, self.name)
 
     def task(self, task_id: int, history: int = 20) -> dict[str, Any]:
         """One task: state, chunks, holder, failures, attempts, last error, its events.
@@ -121,15 +132,15 @@ class PlainJob:
         Raises:
             InvalidInput: no such task. JobNotFound, CorruptData.
         """
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.task_detail(self.client, self.name, int(task_id), history=history)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.task_detail(self.connection, self.name, int(task_id), history=history)
 
     def tasks_page(
         self, state: str = "leased", cursor: str = "0", count: int = PAGE_MAX
     ) -> tuple[list[dict[str, Any]], str]:
         """One page of the current pass's tasks in ``state`` (``Client.tasks_page``)."""
         check_page(state, count)
-        reply = self.client.run(self.name, "peek", [state, cursor, int(count)])
+        reply = self.connection.run(self.name, "peek", [state, cursor, int(count)])
         return stats.parse_tasks(reply[1], state), str(reply[2])
 
     def tasks(
@@ -138,8 +149,8 @@ class PlainJob:
         """Up to ``limit`` tasks of the current pass in ``state`` (``Client.tasks``)."""
         rows = list(itertools.islice(iter_tasks(self, state), check_limit(limit)))
         if details and rows:
-            with translate(self.client.url, self.keys, self.client.redis):
-                stats.add_details(self.client, self.name, rows)
+            with translate(self.connection.url, self.keys, self.connection.redis):
+                stats.add_details(self.connection, self.name, rows)
         return rows
 
     def events(
@@ -147,8 +158,8 @@ class PlainJob:
     ) -> list[tuple[str, dict[str, str]]]:
         """Events after ``since`` ("-" for the oldest kept), oldest first."""
         key = self.keys.events
-        redis_client = self.client.redis
-        with translate(self.client.url):
+        redis_client = self.connection.redis
+        with translate(self.connection.url):
             if block_ms is not None:
                 start = "$" if since == "-" else since
                 reply = redis_client.xread({key: start}, count=count, block=block_ms)
@@ -158,18 +169,18 @@ class PlainJob:
 
     def latest_events(self, kind: str, limit: int, scan: int = 1000) -> list[dict[str, str]]:
         """The newest ``limit`` events of type ``kind`` among the newest ``scan``."""
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.latest_of_type(self.client, self.name, kind, limit, scan)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.latest_of_type(self.connection, self.name, kind, limit, scan)
 
     def first_lease_ms(self) -> int | None:
         """When pass 0's first lease was granted (server ms), if still in the events."""
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.first_lease_ms(self.client, self.name)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.first_lease_ms(self.connection, self.name)
 
     def workers(self) -> list[dict[str, Any]]:
         """The registered workers with their lease counts."""
-        with translate(self.client.url, self.keys, self.client.redis):
-            return stats.workers(self.client, self.name)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            return stats.workers(self.connection, self.name)
 
     # -- passes -------------------------------------------------------------------
     def next(self, expected_pass: int | None = None, force: bool = False) -> int:
@@ -177,7 +188,7 @@ class PlainJob:
         if expected_pass is None:
             expected_pass = self.status(summaries=0).pass_no
         try:
-            reply = self.client.run(self.name, "advance", ["", expected_pass, int(force)])
+            reply = self.connection.run(self.name, "advance", ["", expected_pass, int(force)])
         except errors.PassMismatch as e:
             raise errors.PassMismatch(self._mismatch(expected_pass)) from e
         except errors.PassIncomplete as e:
@@ -205,7 +216,7 @@ class PlainJob:
         """Restart the current pass (``Client.reset_pass``)."""
         expect = -1 if expected_pass is None else expected_pass
         try:
-            reply = self.client.run(self.name, "reset", ["", expect])
+            reply = self.connection.run(self.name, "reset", ["", expect])
         except errors.PassMismatch as e:
             raise errors.PassMismatch(self._mismatch(expect)) from e
         refuse_half_rewind(self.name, reply, 2)
@@ -227,12 +238,12 @@ class PlainJob:
                     )
             for start in range(0, len(ids), MAX_RETRY):
                 batch = ids[start : start + MAX_RETRY]
-                reply = self.client.run(self.name, "retry", ["", len(batch), *batch])
+                reply = self.connection.run(self.name, "retry", ["", len(batch), *batch])
                 refuse_half_rewind(self.name, reply, 3)
                 total += int(reply[1])
             return total
         while True:
-            reply = self.client.run(self.name, "retry", ["", 0])
+            reply = self.connection.run(self.name, "retry", ["", 0])
             refuse_half_rewind(self.name, reply, 3)
             total += int(reply[1])
             if int(reply[1]) == 0 or int(reply[2]) == 0:
@@ -241,69 +252,78 @@ class PlainJob:
     def revoke(self, task_id: int) -> bool:
         """Send one task's lease back to the front; False if it is not leased."""
         self.task(task_id, history=0)  # no such task: an error, not "not leased"
-        reply = self.client.run(self.name, "revoke", ["", int(task_id)])
+        reply = self.connection.run(self.name, "revoke", ["", int(task_id)])
         return int(reply[0]) == Code.OK
 
     def drain(self, worker_id: str) -> None:
         """Ask a worker to finish its current task and leave."""
-        self.client.run(self.name, "drain", ["", worker_id])
+        self.connection.run(self.name, "drain", ["", worker_id])
 
     def reap(
         self, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
     ) -> tuple[int, bool, bool]:
         """Reclaim expired leases once (``Client.reap``)."""
-        reply = self.client.run(self.name, "reap", ["", budget, lock_ms, owner or "reaper"])
+        reply = self.connection.run(self.name, "reap", ["", budget, lock_ms, owner or "reaper"])
         if int(reply[0]) == Code.LOCKED:
             return 0, False, True
         return int(reply[1]), bool(int(reply[2])), False
 
     def advance_clock(self, ms: int, silent: bool = False) -> int:
         """Tests only: move a manual-clock job's clock by ``ms``."""
-        reply = self.client.run(self.name, "clock", ["", int(ms), int(silent)])
+        reply = self.connection.run(self.name, "clock", ["", int(ms), int(silent)])
         return int(reply[1])
 
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:
         """No new leases; held ones are kept (``Client.pause_job``)."""
-        self.client.run(self.name, "pause", [""])
+        self.connection.run(self.name, "pause", [""])
 
     def resume(self) -> None:
         """End a pause (``Client.resume_job``)."""
-        self.client.run(self.name, "resume", [""])
+        self.connection.run(self.name, "resume", [""])
 
     def cancel(self) -> None:
         """Cancel: every lease is revoked (``Client.cancel_job``)."""
-        self.client.run(self.name, "cancel", [""])
+        self.connection.run(self.name, "cancel", [""])
 
     def delete(self) -> None:
         """Delete every key of the job (``Client.delete_job``)."""
-        client = self.client
+        conn = self.connection
         try:
-            client.run(self.name, "delete", [""])
+            conn.run(self.name, "delete", [""])
         finally:
-            with translate(client.url):
-                if not client.redis.exists(self.keys.meta):
-                    client.redis.srem(jobs_index(client.prefix), self.name)
+            with translate(conn.url):
+                if not conn.redis.exists(self.keys.meta):
+                    conn.redis.srem(jobs_index(conn.prefix), self.name)
 
     def replace(self, chunks: Iterable[Any], **settings: Any) -> JobStatus:
         """Create the job again from ``chunks`` (a new incarnation); the settings are
-        ``Client.create_job``'s."""
-        return self.client.create_job(self.name, chunks, replace=True, **settings)
+        ``Client.create_job``'s (``shards`` 1 only: a sharded job of this name is made
+        after ``delete``)."""
+        if settings.pop("shards", 1) != 1:
+            raise errors.InvalidInput(
+                f"job {self.name!r} is a job of one shard: delete it first to make a "
+                f"sharded job of that name"
+            )
+        cfg, extras = config_of(settings)
+        return create(self.connection, self.name, chunks, cfg, replace=True, **extras)
 
     # -- checkpoints --------------------------------------------------------------
     def checkpoint(
         self, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
     ) -> dict[str, Any]:
         """Record the job's position under an id (``Client.checkpoint``)."""
-        return checkpoints.checkpoint(self.client, self.name, keep, ckpt)
+        return checkpoints.checkpoint(self.connection, self.name, keep, ckpt)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sealed checkpoints, oldest first."""
-        return checkpoints.listing(self.client, self.name)
+        return checkpoints.listing(self.connection, self.name)
 
     def rewind(self, ckpt: CheckpointRef, once: bool = False, key: str = "") -> bool:
         """Put the job back to a checkpoint: its id or its record (``Client.rewind``)."""
-        return checkpoints.rewind(self.client, self.name, checkpoint_id(self.name, ckpt), once, key)
+        return checkpoints.rewind(
+            self.connection, self.name, checkpoint_id(self.name, ckpt), once, key
+        )
 
 
 def check_page(state: str, count: int) -> None:
@@ -328,3 +348,118 @@ def iter_tasks(job: Job, state: str) -> Iterator[dict[str, Any]]:
         yield from rows
         if cursor == "0":
             return
+
+
+def config_of(settings: dict[str, Any]) -> tuple[JobConfig, dict[str, Any]]:
+    """``create_job``'s keyword settings as (the ``JobConfig``, the ``CREATE_EXTRAS``).
+
+    Raises:
+        InvalidInput: a setting ``create_job`` does not take.
+    """
+    extras = {k: settings.pop(k) for k in CREATE_EXTRAS if k in settings}
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(JobConfig)})
+    if unknown:
+        raise errors.InvalidInput(f"unknown job setting(s): {', '.join(unknown)}")
+    return JobConfig(**settings), extras
+
+
+def create(
+    conn: Connection,
+    name: str,
+    chunks: Iterable[Any],
+    cfg: JobConfig,
+    replace: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    backup_leases: bool = False,
+    backup_factor: float = 2.0,
+) -> JobStatus:
+    """Create (or replace) plain job ``name``: checked first, staged, flipped live at once
+    (``Client.create_job``, whose arguments these are).
+
+    Returns:
+        The new job's status.
+
+    Raises:
+        InvalidInput: bad name, config or chunks (nothing written); InvalidConfig (a
+            subclass) for a setting out of range or a Redis that may evict keys.
+        JobExists: the name is taken (by a sharded job too) and ``replace`` is false.
+        ConnectionLost: Redis is unreachable.
+    """
+    keys = conn.keys(name)
+    validate_config(cfg)
+    if (
+        not isinstance(backup_factor, (int, float))
+        or isinstance(backup_factor, bool)
+        or not math.isfinite(backup_factor)
+        or backup_factor <= 1
+    ):
+        raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
+    tasks, nchunks = encode_tasks(chunks, cfg.chunks_per_task)
+    if not conn.allow_eviction:
+        with translate(conn.url):
+            check_memory_policy(stats.memory_policy(conn.redis), conn.url)
+    if shardset.load(conn, name) is not None:  # no plain job beside a sharded one
+        raise errors.JobExists(
+            f"job {name!r} exists as a sharded job (replace it with shards >= 2, or "
+            f"delete it first)"
+        )
+    with translate(conn.url):
+        if not replace and conn.redis.exists(keys.meta):
+            raise errors.JobExists(f"job {name!r} exists")
+    incarnation = secrets.token_hex(8)
+    staging = keys.staging_chunks(incarnation)
+    try:
+        with translate(conn.url):
+            for start in range(0, len(tasks), STAGING_BATCH):
+                batch = tasks[start : start + STAGING_BATCH]
+                pipe = conn.redis.pipeline(transaction=False)
+                pipe.hset(staging, mapping={str(start + i): t for i, t in enumerate(batch)})
+                pipe.expire(staging, STAGING_TTL_S)
+                pipe.execute()
+                if progress:
+                    progress(start + len(batch), len(tasks))
+        tt = cfg.task_timeout
+        meta = {
+            F.INC: incarnation,
+            F.STATE: "running",
+            F.REASON: "",
+            F.PASS: 0,
+            F.PASSES: -1 if cfg.passes is None else cfg.passes,
+            F.ROUND: 1,
+            F.N: len(tasks),
+            F.NCHUNKS: nchunks,
+            F.CPT: cfg.chunks_per_task,
+            F.TTL: int(cfg.worker_ttl * 1000),
+            F.HBI: int(cfg.heartbeat_interval * 1000),
+            F.TT: "auto" if tt == "auto" else "none" if tt is None else str(int(float(tt) * 1000)),
+            F.MAXF: cfg.max_failures,
+            F.MAXA: cfg.max_attempts,
+            F.SHUFFLE: int(cfg.shuffle),
+            F.SEED: cfg.seed % 65521,
+            F.SEED_FULL: cfg.seed,
+            F.ADVANCE: int(cfg.auto_advance),
+            F.MCLOCK: int(cfg.manual_clock),
+            F.CURSOR: 0,
+            F.NDONE: 0,
+            F.NLEASED: 0,
+            F.NRESERVED: 0,
+            F.OFFSET: 0,
+            F.GEN: 0,
+            F.EVMAX: 10000,
+            F.AUTO_TT: 0,
+            F.ACKED_JOB: 0,
+            F.FSEQ: 0,
+            F.BACKUP_K: backup_factor if backup_leases else 0,
+            F.SPLIT: 1 if cfg.split_tails else 0,
+        }
+        args: list[Any] = [int(replace), len(tasks)]
+        for k, v in meta.items():
+            args += [k, v]
+        conn.run(name, "create", args, extra_keys=[staging])
+    except BaseException:
+        with translate(conn.url):
+            conn.redis.unlink(staging)
+        raise
+    with translate(conn.url):
+        conn.redis.sadd(jobs_index(conn.prefix), name)
+    return PlainJob(conn, name).status()

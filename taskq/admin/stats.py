@@ -4,8 +4,8 @@ Reads never write. ``snapshot`` is one read-only script call, O(1) in the number
 tasks; the exporter and ``taskq job status`` use it. The reads of tasks (rows, a task's
 detail and history, the lease record) are stats_tasks.py's, re-exported here.
 
-Data flow: jobs.py / shardset.py / client_conn.py -> stats.py (-> stats_tasks.py) ->
-Redis (reads only); it sees the client as a ``caller.Caller``.
+Data flow: jobs.py / client.py / checkpoints.py -> stats.py (-> stats_tasks.py) ->
+Redis (reads only); it calls through the engine's ``Connection``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from redis.cluster import RedisCluster
 
 from taskq import errors, integrity
 from taskq.admin import inputwait_view
-from taskq.admin.caller import Caller
 
 # the task reads, re-exported: stats.task_detail, stats.parse_lease, ...
 from taskq.admin.stats_tasks import EVENT_SCAN as EVENT_SCAN
@@ -29,6 +28,7 @@ from taskq.admin.stats_tasks import parse_lease as parse_lease
 from taskq.admin.stats_tasks import parse_tasks as parse_tasks
 from taskq.admin.stats_tasks import task_detail as task_detail
 from taskq.admin.stats_tasks import task_histories as task_histories
+from taskq.engine.connection import Connection
 from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
 
@@ -86,7 +86,7 @@ def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> d
     }
 
 
-def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
+def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
     """The ``JobStatus`` of ``name``.
 
     Raises:
@@ -94,8 +94,8 @@ def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
     """
     from taskq.models import JobStatus
 
-    keys = client.keys(name)
-    reply = client.scripts.call("stats", keys.script, list(LEASE_AGE_BOUNDS_S))
+    keys = conn.keys(name)
+    reply = conn.scripts.call("stats", keys.script, list(LEASE_AGE_BOUNDS_S))
     raise_for(int(reply[0]), name)
     meta = _pairs(reply[1])
     if F.INC not in meta or F.N not in meta:
@@ -168,15 +168,15 @@ def snapshot(client: Caller, name: str, summaries: int = 20) -> Any:
     )
     if summaries > 0:
         fields = [str(p) for p in range(max(0, pass_no - summaries + 1), pass_no + 1)]
-        raw = client.redis.hmget(keys.passes, fields)
+        raw = conn.redis.hmget(keys.passes, fields)
         status.summaries = [json.loads(r) for r in raw if r]
     return status
 
 
-def _server_time(client: Caller, key: str) -> tuple[int, int]:
+def _server_time(conn: Connection, key: str) -> tuple[int, int]:
     """TIME of the server holding ``key`` (a cluster refuses TIME in a pipeline, and
     another master's clock is not the job's)."""
-    redis_client = client.redis
+    redis_client = conn.redis
     if isinstance(redis_client, RedisCluster):
         node = redis_client.get_node_from_key(key)
         sec, usec = redis_client.execute_command("TIME", target_nodes=node)
@@ -185,22 +185,22 @@ def _server_time(client: Caller, key: str) -> tuple[int, int]:
     return int(sec), int(usec)
 
 
-def workers(client: Caller, name: str) -> list[dict[str, Any]]:
+def workers(conn: Connection, name: str) -> list[dict[str, Any]]:
     """Registered workers: id, host, pid, joined, last heartbeat age, leases held."""
-    keys = client.keys(name)
-    pipe = client.redis.pipeline(transaction=False)
+    keys = conn.keys(name)
+    pipe = conn.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, [F.MCLOCK, F.OFFSET, F.INC])
     pipe.get(keys.clock)
     pipe.hgetall(keys.winfo)
     pipe.zrange(keys.workers, 0, 9999, withscores=True)
     (mclock, offset, inc), clock, infos, ranked = pipe.execute()
-    sec, usec = _server_time(client, keys.meta)
+    sec, usec = _server_time(conn, keys.meta)
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
     now = int(clock or 0) if mclock == "1" else int(sec) * 1000 + int(usec) // 1000
     jnow = now - int(offset or 0)
     deadlines = dict(ranked)
-    pipe = client.redis.pipeline(transaction=False)
+    pipe = conn.redis.pipeline(transaction=False)
     rows = []
     for worker, info in sorted(infos.items()):
         f = info.split("|")
@@ -253,11 +253,11 @@ def memory_policy(redis_client: Any) -> str | None:
     return unsafe[0] if unsafe else "noeviction"
 
 
-def first_lease_ms(client: Caller, name: str, scan: int = 1000) -> int | None:
+def first_lease_ms(conn: Connection, name: str, scan: int = 1000) -> int | None:
     """When pass 0's first lease was granted, from the oldest events (None once the
     stream was trimmed past it, or before any lease): pass 0 starts when the job is
     created, so its duration would otherwise count the wait for the first trainer."""
-    entries = client.redis.xrange(client.keys(name).events, count=scan)
+    entries = conn.redis.xrange(conn.keys(name).events, count=scan)
     if not entries or entries[0][1].get("type") != "job_created":
         return None
     for event_id, fields in entries:
@@ -267,16 +267,16 @@ def first_lease_ms(client: Caller, name: str, scan: int = 1000) -> int | None:
     return None
 
 
-def audit(client: Caller, name: str) -> dict[str, Any]:
+def audit(conn: Connection, name: str) -> dict[str, Any]:
     """Per-pass records and the checks of docs/design.md's invariants (``taskq job audit``),
     meaningful in every state: while a pass runs, after it ended (the acked set of an
     ended attempt is the live tasks) and after a rewind. Every completed pass attempt
     whose summary says what its sets held (``acked``, ``live``) is checked too."""
-    keys = client.keys(name)
-    status = snapshot(client, name, summaries=0)
-    raw = client.redis.hgetall(keys.passes)
+    keys = conn.keys(name)
+    status = snapshot(conn, name, summaries=0)
+    raw = conn.redis.hgetall(keys.passes)
     passes = sorted((json.loads(v) for v in raw.values()), key=lambda s: (s["pass"], s["round"]))
-    pipe = client.redis.pipeline(transaction=False)
+    pipe = conn.redis.pipeline(transaction=False)
     pipe.bitcount(keys.done)
     pipe.zcard(keys.reserved)
     pipe.zcard(keys.started)
@@ -284,7 +284,7 @@ def audit(client: Caller, name: str) -> dict[str, Any]:
     bits, reserved, started, dead = pipe.execute()
     rewinding = status.state == "waiting" and status.reason == "rewinding"
     live = status.tasks - status.dead
-    dead_view = integrity.dead_check(client.redis, keys)
+    dead_view = integrity.dead_check(conn.redis, keys)
     # a pass attempt ended complete (the job waits for `pass next`, or is completed):
     # its acked set is the live tasks, by membership
     ended = status.state == "completed" or (
@@ -308,7 +308,7 @@ def audit(client: Caller, name: str) -> dict[str, Any]:
             if s.get("state") == "completed" and not s.get("rewound") and "acked" in s
         ),
     }
-    progress = integrity.progress_check(client.redis, keys)  # docs/resume.md
+    progress = integrity.progress_check(conn.redis, keys)  # docs/resume.md
     checks["no_progress_on_done"] = not progress["done_with_progress"]
     return {
         "job": name,
@@ -341,7 +341,7 @@ def audit(client: Caller, name: str) -> dict[str, Any]:
             }
             for s in passes
         ],
-        "first_lease_ms": first_lease_ms(client, name),
+        "first_lease_ms": first_lease_ms(conn, name),
         "current": {
             "pass": status.pass_no,
             "done": status.done,

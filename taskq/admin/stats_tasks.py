@@ -5,7 +5,7 @@ Reads never write; each is bounded (``EVENT_SCAN`` events at most for a history,
 pipeline for a task's detail). stats.py re-exports them beside the job's snapshot.
 
 Data flow: jobs.py (through stats.py) -> stats_tasks.py -> Redis (reads only); it sees
-the client as a ``caller.Caller``.
+the engine's ``Connection``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from taskq import errors
-from taskq.admin.caller import Caller
+from taskq.engine.connection import Connection
 
 
 def parse_lease(record: str | None) -> dict[str, Any] | None:
@@ -105,7 +105,7 @@ def step_parts(fields: dict[str, str]) -> list[dict[str, str]]:
 
 
 def task_histories(
-    client: Caller, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
+    conn: Connection, name: str, task_ids: list[int], per_task: int, scan: int = EVENT_SCAN
 ) -> dict[int, list[dict[str, Any]]]:
     """The latest ``per_task`` events of each task, oldest first, from the newest
     ``scan`` events of the stream (it is trimmed: older history is gone anyway). A
@@ -115,7 +115,7 @@ def task_histories(
     out: dict[int, list[dict[str, Any]]] = {int(t): [] for t in task_ids}
     if not wanted or per_task <= 0:
         return out
-    for event_id, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
+    for event_id, fields in conn.redis.xrevrange(conn.keys(name).events, count=scan):
         ms = int(event_id.split("-")[0])
         if fields.get("type") != "step":
             ids = [fields["task"]] if "task" in fields else fields.get("tasks", "").split(",")
@@ -138,12 +138,12 @@ def task_histories(
 
 
 def latest_of_type(
-    client: Caller, name: str, kind: str, limit: int, scan: int
+    conn: Connection, name: str, kind: str, limit: int, scan: int
 ) -> list[dict[str, str]]:
     """The newest ``limit`` events of type ``kind`` among the newest ``scan``, oldest
     first (what the reaper names after a tick)."""
     out: list[dict[str, str]] = []
-    for _, fields in client.redis.xrevrange(client.keys(name).events, count=scan):
+    for _, fields in conn.redis.xrevrange(conn.keys(name).events, count=scan):
         if fields.get("type") == kind:
             out.append(fields)
             if len(out) >= limit:
@@ -162,11 +162,11 @@ def last_error(history: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def add_details(client: Caller, name: str, rows: list[dict[str, Any]]) -> None:
+def add_details(conn: Connection, name: str, rows: list[dict[str, Any]]) -> None:
     """Add ``chunks`` and ``last_error`` to rows of ``parse_tasks`` (in place)."""
     ids = [row["id"] for row in rows]
-    raw = client.redis.hmget(client.keys(name).chunks, [str(i) for i in ids])
-    histories = task_histories(client, name, ids, per_task=20)
+    raw = conn.redis.hmget(conn.keys(name).chunks, [str(i) for i in ids])
+    histories = task_histories(conn, name, ids, per_task=20)
     for row, chunks in zip(rows, raw, strict=True):
         try:
             row["chunks"] = json.loads(chunks) if chunks is not None else None
@@ -175,15 +175,15 @@ def add_details(client: Caller, name: str, rows: list[dict[str, Any]]) -> None:
         row["last_error"] = last_error(histories[row["id"]])
 
 
-def task_detail(client: Caller, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
+def task_detail(conn: Connection, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
     """One task: state, chunks, holder, failures, attempts, last error, recent events.
 
     Raises:
         JobNotFound: no such job. InvalidInput: no such task. CorruptData: unreadable.
     """
-    keys = client.keys(name)
+    keys = conn.keys(name)
     t = str(int(task_id))
-    pipe = client.redis.pipeline(transaction=False)
+    pipe = conn.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
     pipe.hget(keys.chunks, t)
     pipe.sismember(keys.dead, t)
@@ -213,7 +213,7 @@ def task_detail(client: Caller, name: str, task_id: int, history: int = 20) -> d
         decoded = json.loads(chunks) if chunks is not None else None
     except ValueError as e:
         raise errors.CorruptData(f"{keys.chunks}: task {t} is not JSON") from e
-    events = task_histories(client, name, [int(t)], max(history, 20))[int(t)]
+    events = task_histories(conn, name, [int(t)], max(history, 20))[int(t)]
     return {
         "job": name,
         "id": int(t),

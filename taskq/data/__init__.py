@@ -42,7 +42,7 @@ Errors:
     Any failure to read or decode data raises ``taskq.errors.DataError`` (path, where,
     and the underlying library's error text), never a bare OSError / ArrowInvalid /
     TarError; a trainer fails the task with ``str(e)``. A missing extra raises
-    ``InvalidInput("... needs the data extra: pip install 'taskq[data]'")``.
+    ``InvalidInput("... needs the data extra: pip install 'taskq-ml[data]'")``.
 
 Builders (``build_chunks`` and ``Reader.chunks``) read metadata only (file sizes, Parquet
 footers, tar headers; newline scanning only when records per chunk are asked for) and
@@ -140,7 +140,7 @@ def _module(fmt: str) -> Any:
         return importlib.import_module(f".{FORMATS[fmt]}", __name__)
     except ImportError as e:
         raise errors.InvalidInput(
-            f"format {fmt} needs the data extra: pip install 'taskq[data]' ({e})"
+            f"format {fmt} needs the data extra: pip install 'taskq-ml[data]' ({e})"
         ) from e
 
 
@@ -341,7 +341,7 @@ def build_chunks(
         files = storage.expand(pattern, storage_options)
     except ImportError as e:  # pragma: no cover - the extra is missing
         raise errors.InvalidInput(
-            f"{pattern} needs the data extra: pip install 'taskq[data]' ({e})"
+            f"{pattern} needs the data extra: pip install 'taskq-ml[data]' ({e})"
         ) from e
     by_format: dict[str, list[tuple[str, int]]] = {}
     for path, size in files:

@@ -1,10 +1,14 @@
-"""Connecting to Redis: URLs, retries, password masking, and error translation.
+"""Connecting to Redis: URLs, retries, password masking, error translation, and the
+``Connection`` every caller runs the engine's verbs through.
 
 Everything that talks to Redis goes through a connection made here (or a caller's own
 redis-py client, checked here first), and every Redis exception crosses into taskq's
 hierarchy at ``translate`` (``ConnectionLost`` names the URL with its password masked).
+``Connection`` is the engine's link: the redis-py client, the key prefix, the function
+library on it, the job keys, and ``run`` (one verb's call with its codes raised).
 
-Data flow: connect() -> client.py (admin) / trainer/core.py / reaper.py / exporter.py.
+Data flow: admin/client.py (``Client``), trainer/core.py, the job handles, ops/ ->
+``Connection`` -> engine/transport.py -> Redis.
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator, Sequence
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import PRIMARY, ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from taskq import errors
-from taskq.keys import JobKeys
+from taskq.engine.contract import Code, raise_for
+from taskq.engine.transport import Scripts
+from taskq.keys import JobKeys, prefix, valid_job_name
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -215,13 +222,50 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
     return out
 
 
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, riding out a slot migration as it rides out a failover.
+
+    While a slot migrates (``redis-cli --cluster reshard`` / ``rebalance``, or
+    ``CLUSTER SETSLOT`` + ``MIGRATE`` by hand), a call naming several keys of a job is
+    answered ``TRYAGAIN`` by both nodes until its keys are on one side, and a key already
+    moved is answered ``ASK`` with the importing node. redis-py follows both but gives up
+    after 16 tries in about 0.4 s (``ClusterError('TTL exhausted.')``), and cannot follow
+    an ``ASK`` to a master that holds no slot yet (a new node getting its first one):
+    ``CLUSTER SLOTS``, its map of the cluster, does not list such a master.
+    """
+
+    # A bare ClusterError is the TTL exhausted by TRYAGAIN / ASK / MOVED replies: retried
+    # like a connection error (the client's Retry: its count, its backoff) instead of
+    # raised; what still fails after that is ``ConnectionLost`` (``translate``), which a
+    # trainer retries up to its reconnect_timeout and the reaper for as long as it runs.
+    # (redis-py types the tuple as its own four classes: hence the ignore)
+    ERRORS_ALLOW_RETRY = (  # type: ignore[assignment]
+        *RedisCluster.ERRORS_ALLOW_RETRY,
+        redis.exceptions.ClusterError,
+    )
+
+    def get_node(
+        self, host: str | None = None, port: int | None = None, node_name: str | None = None
+    ) -> ClusterNode | None:
+        """The node at ``host:port`` (or named ``node_name``); a master not yet known when
+        asked by address, which is how an ``ASK`` redirect is followed.
+
+        The master is added to the client's nodes as a ``MOVED`` redirect adds one
+        (``NodesManager.move_slot``), so the function library is loaded on it too
+        (engine/transport.py); the next refresh of the slot map keeps it or drops it.
+        """
+        node = super().get_node(host, port, node_name)
+        if node is None and host and port:
+            node = ClusterNode(host, port, PRIMARY)
+            node = self.nodes_manager.nodes_cache.setdefault(node.name, node)
+        return node
+
+
 def _cluster(url: str, parts: SplitResult, common: dict[str, Any]) -> Any:
     """A RedisCluster from ``redis+cluster://[user:pw@]host:port[,host:port...][?...]``.
 
     Every host given is a startup node; the cluster tells the client about the rest.
     """
-    from redis.cluster import ClusterNode, RedisCluster
-
     tls = parts.scheme.startswith("rediss")
     hosts = _hosts(parts.netloc)
     userinfo, at, _ = parts.netloc.rpartition("@")
@@ -231,7 +275,7 @@ def _cluster(url: str, parts: SplitResult, common: dict[str, Any]) -> Any:
     kw.pop("retry_on_error")  # the cluster client retries on its own terms
     if len(hosts) > 1:
         kw["startup_nodes"] = [ClusterNode(h, p) for h, p in hosts[1:]]
-    return RedisCluster.from_url(plain, **kw)
+    return _Cluster.from_url(plain, **kw)
 
 
 def _sentinel(
@@ -273,6 +317,33 @@ _ACL_REFUSALS = (
 )
 
 
+#: What redis-py raises, to catch where a call is translated only when it fails (its
+#: cluster client's own errors are not ``RedisError``\ s).
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+#: A slot migrating: TRYAGAIN, ASK or MOVED raised as they are (and a bare
+#: ``ClusterError``: redis-py's TTL ran out on them).
+_MIGRATING = (redis.exceptions.TryAgainError, redis.exceptions.AskError)
+
+#: Redis cannot serve the call now but will: unreachable, loading, failing over, or a
+#: cluster down (CLUSTERDOWN), not yet covering the slot in the client's map, or moving it.
+_TRANSIENT = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,
+    *_MIGRATING,
+    redis.exceptions.SlotNotCoveredError,
+    # a refresh of the slot map that reached no node (newer redis-py; before, a
+    # RedisClusterException)
+    getattr(redis.exceptions, "RedisClusterUnreachableError", redis.exceptions.ConnectionError),
+)
+
+
+def _said(e: BaseException) -> str:
+    """An exception's text, or its type's name when it has none."""
+    return str(e) or type(e).__name__
+
+
 @contextlib.contextmanager
 def translate(
     masked_url: str, job_keys: JobKeys | None = None, redis_client: Any = None
@@ -286,10 +357,12 @@ def translate(
         redis_client: the connection to probe key types with.
 
     Raises:
-        ConnectionLost: Redis unreachable, loading, or a cluster mid-failover (transient).
+        ConnectionLost: Redis unreachable, loading, or a cluster mid-failover or with a slot
+            migrating (transient).
         RedisOutOfMemory: Redis is full (``maxmemory`` with ``noeviction``; transient, a
             kind of ``ConnectionLost``).
-        TaskqError: credentials or ACL refused, a read-only replica.
+        TaskqError: credentials or ACL refused, a read-only replica, another error of the
+            cluster client.
         CorruptData: a key of the job holds a type taskq never writes there.
     """
     try:
@@ -299,13 +372,15 @@ def translate(
             f"Redis at {masked_url} refused the credentials (check the user and "
             f"password in the URL or TASKQ_REDIS_PASSWORD): {e}"
         ) from e
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.ClusterDownError,
-        redis.exceptions.TryAgainError,
-    ) as e:
-        raise errors.ConnectionLost(f"cannot reach Redis at {masked_url}: {e}") from e
+    except _TRANSIENT as e:
+        if isinstance(e, _MIGRATING) or type(e) is redis.exceptions.ClusterError:
+            raise errors.ConnectionLost(
+                f"Redis Cluster at {masked_url}: the call's slot is moving between masters "
+                f"({_said(e)}; a move stuck half-way shows in `redis-cli --cluster check`)"
+            ) from e
+        raise errors.ConnectionLost(f"cannot reach Redis at {masked_url}: {_said(e)}") from e
+    except redis.exceptions.RedisClusterException as e:
+        raise errors.TaskqError(f"Redis Cluster at {masked_url}: {_said(e)}") from e
     except redis.exceptions.NoPermissionError as e:
         raise errors.TaskqError(
             f"Redis at {masked_url} refused by ACL (this user may not do that): {e}"
@@ -357,3 +432,104 @@ def _wrong_type_message(job_keys: JobKeys | None, redis_client: Any, msg: str) -
             )
     where = f"a key of job {job_keys.job!r}" if job_keys is not None else "a key"
     return f"{where} holds a type taskq does not write: {msg}"
+
+
+class Connection:
+    """The engine's link: one redis-py client and what every verb's call needs.
+
+    Args:
+        url: Redis URL; ``TASKQ_REDIS_URL`` or ``redis://127.0.0.1:6379/0`` by default.
+        redis_client: an already configured redis-py client to use instead (checked by
+            ``check_given_client``); ``url``, ``cluster``, ``retries`` and
+            ``socket_timeout`` are then ignored.
+        key_prefix: overrides ``TASKQ_PREFIX``.
+        cluster: force the cluster client.
+        retries: connection retries per command (bounded, exponential backoff).
+        socket_timeout: seconds before a Redis call gives up on its answer.
+        allow_eviction: creating a job on a Redis that may evict keys is allowed.
+
+    Raises:
+        InvalidInput: a bad URL or given client. ConnectionLost: a cluster unreachable.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        redis_client: Any = None,
+        key_prefix: str | None = None,
+        cluster: bool | None = None,
+        retries: int = 6,
+        socket_timeout: float = 10.0,
+        allow_eviction: bool = False,
+    ) -> None:
+        self.allow_eviction = allow_eviction
+        self.redis: Any
+        if redis_client is not None:
+            check_given_client(redis_client)
+            self.redis = redis_client
+            self.url = "<given client>"
+        else:
+            self.redis, self.url = make_redis(
+                url, retries=retries, socket_timeout=socket_timeout, cluster=cluster
+            )
+        self.prefix = key_prefix or prefix()
+        self.scripts = Scripts(self.redis)
+        self._keys: dict[str, JobKeys] = {}
+
+    def keys(self, job: str) -> JobKeys:
+        """The keys of ``job`` (kept per job).
+
+        Raises:
+            InvalidInput: a bad job name.
+        """
+        if job not in self._keys:
+            if not valid_job_name(job):
+                raise errors.InvalidInput(f"bad job name {job!r}: use 1-64 of A-Z a-z 0-9 . _ -")
+            self._keys[job] = JobKeys(job, self.prefix)
+        return self._keys[job]
+
+    def run(
+        self,
+        job: str,
+        verb: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        passthrough: Container[int] = (),
+    ) -> Any:
+        """Run one verb's script on ``job``; negative codes raise their error, except
+        those in ``passthrough``, which the caller handles from the reply.
+
+        Raises:
+            TaskqError: the code's error (engine/contract.py). ConnectionLost.
+        """
+        job_keys = self._keys.get(job) or self.keys(job)
+        # the job's own key list as it is (the constant part of the call is packed once
+        # per verb and key list, engine/transport.py), a new one only with extra keys
+        keys: list[Any] = (
+            job_keys.script_bytes
+            if not extra_keys
+            else job_keys.script_bytes + [k.encode() for k in extra_keys]
+        )
+        try:
+            reply = self.scripts.call(verb, keys, args if isinstance(args, list) else list(args))
+        except REDIS_ERRORS as e:
+            # translated only when it happens: the context manager's enter and exit cost
+            # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
+            with translate(self.url, job_keys, self.redis):
+                raise e
+        code = int(reply[0])
+        if code < 0 and code not in passthrough:
+            raise_for(
+                code,
+                job,
+                reply[1]
+                if code == Code.INVALID and len(reply) > 1 and isinstance(reply[1], str)
+                else "",
+            )
+        return reply
+
+    def ping(self) -> None:
+        """Raise ``ConnectionLost`` unless Redis answers."""
+        with translate(self.url):
+            self.redis.ping()

@@ -5,36 +5,70 @@ ones, ``flags=allow-oom`` for those that only free or set a flag, so an operator
 cancel, delete or pause a job on a Redis out of memory; one flag per verb) and a KEYS /
 ARGV / returns header; its ``-- KEYS:`` line says which keys it takes:
 ``the job's keys (keys.SCRIPT_KEYS)``, then ``+ name, ...`` for any extra one (create's
-staging hash), and that is the number of keys a call must pass (checked here). The
-library is, in this order: the generated constants (the ``K_*`` key locals in the order of
-``keys.SCRIPT_KEYS`` and ``kc(name)``, which makes a cold one; the ``C`` table of return
-codes, the per-call bounds ``MAX_BATCH`` ..., the histogram bounds), the parts
-``lua/lib/*.lua`` joined in the order of ``LIB_PARTS``, the generated ``begin()``, then each
-verb's body registered as the function ``taskq_<version>_<verb>``, which calls
-``begin(KEYS)`` first. ``F.<NAME>`` in any of them is replaced by the slot of the meta field
-``keys.MetaField.<NAME>`` in the library's cache of the meta hash (an integer: lib/meta.lua's
-tables are arrays), ``N.<NAME>`` by its name (a command on the hash names it); an unknown name
-is refused.
-Python stays the one source of truth for codes, bounds, key names and meta field names.
-Every verb checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the
-name of the bad argument before its first write: Redis does not roll a script back.
+staging hash), and that is the number of keys a call must pass (checked here). Every verb
+checks its whole ARGV first (``lib/args.lua``) and answers ``INVALID`` with the name of the
+bad argument before its first write: Redis does not roll a script back.
+
+How the library is put together (one chunk, in this order):
+
+- the generated ground: the ``K_*`` locals in the order of ``keys.SCRIPT_KEYS`` and
+  ``kc(name)``, which makes a cold key; ``job_keys()``, ``HIST_BOUNDS``, ``META_NAMES``;
+  ``CALL``, the call's state several parts share (lib/call.lua lists its fields), and
+  ``lib``, the table of the parts;
+- ``build()``: each part ``lua/lib/<part>.lua``, in the order of ``LIB_PARTS``, wrapped in
+  its own closure, ``lib.<part> = (function() <the file> end)()``. A part is a Lua module:
+  it opens by binding what it calls (``local rcall = redis.call``,
+  ``local mget = lib.meta.mget``: upvalues from then on, as fast as a local of the chunk)
+  and ends with ``return {name = name, ...}``, the functions other parts and verbs use.
+  The parts are built by the library's first call in a server (``begin()``), not while the
+  library loads: Redis gives a loading library no Lua globals (``redis``, ``string``, ...);
+- ``begin(keys)``, which every function calls first: the parts built if they are not, the
+  keys of this call's job, and each part with per-call state reset through its ``reset()``
+  (lib/call.lua's makes a new ``CALL``);
+- each verb registered as the function ``taskq_<version>_<verb>``, which calls
+  ``begin(KEYS)`` and then the verb's body. A verb binds what it calls from the parts
+  right after its header (``local done = lib.call.done``); ``build()`` makes those lines a
+  closure around the body (``VERBS.<verb>``), so they too run once, not on every call.
+
+A part's locals outlive a call. Every top-level ``local`` of a part is a function, a
+binding (``local a, b = x.y, z``: set once, at build), a table marked ``-- constant`` on
+its line, or state marked ``-- per call`` that the part's ``local function reset()`` sets
+back and returns (``reset = reset``); anything else is refused, naming the part.
+
+The only text the build rewrites is the contract's, so that Python stays its one source:
+``C.NAME`` (a ``contract.Code``) and the bounds of ``contract._LIMITS`` become numbers,
+``K_<COLD>`` becomes ``kc('<cold>')``, ``F.<NAME>`` becomes the slot of meta field
+``keys.MetaField.<NAME>`` in lib/meta.lua's cache (an integer: the hot fields first, in the
+order of ``HOT_META``, so ``load_meta``'s HMGET reply is the cache itself; kept because it
+pays over 3 % a call) and ``N.<NAME>`` its name (what a command on the hash names);
+with the cache go ``META_HOT_SLOTS`` (how many fields the HMGET names) and ``META_FALSES``
+(a constructor of falses over the slots a call's tables of changes are made with). An
+unknown name is refused.
+
+The guard. Lua 5.1 refuses a function of more than 200 locals or 60 upvalues, and a
+library that does not load fails on every server at once. ``budget`` reads each unit's Lua
+tokens (no regex over lines: neither indentation nor an ``end`` in a string fools it) and
+counts the top-level locals of each part's closure, each verb's callback and the chunk,
+and the names of the part and the chunk each function uses (its upvalues, an upper bound).
+A unit within ``LIMIT_MARGIN`` (10) of either limit is refused with a message that names
+it and says what to do; ``BUDGETS`` holds every unit's count, and a binding of a name a
+part does not return is refused too.
+
+What a maintainer adds where: a helper goes into the part of its concern (bind what it
+calls at the top, add it to the return table if a verb or a later part calls it, and bind
+it there); per-call state goes into the part's locals with ``-- per call`` and its
+``reset()``, or into ``CALL`` when other parts read it; a new part is a new file listed in
+``LIB_PARTS`` after the parts it binds; a new verb is a new ``lua/<verb>.lua``.
 
 Why a Function library and not one EVALSHA script per operation: a library is compiled
-and its definitions built once, at ``FUNCTION LOAD``; a script re-creates every local
-function it defines on every call. That cost is small, not the largest one: bench/README.md
-measured a closure at ~0.09 µs, so the ~53 closures of the old per-call prelude came to
-~5 µs of a ~200 µs call (the library saved about 10 % of a call in all). The price is
-that state kept in the library's locals lives across calls: every top-level local of a
-part that is not a function is declared ``-- per call``, ``begin()`` is generated from
-those declarations and resets each of them at the start of every call, and a top-level
-local without the marker is refused (``_begin``).
-
-The library's name carries a hash of its text, so clients of two taskq versions can share
-a server during an upgrade; a client loads its library when the server answers "function
-not found" (a new server, FUNCTION FLUSH, a new cluster master). Libraries persist and
-replicate like data. Loading needs ``FUNCTION LOAD``, which deploy/redis/acl.conf gives
-the admin role only: whoever may load a library may replace one, and every role's calls
-would run the replacement. The semantics the scripts implement are in docs/design.md.
+and its definitions built once; a script re-creates every local function it defines on
+every call (~0.09 µs a closure, bench/HISTORY.md). The library's name carries a hash of its
+text, so clients of two taskq versions can share a server during an upgrade; a client
+loads its library when the server answers "function not found" (a new server, FUNCTION
+FLUSH, a new cluster master). Libraries persist and replicate like data. Loading needs
+``FUNCTION LOAD``, which deploy/redis/acl.conf gives the admin role only: whoever may load
+a library may replace one, and every role's calls would run the replacement. The
+semantics the scripts implement are in docs/design.md.
 
 Data flow: lua/*.lua + contract.py + keys.py -> library.py (the text, at import) ->
 transport.py (FUNCTION LOAD, FCALL) -> Redis.
@@ -43,17 +77,20 @@ transport.py (FUNCTION LOAD, FCALL) -> Redis.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
+from dataclasses import dataclass, field
 from importlib import resources
+from typing import NamedTuple
 
 from taskq import errors
 from taskq.engine import contract
 from taskq.engine.contract import _LIMITS, HIST_BOUNDS_MS, Code
 from taskq.keys import COLD_KEYS, META_FIELDS, SCRIPT_KEYS
 
-MAX_LOCALS = 180
-MAX_UPVALUES = 50
+# Lua 5.1's limits per function (a part's closure, a verb's callback, any function in
+# them), and the build's: a unit within LIMIT_MARGIN of them is refused.
+LUA_MAX_LOCALS, LUA_MAX_UPVALUES, LIMIT_MARGIN = 200, 60, 10
+MAX_LOCALS, MAX_UPVALUES = LUA_MAX_LOCALS - LIMIT_MARGIN, LUA_MAX_UPVALUES - LIMIT_MARGIN
 
 LIB_PARTS: tuple[str, ...] = (
     "meta.lua",
@@ -67,6 +104,7 @@ LIB_PARTS: tuple[str, ...] = (
     "passes.lua",
     "workers.lua",
     "progress.lua",
+    "reclaim.lua",
     "dispatch.lua",
     "cuts.lua",
 )
@@ -75,8 +113,6 @@ _NAME_RE = re.compile(r"^([a-z]+)\.lua$")
 _KEYS_RE = re.compile(
     r"^-- KEYS: the job's keys \(keys\.SCRIPT_KEYS\)(?: \+ ([a-z_]+(?:, [a-z_]+)*))?(?:$| )", re.M
 )
-_TOP_LOCAL_RE = re.compile(r"^local\s+(?!function\b)(.*)$", re.M)
-_PER_CALL_RE = re.compile(r"^([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*(.*?)\s*--\s*per call\b")
 _FIELD_RE = re.compile(r"\bF\.([A-Za-z_]\w*)")
 
 
@@ -159,20 +195,12 @@ def _generated() -> str:
         f"local HIST_BOUNDS = {{{bounds}}}",
         "-- the meta fields' names by slot (F.<NAME> is a slot): a constant, never written",
         f"local META_NAMES = {{{meta_names}}}",
-        "-- the hist hash's field of histogram `name`'s bucket of ms: 'dur:<bucket>' a constant",
-        "-- (an ack's), any other made",
-        "local function hist_field(name, ms)",
-    ]
-    for i, bound in enumerate(HIST_BOUNDS_MS, 1):
-        lines.append(
-            f"  if ms <= {bound} then if name == 'dur' then return 'dur:{i}' end "
-            f"return name .. ':{i}' end"
-        )
-    last = len(HIST_BOUNDS_MS) + 1
-    lines += [
-        f"  if name == 'dur' then return 'dur:{last}' end",
-        f"  return name .. ':{last}'",
-        "end",
+        "-- this call's state that several parts share (made by lib/call.lua's reset(), each call)",
+        "local CALL = {}",
+        "-- the parts (lib/*.lua), each the table of its functions, built by the first call",
+        "local lib, BUILT = {}, false",
+        "-- each verb's function, by name (built with the parts: build())",
+        "local VERBS = {}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -183,8 +211,7 @@ _LIMIT_RE = re.compile(r"\b(" + "|".join(_LIMITS) + r")\b")
 
 def _constants(file: str, text: str) -> str:
     """``text`` with every ``C.NAME`` (a ``Code``) and every bound of ``_LIMITS`` written
-    as its number: a literal costs no lookup and no local of the library's chunk (Lua 5.1
-    allows 200 of them, ``MAX_LOCALS``)."""
+    as its number: one source of truth with Python, and a literal costs no lookup."""
 
     def code(m: re.Match[str]) -> str:
         if m.group(1) not in Code.__members__:
@@ -200,140 +227,264 @@ def _constants(file: str, text: str) -> str:
     return _LIMIT_RE.sub(lambda m: str(getattr(contract, m.group(1))), text)
 
 
-_LUA_STRING_RE = re.compile(r"'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"|--[^\n]*")
-_IDENT_RE = re.compile(r"(?<![.\w])([A-Za-z_]\w*)")
-_TOP_DECL_RE = re.compile(
-    r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*(?:=|$))", re.M
+class _Token(NamedTuple):
+    kind: str  # name, string, number, comment, symbol
+    text: str
+    line: int
+
+
+_LONG_OPEN_RE = re.compile(r"\[(=*)\[")
+_TOKEN_RE = re.compile(
+    r"(?P<space>[ \t\r\n]+)|(?P<name>[A-Za-z_]\w*)"
+    r"|(?P<number>0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+    r"|(?P<string>'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
+    r"|(?P<symbol>\.\.\.|\.\.|==|~=|<=|>=|[^\s\w])"
 )
 
 
-def headroom(chunk: str) -> tuple[int, dict[str, int]]:
-    """The top-level locals of a library chunk and the upvalues of each of its functions.
-
-    ``chunk`` is the library's text before its first ``redis.register_function``, plus
-    the functions registered (each callback counted as a function of its own). An
-    identifier a function uses that names a top-level local declared before it is an
-    upvalue (nested functions count for the function around them, as in Lua); a local of
-    the function with the same name is counted too, so the count is an upper bound.
-
-    Returns:
-        (locals, {function: upvalues}).
-    """
-    raw_head, _, raw_tail = chunk.partition("\nredis.register_function")
-    head = _LUA_STRING_RE.sub("''", raw_head)
-    declared: list[str] = []
-    upvalues: dict[str, int] = {}
-    lines = head.splitlines()
-    i = 0
-    while i < len(lines):
-        m = _TOP_DECL_RE.match(lines[i])
-        if m and m.group(1):
-            name, end = m.group(1), i + 1
-            if re.search(r"\)\s.*\bend$", lines[i]):  # a function on one line
-                end, text = i, lines[i].partition(")")[2]
-            else:
-                while end < len(lines) and lines[end] != "end":
-                    end += 1
-                text = "\n".join(lines[i + 1 : end])
-            known = set(declared)
-            upvalues[name] = len({w for w in _IDENT_RE.findall(text) if w in known})
-            declared.append(name)
-            i = end + 1
-            continue
-        if m and m.group(2):
-            declared += [n.strip() for n in m.group(2).split(",") if n.strip()]
-        i += 1
-    known = set(declared)
-    for fn in re.finditer(r"function_name = '%FN%(\w+)'(.*?)\nend}", raw_tail, re.S):
-        text = _LUA_STRING_RE.sub("''", fn.group(2))
-        upvalues[f"verb {fn.group(1)}"] = len({w for w in _IDENT_RE.findall(text) if w in known})
-    return len(declared), upvalues
-
-
-def _check_headroom(text: str) -> None:
-    """Refuse a library close to Lua 5.1's limits (200 locals, 60 upvalues): it would
-    stop loading a few definitions later, on every server at once."""
-    n_locals, upvalues = headroom(text)
-    if n_locals > MAX_LOCALS:
-        raise errors.TaskqError(
-            f"the Lua library has {n_locals} top-level locals (at most {MAX_LOCALS}; Lua "
-            f"5.1 stops at 200): write constants into the text at build (like F.* and "
-            f"C.*, library._constants), or gather related per-call state into one table"
-        )
-    worst = max(upvalues, key=upvalues.__getitem__)
-    if upvalues[worst] > MAX_UPVALUES:
-        raise errors.TaskqError(
-            f"the Lua library's function {worst} uses {upvalues[worst]} library locals "
-            f"(upvalues; at most {MAX_UPVALUES}, Lua 5.1 stops at 60): split it, or "
-            f"move state it resets into a helper it calls (as bind_globals does)"
-        )
-
-
-def _begin(parts: dict[str, str]) -> str:
-    """``begin(keys)``, made from the per-call state the library parts declare.
-
-    A library's locals outlive a call, so every top-level ``local`` of a part that is not a
-    function must be per-call state, declared on one line ending in ``-- per call``:
-    ``begin()`` assigns each declaration's initial value again, so no call sees the last
-    one's. A top-level local without the marker is refused (it could not be reset). First
-    ``bind_globals()`` (lib/meta.lua) binds the Lua globals the library calls into its
-    locals (globals exist only in a call, not while the library loads): the resets may call
-    them.
-
-    Args:
-        parts: file name -> text of each library part.
-
-    Returns:
-        The Lua source of ``begin``.
+def lua_tokens(text: str) -> list[_Token]:
+    """Lua 5.1's tokens of ``text``: names (keywords too), strings, numbers, comments and
+    symbols, each with its line. What the budget guard reads, so that neither indentation
+    nor a keyword inside a string or a comment can fool it.
 
     Raises:
-        TaskqError: a top-level local that is neither a function nor marked per call.
+        TaskqError: an unfinished string or long bracket.
     """
-    resets = []
-    bound = _bound_globals(parts)
-    for file, text in parts.items():
-        for decl in _TOP_LOCAL_RE.findall(text):
-            m = _PER_CALL_RE.match(decl)
-            if not m:
-                raise errors.TaskqError(
-                    f"lib/{file}: top-level `local {decl.strip()}` is not a function and not "
-                    f"marked `-- per call` (begin() could not reset it)"
-                )
-            names = [n.strip() for n in m.group(1).split(",")]
-            if all(n in bound for n in names):
-                continue  # bind_globals sets them on every call: no reset, no upvalue
-            resets.append(f"  {m.group(1)} = {m.group(2)}")
-    return (
-        "\n".join(
-            [
-                "-- Every function of the library starts here: the keys of this call's job, and every",
-                "-- piece of per-call state back to its start (generated from the `-- per call` lines).",
-                "local function begin(keys)",
-                "  set_keys(keys)",
-                "  bind_globals()",
-                *resets,
-                "end",
-            ]
+    out: list[_Token] = []
+    i, line, n = 0, 1, len(text)
+    while i < n:
+        kind = ""
+        if text.startswith("--", i) or text.startswith("[", i):
+            skip = 2 if text.startswith("--", i) else 0
+            long = _LONG_OPEN_RE.match(text, i + skip)
+            if long:
+                close = text.find("]" + long.group(1) + "]", long.end())
+                if close < 0:
+                    raise errors.TaskqError(f"line {line}: an unfinished long bracket")
+                end, kind = close + len(long.group(1)) + 2, "comment" if skip else "string"
+            elif skip:
+                close = text.find("\n", i)
+                end, kind = n if close < 0 else close, "comment"
+        if not kind:
+            m = _TOKEN_RE.match(text, i)
+            if not m or (m.lastgroup == "symbol" and text[i] in "'\""):
+                raise errors.TaskqError(f"line {line}: an unfinished string")
+            end, kind = m.end(), str(m.lastgroup)
+        if kind != "space":
+            out.append(_Token(kind, text[i:end], line))
+        line += text.count("\n", i, end)
+        i = end
+    return out
+
+
+@dataclass
+class Budget:
+    """A unit's use of Lua 5.1's per-function limits: the locals its chunk (a part's closure,
+    a verb's callback) declares at its top level, and for each function inside it the names
+    of the part and the library's chunk that it uses (its upvalues: an upper bound, a name
+    a function also declares itself is counted)."""
+
+    locals: list[str] = field(default_factory=list)
+    upvalues: dict[str, set[str]] = field(default_factory=dict)
+    per_call: list[str] = field(default_factory=list)
+    loose: list[str] = field(default_factory=list)  # top-level state neither per call nor constant
+
+
+_OPENERS = {"function", "do", "if", "repeat"}
+
+
+def _statement_locals(toks: list[_Token], k: int) -> tuple[list[str], int]:
+    """The names a ``local`` at ``toks[k]`` declares, and the index after them."""
+    k += 1
+    if toks[k].text == "function":
+        return [toks[k + 1].text], k + 2
+    names = [toks[k].text]
+    k += 1
+    while k + 1 < len(toks) and toks[k].text == ",":
+        names.append(toks[k + 1].text)
+        k += 2
+    return names, k
+
+
+def _binding_end(toks: list[_Token], k: int, count: int) -> int | None:
+    """The index after ``toks[k:]`` when they are ``= a.b, c, ...`` (``count`` dotted
+    names) ending their line: a local bound once, when its unit is built (a Lua global or
+    a part's function), never written. None when they are not."""
+    if k >= len(toks) or toks[k].text != "=":
+        return None
+    k += 1
+    for i in range(count):
+        if i and (k >= len(toks) or toks[k].text != ","):
+            return None
+        k += 1 if i else 0
+        if k >= len(toks) or toks[k].kind != "name":
+            return None
+        k += 1
+        while k + 1 < len(toks) and toks[k].text == "." and toks[k + 1].kind == "name":
+            k += 2
+    return k if k >= len(toks) or toks[k].line > toks[k - 1].line else None
+
+
+def _split_bindings(body: str) -> tuple[str, list[str], str]:
+    """A verb's text up to the end of its leading bindings (its header and the
+    ``local a = lib.part.a`` lines), the names they bind, and the rest (the callback)."""
+    code = [t for t in lua_tokens(body) if t.kind != "comment"]
+    k, names, last_line = 0, [], 0
+    while k + 1 < len(code) and code[k].text == "local" and code[k + 1].text != "function":
+        bound, after = _statement_locals(code, k)
+        end = _binding_end(code, after, len(bound))
+        if end is None:
+            break
+        names += bound
+        last_line, k = code[end - 1].line, end
+    lines = body.split("\n")
+    return "\n".join(lines[:last_line]) + "\n", names, "\n".join(lines[last_line:])
+
+
+def budget(text: str, outer: frozenset[str] = frozenset()) -> Budget:
+    """The locals and upvalues of one unit of the library (see ``Budget``).
+
+    Args:
+        text: the unit's Lua (a part's file, a verb's body).
+        outer: the names of the chunk around it (the library's own locals).
+
+    Returns:
+        Its Budget: ``per_call`` lists the top-level locals whose line ends in
+        ``-- per call``; ``loose`` those that are neither that, nor ``-- constant``, nor a
+        binding (``local a, b = x.y, z``), nor a function.
+    """
+    toks = lua_tokens(text)
+    code = [t for t in toks if t.kind != "comment"]
+    marks = {t.line: t.text for t in toks if t.kind == "comment"}
+    out = Budget()
+    # (opener, function name or "", names it uses) per open block
+    stack: list[tuple[str, str, set[str]]] = []
+    used_anywhere: set[str] = set()
+    k = 0
+    while k < len(code):
+        t = code[k]
+        if t.kind == "name" and t.text == "local" and not stack:
+            names, after = _statement_locals(code, k)
+            out.locals += names
+            if code[k + 1].text == "function":
+                k += 1  # (the function's own name is read where it opens)
+                continue
+            mark = marks.get(t.line, "")
+            if re.search(r"--\s*per call\b", mark):
+                out.per_call += names
+            elif not re.search(r"--\s*constant\b", mark) and (
+                _binding_end(code, after, len(names)) is None
+            ):
+                out.loose += names
+            k = after
+            continue
+        if t.kind == "name" and t.text in _OPENERS:
+            name = ""
+            if t.text == "function":
+                name = code[k + 1].text if code[k + 1].kind == "name" else ""
+                name = name or f"the function at line {t.line}"
+            stack.append((t.text, name, set()))
+            if t.text == "function" and code[k + 1].kind == "name":
+                k += 1  # (its own name: no use of it)
+        elif t.kind == "name" and t.text in ("end", "until") and stack:
+            opener, name, used = stack.pop()
+            if opener == "function":
+                out.upvalues[name] = used
+                for _, outer_name, outer_used in stack:
+                    if outer_name:
+                        outer_used |= used
+        elif t.kind == "name" and not (k and code[k - 1].text in (".", ":")):
+            used_anywhere.add(t.text)
+            for _, name, used in stack:
+                if name:
+                    used.add(t.text)
+        k += 1
+    known = set(outer) | set(out.locals)
+    out.upvalues = {name: used & known for name, used in out.upvalues.items()}
+    out.upvalues[""] = used_anywhere & outer  # the unit's own (a part's closure, a callback)
+    return out
+
+
+_CHUNK_NAMES = frozenset(budget(_generated()).locals) | {"build", "begin"}
+
+
+def _check(unit: str, got: Budget, what_to_do: str) -> None:
+    """Refuse a unit within ``LIMIT_MARGIN`` of Lua 5.1's limits: it would stop loading a
+    few definitions later, on every server at once."""
+    if len(got.locals) > MAX_LOCALS:
+        raise errors.TaskqError(
+            f"{unit} declares {len(got.locals)} top-level locals (at most {MAX_LOCALS}; Lua "
+            f"5.1 stops at {LUA_MAX_LOCALS}): {what_to_do}"
         )
-        + "\n"
+    for name, used in got.upvalues.items():
+        if len(used) > MAX_UPVALUES:
+            where = f"{unit}'s function {name}" if name else unit
+            raise errors.TaskqError(
+                f"{where} uses {len(used)} locals from around it (upvalues; at most "
+                f"{MAX_UPVALUES}, Lua 5.1 stops at {LUA_MAX_UPVALUES}): split it, or gather "
+                f"the state it reads into a table"
+            )
+
+
+_RETURN_RE = re.compile(r"^return \{(.*?)\}\s*end\)\(\)\n\Z", re.S | re.M)
+_BINDING_RE = re.compile(r"\blib\.(\w+)\.(\w+)")
+
+
+def _exports(file: str, wrapped: str) -> set[str]:
+    """The names a part returns (its closure's last statement, ``return {name = name, ...}``)."""
+    m = _RETURN_RE.search(wrapped)
+    if not m:
+        raise errors.TaskqError(f"lib/{file}: must end with `return {{name = name, ...}}`")
+    return set(re.findall(r"(\w+)\s*=", m.group(1)))
+
+
+def _check_bindings(unit: str, text: str, exports: dict[str, set[str]]) -> None:
+    """Refuse ``lib.<part>.<name>`` where the part returns no such name (it would be nil,
+    an error only when called)."""
+    for part, name in _BINDING_RE.findall(text):
+        if name not in exports.get(part, ()):
+            raise errors.TaskqError(
+                f"{unit}: binds lib.{part}.{name}, which lib/{part}.lua does not return "
+                f"(add `{name} = {name}` to its return table)"
+            )
+
+
+# every unit's Budget as last built: "lib/<part>.lua", "<verb>.lua", "the library's chunk"
+BUDGETS: dict[str, Budget] = {}
+
+
+def _part(file: str, text: str) -> tuple[str, bool]:
+    """A part's text wrapped in its closure (``lib.<part> = (function() ... end)()``, built
+    by ``build()``), and whether it has per-call state (then begin() calls its ``reset``).
+
+    Raises:
+        TaskqError: a top-level local that is state but not marked ``-- per call``, a
+            per-call local its ``reset()`` does not set, a part near Lua's limits.
+    """
+    got = budget(text, _CHUNK_NAMES)
+    unit = f"lib/{file}"
+    BUDGETS[unit] = got
+    if got.loose:
+        raise errors.TaskqError(
+            f"{unit}: top-level `local {', '.join(got.loose)}` outlives a call: end its line "
+            f"with `-- per call` and set it in the part's reset(), or `-- constant` when it "
+            f"is never written"
+        )
+    if got.per_call:
+        missing = set(got.per_call) - got.upvalues.get("reset", set())
+        if missing or not re.search(r"\breset = reset\b", text):
+            raise errors.TaskqError(
+                f"{unit}: its per-call locals ({', '.join(sorted(missing or got.per_call))}) "
+                f"need a `local function reset()` that sets each, returned as `reset = reset`"
+            )
+    _check(
+        unit,
+        got,
+        "move a group of its functions into a part of their own (a new lib/ file in "
+        "library.LIB_PARTS), or bind fewer of other parts' functions",
     )
-
-
-_BIND_RE = re.compile(r"^local function bind_globals\(\)\n(.*?)^end$", re.S | re.M)
-
-
-def _bound_globals(parts: dict[str, str]) -> set[str]:
-    """The names ``bind_globals()`` (lib/meta.lua) assigns: begin() need not reset them."""
-    for text in parts.values():
-        m = _BIND_RE.search(text)
-        if m:
-            body = m.group(1)
-            return {
-                n.strip()
-                for stmt in re.findall(r"^\s*([\w\s,]+?)\s*=", body, re.M)
-                for n in stmt.split(",")
-            }
-    return set()
+    stem = file.removesuffix(".lua")
+    return f"lib.{stem} = (function()\n-- lib/{file}\n{text}end)()\n", bool(got.per_call)
 
 
 _NAME_FIELD_RE = re.compile(r"\bN\.([A-Za-z_]\w*)")
@@ -372,14 +523,30 @@ def _nkeys(file: str, text: str) -> int:
     return len(SCRIPT_KEYS) + (len(m.group(1).split(",")) if m.group(1) else 0)
 
 
-def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
-    """(library name, library source, {verb: (function name, number of keys, read-only)})."""
+def _build(
+    texts: dict[str, str] | None = None,
+) -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
+    """(library name, library source, {verb: (function name, number of keys, read-only)}).
+
+    ``texts`` replaces the text of the lib/ parts it names (a test's changed part)."""
     pkg = resources.files("taskq.engine") / "lua"
-    parts = {
-        file: _constants(f"lib/{file}", _fields(f"lib/{file}", (pkg / "lib" / file).read_text()))
+    texts = texts or {}
+    parts = [
+        (
+            file,
+            *_part(
+                file,
+                _constants(
+                    f"lib/{file}",
+                    _fields(f"lib/{file}", texts.get(file) or (pkg / "lib" / file).read_text()),
+                ),
+            ),
+        )
         for file in LIB_PARTS
-    }
-    lib = "".join(f"-- lib/{file}\n{text}" for file, text in parts.items()) + _begin(parts)
+    ]
+    exports = {file.removesuffix(".lua"): _exports(file, text) for file, text, _ in parts}
+    for file, text, _ in parts:
+        _check_bindings(f"lib/{file}", text, exports)
     verbs: list[tuple[str, int, str, str]] = []
     for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
         m = _NAME_RE.match(entry.name)
@@ -390,26 +557,45 @@ def _build() -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
         if not first.startswith("#!lua"):
             raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
-        verbs.append(
-            (
-                verb,
-                _nkeys(entry.name, body),
-                ",".join(flags[:1]),
-                _constants(entry.name, _fields(entry.name, body)),
-            )
+        body = _constants(entry.name, _fields(entry.name, body))
+        head, bound, rest = _split_bindings(body)
+        _check(entry.name, Budget(locals=bound), "bind fewer names")
+        BUDGETS[entry.name] = budget(rest, _CHUNK_NAMES | set(bound))
+        _check(entry.name, BUDGETS[entry.name], "move some of its work into a lib/ part")
+        _check_bindings(entry.name, body, exports)
+        closure = (
+            f"VERBS.{verb} = (function()\n{head}return function(KEYS, ARGV)\n{rest}\nend\nend)()\n"
         )
-    text = (
+        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]), closure))
+    chunk = (
         _generated()
-        + lib
-        + "".join(
-            f"\nredis.register_function{{function_name = '%FN%{verb}', "
-            f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
-            f"callback = function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend}}\n"
-            for verb, _, flags, body in verbs
-        )
+        + "-- Builds the parts, in the order of library.LIB_PARTS, then the verbs, on the\n"
+        + "-- library's first call in a server: a library has no Lua globals while it loads, a\n"
+        + "-- call has (redis.call ...).\n"
+        + "local function build()\n"
+        + "".join(text for _, text, _ in parts)
+        + "".join(closure for _, _, _, closure in verbs)
+        + "BUILT = true\nend\n"
+        + "-- Every function of the library starts here: the library built, the keys of this\n"
+        + "-- call's job, and every part's per-call state back to its start.\n"
+        + "local function begin(keys)\n"
+        + "  if not BUILT then build() end\n"
+        + "  set_keys(keys)\n"
+        + "".join(f"  lib.{file.removesuffix('.lua')}.reset()\n" for file, _, has in parts if has)
+        + "end\n"
     )
-    if os.environ.get("TASKQ_NO_HEADROOM") != "1":
-        _check_headroom(text)
+    BUDGETS["the library's chunk"] = budget(chunk)
+    _check(
+        "the library's chunk",
+        BUDGETS["the library's chunk"],
+        "gather generated constants into a table, or per-call state into CALL",
+    )
+    text = chunk + "".join(
+        f"\nredis.register_function{{function_name = '%FN%{verb}', "
+        f"flags = {{{', '.join(repr(f) for f in flags.split(',') if f)}}}, "
+        f"callback = function(KEYS, ARGV)\nbegin(KEYS)\nreturn VERBS.{verb}(KEYS, ARGV)\nend}}\n"
+        for verb, _, flags, _ in verbs
+    )
     version = hashlib.sha1(text.encode()).hexdigest()[:12]
     name = f"taskq_{version}"
     source = f"#!lua name={name}\n" + text.replace("%FN%", f"{name}_")

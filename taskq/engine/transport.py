@@ -39,14 +39,22 @@ def _bulk(arg: Any) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(b), b)
 
 
-#: Packed bulk strings of the small ints a call sends most (counts, modes' wants, -1).
+#: Packed bulk strings of the small ints a call sends most (counts, modes' wants, -1):
+#: formatting ~10 ints a call is 7 % of a trainer's instructions per task at 1/call
+#: with hiredis (bench/README.md, "Trainer instructions per task").
 _INT_BULK: dict[int, bytes] = {i: b"$%d\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(-1, 1024)}
 
-#: Bumped in a forked child: a kept connection belongs to the process that opened it
-#: (os.getpid() is a system call on every call; this is a list read).
-_FORK_GEN = [0]
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _FORK_GEN.__setitem__(0, _FORK_GEN[0] + 1))
+#: The redis-py majors whose connection internals `_exchange` reads (``Connection._sock``,
+#: ``Connection._parser`` and the parser's ``read_response()``; the same from 5.0 to 8.x),
+#: as pyproject.toml pins them. Another layout must be read before it is trusted.
+REDIS_PY_MAJORS = range(5, 9)
+if int(redis.__version__.split(".")[0]) not in REDIS_PY_MAJORS:
+    raise ImportError(
+        f"taskq reads redis-py's connection internals as redis-py "
+        f"{REDIS_PY_MAJORS.start}.x-{REDIS_PY_MAJORS.stop - 1}.x lay them out; this is "
+        f"redis-py {redis.__version__}: install a redis-py in that range "
+        f"(pip install 'redis>={REDIS_PY_MAJORS.start},<{REDIS_PY_MAJORS.stop}')"
+    )
 
 #: Packed bulk strings of the short str arguments a trainer repeats on every call (its job
 #: incarnation, worker id, incarnation, mode letters, secret), up to this many per Scripts.
@@ -74,25 +82,26 @@ def _exchange(conn: Any, body: list[bytes]) -> Any:
 
     A connected connection is written and read directly (its socket, its parser, which
     handles RESP3 pushes itself): redis-py's ``send_packed_command`` / ``read_response``
-    around them (the health check, the error text naming the host) cost ~7 k
-    instructions of a trainer's ~125 k per task (bench/README.md, "Hot-path pass 3").
-    Their error handling is kept: any failure closes the connection (a reply half read
-    must not be taken for the next one); an OS error becomes redis-py's
-    ``ConnectionError``, which the caller retries through ``execute_command``; an error
-    reply is raised. A connection not connected (or a redis-py without these
-    attributes) goes through redis-py's own calls.
+    around them (the health check, the error text naming the host) are 4.4-4.9 % of a
+    trainer's instructions per task at 1/call with hiredis (bench/README.md, "Trainer
+    instructions per task"), so this reads redis-py's private members, for the versions
+    REDIS_PY_MAJORS names. Their error handling is kept: any failure closes the
+    connection (a reply half read must not be taken for the next one); an OS error
+    becomes redis-py's ``ConnectionError``, which the caller retries through
+    ``execute_command``; an error reply is raised. A connection not connected yet goes
+    through redis-py's own calls, which connect it.
 
     Raises:
         redis.exceptions.ConnectionError, TimeoutError: the socket failed (closed).
         redis.exceptions.ResponseError: Redis answered an error.
     """
-    sock, parser = getattr(conn, "_sock", None), getattr(conn, "_parser", None)
-    if sock is None or parser is None:
+    sock = conn._sock
+    if sock is None:
         conn.send_packed_command(body)
         return conn.read_response()
     try:
         sock.sendall(body[0])
-        reply = parser.read_response()
+        reply = conn._parser.read_response()
     except OSError as e:  # socket.timeout too
         conn.disconnect()
         raise redis.exceptions.ConnectionError(f"taskq: {e}") from e
@@ -111,20 +120,17 @@ class Scripts:
     def __init__(self, redis_client: Any) -> None:
         self._redis = redis_client
         # A call's constant part (FCALL, the function, its KEYS: 24 of a trainer's ~30
-        # arguments) is packed once per (verb, keys); bench/README.md measured redis-py's
+        # arguments) is packed once per (verb, keys); bench/HISTORY.md measured redis-py's
         # per-command machinery around it (packing every argument, the Retry and event
         # wrappers) as the largest share of a trainer's CPU per task.
         self._pool = _pool_of(redis_client)
         self._packed: dict[tuple[str, tuple[Any, ...]], tuple[int, bytes]] = {}
-        # the same, found by the key list's identity (a job's keys are one list for the
-        # life of its Client): no tuple of 22 keys hashed per call. The entry holds the
-        # list, so its id is not reused while cached.
-        self._packed_by_id: dict[tuple[str, int], tuple[Any, tuple[int, bytes]]] = {}
         self._bulk_str: dict[str, bytes] = {}
         # one connection kept out of the pool for whichever thread calls first (the pool's
         # get/release with its checks and events cost as much as the packing); a second
-        # thread meanwhile takes one from the pool. (fork generation, connection): a
-        # forked child leaves its parent's socket alone and takes its own.
+        # thread meanwhile takes one from the pool. (pid, connection): a forked child
+        # leaves its parent's socket alone and takes its own (the check redis-py's pool
+        # makes on its own connections).
         self._own: tuple[int, Any] | None = None
         self._own_lock = threading.Lock()
         #: Times the kept connection was dropped (its next call reconnects, under a new
@@ -157,8 +163,8 @@ class Scripts:
         if self._pool is None or not self._own_lock.acquire(blocking=False):
             return None
         try:
-            if self._own is None or self._own[0] != _FORK_GEN[0]:
-                self._own = (_FORK_GEN[0], self._pool.get_connection())
+            if self._own is None or self._own[0] != os.getpid():
+                self._own = (os.getpid(), self._pool.get_connection())
             conn = self._own[1]
             for attempt in (1, 2):  # a connection a restart closed reconnects once
                 replies: list[Any] = []
@@ -223,19 +229,12 @@ class Scripts:
     ) -> Any:
         """FCALL on a pooled connection with the constant part packed once; a connection
         error goes on through ``execute_command``, whose retry policy is the client's."""
-        by_id = self._packed_by_id.get((verb, id(keys)))
-        if by_id is not None and by_id[0] is keys:
-            const = by_id[1]
-        else:
-            cache_key = (verb, tuple(keys))
-            found = self._packed.get(cache_key)
-            if found is None:
-                head = [command, name, len(keys), *keys]
-                found = (len(head), b"".join(_bulk(a) for a in head))
-                self._packed[cache_key] = found
-            const = found
-            if len(self._packed_by_id) < 64:
-                self._packed_by_id[(verb, id(keys))] = (keys, const)
+        cache_key = (verb, tuple(keys))
+        const = self._packed.get(cache_key)
+        if const is None:
+            head = [command, name, len(keys), *keys]
+            const = (len(head), b"".join(_bulk(a) for a in head))
+            self._packed[cache_key] = const
         n, packed = const
         parts = [b"*%d\r\n" % (n + len(args)), packed]
         strs = self._bulk_str
@@ -259,8 +258,8 @@ class Scripts:
         assert self._pool is not None
         if self._own_lock.acquire(False):  # positional: the keyword form costs 0.2 µs
             try:
-                if self._own is None or self._own[0] != _FORK_GEN[0]:
-                    self._own = (_FORK_GEN[0], self._pool.get_connection())
+                if self._own is None or self._own[0] != os.getpid():
+                    self._own = (os.getpid(), self._pool.get_connection())
                 conn = self._own[1]
                 try:
                     return _exchange(conn, body)

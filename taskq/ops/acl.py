@@ -92,7 +92,13 @@ WRITE_COMMANDS = (
 #: Connection commands (AUTH/HELLO/SELECT/CLIENT SETNAME, PING), every read command on
 #: the user's keys (a function reads what it likes; a failing read half-way through a
 #: function would stop it after its first writes) and TIME (functions read the clock);
-#: minus what lists or counts the keys of other jobs (SCAN, KEYS, RANDOMKEY, DBSIZE).
+#: minus what lists or counts the keys of other jobs (SCAN, KEYS, RANDOMKEY, DBSIZE) and
+#: client-side caching: ``CLIENT TRACKING ... BCAST PREFIX taskq:`` would push the names
+#: of other jobs' changed keys, ``REDIRECT`` would send pushes to another client's
+#: connection, and ``CLIENT CACHING`` only serves tracking. The rest of ``@connection``
+#: is about the caller's own connection (CLIENT ID/INFO/GETNAME/SETINFO/REPLY/
+#: TRACKINGINFO/GETREDIR/NO-TOUCH, ECHO, RESET, WAIT, COMMAND's docs); the ones that
+#: reach other clients (CLIENT LIST/KILL/PAUSE/UNBLOCK/NO-EVICT) are ``@admin``.
 BASE_RULES = (
     "-@all",
     "+@connection",
@@ -100,6 +106,8 @@ BASE_RULES = (
     "+time",
     "-@admin",
     "-@dangerous",
+    "-client|tracking",
+    "-client|caching",
     "-scan",
     "-keys",
     "-randomkey",
@@ -121,7 +129,7 @@ CLUSTER_RULES = (
     "+command",
 )
 
-#: What a sharded job's trainer does beyond a plain job's (sharded_take.py): the barrier
+#: What a sharded job's trainer does beyond a plain job's (trainer/sharded.py): the barrier
 #: step (``advance`` on each shard, through ``next_pass`` with the pass expected), the
 #: bounded reap of a shard whose trainers vanished, a home from the record's counter and
 #: the barrier lock (``keys.barrier_key``: SET NX PX, PEXPIRE, DEL by its holder).

@@ -20,7 +20,6 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis
 from prometheus_client import start_http_server
 from prometheus_client.core import (
     CollectorRegistry,
@@ -34,11 +33,12 @@ from prometheus_client.utils import floatToGoString
 from taskq import errors
 from taskq.admin import shardset
 from taskq.admin.stats import LEASE_AGE_BOUNDS_S
+from taskq.engine.connection import REDIS_ERRORS
 from taskq.models import STATES, JobStatus
 from taskq.ops.exporter_input import input_families
 
 if TYPE_CHECKING:
-    from taskq.admin.caller import Admin
+    from taskq.admin.client import Client
 
 log = logging.getLogger("taskq.exporter")
 
@@ -81,7 +81,7 @@ COUNTERS = {
         "task (split_tails); each sample is still read once.",
     ),
 }
-_SKIPPED = (errors.TaskqError, redis.exceptions.RedisError)
+_SKIPPED = (errors.TaskqError, *REDIS_ERRORS)
 
 
 class TaskqCollector:
@@ -96,7 +96,7 @@ class TaskqCollector:
         jobs: the job names to export; every job in the index when None.
     """
 
-    def __init__(self, client: Admin, jobs: Sequence[str] | None = None) -> None:
+    def __init__(self, client: Client, jobs: Sequence[str] | None = None) -> None:
         self.client = client
         self.jobs = list(jobs) if jobs else None
         self._errors = 0
@@ -133,7 +133,7 @@ class TaskqCollector:
         """Shard job name -> its sharded job's name, for every sharded job."""
         out: dict[str, str] = {}
         try:
-            for name in shardset.list_sets(self.client):
+            for name in shardset.list_sets(self.client.connection):
                 job = self.client.job(name)
                 if job.sharded:
                     out.update(dict.fromkeys(job.parts(), name))
@@ -367,7 +367,7 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
 
 
 def start(
-    client: Admin,
+    client: Client,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,
@@ -393,7 +393,7 @@ def start(
 
 
 def serve(
-    client: Admin,
+    client: Client,
     port: int = DEFAULT_PORT,
     addr: str = "0.0.0.0",
     jobs: Sequence[str] | None = None,

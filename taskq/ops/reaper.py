@@ -9,8 +9,8 @@ its lateness in the job's ``hist`` hash. The server judges everything, including
 silence rule, so several reapers may run at once: a short per-job lock keeps them from
 stampeding and the scripts' atomicity keeps any lease from being re-dispatched twice.
 
-Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> the client (a
-``caller.Admin``) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
+Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> ``taskq.Client`` (the job
+handles; sharded.py's barrier step) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
 from taskq import errors
 from taskq.admin import sharded
-from taskq.admin.caller import Admin
+from taskq.admin.client import Client
 from taskq.ops.connwatch import ConnWatch
 
 log = logging.getLogger("taskq.reaper")
@@ -85,7 +85,7 @@ class Reaper:
 
     def __init__(
         self,
-        client: Admin,
+        client: Client,
         jobs: list[str] | None = None,
         interval: float = 0.5,
         give_up_after: float | None = None,
@@ -161,7 +161,7 @@ class Reaper:
                     log.info("job %s: reaping again", job)
         if self.jobs is None:  # all jobs: sharded ones whose trainers all died at a pass
             try:  # boundary move on (docs/sharding.md)
-                for name, to in sharded.advance_all(self.client).items():
+                for name, to in sharded.advance_all(self.client.connection).items():
                     log.info("sharded job %s: every shard finished its pass; now pass %d", name, to)
             except errors.ConnectionLost:
                 raise

@@ -1,8 +1,8 @@
 """The feeder: the one thread of a trainer process that talks to Redis for its DataLoader.
 
 It owns the process's ``taskq.Trainer`` (one per loader iteration, made after the
-DataLoader workers started, so nothing of it crosses a fork; a ``ShardedTrainer`` for a
-sharded job, used through the same public calls, its tasks named by their job-wide id):
+DataLoader workers started, so nothing of it crosses a fork; for a sharded job the
+same class, used through the same public calls, its tasks named by their job-wide id):
 it leases tasks of the current pass, keeping about ``tasks_ahead`` tasks leased and not
 read to their end (the readers' queue and the reserve of read-ahead not begun:
 ``readahead.py``); it acks and fails the tasks the main thread tells it about; it

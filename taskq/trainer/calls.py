@@ -1,14 +1,14 @@
 """A trainer's calls that change leases: the ack/start/lease step and the writes.
 
-``Calls`` is the part of ``Trainer`` (trainer/core.py) that talks to the server about
-leases: one ack/start/lease call (``step``) and what its reply does (to the lease book,
+``Calls`` is the part of ``Worker`` (trainer/worker.py) that talks to the server about
+leases: one ack/start/lease call (``step``) and what its reply does (to the held leases,
 the job view, a rejoin), the writes that end leases (``ack``, ``fail``, ``release``),
 failing tasks whose chunks cannot be read, and the lost-lease checks. It owns no state
 of its own: it applies replies to the parts that do. The iteration (trainer/iteration.py)
 and the facade's ``ack`` / ``fail`` / ``release`` use it.
 
-Data flow: trainer/core.py / trainer/iteration.py -> trainer/calls.py -> protocol.py -> engine/transport.py
-(lua) -> Redis; replies -> trainer/book.py, trainer/session.py (JobView).
+Data flow: trainer/worker.py / trainer/iteration.py -> trainer/calls.py -> protocol.py -> engine/transport.py
+(lua) -> Redis; replies -> trainer/leases.py, trainer/session.py (JobView).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from taskq import errors
 from taskq.engine.contract import Code
 from taskq.models import Task
-from taskq.trainer.beats import Beats
-from taskq.trainer.book import LeaseBook
-from taskq.trainer.progress_sender import ProgressSender
+from taskq.trainer.heartbeat import Heartbeat
+from taskq.trainer.leases import HeldLeases
+from taskq.trainer.progress import ProgressSender
 from taskq.trainer.protocol import Step, Wire
 from taskq.trainer.session import JobView, Session
 
@@ -49,19 +49,19 @@ class Calls:
         self,
         wire: Wire,
         session: Session,
-        book: LeaseBook,
+        leases: HeldLeases,
         view: JobView,
         progress: ProgressSender,
-        beats: Beats,
+        heartbeat: Heartbeat,
         split_tails: bool = True,
     ) -> None:
         self.job = session.job
         self._wire = wire
         self._session = session
-        self._book = book
+        self._leases = leases
         self._view = view
         self._progress = progress
-        self._beats = beats
+        self._heartbeat = heartbeat
         #: how long a step waits for a pending piece of a split task (None: two ttls);
         #: ``lease(timeout=...)`` sets it to what its timeout leaves
         self.split_wait_s: float | None = None
@@ -73,12 +73,12 @@ class Calls:
     ) -> Step:
         """One ack/start/lease call; the tasks it grants are held (those with corrupt
         chunks too, apart, until ``fail_corrupt`` fails them)."""
-        book, session = self._book, self._session
+        leases, session = self._leases, self._session
         for t in acks:  # (a loop, not any(): this is on every call's path)
             if t.end is not None:  # a piece of a split task among them
                 self._confirm_ends(acks)
                 break
-        call_no = book.begin()
+        call_no = leases.begin()
         incarnation, secret = session.creds
         try:
             # the call itself, not through contact(): its *args would cost a tuple per task
@@ -97,17 +97,17 @@ class Calls:
         except BaseException as e:
             if isinstance(e, errors.JobNotFound):  # what contact() notes
                 session.gone()
-            book.lost(call_no)
+            leases.lost(call_no)
             raise
         session.heard()
         self._progress.discard(acks)  # a done task's progress is spent
-        book.applied(call_no, acks, starts, r)
+        leases.applied(call_no, acks, starts, r)
         if r.code == REREGISTER:
-            self._beats.rejoin(incarnation)
+            self._heartbeat.rejoin(incarnation)
         if r.info is not None:
             self._view.note(r.info)
-            if self._beats.helper is not None:
-                self._beats.changed()
+            if self._heartbeat.helper is not None:
+                self._heartbeat.changed()
         if r.code in _END_STATES:
             self._view.end(_END_STATES[r.code])
         for t in r.granted:
@@ -160,7 +160,7 @@ class Calls:
             for t, res in zip(pending, results, strict=False):
                 if res == STALE:
                     t.revoked.set()
-                    self._book.forget([t])
+                    self._leases.forget([t])
                     granted.remove(t)
             pending = [t for t in pending if t.split_pending and not t.revoked.is_set()]
             if pending:
@@ -197,7 +197,7 @@ class Calls:
         if code == JOB_COMPLETED:
             raise errors.JobCompleted(f"job {self.job!r} is completed")
         if code == JOB_CANCELLED:
-            self._beats.revoke_all()
+            self._heartbeat.revoke_all()
             raise errors.JobCancelled(f"job {self.job!r} was cancelled")
 
     def check_acks(self, acks: list[Task], results: list[int], raise_stale: bool) -> None:
@@ -231,8 +231,8 @@ class Calls:
             tasks,
             extra,
         )
-        self._book.forget(tasks)
-        self._beats.changed()
+        self._leases.forget(tasks)
+        self._heartbeat.changed()
         self.check_acks(tasks, results, raise_stale=True)
 
     def ack(self, tasks: list[Task]) -> None:

@@ -1,74 +1,42 @@
-"""The thin trainer client: lease, ack, fail, release, heartbeats, graceful leave.
+"""The trainer client: lease, ack, fail, release, heartbeats, graceful leave.
 
-A ``Trainer`` registers a worker incarnation, heartbeats from a daemon thread (it dies
-with the process, so a SIGKILLed trainer keeps nothing alive), and iterates tasks:
-acking the previous task, starting a reserved one and leasing the next is one script
-call. Every write carries the lease token; the server decides what is current.
+``Trainer`` is the one class a training loop uses, for a plain job and a sharded one
+alike: its public surface (properties, ``lease`` / ``lease_many``, iteration,
+``passes()``, ``batches(k)``, ``ack`` / ``fail`` / ``release``, ``progress``,
+``heartbeat()``, the ``with`` block, ``close``) is written here once. What differs is
+where leases come from, a part chosen once from the job's record when the trainer is
+made: a plain job's ``Worker`` (worker.py: one registered worker of one engine job, with
+its session, held leases, progress, heartbeat and iteration), or a sharded job's
+``ShardedWorker`` (sharded.py: a home shard's worker first, the other shards' tails, the
+barrier). The ``with`` block's signal handling is ``signals.py``'s ``SignalLeave``.
 
-``Trainer`` is a facade over parts that each own their state and lock: the session and
-the job view (trainer/session.py: registration, incarnations, the lease secret, retries,
-rejoin, leave; pass, generation, state, drain), the lease book (trainer/book.py: held
-and reserved tasks, tokens, call numbers, revocations), the progress buffer
-(trainer/progress_sender.py), the heartbeat (trainer/beats.py, the only thing heartbeat.py
-sees, as a ``HeartbeatHost``), the lease-changing calls (trainer/calls.py) and the
-iteration modes (trainer/iteration.py); the ``with`` block's signal handling is
-``signals.py``'s ``SignalLeave`` (shared with ``ShardedTrainer``). This module builds
-them, and has the public surface and leaving. The verbs' ARGV and replies are
-``protocol.py``'s.
-
-Data flow: trainer code -> trainer/core.py -> trainer/iteration.py / trainer/calls.py ->
-protocol.py -> engine/transport.py (lua) -> Redis <- reaper.py.
+Data flow: trainer code -> trainer/core.py -> trainer/worker.py (or trainer/sharded.py ->
+one worker per shard) -> protocol.py -> engine/connection.py -> Redis <- reaper.py.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from types import EllipsisType, TracebackType
 from typing import Any
 
 from taskq import errors
+from taskq.admin import shardset
 from taskq.admin.client import Client
+from taskq.admin.jobs import check_name
 from taskq.engine.connection import resolve_url
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys
 from taskq.models import Task
-from taskq.trainer.beats import Beats, heartbeat_mode
-from taskq.trainer.book import LeaseBook
-from taskq.trainer.calls import Calls
-from taskq.trainer.heartbeat import stop_dropped
-from taskq.trainer.iteration import Iteration
-from taskq.trainer.progress_sender import ProgressSender
-from taskq.trainer.protocol import HeartbeatReply, Wire
-from taskq.trainer.session import JobView, Session
+from taskq.trainer.protocol import HeartbeatReply
 from taskq.trainer.session import default_worker_id as default_worker_id  # its old home
+from taskq.trainer.session import retrying
+from taskq.trainer.sharded import ShardedWorker
 from taskq.trainer.signals import SignalLeave
+from taskq.trainer.worker import Worker
 
 log = logging.getLogger("taskq.trainer")
-
-
-#: What ``Trainer(name)`` of a sharded job builds: ``ShardedTrainer``, set by
-#: trainer/sharded.py when it is imported (``import taskq`` does), so that this module
-#: imports nothing that imports it back.
-SHARDED_TRAINER: Callable[..., Any] | None = None
-
-
-def _is_sharded(client: Client, job: str, reconnect_timeout: float) -> bool:
-    """Whether ``job`` is a sharded job (``client.job``), retrying an unreachable Redis
-    for up to ``reconnect_timeout`` seconds as the trainer's own calls do."""
-    deadline = time.monotonic() + reconnect_timeout
-    delay = 0.05
-    while True:
-        try:
-            return client.job(job).sharded
-        except errors.ConnectionLost as e:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("%s; retrying in %.2fs", e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
 
 class Trainer:
@@ -77,9 +45,11 @@ class Trainer:
     Args:
         job: the job name.
         url: Redis URL (or ``TASKQ_REDIS_URL``); ignored when ``client`` is given.
-        client: a configured ``taskq.Client`` to share (cluster, Sentinel, TLS).
+        client: a configured ``taskq.Client`` to share (cluster, Sentinel, TLS); its
+            connection is the one this trainer calls through.
         worker_id: defaults to ``host:pid:random``; ``|`` is not allowed.
-        prefetch: reserved tasks kept ahead of the current one (others may steal them).
+        prefetch: reserved tasks kept ahead of the current one (others may steal them;
+            a sharded job's: leased ahead on the shard the last ones came from).
         worker_ttl: this worker's own liveness ttl in seconds (e.g. for long GIL-bound
             steps); the job's ``worker_ttl`` when None.
         heartbeat: ``"thread"`` (or True, the default): a daemon thread of this process;
@@ -103,48 +73,31 @@ class Trainer:
             never asks ``task.current_end`` is never split. False: its tasks are never
             split, and a piece handed to it whose split is still pending is released at
             once.
+        home: a sharded job's only: the home shard's index (the next in turn when None).
+        idle_wait: a sharded job's only: seconds the first idle round waits for work
+            before looking at the other shards again; it doubles while nothing comes, up
+            to ``max_idle_wait`` (the polls of a crowd of idle trainers at a pass's tail
+            stay bounded).
+        max_idle_wait: a sharded job's only: the longest wait between two looks at the
+            other shards.
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
         pass_no: the newest pass this trainer heard of (see the property).
+        client: the ``taskq.Client`` given or made (for admin reads: status,
+            checkpoint); the trainer calls through its ``connection``.
+
+    A sharded job's trainer takes from its home shard first, then the other shards'
+    tails, and runs the barrier step at a pass's end (trainer/sharded.py); the surface is
+    the same, ``global_id(task)`` names a task in the whole job and ``task.job`` its
+    shard.
 
     Raises:
         JobNotFound: no such job.
+        InvalidInput: a bad argument (``home`` given for a plain job too).
         ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
             ``reconnect_timeout``.
     """
-
-    def __new__(
-        cls, job: str, url: str | None = None, client: Client | None = None, *a: Any, **kw: Any
-    ) -> Any:
-        """``Trainer(name)`` works on any job: a sharded job's name gives its
-        ``ShardedTrainer`` (trainer/sharded.py), the same surface (iteration,
-        ``passes()``, ``batches(k)``, ``lease`` / ``lease_many``, ``progress``, ``ack`` /
-        ``fail`` / ``release``, the ``with`` block, ``close``); ``client.job(name)`` tells
-        which (jobs.py). A subclass, or ``of_shard``, is always a plain trainer."""
-        if cls is not Trainer:
-            return super().__new__(cls)
-        probe = client or Client(url, retries=1)
-        if _is_sharded(probe, job, float(kw.get("reconnect_timeout", 60.0))):
-            if SHARDED_TRAINER is None:  # pragma: no cover - `import taskq` sets it
-                raise errors.TaskqError(f"job {job!r} is sharded: import taskq.sharded_trainer")
-            return SHARDED_TRAINER(job, url, probe, *a, **kw)
-        self = super().__new__(cls)
-        self.__dict__["_probe_client"] = probe  # the client __init__ would make: made once
-        return self
-
-    @classmethod
-    def of_shard(cls, job: str, **kw: Any) -> Trainer:
-        """A plain trainer of ``job``, a job of the engine (a sharded trainer's shard),
-        without asking whether ``job`` is a sharded job.
-
-        Args:
-            job: the job (a shard's) name.
-            kw: ``Trainer``'s arguments.
-        """
-        self: Trainer = object.__new__(cls)
-        Trainer.__init__(self, job, **kw)
-        return self
 
     def __init__(
         self,
@@ -160,54 +113,113 @@ class Trainer:
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
+        home: int | None = None,
+        idle_wait: float = 0.5,
+        max_idle_wait: float = 5.0,
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
-        self.client = client or self.__dict__.pop("_probe_client", None) or Client(url, retries=1)
+        self.client = client or retrying(reconnect_timeout, lambda: Client(url, retries=1))
         self.job = job
-        wire = Wire(self.client.caller, job)
-        self.keys: JobKeys = wire.keys
-        # each part checks its own arguments (InvalidInput) before anything is sent
-        self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
-        self.worker_id = session.worker_id
+        self.handle_signals = handle_signals
+        conn = self.client.connection
         # the raw URL (with any password) for connections of our own; None with a given client
         raw_url = resolve_url(url) if client is None else url
-        mode = heartbeat_mode(heartbeat, raw_url)
-        self.handle_signals = handle_signals
-        # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
-        self.input_meter = input_meter if input_meter is not None else InputMeter()
-        self._view = view = JobView()
-        self._book = book = LeaseBook()
-        # progress inside tasks: buffered, sent with the heartbeat (docs/resume.md); with
-        # the helper process, from the loop's own thread at most once per interval
-        self._progress = progress = ProgressSender(wire, session, mode == "process", split_tails)
-        self._beats = beats = Beats(
-            self.client, wire, session, book, view, progress, self.input_meter
-        )
-        self._calls = calls = Calls(wire, session, book, view, progress, beats, split_tails)
-        self._iter = Iteration(
-            self.client, wire, session, book, view, calls, beats, prefetch, self.input_meter
-        )
-        self._signals = SignalLeave(job)
-        self._closed = False
-        # a trainer started while Redis is away (a pod scheduled during a restart) waits
-        # for it like every other call, up to reconnect_timeout
-        view.note(session.retrying(session.register).info)
-        beats.start(mode, raw_url)
-        # nothing started here holds the trainer strongly: dropped, it is collected and
-        # this stops its heartbeats
-        self._finalizer = weakref.finalize(self, stop_dropped, job, session.stop, beats.helper)
+        kw: dict[str, Any] = {
+            "prefetch": prefetch,
+            "worker_ttl": worker_ttl,
+            "heartbeat": heartbeat,
+            "reconnect_timeout": reconnect_timeout,
+            "input_meter": input_meter,
+            "split_tails": split_tails,
+        }
+        check_name(job)  # a bad name: InvalidInput before anything is sent
+        # where leases come from, chosen once from the job's record: a plain job's one
+        # worker, or a sharded job's home shard, the others' tails and the barrier
+        sset = retrying(reconnect_timeout, shardset.load, conn, job)
+        if sset is not None:
+            # its shards' workers beat on the client's connection unless given a URL
+            self._worker: Worker | ShardedWorker = ShardedWorker(
+                conn,
+                sset,
+                url,
+                worker_id,
+                home=home,
+                idle_wait=idle_wait,
+                max_idle_wait=max_idle_wait,
+                **kw,
+            )
+        elif home is not None:
+            raise errors.InvalidInput(f"home is a sharded job's; job {job!r} is not sharded")
+        else:
+            self._worker = Worker(conn, job, raw_url, worker_id, **kw)
+        self._attach()
+
+    @classmethod
+    def of_shard(
+        cls, job: str, url: str | None = None, client: Client | None = None, **kw: Any
+    ) -> Trainer:
+        """A plain trainer of ``job``, a job of the engine (a sharded job's shard),
+        without reading whether ``job`` is a sharded job.
+
+        Args:
+            job: the job (a shard's) name.
+            url, client, kw: ``Trainer``'s arguments (not a sharded job's).
+        """
+        self: Trainer = cls.__new__(cls)
+        self.client = client or Client(url, retries=1)
+        self.job = job
+        self.handle_signals = kw.pop("handle_signals", True)
+        raw_url = resolve_url(url) if client is None else url
+        self._worker = Worker(self.client.connection, job, raw_url, **kw)
+        self._attach()
+        return self
+
+    def _attach(self) -> None:
+        """What both constructors set once the worker is made."""
+        worker = self._worker
+        self.worker_id = worker.worker_id
+        self.keys: JobKeys = worker.keys
+        #: the loop's data wait, sent with the heartbeats (a given one: the torch loader's)
+        self.input_meter = worker.input_meter
+        self._signals = SignalLeave(self.job)
+
+    @property
+    def sharded(self) -> bool:
+        """True for a sharded job's trainer (trainer/sharded.py takes its leases)."""
+        return isinstance(self._worker, ShardedWorker)
+
+    @property
+    def shards(self) -> list[str]:
+        """The engine jobs this trainer takes from: a sharded job's shards (shard ``k`` at
+        index ``k``), a plain job's ``[job]``."""
+        return self._worker.shards
+
+    @property
+    def home(self) -> int:
+        """The index in ``shards`` of the home shard, taken from first (0: a plain job)."""
+        return self._worker.home
+
+    @property
+    def registered_shards(self) -> list[str]:
+        """The shards this trainer is registered on now (home and those it leases from)."""
+        return self._worker.registered_shards
+
+    @property
+    def taken_elsewhere(self) -> int:
+        """Tasks taken from shards other than home (a pass's shared tail)."""
+        return self._worker.taken_elsewhere
 
     # -- what the trainer knows -------------------------------------------------------
     @property
     def held(self) -> list[Task]:
         """The tasks this trainer believes it holds (current and reserved)."""
-        return self._book.held()
+        return self._worker.held
 
     @property
     def draining(self) -> bool:
         """True once an operator asked this worker to finish its task and leave."""
-        return self._view.draining
+        return self._worker.draining
 
     @property
     def state(self) -> str:
@@ -215,77 +227,77 @@ class Trainer:
         ``"waiting"`` (at a pass boundary for ``taskq pass next``), ``"completed"`` (its
         last pass is done) or ``"cancelled"``. Every reply and heartbeat answer updates
         it; after ``passes()`` or iteration ends it says why (see ``passes``)."""
-        return self._view.state
+        return self._worker.state
 
     @property
     def pass_no(self) -> int:
         """The newest pass of the job this trainer heard of (read-only; never goes back)."""
-        return self._view.pass_no
+        return self._worker.pass_no
 
     @property
     def incarnation(self) -> str:
         """This worker's current incarnation (a new one after a rejoin)."""
-        return self._session.incarnation
+        return self._worker.incarnation
 
     @property
     def job_incarnation(self) -> str:
         """The job's incarnation this trainer registered with."""
-        return self._session.job_incarnation
+        return self._worker.job_incarnation
 
     @property
     def ttl_s(self) -> float:
         """This worker's liveness ttl in seconds, as the server gave it."""
-        return self._session.ttl_s
+        return self._worker.ttl_s
 
     @property
     def heartbeat_interval(self) -> float:
         """Seconds between heartbeats, as the server gave it."""
-        return self._session.heartbeat_interval
+        return self._worker.heartbeat_interval
 
     @property
     def reconnect_timeout(self) -> float:
         """Seconds a call keeps retrying while Redis is unreachable (settable)."""
-        return self._session.reconnect_timeout
+        return self._worker.reconnect_timeout
 
     @reconnect_timeout.setter
     def reconnect_timeout(self, value: float) -> None:
-        self._session.reconnect_timeout = value
+        self._worker.reconnect_timeout = value
 
     @property
     def prefetch(self) -> int:
         """Reserved tasks kept ahead of the current one (settable)."""
-        return self._iter.prefetch
+        return self._worker.prefetch
 
     @prefetch.setter
     def prefetch(self, value: int) -> None:
-        self._iter.prefetch = value
+        self._worker.prefetch = value
 
     @property
     def heartbeats_sent(self) -> int:
         """Heartbeat answers applied."""
-        return self._beats.sent
+        return self._worker.heartbeats_sent
 
     @property
     def stolen_from_me(self) -> int:
         """Reserved tasks an idle trainer took before this one started them."""
-        return self._book.stolen_from_me
+        return self._worker.stolen_from_me
 
     def global_id(self, task: Task) -> int:
-        """The task's id in the whole job: ``task.id`` (``ShardedTrainer`` maps a shard's
-        task to its id in the sharded job)."""
-        return task.id
+        """The task's id in the whole job: ``task.id`` for a plain job; a sharded job's
+        task is mapped from its shard (``task.job``) to its id in the sharded job."""
+        return self._worker.global_id(task)
 
     # -- taking tasks (trainer/iteration.py) ---------------------------------------------------
     def lease(
         self,
-        timeout: float = 2.0,
+        timeout: float | None = 2.0,
         expect_pass: int | None = None,
         acks: Sequence[Task] = (),
     ) -> Task | None:
         """Lease one task, started; with ``acks``, ack those in the same call.
 
         Args:
-            timeout: seconds to wait for work (0: do not wait).
+            timeout: seconds to wait for work (0: do not wait; None: until there is).
             expect_pass: never return work of another pass (``PASS_DONE`` -> None).
             acks: finished tasks to ack in the same call. A lost lease among them is
                 logged, not raised: its ``revoked`` event is set and nothing was counted.
@@ -303,12 +315,12 @@ class Trainer:
             ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
                 ``reconnect_timeout``.
         """
-        return self._iter.lease(timeout, expect_pass, acks)
+        return self._worker.lease(timeout, expect_pass, acks)
 
     def lease_many(
         self,
         n: int,
-        timeout: float = 2.0,
+        timeout: float | None = 2.0,
         expect_pass: int | None = None,
         acks: Sequence[Task] = (),
         *,
@@ -320,7 +332,7 @@ class Trainer:
         Args:
             n: the most tasks to lease (1 to the job's per-call bound; 0 with ``acks``
                 or ``starts``: none, only those).
-            timeout: seconds to wait for work (0: do not wait).
+            timeout: seconds to wait for work (0: do not wait; None: until there is).
             expect_pass: never return work of another pass (``PASS_DONE`` -> []).
             acks: finished tasks to ack in the same call (a lost lease is logged and its
                 ``revoked`` event set, not raised).
@@ -340,10 +352,12 @@ class Trainer:
             InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
             JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
         """
-        return self._iter.lease_many(n, timeout, expect_pass, acks, starts, reserve)
+        return self._worker.lease_many(
+            n, timeout, expect_pass, acks, starts=starts, reserve=reserve
+        )
 
     def __iter__(self) -> Iterator[Task]:
-        return self._iter.iterate(None)
+        return self._worker.iterate()
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass; each ends when its pass is complete for everyone (a
@@ -368,7 +382,7 @@ class Trainer:
         Raises:
             JobNotFound: the job was deleted or replaced meanwhile.
         """
-        return self._iter.passes()
+        return self._worker.passes()
 
     def batches(self, k: int) -> Iterator[list[Task]]:
         """Lists of up to ``k`` tasks started together and acked together (one call per
@@ -384,7 +398,7 @@ class Trainer:
             InvalidInput: ``k < 1``.
             JobNotFound: the job was deleted or replaced.
         """
-        return self._iter.batches(k)
+        return self._worker.batches(k)
 
     # -- ending leases (trainer/calls.py) -------------------------------------------------
     def ack(self, task: Task | list[Task]) -> None:
@@ -396,7 +410,7 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
-        self._calls.ack(task if isinstance(task, list) else [task])
+        self._worker.ack(task if isinstance(task, list) else [task])
 
     def fail(self, task: Task | list[Task], error: str = "") -> None:
         """Report a failed task (counts a failure; dead at the caps). A failed batch goes
@@ -409,7 +423,7 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._calls.write("fail", task if isinstance(task, list) else [task], str(error)[:500])
+        self._worker.fail(task if isinstance(task, list) else [task], str(error)[:500])
 
     def release(self, task: Task | list[Task]) -> None:
         """Give a task back unfinished (leasable by others at once).
@@ -420,9 +434,9 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._calls.write("release", task if isinstance(task, list) else [task])
+        self._worker.release(task if isinstance(task, list) else [task])
 
-    # -- progress (trainer/progress_sender.py) ---------------------------------------------------
+    # -- progress (trainer/progress.py) -------------------------------------------------
     def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task`` (``n`` counts from the
         task's sample 0: a resumed task reports ``task.start`` + what it took). Cheap: kept
@@ -443,7 +457,7 @@ class Trainer:
         Raises:
             InvalidInput: ``n`` is not an integer >= 0.
         """
-        self._progress.record(task, n, end)
+        self._worker.progress(task, n, end)
 
     def flush_progress(self) -> list[int]:
         """Send the recorded progress now (the heartbeat does it every interval).
@@ -455,9 +469,9 @@ class Trainer:
         Raises:
             ConnectionLost: Redis could not be reached (the progress stays buffered).
         """
-        return self._progress.flush()
+        return self._worker.flush_progress()
 
-    # -- the heartbeat (trainer/beats.py) -------------------------------------------------
+    # -- the heartbeat (trainer/heartbeat.py) ---------------------------------------------
     def heartbeat(self) -> list[int]:
         """Send one heartbeat now (what the heartbeat thread does every interval).
 
@@ -467,7 +481,7 @@ class Trainer:
         Raises:
             ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
         """
-        return self._beats.heartbeat()
+        return self._worker.heartbeat()
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
         """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
@@ -483,12 +497,12 @@ class Trainer:
         Returns:
             The ids of held tasks now marked revoked.
         """
-        return self._beats.apply_heartbeat(reply, args)
+        return self._worker.apply_heartbeat(reply, args)
 
     def keep_beating(self) -> bool:
         """Mark what is held at risk while out of contact for longer than the ttl; False
         once there is nothing to beat for (closed, or the job is gone)."""
-        return self._beats.keep_beating()
+        return self._worker.keep_beating()
 
     # -- leaving ------------------------------------------------------------------
     def __enter__(self) -> Trainer:
@@ -513,22 +527,12 @@ class Trainer:
             SystemExit: a SIGTERM during the leave (nothing from Redis: that is logged).
             KeyboardInterrupt: a SIGINT during the leave.
         """
-        if self._closed:
-            return
-        self._closed = True
-        self._session.stop.set()
-        try:
-            self._progress.flush_quietly()
-            self._session.leave()
-        finally:
-            self._book.revoke_all()
-            self._finalizer.detach()
-            self._beats.stop()
+        self._worker.close()
 
     def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
         """The body raised: the task(s) it was working on failed (a batch goes back to be
         retried one task at a time); reserved ones are released by close()."""
-        current = [t for t in self.held if t.started and not t.revoked.is_set()]
+        current = self._worker.current()
         if current:
             name = exc_type.__name__ if exc_type else "error"
             try:

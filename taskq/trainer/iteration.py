@@ -1,12 +1,12 @@
 """A trainer's ways to take tasks: ``lease`` / ``lease_many``, iteration, ``passes()``,
 ``batches(k)``.
 
-``Iteration`` is the part of ``Trainer`` (trainer/core.py) a training loop drives: each step
+``Iteration`` is the part of ``Worker`` (trainer/worker.py) a training loop drives: each step
 acks the previous task, starts a reserved one and leases the next in one call
-(trainer/calls.py's ``step``), keeping the read-ahead in the lease book
-(trainer/book.py), and waits on the wake-up lists when there is no work. It owns the
+(trainer/calls.py's ``step``), keeping the read-ahead in the lease leases
+(trainer/leases.py), and waits on the wake-up lists when there is no work. It owns the
 prefetch depth and the input meter it times ``next()`` with; the rest is the session's,
-the book's and the job view's.
+the leases's and the job view's.
 
 Data flow: training loop -> trainer/iteration.py -> trainer/calls.py -> protocol.py -> Redis.
 """
@@ -18,12 +18,11 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 
 from taskq import errors
-from taskq.admin.client import Client
+from taskq.admin.jobs import PlainJob
+from taskq.engine.connection import Connection
 from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.models import Task
-from taskq.trainer.beats import Beats
-from taskq.trainer.book import LeaseBook
 from taskq.trainer.calls import (
     DRAINING,
     JOB_CANCELLED,
@@ -34,6 +33,8 @@ from taskq.trainer.calls import (
     STALE,
     Calls,
 )
+from taskq.trainer.heartbeat import Heartbeat
+from taskq.trainer.leases import HeldLeases
 from taskq.trainer.protocol import Wire
 from taskq.trainer.session import JobView, Session
 
@@ -47,26 +48,26 @@ class Iteration:
 
     def __init__(
         self,
-        client: Client,
+        connection: Connection,
         wire: Wire,
         session: Session,
-        book: LeaseBook,
+        leases: HeldLeases,
         view: JobView,
         calls: Calls,
-        beats: Beats,
+        heartbeat: Heartbeat,
         prefetch: int,
         input_meter: InputMeter,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.job = session.job
-        self._client = client
+        self._connection = connection
         self._wire = wire
         self._session = session
-        self._book = book
+        self._leases = leases
         self._view = view
         self._calls = calls
-        self._beats = beats
+        self._heartbeat = heartbeat
         self.prefetch = prefetch
         self.input_meter = input_meter
 
@@ -74,7 +75,7 @@ class Iteration:
     def lease(self, timeout: float, expect_pass: int | None, acks: Sequence[Task]) -> Task | None:
         """``Trainer.lease``."""
         tasks = self.lease_n(
-            1, timeout, expect_pass, acks=self._book.still_held(acks), raise_corrupt=True
+            1, timeout, expect_pass, acks=self._leases.still_held(acks), raise_corrupt=True
         )
         return tasks[0] if tasks else None
 
@@ -94,7 +95,7 @@ class Iteration:
             n,
             timeout,
             expect_pass,
-            acks=self._book.still_held(acks),
+            acks=self._leases.still_held(acks),
             starts=list(starts),
             mode="R" if reserve else "S",
         )
@@ -181,12 +182,12 @@ class Iteration:
     def tasks(self, expect_pass: int | None) -> Generator[Task, None, None]:
         """The tasks one by one: each ``next()`` acks the previous one, starts a reserved
         one and leases read-ahead in one call."""
-        book, view, calls = self._book, self._view, self._calls
+        leases, view, calls = self._leases, self._view, self._calls
         step, retrying = calls.step, self._session.retrying
         current: Task | None = None
         ep = -1 if expect_pass is None else expect_pass
         while True:
-            acks, starts, n_reserved = book.next_step(current)
+            acks, starts, n_reserved = leases.next_step(current)
             if current is not None and current._revoked is not None and current._revoked.is_set():
                 log.warning(
                     "job %s: lease of task %s was revoked; its result is not counted",
@@ -206,7 +207,7 @@ class Iteration:
             try:
                 r = retrying(step, acks, starts, want, mode, ep)
             except (errors.JobNotFound, errors.JobCancelled):
-                self._beats.revoke_all()
+                self._heartbeat.revoke_all()
                 raise
             if acks and STALE in r.ack_res:
                 calls.check_acks(acks, r.ack_res, raise_stale=False)
@@ -219,11 +220,11 @@ class Iteration:
                 view.drain()
                 return
             if code == JOB_COMPLETED or code == JOB_CANCELLED:
-                self._beats.revoke_all()
+                self._heartbeat.revoke_all()
                 return
             if starts and r.start_res and r.start_res[0] == OK:
                 current = starts[0]
-            current = book.place(got, current)
+            current = leases.place(got, current)
             if current is not None:
                 yield current
                 continue
@@ -234,7 +235,7 @@ class Iteration:
                 retrying(self.wait, r.wait_s if r.wait_s > 0 else _MAX_BLOCK_S, r.gen)
 
     def _release_reserved(self) -> None:
-        reserved = self._book.reserved()
+        reserved = self._leases.reserved()
         if reserved:
             try:
                 self._calls.write("release", reserved)
@@ -244,7 +245,7 @@ class Iteration:
     def passes(self) -> Iterator[Iterator[Task]]:
         """``Trainer.passes``."""
         try:
-            pass_no = self._client.status(self.job, summaries=0).pass_no
+            pass_no = PlainJob(self._connection, self.job).status(summaries=0).pass_no
         except errors.JobNotFound:
             return
         view, session = self._view, self._session
@@ -265,7 +266,7 @@ class Iteration:
             while True:
                 meter.enter()
                 try:
-                    batch = self.lease_n(k, _MAX_BLOCK_S, None, acks=self._book.still_held(batch))
+                    batch = self.lease_n(k, _MAX_BLOCK_S, None, acks=self._leases.still_held(batch))
                 except (errors.JobCompleted, errors.JobCancelled, errors.Draining):
                     return
                 if batch:

@@ -2,17 +2,17 @@
 
 ``Wire`` runs the verbs a trainer calls (register, ack, fail, release, progress, leave,
 heartbeat) on one job and hands back typed replies; the ARGV order and the reply shapes of
-the Lua headers (``taskq/engine/lua/<verb>-N.lua``) are known here alone. A reply is decoded once, where
+the Lua headers (``taskq/engine/lua/<verb>.lua``) are known here alone. A reply is decoded once, where
 it arrives; the rest of the trainer reads named fields. What a reply *does* to a
-trainer's state (held leases, pass, generation) stays in trainer/core.py.
+trainer's state (held leases, pass, generation) stays in the worker's parts (trainer/worker.py).
 
 Every verb that ends, starts, grants or renews leases (and register, which sets it)
 carries the worker incarnation's lease secret as its last argument (before the optional
 connection id of register and heartbeat); Redis keeps only a digest of it (docs/design.md,
 "Lease secrets"). It is never logged, nor put in an error.
 
-Data flow: trainer/core.py / heartbeat.py -> protocol.py -> the ``run`` of the client's
-connection part (``Client.caller``, a ``caller.Link``) / engine/transport.py -> Redis.
+Data flow: trainer/worker.py's parts / heartbeat.py -> protocol.py -> the engine's ``Connection``
+(``run``, engine/connection.py) / engine/transport.py -> Redis.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from taskq import errors
-from taskq.admin.caller import Link
 from taskq.data import task_size
-from taskq.engine.connection import name_connection, trainer_conn_name, translate
+from taskq.engine.connection import Connection, name_connection, trainer_conn_name, translate
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
 from taskq.integrity import decode_chunks
@@ -199,12 +198,12 @@ class Wire:
     """The verbs a trainer sends for one job, over one ``Client``.
 
     Args:
-        client: the client to call through (its ``run`` raises negative codes except
-            ``PASSTHROUGH``, which come back in the reply).
+        client: the engine's connection to call through (its ``run`` raises negative
+            codes except ``PASSTHROUGH``, which come back in the reply).
         job: the job name.
     """
 
-    def __init__(self, client: Link, job: str) -> None:
+    def __init__(self, client: Connection, job: str) -> None:
         self.client = client
         self.job = job
         self.keys = client.keys(job)

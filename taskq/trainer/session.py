@@ -7,9 +7,9 @@ the last contact, the retry loop every call runs in (backoff with jitter, bounde
 ``reconnect_timeout``), rejoining once after being declared lost (under the session's
 lock), and the leave.
 ``JobView`` owns the job's pass, generation, state and this worker's drain flag, under
-its own lock. Both are parts of ``Trainer`` (trainer/core.py); neither knows the others.
+its own lock. Both are parts of ``Worker`` (trainer/worker.py); neither knows the others.
 
-Data flow: trainer/core.py / trainer/calls.py / trainer/beats.py -> trainer/session.py ->
+Data flow: trainer/worker.py / trainer/calls.py / trainer/heartbeat.py -> trainer/session.py ->
 protocol.py (register, leave) -> Redis.
 """
 
@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from taskq import errors
 from taskq.trainer.protocol import JobInfo, Registered, Wire
@@ -86,6 +86,27 @@ class JobView:
                 self._skipped_gen = seen
                 return None
         return gen
+
+
+T = TypeVar("T")
+
+
+def retrying(timeout_s: float, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, retrying ``ConnectionLost`` (``RedisOutOfMemory`` too: Redis away,
+    a master paused or failing over) with backoff and jitter for up to ``timeout_s``
+    seconds, as every call of a trainer does (``Session.retrying``, which also stops once
+    the trainer is closed)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return fn(*args)
+        except errors.ConnectionLost as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; retrying in %.2fs", e, delay)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
 
 
 class Session:

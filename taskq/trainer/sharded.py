@@ -1,88 +1,96 @@
-"""The trainer of a sharded job: a home shard first, the other shards' tails after.
+"""Where a sharded job's ``Trainer`` takes leases: a home shard first, the other shards'
+tails after, and the barrier at a pass's end.
 
-``taskq.Trainer(name)`` of a sharded job returns a ``ShardedTrainer`` (trainer/core.py asks
-``client.job(name)``): the same surface as a plain ``Trainer`` (iteration, ``passes()``,
-``batches(k)``, ``prefetch``, ``lease`` / ``lease_many``, ``progress``, ``ack`` / ``fail``
-/ ``release``, the ``with`` block's SIGTERM release, ``close``), so code written for one
-job works on both.
-
-A ``ShardedTrainer`` holds one ordinary ``Trainer`` per shard it works on: its home shard
-(spread evenly: the n-th trainer to join gets shard ``n mod S``) for as long as it runs,
-another shard only while it takes tasks from there (registered and heartbeating there
-only then). It takes from home first; when home has nothing leasable it looks at the
-other shards' statuses (reads, no registration) and leases from one with work left, so
-the tail of a pass is shared rather than stuck on one shard. When every shard has
-finished pass ``p`` it runs the barrier step (``sharded.advance``), which any trainer or
-the reaper may repeat, and the pass iterator ends: ``passes()`` means the whole job's
-pass, as ``Trainer.passes()`` does for one shard.
+``ShardedWorker`` is the part ``Trainer`` (core.py) composes for a sharded job (chosen
+once, from the job's shard-set record). It holds one ``Worker`` (worker.py) per shard it
+works on: its home shard (spread evenly: the n-th trainer to join gets shard ``n mod S``)
+for as long as it runs, another shard only while it takes tasks from there (registered
+and heartbeating there only then). It takes from home first: the finished task's shard
+while its tail lasts, else home, else a shard whose status shows work left; when nothing
+is leasable, an idle round reads every shard (reads, no registration), reaps a shard
+whose trainers vanished, leases from one with work left, so the tail of a pass is shared
+rather than stuck on one shard, and, when every shard has finished pass ``p``, runs the
+barrier step (``ShardedJob.advance``, admin/sharded.py), which any trainer or the reaper
+may repeat; the pass iterator then ends: ``passes()`` means the whole job's pass, as for
+a plain job.
 
 A task costs one call: the finished task (or batch) is acked in the call that leases the
-next ones (``Trainer.lease_many(acks=...)`` on the finished task's shard, with the pass
-expected), as a plain ``Trainer``'s iterator does. ``prefetch`` leases tasks ahead;
-``batches(k)`` hands out up to ``k`` tasks of one shard at a time.
+next ones (``Worker.lease_many(acks=...)`` on the finished task's shard, with the pass
+expected). ``prefetch`` leases tasks ahead; ``batches(k)`` hands out up to ``k`` tasks
+of one shard at a time. See docs/sharding.md, "Trainers".
 
-Data flow: trainer code -> trainer/sharded.py -> sharded_take.py (where tasks come from)
--> trainer/core.py (one per shard) -> Redis;
--> sharded.py (status reads, the barrier step); cli/work.py -> trainer/sharded.py.
+Data flow: trainer/core.py -> trainer/sharded.py -> trainer/worker.py (one per shard) ->
+Redis; -> admin/sharded.py (status reads, the barrier step, reaps).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import EllipsisType
-from typing import Any
+from typing import Any, TypeVar
 
 from taskq import errors
-from taskq.admin import sharded
-from taskq.admin.client import Client
-from taskq.engine.connection import translate
+from taskq.admin.sharded import ShardedJob, combine
+from taskq.admin.shardset import ShardSet
+from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
-from taskq.keys import shard_set_key
-from taskq.models import Task
-from taskq.trainer import core as trainer_module
-from taskq.trainer.core import Trainer, default_worker_id
-from taskq.trainer.sharded_take import ShardTaker
-from taskq.trainer.signals import LeaveOnSignal
+from taskq.keys import JobKeys, shard_set_key
+from taskq.models import JobStatus, Task
+from taskq.trainer.heartbeat import HeartbeatReply
+from taskq.trainer.session import default_worker_id, retrying
+from taskq.trainer.worker import Worker
 
 log = logging.getLogger("taskq.sharded")
 
+T = TypeVar("T")
 
-class ShardedTrainer(ShardTaker, LeaveOnSignal):
-    """A worker of one sharded job (see the module docstring).
+#: Idle trainers reaping another shard per idle round, expected, however many there are.
+REAPERS_PER_ROUND = 4
+
+
+def _finished(s: JobStatus, pass_no: int) -> bool:
+    """True when shard ``s`` has nothing more to do for ``pass_no`` (its pass complete,
+    or none of its tasks live: see ``ShardedJob.advance``)."""
+    return (
+        s.state in ("completed", "cancelled")
+        or s.pass_no > pass_no
+        or (s.pass_no == pass_no and _at_rest(s))
+    )
+
+
+def _at_rest(s: JobStatus) -> bool:
+    """Shard ``s`` waits at a pass boundary (its pass complete, or no live task)."""
+    return s.state in ("completed", "cancelled") or (
+        s.state == "waiting" and s.reason in ("manual_advance", "all_dead")
+    )
+
+
+class ShardedWorker:
+    """A worker of one sharded job (its arguments are ``Trainer``'s). Each public member
+    is ``Trainer``'s of the same name, documented there; tasks come as lists.
 
     Args:
-        job: the sharded job's name.
-        url: Redis URL (or ``TASKQ_REDIS_URL``); ignored when ``client`` is given.
-        client: a configured ``taskq.Client`` to share.
-        worker_id: this worker's id on every shard (``host:pid:random`` by default).
+        connection: the engine's connection.
+        sset: the job's shard-set record.
+        raw_url: the URL with its password, for the heartbeats' own connections.
         home: the home shard's index; the next in turn when None.
-        prefetch: tasks leased ahead of the current one (on the shard the last ones came
-            from; they are this trainer's until acked, released on close). 0: none.
         idle_wait: seconds the first idle round waits for work before looking at the
-            other shards again; it doubles while nothing comes, up to ``max_idle_wait``
-            (the polls of a crowd of idle trainers at a pass's tail stay bounded).
-        max_idle_wait: the longest wait between two looks at the other shards.
-        heartbeat, worker_ttl, reconnect_timeout: as ``Trainer`` (per shard trainer).
-        input_meter: the loop's data-wait meter (``Trainer``'s), sent with the home
-            shard's heartbeats (the other shards' trainers come and go).
-        handle_signals: in the ``with`` block, SIGTERM -> ``SystemExit``, SIGINT ->
-            ``KeyboardInterrupt``, so everything held is released.
+            other shards again; it doubles while nothing comes, up to ``max_idle_wait``.
 
     Raises:
-        JobNotFound: no such sharded job.
         InvalidInput: a bad ``home`` or ``prefetch``.
-        ConnectionLost: the cluster unreachable for longer than ``reconnect_timeout``.
     """
 
     def __init__(
         self,
-        job: str,
-        url: str | None = None,
-        client: Client | None = None,
+        connection: Connection,
+        sset: ShardSet,
+        raw_url: str | None,
         worker_id: str | None = None,
         *,
         home: int | None = None,
@@ -91,7 +99,6 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         max_idle_wait: float = 5.0,
         heartbeat: bool | str = True,
         worker_ttl: float | None = None,
-        handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
@@ -99,12 +106,12 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
         self.reconnect_timeout = reconnect_timeout
-        # one redis-py retry per command; this trainer's own loop does the rest
-        self.client = client or self._retrying(lambda: Client(url, retries=1))
-        self.job = job
-        self._url = url
-        self.sset = self._retrying(sharded.require, self.client, job)
-        self.shards = self.sset.shards
+        self.connection = connection
+        self.job = sset.name
+        self._raw_url = raw_url
+        self.sset = sset
+        self._handle = ShardedJob(connection, sset)
+        self.shards = sset.shards
         if home is None:
             seq = self._retrying(self._next_home_seq)
             home = (int(seq) - 1) % len(self.shards)
@@ -119,18 +126,15 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         self._carry: list[Task] = []  # tasks of the next pass, got while waiting
         self._ahead: deque[Task] = deque()  # prefetched, leased, not yet handed out
         self._pending: list[Task] = []  # handed out: acked with the next step
-        self.handle_signals = handle_signals
-        self._old_handlers: dict[int, Any] = {}
-        self._trainer_kw: dict[str, Any] = {
+        self._worker_kw: dict[str, Any] = {
             "heartbeat": heartbeat,
             "worker_ttl": worker_ttl,
-            "handle_signals": False,
             "reconnect_timeout": reconnect_timeout,
             "split_tails": split_tails,
         }
-        #: sent by the home shard's trainer only
+        #: sent by the home shard's worker only
         self.input_meter = input_meter if input_meter is not None else InputMeter()
-        self._trainers: dict[int, Trainer] = {}
+        self._workers: dict[int, Worker] = {}
         self._state = "running"
         self._pass = 0
         self._closed = False
@@ -141,9 +145,11 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
 
     def _next_home_seq(self) -> int:
         """The record's join counter, incremented: the n-th trainer's home is n mod S."""
-        with translate(self.client.url):
+        with translate(self.connection.url):
             return int(
-                self.client.redis.hincrby(shard_set_key(self.job, self.client.prefix), "seq", 1)
+                self.connection.redis.hincrby(
+                    shard_set_key(self.job, self.connection.prefix), "seq", 1
+                )
             )
 
     def global_id(self, task: Task) -> int:
@@ -168,7 +174,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
     @property
     def registered_shards(self) -> list[str]:
         """The shards this trainer is registered on now (home and those it leases from)."""
-        return [self.shards[k] for k in sorted(self._trainers)]
+        return [self.shards[k] for k in sorted(self._workers)]
 
     def _iterate(self, pass_no: int) -> Iterator[Task]:
         while True:
@@ -212,7 +218,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             yield got
 
     def _pass_numbers(self) -> Iterator[int]:
-        pass_no = sharded.combine(self.sset, self._statuses())[2]
+        pass_no = combine(self.sset, self._statuses())[2]
         while self._state not in ("completed", "cancelled") and not self._closed:
             self._pass = max(self._pass, pass_no)
             yield pass_no
@@ -222,38 +228,17 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass of the whole job; each ends when every shard has
-        finished that pass (a barrier). Ends after the last pass, on cancel or drain;
-        tell them apart by ``state`` and ``draining`` as with ``Trainer.passes()``.
-
-        Returns:
-            Iterators of tasks (``global_id(task)`` names a task in the whole job); a
-            task is acked in the call that leases the next one.
-
-        Raises:
-            JobNotFound: a shard was deleted or replaced.
-        """
+        finished that pass (a barrier); a task is acked in the call that leases the next."""
         for pass_no in self._pass_numbers():
             yield self._iterate(pass_no)
 
-    def __iter__(self) -> Iterator[Task]:
+    def iterate(self) -> Iterator[Task]:
         for one_pass in self.passes():
             yield from one_pass
 
     def batches(self, k: int) -> Iterator[list[Task]]:
-        """Lists of up to ``k`` tasks of one shard, leased together and acked together in
-        the call that leases the next batch; through every pass (a batch never mixes
-        two passes), until the job is completed or cancelled, or this worker drains.
-
-        Args:
-            k: the most tasks in one batch (1 to the per-call bound).
-
-        Returns:
-            An iterator of batches.
-
-        Raises:
-            InvalidInput: ``k < 1``.
-            JobNotFound: a shard was deleted or replaced.
-        """
+        """Lists of up to ``k`` tasks of one shard (a batch never mixes shards or
+        passes), acked together in the call that leases the next batch."""
         if k < 1:
             raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         for pass_no in self._pass_numbers():
@@ -274,28 +259,10 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         is over everywhere the next one's come (not with ``expect_pass``).
 
         Each task carries its shard (``task.job``): its ack, start, fail or release goes
-        to that shard's trainer. ``acks`` and ``starts`` of home ride on the lease call
+        to that shard's worker. ``acks`` and ``starts`` of home ride on the lease call
         there; those of other shards take one call per shard (n 0) before it.
-
-        Args:
-            n: the most tasks (1 to the per-call bound; 0 with ``acks`` or ``starts``:
-                none, only those).
-            timeout: seconds to wait for work (0: do not wait; None: until there is).
-            expect_pass: the whole job's pass wanted: never return work of another one;
-                [] once that pass is over on every shard (the barrier step is run).
-            acks: finished tasks to ack (a lost lease is logged, not raised).
-            starts: tasks leased with ``reserve=True``, to start now (each comes back
-                started, or revoked if an idle trainer took it meanwhile).
-            reserve: lease the tasks reserved, not started (``Trainer.lease_many``).
-
-        Returns:
-            The tasks leased; empty when ``timeout`` passed with nothing to give, or
-            (``expect_pass``) that pass is over.
-
-        Raises:
-            InvalidInput: ``n < 0``, or 0 with neither acks nor starts. JobCompleted,
-            JobCancelled: no work will ever come. Draining: an operator drained this
-            worker. JobNotFound, ConnectionLost.
+        ``expect_pass`` is the whole job's pass: [] once it is over on every shard (the
+        barrier step is run).
         """
         if n < 0 or (n == 0 and not acks and not starts):
             raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
@@ -348,9 +315,11 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             if deadline is not None and time.monotonic() >= deadline:
                 return []
 
-    def lease(self, timeout: float | None = 2.0) -> Task | None:
-        """Lease one task (``lease_many(1, timeout)``); None when ``timeout`` passed."""
-        got = self.lease_many(1, timeout)
+    def lease(
+        self, timeout: float | None, expect_pass: int | None, acks: Sequence[Task]
+    ) -> Task | None:
+        """One task (``lease_many(1, ...)``); None when ``timeout`` passed."""
+        got = self.lease_many(1, timeout, expect_pass, acks)
         return got[0] if got else None
 
     def _raise_if_over(self) -> None:
@@ -371,7 +340,7 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
     @property
     def held(self) -> list[Task]:
         """The tasks this trainer holds, on every shard (current and leased ahead)."""
-        return [t for tr in list(self._trainers.values()) for t in tr.held]
+        return [t for w in list(self._workers.values()) for t in w.held]
 
     def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
         """Record that the loop took samples ``[0, n)`` of ``task``: kept by its shard's
@@ -389,40 +358,25 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
         Returns:
             The ids (in their shard) of tasks whose report was refused.
         """
-        return [i for tr in list(self._trainers.values()) for i in tr.flush_progress()]
+        return [i for w in list(self._workers.values()) for i in w.flush_progress()]
 
     def _forget(self, tasks: Sequence[Task]) -> None:
         self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
 
-    def ack(self, task: Task | list[Task]) -> None:
-        """Ack a task (or a batch) now; iteration would ack it with the next lease.
-
-        Raises:
-            LeaseLost: the lease was no longer this trainer's; nothing was counted.
-        """
-        tasks = task if isinstance(task, list) else [task]
+    def ack(self, tasks: list[Task]) -> None:
+        """Ack tasks now, one call per shard; iteration would ack them with the next lease."""
         self._forget(tasks)
         for k, part in self._by_shard(tasks).items():
             self._open(k).ack(part)
 
-    def fail(self, task: Task | list[Task], error: str = "") -> None:
-        """Report a failed task or batch (as ``Trainer.fail``); iteration moves on.
-
-        Raises:
-            LeaseLost: the lease was no longer this trainer's.
-        """
-        tasks = task if isinstance(task, list) else [task]
+    def fail(self, tasks: list[Task], error: str) -> None:
+        """Report failed tasks, one call per shard; iteration moves on."""
         self._forget(tasks)
         for k, part in self._by_shard(tasks).items():
             self._open(k).fail(part, error)
 
-    def release(self, task: Task | list[Task]) -> None:
-        """Give a task (or a batch) back unfinished, leasable by others at once.
-
-        Raises:
-            LeaseLost: the lease was no longer this trainer's.
-        """
-        tasks = task if isinstance(task, list) else [task]
+    def release(self, tasks: list[Task]) -> None:
+        """Give tasks back unfinished, one call per shard."""
         self._forget(tasks)
         for k, part in self._by_shard(tasks).items():
             self._open(k).release(part)
@@ -434,21 +388,290 @@ class ShardedTrainer(ShardTaker, LeaveOnSignal):
             return
         self._closed = True
         self._ahead.clear()
-        trainers, self._trainers = list(self._trainers.values()), {}
-        for tr in trainers:
-            tr.close()
+        workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.close()
 
-    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
-        """The body raised: the task(s) it was working on failed; the rest (prefetched)
-        are released by close()."""
-        current = [t for t in self._pending if not t.revoked.is_set()]
-        if current:
-            name = exc_type.__name__ if exc_type else "error"
+    # -- the rest of the surface: the home shard's worker, or all of them --------------
+    @property
+    def keys(self) -> JobKeys:
+        return self._open(self.home).keys
+
+    @property
+    def incarnation(self) -> str:
+        return self._open(self.home).incarnation
+
+    @property
+    def job_incarnation(self) -> str:
+        return self._open(self.home).job_incarnation
+
+    @property
+    def ttl_s(self) -> float:
+        return self._open(self.home).ttl_s
+
+    @property
+    def heartbeats_sent(self) -> int:
+        return sum(w.heartbeats_sent for w in list(self._workers.values()))
+
+    @property
+    def stolen_from_me(self) -> int:
+        return sum(w.stolen_from_me for w in list(self._workers.values()))
+
+    def heartbeat(self) -> list[int]:
+        return [i for w in list(self._workers.values()) for i in w.heartbeat()]
+
+    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
+        return self._open(self.home).apply_heartbeat(reply, args)
+
+    def keep_beating(self) -> bool:
+        return any([w.keep_beating() for w in list(self._workers.values())])
+
+    def current(self) -> list[Task]:
+        """The tasks the loop is working on (handed out, not revoked)."""
+        return [t for t in self._pending if not t.revoked.is_set()]
+
+    def _release_quietly(self, tasks: list[Task]) -> None:
+        try:
+            self.release(tasks)
+        except errors.LeaseLost:
+            pass
+
+    # -- plumbing -----------------------------------------------------------------
+    def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, retrying ``ConnectionLost`` (a master paused or failing over)
+        for up to ``reconnect_timeout`` seconds (session.py's ``retrying``)."""
+        return retrying(self.reconnect_timeout, fn, *args)
+
+    def _open(self, k: int) -> Worker:
+        if k not in self._workers:
+            self._workers[k] = self._retrying(self._new_worker, k)
+        return self._workers[k]
+
+    def _new_worker(self, k: int) -> Worker:
+        return Worker(
+            self.connection,
+            self.shards[k],
+            self._raw_url,
+            self.worker_id,
+            input_meter=self.input_meter if k == self.home else None,
+            **self._worker_kw,
+        )
+
+    def _close_idle(self, k: int) -> None:
+        """Leave shard ``k`` (not home) once nothing is held there."""
+        worker = self._workers.get(k)
+        if k != self.home and worker is not None and not worker.held:
+            del self._workers[k]
+            worker.close()
+
+    def _statuses(self) -> list[JobStatus]:
+        return [self._retrying(s.status, 0) for s in self._handle.shards]
+
+    def _shard_of(self, task: Task) -> int:
+        return self.shards.index(task.job)
+
+    def _by_shard(self, tasks: Sequence[Task]) -> dict[int, list[Task]]:
+        out: dict[int, list[Task]] = {}
+        for t in tasks:
+            out.setdefault(self._shard_of(t), []).append(t)
+        return out
+
+    # -- taking work ----------------------------------------------------------------
+    def _lease(
+        self,
+        k: int,
+        pass_no: int,
+        timeout: float,
+        n: int = 1,
+        acks: Sequence[Task] = (),
+        starts: Sequence[Task] = (),
+        reserve: bool = False,
+    ) -> list[Task]:
+        """Up to ``n`` tasks of ``pass_no`` from shard ``k`` (reserved with ``reserve``),
+        acking ``acks`` and starting ``starts`` (all of shard ``k``) in the same call; []
+        when none. ``n`` 0: only the acks and starts."""
+        try:
+            got = self._open(k).lease_many(
+                n, timeout=timeout, expect_pass=pass_no, acks=acks, starts=starts, reserve=reserve
+            )
+        except errors.JobCompleted:
+            return []
+        except errors.JobCancelled:
+            self._state = "cancelled"
+            return []
+        except errors.Draining:
+            self._draining = True
+            return []
+        if k != self.home:
+            self.taken_elsewhere += len(got)
+        return got
+
+    def _counted(self, done: Sequence[Task]) -> list[Task]:
+        """``done`` without the tasks whose lease was revoked (logged: not counted)."""
+        keep = []
+        for t in done:
+            if t.revoked.is_set() or self._shard_of(t) not in self._workers:
+                log.warning(
+                    "job %s: lease of task %s of %s was revoked; its result is not counted",
+                    self.job,
+                    t.id,
+                    t.job,
+                )
+            else:
+                keep.append(t)
+        return keep
+
+    def _ack_now(self, done: Sequence[Task]) -> None:
+        """Ack ``done`` in one call per shard (no lease with it); a lost lease is logged."""
+        for k, tasks in self._by_shard(self._counted(done)).items():
             try:
-                self.fail(current, f"{name}: {exc}")
-            except errors.TaskqError as e:
-                log.warning("could not fail task(s) %s: %s", [t.id for t in current], e)
+                self._workers[k].ack(tasks)
+            except errors.LeaseLost as e:
+                log.warning("%s", e)
 
+    def _take(
+        self, pass_no: int, done: Sequence[Task], n: int, reserve: bool = False
+    ) -> list[Task]:
+        """Ack ``done`` and lease up to ``n`` tasks of ``pass_no`` (reserved with
+        ``reserve``) in the same call: on ``done``'s shard when that is not home (a
+        shard's tail, while it lasts), else home; then shards already open. [] when
+        nothing is leasable now."""
+        done = self._counted(done)
+        by_shard = self._by_shard(done)
+        if len(by_shard) > 1:  # tasks acked by hand in between: not one shard's batch
+            self._ack_now(done)
+            by_shard = {}
+        for k, acks in by_shard.items():
+            if k != self.home:
+                got = self._lease(k, pass_no, 0, n, acks, reserve=reserve)
+                if got or self._draining or self._state == "cancelled":
+                    return got
+                self._close_idle(k)
+                by_shard = {}
+        got = self._lease(self.home, pass_no, 0, n, by_shard.get(self.home, ()), reserve=reserve)
+        if got or self._draining or self._state == "cancelled":
+            return got
+        for k in sorted(self._workers):
+            if k != self.home:
+                got = self._lease(k, pass_no, 0, n, reserve=reserve)
+                if got:
+                    return got
+                self._close_idle(k)
+        return []
 
-# ``taskq.Trainer(name)`` of a sharded job is one of these (trainer/core.py)
-trainer_module.SHARDED_TRAINER = ShardedTrainer
+    def _idle_round(
+        self, pass_no: int, n: int, reserve: bool = False, carry: bool = True
+    ) -> list[Task] | bool:
+        """Nothing leasable: read every shard; steal from one with work left, end the
+        pass (True) when all have finished it (running the barrier step), else wait.
+        With ``carry`` False a home waiting at the barrier is not asked for the next
+        pass's tasks (none are leased for a caller that expects this pass only)."""
+        sts = self._statuses()
+        state, reason, _ = combine(self.sset, sts)
+        if state in ("completed", "cancelled"):
+            if state == "cancelled":
+                self._retrying(self._handle.advance)
+            self._state = state
+            return True
+        # a job with no live task at all waits for a retry, as a plain job does
+        if reason != "all_dead" and all(_at_rest(s) for s in sts):
+            # every shard waits at a boundary: the barrier step (it does nothing while a
+            # checkpoint's cut holds the barrier lock: the next round tries again)
+            self._retrying(self._handle.advance)
+            if all(_finished(s, pass_no) for s in sts):
+                return True
+        if any(
+            s.pass_no < max(x.pass_no for x in sts) and s.state == "waiting" for s in sts
+        ):  # a barrier step died half-way: finish it
+            self._retrying(self._handle.advance)
+        if reason != "all_dead" and all(_finished(s, pass_no) for s in sts):
+            return True  # every shard is past it (a caller that expected it, late)
+        # leases of a vanished trainer come back only through a script call on their
+        # shard; with no trainer left there, somebody must reap (bounded, locked per
+        # shard). A crowd of idle trainers shares that duty: each reaps with a chance
+        # of REAPERS_PER_ROUND / (registered workers), a few reaps per round in all.
+        crowd = max(1, sum(s.workers for s in sts))
+        for s in sts:
+            if (
+                s.state == "running"
+                and s.todo == 0
+                and s.leased > 0
+                and random.random() < REAPERS_PER_ROUND / crowd
+            ):
+                self._retrying(
+                    self._handle.shards[self.shards.index(s.job)].reap, 100, 1000, self.worker_id
+                )
+        order = [(self.home + i) % len(self.shards) for i in range(1, len(self.shards))]
+        # work left: tasks to do, or read-ahead another trainer leased reserved (a lease
+        # there takes it: the server's steal, as on one job)
+        for k in sorted(order, key=lambda k: -(sts[k].todo + sts[k].reserved)):
+            s = sts[k]
+            if s.todo + s.reserved > 0 and s.state == "running" and s.pass_no == pass_no:
+                got = self._lease(k, pass_no, 0, n, reserve=reserve)
+                if got:
+                    return got
+                self._close_idle(k)
+        # a shard at its tail (nothing left to lease, tasks out): only a lease there lets
+        # its engine give this idle trainer the unread end of a long-running task, or a
+        # backup of one (docs/design.md, "Tail splitting"); the busiest such shard a round
+        tails = [
+            k
+            for k in order
+            if sts[k].state == "running"
+            and sts[k].pass_no == pass_no
+            and sts[k].todo + sts[k].reserved == 0
+            and sts[k].leased > 0
+            and (sts[k].config.get("split_tails") or sts[k].config.get("backup_leases"))
+        ]
+        if tails and not reserve:
+            k = max(tails, key=lambda k: sts[k].leased)
+            got = self._lease(k, pass_no, 0, n)
+            if got:
+                return got
+            self._close_idle(k)
+        # a shard that hears nothing for ttl - heartbeat interval freezes its liveness
+        # clock (the silence rule, docs/design.md): the looks (and reaps) of the idle
+        # must come faster than that, or a vanished trainer's leases never expire
+        quiet = min(
+            float(s.config.get("worker_ttl", 5.0)) - float(s.config.get("heartbeat_interval", 1.0))
+            for s in sts
+        )
+        limit = max(0.05, min(self.max_idle_wait, quiet / 2))
+        wait, self._idle = min(self._idle, limit), min(self._idle * 2, limit)
+        if not _finished(sts[self.home], pass_no):
+            return self._lease(self.home, pass_no, wait, n, reserve=reserve)
+        # home waits at the barrier: block on its wake-ups for the next pass; home
+        # advances only once every shard finished this one, so a task of the next pass
+        # ends this pass (no polling needed to see the barrier lift)
+        if carry and (self.sset.passes is None or pass_no + 1 < self.sset.passes):
+            nxt = self._lease(self.home, pass_no + 1, wait, n, reserve=reserve)
+            if nxt:
+                self._carry = nxt
+                return True
+            return []
+        time.sleep(wait * (0.5 + random.random()))
+        return []
+
+    def _stopped(self) -> bool:
+        return self._closed or self._draining or self._state == "cancelled"
+
+    def _fill(self, pass_no: int, done: list[Task], n: int) -> list[Task]:
+        """Ack ``done`` and get up to ``n`` tasks of ``pass_no``, waiting (idle rounds)
+        while none is leasable; [] when the pass is over, or the job or this worker."""
+        got, self._carry = self._carry, []
+        stale = [t for t in got if t.pass_no != pass_no]
+        if stale:  # not this pass's (a rewind): give them back
+            self._release_quietly(stale)
+            got = [t for t in got if t.pass_no == pass_no]
+        if got:
+            self._ack_now(done)
+        else:
+            got = self._take(pass_no, done, n)
+        while not got and not (self._draining or self._state == "cancelled"):
+            found = self._idle_round(pass_no, n)
+            if found is True:
+                return []
+            got = found or []
+        if got:
+            self._idle = self.idle_wait
+        return got

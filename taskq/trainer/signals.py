@@ -1,4 +1,4 @@
-"""Leaving on a signal: the ``with`` block of ``Trainer`` and ``ShardedTrainer``.
+"""Leaving on a signal: the ``with`` block of ``Trainer``.
 
 Inside ``with trainer:`` (main thread only) SIGTERM becomes ``SystemExit(128 + N)`` and
 SIGINT ``KeyboardInterrupt``, so the training loop unwinds and everything held is
@@ -7,11 +7,11 @@ working on. A forked child (a DataLoader worker) that inherited the handlers beh
 if they had never been installed.
 
 ``SignalLeave`` is the one helper: a trainer owns one and calls ``enter()`` and
-``exit(...)`` from its ``__enter__`` / ``__exit__`` (trainer/core.py). ``LeaveOnSignal`` is
-the same helper as a mixin, for ``ShardedTrainer`` until it composes it too.
+``exit(...)`` from its ``__enter__`` / ``__exit__`` (trainer/core.py), for a plain job
+and a sharded one alike.
 
-Data flow: trainer code -> trainer/core.py / trainer/sharded.py (``with``) -> signals.py ->
-the owner's ``fail_current`` and ``close``.
+Data flow: trainer code -> trainer/core.py (``with``) -> signals.py -> the trainer's
+``fail_current`` and ``close``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any
 
 from taskq import errors
 
 log = logging.getLogger("taskq.trainer")
-
-_S = TypeVar("_S", bound="LeaveOnSignal")
 
 #: What a body may raise without its current task being failed: leaving, not a task error.
 _NOT_TASK_ERRORS = (SystemExit, KeyboardInterrupt, GeneratorExit, errors.TaskqError)
@@ -86,33 +84,3 @@ class SignalLeave:
         for signum, handler in self._old.items():
             signal.signal(signum, handler)
         self._old = {}
-
-
-class LeaveOnSignal:
-    """Mixin over ``SignalLeave``: ``__enter__`` / ``__exit__`` for a class providing
-    ``job``, ``handle_signals``, ``close()`` and ``_fail_current(exc_type, exc)``."""
-
-    job: str
-    handle_signals: bool
-
-    def close(self) -> None:  # pragma: no cover - provided by the class
-        raise NotImplementedError
-
-    def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
-        raise NotImplementedError  # pragma: no cover - provided by the class
-
-    def __enter__(self: _S) -> _S:
-        signals = self.__dict__.get("_signals")
-        if signals is None:
-            signals = self.__dict__["_signals"] = SignalLeave(self.job)
-        signals.enter(self.handle_signals)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        signals = self.__dict__.get("_signals") or SignalLeave(self.job)
-        signals.exit(exc, self._fail_current, self.close)

@@ -14,11 +14,27 @@
 -- Reads come before the checks (no write does): ids equal to the job's incarnation and to
 -- the worker's record, both checked when they were written, need no second check (the
 -- checks of three ids were ~10 k instructions per call, bench/README.md).
+local rcall, sfind, ssub, ltype = redis.call, string.find, string.sub, type
+local load_meta, mget, mincr = lib.meta.load_meta, lib.meta.mget, lib.meta.mincr
+local arg_enum, arg_id, arg_int, arg_len, arg_pairs, args_bad =
+  lib.args.arg_enum, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_pairs,
+  lib.args.args_bad
+local event_task = lib.events.event_task
+local done, jnow_s, job_info, now_s, open_job =
+  lib.call.done, lib.call.jnow_s, lib.call.job_info, lib.call.now_s, lib.call.open_job
+local arg_secret, forged = lib.secrets.arg_secret, lib.secrets.forged
+local holds_secret, parse_lease, start_due =
+  lib.leases.holds_secret, lib.leases.parse_lease, lib.leases.start_due
+local acked_one, end_held = lib.endings.acked_one, lib.endings.end_held
+local check_pass_end = lib.passes.check_pass_end
+local touch_worker = lib.workers.touch_worker
+local reclaim = lib.reclaim.reclaim
+local lease_part = lib.dispatch.lease_part
 load_meta()
 local worker, winc = ARGV[2], ARGV[3]
 local wrec = nil
 if ltype(worker) == 'string' and worker ~= '' then wrec = rcall('HGET', K_WINFO, worker) end
-if ARGV[1] ~= M[F.INC] then arg_id(ARGV[1], 'job_inc', true) end
+if ARGV[1] ~= mget(F.INC) then arg_id(ARGV[1], 'job_inc', true) end
 -- (the record's first field, up to its first '|', is exactly winc)
 if not (wrec and ltype(winc) == 'string' and winc ~= ''
     and sfind(wrec, '|', 1, true) == #winc + 1 and ssub(wrec, 1, #winc) == winc) then

@@ -20,6 +20,17 @@
 -- checkpoint begins while a rewind runs (LOCKED).
 -- Work per call: the cut copies two bitmaps (~0.3 ms at 1M tasks) and the progress hash
 -- (one field per unfinished task with progress); a page is one scan step.
+local rcall, smatch, mmin, mmax, tconcat, lpairs, lipairs =
+  redis.call, string.match, math.min, math.max, table.concat, pairs, ipairs
+local fmt, mget, mincr, mnum, mset =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
+local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
+  lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
+  lib.args.arg_text, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
+local dead_empty = lib.leases.dead_empty
+local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
 local step = arg_enum(ARGV[3], 'step', 'begin prog seal')
@@ -40,7 +51,7 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
 local rec = ck_record(id)
 if step == 'begin' then
   if rec and rec.state == 'sealed' then return done({C.DUP, rec.pages, rec.unfinished}) end
@@ -72,9 +83,9 @@ if step == 'begin' then
   -- done: the set's size (what the count caches); unfinished: the tasks given out and
   -- not done (leased or in the front)
   rec = {
-    id = id, state = 'open', pass = mnum(F.PASS), round = ROUND, cursor = mnum(F.CURSOR),
-    done = rcall('BITCOUNT', K_DONE), dead = rcall('SCARD', K_DEAD), job_state = STATE,
-    reason = mget(F.REASON) or '', created_ms = NOW, pages = pages.d, xpages = pages.x,
+    id = id, state = 'open', pass = mnum(F.PASS), round = CALL.ROUND, cursor = mnum(F.CURSOR),
+    done = rcall('BITCOUNT', K_DONE), dead = rcall('SCARD', K_DEAD), job_state = CALL.STATE,
+    reason = mget(F.REASON) or '', created_ms = CALL.NOW, pages = pages.d, xpages = pages.x,
     xbytes = rcall('STRLEN', K_DEADBITS),
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
@@ -101,7 +112,7 @@ end
 -- seal
 if not rec.todo_done then return done({C.INVALID}) end
 local seq = mincr(F.CK_SEQ)
-rec.state, rec.seq, rec.sealed_ms = 'sealed', seq, NOW
+rec.state, rec.seq, rec.sealed_ms = 'sealed', seq, CALL.NOW
 rcall('HSET', K_CKPT, id, cjson.encode(rec))
 rcall('ZADD', K_CKPTS, seq, id)
 mset(F.CK_OPEN, '')
@@ -113,5 +124,6 @@ if over > 0 then
     ck_drop(old)
   end
 end
-event('checkpoint', 'id', id, 'done', fmt(rec.done))
+-- 'checkpoint', as the rewind events name it: an `id` field would read as the entry's id
+event('checkpoint', 'checkpoint', id, 'done', fmt(rec.done))
 return done({C.OK, seq})

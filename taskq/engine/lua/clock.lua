@@ -3,6 +3,9 @@
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), advance_ms, silent (1: not traffic, so the silence rule may apply)
 -- returns: {code, now_ms}
+local rcall = redis.call
+local arg_enum, arg_id, arg_int, arg_len, args_bad =
+  lib.args.arg_enum, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
 arg_id(ARGV[1], 'job_inc', true)
 local advance = arg_int(ARGV[2], 'advance_ms', 0, 31536000000)
 arg_enum(ARGV[3], 'silent', '0 1')

@@ -8,6 +8,15 @@
 -- min_quiet_ms on the job's liveness clock (frozen through silences, so a Redis restart
 -- or failover that dropped every connection at once does not count). Its leases then end
 -- as any lost worker's do (reclaim: worker_lost).
+local rcall, tonum, smatch = redis.call, tonumber, string.match
+local fmt, mnum = lib.meta.fmt, lib.meta.mnum
+local arg_id, arg_int, arg_len, arg_token, args_bad =
+  lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_token, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
+local due_by = lib.leases.due_by
+local winfo = lib.workers.winfo
+local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local cid = arg_token(ARGV[4], 'conn id')
@@ -25,13 +34,13 @@ local inc, ttl_s = winfo(worker, rec or false)
 -- the id of its heartbeat connection: the record's 8th field (Redis's CLIENT ID, sent by
 -- the trainer; '' when unknown, see lib/workers.lua set_conn)
 local conn = rec and (smatch(rec, '^[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)') or '')
-if not deadline or inc ~= winc or conn ~= cid or deadline < JNOW then
+if not deadline or inc ~= winc or conn ~= cid or deadline < CALL.JNOW then
   return done({C.NOTHING, 0})
 end
 local ttl = tonum(ttl_s) or mnum(F.TTL)
-if JNOW - (deadline - ttl) < quiet then return done({C.NOTHING, 0}) end
-rcall('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), m)
-due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
+if CALL.JNOW - (deadline - ttl) < quiet then return done({C.NOTHING, 0}) end
+rcall('ZADD', K_WORKERS, 'XX', fmt(CALL.JNOW - 1), m)
+due_by(CALL.JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
 event('connection_closed', 'worker', worker, 'incarnation', winc, 'conn', cid)
 local did = reclaim(budget, true)
 return done({C.OK, did})

@@ -8,6 +8,9 @@
 -- clock (frozen through silences); ttl_ms its own ttl; the witness is the connection it registered on
 -- when its heartbeats go out on another ('' if none; lib/workers.lua set_conn). The
 -- reaper looks these ids up with CLIENT LIST ID (connwatch.py).
+local rcall, tonum, smatch, mfloor = redis.call, tonumber, string.match, math.floor
+local fmt, mnum, split = lib.meta.fmt, lib.meta.mnum, lib.meta.split
+local arg_int, arg_len, args_bad = lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
 local offset = arg_int(ARGV[1], 'offset', 0, 4294967295)
 local limit = arg_int(ARGV[2], 'limit', 1, PAGE_MAX)
 arg_len(ARGV, 2)

@@ -4,6 +4,12 @@
 -- ARGV: replace (1|0), n_tasks, then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
+local rcall, tonum, smatch, unpk = redis.call, tonumber, string.match, unpack
+local fmt, mget, mset, pad_meta = lib.meta.fmt, lib.meta.mget, lib.meta.mset, lib.meta.pad_meta
+local arg_enum, arg_fail, arg_int, arg_text, args_bad =
+  lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_int, lib.args.arg_text, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
 arg_enum(ARGV[1], 'replace', '0 1')
 arg_int(ARGV[2], 'n_tasks', 1, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
@@ -33,8 +39,8 @@ rcall('HSET', K_META, unpk(fields))
 rcall('HSET', K_META, N.LAST_TOKEN, last_token)
 if rcall('HGET', K_META, N.MCLOCK) == '1' then rcall('SET', K_CLOCK, 0) end
 open_job('')
-mset(F.PSTART, fmt(NOW), F.CREATED, fmt(NOW), F.SEEN, fmt(NOW), F.NWAITING, 0)
+mset(F.PSTART, fmt(CALL.NOW), F.CREATED, fmt(CALL.NOW), F.SEEN, fmt(CALL.NOW), F.NWAITING, 0)
 pad_meta()
 event('job_created', 'tasks', ARGV[2], 'incarnation', mget(F.INC))
-event('pass_started', 'round', ROUND)
+event('pass_started', 'round', CALL.ROUND)
 return done({C.OK})

@@ -4,6 +4,8 @@
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
 -- returns: {code}
+local rcall, unpk = redis.call, unpack
+local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
 arg_id(ARGV[1], 'job_inc', true)
 arg_len(ARGV, 1)
 local bad = args_bad()

@@ -3,6 +3,11 @@
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), worker
 -- returns: {code (OK | WORKER_NOT_FOUND)}
+local rcall, tconcat = redis.call, table.concat
+local split = lib.meta.split
+local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
 arg_id(ARGV[1], 'job_inc', true)
 arg_id(ARGV[2], 'worker')
 arg_len(ARGV, 2)

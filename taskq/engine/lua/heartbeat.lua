@@ -14,6 +14,22 @@
 -- (inputwait.WAIT_BOUNDS_S), which sum to n; its first byte tells it from a connection id.
 -- It is added to the job's totals (F.IW), its last two 60 s windows (F.IW_WIN) and its
 -- three worst trainers (F.IW_WORST): a few fields, whatever the number of trainers.
+local rcall, tonum, smatch, sfind, sbyte, mmin, mfloor, tconcat, ltype, lipairs =
+  redis.call, tonumber, string.match, string.find, string.byte, math.min, math.floor, table.concat,
+  type, ipairs
+local fmt, mincr, mset_s, split = lib.meta.fmt, lib.meta.mincr, lib.meta.mset_s, lib.meta.split
+local arg_fail, arg_id, arg_int, arg_opt_conn, arg_pairs, args_bad =
+  lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_opt_conn, lib.args.arg_pairs,
+  lib.args.args_bad
+local event = lib.events.event
+local done, job_info, open_job = lib.call.done, lib.call.job_info, lib.call.open_job
+local arg_secret, forged = lib.secrets.arg_secret, lib.secrets.forged
+local end_lease, holds_secret, lease_for, lease_is_current, member =
+  lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for, lib.leases.lease_is_current,
+  lib.leases.member
+local survives, to_front = lib.endings.survives, lib.endings.to_front
+local set_conn, touch_worker = lib.workers.set_conn, lib.workers.touch_worker
+local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local last_reply = arg_int(ARGV[4], 'last_reply_call_no', 0, 9007199254740991)
@@ -74,7 +90,7 @@ if iw then
   end
   mset_s(F.IW, plus(stored[1] or nil, nil))
   local win_ms = 60000
-  local start = NOW - NOW % win_ms
+  local start = CALL.NOW - CALL.NOW % win_ms
   local cur, prev = smatch(stored[2] or '', '^([^|]*)|?(.*)$')
   local cur_start = tonum(smatch(cur, '^(%d+),') or '')
   if cur_start ~= start then
@@ -87,13 +103,13 @@ if iw then
   local ranked, f = {}, split(stored[3] or '')
   for k = 1, mmin(#f - 2, 7), 3 do
     local seen_ms = tonum(f[k + 2]) or 0
-    if f[k] ~= worker and seen_ms > NOW - win_ms then
+    if f[k] ~= worker and seen_ms > CALL.NOW - win_ms then
       ranked[#ranked + 1] = {tonum(f[k + 1]) or 0, f[k] .. '|' .. f[k + 1] .. '|' .. f[k + 2]}
     end
   end
   if iw[4] + iw[5] > 0 then
     local ppm = mfloor(iw[4] * 1000000 / (iw[4] + iw[5]))
-    ranked[#ranked + 1] = {ppm, worker .. '|' .. fmt(ppm) .. '|' .. fmt(NOW)}
+    ranked[#ranked + 1] = {ppm, worker .. '|' .. fmt(ppm) .. '|' .. fmt(CALL.NOW)}
   end
   table.sort(ranked, function(a, b) return a[1] > b[1] end)
   local out = {}

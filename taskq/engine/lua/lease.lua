@@ -8,6 +8,13 @@
 -- A call whose secret is not the worker's (the worker record's digest) is answered like
 -- a lost worker's, counted forged, and grants nothing. (A worker is renewed by its
 -- heartbeats, not here: docs/design.md, "Two clocks".)
+local arg_enum, arg_id, arg_int, arg_len, args_bad =
+  lib.args.arg_enum, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
+local done, job_info, open_job = lib.call.done, lib.call.job_info, lib.call.open_job
+local arg_secret, forged = lib.secrets.arg_secret, lib.secrets.forged
+local touch_worker = lib.workers.touch_worker
+local reclaim = lib.reclaim.reclaim
+local lease_part = lib.dispatch.lease_part
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local want = arg_int(ARGV[4], 'want', 0, MAX_BATCH)

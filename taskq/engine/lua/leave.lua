@@ -9,6 +9,18 @@
 -- steps, by the next calls (any trainer's lazy reclaim, the reaper), which then remove it.
 -- Only with the worker's lease secret: another is answered REREGISTER, counted forged,
 -- and neither releases nor removes anything.
+local rcall, smatch, lipairs = redis.call, string.match, ipairs
+local fmt, mincr = lib.meta.fmt, lib.meta.mincr
+local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
+local event, wait_rem = lib.events.event, lib.events.wait_rem
+local done, open_job = lib.call.done, lib.call.open_job
+local arg_secret, forged = lib.secrets.arg_secret, lib.secrets.forged
+local due_by, end_lease, lease_for, lease_is_current, member =
+  lib.leases.due_by, lib.leases.end_lease, lib.leases.lease_for, lib.leases.lease_is_current,
+  lib.leases.member
+local requeue, survives = lib.endings.requeue, lib.endings.survives
+local check_pass_end = lib.passes.check_pass_end
+local remove_worker, winfo = lib.workers.remove_worker, lib.workers.winfo
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 arg_secret(ARGV[4])
@@ -19,7 +31,7 @@ local err = open_job(ARGV[1])
 if err then return done({err}) end
 local m = worker .. '|' .. winc
 local inc, _, _, wdig = winfo(worker)
-if inc == winc and not (CALLER_DIG and wdig == CALLER_DIG) then
+if inc == winc and not (CALL.CALLER_DIG and wdig == CALL.CALLER_DIG) then
   forged(nil, worker, nil, 'leave')
   return done({C.REREGISTER, 0, 0})
 end
@@ -32,7 +44,7 @@ for idx, item in lipairs(items) do
   local task = smatch(item, '|([^|]*)$')
   local l = lease_for(task, worker, winc)
   if lease_is_current(l) and member(l.worker, l.winc, task) == item then
-    if l.dig ~= CALLER_DIG then
+    if l.dig ~= CALL.CALLER_DIG then
       forged(nil, worker, nil, 'leave')
       return done({C.REREGISTER, released, 0})
     end
@@ -47,8 +59,8 @@ for idx, item in lipairs(items) do
   end
 end
 if more then
-  rcall('ZADD', K_WORKERS, fmt(JNOW - 1), m)
-  due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
+  rcall('ZADD', K_WORKERS, fmt(CALL.JNOW - 1), m)
+  due_by(CALL.JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
   wait_rem(m)
   if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
   event('worker_left', 'worker', worker, 'incarnation', winc, 'to_reclaim', 'yes')

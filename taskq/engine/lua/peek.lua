@@ -8,6 +8,17 @@
 -- a task that changes state between pages may be listed twice or not at all; a page is
 -- bounded whatever the caller asks. Cursors: todo 'f<rank in the front>' then
 -- 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
+local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, unpk, lipairs =
+  redis.call, tonumber, string.match, string.sub, string.byte, math.min, math.max, unpack, ipairs
+local fmt, mnum = lib.meta.fmt, lib.meta.mnum
+local arg_enum, arg_fail, arg_int, arg_len, arg_text, arg_token, args_bad =
+  lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_int, lib.args.arg_len, lib.args.arg_text,
+  lib.args.arg_token, lib.args.args_bad
+local done = lib.call.done
+local counts_empty, dead_empty, lease_is_current, parse_lease =
+  lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.lease_is_current,
+  lib.leases.parse_lease
+local perm_fn = lib.passes.perm_fn
 local state = arg_enum(ARGV[1], 'state', 'todo leased done dead')
 local cursor = arg_text(ARGV[2], 'cursor', 24)
 local count = arg_int(ARGV[3], 'count', 1, PAGE_MAX)
@@ -25,7 +36,7 @@ end
 local bad = args_bad()
 if bad then return bad end
 if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
-ROUND = mnum(F.ROUND)
+CALL.ROUND = mnum(F.ROUND)
 local ids, next_cursor = {}, '0'
 if state == 'todo' then
   local n = mnum(F.N)

@@ -15,6 +15,19 @@
 -- answered STALE and counted forged (and claims nothing re-read). A backup lease's
 -- holder reports like the task's own holder, fenced by the backup's token and secret; so
 -- does a split task's tail piece, whose progress goes to the split record.
+local rcall, tonum, smatch, sfind, mmin, ltype =
+  redis.call, tonumber, string.match, string.find, math.min, type
+local fmt, mincr = lib.meta.fmt, lib.meta.mincr
+local arg_fail, arg_id, arg_int, arg_len, arg_task, arg_token, args_bad =
+  lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_task,
+  lib.args.arg_token, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
+local arg_secret, forged, is_forged =
+  lib.secrets.arg_secret, lib.secrets.forged, lib.secrets.is_forged
+local holds_secret, lease_for = lib.leases.holds_secret, lib.leases.lease_for
+local split_rec = lib.split.split_rec
+local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 -- as many reports as a heartbeat may list held tasks (a trainer's buffer may still hold
@@ -86,14 +99,14 @@ for k = 1, n do
     end
     if rec and rec > cur then
       rcall('HSET', K_PROGRESS, task, fmt(rec))
-      PROGRESS_EMPTY = false
+      CALL.PROGRESS_EMPTY = false
     end
     out[k] = C.OK
   elseif is_forged(l, worker, winc, tok) then
     forged(task, worker, tok, 'progress')
     out[k] = C.STALE
   else
-    if l and l.token == tok and l.round == ROUND and samples > cur
+    if l and l.token == tok and l.round == CALL.ROUND and samples > cur
         and rcall('GETBIT', K_DONE, task) == 0 then
       mincr(F.P_REREAD, samples - cur)
     end

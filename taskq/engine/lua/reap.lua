@@ -5,6 +5,11 @@
 -- returns: {code (OK | LOCKED), reclaimed, more (1|0)}
 -- A short per-job lock keeps several reapers from stampeding; atomicity alone already
 -- keeps any lease from being re-dispatched twice.
+local rcall, mmin = redis.call, math.min
+local arg_id, arg_int, arg_len, args_bad =
+  lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
+local done, open_job = lib.call.done, lib.call.open_job
+local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local budget = mmin(arg_int(ARGV[2], 'budget', 1, 4294967295), MAX_RECLAIM)
 local lock_ms = arg_int(ARGV[3], 'lock_ms', 1, 86400000)

@@ -7,6 +7,16 @@
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 -- secret: this incarnation's lease secret (at least 16 characters); only its digest is
 -- kept, in the worker record, and every later write of the worker must send it.
+local rcall = redis.call
+local fmt, mget, mnum, pad_meta = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.pad_meta
+local arg_id, arg_int, arg_opt_conn, args_bad =
+  lib.args.arg_id, lib.args.arg_int, lib.args.arg_opt_conn, lib.args.args_bad
+local event = lib.events.event
+local done, job_info, open_job = lib.call.done, lib.call.job_info, lib.call.open_job
+local arg_secret = lib.secrets.arg_secret
+local due_by = lib.leases.due_by
+local winfo = lib.workers.winfo
+local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
 local ttl = arg_int(ARGV[4], 'ttl_ms', 0, 31536000000)
@@ -22,14 +32,14 @@ if ttl <= 0 then ttl = mnum(F.TTL) end
 pad_meta()
 local old = winfo(worker)
 if old and old ~= '' and old ~= winc then
-  rcall('ZADD', K_WORKERS, 'XX', fmt(JNOW - 1), worker .. '|' .. old)
-  due_by(JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
+  rcall('ZADD', K_WORKERS, 'XX', fmt(CALL.JNOW - 1), worker .. '|' .. old)
+  due_by(CALL.JNOW - 1)  -- its leases are due now: lazy reclaims must not skip them
 end
 reclaim(MAX_RECLAIM, true)
 rcall('HSET', K_WINFO, worker,
-  winc .. '|' .. fmt(ttl) .. '|' .. fmt(NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|'
+  winc .. '|' .. fmt(ttl) .. '|' .. fmt(CALL.NOW) .. '|' .. host .. '|' .. fmt(pid) .. '|0|'
     .. dig .. '|' .. conn)
-rcall('ZADD', K_WORKERS, fmt(JNOW + ttl), worker .. '|' .. winc)
-due_by(JNOW + ttl)
+rcall('ZADD', K_WORKERS, fmt(CALL.JNOW + ttl), worker .. '|' .. winc)
+due_by(CALL.JNOW + ttl)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})

@@ -4,6 +4,12 @@
 -- ARGV: job_inc ('' = any), expected_pass (-1 = current)
 -- returns: {code, pass}; LOCKED (with the checkpoint's id 3rd) while a rewind is half
 -- done: its position is half copied, nothing is written
+local mget, mincr, mnum = lib.meta.mget, lib.meta.mincr, lib.meta.mnum
+local arg_id, arg_int, arg_len, args_bad =
+  lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
+local done, open_job = lib.call.done, lib.call.open_job
+local check_pass_end, save_summary, start_pass =
+  lib.passes.check_pass_end, lib.passes.save_summary, lib.passes.start_pass
 arg_id(ARGV[1], 'job_inc', true)
 local expected = arg_int(ARGV[2], 'expected_pass', -1, 9007199254740991)
 arg_len(ARGV, 2)
@@ -12,8 +18,8 @@ if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0}) end
 local p = mnum(F.PASS)
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
-if STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, p}) end
+if CALL.STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
 if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, p, mget(F.RW_OPEN)}) end
 if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 save_summary('reset')

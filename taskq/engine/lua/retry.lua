@@ -6,6 +6,13 @@
 -- returns: {code, retried, dead_left}; a checkpoint being written is not affected (its cut
 -- was taken in one call); LOCKED (with the checkpoint's id 4th) while a
 -- rewind is half done: its position is half copied, nothing is written
+local rcall, mmin, lipairs = redis.call, math.min, ipairs
+local mget, mincr, mset = lib.meta.mget, lib.meta.mincr, lib.meta.mset
+local arg_id, arg_int, arg_len, arg_task, args_bad =
+  lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_task, lib.args.args_bad
+local broadcast, event, wake_one = lib.events.broadcast, lib.events.event, lib.events.wake_one
+local done, open_job = lib.call.done, lib.call.open_job
+local recount_done = lib.passes.recount_done
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
 for k = 1, n do arg_task(ARGV[2 + k], 'task') end
@@ -14,7 +21,7 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, 0, 0, mget(F.RW_OPEN)}) end
 local ids = {}
 if n == 0 then
@@ -31,17 +38,17 @@ for _, task in lipairs(ids) do
     -- live again, so it must be acked in this attempt: a done bit (never set on a dead
     -- task, by construction) is cleared and the count made the set's size again
     if rcall('SETBIT', K_DONE, task, 0) == 1 then was_done = was_done + 1 end
-    FRONT_EMPTY = false
+    CALL.FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
     event('retried', 'task', task)
     retried = retried + 1
   end
 end
 if was_done > 0 then recount_done() end
-if retried > 0 and STATE ~= 'running' then  -- (a paused job stays paused: a flag)
+if retried > 0 and CALL.STATE ~= 'running' then  -- (a paused job stays paused: a flag)
   mset(F.STATE, 'running', F.REASON, '')
-  STATE = 'running'
-  event('pass_reopened', 'round', ROUND)
+  CALL.STATE = 'running'
+  event('pass_reopened', 'round', CALL.ROUND)
   broadcast()
 elseif retried > 0 then
   for _ = 1, mmin(retried, 1000) do wake_one() end

@@ -4,6 +4,16 @@
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), task
 -- returns: {code (OK | NOT_LEASED)}
+local rcall = redis.call
+local mincr = lib.meta.mincr
+local arg_id, arg_len, arg_task, args_bad =
+  lib.args.arg_id, lib.args.arg_len, lib.args.arg_task, lib.args.args_bad
+local event = lib.events.event
+local done, open_job = lib.call.done, lib.call.open_job
+local end_lease, lease_is_current, other_lease, parse_lease =
+  lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.other_lease, lib.leases.parse_lease
+local split_ended, split_rec = lib.split.split_ended, lib.split.split_rec
+local to_front = lib.endings.to_front
 arg_id(ARGV[1], 'job_inc', true)
 local task = arg_task(ARGV[2], 'task')
 arg_len(ARGV, 2)

@@ -25,6 +25,22 @@
 --     pass at once, if the cut's pass was complete)
 -- A step under an epoch that is not the last begin's answers STALE (a newer rewind took
 -- over); repeating the whole rewind finishes a half-done one.
+local rcall, tonum, ssub, sbyte, mmin, mmax, mfloor, tconcat, lipairs =
+  redis.call, tonumber, string.sub, string.byte, math.min, math.max, math.floor, table.concat,
+  ipairs
+local fmt, mget, mincr, mnum, mput, mset =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local arg_enum, arg_id, arg_int, arg_len, arg_text, args_bad =
+  lib.args.arg_enum, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_text,
+  lib.args.args_bad
+local broadcast, event, flush_events =
+  lib.events.broadcast, lib.events.event, lib.events.flush_events
+local done, open_job = lib.call.done, lib.call.open_job
+local dead_empty = lib.leases.dead_empty
+local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save_summary =
+  lib.passes.check_pass_end, lib.passes.dead_and_done, lib.passes.drop_pass_sets,
+  lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
+local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
 local step = arg_enum(ARGV[3], 'step', 'begin page dead todo walk mark seal')
@@ -45,7 +61,7 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err}) end
-if STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED}) end
 local rec = ck_record(id)
 if not rec or rec.state ~= 'sealed' then return done({C.INVALID}) end
 local STEPS = {'page', 'dead', 'todo', 'walk', 'mark'}
@@ -64,10 +80,10 @@ if step == 'begin' then
   end
   local ep = mincr(F.RW_EPOCH)
   -- the attempt that runs now is undone: its summary is kept, marked rewound
-  if STATE == 'running' then save_summary('rewound', ep, id) end
+  if CALL.STATE == 'running' then save_summary('rewound', ep, id) end
   local revoked = mnum(F.NLEASED)
   if revoked > 0 then mincr(F.C_REVOKED, revoked) end
-  ROUND = mincr(F.ROUND)
+  CALL.ROUND = mincr(F.ROUND)
   drop_pass_sets(true)
   -- the plan: pages per step, the dead pages covering the bitmap of the cut and of now
   local cut_bytes = rec.xbytes or (rec.xpages or 0) * CK_PAGE_BYTES
@@ -80,10 +96,10 @@ if step == 'begin' then
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
-    F.PSTART, fmt(NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
+    F.PSTART, fmt(CALL.NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
     F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0)
-  STATE = 'waiting'
-  event('rewind_started', 'checkpoint', id, 'round', ROUND, 'revoked', fmt(revoked))
+  CALL.STATE = 'waiting'
+  event('rewind_started', 'checkpoint', id, 'round', CALL.ROUND, 'revoked', fmt(revoked))
   broadcast()
   return done({C.OK, ep, plan[1], plan[2], plan[3], plan[4], plan[5]})
 end
@@ -127,7 +143,7 @@ local function restore_page(step, rec, id, arg, epoch)
               local task = fmt((from + i - 1) * 8 + j)
               if was and not is then
                 rcall('SADD', K_DEAD, task)
-                DEAD_EMPTY = false
+                CALL.DEAD_EMPTY = false
               elseif is and not was then
                 rcall('SREM', K_DEAD, task)
                 rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)
@@ -145,7 +161,7 @@ local function restore_page(step, rec, id, arg, epoch)
     for task, samples in string.gmatch(page, '(%d+):(%d+)') do
       if samples ~= '0' then
         rcall('HSET', K_PROGRESS, task, samples)
-        PROGRESS_EMPTY = false
+        CALL.PROGRESS_EMPTY = false
       end
     end
     return
@@ -158,7 +174,7 @@ local function restore_page(step, rec, id, arg, epoch)
       local task = perm(pos)
       if rcall('GETBIT', K_DONE, task) == 0
           and (dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0) then
-        FRONT_EMPTY = false
+        CALL.FRONT_EMPTY = false
         rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
       end
     end
@@ -211,7 +227,7 @@ if not rec.xpages then dead_and_done(true) end
 recount_done()
 mset(F.STATE, 'running', F.REASON, '', F.RW_OPEN, '', F.RW_LAST, id,
   F.RW_ACKS, mnum(F.ACKED_JOB))
-STATE = 'running'
+CALL.STATE = 'running'
 event('rewound', 'checkpoint', id, 'pass', fmt(rec.pass), 'done', mget(F.NDONE))
 broadcast()
 check_pass_end()

@@ -4,6 +4,9 @@
 -- ARGV: lease-age bucket bounds in seconds (ascending)
 -- returns: {code, meta (flat field/value list), dead, workers_alive, now_ms, jnow_ms,
 --           hist (flat), {started lease count older than each bound}, oldest_start_jnow}
+local rcall, tonum, mfloor = redis.call, tonumber, math.floor
+local fmt = lib.meta.fmt
+local arg_fail, arg_int, args_bad = lib.args.arg_fail, lib.args.arg_int, lib.args.args_bad
 if #ARGV > 64 then arg_fail('ARGV', 'more than 64 bounds', #ARGV) end
 local bounds = {}
 for k = 1, #ARGV do bounds[k] = arg_int(ARGV[k], 'bound', 0, 31536000) end

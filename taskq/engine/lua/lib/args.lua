@@ -4,6 +4,9 @@
 -- Each checker returns the argument converted (a number, or the string itself) or, when
 -- it is bad, a harmless stand-in, and remembers the first bad one; the verb then answers
 -- args_bad(): {C.INVALID, 'name: why'}, before it has written anything.
+local smatch, sfind, ssub, sformat, ltype =
+  string.match, string.find, string.sub, string.format, type
+local fmt = lib.meta.fmt
 
 local ARG_BAD = false  -- per call: 'name: why' of the first bad argument, or false
 local function arg_fail(name, why, v)
@@ -123,3 +126,12 @@ local function arg_pairs(argv, pos, name, max)
   end
   return n
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  ARG_BAD = false
+end
+
+return {arg_fail = arg_fail, args_bad = args_bad, arg_len = arg_len, arg_opt_conn = arg_opt_conn,
+  arg_int = arg_int, arg_task = arg_task, arg_token = arg_token, arg_id = arg_id,
+  arg_text = arg_text, arg_enum = arg_enum, arg_pairs = arg_pairs, reset = reset}

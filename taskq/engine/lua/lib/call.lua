@@ -1,26 +1,35 @@
 -- call.lua: one call's frame: the job's clocks, open_job (incarnation check, clock,
 -- silence rule), done (every buffered write lands before the reply), job_info.
---   NOW  = the job's clock (server TIME in ms, or the manual clock key in tests)
---   JNOW = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
+-- A call's state that several parts read lives in the table CALL (made anew on every call
+-- by reset(), which begin() calls; a field not set is nil):
+--   CALL.NOW   = the job's clock (server TIME in ms, or the manual clock key in tests)
+--   CALL.JNOW  = NOW - offset: the liveness clock, frozen through silences (docs/design.md)
+--   CALL.ROUND, CALL.STATE, CALL.EVMAX: the job's round, state and event stream cap
+--   CALL.TIME_US = the server's TIME in µs, read by open_job (or next_token, on the manual
+--     clock): the floor of the tokens
+--   CALL.CALLER_DIG = the caller's secret's digest (secrets.lua)
+--   CALL.COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, FRONT_EMPTY, EMPTIES_READ: what this
+--     call knows of those keys being empty (leases.lua counts_empty ...)
+local rcall, tonum, mfloor = redis.call, tonumber, math.floor
+local flush, fmt, load_meta, mget, mincr, mnum, mset_s =
+  lib.meta.flush, lib.meta.fmt, lib.meta.load_meta, lib.meta.mget, lib.meta.mincr, lib.meta.mnum,
+  lib.meta.mset_s
+local flush_events, flush_hist = lib.events.flush_events, lib.events.flush_hist
 
-local NOW, JNOW, ROUND, STATE = 0, 0, 0, ''  -- per call
--- the server's TIME in µs, read by open_job (or next_token, on the manual clock): the
--- floor of the tokens, else nil
-local TIME_US = nil  -- per call
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call
 local function now_s()
-  if not NOW_S then NOW_S = fmt(NOW) end
+  if not NOW_S then NOW_S = fmt(CALL.NOW) end
   return NOW_S
 end
 local function jnow_s()
-  if not JNOW_S then JNOW_S = fmt(JNOW) end
+  if not JNOW_S then JNOW_S = fmt(CALL.JNOW) end
   return JNOW_S
 end
 -- ROUND as a string (lease records carry it), made again only when ROUND changed
 local ROUND_N, ROUND_S = nil, nil  -- per call
 local function round_s()
-  if ROUND_N ~= ROUND then ROUND_N, ROUND_S = ROUND, fmt(ROUND) end
+  if ROUND_N ~= CALL.ROUND then ROUND_N, ROUND_S = CALL.ROUND, fmt(CALL.ROUND) end
   return ROUND_S
 end
 
@@ -33,28 +42,28 @@ local function open_job(inc, loaded)
   if not cur then return C.JOB_NOT_FOUND end
   if inc ~= '' and inc ~= cur then return C.JOB_NOT_FOUND end
   if mget(F.MCLOCK) == '1' then
-    NOW = tonum(rcall('GET', K_CLOCK) or '0') or 0
+    CALL.NOW = tonum(rcall('GET', K_CLOCK) or '0') or 0
   else
     local t = rcall('TIME')
     local sec, us = t[1] + 0, t[2] + 0  -- (digits: one strtod each, tonumber makes two)
-    NOW = sec * 1000 + mfloor(us / 1000)
-    TIME_US = sec * 1000000 + us
+    CALL.NOW = sec * 1000 + mfloor(us / 1000)
+    CALL.TIME_US = sec * 1000000 + us
   end
-  local seen = NOW
+  local seen = CALL.NOW
   if mget(F.SEEN) then seen = mnum(F.SEEN) end
-  local gap = NOW - seen
+  local gap = CALL.NOW - seen
   -- A live worker calls at least every heartbeat interval, so a gap longer than
   -- ttl - interval could make healthy workers miss their deadline: that is a silence.
   if gap > mnum(F.TTL) - mnum(F.HBI) then
     -- Silence is the server's, not the workers': freeze the liveness clock over it.
     mincr(F.OFFSET, gap)
-    rcall('XADD', K_EVENTS, 'MAXLEN', '~', EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
+    rcall('XADD', K_EVENTS, 'MAXLEN', '~', CALL.EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
   end
   if gap ~= 0 then mset_s(F.SEEN, now_s()) end
-  JNOW = NOW - mnum(F.OFFSET)
-  ROUND = mnum(F.ROUND)
-  STATE = mget(F.STATE)
-  EVMAX = mget(F.EVMAX) or '0'  -- a string: XADD's argument as stored
+  CALL.JNOW = CALL.NOW - mnum(F.OFFSET)
+  CALL.ROUND = mnum(F.ROUND)
+  CALL.STATE = mget(F.STATE)
+  CALL.EVMAX = mget(F.EVMAX) or '0'  -- a string: XADD's argument as stored
   return nil
 end
 
@@ -62,12 +71,25 @@ end
 -- writes land before the reply.
 local function done(reply)
   flush_events()
-  for field, n in lpairs(HBUF) do rcall('HINCRBY', K_HIST, field, fmt(n)) end
-  HBUF = {}
+  flush_hist()
   flush()
   return reply
 end
 
 local function job_info()
-  return {mnum(F.PASS), mnum(F.GEN), STATE, mget(F.REASON) or ''}
+  return {mnum(F.PASS), mnum(F.GEN), CALL.STATE, mget(F.REASON) or ''}
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  -- (one constructor naming every field, the nil ones too: the table is sized once, not
+  -- grown field by field)
+  CALL = {NOW = 0, JNOW = 0, ROUND = 0, STATE = '', EVMAX = '10000', TIME_US = nil,
+    CALLER_DIG = nil, COUNTS_EMPTY = nil, DEAD_EMPTY = nil, PROGRESS_EMPTY = nil,
+    FRONT_EMPTY = nil, EMPTIES_READ = nil}
+  NOW_S, JNOW_S = nil, nil
+  ROUND_N, ROUND_S = nil, nil
+end
+
+return {now_s = now_s, jnow_s = jnow_s, round_s = round_s, open_job = open_job, done = done,
+  job_info = job_info, reset = reset}

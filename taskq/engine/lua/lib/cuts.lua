@@ -3,10 +3,12 @@
 -- ACL rule needs none of its commands).
 -- A checkpoint's pages, fields of the ckpt hash: '<id>:d:<k>' done bitmap, '<id>:x:<k>'
 -- dead bitmap (CK_PAGE_BYTES each), '<id>:p:<k>' progress ('task:samples,...').
+local rcall, smatch, unpk, ltype = redis.call, string.match, unpack, type
+local arg_fail = lib.args.arg_fail
 
 -- (CK_PAGE_BYTES: the bytes of a bitmap one checkpoint page holds, 8 x as many tasks;
 -- CK_PAGE_PAIRS: the most (task, samples) pairs in one page of its progress; both
--- constants of scripts.py, written into the library as numbers)
+-- constants of contract.py, written into the library as numbers by library.py)
 
 local function ck_record(id)
   local raw = rcall('HGET', K_CKPT, id)
@@ -36,3 +38,5 @@ local function arg_ckpt(v, name)
   end
   return v
 end
+
+return {ck_record = ck_record, ck_drop = ck_drop, arg_ckpt = arg_ckpt}

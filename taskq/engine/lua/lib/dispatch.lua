@@ -1,71 +1,22 @@
--- dispatch.lua: reclaiming lost and timed-out leases, the front, the cursor (the pass's
--- order: passes.lua perm_fn), granting and stealing leases, and the lease half of a call.
-
--- Reclaims what lost workers held and leases past their task timeout; at most `budget`
--- leases. Returns (reclaimed, more_left).
--- The hint F.DUE is at most the earliest worker and task deadline (and at most a second
--- ahead), so while JNOW has not passed it nothing can be due and the calls of the hot
--- path skip both scans; `force` (the reaper, register) scans regardless. A deadline is
--- only ever set below it by a new worker, a task started with a timeout shorter than a
--- second (`due_by`) or a shorter auto timeout (recompute_auto_timeout); touching a worker
--- only moves its deadline later. A task's deadline is its start (the started zset's
--- score) + the current task timeout. bench/README.md has the measurement.
-local function reclaim(budget, force)
-  if not force and JNOW <= mnum(F.DUE) then return 0, false end
-  local did, more = 0, false
-  local lost = rcall('ZRANGEBYSCORE', K_WORKERS, '-inf', '(' .. jnow_s(),
-    'WITHSCORES', 'LIMIT', 0, budget)
-  for i = 1, #lost, 2 do
-    local m, deadline = lost[i], tonum(lost[i + 1])
-    local mw, mi = smatch(m, '^(.*)|([^|]*)$')
-    local room = budget - did
-    if room <= 0 then more = true; break end
-    local items = rcall('ZRANGEBYLEX', K_OWNED, '[' .. m .. '|', '(' .. m .. '|\255',
-      'LIMIT', 0, room)
-    for _, item in lipairs(items) do
-      local task = smatch(item, '|([^|]*)$')
-      local l = lease_for(task, mw, mi)
-      if lease_is_current(l) and member(l.worker, l.winc, task) == item then
-        expire(task, l, 'worker_lost', deadline)
-        did = did + 1
-      else
-        rcall('ZREM', K_OWNED, item)
-      end
-    end
-    if #items < room then remove_worker(m, 'worker_lost') else more = true end
-  end
-  if #lost / 2 >= budget then more = true end  -- lost workers beyond the LIMIT may wait
-  local tt = task_tt()
-  if did < budget and tt > 0 then
-    -- started before JNOW - tt: past the task timeout (the current one, from the start)
-    local limit = budget - did
-    local exp = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', '(' .. fmt(JNOW - tt),
-      'WITHSCORES', 'LIMIT', 0, limit)
-    for i = 1, #exp, 2 do
-      local task = exp[i]
-      local l = parse_lease(rcall('HGET', K_LEASES, task))
-      if lease_is_current(l) and l.st == 'S' then
-        expire(task, l, 'task_timeout', tonum(exp[i + 1]) + tt)
-        did = did + 1
-      else
-        rcall('ZREM', K_STARTED, task)
-      end
-    end
-    if #exp / 2 >= limit then more = true end  -- (WITHSCORES: two entries per task)
-  end
-  if did > 0 then check_pass_end() end
-  if not more then
-    local due = JNOW + 1000  -- a second ahead at most
-    local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
-    if #w > 0 then due = mmin(due, tonum(w[2])) end
-    if tt > 0 then
-      local d = rcall('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
-      if #d > 0 then due = mmin(due, tonum(d[2]) + tt) end
-    end
-    mput(F.DUE, due)
-  end
-  return did, more
-end
+-- dispatch.lua: the front, the cursor (the pass's order: passes.lua perm_fn), granting and
+-- stealing leases, and the lease half of a call.
+local rcall, tonum, smatch, sbyte, mmin, mmax, unpk, lipairs =
+  redis.call, tonumber, string.match, string.byte, math.min, math.max, unpack, ipairs
+local fmt, mget, mincr, mnum, mset_s =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
+local event, event_task, event_tasks, wait_add, wait_rem =
+  lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.wait_add,
+  lib.events.wait_rem
+local jnow_s, now_s, round_s = lib.call.jnow_s, lib.call.now_s, lib.call.round_s
+local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, member, next_token,
+  parse_lease, read_empties, start_due, task_tt =
+  lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current,
+  lib.leases.lw_flush, lib.leases.lw_new, lib.leases.member, lib.leases.next_token,
+  lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
+local split_rec, take_split = lib.split.split_rec, lib.split.take_split
+local perm_fn = lib.passes.perm_fn
+local add_starts = lib.progress.add_starts
+local reclaim = lib.reclaim.reclaim
 
 -- Grants one lease on `task` to the caller; st = 'R' (reserved) or 'S' (started).
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
@@ -74,17 +25,7 @@ local SKIPPED = {}  -- per call: {task, score} popped from the front and left fo
 -- (cn: the call number's digits; task_n: the task's number when the caller has it, else nil)
 -- (buf: a batch's writes, leases.lua lw_new; nil: written at once)
 local function grant(task, worker, winc, cn, st, task_n, buf)
-  local tok
-  if buf and buf.tokn then
-    -- (a take's later tokens: the last one + 1, which is past the call's TIME already;
-    -- the last one is written once, take(): next_token each time was ~3 k more a grant)
-    local n = buf.tokn + 1
-    tok = fmt(n)
-    buf.tokn, buf.toks = n, tok
-  else
-    tok = next_token()
-    if buf then buf.tokn = mnum(F.LAST_TOKEN) end
-  end
+  local tok = next_token()
   local attempt, att_s = 1, '1'
   if not counts_empty() then
     attempt = (tonum(rcall('HGET', K_COUNTS, 'a:' .. task) or '0') or 0) + 1
@@ -107,7 +48,7 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
     lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
     if buf and st == 'S' then buf.ts = lt elseif buf then buf.tr = lt end
   end
-  local rec = lh .. tok .. lt .. att_s .. '|' .. CALLER_DIG
+  local rec = lh .. tok .. lt .. att_s .. '|' .. CALL.CALLER_DIG
   if buf then
     local h, oa = buf.h, buf.oa
     local n = #h
@@ -163,7 +104,7 @@ local function avoided(task, worker)
   local w, at = smatch(x, '^(.*)|([^|]*)$')
   if w ~= worker then return false end
   local until_ms = (tonum(at) or 0) + mnum(F.HBI)
-  if until_ms <= JNOW then return false end
+  if until_ms <= CALL.JNOW then return false end
   if OTHERS_ALIVE == nil then
     OTHERS_ALIVE = rcall('ZCOUNT', K_WORKERS, jnow_s(), '+inf') > 1
   end
@@ -193,7 +134,7 @@ local function take_backup(worker, winc, cn)
   -- the job's median task time (ms; acked_one keeps it), once 10 tasks were acked
   if mnum(F.ACKED_JOB) < 10 then return nil end
   local med = mnum(F.DUR_MED) / 1000
-  local cands = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(JNOW - k * med),
+  local cands = rcall('ZRANGEBYSCORE', K_STARTED, '-inf', fmt(CALL.JNOW - k * med),
     'LIMIT', 0, 10)
   for _, task in lipairs(cands) do
     local l = parse_lease(rcall('HGET', K_LEASES, task))
@@ -204,7 +145,7 @@ local function take_backup(worker, winc, cn)
       local tok = next_token()
       rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
         .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. cn .. '|' .. l.attempts
-        .. '|' .. CALLER_DIG)
+        .. '|' .. CALL.CALLER_DIG)
       GRANTED[#GRANTED + 1] = task
       rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
       mincr(F.C_LEASED)
@@ -212,12 +153,12 @@ local function take_backup(worker, winc, cn)
       mincr(F.C_BACKUPS)
       mincr(F.P_BACKUPS)
       event('backup', 'task', task, 'worker', worker, 'token', tok, 'of', l.worker,
-        'running_ms', fmt(JNOW - tonum(rcall('ZSCORE', K_STARTED, task))))
+        'running_ms', fmt(CALL.JNOW - tonum(rcall('ZSCORE', K_STARTED, task))))
       return {tonum(task), tok, tonum(l.attempts), false, 1, 0}
     end
   end
   -- none yet: a waiter comes back when the next started task passes the bar
-  local nxt = rcall('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(JNOW - k * med), '+inf',
+  local nxt = rcall('ZRANGEBYSCORE', K_STARTED, '(' .. fmt(CALL.JNOW - k * med), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1)
   if #nxt > 0 then BACKUP_AT = math.ceil(tonum(nxt[2]) + k * med) end
   return nil
@@ -239,8 +180,8 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local out = {}
   local steps = 0
   -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
-  if FRONT_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  local front_empty = FRONT_EMPTY == true
+  if CALL.FRONT_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
+  local front_empty = CALL.FRONT_EMPTY == true
   while not front_empty and #out < want and steps < 1000 do
     local popped = rcall('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
@@ -252,7 +193,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
     elseif free then
       local solo = not counts_empty() and rcall('HGET', K_COUNTS, 's:' .. task) == '1'
       if solo and #out > 0 then
-        FRONT_EMPTY = false
+        CALL.FRONT_EMPTY = false
         rcall('ZADD', K_FRONT, popped[2], task)
         return out, #out
       end
@@ -290,7 +231,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       end
     end
   end
-  if #out == 0 and mode ~= 'R' and cursor >= n and STATE == 'running' then
+  if #out == 0 and mode ~= 'R' and cursor >= n and CALL.STATE == 'running' then
     local piece = take_split(worker, winc, cn)
     if piece then GRANTED[#GRANTED + 1] = fmt(piece[1]) end
     out[#out + 1] = piece or take_backup(worker, winc, cn)
@@ -310,7 +251,6 @@ local function take(worker, winc, want, call_no, mode)
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
   local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
   if buf then
-    if buf.toks then mput_s(F.LAST_TOKEN, buf.tokn, buf.toks) end
     lw_flush(buf)
     -- (as grant() would have: the started ones first, mode F)
     if buf.S then event_tasks('leased', buf.S[1], buf.S[2], worker) end
@@ -322,7 +262,7 @@ local function take(worker, winc, want, call_no, mode)
     mincr(F.P_LEASED, granted)
   end
   for _, p in lipairs(SKIPPED) do
-    FRONT_EMPTY = false
+    CALL.FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, p[2], p[1])
   end
   if #out > 0 then
@@ -346,16 +286,16 @@ local function wait_bound_ms()
   local w = rcall('ZRANGE', K_WORKERS, 0, 0, 'WITHSCORES')
   if #w > 0 and (not best or tonum(w[2]) < best) then best = tonum(w[2]) end
   if not best then return 0 end
-  return mmax(1, best - JNOW + 1)
+  return mmax(1, best - CALL.JNOW + 1)
 end
 
 -- The lease half shared by lease.lua and ack.lua. Returns {code, tasks, wait_ms}.
 local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   local m = worker .. '|' .. winc
-  if STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
-  if STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
+  if CALL.STATE == 'cancelled' then return {C.JOB_CANCELLED, {}, 0} end
+  if CALL.STATE == 'completed' then return {C.JOB_COMPLETED, {}, 0} end
   if expect_pass >= 0 and expect_pass < mnum(F.PASS) then return {C.PASS_DONE, {}, 0} end
-  if expect_pass == mnum(F.PASS) and STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
+  if expect_pass == mnum(F.PASS) and CALL.STATE == 'waiting' and mget(F.REASON) == 'manual_advance' then
     return {C.PASS_DONE, {}, 0}
   end
   if want > 0 and mget(F.PAUSED) == '1' then
@@ -378,7 +318,7 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   -- expecting a later pass than the current one only happens after a rollback (a restart
   -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
   -- per-pass iterator waiting for the next pass would otherwise wait for ever
-  if want > 0 and STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
+  if want > 0 and CALL.STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
     local got = take(worker, winc, want, call_no, mode)
     if #got > 0 then
       wait_rem(m)
@@ -391,3 +331,14 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   end
   return {C.OK, {}, 0}
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  GRANTED = {}
+  SKIPPED = {}
+  OTHERS_ALIVE = nil
+  AVOID_UNTIL = nil
+  BACKUP_AT = nil
+end
+
+return {lease_part = lease_part, reset = reset}

@@ -2,9 +2,23 @@
 -- front or dead (requeue, charged by charge_task), carried on by its other lease
 -- (survives), and the ends end_held applies (acked_one, failed_one, released_one).
 -- Backup leases: leases.lua's header.
+local rcall, sbyte, mfloor, unpk = redis.call, string.byte, math.floor, unpack
+local fmt, mincr, mnum, mput, mset, mset_s =
+  lib.meta.fmt, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset, lib.meta.mset_s
+local event, event_task, event_tasks, observe, wake_one =
+  lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.observe,
+  lib.events.wake_one
+local jnow_s, now_s = lib.call.jnow_s, lib.call.now_s
+local repeat_or_stale = lib.secrets.repeat_or_stale
+local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_lease, parse_lease,
+  progress_empty, recompute_auto_timeout, start_due =
+  lib.leases.counts_empty, lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for,
+  lib.leases.lw_flush, lib.leases.lw_new, lib.leases.other_lease, lib.leases.parse_lease,
+  lib.leases.progress_empty, lib.leases.recompute_auto_timeout, lib.leases.start_due
+local split_ended, split_rec = lib.split.split_ended, lib.split.split_rec
 
 local function to_front(task)
-  FRONT_EMPTY = false
+  CALL.FRONT_EMPTY = false
   rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
   wake_one()
 end
@@ -12,14 +26,14 @@ end
 -- Notes who failed a task (fail, task timeout), so take_leases gives it to another
 -- worker first (dispatch.lua: avoided).
 local function note_failer(task, worker)
-  COUNTS_EMPTY = false
+  CALL.COUNTS_EMPTY = false
   rcall('HSET', K_COUNTS, 'x:' .. task, worker .. '|' .. jnow_s())
 end
 
 local function make_dead(task, why)
   rcall('SADD', K_DEAD, task)
   rcall('SETBIT', K_DEADBITS, task, 1)  -- the set's bitmap, which a checkpoint copies
-  DEAD_EMPTY = false
+  CALL.DEAD_EMPTY = false
   -- a split is over with its task (both pieces ended): a retry leases it whole again
   if mnum(F.P_BACKUPS) > 0 then rcall('HDEL', K_LEASES, 's:' .. task) end
   mincr(F.C_DEAD)
@@ -31,7 +45,7 @@ end
 local function charge_task(task, charge)
   local dead_reason = nil
   if charge ~= 'none' then
-    COUNTS_EMPTY = false
+    CALL.COUNTS_EMPTY = false
     local a = rcall('HINCRBY', K_COUNTS, 'a:' .. task, 1)
     if a >= mnum(F.MAXA) then dead_reason = 'max_attempts' end
     if charge == 'failure' then
@@ -90,7 +104,7 @@ end
 
 -- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
 local function expire(task, l, reason, deadline)
-  local late = JNOW - deadline
+  local late = CALL.JNOW - deadline
   if late < 0 then late = 0 end
   observe('late', late)
   if late > mnum(F.P_MAXLATE) then mset(F.P_MAXLATE, fmt(late)) end
@@ -137,7 +151,7 @@ local function acked_one(task, l, tok, worker, _, _, buf)
   local fresh = 0
   if rcall('SETBIT', K_DONE, task, '1') == 0 then fresh = 1 end
   local b, ran = sbyte(l.sinces or '', 1), 0  -- (the record's digits: one strtod)
-  if b and b >= 48 and b <= 57 then ran = NOW - l.sinces end
+  if b and b >= 48 and b <= 57 then ran = CALL.NOW - l.sinces end
   local ms = observe('dur', ran, true)
   -- the median task time for backup leases: a frugal streaming median, 5 % steps (the
   -- histogram's buckets are too coarse for it, and a mean follows the stragglers)
@@ -219,7 +233,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     buf = lw_new()
     -- (the holder's records, each parsed into this one table: used before the next;
     -- leases.lua end_lease makes their ended records alike)
-    into = {live = true, worker = worker, winc = winc, token = false, round = ROUND,
+    into = {live = true, worker = worker, winc = winc, token = false, round = CALL.ROUND,
       rs = false, st = false, sinces = false, calls = false, attempts = false, dig = false}
     buf.into = into
     local tasks = {}
@@ -237,7 +251,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
     local held
     if l ~= nil and l == into then
       -- (the named holder's current lease: its head matched, only the secret is left)
-      held = CALLER_DIG ~= nil and l.dig == CALLER_DIG
+      held = CALL.CALLER_DIG ~= nil and l.dig == CALL.CALLER_DIG
     else
       held = holds_secret(l, worker, winc, tok)
     end
@@ -261,3 +275,7 @@ local function end_held(argv, first, n, worker, winc, kind, op, on_end, note)
   end
   return out
 end
+
+return {to_front = to_front, requeue = requeue, survives = survives, expire = expire,
+  acked_one = acked_one, failed_one = failed_one, released_one = released_one,
+  end_held = end_held}

@@ -12,6 +12,12 @@
 -- record (with its own holder's digest) in field "b:<task>": the first ack wins and the
 -- other lease is revoked; when one ends without an ack the other carries on as the task's
 -- lease (survives).
+local rcall, tonum, smatch, ssub, sbyte, mmax, unpk =
+  redis.call, tonumber, string.match, string.sub, string.byte, math.max, unpack
+local fmt, mget, mincr, mnum, mput, mput_s, mset, split =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mput_s,
+  lib.meta.mset, lib.meta.split
+local round_s = lib.call.round_s
 
 -- A lease record as a table; rs / sinces / calls / attempts are the record's own strings
 -- (written back as they are), round its number. Only the round is compared on every call,
@@ -37,7 +43,7 @@ local function parse_lease(rec, worker, winc, tok, into)
             tok, rs, st, since, call, att, dig
           return into
         elseif st then
-          return {live = true, worker = worker, winc = winc, token = tok, round = ROUND,
+          return {live = true, worker = worker, winc = winc, token = tok, round = CALL.ROUND,
                   rs = rs, st = st, sinces = since, calls = call, attempts = att, dig = dig}
         end
       end
@@ -45,7 +51,7 @@ local function parse_lease(rec, worker, winc, tok, into)
     local w, wi, tok, r, st, since, call, att, dig = smatch(rec,
       '^L|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
     if w then
-      local round = ROUND
+      local round = CALL.ROUND
       if r ~= round_s() then round = tonum(r) end
       return {live = true, worker = w, winc = wi, token = tok, round = round, rs = r,
               st = st, sinces = since, calls = call, attempts = att, dig = dig}
@@ -63,11 +69,11 @@ end
 
 -- Tokens only grow, even after a restart that lost writes: max(last + 1, real TIME in us).
 local function next_token()
-  if not TIME_US then  -- this call's TIME (open_job), else read once (the manual clock)
+  if not CALL.TIME_US then  -- this call's TIME (open_job), else read once (the manual clock)
     local t = rcall('TIME')
-    TIME_US = tonum(t[1]) * 1000000 + tonum(t[2])
+    CALL.TIME_US = tonum(t[1]) * 1000000 + tonum(t[2])
   end
-  local tok = mmax(mnum(F.LAST_TOKEN) + 1, TIME_US)
+  local tok = mmax(mnum(F.LAST_TOKEN) + 1, CALL.TIME_US)
   local tok_s = fmt(tok)
   mput_s(F.LAST_TOKEN, tok, tok_s)
   return tok_s
@@ -93,7 +99,7 @@ local function start_due()
   if DL_DONE then return end
   DL_DONE = true
   local tt = task_tt()
-  if tt > 0 then due_by(JNOW + tt) end
+  if tt > 0 then due_by(CALL.JNOW + tt) end
 end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
@@ -120,11 +126,11 @@ local function recompute_auto_timeout()
   mset(F.AUTO_TT, fmt(tt))
   -- the running tasks' deadlines move with it: a shorter (or a first) timeout may make
   -- one due now, so the next call's reclaim scans and sets the hint again
-  if mget(F.TT) == 'auto' and (was <= 0 or tt < was) then mput(F.DUE, JNOW - 1) end
+  if mget(F.TT) == 'auto' and (was <= 0 or tt < was) then mput(F.DUE, CALL.JNOW - 1) end
 end
 
 local function lease_is_current(l)
-  return l and l.live and l.round == ROUND
+  return l and l.live and l.round == CALL.ROUND
 end
 
 -- True when `l` is the current lease of this worker incarnation under this token: the
@@ -136,7 +142,7 @@ end
 -- holds(), and the caller's secret (use_secret) is the holder's: what ending or starting
 -- a lease needs.
 local function holds_secret(l, worker, winc, tok)
-  return holds(l, worker, winc, tok) and CALLER_DIG ~= nil and l.dig == CALLER_DIG
+  return holds(l, worker, winc, tok) and CALL.CALLER_DIG ~= nil and l.dig == CALL.CALLER_DIG
 end
 
 local function member(worker, winc, task) return worker .. '|' .. winc .. '|' .. task end
@@ -180,31 +186,29 @@ end
 -- the ZPOPMIN that would pop from it).
 -- (The waiting set is not asked along: with workers waiting, which is common, the
 -- EXISTS would answer "some" and each flag would cost its own command again.)
-local COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, FRONT_EMPTY = nil, nil, nil, nil  -- per call
-local EMPTIES_READ = false  -- per call
 local function read_empties()
-  EMPTIES_READ = true
+  CALL.EMPTIES_READ = true
   if rcall('EXISTS', K_COUNTS, K_DEAD, K_PROGRESS, K_FRONT) == 0 then
-    if COUNTS_EMPTY == nil then COUNTS_EMPTY = true end
-    if DEAD_EMPTY == nil then DEAD_EMPTY = true end
-    if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = true end
-    if FRONT_EMPTY == nil then FRONT_EMPTY = true end
+    if CALL.COUNTS_EMPTY == nil then CALL.COUNTS_EMPTY = true end
+    if CALL.DEAD_EMPTY == nil then CALL.DEAD_EMPTY = true end
+    if CALL.PROGRESS_EMPTY == nil then CALL.PROGRESS_EMPTY = true end
+    if CALL.FRONT_EMPTY == nil then CALL.FRONT_EMPTY = true end
   end
 end
 local function counts_empty()
-  if COUNTS_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if COUNTS_EMPTY == nil then COUNTS_EMPTY = rcall('HLEN', K_COUNTS) == 0 end
-  return COUNTS_EMPTY
+  if CALL.COUNTS_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
+  if CALL.COUNTS_EMPTY == nil then CALL.COUNTS_EMPTY = rcall('HLEN', K_COUNTS) == 0 end
+  return CALL.COUNTS_EMPTY
 end
 local function dead_empty()
-  if DEAD_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if DEAD_EMPTY == nil then DEAD_EMPTY = rcall('SCARD', K_DEAD) == 0 end
-  return DEAD_EMPTY
+  if CALL.DEAD_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
+  if CALL.DEAD_EMPTY == nil then CALL.DEAD_EMPTY = rcall('SCARD', K_DEAD) == 0 end
+  return CALL.DEAD_EMPTY
 end
 local function progress_empty()
-  if PROGRESS_EMPTY == nil and not EMPTIES_READ then read_empties() end
-  if PROGRESS_EMPTY == nil then PROGRESS_EMPTY = rcall('EXISTS', K_PROGRESS) == 0 end
-  return PROGRESS_EMPTY
+  if CALL.PROGRESS_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
+  if CALL.PROGRESS_EMPTY == nil then CALL.PROGRESS_EMPTY = rcall('EXISTS', K_PROGRESS) == 0 end
+  return CALL.PROGRESS_EMPTY
 end
 
 -- A batch's lease writes, gathered: the records (p, the pending ones by task, which the
@@ -270,3 +274,14 @@ local function end_lease(task, l, kind, buf)
   rcall('HSET', K_LEASES, task, rec)
 end
 
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  DL_DONE = false
+end
+
+return {parse_lease = parse_lease, next_token = next_token, due_by = due_by, task_tt = task_tt,
+  start_due = start_due, recompute_auto_timeout = recompute_auto_timeout,
+  lease_is_current = lease_is_current, holds_secret = holds_secret, member = member,
+  lease_for = lease_for, other_lease = other_lease, read_empties = read_empties,
+  counts_empty = counts_empty, dead_empty = dead_empty, progress_empty = progress_empty,
+  lw_new = lw_new, lw_flush = lw_flush, end_lease = end_lease, reset = reset}

@@ -1,26 +1,11 @@
 -- meta.lua: the job's meta hash, cached for the call; number formatting; record splitting.
--- The first part of taskq's Function library (scripts.py joins lib/*.lua in the order of
--- its LIB_PARTS after the generated K_* keys, C codes and hist_field / HIST_BOUNDS, then
--- adds the generated begin() and each lua/verb.lua as a function). Everything in the
--- library is built once, at FUNCTION LOAD, so its locals outlive a call: every top-level
--- local that is not a function ends in `-- per call`, and begin() (generated from those
--- lines) resets it at the start of every call. F.<NAME> is keys.MetaField.<NAME>, replaced by
--- the field's name when the library is built. Semantics: docs/design.md.
-
--- Redis's Lua globals the library calls, bound into library locals at the start of every
--- call (bind_globals, from begin()): a global is a lookup in the globals table on every use
--- (redis.call two), a library local an upvalue. (The library cannot read globals while it
--- loads: they exist only in a call.)
-local rcall, tonum, smatch, sfind, ssub, sformat = nil, nil, nil, nil, nil, nil  -- per call
-local sbyte, mmin, mmax, mfloor, tconcat, unpk = nil, nil, nil, nil, nil, nil  -- per call
-local ltype, lpairs, lipairs = nil, nil, nil  -- per call
-local function bind_globals()
-  rcall, tonum, smatch, sfind, ssub, sformat = redis.call, tonumber, string.match,
-    string.find, string.sub, string.format
-  sbyte, mmin, mmax, mfloor, tconcat, unpk = string.byte, math.min, math.max, math.floor,
-    table.concat, unpack
-  ltype, lpairs, lipairs = type, pairs, ipairs
-end
+-- The first part of taskq's Function library (library.py builds each part in its closure,
+-- in the order of LIB_PARTS: its docstring says how). A part's locals outlive a call: its
+-- state is marked `-- per call` and set back by reset(), which begin() calls. F.<NAME> is
+-- the slot of meta field keys.MetaField.<NAME> in this part's cache (written as a number
+-- when the library is built), N.<NAME> its name. Semantics: docs/design.md.
+local rcall, tonum, sfind, ssub, sformat, sbyte, unpk, ltype, lpairs =
+  redis.call, tonumber, string.find, string.sub, string.format, string.byte, unpack, type, pairs
 
 -- An integer (every number but the streaming median dur_med) is formatted with '%d': the
 -- same digits as '%.0f', which glibc runs through its multi-precision float printer at
@@ -42,8 +27,9 @@ end
 -- [slot] is its name): the hot ones are slots 1..31 in the HMGET's order, so the reply is
 -- the cache M itself, and the tables below are arrays over those slots (META_FALSES, written
 -- by library.py as a constructor of falses each; as hash tables keyed by name the four cost
--- ~23 k instructions a call, ~370 a slot, and load_meta's copy of the reply into M ~14 k,
--- bench/README.md).
+-- ~23 k instructions a call, ~370 a slot, and load_meta's copy of the reply into M ~14 k:
+-- a cache by name measured 646 -> 690 k instructions a task at prefetch 1, 578 -> 621 k at
+-- prefetch 0, bench/server_instructions.py).
 -- M holds the stored strings (false: no such field) and those set by mset; MN a number
 -- set in this call (mput, mincr: formatted once, in flush); NUM caches numbers parsed
 -- from M's strings, ORIG the numbers of the stored ones (see flush). A false in MN /
@@ -166,3 +152,13 @@ local function split(s)
     start = i + 1
   end
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  M = {}
+  MN, DIRTY, NUM, ORIG = META_FALSES, META_FALSES, META_FALSES, META_FALSES
+end
+
+return {fmt = fmt, load_meta = load_meta, mget = mget, mnum = mnum, mput = mput, mput_s = mput_s,
+  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, pad_meta = pad_meta, split = split,
+  reset = reset}

@@ -1,5 +1,12 @@
 -- passes.lua: the order of a pass (perm_fn), pass ends and starts, the per-pass summaries
 -- (bounded in all), the waiting states, and completion by membership.
+local rcall, tonum, mfloor, lipairs = redis.call, tonumber, math.floor, ipairs
+local fmt, mget, mincr, mnum, mput, mset =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local broadcast, event, flush_events =
+  lib.events.broadcast, lib.events.event, lib.events.flush_events
+local done = lib.call.done
+local dead_empty = lib.leases.dead_empty
 
 -- The order of a pass: a seeded permutation of 0..N-1 (a 4-round Feistel network on
 -- two halves of h bits, cycle-walking into range); identity without shuffle.
@@ -78,8 +85,8 @@ local function save_summary(kind, epoch, to)
   if kind == 'reset' then field = p .. '/r' .. fmt(mnum(F.P_RESETS)) end
   if kind == 'rewound' then field = p .. '/w' .. fmt(epoch) end
   local summary = {
-    pass = tonum(p), round = ROUND, state = kind,
-    started_ms = mnum(F.PSTART), ended_ms = NOW,
+    pass = tonum(p), round = CALL.ROUND, state = kind,
+    started_ms = mnum(F.PSTART), ended_ms = CALL.NOW,
     done = mnum(F.NDONE), dead = rcall('SCARD', K_DEAD),
     acked = rcall('BITCOUNT', K_DONE), live = live_tasks(), dead_done = dead_and_done(false),
     skipped = mnum(F.P_SKIPPED), stale = mnum(F.P_STALE), resets = mnum(F.P_RESETS),
@@ -112,23 +119,23 @@ end
 
 -- Starts pass p (a new round): O(1), the big keys go with UNLINK.
 local function start_pass(p, kind)
-  ROUND = mincr(F.ROUND)
+  CALL.ROUND = mincr(F.ROUND)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
   mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
-    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(NOW), F.STATE, 'running', F.REASON, '')
+    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
-  STATE = 'running'
-  event(kind, 'round', ROUND)
+  CALL.STATE = 'running'
+  event(kind, 'round', CALL.ROUND)
   broadcast()
 end
 
 local function set_waiting(reason)
-  if STATE == 'waiting' and mget(F.REASON) == reason then return end
+  if CALL.STATE == 'waiting' and mget(F.REASON) == reason then return end
   mset(F.STATE, 'waiting', F.REASON, reason)
-  STATE = 'waiting'
+  CALL.STATE = 'waiting'
   event('job_waiting', 'reason', reason)
   broadcast()
 end
@@ -136,15 +143,15 @@ end
 -- Ends the current pass (kind: completed | skipped) and moves on as configured.
 local function finish_pass(kind)
   save_summary(kind)
-  mset(F.LAST_PASS_MS, fmt(NOW - mnum(F.PSTART)))
+  mset(F.LAST_PASS_MS, fmt(CALL.NOW - mnum(F.PSTART)))
   event('pass_' .. kind, 'done', mget(F.NDONE))
   local p = mnum(F.PASS)
   local passes = mnum(F.PASSES)
   if passes >= 0 and p + 1 >= passes then
-    ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
+    CALL.ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
     rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
-    STATE = 'completed'
+    CALL.STATE = 'completed'
     event('job_completed')
     broadcast()
   elseif mget(F.ADVANCE) == '0' then
@@ -160,7 +167,7 @@ end
 -- (once per attempt, at its end), so a drifted count can neither end an attempt early
 -- nor keep it open.
 local function check_pass_end()
-  if STATE ~= 'running' then return end
+  if CALL.STATE ~= 'running' then return end
   if mnum(F.NLEASED) > 0 then return end
   local live = live_tasks()
   if mnum(F.NDONE) < live then return end
@@ -173,3 +180,7 @@ local function check_pass_end()
   if recount_done() ~= live then return end
   finish_pass('completed')
 end
+
+return {perm_fn = perm_fn, live_tasks = live_tasks, dead_and_done = dead_and_done,
+  recount_done = recount_done, save_summary = save_summary, drop_pass_sets = drop_pass_sets,
+  start_pass = start_pass, finish_pass = finish_pass, check_pass_end = check_pass_end}

@@ -1,6 +1,10 @@
 -- progress.lua: how far into its task each holder got (the progress hash, this pass
 -- attempt) and where a lease starts reading.
 -- Semantics (what is recorded, what the audit counts as re-read): docs/resume.md.
+local rcall, tonum, unpk, lipairs = redis.call, tonumber, unpack, ipairs
+local mincr, mnum = lib.meta.mincr, lib.meta.mnum
+local progress_empty = lib.leases.progress_empty
+local split_rec = lib.split.split_rec
 
 -- Fills each granted row's start (element 6): the samples the task's earlier holders of
 -- this pass attempt recorded as taken; a row starting past 0 counts as resumed. A piece
@@ -24,3 +28,5 @@ local function add_starts(out, granted)
     end
   end
 end
+
+return {add_starts = add_starts}

@@ -1,18 +1,21 @@
 -- secrets.lua: the caller's lease secret (its digest, hashed once per call) and what a
 -- write about a lease that is not the caller's current one is: a quiet repeat, stale,
 -- or forged (someone who read the leases hash). docs/design.md, "Lease secrets".
+local ssub, ltype = string.sub, type
+local mincr = lib.meta.mincr
+local arg_fail = lib.args.arg_fail
+local event = lib.events.event
 
 -- The caller's lease secret as the digest records keep: the first 16 hex digits (64
 -- bits) of its SHA-1, or nil for a missing or short secret (matching no record). Hashed
 -- once per call (use_secret); the secret itself is never written anywhere.
-local CALLER_DIG = nil  -- per call
 local function use_secret(secret)
   if ltype(secret) ~= 'string' or #secret < 16 then
-    CALLER_DIG = nil
+    CALL.CALLER_DIG = nil
   else
-    CALLER_DIG = ssub(redis.sha1hex(secret), 1, 16)
+    CALL.CALLER_DIG = ssub(redis.sha1hex(secret), 1, 16)
   end
-  return CALLER_DIG
+  return CALL.CALLER_DIG
 end
 -- The secret argument, checked with the others (lib/args.lua) but never shown in the
 -- answer; the caller's digest from then on. Returns the digest (or a stand-in when bad).
@@ -22,7 +25,7 @@ local function arg_secret(v)
       .. 'than this library? upgrade it)')
     return ''
   end
-  return CALLER_DIG
+  return CALL.CALLER_DIG
 end
 
 -- A write naming a lease's holder and token with the wrong secret: someone who read the
@@ -43,7 +46,7 @@ end
 -- incarnation and are merely stale).
 local function is_forged(l, worker, winc, tok)
   return l and l.token == tok and l.worker == worker and l.winc == winc
-    and not (CALLER_DIG and l.dig == CALLER_DIG)
+    and not (CALL.CALLER_DIG and l.dig == CALL.CALLER_DIG)
 end
 
 -- A write about a lease that is not current: a quiet success when its holder (the secret
@@ -63,3 +66,6 @@ local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
   event('stale', 'task', task, 'worker', worker, 'token', tok, 'op', op)
   return C.STALE
 end
+
+return {arg_secret = arg_secret, forged = forged, is_forged = is_forged,
+  repeat_or_stale = repeat_or_stale}

@@ -21,6 +21,14 @@
 -- is still in flight: the tail stands for it in nleased (not counted in todo, and an idle
 -- trainer's wait stays bounded), from the head's ack (or the orphan's lease) to the
 -- tail's end. docs/design.md, "Tail splitting".
+local rcall, tonum, smatch, sfind, ssub, mmin, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.find, string.sub, math.min, table.concat, ipairs
+local fmt, mget, mincr, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum
+local event, event_task, wake_one = lib.events.event, lib.events.event_task, lib.events.wake_one
+local now_s, round_s = lib.call.now_s, lib.call.round_s
+local end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
+  lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
+  lib.leases.other_lease, lib.leases.parse_lease
 
 -- The task's split record of this round, or nil (one HGET, only in a pass attempt that
 -- granted a backup or a piece); with `s`, writes it.
@@ -103,12 +111,12 @@ local function take_split(worker, winc, cn)
         -- silent could not learn its end: the tail would wait for its lease to expire)
         local dl = n and n - p >= 2
           and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
-        if dl and dl - JNOW >= mnum(F.HBI) then
+        if dl and dl - CALL.JNOW >= mnum(F.HBI) then
           -- the split point: halfway, or by pace where both are known (the holder's rate
           -- on its first attempt's lease against a typical task's, n over the median task
           -- time) so that both pieces end about together; a slow holder keeps little
           local m = p + math.ceil((n - p) / 2)
-          local med, ran = mnum(F.DUR_MED) / 1000, NOW - (tonum(l.sinces) or NOW)
+          local med, ran = mnum(F.DUR_MED) / 1000, CALL.NOW - (tonum(l.sinces) or CALL.NOW)
           if med > 0 and ran > 0 and l.attempts == '1' then
             local vh = p / ran
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + n / med))))
@@ -131,7 +139,7 @@ local function take_split(worker, winc, cn)
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
     .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
-    .. '|' .. CALLER_DIG)
+    .. '|' .. CALL.CALLER_DIG)
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
@@ -179,10 +187,12 @@ local function split_ended(task, l, acked, worker, tok)
     -- point in its lease: the split stands (confirmed)
     s.cf = true
     split_rec(task, s)
-    FRONT_EMPTY = false
+    CALL.FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
   end
   wake_one()
   event('piece_back', 'task', task, 'worker', l.worker, 'piece', l.backup and 'tail' or 'head')
   return true
 end
+
+return {split_rec = split_rec, take_split = take_split, split_ended = split_ended}

@@ -1,4 +1,8 @@
 -- workers.lua: worker records (winfo), liveness (touch_worker), removal.
+local rcall, smatch, sfind, ssub, sbyte, tconcat =
+  redis.call, string.match, string.find, string.sub, string.byte, table.concat
+local fmt, mnum, split = lib.meta.fmt, lib.meta.mnum, lib.meta.split
+local event, wait_rem = lib.events.event, lib.events.wait_rem
 
 -- A worker's record (HASH winfo, field worker) is
 -- "incarnation|ttl_ms|joined_ms|host|pid|drain|digest|conn[|witness]": its incarnation,
@@ -67,7 +71,7 @@ local function touch_worker(worker, winc, check, rec, renew, left)
   local m = worker .. '|' .. winc
   local inc, ttl_s, drain, dig = winfo(worker, rec)
   if inc ~= winc then return 'lost' end
-  if check and not (CALLER_DIG and dig == CALLER_DIG) then
+  if check and not (CALL.CALLER_DIG and dig == CALL.CALLER_DIG) then
     if not rcall('ZSCORE', K_WORKERS, m) then return 'lost' end
     return 'forged'
   end
@@ -76,14 +80,22 @@ local function touch_worker(worker, winc, check, rec, renew, left)
     local b = sbyte(ttl_s, 1)
     local ttl
     if b and b >= 48 and b <= 57 then ttl = ttl_s + 0 else ttl = mnum(F.TTL) end
-    if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(JNOW + ttl), m) == 0
+    if rcall('ZADD', K_WORKERS, 'XX', 'CH', fmt(CALL.JNOW + ttl), m) == 0
         and not rcall('ZSCORE', K_WORKERS, m) then
       return 'lost'
     end
   elseif left then
     local deadline = rcall('ZSCORE', K_WORKERS, m)
-    if not deadline or deadline + 0 < JNOW then return 'lost' end
+    if not deadline or deadline + 0 < CALL.JNOW then return 'lost' end
   end
   if drain == '1' then return 'drain' end
   return 'ok'
 end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  WINFO_WRITTEN = false
+end
+
+return {winfo = winfo, set_conn = set_conn, remove_worker = remove_worker,
+  touch_worker = touch_worker, reset = reset}

@@ -1,17 +1,17 @@
-"""A trainer's lease book: the tasks it holds and has reserved, their tokens, the call
+"""A trainer's held leases: the tasks it holds and has reserved, their tokens, the call
 numbers in flight, and the revocations.
 
-``LeaseBook`` is the part of ``Trainer`` (trainer/core.py) that knows what is held. A step's
+``HeldLeases`` is the part of ``Worker`` (trainer/worker.py) that knows what is held. A step's
 reply (trainer/calls.py) is applied to it, a heartbeat's revocations
-(trainer/beats.py) strike from it, the iteration (trainer/iteration.py) takes the reserved
-read-ahead from it; everything under the book's one lock. It also keeps the numbers of
+(trainer/heartbeat.py) strike from it, the iteration (trainer/iteration.py) takes the reserved
+read-ahead from it; everything under its one lock. It also keeps the numbers of
 the calls in flight: a heartbeat claims the replies up to ``last_reply_no`` (the server
 revokes unlisted leases granted by calls up to it), so it stays below every call still
 in flight (another thread's lease may be granted but not yet applied when this thread's
 ack reply lands).
 
-Data flow: trainer/calls.py (step replies) / trainer/beats.py (revocations) ->
-trainer/book.py -> trainer/beats.py (the held pairs a heartbeat lists).
+Data flow: trainer/calls.py (step replies) / trainer/heartbeat.py (revocations) ->
+trainer/leases.py -> trainer/heartbeat.py (the held pairs a heartbeat lists).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from taskq.trainer.protocol import Step
 OK, STOLEN = int(Code.OK), int(Code.STOLEN)  # plain ints: an IntEnum member read is slow
 
 
-class LeaseBook:
+class HeldLeases:
     """What one trainer holds (see the module docstring)."""
 
     def __init__(self) -> None:
