@@ -28,7 +28,14 @@ import time
 from collections.abc import Callable
 
 import taskq
-from taskq.engine.contract import MAX_BATCH, MAX_HELD, MAX_PREFETCH
+from taskq.engine.contract import (
+    APPEND_BYTES,
+    APPEND_MAX,
+    MAX_BATCH,
+    MAX_HELD,
+    MAX_PREFETCH,
+    TRIM_MAX,
+)
 from taskq.engine.library import LIBRARY
 
 _FN = re.compile(rf"^{LIBRARY}_([a-z_]+)$")
@@ -119,6 +126,28 @@ def exercise(
     client.drain(job, "batch")
     client.pause_job(job)
     client.resume_job(job)
+    mark("append")
+    # a page at both bounds (APPEND_MAX chunks of APPEND_BYTES in all, each with an id),
+    # then the same page again: every chunk a duplicate
+    pad = "x" * (APPEND_BYTES // APPEND_MAX - 40)
+    chunks = [{"i": i, "pad": pad} for i in range(APPEND_MAX)]
+    ids = [f"appended-{i}" for i in range(APPEND_MAX)]
+    for _ in range(2):
+        client.job(job).append(chunks, ids=ids)
+    mark("trim")
+    # a one-pass stream whose TRIM_MAX first tasks are done, each with its chunk id: one
+    # trim step drops them all
+    stream = f"{job}-stream"
+    client.create_job(stream, [], stream=True, manual_clock=True, task_timeout=None)
+    client.job(stream).append(
+        [{"i": i} for i in range(TRIM_MAX)], ids=[f"s-{i}" for i in range(TRIM_MAX)]
+    )
+    st = _trainer(client, stream, "stream")
+    while batch := st.lease_many(MAX_BATCH, timeout=0):
+        st.ack(batch)
+    st.close()
+    assert client.job(stream).trim() == TRIM_MAX
+    client.delete_job(stream)
     mark("lost worker, reap")
     lost = _trainer(client, job, "lost")
     _hold(lost, MAX_HELD)

@@ -13,8 +13,10 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 import taskq
+from taskq.models import JobStatus
 
 
 def client_of(ctx: click.Context) -> taskq.Client:
@@ -130,3 +132,17 @@ def age(seconds: float | None) -> str:
 def pass_label(pass_no: int, passes: int | None) -> str:
     """``0 (1 of 3)``: pass numbers count from 0, as in every command and the JSON."""
     return f"{pass_no} ({pass_no + 1} of {'inf' if passes is None else passes})"
+
+
+def add_stream_row(table: Table, status: JobStatus) -> None:
+    """The "appended / backlog" row of a stream or a job appended to (plain or sharded)."""
+    if not (status.stream or status.appended):
+        return
+    stream = f"stream {status.stream}, " if status.stream else ""
+    limit = status.config.get("max_backlog")
+    table.add_row(
+        "appended / backlog",
+        f"{stream}{status.appended} tasks appended, {status.done} done, backlog "
+        f"{status.backlog}{f' (max {limit})' if limit else ''}, oldest unfinished "
+        f"{age(status.oldest_unfinished_age_s)}",
+    )

@@ -166,6 +166,18 @@ def job() -> None:
     show_default=True,
     help="At a pass's tail an idle trainer takes the unread end of a task running long.",
 )
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="A job whose data keeps arriving (`taskq job append` / `follow`; no source "
+    "needed): its pass stays open until `taskq job seal` (docs/streams.md).",
+)
+@click.option(
+    "--max-backlog",
+    type=click.IntRange(min=1),
+    default=None,
+    help="An append that would leave more tasks than this not done waits or is refused.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
 def create(
@@ -194,35 +206,58 @@ def create(
     exist_ok: bool,
     shards: int,
     split_tails: bool,
+    stream: bool,
+    max_backlog: int | None,
     as_json: bool,
 ) -> None:
-    """Create job NAME from exactly one of --manifest, --files, --lines.
+    """Create job NAME from exactly one of --manifest, --files, --lines (a --stream job:
+    at most one; its tasks are appended later).
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
     lines/jsonl by byte range, parquet by row groups, tar by shard or samples. Everything
     is read and validated before anything is written; the job appears all at once or not
     at all. See docs/data.md.
     """
-    check_sources(
-        ctx,
-        extra,
-        manifest,
-        files,
-        lines,
-        fmt,
-        records_per_chunk,
-        chunk_bytes,
-        row_groups_per_chunk,
-        storage_options,
-    )
+    empty_stream = stream and manifest is None and files is None and lines is None
+    sizing_given = [
+        o
+        for o, v in (
+            ("--format", fmt),
+            ("--records-per-chunk", records_per_chunk),
+            ("--chunk-bytes", chunk_bytes),
+            ("--row-groups-per-chunk", row_groups_per_chunk),
+            ("--storage-options", storage_options),
+        )
+        if v is not None
+    ]
+    if empty_stream and not extra:
+        if sizing_given:
+            raise click.UsageError(f"{sizing_given[0]} needs a source (--files or --lines)", ctx)
+    else:
+        check_sources(
+            ctx,
+            extra,
+            manifest,
+            files,
+            lines,
+            fmt,
+            records_per_chunk,
+            chunk_bytes,
+            row_groups_per_chunk,
+            storage_options,
+        )
     if replace and exist_ok:
         raise click.UsageError("--replace and --exist-ok exclude each other", ctx)
     client = client_of(ctx)
     client.keys(name)  # a bad name fails before any file is read
     show = interactive(stderr=True)
     sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
-    chunks = read_chunks(
-        manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
+    chunks = (
+        []
+        if empty_stream
+        else read_chunks(
+            manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
+        )
     )
     ntasks = -(-len(chunks) // chunks_per_task)
     try:
@@ -245,6 +280,8 @@ def create(
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),
                 shards=shards,
                 split_tails=split_tails,
+                stream=stream,
+                max_backlog=max_backlog,
             )
     except taskq.JobExists:
         if not exist_ok:
@@ -260,6 +297,7 @@ def create(
     click.echo(
         f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
         f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
+        f"{', a stream (append, then `taskq job seal`)' if stream else ''}"
         f"{' (replaced)' if replace else ''}"
     )
 

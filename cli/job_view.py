@@ -19,7 +19,7 @@ from taskq.admin.shardset import ShardedStatus
 from taskq.models import JobStatus
 
 from . import shards as shards_cli
-from .common import age, client_of, echo_json, pass_label, show
+from .common import add_stream_row, age, client_of, echo_json, pass_label, show
 from .job import job
 
 
@@ -50,6 +50,7 @@ def status_table(status: JobStatus) -> Table:
         f"{status.todo} / {status.leased} (reserved {status.reserved}) / "
         f"{status.done} / {status.dead}",
     )
+    add_stream_row(table, status)
     table.add_row("workers", str(status.workers))
     table.add_row("throughput", f"{d['throughput_per_s']:.2f} tasks/s (this pass)")
     table.add_row("eta (this pass)", age(d["eta_s"]))

@@ -22,6 +22,7 @@ from . import demo as demo_module
 from . import dev as dev_module
 from . import events, exporter, job, passes, reaper, tasks, workers
 from . import job_view as _job_view  # noqa: F401  (adds job status / list / audit)
+from . import streams as _streams  # noqa: F401  (adds job append / seal / follow)
 from .acl import acl as acl_group
 from .work import work
 

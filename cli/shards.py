@@ -15,7 +15,7 @@ from rich.table import Table
 
 from taskq.admin.shardset import ShardedStatus
 
-from .common import pass_label, show
+from .common import add_stream_row, pass_label, show
 
 
 def status_tables(st: ShardedStatus) -> tuple[Table, Table]:
@@ -31,6 +31,7 @@ def status_tables(st: ShardedStatus) -> tuple[Table, Table]:
         "todo / leased / done / dead",
         f"{st.todo} / {st.leased} (reserved {st.reserved}) / {st.done} / {st.dead}",
     )
+    add_stream_row(table, st)
     table.add_row("workers", f"{st.workers} (registrations over the shards)")
     shards = Table(title="shards", title_justify="left")
     for col in ("shard", "master", "state", "pass", "todo", "leased", "done", "dead", "workers"):

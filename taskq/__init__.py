@@ -12,6 +12,7 @@ from taskq.admin.client import Client, connect
 from taskq.trainer.core import Trainer
 
 from .errors import (
+    BacklogFull,
     ConnectionLost,
     CorruptData,
     DataError,
@@ -46,6 +47,7 @@ def __getattr__(name: str) -> ModuleType:
 
 
 __all__ = [
+    "BacklogFull",
     "Client",
     "ConnectionLost",
     "CorruptData",

@@ -63,6 +63,12 @@ class Draining(TaskqError):
     """The worker was asked to drain: finish the current task, then leave."""
 
 
+class BacklogFull(TaskqError):
+    """An append would take a job's backlog (tasks appended and not done) past its
+    ``max_backlog``: nothing of the refused page was written (the message says how many
+    tasks went in before it)."""
+
+
 class ConnectionLost(TaskqError):
     """Redis could not serve the call now (the URL is given with its password masked).
 

@@ -45,6 +45,10 @@ EXPECTED_TYPES: dict[str, str] = {
     "ckpts": "zset",
     "ckpt": "hash",
     "ckprog": "hash",
+    "appids": "hash",
+    "appidx": "hash",
+    "appends": "zset",
+    "follow": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

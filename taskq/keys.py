@@ -52,6 +52,10 @@ JOB_KEYS: tuple[str, ...] = (
     "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done / "<id>:x:<k>" dead bitmap pages,
     # "<id>:p:<k>" progress pages
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
+    "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
+    "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
+    "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
+    "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -69,6 +73,10 @@ COLD_KEYS: tuple[str, ...] = (
     "ckpts",
     "ckpt",
     "ckprog",
+    "appids",
+    "appidx",
+    "appends",
+    "follow",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -154,6 +162,12 @@ class MetaField:
     C_BACKUPS = "c_backups"  # backup leases granted
     DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
     P_BACKUPS = "p_backups"  # backup leases and split pieces granted this pass attempt
+    PN = "pn"  # tasks in the pass's own order (its start's n); appended ones come after it
+    STREAM = "stream"  # '' not a stream | open (the pass does not end) | sealed
+    MAX_BACKLOG = "max_backlog"  # an append past it (tasks not done) is refused (0 = none)
+    C_APPENDED = "c_appended"  # tasks appended after the create
+    C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
+    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are done and trimmed (trim.lua)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the

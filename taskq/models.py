@@ -124,6 +124,17 @@ class Task:
         }
 
 
+@dataclass(frozen=True)
+class AppendResult:
+    """What ``append`` did: tasks added (numbered from ``first_task``), chunks skipped
+    (their id was appended before), and the backlog after it."""
+
+    tasks: int
+    skipped: int
+    first_task: int | None
+    backlog: int
+
+
 @dataclass
 class JobStatus:
     """A read-only snapshot of one job (one pipeline; O(1) in the number of tasks)."""
@@ -153,6 +164,18 @@ class JobStatus:
     lease_ages: dict[str, int] = field(default_factory=dict)
     #: the training loops' data wait (inputwait_view.summary): totals, recent, worst
     input: dict[str, Any] = field(default_factory=dict)
+    #: live tasks not done in this pass (appended or not): what trainers have left
+    backlog: int = 0
+    #: tasks appended since the create, and whether the job is a stream (None: not one,
+    #: "open", "sealed")
+    appended: int = 0
+    stream: str | None = None
+    #: a stream's tasks trimmed behind its watermark (tasks 0 .. trimmed - 1: done, their
+    #: descriptors gone; docs/streams.md)
+    trimmed: int = 0
+    #: how long the oldest task not done has waited (since it was appended or the pass
+    #: started, whichever is later); None when every task is done
+    oldest_unfinished_age_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The documented status keys (the CLI's ``job status --json`` prints these)."""
@@ -177,6 +200,11 @@ class JobStatus:
             "throughput_per_s": round(rate, 3),
             "eta_s": round(remaining / rate, 1) if rate > 0 else None,
             "oldest_lease_age_s": self.oldest_lease_age_s,
+            "backlog": self.backlog,
+            "appended": self.appended,
+            "trimmed": self.trimmed,
+            "stream": self.stream,
+            "oldest_unfinished_age_s": self.oldest_unfinished_age_s,
             "config": self.config,
             "counters": self.counters,
             "summaries": self.summaries,

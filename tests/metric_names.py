@@ -25,6 +25,8 @@ METRIC_TYPES = {
             "taskq_redis_maxmemory_policy",
             "taskq_input_bound_ratio",
             "taskq_input_worst_trainer_ratio",
+            "taskq_backlog",
+            "taskq_oldest_unfinished_age_seconds",
         ],
         "gauge",
     ),
@@ -43,6 +45,7 @@ METRIC_TYPES = {
                 "forged",
                 "backups",
                 "splits",
+                "appended",
                 "expired",
                 "exporter_scrape_errors",
                 "input_step_seconds",
@@ -70,4 +73,5 @@ ALERT_NAMES = {
     "TaskqExporterScrapeErrors",
     "TaskqRedisEvictionPolicy",
     "TaskqInputBound",
+    "TaskqBacklogGrowing",
 }

@@ -181,3 +181,58 @@ def test_k8s_reaper_and_exporter(k8s_objects: list[dict[str, Any]]) -> None:
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
         p["name"] for p in service["spec"]["ports"]
     }
+
+
+# -- autoscaling on a stream's backlog (deploy/k8s/autoscaling, KEDA) ----------------------
+AUTOSCALING = K8S / "autoscaling"
+
+
+@pytest.fixture(scope="module")
+def autoscaling_objects() -> list[dict[str, Any]]:
+    kustomization = load_yaml(AUTOSCALING / "kustomization.yaml")
+    listed = set(kustomization["resources"])
+    assert listed == {p.name for p in AUTOSCALING.glob("*.yaml")} - {"kustomization.yaml"}
+    return [obj for resource in sorted(listed) for obj in load_yaml_all(AUTOSCALING / resource)]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_stream_trainers_validate_strictly(
+    autoscaling_objects: list[dict[str, Any]], version: str
+) -> None:
+    deployment = find(autoscaling_objects, "Deployment", "taskq-stream-trainer")
+    assert not schema_errors(deployment, version)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):  # a CRD: checked below
+        kubernetes_validate.validate(
+            find(autoscaling_objects, "ScaledObject", "taskq-stream-trainer"), version, strict=True
+        )
+
+
+def test_keda_scales_the_stream_trainers_on_the_exported_backlog(
+    autoscaling_objects: list[dict[str, Any]],
+) -> None:
+    from metric_names import EXPOSED_NAMES
+    from test_deploy_prometheus import promql_metric_names
+
+    deployment = find(autoscaling_objects, "Deployment", "taskq-stream-trainer")
+    scaled = find(autoscaling_objects, "ScaledObject", "taskq-stream-trainer")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert 0 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    meta = trigger["metadata"]
+    assert promql_metric_names(meta["query"]) == {"taskq_backlog"} <= EXPOSED_NAMES
+    assert float(meta["threshold"]) > 0 and meta["serverAddress"].startswith("http")
+    # the trainers work on the stream the query names, which their init container creates
+    job = meta["query"].split('job_name="')[1].split('"')[0]
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"][3:7] == ["job", "create", job, "--stream"]
+    assert "--exist-ok" in init["command"]
+    (trainer,) = pod["containers"]
+    assert trainer["command"][:5] == ["/usr/bin/tini", "--", "taskq", "work", job]
+    for container in (init, trainer):
+        assert container["image"] == IMAGE
+        assert {"secretRef": {"name": "taskq-redis"}} in container["envFrom"]
+    assert pod["terminationGracePeriodSeconds"] >= 30

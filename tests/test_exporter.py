@@ -201,6 +201,11 @@ def assert_agrees_with_status(samples: Samples, st: taskq.JobStatus) -> None:
             1 if st.state == state else 0
         )
     assert value(samples, "taskq_workers", job_name=job) == st.workers
+    assert value(samples, "taskq_backlog", job_name=job) == st.backlog == st.todo + st.leased
+    assert value(samples, "taskq_appended_total", job_name=job) == st.appended
+    assert value(samples, "taskq_oldest_unfinished_age_seconds", job_name=job) == pytest.approx(
+        st.oldest_unfinished_age_s or 0.0
+    )
     for bound in LEASE_AGE_BOUNDS_S:
         assert (
             value(samples, "taskq_leases_by_age", job_name=job, le=str(bound))

@@ -15,7 +15,7 @@ import pytest
 
 import taskq
 from taskq.engine import library
-from taskq.engine.contract import MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
+from taskq.engine.contract import APPEND_MAX, MAX_BATCH, MAX_LISTED, MAX_RETRY, PAGE_MAX, Code
 from taskq.keys import JobKeys
 
 BAD_BY_KIND: dict[str, list[str]] = {
@@ -31,6 +31,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "cursor": ["x", "-1", "", "1" * 21],
     "conn": ["x", "-1", "1|2", "1" * 21],
     "secret": ["", "shortsecret0123"],  # (never echoed: the answer names it, not the value)
+    "json": ["", "not json", "[1,", '{"a":1},{"b":2}'],
 }
 
 SECRET = "s" * 32
@@ -56,6 +57,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "advance": (["", "0", "1"], ["inc", "int", "enum"]),
+    "append": (["", "1", "1", "c0", '{"a":1}'], ["inc", "enum", "count", "text", "json"]),
     "cancel": ([""], ["inc"]),
     "clock": (["", "5", "0"], ["inc", "int", "enum"]),
     "closed": (["", "w", "i", "7", "100", "8"], ["inc", "id", "id", "token", "int", "int"]),
@@ -97,6 +99,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "retry": (["", "1", "0"], ["inc", "count", "task"]),
     "revoke": (["", "0"], ["inc", "task"]),
     "rewind": (["", "c1", "page", "0", "1"], ["inc", "ckpt", "enum", "int", "int"]),
+    "seal": ([""], ["inc"]),
     "stats": (["1", "10"], ["int", "int"]),
 }
 
@@ -118,6 +121,7 @@ OVER_BOUND: list[tuple[str, int, str]] = [
     ("ack", 8, str(MAX_BATCH + 1)),  # want
     ("lease", 3, str(MAX_BATCH + 1)),  # want
     ("peek", 2, str(PAGE_MAX + 1)),  # count
+    ("append", 2, str(APPEND_MAX + 1)),  # n
     ("retry", 1, str(MAX_RETRY + 1)),  # n
     ("heartbeat", 4, str(MAX_LISTED + 1)),  # n
     ("peek", 1, "zz"),  # not a todo cursor

@@ -1,7 +1,8 @@
 """A hypothesis state machine drives the engine (manual clock) through random steps of
 every verb (lease, ack, fail, release, progress, heartbeat, expiry on the manual clock,
 reap, retry, revoke, reset, advance and force, pause / resume, a checkpoint's cut and its
-later steps interleaved with the rest, rewind, cancel; backup leases in a second machine)
+later steps interleaved with the rest, rewind, cancel, append and seal; backup leases in a
+second machine, split tails in a third, an open stream in a fourth)
 and checks the invariants of docs/design.md after every one, against a plain-Python model
 of who holds what and which tasks each pass attempt acked. The model is the trainers'
 side; Redis is the truth checked for consistency and membership."""
@@ -20,7 +21,8 @@ import taskq
 from taskq.admin.stats import parse_lease
 from taskq.engine.contract import Code
 
-N_TASKS = 5
+N_TASKS = 5  # at the create; appends add up to MAX_TASKS
+MAX_TASKS = 9
 WORKERS = ("w0", "w1", "w2")
 _ids = itertools.count()
 
@@ -34,6 +36,8 @@ class EngineMachine(RuleBasedStateMachine):
     url: str = ""
     backup_leases = False
     split_tails = False
+    stream = False
+    passes: int | None = None
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
 
     def __init__(self) -> None:
@@ -43,7 +47,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.client.create_job(
             self.job,
             chunks=list(self.chunks),
-            passes=None,
+            passes=self.passes,
             worker_ttl=3.0,
             heartbeat_interval=1.0,
             task_timeout=None,
@@ -53,6 +57,7 @@ class EngineMachine(RuleBasedStateMachine):
             seed=11,
             backup_leases=self.backup_leases,
             split_tails=self.split_tails,
+            stream=self.stream,
             manual_clock=True,
             auto_advance=False,
         )
@@ -73,6 +78,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.cancelled = False
         self.open_ck: tuple[str, set[int], set[int]] | None = None
         self.sealed: list[tuple[str, set[int], set[int]]] = []
+        self.appended_ids: list[str] = []
 
     # -- helpers -----------------------------------------------------------------
     def _meta(self, field: str) -> int:
@@ -126,6 +132,10 @@ class EngineMachine(RuleBasedStateMachine):
             self.held[worker].remove(task)
         self.ended.append((worker, task))
 
+    def _n(self) -> int:
+        """The tasks the job has now (the create's and the appended)."""
+        return self._meta("n")
+
     def _attempt(self, rnd: int) -> set[int]:
         """The tasks the model saw acked in pass attempt ``rnd`` (a new round acked none)."""
         return self.acked.setdefault(rnd, set())
@@ -134,7 +144,7 @@ class EngineMachine(RuleBasedStateMachine):
         """(done set, dead set) as Redis holds them."""
         keys, r = self.client.keys(self.job), self.client.redis
         return (
-            {i for i in range(N_TASKS) if r.getbit(keys.done, i)},
+            {i for i in range(self._n()) if r.getbit(keys.done, i)},
             {int(x) for x in r.smembers(keys.dead)},
         )
 
@@ -155,6 +165,8 @@ class EngineMachine(RuleBasedStateMachine):
         if self.cancelled:
             return
         self.client.resume_job(self.job)
+        if self.stream:
+            self.client.job(self.job).seal()  # an open stream's pass never ends
         s = self.client.status(self.job)
         if s.state != "running":
             return
@@ -166,7 +178,7 @@ class EngineMachine(RuleBasedStateMachine):
                     pass
         pass0 = s.pass_no
         t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
-        for _ in range(4 * N_TASKS):
+        for _ in range(4 * self._n()):
             s = self.client.status(self.job)
             if s.pass_no != pass0 or s.state != "running":
                 break
@@ -185,7 +197,7 @@ class EngineMachine(RuleBasedStateMachine):
         if task is not None:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
-            assert 0 <= task.id < N_TASKS
+            assert 0 <= task.id < MAX_TASKS
             self.held[w].append(task)
 
     @precondition(lambda self: not self.cancelled)
@@ -250,7 +262,7 @@ class EngineMachine(RuleBasedStateMachine):
         for task in got:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
-            assert 0 <= task.id < N_TASKS
+            assert 0 <= task.id < MAX_TASKS
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
@@ -408,7 +420,58 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.cancelled)
     @rule()
     def reset(self) -> None:
-        self.client.reset_pass(self.job)
+        try:
+            self.client.reset_pass(self.job)
+        except taskq.InvalidInput as e:  # a trimmed stream's done tasks cannot be read again
+            assert "trimmed" in str(e) and self._meta("trim_w") > 0
+
+    @rule()
+    def trim(self) -> None:
+        """A stream in its last pass drops its done prefix (trim.lua); any other job
+        is left as it is."""
+        got = self.client.job(self.job).trim()
+        if not self.stream or self.passes is None:
+            assert got == 0
+
+    @rule(k=st.integers(1, 2), dup=st.booleans())
+    def append(self, k: int, dup: bool) -> None:
+        """New tasks join the current pass (reopening one that ended); a repeated id adds
+        nothing."""
+        n = self._n()
+        if n + k > MAX_TASKS:
+            return
+        before = self.client.status(self.job, summaries=0)
+        ids = [f"c{next(_ids)}" for _ in range(k)]
+        skipped = 1 if dup and self.appended_ids else 0
+        if skipped:
+            ids[0] = self.appended_ids[-1]  # appended before: skipped
+        job = self.client.job(self.job)
+        if self.cancelled:
+            with pytest.raises(taskq.JobCancelled):
+                job.append([{"a": i} for i in ids], ids=ids)
+            return
+        if before.stream == "sealed":
+            with pytest.raises(taskq.InvalidInput, match="sealed"):
+                job.append([{"a": i} for i in ids], ids=ids)
+            return
+        r = job.append([{"a": i} for i in ids], ids=ids)
+        self.appended_ids += ids[skipped:]
+        assert (r.tasks, r.skipped) == (k - skipped, skipped)
+        assert self._n() == n + k - skipped
+        if r.tasks and before.state != "running" and before.reason != "rewinding":
+            # a reopened attempt keeps what it acked (as a retry's)
+            assert self.client.status(self.job, summaries=0).state in ("running", "paused")
+            self._attempt(self._meta("round")).update(self._sets()[0])
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def seal(self) -> None:
+        if not self.stream:
+            with pytest.raises(taskq.InvalidInput, match="not a stream"):
+                self.client.job(self.job).seal()
+            return
+        self.client.job(self.job).seal()
+        assert self.client.status(self.job, summaries=0).stream == "sealed"
 
     # -- invariants (docs/design.md, numbered as there) -------------------------
     @invariant()
@@ -419,7 +482,8 @@ class EngineMachine(RuleBasedStateMachine):
         r = self.client.redis
         rnd = self._meta("round")
         dead = {int(x) for x in r.smembers(keys.dead)}
-        done = {i for i in range(N_TASKS) if r.getbit(keys.done, i)}
+        n = self._n()
+        done = {i for i in range(n) if r.getbit(keys.done, i)}
         raw = r.hgetall(keys.leases)
         leases = {int(k): parse_lease(v) for k, v in raw.items() if k.isdigit()}
         leased = {t for t, ls in leases.items() if ls and ls["live"] and ls["round"] == rnd}
@@ -452,11 +516,12 @@ class EngineMachine(RuleBasedStateMachine):
         if state == "running":
             assert self._meta("nleased") == len(leased) + len(standing)
             st = self.client.status(self.job, summaries=0)
-            assert st.todo == N_TASKS - len(dead) - len(done) - len(leased) - len(standing)
+            assert st.todo == n - len(dead) - len(done) - len(leased) - len(standing)
+            assert st.backlog == st.todo + st.leased
             assert self._meta("nreserved") == r.zcard(keys.reserved)
         assert r.scard(keys.dead) == len(dead)
         # 3. a pass's done count never exceeds its live tasks
-        assert len(done) <= N_TASKS - len(dead)
+        assert len(done) <= n - len(dead)
         # 5. a lost worker holds no lease
         alive = set(r.zrange(keys.workers, 0, -1))
         for t in leased:
@@ -480,7 +545,8 @@ class EngineMachine(RuleBasedStateMachine):
         if s.state != "completed":
             assert done == self._attempt(rnd), "the done set is what this attempt acked"
         assert not done & dead, "a task both done and dead"
-        assert {i for i in range(N_TASKS) if r.getbit(keys.deadbits, i)} == dead
+        n = self._n()
+        assert {i for i in range(n) if r.getbit(keys.deadbits, i)} == dead
         # summaries written since the last step: a completed one acked every live task
         raw = [json.loads(v) for v in r.hvals(keys.passes)]
         for summary in sorted(raw, key=lambda x: x.get("seq", 0)):
@@ -488,7 +554,7 @@ class EngineMachine(RuleBasedStateMachine):
                 continue
             self.summaries_seen = summary["seq"]
             if summary["state"] == "completed" and not summary.get("rewound"):
-                live = set(range(N_TASKS)) - dead
+                live = set(range(n)) - dead
                 assert self.acked.get(summary["round"], set()) == live, (
                     "a pass attempt completed without every live task acked once"
                 )
@@ -496,8 +562,25 @@ class EngineMachine(RuleBasedStateMachine):
         if s.state == "running":
             todo = {t["id"] for t in self.client.tasks(self.job, "todo", limit=1000)}
             leased = {t["id"] for t in self.client.tasks(self.job, "leased", limit=1000)}
-            left = set(range(N_TASKS)) - dead - done
+            left = set(range(n)) - dead - done
             assert left <= todo | leased | self._pieces(), "a live task is unreachable"
+
+    @invariant()
+    def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
+        """Below a stream's watermark every task is done and its descriptor gone (never
+        leased, rewound to or counted twice: the done set holds it); above it every task
+        has its descriptor."""
+        w = self._meta("trim_w")
+        s = self.client.status(self.job, summaries=0)
+        if self.cancelled or s.reason == "rewinding":
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        n = self._n()
+        assert w <= n
+        assert all(r.getbit(keys.done, i) for i in range(w)), "a trimmed task is not done"
+        held = r.hmget(keys.chunks, [str(i) for i in range(n)]) if n else []
+        assert all(c is None for c in held[:w]), "a trimmed task kept its descriptor"
+        assert all(c is not None for c in held[w:]), "a task above the watermark lost its chunks"
 
     @invariant()
     def pass_grows_by_one_only_when_complete(self) -> None:
@@ -656,3 +739,41 @@ SplitMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_with_split_tails(sm_url):
     SplitMachine.url = sm_url
     SplitMachine.TestCase("runTest").runTest()
+
+
+class StreamMachine(EngineMachine):
+    """The same steps on a stream job: its pass does not end until a seal (appends keep
+    joining it), then it ends as any pass does."""
+
+    stream = True
+
+
+class TrimmedStreamMachine(StreamMachine):
+    """A stream of one pass, so its trim runs: the watermark moves over done tasks
+    interleaved with every verb (checkpoints and rewinds bound it, a reset is refused).
+    The stream stays open and its pass is never forced on: the machine's rules are of a
+    job that never completes (the unit tests in test_streams.py seal a trimmed stream)."""
+
+    passes = 1
+
+    def next_pass(self, force: bool) -> None:  # not a rule here (see the docstring)
+        pass
+
+    def seal(self) -> None:  # not a rule here
+        pass
+
+
+StreamMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_stream(sm_url):
+    StreamMachine.url = sm_url
+    StreamMachine.TestCase("runTest").runTest()
+
+
+TrimmedStreamMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_trimmed_stream(sm_url):
+    TrimmedStreamMachine.url = sm_url
+    TrimmedStreamMachine.TestCase("runTest").runTest()

@@ -411,18 +411,15 @@ def dryrun_fits(server: AclServer, user: str, command: str, keys: list[str]) -> 
     return False
 
 
-@pytest.mark.parametrize("role", ["trainer", "reaper"])
+@pytest.mark.parametrize("role", ["trainer", "reaper", "producer"])
 def test_rule_allows_every_command_its_functions_call(server: AclServer, role: str) -> None:
     """A function runs with its caller's ACL: a command it needs and the rule lacks would
     stop it half-way with NOPERM."""
     job = f"drift-{role}"
-    rule = (
-        acl.trainer_rule(job, password="x")
-        if role == "trainer"
-        else acl.reaper_rule(job, password="x")
-    )
+    rule = acl.rule(role, job, password="x")
     server.apply(rule)
-    verbs = acl.TRAINER_VERBS + acl.TRAINER_RO_VERBS if role == "trainer" else acl.REAPER_VERBS
+    spec = acl.ROLES[role]
+    verbs = spec.verbs if role == "reaper" else spec.verbs + spec.ro_verbs
     keys = JobKeys(job)
     calls = library_calls(verbs)
     assert calls
@@ -622,3 +619,41 @@ def test_rules_refuse_bad_names_and_prefixes() -> None:
             call()
     assert acl.trainer_rule("a", key_prefix="p*x").rules[3] == r"~p\*x:{a}:*"
     assert len(JOB_KEYS) == len(acl.WRITTEN_KEYS) + len(acl.READ_ONLY_KEYS)
+
+
+def test_producer_credential_appends_and_seals_its_stream_only(
+    server: AclServer, job_name: str
+) -> None:
+    """A producer of A appends to A and seals it; it cannot append to B, lease from A or
+    cancel A."""
+    admin = taskq.connect(server.url("admin"))
+    a, b = f"{job_name[:50]}-a", f"{job_name[:50]}-b"
+    for job in (a, b):
+        admin.create_job(job, [], stream=True)
+    url = server.apply(acl.producer_rule(a, password=password(f"producer-{a}")))
+    producer = taskq.connect(url, retries=0)
+    assert producer.job(a).append([{"i": 0}], ids=["x"]).tasks == 1
+    refused(lambda: producer.job(b).append([{"i": 0}]), f"producer-{a}")
+    refused(lambda: producer.cancel_job(a), f"producer-{a}")
+    with pytest.raises(taskq.TaskqError):
+        taskq.Trainer(a, client=producer, worker_id="w", heartbeat=False).lease(timeout=0)
+    trainer = taskq.Trainer(a, url=server.url("admin"), worker_id="t", heartbeat=False)
+    trainer.ack(trainer.lease(timeout=0))
+    assert producer.job(a).seal() == 1
+    assert admin.status(a).state == "completed"
+    trainer.close()
+
+
+def test_reaper_credential_trims_a_stream(server: AclServer, job_name: str) -> None:
+    """The reaper's rule runs a stream's trim (its deletes of done tasks' descriptors and
+    of the appends' log below the watermark) on its job."""
+    admin = taskq.connect(server.url("admin"))
+    admin.create_job(job_name, [], stream=True)
+    admin.job(job_name).append([{"i": i} for i in range(3)], ids=["a", "b", "c"])
+    trainer = taskq.Trainer(job_name, url=server.url("admin"), worker_id="t", heartbeat=False)
+    trainer.ack([trainer.lease(timeout=0) for _ in range(3)])
+    trainer.close()
+    url = server.apply(acl.reaper_rule(job_name, password=password(f"reaper-{job_name}")))
+    reaper = taskq.connect(url, retries=0)
+    assert reaper.job(job_name).trim() == 3
+    assert admin.status(job_name).trimmed == 3

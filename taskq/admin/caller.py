@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from taskq.engine.connection import Connection
 from taskq.engine.contract import PAGE_MAX
-from taskq.models import JobStatus
+from taskq.models import AppendResult, JobStatus
 
 #: What ``rewind`` takes: a checkpoint's id, or the record ``checkpoint`` returned.
 CheckpointRef = str | dict[str, Any]
@@ -73,3 +73,14 @@ class Job(Protocol):
         self, budget: int = 1000, lock_ms: int = 2000, owner: str = ""
     ) -> tuple[int, bool, bool]: ...
     def advance_clock(self, ms: int, silent: bool = False) -> int: ...
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult: ...
+    def seal(self) -> int: ...
+    def trim(self) -> int: ...
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]: ...
+    def file_appended(self, file_key: str, chunks: int) -> None: ...

@@ -105,7 +105,9 @@ def _step(conn: Connection, job: str, ckpt: str, verb: str, step: list[Any]) -> 
 
 def _decode(raw: Any) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(raw)
-    scratch = ("todo_done", "ppages", "pages", "xpages", "cursor", "pstart", "sum_seq", "n")
+    if "n" in rec:
+        rec["tasks"] = rec["n"]  # the append position: the tasks the job had at the cut
+    scratch = ("todo_done", "ppages", "pages", "xpages", "cursor", "pstart", "sum_seq", "n", "pn")
     for k in scratch:
         rec.pop(k, None)
     return rec

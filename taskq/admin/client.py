@@ -220,6 +220,8 @@ class Client:
         backup_factor: float = 2.0,
         shards: int = 1,
         split_tails: bool = False,
+        stream: bool = False,
+        max_backlog: int | None = None,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -253,6 +255,12 @@ class Client:
                 with its progress (docs/design.md, "Tail splitting"). Off by default
                 until a split is accounted by every verb (checkpoint, rewind, retry,
                 timeout, steal, a Redis rollback, the DDP pass end).
+            stream: a job whose data keeps arriving (``chunks`` may be empty): its pass
+                does not end while the stream is open, trainers with nothing to lease
+                wait for ``append``; ``seal`` closes it (docs/streams.md). With
+                ``shards``: every shard a stream, appends spread over them.
+            max_backlog: an ``append`` that would leave more tasks not done than this
+                waits or is refused (None: no bound); with ``shards``, divided among them.
 
         Returns:
             The new job's status.
@@ -286,11 +294,22 @@ class Client:
                 shards,
                 cfg,
                 replace,
+                stream=stream,
+                max_backlog=max_backlog,
                 backup_leases=backup_leases,
                 backup_factor=backup_factor,
             )
         return jobs.create(
-            self.connection, name, chunks, cfg, replace, progress, backup_leases, backup_factor
+            self.connection,
+            name,
+            chunks,
+            cfg,
+            replace,
+            progress,
+            backup_leases,
+            backup_factor,
+            stream=stream,
+            max_backlog=max_backlog,
         )
 
     # -- each a verb of the job's handle (caller.Job) --------------------------------

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -29,15 +31,17 @@ from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
 from taskq.config import check_memory_policy, encode_tasks, validate_config
 from taskq.engine.connection import Connection, translate
-from taskq.engine.contract import MAX_RETRY, PAGE_MAX, Code
+from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, TRIM_MAX, Code
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
-from taskq.models import JobConfig, JobStatus
+from taskq.models import AppendResult, JobConfig, JobStatus
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 #: ``create_job``'s settings that are not the job's ``JobConfig``.
-CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor")
+CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor", "stream", "max_backlog")
+#: The longest one wait of a blocked append for an ack (then it asks again).
+_APPEND_BLOCK_MS = 5000
 
 
 def check_name(name: str) -> None:
@@ -273,6 +277,128 @@ class PlainJob:
         reply = self.connection.run(self.name, "clock", ["", int(ms), int(silent)])
         return int(reply[1])
 
+    # -- appending ----------------------------------------------------------------
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Add chunks to the job as new tasks: they join the current pass (after its own
+        order) and every later one (docs/streams.md).
+
+        Everything is checked before the first write; the chunks then go in pages
+        (at most ``APPEND_MAX`` chunks and ``APPEND_BYTES`` bytes, whole tasks, each one
+        atomic call), so an append interrupted half-way has added whole pages, and
+        repeating it with the same ``ids`` adds the rest only.
+
+        Args:
+            chunks: JSON-able chunk descriptors, in order (grouped ``chunks_per_task`` to
+                a task as at the create; a call's last task may be shorter).
+            ids: one id per chunk (a string of 1-1024 bytes, e.g. the file and its
+                size): a chunk whose id was appended to this job before is skipped.
+            block: when the job's ``max_backlog`` would be passed, wait for trainers to
+                ack (woken by the job's events, no polling); False: refuse at once.
+            timeout: seconds to wait at most in all (None: as long as it takes).
+
+        Returns:
+            The tasks added, the chunks skipped, the first new task's id, the backlog.
+
+        Raises:
+            InvalidInput: a chunk that is not JSON, bad ids, a sealed stream (nothing
+                written). BacklogFull: the backlog stayed full (``block=False``, or the
+                timeout passed); the pages before went in, the message says how many.
+            JobNotFound, JobCancelled.
+        """
+        encoded, id_list = _check_append(self.name, chunks, ids)
+        if not encoded:
+            return AppendResult(0, 0, None, self.status(summaries=0).backlog)
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            cpt, max_backlog, inc = self.connection.redis.hmget(
+                self.keys.meta, [F.CPT, F.MAX_BACKLOG, F.INC]
+            )
+        if inc is None:
+            raise errors.JobNotFound(f"job {self.name!r} not found (deleted or replaced)")
+        pages = _append_pages(encoded, int(cpt or 1), int(max_backlog or 0))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        added = skipped = 0
+        first: int | None = None
+        backlog = 0
+        for lo, hi in pages:
+            while True:
+                args: list[Any] = [inc, 1 if id_list else 0, hi - lo]
+                for k in range(lo, hi):
+                    if id_list:
+                        args.append(id_list[k])
+                    args.append(encoded[k])
+                reply = self.connection.run(self.name, "append", args)
+                if int(reply[0]) == Code.OK:
+                    break
+                backlog, limit, last_id = int(reply[3]), int(reply[4]), str(reply[5])
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
+                    raise errors.BacklogFull(
+                        f"job {self.name}: backlog {backlog} of max_backlog {limit}: the next "
+                        f"{hi - lo} chunks would pass it; {added} tasks appended before, "
+                        f"nothing from chunk {lo} on"
+                    )
+                self._wait_for_events(last_id, left)
+            added += int(reply[1])
+            skipped += int(reply[2])
+            backlog = int(reply[4])
+            if first is None and int(reply[1]) > 0:
+                first = int(reply[3])
+        return AppendResult(added, skipped, first, backlog)
+
+    def _wait_for_events(self, after: str, left: float | None) -> None:
+        """Block until the job writes an event after ``after`` (an ack, a pass end) or
+        ``left`` seconds pass (at most ``_APPEND_BLOCK_MS``, then the caller asks again)."""
+        block_ms = (
+            _APPEND_BLOCK_MS if left is None else max(1, min(_APPEND_BLOCK_MS, int(left * 1000)))
+        )
+        with translate(self.connection.url):
+            self.connection.redis.xread({self.keys.events: after}, count=1, block=block_ms)
+
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
+        """Whether each file (``path|size|version``) was appended whole by a follower
+        (``taskq job follow``), from the job's ``follow`` hash."""
+        if not file_keys:
+            return []
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            got = self.connection.redis.hmget(self.keys.follow, list(file_keys))
+        return [g is not None for g in got]
+
+    def file_appended(self, file_key: str, chunks: int) -> None:
+        """Note that a file's ``chunks`` chunks were all appended (after its last page:
+        a follower stopped before it appends the file again, and the chunk ids skip
+        what went in)."""
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            self.connection.redis.hset(self.keys.follow, file_key, chunks)
+
+    def seal(self) -> int:
+        """Close a stream job: nothing more is appended; its pass ends once every task
+        appended is done (the job completes after its last pass). Idempotent.
+
+        Returns:
+            The number of tasks the stream holds.
+
+        Raises:
+            InvalidInput: not a stream job. JobNotFound, JobCancelled.
+        """
+        return int(self.connection.run(self.name, "seal", [""])[1])
+
+    def trim(self) -> int:
+        """One bounded step of a stream's trim (the reaper runs it every tick): the
+        watermark moves over up to ``TRIM_MAX`` done tasks, whose descriptors and
+        records go (docs/streams.md, "Trimming behind a watermark"). A job that is not
+        a stream, or not in its last pass, is left as it is.
+
+        Returns:
+            The tasks trimmed by this call (0: nothing to do now).
+        """
+        return int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
+
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:
         """No new leases; held ones are kept (``Client.pause_job``)."""
@@ -326,6 +452,65 @@ class PlainJob:
         )
 
 
+def _check_append(
+    job: str, chunks: Iterable[Any], ids: Sequence[str] | None
+) -> tuple[list[str], list[str] | None]:
+    """The chunks' JSON and the ids, checked whole before anything is written.
+
+    Raises:
+        InvalidInput: one line naming the first bad chunk or id.
+    """
+    if isinstance(chunks, (str, bytes, dict)):
+        raise errors.InvalidInput(f"job {job}: append takes a list of chunks, not one chunk")
+    encoded: list[str] = []
+    for i, chunk in enumerate(chunks):
+        try:
+            text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
+        if len(text.encode()) > APPEND_BYTES:
+            raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
+        encoded.append(text)
+    if ids is None:
+        return encoded, None
+    if isinstance(ids, (str, bytes)):
+        raise errors.InvalidInput(f"job {job}: ids must be a list of strings, one per chunk")
+    id_list = list(ids)
+    if len(id_list) != len(encoded):
+        raise errors.InvalidInput(
+            f"job {job}: {len(id_list)} ids for {len(encoded)} chunks; give one id per chunk"
+        )
+    for i, chunk_id in enumerate(id_list):
+        if not isinstance(chunk_id, str) or not 1 <= len(chunk_id.encode()) <= 1024:
+            raise errors.InvalidInput(
+                f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
+            )
+    return encoded, id_list
+
+
+def _append_pages(encoded: list[str], cpt: int, max_backlog: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of whole tasks, each within one append call's bounds (and the
+    backlog's, so a page can go in once the backlog is empty)."""
+    per_page = (APPEND_MAX // cpt) * cpt or APPEND_MAX
+    if max_backlog > 0:
+        per_page = min(per_page, max(1, max_backlog * cpt))
+    pages: list[tuple[int, int]] = []
+    lo = 0
+    while lo < len(encoded):
+        hi, size = lo, 0
+        while hi < len(encoded) and hi - lo < per_page:
+            size += len(encoded[hi].encode())
+            if hi > lo and size > APPEND_BYTES:
+                break
+            hi += 1
+        # whole tasks when the bytes cut a page short (a task of big chunks may span two)
+        if hi < len(encoded) and hi - lo > cpt:
+            hi -= (hi - lo) % cpt
+        pages.append((lo, hi))
+        lo = hi
+    return pages
+
+
 def check_page(state: str, count: int) -> None:
     if state not in ("todo", "leased", "done", "dead"):
         raise errors.InvalidInput(f"state must be todo, leased, done or dead, not {state!r}")
@@ -372,9 +557,11 @@ def create(
     progress: Callable[[int, int], None] | None = None,
     backup_leases: bool = False,
     backup_factor: float = 2.0,
+    stream: bool = False,
+    max_backlog: int | None = None,
 ) -> JobStatus:
     """Create (or replace) plain job ``name``: checked first, staged, flipped live at once
-    (``Client.create_job``, whose arguments these are).
+    (``Client.create_job``, whose arguments these are; a stream may start empty).
 
     Returns:
         The new job's status.
@@ -394,7 +581,15 @@ def create(
         or backup_factor <= 1
     ):
         raise errors.InvalidConfig(f"backup_factor must be a number > 1, got {backup_factor!r}")
-    tasks, nchunks = encode_tasks(chunks, cfg.chunks_per_task)
+    if max_backlog is not None and (
+        isinstance(max_backlog, bool) or not isinstance(max_backlog, int) or max_backlog < 1
+    ):
+        raise errors.InvalidConfig(f"max_backlog must be an integer >= 1, got {max_backlog!r}")
+    if stream:
+        chunks = list(chunks)
+        tasks, nchunks = encode_tasks(chunks, cfg.chunks_per_task) if chunks else ([], 0)
+    else:
+        tasks, nchunks = encode_tasks(chunks, cfg.chunks_per_task)
     if not conn.allow_eviction:
         with translate(conn.url):
             check_memory_policy(stats.memory_policy(conn.redis), conn.url)
@@ -451,6 +646,9 @@ def create(
             F.FSEQ: 0,
             F.BACKUP_K: backup_factor if backup_leases else 0,
             F.SPLIT: 1 if cfg.split_tails else 0,
+            F.PN: len(tasks),
+            F.STREAM: "open" if stream else "",
+            F.MAX_BACKLOG: max_backlog or 0,
         }
         args: list[Any] = [int(replace), len(tasks)]
         for k, v in meta.items():

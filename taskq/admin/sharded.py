@@ -36,6 +36,7 @@ import json
 import logging
 import secrets
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ from taskq.admin.barrier import ADMIN_WAIT_S, STEP_LOCK_MS, barrier_lock
 from taskq.admin.jobs import (
     CheckpointRef,
     PlainJob,
+    _check_append,
     check_limit,
     check_page,
     checkpoint_id,
@@ -67,7 +69,7 @@ from taskq.keys import (
     shard_sets_index,
     valid_job_name,
 )
-from taskq.models import JobConfig, JobStatus
+from taskq.models import AppendResult, JobConfig, JobStatus
 
 log = logging.getLogger("taskq.sharded")
 
@@ -152,8 +154,16 @@ class ShardedJob:
         return list(self.sset.shards)
 
     def _of(self, task_id: int) -> tuple[PlainJob, int]:
-        shard, local = self.sset.locate(int(task_id))
-        return self.shards[self.sset.shards.index(shard)], local
+        task_id = int(task_id)
+        if 0 <= task_id < self.sset.tasks:
+            shard_name, local = self.sset.locate(task_id)
+            return self.shards[self.sset.shards.index(shard_name)], local
+        # past the create's tasks: an appended one if its shard has that many
+        count = len(self.shards)
+        shard = self.shards[task_id % count]
+        if task_id < 0 or task_id // count >= shard.status(summaries=0).tasks:
+            raise errors.InvalidInput(f"job {self.name}: no task {task_id}")
+        return shard, task_id // count
 
     def _globalize(self, shard: PlainJob, row: dict[str, Any]) -> dict[str, Any]:
         """A shard's task row with the task's global id (``shard_task``: its id there)."""
@@ -192,6 +202,9 @@ class ShardedJob:
                 ages[k] = ages.get(k, 0) + v
         oldest = [s.oldest_lease_age_s for s in shards if s.oldest_lease_age_s is not None]
         at_pass = [s for s in shards if s.pass_no == pass_no]
+        unfinished = [
+            s.oldest_unfinished_age_s for s in shards if s.oldest_unfinished_age_s is not None
+        ]
         return ShardedStatus(
             job=self.name,
             state=state,
@@ -208,6 +221,7 @@ class ShardedJob:
             incarnation=sset.incarnation,
             config={
                 **shards[0].config,
+                "max_backlog": sum(s.config.get("max_backlog") or 0 for s in shards) or None,
                 "passes": sset.passes,
                 "auto_advance": sset.auto_advance,
                 "shards": len(shards),
@@ -220,6 +234,12 @@ class ShardedJob:
             histograms=_sum_histograms(shards),
             oldest_lease_age_s=max(oldest) if oldest else None,
             lease_ages=ages,
+            backlog=sum(s.backlog for s in shards),
+            appended=sum(s.appended for s in shards),
+            trimmed=sum(s.trimmed for s in shards),
+            # a stream is open while any shard's is (a seal that died half-way)
+            stream=_stream_state([s.stream for s in shards]),
+            oldest_unfinished_age_s=max(unfinished) if unfinished else None,
             shards=shards,
             masters=[self._master(s) for s in self.shards],
         )
@@ -263,7 +283,16 @@ class ShardedJob:
                 done = sum(int(r.get("done") or 0) for r in ended.values())
                 dead = sum(int(r.get("dead") or 0) for r in ended.values())
                 skipped = sum(int(r.get("skipped") or 0) for r in ended.values())
-                if done + dead + skipped != sset.tasks:
+                # the pass's tasks: each shard's live and dead ones as its summary says
+                # (appends grow a shard), else the create's count (older summaries)
+                sizes = [
+                    int(r["live"]) + int(r.get("dead") or 0)
+                    for r in ended.values()
+                    if r.get("live") is not None
+                ]
+                if done + dead + skipped != (
+                    sum(sizes) if len(sizes) == len(ended) else sset.tasks
+                ):
                     once = False
                 per_pass.append(
                     {
@@ -766,6 +795,83 @@ class ShardedJob:
             f"lock) during {CUT_ATTEMPTS} attempts at one cut; try again"
         )
 
+    # -- appending: spread over the shards -------------------------------------------
+    def append(
+        self,
+        chunks: Iterable[Any],
+        ids: Sequence[str] | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> AppendResult:
+        """Add chunks as new tasks, spread over the shards (``PlainJob.append`` on each,
+        docs/streams.md): a chunk with an id goes to the shard its id hashes to (so a
+        retried append finds the id where it went the first time and skips it); chunks
+        without ids go a task at a time in turn, from where the job's layout stands
+        (global task ``i`` in shard ``i % S`` while every append is without ids).
+
+        Everything is checked before the first write. ``block`` and ``timeout`` as for a
+        plain job, each shard against its own ``max_backlog`` (the job's divided among
+        them); ``timeout`` bounds the whole call.
+
+        Returns:
+            The tasks added, chunks skipped, the lowest new task's global id, the backlog
+            summed over the shards.
+
+        Raises:
+            InvalidInput, BacklogFull, JobNotFound, JobCancelled: as ``PlainJob.append``
+            (a BacklogFull names the shard; the shards before it took their part).
+        """
+        encoded, id_list = _check_append(self.name, chunks, ids)
+        if not encoded:
+            return AppendResult(0, 0, None, self.status().backlog)
+        decoded = [json.loads(text) for text in encoded]
+        count = len(self.shards)
+        parts: list[list[int]] = [[] for _ in range(count)]
+        if id_list is not None:
+            for k, chunk_id in enumerate(id_list):
+                parts[zlib.crc32(chunk_id.encode()) % count].append(k)
+        else:
+            now = self.shard_statuses()
+            cpt = int(now[0].config.get("chunks_per_task") or 1)
+            base = sum(st.tasks for st in now)
+            for k in range(len(encoded)):
+                parts[(base + k // cpt) % count].append(k)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        added = skipped = 0
+        firsts: list[int] = []
+        for shard, part in zip(self.shards, parts, strict=True):
+            if not part:
+                continue
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            got = shard.append(
+                [decoded[k] for k in part],
+                None if id_list is None else [id_list[k] for k in part],
+                block=block,
+                timeout=left,
+            )
+            added += got.tasks
+            skipped += got.skipped
+            if got.first_task is not None:
+                firsts.append(self.sset.global_id(shard.name, got.first_task))
+        return AppendResult(added, skipped, min(firsts, default=None), self.status().backlog)
+
+    def seal(self) -> int:
+        """Close the stream on every shard (idempotent): the job completes once all
+        appended is done everywhere. Returns the tasks the stream holds in all."""
+        return sum(shard.seal() for shard in self.shards)
+
+    def trim(self) -> int:
+        """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""
+        return sum(shard.trim() for shard in self.shards)
+
+    def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
+        """A follower's record of whole files (``taskq job follow``): kept on shard 0."""
+        return self.shards[0].files_appended(file_keys)
+
+    def file_appended(self, file_key: str, chunks: int) -> None:
+        """Record a file appended whole (on shard 0, as ``files_appended`` reads it)."""
+        self.shards[0].file_appended(file_key, chunks)
+
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sharded job's sealed checkpoints, oldest first.
 
@@ -926,6 +1032,8 @@ def create(
     shards: int,
     cfg: JobConfig,
     replace: bool = False,
+    stream: bool = False,
+    max_backlog: int | None = None,
     **backups: Any,
 ) -> ShardedStatus:
     """Create (or replace) sharded job ``name`` (``Client.create_job(shards=S)``).
@@ -941,7 +1049,9 @@ def create(
         name: ``[A-Za-z0-9._-]``, at most ``MAX_SHARDED_NAME`` characters.
         chunks, replace, backups: as ``Client.create_job`` (``backup_leases``,
             ``backup_factor``).
-        shards: S >= 2; at most the number of tasks.
+        shards: S >= 2; at most the number of tasks (a stream's: any, it may start empty).
+        stream: every shard a stream (appends spread over them, ``ShardedJob.append``).
+        max_backlog: the job's, divided among the shards (each gets ``ceil(max / S)``).
         cfg: the job's configuration, each shard's too, except ``auto_advance``: the
             barrier step starts the next pass by itself when it is set (else it waits
             for ``next``, for every shard at once); the shards themselves wait.
@@ -961,9 +1071,16 @@ def create(
     validate_config(cfg)
     chunks_per_task, passes = cfg.chunks_per_task, cfg.passes
     chunk_list = list(chunks)
-    tasks, _ = encode_tasks(chunk_list, chunks_per_task)  # validates every chunk first
-    if not 2 <= shards <= len(tasks):
+    # validates every chunk first
+    tasks, _ = encode_tasks(chunk_list, chunks_per_task) if chunk_list or not stream else ([], 0)
+    if stream and (not isinstance(shards, int) or shards < 2):
+        raise errors.InvalidInput(f"shards must be an integer >= 2, got {shards!r}")
+    if not stream and not 2 <= shards <= len(tasks):
         raise errors.InvalidInput(f"shards must be 2..{len(tasks)} (the tasks), got {shards}")
+    if max_backlog is not None and (
+        isinstance(max_backlog, bool) or not isinstance(max_backlog, int) or max_backlog < 1
+    ):
+        raise errors.InvalidConfig(f"max_backlog must be an integer >= 1, got {max_backlog!r}")
     old = load(conn, name)
     with translate(conn.url):
         plain = conn.redis.exists(conn.keys(name).meta)
@@ -999,8 +1116,18 @@ def create(
         conn.redis.hset(key, mapping=record)
         conn.redis.sadd(shard_sets_index(conn.prefix), name)
     shard_cfg = dataclasses.replace(cfg, auto_advance=False)
+    per_max = None if max_backlog is None else -(-max_backlog // shards)
     for shard, shard_chunks in zip(names, per_shard, strict=True):
-        create_plain(conn, shard, shard_chunks, shard_cfg, replace=replace, **backups)
+        create_plain(
+            conn,
+            shard,
+            shard_chunks,
+            shard_cfg,
+            replace=replace,
+            stream=stream,
+            max_backlog=per_max,
+            **backups,
+        )
     if old is not None:
         for stale in set(old.shards) - set(names):
             try:
@@ -1008,3 +1135,10 @@ def create(
             except errors.JobNotFound:
                 pass
     return ShardedJob(conn, require(conn, name)).status()
+
+
+def _stream_state(states: list[str | None]) -> str | None:
+    """A sharded job's stream state from its shards': "open" while any is."""
+    if not any(states):
+        return None
+    return "open" if "open" in states else "sealed"

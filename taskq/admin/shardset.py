@@ -29,7 +29,8 @@ class ShardSet:
     Attributes:
         name: the sharded job's name.
         shards: the shards' job names, shard ``k`` at index ``k``.
-        tasks: tasks of the whole job (global task ``i`` is in shard ``i % S``).
+        tasks: tasks of the whole job at its create (global task ``i`` is in shard
+            ``i % S``; appended tasks keep the rule, ``ShardedJob.append``).
         passes: passes to run, None for until cancelled.
         auto_advance: the barrier step advances by itself (else ``next_pass``).
         incarnation: new on every create.
@@ -45,7 +46,8 @@ class ShardSet:
     created_ms: int = 0
 
     def locate(self, task_id: int) -> tuple[str, int]:
-        """(shard job name, task id in the shard) of global task ``task_id``."""
+        """(shard job name, task id in the shard) of global task ``task_id`` (one of the
+        create's; an appended task's shard says whether it has it)."""
         if not 0 <= task_id < self.tasks:
             raise errors.InvalidInput(f"job {self.name}: no task {task_id} (0..{self.tasks - 1})")
         return self.shards[task_id % len(self.shards)], task_id // len(self.shards)

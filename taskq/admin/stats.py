@@ -165,12 +165,37 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         oldest_lease_age_s=(jnow_ms - int(float(oldest))) / 1000.0 if oldest else None,
         lease_ages=lease_ages,
         input=inputwait_view.summary(meta, now_ms),
+        backlog=todo + leased,
+        appended=_int(meta, F.C_APPENDED),
+        trimmed=_int(meta, F.TRIM_W),
+        stream=meta.get(F.STREAM) or None,
     )
+    config["max_backlog"] = _int(meta, F.MAX_BACKLOG) or None
+    if state not in ("completed", "cancelled") and todo + leased > 0:
+        since = _oldest_unfinished_ms(conn, keys, n, _int(meta, F.CREATED))
+        if since is not None:
+            since = max(since, status.pass_started_ms)
+            status.oldest_unfinished_age_s = max(0.0, (now_ms - since) / 1000.0)
     if summaries > 0:
         fields = [str(p) for p in range(max(0, pass_no - summaries + 1), pass_no + 1)]
         raw = conn.redis.hmget(keys.passes, fields)
         status.summaries = [json.loads(r) for r in raw if r]
     return status
+
+
+def _oldest_unfinished_ms(conn: Connection, keys: Any, n: int, created_ms: int) -> int | None:
+    """When the lowest-numbered task not done in this pass was appended (the create's
+    time for a task it made), or None when every task is done. Two reads: the done
+    bitmap's first clear bit (BITPOS, at most n / 8 bytes) and the append that made it
+    (the ``appends`` zset, scored by each append's first task)."""
+    redis_client = conn.redis
+    task = int(redis_client.bitpos(keys.done, 0))
+    if task < 0 or task >= n:
+        return None
+    made = redis_client.zrevrangebyscore(keys.appends, task, "-inf", start=0, num=1)
+    if not made:
+        return created_ms
+    return int(str(made[0]).split(":")[1])
 
 
 def _server_time(conn: Connection, key: str) -> tuple[int, int]:

@@ -26,6 +26,7 @@ class Code(enum.IntEnum):
     DRAINING = 6
     LOCKED = 7
     NOT_LEASED = 8
+    FULL = 9
     JOB_NOT_FOUND = -1
     JOB_EXISTS = -2
     INVALID = -3
@@ -78,6 +79,9 @@ CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (
 RW_WALK = 500  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
 RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead step restores
+APPEND_MAX = 500  #: chunks one append call adds (a larger append goes in pages)
+APPEND_BYTES = 1 << 18  #: bytes of chunks' JSON one append call carries (1 MiB took 12 ms)
+TRIM_MAX = 1000  #: tasks one trim call moves a stream's watermark over (their records go)
 
 _LIMITS = (
     "MAX_BATCH",
@@ -96,6 +100,9 @@ _LIMITS = (
     "RW_WALK",
     "RW_MARK",
     "RW_DEAD_BYTES",
+    "APPEND_MAX",
+    "APPEND_BYTES",
+    "TRIM_MAX",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its

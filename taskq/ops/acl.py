@@ -177,9 +177,22 @@ ROLES: dict[str, Role] = {
             ),
         ),
         Role(
+            "producer",
+            "The user of JOB's producers (`taskq job append / seal / follow`): JOB's keys "
+            "only, append and seal only.",
+            ("append", "seal"),
+            ("stats",),  # the handle reads the job's status (the follower, the CLI)
+            needs_job=True,
+            writes=(
+                (WRITTEN_KEYS, WRITE_COMMANDS),
+                (("chunks",), ("hset",)),  # the appended tasks
+                (SCRATCH_KEYS, ("del", "unlink")),  # a seal may end the pass
+            ),
+        ),
+        Role(
             "reaper",
             "The user of `taskq reaper` for JOB (with --job JOB), or every job without JOB.",
-            ("reap", "closed"),
+            ("reap", "closed", "trim"),
             ("conns",),  # with CLIENT LIST ID: closed connections (connwatch.py)
             needs_job=False,
             # It looks up its workers' connection ids; CLIENT LIST shows every client's
@@ -189,6 +202,9 @@ ROLES: dict[str, Role] = {
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (SCRATCH_KEYS, ("del", "unlink")),
                 (("lock",), ("set",)),
+                # a stream's trim: its done tasks' descriptors, the appends' log below them
+                (("chunks",), ("hdel",)),
+                (("appends",), ("zremrangebyscore",)),
             ),
         ),
         Role(
@@ -320,7 +336,7 @@ def rule(
     write it makes (``Role.writes``), so a write is allowed only on the keys that need it.
 
     Args:
-        role: ``trainer``, ``reaper`` or ``exporter``.
+        role: ``trainer``, ``producer``, ``reaper`` or ``exporter``.
         job: the job; None for every job (not for a trainer).
         user: the user name (default ``<role>-<job>`` / ``<role>-all``).
         password: the password (stored as its SHA-256); None prints a placeholder.
@@ -387,6 +403,7 @@ def rule(
 
 #: ``rule`` of one role, for callers that build one kind of user.
 trainer_rule = partial(rule, "trainer")
+producer_rule = partial(rule, "producer")
 reaper_rule = partial(rule, "reaper")
 exporter_rule = partial(rule, "exporter")
 

@@ -291,6 +291,21 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
         "Age of the oldest started lease on the job's clock (0 when none is held).",
         labels=["job_name"],
     )
+    backlog = GaugeMetricFamily(
+        "taskq_backlog",
+        "Live tasks of the current pass not done yet (todo + leased): what the trainers have "
+        "left; for a stream job, what was appended and not trained on. Scale trainers on it.",
+        labels=["job_name"],
+    )
+    oldest_unfinished = GaugeMetricFamily(
+        "taskq_oldest_unfinished_age_seconds",
+        "How long the oldest task not done has waited, since it was appended or its pass "
+        "started (0 when every task is done).",
+        labels=["job_name"],
+    )
+    appended = CounterMetricFamily(
+        "taskq_appended", "Tasks appended to the job after its create.", labels=["job_name"]
+    )
     counters = {
         name: CounterMetricFamily(name, doc, labels=["job_name"])
         for name, (_, doc) in COUNTERS.items()
@@ -338,6 +353,9 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
             by_age.add_metric([job, str(bound)], st.lease_ages.get(str(bound), 0))
         by_age.add_metric([job, "+Inf"], started)
         oldest.add_metric([job], max(0.0, st.oldest_lease_age_s or 0.0))
+        backlog.add_metric([job], st.backlog)
+        oldest_unfinished.add_metric([job], max(0.0, st.oldest_unfinished_age_s or 0.0))
+        appended.add_metric([job], st.appended)
         for name, (key, _) in COUNTERS.items():
             counters[name].add_metric([job], st.counters.get(key, 0))
         for reason, key in EXPIRY_REASONS.items():
@@ -348,6 +366,7 @@ def _families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
             last_ack.add_metric([job], st.counters.get("last_ack_ms", 0) / 1000.0)
 
     yield from (tasks, pass_no, passes, job_state, workers, by_age, oldest)
+    yield from (backlog, oldest_unfinished, appended)
     yield from counters.values()
     yield expired
     if statuses:

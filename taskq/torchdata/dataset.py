@@ -134,12 +134,17 @@ class TaskDataset(IterableDataset[Any]):
             are skipped).
         seed: the shuffle seed (keep it across restarts: resumed tasks rely on it).
         interleave: tasks a worker reads from at once (sample-level mixing).
+        max_idle: a stream job (docs/streams.md): end an iteration once it got no task
+            for this many seconds (checked every couple of seconds), for a loop that
+            evaluates or checkpoints on a clock; the next iteration goes on in the same
+            pass. None (default): an iteration over an open stream waits for appends
+            and ends when the stream is sealed and drained.
         trainer_options: keyword arguments for the loader's ``taskq.Trainer``;
             ``handle_signals=False`` keeps the loader from handling SIGTERM (see
             ``taskq/torchdata/signals.py``).
 
     Raises:
-        InvalidInput: ``interleave < 1``.
+        InvalidInput: ``interleave < 1``, ``max_idle <= 0``.
     """
 
     def __init__(
@@ -153,10 +158,13 @@ class TaskDataset(IterableDataset[Any]):
         shuffle: bool = True,
         seed: int = 0,
         interleave: int = 2,
+        max_idle: float | None = None,
         trainer_options: dict[str, Any] | None = None,
     ) -> None:
         if interleave < 1:
             raise errors.InvalidInput(f"interleave must be >= 1, got {interleave}")
+        if max_idle is not None and not max_idle > 0:
+            raise errors.InvalidInput(f"max_idle must be a number of seconds > 0, got {max_idle}")
         self.job = job
         self.transform = transform
         self.reader = reader or default_reader
@@ -165,6 +173,7 @@ class TaskDataset(IterableDataset[Any]):
         self.shuffle = shuffle
         self.seed = seed
         self.interleave = interleave if shuffle else 1
+        self.max_idle = max_idle
         self.trainer_options = dict(trainer_options or {})
         self.feed: Feed | None = None
 

@@ -128,6 +128,8 @@ class Feeder(threading.Thread):
         self._acks: list[Task] = []
         self._acks_since = 0.0
         self._sizes = False
+        #: when this iteration last got a task (a stream's max_idle counts from it)
+        self._got_at = time.monotonic()
 
     # -- the main thread's side ---------------------------------------------------
     @property
@@ -367,6 +369,7 @@ class Feeder(threading.Thread):
                 continue
             self.ahead.started(starts)
             if got:
+                self._got_at = time.monotonic()
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
             if self._sizes and (starts or (got and not reserve)):
                 self.ledger.sizes(starts + ([] if reserve else got))
@@ -386,6 +389,22 @@ class Feeder(threading.Thread):
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
+            elif self.phase == "feed" and st.stream == "open" and st.state == "running":
+                # an open stream with nothing now: more comes (the next lease call blocks
+                # until an append wakes it); the readers go on, unless the loop asked to
+                # end an iteration that found nothing for max_idle seconds
+                # (the readers read all they were given: a last partial batch goes out
+                # when they stop)
+                idle = self.dataset.max_idle
+                if (
+                    idle is not None
+                    and reading <= 0
+                    and not self.ahead.reserved
+                    and time.monotonic() - self._got_at >= idle
+                ):
+                    self.phase = self._end("idle")
+                elif holding:
+                    self._wait(0.5)
             elif self.phase == "feed" and (
                 st.state == "paused"
                 or (st.state == "waiting" and st.reason == "rewinding")

@@ -20,8 +20,8 @@
 -- checkpoint begins while a rewind runs (LOCKED).
 -- Work per call: the cut copies two bitmaps (~0.3 ms at 1M tasks) and the progress hash
 -- (one field per unfinished task with progress); a page is one scan step.
-local rcall, smatch, mmin, mmax, tconcat, lpairs, lipairs =
-  redis.call, string.match, math.min, math.max, table.concat, pairs, ipairs
+local rcall, tonum, smatch, mmin, mmax, tconcat, lpairs, lipairs =
+  redis.call, tonumber, string.match, math.min, math.max, table.concat, pairs, ipairs
 local fmt, mget, mincr, mnum, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
@@ -88,7 +88,10 @@ if step == 'begin' then
     reason = mget(F.REASON) or '', created_ms = CALL.NOW, pages = pages.d, xpages = pages.x,
     xbytes = rcall('STRLEN', K_DEADBITS),
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
+    pn = tonum(mget(F.PN) or '') or mnum(F.N),  -- the order's size; n: the append position
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
+    -- the lowest task not done at the cut: a stream is never trimmed past it (trim.lua)
+    low = mmin(rcall('BITPOS', K_DONE, 0), mnum(F.N)),
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),
   }
   rcall('HSET', K_CKPT, id, cjson.encode(rec))

@@ -1,7 +1,7 @@
 #!lua
 -- create: flip a staged job live in one O(1) step (readers see all of it or none).
 -- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging (the hash of chunks written before)
--- ARGV: replace (1|0), n_tasks, then field, value pairs of the job's meta hash
+-- ARGV: replace (1|0), n_tasks (0: a stream's), then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
 local rcall, tonum, smatch, unpk = redis.call, tonumber, string.match, unpack
@@ -11,12 +11,16 @@ local arg_enum, arg_fail, arg_int, arg_text, args_bad =
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 arg_enum(ARGV[1], 'replace', '0 1')
-arg_int(ARGV[2], 'n_tasks', 1, 4294967295)
+local n_tasks = arg_int(ARGV[2], 'n_tasks', 0, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
+local stream = false
 for k = 3, #ARGV, 2 do
   if not smatch(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
   arg_text(ARGV[k + 1], ARGV[k], 1024)
+  if ARGV[k] == N.STREAM and ARGV[k + 1] == 'open' then stream = true end
 end
+-- (only a stream starts empty: its tasks are appended)
+if n_tasks == 0 and not stream then arg_fail('n_tasks', 'a job needs a task', ARGV[2]) end
 local bad = args_bad()
 if bad then return bad end
 local staging = KEYS[#KEYS]
@@ -31,8 +35,10 @@ if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
 end
 local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
 rcall('UNLINK', unpk(job_keys()))
-rcall('RENAME', staging, K_CHUNKS)
-rcall('PERSIST', K_CHUNKS)
+if n_tasks > 0 then
+  rcall('RENAME', staging, K_CHUNKS)
+  rcall('PERSIST', K_CHUNKS)
+end
 local fields = {}
 for k = 3, #ARGV do fields[#fields + 1] = ARGV[k] end
 rcall('HSET', K_META, unpk(fields))

@@ -93,7 +93,9 @@ if step == 'begin' then
   local plan = {rec.pages, xpages, rec.ppages, math.ceil(rec.cursor / RW_WALK),
     math.ceil(later / RW_MARK)}
   flush_events()  -- the step entry so far is the pass's before (event_task)
-  mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.NDONE, rec.done, F.NLEASED, 0,
+  -- (the cut's order; tasks appended since the cut come after it, never done at the cut)
+  mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.PN, rec.pn or rec.n or mnum(F.N),
+    F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
     F.PSTART, fmt(CALL.NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,

@@ -1,6 +1,6 @@
 -- passes.lua: the order of a pass (perm_fn), pass ends and starts, the per-pass summaries
 -- (bounded in all), the waiting states, and completion by membership.
-local rcall, tonum, mfloor, lipairs = redis.call, tonumber, math.floor, ipairs
+local rcall, tonum, mfloor, mmin, lipairs = redis.call, tonumber, math.floor, math.min, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
 local broadcast, event, flush_events =
@@ -8,15 +8,21 @@ local broadcast, event, flush_events =
 local done = lib.call.done
 local dead_empty = lib.leases.dead_empty
 
--- The order of a pass: a seeded permutation of 0..N-1 (a 4-round Feistel network on
--- two halves of h bits, cycle-walking into range); identity without shuffle.
+-- The order of a pass: a seeded permutation of 0..PN-1 (a 4-round Feistel network on
+-- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
+-- tasks there were when the pass started; tasks appended since come after them in the
+-- order they were appended (positions PN.., a position its task id), so a position
+-- walked never changes its task.
 local function perm_fn(n)
-  if mget(F.SHUFFLE) ~= '1' or n <= 1 then return function(i) return i end end
+  if mget(F.SHUFFLE) ~= '1' then return function(i) return i end end
+  -- (read only when shuffling: without, every position is its task id anyway)
+  n = mmin(n, tonum(mget(F.PN) or '') or n)
+  if n <= 1 then return function(i) return i end end
   local seed = mnum(F.SEED)
   local p = mnum(F.PASS)
   if n == 2 then
     local flip = (seed + p) % 2
-    return function(i) if flip == 1 then return 1 - i end return i end
+    return function(i) if flip == 1 and i < 2 then return 1 - i end return i end
   end
   local h = 1
   while math.pow(4, h) < n do h = h + 1 end
@@ -33,6 +39,7 @@ local function perm_fn(n)
     return left * half + right
   end
   return function(i)
+    if i >= n then return i end
     local x = feistel(i)
     while x >= n do x = feistel(x) end
     return x
@@ -123,7 +130,7 @@ local function start_pass(p, kind)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
-  mset(F.PASS, p, F.CURSOR, 0, F.NDONE, 0, F.NLEASED, 0,
+  mset(F.PASS, p, F.CURSOR, 0, F.PN, mget(F.N), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
@@ -171,6 +178,7 @@ local function check_pass_end()
   if mnum(F.NLEASED) > 0 then return end
   local live = live_tasks()
   if mnum(F.NDONE) < live then return end
+  if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
   if live == 0 then
     set_waiting('all_dead')
     return

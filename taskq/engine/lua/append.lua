@@ -1,0 +1,122 @@
+#!lua
+-- append: add chunks to a job as new tasks, numbered after the last one: they join the
+-- current pass (after its own order: passes.lua perm_fn) and every later one. A chunk
+-- whose id an append was given before is skipped, so a producer's retry adds nothing
+-- twice. Grouped chunks_per_task to a task, the last group of a call shorter (as create's).
+-- KEYS: the job's keys (keys.SCRIPT_KEYS)
+-- ARGV: job_inc ('' = any), with_ids (1|0), n (1..APPEND_MAX chunks), then per chunk its
+--       id (with_ids: 1-1024 bytes) and its JSON
+-- returns: {OK, tasks_added, chunks_skipped, first_task, backlog};
+--   {FULL, 0, chunks_skipped, backlog, max_backlog, last_event_id} when the new tasks
+--   would take the backlog (live tasks not done this pass) past max_backlog: nothing
+--   written, the caller waits for acks (events after that id) or gives up;
+--   {INVALID, why} for a sealed stream; JOB_CANCELLED.
+local rcall, mmax, mmin, mfloor, tconcat, unpk, lipairs =
+  redis.call, math.max, math.min, math.floor, table.concat, unpack, ipairs
+local fmt, mget, mincr, mnum, mput, mset =
+  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
+  lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
+  lib.args.arg_text, lib.args.args_bad
+local broadcast, event = lib.events.broadcast, lib.events.event
+local done, now_s, open_job = lib.call.done, lib.call.now_s, lib.call.open_job
+local live_tasks = lib.passes.live_tasks
+arg_id(ARGV[1], 'job_inc', true)
+local with_ids = arg_enum(ARGV[2], 'with_ids', '0 1') == '1'
+local n = arg_int(ARGV[3], 'n', 1, APPEND_MAX)
+local per = 1
+if with_ids then per = 2 end
+arg_len(ARGV, 3 + n * per)
+local bad = args_bad()
+if bad then return bad end
+local bytes = 0
+for k = 0, n - 1 do
+  local at = 4 + k * per
+  if with_ids then
+    local id = arg_text(ARGV[at], 'id', 1024)
+    if id == '' then arg_fail('id', 'empty', id) end
+  end
+  local chunk = ARGV[at + per - 1]
+  bytes = bytes + #chunk
+  -- JSON only: a task is the chunks' texts joined into one JSON list
+  if chunk == '' or not pcall(cjson.decode, chunk) then arg_fail('chunk', 'not JSON', chunk) end
+end
+if bytes > APPEND_BYTES then arg_fail('chunks', 'more than ' .. APPEND_BYTES .. ' bytes', bytes) end
+bad = args_bad()
+if bad then return bad end
+local err = open_job(ARGV[1])
+if err then return done({err, 0, 0}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
+if mget(F.STREAM) == 'sealed' then
+  return done({C.INVALID, 'the stream is sealed: nothing is appended to it any more'})
+end
+local appids = K_APPIDS
+local fresh, fresh_ids, seen, skipped = {}, {}, {}, 0
+for k = 0, n - 1 do
+  local at = 4 + k * per
+  local id = with_ids and ARGV[at]
+  if id and (seen[id] or rcall('HEXISTS', appids, id) == 1) then
+    skipped = skipped + 1
+  else
+    fresh[#fresh + 1] = ARGV[at + per - 1]
+    if id then seen[id] = true; fresh_ids[#fresh_ids + 1] = id end
+  end
+end
+local cpt = mmax(1, mnum(F.CPT))
+local ntasks = math.ceil(#fresh / cpt)
+local backlog = mmax(0, live_tasks() - mnum(F.NDONE))
+local n0 = mnum(F.N)
+if ntasks == 0 then return done({C.OK, 0, skipped, n0, backlog}) end
+local max_backlog = mnum(F.MAX_BACKLOG)
+if max_backlog > 0 and backlog + ntasks > max_backlog then
+  local last = rcall('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
+  return done({C.FULL, 0, skipped, backlog, max_backlog, last[1] and last[1][1] or '0-0'})
+end
+-- a job made before appends: its pass's order is of the tasks it has now
+if not mget(F.PN) then mput(F.PN, n0) end
+local fields, idf = {}, {}
+for t = 0, ntasks - 1 do
+  local task = fmt(n0 + t)
+  fields[#fields + 1] = task
+  fields[#fields + 1] = '[' .. tconcat(fresh, ',', t * cpt + 1, mmin(#fresh, (t + 1) * cpt)) .. ']'
+end
+for i, id in lipairs(fresh_ids) do
+  idf[#idf + 1] = id
+  idf[#idf + 1] = fmt(n0 + mfloor((i - 1) / cpt))
+end
+rcall('HSET', K_CHUNKS, unpk(fields))
+if #idf > 0 then
+  rcall('HSET', appids, unpk(idf))
+  -- each task's ids, for the trim that drops them with the task (trim.lua)
+  local idx = {}
+  for t = 0, ntasks - 1 do
+    idx[#idx + 1] = fmt(n0 + t)
+    idx[#idx + 1] = cjson.encode({unpk(fresh_ids, t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt))})
+  end
+  rcall('HSET', K_APPIDX, unpk(idx))
+end
+rcall('ZADD', K_APPENDS, n0, fmt(n0) .. ':' .. now_s())
+mput(F.N, n0 + ntasks)
+mincr(F.NCHUNKS, #fresh)
+mincr(F.C_APPENDED, ntasks)
+if skipped > 0 then mincr(F.C_APPEND_DUP, skipped) end
+event('appended', 'first', fmt(n0), 'tasks', fmt(ntasks), 'skipped', fmt(skipped))
+local reason = mget(F.REASON) or ''
+if CALL.STATE == 'completed' or (CALL.STATE == 'waiting' and reason ~= 'rewinding') then
+  -- the pass is open again for the new tasks (as a retry reopens it); a rewind under
+  -- way keeps its state: its seal runs the job, the new tasks past the cut's cursor
+  mset(F.STATE, 'running', F.REASON, '')
+  CALL.STATE = 'running'
+  event('pass_reopened', 'round', CALL.ROUND)
+  broadcast()
+elseif CALL.STATE == 'running' then
+  -- one wake token per new task, never more than waiters (events.lua wake_one)
+  local waiters = rcall('ZCARD', K_WAITING)
+  if waiters > 0 then
+    local tokens = {}
+    for i = 1, mmin(ntasks, waiters, 1000) do tokens[i] = '1' end
+    rcall('LPUSH', K_WAKE, unpk(tokens))
+    rcall('LTRIM', K_WAKE, 0, waiters - 1)
+  end
+end
+return done({C.OK, ntasks, skipped, n0, backlog + ntasks})

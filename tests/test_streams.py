@@ -1,0 +1,751 @@
+"""Jobs whose data keeps arriving: append, stream jobs, seal, backpressure, against a
+real redis-server (docs/streams.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+
+import pytest
+import support
+from click.testing import CliRunner, Result
+from taskq.cli.main import cli
+from torch_helpers import jsonl_reader, rows_of, write_jsonl
+
+import taskq
+import taskq.torch
+from taskq.engine.contract import APPEND_MAX
+
+make_job = partial(
+    support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
+)
+
+
+def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
+    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False, **kw)  # type: ignore[arg-type]
+
+
+def drain_tasks(t: taskq.Trainer) -> list[taskq.Task]:
+    """Lease and ack whatever can be leased now (without waiting), in order."""
+    acked = []
+    try:
+        while (task := t.lease(timeout=0)) is not None:
+            t.ack(task)
+            acked.append(task)
+    except taskq.JobCompleted:
+        pass
+    return acked
+
+
+def drain(t: taskq.Trainer) -> list[int]:
+    """The ids ``drain_tasks`` acked."""
+    return [task.id for task in drain_tasks(t)]
+
+
+# -- append to any job -------------------------------------------------------------
+def test_append_joins_the_current_pass_after_its_own_order(client, job_name):
+    make_job(client, job_name, n=3)
+    t = trainer(client, job_name, "w")
+    first = t.lease(timeout=0)
+    r = client.job(job_name).append([{"i": 3}, {"i": 4}])
+    assert (r.tasks, r.skipped, r.first_task) == (2, 0, 3)
+    t.ack(first)
+    rest = drain(t)
+    assert sorted([first.id, *rest]) == [0, 1, 2, 3, 4]
+    assert rest[-2:] == [3, 4]  # appended tasks come after the pass's own order
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.appended, st.backlog) == ("completed", 5, 2, 0)
+
+
+def test_append_with_shuffle_keeps_the_walked_positions(client, job_name):
+    make_job(client, job_name, n=8, shuffle=True, seed=7, passes=2)
+    t = trainer(client, job_name, "w")
+    got = [t.lease(timeout=0) for _ in range(4)]
+    for task in got:
+        t.ack(task)
+    client.job(job_name).append([{"i": k} for k in range(8, 12)])
+    rest = drain(t)
+    # pass 0: the 8 shuffled once each (none repeated by the order's growth), then 8..11
+    assert sorted([g.id for g in got] + rest[: rest.index(8)]) == list(range(8))
+    assert rest[rest.index(8) : rest.index(8) + 4] == [8, 9, 10, 11]
+    # pass 1: all twelve in one shuffled order
+    assert sorted(rest[rest.index(8) + 4 :]) == list(range(12))
+    assert client.status(job_name).state == "completed"
+
+
+def test_append_reopens_a_completed_job(client, job_name):
+    make_job(client, job_name, n=2)
+    t = trainer(client, job_name, "w")
+    drain(t)
+    assert client.status(job_name).state == "completed"
+    client.job(job_name).append([{"late": 1}])
+    st = client.status(job_name)
+    assert (st.state, st.todo, st.backlog) == ("running", 1, 1)
+    assert drain(t) == [2]
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_append_groups_chunks_per_task_and_pages(client, job_name):
+    make_job(client, job_name, n=1, chunks_per_task=3)
+    chunks = [{"i": i} for i in range(2 * APPEND_MAX + 10)]
+    r = client.job(job_name).append(chunks)
+    assert r.tasks == -(-len(chunks) // 3)
+    t = trainer(client, job_name, "w", prefetch=0)
+    seen = [c for task in drain_tasks(t) for c in task.chunks]
+    assert seen[1:] == chunks  # (after the create's one chunk)
+
+
+def test_duplicate_ids_are_skipped(client, job_name):
+    make_job(client, job_name, n=1)
+    job = client.job(job_name)
+    r1 = job.append([{"f": "a"}, {"f": "b"}], ids=["a", "b"])
+    r2 = job.append([{"f": "b"}, {"f": "c"}, {"f": "c"}], ids=["b", "c", "c"])
+    assert (r1.tasks, r1.skipped) == (2, 0)
+    assert (r2.tasks, r2.skipped) == (1, 2)
+    t = trainer(client, job_name, "w")
+    assert sorted(x for task_id in drain(t) for x in [task_id]) == [0, 1, 2, 3]
+    assert client.status(job_name).appended == 3
+
+
+def test_duplicate_ids_with_chunks_per_task_group_the_new_chunks(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, chunks_per_task=2, manual_clock=True)
+    job = client.job(job_name)
+    job.append([{"c": 0}, {"c": 1}], ids=["0", "1"])
+    r = job.append([{"c": 1}, {"c": 2}, {"c": 3}, {"c": 4}], ids=["1", "2", "3", "4"])
+    assert (r.tasks, r.skipped, r.first_task) == (2, 1, 1)  # [2, 3] and [4]
+    t = trainer(client, job_name, "w")
+    assert [task.chunks for task in drain_tasks(t)] == [
+        [{"c": 0}, {"c": 1}],
+        [{"c": 2}, {"c": 3}],
+        [{"c": 4}],
+    ]
+    assert client.status(job_name).config["chunks"] == 5
+
+
+@pytest.mark.parametrize(
+    ("chunks", "ids"),
+    [
+        ([{"a": object()}], None),
+        ([{"a": float("nan")}], None),
+        ({"a": 1}, None),
+        ([{"a": 1}, {"a": 2}], ["only-one"]),
+        ([{"a": 1}], [""]),
+        ([{"a": 1}], [7]),
+        ([{"a": 1}], "x"),
+    ],
+)
+def test_bad_append_raises_one_line_and_writes_nothing(client, job_name, chunks, ids):
+    make_job(client, job_name, n=1)
+    keys = support.job_keys(client, job_name)
+    before = {k: client.redis.dump(k) for k in keys}
+    with pytest.raises(taskq.InvalidInput) as e:
+        client.job(job_name).append(
+            [{"ok": 1}] * 600 + chunks if isinstance(chunks, list) and ids is None else chunks,
+            ids=ids,
+        )
+    assert "\n" not in str(e.value)
+    assert {k: client.redis.dump(k) for k in keys} == before
+
+
+def test_append_to_a_cancelled_job_is_refused(client, job_name):
+    make_job(client, job_name, n=1)
+    client.cancel_job(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        client.job(job_name).append([{"a": 1}])
+
+
+# -- stream jobs ------------------------------------------------------------------
+def test_stream_pass_stays_open_until_sealed(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.stream) == ("running", 0, "open")
+    t = trainer(client, job_name, "w")
+    assert t.lease(timeout=0) is None
+    job = client.job(job_name)
+    job.append([{"i": 0}, {"i": 1}])
+    assert drain(t) == [0, 1]
+    st = client.status(job_name)
+    assert (st.state, st.pass_no, st.backlog) == ("running", 0, 0)  # open: no pass end
+    job.append([{"i": 2}])
+    task = t.lease(timeout=0)
+    assert job.seal() == 3
+    assert client.status(job_name).state == "running"  # task 2 is not done yet
+    with pytest.raises(taskq.InvalidInput, match="sealed"):
+        job.append([{"i": 3}])
+    t.ack(task)
+    st = client.status(job_name)
+    assert (st.state, st.stream, st.summaries[-1]["acked"]) == ("completed", "sealed", 3)
+    assert client.audit(job_name)["ok"]
+
+
+def test_seal_of_a_drained_stream_completes_it_at_once(client, job_name):
+    client.create_job(job_name, chunks=[{"i": 0}], stream=True, manual_clock=True)
+    t = trainer(client, job_name, "w")
+    assert drain(t) == [0]
+    assert client.status(job_name).state == "running"
+    client.job(job_name).seal()
+    assert client.status(job_name).state == "completed"
+    with pytest.raises(taskq.JobCompleted):
+        t.lease(timeout=0)
+
+
+def test_seal_of_a_plain_job_is_refused(client, job_name):
+    make_job(client, job_name, n=1)
+    with pytest.raises(taskq.InvalidInput, match="not a stream"):
+        client.job(job_name).seal()
+
+
+def test_waiting_trainer_is_woken_by_an_append(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    t = taskq.Trainer(job_name, client=client, worker_id="w")
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(t.lease(timeout=30)))
+    waiter.start()
+    assert support.wait_until(lambda: client.redis.zcard(client.keys(job_name).waiting) == 1)
+    client.job(job_name).append([{"i": 0}])
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+    assert got and got[0] is not None and got[0].id == 0
+    t.ack(got[0])
+    t.close()
+
+
+# -- backpressure -------------------------------------------------------------------
+def test_append_past_max_backlog_is_refused_without_blocking(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=3, manual_clock=True)
+    job = client.job(job_name)
+    assert job.append([{"i": i} for i in range(3)]).backlog == 3
+    before = client.status(job_name).tasks
+    with pytest.raises(taskq.BacklogFull, match="max_backlog 3") as e:
+        job.append([{"i": 3}], block=False)
+    assert "\n" not in str(e.value)
+    assert client.status(job_name).tasks == before
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    assert job.append([{"i": 3}], block=False).tasks == 1
+
+
+def test_blocked_append_goes_in_when_trainers_ack(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=2)
+    job = client.job(job_name)
+    job.append([{"i": 0}, {"i": 1}])
+    done: list = []
+    producer = threading.Thread(target=lambda: done.append(job.append([{"i": 2}], timeout=30)))
+    producer.start()
+    assert support.wait_until(lambda: client.redis.xlen(client.keys(job_name).events) > 0)
+    assert producer.is_alive()
+    t = taskq.Trainer(job_name, client=client, worker_id="w")
+    t.ack(t.lease(timeout=1))
+    producer.join(timeout=10)
+    assert done and done[0].tasks == 1
+    t.close()
+
+
+def test_blocked_append_times_out_with_one_line(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=1)
+    job = client.job(job_name)
+    job.append([{"i": 0}])
+    with pytest.raises(taskq.BacklogFull, match="0 tasks appended before"):
+        job.append([{"i": 1}], timeout=0.2)
+
+
+# -- every verb meets an appended task -------------------------------------------------
+def test_appended_tasks_fail_expire_revoke_and_retry_like_any(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(4)])
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    t0 = a.lease(timeout=0)
+    a.fail(t0, "bad")  # max_failures=1: dead
+    assert client.status(job_name).dead == 1
+    t1 = a.lease(timeout=0)
+    assert client.revoke(job_name, t1.id)  # back to the front
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(t1)
+    t2 = b.lease(timeout=0)
+    assert t2.id == t1.id  # the front first
+    t3 = a.lease(timeout=0)
+    for _ in range(2):  # a stops calling; b heartbeats: a is lost after its ttl
+        client.advance_clock(job_name, 3000)
+        b.heartbeat()
+    client.reap(job_name)
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(t3)
+    b.ack(t2)
+    assert client.retry(job_name) == 1
+    assert sorted(drain(b)) == [0, 2, 3]
+    st = client.status(job_name)
+    assert (st.state, st.done, st.dead, st.backlog) == ("running", 4, 0, 0)
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_reset_and_forced_advance_take_appended_tasks_along(client, job_name):
+    make_job(client, job_name, n=2, passes=3, shuffle=True)
+    job = client.job(job_name)
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    job.append([{"i": 2}, {"i": 3}])
+    client.reset_pass(job_name)  # the attempt again, over all four, in one order
+    assert sorted(drain_tasks_one_pass(t, client, job_name, 0)) == [0, 1, 2, 3]
+    job.append([{"i": 4}])
+    t.ack(t.lease(timeout=0))
+    client.next_pass(job_name, force=True)
+    st = client.status(job_name)
+    assert (st.pass_no, st.todo, st.tasks) == (2, 5, 5)
+    assert sorted(drain(t)) == [0, 1, 2, 3, 4]
+    assert client.audit(job_name)["ok"]
+
+
+def drain_tasks_one_pass(t: taskq.Trainer, client: taskq.Client, job: str, p: int) -> list[int]:
+    """Ack what pass ``p`` hands out; the ids."""
+    out = []
+    while client.status(job).pass_no == p and (task := t.lease(timeout=0)) is not None:
+        t.ack(task)
+        out.append(task.id)
+    return out
+
+
+def test_pause_holds_appended_tasks_and_cancel_ends_the_stream(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name)
+    client.pause_job(job_name)
+    job.append([{"i": 0}])
+    t = trainer(client, job_name, "w")
+    assert t.lease(timeout=0) is None
+    client.resume_job(job_name)
+    task = t.lease(timeout=0)
+    assert task.id == 0
+    client.cancel_job(job_name)
+    with pytest.raises(taskq.JobCancelled):
+        job.append([{"i": 1}])
+    with pytest.raises(taskq.LeaseLost):
+        t.ack(task)
+
+
+def test_checkpoint_holds_the_append_position_and_rewind_keeps_later_appends(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(4)])
+    t = trainer(client, job_name, "w")
+    first = [t.lease(timeout=0), t.lease(timeout=0)]
+    for task in first:
+        t.ack(task)
+    rec = client.checkpoint(job_name)
+    assert (rec["tasks"], rec["done"]) == (4, 2)
+    t.ack(t.lease(timeout=0))
+    job.append([{"i": 4}, {"i": 5}])  # after the cut: never done at it, still to train
+    assert client.rewind(job_name, rec)
+    st = client.status(job_name)
+    assert (st.done, st.tasks, st.todo, st.stream) == (2, 6, 4, "open")
+    assert sorted(drain(t)) == [2, 3, 4, 5]
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+# -- trimming behind the watermark ------------------------------------------------------
+def _fields(client: taskq.Client, job: str) -> dict[str, int]:
+    keys = client.keys(job)
+    r = client.redis
+    return {
+        "chunks": r.hlen(keys.chunks),
+        "appids": r.hlen(keys.appids),
+        "appidx": r.hlen(keys.appidx),
+        "appends": r.zcard(keys.appends),
+        "leases": r.hlen(keys.leases),
+    }
+
+
+def test_trim_drops_the_done_prefix_and_stops_at_a_task_not_done(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    for k in range(3):  # three appends of 4 tasks, with ids
+        ids = [f"c{k}-{i}" for i in range(4)]
+        job.append([{"id": i} for i in ids], ids=ids)
+    t = trainer(client, job_name, "w")
+    held = [t.lease(timeout=0) for _ in range(7)]
+    t.ack([task for task in held if task.id != 5])  # 0-4 and 6 done, 5 held
+    assert job.trim() == 5  # the watermark stops at task 5, not done
+    assert job.trim() == 0
+    st = client.status(job_name)
+    assert (st.trimmed, st.done, st.tasks, st.backlog) == (5, 6, 12, 6)
+    f = _fields(client, job_name)
+    assert (f["chunks"], f["appids"], f["appidx"]) == (7, 7, 7)
+    assert f["appends"] == 2  # the first append is wholly below the watermark
+    assert client.task(job_name, 2)["chunks"] is None  # trimmed: done, its descriptor gone
+    assert client.task(job_name, 2)["state"] == "done"
+    t.ack(held[5])
+    assert sorted(drain(t)) == list(range(7, 12))
+    assert job.trim() == 7
+    assert _fields(client, job_name) == {
+        "chunks": 0,
+        "appids": 0,
+        "appidx": 0,
+        "appends": 1,
+        "leases": 0,
+    }
+    # an id trimmed with its task is not remembered: what is still above the watermark is
+    ids = ["c2-3", "late"]
+    assert job.append([{"id": i} for i in ids], ids=ids).tasks == 2
+    job.seal()
+    assert sorted(drain(t)) == [12, 13]
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_trim_keeps_what_a_kept_checkpoint_can_rewind_to(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(8)])
+    t = trainer(client, job_name, "w")
+    t.ack([t.lease(timeout=0) for _ in range(3)])
+    rec = client.checkpoint(job_name)  # its cut: tasks 0-2 done
+    t.ack([t.lease(timeout=0) for _ in range(3)])
+    assert job.trim() == 3  # not past the cut's lowest task not done
+    assert client.rewind(job_name, rec)
+    assert sorted(drain(t)) == [3, 4, 5, 6, 7]  # every task the rewind made todo has its chunks
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_trim_leaves_plain_jobs_and_earlier_passes_alone_and_reset_is_refused_after(
+    client, job_name
+):
+    client.create_job(job_name + "p", chunks=[{"i": 0}], manual_clock=True)
+    t = trainer(client, job_name + "p", "w")
+    drain(t)
+    assert client.job(job_name + "p").trim() == 0  # not a stream
+    client.create_job(job_name, chunks=[], stream=True, passes=2, manual_clock=True)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name, "v")
+    t.ack([t.lease(timeout=0) for _ in range(2)])
+    assert job.trim() == 0  # pass 0 of 2: pass 1 reads every task again
+    client.create_job(job_name + "r", chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name + "r")
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name + "r", "u")
+    t.ack(t.lease(timeout=0))
+    assert job.trim() == 1
+    with pytest.raises(taskq.InvalidInput, match="trimmed below task 1"):
+        client.reset_pass(job_name + "r")
+
+
+def test_the_reaper_trims_a_stream(url, client, job_name):
+    from taskq.ops.reaper import Reaper
+
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    client.job(job_name).append([{"i": i} for i in range(5)])
+    t = trainer(client, job_name, "w")
+    drain(t)
+    Reaper(client, jobs=[job_name]).tick()
+    assert client.status(job_name).trimmed == 5
+
+
+def test_status_shows_the_oldest_unfinished_age(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    job = client.job(job_name)
+    assert client.status(job_name).oldest_unfinished_age_s is None
+    client.advance_clock(job_name, 1000)
+    job.append([{"i": 0}, {"i": 1}])
+    client.advance_clock(job_name, 3000)
+    job.append([{"i": 2}])
+    st = client.status(job_name)
+    assert (st.oldest_unfinished_age_s, st.backlog, st.appended) == (3.0, 3, 3)
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    t.ack(t.lease(timeout=0))
+    assert client.status(job_name).oldest_unfinished_age_s == 0.0  # task 2, just appended
+    t.ack(t.lease(timeout=0))
+    st = client.status(job_name).as_dict()
+    assert (st["oldest_unfinished_age_s"], st["backlog"], st["stream"]) == (None, 0, "open")
+
+
+# -- the CLI ----------------------------------------------------------------------------
+def run(url: str, *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, ["--url", url, *args], input=input)
+
+
+def test_cli_stream_create_append_stdin_seal_and_status(url, client, job_name):
+    r = run(url, "job", "create", job_name, "--stream", "--max-backlog", "100")
+    assert r.exit_code == 0, r.output
+    assert "a stream" in r.output
+    lines = "".join(json.dumps({"path": f"p{i}", "id": f"p{i}"}) + "\n" for i in range(5))
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", "--json", input=lines)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["tasks_appended"] == 5
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", input=lines)  # a retry
+    assert "0 tasks appended, 5 chunks skipped" in r.output
+    r = run(url, "job", "status", job_name)
+    assert "stream open, 5 tasks appended, 0 done, backlog 5 (max 100)" in r.output
+    t = trainer(client, job_name, "w")
+    assert len(drain(t)) == 5
+    r = run(url, "job", "seal", job_name)
+    assert r.exit_code == 0 and "sealed with 5 tasks (completed)" in r.output
+
+
+def test_cli_append_bad_line_is_one_line_and_writes_nothing(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    r = run(url, "job", "append", job_name, "-", input='{"a": 1}\nnot json\n')
+    assert r.exit_code != 0
+    assert "stdin line 2 is not JSON" in r.output and "Traceback" not in r.output
+    assert client.status(job_name).tasks == 0
+    r = run(url, "job", "append", "no-such-job-" + job_name, "-", input='{"a": 1}\n')
+    assert r.exit_code != 0 and "not found" in r.output
+
+
+def test_cli_append_files_twice_adds_them_once(url, client, job_name, tmp_path):
+    for i in range(3):
+        (tmp_path / f"part-{i}.jsonl").write_text("".join(f'{{"x": {k}}}\n' for k in range(10)))
+    client.create_job(job_name, chunks=[], stream=True)
+    pattern = str(tmp_path / "part-*.jsonl")
+    args = ("job", "append", job_name, "--files", pattern, "--records-per-chunk", "5", "--json")
+    first = json.loads(run(url, *args).output)
+    again = json.loads(run(url, *args).output)
+    assert (first["tasks_appended"], again["tasks_appended"], again["chunks_skipped"]) == (6, 0, 6)
+
+
+def _follow(url: str, job: str, pattern: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            support.ENTRY_POINT,
+            "--url",
+            url,
+            "job",
+            "follow",
+            job,
+            "--files",
+            pattern,
+            "--every",
+            "0.05",
+            "--records-per-chunk",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tmp_path):
+    client.create_job(job_name, chunks=[], stream=True)
+    pattern = str(tmp_path / "*.jsonl")
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    follower = _follow(url, job_name, pattern)
+    assert support.wait_until(lambda: client.status(job_name).tasks == 1)
+    (tmp_path / "b.jsonl").write_text('{"x": 2}\n')
+    assert support.wait_until(lambda: client.status(job_name).tasks == 2)
+    follower.send_signal(signal.SIGTERM)
+    assert follower.wait(timeout=20) == 0
+    # a file the follower half appended: its first chunk went in, the record was not written
+    (tmp_path / "c.jsonl").write_text('{"x": 3}\n{"x": 4}\n')
+    info = os.stat(tmp_path / "c.jsonl")
+    key = f"{tmp_path / 'c.jsonl'}|{info.st_size}|{info.st_mtime}"
+    client.job(job_name).append([{"half": 1}], ids=[f"{key}#0"])
+    follower = _follow(url, job_name, pattern, "--seal-after", "0")
+    assert follower.wait(timeout=30) == 0, follower.stderr.read() if follower.stderr else ""
+    st = client.status(job_name)
+    # a and b not again; of c only its second line (its first chunk's id went in before)
+    assert (st.tasks, st.stream) == (4, "sealed")
+    last = client.job(job_name).task(3)["chunks"][0]
+    assert (last["path"], last["offset"]) == (str(tmp_path / "c.jsonl"), 9)
+
+
+def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
+    p = _follow(url, "no-such-" + job_name, str(tmp_path / "*.jsonl"))
+    _, err = p.communicate(timeout=30)
+    assert p.returncode != 0
+    assert "not found" in support.one_error_line(err)
+
+
+# -- trainers in processes, a producer appending -------------------------------------
+HERE = Path(__file__).parent
+
+
+def _trainer(url: str, job: str, log: Path, wid: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "trainer_proc.py"),
+            url,
+            job,
+            "--log",
+            str(log),
+            "--sleep",
+            "0.005",
+            "--worker-id",
+            wid,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc
+
+
+def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
+    url, client, job_name, tmp_path
+):
+    """Every appended chunk acked exactly once while trainers are killed, stopped and
+    added, with backpressure holding the producer, and the sealed stream completes."""
+    client.create_job(
+        job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.2, max_backlog=40
+    )
+    job = client.job(job_name)
+    log = tmp_path / "acks.log"
+    procs = {w: _trainer(url, job_name, log, w) for w in ("a", "b")}
+    appended = 0
+
+    def produce(k: int) -> None:
+        nonlocal appended
+        ids = [f"c{i}" for i in range(appended, appended + k)]
+        assert job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
+        appended += k
+
+    def done_at_least(n: int) -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=60)
+
+    try:
+        produce(30)
+        done_at_least(10)
+        procs["a"].kill()  # SIGKILL mid-stream: what it held goes back after its ttl
+        procs["c"] = _trainer(url, job_name, log, "c")  # a trainer added
+        produce(30)
+        done_at_least(40)
+        procs["b"].send_signal(signal.SIGTERM)  # a trainer removed: it gives back and leaves
+        assert procs["b"].wait(timeout=20) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+        produce(30)
+        again = [f"c{i}" for i in range(appended - 30, appended)]  # a producer's retry
+        assert job.append([{"i": i} for i in again], ids=again).skipped == 30
+        procs["d"] = _trainer(url, job_name, log, "d")
+        produce(30)  # (max_backlog 40: waits for the trainers' acks)
+        job.seal()
+        for w in ("c", "d"):
+            assert procs[w].wait(timeout=60) == 0  # the loop ends with the job
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", appended, appended)
+    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == appended
+    logged = [line.split()[1] for line in log.read_text().splitlines()]
+    assert len(logged) == len(set(logged)), "a task acked twice"
+    assert client.audit(job_name)["ok"]
+
+
+# -- taskq.torch over a stream ------------------------------------------------------------
+def _torch_loader(url: str, job: str, **ds_kw: object) -> taskq.torch.DataLoader:
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=3, **ds_kw)  # type: ignore[arg-type]
+    return taskq.torch.DataLoader(ds, batch_size=4, num_workers=2)
+
+
+def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tmp_path):
+    chunks = write_jsonl(tmp_path, 8, 10)
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    job.append(chunks[:3])
+
+    def produce() -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= 1, timeout=60)
+        job.append(chunks[3:6])
+        assert support.wait_until(lambda: client.status(job_name).done >= 4, timeout=60)
+        job.append(chunks[6:])
+        job.seal()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name) as loader:
+        for batch in loader:  # one iteration: the whole stream, appends and all
+            rows += rows_of(batch)
+        assert loader.state == "completed"
+    producer.join(timeout=10)
+    assert sorted(rows) == sorted((f, i) for f in range(8) for i in range(10))
+    assert client.audit(job_name)["ok"]
+
+
+def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_name, tmp_path):
+    chunks = write_jsonl(tmp_path, 4, 5)
+    client.create_job(job_name, chunks=chunks[:2], stream=True, worker_ttl=2.0)
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name, max_idle=0.5) as loader:
+        for batch in loader:
+            rows += rows_of(batch)
+        assert (loader.state, len(rows)) == ("idle", 10)
+        client.job(job_name).append(chunks[2:])
+        client.job(job_name).seal()
+        for batch in loader:  # the same pass, the new tasks
+            rows += rows_of(batch)
+        assert loader.state == "completed"
+    assert sorted(rows) == sorted((f, i) for f in range(4) for i in range(5))
+
+
+def _torch_trainer(url: str, job: str, log: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "torch_stream_proc.py"), url, job, "2", str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc
+
+
+def test_torch_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
+    url, client, job_name, tmp_path
+):
+    """2 processes x 2 DataLoader workers read a stream while it is appended to; one is
+    SIGKILLed, one SIGTERMed, one added: every appended task acked once, every row read,
+    the sealed stream completes."""
+    chunks = write_jsonl(tmp_path / "data", 24, 20)
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    logs = {w: tmp_path / f"{w}.log" for w in ("a", "b", "c")}
+    procs = {w: _torch_trainer(url, job_name, logs[w]) for w in ("a", "b")}
+
+    def done_at_least(n: int) -> None:
+        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=120)
+
+    try:
+        job.append(chunks[:8], ids=[c["path"] for c in chunks[:8]])
+        done_at_least(2)
+        procs["a"].kill()  # SIGKILL mid-stream: its leases go back after its ttl
+        procs["c"] = _torch_trainer(url, job_name, logs["c"])  # a trainer added
+        job.append(chunks[8:16], ids=[c["path"] for c in chunks[8:16]])
+        done_at_least(10)
+        procs["b"].send_signal(signal.SIGTERM)  # a trainer removed
+        procs["b"].wait(timeout=60)
+        job.append(chunks[16:], ids=[c["path"] for c in chunks[16:]])
+        job.seal()
+        assert procs["c"].wait(timeout=120) == 0
+        assert procs["c"].stdout is not None and "DONE completed" in procs["c"].stdout.read()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    st = client.status(job_name)
+    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", 24, 24)
+    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == 24
+    read = {
+        tuple(map(int, line.split()))
+        for p in logs.values()
+        if p.exists()
+        for line in p.read_text().splitlines()
+    }
+    assert read == {(f, i) for f in range(24) for i in range(20)}  # nothing skipped
+    assert client.audit(job_name)["ok"]
