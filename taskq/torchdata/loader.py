@@ -97,6 +97,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
     """
 
+    #: accelerate's ``prepare`` passes a loader so marked through as it is (its own
+    #: rebuild around the dataset would read the job without this loader), and its
+    #: ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of a
+    #: stateful one: docs/frameworks.md
+    _is_accelerate_prepared = True
+    use_stateful_dataloader = True
+
     def __init__(
         self,
         dataset: TaskDataset,
