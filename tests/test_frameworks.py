@@ -110,7 +110,7 @@ def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
 ) -> None:
     """``accelerator.prepare(model, optimizer, loader)`` returns taskq's loader itself
     (not a DataLoader rebuilt around the dataset); the loop over it for 2 passes trains
-    every row once per pass."""
+    every row once per pass."""  # 2 ranks: tests/accelerate_proc.py under torchrun below
     pytest.importorskip("accelerate")
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
     log = tmp_path / "log"
@@ -123,35 +123,38 @@ def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
         assert set(seen) == rows and max(seen.values()) == 1, p
 
 
+@pytest.mark.parametrize("procs", [1, 2])
 def test_accelerate_save_state_resumes_the_loader_exactly(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
 ) -> None:
-    """``accelerator.save_state`` after step 10 holds the loader's state; the run dies
-    entering step 13; ``load_state`` of that directory resumes: the steps before the
-    checkpoint and the resumed run's hold every row of the pass once."""
+    """``accelerator.save_state`` after step 4 (every rank's, under ``torchrun`` with 2
+    gloo ranks) holds the loader's state; every rank dies entering step 6; ``load_state``
+    of that directory on one process resumes: the steps before the checkpoint and the
+    resumed run's hold every row of the pass once."""
     pytest.importorskip("accelerate")
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
-    done = _run(
-        "accelerate_proc.py",
-        url,
-        job_name,
-        str(first),
-        "--every",
-        "5",
-        "--kill-at",
-        "13",
-        check=False,
-    )
+    args = [url, job_name, str(first), "--every", "4", "--kill-at", "6"]
+    if procs == 1:
+        done = _run("accelerate_proc.py", *args, check=False)
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        done = subprocess.run(
+            [*torchrun, "--standalone", str(HERE / "accelerate_proc.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
     assert done.returncode != 0
-    ckpt = first / "ckpt" / "step10"
+    ckpt = first / "ckpt" / "step4"
     assert (ckpt / "dl_state_dict.bin").exists(), list((first / "ckpt").iterdir())
     _run("accelerate_proc.py", url, job_name, str(second), "--resume", str(ckpt))
-    before = [e for e in _trained(first) if e["step"] < 10]
+    before = [e for e in _trained(first) if e["step"] < 4]
+    assert len(before) == 4 * procs
     after = _trained(second)
-    assert [e["step"] for e in after][:1] == [10]
+    assert [e["step"] for e in after][:1] == [4]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
     assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
