@@ -24,11 +24,11 @@ test:
 	@echo "taskq: the whole suite on redis-server"
 	@scripts/run-tests.sh --durations=10 --ignore=tests/test_frameworks.py
 
-# Lightning and accelerate loops over taskq.torch.DataLoader, on CPU (~1 min):
+# Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU (~70 s):
 # docs/frameworks.md. The frameworks extra is installed by scripts/bootstrap.sh.
 test-frameworks:
 	@scripts/bootstrap.sh
-	@echo "taskq: the training frameworks' loops (Lightning, accelerate)"
+	@echo "taskq: the training frameworks' loops (Lightning, accelerate, transformers)"
 	@scripts/run-tests.sh -q tests/test_frameworks.py
 
 test-valkey:

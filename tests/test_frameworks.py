@@ -194,3 +194,47 @@ def test_lightning_rank_sigterm_releases_its_leases_at_once(
     logged = sum(len(e["rows"]) for e in _trained(log))
     assert logged - 4 <= recorded <= logged, (recorded, logged)
     assert st.counters.get("expired_worker_lost", 0) == 0
+
+
+def test_hf_trainer_trains_every_sample_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """transformers' ``Trainer`` with ``get_train_dataloader`` returning taskq's loader
+    and ``max_steps`` = the job's batches (2 passes x 25): its model's log holds every
+    row once per pass."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("hf_trainer_proc.py", url, job_name, str(log), "50")
+    rows = {(f, i) for f in range(5) for i in range(20)}
+    per_pass = _per_pass(_trained(log))
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+
+
+def test_hf_trainer_resume_restores_the_loader_exactly(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The Trainer checkpoints every 5 steps (a callback adds the loader's state); the run
+    dies entering step 12; ``train(resume_from_checkpoint=checkpoint-10)`` with the
+    loader's state loaded (no batch skipping) trains the rest: every row of the pass once
+    across both runs."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    args = ["--every", "5", "--kill-at", "12"]
+    done = _run("hf_trainer_proc.py", url, job_name, str(first), "25", *args, check=False)
+    assert done.returncode != 0
+    ckpt = first / "ckpt" / "checkpoint-10"
+    assert (ckpt / "taskq_loader.pt").exists(), list((first / "ckpt").iterdir())
+    _run("hf_trainer_proc.py", url, job_name, str(second), "25", "--resume", str(ckpt))
+    before = [e for e in _trained(first) if e["step"] < 10]
+    after = _trained(second)
+    assert [e["step"] for e in after][:1] == [10]
+    seen = Counter(tuple(r) for e in before + after for r in e["rows"])
+    assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
