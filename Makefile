@@ -1,6 +1,6 @@
 # The README's two commands live here: `make demo` and `make test` (which also builds the
 # wheel and imports every module from it in a fresh venv: scripts/check-wheel.sh).
-.PHONY: demo test test-valkey lint bench clean
+.PHONY: demo test test-valkey test-frameworks lint bench clean
 
 # The subset `make test` also runs against Valkey 8 (~2 min): the engine, the trainer, the
 # reaper, the cluster and the Redis chaos scenarios (one seed of the random schedule).
@@ -20,8 +20,16 @@ test:
 	@.venv/bin/mypy cli
 	@scripts/check-wheel.sh
 	@$(MAKE) --no-print-directory test-valkey
+	@$(MAKE) --no-print-directory test-frameworks
 	@echo "taskq: the whole suite on redis-server"
-	@scripts/run-tests.sh --durations=10
+	@scripts/run-tests.sh --durations=10 --ignore=tests/test_frameworks.py
+
+# Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU (~70 s):
+# docs/frameworks.md. The frameworks extra is installed by scripts/bootstrap.sh.
+test-frameworks:
+	@scripts/bootstrap.sh
+	@echo "taskq: the training frameworks' loops (Lightning, accelerate, transformers)"
+	@scripts/run-tests.sh -q tests/test_frameworks.py
 
 test-valkey:
 	@scripts/bootstrap.sh --with-valkey

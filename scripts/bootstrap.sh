@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for the README's two commands: a virtualenv with taskq
-# installed (editable, with the dev, data and torch extras) and a redis-server binary on PATH.
+# installed (editable, with the dev, data, torch and frameworks extras) and a redis-server binary on PATH.
 # Usage: scripts/bootstrap.sh [--with-prometheus] [--with-valkey]
 #   --with-prometheus  promtool too (the deploy-file tests)
 #   --with-valkey      valkey-server and valkey-cli 8 too (`make test` runs a subset on Valkey);
@@ -86,7 +86,7 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
         .venv/bin/python -m pip uninstall -q -y taskq >/dev/null
     fi
     if ! { .venv/bin/python -m pip install --upgrade pip &&
-           .venv/bin/python -m pip install -e '.[dev,data,torch]' -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
+           .venv/bin/python -m pip install -e '.[dev,data,torch,frameworks]' -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
         tail -n 30 .venv/pip.log >&2
         echo "taskq: pip install failed; see .venv/pip.log" >&2
         exit 1

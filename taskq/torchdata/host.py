@@ -23,6 +23,7 @@ class IterationHost(Protocol):
     on_error: str
     pass_end: str
     acks: str
+    ahead: int
     input_meter: InputMeter
     counts: Counter[str]
     persistent_workers: bool
@@ -52,9 +53,13 @@ class ResumeHost(Protocol):
 
     dataset: Any
     acks: str
+    collective: bool
 
     def commit(self) -> int:
         """Commit what the loop took so far."""
+
+    def sync(self) -> None:
+        """Send what the loop took so far, now."""
 
     @property
     def current(self) -> RunningIteration | None:

@@ -57,8 +57,11 @@ class TaskqIter:
         self.hold = loader.acks == "commit"
         self.ended = False
         self.tail: Iterator[Unit] | None = None
-        self._taken: list[Pair] = []
-        self._reached: dict[Pair, int] = {}
+        #: batches handed out and not settled yet: (tasks they ended, reach per task)
+        self._handed: deque[tuple[list[Pair], dict[Pair, int]]] = deque()
+        #: of those, the last ``ahead`` are not counted as taken: a framework's loop
+        #: (Lightning's, accelerate's) fetches that many batches before it steps on one
+        self.ahead = loader.ahead
         # acks="commit": taken to their end / how far taken, not committed yet
         self._pending: dict[Pair, None] = {}
         self._pending_reached: dict[Pair, int] = {}
@@ -153,11 +156,10 @@ class TaskqIter:
                     # a task's samples come in increasing position: the last one counts
                     reached[task_id, token] = index + 1
             if batch is None:
-                self._ack(finished)  # dropped (drop_last): nothing left to take
+                self._ack_later(finished)  # dropped (drop_last): nothing left to take
                 self._upto.update(dict.fromkeys(finished, -1))
                 continue
-            self._taken = finished
-            self._reached = reached
+            self._handed.append((finished, reached))
             self.batch_passes = dict(passes)
             self.samples += len(tags)
             counts["samples"] += len(tags)
@@ -170,26 +172,36 @@ class TaskqIter:
         else:
             self.feeder.ack(pairs)
 
-    def settle(self) -> None:
-        """The batch handed out last was taken (the step finished): ack the tasks it
-        ended, record how far it got into the others (acks="commit": keep both for
-        ``commit()``)."""
+    def _ack_later(self, pairs: list[Pair]) -> None:
+        """Ack tasks nothing is left to take of, with the last batch handed out: its
+        samples of them are in a step yet to finish."""
+        if self._handed:
+            self._handed[-1][0].extend(pairs)
+        else:
+            self._ack(pairs)
+
+    def settle(self, keep: int | None = None) -> None:
+        """The batches handed out were taken (their steps finished), all but the last
+        ``keep`` (default ``ahead``: those the framework's loop fetched ahead of its
+        step): ack the tasks they ended, record how far they got into the others
+        (acks="commit": keep both for ``commit()``)."""
+        keep = self.ahead if keep is None else keep
         upto = self._upto
-        for key, n in self._reached.items():
-            if n > upto.get(key, 0):
-                upto[key] = n
-        for key in self._taken:
-            upto[key] = -1
-        if self._reached:
-            if self.hold:
-                for key, n in self._reached.items():
-                    self._pending_reached[key] = max(n, self._pending_reached.get(key, 0))
-            else:
-                self.feeder.progress(self._reached)
-            self._reached = {}
-        if self._taken:
-            self._ack(self._taken)
-            self._taken = []
+        while len(self._handed) > keep:
+            taken, reached = self._handed.popleft()
+            for key, n in reached.items():
+                if n > upto.get(key, 0):
+                    upto[key] = n
+            for key in taken:
+                upto[key] = -1
+            if reached:
+                if self.hold:
+                    for key, n in reached.items():
+                        self._pending_reached[key] = max(n, self._pending_reached.get(key, 0))
+                else:
+                    self.feeder.progress(reached)
+            if taken:
+                self._ack(taken)
 
     def uncommitted(self) -> int:
         """Tasks the loop took from (to their end or not) since the last commit."""
@@ -420,7 +432,7 @@ class TaskqIter:
             if kind in ("done", "cut"):
                 if text:
                     self.feeder.read_to(task_id, token, int(text))
-                self._ack([(task_id, token)])
+                self._ack_later([(task_id, token)])
                 self._upto[task_id, token] = -1
                 continue
             self.feeder.fail(task_id, token, text)
@@ -428,6 +440,9 @@ class TaskqIter:
                 raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
 
     def _finish(self) -> NoReturn:
+        # everything handed out counts, the batches a framework fetched ahead too (its
+        # loop steps on them next): the pass cannot end while they are held
+        self.settle(keep=0)
         self._end(ack_taken=True, shutdown=False, raise_error=True, park=True)
         raise StopIteration
 
@@ -441,7 +456,7 @@ class TaskqIter:
         self.ended = True
         if ack_taken:
             self.settle()
-        self._taken, self._reached = [], {}
+        self._handed.clear()
         if shutdown or self.torch_iter is not None:
             self._stop_workers(shutdown)
         if park and self.uncommitted() and self.feeder.error is None:
@@ -502,7 +517,7 @@ class TaskqIter:
         """Abandon this iteration: release what it holds (nothing taken counts as done;
         with acks="commit" nothing uncommitted either)."""
         if self.hold:
-            self._taken, self._reached = [], {}
+            self._handed.clear()
             self._pending, self._pending_reached = {}, {}
         self._end(ack_taken=False, shutdown=False)
 

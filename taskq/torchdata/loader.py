@@ -85,10 +85,24 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ``max(2, num_workers) * (interleave + 2)``).
         worker_id: the trainer's worker id (default ``host:pid:random``, kept for the
             loader's life).
+        ahead: batches the training loop fetches before it steps on the one it got
+            (Lightning's trainer: 1; docs/frameworks.md): the last ``ahead`` batches
+            handed out are not counted as taken (acks, progress, ``state_dict()``,
+            SIGTERM) until that many more were asked for; 0 for a plain loop.
+        collective: ``state_dict()`` is a collective call of the default
+            ``torch.distributed`` process group (frameworks call it on every rank):
+            every rank sends what it took, rank 0 checkpoints, all return its state.
 
     Raises:
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
     """
+
+    #: accelerate's ``prepare`` passes a loader so marked through as it is (its own
+    #: rebuild around the dataset would read the job without this loader), and its
+    #: ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of a
+    #: stateful one: docs/frameworks.md
+    _is_accelerate_prepared = True
+    use_stateful_dataloader = True
 
     def __init__(
         self,
@@ -103,6 +117,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         acks: str = "taken",
         tasks_ahead: int | None = None,
         worker_id: str | None = None,
+        ahead: int = 0,
+        collective: bool = False,
         **torch_options: Any,
     ) -> None:
         if not isinstance(dataset, TaskDataset):
@@ -124,6 +140,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise errors.InvalidInput(f"pass_end must be one of {_PASS_ENDS}, not {pass_end!r}")
         if acks not in _ACKS:
             raise errors.InvalidInput(f"acks must be one of {_ACKS}, not {acks!r}")
+        if ahead < 0 or ahead > 8:
+            raise errors.InvalidInput(f"ahead must be in [0, 8], got {ahead}")
         if batch_size is not None and batch_size < 1:
             raise errors.InvalidInput(f"batch_size must be >= 1 or None, got {batch_size}")
         if drop_last and batch_size is None:
@@ -142,6 +160,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.on_error = on_error
         self.pass_end = pass_end
         self.acks = acks
+        self.ahead = ahead
+        self.collective = collective
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
         limit = MAX_HELD // 2

@@ -89,6 +89,12 @@ def _dist() -> Any:
 def state_dict(loader: ResumeHost, ckpt: str | None = None) -> dict[str, Any]:
     """Checkpoint the job's position and name it.
 
+    With ``DataLoader(collective=True)`` and a ``torch.distributed`` process group of
+    more than one rank it is a collective call (Lightning, accelerate and the HF Trainer
+    ask every rank for its loader's state): every rank sends what its loop took, all
+    meet at a barrier, rank 0 checkpoints and every rank returns its state (or raises
+    its error), so the checkpoint holds every rank's progress to the step.
+
     What the loop took so far counts (the batch just handed out included): its tasks are
     acked and the progress sent first (with ``acks="commit"``: committed), then ``Client.checkpoint`` records the pass, the
     done set and every unfinished task's progress. Other trainers' progress counts as of
@@ -106,6 +112,27 @@ def state_dict(loader: ResumeHost, ckpt: str | None = None) -> dict[str, Any]:
     Raises:
         InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
     """
+    dist = _dist() if loader.collective else None
+    if dist is None or dist.get_world_size() == 1:
+        return _own_state(loader, ckpt)
+    loader.sync()
+    dist.barrier()
+    outcome: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = _own_state(loader, ckpt)
+        except errors.TaskqError as e:
+            outcome[0] = e
+            dist.broadcast_object_list(outcome, src=0)
+            raise
+    dist.broadcast_object_list(outcome, src=0)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return dict(outcome[0])
+
+
+def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
+    """This loader's checkpoint: what its loop took is sent first."""
     ds: TaskDataset = loader.dataset  # type: ignore[assignment]
     if loader.acks == "commit":
         loader.commit()  # the checkpoint is where the loop's position is committed

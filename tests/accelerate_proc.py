@@ -1,0 +1,82 @@
+"""accelerate's ``Accelerator`` loop over a ``taskq.torch.DataLoader``, for
+tests/test_frameworks.py.
+
+Usage: accelerate_proc.py URL JOB LOG_DIR [--every K] [--kill-at S] [--resume DIR]
+
+``accelerator.prepare(model, optimizer, loader)`` as accelerate's docs show (under
+``torchrun``: DDP over gloo, torch's ``Join`` for the ranks' uneven steps), a one-weight
+model, one pass per epoch (the job's passes). Every step appends ``{"step", "pass",
+"rows"}`` to LOG_DIR/rank<r>.jsonl before it trains: the loop's own log. ``--every K``:
+``accelerator.save_state(LOG_DIR/ckpt/step<N>)`` after every K-th step (it holds the
+loader's ``state_dict()``). ``--kill-at S``: SIGKILL on entering step S. ``--resume DIR``:
+``accelerator.load_state(DIR)`` (a rewind of the job) and the step count from DIR's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from torch.distributed.algorithms import Join  # noqa: E402
+from torch_helpers import jsonl_reader, rows_of  # noqa: E402
+
+import taskq  # noqa: E402
+import taskq.torch  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("job")
+    ap.add_argument("log_dir")
+    ap.add_argument("--every", type=int)
+    ap.add_argument("--kill-at", type=int)
+    ap.add_argument("--resume")
+    a = ap.parse_args()
+    passes = taskq.Client(a.url).status(a.job, summaries=0).passes
+    accelerator = Accelerator(cpu=True)
+    ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
+    # collective: save_state asks every rank for the loader's state; rank 0 checkpoints
+    loader = taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=1, pass_end="local", collective=True
+    )
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
+    assert prepared is loader  # passed through: taskq's loader stays in charge
+    step = 0
+    if a.resume:
+        accelerator.load_state(a.resume)
+        step = int(os.path.basename(a.resume).removeprefix("step"))
+    log = os.path.join(a.log_dir, f"rank{accelerator.process_index}.jsonl")
+    for _ in range(passes):
+        # the ranks step unevenly (each takes the tasks it leases): torch's Join, as for
+        # DDP (accelerate's join_uneven_inputs does nothing on CPU); a no-op on one process
+        with Join([model]) if accelerator.num_processes > 1 else contextlib.nullcontext():
+            for batch in loader:
+                if a.kill_at is not None and step == a.kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                with open(log, "a") as f:
+                    entry = {"step": step, "pass": loader.batch_pass, "rows": rows_of(batch)}
+                    f.write(json.dumps(entry) + "\n")
+                loss = model(batch["i"].float().unsqueeze(1)).pow(2).mean()
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                step += 1
+                if a.every and step % a.every == 0:
+                    accelerator.save_state(os.path.join(a.log_dir, "ckpt", f"step{step}"))
+    loader.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""transformers' ``Trainer`` over a ``taskq.torch.DataLoader``, for tests/test_frameworks.py.
+
+Usage: hf_trainer_proc.py URL JOB LOG_DIR MAX_STEPS [--every K] [--kill-at S] [--resume CKPT]
+
+A one-weight ``torch.nn.Module`` (no hub download), ``get_train_dataloader`` returning
+taskq's loader and ``get_resumed_dataloader`` returning it as it is (the loader resumes by
+its state, not by skipping batches); a ``TrainerCallback`` saves ``loader.state_dict()``
+into every checkpoint directory and ``train(resume_from_checkpoint=CKPT)`` loads it
+first. Every step appends ``{"step", "pass", "rows"}`` to LOG_DIR/rank0.jsonl before it
+trains. ``--kill-at S``: SIGKILL on entering step S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from torch_helpers import jsonl_reader, rows_of  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+import taskq  # noqa: E402
+import taskq.torch  # noqa: E402
+
+STATE = "taskq_loader.pt"
+
+
+class Net(torch.nn.Module):
+    def __init__(self, loader: taskq.torch.DataLoader, log: str, kill_at: int | None):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.loader, self.log, self.kill_at, self.step = loader, log, kill_at, 0
+
+    def forward(self, f: torch.Tensor, i: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.kill_at is not None and self.step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        entry = {
+            "step": self.step,
+            "pass": self.loader.batch_pass,
+            "rows": rows_of({"f": f, "i": i}),
+        }
+        with open(self.log, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+        self.step += 1
+        return {"loss": self.lin(i.float().unsqueeze(1)).pow(2).mean()}
+
+
+class LoaderState(TrainerCallback):
+    """The loader's state beside the Trainer's own in every checkpoint directory."""
+
+    def __init__(self, loader: taskq.torch.DataLoader) -> None:
+        self.loader = loader
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE)
+        torch.save(self.loader.state_dict(), path)
+
+
+class TaskqTrainer(Trainer):
+    def __init__(self, loader: taskq.torch.DataLoader, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.taskq_loader = loader
+
+    def get_train_dataloader(self) -> Any:
+        return self.taskq_loader
+
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        return dataloader  # the loader's state says where the pass resumes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("job")
+    ap.add_argument("log_dir")
+    ap.add_argument("max_steps", type=int)
+    ap.add_argument("--every", type=int)
+    ap.add_argument("--kill-at", type=int)
+    ap.add_argument("--resume")
+    a = ap.parse_args()
+    ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
+    loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local")
+    model = Net(loader, os.path.join(a.log_dir, "rank0.jsonl"), a.kill_at)
+    if a.resume:
+        loader.load_state_dict(torch.load(os.path.join(a.resume, STATE), weights_only=False))
+        model.step = int(a.resume.rsplit("-", 1)[1])
+    targs = TrainingArguments(
+        output_dir=os.path.join(a.log_dir, "ckpt"),
+        max_steps=a.max_steps,  # the loader has no length
+        per_device_train_batch_size=4,
+        learning_rate=1e-4,
+        save_strategy="steps" if a.every else "no",
+        save_steps=a.every or 500,
+        ignore_data_skip=True,
+        report_to=[],
+        use_cpu=True,
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = TaskqTrainer(loader, model=model, args=targs, callbacks=[LoaderState(loader)])
+    trainer.train(resume_from_checkpoint=a.resume)
+    loader.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""taskq.torch under the training frameworks' own loops (docs/frameworks.md): Lightning's
+``Trainer.fit`` and accelerate's ``Accelerator`` over a ``taskq.torch.DataLoader``, real
+packages on CPU, a real redis-server and real JSONL files. Each loop logs what it trained
+(tests/lightning_proc.py, tests/accelerate_proc.py); the tests check those logs: every
+sample once per pass, and a run killed after the framework's own checkpoint resumed from
+it exactly (nothing trained twice, nothing missed)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import wait_until
+from torch_helpers import make_job, write_jsonl
+
+import taskq
+
+pytest.importorskip("lightning")
+
+HERE = Path(__file__).parent
+TIMEOUT = 120
+
+
+def _run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, str(HERE / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _trained(log_dir: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for path in sorted(log_dir.glob("rank*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def _per_pass(entries: list[dict]) -> dict[int, Counter[tuple[int, int]]]:
+    out: dict[int, Counter[tuple[int, int]]] = {}
+    for e in entries:
+        out.setdefault(e["pass"], Counter()).update(tuple(r) for r in e["rows"])
+    return out
+
+
+def test_lightning_fit_trains_every_sample_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """Lightning ``fit`` for 2 epochs over a job of 2 passes (6 files x 20 rows): its
+    training_step log holds every row once per pass, and the job's passes are done."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("lightning_proc.py", url, job_name, str(log), "1")
+    rows = {(f, i) for f in range(6) for i in range(20)}
+    per_pass = _per_pass(_trained(log))
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+
+
+def test_lightning_checkpoint_resumes_the_loader_exactly(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """Lightning's ``ModelCheckpoint(every_n_train_steps=5)`` holds the loader's state;
+    the run dies (SIGKILL) entering step 12, after the checkpoint of step 10; ``fit(
+    ckpt_path=...)`` resumes: the first run's steps up to the checkpoint and the resumed
+    run's steps hold every row of the pass once. Lightning's fetcher took a batch ahead
+    of the checkpointed step: that batch must not count as trained."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    done = _run(
+        "lightning_proc.py",
+        url,
+        job_name,
+        str(first),
+        "1",
+        "--every",
+        "5",
+        "--kill-at",
+        "12",
+        check=False,
+    )
+    assert done.returncode != 0
+    ckpts = sorted((first / "ckpt").glob("*step=10*.ckpt"))
+    assert ckpts, list((first / "ckpt").iterdir())
+    _run("lightning_proc.py", url, job_name, str(second), "1", "--resume", str(ckpts[0]))
+    before = [e for e in _trained(first) if e["step"] < 10]
+    after = _trained(second)
+    assert [e["step"] for e in after][:1] == [10]
+    seen = Counter(tuple(r) for e in before + after for r in e["rows"])
+    assert set(seen) == {(f, i) for f in range(6) for i in range(20)}
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+
+
+def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """``accelerator.prepare(model, optimizer, loader)`` returns taskq's loader itself
+    (not a DataLoader rebuilt around the dataset); the loop over it for 2 passes trains
+    every row once per pass."""  # 2 ranks: tests/accelerate_proc.py under torchrun below
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("accelerate_proc.py", url, job_name, str(log))
+    rows = {(f, i) for f in range(5) for i in range(20)}
+    per_pass = _per_pass(_trained(log))
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_accelerate_save_state_resumes_the_loader_exactly(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
+) -> None:
+    """``accelerator.save_state`` after step 4 (every rank's, under ``torchrun`` with 2
+    gloo ranks) holds the loader's state; every rank dies entering step 6; ``load_state``
+    of that directory on one process resumes: the steps before the checkpoint and the
+    resumed run's hold every row of the pass once."""
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    args = [url, job_name, str(first), "--every", "4", "--kill-at", "6"]
+    if procs == 1:
+        done = _run("accelerate_proc.py", *args, check=False)
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        done = subprocess.run(
+            [*torchrun, "--standalone", str(HERE / "accelerate_proc.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    assert done.returncode != 0
+    ckpt = first / "ckpt" / "step4"
+    assert (ckpt / "dl_state_dict.bin").exists(), list((first / "ckpt").iterdir())
+    _run("accelerate_proc.py", url, job_name, str(second), "--resume", str(ckpt))
+    before = [e for e in _trained(first) if e["step"] < 4]
+    assert len(before) == 4 * procs
+    after = _trained(second)
+    assert [e["step"] for e in after][:1] == [4]
+    seen = Counter(tuple(r) for e in before + after for r in e["rows"])
+    assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+
+
+def test_lightning_rank_sigterm_releases_its_leases_at_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM to a Lightning ``fit`` process (as the kubelet sends it) mid-epoch: within
+    2 s the job holds no lease (released, not expired: worker_ttl is 30 s), the process
+    exits, and what its steps took is recorded, the step in flight at most not (4 rows).
+    Lightning's handler ends ``fit`` after the step; the loader releases at the exit."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 200), worker_ttl=30.0)
+    log = tmp_path / "log"
+    log.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "lightning_proc.py"), url, job_name, str(log), "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: len(_trained(log)) >= 20, 60.0), proc.poll()
+        assert client.status(job_name).leased > 0
+        proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: client.status(job_name).leased == 0, 2.0), client.status(
+            job_name
+        ).leased
+        proc.wait(30)  # Lightning's own SIGTERM handler ends fit (a SystemExit, code 0)
+    finally:
+        proc.kill()
+        proc.wait()
+    st = client.status(job_name)
+    recorded = st.done * 200 + sum(
+        int(v) for v in client.redis.hgetall(client.keys(job_name).progress).values()
+    )
+    logged = sum(len(e["rows"]) for e in _trained(log))
+    assert logged - 4 <= recorded <= logged, (recorded, logged)
+    assert st.counters.get("expired_worker_lost", 0) == 0
+
+
+def test_hf_trainer_trains_every_sample_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """transformers' ``Trainer`` with ``get_train_dataloader`` returning taskq's loader
+    and ``max_steps`` = the job's batches (2 passes x 25): its model's log holds every
+    row once per pass."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("hf_trainer_proc.py", url, job_name, str(log), "50")
+    rows = {(f, i) for f in range(5) for i in range(20)}
+    per_pass = _per_pass(_trained(log))
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+
+
+def test_hf_trainer_resume_restores_the_loader_exactly(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The Trainer checkpoints every 5 steps (a callback adds the loader's state); the run
+    dies entering step 12; ``train(resume_from_checkpoint=checkpoint-10)`` with the
+    loader's state loaded (no batch skipping) trains the rest: every row of the pass once
+    across both runs."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    args = ["--every", "5", "--kill-at", "12"]
+    done = _run("hf_trainer_proc.py", url, job_name, str(first), "25", *args, check=False)
+    assert done.returncode != 0
+    ckpt = first / "ckpt" / "checkpoint-10"
+    assert (ckpt / "taskq_loader.pt").exists(), list((first / "ckpt").iterdir())
+    _run("hf_trainer_proc.py", url, job_name, str(second), "25", "--resume", str(ckpt))
+    before = [e for e in _trained(first) if e["step"] < 10]
+    after = _trained(second)
+    assert [e["step"] for e in after][:1] == [10]
+    seen = Counter(tuple(r) for e in before + after for r in e["rows"])
+    assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
