@@ -20,6 +20,7 @@ from torch_helpers import jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
+from taskq.admin.caller import Job
 from taskq.engine.contract import APPEND_MAX
 
 make_job = partial(
@@ -654,37 +655,44 @@ def _torch_loader(url: str, job: str, **ds_kw: object) -> taskq.torch.DataLoader
     return taskq.torch.DataLoader(ds, batch_size=4, num_workers=2)
 
 
-def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tmp_path):
-    chunks = write_jsonl(tmp_path, 8, 10)
-    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
-    job = client.job(job_name)
-    job.append(chunks[:3])
-
+def read_a_stream_while_appending(
+    url: str, job: Job, chunks: list[dict], middle: int
+) -> list[tuple[int, int]]:
+    """One DataLoader iteration (2 workers) over the stream ``job`` while a producer
+    appends ``chunks`` in three parts and seals it; the rows the loop got. The producer
+    waits for rows the loop got, not for the job's done count: while the stream is open a
+    task whose last rows sit in a worker's partial batch is not acked (the batch goes out
+    with more rows or when the readers stop), so "done" may stall short of a bound."""
+    third = len(chunks) // 3
+    job.append(chunks[:third])
     rows: list[tuple[int, int]] = []
     waited: list[bool] = []
 
     def produce() -> None:
-        # the producer watches the rows the loop got, not the job's done count: while the
-        # stream is open a task whose last rows sit in a worker's partial batch is not
-        # acked (the batch goes out with more rows or when the readers stop), so with 2
-        # workers up to 2 x 3 rows of the 60 appended stay held and "done" may stall
         try:
             waited.append(support.wait_until(lambda: len(rows) >= 4, timeout=60))
-            job.append(chunks[3:6])
-            waited.append(support.wait_until(lambda: len(rows) >= 40, timeout=60))
-            job.append(chunks[6:])
+            job.append(chunks[third : 2 * third])
+            waited.append(support.wait_until(lambda: len(rows) >= middle, timeout=60))
+            job.append(chunks[2 * third :])
         finally:
             job.seal()  # the iteration ends even if a wait failed
 
     producer = threading.Thread(target=produce)
     producer.start()
-    with _torch_loader(url, job_name) as loader:
+    with _torch_loader(url, job.name) as loader:
         for batch in loader:  # one iteration: the whole stream, appends and all
             rows += rows_of(batch)
         assert loader.state == "completed"
     producer.join(timeout=10)
     assert waited == [True, True]  # the loop read appended rows before the next append
-    assert sorted(rows) == sorted((f, i) for f in range(8) for i in range(10))
+    return rows
+
+
+def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tmp_path):
+    chunks = write_jsonl(tmp_path, 9, 10)
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    rows = read_a_stream_while_appending(url, client.job(job_name), chunks, middle=40)
+    assert sorted(rows) == sorted((f, i) for f in range(9) for i in range(10))
     assert client.audit(job_name)["ok"]
 
 

@@ -9,14 +9,14 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
-from torch_helpers import jsonl_reader, rows_of, write_jsonl
+from test_streams import read_a_stream_while_appending
+from torch_helpers import write_jsonl
 
 import taskq
 import taskq.torch
@@ -183,30 +183,7 @@ def test_torch_reads_a_sharded_stream_until_sealed_and_drained(
     everything appended while it runs, once, and ends when the job is sealed and drained."""
     chunks = write_jsonl(tmp_path, 9, 6)
     job = _create(cclient, job_name)
-    job.append(chunks[:3])
-    rows: list[tuple[int, int]] = []
-    waited: list[bool] = []
-
-    def produce() -> None:
-        # the rows the loop got, not the done count: while the stream is open a task whose
-        # last rows sit in a worker's partial batch is not acked yet (test_streams.py)
-        try:
-            waited.append(support.wait_until(lambda: len(rows) >= 4, timeout=60))
-            job.append(chunks[3:6])
-            waited.append(support.wait_until(lambda: len(rows) >= 24, timeout=60))
-            job.append(chunks[6:])
-        finally:
-            job.seal()  # the iteration ends even if a wait failed
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    ds = taskq.torch.TaskDataset(job_name, url=cluster.url, reader=jsonl_reader, seed=3)
-    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=2) as loader:
-        for batch in loader:
-            rows += rows_of(batch)
-        assert loader.state == "completed"
-    producer.join(timeout=10)
-    assert waited == [True, True]
+    rows = read_a_stream_while_appending(cluster.url, job, chunks, middle=24)
     assert sorted(rows) == sorted((f, i) for f in range(9) for i in range(6))
     assert cclient.audit(job_name)["ok"]
 
