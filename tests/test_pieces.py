@@ -68,7 +68,6 @@ def test_a_retry_keeps_a_tail_acked_in_the_same_attempt(client, job_name, tmp_pa
     assert again is not None and samples(again) == list(range(11, 55))
 
 
-@NOT_YET
 def test_a_tail_piece_has_the_task_timeout(client, job_name, tmp_path):
     """task_timeout=10: the head is acked, the tail's holder heartbeats and never
     finishes; the tail is taken back after the timeout, as any lease."""
@@ -77,11 +76,14 @@ def test_a_tail_piece_has_the_task_timeout(client, job_name, tmp_path):
     task, piece, _, it = split_between(client, job_name, a, b, 10)
     read_rest(a, task, it, [], 11)
     a.ack(task)
+    audit = client.audit(job_name)  # the tail stands for its task: leased 1, started 1
+    assert audit["ok"], audit["checks"]
     for _ in range(4):
         client.advance_clock(job_name, 4000)
         b.heartbeat()
         a.heartbeat()
     client.reap(job_name)
+    b.heartbeat()  # the holder hears of it at its next heartbeat
     assert piece.revoked.is_set()
     again = trainer(client, job_name, "c").lease(timeout=0)
     assert again is not None and samples(again) == list(range(55, 100))

@@ -30,6 +30,19 @@ local end_lease, lease_is_current, member, next_token, other_lease, parse_lease 
   lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
   lib.leases.other_lease, lib.leases.parse_lease
 
+-- A tail piece whose head is acked stands for its task (since: its lease's start, NOW ms)
+-- in nleased and in the started index, where the reaper's task timeout finds it
+-- (reclaim.lua); since nil: it no longer does (its lease ended).
+local function tail_stands(task, since)
+  if since then
+    mincr(F.NLEASED)
+    rcall('ZADD', K_STARTED, mmin(CALL.JNOW, since - mnum(F.OFFSET)), task)
+  else
+    mincr(F.NLEASED, -1)
+    rcall('ZREM', K_STARTED, task)
+  end
+end
+
 -- The task's split record of this round, or nil (one HGET, only in a pass attempt that
 -- granted a backup or a piece); with `s`, writes it.
 local function split_rec(task, s)
@@ -134,7 +147,7 @@ local function take_split(worker, winc, cn)
     if not task then return nil end
   else
     mincr(F.P_BACKUPS)
-    if s.hd then mincr(F.NLEASED) end  -- an orphan of an acked head: its task in flight
+    if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   end
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
@@ -169,16 +182,18 @@ local function split_ended(task, l, acked, worker, tok)
     if l.backup then s.td = true else s.hd = true end
     split_rec(task, s)
     if s.hd and s.td then
-      if l.backup then mincr(F.NLEASED, -1) end  -- the tail stood for its task
+      if l.backup then tail_stands(task, nil) end  -- the tail stood for its task
       return true, true
     end
-    -- a head acked with its tail out: the tail stands for the task in nleased
-    if not l.backup and other_lease(task, l) then mincr(F.NLEASED) end
+    -- a head acked with its tail out: the tail stands for the task in nleased and in the
+    -- started index (from the tail's own start: the task timeout applies to it)
+    local o = not l.backup and other_lease(task, l)
+    if o then tail_stands(task, tonum(o.sinces)) end
     event_task('piece_acked', task, worker, tok)
     return false
   end
   if l.backup then
-    if s.hd then mincr(F.NLEASED, -1) end  -- the tail stood for its task
+    if s.hd then tail_stands(task, nil) end  -- the tail stood for its task
     local orph, rest = split_orphans()
     if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
     split_orphans(orph, rest)
@@ -195,4 +210,5 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
-return {split_rec = split_rec, take_split = take_split, split_ended = split_ended}
+return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
+  tail_stands = tail_stands}
