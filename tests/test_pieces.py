@@ -136,3 +136,26 @@ def test_a_rollback_past_a_split_rereads_and_never_skips(client, job_name, tmp_p
         read += samples(t)
         c.ack(t)
     assert set(range(55, 100)) <= set(read)
+
+
+def test_one_worker_never_holds_both_pieces_through_a_steal(client, job_name, tmp_path):
+    """The head's holder releases it, a prefetching trainer reserves it; the tail's holder
+    asking for work does not steal the head (its tail and the head would share one owned
+    entry, and a departure after the tail's ack would orphan the head)."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b, c = (trainer(client, job_name, w) for w in "abc")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    a.release(task)
+    [head] = c.lease_many(1, timeout=0, reserve=True)
+    assert head.id == task.id and head.start == 11
+    assert b.lease(timeout=0) is None
+    read_all(b, piece)
+    b.ack(piece)
+    b.close()
+    assert c.lease_many(0, timeout=0, starts=[head]) == [] and head.started
+    assert samples(head) == list(range(11, 55))
+    read_all(c, head)
+    c.ack(head)
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
