@@ -62,6 +62,23 @@ local function split_rec(task, s)
           cf = cf == '1'}
 end
 
+-- The tasks split in this round (field "s:all": "round|task task ...", at most MAX_SPLITS,
+-- what a checkpoint's cut reads: cut_splits); with `task`, adds it. Returns the count
+-- and the list's body.
+local function split_list(task)
+  local rec = rcall('HGET', K_LEASES, 's:all')
+  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
+  if r ~= round_s() then body = '' end
+  local count = 0
+  for _ in string.gmatch(body, '%d+') do count = count + 1 end
+  if task then
+    body = body == '' and task or body .. ' ' .. task
+    count = count + 1
+    rcall('HSET', K_LEASES, 's:all', round_s() .. '|' .. body)
+  end
+  return count, body
+end
+
 -- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."): the
 -- first ten as a list, and the rest as they are written (bounded work per call, however
 -- many are orphaned); with `list` (and `rest`), writes them.
@@ -87,6 +104,13 @@ local function split_orphans(list, rest)
   return out, smatch(ssub(body, pos), '^ *(.-) *$')
 end
 
+-- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
+local function orphan(task)
+  local orph, rest = split_orphans()
+  if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
+  split_orphans(orph, rest)
+end
+
 -- The split half of take_leases: an orphaned tail piece first, else a new split of the
 -- longest-running started task of another trainer (at most 10 looked at). Returns the
 -- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
@@ -102,7 +126,7 @@ local function take_split(worker, winc, cn)
       local sp = split_rec(t)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
       local h = sp and not sp.td and not lease_is_current(b)
-        and parse_lease(rcall('HGET', K_LEASES, t))
+        and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
       -- (never both pieces to one worker: they share its owned entry)
       if h and not task and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
@@ -117,6 +141,7 @@ local function take_split(worker, winc, cn)
     for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
+          and (mnum(F.P_BACKUPS) == 0 or split_list() < MAX_SPLITS)
           and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
         local n = tonum(rcall('HGET', K_LEASES, 'n:' .. t) or '')
         local p = tonum(rcall('HGET', K_PROGRESS, t) or '0') or 0
@@ -137,6 +162,7 @@ local function take_split(worker, winc, cn)
           task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
           s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
+          split_list(t)
           mincr(F.C_SPLITS)
           event('split', 'task', t, 'worker', worker, 'of', l.worker, 'at', fmt(m),
             'size', fmt(n), 'progress', fmt(p))
@@ -194,9 +220,7 @@ local function split_ended(task, l, acked, worker, tok)
   end
   if l.backup then
     if s.hd then tail_stands(task, nil) end  -- the tail stood for its task
-    local orph, rest = split_orphans()
-    if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
-    split_orphans(orph, rest)
+    orphan(task)
   else
     -- the head's next holder starts from its recorded progress and is told the split
     -- point in its lease: the split stands (confirmed)
@@ -210,5 +234,54 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
+-- A split task died: its record stays when a piece of it was acked (a retry brings back
+-- the rest only: retried), else it goes (the task is retried whole).
+local function split_dead(task)
+  local s = split_rec(task)
+  if s and not ((s.hd or s.td) and s.cf) then rcall('HDEL', K_LEASES, 's:' .. task) end
+end
+
+-- Where a retried task goes: its tail piece to the orphans when its head was acked (the
+-- split record kept by split_dead), else the front (true).
+local function retried(task)
+  local s = split_rec(task)
+  if not (s and s.hd) then return true end
+  orphan(task)
+  return false
+end
+
+-- A checkpoint's cut of this round's splits: {field, value} pairs for its progress copy,
+-- "s<task>" = "m/n/head acked/tail acked/tail progress", of each confirmed split of a task
+-- not done (a pending one's tail read nothing: the head's progress says it all).
+local function cut_splits()
+  local out = {}
+  if mnum(F.P_BACKUPS) == 0 then return out end
+  local _, body = split_list()
+  for t in string.gmatch(body, '%d+') do
+    local s = split_rec(t)
+    if s and s.cf and not (s.hd and s.td) then
+      out[#out + 1] = 's' .. t
+      out[#out + 1] = fmt(s.m) .. '/' .. fmt(s.n) .. '/' .. (s.hd and '1' or '0') .. '/'
+        .. (s.td and '1' or '0') .. '/' .. fmt(s.tp)
+    end
+  end
+  return out
+end
+
+-- A rewind restores one split of its cut (cut_splits' value; the round is the rewind's):
+-- its unacked tail to the orphans from its recorded progress. Returns whether the head
+-- was acked (the task stays out of the front: its tail alone is todo).
+local function restore_split(task, v)
+  local m, n, hd, td, tp = smatch(v, '^(%d+)/(%d+)/([01])/([01])/(%d+)$')
+  if not m then return false end
+  mincr(F.P_BACKUPS)
+  split_rec(task, {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
+    cf = true})
+  split_list(task)
+  if td == '0' then orphan(task) end
+  return hd == '1'
+end
+
 return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
-  tail_stands = tail_stands}
+  tail_stands = tail_stands, split_dead = split_dead, retried = retried,
+  cut_splits = cut_splits, restore_split = restore_split}
