@@ -1,26 +1,21 @@
-"""Tail splitting against the verbs that treat a task, not a piece, as the unit of work.
-
-Each test is one case where a split (one 100-record JSONL task split at 55 by an idle
-trainer, tests/test_split.py's ``split_between``) meets a checkpoint, a retry, the task
-timeout or a Redis rollback, driven through the public API on the suite's redis-server.
-They state what the piece as the unit of work must give (docs/design.md, "Tail
-splitting"); today's engine keeps a split in side records some verbs do not read, so
-they fail, and are marked so (strict: one that passes says the redesign reached it).
-"""
+"""Tail splitting against the verbs: each test is one case where a split (one 100-record
+JSONL task split at 55 by an idle trainer, tests/test_split.py's ``split_between``) meets
+a checkpoint, a retry, the task timeout, a steal or a Redis rollback, driven through the
+public API on the suite's redis-server: every sample of the task is trained once per
+pass attempt, and what was read but not acked is read again, never skipped
+(docs/design.md, "Tail splitting")."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from test_split import job_of, read_rest, split_between, trainer, write_jsonl
+from support import wait_until
+from test_split import job_of, read_rest, read_some, split_between, trainer, write_jsonl
 
 import taskq
 from taskq.data import read_task
-
-NOT_YET = pytest.mark.xfail(
-    strict=True, reason="a piece is not yet the engine's unit of work (docs/design.md)"
-)
 
 
 def samples(task: taskq.Task) -> list[int]:
@@ -113,34 +108,47 @@ def test_a_checkpoint_keeps_a_tails_progress(client, job_name, tmp_path):
     assert [p["reread_samples"] for p in audit["passes"] if not p["rewound"]] == [0]
 
 
-@NOT_YET
 def test_a_rollback_past_a_split_rereads_and_never_skips(client, job_name, tmp_path):
     """Redis goes back to a state from before the split (a lost last second of AOF, a
-    lagging replica promoted): the head's holder still honours end 55 and acks; the
-    server counts its piece only, and the rest [55, 100) is leased again."""
+    lagging replica promoted): the head's holder still honours end 55; the server, which
+    does not know that end, keeps what it read up to there, ends its lease (its ack is
+    stale) and leases the rest [55, 100) again."""
     job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     r = client.redis
-    keys = [k for k in r.scan_iter(match=f"*{{{job_name}}}*")]
-    saved = {k: r.dump(k) for k in keys}
-    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    task = a.lease(timeout=0)
+    assert task is not None
+    it = read_some(a, task, 10, [])
+    a.flush_progress()
+    keys = list(r.scan_iter(match=f"*{{{job_name}}}*"))
+    saved = {k: r.dump(k) for k in keys}  # the state before the split
+    got: list[taskq.Task | None] = []
+    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    next(it)
+    a.progress(task, 11)
+    a.flush_progress()
+    a.progress(task, 11)
+    a.flush_progress()
+    leaser.join(20)
+    assert task.end == 55 and got[0] is not None
     for k in r.scan_iter(match=f"*{{{job_name}}}*"):
         if k not in saved:
             r.delete(k)
     for k, v in saved.items():
         r.restore(k, 0, v, replace=True)
-    read_rest(a, task, it, [], 11)
-    try:
-        a.ack(task)
-    except taskq.LeaseLost:
-        pass  # its lease is gone with the rollback: nothing counted, it is leased again
+    read_rest(a, task, read_task(task.chunks, 11, end=task.current_end), [], 11)
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(task)  # its lease ended at the end it named: nothing more counted
     assert client.status(job_name, summaries=0).state == "running"
     c = trainer(client, job_name, "c")
-    read: list[int] = []
-    while (t := c.lease(timeout=0)) is not None:
-        read += samples(t)
-        c.ack(t)
-    assert set(range(55, 100)) <= set(read)
+    again = c.lease(timeout=0)
+    assert again is not None and samples(again) == list(range(55, 100))
+    read_all(c, again)
+    c.ack(again)
+    st = client.status(job_name, summaries=0)
+    assert st.state == "completed" and st.counters["revoked"] == 1
 
 
 def test_one_worker_never_holds_both_pieces_through_a_steal(client, job_name, tmp_path):
