@@ -172,3 +172,28 @@ def test_one_worker_never_holds_both_pieces_through_a_steal(client, job_name, tm
     assert client.status(job_name, summaries=0).state == "completed"
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
+
+
+def test_a_tail_handed_back_beside_its_leased_head_is_todo(client, job_name, tmp_path):
+    """The tail's holder hands its piece back while the head's holder reads on: the task
+    is leased (its head) and todo (its tail) in status and ``tasks todo`` alike, so a
+    loader ending its pass when nothing is todo (``pass_end="local"``) waits for it; once
+    the head is acked the tail alone is todo, and a trainer takes it."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    b.release(piece)
+    st = client.status(job_name, summaries=0)
+    assert (st.todo, st.leased) == (1, 1)
+    assert [t["id"] for t in client.tasks(job_name, "todo")] == [task.id]
+    assert a.lease(timeout=0) is None  # never both pieces to one trainer
+    read_rest(a, task, it, [], 11)
+    a.ack(task)
+    st = client.status(job_name, summaries=0)
+    assert (st.todo, st.leased, st.state) == (1, 0, "running")
+    assert [t["id"] for t in client.tasks(job_name, "todo")] == [task.id]
+    again = a.lease(timeout=0)
+    assert again is not None and samples(again) == list(range(55, 100))
+    read_all(a, again)
+    a.ack(again)
+    assert client.status(job_name, summaries=0).state == "completed"

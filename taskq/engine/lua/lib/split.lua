@@ -104,6 +104,35 @@ local function split_orphans(list, rest)
   return out, smatch(ssub(body, pos), '^ *(.-) *$')
 end
 
+-- The tail pieces waiting among the orphans to be leased again (stale entries left out,
+-- each task once; at most MAX_SPLITS looked at), for the readers (stats.lua, peek.lua):
+-- {task ids}, and of them how many are beside a current head lease (their task is
+-- counted leased: todo beside nleased). Read-only.
+local function waiting_tails()
+  local ids, beside = {}, 0
+  if mnum(F.P_BACKUPS) == 0 then return ids, beside end
+  local rec = rcall('HGET', K_LEASES, 's:orph')
+  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
+  if r ~= round_s() then return ids, beside end
+  local seen, cand = {}, {}
+  for t in string.gmatch(body, '%d+') do
+    if not seen[t] then
+      seen[t] = true
+      cand[#cand + 1] = t
+      if #cand >= MAX_SPLITS then break end
+    end
+  end
+  for _, t in lipairs(cand) do
+    local sp = split_rec(t)
+    if sp and not sp.td
+        and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
+      ids[#ids + 1] = t
+      if lease_is_current(parse_lease(rcall('HGET', K_LEASES, t))) then beside = beside + 1 end
+    end
+  end
+  return ids, beside
+end
+
 -- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
 local function orphan(task)
   local orph, rest = split_orphans()
@@ -284,4 +313,4 @@ end
 
 return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
   tail_stands = tail_stands, split_dead = split_dead, retried = retried,
-  cut_splits = cut_splits, restore_split = restore_split}
+  cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails}
