@@ -79,10 +79,12 @@ for k = 1, n do
     -- with it) and one naming the point as its known end confirms it; once confirmed, a
     -- claim past the point is capped there (counted re-read)
     local rec, s = samples, split_rec(task)
-    if not s and known ~= '' and size and tonum(known) < tonum(size) and not l.backup then
-      -- the holder honours an end the server does not know: the split was lost (Redis went
-      -- back to a state before it). What it read up to that end is kept; its lease ends
-      -- and the rest is leased again: re-read, never skipped (its ack is stale)
+    local upto = s and s.m or tonum(size or '')  -- where the server's record ends its piece
+    if known and known ~= '' and upto and tonum(known) < upto and not l.backup then
+      -- the holder honours an end short of the server's record: a split it learnt was
+      -- undone (its tail handed back before it was confirmed) or lost (Redis went back to
+      -- a state before it). What it read up to that end is kept; its lease ends there and
+      -- the rest is leased again: re-read, never skipped (its ack is stale)
       rec = mmin(samples, tonum(known))
       if rec > cur then rcall('HSET', K_PROGRESS, task, fmt(rec)) end
       end_lease(task, l, 'V')
@@ -110,7 +112,8 @@ for k = 1, n do
         mincr(F.P_REREAD, samples - s.m)
         rec = s.m
       end
-      ends[k] = s.m
+      -- (an undone split announces no end: its holder reads on, or stops where it learnt)
+      ends[k] = (s.cf or not s.td or s.hd) and s.m or -1
     end
     if rec and rec > cur then
       rcall('HSET', K_PROGRESS, task, fmt(rec))

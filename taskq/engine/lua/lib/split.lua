@@ -247,7 +247,18 @@ local function split_ended(task, l, acked, worker, tok)
     event_task('piece_acked', task, worker, tok)
     return false
   end
-  if l.backup then
+  if l.backup and not s.cf then
+    -- a pending tail handed back (it read nothing): the split is undone, the head's
+    -- holder keeps the whole task (a holder that learnt the point and stops there has its
+    -- lease ended at it by its next report, progress.lua), and the task is not split
+    -- again in this attempt: handing the piece to the next idle trainer, which waits
+    -- for a confirmation a busy holder may not give soon (a DDP rank blocked in a
+    -- collective on the waiting rank), kept a pass from ending
+    s.m, s.tp, s.td = s.n, s.n, true
+    split_rec(task, s)
+    event('split_undone', 'task', task, 'worker', l.worker)
+    return true
+  elseif l.backup then
     if s.hd then tail_stands(task, nil) end  -- the tail stood for its task
     orphan(task)
   else
