@@ -197,3 +197,26 @@ def test_a_tail_handed_back_beside_its_leased_head_is_todo(client, job_name, tmp
     read_all(a, again)
     a.ack(again)
     assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_a_default_jsonl_byte_range_is_counted_and_split(client, job_name, tmp_path):
+    """A JSONL task of a default ``--chunk-bytes`` range (no count in its chunk): a loop
+    reading it through ``read_task(..., end=task.current_end)`` counts its range when it
+    begins (written into the chunk), its progress says the size, and an idle trainer
+    splits it at the tail."""
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(f'{{"i": {k}}}\n' + ("\n" if k % 7 == 0 else "") for k in range(100)))
+    chunks = taskq.data.build_chunks(str(path), "jsonl")
+    assert len(chunks) == 1 and "samples" not in chunks[0]
+    job_of(client, job_name, chunks)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, got, it = split_between(client, job_name, a, b, 10)
+    assert task.chunks[0]["samples"] == 100  # blank lines are no samples
+    assert (piece.start, piece.end) == (55, 100) and task.end == 55
+    rest = read_all(b, piece)
+    read_rest(a, task, it, got, 11)
+    assert [s["i"] for s in got] == list(range(55))
+    assert [s["i"] for s in rest] == list(range(55, 100))
+    b.ack(piece)
+    a.ack(task)
+    assert client.status(job_name, summaries=0).state == "completed"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from taskq.engine.contract import MAX_BATCH
 
 from .. import errors
-from ..data import task_size
+from ..data import count_task, task_size
 from ..models import Task
 
 if TYPE_CHECKING:
@@ -250,8 +250,17 @@ class Ledger:
         if self.trainer is None:
             return
         for task in tasks:
-            if task.started and not task.revoked.is_set() and task_size(task.chunks) is not None:
+            # (a byte range of a local JSONL file is counted here, once: count_task)
+            if task.started and not task.revoked.is_set() and self._size(task) is not None:
                 self.trainer.progress(task, task.start, None)
+
+    @staticmethod
+    def _size(task: Task) -> int | None:
+        try:
+            return count_task(task.chunks)
+        except errors.TaskqError as e:  # its reader says so when it reads it
+            log.debug("task %s: not counted: %s", task.id, e)
+            return None
 
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
