@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -51,7 +52,7 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
     log = tmp_path / "samples.log"
     path = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    done = subprocess.run(
+    agent = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -65,10 +66,18 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
             str(log),
         ],
         env=env,
-        capture_output=True,
-        timeout=240,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stdout.decode()[-3000:] + done.stderr.decode()[-3000:]
+    try:
+        out, _ = agent.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        agent.send_signal(signal.SIGTERM)  # the agent stops its ranks (docs/torch.md)
+        out, _ = agent.communicate(timeout=60)
+        st = client.status(job_name, summaries=0)
+        raise AssertionError(f"the run hung: {st.state}, todo {st.todo}, leased {st.leased}")
+    assert agent.returncode == 0, out.decode()[-3000:]
     st = client.status(job_name, summaries=0)
     assert st.state == "completed"
     rows = [line.split() for line in log.read_text().splitlines()]

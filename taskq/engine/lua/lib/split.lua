@@ -124,7 +124,8 @@ local function waiting_tails()
   end
   for _, t in lipairs(cand) do
     local sp = split_rec(t)
-    if sp and not sp.td
+    -- (a pending one is no todo: the head's holder may still read the whole task)
+    if sp and not sp.td and sp.cf
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
       ids[#ids + 1] = t
       if lease_is_current(parse_lease(rcall('HGET', K_LEASES, t))) then beside = beside + 1 end
@@ -156,8 +157,12 @@ local function take_split(worker, winc, cn)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
       local h = sp and not sp.td and not lease_is_current(b)
         and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
-      -- (never both pieces to one worker: they share its owned entry)
-      if h and not task and not (lease_is_current(h) and h.worker == worker) then
+      -- (never both pieces to one worker: they share its owned entry; a pending piece
+      -- not to the worker that handed it back unconfirmed: the head's holder may be busy
+      -- (a DDP rank blocked in a collective on this one), and this one must be free to
+      -- end its pass)
+      if h and not task and not (lease_is_current(h) and h.worker == worker)
+          and (sp.cf or not b or b.worker ~= worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
@@ -247,18 +252,7 @@ local function split_ended(task, l, acked, worker, tok)
     event_task('piece_acked', task, worker, tok)
     return false
   end
-  if l.backup and not s.cf then
-    -- a pending tail handed back (it read nothing): the split is undone, the head's
-    -- holder keeps the whole task (a holder that learnt the point and stops there has its
-    -- lease ended at it by its next report, progress.lua), and the task is not split
-    -- again in this attempt: handing the piece to the next idle trainer, which waits
-    -- for a confirmation a busy holder may not give soon (a DDP rank blocked in a
-    -- collective on the waiting rank), kept a pass from ending
-    s.m, s.tp, s.td = s.n, s.n, true
-    split_rec(task, s)
-    event('split_undone', 'task', task, 'worker', l.worker)
-    return true
-  elseif l.backup then
+  if l.backup then
     if s.hd then tail_stands(task, nil) end  -- the tail stood for its task
     orphan(task)
   else
