@@ -76,7 +76,9 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
         agent.send_signal(signal.SIGTERM)  # the agent stops its ranks (docs/torch.md)
         out, _ = agent.communicate(timeout=60)
         st = client.status(job_name, summaries=0)
-        raise AssertionError(f"the run hung: {st.state}, todo {st.todo}, leased {st.leased}") from None
+        raise AssertionError(
+            f"the run hung: {st.state}, todo {st.todo}, leased {st.leased}"
+        ) from None
     assert agent.returncode == 0, out.decode()[-3000:]
     st = client.status(job_name, summaries=0)
     assert st.state == "completed"
