@@ -12,8 +12,9 @@ losing holders spent on them (from each backup's grant to the winner's ack).
 
 `--torch`: the trainers are taskq.torch loaders instead (one process each, a DataLoader
 with `--workers` worker processes, batches of `--batch`), over JSONL files the bench
-writes (`--samples` records a task, `{"t": task, "i": k}`; their chunks say their
-samples, so the tasks can be split); a step takes `--task-ms` / (samples / batch). Four
+writes (`--samples` records a task, `{"t": task, "i": k}`; `--data jsonl`, the default:
+JSONL in the default byte-range chunks, counted when a loader starts a task; `parquet`;
+`jsonl-counted`: ranges that say their samples); a step takes `--task-ms` / (samples / batch). Four
 rows: no straggler; a straggler without splitting (`split_tails=False`); a straggler with
 splitting (the default); a straggler with backups (`backup_leases=True`, splitting off).
 Reported: makespan ratios to the even pass (best and median of `--repeat`), and the
@@ -22,7 +23,7 @@ delivered). Goal (issue 30): the splitting row <= 1.15 x with 0 samples taken tw
 
 Usage: .venv/bin/python bench/tail.py [--trainers 8] [--tasks 160] [--task-ms 100]
            [--slow 10] [--repeat 1] [--torch [--samples 64] [--batch 8] [--workers 1]
-           [--tasks-ahead N] [--shuffle]]
+           [--tasks-ahead N] [--shuffle] [--data jsonl|parquet|jsonl-counted]]
 """
 
 from __future__ import annotations
@@ -108,17 +109,29 @@ def trial(
     }
 
 
-def write_tasks(directory: Path, tasks: int, samples: int) -> list[dict[str, Any]]:
-    """One JSONL file a task, ``samples`` records ``{"t": task, "i": k}``; its chunk says
-    its samples (what lets the engine split the task)."""
+def write_tasks(directory: Path, tasks: int, samples: int, data: str) -> list[dict[str, Any]]:
+    """One file a task, ``samples`` records ``{"t": task, "i": k}``, its chunks as
+    ``taskq.data.build_chunks`` makes them by default (``data``: ``jsonl``, byte ranges
+    that do not say their samples: the reader counts them; ``parquet``, one row group;
+    ``jsonl-counted``, a range that says its samples, as ``--records-per-chunk`` makes)."""
+    import taskq.data
+
     chunks = []
     for t in range(tasks):
-        path = directory / f"task-{t:04d}.jsonl"
-        path.write_text("".join(json.dumps({"t": t, "i": k}) + "\n" for k in range(samples)))
-        size = path.stat().st_size
-        chunks.append(
-            {"format": "jsonl", "path": str(path), "offset": 0, "length": size, "samples": samples}
-        )
+        rows = [{"t": t, "i": k} for k in range(samples)]
+        if data == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            path = directory / f"task-{t:04d}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        else:
+            path = directory / f"task-{t:04d}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        [chunk] = taskq.data.build_chunks(str(path))
+        if data == "jsonl-counted":
+            chunk["samples"] = samples
+        chunks.append(chunk)
     return chunks
 
 
@@ -252,7 +265,7 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
     ]
     results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as data:
-        chunks = write_tasks(Path(data), a.tasks, a.samples)
+        chunks = write_tasks(Path(data), a.tasks, a.samples, a.data)
         for r in range(a.repeat):
             for label, slow, backups, split in rows:
                 res = torch_trial(
@@ -304,6 +317,13 @@ def main() -> int:
         action="store_true",
         help="--torch: shuffle=True (the loader's default: samples shuffled per task, two "
         "tasks interleaved a reader; without it, tasks read in order, one at a time)",
+    )
+    ap.add_argument(
+        "--data",
+        choices=("jsonl", "parquet", "jsonl-counted"),
+        default="jsonl",
+        help="--torch: the tasks' files and chunks (jsonl: default byte ranges, counted by "
+        "the reader; parquet: a row group a task; jsonl-counted: ranges that say their samples)",
     )
     ap.add_argument(
         "--heartbeat",

@@ -238,7 +238,10 @@ def read_task(
     ):
         raise errors.InvalidInput(f"end must be None, an integer >= 0 or a callable, got {end!r}")
     check_options(options)
-    samples = _samples(list(chunks), start, options)
+    chunks = list(chunks)
+    if callable(end):  # a loop that follows a split's end: its size makes it splittable
+        count_task(chunks, **{k: v for k, v in options.items() if k == "storage_options"})
+    samples = _samples(chunks, start, options)
     if end is None:
         return samples
     return _until(samples, start, end)
@@ -292,6 +295,33 @@ def task_size(chunks: Any) -> int | None:
             return None
         total += size
     return total
+
+
+def count_task(chunks: Any, **options: Any) -> int | None:
+    """``task_size``, counting where the chunks do not say their size and their reader can
+    count them cheaply (a JSONL or lines byte range of a local file: scanned once; the
+    count is written into the chunk, so ``task_size`` says it from then on). What makes a
+    task of the default ``--chunk-bytes`` ranges splittable at a pass's tail.
+
+    Args:
+        chunks: the task's chunks (``Task.chunks``).
+        **options: ``storage_options`` (fsspec).
+
+    Returns:
+        The task's samples, or None (a chunk of unknown size that is not counted here).
+
+    Raises:
+        DataError: a chunk's data cannot be read.
+    """
+    size = task_size(chunks)
+    if size is not None or not isinstance(chunks, list) or not chunks:
+        return size
+    for chunk in chunks:
+        if not isinstance(chunk, dict) or chunk.get("format") not in FORMATS:
+            return None
+        if reader_for(chunk).count(chunk, **options) is None:
+            return None
+    return task_size(chunks)
 
 
 def _samples(chunks: list[Any], start: int, options: dict[str, Any]) -> Iterator[Any]:

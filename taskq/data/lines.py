@@ -167,7 +167,28 @@ class LinesReader(Reader):
 
     def size(self, chunk: dict[str, Any]) -> int | None:
         """The ``records`` of a chunk built with records per chunk, else None."""
-        return chunk_count(chunk, "records")
+        return chunk_count(chunk, self.count_field)
+
+    #: the chunk's field that says its samples (``size``; written by ``count``)
+    count_field = "records"
+
+    def count(self, chunk: dict[str, Any], **options: Any) -> int | None:
+        """The samples of an uncompressed byte range of a local file, scanned for its lines
+        (not decoded) and written into the chunk; None for a remote or compressed file (a
+        second read of the range would cost a ranged GET: give ``--records-per-chunk``)."""
+        size = self.size(chunk)
+        if size is not None:
+            return size
+        path = str(chunk.get("path", ""))
+        if chunk.get("compression") or ("://" in path and not path.startswith("file://")):
+            return None
+        scan = self.read(chunk, 1 << 62, options.get("storage_options"))
+        try:
+            while True:
+                next(scan)
+        except StopIteration as stop:
+            chunk[self.count_field] = int(stop.value)
+        return self.size(chunk)
 
 
 class JsonlReader(LinesReader):
@@ -182,10 +203,9 @@ class JsonlReader(LinesReader):
     def decode(self, line: bytes) -> Any:
         return json.loads(line)
 
-    def size(self, chunk: dict[str, Any]) -> int | None:
-        # ``records`` counts lines, blank ones too: not a sample count for jsonl; a chunk
-        # may say its ``samples`` (its non-blank lines), which a split needs
-        return chunk_count(chunk, "samples")
+    # ``records`` counts lines, blank ones too: not a sample count for jsonl; a chunk may
+    # say its ``samples`` (its non-blank lines), which a split needs
+    count_field = "samples"
 
 
 READERS: dict[str, Reader] = {"lines": LinesReader(), "jsonl": JsonlReader()}

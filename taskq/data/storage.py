@@ -289,6 +289,16 @@ class Reader:
         """The number of samples in ``chunk`` if the chunk says so, else None."""
         return None
 
+    def count(self, chunk: dict[str, Any], **options: Any) -> int | None:
+        """Count the samples of a chunk whose size it does not say, when that is cheap
+        (a byte range of a local file: scanned, not decoded), and write the count into
+        the chunk so ``size`` says it from then on; None when it cannot be counted here.
+
+        Raises:
+            DataError: the data cannot be read.
+        """
+        return None
+
     def whole_file(self, path: str, compression: str, size: int) -> dict[str, Any]:
         """The chunk of a compressed file: read whole, as one stream (no counts: the
         builder reads no compressed data)."""

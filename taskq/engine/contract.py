@@ -82,6 +82,7 @@ RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead ste
 APPEND_MAX = 500  #: chunks one append call adds (a larger append goes in pages)
 APPEND_BYTES = 1 << 18  #: bytes of chunks' JSON one append call carries (1 MiB took 12 ms)
 TRIM_MAX = 1000  #: tasks one trim call moves a stream's watermark over (their records go)
+MAX_SPLITS = 1000  #: tasks split in one pass attempt (a checkpoint's cut copies their records)
 
 _LIMITS = (
     "MAX_BATCH",
@@ -103,6 +104,7 @@ _LIMITS = (
     "APPEND_MAX",
     "APPEND_BYTES",
     "TRIM_MAX",
+    "MAX_SPLITS",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from taskq.engine.contract import MAX_BATCH
 
 from .. import errors
-from ..data import task_size
+from ..data import count_task, task_size
 from ..models import Task
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class Ledger:
         self.acked = 0
         self.failed = 0
         self._held: dict[int, Task] = {}
+        self._splits: bool | None = None  # the job splits tails (read once: _job_splits)
         self._lock = threading.Lock()
         self._cmds: deque[tuple[str, int, int, str]] = deque()
         self._reached: dict[Pair, int] = {}
@@ -250,8 +251,30 @@ class Ledger:
         if self.trainer is None:
             return
         for task in tasks:
-            if task.started and not task.revoked.is_set() and task_size(task.chunks) is not None:
+            # (a byte range of a local JSONL file is counted here, once: count_task)
+            if task.started and not task.revoked.is_set() and self._size(task) is not None:
                 self.trainer.progress(task, task.start, None)
+
+    def _size(self, task: Task) -> int | None:
+        """The task's size; a range that does not say it is counted only when the job
+        splits tails (the count is one more scan of it)."""
+        size = task_size(task.chunks)
+        if size is not None or not self._job_splits():
+            return size
+        try:
+            return count_task(task.chunks)
+        except errors.TaskqError as e:  # its reader says so when it reads it
+            log.debug("task %s: not counted: %s", task.id, e)
+            return None
+
+    def _job_splits(self) -> bool:
+        if self._splits is None and self.trainer is not None:
+            try:
+                st = self.trainer.client.status(self.trainer.job, summaries=0)
+                self._splits = bool(st.config.get("split_tails"))
+            except errors.TaskqError:
+                return False
+        return bool(self._splits)
 
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat

@@ -20,8 +20,8 @@
 -- checkpoint begins while a rewind runs (LOCKED).
 -- Work per call: the cut copies two bitmaps (~0.3 ms at 1M tasks) and the progress hash
 -- (one field per unfinished task with progress); a page is one scan step.
-local rcall, tonum, smatch, mmin, mmax, tconcat, lpairs, lipairs =
-  redis.call, tonumber, string.match, math.min, math.max, table.concat, pairs, ipairs
+local rcall, tonum, smatch, mmin, mmax, tconcat, unpk, lpairs, lipairs =
+  redis.call, tonumber, string.match, math.min, math.max, table.concat, unpack, pairs, ipairs
 local fmt, mget, mincr, mnum, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
@@ -30,6 +30,7 @@ local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local dead_empty = lib.leases.dead_empty
+local cut_splits = lib.split.cut_splits
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
@@ -75,6 +76,9 @@ if step == 'begin' then
   end
   rcall('UNLINK', K_CKPROG)
   rcall('COPY', K_PROGRESS, K_CKPROG)
+  -- this attempt's splits with the progress (lib/split.lua: cut_splits; rewind.lua)
+  local splits = cut_splits()
+  if #splits > 0 then rcall('HSET', K_CKPROG, unpk(splits)) end
   local counters = {}
   for _, f in lipairs({F.C_LEASED, F.C_ACKED, F.C_FAILED, F.C_RELEASED, F.C_EXP_WL,
                       F.C_EXP_TT, F.C_STALE, F.C_DEAD, F.C_STOLEN, F.C_REVOKED}) do

@@ -6,8 +6,8 @@
 -- The listing is complete when next_cursor is '0'. Like SCAN's, a page may hold fewer
 -- than count rows (todo looks at 4 x count positions of the order per page at most) and
 -- a task that changes state between pages may be listed twice or not at all; a page is
--- bounded whatever the caller asks. Cursors: todo 'f<rank in the front>' then
--- 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
+-- bounded whatever the caller asks. Cursors: todo 'o<index>' (split tasks' tail pieces
+-- waiting to be leased again), 'f<rank in the front>' then 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
 local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.sub, string.byte, math.min, math.max, unpack, ipairs
 local fmt, mnum = lib.meta.fmt, lib.meta.mnum
@@ -19,6 +19,7 @@ local counts_empty, dead_empty, lease_is_current, parse_lease =
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.lease_is_current,
   lib.leases.parse_lease
 local perm_fn = lib.passes.perm_fn
+local waiting_tails = lib.split.waiting_tails
 local state = arg_enum(ARGV[1], 'state', 'todo leased done dead')
 local cursor = arg_text(ARGV[2], 'cursor', 24)
 local count = arg_int(ARGV[3], 'count', 1, PAGE_MAX)
@@ -26,7 +27,9 @@ arg_len(ARGV, 3)
 local phase, pos = '', 0
 if state == 'todo' and cursor ~= '0' then
   phase = ssub(cursor, 1, 1)
-  if phase ~= 'f' and phase ~= 'c' then arg_fail('cursor', 'not a todo cursor', cursor) end
+  if phase ~= 'o' and phase ~= 'f' and phase ~= 'c' then
+    arg_fail('cursor', 'not a todo cursor', cursor)
+  end
   pos = arg_int(ssub(cursor, 2), 'cursor', 0, 4294967295)
 elseif state == 'dead' then
   arg_token(cursor, 'cursor')
@@ -40,11 +43,26 @@ CALL.ROUND = mnum(F.ROUND)
 local ids, next_cursor = {}, '0'
 if state == 'todo' then
   local n = mnum(F.N)
-  if phase ~= 'c' then
-    for _, t in lipairs(rcall('ZRANGE', K_FRONT, pos, pos + count - 1)) do
-      ids[#ids + 1] = t
+  if phase == '' or phase == 'o' then
+    -- split tasks' tail pieces waiting to be leased again (lib/split.lua); a task whose
+    -- head piece is leased is listed among the leased too
+    local tails = waiting_tails()
+    for k = pos + 1, mmin(#tails, pos + count) do ids[#ids + 1] = tails[k] end
+    if #tails > pos + count then
+      next_cursor = 'o' .. fmt(pos + count)
+    elseif #ids == count then
+      next_cursor = 'f0'
     end
-    if #ids == count then next_cursor = 'f' .. fmt(pos + count) end
+    phase, pos = 'f', 0
+  end
+  if phase ~= 'c' and next_cursor == '0' then
+    local room = count - #ids
+    if room > 0 then
+      for _, t in lipairs(rcall('ZRANGE', K_FRONT, pos, pos + room - 1)) do
+        ids[#ids + 1] = t
+      end
+    end
+    if #ids == count then next_cursor = 'f' .. fmt(pos + room) end
     phase, pos = 'c', 0
   end
   if next_cursor == '0' then

@@ -14,7 +14,8 @@
 -- needs the holder's lease secret, as an ack does: the right token with another secret is
 -- answered STALE and counted forged (and claims nothing re-read). A backup lease's
 -- holder reports like the task's own holder, fenced by the backup's token and secret; so
--- does a split task's tail piece, whose progress goes to the split record.
+-- does a split task's tail piece, whose progress goes to the split record. A holder naming
+-- an end the server does not know (a split lost by a rollback) has its lease ended there.
 local rcall, tonum, smatch, sfind, mmin, ltype =
   redis.call, tonumber, string.match, string.find, math.min, type
 local fmt, mincr = lib.meta.fmt, lib.meta.mincr
@@ -25,7 +26,9 @@ local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local arg_secret, forged, is_forged =
   lib.secrets.arg_secret, lib.secrets.forged, lib.secrets.is_forged
-local holds_secret, lease_for = lib.leases.holds_secret, lib.leases.lease_for
+local end_lease, holds_secret, lease_for =
+  lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for
+local to_front = lib.endings.to_front
 local split_rec = lib.split.split_rec
 local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
@@ -76,7 +79,21 @@ for k = 1, n do
     -- with it) and one naming the point as its known end confirms it; once confirmed, a
     -- claim past the point is capped there (counted re-read)
     local rec, s = samples, split_rec(task)
-    if s and l.backup then
+    local upto = s and s.m or tonum(size or '')  -- where the server's record ends its piece
+    if known and known ~= '' and upto and tonum(known) < upto and not l.backup then
+      -- the holder honours an end short of the server's record: a split it learnt was
+      -- undone (its tail handed back before it was confirmed) or lost (Redis went back to
+      -- a state before it). What it read up to that end is kept; its lease ends there and
+      -- the rest is leased again: re-read, never skipped (its ack is stale)
+      rec = mmin(samples, tonum(known))
+      if rec > cur then rcall('HSET', K_PROGRESS, task, fmt(rec)) end
+      end_lease(task, l, 'V')
+      mincr(F.C_REVOKED)
+      event('revoked', 'task', task, 'worker', worker, 'reason', 'split_unknown')
+      to_front(task)
+      rec = nil
+      out[k] = C.STALE
+    elseif s and l.backup then
       if s.cf and samples > s.tp and samples <= s.n then
         s.tp = samples
         split_rec(task, s)
@@ -95,13 +112,14 @@ for k = 1, n do
         mincr(F.P_REREAD, samples - s.m)
         rec = s.m
       end
-      ends[k] = s.m
+      -- (an undone split announces no end: its holder reads on, or stops where it learnt)
+      ends[k] = (s.cf or not s.td or s.hd) and s.m or -1
     end
     if rec and rec > cur then
       rcall('HSET', K_PROGRESS, task, fmt(rec))
       CALL.PROGRESS_EMPTY = false
     end
-    out[k] = C.OK
+    out[k] = out[k] or C.OK
   elseif is_forged(l, worker, winc, tok) then
     forged(task, worker, tok, 'progress')
     out[k] = C.STALE

@@ -7,12 +7,13 @@
 -- was taken in one call); LOCKED (with the checkpoint's id 4th) while a
 -- rewind is half done: its position is half copied, nothing is written
 local rcall, mmin, lipairs = redis.call, math.min, ipairs
-local mget, mincr, mset = lib.meta.mget, lib.meta.mincr, lib.meta.mset
+local mget, mincr, mnum, mset = lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
 local arg_id, arg_int, arg_len, arg_task, args_bad =
   lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_task, lib.args.args_bad
 local broadcast, event, wake_one = lib.events.broadcast, lib.events.event, lib.events.wake_one
 local done, open_job = lib.call.done, lib.call.open_job
 local recount_done = lib.passes.recount_done
+local retried_split = lib.split.retried
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
 for k = 1, n do arg_task(ARGV[2 + k], 'task') end
@@ -38,8 +39,11 @@ for _, task in lipairs(ids) do
     -- live again, so it must be acked in this attempt: a done bit (never set on a dead
     -- task, by construction) is cleared and the count made the set's size again
     if rcall('SETBIT', K_DONE, task, 0) == 1 then was_done = was_done + 1 end
-    CALL.FRONT_EMPTY = false
-    rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+    -- (a split task with its head acked: its tail alone, lib/split.lua)
+    if mnum(F.P_BACKUPS) == 0 or retried_split(task) then
+      CALL.FRONT_EMPTY = false
+      rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
+    end
     event('retried', 'task', task)
     retried = retried + 1
   end

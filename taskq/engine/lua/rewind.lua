@@ -25,9 +25,9 @@
 --     pass at once, if the cut's pass was complete)
 -- A step under an epoch that is not the last begin's answers STALE (a newer rewind took
 -- over); repeating the whole rewind finishes a half-done one.
-local rcall, tonum, ssub, sbyte, mmin, mmax, mfloor, tconcat, lipairs =
-  redis.call, tonumber, string.sub, string.byte, math.min, math.max, math.floor, table.concat,
-  ipairs
+local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, mfloor, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.sub, string.byte, math.min, math.max, math.floor,
+  table.concat, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
 local arg_enum, arg_id, arg_int, arg_len, arg_text, args_bad =
@@ -41,6 +41,11 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.check_pass_end, lib.passes.dead_and_done, lib.passes.drop_pass_sets,
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
+local restore_split, split_rec = lib.split.restore_split, lib.split.split_rec
+local function head_acked(task)
+  local s = split_rec(task)
+  return s and s.hd
+end
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
 local step = arg_enum(ARGV[3], 'step', 'begin page dead todo walk mark seal')
@@ -159,11 +164,16 @@ local function restore_page(step, rec, id, arg, epoch)
     return
   end
   if step == 'todo' then
+    -- ("task:samples", or a split "s<task>:m/n/head acked/tail acked/tail progress")
     local page = rcall('HGET', K_CKPT, id .. ':p:' .. arg) or ''
-    for task, samples in string.gmatch(page, '(%d+):(%d+)') do
-      if samples ~= '0' then
+    for item in string.gmatch(page, '[^,]+') do
+      local task, samples = smatch(item, '^(%d+):(%d+)$')
+      if task and samples ~= '0' then
         rcall('HSET', K_PROGRESS, task, samples)
         CALL.PROGRESS_EMPTY = false
+      elseif not task then
+        task, samples = smatch(item, '^s(%d+):(.*)$')
+        if task then restore_split(task, samples) end
       end
     end
     return
@@ -174,8 +184,10 @@ local function restore_page(step, rec, id, arg, epoch)
     local from = arg * RW_WALK
     for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
       local task = perm(pos)
+      -- (a split task whose head was acked at the cut: its tail alone, an orphan)
       if rcall('GETBIT', K_DONE, task) == 0
-          and (dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0) then
+          and (dead_empty() or rcall('SISMEMBER', K_DEAD, task) == 0)
+          and (mnum(F.P_BACKUPS) == 0 or not head_acked(fmt(task))) then
         CALL.FRONT_EMPTY = false
         rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
       end

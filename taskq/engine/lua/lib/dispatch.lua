@@ -222,7 +222,9 @@ local function take_leases(worker, winc, want, cn, mode, buf)
     local cands = rcall('ZRANGE', K_RESERVED, 0, 9)
     for _, task in lipairs(cands) do
       local l = parse_lease(rcall('HGET', K_LEASES, task))
-      if lease_is_current(l) and l.st == 'R' and not (l.worker == worker and l.winc == winc) then
+      -- (never the other piece of a split task the caller holds a piece of: avoided)
+      if lease_is_current(l) and l.st == 'R' and not (l.worker == worker and l.winc == winc)
+          and not avoided(task, worker) then
         end_lease(task, l, 'S')
         mincr(F.C_STOLEN)
         event('stolen', 'task', task, 'from', l.worker, 'by', worker)

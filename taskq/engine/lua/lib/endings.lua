@@ -15,7 +15,8 @@ local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_
   lib.leases.counts_empty, lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.other_lease, lib.leases.parse_lease,
   lib.leases.progress_empty, lib.leases.recompute_auto_timeout, lib.leases.start_due
-local split_ended, split_rec = lib.split.split_ended, lib.split.split_rec
+local split_dead, split_ended, split_rec, tail_stands =
+  lib.split.split_dead, lib.split.split_ended, lib.split.split_rec, lib.split.tail_stands
 
 local function to_front(task)
   CALL.FRONT_EMPTY = false
@@ -34,8 +35,8 @@ local function make_dead(task, why)
   rcall('SADD', K_DEAD, task)
   rcall('SETBIT', K_DEADBITS, task, 1)  -- the set's bitmap, which a checkpoint copies
   CALL.DEAD_EMPTY = false
-  -- a split is over with its task (both pieces ended): a retry leases it whole again
-  if mnum(F.P_BACKUPS) > 0 then rcall('HDEL', K_LEASES, 's:' .. task) end
+  -- a split task: a retry brings back what of it was not acked (split.lua: split_dead)
+  if mnum(F.P_BACKUPS) > 0 then split_dead(task) end
   mincr(F.C_DEAD)
   event('dead', 'task', task, 'reason', why)
 end
@@ -85,7 +86,7 @@ local function survives(task, l, charge)
       mincr(F.C_REVOKED)
       event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
     end
-    if s and s.hd and l.backup then mincr(F.NLEASED, -1) end  -- it stood for its task
+    if s and s.hd and l.backup then tail_stands(task, nil) end  -- it stood for its task
     make_dead(task, dead_reason)
     return true
   end

@@ -53,6 +53,11 @@ local function reclaim(budget, force)
     for i = 1, #exp, 2 do
       local task = exp[i]
       local l = parse_lease(rcall('HGET', K_LEASES, task))
+      if not lease_is_current(l) and mnum(F.P_BACKUPS) > 0 then
+        -- a split task's tail piece standing for it once its head was acked (split.lua)
+        l = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
+        if l then l.backup = true end
+      end
       if lease_is_current(l) and l.st == 'S' then
         expire(task, l, 'task_timeout', tonum(exp[i + 1]) + tt)
         did = did + 1

@@ -30,6 +30,19 @@ local end_lease, lease_is_current, member, next_token, other_lease, parse_lease 
   lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
   lib.leases.other_lease, lib.leases.parse_lease
 
+-- A tail piece whose head is acked stands for its task (since: its lease's start, NOW ms)
+-- in nleased and in the started index, where the reaper's task timeout finds it
+-- (reclaim.lua); since nil: it no longer does (its lease ended).
+local function tail_stands(task, since)
+  if since then
+    mincr(F.NLEASED)
+    rcall('ZADD', K_STARTED, mmin(CALL.JNOW, since - mnum(F.OFFSET)), task)
+  else
+    mincr(F.NLEASED, -1)
+    rcall('ZREM', K_STARTED, task)
+  end
+end
+
 -- The task's split record of this round, or nil (one HGET, only in a pass attempt that
 -- granted a backup or a piece); with `s`, writes it.
 local function split_rec(task, s)
@@ -47,6 +60,23 @@ local function split_rec(task, s)
   if not r or r ~= round_s() then return nil end
   return {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
           cf = cf == '1'}
+end
+
+-- The tasks split in this round (field "s:all": "round|task task ...", at most MAX_SPLITS,
+-- what a checkpoint's cut reads: cut_splits); with `task`, adds it. Returns the count
+-- and the list's body.
+local function split_list(task)
+  local rec = rcall('HGET', K_LEASES, 's:all')
+  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
+  if r ~= round_s() then body = '' end
+  local count = 0
+  for _ in string.gmatch(body, '%d+') do count = count + 1 end
+  if task then
+    body = body == '' and task or body .. ' ' .. task
+    count = count + 1
+    rcall('HSET', K_LEASES, 's:all', round_s() .. '|' .. body)
+  end
+  return count, body
 end
 
 -- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."): the
@@ -74,6 +104,43 @@ local function split_orphans(list, rest)
   return out, smatch(ssub(body, pos), '^ *(.-) *$')
 end
 
+-- The tail pieces waiting among the orphans to be leased again (stale entries left out,
+-- each task once; at most MAX_SPLITS looked at), for the readers (stats.lua, peek.lua):
+-- {task ids}, and of them how many are beside a current head lease (their task is
+-- counted leased: todo beside nleased). Read-only.
+local function waiting_tails()
+  local ids, beside = {}, 0
+  if mnum(F.P_BACKUPS) == 0 then return ids, beside end
+  local rec = rcall('HGET', K_LEASES, 's:orph')
+  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
+  if r ~= round_s() then return ids, beside end
+  local seen, cand = {}, {}
+  for t in string.gmatch(body, '%d+') do
+    if not seen[t] then
+      seen[t] = true
+      cand[#cand + 1] = t
+      if #cand >= MAX_SPLITS then break end
+    end
+  end
+  for _, t in lipairs(cand) do
+    local sp = split_rec(t)
+    -- (a pending one is no todo: the head's holder may still read the whole task)
+    if sp and not sp.td and sp.cf
+        and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
+      ids[#ids + 1] = t
+      if lease_is_current(parse_lease(rcall('HGET', K_LEASES, t))) then beside = beside + 1 end
+    end
+  end
+  return ids, beside
+end
+
+-- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
+local function orphan(task)
+  local orph, rest = split_orphans()
+  if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
+  split_orphans(orph, rest)
+end
+
 -- The split half of take_leases: an orphaned tail piece first, else a new split of the
 -- longest-running started task of another trainer (at most 10 looked at). Returns the
 -- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
@@ -89,9 +156,13 @@ local function take_split(worker, winc, cn)
       local sp = split_rec(t)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
       local h = sp and not sp.td and not lease_is_current(b)
-        and parse_lease(rcall('HGET', K_LEASES, t))
-      -- (never both pieces to one worker: they share its owned entry)
-      if h and not task and not (lease_is_current(h) and h.worker == worker) then
+        and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
+      -- (never both pieces to one worker: they share its owned entry; a pending piece
+      -- not to the worker that handed it back unconfirmed: the head's holder may be busy
+      -- (a DDP rank blocked in a collective on this one), and this one must be free to
+      -- end its pass)
+      if h and not task and not (lease_is_current(h) and h.worker == worker)
+          and (sp.cf or not b or b.worker ~= worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
@@ -104,6 +175,7 @@ local function take_split(worker, winc, cn)
     for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
+          and (mnum(F.P_BACKUPS) == 0 or split_list() < MAX_SPLITS)
           and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
         local n = tonum(rcall('HGET', K_LEASES, 'n:' .. t) or '')
         local p = tonum(rcall('HGET', K_PROGRESS, t) or '0') or 0
@@ -124,6 +196,7 @@ local function take_split(worker, winc, cn)
           task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
           s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
+          split_list(t)
           mincr(F.C_SPLITS)
           event('split', 'task', t, 'worker', worker, 'of', l.worker, 'at', fmt(m),
             'size', fmt(n), 'progress', fmt(p))
@@ -134,7 +207,7 @@ local function take_split(worker, winc, cn)
     if not task then return nil end
   else
     mincr(F.P_BACKUPS)
-    if s.hd then mincr(F.NLEASED) end  -- an orphan of an acked head: its task in flight
+    if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   end
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
@@ -169,19 +242,19 @@ local function split_ended(task, l, acked, worker, tok)
     if l.backup then s.td = true else s.hd = true end
     split_rec(task, s)
     if s.hd and s.td then
-      if l.backup then mincr(F.NLEASED, -1) end  -- the tail stood for its task
+      if l.backup then tail_stands(task, nil) end  -- the tail stood for its task
       return true, true
     end
-    -- a head acked with its tail out: the tail stands for the task in nleased
-    if not l.backup and other_lease(task, l) then mincr(F.NLEASED) end
+    -- a head acked with its tail out: the tail stands for the task in nleased and in the
+    -- started index (from the tail's own start: the task timeout applies to it)
+    local o = not l.backup and other_lease(task, l)
+    if o then tail_stands(task, tonum(o.sinces)) end
     event_task('piece_acked', task, worker, tok)
     return false
   end
   if l.backup then
-    if s.hd then mincr(F.NLEASED, -1) end  -- the tail stood for its task
-    local orph, rest = split_orphans()
-    if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
-    split_orphans(orph, rest)
+    if s.hd then tail_stands(task, nil) end  -- the tail stood for its task
+    orphan(task)
   else
     -- the head's next holder starts from its recorded progress and is told the split
     -- point in its lease: the split stands (confirmed)
@@ -195,4 +268,54 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
-return {split_rec = split_rec, take_split = take_split, split_ended = split_ended}
+-- A split task died: its record stays when a piece of it was acked (a retry brings back
+-- the rest only: retried), else it goes (the task is retried whole).
+local function split_dead(task)
+  local s = split_rec(task)
+  if s and not ((s.hd or s.td) and s.cf) then rcall('HDEL', K_LEASES, 's:' .. task) end
+end
+
+-- Where a retried task goes: its tail piece to the orphans when its head was acked (the
+-- split record kept by split_dead), else the front (true).
+local function retried(task)
+  local s = split_rec(task)
+  if not (s and s.hd) then return true end
+  orphan(task)
+  return false
+end
+
+-- A checkpoint's cut of this round's splits: {field, value} pairs for its progress copy,
+-- "s<task>" = "m/n/head acked/tail acked/tail progress", of each confirmed split of a task
+-- not done (a pending one's tail read nothing: the head's progress says it all).
+local function cut_splits()
+  local out = {}
+  if mnum(F.P_BACKUPS) == 0 then return out end
+  local _, body = split_list()
+  for t in string.gmatch(body, '%d+') do
+    local s = split_rec(t)
+    if s and s.cf and not (s.hd and s.td) then
+      out[#out + 1] = 's' .. t
+      out[#out + 1] = fmt(s.m) .. '/' .. fmt(s.n) .. '/' .. (s.hd and '1' or '0') .. '/'
+        .. (s.td and '1' or '0') .. '/' .. fmt(s.tp)
+    end
+  end
+  return out
+end
+
+-- A rewind restores one split of its cut (cut_splits' value; the round is the rewind's):
+-- its unacked tail to the orphans from its recorded progress. Returns whether the head
+-- was acked (the task stays out of the front: its tail alone is todo).
+local function restore_split(task, v)
+  local m, n, hd, td, tp = smatch(v, '^(%d+)/(%d+)/([01])/([01])/(%d+)$')
+  if not m then return false end
+  mincr(F.P_BACKUPS)
+  split_rec(task, {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
+    cf = true})
+  split_list(task)
+  if td == '0' then orphan(task) end
+  return hd == '1'
+end
+
+return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
+  tail_stands = tail_stands, split_dead = split_dead, retried = retried,
+  cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails}

@@ -1,0 +1,222 @@
+"""Tail splitting against the verbs: each test is one case where a split (one 100-record
+JSONL task split at 55 by an idle trainer, tests/test_split.py's ``split_between``) meets
+a checkpoint, a retry, the task timeout, a steal or a Redis rollback, driven through the
+public API on the suite's redis-server: every sample of the task is trained once per
+pass attempt, and what was read but not acked is read again, never skipped
+(docs/design.md, "Tail splitting")."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from support import wait_until
+from test_split import job_of, read_rest, read_some, split_between, trainer, write_jsonl
+
+import taskq
+from taskq.data import read_task
+
+
+def samples(task: taskq.Task) -> list[int]:
+    """The records a holder of ``task`` reads: from its start to the end it honours."""
+    return [s["i"] for s in read_task(task.chunks, task.start, end=task.current_end)]
+
+
+def read_all(t: taskq.Trainer, task: taskq.Task) -> list[Any]:
+    got: list[Any] = []
+    read_rest(t, task, read_task(task.chunks, task.start, end=task.current_end), got, task.start)
+    return got
+
+
+def test_a_rewind_keeps_a_tail_acked_at_the_cut(client, job_name, tmp_path):
+    """The tail [55, 100) is acked while the head is at 11; checkpoint; the head finishes;
+    a rewind to the checkpoint gives back the head's rest [11, 55) only."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    read_all(b, piece)
+    b.ack(piece)
+    a.flush_progress()
+    rec = client.checkpoint(job_name)
+    read_rest(a, task, it, [], 11)
+    a.ack(task)
+    assert client.rewind(job_name, rec)
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again is not None and samples(again) == list(range(11, 55))
+
+
+def test_a_retry_keeps_a_tail_acked_in_the_same_attempt(client, job_name, tmp_path):
+    """The tail is acked, then the head fails at max_failures=1 (the task dies); the
+    retried lease covers what the head had not read, not the acked tail again."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), max_failures=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    read_all(b, piece)
+    b.ack(piece)
+    a.fail(task, "bad sample")
+    assert client.status(job_name, summaries=0).dead == 1
+    client.retry(job_name)
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again is not None and samples(again) == list(range(11, 55))
+
+
+def test_a_tail_piece_has_the_task_timeout(client, job_name, tmp_path):
+    """task_timeout=10: the head is acked, the tail's holder heartbeats and never
+    finishes; the tail is taken back after the timeout, as any lease."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), task_timeout=10.0)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    read_rest(a, task, it, [], 11)
+    a.ack(task)
+    audit = client.audit(job_name)  # the tail stands for its task: leased 1, started 1
+    assert audit["ok"], audit["checks"]
+    for _ in range(4):
+        client.advance_clock(job_name, 4000)
+        b.heartbeat()
+        a.heartbeat()
+    client.reap(job_name)
+    b.heartbeat()  # the holder hears of it at its next heartbeat
+    assert piece.revoked.is_set()
+    again = trainer(client, job_name, "c").lease(timeout=0)
+    assert again is not None and samples(again) == list(range(55, 100))
+
+
+def test_a_checkpoint_keeps_a_tails_progress(client, job_name, tmp_path):
+    """The tail's holder records 20 samples (55-74); checkpoint; rewind: the tail goes
+    on from 75, and nothing is read again unseen."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    for n in range(56, 76):
+        b.progress(piece, n)
+    b.flush_progress()
+    a.flush_progress()
+    rec = client.checkpoint(job_name)
+    assert client.rewind(job_name, rec)
+    c, d = trainer(client, job_name, "c"), trainer(client, job_name, "d")
+    got = [c.lease(timeout=0), d.lease(timeout=0)]  # (one piece of a task per trainer)
+    read = sorted(i for t in got if t is not None for i in samples(t))
+    assert read == list(range(11, 55)) + list(range(75, 100))
+    for t, x in zip(got, (c, d), strict=True):
+        assert t is not None
+        read_all(x, t)
+        x.ack(t)
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert [p["reread_samples"] for p in audit["passes"] if not p["rewound"]] == [0]
+
+
+def test_a_rollback_past_a_split_rereads_and_never_skips(client, job_name, tmp_path):
+    """Redis goes back to a state from before the split (a lost last second of AOF, a
+    lagging replica promoted): the head's holder still honours end 55; the server, which
+    does not know that end, keeps what it read up to there, ends its lease (its ack is
+    stale) and leases the rest [55, 100) again."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    r = client.redis
+    task = a.lease(timeout=0)
+    assert task is not None
+    it = read_some(a, task, 10, [])
+    a.flush_progress()
+    keys = list(r.scan_iter(match=f"*{{{job_name}}}*"))
+    saved = {k: r.dump(k) for k in keys}  # the state before the split
+    got: list[taskq.Task | None] = []
+    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    next(it)
+    a.progress(task, 11)
+    a.flush_progress()
+    a.progress(task, 11)
+    a.flush_progress()
+    leaser.join(20)
+    assert task.end == 55 and got[0] is not None
+    for k in r.scan_iter(match=f"*{{{job_name}}}*"):
+        if k not in saved:
+            r.delete(k)
+    for k, v in saved.items():
+        r.restore(k, 0, v, replace=True)
+    read_rest(a, task, read_task(task.chunks, 11, end=task.current_end), [], 11)
+    with pytest.raises(taskq.LeaseLost):
+        a.ack(task)  # its lease ended at the end it named: nothing more counted
+    assert client.status(job_name, summaries=0).state == "running"
+    c = trainer(client, job_name, "c")
+    again = c.lease(timeout=0)
+    assert again is not None and samples(again) == list(range(55, 100))
+    read_all(c, again)
+    c.ack(again)
+    st = client.status(job_name, summaries=0)
+    assert st.state == "completed" and st.counters["revoked"] == 1
+
+
+def test_one_worker_never_holds_both_pieces_through_a_steal(client, job_name, tmp_path):
+    """The head's holder releases it, a prefetching trainer reserves it; the tail's holder
+    asking for work does not steal the head (its tail and the head would share one owned
+    entry, and a departure after the tail's ack would orphan the head)."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b, c = (trainer(client, job_name, w) for w in "abc")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    a.release(task)
+    [head] = c.lease_many(1, timeout=0, reserve=True)
+    assert head.id == task.id and head.start == 11
+    assert b.lease(timeout=0) is None
+    read_all(b, piece)
+    b.ack(piece)
+    b.close()
+    assert c.lease_many(0, timeout=0, starts=[head]) == [] and head.started
+    assert samples(head) == list(range(11, 55))
+    read_all(c, head)
+    c.ack(head)
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+
+
+def test_a_tail_handed_back_beside_its_leased_head_is_todo(client, job_name, tmp_path):
+    """The tail's holder hands its piece back while the head's holder reads on: the task
+    is leased (its head) and todo (its tail) in status and ``tasks todo`` alike, so a
+    loader ending its pass when nothing is todo (``pass_end="local"``) waits for it; once
+    the head is acked the tail alone is todo, and a trainer takes it."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    b.release(piece)
+    st = client.status(job_name, summaries=0)
+    assert (st.todo, st.leased) == (1, 1)
+    assert [t["id"] for t in client.tasks(job_name, "todo")] == [task.id]
+    assert a.lease(timeout=0) is None  # never both pieces to one trainer
+    read_rest(a, task, it, [], 11)
+    a.ack(task)
+    st = client.status(job_name, summaries=0)
+    assert (st.todo, st.leased, st.state) == (1, 0, "running")
+    assert [t["id"] for t in client.tasks(job_name, "todo")] == [task.id]
+    again = a.lease(timeout=0)
+    assert again is not None and samples(again) == list(range(55, 100))
+    read_all(a, again)
+    a.ack(again)
+    assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_a_default_jsonl_byte_range_is_counted_and_split(client, job_name, tmp_path):
+    """A JSONL task of a default ``--chunk-bytes`` range (no count in its chunk): a loop
+    reading it through ``read_task(..., end=task.current_end)`` counts its range when it
+    begins (written into the chunk), its progress says the size, and an idle trainer
+    splits it at the tail."""
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(f'{{"i": {k}}}\n' + ("\n" if k % 7 == 0 else "") for k in range(100)))
+    chunks = taskq.data.build_chunks(str(path), "jsonl")
+    assert len(chunks) == 1 and "samples" not in chunks[0]
+    job_of(client, job_name, chunks)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, got, it = split_between(client, job_name, a, b, 10)
+    assert task.chunks[0]["samples"] == 100  # blank lines are no samples
+    assert (piece.start, piece.end) == (55, 100) and task.end == 55
+    rest = read_all(b, piece)
+    read_rest(a, task, it, got, 11)
+    assert [s["i"] for s in got] == list(range(55))
+    assert [s["i"] for s in rest] == list(range(55, 100))
+    b.ack(piece)
+    a.ack(task)
+    assert client.status(job_name, summaries=0).state == "completed"
