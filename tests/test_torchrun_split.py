@@ -85,6 +85,12 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
     rows = [line.split() for line in log.read_text().splitlines()]
     per_pass = Counter((int(p), int(f), int(i)) for _, p, f, i in rows)
     everything = {(p, f, i) for p in range(3) for f, n in enumerate(SIZES) for i in range(n)}
+    if set(per_pass) != everything:
+        for _, f in client.events(job_name, count=100000):
+            if f["type"] not in ("step", "worker_joined", "worker_left"):
+                print(dict(f))
+        print(sorted(everything - set(per_pass)), sorted(set(per_pass) - everything))
+        print([r for r in rows if r[2] in {str(f) for _, f, _ in everything - set(per_pass)}])
     assert set(per_pass) == everything, "a sample of a pass never taken"
     assert [k for k, c in per_pass.items() if c > 1] == [], "a sample taken twice in a pass"
     audit = client.audit(job_name)
