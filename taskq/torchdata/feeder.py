@@ -389,6 +389,14 @@ class Feeder(threading.Thread):
             elif st.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
+                elif self.pass_end == "local" and self.phase == "feed":
+                    # the pass this iteration is for has not started and nothing of the
+                    # last one is left to take (others hold it): nothing of it for us now.
+                    # Waiting here kept a DDP rank in its loop while its peer, finishing
+                    # that pass, was blocked in a collective on it
+                    self.ahead.stop_readers()
+                    self.phase = self._end("exhausted")
+                    self.ledger.at_tail = True
             elif self.phase == "feed" and st.stream == "open" and st.state == "running":
                 # an open stream with nothing now: more comes (the next lease call blocks
                 # until an append wakes it); the readers go on, unless the loop asked to
