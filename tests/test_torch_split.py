@@ -184,7 +184,8 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
     the pass has nothing left. Whether the piece has samples or is empty (the slow one's
     worker had read past the split point), it is read and acked: every sample once, both
     loaders' passes end with the job. With ``shuffle=True`` the pieces are positions of
-    the task's seeded order, the same in both loaders."""
+    the task's order, which the job seeds: the same in both loaders although their own
+    ``seed`` differs."""
     n = 64
     make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
     got2: list[int] = []
@@ -194,7 +195,11 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
         try:
             time.sleep(0.3)
             ds = taskq.torch.TaskDataset(
-                job_name, url=url, shuffle=shuffle, trainer_options={"handle_signals": False}
+                job_name,
+                url=url,
+                shuffle=shuffle,
+                seed=2,
+                trainer_options={"handle_signals": False},
             )
             with taskq.torch.DataLoader(ds, batch_size=8, collate_fn=as_list) as loader:
                 for b in loader:
@@ -202,7 +207,7 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
         except BaseException as e:
             errs.append(e)
 
-    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=shuffle)
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=shuffle, seed=1)
     got: list[int] = []
     with taskq.torch.DataLoader(
         ds, batch_size=8, num_workers=1, collate_fn=as_list, prefetch_factor=4

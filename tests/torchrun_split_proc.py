@@ -1,7 +1,7 @@
 """A rank of a real ``torchrun`` run over a job with tail splitting on (started by
 tests/test_torchrun_split.py): DDP on gloo over a ``taskq.torch.DataLoader`` with 2
-workers, batches of one sample, one shuffle seed for both ranks (a piece is read in its
-task's seeded order), ``pass_end="local"`` and ``Join``, rank 0 slower than
+workers, batches of one sample, a loader ``seed`` per rank (a piece is read in its
+task's order, which the job seeds), ``pass_end="local"`` and ``Join``, rank 0 slower than
 rank 1 so a pass's tail splits rank 0's long task; appends ``<rank> <pass> <file> <line>``
 per sample to ``LOG`` (argv: url, job, log path)."""
 
@@ -24,7 +24,7 @@ def main(url: str, job: str, log_path: str) -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ds = taskq.torch.TaskDataset(job, url=url, seed=0)  # one seed: a piece is read in its order
+    ds = taskq.torch.TaskDataset(job, url=url, seed=rank)  # the job seeds a task's order
     loader = taskq.torch.DataLoader(ds, batch_size=1, num_workers=2, pass_end="local")
     with open(log_path, "a", buffering=1) as log:
         while loader.state not in ("completed", "cancelled"):

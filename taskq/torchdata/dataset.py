@@ -31,11 +31,12 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .. import errors
 
-#: a task message: (iteration, task id, token, pass, chunks, start, end, end slot); task
-#: id None = stop; end: where the lease's reading ends (a piece of a split task), None:
+#: a task message: (iteration, task id, token, order, chunks, start, end, end slot); task
+#: id None = stop; order: what seeds the order of the task's samples with its id (the
+#: job's name and seed and the pass: the same in every trainer of the job); end: where the lease's reading ends (a piece of a split task), None:
 #: the task's; end slot: the cell of ``Feed.ends`` holding the task's current end (it
 #: moves when the task is split while read), -1 none
-TaskMsg = tuple[int, Any, int, int, Any, int, "int | None", int]
+TaskMsg = tuple[int, Any, int, str, Any, int, "int | None", int]
 #: per sample: (task id, token, position in the task's delivery order (the sample index
 #: unshuffled), last sample of the task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
@@ -60,7 +61,7 @@ _END = object()
 
 def stop_msg(iteration: int) -> TaskMsg:
     """The message telling one reader that no more tasks come in this iteration."""
-    return (iteration, None, 0, 0, None, 0, None, -1)
+    return (iteration, None, 0, "", None, 0, None, -1)
 
 
 @dataclass
@@ -127,12 +128,14 @@ class TaskDataset(IterableDataset[Any]):
             ``taskq.data.read_task``. Its exceptions fail the task with their text.
         url: Redis URL (or ``TASKQ_REDIS_URL``) for the loader's trainer.
         client: a configured ``taskq.Client`` instead (stays in the main process).
-        shuffle: shuffle the samples inside each task, seeded by (seed, pass, task), and
-            interleave open tasks at random; False reads tasks in order, one at a time.
+        shuffle: shuffle the samples inside each task, in an order seeded by the job
+            (its name and ``create_job(seed=)``), the pass and the task — the same in
+            every trainer, whatever its ``seed`` — and interleave open tasks at random;
+            False reads tasks in order, one at a time.
             Shuffling holds a task's samples in memory, and a resumed task is read from
             its sample 0 (its order is the whole task's; the first ``task.start`` of it
             are skipped).
-        seed: the shuffle seed (keep it across restarts: resumed tasks rely on it).
+        seed: seeds the interleaving of open tasks (free to differ between loaders).
         interleave: tasks a worker reads from at once (sample-level mixing).
         max_idle: a stream job (docs/streams.md): end an iteration once it got no task
             for this many seconds (checked every couple of seconds), for a loop that
@@ -362,7 +365,7 @@ class TaskDataset(IterableDataset[Any]):
         note: Callable[[Ctrl], None] | None = None,
     ) -> _Open | None:
         """Start reading one task; None (and an error entry) when the reader fails."""
-        _, task_id, token, pass_no, chunks, start, end, slot = msg
+        _, task_id, token, order_key, chunks, start, end, slot = msg
 
         def bounded(samples: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
             if ends is None or slot < 0 or note is None:
@@ -371,12 +374,13 @@ class TaskDataset(IterableDataset[Any]):
 
         try:
             if self.shuffle:
-                # the whole task in one seeded order (seed, pass, task); a resumed task
-                # skips the first ``start`` of that order, which its earlier holders took
-                # (progress counts positions in this order), so it is read from sample 0
+                # the whole task in one order seeded by the job (name, seed), the pass
+                # and the task, the same in every trainer (a piece or a resumed task is a
+                # range of positions in it: progress counts them), so it is read from
+                # sample 0 and the first ``start`` are skipped
                 items = list(self.reader(chunks, 0))  # a read error surfaces here
                 order = list(range(len(items)))
-                random.Random(f"{self.seed}:{pass_no}:{task_id}").shuffle(order)
+                random.Random(f"{order_key}:{task_id}").shuffle(order)
                 stop = len(items) if end is None else min(end, len(items))
                 return _Open(
                     task_id,

@@ -57,7 +57,7 @@ class Ledger:
         self.acked = 0
         self.failed = 0
         self._held: dict[int, Task] = {}
-        self._splits: bool | None = None  # the job splits tails (read once: _job_splits)
+        self.splits = False  # the job splits tails (from its config: the feeder sets it)
         self._lock = threading.Lock()
         self._cmds: deque[tuple[str, int, int, str]] = deque()
         self._reached: dict[Pair, int] = {}
@@ -259,22 +259,13 @@ class Ledger:
         """The task's size; a range that does not say it is counted only when the job
         splits tails (the count is one more scan of it)."""
         size = task_size(task.chunks)
-        if size is not None or not self._job_splits():
+        if size is not None or not self.splits:
             return size
         try:
             return count_task(task.chunks)
         except errors.TaskqError as e:  # its reader says so when it reads it
             log.debug("task %s: not counted: %s", task.id, e)
             return None
-
-    def _job_splits(self) -> bool:
-        if self._splits is None and self.trainer is not None:
-            try:
-                st = self.trainer.client.status(self.trainer.job, summaries=0)
-                self._splits = bool(st.config.get("split_tails"))
-            except errors.TaskqError:
-                return False
-        return bool(self._splits)
 
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat
