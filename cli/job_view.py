@@ -257,8 +257,13 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
             f"current: pass {cur['pass']} ({report['state']}): done {cur['done']}, "
             f"leased {cur['leased']}, todo {cur['todo']}, dead {cur['dead']}"
         )
+        splits = report.get("splits") or {}
+        if splits.get("tasks"):
+            click.echo(f"split tasks: {splits['tasks']}, both pieces acked {splits['acked']}")
         for check, ok in report["checks"].items():
             click.echo(f"{'ok  ' if ok else 'FAIL'} {check}")
+        for b in splits.get("bad", [])[:10]:
+            click.echo(f"  task {b['task']}: {b['why']}")
     if not report["ok"]:
         failed = [k for k, ok in report["checks"].items() if not ok]
         raise taskq.TaskqError(f"job {name}: audit failed: {', '.join(failed)}")

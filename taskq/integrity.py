@@ -10,6 +10,7 @@ Data flow: connection.translate / trainer/core.py / stats.py -> integrity.py (re
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
@@ -217,3 +218,80 @@ def dead_check(redis_client: Any, job_keys: JobKeys, limit: int = 100000) -> dic
         "not_in_bitmap": sorted(missing),
         "bitmap": int(in_bitmap),
     }
+
+
+def split_check(
+    redis_client: Any,
+    job_keys: JobKeys,
+    round_id: Any,
+    size_of: Callable[[list[Any]], int | None],
+) -> dict[str, Any]:
+    """The audit's view of one pass attempt's split tasks (docs/design.md, "Tail
+    splitting"): a split task's pieces are ``[0, m)`` (the head) and ``[m, n)`` (the tail)
+    of its split record, so each sample is in one piece; a task is done exactly when both
+    pieces are acked, and ``n`` is the task's size where its chunks say it. A gap (done
+    with a piece not acked, pieces that end short of the task) or a piece acked and not
+    counted is reported. The list of the attempt's splits is bounded (``MAX_SPLITS``).
+
+    Args:
+        redis_client: the client's redis.
+        job_keys: the job's keys.
+        round_id: the pass attempt (its ``round``) whose splits are checked; the list
+            of another attempt is not read.
+        size_of: a task's samples from its chunks, None when they do not say
+            (``taskq.data.task_size``).
+
+    Returns:
+        ``{"tasks": split tasks of the attempt, "acked": of which both pieces acked,
+        "bad": [{"task": id, "why": text}]}``.
+
+    Raises:
+        CorruptData: a split task's chunks are not taskq's.
+    """
+    raw = redis_client.hget(job_keys.leases, "s:all")
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    rnd, _, body = (raw or "").partition("|")
+    if raw is None or rnd != str(round_id):
+        return {"tasks": 0, "acked": 0, "bad": []}
+    tasks = [int(t) for t in body.split()]
+    pipe = redis_client.pipeline(transaction=False)
+    for task in tasks:
+        pipe.hget(job_keys.leases, f"s:{task}")
+        pipe.getbit(job_keys.done, task)
+        pipe.sismember(job_keys.dead, task)
+        pipe.hget(job_keys.chunks, task)
+    replies = pipe.execute() if tasks else []
+    bad: list[dict[str, Any]] = []
+    acked = 0
+    for k, task in enumerate(tasks):
+        rec, done, dead, chunks = replies[4 * k : 4 * k + 4]
+        if chunks is None:
+            continue  # trimmed (a stream's done tasks below its watermark)
+        if isinstance(rec, bytes):
+            rec = rec.decode()
+        parts = (rec or "").split("|")
+        if len(parts) != 7 or parts[0] != str(round_id):
+            bad.append({"task": task, "why": f"no split record of this attempt ({rec!r})"})
+            continue
+        try:
+            m, n = int(parts[1]), int(parts[2])
+        except ValueError:
+            bad.append({"task": task, "why": f"split record {rec!r} is not taskq's"})
+            continue
+        head, tail = parts[3] == "1", parts[4] == "1"
+        acked += head and tail
+        why = []
+        if not 0 < m <= n:
+            why.append(f"pieces [0, {m}) and [{m}, {n}) do not partition the task")
+        size = size_of(decode_chunks(chunks, job_keys.chunks, task))
+        if size is not None and n != size:
+            why.append(f"pieces end at {n}, the task has {size} samples")
+        if done and not (head and tail):
+            why.append(f"done with a piece not acked (head {head}, tail {tail})")
+        if not done and not dead and head and tail:
+            why.append("both pieces acked, the task not done")
+        if why:
+            bad.append({"task": task, "why": "; ".join(why)})
+    return {"tasks": len(tasks), "acked": acked, "bad": bad}
+

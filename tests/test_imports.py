@@ -164,10 +164,10 @@ ALLOWED = {
     "ground": {"ground"},
     "data": {"ground", "data"},
     "engine": {"ground", "engine"},
-    "admin": {"ground", "engine", "admin"},
+    "admin": {"ground", "data", "engine", "admin"},  # data: the audit's task sizes
     "trainer": {"ground", "data", "engine", "admin", "trainer"},
     "torchdata": {"ground", "data", "engine", "admin", "trainer", "torchdata"},
-    "ops": {"ground", "engine", "admin", "ops"},
+    "ops": {"ground", "data", "engine", "admin", "ops"},
     "public": {"ground", "data", "engine", "admin", "trainer", "torchdata", "ops", "public"},
     "cli": {"ground", "data", "engine", "admin", "trainer", "torchdata", "ops", "public", "cli"},
 }

@@ -220,3 +220,36 @@ def test_a_default_jsonl_byte_range_is_counted_and_split(client, job_name, tmp_p
     b.ack(piece)
     a.ack(task)
     assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_the_audit_checks_that_a_split_tasks_pieces_partition_it(client, job_name, tmp_path):
+    """While the tail is out with the head acked, and after the pass completed, the
+    audit counts the split and finds it sound; a split record whose pieces stop short
+    of the task (a gap), or a task done with its tail not acked, fails the audit."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), passes=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, it = split_between(client, job_name, a, b, 10)
+    read_rest(a, task, it, [], 11)
+    a.ack(task)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["splits"] == {"tasks": 1, "acked": 0, "bad": []}
+    r, keys = client.redis, client.connection.keys(job_name)
+    r.setbit(keys.done, task.id, 1)  # as if the head's ack had counted the task
+    bad = client.audit(job_name)
+    assert not bad["checks"]["split_tasks_partitioned"]
+    assert "done with a piece not acked" in bad["splits"]["bad"][0]["why"]
+    r.setbit(keys.done, task.id, 0)
+
+    read_all(b, piece)
+    b.ack(piece)
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["splits"] == {"tasks": 1, "acked": 1, "bad": []}
+    rec = r.hget(keys.leases, f"s:{task.id}")
+    parts = (rec.decode() if isinstance(rec, bytes) else rec).split("|")
+    r.hset(keys.leases, f"s:{task.id}", "|".join([*parts[:2], "90", *parts[3:]]))
+    bad = client.audit(job_name)
+    assert not bad["ok"] and not bad["checks"]["split_tasks_partitioned"]
+    assert "pieces end at 90, the task has 100 samples" in bad["splits"]["bad"][0]["why"]

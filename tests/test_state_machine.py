@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import taskq
+from taskq import integrity
 from taskq.admin.stats import parse_lease
+from taskq.data import task_size
 from taskq.engine.contract import Code
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
@@ -744,6 +746,17 @@ class SplitMachine(EngineMachine):
             if task.end is not None:
                 self.trainers[w].progress(task, task.end)
         self.trainers[w].flush_progress()
+
+    @invariant()
+    def split_tasks_partitioned(self) -> None:
+        """The audit's check of the attempt's splits (integrity.split_check): each split
+        task's pieces [0, m) and [m, n) partition it (n its size), and it is done exactly
+        when both are acked."""
+        if self.cancelled or self.client.status(self.job).reason == "rewinding":
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        found = integrity.split_check(r, keys, self._meta("round"), task_size)
+        assert not found["bad"], found
 
 
 SplitMachine.TestCase.settings = EngineMachine.TestCase.settings

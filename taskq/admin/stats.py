@@ -28,6 +28,7 @@ from taskq.admin.stats_tasks import parse_lease as parse_lease
 from taskq.admin.stats_tasks import parse_tasks as parse_tasks
 from taskq.admin.stats_tasks import task_detail as task_detail
 from taskq.admin.stats_tasks import task_histories as task_histories
+from taskq.data import task_size
 from taskq.engine.connection import Connection
 from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
@@ -337,6 +338,18 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
     }
     progress = integrity.progress_check(conn.redis, keys)  # docs/resume.md
     checks["no_progress_on_done"] = not progress["done_with_progress"]
+    # the split tasks of the attempt the done set belongs to (an ended one's, or the
+    # running one's): pieces partition each task, done exactly when both are acked
+    completed = [s["round"] for s in passes if s.get("state") == "completed"]
+    if ended and status.state == "completed" and completed:
+        attempt: Any = max(completed)
+    else:
+        attempt = conn.redis.hget(keys.meta, F.ROUND)
+        attempt = int(attempt) if attempt is not None else None
+    splits = {"tasks": 0, "acked": 0, "bad": []}
+    if status.state != "cancelled" and not rewinding and attempt is not None:
+        splits = integrity.split_check(conn.redis, keys, attempt, task_size)
+    checks["split_tasks_partitioned"] = not splits["bad"]
     return {
         "job": name,
         "state": status.state,
@@ -379,6 +392,7 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         "counters": status.counters,
         "progress": progress,
         "dead": dead_view,
+        "splits": splits,
         "checks": checks,
         "ok": all(checks.values()),
     }
