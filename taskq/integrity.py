@@ -294,4 +294,3 @@ def split_check(
         if why:
             bad.append({"task": task, "why": "; ".join(why)})
     return {"tasks": len(tasks), "acked": acked, "bad": bad}
-
