@@ -270,9 +270,11 @@ def split_check(
             continue  # trimmed (a stream's done tasks below its watermark)
         if isinstance(rec, bytes):
             rec = rec.decode()
-        parts = (rec or "").split("|")
+        if rec is None:
+            continue  # the split was dropped (its task died with no piece acked): whole
+        parts = rec.split("|")
         if len(parts) != 7 or parts[0] != str(round_id):
-            bad.append({"task": task, "why": f"no split record of this attempt ({rec!r})"})
+            bad.append({"task": task, "why": f"split record {rec!r} is not of this attempt"})
             continue
         try:
             m, n = int(parts[1]), int(parts[2])
