@@ -253,3 +253,72 @@ def test_the_audit_checks_that_a_split_tasks_pieces_partition_it(client, job_nam
     bad = client.audit(job_name)
     assert not bad["ok"] and not bad["checks"]["split_tasks_partitioned"]
     assert "pieces end at 90, the task has 100 samples" in bad["splits"]["bad"][0]["why"]
+
+
+def _slow_split(client: taskq.Client, job_name: str, tmp_path: Any, tasks: int) -> tuple:
+    """``tasks`` tasks of 100 samples; ``a`` acks two in 1 s each (the job's median task
+    time), ``s`` takes 5 samples of the third in 5 s (a tenth of that pace); ``a``, idle,
+    splits it by pace at 6 (``s`` keeps little) and hands the pending piece back at once
+    (``lease(timeout=0)``); ``s`` confirms the split and acks its head [0, 6)."""
+    chunks = [write_jsonl(tmp_path / f"{k}.jsonl", 100)[0] for k in range(tasks)]
+    job_of(client, job_name, chunks, worker_ttl=60.0)
+    a, s = trainer(client, job_name, "a"), trainer(client, job_name, "s")
+    for _ in range(2):
+        t = a.lease(timeout=0)
+        assert t is not None
+        client.advance_clock(job_name, 1000)
+        a.ack(t)
+    task = s.lease(timeout=0)
+    assert task is not None
+    if tasks > 3:
+        other = a.lease(timeout=0)  # a holds the fourth task, not begun
+        assert other is not None
+        a.progress(other, 0, None)  # it stops at the ends it is told: its size goes too
+    it = read_some(s, task, 5, [])
+    client.advance_clock(job_name, 5000)
+    s.flush_progress()
+    assert a.lease(timeout=0) is None  # the piece was pending: handed back at once
+    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
+    assert [f["at"] for f in split] == ["6"], split
+    next(it)
+    s.progress(task, 6)
+    s.flush_progress()  # its reply says the end
+    assert task.end == 6
+    s.progress(task, 6)
+    s.flush_progress()  # recorded under the end it honours: the split is confirmed
+    s.ack(task)
+    return a, s, task
+
+
+def test_a_slow_trainer_leaves_a_waiting_tail_to_the_others(client, job_name, tmp_path):
+    """The tail [6, 100) of a task split from a slow trainer waits among the orphans: the
+    slow trainer, asking first, is not given it (it would read it at its pace); the
+    other trainer is."""
+    a, s, task = _slow_split(client, job_name, tmp_path, 3)
+    assert s.lease(timeout=0) is None
+    piece = a.lease(timeout=0)
+    assert piece is not None and piece.id == task.id and (piece.start, piece.end) == (6, 100)
+
+
+def test_a_slow_trainer_takes_a_waiting_tail_nobody_took(client, job_name, tmp_path):
+    """Left to the others for two heartbeat intervals (at least a second) only: then the
+    slow trainer takes the tail itself, so no pass waits on a trainer that does not come."""
+    a, s, task = _slow_split(client, job_name, tmp_path, 3)
+    assert s.lease(timeout=0) is None
+    client.advance_clock(job_name, 2 * 1000 * client.status(job_name).config["heartbeat_interval"])
+    client.advance_clock(job_name, 1000)
+    a.heartbeat()
+    piece = s.lease(timeout=0)
+    assert piece is not None and piece.id == task.id and (piece.start, piece.end) == (6, 100)
+
+
+def test_a_slow_trainer_splits_off_little_of_a_task_not_begun(client, job_name, tmp_path):
+    """A trainer measured slow that splits another's task which that one has not begun
+    reading (progress 0) takes the few samples its pace can read while the holder, taken
+    to read at the typical pace, reads the rest: a split at 91 of 100, not at 1."""
+    a, s, _ = _slow_split(client, job_name, tmp_path, 4)
+    a.flush_progress()
+    s.lease(timeout=0)  # splits it (the piece is pending: handed back at once)
+    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
+    assert [f["task"] for f in split] == ["2", "3"]
+    assert int(split[-1]["at"]) >= 90, split[-1]

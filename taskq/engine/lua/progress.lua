@@ -29,7 +29,7 @@ local arg_secret, forged, is_forged =
 local end_lease, holds_secret, lease_for =
   lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for
 local to_front = lib.endings.to_front
-local split_rec = lib.split.split_rec
+local offered, split_rec = lib.split.offered, lib.split.split_rec
 local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
@@ -108,6 +108,7 @@ for k = 1, n do
       elseif not s.cf and known == fmt(s.m) then
         s.cf = true
         split_rec(task, s)
+        offered(task)  -- a tail handed back while pending is free to lease from now
       elseif samples > s.m then
         mincr(F.P_REREAD, samples - s.m)
         rec = s.m

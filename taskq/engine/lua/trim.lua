@@ -58,6 +58,7 @@ for t = w, hi - 1 do
   leases[#leases + 1] = s
   leases[#leases + 1] = 'b:' .. s
   leases[#leases + 1] = 's:' .. s
+  leases[#leases + 1] = 'o:' .. s
 end
 local ids = {}
 for _, raw in lipairs(rcall('HMGET', K_APPIDX, unpk(tasks))) do

@@ -92,7 +92,7 @@ end
 -- failures in milliseconds); counts' "x:<task>" = "worker|jnow of the failure".
 local OTHERS_ALIVE = nil  -- per call
 local AVOID_UNTIL = nil  -- per call: the earliest end of a backoff that made this call skip
-local BACKUP_AT = nil  -- per call: when the next started task may get a backup (job clock)
+local BACKUP_AT = nil  -- per call: when a backup or a tail left to others may come (job clock)
 local function avoided(task, worker)
   if mnum(F.P_BACKUPS) > 0 and split_rec(task) then  -- a split task's pieces: two workers
     local b = parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))
@@ -234,8 +234,9 @@ local function take_leases(worker, winc, want, cn, mode, buf)
     end
   end
   if #out == 0 and mode ~= 'R' and cursor >= n and CALL.STATE == 'running' then
-    local piece = take_split(worker, winc, cn)
+    local piece, back = take_split(worker, winc, cn)
     if piece then GRANTED[#GRANTED + 1] = fmt(piece[1]) end
+    if back and (not BACKUP_AT or back < BACKUP_AT) then BACKUP_AT = back end
     out[#out + 1] = piece or take_backup(worker, winc, cn)
     return out, 0  -- (a piece or a backup, counted where it was taken)
   end

@@ -134,20 +134,56 @@ local function waiting_tails()
   return ids, beside
 end
 
+-- A tail piece is free to lease from now (field "o:<task>": JNOW ms): it went back, or
+-- its split was confirmed (progress.lua). What left_to_others counts from.
+local function offered(task)
+  rcall('HSET', K_LEASES, 'o:' .. task, fmt(CALL.JNOW))
+end
+
 -- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
 local function orphan(task)
+  offered(task)
   local orph, rest = split_orphans()
   if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
   split_orphans(orph, rest)
 end
 
+-- A worker's pace (samples per ms) as the last split of one of its tasks in this round
+-- measured it (field "v:<worker>": "round|pace x 1e6"; workers.lua drops it with the
+-- worker), or nil; with `pace`, records it.
+local function pace_of(worker, pace)
+  if pace then
+    rcall('HSET', K_LEASES, 'v:' .. worker, round_s() .. '|' .. fmt(math.floor(pace * 1e6)))
+    return pace
+  end
+  local r, v = smatch(rcall('HGET', K_LEASES, 'v:' .. worker) or '', '^([^|]*)|(%d+)$')
+  if r ~= round_s() then return nil end
+  return tonum(v) / 1e6
+end
+
+-- A trainer measured slow (under half a typical task's pace: n samples in the job's
+-- median task time) leaves a waiting tail to the others for two heartbeat intervals (at
+-- least a second) from when it was offered, while another worker is alive: it would read
+-- it at the pace its own split was made for. After that it may take it (no pass waits
+-- for a trainer that cannot come: a DDP peer blocked on this one). Returns when it may
+-- (JNOW ms), or nil: now.
+local function left_to_others(t, sp, worker)
+  local v, med = pace_of(worker), mnum(F.DUR_MED) / 1000
+  if not v or med <= 0 or 2 * v >= sp.n / med then return nil end
+  local at = (tonum(rcall('HGET', K_LEASES, 'o:' .. t) or '') or 0)
+    + math.max(1000, 2 * mnum(F.HBI))
+  if at <= CALL.JNOW or rcall('ZCOUNT', K_WORKERS, CALL.JNOW, '+inf') < 2 then return nil end
+  return at
+end
+
 -- The split half of take_leases: an orphaned tail piece first, else a new split of the
 -- longest-running started task of another trainer (at most 10 looked at). Returns the
 -- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
--- leaves them) or nil. (cn: the call number's digits)
+-- leaves them) or nil, and then when a tail left to others may be taken (JNOW ms, or nil).
+-- (cn: the call number's digits)
 local function take_split(worker, winc, cn)
   if mget(F.SPLIT) == '0' then return nil end
-  local task, s, attempts = nil, nil, nil
+  local task, s, attempts, back = nil, nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
     -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
     local orph, rest = split_orphans()
@@ -161,7 +197,9 @@ local function take_split(worker, winc, cn)
       -- not to the worker that handed it back unconfirmed: the head's holder may be busy
       -- (a DDP rank blocked in a collective on this one), and this one must be free to
       -- end its pass)
-      if h and not task and not (lease_is_current(h) and h.worker == worker)
+      local wait = h and not task and left_to_others(t, sp, worker)
+      if wait and (not back or wait < back) then back = wait end
+      if h and not task and not wait and not (lease_is_current(h) and h.worker == worker)
           and (sp.cf or not b or b.worker ~= worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
@@ -184,14 +222,19 @@ local function take_split(worker, winc, cn)
         local dl = n and n - p >= 2
           and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
         if dl and dl - CALL.JNOW >= mnum(F.HBI) then
-          -- the split point: halfway, or by pace where both are known (the holder's rate
-          -- on its first attempt's lease against a typical task's, n over the median task
-          -- time) so that both pieces end about together; a slow holder keeps little
+          -- the split point: halfway, or by pace where it is known so that both pieces
+          -- end about together: the holder's rate on its first attempt's lease (recorded:
+          -- pace_of) against the caller's as a split of its own measured it, else a
+          -- typical task's (n over the median task time); a slow holder keeps little, a
+          -- slow caller takes little (of a task not begun too: its holder is taken to
+          -- read at the typical pace)
           local m = p + math.ceil((n - p) / 2)
           local med, ran = mnum(F.DUR_MED) / 1000, CALL.NOW - (tonum(l.sinces) or CALL.NOW)
           if med > 0 and ran > 0 and l.attempts == '1' then
-            local vh = p / ran
-            m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + n / med))))
+            local typical = n / med
+            local vh, vt = p > 0 and pace_of(l.worker, p / ran) or 0, pace_of(worker) or typical
+            if vh == 0 and vt < typical then vh = typical end
+            m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
           end
           task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
@@ -204,7 +247,7 @@ local function take_split(worker, winc, cn)
         end
       end
     end
-    if not task then return nil end
+    if not task then return nil, back end
   else
     mincr(F.P_BACKUPS)
     if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
@@ -318,4 +361,5 @@ end
 
 return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
   tail_stands = tail_stands, split_dead = split_dead, retried = retried,
-  cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails}
+  cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails,
+  offered = offered}

@@ -53,6 +53,7 @@ local function remove_worker(m, kind)
   wait_rem(m)
   WINFO_WRITTEN = true
   if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
+  rcall('HDEL', K_LEASES, 'v:' .. worker)  -- its pace (lib/split.lua pace_of)
   event(kind, 'worker', worker, 'incarnation', winc)
 end
 
