@@ -50,16 +50,29 @@ def test_no_call_of_any_verb_on_a_200k_task_job_takes_10_ms():
 
 #: What the test below is about: the checkpoint and rewind verbs, the reset that writes a
 #: summary at the bound and trims, and the commands of the audit (and of the cut).
-INTEGRITY_CALLS = {"checkpoint", "rewind", "reset", "stats", "HGETALL", "SSCAN", "BITCOUNT", "COPY"}
+INTEGRITY_CALLS = {
+    "checkpoint",
+    "rewind",
+    "reset",
+    "retry",
+    "stats",
+    "HGETALL",
+    "SSCAN",
+    "BITCOUNT",
+    "COPY",
+}
 
 
-def slow_integrity_calls(client: taskq.Client, job: str) -> dict[str, tuple[float, int]]:
-    """{verb or command: (longest ms, calls over 10 ms)} of bench/integrity_calls.py's run,
-    for INTEGRITY_CALLS (the trainers' calls around them are test_no_call_of_any_verb...'s)."""
-    from integrity_calls import exercise as integrity_exercise
+def slow_integrity_calls(
+    client: taskq.Client, job: str, splits: bool = False
+) -> dict[str, tuple[float, int]]:
+    """{verb or command: (longest ms, calls over 10 ms)} of bench/integrity_calls.py's run
+    (with ``splits``, its split_exercise), for INTEGRITY_CALLS (the trainers' calls around
+    them are test_no_call_of_any_verb...'s)."""
+    from integrity_calls import exercise, split_exercise
 
     client.redis.slowlog_reset()
-    integrity_exercise(client, job, 200_000, log=lambda *_: None)
+    (split_exercise if splits else exercise)(client, job, 200_000, log=lambda *_: None)
     worst = worst_by_verb(client.redis.slowlog_get(10_000))
     return {v: w for v, w in worst.items() if v in INTEGRITY_CALLS}
 
@@ -76,6 +89,25 @@ def test_checkpoint_rewind_audit_and_summaries_at_their_bound_take_no_10_ms_call
         first = slow_integrity_calls(client, "ck")
         if first:
             second = slow_integrity_calls(client, "ck2")
+            both = {v: (first[v], second[v]) for v in set(first) & set(second)}
+            assert both == {}, (first, second)
+    finally:
+        server.cleanup()
+
+
+def test_checkpoint_audit_rewind_retry_reset_with_splits_in_flight_take_no_10_ms_call():
+    """A 200,000-task job whose pass attempt made its bound of splits (MAX_SPLITS), ten
+    of them pending: a checkpoint (its cut reads every split), the audit (it checks
+    each), a rewind, a retry and a reset; no single call reaches 10 ms (a verb slow in
+    two runs fails)."""
+    server = RedisServer(
+        extra=["--slowlog-log-slower-than", str(SLOW_US), "--slowlog-max-len", "10000"]
+    )
+    try:
+        client = taskq.connect(server.url)
+        first = slow_integrity_calls(client, "sp", splits=True)
+        if first:
+            second = slow_integrity_calls(client, "sp2", splits=True)
             both = {v: (first[v], second[v]) for v in set(first) & set(second)}
             assert both == {}, (first, second)
     finally:
