@@ -9,10 +9,12 @@ side; Redis is the truth checked for consistency and membership."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 
 import pytest
+import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -122,10 +124,13 @@ class EngineMachine(RuleBasedStateMachine):
         rnd = self._meta("round")
         fn = getattr(self.trainers[worker], op)
         if current:
+            if op == "ack":
+                self._took(task)
             fn(task)
             if op == "ack":
                 assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
                 self._attempt(rnd).add(task.id)
+                self._check_read(task)
                 assert self._meta("ndone") == done_before + 1 or self._meta("round") != rnd
         else:
             with pytest.raises(taskq.LeaseLost):
@@ -154,6 +159,13 @@ class EngineMachine(RuleBasedStateMachine):
         """Tasks reachable through a piece of a split task (none without splits)."""
         return set()
 
+    def _took(self, task: taskq.Task, n: int | None = None) -> None:
+        """A holder's loop took samples of ``task`` up to ``n`` (None: to the end it
+        honours, as its ack says): modelled by SplitMachine only."""
+
+    def _check_read(self, task: taskq.Task) -> None:
+        """``task`` was just counted done: SplitMachine checks every sample was taken."""
+
     def _drop_held(self) -> None:
         """Every lease held went stale at once (a rewind, a cancel): late writes now."""
         for w in WORKERS:
@@ -178,6 +190,9 @@ class EngineMachine(RuleBasedStateMachine):
                     self.trainers[w].release(task)
                 except (taskq.LeaseLost, taskq.WorkerLost):
                     pass
+            # its heartbeat takes back the leases it no longer holds (after a rollback:
+            # ones it ended, which the server forgot)
+            self.trainers[w].heartbeat()
         pass0 = s.pass_no
         t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
         for _ in range(4 * self._n()):
@@ -186,6 +201,10 @@ class EngineMachine(RuleBasedStateMachine):
                 break
             task = t.lease(timeout=0)
             if task is None:
+                # time goes on: a lease of a worker incarnation the server forgot the end of
+                # (a rollback) is taken back once that incarnation's liveness runs out
+                self.client.advance_clock(self.job, 4000)
+                t.heartbeat()
                 self.client.reap(self.job)
                 continue
             t.ack(task)
@@ -243,6 +262,8 @@ class EngineMachine(RuleBasedStateMachine):
         keys, r = self.client.keys(self.job), self.client.redis
         rnd = self._meta("round")
         current = [t for t in acks if self._is_current(w, t)]
+        for task in current:
+            self._took(task)
         done_before = self._meta("ndone")
         got = self.trainers[w].lease_many(n, timeout=0, acks=acks)
         # the model first (a failed check below must not leave a lease it does not know
@@ -256,10 +277,14 @@ class EngineMachine(RuleBasedStateMachine):
             for task in done:
                 assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
                 self._attempt(rnd).add(task.id)
+                self._check_read(task)
             for task in current:
                 if task not in done:
+                    # a split task's piece, or (SplitMachine) a head whose end the server
+                    # forgot in a rollback: that ack is refused (progress.lua)
                     rec = r.hget(keys.leases, f"s:{task.id}") or ""
-                    assert rec.split("|")[0] == str(rnd), "an ack left a task undone"
+                    split = rec.split("|")[0] == str(rnd)
+                    assert split or task.end is not None, "an ack left a task undone"
             assert self._meta("ndone") == done_before + len(done)
         for task in got:
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
@@ -334,6 +359,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         task = self.held[w][i % len(self.held[w])]
         self.trainers[w].progress(task, samples)
+        self._took(task, samples)
         self.trainers[w].flush_progress()
 
     @precondition(lambda self: not self.cancelled)
@@ -645,9 +671,26 @@ class SplitMachine(EngineMachine):
     chunk), so a lease at a pass's tail splits a started task that reported progress
     (lib/split.lua): a piece's ack leaves the task undone until its other piece is acked,
     a piece that ends without an ack goes back; the model counts a task acked once its
-    last piece is."""
+    last piece is. Redis may also go back one or two steps (``rollback``: the job's keys
+    restored from after an earlier step, as a lagging replica promoted or a lost last
+    second of AOF would), splits made, confirmed or acked since included; the trainers
+    keep what they hold. The model of the samples the holders' loops took (``_took``)
+    checks that a task counted done had every sample taken in its pass: re-read after a
+    rollback, never skipped."""
 
     split_tails = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: (pass, task) -> the sample positions holders' loops took (the model of reads)
+        self.taken: dict[tuple[int, int], set[int]] = {}
+        self.snaps: list[tuple[dict[str, bytes | None], dict]] = []
+        self.raw: redis.Redis | None = None  # DUMP / RESTORE (bytes, not decoded)
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self.raw is not None:
+            self.raw.close()
 
     chunks = [  # noqa: RUF012
         {"format": "lines", "path": f"/nonexistent/{i}", "offset": 0, "length": 1, "records": 50}
@@ -702,10 +745,23 @@ class SplitMachine(EngineMachine):
         keys, r = self.client.keys(self.job), self.client.redis
         rnd = self._meta("round")
         done_before = self._meta("ndone")
-        self.trainers[worker].ack(task)
-        if r.getbit(keys.done, task.id) and self._meta("round") == rnd:
+        self._took(task)
+        known = r.hget(keys.leases, f"s:{task.id}")
+        refused = False
+        try:
+            self.trainers[worker].ack(task)
+        except taskq.LeaseLost:
+            # the holder honours an end the server does not know (a rollback took the
+            # split back): its lease ends there, the rest is leased again (progress.lua)
+            assert task.end is not None and task.end < 50, "a current lease's ack refused"
+            assert (known or "").split("|")[0] != str(rnd), "refused beside a known split"
+            refused = True
+        if refused:
+            assert not r.getbit(keys.done, task.id), "a refused ack counted"
+        elif r.getbit(keys.done, task.id) and self._meta("round") == rnd:
             assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
             self._attempt(rnd).add(task.id)
+            self._check_read(task)
             assert self._meta("ndone") == done_before + 1
         elif self._meta("round") == rnd:
             rec = r.hget(keys.leases, f"s:{task.id}") or ""
@@ -734,6 +790,7 @@ class SplitMachine(EngineMachine):
         n = max(samples, task.start)
         for _ in range(2):
             self.trainers[w].progress(task, n)
+            self._took(task, n)
             self.trainers[w].flush_progress()
             if w != v:
                 self.lease(v)
@@ -745,7 +802,73 @@ class SplitMachine(EngineMachine):
         for task in self.held[w]:
             if task.end is not None:
                 self.trainers[w].progress(task, task.end)
+                self._took(task, task.end)
         self.trainers[w].flush_progress()
+
+    #: the model's fields that go back with the server in a rollback (the trainers, what
+    #: they hold and the tokens seen stay: the trainers' memory does not go back)
+    MODEL = (
+        "acked",
+        "last_pass",
+        "last_round",
+        "last_done",
+        "forced",
+        "summaries_seen",
+        "open_ck",
+        "sealed",
+        "appended_ids",
+    )
+
+    def _took(self, task: taskq.Task, n: int | None = None) -> None:
+        """Samples [task.start, n) were taken by the loop (trained, whatever the server
+        keeps after): up to the end its holder honours now (``task.end``, or the task's
+        50). Kept per pass, across its attempts (a rewind's or a rollback's re-lease
+        starts where the earlier holders' progress got)."""
+        end = task.end if task.end is not None else 50
+        hi = end if n is None else min(n, end)
+        self.taken.setdefault((self._meta("pass"), task.id), set()).update(range(task.start, hi))
+
+    def _check_read(self, task: taskq.Task) -> None:
+        """A task counted done had every sample taken in its pass (none skipped)."""
+        missing = set(range(50)) - self.taken.get((self._meta("pass"), task.id), set())
+        assert not missing, f"task {task.id} done with samples no holder took: {sorted(missing)}"
+
+    @invariant()
+    def remember(self) -> None:
+        """What a lagging replica or the AOF may hold: the job's keys after each of the
+        last three steps (not its clock: time does not go back), with the model then."""
+        if self.cancelled:
+            return
+        keys = self.client.keys(self.job)
+        if self.raw is None:
+            self.raw = redis.Redis.from_url(self.url)
+        pipe = self.raw.pipeline(transaction=False)
+        names = [k for k in keys.all if k != keys.clock]
+        for k in names:
+            pipe.dump(k)
+        model = copy.deepcopy({f: getattr(self, f) for f in self.MODEL})
+        self.snaps.append((dict(zip(names, pipe.execute(), strict=True)), model))
+        del self.snaps[:-3]
+
+    @precondition(lambda self: not self.cancelled and len(self.snaps) > 1)
+    @rule(back=st.integers(1, 2))
+    def rollback(self, back: int) -> None:
+        """Redis goes back ``back`` steps (a lagging replica promoted, the AOF's last
+        second lost) under running trainers, splits pending, confirmed or acked since:
+        what the server forgot is leased and read again, never skipped (the model of the
+        samples taken and the teardown's pass end check it)."""
+        dumps, model = self.snaps[-1 - min(back, len(self.snaps) - 1)]
+        assert self.raw is not None
+        pipe = self.raw.pipeline(transaction=False)
+        for key, value in dumps.items():
+            if value is None:
+                pipe.delete(key)
+            else:
+                pipe.restore(key, 0, value, replace=True)
+        pipe.execute()
+        for f, v in copy.deepcopy(model).items():
+            setattr(self, f, v)
+        self.snaps.clear()
 
     @invariant()
     def split_tasks_partitioned(self) -> None:
