@@ -162,7 +162,7 @@ def job() -> None:
 )
 @click.option(
     "--split-tails/--no-split-tails",
-    default=False,
+    default=True,
     show_default=True,
     help="At a pass's tail an idle trainer takes the unread end of a task running long.",
 )

@@ -31,10 +31,8 @@ class JobConfig:
     auto_advance: bool = True
     manual_clock: bool = False
     #: tail splitting: an idle trainer at a pass's tail takes the unread end of a started
-    #: task running long (docs/design.md, "Tail splitting"); needs the task's size. Off by
-    #: default until a split is accounted by every verb (checkpoint, rewind, retry,
-    #: timeout, steal, rollback, the DDP pass end)
-    split_tails: bool = False
+    #: task running long (docs/design.md, "Tail splitting"); needs the task's size
+    split_tails: bool = True
 
 
 @dataclass(eq=False)

@@ -219,7 +219,7 @@ class Client:
         backup_leases: bool = False,
         backup_factor: float = 2.0,
         shards: int = 1,
-        split_tails: bool = False,
+        split_tails: bool = True,
         stream: bool = False,
         max_backlog: int | None = None,
     ) -> JobStatus:
@@ -252,9 +252,7 @@ class Client:
             split_tails: at the tail of a pass an idle trainer may take the unread end of
                 a started task running long (its holder's lease then ends there); each
                 sample is still read once. Needs the task's size, which a holder sends
-                with its progress (docs/design.md, "Tail splitting"). Off by default
-                until a split is accounted by every verb (checkpoint, rewind, retry,
-                timeout, steal, a Redis rollback, the DDP pass end).
+                with its progress (docs/design.md, "Tail splitting"). On by default.
             stream: a job whose data keeps arriving (``chunks`` may be empty): its pass
                 does not end while the stream is open, trainers with nothing to lease
                 wait for ``append``; ``seal`` closes it (docs/streams.md). With
