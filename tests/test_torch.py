@@ -469,3 +469,40 @@ def test_local_pass_end_after_load_state_dict_does_not_wait_for_a_dead_peers_tas
         assert list(loader) == []
     stuck.close()
     assert client.status(job_name).state == "completed"
+
+
+def test_state_dict_counts_the_last_batch_even_when_the_feeder_collected_just_before(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """state_dict() right after a batch: the feeder thread may have taken the main
+    thread's acks and progress a moment before the loop settled that batch and asked for
+    the checkpoint. The checkpoint still counts the batch (its call takes what was asked
+    first): restarted from it, no row taken before comes again and every other row does.
+    The feeder is held in that moment here, to make the interleaving certain."""
+    from taskq.torchdata.ledger import Ledger
+
+    chunks = write_jsonl(tmp_path, 4, 6)
+    make_job(client, job_name, chunks)
+    armed = threading.Event()
+    real_collect = Ledger.collect
+
+    def collect(ledger: Ledger) -> list[Any]:
+        got = real_collect(ledger)
+        if armed.is_set():
+            armed.clear()  # the main thread settles and asks now: wait for its call
+            cur = loader.current
+            assert cur is not None and wait_until(lambda: bool(cur.feeder._calls), 10.0)
+        return got
+
+    monkeypatch.setattr(Ledger, "collect", collect)
+    with _loader(url, job_name, 0, shuffle=False, interleave=1) as loader:
+        it = iter(loader)
+        before = rows_of(next(it)) + rows_of(next(it)) + rows_of(next(it))
+        armed.set()
+        assert wait_until(lambda: not armed.is_set(), 10.0)  # the feeder waits in the gap
+        state = loader.state_dict()
+    with _loader(url, job_name, 0, shuffle=False, interleave=1) as second:
+        assert second.load_state_dict(state, key="restart-1")
+        rest = [r for b in second for r in rows_of(b)]
+    assert not set(before) & set(rest), sorted(set(before) & set(rest))
+    assert sorted(before + rest) == [(f, i) for f in range(4) for i in range(6)]

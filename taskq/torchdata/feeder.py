@@ -455,8 +455,6 @@ class Feeder(threading.Thread):
         Returns:
             The number of tasks given back.
         """
-        self._acks += self.ledger.collect()  # what the loop asked before this call
-        self._ack(self._take_acks())
         back = self.ahead.restart(
             tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken, cut
         )
@@ -483,6 +481,9 @@ class Feeder(threading.Thread):
 
     def _run_calls(self) -> None:
         assert self.trainer is not None
+        # what the main thread asked before its call (it may have asked since this
+        # loop's last collect: a checkpoint must count that batch's acks and progress)
+        self._acks += self.ledger.collect()
         self._ack(self._take_acks())
         self.trainer.flush_progress()
         while self._calls:
