@@ -117,10 +117,11 @@ class Feeder(threading.Thread):
         self.error: BaseException | None = None
         self.pass_no: int | None = None
         self.trainer: Trainer | None = None
-        #: what this iteration holds and what the main thread asked about it
-        self.ledger = Ledger(dataset.job)
-        self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._wake = threading.Event()
+        #: what this iteration holds and what the main thread asked about it (the main
+        #: thread asks there; an ack, a fail or an end honoured wakes this thread)
+        self.ledger = Ledger(dataset.job, self._wake.set)
+        self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._finish = threading.Event()
         #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
         #: late work read in the main process), "end"
@@ -132,44 +133,6 @@ class Feeder(threading.Thread):
         self._got_at = time.monotonic()
 
     # -- the main thread's side ---------------------------------------------------
-    @property
-    def acked(self) -> int:
-        """Tasks acked by this iteration so far."""
-        return self.ledger.acked
-
-    @property
-    def failed(self) -> int:
-        """Tasks failed by this iteration so far."""
-        return self.ledger.failed
-
-    def holds(self, task_id: int, token: int) -> bool:
-        """True while (task, token) was leased by this iteration and not ended."""
-        return self.ledger.holds(task_id, token)
-
-    def pass_of(self, task_id: int, token: int) -> int | None:
-        """The pass of (task, token) while this iteration holds it, else None."""
-        return self.ledger.pass_of(task_id, token)
-
-    def ack(self, pairs: list[tuple[int, int]]) -> None:
-        """Ack these (task, token) pairs (in one call, soon)."""
-        self.ledger.ack(pairs)
-        self._wake.set()
-
-    def progress(self, reached: dict[tuple[int, int], int]) -> None:
-        """Record that the loop took samples ``[0, n)`` of these (task, token) -> n: kept
-        for the feeder thread, which hands them to the trainer (sent with its heartbeat)."""
-        self.ledger.progress(reached)
-
-    def honour(self, task_id: int, token: int, end: int) -> None:
-        """The task's reader honours ``end`` from now on (its "end" entry): reported at
-        once (it may confirm a split of the task, docs/torch.md)."""
-        self.ledger.honour(task_id, token, end)
-        self._wake.set()
-
-    def read_to(self, task_id: int, token: int, end: int) -> None:
-        """Where the task's reading ended (the loop took its last sample), for its ack."""
-        self.ledger.read_to(task_id, token, end)
-
     def moved_ends(self) -> list[tuple[int, int, int]]:
         """(task, token, end) of the tasks sent to the readers whose end moved since the
         last call (a split while they are read: the main thread cuts them, cut.py)."""
@@ -178,11 +141,6 @@ class Feeder(threading.Thread):
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
-        self._wake.set()
-
-    def fail(self, task_id: int, token: int, text: str) -> None:
-        """Fail one task with the reader's error text."""
-        self.ledger.fail(task_id, token, text)
         self._wake.set()
 
     def call(self, fn: Callable[[Trainer], Any], timeout: float = 60.0) -> Any:

@@ -10,7 +10,7 @@ uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()
 goes on; if torch raises anything else, every task held and not committed is released,
 then the error is raised again.
 
-Data flow: training loop -> iteration.py -> feeder.py (trainer/core.py -> Redis);
+Data flow: training loop -> iteration.py -> ledger.py -> feeder.py (trainer/core.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
 """
 
@@ -50,6 +50,8 @@ class TaskqIter:
         self.loader_ref = weakref.ref(loader)
         self.torch_iter: Any = torch_iter
         self.feeder = feeder
+        #: what the loop asks about the tasks (acks, fails, progress; the feeder performs it)
+        self.ledger = feeder.ledger
         self.feed = feed
         self.on_error = loader.on_error
         self.pass_end = loader.pass_end
@@ -139,7 +141,7 @@ class TaskqIter:
             finished = []
             reached: dict[Pair, int] = {}
             passes: Counter[int] = Counter()
-            pass_of, own_pass = self.feeder.pass_of, self.feeder.pass_no
+            pass_of, own_pass = self.ledger.pass_of, self.feeder.pass_no
             if own_pass is None:  # set before the feeder's first lease: never here
                 own_pass = -1
             for task_id, token, index, last in tags:
@@ -151,7 +153,7 @@ class TaskqIter:
                     if of is not None:
                         finished.append((task_id, token))
                         # where its reading ended (its ack says it: a split's point)
-                        self.feeder.read_to(task_id, token, index + 1)
+                        self.ledger.read_to(task_id, token, index + 1)
                 else:
                     # a task's samples come in increasing position: the last one counts
                     reached[task_id, token] = index + 1
@@ -170,7 +172,7 @@ class TaskqIter:
         if self.hold:
             self._pending.update(dict.fromkeys(pairs))
         else:
-            self.feeder.ack(pairs)
+            self.ledger.ack(pairs)
 
     def _ack_later(self, pairs: list[Pair]) -> None:
         """Ack tasks nothing is left to take of, with the last batch handed out: its
@@ -199,7 +201,7 @@ class TaskqIter:
                     for key, n in reached.items():
                         self._pending_reached[key] = max(n, self._pending_reached.get(key, 0))
                 else:
-                    self.feeder.progress(reached)
+                    self.ledger.progress(reached)
             if taken:
                 self._ack(taken)
 
@@ -299,7 +301,7 @@ class TaskqIter:
             if (t in reading or (t, tok) in upto)
             and upto.get((t, tok)) != -1
             and (t, tok) not in self._cut
-            and self.feeder.holds(t, tok)
+            and self.ledger.holds(t, tok)
         }
         if not points:
             return
@@ -330,7 +332,7 @@ class TaskqIter:
         for (task_id, token), end in ends.items():
             self._cut[task_id, token] = end
             self._points.pop((task_id, token), None)
-            self.feeder.honour(task_id, token, end)
+            self.ledger.honour(task_id, token, end)
         log.debug(
             "job %s: cut at %s, %d samples read ahead left to the tails' holders",
             self.feeder.dataset.job,
@@ -418,7 +420,7 @@ class TaskqIter:
         )
 
     def _control(self, ctrl: list[Any]) -> None:
-        holds = self.feeder.holds
+        holds = self.ledger.holds
         for kind, task_id, token, text in ctrl:
             if not holds(task_id, token):
                 continue
@@ -427,15 +429,15 @@ class TaskqIter:
             if kind == "end":
                 if int(text) <= self._points.get((task_id, token), -1):
                     del self._points[task_id, token]  # its reader stops at the point itself
-                self.feeder.honour(task_id, token, int(text))
+                self.ledger.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):
                 if text:
-                    self.feeder.read_to(task_id, token, int(text))
+                    self.ledger.read_to(task_id, token, int(text))
                 self._ack_later([(task_id, token)])
                 self._upto[task_id, token] = -1
                 continue
-            self.feeder.fail(task_id, token, text)
+            self.ledger.fail(task_id, token, text)
             if self.on_error == "raise":
                 raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
 
@@ -484,8 +486,8 @@ class TaskqIter:
         self._note_end()
         loader = self.loader_ref()
         if loader is not None:
-            loader.counts["tasks_acked"] += self.feeder.acked
-            loader.counts["tasks_failed"] += self.feeder.failed
+            loader.counts["tasks_acked"] += self.ledger.acked
+            loader.counts["tasks_failed"] += self.ledger.failed
 
     def _note_end(self) -> None:
         loader = self.loader_ref()

@@ -4,7 +4,15 @@ The main thread records here what the loop did (a task taken to its end: ack it;
 reader failed: fail it; how far the loop got into a task); the feeder thread, the only
 one that calls the trainer, performs it: acks (``MAX_BATCH`` per call, or carried by the
 next lease call), fails, progress handed to the trainer, releases, and with
-``acks="commit"`` the commit of what the loop took since the last one.
+``acks="commit"`` the commit of what the loop took since the last one. The main thread
+asks here directly (``TaskqIter.ledger``); an ack, a fail or an end honoured wakes the
+feeder thread.
+
+Who owns what a trainer process holds: the trainer's ``HeldLeases`` (trainer/leases.py)
+its leases, by the task's id in its shard, until the server's reply ends them; this ledger
+what the loop may still count, ack or fail, by the job-wide name, until the main thread
+asks (the main thread reads it for every sample, without a call to the trainer); the
+readers' queue and reserve (readahead.py) what was sent to the readers.
 
 Data flow: loader iterator (main thread) -> ledger.py -> feeder.py (its thread) ->
 trainer/core.py -> Redis.
@@ -46,10 +54,12 @@ class Ledger:
 
     Args:
         job: the job name (for messages).
+        wake: wakes the feeder thread (an ack, a fail or an end honoured is asked).
     """
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, wake: Callable[[], None]) -> None:
         self.job = job
+        self._wake = wake
         #: set by the feeder thread once it made the iteration's trainer
         self.trainer: Trainer | None = None
         #: a task's name here (its id; a sharded job's: the job-wide id), set by the feeder
@@ -87,10 +97,12 @@ class Ledger:
     def ack(self, pairs: list[Pair]) -> None:
         """Ack these (task, token) pairs (the feeder thread does, soon)."""
         self._cmds.extend(("ack", t, tok, "") for t, tok in pairs)
+        self._wake()
 
     def fail(self, task_id: int, token: int, text: str) -> None:
         """Fail one task with the reader's error text (the feeder thread does, soon)."""
         self._cmds.append(("fail", task_id, token, text))
+        self._wake()
 
     def progress(self, reached: dict[Pair, int]) -> None:
         """Record that the loop took samples ``[0, n)`` of these (task, token) -> n."""
@@ -105,6 +117,7 @@ class Ledger:
         with self._lock:
             self._known[task_id, token] = end
             self._honoured[task_id, token] = end
+        self._wake()  # reported at once: it may confirm a split of the task
 
     def read_to(self, task_id: int, token: int, end: int) -> None:
         """The task's reading ended at ``end`` (the loop took or dropped all below it):
