@@ -48,6 +48,7 @@ def parse_lease(record: str | None) -> dict[str, Any] | None:
                 "X": "expired",
                 "S": "stolen",
                 "V": "revoked",
+                "U": "split_undone",
             }.get(f[5], f[5]),
         }
     return None

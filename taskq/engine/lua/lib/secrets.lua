@@ -50,15 +50,16 @@ local function is_forged(l, worker, winc, tok)
 end
 
 -- A write about a lease that is not current: a quiet success when its holder (the secret
--- matches) repeats the ending this very lease got (tokens are unique); forged (above);
+-- matches) repeats the ending this very lease got (tokens are unique), or releases a
+-- pending piece whose split was undone (lib/split.lua: it ended as 'U'); forged (above);
 -- else stale. Forged and stale change nothing, are counted.
 local function repeat_or_stale(task, l, kind, worker, winc, tok, op)
   if is_forged(l, worker, winc, tok) then
     forged(task, worker, tok, op)
     return C.STALE
   end
-  if l and not l.live and l.kind == kind and l.worker == worker and l.winc == winc
-      and l.token == tok then
+  if l and not l.live and (l.kind == kind or (l.kind == 'U' and kind == 'R'))
+      and l.worker == worker and l.winc == winc and l.token == tok then
     return C.DUP
   end
   mincr(F.C_STALE)

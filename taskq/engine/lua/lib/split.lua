@@ -271,12 +271,13 @@ local function split_ended(task, l, acked, worker, tok)
   if acked then
     if not l.backup and not s.cf then
       -- the head was acked before it knew the split point: it read the whole task, so the
-      -- pending tail (which read nothing) is revoked and the split undone
+      -- pending tail (which read nothing) ends and the split is undone. Not a fault: its
+      -- lease ends as 'U' (undone), not counted revoked, and its holder's release of it
+      -- (often under way: it hands a pending piece back) is a quiet repeat, not stale
       local o = other_lease(task, l)
       if o then
-        end_lease(task, o, 'V')
-        mincr(F.C_REVOKED)
-        event('revoked', 'task', task, 'worker', o.worker, 'reason', 'split_undone')
+        end_lease(task, o, 'U')
+        event('split_undone', 'task', task, 'worker', o.worker)
       end
       s.m, s.tp, s.hd, s.td, s.cf = s.n, s.n, true, true, true
       split_rec(task, s)
