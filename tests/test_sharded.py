@@ -180,6 +180,24 @@ def test_trainers_on_a_single_redis_run_every_pass_once(
     assert [(p["pass"], p["done"]) for p in audit["passes"]] == [(0, 30), (1, 30), (2, 30)]
 
 
+def test_a_trainer_of_either_kind_of_job_is_a_trainer(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """``taskq.Trainer(name)`` is one class: for a sharded job and a plain one alike it is
+    a ``taskq.Trainer`` (its ``sharded`` says which part it composes), chosen from the
+    job's record, not by a probe returning another class."""
+    plain = job_name[:-1] + "p"
+    client.create_job(job_name, [{"i": i} for i in range(6)], shards=3)
+    client.create_job(plain, [{"i": i} for i in range(6)])
+    for name, is_sharded in ((job_name, True), (plain, False)):
+        with taskq.Trainer(name, url=url, heartbeat=False, handle_signals=False) as tr:
+            assert type(tr) is taskq.Trainer and isinstance(tr, taskq.Trainer)
+            assert tr.sharded is is_sharded
+            task = tr.lease(timeout=2.0)
+            assert task is not None
+            tr.ack(task)
+
+
 def kill_shard(client: taskq.Client, shard: str) -> list[int]:
     """Fail every task of ``shard`` once (dead at ``max_failures=1``); their ids."""
     ids = []
