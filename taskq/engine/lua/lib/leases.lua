@@ -3,7 +3,7 @@
 -- endings.lua's; whose a write is (the caller's lease secret) is secrets.lua's.
 -- A lease record (HASH leases, field task) is
 --   "L|worker|winc|token|round|R-or-S|since_ms|call_no|attempt|digest"  (current)
---   "E|worker|winc|token|round|A-F-X|digest"                            (just ended)
+--   "E|worker|winc|token|round|A-F-R-X-S-V-U|digest"                    (just ended)
 -- digest: the holder's lease secret digest (use_secret), copied from the worker record
 -- at the grant so the ended record still answers the holder's repeats after the worker
 -- record is gone. Tokens order leases and anyone who reads the hash sees them; only the
