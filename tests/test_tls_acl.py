@@ -84,7 +84,7 @@ def strict_context(d: Path) -> ssl.SSLContext:
 
 @pytest.fixture(scope="module")
 def tls_server() -> Iterator[tuple[int, Path]]:
-    d = Path(tempfile.mkdtemp(prefix="taskq-tls-"))
+    d = Path(tempfile.mkdtemp(prefix="taskq-tlsca-"))
     make_certs(d)
     port = free_port()
     tls = dict(
