@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import taskq
 from taskq import devserver
+from taskq.ops.stopping import StopOnSignals
 
 from . import demo_report
 from .common import console
@@ -123,7 +124,8 @@ def demo(
     # Ctrl-C only sets a flag, checked between steps: a KeyboardInterrupt raised inside a
     # fork's at-fork handlers would be swallowed and the demo would run on.
     stop = threading.Event()
-    old_sigint = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    ctrl_c = StopOnSignals(stop, signals=(signal.SIGINT,))
+    ctrl_c.install()
     try:
         if url is None:
             server = local_redis()
@@ -176,7 +178,7 @@ def demo(
         click.echo("taskq: demo interrupted; stopping what it started", err=True)
         ctx.exit(130)
     finally:
-        signal.signal(signal.SIGINT, old_sigint)
+        ctrl_c.restore()
         if fleet is not None:
             fleet.stop_all()
         if server is not None:

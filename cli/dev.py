@@ -10,13 +10,13 @@ Data flow: operator -> cli/dev.py -> taskq.devserver (server processes); nothing
 
 from __future__ import annotations
 
-import signal
 import threading
 
 import click
 
 import taskq
 from taskq import devserver
+from taskq.ops.stopping import StopOnSignals
 
 
 @click.group("dev")
@@ -45,11 +45,7 @@ def cluster(masters: int, server: str | None) -> None:
     Then, in another shell: export that line, and ``taskq job create web --files
     'data/*.jsonl' --shards 3`` makes a job spread over the masters (docs/sharding.md)."""
     stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: stop.set())
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
+    with StopOnSignals(stop):
         with devserver.RedisCluster(masters, binary=server, new_session=True) as nodes:
             ports = ", ".join(str(s.port) for s in nodes.servers)
             click.echo(f"export TASKQ_REDIS_URL={nodes.url}")
@@ -64,7 +60,4 @@ def cluster(masters: int, server: str | None) -> None:
                 ]
                 if gone:
                     raise taskq.TaskqError(f"dev cluster: the node on port {gone[0]} exited")
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     click.echo("taskq: the local cluster is stopped", err=True)

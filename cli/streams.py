@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import select
-import signal
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ import click
 import taskq
 from taskq import datasets
 from taskq.engine.contract import APPEND_MAX
+from taskq.ops.stopping import StopOnSignals
 
 from .common import client_of, echo_json
 from .job import job
@@ -347,27 +347,26 @@ def follow_cmd(
         "row_groups_per_chunk": row_groups_per_chunk,
     }
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    last_new = time.monotonic()
-    while not stop.is_set():
-        listed = _listing(files, storage_options)
-        keys = [_file_key(*f) for f in listed]
-        known = handle.files_appended(keys)
-        for (path, _size, _version), key, seen in zip(listed, keys, known, strict=True):
-            if seen or stop.is_set():
-                continue
-            try:
-                chunks = _file_chunks(path, fmt, sizing, storage_options)
-            except taskq.InvalidInput as e:  # a file still being written: the next listing
-                log.warning("job %s: %s not appended yet: %s", name, path, e)
-                continue
-            r = _append(handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout)
-            handle.file_appended(key, len(chunks))
-            last_new = time.monotonic()
-            click.echo(f"job {name}: {path}: {r.tasks} tasks appended", err=True)
-        if seal_after is not None and time.monotonic() - last_new >= seal_after:
-            handle.seal()
-            click.echo(f"job {name}: sealed (no new file for {seal_after:g}s)", err=True)
-            return
-        stop.wait(every if seal_after is None else min(every, max(0.0, seal_after)))
+    with StopOnSignals(stop):
+        last_new = time.monotonic()
+        while not stop.is_set():
+            listed = _listing(files, storage_options)
+            keys = [_file_key(*f) for f in listed]
+            known = handle.files_appended(keys)
+            for (path, _size, _version), key, seen in zip(listed, keys, known, strict=True):
+                if seen or stop.is_set():
+                    continue
+                try:
+                    chunks = _file_chunks(path, fmt, sizing, storage_options)
+                except taskq.InvalidInput as e:  # a file still being written: the next listing
+                    log.warning("job %s: %s not appended yet: %s", name, path, e)
+                    continue
+                r = _append(handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout)
+                handle.file_appended(key, len(chunks))
+                last_new = time.monotonic()
+                click.echo(f"job {name}: {path}: {r.tasks} tasks appended", err=True)
+            if seal_after is not None and time.monotonic() - last_new >= seal_after:
+                handle.seal()
+                click.echo(f"job {name}: sealed (no new file for {seal_after:g}s)", err=True)
+                return
+            stop.wait(every if seal_after is None else min(every, max(0.0, seal_after)))

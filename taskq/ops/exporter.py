@@ -15,7 +15,6 @@ client.status() -> stats.py -> Redis (reads only).
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from taskq.admin.stats import LEASE_AGE_BOUNDS_S
 from taskq.engine.connection import REDIS_ERRORS
 from taskq.models import STATES, JobStatus
 from taskq.ops.exporter_input import input_families
+from taskq.ops.stopping import StopOnSignals
 
 if TYPE_CHECKING:
     from taskq.admin.client import Client
@@ -430,14 +430,6 @@ def serve(
     """
     server, thread = start(client, port=port, addr=addr, jobs=jobs)
     stop = threading.Event()
-    previous: dict[int, Any] = {}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, on_signal)
     log.info(
         "exporter: serving /metrics on %s:%d for %s",
         addr,
@@ -445,11 +437,9 @@ def serve(
         ", ".join(jobs) if jobs else "every job",
     )
     try:
-        while not stop.wait(1.0):
-            pass
+        with StopOnSignals(stop):
+            stop.wait()
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-        for old_sig, handler in previous.items():
-            signal.signal(old_sig, handler)

@@ -22,8 +22,6 @@ import signal
 import socket
 import threading
 import time
-from types import FrameType
-from typing import Any
 
 import redis
 from redis.backoff import AbstractBackoff, EqualJitterBackoff
@@ -32,6 +30,7 @@ from taskq import errors
 from taskq.admin import sharded
 from taskq.admin.client import Client
 from taskq.ops.connwatch import ConnWatch
+from taskq.ops.stopping import StopOnSignals
 
 log = logging.getLogger("taskq.reaper")
 
@@ -254,24 +253,16 @@ class Reaper:
             The process exit code: ``EXIT_OK`` after a requested stop, ``EXIT_GAVE_UP``.
         """
         stop = stop if stop is not None else threading.Event()
-        old_handlers: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
 
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                log.info(
-                    "%s received: stopping after the current tick", signal.Signals(signum).name
-                )
-                stop.set()
+        def on_signal(signum: int) -> None:
+            log.info("%s received: stopping after the current tick", signal.Signals(signum).name)
 
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old_handlers[sig] = signal.signal(sig, on_signal)
         try:
-            return self._loop(stop)
+            with StopOnSignals(stop, on_signal=on_signal):
+                return self._loop(stop)
         finally:
             if self.watch is not None:
                 self.watch.close()
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
 
     def _loop(self, stop: threading.Event) -> int:
         jobs = "every job" if self.jobs is None else ", ".join(self.jobs) or "no job"
