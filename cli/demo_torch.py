@@ -5,6 +5,9 @@ every row with a unique ``id``), builds its chunks with ``taskq.data.build_chunk
 creates a two-pass job, and runs three trainer processes, each a
 ``taskq.torch.DataLoader`` (the default readers, two DataLoader workers) over its own
 copy of a one-weight linear model (no gradient exchange: the data path is the point).
+Each trainer saves its weights after every step; one whose first step falls in a later
+pass starts from the latest saved (as an elastic job's late joiner restores the last
+checkpoint), so the loss per pass falls whoever joined when.
 Mid-pass one trainer is SIGKILLed and another one is added. At the end it prints the loss
 per pass and the per-sample audit: every row taken once per pass, except what the killed
 trainer took after its last progress record (read again by the next holder, at most one
@@ -96,9 +99,9 @@ def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> 
     torch.manual_seed(int(index))
     torch.set_num_threads(1)
     model = torch.nn.Linear(1, 1)
-    # (a step large enough that a trainer joining late, with a fresh model, is near the
-    # line within a pass: the loss per pass falls whoever finished it)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    weights = os.path.join(run_dir, "weights.pt")
+    steps = 0
     ds = taskq.torch.TaskDataset(
         job, to_tensors, client=taskq.Client(url, key_prefix=prefix or None)
     )
@@ -109,10 +112,18 @@ def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> 
         while loader.state not in ("completed", "cancelled"):
             total, n = 0.0, 0
             for batch in loader:
+                if steps == 0 and loader.pass_no > 0 and os.path.exists(weights):
+                    # joined after the first pass: start where the others got to
+                    model.load_state_dict(torch.load(weights))
                 loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                steps += 1
+                # saved before the batch's samples are acked: when a pass ends, the
+                # weights of its last step are on disk
+                torch.save(model.state_dict(), f"{weights}.{index}")
+                os.replace(f"{weights}.{index}", weights)
                 total += float(loss) * len(batch["id"])
                 n += len(batch["id"])
                 log.write("".join(f"{loader.pass_no} {i}\n" for i in batch["id"].tolist()))
