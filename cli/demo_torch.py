@@ -112,7 +112,7 @@ def _trainer_main(url: str, prefix: str, job: str, index: str, run_dir: str) -> 
         while loader.state not in ("completed", "cancelled"):
             total, n = 0.0, 0
             for batch in loader:
-                if steps == 0 and loader.pass_no > 0 and os.path.exists(weights):
+                if steps == 0 and (loader.pass_no or 0) > 0 and os.path.exists(weights):
                     # joined after the first pass: start where the others got to
                     model.load_state_dict(torch.load(weights))
                 loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
