@@ -43,10 +43,19 @@ class Net(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         if self.kill_at is not None and self.global_step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        entry = {"step": self.global_step, "pass": self.loader.batch_pass, "rows": rows_of(batch)}
+        padding = self.loader.batch_is_padding
+        entry = {
+            "step": self.global_step,
+            "epoch": self.current_epoch,
+            "pass": self.loader.batch_pass,
+            "rows": [] if padding else rows_of(batch),
+            "padding": padding,
+        }
         with open(os.path.join(self.log_dir, f"rank{self.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps(entry) + "\n")
-        return self.lin(batch["i"].float().unsqueeze(1)).pow(2).mean()
+        loss = self.lin(batch["i"].float().unsqueeze(1)).pow(2).mean()
+        # even_steps: a padding batch steps beside the other ranks, training nothing
+        return loss * 0 if padding else loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-4)
@@ -64,8 +73,9 @@ def main() -> int:
     a = ap.parse_args()
     passes = taskq.Client(a.url).status(a.job, summaries=0).passes
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
-    # Lightning's loop fetches one batch ahead of its step (ahead=1) and asks every rank
-    # for the loader's state at a checkpoint (collective=True): docs/frameworks.md
+    # Lightning's loop fetches one batch ahead of its step (ahead=1), asks every rank
+    # for the loader's state at a checkpoint (collective=True), and its DDP needs every
+    # rank to step as often as the others (even_steps=True): docs/frameworks.md
     loader = taskq.torch.DataLoader(
         ds,
         batch_size=4,
@@ -73,6 +83,7 @@ def main() -> int:
         pass_end="local",
         ahead=int(os.environ.get("LT_AHEAD", "1")),
         collective=True,
+        even_steps=os.environ.get("LT_EVEN", "1") == "1",
     )
     callbacks = []
     if a.every:

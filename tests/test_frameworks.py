@@ -69,35 +69,71 @@ def test_lightning_fit_trains_every_sample_once_per_pass(
         assert set(seen) == rows and max(seen.values()) == 1, p
 
 
-def test_lightning_checkpoint_resumes_the_loader_exactly(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+def _per_rank(log_dir: Path) -> dict[str, list[dict]]:
+    return {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(log_dir.glob("rank*.jsonl"))
+    }
+
+
+@pytest.mark.parametrize("shape", ["five_tasks", "one_task"])
+def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, shape: str
 ) -> None:
-    """Lightning's ``ModelCheckpoint(every_n_train_steps=5)`` holds the loader's state;
-    the run dies (SIGKILL) entering step 12, after the checkpoint of step 10; ``fit(
-    ckpt_path=...)`` resumes: the first run's steps up to the checkpoint and the resumed
-    run's steps hold every row of the pass once. Lightning's fetcher took a batch ahead
-    of the checkpointed step: that batch must not count as trained."""
+    """Lightning DDP on 2 gloo ranks with ``even_steps=True``: taskq gives each rank the
+    tasks it leases, so their batch counts differ (without even_steps the rank with more
+    waits in backward's allreduce for ever); here each epoch both ranks step equally
+    often, the rank out first stepping on padding (``batch_is_padding``, loss x 0), fit
+    returns, every row is trained once per pass and the job completes. ``one_task``: one
+    unsplit task of 5 batches, so one rank has nothing to repeat and is sent the other's
+    batch."""
+    if shape == "five_tasks":
+        make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+        rows, passes = {(f, i) for f in range(5) for i in range(20)}, {0, 1}
+    else:
+        chunks = write_jsonl(tmp_path / "data", 1, 18)
+        make_job(client, job_name, chunks, passes=1, split_tails=False)
+        rows, passes = {(0, i) for i in range(18)}, {0}
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("lightning_proc.py", url, job_name, str(log), "2")
+    ranks = _per_rank(log)
+    assert len(ranks) == 2
+    steps = [Counter(e["epoch"] for e in entries) for entries in ranks.values()]
+    assert steps[0] == steps[1] and set(steps[0]) == passes, steps
+    trained = [e for entries in ranks.values() for e in entries if not e["padding"]]
+    per_pass = _per_pass(trained)
+    assert set(per_pass) == passes
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+    padding = sorted(sum(e["padding"] for e in entries) for entries in ranks.values())
+    if shape == "one_task":
+        assert padding == [0, 5], padding
+    assert client.status(job_name).state == "completed"
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_lightning_checkpoint_resumes_the_loader_exactly(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, devices: int
+) -> None:
+    """Lightning's ``ModelCheckpoint(every_n_train_steps=5)`` holds the loader's state
+    (with 2 DDP ranks, what both took: ``collective=True``); every rank dies (SIGKILL)
+    entering step 12, after the checkpoint of step 10; ``fit(ckpt_path=...)`` on one
+    process resumes: the first run's steps up to the checkpoint and the resumed run's
+    steps hold every row of the pass once. Lightning's fetcher took a batch ahead of the
+    checkpointed step: that batch must not count as trained."""
     make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=1)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
-    done = _run(
-        "lightning_proc.py",
-        url,
-        job_name,
-        str(first),
-        "1",
-        "--every",
-        "5",
-        "--kill-at",
-        "12",
-        check=False,
-    )
+    args = [url, job_name, str(first), str(devices), "--every", "5", "--kill-at", "12"]
+    done = _run("lightning_proc.py", *args, check=False)
     assert done.returncode != 0
     ckpts = sorted((first / "ckpt").glob("*step=10*.ckpt"))
     assert ckpts, list((first / "ckpt").iterdir())
     _run("lightning_proc.py", url, job_name, str(second), "1", "--resume", str(ckpts[0]))
     before = [e for e in _trained(first) if e["step"] < 10]
+    assert len(before) == 10 * devices
     after = _trained(second)
     assert [e["step"] for e in after][:1] == [10]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from torch_helpers import jsonl_reader, make_job, rows_of, write_jsonl
 
 import taskq
@@ -43,6 +44,33 @@ def test_a_batch_of_the_last_pass_in_the_next_epoch_says_so(
     assert len(old) + len(new) == len(seen) == 2 + 8
     assert old == [{held_f}, {held_f}]  # the task given back, of pass 0, flagged
     assert sorted(f for files in new for f in files) == sorted([0, 1, 2, 3] * 2)
+
+
+def test_with_ahead_the_pass_named_is_the_stepped_batchs(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """A framework fetching one batch ahead (``ahead=1``, Lightning) steps on the batch
+    before the one it fetched last: ``batch_passes`` names that batch (4 samples, not the
+    2 of the batch fetched ahead), and after the iteration ended the last one."""
+    chunks = write_jsonl(tmp_path, 1, 6)
+    for ahead, after_two in ((1, {0: 4}), (0, {0: 2})):
+        job = f"{job_name}-{ahead}"
+        make_job(client, job, chunks, passes=1)
+        ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader)
+        with taskq.torch.DataLoader(ds, batch_size=4, pass_end="local", ahead=ahead) as loader:
+            it = iter(loader)
+            first = next(it)
+            assert len(first["i"]) == 4 and loader.batch_passes == {0: 4}
+            assert len(next(it)["i"]) == 2
+            assert loader.batch_passes == after_two, ahead
+            assert next(it, None) is None
+            assert loader.batch_passes == {0: 2} and not loader.batch_is_padding
+
+
+def test_even_steps_needs_the_local_pass_end(url: str, job_name: str) -> None:
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
+    with pytest.raises(taskq.InvalidInput, match='even_steps needs pass_end="local"'):
+        taskq.torch.DataLoader(ds, even_steps=True)
 
 
 def test_progress_counts_the_whole_jobs_pass(

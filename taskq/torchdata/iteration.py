@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import errors
 from . import cut
 from .dataset import Feed, TaskDataset, TaskMsg, Unit, being_read, stop_msg
+from .even import EvenSteps
 from .feeder import Feeder
 
 if TYPE_CHECKING:
     from .host import IterationHost
 
 _JOIN_S = 15.0
+#: stands after the last batch yielded once the iteration ended (``TaskqIter.stepped``)
+_END_MARK: tuple[dict[int, int], bool] = ({}, False)
 #: worker deaths one iteration survives; the next one is raised (a task that kills every
 #: reader would otherwise be read for ever)
 _MAX_RESTARTS = 3
@@ -46,7 +49,14 @@ Pair = tuple[int, int]
 class TaskqIter:
     """One pass of a ``taskq.torch.DataLoader``: yields the user's batches."""
 
-    def __init__(self, loader: IterationHost, torch_iter: Any, feeder: Feeder, feed: Feed) -> None:
+    def __init__(
+        self,
+        loader: IterationHost,
+        torch_iter: Any,
+        feeder: Feeder,
+        feed: Feed,
+        even: EvenSteps | None = None,
+    ) -> None:
         self.loader_ref = weakref.ref(loader)
         self.torch_iter: Any = torch_iter
         self.feeder = feeder
@@ -85,8 +95,14 @@ class TaskqIter:
         #: split tasks being read and not cut yet: (task, token) -> the split point (a
         #: later split of another task they share batches with may cut both)
         self._points: dict[Pair, int] = {}
-        #: the batch handed out last: samples per pass (loader.batch_pass)
-        self.batch_passes: dict[int, int] = {}
+        #: the batches yielded last, as (samples per pass, a padding repeat): the oldest
+        #: is the one the loop steps on (``ahead`` calls ago; loader.batch_pass)
+        self._yielded: deque[tuple[dict[int, int], bool]] = deque(maxlen=self.ahead + 1)
+        self._passes: dict[int, int] = {}
+        #: even_steps (even.py): the ranks' agreement at each next(); True once they
+        #: agreed that none has a batch
+        self.even = even
+        self._even_over = False
         #: samples handed to the loop in this iteration
         self.samples = 0
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
@@ -107,11 +123,29 @@ class TaskqIter:
         meter.leave()
         return batch
 
+    @property
+    def stepped(self) -> tuple[dict[int, int], bool]:
+        """The batch the loop steps on (yielded ``ahead`` calls ago, or the last one once
+        the iteration ended): its samples per pass, and whether it is a padding repeat."""
+        return self._yielded[0] if self._yielded else ({}, False)
+
     def _next_batch(self) -> Any:
-        if self.ended:
-            raise StopIteration
         try:
-            return self._next()
+            if self.even is not None:
+                batch = self._next_even()
+            elif self.ended:
+                raise StopIteration
+            else:
+                batch = self._next_own()
+        except StopIteration:
+            if self.ahead and self._yielded and self._yielded[-1] is not _END_MARK:
+                self._yielded.append(_END_MARK)  # the loop steps on the last one now
+            raise
+        return batch
+
+    def _next_own(self) -> Any:
+        try:
+            batch = self._next()
         except StopIteration:
             raise
         except BaseException:
@@ -119,6 +153,37 @@ class TaskqIter:
             # acks="commit" it is released all the same: nothing uncommitted is kept)
             self._end(ack_taken=True, shutdown=True)
             raise
+        self._yielded.append((self._passes, False))
+        return batch
+
+    def _next_even(self) -> Any:
+        """even_steps: this rank's next batch if every rank agrees one has a batch
+        (a rank that is out repeats its last one, as padding); StopIteration on every
+        rank at the same call once none has (even.py)."""
+        even = self.even
+        assert even is not None
+        if self._even_over:
+            raise StopIteration
+        batch, have = None, False
+        if not self.ended:
+            try:
+                batch, have = self._next_own(), True
+            except StopIteration:
+                pass
+        verdict = even.agree(have)
+        if verdict.all_out:
+            self._even_over = True
+            raise StopIteration
+        if verdict.pad_source is not None:
+            shared = even.share(batch, verdict.pad_source)
+            if even.pad is None:
+                even.pad = shared
+        if have:
+            even.pad = batch
+            return batch
+        self._counts()["padding_batches"] += 1
+        self._yielded.append(({}, True))
+        return even.pad
 
     def _next(self) -> Any:
         counts = self._counts()
@@ -162,7 +227,7 @@ class TaskqIter:
                 self._upto.update(dict.fromkeys(finished, -1))
                 continue
             self._handed.append((finished, reached))
-            self.batch_passes = dict(passes)
+            self._passes = dict(passes)
             self.samples += len(tags)
             counts["samples"] += len(tags)
             counts["batches"] += 1

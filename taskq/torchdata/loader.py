@@ -26,6 +26,7 @@ from .. import errors
 from ..inputwait import InputMeter
 from . import resume, signals
 from .dataset import END_SLOTS, NO_END, Feed, TaskDataset
+from .even import EvenSteps
 from .feeder import PASS_OVER, Feeder
 from .iteration import TaskqIter
 
@@ -92,6 +93,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         collective: ``state_dict()`` is a collective call of the default
             ``torch.distributed`` process group (frameworks call it on every rank):
             every rank sends what it took, rank 0 checkpoints, all return its state.
+        even_steps: every rank of the ``torch.distributed`` process group yields a
+            batch at the same calls, and the iteration ends on all at the same call: a
+            rank whose pass is over before the others' repeats its last batch, marked
+            ``batch_is_padding``, until none has one (DDP under a loop without
+            ``Join``: Lightning, the HF Trainer; even.py). Needs ``pass_end="local"``.
 
     Raises:
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
@@ -119,6 +125,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         worker_id: str | None = None,
         ahead: int = 0,
         collective: bool = False,
+        even_steps: bool = False,
         **torch_options: Any,
     ) -> None:
         if not isinstance(dataset, TaskDataset):
@@ -140,6 +147,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise errors.InvalidInput(f"pass_end must be one of {_PASS_ENDS}, not {pass_end!r}")
         if acks not in _ACKS:
             raise errors.InvalidInput(f"acks must be one of {_ACKS}, not {acks!r}")
+        if even_steps and pass_end != "local":
+            raise errors.InvalidInput(
+                'even_steps needs pass_end="local": a rank waiting for the pass to end '
+                "everywhere cannot step beside the others"
+            )
         if ahead < 0 or ahead > 8:
             raise errors.InvalidInput(f"ahead must be in [0, 8], got {ahead}")
         if batch_size is not None and batch_size < 1:
@@ -162,6 +174,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.acks = acks
         self.ahead = ahead
         self.collective = collective
+        self.even_steps = even_steps
+        self._even = EvenSteps() if even_steps else None
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
         limit = MAX_HELD // 2
@@ -175,7 +189,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         #: "tasks_acked", "tasks_failed", "worker_restarts" (DataLoader workers that died
         #: and were replaced), "tasks_given_back" (the tasks those were reading),
         #: "samples_handed_on" (read ahead past a split task's point and not handed to
-        #: the loop: the task's other piece has them, torchdata/cut.py)
+        #: the loop: the task's other piece has them, torchdata/cut.py),
+        #: "padding_batches" (even_steps: repeats yielded while other ranks had batches)
         self.counts: Counter[str] = Counter()
         #: the loop's data wait (``next(loader)``) and steps, sent with the heartbeats
         self.input_meter = InputMeter()
@@ -214,18 +229,28 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     @property
     def batch_pass(self) -> int | None:
-        """The pass of the batch yielded last (the oldest one when it mixes two); None
-        before the first batch. With ``pass_end="local"`` an iteration may begin with
-        what is left of the previous pass (a task that came back from a lost trainer):
-        its batches say so here, not ``pass_no``."""
+        """The pass of the batch the loop steps on (the one yielded last; with
+        ``ahead=k`` the one yielded k calls ago) — the oldest pass when it mixes two;
+        None before the first batch and for a padding batch. With ``pass_end="local"``
+        an iteration may begin with what is left of the previous pass (a task that came
+        back from a lost trainer): its batches say so here, not ``pass_no``."""
         passes = self.batch_passes
         return min(passes) if passes else None
 
     @property
     def batch_passes(self) -> dict[int, int]:
-        """The batch yielded last: its samples per pass (``{pass: samples}``)."""
+        """The batch the loop steps on (as ``batch_pass``): its samples per pass
+        (``{pass: samples}``)."""
         cur = self._current
-        return {} if cur is None else dict(cur.batch_passes)
+        return {} if cur is None else dict(cur.stepped[0])
+
+    @property
+    def batch_is_padding(self) -> bool:
+        """``even_steps``: the batch the loop steps on is a repeat this rank yields
+        while the others still have batches (its samples were taken before). Multiply
+        its loss by 0 to step beside them without training it twice."""
+        cur = self._current
+        return cur is not None and cur.stepped[1]
 
     def progress(self) -> PassProgress:
         """How far the job is through this loader's pass, over all trainers: one status
@@ -314,7 +339,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
         feeder.start()
-        self._current = TaskqIter(self, torch_iter, feeder, feed)
+        # even_steps: every rank is here (an epoch's iter()); the agreement's group too
+        even = self._even if self._even is not None and self._even.start() else None
+        self._current = TaskqIter(self, torch_iter, feeder, feed, even)
         return self._current
 
     def _worker_feed(self, iteration: int) -> Feed:
