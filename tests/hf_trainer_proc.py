@@ -6,8 +6,11 @@ A one-weight ``torch.nn.Module`` (no hub download), ``get_train_dataloader`` ret
 taskq's loader and ``get_resumed_dataloader`` returning it as it is (the loader resumes by
 its state, not by skipping batches); a ``TrainerCallback`` saves ``loader.state_dict()``
 into every checkpoint directory and ``train(resume_from_checkpoint=CKPT)`` loads it
-first. Every step appends ``{"step", "pass", "rows"}`` to LOG_DIR/rank0.jsonl before it
-trains. ``--kill-at S``: SIGKILL on entering step S.
+first. Every step appends ``{"step", "pass", "rows", "padding"}`` to LOG_DIR/rank<r>.jsonl
+before it trains. ``--kill-at S``: SIGKILL on entering step S. Under ``torchrun`` (RANK
+set) the Trainer runs DDP on gloo: the loader is ``even_steps=True`` (a rank out first
+steps on repeats, their loss x 0) and ``collective=True`` (every rank's ``on_save`` asks
+for its state, rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -40,15 +43,18 @@ class Net(torch.nn.Module):
     def forward(self, f: torch.Tensor, i: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.kill_at is not None and self.step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        padding = self.loader.batch_is_padding
         entry = {
             "step": self.step,
             "pass": self.loader.batch_pass,
-            "rows": rows_of({"f": f, "i": i}),
+            "rows": [] if padding else rows_of({"f": f, "i": i}),
+            "padding": padding,
         }
         with open(self.log, "a") as out:
             out.write(json.dumps(entry) + "\n")
         self.step += 1
-        return {"loss": self.lin(i.float().unsqueeze(1)).pow(2).mean()}
+        loss = self.lin(i.float().unsqueeze(1)).pow(2).mean()
+        return {"loss": loss * 0 if padding else loss}  # a repeat: step beside the others
 
 
 class LoaderState(TrainerCallback):
@@ -58,8 +64,10 @@ class LoaderState(TrainerCallback):
         self.loader = loader
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE)
-        torch.save(self.loader.state_dict(), path)
+        loader_state = self.loader.state_dict()  # collective: every rank is here
+        if state.is_world_process_zero:
+            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", STATE)
+            torch.save(loader_state, path)
 
 
 class TaskqTrainer(Trainer):
@@ -85,8 +93,11 @@ def main() -> int:
     ap.add_argument("--resume")
     a = ap.parse_args()
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
-    loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local")
-    model = Net(loader, os.path.join(a.log_dir, "rank0.jsonl"), a.kill_at)
+    loader = taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=1, pass_end="local", collective=True, even_steps=True
+    )
+    rank = int(os.environ.get("RANK", "0"))
+    model = Net(loader, os.path.join(a.log_dir, f"rank{rank}.jsonl"), a.kill_at)
     if a.resume:
         loader.load_state_dict(torch.load(os.path.join(a.resume, STATE), weights_only=False))
         model.step = int(a.resume.rsplit("-", 1)[1])

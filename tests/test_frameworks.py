@@ -250,6 +250,38 @@ def test_hf_trainer_trains_every_sample_once_per_pass(
         assert set(seen) == rows and max(seen.values()) == 1, p
 
 
+def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """transformers' ``Trainer`` under ``torchrun`` with 2 gloo ranks (DDP), the loader
+    ``even_steps=True``, ``max_steps`` beyond the job (the Trainer stops at the first epoch
+    with no batch: the job completed): both ranks step equally often in each pass, every
+    row trained once per pass."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*torchrun, "--standalone", str(HERE / "hf_trainer_proc.py"), url, job_name, str(log)]
+        + ["1000"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = _per_rank(log)
+    assert len(ranks) == 2
+    steps = [len(entries) for entries in ranks.values()]
+    assert steps[0] == steps[1], steps
+    per_pass = _per_pass([e for es in ranks.values() for e in es if not e["padding"]])
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == {(f, i) for f in range(5) for i in range(20)}, p
+        assert max(seen.values()) == 1, p
+    assert client.status(job_name).state == "completed"
+
+
 def test_hf_trainer_resume_restores_the_loader_exactly(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
