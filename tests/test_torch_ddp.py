@@ -16,10 +16,12 @@ import taskq.torch
 from taskq.admin import checkpoints
 
 
+@pytest.mark.parametrize("even", [False, True], ids=["join", "even_steps"])
 def test_two_ddp_ranks_two_passes_with_join(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, even: bool
 ) -> None:
-    """Neither rank hangs at a pass end (bounded joins), every row is read once per pass
+    """Neither rank hangs at a pass end (bounded joins; or ``even_steps``: the rank out
+    first steps on padding, so both step equally often), every row is read once per pass
     by exactly one rank, the ranks end with the same weights, and the audit shows every
     task acked once in each pass."""
     sizes = [5, 9, 3, 12, 7, 4, 10, 6]
@@ -28,7 +30,9 @@ def test_two_ddp_ranks_two_passes_with_join(
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     init = str(tmp_path / "dist-init")
-    procs = [ctx.Process(target=ddp_rank, args=(r, 2, url, job_name, init, out)) for r in range(2)]
+    procs = [
+        ctx.Process(target=ddp_rank, args=(r, 2, url, job_name, init, out, even)) for r in range(2)
+    ]
     for p in procs:
         p.start()
     results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
@@ -36,7 +40,10 @@ def test_two_ddp_ranks_two_passes_with_join(
     for pass_no in range(2):
         rows = results[0][1][pass_no] + results[1][1][pass_no]
         assert sorted(rows) == everything  # (a rank may get no task: Join covers that too)
-    assert results[0][0] != results[1][0], "the ranks took as many steps: nothing to align"
+    if even:
+        assert results[0][0] == results[1][0], "even_steps: as many steps on each rank"
+    else:
+        assert results[0][0] != results[1][0], "the ranks took as many steps: nothing to align"
     for rank in (0, 1):  # pass_end="local"; the job completed after the last pass
         assert results[rank][2][0] == "exhausted" and results[rank][2][2] == "completed"
     assert results[0][3] == results[1][3]
@@ -105,3 +112,47 @@ def test_load_state_dict_under_torchrun_without_a_process_group_is_refused(
             loader.load_state_dict(state)
         assert loader.load_state_dict(state, key="attempt-7")
     assert len(client.latest_events(job_name, "rewind_started", 10, 100000)) == 1
+
+
+def _failing_rank(rank: int, url: str, job: str, init: str, out: Any) -> None:
+    """A gloo rank over an ``even_steps`` loader with ``on_error="raise"``: puts (rank,
+    the name of what its loop raised, steps) on ``out``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init}", rank=rank, world_size=2, timeout=timedelta(seconds=30)
+    )
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader)
+    raised, steps = "nothing", 0
+    with taskq.torch.DataLoader(
+        ds, batch_size=2, pass_end="local", even_steps=True, on_error="raise"
+    ) as loader:
+        try:
+            for _ in loader:
+                steps += 1
+        except taskq.TaskqError as e:
+            raised = type(e).__name__
+    out.put((rank, raised, steps))
+    dist.destroy_process_group()
+
+
+def test_even_steps_a_rank_whose_loader_raises_stops_the_other_at_the_same_step(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """``even_steps`` with ``on_error="raise"``: the rank that reads a corrupt row raises
+    ``CorruptData``; the other raises ``TaskqError`` at the same call instead of waiting
+    in the next allreduce for a rank that left (both processes end)."""
+    chunks = write_jsonl(tmp_path / "data", 4, 6)
+    Path(chunks[2]["path"]).write_text('{"f": 2, "i": 0}\nnot json\n')
+    make_job(client, job_name, chunks, passes=1)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    init = str(tmp_path / "dist-init")
+    procs = [ctx.Process(target=_failing_rank, args=(r, url, job_name, init, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
+    assert sorted(r[0] for r in results.values()) == ["CorruptData", "TaskqError"], results
+    assert results[0][1] == results[1][1], "both stopped at the same step"

@@ -70,10 +70,14 @@ def per_file(rows: list[tuple[int, int]]) -> Counter[int]:
     return Counter(f for f, _ in rows)
 
 
-def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any) -> None:
+def ddp_rank(
+    rank: int, world: int, url: str, job: str, init_file: str, out: Any, even: bool = False
+) -> None:
     """One DDP rank (gloo): a tiny model over a taskq.torch loader for two passes, steps
-    kept aligned by ``Join``; puts (rank, steps per pass, rows per pass, states: after
-    each pass and once all ranks are done, weights) on ``out``."""
+    kept aligned by ``Join`` (``even``: by ``even_steps=True``, a padding batch's loss
+    x 0); puts (rank, steps per pass, rows per pass, states: after each pass and once all
+    ranks are done, weights) on ``out``."""
+    import contextlib
     import time
     from datetime import timedelta
 
@@ -97,17 +101,19 @@ def ddp_rank(rank: int, world: int, url: str, job: str, init_file: str, out: Any
     ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, seed=rank)
     steps, rows, states = [], [], []
     with taskq.torch.DataLoader(
-        ds, batch_size=4, num_workers=1, pass_end="local", tasks_ahead=2
+        ds, batch_size=4, num_workers=1, pass_end="local", tasks_ahead=2, even_steps=even
     ) as loader:
         for _ in range(2):
             n, got = 0, []
-            with Join([model]):
+            with contextlib.nullcontext() if even else Join([model]):
                 for batch in loader:
                     x = batch["i"].float().unsqueeze(1)
-                    model(x).pow(2).mean().backward()
+                    loss = model(x).pow(2).mean()
+                    (loss * 0 if loader.batch_is_padding else loss).backward()
                     opt.step()
                     opt.zero_grad()
-                    got += rows_of(batch)
+                    if not loader.batch_is_padding:
+                        got += rows_of(batch)
                     n += 1
                     time.sleep(0.05 if rank == 0 else 0.0)  # ranks of different speeds
             steps.append(n)

@@ -7,6 +7,8 @@ each ``next()`` first asks every rank, in one small allreduce, whether it has a 
 
 - all have one: each yields its own;
 - none has: the iteration ends on every rank at the same call;
+- a rank's loader raised: it raises, and every other rank raises ``TaskqError`` at the
+  same call instead of waiting for it in the next collective;
 - some have: those yield theirs, and each rank that is out repeats its last batch,
   marked ``loader.batch_is_padding`` (a pass's samples are still taken once in the job's
   records; a loop that multiplies a padding batch's loss by 0 trains nothing twice, as a
@@ -30,6 +32,8 @@ class Verdict(NamedTuple):
 
     #: no rank has a batch: the iteration ends everywhere
     all_out: bool
+    #: a rank's loader raised at this call: every rank raises (none waits for it)
+    failed: bool
     #: a rank out with nothing to repeat gets this rank's batch (None: no such rank)
     pad_source: int | None
 
@@ -66,20 +70,24 @@ class EvenSteps:
                 self._group = dist.new_group(backend="gloo")
         return True
 
-    def agree(self, have: bool) -> Verdict:
-        """Tell the others whether this rank has a batch; learn whether any has."""
+    def agree(self, have: bool, failed: bool = False) -> Verdict:
+        """Tell the others whether this rank has a batch (or failed); learn whether any
+        has (or failed)."""
         import torch
 
         dist = self._dist()
         rank, world = dist.get_rank(), dist.get_world_size()
-        need = not have and self.pad is None
-        # one MIN over: have, -have (max), -need (any needs one), the lowest rank that has
-        said = torch.tensor([int(have), -int(have), -int(need), rank if have else world])
+        need = not have and not failed and self.pad is None
+        # one MIN over: -have (any has one), -need (any needs one), the lowest rank that
+        # has one, -failed (any failed)
+        said = torch.tensor([-int(have), -int(need), rank if have else world, -int(failed)])
         dist.all_reduce(said, op=dist.ReduceOp.MIN, group=self._group)
-        _, most, needs, source = (int(x) for x in said)
-        if most == 0:
-            return Verdict(True, None)
-        return Verdict(False, source if needs < 0 else None)
+        anyone, needs, source, fails = (int(x) for x in said)
+        if fails < 0:
+            return Verdict(False, True, None)
+        if anyone == 0:
+            return Verdict(True, False, None)
+        return Verdict(False, False, source if needs < 0 else None)
 
     def share(self, batch: Any, source: int) -> Any:
         """Every rank: the batch of rank ``source``, for those out with none to repeat."""

@@ -170,7 +170,21 @@ class TaskqIter:
                 batch, have = self._next_own(), True
             except StopIteration:
                 pass
+            except BaseException:
+                self._even_over = True
+                try:
+                    even.agree(False, failed=True)  # the others raise too, none waits
+                except Exception:  # noqa: BLE001 - the group is broken: our error first
+                    log.debug("even_steps: could not tell the other ranks", exc_info=True)
+                raise
         verdict = even.agree(have)
+        if verdict.failed:
+            self._even_over = True
+            self._end(ack_taken=True, shutdown=True)
+            raise errors.TaskqError(
+                f"job {self.feeder.dataset.job!r}: another rank's loader failed at this "
+                "step (its error is in its log); this rank stops with it (even_steps)"
+            )
         if verdict.all_out:
             self._even_over = True
             raise StopIteration
