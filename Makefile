@@ -21,8 +21,8 @@ test:
 	@scripts/check-wheel.sh
 	@$(MAKE) --no-print-directory test-valkey
 	@$(MAKE) --no-print-directory test-frameworks
-	@echo "taskq: the whole suite on redis-server"
-	@scripts/run-tests.sh --durations=10 --ignore=tests/test_frameworks.py
+	@echo "taskq: the whole suite on redis-server (2 pytest-xdist workers, each its own server)"
+	@scripts/run-tests.sh -n 2 --dist worksteal --durations=10 --ignore=tests/test_frameworks.py
 
 # Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU (~70 s):
 # docs/frameworks.md. The frameworks extra is installed by scripts/bootstrap.sh.
