@@ -11,6 +11,7 @@ from torch_helpers import jsonl_reader, make_job, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
+from taskq.data import build_chunks
 
 
 def test_a_batch_of_the_last_pass_in_the_next_epoch_says_so(
@@ -101,3 +102,38 @@ def test_progress_counts_the_whole_jobs_pass(
     assert figures[0].done >= 2
     assert [p.samples for p in figures] == list(range(5, 45, 5))
     assert (end.pass_no, end.done, end.total, end.samples) == (0, 6, 6, 40)
+    assert (before.samples_done, before.samples_total) == (None, None)  # sizes unknown
+
+
+def test_progress_counts_the_passs_samples_when_the_chunks_say_their_sizes(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """Chunks that say their size (JSONL, 10 records each): another trainer acks 2 of 6
+    tasks and records 4 samples of a third before giving it back: the loader's first
+    figure reads 24 of 60 samples (over every trainer); it never goes back, and the
+    pass's end reads 60 of 60."""
+    write_jsonl(tmp_path, 6, 10)
+    chunks = build_chunks(str(tmp_path / "*.jsonl"), records_per_chunk=10)
+    make_job(client, job_name, chunks, passes=2)
+    with taskq.Trainer(job_name, url=url) as other:
+        for _ in range(2):
+            task = other.lease(timeout=5)
+            assert task is not None
+            other.ack(task)
+        third = other.lease(timeout=5)
+        assert third is not None
+        other.progress(third, 4)
+        other.release(third)
+    ds = taskq.torch.TaskDataset(job_name, url=url)
+    with taskq.torch.DataLoader(ds, batch_size=6) as loader:
+        before = loader.progress()
+        assert (before.samples_done, before.samples_total) == (24, 60)
+        figures, rows = [], 0
+        for batch in loader:
+            rows += len(batch["i"])
+            figures.append(loader.progress())
+        end = loader.progress()
+    assert rows == 36
+    done = [p.samples_done for p in figures]
+    assert done == sorted(done) and all(24 <= n <= 60 for n in done if n is not None), done
+    assert (end.samples_done, end.samples_total, end.done, end.total) == (60, 60, 6, 6)

@@ -19,6 +19,7 @@ from torch_helpers import gather, jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
+from taskq.data import build_chunks
 
 KINDS = ["plain", "sharded"]
 
@@ -138,6 +139,31 @@ def test_one_loader_reads_a_job_of_either_kind(
     assert loader.counts["tasks_acked"] == 2 * files
     audit = cclient.audit(job_name)
     assert audit["ok"], audit["checks"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_samples_figure_sums_a_jobs_shards(
+    cclient: taskq.Client, curl: str, job_name: str, tmp_path: Path, kind: str
+) -> None:
+    """``job.samples()`` on the cluster (chunks of 10 records, 6 tasks): 0 of 60 at
+    first; a trainer acks 2 tasks (of whichever shards): 20 of 60; the loader's
+    ``progress()`` reads the pass's end as 60 of 60."""
+    write_jsonl(tmp_path / "data", 6, 10)
+    chunks = build_chunks(str(tmp_path / "data" / "*.jsonl"), records_per_chunk=10)
+    _create(cclient, job_name, chunks, kind)
+    job = cclient.job(job_name)
+    assert job.samples() == (0, 60)
+    with taskq.Trainer(job_name, url=curl) as trainer:
+        for _ in range(2):
+            task = trainer.lease(timeout=5)
+            assert task is not None
+            trainer.ack(task)
+    assert job.samples() == (20, 60)
+    ds = taskq.torch.TaskDataset(job_name, url=curl)
+    with taskq.torch.DataLoader(ds, batch_size=5) as loader:
+        assert sum(len(b["i"]) for b in loader) == 40
+        end = loader.progress()
+    assert (end.samples_done, end.samples_total) == (60, 60)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -124,6 +124,21 @@ class PlainJob:
         with translate(self.connection.url, self.keys, self.connection.redis):
             return stats.snapshot(self.connection, self.name, summaries=summaries)
 
+    def samples(self, cache: dict[str, Any] | None = None) -> tuple[int, int | None]:
+        """Samples of the current pass attempt finished (done, dead, or recorded as taken
+        by their holders) and the pass's samples; ``(0, None)`` when a task's chunks do
+        not say their size (stats.samples). ``cache``: keep it between calls (the tasks'
+        sizes are read once, O(tasks); later calls read the bitmaps and the progress).
+
+        Raises:
+            JobNotFound: no such job.
+        """
+        cache = {} if cache is None else cache
+        with translate(self.connection.url, self.keys, self.connection.redis):
+            if not self.connection.redis.exists(self.keys.meta):
+                raise errors.JobNotFound(f"job {self.name!r} not found (deleted or replaced)")
+            return stats.samples(self.connection, self.name, cache.setdefault(self.name, {}))
+
     def audit(self) -> dict[str, Any]:
         """Per pass: done, dead, skipped, stale rejected, resets, longest lateness; and a
         check that the counters agree with the sets they count."""

@@ -180,6 +180,18 @@ class ShardedJob:
         return [s.status(summaries=0) for s in self.shards]
 
     # -- reading ------------------------------------------------------------------
+    def samples(self, cache: dict[str, Any] | None = None) -> tuple[int, int | None]:
+        """The shards' ``samples`` summed (``PlainJob.samples``); ``(0, None)`` when a
+        shard's task sizes are unknown."""
+        cache = {} if cache is None else cache
+        finished, total = 0, 0
+        for shard in self.shards:
+            f, t = shard.samples(cache)
+            if t is None:
+                return 0, None
+            finished, total = finished + f, total + t
+        return finished, total
+
     def status(self, summaries: int = 20) -> ShardedStatus:
         """The sums (counters and histograms summed, times the latest, the lowest
         unfinished pass), each shard's status in ``.shards`` (a ``ShardedStatus``).

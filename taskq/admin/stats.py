@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
 
 from taskq import errors, integrity
@@ -396,3 +397,58 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         "checks": checks,
         "ok": all(checks.values()),
     }
+
+
+#: the sizes of one engine job's tasks, as ``samples`` keeps them between calls: task id
+#: -> samples (None: unknown)
+TaskSizes = dict[int, "int | None"]
+
+
+def samples(conn: Connection, name: str, sizes: TaskSizes) -> tuple[int, int | None]:
+    """Samples of the current pass attempt finished over every trainer, and the pass's
+    samples (``loader.progress()``'s global figure in samples; docs/torch.md).
+
+    Finished: every sample of a task done or dead, and the samples recorded as taken of
+    the tasks being read (the progress hash). The pass's samples: the tasks' sizes as
+    their chunks say them (``taskq.data.task_size``), read once into ``sizes`` (HSCAN
+    pages) and again only when the number of tasks changed (a stream's appends and trims).
+    A task split at the pass's tail counts its head's progress until both pieces are
+    acked. Reads only: the done and dead bitmaps, the progress hash (one entry per
+    task being read), the chunks hash's length.
+
+    Args:
+        conn: the engine's connection.
+        name: the engine job (a shard of a sharded job is one).
+        sizes: the sizes read by an earlier call (updated here).
+
+    Returns:
+        ``(finished, total)``; ``(0, None)`` when a task's size is unknown (a chunk that
+        does not say its size: the figure is then in tasks only).
+
+    Raises:
+        CorruptData: a task's chunks or progress were not written by taskq.
+    """
+    keys = conn.keys(name)
+    r = conn.redis
+    if int(r.hlen(keys.chunks)) != len(sizes):
+        sizes.clear()
+        for field, raw in r.hscan_iter(keys.chunks, count=1000):
+            sizes[int(field)] = task_size(integrity.decode_chunks(raw, keys.chunks, field))
+    known = list(sizes.values())
+    if not known or None in known:
+        return 0, None
+    total = sum(n for n in known if n is not None)
+    # the bitmaps as bytes (the connection decodes replies: not these)
+    done = r.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
+    dead = r.execute_command("GET", keys.deadbits, **{NEVER_DECODE: True}) or b""
+
+    def finished_bit(task: int) -> bool:
+        i, bit = task >> 3, 0x80 >> (task & 7)
+        return bool((i < len(done) and done[i] & bit) or (i < len(dead) and dead[i] & bit))
+
+    finished = sum(n or 0 for task, n in sizes.items() if finished_bit(task))
+    for field, value in r.hscan_iter(keys.progress, count=1000):
+        task = int(field)
+        if not finished_bit(task):
+            finished += min(int(value), sizes.get(task) or 0)
+    return finished, total

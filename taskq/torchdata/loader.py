@@ -46,6 +46,11 @@ class PassProgress(NamedTuple):
     total: int
     #: samples this loader's loop took in its current (or last) iteration
     samples: int
+    #: samples of the pass finished (done, dead, or recorded as taken by their holders)
+    #: by every trainer; None when a task's chunks do not say their size
+    samples_done: int | None = None
+    #: samples in the pass (None: as above)
+    samples_total: int | None = None
 
 
 class _Box:
@@ -199,6 +204,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._feed: Feed | None = None
         self._current: TaskqIter | None = None
         self._status_client: Any = None  # progress(): one client for its status calls
+        self._job: Any = None  # progress(): the job's handle (plain or sharded)
+        self._sizes: dict[str, Any] = {}  # progress(): the tasks' sizes, read once
 
     @property
     def state(self) -> str | None:
@@ -253,12 +260,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         return cur is not None and cur.stepped[1]
 
     def progress(self) -> PassProgress:
-        """How far the job is through this loader's pass, over all trainers: one status
-        call (``Client.status``; call it every few dozen steps, not every step).
+        """How far the job is through this loader's pass, over all trainers (a status
+        call and the sample count's reads; call it every few dozen steps, not every
+        step).
 
         Returns:
-            ``PassProgress``: tasks finished (done or dead) and tasks in the pass, and the
-            samples this loader's loop took in its current iteration.
+            ``PassProgress``: tasks finished (done or dead) and tasks in the pass; samples
+            finished and in the pass (None when a task's chunks do not say their size;
+            the first call reads every task's size once); and the samples this loader's
+            loop took in its current iteration.
 
         Raises:
             JobNotFound, ConnectionLost.
@@ -268,21 +278,26 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             from taskq.admin.client import Client
 
             self._status_client = ds.client or Client(ds.url)
-        st = self._status_client.status(ds.job, summaries=0)
+        if self._job is None:
+            self._job = self._status_client.job(ds.job)
+        st = self._job.status(summaries=0)
         mine = self.pass_no
+        finished, total = self._job.samples(self._sizes)
         done = st.done + st.dead
         if mine is not None and st.pass_no > mine:
-            done = st.tasks  # the loader's pass is over
+            done, finished = st.tasks, total or 0  # the loader's pass is over
         elif mine is not None and st.pass_no < mine:
-            done = 0  # the loader waits for its pass to begin
+            done, finished = 0, 0  # the loader waits for its pass to begin
         elif st.state == "completed" or (st.state == "waiting" and st.reason in PASS_OVER):
-            done = st.tasks
+            done, finished = st.tasks, total or 0
         cur = self._current
         return PassProgress(
             st.pass_no if mine is None else mine,
             done,
             st.tasks,
             0 if cur is None else cur.samples,
+            None if total is None else finished,
+            total,
         )
 
     def __iter__(self) -> TaskqIter:  # type: ignore[override]
@@ -475,7 +490,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
-        client, self._status_client = self._status_client, None
+        client, self._status_client, self._job = self._status_client, None, None
         if client is not None and client is not self.dataset.client:  # type: ignore[attr-defined]
             client.redis.close()
 
