@@ -117,6 +117,9 @@ def main() -> int:
     trainer = TaskqTrainer(loader, model=model, args=targs, callbacks=[LoaderState(loader)])
     trainer.train(resume_from_checkpoint=a.resume)
     loader.close()
+    # torchrun: the process group goes before the interpreter does (a gloo group left to
+    # the exit can abort the process: "terminate called without an active exception")
+    trainer.accelerator.end_training()
     return 0
 
 

@@ -107,6 +107,8 @@ def main() -> int:
     )
     trainer.fit(Net(loader, a.log_dir, a.kill_at), loader, ckpt_path=a.resume)
     loader.close()
+    if torch.distributed.is_initialized():  # DDP: the group goes before the interpreter
+        torch.distributed.destroy_process_group()
     return 0
 
 

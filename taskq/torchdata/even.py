@@ -89,6 +89,14 @@ class EvenSteps:
             return Verdict(True, False, None)
         return Verdict(False, False, source if needs < 0 else None)
 
+    def close(self) -> None:
+        """Destroy the gloo group made here (``loader.close()``): a group left to the
+        interpreter's exit may abort the process while its threads hold tensors."""
+        dist = self._dist()
+        if self._group is not None and dist is not None:
+            dist.destroy_process_group(self._group)
+        self._group, self._made, self.pad = None, False, None
+
     def share(self, batch: Any, source: int) -> Any:
         """Every rank: the batch of rank ``source``, for those out with none to repeat."""
         dist = self._dist()

@@ -490,6 +490,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
+        if self._even is not None:
+            self._even.close()
         client, self._status_client, self._job = self._status_client, None, None
         if client is not None and client is not self.dataset.client:  # type: ignore[attr-defined]
             client.redis.close()
