@@ -282,27 +282,39 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     assert client.status(job_name).state == "completed"
 
 
+@pytest.mark.parametrize("procs", [1, 2])
 def test_hf_trainer_resume_restores_the_loader_exactly(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
 ) -> None:
-    """The Trainer checkpoints every 5 steps (a callback adds the loader's state); the run
-    dies entering step 12; ``train(resume_from_checkpoint=checkpoint-10)`` with the
-    loader's state loaded (no batch skipping) trains the rest: every row of the pass once
-    across both runs."""
+    """The Trainer checkpoints every 5 steps (a callback adds the loader's state: with 2
+    ranks under ``torchrun``, what both took, ``collective=True``); every rank dies
+    entering step 12; ``train(resume_from_checkpoint=checkpoint-10)`` on one process
+    with the loader's state loaded (no batch skipping) trains the rest: every row of the
+    pass once across both runs."""
     pytest.importorskip("transformers")
-    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=1)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
-    args = ["--every", "5", "--kill-at", "12"]
-    done = _run("hf_trainer_proc.py", url, job_name, str(first), "25", *args, check=False)
+    args = [url, job_name, str(first), "1000", "--every", "5", "--kill-at", "12"]
+    if procs == 1:
+        done = _run("hf_trainer_proc.py", *args, check=False)
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        done = subprocess.run(
+            [*torchrun, "--standalone", str(HERE / "hf_trainer_proc.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
     assert done.returncode != 0
     ckpt = first / "ckpt" / "checkpoint-10"
     assert (ckpt / "taskq_loader.pt").exists(), list((first / "ckpt").iterdir())
-    _run("hf_trainer_proc.py", url, job_name, str(second), "25", "--resume", str(ckpt))
+    _run("hf_trainer_proc.py", url, job_name, str(second), "1000", "--resume", str(ckpt))
     before = [e for e in _trained(first) if e["step"] < 10]
+    assert len(before) == 10 * procs
     after = _trained(second)
     assert [e["step"] for e in after][:1] == [10]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
-    assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
+    assert set(seen) == {(f, i) for f in range(6) for i in range(20)}
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
