@@ -15,5 +15,6 @@ Training loop -> taskq.torch -> readers (in DataLoader workers) + one trainer pe
 
 from .torchdata.dataset import TaskDataset, default_reader
 from .torchdata.loader import DataLoader
+from .torchdata.signals import leave_on_sigterm
 
-__all__ = ["DataLoader", "TaskDataset", "default_reader"]
+__all__ = ["DataLoader", "TaskDataset", "default_reader", "leave_on_sigterm"]

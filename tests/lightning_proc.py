@@ -61,6 +61,15 @@ class Net(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-4)
 
 
+class TaskqSigterm(L.Callback):
+    """SIGTERM as taskq's loader handles it (``SystemExit(143)`` in the loop, everything
+    released at once) instead of Lightning's handler, whose DDP protocol broadcasts from
+    inside the handler and can leave the ranks waiting on each other: docs/frameworks.md."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        taskq.torch.leave_on_sigterm()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
@@ -85,7 +94,7 @@ def main() -> int:
         collective=True,
         even_steps=os.environ.get("LT_EVEN", "1") == "1",
     )
-    callbacks = []
+    callbacks: list[L.Callback] = [TaskqSigterm()]
     if a.every:
         callbacks.append(
             ModelCheckpoint(

@@ -7,7 +7,10 @@ Python's default action, installs a handler that raises ``SystemExit(143)`` ther
 ``with taskq.Trainer(...)`` does: the loop unwinds, and the iteration (ended by the
 exception in ``next()``, by ``with loader:``, or at the latest by the interpreter's exit)
 sends the loop's progress and releases everything it holds in one call. A handler of the
-user's own is left alone. Forked DataLoader workers get the default action back.
+user's own is left alone, unless ``leave_on_sigterm()`` is called: it replaces whatever
+handler is there (a framework's: Lightning's DDP handler broadcasts from inside the
+handler and can leave the ranks waiting on each other, docs/frameworks.md). Forked
+DataLoader workers get the default action back.
 
 Data flow: kernel -> signals.py (main thread) -> SystemExit -> iteration.py -> feeder.py.
 """
@@ -19,6 +22,8 @@ import os
 import signal
 import threading
 from types import FrameType
+
+from .. import errors
 
 log = logging.getLogger("taskq.torch")
 
@@ -55,3 +60,21 @@ def install() -> bool:
         _installed_by = os.getpid()
         signal.signal(signal.SIGTERM, _on_sigterm)
         return True
+
+
+def leave_on_sigterm() -> None:
+    """SIGTERM leaves through the loader from now on, whatever handled it before (a
+    framework's handler, say Lightning's): ``SystemExit(143)`` in the main thread's loop,
+    and every ``taskq.torch.DataLoader`` iteration of this process sends its progress and
+    releases what it holds. Call it on the main thread (a Lightning callback's
+    ``on_train_start``: docs/frameworks.md).
+
+    Raises:
+        InvalidInput: not on the main thread (only it may set a signal handler).
+    """
+    global _installed_by
+    if threading.current_thread() is not threading.main_thread():
+        raise errors.InvalidInput("leave_on_sigterm() must be called on the main thread")
+    with _lock:
+        _installed_by = os.getpid()
+        signal.signal(signal.SIGTERM, _on_sigterm)
