@@ -53,3 +53,34 @@ def test_sigterm_releases_everything_at_once_with_progress_sent_first(
     }
     assert st.done * 40 + sum(progress.values()) == 9 * 4, (st.done, progress)
     assert st.counters.get("expired_worker_lost", 0) == 0
+
+
+def test_leave_on_sigterm_replaces_a_frameworks_handler_and_needs_the_main_thread() -> None:
+    """``taskq.torch.leave_on_sigterm()`` puts the loader's handler in place of another
+    one (what a Lightning callback does: docs/frameworks.md), so SIGTERM becomes
+    ``SystemExit(143)``; off the main thread it refuses with one line."""
+    import threading
+
+    import taskq.torch
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a framework's, say
+    try:
+        taskq.torch.leave_on_sigterm()
+        with pytest.raises(SystemExit) as leaving:
+            signal.raise_signal(signal.SIGTERM)
+        assert leaving.value.code == 143
+        errs: list[BaseException] = []
+
+        def off_main() -> None:
+            try:
+                taskq.torch.leave_on_sigterm()
+            except taskq.InvalidInput as e:
+                errs.append(e)
+
+        t = threading.Thread(target=off_main)
+        t.start()
+        t.join()
+        assert [str(e) for e in errs] == ["leave_on_sigterm() must be called on the main thread"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
