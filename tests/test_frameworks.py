@@ -26,9 +26,15 @@ HERE = Path(__file__).parent
 TIMEOUT = 120
 
 
-def _run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(
+    script: str, *args: str, check: bool = True, procs: int = 1
+) -> subprocess.CompletedProcess[str]:
+    """The script on one process, or on ``procs`` ranks under ``torchrun``."""
+    launch = [sys.executable]
+    if procs > 1:
+        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--standalone"]
     done = subprocess.run(
-        [sys.executable, str(HERE / script), *args],
+        [*launch, str(HERE / script), *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -173,16 +179,7 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     first.mkdir()
     second.mkdir()
     args = [url, job_name, str(first), "--every", "4", "--kill-at", "6"]
-    if procs == 1:
-        done = _run("accelerate_proc.py", *args, check=False)
-    else:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        done = subprocess.run(
-            [*torchrun, "--standalone", str(HERE / "accelerate_proc.py"), *args],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
+    done = _run("accelerate_proc.py", *args, check=False, procs=procs)
     assert done.returncode != 0
     ckpt = first / "ckpt" / "step4"
     assert (ckpt / "dl_state_dict.bin").exists(), list((first / "ckpt").iterdir())
@@ -196,22 +193,31 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
 
 
+def _fit_in_background(
+    client: taskq.Client, url: str, job: str, tmp_path: Path, devices: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A job of 8 x 200 rows (worker_ttl 30 s) and Lightning's ``fit`` over it on
+    ``devices`` processes, started; the process and its log directory."""
+    make_job(client, job, write_jsonl(tmp_path / "data", 8, 200), worker_ttl=30.0)
+    log = tmp_path / "log"
+    log.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "lightning_proc.py"), url, job, str(log), str(devices)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return proc, log
+
+
 def test_lightning_rank_sigterm_releases_its_leases_at_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
     """SIGTERM to a Lightning ``fit`` process (as the kubelet sends it) mid-epoch: within
     2 s the job holds no lease (released, not expired: worker_ttl is 30 s), the process
     exits, and what its steps took is recorded, the step in flight at most not (4 rows).
-    Lightning's handler ends ``fit`` after the step; the loader releases at the exit."""
-    make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 200), worker_ttl=30.0)
-    log = tmp_path / "log"
-    log.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "lightning_proc.py"), url, job_name, str(log), "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    The loader's handler (``leave_on_sigterm()`` in ``on_train_start``) raises
+    ``SystemExit(143)`` in the step; the loader releases on the way out."""
+    proc, log = _fit_in_background(client, url, job_name, tmp_path, devices=1)
     try:
         assert wait_until(lambda: len(_trained(log)) >= 20, 60.0), proc.poll()
         assert client.status(job_name).leased > 0
@@ -219,7 +225,7 @@ def test_lightning_rank_sigterm_releases_its_leases_at_once(
         assert wait_until(lambda: client.status(job_name).leased == 0, 2.0), client.status(
             job_name
         ).leased
-        proc.wait(30)  # Lightning's own SIGTERM handler ends fit (a SystemExit, code 0)
+        proc.wait(30)
     finally:
         proc.kill()
         proc.wait()
@@ -243,14 +249,7 @@ def test_lightning_ddp_sigterm_of_one_rank_releases_every_lease_at_once(
     instead (it broadcasts from inside the handler) the ranks kept their leases for over
     60 s in 2 of 3 runs."""
     psutil = pytest.importorskip("psutil")
-    make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 200), worker_ttl=30.0)
-    log = tmp_path / "log"
-    log.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "lightning_proc.py"), url, job_name, str(log), "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc, log = _fit_in_background(client, url, job_name, tmp_path, devices=2)
     try:
         assert wait_until(lambda: len(_trained(log)) >= 40, 60.0), proc.poll()
         ranks = [
@@ -301,15 +300,7 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
     log = tmp_path / "log"
     log.mkdir()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*torchrun, "--standalone", str(HERE / "hf_trainer_proc.py"), url, job_name, str(log)]
-        + ["1000"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run("hf_trainer_proc.py", url, job_name, str(log), "1000", procs=2)
     ranks = _per_rank(log)
     assert len(ranks) == 2
     steps = [len(entries) for entries in ranks.values()]
@@ -337,16 +328,7 @@ def test_hf_trainer_resume_restores_the_loader_exactly(
     first.mkdir()
     second.mkdir()
     args = [url, job_name, str(first), "1000", "--every", "5", "--kill-at", "12"]
-    if procs == 1:
-        done = _run("hf_trainer_proc.py", *args, check=False)
-    else:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        done = subprocess.run(
-            [*torchrun, "--standalone", str(HERE / "hf_trainer_proc.py"), *args],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
+    done = _run("hf_trainer_proc.py", *args, check=False, procs=procs)
     assert done.returncode != 0
     ckpt = first / "ckpt" / "checkpoint-10"
     assert (ckpt / "taskq_loader.pt").exists(), list((first / "ckpt").iterdir())

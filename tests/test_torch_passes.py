@@ -74,6 +74,21 @@ def test_even_steps_needs_the_local_pass_end(url: str, job_name: str) -> None:
         taskq.torch.DataLoader(ds, even_steps=True)
 
 
+def _another_trainer_acks(url: str, job: str, n: int, then_takes: int = 0) -> None:
+    """Another trainer acks ``n`` tasks; with ``then_takes``, it records that many samples
+    of one more as taken and gives it back."""
+    with taskq.Trainer(job, url=url) as other:
+        for _ in range(n):
+            task = other.lease(timeout=5)
+            assert task is not None
+            other.ack(task)
+        if then_takes:
+            task = other.lease(timeout=5)
+            assert task is not None
+            other.progress(task, then_takes)
+            other.release(task)
+
+
 def test_progress_counts_the_whole_jobs_pass(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
@@ -82,11 +97,7 @@ def test_progress_counts_the_whole_jobs_pass(
     pass's end reads 6 of 6."""
     chunks = write_jsonl(tmp_path, 6, 10)
     make_job(client, job_name, chunks, passes=2)
-    with taskq.Trainer(job_name, url=url) as other:
-        for _ in range(2):
-            task = other.lease(timeout=5)
-            assert task is not None
-            other.ack(task)
+    _another_trainer_acks(url, job_name, 2)
     ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
     with taskq.torch.DataLoader(ds, batch_size=5) as loader:
         before = loader.progress()
@@ -115,15 +126,7 @@ def test_progress_counts_the_passs_samples_when_the_chunks_say_their_sizes(
     write_jsonl(tmp_path, 6, 10)
     chunks = build_chunks(str(tmp_path / "*.jsonl"), records_per_chunk=10)
     make_job(client, job_name, chunks, passes=2)
-    with taskq.Trainer(job_name, url=url) as other:
-        for _ in range(2):
-            task = other.lease(timeout=5)
-            assert task is not None
-            other.ack(task)
-        third = other.lease(timeout=5)
-        assert third is not None
-        other.progress(third, 4)
-        other.release(third)
+    _another_trainer_acks(url, job_name, 2, then_takes=4)
     ds = taskq.torch.TaskDataset(job_name, url=url)
     with taskq.torch.DataLoader(ds, batch_size=6) as loader:
         before = loader.progress()
