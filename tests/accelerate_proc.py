@@ -26,13 +26,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from torch.distributed.algorithms import Join  # noqa: E402
-from torch_helpers import jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
 
 import taskq  # noqa: E402
 import taskq.torch  # noqa: E402
 
 
 def main() -> int:
+    dump_if_hung()
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("job")

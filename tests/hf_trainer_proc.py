@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from torch_helpers import jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 import taskq  # noqa: E402
@@ -83,6 +83,7 @@ class TaskqTrainer(Trainer):
 
 
 def main() -> int:
+    dump_if_hung()
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("job")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch_helpers import jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
 
 import taskq  # noqa: E402
 import taskq.torch  # noqa: E402
@@ -71,6 +71,7 @@ class TaskqSigterm(L.Callback):
 
 
 def main() -> int:
+    dump_if_hung()
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("job")

@@ -33,15 +33,33 @@ def _run(
     launch = [sys.executable]
     if procs > 1:
         launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--standalone"]
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [*launch, str(HERE / script), *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
     )
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)  # torchrun's ranks lead sessions of their own
+        out, err = proc.communicate()
+        raise AssertionError(f"{script} still ran after {TIMEOUT} s: {err[-3000:]}") from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        for p in [*root.children(recursive=True), root]:
+            p.kill()
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _trained(log_dir: Path) -> list[dict]:
@@ -265,6 +283,42 @@ def test_lightning_ddp_sigterm_of_one_rank_releases_every_lease_at_once(
         ), (client.status(job_name).leased, client.workers(job_name))
         proc.wait(30)
         ranks[0].wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert client.status(job_name).counters.get("expired_worker_lost", 0) == 0
+
+
+def test_accelerate_sigterm_of_one_rank_releases_every_lease_at_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """accelerate's loop on 2 gloo ranks under ``torchrun`` (``Join``), SIGTERM to rank 1
+    mid-pass: accelerate installs no SIGTERM handler, so the loader's is in place; within
+    2 s the job holds no lease and no worker (rank 1 left; rank 0's next collective
+    failed and it released too), and no lease expired."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 200), worker_ttl=30.0)
+    log = tmp_path / "log"
+    log.mkdir()
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    proc = subprocess.Popen(
+        [sys.executable, *torchrun, str(HERE / "accelerate_proc.py"), url, job_name, str(log)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_until(lambda: len(_trained(log)) >= 40, 60.0), proc.poll()
+        ranks = [  # the agent's children (not rank 1's DataLoader worker, which is its)
+            k for k in psutil.Process(proc.pid).children() if k.environ().get("RANK") == "1"
+        ]
+        assert len(ranks) == 1, ranks
+        assert client.status(job_name).leased > 0
+        ranks[0].send_signal(signal.SIGTERM)
+        assert wait_until(
+            lambda: client.status(job_name).leased == 0 and not client.workers(job_name), 2.0
+        ), (client.status(job_name).leased, client.workers(job_name))
+        proc.wait(30)
     finally:
         proc.kill()
         proc.wait()

@@ -12,6 +12,15 @@ from typing import Any
 import taskq
 
 
+def dump_if_hung(seconds: float = 90.0) -> None:
+    """In a test's training process: if it is still running after ``seconds``, print
+    every thread's stack to stderr and exit 1 (the test then shows where it hung instead
+    of its own timeout)."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(seconds, exit=True)
+
+
 def write_jsonl(directory: Path, files: int, lines: int | list[int]) -> list[dict[str, Any]]:
     """``files`` JSONL files of ``{"f": file, "i": line}`` rows; their chunk descriptors."""
     directory.mkdir(parents=True, exist_ok=True)
