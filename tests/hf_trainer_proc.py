@@ -16,6 +16,7 @@ for its state, rank 0 writes it).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -118,9 +119,13 @@ def main() -> int:
     trainer = TaskqTrainer(loader, model=model, args=targs, callbacks=[LoaderState(loader)])
     trainer.train(resume_from_checkpoint=a.resume)
     loader.close()
-    # torchrun: the process group goes before the interpreter does (a gloo group left to
-    # the exit can abort the process: "terminate called without an active exception")
-    trainer.accelerator.end_training()
+    # torchrun: the DDP-wrapped model goes first, then the process group, both before the
+    # interpreter's exit (left to it, a rank aborted: "terminate called without an active
+    # exception"; with the group destroyed first, a rank hung in the model's teardown)
+    accelerator = trainer.accelerator
+    del trainer, model
+    gc.collect()
+    accelerator.end_training()
     return 0
 
 

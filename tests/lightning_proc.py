@@ -15,6 +15,7 @@ SIGKILLs itself on entering step S (nothing of that step is trained). ``--resume
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -117,7 +118,11 @@ def main() -> int:
     )
     trainer.fit(Net(loader, a.log_dir, a.kill_at), loader, ckpt_path=a.resume)
     loader.close()
-    if torch.distributed.is_initialized():  # DDP: the group goes before the interpreter
+    # DDP: the trainer (and the DDP-wrapped model it holds) goes first, then the process
+    # group, both before the interpreter's exit (docs/frameworks.md, "Process groups")
+    del trainer
+    gc.collect()
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
 
