@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import wait_until
@@ -227,6 +228,34 @@ def _fit_in_background(
     return proc, log
 
 
+def _sigterm_rank_one(
+    client: taskq.Client,
+    job: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    psutil: Any,
+    rank_env: str,
+) -> None:
+    """Once 40 steps are logged, SIGTERM the launcher's child whose ``rank_env`` is 1 (not
+    a DataLoader worker: those are their rank's children); assert that within 2 s the job
+    holds no lease and no worker, the processes end, and no lease expired."""
+    try:
+        assert wait_until(lambda: len(_trained(log)) >= 40, 60.0), proc.poll()
+        ranks = [k for k in psutil.Process(proc.pid).children() if k.environ().get(rank_env) == "1"]
+        assert len(ranks) == 1, ranks
+        assert client.status(job).leased > 0
+        ranks[0].send_signal(signal.SIGTERM)
+        assert wait_until(
+            lambda: client.status(job).leased == 0 and not client.workers(job), 2.0
+        ), (client.status(job).leased, client.workers(job))
+        proc.wait(30)
+        ranks[0].wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert client.status(job).counters.get("expired_worker_lost", 0) == 0
+
+
 def test_lightning_rank_sigterm_releases_its_leases_at_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
@@ -268,25 +297,7 @@ def test_lightning_ddp_sigterm_of_one_rank_releases_every_lease_at_once(
     60 s in 2 of 3 runs."""
     psutil = pytest.importorskip("psutil")
     proc, log = _fit_in_background(client, url, job_name, tmp_path, devices=2)
-    try:
-        assert wait_until(lambda: len(_trained(log)) >= 40, 60.0), proc.poll()
-        ranks = [
-            k
-            for k in psutil.Process(proc.pid).children()
-            if k.environ().get("LOCAL_RANK") == "1"  # not rank 0's DataLoader workers
-        ]
-        assert len(ranks) == 1, ranks
-        assert client.status(job_name).leased > 0
-        ranks[0].send_signal(signal.SIGTERM)
-        assert wait_until(
-            lambda: client.status(job_name).leased == 0 and not client.workers(job_name), 2.0
-        ), (client.status(job_name).leased, client.workers(job_name))
-        proc.wait(30)
-        ranks[0].wait(30)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert client.status(job_name).counters.get("expired_worker_lost", 0) == 0
+    _sigterm_rank_one(client, job_name, proc, log, psutil, rank_env="LOCAL_RANK")
 
 
 def test_accelerate_sigterm_of_one_rank_releases_every_lease_at_once(
@@ -307,22 +318,7 @@ def test_accelerate_sigterm_of_one_rank_releases_every_lease_at_once(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        assert wait_until(lambda: len(_trained(log)) >= 40, 60.0), proc.poll()
-        ranks = [  # the agent's children (not rank 1's DataLoader worker, which is its)
-            k for k in psutil.Process(proc.pid).children() if k.environ().get("RANK") == "1"
-        ]
-        assert len(ranks) == 1, ranks
-        assert client.status(job_name).leased > 0
-        ranks[0].send_signal(signal.SIGTERM)
-        assert wait_until(
-            lambda: client.status(job_name).leased == 0 and not client.workers(job_name), 2.0
-        ), (client.status(job_name).leased, client.workers(job_name))
-        proc.wait(30)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert client.status(job_name).counters.get("expired_worker_lost", 0) == 0
+    _sigterm_rank_one(client, job_name, proc, log, psutil, rank_env="RANK")
 
 
 def test_hf_trainer_trains_every_sample_once_per_pass(
