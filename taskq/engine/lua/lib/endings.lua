@@ -124,7 +124,7 @@ end
 -- The ends end_held applies (ack, fail, release), with its arguments.
 -- An ack's counts: n acks, `fresh` of them set a done bit, `ms` their task times' sum, med
 -- the streaming median after them. A batch's (buf.acks, end_held) are gathered and made
--- once: ~8 k instructions an ack when each made its own, bench/README.md.
+-- once: ~8 k instructions an ack when each made its own, bench/HISTORY.md.
 local function acks_counted(n, fresh, ms, med)
   if fresh > 0 then mincr(F.NDONE, fresh) end
   mincr(F.DUR_SUM, ms)
