@@ -766,3 +766,141 @@ def test_torch_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     }
     assert read == {(f, i) for f in range(24) for i in range(20)}  # nothing skipped
     assert client.audit(job_name)["ok"]
+
+
+# -- checked whole, sealing, bad ids (docs/streams.md, "The model") -----------------------
+def test_an_append_with_a_lone_surrogate_deep_in_it_writes_nothing(client, job_name):
+    """1,200 chunks, chunk 1,100 holding a lone surrogate (its JSON escape is refused by
+    Redis's cjson): refused before the first page, not at the third."""
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    keys = support.job_keys(client, job_name)
+    before = {k: client.redis.dump(k) for k in keys}
+    chunks = [{"i": i, "text": "fine \U0001f600"} for i in range(1200)]
+    chunks[1100] = {"i": 1100, "text": "half a pair \ud800"}
+    with pytest.raises(taskq.InvalidInput, match="chunk 1100 holds a lone UTF-16 surrogate") as e:
+        client.job(job_name).append(chunks)
+    assert "\n" not in str(e.value)
+    ids = [f"c{i}" for i in range(1200)]
+    ids[1100] = "c\udc00"
+    with pytest.raises(taskq.InvalidInput, match="id 1100 holds a lone UTF-16 surrogate"):
+        client.job(job_name).append([{"i": i} for i in range(1200)], ids=ids)
+    assert {k: client.redis.dump(k) for k in keys} == before
+    assert client.status(job_name).tasks == 0
+    # a surrogate pair is one character: Redis takes it
+    assert client.job(job_name).append([{"t": "\ud83d\ude00"}, {"t": "\\ud800"}]).tasks == 2
+
+
+def test_a_page_refused_after_others_went_in_says_which_chunks_did(client, job_name):
+    """A stream sealed while an append waits for its backlog: the error names the chunks
+    that went in, so the resend adds nothing twice."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=300, manual_clock=True)
+    job = client.job(job_name)
+    got: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            job.append([{"i": i} for i in range(700)])
+        except taskq.TaskqError as e:
+            got.append(e)
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    support.wait_until(lambda: client.status(job_name).tasks == 300)
+    job.seal()
+    appender.join(30)
+    assert not appender.is_alive()
+    assert len(got) == 1 and isinstance(got[0], taskq.InvalidInput)
+    message = str(got[0])
+    assert "sealed" in message and "chunks 0-299 went in (300 tasks appended" in message
+    assert "nothing from chunk 300 on" in message and "\n" not in message
+
+
+def test_cli_append_stdin_with_a_bad_line_deep_in_it_appends_nothing(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    lines = [json.dumps({"i": i, "id": f"r{i}"}) for i in range(1200)]
+    lines[1099] = '{"i": 1099, "id": "r1099", "text": "\\ud800"}'  # line 1,100
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", input="\n".join(lines) + "\n")
+    assert r.exit_code != 0
+    out = r.output.strip()
+    assert "\n" not in out and "Traceback" not in out
+    assert "stdin line 1100" in out and "lone UTF-16 surrogate" in out
+    assert "0 tasks appended before it" in out
+    assert client.status(job_name).tasks == 0
+
+
+def test_a_lone_surrogate_in_any_id_is_invalid_input(client, job_name):
+    make_job(client, job_name, n=1)
+    with pytest.raises(taskq.InvalidInput, match="not UTF-8 text"):
+        client.drain(job_name, "worker-\ud800")
+    with pytest.raises(taskq.InvalidInput, match="not UTF-8 text"):
+        trainer(client, job_name, "w\udfff").lease(timeout=0)
+    assert client.status(job_name).workers == 0
+
+
+def test_an_empty_stream_completes_at_its_seal_and_its_trainers_end(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, passes=3)
+    got: list[int] = []
+    t = taskq.Trainer(job_name, client=client, worker_id="w")
+    loop = threading.Thread(target=lambda: got.extend(task.id for task in t))
+    loop.start()
+    support.wait_until(lambda: client.status(job_name).workers == 1)
+    sealed = client.job(job_name).seal()
+    assert (sealed, sealed.already_sealed) == (0, False)
+    loop.join(30)
+    assert not loop.is_alive() and got == []
+    st = client.status(job_name)
+    assert (st.state, st.reason, st.dead) == ("completed", "", 0)
+    assert client.audit(job_name)["ok"]
+    t.close()
+
+
+def test_sealing_twice_says_so(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    client.job(job_name).append([{"i": 0}])
+    first, again = client.job(job_name).seal(), client.job(job_name).seal()
+    assert (first, first.already_sealed, again, again.already_sealed) == (1, False, 1, True)
+    r = run(url, "job", "seal", job_name)
+    assert r.exit_code == 0
+    assert (
+        r.output.strip()
+        == f"job {job_name}: already sealed, with 1 tasks (running); nothing changed"
+    )
+    r = run(url, "job", "seal", job_name, "--json")
+    assert json.loads(r.output)["already_sealed"] is True
+
+
+def test_trim_leaves_no_per_task_field_across_append_train_trim_cycles(client, job_name):
+    """Tasks whose size went with their progress (the leases hash's n:<task>), failed
+    once (counts), with ids: a long stream's hash fields stay flat cycle after cycle."""
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=5
+    )
+    job, keys = client.job(job_name), client.keys(job_name)
+    hashes = (keys.chunks, keys.leases, keys.counts, keys.progress, keys.appids, keys.appidx)
+    t = trainer(client, job_name, "w")
+    sizes = []
+    for cycle in range(6):
+        ids = [f"{cycle}-{i}" for i in range(20)]
+        chunks = [
+            {
+                "format": "lines",
+                "path": f"/nonexistent/{i}",
+                "offset": 0,
+                "length": 1,
+                "records": 50,
+            }
+            for i in ids
+        ]
+        job.append(chunks, ids=ids)
+        first = t.lease(timeout=0)
+        t.fail(first, "once")  # counts a: f: x:
+        while (task := t.lease(timeout=0)) is not None:
+            t.progress(task, 10, end=None)  # the size goes along: n:<task>
+            t.flush_progress()
+            t.ack(task)
+        while job.trim():
+            pass
+        assert client.status(job_name).trimmed == 20 * (cycle + 1)
+        sizes.append(sum(client.redis.hlen(k) for k in hashes))
+    assert sizes == [sizes[0]] * 6, sizes
+    assert client.redis.hlen(keys.leases) <= 1, client.redis.hkeys(keys.leases)  # v:<worker>

@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,7 +35,7 @@ from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, TRIM_MAX, Code
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
-from taskq.models import AppendResult, JobConfig, JobStatus
+from taskq.models import AppendResult, JobConfig, JobStatus, SealResult
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
@@ -347,7 +348,16 @@ class PlainJob:
                     if id_list:
                         args.append(id_list[k])
                     args.append(encoded[k])
-                reply = self.connection.run(self.name, "append", args)
+                try:
+                    reply = self.connection.run(self.name, "append", args)
+                except errors.TaskqError as e:
+                    if lo == 0:
+                        raise
+                    # (a seal, cancel or replace between pages: the pages before stay)
+                    raise type(e)(
+                        f"{e}; chunks 0-{lo - 1} went in ({added} tasks appended, "
+                        f"{skipped} chunks skipped), nothing from chunk {lo} on"
+                    ) from e
                 if int(reply[0]) == Code.OK:
                     break
                 backlog, limit, last_id = int(reply[3]), int(reply[4]), str(reply[5])
@@ -391,17 +401,20 @@ class PlainJob:
         with translate(self.connection.url, self.keys, self.connection.redis):
             self.connection.redis.hset(self.keys.follow, file_key, chunks)
 
-    def seal(self) -> int:
+    def seal(self) -> SealResult:
         """Close a stream job: nothing more is appended; its pass ends once every task
-        appended is done (the job completes after its last pass). Idempotent.
+        appended is done (the job completes after its last pass; a stream of no task
+        completes at the seal). Idempotent: sealing a sealed stream changes nothing.
 
         Returns:
-            The number of tasks the stream holds.
+            The number of tasks the stream holds (an int), with ``already_sealed``: the
+            stream was sealed before this call.
 
         Raises:
             InvalidInput: not a stream job. JobNotFound, JobCancelled.
         """
-        return int(self.connection.run(self.name, "seal", [""])[1])
+        reply = self.connection.run(self.name, "seal", [""])
+        return SealResult(int(reply[1]), bool(int(reply[2])))
 
     def trim(self) -> int:
         """One bounded step of a stream's trim (the reaper runs it every tick): the
@@ -477,15 +490,7 @@ def _check_append(
     """
     if isinstance(chunks, (str, bytes, dict)):
         raise errors.InvalidInput(f"job {job}: append takes a list of chunks, not one chunk")
-    encoded: list[str] = []
-    for i, chunk in enumerate(chunks):
-        try:
-            text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
-        if len(text.encode()) > APPEND_BYTES:
-            raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
-        encoded.append(text)
+    encoded = [encode_chunk(job, i, chunk) for i, chunk in enumerate(chunks)]
     if ids is None:
         return encoded, None
     if isinstance(ids, (str, bytes)):
@@ -496,11 +501,74 @@ def _check_append(
             f"job {job}: {len(id_list)} ids for {len(encoded)} chunks; give one id per chunk"
         )
     for i, chunk_id in enumerate(id_list):
-        if not isinstance(chunk_id, str) or not 1 <= len(chunk_id.encode()) <= 1024:
-            raise errors.InvalidInput(
-                f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
-            )
+        check_chunk_id(job, i, chunk_id)
     return encoded, id_list
+
+
+#: A JSON string escape (``\uXXXX``, or a backslash and one character), read left to right so
+#: an escaped backslash is never taken for the start of an escape.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether the JSON ``text`` (ASCII, as ``json.dumps`` writes it) escapes a UTF-16
+    surrogate that is not half of a pair: Redis's cjson refuses such a text."""
+    pending_high = -1  # the end of a high surrogate's escape, waiting for its low half
+    for m in _ESCAPE.finditer(text):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if pending_high >= 0:
+            if m.start() == pending_high and 0xDC00 <= code <= 0xDFFF:
+                pending_high = -1
+                continue
+            return True
+        if 0xD800 <= code <= 0xDBFF:
+            pending_high = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return pending_high >= 0
+
+
+def encode_chunk(job: str, i: int, chunk: Any) -> str:
+    """Chunk ``i`` of an append as the JSON the engine stores, checked as the engine
+    checks it (append.lua decodes it with Redis's cjson).
+
+    Raises:
+        InvalidInput: not JSON (or NaN, or nested deeper than Python encodes), a lone
+            surrogate in a string, more than ``APPEND_BYTES`` bytes.
+    """
+    try:
+        text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
+    if "\\ud" in text and _lone_surrogate(text):  # (json.dumps writes lower-case hex)
+        raise errors.InvalidInput(
+            f"job {job}: chunk {i} holds a lone UTF-16 surrogate (not Unicode text; Redis "
+            f"refuses its JSON)"
+        )
+    if len(text) > APPEND_BYTES:  # ASCII: its length is its bytes
+        raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
+    return text
+
+
+def check_chunk_id(job: str, i: int, chunk_id: Any) -> None:
+    """Refuse id ``i`` of an append unless it is a string of 1-1024 bytes of UTF-8.
+
+    Raises:
+        InvalidInput: one line naming it.
+    """
+    if isinstance(chunk_id, str):
+        try:
+            size = len(chunk_id.encode())
+        except UnicodeEncodeError:
+            raise errors.InvalidInput(
+                f"job {job}: id {i} holds a lone UTF-16 surrogate (not Unicode text), got "
+                f"{_short(chunk_id)}"
+            ) from None
+        if 1 <= size <= 1024:
+            return
+    raise errors.InvalidInput(
+        f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
+    )
 
 
 def _append_pages(encoded: list[str], cpt: int, max_backlog: int) -> list[tuple[int, int]]:

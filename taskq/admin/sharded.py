@@ -69,7 +69,7 @@ from taskq.keys import (
     shard_sets_index,
     valid_job_name,
 )
-from taskq.models import AppendResult, JobConfig, JobStatus
+from taskq.models import AppendResult, JobConfig, JobStatus, SealResult
 
 log = logging.getLogger("taskq.sharded")
 
@@ -867,10 +867,12 @@ class ShardedJob:
                 firsts.append(self.sset.global_id(shard.name, got.first_task))
         return AppendResult(added, skipped, min(firsts, default=None), self.status().backlog)
 
-    def seal(self) -> int:
+    def seal(self) -> SealResult:
         """Close the stream on every shard (idempotent): the job completes once all
-        appended is done everywhere. Returns the tasks the stream holds in all."""
-        return sum(shard.seal() for shard in self.shards)
+        appended is done everywhere. Returns the tasks the stream holds in all
+        (``already_sealed``: every shard was sealed before)."""
+        sealed = [shard.seal() for shard in self.shards]
+        return SealResult(sum(sealed), all(s.already_sealed for s in sealed))
 
     def trim(self) -> int:
         """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""

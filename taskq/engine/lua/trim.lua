@@ -1,7 +1,8 @@
 #!lua
 -- trim: move a stream's watermark over its done tasks, dropping what they no longer need
--- (their descriptors, per-task counts, lease and progress records, the chunk ids they
--- were appended with, the appends' log below them), so a stream that runs for weeks
+-- (their descriptors, every per-task field: the counts f: a: s: x:, the lease records
+-- <task> b: s: o: and the size n:, the progress, the chunk ids they were appended with,
+-- the appends' log below them), so a stream that runs for weeks
 -- stays bounded (docs/streams.md, "Trimming behind a watermark"). Run by the reaper each
 -- tick; a job that is not a stream, or not in its last pass, is left as it is.
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
@@ -59,6 +60,7 @@ for t = w, hi - 1 do
   leases[#leases + 1] = 'b:' .. s
   leases[#leases + 1] = 's:' .. s
   leases[#leases + 1] = 'o:' .. s
+  leases[#leases + 1] = 'n:' .. s
 end
 local ids = {}
 for _, raw in lipairs(rcall('HMGET', K_APPIDX, unpk(tasks))) do
