@@ -3,7 +3,8 @@
 prefix every interval (fsspec) and appends the files it has not appended before, keeping
 what it appended in the job's ``follow`` hash (``path|size|version`` -> chunks), so a
 restarted follower appends nothing twice: a file half appended when it stopped is
-appended again with the same chunk ids, which the engine skips.
+appended again as its source, and the engine skips the chunks its record of the file
+(and the chunk ids) says went in.
 
 Data flow: operator / producer -> cli/streams.py -> taskq.datasets (chunks) ->
 taskq.Client's job handle (``append``) -> Redis.
@@ -151,9 +152,14 @@ def _file_chunks(path: str, fmt: str | None, sizing: dict[str, Any], options: An
 
 
 def _append(
-    handle: Any, chunks: list[Any], ids: list[str] | None, no_wait: bool, timeout: Any
+    handle: Any,
+    chunks: list[Any],
+    ids: list[str] | None,
+    no_wait: bool,
+    timeout: Any,
+    source: str | None = None,
 ) -> Any:
-    return handle.append(chunks, ids=ids, block=not no_wait, timeout=timeout)
+    return handle.append(chunks, ids=ids, block=not no_wait, timeout=timeout, source=source)
 
 
 @job.command("append")
@@ -388,7 +394,11 @@ def follow_cmd(
                 except taskq.InvalidInput as e:  # a file still being written: the next listing
                     log.warning("job %s: %s not appended yet: %s", name, path, e)
                     continue
-                r = _append(handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout)
+                # the file is the source: the engine records how far it went in, so a
+                # restart mid-file skips what went in even once it was trimmed
+                r = _append(
+                    handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout, source=key
+                )
                 handle.file_appended(key, len(chunks))
                 last_new = time.monotonic()
                 click.echo(f"job {name}: {path}: {r.tasks} tasks appended", err=True)

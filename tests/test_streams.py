@@ -904,3 +904,68 @@ def test_trim_leaves_no_per_task_field_across_append_train_trim_cycles(client, j
         sizes.append(sum(client.redis.hlen(k) for k in hashes))
     assert sizes == [sizes[0]] * 6, sizes
     assert client.redis.hlen(keys.leases) <= 1, client.redis.hkeys(keys.leases)  # v:<worker>
+
+
+# -- exact across restarts and trims ------------------------------------------------------
+def test_a_source_restarted_after_its_first_pages_were_trimmed_adds_nothing_twice(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    chunks = [{"line": i} for i in range(1000)]
+    first = job.append(chunks[:600], source="file-a")  # stopped after 600 chunks
+    assert first.tasks == 600
+    t = trainer(client, job_name, "w")
+    assert len(drain(t)) == 600
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == 600
+    # the whole file again, without ids: only what did not go in
+    again = job.append(chunks, source="file-a")
+    assert (again.tasks, again.skipped, again.first_task) == (400, 600, 600)
+    assert job.append(chunks, source="file-a").tasks == 0
+    assert [task.chunks[0]["line"] for task in drain_tasks(t)] == list(range(600, 1000))
+    # another source is its own record; a bad one is refused before anything is written
+    assert job.append(chunks[:3], source="file-b").tasks == 3
+    for bad in ("", "x" * 1025, "half \ud800"):
+        with pytest.raises(taskq.InvalidInput, match="source"):
+            job.append(chunks[:1], source=bad)
+    assert client.status(job_name).tasks == 1003
+
+
+def test_the_job_keeps_the_last_sources_keep_sources(client, job_name):
+    from taskq.engine.contract import SOURCES_KEEP
+
+    client.create_job(job_name, chunks=[], stream=True)
+    job, keys = client.job(job_name), client.keys(job_name)
+    for i in range(SOURCES_KEEP + 5):
+        job.append([{"i": i}], source=f"s{i}")
+    assert client.redis.hlen(keys.sources) == client.redis.zcard(keys.srcseq) == SOURCES_KEEP
+    assert client.redis.hget(keys.sources, "s4") is None  # the oldest went
+    assert job.append([{"i": 5}], source="s5").tasks == 0  # a recent one is kept
+
+
+def test_a_follower_killed_mid_file_and_restarted_after_a_trim_appends_it_once(
+    url, client, job_name, tmp_path
+):
+    """The follower SIGKILLed while its backlog holds a file's later pages; the first
+    pages trained and trimmed; the restarted follower appends the rest of the file only."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=500, task_timeout=None)
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"x": k}) + "\n" for k in range(1000)))
+    follower = _follow(url, job_name, str(tmp_path / "*.jsonl"))
+    assert support.wait_until(lambda: client.status(job_name).tasks == 500)  # then it waits
+    follower.kill()
+    follower.wait(timeout=20)
+    t = trainer(client, job_name, "w")
+    trained = [task.chunks[0]["offset"] for task in drain_tasks(t)]
+    assert len(trained) == 500
+    job = client.job(job_name)
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == 500
+    # --no-wait: the rest of the file fits the backlog; the file again would not
+    restarted = _follow(url, job_name, str(tmp_path / "*.jsonl"), "--seal-after", "0", "--no-wait")
+    assert restarted.wait(timeout=60) == 0, restarted.stderr.read() if restarted.stderr else ""
+    trained += [task.chunks[0]["offset"] for task in drain_tasks(t)]
+    st = client.status(job_name)
+    assert (st.tasks, st.state) == (1000, "completed")
+    assert len(trained) == len(set(trained)) == 1000  # every line once

@@ -300,14 +300,16 @@ class PlainJob:
         ids: Sequence[str] | None = None,
         block: bool = True,
         timeout: float | None = None,
+        source: str | None = None,
     ) -> AppendResult:
         """Add chunks to the job as new tasks: they join the current pass (after its own
         order) and every later one (docs/streams.md).
 
-        Everything is checked before the first write; the chunks then go in pages
-        (at most ``APPEND_MAX`` chunks and ``APPEND_BYTES`` bytes, whole tasks, each one
-        atomic call), so an append interrupted half-way has added whole pages, and
-        repeating it with the same ``ids`` adds the rest only.
+        Every chunk and id is checked, as the engine checks them, before the first
+        write; the chunks then go in pages (at most ``APPEND_MAX`` chunks and
+        ``APPEND_BYTES`` bytes, whole tasks, each one atomic call), so an append
+        interrupted half-way has added whole pages, and repeating it with the same
+        ``ids`` (or ``source``) adds the rest only.
 
         Args:
             chunks: JSON-able chunk descriptors, in order (grouped ``chunks_per_task`` to
@@ -317,17 +319,27 @@ class PlainJob:
             block: when the job's ``max_backlog`` would be passed, wait for trainers to
                 ack (woken by the job's events, no polling); False: refuse at once.
             timeout: seconds to wait at most in all (None: as long as it takes).
+            source: the name of what ``chunks`` are, from its start (a file: the same
+                chunks in the same order every time; 1-1024 bytes). Each page records,
+                as it goes in, how many of the source's chunks went in, and a later
+                append of the source skips them: exact across a restart mid-source even
+                once the tasks (and their ids) were trimmed. The job keeps the last
+                ``SOURCES_KEEP`` sources appended to.
 
         Returns:
             The tasks added, the chunks skipped, the first new task's id, the backlog.
 
         Raises:
-            InvalidInput: a chunk that is not JSON, bad ids, a sealed stream (nothing
-                written). BacklogFull: the backlog stayed full (``block=False``, or the
-                timeout passed); the pages before went in, the message says how many.
+            InvalidInput: a chunk that is not JSON (or that Redis would refuse: a lone
+                surrogate), bad ids or source, a sealed stream (nothing written; a page
+                refused after others went in: the message names the chunks that did).
+            BacklogFull: the backlog stayed full (``block=False``, or the timeout
+                passed); the pages before went in, the message says how many.
             JobNotFound, JobCancelled.
         """
         encoded, id_list = _check_append(self.name, chunks, ids)
+        if source is not None:
+            check_chunk_id(self.name, -1, source, "source")
         if not encoded:
             return AppendResult(0, 0, None, self.status(summaries=0).backlog)
         with translate(self.connection.url, self.keys, self.connection.redis):
@@ -343,7 +355,7 @@ class PlainJob:
         backlog = 0
         for lo, hi in pages:
             while True:
-                args: list[Any] = [inc, 1 if id_list else 0, hi - lo]
+                args: list[Any] = [inc, 1 if id_list else 0, hi - lo, source or "", lo]
                 for k in range(lo, hi):
                     if id_list:
                         args.append(id_list[k])
@@ -550,24 +562,26 @@ def encode_chunk(job: str, i: int, chunk: Any) -> str:
     return text
 
 
-def check_chunk_id(job: str, i: int, chunk_id: Any) -> None:
-    """Refuse id ``i`` of an append unless it is a string of 1-1024 bytes of UTF-8.
+def check_chunk_id(job: str, i: int, chunk_id: Any, what: str = "") -> None:
+    """Refuse id ``i`` of an append (or ``what``: its source) unless it is a string of
+    1-1024 bytes of UTF-8.
 
     Raises:
         InvalidInput: one line naming it.
     """
+    what = what or f"id {i}"
     if isinstance(chunk_id, str):
         try:
             size = len(chunk_id.encode())
         except UnicodeEncodeError:
             raise errors.InvalidInput(
-                f"job {job}: id {i} holds a lone UTF-16 surrogate (not Unicode text), got "
+                f"job {job}: {what} holds a lone UTF-16 surrogate (not Unicode text), got "
                 f"{_short(chunk_id)}"
             ) from None
         if 1 <= size <= 1024:
             return
     raise errors.InvalidInput(
-        f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
+        f"job {job}: {what} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
     )
 
 

@@ -82,6 +82,8 @@ RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead ste
 APPEND_MAX = 500  #: chunks one append call adds (a larger append goes in pages)
 APPEND_BYTES = 1 << 18  #: bytes of chunks' JSON one append call carries (1 MiB took 12 ms)
 TRIM_MAX = 1000  #: tasks one trim call moves a stream's watermark over (their records go)
+#: sources (files) whose appended-up-to record a job keeps: the last ones appended to
+SOURCES_KEEP = 10_000
 MAX_SPLITS = 1000  #: tasks split in one pass attempt (a checkpoint's cut copies their records)
 
 _LIMITS = (
@@ -105,6 +107,7 @@ _LIMITS = (
     "APPEND_BYTES",
     "TRIM_MAX",
     "MAX_SPLITS",
+    "SOURCES_KEEP",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its
