@@ -52,6 +52,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "follow": "hash",
     "sources": "hash",
     "srcseq": "zset",
+    "aside": "zset",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -58,6 +58,8 @@ JOB_KEYS: tuple[str, ...] = (
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
+    "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
+    # (dead, or dead at a kept checkpoint's cut: trim.lua)
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -81,6 +83,7 @@ COLD_KEYS: tuple[str, ...] = (
     "follow",
     "sources",
     "srcseq",
+    "aside",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -172,7 +175,8 @@ class MetaField:
     C_APPENDED = "c_appended"  # tasks appended after the create
     C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
     SRC_SEQ = "src_seq"  # sequence of the appends that named a source (srcseq's scores)
-    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are done and trimmed (trim.lua)
+    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
+    ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the

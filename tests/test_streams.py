@@ -793,26 +793,27 @@ def test_an_append_with_a_lone_surrogate_deep_in_it_writes_nothing(client, job_n
 def test_a_page_refused_after_others_went_in_says_which_chunks_did(client, job_name):
     """A stream sealed while an append waits for its backlog: the error names the chunks
     that went in, so the resend adds nothing twice."""
-    client.create_job(job_name, chunks=[], stream=True, max_backlog=300, manual_clock=True)
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=APPEND_MAX, manual_clock=True)
     job = client.job(job_name)
     got: list[BaseException] = []
 
     def append() -> None:
         try:
-            job.append([{"i": i} for i in range(700)])
+            job.append([{"i": i} for i in range(2 * APPEND_MAX + 50)])
         except taskq.TaskqError as e:
             got.append(e)
 
     appender = threading.Thread(target=append)
     appender.start()
-    support.wait_until(lambda: client.status(job_name).tasks == 300)
+    assert support.wait_until(lambda: client.status(job_name).tasks == APPEND_MAX)
     job.seal()
     appender.join(30)
     assert not appender.is_alive()
     assert len(got) == 1 and isinstance(got[0], taskq.InvalidInput)
     message = str(got[0])
-    assert "sealed" in message and "chunks 0-299 went in (300 tasks appended" in message
-    assert "nothing from chunk 300 on" in message and "\n" not in message
+    assert "sealed" in message and "\n" not in message
+    assert f"chunks 0-{APPEND_MAX - 1} went in ({APPEND_MAX} tasks appended" in message
+    assert f"nothing from chunk {APPEND_MAX} on" in message
 
 
 def test_cli_append_stdin_with_a_bad_line_deep_in_it_appends_nothing(url, client, job_name):
@@ -843,7 +844,7 @@ def test_an_empty_stream_completes_at_its_seal_and_its_trainers_end(client, job_
     t = taskq.Trainer(job_name, client=client, worker_id="w")
     loop = threading.Thread(target=lambda: got.extend(task.id for task in t))
     loop.start()
-    support.wait_until(lambda: client.status(job_name).workers == 1)
+    assert support.wait_until(lambda: client.status(job_name).workers == 1)
     sealed = client.job(job_name).seal()
     assert (sealed, sealed.already_sealed) == (0, False)
     loop.join(30)
@@ -969,3 +970,101 @@ def test_a_follower_killed_mid_file_and_restarted_after_a_trim_appends_it_once(
     st = client.status(job_name)
     assert (st.tasks, st.state) == (1000, "completed")
     assert len(trained) == len(set(trained)) == 1000  # every line once
+
+
+# -- a dead task on a stream --------------------------------------------------------------
+def _fail_to_death(t: taskq.Trainer, task_id: int) -> None:
+    """Fail the task with id ``task_id`` (leased by ``t``) until it is dead."""
+    task = t.lease(timeout=0)
+    while task is not None and task.id != task_id:
+        t.release(task)
+        task = t.lease(timeout=0)
+    assert task is not None
+    t.fail(task, "poison")
+
+
+def test_trim_passes_a_dead_task_which_stays_listed_retryable_and_audited(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(10)], ids=[f"c{i}" for i in range(10)])
+    t = trainer(client, job_name, "w")
+    t.fail(t.lease(timeout=0), "poison")  # task 0: dead at once
+    assert sorted(drain(t)) == list(range(1, 10))
+    assert job.trim() == 10  # the watermark passes it (it waited there for good before)
+    st = client.status(job_name)
+    assert (st.trimmed, st.dead, st.done) == (10, 1, 9)
+    assert [row["id"] for row in client.tasks(job_name, "dead")] == [0]
+    assert client.task(job_name, 0)["chunks"] == [{"i": 0}]  # kept aside, with its records
+    assert client.task(job_name, 5)["chunks"] is None
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["current"]["dead"] == 1 and audit["dead"]["dead"] == 1
+    job.append([{"i": 10}])
+    assert client.retry(job_name, [0]) == 1
+    again = t.lease(timeout=0)
+    assert (again.id, again.chunks) == (0, [{"i": 0}])
+    t.ack(again)
+    assert drain(t) == [10]
+    job.trim()
+    assert client.task(job_name, 0)["chunks"] is None  # done now: its records went
+    assert client.redis.zcard(client.keys(job_name).aside) == 0
+    assert client.redis.hlen(client.keys(job_name).chunks) == 0
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_a_task_dead_at_a_kept_checkpoint_keeps_its_records_for_the_rewind(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(6)])
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    t.fail(t.lease(timeout=0), "poison")  # task 1 dead
+    assert sorted(drain(t)) == [2, 3, 4, 5]
+    rec = client.checkpoint(job_name, keep=1)  # its cut: task 1 dead, the rest done
+    assert job.trim() == 6
+    assert client.retry(job_name, [1]) == 1
+    assert drain(t) == [1]
+    job.trim()
+    assert client.task(job_name, 1)["chunks"] == [{"i": 1}]  # the checkpoint has it dead
+    assert client.rewind(job_name, rec)
+    assert client.status(job_name).dead == 1
+    assert client.retry(job_name, [1]) == 1
+    assert [task.chunks for task in drain_tasks(t)] == [[{"i": 1}]]  # leased with its chunks
+    client.checkpoint(job_name, keep=1)  # the older checkpoint goes: nothing needs task 1
+    job.trim()
+    assert client.task(job_name, 1)["chunks"] is None
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_the_dead_tasks_set_aside_are_bounded(client, job_name):
+    from taskq.engine.contract import ASIDE_MAX
+
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(ASIDE_MAX + 3)])
+    t = trainer(client, job_name, "w")
+    while batch := t.lease_many(32, timeout=0):
+        for task in batch:
+            if task.id < ASIDE_MAX + 1:
+                t.fail(task, "poison")
+            else:
+                t.ack(task)
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == ASIDE_MAX  # waits at the one past the bound
+    assert client.redis.zcard(client.keys(job_name).aside) == ASIDE_MAX
+    assert client.retry(job_name, [5]) == 1
+    assert drain(t) == [5]
+    # trim looks at the tasks set aside a hundred a call, in turn: the done one goes
+    for _ in range(ASIDE_MAX // 100 + 1):
+        job.trim()
+    assert client.status(job_name).trimmed == ASIDE_MAX + 3  # room again: it went on

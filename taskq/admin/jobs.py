@@ -428,16 +428,23 @@ class PlainJob:
         reply = self.connection.run(self.name, "seal", [""])
         return SealResult(int(reply[1]), bool(int(reply[2])))
 
-    def trim(self) -> int:
-        """One bounded step of a stream's trim (the reaper runs it every tick): the
-        watermark moves over up to ``TRIM_MAX`` done tasks, whose descriptors and
-        records go (docs/streams.md, "Trimming behind a watermark"). A job that is not
-        a stream, or not in its last pass, is left as it is.
+    def trim(self, steps: int = 4) -> int:
+        """Up to ``steps`` bounded steps of a stream's trim (the reaper runs it every
+        tick): each moves the watermark over up to ``TRIM_MAX`` finished tasks; the done
+        ones' descriptors and records go, the dead ones are set aside with theirs
+        (docs/streams.md, "Trimming behind a watermark"). A job that is not a stream, or
+        not in its last pass, is left as it is.
 
         Returns:
-            The tasks trimmed by this call (0: nothing to do now).
+            The tasks the watermark passed (0: nothing to do now).
         """
-        return int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
+        passed = 0
+        for _ in range(steps):
+            step = int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
+            passed += step
+            if step < TRIM_MAX:
+                return passed
+        return passed
 
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:

@@ -886,9 +886,10 @@ class ShardedJob:
         sealed = [shard.seal() for shard in self.shards]
         return SealResult(sum(sealed), all(s.already_sealed for s in sealed))
 
-    def trim(self) -> int:
-        """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""
-        return sum(shard.trim() for shard in self.shards)
+    def trim(self, steps: int = 4) -> int:
+        """Up to ``steps`` bounded trim steps on every shard (``PlainJob.trim``); the tasks
+        the watermarks passed."""
+        return sum(shard.trim(steps) for shard in self.shards)
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """A follower's record of whole files (``taskq job follow``): kept on shard 0."""
