@@ -43,7 +43,7 @@ _ID_MAX = 512
 _STDIN_IDLE_S = 0.2
 #: stdin: the most chunks one batch holds (each batch is checked whole before its first
 #: page is written: what arrives together goes in whole or not at all).
-_STDIN_BATCH = 100_000
+_STDIN_BATCH = 10_000
 
 
 class DurationType(click.ParamType):
@@ -194,7 +194,7 @@ def append_cmd(
     """Append chunks to job NAME: the files of --files GLOB (chunked as `job create`
     does; each chunk's id is its file's path, size and version, so appending the same
     files again adds nothing), or `-`: one JSON chunk descriptor per line on stdin,
-    appended in batches as they come (the lines that arrive together, up to 100,000,
+    appended in batches as they come (the lines that arrive together, up to 10,000,
     checked whole before the batch's first write; a bad line stops it: nothing of its
     batch went in, the message says how many tasks the batches before added)."""
     if (files is None) == (source != "-"):

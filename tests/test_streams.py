@@ -949,27 +949,28 @@ def test_a_follower_killed_mid_file_and_restarted_after_a_trim_appends_it_once(
 ):
     """The follower SIGKILLed while its backlog holds a file's later pages; the first
     pages trained and trimmed; the restarted follower appends the rest of the file only."""
-    client.create_job(job_name, chunks=[], stream=True, max_backlog=500, task_timeout=None)
+    half = 4 * APPEND_MAX  # four pages in, the fifth held by the backlog
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=half, task_timeout=None)
     path = tmp_path / "big.jsonl"
-    path.write_text("".join(json.dumps({"x": k}) + "\n" for k in range(1000)))
+    path.write_text("".join(json.dumps({"x": k}) + "\n" for k in range(2 * half)))
     follower = _follow(url, job_name, str(tmp_path / "*.jsonl"))
-    assert support.wait_until(lambda: client.status(job_name).tasks == 500)  # then it waits
+    assert support.wait_until(lambda: client.status(job_name).tasks == half)  # then it waits
     follower.kill()
     follower.wait(timeout=20)
     t = trainer(client, job_name, "w")
     trained = [task.chunks[0]["offset"] for task in drain_tasks(t)]
-    assert len(trained) == 500
+    assert len(trained) == half
     job = client.job(job_name)
     while job.trim():
         pass
-    assert client.status(job_name).trimmed == 500
+    assert client.status(job_name).trimmed == half
     # --no-wait: the rest of the file fits the backlog; the file again would not
     restarted = _follow(url, job_name, str(tmp_path / "*.jsonl"), "--seal-after", "0", "--no-wait")
     assert restarted.wait(timeout=60) == 0, restarted.stderr.read() if restarted.stderr else ""
     trained += [task.chunks[0]["offset"] for task in drain_tasks(t)]
     st = client.status(job_name)
-    assert (st.tasks, st.state) == (1000, "completed")
-    assert len(trained) == len(set(trained)) == 1000  # every line once
+    assert (st.tasks, st.state) == (2 * half, "completed")
+    assert len(trained) == len(set(trained)) == 2 * half  # every line once
 
 
 # -- a dead task on a stream --------------------------------------------------------------

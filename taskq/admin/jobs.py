@@ -366,9 +366,15 @@ class PlainJob:
                     if lo == 0:
                         raise
                     # (a seal, cancel or replace between pages: the pages before stay)
+                    rest = (
+                        f"chunks {lo}-{hi - 1} may have too (the reply was lost: a resend "
+                        f"with ids or source adds nothing twice)"
+                        if isinstance(e, errors.ConnectionLost)
+                        else f"nothing from chunk {lo} on"
+                    )
                     raise type(e)(
                         f"{e}; chunks 0-{lo - 1} went in ({added} tasks appended, "
-                        f"{skipped} chunks skipped), nothing from chunk {lo} on"
+                        f"{skipped} chunks skipped), {rest}"
                     ) from e
                 if int(reply[0]) == Code.OK:
                     break
@@ -428,7 +434,7 @@ class PlainJob:
         reply = self.connection.run(self.name, "seal", [""])
         return SealResult(int(reply[1]), bool(int(reply[2])))
 
-    def trim(self, steps: int = 4) -> int:
+    def trim(self, steps: int = 8) -> int:
         """Up to ``steps`` bounded steps of a stream's trim (the reaper runs it every
         tick): each moves the watermark over up to ``TRIM_MAX`` finished tasks; the done
         ones' descriptors and records go, the dead ones are set aside with theirs

@@ -886,7 +886,7 @@ class ShardedJob:
         sealed = [shard.seal() for shard in self.shards]
         return SealResult(sum(sealed), all(s.already_sealed for s in sealed))
 
-    def trim(self, steps: int = 4) -> int:
+    def trim(self, steps: int = 8) -> int:
         """Up to ``steps`` bounded trim steps on every shard (``PlainJob.trim``); the tasks
         the watermarks passed."""
         return sum(shard.trim(steps) for shard in self.shards)
