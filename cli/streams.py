@@ -3,7 +3,8 @@
 prefix every interval (fsspec) and appends the files it has not appended before, keeping
 what it appended in the job's ``follow`` hash (``path|size|version`` -> chunks), so a
 restarted follower appends nothing twice: a file half appended when it stopped is
-appended again with the same chunk ids, which the engine skips.
+appended again as its source, and the engine skips the chunks its record of the file
+(and the chunk ids) says went in.
 
 Data flow: operator / producer -> cli/streams.py -> taskq.datasets (chunks) ->
 taskq.Client's job handle (``append``) -> Redis.
@@ -26,7 +27,7 @@ import click
 
 import taskq
 from taskq import datasets
-from taskq.engine.contract import APPEND_MAX
+from taskq.admin.jobs import check_chunk_id, encode_chunk
 from taskq.ops.stopping import StopOnSignals
 
 from .common import client_of, echo_json
@@ -37,9 +38,12 @@ log = logging.getLogger("taskq.follow")
 
 #: An id longer than this is replaced by its digest (the engine takes 1-1024 bytes).
 _ID_MAX = 512
-#: stdin: a page goes out once this long passes without a new line (a slow producer's
-#: chunks are not held back waiting for a full page).
+#: stdin: a batch goes out once this long passes without a new line (a slow producer's
+#: chunks are not held back waiting for a full batch).
 _STDIN_IDLE_S = 0.2
+#: stdin: the most chunks one batch holds (each batch is checked whole before its first
+#: page is written: what arrives together goes in whole or not at all).
+_STDIN_BATCH = 10_000
 
 
 class DurationType(click.ParamType):
@@ -148,9 +152,14 @@ def _file_chunks(path: str, fmt: str | None, sizing: dict[str, Any], options: An
 
 
 def _append(
-    handle: Any, chunks: list[Any], ids: list[str] | None, no_wait: bool, timeout: Any
+    handle: Any,
+    chunks: list[Any],
+    ids: list[str] | None,
+    no_wait: bool,
+    timeout: Any,
+    source: str | None = None,
 ) -> Any:
-    return handle.append(chunks, ids=ids, block=not no_wait, timeout=timeout)
+    return handle.append(chunks, ids=ids, block=not no_wait, timeout=timeout, source=source)
 
 
 @job.command("append")
@@ -185,8 +194,9 @@ def append_cmd(
     """Append chunks to job NAME: the files of --files GLOB (chunked as `job create`
     does; each chunk's id is its file's path, size and version, so appending the same
     files again adds nothing), or `-`: one JSON chunk descriptor per line on stdin,
-    appended in pages as they come (a line that is not JSON stops it: the pages before
-    it went in, the message says how many)."""
+    appended in batches as they come (the lines that arrive together, up to 10,000,
+    checked whole before the batch's first write; a bad line stops it: nothing of its
+    batch went in, the message says how many tasks the batches before added)."""
     if (files is None) == (source != "-"):
         raise click.UsageError("give either --files GLOB or - (JSON lines on stdin)", ctx)
     if source not in (None, "-"):
@@ -218,7 +228,9 @@ def append_cmd(
         added, skipped = r.tasks, r.skipped
     else:
         counted = [0]  # (what the pages so far added, for a bad line's message)
-        for page, page_ids in _stdin_pages(sys.stdin, id_key, added_so_far=lambda: counted[0]):
+        for page, page_ids in _stdin_pages(
+            name, sys.stdin, id_key, added_so_far=lambda: counted[0]
+        ):
             r = _append(handle, page, page_ids, no_wait, timeout)
             counted[0] += r.tasks
             skipped += r.skipped
@@ -232,13 +244,15 @@ def append_cmd(
 
 
 def _stdin_pages(
-    stream: IO[str], id_key: str | None, added_so_far: Any
+    name: str, stream: IO[str], id_key: str | None, added_so_far: Any
 ) -> Iterator[tuple[list[Any], list[str] | None]]:
-    """Pages of (chunks, ids) from JSON lines: a page goes out when full, or when the
-    input has been idle a moment (a slow producer), or at its end.
+    """Batches of (chunks, ids) from JSON lines: a batch goes out when full
+    (``_STDIN_BATCH``), or when the input has been idle a moment (a slow producer), or at
+    its end; each line checked as ``append`` checks a chunk and its id.
 
     Raises:
-        InvalidInput: a line that is not JSON, or without its id (one line, naming it).
+        InvalidInput: a line that is not JSON, or without its id, or that append would
+            refuse (one line, naming it).
     """
     page: list[Any] = []
     ids: list[str] = []
@@ -267,8 +281,16 @@ def _stdin_pages(
                     f"{added_so_far()} tasks appended before it"
                 )
             ids.append(str(chunk_id))
+        try:
+            encode_chunk(name, lineno, chunk)
+            if id_key is not None:
+                check_chunk_id(name, lineno, ids[-1])
+        except taskq.InvalidInput as e:
+            raise taskq.InvalidInput(
+                f"stdin line {lineno}: {e}; {added_so_far()} tasks appended before it"
+            ) from None
         page.append(chunk)
-        if len(page) >= APPEND_MAX:
+        if len(page) >= _STDIN_BATCH:
             yield page, ids if id_key else None
             page, ids = [], []
     if page:
@@ -290,12 +312,23 @@ def _readable(stream: IO[str], wait_s: float) -> bool:
 @click.pass_context
 def seal_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
     """Close stream job NAME: nothing more is appended; the job completes once every
-    task appended is done."""
+    task appended is done (at once when none was appended). Sealing a sealed stream
+    changes nothing and says so (exit 0)."""
     client = client_of(ctx)
     tasks = client.job(name).seal()
     state = client.status(name, summaries=0).state
     if as_json:
-        echo_json({"job": name, "stream": "sealed", "tasks": tasks, "state": state})
+        echo_json(
+            {
+                "job": name,
+                "stream": "sealed",
+                "tasks": int(tasks),
+                "state": state,
+                "already_sealed": tasks.already_sealed,
+            }
+        )
+    elif tasks.already_sealed:
+        click.echo(f"job {name}: already sealed, with {tasks} tasks ({state}); nothing changed")
     else:
         click.echo(f"job {name}: sealed with {tasks} tasks ({state})")
 
@@ -361,7 +394,11 @@ def follow_cmd(
                 except taskq.InvalidInput as e:  # a file still being written: the next listing
                     log.warning("job %s: %s not appended yet: %s", name, path, e)
                     continue
-                r = _append(handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout)
+                # the file is the source: the engine records how far it went in, so a
+                # restart mid-file skips what went in even once it was trimmed
+                r = _append(
+                    handle, chunks, _chunk_ids(key, len(chunks)), no_wait, timeout, source=key
+                )
                 handle.file_appended(key, len(chunks))
                 last_new = time.monotonic()
                 click.echo(f"job {name}: {path}: {r.tasks} tasks appended", err=True)

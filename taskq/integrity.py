@@ -50,6 +50,9 @@ EXPECTED_TYPES: dict[str, str] = {
     "appidx": "hash",
     "appends": "zset",
     "follow": "hash",
+    "sources": "hash",
+    "srcseq": "zset",
+    "aside": "zset",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -56,6 +56,10 @@ JOB_KEYS: tuple[str, ...] = (
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
+    "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
+    "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
+    "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
+    # (dead, or dead at a kept checkpoint's cut: trim.lua)
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -77,6 +81,9 @@ COLD_KEYS: tuple[str, ...] = (
     "appidx",
     "appends",
     "follow",
+    "sources",
+    "srcseq",
+    "aside",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -167,7 +174,9 @@ class MetaField:
     MAX_BACKLOG = "max_backlog"  # an append past it (tasks not done) is refused (0 = none)
     C_APPENDED = "c_appended"  # tasks appended after the create
     C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
-    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are done and trimmed (trim.lua)
+    SRC_SEQ = "src_seq"  # sequence of the appends that named a source (srcseq's scores)
+    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
+    ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the

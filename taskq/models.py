@@ -133,6 +133,18 @@ class AppendResult:
     backlog: int
 
 
+class SealResult(int):
+    """What ``seal`` did: the tasks the stream holds (the int itself), and
+    ``already_sealed``: it was sealed before this call, which changed nothing."""
+
+    already_sealed: bool
+
+    def __new__(cls, tasks: int, already_sealed: bool = False) -> SealResult:
+        result = super().__new__(cls, tasks)
+        result.already_sealed = already_sealed
+        return result
+
+
 @dataclass
 class JobStatus:
     """A read-only snapshot of one job (one pipeline; O(1) in the number of tasks)."""

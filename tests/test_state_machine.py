@@ -609,8 +609,9 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
         """Below a stream's watermark every task is done and its descriptor gone (never
-        leased, rewound to or counted twice: the done set holds it); above it every task
-        has its descriptor."""
+        leased, rewound to or counted twice: the done set holds it), but for the tasks
+        set aside (every dead one there), which keep theirs; above it every task has its
+        descriptor."""
         w = self._meta("trim_w")
         s = self.client.status(self.job, summaries=0)
         if self.cancelled or s.reason == "rewinding":
@@ -618,9 +619,17 @@ class EngineMachine(RuleBasedStateMachine):
         keys, r = self.client.keys(self.job), self.client.redis
         n = self._n()
         assert w <= n
-        assert all(r.getbit(keys.done, i) for i in range(w)), "a trimmed task is not done"
+        aside = {int(t) for t in r.zrange(keys.aside, 0, -1)}
+        assert all(t < w for t in aside), "a task above the watermark is set aside"
+        trimmed = [i for i in range(w) if i not in aside]
+        assert all(r.getbit(keys.done, i) for i in trimmed), "a trimmed task is not done"
+        dead = {int(t) for t in r.smembers(keys.dead)}
+        assert {t for t in dead if t < w} <= aside, (
+            "a dead task below the watermark lost its records"
+        )
         held = r.hmget(keys.chunks, [str(i) for i in range(n)]) if n else []
-        assert all(c is None for c in held[:w]), "a trimmed task kept its descriptor"
+        assert all(held[i] is None for i in trimmed), "a trimmed task kept its descriptor"
+        assert all(held[i] is not None for i in aside), "a task set aside lost its descriptor"
         assert all(c is not None for c in held[w:]), "a task above the watermark lost its chunks"
 
     @invariant()

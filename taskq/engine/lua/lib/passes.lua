@@ -147,14 +147,16 @@ local function set_waiting(reason)
   broadcast()
 end
 
--- Ends the current pass (kind: completed | skipped) and moves on as configured.
-local function finish_pass(kind)
+-- Ends the current pass (kind: completed | skipped) and moves on as configured; `last`:
+-- the job completes whatever its passes (a sealed stream of no task: a pass would read
+-- nothing).
+local function finish_pass(kind, last)
   save_summary(kind)
   mset(F.LAST_PASS_MS, fmt(CALL.NOW - mnum(F.PSTART)))
   event('pass_' .. kind, 'done', mget(F.NDONE))
   local p = mnum(F.PASS)
   local passes = mnum(F.PASSES)
-  if passes >= 0 and p + 1 >= passes then
+  if last or (passes >= 0 and p + 1 >= passes) then
     CALL.ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
     rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
@@ -180,7 +182,8 @@ local function check_pass_end()
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
   if live == 0 then
-    set_waiting('all_dead')
+    -- no task at all (a sealed stream nothing was appended to): nothing to wait for
+    if mnum(F.N) == 0 then finish_pass('completed', true) else set_waiting('all_dead') end
     return
   end
   local wrong = dead_and_done(true)
