@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch.utils.data
 
 from taskq.engine.contract import MAX_HELD
+from taskq.trainer.alldead import check_mode
 from taskq.trainer.core import default_worker_id
 
 from .. import errors
@@ -103,6 +104,12 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             rank whose pass is over before the others' repeats its last batch, marked
             ``batch_is_padding``, until none has one (DDP under a loop without
             ``Join``: Lightning, the HF Trainer; even.py). Needs ``pass_end="local"``.
+        on_all_dead: what the loop does when every live task of its pass is dead
+            (each failed ``max_failures`` times; the job waits for an operator):
+            ``"raise"`` (the default: ``AllTasksDead`` from the loop, naming the dead
+            tasks, their last error and ``taskq tasks retry JOB`` / ``taskq job cancel
+            JOB``: a training run does not hang in silence) or ``"wait"`` (that text as
+            a warning once a minute; the loop goes on once they are retried).
 
     Raises:
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
@@ -131,6 +138,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         ahead: int = 0,
         collective: bool = False,
         even_steps: bool = False,
+        on_all_dead: str = "raise",
         **torch_options: Any,
     ) -> None:
         if not isinstance(dataset, TaskDataset):
@@ -148,6 +156,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             )
         if on_error not in ("fail", "raise"):
             raise errors.InvalidInput(f"on_error must be 'fail' or 'raise', not {on_error!r}")
+        check_mode(on_all_dead)
         if pass_end not in _PASS_ENDS:
             raise errors.InvalidInput(f"pass_end must be one of {_PASS_ENDS}, not {pass_end!r}")
         if acks not in _ACKS:
@@ -180,6 +189,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.ahead = ahead
         self.collective = collective
         self.even_steps = even_steps
+        self.on_all_dead = on_all_dead
         self._even = EvenSteps() if even_steps else None
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
@@ -350,6 +360,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
             ends=feed.ends,
+            on_all_dead=self.on_all_dead,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
