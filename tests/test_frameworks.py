@@ -228,7 +228,9 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
 ) -> None:
     """``accelerator.save_state`` after step 4 (every rank's, under ``torchrun`` with 2
-    gloo ranks) holds the loader's state; every rank dies entering step 6; ``load_state``
+    gloo ranks: the loader, given no ``collective``, finds accelerate calling and
+    checkpoints once for both) holds the loader's state; every rank dies entering step 6;
+    ``load_state``
     of that directory on one process resumes: the steps before the checkpoint and the
     resumed run's hold every row of the pass once."""
     pytest.importorskip("accelerate")
@@ -241,6 +243,9 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     assert done.returncode != 0
     ckpt = first / "ckpt" / "step4"
     assert (ckpt / "dl_state_dict.bin").exists(), list((first / "ckpt").iterdir())
+    # one checkpoint of the job for both ranks: the loader found accelerate's save_state
+    # asking every rank and made state_dict() collective (not one checkpoint per rank)
+    assert len(client.checkpoints(job_name)) == 1, client.checkpoints(job_name)
     _run("accelerate_proc.py", url, job_name, str(second), "--resume", str(ckpt))
     before = [e for e in _trained(first) if e["step"] < 4]
     assert len(before) == 4 * procs

@@ -201,8 +201,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.ahead = settings.ahead
         self.pass_end = settings.pass_end
         self.even_steps = settings.even_steps
-        #: the framework found at the last iter() (frameworks.py), if any
-        self.framework: frameworks.Framework | None = None
+        #: the framework found at the last iter() (frameworks.py): "lightning",
+        #: "transformers", or None (its trainer is not kept: a DDP model it holds must
+        #: go before the process group, docs/frameworks.md)
+        self.framework: str | None = None
         self._weighs_padding = False
         #: the loop read ``loss_weight`` or ``batch_is_padding`` (even_steps' check)
         self._padding_read = False
@@ -422,7 +424,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         """
         fw = frameworks.detect()
         settings = frameworks.settle(self._given, fw)
-        self.framework = fw
+        self.framework = None if fw is None else fw.kind
         self.ahead, self.pass_end = settings.ahead, settings.pass_end
         self.even_steps = settings.even_steps
         self._weighs_padding = settings.weighs_padding
