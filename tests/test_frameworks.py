@@ -141,8 +141,8 @@ def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
 
 
 def _padding_trained_nothing(log_dir: Path) -> None:
-    """Every padding step's loss (as Lightning stepped on it) is 0: the loader's
-    integration weighted it, the model's training_step returned it unweighted."""
+    """Every padding step's loss (as the framework stepped on it) is 0: the loader's
+    integration weighted it, the model returned it unweighted."""
     losses = [
         json.loads(line)
         for path in sorted(log_dir.glob("loss*.jsonl"))
@@ -387,9 +387,11 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
     """transformers' ``Trainer`` under ``torchrun`` with 2 gloo ranks (DDP), the loader
-    ``even_steps=True``, ``max_steps`` beyond the job (the Trainer stops at the first epoch
-    with no batch: the job completed): both ranks step equally often in each pass, every
-    row trained once per pass."""
+    made without flags (it finds the Trainer: even steps), ``max_steps`` beyond the job
+    (the Trainer stops at the first epoch with no batch: the job completed): both ranks
+    step equally often in each pass, every row trained once per pass, and every padding
+    step's loss, as the Trainer trained on it, is 0 (the loader wrapped ``compute_loss``;
+    the model returns it unweighted)."""
     pytest.importorskip("transformers")
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
     log = tmp_path / "log"
@@ -404,6 +406,8 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     for p, seen in per_pass.items():
         assert set(seen) == {(f, i) for f in range(5) for i in range(20)}, p
         assert max(seen.values()) == 1, p
+    assert any(e["padding"] for es in ranks.values() for e in es)  # 25 batches a pass
+    _padding_trained_nothing(log)  # the model returned it unweighted
     assert client.status(job_name).state == "completed"
 
 
