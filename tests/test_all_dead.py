@@ -14,6 +14,7 @@ import pytest
 from support import wait_until
 
 import taskq
+from taskq.admin import shardset
 
 pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
@@ -152,6 +153,27 @@ def test_trainer_loop_waits_by_default_saying_so_and_resumes_after_a_retry(
                 thread.join(30)
     assert sorted(seen) == [0, 1, 2]
     assert client.status(job_name).state == "completed"
+
+
+@pytest.mark.timeout(60)
+def test_sharded_trainer_loop_with_raise_raises_all_tasks_dead(
+    client: taskq.Client, job_name: str
+) -> None:
+    """A sharded job (2 shards) whose every task is dead: the sharded trainer's loop
+    raises with ``on_all_dead="raise"`` (its idle round reads every shard's status)."""
+    client.create_job(job_name, [{"i": i} for i in range(4)], shards=2, max_failures=1)
+    for shard in shardset.require(client, job_name).shards:
+        with taskq.Trainer(shard, client=client, heartbeat=False) as tr:
+            for task in iter(lambda: tr.lease(timeout=0), None):  # noqa: B023
+                tr.fail(task, "boom")
+    assert client.job(job_name).status().reason == "all_dead"
+    with taskq.Trainer(job_name, client=client, on_all_dead="raise") as trainer:
+        with pytest.raises(taskq.AllTasksDead) as e:
+            for _ in trainer:
+                pass
+    text = str(e.value)
+    assert "every live task of pass 0 is dead" in text and "boom" in text, text
+    assert f"taskq job cancel {job_name}" in text, text
 
 
 def test_on_all_dead_must_be_wait_or_raise(client: taskq.Client, url: str, job_name: str) -> None:
