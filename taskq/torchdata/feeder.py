@@ -29,6 +29,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from taskq.engine.contract import MAX_BATCH, MAX_HELD
+from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.core import Trainer
 
 from .. import errors
@@ -75,6 +76,8 @@ class Feeder(threading.Thread):
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
         ends: the readers' cells of each task's current end (``Feed.ends``), written
             here when a task is split while read.
+        on_all_dead: "raise" (``AllTasksDead`` from the loop when every live task of
+            the pass is dead) or "wait" (a warning a minute until an operator acts).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class Feeder(threading.Thread):
         input_meter: InputMeter | None = None,
         spare: int = 1,
         ends: Any = None,
+        on_all_dead: str = "raise",
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -109,6 +113,8 @@ class Feeder(threading.Thread):
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.hold_acks = hold_acks
+        self.on_all_dead = on_all_dead
+        self.all_dead: AllDeadWatch | None = None
         #: the loader's data-wait meter, sent with this iteration's trainer's heartbeats
         self.input_meter = input_meter
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
@@ -234,6 +240,7 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        self.all_dead = AllDeadWatch(self.trainer.client.job(ds.job), self.on_all_dead)
         #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
         self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
@@ -253,6 +260,7 @@ class Feeder(threading.Thread):
 
     def _loop(self) -> None:
         assert self.trainer is not None and self.pass_no is not None
+        assert self.all_dead is not None
         trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
         last_poll = 0.0
         while True:
@@ -332,6 +340,7 @@ class Feeder(threading.Thread):
             self.ahead.started(starts)
             if got:
                 self._got_at = time.monotonic()
+                self.all_dead.moved_on()
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
             if self._sizes and (starts or (got and not reserve)):
                 self.ledger.sizes(starts + ([] if reserve else got))
@@ -344,6 +353,11 @@ class Feeder(threading.Thread):
             st = trainer.client.status(job, summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
+            elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:
+                # nothing comes until an operator retries the dead tasks or cancels: say
+                # so (a warning a minute) or raise it in the loop (on_all_dead)
+                self.all_dead.seen(st.pass_no)
+                self._wait(0.5)
             elif st.pass_no > pass_no or (
                 st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
             ):

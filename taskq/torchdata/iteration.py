@@ -103,6 +103,9 @@ class TaskqIter:
         #: agreed that none has a batch
         self.even = even
         self._even_over = False
+        #: next() calls so far (even_steps checks, after the loop's first step, that
+        #: a padding batch's loss is weighted)
+        self._nexts = 0
         #: samples handed to the loop in this iteration
         self.samples = 0
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
@@ -164,6 +167,21 @@ class TaskqIter:
         assert even is not None
         if self._even_over:
             raise StopIteration
+        self._nexts += 1
+        loader = self.loader_ref()
+        if self._nexts == self.ahead + 2 and loader is not None and not loader.padding_weighted():
+            # every rank runs the same loop: all refuse at this call, none waits
+            self._even_over = True
+            try:
+                even.agree(False, failed=True)
+            except Exception:  # noqa: BLE001 - the group is broken: our error first
+                log.debug("even_steps: could not tell the other ranks", exc_info=True)
+            self._end(ack_taken=True, shutdown=True)
+            raise errors.InvalidInput(
+                "even_steps: the loop's first step read neither loader.loss_weight nor "
+                "loader.batch_is_padding; a rank out of data steps on a repeat of its last "
+                "batch, which would be trained twice: return loss * loader.loss_weight"
+            )
         batch, have = None, False
         if not self.ended:
             try:

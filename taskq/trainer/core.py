@@ -80,6 +80,12 @@ class Trainer:
             stay bounded).
         max_idle_wait: a sharded job's only: the longest wait between two looks at the
             other shards.
+        on_all_dead: what a loop (``for task in trainer``, ``passes()``, ``batches()``)
+            does while the job waits because every live task of its pass is dead:
+            ``"wait"`` (the default: a warning naming the dead tasks, their last error
+            and the commands to retry them or cancel the job, once a minute; the loop
+            goes on as soon as they are retried: a fleet of workers needs no restart)
+            or ``"raise"`` (``AllTasksDead`` with that text, from the loop).
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
@@ -116,6 +122,7 @@ class Trainer:
         home: int | None = None,
         idle_wait: float = 0.5,
         max_idle_wait: float = 5.0,
+        on_all_dead: str = "wait",
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
@@ -132,6 +139,7 @@ class Trainer:
             "reconnect_timeout": reconnect_timeout,
             "input_meter": input_meter,
             "split_tails": split_tails,
+            "on_all_dead": on_all_dead,
         }
         check_name(job)  # a bad name: InvalidInput before anything is sent
         # where leases come from, chosen once from the job's record: a plain job's one

@@ -66,6 +66,7 @@ class Worker:
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
+        on_all_dead: str = "wait",
     ) -> None:
         self.job = job
         wire = Wire(connection, job)
@@ -86,7 +87,16 @@ class Worker:
         )
         self._calls = calls = Calls(wire, session, leases, view, progress, beat, split_tails)
         self._iter = Iteration(
-            connection, wire, session, leases, view, calls, beat, prefetch, self.input_meter
+            connection,
+            wire,
+            session,
+            leases,
+            view,
+            calls,
+            beat,
+            prefetch,
+            self.input_meter,
+            on_all_dead,
         )
         self._closed = False
         # a worker started while Redis is away (a pod scheduled during a restart) waits
