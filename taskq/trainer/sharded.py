@@ -102,6 +102,7 @@ class ShardedWorker:
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
+        ranges: bool = False,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -131,6 +132,7 @@ class ShardedWorker:
             "worker_ttl": worker_ttl,
             "reconnect_timeout": reconnect_timeout,
             "split_tails": split_tails,
+            "ranges": ranges,
         }
         #: sent by the home shard's worker only
         self.input_meter = input_meter if input_meter is not None else InputMeter()
