@@ -228,3 +228,25 @@ def test_a_declared_size_the_data_contradicts_is_an_error(client, job_name, tmp_
     a.fail(task, "bad size")
     a.close()
     b.close()
+
+
+def test_a_fixed_range_reader_at_the_tail_takes_no_new_split(client, job_name, tmp_path):
+    """``Trainer(ranges=True, split_tails=False)`` (what ``taskq work --ranges`` is): idle
+    beside a range reader's running task, it splits nothing (its range could not follow
+    a moving end) and waits."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a = ranges(client, job_name, "a")
+    task = a.lease(timeout=0)
+    assert task is not None
+    got_a: list[Any] = []
+    it = read_some(a, task, 10, got_a)
+    a.flush_progress()
+    fixed = ranges(client, job_name, "fixed", split_tails=False)
+    assert fixed.lease(timeout=0.3) is None
+    got_a += list(it)
+    a.ack(task)
+    fixed.close()
+    a.close()
+    st = client.status(job_name, summaries=0)
+    assert st.state == "completed" and st.counters["splits"] == 0
+    assert_each_once([s["i"] for s in got_a], 100)

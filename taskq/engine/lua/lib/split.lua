@@ -214,8 +214,9 @@ local function take_split(worker, winc, cn)
     end
     if #keep < #orph then split_orphans(keep, rest) end
   end
-  if not task and kind == 's' then
-    for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
+  if not task then
+    -- (a new split only by a caller that follows a moving end: the pending tail waits)
+    for _, t in lipairs(kind == 's' and rcall('ZRANGE', K_STARTED, 0, 9) or {}) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
           and reads_of(l.worker, l.winc) == 's'
