@@ -7,7 +7,7 @@
 --   default) whole tasks only; 'r' the range [start, end) it is handed; 's' that range
 --   and an end that moves while it reads (its own tasks may be split)
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason},
---   sample order ('' the chunks' order, 'shuffled'), the job's seed}
+--   sample order ('chunks' or '' the chunks' order, 'shuffled'), the job's seed}
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 -- secret: this incarnation's lease secret (at least 16 characters); only its digest is
 -- kept, in the worker record, and every later write of the worker must send it.

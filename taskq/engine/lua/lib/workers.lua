@@ -57,7 +57,11 @@ end
 local function reads_of(worker, winc, kind)
   local f = 'r:' .. worker
   if kind then
-    if kind == 'w' then rcall('HDEL', K_LEASES, f) else rcall('HSET', K_LEASES, f, winc .. '|' .. kind) end
+    if kind == 'w' then
+      rcall('HDEL', K_LEASES, f)
+    else
+      rcall('HSET', K_LEASES, f, winc .. '|' .. kind)
+    end
     return kind
   end
   local w, k = smatch(rcall('HGET', K_LEASES, f) or '', '^(.*)|(%a)$')
