@@ -178,6 +178,10 @@ class MetaField:
     TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
     ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
+    #: the order of a task's samples: '' or absent the chunks' order, 'shuffled' a
+    #: permutation fixed by the job's seed, the pass and the task (taskq.data.sample_order;
+    #: applied by the readers, never by a script: register hands it to the trainers)
+    SORDER = "sorder"
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the
     #: buckets' sum): written with the meta the call writes anyway, not one HINCRBY per

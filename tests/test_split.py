@@ -41,7 +41,7 @@ def write_jsonl(path: Path, n: int) -> list[dict[str, Any]]:
 
 
 def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False)
+    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False, ranges=True)
 
 
 def job_of(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> None:
@@ -314,7 +314,7 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
         assert wait_until(
             lambda: int(client.redis.hget(client.keys(job_name).progress, "0") or 0) >= 10
         )
-        with taskq.Trainer(job_name, client=client, worker_id="second") as b:
+        with taskq.Trainer(job_name, client=client, worker_id="second", ranges=True) as b:
             piece = b.lease(timeout=10)  # confirmed once the first one knows its end
             assert piece is not None and piece.end == rows and 10 < piece.start < rows
             proc.send_signal(signal.SIGKILL)

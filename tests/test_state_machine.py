@@ -22,13 +22,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import taskq
 from taskq import integrity
 from taskq.admin.stats import parse_lease
-from taskq.data import task_size
+from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
 MAX_TASKS = 9
 WORKERS = ("w0", "w1", "w2")
 _ids = itertools.count()
+#: what a worker's loop honours of a lease, as it registers (docs/design.md, "Pieces only
+#: to consumers that read ranges"): whole tasks (the README's loop), the range it is
+#: handed (``taskq work --ranges``), that range with an end that moves (``read_task(task)``)
+READS = {
+    "w": {},
+    "r": {"ranges": True, "split_tails": False},
+    "s": {"ranges": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +49,11 @@ class EngineMachine(RuleBasedStateMachine):
     backup_leases = False
     split_tails = False
     stream = False
+    shuffle_samples = False
     passes: int | None = None
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
+    #: each worker's kind (READS)
+    kinds: dict = {w: "w" for w in WORKERS}  # noqa: RUF012 -- (copied per machine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,11 +75,10 @@ class EngineMachine(RuleBasedStateMachine):
             stream=self.stream,
             manual_clock=True,
             auto_advance=False,
+            shuffle_samples=self.shuffle_samples,
         )
-        self.trainers = {
-            w: taskq.Trainer(self.job, client=self.client, worker_id=w, heartbeat=False)
-            for w in WORKERS
-        }
+        self.kinds = dict(self.kinds)
+        self.trainers = {w: self._trainer(w) for w in WORKERS}
         self.held: dict[str, list[taskq.Task]] = {w: [] for w in WORKERS}
         self.ended: list[tuple[str, taskq.Task]] = []
         self.max_token = 0
@@ -85,6 +95,18 @@ class EngineMachine(RuleBasedStateMachine):
         self.appended_ids: list[str] = []
 
     # -- helpers -----------------------------------------------------------------
+    def _trainer(self, w: str) -> taskq.Trainer:
+        return taskq.Trainer(
+            self.job, client=self.client, worker_id=w, heartbeat=False, **READS[self.kinds[w]]
+        )
+
+    def _leased(self, w: str, task: taskq.Task) -> None:
+        """A lease granted to ``w``: its task's sample order is the job's (the same key
+        for every reader); SplitMachine checks who may be handed a piece."""
+        seed = 11 if self.shuffle_samples else None
+        want = None if seed is None else order_key(self.job, seed, task.pass_no, task.id)
+        assert task.order == want, "a task's sample order is the job's"
+
     def _meta(self, field: str) -> int:
         return int(float(self.client.redis.hget(self.client.keys(self.job).meta, field) or 0))
 
@@ -166,6 +188,10 @@ class EngineMachine(RuleBasedStateMachine):
     def _check_read(self, task: taskq.Task) -> None:
         """``task`` was just counted done: SplitMachine checks every sample was taken."""
 
+    def _counted(self, w: str, task: taskq.Task, rnd: int) -> None:
+        """``w``'s current ack of ``task`` in pass attempt ``rnd`` was just sent:
+        SplitMachine counts the samples it covers."""
+
     def _drop_held(self) -> None:
         """Every lease held went stale at once (a rewind, a cancel): late writes now."""
         for w in WORKERS:
@@ -194,7 +220,10 @@ class EngineMachine(RuleBasedStateMachine):
             # ones it ended, which the server forgot)
             self.trainers[w].heartbeat()
         pass0 = s.pass_no
-        t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
+        # (a range reader: a head piece whose tail was taken waits for one)
+        t = taskq.Trainer(
+            self.job, client=self.client, worker_id="closer", heartbeat=False, ranges=True
+        )
         for _ in range(4 * self._n()):
             s = self.client.status(self.job)
             if s.pass_no != pass0 or s.state != "running":
@@ -220,6 +249,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.max_token = task.token
             assert 0 <= task.id < MAX_TASKS
             self.held[w].append(task)
+            self._leased(w, task)
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: any(self.held.values()))
@@ -270,6 +300,8 @@ class EngineMachine(RuleBasedStateMachine):
         # of: the teardown would then find a task no one can lease)
         self.held[w] = list(got)
         self.ended += [(w, task) for task in acks]
+        for task in current:
+            self._counted(w, task, rnd)
         if self._meta("round") == rnd:
             # each current ack sets its task's done bit, but a piece of a split task's,
             # which waits for the other piece (SplitMachine)
@@ -290,6 +322,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
             assert 0 <= task.id < MAX_TASKS
+            self._leased(w, task)
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
@@ -688,11 +721,20 @@ class SplitMachine(EngineMachine):
     rollback, never skipped."""
 
     split_tails = True
+    shuffle_samples = True
+    # two range readers that follow a moving end (a split needs both: the caller and the
+    # holder), and one whose kind changes (``reregister``)
+    kinds = {"w0": "s", "w1": "s", "w2": "r"}  # noqa: RUF012
 
     def __init__(self) -> None:
         super().__init__()
         #: (pass, task) -> the sample positions holders' loops took (the model of reads)
         self.taken: dict[tuple[int, int], set[int]] = {}
+        #: a lease's token -> the kind of its holder, and the positions its loop took
+        self.lease_kind: dict[int, str] = {}
+        self.by_lease: dict[int, set[int]] = {}
+        #: (pass attempt, task) -> the positions the accepted acks covered: none twice
+        self.ack_samples: dict[tuple[int, int], set[int]] = {}
         self.snaps: list[tuple[dict[str, bytes | None], dict]] = []
         self.raw: redis.Redis | None = None  # DUMP / RESTORE (bytes, not decoded)
 
@@ -759,6 +801,7 @@ class SplitMachine(EngineMachine):
         refused = False
         try:
             self.trainers[worker].ack(task)
+            self._counted(worker, task, rnd)
         except taskq.LeaseLost:
             # the holder honours an end the server does not know (a rollback took the
             # split back): its lease ends there, the rest is leased again (progress.lua)
@@ -818,6 +861,7 @@ class SplitMachine(EngineMachine):
     #: they hold and the tokens seen stay: the trainers' memory does not go back)
     MODEL = (
         "acked",
+        "ack_samples",
         "last_pass",
         "last_round",
         "last_done",
@@ -831,11 +875,56 @@ class SplitMachine(EngineMachine):
     def _took(self, task: taskq.Task, n: int | None = None) -> None:
         """Samples [task.start, n) were taken by the loop (trained, whatever the server
         keeps after): up to the end its holder honours now (``task.end``, or the task's
-        50). Kept per pass, across its attempts (a rewind's or a rollback's re-lease
-        starts where the earlier holders' progress got)."""
+        50); a loop of whole tasks (kind ``w``) reads all 50 whatever its start. Kept per
+        pass, across its attempts (a rewind's or a rollback's re-lease starts where the
+        earlier holders' progress got), and per lease."""
         end = task.end if task.end is not None else 50
         hi = end if n is None else min(n, end)
-        self.taken.setdefault((self._meta("pass"), task.id), set()).update(range(task.start, hi))
+        lo = 0 if self.lease_kind.get(task.token) == "w" else task.start
+        if self.lease_kind.get(task.token) == "w":
+            hi = 50
+        self.taken.setdefault((self._meta("pass"), task.id), set()).update(range(lo, hi))
+        self.by_lease.setdefault(task.token, set()).update(range(lo, hi))
+
+    def _leased(self, w: str, task: taskq.Task) -> None:
+        """A whole-task reader is never handed a piece, nor one that does not follow a
+        moving end a piece still pending."""
+        super()._leased(w, task)
+        kind = self.lease_kind[task.token] = self.kinds[w]
+        if kind == "w":
+            assert task.end is None or task.end >= 50, f"a whole-task reader got {task}"
+            assert task.start == 0 or not self._is_tail(task), "a tail to a whole-task reader"
+
+    def _is_tail(self, task: taskq.Task) -> bool:
+        keys = self.client.keys(self.job)
+        piece = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
+        return bool(piece and piece["token"] == task.token)
+
+    def _counted(self, w: str, task: taskq.Task, rnd: int) -> None:
+        """An accepted ack counts the samples its holder's loop took in that lease: no
+        sample of a task is counted by two acks in one pass attempt."""
+        took = self.by_lease.pop(task.token, set())
+        keys, r = self.client.keys(self.job), self.client.redis
+        if self._meta("round") == rnd and not r.getbit(keys.done, task.id):
+            f = (r.hget(keys.leases, f"s:{task.id}") or "").split("|")
+            if len(f) < 7 or f[0] != str(rnd) or f[4 if self._is_tail(task) else 3] != "1":
+                return  # not counted (refused, or the piece's ack not recorded)
+        mine = self.ack_samples.setdefault((rnd, task.id), set())
+        both = mine & took
+        assert not both, f"samples {sorted(both)} of task {task.id} counted by two acks"
+        mine |= took
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(kind=st.sampled_from(["w", "r", "s"]))
+    def reregister(self, kind: str) -> None:
+        """w2 leaves and joins again as a loop of another kind (whole tasks, a fixed
+        range, a moving end): what it held goes back."""
+        w = "w2"
+        self.trainers[w].close()
+        self.ended += [(w, t) for t in self.held[w]]
+        self.held[w] = []
+        self.kinds[w] = kind
+        self.trainers[w] = self._trainer(w)
 
     def _check_read(self, task: taskq.Task) -> None:
         """A task counted done had every sample taken in its pass (none skipped)."""

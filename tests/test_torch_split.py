@@ -58,7 +58,9 @@ class IdleTrainer(threading.Thread):
 
     def run(self) -> None:
         try:
-            with taskq.Trainer(self.job, url=self.url, worker_id="idle", handle_signals=False) as t:
+            with taskq.Trainer(
+                self.job, url=self.url, worker_id="idle", handle_signals=False, ranges=True
+            ) as t:
                 self.go.wait(30)
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:

@@ -222,6 +222,7 @@ class Client:
         split_tails: bool = True,
         stream: bool = False,
         max_backlog: int | None = None,
+        shuffle_samples: bool = False,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -259,6 +260,12 @@ class Client:
                 ``shards``: every shard a stream, appends spread over them.
             max_backlog: an ``append`` that would leave more tasks not done than this
                 waits or is refused (None: no bound); with ``shards``, divided among them.
+            shuffle_samples: the samples inside each task in a permutation fixed by
+                ``seed``, the pass and the task (``taskq.data.sample_order``), the same
+                for every reader: taskq.torch and ``taskq.data.read_task(task)`` apply
+                it (a reader of its own must too: ``task.order``). False (the default):
+                the chunks' order, which every reader reads alike (docs/design.md,
+                "Sample order").
 
         Returns:
             The new job's status.
@@ -283,6 +290,7 @@ class Client:
             auto_advance=auto_advance,
             manual_clock=manual_clock,
             split_tails=split_tails,
+            shuffle_samples=shuffle_samples,
         )
         if shards != 1:
             return sharded.create(

@@ -756,6 +756,7 @@ def create(
             F.FSEQ: 0,
             F.BACKUP_K: backup_factor if backup_leases else 0,
             F.SPLIT: 1 if cfg.split_tails else 0,
+            F.SORDER: "shuffled" if cfg.shuffle_samples else "chunks",
             F.PN: len(tasks),
             F.STREAM: "open" if stream else "",
             F.MAX_BACKLOG: max_backlog or 0,

@@ -136,6 +136,7 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         "auto_advance": meta.get(F.ADVANCE) == "1",
         "manual_clock": meta.get(F.MCLOCK) == "1",
         "split_tails": meta.get(F.SPLIT, "1") != "0",
+        "shuffle_samples": meta.get(F.SORDER) == "shuffled",
         "backup_leases": _int(meta, F.BACKUP_K) > 0,
     }
     counters = {k: _int(meta, f) for k, f in COUNTERS.items()}

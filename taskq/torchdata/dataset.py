@@ -1,8 +1,9 @@
 """``TaskDataset``: the reading half of ``taskq.torch``, run in DataLoader worker processes.
 
-A worker takes task messages (task, token, pass, chunks, start) from a queue the loader's
-feeder thread fills in the main process, reads each task's samples with the reader,
-shuffles them per task and pass, interleaves a few open tasks, batches them, and yields
+A worker takes task messages (task, token, order, chunks, start, end) from a queue the
+loader's feeder thread fills in the main process, reads each task's samples with the
+reader in the task's sample order (the job's: the chunks', or a permutation fixed by the
+job's seed, the pass and the task), interleaves a few open tasks, batches them, and yields
 one *unit* per batch: the user's collated batch plus a tag per sample (task, token,
 index, last) and control entries (a task finished with no sample left to deliver, or its
 reader failed with this text). The loader's iterator in the main process strips the tags
@@ -30,15 +31,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .. import errors
+from ..data import sample_order
 
 #: a task message: (iteration, task id, token, order, chunks, start, end, end slot); task
-#: id None = stop; order: what seeds the order of the task's samples with its id (the
-#: job's name and seed and the pass: the same in every trainer of the job); end: where the lease's reading ends (a piece of a split task), None:
+#: id None = stop; order: the task's sample order (``Task.order``: '' the chunks', else
+#: the key of ``taskq.data.sample_order``'s permutation, the same in every trainer of the
+#: job); end: where the lease's reading ends (a piece of a split task), None:
 #: the task's; end slot: the cell of ``Feed.ends`` holding the task's current end (it
 #: moves when the task is split while read), -1 none
 TaskMsg = tuple[int, Any, int, str, Any, int, "int | None", int]
-#: per sample: (task id, token, position in the task's delivery order (the sample index
-#: unshuffled), last sample of the task); a task's samples arrive in increasing position
+#: per sample: (task id, token, position in the task's sample order, last sample of the
+#: task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
 #: (kind, task id, token, text); kind "done": nothing of the task left to deliver (no
 #: samples, or drop_last dropped its last ones; text: where its reading ended); "error":
@@ -128,13 +131,15 @@ class TaskDataset(IterableDataset[Any]):
             ``taskq.data.read_task``. Its exceptions fail the task with their text.
         url: Redis URL (or ``TASKQ_REDIS_URL``) for the loader's trainer.
         client: a configured ``taskq.Client`` instead (stays in the main process).
-        shuffle: shuffle the samples inside each task, in an order seeded by the job
-            (its name and ``create_job(seed=)``), the pass and the task — the same in
-            every trainer, whatever its ``seed`` — and interleave open tasks at random;
-            False reads tasks in order, one at a time.
-            Shuffling holds a task's samples in memory, and a resumed task is read from
-            its sample 0 (its order is the whole task's; the first ``task.start`` of it
-            are skipped).
+        shuffle: interleave ``interleave`` open tasks at random (the samples of what
+            a reader holds); False reads tasks one at a time. The order of the samples
+            inside a task is the job's, whatever this says: the chunks', or with
+            ``create_job(shuffle_samples=True)`` a permutation fixed by the job's seed,
+            the pass and the task — the same in every trainer and every reader
+            (``taskq.data.read_task(task)``), so a piece of a task or a resumed task
+            is the same samples whoever reads it. A shuffled task is read whole into
+            memory (a resumed one from its sample 0, the first ``task.start`` of its
+            order skipped).
         seed: seeds the interleaving of open tasks (free to differ between loaders).
         interleave: tasks a worker reads from at once (sample-level mixing).
         max_idle: a stream job (docs/streams.md): end an iteration once it got no task
@@ -373,14 +378,12 @@ class TaskDataset(IterableDataset[Any]):
             return _bounded(samples, ends, slot, lambda h: note(("end", task_id, token, str(h))))
 
         try:
-            if self.shuffle:
-                # the whole task in one order seeded by the job (name, seed), the pass
-                # and the task, the same in every trainer (a piece or a resumed task is a
-                # range of positions in it: progress counts them), so it is read from
-                # sample 0 and the first ``start`` are skipped
+            if order_key:
+                # the job's permutation of the task (the same in every trainer and reader:
+                # a piece or a resumed task is a range of positions in it, progress counts
+                # them), so it is read whole from sample 0 and the first ``start`` skipped
                 items = list(self.reader(chunks, 0))  # a read error surfaces here
-                order = list(range(len(items)))
-                random.Random(f"{order_key}:{task_id}").shuffle(order)
+                order = sample_order(order_key, len(items))
                 stop = len(items) if end is None else min(end, len(items))
                 return _Open(
                     task_id,

@@ -230,6 +230,8 @@ class Feeder(threading.Thread):
         ds = self.dataset
         # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
         options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
+        # the readers honour a task's range [start, end) and an end that moves
+        options.setdefault("ranges", True)
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
@@ -247,9 +249,6 @@ class Feeder(threading.Thread):
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
         st = self.trainer.client.status(ds.job, summaries=0)
-        # every trainer of the job reads a task in one order (a piece or a resumed task
-        # is a range of positions in it): seeded by the job, not by this loader
-        self.ahead.order = f"{ds.job}:{st.config.get('seed', 0)}"
         self.ledger.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:

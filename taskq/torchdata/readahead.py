@@ -75,9 +75,6 @@ class ReadAhead:
         self._tail_ids: set[int] = set()
         #: a task's name in the messages (its id; a sharded job's: the job-wide id)
         self.key: Callable[[Task], int] = own_id
-        #: what seeds the order of samples inside a task, with its pass and id: the job's
-        #: name and seed (set by the feeder), the same in every trainer of the job
-        self.order = ""
         self._dispatched = 0
         self._stopped = False
         #: the end cells: the readers' array, each sent task's cell, the free ones
@@ -146,8 +143,8 @@ class ReadAhead:
         key = self.key(task)
         end = task.end if end is None else end
         slot = self._slot(key, task.token, end)
-        order = f"{self.order}:{task.pass_no}"
-        msg = (self.iteration, key, task.token, order, task.chunks, start, end, slot)
+        # the task's sample order, the job's (Task.order: '' the chunks')
+        msg = (self.iteration, key, task.token, task.order or "", task.chunks, start, end, slot)
         if to_tail:
             self._tail_ids.add(key)
             self.tail.put(msg)

@@ -147,6 +147,9 @@ class Session:
         # every write and kept in this process alone (Redis keeps a digest); never
         # logged, never given to a child process
         self.creds: tuple[str, str] = ("", "")
+        #: what the loop honours of a lease, sent at every register: "w" whole tasks, "r"
+        #: the range it is handed, "s" that range and an end that moves (lib/workers.lua)
+        self.reads = "w"
         self.ttl_s = 0.0
         self.heartbeat_interval = 0.0
         self.last_contact = time.monotonic()
@@ -181,6 +184,7 @@ class Session:
             self._own_ttl_ms,
             socket.gethostname(),
             os.getpid(),
+            self.reads,
         )
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s

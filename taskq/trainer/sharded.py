@@ -104,6 +104,7 @@ class ShardedWorker:
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
         on_all_dead: str = "wait",
+        ranges: bool = False,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -135,6 +136,7 @@ class ShardedWorker:
             "worker_ttl": worker_ttl,
             "reconnect_timeout": reconnect_timeout,
             "split_tails": split_tails,
+            "ranges": ranges,
         }
         #: sent by the home shard's worker only
         self.input_meter = input_meter if input_meter is not None else InputMeter()

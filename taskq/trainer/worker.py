@@ -67,12 +67,17 @@ class Worker:
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
         on_all_dead: str = "wait",
+        ranges: bool = False,
     ) -> None:
         self.job = job
         wire = Wire(connection, job)
         self.keys: JobKeys = wire.keys
         # each part checks its own arguments (InvalidInput) before anything is sent
         self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
+        # what the loop honours of a lease, declared at register (lib/workers.lua reads_of):
+        # whole tasks, the range it is handed, or that range with an end that moves
+        session.reads = ("s" if split_tails else "r") if ranges else "w"
+        split_tails = session.reads == "s"
         self.worker_id = session.worker_id
         mode = heartbeat_mode(heartbeat, raw_url)
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)

@@ -29,6 +29,7 @@ local now_s, round_s = lib.call.now_s, lib.call.round_s
 local end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
   lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
   lib.leases.other_lease, lib.leases.parse_lease
+local reads_of = lib.workers.reads_of
 
 -- A tail piece whose head is acked stands for its task (since: its lease's start, NOW ms)
 -- in nleased and in the started index, where the reaper's task timeout finds it
@@ -183,6 +184,10 @@ end
 -- (cn: the call number's digits)
 local function take_split(worker, winc, cn)
   if mget(F.SPLIT) == '0' then return nil end
+  -- a piece only to a loop that honours it, a split only by and of one that follows a
+  -- moving end (workers.lua reads_of)
+  local kind = reads_of(worker, winc)
+  if kind == 'w' then return nil end
   local task, s, attempts, back = nil, nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
     -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
@@ -200,7 +205,7 @@ local function take_split(worker, winc, cn)
       local wait = h and not task and left_to_others(t, sp, worker)
       if wait and (not back or wait < back) then back = wait end
       if h and not task and not wait and not (lease_is_current(h) and h.worker == worker)
-          and (sp.cf or not b or b.worker ~= worker) then
+          and (sp.cf or not b or b.worker ~= worker) and (sp.cf or kind == 's') then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
@@ -210,9 +215,11 @@ local function take_split(worker, winc, cn)
     if #keep < #orph then split_orphans(keep, rest) end
   end
   if not task then
-    for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
+    -- (a new split only by a caller that follows a moving end: the pending tail waits)
+    for _, t in lipairs(kind == 's' and rcall('ZRANGE', K_STARTED, 0, 9) or {}) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
+          and reads_of(l.worker, l.winc) == 's'
           and (mnum(F.P_BACKUPS) == 0 or split_list() < MAX_SPLITS)
           and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
         local n = tonum(rcall('HGET', K_LEASES, 'n:' .. t) or '')
@@ -312,6 +319,25 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
+-- Whether a caller that reads whole tasks only (workers.lua reads_of 'w') may lease
+-- `task` from the front: yes when it is not a head piece (no split, or its point at the
+-- task's end), or when its tail read nothing and nobody holds it (an orphan at its split
+-- point, not acked): then the split is undone here, the tail's orphan entry goes stale
+-- and the head's lease covers the task to its end. Else no: the head piece waits for a
+-- loop that reads ranges.
+local function whole_ok(task)
+  local s = split_rec(task)
+  if not s or s.m >= s.n then return true end
+  if s.hd or s.td or s.tp > s.m
+      or lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
+    return false
+  end
+  s.m, s.tp, s.td, s.cf = s.n, s.n, true, true
+  split_rec(task, s)
+  event('split_undone', 'task', task)
+  return true
+end
+
 -- A split task died: its record stays when a piece of it was acked (a retry brings back
 -- the rest only: retried), else it goes (the task is retried whole).
 local function split_dead(task)
@@ -363,4 +389,4 @@ end
 return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
   tail_stands = tail_stands, split_dead = split_dead, retried = retried,
   cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails,
-  offered = offered}
+  offered = offered, whole_ok = whole_ok}
