@@ -11,6 +11,7 @@ import sys
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support
@@ -570,6 +571,101 @@ def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
     _, err = p.communicate(timeout=30)
     assert p.returncode != 0
     assert "not found" in support.one_error_line(err)
+
+
+class _Said:
+    """A follower's stderr, read as it comes (a thread), for waits on what it said."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        assert proc.stderr is not None
+        self.reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=20)
+        self.reader.join(timeout=5)
+        return code
+
+
+def test_follow_appends_a_file_written_across_listings_once_whole(url, client, job_name, tmp_path):
+    """A file seen half written is appended once, when it stopped changing: all its
+    records once (before: the half, then the whole under its new size)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    path = tmp_path / "a.jsonl"
+    said = _Said(
+        _follow(url, job_name, str(tmp_path / "*.jsonl"), "--every", "2", "--settle", "1h")
+    )
+    path.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
+    assert support.wait_until(lambda: said.count("a.jsonl: new (") == 1, timeout=30)
+    with path.open("a") as f:  # the second half, before the next listing
+        f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+    assert support.wait_until(lambda: said.count("a.jsonl: 100 tasks appended") == 1, timeout=30)
+    assert said.count("a.jsonl: still being written") == 1
+    assert client.status(job_name).tasks == 100
+    assert said.stop() == 0
+    assert said.count("tasks appended") == 1
+
+
+def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, tmp_path):
+    """The record keeps a watermark and the files of the last --horizon: with a horizon
+    of 0 it is one field however many files were appended, and a restarted follower
+    appends none of them again."""
+    client.create_job(job_name, chunks=[], stream=True)
+    handle = client.job(job_name)
+    pattern = str(tmp_path / "*.jsonl")
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0"))
+    for batch in range(3):
+        for i in range(10):
+            (tmp_path / f"p{batch}-{i}.jsonl").write_text(f'{{"x": {i}}}\n')
+        assert support.wait_until(lambda b=batch: client.status(job_name).tasks == 10 * (b + 1))
+        assert support.wait_until(lambda: client.redis.hlen(handle.keys.follow) == 1)
+    assert said.stop() == 0
+    record = handle.follow_record()
+    assert record.files == [] and record.watermark is not None
+    assert record.watermark[1] == str(tmp_path / "p2-9.jsonl")
+    again = _follow(url, job_name, pattern, "--settle", "0", "--seal-after", "0")
+    assert again.wait(timeout=30) == 0
+    assert (client.status(job_name).tasks, client.status(job_name).stream) == (30, "sealed")
+
+
+def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
+    client.create_job(job_name, chunks=[], stream=True)
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
+    assert support.wait_until(lambda: said.count("no file matches") == 1)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1)
+    (tmp_path / ".b.jsonl").write_text('{"x": 2}\n')  # being written: a hidden name
+    (tmp_path / "_SUCCESS").write_text("")
+    assert said.stop() == 0
+    assert said.count("no file matches") == 1
+    assert client.status(job_name).tasks == 1
+
+
+def test_follow_waiting_for_the_backlog_says_so_and_stops_on_sigterm(
+    url, client, job_name, tmp_path
+):
+    """Before: blocked in the append, it ignored SIGTERM (only SIGKILL ended it)."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=1)
+    client.job(job_name).append([{"x": 0}])
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl"), "--settle", "0"))
+    assert support.wait_until(
+        lambda: said.count("waiting for the backlog: 1 of max_backlog 1 tasks not done") == 1
+    ), said.lines
+    assert said.stop() == 0
+    assert said.count("waiting for the backlog") == 1
+    assert client.status(job_name).tasks == 1
+    assert client.job(job_name).files_appended([str(tmp_path / "a.jsonl")]) == [False]
 
 
 # -- trainers in processes, a producer appending -------------------------------------
