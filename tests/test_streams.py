@@ -792,6 +792,43 @@ def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tm
     assert client.audit(job_name)["ok"]
 
 
+def test_torch_loop_waiting_for_appends_is_not_a_wait_for_data(url, client, job_name, tmp_path):
+    """A loop that read all appended rows waits for the producer: its meter counts that
+    wait as nothing to lease, not as data wait (before: all of it data wait, and
+    TaskqInputBound's ratio near 1 on a healthy stream)."""
+    chunks = write_jsonl(tmp_path, 2, 6)  # 6 rows a file, batches of 4: a partial batch
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    job.append(chunks[:1])
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name) as loader:
+        meter = loader.input_meter
+
+        seen: list[Any] = []
+
+        def produce() -> None:
+            try:
+                # the loop read the first file and waits: its wait is nothing to lease
+                if support.wait_until(lambda: meter.totals()[4] > 0, timeout=20):
+                    seen.append(meter.totals())
+                    support.wait_until(lambda: meter.totals()[4] >= seen[0][4] + 0.3)
+                    seen.append(meter.totals())
+                job.append(chunks[1:])
+            finally:
+                job.seal()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        for batch in loader:
+            rows += rows_of(batch)
+        producer.join(timeout=10)
+    assert sorted(rows) == sorted((f, i) for f in range(2) for i in range(6))
+    assert len(seen) == 2, "the loop's wait for the append was not counted apart"
+    before, after = seen
+    assert after[4] - before[4] >= 0.3
+    assert after[1] - before[1] < 0.05  # the data wait did not grow meanwhile
+
+
 def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_name, tmp_path):
     chunks = write_jsonl(tmp_path, 4, 5)
     client.create_job(job_name, chunks=chunks[:2], stream=True, worker_ttl=2.0)
