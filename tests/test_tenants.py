@@ -398,6 +398,65 @@ def library_calls(verbs: tuple[str, ...]) -> set[tuple[str, str | None]]:
     return found
 
 
+_PART = re.compile(r"^lib\.(\w+) = \(function\(\)\n(.*?)\nend\)\(\)\n", re.S | re.M)
+_FUNC = re.compile(r"^local function (\w+)\(", re.M)
+_ALIAS = re.compile(r"^local ([\w, ]+?) =\s*([\w.]+(?:,\s*[\w.]+)*)", re.M)
+
+
+def _aliases(text: str) -> dict[str, tuple[str, str]]:
+    """``local a, b = lib.x.a, lib.y.b``: name -> (part, function)."""
+    out = {}
+    for names, values in _ALIAS.findall(text):
+        for name, value in zip(names.split(","), values.split(","), strict=False):
+            m = re.fullmatch(r"lib\.(\w+)\.(\w+)", value.strip())
+            if m:
+                out[name.strip()] = (m.group(1), m.group(2))
+    return out
+
+
+def reached_calls(verb: str) -> set[tuple[str, str | None]]:
+    """(command, job key or None) of every redis.call in ``verb``'s body and in the lib/
+    functions it reaches, transitively (each part's ``local function``s, through the
+    aliases a part or a verb makes of another's): what the verb can run, no more."""
+    parts = {}
+    for name, text in _PART.findall(SOURCE):
+        starts = [(m.group(1), m.start()) for m in _FUNC.finditer(text)]
+        bodies = {
+            fn: text[at : starts[k + 1][1] if k + 1 < len(starts) else len(text)]
+            for k, (fn, at) in enumerate(starts)
+        }
+        parts[name] = (_aliases(text), bodies)
+    closure = re.compile(r"^VERBS\.(\w+) = \(function\(\)\n(.*?)\nend\)\(\)\n", re.S | re.M)
+    body = dict(closure.findall(SOURCE))[verb]
+
+    def refs(text: str, part: str | None) -> set[tuple[str, str]]:
+        aliases = parts[part][0] if part else _aliases(text)
+        got = set(re.findall(r"\blib\.(\w+)\.(\w+)", text))
+        for word in set(re.findall(r"\b[A-Za-z_]\w*\b", text)):
+            if word in aliases:
+                got.add(aliases[word])
+            if part and word in parts[part][1]:
+                got.add((part, word))
+        return got
+
+    texts, seen, todo = [body], set(), list(refs(body, None))
+    while todo:
+        ref = todo.pop()
+        if ref in seen:
+            continue
+        seen.add(ref)
+        text = parts[ref[0]][1].get(ref[1])
+        if text is not None:
+            texts.append(text)
+            todo += refs(text, ref[0])
+    assert len(seen) > 5, "the library's layout changed: update this test"
+    return {
+        (command.upper(), key[2:].lower() if key else None)
+        for text in texts
+        for command, key in LUA_CALL.findall(text)
+    }
+
+
 def dryrun_fits(server: AclServer, user: str, command: str, keys: list[str]) -> bool:
     """ACL DRYRUN with filler arguments until the arity fits; allowed on any of ``keys``."""
     for key in keys:
@@ -444,6 +503,31 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
             *keys.script,
             *["1"] * 12,
         )
+
+
+def test_producer_rule_allows_every_command_append_can_run(server: AclServer) -> None:
+    """The producer's rule is narrower than the shared parts' commands: every command of
+    ``append`` and of the lib/ functions it reaches is allowed on its key (a missing one
+    would stop an append half-way with NOPERM), and none else is needed."""
+    job = "drift-producer"
+    rule = acl.rule("producer", job, password="x")
+    server.apply(rule)
+    keys = JobKeys(job)
+    calls = reached_calls("append")
+    assert ("HSET", "chunks") in calls and ("XADD", "events") in calls
+    missing = []
+    for command, key in sorted(calls, key=str):
+        candidates = [getattr(keys, key)] if key else keys.all
+        ok = (
+            server.dryrun(rule.user, "TIME")
+            if command == "TIME"
+            else dryrun_fits(server, rule.user, command, candidates)
+        )
+        if not ok:
+            missing.append((command, key))
+    assert missing == [], "the producer rule denies what append runs"
+    name, nkeys, _ = _FUNCTIONS["append"]
+    assert server.dryrun(rule.user, "FCALL", name, str(nkeys), *keys.script, *["1"] * 12)
 
 
 def test_function_names_are_the_current_librarys() -> None:
