@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
@@ -636,6 +637,43 @@ def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, 
     again = _follow(url, job_name, pattern, "--settle", "0", "--seal-after", "0")
     assert again.wait(timeout=30) == 0
     assert (client.status(job_name).tasks, client.status(job_name).stream) == (30, "sealed")
+
+
+def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path):
+    """A listing costs O(new files) in Redis: with 40 files appended and listed in full
+    at every interval (a wildcard folder), the follower's HMGETs of its record name the
+    new file alone (before: every listed file, at every listing)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+    pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
+    assert support.wait_until(lambda: client.status(job_name).tasks == 40, timeout=30)
+    follow_key = client.job(job_name).keys.follow
+    hmgets: list[int] = []
+    monitor = redis.Redis.from_url(url, decode_responses=True).monitor()
+    with monitor as m:
+
+        def watch() -> None:
+            try:
+                for entry in m.listen():
+                    parts = entry["command"].split()
+                    if parts[0].upper() == "HMGET" and parts[1] == follow_key:
+                        hmgets.append(len(parts) - 2)
+            except (redis.exceptions.ConnectionError, ValueError, AttributeError):
+                pass
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for i in (40, 41):  # each appended at its first listing; many listings between
+            (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+            assert support.wait_until(lambda n=i + 1: client.status(job_name).tasks == n)
+        m.connection.disconnect()
+        watcher.join(timeout=5)
+    assert said.stop() == 0
+    assert hmgets and max(hmgets) == 1, hmgets
 
 
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):

@@ -381,12 +381,17 @@ class PlainJob:
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """Whether each file (``path|size|version``) was appended whole by a follower
-        (``taskq job follow``), from the job's ``follow`` hash."""
-        if not file_keys:
+        (``taskq job follow``), from the job's ``follow`` hash (one HMGET per
+        ``FOLLOW_PAGE`` files, pipelined)."""
+        keys = list(file_keys)
+        if not keys:
             return []
         with translate(self.connection.url, self.keys, self.connection.redis):
-            got = self.connection.redis.hmget(self.keys.follow, list(file_keys))
-        return [g is not None for g in got]
+            pipe = self.connection.redis.pipeline(transaction=False)
+            for lo in range(0, len(keys), FOLLOW_PAGE):
+                pipe.hmget(self.keys.follow, keys[lo : lo + FOLLOW_PAGE])
+            pages = pipe.execute()
+        return [g is not None for page in pages for g in page]
 
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Note that a file's ``chunks`` chunks were all appended (after its last page:
