@@ -1,9 +1,11 @@
 """``taskq job append | seal | follow``: feeding a job whose data keeps arriving
 (docs/streams.md). Each is the job handle's ``append`` / ``seal``; ``follow`` lists a
-prefix every interval (fsspec) and appends the files it has not appended before, keeping
-what it appended in the job's ``follow`` hash (``path|size|version`` -> chunks), so a
-restarted follower appends nothing twice: a file half appended when it stopped is
-appended again with the same chunk ids, which the engine skips.
+prefix every interval (fsspec) and appends each file, once complete (settled), that it
+has not appended before, keeping what it appended in the job's ``follow`` hash (a
+watermark ``(mtime, path)`` and the ``path|size|version`` of the files above it: bounded
+by ``--horizon``, ``_Follower``), so a restarted follower appends nothing twice: a file
+half appended when it stopped is appended again with the same chunk ids, which the
+engine skips.
 
 Data flow: operator / producer -> cli/streams.py -> taskq.datasets (chunks) ->
 taskq.Client's job handle (``append``) -> Redis.
@@ -443,7 +445,6 @@ class _Follower:
         self.recorded: set[str] = set(record.files)  # keys in Redis above the watermark
         self.state: dict[str, str] = {}  # key -> _APPENDED / _ABSENT / _REFUSED
         self.pending: dict[str, str] = {}  # path -> its key at the listing it was seen
-        self.last: list[Listed] = []
         # a local folder: list it again only when its mtime moves (a file added, renamed
         # or removed) or after _RELIST_S; else only the files still settling are looked at
         self.folder = _watched_folder(pattern)
@@ -470,8 +471,7 @@ class _Follower:
                 return self._restat(), False
         self.folder_mtime = mtime_ns
         self.listed_at = time.monotonic()
-        self.last = _listing(self.pattern, self.storage_options)
-        return self.last, True
+        return _listing(self.pattern, self.storage_options), True
 
     def _restat(self) -> list[Listed]:
         from taskq.data import storage
