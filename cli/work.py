@@ -406,6 +406,15 @@ def _redis_url(url: str | None) -> tuple[str | None, str | None]:
     "tasks only.",
 )
 @click.option(
+    "--on-complete",
+    type=click.Choice(["exit", "wait"]),
+    default="exit",
+    show_default=True,
+    help="When the job ends (completed, cancelled, or this worker drained): exit 0, or "
+    "leave the job and wait for SIGTERM / SIGINT, then exit 0 (a Deployment's pod, which "
+    "an exit would restart in a loop: docs/kubernetes.md).",
+)
+@click.option(
     "--url", metavar="URL", help="Redis URL (default: the group's --url, env TASKQ_REDIS_URL)."
 )
 def work(
@@ -417,6 +426,7 @@ def work(
     heartbeat: str,
     grace: float,
     ranges: bool,
+    on_complete: str,
     url: str | None,
 ) -> None:
     """Run CMD once per task of JOB, in any language.
@@ -484,6 +494,14 @@ def work(
     code = 1  # what an error raised out of the loop exits with
     try:
         code = runner.loop()
+        if code == 0 and on_complete == "wait":
+            trainer.close()  # left the job: holds nothing while it waits
+            log.info("job %s ended; waiting for SIGTERM (--on-complete wait)", job)
+            try:
+                while True:
+                    time.sleep(3600)
+            except SystemExit:  # runner.on_signal, outside any command
+                code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:

@@ -159,6 +159,17 @@ class SealResult(int):
         return result
 
 
+@dataclass(frozen=True)
+class FollowRecord:
+    """A follower's record (``taskq job follow``, docs/streams.md "The follower"): every
+    file at or below ``watermark`` (``(mtime, path)``; None before the first) was
+    appended; ``files`` are the keys (``path|size|version``) of files above it recorded
+    as appended."""
+
+    watermark: tuple[float, str] | None
+    files: list[str]
+
+
 @dataclass
 class JobStatus:
     """A read-only snapshot of one job (one pipeline; O(1) in the number of tasks)."""

@@ -11,8 +11,10 @@ import sys
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
@@ -572,6 +574,138 @@ def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
     assert "not found" in support.one_error_line(err)
 
 
+class _Said:
+    """A follower's stderr, read as it comes (a thread), for waits on what it said."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        assert proc.stderr is not None
+        self.reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=20)
+        self.reader.join(timeout=5)
+        return code
+
+
+def test_follow_appends_a_file_written_across_listings_once_whole(url, client, job_name, tmp_path):
+    """A file seen half written is appended once, when it stopped changing: all its
+    records once (before: the half, then the whole under its new size)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    path = tmp_path / "a.jsonl"
+    said = _Said(
+        _follow(url, job_name, str(tmp_path / "*.jsonl"), "--every", "2", "--settle", "1h")
+    )
+    path.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
+    assert support.wait_until(lambda: said.count("a.jsonl: new (") == 1, timeout=30)
+    with path.open("a") as f:  # the second half, before the next listing
+        f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+    assert support.wait_until(lambda: said.count("a.jsonl: 100 tasks appended") == 1, timeout=30)
+    assert said.count("a.jsonl: still being written") == 1
+    assert client.status(job_name).tasks == 100
+    assert said.stop() == 0
+    assert said.count("tasks appended") == 1
+
+
+def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, tmp_path):
+    """The record keeps a watermark and the files of the last --horizon: with a horizon
+    of 0 it is one field however many files were appended, and a restarted follower
+    appends none of them again."""
+    client.create_job(job_name, chunks=[], stream=True)
+    handle = client.job(job_name)
+    pattern = str(tmp_path / "*.jsonl")
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0"))
+    for batch in range(3):
+        for i in range(10):
+            (tmp_path / f"p{batch}-{i}.jsonl").write_text(f'{{"x": {i}}}\n')
+        assert support.wait_until(lambda b=batch: client.status(job_name).tasks == 10 * (b + 1))
+        assert support.wait_until(lambda: client.redis.hlen(handle.keys.follow) == 1)
+    assert said.stop() == 0
+    record = handle.follow_record()
+    assert record.files == [] and record.watermark is not None
+    assert record.watermark[1] == str(tmp_path / "p2-9.jsonl")
+    again = _follow(url, job_name, pattern, "--settle", "0", "--seal-after", "0")
+    assert again.wait(timeout=30) == 0
+    assert (client.status(job_name).tasks, client.status(job_name).stream) == (30, "sealed")
+
+
+def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path):
+    """A listing costs O(new files) in Redis: with 40 files appended and listed in full
+    at every interval (a wildcard folder), the follower's HMGETs of its record name the
+    new file alone (before: every listed file, at every listing)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+    pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
+    assert support.wait_until(lambda: client.status(job_name).tasks == 40, timeout=30)
+    follow_key = client.job(job_name).keys.follow
+    hmgets: list[int] = []
+    monitor = redis.Redis.from_url(url, decode_responses=True).monitor()
+    with monitor as m:
+
+        def watch() -> None:
+            try:
+                for entry in m.listen():
+                    parts = entry["command"].split()
+                    if parts[0].upper() == "HMGET" and parts[1] == follow_key:
+                        hmgets.append(len(parts) - 2)
+            except (redis.exceptions.ConnectionError, ValueError, AttributeError):
+                pass
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for i in (40, 41):  # each appended at its first listing; many listings between
+            (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+            assert support.wait_until(lambda n=i + 1: client.status(job_name).tasks == n)
+        m.connection.disconnect()
+        watcher.join(timeout=5)
+    assert said.stop() == 0
+    assert hmgets and max(hmgets) == 1, hmgets
+
+
+def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
+    client.create_job(job_name, chunks=[], stream=True)
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
+    assert support.wait_until(lambda: said.count("no file matches") == 1)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1)
+    (tmp_path / ".b.jsonl").write_text('{"x": 2}\n')  # being written: a hidden name
+    (tmp_path / "_SUCCESS").write_text("")
+    assert said.stop() == 0
+    assert said.count("no file matches") == 1
+    assert client.status(job_name).tasks == 1
+
+
+def test_follow_waiting_for_the_backlog_says_so_and_stops_on_sigterm(
+    url, client, job_name, tmp_path
+):
+    """Before: blocked in the append, it ignored SIGTERM (only SIGKILL ended it)."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=1)
+    client.job(job_name).append([{"x": 0}])
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl"), "--settle", "0"))
+    assert support.wait_until(
+        lambda: said.count("waiting for the backlog: 1 of max_backlog 1 tasks not done") == 1
+    ), said.lines
+    assert said.stop() == 0
+    assert said.count("waiting for the backlog") == 1
+    assert client.status(job_name).tasks == 1
+    assert client.job(job_name).files_appended([str(tmp_path / "a.jsonl")]) == [False]
+
+
 # -- trainers in processes, a producer appending -------------------------------------
 HERE = Path(__file__).parent
 
@@ -694,6 +828,43 @@ def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tm
     rows = read_a_stream_while_appending(url, client.job(job_name), chunks, middle=40)
     assert sorted(rows) == sorted((f, i) for f in range(9) for i in range(10))
     assert client.audit(job_name)["ok"]
+
+
+def test_torch_loop_waiting_for_appends_is_not_a_wait_for_data(url, client, job_name, tmp_path):
+    """A loop that read all appended rows waits for the producer: its meter counts that
+    wait as nothing to lease, not as data wait (before: all of it data wait, and
+    TaskqInputBound's ratio near 1 on a healthy stream)."""
+    chunks = write_jsonl(tmp_path, 2, 6)  # 6 rows a file, batches of 4: a partial batch
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    job.append(chunks[:1])
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name) as loader:
+        meter = loader.input_meter
+
+        seen: list[Any] = []
+
+        def produce() -> None:
+            try:
+                # the loop read the first file and waits: its wait is nothing to lease
+                if support.wait_until(lambda: meter.totals()[4] > 0, timeout=20):
+                    seen.append(meter.totals())
+                    support.wait_until(lambda: meter.totals()[4] >= seen[0][4] + 0.3)
+                    seen.append(meter.totals())
+                job.append(chunks[1:])
+            finally:
+                job.seal()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        for batch in loader:
+            rows += rows_of(batch)
+        producer.join(timeout=10)
+    assert sorted(rows) == sorted((f, i) for f in range(2) for i in range(6))
+    assert len(seen) == 2, "the loop's wait for the append was not counted apart"
+    before, after = seen
+    assert after[4] - before[4] >= 0.3
+    assert after[1] - before[1] < 0.05  # the data wait did not grow meanwhile
 
 
 def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_name, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from taskq.engine.connection import Connection
 from taskq.engine.contract import PAGE_MAX
-from taskq.models import AppendResult, JobStatus, SealResult
+from taskq.models import AppendResult, FollowRecord, JobStatus, SealResult
 
 #: What ``rewind`` takes: a checkpoint's id, or the record ``checkpoint`` returned.
 CheckpointRef = str | dict[str, Any]
@@ -86,3 +86,7 @@ class Job(Protocol):
     def trim(self, steps: int = 8) -> int: ...
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]: ...
     def file_appended(self, file_key: str, chunks: int) -> None: ...
+    def follow_record(self) -> FollowRecord: ...
+    def forget_files(
+        self, watermark: tuple[float, str] | None, file_keys: Sequence[str]
+    ) -> None: ...

@@ -35,7 +35,7 @@ from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, TRIM_MAX, Code
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
-from taskq.models import AppendResult, JobConfig, JobStatus, SealResult
+from taskq.models import AppendResult, FollowRecord, JobConfig, JobStatus, SealResult
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
@@ -43,6 +43,10 @@ STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor", "stream", "max_backlog")
 #: The longest one wait of a blocked append for an ack (then it asks again).
 _APPEND_BLOCK_MS = 5000
+#: The field of a follower's record holding its watermark (a file key always holds "|").
+FOLLOW_WATERMARK = "watermark"
+#: Fields per HSCAN / HDEL page of a follower's record.
+FOLLOW_PAGE = 1000
 
 
 def check_name(name: str) -> None:
@@ -405,12 +409,17 @@ class PlainJob:
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """Whether each file (``path|size|version``) was appended whole by a follower
-        (``taskq job follow``), from the job's ``follow`` hash."""
-        if not file_keys:
+        (``taskq job follow``), from the job's ``follow`` hash (one HMGET per
+        ``FOLLOW_PAGE`` files, pipelined)."""
+        keys = list(file_keys)
+        if not keys:
             return []
         with translate(self.connection.url, self.keys, self.connection.redis):
-            got = self.connection.redis.hmget(self.keys.follow, list(file_keys))
-        return [g is not None for g in got]
+            pipe = self.connection.redis.pipeline(transaction=False)
+            for lo in range(0, len(keys), FOLLOW_PAGE):
+                pipe.hmget(self.keys.follow, keys[lo : lo + FOLLOW_PAGE])
+            pages = pipe.execute()
+        return [g is not None for page in pages for g in page]
 
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Note that a file's ``chunks`` chunks were all appended (after its last page:
@@ -418,6 +427,40 @@ class PlainJob:
         what went in)."""
         with translate(self.connection.url, self.keys, self.connection.redis):
             self.connection.redis.hset(self.keys.follow, file_key, chunks)
+
+    def follow_record(self) -> FollowRecord:
+        """A follower's record as it starts: its watermark and the file keys above it
+        (read in pages of ``FOLLOW_PAGE`` fields; the record is bounded: ``forget_files``)."""
+        redis = self.connection.redis
+        files: list[str] = []
+        with translate(self.connection.url, self.keys, redis):
+            mark = redis.hget(self.keys.follow, FOLLOW_WATERMARK)
+            cursor = 0
+            while True:
+                cursor, page = redis.hscan(self.keys.follow, cursor, count=FOLLOW_PAGE)
+                files += [k for k in page if k != FOLLOW_WATERMARK]
+                if not cursor:
+                    break
+        watermark = None
+        if mark is not None:
+            mtime, path = json.loads(mark)
+            watermark = (float(mtime), str(path))
+        return FollowRecord(watermark, files)
+
+    def forget_files(self, watermark: tuple[float, str] | None, file_keys: Sequence[str]) -> None:
+        """Move a follower's watermark (every file at or below its ``(mtime, path)`` was
+        appended) and drop the record of files it covers or that are gone: the watermark
+        is written first, so a stop between the two leaves fields to drop, never a file
+        unrecorded. Pages of ``FOLLOW_PAGE`` fields per HDEL."""
+        redis = self.connection.redis
+        with translate(self.connection.url, self.keys, redis):
+            pipe = redis.pipeline(transaction=False)
+            if watermark is not None:
+                pipe.hset(self.keys.follow, FOLLOW_WATERMARK, json.dumps(list(watermark)))
+            keys = list(file_keys)
+            for lo in range(0, len(keys), FOLLOW_PAGE):
+                pipe.hdel(self.keys.follow, *keys[lo : lo + FOLLOW_PAGE])
+            pipe.execute()
 
     def seal(self) -> SealResult:
         """Close a stream job: nothing more is appended; its pass ends once every task

@@ -70,7 +70,7 @@ from taskq.keys import (
     shard_sets_index,
     valid_job_name,
 )
-from taskq.models import AppendResult, JobConfig, JobStatus, SealResult
+from taskq.models import AppendResult, FollowRecord, JobConfig, JobStatus, SealResult
 
 log = logging.getLogger("taskq.sharded")
 
@@ -898,6 +898,14 @@ class ShardedJob:
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Record a file appended whole (on shard 0, as ``files_appended`` reads it)."""
         self.shards[0].file_appended(file_key, chunks)
+
+    def follow_record(self) -> FollowRecord:
+        """The follower's record (``PlainJob.follow_record``), kept on shard 0."""
+        return self.shards[0].follow_record()
+
+    def forget_files(self, watermark: tuple[float, str] | None, file_keys: Sequence[str]) -> None:
+        """Move the follower's watermark on shard 0 (``PlainJob.forget_files``)."""
+        self.shards[0].forget_files(watermark, file_keys)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sharded job's sealed checkpoints, oldest first.

@@ -340,6 +340,7 @@ class Feeder(threading.Thread):
             if got:
                 self._got_at = time.monotonic()
                 self.all_dead.moved_on()
+                self._nothing_to_lease(False)
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
             if self._sizes and (starts or (got and not reserve)):
                 self.ledger.sizes(starts + ([] if reserve else got))
@@ -378,6 +379,9 @@ class Feeder(threading.Thread):
                 # end an iteration that found nothing for max_idle seconds
                 # (the readers read all they were given: a last partial batch goes out
                 # when they stop)
+                # its readers done with what they hold, the loop waits for appends (a
+                # partial batch in a worker holds the last task): not a wait for data
+                self._nothing_to_lease(reading <= 0 and not self.ahead.reserved)
                 idle = self.dataset.max_idle
                 if (
                     idle is not None
@@ -464,7 +468,19 @@ class Feeder(threading.Thread):
             except BaseException as e:  # the caller raises it
                 fut.set_exception(e)
 
+    def _nothing_to_lease(self, idle: bool) -> None:
+        """Mark the loop's meter while an open stream has nothing to lease and the readers
+        nothing left to read (inputwait.py counts the loop's wait then apart)."""
+        meter = self.input_meter
+        if meter is None:
+            return
+        if idle:
+            meter.idle_begin()
+        else:
+            meter.idle_end()
+
     def _end(self, state: str) -> str:
+        self._nothing_to_lease(False)
         self.phase = "end"
         if self.end_state is None:
             self.end_state = state

@@ -162,7 +162,16 @@ class Iteration:
         timeout = min(bound_s, _MAX_BLOCK_S) if bound_s > 0 else _MAX_BLOCK_S
         if timeout <= 0:
             return
-        self._wire.wait(gen_, timeout)
+        # holding nothing, the loop waits for tasks, not for data: an open stream's
+        # appends or a pass's last tasks held by others (inputwait.py counts it apart)
+        idle = not self._leases.held()
+        if idle:
+            self.input_meter.idle_begin()
+        try:
+            self._wire.wait(gen_, timeout)
+        finally:
+            if idle:
+                self.input_meter.idle_end()
 
     # -- iteration ----------------------------------------------------------------
     def iterate(self, expect_pass: int | None) -> Iterator[Task]:
