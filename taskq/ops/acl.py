@@ -145,8 +145,6 @@ BARRIER_WRITES = ("set", "pexpire", "del")
 #: dead, progress or the checkpoints.
 PRODUCER_WRITES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("meta", "chunks", "appids", "appidx"), ("hset",)),
-    # the sequence number of an append naming its source (HSET on the meta is open anyway)
-    (("meta",), ("hincrby",)),
     (("appends",), ("zadd",)),
     (("events",), ("xadd",)),
     (("wake",), ("lpush", "ltrim", "del")),
