@@ -1187,6 +1187,24 @@ def test_trim_passes_a_dead_task_which_stays_listed_retryable_and_audited(client
     assert client.audit(job_name)["ok"]
 
 
+def test_trim_passes_a_dead_first_task_before_any_ack(client, job_name):
+    # no done bitmap yet: BITPOS answers 0 whatever the range asked, which walked the
+    # trim back to task 0 and left it set aside under an unmoved watermark (found by
+    # tests/test_state_machine.py's TrimmedStreamMachine)
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name, "w")
+    t.fail(t.lease(timeout=0), "poison")  # task 0 dead, nothing acked
+    assert job.trim() == 1
+    keys = client.keys(job_name)
+    assert client.redis.zrange(keys.aside, 0, -1) == ["0"]
+    assert int(client.redis.hget(keys.meta, "trim_w") or 0) == 1
+    assert client.audit(job_name)["ok"]
+
+
 def test_a_task_dead_at_a_kept_checkpoint_keeps_its_records_for_the_rewind(client, job_name):
     client.create_job(
         job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1

@@ -105,8 +105,10 @@ local room = ASIDE_MAX - rcall('ZCARD', K_ASIDE)
 local t = w
 while t < hi do
   local nd = rcall('BITPOS', K_DONE, 0, t, hi - 1, 'BIT')
-  -- (-1: done up to the bitmap's end, every bit past it 0)
-  if nd < 0 then nd = mmin(hi, mmax(t, rcall('STRLEN', K_DONE) * 8)) end
+  -- (-1: done up to the bitmap's end, every bit past it 0; and 0 whatever the range when
+  -- the bitmap does not exist yet, nothing done: below t, so the same formula, which
+  -- gives t, else the walk went back to 0 and set task 0 aside again and again)
+  if nd < t then nd = mmin(hi, mmax(t, rcall('STRLEN', K_DONE) * 8)) end
   for d = t, nd - 1 do
     if not needed[d] then
       gone[#gone + 1] = fmt(d)
