@@ -26,9 +26,9 @@ local rcall, tonum, smatch, sfind, ssub, mmin, tconcat, lipairs =
 local fmt, mget, mincr, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum
 local event, event_task, wake_one = lib.events.event, lib.events.event_task, lib.events.wake_one
 local now_s, round_s = lib.call.now_s, lib.call.round_s
-local end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
-  lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
-  lib.leases.other_lease, lib.leases.parse_lease
+local dead_empty, end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
+  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member,
+  lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
 
 -- A tail piece whose head is acked stands for its task (since: its lease's start, NOW ms)
 -- in nleased and in the started index, where the reaper's task timeout finds it
@@ -43,11 +43,29 @@ local function tail_stands(task, since)
   end
 end
 
--- The task's split record of this round, or nil (one HGET, only in a pass attempt that
+-- The round the pass attempt's pieces are recorded under: the current one, or the one
+-- the job completed in (meta sround: its completion moved the round to fence the leases,
+-- while a retry reopens that attempt, whose pieces stand).
+local function attempt_s()
+  local s = mget(F.SROUND)
+  if s and s ~= '' then return s end
+  return round_s()
+end
+
+-- Whether the task is dead (a dead task's pieces are in no lease: a retry brings them
+-- back).
+local function is_dead(task)
+  return not dead_empty() and rcall('SISMEMBER', K_DEAD, task) == 1
+end
+
+-- The task's split record of this pass attempt, or nil (one HGET, only in a pass attempt that
 -- granted a backup or a piece); with `s`, writes it.
 local function split_rec(task, s)
   if s then
-    rcall('HSET', K_LEASES, 's:' .. task, round_s() .. '|' .. fmt(s.m) .. '|' .. fmt(s.n)
+    -- a confirmed split point at the task's end leaves the tail nothing: it is acked by
+    -- construction (an empty piece is never leased; the head's ack completes the task)
+    if s.cf and s.m >= s.n then s.td = true end
+    rcall('HSET', K_LEASES, 's:' .. task, attempt_s() .. '|' .. fmt(s.m) .. '|' .. fmt(s.n)
       .. '|' .. (s.hd and '1' or '0') .. '|' .. (s.td and '1' or '0') .. '|' .. fmt(s.tp)
       .. '|' .. (s.cf and '1' or '0'))
     return s
@@ -57,7 +75,7 @@ local function split_rec(task, s)
   if not rec then return nil end
   local r, m, n, hd, td, tp, cf = smatch(rec,
     '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  if not r or r ~= round_s() then return nil end
+  if not r or r ~= attempt_s() then return nil end
   return {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
           cf = cf == '1'}
 end
@@ -68,13 +86,13 @@ end
 local function split_list(task)
   local rec = rcall('HGET', K_LEASES, 's:all')
   local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
-  if r ~= round_s() then body = '' end
+  if r ~= attempt_s() then body = '' end
   local count = 0
   for _ in string.gmatch(body, '%d+') do count = count + 1 end
   if task then
     body = body == '' and task or body .. ' ' .. task
     count = count + 1
-    rcall('HSET', K_LEASES, 's:all', round_s() .. '|' .. body)
+    rcall('HSET', K_LEASES, 's:all', attempt_s() .. '|' .. body)
   end
   return count, body
 end
@@ -86,14 +104,14 @@ local function split_orphans(list, rest)
   if list then
     local body = tconcat(list, ' ')
     if rest and rest ~= '' then body = body == '' and rest or body .. ' ' .. rest end
-    rcall('HSET', K_LEASES, 's:orph', round_s() .. '|' .. body)
+    rcall('HSET', K_LEASES, 's:orph', attempt_s() .. '|' .. body)
     return list
   end
   local out = {}
   local rec = rcall('HGET', K_LEASES, 's:orph')
   if not rec then return out, '' end
   local r, body = smatch(rec, '^([^|]*)|(.*)$')
-  if r ~= round_s() then return out, '' end
+  if r ~= attempt_s() then return out, '' end
   local pos = 1
   for _ = 1, 10 do
     local a, b = sfind(body, '%d+', pos)
@@ -113,7 +131,7 @@ local function waiting_tails()
   if mnum(F.P_BACKUPS) == 0 then return ids, beside end
   local rec = rcall('HGET', K_LEASES, 's:orph')
   local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
-  if r ~= round_s() then return ids, beside end
+  if r ~= attempt_s() then return ids, beside end
   local seen, cand = {}, {}
   for t in string.gmatch(body, '%d+') do
     if not seen[t] then
@@ -125,7 +143,7 @@ local function waiting_tails()
   for _, t in lipairs(cand) do
     local sp = split_rec(t)
     -- (a pending one is no todo: the head's holder may still read the whole task)
-    if sp and not sp.td and sp.cf
+    if sp and not sp.td and sp.cf and not is_dead(t)
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
       ids[#ids + 1] = t
       if lease_is_current(parse_lease(rcall('HGET', K_LEASES, t))) then beside = beside + 1 end
@@ -191,7 +209,8 @@ local function take_split(worker, winc, cn)
     for _, t in lipairs(orph) do
       local sp = split_rec(t)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
-      local h = sp and not sp.td and not lease_is_current(b)
+      -- (a dead task's piece is leased by nobody: a retry brings it back)
+      local h = sp and not sp.td and not lease_is_current(b) and not is_dead(t)
         and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
       -- (never both pieces to one worker: they share its owned entry; a pending piece
       -- not to the worker that handed it back unconfirmed: the head's holder may be busy
@@ -285,6 +304,15 @@ local function split_ended(task, l, acked, worker, tok)
     end
     if l.backup then s.td = true else s.hd = true end
     split_rec(task, s)
+    if not l.backup and s.td and s.m >= s.n then
+      -- the head read to the task's end (its point moved there): a tail piece still out
+      -- holds nothing; it ends as undone, not revoked
+      local o = other_lease(task, l)
+      if o then
+        end_lease(task, o, 'U')
+        event('split_undone', 'task', task, 'worker', o.worker)
+      end
+    end
     if s.hd and s.td then
       if l.backup then tail_stands(task, nil) end  -- the tail stood for its task
       return true, true
@@ -312,20 +340,26 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
--- A split task died: its record stays when a piece of it was acked (a retry brings back
--- the rest only: retried), else it goes (the task is retried whole).
+-- A split task died: its pieces stay as they are (acked or not, each with its progress:
+-- the head's in the progress hash, the tail's in the record), so a retry brings back
+-- exactly the pieces not acked (retried). A split still pending is confirmed: the head's
+-- lease ended without an ack (its progress never passes the point while pending) and the
+-- tail's read nothing.
 local function split_dead(task)
   local s = split_rec(task)
-  if s and not ((s.hd or s.td) and s.cf) then rcall('HDEL', K_LEASES, 's:' .. task) end
+  if s and not s.cf then
+    s.cf = true
+    split_rec(task, s)
+  end
 end
 
--- Where a retried task goes: its tail piece to the orphans when its head was acked (the
--- split record kept by split_dead), else the front (true).
+-- Where a retried task's pieces go: a tail not acked to the orphans (from its own
+-- progress); returns whether the head goes to the front (not acked, or not split: true).
 local function retried(task)
   local s = split_rec(task)
-  if not (s and s.hd) then return true end
-  orphan(task)
-  return false
+  if not s then return true end
+  if not s.td then orphan(task) end
+  return not s.hd
 end
 
 -- A checkpoint's cut of this round's splits: {field, value} pairs for its progress copy,
@@ -356,7 +390,8 @@ local function restore_split(task, v)
   split_rec(task, {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
     cf = true})
   split_list(task)
-  if td == '0' then orphan(task) end
+  -- (a task dead at the cut keeps its pieces as they were: a retry brings them back)
+  if td == '0' and not is_dead(task) then orphan(task) end
   return hd == '1'
 end
 
