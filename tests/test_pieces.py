@@ -494,3 +494,47 @@ def test_a_head_extended_to_the_end_then_departing_completes_the_pass(client, jo
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
 
+
+def test_the_audit_finds_pieces_lost_overlapping_or_unreachable(client, job_name, tmp_path):
+    """A tail handed back waits among the orphans beside its leased head: the audit finds
+    the pieces sound. Each broken state the pieces can be left in fails it, named: the
+    tail taken out of the orphans (unreachable), the head's progress past its end (samples
+    counted by both pieces), the record gone (its pieces lost), the task dead with its
+    head leased, an empty tail never acked."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, _, _ = split_between(client, job_name, a, b, 10)
+    b.release(piece)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["splits"]
+    r, keys = client.redis, client.connection.keys(job_name)
+    rec = r.hget(keys.leases, f"s:{task.id}")
+    orph = r.hget(keys.leases, "s:orph")
+    rnd = orph.split("|")[0]
+    m = int(rec.split("|")[1])
+
+    def broken(why: str) -> None:
+        bad = client.audit(job_name)
+        assert not bad["ok"] and not bad["checks"]["split_tasks_partitioned"]
+        assert why in bad["splits"]["bad"][0]["why"], bad["splits"]
+
+    r.hset(keys.leases, "s:orph", f"{rnd}|")
+    broken("neither leased nor waiting: unreachable")
+    r.hset(keys.leases, "s:orph", orph)
+    r.hset(keys.progress, task.id, m + 5)
+    broken(f"the head's progress {m + 5} is past its end {m}: read twice")
+    r.hset(keys.progress, task.id, 11)
+    r.hdel(keys.leases, f"s:{task.id}")
+    broken("its pieces' record is gone")
+    r.hset(keys.leases, f"s:{task.id}", rec)
+    r.sadd(keys.dead, task.id)
+    r.setbit(keys.deadbits, task.id, 1)
+    broken("dead, and a piece of it leased")
+    r.srem(keys.dead, task.id)
+    r.setbit(keys.deadbits, task.id, 0)
+    parts = rec.split("|")
+    r.hset(keys.leases, f"s:{task.id}", "|".join([parts[0], "100", "100", "1", "0", "100", "1"]))
+    broken("an empty tail not acked")
+    r.hset(keys.leases, f"s:{task.id}", rec)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["splits"]
