@@ -152,18 +152,50 @@ local function waiting_tails()
   return ids, beside
 end
 
--- A tail piece is free to lease from now (field "o:<task>": JNOW ms): it went back, or
--- its split was confirmed (progress.lua). What left_to_others counts from.
-local function offered(task)
-  rcall('HSET', K_LEASES, 'o:' .. task, fmt(CALL.JNOW))
+-- A tail piece's offer (field "o:<task>": "JNOW ms|claimant"): when it was offered
+-- (handed back, or its split confirmed: what left_to_others counts from), and the worker
+-- whose lease call made its split ('' none: it was handed back or retried), to which the
+-- tail is left for a heartbeat interval from the offer (left_to_claimant).
+local function offer_of(task)
+  local at, who = smatch(rcall('HGET', K_LEASES, 'o:' .. task) or '', '^(%d*)|?(.*)$')
+  return tonum(at or '') or 0, who or ''
 end
 
--- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
-local function orphan(task)
-  offered(task)
+-- A tail piece is free to lease from now: a waiter is woken. With `claimant` (a worker,
+-- or '' for none) its claim is set, else kept (a confirmation: progress.lua, split_ended).
+local function offered(task, claimant)
+  if claimant == nil then
+    local _, who = offer_of(task)
+    claimant = who
+  end
+  rcall('HSET', K_LEASES, 'o:' .. task, fmt(CALL.JNOW) .. '|' .. claimant)
+  wake_one()
+end
+
+-- A tail piece goes among the orphans, which take_split leases once its split is
+-- confirmed: handed back or retried (no claimant: whoever asks next), or a split just
+-- made by `claimant`'s lease call (pending: offered when confirmed).
+local function orphan(task, claimant)
+  if claimant then
+    rcall('HSET', K_LEASES, 'o:' .. task, fmt(CALL.JNOW) .. '|' .. claimant)
+  else
+    offered(task, '')
+  end
   local orph, rest = split_orphans()
   if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
   split_orphans(orph, rest)
+end
+
+-- A confirmed tail whose split another worker's lease call made is left to that worker
+-- for a heartbeat interval from its offer (it asked first, and comes back within that
+-- bound: take_split), so the head's holder finishing its head does not take its own tail
+-- from under an idle trainer. Returns when the caller may take it (JNOW ms), or nil: now.
+local function left_to_claimant(t, worker)
+  local at, who = offer_of(t)
+  if who == '' or who == worker then return nil end
+  at = at + mnum(F.HBI)
+  if at <= CALL.JNOW then return nil end
+  return at
 end
 
 -- A worker's pace (samples per ms) as the last split of one of its tasks in this round
@@ -188,16 +220,21 @@ end
 local function left_to_others(t, sp, worker)
   local v, med = pace_of(worker), mnum(F.DUR_MED) / 1000
   if not v or med <= 0 or 2 * v >= sp.n / med then return nil end
-  local at = (tonum(rcall('HGET', K_LEASES, 'o:' .. t) or '') or 0)
-    + math.max(1000, 2 * mnum(F.HBI))
+  local at = offer_of(t) + math.max(1000, 2 * mnum(F.HBI))
   if at <= CALL.JNOW or rcall('ZCOUNT', K_WORKERS, CALL.JNOW, '+inf') < 2 then return nil end
   return at
 end
 
--- The split half of take_leases: an orphaned tail piece first, else a new split of the
--- longest-running started task of another trainer (at most 10 looked at). Returns the
--- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
--- leaves them) or nil, and then when a tail left to others may be taken (JNOW ms, or nil).
+-- The split half of take_leases: an orphaned tail piece first (a confirmed one: a piece
+-- is leased to be read), else a new split of the longest-running started task of another
+-- trainer (at most 10 looked at), which is not granted: its tail waits among the orphans,
+-- pending, until the head's holder confirms the point (progress.lua; or its lease ends
+-- without an ack, or its ack undoes the split), and is then offered to whoever asks (a
+-- waiter is woken). So no piece is granted that its taker cannot read at once, and none
+-- is handed back and forth between idle trainers while its split is pending. Returns the
+-- reply row with its start and end (elements 6 and 7; add_starts leaves them, element 8,
+-- pending, is 0) or nil, and then when to come back (JNOW ms, or nil): a tail left to
+-- others may be taken then, or a split just made may be confirmed by then.
 -- (cn: the call number's digits)
 local function take_split(worker, winc, cn)
   if mget(F.SPLIT) == '0' then return nil end
@@ -212,14 +249,12 @@ local function take_split(worker, winc, cn)
       -- (a dead task's piece is leased by nobody: a retry brings it back)
       local h = sp and not sp.td and not lease_is_current(b) and not is_dead(t)
         and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
-      -- (never both pieces to one worker: they share its owned entry; a pending piece
-      -- not to the worker that handed it back unconfirmed: the head's holder may be busy
-      -- (a DDP rank blocked in a collective on this one), and this one must be free to
-      -- end its pass)
-      local wait = h and not task and left_to_others(t, sp, worker)
+      -- (never both pieces to one worker: they share its owned entry; a pending piece to
+      -- nobody: it stays with the head's holder until it is confirmed)
+      local wait = h and sp.cf and not task
+        and (left_to_claimant(t, worker) or left_to_others(t, sp, worker))
       if wait and (not back or wait < back) then back = wait end
-      if h and not task and not wait and not (lease_is_current(h) and h.worker == worker)
-          and (sp.cf or not b or b.worker ~= worker) then
+      if h and sp.cf and not task and not wait and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
@@ -255,22 +290,25 @@ local function take_split(worker, winc, cn)
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
           end
-          task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
-          s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
+          split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
           split_list(t)
           mincr(F.C_SPLITS)
           event('split', 'task', t, 'worker', worker, 'of', l.worker, 'at', fmt(m),
             'size', fmt(n), 'progress', fmt(p))
+          -- (pending: among the orphans, leased once confirmed; the caller comes back
+          -- within a heartbeat interval, by when the holder's report should confirm it)
+          orphan(t, worker)
+          local at = CALL.JNOW + mnum(F.HBI)
+          if not back or at < back then back = at end
           break
         end
       end
     end
-    if not task then return nil, back end
-  else
-    mincr(F.P_BACKUPS)
-    if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
+    return nil, back
   end
+  mincr(F.P_BACKUPS)
+  if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
     .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
@@ -278,7 +316,7 @@ local function take_split(worker, winc, cn)
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
-  return {tonum(task), tok, tonum(attempts) or 1, false, 1, s.tp, s.n, s.cf and 0 or 1}
+  return {tonum(task), tok, tonum(attempts) or 1, false, 1, s.tp, s.n, 0}
 end
 
 -- A piece of a split task ended: acked (true when the task is now done: both pieces
@@ -294,10 +332,8 @@ local function split_ended(task, l, acked, worker, tok)
       -- lease ends as 'U' (undone), not counted revoked, and its holder's release of it
       -- (often under way: it hands a pending piece back) is a quiet repeat, not stale
       local o = other_lease(task, l)
-      if o then
-        end_lease(task, o, 'U')
-        event('split_undone', 'task', task, 'worker', o.worker)
-      end
+      if o then end_lease(task, o, 'U') end
+      event('split_undone', 'task', task)
       s.m, s.tp, s.hd, s.td, s.cf = s.n, s.n, true, true, true
       split_rec(task, s)
       return true
@@ -329,9 +365,12 @@ local function split_ended(task, l, acked, worker, tok)
     orphan(task)
   else
     -- the head's next holder starts from its recorded progress and is told the split
-    -- point in its lease: the split stands (confirmed)
+    -- point in its lease: the split stands (confirmed), its tail, pending among the
+    -- orphans until now, is offered
+    local was = s.cf
     s.cf = true
     split_rec(task, s)
+    if not was and not s.td then offered(task) end
     CALL.FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
   end
