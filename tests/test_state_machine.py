@@ -88,6 +88,11 @@ class EngineMachine(RuleBasedStateMachine):
     def _meta(self, field: str) -> int:
         return int(float(self.client.redis.hget(self.client.keys(self.job).meta, field) or 0))
 
+    def _piece_round(self) -> int:
+        """The round the pass attempt's pieces are recorded under (lib/split.lua): the
+        completed attempt's (meta sround), which a retry reopens, or the current one."""
+        return self._meta("sround") or self._meta("round")
+
     def _is_current(self, worker: str, task: taskq.Task) -> bool:
         keys = self.client.keys(self.job)
         lease = parse_lease(self.client.redis.hget(keys.leases, str(task.id)))
@@ -518,10 +523,11 @@ class EngineMachine(RuleBasedStateMachine):
         backups = {int(k[2:]): parse_lease(v) for k, v in raw.items() if k.startswith("b:")}
         backed = {t for t, b in backups.items() if b and b["live"] and b["round"] == rnd}
         # a split task's tail piece (field b:<task> too) stands without its head (lib/split.lua)
+        prnd = self._piece_round()
         splits = {
             int(k[2:])
             for k, v in raw.items()
-            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == str(rnd)
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == str(prnd)
         }
         # a backup lease only beside its task's current lease, held by another worker, and
         # only while the job runs (its holder's writes follow the same rules)
@@ -546,8 +552,9 @@ class EngineMachine(RuleBasedStateMachine):
         orph = raw.get("s:orph", "").split("|")
         waiting = {
             int(t)
-            for t in (orph[1].split() if len(orph) == 2 and orph[0] == str(rnd) else [])
+            for t in (orph[1].split() if len(orph) == 2 and orph[0] == str(prnd) else [])
             if int(t) in splits
+            and int(t) not in dead  # a dead task's tail is leased by nobody
             and raw[f"s:{t}"].split("|")[4] == "0"  # the tail not acked
             and raw[f"s:{t}"].split("|")[6] == "1"  # confirmed: a pending one is no todo
             and int(t) not in backed
@@ -676,7 +683,12 @@ class SplitMachine(EngineMachine):
     second of AOF would), splits made, confirmed or acked since included; the trainers
     keep what they hold. The model of the samples the holders' loops took (``_took``)
     checks that a task counted done had every sample taken in its pass: re-read after a
-    rollback, never skipped."""
+    rollback, never skipped. The model of the samples each accepted ack counts
+    (``counted``, per pass attempt: a piece's ack its piece, [0, m) or [m, n), a whole
+    task's all 50) checks that no sample is counted by two acks in one attempt, whatever
+    death, retry (after the job's completion too), rewind and rollback did between them,
+    and that a task counted done had each sample counted once; the audit's check of the
+    pieces (``split_tasks_partitioned``) that every live sample is reachable."""
 
     split_tails = True
 
@@ -684,6 +696,8 @@ class SplitMachine(EngineMachine):
         super().__init__()
         #: (pass, task) -> the sample positions holders' loops took (the model of reads)
         self.taken: dict[tuple[int, int], set[int]] = {}
+        #: pass attempt (its pieces' round) -> task -> the samples its accepted acks counted
+        self.counted: dict[int, dict[int, set[int]]] = {}
         self.snaps: list[tuple[dict[str, bytes | None], dict]] = []
         self.raw: redis.Redis | None = None  # DUMP / RESTORE (bytes, not decoded)
 
@@ -701,15 +715,15 @@ class SplitMachine(EngineMachine):
         """Split tasks whose tail piece is leased or waits among the orphans to be leased
         again (a head piece that went back is in the front, listed as todo)."""
         keys, r = self.client.keys(self.job), self.client.redis
-        rnd = str(self._meta("round"))
+        rnd, prnd = self._meta("round"), str(self._piece_round())
         raw = r.hgetall(keys.leases)
         orph = raw.get("s:orph", "").split("|")
-        orphans = set(orph[1].split()) if len(orph) == 2 and orph[0] == rnd else set()
+        orphans = set(orph[1].split()) if len(orph) == 2 and orph[0] == prnd else set()
         out = set()
         for k, v in raw.items():
-            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == rnd:
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == prnd:
                 tail = parse_lease(raw.get(f"b:{k[2:]}"))
-                live = tail and tail["live"] and tail["round"] == int(rnd)
+                live = tail and tail["live"] and tail["round"] == rnd
                 if live or k[2:] in orphans:
                     out.add(int(k[2:]))
         return out
@@ -743,10 +757,12 @@ class SplitMachine(EngineMachine):
             super()._end(worker, task, op)
             return
         keys, r = self.client.keys(self.job), self.client.redis
-        rnd = self._meta("round")
+        rnd, prnd = self._meta("round"), self._piece_round()
         done_before = self._meta("ndone")
         self._took(task)
         known = r.hget(keys.leases, f"s:{task.id}")
+        piece = parse_lease(r.hget(keys.leases, f"b:{task.id}"))
+        is_tail = bool(piece and piece["token"] == task.token)
         refused = False
         try:
             self.trainers[worker].ack(task)
@@ -756,12 +772,16 @@ class SplitMachine(EngineMachine):
             assert task.end is not None and task.end < 50, "a current lease's ack refused"
             assert (known or "").split("|")[0] != str(rnd), "refused beside a known split"
             refused = True
+        if not refused and self._meta("round") == rnd:
+            self._count(prnd, task.id, is_tail)
         if refused:
             assert not r.getbit(keys.done, task.id), "a refused ack counted"
         elif r.getbit(keys.done, task.id) and self._meta("round") == rnd:
             assert task.id not in self._attempt(rnd), "a task acked twice in one attempt"
             self._attempt(rnd).add(task.id)
             self._check_read(task)
+            counted = self.counted.get(prnd, {}).get(task.id, set())
+            assert counted == set(range(50)), f"task {task.id} done, samples counted {counted}"
             assert self._meta("ndone") == done_before + 1
         elif self._meta("round") == rnd:
             rec = r.hget(keys.leases, f"s:{task.id}") or ""
@@ -770,6 +790,36 @@ class SplitMachine(EngineMachine):
         if task in self.held[worker]:
             self.held[worker].remove(task)
         self.ended.append((worker, task))
+
+    def _count(self, prnd: int, task_id: int, is_tail: bool) -> None:
+        """An accepted ack counts its piece's samples in the attempt (the record after
+        it: a head [0, m), a tail [m, n), a task not split all of it); none of them may
+        have been counted by an earlier ack of the attempt."""
+        rec = self.client.redis.hget(self.client.keys(self.job).leases, f"s:{task_id}") or ""
+        f = rec.split("|")
+        lo, hi = 0, 50
+        if len(f) == 7 and f[0] == str(prnd):
+            m = int(f[1])
+            lo, hi = (m, int(f[2])) if is_tail else (0, m)
+        got = self.counted.setdefault(prnd, {}).setdefault(task_id, set())
+        twice = got & set(range(lo, hi))
+        assert not twice, f"task {task_id}: samples counted by two acks: {sorted(twice)}"
+        got.update(range(lo, hi))
+
+    def rewind(self, i: int) -> None:
+        """The rewound attempt continues the cut's: its acks counted what the cut holds
+        (each task done at the cut whole, each split's acked pieces, as restored)."""
+        super().rewind(i)
+        keys, r = self.client.keys(self.job), self.client.redis
+        prnd = self._piece_round()
+        counted = self.counted[prnd] = {t: set(range(50)) for t in self._sets()[0]}
+        for k, v in r.hgetall(keys.leases).items():
+            f = v.split("|")
+            if k.startswith("s:") and k[2:].isdigit() and len(f) == 7 and f[0] == str(prnd):
+                m, n = int(f[1]), int(f[2])
+                got = counted.setdefault(int(k[2:]), set())
+                got.update(range(0, m) if f[3] == "1" else ())
+                got.update(range(m, n) if f[4] == "1" else ())
 
     @precondition(lambda self: not self.cancelled)
     @rule(w=st.sampled_from(WORKERS), v=st.sampled_from(WORKERS), samples=st.integers(0, 50))
@@ -817,6 +867,7 @@ class SplitMachine(EngineMachine):
         "open_ck",
         "sealed",
         "appended_ids",
+        "counted",
     )
 
     def _took(self, task: taskq.Task, n: int | None = None) -> None:
@@ -873,12 +924,19 @@ class SplitMachine(EngineMachine):
     @invariant()
     def split_tasks_partitioned(self) -> None:
         """The audit's check of the attempt's splits (integrity.split_check): each split
-        task's pieces [0, m) and [m, n) partition it (n its size), and it is done exactly
-        when both are acked."""
-        if self.cancelled or self.client.status(self.job).reason == "rewinding":
+        task's pieces [0, m) and [m, n) partition it (n its size), it is done exactly when
+        both are acked, its record outlives death, retry and completion, no piece's
+        progress passes its end, a dead task's pieces are leased by nobody, and while the
+        attempt runs every piece not acked of a live task is leased or waiting (every live
+        sample reachable)."""
+        s = self.client.status(self.job)
+        if self.cancelled or s.reason == "rewinding":
             return
         keys, r = self.client.keys(self.job), self.client.redis
-        found = integrity.split_check(r, keys, self._meta("round"), task_size)
+        running = None
+        if s.state in ("running", "paused"):
+            running = (self._meta("round"), self._meta("cursor") >= self._n())
+        found = integrity.split_check(r, keys, self._piece_round(), task_size, running)
         assert not found["bad"], found
 
 
