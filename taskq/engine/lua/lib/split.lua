@@ -286,7 +286,9 @@ local function take_split(worker, winc, cn)
           local med, ran = mnum(F.DUR_MED) / 1000, CALL.NOW - (tonum(l.sinces) or CALL.NOW)
           if med > 0 and ran > 0 and l.attempts == '1' then
             local typical = n / med
-            local vh, vt = p > 0 and pace_of(l.worker, p / ran) or 0, pace_of(worker) or typical
+            -- (a holder that has not begun its task: its pace as measured before, if any)
+            local vh = p > 0 and pace_of(l.worker, p / ran) or pace_of(l.worker) or 0
+            local vt = pace_of(worker) or typical
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
           end
