@@ -3,17 +3,22 @@
 -- recorded progress p and the task's size n (recorded by the holder with its progress,
 -- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
 -- point m (p < m < n: halfway, m = p + ceil((n - p) / 2), or weighed by the holder's pace
--- against a typical task's, below) is chosen. The holder's piece is [start, m)
--- (its lease, field <task>), the new piece [m, n) gets its own fenced lease in field
--- "b:<task>" (the backup slot: a task is split or backed up, never both), its own progress
--- and ack. The split record, field "s:<task>" of the leases hash, is
+-- against a typical task's, below) is chosen. The pieces are the pass attempt's record of
+-- the task's work: the head [0, m) (the holder's lease, field <task>, its progress in the
+-- progress hash) and the tail [m, n) (its own fenced lease in field "b:<task>", the backup
+-- slot: a task is split or backed up, never both; its own progress and ack). The split
+-- record, field "s:<task>" of the leases hash, is
 --   "round|m|n|head_acked|tail_acked|tail_progress|confirmed"
--- and stands for this round only. The split is pending until the head's holder shows it
--- knows m (a progress report naming m as its known end, or the head's lease ending
--- without an ack): a pending tail's holder reads nothing yet; a head's report past m
--- while pending wins (m moves up to it, up to n: nothing left for the tail); a head
--- acked while pending read the whole task (the tail is revoked, the split undone). So no
--- sample is read by both holders, whatever the holder read since its last report.
+-- under the attempt's round (attempt_s: kept through the job's completion, which a retry
+-- reopens); nothing in the attempt drops it: a death keeps each piece as it is, a retry
+-- brings back exactly the pieces not acked, a checkpoint cuts it and a rewind restores it
+-- (a dead task's pieces dead), the audit reads it (integrity.split_check). The split is
+-- pending until the head's holder shows it knows m (a progress report naming m as its
+-- known end, or the head's lease ending without an ack), and its tail is leased to nobody
+-- until then (a piece is leased to be read): a head's report past m while pending wins (m
+-- moves up to it, up to n: nothing left for the tail, which is then acked by
+-- construction); a head acked while pending read the whole task (the split is undone).
+-- So no sample is read by both holders, whatever the holder read since its last report.
 -- The done bit is set when both pieces are acked; a piece that ends without an ack goes
 -- back: the head to the front (re-leased from the task's progress up to m), the tail to
 -- the orphans (field "s:orph", re-leased from its progress up to n). A task is split at
@@ -225,6 +230,16 @@ local function left_to_others(t, sp, worker)
   return at
 end
 
+-- A trainer measured slow (under half a typical task's pace, as in left_to_others) makes
+-- no new split while another worker is alive: it would read the piece at its own pace,
+-- where the holder, or an idle trainer splitting later, reads it faster (a straggler that
+-- split a queued task of 100 and took its tail of 33 held the pass 4 s past the others).
+local function measured_slow(worker, n)
+  local v, med = pace_of(worker), mnum(F.DUR_MED) / 1000
+  return v ~= nil and med > 0 and 2 * v < n / med
+    and rcall('ZCOUNT', K_WORKERS, CALL.JNOW, '+inf') >= 2
+end
+
 -- The split half of take_leases: an orphaned tail piece first (a confirmed one: a piece
 -- is leased to be read), else a new split of the longest-running started task of another
 -- trainer (at most 10 looked at), which is not granted: its tail waits among the orphans,
@@ -273,7 +288,7 @@ local function take_split(worker, winc, cn)
         local p = tonum(rcall('HGET', K_PROGRESS, t) or '0') or 0
         -- a holder whose liveness runs a heartbeat interval more at least (one that went
         -- silent could not learn its end: the tail would wait for its lease to expire)
-        local dl = n and n - p >= 2
+        local dl = n and n - p >= 2 and not measured_slow(worker, n)
           and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
         if dl and dl - CALL.JNOW >= mnum(F.HBI) then
           -- the split point: halfway, or by pace where it is known so that both pieces
