@@ -360,6 +360,47 @@ def test_a_split_task_that_dies_keeps_its_pieces_for_a_retry(client, job_name, t
     assert audit["ok"], audit["checks"]
 
 
+@pytest.mark.parametrize("tail_read", [0, 20])
+def test_a_retried_split_task_goes_whole_to_a_whole_task_reader_only_if_its_tail_is_unread(
+    client, job_name, tmp_path, tail_read
+):
+    """A split task dies with neither piece acked (head at 11, the tail's holder at
+    55 + ``tail_read``) and is retried: its pieces come back as they were. A whole-task
+    reader (the plain Trainer's default) takes the head whole only when the tail read
+    nothing (the split undone: [11, 100)); else it gets nothing and range readers take
+    [11, 55) and [75, 100). Every sample once, the job completed, the audit sound."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), max_failures=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, took_a, _ = split_between(client, job_name, a, b, 10)
+    took = [s["i"] for s in took_a]
+    if tail_read:
+        took += [s["i"] for s in read_task(piece.chunks, piece.start, end=55 + tail_read)]
+        b.progress(piece, 55 + tail_read)
+        b.flush_progress()
+    a.fail(task, "bad sample")
+    assert client.status(job_name, summaries=0).dead == 1
+    assert client.retry(job_name) == 1
+    w = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    whole = w.lease(timeout=0)
+    if tail_read:
+        assert whole is None  # the head [11, 55) is a piece: not for a whole-task reader
+        got = _lease_pieces(client, job_name, "c", "d")
+        assert sorted((p.start, p.end) for _, p in got if p) == [(11, 55), (75, 100)]
+        for t, p in got:
+            assert p is not None
+            took += [s["i"] for s in read_all(t, p)]
+            t.ack(p)
+    else:
+        assert whole is not None and whole.start == 11 and whole.end in (None, 100)
+        took += [s["i"] for s in read_task(whole.chunks, whole.start)]  # to the chunks' end
+        w.ack(whole)
+    w.close()
+    assert sorted(took) == list(range(100))
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+
+
 def _head_acked_tail_dead(client: taskq.Client, job_name: str, tmp_path: Any) -> tuple:
     """Two tasks; ``c`` holds task 0 (its size unsaid: never split); ``a``'s task 1 is
     split at 55 by ``b``; ``a`` acks the head, ``b`` reads the tail to 60 and fails it at
