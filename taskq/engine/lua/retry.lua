@@ -39,7 +39,7 @@ for _, task in lipairs(ids) do
     -- live again, so it must be acked in this attempt: a done bit (never set on a dead
     -- task, by construction) is cleared and the count made the set's size again
     if rcall('SETBIT', K_DONE, task, 0) == 1 then was_done = was_done + 1 end
-    -- (a split task with its head acked: its tail alone, lib/split.lua)
+    -- (a split task: each piece not acked, from its own progress, lib/split.lua)
     if mnum(F.P_BACKUPS) == 0 or retried_split(task) then
       CALL.FRONT_EMPTY = false
       rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)

@@ -104,7 +104,7 @@ if step == 'begin' then
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
     F.PSTART, fmt(CALL.NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
-    F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0)
+    F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0, F.SROUND, '')
   CALL.STATE = 'waiting'
   event('rewind_started', 'checkpoint', id, 'round', CALL.ROUND, 'revoked', fmt(revoked))
   broadcast()

@@ -132,7 +132,8 @@ local function start_pass(p, kind)
   flush_events()  -- the step entry so far is the last pass's (event_task)
   mset(F.PASS, p, F.CURSOR, 0, F.PN, mget(F.N), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
-    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '')
+    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',
+    F.SROUND, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
   CALL.STATE = 'running'
   event(kind, 'round', CALL.ROUND)
@@ -157,9 +158,12 @@ local function finish_pass(kind, last)
   local p = mnum(F.PASS)
   local passes = mnum(F.PASSES)
   if last or (passes >= 0 and p + 1 >= passes) then
+    -- the attempt's pieces and progress stand (a retry reopens it: what its dead tasks
+    -- had read is not read again, what was acked stays acked), recorded under its round
+    if (mget(F.SROUND) or '') == '' then mset(F.SROUND, CALL.ROUND) end
     CALL.ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
-    rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
+    rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
     CALL.STATE = 'completed'
     event('job_completed')
     broadcast()
