@@ -375,6 +375,7 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
 
     client = taskq.Client(url)
     client.redis.config_set("slowlog-log-slower-than", 10_000)
+    client.redis.config_set("slowlog-max-len", 100_000)  # every entry counted
     client.redis.slowlog_reset()
     job = "week"
     client.create_job(job, [], stream=True, passes=1, max_backlog=a.backlog)
@@ -410,7 +411,10 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     t0 = time.monotonic()
     deadline = t0 + a.max_seconds
 
+    loads: list[float] = []
+
     def sample() -> None:
+        loads.append(os.getloadavg()[0])
         st = client.status(job, summaries=0)
         mem.append(
             (time.monotonic() - t0, st.done, int(client.redis.info("memory")["used_memory"]))
@@ -506,7 +510,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     out["unknown ids"] = int(counts[total:].sum())
     out["restarts"] = dict(run.restarts)
     out["mem"] = mem
-    out["slowlog"] = client.redis.slowlog_get(128)
+    out["load average (1 min) at the samples"] = f"{min(loads):.1f} - {max(loads):.1f}"
+    out["slowlog"] = client.redis.slowlog_get(100_000)
     out["slowlog len"] = client.redis.slowlog_len()
     out["server"] = client.redis.info("server")["redis_version"]
     shutil.rmtree(work)
@@ -532,8 +537,14 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     for t, done, m in mem[::step]:
         print(f"  {t:7.0f} s  done {done:>11,}: {m / 2**20:7.1f} MiB")
     print(f"SLOWLOG at 10 ms: {r['slowlog len']} entries")
-    for entry in slow:
-        print(f"  {entry['duration']} us: {str(entry['command'])[:100]}")
+    by: dict[str, list[int]] = {}
+    for entry in slow:  # by command (a script's calls by function), count and longest
+        words = bytes(entry["command"]).split()  # type: ignore[call-overload]
+        head = b" ".join(words[:2] if words[0].upper().startswith(b"FCALL") else words[:1])
+        by.setdefault(head.decode(errors="replace"), []).append(int(entry["duration"]))  # type: ignore[call-overload]
+    for cmd, us in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        median = sorted(us)[len(us) // 2] / 1000
+        print(f"  {cmd}: {len(us)}, median {median:.1f} ms, max {max(us) / 1000:.1f} ms")
     ok = (
         "cut short" not in r
         and r["missing"] == 0
