@@ -183,7 +183,7 @@ class MetaField:
     #: applied by the readers, never by a script: register hands it to the trainers)
     SORDER = "sorder"
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
-    #: The round the pass attempt's pieces (lib/split.lua) are recorded under when it is
+    #: The round the pass attempt's pieces (lib/pieces.lua) are recorded under when it is
     #: not the current one: set by the job's completion (its new round fences the leases,
     #: while the completed attempt's pieces stand for a retry that reopens it); '' or
     #: absent: the current round. Cleared by a pass start, a reset and a rewind.

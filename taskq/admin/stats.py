@@ -115,7 +115,7 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         state = "paused"  # running, but no new leases until resumed
     if state in ("completed", "cancelled"):
         leased = 0
-    # (and a split task's tail piece waiting beside its leased head: lib/split.lua)
+    # (and a split task's tail piece waiting beside its leased head: lib/pieces.lua)
     beside = int(reply[9]) if len(reply) > 9 and state not in ("completed", "cancelled") else 0
     todo = max(0, n - dead - done - leased) + beside if state != "cancelled" else 0
     passes = _int(meta, F.PASSES, keys.meta)

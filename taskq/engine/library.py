@@ -100,6 +100,7 @@ LIB_PARTS: tuple[str, ...] = (
     "secrets.lua",
     "workers.lua",
     "leases.lua",
+    "pieces.lua",
     "split.lua",
     "endings.lua",
     "passes.lua",

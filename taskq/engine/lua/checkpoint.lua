@@ -30,7 +30,7 @@ local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local dead_empty = lib.leases.dead_empty
-local cut_splits = lib.split.cut_splits
+local cut_splits = lib.pieces.cut_splits
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')

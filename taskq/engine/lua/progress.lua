@@ -29,7 +29,7 @@ local arg_secret, forged, is_forged =
 local end_lease, holds_secret, lease_for =
   lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for
 local to_front = lib.endings.to_front
-local offered, split_rec = lib.split.offered, lib.split.split_rec
+local offered, split_rec = lib.pieces.offered, lib.pieces.split_rec
 local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')

@@ -13,7 +13,7 @@ local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, m
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.member, lib.leases.next_token,
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
-local split_rec, take_split, whole_ok = lib.split.split_rec, lib.split.take_split, lib.split.whole_ok
+local split_rec, take_split, whole_ok = lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
 local add_starts = lib.progress.add_starts

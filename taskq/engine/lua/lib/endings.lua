@@ -16,7 +16,7 @@ local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.other_lease, lib.leases.parse_lease,
   lib.leases.progress_empty, lib.leases.recompute_auto_timeout, lib.leases.start_due
 local split_dead, split_ended, split_rec, tail_stands =
-  lib.split.split_dead, lib.split.split_ended, lib.split.split_rec, lib.split.tail_stands
+  lib.pieces.split_dead, lib.split.split_ended, lib.pieces.split_rec, lib.pieces.tail_stands
 
 local function to_front(task)
   CALL.FRONT_EMPTY = false
