@@ -524,8 +524,9 @@ class TaskqIter:
             if kind in ("end", "done") and (task_id, token) in self._cut:
                 continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
-                if int(text) <= self._points.get((task_id, token), -1):
-                    del self._points[task_id, token]  # its reader stops at the point itself
+                # its reader's own end (at the point or past it, what it read) is the one
+                # reported: no cut of this task follows (the first end said is the split's)
+                self._points.pop((task_id, token), None)
                 self.ledger.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):
