@@ -446,9 +446,7 @@ def test_a_task_with_its_head_acked_and_its_tail_out_is_in_flight_not_todo(
     assert client.status(job_name, summaries=0).state == "completed"
 
 
-def test_a_head_naming_an_end_past_the_pending_point_confirms_it_there(
-    client, job_name, tmp_path
-):
+def test_a_head_naming_an_end_past_the_pending_point_confirms_it_there(client, job_name, tmp_path):
     """A reader that read past the split point before it learnt it honours what it read
     (taskq.torch's readers, whose loop's progress lags them): one report naming that end
     moves the point up to it and confirms it in the same call, while the loop's progress
