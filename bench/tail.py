@@ -256,7 +256,14 @@ def torch_trial(
     # by that worker within a heartbeat interval: leased, and not read
     granted: dict[tuple[str, str], int] = {}
     quick = 0
+    # a split made -> its tail leased (its confirmation's wait, the idle trainer's with it)
+    split_at: dict[str, int] = {}
+    waits: list[float] = []
     for i, f in events:
+        if f["type"] == "split":
+            split_at[f["task"]] = _ms(i)
+        elif f["type"] == "piece_leased" and f["task"] in split_at:
+            waits.append((_ms(i) - split_at.pop(f["task"])) / 1000)
         if f["type"] in ("split", "piece_leased"):
             granted[(f["task"], f["worker"])] = _ms(i)
         elif f["type"] == "piece_back" and f.get("piece") == "tail":
@@ -268,6 +275,7 @@ def torch_trial(
         "makespan_s": (end - first) / 1000,
         "ideal_s": ideal,
         "handed_back_quick": quick,
+        "tail_wait_max_s": max(waits, default=0.0),
         "twice": sum(n - 1 for n in delivered.values()),
         "missing": total - len(delivered),
         "splits": c["splits"],
@@ -307,6 +315,7 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
                     f"({res['makespan_s'] / res['ideal_s']:.2f} x the ideal); splits "
                     f"{res['splits']:.0f} (read ahead, handed on {res['handed_on']:.0f}), "
                     f"pieces handed back within a heartbeat {res['handed_back_quick']:.0f}, "
+                    f"longest split -> tail leased {res['tail_wait_max_s']:.2f} s, "
                     f"backups {res['backups']:.0f}, samples twice "
                     f"{res['twice']:.0f}, never delivered {res['missing']:.0f}",
                     flush=True,

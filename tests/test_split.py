@@ -444,3 +444,45 @@ def test_a_task_with_its_head_acked_and_its_tail_out_is_in_flight_not_todo(
     c.ack(other)
     assert counts() == (0, 0, 2)
     assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_a_head_naming_an_end_past_the_pending_point_confirms_it_there(client, job_name, tmp_path):
+    """A reader that read past the split point before it learnt it honours what it read
+    (taskq.torch's readers, whose loop's progress lags them): one report naming that end
+    moves the point up to it and confirms it in the same call, while the loop's progress
+    is still below the point, so the tail is leased without waiting for that progress
+    (before, the point stayed pending until a report of progress past it)."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task = a.lease(timeout=0)
+    assert task is not None
+    got_a: list[Any] = []
+    it = read_some(a, task, 10, got_a)
+    a.flush_progress()  # p = 10 and the size: b's split point is 55
+    got: list[taskq.Task | None] = []
+    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    n = 10
+    for sample in it:  # read on to 70, the loop's progress at 40 only
+        got_a.append(sample)
+        n += 1
+        if n == 70:
+            break
+    a.progress(task, 40, end=70)
+    a.flush_progress()
+    assert task.end == 70  # moved up and confirmed there
+    assert wait_until(lambda: bool(got), 10), "the tail was not leased"
+    leaser.join(20)
+    piece = got[0]
+    assert piece is not None and (piece.start, piece.end) == (70, 100)
+    moved = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split_moved"]
+    assert [f["at"] for f in moved] == ["70"]
+    got_b: list[Any] = []
+    read_rest(b, piece, read_task(piece.chunks, piece.start, end=piece.current_end), got_b, 70)
+    a.progress(task, 70)
+    a.ack(task)
+    b.ack(piece)
+    assert ids(got_a) == list(range(70)) and ids(got_b) == list(range(70, 100))
+    assert client.status(job_name, summaries=0).state == "completed"
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0

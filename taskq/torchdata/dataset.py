@@ -23,6 +23,7 @@ import queue
 import random
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,39 @@ class Feed:
     parent_pid: int = field(default_factory=os.getpid)
     #: in-process readers only (not picklable): told each time a task was read
     on_finished: Callable[[], None] | None = None
+    #: in-process readers only (``num_workers=0``): what lets the feeder honour a moved
+    #: end for a reader between batches (``InProcess``)
+    here: InProcess | None = None
+
+
+class InProcess:
+    """The reader of a loader without worker processes, as its feeder thread sees it.
+
+    The reader runs only while the loop fetches a batch (``lock`` held, per unit); its
+    open tasks are in ``open`` by end cell. Between batches its next check of a task's
+    end is at the position after the sample it looked ahead, so the feeder, told a new
+    end ``m`` at or past that position, knows the reader will honour exactly ``m`` and
+    reports it at once (readahead.py ``sync_ends``): the split is confirmed while the
+    loop trains, not a batch later (docs/torch.md "Tail splitting").
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: dict[int, _Open] = {}
+
+    def next_check(self, slot: int, task_id: int, token: int) -> int | None:
+        """Where the reader of the task in end cell ``slot`` next reads its end (the
+        position after the sample it looked ahead), or None: being read now, not open,
+        or read to its end."""
+        if not self.lock.acquire(blocking=False):
+            return None  # the loop is fetching: the reader sees the new end itself
+        try:
+            o = self.open.get(slot)
+            if o is None or o.task_id != task_id or o.token != token or o.ahead is _END:
+                return None
+            return int(o.ahead[0]) + 1
+        finally:
+            self.lock.release()
 
 
 def default_reader(chunks: Any, start: int) -> Iterable[Any]:
@@ -235,6 +269,17 @@ class TaskDataset(IterableDataset[Any]):
         Returns:
             An iterator of (tags, control, batch) units.
         """
+        units = self._units(source, feed, finished, flush_when_idle, rng_key)
+        return units if feed.here is None else _locked(units, feed.here.lock)
+
+    def _units(
+        self,
+        source: Callable[[bool], TaskMsg | None],
+        feed: Feed,
+        finished: Callable[[int], None],
+        flush_when_idle: bool,
+        rng_key: str,
+    ) -> Iterator[Unit]:
         rand = random.Random(f"{self.seed}:{rng_key}:interleave").random
         open_: list[_Open] = []
         #: "end" entries the readers of open tasks made (a moved end seen): sent at once
@@ -258,6 +303,7 @@ class TaskDataset(IterableDataset[Any]):
         collate = feed.collate_fn or (default_collate if feed.batch_size else default_convert)
         transform, interleave = self.transform, self.interleave
         ends = feed.ends
+        here = {} if feed.here is None else feed.here.open  # in-process: the open tasks
         while True:
             # no task is opened beside a piece or a task whose end moved (its cell says
             # an end): their last samples then share batches with none but each other's,
@@ -307,6 +353,7 @@ class TaskDataset(IterableDataset[Any]):
                     finished(task.task_id)
                 else:
                     open_.append(task)
+                    here[task.slot] = task
             if notes:
                 # the end a reader now honours goes to the loop ahead of the samples held
                 # here (all below it): the loop's progress reports name it (a split's
@@ -325,6 +372,7 @@ class TaskDataset(IterableDataset[Any]):
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
+                here.pop(task.slot, None)
                 finished(task.task_id)
                 continue
             last = ahead is _END
@@ -332,6 +380,7 @@ class TaskDataset(IterableDataset[Any]):
             samples.append(sample)
             if last:
                 open_.remove(task)
+                here.pop(task.slot, None)
                 finished(task.task_id)
                 if pieces and task.task_id in pieces:
                     # a piece read to its end, or a task whose end moved (an "end" entry
@@ -398,6 +447,17 @@ class TaskDataset(IterableDataset[Any]):
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None
+
+
+def _locked(units: Iterator[Unit], lock: threading.Lock) -> Iterator[Unit]:
+    """``units``, each made with ``lock`` held (``InProcess``: the feeder looks at the
+    reader only between them)."""
+    while True:
+        with lock:
+            unit = next(units, None)
+        if unit is None:
+            return
+        yield unit
 
 
 def _bounded(

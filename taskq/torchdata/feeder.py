@@ -35,7 +35,7 @@ from taskq.trainer.core import Trainer
 from .. import errors
 from ..inputwait import InputMeter
 from ..models import Task
-from .dataset import TaskDataset
+from .dataset import InProcess, TaskDataset
 from .ledger import Ledger
 from .readahead import ReadAhead
 
@@ -76,6 +76,8 @@ class Feeder(threading.Thread):
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
         ends: the readers' cells of each task's current end (``Feed.ends``), written
             here when a task is split while read.
+        here: the in-process reader (``num_workers=0``): a moved end it will honour
+            exactly is reported without waiting for it (``InProcess``).
         on_all_dead: "raise" (``AllTasksDead`` from the loop when every live task of
             the pass is dead) or "wait" (a warning a minute until an operator acts).
     """
@@ -96,6 +98,7 @@ class Feeder(threading.Thread):
         input_meter: InputMeter | None = None,
         spare: int = 1,
         ends: Any = None,
+        here: InProcess | None = None,
         on_all_dead: str = "raise",
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
@@ -104,7 +107,7 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends, here
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
@@ -268,7 +271,8 @@ class Feeder(threading.Thread):
                 self._acks_since = time.monotonic()
             self._acks += new
             # a task split while read: its reader learns the end it moved to
-            self.ahead.sync_ends(self.ledger.held_map())
+            for t, tok, end in self.ahead.sync_ends(self.ledger.held_map()):
+                self.ledger.honour(t, tok, end)  # reported at once (the split confirmed)
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():

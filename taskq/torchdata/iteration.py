@@ -92,6 +92,9 @@ class TaskqIter:
         self._torch_end = False
         #: tasks cut here: (task, token) -> the end honoured (their later entries ignored)
         self._cut: dict[Pair, int] = {}
+        #: tasks whose reader said the end it honours: that end is the split's (reported,
+        #: it may confirm it past the point), so no cut of theirs follows
+        self._said: set[Pair] = set()
         #: split tasks being read and not cut yet: (task, token) -> the split point (a
         #: later split of another task they share batches with may cut both)
         self._points: dict[Pair, int] = {}
@@ -398,6 +401,7 @@ class TaskqIter:
             if (t in reading or (t, tok) in upto)
             and upto.get((t, tok)) != -1
             and (t, tok) not in self._cut
+            and (t, tok) not in self._said
             and self.ledger.holds(t, tok)
         }
         if not points:
@@ -524,8 +528,11 @@ class TaskqIter:
             if kind in ("end", "done") and (task_id, token) in self._cut:
                 continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
-                if int(text) <= self._points.get((task_id, token), -1):
-                    del self._points[task_id, token]  # its reader stops at the point itself
+                # its reader's own end (at the point or past it, what it read) is the one
+                # reported: no cut of this task follows (the first end said is the split's,
+                # a point learnt later included)
+                self._points.pop((task_id, token), None)
+                self._said.add((task_id, token))
                 self.ledger.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):

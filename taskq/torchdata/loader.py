@@ -26,7 +26,7 @@ from taskq.trainer.core import default_worker_id
 from .. import errors
 from ..inputwait import InputMeter
 from . import frameworks, resume, signals
-from .dataset import END_SLOTS, NO_END, Feed, TaskDataset
+from .dataset import END_SLOTS, NO_END, Feed, InProcess, TaskDataset
 from .even import EvenSteps
 from .feeder import PASS_OVER, Feeder
 from .iteration import TaskqIter
@@ -375,6 +375,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.user_collate_fn,
                 self.user_drop_last,
                 ends=[NO_END] * END_SLOTS,
+                here=InProcess(),
             )
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
@@ -401,6 +402,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
             ends=feed.ends,
+            here=feed.here,
             on_all_dead=self.on_all_dead,
         )
         if self.num_workers == 0:
