@@ -116,15 +116,16 @@ def test_ddp_under_torchrun_crashed_and_relaunched_twice_from_a_checkpoint_compl
     client: taskq.Client, url: str, job_name: str, tmp_path: Path, run: int
 ) -> None:
     """The same run checkpointed at its first pass's end (every rank syncs, rank 0 writes
-    ``state_dict()``), then rank 1 crashes 15 batches on; a relaunch loads the checkpoint
-    (the job rewinds, every lease of the crashed launch revoked) and crashes again; a
+    ``state_dict()``), then rank 1 crashes 5 batches on (at 15, a launch ended its passes
+    before the crash in 1-2 runs of 10); a relaunch loads the checkpoint (the job
+    rewinds, every lease of the crashed launch revoked) and crashes again; a
     third launch loads it again and runs to the end: the job completes (never left
     `running` with pieces nobody takes) and, counting what the first launch took before
     the checkpoint and what the third took, every sample once per pass."""
     _create(client, job_name, tmp_path)
     log, ckpt = tmp_path / "samples.log", tmp_path / "ckpt.json"
     for launch in (1, 2, 3):
-        crash = ["--crash-after", "15"] if launch < 3 else []
+        crash = ["--crash-after", "5"] if launch < 3 else []
         code, out = _torchrun(
             url, job_name, log, "--ckpt", str(ckpt), "--launch", str(launch), *crash
         )
