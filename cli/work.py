@@ -226,7 +226,7 @@ class _Runner:
 
     def _note_if_dead(self, task: taskq.Task) -> None:
         try:
-            state = self.trainer.client.task(task.job, task.id, history=0)["state"]
+            state = self.trainer.client.job(task.job).task(task.id, history=0)["state"]
         except taskq.TaskqError as e:
             log.warning("task %s: cannot read its state after the failure: %s", task.id, e)
             return
@@ -464,7 +464,7 @@ def work(
     client.keys(job)  # a bad name fails before any wait
     # a probe without redis-py's own retries, so the log says when the next try really is
     _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
-    config = client.status(job, summaries=0).config
+    config = client.job(job).status(summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
         raise click.UsageError(
             f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "

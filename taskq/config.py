@@ -63,6 +63,14 @@ def validate_config(cfg: JobConfig) -> None:
             bad(f"{name} must be an integer >= 1, got {v!r}")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
         bad(f"seed must be an integer, got {cfg.seed!r}")
+    k = cfg.backup_factor
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or k <= 1:
+        bad(f"backup_factor must be a number > 1, got {k!r}")
+    limit = cfg.max_backlog
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        bad(f"max_backlog must be an integer >= 1, got {limit!r}")
+    if isinstance(cfg.shards, bool) or not isinstance(cfg.shards, int) or cfg.shards < 1:
+        bad(f"shards must be an integer >= 1, got {cfg.shards!r}")
 
 
 def encode_tasks(chunks: Iterable[Any], chunks_per_task: int) -> tuple[list[str], int]:

@@ -3,15 +3,18 @@ point, against the suite's real redis-server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import threading
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from support import ENTRY_POINT, assert_no_job, free_port, job_keys, one_error_line
+from taskq.cli import job as cli_job
 from taskq.cli.main import cli
 
 import taskq
@@ -118,6 +121,34 @@ def test_create_from_lines_with_options(
         "seed": 7,
         "auto_advance": False,
     }
+
+
+def test_create_has_one_option_per_job_setting_and_no_other() -> None:
+    """``taskq job create``'s settings are ``JobConfig``'s fields, named alike, with its
+    defaults: a field added without an option (or an option without a field) fails here."""
+    command = cli_job.create
+    settings = {
+        p.name: p for p in command.params if p.expose_value and p.name not in cli_job.CREATE_CALL
+    }
+    fields = {f.name: f.default for f in dataclasses.fields(taskq.JobConfig)}
+    assert set(settings) == set(fields)
+    ctx = click.Context(command)
+    for name, default in fields.items():
+        given = settings[name].get_default(ctx)
+        assert (given if given is None else settings[name].type_cast_value(ctx, given)) == default
+
+
+def test_create_with_bad_settings_says_one_line_and_writes_nothing(
+    url: str, client: taskq.Client, job_name: str, manifest: str
+) -> None:
+    for args, says in (
+        (("--heartbeat-interval", "9"), "--heartbeat-interval (9.0) must be shorter"),
+        (("--shards", "99"), "shards must be 2.."),
+        (("--stream", "--shards", "1", "--max-backlog", "0"), "--max-backlog"),
+    ):
+        r = run(url, "job", "create", job_name, "--manifest", manifest, *args)
+        assert r.exit_code != 0 and says in one_error_line(r.stderr), r.stderr
+        assert job_name not in client.list_jobs()
 
 
 def test_passes_zero_means_until_cancelled(

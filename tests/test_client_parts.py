@@ -1,31 +1,28 @@
-"""The admin ``Client`` holds the engine's connection and opens job handles: every method
-that takes a job name is one call of its handle's verb (the verb is written in the
-handles, taskq/admin/jobs.py and taskq/admin/sharded.py), none inheriting from another;
-a dropped client is freed at once. No server is needed: a ``Client`` connects on its
-first call."""
+"""The admin ``Client`` holds the engine's connection and opens job handles; a job's verbs
+are written once, on ``Job`` (taskq/admin/jobs.py), each with a route for sharded jobs
+in ``ROUTES``; the client's short forms are generated from them, none written; no class
+of the surface inherits from another; a dropped client is freed at once. No server is
+needed: a ``Client`` connects on its first call."""
 
 from __future__ import annotations
 
-import ast
 import gc
 import inspect
-import textwrap
 import weakref
 
 import taskq
-from taskq.admin.caller import Job
-from taskq.admin.jobs import PlainJob
-from taskq.admin.sharded import ShardedJob
+from taskq.admin import client as client_module
+from taskq.admin.jobs import ROUTES, Job
 from taskq.engine.connection import Connection
 
 URL = "redis://127.0.0.1:1/0"  # never reached
-#: Client methods that take no job name, or make one (the connection, the index, create).
+#: Client methods written in client.py: the connection, the index, create, job(name).
 OWN = {"keys", "run", "ping", "memory_policy", "check_memory_policy", "list_jobs"}
 OWN |= {"repair_index", "job", "create_job"}
 
 
-def test_no_class_of_the_client_inherits_from_another() -> None:
-    for cls in [taskq.Client, Connection, PlainJob, ShardedJob]:
+def test_no_class_of_the_surface_inherits_from_another() -> None:
+    for cls in [taskq.Client, Connection, Job]:
         assert cls.__bases__ == (object,), cls
 
 
@@ -33,24 +30,21 @@ def _public(cls: type) -> dict[str, object]:
     return {n: m for n, m in vars(cls).items() if not n.startswith("_") and inspect.isfunction(m)}
 
 
-def test_each_name_taking_verb_of_the_client_is_one_call_of_its_handle() -> None:
-    verbs = {n: m for n, m in _public(taskq.Client).items() if n not in OWN}
-    assert len(verbs) == 24
-    handle = set(_public(Job))  # type: ignore[arg-type]
-    for name, method in verbs.items():
-        assert method.__doc__, name  # type: ignore[attr-defined]
-        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))  # type: ignore[arg-type]
-        body = tree.body[0].body  # type: ignore[attr-defined]
-        call = body[-1].value
-        assert len(body) == 2 and isinstance(call, ast.Call), name  # docstring + one call
-        target = call.func if isinstance(call.func, ast.Attribute) else call.args[0].func
-        assert ast.unparse(target.value) == "self.job(name)" or name == "iter_tasks", name
-        assert name == "iter_tasks" or target.attr in handle, name
+def test_the_client_writes_no_verb_its_short_forms_are_generated_from_the_job() -> None:
+    source = inspect.getsource(client_module.Client)
+    short = {n: m for n, m in _public(taskq.Client).items() if n not in OWN}
+    assert set(short) == set(client_module.SHORT_FORMS)
+    for name, method in short.items():
+        verb = client_module.SHORT_FORMS[name]
+        assert f"def {name}(" not in source, name
+        assert method.__wrapped__ is getattr(Job, verb), name  # type: ignore[attr-defined]
+        assert method.__doc__ and verb in method.__doc__, name
 
 
-def test_both_handles_implement_every_verb_of_the_surface() -> None:
-    for cls in (PlainJob, ShardedJob):
-        assert set(_public(Job)) <= set(_public(cls)) | {"sharded"}, cls  # type: ignore[arg-type]
+def test_every_verb_of_the_job_has_a_sharded_route_and_every_route_a_verb() -> None:
+    verbs = {n for n, m in _public(Job).items() if hasattr(m, "__wrapped__")}
+    assert verbs == set(ROUTES)
+    assert len(verbs) >= 29
 
 
 def test_a_dropped_client_is_freed_without_the_cycle_collector() -> None:

@@ -35,7 +35,7 @@ from support import (
 )
 
 import taskq
-from taskq.admin.sharded import place
+from taskq.admin.shardset import place
 from taskq.engine.connection import translate
 from taskq.keys import JobKeys
 from taskq.ops.exporter import TaskqCollector

@@ -125,7 +125,6 @@ def test_no_module_is_on_an_import_cycle() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "taskq.admin.caller",
         "taskq.admin.stats",
         "taskq.admin.stats_tasks",
         "taskq.admin.barrier",

@@ -24,7 +24,7 @@ from support import RedisClusterProcs, free_port, wait_until
 
 import taskq
 from cli.main import cli
-from taskq.admin import sharded, shardset
+from taskq.admin import jobs, shardset
 from taskq.keys import JobKeys
 
 PROC = os.path.join(os.path.dirname(__file__), "sharded_proc.py")
@@ -76,8 +76,8 @@ def test_one_shard_is_todays_job(client: taskq.Client, job_name: str) -> None:
 
 
 def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name: str) -> None:
-    for bad in (0, 5):
-        with pytest.raises(taskq.InvalidInput, match="shards must be 2..4"):
+    for bad, says in ((0, "an integer >= 1"), (5, "2..4")):
+        with pytest.raises(taskq.InvalidInput, match=f"shards must be {says}"):
             client.create_job(job_name, [{"i": i} for i in range(4)], shards=bad)
     with pytest.raises(taskq.InvalidInput, match="bad sharded job name"):
         client.create_job("x" * 60, [{"i": 1}, {"i": 2}], shards=2)
@@ -660,9 +660,9 @@ def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
             for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
                 tr.ack(task)
     assert client.job(job_name).status().reason == "barrier"
-    assert sharded.advance_all(client)[job_name] == 1
+    assert jobs.advance_all(client)[job_name] == 1
     assert client.job(job_name).status().state == "running"
-    assert job_name not in sharded.advance_all(client)
+    assert job_name not in jobs.advance_all(client)
 
 
 def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(

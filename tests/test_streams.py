@@ -22,7 +22,7 @@ from torch_helpers import jsonl_reader, rows_of, write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.admin.caller import Job
+from taskq.admin.jobs import Job
 from taskq.engine.contract import APPEND_MAX
 
 make_job = partial(

@@ -20,18 +20,19 @@ from torch_helpers import write_jsonl
 
 import taskq
 import taskq.torch
-from taskq.admin.sharded import ShardedJob, shard_of_id
+from taskq.admin.jobs import Job
+from taskq.admin.shardset import shard_of_id
 
 HERE = Path(__file__).resolve().parent
 SHARDS = 3
 
 
-def _create(cclient: taskq.Client, name: str, **kw: object) -> ShardedJob:
+def _create(cclient: taskq.Client, name: str, **kw: object) -> Job:
     kw.setdefault("worker_ttl", 2.0)
     kw.setdefault("heartbeat_interval", 0.3)
     cclient.create_job(name, chunks=[], shards=SHARDS, stream=True, **kw)  # type: ignore[arg-type]
     job = cclient.job(name)
-    assert isinstance(job, ShardedJob)
+    assert isinstance(job, Job) and job.sharded
     return job
 
 

@@ -251,7 +251,7 @@ class Feeder(threading.Thread):
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
-        st = self.trainer.client.status(ds.job, summaries=0)
+        st = self.trainer.client.job(ds.job).status(summaries=0)
         self.ledger.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -354,7 +354,7 @@ class Feeder(threading.Thread):
                 continue
             if self._finish.is_set():
                 continue
-            st = trainer.client.status(job, summaries=0)
+            st = trainer.client.job(job).status(summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
             elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:

@@ -245,7 +245,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ds: TaskDataset = self.dataset  # type: ignore[assignment]
             try:
                 with resume.client_of(ds) as client:
-                    st = client.status(ds.job, summaries=0)
+                    st = client.job(ds.job).status(summaries=0)
             except errors.TaskqError:
                 return self._state
             if st.state == "completed":

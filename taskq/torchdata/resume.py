@@ -141,7 +141,9 @@ def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
     if cur is not None and not cur.ended and cur.feeder.is_alive():
         cur.settle()
         try:
-            record = cur.feeder.call(lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
+            record = cur.feeder.call(
+                lambda trainer: trainer.client.job(ds.job).checkpoint(ckpt=ckpt)
+            )
         except errors.TaskqError as e:
             if cur.feeder.is_alive():
                 raise
@@ -149,7 +151,7 @@ def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
             log.debug("the iteration ended during state_dict: %s", e)
     if record is None:
         with client_of(ds) as client:
-            record = client.checkpoint(ds.job, ckpt=ckpt)
+            record = client.job(ds.job).checkpoint(ckpt=ckpt)
     return checkpoints.state_of(ds.job, record)
 
 
