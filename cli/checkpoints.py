@@ -3,7 +3,7 @@ list them, put the job back to one (docs/resume.md). A sharded job's checkpoint 
 id over every shard (docs/sharding.md).
 
 Data flow: operator -> cli/checkpoints.py -> taskq.Client -> the job's handle (jobs.py ->
-checkpoints.py, or sharded.py for a sharded job) -> Redis.
+checkpoints.py, routed to the shards for a sharded job) -> Redis.
 """
 
 from __future__ import annotations

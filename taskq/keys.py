@@ -314,7 +314,7 @@ def acl_jobs_index_pattern(key_prefix: str | None = None) -> str:
     return _glob_escape(jobs_index(key_prefix))
 
 
-# -- sharded jobs (taskq/admin/sharded.py) -------------------------------------------------------
+# -- sharded jobs (taskq/admin/jobs.py, shardset.py) -------------------------------------------------------
 #: Longest name a sharded job may have: its shards are ``NAME.s<k>[.<t>]`` (<= 64).
 MAX_SHARDED_NAME = 52
 

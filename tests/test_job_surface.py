@@ -111,6 +111,7 @@ def test_a_new_verb_is_one_method_and_one_route(
     for name in (job_name + "p", job_name + "s"):
         job = cast(Any, cclient.job(name))
         assert job.todo_count() == job.status().todo == 6
+        assert job.task(task_id=5, history=0)["id"] == 5  # a task route, the id by name
         with taskq.Trainer(name, client=cclient, heartbeat=False) as trainer:
             assert trainer.lease(timeout=1) is not None
             assert job.todo_count() == 5 and job.todo_count("leased") == 1

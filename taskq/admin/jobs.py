@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import inspect
 import itertools
 import json
 import logging
@@ -45,6 +46,8 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar, cast
+
+from redis.cluster import RedisCluster
 
 from taskq import errors
 from taskq.admin import checkpoints, shardset, stats
@@ -164,9 +167,12 @@ class Route(NamedTuple):
             return cast(Callable[..., Any], self.how)(job, *args, **kwargs)
         if self.to == HOME:
             return body(job.shards[0], *args, **kwargs)
-        if self.to == TASK:
-            shard, local = job.locate(args[0])
-            reply = body(shard, local, *args[1:], **kwargs)
+        if self.to == TASK:  # the task id, given by position or by name, made local
+            call = inspect.signature(body).bind(job, *args, **kwargs)
+            task_param = list(call.arguments)[1]
+            shard, local = job.locate(call.arguments[task_param])
+            call.arguments.update({"self": shard, task_param: local})
+            reply = body(*call.args, **call.kwargs)
             return self.how(job, shard, reply) if self.how else reply
         if self.to not in (EVERY, LIVE):
             raise AssertionError(f"route of {body.__name__}: no such kind {self.to!r}")
@@ -888,15 +894,23 @@ class Job:
                 if not conn.redis.exists(self.keys.meta):
                     conn.redis.srem(jobs_index(conn.prefix), self.name)
 
-    def replace(self, chunks: Iterable[Any], **settings: Any) -> JobStatus:
-        """Create the job again from ``chunks`` (a new incarnation); the settings are
-        ``JobConfig``'s, the shards as many as now unless ``shards=`` says otherwise (a
-        plain job stays one, a sharded one sharded: change the kind after ``delete``).
+    def replace(
+        self,
+        chunks: Iterable[Any],
+        config: JobConfig | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        **settings: Any,
+    ) -> JobStatus:
+        """Create the job again from ``chunks`` (a new incarnation), as
+        ``Client.create_job`` with ``replace=True``; the shards as many as now unless
+        ``shards=`` says otherwise (a plain job stays one, a sharded one sharded: change
+        the kind after ``delete``).
 
         Raises:
             InvalidInput: a change of kind, a bad setting (nothing written).
         """
-        cfg = JobConfig.of(**{"shards": len(self.shards) or 1, **settings})
+        kind = {"shards": len(self.shards) or 1} if config is None else {}
+        cfg = JobConfig.of(config, **{**kind, **settings})
         if (cfg.shards == 1) != (self.sset is None):
             raise errors.InvalidInput(
                 f"job {self.name!r} is a job of one shard: delete it first to make a "
@@ -905,7 +919,7 @@ class Job:
                 else f"job {self.name!r} is a sharded job: replace it with shards >= 2, or "
                 f"delete it first to make a job of one shard of that name"
             )
-        return create(self.connection, self.name, chunks, cfg, replace=True)
+        return create(self.connection, self.name, chunks, cfg, replace=True, progress=progress)
 
     # -- checkpoints --------------------------------------------------------------
     @verb
@@ -1041,7 +1055,7 @@ def _status(job: Job, summaries: int = 20) -> ShardedStatus:
     redis_client = job.connection.redis
     masters = [
         str(redis_client.get_node_from_key(s.keys.meta).name)
-        if isinstance(redis_client, shardset.RedisCluster)
+        if isinstance(redis_client, RedisCluster)
         else None
         for s in job.shards
     ]
@@ -1094,13 +1108,8 @@ def _events(
 
 
 def _next(job: Job, expected_pass: int | None = None, force: bool = False) -> int:
-    """Start the next pass of every shard (``Client.next_pass``; under the barrier
+    """Start the next pass of every shard (``Job.next``; under the barrier
     lock, waiting ``ADMIN_WAIT_S`` for it).
-
-    Raises:
-        PassIncomplete: a shard has work left and no force. PassMismatch,
-        JobCompleted, JobCancelled, JobNotFound; TaskqError: a checkpoint or rewind
-        holds the barrier.
     """
     name = job.name
     with barrier_lock(job.connection, name, "step", STEP_LOCK_MS, ADMIN_WAIT_S) as held:
@@ -1144,11 +1153,7 @@ def _next(job: Job, expected_pass: int | None = None, force: bool = False) -> in
 
 
 def _reset(job: Job, expected_pass: int | None = None) -> int:
-    """Restart the current pass in every shard (its leases become stale).
-
-    Raises:
-        PassMismatch: ``expected_pass`` is not the current pass. JobNotFound, ...
-    """
+    """Restart the current pass in every shard (its leases become stale)."""
     st = _status(job)
     if expected_pass is not None and expected_pass != st.pass_no:
         raise errors.PassMismatch(
@@ -1176,11 +1181,7 @@ def _retry(job: Job, task_ids: Sequence[int] | None = None) -> int:
 
 
 def _drain(job: Job, worker_id: str) -> None:
-    """Ask a worker to finish and leave, on every shard it is registered on.
-
-    Raises:
-        InvalidInput: no shard has such a worker.
-    """
+    """Ask a worker to finish and leave, on every shard it is registered on."""
     found = False
     for shard in job.shards:
         if any(w["id"] == worker_id for w in shard.workers()):
@@ -1200,9 +1201,6 @@ def _cancel_shard(shard: Job) -> None:
 def _cancel(job: Job) -> None:
     """Cancel every shard (idempotent per shard; the barrier step finishes a cancel
     that died half-way).
-
-    Raises:
-        JobCompleted: every shard was completed already. JobNotFound.
     """
     shards = job.shard_statuses()
     if all(s.state == "completed" for s in shards):
@@ -1213,11 +1211,7 @@ def _cancel(job: Job) -> None:
 
 
 def _delete(job: Job) -> None:
-    """Delete every shard and the record (shards already gone are skipped).
-
-    Raises:
-        JobNotFound: no such sharded job (any more).
-    """
+    """Delete every shard and the record (shards already gone are skipped)."""
     conn = job.connection
     require(conn, job.name)
     for shard in job.shards:
@@ -1291,10 +1285,6 @@ def _checkpoint_cut(
         ``unfinished`` (sums), ``job_state`` (the shards' if they agree, else
         ``mixed``), ``sealed_ms`` (the last shard's), ``shard_ids`` (shard -> its
         checkpoint's id) and ``shards`` (each shard's record).
-
-    Raises:
-        InvalidInput: bad keep or id. JobNotFound, JobCancelled; TaskqError while a
-        rewind runs, or when the passes moved under every attempt.
     """
     conn, name = job.connection, job.name
     if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= 1000:
@@ -1364,10 +1354,6 @@ def _append_spread(
     Returns:
         The tasks added, chunks skipped, the lowest new task's global id, the backlog
         summed over the shards.
-
-    Raises:
-        InvalidInput, BacklogFull, JobNotFound, JobCancelled: as a plain job's append
-        (a BacklogFull names the shard; the shards before it took their part).
     """
     encoded, id_list = _check_append(job.name, chunks, ids)
     if source is not None:
@@ -1413,11 +1399,7 @@ def _append_spread(
 
 
 def _checkpoints(job: Job) -> list[dict[str, Any]]:
-    """The sharded job's sealed checkpoints, oldest first.
-
-    Raises:
-        JobNotFound: no such sharded job (any more).
-    """
+    """The sharded job's sealed checkpoints, oldest first."""
     conn = job.connection
     require(conn, job.name)
     with translate(conn.url):
@@ -1430,15 +1412,8 @@ def _rewind_cut(job: Job, ckpt: CheckpointRef, once: bool = False, key: str = ""
     then run the barrier step, all under the barrier lock; after it every unfinished
     shard is at the same pass.
 
-    Args:
-        once, key: as ``Client.rewind``, per shard.
-
     Returns:
         True when some shard was rewound, False when ``once`` found all already there.
-
-    Raises:
-        InvalidInput: no such checkpoint. JobNotFound, JobCancelled. TaskqError:
-        another rewind took over a shard meanwhile, or a barrier step held the lock.
     """
     name = job.name
     ckpt = checkpoint_id(name, ckpt)

@@ -43,7 +43,7 @@ class ShardSet:
         name: the sharded job's name.
         shards: the shards' job names, shard ``k`` at index ``k``.
         tasks: tasks of the whole job at its create (global task ``i`` is in shard
-            ``i % S``; appended tasks keep the rule, ``ShardedJob.append``).
+            ``i % S``; appended tasks keep the rule, ``Job.append``, jobs.py).
         passes: passes to run, None for until cancelled.
         auto_advance: the barrier step advances by itself (else ``next_pass``).
         incarnation: new on every create.

@@ -10,7 +10,7 @@ silence rule, so several reapers may run at once: a short per-job lock keeps the
 stampeding and the scripts' atomicity keeps any lease from being re-dispatched twice.
 
 Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> ``taskq.Client`` (the job
-handles; sharded.py's barrier step) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
+handles; jobs.py's barrier step) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
 """
 
 from __future__ import annotations

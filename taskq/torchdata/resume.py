@@ -8,7 +8,7 @@ plain or sharded, ``once`` with a key naming the restart), so the job is rewound
 however many trainers load the same state (docs/resume.md).
 
 Data flow: training loop -> loader.py -> resume.py -> feeder.py (trainer/core.py) or
-client.py -> jobs.py / sharded.py (the job's handle) -> checkpoints.py -> Redis.
+client.py -> jobs.py (the job) -> checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
