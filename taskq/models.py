@@ -75,8 +75,11 @@ class JobConfig:
         """``config`` (the defaults when None) with ``settings`` (field names) over it.
 
         Raises:
-            InvalidInput: a setting that is not a field (one line naming it).
+            InvalidInput: a setting that is not a field (one line naming it), a
+                ``config`` that is not a ``JobConfig``.
         """
+        if config is not None and not isinstance(config, cls):
+            raise errors.InvalidInput(f"config must be a JobConfig, got {type(config).__name__}")
         unknown = sorted(set(settings) - set(cls.__dataclass_fields__))
         if unknown:
             raise errors.InvalidInput(f"unknown job setting(s): {', '.join(unknown)}")

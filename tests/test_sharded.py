@@ -85,6 +85,28 @@ def test_bad_shard_counts_and_names_write_nothing(client: taskq.Client, job_name
     assert not any(j.startswith(job_name) for j in client.list_jobs())
 
 
+def test_one_job_config_makes_a_plain_and_a_sharded_job(
+    client: taskq.Client, job_name: str
+) -> None:
+    """``create_job`` takes a ``JobConfig`` (or its fields); a setting it does not have, or
+    a config that is not one, is one line and writes nothing."""
+    cfg = taskq.JobConfig(passes=2, max_failures=5, backup_leases=True, backup_factor=3.0)
+    plain = client.create_job(job_name + "p", [{"i": i} for i in range(4)], cfg)
+    sharded = client.create_job(job_name + "s", [{"i": i} for i in range(4)], cfg, shards=2)
+    for st in (plain, sharded):
+        assert (st.passes, st.config["max_failures"]) == (2, 5)
+    assert len(sharded.shards) == 2
+    for bad, says in (
+        ({"config": {"passes": 2}}, "config must be a JobConfig, got dict"),
+        ({"pases": 2}, "unknown job setting"),
+        ({"backup_factor": 1.0}, "backup_factor must be a number > 1"),
+        ({"max_backlog": 0}, "max_backlog must be an integer >= 1"),
+    ):
+        with pytest.raises(taskq.InvalidInput, match=says):
+            client.create_job(job_name + "x", [{"i": 1}], **bad)  # type: ignore[arg-type]
+    assert not any(j.startswith(job_name + "x") for j in client.list_jobs(sharded=True))
+
+
 def test_tasks_stride_over_shards_and_names_collide_with_nothing(
     client: taskq.Client, job_name: str
 ) -> None:
