@@ -53,6 +53,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "sources": "hash",
     "srcseq": "zset",
     "aside": "zset",
+    "appended": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -82,15 +82,44 @@ def test_append_with_shuffle_keeps_the_walked_positions(client, job_name):
     assert client.status(job_name).state == "completed"
 
 
-def test_append_reopens_a_completed_job(client, job_name):
+def test_append_refuses_a_completed_job_and_leaves_it_as_it_was(client, job_name):
+    """An append never reopens a job (the producer's credential writes no state): on a
+    completed job it is refused, readably, with nothing written; a resend of chunks
+    appended before adds nothing and says so."""
     make_job(client, job_name, n=2)
+    job = client.job(job_name)
+    job.append([{"early": 1}], ids=["e"])
     t = trainer(client, job_name, "w")
     drain(t)
-    assert client.status(job_name).state == "completed"
-    client.job(job_name).append([{"late": 1}])
-    st = client.status(job_name)
-    assert (st.state, st.todo, st.backlog) == ("running", 1, 1)
-    assert drain(t) == [2]
+    before = client.status(job_name)
+    assert (before.state, before.tasks) == ("completed", 3)
+    with pytest.raises(taskq.InvalidInput, match="append does not reopen it; reopen needs"):
+        job.append([{"late": 1}], ids=["l"])
+    after = client.status(job_name)
+    assert (after.state, after.tasks, after.todo, after.appended) == ("completed", 3, 0, 1)
+    assert after.counters == before.counters
+    r = job.append([{"early": 1}], ids=["e"])  # already in: nothing to reopen for
+    assert (r.tasks, r.skipped) == (0, 1)
+    assert client.audit(job_name)["ok"]
+
+
+def test_append_refuses_a_job_waiting_at_a_manual_boundary_until_its_owner_advances(
+    client, job_name
+):
+    make_job(client, job_name, n=2, passes=2, auto_advance=False)
+    job = client.job(job_name)
+    t = trainer(client, job_name, "w")
+    drain(t)
+    assert (client.status(job_name).state, client.status(job_name).reason) == (
+        "waiting",
+        "manual_advance",
+    )
+    with pytest.raises(taskq.InvalidInput, match="manual_advance.*taskq pass next"):
+        job.append([{"late": 1}])
+    assert client.status(job_name).tasks == 2
+    job.next(expected_pass=0)
+    assert job.append([{"late": 1}]).tasks == 1
+    assert sorted(drain(t)) == [0, 1, 2]
     assert client.status(job_name).state == "completed"
     assert client.audit(job_name)["ok"]
 
@@ -565,6 +594,23 @@ def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tm
     assert (st.tasks, st.stream) == (4, "sealed")
     last = client.job(job_name).task(3)["chunks"][0]
     assert (last["path"], last["offset"]) == (str(tmp_path / "c.jsonl"), 9)
+
+
+def test_cli_append_to_a_completed_job_is_one_line_and_writes_nothing(url, client, job_name):
+    make_job(client, job_name, n=1)
+    drain(trainer(client, job_name, "w"))
+    p = subprocess.run(
+        [support.ENTRY_POINT, "--url", url, "job", "append", job_name, "-"],
+        input='{"late": 1}\n',
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode != 0
+    line = support.one_error_line(p.stderr)
+    assert "completed: an append does not reopen it; reopen needs the job's owner" in line
+    st = client.status(job_name)
+    assert (st.state, st.tasks) == ("completed", 1)
 
 
 def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):

@@ -137,25 +137,23 @@ SHARDED_TRAINER_VERBS = ("advance", "reap")
 SHARDED_RECORD_WRITES = ("hincrby",)
 BARRIER_WRITES = ("set", "pexpire", "del")
 
-#: The writes of ``append`` and of a follower's record, each on the keys it needs: the new
-#: tasks' descriptors and the count in meta (HSET: the one write a producer could turn to
-#: another use, docs/security.md), the ids and the appends' log, the event, the wake-up
-#: tokens of a reopened pass (``broadcast`` DELs and refills its lists), the follower's
-#: record. No DEL of anything a pass or a checkpoint holds, no write to leases, done,
-#: dead, progress or the checkpoints.
+#: The writes of ``append`` and of a follower's record, each on the keys it needs, so that
+#: the producer appends and does nothing else (docs/security.md): the new tasks'
+#: descriptors and ids added with HSETNX only (a field that exists is never overwritten),
+#: the counts in ``appended`` (append writes no meta field: not the state, not a counter),
+#: the appends' log, the event, the wake-up tokens of waiting trainers, the source and
+#: follower records. No DEL, no write to meta, leases, done, dead, progress, the
+#: checkpoints or the broadcast lists.
 PRODUCER_WRITES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("meta", "chunks", "appids", "appidx"), ("hset",)),
+    (("chunks", "appids", "appidx"), ("hsetnx",)),
+    (("appended",), ("hincrby",)),
     (("appends",), ("zadd",)),
     (("events",), ("xadd",)),
-    (("wake",), ("lpush", "ltrim", "del")),
-    (("bcast0", "bcast1"), ("rpush", "pexpire", "del")),
+    (("wake",), ("lpush", "ltrim")),
     (("follow",), ("hset", "hdel")),
     # an append naming its source records how far it went in, the oldest source forgotten
     (("sources",), ("hset", "hdel")),
     (("srcseq",), ("zadd", "zpopmin")),
-    # the call's end flushes the histograms' buffer (lib/events.lua flush_hist): empty
-    # after an append, but reachable from it
-    (("hist",), ("hincrby",)),
 )
 
 
