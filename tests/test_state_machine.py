@@ -511,11 +511,14 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(k=st.integers(1, 2), dup=st.booleans())
     def append(self, k: int, dup: bool) -> None:
         """New tasks join the current pass; a pass that ended is not reopened (the
-        append is refused, nothing written); a repeated id adds nothing."""
+        append is refused, nothing written); a repeated id adds nothing; no path writes a
+        field of the meta (the producer's credential may not: docs/security.md)."""
         n = self._n()
         if n + k > MAX_TASKS:
             return
         before = self.client.status(self.job, summaries=0)
+        meta_key = self.client.keys(self.job).meta
+        meta = self.client.redis.hgetall(meta_key)
         ids = [f"c{next(_ids)}" for _ in range(k)]
         skipped = 1 if dup and self.appended_ids else 0
         if skipped:
@@ -534,12 +537,13 @@ class EngineMachine(RuleBasedStateMachine):
             with pytest.raises(taskq.InvalidInput, match="does not reopen it"):
                 job.append([{"a": i} for i in ids], ids=ids)
             assert self._n() == n
-            assert self.client.status(self.job, summaries=0).state == before.state
+            assert self.client.redis.hgetall(meta_key) == meta
             return
         r = job.append([{"a": i} for i in ids], ids=ids)
         self.appended_ids += ids[skipped:]
         assert (r.tasks, r.skipped) == (k - skipped, skipped)
         assert self._n() == n + k - skipped
+        assert self.client.redis.hgetall(meta_key) == meta
 
     @precondition(lambda self: not self.cancelled)
     @rule()

@@ -124,6 +124,62 @@ def test_append_refuses_a_job_waiting_at_a_manual_boundary_until_its_owner_advan
     assert client.audit(job_name)["ok"]
 
 
+def test_append_writes_no_meta_field_and_leaves_a_silence_to_the_jobs_next_call(client, job_name):
+    """Append opens the job reading only (the producer's credential writes no meta
+    field): not even the silence rule's stamp; the counts go to the appended record. A
+    silence the append saw is the next call's to see, whole."""
+    client.create_job(
+        job_name, [], stream=True, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0
+    )
+    keys = client.keys(job_name)
+    t = trainer(client, job_name, "w")
+    job = client.job(job_name)
+    job.append([{"i": 0}], ids=["a"], source="f")
+    job.advance_clock(10_000, silent=True)  # a silence: longer than ttl - interval
+    meta = client.redis.hgetall(keys.meta)
+    r = job.append([{"i": 1}, {"i": 2}, {"i": 0}], ids=["b", "c", "a"], source="g")
+    assert (r.tasks, r.skipped) == (2, 1)
+    assert client.redis.hgetall(keys.meta) == meta
+    assert client.redis.hgetall(keys.appended) == {
+        "tasks": "3",
+        "chunks": "3",
+        "dup": "1",
+        "src_seq": "2",
+    }
+    st = client.status(job_name)
+    assert (st.tasks, st.appended, st.config["chunks"]) == (3, 3, 3)
+    t.lease(timeout=0)
+    assert int(client.redis.hget(keys.meta, "offset")) == 10_000  # the lease saw it whole
+
+
+def test_replace_and_delete_drop_the_appended_record(client, job_name):
+    make_job(client, job_name, n=1)
+    client.job(job_name).append([{"i": 1}, {"i": 2}])
+    keys = client.keys(job_name)
+    assert client.redis.hget(keys.appended, "tasks") == "2"
+    make_job(client, job_name, n=1, replace=True)
+    assert not client.redis.exists(keys.appended)
+    assert client.status(job_name).tasks == 1
+    assert client.audit(job_name)["ok"]
+    client.delete_job(job_name)
+    assert support.job_keys(client, job_name) == []
+
+
+def test_audit_sees_an_appended_record_that_disagrees_with_the_descriptors(client, job_name):
+    """The appended record is the producer's to write (docs/security.md): one it padded
+    or lowered is seen by the audit, and never hides the create's tasks."""
+    make_job(client, job_name, n=2)
+    client.job(job_name).append([{"i": 2}])
+    keys = client.keys(job_name)
+    client.redis.hincrby(keys.appended, "tasks", 5)
+    audit = client.audit(job_name)
+    assert not audit["ok"] and not audit["checks"]["tasks_match_descriptors"]
+    client.redis.hset(keys.appended, "tasks", -100)
+    assert client.status(job_name).tasks == 2  # never below the create's
+    client.redis.hset(keys.appended, "tasks", 1)
+    assert client.audit(job_name)["checks"]["tasks_match_descriptors"]
+
+
 def test_append_groups_chunks_per_task_and_pages(client, job_name):
     make_job(client, job_name, n=1, chunks_per_task=3)
     chunks = [{"i": i} for i in range(2 * APPEND_MAX + 10)]

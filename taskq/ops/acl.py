@@ -15,7 +15,9 @@ that printed it: apply the new rule when upgrading.
 What a rule cannot fence, and docs/security.md says plainly: a function's commands are
 checked like direct commands, so a trainer may also run, outside the functions, the
 writes its functions make (``HSET`` on its own job's meta, ...). Within its own job a
-trainer credential is trusted.
+trainer credential is trusted. A producer's is not: ``append`` writes no meta field and
+adds descriptors and ids with ``HSETNX`` only, so its rule allows no write to the meta,
+no overwrite and no ``DEL`` (``PRODUCER_WRITES``).
 
 Data flow: cli/acl.py -> acl.py -> keys.py (patterns), engine/library.py (function names) ->
 ``ACL SETUSER`` on Redis (``--apply``, as a user allowed to manage users).

@@ -71,7 +71,7 @@ if state == 'todo' then
     -- positions of the order looked up in chunks (a few commands per chunk, not a few per
     -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
     -- not in the front (listed above)
-    local perm, budget = perm_fn(n), 4 * count
+    local perm, budget = perm_fn(), 4 * count
     local any_front = rcall('ZCARD', K_FRONT) > 0
     while #ids < count and pos < n and budget > 0 do
       local span = mmin(count - #ids, n - pos, budget)

@@ -181,7 +181,7 @@ local function restore_page(step, rec, id, arg, epoch)
   end
   if step == 'walk' then
     -- (after the done and dead pages: the sets are the cut's)
-    local perm = perm_fn(tasks_n())
+    local perm = perm_fn()
     local from = arg * RW_WALK
     for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
       local task = perm(pos)

@@ -213,10 +213,13 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       if solo then return out, #out end
     end
   end
-  local n = tasks_n()
   local cursor = mnum(F.CURSOR)
+  -- The walk goes under 1,000 positions: the appended tasks (after the create's) are
+  -- counted only when it may reach them (one HGET, lib/meta.lua tasks_n).
+  local n = mnum(F.N)
+  if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn(n)
+    local perm = perm_fn()
     while #out < want and cursor < n and steps < 1000 do
       local task_n = perm(cursor)
       local task = fmt(task_n)

@@ -1,6 +1,6 @@
 -- passes.lua: the order of a pass (perm_fn), pass ends and starts, the per-pass summaries
 -- (bounded in all), the waiting states, and completion by membership.
-local rcall, tonum, mfloor, mmin, lipairs = redis.call, tonumber, math.floor, math.min, ipairs
+local rcall, tonum, mfloor, lipairs = redis.call, tonumber, math.floor, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
 local tasks_n = lib.meta.tasks_n
@@ -13,11 +13,11 @@ local dead_empty = lib.leases.dead_empty
 -- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
 -- tasks there were when the pass started; tasks appended since come after them in the
 -- order they were appended (positions PN.., a position its task id), so a position
--- walked never changes its task.
-local function perm_fn(n)
+-- walked never changes its task. (A job made before PN: its create's tasks, meta n.)
+local function perm_fn()
   if mget(F.SHUFFLE) ~= '1' then return function(i) return i end end
   -- (read only when shuffling: without, every position is its task id anyway)
-  n = mmin(n, tonum(mget(F.PN) or '') or mnum(F.N))
+  local n = tonum(mget(F.PN) or '') or mnum(F.N)
   if n <= 1 then return function(i) return i end end
   local seed = mnum(F.SEED)
   local p = mnum(F.PASS)
@@ -183,7 +183,11 @@ end
 local function check_pass_end()
   if CALL.STATE ~= 'running' then return end
   if mnum(F.NLEASED) > 0 then return end
-  local live = live_tasks()
+  local dead = 0
+  if not dead_empty() then dead = rcall('SCARD', K_DEAD) end
+  -- (fewer done than the create's live tasks: the appended ones need not be counted)
+  if mnum(F.NDONE) < mnum(F.N) - dead then return end
+  local live = tasks_n() - dead
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
   if live == 0 then
