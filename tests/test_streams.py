@@ -176,6 +176,10 @@ def test_audit_sees_an_appended_record_that_disagrees_with_the_descriptors(clien
     assert not audit["ok"] and not audit["checks"]["tasks_match_descriptors"]
     client.redis.hset(keys.appended, "tasks", -100)
     assert client.status(job_name).tasks == 2  # never below the create's
+    # an append over a task that exists is refused, nothing written
+    with pytest.raises(taskq.InvalidInput, match="task 2 exists"):
+        client.job(job_name).append([{"i": 9}])
+    assert json.loads(client.redis.hget(keys.chunks, "2")) == [{"i": 2}]
     client.redis.hset(keys.appended, "tasks", 1)
     assert client.audit(job_name)["checks"]["tasks_match_descriptors"]
 
