@@ -3,9 +3,13 @@
 .PHONY: demo test test-valkey test-frameworks lint bench clean
 
 # The subset `make test` also runs against Valkey 8 (~2 min): the engine, the trainer, the
-# reaper, the cluster and the Redis chaos scenarios (one seed of the random schedule).
+# reaper, the cluster, the Redis chaos scenarios (one seed of the random schedule) and the
+# producer's credential (its ACL selectors: every write but append's refused by the server).
 VALKEY_TESTS = tests/test_engine.py tests/test_trainer.py tests/test_reaper.py \
-	tests/test_cluster.py tests/test_chaos_redis.py
+	tests/test_cluster.py tests/test_chaos_redis.py \
+	tests/test_tenants.py::test_producer_cannot_make_the_writes_it_must_not \
+	tests/test_tenants.py::test_producer_credential_appends_to_its_job_only \
+	tests/test_tenants.py::test_producer_rule_allows_every_command_append_can_run
 VALKEY_SELECT = not 1234 and not 99001
 
 # taskq alone (no torch, no extras): the demo needs nothing more

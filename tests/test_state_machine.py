@@ -168,8 +168,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended.append((worker, task))
 
     def _n(self) -> int:
-        """The tasks the job has now (the create's and the appended)."""
-        return self._meta("n")
+        """The tasks the job has now: the create's (meta) and the appended (their own
+        record, keys.APPENDED_FIELDS)."""
+        keys = self.client.keys(self.job)
+        return self._meta("n") + int(self.client.redis.hget(keys.appended, "tasks") or 0)
 
     def _attempt(self, rnd: int) -> set[int]:
         """The tasks the model saw acked in pass attempt ``rnd`` (a new round acked none)."""
@@ -508,12 +510,15 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(k=st.integers(1, 2), dup=st.booleans())
     def append(self, k: int, dup: bool) -> None:
-        """New tasks join the current pass (reopening one that ended); a repeated id adds
-        nothing."""
+        """New tasks join the current pass; a pass that ended is not reopened (the
+        append is refused, nothing written); a repeated id adds nothing; no path writes a
+        field of the meta (the producer's credential may not: docs/security.md)."""
         n = self._n()
         if n + k > MAX_TASKS:
             return
         before = self.client.status(self.job, summaries=0)
+        meta_key = self.client.keys(self.job).meta
+        meta = self.client.redis.hgetall(meta_key)
         ids = [f"c{next(_ids)}" for _ in range(k)]
         skipped = 1 if dup and self.appended_ids else 0
         if skipped:
@@ -527,14 +532,18 @@ class EngineMachine(RuleBasedStateMachine):
             with pytest.raises(taskq.InvalidInput, match="sealed"):
                 job.append([{"a": i} for i in ids], ids=ids)
             return
+        ended = before.state not in ("running", "paused") and before.reason != "rewinding"
+        if ended and k > skipped:
+            with pytest.raises(taskq.InvalidInput, match="does not reopen it"):
+                job.append([{"a": i} for i in ids], ids=ids)
+            assert self._n() == n
+            assert self.client.redis.hgetall(meta_key) == meta
+            return
         r = job.append([{"a": i} for i in ids], ids=ids)
         self.appended_ids += ids[skipped:]
         assert (r.tasks, r.skipped) == (k - skipped, skipped)
         assert self._n() == n + k - skipped
-        if r.tasks and before.state != "running" and before.reason != "rewinding":
-            # a reopened attempt keeps what it acked (as a retry's)
-            assert self.client.status(self.job, summaries=0).state in ("running", "paused")
-            self._attempt(self._meta("round")).update(self._sets()[0])
+        assert self.client.redis.hgetall(meta_key) == meta
 
     @precondition(lambda self: not self.cancelled)
     @rule()

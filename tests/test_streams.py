@@ -82,17 +82,106 @@ def test_append_with_shuffle_keeps_the_walked_positions(client, job_name):
     assert client.status(job_name).state == "completed"
 
 
-def test_append_reopens_a_completed_job(client, job_name):
+def test_append_refuses_a_completed_job_and_leaves_it_as_it_was(client, job_name):
+    """An append never reopens a job (the producer's credential writes no state): on a
+    completed job it is refused, readably, with nothing written; a resend of chunks
+    appended before adds nothing and says so."""
     make_job(client, job_name, n=2)
+    job = client.job(job_name)
+    job.append([{"early": 1}], ids=["e"])
     t = trainer(client, job_name, "w")
     drain(t)
-    assert client.status(job_name).state == "completed"
-    client.job(job_name).append([{"late": 1}])
-    st = client.status(job_name)
-    assert (st.state, st.todo, st.backlog) == ("running", 1, 1)
-    assert drain(t) == [2]
+    before = client.status(job_name)
+    assert (before.state, before.tasks) == ("completed", 3)
+    with pytest.raises(taskq.InvalidInput, match="append does not reopen it; reopen needs"):
+        job.append([{"late": 1}], ids=["l"])
+    after = client.status(job_name)
+    assert (after.state, after.tasks, after.todo, after.appended) == ("completed", 3, 0, 1)
+    assert after.counters == before.counters
+    r = job.append([{"early": 1}], ids=["e"])  # already in: nothing to reopen for
+    assert (r.tasks, r.skipped) == (0, 1)
+    assert client.audit(job_name)["ok"]
+
+
+def test_append_refuses_a_job_waiting_at_a_manual_boundary_until_its_owner_advances(
+    client, job_name
+):
+    make_job(client, job_name, n=2, passes=2, auto_advance=False)
+    job = client.job(job_name)
+    t = trainer(client, job_name, "w")
+    drain(t)
+    assert (client.status(job_name).state, client.status(job_name).reason) == (
+        "waiting",
+        "manual_advance",
+    )
+    with pytest.raises(taskq.InvalidInput, match="manual_advance.*taskq pass next"):
+        job.append([{"late": 1}])
+    assert client.status(job_name).tasks == 2
+    job.next(expected_pass=0)
+    assert job.append([{"late": 1}]).tasks == 1
+    assert sorted(drain(t)) == [0, 1, 2]
     assert client.status(job_name).state == "completed"
     assert client.audit(job_name)["ok"]
+
+
+def test_append_writes_no_meta_field_and_leaves_a_silence_to_the_jobs_next_call(client, job_name):
+    """Append opens the job reading only (the producer's credential writes no meta
+    field): not even the silence rule's stamp; the counts go to the appended record. A
+    silence the append saw is the next call's to see, whole."""
+    client.create_job(
+        job_name, [], stream=True, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0
+    )
+    keys = client.keys(job_name)
+    t = trainer(client, job_name, "w")
+    job = client.job(job_name)
+    job.append([{"i": 0}], ids=["a"], source="f")
+    job.advance_clock(10_000, silent=True)  # a silence: longer than ttl - interval
+    meta = client.redis.hgetall(keys.meta)
+    r = job.append([{"i": 1}, {"i": 2}, {"i": 0}], ids=["b", "c", "a"], source="g")
+    assert (r.tasks, r.skipped) == (2, 1)
+    assert client.redis.hgetall(keys.meta) == meta
+    assert client.redis.hgetall(keys.appended) == {
+        "tasks": "3",
+        "chunks": "3",
+        "dup": "1",
+        "src_seq": "2",
+    }
+    st = client.status(job_name)
+    assert (st.tasks, st.appended, st.config["chunks"]) == (3, 3, 3)
+    t.lease(timeout=0)
+    assert int(client.redis.hget(keys.meta, "offset")) == 10_000  # the lease saw it whole
+
+
+def test_replace_and_delete_drop_the_appended_record(client, job_name):
+    make_job(client, job_name, n=1)
+    client.job(job_name).append([{"i": 1}, {"i": 2}])
+    keys = client.keys(job_name)
+    assert client.redis.hget(keys.appended, "tasks") == "2"
+    make_job(client, job_name, n=1, replace=True)
+    assert not client.redis.exists(keys.appended)
+    assert client.status(job_name).tasks == 1
+    assert client.audit(job_name)["ok"]
+    client.delete_job(job_name)
+    assert support.job_keys(client, job_name) == []
+
+
+def test_audit_sees_an_appended_record_that_disagrees_with_the_descriptors(client, job_name):
+    """The appended record is the producer's to write (docs/security.md): one it padded
+    or lowered is seen by the audit, and never hides the create's tasks."""
+    make_job(client, job_name, n=2)
+    client.job(job_name).append([{"i": 2}])
+    keys = client.keys(job_name)
+    client.redis.hincrby(keys.appended, "tasks", 5)
+    audit = client.audit(job_name)
+    assert not audit["ok"] and not audit["checks"]["tasks_match_descriptors"]
+    client.redis.hset(keys.appended, "tasks", -100)
+    assert client.status(job_name).tasks == 2  # never below the create's
+    # an append over a task that exists is refused, nothing written
+    with pytest.raises(taskq.InvalidInput, match="task 2 exists"):
+        client.job(job_name).append([{"i": 9}])
+    assert json.loads(client.redis.hget(keys.chunks, "2")) == [{"i": 2}]
+    client.redis.hset(keys.appended, "tasks", 1)
+    assert client.audit(job_name)["checks"]["tasks_match_descriptors"]
 
 
 def test_append_groups_chunks_per_task_and_pages(client, job_name):
@@ -565,6 +654,23 @@ def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tm
     assert (st.tasks, st.stream) == (4, "sealed")
     last = client.job(job_name).task(3)["chunks"][0]
     assert (last["path"], last["offset"]) == (str(tmp_path / "c.jsonl"), 9)
+
+
+def test_cli_append_to_a_completed_job_is_one_line_and_writes_nothing(url, client, job_name):
+    make_job(client, job_name, n=1)
+    drain(trainer(client, job_name, "w"))
+    p = subprocess.run(
+        [support.ENTRY_POINT, "--url", url, "job", "append", job_name, "-"],
+        input='{"late": 1}\n',
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode != 0
+    line = support.one_error_line(p.stderr)
+    assert "completed: an append does not reopen it; reopen needs the job's owner" in line
+    st = client.status(job_name)
+    assert (st.state, st.tasks) == ("completed", 1)
 
 
 def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):

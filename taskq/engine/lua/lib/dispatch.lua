@@ -4,6 +4,7 @@ local rcall, tonum, smatch, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.byte, math.min, math.max, unpack, ipairs
 local fmt, mget, mincr, mnum, mset_s =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
+local tasks_n = lib.meta.tasks_n
 local event, event_task, event_tasks, wait_add, wait_rem =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.wait_add,
   lib.events.wait_rem
@@ -212,10 +213,13 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       if solo then return out, #out end
     end
   end
-  local n = mnum(F.N)
   local cursor = mnum(F.CURSOR)
+  -- The walk goes under 1,000 positions: the appended tasks (after the create's) are
+  -- counted only when it may reach them (one HGET, lib/meta.lua tasks_n).
+  local n = mnum(F.N)
+  if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn(n)
+    local perm = perm_fn()
     while #out < want and cursor < n and steps < 1000 do
       local task_n = perm(cursor)
       local task = fmt(task_n)
