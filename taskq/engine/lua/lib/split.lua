@@ -143,10 +143,10 @@ local function take_split(worker, winc, cn)
             local vt = pace_of(worker) or typical
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
-            -- a holder measured under half the caller's pace that has not begun the task
-            -- (read-ahead behind what it reads now, which it finishes first) hands it
-            -- over whole: the point at its start, the head empty (a holder that began
-            -- it after all moves the point to what it read: progress.lua)
+            -- a holder that has not begun the task (read-ahead behind what it reads now,
+            -- which it finishes first), read at under half the caller's pace or its pace
+            -- not known (vh 0), hands it over whole: the point at 0, the head empty (a
+            -- holder that began it after all moves the point to what it read: progress.lua)
             if p == 0 and vh > 0 and 2 * vh < vt then m = 0 end
           end
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
