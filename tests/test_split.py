@@ -486,32 +486,3 @@ def test_a_head_naming_an_end_past_the_pending_point_confirms_it_there(client, j
     assert ids(got_a) == list(range(70)) and ids(got_b) == list(range(70, 100))
     assert client.status(job_name, summaries=0).state == "completed"
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
-
-
-def test_a_caller_with_a_pending_split_makes_no_other(client, job_name, tmp_path):
-    """``a`` holds two started tasks (their sizes reported); ``b``, idle, splits one, and
-    while that split is pending its next lease call makes no second split: it waits for
-    its own (before, each call split another task, and each tail was left to ``b`` for a
-    heartbeat as its claimant while other idle trainers had nothing). Once ``a``
-    confirms the first, ``b`` takes its tail; the other task is not split."""
-    chunks = [write_jsonl(tmp_path / f"{k}.jsonl", 100)[0] for k in range(2)]
-    job_of(client, job_name, chunks)
-    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
-    first, second = a.lease(timeout=0), a.lease(timeout=0)
-    assert first is not None and second is not None
-    it = read_some(a, first, 10, [])
-    a.progress(second, 0, None)
-    a.flush_progress()
-    assert b.lease(timeout=0) is None  # a split made, pending
-    assert b.lease(timeout=0) is None  # no other
-    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
-    assert [f["task"] for f in split] == [str(first.id)]
-    next(it)
-    a.progress(first, 11)
-    a.flush_progress()  # its reply says the end
-    a.progress(first, 11)
-    a.flush_progress()  # recorded under the end it honours: confirmed
-    piece = b.lease(timeout=0)
-    assert piece is not None and (piece.id, piece.end) == (first.id, 100)
-    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
-    assert len(split) == 1

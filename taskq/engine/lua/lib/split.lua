@@ -88,7 +88,7 @@ local function take_split(worker, winc, cn)
   -- moving end (workers.lua reads_of)
   local kind = reads_of(worker, winc)
   if kind == 'w' then return nil end
-  local task, s, attempts, back, mine = nil, nil, nil, nil, false
+  local task, s, attempts, back = nil, nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
     -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
     local orph, rest = split_orphans()
@@ -103,14 +103,6 @@ local function take_split(worker, winc, cn)
       -- nobody: it stays with the head's holder until it is confirmed)
       local wait = h and sp.cf and not task
         and (left_to_claimant(t, worker) or left_to_others(t, sp, worker))
-      if h and not sp.cf and select(2, offer_of(t)) == worker then
-        -- a pending split this caller's call made: it waits for that one (its
-        -- confirmation due within a heartbeat interval) and makes no other; an idle
-        -- trainer's calls made three in 1 ms, each tail then left to it for a heartbeat
-        -- while another idle trainer had nothing
-        mine = true
-        wait = CALL.JNOW + mnum(F.HBI)
-      end
       if wait and (not back or wait < back) then back = wait end
       if h and sp.cf and not task and not wait and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
@@ -123,7 +115,7 @@ local function take_split(worker, winc, cn)
   end
   if not task then
     -- (a new split only by a caller that follows a moving end: the pending tail waits)
-    for _, t in lipairs(kind == 's' and not mine and rcall('ZRANGE', K_STARTED, 0, 9) or {}) do
+    for _, t in lipairs(kind == 's' and rcall('ZRANGE', K_STARTED, 0, 9) or {}) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
           and reads_of(l.worker, l.winc) == 's'
