@@ -339,7 +339,7 @@ def split_check(
         head, tail, confirmed = parts[3] == "1", parts[4] == "1", parts[6] == "1"
         acked += head and tail
         why = []
-        if not 0 < m <= n:
+        if not 0 <= m <= n:
             why.append(f"pieces [0, {m}) and [{m}, {n}) do not partition the task")
         size = size_of(decode_chunks(chunks, job_keys.chunks, task))
         if size is not None and n != size:

@@ -250,3 +250,57 @@ def test_a_fixed_range_reader_at_the_tail_takes_no_new_split(client, job_name, t
     st = client.status(job_name, summaries=0)
     assert st.state == "completed" and st.counters["splits"] == 0
     assert_each_once([s["i"] for s in got_a], 100)
+
+
+def test_a_whole_task_reader_woken_for_a_head_piece_passes_the_wake_on(client, job_name, tmp_path):
+    """A whole-task reader and a range reader both wait (the whole-task reader first);
+    a split task's head piece [11, 55) goes back to the front (its holder releases it,
+    the tail held): its wake-up reaches the whole-task reader, which leaves the piece and
+    passes the wake-up on, so the range reader takes the piece at once (before, it
+    noticed it only at its wait bound: its whole timeout here, the job on a manual
+    clock)."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = ranges(client, job_name, "a"), ranges(client, job_name, "b")
+    task = a.lease(timeout=0)
+    assert task is not None
+    it = read_some(a, task, 10, [])
+    a.flush_progress()
+    got: dict[str, taskq.Task | None] = {}
+    leaser = threading.Thread(target=lambda: got.update(b=b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    next(it)
+    a.progress(task, 11)
+    a.flush_progress()
+    a.progress(task, 11)  # recorded under the end it honours: the split is confirmed
+    a.flush_progress()
+    leaser.join(10)
+    assert got["b"] is not None and (got["b"].start, got["b"].end) == (55, 100)
+    whole = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    c = ranges(client, job_name, "c")
+    waiting = client.connection.keys(job_name).waiting
+
+    def wait_for_work(name: str, t: taskq.Trainer) -> None:
+        try:
+            got[name] = t.lease(timeout=15)
+        except taskq.errors.JobCompleted:
+            got[name] = None
+
+    threads = []
+    for k, (name, t) in enumerate((("w", whole), ("c", c)), 1):
+        threads.append(threading.Thread(target=wait_for_work, args=(name, t)))
+        threads[-1].start()
+        assert wait_until(lambda k=k: client.redis.zcard(waiting) == k, 10)
+    a.release(task)  # the head piece [11, 55) to the front, a waiter woken
+    assert wait_until(lambda: "c" in got, 5), "the range reader did not take the head piece"
+    piece = got["c"]
+    assert piece is not None and (piece.id, piece.start, piece.end) == (task.id, 11, 55)
+    threads[1].join(5)
+    assert "w" not in got  # still waiting: nothing for a whole-task reader
+    c.ack(piece)
+    b.ack(got["b"])
+    threads[0].join(20)
+    assert got["w"] is None  # the job completed under it
+    assert client.status(job_name, summaries=0).state == "completed"
+    for t in (a, b, whole, c):
+        t.close()

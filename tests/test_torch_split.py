@@ -10,6 +10,7 @@ split).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -313,3 +314,64 @@ def test_an_in_process_readers_split_is_confirmed_while_the_loop_trains(
     assert max(got) + 1 == min(idle.ids) == start, (max(got), idle.pieces)
     wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
+
+
+def test_a_task_an_in_process_reader_has_not_opened_is_split_at_once(
+    client, url, job_name, tmp_path
+):
+    """A loader without worker processes reads one task of 100 to its end, its feeder then
+    starts the other (the reader opens it at the loop's next fetch), and the loop stops
+    fetching (a long step). An idle plain Trainer splits that task: the feeder reports
+    the point as the end the reader honours (a task not opened is read to the end its cell
+    says when it is opened), so the split is confirmed and the tail leased with the loop
+    still in its step. Before, the confirmation waited for the loop's next fetch. Then
+    every sample once, the pieces meeting."""
+    chunks = []
+    for k, base in enumerate((0, 1000)):
+        path = tmp_path / f"{k}.jsonl"
+        path.write_text("".join(json.dumps({"i": base + j}) + "\n" for j in range(100)))
+        chunks += build_chunks(str(path), records_per_chunk=100)
+    make_job(client, job_name, chunks)
+    idle = IdleTrainer(url, job_name)
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    got: list[int] = []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=0, collate_fn=as_list) as loader:
+        it = iter(loader)
+        for _ in range(25):
+            got += [s["i"] for s in next(it)]
+        assert len({i // 1000 for i in got}) == 1 and len(got) == 100
+        other = 1 - got[0] // 1000  # the task not begun (task k holds base k * 1000)
+
+        def stepped(task: int, *kinds: str) -> bool:
+            return any(
+                f["type"] == "step" and str(task) in f.get(kind, "").split(",")
+                for _, f in client.events(job_name, count=1000)
+                for kind in kinds
+            )
+
+        assert wait_until(lambda: stepped(other, "leased", "started"), 10), "not started"
+        idle.start()
+        idle.go.set()
+        # the step: no batch fetched until the idle trainer holds its piece
+        confirmed = wait_until(lambda: bool(idle.pieces) or idle.error is not None, 10)
+        assert idle.error is None, idle.error
+        assert confirmed, "the split was not confirmed while the loop held still"
+        start, end = idle.pieces[0]
+        assert end == 100 and 0 < start < 100  # halfway (no task time known yet)
+        for batch in it:
+            got += [s["i"] for s in batch]
+        state = loader.state
+    idle.join(30)
+    assert not idle.is_alive()
+    assert idle.error is None, idle.error
+    assert state in ("pass_complete", "completed")
+    both = Counter(got) + Counter(idle.ids)
+    assert sorted(both) == list(range(100)) + list(range(1000, 1100))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    base = other * 1000
+    assert sorted(idle.ids) == list(range(base + start, base + 100))
+    assert [i for i in got if i // 1000 == other] == list(range(base, base + start))
+    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 0

@@ -76,6 +76,8 @@ class Feeder(threading.Thread):
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
         ends: the readers' cells of each task's current end (``Feed.ends``), written
             here when a task is split while read.
+        opened: the readers' marks of the cells whose task they opened (``Feed.opened``):
+            a moved end of a task not opened is reported at once (``ReadAhead.honours``).
         here: the in-process reader (``num_workers=0``): a moved end it will honour
             exactly is reported without waiting for it (``InProcess``).
         on_all_dead: "raise" (``AllTasksDead`` from the loop when every live task of
@@ -98,6 +100,7 @@ class Feeder(threading.Thread):
         input_meter: InputMeter | None = None,
         spare: int = 1,
         ends: Any = None,
+        opened: Any = None,
         here: InProcess | None = None,
         on_all_dead: str = "raise",
     ) -> None:
@@ -107,7 +110,16 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends, here
+            tasks,
+            readers,
+            finished,
+            iteration,
+            tasks_ahead,
+            dataset.interleave,
+            spare,
+            ends,
+            opened,
+            here,
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail

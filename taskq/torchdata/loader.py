@@ -375,6 +375,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.user_collate_fn,
                 self.user_drop_last,
                 ends=[NO_END] * END_SLOTS,
+                opened=[0] * END_SLOTS,
                 here=InProcess(),
             )
         elif fresh or self._feed is None:
@@ -402,6 +403,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
             ends=feed.ends,
+            opened=feed.opened,
             here=feed.here,
             on_all_dead=self.on_all_dead,
         )
@@ -449,6 +451,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             reading=ctx.RawArray("q", [-1] * (self.num_workers * ds.interleave)),
             width=ds.interleave,
             ends=ctx.RawArray("q", [NO_END] * END_SLOTS),
+            opened=ctx.RawArray("b", END_SLOTS),
         )
 
     def _start_workers(self) -> Any:

@@ -5,9 +5,9 @@ local rcall, tonum, smatch, sbyte, mmin, mmax, unpk, lipairs =
 local fmt, mget, mincr, mnum, mset_s =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
 local tasks_n = lib.meta.tasks_n
-local event, event_task, event_tasks, wait_add, wait_rem =
+local event, event_task, event_tasks, wait_add, wait_rem, wake_one =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.wait_add,
-  lib.events.wait_rem
+  lib.events.wait_rem, lib.events.wake_one
 local jnow_s, now_s, round_s = lib.call.jnow_s, lib.call.now_s, lib.call.round_s
 local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, member, next_token,
   parse_lease, read_empties, start_due, task_tt =
@@ -119,10 +119,29 @@ end
 -- split task only if its loop honours ranges, else only whole (split.lua whole_ok, which
 -- may undo the split). One HGET when a split was made in this pass attempt, else none.
 local READS = nil  -- per call: the caller's reads_of
+local PIECE_LEFT = false  -- per call: a head piece was left for a range reader
 local function piece_ok(task, worker, winc)
   if mnum(F.P_BACKUPS) == 0 or not split_rec(task) then return true end
   if READS == nil then READS = reads_of(worker, winc) end
-  return READS ~= 'w' or whole_ok(task)
+  if READS ~= 'w' or whole_ok(task) then return true end
+  PIECE_LEFT = true
+  return false
+end
+
+-- A whole-task reader that got nothing and left a head piece in the front passes its
+-- wake-up on to a range reader waiting (the first ten waiters looked at), if any: the
+-- token it may have taken was that piece's, and a range reader blocked behind it would
+-- otherwise notice the piece only at its wait bound. (A whole-task reader woken by it
+-- in turn leaves it again and passes it on; the waiters are served in the order they
+-- blocked, the range reader among the first.)
+local function pass_wake(m)
+  for _, w in lipairs(rcall('ZRANGE', K_WAITING, 0, 9)) do
+    local wk, wi = smatch(w, '^(.*)|([^|]*)$')
+    if w ~= m and wk and reads_of(wk, wi) ~= 'w' then
+      wake_one()
+      return
+    end
+  end
 end
 
 -- (buf: a batch's writes, whose records it reads first)
@@ -345,6 +364,7 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   end
   if want > 0 then
     wait_add(m, now_s())
+    if PIECE_LEFT then pass_wake(m) end
     return {C.NOTHING, {}, wait_bound_ms()}
   end
   return {C.OK, {}, 0}
@@ -358,6 +378,7 @@ local function reset()
   AVOID_UNTIL = nil
   BACKUP_AT = nil
   READS = nil
+  PIECE_LEFT = false
 end
 
 return {lease_part = lease_part, reset = reset}

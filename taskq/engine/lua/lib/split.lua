@@ -3,7 +3,8 @@
 -- recorded progress p and the task's size n (recorded by the holder with its progress,
 -- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
 -- point m (p < m < n: halfway, m = p + ceil((n - p) / 2), or weighed by the holder's pace
--- against a typical task's, below) is chosen. The pieces are the pass attempt's record of
+-- against a typical task's, below; m = 0, the task handed over whole, for a slow holder
+-- that has not begun it) is chosen. The pieces are the pass attempt's record of
 -- the task's work: the head [0, m) and the tail [m, n), each its own fenced lease, kept
 -- in the split record by lib/pieces.lua (which a death, a retry, a checkpoint, a rewind
 -- and the audit read and write). The split is
@@ -142,6 +143,11 @@ local function take_split(worker, winc, cn)
             local vt = pace_of(worker) or typical
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
+            -- a holder that has not begun the task (read-ahead behind what it reads now,
+            -- which it finishes first), read at under half the caller's pace or its pace
+            -- not known (vh 0), hands it over whole: the point at 0, the head empty (a
+            -- holder that began it after all moves the point to what it read: progress.lua)
+            if p == 0 and vh > 0 and 2 * vh < vt then m = 0 end
           end
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
           split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
