@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch.utils.data
@@ -123,11 +125,25 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
     """
 
-    #: accelerate's ``prepare`` passes a loader so marked through as it is (its own
-    #: rebuild around the dataset would read the job without this loader), and its
-    #: ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of a
-    #: stateful one: docs/frameworks.md
-    _is_accelerate_prepared = True
+    #: the ``Accelerator`` whose ``prepare`` was given this loader (a weak reference)
+    _prepared_by: Callable[[], Any] | None = None
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate's ``prepare`` passes a loader so marked through as it is (its own
+        rebuild around the dataset would read the job without this loader), and its
+        ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of
+        a stateful one: docs/frameworks.md. Asked from ``prepare``, the loader notes the
+        ``Accelerator`` asking: ``iter()`` then knows the loop is accelerate's."""
+        fw = frameworks.detect()
+        if fw is not None and fw.kind == "accelerate":
+            self._prepared_by = weakref.ref(fw.owner)
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        pass  # prepare marks what it prepared: this loader always is
+
     use_stateful_dataloader = True
 
     def __init__(
@@ -425,7 +441,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             InvalidInput: a given setting the framework contradicts (one line).
         """
         fw = frameworks.detect()
-        settings = frameworks.settle(self._given, fw)
+        if fw is None and self._prepared_by is not None:
+            accelerator = self._prepared_by()
+            if accelerator is not None:
+                fw = frameworks.Framework("accelerate", accelerator, accelerator.num_processes)
+        settings = frameworks.settle(self._given, fw, 1 if fw else frameworks.ranks())
         self.framework = None if fw is None else fw.kind
         self.ahead, self.pass_end = settings.ahead, settings.pass_end
         self.even_steps = settings.even_steps
