@@ -2,7 +2,7 @@
 tests/test_frameworks.py.
 
 Usage: accelerate_proc.py URL JOB LOG_DIR [--every K] [--kill-at S] [--resume DIR]
-           [--no-flags]
+           [--no-flags [--plain-backward]]
 
 ``accelerator.prepare(model, optimizer, loader)`` as accelerate's docs show (under
 ``torchrun``: DDP over gloo, torch's ``Join`` for the ranks' uneven steps), a one-weight
@@ -16,6 +16,8 @@ loader's ``state_dict()``). ``--kill-at S``: SIGKILL on entering step S. ``--res
 a padding batch's loss x 0 in ``accelerator.backward``; each entry then also says
 ``"padding"`` (``loader.batch_pass`` is None) and ``"grad"``, the sum of |d loss / d
 output| of the model's layer as backward ran (0 for a loss weighted 0).
+``--plain-backward``: ``loss.backward()`` instead of ``accelerator.backward(loss)`` (a loop
+that weighs nothing).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> int:
     ap.add_argument("--kill-at", type=int)
     ap.add_argument("--resume")
     ap.add_argument("--no-flags", action="store_true")
+    ap.add_argument("--plain-backward", action="store_true")
     a = ap.parse_args()
     passes = taskq.Client(a.url).status(a.job, summaries=0).passes
     accelerator = Accelerator(cpu=True)
@@ -84,7 +87,10 @@ def main() -> int:
                     entry = {"step": step, "pass": loader.batch_pass, "rows": rows_of(batch)}
                     f.write(json.dumps(entry) + "\n")
                 loss = model(batch["i"].float().unsqueeze(1)).pow(2).mean()
-                accelerator.backward(loss)
+                if a.plain_backward:
+                    loss.backward()
+                else:
+                    accelerator.backward(loss)
                 if a.no_flags:
                     entry = {"step": step, "padding": loader.batch_pass is None}
                     entry["grad"] = grads[-1]

@@ -294,6 +294,30 @@ def test_accelerate_without_flags_on_two_ranks_steps_evenly_and_trains_every_sam
     assert client.status(job_name).state == "completed"
 
 
+def test_accelerate_without_flags_a_loop_that_weighs_nothing_is_refused_at_its_second_batch(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The same loop calling ``loss.backward()`` itself (not ``accelerator.backward``) and
+    never reading ``loader.loss_weight``: a padding batch would be trained again, so both
+    ranks refuse at the call after their first step with one line naming
+    ``loss_weight``, before any padding; no rank waits for the other."""
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    log = tmp_path / "log"
+    log.mkdir()
+    args = [url, job_name, str(log), "--no-flags", "--plain-backward"]
+    done = _run("accelerate_proc.py", *args, check=False, procs=2)
+    assert done.returncode != 0
+    assert "InvalidInput: even_steps: the loop's first step read neither" in done.stderr
+    assert "loader.loss_weight" in done.stderr
+    ranks = _per_rank(log)
+    assert {k: [e["step"] for e in v] for k, v in ranks.items()} == {
+        "rank0": [0],
+        "rank1": [0],
+    }
+    assert client.status(job_name).leased == 0
+
+
 def _fit_in_background(
     client: taskq.Client, url: str, job: str, tmp_path: Path, devices: int
 ) -> tuple[subprocess.Popen[bytes], Path]:
