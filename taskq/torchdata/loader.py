@@ -109,11 +109,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             batch at the same calls, and the iteration ends on all at the same call: a
             rank whose pass is over before the others' repeats its last batch
             (``loss_weight`` 0.0 for it) until none has one (DDP under a loop without
-            ``Join``; even.py). Unset: on under Lightning or the HF Trainer over
-            several ranks (which weight a repeat's loss by 0 themselves), else off.
-            Set in a loop of your own, the loop must weight its loss by
-            ``loader.loss_weight``: the loader refuses to go on past the first step
-            that did not read it. Needs ``pass_end="local"``.
+            ``Join``; even.py). Unset: on under Lightning, the HF Trainer or an
+            accelerate ``Accelerator`` that prepared the loader, over several ranks
+            (the loader weights a repeat's loss by 0 in their loss or backward), else
+            off; a loop of your own over several ``torch.distributed`` ranks gives it
+            or ``pass_end`` (``iter()`` refuses otherwise). Set in a loop of your own,
+            the loop must weight its loss by ``loader.loss_weight``: the loader
+            refuses to go on past the first step that did not read it. Needs
+            ``pass_end="local"``.
         on_all_dead: what the loop does when every live task of its pass is dead
             (each failed ``max_failures`` times; the job waits for an operator):
             ``"raise"`` (the default: ``AllTasksDead`` from the loop, naming the dead
@@ -218,8 +221,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.pass_end = settings.pass_end
         self.even_steps = settings.even_steps
         #: the framework found at the last iter() (frameworks.py): "lightning",
-        #: "transformers", or None (its trainer is not kept: a DDP model it holds must
-        #: go before the process group, docs/frameworks.md)
+        #: "transformers", "accelerate" or None (its trainer is not kept: a DDP model it
+        #: holds must go before the process group, docs/frameworks.md)
         self.framework: str | None = None
         self._weighs_padding = False
         #: the loop read ``loss_weight`` or ``batch_is_padding`` (even_steps' check)
