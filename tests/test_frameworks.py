@@ -223,22 +223,24 @@ def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
         assert set(seen) == rows and max(seen.values()) == 1, p
 
 
-@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize(("procs", "flags"), [(1, "join"), (2, "join"), (2, "none")])
 def test_accelerate_save_state_resumes_the_loader_exactly(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int, flags: str
 ) -> None:
     """``accelerator.save_state`` after step 4 (every rank's, under ``torchrun`` with 2
     gloo ranks: the loader, given no ``collective``, finds accelerate calling and
     checkpoints once for both) holds the loader's state; every rank dies entering step 6;
-    ``load_state``
-    of that directory on one process resumes: the steps before the checkpoint and the
-    resumed run's hold every row of the pass once."""
+    ``load_state`` of that directory on one process resumes: the steps before the
+    checkpoint and the resumed run's hold every row of the pass once. ``flags="none"``:
+    the loader made with no flags and no ``Join`` (the ranks stepped evenly by the loader,
+    which found the ``Accelerator`` that prepared it)."""
     pytest.importorskip("accelerate")
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
     args = [url, job_name, str(first), "--every", "4", "--kill-at", "6"]
+    args += ["--no-flags"] if flags == "none" else []
     done = _run("accelerate_proc.py", *args, check=False, procs=procs)
     assert done.returncode != 0
     ckpt = first / "ckpt" / "step4"
@@ -247,13 +249,73 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     # asking every rank and made state_dict() collective (not one checkpoint per rank)
     assert len(client.checkpoints(job_name)) == 1, client.checkpoints(job_name)
     _run("accelerate_proc.py", url, job_name, str(second), "--resume", str(ckpt))
-    before = [e for e in _trained(first) if e["step"] < 4]
+    before = [e for e in _trained(first) if e["step"] < 4 and e["pass"] is not None]
     assert len(before) == 4 * procs
     after = _trained(second)
     assert [e["step"] for e in after][:1] == [4]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
     assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+
+
+def test_accelerate_without_flags_on_two_ranks_steps_evenly_and_trains_every_sample_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """``accelerator.prepare(model, optimizer, loader)`` of a ``DataLoader(ds,
+    batch_size=4)`` made with no flags, a plain loop with no ``Join`` on 2 gloo ranks
+    under ``torchrun`` (uneven batch counts: each rank takes the tasks it leases): the
+    loader finds the ``Accelerator`` that prepared it and steps the ranks evenly (without
+    that the rank with more batches waits in backward for ever); each epoch both ranks
+    step equally often, every row is trained once per pass, every padding step's loss
+    reached backward x 0 (the layer's output gradient 0), the job completes."""
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
+    log = tmp_path / "log"
+    log.mkdir()
+    _run("accelerate_proc.py", url, job_name, str(log), "--no-flags", procs=2)
+    ranks = _per_rank(log)
+    assert len(ranks) == 2
+    assert len(ranks["rank0"]) == len(ranks["rank1"]), {k: len(v) for k, v in ranks.items()}
+    entries = [e for v in ranks.values() for e in v]
+    per_pass = _per_pass([e for e in entries if e["pass"] is not None])
+    rows = {(f, i) for f in range(5) for i in range(20)}
+    assert set(per_pass) == {0, 1}
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+    grads = [
+        json.loads(line)
+        for path in log.glob("rank*.grad")
+        for line in path.read_text().splitlines()
+    ]
+    assert len(grads) == len(entries)
+    assert any(g["padding"] for g in grads), "uneven ranks: one stepped on padding"
+    assert all(g["grad"] == 0.0 for g in grads if g["padding"]), grads
+    assert all(g["grad"] != 0.0 for g in grads if not g["padding"]), grads
+    assert client.status(job_name).state == "completed"
+
+
+def test_accelerate_without_flags_a_loop_that_weighs_nothing_is_refused_at_its_second_batch(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The same loop calling ``loss.backward()`` itself (not ``accelerator.backward``) and
+    never reading ``loader.loss_weight``: a padding batch would be trained again, so both
+    ranks refuse at the call after their first step with one line naming
+    ``loss_weight``, before any padding; no rank waits for the other."""
+    pytest.importorskip("accelerate")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=1)
+    log = tmp_path / "log"
+    log.mkdir()
+    args = [url, job_name, str(log), "--no-flags", "--plain-backward"]
+    done = _run("accelerate_proc.py", *args, check=False, procs=2)
+    assert done.returncode != 0
+    assert "InvalidInput: even_steps: the loop's first step read neither" in done.stderr
+    assert "loader.loss_weight" in done.stderr
+    ranks = _per_rank(log)
+    assert {k: [e["step"] for e in v] for k, v in ranks.items()} == {
+        "rank0": [0],
+        "rank1": [0],
+    }
+    assert client.status(job_name).leased == 0
 
 
 def _fit_in_background(

@@ -180,3 +180,49 @@ def test_even_steps_in_a_loop_that_never_weighs_its_loss_is_refused_on_every_ran
     results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
     assert results == {0: ["InvalidInput", 1], 1: ["InvalidInput", 1]}, results
     assert client.status(job_name).leased == 0
+
+
+def _unflagged_rank(rank: int, url: str, job: str, init: str, out: Any) -> None:
+    """A gloo rank whose loader is made with no flags, iterated in a loop of its own: puts
+    (rank, what iter() raised, its text) on ``out``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init}", rank=rank, world_size=2, timeout=timedelta(seconds=30)
+    )
+    ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader)
+    raised, text = "nothing", ""
+    with taskq.torch.DataLoader(ds, batch_size=2) as loader:
+        try:
+            for _ in loader:
+                pass
+        except taskq.TaskqError as e:
+            raised, text = type(e).__name__, str(e)
+    out.put((rank, raised, text))
+    dist.destroy_process_group()
+
+
+def test_a_loop_of_several_ranks_without_flags_is_refused_at_iter(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """2 gloo ranks, a ``DataLoader(ds, batch_size=2)`` with neither ``even_steps`` nor
+    ``pass_end`` and no framework: each rank would take the batches it leases, and under
+    DDP the rank with more would wait in backward for ever. Both refuse at ``iter()`` with
+    one line naming the flags, before any lease."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 4, 6), passes=1)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    init = str(tmp_path / "dist-init")
+    procs = [
+        ctx.Process(target=_unflagged_rank, args=(r, url, job_name, init, out)) for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
+    for raised, text in results.values():
+        assert raised == "InvalidInput", results
+        assert "\n" not in text and "even_steps=True" in text and 'pass_end="local"' in text
+    st = client.status(job_name)
+    assert st.leased == 0 and st.counters.get("leased", 0) == 0
