@@ -24,13 +24,12 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from types import EllipsisType, TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from taskq import errors
 from taskq.admin import shardset
-from taskq.admin.client import Client
 from taskq.admin.jobs import check_name
-from taskq.engine.connection import resolve_url
+from taskq.engine.connection import Connection, resolve_url
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys
 from taskq.models import Task
@@ -45,14 +44,27 @@ from taskq.trainer.worker import Worker
 log = logging.getLogger("taskq.trainer")
 
 
+class HasConnection(Protocol):
+    """What holds an engine connection: a ``taskq.Client`` (admin/client.py, which this
+    layer does not import)."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+
+def connection_of(client: Connection | HasConnection) -> Connection:
+    """The engine connection of ``client``: itself, or its ``connection``."""
+    return client if isinstance(client, Connection) else client.connection
+
+
 class Trainer:
     """A worker of one job.
 
     Args:
         job: the job name.
         url: Redis URL (or ``TASKQ_REDIS_URL``); ignored when ``client`` is given.
-        client: a configured ``taskq.Client`` to share (cluster, Sentinel, TLS); its
-            connection is the one this trainer calls through.
+        client: the connection to share (cluster, Sentinel, TLS): an engine
+            ``Connection``, or a configured ``taskq.Client`` (its ``connection`` is taken).
         worker_id: defaults to ``host:pid:random``; ``|`` is not allowed.
         prefetch: reserved tasks kept ahead of the current one (others may steal them;
             a sharded job's: leased ahead on the shard the last ones came from).
@@ -102,8 +114,9 @@ class Trainer:
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
         pass_no: the newest pass this trainer heard of (see the property).
-        client: the ``taskq.Client`` given or made (for admin reads: status,
-            checkpoint); the trainer calls through its ``connection``.
+        connection: the engine ``Connection`` given or made, which every call of this
+            trainer goes through (``taskq.Client(redis_client=connection.redis,
+            key_prefix=connection.prefix)`` reads the job on it: status, checkpoint).
 
     A sharded job's trainer takes from its home shard first, then the other shards'
     tails, and runs the barrier step at a pass's end (trainer/sharded.py); the surface is
@@ -121,7 +134,7 @@ class Trainer:
         self,
         job: str,
         url: str | None = None,
-        client: Client | None = None,
+        client: Connection | HasConnection | None = None,
         worker_id: str | None = None,
         *,
         prefetch: int = 0,
@@ -139,10 +152,13 @@ class Trainer:
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
-        self.client = client or retrying(reconnect_timeout, lambda: Client(url, retries=1))
+        self.connection = conn = (
+            retrying(reconnect_timeout, lambda: Connection(url, retries=1))
+            if client is None
+            else connection_of(client)
+        )
         self.job = job
         self.handle_signals = handle_signals
-        conn = self.client.connection
         # the raw URL (with any password) for connections of our own; None with a given client
         raw_url = resolve_url(url) if client is None else url
         kw: dict[str, Any] = {
@@ -160,7 +176,7 @@ class Trainer:
         # worker, or a sharded job's home shard, the others' tails and the barrier
         sset = retrying(reconnect_timeout, shardset.load, conn, job)
         if sset is not None:
-            # its shards' workers beat on the client's connection unless given a URL
+            # its shards' workers beat on the given connection unless given a URL
             self._sharded: ShardedSource | None = ShardedSource(
                 conn,
                 sset,
@@ -183,7 +199,11 @@ class Trainer:
 
     @classmethod
     def of_shard(
-        cls, job: str, url: str | None = None, client: Client | None = None, **kw: Any
+        cls,
+        job: str,
+        url: str | None = None,
+        client: Connection | HasConnection | None = None,
+        **kw: Any,
     ) -> Trainer:
         """A plain trainer of ``job``, a job of the engine (a sharded job's shard),
         without reading whether ``job`` is a sharded job.
@@ -193,12 +213,12 @@ class Trainer:
             url, client, kw: ``Trainer``'s arguments (not a sharded job's).
         """
         self: Trainer = cls.__new__(cls)
-        self.client = client or Client(url, retries=1)
+        self.connection = Connection(url, retries=1) if client is None else connection_of(client)
         self.job = job
         self.handle_signals = kw.pop("handle_signals", True)
         raw_url = resolve_url(url) if client is None else url
         self._sharded = None
-        self._home = Worker(self.client.connection, job, raw_url, **kw)
+        self._home = Worker(self.connection, job, raw_url, **kw)
         self._source = self._home.plain
         self._attach()
         return self
