@@ -112,9 +112,6 @@ class Task:
     #: progress reports (docs/design.md, "Tail splitting"). Read up to it:
     #: ``read_task(task.chunks, task.start, end=task.current_end)``.
     end: int | None = None
-    #: a piece of a split task whose split is not confirmed yet: read nothing until the
-    #: trainer sees it confirmed (trainer_calls.py waits before handing the task out)
-    split_pending: bool = False
     #: the loop reads this task up to ``end`` as it moves (``current_end`` was asked, or
     #: taskq.torch's loader reads it): only such a task's size goes with its progress, so
     #: only it can be split; a loop that reads to the chunks' end is never split under it

@@ -117,7 +117,7 @@ def _trainer_main(
                         except taskq.LeaseLost:
                             row["stale"] = True
                     log.write(json.dumps(row) + "\n")
-                state = trainer.client.status(job, summaries=0).state
+                state = taskq.Client(url).status(job, summaries=0).state
                 if state not in ("completed", "cancelled"):
                     code = EXIT_EARLY
         except taskq.JobNotFound:

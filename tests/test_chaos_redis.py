@@ -26,6 +26,7 @@ from chaos_rig import HBI_S, TTL_S, Rig, random_scenario
 from support import RedisServer
 
 import taskq
+from taskq.testing import trainer_worker
 
 pytestmark = pytest.mark.chaos
 
@@ -343,15 +344,15 @@ def test_granted_task_pass_is_its_replys_not_a_late_heartbeats(
         trainer.ack(trainer.lease(timeout=5))
         last = trainer.lease(timeout=5)
         assert last is not None and last.pass_no == 0
-        real_note_info = trainer._worker._view.note
+        real_note_info = trainer_worker(trainer).view.note
 
         def note_then_late_heartbeat(info: list[Any]) -> None:
             real_note_info(info)
             real_note_info([0, *info[1:]])  # the heartbeat thread's older answer lands
 
-        monkeypatch.setattr(trainer._worker._view, "note", note_then_late_heartbeat)
+        monkeypatch.setattr(trainer_worker(trainer).view, "note", note_then_late_heartbeat)
         # ack the last task of pass 0 and lease the first of pass 1 in one call
-        reply = trainer._worker._calls.step([last], [], 1, "S", -1)
+        reply = trainer_worker(trainer).calls.step([last], [], 1, "S", -1)
         code, granted = reply[0], reply[1]
         assert granted, code
         assert [t.pass_no for t in granted] == [1] * len(granted)

@@ -87,9 +87,7 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
     total = 0
     for t in holders:
         while len(held.setdefault(t, [])) < MAX_HELD and total < 3000:
-            got = t._worker._iter.lease_n(
-                min(MAX_BATCH, MAX_HELD - len(held[t]), 3000 - total), 0, None
-            )
+            got = t.lease_many(min(MAX_BATCH, MAX_HELD - len(held[t]), 3000 - total), timeout=0)
             held[t] += got
             total += len(got)
     assert total == 3000
@@ -115,7 +113,7 @@ def _ck(client: taskq.Client, job: str, *args: object) -> list:
 def _lease_full(t: taskq.Trainer, want: int = MAX_HELD) -> list[taskq.Task]:
     got: list[taskq.Task] = []
     while len(got) < want:
-        more = t._worker._iter.lease_n(min(MAX_BATCH, want - len(got)), 0, None)
+        more = t.lease_many(min(MAX_BATCH, want - len(got)), timeout=0)
         if not more:
             break
         got += more

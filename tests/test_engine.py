@@ -17,6 +17,7 @@ from redis.cluster import key_slot
 
 import taskq
 from taskq.keys import JobKeys
+from taskq.testing import lease_secret, trainer_worker
 
 make_job = partial(
     support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
@@ -455,13 +456,13 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     reply = client.scripts.call(
         "lease",
         keys,
-        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, t._worker._session.secret],
+        [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, lease_secret(t)],
     )
     lost_id = int(reply[1][0][0])
-    t._worker._leases.last_reply_no = 6
+    trainer_worker(t).leases.last_reply_no = 6
     t.heartbeat()
     assert st(client, job_name)["leased"] == 1, "a call whose reply may be in flight stays"
-    t._worker._leases.last_reply_no = 7
+    trainer_worker(t).leases.last_reply_no = 7
     t.heartbeat()
     s = st(client, job_name)
     assert (s["leased"], s["todo"], s["counters"]["revoked"]) == (0, 2, 1)
@@ -484,7 +485,7 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
             1,
             "F",
             -1,
-            slow._worker._session.secret,
+            lease_secret(slow),
         ],
     )
     started, reserved = (int(r[0]) for r in reply[1])

@@ -71,8 +71,8 @@ def test_the_cap_counts_the_worker_not_the_job(client, job_name):
         assert b.lease(timeout=0) is not None
     got = 0
     while got < MAX_HELD - 5:
-        got += len(a._worker._iter.lease_n(min(MAX_BATCH, MAX_HELD - 5 - got), 0, None))
-    assert len(a._worker._iter.lease_n(MAX_BATCH, 0, None)) == 5, "cut to the cap's remainder"
+        got += len(a.lease_many(min(MAX_BATCH, MAX_HELD - 5 - got), timeout=0))
+    assert len(a.lease_many(MAX_BATCH, timeout=0)) == 5, "cut to the cap's remainder"
     with pytest.raises(taskq.InvalidInput, match=rf"holds {MAX_HELD} leases"):
         a.lease(timeout=0)
     assert b.lease(timeout=0) is not None

@@ -25,6 +25,7 @@ from taskq.engine.contract import (
     Code,
 )
 from taskq.keys import JobKeys
+from taskq.testing import lease_secret
 
 BAD_BY_KIND: dict[str, list[str]] = {
     "inc": ["a|b", "a\nb"],
@@ -230,7 +231,7 @@ def test_ack_with_a_non_numeric_argument_sets_nothing(client, job_name):
             "many",
             "S",
             "-1",
-            t._worker._session.secret,
+            lease_secret(t),
         ],
     )
     assert reply[0] == Code.INVALID and reply[1].startswith("want: not an integer")
@@ -281,7 +282,7 @@ def test_progress_reports_are_bounded_and_named(client, job_name):
         client,
         job_name,
         "progress",
-        [*base, "1", str(task.id), str(task.token), "3", t._worker._session.secret],
+        [*base, "1", str(task.id), str(task.token), "3", lease_secret(t)],
     )
     assert reply[0] == Code.OK
     assert client.redis.hget(JobKeys(job_name).progress, str(task.id)) == "3"

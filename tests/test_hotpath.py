@@ -21,6 +21,7 @@ import support
 
 import taskq
 from taskq.engine.transport import _exchange
+from taskq.testing import lease_secret
 
 make_job = partial(
     support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
@@ -86,7 +87,7 @@ def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name
     reply = client.run(
         job_name,
         "lease",
-        [*who, 1, 10**6, "S", -1, late._worker._session.secret],
+        [*who, 1, 10**6, "S", -1, lease_secret(late)],
         passthrough=(Code.REREGISTER,),
     )
     assert reply[0] == Code.REREGISTER
@@ -268,7 +269,7 @@ def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name
         job_name,
         "ack",
         [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]
-        + [t._worker._session.secret],
+        + [lease_secret(t)],
     )
     assert reply[4] == [Code.OK, Code.DUP, Code.OK]
     status = client.status(job_name, summaries=0)

@@ -22,6 +22,7 @@ from support import RedisServer, stop_process, wait_until
 import taskq
 from taskq.data import build_chunks, read_task
 from taskq.ops import acl
+from taskq.testing import trainer_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -75,7 +76,7 @@ def test_a_flush_waits_for_the_heartbeat_send_in_flight(client, job_name):
     beat.start()
     try:
         # the beat took the buffer and waits in the paused server
-        wait_until(lambda: a._worker._progress._buffer._pending == {}, timeout=5)
+        wait_until(lambda: trainer_worker(a).progress.unsent() == 0, timeout=5)
         a.flush_progress()
         assert progress_of(client, job_name) == {str(task.id): "5"}
     finally:

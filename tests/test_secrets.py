@@ -19,6 +19,7 @@ from taskq.cli.work import work
 import taskq
 from taskq.admin.stats import parse_lease
 from taskq.engine.contract import Code
+from taskq.testing import lease_secret
 
 
 def make_job(client: taskq.Client, name: str, n: int, **kw: Any) -> None:
@@ -148,9 +149,7 @@ def test_the_true_holders_repeated_ack_stays_quiet_a_forged_one_does_not(
     holder.ack(task)
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     # the holder's retry (its reply was lost, say): a quiet success, nothing counted
-    again = client.run(
-        job_name, "ack", ack_args(who, task.id, task.token, holder._worker._session.secret)
-    )
+    again = client.run(job_name, "ack", ack_args(who, task.id, task.token, lease_secret(holder)))
     assert again[4] == [Code.DUP]
     # the same repeat with another secret (a reader of the ended record): stale, forged
     forged = client.run(
@@ -171,7 +170,7 @@ def test_the_quiet_repeat_survives_the_worker_record(client: taskq.Client, job_n
     holder, task = holding(client, job_name, 2)
     holder.ack(task)
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
-    secret = holder._worker._session.secret
+    secret = lease_secret(holder)
     holder.close()
     assert client.redis.hget(client.keys(job_name).winfo, "holder") is None
     reply = client.run(
@@ -256,7 +255,7 @@ def test_a_lease_or_heartbeat_in_a_workers_name_needs_its_secret(
     else:
         # the same heartbeat with the holder's secret is the worker's own: it renews it
         # and revokes the lease it does not list (so the forged one would have)
-        reply = client.run(job_name, "heartbeat", [*who, *args, holder._worker._session.secret])
+        reply = client.run(job_name, "heartbeat", [*who, *args, lease_secret(holder)])
         assert reply[0] == Code.OK
         assert client.redis.zscore(keys.workers, m) > deadline
         assert client.status(job_name, summaries=0).counters["revoked"] == 1
@@ -280,7 +279,7 @@ def test_a_reserved_lease_is_not_started_with_another_secret(
             1,
             "F",
             -1,
-            holder._worker._session.secret,
+            lease_secret(holder),
         ],
     )
     started, reserved = (int(r[0]) for r in reply[1])
@@ -334,7 +333,7 @@ def test_the_secret_is_in_no_key_record_event_or_status(
             forger.release(task.id)
         if n == 2:
             break
-    secret = holder._worker._session.secret
+    secret = lease_secret(holder)
     keys = client.keys(job_name)
     r = client.redis
     seen: list[str] = list(r.scan_iter(match=f"*{job_name}*"))
@@ -448,7 +447,7 @@ def test_a_backup_lease_is_checked_against_its_own_holders_secret(
     rec = client.redis.hget(keys.leases, field)
     lease = parse_lease(rec)
     assert lease is not None and (lease["worker"], lease["token"]) == ("fast", backup.token)
-    assert rec.endswith("|" + hashlib.sha1(fast._worker._session.secret.encode()).hexdigest()[:16])
+    assert rec.endswith("|" + hashlib.sha1(lease_secret(fast).encode()).hexdigest()[:16])
     forger = Forger(client, job_name)
     assert forger.ack(backup.id, backup=True)[4] == [Code.STALE]
     assert forger.fail(backup.id, backup=True)[1] == [Code.STALE]

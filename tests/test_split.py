@@ -139,7 +139,7 @@ def split_between(
     a.flush_progress()
     leaser.join(20)
     piece = got[0]
-    assert piece is not None and piece.id == task.id and not piece.split_pending
+    assert piece is not None and piece.id == task.id
     return task, piece, got_a, it
 
 

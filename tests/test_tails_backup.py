@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import taskq
+from taskq.testing import lease_secret
 
 N = 12
 
@@ -212,7 +213,7 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
             999,
             "S",
             -1,
-            fast._worker._session.secret,
+            lease_secret(fast),
         ],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING

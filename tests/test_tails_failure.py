@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import taskq
+from taskq.testing import lease_secret
 
 
 def make_job(client: taskq.Client, name: str, n: int = 3, **kw: Any) -> taskq.JobStatus:
@@ -104,7 +105,7 @@ def test_the_failed_worker_waits_no_longer_than_the_backoff(client, job_name):
             999,
             "S",
             -1,
-            broken._worker._session.secret,
+            lease_secret(broken),
         ],
     )
     assert int(reply[0]) == 1 and reply[1] == []  # NOTHING

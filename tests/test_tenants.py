@@ -36,6 +36,7 @@ from taskq.keys import JOB_KEYS, META_FIELDS, JobKeys
 from taskq.ops import acl
 from taskq.ops.exporter import TaskqCollector
 from taskq.ops.reaper import Reaper
+from taskq.testing import lease_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"
@@ -229,11 +230,11 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
     assert task is not None
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     writes = {
-        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, holder._worker._session.secret],
-        "fail": [*who, "x", 1, task.id, task.token, holder._worker._session.secret],
-        "release": [*who, 1, task.id, task.token, holder._worker._session.secret],
-        "heartbeat": [*who, 99, 1, task.id, task.token, holder._worker._session.secret],
-        "leave": [*who, holder._worker._session.secret],
+        "ack": [*who, 99, 1, task.id, task.token, 0, 0, "S", -1, lease_secret(holder)],
+        "fail": [*who, "x", 1, task.id, task.token, lease_secret(holder)],
+        "release": [*who, 1, task.id, task.token, lease_secret(holder)],
+        "heartbeat": [*who, 99, 1, task.id, task.token, lease_secret(holder)],
+        "leave": [*who, lease_secret(holder)],
     }
     for verb, args in writes.items():
         refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args), jobs.user_a)

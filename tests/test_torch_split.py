@@ -70,7 +70,10 @@ class IdleTrainer(threading.Thread):
                     except (taskq.errors.JobCompleted, taskq.errors.JobCancelled):
                         return
                     if task is None:
-                        if t.client.status(self.job, summaries=0).state == "completed":
+                        if (
+                            taskq.Client(self.url).status(self.job, summaries=0).state
+                            == "completed"
+                        ):
                             return
                         continue
                     self.pieces.append((task.start, task.end))

@@ -23,6 +23,7 @@ from support import RedisServer, wait_until
 
 import taskq
 from taskq.engine.contract import Code
+from taskq.testing import lease_secret, trainer_worker
 from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args
 
 HERE = Path(__file__).resolve().parent
@@ -269,8 +270,8 @@ def test_lost_lease_reply_healed_by_heartbeat(
 ) -> None:
     make_job(client, job_name, 3)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
-        lost_call = trainer._worker._leases.call_no + 1
-        trainer._worker._leases.call_no = lost_call
+        lost_call = trainer_worker(trainer).leases.call_no + 1
+        trainer_worker(trainer).leases.call_no = lost_call
         keys = client.keys(job_name).script
         reply = client.scripts.call(
             "lease",
@@ -283,7 +284,7 @@ def test_lost_lease_reply_healed_by_heartbeat(
                 lost_call,
                 "S",
                 -1,
-                trainer._worker._session.secret,
+                lease_secret(trainer),
             ],
         )  # granted on the server; the reply is "lost" (dropped here)
         lost_task = int(reply[1][0][0])
@@ -305,7 +306,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
 ) -> None:
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
-        call = trainer._worker._leases.call_no + 5  # a reply that may still be on the wire
+        call = trainer_worker(trainer).leases.call_no + 5  # a reply that may still be on the wire
         client.scripts.call(
             "lease",
             client.keys(job_name).script,
@@ -317,7 +318,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
                 call,
                 "S",
                 -1,
-                trainer._worker._session.secret,
+                lease_secret(trainer),
             ],
         )
         trainer.heartbeat()
@@ -490,9 +491,7 @@ def test_unreachable_redis_gives_up_after_reconnect_timeout(
 # -- heartbeat answers out of order -----------------------------------------------------
 def beat_args(t: taskq.Trainer) -> list[Any]:
     """The ARGV of a heartbeat of ``t`` listing nothing."""
-    return heartbeat_args(
-        t.job_incarnation, t.worker_id, t.incarnation, t._worker._session.secret, 0, []
-    )
+    return heartbeat_args(t.job_incarnation, t.worker_id, t.incarnation, lease_secret(t), 0, [])
 
 
 class _Interleaved(taskq.Trainer):
@@ -503,7 +502,7 @@ class _Interleaved(taskq.Trainer):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        real_wait = self._worker._iter.wait
+        real_wait = trainer_worker(self).plain.wait
 
         def wait(*args: Any) -> None:
             hook, self.before_wait = self.before_wait, None
@@ -511,7 +510,7 @@ class _Interleaved(taskq.Trainer):
                 hook(self)
             real_wait(*args)
 
-        self._worker._iter.wait = wait  # type: ignore[method-assign]
+        trainer_worker(self).plain.wait = wait  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("order", ["stale_answer", "newer_answer"])
@@ -528,7 +527,7 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(
         trainer.ack(task)  # pass 0 done: the job waits for `pass next`
 
         def stale(t: taskq.Trainer) -> None:
-            info = JobInfo(t.pass_no, t._worker._view.gen - 1, "running", "")
+            info = JobInfo(t.pass_no, trainer_worker(t).view.gen - 1, "running", "")
             t.apply_heartbeat(HeartbeatReply(Code.OK, [], info), beat_args(t))
             threading.Timer(0.3, client.next_pass, args=(job_name,)).start()
 
@@ -543,11 +542,11 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(
         print(f"\n{order}: woke after {elapsed:.2f} s")
         assert task is not None and task.pass_no == 1
         assert elapsed < 1.5, "blocked on the wrong broadcast list"
-        now = (trainer.pass_no, trainer._worker._view.gen, trainer.state)
+        now = (trainer.pass_no, trainer_worker(trainer).view.gen, trainer.state)
         assert now[:2] == (1, int(client.redis.hget(trainer.keys.meta, "gen")))
         old = JobInfo(0, now[1] - 1, "waiting", "manual_advance")
         trainer.apply_heartbeat(HeartbeatReply(Code.OK, [], old), beat_args(trainer))
-        assert (trainer.pass_no, trainer._worker._view.gen, trainer.state) == now
+        assert (trainer.pass_no, trainer_worker(trainer).view.gen, trainer.state) == now
         trainer.ack(task)
 
 
@@ -558,7 +557,10 @@ def test_close_stops_heartbeats(
 ) -> None:
     make_job(client, job_name, 1, heartbeat_interval=0.1)
     trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
-    thread, helper = trainer._worker._heartbeat.thread, trainer._worker._heartbeat.helper
+    thread, helper = (
+        trainer_worker(trainer).heartbeat.thread,
+        trainer_worker(trainer).heartbeat.helper,
+    )
     trainer.close()
     if thread is not None:
         assert not thread.is_alive()
@@ -578,10 +580,10 @@ def test_dropped_trainer_leaves_nothing_running(
     make_job(client, job_name, 1, worker_ttl=1.0)
     trainer = taskq.Trainer(job_name, url=url, heartbeat=heartbeat)
     assert trainer.lease(timeout=2) is not None
-    thread = trainer._worker._heartbeat.thread
+    thread = trainer_worker(trainer).heartbeat.thread
     proc = (
-        trainer._worker._heartbeat.helper.proc
-        if trainer._worker._heartbeat.helper is not None
+        trainer_worker(trainer).heartbeat.helper.proc
+        if trainer_worker(trainer).heartbeat.helper is not None
         else None
     )
     ref = weakref.ref(trainer)
@@ -606,9 +608,11 @@ def test_lease_with_acks_acks_and_leases_in_one_call(
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         first = trainer.lease_many(2, timeout=0)
         assert [t.id for t in first] == [0, 1]
-        calls = trainer._worker._leases.call_no
+        calls = trainer_worker(trainer).leases.call_no
         nxt = trainer.lease(timeout=0, acks=first)
-        assert nxt is not None and nxt.id == 2 and trainer._worker._leases.call_no == calls + 1
+        assert (
+            nxt is not None and nxt.id == 2 and trainer_worker(trainer).leases.call_no == calls + 1
+        )
         assert client.status(job_name).counters["acked"] == 2
         client.revoke(job_name, nxt.id)
         rest = trainer.lease_many(5, timeout=0, acks=[nxt])

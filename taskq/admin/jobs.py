@@ -990,10 +990,6 @@ class Job:
         return rec
 
 
-#: trainer/ opens its job handles by these names (one class: a name or a shard set).
-PlainJob = ShardedJob = Job
-
-
 # -- combines: a sharded job's replies as the whole job's ------------------------------
 def summed(job: Job, replies: list[tuple[Job, Any]], *_: Any, **__: Any) -> int:
     """The shards' counts summed."""

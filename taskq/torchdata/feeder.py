@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from taskq.admin.client import Client
 from taskq.engine.contract import MAX_BATCH, MAX_HELD
 from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.core import Trainer
@@ -237,7 +238,7 @@ class Feeder(threading.Thread):
                 self.trainer.close()  # leaves the job
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
                     try:
-                        self.trainer.client.redis.close()
+                        self.trainer.connection.redis.close()
                     except Exception as e:
                         log.debug("closing the connections: %s", e)
 
@@ -257,13 +258,16 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
-        self.all_dead = AllDeadWatch(self.trainer.client.job(ds.job), self.on_all_dead)
+        #: admin reads (status, the job's handle, checkpoints) on the trainer's connection
+        conn = self.trainer.connection
+        self.client = ds.client or Client(redis_client=conn.redis, key_prefix=conn.prefix)
+        self.all_dead = AllDeadWatch(self.client.job(ds.job), self.on_all_dead)
         #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
         self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
-        st = self.trainer.client.job(ds.job).status(summaries=0)
+        st = self.client.job(ds.job).status(summaries=0)
         self.ledger.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -366,7 +370,7 @@ class Feeder(threading.Thread):
                 continue
             if self._finish.is_set():
                 continue
-            st = trainer.client.job(job).status(summaries=0)
+            st = self.client.job(job).status(summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
             elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:

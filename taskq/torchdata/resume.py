@@ -141,9 +141,8 @@ def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
     if cur is not None and not cur.ended and cur.feeder.is_alive():
         cur.settle()
         try:
-            record = cur.feeder.call(
-                lambda trainer: trainer.client.job(ds.job).checkpoint(ckpt=ckpt)
-            )
+            feeder = cur.feeder
+            record = feeder.call(lambda trainer: feeder.client.job(ds.job).checkpoint(ckpt=ckpt))
         except errors.TaskqError as e:
             if cur.feeder.is_alive():
                 raise
