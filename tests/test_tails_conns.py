@@ -28,6 +28,7 @@ from tcp_proxy import TcpProxy
 
 import taskq
 from taskq.ops.reaper import Reaper
+from taskq.testing import ManualClock
 from taskq.trainer import protocol
 
 HERE = Path(__file__).resolve().parent
@@ -136,7 +137,9 @@ def test_a_sigkilled_trainer_is_lost_by_its_closed_connection_before_its_ttl(
     )
     reaper = ReaperThread(client, job_name)
     try:
-        time.sleep(2 * HBI)  # the first heartbeat records the heartbeat's own connection
+        # the first heartbeat records the heartbeat's own connection (the registering one
+        # becomes the witness)
+        assert wait_until(lambda: witness_id(client, job_name, "victim") != "", 5)
         assert watching(reaper, client, job_name, "victim")
         killed = time.monotonic()
         holder.kill()
@@ -163,9 +166,9 @@ def test_a_live_trainer_is_never_declared_lost_by_the_watch(client, url, job_nam
         assert wait_until(lambda: conn_id(client, job_name, "alive") != "", 5)
         reaper = ReaperThread(client, job_name)
         try:
-            time.sleep(2 * HBI)
+            assert wait_until(lambda: witness_id(client, job_name, "alive") != "", 5)
             assert watching(reaper, client, job_name, "alive"), "the watch judges it"
-            time.sleep(4 * HBI)
+            time.sleep(4 * HBI)  # a window of real time: the watch must declare nobody
         finally:
             reaper.stop()
         assert reaper.reaper.watch is not None and reaper.reaper.watch.off == ""
@@ -200,12 +203,12 @@ def test_a_redis_restart_declares_nobody_lost(own_redis, job_name):
         assert wait_until(lambda: conn_id(client, job_name, "alive") != "", 5)
         reaper = ReaperThread(client, job_name)
         try:
-            time.sleep(2 * HBI)
+            assert wait_until(lambda: witness_id(client, job_name, "alive") != "", 5)
             assert watching(reaper, client, job_name, "alive"), "the watch judges it"
             own_redis.restart()  # every connection drops at once, the reaper's too
             # the trainer reconnects and records its new connection; ids restart from 1
             assert wait_until(lambda: conn_id(client, job_name, "alive") not in ("", first), 5)
-            time.sleep(4 * HBI)
+            time.sleep(4 * HBI)  # a window of real time: the watch must declare nobody
         finally:
             reaper.stop()
         assert not task.revoked.is_set()
@@ -228,18 +231,18 @@ def test_a_network_blip_declares_nobody_lost(redis_server, client, job_name, mon
             before = conn_id(client, job_name, "blip")
             reaper = ReaperThread(client, job_name)  # straight to Redis
             try:
-                time.sleep(2 * HBI)
+                assert wait_until(lambda: witness_id(client, job_name, "blip") != "", 5)
                 assert watching(reaper, client, job_name, "blip"), "the watch judges it"
                 before = conn_id(client, job_name, "blip")
                 for _ in range(3):  # the proxy closes every connection, three times
                     proxy.cut()
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # the blip itself: 50 ms without a connection
                     proxy.restore(deliver=False)
-                    time.sleep(HBI)
-                assert wait_until(lambda: conn_id(client, job_name, "blip") != before, 5), (
-                    "the next heartbeat records the new connection"
-                )
-                time.sleep(4 * HBI)
+                    assert wait_until(lambda b=before: conn_id(client, job_name, "blip") != b, 5), (
+                        "the next heartbeat records the new connection"
+                    )
+                    before = conn_id(client, job_name, "blip")
+                time.sleep(4 * HBI)  # a window of real time: the watch must declare nobody
             finally:
                 reaper.stop()
             assert not task.revoked.is_set()
@@ -389,7 +392,9 @@ def test_refused_client_list_falls_back_to_the_ttl_and_says_so_once(
     caplog.set_level(logging.WARNING, logger="taskq.reaper")
     reaper = ReaperThread(taskq.connect(user_url(acl_server, "reaper2")), job_name)
     try:
-        time.sleep(0.3)
+        watch = reaper.reaper.watch
+        assert watch is not None
+        assert wait_until(lambda: "CLIENT LIST refused" in watch.off, 5), "it looked once"
         holder.kill()
         holder.wait(10)
         assert wait_until(lambda: admin.status(job_name, summaries=0).todo == 1, 10), (
@@ -397,8 +402,7 @@ def test_refused_client_list_falls_back_to_the_ttl_and_says_so_once(
         )
     finally:
         reaper.stop()
-    watch = reaper.reaper.watch
-    assert watch is not None and "CLIENT LIST refused" in watch.off
+    assert "CLIENT LIST refused" in watch.off
     assert events(admin, job_name, "connection_closed") == []
     said = [r for r in caplog.records if "closed connections are not watched" in r.message]
     assert len(said) == 1, "logged once, not every tick"
@@ -423,7 +427,7 @@ def test_a_cluster_client_turns_the_watch_off(job_name, caplog):
 def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_name):
     """After a restart an old id may name another connection: a recorded id whose
     connection carries another name is never taken for the worker's."""
-    make_job(client, job_name, n=1)
+    make_job(client, job_name, n=1, manual_clock=True)
     t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     other = redis.Redis.from_url(url, decode_responses=True)
     other.client_setname("someone-else")
@@ -435,7 +439,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     reaper.tick()
     other.close()  # that connection goes away
     assert wait_until(lambda: not client.redis.client_list(client_id=[foreign]), 5)
-    time.sleep(QUIET)  # the worker is quiet for longer than the watch asks
+    ManualClock(client.job(job_name)).advance(QUIET)  # quiet for longer than the watch asks
     for _ in range(3):
         reaper.tick()
     assert events(client, job_name, "connection_closed") == []
@@ -455,7 +459,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
 def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(client, url, job_name):
     """The heartbeat's connection replaces the one the worker registered on; a trainer
     killed before the watch looked again is judged by the new id (same process)."""
-    make_job(client, job_name, n=1)
+    make_job(client, job_name, n=1, manual_clock=True)
     t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
@@ -472,7 +476,7 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(cli
     first.close()
     assert wait_until(lambda: not client.redis.client_list(client_id=[gone]), 5)
     reaper.tick()  # the next look finds it gone, a moment after the first was seen beating
-    time.sleep(QUIET)  # quiet for longer than the watch asks
+    ManualClock(client.job(job_name)).advance(QUIET)  # quiet for longer than the watch asks
     reaper.tick()
     assert [e["worker"] for e in events(client, job_name, "connection_closed")] == ["w"]
 
@@ -510,7 +514,9 @@ def gone(client: taskq.Client, *ids: str) -> bool:
 def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
     client, url, job_name
 ):
-    make_job(client, job_name, n=1, worker_ttl=4.0)  # the watch asks 1 s of quiet
+    make_job(
+        client, job_name, n=1, worker_ttl=4.0, manual_clock=True
+    )  # the watch asks 1 s of quiet
     t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
@@ -523,7 +529,7 @@ def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
     beat.close()
     assert gone(client, beat_id)
     reaper.tick()  # gone, the witness open: a CLIENT KILL, not a death
-    time.sleep(1.2)  # quiet for longer than the watch asks
+    ManualClock(client.job(job_name)).advance(1.2)  # quiet for longer than the watch asks
     reaper.tick()
     assert events(client, job_name, "connection_closed") == []
     # the contrast: every connection of the process closes at once (a SIGKILL)
@@ -540,7 +546,9 @@ def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
 def test_a_connection_closed_after_it_was_seen_idle_is_no_evidence(client, url, job_name):
     """Redis's `timeout` closes a stalled trainer's connection only once it has been idle
     for longer than the timeout: the watch saw it idle, and the close says nothing."""
-    make_job(client, job_name, n=1, worker_ttl=6.0)  # the watch asks 1.5 s of quiet
+    make_job(
+        client, job_name, n=1, worker_ttl=6.0, manual_clock=True
+    )  # the watch asks 1.5 s of quiet
     t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
@@ -555,7 +563,8 @@ def test_a_connection_closed_after_it_was_seen_idle_is_no_evidence(client, url, 
     idle.close()
     assert gone(client, idle_id)
     reaper.tick()
-    time.sleep(0.5)  # quiet for longer than the watch asks, inside the ttl
+    # quiet for longer than the watch asks (1.5 s), inside the ttl
+    ManualClock(client.job(job_name)).advance(2.5)
     reaper.tick()
     assert events(client, job_name, "connection_closed") == []
     assert reaper.watch is not None and reaper.watch.declared == 0
