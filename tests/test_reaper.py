@@ -279,8 +279,7 @@ def test_reaper_killed_mid_run_and_restarted_redispatches_each_lease_once(url, c
     )
     try:
         assert wait_until(lambda: counters(client, job_name)["expired_worker_lost"] >= n, 20)
-        time.sleep(0.2)
-        second.send_signal(signal.SIGTERM)
+        second.send_signal(signal.SIGTERM)  # it stops after the tick (and its log line)
         _, err = second.communicate(timeout=10)
     finally:
         second.kill()
@@ -325,13 +324,13 @@ def test_redis_restart_gives_workers_a_grace_period_then_real_losses_go_back(
             alive.heartbeat()
             gone.heartbeat()
             own_redis.stop()  # a clean shutdown: the AOF holds every write
-            time.sleep(2.0)  # everyone silent for two ttls
+            time.sleep(2.0)  # everyone silent for two ttls: an outage of real time
             own_redis.start()
             restarted = time.monotonic()
             while time.monotonic() - restarted < 0.5:
                 assert alive.heartbeat() == []
                 assert counters(c, job_name)["expired_worker_lost"] == 0, "silence is not death"
-                time.sleep(0.1)
+                time.sleep(0.1)  # half a second of real time in which nobody is lost
 
             def gone_is_lost() -> bool:
                 alive.heartbeat()
