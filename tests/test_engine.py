@@ -17,6 +17,7 @@ from redis.cluster import key_slot
 
 import taskq
 from taskq.keys import JobKeys
+from taskq.testing import wait_until
 
 make_job = partial(
     support.make_job, manual_clock=True, worker_ttl=5.0, heartbeat_interval=1.0, task_timeout=None
@@ -323,7 +324,12 @@ def test_tokens_grow_after_restart_that_lost_the_aof_tail(own_redis, job_name):
     t = trainer(c, job_name, "w")
     first = t.lease(timeout=0)
     c.redis.execute_command("BGREWRITEAOF")
-    time.sleep(1.5)
+
+    def rewritten() -> bool:
+        info = c.redis.info("persistence")
+        return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+    assert wait_until(rewritten, 10)
     copy = own_redis.dir / "copy"
     import shutil
 
@@ -496,14 +502,20 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
 
 
 # -- waiting ---------------------------------------------------------------------------
+def blocked(client: taskq.Client) -> int:
+    """Clients of the server blocked in a call (a waiting trainer's BLPOP)."""
+    return int(client.redis.info("clients")["blocked_clients"])
+
+
 def test_waiting_trainer_wakes_when_a_task_is_released(client, job_name):
     make_job(client, job_name, n=1, manual_clock=False)
     holder, waiter = trainer(client, job_name, "h"), trainer(client, job_name, "w")
     task = holder.lease(timeout=0)
     got: list[object] = []
+    before = blocked(client)
     th = threading.Thread(target=lambda: got.append(waiter.lease(timeout=20)))
     th.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: blocked(client) > before, 5), "the waiter blocks"
     t0 = time.monotonic()
     holder.release(task)
     th.join(10)
@@ -523,9 +535,10 @@ def test_waiting_trainer_wakes_when_the_job_is_cancelled(client, job_name):
         except taskq.TaskqError as e:
             errors.append(e)
 
+    before = blocked(client)
     th = threading.Thread(target=run)
     th.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: blocked(client) > before, 5), "the waiter blocks"
     client.cancel_job(job_name)
     th.join(10)
     assert errors and isinstance(errors[0], taskq.JobCancelled)
