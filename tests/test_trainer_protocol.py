@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +175,11 @@ def test_out_of_memory_is_a_clear_retryable_error(
         t.ack(task)
 
 
+def oom_errors(r: redis.Redis) -> int:
+    """Calls the server refused with OOM so far (its INFO errorstats)."""
+    return int(r.info("errorstats").get("errorstat_OOM", {}).get("count", 0))
+
+
 def test_heartbeat_logs_one_line_per_change_of_state(
     small_redis: RedisServer, job_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -191,7 +195,8 @@ def test_heartbeat_logs_one_line_per_change_of_state(
         sent = t.heartbeats_sent
         assert wait_until(lambda: t.heartbeats_sent > sent, 5)
         junk = fill_until_full(r)
-        time.sleep(1.0)  # about ten failing beats
+        ooms = oom_errors(r)
+        assert wait_until(lambda: oom_errors(r) >= ooms + 5, 10), "five failing beats"
         stuck = t.heartbeats_sent
         free_junk(r, junk)
         assert wait_until(lambda: t.heartbeats_sent > stuck + 2, 5)
