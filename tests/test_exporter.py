@@ -21,7 +21,7 @@ import pytest
 import redis
 from metric_names import METRIC_TYPES
 from prometheus_client.parser import text_string_to_metric_families
-from support import RedisServer, free_port
+from support import RedisServer, free_port, wait_until
 
 import taskq
 from taskq.admin.stats import LEASE_AGE_BOUNDS_S
@@ -434,15 +434,18 @@ def test_serve_blocks_until_sigterm_or_sigint(
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
-        deadline = time.monotonic() + 20
-        while True:
+        scraped: list[Any] = []
+
+        def serving() -> bool:
+            assert proc.poll() is None, "exporter exited early"
             try:
-                _, samples = scrape(port)
-                break
+                scraped.append(scrape(port)[1])
             except OSError:
-                assert proc.poll() is None, "exporter exited early"
-                assert time.monotonic() < deadline, "exporter did not start serving"
-                time.sleep(0.1)
+                return False
+            return True
+
+        assert wait_until(serving, 20, 0.1), "exporter did not start serving"
+        samples = scraped[-1]
         assert value(samples, "taskq_tasks", job_name=job_name, state="todo") == 4
         proc.send_signal(signum)
         assert proc.wait(timeout=15) == 0

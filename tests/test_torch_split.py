@@ -195,7 +195,8 @@ def test_an_idle_loader_takes_the_piece_of_a_loaders_task(client, url, job_name,
 
     def idle() -> None:
         try:
-            time.sleep(0.3)
+            # joins once the pass has nothing left to lease: the slow loader holds the task
+            assert wait_until(lambda: client.status(job_name).todo == 0, 10)
             ds = taskq.torch.TaskDataset(
                 job_name,
                 url=url,
