@@ -41,6 +41,7 @@ from typing import Any
 
 import taskq
 from taskq.devserver import stop_process
+from taskq.testing import wait_until
 
 TRAINER_START = multiprocessing.get_context("forkserver")
 TRAINER_START.set_forkserver_preload(["taskq", "chaos"])
@@ -460,14 +461,10 @@ def wait_for(
     predicate: Any, timeout: float, interval: float = 0.05, what: str = "condition"
 ) -> Any:
     """Poll ``predicate`` until truthy; raises AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    got: list[Any] = []
+    if not wait_until(lambda: got.append(predicate()) or got[-1], timeout, interval):
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    return got[-1]
 
 
 def acked(client: taskq.Client, job: str) -> int:

@@ -275,10 +275,14 @@ def test_manual_advance_waits_without_spinning_and_cancel_ends_every_loop(
         # long bodies that stop only when their lease is revoked; they join at the
         # boundary and wait with the others
         long = fleet.spawn(2, until_revoked_s=60)
-        time.sleep(1.0)  # everybody settles into the blocking wait
         trainers = len(fleet.trainers)
+        wait_for(
+            lambda: int(r.info("clients")["blocked_clients"]) >= trainers,
+            30,
+            what="every trainer in the blocking wait",
+        )
         (total0, calls0), t0 = _commands(r), time.monotonic()
-        time.sleep(2.0)
+        time.sleep(2.0)  # the window the call rate is measured over
         (total1, calls1), t1 = _commands(r), time.monotonic()
         rate = (calls1 - calls0 - 2) / (t1 - t0)  # minus our own two INFOs
         total_rate = (total1 - total0 - 2) / (t1 - t0)

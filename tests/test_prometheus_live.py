@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from metric_names import ALERT_NAMES
-from support import free_port, stop_process
+from support import free_port, stop_process, wait_until
 from test_exporter import run_scenario
 
 import taskq
@@ -97,15 +97,15 @@ class Prometheus:
         return reply
 
     def wait_ready(self, timeout: float = WAIT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def ready() -> bool:
             assert self.proc.poll() is None, f"prometheus exited; see {self.log.name}"
             try:
                 self.get("/-/ready")
-                return
             except OSError:
-                assert time.monotonic() < deadline, "prometheus did not become ready"
-                time.sleep(0.1)
+                return False
+            return True
+
+        assert wait_until(ready, timeout, 0.1), "prometheus did not become ready"
 
     def stop(self) -> None:
         stop_process(self.proc, 15)
@@ -114,13 +114,11 @@ class Prometheus:
 
 def poll(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
     """``check()`` until it returns something truthy, bounded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
+    got: list[Any] = []
+    assert wait_until(lambda: got.append(check()) or got[-1], timeout, 0.25), (
+        f"timed out waiting for {what}"
+    )
+    return got[-1]
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
@@ -339,12 +337,7 @@ def test_a_slow_reader_is_input_bound_and_a_slow_step_is_not(
 
 def poll_quietly(check: Callable[[], bool], timeout: float = WAIT_S) -> bool:
     """Like ``poll`` but returns False at the bound (the caller reports the details)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
+    return wait_until(check, timeout, 0.5)
 
 
 def test_alert_rules_check_test_and_load_into_a_live_prometheus(
