@@ -25,6 +25,7 @@ from taskq.engine.contract import (
     Code,
 )
 from taskq.keys import JobKeys
+from taskq.testing import script_function
 
 BAD_BY_KIND: dict[str, list[str]] = {
     "inc": ["a|b", "a\nb"],
@@ -171,7 +172,7 @@ def bad_argvs(verb: str) -> list[list[str]]:
 
 def fcall(client: taskq.Client, job: str, verb: str, argv: list[str]) -> Any:
     """The verb's function called directly, as a raw client would."""
-    name, nkeys, _ = library._FUNCTIONS[verb]
+    name, nkeys, _ = script_function(verb)
     keys = JobKeys(job).script
     if verb == "create":
         keys = [*keys, JobKeys(job).staging_chunks("raw")]

@@ -19,10 +19,10 @@ from taskq.cli.main import cli
 
 import taskq
 from taskq.admin import inputwait_view
-from taskq.engine import library
 from taskq.engine.contract import Code
 from taskq.inputwait import N_BUCKETS, SEND_EVERY_S, WAIT_BOUNDS_S, InputBeat, InputMeter
 from taskq.keys import JobKeys
+from taskq.testing import script_function
 
 
 def test_the_meter_times_the_wait_inside_next_and_the_step_between() -> None:
@@ -126,7 +126,7 @@ def test_a_meter_given_to_one_trainer_after_another_is_sent_once(
 
 def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list[Any]:
     args = [*trainer._worker._heartbeat.args(), *extra]
-    name, nkeys, _ = library._FUNCTIONS["heartbeat"]
+    name, nkeys, _ = script_function("heartbeat")
     reply: list[Any] = client.redis.execute_command(
         "FCALL", name, nkeys, *trainer.keys.script, *args
     )

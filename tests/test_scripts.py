@@ -11,6 +11,7 @@ import pytest
 import taskq
 from taskq.engine import contract, library
 from taskq.keys import COLD_KEYS, JOB_KEYS, META_FIELDS, SCRIPT_KEYS
+from taskq.testing import script_function
 
 
 def test_a_part_refuses_top_level_state_that_is_not_marked_per_call():
@@ -158,8 +159,8 @@ def test_the_key_count_comes_from_the_keys_header_line():
     assert library._nkeys("v.lua", extra) == n + 2
     with pytest.raises(taskq.TaskqError, match="v.lua: needs a header line"):
         library._nkeys("v.lua", "-- KEYS: some keys\n")
-    assert library._FUNCTIONS["create"][1] == n + 1
-    assert library._FUNCTIONS["ack"][1] == n
+    assert script_function("create")[1] == n + 1
+    assert script_function("ack")[1] == n
 
 
 def test_the_keys_passed_and_the_cold_ones_are_every_key_once():
@@ -167,7 +168,7 @@ def test_the_keys_passed_and_the_cold_ones_are_every_key_once():
     assert sorted(SCRIPT_KEYS + COLD_KEYS) == sorted(JOB_KEYS)
     assert SCRIPT_KEYS[0] == "meta"  # kc() makes a cold key from the meta key's base
     assert not re.search(r"\bK_(" + "|".join(k.upper() for k in COLD_KEYS) + r")\b", library.SOURCE)
-    assert library._FUNCTIONS["stats"][2] and not library._FUNCTIONS["ack"][2]
+    assert script_function("stats")[2] and not script_function("ack")[2]
 
 
 # what the library may read as a global: Lua's and Redis's, and a verb's KEYS / ARGV

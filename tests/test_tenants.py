@@ -29,11 +29,12 @@ from support import SERVER_BINARY, free_port, stop_process, wait_until
 import taskq
 from taskq.admin.stats import parse_lease
 from taskq.engine.contract import Code
-from taskq.engine.library import _FUNCTIONS, LIBRARY, SOURCE
+from taskq.engine.library import LIBRARY, SOURCE, VERBS
 from taskq.keys import JOB_KEYS, JobKeys
 from taskq.ops import acl
 from taskq.ops.exporter import TaskqCollector
 from taskq.ops.reaper import Reaper
+from taskq.testing import script_function
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "redis" / "acl.conf"
@@ -494,7 +495,7 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
             missing.append((command, key))
     assert missing == [], f"the {role} rule denies what its functions call"
     for verb in verbs:
-        name, nkeys, read_only = _FUNCTIONS[verb]
+        name, nkeys, read_only = script_function(verb)
         assert server.dryrun(
             rule.user,
             "FCALL_RO" if read_only else "FCALL",
@@ -526,14 +527,12 @@ def test_producer_rule_allows_every_command_append_can_run(server: AclServer) ->
         if not ok:
             missing.append((command, key))
     assert missing == [], "the producer rule denies what append runs"
-    name, nkeys, _ = _FUNCTIONS["append"]
+    name, nkeys, _ = script_function("append")
     assert server.dryrun(rule.user, "FCALL", name, str(nkeys), *keys.script, *["1"] * 12)
 
 
 def test_function_names_are_the_current_librarys() -> None:
-    assert {v: acl.function_name(v) for v in _FUNCTIONS} == {
-        v: name for v, (name, _, _) in _FUNCTIONS.items()
-    }
+    assert {v: acl.function_name(v) for v in VERBS} == {v: script_function(v)[0] for v in VERBS}
     with pytest.raises(taskq.TaskqError, match="no 'nope' function"):
         acl.function_name("nope")
 
