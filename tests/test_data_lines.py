@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taskq import InvalidInput, data, datasets
+from taskq.data.linescan import line_ranges
 from taskq.errors import DataError, TaskqError
 
 LINES = data.reader("lines")
@@ -161,11 +162,11 @@ def test_jsonl_ranges_by_records_say_their_samples(
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "x.jsonl")
         Path(path).write_bytes(content)
-        saved, datasets._READ_BLOCK = datasets._READ_BLOCK, block
-        try:
-            chunks = JSONL.chunks([(path, len(content))], records_per_chunk=per_chunk)
-        finally:
-            datasets._READ_BLOCK = saved
+        with open(path, "rb") as f:
+            ranges = line_ranges(f, path, len(content), per_chunk, samples=True, block_size=block)
+        # what JSONL.chunks builds of them (it reads by READ_BLOCK)
+        chunks = [{"format": JSONL.format, **r} for r in ranges]
+        assert chunks == JSONL.chunks([(path, len(content))], records_per_chunk=per_chunk)
         for c in chunks:
             assert c["samples"] == len(list(JSONL.read(c))), c
         values = [json.loads(x) for x in content.split(b"\n") if x.strip()]
