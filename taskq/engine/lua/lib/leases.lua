@@ -50,7 +50,9 @@ local function parse_lease(rec, worker, winc, tok, into)
   if sbyte(rec, 1) == 76 then  -- 'L'
     if tok then
       local rs = round_s()
-      local head = lease_head(worker, winc) .. tok .. '|' .. rs .. '|'
+      -- (lease_rec's head, token and round, compared, not written: one concat per ack on
+      -- the hot path rather than a call of lease_head and two)
+      local head = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. rs .. '|'
       if ssub(rec, 1, #head) == head then
         local st, since, call, att, dig = smatch(rec,
           '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$', #head + 1)
