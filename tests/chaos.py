@@ -1,7 +1,7 @@
 """The chaos harness: real trainer processes, signals, a reaper subprocess, and the audit.
 
-Shared by ``tests/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
-``tests/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
+Shared by ``tests/chaos/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
+``tests/chaos/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
 form ``bench/chaos_long.py``. Trainers are started by ``multiprocessing``'s forkserver:
 the test process holds threads (probes' heartbeats, redis-py, the proxy), and a fork of a
 threaded process may deadlock in the child (Python 3.12+ warns). The fork server is a
@@ -492,7 +492,7 @@ def scale_up_down_kill(
     reaper_interval: float = 0.2,
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
-    """Scenario 1 (the PaddlePaddle report) at any size; ``tests/test_chaos.py`` runs the
+    """Scenario 1 (the PaddlePaddle report) at any size; ``tests/chaos/test_chaos.py`` runs the
     CI form, ``bench/chaos_long.py`` the full one.
 
     ``first`` trainers, ``peak`` once ``up_at`` tasks were acked, ``last`` once
