@@ -1,7 +1,7 @@
 """What one append page and one trim step cost per size, on a big job, from SLOWLOG: the
 measure behind ``APPEND_MAX``, ``APPEND_BYTES`` and ``TRIM_MAX`` (engine/contract.py).
 
-One job of N tasks (200,000 by default, tests/test_slowlog.py's size). Each round
+One job of N tasks (200,000 by default, tests/engine/test_slowlog.py's size). Each round
 appends one page of every size (each chunk with an id, padded to the page's bytes) and
 the same page again (every chunk a duplicate), then trims a fresh one-pass stream whose
 first tasks are done (each with its chunk id) by one step of every size; the sizes are

@@ -13,7 +13,7 @@ calls over 0.1 ms and over 1 ms. One private redis-server (``--save ''``), bound
 
 Usage: .venv/bin/python bench/worst_call.py [--tasks N]
 
-``exercise`` is also what tests/test_slowlog.py runs (200,000 tasks, SLOWLOG at 10 ms).
+``exercise`` is also what tests/engine/test_slowlog.py runs (200,000 tasks, SLOWLOG at 10 ms).
 
 Data flow: this script -> taskq.Client / taskq.Trainer -> Redis; SLOWLOG -> the table.
 """

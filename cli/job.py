@@ -28,7 +28,7 @@ from .job_input import (
 )
 
 #: The defaults of ``taskq job create``'s settings: ``JobConfig``'s (one option per field,
-#: named as the field: tests/test_cli.py checks both ways).
+#: named as the field: tests/cli/test_cli.py checks both ways).
 DEFAULT = JobConfig()
 #: ``taskq job create``'s options that are not settings of the job: its input and the call.
 CREATE_CALL = {"name", "extra", "manifest", "files", "lines", "fmt", "records_per_chunk"}

@@ -5,9 +5,10 @@ Where it sits: beside the data flow, for tests only. It starts real servers (no 
 ``valkey-server`` on a free loopback port in a directory of its own), waits on conditions
 instead of sleeping (:func:`wait_until`), and moves a job's clock by hand
 (:class:`ManualClock`, for a job created with ``manual_clock=True``) so lease expiry and
-timeouts are tested without waiting for them. A test that speaks the engine's protocol by
-hand reaches a trainer's inside through :func:`lease_secret` and :func:`trainer_worker`
-only.
+timeouts are tested without waiting for them; :func:`script_function` names a verb's Redis
+function, for tests that call a script raw with arguments of their own. A test that speaks
+the engine's protocol by hand reaches a trainer's inside through :func:`lease_secret` and
+:func:`trainer_worker` only.
 
 With pytest installed, the module is also a pytest plugin (registered by the
 distribution's ``pytest11`` entry point, so installing taskq is enough) with four fixtures:
@@ -40,6 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .devserver import RedisCluster, RedisServer, free_port, wait_until
+from .engine import library
 
 __all__ = [
     "ManualClock",
@@ -47,6 +49,7 @@ __all__ = [
     "RedisServer",
     "free_port",
     "lease_secret",
+    "script_function",
     "trainer_worker",
     "wait_until",
 ]
@@ -80,6 +83,25 @@ def lease_secret(trainer: Any) -> str:
         The secret.
     """
     return str(trainer._home.session.secret)
+
+
+def script_function(verb: str) -> tuple[str, int, bool]:
+    """The Redis function of one verb, to call it raw (``FCALL name nkeys keys... args...``).
+
+    Args:
+        verb: a verb of taskq/engine/lua (``ack``, ``heartbeat``, ...).
+
+    Returns:
+        (function name, number of keys, read-only).
+
+    Raises:
+        InvalidInput: no such verb.
+    """
+    from .errors import InvalidInput
+
+    if verb not in library.VERBS:
+        raise InvalidInput(f"no script verb {verb!r}")
+    return library._FUNCTIONS[verb]
 
 
 class ManualClock:

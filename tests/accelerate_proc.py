@@ -1,5 +1,5 @@
 """accelerate's ``Accelerator`` loop over a ``taskq.torch.DataLoader``, for
-tests/test_frameworks.py.
+tests/frameworks/test_frameworks.py.
 
 Usage: accelerate_proc.py URL JOB LOG_DIR [--every K] [--kill-at S] [--resume DIR]
            [--no-flags [--plain-backward]]

@@ -84,7 +84,7 @@ RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead ste
 #: bench/page_sizes.py on Redis 7.0 and Valkey 8.0 (docs/capacity.md): each call at its
 #: bounds well under a millisecond there, so that Redis 8, which took 2.3-4 times as long
 #: as Redis 7 for the same page (10.9-18.6 ms for 500 chunks and 256 KiB), and a loaded
-#: machine stay well under tests/test_slowlog.py's 10 ms.
+#: machine stay well under tests/engine/test_slowlog.py's 10 ms.
 APPEND_MAX = 128
 APPEND_BYTES = 1 << 15
 TRIM_MAX = 250

@@ -82,7 +82,7 @@ end
 
 -- Append's end: only its events land. It writes no meta field and observes no histogram
 -- (the producer's credential may not write them, ops/acl.py), so it never reaches their
--- writes (tests/test_tenants.py reads what each verb reaches); a change of meta in its
+-- writes (tests/ops/test_tenants.py reads what each verb reaches); a change of meta in its
 -- call is a bug, refused loudly.
 local function done_reads_meta(reply)
   if not meta_clean() then error('taskq: append changed a meta field') end

@@ -14,6 +14,8 @@ local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, m
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.member, lib.leases.next_token,
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
+local lease_head, lease_mid, lease_rec =
+  lib.leases.lease_head, lib.leases.lease_mid, lib.leases.lease_rec
 local split_rec, take_split, whole_ok = lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
@@ -43,11 +45,11 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
     if st == 'S' then lt = buf.ts else lt = buf.tr end
   end
   if not lh then
-    lh = 'L|' .. worker .. '|' .. winc .. '|'
+    lh = lease_head(worker, winc)
     if buf then buf.lh, buf.mh = lh, member(worker, winc, '') end
   end
   if not lt then
-    lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
+    lt = lease_mid(round_s(), st, now_s(), cn)
     if buf and st == 'S' then buf.ts = lt elseif buf then buf.tr = lt end
   end
   local rec = lh .. tok .. lt .. att_s .. '|' .. CALL.CALLER_DIG
@@ -174,9 +176,8 @@ local function take_backup(worker, winc, cn)
         and not split_rec(task)
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
-      rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. cn .. '|' .. l.attempts
-        .. '|' .. CALL.CALLER_DIG)
+      rcall('HSET', K_LEASES, 'b:' .. task,
+        lease_rec(worker, winc, tok, l.rs, 'S', now_s(), cn, l.attempts, CALL.CALLER_DIG))
       GRANTED[#GRANTED + 1] = task
       rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
       mincr(F.C_LEASED)

@@ -25,9 +25,10 @@ local rcall, tonum, smatch, mmin, lipairs = redis.call, tonumber, string.match, 
 local fmt, mget, mincr, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum
 local event, event_task, wake_one = lib.events.event, lib.events.event_task, lib.events.wake_one
 local now_s, round_s = lib.call.now_s, lib.call.round_s
-local dead_empty, end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
-  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member,
-  lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
+local dead_empty, end_lease, lease_is_current, lease_rec, member, next_token, other_lease,
+  parse_lease =
+  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.lease_rec,
+  lib.leases.member, lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
 local reads_of = lib.workers.reads_of
 
 local tail_stands, is_dead, split_rec, split_list, split_orphans, offer_of, offered, orphan, left_to_claimant =
@@ -169,9 +170,8 @@ local function take_split(worker, winc, cn)
   mincr(F.P_BACKUPS)
   if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   local tok = next_token()
-  rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-    .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
-    .. '|' .. CALL.CALLER_DIG)
+  rcall('HSET', K_LEASES, 'b:' .. task,
+    lease_rec(worker, winc, tok, round_s(), 'S', now_s(), cn, attempts, CALL.CALLER_DIG))
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
