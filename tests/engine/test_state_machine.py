@@ -93,7 +93,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.cancelled = False
         self.open_ck: tuple[str, set[int], set[int]] | None = None
         self.sealed: list[tuple[str, set[int], set[int]]] = []
-        self.appended_ids: list[str] = []
+        # (chunk id, the task it went into): an id is remembered while its task is
+        # (docs/streams.md "Ids": the ids go with their task when a stream is trimmed)
+        self.appended_ids: list[tuple[str, int]] = []
 
     # -- helpers -----------------------------------------------------------------
     def _trainer(self, w: str) -> taskq.Trainer:
@@ -520,9 +522,14 @@ class EngineMachine(RuleBasedStateMachine):
         meta_key = self.client.keys(self.job).meta
         meta = self.client.redis.hgetall(meta_key)
         ids = [f"c{next(_ids)}" for _ in range(k)]
-        skipped = 1 if dup and self.appended_ids else 0
-        if skipped:
-            ids[0] = self.appended_ids[-1]  # appended before: skipped
+        skipped = 0
+        if dup and self.appended_ids:
+            ids[0], task = self.appended_ids[-1]  # appended before
+            aside = {
+                int(t) for t in self.client.redis.zrange(self.client.keys(self.job).aside, 0, -1)
+            }
+            trimmed = task < self._meta("trim_w") and task not in aside
+            skipped = 0 if trimmed else 1  # skipped while its task is kept, new once trimmed
         job = self.client.job(self.job)
         if self.cancelled:
             with pytest.raises(taskq.JobCancelled):
@@ -540,7 +547,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert self.client.redis.hgetall(meta_key) == meta
             return
         r = job.append([{"a": i} for i in ids], ids=ids)
-        self.appended_ids += ids[skipped:]
+        self.appended_ids += [(c, n + i) for i, c in enumerate(ids[skipped:])]
         assert (r.tasks, r.skipped) == (k - skipped, skipped)
         assert self._n() == n + k - skipped
         assert self.client.redis.hgetall(meta_key) == meta
