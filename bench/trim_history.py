@@ -7,8 +7,8 @@ Usage: .venv/bin/python bench/trim_history.py [--tasks 1000000] [--every 100000]
 Where it sits: beside page_sizes.py (one call per size on a fresh stream); this one runs
 a one-pass stream job (`max_backlog` 10,000) through the calls a week of `job follow`
 makes, in rounds: 100 files of 100 one-record chunks appended (each chunk with the
-follower's id, each file a source and its record in the follow hash: bench/worst_call.py's
-shape), then one trainer leases and acks them in batches of 32, then the reaper's trim
+follower's id, each file a source and its record in the follow hash: the shape of
+bench/worst_call.py's ``followed_stream``), then one trainer leases and acks them in batches of 32, then the reaper's trim
 steps (TRIM_MAX each) drop them. Every ``--every`` tasks it prints the server's CPU time
 per call of each kind over those rounds (INFO cpu: user + system, which does not count
 the time the server was descheduled, so a loaded machine moves it little, unlike

@@ -52,19 +52,20 @@ def _trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Tr
     )
 
 
-#: Tasks of the stream whose trim `exercise` runs, step by step: the records of files
-#: appended by `taskq job follow` (few steps: each is one more call a loaded machine can
-#: stretch past 10 ms; bench/trim_history.py follows a step's cost over a long history).
-FOLLOWED_TASKS = 4 * TRIM_MAX
-#: Records (one chunk, one task each) of one file of that stream.
+#: Records (one chunk, one task each) of one file of a follower's stream.
 FOLLOWED_FILE = 100
+#: Tasks of the stream whose trim `exercise` runs (whole files, at least TRIM_MAX): one
+#: step at TRIM_MAX (each more step is one more call a loaded machine can stretch past
+#: 10 ms; bench/trim_history.py follows a step's cost over a long history).
+FOLLOWED_TASKS = -(-TRIM_MAX // FOLLOWED_FILE) * FOLLOWED_FILE
 
 
 def followed_stream(client: taskq.Client, stream: str, tasks: int) -> None:
-    """A one-pass stream of ``tasks`` done tasks as `taskq job follow` appends them: files
-    of FOLLOWED_FILE one-record chunks, each chunk with the follower's id (the file's
-    key, ``path|size|mtime``, and its index: about 80 bytes) and each file a source with
-    its record in the follow hash; every task leased and acked, none trimmed yet."""
+    """A one-pass stream of ``tasks`` done tasks (a multiple of FOLLOWED_FILE) as
+    `taskq job follow` appends them: files of FOLLOWED_FILE one-record chunks, each chunk
+    with the follower's id (the file's key, ``path|size|mtime``, and its index: about 80
+    bytes) and each file a source with its record in the follow hash; every task leased
+    and acked, none trimmed yet."""
     client.create_job(stream, [], stream=True, manual_clock=True, task_timeout=None)
     handle = client.job(stream)
     for f in range(tasks // FOLLOWED_FILE):
@@ -162,11 +163,10 @@ def exercise(
     for _ in range(2):
         client.job(job).append(chunks, ids=ids)
     mark("trim")
-    # a follower's stream of FOLLOWED_TASKS done tasks, trimmed step by step at TRIM_MAX
+    # a follower's stream of FOLLOWED_TASKS done tasks: one trim step passes TRIM_MAX
     stream = f"{job}-stream"
     followed_stream(client, stream, FOLLOWED_TASKS)
-    for _ in range(FOLLOWED_TASKS // TRIM_MAX):
-        assert client.job(stream).trim(steps=1) == TRIM_MAX
+    assert client.job(stream).trim(steps=1) == TRIM_MAX
     client.delete_job(stream)
     mark("lost worker, reap")
     lost = _trainer(client, job, "lost")
