@@ -1,6 +1,9 @@
 """No single call blocks Redis for long, whatever the caller asks for, against a real
 redis-server: every trainer and admin operation on a 200,000-task job, at the largest
-requests the API accepts (bench/worst_call.py's ``exercise``), with SLOWLOG at 10 ms.
+requests the API accepts (bench/worst_call.py's ``exercise``), with SLOWLOG at 10 ms;
+among them, a trim step at TRIM_MAX on a stream as `taskq job follow` fills it (ids of
+~80 bytes, a source per file of 100): a step whose cost grew with the follower's ids,
+its sources or each task's records would show there.
 
 A bound, not a timing goal: the sizes the scripts accept keep each call around a
 millisecond, while a call doing unbounded work at this size (a listing of 100,000 rows,
