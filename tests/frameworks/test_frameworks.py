@@ -107,8 +107,9 @@ def _per_rank(log_dir: Path) -> dict[str, list[dict]]:
 def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path, shape: str
 ) -> None:
-    """Lightning DDP on 2 gloo ranks with ``even_steps=True``: taskq gives each rank the
-    tasks it leases, so their batch counts differ (without even_steps the rank with more
+    """Lightning DDP on 2 gloo ranks, the loader made without flags (it finds ``fit``:
+    ``even_steps``): taskq gives each rank the tasks it leases, so their batch counts
+    differ (25 batches a pass) (without even_steps the rank with more
     waits in backward's allreduce for ever); here each epoch both ranks step equally
     often, the rank out first stepping on padding (``batch_is_padding``, loss x 0), fit
     returns, every row is trained once per pass and the job completes. ``one_task``: one
@@ -500,3 +501,76 @@ def test_hf_trainer_resume_restores_the_loader_exactly(
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
     assert set(seen) == {(f, i) for f in range(6) for i in range(20)}
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+
+
+@pytest.mark.parametrize("form", ["--no-flags", "--no-callback"])
+def test_hf_trainer_without_user_code_checkpoint_crash_resume_on_one_process_trains_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, form: str
+) -> None:
+    """transformers' ``Trainer`` under ``torchrun`` on 2 gloo ranks over a loader made
+    without flags, with no callback of the user's and no ``load_state_dict``
+    (``--no-flags``: not even ``ignore_data_skip`` or a ``get_resumed_dataloader``;
+    ``--no-callback``: those, as older docs showed, without the callback); 31 batches,
+    so the ranks' counts differ; a checkpoint every 5 steps; both ranks die (SIGKILL)
+    entering step 12; ``train(resume_from_checkpoint=checkpoint-10)`` on one process:
+    the first run's steps up to the checkpoint and the resumed run's steps hold every row
+    of the pass once, and the job completed. The loader's state went into the Trainer's
+    checkpoint and came back from it by itself (without it, the rows of steps 10 and 11
+    were recorded as trained and never came again: lost from the model's lineage)."""
+    pytest.importorskip("transformers")
+    lines = [20] * 6 + [4]  # 6 x 5 batches + 1: the ranks' counts differ
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 7, lines), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    args = [url, job_name, str(first), "1000", "--every", "5", "--kill-at", "12", form]
+    done = _run("hf_trainer_proc.py", *args, check=False, procs=2)
+    assert done.returncode != 0
+    ckpt = first / "ckpt" / "checkpoint-10"
+    assert ckpt.is_dir(), list((first / "ckpt").iterdir())
+    _run("hf_trainer_proc.py", url, job_name, str(second), "1000", "--resume", str(ckpt), form)
+    before = [e for e in _trained(first) if e["step"] < 10]
+    assert len(before) == 10 * 2
+    after = _trained(second)
+    assert [e["step"] for e in after][:1] == [10]
+    seen = Counter(tuple(r) for e in before + after for r in e["rows"])
+    missing = {(f, i) for f in range(7) for i in range(lines[f])} - set(seen)
+    assert not missing, sorted(missing)[:8]
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+    assert client.status(job_name).state == "completed"
+
+
+@pytest.mark.parametrize("kept", ["none", "of_step_5"])
+def test_hf_trainer_resume_from_a_checkpoint_without_the_loader_state_is_refused(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, kept: str
+) -> None:
+    """A checkpoint whose ``TrainerState`` holds no loader state (one saved by an older
+    taskq), or one of another step (a save taskq did not see), resumed with no user code:
+    ``train`` stops at the loader's first ``iter()`` with one line naming it, before any
+    batch: the model's lineage misses nothing it would not know of."""
+    pytest.importorskip("transformers")
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=1)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    args = [url, job_name, str(first), "1000", "--every", "5", "--kill-at", "12", "--no-flags"]
+    assert _run("hf_trainer_proc.py", *args, check=False).returncode != 0
+    ckpt = first / "ckpt" / "checkpoint-10"
+    state_file = ckpt / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    if kept == "none":
+        del state["stateful_callbacks"]["taskq.torch.DataLoader"]
+    else:
+        state["stateful_callbacks"]["taskq.torch.DataLoader"]["step"] = 5
+    state_file.write_text(json.dumps(state))
+    resume = [url, job_name, str(second), "1000", "--resume", str(ckpt), "--no-flags"]
+    done = _run("hf_trainer_proc.py", *resume, check=False)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "taskq.errors.InvalidInput: transformers' Trainer resumed from a "
+        "checkpoint of step 10 that holds"
+    ), done.stderr[-3000:]
+    assert "resume from" in last
+    assert _trained(second) == []
+    assert client.status(job_name).state != "completed"
