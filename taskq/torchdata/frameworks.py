@@ -379,9 +379,10 @@ def resume(fw: Framework | None, loader: Any, loaded: bool) -> None:
     if kept.get("step") != step:
         raise errors.InvalidInput(
             f"transformers' Trainer resumed from a checkpoint of step {step} that holds the "
-            f"taskq loader state of step {kept.get('step')} (the checkpoint was saved by a "
-            "path taskq does not see: save_strategy 'steps', 'epoch' or 'best'): the loader "
-            "cannot tell which batches the model trained; resume from another checkpoint"
+            f"taskq loader state of step {kept.get('step')} (a save taskq's callback did not "
+            "see: it keeps the state at the saves of save_strategy 'steps', 'epoch' and "
+            "'best'): the loader cannot tell which batches the model trained; resume from "
+            "another checkpoint"
         )
     loader.load_state_dict(kept["loader"])
 

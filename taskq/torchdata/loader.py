@@ -372,7 +372,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         )
 
     def __len__(self) -> int:
-        """None: a pass's batches are not known ahead (other trainers take some of its
+        """No length: a pass's batches are not known ahead (other trainers take some of its
         tasks); ``progress()`` says how far the pass is. transformers' ``Trainer`` asks
         first thing in ``train()``: the loader hooks it then (frameworks.py).
 
