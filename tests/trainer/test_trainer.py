@@ -23,8 +23,8 @@ from support import RedisServer, wait_until
 
 import taskq
 from taskq.engine.contract import Code
-from taskq.testing import lease_secret, trainer_worker
-from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args
+from taskq.testing import ManualClock, lease_secret, trainer_worker
+from taskq.trainer.protocol import HeartbeatReply, JobInfo, call_heartbeat, heartbeat_args
 
 HERE = Path(__file__).resolve().parents[1]
 ROOT = HERE.parent
@@ -549,6 +549,49 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(
         trainer.apply_heartbeat(HeartbeatReply(Code.OK, [], old), beat_args(trainer))
         assert (trainer.pass_no, trainer_worker(trainer).view.gen, trainer.state) == now
         trainer.ack(task)
+
+
+def test_a_beat_made_while_the_rejoin_registers_does_not_declare_it_lost_again(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """A trainer declared lost rejoins. A heartbeat its thread builds while the register
+    is on the wire, answered by the server before it, names the old incarnation: the
+    REREGISTER it gets is that rejoin's, and applying it later (the thread waited on the
+    rejoin) neither registers again nor drops what was leased under the new incarnation
+    (the chaos scenario of a SIGSTOPped trainer: its first task after SIGCONT came back
+    stale)."""
+    make_job(client, job_name, 2, manual_clock=True)
+    job = client.job(job_name)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+        first = trainer.incarnation
+        ManualClock(job).advance(5)  # past the 2 s ttl
+        job.reap()
+        assert not client.workers(job_name)  # declared lost
+        worker = trainer_worker(trainer)
+        real_run = worker.session.run
+        early: list[tuple[list[Any], list[Any]]] = []
+
+        def run(verb: str, args: list[Any]) -> Any:
+            if verb == "register" and not early:  # the thread's beat, served first
+                beat = worker.heartbeat.args()
+                early.append(
+                    (beat, call_heartbeat(client.scripts, url, worker.session.keys.script, beat))
+                )
+            return real_run(verb, args)
+
+        worker.session.run = run  # type: ignore[method-assign]
+        trainer.heartbeat()  # REREGISTER: the rejoin
+        second = trainer.incarnation
+        assert second != first and len(early) == 1
+        task = trainer.lease(timeout=0)
+        assert task is not None
+        beat, raw = early[0]
+        trainer.apply_heartbeat(HeartbeatReply.decode(raw), beat)  # its answer lands now
+        assert trainer.incarnation == second
+        assert not task.revoked.is_set()
+        trainer.ack(task)  # not stale: the lease is the new incarnation's
+    st = client.status(job_name)
+    assert st.counters["stale"] == 0 and st.counters["acked"] == 1
 
 
 # -- leaks -------------------------------------------------------------------------------
