@@ -136,6 +136,28 @@ def test_batches(client: taskq.Client, url: str, job_name: str) -> None:
     assert st.state == "completed" and st.counters["acked"] == 10
 
 
+@pytest.mark.parametrize("call", ["batches", "lease_many"])
+def test_more_tasks_than_one_call_leases_is_one_clear_line_before_any_lease(
+    client: taskq.Client, url: str, job_name: str, call: str
+) -> None:
+    """``batches(k)`` and ``lease_many(n)`` above ``MAX_BATCH`` (32) raise InvalidInput
+    naming the bound at the call, before any lease; 32 is served."""
+    make_job(client, job_name, 40)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+        with pytest.raises(taskq.InvalidInput) as refused:
+            if call == "batches":
+                trainer.batches(33)
+            else:
+                trainer.lease_many(33)
+        k = "k" if call == "batches" else "n"
+        assert str(refused.value).startswith(f"{call}({k}): {k} must be 1 to 32 ")
+        assert str(refused.value).endswith("got 33") and "\n" not in str(refused.value)
+        assert client.status(job_name).leased == 0
+        got = next(trainer.batches(32)) if call == "batches" else trainer.lease_many(32)
+        assert len(got) == 32
+        trainer.ack(got)
+
+
 def test_body_error_fails_current_and_releases_reserved(
     client: taskq.Client, url: str, job_name: str
 ) -> None:
