@@ -215,6 +215,15 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------
     def teardown(self) -> None:
+        """The reachability check, then every trainer closed (each would otherwise be
+        dropped without ``close()``: a warning per trainer and example)."""
+        try:
+            self._every_live_task_reachable()
+        finally:
+            for t in self.trainers.values():
+                t.close()
+
+    def _every_live_task_reachable(self) -> None:
         """No live task is unreachable: once every lease is given back, leasing and acking
         finishes the pass (or the job waits with every task dead, or was cancelled)."""
         if self.cancelled:
@@ -239,19 +248,23 @@ class EngineMachine(RuleBasedStateMachine):
         t = taskq.Trainer(
             self.job, client=self.client, worker_id="closer", heartbeat=False, ranges=True
         )
-        for _ in range(4 * self._n()):
-            s = self.client.status(self.job)
-            if s.pass_no != pass0 or s.state != "running":
-                break
-            task = t.lease(timeout=0)
-            if task is None:
-                # time goes on: a lease of a worker incarnation the server forgot the end of
-                # (a rollback) is taken back once that incarnation's liveness runs out
-                self.client.advance_clock(self.job, 4000)
-                t.heartbeat()
-                self.client.reap(self.job)
-                continue
-            t.ack(task)
+        try:
+            for _ in range(4 * self._n()):
+                s = self.client.status(self.job)
+                if s.pass_no != pass0 or s.state != "running":
+                    break
+                task = t.lease(timeout=0)
+                if task is None:
+                    # time goes on: a lease of a worker incarnation the server forgot the
+                    # end of (a rollback) is taken back once that incarnation's liveness
+                    # runs out
+                    self.client.advance_clock(self.job, 4000)
+                    t.heartbeat()
+                    self.client.reap(self.job)
+                    continue
+                t.ack(task)
+        finally:
+            t.close()
         s = self.client.status(self.job)
         assert s.pass_no != pass0 or s.state != "running", "a live task is unreachable"
 
