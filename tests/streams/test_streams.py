@@ -512,6 +512,71 @@ def test_trim_keeps_what_a_kept_checkpoint_can_rewind_to(client, job_name):
     assert client.audit(job_name)["ok"]
 
 
+def _hgets(client: taskq.Client) -> int:
+    return int(client.redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_trim_step_reads_a_bounded_number_of_checkpoints_however_many_are_kept():
+    """1,001 checkpoints of a stream at keep 1,000 (the last seal drops the first): each
+    trim step reads at most SWEEP_STEP (25) checkpoint records, in the sweep that makes
+    the kept cuts' bound again (lib/cuts.lua), and a handful once it is made; the
+    watermark never passes the lowest kept cut meanwhile and reaches it once the sweep
+    ends. Counted in the server's commandstats (each record is one HGET), on a private
+    server: before the bound, every step read the 1,000 records."""
+    server = support.RedisServer()
+    try:
+        client = taskq.connect(server.url)
+        name = "ckpts"
+        client.create_job(name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+        job = client.job(name)
+        job.append([{"i": i} for i in range(1100)])
+        t = trainer(client, name, "w")
+        for k in range(1001):  # checkpoint k: its cut's lowest task not done is k
+            client.checkpoint(name, keep=1000, ckpt=f"c{k:04d}")
+            t.ack(t.lease(timeout=0))
+        reads, trimmed = [], []
+        while not trimmed or trimmed[-1] == 0:
+            before = _hgets(client)
+            trimmed.append(job.trim(steps=1))
+            reads.append(_hgets(client) - before)
+            assert len(reads) < 100, reads
+        assert max(reads) <= 25 + 10, reads
+        assert len(reads) >= 1000 // 25  # the sweep read every kept one, 25 a step
+        assert trimmed[-1] == 1  # up to the lowest kept cut's (c0001's) lowest task
+        before = _hgets(client)
+        assert job.trim(steps=1) == 0
+        assert _hgets(client) - before <= 10
+        assert client.rewind(name, "c0001")
+        assert sorted(drain(t)) == list(range(1, 1100))  # each with its descriptor
+        t.close()
+    finally:
+        server.cleanup()
+
+
+def test_a_stream_checkpointed_before_the_bound_is_trimmed_once_a_sweep_read_its_checkpoints(
+    client, job_name
+):
+    """A stream whose kept checkpoints have no bound (one made before it, modelled by
+    removing the field): the watermark waits while trim steps sweep them, then moves up
+    to their lowest cut, no further."""
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(100)])
+    t = trainer(client, job_name, "w")
+    for k in range(60):
+        client.checkpoint(job_name, keep=100, ckpt=f"c{k:02d}")
+        t.ack(t.lease(timeout=0))
+    t.ack([t.lease(timeout=0) for _ in range(20)])
+    client.redis.hdel(client.keys(job_name).ckpt, ":bound")
+    # 60 records: 3 steps of 25, then the bound holds at c00's cut (task 0 was not done)
+    assert [job.trim(steps=1) for _ in range(4)] == [0, 0, 0, 0]
+    client.checkpoint(job_name, keep=60, ckpt="last")  # c00 goes: the bound is swept again
+    while (step := job.trim(steps=1)) == 0:
+        pass
+    assert step == 1 and client.status(job_name).trimmed == 1  # c01's lowest task
+    t.close()
+
+
 def test_trim_leaves_plain_jobs_and_earlier_passes_alone_and_reset_is_refused_after(
     client, job_name
 ):
