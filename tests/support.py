@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "load_yaml_all",
     "make_job",
     "one_error_line",
+    "part_with",
     "server_version",
     "stop_process",
     "wait_until",
@@ -110,3 +112,12 @@ def load_yaml_all(path: Path) -> list[Any]:
     """Every non-empty YAML document of ``path``."""
     with path.open() as f:
         return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def part_with(part: str, lua: str, exports: str = "") -> str:
+    """The Lua of part ``lib/<part>`` as shipped with ``lua`` added before its return table,
+    which also returns ``exports`` (``"name = name, "``): a changed part for
+    ``library.build``."""
+    text = (resources.files("taskq.engine") / "lua" / "lib" / part).read_text()
+    at = text.rindex("\nreturn {")
+    return text[:at] + "\n" + lua + text[at:].replace("return {", "return {" + exports, 1)
