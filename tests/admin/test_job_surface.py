@@ -358,7 +358,7 @@ with taskq.Trainer(sys.argv[2], url=sys.argv[1]) as trainer:
     for task in trainer:
         kind = "ShardedTrainer" if trainer.sharded else type(trainer).__name__
         print("HOLDING", kind, trainer.global_id(task), flush=True)
-        time.sleep(60)
+        time.sleep(60)  # holds the task until killed
 """
 
 
@@ -411,7 +411,7 @@ def test_cuts_taken_while_trainers_cross_passes_rewind_to_one_pass(
         try:
             with taskq.Trainer(job_name, url=cluster.url, idle_wait=0.05) as trainer:
                 for _ in trainer:
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # a training step
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errs.append(e)
 
@@ -423,7 +423,7 @@ def test_cuts_taken_while_trainers_cross_passes_rewind_to_one_pass(
         while any(t.is_alive() for t in threads) and len(cuts) < 40:
             # never refused, though the trainers lease and ack meanwhile (issue 26, case 4)
             cuts.append(cclient.checkpoint(job_name, keep=50))
-            time.sleep(0.05)
+            time.sleep(0.05)  # the checkpoints' pace while the trainers work
     finally:
         for t in threads:
             t.join(60)
