@@ -1,8 +1,9 @@
 """What the tests share: the server binary, local servers and clusters, job factories,
 and the checks of the CLI's output.
 
-The servers themselves come from ``taskq.devserver`` (the demo and the bench start theirs
-there too). ``TASKQ_TEST_SERVER`` names the binary (default ``redis-server``; CI also runs
+The servers, ``wait_until`` and ``free_port`` come from ``taskq.testing``, the helpers
+users' tests get too (its servers are ``taskq.devserver``'s, which the demo and the bench
+start theirs with). ``TASKQ_TEST_SERVER`` names the binary (default ``redis-server``; CI also runs
 a subset with ``valkey-server``). The suite only ever talks to servers it started.
 """
 
@@ -18,16 +19,8 @@ from typing import Any
 import yaml
 
 import taskq
-from taskq.devserver import (
-    LOOPBACK,
-    RedisCluster,
-    RedisServer,
-    cluster_port,
-    find_server,
-    free_port,
-    stop_process,
-    wait_until,
-)
+from taskq.devserver import LOOPBACK, cluster_port, find_server, stop_process
+from taskq.testing import RedisCluster, RedisServer, free_port, wait_until
 
 __all__ = [
     "ENTRY_POINT",
@@ -89,7 +82,7 @@ def one_error_line(stderr: str) -> str:
 
 def job_keys(client: taskq.Client, name: str) -> list[str]:
     """Every key of job ``name`` (staging keys included)."""
-    return list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*", count=1000))
+    return list(client.redis.scan_iter(match=f"{client.connection.prefix}:{{{name}}}*", count=1000))
 
 
 def assert_no_job(client: taskq.Client, name: str) -> None:

@@ -107,7 +107,7 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
 
 
 def _ck(client: taskq.Client, job: str, *args: object) -> list:
-    return client.run(job, "checkpoint", ["", "ck1", *args])
+    return client.connection.run(job, "checkpoint", ["", "ck1", *args])
 
 
 def _lease_full(t: taskq.Trainer, want: int = MAX_HELD) -> list[taskq.Task]:
@@ -343,7 +343,9 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
     t.ack(t.lease(timeout=0))
     ck = client.checkpoint(job_name)["id"]
     t.ack(t.lease(timeout=0))
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # the caller died after begin
+    client.connection.run(
+        job_name, "rewind", ["", ck, "begin", 0, ""]
+    )  # the caller died after begin
     s = client.status(job_name)
     assert (s.state, s.reason) == ("waiting", "rewinding")
     assert t.lease(timeout=0) is None  # nothing is given out meanwhile
@@ -361,7 +363,7 @@ def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_na
     t = trainer(client, job_name, "a")
     t.fail(t.lease(timeout=0), "bad")  # task 0 is dead
     ck = client.checkpoint(job_name)["id"]
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     before = client.redis.hgetall(client.keys(job_name).meta)
     for call in (
         lambda: client.retry(job_name),
@@ -385,9 +387,9 @@ def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_na
 def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
     make_job(client, job_name, n=4)
     ck = client.checkpoint(job_name)["id"]
-    first = client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
-    reply = client.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
+    first = client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
+    reply = client.connection.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
     assert int(reply[0]) == taskq.engine.contract.Code.STALE
 
 
@@ -454,7 +456,7 @@ def test_cli_lists_checkpoints_and_rewinds(url, client, job_name):
 def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
     make_job(client, job_name, n=2)
     ck = client.checkpoint(job_name)["id"]
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     with pytest.raises(taskq.TaskqError, match="rewind is in progress"):
         client.checkpoint(job_name)
     client.rewind(job_name, ck)

@@ -17,7 +17,7 @@ from taskq.engine.connection import Connection
 
 URL = "redis://127.0.0.1:1/0"  # never reached
 #: Client methods written in client.py: the connection, the index, create, job(name).
-OWN = {"keys", "run", "ping", "memory_policy", "check_memory_policy", "list_jobs"}
+OWN = {"keys", "ping", "memory_policy", "check_memory_policy", "list_jobs"}
 OWN |= {"repair_index", "job", "create_job"}
 
 
@@ -58,9 +58,12 @@ def test_a_dropped_client_is_freed_without_the_cycle_collector() -> None:
         gc.enable()
 
 
-def test_the_client_exposes_its_connection() -> None:
+def test_the_client_shows_what_a_user_looks_at_and_its_connection_the_rest() -> None:
     client = taskq.Client(URL, key_prefix="tq-parts", allow_eviction=True)
-    assert client.url.startswith("redis://") and client.prefix == "tq-parts"
-    assert client.allow_eviction and client.scripts is not None and client.redis is not None
-    assert client.keys("a").meta == client.keys("a").meta
-    assert isinstance(client.connection, Connection)
+    conn = client.connection
+    assert isinstance(conn, Connection) and conn.prefix == "tq-parts" and conn.allow_eviction
+    assert client.redis is conn.redis and client.url == conn.url
+    assert client.url.startswith("redis://") and conn.scripts is not None
+    assert client.keys("a").meta == conn.keys("a").meta == "tq-parts:{a}:meta"
+    # the engine's side is the connection's alone: the client forwards none of it
+    assert not {"prefix", "scripts", "allow_eviction", "run"} & set(dir(client))

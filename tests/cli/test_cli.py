@@ -314,7 +314,9 @@ def test_list_repair_adds_a_job_missing_from_the_index(
     url: str, client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [1])
-    client.redis.srem(jobs_index(client.prefix), job_name)  # as after an interrupted create
+    client.redis.srem(
+        jobs_index(client.connection.prefix), job_name
+    )  # as after an interrupted create
     assert job_name not in client.list_jobs()
     r = run(url, "job", "list", "--repair", "--json")
     assert r.exit_code == 0, r.output
@@ -327,7 +329,7 @@ def test_list_shows_an_unreadable_job_without_failing(
     good, foreign = f"{job_name}-ok", f"{job_name}-foreign"
     client.create_job(good, [1])
     client.redis.set(client.keys(foreign).meta, "a string another tool wrote")
-    client.redis.sadd(jobs_index(client.prefix), foreign)
+    client.redis.sadd(jobs_index(client.connection.prefix), foreign)
     try:
         r = run(url, "job", "list", "--json")
         assert r.exit_code == 0, r.output
@@ -335,7 +337,7 @@ def test_list_shows_an_unreadable_job_without_failing(
         assert (states[good], states[foreign]) == ("running", "unreadable")
     finally:
         client.redis.delete(client.keys(foreign).meta)
-        client.redis.srem(jobs_index(client.prefix), foreign)
+        client.redis.srem(jobs_index(client.connection.prefix), foreign)
 
 
 def test_delete_asks_and_yes_deletes(url: str, client: taskq.Client, job_name: str) -> None:

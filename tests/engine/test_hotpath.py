@@ -86,7 +86,7 @@ def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name
     late = trainer(client, job_name, "late")  # the latest deadline: reclaimed last
     client.advance_clock(job_name, 1001)
     who = [late.job_incarnation, "late", late.incarnation]
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "lease",
         [*who, 1, 10**6, "S", -1, lease_secret(late)],
@@ -278,7 +278,7 @@ def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name
     assert client.status(job_name, summaries=0).leased == 8
     a, b = first[0], first[1]
     who = [t.job_incarnation, "a", t.incarnation]
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "ack",
         [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]
