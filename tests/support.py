@@ -36,7 +36,9 @@ __all__ = [
     "load_yaml",
     "load_yaml_all",
     "make_job",
+    "manual_job",
     "one_error_line",
+    "quiet_trainer",
     "part_with",
     "server_version",
     "stop_process",
@@ -60,6 +62,21 @@ def server_version() -> str:
 def make_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.JobStatus:
     """Create job ``name`` of ``n`` one-chunk tasks ``{"i": i}``; ``kw`` go to create_job."""
     return client.create_job(name, [{"i": i} for i in range(n)], **kw)
+
+
+def manual_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.JobStatus:
+    """``make_job`` on the job's manual clock with no task timeout unless ``kw`` says
+    otherwise: a test drives every step itself."""
+    kw.setdefault("manual_clock", True)
+    kw.setdefault("task_timeout", None)
+    return make_job(client, name, n, **kw)
+
+
+def quiet_trainer(client: taskq.Client, job: str, wid: str, **kw: Any) -> taskq.Trainer:
+    """Trainer ``wid`` of ``job`` without its heartbeat thread (unless ``kw`` gives one):
+    the test sends the heartbeats."""
+    kw.setdefault("heartbeat", False)
+    return taskq.Trainer(job, client=client, worker_id=wid, **kw)
 
 
 #: The local cluster of the cluster tests (its nodes run ``SERVER_BINARY`` too: both

@@ -3,7 +3,8 @@ of a job is the ``Job``'s (jobs.py): ``client.job(name).retry(...)``.
 
 ``Client`` is the connection (``client.connection``, engine/connection.py's ``Connection``:
 the redis-py client, URL, key prefix, function library, job keys, ``run``; the client
-itself shows what a user looks at: ``redis``, ``url``, ``keys(job)``, ``ping()``), job creation (``create_job``: a
+itself shows what a user looks at: ``redis``, ``url``, ``prefix``, ``keys(job)``,
+``ping()``), job creation (``create_job``: a
 ``JobConfig``, jobs.py's ``create``), the job index (``list_jobs``, ``repair_index``),
 the Redis checks, and ``job(name)``: the job's handle, told plain or sharded here once,
 by the shard-set record. The short forms ``client.VERB(name, ...)`` (``SHORT_FORMS``)
@@ -84,7 +85,7 @@ class Client:
             allow_eviction=allow_eviction,
         )
 
-    # -- the connection: what a user looks at; the rest (prefix, scripts, run) is
+    # -- the connection: what a user looks at; the rest (scripts, run, ...) is
     # -- ``self.connection``'s, engine/connection.py ------------------------------
     @property
     def redis(self) -> Any:
@@ -95,6 +96,11 @@ class Client:
     def url(self) -> str:
         """The Redis URL (``"<given client>"`` for a ``redis_client``)."""
         return self.connection.url
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every taskq key (``TASKQ_PREFIX``), to find a job's keys in Redis."""
+        return self.connection.prefix
 
     def keys(self, job: str) -> JobKeys:
         """The Redis keys of ``job`` (``JobKeys``: ``.meta``, ``.progress``, ``.script``, the

@@ -6,25 +6,19 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 
 import pytest
 from click.testing import CliRunner
+from support import manual_job, quiet_trainer
 from taskq.cli.main import cli
 
 import taskq
 from taskq.admin import checkpoints
 from taskq.engine.contract import MAX_BATCH, MAX_HELD, Code
 
-
-def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
-
-
-def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
-    kw.setdefault("heartbeat", False)
-    return taskq.Trainer(job, client=client, worker_id=wid, **kw)  # type: ignore[arg-type]
+make_job = partial(manual_job, n=6)
+trainer = quiet_trainer
 
 
 def done_ids(client: taskq.Client, job: str) -> set[int]:
@@ -263,7 +257,7 @@ def test_a_checkpoint_is_not_dropped_when_its_pass_attempt_ends_meanwhile(client
 def test_rewind_refuses_what_is_not_a_checkpoint_in_one_line(client, job_name):
     make_job(client, job_name)
     with pytest.raises(taskq.InvalidInput, match="a checkpoint id or the record") as e:
-        checkpoints.rewind(client, job_name, 3)  # type: ignore[arg-type]
+        checkpoints.rewind(client.connection, job_name, 3)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
 
 
@@ -474,13 +468,13 @@ def test_loader_state_restores_once_and_refuses_another_incarnation(client, job_
     state = checkpoints.state_of(job_name, client.checkpoint(job_name))
     assert json.loads(json.dumps(state)) == state and state["done"] == 1
     t.ack(t.lease(timeout=0))
-    assert [checkpoints.restore(client, state) for _ in range(3)] == [True, False, False]
+    assert [checkpoints.restore(client.connection, state) for _ in range(3)] == [True, False, False]
     assert client.status(job_name).done == 1
     make_job(client, job_name, n=3, replace=True)
     with pytest.raises(taskq.InvalidInput, match="earlier incarnation"):
-        checkpoints.restore(client, state)
+        checkpoints.restore(client.connection, state)
     with pytest.raises(taskq.InvalidInput, match="not a taskq loader state"):
-        checkpoints.restore(client, {"job": job_name})
+        checkpoints.restore(client.connection, {"job": job_name})
 
 
 def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client, job_name):
@@ -489,10 +483,12 @@ def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client
     t.ack(t.lease(timeout=0))
     state = checkpoints.state_of(job_name, client.checkpoint(job_name))
     t.ack(t.lease(timeout=0))
-    assert checkpoints.restore(client, state, key="run1:0")
+    assert checkpoints.restore(client.connection, state, key="run1:0")
     b = trainer(client, job_name, "b")
     b.ack(b.lease(timeout=0))  # the first restarted trainer already works
-    assert not checkpoints.restore(client, state, key="run1:0")  # a slower one: no rewind
+    assert not checkpoints.restore(
+        client.connection, state, key="run1:0"
+    )  # a slower one: no rewind
     assert client.status(job_name).done == 2
-    assert checkpoints.restore(client, state, key="run1:1")  # the next restart rewinds
+    assert checkpoints.restore(client.connection, state, key="run1:1")  # the next restart rewinds
     assert client.status(job_name).done == 1

@@ -62,8 +62,8 @@ def test_the_client_shows_what_a_user_looks_at_and_its_connection_the_rest() -> 
     client = taskq.Client(URL, key_prefix="tq-parts", allow_eviction=True)
     conn = client.connection
     assert isinstance(conn, Connection) and conn.prefix == "tq-parts" and conn.allow_eviction
-    assert client.redis is conn.redis and client.url == conn.url
+    assert client.redis is conn.redis and client.url == conn.url and client.prefix == conn.prefix
     assert client.url.startswith("redis://") and conn.scripts is not None
     assert client.keys("a").meta == conn.keys("a").meta == "tq-parts:{a}:meta"
     # the engine's side is the connection's alone: the client forwards none of it
-    assert not {"prefix", "scripts", "allow_eviction", "run"} & set(dir(client))
+    assert not {"scripts", "allow_eviction", "run"} & set(dir(client))

@@ -277,7 +277,7 @@ def a_job(
     client = taskq.connect(cluster.url)
     for i in range(20000):
         name = f"{stem}-{i}"
-        shards = place(client, name, 3) if sharded else [name]
+        shards = place(client.connection, name, 3) if sharded else [name]
         for k, shard in enumerate(shards):
             slot = slot_of(shard)
             if master_of(cluster, slot)[0] != cluster.spare.port and (

@@ -224,7 +224,7 @@ def test_the_cli_takes_any_job(cluster: RedisClusterProcs, job_name: str, kind: 
 # -- a sharded job's own guarantees ------------------------------------------------------
 def _finish_pass(client: taskq.Client, name: str) -> None:
     """Lease and ack every task of the current pass (each shard, a plain trainer)."""
-    sset = shardset.require(client, name)
+    sset = shardset.require(client.connection, name)
     for shard in sset.shards:
         tr = taskq.Trainer.of_shard(shard, client=client, heartbeat=False)
         while got := tr.lease_many(10, timeout=0):
@@ -248,7 +248,7 @@ def test_a_cut_under_which_a_pass_moved_is_taken_again(
 ) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)  # every shard waits at the end of pass 0
-    sset = shardset.require(cclient, job_name)
+    sset = shardset.require(cclient.connection, job_name)
     real = Job.checkpoint
     calls = []
 
@@ -301,7 +301,7 @@ def test_the_sharded_audit_sees_shards_disagree(
     rec = cclient.checkpoint(job_name)
     _finish_pass(cclient, job_name)
     assert cclient.job(job_name).advance() == 1
-    shard0 = shardset.require(cclient, job_name).shards[0]
+    shard0 = shardset.require(cclient.connection, job_name).shards[0]
     Job(cclient, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
     audit = cclient.audit(job_name)
     assert not audit["checks"]["shards_in_step"] and not audit["ok"]

@@ -9,21 +9,14 @@ import json
 import threading
 
 import pytest
+from support import manual_job, quiet_trainer
 
 import taskq
 from taskq.admin import checkpoints
 from taskq.engine.contract import SUMMARIES_MAX
 
-
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
-
-
-def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
-    kw.setdefault("heartbeat", False)
-    return taskq.Trainer(job, client=client, worker_id=wid, **kw)  # type: ignore[arg-type]
+make_job = manual_job
+trainer = quiet_trainer
 
 
 def drain(t: taskq.Trainer, client: taskq.Client, job: str) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from data_files import write_parquet
-from support import RedisServer, stop_process, wait_until
+from support import RedisServer, manual_job, quiet_trainer, stop_process, wait_until
 
 import taskq
 from taskq.data import build_chunks, read_task
@@ -27,14 +27,7 @@ from taskq.testing import trainer_worker
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
-
-
-def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False)
+make_job, trainer = manual_job, quiet_trainer
 
 
 def holding(client: taskq.Client, job: str, n: int = 1) -> tuple[taskq.Trainer, taskq.Task]:
