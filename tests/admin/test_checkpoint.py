@@ -199,7 +199,7 @@ def test_work_between_the_cut_and_the_seal_leaves_the_cuts_position(client, job_
     assert code == Code.OK and unfinished == len(todo0)
     churn()
     _seal(client, job_name, churn)
-    ck = checkpoints.get(client, job_name, "ck1")
+    ck = checkpoints.get(client.connection, job_name, "ck1")
     assert (ck["done"], ck["unfinished"], ck["dead"]) == (len(done0), len(todo0), 1)
     churn()
     assert client.rewind(job_name, "ck1")
@@ -247,7 +247,7 @@ def test_a_checkpoint_is_not_dropped_when_its_pass_attempt_ends_meanwhile(client
     t.fail(t.lease(timeout=0), "bad")  # dead after the cut
     assert client.retry(job_name) == 1
     _seal(client, job_name)
-    ck = checkpoints.get(client, job_name, "ck1")
+    ck = checkpoints.get(client.connection, job_name, "ck1")
     assert (ck["done"], ck["dead"]) == (1, 0)
     assert client.rewind(job_name, ck)  # the record works as well as its id
     s = client.status(job_name)

@@ -235,7 +235,7 @@ def _finish_pass(client: taskq.Client, name: str) -> None:
 def test_the_barrier_does_not_move_during_a_cut(cclient: taskq.Client, job_name: str) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)
-    with barrier.barrier_lock(cclient, job_name, "checkpoint", 5000) as held:
+    with barrier.barrier_lock(cclient.connection, job_name, "checkpoint", 5000) as held:
         assert held is not None
         assert cclient.job(job_name).advance() is None  # a cut holds the barrier
         assert cclient.status(job_name).pass_no == 0
@@ -259,7 +259,7 @@ def test_a_cut_under_which_a_pass_moved_is_taken_again(
         calls.append(self.name)
         if len(calls) == 1:  # a step that outlived its lock: the other shards move on
             for shard in sset.shards[1:]:
-                Job(cclient, shard).next(expected_pass=0)
+                Job(cclient.connection, shard).next(expected_pass=0)
         return rec
 
     monkeypatch.setattr(Job, "checkpoint", checkpoint_then_move)
@@ -302,7 +302,7 @@ def test_the_sharded_audit_sees_shards_disagree(
     _finish_pass(cclient, job_name)
     assert cclient.job(job_name).advance() == 1
     shard0 = shardset.require(cclient.connection, job_name).shards[0]
-    Job(cclient, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
+    Job(cclient.connection, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
     audit = cclient.audit(job_name)
     assert not audit["checks"]["shards_in_step"] and not audit["ok"]
     r = run(cluster.url, "job", "audit", job_name)
