@@ -71,7 +71,7 @@ def _body(task: taskq.Task, step_s: float, until_revoked_s: float) -> bool:
                 return False
         return True
     if step_s > 0:
-        time.sleep(step_s)
+        time.sleep(step_s)  # the task's work
     return task.revoked.is_set()
 
 
@@ -340,7 +340,7 @@ def remove_trainers(
         if how not in ("term", "kill"):
             raise ValueError(f"how must be 'kill' or 'term', not {how!r}")
         trainer.stop()
-    time.sleep(pause_s)
+    time.sleep(pause_s)  # in-flight calls land before what each holds is read
     status = client.status(job, summaries=0)
     leased = client.tasks(job, state="leased", limit=100000)
     out = []

@@ -438,7 +438,7 @@ class EngineMachine(RuleBasedStateMachine):
         """A checkpoint's cut; its later steps come in another rule, so leases, acks,
         deaths, retries and pass ends happen between them."""
         ck = f"ck{len(self.sealed)}-{next(_ids)}"
-        code = int(self.client.run(self.job, "checkpoint", ["", ck, "begin", 5])[0])
+        code = int(self.client.connection.run(self.job, "checkpoint", ["", ck, "begin", 5])[0])
         if code == Code.LOCKED:
             return
         assert code == Code.OK, "a checkpoint's cut is never refused"
@@ -466,13 +466,13 @@ class EngineMachine(RuleBasedStateMachine):
         self.open_ck = None
         k, cursor = 0, "0"
         while True:
-            r = self.client.run(self.job, "checkpoint", ["", ck, "prog", k, cursor])
+            r = self.client.connection.run(self.job, "checkpoint", ["", ck, "prog", k, cursor])
             if int(r[0]) == Code.STALE:  # a rewind began since and dropped it
                 return
             cursor, k = str(r[1]), k + 1
             if cursor == "0":
                 break
-        assert int(self.client.run(self.job, "checkpoint", ["", ck, "seal", 5])[0]) == 0
+        assert int(self.client.connection.run(self.job, "checkpoint", ["", ck, "seal", 5])[0]) == 0
         rec = self.client.checkpoints(self.job)[-1]
         assert rec["id"] == ck and rec["done"] == len(done) and rec["dead"] == len(dead)
         kept = {c["id"] for c in self.client.checkpoints(self.job)}

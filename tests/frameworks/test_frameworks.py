@@ -84,6 +84,22 @@ def _per_pass(entries: list[dict]) -> dict[int, Counter[tuple[int, int]]]:
     return out
 
 
+def _rows(files: int, rows: int) -> set[tuple[int, int]]:
+    """The (file, row) of every row of ``write_jsonl(..., files, rows)``."""
+    return {(f, i) for f in range(files) for i in range(rows)}
+
+
+def _each_row_once_per_pass(
+    entries: list[dict], rows: set[tuple[int, int]], passes: set[int] | None = None
+) -> None:
+    """The log's ``entries`` train each of ``rows`` once in every pass of ``passes``
+    ({0, 1} unless given), and nothing else."""
+    per_pass = _per_pass(entries)
+    assert set(per_pass) == (passes if passes is not None else {0, 1})
+    for p, seen in per_pass.items():
+        assert set(seen) == rows and max(seen.values()) == 1, p
+
+
 def test_lightning_fit_trains_every_sample_once_per_pass(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
@@ -93,11 +109,7 @@ def test_lightning_fit_trains_every_sample_once_per_pass(
     log = tmp_path / "log"
     log.mkdir()
     _run("lightning_proc.py", url, job_name, str(log), "1")
-    rows = {(f, i) for f in range(6) for i in range(20)}
-    per_pass = _per_pass(_trained(log))
-    assert set(per_pass) == {0, 1}
-    for p, seen in per_pass.items():
-        assert set(seen) == rows and max(seen.values()) == 1, p
+    _each_row_once_per_pass(_trained(log), _rows(6, 20))
 
 
 def _per_rank(log_dir: Path) -> dict[str, list[dict]]:
@@ -121,11 +133,11 @@ def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
     batch."""
     if shape == "five_tasks":
         make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
-        rows, passes = {(f, i) for f in range(5) for i in range(20)}, {0, 1}
+        rows, passes = _rows(5, 20), {0, 1}
     else:
         chunks = write_jsonl(tmp_path / "data", 1, 18)
         make_job(client, job_name, chunks, passes=1, split_tails=False)
-        rows, passes = {(0, i) for i in range(18)}, {0}
+        rows, passes = _rows(1, 18), {0}
     log = tmp_path / "log"
     log.mkdir()
     _run("lightning_proc.py", url, job_name, str(log), "2")
@@ -134,10 +146,7 @@ def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
     steps = [Counter(e["epoch"] for e in entries) for entries in ranks.values()]
     assert steps[0] == steps[1] and set(steps[0]) == passes, steps
     trained = [e for entries in ranks.values() for e in entries if not e["padding"]]
-    per_pass = _per_pass(trained)
-    assert set(per_pass) == passes
-    for p, seen in per_pass.items():
-        assert set(seen) == rows and max(seen.values()) == 1, p
+    _each_row_once_per_pass(trained, rows, passes)
     padding = sorted(sum(e["padding"] for e in entries) for entries in ranks.values())
     if shape == "one_task":
         assert padding == [0, 5], padding
@@ -221,11 +230,7 @@ def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
     log = tmp_path / "log"
     log.mkdir()
     _run("accelerate_proc.py", url, job_name, str(log))
-    rows = {(f, i) for f in range(5) for i in range(20)}
-    per_pass = _per_pass(_trained(log))
-    assert set(per_pass) == {0, 1}
-    for p, seen in per_pass.items():
-        assert set(seen) == rows and max(seen.values()) == 1, p
+    _each_row_once_per_pass(_trained(log), _rows(5, 20))
 
 
 @pytest.mark.parametrize(("procs", "flags"), [(1, "join"), (2, "join"), (2, "none")])
@@ -259,7 +264,7 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     after = _trained(second)
     assert [e["step"] for e in after][:1] == [4]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
-    assert set(seen) == {(f, i) for f in range(5) for i in range(20)}
+    assert set(seen) == _rows(5, 20)
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
 
 
@@ -282,11 +287,7 @@ def test_accelerate_without_flags_on_two_ranks_steps_evenly_and_trains_every_sam
     assert len(ranks) == 2
     assert len(ranks["rank0"]) == len(ranks["rank1"]), {k: len(v) for k, v in ranks.items()}
     entries = [e for v in ranks.values() for e in v]
-    per_pass = _per_pass([e for e in entries if e["pass"] is not None])
-    rows = {(f, i) for f in range(5) for i in range(20)}
-    assert set(per_pass) == {0, 1}
-    for p, seen in per_pass.items():
-        assert set(seen) == rows and max(seen.values()) == 1, p
+    _each_row_once_per_pass([e for e in entries if e["pass"] is not None], _rows(5, 20))
     grads = [
         json.loads(line)
         for path in log.glob("rank*.grad")
@@ -459,11 +460,7 @@ def test_hf_trainer_trains_every_sample_once_per_pass(
     log = tmp_path / "log"
     log.mkdir()
     _run("hf_trainer_proc.py", url, job_name, str(log), "50")
-    rows = {(f, i) for f in range(5) for i in range(20)}
-    per_pass = _per_pass(_trained(log))
-    assert set(per_pass) == {0, 1}
-    for p, seen in per_pass.items():
-        assert set(seen) == rows and max(seen.values()) == 1, p
+    _each_row_once_per_pass(_trained(log), _rows(5, 20))
 
 
 def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
@@ -484,11 +481,8 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     assert len(ranks) == 2
     steps = [len(entries) for entries in ranks.values()]
     assert steps[0] == steps[1], steps
-    per_pass = _per_pass([e for es in ranks.values() for e in es if not e["padding"]])
-    assert set(per_pass) == {0, 1}
-    for p, seen in per_pass.items():
-        assert set(seen) == {(f, i) for f in range(5) for i in range(20)}, p
-        assert max(seen.values()) == 1, p
+    trained = [e for es in ranks.values() for e in es if not e["padding"]]
+    _each_row_once_per_pass(trained, _rows(5, 20))
     assert any(e["padding"] for es in ranks.values() for e in es)  # 25 batches a pass
     _padding_trained_nothing(log)  # the model returned it unweighted
     assert client.status(job_name).state == "completed"

@@ -902,6 +902,48 @@ def _trainer(url: str, job: str, log: Path, wid: str) -> subprocess.Popen[str]:
     return proc
 
 
+class Producer:
+    """Appends chunks ``{"i": "c<k>"}`` (ids ``c<k>``) to a stream job, counting them."""
+
+    def __init__(self, client: taskq.Client, job: str) -> None:
+        self.client, self.name, self.job = client, job, client.job(job)
+        self.appended = 0
+
+    def append(self, k: int) -> None:
+        """Append ``k`` new chunks (waiting on max_backlog up to 60 s)."""
+        ids = [f"c{i}" for i in range(self.appended, self.appended + k)]
+        assert self.job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
+        self.appended += k
+
+    def retry_last(self, k: int) -> None:
+        """A producer's retry of the last ``k`` chunks: every one skipped."""
+        again = [f"c{i}" for i in range(self.appended - k, self.appended)]
+        assert self.job.append([{"i": i} for i in again], ids=again).skipped == k
+
+    def wait_done(self, n: int) -> None:
+        assert support.wait_until(lambda: self.client.status(self.name).done >= n, timeout=60)
+
+    def check_acked_once(self, log: Path) -> None:
+        """The sealed job completed with every chunk acked, once (the trainers' ack log)."""
+        st = self.client.status(self.name)
+        assert (st.state, st.tasks, st.counters["acked"]) == (
+            "completed",
+            self.appended,
+            self.appended,
+        )
+        logged = [line.split()[1] for line in log.read_text().splitlines()]
+        assert len(logged) == len(set(logged)), "a task acked twice"
+        assert self.client.audit(self.name)["ok"]
+
+
+def kill_left(procs: dict[str, subprocess.Popen[str]]) -> None:
+    """Kill and reap the processes of ``procs`` still running (a test's cleanup)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     url, client, job_name, tmp_path
 ):
@@ -910,48 +952,30 @@ def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     client.create_job(
         job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.2, max_backlog=40
     )
-    job = client.job(job_name)
+    producer = Producer(client, job_name)
     log = tmp_path / "acks.log"
     procs = {w: _trainer(url, job_name, log, w) for w in ("a", "b")}
-    appended = 0
-
-    def produce(k: int) -> None:
-        nonlocal appended
-        ids = [f"c{i}" for i in range(appended, appended + k)]
-        assert job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
-        appended += k
-
-    def done_at_least(n: int) -> None:
-        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=60)
-
     try:
-        produce(30)
-        done_at_least(10)
+        producer.append(30)
+        producer.wait_done(10)
         procs["a"].kill()  # SIGKILL mid-stream: what it held goes back after its ttl
         procs["c"] = _trainer(url, job_name, log, "c")  # a trainer added
-        produce(30)
-        done_at_least(40)
+        producer.append(30)
+        producer.wait_done(40)
         procs["b"].send_signal(signal.SIGTERM)  # a trainer removed: it gives back and leaves
         assert procs["b"].wait(timeout=20) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
-        produce(30)
-        again = [f"c{i}" for i in range(appended - 30, appended)]  # a producer's retry
-        assert job.append([{"i": i} for i in again], ids=again).skipped == 30
+        producer.append(30)
+        producer.retry_last(30)
         procs["d"] = _trainer(url, job_name, log, "d")
-        produce(30)  # (max_backlog 40: waits for the trainers' acks)
-        job.seal()
+        producer.append(30)  # (max_backlog 40: waits for the trainers' acks)
+        producer.job.seal()
         for w in ("c", "d"):
             assert procs[w].wait(timeout=60) == 0  # the loop ends with the job
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    st = client.status(job_name)
-    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", appended, appended)
-    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == appended
-    logged = [line.split()[1] for line in log.read_text().splitlines()]
-    assert len(logged) == len(set(logged)), "a task acked twice"
-    assert client.audit(job_name)["ok"]
+        kill_left(procs)
+    producer.check_acked_once(log)
+    summary = client.status(job_name).summaries[-1]
+    assert summary["acked"] == summary["live"] == producer.appended
 
 
 # -- taskq.torch over a stream ------------------------------------------------------------

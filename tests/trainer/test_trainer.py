@@ -294,7 +294,7 @@ def test_lost_lease_reply_healed_by_heartbeat(
         lost_call = trainer_worker(trainer).leases.call_no + 1
         trainer_worker(trainer).leases.call_no = lost_call
         keys = client.keys(job_name).script
-        reply = client.scripts.call(
+        reply = client.connection.scripts.call(
             "lease",
             keys,
             [
@@ -328,7 +328,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         call = trainer_worker(trainer).leases.call_no + 5  # a reply that may still be on the wire
-        client.scripts.call(
+        client.connection.scripts.call(
             "lease",
             client.keys(job_name).script,
             [
