@@ -18,7 +18,7 @@ Data flow: CLI / user code -> client.py -> jobs.py (``Job``) -> engine/connectio
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from taskq.admin import jobs, stats
@@ -28,7 +28,6 @@ from taskq.admin.jobs import Job, check_name
 from taskq.admin.shardset import load
 from taskq.config import check_memory_policy, encode_tasks, validate_config
 from taskq.engine.connection import Connection, translate
-from taskq.engine.transport import Scripts
 from taskq.keys import (
     JobKeys,
     job_from_meta_key,
@@ -87,7 +86,7 @@ class Client:
         )
 
     # -- the connection: what a user looks at; the engine's side is ``self.connection``'s
-    # -- (engine/connection.py; ``scripts`` and ``run`` below are its, for old callers) --
+    # -- (engine/connection.py) --
     @property
     def redis(self) -> Any:
         """The redis-py client: ``redis.Redis``, ``RedisCluster`` or a Sentinel master."""
@@ -102,22 +101,6 @@ class Client:
     def prefix(self) -> str:
         """The prefix of every taskq key (``TASKQ_PREFIX``), to find a job's keys in Redis."""
         return self.connection.prefix
-
-    @property
-    def scripts(self) -> Scripts:
-        """The function library on this connection (``client.connection.scripts``)."""
-        return self.connection.scripts
-
-    def run(
-        self,
-        job: str,
-        verb: str,
-        args: Sequence[Any],
-        extra_keys: Sequence[str] = (),
-        passthrough: Container[int] = (),
-    ) -> Any:
-        """``client.connection.run``: one operation's script on ``job``."""
-        return self.connection.run(job, verb, args, extra_keys, passthrough)
 
     def keys(self, job: str) -> JobKeys:
         """The Redis keys of ``job`` (``JobKeys``: ``.meta``, ``.progress``, ``.script``, the

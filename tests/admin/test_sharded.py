@@ -697,9 +697,9 @@ def test_a_boundary_with_no_trainer_left_is_advanced_by_the_reapers_step(
             for task in iter(lambda: tr.lease(timeout=0, expect_pass=0), None):  # noqa: B023
                 tr.ack(task)
     assert client.job(job_name).status().reason == "barrier"
-    assert jobs.advance_all(client)[job_name] == 1
+    assert jobs.advance_all(client.connection)[job_name] == 1
     assert client.job(job_name).status().state == "running"
-    assert job_name not in jobs.advance_all(client)
+    assert job_name not in jobs.advance_all(client.connection)
 
 
 def test_homes_spread_evenly_and_a_trainer_registers_elsewhere_only_to_take(
