@@ -407,9 +407,8 @@ def _hook_trainer(trainer: Any, loader: Any) -> Any:
 
         @functools.wraps(current)
         def resumed(dataloader: Any, num_batches: int) -> Any:
-            from .loader import DataLoader
-
-            if isinstance(dataloader, DataLoader):
+            # (a taskq.torch.DataLoader: named by its module, which imports this one)
+            if type(dataloader).__module__ == f"{__package__}.loader":
                 return dataloader
             return current(dataloader, num_batches)
 
