@@ -512,6 +512,38 @@ def test_a_retried_split_task_goes_whole_to_a_whole_task_reader_only_if_its_tail
     assert audit["ok"], audit["checks"]
 
 
+def test_a_head_piece_left_by_every_range_reader_goes_whole_to_a_whole_task_reader(
+    client, job_name, tmp_path
+):
+    """``a`` reads 11 samples of a task, ``b`` splits it at 55, reads its tail [55, 100)
+    and acks it; ``a`` leaves (its head [11, 55) goes back) and so does ``b``: no range
+    reader is left, only a whole-task reader, which takes the task whole (the split
+    undone; the tail's 45 samples read again, counted re-read) and completes the pass.
+    Before, the head piece waited in the front for a range reader that never came. While
+    a range reader is registered it is left to one."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), passes=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, took_a, _ = split_between(client, job_name, a, b, 10)
+    assert (piece.start, piece.end) == (55, 100)
+    took = [s["i"] for s in took_a] + [s["i"] for s in read_all(b, piece)]
+    b.ack(piece)
+    a.close()
+    w = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    assert w.lease(timeout=0) is None  # b, a range reader, is still registered
+    b.close()
+    whole = w.lease(timeout=0)
+    assert whole is not None and whole.id == task.id and whole.start == 11
+    took += [s["i"] for s in read_task(whole.chunks, whole.start)]  # to the chunks' end
+    w.ack(whole)
+    w.close()
+    assert sorted(set(took)) == list(range(100))
+    assert len(took) == 100 + 45
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 45
+
+
 def _head_acked_tail_dead(client: taskq.Client, job_name: str, tmp_path: Any) -> tuple:
     """Two tasks; ``c`` holds task 0 (its size unsaid: never split); ``a``'s task 1 is
     split at 55 by ``b``; ``a`` acks the head, ``b`` reads the tail to 60 and fails it at
