@@ -191,6 +191,9 @@ class MetaField:
     TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
     ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
+    #: worker incarnations registered as range readers (lib/workers.lua reads_of 'r' or
+    #: 's') and not removed yet: with none, a whole-task reader takes a head piece whole
+    RANGERS = "rangers"
     #: the order of a task's samples: '' or absent the chunks' order, 'shuffled' a
     #: permutation fixed by the job's seed, the pass and the task (taskq.data.sample_order;
     #: applied by the readers, never by a script: register hands it to the trainers)

@@ -124,6 +124,8 @@ class Ledger:
         its ack says so (``Task.read_to``)."""
         with self._lock:
             self._read_to[task_id, token] = end
+        if self.at_tail:
+            self._wake()  # at a pass's tail the feeder leases more once nothing is unread
 
     # -- the feeder thread's side -------------------------------------------------
     def held_map(self) -> dict[int, Task]:
@@ -140,6 +142,12 @@ class Ledger:
         """Tasks held (leased and not acked, failed or released by this iteration)."""
         with self._lock:
             return len(self._held)
+
+    def unread(self) -> int:
+        """Held tasks whose reading has not ended (the loop has not taken or dropped
+        their last sample): work this iteration still has to read."""
+        with self._lock:
+            return sum(1 for k, t in self._held.items() if (k, t.token) not in self._read_to)
 
     def drop_revoked(self) -> bool:
         """Forget held tasks the server took back (a heartbeat's answer): their acks

@@ -1084,6 +1084,16 @@ class SplitMachine(EngineMachine):
         found = integrity.split_check(r, keys, self._piece_round(), task_size, running)
         assert not found["bad"], found
 
+    @invariant()
+    def range_readers_counted(self) -> None:
+        """The count of range readers (meta rangers: with none, a whole-task reader takes
+        a head piece whole) is the number of range-reader records in the leases hash."""
+        if self.cancelled:
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        records = sum(1 for f, _ in r.hscan_iter(keys.leases, match="r:*"))
+        assert self._meta("rangers") == records
+
 
 SplitMachine.TestCase.settings = EngineMachine.TestCase.settings
 
