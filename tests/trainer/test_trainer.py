@@ -597,7 +597,12 @@ def test_a_beat_made_while_the_rejoin_registers_does_not_declare_it_lost_again(
             if verb == "register" and not early:  # the thread's beat, served first
                 beat = worker.heartbeat.args()
                 early.append(
-                    (beat, call_heartbeat(client.connection.scripts, url, worker.session.keys.script, beat))
+                    (
+                        beat,
+                        call_heartbeat(
+                            client.connection.scripts, url, worker.session.keys.script, beat
+                        ),
+                    )
                 )
             return real_run(verb, args)
 
