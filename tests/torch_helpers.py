@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import queue
 from collections import Counter
@@ -19,6 +20,21 @@ def dump_if_hung(seconds: float = 90.0) -> None:
     import faulthandler
 
     faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def framework_args() -> argparse.ArgumentParser:
+    """The arguments every framework process (tests/*_proc.py run by
+    tests/frameworks/test_frameworks.py) takes: ``URL JOB LOG_DIR``, ``--every K``
+    (checkpoint every K steps), ``--kill-at S`` (SIGKILL on entering step S) and
+    ``--resume CKPT``; a process adds its own after them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("job")
+    ap.add_argument("log_dir")
+    ap.add_argument("--every", type=int)
+    ap.add_argument("--kill-at", type=int)
+    ap.add_argument("--resume")
+    return ap
 
 
 def write_jsonl(directory: Path, files: int, lines: int | list[int]) -> list[dict[str, Any]]:
