@@ -595,12 +595,13 @@ def main() -> int:
     a = ap.parse_args()
     common.install_signal_handlers()
     with common.start_redis() as server:
-        if a.nice:  # the neighbours' load on a shared machine rarely deschedules it
-            assert server.proc is not None
-            os.setpriority(os.PRIO_PROCESS, server.proc.pid, a.nice)
-        if a.fifo:  # a core of its own whenever it has work, as on a machine of its own
-            assert server.proc is not None
-            os.sched_setscheduler(server.proc.pid, os.SCHED_FIFO, os.sched_param(a.fifo))
+        try:
+            common.prioritise(server, nice=a.nice, fifo=a.fifo)
+        except PermissionError:
+            print(
+                "streams.py: --nice below 0 and --fifo need root (or CAP_SYS_NICE)", file=sys.stderr
+            )
+            return 2
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
         if a.week:
             return print_week(a, week(url, a))
