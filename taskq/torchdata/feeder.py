@@ -161,6 +161,11 @@ class Feeder(threading.Thread):
         moved = self.moved
         return [moved.popleft() for _ in range(len(moved))]
 
+    @property
+    def calls_waiting(self) -> int:
+        """Calls the main thread asked of this thread (``call``) not run yet."""
+        return len(self._calls)
+
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
         self._wake.set()
@@ -279,7 +284,7 @@ class Feeder(threading.Thread):
     def _loop(self) -> None:
         assert self.trainer is not None and self.pass_no is not None
         assert self.all_dead is not None
-        trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
+        trainer, pass_no = self.trainer, self.pass_no
         last_poll = 0.0
         while True:
             new = self.ledger.collect()
@@ -370,19 +375,18 @@ class Feeder(threading.Thread):
                 continue
             if self._finish.is_set():
                 continue
-            st = self.client.job(job).status(summaries=0)
-            if st.state in ("completed", "cancelled"):
-                self.phase = self._end(st.state)
-            elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:
+            # why nothing came, from the lease reply (trainer.state / reason / pass_no /
+            # pass_complete: the job as the reply saw it)
+            if trainer.state in ("completed", "cancelled"):
+                self.phase = self._end(trainer.state)
+            elif trainer.reason == "all_dead" and trainer.pass_no <= pass_no:
                 # nothing comes until an operator retries the dead tasks or cancels: say
                 # so (a warning a minute) or raise it in the loop (on_all_dead)
-                self.all_dead.seen(st.pass_no)
+                self.all_dead.seen(trainer.pass_no)
                 self._wait(0.5)
-            elif st.pass_no > pass_no or (
-                st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
-            ):
+            elif trainer.pass_complete(pass_no):
                 self.phase = self._end("pass_complete")
-            elif st.pass_no < pass_no:
+            elif trainer.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
                 elif self.pass_end == "local" and self.phase == "feed":
@@ -393,44 +397,53 @@ class Feeder(threading.Thread):
                     self.ahead.stop_readers()
                     self.phase = self._end("exhausted")
                     self.ledger.at_tail = True
-            elif self.phase == "feed" and st.stream == "open" and st.state == "running":
-                # an open stream with nothing now: more comes (the next lease call blocks
-                # until an append wakes it); the readers go on, unless the loop asked to
-                # end an iteration that found nothing for max_idle seconds
-                # (the readers read all they were given: a last partial batch goes out
-                # when they stop)
-                # its readers done with what they hold, the loop waits for appends (a
-                # partial batch in a worker holds the last task): not a wait for data
-                self._nothing_to_lease(reading <= 0 and not self.ahead.reserved)
-                idle = self.dataset.max_idle
-                if (
-                    idle is not None
-                    and reading <= 0
-                    and not self.ahead.reserved
-                    and time.monotonic() - self._got_at >= idle
-                ):
-                    self.phase = self._end("idle")
-                elif holding:
-                    self._wait(0.5)
-            elif self.phase == "feed" and (
-                st.state == "paused"
-                or (st.state == "waiting" and st.reason == "rewinding")
-                or st.todo > 0
-            ):
-                # nothing for us now, but the pass is not at its tail (paused, a rewind
-                # half done, work left to others a while): the readers go on
-                self._wait(0.5)
+            elif self.phase == "feed" and trainer.reason == "rewinding":
+                self._wait(0.5)  # a rewind half done: the readers go on
             elif self.phase == "feed" and self.ahead.reserved:
                 self.ahead.note_dry()  # the readers start the reserve first
             elif self.phase == "feed":
-                # nothing left to lease now: readers finish what they have
-                self.ahead.stop_readers()
-                self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
-                self.ledger.at_tail = True
+                self._nothing_now(holding, reading)
             elif holding:
                 # at the tail with our own tasks: the loop goes on (progress out often,
                 # ledger.py), the next look at the pass in _TAIL_POLL_S
                 self._wait(0.1)
+
+    def _nothing_now(self, holding: bool, reading: int) -> None:
+        """The pass goes on, nothing of it was leasable now and nothing is reserved: is
+        that its tail? What a reply does not say (an open stream, a pause, work left to
+        others a while) is read from the job's status, once per such lease (at the
+        pass's tail: once, the readers stop then)."""
+        st = self.client.job(self.dataset.job).status(summaries=0)
+        own = self.pass_no
+        if st.state in ("completed", "cancelled"):
+            self.phase = self._end(st.state)  # since the reply (its next would say so)
+        elif own is not None and (
+            st.pass_no > own
+            or (st.pass_no == own and st.state == "waiting" and st.reason in PASS_OVER)
+        ):
+            self.phase = self._end("pass_complete")
+        elif st.stream == "open" and st.state == "running":
+            # an open stream with nothing now: more comes (the next lease call blocks
+            # until an append wakes it); the readers go on, unless the loop asked to
+            # end an iteration that found nothing for max_idle seconds (the readers read
+            # all they were given: a last partial batch goes out when they stop). Its
+            # readers done with what they hold, the loop waits for appends (a partial
+            # batch in a worker holds the last task): not a wait for data
+            self._nothing_to_lease(reading <= 0)
+            idle = self.dataset.max_idle
+            if idle is not None and reading <= 0 and time.monotonic() - self._got_at >= idle:
+                self.phase = self._end("idle")
+            elif holding:
+                self._wait(0.5)
+        elif st.state == "paused" or st.todo > 0:
+            # nothing for us now, but the pass is not at its tail (paused, work left to
+            # others a while): the readers go on
+            self._wait(0.5)
+        else:
+            # nothing left to lease now: readers finish what they have
+            self.ahead.stop_readers()
+            self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+            self.ledger.at_tail = True
 
     def restart_readers(
         self,

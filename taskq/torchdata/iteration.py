@@ -442,10 +442,21 @@ class TaskqIter:
             dropped,
         )
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of this iteration's DataLoader workers (empty with
+        ``num_workers=0`` or once the iteration ended): what a test kills to see a
+        worker replaced."""
+        return [w.pid for w in self._workers()]
+
+    def _workers(self) -> list[Any]:
+        # torch's iterator keeps its worker processes in ``_workers`` (torch 2.x): there
+        # is no public way to see one die, and its own check names a death only after 5 s
+        return list(getattr(self.torch_iter, "_workers", ()))
+
     def _dead_workers(self) -> list[int]:
         """The DataLoader workers of this iteration that died (by index)."""
-        workers = getattr(self.torch_iter, "_workers", ())
-        return [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+        return [i for i, w in enumerate(self._workers()) if w.exitcode not in (None, 0)]
 
     def _restart_workers(self, dead: list[int]) -> None:
         """A worker died (the OOM killer, say): start new workers and go on with the pass.
@@ -459,7 +470,7 @@ class TaskqIter:
         """
         loader = self.loader_ref()
         old_iter, old_feed = self.torch_iter, self.feed
-        workers = old_iter._workers
+        workers = self._workers()
         what = ", ".join(f"pid {workers[i].pid} (exit {workers[i].exitcode})" for i in dead)
         if loader is None or self.restarts >= _MAX_RESTARTS:
             raise RuntimeError(

@@ -195,7 +195,7 @@ def test_sigkilled_worker_is_replaced_and_the_loop_ends_normally(
             taken += rows
             if n == 3:
                 assert wait_until(lambda: it.feeder.ledger.count() >= 2, 5.0)
-                os.kill(it.torch_iter._workers[0].pid, signal.SIGKILL)
+                os.kill(it.worker_pids[0], signal.SIGKILL)
                 step_batch = rows
                 time.sleep(0.5)  # its batches stay buffered, unread by the loop
             time.sleep(0.01)
@@ -491,7 +491,7 @@ def test_state_dict_counts_the_last_batch_even_when_the_feeder_collected_just_be
         if armed.is_set():
             armed.clear()  # the main thread settles and asks now: wait for its call
             cur = loader.current
-            assert cur is not None and wait_until(lambda: bool(cur.feeder._calls), 10.0)
+            assert cur is not None and wait_until(lambda: cur.feeder.calls_waiting > 0, 10.0)
         return got
 
     monkeypatch.setattr(Ledger, "collect", collect)
