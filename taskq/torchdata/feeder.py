@@ -311,7 +311,11 @@ class Feeder(threading.Thread):
             if self.phase == "feed":
                 starts, want, reserve = self.ahead.plan()
             elif self.phase == "tail":
-                want = 0 if holding and time.monotonic() - last_poll < _TAIL_POLL_S else 1
+                # a piece is leased to be read: nothing more while what is held is not
+                # read to its end (a started lease taken now would wait behind it, out of
+                # reach of an idle trainer's steal, and a tail with it)
+                polled = holding and time.monotonic() - last_poll < _TAIL_POLL_S
+                want = 0 if polled or self.held.unread() else 1
             else:
                 want = 0
             if not want and not starts and not (revoked and self.phase != "end"):

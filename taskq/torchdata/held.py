@@ -179,6 +179,17 @@ class HeldTasks:
         """Tasks held (leased and not acked, failed or released by this iteration)."""
         return len(self._held)
 
+    def unread(self) -> int:
+        """Held tasks whose reading has not ended (the loop has not taken or dropped
+        their last sample, nor has their reader failed): work this iteration still has
+        to read. At a pass's tail the feeder leases nothing while there is any."""
+        with self._lock:
+            return sum(
+                1
+                for e in self._held.values()
+                if e.read_to is None and e.state not in (READ, FAILING)
+            )
+
     @property
     def n_reserved(self) -> int:
         """Tasks held reserved (read-ahead not started)."""
@@ -232,6 +243,8 @@ class HeldTasks:
         e = self.entry(task_id, token)
         if e is not None:
             e.read_to = end
+        if self.at_tail:
+            self._wake()  # at a pass's tail the feeder leases more once nothing is unread
 
     # -- the feeder thread's side -------------------------------------------------
     def add(self, task: Task, state: str) -> HeldTask:

@@ -569,9 +569,10 @@ class TaskqIter:
         if ack_taken:
             self.settle()
         self._handed.clear()
-        if shutdown or self.torch_iter is not None:
-            self._stop_workers(shutdown)
+        stop_workers = shutdown or self.torch_iter is not None
         if park and self.uncommitted() and self.feeder.error is None:
+            if stop_workers:
+                self._stop_workers(shutdown)
             # the pass is over for this loop, its tasks wait for commit(): lease no more
             try:
                 self.feeder.park(list(self._pending.keys() | self._pending_reached.keys()))
@@ -580,7 +581,13 @@ class TaskqIter:
             else:
                 self._note_end()
         else:
+            # what is held goes back before the readers are shut down: torch waits up to
+            # its MP_STATUS_CHECK_INTERVAL (5 s) for a worker that does not stop at once
+            # (a loaded machine, a read in a slow call), and a SIGTERM's release must not
+            self.feed.iteration.value = -1  # the readers take no more tasks meanwhile
             self._close_feeder()
+            if stop_workers:
+                self._stop_workers(shutdown)
         if self.feeder.error is not None and raise_error:
             raise self.feeder.error
 

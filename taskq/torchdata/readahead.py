@@ -205,15 +205,15 @@ class ReadAhead:
         it opened, the feeder after writing the end): ``end``, exactly, said now rather
         than when the reader comes to it (a read-ahead task behind a slow loop's open
         one waited a batch of that loop or more: the idle trainer with its tail too). An
-        in-process reader between batches honours max(end, its next check)
-        (``InProcess``): said now too; the loop holds nothing of the task past that."""
+        in-process reader between batches honours ``end`` past the sample it looked
+        ahead, else that sample's position, the sample not delivered
+        (``InProcess.honour``): said now too; the loop holds nothing of the task past it."""
         if end == NO_END:
             return None
         if self._opened is not None and e.state != TAIL and not self._opened[e.slot]:
             return end
         here = self.here
-        at = here.next_check(e.slot, e.key, e.task.token) if here is not None else None
-        return None if at is None else max(end, at)
+        return None if here is None else here.honour(e.slot, e.key, e.task.token, end)
 
     def stop_readers(self) -> None:
         """Tell every reader that no more tasks come (once)."""

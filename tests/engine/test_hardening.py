@@ -185,7 +185,7 @@ def test_delete_and_cancel_run_out_of_memory():
         assert t.lease(timeout=0) is not None
         fill(server.client())
         with pytest.raises(taskq.TaskqError, match="out of memory"):
-            client.run("a", "lease", ["", "w2", "i", 1, 1, "S", -1])
+            client.connection.run("a", "lease", ["", "w2", "i", 1, 1, "S", -1])
         client.pause_job("b")  # a flag: allowed too
         client.cancel_job("a")
         assert client.status("a").state == "cancelled"
