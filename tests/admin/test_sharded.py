@@ -380,7 +380,7 @@ def test_bad_prefetch_and_batch_sizes_are_refused(
     with pytest.raises(taskq.InvalidInput, match="prefetch"):
         taskq.Trainer(job_name, url=url, prefetch=-1)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as tr:
-        with pytest.raises(taskq.InvalidInput, match="batch size"):
+        with pytest.raises(taskq.InvalidInput, match=r"batches\(k\): k must be 1 to"):
             next(tr.batches(0))
 
 

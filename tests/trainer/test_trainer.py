@@ -355,11 +355,15 @@ def test_prefetch_stealing_with_skewed_speeds(
     logs = [tmp_path / f"t{i}.log" for i in range(3)]
     speeds = ["0.6", "0.02", "0.02"]
     t0 = time.monotonic()
-    procs = [
-        spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
-        for s, lg in zip(speeds, logs, strict=True)
-    ]
+    # the slow trainer first, holding its prefetch when the fast ones start (started
+    # together, the fast ones could end a pass before a loaded machine's slow one leased)
+    procs = [spawn(url, job_name, "--sleep", speeds[0], "--prefetch", "3", "--log", str(logs[0]))]
     try:
+        assert wait_until(lambda: client.status(job_name).leased >= 3, 60)
+        procs += [
+            spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
+            for s, lg in zip(speeds[1:], logs[1:], strict=True)
+        ]
         for p in procs:
             assert p.wait(60) == 0
     finally:
