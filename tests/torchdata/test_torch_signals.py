@@ -88,18 +88,13 @@ def test_leave_on_sigterm_replaces_a_frameworks_handler_and_needs_the_main_threa
         signal.signal(signal.SIGTERM, before)
 
 
-#: why a SIGTERM can wait for the main thread's blocking call (shown by
-#: test_a_sigterm_that_lands_on_another_thread_releases_at_once)
-ON_ANOTHER_THREAD = (
-    "known, open: a process's SIGTERM that the kernel gives to a thread other than the main "
-    "one (it may when the main thread has a signal pending and is off the CPU: the SIGCHLDs "
-    "of workers just SIGSTOPped, on a loaded machine) has Python run the handler only when "
-    "the main thread's blocking call returns (the loop's step here: 60 s), so nothing is "
-    "released before it"
+@pytest.mark.xfail(
+    reason="known, open: in 2 of 4 CI runs (2 xdist workers) the leases were still held "
+    "7.5 s after the SIGTERM with the DataLoader workers SIGSTOPped; passes alone (the "
+    "SIGTERM given to another thread: signals.py's wakeup pipe now covers that, not yet "
+    "shown 20 times in a row under load)",
+    strict=False,
 )
-
-
-@pytest.mark.xfail(reason=ON_ANOTHER_THREAD, strict=False)
 def test_sigterm_releases_before_it_waits_for_workers_that_do_not_stop(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
@@ -144,13 +139,14 @@ def test_sigterm_releases_before_it_waits_for_workers_that_do_not_stop(
     assert st.counters["released"] > 0 and st.counters.get("expired_worker_lost", 0) == 0
 
 
-@pytest.mark.xfail(reason=ON_ANOTHER_THREAD, strict=True)
 def test_a_sigterm_that_lands_on_another_thread_releases_at_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
     """The process's SIGTERM delivered to a thread other than the main one (as the kernel
     does when the main thread has a signal pending) while the loop's step blocks: the
-    leases go back at once all the same, not when the step's call returns (60 s)."""
+    leases go back at once all the same (the feeder sees it on the wakeup pipe,
+    signals.py), not when the step's call returns (60 s: Python runs the handler on the
+    main thread only)."""
     make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 40), worker_ttl=30.0)
     proc = subprocess.Popen(
         [sys.executable, PROC, url, job_name, "2", "--on-a-thread"],
