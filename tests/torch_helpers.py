@@ -13,13 +13,18 @@ from typing import Any
 import taskq
 
 
-def dump_if_hung(seconds: float = 90.0) -> None:
+def dump_if_hung(seconds: float = 90.0, exit: bool = True) -> None:
     """In a test's training process: if it is still running after ``seconds``, print
     every thread's stack to stderr and exit 1 (the test then shows where it hung instead
-    of its own timeout)."""
+    of its own timeout). ``exit=False``: print them and go on (a process whose test
+    allows it longer: the stacks are in the test's output if it then fails)."""
     import faulthandler
 
-    faulthandler.dump_traceback_later(seconds, exit=True)
+    faulthandler.dump_traceback_later(seconds, exit=exit)
+
+
+#: a rank still running this long prints its stacks (``gather`` waits 60 s for a result)
+_RANK_STACKS_S = 50.0
 
 
 def framework_args() -> argparse.ArgumentParser:
@@ -113,6 +118,7 @@ def ddp_rank(
 
     import taskq.torch
 
+    dump_if_hung(_RANK_STACKS_S, exit=False)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",
@@ -198,6 +204,7 @@ def restart_rank(
         RANK=str(rank),
         WORLD_SIZE=str(world),
     )
+    dump_if_hung(_RANK_STACKS_S, exit=False)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",

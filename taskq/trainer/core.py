@@ -295,6 +295,27 @@ class Trainer:
         return self._source.pass_no
 
     @property
+    def reason(self) -> str:
+        """Why the job waits (``state == "waiting"``) as this trainer last heard it:
+        ``"manual_advance"``, ``"all_dead"``, ``"rewinding"``, ...; "" when it does not
+        (read-only; a sharded job's: the whole job's, as its last idle round saw it)."""
+        return self._source.reason
+
+    def pass_complete(self, pass_no: int) -> bool:
+        """True once pass ``pass_no`` is over for everyone, as this trainer's replies said:
+        the job moved past it, or waits at its boundary for ``taskq pass next`` (a
+        sharded job: every shard finished it). A lease expecting that pass that got
+        nothing got nothing for that reason (no status read needed to tell).
+
+        Args:
+            pass_no: the pass asked about.
+
+        Returns:
+            Whether it is over (False may be stale: only replies update it).
+        """
+        return self._source.pass_complete(pass_no)
+
+    @property
     def incarnation(self) -> str:
         """This worker's current incarnation (a new one after a rejoin; a sharded job's:
         on its home shard)."""
