@@ -8,7 +8,9 @@ Data flow: operator -> cli/main.py -> cli/<noun>.py -> taskq.Client -> Redis.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -16,6 +18,7 @@ import click
 import redis
 
 import taskq
+from taskq.models import JobConfig
 
 from . import checkpoints as _checkpoints  # noqa: F401  (adds job checkpoints / rewind)
 from . import demo as demo_module
@@ -111,23 +114,15 @@ class TaskqGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-CONFIG_NAMES = (
-    "worker_ttl",
-    "heartbeat_interval",
-    "task_timeout",
-    "chunks_per_task",
-    "max_failures",
-    "max_attempts",
-    "passes",
-    "seed",
+#: ``JobConfig``'s settings as whole words: each is ``taskq job create``'s option of its name.
+SETTING_WORDS = re.compile(
+    r"\b(" + "|".join(f.name for f in dataclasses.fields(JobConfig)) + r")\b"
 )
 
 
 def _option_words(message: str) -> str:
     message = message.replace("allow_eviction=True", "--allow-eviction")
-    for name in CONFIG_NAMES:
-        message = message.replace(name, "--" + name.replace("_", "-"))
-    return message
+    return SETTING_WORDS.sub(lambda m: "--" + m[1].replace("_", "-"), message)
 
 
 def _glob_hint(error: click.UsageError, args: Any) -> str:
