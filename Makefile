@@ -3,8 +3,9 @@
 .PHONY: demo test test-valkey test-frameworks lint bench clean
 
 # The subset `make test` also runs against Valkey 8 (~1 min, 2 pytest-xdist workers): the
-# engine, the trainer, the reaper, the cluster, the Redis chaos scenarios (one seed of the random schedule) and the
-# producer's credential (its ACL selectors: every write but append's refused by the server).
+# engine, the trainer, the reaper, the cluster, the Redis chaos scenarios (one seed of the
+# random schedule) and the producer's credential (its ACL selectors: every write but
+# append's refused by the server).
 VALKEY_TESTS = tests/engine/test_engine.py tests/trainer/test_trainer.py tests/ops/test_reaper.py \
 	tests/admin/test_cluster.py tests/chaos/test_chaos_redis.py \
 	tests/ops/test_tenants.py::test_producer_cannot_make_the_writes_it_must_not \
