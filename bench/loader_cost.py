@@ -206,10 +206,10 @@ def one_pass(
 
 
 def timeline(p: Pass) -> dict[str, Any]:
-    """Each trainer's samples, samples/s, seconds blocked in ``next()`` and when its last
-    batch came (seconds from the pass's start): where a pass's time went."""
+    """The tail and each trainer's samples, samples/s, seconds blocked in ``next()`` and
+    when its last batch came (seconds from the pass's start): where a pass's time went."""
     t0 = min(r.t0 for r in p.ranks)
-    return {
+    ranks = {
         f"trainer{r.rank}": {
             "samples": r.n,
             "samples_s": round(r.rate),
@@ -217,6 +217,12 @@ def timeline(p: Pass) -> dict[str, Any]:
             "ended_s": round(r.t1 - t0, 2),
         }
         for r in p.ranks
+    }
+    return {
+        # the tail: from the first trainer's last batch to the last one's; taskq's splits
+        "tail_s": round(max(r.t1 for r in p.ranks) - min(r.t1 for r in p.ranks), 2),
+        "splits": sum(1 for _, f in p.events if f.get("type") == "split"),
+        **ranks,
     }
 
 
@@ -313,8 +319,13 @@ def main() -> int:
     ratio_of: dict[str, float] = {}
     for shape in shapes:
         ms = args.slow_step_ms if shape == "slow" else args.step_ms
-        name = f"{ms:g} ms a batch of {BATCH}, " + (
-            "even" if shape == "even" else f"trainer 1 {args.slow:g}x that"
+        name = (
+            f"{ms:g} ms a batch of {BATCH}, "
+            + {
+                "even": "even",
+                "slow": f"trainer 1 {args.slow:g}x slower in all it does",
+                "slow-short": f"trainer 1's step {args.slow:g}x (the readers bind)",
+            }[shape]
         )
         static, tq = runs[shape, "static"], runs[shape, "taskq"]
         ratios = [t.cpu / s.cpu for s, t in zip(static, tq, strict=True)]
