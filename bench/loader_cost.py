@@ -37,8 +37,8 @@ Shapes (``--shapes``), each with every trainer's own samples/s, seconds blocked 
   says by how much), so the static split loses little to it.
 
 The files are described as ``taskq job create`` describes them (``taskq.data``'s
-Parquet chunks: path, row groups, rows), so a task has a size and is split at the
-pass's tail; the loaders' reader (``torch_ranks.read_task``) reads the path.
+Parquet chunks: path, row groups, rows; ``torch_ranks.write_files``), so a task has a
+size and is split at the pass's tail; the loaders' reader (``read_task``) reads the path.
 ``--trace PATH`` keeps taskq's pass of the slow shape furthest from the steps' bound
 (the server's events and each trainer's batches, with the files they are of) for
 ``bench/tail.py --show PATH``, whose "x the ideal" is that pass's time over the steps'.
@@ -68,7 +68,6 @@ from torch_ranks import BATCH, StaticSplit, read_task, to_tensor, write_files
 
 import taskq
 import taskq.torch
-from taskq.data import reader_for
 
 KINDS = ("static", "taskq")
 
@@ -287,10 +286,7 @@ def main() -> int:
     runs: dict[tuple[str, str], list[Pass]] = {(sh, k): [] for sh in shapes for k in KINDS}
     worst: tuple[float, list[dict[str, Any]]] = (0.0, [])
     with tempfile.TemporaryDirectory(prefix="taskq-cost-") as d, common.start_redis() as server:
-        # each file described as `taskq job create` does (its rows from the footer: a
-        # size, what lets a task be split at the pass's tail); read_task reads the path
-        files = [(c["path"], 0) for c in write_files(Path(d), args.files, args.rows)]
-        chunks = reader_for({"format": "parquet"}).chunks(files)
+        chunks = write_files(Path(d), args.files, args.rows)
         for rnd in range(args.repeat):
             for shape in shapes:
                 bound = total / sum(BATCH / s.s for s in steps[shape])  # the steps' own time
