@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("taskq.torch")
 
+#: the jobs whose tasks this process found of no known size, told once each (HeldTasks._size)
+_UNSIZED_TOLD: set[str] = set()
+
 Pair = tuple[int, int]
 
 #: how often progress is sent at a pass's tail (at most: the heartbeat interval)
@@ -424,10 +427,22 @@ class HeldTasks:
         if not self.splits:
             return task_size(task.chunks)
         try:
-            return count_task(task.chunks)
+            size = count_task(task.chunks)
         except errors.TaskqError as e:  # its reader says so when it reads it: never split
             log.debug("task %s: not counted: %s", task.id, e)
             return None
+        if size is None and self.job not in _UNSIZED_TOLD:
+            _UNSIZED_TOLD.add(self.job)
+            log.warning(
+                "job %r: task %s's chunks say no size (no taskq.data format with one): such "
+                "tasks are never split at a pass's tail, where a slow trainer reads them "
+                'alone; give each chunk its format and size (e.g. {"format": "parquet", '
+                '"path": ..., "rows": n}, as taskq job create does; a reader= of your own '
+                "still reads them) or create the job with split_tails=False",
+                self.job,
+                task.id,
+            )
+        return size
 
     def _record_progress(self, trainer: Trainer) -> None:
         """Hand the loop's progress to the trainer: it only buffers it, the heartbeat

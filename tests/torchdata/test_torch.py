@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import tarfile
@@ -21,6 +22,7 @@ from support import RedisServer, wait_until
 from torch_helpers import jsonl_reader, make_job, per_file, rows_of, write_jsonl
 
 import taskq
+import taskq.data
 import taskq.torch
 from taskq.admin import checkpoints
 
@@ -506,3 +508,34 @@ def test_state_dict_counts_the_last_batch_even_when_the_feeder_collected_just_be
         rest = [r for b in second for r in rows_of(b)]
     assert not set(before) & set(rest), sorted(set(before) & set(rest))
     assert sorted(before + rest) == [(f, i) for f in range(4) for i in range(6)]
+
+
+def test_a_splitting_job_whose_chunks_say_no_size_is_told_once(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Chunks of no taskq.data format (bare paths, a reader of one's own) have no size, so
+    a job that splits tails never splits their tasks: a slow trainer reads its last ones
+    alone. The loader says so once (two passes, one line naming the job and the way out);
+    the same rows as Parquet chunks that say their rows get no such line."""
+    caplog.set_level(logging.WARNING, logger="taskq")
+    make_job(client, job_name, write_jsonl(tmp_path / "bare", 3, 5), passes=2)
+    with _loader(url, job_name, 0) as loader:
+        rows = [r for _ in range(2) for b in loader for r in rows_of(b)]
+    assert len(rows) == 30 and loader.state == "completed"
+    told = [r.getMessage() for r in caplog.records if "say no size" in r.getMessage()]
+    assert len(told) == 1, told
+    assert repr(job_name) in told[0] and "split_tails=False" in told[0]
+
+    caplog.clear()
+    sized_job = job_name + "-sized"
+    files = []
+    for f in range(3):
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(pa.table({"f": [f] * 5, "i": list(range(5))}), str(path))
+        files.append((str(path), 0))
+    chunks = taskq.data.reader_for({"format": "parquet"}).chunks(files)
+    assert all(c["rows"] == 5 for c in chunks)
+    make_job(client, sized_job, chunks)
+    with _loader(url, sized_job, 0) as loader:
+        assert len([r for b in loader for r in rows_of(b)]) == 15
+    assert not [r for r in caplog.records if "say no size" in r.getMessage()]
