@@ -50,6 +50,8 @@ EXPECTED_TYPES: dict[str, str] = {
     "appidx": "hash",
     "appends": "zset",
     "follow": "hash",
+    "mix": "hash",
+    "mixlog": "zset",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

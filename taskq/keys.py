@@ -56,6 +56,8 @@ JOB_KEYS: tuple[str, ...] = (
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
+    "mix",  # hash: a mixed job's schedule state and its passes' sequences (lib/mix.lua)
+    "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -77,6 +79,8 @@ COLD_KEYS: tuple[str, ...] = (
     "appidx",
     "appends",
     "follow",
+    "mix",
+    "mixlog",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -106,7 +110,9 @@ class MetaField:
     AUTO_TT = "auto_tt"  # the auto task timeout in force (ms)
     MAXF = "maxf"  # max failures of a task
     MAXA = "maxa"  # max attempts of a task
-    SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation
+    SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation; m: mixed
+    #: a mixed job's sources (JSON: sources, n, w, on_exhausted; docs/mixing.md)
+    MIX = "mix"
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself

@@ -73,6 +73,8 @@ class Task:
     #: in other processes, may have read past an end learned late); the ack of a split
     #: task's head reports it, which confirms the split or moves its point up
     read_to: int | None = None
+    #: the source job a mixed job's task is from (docs/mixing.md); None for other jobs
+    source: str | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)

@@ -40,6 +40,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "conn": ["x", "-1", "1|2", "1" * 21],
     "secret": ["", "shortsecret0123"],  # (never echoed: the answer names it, not the value)
     "json": ["", "not json", "[1,", '{"a":1},{"b":2}'],
+    "weights": ["", "x", "0,0", "1e400,1", "-1,1", "0x10,1", "x" * 70000],
 }
 
 SECRET = "s" * 32
@@ -87,6 +88,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "leave": (["", "w", "i", SECRET], ["inc", "id", "id", "secret"]),
     "pause": ([""], ["inc"]),
+    "weights": (["", "1,1", "-1"], ["inc", "weights", "int"]),
     "progress": (
         ["", "w", "i", "1", "0", "5", "3", SECRET],
         ["inc", "id", "id", "count", "task", "token", "int", "secret"],

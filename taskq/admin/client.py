@@ -15,14 +15,16 @@ engine/connection.py (``run``) -> engine/transport.py -> Redis; reads -> stats.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from taskq import errors
 from taskq.admin import checkpoints, jobs, sharded, stats
 from taskq.admin.caller import Job
 from taskq.admin.jobs import STAGING_BATCH as STAGING_BATCH
 from taskq.admin.jobs import STAGING_TTL_S as STAGING_TTL_S
 from taskq.admin.jobs import PlainJob, check_name, iter_tasks
+from taskq.admin.mix import read_sources
 from taskq.admin.shardset import load
 from taskq.config import check_memory_policy, encode_tasks, validate_config
 from taskq.engine.connection import Connection, translate
@@ -202,7 +204,7 @@ class Client:
     def create_job(
         self,
         name: str,
-        chunks: Iterable[Any],
+        chunks: Iterable[Any] = (),
         chunks_per_task: int = 1,
         passes: int | None = 1,
         worker_ttl: float = 5.0,
@@ -222,6 +224,8 @@ class Client:
         split_tails: bool = True,
         stream: bool = False,
         max_backlog: int | None = None,
+        mix: Mapping[str, float] | None = None,
+        on_exhausted: str = "drop",
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -259,6 +263,10 @@ class Client:
                 ``shards``: every shard a stream, appends spread over them.
             max_backlog: an ``append`` that would leave more tasks not done than this
                 waits or is refused (None: no bound); with ``shards``, divided among them.
+            mix: a mixed job (docs/mixing.md): ``{source job: weight}``; its tasks are the
+                sources' (copied, ``chunks`` empty), its order the weighted schedule.
+            on_exhausted: a mixed job's source run out in a pass: ``drop`` (the others'
+                weights renormalise from that slot).
 
         Returns:
             The new job's status.
@@ -284,6 +292,16 @@ class Client:
             manual_clock=manual_clock,
             split_tails=split_tails,
         )
+        if mix is not None:
+            if shards != 1 or stream or list(chunks):
+                raise errors.InvalidInput(
+                    "a mixed job takes its tasks from its sources: no chunks, shards or stream"
+                )
+            check_name(name)
+            encoded, spec = read_sources(self.connection, name, mix, cfg, replace, on_exhausted)
+            return jobs.create(
+                self.connection, name, (), cfg, replace, progress, encoded=encoded, mix=spec
+            )
         if shards != 1:
             return sharded.create(
                 self.connection,

@@ -22,11 +22,11 @@ import json
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from taskq import errors
-from taskq.admin import checkpoints, shardset, stats
+from taskq.admin import checkpoints, mix, shardset, stats
 from taskq.admin.caller import CheckpointRef as CheckpointRef
 from taskq.admin.caller import Job as Job
 from taskq.config import check_memory_policy, encode_tasks, validate_config
@@ -34,6 +34,7 @@ from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX, TRIM_MAX, Code
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
+from taskq.mix import MixSpec
 from taskq.models import AppendResult, JobConfig, JobStatus
 
 STAGING_TTL_S = 3600
@@ -113,6 +114,37 @@ class PlainJob:
     def parts(self) -> list[str]:
         """``[name]``: a plain job is one engine job."""
         return [self.name]
+
+    # -- a mixed job (docs/mixing.md; mix.py) -----------------------------------------
+    def set_weights(self, weights: Mapping[str, object], at: int | None = None) -> int:
+        """A mixed job's weights from slot ``at`` on (None: the first slot not charged).
+
+        Returns:
+            The slot from which they hold (``at`` when not charged yet, else the first
+            slot not charged).
+
+        Raises:
+            InvalidInput: not a mixed job; a source missing or unknown; a bad weight or
+                slot. JobNotFound, JobCancelled.
+        """
+        return mix.set_weights(self.connection, self.name, weights, at)
+
+    def mix_sequence(self, pass_no: int | None = None) -> list[dict[str, Any]]:
+        """The slots a mixed job charged in a pass (default: the current one), in order:
+        ``{"slot", "pass", "position", "source", "source_task", "task"}``.
+
+        Raises:
+            InvalidInput: not a mixed job. JobNotFound.
+        """
+        return mix.sequence(self.connection, self.name, pass_no)
+
+    def mix_status(self) -> dict[str, Any]:
+        """A mixed job per source: weight, charged and acked this pass, tasks.
+
+        Raises:
+            InvalidInput: not a mixed job. JobNotFound.
+        """
+        return mix.status(self.connection, self.name)
 
     # -- reading ------------------------------------------------------------------
     def status(self, summaries: int = 20) -> JobStatus:
@@ -574,9 +606,12 @@ def create(
     backup_factor: float = 2.0,
     stream: bool = False,
     max_backlog: int | None = None,
+    mix: MixSpec | None = None,
+    encoded: tuple[list[str], int] | None = None,
 ) -> JobStatus:
     """Create (or replace) plain job ``name``: checked first, staged, flipped live at once
-    (``Client.create_job``, whose arguments these are; a stream may start empty).
+    (``Client.create_job``, whose arguments these are; a stream may start empty). A mixed
+    job (admin/mix.py) passes its sources' ``mix`` and their tasks ``encoded`` already.
 
     Returns:
         The new job's status.
@@ -600,7 +635,9 @@ def create(
         isinstance(max_backlog, bool) or not isinstance(max_backlog, int) or max_backlog < 1
     ):
         raise errors.InvalidConfig(f"max_backlog must be an integer >= 1, got {max_backlog!r}")
-    if stream:
+    if encoded is not None:
+        tasks, nchunks = encoded
+    elif stream:
         chunks = list(chunks)
         tasks, nchunks = encode_tasks(chunks, cfg.chunks_per_task) if chunks else ([], 0)
     else:
@@ -665,6 +702,8 @@ def create(
             F.STREAM: "open" if stream else "",
             F.MAX_BACKLOG: max_backlog or 0,
         }
+        if mix is not None:  # the order of a pass is the mix schedule (lib/mix.lua)
+            meta[F.SHUFFLE], meta[F.MIX] = "m", mix.to_json()
         args: list[Any] = [int(replace), len(tasks)]
         for k, v in meta.items():
             args += [k, v]

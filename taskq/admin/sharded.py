@@ -37,7 +37,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -871,6 +871,18 @@ class ShardedJob:
         """Close the stream on every shard (idempotent): the job completes once all
         appended is done everywhere. Returns the tasks the stream holds in all."""
         return sum(shard.seal() for shard in self.shards)
+
+    def set_weights(self, weights: Mapping[str, object], at: int | None = None) -> int:
+        """Refused: a sharded job is not a mixed job (docs/mixing.md)."""
+        raise errors.InvalidInput(f"job {self.name!r} is sharded, not a mixed job")
+
+    def mix_sequence(self, pass_no: int | None = None) -> list[dict[str, Any]]:
+        """Refused: a sharded job is not a mixed job (docs/mixing.md)."""
+        raise errors.InvalidInput(f"job {self.name!r} is sharded, not a mixed job")
+
+    def mix_status(self) -> dict[str, Any]:
+        """Refused: a sharded job is not a mixed job (docs/mixing.md)."""
+        raise errors.InvalidInput(f"job {self.name!r} is sharded, not a mixed job")
 
     def trim(self) -> int:
         """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""

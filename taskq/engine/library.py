@@ -97,6 +97,7 @@ LIB_PARTS: tuple[str, ...] = (
     "args.lua",
     "events.lua",
     "call.lua",
+    "mix.lua",
     "secrets.lua",
     "leases.lua",
     "split.lua",

@@ -28,6 +28,7 @@ from taskq.engine.connection import Connection, name_connection, trainer_conn_na
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
 from taskq.integrity import decode_chunks
+from taskq.mix import MixSpec
 from taskq.models import Task
 
 #: codes a trainer reads from the reply instead of raising
@@ -51,12 +52,14 @@ def decode_info(raw: Sequence[Any]) -> JobInfo:
 
 
 class Registered(NamedTuple):
-    """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info}``."""
+    """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info, mix}``."""
 
     job_incarnation: str
     ttl_s: float
     heartbeat_interval_s: float
     info: JobInfo
+    #: a mixed job's sources (docs/mixing.md), None for any other job
+    mix: MixSpec | None = None
 
 
 def apply_end(task: Task, end: int, start: int) -> None:
@@ -211,6 +214,8 @@ class Wire:
         # the job's info changes a few times a pass, and a reply equal to the last one
         # reuses its JobInfo
         self._info: tuple[Any, JobInfo | None] = (None, None)
+        #: a mixed job's sources, learned at register (``task.source``)
+        self.mix: MixSpec | None = None
 
     def run(self, verb: str, args: list[Any]) -> Any:
         """One verb's raw reply.
@@ -246,8 +251,15 @@ class Wire:
         reply = self.run(
             "register", [job_incarnation, worker_id, incarnation, ttl_ms, host, pid, secret, cid]
         )
+        mix = MixSpec.from_json(reply[5]) if len(reply) > 5 and reply[5] else None
+        # (a task's source is named from its id: the sources' ranges of this incarnation)
+        self.mix = mix
         return Registered(
-            str(reply[1]), int(reply[2]) / 1000.0, int(reply[3]) / 1000.0, decode_info(reply[4])
+            str(reply[1]),
+            int(reply[2]) / 1000.0,
+            int(reply[3]) / 1000.0,
+            decode_info(reply[4]),
+            mix,
         )
 
     def step(
@@ -320,6 +332,8 @@ class Wire:
                 end = int(row[6])
                 task.end = end if end >= 0 else None
                 task.split_pending = n > 7 and int(row[7]) == 1
+            if self.mix is not None:
+                task.source = self.mix.source_of(task.id)
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)

@@ -3,7 +3,8 @@
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), worker, winc, ttl_ms (0 = the job's), host, pid, secret
 --       [, conn id]
--- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}}
+-- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason}, mix}
+--   (mix: a mixed job's sources, meta 'mix', so its trainers name each task's source; '')
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 -- secret: this incarnation's lease secret (at least 16 characters); only its digest is
 -- kept, in the worker record, and every later write of the worker must send it.
@@ -42,4 +43,4 @@ rcall('HSET', K_WINFO, worker,
 rcall('ZADD', K_WORKERS, fmt(CALL.JNOW + ttl), worker .. '|' .. winc)
 due_by(CALL.JNOW + ttl)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
-return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info()})
+return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info(), mget(F.MIX) or ''})

@@ -15,6 +15,7 @@ local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, m
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
 local split_rec, take_split = lib.split.split_rec, lib.split.take_split
 local perm_fn = lib.passes.perm_fn
+local mix_flush = lib.mix.mix_flush
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -204,7 +205,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local n = mnum(F.N)
   local cursor = mnum(F.CURSOR)
   if #out < want and cursor < n then
-    local perm = perm_fn(n)
+    local perm = perm_fn(n, 'charge')
     while #out < want and cursor < n and steps < 1000 do
       local task_n = perm(cursor)
       local task = fmt(task_n)
@@ -215,6 +216,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
+    mix_flush()
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.

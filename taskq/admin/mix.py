@@ -1,0 +1,258 @@
+"""Mixed jobs: made from source jobs, weights set from a stated slot, the sequence and
+the per-source counts read back (docs/mixing.md).
+
+A mixed job is a plain job of the engine: its tasks are its sources' tasks, copied at
+create (the sources are read, never written: each stays a job of its own), and its pass
+order is the mix schedule (``engine/lua/lib/mix.lua``; the reference is
+``taskq.mix.pass_schedule``). Every verb of a plain job (lease, ack, fail, release,
+expiry, reap, steal, revoke, retry, reset, checkpoint, rewind, audit) works on it as on
+any job; a task re-dispatched keeps its slot, since a slot once charged is stored.
+
+Data flow: Client.create_job(mix=...) (then jobs.create) / the job handle (jobs.py) /
+cli/mix.py -> mix.py -> engine/transport.py (weights.lua) -> Redis; reads go to Redis
+directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from taskq import errors
+from taskq.admin import shardset
+from taskq.engine.connection import Connection, translate
+from taskq.engine.contract import Code
+from taskq.keys import MetaField as F
+from taskq.keys import valid_job_name
+from taskq.mix import MAX_SOURCES, ON_EXHAUSTED, MixSpec, weight_text
+from taskq.models import JobConfig
+
+#: Tasks read from a source per round trip at create.
+READ_BATCH = 1000
+#: Positions per stored block of a pass's sequence (lib/mix.lua BLOCK).
+BLOCK = 1024
+
+
+def read_sources(
+    conn: Connection,
+    name: str,
+    mix: Mapping[str, object],
+    cfg: JobConfig,
+    replace: bool = False,
+    on_exhausted: str = "drop",
+) -> tuple[tuple[list[str], int], MixSpec]:
+    """What mixed job ``name`` drawing from the plain jobs named in ``mix`` by weight is
+    made of: their tasks, copied in the order of ``mix`` (``jobs.create`` stages them).
+
+    Args:
+        conn: the engine's connection.
+        name: the mixed job's name.
+        mix: ``{source job: weight}``, 1 to ``MAX_SOURCES`` sources; weights >= 0, one > 0
+            (they need not sum to 1).
+        cfg: the job's settings (``shuffle`` must be off: the order is the schedule).
+        replace: replace an existing job of that name.
+        on_exhausted: ``drop`` (a source run out in a pass leaves the others'
+            weights renormalised from that slot).
+
+    Returns:
+        ((the tasks' JSON, their chunks), the sources' spec).
+
+    Raises:
+        InvalidInput: a bad mix, an unsuitable source (a stream, a sharded or a mixed
+            job), ``on_exhausted`` other than ``drop``, shuffle on (nothing written).
+        JobNotFound: a source that does not exist. ConnectionLost.
+    """
+    if on_exhausted not in ON_EXHAUSTED:
+        raise errors.InvalidInput(
+            f"on_exhausted: {on_exhausted!r} is not built; use one of {', '.join(ON_EXHAUSTED)} "
+            f"(docs/mixing.md)"
+        )
+    if not isinstance(mix, Mapping) or not 1 <= len(mix) <= MAX_SOURCES:
+        raise errors.InvalidInput(f"mix: give 1 to {MAX_SOURCES} sources as {{job: weight}}")
+    if cfg.shuffle:
+        raise errors.InvalidInput("a mixed job's order is its schedule: shuffle must be off")
+    sources = list(mix)
+    weights = [weight_text(mix[s], f"weight of {s}") for s in sources]
+    if not any(float(w) > 0 for w in weights):
+        raise errors.InvalidInput("mix: at least one weight must be above 0")
+    tasks: list[str] = []
+    sizes: list[int] = []
+    nchunks = 0
+    for source in sources:
+        if not valid_job_name(source):
+            raise errors.InvalidInput(f"mix: {source!r} is not a job name")
+        if source == name:
+            raise errors.InvalidInput(f"mix: {name!r} cannot be its own source")
+        if shardset.load(conn, source) is not None:
+            raise errors.InvalidInput(f"mix: source {source!r} is a sharded job (not built)")
+        keys = conn.keys(source)
+        with translate(conn.url):
+            meta = conn.redis.hmget(keys.meta, [F.N, F.STREAM, F.SHUFFLE, F.NCHUNKS])
+        if meta[0] is None:
+            raise errors.JobNotFound(f"mix: source job {source!r} not found")
+        if meta[1]:
+            raise errors.InvalidInput(f"mix: source {source!r} is a stream (not built)")
+        if meta[2] == "m":
+            raise errors.InvalidInput(f"mix: source {source!r} is itself a mixed job")
+        n = int(meta[0])
+        for start in range(0, n, READ_BATCH):
+            ids = list(range(start, min(n, start + READ_BATCH)))
+            with translate(conn.url):
+                got = conn.redis.hmget(keys.chunks, ids)
+            missing = [i for i, raw in zip(ids, got, strict=True) if raw is None]
+            if missing:
+                raise errors.InvalidInput(
+                    f"mix: source {source!r} has no chunks for task {missing[0]} (trimmed?)"
+                )
+            tasks.extend(got)
+        sizes.append(n)
+        nchunks += int(meta[3] or n)
+    spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), on_exhausted)
+    if len(spec.to_json()) > 65536:
+        raise errors.InvalidInput("mix: the sources' names take more than 64 KiB")
+    return (tasks, nchunks), spec
+
+
+def spec_of(conn: Connection, name: str) -> MixSpec:
+    """The sources of mixed job ``name``.
+
+    Raises:
+        JobNotFound. InvalidInput: not a mixed job.
+    """
+    with translate(conn.url):
+        raw = conn.redis.hmget(conn.keys(name).meta, [F.INC, F.MIX])
+    if raw[0] is None:
+        raise errors.JobNotFound(f"job {name!r} not found")
+    if not raw[1]:
+        raise errors.InvalidInput(f"job {name!r} is not a mixed job")
+    return MixSpec.from_json(raw[1])
+
+
+def set_weights(
+    conn: Connection, name: str, weights: Mapping[str, object], at: int | None = None
+) -> int:
+    """Weights of mixed job ``name`` from slot ``at`` on (None: the first slot not charged
+    yet); one call, leases in flight untouched.
+
+    Returns:
+        The slot from which they hold: ``at`` when it is not charged yet, else the first
+        slot that is not.
+
+    Raises:
+        InvalidInput: not a mixed job, a source missing or unknown, a bad weight or slot.
+        JobNotFound, JobCancelled.
+    """
+    spec = spec_of(conn, name)
+    ws = spec.weight_list(weights)
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
+        raise errors.InvalidInput(f"at: a slot is an integer >= 0, got {at!r}")
+    reply = conn.run(name, "weights", ["", ",".join(ws), -1 if at is None else at])
+    code = int(reply[0])
+    if code == Code.JOB_CANCELLED:
+        raise errors.JobCancelled(f"job {name!r} is cancelled")
+    return int(reply[1])
+
+
+def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
+    """The weight changes kept, ``(slot, weights)`` in the order they were logged (the
+    create's weights are ``spec_of(...).weights``, before them)."""
+    with translate(conn.url):
+        members = conn.redis.zrange(conn.keys(name).mixlog, 0, -1)
+    rows = []
+    for m in members:
+        slot, seq, ws = m.split("|", 2)
+        rows.append((int(seq), int(slot), ws.split(",")))
+    rows.sort()
+    return [(slot, ws) for _, slot, ws in rows]
+
+
+def _state(conn: Connection, name: str, pass_no: int) -> dict[str, Any] | None:
+    key = conn.keys(name).mix
+    with translate(conn.url):
+        cur, saved = conn.redis.hmget(key, ["st", f"st:{pass_no}"])
+    if cur:
+        st = json.loads(cur)
+        if st["p"] == pass_no:
+            return dict(st)
+    return json.loads(saved) if saved else None
+
+
+def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
+    """What mixed job ``name`` charged in a pass (default: the current one), slot by slot:
+    ``{"slot", "pass", "position", "source", "source_task", "task"}`` (``task`` the mixed
+    job's id, ``source_task`` the id in the source job).
+
+    Raises:
+        JobNotFound. InvalidInput: not a mixed job.
+    """
+    spec = spec_of(conn, name)
+    keys = conn.keys(name)
+    if pass_no is None:
+        with translate(conn.url):
+            pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
+    st = _state(conn, name, pass_no)
+    charged = int(st["h"]) if st else 0
+    offsets = spec.offsets
+    rows: list[dict[str, Any]] = []
+    for b in range(0, (charged + BLOCK - 1) // BLOCK):
+        with translate(conn.url):
+            raw = conn.redis.hget(keys.mix, f"q:{pass_no}:{b}") or ""
+        for k in range(min(BLOCK, charged - b * BLOCK)):
+            task = int(raw[8 * k : 8 * k + 8], 16)
+            pos = b * BLOCK + k
+            source = spec.source_of(task)
+            rows.append(
+                {
+                    "slot": pass_no * spec.total + pos,
+                    "pass": pass_no,
+                    "position": pos,
+                    "source": source,
+                    "source_task": task - offsets[spec.sources.index(source)],
+                    "task": task,
+                }
+            )
+    return rows
+
+
+def status(conn: Connection, name: str) -> dict[str, Any]:
+    """Mixed job ``name`` per source: its weight now, the tasks charged and acked in the
+    current pass, its tasks; and the pass, the slots charged, the next slot.
+
+    Raises:
+        JobNotFound. InvalidInput: not a mixed job.
+    """
+    spec = spec_of(conn, name)
+    keys = conn.keys(name)
+    with translate(conn.url):
+        pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
+    st = _state(conn, name, pass_no)
+    charged = int(st["h"]) if st else 0
+    slot = pass_no * spec.total + charged
+    weights = list(st["w"]) if st else None
+    if weights is None:  # nothing charged in this pass yet: the log says what holds
+        weights = list(spec.weights)
+        for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
+            if at <= slot:
+                weights = ws
+    rows = []
+    for i, (source, n, off) in enumerate(zip(spec.sources, spec.sizes, spec.offsets, strict=True)):
+        with translate(conn.url):
+            acked = int(conn.redis.bitcount(keys.done, off, off + n - 1, "BIT")) if n else 0
+        rows.append(
+            {
+                "source": source,
+                "weight": float(weights[i]),
+                "charged": int(st["t"][i]) if st else 0,
+                "acked": acked,
+                "tasks": n,
+            }
+        )
+    return {
+        "job": name,
+        "pass": pass_no,
+        "charged": charged,
+        "next_slot": slot,
+        "on_exhausted": spec.on_exhausted,
+        "sources": rows,
+    }
