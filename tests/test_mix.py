@@ -8,8 +8,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
@@ -199,3 +200,232 @@ def test_bad_weights_are_refused_with_nothing_written(client):
         client.job(names["a"]).set_weights({names["a"]: 1})
     with pytest.raises(taskq.InvalidInput, match="no appends"):
         job.append([{"x": 1}])
+
+
+def _lease_ack(t: taskq.Trainer, n: int) -> list[tuple[str | None, int]]:
+    out = []
+    for _ in range(n):
+        task = t.lease(timeout=1)
+        assert task is not None
+        out.append((task.source, task.chunks[0]["i"]))
+        t.ack(task)
+    return out
+
+
+def test_rewind_replays_the_same_slots(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.3, names["c"]: 0.2})
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        _lease_ack(t, 100)
+        ckpt = job.checkpoint()
+        first = _lease_ack(t, 80)  # slots 100..179
+    # weights set now hold from slot 180, after everything charged: the replay keeps them
+    assert job.set_weights({names["a"]: 0.1, names["b"]: 0.1, names["c"]: 0.8}) == 180
+    assert job.rewind(ckpt)
+    with taskq.Trainer(mix, client=client) as t:
+        again = _lease_ack(t, 80)
+        assert again == first
+        rest = _lease_ack(t, 120)
+    seq = _engine(client, mix)
+    assert seq == _reference(client, mix)
+    assert seq[100:180] == first and seq[180:] == rest
+    assert client.status(mix).state == "completed"
+
+
+def test_passes_replay_and_a_rewind_to_an_earlier_pass(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 6, "b": 4}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.5}, passes=None)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        p0 = _lease_ack(t, 10)
+        ckpt = job.checkpoint()  # pass 1, position 0
+        assert job.set_weights({names["a"]: 0.9, names["b"]: 0.1}, at=13) == 13
+        p1 = _lease_ack(t, 10)
+        _lease_ack(t, 10)  # pass 2
+    assert _engine(client, mix, 0) == p0 == _reference(client, mix, 0)
+    assert _engine(client, mix, 1) == p1 == _reference(client, mix, 1)
+    assert p1[:3] == p0[:3] and p1 != p0  # the change holds from slot 13 (position 3)
+    assert job.rewind(ckpt)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 10) == p1
+
+
+# -- random interleavings of every verb on a real server ---------------------------------
+WORKERS = ("w0", "w1", "w2")
+
+
+class MixMachine(RuleBasedStateMachine):
+    """Trainers join, lease, ack, fail, release and die (the manual clock), operators revoke,
+    reset, checkpoint, rewind and set weights; after every step the stored sequence of the
+    current pass is the reference recomputed from the weight log, and what a slot was
+    never changes (but for later passes' slots after a weight change: the log remakes
+    them)."""
+
+    url = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = taskq.connect(self.url)
+        tag = f"mxsm{next(_ids)}"
+        self.names = _sources(self.client, {"a": 7, "b": 5, "c": 3}, tag)
+        self.mix = f"{tag}-mix"
+        self.client.create_job(
+            self.mix,
+            mix={self.names["a"]: 0.5, self.names["b"]: 0.3, self.names["c"]: 0.2},
+            passes=3,
+            manual_clock=True,
+            task_timeout=None,
+        )
+        self.job = self.client.job(self.mix)
+        self.trainers: dict[str, taskq.Trainer] = {}
+        self.held: dict[str, list[taskq.Task]] = {}
+        self.seen: dict[int, list[tuple[str, int]]] = {}
+        self.ckpts: list[dict] = []
+        self.ended = False
+
+    def _trainer(self, w: str) -> taskq.Trainer:
+        if w not in self.trainers:
+            self.trainers[w] = taskq.Trainer(
+                self.mix, client=self.client, worker_id=w, heartbeat=False
+            )
+            self.held[w] = []
+        return self.trainers[w]
+
+    def _forget_leases(self) -> None:
+        for w in self.held:
+            self.held[w] = []
+
+    @rule(w=st.sampled_from(WORKERS))
+    def lease(self, w):
+        try:
+            task = self._trainer(w).lease(timeout=0)
+        except (taskq.JobCompleted, taskq.JobCancelled):
+            self.ended = True
+            return
+        if task is not None:
+            self.held[w].append(task)
+
+    @rule(w=st.sampled_from(WORKERS), n=st.integers(1, 8))
+    def run(self, w, n):
+        """A trainer takes and acks n tasks (a stretch of training)."""
+        t = self._trainer(w)
+        for _ in range(n):
+            try:
+                task = t.lease(timeout=0)
+                if task is None:
+                    return
+                t.ack(task)
+            except (taskq.JobCompleted, taskq.JobCancelled):
+                self.ended = True
+                return
+
+    @rule(w=st.sampled_from(WORKERS), verb=st.sampled_from(["ack", "fail", "release"]))
+    def end(self, w, verb):
+        if not self.held.get(w):
+            return
+        task = self.held[w].pop(0)
+        try:
+            getattr(self.trainers[w], verb)(task)
+        except taskq.LeaseLost:
+            pass
+        except (taskq.JobCompleted, taskq.JobCancelled):
+            self.ended = True
+
+    @rule(w=st.sampled_from(WORKERS))
+    def die(self, w):
+        """w stops heartbeating; the others beat while the clock passes its ttl; reap."""
+        if w not in self.trainers:
+            return
+        dead = self.trainers.pop(w)
+        self.held.pop(w)
+        for _ in range(3):
+            for t in self.trainers.values():
+                t.heartbeat()
+            self.job.advance_clock(2000)
+        for t in self.trainers.values():
+            t.heartbeat()
+        self.job.reap()
+        del dead  # (never closed: a SIGKILLed trainer leaves nothing behind)
+
+    @rule(data=st.data())
+    def revoke(self, data):
+        held = [t for ts in self.held.values() for t in ts]
+        if held:
+            self.job.revoke(data.draw(st.sampled_from(held)).id)
+
+    @rule(
+        ws=st.lists(st.sampled_from(["0", "0.1", "0.5", "1", "3"]), min_size=3, max_size=3),
+        ahead=st.integers(0, 20),
+    )
+    def set_weights(self, ws, ahead):
+        if not any(float(w) > 0 for w in ws):
+            return
+        status = self.job.mix_status()
+        at = status["next_slot"] + ahead
+        got = self.job.set_weights(dict(zip(self.names.values(), ws, strict=True)), at=at)
+        assert got == at
+        for p in [p for p in self.seen if p > status["pass"]]:
+            del self.seen[p]  # (a later pass left by a rewind: the log makes it again)
+
+    @rule()
+    def checkpoint(self):
+        if self.client.status(self.mix).state in ("running", "waiting"):
+            self.ckpts.append(self.job.checkpoint(keep=5))
+            self.ckpts = self.ckpts[-5:]
+
+    @rule(data=st.data())
+    def rewind(self, data):
+        if self.ckpts and not self.ended:
+            try:
+                self.job.rewind(data.draw(st.sampled_from(self.ckpts)))
+            except taskq.InvalidInput as e:  # a pass whose sequence is no longer kept
+                assert "no longer kept" in str(e)
+                return
+            self._forget_leases()
+
+    @rule()
+    def reset(self):
+        if self.client.status(self.mix).state == "running":
+            self.job.reset()
+            self._forget_leases()
+
+    @invariant()
+    def sequence_is_the_reference(self):
+        p = self.client.status(self.mix).pass_no
+        got = _engine(self.client, self.mix, p)
+        assert got == _reference(self.client, self.mix, p)[: len(got)]
+        before = self.seen.get(p, [])
+        assert got[: len(before)] == before[: len(got)]
+        if len(got) >= len(before):
+            self.seen[p] = got
+
+    def teardown(self) -> None:
+        for t in self.trainers.values():
+            try:
+                t.close()
+            except taskq.TaskqError:
+                pass
+        self.client.delete_job(self.mix)
+
+
+@pytest.fixture
+def mix_machine(url):
+    MixMachine.url = url
+    return MixMachine
+
+
+def test_mixed_job_under_random_interleavings(mix_machine):
+    run_state_machine_as_test(
+        mix_machine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
