@@ -14,6 +14,7 @@ import click
 
 import taskq
 from taskq.admin.shardset import ShardedStatus
+from taskq.mix import parse_mix
 
 from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
 from .job_input import (
@@ -178,6 +179,20 @@ def job() -> None:
     default=None,
     help="An append that would leave more tasks than this not done waits or is refused.",
 )
+@click.option(
+    "--mix",
+    "mix_text",
+    metavar="JOB=W,...",
+    help="A mixed job drawing the tasks of these plain jobs by weight (no other source; "
+    "docs/mixing.md).",
+)
+@click.option(
+    "--on-exhausted",
+    type=click.Choice(["drop"]),
+    default="drop",
+    show_default=True,
+    help="A mixed job's source run out in a pass: the others' weights renormalise.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context
 def create(
@@ -208,16 +223,45 @@ def create(
     split_tails: bool,
     stream: bool,
     max_backlog: int | None,
+    mix_text: str | None,
+    on_exhausted: str,
     as_json: bool,
 ) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines (a --stream job:
-    at most one; its tasks are appended later).
+    at most one; its tasks are appended later), or a mixed job from --mix.
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
     lines/jsonl by byte range, parquet by row groups, tar by shard or samples. Everything
     is read and validated before anything is written; the job appears all at once or not
     at all. See docs/data.md.
     """
+    if mix_text is not None:
+        if extra or manifest or files or lines or stream or shards != 1 or shuffle:
+            raise click.UsageError(
+                "--mix takes its tasks from its sources: no --manifest, --files, --lines, "
+                "--stream, --shards or --shuffle",
+                ctx,
+            )
+        client = client_of(ctx)
+        status = client.create_job(
+            name,
+            mix=parse_mix(mix_text),
+            on_exhausted=on_exhausted,
+            passes=passes,
+            worker_ttl=worker_ttl,
+            heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout,
+            max_failures=max_failures,
+            max_attempts=max_attempts,
+            auto_advance=not manual_advance,
+            replace=replace,
+            split_tails=split_tails,
+        )
+        if as_json:
+            echo_json(status.as_dict())
+        else:
+            click.echo(f"job {name}: {status.tasks} tasks mixed from {mix_text}")
+        return
     empty_stream = stream and manifest is None and files is None and lines is None
     sizing_given = [
         o

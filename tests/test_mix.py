@@ -6,11 +6,14 @@ slots, checkpoints and rewinds, the CLI, and taskq.torch over a mixed job."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
@@ -429,3 +432,49 @@ def test_mixed_job_under_random_interleavings(mix_machine):
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+
+
+# -- the CLI -------------------------------------------------------------------------------
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ENTRY_POINT, "--url", url, *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_create_set_status_export(url, client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 8, "b": 4}, tag)
+    mix = f"{tag}-mix"
+    r = _cli(url, "job", "create", mix, "--mix", f"{names['a']}=0.5,{names['b']}=0.5")
+    assert r.returncode == 0, r.stderr
+    assert "12 tasks" in r.stdout
+    r = _cli(url, "mix", "set", mix, f"{names['a']}=3,{names['b']}=1", "--at", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["slot"] == 4
+    _drain(client, mix)
+    r = _cli(url, "mix", "export", mix)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["source"], x["source_task"]) for x in rows] == _reference(client, mix)
+    r = _cli(url, "mix", "status", mix, "--json")
+    st = json.loads(r.stdout)
+    assert [(x["source"], x["weight"], x["acked"]) for x in st["sources"]] == [
+        (names["a"], 3.0, 8),
+        (names["b"], 1.0, 4),
+    ]
+    r = _cli(url, "mix", "status", mix)
+    assert r.returncode == 0 and names["a"] in r.stdout
+
+
+def test_cli_errors_are_one_line(url, client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2}, tag)
+    for args in (
+        ("mix", "set", names["a"], f"{names['a']}=1"),  # not a mixed job
+        ("mix", "set", f"{tag}-none", "x=1"),  # no such job
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=x"),  # a bad weight
+        ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
+    ):
+        r = _cli(url, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        one_error_line(r.stderr)
+    assert not client.redis.exists(client.keys(f"{tag}-m").meta)
