@@ -52,6 +52,9 @@ EXPECTED_TYPES: dict[str, str] = {
     "follow": "hash",
     "mix": "hash",
     "mixlog": "zset",
+    "mixseq0": "string",
+    "mixseq1": "string",
+    "mixseq2": "string",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 

@@ -56,8 +56,11 @@ JOB_KEYS: tuple[str, ...] = (
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
-    "mix",  # hash: a mixed job's schedule state and its passes' sequences (lib/mix.lua)
+    "mix",  # hash: a mixed job's schedule state, now and as each kept pass was left (lib/mix.lua)
     "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
+    "mixseq0",  # string: the tasks a mixed job charged, by position, of passes p % 3 == 0
+    "mixseq1",  # ... p % 3 == 1
+    "mixseq2",  # ... p % 3 == 2
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -81,6 +84,9 @@ COLD_KEYS: tuple[str, ...] = (
     "follow",
     "mix",
     "mixlog",
+    "mixseq0",
+    "mixseq1",
+    "mixseq2",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)

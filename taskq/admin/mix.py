@@ -30,8 +30,8 @@ from taskq.models import JobConfig
 
 #: Tasks read from a source per round trip at create.
 READ_BATCH = 1000
-#: Positions per stored block of a pass's sequence (lib/mix.lua BLOCK).
-BLOCK = 1024
+#: Passes whose sequence a mixed job keeps (lib/mix.lua KEEP).
+KEEP_PASSES = 3
 
 
 def read_sources(
@@ -168,20 +168,25 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
 
 
 def _state(conn: Connection, name: str, pass_no: int) -> dict[str, Any] | None:
+    """The schedule's state of ``pass_no`` (None: nothing of it kept)."""
     key = conn.keys(name).mix
     with translate(conn.url):
         cur, saved = conn.redis.hmget(key, ["st", f"st:{pass_no}"])
-    if cur:
-        st = json.loads(cur)
-        if st["p"] == pass_no:
-            return dict(st)
-    return json.loads(saved) if saved else None
+    if not cur:
+        return None
+    st = json.loads(cur)
+    if st["p"] == pass_no:
+        return dict(st)
+    if saved and pass_no in (st.get("kp") or []):
+        return dict(json.loads(saved))
+    return None
 
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
     """What mixed job ``name`` charged in a pass (default: the current one), slot by slot:
     ``{"slot", "pass", "position", "source", "source_task", "task"}`` (``task`` the mixed
-    job's id, ``source_task`` the id in the source job).
+    job's id, ``source_task`` the id in the source job). A pass whose sequence is no longer
+    kept (docs/mixing.md: the last 3) has none.
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job.
@@ -195,18 +200,19 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     charged = int(st["h"]) if st else 0
     offsets = spec.offsets
     rows: list[dict[str, Any]] = []
-    for b in range(0, (charged + BLOCK - 1) // BLOCK):
+    key = getattr(keys, f"mixseq{pass_no % KEEP_PASSES}")
+    for start in range(0, charged, READ_BATCH):
+        end = min(charged, start + READ_BATCH)
         with translate(conn.url):
-            raw = conn.redis.hget(keys.mix, f"q:{pass_no}:{b}") or ""
-        for k in range(min(BLOCK, charged - b * BLOCK)):
+            raw = conn.redis.getrange(key, 8 * start, 8 * end - 1)
+        for k in range(end - start):
             task = int(raw[8 * k : 8 * k + 8], 16)
-            pos = b * BLOCK + k
             source = spec.source_of(task)
             rows.append(
                 {
-                    "slot": pass_no * spec.total + pos,
+                    "slot": pass_no * spec.total + start + k,
                     "pass": pass_no,
-                    "position": pos,
+                    "position": start + k,
                     "source": source,
                     "source_task": task - offsets[spec.sources.index(source)],
                     "task": task,

@@ -9,33 +9,24 @@
 -- Keys (cold): 'mix' hash: "st" the schedule's state at its high-water (JSON: p pass, h
 -- positions charged, seg the segment's first position, t / c taken per source in the pass
 -- / the segment, w the weights (strings, as logged), nx the next logged change's slot or
--- -1, rs 1 when the next charge starts a segment), "st:<p>" the state a pass was left in,
--- "q:<p>:<b>" the tasks of positions b * BLOCK .. (8 hex digits each: text, as every
--- client reads replies as text), "kept" the
--- passes whose sequence is kept (comma list), "lseq" the log's sequence. 'mixlog' zset:
--- "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last of a slot wins).
-local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, mfloor, unpk, lipairs, lpairs =
-  redis.call, tonumber, string.match, string.gmatch, string.sub, string.format, table.concat,
-  math.floor, unpack, ipairs, pairs
+-- -1, rs 1 when the next charge starts a segment, n / o the sources' sizes and first task
+-- ids, kp the passes whose sequence is kept), "st:<p>" the state a pass was left in,
+-- "lseq" the log's sequence. 'mixseq<p % 3>' strings: pass p's tasks by position, 8 hex
+-- digits each (text, as every client reads replies as text; SETRANGE / GETRANGE, O(1)).
+-- 'mixlog' zset: "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last of a slot
+-- wins).
+local rcall, tonum, smatch, sgmatch, sformat, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.gmatch, string.format, table.concat, ipairs
 local fmt, mget, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mnum
 
-local BLOCK = 1024  -- constant
 local KEEP = 3  -- constant
 
 local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
-local OFF = nil  -- per call: each source's first task id
 local ST = nil  -- per call: the schedule's state (decoded "st"), when read
 local ST_DIRTY = false  -- per call
-local BLOCKS = {}  -- per call: "q:<p>:<b>" -> its string, as read or grown
-local BLOCKS_DIRTY = {}  -- per call: the set of those fields to write back
 
 local function spec()
-  if not SPEC then
-    SPEC = cjson.decode(mget(F.MIX))
-    OFF = {}
-    local at = 0
-    for i, n in lipairs(SPEC.n) do OFF[i] = at; at = at + n end
-  end
+  if not SPEC then SPEC = cjson.decode(mget(F.MIX)) end
   return SPEC
 end
 
@@ -70,28 +61,27 @@ local function read_state()
 end
 
 local function fresh_state(p)
-  local k = #spec().n
-  local t, c = {}, {}
-  for i = 1, k do t[i], c[i] = 0, 0 end
+  local n = spec().n
+  local t, c, o, at = {}, {}, {}, 0
+  for i = 1, #n do t[i], c[i], o[i], at = 0, 0, at, at + n[i] end
   local start = p * mnum(F.N)
   return {p = p, h = 0, seg = 0, t = t, c = c, w = weights_at(start), nx = next_change(start),
-    rs = 1}
+    rs = 1, n = n, o = o, kp = {}}
 end
 
--- The passes whose sequence is kept, and that list written back.
-local function kept_passes()
-  local out = {}
-  for v in sgmatch(rcall('HGET', kc('mix'), 'kept') or '', '%d+') do out[#out + 1] = tonum(v) end
-  return out
+local function seq_key(p)
+  return kc('mixseq' .. fmt(p % KEEP))
 end
 
--- Drops the sequence and the saved state of pass q (ceil(N / BLOCK) fields).
+local function is_kept(st, p)
+  for _, q in lipairs(st.kp) do if q == p then return true end end
+  return false
+end
+
+-- Drops the sequence and the saved state of pass q.
 local function drop_pass(q)
-  local fields = {'st:' .. fmt(q)}
-  for b = 0, mfloor((mnum(F.N) - 1) / BLOCK) do
-    fields[#fields + 1] = 'q:' .. fmt(q) .. ':' .. fmt(b)
-  end
-  rcall('HDEL', kc('mix'), unpk(fields))
+  rcall('UNLINK', seq_key(q))
+  rcall('HDEL', kc('mix'), 'st:' .. fmt(q))
 end
 
 -- The state of pass p made current: the one being left saved under "st:<its pass>", the
@@ -100,46 +90,45 @@ end
 -- set since), older ones too.
 local function switch_to(p)
   local st = read_state()
-  if st then rcall('HSET', kc('mix'), 'st:' .. fmt(st.p), cjson.encode(st)) end
-  local raw = rcall('HGET', kc('mix'), 'st:' .. fmt(p))
+  local kept = {}
+  if st then
+    rcall('HSET', kc('mix'), 'st:' .. fmt(st.p), cjson.encode(st))
+    kept = st.kp
+  end
+  local raw = is_kept({kp = kept}, p) and rcall('HGET', kc('mix'), 'st:' .. fmt(p))
   if raw then
     st = cjson.decode(raw)
     st.nx = next_change(p * mnum(F.N) + st.h - 1)
   else
     st = fresh_state(p)
+    rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
-  local keep = {}
-  for _, q in lipairs(kept_passes()) do
-    if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then keep[#keep + 1] = fmt(q) end
+  st.kp = {}
+  for _, q in lipairs(kept) do
+    if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then st.kp[#st.kp + 1] = q end
   end
-  keep[#keep + 1] = fmt(p)
-  rcall('HSET', kc('mix'), 'kept', tconcat(keep, ','))
+  st.kp[#st.kp + 1] = p
   ST, ST_DIRTY = st, true
   return st
 end
 
-local function block(p, b)
-  local f = 'q:' .. fmt(p) .. ':' .. fmt(b)
-  local s = BLOCKS[f]
-  if s == nil then
-    s = rcall('HGET', kc('mix'), f) or ''
-    BLOCKS[f] = s
-  end
-  return s, f
-end
-
 -- The task at position `pos` of pass p, stored (nil: not charged, or not kept).
 local function stored(p, pos)
-  local s = block(p, mfloor(pos / BLOCK))
-  local at = (pos % BLOCK) * 8
-  if #s < at + 8 then return nil end
-  return tonum(ssub(s, at + 1, at + 8), 16)
+  local st = read_state()
+  if not st then return nil end
+  if st.p == p then
+    if pos >= st.h then return nil end
+  elseif not is_kept(st, p) then
+    return nil
+  end
+  local r = rcall('GETRANGE', seq_key(p), pos * 8, pos * 8 + 7)
+  if #r < 8 then return nil end
+  return tonum(r, 16)
 end
 
 -- Charges the next position of the state's pass: the deadline rule (docs/mixing.md).
 local function charge(st)
-  local sp = spec()
-  local n, k = sp.n, #sp.n
+  local n, k = st.n, #st.n
   local slot = st.p * mnum(F.N) + st.h
   if st.nx >= 0 and slot >= st.nx then
     st.w = weights_at(slot)
@@ -152,11 +141,12 @@ local function charge(st)
   end
   -- the segment's weights: the logged ones over the sources not run out; when only
   -- sources of weight 0 are left, equal shares of them
-  local w, sum, left = {}, 0, 0
+  local w, wn, sum, left = {}, {}, 0, 0
   for i = 1, k do
     if st.t[i] < n[i] then
       left = left + 1
       local wi = tonum(st.w[i])
+      wn[i] = wi
       if wi > 0 then sum = sum + wi end
     end
   end
@@ -164,7 +154,7 @@ local function charge(st)
   for i = 1, k do
     w[i] = 0
     if st.t[i] < n[i] then
-      local wi = tonum(st.w[i])
+      local wi = wn[i]
       if sum > 0 then
         if wi > 0 then w[i] = wi / sum; pos = pos + 1 end
       else
@@ -184,13 +174,11 @@ local function charge(st)
     end
   end
   best = best or any
-  local task = OFF[best] + st.t[best]
+  local task = st.o[best] + st.t[best]
   st.t[best] = st.t[best] + 1
   st.c[best] = st.c[best] + 1
   if st.t[best] >= n[best] then st.rs = 1 end
-  local s, f = block(st.p, mfloor(st.h / BLOCK))
-  BLOCKS[f] = s .. sformat('%08x', task)
-  BLOCKS_DIRTY[f] = true
+  rcall('SETRANGE', seq_key(st.p), st.h * 8, sformat('%08x', task))
   st.h = st.h + 1
   ST_DIRTY = true
   return task
@@ -207,6 +195,7 @@ local function mix_perm(charges)
     if task or not charges then return task end
     local st = read_state()
     if not st or st.p ~= p then st = switch_to(p) end
+    if pos < st.h then return stored(p, pos) end  -- (a pass come back to: its own state)
     return charge(st)
   end
 end
@@ -214,8 +203,9 @@ end
 -- Positions of pass p charged so far (its sequence's length; 0 when not kept).
 local function mix_charged(p)
   local st = read_state()
-  if st and st.p == p then return st.h end
-  local raw = rcall('HGET', kc('mix'), 'st:' .. fmt(p))
+  if not st then return 0 end
+  if st.p == p then return st.h end
+  local raw = is_kept(st, p) and rcall('HGET', kc('mix'), 'st:' .. fmt(p))
   if raw then return cjson.decode(raw).h end
   return 0
 end
@@ -234,19 +224,24 @@ local function mix_set(ws, at)
   local p = mnum(F.PASS)
   local first = p * mnum(F.N) + mix_charged(p)
   if at < first then at = first end
-  local keep = {}
-  for _, q in lipairs(kept_passes()) do
-    if q > p then drop_pass(q) else keep[#keep + 1] = fmt(q) end
-  end
-  rcall('HSET', kc('mix'), 'kept', tconcat(keep, ','))
-  if read_state() and ST.p > p then
-    rcall('HDEL', kc('mix'), 'st')
-    ST = false
+  local st = read_state()
+  if st then
+    local keep = {}
+    for _, q in lipairs(st.kp) do
+      if q > p then drop_pass(q) else keep[#keep + 1] = q end
+    end
+    st.kp, ST_DIRTY = keep, true
+    if st.p > p then  -- (its sequence just went: the pass is made again when reached)
+      local saved = rcall('HGET', kc('mix'), 'st:' .. fmt(p))
+      ST = saved and cjson.decode(saved) or fresh_state(p)
+      ST.kp = keep
+      if not saved then rcall('UNLINK', seq_key(p)) end
+    end
   end
   local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
   rcall('ZADD', kc('mixlog'), fmt(at), fmt(at) .. '|' .. sformat('%012d', seq) .. '|'
     .. tconcat(ws, ','))
-  local st = read_state()
+  st = read_state()
   if st and st.p == p and (st.nx < 0 or at < st.nx) then
     st.nx = at
     ST_DIRTY = true
@@ -257,15 +252,13 @@ end
 -- This call's writes of the state and the grown blocks (dispatch, after its cursor walk).
 local function mix_flush()
   if not ST_DIRTY then return end
-  local fields = {'st', cjson.encode(ST)}
-  for f in lpairs(BLOCKS_DIRTY) do fields[#fields + 1], fields[#fields + 2] = f, BLOCKS[f] end
-  rcall('HSET', kc('mix'), unpk(fields))
-  ST_DIRTY, BLOCKS_DIRTY = false, {}
+  rcall('HSET', kc('mix'), 'st', cjson.encode(ST))
+  ST_DIRTY = false
 end
 
 -- This part's per-call state back to its start (begin(), every call).
 local function reset()
-  SPEC, OFF, ST, ST_DIRTY, BLOCKS, BLOCKS_DIRTY = nil, nil, nil, false, {}, {}
+  SPEC, ST, ST_DIRTY = nil, nil, false
 end
 
 return {mix_perm = mix_perm, mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
