@@ -15,7 +15,6 @@ directly.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -168,18 +167,27 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
 
 
 def _state(conn: Connection, name: str, pass_no: int) -> dict[str, Any] | None:
-    """The schedule's state of ``pass_no`` (None: nothing of it kept)."""
+    """The schedule's state of ``pass_no`` (lib/mix.lua): ``{"h": positions charged, "t":
+    tasks each source gave, "w": the weights in force}``; None when nothing of it is kept."""
     key = conn.keys(name).mix
     with translate(conn.url):
-        cur, saved = conn.redis.hmget(key, ["st", f"st:{pass_no}"])
-    if not cur:
+        cur = conn.redis.hmget(key, ["s", "t", "w", "kp"])
+    if not cur[0]:
         return None
-    st = json.loads(cur)
-    if st["p"] == pass_no:
-        return dict(st)
-    if saved and pass_no in (st.get("kp") or []):
-        return dict(json.loads(saved))
-    return None
+    fields = cur
+    if int(cur[0].split(",")[0]) != pass_no:
+        if str(pass_no) not in (cur[3] or "").split(","):
+            return None
+        with translate(conn.url):
+            fields = conn.redis.hmget(key, [f"s:{pass_no}", f"t:{pass_no}", f"w:{pass_no}"])
+        if not fields[0]:
+            return None
+    t = fields[1] or ""
+    return {
+        "h": int(fields[0].split(",")[1]),
+        "t": [int(t[i : i + 8], 16) for i in range(0, len(t), 8)],
+        "w": (fields[2] or "").split(","),
+    }
 
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:

@@ -6,23 +6,25 @@
 -- `pass_schedule` is the same rule in Python); a slot once charged keeps its task for good
 -- (the sequence is stored, so a rewind, a pass reset or a re-dispatch never changes which
 -- task a slot is), and a weight change holds from a slot not yet charged.
--- Keys (cold): 'mix' hash: "st" the schedule's state at its high-water (JSON: p pass, h
--- positions charged, seg the segment's first position, t / c taken per source in the pass
--- / the segment, w the weights (strings, as logged), nx the next logged change's slot or
--- -1, rs 1 when the next charge starts a segment, n / o the sources' sizes and first task
--- ids, kp the passes whose sequence is kept), "st:<p>" the state a pass was left in,
--- "lseq" the log's sequence. 'mixseq<p % 3>' strings: pass p's tasks by position, 8 hex
--- digits each (text, as every client reads replies as text; SETRANGE / GETRANGE, O(1)).
--- 'mixlog' zset: "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last of a slot
--- wins).
-local rcall, tonum, smatch, sgmatch, sformat, tconcat, lipairs =
-  redis.call, tonumber, string.match, string.gmatch, string.format, table.concat, ipairs
+-- Keys (cold): 'mix' hash, the schedule's state at its high-water: "s" = "p,h,seg,nx,rs"
+-- (the pass, positions charged, the segment's first position, the next logged change's
+-- slot or -1, 1 when the next charge starts a segment), "t" / "c" the tasks each source
+-- gave in the pass / the segment (8 hex digits a source: a charge rewrites one source's
+-- digits, not a document), "w" the weights in force (as logged, ',' between); the same
+-- with ":<p>" as pass p was left; "n" the sources' sizes (8 hex digits each), "kp" the
+-- passes whose sequence is kept, "lseq" the log's sequence. 'mixseq<p % 3>' strings: pass
+-- p's tasks by position, 8 hex digits each (text, as every client reads replies as text;
+-- SETRANGE / GETRANGE, O(1)). 'mixlog' zset: "<slot>|<seq, 12 digits>|<w,w,...>" scored by
+-- slot (the last of a slot wins).
+local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.gmatch, string.sub, string.rep, string.format,
+  table.concat, ipairs
 local fmt, mget, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mnum
 
 local KEEP = 3  -- constant
 
 local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
-local ST = nil  -- per call: the schedule's state (decoded "st"), when read
+local ST = nil  -- per call: the schedule's state, when read (false: none yet)
 local ST_DIRTY = false  -- per call
 
 local function spec()
@@ -30,18 +32,24 @@ local function spec()
   return SPEC
 end
 
--- The weights (strings) a log entry carries, as a list.
-local function entry_weights(member)
-  local ws = {}
-  for w in sgmatch(smatch(member, '^[^|]*|[^|]*|(.*)$'), '[^,]+') do ws[#ws + 1] = w end
-  return ws
+local function hex_list(s)
+  local out = {}
+  for i = 1, #s / 8 do out[i] = tonum(ssub(s, 8 * i - 7, 8 * i), 16) end
+  return out
 end
 
--- The weights in force at `slot` (the last logged at or below it; the create's if none).
+local function csv(s)
+  local out = {}
+  for v in sgmatch(s, '[^,]+') do out[#out + 1] = v end
+  return out
+end
+
+-- The weights in force at `slot` (the last logged at or below it; the create's if none),
+-- as logged: "w,w,...".
 local function weights_at(slot)
   local got = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(slot), '-inf', 'LIMIT', 0, 1)
-  if #got > 0 then return entry_weights(got[1]) end
-  return spec().w
+  if #got > 0 then return smatch(got[1], '^[^|]*|[^|]*|(.*)$') end
+  return tconcat(spec().w, ',')
 end
 
 -- The slot of the first logged change strictly after `slot` (-1: none).
@@ -52,21 +60,51 @@ local function next_change(slot)
   return -1
 end
 
+-- A state from its fields (s, t, c, w: strings; kp, n: the job's). The lists t, c, w, n
+-- are made when a charge needs them (lists()).
+local function decode(s, t, c, w, kp, n)
+  local p, h, seg, nx, rs = smatch(s, '^(%d+),(%d+),(%d+),(-?%d+),(%d)$')
+  return {p = tonum(p), h = tonum(h), seg = tonum(seg), nx = tonum(nx), rs = tonum(rs),
+    ts = t, cs = c, ws = w, kp = kp, ns = n}
+end
+
 local function read_state()
   if ST == nil then
-    local raw = rcall('HGET', kc('mix'), 'st')
-    ST = raw and cjson.decode(raw) or false
+    local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 'kp', 'n')
+    if r[1] then
+      local kp = {}
+      for _, q in lipairs(csv(r[5] or '')) do kp[#kp + 1] = tonum(q) end
+      ST = decode(r[1], r[2], r[3], r[4], kp, r[6])
+    else
+      ST = false
+    end
   end
   return ST
 end
 
-local function fresh_state(p)
-  local n = spec().n
-  local t, c, o, at = {}, {}, {}, 0
-  for i = 1, #n do t[i], c[i], o[i], at = 0, 0, at, at + n[i] end
+-- The lists a charge reads: t, c (numbers), w (the weights, numbers), n, o (the sources'
+-- sizes and first task ids).
+local function lists(st)
+  if st.t then return end
+  st.t, st.c, st.n = hex_list(st.ts), hex_list(st.cs), hex_list(st.ns)
+  st.w = {}
+  for i, v in lipairs(csv(st.ws)) do st.w[i] = tonum(v) end
+  st.o = {}
+  local at = 0
+  for i = 1, #st.n do st.o[i], at = at, at + st.n[i] end
+end
+
+local function fresh_state(p, kp, ns)
+  if not ns then
+    local parts = {}
+    for i, n in lipairs(spec().n) do parts[i] = sformat('%08x', n) end
+    ns = tconcat(parts)
+    rcall('HSET', kc('mix'), 'n', ns)
+  end
+  local zero = srep('00000000', #ns / 8)
   local start = p * mnum(F.N)
-  return {p = p, h = 0, seg = 0, t = t, c = c, w = weights_at(start), nx = next_change(start),
-    rs = 1, n = n, o = o, kp = {}}
+  return decode(fmt(p) .. ',0,0,' .. fmt(next_change(start)) .. ',1', zero, zero,
+    weights_at(start), kp, ns)
 end
 
 local function seq_key(p)
@@ -78,36 +116,52 @@ local function is_kept(st, p)
   return false
 end
 
+local function scalars(st)
+  return fmt(st.p) .. ',' .. fmt(st.h) .. ',' .. fmt(st.seg) .. ',' .. fmt(st.nx) .. ','
+    .. fmt(st.rs)
+end
+
 -- Drops the sequence and the saved state of pass q.
 local function drop_pass(q)
   rcall('UNLINK', seq_key(q))
-  rcall('HDEL', kc('mix'), 'st:' .. fmt(q))
+  local sfx = ':' .. fmt(q)
+  rcall('HDEL', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx)
 end
 
--- The state of pass p made current: the one being left saved under "st:<its pass>", the
+-- The saved state of pass p (kept), or nil.
+local function saved_state(p, kp, ns)
+  local sfx = ':' .. fmt(p)
+  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx)
+  if not r[1] then return nil end
+  return decode(r[1], r[2], r[3], r[4], kp, ns)
+end
+
+-- The state of pass p made current: the one being left saved under ":<its pass>", the
 -- one of p loaded (a rewind back to it) or made. Going to p keeps the sequences of p and the
 -- KEEP - 1 passes before it; later passes' go (the log makes them again, with any change
 -- set since), older ones too.
 local function switch_to(p)
   local st = read_state()
-  local kept = {}
+  local kept, ns = {}, nil
   if st then
-    rcall('HSET', kc('mix'), 'st:' .. fmt(st.p), cjson.encode(st))
-    kept = st.kp
+    local sfx = ':' .. fmt(st.p)
+    rcall('HSET', kc('mix'), 's' .. sfx, scalars(st), 't' .. sfx, st.ts, 'c' .. sfx, st.cs,
+      'w' .. sfx, st.ws)
+    kept, ns = st.kp, st.ns
   end
-  local raw = is_kept({kp = kept}, p) and rcall('HGET', kc('mix'), 'st:' .. fmt(p))
-  if raw then
-    st = cjson.decode(raw)
+  local was_kept = is_kept({kp = kept}, p)
+  local keep = {}
+  for _, q in lipairs(kept) do
+    if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then keep[#keep + 1] = q end
+  end
+  keep[#keep + 1] = p
+  st = was_kept and saved_state(p, keep, ns)
+  if st then
     st.nx = next_change(p * mnum(F.N) + st.h - 1)
   else
-    st = fresh_state(p)
+    st = fresh_state(p, keep, ns)
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
-  st.kp = {}
-  for _, q in lipairs(kept) do
-    if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then st.kp[#st.kp + 1] = q end
-  end
-  st.kp[#st.kp + 1] = p
   ST, ST_DIRTY = st, true
   return st
 end
@@ -128,32 +182,34 @@ end
 
 -- Charges the next position of the state's pass: the deadline rule (docs/mixing.md).
 local function charge(st)
-  local n, k = st.n, #st.n
+  lists(st)
+  local n, t, c, k = st.n, st.t, st.c, #st.n
   local slot = st.p * mnum(F.N) + st.h
   if st.nx >= 0 and slot >= st.nx then
-    st.w = weights_at(slot)
+    st.ws = weights_at(slot)
+    st.w = {}
+    for i, v in lipairs(csv(st.ws)) do st.w[i] = tonum(v) end
     st.nx = next_change(slot)
     st.rs = 1
   end
   if st.rs == 1 then
     st.seg, st.rs = st.h, 0
-    for i = 1, k do st.c[i] = 0 end
+    for i = 1, k do c[i] = 0 end
+    st.cs = srep('00000000', k)
   end
   -- the segment's weights: the logged ones over the sources not run out; when only
   -- sources of weight 0 are left, equal shares of them
-  local w, wn, sum, left = {}, {}, 0, 0
+  local w, wn, sum, left = {}, st.w, 0, 0
   for i = 1, k do
-    if st.t[i] < n[i] then
+    if t[i] < n[i] then
       left = left + 1
-      local wi = tonum(st.w[i])
-      wn[i] = wi
-      if wi > 0 then sum = sum + wi end
+      if wn[i] > 0 then sum = sum + wn[i] end
     end
   end
   local pos = 0
   for i = 1, k do
     w[i] = 0
-    if st.t[i] < n[i] then
+    if t[i] < n[i] then
       local wi = wn[i]
       if sum > 0 then
         if wi > 0 then w[i] = wi / sum; pos = pos + 1 end
@@ -168,16 +224,18 @@ local function charge(st)
   local best, best_dl, any, any_dl = nil, nil, nil, nil
   for i = 1, k do
     if w[i] > 0 then
-      local dl = (st.c[i] + d) / w[i]
-      if st.c[i] + 1 - d <= w[i] * m and (not best or dl < best_dl) then best, best_dl = i, dl end
+      local dl = (c[i] + d) / w[i]
+      if c[i] + 1 - d <= w[i] * m and (not best or dl < best_dl) then best, best_dl = i, dl end
       if not any or dl < any_dl then any, any_dl = i, dl end
     end
   end
   best = best or any
-  local task = st.o[best] + st.t[best]
-  st.t[best] = st.t[best] + 1
-  st.c[best] = st.c[best] + 1
-  if st.t[best] >= n[best] then st.rs = 1 end
+  local task = st.o[best] + t[best]
+  t[best], c[best] = t[best] + 1, c[best] + 1
+  local at = 8 * best
+  st.ts = ssub(st.ts, 1, at - 8) .. sformat('%08x', t[best]) .. ssub(st.ts, at + 1)
+  st.cs = ssub(st.cs, 1, at - 8) .. sformat('%08x', c[best]) .. ssub(st.cs, at + 1)
+  if t[best] >= n[best] then st.rs = 1 end
   rcall('SETRANGE', seq_key(st.p), st.h * 8, sformat('%08x', task))
   st.h = st.h + 1
   ST_DIRTY = true
@@ -205,8 +263,8 @@ local function mix_charged(p)
   local st = read_state()
   if not st then return 0 end
   if st.p == p then return st.h end
-  local raw = is_kept(st, p) and rcall('HGET', kc('mix'), 'st:' .. fmt(p))
-  if raw then return cjson.decode(raw).h end
+  local saved = is_kept(st, p) and saved_state(p, st.kp, st.ns)
+  if saved then return saved.h end
   return 0
 end
 
@@ -232,10 +290,11 @@ local function mix_set(ws, at)
     end
     st.kp, ST_DIRTY = keep, true
     if st.p > p then  -- (its sequence just went: the pass is made again when reached)
-      local saved = rcall('HGET', kc('mix'), 'st:' .. fmt(p))
-      ST = saved and cjson.decode(saved) or fresh_state(p)
-      ST.kp = keep
-      if not saved then rcall('UNLINK', seq_key(p)) end
+      ST = is_kept(st, p) and saved_state(p, keep, st.ns)
+      if not ST then
+        ST = fresh_state(p, keep, st.ns)
+        rcall('UNLINK', seq_key(p))
+      end
     end
   end
   local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
@@ -252,7 +311,10 @@ end
 -- This call's writes of the state and the grown blocks (dispatch, after its cursor walk).
 local function mix_flush()
   if not ST_DIRTY then return end
-  rcall('HSET', kc('mix'), 'st', cjson.encode(ST))
+  local kp = {}
+  for i, q in lipairs(ST.kp) do kp[i] = fmt(q) end
+  rcall('HSET', kc('mix'), 's', scalars(ST), 't', ST.ts, 'c', ST.cs, 'w', ST.ws, 'kp',
+    tconcat(kp, ','))
   ST_DIRTY = false
 end
 
