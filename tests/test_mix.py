@@ -580,3 +580,23 @@ def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path)
     audit = client.audit(mix)
     assert audit["ok"], audit["checks"]
     assert _engine(client, mix) == _reference(client, mix)
+
+
+def test_a_rewind_to_a_pass_no_longer_kept_is_refused_with_nothing_changed(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 1, names["b"]: 1}, passes=None)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        _lease_ack(t, 1)
+        old = job.checkpoint()  # pass 0, position 1
+        _lease_ack(t, 3 + 4 * 2 + 1)  # into pass 3: pass 0's sequence goes
+        recent = job.checkpoint()  # pass 3, position 1
+        assert _engine(client, mix, 0) == [] and len(_engine(client, mix, 1)) == 4
+    before = client.status(mix)
+    with pytest.raises(taskq.InvalidInput, match="no longer kept"):
+        job.rewind(old)
+    after = client.status(mix)
+    assert (after.pass_no, after.done, after.state) == (before.pass_no, before.done, before.state)
+    assert job.rewind(recent)

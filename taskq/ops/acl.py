@@ -46,6 +46,12 @@ from taskq.keys import (
     valid_job_name,
 )
 
+#: A mixed job's stored sequences (lib/mix.lua): a lease charges its slots into the pass's
+#: (SETRANGE) and a new pass drops one no longer kept (UNLINK) (docs/mixing.md). Only a
+#: trainer's lease charges; the reaper's and the producer's functions reach the same part
+#: of the library (a pass they end), so their rules carry it too.
+MIX_SEQUENCE_WRITES = (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink"))
+
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
 #: cannot rebuild. The job's config, chunks, leases, counts and events are not here.
@@ -174,6 +180,7 @@ ROLES: dict[str, Role] = {
             writes=(
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (SCRATCH_KEYS, ("del", "unlink", "blpop")),
+                MIX_SEQUENCE_WRITES,
             ),
         ),
         Role(
@@ -187,6 +194,7 @@ ROLES: dict[str, Role] = {
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (("chunks",), ("hset",)),  # the appended tasks
                 (SCRATCH_KEYS, ("del", "unlink")),  # a seal may end the pass
+                MIX_SEQUENCE_WRITES,
             ),
         ),
         Role(
@@ -205,6 +213,7 @@ ROLES: dict[str, Role] = {
                 # a stream's trim: its done tasks' descriptors, the appends' log below them
                 (("chunks",), ("hdel",)),
                 (("appends",), ("zremrangebyscore",)),
+                MIX_SEQUENCE_WRITES,
             ),
         ),
         Role(
