@@ -2,7 +2,7 @@
 one run; docs/mixing.md).
 
 Usage: .venv/bin/python bench/mix.py [--calls 200] [--shapes 'prefetch 1,batches(16)']
-           [--sources 3,64]
+           [--sources 3,64] [--weights 500]
 
 Where it sits: beside `server_instructions.py`, whose callgrind'ed redis-server, counter
 reset and dump it reuses: one trainer (no heartbeat) warms up on the job, the counters are
@@ -12,7 +12,9 @@ seeded permutation off, as a mixed job's own order is its schedule), then a mixe
 the same tasks from 3 and from 64 sources (weights 1, 2, 3, ...). The mixed job's cost
 is the schedule's charge (O(sources) table operations per task), its state read and
 written once per lease call, and one SETRANGE of the stored sequence per task: no extra
-round trip. Needs valgrind with callgrind_control.
+round trip. Needs valgrind with callgrind_control. `--weights N`: instead, N `set_weights`
+calls on a mixed job of 64 sources on a plain redis-server (wall clock, one run: the goal
+is >= 10 changes/s while trainers lease).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_instructions import _commands, _server, _total  # noqa: E402
@@ -68,12 +71,39 @@ def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, f
         server.wait()
 
 
+def weight_changes(n: int) -> float:
+    """`set_weights` calls per second on a mixed job of 64 sources (a plain redis-server;
+    a trainer leasing between the changes)."""
+    import taskq
+    from taskq.devserver import RedisServer
+
+    server = RedisServer()
+    try:
+        client = taskq.connect(server.url)
+        for s in range(64):
+            client.create_job(f"src{s}", [{"s": s, "i": i} for i in range(100)])
+        client.create_job("mix", mix={f"src{s}": 1 for s in range(64)}, passes=None)
+        job = client.job("mix")
+        with taskq.Trainer("mix", client=client, heartbeat=False) as trainer:
+            start = time.perf_counter()
+            for k in range(n):
+                job.set_weights({f"src{s}": (s + k) % 7 + 1 for s in range(64)})
+                trainer.ack(trainer.lease(timeout=1))
+            return n / (time.perf_counter() - start)
+    finally:
+        server.cleanup()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--shapes", default="prefetch 1,batches(16)")
     parser.add_argument("--sources", default="3,64")
+    parser.add_argument("--weights", type=int, default=0)
     args = parser.parse_args()
+    if args.weights:
+        print(f"set_weights with a lease between: {weight_changes(args.weights):.0f} changes/s")
+        return
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     kinds = [0] + [int(s) for s in args.sources.split(",") if s.strip()]
     print("| shape | job | k instr / task | per FCALL | vs plain |")

@@ -600,3 +600,22 @@ def test_a_rewind_to_a_pass_no_longer_kept_is_refused_with_nothing_changed(clien
     after = client.status(mix)
     assert (after.pass_no, after.done, after.state) == (before.pass_no, before.done, before.state)
     assert job.rewind(recent)
+
+
+def test_the_weight_log_stays_bounded(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 3, "b": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 1, names["b"]: 1}, passes=None)
+    job = client.job(mix)
+    for k in range(50):  # nothing charged: every change at slot 0, the last wins
+        assert job.set_weights({names["a"]: k % 3 + 1, names["b"]: 1}) == 0
+    assert weight_log(client.connection, mix) == [(0, ["2.0", "1.0"])]
+    with taskq.Trainer(mix, client=client) as t:
+        for p in range(6):
+            job.set_weights({names["a"]: p + 1, names["b"]: 1}, at=p * 5 + 2)
+            _lease_ack(t, 5)
+            assert _engine(client, mix, p) == _reference(client, mix, p)
+        _lease_ack(t, 1)  # into pass 6: kept are passes 4..6, and the change in force at 20
+    assert [at for at, _ in weight_log(client.connection, mix)] == [17, 22, 27]
+    assert _engine(client, mix, 4) == _reference(client, mix, 4)

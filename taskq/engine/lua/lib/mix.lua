@@ -155,6 +155,13 @@ local function switch_to(p)
     if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then keep[#keep + 1] = q end
   end
   keep[#keep + 1] = p
+  -- the log below the kept passes goes, but for the change in force at their start
+  local cut = (p - KEEP + 1) * mnum(F.N)
+  if cut > 0 then
+    local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(cut), '-inf', 'WITHSCORES', 'LIMIT',
+      0, 1)
+    if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
+  end
   st = was_kept and saved_state(p, keep, ns)
   if st then
     st.nx = next_change(p * mnum(F.N) + st.h - 1)
@@ -298,6 +305,8 @@ local function mix_set(ws, at)
     end
   end
   local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
+  -- (the last of a slot wins: one entry a slot, so the log is bounded by the slots kept)
+  rcall('ZREMRANGEBYSCORE', kc('mixlog'), fmt(at), fmt(at))
   rcall('ZADD', kc('mixlog'), fmt(at), fmt(at) .. '|' .. sformat('%012d', seq) .. '|'
     .. tconcat(ws, ','))
   st = read_state()
