@@ -46,11 +46,15 @@ from taskq.keys import (
     valid_job_name,
 )
 
-#: A mixed job's stored sequences (lib/mix.lua): a lease charges its slots into the pass's
-#: (SETRANGE) and a new pass drops one no longer kept (UNLINK) (docs/mixing.md). Only a
+#: A mixed job's writes in a lease (lib/mix.lua, docs/mixing.md): its slots charged into
+#: the pass's stored sequence (SETRANGE), and when a pass starts, the sequence of one no
+#: longer kept dropped (UNLINK) and the weight log below the kept passes trimmed. Only a
 #: trainer's lease charges; the reaper's and the producer's functions reach the same part
 #: of the library (a pass they end), so their rules carry it too.
-MIX_SEQUENCE_WRITES = (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink"))
+MIX_WRITES = (
+    (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
+    (("mixlog",), ("zremrangebyscore",)),
+)
 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
@@ -180,7 +184,7 @@ ROLES: dict[str, Role] = {
             writes=(
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (SCRATCH_KEYS, ("del", "unlink", "blpop")),
-                MIX_SEQUENCE_WRITES,
+                *MIX_WRITES,
             ),
         ),
         Role(
@@ -194,7 +198,7 @@ ROLES: dict[str, Role] = {
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (("chunks",), ("hset",)),  # the appended tasks
                 (SCRATCH_KEYS, ("del", "unlink")),  # a seal may end the pass
-                MIX_SEQUENCE_WRITES,
+                *MIX_WRITES,
             ),
         ),
         Role(
@@ -213,7 +217,7 @@ ROLES: dict[str, Role] = {
                 # a stream's trim: its done tasks' descriptors, the appends' log below them
                 (("chunks",), ("hdel",)),
                 (("appends",), ("zremrangebyscore",)),
-                MIX_SEQUENCE_WRITES,
+                *MIX_WRITES,
             ),
         ),
         Role(
