@@ -8,8 +8,9 @@ VALKEY_TESTS = tests/test_engine.py tests/test_trainer.py tests/test_reaper.py \
 	tests/test_cluster.py tests/test_chaos_redis.py
 VALKEY_SELECT = not 1234 and not 99001
 
+# taskq alone (no torch, no extras): the demo needs nothing more
 demo:
-	@scripts/bootstrap.sh
+	@scripts/bootstrap.sh --demo
 	@.venv/bin/taskq demo
 
 test:

@@ -24,19 +24,47 @@ leases and acks in batches of 32, and the driver runs the reaper's trim step (as
 It prints the memory at the first sample, at the end and its highest, and the SLOWLOG
 entries at 10 ms (`slowlog-log-slower-than 10000`), which should be none; `--no-trim`
 runs the same without the trim, for the memory it would take.
+
+`--week` is a simulated week through `taskq job follow`: a producer thread writes
+`--files` JSONL files of `--records-per-file` fixed-width records each into a temp
+folder, `--files-per-batch` at a time (each under a hidden name, then renamed into place;
+at most two batches ahead of the appends), so the folder grows to `--files` files. The
+follower (`--format jsonl --records-per-chunk 1 --settle 0 --horizon H`: one task per
+record) is SIGKILLed and SIGTERMed in turn every `--follower-restart` s and started
+again; `--trainers` plain `taskq.Trainer` processes ack `batches(--batch)`, and one of
+them is SIGTERMed and replaced every `--trainer-restart` s; the driver runs the reaper's
+trim step every tick. It reports `used_memory` sampled every `--sample-every` s (peak
+against the steady value, the median from 10 % done on: at most 2x), the SLOWLOG at
+10 ms (none), the follower's CPU over `--idle-window` s with nothing new at the start
+(after the first batch) and at the end (every file appended), and every record's count
+in the trainers' acks (each trainer writes the record ids of each batch it acked):
+0 missing, 0 twice. Exits 1 when a bound fails.
+
+       .venv/bin/python bench/streams.py --week [--files 100000] [--records-per-file 100]
+           [--trainers 2] [--follower-restart 60] [--trainer-restart 45]
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import common
 
 import taskq
+
+TASKQ = os.path.join(os.path.dirname(sys.executable), "taskq")
 
 
 def descriptors(n: int, base: int = 0) -> list[dict[str, object]]:
@@ -173,6 +201,362 @@ def bounded(url: str, n: int, backlog: int, trim: bool = True) -> dict[str, obje
     }
 
 
+# -- a simulated week through `taskq job follow` -------------------------------------------
+
+#: One record line of a week's file: fixed width, so a chunk's byte offset tells its line.
+_LINE = 24
+
+
+def _record_line(rid: int) -> bytes:
+    line = b'{"r": "%014d"}\n' % rid
+    assert len(line) == _LINE
+    return line
+
+
+def _record_of(chunk: dict[str, object], per_file: int) -> int:
+    """The record id of a one-record jsonl chunk: its file's number and its line."""
+    name = str(chunk["path"]).rsplit("/", 1)[-1]
+    return int(name[5:12]) * per_file + int(chunk["offset"]) // _LINE  # type: ignore[call-overload]
+
+
+def week_trainer(url: str, job: str, out_path: str, k: int, per_file: int) -> None:
+    """A plain Trainer loop: ``batches(k)``, each batch acked, then its record ids
+    appended to ``out_path``. SIGTERM leaves at once as the Trainer's own handler does
+    (the ``with`` releases what is held), except between a batch's lease and the write
+    of its acked ids, where it waits for the write (so the ack file is the acks)."""
+    stop = threading.Event()
+    held = [False]  # a batch acked and not yet written: the signal waits for it
+
+    def on_term(signum: int, frame: object) -> None:
+        stop.set()
+        if not held[0]:
+            raise SystemExit(128 + signum)  # as the Trainer's own handler does
+
+    signal.signal(signal.SIGTERM, on_term)
+    with (
+        taskq.Trainer(job, url=url, handle_signals=False) as trainer,
+        open(out_path, "ab") as out,
+    ):
+        for batch in trainer.batches(k):
+            held[0] = True
+            ids = array.array("Q", (_record_of(t.chunks[0], per_file) for t in batch))
+            trainer.ack(batch)
+            out.write(ids.tobytes())
+            out.flush()
+            held[0] = False
+            if stop.is_set():
+                break
+
+
+def _produce(
+    folder: Path,
+    files: int,
+    per_file: int,
+    batch: int,
+    gate: Callable[[int], bool],
+    stop: threading.Event,
+    written: list[int],
+) -> None:
+    """Writes ``files`` files of ``per_file`` records in batches, each under a hidden name
+    renamed into place; batch i+1 once ``gate(i)`` says the follower is close behind."""
+    for lo in range(0, files, batch):
+        while not gate(lo) and not stop.is_set():
+            time.sleep(0.05)
+        if stop.is_set():
+            return
+        for f in range(lo, min(files, lo + batch)):
+            tmp = folder / f".part-{f:07d}.tmp"
+            base = f * per_file
+            tmp.write_bytes(b"".join(_record_line(base + i) for i in range(per_file)))
+            os.rename(tmp, folder / f"part-{f:07d}.jsonl")
+            written[0] = f + 1
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Week:
+    """The driver of `week`: the follower and trainer processes it starts, restarts and
+    stops (by their pids), and what it samples."""
+
+    def __init__(self, url: str, job: str, folder: Path, work: Path, a: argparse.Namespace):
+        self.url, self.job, self.folder, self.work, self.a = url, job, folder, work, a
+        self.follower: subprocess.Popen[bytes] | None = None
+        self.follower_log = open(work / "follower.log", "ab")  # noqa: SIM115 (closed in stop)
+        self.trainers: list[mp.process.BaseProcess] = []
+        self.incarnations = 0
+        self.restarts = {"follower SIGTERM": 0, "follower SIGKILL": 0, "trainer SIGTERM": 0}
+
+    def start_follower(self) -> None:
+        self.follower = subprocess.Popen(
+            [
+                TASKQ,
+                "--url",
+                self.url,
+                "job",
+                "follow",
+                self.job,
+                "--files",
+                str(self.folder / "*.jsonl"),
+                "--format",
+                "jsonl",
+                "--records-per-chunk",
+                "1",
+                "--every",
+                f"{self.a.every}s",
+                "--settle",
+                "0",
+                "--horizon",
+                f"{self.a.horizon}s",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.follower_log,
+        )
+
+    def restart_follower(self, sig: int) -> None:
+        assert self.follower is not None
+        self.follower.send_signal(sig)
+        self.follower.wait(timeout=60)
+        name = "SIGKILL" if sig == signal.SIGKILL else "SIGTERM"
+        self.restarts[f"follower {name}"] += 1
+        self.start_follower()
+
+    def start_trainer(self, slot: int | None = None) -> None:
+        self.incarnations += 1
+        out = str(self.work / f"acks-{self.incarnations:05d}.bin")
+        proc = mp.get_context("spawn").Process(
+            target=week_trainer,
+            args=(self.url, self.job, out, self.a.batch, self.a.records_per_file),
+        )
+        proc.start()
+        if slot is None:
+            self.trainers.append(proc)
+        else:
+            self.trainers[slot] = proc
+
+    def restart_trainer(self, slot: int) -> None:
+        proc = self.trainers[slot]
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.join(timeout=60)
+        self.restarts["trainer SIGTERM"] += 1
+        self.start_trainer(slot)
+
+    def idle_cpu(self, window: float) -> float:
+        """The follower's CPU (% of a core) over ``window`` seconds."""
+        assert self.follower is not None
+        pid = self.follower.pid
+        c0, t0 = _cpu_seconds(pid), time.monotonic()
+        time.sleep(window)
+        return 100 * (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+    def stop(self) -> None:
+        if self.follower is not None and self.follower.poll() is None:
+            self.follower.terminate()
+            try:
+                self.follower.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.follower.kill()
+                self.follower.wait()
+        for proc in self.trainers:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.follower_log.close()
+
+
+def week(url: str, a: argparse.Namespace) -> dict[str, object]:
+    """Streams ``a.files`` x ``a.records_per_file`` records through `taskq job follow`
+    (see the module docstring); returns what it measured."""
+    import numpy as np
+
+    client = taskq.Client(url)
+    client.redis.config_set("slowlog-log-slower-than", 10_000)
+    client.redis.config_set("slowlog-max-len", 100_000)  # every entry counted
+    client.redis.slowlog_reset()
+    job = "week"
+    client.create_job(job, [], stream=True, passes=1, max_backlog=a.backlog)
+    handle = client.job(job)
+    total = a.files * a.records_per_file
+    work = Path(tempfile.mkdtemp(prefix="taskq-week-"))
+    folder = work / "files"
+    folder.mkdir()
+    run = _Week(url, job, folder, work, a)
+    stop = threading.Event()
+    written = [0]
+    released = threading.Event()  # the producer passes its first batch only once set
+    batch_records = a.files_per_batch * a.records_per_file
+
+    def gate(lo: int) -> bool:
+        if lo == 0:
+            return True
+        if not released.is_set():
+            return False
+        # at most two batches ahead of what the follower appended
+        return (
+            client.status(job, summaries=0).appended
+            >= (lo - a.files_per_batch) * a.records_per_file
+        )
+
+    producer = threading.Thread(
+        target=_produce,
+        args=(folder, a.files, a.records_per_file, a.files_per_batch, gate, stop, written),
+        daemon=True,
+    )
+    mem: list[tuple[float, int, int]] = []  # (seconds, done, used_memory)
+    out: dict[str, object] = {"files": a.files, "records": total}
+    t0 = time.monotonic()
+    deadline = t0 + a.max_seconds
+
+    loads: list[float] = []
+
+    def sample() -> None:
+        loads.append(os.getloadavg()[0])
+        st = client.status(job, summaries=0)
+        mem.append(
+            (time.monotonic() - t0, st.done, int(client.redis.info("memory")["used_memory"]))
+        )
+
+    def check() -> None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the week did not finish in {a.max_seconds:g} s")
+        if not producer.is_alive() and written[0] < a.files:
+            raise RuntimeError(f"the producer stopped after {written[0]} files")
+        for proc in run.trainers:
+            if proc.exitcode is not None:
+                raise RuntimeError(f"a trainer exited ({proc.exitcode})")
+        if run.follower is not None and run.follower.poll() is not None:
+            raise RuntimeError(f"the follower exited ({run.follower.returncode})")
+
+    def wait_appended(n: int) -> None:
+        while client.status(job, summaries=0).appended < n:
+            check()
+            handle.trim()
+            time.sleep(0.2)
+
+    try:
+        run.start_follower()
+        for _ in range(a.trainers):
+            run.start_trainer()
+        producer.start()
+        wait_appended(min(total, batch_records))
+        out["files at the first idle window"] = written[0]
+        out["idle CPU at the start %"] = run.idle_cpu(a.idle_window)
+        released.set()
+        next_follower = time.monotonic() + a.follower_restart
+        next_trainer = time.monotonic() + a.trainer_restart
+        next_sample = 0.0
+        kills = 0
+        slot = 0
+        while True:
+            now = time.monotonic()
+            check()
+            while handle.trim():  # the reaper's step, each tick
+                pass
+            if now >= next_sample:
+                sample()
+                next_sample = now + a.sample_every
+            st = client.status(job, summaries=0)
+            if st.appended >= total:
+                break
+            if a.follower_restart and now >= next_follower:
+                kills += 1
+                run.restart_follower(signal.SIGKILL if kills % 2 else signal.SIGTERM)
+                next_follower = now + a.follower_restart
+            if a.trainer_restart and now >= next_trainer:
+                run.restart_trainer(slot % a.trainers)
+                slot += 1
+                next_trainer = now + a.trainer_restart
+            time.sleep(0.2)
+        out["append seconds"] = time.monotonic() - t0
+        # every file appended: the follower idles over the whole folder
+        time.sleep(2 * a.every)
+        out["files at the last idle window"] = len(os.listdir(folder))
+        out["idle CPU at the end %"] = run.idle_cpu(a.idle_window)
+        out["follow record fields"] = client.redis.hlen(client.keys(job).follow)
+        handle.seal()
+        while client.status(job, summaries=0).state != "completed":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sealed stream did not complete in time")
+            while handle.trim():
+                pass
+            if time.monotonic() >= next_sample:
+                sample()
+                next_sample = time.monotonic() + a.sample_every
+            time.sleep(0.2)
+        while handle.trim():
+            pass
+        sample()
+        out["seconds"] = time.monotonic() - t0
+    except RuntimeError as e:  # cut short: what was measured so far is still reported
+        out["cut short"] = f"{e} (after {time.monotonic() - t0:.0f} s)"
+        sample()
+    finally:
+        stop.set()
+        run.stop()
+        producer.join(timeout=30)
+    st = client.status(job, summaries=0)
+    acks = [np.fromfile(p, dtype=np.uint64) for p in sorted(work.glob("acks-*.bin"))]
+    ids = np.concatenate(acks) if acks else np.zeros(0, dtype=np.uint64)
+    counts = np.bincount(ids.astype(np.int64), minlength=total)
+    out["acked"] = st.counters.get("acked")
+    out["trimmed"] = st.trimmed
+    out["acks read"] = int(ids.size)
+    out["missing"] = int((counts[:total] == 0).sum())
+    out["twice or more"] = int((counts[:total] > 1).sum())
+    out["unknown ids"] = int(counts[total:].sum())
+    out["restarts"] = dict(run.restarts)
+    out["mem"] = mem
+    out["load average (1 min) at the samples"] = f"{min(loads):.1f} - {max(loads):.1f}"
+    out["slowlog"] = client.redis.slowlog_get(100_000)
+    out["slowlog len"] = client.redis.slowlog_len()
+    out["server"] = client.redis.info("server")["redis_version"]
+    shutil.rmtree(work)
+    return out
+
+
+def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
+    """Prints a week's measures; 0 when every bound held, 1 otherwise."""
+    mem: list[tuple[float, int, int]] = r.pop("mem")  # type: ignore[assignment]
+    slow: list[dict[str, object]] = r.pop("slowlog")  # type: ignore[assignment]
+    total = int(r["records"])  # type: ignore[call-overload]
+    steady_samples = [m for _, done, m in mem if done >= total // 10] or [m for *_, m in mem]
+    steady = sorted(steady_samples)[len(steady_samples) // 2]
+    peak = max(m for *_, m in mem)
+    for key, value in r.items():
+        print(f"{key}: {value:,.1f}" if isinstance(value, float) else f"{key}: {value}")
+    print(
+        f"used_memory: {len(mem)} samples every {a.sample_every:g} s; first "
+        f"{mem[0][2] / 2**20:.1f} MiB, steady (median from 10 % done) {steady / 2**20:.1f} "
+        f"MiB, peak {peak / 2**20:.1f} MiB (x{peak / steady:.2f}), last {mem[-1][2] / 2**20:.1f} MiB"
+    )
+    step = max(1, len(mem) // 20)
+    for t, done, m in mem[::step]:
+        print(f"  {t:7.0f} s  done {done:>11,}: {m / 2**20:7.1f} MiB")
+    print(f"SLOWLOG at 10 ms: {r['slowlog len']} entries")
+    by: dict[str, list[int]] = {}
+    for entry in slow:  # by command (a script's calls by function), count and longest
+        words = bytes(entry["command"]).split()  # type: ignore[call-overload]
+        head = b" ".join(words[:2] if words[0].upper().startswith(b"FCALL") else words[:1])
+        by.setdefault(head.decode(errors="replace"), []).append(int(entry["duration"]))  # type: ignore[call-overload]
+    for cmd, us in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        median = sorted(us)[len(us) // 2] / 1000
+        print(f"  {cmd}: {len(us)}, median {median:.1f} ms, max {max(us) / 1000:.1f} ms")
+    ok = (
+        "cut short" not in r
+        and r["missing"] == 0
+        and r["twice or more"] == 0
+        and r["unknown ids"] == 0
+        and peak <= 2 * steady
+        and r["slowlog len"] == 0
+    )
+    print("bounds held" if ok else "BOUNDS FAILED")
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chunks", type=int, default=100_000)
@@ -180,10 +564,25 @@ def main() -> int:
     ap.add_argument("--bounded", type=int, default=0, metavar="N")
     ap.add_argument("--backlog", type=int, default=10_000)
     ap.add_argument("--no-trim", action="store_true", help="--bounded without the trim")
+    ap.add_argument("--week", action="store_true", help="a simulated week through job follow")
+    ap.add_argument("--files", type=int, default=100_000)
+    ap.add_argument("--records-per-file", type=int, default=100)
+    ap.add_argument("--files-per-batch", type=int, default=1000)
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32, help="--week: the trainers' batches(k)")
+    ap.add_argument("--every", type=float, default=1.0, help="--week: follow --every (s)")
+    ap.add_argument("--horizon", type=float, default=60.0, help="--week: follow --horizon (s)")
+    ap.add_argument("--follower-restart", type=float, default=60.0, metavar="S")
+    ap.add_argument("--trainer-restart", type=float, default=45.0, metavar="S")
+    ap.add_argument("--idle-window", type=float, default=30.0, metavar="S")
+    ap.add_argument("--sample-every", type=float, default=2.0, metavar="S")
+    ap.add_argument("--max-seconds", type=float, default=3600.0)
     a = ap.parse_args()
     common.install_signal_handlers()
     with common.start_redis() as server:
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
+        if a.week:
+            return print_week(a, week(url, a))
         if a.bounded:
             r = bounded(url, a.bounded, a.backlog, trim=not a.no_trim)
             print(

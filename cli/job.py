@@ -143,6 +143,12 @@ def job() -> None:
     help="A seeded new task order every pass.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="The shuffle seed.")
+@click.option(
+    "--shuffle-samples",
+    is_flag=True,
+    help="The samples inside each task in a permutation fixed by the seed, the pass and "
+    "the task, the same for every reader (default: the chunks' order).",
+)
 @click.option("--manual-advance", is_flag=True, help="Wait for `taskq pass next` between passes.")
 @click.option(
     "--replace", is_flag=True, help="Replace an existing job of that name (a new incarnation)."
@@ -216,6 +222,7 @@ def create(
     max_attempts: int,
     shuffle: bool,
     seed: int,
+    shuffle_samples: bool,
     manual_advance: bool,
     replace: bool,
     exist_ok: bool,
@@ -319,6 +326,7 @@ def create(
                 max_attempts=max_attempts,
                 shuffle=shuffle,
                 seed=seed,
+                shuffle_samples=shuffle_samples,
                 auto_advance=not manual_advance,
                 replace=replace,
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),

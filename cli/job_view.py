@@ -56,7 +56,7 @@ def status_table(status: JobStatus) -> Table:
     table.add_row("eta (this pass)", age(d["eta_s"]))
     table.add_row("oldest lease", age(status.oldest_lease_age_s))
     if status.input:
-        table.add_row("input", inputwait_view.line(status.input))
+        table.add_row("input", inputwait_view.line(status.input, status.stream))
     tt = cfg.get("task_timeout")
     if tt == "auto":
         auto = cfg.get("auto_task_timeout_s")

@@ -81,10 +81,14 @@ class Seconds(click.ParamType):
 class _Runner:
     """Runs CMD for tasks of one trainer and turns signals into a graceful leave."""
 
-    def __init__(self, trainer: taskq.Trainer, cmd: list[str], grace: float) -> None:
+    def __init__(
+        self, trainer: taskq.Trainer, cmd: list[str], grace: float, ranges: bool = False
+    ) -> None:
         self.trainer = trainer
         self.cmd = cmd
         self.grace = grace
+        #: CMD reads the range of its task (``--ranges``): TASKQ_START / TASKQ_END are set
+        self.ranges = ranges
         self.signum: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.in_child = False
@@ -114,6 +118,9 @@ class _Runner:
         )
         env.pop("TASKQ_TASK", None)
         env["TASKQ_GLOBAL_ID"] = str(self.trainer.global_id(task))
+        if self.ranges:  # the range CMD reads (an end moves no more once CMD runs)
+            env["TASKQ_START"] = str(task.start)
+            env["TASKQ_END"] = "" if task.end is None else str(task.end)
         if len(payload) < ENV_TASK_MAX:
             env["TASKQ_TASK"] = payload.decode()
         tail: deque[bytes] = deque()
@@ -392,6 +399,22 @@ def _redis_url(url: str | None) -> tuple[str | None, str | None]:
     help="After a revoke or a signal, SIGKILL the command if it has not exited.",
 )
 @click.option(
+    "--ranges",
+    is_flag=True,
+    help="CMD reads the range [start, end) of its task's JSON (TASKQ_START, TASKQ_END): it "
+    "may be handed a piece of a task split at a pass's tail. Without it CMD gets whole "
+    "tasks only.",
+)
+@click.option(
+    "--on-complete",
+    type=click.Choice(["exit", "wait"]),
+    default="exit",
+    show_default=True,
+    help="When the job ends (completed, cancelled, or this worker drained): exit 0, or "
+    "leave the job and wait for SIGTERM / SIGINT, then exit 0 (a Deployment's pod, which "
+    "an exit would restart in a loop: docs/kubernetes.md).",
+)
+@click.option(
     "--url", metavar="URL", help="Redis URL (default: the group's --url, env TASKQ_REDIS_URL)."
 )
 def work(
@@ -402,13 +425,18 @@ def work(
     worker_ttl: float | None,
     heartbeat: str,
     grace: float,
+    ranges: bool,
+    on_complete: str,
     url: str | None,
 ) -> None:
     """Run CMD once per task of JOB, in any language.
 
-    The task JSON ({"job", "id", "pass", "token", "attempt", "chunks"}) is on CMD's stdin
-    and, under 64 KiB, in TASKQ_TASK; TASKQ_JOB, TASKQ_TASK_ID, TASKQ_PASS, TASKQ_TOKEN and
-    TASKQ_ATTEMPT are set. Exit 0 acks the task; another exit fails it with the tail of
+    The task JSON ({"job", "id", "pass", "token", "attempt", "start", "end", "order",
+    "chunks"}) is on CMD's stdin and, under 64 KiB, in TASKQ_TASK; TASKQ_JOB,
+    TASKQ_TASK_ID, TASKQ_PASS, TASKQ_TOKEN and TASKQ_ATTEMPT are set. A resumed task
+    starts at sample "start" (samples in "order": null, the chunks' order). With --ranges
+    CMD reads [start, end) ("end" null: the task's end; TASKQ_START, TASKQ_END too) and
+    may be handed a piece of a task split at a pass's tail; without it, whole tasks only. Exit 0 acks the task; another exit fails it with the tail of
     CMD's stderr. A revoked lease terminates CMD. SIGTERM/SIGINT are passed to CMD and
     its lease is released whatever its exit code. Ends when the job completes.
 
@@ -451,11 +479,14 @@ def work(
         worker_ttl=worker_ttl,
         heartbeat=heartbeat,
         handle_signals=False,
+        # a range handed to CMD is fixed while it runs: it is given pieces, never split
+        ranges=ranges,
+        split_tails=False,
     )
     down = _RedisDownContext(client.url, trainer.reconnect_timeout)
     for name in ("taskq.trainer", "taskq.sharded"):
         logging.getLogger(name).addFilter(down)
-    runner = _Runner(trainer, argv, grace)
+    runner = _Runner(trainer, argv, grace, ranges)
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -463,6 +494,14 @@ def work(
     code = 1  # what an error raised out of the loop exits with
     try:
         code = runner.loop()
+        if code == 0 and on_complete == "wait":
+            trainer.close()  # left the job: holds nothing while it waits
+            log.info("job %s ended; waiting for SIGTERM (--on-complete wait)", job)
+            try:
+                while True:
+                    time.sleep(3600)
+            except SystemExit:  # runner.on_signal, outside any command
+                code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for the README's two commands: a virtualenv with taskq
-# installed (editable, with the dev, data, torch and frameworks extras) and a redis-server binary on PATH.
-# Usage: scripts/bootstrap.sh [--with-prometheus] [--with-valkey]
+# installed (editable) and a redis-server binary on PATH.
+# Usage: scripts/bootstrap.sh [--demo] [--with-prometheus] [--with-valkey]
+#   (default)          taskq with the dev, data, torch and frameworks extras (`make test`)
+#   --demo             taskq alone: what `taskq demo` runs (redis-py, click, rich,
+#                      prometheus-client); a later run without it adds the extras
 #   --with-prometheus  promtool too (the deploy-file tests)
 #   --with-valkey      valkey-server and valkey-cli 8 too (`make test` runs a subset on Valkey);
 #                      on Debian 12 they come from bookworm-backports, added only if needed.
@@ -10,8 +13,10 @@ cd "$(dirname "$0")/.."
 
 with_prometheus=0
 with_valkey=0
+demo=0
 for arg in "$@"; do
     case $arg in
+        --demo) demo=1 ;;
         --with-prometheus) with_prometheus=1 ;;
         --with-valkey) with_valkey=1 ;;
         *) echo "taskq: bootstrap: unknown option $arg" >&2; exit 2 ;;
@@ -77,19 +82,30 @@ PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
-stamp=.venv/.taskq-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-    echo "taskq: installing into .venv (log: .venv/pip.log)" >&2
-    # a .venv made when the distribution was still called taskq (PyPI's taskq is another
-    # project): two editable installs of one package would shadow each other
-    if .venv/bin/python -m pip show -q taskq >/dev/null 2>&1; then
-        .venv/bin/python -m pip uninstall -q -y taskq >/dev/null
+# what is installed: .taskq-installed for the full set, .taskq-installed-demo for taskq alone
+full_stamp=.venv/.taskq-installed
+demo_stamp=.venv/.taskq-installed-demo
+fresh() { [[ -f $1 && ! pyproject.toml -nt $1 ]]; }
+if fresh "$full_stamp"; then
+    exit 0
+elif ((demo)); then
+    if fresh "$demo_stamp"; then
+        exit 0
     fi
-    if ! { .venv/bin/python -m pip install --upgrade pip &&
-           .venv/bin/python -m pip install -e '.[dev,data,torch,frameworks]' -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
-        tail -n 30 .venv/pip.log >&2
-        echo "taskq: pip install failed; see .venv/pip.log" >&2
-        exit 1
-    fi
-    touch "$stamp"
+    target=. stamp=$demo_stamp
+else
+    target='.[dev,data,torch,frameworks]' stamp=$full_stamp
 fi
+echo "taskq: installing $target into .venv (log: .venv/pip.log)" >&2
+# a .venv made when the distribution was still called taskq (PyPI's taskq is another
+# project): two editable installs of one package would shadow each other
+if .venv/bin/python -m pip show -q taskq >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y taskq >/dev/null
+fi
+if ! { .venv/bin/python -m pip install --upgrade pip &&
+       .venv/bin/python -m pip install -e "$target" -c scripts/test-constraints.txt; } >.venv/pip.log 2>&1; then
+    tail -n 30 .venv/pip.log >&2
+    echo "taskq: pip install failed; see .venv/pip.log" >&2
+    exit 1
+fi
+touch "$stamp"

@@ -12,6 +12,7 @@ from taskq.admin.client import Client, connect
 from taskq.trainer.core import Trainer
 
 from .errors import (
+    AllTasksDead,
     BacklogFull,
     ConnectionLost,
     CorruptData,
@@ -47,6 +48,7 @@ def __getattr__(name: str) -> ModuleType:
 
 
 __all__ = [
+    "AllTasksDead",
     "BacklogFull",
     "Client",
     "ConnectionLost",

@@ -36,6 +36,11 @@ class JobCancelled(TaskqError):
     """The job was cancelled: there will never be work again."""
 
 
+class AllTasksDead(TaskqError):
+    """Every live task of the job's pass is dead: no work comes until an operator retries
+    them (``taskq tasks retry JOB``) or cancels the job (the message names both)."""
+
+
 class LeaseLost(TaskqError):
     """A write about a task whose lease this trainer no longer holds (stale).
 

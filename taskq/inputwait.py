@@ -4,7 +4,10 @@ step).
 
 ``InputMeter`` is driven by the loop's own thread at near-zero cost: ``enter()`` at the top
 of a ``next()``, ``leave()`` when it returns (one ``perf_counter`` each, sums and a bucket
-count kept in plain attributes, no lock). The heartbeat thread reads it (``InputBeat``)
+count kept in plain attributes, no lock). The trainer marks the time it blocks with
+nothing to lease and nothing held (``idle_begin`` / ``idle_end``: an open stream waiting
+for appends, or a pass's last tasks held by others); the part of a ``next()`` spent then
+is counted apart (``idle_s``), not as a wait for data: a loader cannot shorten it. The heartbeat thread reads it (``InputBeat``)
 and sends what changed since its last answered beat as one more argument of the
 heartbeat it makes anyway; the heartbeat script adds it to the job's bounded record
 (lua/heartbeat.lua; read back by inputwait_view.py).
@@ -35,6 +38,8 @@ ARG_TAG = "i"
 SEND_EVERY_S = 5.0
 
 _perf = time.perf_counter
+#: ``InputMeter.totals()``: count, wait_s, step_s, counts, idle_s.
+Totals = tuple[int, float, float, list[int], float]
 
 
 class InputMeter:
@@ -47,15 +52,33 @@ class InputMeter:
     evaluation) is neither wait nor step.
     """
 
-    __slots__ = ("beat", "count", "counts", "step_s", "wait_s", "_in", "_out")
+    __slots__ = (
+        "beat",
+        "count",
+        "counts",
+        "idle_s",
+        "step_s",
+        "wait_s",
+        "_idle_at_in",
+        "_idle_from",
+        "_idle_sum",
+        "_in",
+        "_out",
+    )
 
     def __init__(self) -> None:
         self.count = 0  # next() calls that returned
-        self.wait_s = 0.0  # time inside them
+        self.wait_s = 0.0  # time inside them, waiting for data (idle_s apart)
+        self.idle_s = 0.0  # time inside them while the trainer had nothing to lease
         self.step_s = 0.0  # time between one's return and the next one's call
         self.counts = [0] * N_BUCKETS  # the returned calls' waits by WAIT_BOUNDS_S bucket
         self._in = 0.0  # perf_counter at the last enter(); 0: none
         self._out = 0.0  # perf_counter at the last leave(); 0: none since the (re)start
+        # the trainer's time blocked with nothing to lease: closed spells summed, the
+        # open one's start (0: none), and the sum as the current next() began
+        self._idle_sum = 0.0
+        self._idle_from = 0.0
+        self._idle_at_in = 0.0
         #: what the heartbeats sent of it (``InputBeat.of``): kept with the meter, so the
         #: next trainer given it (the torch loader's, one per pass) goes on from there
         self.beat: InputBeat | None = None
@@ -67,17 +90,39 @@ class InputMeter:
             self.step_s += now - self._out
             self._out = 0.0
         self._in = now
+        start = self._idle_from
+        self._idle_at_in = self._idle_sum + (now - start if start else 0.0)
 
     def leave(self) -> None:
         """The loop has its batch or task (its wait ended, the step begins)."""
         now = _perf()
         if self._in:
             wait = now - self._in
+            if self._idle_from or self._idle_sum != self._idle_at_in:
+                idle = min(wait, max(0.0, self._idle(now) - self._idle_at_in))
+                self.idle_s += idle
+                wait -= idle
             self.wait_s += wait
             self.count += 1
             self.counts[bisect_left(WAIT_BOUNDS_S, wait)] += 1
             self._in = 0.0
         self._out = now
+
+    def idle_begin(self) -> None:
+        """The trainer blocks with nothing to lease and nothing held (any thread)."""
+        if not self._idle_from:
+            self._idle_from = _perf()
+
+    def idle_end(self) -> None:
+        """The trainer's block with nothing to lease ended."""
+        start = self._idle_from
+        if start:
+            self._idle_sum += _perf() - start
+            self._idle_from = 0.0
+
+    def _idle(self, now: float) -> float:
+        start = self._idle_from
+        return self._idle_sum + (max(0.0, now - start) if start else 0.0)
 
     def stop(self) -> None:
         """The ``next()`` under way ended without a batch: its time is not counted."""
@@ -86,19 +131,22 @@ class InputMeter:
 
     restart = stop
 
-    def totals(self) -> tuple[int, float, float, list[int]]:
-        """(count, wait_s, step_s, counts) now, a wait or step under way included in its
-        sum (so a loop stuck in one ``next()`` shows at once); read from another thread.
-        """
+    def totals(self) -> Totals:
+        """(count, wait_s, step_s, counts, idle_s) now, a wait or step under way included
+        in its sum (so a loop stuck in one ``next()`` shows at once); read from another
+        thread."""
         now = _perf()
         started, ended = self._in, self._out
-        count, wait_s, step_s = self.count, self.wait_s, self.step_s
+        count, wait_s, step_s, idle_s = self.count, self.wait_s, self.step_s, self.idle_s
         counts = list(self.counts)
         if started and not ended:
-            wait_s += max(0.0, now - started)
+            wait = max(0.0, now - started)
+            idle = min(wait, max(0.0, self._idle(now) - self._idle_at_in))
+            wait_s += wait - idle
+            idle_s += idle
         elif ended and not started:
             step_s += max(0.0, now - ended)
-        return count, wait_s, step_s, counts
+        return count, wait_s, step_s, counts, idle_s
 
 
 class InputBeat:
@@ -127,28 +175,28 @@ class InputBeat:
     def __init__(self, meter: InputMeter, every_s: float | None = None) -> None:
         self.meter = meter
         self.every_s = SEND_EVERY_S if every_s is None else every_s
-        self._sent: tuple[int, float, float, list[int]] = (0, 0.0, 0.0, [0] * N_BUCKETS)
+        self._sent: Totals = (0, 0.0, 0.0, [0] * N_BUCKETS, 0.0)
         self._sent_at = float("-inf")
         self._recent: deque[tuple[float, float, float]] = deque()  # (at, wait_s, step_s)
         self._recent_wait_s = 0.0  # the sums of _recent
         self._recent_step_s = 0.0
 
-    def arg(self) -> tuple[str, tuple[int, float, float, list[int]]] | None:
+    def arg(self) -> tuple[str, Totals] | None:
         """The heartbeat argument for what changed, and the totals it covers (give them
         to ``sent`` once the beat was answered); None when the loop never ran or the last
         one went less than ``every_s`` ago.
 
         Returns:
-            ``"i<n>,<wait_us>,<step_us>,<recent_wait_us>,<recent_step_us>,<count>..."``
-            (one count per bucket), and the totals.
+            ``"i<n>,<wait_us>,<step_us>,<recent_wait_us>,<recent_step_us>,<count>...,
+            <idle_us>"`` (one count per bucket; the idle time last), and the totals.
         """
         now = time.monotonic()
         if now - self._sent_at < self.every_s:
             return None
         totals = self.meter.totals()
-        count, wait_s, step_s, counts = totals
-        s_count, s_wait, s_step, s_counts = self._sent
-        if count == 0 and wait_s == 0.0 and step_s == 0.0:
+        count, wait_s, step_s, counts, idle_s = totals
+        s_count, s_wait, s_step, s_counts, s_idle = self._sent
+        if count == 0 and wait_s == 0.0 and step_s == 0.0 and idle_s == 0.0:
             return None
         d_counts = [max(0, a - b) for a, b in zip(counts, s_counts, strict=True)]
         d_wait, d_step = max(0.0, wait_s - s_wait), max(0.0, step_s - s_step)
@@ -158,20 +206,32 @@ class InputBeat:
             self._recent_wait_s -= old_wait
             self._recent_step_s -= old_step
         r_wait = d_wait + max(0.0, self._recent_wait_s)
-        r_step = d_step + max(0.0, self._recent_step_s)
-        fields = [sum(d_counts), _us(d_wait), _us(d_step), _us(r_wait), _us(r_step), *d_counts]
+        d_idle = max(0.0, idle_s - s_idle)
+        # the trainer's own fraction is wait / all its loop time: the rest is its steps
+        # and its waits with nothing to lease
+        r_step = d_step + d_idle + max(0.0, self._recent_step_s)
+        fields = [
+            sum(d_counts),
+            _us(d_wait),
+            _us(d_step),
+            _us(r_wait),
+            _us(r_step),
+            *d_counts,
+            _us(d_idle),
+        ]
         return ARG_TAG + ",".join(str(x) for x in fields), totals
 
-    def sent(self, totals: tuple[int, float, float, list[int]]) -> None:
+    def sent(self, totals: Totals) -> None:
         """The beat that carried ``arg()``'s totals was answered: the next one starts there.
 
         Args:
             totals: the second item ``arg()`` returned.
         """
-        count, wait_s, step_s, counts = totals
-        s_count, s_wait, s_step, s_counts = self._sent
+        count, wait_s, step_s, counts, idle_s = totals
+        s_count, s_wait, s_step, s_counts, s_idle = self._sent
         self._sent_at = now = time.monotonic()
         d_wait, d_step = max(0.0, wait_s - s_wait), max(0.0, step_s - s_step)
+        d_step += max(0.0, idle_s - s_idle)  # the rest of its loop time (arg())
         self._recent.append((now, d_wait, d_step))
         self._recent_wait_s += d_wait
         self._recent_step_s += d_step
@@ -181,6 +241,7 @@ class InputBeat:
             max(wait_s, s_wait),
             max(step_s, s_step),
             [max(a, b) for a, b in zip(counts, s_counts, strict=True)],
+            max(idle_s, s_idle),
         )
 
 

@@ -55,6 +55,9 @@ EXPECTED_TYPES: dict[str, str] = {
     "mixseq0": "string",
     "mixseq1": "string",
     "mixseq2": "string",
+    "sources": "hash",
+    "srcseq": "zset",
+    "aside": "zset",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 
@@ -230,21 +233,31 @@ def split_check(
     job_keys: JobKeys,
     round_id: Any,
     size_of: Callable[[list[Any]], int | None],
+    running: tuple[Any, bool] | None = None,
 ) -> dict[str, Any]:
     """The audit's view of one pass attempt's split tasks (docs/design.md, "Tail
     splitting"): a split task's pieces are ``[0, m)`` (the head) and ``[m, n)`` (the tail)
     of its split record, so each sample is in one piece; a task is done exactly when both
-    pieces are acked, and ``n`` is the task's size where its chunks say it. A gap (done
-    with a piece not acked, pieces that end short of the task) or a piece acked and not
-    counted is reported. The list of the attempt's splits is bounded (``MAX_SPLITS``).
+    pieces are acked, and ``n`` is the task's size where its chunks say it. The pieces are
+    the record of the attempt's work: a split task keeps its record whatever happens to it
+    (death, retry, completion, a rewind), each piece's progress stays within it, a dead
+    task's pieces are leased by nobody, and while the attempt runs every piece not acked
+    of a live task is reachable (leased, or waiting in the front or among the orphans).
+    A gap (done with a piece not acked, pieces that end short of the task, a record lost,
+    a piece nobody can lease) or an overlap (a piece's progress past its end, a piece
+    acked and not counted) is reported. The list of the attempt's splits is bounded
+    (``MAX_SPLITS``).
 
     Args:
         redis_client: the client's redis.
         job_keys: the job's keys.
-        round_id: the pass attempt (its ``round``) whose splits are checked; the list
-            of another attempt is not read.
+        round_id: the pass attempt (the round its pieces are recorded under) whose splits
+            are checked; the list of another attempt is not read.
         size_of: a task's samples from its chunks, None when they do not say
             (``taskq.data.task_size``).
+        running: while the attempt runs, (the current round, whether the order's cursor
+            is at its end): what makes a lease current and a head reachable only through
+            a lease or the front; None: no lease is current (an ended attempt).
 
     Returns:
         ``{"tasks": split tasks of the attempt, "acked": of which both pieces acked,
@@ -260,33 +273,52 @@ def split_check(
     if raw is None or rnd != str(round_id):
         return {"tasks": 0, "acked": 0, "bad": []}
     tasks = [int(t) for t in body.split()]
+    orph = redis_client.hget(job_keys.leases, "s:orph")
+    if isinstance(orph, bytes):
+        orph = orph.decode()
+    o_round, _, o_body = (orph or "").partition("|")
+    orphans = {int(t) for t in o_body.split()} if o_round == str(round_id) else set()
     pipe = redis_client.pipeline(transaction=False)
     for task in tasks:
         pipe.hget(job_keys.leases, f"s:{task}")
         pipe.getbit(job_keys.done, task)
         pipe.sismember(job_keys.dead, task)
         pipe.hget(job_keys.chunks, task)
+        pipe.hget(job_keys.progress, task)
+        pipe.hget(job_keys.leases, task)
+        pipe.hget(job_keys.leases, f"b:{task}")
+        pipe.zscore(job_keys.front, task)
     replies = pipe.execute() if tasks else []
+
+    def current(lease: Any) -> bool:
+        if running is None or lease is None:
+            return False
+        if isinstance(lease, bytes):
+            lease = lease.decode()
+        f = lease.split("|")
+        return f[0] == "L" and len(f) > 4 and f[4] == str(running[0])
+
     bad: list[dict[str, Any]] = []
     acked = 0
     for k, task in enumerate(tasks):
-        rec, done, dead, chunks = replies[4 * k : 4 * k + 4]
+        rec, done, dead, chunks, prog, head_l, tail_l, front = replies[8 * k : 8 * k + 8]
         if chunks is None:
             continue  # trimmed (a stream's done tasks below its watermark)
         if isinstance(rec, bytes):
             rec = rec.decode()
         if rec is None:
-            continue  # the split was dropped (its task died with no piece acked): whole
+            bad.append({"task": task, "why": "split, and its pieces' record is gone"})
+            continue
         parts = rec.split("|")
         if len(parts) != 7 or parts[0] != str(round_id):
             bad.append({"task": task, "why": f"split record {rec!r} is not of this attempt"})
             continue
         try:
-            m, n = int(parts[1]), int(parts[2])
+            m, n, tp = int(parts[1]), int(parts[2]), int(parts[5])
         except ValueError:
             bad.append({"task": task, "why": f"split record {rec!r} is not taskq's"})
             continue
-        head, tail = parts[3] == "1", parts[4] == "1"
+        head, tail, confirmed = parts[3] == "1", parts[4] == "1", parts[6] == "1"
         acked += head and tail
         why = []
         if not 0 < m <= n:
@@ -298,6 +330,19 @@ def split_check(
             why.append(f"done with a piece not acked (head {head}, tail {tail})")
         if not done and not dead and head and tail:
             why.append("both pieces acked, the task not done")
+        if confirmed and prog is not None and int(prog) > m:
+            why.append(f"the head's progress {int(prog)} is past its end {m}: read twice")
+        if not m <= tp <= n:
+            why.append(f"the tail's progress {tp} is outside its piece [{m}, {n})")
+        if confirmed and m >= n and not tail:
+            why.append("an empty tail not acked: the task can never be done")
+        if dead and (current(head_l) or current(tail_l)):
+            why.append("dead, and a piece of it leased")
+        if running is not None and not done and not dead and not why:
+            if not tail and confirmed and not current(tail_l) and task not in orphans:
+                why.append(f"its tail [{tp}, {n}) is neither leased nor waiting: unreachable")
+            if not head and running[1] and not current(head_l) and front is None:
+                why.append(f"its head [.., {m}) is neither leased nor waiting: unreachable")
         if why:
             bad.append({"task": task, "why": "; ".join(why)})
     return {"tasks": len(tasks), "acked": acked, "bad": bad}

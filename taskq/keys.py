@@ -61,6 +61,10 @@ JOB_KEYS: tuple[str, ...] = (
     "mixseq0",  # string: the tasks a mixed job charged, by position, of passes p % 3 == 0
     "mixseq1",  # ... p % 3 == 1
     "mixseq2",  # ... p % 3 == 2
+    "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
+    "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
+    "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
+    # (dead, or dead at a kept checkpoint's cut: trim.lua)
 )
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
@@ -87,6 +91,9 @@ COLD_KEYS: tuple[str, ...] = (
     "mixseq0",
     "mixseq1",
     "mixseq2",
+    "sources",
+    "srcseq",
+    "aside",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -179,9 +186,20 @@ class MetaField:
     MAX_BACKLOG = "max_backlog"  # an append past it (tasks not done) is refused (0 = none)
     C_APPENDED = "c_appended"  # tasks appended after the create
     C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
-    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are done and trimmed (trim.lua)
+    SRC_SEQ = "src_seq"  # sequence of the appends that named a source (srcseq's scores)
+    TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
+    ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
+    #: the order of a task's samples: '' or absent the chunks' order, 'shuffled' a
+    #: permutation fixed by the job's seed, the pass and the task (taskq.data.sample_order;
+    #: applied by the readers, never by a script: register hands it to the trainers)
+    SORDER = "sorder"
     C_SPLITS = "c_splits"  # tasks split (a piece granted to an idle trainer)
+    #: The round the pass attempt's pieces (lib/pieces.lua) are recorded under when it is
+    #: not the current one: set by the job's completion (its new round fences the leases,
+    #: while the completed attempt's pieces stand for a retry that reopens it); '' or
+    #: absent: the current round. Cleared by a pass start, a reset and a rewind.
+    SROUND = "sround"
     #: The histograms' sums (ms; the hist hash keeps only their buckets, a count being the
     #: buckets' sum): written with the meta the call writes anyway, not one HINCRBY per
     #: ack. A job created before them also has ``dur:sum`` / ``late:sum`` in ``hist``, frozen

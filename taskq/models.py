@@ -33,6 +33,11 @@ class JobConfig:
     #: tail splitting: an idle trainer at a pass's tail takes the unread end of a started
     #: task running long (docs/design.md, "Tail splitting"); needs the task's size
     split_tails: bool = True
+    #: the order of a task's samples, what sample ``i`` of a task means for every reader:
+    #: False, the chunks' order; True, a permutation fixed by the job's seed, the pass and
+    #: the task (``taskq.data.sample_order``), applied by ``read_task(task)`` and taskq.torch
+    #: (docs/design.md, "Sample order")
+    shuffle_samples: bool = False
 
 
 @dataclass(eq=False)
@@ -75,6 +80,11 @@ class Task:
     read_to: int | None = None
     #: the source job a mixed job's task is from (docs/mixing.md); None for other jobs
     source: str | None = None
+    #: what fixes the order of this task's samples (``taskq.data.sample_order``): None, the
+    #: chunks' order; else the key of a permutation (the job, its seed, the pass and the
+    #: task: the same for every reader of the job). ``task.start`` and ``task.end`` are
+    #: positions in that order: read with ``read_task(task)``
+    order: str | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)
@@ -112,7 +122,9 @@ class Task:
         return self.end
 
     def as_dict(self) -> dict[str, Any]:
-        """The task as JSON-able data (what ``taskq work`` passes to its command)."""
+        """The task as JSON-able data (what ``taskq work`` passes to its command): its
+        range is ``[start, end)`` (``end`` None: the task's end) in its sample ``order``
+        (None: the chunks' order; ``taskq.data.sample_order``)."""
         return {
             "job": self.job,
             "id": self.id,
@@ -120,6 +132,8 @@ class Task:
             "token": self.token,
             "attempt": self.attempt,
             "start": self.start,
+            "end": self.end,
+            "order": self.order,
             "chunks": self.chunks,
         }
 
@@ -133,6 +147,29 @@ class AppendResult:
     skipped: int
     first_task: int | None
     backlog: int
+
+
+class SealResult(int):
+    """What ``seal`` did: the tasks the stream holds (the int itself), and
+    ``already_sealed``: it was sealed before this call, which changed nothing."""
+
+    already_sealed: bool
+
+    def __new__(cls, tasks: int, already_sealed: bool = False) -> SealResult:
+        result = super().__new__(cls, tasks)
+        result.already_sealed = already_sealed
+        return result
+
+
+@dataclass(frozen=True)
+class FollowRecord:
+    """A follower's record (``taskq job follow``, docs/streams.md "The follower"): every
+    file at or below ``watermark`` (``(mtime, path)``; None before the first) was
+    appended; ``files`` are the keys (``path|size|version``) of files above it recorded
+    as appended."""
+
+    watermark: tuple[float, str] | None
+    files: list[str]
 
 
 @dataclass

@@ -45,10 +45,10 @@ def main() -> int:
     passes = taskq.Client(a.url).status(a.job, summaries=0).passes
     accelerator = Accelerator(cpu=True)
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
-    # collective: save_state asks every rank for the loader's state; rank 0 checkpoints
-    loader = taskq.torch.DataLoader(
-        ds, batch_size=4, num_workers=1, pass_end="local", collective=True
-    )
+    # pass_end="local": the ranks step unevenly under Join (below). save_state asks every
+    # rank for the loader's state: the loader finds accelerate calling and makes it
+    # collective (rank 0 checkpoints every rank's steps): taskq/torchdata/frameworks.py
+    loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, pass_end="local")
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)

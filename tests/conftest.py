@@ -6,7 +6,6 @@ The server is ``redis-server`` unless ``TASKQ_TEST_SERVER`` names another binary
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -20,8 +19,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from support import RedisClusterProcs, RedisServer, server_version  # noqa: E402
 
 import taskq  # noqa: E402
-
-_counter = itertools.count()
 
 
 def _warn_on_threaded_fork() -> None:
@@ -44,12 +41,11 @@ def pytest_report_header() -> str:
     return f"taskq: tests start {server_version()}"
 
 
+# The suite's short names for taskq.testing's public fixtures (the ones users' tests get).
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(taskq_server: RedisServer) -> RedisServer:
     """A server the suite started (shared; tests use unique job names)."""
-    server = RedisServer()
-    yield server
-    server.cleanup()
+    return taskq_server
 
 
 @pytest.fixture
@@ -61,20 +57,19 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def url(redis_server: RedisServer) -> str:
-    return redis_server.url
+def url(taskq_url: str) -> str:
+    return taskq_url
 
 
 @pytest.fixture
-def client(url: str) -> taskq.Client:
-    return taskq.connect(url)
+def client(taskq_client: taskq.Client) -> taskq.Client:
+    return taskq_client
 
 
 @pytest.fixture
-def job_name(request: pytest.FixtureRequest) -> str:
+def job_name(taskq_job_name: str) -> str:
     """A job name unique to this test."""
-    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
-    return f"t{next(_counter)}-{os.getpid()}-{base}"
+    return taskq_job_name
 
 
 @pytest.fixture(scope="module")

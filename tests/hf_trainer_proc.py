@@ -7,10 +7,10 @@ taskq's loader and ``get_resumed_dataloader`` returning it as it is (the loader 
 its state, not by skipping batches); a ``TrainerCallback`` saves ``loader.state_dict()``
 into every checkpoint directory and ``train(resume_from_checkpoint=CKPT)`` loads it
 first. Every step appends ``{"step", "pass", "rows", "padding"}`` to LOG_DIR/rank<r>.jsonl
-before it trains. ``--kill-at S``: SIGKILL on entering step S. Under ``torchrun`` (RANK
-set) the Trainer runs DDP on gloo: the loader is ``even_steps=True`` (a rank out first
-steps on repeats, their loss x 0) and ``collective=True`` (every rank's ``on_save`` asks
-for its state, rank 0 writes it).
+before it trains, and the loss it trained on to LOG_DIR/loss<r>.jsonl. ``--kill-at S``: SIGKILL on entering step S. Under ``torchrun`` (RANK
+set) the Trainer runs DDP on gloo; the loader, made without flags, finds the Trainer and
+steps evenly (a rank out first steps on repeats, their loss x 0 by the loader) and
+checkpoints collectively (every rank's ``on_save`` asks for its state, rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ class Net(torch.nn.Module):
             out.write(json.dumps(entry) + "\n")
         self.step += 1
         loss = self.lin(i.float().unsqueeze(1)).pow(2).mean()
-        return {"loss": loss * 0 if padding else loss}  # a repeat: step beside the others
+        # a padding batch (a repeat, to step beside the other ranks): the loader's
+        # integration weights the loss compute_loss returns by 0
+        return {"loss": loss}
 
 
 class LoaderState(TrainerCallback):
@@ -72,9 +74,18 @@ class LoaderState(TrainerCallback):
 
 
 class TaskqTrainer(Trainer):
-    def __init__(self, loader: taskq.torch.DataLoader, **kw: Any) -> None:
+    def __init__(self, loader: taskq.torch.DataLoader, loss_log: str, **kw: Any) -> None:
         super().__init__(**kw)
         self.taskq_loader = loader
+        self.loss_log = loss_log
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kw: Any) -> Any:
+        # the loss the step trained on (after the loader's weighting of a padding batch)
+        loss = super().training_step(model, inputs, *args, **kw)
+        entry = {"padding": self.taskq_loader.batch_is_padding, "loss": float(loss)}
+        with open(self.loss_log, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+        return loss
 
     def get_train_dataloader(self) -> Any:
         return self.taskq_loader
@@ -95,9 +106,10 @@ def main() -> int:
     ap.add_argument("--resume")
     a = ap.parse_args()
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
-    loader = taskq.torch.DataLoader(
-        ds, batch_size=4, num_workers=1, pass_end="local", collective=True, even_steps=True
-    )
+    # no flags: the loader finds the Trainer when it iterates (even_steps, pass_end,
+    # the padding's weight over several ranks) and when on_save asks for its state
+    # (collective over several ranks): taskq/torchdata/frameworks.py
+    loader = taskq.torch.DataLoader(ds, batch_size=4, num_workers=1)
     rank = int(os.environ.get("RANK", "0"))
     model = Net(loader, os.path.join(a.log_dir, f"rank{rank}.jsonl"), a.kill_at)
     if a.resume:
@@ -116,7 +128,10 @@ def main() -> int:
         logging_strategy="no",
         disable_tqdm=True,
     )
-    trainer = TaskqTrainer(loader, model=model, args=targs, callbacks=[LoaderState(loader)])
+    loss_log = os.path.join(a.log_dir, f"loss{rank}.jsonl")
+    trainer = TaskqTrainer(
+        loader, loss_log, model=model, args=targs, callbacks=[LoaderState(loader)]
+    )
     trainer.train(resume_from_checkpoint=a.resume)
     loader.close()
     # torchrun: the DDP-wrapped model goes first, then the process group, both before the

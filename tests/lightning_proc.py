@@ -1,11 +1,18 @@
 """A Lightning ``Trainer.fit`` over a ``taskq.torch.DataLoader``, for tests/test_frameworks.py.
 
 Usage: lightning_proc.py URL JOB LOG_DIR DEVICES [--every K] [--kill-at S] [--resume CKPT]
+    [--batch-size B] [--ahead A]
+
+The loader as a new user writes it: ``taskq.torch.DataLoader(ds, batch_size=B)``, no
+flags, no callback, a loss not weighted by hand: the loader finds Lightning's ``fit``
+and sets what it needs (taskq/torchdata/frameworks.py). ``--ahead A``: a contradicting
+``ahead`` given by hand (refused at the first ``iter()``).
 
 DDP on CPU (gloo) with DEVICES processes (Lightning's launcher starts the other ranks by
 running this script again), a one-weight model, one pass per epoch (``max_epochs`` =
 the job's passes). Every ``training_step`` appends ``{"step", "pass", "rows"}`` to
-LOG_DIR/rank<r>.jsonl, flushed, before the step: the loop's own log of what it trained.
+LOG_DIR/rank<r>.jsonl, flushed, before the step: the loop's own log of what it trained;
+``on_train_batch_end`` appends the loss Lightning stepped on to LOG_DIR/loss<r>.jsonl.
 ``--every K``: Lightning's ``ModelCheckpoint`` every K optimizer steps into LOG_DIR/ckpt
 (its checkpoint holds the loader's ``state_dict()``). ``--kill-at S``: every rank
 SIGKILLs itself on entering step S (nothing of that step is trained). ``--resume``:
@@ -54,21 +61,16 @@ class Net(L.LightningModule):
         }
         with open(os.path.join(self.log_dir, f"rank{self.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps(entry) + "\n")
-        loss = self.lin(batch["i"].float().unsqueeze(1)).pow(2).mean()
-        # even_steps: a padding batch steps beside the other ranks, training nothing
-        return loss * 0 if padding else loss
+        # (a padding batch's loss is weighted by 0 by the loader's integration)
+        return self.lin(batch["i"].float().unsqueeze(1)).pow(2).mean()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        entry = {"padding": self.loader.batch_is_padding, "loss": float(outputs["loss"])}
+        with open(os.path.join(self.log_dir, f"loss{self.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-4)
-
-
-class TaskqSigterm(L.Callback):
-    """SIGTERM as taskq's loader handles it (``SystemExit(143)`` in the loop, everything
-    released at once) instead of Lightning's handler, whose DDP protocol broadcasts from
-    inside the handler and can leave the ranks waiting on each other: docs/frameworks.md."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        taskq.torch.leave_on_sigterm()
 
 
 def main() -> int:
@@ -81,22 +83,18 @@ def main() -> int:
     ap.add_argument("--every", type=int)
     ap.add_argument("--kill-at", type=int)
     ap.add_argument("--resume")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--ahead", type=int)
     a = ap.parse_args()
     passes = taskq.Client(a.url).status(a.job, summaries=0).passes
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
-    # Lightning's loop fetches one batch ahead of its step (ahead=1), asks every rank
-    # for the loader's state at a checkpoint (collective=True), and its DDP needs every
-    # rank to step as often as the others (even_steps=True): docs/frameworks.md
-    loader = taskq.torch.DataLoader(
-        ds,
-        batch_size=4,
-        num_workers=int(os.environ.get("LT_WORKERS", "1")),
-        pass_end="local",
-        ahead=int(os.environ.get("LT_AHEAD", "1")),
-        collective=True,
-        even_steps=os.environ.get("LT_EVEN", "1") == "1",
-    )
-    callbacks: list[L.Callback] = [TaskqSigterm()]
+    # no flags: Lightning's loop fetches one batch ahead of its step, asks every rank
+    # for the loader's state at a checkpoint, and its DDP needs every rank to step as
+    # often as the others; the loader finds fit on its stack and sets all of it, the
+    # SIGTERM handler and the padding batch's weight too (docs/frameworks.md)
+    extra = {} if a.ahead is None else {"ahead": a.ahead}
+    loader = taskq.torch.DataLoader(ds, batch_size=a.batch_size, num_workers=1, **extra)
+    callbacks: list[L.Callback] = []
     if a.every:
         callbacks.append(
             ModelCheckpoint(

@@ -49,6 +49,7 @@ METRIC_TYPES = {
                 "expired",
                 "exporter_scrape_errors",
                 "input_step_seconds",
+                "input_nothing_to_lease_seconds",
             )
         ],
         "counter",

@@ -22,7 +22,7 @@ from taskq.data import read_task  # noqa: E402
 
 def main() -> int:
     url, job, out = sys.argv[1:4]
-    with taskq.Trainer(job, url=url) as trainer, open(out, "a", buffering=1) as log:
+    with taskq.Trainer(job, url=url, ranges=True) as trainer, open(out, "a", buffering=1) as log:
         task = trainer.lease(timeout=10)
         assert task is not None
         print(f"LEASED {task.id}", flush=True)

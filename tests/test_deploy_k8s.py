@@ -12,6 +12,7 @@ their structure is checked here by hand, and the PrometheusRule's rules by promt
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -187,12 +188,28 @@ def test_k8s_reaper_and_exporter(k8s_objects: list[dict[str, Any]]) -> None:
 AUTOSCALING = K8S / "autoscaling"
 
 
+def kustomized(folder: Path) -> list[dict[str, Any]]:
+    """The objects of a kustomization: its files, and its folders' kustomizations (a base);
+    every manifest of its folder listed."""
+    listed = load_yaml(folder / "kustomization.yaml")["resources"]
+    files = {r for r in listed if (folder / r).is_file()}
+    assert files == {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
+    objects = []
+    for resource in listed:
+        path = (folder / resource).resolve()
+        assert path.exists(), f"{folder}: {resource} does not exist"
+        objects += kustomized(path) if path.is_dir() else load_yaml_all(path)
+    return objects
+
+
 @pytest.fixture(scope="module")
 def autoscaling_objects() -> list[dict[str, Any]]:
-    kustomization = load_yaml(AUTOSCALING / "kustomization.yaml")
-    listed = set(kustomization["resources"])
-    assert listed == {p.name for p in AUTOSCALING.glob("*.yaml")} - {"kustomization.yaml"}
-    return [obj for resource in sorted(listed) for obj in load_yaml_all(AUTOSCALING / resource)]
+    return kustomized(AUTOSCALING)
+
+
+@pytest.fixture(scope="module")
+def hpa_objects() -> list[dict[str, Any]]:
+    return kustomized(AUTOSCALING / "hpa")
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -236,3 +253,45 @@ def test_keda_scales_the_stream_trainers_on_the_exported_backlog(
         assert container["image"] == IMAGE
         assert {"secretRef": {"name": "taskq-redis"}} in container["envFrom"]
     assert pod["terminationGracePeriodSeconds"] >= 30
+
+
+def test_stream_trainers_wait_once_the_stream_is_done(
+    autoscaling_objects: list[dict[str, Any]],
+) -> None:
+    """A Deployment restarts an exited container: `taskq work` exiting 0 on a completed
+    stream would restart in a loop; `--on-complete wait` keeps it up until scaled away."""
+    deployment = find(autoscaling_objects, "Deployment", "taskq-stream-trainer")
+    (trainer,) = deployment["spec"]["template"]["spec"]["containers"]
+    command = trainer["command"]
+    at = command.index("--on-complete")
+    assert command[at + 1] == "wait" and at < command.index("--", 2)  # before CMD
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_hpa_and_its_trainers_validate_strictly(
+    hpa_objects: list[dict[str, Any]], version: str
+) -> None:
+    errors = [e for obj in hpa_objects for e in schema_errors(obj, version)]
+    assert not errors, "\n".join(errors)
+    assert sorted(o["kind"] for o in hpa_objects) == ["Deployment", "HorizontalPodAutoscaler"]
+
+
+def test_hpa_scales_the_same_trainers_on_the_exported_backlog(
+    hpa_objects: list[dict[str, Any]], autoscaling_objects: list[dict[str, Any]]
+) -> None:
+    from metric_names import EXPOSED_NAMES
+
+    deployment = find(hpa_objects, "Deployment", "taskq-stream-trainer")
+    assert deployment == find(autoscaling_objects, "Deployment", "taskq-stream-trainer")
+    hpa = find(hpa_objects, "HorizontalPodAutoscaler", "taskq-stream-trainer")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"]["name"] in EXPOSED_NAMES
+    job = metric["external"]["metric"]["selector"]["matchLabels"]["job_name"]
+    (trainer,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert trainer["command"][3:5] == ["work", job]
+    assert float(metric["external"]["target"]["averageValue"]) > 0

@@ -256,6 +256,9 @@ def assert_agrees_with_status(samples: Samples, st: taskq.JobStatus) -> None:
     assert value(samples, "taskq_input_step_seconds_total", job_name=job) == (
         pytest.approx(total["step_s"])
     )
+    assert value(samples, "taskq_input_nothing_to_lease_seconds_total", job_name=job) == (
+        pytest.approx(total["idle_s"])
+    )
     assert value(samples, "taskq_input_bound_ratio", job_name=job) == (
         pytest.approx(st.input["recent"]["fraction"])
     )

@@ -3,7 +3,9 @@
 packages on CPU, a real redis-server and real JSONL files. Each loop logs what it trained
 (tests/lightning_proc.py, tests/accelerate_proc.py); the tests check those logs: every
 sample once per pass, and a run killed after the framework's own checkpoint resumed from
-it exactly (nothing trained twice, nothing missed)."""
+it exactly (nothing trained twice, nothing missed). The Lightning and HF Trainer loaders
+are made without flags (``DataLoader(ds, batch_size=...)``): the loader finds the
+framework and sets what it needs (taskq/torchdata/frameworks.py)."""
 
 from __future__ import annotations
 
@@ -134,36 +136,73 @@ def test_lightning_ddp_ranks_step_evenly_and_train_every_sample_once_per_pass(
     padding = sorted(sum(e["padding"] for e in entries) for entries in ranks.values())
     if shape == "one_task":
         assert padding == [0, 5], padding
+    _padding_trained_nothing(log)
     assert client.status(job_name).state == "completed"
 
 
+def _padding_trained_nothing(log_dir: Path) -> None:
+    """Every padding step's loss (as the framework stepped on it) is 0: the loader's
+    integration weighted it, the model returned it unweighted."""
+    losses = [
+        json.loads(line)
+        for path in sorted(log_dir.glob("loss*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    assert losses
+    assert all(e["loss"] == 0.0 for e in losses if e["padding"]), losses
+    assert any(e["loss"] != 0.0 for e in losses if not e["padding"]), losses
+
+
 @pytest.mark.parametrize("devices", [1, 2])
-def test_lightning_checkpoint_resumes_the_loader_exactly(
+def test_lightning_without_flags_checkpoint_crash_resume_on_one_process_trains_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path, devices: int
 ) -> None:
-    """Lightning's ``ModelCheckpoint(every_n_train_steps=5)`` holds the loader's state
-    (with 2 DDP ranks, what both took: ``collective=True``); every rank dies (SIGKILL)
-    entering step 12, after the checkpoint of step 10; ``fit(ckpt_path=...)`` on one
-    process resumes: the first run's steps up to the checkpoint and the resumed run's
-    steps hold every row of the pass once. Lightning's fetcher took a batch ahead of the
-    checkpointed step: that batch must not count as trained."""
-    make_job(client, job_name, write_jsonl(tmp_path / "data", 6, 20), passes=1)
+    """A new user's ``taskq.torch.DataLoader(ds, batch_size=8)``, no flags, no callback,
+    under Lightning's ``fit`` (with 2 DDP ranks: 33 batches, so the ranks' counts
+    differ); ``ModelCheckpoint(every_n_train_steps=5)`` holds the loader's state (with 2
+    ranks, what both took); every rank dies (SIGKILL) entering step 12, after the
+    checkpoint of step 10; ``fit(ckpt_path=...)`` on one process resumes: the first run's
+    steps up to the checkpoint and the resumed run's steps hold every row of the pass
+    once. Lightning's fetcher took a batch ahead of the checkpointed step: the loader
+    found ``fit`` and did not count it as trained (with ``ahead`` left at 0 it would
+    have: 8 rows missing per rank)."""
+    lines = [40] * 6 + [20]  # 6 x 5 batches + 3: odd, the ranks' counts differ
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 7, lines), passes=1)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
     args = [url, job_name, str(first), str(devices), "--every", "5", "--kill-at", "12"]
-    done = _run("lightning_proc.py", *args, check=False)
+    done = _run("lightning_proc.py", *args, "--batch-size", "8", check=False)
     assert done.returncode != 0
     ckpts = sorted((first / "ckpt").glob("*step=10*.ckpt"))
     assert ckpts, list((first / "ckpt").iterdir())
-    _run("lightning_proc.py", url, job_name, str(second), "1", "--resume", str(ckpts[0]))
+    resume = [url, job_name, str(second), "1", "--resume", str(ckpts[0])]
+    _run("lightning_proc.py", *resume, "--batch-size", "8")
     before = [e for e in _trained(first) if e["step"] < 10]
     assert len(before) == 10 * devices
     after = _trained(second)
     assert [e["step"] for e in after][:1] == [10]
     seen = Counter(tuple(r) for e in before + after for r in e["rows"])
-    assert set(seen) == {(f, i) for f in range(6) for i in range(20)}
+    assert set(seen) == {(f, i) for f in range(7) for i in range(lines[f])}
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:8]
+    assert client.status(job_name).state == "completed"
+
+
+def test_lightning_refuses_a_contradicting_flag_at_the_first_batch(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """``ahead=0`` given by hand under Lightning's ``fit`` (whose fetcher takes a batch
+    ahead: a checkpoint would count one never trained): ``fit`` fails at the loader's
+    first ``iter()`` with one line naming ``ahead``, before any step; nothing is leased."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 2, 20), passes=1)
+    log = tmp_path / "log"
+    log.mkdir()
+    done = _run("lightning_proc.py", url, job_name, str(log), "1", "--ahead", "0", check=False)
+    assert done.returncode != 0
+    assert "taskq.torch.DataLoader(ahead=0) under Lightning's Trainer.fit" in done.stderr
+    assert _trained(log) == []
+    st = client.status(job_name)
+    assert st.done == 0 and st.leased == 0 and st.counters.get("leased", 0) == 0
 
 
 def test_accelerate_prepare_passes_the_loader_through_and_trains_once_per_pass(
@@ -189,7 +228,9 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path, procs: int
 ) -> None:
     """``accelerator.save_state`` after step 4 (every rank's, under ``torchrun`` with 2
-    gloo ranks) holds the loader's state; every rank dies entering step 6; ``load_state``
+    gloo ranks: the loader, given no ``collective``, finds accelerate calling and
+    checkpoints once for both) holds the loader's state; every rank dies entering step 6;
+    ``load_state``
     of that directory on one process resumes: the steps before the checkpoint and the
     resumed run's hold every row of the pass once."""
     pytest.importorskip("accelerate")
@@ -202,6 +243,9 @@ def test_accelerate_save_state_resumes_the_loader_exactly(
     assert done.returncode != 0
     ckpt = first / "ckpt" / "step4"
     assert (ckpt / "dl_state_dict.bin").exists(), list((first / "ckpt").iterdir())
+    # one checkpoint of the job for both ranks: the loader found accelerate's save_state
+    # asking every rank and made state_dict() collective (not one checkpoint per rank)
+    assert len(client.checkpoints(job_name)) == 1, client.checkpoints(job_name)
     _run("accelerate_proc.py", url, job_name, str(second), "--resume", str(ckpt))
     before = [e for e in _trained(first) if e["step"] < 4]
     assert len(before) == 4 * procs
@@ -343,9 +387,11 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
     """transformers' ``Trainer`` under ``torchrun`` with 2 gloo ranks (DDP), the loader
-    ``even_steps=True``, ``max_steps`` beyond the job (the Trainer stops at the first epoch
-    with no batch: the job completed): both ranks step equally often in each pass, every
-    row trained once per pass."""
+    made without flags (it finds the Trainer: even steps), ``max_steps`` beyond the job
+    (the Trainer stops at the first epoch with no batch: the job completed): both ranks
+    step equally often in each pass, every row trained once per pass, and every padding
+    step's loss, as the Trainer trained on it, is 0 (the loader wrapped ``compute_loss``;
+    the model returns it unweighted)."""
     pytest.importorskip("transformers")
     make_job(client, job_name, write_jsonl(tmp_path / "data", 5, 20), passes=2)
     log = tmp_path / "log"
@@ -360,6 +406,8 @@ def test_hf_trainer_ddp_on_two_ranks_steps_evenly_and_trains_every_sample_once(
     for p, seen in per_pass.items():
         assert set(seen) == {(f, i) for f in range(5) for i in range(20)}, p
         assert max(seen.values()) == 1, p
+    assert any(e["padding"] for es in ranks.values() for e in es)  # 25 batches a pass
+    _padding_trained_nothing(log)  # the model returned it unweighted
     assert client.status(job_name).state == "completed"
 
 

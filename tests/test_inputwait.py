@@ -6,12 +6,15 @@ tests/test_prometheus_live.py.
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support import wait_until
 from taskq.cli.main import cli
 
 import taskq
@@ -30,13 +33,14 @@ def test_the_meter_times_the_wait_inside_next_and_the_step_between() -> None:
     time.sleep(0.02)
     meter.enter()
     meter.leave()
-    count, wait_s, step_s, counts = meter.totals()
+    count, wait_s, step_s, counts, idle_s = meter.totals()
     assert count == 2
     assert 0.03 <= wait_s < 0.06
     assert 0.02 <= step_s < 0.05
     assert sum(counts) == 2 and len(counts) == N_BUCKETS
     assert counts[0] == 1  # the immediate one: under 1 ms
     assert counts[WAIT_BOUNDS_S.index(0.05)] == 1  # 30 ms: in (25, 50] ms
+    assert idle_s == 0.0
 
 
 def test_a_wait_or_step_under_way_shows_at_once_and_a_stopped_next_counts_nothing() -> None:
@@ -66,8 +70,8 @@ def test_a_beat_carries_what_changed_since_the_last_answered_one() -> None:
     first = beat.arg()
     assert first is not None
     fields = [int(x) for x in first[0][1:].split(",")]
-    assert first[0][0] == "i" and len(fields) == 5 + N_BUCKETS
-    assert fields[0] == 3 == sum(fields[5:])
+    assert first[0][0] == "i" and len(fields) == 6 + N_BUCKETS
+    assert fields[0] == 3 == sum(fields[5:-1])
     again = beat.arg()  # the first was never answered: still all of it
     assert again is not None and int(again[0][1:].split(",")[0]) == 3
     beat.sent(again[1])
@@ -127,17 +131,20 @@ def _raw_beat(client: taskq.Client, trainer: taskq.Trainer, *extra: str) -> list
     return reply
 
 
-def _arg(n: int, wait_us: int, step_us: int, recent: tuple[int, int] | None = None) -> str:
+def _arg(
+    n: int, wait_us: int, step_us: int, recent: tuple[int, int] | None = None, idle_us: int = 0
+) -> str:
     counts = [0] * N_BUCKETS
     counts[3] = n
     rw, rs = recent if recent else (wait_us, step_us)
-    return "i" + ",".join(str(x) for x in (n, wait_us, step_us, rw, rs, *counts))
+    return "i" + ",".join(str(x) for x in (n, wait_us, step_us, rw, rs, *counts, idle_us))
 
 
 @pytest.mark.parametrize(
     "bad",
     [
         "i1,2,3",  # too few numbers
+        _arg(1, 10, 10).rsplit(",", 1)[0],  # without the idle time
         _arg(2, 10, 10).replace("i2,", "i3,", 1),  # counts do not sum to n
         "i" + ",".join(["1"] * 40),  # too many
         _arg(1, 10, 10) + ",",  # a trailing comma
@@ -175,6 +182,54 @@ def test_an_input_wait_goes_before_the_connection_id_and_both_are_read(
     total = client.status(job_name, summaries=0).input["total"]
     assert (total["count"], total["wait_s"], total["step_s"]) == (4, 0.1, 0.3)
     t.close()
+
+
+def test_a_wait_with_nothing_to_lease_is_counted_apart_from_the_wait_for_data() -> None:
+    """The part of a next() spent while the trainer blocked with nothing to lease is
+    idle time, not a data wait (its bucket is that of the rest)."""
+    meter = InputMeter()
+    meter.enter()
+    meter.idle_begin()
+    time.sleep(0.03)
+    assert meter.totals()[4] >= 0.03 and meter.totals()[1] < 0.03  # under way, split too
+    meter.idle_end()
+    meter.leave()
+    count, wait_s, step_s, counts, idle_s = meter.totals()
+    assert count == 1 and idle_s >= 0.03 and wait_s < 0.005
+    assert counts[0] + counts[1] == 1  # the data wait: under 5 ms
+    meter.idle_begin()  # a block while the loop steps (a read-ahead): not the loop's wait
+    meter.idle_end()
+    meter.enter()
+    meter.leave()
+    assert meter.totals()[4] == idle_s
+
+
+def test_a_trainer_waiting_for_appends_reports_it_apart_and_status_says_so(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """A healthy stream whose trainer waits for the producer: the wait goes to the
+    'nothing to lease' figure, not to the data wait, and status says 'waiting for
+    appends' (before: '9x % of loop time waiting for data')."""
+    client.create_job(job_name, [], stream=True)
+    meter = InputMeter()
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, input_meter=meter)
+    got: list[Any] = []
+    loop = threading.Thread(target=lambda: got.extend(itertools.islice(t, 1)))
+    loop.start()
+    assert wait_until(lambda: meter.totals()[4] >= 0.2)  # the loop blocked, nothing to lease
+    client.job(job_name).append([{"i": 0}])
+    loop.join(timeout=10)
+    assert len(got) == 1
+    t.heartbeat()
+    t.close()
+    data = client.status(job_name, summaries=0).input
+    assert data["total"]["idle_s"] >= 0.2 > data["total"]["wait_s"]
+    assert data["recent"]["idle_fraction"] > 0.5
+    line = inputwait_view.line(data, "open")
+    assert line.startswith(f"{data['recent']['idle_fraction'] * 100:.0f} % of loop time waiting")
+    assert "waiting for appends (nothing to lease)" in line
+    shown = CliRunner().invoke(cli, ["--url", url, "job", "status", job_name])
+    assert "waiting for appends" in shown.output
 
 
 def test_the_worst_three_trainers_are_kept_and_forgotten_a_minute_after_their_last_beat(

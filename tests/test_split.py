@@ -7,7 +7,6 @@ except the SIGKILL test, which kills a real trainer subprocess.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -41,7 +40,7 @@ def write_jsonl(path: Path, n: int) -> list[dict[str, Any]]:
 
 
 def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False)
+    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False, ranges=True)
 
 
 def job_of(client: taskq.Client, name: str, chunks: list[Any], **kw: Any) -> None:
@@ -234,9 +233,9 @@ def test_a_report_already_past_the_split_point_wins(client, job_name, tmp_path):
 
 def test_a_head_acked_before_it_knew_the_split_point_undoes_the_split(client, job_name, tmp_path):
     """The head's holder reads the whole task and acks it before it heard of the split:
-    the pending tail ends (its holder read nothing), the task is done once. That is
-    splitting's bookkeeping, not a fault: no revoked or stale count, an event
-    split_undone, and the tail's holder releasing its piece afterwards is a quiet repeat."""
+    the pending tail, never granted (a piece is leased once its split is confirmed), is
+    undone, the task done once. That is splitting's bookkeeping, not a fault: no revoked
+    or stale count, an event split_undone; the idle trainer read nothing."""
     job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     task = a.lease(timeout=0)
@@ -255,15 +254,12 @@ def test_a_head_acked_before_it_knew_the_split_point_undoes_the_split(client, jo
     leaser = threading.Thread(target=lease)
     leaser.start()
     wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
-    # the pending piece's lease record (b's token), to release it after the undo below
-    rec = client.redis.hget(client.keys(job_name).leases, f"b:{task.id}")
-    piece = dataclasses.replace(task, token=int(rec.split("|")[3]))
+    assert client.redis.hget(client.keys(job_name).leases, f"b:{task.id}") is None
     read_rest(a, task, it, got_a, 10)  # the whole task: a never heard of the split
     assert ids(got_a) == list(range(100))
     a.ack(task)
     leaser.join(20)
-    assert got == [None]  # the pending piece ended: b read nothing
-    b.release(piece)  # its holder gives it back late (it had not heard): quiet
+    assert got == [None]  # the pending piece was never granted: b read nothing
     st = client.status(job_name, summaries=0)
     assert st.state == "completed"
     assert (st.counters["revoked"], st.counters["stale"]) == (0, 0), st.counters
@@ -314,7 +310,7 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
         assert wait_until(
             lambda: int(client.redis.hget(client.keys(job_name).progress, "0") or 0) >= 10
         )
-        with taskq.Trainer(job_name, client=client, worker_id="second") as b:
+        with taskq.Trainer(job_name, client=client, worker_id="second", ranges=True) as b:
             piece = b.lease(timeout=10)  # confirmed once the first one knows its end
             assert piece is not None and piece.end == rows and 10 < piece.start < rows
             proc.send_signal(signal.SIGKILL)
@@ -366,18 +362,6 @@ def test_a_tail_piece_alone_is_revoked_once_its_head_is_acked(client, job_name, 
     assert again is not None and (again.start, again.end) == (55, 100)
 
 
-def test_a_split_task_that_dies_is_retried_whole(client, job_name, tmp_path):
-    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), max_failures=1)
-    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
-    task, piece, _, _ = split_between(client, job_name, a, b, 10)
-    a.fail(task, "bad sample")  # at the cap: the task is dead, its tail piece revoked
-    assert client.status(job_name, summaries=0).dead == 1
-    client.retry(job_name)
-    again = trainer(client, job_name, "c").lease(timeout=0)
-    assert again is not None and again.id == task.id
-    assert again.start == 11 and again.end is None  # the whole rest, the split is over
-
-
 def test_a_loop_that_reads_to_the_chunks_end_is_never_split(client, job_name, tmp_path):
     job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
@@ -397,15 +381,23 @@ def test_a_head_acked_after_reading_past_an_end_it_learnt_late_moves_the_point(
 ):
     """The loop read the whole task before the reply telling its end came back (its report
     still in the buffer at the ack): the ack reports how far it got, so the split point
-    moves up to it and the tail is left nothing to read twice."""
+    moves up to it and the tail is left nothing to read twice; the empty tail ends with
+    the head's ack (undone, never handed out), which completes the job at once."""
     job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     task = a.lease(timeout=0)
     assert task is not None
     read_some(a, task, 10, [])
     a.flush_progress()
-    got: list[taskq.Task | None] = []
-    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    got: list[Any] = []
+
+    def lease() -> None:
+        try:
+            got.append(b.lease(timeout=20))
+        except taskq.JobCompleted as e:
+            got.append(e)
+
+    leaser = threading.Thread(target=lease)
     leaser.start()
     wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
     a.progress(task, 11)
@@ -414,12 +406,9 @@ def test_a_head_acked_after_reading_past_an_end_it_learnt_late_moves_the_point(
     for n, _ in enumerate(read_task(task.chunks, 11), 12):  # read on, ahead of the news
         a.progress(task, n)
     a.ack(task)
-    leaser.join(20)
-    piece = got[0]
-    if piece is not None:  # an empty piece: the point moved to the task's end
-        assert piece.start == piece.end == 100
-        b.ack(piece)
     assert client.status(job_name, summaries=0).state == "completed"
+    leaser.join(20)
+    assert isinstance(got[0], taskq.JobCompleted)  # the pending piece was never handed out
     assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0
 
 
@@ -455,3 +444,45 @@ def test_a_task_with_its_head_acked_and_its_tail_out_is_in_flight_not_todo(
     c.ack(other)
     assert counts() == (0, 0, 2)
     assert client.status(job_name, summaries=0).state == "completed"
+
+
+def test_a_head_naming_an_end_past_the_pending_point_confirms_it_there(client, job_name, tmp_path):
+    """A reader that read past the split point before it learnt it honours what it read
+    (taskq.torch's readers, whose loop's progress lags them): one report naming that end
+    moves the point up to it and confirms it in the same call, while the loop's progress
+    is still below the point, so the tail is leased without waiting for that progress
+    (before, the point stayed pending until a report of progress past it)."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100))
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task = a.lease(timeout=0)
+    assert task is not None
+    got_a: list[Any] = []
+    it = read_some(a, task, 10, got_a)
+    a.flush_progress()  # p = 10 and the size: b's split point is 55
+    got: list[taskq.Task | None] = []
+    leaser = threading.Thread(target=lambda: got.append(b.lease(timeout=20)))
+    leaser.start()
+    wait_until(lambda: client.status(job_name, summaries=0).counters["splits"] == 1, 10)
+    n = 10
+    for sample in it:  # read on to 70, the loop's progress at 40 only
+        got_a.append(sample)
+        n += 1
+        if n == 70:
+            break
+    a.progress(task, 40, end=70)
+    a.flush_progress()
+    assert task.end == 70  # moved up and confirmed there
+    assert wait_until(lambda: bool(got), 10), "the tail was not leased"
+    leaser.join(20)
+    piece = got[0]
+    assert piece is not None and (piece.start, piece.end) == (70, 100)
+    moved = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split_moved"]
+    assert [f["at"] for f in moved] == ["70"]
+    got_b: list[Any] = []
+    read_rest(b, piece, read_task(piece.chunks, piece.start, end=piece.current_end), got_b, 70)
+    a.progress(task, 70)
+    a.ack(task)
+    b.ack(piece)
+    assert ids(got_a) == list(range(70)) and ids(got_b) == list(range(70, 100))
+    assert client.status(job_name, summaries=0).state == "completed"
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0

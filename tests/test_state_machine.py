@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from typing import Any
 
 import pytest
 import redis
@@ -22,13 +23,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import taskq
 from taskq import integrity
 from taskq.admin.stats import parse_lease
-from taskq.data import task_size
+from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
 MAX_TASKS = 9
 WORKERS = ("w0", "w1", "w2")
 _ids = itertools.count()
+#: what a worker's loop honours of a lease, as it registers (docs/design.md, "Pieces only
+#: to consumers that read ranges"): whole tasks (the README's loop), the range it is
+#: handed (``taskq work --ranges``), that range with an end that moves (``read_task(task)``)
+READS = {
+    "w": {},
+    "r": {"ranges": True, "split_tails": False},
+    "s": {"ranges": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +50,11 @@ class EngineMachine(RuleBasedStateMachine):
     backup_leases = False
     split_tails = False
     stream = False
+    shuffle_samples = False
     passes: int | None = None
     chunks: list = list(range(N_TASKS))  # noqa: RUF012 -- (a subclass's, never changed)
+    #: each worker's kind (READS)
+    kinds: dict = {w: "w" for w in WORKERS}  # noqa: RUF012 -- (copied per machine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,11 +76,10 @@ class EngineMachine(RuleBasedStateMachine):
             stream=self.stream,
             manual_clock=True,
             auto_advance=False,
+            shuffle_samples=self.shuffle_samples,
         )
-        self.trainers = {
-            w: taskq.Trainer(self.job, client=self.client, worker_id=w, heartbeat=False)
-            for w in WORKERS
-        }
+        self.kinds = dict(self.kinds)
+        self.trainers = {w: self._trainer(w) for w in WORKERS}
         self.held: dict[str, list[taskq.Task]] = {w: [] for w in WORKERS}
         self.ended: list[tuple[str, taskq.Task]] = []
         self.max_token = 0
@@ -85,8 +96,25 @@ class EngineMachine(RuleBasedStateMachine):
         self.appended_ids: list[str] = []
 
     # -- helpers -----------------------------------------------------------------
+    def _trainer(self, w: str) -> taskq.Trainer:
+        return taskq.Trainer(
+            self.job, client=self.client, worker_id=w, heartbeat=False, **READS[self.kinds[w]]
+        )
+
+    def _leased(self, w: str, task: taskq.Task) -> None:
+        """A lease granted to ``w``: its task's sample order is the job's (the same key
+        for every reader); SplitMachine checks who may be handed a piece."""
+        seed = 11 if self.shuffle_samples else None
+        want = None if seed is None else order_key(self.job, seed, task.pass_no, task.id)
+        assert task.order == want, "a task's sample order is the job's"
+
     def _meta(self, field: str) -> int:
         return int(float(self.client.redis.hget(self.client.keys(self.job).meta, field) or 0))
+
+    def _piece_round(self) -> int:
+        """The round the pass attempt's pieces are recorded under (lib/split.lua): the
+        completed attempt's (meta sround), which a retry reopens, or the current one."""
+        return self._meta("sround") or self._meta("round")
 
     def _is_current(self, worker: str, task: taskq.Task) -> bool:
         keys = self.client.keys(self.job)
@@ -166,6 +194,15 @@ class EngineMachine(RuleBasedStateMachine):
     def _check_read(self, task: taskq.Task) -> None:
         """``task`` was just counted done: SplitMachine checks every sample was taken."""
 
+    def _ack_state(self, task: taskq.Task) -> Any:
+        """What SplitMachine reads of ``task`` just before a current lease's ack is sent
+        (``_counted`` compares it with what the ack left)."""
+        return None
+
+    def _counted(self, w: str, task: taskq.Task, rnd: int, before: Any) -> None:
+        """``w``'s current ack of ``task`` in pass attempt ``rnd`` was just sent (``before``:
+        ``_ack_state`` then): SplitMachine counts the samples it covers."""
+
     def _drop_held(self) -> None:
         """Every lease held went stale at once (a rewind, a cancel): late writes now."""
         for w in WORKERS:
@@ -194,7 +231,10 @@ class EngineMachine(RuleBasedStateMachine):
             # ones it ended, which the server forgot)
             self.trainers[w].heartbeat()
         pass0 = s.pass_no
-        t = taskq.Trainer(self.job, client=self.client, worker_id="closer", heartbeat=False)
+        # (a range reader: a head piece whose tail was taken waits for one)
+        t = taskq.Trainer(
+            self.job, client=self.client, worker_id="closer", heartbeat=False, ranges=True
+        )
         for _ in range(4 * self._n()):
             s = self.client.status(self.job)
             if s.pass_no != pass0 or s.state != "running":
@@ -220,6 +260,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.max_token = task.token
             assert 0 <= task.id < MAX_TASKS
             self.held[w].append(task)
+            self._leased(w, task)
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: any(self.held.values()))
@@ -264,12 +305,15 @@ class EngineMachine(RuleBasedStateMachine):
         current = [t for t in acks if self._is_current(w, t)]
         for task in current:
             self._took(task)
+        before = {t.token: self._ack_state(t) for t in current}
         done_before = self._meta("ndone")
         got = self.trainers[w].lease_many(n, timeout=0, acks=acks)
         # the model first (a failed check below must not leave a lease it does not know
         # of: the teardown would then find a task no one can lease)
         self.held[w] = list(got)
         self.ended += [(w, task) for task in acks]
+        for task in current:
+            self._counted(w, task, rnd, before[task.token])
         if self._meta("round") == rnd:
             # each current ack sets its task's done bit, but a piece of a split task's,
             # which waits for the other piece (SplitMachine)
@@ -290,6 +334,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert task.token > self.max_token, "a new lease gets a larger token than any before"
             self.max_token = task.token
             assert 0 <= task.id < MAX_TASKS
+            self._leased(w, task)
 
     @precondition(lambda self: not self.cancelled)
     @precondition(lambda self: bool(self.ended))
@@ -518,10 +563,11 @@ class EngineMachine(RuleBasedStateMachine):
         backups = {int(k[2:]): parse_lease(v) for k, v in raw.items() if k.startswith("b:")}
         backed = {t for t, b in backups.items() if b and b["live"] and b["round"] == rnd}
         # a split task's tail piece (field b:<task> too) stands without its head (lib/split.lua)
+        prnd = self._piece_round()
         splits = {
             int(k[2:])
             for k, v in raw.items()
-            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == str(rnd)
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == str(prnd)
         }
         # a backup lease only beside its task's current lease, held by another worker, and
         # only while the job runs (its holder's writes follow the same rules)
@@ -546,8 +592,9 @@ class EngineMachine(RuleBasedStateMachine):
         orph = raw.get("s:orph", "").split("|")
         waiting = {
             int(t)
-            for t in (orph[1].split() if len(orph) == 2 and orph[0] == str(rnd) else [])
+            for t in (orph[1].split() if len(orph) == 2 and orph[0] == str(prnd) else [])
             if int(t) in splits
+            and int(t) not in dead  # a dead task's tail is leased by nobody
             and raw[f"s:{t}"].split("|")[4] == "0"  # the tail not acked
             and raw[f"s:{t}"].split("|")[6] == "1"  # confirmed: a pending one is no todo
             and int(t) not in backed
@@ -609,8 +656,9 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
         """Below a stream's watermark every task is done and its descriptor gone (never
-        leased, rewound to or counted twice: the done set holds it); above it every task
-        has its descriptor."""
+        leased, rewound to or counted twice: the done set holds it), but for the tasks
+        set aside (every dead one there), which keep theirs; above it every task has its
+        descriptor."""
         w = self._meta("trim_w")
         s = self.client.status(self.job, summaries=0)
         if self.cancelled or s.reason == "rewinding":
@@ -618,9 +666,17 @@ class EngineMachine(RuleBasedStateMachine):
         keys, r = self.client.keys(self.job), self.client.redis
         n = self._n()
         assert w <= n
-        assert all(r.getbit(keys.done, i) for i in range(w)), "a trimmed task is not done"
+        aside = {int(t) for t in r.zrange(keys.aside, 0, -1)}
+        assert all(t < w for t in aside), "a task above the watermark is set aside"
+        trimmed = [i for i in range(w) if i not in aside]
+        assert all(r.getbit(keys.done, i) for i in trimmed), "a trimmed task is not done"
+        dead = {int(t) for t in r.smembers(keys.dead)}
+        assert {t for t in dead if t < w} <= aside, (
+            "a dead task below the watermark lost its records"
+        )
         held = r.hmget(keys.chunks, [str(i) for i in range(n)]) if n else []
-        assert all(c is None for c in held[:w]), "a trimmed task kept its descriptor"
+        assert all(held[i] is None for i in trimmed), "a trimmed task kept its descriptor"
+        assert all(held[i] is not None for i in aside), "a task set aside lost its descriptor"
         assert all(c is not None for c in held[w:]), "a task above the watermark lost its chunks"
 
     @invariant()
@@ -676,14 +732,30 @@ class SplitMachine(EngineMachine):
     second of AOF would), splits made, confirmed or acked since included; the trainers
     keep what they hold. The model of the samples the holders' loops took (``_took``)
     checks that a task counted done had every sample taken in its pass: re-read after a
-    rollback, never skipped."""
+    rollback, never skipped. The model of the samples each accepted ack counts
+    (``counted``, per pass attempt: a piece's ack its piece, [0, m) or [m, n), a whole
+    task's all 50) checks that no sample is counted by two acks in one attempt, whatever
+    death, retry (after the job's completion too), rewind and rollback did between them,
+    and that a task counted done had each sample counted once; the audit's check of the
+    pieces (``split_tasks_partitioned``) that every live sample is reachable."""
 
     split_tails = True
+    shuffle_samples = True
+    # two range readers that follow a moving end (a split needs both: the caller and the
+    # holder), and one whose kind changes (``reregister``)
+    kinds = {"w0": "s", "w1": "s", "w2": "r"}  # noqa: RUF012
 
     def __init__(self) -> None:
         super().__init__()
         #: (pass, task) -> the sample positions holders' loops took (the model of reads)
         self.taken: dict[tuple[int, int], set[int]] = {}
+        #: a lease's token -> the kind of its holder, and the positions its loop took
+        self.lease_kind: dict[int, str] = {}
+        self.by_lease: dict[int, set[int]] = {}
+        #: pass attempt (its pieces' round) -> task -> the samples its accepted acks
+        #: counted by the record (a piece's range) and as their loops took them
+        self.counted: dict[int, dict[int, set[int]]] = {}
+        self.read_counted: dict[int, dict[int, set[int]]] = {}
         self.snaps: list[tuple[dict[str, bytes | None], dict]] = []
         self.raw: redis.Redis | None = None  # DUMP / RESTORE (bytes, not decoded)
 
@@ -701,15 +773,15 @@ class SplitMachine(EngineMachine):
         """Split tasks whose tail piece is leased or waits among the orphans to be leased
         again (a head piece that went back is in the front, listed as todo)."""
         keys, r = self.client.keys(self.job), self.client.redis
-        rnd = str(self._meta("round"))
+        rnd, prnd = self._meta("round"), str(self._piece_round())
         raw = r.hgetall(keys.leases)
         orph = raw.get("s:orph", "").split("|")
-        orphans = set(orph[1].split()) if len(orph) == 2 and orph[0] == rnd else set()
+        orphans = set(orph[1].split()) if len(orph) == 2 and orph[0] == prnd else set()
         out = set()
         for k, v in raw.items():
-            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == rnd:
+            if k.startswith("s:") and k[2:].isdigit() and v.split("|")[0] == prnd:
                 tail = parse_lease(raw.get(f"b:{k[2:]}"))
-                live = tail and tail["live"] and tail["round"] == int(rnd)
+                live = tail and tail["live"] and tail["round"] == rnd
                 if live or k[2:] in orphans:
                     out.add(int(k[2:]))
         return out
@@ -747,9 +819,11 @@ class SplitMachine(EngineMachine):
         done_before = self._meta("ndone")
         self._took(task)
         known = r.hget(keys.leases, f"s:{task.id}")
+        before = self._ack_state(task)
         refused = False
         try:
             self.trainers[worker].ack(task)
+            self._counted(worker, task, rnd, before)
         except taskq.LeaseLost:
             # the holder honours an end the server does not know (a rollback took the
             # split back): its lease ends there, the rest is leased again (progress.lua)
@@ -770,6 +844,21 @@ class SplitMachine(EngineMachine):
         if task in self.held[worker]:
             self.held[worker].remove(task)
         self.ended.append((worker, task))
+
+    def rewind(self, i: int) -> None:
+        """The rewound attempt continues the cut's: its acks counted what the cut holds
+        (each task done at the cut whole, each split's acked pieces, as restored)."""
+        super().rewind(i)
+        keys, r = self.client.keys(self.job), self.client.redis
+        prnd = self._piece_round()
+        counted = self.counted[prnd] = {t: set(range(50)) for t in self._sets()[0]}
+        for k, v in r.hgetall(keys.leases).items():
+            f = v.split("|")
+            if k.startswith("s:") and k[2:].isdigit() and len(f) == 7 and f[0] == str(prnd):
+                m, n = int(f[1]), int(f[2])
+                got = counted.setdefault(int(k[2:]), set())
+                got.update(range(0, m) if f[3] == "1" else ())
+                got.update(range(m, n) if f[4] == "1" else ())
 
     @precondition(lambda self: not self.cancelled)
     @rule(w=st.sampled_from(WORKERS), v=st.sampled_from(WORKERS), samples=st.integers(0, 50))
@@ -809,6 +898,7 @@ class SplitMachine(EngineMachine):
     #: they hold and the tokens seen stay: the trainers' memory does not go back)
     MODEL = (
         "acked",
+        "read_counted",
         "last_pass",
         "last_round",
         "last_done",
@@ -817,16 +907,93 @@ class SplitMachine(EngineMachine):
         "open_ck",
         "sealed",
         "appended_ids",
+        "counted",
     )
 
     def _took(self, task: taskq.Task, n: int | None = None) -> None:
         """Samples [task.start, n) were taken by the loop (trained, whatever the server
         keeps after): up to the end its holder honours now (``task.end``, or the task's
-        50). Kept per pass, across its attempts (a rewind's or a rollback's re-lease
-        starts where the earlier holders' progress got)."""
+        50); a loop of whole tasks (kind ``w``) reads all 50 whatever its start. Kept per
+        pass, across its attempts (a rewind's or a rollback's re-lease starts where the
+        earlier holders' progress got), and per lease."""
         end = task.end if task.end is not None else 50
         hi = end if n is None else min(n, end)
-        self.taken.setdefault((self._meta("pass"), task.id), set()).update(range(task.start, hi))
+        lo = 0 if self.lease_kind.get(task.token) == "w" else task.start
+        if self.lease_kind.get(task.token) == "w":
+            hi = 50
+        self.taken.setdefault((self._meta("pass"), task.id), set()).update(range(lo, hi))
+        self.by_lease.setdefault(task.token, set()).update(range(lo, hi))
+
+    def _leased(self, w: str, task: taskq.Task) -> None:
+        """A whole-task reader is never handed a piece, nor one that does not follow a
+        moving end a piece still pending."""
+        super()._leased(w, task)
+        kind = self.lease_kind[task.token] = self.kinds[w]
+        if kind == "w":
+            assert task.end is None or task.end >= 50, f"a whole-task reader got {task}"
+            assert task.start == 0 or not self._is_tail(task), "a tail to a whole-task reader"
+
+    def _is_tail(self, task: taskq.Task) -> bool:
+        keys = self.client.keys(self.job)
+        piece = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
+        return bool(piece and piece["token"] == task.token)
+
+    def _ack_state(self, task: taskq.Task) -> Any:
+        """(the attempt's pieces' round, whether the lease is the task's tail piece, its
+        split record, its done bit), read before the ack."""
+        keys, r = self.client.keys(self.job), self.client.redis
+        rec = r.hget(keys.leases, f"s:{task.id}")
+        return self._piece_round(), self._is_tail(task), rec, bool(r.getbit(keys.done, task.id))
+
+    def _counted(self, w: str, task: taskq.Task, rnd: int, before: Any) -> None:
+        """An accepted ack (its piece's ack recorded, or its task done, or the attempt
+        ended by it) counts its samples in the pass attempt two ways: the piece's range
+        by the record after it (a head [0, m), a tail [m, n), a task not split all 50)
+        and the samples its holder's loop took in that lease (a whole-task reader all
+        50). Neither counts a sample twice in one attempt, whatever death, retry (after
+        the job's completion too), rewind and rollback did between the acks; a task
+        counted done had each sample counted once by the record."""
+        prnd, is_tail, rec0, done0 = before
+        took = self.by_lease.pop(task.token, set())
+        keys, r = self.client.keys(self.job), self.client.redis
+        f = (r.hget(keys.leases, f"s:{task.id}") or "").split("|")
+        f0 = (rec0 or "").split("|")
+        split, split0 = len(f) == 7 and f[0] == str(prnd), len(f0) == 7 and f0[0] == str(prnd)
+        moved = self._meta("round") != rnd  # the ack ended the attempt
+        done = bool(r.getbit(keys.done, task.id))
+        span: range | None = range(50)
+        if split:
+            k = 4 if is_tail else 3
+            accepted = f[k] == "1" and not (split0 and f0[k] == "1")
+            span = range(int(f[1]), int(f[2])) if is_tail else range(int(f[1]))
+        else:
+            accepted = (done and not done0) or moved
+            span = None if split0 else span  # (the record gone with the attempt)
+        if not accepted:
+            return  # refused, or a piece whose ack was not recorded
+        reads = self.read_counted.setdefault(prnd, {}).setdefault(task.id, set())
+        both = reads & took
+        assert not both, f"samples {sorted(both)} of task {task.id} taken for two acks"
+        reads |= took
+        got = self.counted.setdefault(prnd, {}).setdefault(task.id, set())
+        if span is not None:
+            twice = got & set(span)
+            assert not twice, f"task {task.id}: samples counted by two acks: {sorted(twice)}"
+            got.update(span)
+        if done and not done0 and self._piece_round() == prnd:
+            assert got == set(range(50)), f"task {task.id} done, samples counted {got}"
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(kind=st.sampled_from(["w", "r", "s"]))
+    def reregister(self, kind: str) -> None:
+        """w2 leaves and joins again as a loop of another kind (whole tasks, a fixed
+        range, a moving end): what it held goes back."""
+        w = "w2"
+        self.trainers[w].close()
+        self.ended += [(w, t) for t in self.held[w]]
+        self.held[w] = []
+        self.kinds[w] = kind
+        self.trainers[w] = self._trainer(w)
 
     def _check_read(self, task: taskq.Task) -> None:
         """A task counted done had every sample taken in its pass (none skipped)."""
@@ -873,12 +1040,19 @@ class SplitMachine(EngineMachine):
     @invariant()
     def split_tasks_partitioned(self) -> None:
         """The audit's check of the attempt's splits (integrity.split_check): each split
-        task's pieces [0, m) and [m, n) partition it (n its size), and it is done exactly
-        when both are acked."""
-        if self.cancelled or self.client.status(self.job).reason == "rewinding":
+        task's pieces [0, m) and [m, n) partition it (n its size), it is done exactly when
+        both are acked, its record outlives death, retry and completion, no piece's
+        progress passes its end, a dead task's pieces are leased by nobody, and while the
+        attempt runs every piece not acked of a live task is leased or waiting (every live
+        sample reachable)."""
+        s = self.client.status(self.job)
+        if self.cancelled or s.reason == "rewinding":
             return
         keys, r = self.client.keys(self.job), self.client.redis
-        found = integrity.split_check(r, keys, self._meta("round"), task_size)
+        running = None
+        if s.state in ("running", "paused"):
+            running = (self._meta("round"), self._meta("cursor") >= self._n())
+        found = integrity.split_check(r, keys, self._piece_round(), task_size, running)
         assert not found["bad"], found
 
 

@@ -11,8 +11,10 @@ import sys
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
@@ -572,6 +574,138 @@ def test_follow_of_a_missing_job_is_one_line(url, job_name, tmp_path):
     assert "not found" in support.one_error_line(err)
 
 
+class _Said:
+    """A follower's stderr, read as it comes (a thread), for waits on what it said."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        assert proc.stderr is not None
+        self.reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=20)
+        self.reader.join(timeout=5)
+        return code
+
+
+def test_follow_appends_a_file_written_across_listings_once_whole(url, client, job_name, tmp_path):
+    """A file seen half written is appended once, when it stopped changing: all its
+    records once (before: the half, then the whole under its new size)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    path = tmp_path / "a.jsonl"
+    said = _Said(
+        _follow(url, job_name, str(tmp_path / "*.jsonl"), "--every", "2", "--settle", "1h")
+    )
+    path.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
+    assert support.wait_until(lambda: said.count("a.jsonl: new (") == 1, timeout=30)
+    with path.open("a") as f:  # the second half, before the next listing
+        f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+    assert support.wait_until(lambda: said.count("a.jsonl: 100 tasks appended") == 1, timeout=30)
+    assert said.count("a.jsonl: still being written") == 1
+    assert client.status(job_name).tasks == 100
+    assert said.stop() == 0
+    assert said.count("tasks appended") == 1
+
+
+def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, tmp_path):
+    """The record keeps a watermark and the files of the last --horizon: with a horizon
+    of 0 it is one field however many files were appended, and a restarted follower
+    appends none of them again."""
+    client.create_job(job_name, chunks=[], stream=True)
+    handle = client.job(job_name)
+    pattern = str(tmp_path / "*.jsonl")
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0"))
+    for batch in range(3):
+        for i in range(10):
+            (tmp_path / f"p{batch}-{i}.jsonl").write_text(f'{{"x": {i}}}\n')
+        assert support.wait_until(lambda b=batch: client.status(job_name).tasks == 10 * (b + 1))
+        assert support.wait_until(lambda: client.redis.hlen(handle.keys.follow) == 1)
+    assert said.stop() == 0
+    record = handle.follow_record()
+    assert record.files == [] and record.watermark is not None
+    assert record.watermark[1] == str(tmp_path / "p2-9.jsonl")
+    again = _follow(url, job_name, pattern, "--settle", "0", "--seal-after", "0")
+    assert again.wait(timeout=30) == 0
+    assert (client.status(job_name).tasks, client.status(job_name).stream) == (30, "sealed")
+
+
+def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path):
+    """A listing costs O(new files) in Redis: with 40 files appended and listed in full
+    at every interval (a wildcard folder), the follower's HMGETs of its record name the
+    new file alone (before: every listed file, at every listing)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+    pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
+    assert support.wait_until(lambda: client.status(job_name).tasks == 40, timeout=30)
+    follow_key = client.job(job_name).keys.follow
+    hmgets: list[int] = []
+    monitor = redis.Redis.from_url(url, decode_responses=True).monitor()
+    with monitor as m:
+
+        def watch() -> None:
+            try:
+                for entry in m.listen():
+                    parts = entry["command"].split()
+                    if parts[0].upper() == "HMGET" and parts[1] == follow_key:
+                        hmgets.append(len(parts) - 2)
+            except (redis.exceptions.ConnectionError, ValueError, AttributeError):
+                pass
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for i in (40, 41):  # each appended at its first listing; many listings between
+            (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
+            assert support.wait_until(lambda n=i + 1: client.status(job_name).tasks == n)
+        m.connection.disconnect()
+        watcher.join(timeout=5)
+    assert said.stop() == 0
+    assert hmgets and max(hmgets) == 1, hmgets
+
+
+def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
+    client.create_job(job_name, chunks=[], stream=True)
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
+    assert support.wait_until(lambda: said.count("no file matches") == 1)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1)
+    (tmp_path / ".b.jsonl").write_text('{"x": 2}\n')  # being written: a hidden name
+    (tmp_path / "_SUCCESS").write_text("")
+    assert said.stop() == 0
+    assert said.count("no file matches") == 1
+    assert client.status(job_name).tasks == 1
+
+
+def test_follow_waiting_for_the_backlog_says_so_and_stops_on_sigterm(
+    url, client, job_name, tmp_path
+):
+    """Before: blocked in the append, it ignored SIGTERM (only SIGKILL ended it)."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=1)
+    client.job(job_name).append([{"x": 0}])
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl"), "--settle", "0"))
+    assert support.wait_until(
+        lambda: said.count("waiting for the backlog: 1 of max_backlog 1 tasks not done") == 1
+    ), said.lines
+    assert said.stop() == 0
+    assert said.count("waiting for the backlog") == 1
+    assert client.status(job_name).tasks == 1
+    assert client.job(job_name).files_appended([str(tmp_path / "a.jsonl")]) == [False]
+
+
 # -- trainers in processes, a producer appending -------------------------------------
 HERE = Path(__file__).parent
 
@@ -696,6 +830,43 @@ def test_torch_reads_a_stream_until_sealed_and_drained(url, client, job_name, tm
     assert client.audit(job_name)["ok"]
 
 
+def test_torch_loop_waiting_for_appends_is_not_a_wait_for_data(url, client, job_name, tmp_path):
+    """A loop that read all appended rows waits for the producer: its meter counts that
+    wait as nothing to lease, not as data wait (before: all of it data wait, and
+    TaskqInputBound's ratio near 1 on a healthy stream)."""
+    chunks = write_jsonl(tmp_path, 2, 6)  # 6 rows a file, batches of 4: a partial batch
+    client.create_job(job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.3)
+    job = client.job(job_name)
+    job.append(chunks[:1])
+    rows: list[tuple[int, int]] = []
+    with _torch_loader(url, job_name) as loader:
+        meter = loader.input_meter
+
+        seen: list[Any] = []
+
+        def produce() -> None:
+            try:
+                # the loop read the first file and waits: its wait is nothing to lease
+                if support.wait_until(lambda: meter.totals()[4] > 0, timeout=20):
+                    seen.append(meter.totals())
+                    support.wait_until(lambda: meter.totals()[4] >= seen[0][4] + 0.3)
+                    seen.append(meter.totals())
+                job.append(chunks[1:])
+            finally:
+                job.seal()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        for batch in loader:
+            rows += rows_of(batch)
+        producer.join(timeout=10)
+    assert sorted(rows) == sorted((f, i) for f in range(2) for i in range(6))
+    assert len(seen) == 2, "the loop's wait for the append was not counted apart"
+    before, after = seen
+    assert after[4] - before[4] >= 0.3
+    assert after[1] - before[1] < 0.05  # the data wait did not grow meanwhile
+
+
 def test_torch_max_idle_ends_an_iteration_and_the_next_goes_on(url, client, job_name, tmp_path):
     chunks = write_jsonl(tmp_path, 4, 5)
     client.create_job(job_name, chunks=chunks[:2], stream=True, worker_ttl=2.0)
@@ -766,3 +937,324 @@ def test_torch_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     }
     assert read == {(f, i) for f in range(24) for i in range(20)}  # nothing skipped
     assert client.audit(job_name)["ok"]
+
+
+# -- checked whole, sealing, bad ids (docs/streams.md, "The model") -----------------------
+def test_an_append_with_a_lone_surrogate_deep_in_it_writes_nothing(client, job_name):
+    """1,200 chunks, chunk 1,100 holding a lone surrogate (its JSON escape is refused by
+    Redis's cjson): refused before the first page, not at the third."""
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True)
+    keys = support.job_keys(client, job_name)
+    before = {k: client.redis.dump(k) for k in keys}
+    chunks = [{"i": i, "text": "fine \U0001f600"} for i in range(1200)]
+    chunks[1100] = {"i": 1100, "text": "half a pair \ud800"}
+    with pytest.raises(taskq.InvalidInput, match="chunk 1100 holds a lone UTF-16 surrogate") as e:
+        client.job(job_name).append(chunks)
+    assert "\n" not in str(e.value)
+    ids = [f"c{i}" for i in range(1200)]
+    ids[1100] = "c\udc00"
+    with pytest.raises(taskq.InvalidInput, match="id 1100 holds a lone UTF-16 surrogate"):
+        client.job(job_name).append([{"i": i} for i in range(1200)], ids=ids)
+    assert {k: client.redis.dump(k) for k in keys} == before
+    assert client.status(job_name).tasks == 0
+    # a surrogate pair is one character: Redis takes it
+    assert client.job(job_name).append([{"t": "\ud83d\ude00"}, {"t": "\\ud800"}]).tasks == 2
+
+
+def test_a_page_refused_after_others_went_in_says_which_chunks_did(client, job_name):
+    """A stream sealed while an append waits for its backlog: the error names the chunks
+    that went in, so the resend adds nothing twice."""
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=APPEND_MAX, manual_clock=True)
+    job = client.job(job_name)
+    got: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            job.append([{"i": i} for i in range(2 * APPEND_MAX + 50)])
+        except taskq.TaskqError as e:
+            got.append(e)
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    assert support.wait_until(lambda: client.status(job_name).tasks == APPEND_MAX)
+    job.seal()
+    appender.join(30)
+    assert not appender.is_alive()
+    assert len(got) == 1 and isinstance(got[0], taskq.InvalidInput)
+    message = str(got[0])
+    assert "sealed" in message and "\n" not in message
+    assert f"chunks 0-{APPEND_MAX - 1} went in ({APPEND_MAX} tasks appended" in message
+    assert f"nothing from chunk {APPEND_MAX} on" in message
+
+
+def test_cli_append_stdin_with_a_bad_line_deep_in_it_appends_nothing(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    lines = [json.dumps({"i": i, "id": f"r{i}"}) for i in range(1200)]
+    lines[1099] = '{"i": 1099, "id": "r1099", "text": "\\ud800"}'  # line 1,100
+    r = run(url, "job", "append", job_name, "-", "--id-key", "id", input="\n".join(lines) + "\n")
+    assert r.exit_code != 0
+    out = r.output.strip()
+    assert "\n" not in out and "Traceback" not in out
+    assert "stdin line 1100" in out and "lone UTF-16 surrogate" in out
+    assert "0 tasks appended before it" in out
+    assert client.status(job_name).tasks == 0
+
+
+def test_a_lone_surrogate_in_any_id_is_invalid_input(client, job_name):
+    make_job(client, job_name, n=1)
+    with pytest.raises(taskq.InvalidInput, match="not UTF-8 text"):
+        client.drain(job_name, "worker-\ud800")
+    with pytest.raises(taskq.InvalidInput, match="not UTF-8 text"):
+        trainer(client, job_name, "w\udfff").lease(timeout=0)
+    assert client.status(job_name).workers == 0
+
+
+def test_an_empty_stream_completes_at_its_seal_and_its_trainers_end(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, passes=3)
+    got: list[int] = []
+    t = taskq.Trainer(job_name, client=client, worker_id="w")
+    loop = threading.Thread(target=lambda: got.extend(task.id for task in t))
+    loop.start()
+    assert support.wait_until(lambda: client.status(job_name).workers == 1)
+    sealed = client.job(job_name).seal()
+    assert (sealed, sealed.already_sealed) == (0, False)
+    loop.join(30)
+    assert not loop.is_alive() and got == []
+    st = client.status(job_name)
+    assert (st.state, st.reason, st.dead) == ("completed", "", 0)
+    assert client.audit(job_name)["ok"]
+    t.close()
+
+
+def test_sealing_twice_says_so(url, client, job_name):
+    client.create_job(job_name, chunks=[], stream=True)
+    client.job(job_name).append([{"i": 0}])
+    first, again = client.job(job_name).seal(), client.job(job_name).seal()
+    assert (first, first.already_sealed, again, again.already_sealed) == (1, False, 1, True)
+    r = run(url, "job", "seal", job_name)
+    assert r.exit_code == 0
+    assert (
+        r.output.strip()
+        == f"job {job_name}: already sealed, with 1 tasks (running); nothing changed"
+    )
+    r = run(url, "job", "seal", job_name, "--json")
+    assert json.loads(r.output)["already_sealed"] is True
+
+
+def test_trim_leaves_no_per_task_field_across_append_train_trim_cycles(client, job_name):
+    """Tasks whose size went with their progress (the leases hash's n:<task>), failed
+    once (counts), with ids: a long stream's hash fields stay flat cycle after cycle."""
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=5
+    )
+    job, keys = client.job(job_name), client.keys(job_name)
+    hashes = (keys.chunks, keys.leases, keys.counts, keys.progress, keys.appids, keys.appidx)
+    t = trainer(client, job_name, "w")
+    sizes = []
+    for cycle in range(6):
+        ids = [f"{cycle}-{i}" for i in range(20)]
+        chunks = [
+            {
+                "format": "lines",
+                "path": f"/nonexistent/{i}",
+                "offset": 0,
+                "length": 1,
+                "records": 50,
+            }
+            for i in ids
+        ]
+        job.append(chunks, ids=ids)
+        first = t.lease(timeout=0)
+        t.fail(first, "once")  # counts a: f: x:
+        while (task := t.lease(timeout=0)) is not None:
+            t.progress(task, 10, end=None)  # the size goes along: n:<task>
+            t.flush_progress()
+            t.ack(task)
+        while job.trim():
+            pass
+        assert client.status(job_name).trimmed == 20 * (cycle + 1)
+        sizes.append(sum(client.redis.hlen(k) for k in hashes))
+    assert sizes == [sizes[0]] * 6, sizes
+    assert client.redis.hlen(keys.leases) <= 1, client.redis.hkeys(keys.leases)  # v:<worker>
+
+
+# -- exact across restarts and trims ------------------------------------------------------
+def test_a_source_restarted_after_its_first_pages_were_trimmed_adds_nothing_twice(client, job_name):
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    chunks = [{"line": i} for i in range(1000)]
+    first = job.append(chunks[:600], source="file-a")  # stopped after 600 chunks
+    assert first.tasks == 600
+    t = trainer(client, job_name, "w")
+    assert len(drain(t)) == 600
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == 600
+    # the whole file again, without ids: only what did not go in
+    again = job.append(chunks, source="file-a")
+    assert (again.tasks, again.skipped, again.first_task) == (400, 600, 600)
+    assert job.append(chunks, source="file-a").tasks == 0
+    assert [task.chunks[0]["line"] for task in drain_tasks(t)] == list(range(600, 1000))
+    # another source is its own record; a bad one is refused before anything is written
+    assert job.append(chunks[:3], source="file-b").tasks == 3
+    for bad in ("", "x" * 1025, "half \ud800"):
+        with pytest.raises(taskq.InvalidInput, match="source"):
+            job.append(chunks[:1], source=bad)
+    assert client.status(job_name).tasks == 1003
+
+
+def test_the_job_keeps_the_last_sources_keep_sources(client, job_name):
+    from taskq.engine.contract import SOURCES_KEEP
+
+    client.create_job(job_name, chunks=[], stream=True)
+    job, keys = client.job(job_name), client.keys(job_name)
+    for i in range(SOURCES_KEEP + 5):
+        job.append([{"i": i}], source=f"s{i}")
+    assert client.redis.hlen(keys.sources) == client.redis.zcard(keys.srcseq) == SOURCES_KEEP
+    assert client.redis.hget(keys.sources, "s4") is None  # the oldest went
+    assert job.append([{"i": 5}], source="s5").tasks == 0  # a recent one is kept
+
+
+def test_a_follower_killed_mid_file_and_restarted_after_a_trim_appends_it_once(
+    url, client, job_name, tmp_path
+):
+    """The follower SIGKILLed while its backlog holds a file's later pages; the first
+    pages trained and trimmed; the restarted follower appends the rest of the file only."""
+    half = 4 * APPEND_MAX  # four pages in, the fifth held by the backlog
+    client.create_job(job_name, chunks=[], stream=True, max_backlog=half, task_timeout=None)
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"x": k}) + "\n" for k in range(2 * half)))
+    follower = _follow(url, job_name, str(tmp_path / "*.jsonl"))
+    assert support.wait_until(lambda: client.status(job_name).tasks == half)  # then it waits
+    follower.kill()
+    follower.wait(timeout=20)
+    t = trainer(client, job_name, "w")
+    trained = [task.chunks[0]["offset"] for task in drain_tasks(t)]
+    assert len(trained) == half
+    job = client.job(job_name)
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == half
+    # --no-wait: the rest of the file fits the backlog; the file again would not
+    restarted = _follow(url, job_name, str(tmp_path / "*.jsonl"), "--seal-after", "0", "--no-wait")
+    assert restarted.wait(timeout=60) == 0, restarted.stderr.read() if restarted.stderr else ""
+    trained += [task.chunks[0]["offset"] for task in drain_tasks(t)]
+    st = client.status(job_name)
+    assert (st.tasks, st.state) == (2 * half, "completed")
+    assert len(trained) == len(set(trained)) == 2 * half  # every line once
+
+
+# -- a dead task on a stream --------------------------------------------------------------
+def _fail_to_death(t: taskq.Trainer, task_id: int) -> None:
+    """Fail the task with id ``task_id`` (leased by ``t``) until it is dead."""
+    task = t.lease(timeout=0)
+    while task is not None and task.id != task_id:
+        t.release(task)
+        task = t.lease(timeout=0)
+    assert task is not None
+    t.fail(task, "poison")
+
+
+def test_trim_passes_a_dead_task_which_stays_listed_retryable_and_audited(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(10)], ids=[f"c{i}" for i in range(10)])
+    t = trainer(client, job_name, "w")
+    t.fail(t.lease(timeout=0), "poison")  # task 0: dead at once
+    assert sorted(drain(t)) == list(range(1, 10))
+    assert job.trim() == 10  # the watermark passes it (it waited there for good before)
+    st = client.status(job_name)
+    assert (st.trimmed, st.dead, st.done) == (10, 1, 9)
+    assert [row["id"] for row in client.tasks(job_name, "dead")] == [0]
+    assert client.task(job_name, 0)["chunks"] == [{"i": 0}]  # kept aside, with its records
+    assert client.task(job_name, 5)["chunks"] is None
+    audit = client.audit(job_name)
+    assert audit["ok"] and audit["current"]["dead"] == 1 and audit["dead"]["dead"] == 1
+    job.append([{"i": 10}])
+    assert client.retry(job_name, [0]) == 1
+    again = t.lease(timeout=0)
+    assert (again.id, again.chunks) == (0, [{"i": 0}])
+    t.ack(again)
+    assert drain(t) == [10]
+    job.trim()
+    assert client.task(job_name, 0)["chunks"] is None  # done now: its records went
+    assert client.redis.zcard(client.keys(job_name).aside) == 0
+    assert client.redis.hlen(client.keys(job_name).chunks) == 0
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_trim_passes_a_dead_first_task_before_any_ack(client, job_name):
+    # no done bitmap yet: BITPOS answers 0 whatever the range asked, which walked the
+    # trim back to task 0 and left it set aside under an unmoved watermark (found by
+    # tests/test_state_machine.py's TrimmedStreamMachine)
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(3)])
+    t = trainer(client, job_name, "w")
+    t.fail(t.lease(timeout=0), "poison")  # task 0 dead, nothing acked
+    assert job.trim() == 1
+    keys = client.keys(job_name)
+    assert client.redis.zrange(keys.aside, 0, -1) == ["0"]
+    assert int(client.redis.hget(keys.meta, "trim_w") or 0) == 1
+    assert client.audit(job_name)["ok"]
+
+
+def test_a_task_dead_at_a_kept_checkpoint_keeps_its_records_for_the_rewind(client, job_name):
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(6)])
+    t = trainer(client, job_name, "w")
+    t.ack(t.lease(timeout=0))
+    t.fail(t.lease(timeout=0), "poison")  # task 1 dead
+    assert sorted(drain(t)) == [2, 3, 4, 5]
+    rec = client.checkpoint(job_name, keep=1)  # its cut: task 1 dead, the rest done
+    assert job.trim() == 6
+    assert client.retry(job_name, [1]) == 1
+    assert drain(t) == [1]
+    job.trim()
+    assert client.task(job_name, 1)["chunks"] == [{"i": 1}]  # the checkpoint has it dead
+    assert client.rewind(job_name, rec)
+    assert client.status(job_name).dead == 1
+    assert client.retry(job_name, [1]) == 1
+    assert [task.chunks for task in drain_tasks(t)] == [[{"i": 1}]]  # leased with its chunks
+    client.checkpoint(job_name, keep=1)  # the older checkpoint goes: nothing needs task 1
+    job.trim()
+    assert client.task(job_name, 1)["chunks"] is None
+    job.seal()
+    assert client.status(job_name).state == "completed"
+    assert client.audit(job_name)["ok"]
+
+
+def test_the_dead_tasks_set_aside_are_bounded(client, job_name):
+    from taskq.engine.contract import ASIDE_MAX
+
+    client.create_job(
+        job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None, max_failures=1
+    )
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(ASIDE_MAX + 3)])
+    t = trainer(client, job_name, "w")
+    while batch := t.lease_many(32, timeout=0):
+        for task in batch:
+            if task.id < ASIDE_MAX + 1:
+                t.fail(task, "poison")
+            else:
+                t.ack(task)
+    while job.trim():
+        pass
+    assert client.status(job_name).trimmed == ASIDE_MAX  # waits at the one past the bound
+    assert client.redis.zcard(client.keys(job_name).aside) == ASIDE_MAX
+    assert client.retry(job_name, [5]) == 1
+    assert drain(t) == [5]
+    # trim looks at the tasks set aside a hundred a call, in turn: the done one goes
+    for _ in range(ASIDE_MAX // 100 + 1):
+        job.trim()
+    assert client.status(job_name).trimmed == ASIDE_MAX + 3  # room again: it went on

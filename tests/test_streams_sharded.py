@@ -120,6 +120,27 @@ def test_seal_seals_every_shard_and_a_drained_job_completes(cclient, job_name):
     assert cclient.audit(job_name)["ok"]
 
 
+def test_a_source_is_recorded_on_each_shard_and_a_restart_after_a_trim_adds_nothing(
+    cclient, job_name
+):
+    job = _create(cclient, job_name)
+    chunks = [{"line": i} for i in range(30)]
+    ids = [f"f#{i}" for i in range(30)]
+    assert job.append(chunks[:20], ids=ids[:20], source="f").tasks == 20
+    with taskq.Trainer(job_name, client=cclient, heartbeat=False, idle_wait=0.05) as tr:
+        for _ in range(20):
+            task = tr.lease(timeout=1)
+            assert task is not None
+            tr.ack(task)
+    while job.trim():
+        pass
+    assert cclient.status(job_name).trimmed == 20
+    again = job.append(chunks, ids=ids, source="f")  # the ids of the first 20 are trimmed
+    assert (again.tasks, again.skipped) == (10, 20)
+    with pytest.raises(taskq.InvalidInput, match="source only with ids"):
+        job.append(chunks, source="g")
+
+
 def _trainer(url: str, job: str, log: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "sharded_proc.py"), url, job, "--sleep", "0.005"]

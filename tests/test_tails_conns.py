@@ -424,7 +424,7 @@ def test_an_id_never_seen_under_the_workers_name_is_not_judged(client, url, job_
     """After a restart an old id may name another connection: a recorded id whose
     connection carries another name is never taken for the worker's."""
     make_job(client, job_name, n=1)
-    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     other = redis.Redis.from_url(url, decode_responses=True)
     other.client_setname("someone-else")
     foreign = str(other.client_id())
@@ -456,7 +456,7 @@ def test_a_trainer_killed_right_after_its_connection_changed_is_still_judged(cli
     """The heartbeat's connection replaces the one the worker registered on; a trainer
     killed before the watch looked again is judged by the new id (same process)."""
     make_job(client, job_name, n=1)
-    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
     first = redis.Redis.from_url(url, decode_responses=True)
@@ -482,7 +482,7 @@ def test_a_reconnect_is_recorded_by_the_next_heartbeat_and_the_witness_stays(
 ):
     monkeypatch.setattr(protocol, "CONN_RECHECK_S", 3600.0)  # not the periodic recheck
     make_job(client, job_name, n=1)
-    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     registered = conn_id(client, job_name, "w")
     t.heartbeat()  # on the client's kept connection, not the pooled one register named
     first = conn_id(client, job_name, "w")
@@ -511,7 +511,7 @@ def test_a_closed_heartbeat_connection_is_no_evidence_while_the_witness_is_open(
     client, url, job_name
 ):
     make_job(client, job_name, n=1, worker_ttl=4.0)  # the watch asks 1 s of quiet
-    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
     name = f"taskq-trainer-{t.incarnation}"
@@ -541,7 +541,7 @@ def test_a_connection_closed_after_it_was_seen_idle_is_no_evidence(client, url, 
     """Redis's `timeout` closes a stalled trainer's connection only once it has been idle
     for longer than the timeout: the watch saw it idle, and the close says nothing."""
     make_job(client, job_name, n=1, worker_ttl=6.0)  # the watch asks 1.5 s of quiet
-    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    t = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False, ranges=True)
     keys = client.keys(job_name)
     rec = client.redis.hget(keys.winfo, "w").split("|")
     idle, idle_id = named_connection(url, f"taskq-trainer-{t.incarnation}")

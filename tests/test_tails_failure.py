@@ -21,7 +21,7 @@ def make_job(client: taskq.Client, name: str, n: int = 3, **kw: Any) -> taskq.Jo
 
 
 def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False)
+    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False, ranges=True)
 
 
 def test_a_failed_task_goes_to_another_live_worker_first(client, job_name):

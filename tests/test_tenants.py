@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -397,6 +398,65 @@ def library_calls(verbs: tuple[str, ...]) -> set[tuple[str, str | None]]:
     return found
 
 
+_PART = re.compile(r"^lib\.(\w+) = \(function\(\)\n(.*?)\nend\)\(\)\n", re.S | re.M)
+_FUNC = re.compile(r"^local function (\w+)\(", re.M)
+_ALIAS = re.compile(r"^local ([\w, ]+?) =\s*([\w.]+(?:,\s*[\w.]+)*)", re.M)
+
+
+def _aliases(text: str) -> dict[str, tuple[str, str]]:
+    """``local a, b = lib.x.a, lib.y.b``: name -> (part, function)."""
+    out = {}
+    for names, values in _ALIAS.findall(text):
+        for name, value in zip(names.split(","), values.split(","), strict=False):
+            m = re.fullmatch(r"lib\.(\w+)\.(\w+)", value.strip())
+            if m:
+                out[name.strip()] = (m.group(1), m.group(2))
+    return out
+
+
+def reached_calls(verb: str) -> set[tuple[str, str | None]]:
+    """(command, job key or None) of every redis.call in ``verb``'s body and in the lib/
+    functions it reaches, transitively (each part's ``local function``s, through the
+    aliases a part or a verb makes of another's): what the verb can run, no more."""
+    parts = {}
+    for name, text in _PART.findall(SOURCE):
+        starts = [(m.group(1), m.start()) for m in _FUNC.finditer(text)]
+        bodies = {
+            fn: text[at : starts[k + 1][1] if k + 1 < len(starts) else len(text)]
+            for k, (fn, at) in enumerate(starts)
+        }
+        parts[name] = (_aliases(text), bodies)
+    closure = re.compile(r"^VERBS\.(\w+) = \(function\(\)\n(.*?)\nend\)\(\)\n", re.S | re.M)
+    body = dict(closure.findall(SOURCE))[verb]
+
+    def refs(text: str, part: str | None) -> set[tuple[str, str]]:
+        aliases = parts[part][0] if part else _aliases(text)
+        got = set(re.findall(r"\blib\.(\w+)\.(\w+)", text))
+        for word in set(re.findall(r"\b[A-Za-z_]\w*\b", text)):
+            if word in aliases:
+                got.add(aliases[word])
+            if part and word in parts[part][1]:
+                got.add((part, word))
+        return got
+
+    texts, seen, todo = [body], set(), list(refs(body, None))
+    while todo:
+        ref = todo.pop()
+        if ref in seen:
+            continue
+        seen.add(ref)
+        text = parts[ref[0]][1].get(ref[1])
+        if text is not None:
+            texts.append(text)
+            todo += refs(text, ref[0])
+    assert len(seen) > 5, "the library's layout changed: update this test"
+    return {
+        (command.upper(), key[2:].lower() if key else None)
+        for text in texts
+        for command, key in LUA_CALL.findall(text)
+    }
+
+
 def dryrun_fits(server: AclServer, user: str, command: str, keys: list[str]) -> bool:
     """ACL DRYRUN with filler arguments until the arity fits; allowed on any of ``keys``."""
     for key in keys:
@@ -411,7 +471,7 @@ def dryrun_fits(server: AclServer, user: str, command: str, keys: list[str]) -> 
     return False
 
 
-@pytest.mark.parametrize("role", ["trainer", "reaper", "producer"])
+@pytest.mark.parametrize("role", ["trainer", "reaper"])
 def test_rule_allows_every_command_its_functions_call(server: AclServer, role: str) -> None:
     """A function runs with its caller's ACL: a command it needs and the rule lacks would
     stop it half-way with NOPERM."""
@@ -443,6 +503,31 @@ def test_rule_allows_every_command_its_functions_call(server: AclServer, role: s
             *keys.script,
             *["1"] * 12,
         )
+
+
+def test_producer_rule_allows_every_command_append_can_run(server: AclServer) -> None:
+    """The producer's rule is narrower than the shared parts' commands: every command of
+    ``append`` and of the lib/ functions it reaches is allowed on its key (a missing one
+    would stop an append half-way with NOPERM), and none else is needed."""
+    job = "drift-producer"
+    rule = acl.rule("producer", job, password="x")
+    server.apply(rule)
+    keys = JobKeys(job)
+    calls = reached_calls("append")
+    assert ("HSET", "chunks") in calls and ("XADD", "events") in calls
+    missing = []
+    for command, key in sorted(calls, key=str):
+        candidates = [getattr(keys, key)] if key else keys.all
+        ok = (
+            server.dryrun(rule.user, "TIME")
+            if command == "TIME"
+            else dryrun_fits(server, rule.user, command, candidates)
+        )
+        if not ok:
+            missing.append((command, key))
+    assert missing == [], "the producer rule denies what append runs"
+    name, nkeys, _ = _FUNCTIONS["append"]
+    assert server.dryrun(rule.user, "FCALL", name, str(nkeys), *keys.script, *["1"] * 12)
 
 
 def test_function_names_are_the_current_librarys() -> None:
@@ -621,27 +706,157 @@ def test_rules_refuse_bad_names_and_prefixes() -> None:
     assert len(JOB_KEYS) == len(acl.WRITTEN_KEYS) + len(acl.READ_ONLY_KEYS)
 
 
-def test_producer_credential_appends_and_seals_its_stream_only(
-    server: AclServer, job_name: str
-) -> None:
-    """A producer of A appends to A and seals it; it cannot append to B, lease from A or
-    cancel A."""
+def test_producer_credential_appends_to_its_job_only(server: AclServer, job_name: str) -> None:
+    """A producer appends on every path of ``append`` (ids, duplicates, a completed job
+    reopened, trainers waiting on a drained stream, a full backlog, a sealed stream); it
+    cannot append to another job, lease, cancel or seal."""
     admin = taskq.connect(server.url("admin"))
-    a, b = f"{job_name[:50]}-a", f"{job_name[:50]}-b"
-    for job in (a, b):
-        admin.create_job(job, [], stream=True)
-    url = server.apply(acl.producer_rule(a, password=password(f"producer-{a}")))
-    producer = taskq.connect(url, retries=0)
-    assert producer.job(a).append([{"i": 0}], ids=["x"]).tasks == 1
-    refused(lambda: producer.job(b).append([{"i": 0}]), f"producer-{a}")
-    refused(lambda: producer.cancel_job(a), f"producer-{a}")
-    with pytest.raises(taskq.TaskqError):
-        taskq.Trainer(a, client=producer, worker_id="w", heartbeat=False).lease(timeout=0)
+    a, s, b = (f"{job_name[:50]}-{x}" for x in "asb")
+    admin.create_job(a, [{"i": -1}], max_backlog=2)
+    admin.create_job(s, [], stream=True)
+    admin.create_job(b, [], stream=True)
+    producer_a = taskq.connect(
+        server.apply(acl.producer_rule(a, password=password(f"producer-{a}"))), retries=0
+    )
+    producer_s = taskq.connect(
+        server.apply(acl.producer_rule(s, password=password(f"producer-{s}"))), retries=0
+    )
     trainer = taskq.Trainer(a, url=server.url("admin"), worker_id="t", heartbeat=False)
     trainer.ack(trainer.lease(timeout=0))
-    assert producer.job(a).seal() == 1
     assert admin.status(a).state == "completed"
+    assert producer_a.job(a).append([{"i": 0}], ids=["x"]).tasks == 1  # reopens the pass
+    assert admin.status(a).state == "running"
+    assert producer_a.job(a).append([{"i": 0}, {"i": 1}], ids=["x", "y"]).tasks == 1
+    with pytest.raises(taskq.BacklogFull):
+        producer_a.job(a).append([{"i": 2}], block=False)
     trainer.close()
+    waiter = taskq.Trainer(s, url=server.url("admin"), worker_id="w", heartbeat=False)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.lease(timeout=10)))
+    thread.start()
+    assert wait_until(lambda: admin.redis.zcard(admin.keys(s).waiting) == 1)
+    assert producer_s.job(s).append([{"i": 0}]).tasks == 1  # a wake-up token for it
+    thread.join()
+    waiter.ack(got[0])
+    waiter.close()
+    for producer, job in ((producer_a, a), (producer_s, s)):
+        user = f"producer-{job}"
+        refused(lambda p=producer: p.job(b).append([{"i": 0}]), user)
+        refused(lambda p=producer, j=job: p.cancel_job(j), user)
+        refused(lambda p=producer, j=job: p.job(j).seal(), user)
+        with pytest.raises(taskq.TaskqError):
+            taskq.Trainer(job, client=producer, worker_id="x", heartbeat=False).lease(timeout=0)
+    admin.job(s).seal()  # the job's owner seals it; drained, it completes
+    assert admin.status(s).state == "completed"
+    with pytest.raises(taskq.InvalidInput, match="sealed"):  # the script's refusal
+        producer_s.job(s).append([{"i": 1}])
+
+
+def test_producer_cannot_make_the_writes_it_must_not(server: AclServer, job_name: str) -> None:
+    """Every write a producer must not make is refused by Redis itself (NOPERM): no
+    delete or change of what a pass, a lease, a death or a checkpoint holds, no other
+    function; HSET on the meta and the descriptors stays allowed (append writes there:
+    docs/security.md says what that leaves open)."""
+    admin = taskq.connect(server.url("admin"))
+    admin.create_job(job_name, [], stream=True)
+    admin.job(job_name).append([{"i": i} for i in range(3)])
+    trainer = taskq.Trainer(job_name, url=server.url("admin"), worker_id="t", heartbeat=False)
+    trainer.ack(trainer.lease(timeout=0))
+    trainer.close()
+    admin.checkpoint(job_name)
+    rule = acl.producer_rule(job_name, password=password(f"producer-{job_name}"))
+    raw = redis.Redis.from_url(server.apply(rule), decode_responses=True)
+    k = admin.keys(job_name)
+    denied: list[tuple[str, ...]] = [
+        ("DEL", k.meta),
+        ("HDEL", k.meta, "state"),
+        ("HINCRBY", k.meta, "n", "1"),
+        ("DEL", k.done),
+        ("UNLINK", k.done),
+        ("SETBIT", k.done, "0", "0"),
+        ("DEL", k.progress),
+        ("HDEL", k.progress, "0"),
+        ("HSET", k.progress, "0", "1"),
+        ("DEL", k.ckpts),
+        ("ZREM", k.ckpts, "x"),
+        ("ZREMRANGEBYRANK", k.ckpts, "0", "-1"),
+        ("DEL", k.ckpt),
+        ("HDEL", k.ckpt, "x"),
+        ("HSET", k.ckpt, "x", "y"),
+        ("DEL", k.chunks),
+        ("HDEL", k.chunks, "0"),
+        ("DEL", k.appids),
+        ("HDEL", k.appids, "x"),
+        ("DEL", k.appidx),
+        ("ZREM", k.appends, "x"),
+        ("HSET", k.leases, "0", "x"),
+        ("HDEL", k.leases, "0"),
+        ("HSET", k.counts, "f:0", "9"),
+        ("SADD", k.dead, "0"),
+        ("ZADD", k.front, "0", "0"),
+        ("XTRIM", k.events, "MAXLEN", "0"),
+        ("DEL", k.events),
+        ("DEL", k.follow),
+        ("SET", k.clock, "1"),
+        ("SET", k.lock, "x"),
+        ("RENAME", k.meta, k.lock),
+        ("FLUSHALL",),
+    ]
+    denied += [
+        ("FCALL", acl.function_name(v), "1", k.meta, "")
+        for v in ("cancel", "seal", "lease", "ack", "retry", "trim", "reset", "rewind", "delete")
+    ]
+    made = []
+    for command in denied:
+        try:
+            raw.execute_command(*command)
+            made.append(command)
+        except redis.exceptions.NoPermissionError:
+            pass
+    assert made == []
+    # what append itself writes: allowed, and so open to a producer (docs/security.md)
+    assert server.dryrun(rule.user, "HSET", k.meta, "state", "cancelled")
+    assert server.dryrun(rule.user, "HSET", k.chunks, "0", "[]")
+    st = admin.status(job_name)
+    assert (st.state, st.tasks, st.done) == ("running", 3, 1)
+    assert len(admin.checkpoints(job_name)) == 1
+
+
+def test_producer_credential_runs_a_follower(
+    server: AclServer, job_name: str, tmp_path: Path
+) -> None:
+    """`taskq job follow` with a producer's URL: appends, keeps and trims its record."""
+    admin = taskq.connect(server.url("admin"))
+    admin.create_job(job_name, [], stream=True)
+    url = server.apply(acl.producer_rule(job_name, password=password(f"producer-{job_name}")))
+    for i in range(3):
+        (tmp_path / f"p{i}.jsonl").write_text('{"x": 1}\n')
+    proc = subprocess.Popen(
+        [
+            TASKQ_CLI,
+            "--url",
+            url,
+            "job",
+            "follow",
+            job_name,
+            "--files",
+            str(tmp_path / "*.jsonl"),
+            "--every",
+            "0.05",
+            "--settle",
+            "0",
+            "--horizon",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    keys = admin.keys(job_name)
+    assert wait_until(lambda: admin.status(job_name).tasks == 3, timeout=20)
+    assert wait_until(lambda: admin.redis.hlen(keys.follow) == 1)
+    proc.terminate()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
 
 
 def test_reaper_credential_trims_a_stream(server: AclServer, job_name: str) -> None:

@@ -48,7 +48,7 @@ def test_passes_deliver_every_sample_once_and_end_with_the_job(
     """Two passes of 6 tasks x 10 rows: each epoch yields every row once, the first ends
     'pass_complete', the second 'completed'; a third iter ends at once; audit: 6 + 6."""
     chunks = write_jsonl(tmp_path, 6, 10)
-    make_job(client, job_name, chunks, passes=2)
+    make_job(client, job_name, chunks, passes=2, shuffle_samples=True)
     extra = {"persistent_workers": True} if persistent else {}
     with _loader(url, job_name, num_workers, seed=7, **extra) as loader:
         epochs, states, passes = [], [], []
@@ -65,7 +65,7 @@ def test_passes_deliver_every_sample_once_and_end_with_the_job(
     assert [sorted(r) for r in epochs] == [want, want]
     assert states == ["pass_complete", "completed"]
     assert passes == [0, 1]
-    # seeded shuffle inside a task, new per pass
+    # the job's seeded order inside a task (shuffle_samples), new per pass
     file0 = [[i for f, i in rows if f == 0] for rows in epochs]
     assert file0[0] != list(range(10)) and file0[0] != file0[1]
     audit = client.audit(job_name)

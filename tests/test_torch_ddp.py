@@ -114,9 +114,10 @@ def test_load_state_dict_under_torchrun_without_a_process_group_is_refused(
     assert len(client.latest_events(job_name, "rewind_started", 10, 100000)) == 1
 
 
-def _failing_rank(rank: int, url: str, job: str, init: str, out: Any) -> None:
+def _failing_rank(rank: int, url: str, job: str, init: str, out: Any, weighs: bool = True) -> None:
     """A gloo rank over an ``even_steps`` loader with ``on_error="raise"``: puts (rank,
-    the name of what its loop raised, steps) on ``out``."""
+    the name of what its loop raised, steps) on ``out``. ``weighs``: the loop reads
+    ``loader.loss_weight`` each step (as it weighs its loss by it)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -131,6 +132,8 @@ def _failing_rank(rank: int, url: str, job: str, init: str, out: Any) -> None:
     ) as loader:
         try:
             for _ in loader:
+                if weighs:
+                    assert loader.loss_weight in (0.0, 1.0)  # loss * loader.loss_weight
                 steps += 1
         except taskq.TaskqError as e:
             raised = type(e).__name__
@@ -156,3 +159,24 @@ def test_even_steps_a_rank_whose_loader_raises_stops_the_other_at_the_same_step(
     results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
     assert sorted(r[0] for r in results.values()) == ["CorruptData", "TaskqError"], results
     assert results[0][1] == results[1][1], "both stopped at the same step"
+
+
+def test_even_steps_in_a_loop_that_never_weighs_its_loss_is_refused_on_every_rank(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """A plain DDP loop with ``even_steps=True`` that never reads ``loader.loss_weight``
+    (nor ``batch_is_padding``) would train a padding batch (a repeat) again: every rank
+    refuses at the call after its first step (``InvalidInput``), at the same step, before
+    any padding; no rank waits for another."""
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 4, 6), passes=1)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    init = str(tmp_path / "dist-init")
+    procs = [
+        ctx.Process(target=_failing_rank, args=(r, url, job_name, init, out, False)) for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    results = {rank: rest for rank, *rest in gather(procs, out, 60, "rank")}
+    assert results == {0: ["InvalidInput", 1], 1: ["InvalidInput", 1]}, results
+    assert client.status(job_name).leased == 0

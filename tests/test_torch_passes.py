@@ -68,10 +68,18 @@ def test_with_ahead_the_pass_named_is_the_stepped_batchs(
             assert loader.batch_passes == {0: 2} and not loader.batch_is_padding
 
 
-def test_even_steps_needs_the_local_pass_end(url: str, job_name: str) -> None:
+def test_even_steps_and_ahead_need_the_local_pass_end(url: str, job_name: str) -> None:
+    """Unset, ``pass_end`` follows them ("local"); "global" given beside them is refused
+    (with ``ahead`` the loop would wait for the end of a pass its own last batch holds
+    open)."""
     ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader)
     with pytest.raises(taskq.InvalidInput, match='even_steps needs pass_end="local"'):
-        taskq.torch.DataLoader(ds, even_steps=True)
+        taskq.torch.DataLoader(ds, even_steps=True, pass_end="global")
+    with pytest.raises(taskq.InvalidInput, match='ahead=1 needs pass_end="local"'):
+        taskq.torch.DataLoader(ds, ahead=1, pass_end="global")
+    assert taskq.torch.DataLoader(ds, even_steps=True).pass_end == "local"
+    assert taskq.torch.DataLoader(ds, ahead=1).pass_end == "local"
+    assert taskq.torch.DataLoader(ds).pass_end == "global"
 
 
 def _another_trainer_acks(url: str, job: str, n: int, then_takes: int = 0) -> None:

@@ -58,7 +58,9 @@ class IdleTrainer(threading.Thread):
 
     def run(self) -> None:
         try:
-            with taskq.Trainer(self.job, url=self.url, worker_id="idle", handle_signals=False) as t:
+            with taskq.Trainer(
+                self.job, url=self.url, worker_id="idle", handle_signals=False, ranges=True
+            ) as t:
                 self.go.wait(30)
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:
@@ -267,3 +269,47 @@ def test_the_cut_drops_only_whole_batches_past_the_points():
     assert not cut.ended(([(1, 7, 3, False)], [], "x"), a, 2)
     assert cut.ended(([], [("end", 1, 7, "2")], None), a, 2)  # honours the point itself
     assert not cut.ended(([], [("end", 1, 7, "5")], None), a, 2)  # read past: its last comes
+
+
+def test_an_in_process_readers_split_is_confirmed_while_the_loop_trains(
+    client, url, job_name, tmp_path
+):
+    """A loader without worker processes (its reader runs only while the loop fetches a
+    batch) holds a task of 200 samples; after 5 batches the loop stops fetching (a long
+    step) and an idle plain Trainer splits the task. The split is confirmed and the tail
+    leased with the loop still in that step: no batch more fetched (its feeder reports
+    the end the reader will honour, max(the point, its next position), without waiting
+    for the reader to run). Before, the confirmation came with the loop's next batches,
+    however long its step. Then every sample once, the pieces meeting."""
+    n = 200
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    idle = IdleTrainer(url, job_name)
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    got: list[int] = []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=0, collate_fn=as_list) as loader:
+        it = iter(loader)
+        for _ in range(5):
+            got += [s["i"] for s in next(it)]
+        held = len(got)
+        idle.start()
+        idle.go.set()
+        # the step: no batch fetched until the idle trainer holds its piece
+        confirmed = wait_until(lambda: bool(idle.pieces) or idle.error is not None, 15)
+        assert idle.error is None, idle.error
+        assert confirmed, "the split was not confirmed while the loop held still"
+        assert len(got) == held
+        start, _ = idle.pieces[0]
+        assert start >= held
+        for batch in it:
+            got += [s["i"] for s in batch]
+        state = loader.state
+    idle.join(30)
+    assert not idle.is_alive()
+    assert idle.error is None, idle.error
+    assert state in ("pass_complete", "completed")
+    both = Counter(got) + Counter(idle.ids)
+    assert sorted(both) == list(range(n))
+    assert set(both.values()) == {1}, "a sample delivered twice"
+    assert max(got) + 1 == min(idle.ids) == start, (max(got), idle.pieces)
+    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
+    assert client.audit(job_name)["passes"][-1]["reread_samples"] == 0

@@ -36,20 +36,8 @@ def write_chunks(directory: Path) -> list[dict]:
     return chunks
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("run", range(int(os.environ.get("TASKQ_TORCHRUN_RUNS", "1"))))
-def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path, run: int
-) -> None:
-    client.create_job(
-        job_name,
-        write_chunks(tmp_path / "data"),
-        passes=3,
-        split_tails=True,
-        worker_ttl=2.0,
-        heartbeat_interval=0.3,
-    )
-    log = tmp_path / "samples.log"
+def _torchrun(url: str, job_name: str, log: Path, *extra: str) -> tuple[int, str]:
+    """One launch of 2 ranks of torchrun_split_proc.py; (agent's exit code, its output)."""
     path = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     agent = subprocess.Popen(
@@ -64,6 +52,7 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
             url,
             job_name,
             str(log),
+            *extra,
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -74,25 +63,80 @@ def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
         out, _ = agent.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         agent.send_signal(signal.SIGTERM)  # the agent stops its ranks (docs/torch.md)
-        out, _ = agent.communicate(timeout=60)
-        st = client.status(job_name, summaries=0)
-        raise AssertionError(
-            f"the run hung: {st.state}, todo {st.todo}, leased {st.leased}"
-        ) from None
-    assert agent.returncode == 0, out.decode()[-3000:]
-    st = client.status(job_name, summaries=0)
-    assert st.state == "completed"
-    rows = [line.split() for line in log.read_text().splitlines()]
-    per_pass = Counter((int(p), int(f), int(i)) for _, p, f, i in rows)
+        agent.communicate(timeout=60)
+        raise AssertionError("the run hung") from None
+    return agent.returncode, out.decode()[-3000:]
+
+
+def _create(client: taskq.Client, job_name: str, tmp_path: Path) -> None:
+    client.create_job(
+        job_name,
+        write_chunks(tmp_path / "data"),
+        passes=3,
+        split_tails=True,
+        worker_ttl=2.0,
+        heartbeat_interval=0.3,
+    )
+
+
+def _once_per_pass(client: taskq.Client, job_name: str, rows: list[tuple[int, int, int]]) -> None:
+    """Every sample of the 3 passes taken exactly once, and the audit finds the job sound."""
+    per_pass = Counter(rows)
     everything = {(p, f, i) for p in range(3) for f, n in enumerate(SIZES) for i in range(n)}
     if set(per_pass) != everything:
         for _, f in client.events(job_name, count=100000):
             if f["type"] not in ("step", "worker_joined", "worker_left"):
                 print(dict(f))
         print(sorted(everything - set(per_pass)), sorted(set(per_pass) - everything))
-        print([r for r in rows if r[2] in {str(f) for _, f, _ in everything - set(per_pass)}])
     assert set(per_pass) == everything, "a sample of a pass never taken"
     assert [k for k, c in per_pass.items() if c > 1] == [], "a sample taken twice in a pass"
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", range(int(os.environ.get("TASKQ_TORCHRUN_RUNS", "1"))))
+def test_ddp_under_torchrun_with_splits_completes_every_sample_once_per_pass(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, run: int
+) -> None:
+    _create(client, job_name, tmp_path)
+    log = tmp_path / "samples.log"
+    code, out = _torchrun(url, job_name, log)
+    st = client.status(job_name, summaries=0)
+    assert code == 0, (st.state, st.todo, st.leased, out)
+    assert st.state == "completed"
+    rows = [line.split() for line in log.read_text().splitlines()]
+    _once_per_pass(client, job_name, [(int(p), int(f), int(i)) for _, p, f, i in rows])
     print("splits", st.counters["splits"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", range(int(os.environ.get("TASKQ_TORCHRUN_RUNS", "1"))))
+def test_ddp_under_torchrun_crashed_and_relaunched_twice_from_a_checkpoint_completes(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, run: int
+) -> None:
+    """The same run checkpointed at its first pass's end (every rank syncs, rank 0 writes
+    ``state_dict()``), then rank 1 crashes 5 batches on (at 15, a launch ended its passes
+    before the crash in 1-2 runs of 10); a relaunch loads the checkpoint (the job
+    rewinds, every lease of the crashed launch revoked) and crashes again; a
+    third launch loads it again and runs to the end: the job completes (never left
+    `running` with pieces nobody takes) and, counting what the first launch took before
+    the checkpoint and what the third took, every sample once per pass."""
+    _create(client, job_name, tmp_path)
+    log, ckpt = tmp_path / "samples.log", tmp_path / "ckpt.json"
+    for launch in (1, 2, 3):
+        crash = ["--crash-after", "5"] if launch < 3 else []
+        code, out = _torchrun(
+            url, job_name, log, "--ckpt", str(ckpt), "--launch", str(launch), *crash
+        )
+        st = client.status(job_name, summaries=0)
+        if launch < 3:
+            assert code != 0 and ckpt.exists(), out
+        else:
+            assert code == 0, (st.state, st.todo, st.leased, out)
+    assert client.status(job_name, summaries=0).state == "completed"
+    lines = log.read_text().splitlines()
+    first = lines[: lines.index("CKPT")]
+    kept = [line.split() for line in first if line.startswith("1 ")]
+    kept += [line.split() for line in lines if line.startswith("3 ")]
+    _once_per_pass(client, job_name, [(int(p), int(f), int(i)) for _, _, p, f, i in kept])

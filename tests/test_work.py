@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -304,6 +305,30 @@ def test_a_clean_run_logs_its_summary_and_exits_0(
     )
     assert r.returncode == 0, r.stderr
     assert "leaving: 2 done, 0 failed, 0 released, 0 revoked; exit 0" in r.stderr
+
+
+def test_on_complete_wait_stays_until_sigterm_holding_nothing(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """A Deployment's pod: the job completed, the worker leaves it and waits (an exit 0
+    would be restarted, in a loop); SIGTERM ends it with 0."""
+    make_job(client, job_name, 2)
+    proc = subprocess.Popen(
+        [str(TASKQ), "work", job_name, "--on-complete", "wait", "--", "true"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TASKQ_REDIS_URL=url),
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    assert support.wait_until(lambda: any("waiting for SIGTERM" in x for x in lines), timeout=60)
+    st = client.status(job_name, summaries=0)
+    assert (st.state, st.workers, proc.poll()) == ("completed", 0, None)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    reader.join(timeout=5)
+    assert any("leaving: 2 done, 0 failed, 0 released, 0 revoked; exit 0" in x for x in lines)
 
 
 def test_bad_seconds_and_a_ttl_under_the_heartbeat_are_usage_errors(

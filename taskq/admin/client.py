@@ -226,6 +226,7 @@ class Client:
         max_backlog: int | None = None,
         mix: Mapping[str, float] | None = None,
         on_exhausted: str = "drop",
+        shuffle_samples: bool = False,
     ) -> JobStatus:
         """Create (or replace) a job: validated first, staged, then flipped live at once.
 
@@ -267,6 +268,12 @@ class Client:
                 sources' (copied, ``chunks`` empty), its order the weighted schedule.
             on_exhausted: a mixed job's source run out in a pass: ``drop`` (the others'
                 weights renormalise from that slot).
+            shuffle_samples: the samples inside each task in a permutation fixed by
+                ``seed``, the pass and the task (``taskq.data.sample_order``), the same
+                for every reader: taskq.torch and ``taskq.data.read_task(task)`` apply
+                it (a reader of its own must too: ``task.order``). False (the default):
+                the chunks' order, which every reader reads alike (docs/design.md,
+                "Sample order").
 
         Returns:
             The new job's status.
@@ -291,6 +298,7 @@ class Client:
             auto_advance=auto_advance,
             manual_clock=manual_clock,
             split_tails=split_tails,
+            shuffle_samples=shuffle_samples,
         )
         if mix is not None:
             if shards != 1 or stream or list(chunks):

@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from taskq.engine.contract import APPEND_BYTES, APPEND_MAX, MAX_RETRY, PAGE_MAX,
 from taskq.keys import MetaField as F
 from taskq.keys import jobs_index, valid_job_name
 from taskq.mix import MixSpec
-from taskq.models import AppendResult, JobConfig, JobStatus
+from taskq.models import AppendResult, FollowRecord, JobConfig, JobStatus, SealResult
 
 STAGING_TTL_S = 3600
 STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
@@ -43,6 +44,10 @@ STAGING_BATCH = 500  # fields per HSET while staging: each one a short command
 CREATE_EXTRAS = ("progress", "backup_leases", "backup_factor", "stream", "max_backlog")
 #: The longest one wait of a blocked append for an ack (then it asks again).
 _APPEND_BLOCK_MS = 5000
+#: The field of a follower's record holding its watermark (a file key always holds "|").
+FOLLOW_WATERMARK = "watermark"
+#: Fields per HSCAN / HDEL page of a follower's record.
+FOLLOW_PAGE = 1000
 
 
 def check_name(name: str) -> None:
@@ -331,14 +336,16 @@ class PlainJob:
         ids: Sequence[str] | None = None,
         block: bool = True,
         timeout: float | None = None,
+        source: str | None = None,
     ) -> AppendResult:
         """Add chunks to the job as new tasks: they join the current pass (after its own
         order) and every later one (docs/streams.md).
 
-        Everything is checked before the first write; the chunks then go in pages
-        (at most ``APPEND_MAX`` chunks and ``APPEND_BYTES`` bytes, whole tasks, each one
-        atomic call), so an append interrupted half-way has added whole pages, and
-        repeating it with the same ``ids`` adds the rest only.
+        Every chunk and id is checked, as the engine checks them, before the first
+        write; the chunks then go in pages (at most ``APPEND_MAX`` chunks and
+        ``APPEND_BYTES`` bytes, whole tasks, each one atomic call), so an append
+        interrupted half-way has added whole pages, and repeating it with the same
+        ``ids`` (or ``source``) adds the rest only.
 
         Args:
             chunks: JSON-able chunk descriptors, in order (grouped ``chunks_per_task`` to
@@ -348,17 +355,27 @@ class PlainJob:
             block: when the job's ``max_backlog`` would be passed, wait for trainers to
                 ack (woken by the job's events, no polling); False: refuse at once.
             timeout: seconds to wait at most in all (None: as long as it takes).
+            source: the name of what ``chunks`` are, from its start (a file: the same
+                chunks in the same order every time; 1-1024 bytes). Each page records,
+                as it goes in, how many of the source's chunks went in, and a later
+                append of the source skips them: exact across a restart mid-source even
+                once the tasks (and their ids) were trimmed. The job keeps the last
+                ``SOURCES_KEEP`` sources appended to.
 
         Returns:
             The tasks added, the chunks skipped, the first new task's id, the backlog.
 
         Raises:
-            InvalidInput: a chunk that is not JSON, bad ids, a sealed stream (nothing
-                written). BacklogFull: the backlog stayed full (``block=False``, or the
-                timeout passed); the pages before went in, the message says how many.
+            InvalidInput: a chunk that is not JSON (or that Redis would refuse: a lone
+                surrogate), bad ids or source, a sealed stream (nothing written; a page
+                refused after others went in: the message names the chunks that did).
+            BacklogFull: the backlog stayed full (``block=False``, or the timeout
+                passed); the pages before went in, the message says how many.
             JobNotFound, JobCancelled.
         """
         encoded, id_list = _check_append(self.name, chunks, ids)
+        if source is not None:
+            check_chunk_id(self.name, -1, source, "source")
         if not encoded:
             return AppendResult(0, 0, None, self.status(summaries=0).backlog)
         with translate(self.connection.url, self.keys, self.connection.redis):
@@ -374,12 +391,27 @@ class PlainJob:
         backlog = 0
         for lo, hi in pages:
             while True:
-                args: list[Any] = [inc, 1 if id_list else 0, hi - lo]
+                args: list[Any] = [inc, 1 if id_list else 0, hi - lo, source or "", lo]
                 for k in range(lo, hi):
                     if id_list:
                         args.append(id_list[k])
                     args.append(encoded[k])
-                reply = self.connection.run(self.name, "append", args)
+                try:
+                    reply = self.connection.run(self.name, "append", args)
+                except errors.TaskqError as e:
+                    if lo == 0:
+                        raise
+                    # (a seal, cancel or replace between pages: the pages before stay)
+                    rest = (
+                        f"chunks {lo}-{hi - 1} may have too (the reply was lost: a resend "
+                        f"with ids or source adds nothing twice)"
+                        if isinstance(e, errors.ConnectionLost)
+                        else f"nothing from chunk {lo} on"
+                    )
+                    raise type(e)(
+                        f"{e}; chunks 0-{lo - 1} went in ({added} tasks appended, "
+                        f"{skipped} chunks skipped), {rest}"
+                    ) from e
                 if int(reply[0]) == Code.OK:
                     break
                 backlog, limit, last_id = int(reply[3]), int(reply[4]), str(reply[5])
@@ -409,12 +441,17 @@ class PlainJob:
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """Whether each file (``path|size|version``) was appended whole by a follower
-        (``taskq job follow``), from the job's ``follow`` hash."""
-        if not file_keys:
+        (``taskq job follow``), from the job's ``follow`` hash (one HMGET per
+        ``FOLLOW_PAGE`` files, pipelined)."""
+        keys = list(file_keys)
+        if not keys:
             return []
         with translate(self.connection.url, self.keys, self.connection.redis):
-            got = self.connection.redis.hmget(self.keys.follow, list(file_keys))
-        return [g is not None for g in got]
+            pipe = self.connection.redis.pipeline(transaction=False)
+            for lo in range(0, len(keys), FOLLOW_PAGE):
+                pipe.hmget(self.keys.follow, keys[lo : lo + FOLLOW_PAGE])
+            pages = pipe.execute()
+        return [g is not None for page in pages for g in page]
 
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Note that a file's ``chunks`` chunks were all appended (after its last page:
@@ -423,28 +460,72 @@ class PlainJob:
         with translate(self.connection.url, self.keys, self.connection.redis):
             self.connection.redis.hset(self.keys.follow, file_key, chunks)
 
-    def seal(self) -> int:
+    def follow_record(self) -> FollowRecord:
+        """A follower's record as it starts: its watermark and the file keys above it
+        (read in pages of ``FOLLOW_PAGE`` fields; the record is bounded: ``forget_files``)."""
+        redis = self.connection.redis
+        files: list[str] = []
+        with translate(self.connection.url, self.keys, redis):
+            mark = redis.hget(self.keys.follow, FOLLOW_WATERMARK)
+            cursor = 0
+            while True:
+                cursor, page = redis.hscan(self.keys.follow, cursor, count=FOLLOW_PAGE)
+                files += [k for k in page if k != FOLLOW_WATERMARK]
+                if not cursor:
+                    break
+        watermark = None
+        if mark is not None:
+            mtime, path = json.loads(mark)
+            watermark = (float(mtime), str(path))
+        return FollowRecord(watermark, files)
+
+    def forget_files(self, watermark: tuple[float, str] | None, file_keys: Sequence[str]) -> None:
+        """Move a follower's watermark (every file at or below its ``(mtime, path)`` was
+        appended) and drop the record of files it covers or that are gone: the watermark
+        is written first, so a stop between the two leaves fields to drop, never a file
+        unrecorded. Pages of ``FOLLOW_PAGE`` fields per HDEL."""
+        redis = self.connection.redis
+        with translate(self.connection.url, self.keys, redis):
+            pipe = redis.pipeline(transaction=False)
+            if watermark is not None:
+                pipe.hset(self.keys.follow, FOLLOW_WATERMARK, json.dumps(list(watermark)))
+            keys = list(file_keys)
+            for lo in range(0, len(keys), FOLLOW_PAGE):
+                pipe.hdel(self.keys.follow, *keys[lo : lo + FOLLOW_PAGE])
+            pipe.execute()
+
+    def seal(self) -> SealResult:
         """Close a stream job: nothing more is appended; its pass ends once every task
-        appended is done (the job completes after its last pass). Idempotent.
+        appended is done (the job completes after its last pass; a stream of no task
+        completes at the seal). Idempotent: sealing a sealed stream changes nothing.
 
         Returns:
-            The number of tasks the stream holds.
+            The number of tasks the stream holds (an int), with ``already_sealed``: the
+            stream was sealed before this call.
 
         Raises:
             InvalidInput: not a stream job. JobNotFound, JobCancelled.
         """
-        return int(self.connection.run(self.name, "seal", [""])[1])
+        reply = self.connection.run(self.name, "seal", [""])
+        return SealResult(int(reply[1]), bool(int(reply[2])))
 
-    def trim(self) -> int:
-        """One bounded step of a stream's trim (the reaper runs it every tick): the
-        watermark moves over up to ``TRIM_MAX`` done tasks, whose descriptors and
-        records go (docs/streams.md, "Trimming behind a watermark"). A job that is not
-        a stream, or not in its last pass, is left as it is.
+    def trim(self, steps: int = 8) -> int:
+        """Up to ``steps`` bounded steps of a stream's trim (the reaper runs it every
+        tick): each moves the watermark over up to ``TRIM_MAX`` finished tasks; the done
+        ones' descriptors and records go, the dead ones are set aside with theirs
+        (docs/streams.md, "Trimming behind a watermark"). A job that is not a stream, or
+        not in its last pass, is left as it is.
 
         Returns:
-            The tasks trimmed by this call (0: nothing to do now).
+            The tasks the watermark passed (0: nothing to do now).
         """
-        return int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
+        passed = 0
+        for _ in range(steps):
+            step = int(self.connection.run(self.name, "trim", ["", TRIM_MAX])[1])
+            passed += step
+            if step < TRIM_MAX:
+                return passed
+        return passed
 
     # -- the job's life -----------------------------------------------------------
     def pause(self) -> None:
@@ -509,15 +590,7 @@ def _check_append(
     """
     if isinstance(chunks, (str, bytes, dict)):
         raise errors.InvalidInput(f"job {job}: append takes a list of chunks, not one chunk")
-    encoded: list[str] = []
-    for i, chunk in enumerate(chunks):
-        try:
-            text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
-        if len(text.encode()) > APPEND_BYTES:
-            raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
-        encoded.append(text)
+    encoded = [encode_chunk(job, i, chunk) for i, chunk in enumerate(chunks)]
     if ids is None:
         return encoded, None
     if isinstance(ids, (str, bytes)):
@@ -528,11 +601,76 @@ def _check_append(
             f"job {job}: {len(id_list)} ids for {len(encoded)} chunks; give one id per chunk"
         )
     for i, chunk_id in enumerate(id_list):
-        if not isinstance(chunk_id, str) or not 1 <= len(chunk_id.encode()) <= 1024:
-            raise errors.InvalidInput(
-                f"job {job}: id {i} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
-            )
+        check_chunk_id(job, i, chunk_id)
     return encoded, id_list
+
+
+#: A JSON string escape (``\uXXXX``, or a backslash and one character), read left to right so
+#: an escaped backslash is never taken for the start of an escape.
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether the JSON ``text`` (ASCII, as ``json.dumps`` writes it) escapes a UTF-16
+    surrogate that is not half of a pair: Redis's cjson refuses such a text."""
+    pending_high = -1  # the end of a high surrogate's escape, waiting for its low half
+    for m in _ESCAPE.finditer(text):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if pending_high >= 0:
+            if m.start() == pending_high and 0xDC00 <= code <= 0xDFFF:
+                pending_high = -1
+                continue
+            return True
+        if 0xD800 <= code <= 0xDBFF:
+            pending_high = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return pending_high >= 0
+
+
+def encode_chunk(job: str, i: int, chunk: Any) -> str:
+    """Chunk ``i`` of an append as the JSON the engine stores, checked as the engine
+    checks it (append.lua decodes it with Redis's cjson).
+
+    Raises:
+        InvalidInput: not JSON (or NaN, or nested deeper than Python encodes), a lone
+            surrogate in a string, more than ``APPEND_BYTES`` bytes.
+    """
+    try:
+        text = json.dumps(chunk, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise errors.InvalidInput(f"job {job}: chunk {i} is not JSON: {e}") from e
+    if "\\ud" in text and _lone_surrogate(text):  # (json.dumps writes lower-case hex)
+        raise errors.InvalidInput(
+            f"job {job}: chunk {i} holds a lone UTF-16 surrogate (not Unicode text; Redis "
+            f"refuses its JSON)"
+        )
+    if len(text) > APPEND_BYTES:  # ASCII: its length is its bytes
+        raise errors.InvalidInput(f"job {job}: chunk {i} is over {APPEND_BYTES} bytes of JSON")
+    return text
+
+
+def check_chunk_id(job: str, i: int, chunk_id: Any, what: str = "") -> None:
+    """Refuse id ``i`` of an append (or ``what``: its source) unless it is a string of
+    1-1024 bytes of UTF-8.
+
+    Raises:
+        InvalidInput: one line naming it.
+    """
+    what = what or f"id {i}"
+    if isinstance(chunk_id, str):
+        try:
+            size = len(chunk_id.encode())
+        except UnicodeEncodeError:
+            raise errors.InvalidInput(
+                f"job {job}: {what} holds a lone UTF-16 surrogate (not Unicode text), got "
+                f"{_short(chunk_id)}"
+            ) from None
+        if 1 <= size <= 1024:
+            return
+    raise errors.InvalidInput(
+        f"job {job}: {what} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
+    )
 
 
 def _append_pages(encoded: list[str], cpt: int, max_backlog: int) -> list[tuple[int, int]]:
@@ -698,6 +836,7 @@ def create(
             F.FSEQ: 0,
             F.BACKUP_K: backup_factor if backup_leases else 0,
             F.SPLIT: 1 if cfg.split_tails else 0,
+            F.SORDER: "shuffled" if cfg.shuffle_samples else "chunks",
             F.PN: len(tasks),
             F.STREAM: "open" if stream else "",
             F.MAX_BACKLOG: max_backlog or 0,

@@ -50,6 +50,7 @@ from taskq.admin.jobs import (
     CheckpointRef,
     PlainJob,
     _check_append,
+    check_chunk_id,
     check_limit,
     check_page,
     checkpoint_id,
@@ -69,7 +70,7 @@ from taskq.keys import (
     shard_sets_index,
     valid_job_name,
 )
-from taskq.models import AppendResult, JobConfig, JobStatus
+from taskq.models import AppendResult, FollowRecord, JobConfig, JobStatus, SealResult
 
 log = logging.getLogger("taskq.sharded")
 
@@ -814,6 +815,7 @@ class ShardedJob:
         ids: Sequence[str] | None = None,
         block: bool = True,
         timeout: float | None = None,
+        source: str | None = None,
     ) -> AppendResult:
         """Add chunks as new tasks, spread over the shards (``PlainJob.append`` on each,
         docs/streams.md): a chunk with an id goes to the shard its id hashes to (``shard_of_id``: so a
@@ -823,7 +825,9 @@ class ShardedJob:
 
         Everything is checked before the first write. ``block`` and ``timeout`` as for a
         plain job, each shard against its own ``max_backlog`` (the job's divided among
-        them); ``timeout`` bounds the whole call.
+        them); ``timeout`` bounds the whole call. ``source`` (with ids only: the ids
+        decide each chunk's shard, the same every time) is recorded on each shard for
+        its part of the source.
 
         Returns:
             The tasks added, chunks skipped, the lowest new task's global id, the backlog
@@ -834,6 +838,13 @@ class ShardedJob:
             (a BacklogFull names the shard; the shards before it took their part).
         """
         encoded, id_list = _check_append(self.name, chunks, ids)
+        if source is not None:
+            check_chunk_id(self.name, -1, source, "source")
+            if id_list is None:
+                raise errors.InvalidInput(
+                    f"job {self.name}: a sharded job's append names a source only with ids "
+                    f"(they place each chunk on its shard, the same every time)"
+                )
         if not encoded:
             return AppendResult(0, 0, None, self.status().backlog)
         decoded = [json.loads(text) for text in encoded]
@@ -860,6 +871,7 @@ class ShardedJob:
                 None if id_list is None else [id_list[k] for k in part],
                 block=block,
                 timeout=left,
+                source=source,
             )
             added += got.tasks
             skipped += got.skipped
@@ -867,10 +879,12 @@ class ShardedJob:
                 firsts.append(self.sset.global_id(shard.name, got.first_task))
         return AppendResult(added, skipped, min(firsts, default=None), self.status().backlog)
 
-    def seal(self) -> int:
+    def seal(self) -> SealResult:
         """Close the stream on every shard (idempotent): the job completes once all
-        appended is done everywhere. Returns the tasks the stream holds in all."""
-        return sum(shard.seal() for shard in self.shards)
+        appended is done everywhere. Returns the tasks the stream holds in all
+        (``already_sealed``: every shard was sealed before)."""
+        sealed = [shard.seal() for shard in self.shards]
+        return SealResult(sum(sealed), all(s.already_sealed for s in sealed))
 
     def set_weights(self, weights: Mapping[str, object], at: int | None = None) -> int:
         """Refused: a sharded job is not a mixed job (docs/mixing.md)."""
@@ -884,9 +898,10 @@ class ShardedJob:
         """Refused: a sharded job is not a mixed job (docs/mixing.md)."""
         raise errors.InvalidInput(f"job {self.name!r} is sharded, not a mixed job")
 
-    def trim(self) -> int:
-        """One bounded trim step on every shard (``PlainJob.trim``); the tasks trimmed."""
-        return sum(shard.trim() for shard in self.shards)
+    def trim(self, steps: int = 8) -> int:
+        """Up to ``steps`` bounded trim steps on every shard (``PlainJob.trim``); the tasks
+        the watermarks passed."""
+        return sum(shard.trim(steps) for shard in self.shards)
 
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """A follower's record of whole files (``taskq job follow``): kept on shard 0."""
@@ -895,6 +910,14 @@ class ShardedJob:
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Record a file appended whole (on shard 0, as ``files_appended`` reads it)."""
         self.shards[0].file_appended(file_key, chunks)
+
+    def follow_record(self) -> FollowRecord:
+        """The follower's record (``PlainJob.follow_record``), kept on shard 0."""
+        return self.shards[0].follow_record()
+
+    def forget_files(self, watermark: tuple[float, str] | None, file_keys: Sequence[str]) -> None:
+        """Move the follower's watermark on shard 0 (``PlainJob.forget_files``)."""
+        self.shards[0].forget_files(watermark, file_keys)
 
     def checkpoints(self) -> list[dict[str, Any]]:
         """The sharded job's sealed checkpoints, oldest first.

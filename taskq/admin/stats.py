@@ -115,7 +115,7 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         state = "paused"  # running, but no new leases until resumed
     if state in ("completed", "cancelled"):
         leased = 0
-    # (and a split task's tail piece waiting beside its leased head: lib/split.lua)
+    # (and a split task's tail piece waiting beside its leased head: lib/pieces.lua)
     beside = int(reply[9]) if len(reply) > 9 and state not in ("completed", "cancelled") else 0
     todo = max(0, n - dead - done - leased) + beside if state != "cancelled" else 0
     passes = _int(meta, F.PASSES, keys.meta)
@@ -136,6 +136,7 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         "auto_advance": meta.get(F.ADVANCE) == "1",
         "manual_clock": meta.get(F.MCLOCK) == "1",
         "split_tails": meta.get(F.SPLIT, "1") != "0",
+        "shuffle_samples": meta.get(F.SORDER) == "shuffled",
         "backup_leases": _int(meta, F.BACKUP_K) > 0,
     }
     counters = {k: _int(meta, f) for k, f in COUNTERS.items()}
@@ -341,15 +342,16 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
     checks["no_progress_on_done"] = not progress["done_with_progress"]
     # the split tasks of the attempt the done set belongs to (an ended one's, or the
     # running one's): pieces partition each task, done exactly when both are acked
-    completed = [s["round"] for s in passes if s.get("state") == "completed"]
-    if ended and status.state == "completed" and completed:
-        attempt: Any = max(completed)
-    else:
-        attempt = conn.redis.hget(keys.meta, F.ROUND)
-        attempt = int(attempt) if attempt is not None else None
+    # (the round its pieces are recorded under: the completed attempt's, which a retry
+    # reopens, or the current one)
+    rnd, sround, cursor = conn.redis.hmget(keys.meta, F.ROUND, F.SROUND, F.CURSOR)
+    attempt = sround or rnd
+    running = None
+    if status.state in ("running", "paused"):
+        running = (rnd, int(cursor or 0) >= status.tasks)
     splits = {"tasks": 0, "acked": 0, "bad": []}
     if status.state != "cancelled" and not rewinding and attempt is not None:
-        splits = integrity.split_check(conn.redis, keys, attempt, task_size)
+        splits = integrity.split_check(conn.redis, keys, attempt, task_size, running)
     checks["split_tasks_partitioned"] = not splits["bad"]
     return {
         "job": name,

@@ -12,12 +12,22 @@ so ``import taskq`` and ``import taskq.data`` need neither.
 
 The contract (docs/data.md says the same, with the chunk fields):
 
-``read_task(chunks, start=0, end=None, **options) -> Iterator[sample]``
-    The samples of a task, its chunks in order, beginning at sample index ``start``
-    (0-based over the whole task) and stopping before ``end`` (an index, or a callable
-    asked before each sample: ``task.current_end`` for a task whose end a split moves). Chunks whose size is in the chunk (parquet ``rows``,
-    tar ``samples``, lines ``records``) are skipped without opening them; otherwise the
-    reader skips cheaply: Parquet by row-group metadata, tar by headers, lines by scanning.
+``read_task(task)`` / ``read_task(chunks, start=0, end=None, order=None, **options)``
+    The samples of a task from sample index ``start`` (0-based over the whole task) up to
+    ``end`` (an index, or a callable asked before each sample: ``task.current_end`` for a
+    task whose end a split moves), in the task's sample order: the chunks' order, or the
+    permutation ``order`` names (``sample_order``; a job created with
+    ``shuffle_samples=True``). ``read_task(task)`` reads a leased task's range in its
+    order (``task.chunks``, ``task.start``, ``task.current_end``, ``task.order``), as does
+    ``end=task.current_end``. In the chunks' order, chunks whose size is in the chunk
+    (parquet ``rows``, tar ``samples``, lines ``records``) are skipped without opening
+    them; otherwise the reader skips cheaply: Parquet by row-group metadata, tar by
+    headers, lines by scanning. A chunk read to its end that holds other than the samples
+    it declares is a DataError, never a boundary.
+
+``sample_order(order, size)``
+    The permutation a task's sample positions map to (``order_key``'s key): the one
+    function every reader of the project applies (``read_task``, taskq.torch).
 
 ``reader_for(chunk) -> Reader``
     The reader of ``chunk["format"]``; a chunk without ``format`` that has
@@ -52,10 +62,12 @@ return JSON-able dicts with a ``format`` field.
 from __future__ import annotations
 
 import importlib
+import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
+from ..models import Task
 
 if TYPE_CHECKING:
     from .storage import Reader
@@ -65,9 +77,11 @@ __all__ = [
     "build_chunks",
     "compression_of",
     "guess_format",
+    "order_key",
     "read_task",
     "reader",
     "reader_for",
+    "sample_order",
 ]
 
 #: Chunk formats and the module that reads each.
@@ -204,31 +218,75 @@ def check_options(options: dict[str, Any]) -> None:
         )
 
 
-def read_task(
-    chunks: Iterable[Any],
-    start: int = 0,
-    end: int | Callable[[], int | None] | None = None,
-    **options: Any,
-) -> Iterator[Any]:
-    """The samples of a task: its chunks in order, from sample index ``start`` up to
-    (not including) ``end``.
+def order_key(job: str, seed: int, pass_no: int, task_id: int) -> str:
+    """The key of a task's sample permutation in a job whose samples are shuffled: fixed
+    by the job (an engine job's name: a sharded job's shard), its seed, the pass and the
+    task, so every reader of the job reads a task in one order (``Task.order``)."""
+    return f"{job}:{seed}:{pass_no}:{task_id}"
+
+
+def sample_order(order: str | None, size: int) -> list[int]:
+    """The task's sample positions mapped to its samples in the chunks' order: position
+    ``k`` is sample ``sample_order(order, size)[k]``. What every reader applies (a piece
+    ``[start, end)`` of a task means the same samples to all).
 
     Args:
-        chunks: the task's chunks (``task.chunks``).
-        start: 0-based index over the whole task of the first sample to yield.
-        end: where to stop: None (the task's end), an index, or a callable asked before
+        order: the task's ``order`` (``order_key``); None: the chunks' order.
+        size: the task's samples.
+
+    Returns:
+        A permutation of ``range(size)``.
+    """
+    positions = list(range(size))
+    if order is not None:
+        random.Random(order).shuffle(positions)
+    return positions
+
+
+def read_task(
+    chunks: Iterable[Any] | Task,
+    start: int | None = None,
+    end: int | Callable[[], int | None] | None = None,
+    order: str | None = None,
+    **options: Any,
+) -> Iterator[Any]:
+    """The samples of a task from position ``start`` up to (not including) ``end``, in
+    the task's sample order.
+
+    Args:
+        chunks: the task's chunks (``task.chunks``), or a leased ``Task``: its chunks,
+            ``start``, ``current_end`` and ``order`` (what a loop that reads ranges
+            passes: ``Trainer(ranges=True)``).
+        start: 0-based position over the whole task of the first sample to yield (None:
+            the task's ``start``, else 0).
+        end: where to stop: None (the task's end), a position, or a callable asked before
             each sample (``task.current_end``: a split task's end moves while it is
-            read, docs/design.md "Tail splitting"); a batch (``batch_rows``) is cut there.
+            read, docs/design.md "Tail splitting"; its task's order is applied); a
+            batch (``batch_rows``) is cut there.
+        order: the task's sample order (``task.order``, ``order_key``): None, the chunks'
+            order; else the task is read whole into memory and its samples given in the
+            permutation ``sample_order`` makes.
         **options: ``storage_options`` (fsspec), ``columns`` and ``batch_rows`` (parquet).
 
     Returns:
         An iterator of samples (see the module docstring for each format's samples).
 
     Raises:
-        DataError: a chunk's data cannot be read or decoded.
+        DataError: a chunk's data cannot be read or decoded, or a chunk read to its end
+            holds other than the samples it declares.
         InvalidInput: ``start`` < 0, ``end`` neither None, an integer >= 0 nor a
-            callable, an unknown option, or the data extra is missing.
+            callable, an unknown option, ``batch_rows`` with an ``order``, or the data
+            extra is missing.
     """
+    if isinstance(chunks, Task):
+        task = chunks
+        chunks = task.chunks
+        start = task.start if start is None else start
+        end = task.current_end if end is None else end
+        order = task.order if order is None else order
+    elif order is None and isinstance(getattr(end, "__self__", None), Task):
+        order = end.__self__.order  # type: ignore[union-attr]
+    start = 0 if start is None else start
     if not isinstance(start, int) or start < 0:
         raise errors.InvalidInput(f"start must be an integer >= 0, got {start!r}")
     if (
@@ -238,10 +296,17 @@ def read_task(
     ):
         raise errors.InvalidInput(f"end must be None, an integer >= 0 or a callable, got {end!r}")
     check_options(options)
+    if order is not None and options.get("batch_rows"):
+        raise errors.InvalidInput("batch_rows reads in the chunks' order: not with an order")
     chunks = list(chunks)
     if callable(end):  # a loop that follows a split's end: its size makes it splittable
         count_task(chunks, **{k: v for k, v in options.items() if k == "storage_options"})
-    samples = _samples(chunks, start, options)
+    if order is None:
+        samples = _samples(chunks, start, options)
+    else:
+        items = list(_samples(chunks, 0, options))
+        positions = sample_order(order, len(items))
+        samples = (items[positions[k]] for k in range(start, len(items)))
     if end is None:
         return samples
     return _until(samples, start, end)
@@ -298,10 +363,13 @@ def task_size(chunks: Any) -> int | None:
 
 
 def count_task(chunks: Any, **options: Any) -> int | None:
-    """``task_size``, counting where the chunks do not say their size and their reader can
-    count them cheaply (a JSONL or lines byte range of a local file: scanned once; the
-    count is written into the chunk, so ``task_size`` says it from then on). What makes a
-    task of the default ``--chunk-bytes`` ranges splittable at a pass's tail.
+    """``task_size``, measured where the reader can count a chunk cheaply (a JSONL or
+    lines byte range of a local file: scanned once, not decoded; the count is written into
+    the chunk, so ``task_size`` says it from then on). A size a chunk declares is checked
+    against the data there: the size a split is made from is the data's. What makes a
+    task of the default ``--chunk-bytes`` ranges splittable at a pass's tail (called
+    before a reader's first report of a task's size: ``read_task`` with a moving end,
+    taskq.torch's loader).
 
     Args:
         chunks: the task's chunks (``Task.chunks``).
@@ -311,17 +379,32 @@ def count_task(chunks: Any, **options: Any) -> int | None:
         The task's samples, or None (a chunk of unknown size that is not counted here).
 
     Raises:
-        DataError: a chunk's data cannot be read.
+        DataError: a chunk's data cannot be read, or holds other than the samples it
+            declares.
     """
-    size = task_size(chunks)
-    if size is not None or not isinstance(chunks, list) or not chunks:
-        return size
+    if not isinstance(chunks, list) or not chunks:
+        return task_size(chunks)
     for chunk in chunks:
         if not isinstance(chunk, dict) or chunk.get("format") not in FORMATS:
             return None
-        if reader_for(chunk).count(chunk, **options) is None:
-            return None
+        rdr = reader_for(chunk)
+        declared = rdr.size(chunk)
+        if declared is not None and chunk.get(_CHECKED) == declared:
+            continue
+        counted = rdr.count(chunk, **options)
+        if counted is None:
+            if declared is None:
+                return None
+            continue  # not countable here (remote): a whole read checks it (_samples)
+        if declared is not None and counted != declared:
+            raise _size_error(chunk, counted, declared)
+        chunk[_CHECKED] = counted
     return task_size(chunks)
+
+
+#: a chunk's size as ``count_task`` checked it against its data (in this process only:
+#: the key is written into the task's chunks as leased, never sent)
+_CHECKED = "_taskq_counted"
 
 
 def _samples(chunks: list[Any], start: int, options: dict[str, Any]) -> Iterator[Any]:
@@ -332,7 +415,17 @@ def _samples(chunks: list[Any], start: int, options: dict[str, Any]) -> Iterator
             start -= size
             continue
         held = yield from rdr.read(chunk, start=start, **options)
+        if size is not None and held != size:  # a declared size is checked, never trusted
+            raise _size_error(chunk, held, size)
         start = max(0, start - held)
+
+
+def _size_error(chunk: dict[str, Any], held: int, size: int) -> errors.DataError:
+    return errors.DataError(
+        str(chunk.get("path", "?")),
+        "chunk",
+        f"holds {held} samples, its descriptor says {size}",
+    )
 
 
 def build_chunks(

@@ -174,11 +174,10 @@ class LinesReader(Reader):
 
     def count(self, chunk: dict[str, Any], **options: Any) -> int | None:
         """The samples of an uncompressed byte range of a local file, scanned for its lines
-        (not decoded) and written into the chunk; None for a remote or compressed file (a
-        second read of the range would cost a ranged GET: give ``--records-per-chunk``)."""
-        size = self.size(chunk)
-        if size is not None:
-            return size
+        (not decoded) and written into the chunk when it does not say them (a size it
+        says is the caller's to check against this count: ``taskq.data.count_task``);
+        None for a remote or compressed file (a second read of the range would cost a
+        ranged GET: give ``--records-per-chunk``)."""
         path = str(chunk.get("path", ""))
         if chunk.get("compression") or ("://" in path and not path.startswith("file://")):
             return None
@@ -187,8 +186,10 @@ class LinesReader(Reader):
             while True:
                 next(scan)
         except StopIteration as stop:
-            chunk[self.count_field] = int(stop.value)
-        return self.size(chunk)
+            counted = int(stop.value)
+        if self.size(chunk) is None:
+            chunk[self.count_field] = counted
+        return counted
 
 
 class JsonlReader(LinesReader):

@@ -290,9 +290,11 @@ class Reader:
         return None
 
     def count(self, chunk: dict[str, Any], **options: Any) -> int | None:
-        """Count the samples of a chunk whose size it does not say, when that is cheap
-        (a byte range of a local file: scanned, not decoded), and write the count into
-        the chunk so ``size`` says it from then on; None when it cannot be counted here.
+        """Count the samples of a chunk from its data, when that is cheap (a byte range
+        of a local file: scanned, not decoded), and write the count into a chunk that
+        does not say its size, so ``size`` says it from then on (a size it says is
+        checked against the count: ``taskq.data.count_task``); None when it cannot be
+        counted here.
 
         Raises:
             DataError: the data cannot be read.

@@ -518,6 +518,11 @@ class Connection:
             # a few µs on every call of a trainer's hot path (bench/HISTORY.md)
             with translate(self.url, job_keys, self.redis):
                 raise e
+        except UnicodeEncodeError as e:  # packed before anything is sent: nothing went out
+            raise errors.InvalidInput(
+                f"job {job!r}: {verb}: an argument is not UTF-8 text ({e.reason} at "
+                f"{e.start}: a lone surrogate); nothing sent"
+            ) from e
         code = int(reply[0])
         if code < 0 and code not in passthrough:
             raise_for(

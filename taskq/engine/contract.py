@@ -79,9 +79,19 @@ CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (
 RW_WALK = 500  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
 RW_DEAD_BYTES = 64  #: dead-bitmap bytes (8 x as many tasks) one rewind dead step restores
-APPEND_MAX = 500  #: chunks one append call adds (a larger append goes in pages)
-APPEND_BYTES = 1 << 18  #: bytes of chunks' JSON one append call carries (1 MiB took 12 ms)
-TRIM_MAX = 1000  #: tasks one trim call moves a stream's watermark over (their records go)
+#: chunks one append call adds (a larger append goes in pages), and the bytes of their
+#: JSON; tasks one trim call moves a stream's watermark over (their records go). Sized by
+#: bench/page_sizes.py on Redis 7.0 and Valkey 8.0 (docs/capacity.md): each call at its
+#: bounds well under a millisecond there, so that Redis 8, which took 2.3-4 times as long
+#: as Redis 7 for the same page (10.9-18.6 ms for 500 chunks and 256 KiB), and a loaded
+#: machine stay well under tests/test_slowlog.py's 10 ms.
+APPEND_MAX = 128
+APPEND_BYTES = 1 << 15
+TRIM_MAX = 250
+#: sources (files) whose appended-up-to record a job keeps: the last ones appended to
+SOURCES_KEEP = 10_000
+#: a stream's tasks below its watermark that keep their records (dead ones): trim.lua
+ASIDE_MAX = 1000
 MAX_SPLITS = 1000  #: tasks split in one pass attempt (a checkpoint's cut copies their records)
 
 _LIMITS = (
@@ -105,6 +115,8 @@ _LIMITS = (
     "APPEND_BYTES",
     "TRIM_MAX",
     "MAX_SPLITS",
+    "SOURCES_KEEP",
+    "ASIDE_MAX",
 )
 
 #: The most top-level locals the built library's chunk may have, and upvalues any of its

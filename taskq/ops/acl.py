@@ -147,6 +147,27 @@ SHARDED_TRAINER_VERBS = ("advance", "reap")
 SHARDED_RECORD_WRITES = ("hincrby",)
 BARRIER_WRITES = ("set", "pexpire", "del")
 
+#: The writes of ``append`` and of a follower's record, each on the keys it needs: the new
+#: tasks' descriptors and the count in meta (HSET: the one write a producer could turn to
+#: another use, docs/security.md), the ids and the appends' log, the event, the wake-up
+#: tokens of a reopened pass (``broadcast`` DELs and refills its lists), the follower's
+#: record. No DEL of anything a pass or a checkpoint holds, no write to leases, done,
+#: dead, progress or the checkpoints.
+PRODUCER_WRITES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("meta", "chunks", "appids", "appidx"), ("hset",)),
+    (("appends",), ("zadd",)),
+    (("events",), ("xadd",)),
+    (("wake",), ("lpush", "ltrim", "del")),
+    (("bcast0", "bcast1"), ("rpush", "pexpire", "del")),
+    (("follow",), ("hset", "hdel")),
+    # an append naming its source records how far it went in, the oldest source forgotten
+    (("sources",), ("hset", "hdel")),
+    (("srcseq",), ("zadd", "zpopmin")),
+    # the call's end flushes the histograms' buffer (lib/events.lua flush_hist): empty
+    # after an append, but reachable from it
+    (("hist",), ("hincrby",)),
+)
+
 
 @dataclass(frozen=True)
 class Role:
@@ -189,17 +210,12 @@ ROLES: dict[str, Role] = {
         ),
         Role(
             "producer",
-            "The user of JOB's producers (`taskq job append / seal / follow`): JOB's keys "
-            "only, append and seal only.",
-            ("append", "seal"),
+            "The user of JOB's producers (`taskq job append / follow`): JOB's keys only, "
+            "append only.",
+            ("append",),
             ("stats",),  # the handle reads the job's status (the follower, the CLI)
             needs_job=True,
-            writes=(
-                (WRITTEN_KEYS, WRITE_COMMANDS),
-                (("chunks",), ("hset",)),  # the appended tasks
-                (SCRATCH_KEYS, ("del", "unlink")),  # a seal may end the pass
-                *MIX_WRITES,
-            ),
+            writes=(*PRODUCER_WRITES, *MIX_WRITES),
         ),
         Role(
             "reaper",

@@ -20,9 +20,15 @@ from prometheus_client.utils import floatToGoString
 from taskq.models import JobStatus
 
 WAIT_DOC = (
-    "Time the training loops waited for their next batch or task (next() of a "
-    "taskq.torch.DataLoader or of a trainer), per next() call; the sum also counts a wait "
-    "still under way at a heartbeat."
+    "Time the training loops waited for data: for their next batch or task (next() of a "
+    "taskq.torch.DataLoader or of a trainer), per next() call, less the time their trainer "
+    "had nothing to lease (taskq_input_nothing_to_lease_seconds_total); the sum also counts "
+    "a wait still under way at a heartbeat."
+)
+NOTHING_DOC = (
+    "Time the training loops waited while their trainer had nothing to lease and nothing "
+    "held: an open stream waiting for appends (the producer's pace), or a pass's last tasks "
+    "held by other trainers. Not input-bound: more loader workers do not shorten it."
 )
 STEP_DOC = (
     "Time the training loops spent between two next() calls (the step), summed over "
@@ -46,11 +52,14 @@ def input_families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
         statuses: the scrape's job statuses.
 
     Returns:
-        ``taskq_input_wait_seconds`` (histogram), ``taskq_input_step_seconds`` (counter),
-        ``taskq_input_bound_ratio`` and ``taskq_input_worst_trainer_ratio`` (gauges).
+        ``taskq_input_wait_seconds`` (histogram), ``taskq_input_step_seconds`` and
+        ``taskq_input_nothing_to_lease_seconds`` (counters), ``taskq_input_bound_ratio`` and ``taskq_input_worst_trainer_ratio`` (gauges).
     """
     wait = HistogramMetricFamily("taskq_input_wait_seconds", WAIT_DOC, labels=["job_name"])
     step = CounterMetricFamily("taskq_input_step_seconds", STEP_DOC, labels=["job_name"])
+    nothing = CounterMetricFamily(
+        "taskq_input_nothing_to_lease_seconds", NOTHING_DOC, labels=["job_name"]
+    )
     ratio = GaugeMetricFamily("taskq_input_bound_ratio", RATIO_DOC, labels=["job_name"])
     worst = GaugeMetricFamily("taskq_input_worst_trainer_ratio", WORST_DOC, labels=["job_name"])
     for st in statuses:
@@ -65,8 +74,9 @@ def input_families(statuses: Sequence[JobStatus]) -> Iterator[Metric]:
             buckets.append((floatToGoString(bound), cumulative))
         wait.add_metric([st.job], buckets, sum_value=total["wait_s"])
         step.add_metric([st.job], total["step_s"])
+        nothing.add_metric([st.job], total["idle_s"])
         if data["recent"]["fraction"] is not None:
             ratio.add_metric([st.job], data["recent"]["fraction"])
         if data["worst"]:
             worst.add_metric([st.job], data["worst"][0]["fraction"])
-    yield from (wait, step, ratio, worst)
+    yield from (wait, step, nothing, ratio, worst)

@@ -1,8 +1,9 @@
 """``TaskDataset``: the reading half of ``taskq.torch``, run in DataLoader worker processes.
 
-A worker takes task messages (task, token, pass, chunks, start) from a queue the loader's
-feeder thread fills in the main process, reads each task's samples with the reader,
-shuffles them per task and pass, interleaves a few open tasks, batches them, and yields
+A worker takes task messages (task, token, order, chunks, start, end) from a queue the
+loader's feeder thread fills in the main process, reads each task's samples with the
+reader in the task's sample order (the job's: the chunks', or a permutation fixed by the
+job's seed, the pass and the task), interleaves a few open tasks, batches them, and yields
 one *unit* per batch: the user's collated batch plus a tag per sample (task, token,
 index, last) and control entries (a task finished with no sample left to deliver, or its
 reader failed with this text). The loader's iterator in the main process strips the tags
@@ -22,6 +23,7 @@ import queue
 import random
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,15 +32,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .. import errors
+from ..data import sample_order
 
 #: a task message: (iteration, task id, token, order, chunks, start, end, end slot); task
-#: id None = stop; order: what seeds the order of the task's samples with its id (the
-#: job's name and seed and the pass: the same in every trainer of the job); end: where the lease's reading ends (a piece of a split task), None:
+#: id None = stop; order: the task's sample order (``Task.order``: '' the chunks', else
+#: the key of ``taskq.data.sample_order``'s permutation, the same in every trainer of the
+#: job); end: where the lease's reading ends (a piece of a split task), None:
 #: the task's; end slot: the cell of ``Feed.ends`` holding the task's current end (it
 #: moves when the task is split while read), -1 none
 TaskMsg = tuple[int, Any, int, str, Any, int, "int | None", int]
-#: per sample: (task id, token, position in the task's delivery order (the sample index
-#: unshuffled), last sample of the task); a task's samples arrive in increasing position
+#: per sample: (task id, token, position in the task's sample order, last sample of the
+#: task); a task's samples arrive in increasing position
 Tag = tuple[int, int, int, bool]
 #: (kind, task id, token, text); kind "done": nothing of the task left to deliver (no
 #: samples, or drop_last dropped its last ones; text: where its reading ended); "error":
@@ -94,6 +98,39 @@ class Feed:
     parent_pid: int = field(default_factory=os.getpid)
     #: in-process readers only (not picklable): told each time a task was read
     on_finished: Callable[[], None] | None = None
+    #: in-process readers only (``num_workers=0``): what lets the feeder honour a moved
+    #: end for a reader between batches (``InProcess``)
+    here: InProcess | None = None
+
+
+class InProcess:
+    """The reader of a loader without worker processes, as its feeder thread sees it.
+
+    The reader runs only while the loop fetches a batch (``lock`` held, per unit); its
+    open tasks are in ``open`` by end cell. Between batches its next check of a task's
+    end is at the position after the sample it looked ahead, so the feeder, told a new
+    end ``m`` at or past that position, knows the reader will honour exactly ``m`` and
+    reports it at once (readahead.py ``sync_ends``): the split is confirmed while the
+    loop trains, not a batch later (docs/torch.md "Tail splitting").
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: dict[int, _Open] = {}
+
+    def next_check(self, slot: int, task_id: int, token: int) -> int | None:
+        """Where the reader of the task in end cell ``slot`` next reads its end (the
+        position after the sample it looked ahead), or None: being read now, not open,
+        or read to its end."""
+        if not self.lock.acquire(blocking=False):
+            return None  # the loop is fetching: the reader sees the new end itself
+        try:
+            o = self.open.get(slot)
+            if o is None or o.task_id != task_id or o.token != token or o.ahead is _END:
+                return None
+            return int(o.ahead[0]) + 1
+        finally:
+            self.lock.release()
 
 
 def default_reader(chunks: Any, start: int) -> Iterable[Any]:
@@ -128,13 +165,15 @@ class TaskDataset(IterableDataset[Any]):
             ``taskq.data.read_task``. Its exceptions fail the task with their text.
         url: Redis URL (or ``TASKQ_REDIS_URL``) for the loader's trainer.
         client: a configured ``taskq.Client`` instead (stays in the main process).
-        shuffle: shuffle the samples inside each task, in an order seeded by the job
-            (its name and ``create_job(seed=)``), the pass and the task — the same in
-            every trainer, whatever its ``seed`` — and interleave open tasks at random;
-            False reads tasks in order, one at a time.
-            Shuffling holds a task's samples in memory, and a resumed task is read from
-            its sample 0 (its order is the whole task's; the first ``task.start`` of it
-            are skipped).
+        shuffle: interleave ``interleave`` open tasks at random (the samples of what
+            a reader holds); False reads tasks one at a time. The order of the samples
+            inside a task is the job's, whatever this says: the chunks', or with
+            ``create_job(shuffle_samples=True)`` a permutation fixed by the job's seed,
+            the pass and the task — the same in every trainer and every reader
+            (``taskq.data.read_task(task)``), so a piece of a task or a resumed task
+            is the same samples whoever reads it. A shuffled task is read whole into
+            memory (a resumed one from its sample 0, the first ``task.start`` of its
+            order skipped).
         seed: seeds the interleaving of open tasks (free to differ between loaders).
         interleave: tasks a worker reads from at once (sample-level mixing).
         max_idle: a stream job (docs/streams.md): end an iteration once it got no task
@@ -230,6 +269,17 @@ class TaskDataset(IterableDataset[Any]):
         Returns:
             An iterator of (tags, control, batch) units.
         """
+        units = self._units(source, feed, finished, flush_when_idle, rng_key)
+        return units if feed.here is None else _locked(units, feed.here.lock)
+
+    def _units(
+        self,
+        source: Callable[[bool], TaskMsg | None],
+        feed: Feed,
+        finished: Callable[[int], None],
+        flush_when_idle: bool,
+        rng_key: str,
+    ) -> Iterator[Unit]:
         rand = random.Random(f"{self.seed}:{rng_key}:interleave").random
         open_: list[_Open] = []
         #: "end" entries the readers of open tasks made (a moved end seen): sent at once
@@ -253,6 +303,7 @@ class TaskDataset(IterableDataset[Any]):
         collate = feed.collate_fn or (default_collate if feed.batch_size else default_convert)
         transform, interleave = self.transform, self.interleave
         ends = feed.ends
+        here = {} if feed.here is None else feed.here.open  # in-process: the open tasks
         while True:
             # no task is opened beside a piece or a task whose end moved (its cell says
             # an end): their last samples then share batches with none but each other's,
@@ -302,6 +353,7 @@ class TaskDataset(IterableDataset[Any]):
                     finished(task.task_id)
                 else:
                     open_.append(task)
+                    here[task.slot] = task
             if notes:
                 # the end a reader now honours goes to the loop ahead of the samples held
                 # here (all below it): the loop's progress reports name it (a split's
@@ -320,6 +372,7 @@ class TaskDataset(IterableDataset[Any]):
             except Exception as e:
                 ctrl.append(("error", task.task_id, task.token, _text(e)))
                 open_.remove(task)
+                here.pop(task.slot, None)
                 finished(task.task_id)
                 continue
             last = ahead is _END
@@ -327,6 +380,7 @@ class TaskDataset(IterableDataset[Any]):
             samples.append(sample)
             if last:
                 open_.remove(task)
+                here.pop(task.slot, None)
                 finished(task.task_id)
                 if pieces and task.task_id in pieces:
                     # a piece read to its end, or a task whose end moved (an "end" entry
@@ -373,14 +427,12 @@ class TaskDataset(IterableDataset[Any]):
             return _bounded(samples, ends, slot, lambda h: note(("end", task_id, token, str(h))))
 
         try:
-            if self.shuffle:
-                # the whole task in one order seeded by the job (name, seed), the pass
-                # and the task, the same in every trainer (a piece or a resumed task is a
-                # range of positions in it: progress counts them), so it is read from
-                # sample 0 and the first ``start`` are skipped
+            if order_key:
+                # the job's permutation of the task (the same in every trainer and reader:
+                # a piece or a resumed task is a range of positions in it, progress counts
+                # them), so it is read whole from sample 0 and the first ``start`` skipped
                 items = list(self.reader(chunks, 0))  # a read error surfaces here
-                order = list(range(len(items)))
-                random.Random(f"{order_key}:{task_id}").shuffle(order)
+                order = sample_order(order_key, len(items))
                 stop = len(items) if end is None else min(end, len(items))
                 return _Open(
                     task_id,
@@ -395,6 +447,17 @@ class TaskDataset(IterableDataset[Any]):
         except Exception as e:
             ctrl.append(("error", task_id, token, _text(e)))
             return None
+
+
+def _locked(units: Iterator[Unit], lock: threading.Lock) -> Iterator[Unit]:
+    """``units``, each made with ``lock`` held (``InProcess``: the feeder looks at the
+    reader only between them)."""
+    while True:
+        with lock:
+            unit = next(units, None)
+        if unit is None:
+            return
+        yield unit
 
 
 def _bounded(

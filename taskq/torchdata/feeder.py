@@ -29,12 +29,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from taskq.engine.contract import MAX_BATCH, MAX_HELD
+from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.core import Trainer
 
 from .. import errors
 from ..inputwait import InputMeter
 from ..models import Task
-from .dataset import TaskDataset
+from .dataset import InProcess, TaskDataset
 from .ledger import Ledger
 from .readahead import ReadAhead
 
@@ -75,6 +76,10 @@ class Feeder(threading.Thread):
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
         ends: the readers' cells of each task's current end (``Feed.ends``), written
             here when a task is split while read.
+        here: the in-process reader (``num_workers=0``): a moved end it will honour
+            exactly is reported without waiting for it (``InProcess``).
+        on_all_dead: "raise" (``AllTasksDead`` from the loop when every live task of
+            the pass is dead) or "wait" (a warning a minute until an operator acts).
     """
 
     def __init__(
@@ -93,6 +98,8 @@ class Feeder(threading.Thread):
         input_meter: InputMeter | None = None,
         spare: int = 1,
         ends: Any = None,
+        here: InProcess | None = None,
+        on_all_dead: str = "raise",
     ) -> None:
         super().__init__(daemon=True, name=f"taskq-feeder-{dataset.job}")
         self.dataset = dataset
@@ -100,7 +107,7 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends
+            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends, here
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
@@ -109,6 +116,8 @@ class Feeder(threading.Thread):
         self.after_pass = after_pass
         self.worker_id = worker_id
         self.hold_acks = hold_acks
+        self.on_all_dead = on_all_dead
+        self.all_dead: AllDeadWatch | None = None
         #: the loader's data-wait meter, sent with this iteration's trainer's heartbeats
         self.input_meter = input_meter
         #: when the main thread began waiting for a batch (monotonic), 0.0 when not
@@ -224,6 +233,8 @@ class Feeder(threading.Thread):
         ds = self.dataset
         # signals reach the main thread only: the loader handles SIGTERM there (signals.py)
         options = {k: v for k, v in ds.trainer_options.items() if k != "handle_signals"}
+        # the readers honour a task's range [start, end) and an end that moves
+        options.setdefault("ranges", True)
         self.trainer = Trainer(
             ds.job,
             url=ds.url,
@@ -234,15 +245,13 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
+        self.all_dead = AllDeadWatch(self.trainer.client.job(ds.job), self.on_all_dead)
         #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
         self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
         st = self.trainer.client.status(ds.job, summaries=0)
-        # every trainer of the job reads a task in one order (a piece or a resumed task
-        # is a range of positions in it): seeded by the job, not by this loader
-        self.ahead.order = f"{ds.job}:{st.config.get('seed', 0)}"
         self.ledger.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -253,6 +262,7 @@ class Feeder(threading.Thread):
 
     def _loop(self) -> None:
         assert self.trainer is not None and self.pass_no is not None
+        assert self.all_dead is not None
         trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
         last_poll = 0.0
         while True:
@@ -261,7 +271,8 @@ class Feeder(threading.Thread):
                 self._acks_since = time.monotonic()
             self._acks += new
             # a task split while read: its reader learns the end it moved to
-            self.ahead.sync_ends(self.ledger.held_map())
+            for t, tok, end in self.ahead.sync_ends(self.ledger.held_map()):
+                self.ledger.honour(t, tok, end)  # reported at once (the split confirmed)
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():
@@ -332,6 +343,8 @@ class Feeder(threading.Thread):
             self.ahead.started(starts)
             if got:
                 self._got_at = time.monotonic()
+                self.all_dead.moved_on()
+                self._nothing_to_lease(False)
                 self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
             if self._sizes and (starts or (got and not reserve)):
                 self.ledger.sizes(starts + ([] if reserve else got))
@@ -344,6 +357,11 @@ class Feeder(threading.Thread):
             st = trainer.client.status(job, summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
+            elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:
+                # nothing comes until an operator retries the dead tasks or cancels: say
+                # so (a warning a minute) or raise it in the loop (on_all_dead)
+                self.all_dead.seen(st.pass_no)
+                self._wait(0.5)
             elif st.pass_no > pass_no or (
                 st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
             ):
@@ -365,6 +383,9 @@ class Feeder(threading.Thread):
                 # end an iteration that found nothing for max_idle seconds
                 # (the readers read all they were given: a last partial batch goes out
                 # when they stop)
+                # its readers done with what they hold, the loop waits for appends (a
+                # partial batch in a worker holds the last task): not a wait for data
+                self._nothing_to_lease(reading <= 0 and not self.ahead.reserved)
                 idle = self.dataset.max_idle
                 if (
                     idle is not None
@@ -451,7 +472,19 @@ class Feeder(threading.Thread):
             except BaseException as e:  # the caller raises it
                 fut.set_exception(e)
 
+    def _nothing_to_lease(self, idle: bool) -> None:
+        """Mark the loop's meter while an open stream has nothing to lease and the readers
+        nothing left to read (inputwait.py counts the loop's wait then apart)."""
+        meter = self.input_meter
+        if meter is None:
+            return
+        if idle:
+            meter.idle_begin()
+        else:
+            meter.idle_end()
+
     def _end(self, state: str) -> str:
+        self._nothing_to_lease(False)
         self.phase = "end"
         if self.end_state is None:
             self.end_state = state

@@ -28,6 +28,9 @@ class IterationHost(Protocol):
     counts: Counter[str]
     persistent_workers: bool
 
+    def padding_weighted(self) -> bool:
+        """even_steps: a padding batch's loss is weighted (by an integration or the loop)."""
+
     def iteration_ended(self, state: str | None, done_pass: int | None) -> None:
         """Record why an iteration ended, and the pass it finished (None: not finished)."""
 
@@ -53,7 +56,10 @@ class ResumeHost(Protocol):
 
     dataset: Any
     acks: str
-    collective: bool
+
+    @property
+    def collective(self) -> bool:
+        """Whether ``state_dict()`` is a collective call now."""
 
     def commit(self) -> int:
         """Commit what the loop took so far."""

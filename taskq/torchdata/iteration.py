@@ -92,6 +92,9 @@ class TaskqIter:
         self._torch_end = False
         #: tasks cut here: (task, token) -> the end honoured (their later entries ignored)
         self._cut: dict[Pair, int] = {}
+        #: tasks whose reader said the end it honours: that end is the split's (reported,
+        #: it may confirm it past the point), so no cut of theirs follows
+        self._said: set[Pair] = set()
         #: split tasks being read and not cut yet: (task, token) -> the split point (a
         #: later split of another task they share batches with may cut both)
         self._points: dict[Pair, int] = {}
@@ -103,6 +106,9 @@ class TaskqIter:
         #: agreed that none has a batch
         self.even = even
         self._even_over = False
+        #: next() calls so far (even_steps checks, after the loop's first step, that
+        #: a padding batch's loss is weighted)
+        self._nexts = 0
         #: samples handed to the loop in this iteration
         self.samples = 0
         # dropped unfinished (a `break` out of the loop, or a parked feeder whose loader
@@ -164,6 +170,21 @@ class TaskqIter:
         assert even is not None
         if self._even_over:
             raise StopIteration
+        self._nexts += 1
+        loader = self.loader_ref()
+        if self._nexts == self.ahead + 2 and loader is not None and not loader.padding_weighted():
+            # every rank runs the same loop: all refuse at this call, none waits
+            self._even_over = True
+            try:
+                even.agree(False, failed=True)
+            except Exception:  # noqa: BLE001 - the group is broken: our error first
+                log.debug("even_steps: could not tell the other ranks", exc_info=True)
+            self._end(ack_taken=True, shutdown=True)
+            raise errors.InvalidInput(
+                "even_steps: the loop's first step read neither loader.loss_weight nor "
+                "loader.batch_is_padding; a rank out of data steps on a repeat of its last "
+                "batch, which would be trained twice: return loss * loader.loss_weight"
+            )
         batch, have = None, False
         if not self.ended:
             try:
@@ -380,6 +401,7 @@ class TaskqIter:
             if (t in reading or (t, tok) in upto)
             and upto.get((t, tok)) != -1
             and (t, tok) not in self._cut
+            and (t, tok) not in self._said
             and self.ledger.holds(t, tok)
         }
         if not points:
@@ -506,8 +528,11 @@ class TaskqIter:
             if kind in ("end", "done") and (task_id, token) in self._cut:
                 continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
-                if int(text) <= self._points.get((task_id, token), -1):
-                    del self._points[task_id, token]  # its reader stops at the point itself
+                # its reader's own end (at the point or past it, what it read) is the one
+                # reported: no cut of this task follows (the first end said is the split's,
+                # a point learnt later included)
+                self._points.pop((task_id, token), None)
+                self._said.add((task_id, token))
                 self.ledger.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):

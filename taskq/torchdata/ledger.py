@@ -269,14 +269,14 @@ class Ledger:
                 self.trainer.progress(task, task.start, None)
 
     def _size(self, task: Task) -> int | None:
-        """The task's size; a range that does not say it is counted only when the job
-        splits tails (the count is one more scan of it)."""
-        size = task_size(task.chunks)
-        if size is not None or not self.splits:
-            return size
+        """The task's size; when the job splits tails, measured where that is cheap (one
+        more scan of a local range: ``count_task``), a size its chunks declare checked
+        against the data (a split is made from the data's size, never a declared one)."""
+        if not self.splits:
+            return task_size(task.chunks)
         try:
             return count_task(task.chunks)
-        except errors.TaskqError as e:  # its reader says so when it reads it
+        except errors.TaskqError as e:  # its reader says so when it reads it: never split
             log.debug("task %s: not counted: %s", task.id, e)
             return None
 

@@ -20,12 +20,13 @@ from typing import Any, NamedTuple
 import torch.utils.data
 
 from taskq.engine.contract import MAX_HELD
+from taskq.trainer.alldead import check_mode
 from taskq.trainer.core import default_worker_id
 
 from .. import errors
 from ..inputwait import InputMeter
-from . import resume, signals
-from .dataset import END_SLOTS, NO_END, Feed, TaskDataset
+from . import frameworks, resume, signals
+from .dataset import END_SLOTS, NO_END, Feed, InProcess, TaskDataset
 from .even import EvenSteps
 from .feeder import PASS_OVER, Feeder
 from .iteration import TaskqIter
@@ -82,7 +83,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             drop_last apply per worker, in the worker).
         on_error: "fail" (a task whose reader fails is failed with the error text and
             the loop goes on) or "raise" (also raise ``CorruptData`` from the loop).
-        pass_end: "global" or "local" (see above).
+        pass_end: "global" or "local" (see above); unset: "local" with
+            ``even_steps``, else "global".
         acks: "taken" (a task is acked once the loop took its last sample, how far the
             loop got into the others is sent with the heartbeat) or "commit" (both wait
             for ``commit()`` or ``state_dict()``: a job restarted from its last
@@ -91,18 +93,31 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ``max(2, num_workers) * (interleave + 2)``).
         worker_id: the trainer's worker id (default ``host:pid:random``, kept for the
             loader's life).
-        ahead: batches the training loop fetches before it steps on the one it got
-            (Lightning's trainer: 1; docs/frameworks.md): the last ``ahead`` batches
-            handed out are not counted as taken (acks, progress, ``state_dict()``,
-            SIGTERM) until that many more were asked for; 0 for a plain loop.
+        ahead: batches the training loop fetches before it steps on the one it got:
+            the last ``ahead`` batches handed out are not counted as taken (acks,
+            progress, ``state_dict()``, SIGTERM) until that many more were asked for.
+            Unset: what the framework calling ``iter()`` needs (Lightning's ``fit``: 1,
+            frameworks.py), else 0 (a plain loop).
         collective: ``state_dict()`` is a collective call of the default
             ``torch.distributed`` process group (frameworks call it on every rank):
             every rank sends what it took, rank 0 checkpoints, all return its state.
+            Unset: when a framework calls ``state_dict()`` on each of several ranks
+            (Lightning, accelerate's ``save_state``, the HF Trainer).
         even_steps: every rank of the ``torch.distributed`` process group yields a
             batch at the same calls, and the iteration ends on all at the same call: a
-            rank whose pass is over before the others' repeats its last batch, marked
-            ``batch_is_padding``, until none has one (DDP under a loop without
-            ``Join``: Lightning, the HF Trainer; even.py). Needs ``pass_end="local"``.
+            rank whose pass is over before the others' repeats its last batch
+            (``loss_weight`` 0.0 for it) until none has one (DDP under a loop without
+            ``Join``; even.py). Unset: on under Lightning or the HF Trainer over
+            several ranks (which weight a repeat's loss by 0 themselves), else off.
+            Set in a loop of your own, the loop must weight its loss by
+            ``loader.loss_weight``: the loader refuses to go on past the first step
+            that did not read it. Needs ``pass_end="local"``.
+        on_all_dead: what the loop does when every live task of its pass is dead
+            (each failed ``max_failures`` times; the job waits for an operator):
+            ``"raise"`` (the default: ``AllTasksDead`` from the loop, naming the dead
+            tasks, their last error and ``taskq tasks retry JOB`` / ``taskq job cancel
+            JOB``: a training run does not hang in silence) or ``"wait"`` (that text as
+            a warning once a minute; the loop goes on once they are retried).
 
     Raises:
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
@@ -124,13 +139,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         collate_fn: Any = None,
         drop_last: bool = False,
         on_error: str = "fail",
-        pass_end: str = "global",
+        pass_end: str | None = None,
         acks: str = "taken",
         tasks_ahead: int | None = None,
         worker_id: str | None = None,
-        ahead: int = 0,
-        collective: bool = False,
-        even_steps: bool = False,
+        ahead: int | None = None,
+        collective: bool | None = None,
+        even_steps: bool | None = None,
+        on_all_dead: str = "raise",
         **torch_options: Any,
     ) -> None:
         if not isinstance(dataset, TaskDataset):
@@ -148,17 +164,21 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             )
         if on_error not in ("fail", "raise"):
             raise errors.InvalidInput(f"on_error must be 'fail' or 'raise', not {on_error!r}")
-        if pass_end not in _PASS_ENDS:
+        check_mode(on_all_dead)
+        if pass_end is not None and pass_end not in _PASS_ENDS:
             raise errors.InvalidInput(f"pass_end must be one of {_PASS_ENDS}, not {pass_end!r}")
         if acks not in _ACKS:
             raise errors.InvalidInput(f"acks must be one of {_ACKS}, not {acks!r}")
-        if even_steps and pass_end != "local":
-            raise errors.InvalidInput(
-                'even_steps needs pass_end="local": a rank waiting for the pass to end '
-                "everywhere cannot step beside the others"
-            )
-        if ahead < 0 or ahead > 8:
+        if ahead is not None and not 0 <= ahead <= 8:
             raise errors.InvalidInput(f"ahead must be in [0, 8], got {ahead}")
+        #: the settings given (None: inferred at each iter(), frameworks.py)
+        self._given: dict[str, Any] = {
+            "ahead": ahead,
+            "collective": collective,
+            "even_steps": even_steps,
+            "pass_end": pass_end,
+        }
+        settings = frameworks.settle(self._given, None)  # InvalidInput: a bad mix
         if batch_size is not None and batch_size < 1:
             raise errors.InvalidInput(f"batch_size must be >= 1 or None, got {batch_size}")
         if drop_last and batch_size is None:
@@ -175,12 +195,20 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.user_collate_fn = collate_fn
         self.user_drop_last = drop_last
         self.on_error = on_error
-        self.pass_end = pass_end
         self.acks = acks
-        self.ahead = ahead
-        self.collective = collective
-        self.even_steps = even_steps
-        self._even = EvenSteps() if even_steps else None
+        self.on_all_dead = on_all_dead
+        # what the running (or next) iteration does: settled again at each iter()
+        self.ahead = settings.ahead
+        self.pass_end = settings.pass_end
+        self.even_steps = settings.even_steps
+        #: the framework found at the last iter() (frameworks.py): "lightning",
+        #: "transformers", or None (its trainer is not kept: a DDP model it holds must
+        #: go before the process group, docs/frameworks.md)
+        self.framework: str | None = None
+        self._weighs_padding = False
+        #: the loop read ``loss_weight`` or ``batch_is_padding`` (even_steps' check)
+        self._padding_read = False
+        self._even: EvenSteps | None = None
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
         limit = MAX_HELD // 2
@@ -252,12 +280,34 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         return {} if cur is None else dict(cur.stepped[0])
 
     @property
+    def collective(self) -> bool:
+        """Whether ``state_dict()`` is a collective call now: as given, or inferred from
+        its caller (frameworks.py)."""
+        return frameworks.collective(self._given["collective"])
+
+    @property
     def batch_is_padding(self) -> bool:
         """``even_steps``: the batch the loop steps on is a repeat this rank yields
-        while the others still have batches (its samples were taken before). Multiply
-        its loss by 0 to step beside them without training it twice."""
+        while the others still have batches (its samples were taken before); see
+        ``loss_weight``."""
+        self._padding_read = True
         cur = self._current
         return cur is not None and cur.stepped[1]
+
+    @property
+    def loss_weight(self) -> float:
+        """The weight of the loss of the batch the loop steps on: 0.0 for a padding
+        batch (``even_steps``: a repeat of one already trained, stepped on beside the
+        other ranks), else 1.0. A loop of your own under ``even_steps`` returns
+        ``loss * loader.loss_weight``; Lightning's and the HF Trainer's losses are
+        weighted by the loader itself."""
+        return 0.0 if self.batch_is_padding else 1.0
+
+    def padding_weighted(self) -> bool:
+        """even_steps' check, after the loop's first step: is a padding batch's loss
+        weighted (by the framework's integration, or by the loop, which read
+        ``loss_weight`` or ``batch_is_padding``)?"""
+        return self._weighs_padding or self._padding_read
 
     def progress(self) -> PassProgress:
         """How far the job is through this loader's pass, over all trainers (a status
@@ -310,6 +360,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 "again) before the next iter()"
             )
         self.end_current()
+        self._settle()
         self._iteration_no += 1
         ds: TaskDataset = self.dataset  # type: ignore[assignment]
         if ds.trainer_options.get("handle_signals", True):
@@ -324,6 +375,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.user_collate_fn,
                 self.user_drop_last,
                 ends=[NO_END] * END_SLOTS,
+                here=InProcess(),
             )
         elif fresh or self._feed is None:
             if self._feed is not None and self._feed.tasks is not None:
@@ -350,14 +402,37 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
             ends=feed.ends,
+            here=feed.here,
+            on_all_dead=self.on_all_dead,
         )
         if self.num_workers == 0:
             feed.on_finished = feeder.wake
         feeder.start()
         # even_steps: every rank is here (an epoch's iter()); the agreement's group too
-        even = self._even if self._even is not None and self._even.start() else None
+        even = (
+            self._even
+            if self.even_steps and self._even is not None and self._even.start()
+            else None
+        )
         self._current = TaskqIter(self, torch_iter, feeder, feed, even)
         return self._current
+
+    def _settle(self) -> None:
+        """This iteration's settings: those given, the rest from the framework calling
+        ``iter()`` (frameworks.py), which also gets what it needs beside them.
+
+        Raises:
+            InvalidInput: a given setting the framework contradicts (one line).
+        """
+        fw = frameworks.detect()
+        settings = frameworks.settle(self._given, fw)
+        self.framework = None if fw is None else fw.kind
+        self.ahead, self.pass_end = settings.ahead, settings.pass_end
+        self.even_steps = settings.even_steps
+        self._weighs_padding = settings.weighs_padding
+        if settings.even_steps and self._even is None:
+            self._even = EvenSteps()
+        frameworks.install(fw, settings, self)
 
     def _worker_feed(self, iteration: int) -> Feed:
         """A new task queue and shared counters for a run of worker processes."""

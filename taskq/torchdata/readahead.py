@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from taskq.engine.contract import MAX_BATCH
 
 from ..models import Task
-from .dataset import END_SLOTS, NO_END, TaskMsg, stop_msg
+from .dataset import END_SLOTS, NO_END, InProcess, TaskMsg, stop_msg
 from .ledger import own_id
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class ReadAhead:
             the feeder at once and a slow loop should hold no more started work).
         ends: the readers' shared cells of each sent task's current end (``Feed.ends``;
             None: none, a task is read to the end it had when sent).
+        here: the in-process reader (``Feed.here``; None: worker processes).
     """
 
     def __init__(
@@ -58,8 +59,10 @@ class ReadAhead:
         interleave: int,
         spare: int = 1,
         ends: Any = None,
+        here: InProcess | None = None,
     ) -> None:
         self.tasks = tasks
+        self.here = here
         self.readers = readers
         self.finished = finished
         self.iteration = iteration
@@ -75,9 +78,6 @@ class ReadAhead:
         self._tail_ids: set[int] = set()
         #: a task's name in the messages (its id; a sharded job's: the job-wide id)
         self.key: Callable[[Task], int] = own_id
-        #: what seeds the order of samples inside a task, with its pass and id: the job's
-        #: name and seed (set by the feeder), the same in every trainer of the job
-        self.order = ""
         self._dispatched = 0
         self._stopped = False
         #: the end cells: the readers' array, each sent task's cell, the free ones
@@ -146,8 +146,8 @@ class ReadAhead:
         key = self.key(task)
         end = task.end if end is None else end
         slot = self._slot(key, task.token, end)
-        order = f"{self.order}:{task.pass_no}"
-        msg = (self.iteration, key, task.token, order, task.chunks, start, end, slot)
+        # the task's sample order, the job's (Task.order: '' the chunks')
+        msg = (self.iteration, key, task.token, task.order or "", task.chunks, start, end, slot)
         if to_tail:
             self._tail_ids.add(key)
             self.tail.put(msg)
@@ -169,11 +169,15 @@ class ReadAhead:
         self._slots[key] = (slot, token, cell)
         return slot
 
-    def sync_ends(self, held: dict[int, Task]) -> None:
+    def sync_ends(self, held: dict[int, Task]) -> list[tuple[int, int, int]]:
         """Write the held tasks' ends that moved (a split while they are read) to their
-        readers' cells; free the cells of tasks no longer held."""
+        readers' cells; free the cells of tasks no longer held. Returns the (task, token,
+        end) an in-process reader between batches will honour (``InProcess``): their
+        reports go out now (each confirms a split, lib/split.lua)."""
+        honoured: list[tuple[int, int, int]] = []
         if not self._slots:
-            return
+            return honoured
+        here = self.here
         for key, (slot, token, written) in list(self._slots.items()):
             task = held.get(key)
             if task is None or task.token != token:
@@ -184,7 +188,19 @@ class ReadAhead:
             if end != written:
                 self._ends[slot] = end
                 self._slots[key] = (slot, token, end)
-                self.moved.append((key, token, end))
+                # an in-process reader between batches told its first end honours it at
+                # its next check, max(end, that position): said now, for it (no cut of
+                # what the loop holds: the reader's own note says the same end)
+                at = (
+                    here.next_check(slot, key, token)
+                    if here is not None and written == NO_END and end != NO_END
+                    else None
+                )
+                if at is None:
+                    self.moved.append((key, token, end))
+                else:
+                    honoured.append((key, token, max(end, at)))
+        return honoured
 
     def stop_readers(self) -> None:
         """Tell every reader that no more tasks come (once)."""

@@ -65,14 +65,20 @@ class Trainer:
         input_meter: the meter of the loop's data wait to send with the heartbeats
             (``taskq.torch.DataLoader`` gives its own); a new one when None. Iterating the
             trainer times each ``next()``; ``heartbeat="process"`` does not send it.
-        split_tails: take part in tail splitting (docs/design.md, "Tail splitting"): a
-            task whose loop reads up to ``task.end`` as it moves
-            (``read_task(task.chunks, task.start, end=task.current_end)``) sends its size
+        ranges: the loop reads the range ``[task.start, task.end)`` of each task in its
+            sample order (``read_task(task)``, which follows ``task.current_end``), so it
+            may be handed a piece of a task split at a pass's tail, and with
+            ``split_tails`` its own tasks may be split (docs/design.md, "Tail splitting").
+            False (the default): the loop is taken to read whole tasks (``for task in
+            trainer: train_on(task.chunks)``): it is never handed a piece, never splits
+            another's task, and its own are never split. Declared at register.
+        split_tails: with ``ranges``, take part in tail splitting: a task whose loop
+            reads up to ``task.end`` as it moves (``read_task(task)``) sends its size
             with its progress, so at a pass's tail an idle trainer may take its unread
             end; the end moves with the replies to the progress reports. A loop that
-            never asks ``task.current_end`` is never split. False: its tasks are never
-            split, and a piece handed to it whose split is still pending is released at
-            once.
+            never asks ``task.current_end`` is never split. False: the loop honours the
+            range it was handed but not an end that moves: its tasks are never split, and
+            a piece handed to it whose split is still pending is released at once.
         home: a sharded job's only: the home shard's index (the next in turn when None).
         idle_wait: a sharded job's only: seconds the first idle round waits for work
             before looking at the other shards again; it doubles while nothing comes, up
@@ -80,6 +86,12 @@ class Trainer:
             stay bounded).
         max_idle_wait: a sharded job's only: the longest wait between two looks at the
             other shards.
+        on_all_dead: what a loop (``for task in trainer``, ``passes()``, ``batches()``)
+            does while the job waits because every live task of its pass is dead:
+            ``"wait"`` (the default: a warning naming the dead tasks, their last error
+            and the commands to retry them or cancel the job, once a minute; the loop
+            goes on as soon as they are retried: a fleet of workers needs no restart)
+            or ``"raise"`` (``AllTasksDead`` with that text, from the loop).
 
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
@@ -112,10 +124,12 @@ class Trainer:
         handle_signals: bool = True,
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
+        ranges: bool = False,
         split_tails: bool = True,
         home: int | None = None,
         idle_wait: float = 0.5,
         max_idle_wait: float = 5.0,
+        on_all_dead: str = "wait",
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
@@ -132,6 +146,8 @@ class Trainer:
             "reconnect_timeout": reconnect_timeout,
             "input_meter": input_meter,
             "split_tails": split_tails,
+            "on_all_dead": on_all_dead,
+            "ranges": ranges,
         }
         check_name(job)  # a bad name: InvalidInput before anything is sent
         # where leases come from, chosen once from the job's record: a plain job's one

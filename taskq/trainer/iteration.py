@@ -23,6 +23,7 @@ from taskq.engine.connection import Connection
 from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.models import Task
+from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.calls import (
     DRAINING,
     JOB_CANCELLED,
@@ -57,6 +58,7 @@ class Iteration:
         heartbeat: Heartbeat,
         prefetch: int,
         input_meter: InputMeter,
+        on_all_dead: str = "wait",
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -70,6 +72,8 @@ class Iteration:
         self._heartbeat = heartbeat
         self.prefetch = prefetch
         self.input_meter = input_meter
+        #: a loop with nothing to lease because every live task is dead says so
+        self.all_dead = AllDeadWatch(PlainJob(connection, self.job), on_all_dead)
 
     # -- lease / lease_many --------------------------------------------------------
     def lease(self, timeout: float, expect_pass: int | None, acks: Sequence[Task]) -> Task | None:
@@ -158,7 +162,16 @@ class Iteration:
         timeout = min(bound_s, _MAX_BLOCK_S) if bound_s > 0 else _MAX_BLOCK_S
         if timeout <= 0:
             return
-        self._wire.wait(gen_, timeout)
+        # holding nothing, the loop waits for tasks, not for data: an open stream's
+        # appends or a pass's last tasks held by others (inputwait.py counts it apart)
+        idle = not self._leases.held()
+        if idle:
+            self.input_meter.idle_begin()
+        try:
+            self._wire.wait(gen_, timeout)
+        finally:
+            if idle:
+                self.input_meter.idle_end()
 
     # -- iteration ----------------------------------------------------------------
     def iterate(self, expect_pass: int | None) -> Iterator[Task]:
@@ -232,7 +245,16 @@ class Iteration:
                 self._release_reserved()
                 return
             if not got and not starts and not bad:
+                self._note_all_dead()
                 retrying(self.wait, r.wait_s if r.wait_s > 0 else _MAX_BLOCK_S, r.gen)
+
+    def _note_all_dead(self) -> None:
+        """Nothing to lease: if every live task is dead, say so (or raise)."""
+        view = self._view
+        if view.state == "waiting" and view.reason == "all_dead":
+            self.all_dead.seen(view.pass_no)
+        else:
+            self.all_dead.moved_on()
 
     def _release_reserved(self) -> None:
         reserved = self._leases.reserved()
@@ -272,5 +294,7 @@ class Iteration:
                 if batch:
                     meter.leave()
                     yield batch
+                else:
+                    self._note_all_dead()
         finally:
             meter.stop()

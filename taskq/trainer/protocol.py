@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from taskq import errors
-from taskq.data import task_size
+from taskq.data import order_key, task_size
 from taskq.engine.connection import Connection, name_connection, trainer_conn_name, translate
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
@@ -52,12 +52,16 @@ def decode_info(raw: Sequence[Any]) -> JobInfo:
 
 
 class Registered(NamedTuple):
-    """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info, mix}``."""
+    """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info, sample order,
+    seed, mix}``."""
 
     job_incarnation: str
     ttl_s: float
     heartbeat_interval_s: float
     info: JobInfo
+    #: the job's sample order: "" the chunks', "shuffled" (``taskq.data.sample_order``)
+    sample_order: str = ""
+    seed: int = 0
     #: a mixed job's sources (docs/mixing.md), None for any other job
     mix: MixSpec | None = None
 
@@ -216,6 +220,9 @@ class Wire:
         self._info: tuple[Any, JobInfo | None] = (None, None)
         #: a mixed job's sources, learned at register (``task.source``)
         self.mix: MixSpec | None = None
+        #: the job's seed when its samples are shuffled (register says), else None: the
+        #: tasks built here carry their order (``Task.order``)
+        self.seed: int | None = None
 
     def run(self, verb: str, args: list[Any]) -> Any:
         """One verb's raw reply.
@@ -235,9 +242,13 @@ class Wire:
         ttl_ms: int,
         host: str,
         pid: int,
+        reads: str = "w",
     ) -> Registered:
         """Join the job as ``worker_id`` under a new ``incarnation`` whose lease secret is
         ``secret`` (at least 16 characters; every later write of the incarnation sends it).
+        ``reads``: what its loop honours of a lease (``w`` whole tasks, ``r`` the range
+        it is handed, ``s`` that range and an end that moves; lib/workers.lua). The job's
+        sample order comes back: the tasks this wire builds carry it (``Task.order``).
 
         Returns:
             The job's incarnation, the worker's ttl and heartbeat interval, the job's info.
@@ -249,18 +260,23 @@ class Wire:
         with translate(self.client.url):
             cid = name_connection(self.client.redis, incarnation)  # until the 1st heartbeat
         reply = self.run(
-            "register", [job_incarnation, worker_id, incarnation, ttl_ms, host, pid, secret, cid]
+            "register",
+            [job_incarnation, worker_id, incarnation, ttl_ms, host, pid, secret, cid, reads],
         )
-        mix = MixSpec.from_json(reply[5]) if len(reply) > 5 and reply[5] else None
+        mix = MixSpec.from_json(reply[7]) if len(reply) > 7 and reply[7] else None
         # (a task's source is named from its id: the sources' ranges of this incarnation)
         self.mix = mix
-        return Registered(
+        reg = Registered(
             str(reply[1]),
             int(reply[2]) / 1000.0,
             int(reply[3]) / 1000.0,
             decode_info(reply[4]),
+            str(reply[5]) if len(reply) > 5 else "",
+            int(reply[6]) if len(reply) > 6 else 0,
             mix,
         )
+        self.seed = reg.seed if reg.sample_order == "shuffled" else None
+        return reg
 
     def step(
         self,
@@ -310,6 +326,7 @@ class Wire:
             info = decode_info(raw_info)
             self._info = (raw_info, info)
         pass_no, job, chunks_key = info.pass_no, self.job, self.keys.chunks
+        seed = self.seed
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
         # one row per task: {id, token, attempt, chunks_json, started, start[, end]};
@@ -334,6 +351,8 @@ class Wire:
                 task.split_pending = n > 7 and int(row[7]) == 1
             if self.mix is not None:
                 task.source = self.mix.source_of(task.id)
+            if seed is not None:  # a job whose samples are shuffled: the task's order
+                task.order = order_key(job, seed, pass_no, task.id)
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)

@@ -51,17 +51,25 @@ class JobView:
         self.gen = 0
         self.pass_no = 0
         self.state = "running"
+        #: why the job waits (``state == "waiting"``): manual_advance, all_dead, ...
+        self.reason = ""
         self.draining = False
         self._skipped_gen = -1
 
     def note(self, info: JobInfo | Sequence[Any]) -> None:
         """Apply a reply's (pass, gen, state, reason)."""
         pass_no, gen, state = info[0], info[1], info[2]  # typed already (decode_info)
-        if gen == self.gen and state == self.state and pass_no <= self.pass_no:
+        reason = info[3] if len(info) > 3 else ""
+        if (
+            gen == self.gen
+            and state == self.state
+            and reason == self.reason
+            and pass_no <= self.pass_no
+        ):
             return  # what is noted already (most replies): applying it would change nothing
         with self._lock:
             if gen >= self.gen:
-                self.state = state
+                self.state, self.reason = state, reason
             self.gen = max(self.gen, gen)
             self.pass_no = max(self.pass_no, pass_no)
 
@@ -139,6 +147,9 @@ class Session:
         # every write and kept in this process alone (Redis keeps a digest); never
         # logged, never given to a child process
         self.creds: tuple[str, str] = ("", "")
+        #: what the loop honours of a lease, sent at every register: "w" whole tasks, "r"
+        #: the range it is handed, "s" that range and an end that moves (lib/workers.lua)
+        self.reads = "w"
         self.ttl_s = 0.0
         self.heartbeat_interval = 0.0
         self.last_contact = time.monotonic()
@@ -173,6 +184,7 @@ class Session:
             self._own_ttl_ms,
             socket.gethostname(),
             os.getpid(),
+            self.reads,
         )
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s

@@ -41,6 +41,7 @@ from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys, shard_set_key
 from taskq.models import JobStatus, Task
+from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.heartbeat import HeartbeatReply
 from taskq.trainer.session import default_worker_id, retrying
 from taskq.trainer.worker import Worker
@@ -102,6 +103,8 @@ class ShardedWorker:
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
+        on_all_dead: str = "wait",
+        ranges: bool = False,
     ) -> None:
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise errors.InvalidInput(f"prefetch must be in [0, {MAX_PREFETCH}], got {prefetch}")
@@ -111,6 +114,8 @@ class ShardedWorker:
         self._raw_url = raw_url
         self.sset = sset
         self._handle = ShardedJob(connection, sset)
+        #: an idle round of a job whose every live task is dead says so (or raises)
+        self._all_dead = AllDeadWatch(self._handle, on_all_dead)
         self.shards = sset.shards
         if home is None:
             seq = self._retrying(self._next_home_seq)
@@ -131,6 +136,7 @@ class ShardedWorker:
             "worker_ttl": worker_ttl,
             "reconnect_timeout": reconnect_timeout,
             "split_tails": split_tails,
+            "ranges": ranges,
         }
         #: sent by the home shard's worker only
         self.input_meter = input_meter if input_meter is not None else InputMeter()
@@ -574,6 +580,10 @@ class ShardedWorker:
             self._state = state
             return True
         # a job with no live task at all waits for a retry, as a plain job does
+        if reason == "all_dead":
+            self._all_dead.seen(pass_no)
+        else:
+            self._all_dead.moved_on()
         if reason != "all_dead" and all(_at_rest(s) for s in sts):
             # every shard waits at a boundary: the barrier step (it does nothing while a
             # checkpoint's cut holds the barrier lock: the next round tries again)

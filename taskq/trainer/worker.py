@@ -66,12 +66,18 @@ class Worker:
         reconnect_timeout: float = 60.0,
         input_meter: InputMeter | None = None,
         split_tails: bool = True,
+        on_all_dead: str = "wait",
+        ranges: bool = False,
     ) -> None:
         self.job = job
         wire = Wire(connection, job)
         self.keys: JobKeys = wire.keys
         # each part checks its own arguments (InvalidInput) before anything is sent
         self._session = session = Session(wire, job, worker_id, worker_ttl, reconnect_timeout)
+        # what the loop honours of a lease, declared at register (lib/workers.lua reads_of):
+        # whole tasks, the range it is handed, or that range with an end that moves
+        session.reads = ("s" if split_tails else "r") if ranges else "w"
+        split_tails = session.reads == "s"
         self.worker_id = session.worker_id
         mode = heartbeat_mode(heartbeat, raw_url)
         # the loop's data wait, sent with the heartbeat (a given one: the torch loader's)
@@ -86,7 +92,16 @@ class Worker:
         )
         self._calls = calls = Calls(wire, session, leases, view, progress, beat, split_tails)
         self._iter = Iteration(
-            connection, wire, session, leases, view, calls, beat, prefetch, self.input_meter
+            connection,
+            wire,
+            session,
+            leases,
+            view,
+            calls,
+            beat,
+            prefetch,
+            self.input_meter,
+            on_all_dead,
         )
         self._closed = False
         # a worker started while Redis is away (a pod scheduled during a restart) waits

@@ -13,7 +13,7 @@
 -- worker's, as in lease.lua).
 -- Reads come before the checks (no write does): ids equal to the job's incarnation and to
 -- the worker's record, both checked when they were written, need no second check (the
--- checks of three ids were ~10 k instructions per call, bench/README.md).
+-- checks of three ids were ~10 k instructions per call, bench/HISTORY.md).
 local rcall, sfind, ssub, ltype = redis.call, string.find, string.sub, type
 local load_meta, mget, mincr = lib.meta.load_meta, lib.meta.mget, lib.meta.mincr
 local arg_enum, arg_id, arg_int, arg_len, arg_pairs, args_bad =

@@ -3,16 +3,22 @@
 -- current pass (after its own order: passes.lua perm_fn) and every later one. A chunk
 -- whose id an append was given before is skipped, so a producer's retry adds nothing
 -- twice. Grouped chunks_per_task to a task, the last group of a call shorter (as create's).
+-- A source (a file: its chunks always the same, in the same order) is recorded with how
+-- many of its chunks went in, from its start, in the same call as they go in; a chunk
+-- below that is skipped. The record outlives the tasks' trim (their ids go with them),
+-- so a producer that restarts mid-source adds nothing twice; the job keeps the last
+-- SOURCES_KEEP sources appended to (docs/streams.md, "Exactly once across restarts").
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
--- ARGV: job_inc ('' = any), with_ids (1|0), n (1..APPEND_MAX chunks), then per chunk its
---       id (with_ids: 1-1024 bytes) and its JSON
+-- ARGV: job_inc ('' = any), with_ids (1|0), n (1..APPEND_MAX chunks), source ('' = none,
+--       else 1-1024 bytes), at (the source's index of the first chunk here), then per
+--       chunk its id (with_ids: 1-1024 bytes) and its JSON
 -- returns: {OK, tasks_added, chunks_skipped, first_task, backlog};
 --   {FULL, 0, chunks_skipped, backlog, max_backlog, last_event_id} when the new tasks
 --   would take the backlog (live tasks not done this pass) past max_backlog: nothing
 --   written, the caller waits for acks (events after that id) or gives up;
 --   {INVALID, why} for a sealed stream; JOB_CANCELLED.
-local rcall, mmax, mmin, mfloor, tconcat, unpk, lipairs =
-  redis.call, math.max, math.min, math.floor, table.concat, unpack, ipairs
+local rcall, mmax, mmin, mfloor, tconcat, unpk, lipairs, tonum =
+  redis.call, math.max, math.min, math.floor, table.concat, unpack, ipairs, tonumber
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
@@ -24,14 +30,16 @@ local live_tasks = lib.passes.live_tasks
 arg_id(ARGV[1], 'job_inc', true)
 local with_ids = arg_enum(ARGV[2], 'with_ids', '0 1') == '1'
 local n = arg_int(ARGV[3], 'n', 1, APPEND_MAX)
+local source = arg_text(ARGV[4], 'source', 1024)
+local src_at = arg_int(ARGV[5], 'at', 0, 4294967295)
 local per = 1
 if with_ids then per = 2 end
-arg_len(ARGV, 3 + n * per)
+arg_len(ARGV, 5 + n * per)
 local bad = args_bad()
 if bad then return bad end
 local bytes = 0
 for k = 0, n - 1 do
-  local at = 4 + k * per
+  local at = 6 + k * per
   if with_ids then
     local id = arg_text(ARGV[at], 'id', 1024)
     if id == '' then arg_fail('id', 'empty', id) end
@@ -54,11 +62,13 @@ if mget(F.STREAM) == 'sealed' then
   return done({C.INVALID, 'the stream is sealed: nothing is appended to it any more'})
 end
 local appids = K_APPIDS
+-- the source's chunks below this went in before
+local src_done = source ~= '' and tonum(rcall('HGET', K_SOURCES, source) or '0') or 0
 local fresh, fresh_ids, seen, skipped = {}, {}, {}, 0
 for k = 0, n - 1 do
-  local at = 4 + k * per
+  local at = 6 + k * per
   local id = with_ids and ARGV[at]
-  if id and (seen[id] or rcall('HEXISTS', appids, id) == 1) then
+  if src_at + k < src_done or (id and (seen[id] or rcall('HEXISTS', appids, id) == 1)) then
     skipped = skipped + 1
   else
     fresh[#fresh + 1] = ARGV[at + per - 1]
@@ -69,7 +79,21 @@ local cpt = mmax(1, mnum(F.CPT))
 local ntasks = math.ceil(#fresh / cpt)
 local backlog = mmax(0, live_tasks() - mnum(F.NDONE))
 local n0 = mnum(F.N)
-if ntasks == 0 then return done({C.OK, 0, skipped, n0, backlog}) end
+-- The source's record moves to the end of this call's chunks when they follow on from it
+-- (a call past a gap records nothing: the chunks of the gap are not known to be in).
+local function note_source()
+  if source == '' or src_at > src_done or src_at + n <= src_done then return end
+  rcall('HSET', K_SOURCES, source, fmt(src_at + n))
+  rcall('ZADD', K_SRCSEQ, mincr(F.SRC_SEQ), source)
+  if rcall('ZCARD', K_SRCSEQ) > SOURCES_KEEP then
+    local old = rcall('ZPOPMIN', K_SRCSEQ)
+    if old[1] then rcall('HDEL', K_SOURCES, old[1]) end
+  end
+end
+if ntasks == 0 then
+  note_source()
+  return done({C.OK, 0, skipped, n0, backlog})
+end
 local max_backlog = mnum(F.MAX_BACKLOG)
 if max_backlog > 0 and backlog + ntasks > max_backlog then
   local last = rcall('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
@@ -98,6 +122,7 @@ if #idf > 0 then
   end
   rcall('HSET', K_APPIDX, unpk(idx))
 end
+note_source()
 rcall('ZADD', K_APPENDS, n0, fmt(n0) .. ':' .. now_s())
 mput(F.N, n0 + ntasks)
 mincr(F.NCHUNKS, #fresh)

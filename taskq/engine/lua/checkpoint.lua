@@ -30,7 +30,7 @@ local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local dead_empty = lib.leases.dead_empty
-local cut_splits = lib.split.cut_splits
+local cut_splits = lib.pieces.cut_splits
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
@@ -94,10 +94,22 @@ if step == 'begin' then
     ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
     pn = tonum(mget(F.PN) or '') or mnum(F.N),  -- the order's size; n: the append position
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
-    -- the lowest task not done at the cut: a stream is never trimmed past it (trim.lua)
+    -- the lowest task not done at the cut
     low = mmin(rcall('BITPOS', K_DONE, 0), mnum(F.N)),
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),
   }
+  if (mget(F.STREAM) or '') ~= '' then
+    -- a stream is never trimmed past the lowest task neither done nor dead at the cut,
+    -- and the dead ones below it keep their records (trim.lua): at most ASIDE_MAX of them
+    local p, n, below = rec.low, mnum(F.N), {}
+    while p < n and #below < ASIDE_MAX and rcall('GETBIT', K_DEADBITS, p) == 1 do
+      below[#below + 1] = p
+      local nx = rcall('BITPOS', K_DONE, 0, p + 1, -1, 'BIT')
+      if nx < 0 then nx = mmax(p + 1, rcall('STRLEN', K_DONE) * 8) end
+      p = mmin(nx, n)
+    end
+    rec.low_live, rec.dead_below = p, below
+  end
   rcall('HSET', K_CKPT, id, cjson.encode(rec))
   mset(F.CK_OPEN, id)
   return done({C.OK, rec.pages, rec.unfinished})

@@ -10,8 +10,10 @@
 -- REREGISTER, counted forged, and neither renews the worker nor revokes anything.
 -- The optional input wait (taskq/inputwait.py) is the training loop's data wait since the
 -- worker's last answered beat: 'i' then n, wait_us, step_us, recent_wait_us,
--- recent_step_us (the worker's own last minute) and the 13 bucket counts of its waits
--- (inputwait.WAIT_BOUNDS_S), which sum to n; its first byte tells it from a connection id.
+-- recent_rest_us (the worker's own last minute: its steps and idle), the 13 bucket counts of its waits
+-- (inputwait.WAIT_BOUNDS_S), which sum to n, and idle_us (the loop's wait while its trainer
+-- had nothing to lease: a stream's appends; not in wait_us); its first byte tells it from
+-- a connection id.
 -- It is added to the job's totals (F.IW), its last two 60 s windows (F.IW_WIN) and its
 -- three worst trainers (F.IW_WORST): a few fields, whatever the number of trainers.
 local rcall, tonum, smatch, sfind, sbyte, mmin, mfloor, tconcat, ltype, lipairs =
@@ -43,15 +45,15 @@ if ltype(iw_arg) == 'string' and sbyte(iw_arg, 1) == 105 then  -- 'i'
     and not sfind(iw_arg, ',,', 1, true)
   if ok then
     for d in string.gmatch(iw_arg, '%d+') do
-      if #iw > 18 or #d > 15 then ok = false; break end
+      if #iw > 19 or #d > 15 then ok = false; break end
       iw[#iw + 1] = d + 0
     end
   end
   local sum = 0
-  if ok and #iw == 18 then for k = 6, 18 do sum = sum + iw[k] end end
-  if not ok or #iw ~= 18 or sum ~= iw[1] then
-    arg_fail('input wait', 'not n,wait,step,recent wait,recent step and 13 counts summing to n',
-      iw_arg)
+  if ok and #iw == 19 then for k = 6, 18 do sum = sum + iw[k] end end
+  if not ok or #iw ~= 19 or sum ~= iw[1] then
+    arg_fail('input wait',
+      'not n,wait,step,recent wait,recent step, 13 counts summing to n and idle', iw_arg)
   end
 end
 local conn = arg_opt_conn(ARGV, at)
@@ -65,24 +67,27 @@ if ws == 'forged' then forged(nil, worker, nil, 'heartbeat') end
 if ws == 'lost' or ws == 'forged' then return done({C.REREGISTER, {}, job_info()}) end
 set_conn(worker, winc, conn)  -- this call's connection (CLIENT ID), if sent
 if iw then
-  -- rec: "[start_ms,]n,wait_us,step_us,<13 counts>" (nil or malformed: zeros), with this
-  -- beat's figures added; `start`: a window's start, kept first. Only the numbers that
-  -- change are parsed and formatted again (a formatting costs ~0.5 us: most buckets get 0)
+  -- rec: "[start_ms,]n,wait_us,step_us,<13 counts>,idle_us" (nil or malformed: zeros; one
+  -- made before idle_us: idle 0), with this beat's figures added; `start`: a window's
+  -- start, kept first. Only the numbers that change are parsed and formatted again (a
+  -- formatting costs ~0.5 us: most buckets get 0)
   local stored = rcall('HMGET', K_META, N.IW, N.IW_WIN, N.IW_WORST)
   local function plus(rec, start)
     local nums, k, base = {}, 0, start and 1 or 0
     if rec then
       for d in string.gmatch(rec, '[^,]+') do
         k = k + 1
-        if k > 17 then break end
+        if k > 18 then break end
         nums[k] = d
       end
     end
-    if k ~= base + 16 then
-      for j = 1, base + 16 do nums[j] = '0' end
+    if k == base + 16 then
+      nums[base + 17] = '0'
+    elseif k ~= base + 17 then
+      for j = 1, base + 17 do nums[j] = '0' end
     end
     if start then nums[1] = fmt(start) end
-    for j = 1, 16 do
+    for j = 1, 17 do
       local add = iw[j <= 3 and j or j + 2]
       if add ~= 0 then nums[base + j] = fmt((tonum(nums[base + j]) or 0) + add) end
     end

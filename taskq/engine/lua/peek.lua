@@ -19,7 +19,7 @@ local counts_empty, dead_empty, lease_is_current, parse_lease =
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.lease_is_current,
   lib.leases.parse_lease
 local perm_fn = lib.passes.perm_fn
-local waiting_tails = lib.split.waiting_tails
+local waiting_tails = lib.pieces.waiting_tails
 local state = arg_enum(ARGV[1], 'state', 'todo leased done dead')
 local cursor = arg_text(ARGV[2], 'cursor', 24)
 local count = arg_int(ARGV[3], 'count', 1, PAGE_MAX)

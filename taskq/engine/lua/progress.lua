@@ -29,7 +29,7 @@ local arg_secret, forged, is_forged =
 local end_lease, holds_secret, lease_for =
   lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for
 local to_front = lib.endings.to_front
-local offered, split_rec = lib.split.offered, lib.split.split_rec
+local offered, split_rec = lib.pieces.offered, lib.pieces.split_rec
 local reclaim = lib.reclaim.reclaim
 arg_id(ARGV[1], 'job_inc', true)
 local worker, winc = arg_id(ARGV[2], 'worker'), arg_id(ARGV[3], 'winc')
@@ -76,7 +76,8 @@ for k = 1, n do
     -- a piece of a split task (lib/split.lua): the tail's report goes to the split record
     -- (a pending tail's is answered -2: read nothing yet); while the split is pending a
     -- head's report past the split point wins (the point moves up to it, the tail's start
-    -- with it) and one naming the point as its known end confirms it; once confirmed, a
+    -- with it) and one naming the point, or an end past it, as its known end confirms it
+    -- there; once confirmed, a
     -- claim past the point is capped there (counted re-read)
     local rec, s = samples, split_rec(task)
     local upto = s and s.m or tonum(size or '')  -- where the server's record ends its piece
@@ -100,7 +101,17 @@ for k = 1, n do
       end
       rec, ends[k], starts[k] = nil, s.cf and s.n or -2, s.tp
     elseif s then
-      if not s.cf and samples > s.m then
+      local honours = tonum(known or '')
+      if not s.cf and honours and honours > s.m and honours >= samples then
+        -- the head's reader read past the point before it learnt it and honours the end
+        -- it names: the point moves up to that end, confirmed by this report (waiting
+        -- for the loop's progress to get there held the tail's taker a batch or two)
+        s.m = mmin(honours, s.n)
+        s.tp, s.cf = s.m, true
+        split_rec(task, s)
+        event('split_moved', 'task', task, 'at', fmt(s.m))
+        offered(task)
+      elseif not s.cf and samples > s.m then
         s.m = mmin(samples, s.n)
         s.tp = s.m
         split_rec(task, s)

@@ -13,7 +13,7 @@ local arg_id, arg_int, arg_len, arg_task, args_bad =
 local broadcast, event, wake_one = lib.events.broadcast, lib.events.event, lib.events.wake_one
 local done, open_job = lib.call.done, lib.call.open_job
 local recount_done = lib.passes.recount_done
-local retried_split = lib.split.retried
+local retried_split = lib.pieces.retried
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)
 for k = 1, n do arg_task(ARGV[2 + k], 'task') end
@@ -39,7 +39,7 @@ for _, task in lipairs(ids) do
     -- live again, so it must be acked in this attempt: a done bit (never set on a dead
     -- task, by construction) is cleared and the count made the set's size again
     if rcall('SETBIT', K_DONE, task, 0) == 1 then was_done = was_done + 1 end
-    -- (a split task with its head acked: its tail alone, lib/split.lua)
+    -- (a split task: each piece not acked, from its own progress, lib/split.lua)
     if mnum(F.P_BACKUPS) == 0 or retried_split(task) then
       CALL.FRONT_EMPTY = false
       rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)

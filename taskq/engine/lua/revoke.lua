@@ -12,7 +12,7 @@ local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local end_lease, lease_is_current, other_lease, parse_lease =
   lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.other_lease, lib.leases.parse_lease
-local split_ended, split_rec = lib.split.split_ended, lib.split.split_rec
+local split_ended, split_rec = lib.split.split_ended, lib.pieces.split_rec
 local to_front = lib.endings.to_front
 arg_id(ARGV[1], 'job_inc', true)
 local task = arg_task(ARGV[2], 'task')

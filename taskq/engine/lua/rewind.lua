@@ -41,7 +41,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.check_pass_end, lib.passes.dead_and_done, lib.passes.drop_pass_sets,
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
-local restore_split, split_rec = lib.split.restore_split, lib.split.split_rec
+local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
 local mix_kept = lib.mix.mix_kept
 local function head_acked(task)
   local s = split_rec(task)
@@ -111,7 +111,7 @@ if step == 'begin' then
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
     F.PSTART, fmt(CALL.NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
-    F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0)
+    F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0, F.SROUND, '')
   CALL.STATE = 'waiting'
   event('rewind_started', 'checkpoint', id, 'round', CALL.ROUND, 'revoked', fmt(revoked))
   broadcast()

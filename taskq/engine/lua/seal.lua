@@ -1,10 +1,11 @@
 #!lua
 -- seal: close a stream job: nothing more is appended, and its pass ends (the job
--- completes, after its last pass) once every task appended is done. Idempotent.
+-- completes, after its last pass) once every task appended is done; a stream of no task
+-- completes at the seal. Idempotent: a sealed stream is left as it is, and says so.
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any)
--- returns: {OK, tasks} (the tasks appended in all); {INVALID, why} for a job that is not a
---   stream; JOB_CANCELLED
+-- returns: {OK, tasks, already} (the tasks appended in all; already 1: it was sealed
+--   before, nothing changed); {INVALID, why} for a job that is not a stream; JOB_CANCELLED
 local mget, mnum, mset = lib.meta.mget, lib.meta.mnum, lib.meta.mset
 local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
 local event = lib.events.event
@@ -15,16 +16,16 @@ arg_len(ARGV, 1)
 local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
-if err then return done({err, 0}) end
-if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0}) end
+if err then return done({err, 0, 0}) end
+if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 local stream = mget(F.STREAM) or ''
 if stream == '' then
   return done({C.INVALID, 'not a stream job (create it with stream=True / --stream)'})
 end
-if stream == 'open' then
-  mset(F.STREAM, 'sealed')
-  event('stream_sealed', 'tasks', mget(F.N))
-  -- every task appended may be done already: the pass ends here, not at a later ack
-  check_pass_end()
-end
-return done({C.OK, mnum(F.N)})
+if stream ~= 'open' then return done({C.OK, mnum(F.N), 1}) end
+mset(F.STREAM, 'sealed')
+event('stream_sealed', 'tasks', mget(F.N))
+-- every task appended may be done already (or none was appended): the pass ends here,
+-- not at a later ack
+check_pass_end()
+return done({C.OK, mnum(F.N), 0})

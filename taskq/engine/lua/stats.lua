@@ -8,7 +8,7 @@
 local rcall, tonum, mfloor = redis.call, tonumber, math.floor
 local fmt = lib.meta.fmt
 local arg_fail, arg_int, args_bad = lib.args.arg_fail, lib.args.arg_int, lib.args.args_bad
-local waiting_tails = lib.split.waiting_tails
+local waiting_tails = lib.pieces.waiting_tails
 if #ARGV > 64 then arg_fail('ARGV', 'more than 64 bounds', #ARGV) end
 local bounds = {}
 for k = 1, #ARGV do bounds[k] = arg_int(ARGV[k], 'bound', 0, 31536000) end

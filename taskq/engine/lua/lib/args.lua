@@ -41,7 +41,7 @@ local function arg_opt_conn(argv, i)
 end
 
 -- (The checks run on every call of the hot verbs, ~65 k instructions of an ack's ~800 k
--- before they were made cheaper, bench/README.md: patterns with find, not match, which
+-- before they were made cheaper, bench/HISTORY.md: patterns with find, not match, which
 -- makes a string of the match; a checked string of digits converted by arithmetic, one
 -- strtod, where tonumber makes two; a class scan anchored, not tried at every position.)
 

@@ -13,7 +13,8 @@ local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, m
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.member, lib.leases.next_token,
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
-local split_rec, take_split = lib.split.split_rec, lib.split.take_split
+local split_rec, take_split, whole_ok = lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok
+local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
 local mix_flush = lib.mix.mix_flush
 local add_starts = lib.progress.add_starts
@@ -114,6 +115,16 @@ local function avoided(task, worker)
   return true
 end
 
+-- Whether the caller may lease `task` (from the front or by a steal): a head piece of a
+-- split task only if its loop honours ranges, else only whole (split.lua whole_ok, which
+-- may undo the split). One HGET when a split was made in this pass attempt, else none.
+local READS = nil  -- per call: the caller's reads_of
+local function piece_ok(task, worker, winc)
+  if mnum(F.P_BACKUPS) == 0 or not split_rec(task) then return true end
+  if READS == nil then READS = reads_of(worker, winc) end
+  return READS ~= 'w' or whole_ok(task)
+end
+
 -- (buf: a batch's writes, whose records it reads first)
 local function is_free(task, buf)
   if not dead_empty() and rcall('SISMEMBER', K_DEAD, task) == 1 then return false end
@@ -189,7 +200,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
     steps = steps + 1
     local task = popped[1]
     local free = is_free(task, buf)
-    if free and avoided(task, worker) then
+    if free and (avoided(task, worker) or not piece_ok(task, worker, winc)) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then
       local solo = not counts_empty() and rcall('HGET', K_COUNTS, 's:' .. task) == '1'
@@ -226,7 +237,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       local l = parse_lease(rcall('HGET', K_LEASES, task))
       -- (never the other piece of a split task the caller holds a piece of: avoided)
       if lease_is_current(l) and l.st == 'R' and not (l.worker == worker and l.winc == winc)
-          and not avoided(task, worker) then
+          and not avoided(task, worker) and piece_ok(task, worker, winc) then
         end_lease(task, l, 'S')
         mincr(F.C_STOLEN)
         event('stolen', 'task', task, 'from', l.worker, 'by', worker)
@@ -344,6 +355,7 @@ local function reset()
   OTHERS_ALIVE = nil
   AVOID_UNTIL = nil
   BACKUP_AT = nil
+  READS = nil
 end
 
 return {lease_part = lease_part, reset = reset}

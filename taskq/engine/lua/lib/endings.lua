@@ -16,7 +16,7 @@ local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.other_lease, lib.leases.parse_lease,
   lib.leases.progress_empty, lib.leases.recompute_auto_timeout, lib.leases.start_due
 local split_dead, split_ended, split_rec, tail_stands =
-  lib.split.split_dead, lib.split.split_ended, lib.split.split_rec, lib.split.tail_stands
+  lib.pieces.split_dead, lib.split.split_ended, lib.pieces.split_rec, lib.pieces.tail_stands
 
 local function to_front(task)
   CALL.FRONT_EMPTY = false
@@ -124,7 +124,7 @@ end
 -- The ends end_held applies (ack, fail, release), with its arguments.
 -- An ack's counts: n acks, `fresh` of them set a done bit, `ms` their task times' sum, med
 -- the streaming median after them. A batch's (buf.acks, end_held) are gathered and made
--- once: ~8 k instructions an ack when each made its own, bench/README.md.
+-- once: ~8 k instructions an ack when each made its own, bench/HISTORY.md.
 local function acks_counted(n, fresh, ms, med)
   if fresh > 0 then mincr(F.NDONE, fresh) end
   mincr(F.DUR_SUM, ms)

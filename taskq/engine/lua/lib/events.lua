@@ -16,7 +16,7 @@ local fmt, mget, mincr, mnum, mput =
 -- the tokens the same way; EVORDER the kinds in the order each first came, EVT.n of them.
 -- The tables are sized by their constructors for the kinds there are, and a kind of one
 -- task makes no list: built one field at a time, an ack's buffer was ~10 tables and as
--- many rehashes per call, bench/README.md.)
+-- many rehashes per call, bench/HISTORY.md.)
 local EVT = {n = 0, worker = false, pass = false, acked = false, started = false, leased = false, reserved = false, piece_acked = false}  -- per call
 local EVK = {acked = false, started = false, leased = false, reserved = false, piece_acked = false}  -- per call
 local EVORDER = {false, false, false, false, false}  -- per call
@@ -67,7 +67,7 @@ local function event_task(kind, task, worker, token)
   end
 end
 -- A batch's tasks of one kind at once (tasks, tokens: lists, which the entry keeps): one
--- call for the batch, not one per task (~4.9 k instructions each, bench/README.md).
+-- call for the batch, not one per task (~4.9 k instructions each, bench/HISTORY.md).
 local function event_tasks(kind, tasks, tokens, worker)
   local n, t = #tasks, EVT
   if n < 2 or t[kind] then  -- (one task, or a kind begun already: one by one)
@@ -87,7 +87,7 @@ end
 local HBUF = {}  -- per call
 -- A histogram ('dur' or 'late') keeps its buckets in the hist hash; its sum is a meta field
 -- (written with the meta the call writes anyway) and its count the buckets' sum: one
--- HINCRBY per observation rather than three (bench/README.md, "Hot-path pass 3").
+-- HINCRBY per observation rather than three (bench/HISTORY.md, "Hot-path pass 3").
 -- (nosum: the caller adds ms, returned, to the sum: an ack's, endings.lua acks_counted)
 -- The hist hash's field of each bucket ('dur:1', ...), made once: a number concatenated
 -- into a string goes through the C library's float printer (~1.4 k instructions an ack).

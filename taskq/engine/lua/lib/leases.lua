@@ -22,13 +22,13 @@ local round_s = lib.call.round_s
 -- A lease record as a table; rs / sinces / calls / attempts are the record's own strings
 -- (written back as they are), round its number. Only the round is compared on every call,
 -- so the other numbers are left as strings (tonumber where used: each conversion is a
--- strtod, bench/README.md), and the round is converted only when it is not the current one.
+-- strtod, bench/HISTORY.md), and the round is converted only when it is not the current one.
 -- A caller that names the holder it expects (worker, winc, tok: checked ids, so no '|' in
 -- them) has the record's head compared as one string when it is that holder's current
 -- lease, and only the rest matched (the whole pattern was ~half of an ack's record work).
 -- (into: a table to fill rather than one made, for that holder's record: a batch's acks,
 -- endings.lua end_held, each used before the next; a table of 11 fields is ~4.4 k
--- instructions to make, bench/README.md)
+-- instructions to make, bench/HISTORY.md)
 local function parse_lease(rec, worker, winc, tok, into)
   if not rec then return nil end
   if sbyte(rec, 1) == 76 then  -- 'L'
@@ -104,7 +104,7 @@ end
 
 -- The auto task timeout: 10 x the p99 of task durations (histogram "dur"), at least 60 s.
 -- (The buckets in one HMGET, their sum the count: every 20th ack reads them, and one
--- command per bucket was about 5 % of an ack's server time, bench/README.md.)
+-- command per bucket was about 5 % of an ack's server time, bench/HISTORY.md.)
 local function recompute_auto_timeout()
   local bounds = HIST_BOUNDS
   local fields = {}
@@ -219,7 +219,7 @@ end
 -- leases it ended in nl (nr of them reserved), counted once (end_held). lw_flush
 -- writes them, one command each, in the order one lease's writes go (the removals, then
 -- the records, then the additions); nothing reads those keys between. A batch of 16 wrote
--- them one command per lease: ~3.5 k instructions each beyond its work, bench/README.md.
+-- them one command per lease: ~3.5 k instructions each beyond its work, bench/HISTORY.md.
 local function lw_new()
   return {p = {}, h = {}, o = {}, s = {}, r = {}, oa = {}, sa = {}, ra = {}, nl = 0, nr = 0}
 end

@@ -9,7 +9,7 @@ local rcall, tonum, sfind, ssub, sformat, sbyte, unpk, ltype, lpairs =
 
 -- An integer (every number but the streaming median dur_med) is formatted with '%d': the
 -- same digits as '%.0f', which glibc runs through its multi-precision float printer at
--- several times the cost (about 5 % of a hot call's instructions, bench/README.md).
+-- several times the cost (about 5 % of a hot call's instructions, bench/HISTORY.md).
 local function fmt(n)
   if n % 1 == 0 and n <= 9007199254740992 and n >= -9007199254740992 then
     return sformat('%d', n)
@@ -22,7 +22,7 @@ end
 -- at the end of the call (flush, through done()): a script is atomic, so nobody sees the
 -- difference. Not HGETALL: the hash has ~60 fields and the reply's conversion into Lua
 -- (a string and a table slot per field and name) cost more than naming the ~32 needed
--- (bench/README.md).
+-- (bench/HISTORY.md).
 -- A field is known by its slot, F.<NAME> (an integer, library.py META_SLOTS; META_NAMES
 -- [slot] is its name): the hot ones are slots 1..31 in the HMGET's order, so the reply is
 -- the cache M itself, and the tables below are arrays over those slots (META_FALSES, written

@@ -137,7 +137,8 @@ local function start_pass(p, kind)
   flush_events()  -- the step entry so far is the last pass's (event_task)
   mset(F.PASS, p, F.CURSOR, 0, F.PN, mget(F.N), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
-    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '')
+    F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',
+    F.SROUND, '')
   if kind ~= 'pass_reset' then mset(F.P_RESETS, 0) end
   CALL.STATE = 'running'
   event(kind, 'round', CALL.ROUND)
@@ -152,17 +153,22 @@ local function set_waiting(reason)
   broadcast()
 end
 
--- Ends the current pass (kind: completed | skipped) and moves on as configured.
-local function finish_pass(kind)
+-- Ends the current pass (kind: completed | skipped) and moves on as configured; `last`:
+-- the job completes whatever its passes (a sealed stream of no task: a pass would read
+-- nothing).
+local function finish_pass(kind, last)
   save_summary(kind)
   mset(F.LAST_PASS_MS, fmt(CALL.NOW - mnum(F.PSTART)))
   event('pass_' .. kind, 'done', mget(F.NDONE))
   local p = mnum(F.PASS)
   local passes = mnum(F.PASSES)
-  if passes >= 0 and p + 1 >= passes then
+  if last or (passes >= 0 and p + 1 >= passes) then
+    -- the attempt's pieces and progress stand (a retry reopens it: what its dead tasks
+    -- had read is not read again, what was acked stays acked), recorded under its round
+    if (mget(F.SROUND) or '') == '' then mset(F.SROUND, CALL.ROUND) end
     CALL.ROUND = mincr(F.ROUND)  -- nothing written under the last round is current any more
     mset(F.STATE, 'completed', F.REASON, '', F.NLEASED, 0, F.NRESERVED, 0)
-    rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED, K_PROGRESS)
+    rcall('UNLINK', K_FRONT, K_OWNED, K_DEADLINES, K_RESERVED, K_STARTED)
     CALL.STATE = 'completed'
     event('job_completed')
     broadcast()
@@ -185,7 +191,8 @@ local function check_pass_end()
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
   if live == 0 then
-    set_waiting('all_dead')
+    -- no task at all (a sealed stream nothing was appended to): nothing to wait for
+    if mnum(F.N) == 0 then finish_pass('completed', true) else set_waiting('all_dead') end
     return
   end
   local wrong = dead_and_done(true)

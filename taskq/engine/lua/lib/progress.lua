@@ -4,7 +4,7 @@
 local rcall, tonum, unpk, lipairs = redis.call, tonumber, unpack, ipairs
 local mincr, mnum = lib.meta.mincr, lib.meta.mnum
 local progress_empty = lib.leases.progress_empty
-local split_rec = lib.split.split_rec
+local split_rec = lib.pieces.split_rec
 
 -- Fills each granted row's start (element 6): the samples the task's earlier holders of
 -- this pass attempt recorded as taken; a row starting past 0 counts as resumed. A piece

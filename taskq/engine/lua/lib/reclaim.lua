@@ -18,7 +18,7 @@ local remove_worker = lib.workers.remove_worker
 -- only ever set below it by a new worker, a task started with a timeout shorter than a
 -- second (`due_by`) or a shorter auto timeout (recompute_auto_timeout); touching a worker
 -- only moves its deadline later. A task's deadline is its start (the started zset's
--- score) + the current task timeout. bench/README.md has the measurement.
+-- score) + the current task timeout. bench/HISTORY.md has the measurement.
 local function reclaim(budget, force)
   if not force and CALL.JNOW <= mnum(F.DUE) then return 0, false end
   local did, more = 0, false

@@ -3,17 +3,16 @@
 -- recorded progress p and the task's size n (recorded by the holder with its progress,
 -- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
 -- point m (p < m < n: halfway, m = p + ceil((n - p) / 2), or weighed by the holder's pace
--- against a typical task's, below) is chosen. The holder's piece is [start, m)
--- (its lease, field <task>), the new piece [m, n) gets its own fenced lease in field
--- "b:<task>" (the backup slot: a task is split or backed up, never both), its own progress
--- and ack. The split record, field "s:<task>" of the leases hash, is
---   "round|m|n|head_acked|tail_acked|tail_progress|confirmed"
--- and stands for this round only. The split is pending until the head's holder shows it
--- knows m (a progress report naming m as its known end, or the head's lease ending
--- without an ack): a pending tail's holder reads nothing yet; a head's report past m
--- while pending wins (m moves up to it, up to n: nothing left for the tail); a head
--- acked while pending read the whole task (the tail is revoked, the split undone). So no
--- sample is read by both holders, whatever the holder read since its last report.
+-- against a typical task's, below) is chosen. The pieces are the pass attempt's record of
+-- the task's work: the head [0, m) and the tail [m, n), each its own fenced lease, kept
+-- in the split record by lib/pieces.lua (which a death, a retry, a checkpoint, a rewind
+-- and the audit read and write). The split is
+-- pending until the head's holder shows it knows m (a progress report naming m as its
+-- known end, or the head's lease ending without an ack), and its tail is leased to nobody
+-- until then (a piece is leased to be read): a head's report past m while pending wins (m
+-- moves up to it, up to n: nothing left for the tail, which is then acked by
+-- construction); a head acked while pending read the whole task (the split is undone).
+-- So no sample is read by both holders, whatever the holder read since its last report.
 -- The done bit is set when both pieces are acked; a piece that ends without an ack goes
 -- back: the head to the front (re-leased from the task's progress up to m), the tail to
 -- the orphans (field "s:orph", re-leased from its progress up to n). A task is split at
@@ -21,133 +20,19 @@
 -- is still in flight: the tail stands for it in nleased (not counted in todo, and an idle
 -- trainer's wait stays bounded), from the head's ack (or the orphan's lease) to the
 -- tail's end. docs/design.md, "Tail splitting".
-local rcall, tonum, smatch, sfind, ssub, mmin, tconcat, lipairs =
-  redis.call, tonumber, string.match, string.find, string.sub, math.min, table.concat, ipairs
+local rcall, tonum, smatch, mmin, lipairs = redis.call, tonumber, string.match, math.min, ipairs
 local fmt, mget, mincr, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum
 local event, event_task, wake_one = lib.events.event, lib.events.event_task, lib.events.wake_one
 local now_s, round_s = lib.call.now_s, lib.call.round_s
-local end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
-  lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member, lib.leases.next_token,
-  lib.leases.other_lease, lib.leases.parse_lease
+local dead_empty, end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
+  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member,
+  lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
+local reads_of = lib.workers.reads_of
 
--- A tail piece whose head is acked stands for its task (since: its lease's start, NOW ms)
--- in nleased and in the started index, where the reaper's task timeout finds it
--- (reclaim.lua); since nil: it no longer does (its lease ended).
-local function tail_stands(task, since)
-  if since then
-    mincr(F.NLEASED)
-    rcall('ZADD', K_STARTED, mmin(CALL.JNOW, since - mnum(F.OFFSET)), task)
-  else
-    mincr(F.NLEASED, -1)
-    rcall('ZREM', K_STARTED, task)
-  end
-end
-
--- The task's split record of this round, or nil (one HGET, only in a pass attempt that
--- granted a backup or a piece); with `s`, writes it.
-local function split_rec(task, s)
-  if s then
-    rcall('HSET', K_LEASES, 's:' .. task, round_s() .. '|' .. fmt(s.m) .. '|' .. fmt(s.n)
-      .. '|' .. (s.hd and '1' or '0') .. '|' .. (s.td and '1' or '0') .. '|' .. fmt(s.tp)
-      .. '|' .. (s.cf and '1' or '0'))
-    return s
-  end
-  if mnum(F.P_BACKUPS) == 0 then return nil end
-  local rec = rcall('HGET', K_LEASES, 's:' .. task)
-  if not rec then return nil end
-  local r, m, n, hd, td, tp, cf = smatch(rec,
-    '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  if not r or r ~= round_s() then return nil end
-  return {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
-          cf = cf == '1'}
-end
-
--- The tasks split in this round (field "s:all": "round|task task ...", at most MAX_SPLITS,
--- what a checkpoint's cut reads: cut_splits); with `task`, adds it. Returns the count
--- and the list's body.
-local function split_list(task)
-  local rec = rcall('HGET', K_LEASES, 's:all')
-  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
-  if r ~= round_s() then body = '' end
-  local count = 0
-  for _ in string.gmatch(body, '%d+') do count = count + 1 end
-  if task then
-    body = body == '' and task or body .. ' ' .. task
-    count = count + 1
-    rcall('HSET', K_LEASES, 's:all', round_s() .. '|' .. body)
-  end
-  return count, body
-end
-
--- The orphaned tail pieces of this round (field "s:orph": "round|task task ..."): the
--- first ten as a list, and the rest as they are written (bounded work per call, however
--- many are orphaned); with `list` (and `rest`), writes them.
-local function split_orphans(list, rest)
-  if list then
-    local body = tconcat(list, ' ')
-    if rest and rest ~= '' then body = body == '' and rest or body .. ' ' .. rest end
-    rcall('HSET', K_LEASES, 's:orph', round_s() .. '|' .. body)
-    return list
-  end
-  local out = {}
-  local rec = rcall('HGET', K_LEASES, 's:orph')
-  if not rec then return out, '' end
-  local r, body = smatch(rec, '^([^|]*)|(.*)$')
-  if r ~= round_s() then return out, '' end
-  local pos = 1
-  for _ = 1, 10 do
-    local a, b = sfind(body, '%d+', pos)
-    if not a then break end
-    out[#out + 1] = ssub(body, a, b)
-    pos = b + 1
-  end
-  return out, smatch(ssub(body, pos), '^ *(.-) *$')
-end
-
--- The tail pieces waiting among the orphans to be leased again (stale entries left out,
--- each task once; at most MAX_SPLITS looked at), for the readers (stats.lua, peek.lua):
--- {task ids}, and of them how many are beside a current head lease (their task is
--- counted leased: todo beside nleased). Read-only.
-local function waiting_tails()
-  local ids, beside = {}, 0
-  if mnum(F.P_BACKUPS) == 0 then return ids, beside end
-  local rec = rcall('HGET', K_LEASES, 's:orph')
-  local r, body = smatch(rec or '', '^([^|]*)|(.*)$')
-  if r ~= round_s() then return ids, beside end
-  local seen, cand = {}, {}
-  for t in string.gmatch(body, '%d+') do
-    if not seen[t] then
-      seen[t] = true
-      cand[#cand + 1] = t
-      if #cand >= MAX_SPLITS then break end
-    end
-  end
-  for _, t in lipairs(cand) do
-    local sp = split_rec(t)
-    -- (a pending one is no todo: the head's holder may still read the whole task)
-    if sp and not sp.td and sp.cf
-        and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
-      ids[#ids + 1] = t
-      if lease_is_current(parse_lease(rcall('HGET', K_LEASES, t))) then beside = beside + 1 end
-    end
-  end
-  return ids, beside
-end
-
--- A tail piece is free to lease from now (field "o:<task>": JNOW ms): it went back, or
--- its split was confirmed (progress.lua). What left_to_others counts from.
-local function offered(task)
-  rcall('HSET', K_LEASES, 'o:' .. task, fmt(CALL.JNOW))
-end
-
--- A tail piece goes back: to the orphans, whoever asks next may lease it (take_split).
-local function orphan(task)
-  offered(task)
-  local orph, rest = split_orphans()
-  if rest == '' then orph[#orph + 1] = task else rest = rest .. ' ' .. task end
-  split_orphans(orph, rest)
-end
-
+local tail_stands, is_dead, split_rec, split_list, split_orphans, offer_of, offered, orphan, left_to_claimant =
+  lib.pieces.tail_stands, lib.pieces.is_dead, lib.pieces.split_rec, lib.pieces.split_list,
+  lib.pieces.split_orphans, lib.pieces.offer_of, lib.pieces.offered, lib.pieces.orphan,
+  lib.pieces.left_to_claimant
 -- A worker's pace (samples per ms) as the last split of one of its tasks in this round
 -- measured it (field "v:<worker>": "round|pace x 1e6"; workers.lua drops it with the
 -- worker), or nil; with `pace`, records it.
@@ -170,19 +55,38 @@ end
 local function left_to_others(t, sp, worker)
   local v, med = pace_of(worker), mnum(F.DUR_MED) / 1000
   if not v or med <= 0 or 2 * v >= sp.n / med then return nil end
-  local at = (tonum(rcall('HGET', K_LEASES, 'o:' .. t) or '') or 0)
-    + math.max(1000, 2 * mnum(F.HBI))
+  local at = offer_of(t) + math.max(1000, 2 * mnum(F.HBI))
   if at <= CALL.JNOW or rcall('ZCOUNT', K_WORKERS, CALL.JNOW, '+inf') < 2 then return nil end
   return at
 end
 
--- The split half of take_leases: an orphaned tail piece first, else a new split of the
--- longest-running started task of another trainer (at most 10 looked at). Returns the
--- reply row with its start, end and whether it is pending (elements 6 to 8; add_starts
--- leaves them) or nil, and then when a tail left to others may be taken (JNOW ms, or nil).
+-- A trainer measured slow (under half a typical task's pace, as in left_to_others) makes
+-- no new split while another worker is alive: it would read the piece at its own pace,
+-- where the holder, or an idle trainer splitting later, reads it faster (a straggler that
+-- split a queued task of 100 and took its tail of 33 held the pass 4 s past the others).
+local function measured_slow(worker, n)
+  local v, med = pace_of(worker), mnum(F.DUR_MED) / 1000
+  return v ~= nil and med > 0 and 2 * v < n / med
+    and rcall('ZCOUNT', K_WORKERS, CALL.JNOW, '+inf') >= 2
+end
+
+-- The split half of take_leases: an orphaned tail piece first (a confirmed one: a piece
+-- is leased to be read), else a new split of the longest-running started task of another
+-- trainer (at most 10 looked at), which is not granted: its tail waits among the orphans,
+-- pending, until the head's holder confirms the point (progress.lua; or its lease ends
+-- without an ack, or its ack undoes the split), and is then offered to whoever asks (a
+-- waiter is woken). So no piece is granted that its taker cannot read at once, and none
+-- is handed back and forth between idle trainers while its split is pending. Returns the
+-- reply row with its start and end (elements 6 and 7; add_starts leaves them, element 8,
+-- pending, is 0) or nil, and then when to come back (JNOW ms, or nil): a tail left to
+-- others may be taken then, or a split just made may be confirmed by then.
 -- (cn: the call number's digits)
 local function take_split(worker, winc, cn)
   if mget(F.SPLIT) == '0' then return nil end
+  -- a piece only to a loop that honours it, a split only by and of one that follows a
+  -- moving end (workers.lua reads_of)
+  local kind = reads_of(worker, winc)
+  if kind == 'w' then return nil end
   local task, s, attempts, back = nil, nil, nil, nil
   if mnum(F.P_BACKUPS) > 0 then
     -- (bounded work: the first 10 entries are looked at, the rest kept as they are)
@@ -191,16 +95,15 @@ local function take_split(worker, winc, cn)
     for _, t in lipairs(orph) do
       local sp = split_rec(t)
       local b = sp and parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))
-      local h = sp and not sp.td and not lease_is_current(b)
+      -- (a dead task's piece is leased by nobody: a retry brings it back)
+      local h = sp and not sp.td and not lease_is_current(b) and not is_dead(t)
         and (parse_lease(rcall('HGET', K_LEASES, t)) or {})
-      -- (never both pieces to one worker: they share its owned entry; a pending piece
-      -- not to the worker that handed it back unconfirmed: the head's holder may be busy
-      -- (a DDP rank blocked in a collective on this one), and this one must be free to
-      -- end its pass)
-      local wait = h and not task and left_to_others(t, sp, worker)
+      -- (never both pieces to one worker: they share its owned entry; a pending piece to
+      -- nobody: it stays with the head's holder until it is confirmed)
+      local wait = h and sp.cf and not task
+        and (left_to_claimant(t, worker) or left_to_others(t, sp, worker))
       if wait and (not back or wait < back) then back = wait end
-      if h and not task and not wait and not (lease_is_current(h) and h.worker == worker)
-          and (sp.cf or not b or b.worker ~= worker) then
+      if h and sp.cf and not task and not wait and not (lease_is_current(h) and h.worker == worker) then
         task, s, attempts = t, sp, (b and b.attempts) or '1'
         event('piece_leased', 'task', t, 'worker', worker, 'from', fmt(sp.tp), 'to', fmt(sp.n))
       elseif h then
@@ -210,16 +113,18 @@ local function take_split(worker, winc, cn)
     if #keep < #orph then split_orphans(keep, rest) end
   end
   if not task then
-    for _, t in lipairs(rcall('ZRANGE', K_STARTED, 0, 9)) do
+    -- (a new split only by a caller that follows a moving end: the pending tail waits)
+    for _, t in lipairs(kind == 's' and rcall('ZRANGE', K_STARTED, 0, 9) or {}) do
       local l = parse_lease(rcall('HGET', K_LEASES, t))
       if lease_is_current(l) and l.st == 'S' and l.worker ~= worker and not split_rec(t)
+          and reads_of(l.worker, l.winc) == 's'
           and (mnum(F.P_BACKUPS) == 0 or split_list() < MAX_SPLITS)
           and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. t))) then
         local n = tonum(rcall('HGET', K_LEASES, 'n:' .. t) or '')
         local p = tonum(rcall('HGET', K_PROGRESS, t) or '0') or 0
         -- a holder whose liveness runs a heartbeat interval more at least (one that went
         -- silent could not learn its end: the tail would wait for its lease to expire)
-        local dl = n and n - p >= 2
+        local dl = n and n - p >= 2 and not measured_slow(worker, n)
           and tonum(rcall('ZSCORE', K_WORKERS, l.worker .. '|' .. l.winc) or '')
         if dl and dl - CALL.JNOW >= mnum(F.HBI) then
           -- the split point: halfway, or by pace where it is known so that both pieces
@@ -232,26 +137,31 @@ local function take_split(worker, winc, cn)
           local med, ran = mnum(F.DUR_MED) / 1000, CALL.NOW - (tonum(l.sinces) or CALL.NOW)
           if med > 0 and ran > 0 and l.attempts == '1' then
             local typical = n / med
-            local vh, vt = p > 0 and pace_of(l.worker, p / ran) or 0, pace_of(worker) or typical
+            -- (a holder that has not begun its task: its pace as measured before, if any)
+            local vh = p > 0 and pace_of(l.worker, p / ran) or pace_of(l.worker) or 0
+            local vt = pace_of(worker) or typical
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
           end
-          task, attempts = t, l.attempts
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
-          s = split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
+          split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
           split_list(t)
           mincr(F.C_SPLITS)
           event('split', 'task', t, 'worker', worker, 'of', l.worker, 'at', fmt(m),
             'size', fmt(n), 'progress', fmt(p))
+          -- (pending: among the orphans, leased once confirmed; the caller comes back
+          -- within a heartbeat interval, by when the holder's report should confirm it)
+          orphan(t, worker)
+          local at = CALL.JNOW + mnum(F.HBI)
+          if not back or at < back then back = at end
           break
         end
       end
     end
-    if not task then return nil, back end
-  else
-    mincr(F.P_BACKUPS)
-    if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
+    return nil, back
   end
+  mincr(F.P_BACKUPS)
+  if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   local tok = next_token()
   rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
     .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
@@ -259,7 +169,7 @@ local function take_split(worker, winc, cn)
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)
-  return {tonum(task), tok, tonum(attempts) or 1, false, 1, s.tp, s.n, s.cf and 0 or 1}
+  return {tonum(task), tok, tonum(attempts) or 1, false, 1, s.tp, s.n, 0}
 end
 
 -- A piece of a split task ended: acked (true when the task is now done: both pieces
@@ -275,16 +185,23 @@ local function split_ended(task, l, acked, worker, tok)
       -- lease ends as 'U' (undone), not counted revoked, and its holder's release of it
       -- (often under way: it hands a pending piece back) is a quiet repeat, not stale
       local o = other_lease(task, l)
-      if o then
-        end_lease(task, o, 'U')
-        event('split_undone', 'task', task, 'worker', o.worker)
-      end
+      if o then end_lease(task, o, 'U') end
+      event('split_undone', 'task', task)
       s.m, s.tp, s.hd, s.td, s.cf = s.n, s.n, true, true, true
       split_rec(task, s)
       return true
     end
     if l.backup then s.td = true else s.hd = true end
     split_rec(task, s)
+    if not l.backup and s.td and s.m >= s.n then
+      -- the head read to the task's end (its point moved there): a tail piece still out
+      -- holds nothing; it ends as undone, not revoked
+      local o = other_lease(task, l)
+      if o then
+        end_lease(task, o, 'U')
+        event('split_undone', 'task', task, 'worker', o.worker)
+      end
+    end
     if s.hd and s.td then
       if l.backup then tail_stands(task, nil) end  -- the tail stood for its task
       return true, true
@@ -301,9 +218,12 @@ local function split_ended(task, l, acked, worker, tok)
     orphan(task)
   else
     -- the head's next holder starts from its recorded progress and is told the split
-    -- point in its lease: the split stands (confirmed)
+    -- point in its lease: the split stands (confirmed), its tail, pending among the
+    -- orphans until now, is offered
+    local was = s.cf
     s.cf = true
     split_rec(task, s)
+    if not was and not s.td then offered(task) end
     CALL.FRONT_EMPTY = false
     rcall('ZADD', K_FRONT, mincr(F.FSEQ), task)
   end
@@ -312,55 +232,4 @@ local function split_ended(task, l, acked, worker, tok)
   return true
 end
 
--- A split task died: its record stays when a piece of it was acked (a retry brings back
--- the rest only: retried), else it goes (the task is retried whole).
-local function split_dead(task)
-  local s = split_rec(task)
-  if s and not ((s.hd or s.td) and s.cf) then rcall('HDEL', K_LEASES, 's:' .. task) end
-end
-
--- Where a retried task goes: its tail piece to the orphans when its head was acked (the
--- split record kept by split_dead), else the front (true).
-local function retried(task)
-  local s = split_rec(task)
-  if not (s and s.hd) then return true end
-  orphan(task)
-  return false
-end
-
--- A checkpoint's cut of this round's splits: {field, value} pairs for its progress copy,
--- "s<task>" = "m/n/head acked/tail acked/tail progress", of each confirmed split of a task
--- not done (a pending one's tail read nothing: the head's progress says it all).
-local function cut_splits()
-  local out = {}
-  if mnum(F.P_BACKUPS) == 0 then return out end
-  local _, body = split_list()
-  for t in string.gmatch(body, '%d+') do
-    local s = split_rec(t)
-    if s and s.cf and not (s.hd and s.td) then
-      out[#out + 1] = 's' .. t
-      out[#out + 1] = fmt(s.m) .. '/' .. fmt(s.n) .. '/' .. (s.hd and '1' or '0') .. '/'
-        .. (s.td and '1' or '0') .. '/' .. fmt(s.tp)
-    end
-  end
-  return out
-end
-
--- A rewind restores one split of its cut (cut_splits' value; the round is the rewind's):
--- its unacked tail to the orphans from its recorded progress. Returns whether the head
--- was acked (the task stays out of the front: its tail alone is todo).
-local function restore_split(task, v)
-  local m, n, hd, td, tp = smatch(v, '^(%d+)/(%d+)/([01])/([01])/(%d+)$')
-  if not m then return false end
-  mincr(F.P_BACKUPS)
-  split_rec(task, {m = tonum(m), n = tonum(n), hd = hd == '1', td = td == '1', tp = tonum(tp),
-    cf = true})
-  split_list(task)
-  if td == '0' then orphan(task) end
-  return hd == '1'
-end
-
-return {split_rec = split_rec, take_split = take_split, split_ended = split_ended,
-  tail_stands = tail_stands, split_dead = split_dead, retried = retried,
-  cut_splits = cut_splits, restore_split = restore_split, waiting_tails = waiting_tails,
-  offered = offered}
+return {take_split = take_split, split_ended = split_ended}

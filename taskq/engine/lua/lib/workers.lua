@@ -47,12 +47,35 @@ local function set_conn(worker, winc, cid)
   rcall('HSET', K_WINFO, worker, tconcat(f, '|', 1, 9))
 end
 
+-- What a worker incarnation's loop honours of a lease, declared at register (field
+-- "r:<worker>" of the leases hash: "winc|kind", absent for 'w'): 'w' whole tasks only,
+-- 'r' the range [start, end) it is handed, 's' that range and an end that moves while it
+-- reads (a tail split may take its task's unread end). Only 'r' and 's' are handed a
+-- piece of a split task; only an 's' holder's task is split, by an 's' caller
+-- (lib/split.lua, lib/dispatch.lua; docs/design.md "Tail splitting"). With `kind`,
+-- records it (register).
+local function reads_of(worker, winc, kind)
+  local f = 'r:' .. worker
+  if kind then
+    if kind == 'w' then
+      rcall('HDEL', K_LEASES, f)
+    else
+      rcall('HSET', K_LEASES, f, winc .. '|' .. kind)
+    end
+    return kind
+  end
+  local w, k = smatch(rcall('HGET', K_LEASES, f) or '', '^(.*)|(%a)$')
+  if w ~= winc then return 'w' end
+  return k
+end
+
 local function remove_worker(m, kind)
   local worker, winc = smatch(m, '^(.*)|([^|]*)$')
   rcall('ZREM', K_WORKERS, m)
   wait_rem(m)
   WINFO_WRITTEN = true
   if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
+  if reads_of(worker, winc) ~= 'w' then rcall('HDEL', K_LEASES, 'r:' .. worker) end
   rcall('HDEL', K_LEASES, 'v:' .. worker)  -- its pace (lib/split.lua pace_of)
   event(kind, 'worker', worker, 'incarnation', winc)
 end
@@ -98,5 +121,5 @@ local function reset()
   WINFO_WRITTEN = false
 end
 
-return {winfo = winfo, set_conn = set_conn, remove_worker = remove_worker,
+return {winfo = winfo, reads_of = reads_of, set_conn = set_conn, remove_worker = remove_worker,
   touch_worker = touch_worker, reset = reset}

@@ -1,0 +1,260 @@
+"""The training framework a ``taskq.torch.DataLoader`` runs under: detected, not configured.
+
+A framework's loop decides what the loader must know to count a batch as taken at the
+right time: Lightning's ``fit`` fetches one batch ahead of the step it runs and asks every
+rank for the loader's ``state_dict()`` at a checkpoint; DDP over several ranks needs every
+rank to step as often as the others (``even_steps``), and a rank out of data then steps on
+a repeat of its last batch that must train nothing. Set by hand, each is a flag a user can
+forget, losing or repeating a batch without a word. So ``iter(loader)`` and
+``loader.state_dict()`` look up their call stack for the framework's own object (only
+classes of modules already imported are looked for; nothing is imported here):
+
+===================  ============================  ===================  ==============
+setting              Lightning ``Trainer.fit``      transformers'        none found
+                                                    ``Trainer.train``
+===================  ============================  ===================  ==============
+``ahead``            1 (0 with a ``training_step``  0                    0
+                     taking ``dataloader_iter``)
+``collective``       world > 1                      world > 1            False
+``even_steps``       world > 1                      world > 1            False
+``pass_end``         "local" if world > 1           "local" if world>1   "global"
+padding batch        loss x 0 (``training_step``    loss x 0             the loop reads
+                     wrapped)                       (``compute_loss``)   ``loss_weight``
+SIGTERM              the loader's handler           the loader's         the loader's
+                     (``leave_on_sigterm()``)
+===================  ============================  ===================  ==============
+
+``state_dict()`` called from accelerate's ``Accelerator.save_state`` (every rank calls it)
+is collective over several ranks too. A value given to the loader that contradicts what
+the framework needs is refused at ``iter()`` with one line naming it (``InvalidInput``);
+so is a setup whose padding cannot be weighted here (Lightning's manual optimization, the
+HF Trainer's gradient accumulation, over several ranks) unless ``even_steps=True`` says
+the loop weighs it itself.
+
+Data flow: loader.py (``iter()``, ``state_dict()``) -> frameworks.py -> the framework's
+trainer object (read), its loss function (wrapped once).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from typing import Any, NamedTuple
+
+from .. import errors
+from . import signals
+
+#: frames looked at above the caller (a framework's trainer sits ~10 deep above iter())
+_DEPTH = 64
+#: (module, class name, kind): the frameworks' objects looked for on the stack
+_OWNERS = (
+    ("lightning.pytorch.trainer.trainer", "Trainer", "lightning"),
+    ("pytorch_lightning.trainer.trainer", "Trainer", "lightning"),
+    ("transformers.trainer", "Trainer", "transformers"),
+    ("accelerate.accelerator", "Accelerator", "accelerate"),
+)
+_NAMES = {
+    "lightning": "Lightning's Trainer.fit",
+    "transformers": "transformers' Trainer",
+    "accelerate": "accelerate's Accelerator",
+}
+
+
+class Framework(NamedTuple):
+    """A framework's object found on the stack."""
+
+    #: "lightning", "transformers" or "accelerate"
+    kind: str
+    #: its trainer (Lightning's, transformers') or its Accelerator
+    owner: Any
+    #: processes of the run (``torch.distributed``'s world)
+    world: int
+
+    @property
+    def name(self) -> str:
+        return _NAMES[self.kind]
+
+
+class Settings(NamedTuple):
+    """What the loader does in one iteration."""
+
+    ahead: int
+    even_steps: bool
+    pass_end: str
+    #: the framework weighs a padding batch's loss by ``loader.loss_weight`` itself
+    weighs_padding: bool
+
+
+def detect() -> Framework | None:
+    """The framework whose object calls us, if any (the caller's stack, ``_DEPTH`` frames)."""
+    owners = []
+    for module, attr, kind in _OWNERS:
+        cls = getattr(sys.modules.get(module), attr, None)
+        if isinstance(cls, type):
+            owners.append((cls, kind))
+    if not owners:
+        return None
+    frame = inspect.currentframe()
+    try:
+        for _ in range(_DEPTH):
+            if frame is None:
+                return None
+            me = frame.f_locals.get("self")
+            for cls, kind in owners:
+                if me is not None and isinstance(me, cls):
+                    return Framework(kind, me, _world(kind, me))
+            frame = frame.f_back
+    finally:
+        del frame  # a frame held in a local keeps the whole stack alive
+    return None
+
+
+def _world(kind: str, owner: Any) -> int:
+    if kind == "lightning":
+        return int(owner.world_size)
+    if kind == "transformers":
+        return int(owner.args.world_size)
+    return int(owner.num_processes)
+
+
+def settle(given: dict[str, Any], fw: Framework | None) -> Settings:
+    """The iteration's settings from those given (None: not given) and the framework.
+
+    Raises:
+        InvalidInput: a given value the framework contradicts, or padding that cannot be
+            weighted here (one line naming the setting).
+    """
+    ahead, even, pass_end = given["ahead"], given["even_steps"], given["pass_end"]
+    world = fw.world if fw is not None and fw.kind != "accelerate" else 1
+    need_ahead = _ahead_of(fw)
+    if fw is not None and need_ahead is not None and ahead is not None and ahead != need_ahead:
+        raise errors.InvalidInput(
+            f"taskq.torch.DataLoader(ahead={ahead}) under {fw.name}, whose loop fetches "
+            f"{need_ahead} batch(es) ahead of the step it runs: a checkpoint would count a "
+            f"batch never trained (or the reverse); leave ahead unset, taskq sets it"
+        )
+    if ahead is None:
+        ahead = need_ahead or 0
+    weighs = False
+    if world > 1:
+        assert fw is not None
+        for name, value, bad in (
+            ("even_steps", even, False),
+            ("pass_end", pass_end, "global"),
+            ("collective", given["collective"], False),
+        ):
+            if value is not None and value == bad:
+                raise errors.InvalidInput(
+                    f"taskq.torch.DataLoader({name}={bad!r}) under {fw.name} on {world} "
+                    f"ranks: DDP needs every rank to step as often as the others (and a "
+                    f"checkpoint every rank's steps); leave {name} unset, taskq sets it"
+                )
+        weighs = _can_weigh(fw)
+        if not weighs and even is None:
+            raise errors.InvalidInput(
+                f"{fw.name} on {world} ranks {_why_not(fw)}: taskq.torch cannot weight a "
+                "padding batch's loss by 0 for it; multiply the loss by loader.loss_weight "
+                "and pass even_steps=True"
+            )
+        even = True
+    even = bool(even)
+    if even and pass_end == "global":
+        raise errors.InvalidInput(
+            'even_steps needs pass_end="local": a rank waiting for the pass to end '
+            "everywhere cannot step beside the others"
+        )
+    if ahead and pass_end == "global":
+        # the pass cannot end everywhere before the loop steps on the batch it holds
+        # ahead, which it does only once this iteration has given it the next one
+        raise errors.InvalidInput(
+            f'ahead={ahead} needs pass_end="local": a loop waiting for the pass to end '
+            "everywhere would wait for its own last batch"
+        )
+    return Settings(ahead, even, pass_end or ("local" if even or ahead else "global"), weighs)
+
+
+def collective(given: bool | None) -> bool:
+    """``state_dict()``: whether it is a collective call. Given, or True when a framework
+    calls it from every rank of several (Lightning's checkpoint, accelerate's
+    ``save_state``, a transformers' Trainer callback)."""
+    if given is not None:
+        return given
+    fw = detect()
+    return fw is not None and fw.world > 1
+
+
+def install(fw: Framework | None, settings: Settings, loader: Any) -> None:
+    """What the framework needs beside the settings, once per framework object: the
+    loader's SIGTERM handler (Lightning's own, under DDP, broadcasts from inside the
+    handler and can leave the ranks waiting on each other: docs/frameworks.md) and the
+    loss of a padding batch x 0."""
+    if fw is None:
+        return
+    if fw.kind == "lightning" and threading.current_thread() is threading.main_thread():
+        signals.leave_on_sigterm()
+    if settings.weighs_padding:
+        if fw.kind == "lightning":
+            _wrap(fw.owner.lightning_module, "training_step", loader)
+        elif fw.kind == "transformers":
+            _wrap(fw.owner, "compute_loss", loader)
+
+
+def _ahead_of(fw: Framework | None) -> int | None:
+    """Batches the framework's loop fetches before it steps on one (None: its loop is
+    the user's)."""
+    if fw is None or fw.kind == "accelerate":
+        return None
+    if fw.kind == "lightning":
+        step = fw.owner.lightning_module.training_step
+        # training_step(dataloader_iter): the step fetches its own batches, none ahead
+        return 0 if "dataloader_iter" in inspect.signature(step).parameters else 1
+    return 0  # transformers: a step's batches are fetched just before it
+
+
+def _can_weigh(fw: Framework) -> bool:
+    if fw.kind == "lightning":
+        return bool(fw.owner.lightning_module.automatic_optimization)
+    if fw.kind == "transformers":
+        # accumulation fetches several batches before their steps: which one is a
+        # repeat is not known at each loss
+        return int(fw.owner.args.gradient_accumulation_steps) == 1
+    return False
+
+
+def _why_not(fw: Framework) -> str:
+    if fw.kind == "lightning":
+        return "with manual optimization"
+    if fw.kind == "transformers":
+        return "with gradient_accumulation_steps > 1"
+    return "in the user's loop"
+
+
+def _wrap(owner: Any, method: str, loader: Any) -> None:
+    """``owner.method`` returns its loss x ``loader.loss_weight`` (0.0 for a padding
+    batch): an instance attribute over the class's method, made once per owner."""
+    current = getattr(owner, method)
+    if getattr(current, "_taskq_loader", None) is loader:
+        return
+
+    @functools.wraps(current)
+    def weighted(*args: Any, **kwargs: Any) -> Any:
+        out = current(*args, **kwargs)
+        weight = loader.loss_weight
+        return out if weight == 1.0 else _scaled(out, weight)
+
+    weighted._taskq_loader = loader  # type: ignore[attr-defined]
+    setattr(owner, method, weighted)
+
+
+def _scaled(out: Any, weight: float) -> Any:
+    """A step's output with its loss x ``weight``: a tensor, ``{"loss": ...}``, a tuple
+    ``(loss, outputs)`` (transformers' ``compute_loss``), or None (a skipped step)."""
+    if out is None:
+        return None
+    if isinstance(out, dict):
+        return {**out, "loss": out["loss"] * weight}
+    if isinstance(out, tuple):
+        return (out[0] * weight, *out[1:])
+    return out * weight
