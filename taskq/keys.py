@@ -126,6 +126,10 @@ class MetaField:
     SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation; m: mixed
     #: a mixed job's sources (JSON: sources, n, w, on_exhausted; docs/mixing.md)
     MIX = "mix"
+    #: a mixed job's stored sequence ends before this slot (pass * n + positions stored:
+    #: charged a page ahead, lib/mix.lua); MIXD: no slot at or past it was handed out yet
+    MIXH = "mixh"
+    MIXD = "mixd"
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself

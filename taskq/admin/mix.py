@@ -166,28 +166,37 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
     return [(slot, ws) for _, slot, ws in rows]
 
 
-def _state(conn: Connection, name: str, pass_no: int) -> dict[str, Any] | None:
-    """The schedule's state of ``pass_no`` (lib/mix.lua): ``{"h": positions charged, "t":
-    tasks each source gave, "w": the weights in force}``; None when nothing of it is kept."""
-    key = conn.keys(name).mix
+def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str, Any] | None:
+    """The schedule of ``pass_no`` as far as leases reached (lib/mix.lua charges a page
+    ahead of them): ``{"h": positions handed out, "t": tasks each source gave in them}``;
+    None when nothing of it is kept."""
+    keys = conn.keys(name)
     with translate(conn.url):
-        cur = conn.redis.hmget(key, ["s", "t", "w", "kp"])
+        cur = conn.redis.hmget(keys.mix, ["s", "t", "kp"])
+        mixd = conn.redis.hget(keys.meta, F.MIXD)
     if not cur[0]:
         return None
     fields = cur
+    handed = int(mixd or 0) - pass_no * spec.total
     if int(cur[0].split(",")[0]) != pass_no:
-        if str(pass_no) not in (cur[3] or "").split(","):
+        if str(pass_no) not in (cur[2] or "").split(","):
             return None
         with translate(conn.url):
-            fields = conn.redis.hmget(key, [f"s:{pass_no}", f"t:{pass_no}", f"w:{pass_no}"])
+            fields = conn.redis.hmget(keys.mix, [f"s:{pass_no}", f"t:{pass_no}", f"d:{pass_no}"])
         if not fields[0]:
             return None
+        handed = int(fields[2] or 0)
+    h = int(fields[0].split(",")[1])
     t = fields[1] or ""
-    return {
-        "h": int(fields[0].split(",")[1]),
-        "t": [int(t[i : i + 8], 16) for i in range(0, len(t), 8)],
-        "w": (fields[2] or "").split(","),
-    }
+    counts = [int(t[i : i + 8], 16) for i in range(0, len(t), 8)]
+    handed = max(0, min(handed, h))
+    if handed < h:  # the page charged ahead: not handed out yet
+        key = getattr(keys, f"mixseq{pass_no % KEEP_PASSES}")
+        with translate(conn.url):
+            raw = conn.redis.getrange(key, 8 * handed, 8 * h - 1)
+        for k in range(h - handed):
+            counts[spec.sources.index(spec.source_of(int(raw[8 * k : 8 * k + 8], 16)))] -= 1
+    return {"h": handed, "t": counts}
 
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
@@ -204,7 +213,7 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     if pass_no is None:
         with translate(conn.url):
             pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
-    st = _state(conn, name, pass_no)
+    st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
     offsets = spec.offsets
     rows: list[dict[str, Any]] = []
@@ -240,15 +249,13 @@ def status(conn: Connection, name: str) -> dict[str, Any]:
     keys = conn.keys(name)
     with translate(conn.url):
         pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
-    st = _state(conn, name, pass_no)
+    st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
     slot = pass_no * spec.total + charged
-    weights = list(st["w"]) if st else None
-    if weights is None:  # nothing charged in this pass yet: the log says what holds
-        weights = list(spec.weights)
-        for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
-            if at <= slot:
-                weights = ws
+    weights = list(spec.weights)  # the ones in force at the next slot: the log says
+    for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
+        if at <= slot:
+            weights = ws
     rows = []
     for i, (source, n, off) in enumerate(zip(spec.sources, spec.sizes, spec.offsets, strict=True)):
         with translate(conn.url):

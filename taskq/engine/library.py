@@ -97,6 +97,7 @@ LIB_PARTS: tuple[str, ...] = (
     "args.lua",
     "events.lua",
     "call.lua",
+    "mixrule.lua",
     "mix.lua",
     "secrets.lua",
     "workers.lua",
@@ -157,6 +158,8 @@ HOT_META = (
     "SHUFFLE",
     "DUR_SUM",
     "NWAITING",
+    "MIXH",
+    "MIXD",
 )
 META_SLOTS: dict[str, int] = {
     name: i

@@ -5,23 +5,30 @@
 -- schedule is a pure function of the sources' sizes and the weight log (taskq/mix.py
 -- `pass_schedule` is the same rule in Python); a slot once charged keeps its task for good
 -- (the sequence is stored, so a rewind, a pass reset or a re-dispatch never changes which
--- task a slot is), and a weight change holds from a slot not yet charged.
--- Keys (cold): 'mix' hash, the schedule's state at its high-water: "s" = "p,h,seg,nx,rs"
--- (the pass, positions charged, the segment's first position, the next logged change's
--- slot or -1, 1 when the next charge starts a segment), "t" / "c" the tasks each source
--- gave in the pass / the segment (8 hex digits a source: a charge rewrites one source's
--- digits, not a document), "w" the weights in force (as logged, ',' between); the same
--- with ":<p>" as pass p was left; "n" the sources' sizes (8 hex digits each), "kp" the
--- passes whose sequence is kept, "lseq" the log's sequence. 'mixseq<p % 3>' strings: pass
--- p's tasks by position, 8 hex digits each (text, as every client reads replies as text;
--- SETRANGE / GETRANGE, O(1)). 'mixlog' zset: "<slot>|<seq, 12 digits>|<w,w,...>" scored by
--- slot (the last of a slot wins).
+-- task a slot is), and a weight change holds from a slot not yet handed out.
+-- Slots are charged a page (PAGE positions) ahead of the leases: meta 'mixh' is the slot
+-- the stored sequence of the state's pass ends before, 'mixd' the slot no lease reached
+-- yet (both hot meta fields: a lease below 'mixh' is one GETRANGE, no state read).
+-- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
+-- state at its high-water ("s" = "p,h,seg,nx,rs": the pass, positions charged, the
+-- segment's first position, the next logged change's slot or -1, 1 when the next charge
+-- starts a segment; "t" / "c" tasks each source gave in the pass / the segment, "w" the
+-- weights; "s0".."w0" the same at the last page's start; ":<p>" as pass p was left);
+-- 'mixseq<p % 3>' pass p's tasks by position (8 hex digits each: SETRANGE / GETRANGE,
+-- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
 local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
   redis.call, tonumber, string.match, string.gmatch, string.sub, string.rep, string.format,
   table.concat, ipairs
-local fmt, mget, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mnum
+local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
+local mmax, mmin, unpack = math.max, math.min, unpack
+local segment, choice, choose, settle =
+  lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle
 
 local KEEP = 3  -- constant
+-- Positions charged at once (a page: the state read and written, the tasks stored, once a
+-- page; bench/mix.py). A weight change inside the page charges it again (mix_set).
+local PAGE = 64  -- constant
+local READ = 32  -- constant: stored positions a lease call reads at once (one GETRANGE)
 
 local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
 local ST = nil  -- per call: the schedule's state, when read (false: none yet)
@@ -38,9 +45,21 @@ local function hex_list(s)
   return out
 end
 
+local function hexes(list)
+  local parts = {}
+  for i = 1, #list do parts[i] = sformat('%08x', list[i]) end
+  return tconcat(parts)
+end
+
 local function csv(s)
   local out = {}
   for v in sgmatch(s, '[^,]+') do out[#out + 1] = v end
+  return out
+end
+
+local function numbers(ws)
+  local out = {}
+  for i, v in lipairs(csv(ws)) do out[i] = tonum(v) end
   return out
 end
 
@@ -60,21 +79,24 @@ local function next_change(slot)
   return -1
 end
 
--- A state from its fields (s, t, c, w: strings; kp, n: the job's). The lists t, c, w, n
--- are made when a charge needs them (lists()).
-local function decode(s, t, c, w, kp, n)
+-- A state from its fields (s, t, c, w: strings; kp, n: the job's; s0, t0, c0, w0: the
+-- same at the start of the last page charged). The lists t, c, w, n are made when a charge
+-- needs them (lists()).
+local function decode(s, t, c, w, kp, n, s0, t0, c0, w0)
   local p, h, seg, nx, rs = smatch(s, '^(%d+),(%d+),(%d+),(-?%d+),(%d)$')
   return {p = tonum(p), h = tonum(h), seg = tonum(seg), nx = tonum(nx), rs = tonum(rs),
-    ts = t, cs = c, ws = w, kp = kp, ns = n}
+    ts = t, cs = c, ws = w, kp = kp, ns = n, s0 = s0, t0 = t0, c0 = c0, w0 = w0}
 end
+
+local FIELDS = {'s', 't', 'c', 'w', 's0', 't0', 'c0', 'w0'}  -- constant: a state's own
 
 local function read_state()
   if ST == nil then
-    local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 'kp', 'n')
+    local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 's0', 't0', 'c0', 'w0', 'kp', 'n')
     if r[1] then
       local kp = {}
-      for _, q in lipairs(csv(r[5] or '')) do kp[#kp + 1] = tonum(q) end
-      ST = decode(r[1], r[2], r[3], r[4], kp, r[6])
+      for _, q in lipairs(csv(r[9] or '')) do kp[#kp + 1] = tonum(q) end
+      ST = decode(r[1], r[2], r[3], r[4], kp, r[10], r[5], r[6], r[7], r[8])
     else
       ST = false
     end
@@ -87,8 +109,7 @@ end
 local function lists(st)
   if st.t then return end
   st.t, st.c, st.n = hex_list(st.ts), hex_list(st.cs), hex_list(st.ns)
-  st.w = {}
-  for i, v in lipairs(csv(st.ws)) do st.w[i] = tonum(v) end
+  st.w = numbers(st.ws)
   st.o = {}
   local at = 0
   for i = 1, #st.n do st.o[i], at = at, at + st.n[i] end
@@ -121,19 +142,52 @@ local function scalars(st)
     .. fmt(st.rs)
 end
 
+-- The state's fields as HSET arguments, each name with `sfx`.
+local function state_args(st, sfx, args)
+  local vals = {scalars(st), st.ts, st.cs, st.ws, st.s0, st.t0, st.c0, st.w0}
+  for i, f in lipairs(FIELDS) do
+    if vals[i] then
+      args[#args + 1] = f .. sfx
+      args[#args + 1] = vals[i]
+    end
+  end
+  return args
+end
+
 -- Drops the sequence and the saved state of pass q.
 local function drop_pass(q)
   rcall('UNLINK', seq_key(q))
   local sfx = ':' .. fmt(q)
-  rcall('HDEL', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx)
+  rcall('HDEL', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx, 's0' .. sfx,
+    't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
 end
 
--- The saved state of pass p (kept), or nil.
+-- The saved state of pass p (kept) and its positions handed out, or nil.
 local function saved_state(p, kp, ns)
   local sfx = ':' .. fmt(p)
-  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx)
+  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx,
+    's0' .. sfx, 't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
   if not r[1] then return nil end
-  return decode(r[1], r[2], r[3], r[4], kp, ns)
+  return decode(r[1], r[2], r[3], r[4], kp, ns, r[5], r[6], r[7], r[8]), tonum(r[9] or '0')
+end
+
+-- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
+-- one; p joins the kept passes `keep`; the meta's high-waters follow it.
+local function enter(p, keep, ns, kept)
+  local base = p * mnum(F.N)
+  local st, d = nil, 0
+  if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
+  if kept then st, d = saved_state(p, keep, ns) end
+  if st then
+    st.nx = next_change(base + st.h - 1)
+  else
+    st, d = fresh_state(p, keep, ns), 0
+    rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
+  end
+  mput(F.MIXH, base + st.h)
+  mput(F.MIXD, base + d)
+  ST, ST_DIRTY = st, true
+  return st
 end
 
 -- The state of pass p made current: the one being left saved under ":<its pass>", the
@@ -145,16 +199,17 @@ local function switch_to(p)
   local kept, ns = {}, nil
   if st then
     local sfx = ':' .. fmt(st.p)
-    rcall('HSET', kc('mix'), 's' .. sfx, scalars(st), 't' .. sfx, st.ts, 'c' .. sfx, st.cs,
-      'w' .. sfx, st.ws)
+    local args = state_args(st, sfx, {})
+    args[#args + 1] = 'd' .. sfx
+    args[#args + 1] = fmt(mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
+    rcall('HSET', kc('mix'), unpack(args))
     kept, ns = st.kp, st.ns
   end
-  local was_kept = is_kept({kp = kept}, p)
   local keep = {}
   for _, q in lipairs(kept) do
     if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then keep[#keep + 1] = q end
   end
-  keep[#keep + 1] = p
+  local was_kept = is_kept({kp = kept}, p)
   -- the log below the kept passes goes, but for the change in force at their start
   local cut = (p - KEEP + 1) * mnum(F.N)
   if cut > 0 then
@@ -162,15 +217,7 @@ local function switch_to(p)
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
-  st = was_kept and saved_state(p, keep, ns)
-  if st then
-    st.nx = next_change(p * mnum(F.N) + st.h - 1)
-  else
-    st = fresh_state(p, keep, ns)
-    rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
-  end
-  ST, ST_DIRTY = st, true
-  return st
+  return enter(p, keep, ns, was_kept)
 end
 
 -- The task at position `pos` of pass p, stored (nil: not charged, or not kept).
@@ -182,97 +229,104 @@ local function stored(p, pos)
   elseif not is_kept(st, p) then
     return nil
   end
-  local r = rcall('GETRANGE', seq_key(p), pos * 8, pos * 8 + 7)
-  if #r < 8 then return nil end
-  return tonum(r, 16)
+  return tonum(rcall('GETRANGE', seq_key(p), pos * 8, pos * 8 + 7), 16)
 end
 
--- Charges the next position of the state's pass: the deadline rule (docs/mixing.md).
-local function charge(st)
+-- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
+-- in one SETRANGE. Returns the page (8 hex digits a position) and its first position.
+local function charge_page(st)
   lists(st)
-  local n, t, c, k = st.n, st.t, st.c, #st.n
-  local slot = st.p * mnum(F.N) + st.h
-  if st.nx >= 0 and slot >= st.nx then
-    st.ws = weights_at(slot)
-    st.w = {}
-    for i, v in lipairs(csv(st.ws)) do st.w[i] = tonum(v) end
-    st.nx = next_change(slot)
-    st.rs = 1
-  end
-  if st.rs == 1 then
-    st.seg, st.rs = st.h, 0
-    for i = 1, k do c[i] = 0 end
-    st.cs = srep('00000000', k)
-  end
-  -- the segment's weights: the logged ones over the sources not run out; when only
-  -- sources of weight 0 are left, equal shares of them
-  local w, wn, sum, left = {}, st.w, 0, 0
-  for i = 1, k do
-    if t[i] < n[i] then
-      left = left + 1
-      if wn[i] > 0 then sum = sum + wn[i] end
+  local nn = mnum(F.N)
+  local base = st.p * nn
+  local n, t, c, o, k = st.n, st.t, st.c, st.o, #st.n
+  local h0 = st.h
+  local last = h0 + PAGE
+  if last > nn then last = nn end
+  st.s0, st.t0, st.c0, st.w0 = scalars(st), st.ts, st.cs, st.ws
+  local out, act, w, d, ch = {}, nil, nil, 0, nil
+  for h = h0, last - 1 do
+    local slot = base + h
+    if st.nx >= 0 and slot >= st.nx then
+      st.ws = weights_at(slot)
+      st.w = numbers(st.ws)
+      st.nx = next_change(slot)
+      st.rs = 1
     end
-  end
-  local pos = 0
-  for i = 1, k do
-    w[i] = 0
-    if t[i] < n[i] then
-      local wi = wn[i]
-      if sum > 0 then
-        if wi > 0 then w[i] = wi / sum; pos = pos + 1 end
-      else
-        w[i] = 1 / left; pos = pos + 1
-      end
+    if st.rs == 1 then
+      st.seg, st.rs, act = h, 0, nil
+      for i = 1, k do c[i] = 0 end
     end
-  end
-  local d = 0
-  if pos >= 2 then d = 1 - 1 / (2 * pos - 2) end
-  local m = st.h - st.seg + 1
-  local best, best_dl, any, any_dl = nil, nil, nil, nil
-  for i = 1, k do
-    if w[i] > 0 then
-      local dl = (c[i] + d) / w[i]
-      if c[i] + 1 - d <= w[i] * m and (not best or dl < best_dl) then best, best_dl = i, dl end
-      if not any or dl < any_dl then any, any_dl = i, dl end
+    local m = h - st.seg + 1
+    if not act then
+      act, w, d = segment(t, n, st.w)
+      ch = choice(act, c, w, d, m)
     end
+    local best = choose(ch, act, m)
+    local tb, cb = t[best] + 1, c[best] + 1
+    t[best], c[best] = tb, cb
+    if tb >= n[best] then
+      st.rs = 1  -- (drop: the others renormalise from here)
+    else
+      settle(ch, best, cb, w[best], d, m)
+    end
+    out[#out + 1] = sformat('%08x', o[best] + tb - 1)
   end
-  best = best or any
-  local task = st.o[best] + t[best]
-  t[best], c[best] = t[best] + 1, c[best] + 1
-  local at = 8 * best
-  st.ts = ssub(st.ts, 1, at - 8) .. sformat('%08x', t[best]) .. ssub(st.ts, at + 1)
-  st.cs = ssub(st.cs, 1, at - 8) .. sformat('%08x', c[best]) .. ssub(st.cs, at + 1)
-  if t[best] >= n[best] then st.rs = 1 end
-  rcall('SETRANGE', seq_key(st.p), st.h * 8, sformat('%08x', task))
-  st.h = st.h + 1
+  st.ts, st.cs = hexes(t), hexes(c)
+  local page = tconcat(out)
+  rcall('SETRANGE', seq_key(st.p), h0 * 8, page)
+  st.h = last
+  mput(F.MIXH, base + last)
   ST_DIRTY = true
-  return task
+  return page, h0
 end
 
 -- The order of the current pass (passes.lua perm_fn's, for a mixed job): position ->
--- task. With `charges`, the position after the high-water is charged (dispatch walks the
--- cursor one position at a time, so it never asks beyond it); without, a position not
--- charged is nil (peek stops there: mix_charged).
+-- task. With `charges`, a position not stored is charged with its page (dispatch walks the
+-- cursor one position at a time) and one handed out raises the meta's MIXD; without, a
+-- position not stored is nil (peek stops there: mix_charged).
 local function mix_perm(charges)
   local p = mnum(F.PASS)
+  local base = p * mnum(F.N)
+  local key = seq_key(p)
+  local blk, blk0, blk1 = '', 0, 0  -- the stored positions [blk0, blk1), read at once
   return function(pos)
-    local task = stored(p, pos)
-    if task or not charges then return task end
-    local st = read_state()
-    if not st or st.p ~= p then st = switch_to(p) end
-    if pos < st.h then return stored(p, pos) end  -- (a pass come back to: its own state)
-    return charge(st)
+    local slot = base + pos
+    local task = nil
+    if pos >= blk0 and pos < blk1 then
+      local at = (pos - blk0) * 8
+      task = tonum(ssub(blk, at + 1, at + 8), 16)
+    elseif slot < mnum(F.MIXH) then
+      local upto = mmin(mnum(F.MIXH) - base, pos + READ)
+      blk = rcall('GETRANGE', key, pos * 8, upto * 8 - 1)
+      blk0, blk1 = pos, pos + (#blk - #blk % 8) / 8
+      task = tonum(ssub(blk, 1, 8), 16)
+    end
+    if not task then
+      if not charges then return nil end
+      local st = read_state()
+      if not st or st.p ~= p then st = switch_to(p) end
+      if pos < st.h then
+        task = stored(p, pos)  -- (a pass come back to: its own state)
+      else
+        while pos >= st.h do blk, blk0 = charge_page(st) end
+        blk1 = blk0 + #blk / 8
+        local at = (pos - blk0) * 8
+        task = tonum(ssub(blk, at + 1, at + 8), 16)
+      end
+    end
+    if charges and slot >= mnum(F.MIXD) then mput(F.MIXD, slot + 1) end
+    return task
   end
 end
 
--- Positions of pass p charged so far (its sequence's length; 0 when not kept).
+-- Positions of pass p handed out so far (its sequence's length; 0 when not kept).
 local function mix_charged(p)
   local st = read_state()
   if not st then return 0 end
-  if st.p == p then return st.h end
-  local saved = is_kept(st, p) and saved_state(p, st.kp, st.ns)
-  if saved then return saved.h end
-  return 0
+  if st.p == p then return mmax(0, mnum(F.MIXD) - p * mnum(F.N)) end
+  if not is_kept(st, p) then return 0 end
+  local _, d = saved_state(p, st.kp, st.ns)
+  return d or 0
 end
 
 -- True when pass p's sequence is kept up to position `upto` (a rewind's cut).
@@ -281,13 +335,15 @@ local function mix_kept(p, upto)
   return stored(p, upto - 1) ~= nil
 end
 
--- The slot from which weights set now hold: `at` (-1: none) or, if charged already, the
--- first slot not charged. The change is logged and the state learns of it.
--- Sequences of passes after the current one (left by a rewind to an earlier pass) go: the
--- log makes them again, with this change.
+-- The slot from which weights set now hold: `at` (-1: none) or, if handed out already, the
+-- first slot not handed out. The change is logged and the state learns of it: a page
+-- charged past `at` goes back to its start (its positions before `at` come again the
+-- same; at most a page is charged again). Sequences of passes after the current one (left by a rewind to an earlier pass)
+-- go: the log makes them again, with this change.
 local function mix_set(ws, at)
   local p = mnum(F.PASS)
-  local first = p * mnum(F.N) + mix_charged(p)
+  local base = p * mnum(F.N)
+  local first = base + mix_charged(p)
   if at < first then at = first end
   local st = read_state()
   if st then
@@ -296,13 +352,7 @@ local function mix_set(ws, at)
       if q > p then drop_pass(q) else keep[#keep + 1] = q end
     end
     st.kp, ST_DIRTY = keep, true
-    if st.p > p then  -- (its sequence just went: the pass is made again when reached)
-      ST = is_kept(st, p) and saved_state(p, keep, st.ns)
-      if not ST then
-        ST = fresh_state(p, keep, st.ns)
-        rcall('UNLINK', seq_key(p))
-      end
-    end
+    if st.p > p then enter(p, keep, st.ns, is_kept(st, p)) end  -- (its sequence just went)
   end
   local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
   -- (the last of a slot wins: one entry a slot, so the log is bounded by the slots kept)
@@ -310,20 +360,31 @@ local function mix_set(ws, at)
   rcall('ZADD', kc('mixlog'), fmt(at), fmt(at) .. '|' .. sformat('%012d', seq) .. '|'
     .. tconcat(ws, ','))
   st = read_state()
-  if st and st.p == p and (st.nx < 0 or at < st.nx) then
-    st.nx = at
+  if st and st.p == p then
+    if at < base + st.h then
+      -- charged ahead past `at`: the page again from its start, with the change (its
+      -- positions before `at` come out the same: the log below `at` is as it was)
+      local back = decode(st.s0, st.t0, st.c0, st.w0, st.kp, st.ns, st.s0, st.t0, st.c0, st.w0)
+      back.nx = next_change(base + back.h - 1)
+      ST = back
+      charge_page(back)
+    elseif st.nx < 0 or at < st.nx then
+      st.nx = at
+    end
     ST_DIRTY = true
   end
   return at
 end
 
--- This call's writes of the state and the grown blocks (dispatch, after its cursor walk).
+-- This call's writes of the state (dispatch, after its cursor walk).
 local function mix_flush()
   if not ST_DIRTY then return end
   local kp = {}
   for i, q in lipairs(ST.kp) do kp[i] = fmt(q) end
-  rcall('HSET', kc('mix'), 's', scalars(ST), 't', ST.ts, 'c', ST.cs, 'w', ST.ws, 'kp',
-    tconcat(kp, ','))
+  local args = state_args(ST, '', {})
+  args[#args + 1] = 'kp'
+  args[#args + 1] = tconcat(kp, ',')
+  rcall('HSET', kc('mix'), unpack(args))
   ST_DIRTY = false
 end
 
