@@ -207,6 +207,13 @@ def test_weight_change_holds_from_the_stated_slot(client):
     assert before.count(names["a"]) == 100
     after = [s for s, _ in seq[200:210]]
     assert after.count(names["a"]) == 9  # 0.9 of the 10 slots 200..209, exactly
+    # the engine charged a page ahead (to 256): status and export speak of what leases took
+    status = job.mix_status()
+    assert (len(seq), status["charged"], status["next_slot"]) == (210, 210, 210)
+    assert [r["charged"] for r in status["sources"]] == [
+        sum(1 for s, _ in seq if s == names[x]) for x in ("a", "b")
+    ]
+    assert [r["weight"] for r in status["sources"]] == [0.5, 0.5]
 
 
 def test_bad_weights_are_refused_with_nothing_written(client):
