@@ -3,9 +3,13 @@
 .PHONY: demo test test-valkey test-frameworks lint bench clean
 
 # The subset `make test` also runs against Valkey 8 (~2 min): the engine, the trainer, the
-# reaper, the cluster and the Redis chaos scenarios (one seed of the random schedule).
-VALKEY_TESTS = tests/test_engine.py tests/test_trainer.py tests/test_reaper.py \
-	tests/test_cluster.py tests/test_chaos_redis.py
+# reaper, the cluster, the Redis chaos scenarios (one seed of the random schedule) and the
+# producer's credential (its ACL selectors: every write but append's refused by the server).
+VALKEY_TESTS = tests/engine/test_engine.py tests/trainer/test_trainer.py tests/ops/test_reaper.py \
+	tests/admin/test_cluster.py tests/chaos/test_chaos_redis.py \
+	tests/ops/test_tenants.py::test_producer_cannot_make_the_writes_it_must_not \
+	tests/ops/test_tenants.py::test_producer_credential_appends_to_its_job_only \
+	tests/ops/test_tenants.py::test_producer_rule_allows_every_command_append_can_run
 VALKEY_SELECT = not 1234 and not 99001
 
 # taskq alone (no torch, no extras): the demo needs nothing more
@@ -23,14 +27,14 @@ test:
 	@$(MAKE) --no-print-directory test-valkey
 	@$(MAKE) --no-print-directory test-frameworks
 	@echo "taskq: the whole suite on redis-server (2 pytest-xdist workers, each its own server)"
-	@scripts/run-tests.sh -n 2 --dist worksteal --durations=10 --ignore=tests/test_frameworks.py
+	@scripts/run-tests.sh -n 2 --dist worksteal --durations=10 --ignore=tests/frameworks
 
 # Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU (~70 s):
 # docs/frameworks.md. The frameworks extra is installed by scripts/bootstrap.sh.
 test-frameworks:
 	@scripts/bootstrap.sh
 	@echo "taskq: the training frameworks' loops (Lightning, accelerate, transformers)"
-	@scripts/run-tests.sh -q tests/test_frameworks.py
+	@scripts/run-tests.sh -q tests/frameworks
 
 test-valkey:
 	@scripts/bootstrap.sh --with-valkey

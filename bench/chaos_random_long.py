@@ -9,11 +9,11 @@ By hand, never in CI (minutes per dozen seeds)::
 
 Each seed gets its own redis-server (AOF, everysec) on a free loopback port, a loopback
 TCP proxy, a reaper subprocess and forked trainers, exactly as
-``tests/test_chaos_redis.py::test_random_schedule_ends_with_a_clean_audit`` (whose
+``tests/chaos/test_chaos_redis.py::test_random_schedule_ends_with_a_clean_audit`` (whose
 ``plan``/``RandomRun``/``random_scenario`` it runs with bigger sizes). A failing seed
 prints its schedule and timeline; the run goes on and exits 1 at the end.
 
-Data flow: this script -> tests/test_chaos_redis.py (rig, schedule) -> tests/chaos.py ->
+Data flow: this script -> tests/chaos/test_chaos_redis.py (rig, schedule) -> tests/chaos.py ->
 trainers -> taskq -> Redis.
 """
 

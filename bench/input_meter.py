@@ -24,6 +24,7 @@ import common
 import taskq
 from taskq.engine import library
 from taskq.inputwait import SEND_EVERY_S, InputBeat, InputMeter
+from taskq.testing import trainer_worker
 
 
 def meter_ns(calls: int, rounds: int) -> tuple[float, float]:
@@ -68,7 +69,7 @@ def script_us(url: str, beats: int, rounds: int) -> tuple[float, float]:
             extra = [arg] if with_wait else []
             client.redis.config_resetstat()
             for _ in range(beats):
-                args = [*trainer._worker._heartbeat.args(), *extra]
+                args = [*trainer_worker(trainer).heartbeat.args(), *extra]
                 client.redis.execute_command("FCALL", name, nkeys, *trainer.keys.script, *args)
             stats = client.redis.info("commandstats")["cmdstat_fcall"]
             out[with_wait].append(float(stats["usec_per_call"]))

@@ -15,7 +15,7 @@ Usage: .venv/bin/python bench/integrity_calls.py [--tasks N] [--slower-than US] 
 
 ``--splits`` runs ``split_exercise`` instead: the same verbs (and a retry) on a job with
 the pass attempt's bound of splits made, ten in flight. ``exercise`` and
-``split_exercise`` are also what tests/test_slowlog.py runs (200,000 tasks, SLOWLOG at
+``split_exercise`` are also what tests/engine/test_slowlog.py runs (200,000 tasks, SLOWLOG at
 10 ms).
 
 Data flow: this script -> taskq.Client / taskq.Trainer -> Redis; SLOWLOG -> the table.

@@ -20,6 +20,7 @@ import redis
 from taskq_util import create_job, url_of
 
 import taskq
+from taskq.testing import lease_secret, trainer_worker
 
 PROBES = (
     ("empty function", "return 0"),
@@ -76,7 +77,7 @@ def main() -> None:
         ):
 
             def one(want: int = want) -> None:
-                trainer._worker._leases.call_no += 1
+                trainer_worker(trainer).leases.call_no += 1
                 reply = client.scripts.call(
                     "ack",
                     job_keys,
@@ -84,14 +85,14 @@ def main() -> None:
                         trainer.job_incarnation,
                         trainer.worker_id,
                         trainer.incarnation,
-                        trainer._worker._leases.call_no,
+                        trainer_worker(trainer).leases.call_no,
                         len(held) // 2,
                         *held,
                         0,
                         want,
                         "S",
                         -1,
-                        trainer._worker._session.secret,
+                        lease_secret(trainer),
                     ],
                 )
                 assert int(reply[0]) in (0, 1), reply  # a refused call would measure nothing

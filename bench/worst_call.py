@@ -13,7 +13,7 @@ calls over 0.1 ms and over 1 ms. One private redis-server (``--save ''``), bound
 
 Usage: .venv/bin/python bench/worst_call.py [--tasks N]
 
-``exercise`` is also what tests/test_slowlog.py runs (200,000 tasks, SLOWLOG at 10 ms).
+``exercise`` is also what tests/engine/test_slowlog.py runs (200,000 tasks, SLOWLOG at 10 ms).
 
 Data flow: this script -> taskq.Client / taskq.Trainer -> Redis; SLOWLOG -> the table.
 """
@@ -50,6 +50,34 @@ def _trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Tr
         handle_signals=False,
         **kw,
     )
+
+
+#: Records (one chunk, one task each) of one file of a follower's stream.
+FOLLOWED_FILE = 100
+#: Tasks of the stream whose trim `exercise` runs (whole files, at least TRIM_MAX): one
+#: step at TRIM_MAX (each more step is one more call a loaded machine can stretch past
+#: 10 ms; bench/trim_history.py follows a step's cost over a long history).
+FOLLOWED_TASKS = -(-TRIM_MAX // FOLLOWED_FILE) * FOLLOWED_FILE
+
+
+def followed_stream(client: taskq.Client, stream: str, tasks: int) -> None:
+    """A one-pass stream of ``tasks`` done tasks (a multiple of FOLLOWED_FILE) as
+    `taskq job follow` appends them: files of FOLLOWED_FILE one-record chunks, each chunk
+    with the follower's id (the file's key, ``path|size|mtime``, and its index: about 80
+    bytes) and each file a source with its record in the follow hash; every task leased
+    and acked, none trimmed yet."""
+    client.create_job(stream, [], stream=True, manual_clock=True, task_timeout=None)
+    handle = client.job(stream)
+    for f in range(tasks // FOLLOWED_FILE):
+        path = f"/data/streams/events/2026-12-06/part-{f:07d}.jsonl"
+        key = f"{path}|{24 * FOLLOWED_FILE}|1796532000.123456"
+        chunks = [{"path": path, "offset": 24 * i, "length": 24} for i in range(FOLLOWED_FILE)]
+        handle.append(chunks, ids=[f"{key}#{i}" for i in range(FOLLOWED_FILE)], source=key)
+        handle.file_appended(key, FOLLOWED_FILE)
+    st = _trainer(client, stream, "stream")
+    while batch := st.lease_many(MAX_BATCH, timeout=0):
+        st.ack(batch)
+    st.close()
 
 
 def _hold(t: taskq.Trainer, n: int) -> list[taskq.Task]:
@@ -135,18 +163,10 @@ def exercise(
     for _ in range(2):
         client.job(job).append(chunks, ids=ids)
     mark("trim")
-    # a one-pass stream whose TRIM_MAX first tasks are done, each with its chunk id: one
-    # trim step drops them all
+    # a follower's stream of FOLLOWED_TASKS done tasks: one trim step passes TRIM_MAX
     stream = f"{job}-stream"
-    client.create_job(stream, [], stream=True, manual_clock=True, task_timeout=None)
-    client.job(stream).append(
-        [{"i": i} for i in range(TRIM_MAX)], ids=[f"s-{i}" for i in range(TRIM_MAX)]
-    )
-    st = _trainer(client, stream, "stream")
-    while batch := st.lease_many(MAX_BATCH, timeout=0):
-        st.ack(batch)
-    st.close()
-    assert client.job(stream).trim() == TRIM_MAX
+    followed_stream(client, stream, FOLLOWED_TASKS)
+    assert client.job(stream).trim(steps=1) == TRIM_MAX
     client.delete_job(stream)
     mark("lost worker, reap")
     lost = _trainer(client, job, "lost")

@@ -3,7 +3,7 @@ list them, put the job back to one (docs/resume.md). A sharded job's checkpoint 
 id over every shard (docs/sharding.md).
 
 Data flow: operator -> cli/checkpoints.py -> taskq.Client -> the job's handle (jobs.py ->
-checkpoints.py, or sharded.py for a sharded job) -> Redis.
+checkpoints.py, routed to the shards for a sharded job) -> Redis.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def checkpoint_cmd(
     """Record where job NAME stands (pass, tasks done, unfinished tasks' progress) under
     an id that `taskq job rewind` takes. Repeating an id finishes a checkpoint that
     stopped half-way."""
-    rec = client_of(ctx).checkpoint(name, keep=keep, ckpt=ckpt)
+    rec = client_of(ctx).job(name).checkpoint(keep=keep, ckpt=ckpt)
     if as_json:
         echo_json(rec)
         return
@@ -66,7 +66,7 @@ def checkpoint_cmd(
 def checkpoints_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
     """The checkpoints of job NAME, oldest first: id, pass, tasks done, unfinished tasks
     (with their progress), and when it was taken (UTC)."""
-    rows = client_of(ctx).checkpoints(name)
+    rows = client_of(ctx).job(name).checkpoints()
     if as_json:
         echo_json(rows)
         return
@@ -97,8 +97,8 @@ def rewind_cmd(ctx: click.Context, name: str, checkpoint: str) -> None:
     back, every lease held now is revoked, passes ended since are undone (their summaries
     kept, marked rewound). Safe to repeat; works on a completed job."""
     client = client_of(ctx)
-    client.rewind(name, checkpoint)
-    rec = client.checkpoints(name)
+    client.job(name).rewind(checkpoint)
+    rec = client.job(name).checkpoints()
     at = next((r for r in rec if r["id"] == checkpoint), None)
     where = f" (pass {at['pass']}, {at['done']} done{_shards(at)})" if at else ""
     click.echo(f"job {name}: rewound to checkpoint {checkpoint}{where}")

@@ -231,7 +231,7 @@ def _run(
     deadline = time.monotonic() + FINISH_TIMEOUT_S
     with bar:
         while True:
-            status = client.status(job, summaries=0)
+            status = client.job(job).status(summaries=0)
             finished = status.state == "completed"
             done_all = total if finished else status.pass_no * ntasks + status.done
             alive = fleet.alive()
@@ -278,7 +278,7 @@ def _act(
     elif action == "kill" and alive:
         victim = rng.choice(alive)
         fleet.signal(victim, signal.SIGKILL)
-        fleet.kills.append((f"demo-trainer-{victim}:", client.status(fleet.job, 0).now_ms))
+        fleet.kills.append((f"demo-trainer-{victim}:", client.job(fleet.job).status(0).now_ms))
         out.print(
             f"{stamp} chaos: SIGKILL trainer {victim} (its task comes back after "
             f"worker_ttl {DEMO_WORKER_TTL_S:g}s)"

@@ -40,7 +40,7 @@ def _recoveries(client: taskq.Client, job: str, fleet: Fleet) -> list[str]:
     events: list[tuple[str, dict[str, str]]] = []
     last = "-"
     while True:
-        page = client.events(job, since=last, count=1000)
+        page = client.job(job).events(since=last, count=1000)
         events.extend(page)
         if len(page) < 1000:
             break
@@ -96,7 +96,7 @@ def summary(
 
     ``kept_in``: the (masked) URL of a Redis the job stays in after the demo, or None
     when the demo's own server goes with it."""
-    report = client.audit(job)
+    report = client.job(job).audit()
     processed = _read_logs(run_dir)
     summaries = {s["pass"]: s for s in report["passes"] if s.get("state") == "completed"}
     table = Table(title=f"job {job}", title_justify="left")

@@ -197,7 +197,7 @@ def run(url: str | None, prefix: str | None) -> bool:
             spawn(i)
         _wait(
             lambda: (
-                client.status(job).done >= len(chunks) // 4
+                client.job(job).status().done >= len(chunks) // 4
                 and _lines(os.path.join(run_dir, "trainer-0.log")) >= 16  # a batch
                 and _partway(client, job, "demo-torch-0:")[0] > 0
             ),
@@ -206,14 +206,14 @@ def run(url: str | None, prefix: str | None) -> bool:
         )
         into, held = _partway(client, job, "demo-torch-0:")
         procs[0].send_signal(signal.SIGKILL)
-        status = client.status(job)
+        status = client.job(job).status()
         out.print(
             f"{time.strftime('%H:%M:%S')} pass {status.pass_no}, {status.done} of "
             f"{len(chunks)} tasks done: SIGKILL trainer 0 ({into} samples into the "
             f"{_plural(held, 'task')} it holds, recorded), add trainer 3"
         )
         spawn(3)
-        _wait(lambda: client.status(job).state == "completed", "the job's completion", procs)
+        _wait(lambda: client.job(job).status().state == "completed", "the job's completion", procs)
         for p in procs.values():
             try:
                 p.wait(10)
@@ -236,7 +236,7 @@ def _partway(client: taskq.Client, job: str, worker_prefix: str) -> tuple[int, i
     how many tasks they hold."""
     held = [
         t["id"]
-        for t in client.tasks(job, "leased")
+        for t in client.job(job).tasks("leased")
         if str(t.get("worker", "")).startswith(worker_prefix)
     ]
     if not held:
@@ -293,7 +293,7 @@ def _summary(
                 taken[p][i] += 1
                 if index == 0:
                     killed[p].add(i)
-    audit = client.audit(job)
+    audit = client.job(job).audit()
     ok = audit["ok"]
     for p in range(PASSES):
         cnt = taken[p]

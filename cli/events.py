@@ -92,11 +92,11 @@ def events(ctx: click.Context, name: str, follow: bool, as_json: bool, count: in
     A trainer's call is one ``step`` entry: per kind (acked, started, leased, reserved)
     the tasks it lists and their tokens."""
     client = client_of(ctx)
-    client.status(name, summaries=0)  # an unknown job fails here, not as an empty list
+    client.job(name).status(summaries=0)  # an unknown job fails here, not as an empty list
     latest: collections.deque[tuple[str, dict[str, str]]] = collections.deque(maxlen=count)
     last = "-"
     while True:  # the stream is trimmed (bounded), so paging to its end is bounded too
-        page = client.events(name, since=last, count=PAGE)
+        page = client.job(name).events(since=last, count=PAGE)
         latest.extend(page)
         if page:
             last = page[-1][0]
@@ -110,7 +110,7 @@ def events(ctx: click.Context, name: str, follow: bool, as_json: bool, count: in
         while True:
             if last == "-":
                 last = "0-0"
-            for event_id, fields in client.events(name, since=last, count=PAGE, block_ms=1000):
+            for event_id, fields in client.job(name).events(since=last, count=PAGE, block_ms=1000):
                 click.echo(_line(event_id, fields, as_json))
                 last = event_id
     except KeyboardInterrupt:

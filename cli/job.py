@@ -14,9 +14,10 @@ import click
 
 import taskq
 from taskq.admin.shardset import ShardedStatus
-from taskq.mix import parse_mix
+from taskq.mix import ON_EXHAUSTED
+from taskq.models import JobConfig
 
-from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
+from .common import MixType, PassesType, TaskTimeoutType, client_of, echo_json, interactive
 from .job_input import (
     BIG_INPUT_TASKS,
     ByteSizeType,
@@ -26,6 +27,14 @@ from .job_input import (
     progress_bar,
     read_chunks,
 )
+
+#: The defaults of ``taskq job create``'s settings: ``JobConfig``'s (one option per field,
+#: named as the field: tests/cli/test_cli.py checks both ways).
+DEFAULT = JobConfig()
+#: ``taskq job create``'s options that are not settings of the job: its input and the call.
+CREATE_CALL = {"name", "extra", "manifest", "files", "lines", "fmt", "records_per_chunk"}
+CREATE_CALL |= {"chunk_bytes", "row_groups_per_chunk", "storage_options", "replace"}
+CREATE_CALL |= {"exist_ok", "as_json"}
 
 
 @click.group("job")
@@ -90,66 +99,91 @@ def job() -> None:
 @click.option(
     "--chunks-per-task",
     type=click.IntRange(min=1),
-    default=1,
+    default=DEFAULT.chunks_per_task,
     show_default=True,
     help="Chunks per task (the unit a trainer leases).",
 )
 @click.option(
     "--passes",
     type=PassesType(),
-    default="1",
+    default=str(DEFAULT.passes),
     show_default=True,
     help="Number of passes; 0 or inf runs until cancelled.",
 )
 @click.option(
     "--worker-ttl",
     type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
+    default=DEFAULT.worker_ttl,
     show_default=True,
     help="Seconds of silence after which a worker is lost.",
 )
 @click.option(
     "--heartbeat-interval",
     type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
+    default=DEFAULT.heartbeat_interval,
     show_default=True,
     help="Seconds between a trainer's heartbeats (< --worker-ttl).",
 )
 @click.option(
     "--task-timeout",
     type=TaskTimeoutType(),
-    default="auto",
+    default=DEFAULT.task_timeout,
     show_default=True,
     help="Cap on one lease's run time: auto (10x p99 once known), none, or seconds.",
 )
 @click.option(
     "--max-failures",
     type=click.IntRange(min=1),
-    default=3,
+    default=DEFAULT.max_failures,
     show_default=True,
     help="Failures (fail, timeout) before a task is dead.",
 )
 @click.option(
     "--max-attempts",
     type=click.IntRange(min=1),
-    default=10,
+    default=DEFAULT.max_attempts,
     show_default=True,
     help="Started leases ending without an ack before a task is dead.",
 )
 @click.option(
     "--shuffle/--no-shuffle",
-    default=False,
+    default=DEFAULT.shuffle,
     show_default=True,
     help="A seeded new task order every pass.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="The shuffle seed.")
+@click.option("--seed", type=int, default=DEFAULT.seed, show_default=True, help="The shuffle seed.")
 @click.option(
     "--shuffle-samples",
     is_flag=True,
     help="The samples inside each task in a permutation fixed by the seed, the pass and "
     "the task, the same for every reader (default: the chunks' order).",
 )
-@click.option("--manual-advance", is_flag=True, help="Wait for `taskq pass next` between passes.")
+@click.option(
+    "--auto-advance/--manual-advance",
+    default=DEFAULT.auto_advance,
+    show_default=True,
+    help="Start the next pass by itself, or wait for `taskq pass next` between passes.",
+)
+@click.option(
+    "--manual-clock",
+    is_flag=True,
+    default=DEFAULT.manual_clock,
+    help="Tests only: the job's clock moves by advance_clock.",
+)
+@click.option(
+    "--backup-leases",
+    is_flag=True,
+    default=DEFAULT.backup_leases,
+    help="At a pass's tail an idle trainer may take a backup lease of a task running "
+    "longer than --backup-factor x the median (its work done twice; docs/trainers.md).",
+)
+@click.option(
+    "--backup-factor",
+    type=click.FloatRange(min=1, min_open=True),
+    default=DEFAULT.backup_factor,
+    show_default=True,
+    help="That factor, with --backup-leases.",
+)
 @click.option(
     "--replace", is_flag=True, help="Replace an existing job of that name (a new incarnation)."
 )
@@ -162,14 +196,14 @@ def job() -> None:
 @click.option(
     "--shards",
     type=click.IntRange(min=1),
-    default=1,
+    default=DEFAULT.shards,
     show_default=True,
     help="Spread the job over S shards on different cluster masters, one pass "
     "for all (docs/sharding.md).",
 )
 @click.option(
     "--split-tails/--no-split-tails",
-    default=True,
+    default=DEFAULT.split_tails,
     show_default=True,
     help="At a pass's tail an idle trainer takes the unread end of a task running long.",
 )
@@ -182,20 +216,20 @@ def job() -> None:
 @click.option(
     "--max-backlog",
     type=click.IntRange(min=1),
-    default=None,
+    default=DEFAULT.max_backlog,
     help="An append that would leave more tasks than this not done waits or is refused.",
 )
 @click.option(
     "--mix",
-    "mix_text",
-    metavar="JOB=W,...",
-    help="A mixed job drawing the tasks of these plain jobs by weight (no other source; "
-    "docs/mixing.md).",
+    type=MixType(),
+    default=DEFAULT.mix,
+    help="A mixed job drawing the tasks of these jobs by weight, e.g. web=0.5,code=0.5 "
+    "(no source of its own; docs/mixing.md).",
 )
 @click.option(
     "--on-exhausted",
-    type=click.Choice(["drop"]),
-    default="drop",
+    type=click.Choice(ON_EXHAUSTED),
+    default=DEFAULT.on_exhausted,
     show_default=True,
     help="A mixed job's source run out in a pass: the others' weights renormalise.",
 )
@@ -213,63 +247,24 @@ def create(
     chunk_bytes: int | None,
     row_groups_per_chunk: int | None,
     storage_options: dict[str, Any] | None,
-    chunks_per_task: int,
-    passes: int | None,
-    worker_ttl: float,
-    heartbeat_interval: float,
-    task_timeout: float | str | None,
-    max_failures: int,
-    max_attempts: int,
-    shuffle: bool,
-    seed: int,
-    shuffle_samples: bool,
-    manual_advance: bool,
     replace: bool,
     exist_ok: bool,
-    shards: int,
-    split_tails: bool,
-    stream: bool,
-    max_backlog: int | None,
-    mix_text: str | None,
-    on_exhausted: str,
     as_json: bool,
+    **settings: Any,
 ) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines (a --stream job:
-    at most one; its tasks are appended later), or a mixed job from --mix.
+    at most one; its tasks are appended later), or a mixed job from --mix (none).
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
     lines/jsonl by byte range, parquet by row groups, tar by shard or samples. Everything
     is read and validated before anything is written; the job appears all at once or not
     at all. See docs/data.md.
     """
-    if mix_text is not None:
-        if extra or manifest or files or lines or stream or shards != 1 or shuffle:
-            raise click.UsageError(
-                "--mix takes its tasks from its sources: no --manifest, --files, --lines, "
-                "--stream, --shards or --shuffle",
-                ctx,
-            )
-        client = client_of(ctx)
-        status = client.create_job(
-            name,
-            mix=parse_mix(mix_text),
-            on_exhausted=on_exhausted,
-            passes=passes,
-            worker_ttl=worker_ttl,
-            heartbeat_interval=heartbeat_interval,
-            task_timeout=task_timeout,
-            max_failures=max_failures,
-            max_attempts=max_attempts,
-            auto_advance=not manual_advance,
-            replace=replace,
-            split_tails=split_tails,
-        )
-        if as_json:
-            echo_json(status.as_dict())
-        else:
-            click.echo(f"job {name}: {status.tasks} tasks mixed from {mix_text}")
-        return
-    empty_stream = stream and manifest is None and files is None and lines is None
+    cfg = JobConfig.of(**settings)  # every option that is not CREATE_CALL's is a setting
+    no_input = manifest is None and files is None and lines is None
+    empty_stream = cfg.stream and no_input
+    if cfg.mix is not None and not (no_input and not extra):
+        raise click.UsageError("--mix takes its tasks from its sources: no other input", ctx)
     sizing_given = [
         o
         for o, v in (
@@ -281,7 +276,7 @@ def create(
         )
         if v is not None
     ]
-    if empty_stream and not extra:
+    if (empty_stream or cfg.mix is not None) and not extra:
         if sizing_given:
             raise click.UsageError(f"{sizing_given[0]} needs a source (--files or --lines)", ctx)
     else:
@@ -305,41 +300,27 @@ def create(
     sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
     chunks = (
         []
-        if empty_stream
+        if empty_stream or cfg.mix is not None
         else read_chunks(
             manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
         )
     )
-    ntasks = -(-len(chunks) // chunks_per_task)
+    ntasks = -(-len(chunks) // cfg.chunks_per_task)
     try:
         with progress_bar() if show and ntasks >= BIG_INPUT_TASKS else NoProgress() as bar:
             writing = bar.add_task(f"writing {ntasks} tasks", total=ntasks)
             status = client.create_job(
                 name,
                 chunks,
-                chunks_per_task=chunks_per_task,
-                passes=passes,
-                worker_ttl=worker_ttl,
-                heartbeat_interval=heartbeat_interval,
-                task_timeout=task_timeout,
-                max_failures=max_failures,
-                max_attempts=max_attempts,
-                shuffle=shuffle,
-                seed=seed,
-                shuffle_samples=shuffle_samples,
-                auto_advance=not manual_advance,
+                cfg,
                 replace=replace,
                 progress=lambda done, total: bar.update(writing, completed=done, total=total),
-                shards=shards,
-                split_tails=split_tails,
-                stream=stream,
-                max_backlog=max_backlog,
             )
     except taskq.JobExists:
         if not exist_ok:
             raise
         if as_json:
-            echo_json(client.status(name).as_dict())
+            echo_json(client.job(name).status().as_dict())
         else:
             click.echo(f"job {name} exists: left as it is (--exist-ok)")
         return
@@ -347,9 +328,10 @@ def create(
         echo_json(status.as_dict())
         return
     click.echo(
-        f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
-        f"{'until cancelled' if passes is None else f'{passes} pass(es)'}"
-        f"{', a stream (append, then `taskq job seal`)' if stream else ''}"
+        f"job {name}: {status.tasks} tasks from "
+        f"{f'{len(chunks)} chunks' if cfg.mix is None else ', '.join(cfg.mix)}, "
+        f"{'until cancelled' if cfg.passes is None else f'{cfg.passes} pass(es)'}"
+        f"{', a stream (append, then `taskq job seal`)' if cfg.stream else ''}"
         f"{' (replaced)' if replace else ''}"
     )
 
@@ -362,7 +344,7 @@ def create(
 def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
     """Delete job NAME and every key of it; its trainers stop (job not found)."""
     client = client_of(ctx)
-    status = client.status(name, summaries=0)  # unknown job: fail before asking
+    status = client.job(name).status(summaries=0)  # unknown job: fail before asking
     if not yes:
         shards = status.shards if isinstance(status, ShardedStatus) else []
         where = f" in {len(shards)} shards" if shards else ""
@@ -372,7 +354,7 @@ def delete(ctx: click.Context, name: str, yes: bool, as_json: bool) -> None:
             abort=True,
             err=True,
         )
-    client.delete_job(name)
+    client.job(name).delete()
     if as_json:
         echo_json(
             {"job": name, "deleted": True, "state_before": status.state, "tasks": status.tasks}

@@ -137,7 +137,7 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
     """State, pass k of n, todo/leased/done/dead, workers, throughput, ETA, passes (a
     sharded job: the sums and a breakdown by shard)."""
     client = client_of(ctx)
-    status = client.status(name, summaries=summaries)
+    status = client.job(name).status(summaries=summaries)
     if isinstance(status, ShardedStatus):  # the sums, then one row per shard
         if as_json:
             echo_json(status.as_dict())
@@ -152,7 +152,10 @@ def status_cmd(ctx: click.Context, name: str, as_json: bool, summaries: int) -> 
         echo_json(data)
         return
     if status.summaries:
-        show(status_table(status), summaries_table(status.summaries, client.first_lease_ms(name)))
+        show(
+            status_table(status),
+            summaries_table(status.summaries, client.job(name).first_lease_ms()),
+        )
     else:
         show(status_table(status))
 
@@ -179,7 +182,7 @@ def list_cmd(ctx: click.Context, as_json: bool, repair: bool) -> None:
     rows: list[dict[str, Any]] = []
     for name in client.list_jobs(sharded=True):
         try:
-            s = client.status(name, summaries=0)
+            s = client.job(name).status(summaries=0)
         except (taskq.JobNotFound, taskq.CorruptData) as e:
             # one broken entry must not hide the others
             state = "missing" if isinstance(e, taskq.JobNotFound) else "unreadable"
@@ -245,7 +248,7 @@ def audit(ctx: click.Context, name: str, as_json: bool) -> None:
     """Per pass: done, dead, skipped, stale writes rejected, resets, longest re-dispatch
     delay; and whether the counters agree with the sets they count (exit 1 if not). A
     sharded job: every shard, and whether the shards agree on every pass."""
-    report = client_of(ctx).audit(name)
+    report = client_of(ctx).job(name).audit()
     if as_json:
         echo_json(report)
     elif "shards" in report:  # a sharded job's: every shard and the agreement

@@ -11,9 +11,7 @@ import json
 
 import click
 
-from taskq.mix import parse_mix
-
-from .common import client_of, echo_json
+from .common import MixType, client_of, echo_json
 
 
 @click.group("mix")
@@ -23,7 +21,7 @@ def mix() -> None:
 
 @mix.command("set")
 @click.argument("name")
-@click.argument("weights", metavar="JOB=W,...")
+@click.argument("weights", type=MixType())
 @click.option(
     "--at",
     type=click.IntRange(min=0),
@@ -33,14 +31,17 @@ def mix() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the slot as JSON.")
 @click.pass_context
-def set_weights(ctx: click.Context, name: str, weights: str, at: int | None, as_json: bool) -> None:
+def set_weights(
+    ctx: click.Context, name: str, weights: dict[str, float], at: int | None, as_json: bool
+) -> None:
     """Set mixed job NAME's weights (every source, e.g. web=0.2,code=0.3,books=0.5);
     prints the slot from which they hold."""
-    slot = client_of(ctx).job(name).set_weights(parse_mix(weights), at=at)
+    slot = client_of(ctx).job(name).set_weights(weights, at=at)
     if as_json:
         echo_json({"job": name, "slot": slot})
     else:
-        click.echo(f"job {name}: weights {weights} hold from slot {slot}")
+        shown = ",".join(f"{s}={w:g}" for s, w in weights.items())
+        click.echo(f"job {name}: weights {shown} hold from slot {slot}")
 
 
 @mix.command("status")

@@ -53,9 +53,9 @@ def next_cmd(
     Refuses while the current pass has work left unless --force.
     """
     client = client_of(ctx)
-    before = client.status(name, summaries=0)
-    new_pass = client.next_pass(name, expected_pass=expected, force=force)
-    status = client.status(name, summaries=0)
+    before = client.job(name).status(summaries=0)
+    new_pass = client.job(name).next(expected_pass=expected, force=force)
+    status = client.job(name).status(summaries=0)
     if as_json:
         echo_json(
             {
@@ -88,9 +88,9 @@ def next_cmd(
 def reset(ctx: click.Context, name: str, expected: int | None, as_json: bool) -> None:
     """Restart the current pass of NAME (a new attempt; leases out become stale)."""
     client = client_of(ctx)
-    pass_no = client.reset_pass(name, expected_pass=expected)
+    pass_no = client.job(name).reset(expected_pass=expected)
     if as_json:
-        status = client.status(name, summaries=0)
+        status = client.job(name).status(summaries=0)
         echo_json({"job": name, "pass": pass_no, "attempt": status.pass_attempt + 1})
     else:
         click.echo(f"job {name}: pass {pass_no} restarted")
@@ -100,7 +100,7 @@ def _workers_table(client: taskq.Client, name: str, limit: int = 10) -> Table:
     table = Table(box=None, pad_edge=False)
     for col in ("worker", "leases", "heartbeat", "state"):
         table.add_column(col)
-    rows = client.workers(name)
+    rows = client.job(name).workers()
     for w in rows[:limit]:
         state = "draining" if w["draining"] else "alive" if w["alive"] else "lost"
         table.add_row(w["id"], str(w["leases"]), age(w["last_heartbeat_age_s"]) + " ago", state)
@@ -150,7 +150,7 @@ def watch(ctx: click.Context, name: str, interval: float) -> None:
     instead of a live display.
     """
     client = client_of(ctx)
-    status: JobStatus = client.status(name, summaries=0)
+    status: JobStatus = client.job(name).status(summaries=0)
     old = signal.signal(signal.SIGTERM, _on_term)
     try:
         if interactive(stderr=False):
@@ -187,7 +187,7 @@ def _watch_plain(client: taskq.Client, name: str, interval: float, status: JobSt
         if status.state in FINAL_STATES:
             return status
         time.sleep(interval)
-        status = client.status(name, summaries=0)
+        status = client.job(name).status(summaries=0)
 
 
 def _watch_live(client: taskq.Client, name: str, interval: float, status: JobStatus) -> JobStatus:
@@ -204,7 +204,7 @@ def _watch_live(client: taskq.Client, name: str, interval: float, status: JobSta
 
     def refresh() -> JobStatus:
         nonlocal info
-        s = client.status(name, summaries=0)
+        s = client.job(name).status(summaries=0)
         d = s.as_dict()
         bar.update(
             current,

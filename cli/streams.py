@@ -358,7 +358,7 @@ def seal_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
     changes nothing and says so (exit 0)."""
     client = client_of(ctx)
     tasks = client.job(name).seal()
-    state = client.status(name, summaries=0).state
+    state = client.job(name).status(summaries=0).state
     if as_json:
         echo_json(
             {

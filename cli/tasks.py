@@ -58,8 +58,8 @@ def list_cmd(ctx: click.Context, name: str, state: str, limit: int, as_json: boo
     included; a revoked lease is not counted.
     """
     client = client_of(ctx)
-    rows = client.tasks(name, state=state, limit=limit, details=state == "dead")
-    status = client.status(name, summaries=0)
+    rows = client.job(name).tasks(state=state, limit=limit, details=state == "dead")
+    status = client.job(name).status(summaries=0)
     for row in rows:
         if "since_ms" in row:
             row["age_s"] = round(max(0, status.now_ms - row["since_ms"]) / 1000.0, 3)
@@ -118,7 +118,7 @@ def list_cmd(ctx: click.Context, name: str, state: str, limit: int, as_json: boo
 def show_cmd(ctx: click.Context, name: str, task_id: int, history: int, as_json: bool) -> None:
     """One task of NAME: state, chunks, holder, failures, attempts, last error and its
     latest events (from the job's recent events, which are trimmed)."""
-    t = client_of(ctx).task(name, task_id, history=history)
+    t = client_of(ctx).job(name).task(task_id, history=history)
     if as_json:
         echo_json(t)
         return
@@ -179,7 +179,7 @@ def retry(ctx: click.Context, name: str, ids: tuple[int, ...], as_json: bool) ->
     A task named with --id that does not exist or is not dead is an error (exit 1,
     nothing retried).
     """
-    count = client_of(ctx).retry(name, list(ids) or None)
+    count = client_of(ctx).job(name).retry(list(ids) or None)
     if as_json:
         echo_json({"job": name, "retried": count, "ids": sorted(set(ids)) or None})
     elif count == 0:
@@ -199,8 +199,8 @@ def revoke(ctx: click.Context, name: str, task_id: int, as_json: bool) -> None:
     Exit 1 if the task does not exist or is not leased.
     """
     client = client_of(ctx)
-    if not client.revoke(name, task_id):
-        state = client.task(name, task_id, history=0)["state"]
+    if not client.job(name).revoke(task_id):
+        state = client.job(name).task(task_id, history=0)["state"]
         raise taskq.InvalidInput(
             f"job {name}: task {task_id} is {state}, not leased; nothing to revoke"
         )

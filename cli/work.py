@@ -82,9 +82,15 @@ class _Runner:
     """Runs CMD for tasks of one trainer and turns signals into a graceful leave."""
 
     def __init__(
-        self, trainer: taskq.Trainer, cmd: list[str], grace: float, ranges: bool = False
+        self,
+        trainer: taskq.Trainer,
+        client: taskq.Client,
+        cmd: list[str],
+        grace: float,
+        ranges: bool = False,
     ) -> None:
         self.trainer = trainer
+        self.client = client  # the trainer's connection's: its tasks' states
         self.cmd = cmd
         self.grace = grace
         #: CMD reads the range of its task (``--ranges``): TASKQ_START / TASKQ_END are set
@@ -226,7 +232,7 @@ class _Runner:
 
     def _note_if_dead(self, task: taskq.Task) -> None:
         try:
-            state = self.trainer.client.task(task.job, task.id, history=0)["state"]
+            state = self.client.job(task.job).task(task.id, history=0)["state"]
         except taskq.TaskqError as e:
             log.warning("task %s: cannot read its state after the failure: %s", task.id, e)
             return
@@ -464,7 +470,7 @@ def work(
     client.keys(job)  # a bad name fails before any wait
     # a probe without redis-py's own retries, so the log says when the next try really is
     _wait_for_redis(taskq.Client(resolved, retries=0, socket_timeout=2.0), STARTUP_WAIT_S)
-    config = client.status(job, summaries=0).config
+    config = client.job(job).status(summaries=0).config
     if worker_ttl is not None and worker_ttl <= config["heartbeat_interval"]:
         raise click.UsageError(
             f"--worker-ttl {worker_ttl:g} must be longer than job {job}'s "
@@ -486,7 +492,7 @@ def work(
     down = _RedisDownContext(client.url, trainer.reconnect_timeout)
     for name in ("taskq.trainer", "taskq.sharded"):
         logging.getLogger(name).addFilter(down)
-    runner = _Runner(trainer, argv, grace, ranges)
+    runner = _Runner(trainer, client, argv, grace, ranges)
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -25,14 +25,14 @@ def workers() -> None:
 def list_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
     """Workers of NAME: id, host, pid, joined, last heartbeat age, leases held."""
     client = client_of(ctx)
-    rows = client.workers(name)
+    rows = client.job(name).workers()
     if as_json:
         echo_json(rows)
         return
     if not rows:
         click.echo(f"job {name}: no workers")
         return
-    now_ms = client.status(name, summaries=0).now_ms
+    now_ms = client.job(name).status(summaries=0).now_ms
     table = Table()
     for col in ("id", "host", "pid", "joined", "heartbeat", "leases", "state"):
         table.add_column(col, justify="right" if col in ("pid", "leases") else "left")
@@ -66,10 +66,10 @@ def drain(
     client = client_of(ctx)
     if drain_all == bool(worker_ids):
         raise click.UsageError("name WORKER ids or give --all (not both)", ctx)
-    targets = [w["id"] for w in client.workers(name)] if drain_all else list(worker_ids)
+    targets = [w["id"] for w in client.job(name).workers()] if drain_all else list(worker_ids)
     for worker_id in targets:
         try:
-            client.drain(name, worker_id)
+            client.job(name).drain(worker_id)
         except taskq.InvalidInput as e:
             raise taskq.InvalidInput(f"job {name}: no worker {worker_id!r}") from e
         if not as_json:

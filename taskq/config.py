@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import errors
+from .mix import ON_EXHAUSTED, check_mix
 from .models import JobConfig
 
 #: The shortest time setting (seconds): times are stored in whole milliseconds, and a
@@ -63,6 +64,23 @@ def validate_config(cfg: JobConfig) -> None:
             bad(f"{name} must be an integer >= 1, got {v!r}")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
         bad(f"seed must be an integer, got {cfg.seed!r}")
+    k = cfg.backup_factor
+    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or k <= 1:
+        bad(f"backup_factor must be a number > 1, got {k!r}")
+    limit = cfg.max_backlog
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        bad(f"max_backlog must be an integer >= 1, got {limit!r}")
+    if isinstance(cfg.shards, bool) or not isinstance(cfg.shards, int) or cfg.shards < 1:
+        bad(f"shards must be an integer >= 1, got {cfg.shards!r}")
+    if cfg.on_exhausted not in ON_EXHAUSTED:
+        bad(f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {cfg.on_exhausted!r}")
+    if cfg.mix is not None:
+        check_mix(cfg.mix)
+        if cfg.shards != 1 or cfg.stream or cfg.shuffle:
+            bad(
+                "a mixed job's tasks are its sources' and its order its schedule: no shards, "
+                "stream or shuffle"
+            )
 
 
 def encode_tasks(chunks: Iterable[Any], chunks_per_task: int) -> tuple[list[str], int]:

@@ -8,26 +8,31 @@ manifest. ``format_chunks`` hands files of a known format (lines, JSONL, Parquet
 ``taskq.data``, whose chunks carry a ``format`` field (docs/data.md).
 
 Data flow: files on disk -> datasets.py (-> taskq.data) -> chunks -> client.create_job
--> Redis.
+-> Redis. The import is one-way: datasets.py uses taskq.data (its format builders and the
+line scan of taskq/data/linescan.py), never the other way round.
 """
 
 from __future__ import annotations
 
-import bisect
 import glob
 import json
 import os
-import re
-from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
-from . import errors
+from . import data, errors
+from .data.linescan import Progress, line_ranges
 
-Progress = Callable[[int, int], None]
-
-_READ_BLOCK = 1 << 20
-#: a line of whitespace only (what a JSON lines reader skips: ``bytes.strip``'s set)
-_BLANK_LINE = re.compile(rb"^[ \t\r\x0b\x0c]*\n", re.M)
+__all__ = [
+    "COMPRESSED_SUFFIXES",
+    "MAX_CHUNK_DEPTH",
+    "Progress",
+    "depth",
+    "file_chunks",
+    "format_chunks",
+    "line_chunks",
+    "line_ranges",
+    "manifest_chunks",
+]
 
 #: Suffixes of compressed files: read whole, never by byte range.
 COMPRESSED_SUFFIXES = (".gz", ".tgz", ".zst", ".zstd", ".bz2", ".xz")
@@ -175,8 +180,6 @@ def format_chunks(
         InvalidInput: no file matches, a sizing option without a format that takes it,
             a malformed file, the data extra missing (see ``taskq.data.build_chunks``).
     """
-    from . import data
-
     sizing = {
         "chunk_bytes": chunk_bytes,
         "records_per_chunk": records_per_chunk,
@@ -227,82 +230,4 @@ def line_chunks(
         chunks = line_ranges(f, os.path.abspath(path), total, records_per_chunk, progress)
     if not chunks:
         raise errors.InvalidInput(f"{path}: empty file (no lines)")
-    return chunks
-
-
-def line_ranges(
-    f: IO[bytes],
-    path: str,
-    total: int,
-    records_per_chunk: int,
-    progress: Progress | None = None,
-    samples: bool = False,
-) -> list[dict[str, Any]]:
-    """The line-aligned ranges of an open file, ``records_per_chunk`` lines each.
-
-    Args:
-        f: the file, at its start (any binary file object: local or fsspec).
-        path: the path the chunks name.
-        total: the file's size (for ``progress``).
-        records_per_chunk: lines per chunk (>= 1).
-        progress: called with (bytes read, total) as reading goes.
-        samples: also count each range's lines that are not blank (JSON lines: its
-            samples, what lets the engine split a task of it, docs/design.md).
-
-    Returns:
-        ``{"path", "offset", "length", "records"[, "samples"]}`` per range, in order
-        (none for an empty file).
-    """
-    chunks: list[dict[str, Any]] = []
-    start = 0  # offset of the current chunk's first byte
-    records = 0  # complete lines in the current chunk so far
-    blanks = 0  # blank lines among them (with ``samples``)
-    pos = 0  # file offset of the block being scanned
-    last = b"\n"  # the file's last byte so far
-    # with ``samples``: whether the line the block begins in is blank so far (what came
-    # of it before the block is whitespace only)
-    open_blank = True
-
-    def chunk(length: int, n: int, nblank: int) -> dict[str, Any]:
-        c: dict[str, Any] = {"path": path, "offset": start, "length": length, "records": n}
-        if samples:
-            c["samples"] = n - nblank
-        return c
-
-    while True:
-        block = f.read(_READ_BLOCK)
-        if not block:
-            break
-        last = block[-1:]
-        # ends (in block) of the blank lines: a match at 0 continues the line before it
-        ends = []
-        if samples:
-            ends = [m.end() for m in _BLANK_LINE.finditer(block) if m.start() or open_blank]
-            nl = block.rfind(b"\n")
-            if nl >= 0:
-                open_blank = not block[nl + 1 :].strip()
-            else:
-                open_blank = open_blank and not block.strip()
-        k = 0  # blank line ends in ends[:k] are counted already
-        i = 0
-        left = block.count(b"\n")  # line ends in block[i:]
-        while True:
-            need = records_per_chunk - records
-            if left < need:  # the chunk cannot end in this block: count, move on
-                records += left
-                blanks += len(ends) - k
-                break
-            for _ in range(need):
-                i = block.index(b"\n", i) + 1
-            left -= need
-            end = pos + i
-            j = bisect.bisect_right(ends, i, k)
-            chunks.append(chunk(end - start, records_per_chunk, blanks + j - k))
-            k, start, records, blanks = j, end, 0, 0
-        pos += len(block)
-        if progress:
-            progress(pos, total)
-    if pos > start:  # a last line without a newline, or a short last chunk
-        partial = last != b"\n"
-        chunks.append(chunk(pos - start, records + partial, blanks + (partial and open_blank)))
     return chunks

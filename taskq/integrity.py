@@ -58,6 +58,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "sources": "hash",
     "srcseq": "zset",
     "aside": "zset",
+    "appended": "hash",
 }
 assert set(EXPECTED_TYPES) == set(JOB_KEYS), "integrity.EXPECTED_TYPES drifted from keys.JOB_KEYS"
 
@@ -172,6 +173,28 @@ def progress_check(redis_client: Any, job_keys: JobKeys, limit: int = 10000) -> 
         "checked": len(entries),
         "done_with_progress": [t for (t, _), b in zip(entries, bits, strict=True) if b],
     }
+
+
+def tasks_check(redis_client: Any, job_keys: JobKeys, tasks: int, trimmed: int) -> bool:
+    """The job's size (meta's ``n`` plus the appended record's ``tasks``:
+    ``keys.APPENDED_FIELDS``, which a producer's credential may write) against its
+    descriptors: its last task has one (unless trimmed) and no task past it has. Two
+    ``HEXISTS``.
+
+    Args:
+        redis_client: a redis-py client.
+        job_keys: the job's keys.
+        tasks: the job's tasks, as its status counts them.
+        trimmed: a stream's watermark (the tasks below it have no descriptor any more).
+
+    Returns:
+        True when they agree.
+    """
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.hexists(job_keys.chunks, str(tasks - 1))
+    pipe.hexists(job_keys.chunks, str(tasks))
+    last, past = pipe.execute()
+    return bool((tasks == 0 or tasks - 1 < trimmed or last) and not past)
 
 
 def dead_check(redis_client: Any, job_keys: JobKeys, limit: int = 100000) -> dict[str, Any]:
@@ -321,7 +344,7 @@ def split_check(
         head, tail, confirmed = parts[3] == "1", parts[4] == "1", parts[6] == "1"
         acked += head and tail
         why = []
-        if not 0 < m <= n:
+        if not 0 <= m <= n:
             why.append(f"pieces [0, {m}) and [{m}, {n}) do not partition the task")
         size = size_of(decode_chunks(chunks, job_keys.chunks, task))
         if size is not None and n != size:

@@ -65,7 +65,17 @@ JOB_KEYS: tuple[str, ...] = (
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
     # (dead, or dead at a kept checkpoint's cut: trim.lua)
+    "appended",  # hash: what appends added, the only job record append writes besides the
+    # tasks' (the producer's credential writes no meta field, docs/security.md):
+    # APPENDED_FIELDS; the job's tasks are meta's n plus its "tasks" (lib/meta.lua tasks_n)
 )
+
+#: The fields of ``appended``, each a count append adds to (a fixed set: bounded): the
+#: tasks and chunks appended, the chunks skipped as appended before (their id or source),
+#: the sequence of the appends that named a source (``srcseq``'s scores). A job made
+#: before the record has these counts in meta (``n``, ``nchunks``, ``c_appended``,
+#: ``c_append_dup``): readers add the two (stats.lua).
+APPENDED_FIELDS: tuple[str, ...] = ("tasks", "chunks", "dup", "src_seq")
 
 #: The keys no hot verb (lease, ack, heartbeat) touches on its common path: made by the
 #: script that needs one (``kc('name')`` in the Lua, engine/library.py), not passed.
@@ -94,6 +104,7 @@ COLD_KEYS: tuple[str, ...] = (
     "sources",
     "srcseq",
     "aside",
+    "appended",
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
@@ -114,8 +125,8 @@ class MetaField:
     PASS = "pass"  # current pass number
     PASSES = "passes"  # passes to run (-1 = until cancelled)
     ROUND = "round"  # pass attempt id: grows on every pass start / reset / cancel / completion
-    N = "n"  # number of tasks
-    NCHUNKS = "nchunks"  # number of chunks
+    N = "n"  # number of tasks made by the create (appended ones: KEY appended's "tasks")
+    NCHUNKS = "nchunks"  # number of chunks made by the create (appended: appended's "chunks")
     CPT = "cpt"  # chunks per task
     TTL = "ttl"  # worker liveness ttl (ms)
     HBI = "hbi"  # heartbeat interval (ms)
@@ -185,12 +196,14 @@ class MetaField:
     C_BACKUPS = "c_backups"  # backup leases granted
     DUR_MED = "dur_med"  # the job's median task time (us), a streaming estimate
     P_BACKUPS = "p_backups"  # backup leases and split pieces granted this pass attempt
-    PN = "pn"  # tasks in the pass's own order (its start's n); appended ones come after it
+    PN = "pn"  # tasks in the pass's own order (its start's tasks); appended ones come after it
     STREAM = "stream"  # '' not a stream | open (the pass does not end) | sealed
     MAX_BACKLOG = "max_backlog"  # an append past it (tasks not done) is refused (0 = none)
-    C_APPENDED = "c_appended"  # tasks appended after the create
-    C_APPEND_DUP = "c_append_dup"  # chunks an append skipped (their id was appended before)
-    SRC_SEQ = "src_seq"  # sequence of the appends that named a source (srcseq's scores)
+    #: A job made before KEY appended: its appends' counts (readers add appended's), never
+    #: written any more (APPENDED_FIELDS)
+    C_APPENDED = "c_appended"
+    C_APPEND_DUP = "c_append_dup"
+    SRC_SEQ = "src_seq"
     TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
     ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
@@ -330,7 +343,7 @@ def acl_jobs_index_pattern(key_prefix: str | None = None) -> str:
     return _glob_escape(jobs_index(key_prefix))
 
 
-# -- sharded jobs (taskq/admin/sharded.py) -------------------------------------------------------
+# -- sharded jobs (taskq/admin/jobs.py, shardset.py) -------------------------------------------------------
 #: Longest name a sharded job may have: its shards are ``NAME.s<k>[.<t>]`` (<= 64).
 MAX_SHARDED_NAME = 52
 

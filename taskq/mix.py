@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from taskq import errors
+from taskq.keys import valid_job_name
 
 #: What a mixed job does when a source runs out in a pass (only ``drop`` is built).
 ON_EXHAUSTED = ("drop",)
@@ -88,6 +89,25 @@ def parse_mix(text: str) -> dict[str, float]:
                 f"mix: weight of {name!r} is not a number: {value!r}"
             ) from None
     return out
+
+
+def check_mix(mix: object) -> list[str]:
+    """A mix as given (``{source job: weight}``): its weights as the engine logs them, in
+    the mapping's order.
+
+    Raises:
+        InvalidInput: not a mapping of 1 to ``MAX_SOURCES`` job names to weights >= 0
+            with one above 0.
+    """
+    if not isinstance(mix, Mapping) or not 1 <= len(mix) <= MAX_SOURCES:
+        raise errors.InvalidInput(f"mix: give 1 to {MAX_SOURCES} sources as {{job: weight}}")
+    for source in mix:
+        if not isinstance(source, str) or not valid_job_name(source):
+            raise errors.InvalidInput(f"mix: {source!r} is not a job name")
+    weights = [weight_text(mix[s], f"weight of {s}") for s in mix]
+    if not any(float(w) > 0 for w in weights):
+        raise errors.InvalidInput("mix: at least one weight must be above 0")
+    return weights
 
 
 @dataclass(frozen=True)

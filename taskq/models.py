@@ -7,8 +7,10 @@ lease script's reply; stats.py, the CLI and the exporter read JobStatus.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from . import errors
 
 STATES = ("running", "paused", "waiting", "completed", "cancelled")
 
@@ -17,18 +19,32 @@ _EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread 
 
 @dataclass(frozen=True)
 class JobConfig:
-    """A job's configuration, fixed at create time (validated by ``client.validate_config``)."""
+    """Every setting of a job, fixed at create time: ``Client.create_job``, ``taskq job
+    create`` (its options are these fields) and the sharded create take one, checked
+    whole by ``config.validate_config`` before anything is written.
+    """
 
+    #: chunks per task (the unit a trainer leases)
     chunks_per_task: int = 1
+    #: number of passes, or None to run until cancelled
     passes: int | None = 1
+    #: seconds of silence after which a worker is lost
     worker_ttl: float = 5.0
+    #: seconds between a trainer's heartbeats (< worker_ttl)
     heartbeat_interval: float = 1.0
+    #: "auto", seconds, or None for no cap on one lease's run time
     task_timeout: float | str | None = "auto"
+    #: failures (fail, timeout) before a task is dead
     max_failures: int = 3
+    #: started leases ending without an ack before a task is dead
     max_attempts: int = 10
+    #: a seeded new task order every pass
     shuffle: bool = False
+    #: the shuffle seed
     seed: int = 0
+    #: start the next pass by itself (else wait for ``next``)
     auto_advance: bool = True
+    #: tests only: the job's clock moves by ``advance_clock``
     manual_clock: bool = False
     #: tail splitting: an idle trainer at a pass's tail takes the unread end of a started
     #: task running long (docs/design.md, "Tail splitting"); needs the task's size
@@ -38,6 +54,42 @@ class JobConfig:
     #: the task (``taskq.data.sample_order``), applied by ``read_task(task)`` and taskq.torch
     #: (docs/design.md, "Sample order")
     shuffle_samples: bool = False
+    #: at the tail of a pass an idle trainer may take a backup lease of a task that has run
+    #: longer than ``backup_factor`` x the job's median task time; the first ack wins
+    #: (docs/trainers.md, "Tails"). Off by default: a backup does the task's work twice
+    backup_leases: bool = False
+    #: that factor (> 1)
+    backup_factor: float = 2.0
+    #: S > 1 spreads the job over S shards on different cluster masters, one pass for all
+    #: (docs/sharding.md)
+    shards: int = 1
+    #: a job whose data keeps arriving: its pass does not end while the stream is open,
+    #: ``seal`` closes it (docs/streams.md); sharded: every shard a stream
+    stream: bool = False
+    #: an append that would leave more tasks not done than this waits or is refused
+    #: (None: no bound); sharded: divided among the shards
+    max_backlog: int | None = None
+    #: a mixed job (docs/mixing.md): ``{source job: weight}``, its tasks the sources'
+    #: (copied at create; no chunks of its own), its order the weighted schedule
+    mix: dict[str, float] | None = None
+    #: a mixed job's source run out in a pass: ``drop`` (the others' weights renormalise
+    #: from that slot)
+    on_exhausted: str = "drop"
+
+    @classmethod
+    def of(cls, config: JobConfig | None = None, **settings: Any) -> JobConfig:
+        """``config`` (the defaults when None) with ``settings`` (field names) over it.
+
+        Raises:
+            InvalidInput: a setting that is not a field (one line naming it), a
+                ``config`` that is not a ``JobConfig``.
+        """
+        if config is not None and not isinstance(config, cls):
+            raise errors.InvalidInput(f"config must be a JobConfig, got {type(config).__name__}")
+        unknown = sorted(set(settings) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise errors.InvalidInput(f"unknown job setting(s): {', '.join(unknown)}")
+        return replace(config or cls(), **settings)
 
 
 @dataclass(eq=False)
@@ -66,9 +118,6 @@ class Task:
     #: progress reports (docs/design.md, "Tail splitting"). Read up to it:
     #: ``read_task(task.chunks, task.start, end=task.current_end)``.
     end: int | None = None
-    #: a piece of a split task whose split is not confirmed yet: read nothing until the
-    #: trainer sees it confirmed (trainer_calls.py waits before handing the task out)
-    split_pending: bool = False
     #: the loop reads this task up to ``end`` as it moves (``current_end`` was asked, or
     #: taskq.torch's loader reads it): only such a task's size goes with its progress, so
     #: only it can be split; a loop that reads to the chunks' end is never split under it

@@ -5,7 +5,10 @@ Where it sits: beside the data flow, for tests only. It starts real servers (no 
 ``valkey-server`` on a free loopback port in a directory of its own), waits on conditions
 instead of sleeping (:func:`wait_until`), and moves a job's clock by hand
 (:class:`ManualClock`, for a job created with ``manual_clock=True``) so lease expiry and
-timeouts are tested without waiting for them.
+timeouts are tested without waiting for them; :func:`script_function` names a verb's Redis
+function, for tests that call a script raw with arguments of their own. A test that speaks
+the engine's protocol by hand reaches a trainer's inside through :func:`lease_secret` and
+:func:`trainer_worker` only.
 
 With pytest installed, the module is also a pytest plugin (registered by the
 distribution's ``pytest11`` entry point, so installing taskq is enough) with four fixtures:
@@ -38,8 +41,67 @@ from collections.abc import Iterator
 from typing import Any
 
 from .devserver import RedisCluster, RedisServer, free_port, wait_until
+from .engine import library
 
-__all__ = ["ManualClock", "RedisCluster", "RedisServer", "free_port", "wait_until"]
+__all__ = [
+    "ManualClock",
+    "RedisCluster",
+    "RedisServer",
+    "free_port",
+    "lease_secret",
+    "script_function",
+    "trainer_worker",
+    "wait_until",
+]
+
+
+def trainer_worker(trainer: Any) -> Any:
+    """The home worker of a ``taskq.Trainer`` (taskq/trainer/worker.py ``Worker``): its
+    parts, ``session``, ``view``, ``leases``, ``calls``, ``progress``, ``heartbeat`` and
+    ``plain`` (the plain lease source), for a test that speaks the engine's protocol by
+    hand (a call number, a heartbeat's ARGV) or steps in between a reply and what follows
+    it. These are the trainer's internals: they change with it, unlike its surface.
+
+    Args:
+        trainer: a ``taskq.Trainer`` (a sharded job's: its home shard's worker).
+
+    Returns:
+        The worker.
+    """
+    return trainer._home
+
+
+def lease_secret(trainer: Any) -> str:
+    """The lease secret of a ``taskq.Trainer``'s current worker incarnation (its home
+    shard's), which every write of the incarnation sends: for a test that calls a script
+    by hand as that trainer. Keep it out of logs and reports, as the trainer does.
+
+    Args:
+        trainer: a ``taskq.Trainer``.
+
+    Returns:
+        The secret.
+    """
+    return str(trainer._home.session.secret)
+
+
+def script_function(verb: str) -> tuple[str, int, bool]:
+    """The Redis function of one verb, to call it raw (``FCALL name nkeys keys... args...``).
+
+    Args:
+        verb: a verb of taskq/engine/lua (``ack``, ``heartbeat``, ...).
+
+    Returns:
+        (function name, number of keys, read-only).
+
+    Raises:
+        InvalidInput: no such verb.
+    """
+    from .errors import InvalidInput
+
+    if verb not in library.VERBS:
+        raise InvalidInput(f"no script verb {verb!r}")
+    return library._FUNCTIONS[verb]
 
 
 class ManualClock:

@@ -1,7 +1,7 @@
 """The chaos harness: real trainer processes, signals, a reaper subprocess, and the audit.
 
-Shared by ``tests/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
-``tests/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
+Shared by ``tests/chaos/test_chaos.py`` (elastic scaling, pauses, poison, manual advance),
+``tests/chaos/test_chaos_redis.py`` (Redis crashes, partitions, random schedules) and the long
 form ``bench/chaos_long.py``. Trainers are started by ``multiprocessing``'s forkserver:
 the test process holds threads (probes' heartbeats, redis-py, the proxy), and a fork of a
 threaded process may deadlock in the child (Python 3.12+ warns). The fork server is a
@@ -41,6 +41,7 @@ from typing import Any
 
 import taskq
 from taskq.devserver import stop_process
+from taskq.testing import wait_until
 
 TRAINER_START = multiprocessing.get_context("forkserver")
 TRAINER_START.set_forkserver_preload(["taskq", "chaos"])
@@ -117,7 +118,7 @@ def _trainer_main(
                         except taskq.LeaseLost:
                             row["stale"] = True
                     log.write(json.dumps(row) + "\n")
-                state = trainer.client.status(job, summaries=0).state
+                state = taskq.Client(url).status(job, summaries=0).state
                 if state not in ("completed", "cancelled"):
                     code = EXIT_EARLY
         except taskq.JobNotFound:
@@ -460,14 +461,10 @@ def wait_for(
     predicate: Any, timeout: float, interval: float = 0.05, what: str = "condition"
 ) -> Any:
     """Poll ``predicate`` until truthy; raises AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    got: list[Any] = []
+    if not wait_until(lambda: got.append(predicate()) or got[-1], timeout, interval):
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    return got[-1]
 
 
 def acked(client: taskq.Client, job: str) -> int:
@@ -495,7 +492,7 @@ def scale_up_down_kill(
     reaper_interval: float = 0.2,
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
-    """Scenario 1 (the PaddlePaddle report) at any size; ``tests/test_chaos.py`` runs the
+    """Scenario 1 (the PaddlePaddle report) at any size; ``tests/chaos/test_chaos.py`` runs the
     CI form, ``bench/chaos_long.py`` the full one.
 
     ``first`` trainers, ``peak`` once ``up_at`` tasks were acked, ``last`` once

@@ -1,7 +1,7 @@
 """The Redis chaos rig: one Redis, a TCP proxy, fleets of trainers, a reaper, probes and a
 timeline; and the seeded random schedules of scenario 7.
 
-Used by ``tests/test_chaos_redis.py`` (scenarios 3, 4 and 7) and the long form
+Used by ``tests/chaos/test_chaos_redis.py`` (scenarios 3, 4 and 7) and the long form
 ``bench/chaos_random_long.py``. Everything ``Rig`` starts is stopped by ``close()``;
 ``explained()`` prints its timeline when a check inside fails.
 

@@ -1,5 +1,7 @@
 """Fixtures: a real server per session (started here), a fresh job name per test.
 
+The root conftest of tests/ (pytest's rootdir conftest): every package of tests/ gets them.
+
 The server is ``redis-server`` unless ``TASKQ_TEST_SERVER`` names another binary
 (``valkey-server``); the run's header says which one and its version.
 """
@@ -14,7 +16,16 @@ from collections.abc import Iterator
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# tests/ mirrors the house (tests/engine, admin, trainer, torchdata, ops, data, cli, streams,
+# chaos, frameworks); the shared helpers (support.py, the *_proc.py scripts) sit here, and a
+# test module may import another's helpers by name (from test_split import ...), so the
+# root and every package are on the path
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_TESTS] + sorted(
+    os.path.join(_TESTS, d)
+    for d in os.listdir(_TESTS)
+    if os.path.isdir(os.path.join(_TESTS, d)) and not d.startswith((".", "_"))
+)
 
 from support import RedisClusterProcs, RedisServer, server_version  # noqa: E402
 

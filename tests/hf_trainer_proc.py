@@ -1,4 +1,4 @@
-"""transformers' ``Trainer`` over a ``taskq.torch.DataLoader``, for tests/test_frameworks.py.
+"""transformers' ``Trainer`` over a ``taskq.torch.DataLoader``, for tests/frameworks/test_frameworks.py.
 
 Usage: hf_trainer_proc.py URL JOB LOG_DIR MAX_STEPS [--every K] [--kill-at S] [--resume CKPT]
 

@@ -1,4 +1,4 @@
-"""A Lightning ``Trainer.fit`` over a ``taskq.torch.DataLoader``, for tests/test_frameworks.py.
+"""A Lightning ``Trainer.fit`` over a ``taskq.torch.DataLoader``, for tests/frameworks/test_frameworks.py.
 
 Usage: lightning_proc.py URL JOB LOG_DIR DEVICES [--every K] [--kill-at S] [--resume CKPT]
     [--batch-size B] [--ahead A]

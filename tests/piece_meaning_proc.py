@@ -1,4 +1,4 @@
-"""A ``taskq.torch`` training process for tests/test_piece_meaning.py.
+"""A ``taskq.torch`` training process for tests/torchdata/test_piece_meaning.py.
 
 Usage: piece_meaning_proc.py URL JOB OUT
 

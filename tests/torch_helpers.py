@@ -191,7 +191,10 @@ def restart_rank(
     )
     ds = taskq.torch.TaskDataset(job, url=url, reader=jsonl_reader, shuffle=False)
     rows: list[tuple[int, int]] = []
-    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=1, tasks_ahead=2) as loader:
+    # the ranks do not step together (no DDP): said, or iter() refuses (frameworks.py)
+    with taskq.torch.DataLoader(
+        ds, batch_size=4, num_workers=1, tasks_ahead=2, pass_end="global"
+    ) as loader:
         rewound = loader.load_state_dict(state)
         for n, batch in enumerate(loader, 1):
             rows += rows_of(batch)

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from torch_helpers import jsonl_reader, rows_of  # noqa: E402
 
 import taskq.torch  # noqa: E402
+from taskq.testing import wait_until  # noqa: E402
 
 
 def main() -> int:
@@ -99,15 +100,13 @@ def _checkpoint(
     loader.sync()  # what this rank took is acked and recorded before the checkpoint
     base = Path(a.out).parent
     (base / f"ready-{a.rank}").write_text(str(seen))
-    while len(list(base.glob("ready-*"))) < a.ranks:
-        time.sleep(0.02)
+    assert wait_until(lambda: len(list(base.glob("ready-*"))) >= a.ranks, 120, 0.02)
     if a.rank == 0:
         state = loader.state_dict()
         # the data-parallel model's count: what every rank trained on (an allreduce)
         total = sum(int(p.read_text()) for p in base.glob("ready-*"))
         Path(a.out + ".ckpt").write_text(json.dumps({"data": state, "seen": total}))
-    while not list(base.glob("*.ckpt")):
-        time.sleep(0.02)
+    assert wait_until(lambda: list(base.glob("*.ckpt")), 120, 0.02)
     out.write("CKPT\n")  # type: ignore[attr-defined]
 
 

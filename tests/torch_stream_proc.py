@@ -1,4 +1,4 @@
-"""A trainer process reading a stream job through ``taskq.torch`` (tests/test_streams.py).
+"""A trainer process reading a stream job through ``taskq.torch`` (tests/streams/test_streams.py).
 
 Usage: torch_stream_proc.py URL JOB WORKERS LOG
 

@@ -1,4 +1,4 @@
-"""A rank of a real ``torchrun`` run (started by tests/test_torchrun_stop.py): DDP on gloo
+"""A rank of a real ``torchrun`` run (started by tests/torchdata/test_torchrun_stop.py): DDP on gloo
 over a ``taskq.torch.DataLoader`` with 2 workers, slow steps, ``pass_end="local"`` and
 ``Join``; appends ``<rank> <pid> <file> <line>`` per sample taken to ``LOG`` (argv: url,
 job, log path)."""

@@ -1,5 +1,5 @@
 """A rank of a real ``torchrun`` run over a job with tail splitting on (started by
-tests/test_torchrun_split.py): DDP on gloo over a ``taskq.torch.DataLoader`` with 2
+tests/torchdata/test_torchrun_split.py): DDP on gloo over a ``taskq.torch.DataLoader`` with 2
 workers, batches of one sample, a loader ``seed`` per rank (a piece is read in its
 task's order, which the job seeds), ``pass_end="local"`` and ``Join``, rank 0 slower than
 rank 1 so a pass's tail splits rank 0's long task; appends ``<rank> <pass> <file> <line>``

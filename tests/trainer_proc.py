@@ -18,6 +18,7 @@ import sys
 import time
 
 import taskq
+from taskq.testing import trainer_worker
 
 
 def main() -> int:
@@ -44,7 +45,9 @@ def main() -> int:
         worker_ttl=a.worker_ttl,
     ) as trainer:
         helper = (
-            trainer._worker._heartbeat.helper.proc.pid if trainer._worker._heartbeat.helper else 0
+            trainer_worker(trainer).heartbeat.helper.proc.pid
+            if trainer_worker(trainer).heartbeat.helper
+            else 0
         )
         print(f"READY {os.getpid()} {helper}", flush=True)
         for task in trainer:

@@ -1,13 +1,13 @@
 """A sharded job's barrier lock: the barrier step and a checkpoint's cut exclude each other.
 
-The barrier step (sharded.py) holds it while it moves the shards' passes, a checkpoint
-or rewind of the whole job (sharded.py) while it takes or restores its cut, so no
-pass moves under a cut. One string per sharded job (``keys.barrier_key``, beside the
+The barrier step (jobs.py, ``Job.advance``) holds it while it moves the shards' passes,
+a checkpoint or rewind of the whole job (jobs.py) while it takes or restores its cut, so
+no pass moves under a cut. One string per sharded job (``keys.barrier_key``, beside the
 shard-set record), ``SET NX PX`` with a token: a holder that dies leaves it for its
 lifetime at most; the holder renews it (``keep()``) and deletes it only while it is
 still its own. A lock is not a proof: the cut also checks that no pass moved.
 
-Data flow: sharded.py (the step, the cut) -> barrier.py -> Redis.
+Data flow: jobs.py (the step, the cut) -> barrier.py -> Redis.
 """
 
 from __future__ import annotations

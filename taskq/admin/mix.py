@@ -8,23 +8,22 @@ order is the mix schedule (``engine/lua/lib/mix.lua``; the reference is
 expiry, reap, steal, revoke, retry, reset, checkpoint, rewind, audit) works on it as on
 any job; a task re-dispatched keeps its slot, since a slot once charged is stored.
 
-Data flow: Client.create_job(mix=...) (then jobs.create) / the job handle (jobs.py) /
-cli/mix.py -> mix.py -> engine/transport.py (weights.lua) -> Redis; reads go to Redis
+Data flow: jobs.create (``JobConfig.mix``) / the job's verbs (jobs.py ``Job``), which
+cli/mix.py calls -> mix.py -> engine/transport.py (weights.lua) -> Redis; reads go to Redis
 directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from taskq import errors
 from taskq.admin import shardset
 from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import Code
 from taskq.keys import MetaField as F
-from taskq.keys import valid_job_name
-from taskq.mix import MAX_SOURCES, ON_EXHAUSTED, MixSpec, weight_text
+from taskq.mix import MixSpec, check_mix
 from taskq.models import JobConfig
 
 #: Tasks read from a source per round trip at create.
@@ -34,53 +33,25 @@ KEEP_PASSES = 3
 
 
 def read_sources(
-    conn: Connection,
-    name: str,
-    mix: Mapping[str, object],
-    cfg: JobConfig,
-    replace: bool = False,
-    on_exhausted: str = "drop",
+    conn: Connection, name: str, cfg: JobConfig
 ) -> tuple[tuple[list[str], int], MixSpec]:
-    """What mixed job ``name`` drawing from the plain jobs named in ``mix`` by weight is
-    made of: their tasks, copied in the order of ``mix`` (``jobs.create`` stages them).
-
-    Args:
-        conn: the engine's connection.
-        name: the mixed job's name.
-        mix: ``{source job: weight}``, 1 to ``MAX_SOURCES`` sources; weights >= 0, one > 0
-            (they need not sum to 1).
-        cfg: the job's settings (``shuffle`` must be off: the order is the schedule).
-        replace: replace an existing job of that name.
-        on_exhausted: ``drop`` (a source run out in a pass leaves the others'
-            weights renormalised from that slot).
+    """What mixed job ``name`` (``cfg.mix``, checked by ``validate_config``) is made of:
+    its sources' tasks, copied in the order of ``cfg.mix`` (``jobs.create`` stages them).
 
     Returns:
         ((the tasks' JSON, their chunks), the sources' spec).
 
     Raises:
-        InvalidInput: a bad mix, an unsuitable source (a stream, a sharded or a mixed
-            job), ``on_exhausted`` other than ``drop``, shuffle on (nothing written).
-        JobNotFound: a source that does not exist. ConnectionLost.
+        InvalidInput: an unsuitable source (itself, a stream, a sharded or a mixed job;
+            nothing written). JobNotFound: a source that does not exist. ConnectionLost.
     """
-    if on_exhausted not in ON_EXHAUSTED:
-        raise errors.InvalidInput(
-            f"on_exhausted: {on_exhausted!r} is not built; use one of {', '.join(ON_EXHAUSTED)} "
-            f"(docs/mixing.md)"
-        )
-    if not isinstance(mix, Mapping) or not 1 <= len(mix) <= MAX_SOURCES:
-        raise errors.InvalidInput(f"mix: give 1 to {MAX_SOURCES} sources as {{job: weight}}")
-    if cfg.shuffle:
-        raise errors.InvalidInput("a mixed job's order is its schedule: shuffle must be off")
+    mix = cast(dict[str, float], cfg.mix)
     sources = list(mix)
-    weights = [weight_text(mix[s], f"weight of {s}") for s in sources]
-    if not any(float(w) > 0 for w in weights):
-        raise errors.InvalidInput("mix: at least one weight must be above 0")
+    weights = check_mix(mix)
     tasks: list[str] = []
     sizes: list[int] = []
     nchunks = 0
     for source in sources:
-        if not valid_job_name(source):
-            raise errors.InvalidInput(f"mix: {source!r} is not a job name")
         if source == name:
             raise errors.InvalidInput(f"mix: {name!r} cannot be its own source")
         if shardset.load(conn, source) is not None:
@@ -107,10 +78,7 @@ def read_sources(
             tasks.extend(got)
         sizes.append(n)
         nchunks += int(meta[3] or n)
-    spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), on_exhausted)
-    if len(spec.to_json()) > 65536:
-        raise errors.InvalidInput("mix: the sources' names take more than 64 KiB")
-    return (tasks, nchunks), spec
+    return (tasks, nchunks), MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted)
 
 
 def spec_of(conn: Connection, name: str) -> MixSpec:

@@ -325,6 +325,10 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         "leased_matches_indexes": status.state not in ("running", "paused")
         or status.leased == reserved + started,
         "dead_matches_set": dead == status.dead,
+        # the tasks counted (the appended ones in their own record) are the descriptors
+        "tasks_match_descriptors": integrity.tasks_check(
+            conn.redis, keys, status.tasks, status.trimmed
+        ),
         "done_within_live": status.done <= live,
         # no task both done and dead; the dead bitmap (what a checkpoint copies) the set
         "no_dead_task_done": not dead_view["done"],

@@ -186,15 +186,18 @@ def task_detail(conn: Connection, name: str, task_id: int, history: int = 20) ->
     t = str(int(task_id))
     pipe = conn.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
+    pipe.hget(keys.appended, "tasks")  # (the tasks appended: keys.APPENDED_FIELDS)
     pipe.hget(keys.chunks, t)
     pipe.sismember(keys.dead, t)
     pipe.getbit(keys.done, int(t))
     pipe.hget(keys.leases, t)
     pipe.hmget(keys.counts, [f"f:{t}", f"a:{t}", f"s:{t}"])
-    (inc, n, rnd, state, pass_no, maxf, maxa), chunks, dead, done, record, counts = pipe.execute()
+    (inc, n, rnd, state, pass_no, maxf, maxa), appended, chunks, dead, done, record, counts = (
+        pipe.execute()
+    )
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
-    ntasks = int(n or 0)
+    ntasks = int(n or 0) + int(appended or 0)
     if not 0 <= int(t) < ntasks:
         raise errors.InvalidInput(f"job {name}: no task {t} (its tasks are 0-{ntasks - 1})")
     lease = parse_lease(record)

@@ -19,8 +19,9 @@ import json
 from collections.abc import Generator
 from typing import Any
 
-from .. import datasets, errors
+from .. import errors
 from . import compression_of
+from .linescan import line_ranges
 from .storage import Reader, building, chunk_count, chunk_range, reading
 
 #: Byte-range size when neither --chunk-bytes nor --records-per-chunk is given: large
@@ -96,7 +97,7 @@ class LinesReader(Reader):
                 if size == 0:
                     continue
                 with building(path, storage_options) as f:
-                    ranges = datasets.line_ranges(
+                    ranges = line_ranges(
                         f, path, size, records_per_chunk, samples=self.counts_samples
                     )
                 out += [{"format": self.format, **r} for r in ranges]

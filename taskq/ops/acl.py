@@ -15,7 +15,9 @@ that printed it: apply the new rule when upgrading.
 What a rule cannot fence, and docs/security.md says plainly: a function's commands are
 checked like direct commands, so a trainer may also run, outside the functions, the
 writes its functions make (``HSET`` on its own job's meta, ...). Within its own job a
-trainer credential is trusted.
+trainer credential is trusted. A producer's is not: ``append`` writes no meta field and
+adds descriptors and ids with ``HSETNX`` only, so its rule allows no write to the meta,
+no overwrite and no ``DEL`` (``PRODUCER_WRITES``).
 
 Data flow: cli/acl.py -> acl.py -> keys.py (patterns), engine/library.py (function names) ->
 ``ACL SETUSER`` on Redis (``--apply``, as a user allowed to manage users).
@@ -49,8 +51,9 @@ from taskq.keys import (
 #: A mixed job's writes in a lease (lib/mix.lua, docs/mixing.md): its slots charged into
 #: the pass's stored sequence (SETRANGE), and when a pass starts, the sequence of one no
 #: longer kept dropped (UNLINK) and the weight log below the kept passes trimmed. Only a
-#: trainer's lease charges; the reaper's and the producer's functions reach the same part
-#: of the library (a pass they end), so their rules carry it too.
+#: trainer's lease charges; the reaper's functions reach the same part of the library (a
+#: pass they end), so its rule carries it too. The producer's does not: an append ends no
+#: pass and refuses a mixed job.
 MIX_WRITES = (
     (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
     (("mixlog",), ("zremrangebyscore",)),
@@ -147,25 +150,23 @@ SHARDED_TRAINER_VERBS = ("advance", "reap")
 SHARDED_RECORD_WRITES = ("hincrby",)
 BARRIER_WRITES = ("set", "pexpire", "del")
 
-#: The writes of ``append`` and of a follower's record, each on the keys it needs: the new
-#: tasks' descriptors and the count in meta (HSET: the one write a producer could turn to
-#: another use, docs/security.md), the ids and the appends' log, the event, the wake-up
-#: tokens of a reopened pass (``broadcast`` DELs and refills its lists), the follower's
-#: record. No DEL of anything a pass or a checkpoint holds, no write to leases, done,
-#: dead, progress or the checkpoints.
+#: The writes of ``append`` and of a follower's record, each on the keys it needs, so that
+#: the producer appends and does nothing else (docs/security.md): the new tasks'
+#: descriptors and ids added with HSETNX only (a field that exists is never overwritten),
+#: the counts in ``appended`` (append writes no meta field: not the state, not a counter),
+#: the appends' log, the event, the wake-up tokens of waiting trainers, the source and
+#: follower records. No DEL, no write to meta, leases, done, dead, progress, the
+#: checkpoints or the broadcast lists.
 PRODUCER_WRITES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("meta", "chunks", "appids", "appidx"), ("hset",)),
+    (("chunks", "appids", "appidx"), ("hsetnx",)),
+    (("appended",), ("hincrby",)),
     (("appends",), ("zadd",)),
     (("events",), ("xadd",)),
-    (("wake",), ("lpush", "ltrim", "del")),
-    (("bcast0", "bcast1"), ("rpush", "pexpire", "del")),
+    (("wake",), ("lpush", "ltrim")),
     (("follow",), ("hset", "hdel")),
     # an append naming its source records how far it went in, the oldest source forgotten
     (("sources",), ("hset", "hdel")),
     (("srcseq",), ("zadd", "zpopmin")),
-    # the call's end flushes the histograms' buffer (lib/events.lua flush_hist): empty
-    # after an append, but reachable from it
-    (("hist",), ("hincrby",)),
 )
 
 
@@ -215,7 +216,7 @@ ROLES: dict[str, Role] = {
             ("append",),
             ("stats",),  # the handle reads the job's status (the follower, the CLI)
             needs_job=True,
-            writes=(*PRODUCER_WRITES, *MIX_WRITES),
+            writes=PRODUCER_WRITES,
         ),
         Role(
             "reaper",

@@ -85,7 +85,7 @@ _SKIPPED = (errors.TaskqError, *REDIS_ERRORS)
 
 
 class TaskqCollector:
-    """A prometheus_client collector: one ``client.status(job, summaries=0)`` per job.
+    """A prometheus_client collector: one ``client.job(job).status(summaries=0)`` per job.
 
     A job that cannot be read (deleted, replaced, corrupt, Redis unreachable) is left
     out of that scrape and counted in ``taskq_exporter_scrape_errors_total``; the scrape
@@ -180,7 +180,7 @@ class TaskqCollector:
         for i, name in enumerate(names):
             what = f"job {name!r}"
             try:
-                out.append(self.client.status(name, summaries=0))
+                out.append(self.client.job(name).status(summaries=0))
             except errors.ConnectionLost as e:
                 self._error("Redis", e, count=len(names) - i)
                 return out, False, policy

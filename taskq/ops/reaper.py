@@ -10,7 +10,7 @@ silence rule, so several reapers may run at once: a short per-job lock keeps the
 stampeding and the scripts' atomicity keeps any lease from being re-dispatched twice.
 
 Data flow: ``taskq reaper`` (cli/reaper.py) -> reaper.py -> ``taskq.Client`` (the job
-handles; sharded.py's barrier step) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
+handles; jobs.py's barrier step) -> engine/transport.py (lua) -> Redis <- trainer/core.py.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import redis
 from redis.backoff import AbstractBackoff, EqualJitterBackoff
 
 from taskq import errors
-from taskq.admin import sharded
 from taskq.admin.client import Client
+from taskq.admin.jobs import advance_all
 from taskq.ops.connwatch import ConnWatch
 from taskq.ops.stopping import StopOnSignals
 
@@ -160,7 +160,7 @@ class Reaper:
                     log.info("job %s: reaping again", job)
         if self.jobs is None:  # all jobs: sharded ones whose trainers all died at a pass
             try:  # boundary move on (docs/sharding.md)
-                for name, to in sharded.advance_all(self.client.connection).items():
+                for name, to in advance_all(self.client.connection).items():
                     log.info("sharded job %s: every shard finished its pass; now pass %d", name, to)
             except errors.ConnectionLost:
                 raise
@@ -182,8 +182,8 @@ class Reaper:
         (this tick's, as the job's reap lock keeps other reapers out), at most
         ``LOGGED_TASKS`` named. Reading them is best effort: the count is the record."""
         try:
-            expired = self.client.latest_events(
-                job, "expired", min(n, LOGGED_TASKS), scan=min(1000, 4 * n + 50)
+            expired = self.client.job(job).latest_events(
+                "expired", min(n, LOGGED_TASKS), scan=min(1000, 4 * n + 50)
             )
         except (errors.TaskqError, redis.exceptions.RedisError):
             return f"{job}={n}"
@@ -210,8 +210,8 @@ class Reaper:
     def _reap_job(self, job: str) -> int:
         total = 0
         for _ in range(self.max_batches):
-            did, more, locked = self.client.reap(
-                job, budget=self.batch, lock_ms=self.lock_ms, owner=self.reaper_id
+            did, more, locked = self.client.job(job).reap(
+                budget=self.batch, lock_ms=self.lock_ms, owner=self.reaper_id
             )
             if locked:
                 self.locked.append(job)

@@ -82,7 +82,10 @@ class Feed:
     ids of the tasks each reader is reading (``width`` cells per worker, -1 free), so a
     dead worker's tasks are known. ``ends`` holds the current end of each task sent
     (``END_SLOTS`` cells, written by the feeder): a reader stops there, and says where
-    it stopped (a task split while read, docs/torch.md "Tail splitting").
+    it stopped (a task split while read, docs/torch.md "Tail splitting"). ``opened``
+    marks each cell whose task a reader took off the queue (set before the reader first
+    reads the cell, cleared by the feeder before it sends a task with that cell): a task
+    not marked is read, when opened, to the end its cell says then, exactly.
     """
 
     tasks: Any
@@ -95,6 +98,7 @@ class Feed:
     reading: Any = None
     width: int = 0
     ends: Any = None
+    opened: Any = None
     parent_pid: int = field(default_factory=os.getpid)
     #: in-process readers only (not picklable): told each time a task was read
     on_finished: Callable[[], None] | None = None
@@ -111,7 +115,8 @@ class InProcess:
     end is at the position after the sample it looked ahead, so the feeder, told a new
     end ``m`` at or past that position, knows the reader will honour exactly ``m`` and
     reports it at once (readahead.py ``sync_ends``): the split is confirmed while the
-    loop trains, not a batch later (docs/torch.md "Tail splitting").
+    loop trains, not a batch later (docs/torch.md "Tail splitting"). (A task not opened
+    yet is told its end by its cell: ``Feed.opened``.)
     """
 
     def __init__(self) -> None:
@@ -237,7 +242,7 @@ class TaskDataset(IterableDataset[Any]):
         def take(block: bool) -> TaskMsg | None:
             msg = _take(feed, iteration, block, in_worker)
             if msg is not None and msg[1] is not None:
-                _opened(feed, slot, msg[1])
+                _opened(feed, slot, msg[1], msg[7])
             return msg
 
         return self.units(
@@ -521,8 +526,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _opened(feed: Feed, slot: int, task_id: int) -> None:
-    """A reader took a task off the queue: count it and note it as being read."""
+def _opened(feed: Feed, slot: int, task_id: int, end_slot: int) -> None:
+    """A reader took a task off the queue: count it and note it as being read (its end
+    cell marked opened before the reader reads it: the feeder may then no longer take
+    the cell's end for the one it honours)."""
+    if end_slot >= 0 and feed.opened is not None:
+        feed.opened[end_slot] = 1
     if feed.taken is not None:
         feed.taken[slot] += 1
     if feed.width:

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from taskq.admin.client import Client
 from taskq.engine.contract import MAX_BATCH, MAX_HELD
 from taskq.trainer.alldead import AllDeadWatch
 from taskq.trainer.core import Trainer
@@ -76,6 +77,8 @@ class Feeder(threading.Thread):
         spare: tasks queued per reader beyond its open ones (``readahead.py``).
         ends: the readers' cells of each task's current end (``Feed.ends``), written
             here when a task is split while read.
+        opened: the readers' marks of the cells whose task they opened (``Feed.opened``):
+            a moved end of a task not opened is reported at once (``ReadAhead.honours``).
         here: the in-process reader (``num_workers=0``): a moved end it will honour
             exactly is reported without waiting for it (``InProcess``).
         on_all_dead: "raise" (``AllTasksDead`` from the loop when every live task of
@@ -98,6 +101,7 @@ class Feeder(threading.Thread):
         input_meter: InputMeter | None = None,
         spare: int = 1,
         ends: Any = None,
+        opened: Any = None,
         here: InProcess | None = None,
         on_all_dead: str = "raise",
     ) -> None:
@@ -107,7 +111,16 @@ class Feeder(threading.Thread):
         self.pass_end = pass_end
         #: the readers' queue and the reserve (read-ahead not begun)
         self.ahead = ReadAhead(
-            tasks, readers, finished, iteration, tasks_ahead, dataset.interleave, spare, ends, here
+            tasks,
+            readers,
+            finished,
+            iteration,
+            tasks_ahead,
+            dataset.interleave,
+            spare,
+            ends,
+            opened,
+            here,
         )
         #: tasks leased after the readers stopped (global pass end), read in-process
         self.tail = self.ahead.tail
@@ -225,7 +238,7 @@ class Feeder(threading.Thread):
                 self.trainer.close()  # leaves the job
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
                     try:
-                        self.trainer.client.redis.close()
+                        self.trainer.connection.redis.close()
                     except Exception as e:
                         log.debug("closing the connections: %s", e)
 
@@ -245,13 +258,16 @@ class Feeder(threading.Thread):
             **options,
         )
         self.ledger.trainer = self.trainer
-        self.all_dead = AllDeadWatch(self.trainer.client.job(ds.job), self.on_all_dead)
+        #: admin reads (status, the job's handle, checkpoints) on the trainer's connection
+        conn = self.trainer.connection
+        self.client = ds.client or Client(redis_client=conn.redis, key_prefix=conn.prefix)
+        self.all_dead = AllDeadWatch(self.client.job(ds.job), self.on_all_dead)
         #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
         self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
         self.ledger.key = self.ahead.key = self.trainer.global_id
-        st = self.trainer.client.status(ds.job, summaries=0)
+        st = self.client.job(ds.job).status(summaries=0)
         self.ledger.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:
@@ -354,7 +370,7 @@ class Feeder(threading.Thread):
                 continue
             if self._finish.is_set():
                 continue
-            st = trainer.client.status(job, summaries=0)
+            st = self.client.job(job).status(summaries=0)
             if st.state in ("completed", "cancelled"):
                 self.phase = self._end(st.state)
             elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:

@@ -9,27 +9,37 @@ forget, losing or repeating a batch without a word. So ``iter(loader)`` and
 ``loader.state_dict()`` look up their call stack for the framework's own object (only
 classes of modules already imported are looked for; nothing is imported here):
 
-===================  ============================  ===================  ==============
-setting              Lightning ``Trainer.fit``      transformers'        none found
-                                                    ``Trainer.train``
-===================  ============================  ===================  ==============
-``ahead``            1 (0 with a ``training_step``  0                    0
-                     taking ``dataloader_iter``)
-``collective``       world > 1                      world > 1            False
-``even_steps``       world > 1                      world > 1            False
-``pass_end``         "local" if world > 1           "local" if world>1   "global"
-padding batch        loss x 0 (``training_step``    loss x 0             the loop reads
-                     wrapped)                       (``compute_loss``)   ``loss_weight``
-SIGTERM              the loader's handler           the loader's         the loader's
+===================  ==========================  =================  ==================
+setting              Lightning ``Trainer.fit``    transformers'      accelerate's
+                                                  ``Trainer.train``  ``prepare(loader)``
+===================  ==========================  =================  ==================
+``ahead``            1 (0 with a                  0                  0
+                     ``training_step`` taking
+                     ``dataloader_iter``)
+``collective``       world > 1                    world > 1          world > 1
+                                                                     (``save_state``)
+``even_steps``       world > 1                    world > 1          world > 1, unless
+                                                                     ``pass_end="local"``
+                                                                     (torch's ``Join``)
+``pass_end``         "local" if world > 1         "local" if         "local" if
+                                                  world > 1          world > 1
+padding batch        loss x 0 (``training_step``  loss x 0           loss x 0
+                     wrapped)                     (``compute_loss``) (``backward``)
+SIGTERM              the loader's handler         the loader's       the loader's
                      (``leave_on_sigterm()``)
-===================  ============================  ===================  ==============
+===================  ==========================  =================  ==================
 
-``state_dict()`` called from accelerate's ``Accelerator.save_state`` (every rank calls it)
-is collective over several ranks too. A value given to the loader that contradicts what
-the framework needs is refused at ``iter()`` with one line naming it (``InvalidInput``);
-so is a setup whose padding cannot be weighted here (Lightning's manual optimization, the
-HF Trainer's gradient accumulation, over several ranks) unless ``even_steps=True`` says
-the loop weighs it itself.
+accelerate's ``Accelerator`` is found when its ``prepare`` asks the loader whether it is
+prepared (loader.py ``_is_accelerate_prepared``); its loop is the user's, so whether a
+padding batch's loss went through its ``backward`` (or the loop read ``loss_weight``) is
+checked at the step after the first (iteration.py). With none found and a
+``torch.distributed`` group of several ranks (a DDP loop of the user's), nothing can be
+inferred: ``iter()`` refuses unless ``even_steps`` or ``pass_end`` says how the ranks
+step. A value given to the loader that contradicts what the framework needs is refused
+at ``iter()`` with one line naming it (``InvalidInput``); so is a setup whose padding
+cannot be weighted here (Lightning's manual optimization, the HF Trainer's gradient
+accumulation, over several ranks) unless ``even_steps=True`` says the loop weighs it
+itself.
 
 Data flow: loader.py (``iter()``, ``state_dict()``) -> frameworks.py -> the framework's
 trainer object (read), its loss function (wrapped once).
@@ -111,6 +121,14 @@ def detect() -> Framework | None:
     return None
 
 
+def ranks() -> int:
+    """The ranks of the default ``torch.distributed`` process group (1: none)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 1
+    return int(dist.get_world_size())
+
+
 def _world(kind: str, owner: Any) -> int:
     if kind == "lightning":
         return int(owner.world_size)
@@ -119,15 +137,30 @@ def _world(kind: str, owner: Any) -> int:
     return int(owner.num_processes)
 
 
-def settle(given: dict[str, Any], fw: Framework | None) -> Settings:
-    """The iteration's settings from those given (None: not given) and the framework.
+def settle(given: dict[str, Any], fw: Framework | None, world: int = 1) -> Settings:
+    """The iteration's settings from those given (None: not given), the framework and
+    ``world``, the ranks of the ``torch.distributed`` group when none is found.
 
     Raises:
-        InvalidInput: a given value the framework contradicts, or padding that cannot be
-            weighted here (one line naming the setting).
+        InvalidInput: a given value the framework contradicts, padding that cannot be
+            weighted here, or a loop of several ranks that says nothing of how its
+            ranks step (one line naming the setting).
     """
     ahead, even, pass_end = given["ahead"], given["even_steps"], given["pass_end"]
-    world = fw.world if fw is not None and fw.kind != "accelerate" else 1
+    if fw is None:
+        if world > 1 and even is None and pass_end is None:
+            raise errors.InvalidInput(
+                f"taskq.torch.DataLoader on {world} torch.distributed ranks in a loop of "
+                "your own: each rank gets the batches it leases, so under DDP the rank "
+                "with more waits in backward for ever; pass even_steps=True (and multiply "
+                'the loss by loader.loss_weight), pass_end="local" under torch\'s Join, or '
+                'pass_end="global" if the ranks do not step together'
+            )
+        world = 1
+    else:
+        world = fw.world
+        if fw.kind == "accelerate" and pass_end == "local" and not even:
+            world = 1  # the user's loop keeps the ranks' steps aligned (torch's Join)
     need_ahead = _ahead_of(fw)
     if fw is not None and need_ahead is not None and ahead is not None and ahead != need_ahead:
         raise errors.InvalidInput(
@@ -151,8 +184,11 @@ def settle(given: dict[str, Any], fw: Framework | None) -> Settings:
                     f"ranks: DDP needs every rank to step as often as the others (and a "
                     f"checkpoint every rank's steps); leave {name} unset, taskq sets it"
                 )
-        weighs = _can_weigh(fw)
-        if not weighs and even is None:
+        can = _can_weigh(fw)
+        # accelerate's backward is the loop's to call: whether it did is checked at the
+        # step after the first, as for a loop of the user's (iteration.py)
+        weighs = can and fw.kind != "accelerate"
+        if not can and even is None:
             raise errors.InvalidInput(
                 f"{fw.name} on {world} ranks {_why_not(fw)}: taskq.torch cannot weight a "
                 "padding batch's loss by 0 for it; multiply the loss by loader.loss_weight "
@@ -192,6 +228,9 @@ def install(fw: Framework | None, settings: Settings, loader: Any) -> None:
     loss of a padding batch x 0."""
     if fw is None:
         return
+    if fw.kind == "accelerate" and settings.even_steps:
+        _wrap_loss_in(fw.owner, "backward", loader)
+        return
     if fw.kind == "lightning" and threading.current_thread() is threading.main_thread():
         signals.leave_on_sigterm()
     if settings.weighs_padding:
@@ -220,7 +259,8 @@ def _can_weigh(fw: Framework) -> bool:
         # accumulation fetches several batches before their steps: which one is a
         # repeat is not known at each loss
         return int(fw.owner.args.gradient_accumulation_steps) == 1
-    return False
+    # accelerate: the user's loop fetches each batch just before its backward
+    return fw.kind == "accelerate"
 
 
 def _why_not(fw: Framework) -> str:
@@ -243,6 +283,23 @@ def _wrap(owner: Any, method: str, loader: Any) -> None:
         out = current(*args, **kwargs)
         weight = loader.loss_weight
         return out if weight == 1.0 else _scaled(out, weight)
+
+    weighted._taskq_loader = loader  # type: ignore[attr-defined]
+    setattr(owner, method, weighted)
+
+
+def _wrap_loss_in(owner: Any, method: str, loader: Any) -> None:
+    """``owner.method(loss, ...)`` gets ``loss x loader.loss_weight`` (accelerate's
+    ``backward``: 0.0 for a padding batch): an instance attribute over the class's
+    method, made once per owner and loader."""
+    current = getattr(owner, method)
+    if getattr(current, "_taskq_loader", None) is loader:
+        return
+
+    @functools.wraps(current)
+    def weighted(loss: Any, *args: Any, **kwargs: Any) -> Any:
+        weight = loader.loss_weight  # read: the loop's step weighs its padding
+        return current(loss if weight == 1.0 else loss * weight, *args, **kwargs)
 
     weighted._taskq_loader = loader  # type: ignore[attr-defined]
     setattr(owner, method, weighted)

@@ -182,8 +182,9 @@ class TaskqIter:
             self._end(ack_taken=True, shutdown=True)
             raise errors.InvalidInput(
                 "even_steps: the loop's first step read neither loader.loss_weight nor "
-                "loader.batch_is_padding; a rank out of data steps on a repeat of its last "
-                "batch, which would be trained twice: return loss * loader.loss_weight"
+                "loader.batch_is_padding (nor called accelerate's backward); a rank out of "
+                "data steps on a repeat of its last batch, which would be trained twice: "
+                "return loss * loader.loss_weight"
             )
         batch, have = None, False
         if not self.ended:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch.utils.data
@@ -107,11 +109,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             batch at the same calls, and the iteration ends on all at the same call: a
             rank whose pass is over before the others' repeats its last batch
             (``loss_weight`` 0.0 for it) until none has one (DDP under a loop without
-            ``Join``; even.py). Unset: on under Lightning or the HF Trainer over
-            several ranks (which weight a repeat's loss by 0 themselves), else off.
-            Set in a loop of your own, the loop must weight its loss by
-            ``loader.loss_weight``: the loader refuses to go on past the first step
-            that did not read it. Needs ``pass_end="local"``.
+            ``Join``; even.py). Unset: on under Lightning, the HF Trainer or an
+            accelerate ``Accelerator`` that prepared the loader, over several ranks
+            (the loader weights a repeat's loss by 0 in their loss or backward), else
+            off; a loop of your own over several ``torch.distributed`` ranks gives it
+            or ``pass_end`` (``iter()`` refuses otherwise). Set in a loop of your own,
+            the loop must weight its loss by ``loader.loss_weight``: the loader
+            refuses to go on past the first step that did not read it. Needs
+            ``pass_end="local"``.
         on_all_dead: what the loop does when every live task of its pass is dead
             (each failed ``max_failures`` times; the job waits for an operator):
             ``"raise"`` (the default: ``AllTasksDead`` from the loop, naming the dead
@@ -123,11 +128,25 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         InvalidInput: a bad argument (a sampler or shuffle: order comes from the job).
     """
 
-    #: accelerate's ``prepare`` passes a loader so marked through as it is (its own
-    #: rebuild around the dataset would read the job without this loader), and its
-    #: ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of a
-    #: stateful one: docs/frameworks.md
-    _is_accelerate_prepared = True
+    #: the ``Accelerator`` whose ``prepare`` was given this loader (a weak reference)
+    _prepared_by: Callable[[], Any] | None = None
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate's ``prepare`` passes a loader so marked through as it is (its own
+        rebuild around the dataset would read the job without this loader), and its
+        ``save_state`` / ``load_state`` call ``state_dict()`` / ``load_state_dict()`` of
+        a stateful one: docs/frameworks.md. Asked from ``prepare``, the loader notes the
+        ``Accelerator`` asking: ``iter()`` then knows the loop is accelerate's."""
+        fw = frameworks.detect()
+        if fw is not None and fw.kind == "accelerate":
+            self._prepared_by = weakref.ref(fw.owner)
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        pass  # prepare marks what it prepared: this loader always is
+
     use_stateful_dataloader = True
 
     def __init__(
@@ -202,8 +221,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.pass_end = settings.pass_end
         self.even_steps = settings.even_steps
         #: the framework found at the last iter() (frameworks.py): "lightning",
-        #: "transformers", or None (its trainer is not kept: a DDP model it holds must
-        #: go before the process group, docs/frameworks.md)
+        #: "transformers", "accelerate" or None (its trainer is not kept: a DDP model it
+        #: holds must go before the process group, docs/frameworks.md)
         self.framework: str | None = None
         self._weighs_padding = False
         #: the loop read ``loss_weight`` or ``batch_is_padding`` (even_steps' check)
@@ -245,7 +264,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ds: TaskDataset = self.dataset  # type: ignore[assignment]
             try:
                 with resume.client_of(ds) as client:
-                    st = client.status(ds.job, summaries=0)
+                    st = client.job(ds.job).status(summaries=0)
             except errors.TaskqError:
                 return self._state
             if st.state == "completed":
@@ -375,6 +394,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.user_collate_fn,
                 self.user_drop_last,
                 ends=[NO_END] * END_SLOTS,
+                opened=[0] * END_SLOTS,
                 here=InProcess(),
             )
         elif fresh or self._feed is None:
@@ -402,6 +422,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             input_meter=self.input_meter,
             spare=0 if self.num_workers == 0 else 1,
             ends=feed.ends,
+            opened=feed.opened,
             here=feed.here,
             on_all_dead=self.on_all_dead,
         )
@@ -425,7 +446,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             InvalidInput: a given setting the framework contradicts (one line).
         """
         fw = frameworks.detect()
-        settings = frameworks.settle(self._given, fw)
+        if fw is None and self._prepared_by is not None:
+            accelerator = self._prepared_by()
+            if accelerator is not None:
+                fw = frameworks.Framework("accelerate", accelerator, accelerator.num_processes)
+        settings = frameworks.settle(self._given, fw, 1 if fw else frameworks.ranks())
         self.framework = None if fw is None else fw.kind
         self.ahead, self.pass_end = settings.ahead, settings.pass_end
         self.even_steps = settings.even_steps
@@ -449,6 +474,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             reading=ctx.RawArray("q", [-1] * (self.num_workers * ds.interleave)),
             width=ds.interleave,
             ends=ctx.RawArray("q", [NO_END] * END_SLOTS),
+            opened=ctx.RawArray("b", END_SLOTS),
         )
 
     def _start_workers(self) -> Any:

@@ -46,6 +46,8 @@ class ReadAhead:
             the feeder at once and a slow loop should hold no more started work).
         ends: the readers' shared cells of each sent task's current end (``Feed.ends``;
             None: none, a task is read to the end it had when sent).
+        opened: the readers' marks of the cells whose task they took (``Feed.opened``;
+            None: not known).
         here: the in-process reader (``Feed.here``; None: worker processes).
     """
 
@@ -59,6 +61,7 @@ class ReadAhead:
         interleave: int,
         spare: int = 1,
         ends: Any = None,
+        opened: Any = None,
         here: InProcess | None = None,
     ) -> None:
         self.tasks = tasks
@@ -82,6 +85,7 @@ class ReadAhead:
         self._stopped = False
         #: the end cells: the readers' array, each sent task's cell, the free ones
         self._ends = ends
+        self._opened = opened
         self._slots: dict[int, tuple[int, int, int]] = {}  # key -> (slot, token, end written)
         self._free = list(range(END_SLOTS - 1, -1, -1)) if ends is not None else []
         self._dry_at = 0.0
@@ -166,18 +170,19 @@ class ReadAhead:
         slot = self._free.pop()
         cell = NO_END if end is None else end
         self._ends[slot] = cell
+        if self._opened is not None:
+            self._opened[slot] = 0  # (before the message is put: not opened)
         self._slots[key] = (slot, token, cell)
         return slot
 
     def sync_ends(self, held: dict[int, Task]) -> list[tuple[int, int, int]]:
         """Write the held tasks' ends that moved (a split while they are read) to their
         readers' cells; free the cells of tasks no longer held. Returns the (task, token,
-        end) an in-process reader between batches will honour (``InProcess``): their
-        reports go out now (each confirms a split, lib/split.lua)."""
+        end) their readers will honour exactly (``honours``): their reports go out now
+        (each confirms a split, lib/split.lua); the other moved ends go to ``moved``."""
         honoured: list[tuple[int, int, int]] = []
         if not self._slots:
             return honoured
-        here = self.here
         for key, (slot, token, written) in list(self._slots.items()):
             task = held.get(key)
             if task is None or task.token != token:
@@ -188,19 +193,33 @@ class ReadAhead:
             if end != written:
                 self._ends[slot] = end
                 self._slots[key] = (slot, token, end)
-                # an in-process reader between batches told its first end honours it at
-                # its next check, max(end, that position): said now, for it (no cut of
-                # what the loop holds: the reader's own note says the same end)
-                at = (
-                    here.next_check(slot, key, token)
-                    if here is not None and written == NO_END and end != NO_END
-                    else None
-                )
+                # (a task's first end, never below its start: a split point is past the
+                # progress the task was leased from)
+                first = written == NO_END and end >= int(task.start)
+                at = self.honours(slot, key, token, end) if first else None
                 if at is None:
                     self.moved.append((key, token, end))
                 else:
-                    honoured.append((key, token, max(end, at)))
+                    honoured.append((key, token, at))
         return honoured
+
+    def honours(self, slot: int, key: int, token: int, end: int) -> int | None:
+        """The end a sent task's reader will honour exactly, its cell just told its first
+        end ``end`` (a split point), or None: not known (its reader sees the end itself
+        and says so; the loop cuts what it read ahead, cut.py). A task whose reader has
+        not opened it is read to the cell's end (the reader reads the cell after marking
+        it opened, the feeder after writing the end): ``end``, exactly, said now rather
+        than when the reader comes to it (a read-ahead task behind a slow loop's open
+        one waited a batch of that loop or more: the idle trainer with its tail too). An
+        in-process reader between batches honours max(end, its next check)
+        (``InProcess``): said now too; the loop holds nothing of the task past that."""
+        if end == NO_END:
+            return None
+        if self._opened is not None and key not in self._tail_ids and not self._opened[slot]:
+            return end
+        here = self.here
+        at = here.next_check(slot, key, token) if here is not None else None
+        return None if at is None else max(end, at)
 
     def stop_readers(self) -> None:
         """Tell every reader that no more tasks come (once)."""
@@ -237,6 +256,8 @@ class ReadAhead:
             The tasks to give back.
         """
         self.tasks, self.finished, self._dispatched = tasks, finished, 0
+        # the new readers mark cells of their own: none is taken as not opened any more
+        self._opened = None
         tail_slots = {k: v for k, v in self._slots.items() if k in self._tail_ids}
         if self._ends is not None and ends is not None:
             # the new readers' cells; the tail's tasks (read here, through the

@@ -8,7 +8,7 @@ plain or sharded, ``once`` with a key naming the restart), so the job is rewound
 however many trainers load the same state (docs/resume.md).
 
 Data flow: training loop -> loader.py -> resume.py -> feeder.py (trainer/core.py) or
-client.py -> jobs.py / sharded.py (the job's handle) -> checkpoints.py -> Redis.
+client.py -> jobs.py (the job) -> checkpoints.py -> Redis.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
     if cur is not None and not cur.ended and cur.feeder.is_alive():
         cur.settle()
         try:
-            record = cur.feeder.call(lambda trainer: trainer.client.checkpoint(ds.job, ckpt=ckpt))
+            feeder = cur.feeder
+            record = feeder.call(lambda trainer: feeder.client.job(ds.job).checkpoint(ckpt=ckpt))
         except errors.TaskqError as e:
             if cur.feeder.is_alive():
                 raise
@@ -149,7 +150,7 @@ def _own_state(loader: ResumeHost, ckpt: str | None) -> dict[str, Any]:
             log.debug("the iteration ended during state_dict: %s", e)
     if record is None:
         with client_of(ds) as client:
-            record = client.checkpoint(ds.job, ckpt=ckpt)
+            record = client.job(ds.job).checkpoint(ckpt=ckpt)
     return checkpoints.state_of(ds.job, record)
 
 

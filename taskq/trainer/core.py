@@ -3,40 +3,58 @@
 ``Trainer`` is the one class a training loop uses, for a plain job and a sharded one
 alike: its public surface (properties, ``lease`` / ``lease_many``, iteration,
 ``passes()``, ``batches(k)``, ``ack`` / ``fail`` / ``release``, ``progress``,
-``heartbeat()``, the ``with`` block, ``close``) is written here once. What differs is
-where leases come from, a part chosen once from the job's record when the trainer is
-made: a plain job's ``Worker`` (worker.py: one registered worker of one engine job, with
-its session, held leases, progress, heartbeat and iteration), or a sharded job's
-``ShardedWorker`` (sharded.py: a home shard's worker first, the other shards' tails, the
-barrier). The ``with`` block's signal handling is ``signals.py``'s ``SignalLeave``.
+``heartbeat()``, the ``with`` block, ``close``) is written here once, and each member
+calls the part that does the work. The trainer owns its home ``Worker`` (worker.py: the
+parts of one registered worker of one engine job: session, held leases, the calls that
+change them, progress, heartbeat). What differs for a sharded job is only where leases
+come from, a lease source chosen once from the job's record when the trainer is made: a
+plain job's ``PlainSource`` (iteration.py, its worker's own), or a sharded job's
+``ShardedSource`` (sharded.py: a home shard's worker first, the other shards' tails, the
+barrier; it names the worker of a task's shard for the other verbs). The ``with``
+block's signal handling is ``signals.py``'s ``SignalLeave``.
 
-Data flow: trainer code -> trainer/core.py -> trainer/worker.py (or trainer/sharded.py ->
-one worker per shard) -> protocol.py -> engine/connection.py -> Redis <- reaper.py.
+Data flow: trainer code -> trainer/core.py -> the worker's parts (trainer/iteration.py,
+progress.py, heartbeat.py; a sharded job's leases through trainer/sharded.py) ->
+protocol.py -> engine/connection.py -> Redis <- reaper.py.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from types import EllipsisType, TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from taskq import errors
 from taskq.admin import shardset
-from taskq.admin.client import Client
 from taskq.admin.jobs import check_name
-from taskq.engine.connection import resolve_url
+from taskq.engine.connection import Connection, resolve_url
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys
 from taskq.models import Task
+from taskq.trainer.iteration import PlainSource
 from taskq.trainer.protocol import HeartbeatReply
 from taskq.trainer.session import default_worker_id as default_worker_id  # its old home
 from taskq.trainer.session import retrying
-from taskq.trainer.sharded import ShardedWorker
+from taskq.trainer.sharded import ShardedSource
 from taskq.trainer.signals import SignalLeave
 from taskq.trainer.worker import Worker
 
 log = logging.getLogger("taskq.trainer")
+
+
+class HasConnection(Protocol):
+    """What holds an engine connection: a ``taskq.Client`` (admin/client.py, which this
+    layer does not import)."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+
+def connection_of(client: Connection | HasConnection) -> Connection:
+    """The engine connection of ``client``: itself, or its ``connection``."""
+    return client if isinstance(client, Connection) else client.connection
 
 
 class Trainer:
@@ -45,8 +63,8 @@ class Trainer:
     Args:
         job: the job name.
         url: Redis URL (or ``TASKQ_REDIS_URL``); ignored when ``client`` is given.
-        client: a configured ``taskq.Client`` to share (cluster, Sentinel, TLS); its
-            connection is the one this trainer calls through.
+        client: the connection to share (cluster, Sentinel, TLS): an engine
+            ``Connection``, or a configured ``taskq.Client`` (its ``connection`` is taken).
         worker_id: defaults to ``host:pid:random``; ``|`` is not allowed.
         prefetch: reserved tasks kept ahead of the current one (others may steal them;
             a sharded job's: leased ahead on the shard the last ones came from).
@@ -96,8 +114,9 @@ class Trainer:
     Attributes:
         state: the job's state as this trainer last heard it (see the property).
         pass_no: the newest pass this trainer heard of (see the property).
-        client: the ``taskq.Client`` given or made (for admin reads: status,
-            checkpoint); the trainer calls through its ``connection``.
+        connection: the engine ``Connection`` given or made, which every call of this
+            trainer goes through (``taskq.Client(redis_client=connection.redis,
+            key_prefix=connection.prefix)`` reads the job on it: status, checkpoint).
 
     A sharded job's trainer takes from its home shard first, then the other shards'
     tails, and runs the barrier step at a pass's end (trainer/sharded.py); the surface is
@@ -115,7 +134,7 @@ class Trainer:
         self,
         job: str,
         url: str | None = None,
-        client: Client | None = None,
+        client: Connection | HasConnection | None = None,
         worker_id: str | None = None,
         *,
         prefetch: int = 0,
@@ -133,10 +152,13 @@ class Trainer:
     ) -> None:
         # one redis-py retry per command: the trainer's own loop (backoff with jitter,
         # bounded by reconnect_timeout) does the rest, so the bound is what it says
-        self.client = client or retrying(reconnect_timeout, lambda: Client(url, retries=1))
+        self.connection = conn = (
+            retrying(reconnect_timeout, lambda: Connection(url, retries=1))
+            if client is None
+            else connection_of(client)
+        )
         self.job = job
         self.handle_signals = handle_signals
-        conn = self.client.connection
         # the raw URL (with any password) for connections of our own; None with a given client
         raw_url = resolve_url(url) if client is None else url
         kw: dict[str, Any] = {
@@ -154,8 +176,8 @@ class Trainer:
         # worker, or a sharded job's home shard, the others' tails and the barrier
         sset = retrying(reconnect_timeout, shardset.load, conn, job)
         if sset is not None:
-            # its shards' workers beat on the client's connection unless given a URL
-            self._worker: Worker | ShardedWorker = ShardedWorker(
+            # its shards' workers beat on the given connection unless given a URL
+            self._sharded: ShardedSource | None = ShardedSource(
                 conn,
                 sset,
                 url,
@@ -165,15 +187,23 @@ class Trainer:
                 max_idle_wait=max_idle_wait,
                 **kw,
             )
+            self._home = self._sharded.shard_worker(self._sharded.home)
+            self._source: PlainSource | ShardedSource = self._sharded
         elif home is not None:
             raise errors.InvalidInput(f"home is a sharded job's; job {job!r} is not sharded")
         else:
-            self._worker = Worker(conn, job, raw_url, worker_id, **kw)
+            self._sharded = None
+            self._home = Worker(conn, job, raw_url, worker_id, **kw)
+            self._source = self._home.plain
         self._attach()
 
     @classmethod
     def of_shard(
-        cls, job: str, url: str | None = None, client: Client | None = None, **kw: Any
+        cls,
+        job: str,
+        url: str | None = None,
+        client: Connection | HasConnection | None = None,
+        **kw: Any,
     ) -> Trainer:
         """A plain trainer of ``job``, a job of the engine (a sharded job's shard),
         without reading whether ``job`` is a sharded job.
@@ -183,125 +213,145 @@ class Trainer:
             url, client, kw: ``Trainer``'s arguments (not a sharded job's).
         """
         self: Trainer = cls.__new__(cls)
-        self.client = client or Client(url, retries=1)
+        self.connection = Connection(url, retries=1) if client is None else connection_of(client)
         self.job = job
         self.handle_signals = kw.pop("handle_signals", True)
         raw_url = resolve_url(url) if client is None else url
-        self._worker = Worker(self.client.connection, job, raw_url, **kw)
+        self._sharded = None
+        self._home = Worker(self.connection, job, raw_url, **kw)
+        self._source = self._home.plain
         self._attach()
         return self
 
     def _attach(self) -> None:
-        """What both constructors set once the worker is made."""
-        worker = self._worker
-        self.worker_id = worker.worker_id
-        self.keys: JobKeys = worker.keys
+        """What both constructors set once the home worker is made."""
+        home = self._home
+        self.worker_id = home.worker_id
+        self.keys: JobKeys = home.keys
         #: the loop's data wait, sent with the heartbeats (a given one: the torch loader's)
-        self.input_meter = worker.input_meter
+        self.input_meter = home.input_meter
         self._signals = SignalLeave(self.job)
+
+    def _workers(self) -> list[Worker]:
+        """The workers open now: the plain job's one, or a sharded job's open shards'."""
+        return [self._home] if self._sharded is None else self._sharded.workers()
+
+    def _route(self, tasks: Task | list[Task]) -> list[tuple[Worker, list[Task]]]:
+        """The tasks the loop gives back by hand, by the worker that holds them."""
+        tasks = tasks if isinstance(tasks, list) else [tasks]
+        return [(self._home, tasks)] if self._sharded is None else self._sharded.route(tasks)
 
     @property
     def sharded(self) -> bool:
         """True for a sharded job's trainer (trainer/sharded.py takes its leases)."""
-        return isinstance(self._worker, ShardedWorker)
+        return self._sharded is not None
 
     @property
     def shards(self) -> list[str]:
         """The engine jobs this trainer takes from: a sharded job's shards (shard ``k`` at
         index ``k``), a plain job's ``[job]``."""
-        return self._worker.shards
+        return [self.job] if self._sharded is None else self._sharded.shards
 
     @property
     def home(self) -> int:
         """The index in ``shards`` of the home shard, taken from first (0: a plain job)."""
-        return self._worker.home
+        return 0 if self._sharded is None else self._sharded.home
 
     @property
     def registered_shards(self) -> list[str]:
         """The shards this trainer is registered on now (home and those it leases from)."""
-        return self._worker.registered_shards
+        return [w.job for w in self._workers()]
 
     @property
     def taken_elsewhere(self) -> int:
         """Tasks taken from shards other than home (a pass's shared tail)."""
-        return self._worker.taken_elsewhere
+        return 0 if self._sharded is None else self._sharded.taken_elsewhere
 
     # -- what the trainer knows -------------------------------------------------------
     @property
     def held(self) -> list[Task]:
-        """The tasks this trainer believes it holds (current and reserved)."""
-        return self._worker.held
+        """The tasks this trainer believes it holds (current and reserved), on every
+        shard of a sharded job."""
+        return [t for w in self._workers() for t in w.leases.held()]
 
     @property
     def draining(self) -> bool:
         """True once an operator asked this worker to finish its task and leave."""
-        return self._worker.draining
+        return self._source.draining
 
     @property
     def state(self) -> str:
         """The job's state as this trainer last heard it (read-only): ``"running"``,
         ``"waiting"`` (at a pass boundary for ``taskq pass next``), ``"completed"`` (its
         last pass is done) or ``"cancelled"``. Every reply and heartbeat answer updates
-        it; after ``passes()`` or iteration ends it says why (see ``passes``)."""
-        return self._worker.state
+        it; after ``passes()`` or iteration ends it says why (see ``passes``). A sharded
+        job's: the whole job's."""
+        return self._source.state
 
     @property
     def pass_no(self) -> int:
         """The newest pass of the job this trainer heard of (read-only; never goes back)."""
-        return self._worker.pass_no
+        return self._source.pass_no
 
     @property
     def incarnation(self) -> str:
-        """This worker's current incarnation (a new one after a rejoin)."""
-        return self._worker.incarnation
+        """This worker's current incarnation (a new one after a rejoin; a sharded job's:
+        on its home shard)."""
+        return self._home.session.incarnation
 
     @property
     def job_incarnation(self) -> str:
-        """The job's incarnation this trainer registered with."""
-        return self._worker.job_incarnation
+        """The job's incarnation this trainer registered with (a sharded job's: its home
+        shard's)."""
+        return self._home.session.job_incarnation
 
     @property
     def ttl_s(self) -> float:
         """This worker's liveness ttl in seconds, as the server gave it."""
-        return self._worker.ttl_s
+        return self._home.session.ttl_s
 
     @property
     def heartbeat_interval(self) -> float:
         """Seconds between heartbeats, as the server gave it."""
-        return self._worker.heartbeat_interval
+        return self._home.session.heartbeat_interval
 
     @property
     def reconnect_timeout(self) -> float:
         """Seconds a call keeps retrying while Redis is unreachable (settable)."""
-        return self._worker.reconnect_timeout
+        if self._sharded is not None:
+            return self._sharded.reconnect_timeout
+        return self._home.session.reconnect_timeout
 
     @reconnect_timeout.setter
     def reconnect_timeout(self, value: float) -> None:
-        self._worker.reconnect_timeout = value
+        if self._sharded is not None:
+            self._sharded.reconnect_timeout = value
+        else:
+            self._home.session.reconnect_timeout = value
 
     @property
     def prefetch(self) -> int:
         """Reserved tasks kept ahead of the current one (settable)."""
-        return self._worker.prefetch
+        return self._source.prefetch
 
     @prefetch.setter
     def prefetch(self, value: int) -> None:
-        self._worker.prefetch = value
+        self._source.prefetch = value
 
     @property
     def heartbeats_sent(self) -> int:
-        """Heartbeat answers applied."""
-        return self._worker.heartbeats_sent
+        """Heartbeat answers applied (on every shard of a sharded job)."""
+        return sum(w.heartbeat.sent for w in self._workers())
 
     @property
     def stolen_from_me(self) -> int:
         """Reserved tasks an idle trainer took before this one started them."""
-        return self._worker.stolen_from_me
+        return sum(w.leases.stolen_from_me for w in self._workers())
 
     def global_id(self, task: Task) -> int:
         """The task's id in the whole job: ``task.id`` for a plain job; a sharded job's
         task is mapped from its shard (``task.job``) to its id in the sharded job."""
-        return self._worker.global_id(task)
+        return task.id if self._sharded is None else self._sharded.global_id(task)
 
     # -- taking tasks (trainer/iteration.py) ---------------------------------------------------
     def lease(
@@ -331,7 +381,7 @@ class Trainer:
             ConnectionLost: Redis unreachable (``RedisOutOfMemory``: full) for longer than
                 ``reconnect_timeout``.
         """
-        return self._worker.lease(timeout, expect_pass, acks)
+        return self._source.lease(math.inf if timeout is None else timeout, expect_pass, acks)
 
     def lease_many(
         self,
@@ -368,12 +418,14 @@ class Trainer:
             InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
             JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
         """
-        return self._worker.lease_many(
-            n, timeout, expect_pass, acks, starts=starts, reserve=reserve
+        if n < 0 or (n == 0 and not acks and not starts):
+            raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
+        return self._source.lease_many(
+            n, math.inf if timeout is None else timeout, expect_pass, acks, starts, reserve
         )
 
     def __iter__(self) -> Iterator[Task]:
-        return self._worker.iterate()
+        return self._source.iterate()
 
     def passes(self) -> Iterator[Iterator[Task]]:
         """One iterator per pass; each ends when its pass is complete for everyone (a
@@ -398,7 +450,7 @@ class Trainer:
         Raises:
             JobNotFound: the job was deleted or replaced meanwhile.
         """
-        return self._worker.passes()
+        return self._source.passes()
 
     def batches(self, k: int) -> Iterator[list[Task]]:
         """Lists of up to ``k`` tasks started together and acked together (one call per
@@ -414,9 +466,11 @@ class Trainer:
             InvalidInput: ``k < 1``.
             JobNotFound: the job was deleted or replaced.
         """
-        return self._worker.batches(k)
+        if k < 1:
+            raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
+        return self._source.batches(k)
 
-    # -- ending leases (trainer/calls.py) -------------------------------------------------
+    # -- ending leases (trainer/iteration.py's Calls) -------------------------------------------------
     def ack(self, task: Task | list[Task]) -> None:
         """Ack a finished task (or a batch). Repeating an ack that landed is a no-op.
 
@@ -426,7 +480,8 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's; nothing was counted.
         """
-        self._worker.ack(task if isinstance(task, list) else [task])
+        for worker, tasks in self._route(task):
+            worker.calls.ack(tasks)
 
     def fail(self, task: Task | list[Task], error: str = "") -> None:
         """Report a failed task (counts a failure; dead at the caps). A failed batch goes
@@ -439,7 +494,8 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._worker.fail(task if isinstance(task, list) else [task], str(error)[:500])
+        for worker, tasks in self._route(task):
+            worker.calls.write("fail", tasks, str(error)[:500])
 
     def release(self, task: Task | list[Task]) -> None:
         """Give a task back unfinished (leasable by others at once).
@@ -450,7 +506,8 @@ class Trainer:
         Raises:
             LeaseLost: the lease was no longer this trainer's.
         """
-        self._worker.release(task if isinstance(task, list) else [task])
+        for worker, tasks in self._route(task):
+            worker.calls.write("release", tasks)
 
     # -- progress (trainer/progress.py) -------------------------------------------------
     def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
@@ -473,7 +530,8 @@ class Trainer:
         Raises:
             InvalidInput: ``n`` is not an integer >= 0.
         """
-        self._worker.progress(task, n, end)
+        worker = self._home if self._sharded is None else self._sharded.worker_of(task)
+        worker.progress.record(task, n, end)
 
     def flush_progress(self) -> list[int]:
         """Send the recorded progress now (the heartbeat does it every interval).
@@ -485,7 +543,7 @@ class Trainer:
         Raises:
             ConnectionLost: Redis could not be reached (the progress stays buffered).
         """
-        return self._worker.flush_progress()
+        return [i for w in self._workers() for i in w.progress.flush()]
 
     # -- the heartbeat (trainer/heartbeat.py) ---------------------------------------------
     def heartbeat(self) -> list[int]:
@@ -497,7 +555,7 @@ class Trainer:
         Raises:
             ConnectionLost: Redis could not be reached (``RedisOutOfMemory``: it is full).
         """
-        return self._worker.heartbeat()
+        return [i for w in self._workers() for i in w.heartbeat.heartbeat()]
 
     def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
         """Act on the answer to a heartbeat sent with ARGV ``args`` (by ``heartbeat()`` or
@@ -513,12 +571,12 @@ class Trainer:
         Returns:
             The ids of held tasks now marked revoked.
         """
-        return self._worker.apply_heartbeat(reply, args)
+        return self._home.heartbeat.apply_heartbeat(reply, args)
 
     def keep_beating(self) -> bool:
         """Mark what is held at risk while out of contact for longer than the ttl; False
         once there is nothing to beat for (closed, or the job is gone)."""
-        return self._worker.keep_beating()
+        return any([w.heartbeat.keep_beating() for w in self._workers()])
 
     # -- leaving ------------------------------------------------------------------
     def __enter__(self) -> Trainer:
@@ -543,12 +601,15 @@ class Trainer:
             SystemExit: a SIGTERM during the leave (nothing from Redis: that is logged).
             KeyboardInterrupt: a SIGINT during the leave.
         """
-        self._worker.close()
+        if self._sharded is None:
+            self._home.close()
+        else:
+            self._sharded.close()
 
     def _fail_current(self, exc_type: type[BaseException] | None, exc: BaseException) -> None:
         """The body raised: the task(s) it was working on failed (a batch goes back to be
         retried one task at a time); reserved ones are released by close()."""
-        current = self._worker.current()
+        current = self._source.current()
         if current:
             name = exc_type.__name__ if exc_type else "error"
             try:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from taskq import errors
-from taskq.engine.connection import Connection, make_redis
+from taskq.engine.connection import make_redis
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
 from taskq.inputwait import InputBeat, InputMeter
@@ -39,7 +39,7 @@ from taskq.keys import JobKeys
 from taskq.trainer import protocol
 from taskq.trainer.leases import HeldLeases
 from taskq.trainer.progress import ProgressSender
-from taskq.trainer.protocol import HeartbeatReply, Registered, Wire, call_heartbeat
+from taskq.trainer.protocol import HeartbeatReply, Registered, call_heartbeat
 from taskq.trainer.session import JobView, Session
 
 log = logging.getLogger("taskq.heartbeat")
@@ -316,8 +316,6 @@ class Heartbeat:
 
     def __init__(
         self,
-        connection: Connection,
-        wire: Wire,
         session: Session,
         leases: HeldLeases,
         view: JobView,
@@ -325,8 +323,7 @@ class Heartbeat:
         input_meter: InputMeter,
     ) -> None:
         self.job = session.job
-        self._connection = connection
-        self._wire = wire
+        self._connection = session.connection
         self._session = session
         self._leases = leases
         self._view = view
@@ -403,7 +400,10 @@ class Heartbeat:
         waited = self._input_beat.arg()
         if waited is not None:
             args.append(waited[0])
-        reply = self._wire.heartbeat(self._scripts or self._connection.scripts, args)
+        conn = self._connection
+        reply = HeartbeatReply.decode(
+            call_heartbeat(self._scripts or conn.scripts, conn.url, self._session.keys.script, args)
+        )
         if waited is not None and reply.code in (Code.OK, Code.DRAINING):
             self._input_beat.sent(waited[1])
         revoked = self.apply_heartbeat(reply, args)

@@ -2,7 +2,7 @@
 numbers in flight, and the revocations.
 
 ``HeldLeases`` is the part of ``Worker`` (trainer/worker.py) that knows what is held. A step's
-reply (trainer/calls.py) is applied to it, a heartbeat's revocations
+reply (trainer/iteration.py's ``Calls``) is applied to it, a heartbeat's revocations
 (trainer/heartbeat.py) strike from it, the iteration (trainer/iteration.py) takes the reserved
 read-ahead from it; everything under its one lock. It also keeps the numbers of
 the calls in flight: a heartbeat claims the replies up to ``last_reply_no`` (the server
@@ -10,7 +10,7 @@ revokes unlisted leases granted by calls up to it), so it stays below every call
 in flight (another thread's lease may be granted but not yet applied when this thread's
 ack reply lands).
 
-Data flow: trainer/calls.py (step replies) / trainer/heartbeat.py (revocations) ->
+Data flow: trainer/iteration.py (step replies) / trainer/heartbeat.py (revocations) ->
 trainer/leases.py -> trainer/heartbeat.py (the held pairs a heartbeat lists).
 """
 

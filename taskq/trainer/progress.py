@@ -8,12 +8,12 @@ task's progress is spent). Semantics: docs/resume.md.
 
 ``ProgressBuffer`` is the buffer (its own lock); ``ProgressSender``, the worker's part
 (worker.py), owns one and sends it: every heartbeat (heartbeat.py's ``Heartbeat``), before a
-write that ends a lease (calls.py, so the next holder starts where this one got), at
+write that ends a lease (iteration.py, so the next holder starts where this one got), at
 ``close``; with the helper heartbeat process, also from the loop's own thread at most
 once per interval (``inline``).
 
 Data flow: training loop / torch loader -> Trainer.progress -> progress.py (buffer, sender)
--> protocol.py -> progress.lua (with the heartbeat) -> Redis; lease reply -> Task.start ->
+-> progress.lua (with the heartbeat) -> Redis; lease reply -> Task.start ->
 the readers.
 """
 
@@ -24,12 +24,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import EllipsisType
+from typing import Any
 
 from taskq import errors
 from taskq.data import task_size
 from taskq.engine.contract import Code
 from taskq.models import Task
-from taskq.trainer.protocol import Wire
 from taskq.trainer.session import Session
 
 log = logging.getLogger("taskq.trainer")
@@ -67,7 +67,7 @@ class ProgressBuffer:
         if end is ...:
             known = task.end
             # how far the loop got, which the ack of a split task's head reports: an end
-            # learned after the loop read past it moves the split point up (calls.py)
+            # learned after the loop read past it moves the split point up (iteration.py)
             if task.read_to is None or n > task.read_to:
                 task.read_to = n
         else:  # the caller names the end its reading honours: the task can be split
@@ -81,6 +81,10 @@ class ProgressBuffer:
                 max(n, old[1]) if old and old[0] is task else n,
                 known,
             )
+
+    def __len__(self) -> int:
+        """How many tasks have progress recorded and not sent yet."""
+        return len(self._pending)
 
     def discard(self, tasks: list[Task]) -> None:
         """Drop the entries of ``tasks`` (acked: their progress is spent)."""
@@ -111,8 +115,7 @@ class ProgressBuffer:
 class ProgressSender:
     """The progress buffer and its sending (see the module docstring)."""
 
-    def __init__(self, wire: Wire, session: Session, inline: bool, sizes: bool = True) -> None:
-        self._wire = wire
+    def __init__(self, session: Session, inline: bool, sizes: bool = True) -> None:
         #: send the tasks' sizes (and the ends honoured) with progress: what lets the
         #: server split this trainer's tasks (``Trainer(split_tails=False)``: never)
         self._sizes = sizes
@@ -134,6 +137,10 @@ class ProgressSender:
         if self._inline and time.monotonic() - self._sent >= self._session.heartbeat_interval:
             self.flush_quietly()
 
+    def unsent(self) -> int:
+        """How many tasks have progress recorded and not sent yet."""
+        return len(self._buffer)
+
     def flush(self) -> list[int]:
         """``Trainer.flush_progress``: send what is recorded; the ids refused (stale)."""
         with self._sending:
@@ -150,19 +157,34 @@ class ProgressSender:
 
     def report(self, items: Sequence[Report]) -> list[int]:
         """One ``progress`` call about ``(task, samples, end honoured)`` triples, outside
-        the buffer (the trainer's own reports about split pieces go this way too); one
-        result code per triple. The replies move ``task.end`` (protocol.py)."""
+        the buffer (the trainer's own reports about split pieces go this way too), each
+        with the task's size when its chunks say it (what tail splitting needs); one
+        result code per triple (``Code.STALE``: not this worker's lease any more, nothing
+        recorded). A task the server split gets its piece's end in ``task.end``.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
         session = self._session
         incarnation, secret = session.creds
-        return session.contact(
-            self._wire.progress,
-            session.job_incarnation,
-            session.worker_id,
-            incarnation,
-            secret,
-            items if self._sizes else [(t, n, None) for t, n, _ in items],
-            self._sizes,
-        )
+        args: list[Any] = [session.job_incarnation, session.worker_id, incarnation, len(items)]
+        for task, n, known in items:
+            # (a loop reading to the chunks' end whatever task.end says is never split)
+            size = task_size(task.chunks) if self._sizes and task.follows_end else None
+            if size is None:
+                args += [task.id, task.token, n]
+            elif known is None:
+                args += [task.id, task.token, f"{n}:{size}"]
+            else:  # the end this holder honoured: it confirms a split (lib/split.lua)
+                args += [task.id, task.token, f"{n}:{size}:{known}"]
+        args.append(secret)
+        reply = session.run("progress", args)
+        if len(reply) > 2:  # each task's end: -1 none (-2, a pending tail's, never held)
+            for (task, _, _), end in zip(items, reply[2], strict=False):
+                if int(end) >= 0:
+                    task.end = int(end)
+        return [int(x) for x in reply[1]] if len(reply) > 1 else []
 
     def flush_quietly(self) -> None:
         """``flush`` where a failure must not stop what follows (logged)."""

@@ -9,8 +9,8 @@ lock), and the leave.
 ``JobView`` owns the job's pass, generation, state and this worker's drain flag, under
 its own lock. Both are parts of ``Worker`` (trainer/worker.py); neither knows the others.
 
-Data flow: trainer/worker.py / trainer/calls.py / trainer/heartbeat.py -> trainer/session.py ->
-protocol.py (register, leave) -> Redis.
+Data flow: trainer/worker.py / trainer/iteration.py / trainer/heartbeat.py -> trainer/session.py ->
+engine/connection.py (register, leave) -> Redis.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from taskq import errors
-from taskq.trainer.protocol import JobInfo, Registered, Wire
+from taskq.engine.connection import Connection, name_connection, translate
+from taskq.keys import JobKeys
+from taskq.mix import MixSpec
+from taskq.trainer.protocol import PASSTHROUGH, JobInfo, Registered
 
 log = logging.getLogger("taskq.trainer")
 
@@ -122,7 +125,7 @@ class Session:
 
     def __init__(
         self,
-        wire: Wire,
+        connection: Connection,
         job: str,
         worker_id: str | None,
         worker_ttl: float | None,
@@ -135,8 +138,9 @@ class Session:
             raise errors.InvalidInput(f"worker_ttl must be positive, got {worker_ttl}")
         if reconnect_timeout < 0:
             raise errors.InvalidInput(f"reconnect_timeout must be >= 0, got {reconnect_timeout}")
-        self._wire = wire
+        self.connection = connection
         self.job = job
+        self.keys: JobKeys = connection.keys(job)
         self.worker_id = worker_id
         self._own_ttl_ms = int(worker_ttl * 1000) if worker_ttl else 0
         self.reconnect_timeout = reconnect_timeout
@@ -157,6 +161,12 @@ class Session:
         self.ended: type[errors.TaskqError] | None = None
         #: set by ``close()``: calls stop retrying, rejoining stops, the heartbeat ends
         self.stop = threading.Event()
+        #: the job's seed when its samples are shuffled (register says), else None: the
+        #: tasks granted carry their order (``Task.order``)
+        self.seed: int | None = None
+        #: a mixed job's sources (register says), else None: a granted task's id names
+        #: its source (``Task.source``)
+        self.mix: MixSpec | None = None
 
     @property
     def incarnation(self) -> str:
@@ -171,21 +181,38 @@ class Session:
         return self.stop.is_set()
 
     def register(self) -> Registered:
-        """Register a new incarnation with a new secret; returns the server's answer
-        (its job info is for the caller to apply)."""
+        """Register a new incarnation with a new secret (at least 16 characters; every
+        later write of the incarnation sends it), declaring what the loop honours of a
+        lease (``reads``); returns the server's answer (its job info is for the caller to
+        apply). The job's sample order comes back: granted tasks carry it.
+
+        Raises:
+            JobNotFound: no such job (or not that incarnation).
+            ConnectionLost: Redis could not be reached.
+        """
         incarnation, secret = secrets.token_hex(6), secrets.token_hex(16)
         self.creds = (incarnation, secret)  # one store: never one without the other
-        reg: Registered = self.contact(
-            self._wire.register,
-            self.job_incarnation,
-            self.worker_id,
-            incarnation,
-            secret,
-            self._own_ttl_ms,
-            socket.gethostname(),
-            os.getpid(),
-            self.reads,
+        conn = self.connection
+        with translate(conn.url):
+            cid = name_connection(conn.redis, incarnation)  # until the 1st heartbeat
+        reg = Registered.decode(
+            self.run(
+                "register",
+                [
+                    self.job_incarnation,
+                    self.worker_id,
+                    incarnation,
+                    self._own_ttl_ms,
+                    socket.gethostname(),
+                    os.getpid(),
+                    secret,
+                    cid,
+                    self.reads,
+                ],
+            )
         )
+        self.seed = reg.seed if reg.sample_order == "shuffled" else None
+        self.mix = reg.mix
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s
         self.heartbeat_interval = reg.heartbeat_interval_s
@@ -217,10 +244,16 @@ class Session:
         self.last_contact = time.monotonic()
         self.ended = errors.JobNotFound
 
-    def contact(self, call: Any, *args: Any) -> Any:
-        """``call(*args)`` (a ``Wire`` verb), noting the contact with the server."""
+    def run(self, verb: str, args: list[Any]) -> Any:
+        """One verb on this worker's job, its raw reply (the codes a trainer reads, a
+        reply's first element; the others raised), noting the contact with the server.
+
+        Raises:
+            JobNotFound: the job was deleted or replaced.
+            ConnectionLost: Redis could not be reached.
+        """
         try:
-            reply = call(*args)
+            reply = self.connection.run(self.job, verb, args, passthrough=PASSTHROUGH)
         except errors.JobNotFound:
             self.gone()
             raise
@@ -250,12 +283,9 @@ class Session:
         incarnation, secret = self.creds
         try:
             self.retrying(
-                self.contact,
-                self._wire.leave,
-                self.job_incarnation,
-                self.worker_id,
-                incarnation,
-                secret,
+                self.run,
+                "leave",
+                [self.job_incarnation, self.worker_id, incarnation, secret],
                 bound_s=min(self.reconnect_timeout, 5.0),
             )
         except errors.ConnectionLost as e:

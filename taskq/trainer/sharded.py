@@ -1,26 +1,29 @@
 """Where a sharded job's ``Trainer`` takes leases: a home shard first, the other shards'
 tails after, and the barrier at a pass's end.
 
-``ShardedWorker`` is the part ``Trainer`` (core.py) composes for a sharded job (chosen
-once, from the job's shard-set record). It holds one ``Worker`` (worker.py) per shard it
-works on: its home shard (spread evenly: the n-th trainer to join gets shard ``n mod S``)
-for as long as it runs, another shard only while it takes tasks from there (registered
+``ShardedSource`` is the lease source ``Trainer`` (core.py) composes for a sharded job
+(chosen once, from the job's shard-set record; a plain job's is iteration.py's
+``PlainSource``). It decides only where leases come from; the trainer's other verbs (ack,
+fail, release, progress, the heartbeat) go to the shard's ``Worker`` it names
+(``route``, ``worker_of``). It holds one ``Worker`` (worker.py) per shard it works on:
+its home shard (spread evenly: the n-th trainer to join gets shard ``n mod S``) for as
+long as it runs, another shard only while it takes tasks from there (registered
 and heartbeating there only then). It takes from home first: the finished task's shard
 while its tail lasts, else home, else a shard whose status shows work left; when nothing
 is leasable, an idle round reads every shard (reads, no registration), reaps a shard
 whose trainers vanished, leases from one with work left, so the tail of a pass is shared
 rather than stuck on one shard, and, when every shard has finished pass ``p``, runs the
-barrier step (``ShardedJob.advance``, admin/sharded.py), which any trainer or the reaper
+barrier step (``Job.advance``, admin/jobs.py), which any trainer or the reaper
 may repeat; the pass iterator then ends: ``passes()`` means the whole job's pass, as for
 a plain job.
 
 A task costs one call: the finished task (or batch) is acked in the call that leases the
-next ones (``Worker.lease_many(acks=...)`` on the finished task's shard, with the pass
-expected). ``prefetch`` leases tasks ahead; ``batches(k)`` hands out up to ``k`` tasks
-of one shard at a time. See docs/sharding.md, "Trainers".
+next ones (``PlainSource.lease_many(acks=...)`` of the finished task's shard, with the
+pass expected). ``prefetch`` leases tasks ahead; ``batches(k)`` hands out up to ``k``
+tasks of one shard at a time. See docs/sharding.md, "Trainers".
 
-Data flow: trainer/core.py -> trainer/sharded.py -> trainer/worker.py (one per shard) ->
-Redis; -> admin/sharded.py (status reads, the barrier step, reaps).
+Data flow: trainer/core.py -> trainer/sharded.py -> trainer/iteration.py (one worker per
+shard) -> Redis; -> admin/jobs.py (status reads, the barrier step, reaps).
 """
 
 from __future__ import annotations
@@ -30,19 +33,17 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from types import EllipsisType
 from typing import Any, TypeVar
 
 from taskq import errors
-from taskq.admin.sharded import ShardedJob, combine
-from taskq.admin.shardset import ShardSet
+from taskq.admin.jobs import Job
+from taskq.admin.shardset import ShardSet, combine
 from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import MAX_PREFETCH
 from taskq.inputwait import InputMeter
-from taskq.keys import JobKeys, shard_set_key
+from taskq.keys import shard_set_key
 from taskq.models import JobStatus, Task
 from taskq.trainer.alldead import AllDeadWatch
-from taskq.trainer.heartbeat import HeartbeatReply
 from taskq.trainer.session import default_worker_id, retrying
 from taskq.trainer.worker import Worker
 
@@ -56,7 +57,7 @@ REAPERS_PER_ROUND = 4
 
 def _finished(s: JobStatus, pass_no: int) -> bool:
     """True when shard ``s`` has nothing more to do for ``pass_no`` (its pass complete,
-    or none of its tasks live: see ``ShardedJob.advance``)."""
+    or none of its tasks live: see ``Job.advance``)."""
     return (
         s.state in ("completed", "cancelled")
         or s.pass_no > pass_no
@@ -71,9 +72,9 @@ def _at_rest(s: JobStatus) -> bool:
     )
 
 
-class ShardedWorker:
-    """A worker of one sharded job (its arguments are ``Trainer``'s). Each public member
-    is ``Trainer``'s of the same name, documented there; tasks come as lists.
+class ShardedSource:
+    """Where a sharded job's leases come from (its arguments are ``Trainer``'s). Its
+    taking members are ``Trainer``'s of the same name, documented there.
 
     Args:
         connection: the engine's connection.
@@ -113,7 +114,7 @@ class ShardedWorker:
         self.job = sset.name
         self._raw_url = raw_url
         self.sset = sset
-        self._handle = ShardedJob(connection, sset)
+        self._handle = Job(connection, sset)
         #: an idle round of a job whose every live task is dead says so (or raises)
         self._all_dead = AllDeadWatch(self._handle, on_all_dead)
         self.shards = sset.shards
@@ -147,7 +148,7 @@ class ShardedWorker:
         self._draining = False
         #: tasks taken from shards other than home (the shared tail)
         self.taken_elsewhere = 0
-        self._open(home)
+        self.shard_worker(home)
 
     def _next_home_seq(self) -> int:
         """The record's join counter, incremented: the n-th trainer's home is n mod S."""
@@ -176,11 +177,6 @@ class ShardedWorker:
     def draining(self) -> bool:
         """True once an operator drained this worker on one of its shards."""
         return self._draining
-
-    @property
-    def registered_shards(self) -> list[str]:
-        """The shards this trainer is registered on now (home and those it leases from)."""
-        return [self.shards[k] for k in sorted(self._workers)]
 
     def _iterate(self, pass_no: int) -> Iterator[Task]:
         while True:
@@ -239,14 +235,13 @@ class ShardedWorker:
             yield self._iterate(pass_no)
 
     def iterate(self) -> Iterator[Task]:
+        """Every pass's tasks, one after the other (``for task in trainer``)."""
         for one_pass in self.passes():
             yield from one_pass
 
     def batches(self, k: int) -> Iterator[list[Task]]:
         """Lists of up to ``k`` tasks of one shard (a batch never mixes shards or
         passes), acked together in the call that leases the next batch."""
-        if k < 1:
-            raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
         for pass_no in self._pass_numbers():
             yield from self._iterate_batches(pass_no, k)
 
@@ -256,7 +251,6 @@ class ShardedWorker:
         timeout: float | None = 2.0,
         expect_pass: int | None = None,
         acks: Sequence[Task] = (),
-        *,
         starts: Sequence[Task] = (),
         reserve: bool = False,
     ) -> list[Task]:
@@ -270,8 +264,6 @@ class ShardedWorker:
         ``expect_pass`` is the whole job's pass: [] once it is over on every shard (the
         barrier step is run).
         """
-        if n < 0 or (n == 0 and not acks and not starts):
-            raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
         if self._closed:
             raise errors.TaskqError(f"job {self.job}: this trainer is closed")
         pass_no = self._pass if expect_pass is None else expect_pass
@@ -338,54 +330,22 @@ class ShardedWorker:
         if self._state == "completed":
             raise errors.JobCompleted(f"job {self.job!r} is completed")
 
-    @property
-    def heartbeat_interval(self) -> float:
-        """Seconds between heartbeats (the home shard's, as the job's)."""
-        return self._open(self.home).heartbeat_interval
-
-    @property
-    def held(self) -> list[Task]:
-        """The tasks this trainer holds, on every shard (current and leased ahead)."""
-        return [t for w in list(self._workers.values()) for t in w.held]
-
-    def progress(self, task: Task, n: int, end: int | None | EllipsisType = ...) -> None:
-        """Record that the loop took samples ``[0, n)`` of ``task``: kept by its shard's
-        trainer and sent with that shard's heartbeat (as ``Trainer.progress``, ``end``
-        too).
-
-        Raises:
-            InvalidInput: ``n`` is not an integer >= 0.
-        """
-        self._open(self._shard_of(task)).progress(task, n, end)
-
-    def flush_progress(self) -> list[int]:
-        """Send the recorded progress of every shard now (as ``Trainer.flush_progress``).
-
-        Returns:
-            The ids (in their shard) of tasks whose report was refused.
-        """
-        return [i for w in list(self._workers.values()) for i in w.flush_progress()]
-
     def _forget(self, tasks: Sequence[Task]) -> None:
         self._pending = [t for t in self._pending if all(t is not x for x in tasks)]
 
-    def ack(self, tasks: list[Task]) -> None:
-        """Ack tasks now, one call per shard; iteration would ack them with the next lease."""
+    def route(self, tasks: Sequence[Task]) -> list[tuple[Worker, list[Task]]]:
+        """Tasks leaving the loop's hands (an ack, fail or release by hand): each shard's
+        worker with its tasks (iteration would have acked them with the next lease)."""
         self._forget(tasks)
-        for k, part in self._by_shard(tasks).items():
-            self._open(k).ack(part)
+        return [(self.shard_worker(k), part) for k, part in self._by_shard(tasks).items()]
 
-    def fail(self, tasks: list[Task], error: str) -> None:
-        """Report failed tasks, one call per shard; iteration moves on."""
-        self._forget(tasks)
-        for k, part in self._by_shard(tasks).items():
-            self._open(k).fail(part, error)
+    def worker_of(self, task: Task) -> Worker:
+        """The worker of ``task``'s shard (opened if need be)."""
+        return self.shard_worker(self._shard_of(task))
 
-    def release(self, tasks: list[Task]) -> None:
-        """Give tasks back unfinished, one call per shard."""
-        self._forget(tasks)
-        for k, part in self._by_shard(tasks).items():
-            self._open(k).release(part)
+    def workers(self) -> list[Worker]:
+        """The workers open now, home's among them, in shard order."""
+        return [self._workers[k] for k in sorted(self._workers)]
 
     # -- leaving ------------------------------------------------------------------
     def close(self) -> None:
@@ -398,49 +358,16 @@ class ShardedWorker:
         for worker in workers:
             worker.close()
 
-    # -- the rest of the surface: the home shard's worker, or all of them --------------
-    @property
-    def keys(self) -> JobKeys:
-        return self._open(self.home).keys
-
-    @property
-    def incarnation(self) -> str:
-        return self._open(self.home).incarnation
-
-    @property
-    def job_incarnation(self) -> str:
-        return self._open(self.home).job_incarnation
-
-    @property
-    def ttl_s(self) -> float:
-        return self._open(self.home).ttl_s
-
-    @property
-    def heartbeats_sent(self) -> int:
-        return sum(w.heartbeats_sent for w in list(self._workers.values()))
-
-    @property
-    def stolen_from_me(self) -> int:
-        return sum(w.stolen_from_me for w in list(self._workers.values()))
-
-    def heartbeat(self) -> list[int]:
-        return [i for w in list(self._workers.values()) for i in w.heartbeat()]
-
-    def apply_heartbeat(self, reply: HeartbeatReply, args: Sequence[Any]) -> list[int]:
-        return self._open(self.home).apply_heartbeat(reply, args)
-
-    def keep_beating(self) -> bool:
-        return any([w.keep_beating() for w in list(self._workers.values())])
-
     def current(self) -> list[Task]:
         """The tasks the loop is working on (handed out, not revoked)."""
         return [t for t in self._pending if not t.revoked.is_set()]
 
     def _release_quietly(self, tasks: list[Task]) -> None:
-        try:
-            self.release(tasks)
-        except errors.LeaseLost:
-            pass
+        for worker, part in self.route(tasks):
+            try:
+                worker.calls.write("release", part)
+            except errors.LeaseLost:
+                pass
 
     # -- plumbing -----------------------------------------------------------------
     def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
@@ -448,7 +375,8 @@ class ShardedWorker:
         for up to ``reconnect_timeout`` seconds (session.py's ``retrying``)."""
         return retrying(self.reconnect_timeout, fn, *args)
 
-    def _open(self, k: int) -> Worker:
+    def shard_worker(self, k: int) -> Worker:
+        """Shard ``k``'s worker, registered there first if need be."""
         if k not in self._workers:
             self._workers[k] = self._retrying(self._new_worker, k)
         return self._workers[k]
@@ -466,7 +394,7 @@ class ShardedWorker:
     def _close_idle(self, k: int) -> None:
         """Leave shard ``k`` (not home) once nothing is held there."""
         worker = self._workers.get(k)
-        if k != self.home and worker is not None and not worker.held:
+        if k != self.home and worker is not None and not worker.leases.held():
             del self._workers[k]
             worker.close()
 
@@ -497,9 +425,7 @@ class ShardedWorker:
         acking ``acks`` and starting ``starts`` (all of shard ``k``) in the same call; []
         when none. ``n`` 0: only the acks and starts."""
         try:
-            got = self._open(k).lease_many(
-                n, timeout=timeout, expect_pass=pass_no, acks=acks, starts=starts, reserve=reserve
-            )
+            got = self.shard_worker(k).plain.lease_many(n, timeout, pass_no, acks, starts, reserve)
         except errors.JobCompleted:
             return []
         except errors.JobCancelled:
@@ -531,7 +457,7 @@ class ShardedWorker:
         """Ack ``done`` in one call per shard (no lease with it); a lost lease is logged."""
         for k, tasks in self._by_shard(self._counted(done)).items():
             try:
-                self._workers[k].ack(tasks)
+                self._workers[k].calls.ack(tasks)
             except errors.LeaseLost as e:
                 log.warning("%s", e)
 

@@ -23,8 +23,8 @@ local event_task = lib.events.event_task
 local done, jnow_s, job_info, now_s, open_job =
   lib.call.done, lib.call.jnow_s, lib.call.job_info, lib.call.now_s, lib.call.open_job
 local arg_secret, forged = lib.secrets.arg_secret, lib.secrets.forged
-local holds_secret, parse_lease, start_due =
-  lib.leases.holds_secret, lib.leases.parse_lease, lib.leases.start_due
+local holds_secret, lease_rec, parse_lease, start_due =
+  lib.leases.holds_secret, lib.leases.lease_rec, lib.leases.parse_lease, lib.leases.start_due
 local acked_one, end_held = lib.endings.acked_one, lib.endings.end_held
 local check_pass_end = lib.passes.check_pass_end
 local touch_worker = lib.workers.touch_worker
@@ -69,8 +69,8 @@ for k = 1, n_starts do
   local l = parse_lease(rcall('HGET', K_LEASES, task), worker, winc, tok)
   if holds_secret(l, worker, winc, tok) then
     if l.st == 'R' then
-      rcall('HSET', K_LEASES, task, 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|'
-        .. l.rs .. '|S|' .. now_s() .. '|' .. l.calls .. '|' .. l.attempts .. '|' .. l.dig)
+      rcall('HSET', K_LEASES, task,
+        lease_rec(worker, winc, tok, l.rs, 'S', now_s(), l.calls, l.attempts, l.dig))
       rcall('ZREM', K_RESERVED, task)
       mincr(F.NRESERVED, -1)
       rcall('ZADD', K_STARTED, jnow_s(), task)

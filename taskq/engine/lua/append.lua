@@ -16,16 +16,21 @@
 --   {FULL, 0, chunks_skipped, backlog, max_backlog, last_event_id} when the new tasks
 --   would take the backlog (live tasks not done this pass) past max_backlog: nothing
 --   written, the caller waits for acks (events after that id) or gives up;
---   {INVALID, why} for a sealed stream; JOB_CANCELLED.
+--   {INVALID, why} for a sealed stream, and for a job whose pass ended (completed, or
+--   waiting at a manual boundary or with every task dead): an append never reopens a
+--   job, its owner does (docs/streams.md); JOB_CANCELLED.
+-- The producer's credential (ops/acl.py) may run this and nothing else, so it writes no
+-- meta field (open_job reads only; the counts go to KEY appended, keys.APPENDED_FIELDS)
+-- and only adds to chunks, appids and appidx (HSETNX: their fields are never overwritten);
+-- every key and command it uses is one the producer's rule allows.
 local rcall, mmax, mmin, mfloor, tconcat, unpk, lipairs, tonum =
   redis.call, math.max, math.min, math.floor, table.concat, unpack, ipairs, tonumber
-local fmt, mget, mincr, mnum, mput, mset =
-  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local fmt, mget, mnum, tasks_n = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.tasks_n
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
   lib.args.arg_text, lib.args.args_bad
-local broadcast, event = lib.events.broadcast, lib.events.event
-local done, now_s, open_job = lib.call.done, lib.call.now_s, lib.call.open_job
+local event = lib.events.event
+local done, now_s, open_job = lib.call.done_reads_meta, lib.call.now_s, lib.call.open_job
 local live_tasks = lib.passes.live_tasks
 arg_id(ARGV[1], 'job_inc', true)
 local with_ids = arg_enum(ARGV[2], 'with_ids', '0 1') == '1'
@@ -52,7 +57,7 @@ end
 if bytes > APPEND_BYTES then arg_fail('chunks', 'more than ' .. APPEND_BYTES .. ' bytes', bytes) end
 bad = args_bad()
 if bad then return bad end
-local err = open_job(ARGV[1])
+local err = open_job(ARGV[1], false, true)
 if err then return done({err, 0, 0}) end
 if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
 if mget(F.SHUFFLE) == 'm' then
@@ -78,13 +83,15 @@ end
 local cpt = mmax(1, mnum(F.CPT))
 local ntasks = math.ceil(#fresh / cpt)
 local backlog = mmax(0, live_tasks() - mnum(F.NDONE))
-local n0 = mnum(F.N)
+local n0 = tasks_n()
 -- The source's record moves to the end of this call's chunks when they follow on from it
 -- (a call past a gap records nothing: the chunks of the gap are not known to be in).
+-- (a job made before KEY appended counted its sources in meta: the sequence goes on)
 local function note_source()
   if source == '' or src_at > src_done or src_at + n <= src_done then return end
   rcall('HSET', K_SOURCES, source, fmt(src_at + n))
-  rcall('ZADD', K_SRCSEQ, mincr(F.SRC_SEQ), source)
+  local seq = rcall('HINCRBY', K_APPENDED, 'src_seq', 1) + mnum(F.SRC_SEQ)
+  rcall('ZADD', K_SRCSEQ, seq, source)
   if rcall('ZCARD', K_SRCSEQ) > SOURCES_KEEP then
     local old = rcall('ZPOPMIN', K_SRCSEQ)
     if old[1] then rcall('HDEL', K_SOURCES, old[1]) end
@@ -94,50 +101,49 @@ if ntasks == 0 then
   note_source()
   return done({C.OK, 0, skipped, n0, backlog})
 end
+local reason = mget(F.REASON) or ''
+-- New tasks join a running pass only (a resend that adds nothing is answered above); a
+-- rewind under way keeps its state: its seal runs the job, the new tasks past the cut's
+-- cursor.
+if CALL.STATE == 'completed' or (CALL.STATE == 'waiting' and reason ~= 'rewinding') then
+  local how = 'create a stream job for data that keeps coming'
+  if reason == 'manual_advance' then how = '`taskq pass next` starts the next pass'
+  elseif reason == 'all_dead' then how = '`taskq tasks retry` brings its dead tasks back' end
+  return done({C.INVALID, 'the job is ' .. CALL.STATE .. (reason ~= '' and ' (' .. reason .. ')'
+    or '') .. ': an append does not reopen it; reopen needs the job\'s owner (' .. how .. ')'})
+end
 local max_backlog = mnum(F.MAX_BACKLOG)
 if max_backlog > 0 and backlog + ntasks > max_backlog then
   local last = rcall('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', 1)
   return done({C.FULL, 0, skipped, backlog, max_backlog, last[1] and last[1][1] or '0-0'})
 end
--- a job made before appends: its pass's order is of the tasks it has now
-if not mget(F.PN) then mput(F.PN, n0) end
-local fields, idf = {}, {}
+-- the new tasks' ids are free (a record behind its tasks would overwrite none: refused)
+if rcall('HEXISTS', K_CHUNKS, fmt(n0)) == 1 then
+  return done({C.INVALID, 'task ' .. fmt(n0) .. ' exists: the job\'s appended record is '
+    .. 'behind its tasks (`taskq job audit`)'})
+end
+-- HSETNX, one field each: the producer's credential may add a field, never overwrite one
 for t = 0, ntasks - 1 do
-  local task = fmt(n0 + t)
-  fields[#fields + 1] = task
-  fields[#fields + 1] = '[' .. tconcat(fresh, ',', t * cpt + 1, mmin(#fresh, (t + 1) * cpt)) .. ']'
+  rcall('HSETNX', K_CHUNKS, fmt(n0 + t),
+    '[' .. tconcat(fresh, ',', t * cpt + 1, mmin(#fresh, (t + 1) * cpt)) .. ']')
 end
-for i, id in lipairs(fresh_ids) do
-  idf[#idf + 1] = id
-  idf[#idf + 1] = fmt(n0 + mfloor((i - 1) / cpt))
-end
-rcall('HSET', K_CHUNKS, unpk(fields))
-if #idf > 0 then
-  rcall('HSET', appids, unpk(idf))
-  -- each task's ids, for the trim that drops them with the task (trim.lua)
-  local idx = {}
-  for t = 0, ntasks - 1 do
-    idx[#idx + 1] = fmt(n0 + t)
-    idx[#idx + 1] = cjson.encode({unpk(fresh_ids, t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt))})
+if #fresh_ids > 0 then
+  for i, id in lipairs(fresh_ids) do
+    rcall('HSETNX', appids, id, fmt(n0 + mfloor((i - 1) / cpt)))
   end
-  rcall('HSET', K_APPIDX, unpk(idx))
+  -- each task's ids, for the trim that drops them with the task (trim.lua)
+  for t = 0, ntasks - 1 do
+    rcall('HSETNX', K_APPIDX, fmt(n0 + t),
+      cjson.encode({unpk(fresh_ids, t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt))}))
+  end
 end
 note_source()
 rcall('ZADD', K_APPENDS, n0, fmt(n0) .. ':' .. now_s())
-mput(F.N, n0 + ntasks)
-mincr(F.NCHUNKS, #fresh)
-mincr(F.C_APPENDED, ntasks)
-if skipped > 0 then mincr(F.C_APPEND_DUP, skipped) end
+rcall('HINCRBY', K_APPENDED, 'tasks', ntasks)
+rcall('HINCRBY', K_APPENDED, 'chunks', #fresh)
+if skipped > 0 then rcall('HINCRBY', K_APPENDED, 'dup', skipped) end
 event('appended', 'first', fmt(n0), 'tasks', fmt(ntasks), 'skipped', fmt(skipped))
-local reason = mget(F.REASON) or ''
-if CALL.STATE == 'completed' or (CALL.STATE == 'waiting' and reason ~= 'rewinding') then
-  -- the pass is open again for the new tasks (as a retry reopens it); a rewind under
-  -- way keeps its state: its seal runs the job, the new tasks past the cut's cursor
-  mset(F.STATE, 'running', F.REASON, '')
-  CALL.STATE = 'running'
-  event('pass_reopened', 'round', CALL.ROUND)
-  broadcast()
-elseif CALL.STATE == 'running' then
+if CALL.STATE == 'running' then
   -- one wake token per new task, never more than waiters (events.lua wake_one)
   local waiters = rcall('ZCARD', K_WAITING)
   if waiters > 0 then

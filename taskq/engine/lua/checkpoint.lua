@@ -24,6 +24,7 @@ local rcall, tonum, smatch, mmin, mmax, tconcat, unpk, lpairs, lipairs =
   redis.call, tonumber, string.match, math.min, math.max, table.concat, unpack, pairs, ipairs
 local fmt, mget, mincr, mnum, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
+local tasks_n = lib.meta.tasks_n
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
   lib.args.arg_text, lib.args.args_bad
@@ -91,17 +92,17 @@ if step == 'begin' then
     done = rcall('BITCOUNT', K_DONE), dead = rcall('SCARD', K_DEAD), job_state = CALL.STATE,
     reason = mget(F.REASON) or '', created_ms = CALL.NOW, pages = pages.d, xpages = pages.x,
     xbytes = rcall('STRLEN', K_DEADBITS),
-    ppages = 0, todo_done = false, n = mnum(F.N), sum_seq = mnum(F.SUM_SEQ),
+    ppages = 0, todo_done = false, n = tasks_n(), sum_seq = mnum(F.SUM_SEQ),
     pn = tonum(mget(F.PN) or '') or mnum(F.N),  -- the order's size; n: the append position
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
     -- the lowest task not done at the cut
-    low = mmin(rcall('BITPOS', K_DONE, 0), mnum(F.N)),
+    low = mmin(rcall('BITPOS', K_DONE, 0), tasks_n()),
     incarnation = mget(F.INC), pstart = mnum(F.PSTART),
   }
   if (mget(F.STREAM) or '') ~= '' then
     -- a stream is never trimmed past the lowest task neither done nor dead at the cut,
     -- and the dead ones below it keep their records (trim.lua): at most ASIDE_MAX of them
-    local p, n, below = rec.low, mnum(F.N), {}
+    local p, n, below = rec.low, tasks_n(), {}
     while p < n and #below < ASIDE_MAX and rcall('GETBIT', K_DEADBITS, p) == 1 do
       below[#below + 1] = p
       local nx = rcall('BITPOS', K_DONE, 0, p + 1, -1, 'BIT')

@@ -11,6 +11,7 @@
 local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.sub, string.byte, math.min, math.max, unpack, ipairs
 local fmt, mnum = lib.meta.fmt, lib.meta.mnum
+local tasks_n = lib.meta.tasks_n
 local arg_enum, arg_fail, arg_int, arg_len, arg_text, arg_token, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_int, lib.args.arg_len, lib.args.arg_text,
   lib.args.arg_token, lib.args.args_bad
@@ -42,7 +43,7 @@ if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
 CALL.ROUND = mnum(F.ROUND)
 local ids, next_cursor = {}, '0'
 if state == 'todo' then
-  local n = mnum(F.N)
+  local n = tasks_n()
   if phase == '' or phase == 'o' then
     -- split tasks' tail pieces waiting to be leased again (lib/split.lua); a task whose
     -- head piece is leased is listed among the leased too
@@ -70,7 +71,7 @@ if state == 'todo' then
     -- positions of the order looked up in chunks (a few commands per chunk, not a few per
     -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
     -- not in the front (listed above)
-    local perm, budget = perm_fn(n), 4 * count
+    local perm, budget = perm_fn(), 4 * count
     local any_front = rcall('ZCARD', K_FRONT) > 0
     while #ids < count and pos < n and budget > 0 do
       local span = mmin(count - #ids, n - pos, budget)
@@ -102,7 +103,7 @@ elseif state == 'leased' then
   end
   if #ids == count then next_cursor = fmt(pos + count) end
 elseif state == 'done' then
-  local n = mnum(F.N)
+  local n = tasks_n()
   while #ids < count and pos < n do
     local b = rcall('BITPOS', K_DONE, 1, pos, -1, 'BIT')
     if b < 0 then pos = n; break end

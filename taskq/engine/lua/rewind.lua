@@ -30,6 +30,7 @@ local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, mfloor, tconcat, lipairs =
   table.concat, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local tasks_n = lib.meta.tasks_n
 local arg_enum, arg_id, arg_int, arg_len, arg_text, args_bad =
   lib.args.arg_enum, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.arg_text,
   lib.args.args_bad
@@ -106,7 +107,7 @@ if step == 'begin' then
     math.ceil(later / RW_MARK)}
   flush_events()  -- the step entry so far is the pass's before (event_task)
   -- (the cut's order; tasks appended since the cut come after it, never done at the cut)
-  mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.PN, rec.pn or rec.n or mnum(F.N),
+  mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.PN, rec.pn or rec.n or tasks_n(),
     F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
@@ -187,7 +188,7 @@ local function restore_page(step, rec, id, arg, epoch)
   end
   if step == 'walk' then
     -- (after the done and dead pages: the sets are the cut's)
-    local perm = perm_fn(mnum(F.N), 'stored')
+    local perm = perm_fn('stored')
     local from = arg * RW_WALK
     for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
       local task = perm(pos)

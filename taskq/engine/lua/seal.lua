@@ -6,7 +6,8 @@
 -- ARGV: job_inc ('' = any)
 -- returns: {OK, tasks, already} (the tasks appended in all; already 1: it was sealed
 --   before, nothing changed); {INVALID, why} for a job that is not a stream; JOB_CANCELLED
-local mget, mnum, mset = lib.meta.mget, lib.meta.mnum, lib.meta.mset
+local fmt, mget, mset = lib.meta.fmt, lib.meta.mget, lib.meta.mset
+local tasks_n = lib.meta.tasks_n
 local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
@@ -22,10 +23,10 @@ local stream = mget(F.STREAM) or ''
 if stream == '' then
   return done({C.INVALID, 'not a stream job (create it with stream=True / --stream)'})
 end
-if stream ~= 'open' then return done({C.OK, mnum(F.N), 1}) end
+if stream ~= 'open' then return done({C.OK, tasks_n(), 1}) end
 mset(F.STREAM, 'sealed')
-event('stream_sealed', 'tasks', mget(F.N))
+event('stream_sealed', 'tasks', fmt(tasks_n()))
 -- every task appended may be done already (or none was appended): the pass ends here,
 -- not at a later ack
 check_pass_end()
-return done({C.OK, mnum(F.N), 0})
+return done({C.OK, tasks_n(), 0})

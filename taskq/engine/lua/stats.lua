@@ -2,10 +2,12 @@
 -- stats: a read-only snapshot of one job, O(1) in the number of tasks.
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: lease-age bucket bounds in seconds (ascending)
--- returns: {code, meta (flat field/value list), dead, workers_alive, now_ms, jnow_ms,
---           hist (flat), {started lease count older than each bound}, oldest_start_jnow,
---           tail pieces waiting beside a leased head (todo beside nleased)}
-local rcall, tonum, mfloor = redis.call, tonumber, math.floor
+-- returns: {code, meta (flat field/value list; n, nchunks, c_appended and c_append_dup
+--           again at its end, the appended record's counts added: keys.APPENDED_FIELDS),
+--           dead, workers_alive, now_ms, jnow_ms, hist (flat), {started lease count older
+--           than each bound}, oldest_start_jnow, tail pieces waiting beside a leased head
+--           (todo beside nleased)}
+local rcall, tonum, mfloor, mmax, lipairs = redis.call, tonumber, math.floor, math.max, ipairs
 local fmt = lib.meta.fmt
 local arg_fail, arg_int, args_bad = lib.args.arg_fail, lib.args.arg_int, lib.args.args_bad
 local waiting_tails = lib.pieces.waiting_tails
@@ -32,6 +34,15 @@ local oldest = rcall('ZRANGE', K_STARTED, 0, 0, 'WITHSCORES')
 -- todo, though the task is counted leased (lib/split.lua)
 CALL.ROUND = lib.meta.mnum(F.ROUND)
 local _, beside = waiting_tails()
-return {C.OK, rcall('HGETALL', K_META), rcall('SCARD', K_DEAD),
+local meta = rcall('HGETALL', K_META)
+local own = rcall('HMGET', K_META, N.N, N.NCHUNKS, N.C_APPENDED, N.C_APPEND_DUP)
+local app = rcall('HMGET', K_APPENDED, 'tasks', 'chunks', 'tasks', 'dup')
+for k, name in lipairs({N.N, N.NCHUNKS, N.C_APPENDED, N.C_APPEND_DUP}) do
+  if own[k] or app[k] then
+    meta[#meta + 1] = name
+    meta[#meta + 1] = fmt((tonum(own[k] or '0') or 0) + mmax(0, tonum(app[k] or '0') or 0))
+  end
+end
+return {C.OK, meta, rcall('SCARD', K_DEAD),
   rcall('ZCOUNT', K_WORKERS, fmt(jnow), '+inf'), fmt(now), fmt(jnow),
   rcall('HGETALL', K_HIST), older, oldest[2] or false, beside}

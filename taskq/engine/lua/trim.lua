@@ -20,6 +20,7 @@
 local rcall, mmin, mmax, mfloor, lipairs, unpk, cdecode, tonum =
   redis.call, math.min, math.max, math.floor, ipairs, unpack, cjson.decode, tonumber
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
+local tasks_n = lib.meta.tasks_n
 local arg_id, arg_int, arg_len, args_bad =
   lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
 local done, open_job = lib.call.done, lib.call.open_job
@@ -32,7 +33,7 @@ local bad = args_bad()
 if bad then return bad end
 local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
-local w, n = mnum(F.TRIM_W), mnum(F.N)
+local w, n = mnum(F.TRIM_W), tasks_n()
 local passes = mnum(F.PASSES)
 if (mget(F.STREAM) or '') == '' or CALL.STATE == 'cancelled' or passes < 0
     or mnum(F.PASS) + 1 < passes or (mget(F.RW_OPEN) or '') ~= '' then

@@ -11,9 +11,9 @@
 --   CALL.COUNTS_EMPTY, DEAD_EMPTY, PROGRESS_EMPTY, FRONT_EMPTY, EMPTIES_READ: what this
 --     call knows of those keys being empty (leases.lua counts_empty ...)
 local rcall, tonum, mfloor = redis.call, tonumber, math.floor
-local flush, fmt, load_meta, mget, mincr, mnum, mset_s =
-  lib.meta.flush, lib.meta.fmt, lib.meta.load_meta, lib.meta.mget, lib.meta.mincr, lib.meta.mnum,
-  lib.meta.mset_s
+local flush, fmt, load_meta, meta_clean, mget, mincr, mnum, mset_s =
+  lib.meta.flush, lib.meta.fmt, lib.meta.load_meta, lib.meta.meta_clean, lib.meta.mget,
+  lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
 local flush_events, flush_hist = lib.events.flush_events, lib.events.flush_hist
 
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
@@ -34,9 +34,11 @@ local function round_s()
 end
 
 -- Opens the job: checks the incarnation, reads the clock, applies the silence rule.
--- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset'.
--- (loaded: the caller ran load_meta already, in this call)
-local function open_job(inc, loaded)
+-- Returns nil when the job is usable, else a return code. Writes only 'seen'/'offset',
+-- and not those when `reads_meta_only` (append: the producer's credential writes no meta
+-- field, docs/security.md; the next call of the job's own verbs sees the silence, as the
+-- gap since 'seen' is still there). (loaded: the caller ran load_meta already, in this call)
+local function open_job(inc, loaded, reads_meta_only)
   if not loaded then load_meta() end
   local cur = mget(F.INC)
   if not cur then return C.JOB_NOT_FOUND end
@@ -54,7 +56,9 @@ local function open_job(inc, loaded)
   local gap = CALL.NOW - seen
   -- A live worker calls at least every heartbeat interval, so a gap longer than
   -- ttl - interval could make healthy workers miss their deadline: that is a silence.
-  if gap > mnum(F.TTL) - mnum(F.HBI) then
+  if reads_meta_only then
+    gap = 0
+  elseif gap > mnum(F.TTL) - mnum(F.HBI) then
     -- Silence is the server's, not the workers': freeze the liveness clock over it.
     mincr(F.OFFSET, gap)
     rcall('XADD', K_EVENTS, 'MAXLEN', '~', CALL.EVMAX, '*', 'type', 'silence', 'gap_ms', fmt(gap))
@@ -76,6 +80,16 @@ local function done(reply)
   return reply
 end
 
+-- Append's end: only its events land. It writes no meta field and observes no histogram
+-- (the producer's credential may not write them, ops/acl.py), so it never reaches their
+-- writes (tests/ops/test_tenants.py reads what each verb reaches); a change of meta in its
+-- call is a bug, refused loudly.
+local function done_reads_meta(reply)
+  if not meta_clean() then error('taskq: append changed a meta field') end
+  flush_events()
+  return reply
+end
+
 local function job_info()
   return {mnum(F.PASS), mnum(F.GEN), CALL.STATE, mget(F.REASON) or ''}
 end
@@ -92,4 +106,4 @@ local function reset()
 end
 
 return {now_s = now_s, jnow_s = jnow_s, round_s = round_s, open_job = open_job, done = done,
-  job_info = job_info, reset = reset}
+  done_reads_meta = done_reads_meta, job_info = job_info, reset = reset}

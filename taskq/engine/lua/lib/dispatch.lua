@@ -4,15 +4,18 @@ local rcall, tonum, smatch, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.byte, math.min, math.max, unpack, ipairs
 local fmt, mget, mincr, mnum, mset_s =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
-local event, event_task, event_tasks, wait_add, wait_rem =
+local tasks_n = lib.meta.tasks_n
+local event, event_task, event_tasks, wait_add, wait_rem, wake_one =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.wait_add,
-  lib.events.wait_rem
+  lib.events.wait_rem, lib.events.wake_one
 local jnow_s, now_s, round_s = lib.call.jnow_s, lib.call.now_s, lib.call.round_s
 local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, member, next_token,
   parse_lease, read_empties, start_due, task_tt =
   lib.leases.counts_empty, lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.member, lib.leases.next_token,
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
+local lease_head, lease_mid, lease_rec =
+  lib.leases.lease_head, lib.leases.lease_mid, lib.leases.lease_rec
 local split_rec, take_split, whole_ok = lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
@@ -43,11 +46,11 @@ local function grant(task, worker, winc, cn, st, task_n, buf)
     if st == 'S' then lt = buf.ts else lt = buf.tr end
   end
   if not lh then
-    lh = 'L|' .. worker .. '|' .. winc .. '|'
+    lh = lease_head(worker, winc)
     if buf then buf.lh, buf.mh = lh, member(worker, winc, '') end
   end
   if not lt then
-    lt = '|' .. round_s() .. '|' .. st .. '|' .. now_s() .. '|' .. cn .. '|'
+    lt = lease_mid(round_s(), st, now_s(), cn)
     if buf and st == 'S' then buf.ts = lt elseif buf then buf.tr = lt end
   end
   local rec = lh .. tok .. lt .. att_s .. '|' .. CALL.CALLER_DIG
@@ -119,10 +122,29 @@ end
 -- split task only if its loop honours ranges, else only whole (split.lua whole_ok, which
 -- may undo the split). One HGET when a split was made in this pass attempt, else none.
 local READS = nil  -- per call: the caller's reads_of
+local PIECE_LEFT = false  -- per call: a head piece was left for a range reader
 local function piece_ok(task, worker, winc)
   if mnum(F.P_BACKUPS) == 0 or not split_rec(task) then return true end
   if READS == nil then READS = reads_of(worker, winc) end
-  return READS ~= 'w' or whole_ok(task)
+  if READS ~= 'w' or whole_ok(task) then return true end
+  PIECE_LEFT = true
+  return false
+end
+
+-- A whole-task reader that got nothing and left a head piece in the front passes its
+-- wake-up on to a range reader waiting (the first ten waiters looked at), if any: the
+-- token it may have taken was that piece's, and a range reader blocked behind it would
+-- otherwise notice the piece only at its wait bound. (A whole-task reader woken by it
+-- in turn leaves it again and passes it on; the waiters are served in the order they
+-- blocked, the range reader among the first.)
+local function pass_wake(m)
+  for _, w in lipairs(rcall('ZRANGE', K_WAITING, 0, 9)) do
+    local wk, wi = smatch(w, '^(.*)|([^|]*)$')
+    if w ~= m and wk and reads_of(wk, wi) ~= 'w' then
+      wake_one()
+      return
+    end
+  end
 end
 
 -- (buf: a batch's writes, whose records it reads first)
@@ -155,9 +177,8 @@ local function take_backup(worker, winc, cn)
         and not split_rec(task)
         and not lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
       local tok = next_token()
-      rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-        .. '|' .. l.rs .. '|S|' .. now_s() .. '|' .. cn .. '|' .. l.attempts
-        .. '|' .. CALL.CALLER_DIG)
+      rcall('HSET', K_LEASES, 'b:' .. task,
+        lease_rec(worker, winc, tok, l.rs, 'S', now_s(), cn, l.attempts, CALL.CALLER_DIG))
       GRANTED[#GRANTED + 1] = task
       rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
       mincr(F.C_LEASED)
@@ -213,10 +234,13 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       if solo then return out, #out end
     end
   end
-  local n = mnum(F.N)
   local cursor = mnum(F.CURSOR)
+  -- The walk goes under 1,000 positions: the appended tasks (after the create's) are
+  -- counted only when it may reach them (one HGET, lib/meta.lua tasks_n).
+  local n = mnum(F.N)
+  if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn(n, 'charge')
+    local perm = perm_fn('charge')
     while #out < want and cursor < n and steps < 1000 do
       local task_n = perm(cursor)
       local task = fmt(task_n)
@@ -343,6 +367,7 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   end
   if want > 0 then
     wait_add(m, now_s())
+    if PIECE_LEFT then pass_wake(m) end
     return {C.NOTHING, {}, wait_bound_ms()}
   end
   return {C.OK, {}, 0}
@@ -356,6 +381,7 @@ local function reset()
   AVOID_UNTIL = nil
   BACKUP_AT = nil
   READS = nil
+  PIECE_LEFT = false
 end
 
 return {lease_part = lease_part, reset = reset}

@@ -19,6 +19,22 @@ local fmt, mget, mincr, mnum, mput, mput_s, mset, split =
   lib.meta.mset, lib.meta.split
 local round_s = lib.call.round_s
 
+-- A current lease record is written here alone (the layout above): its head (holder),
+-- token, middle (round, state, since, call), attempt and digest. A batch's grants share
+-- head and middle (dispatch.lua: grant), so those are functions of their own.
+local function lease_head(worker, winc)
+  return 'L|' .. worker .. '|' .. winc .. '|'
+end
+
+local function lease_mid(rs, st, since_s, calls)
+  return '|' .. rs .. '|' .. st .. '|' .. since_s .. '|' .. calls .. '|'
+end
+
+local function lease_rec(worker, winc, tok, rs, st, since_s, calls, attempts, dig)
+  return lease_head(worker, winc) .. tok .. lease_mid(rs, st, since_s, calls) .. attempts
+    .. '|' .. dig
+end
+
 -- A lease record as a table; rs / sinces / calls / attempts are the record's own strings
 -- (written back as they are), round its number. Only the round is compared on every call,
 -- so the other numbers are left as strings (tonumber where used: each conversion is a
@@ -34,6 +50,8 @@ local function parse_lease(rec, worker, winc, tok, into)
   if sbyte(rec, 1) == 76 then  -- 'L'
     if tok then
       local rs = round_s()
+      -- (lease_rec's head, token and round, compared, not written: one concat per ack on
+      -- the hot path rather than a call of lease_head and two)
       local head = 'L|' .. worker .. '|' .. winc .. '|' .. tok .. '|' .. rs .. '|'
       if ssub(rec, 1, #head) == head then
         local st, since, call, att, dig = smatch(rec,
@@ -279,7 +297,8 @@ local function reset()
   DL_DONE = false
 end
 
-return {parse_lease = parse_lease, next_token = next_token, due_by = due_by, task_tt = task_tt,
+return {lease_head = lease_head, lease_mid = lease_mid, lease_rec = lease_rec,
+  parse_lease = parse_lease, next_token = next_token, due_by = due_by, task_tt = task_tt,
   start_due = start_due, recompute_auto_timeout = recompute_auto_timeout,
   lease_is_current = lease_is_current, holds_secret = holds_secret, member = member,
   lease_for = lease_for, other_lease = other_lease, read_empties = read_empties,

@@ -133,6 +133,27 @@ local function flush()
   DIRTY = {}
 end
 
+-- True when this call changed no field (append's end: lib/call.lua done_reads_meta).
+local function meta_clean()
+  for _, d in lpairs(DIRTY) do
+    if d then return false end
+  end
+  return true
+end
+
+-- The job's tasks: meta's n (the create's) plus the tasks appended (KEY appended's
+-- "tasks", keys.APPENDED_FIELDS: append writes no meta field, so that the producer's
+-- credential may not write meta at all, docs/security.md). Read once per call that asks;
+-- never below the create's (a producer may write the record, not hide the job's own tasks).
+local APPENDED_TASKS = false  -- per call
+local function tasks_n()
+  if not APPENDED_TASKS then
+    APPENDED_TASKS = tonum(rcall('HGET', K_APPENDED, 'tasks') or '0') or 0
+    if APPENDED_TASKS < 0 then APPENDED_TASKS = 0 end
+  end
+  return mnum(F.N) + APPENDED_TASKS
+end
+
 -- Keeps the meta hash in Redis's hashtable encoding (F.ENC, keys.py): written at create,
 -- and by the first register of a job created before it (a hash never goes back to a
 -- listpack until a restart reloads it, and the field is kept across that).
@@ -156,9 +177,10 @@ end
 -- This part's per-call state back to its start (begin(), every call).
 local function reset()
   M = {}
+  APPENDED_TASKS = false
   MN, DIRTY, NUM, ORIG = META_FALSES, META_FALSES, META_FALSES, META_FALSES
 end
 
 return {fmt = fmt, load_meta = load_meta, mget = mget, mnum = mnum, mput = mput, mput_s = mput_s,
-  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, pad_meta = pad_meta, split = split,
-  reset = reset}
+  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, meta_clean = meta_clean, tasks_n = tasks_n, pad_meta = pad_meta,
+  split = split, reset = reset}

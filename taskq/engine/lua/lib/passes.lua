@@ -1,8 +1,9 @@
 -- passes.lua: the order of a pass (perm_fn), pass ends and starts, the per-pass summaries
 -- (bounded in all), the waiting states, and completion by membership.
-local rcall, tonum, mfloor, mmin, lipairs = redis.call, tonumber, math.floor, math.min, ipairs
+local rcall, tonum, mfloor, lipairs = redis.call, tonumber, math.floor, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
+local tasks_n = lib.meta.tasks_n
 local broadcast, event, flush_events =
   lib.events.broadcast, lib.events.event, lib.events.flush_events
 local done = lib.call.done
@@ -13,15 +14,16 @@ local mix_perm = lib.mix.mix_perm
 -- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
 -- tasks there were when the pass started; tasks appended since come after them in the
 -- order they were appended (positions PN.., a position its task id), so a position
--- walked never changes its task. A mixed job's order is its schedule (lib/mix.lua): `mix`
--- 'charge' charges the position after its high-water (dispatch), 'stored' reads the stored
--- sequence (a rewind's walk below its cut); nil walks the task ids (a listing of them all).
-local function perm_fn(n, mix)
+-- walked never changes its task. (A job made before PN: its create's tasks, meta n.) A
+-- mixed job's order is its schedule (lib/mix.lua): `mix` 'charge' charges the position
+-- after its high-water (dispatch), 'stored' reads the stored sequence (a rewind's walk
+-- below its cut); nil walks the task ids (a listing of them all).
+local function perm_fn(mix)
   local sh = mget(F.SHUFFLE)
   if sh == 'm' and mix then return mix_perm(mix == 'charge') end
   if sh ~= '1' then return function(i) return i end end
   -- (read only when shuffling: without, every position is its task id anyway)
-  n = mmin(n, tonum(mget(F.PN) or '') or n)
+  local n = tonum(mget(F.PN) or '') or mnum(F.N)
   if n <= 1 then return function(i) return i end end
   local seed = mnum(F.SEED)
   local p = mnum(F.PASS)
@@ -53,8 +55,8 @@ end
 
 -- The live tasks: all of them but the dead.
 local function live_tasks()
-  if dead_empty() then return mnum(F.N) end
-  return mnum(F.N) - rcall('SCARD', K_DEAD)
+  if dead_empty() then return tasks_n() end
+  return tasks_n() - rcall('SCARD', K_DEAD)
 end
 
 -- The dead tasks whose done bit is set (a dead task is in no set of the pass), checked
@@ -135,7 +137,7 @@ local function start_pass(p, kind)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
-  mset(F.PASS, p, F.CURSOR, 0, F.PN, mget(F.N), F.NDONE, 0, F.NLEASED, 0,
+  mset(F.PASS, p, F.CURSOR, 0, F.PN, fmt(tasks_n()), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',
     F.SROUND, '')
@@ -187,12 +189,16 @@ end
 local function check_pass_end()
   if CALL.STATE ~= 'running' then return end
   if mnum(F.NLEASED) > 0 then return end
-  local live = live_tasks()
+  local dead = 0
+  if not dead_empty() then dead = rcall('SCARD', K_DEAD) end
+  -- (fewer done than the create's live tasks: the appended ones need not be counted)
+  if mnum(F.NDONE) < mnum(F.N) - dead then return end
+  local live = tasks_n() - dead
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
   if live == 0 then
     -- no task at all (a sealed stream nothing was appended to): nothing to wait for
-    if mnum(F.N) == 0 then finish_pass('completed', true) else set_waiting('all_dead') end
+    if tasks_n() == 0 then finish_pass('completed', true) else set_waiting('all_dead') end
     return
   end
   local wrong = dead_and_done(true)

@@ -3,7 +3,8 @@
 -- recorded progress p and the task's size n (recorded by the holder with its progress,
 -- field "n:<task>" of the leases hash; a task of unknown size is never split) a split
 -- point m (p < m < n: halfway, m = p + ceil((n - p) / 2), or weighed by the holder's pace
--- against a typical task's, below) is chosen. The pieces are the pass attempt's record of
+-- against a typical task's, below; m = 0, the task handed over whole, for a slow holder
+-- that has not begun it) is chosen. The pieces are the pass attempt's record of
 -- the task's work: the head [0, m) and the tail [m, n), each its own fenced lease, kept
 -- in the split record by lib/pieces.lua (which a death, a retry, a checkpoint, a rewind
 -- and the audit read and write). The split is
@@ -24,9 +25,10 @@ local rcall, tonum, smatch, mmin, lipairs = redis.call, tonumber, string.match, 
 local fmt, mget, mincr, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum
 local event, event_task, wake_one = lib.events.event, lib.events.event_task, lib.events.wake_one
 local now_s, round_s = lib.call.now_s, lib.call.round_s
-local dead_empty, end_lease, lease_is_current, member, next_token, other_lease, parse_lease =
-  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.member,
-  lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
+local dead_empty, end_lease, lease_is_current, lease_rec, member, next_token, other_lease,
+  parse_lease =
+  lib.leases.dead_empty, lib.leases.end_lease, lib.leases.lease_is_current, lib.leases.lease_rec,
+  lib.leases.member, lib.leases.next_token, lib.leases.other_lease, lib.leases.parse_lease
 local reads_of = lib.workers.reads_of
 
 local tail_stands, is_dead, split_rec, split_list, split_orphans, offer_of, offered, orphan, left_to_claimant =
@@ -142,6 +144,11 @@ local function take_split(worker, winc, cn)
             local vt = pace_of(worker) or typical
             if vh == 0 and vt < typical then vh = typical end
             m = math.max(p + 1, mmin(n - 1, p + math.ceil((n - p) * vh / (vh + vt))))
+            -- a holder that has not begun the task (read-ahead behind what it reads now,
+            -- which it finishes first), read at under half the caller's pace or its pace
+            -- not known (vh 0), hands it over whole: the point at 0, the head empty (a
+            -- holder that began it after all moves the point to what it read: progress.lua)
+            if p == 0 and vh > 0 and 2 * vh < vt then m = 0 end
           end
           mincr(F.P_BACKUPS)  -- (before split_rec reads it back)
           split_rec(t, {m = m, n = n, hd = false, td = false, tp = m, cf = false})
@@ -163,9 +170,8 @@ local function take_split(worker, winc, cn)
   mincr(F.P_BACKUPS)
   if s.hd then tail_stands(task, CALL.NOW) end  -- an orphan of an acked head: in flight
   local tok = next_token()
-  rcall('HSET', K_LEASES, 'b:' .. task, 'L|' .. worker .. '|' .. winc .. '|' .. tok
-    .. '|' .. round_s() .. '|S|' .. now_s() .. '|' .. cn .. '|' .. attempts
-    .. '|' .. CALL.CALLER_DIG)
+  rcall('HSET', K_LEASES, 'b:' .. task,
+    lease_rec(worker, winc, tok, round_s(), 'S', now_s(), cn, attempts, CALL.CALLER_DIG))
   rcall('ZADD', K_OWNED, '0', member(worker, winc, task))
   mincr(F.C_LEASED)
   mincr(F.P_LEASED)

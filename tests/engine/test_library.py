@@ -1,0 +1,67 @@
+"""The Lua library as built (taskq/engine/library.py) loaded into a real server: every part
+keeps its headroom under Lua 5.1's limits, and a part can take a new helper."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import taskq
+from taskq.engine import library
+from taskq.engine.contract import Code
+from taskq.keys import JobKeys
+from taskq.testing import script_function
+
+
+def _stats(client: taskq.Client, function: str, job: str) -> list[object]:
+    """The stats verb of library function `function`, called as a raw client would."""
+    keys = JobKeys(job).script
+    reply = client.redis.execute_command("FCALL", function, len(keys), *keys, "1")
+    assert isinstance(reply, list)
+    return reply
+
+
+def test_the_library_loads_and_every_part_stays_10_below_luas_limits(client, job_name):
+    """Lua 5.1 stops a function at 200 locals and 60 upvalues: each part's closure, each
+    verb's callback and the chunk around them keeps 10 of each spare."""
+    client.redis.execute_command("FUNCTION", "LOAD", "REPLACE", library.SOURCE)
+    client.create_job(job_name, chunks=[{"i": i} for i in range(4)])
+    # the first call after a load builds every part
+    assert _stats(client, script_function("stats")[0], job_name)[0] == Code.OK
+    library._build()  # BUDGETS as shipped (other tests build changed or made-up parts)
+    units = {f"lib/{p}" for p in library.LIB_PARTS} | {f"{v}.lua" for v in library.VERBS}
+    units |= {"the library's chunk"}
+    assert units <= set(library.BUDGETS)
+    for unit in units:
+        got = library.BUDGETS[unit]
+        assert len(got.locals) <= library.LUA_MAX_LOCALS - 10, unit
+        for function, used in got.upvalues.items():
+            assert len(used) <= library.LUA_MAX_UPVALUES - 10, (unit, function)
+
+
+def test_a_helper_added_to_the_largest_part_still_loads_and_runs(client, job_name):
+    """The headroom is real: the part with the most locals takes a helper of its own
+    (bindings and a function) and the library still loads and answers."""
+    largest = max(library.LIB_PARTS, key=lambda p: len(library.BUDGETS[f"lib/{p}"].locals))
+    text = (resources.files("taskq.engine") / "lua" / "lib" / largest).read_text()
+    at = text.rindex("\nreturn {")
+    helper = (
+        "\nlocal extra_call, extra_number = redis.call, tonumber\n"
+        "local function extra_helper(key)\n"
+        "  return extra_number(extra_call('EXISTS', key))\n"
+        "end\n"
+    )
+    changed = (
+        text[:at] + helper + text[at:].replace("return {", "return {extra_helper = extra_helper, ")
+    )
+    try:
+        name, source, functions = library._build({largest: changed})
+        grown = library.BUDGETS[f"lib/{largest}"]
+    finally:
+        library._build()  # (BUDGETS back to the library as shipped)
+    assert name != library.LIBRARY and "extra_helper" in grown.locals
+    client.redis.execute_command("FUNCTION", "LOAD", "REPLACE", source)
+    try:
+        client.create_job(job_name, chunks=[{"i": i} for i in range(4)])
+        assert _stats(client, functions["stats"][0], job_name)[0] == Code.OK
+    finally:
+        client.redis.execute_command("FUNCTION", "DELETE", name)

@@ -1,0 +1,86 @@
+"""SIGTERM in a process training through taskq.torch.DataLoader (real processes, real
+DataLoader workers, a real redis-server): the loader releases everything at once, the
+loop's progress sent first."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import wait_until
+from torch_helpers import make_job, write_jsonl
+
+import taskq
+
+PROC = str(Path(__file__).resolve().parents[1].joinpath("torch_sigterm_proc.py"))
+
+
+@pytest.mark.parametrize("in_with", [True, False])
+def test_sigterm_releases_everything_at_once_with_progress_sent_first(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, in_with: bool
+) -> None:
+    """8 tasks x 40 rows, 2 workers, batches of 4; SIGTERM to the main process (as the
+    kubelet sends it) during its 10th step: within 1 s nothing is leased (released, not
+    expired: worker_ttl is 30 s), the process exits 143, and what the loop took before
+    that step (9 batches, 36 rows) is recorded as done or as progress: nothing taken is
+    lost and the step in flight is not counted."""
+    chunks = write_jsonl(tmp_path / "data", 8, 40)
+    make_job(client, job_name, chunks, worker_ttl=30.0)
+    args = [] if in_with else ["--no-with"]
+    proc = subprocess.Popen(
+        [sys.executable, PROC, url, job_name, "2", *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["STEPS", "10"]
+        assert client.status(job_name).leased > 0
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        wait_until(lambda: client.status(job_name).leased == 0, 1.0)  # the goal: within 1 s
+        released_after = time.monotonic() - sent
+        assert client.status(job_name).leased == 0, f"still leased after {released_after:.2f}s"
+        assert proc.wait(10) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    st = client.status(job_name)
+    progress = {
+        int(k): int(v) for k, v in client.redis.hgetall(client.keys(job_name).progress).items()
+    }
+    assert st.done * 40 + sum(progress.values()) == 9 * 4, (st.done, progress)
+    assert st.counters.get("expired_worker_lost", 0) == 0
+
+
+def test_leave_on_sigterm_replaces_a_frameworks_handler_and_needs_the_main_thread() -> None:
+    """``taskq.torch.leave_on_sigterm()`` puts the loader's handler in place of another
+    one (what a Lightning callback does: docs/frameworks.md), so SIGTERM becomes
+    ``SystemExit(143)``; off the main thread it refuses with one line."""
+    import threading
+
+    import taskq.torch
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a framework's, say
+    try:
+        taskq.torch.leave_on_sigterm()
+        with pytest.raises(SystemExit) as leaving:
+            signal.raise_signal(signal.SIGTERM)
+        assert leaving.value.code == 143
+        errs: list[BaseException] = []
+
+        def off_main() -> None:
+            try:
+                taskq.torch.leave_on_sigterm()
+            except taskq.InvalidInput as e:
+                errs.append(e)
+
+        t = threading.Thread(target=off_main)
+        t.start()
+        t.join()
+        assert [str(e) for e in errs] == ["leave_on_sigterm() must be called on the main thread"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
