@@ -49,7 +49,8 @@ def set_weights(
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.pass_context
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Mixed job NAME per source: weight now, charged and acked this pass, tasks."""
+    """Mixed job NAME per source: weight now, charged and acked this pass, the acked
+    tasks' samples (? when a task does not say its size), tasks, pass."""
     st = client_of(ctx).job(name).mix_status()
     if as_json:
         echo_json(st)
@@ -58,11 +59,15 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
         f"job {name}: pass {st['pass']}, {st['charged']} slots charged, next slot "
         f"{st['next_slot']}, on_exhausted {st['on_exhausted']}"
     )
-    click.echo(f"{'source':<24} {'weight':>8} {'charged':>8} {'acked':>8} {'tasks':>8}")
+    click.echo(
+        f"{'source':<24} {'weight':>8} {'charged':>8} {'acked':>8} {'samples':>10} "
+        f"{'tasks':>8} {'pass':>5}"
+    )
     for row in st["sources"]:
+        samples = "?" if row["samples"] is None else row["samples"]
         click.echo(
             f"{row['source']:<24} {row['weight']:>8.4g} {row['charged']:>8} {row['acked']:>8} "
-            f"{row['tasks']:>8}"
+            f"{samples:>10} {row['tasks']:>8} {row['pass']:>5}"
         )
 
 

@@ -309,13 +309,14 @@ class Job:
         return mix.sequence(self.connection, self.name, pass_no)
 
     @verb
-    def mix_status(self) -> dict[str, Any]:
-        """A mixed job per source: weight, charged and acked this pass, tasks.
+    def mix_status(self, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A mixed job per source: weight, charged and acked this pass, the acked tasks'
+        samples, tasks, pass (mix.py ``status``; ``cache``: keep it between calls).
 
         Raises:
             InvalidInput: not a mixed job. JobNotFound.
         """
-        return mix.status(self.connection, self.name)
+        return mix.status(self.connection, self.name, cache)
 
     # -- reading ------------------------------------------------------------------
     @verb

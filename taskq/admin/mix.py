@@ -18,10 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+from redis.client import NEVER_DECODE
+
 from taskq import errors
 from taskq.admin import shardset
+from taskq.data import task_size
 from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import Code
+from taskq.integrity import decode_chunks
 from taskq.keys import MetaField as F
 from taskq.mix import MixSpec, check_mix
 from taskq.models import JobConfig
@@ -206,17 +210,36 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     return rows
 
 
-def status(conn: Connection, name: str) -> dict[str, Any]:
+def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Mixed job ``name`` per source: its weight now, the tasks charged and acked in the
-    current pass, its tasks; and the pass, the slots charged, the next slot.
+    current pass, the samples of those acked, its tasks, the pass; and the pass, the slots
+    charged, the next slot.
+
+    Args:
+        conn: the engine's connection.
+        name: the mixed job.
+        cache: keep it between calls: the tasks' sizes are read once (HSCAN pages,
+            O(tasks); a mixed job's tasks never change), later calls read the done
+            bitmap (O(tasks / 8) bytes) and the schedule's state.
+
+    Returns:
+        ``{"job", "pass", "charged", "next_slot", "on_exhausted", "sources": [{"source",
+        "weight", "charged", "acked", "samples", "tasks", "pass"}]}``; a row's
+        ``samples`` is None when a task of its source does not say its size.
 
     Raises:
-        JobNotFound. InvalidInput: not a mixed job.
+        JobNotFound. InvalidInput: not a mixed job. CorruptData: a task's chunks.
     """
     spec = spec_of(conn, name)
     keys = conn.keys(name)
+    sizes = {} if cache is None else cache.setdefault(name, {})
     with translate(conn.url):
         pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
+        if len(sizes) != spec.total:
+            sizes.clear()
+            for field, raw in conn.redis.hscan_iter(keys.chunks, count=1000):
+                sizes[int(field)] = task_size(decode_chunks(raw, keys.chunks, field))
+        done = conn.redis.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
     st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
     slot = pass_no * spec.total + charged
@@ -226,15 +249,21 @@ def status(conn: Connection, name: str) -> dict[str, Any]:
             weights = ws
     rows = []
     for i, (source, n, off) in enumerate(zip(spec.sources, spec.sizes, spec.offsets, strict=True)):
-        with translate(conn.url):
-            acked = int(conn.redis.bitcount(keys.done, off, off + n - 1, "BIT")) if n else 0
+        acked = [
+            t
+            for t in range(off, off + n)
+            if t >> 3 < len(done) and done[t >> 3] & (0x80 >> (t & 7))
+        ]
+        known = [sizes.get(t) for t in acked]
         rows.append(
             {
                 "source": source,
                 "weight": float(weights[i]),
                 "charged": int(st["t"][i]) if st else 0,
-                "acked": acked,
+                "acked": len(acked),
+                "samples": None if None in known else sum(k or 0 for k in known),
                 "tasks": n,
+                "pass": pass_no,
             }
         )
     return {

@@ -258,6 +258,29 @@ def _lease_ack(t: taskq.Trainer, n: int) -> list[tuple[str | None, int]]:
     return out
 
 
+def test_a_sharded_job_is_never_mixed_and_says_so(client):
+    """The mix verbs on a sharded job are refused (their ROUTES line), and so is a mixed
+    job over shards, with nothing written."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 4, "b": 4}, tag)
+    sharded = f"{tag}-sh"
+    client.create_job(sharded, [{"i": i} for i in range(4)], shards=2)
+    job = client.job(sharded)
+    for call in (
+        lambda: job.set_weights({names["a"]: 1}),
+        job.mix_sequence,
+        job.mix_status,
+    ):
+        with pytest.raises(taskq.InvalidInput, match="is sharded, not a mixed job"):
+            call()
+    with pytest.raises(taskq.InvalidInput, match="no shards, stream or shuffle"):
+        client.create_job(f"{tag}-m", mix={names["a"]: 1, names["b"]: 1}, shards=2)
+    with pytest.raises(taskq.InvalidInput, match="sharded job"):
+        client.create_job(f"{tag}-m", mix={names["a"]: 1, sharded: 1})
+    assert not client.redis.exists(client.keys(f"{tag}-m").meta)
+    assert f"{tag}-m" not in client.list_jobs()
+
+
 def test_rewind_replays_the_same_slots(client):
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
@@ -500,10 +523,11 @@ def test_cli_create_set_status_export(url, client):
     assert [(x["source"], x["source_task"]) for x in rows] == _reference(client, mix)
     r = _cli(url, "mix", "status", mix, "--json")
     st = json.loads(r.stdout)
-    assert [(x["source"], x["weight"], x["acked"]) for x in st["sources"]] == [
-        (names["a"], 3.0, 8),
-        (names["b"], 1.0, 4),
+    assert [(x["source"], x["weight"], x["acked"], x["pass"]) for x in st["sources"]] == [
+        (names["a"], 3.0, 8, 0),
+        (names["b"], 1.0, 4, 0),
     ]
+    assert [x["samples"] for x in st["sources"]] == [None, None]  # chunks without a size
     r = _cli(url, "mix", "status", mix)
     assert r.returncode == 0 and names["a"] in r.stdout
 
