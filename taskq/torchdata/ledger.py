@@ -88,11 +88,12 @@ class Ledger:
         with self._lock:
             return self._owns(task_id, token)
 
-    def pass_of(self, task_id: int, token: int) -> int | None:
-        """The pass of (task, token) while this iteration holds it, else None."""
+    def held(self, task_id: int, token: int) -> Task | None:
+        """(task, token) while this iteration holds it (its pass, a mixed job's source),
+        else None."""
         with self._lock:
             task = self._held.get(task_id)
-            return task.pass_no if task is not None and task.token == token else None
+            return task if task is not None and task.token == token else None
 
     def ack(self, pairs: list[Pair]) -> None:
         """Ack these (task, token) pairs (the feeder thread does, soon)."""

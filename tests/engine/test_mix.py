@@ -632,9 +632,15 @@ def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path)
     client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2})
     ds = taskq.torch.TaskDataset(mix, url=url, reader=jsonl_reader)
     rows: list[tuple[int, int]] = []
+    kind_of_file = {f: src for k, src in enumerate(files) for f in range(10 * k, 10 * k + 10)}
     with taskq.torch.DataLoader(ds, batch_size=4, num_workers=2) as loader:
+        assert loader.batch_sources == [] and loader.mix_counts() == {}
         for batch in loader:
-            rows += rows_of(batch)
+            got = rows_of(batch)
+            rows += got
+            # each row's source, in the batch's order
+            assert loader.batch_sources == [names[kind_of_file[f]] for f, _ in got]
+        assert loader.mix_counts() == {names[src]: 7 * n for src, n in files.items()}
     want = sorted(
         (f, i)
         for k, n in enumerate(files.values())
