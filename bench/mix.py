@@ -84,7 +84,7 @@ def weight_changes(n: int) -> float:
             client.create_job(f"src{s}", [{"s": s, "i": i} for i in range(100)])
         client.create_job("mix", mix={f"src{s}": 1 for s in range(64)}, passes=None)
         job = client.job("mix")
-        with taskq.Trainer("mix", client=client, heartbeat=False) as trainer:
+        with taskq.Trainer("mix", client=client) as trainer:  # (heartbeats: a slow run)
             start = time.perf_counter()
             for k in range(n):
                 job.set_weights({f"src{s}": (s + k) % 7 + 1 for s in range(64)})

@@ -50,7 +50,7 @@ JOB_KEYS: tuple[str, ...] = (
     "progress",  # hash: task id -> samples its holders recorded as taken (this pass attempt)
     "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
     "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done / "<id>:x:<k>" dead bitmap pages,
-    # "<id>:p:<k>" progress pages
+    # "<id>:p:<k>" progress pages, "<id>:policy" the opaque policy blob it carries (if any)
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
     "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)

@@ -959,7 +959,10 @@ class Job:
     # -- checkpoints --------------------------------------------------------------
     @verb
     def checkpoint(
-        self, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+        self,
+        keep: int = checkpoints.DEFAULT_KEEP,
+        ckpt: str | None = None,
+        policy: bytes | None = None,
     ) -> dict[str, Any]:
         """Record the job's position (pass, done set, progress, counters) under an id (a
         sharded job: one cut over every shard, ``_checkpoint_cut``).
@@ -967,6 +970,8 @@ class Job:
         Args:
             keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
             ckpt: the id (default: a new time-ordered one).
+            policy: an opaque blob of up to 64 KiB kept with it (a mixing policy's
+                state; ``checkpoint_policy`` reads it back; a sharded job: not built).
 
         Returns:
             The checkpoint's record; ``record["id"]`` names it (``rewind`` takes either).
@@ -974,7 +979,16 @@ class Job:
         Raises:
             InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
         """
-        return checkpoints.checkpoint(self.connection, self.name, keep, ckpt)
+        return checkpoints.checkpoint(self.connection, self.name, keep, ckpt, policy)
+
+    @verb
+    def checkpoint_policy(self, ckpt: CheckpointRef) -> bytes | None:
+        """The policy blob checkpoint ``ckpt`` carries, or None (``checkpoint(policy=)``).
+
+        Raises:
+            InvalidInput: no such sealed checkpoint. JobNotFound.
+        """
+        return checkpoints.policy_of(self.connection, self.name, checkpoint_id(self.name, ckpt))
 
     @verb
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -1296,7 +1310,10 @@ def _free_id(job: Job, ckpt: str, attempt: int) -> str:
 
 
 def _checkpoint_cut(
-    job: Job, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+    job: Job,
+    keep: int = checkpoints.DEFAULT_KEEP,
+    ckpt: str | None = None,
+    policy: bytes | None = None,
 ) -> dict[str, Any]:
     """Checkpoint every shard as one cut, then list it in the shard-set record.
 
@@ -1317,6 +1334,8 @@ def _checkpoint_cut(
         ``mixed``), ``sealed_ms`` (the last shard's), ``shard_ids`` (shard -> its
         checkpoint's id) and ``shards`` (each shard's record).
     """
+    if policy is not None:
+        _no_policy(job)
     conn, name = job.connection, job.name
     if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= 1000:
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
@@ -1472,6 +1491,11 @@ def _rewind_cut(job: Job, ckpt: CheckpointRef, once: bool = False, key: str = ""
 
 #: How a sharded job runs each verb of ``Job`` (one entry per ``@verb``): a new verb is a
 #: method and, for sharded jobs, one line here.
+def _no_policy(job: Job, *_: Any, **__: Any) -> Any:
+    """A policy blob on a sharded job's checkpoint: not built (refused)."""
+    raise errors.InvalidInput(f"job {job.name!r}: a sharded checkpoint carries no policy blob")
+
+
 def _not_mixed(job: Job, *_: Any, **__: Any) -> Any:
     """A mixed job's verbs on a sharded job: refused (a mixed job is one engine job;
     docs/mixing.md)."""
@@ -1508,6 +1532,7 @@ ROUTES: dict[str, Route] = {
     "delete": Route(OWN, _delete),
     "checkpoint": Route(OWN, _checkpoint_cut),
     "checkpoints": Route(OWN, _checkpoints),
+    "checkpoint_policy": Route(OWN, _no_policy),
     "rewind": Route(OWN, _rewind_cut),
     "set_weights": Route(OWN, _not_mixed),
     "mix_sequence": Route(OWN, _not_mixed),

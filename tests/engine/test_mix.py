@@ -304,6 +304,35 @@ def test_rewind_replays_the_same_slots(client):
     assert client.status(mix).state == "completed"
 
 
+def test_a_checkpoint_carries_the_position_and_a_policy_blob(client):
+    """An online policy's state (opaque bytes, up to 64 KiB) goes with the checkpoint and
+    comes back after a rewind with the same slots; a bigger blob is refused with nothing
+    written; dropping the checkpoint drops its blob."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 30, "b": 30}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.7, names["b"]: 0.3})
+    job = client.job(mix)
+    blob = bytes(range(256)) * 256  # 64 KiB, every byte value (NULs too)
+    with taskq.Trainer(mix, client=client) as t:
+        _lease_ack(t, 20)
+        ckpt = job.checkpoint(keep=1, policy=blob)
+        first = _lease_ack(t, 15)
+    with pytest.raises(taskq.InvalidInput, match="at most 65536"):
+        job.checkpoint(policy=blob + b"x")
+    with pytest.raises(taskq.InvalidInput, match="policy must be bytes"):
+        job.checkpoint(policy="text")  # type: ignore[arg-type]
+    assert [c["id"] for c in job.checkpoints()] == [ckpt["id"]]
+    assert ckpt["policy"] == len(blob)
+    assert job.rewind(ckpt)
+    assert job.checkpoint_policy(ckpt) == blob
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 15) == first  # slots 20..34 again
+    plain = job.checkpoint(keep=1)  # the first goes, its blob with it
+    assert job.checkpoint_policy(plain) is None
+    assert not client.redis.hexists(client.keys(mix).ckpt, f"{ckpt['id']}:policy")
+
+
 def test_passes_replay_and_a_rewind_to_an_earlier_pass(client):
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 6, "b": 4}, tag)
