@@ -61,7 +61,7 @@ def script_us(url: str, beats: int, rounds: int) -> tuple[float, float]:
     job = f"bench-input-{time.time_ns()}"
     client.create_job(job, [{"i": i} for i in range(4)])
     trainer = taskq.Trainer(job, client=client, heartbeat=False, handle_signals=False)
-    name, nkeys, _ = library._FUNCTIONS["heartbeat"]
+    name, nkeys, _ = library.FUNCTIONS["heartbeat"]
     arg = "i3,100,200,100,200,1,1,1,0,0,0,0,0,0,0,0,0,0"
     out: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(rounds):

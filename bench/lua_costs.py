@@ -78,7 +78,7 @@ def main() -> None:
 
             def one(want: int = want) -> None:
                 trainer_worker(trainer).leases.call_no += 1
-                reply = client.scripts.call(
+                reply = client.connection.scripts.call(
                     "ack",
                     job_keys,
                     [

@@ -49,7 +49,7 @@ def child(calls: int) -> dict[str, float]:
         keys = client.keys(job).script
         secret = secrets.token_hex(16)
         extra = [secret] if with_secret else []
-        reg = client.scripts.call(
+        reg = client.connection.scripts.call(
             "register", keys, ["", "w", "inc1", 0, "host", os.getpid(), *extra]
         )
         job_inc = reg[1]
@@ -60,7 +60,7 @@ def child(calls: int) -> dict[str, float]:
         def step() -> None:
             nonlocal prev, call_no
             call_no += 1
-            reply = client.scripts.call(
+            reply = client.connection.scripts.call(
                 "ack",
                 keys,
                 [job_inc, "w", "inc1", call_no, len(prev) // 2, *prev, 0, 1, "S", -1, *extra],

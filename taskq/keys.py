@@ -50,7 +50,8 @@ JOB_KEYS: tuple[str, ...] = (
     "progress",  # hash: task id -> samples its holders recorded as taken (this pass attempt)
     "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
     "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done / "<id>:x:<k>" dead bitmap pages,
-    # "<id>:p:<k>" progress pages, "<id>:policy" the opaque policy blob it carries (if any)
+    # "<id>:p:<k>" progress pages, "<id>:policy" the opaque policy blob it carries (if any);
+    # a stream's ":bound" and ":sweep" (lib/cuts.lua)
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
     "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
@@ -207,6 +208,9 @@ class MetaField:
     TRIM_W = "trim_w"  # a stream's watermark: tasks below it are finished and trimmed (trim.lua)
     ASIDE_AT = "aside_at"  # the task of `aside` trim looked at last (it goes on after it)
     SPLIT = "split_tails"  # tail splitting: '0' off, else on (lib/split.lua)
+    #: worker incarnations registered as range readers (lib/workers.lua reads_of 'r' or
+    #: 's') and not removed yet: with none, a whole-task reader takes a head piece whole
+    RANGERS = "rangers"
     #: the order of a task's samples: '' or absent the chunks' order, 'shuffled' a
     #: permutation fixed by the job's seed, the pass and the task (taskq.data.sample_order;
     #: applied by the readers, never by a script: register hands it to the trainers)

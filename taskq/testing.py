@@ -101,7 +101,7 @@ def script_function(verb: str) -> tuple[str, int, bool]:
 
     if verb not in library.VERBS:
         raise InvalidInput(f"no script verb {verb!r}")
-    return library._FUNCTIONS[verb]
+    return library.FUNCTIONS[verb]
 
 
 class ManualClock:

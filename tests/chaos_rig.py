@@ -123,7 +123,7 @@ class Rig:
         """kill -9 the server, stay down ``down_s``, restart it on the same port/dir."""
         self.server.kill()
         self.note("redis kill -9")
-        time.sleep(down_s)
+        time.sleep(down_s)  # the outage
         self.server.start()
         self.note(f"redis restarted after {down_s:.2f}s down")
 
@@ -162,7 +162,7 @@ class Rig:
         live = self.server.dir / "appendonlydir"
         shutil.rmtree(live)
         shutil.copytree(copy, live)
-        time.sleep(down_s)
+        time.sleep(down_s)  # the outage
         self.server.start()
         self.note("redis restarted from the older AOF copy")
 
@@ -316,7 +316,7 @@ class RandomRun:
         for entry in self.schedule:
             while time.time() < start + entry["at"]:
                 self._due()
-                time.sleep(0.02)
+                time.sleep(0.02)  # the schedule's clock
             self._due()
             if self.job_over():
                 self.rig.note("job over: the rest of the schedule is skipped")
@@ -390,7 +390,7 @@ class RandomRun:
         run, so the job can finish."""
         if self.redis_back_at:
             wait = self.redis_back_at - time.time()
-            time.sleep(max(0.0, wait))
+            time.sleep(max(0.0, wait))  # the rest of the scheduled outage
             self.redis_back_at = 0.0
             self.rig.server.start()
             self.rig.note("redis restarted (schedule over)")

@@ -1,12 +1,17 @@
 """transformers' ``Trainer`` over a ``taskq.torch.DataLoader``, for tests/frameworks/test_frameworks.py.
 
 Usage: hf_trainer_proc.py URL JOB LOG_DIR MAX_STEPS [--every K] [--kill-at S] [--resume CKPT]
+    [--no-flags | --no-callback]
 
-A one-weight ``torch.nn.Module`` (no hub download), ``get_train_dataloader`` returning
-taskq's loader and ``get_resumed_dataloader`` returning it as it is (the loader resumes by
-its state, not by skipping batches); a ``TrainerCallback`` saves ``loader.state_dict()``
-into every checkpoint directory and ``train(resume_from_checkpoint=CKPT)`` loads it
-first. Every step appends ``{"step", "pass", "rows", "padding"}`` to LOG_DIR/rank<r>.jsonl
+A one-weight ``torch.nn.Module`` (no hub download) and ``get_train_dataloader`` returning
+taskq's loader. By default the user code of older docs: ``get_resumed_dataloader``
+returning the loader as it is and ``ignore_data_skip=True`` (the loader resumes by its
+state, not by skipping batches), a ``TrainerCallback`` saving ``loader.state_dict()``
+into every checkpoint directory and ``loader.load_state_dict`` before
+``train(resume_from_checkpoint=CKPT)``. ``--no-flags``: none of it (the loader's
+integration keeps its state in the Trainer's checkpoints and loads it on resume:
+taskq/torchdata/frameworks.py). ``--no-callback``: the no-skip code without the callback
+and the load (a user who forgot them). Every step appends ``{"step", "pass", "rows", "padding"}`` to LOG_DIR/rank<r>.jsonl
 before it trains, and the loss it trained on to LOG_DIR/loss<r>.jsonl. ``--kill-at S``: SIGKILL on entering step S. Under ``torchrun`` (RANK
 set) the Trainer runs DDP on gloo; the loader, made without flags, finds the Trainer and
 steps evenly (a rank out first steps on repeats, their loss x 0 by the loader) and
@@ -90,6 +95,8 @@ class TaskqTrainer(Trainer):
     def get_train_dataloader(self) -> Any:
         return self.taskq_loader
 
+
+class SkipNothingTrainer(TaskqTrainer):
     def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
         return dataloader  # the loader's state says where the pass resumes
 
@@ -104,7 +111,11 @@ def main() -> int:
     ap.add_argument("--every", type=int)
     ap.add_argument("--kill-at", type=int)
     ap.add_argument("--resume")
+    form = ap.add_mutually_exclusive_group()
+    form.add_argument("--no-flags", action="store_true")
+    form.add_argument("--no-callback", action="store_true")
     a = ap.parse_args()
+    user_code = not (a.no_flags or a.no_callback)
     ds = taskq.torch.TaskDataset(a.job, url=a.url, reader=jsonl_reader)
     # no flags: the loader finds the Trainer when it iterates (even_steps, pass_end,
     # the padding's weight over several ranks) and when on_save asks for its state
@@ -113,8 +124,9 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     model = Net(loader, os.path.join(a.log_dir, f"rank{rank}.jsonl"), a.kill_at)
     if a.resume:
+        model.step = int(a.resume.rsplit("-", 1)[1])  # the log's step numbers go on
+    if a.resume and user_code:
         loader.load_state_dict(torch.load(os.path.join(a.resume, STATE), weights_only=False))
-        model.step = int(a.resume.rsplit("-", 1)[1])
     targs = TrainingArguments(
         output_dir=os.path.join(a.log_dir, "ckpt"),
         max_steps=a.max_steps,  # the loader has no length
@@ -122,15 +134,19 @@ def main() -> int:
         learning_rate=1e-4,
         save_strategy="steps" if a.every else "no",
         save_steps=a.every or 500,
-        ignore_data_skip=True,
+        ignore_data_skip=not a.no_flags,
         report_to=[],
         use_cpu=True,
         logging_strategy="no",
         disable_tqdm=True,
     )
     loss_log = os.path.join(a.log_dir, f"loss{rank}.jsonl")
-    trainer = TaskqTrainer(
-        loader, loss_log, model=model, args=targs, callbacks=[LoaderState(loader)]
+    trainer = (TaskqTrainer if a.no_flags else SkipNothingTrainer)(
+        loader,
+        loss_log,
+        model=model,
+        args=targs,
+        callbacks=[LoaderState(loader)] if user_code else [],
     )
     trainer.train(resume_from_checkpoint=a.resume)
     loader.close()

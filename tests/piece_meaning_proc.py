@@ -29,7 +29,7 @@ def main() -> int:
         for step, batch in enumerate(loader, 1):
             if step == 6:
                 print("READY", flush=True)
-                time.sleep(60)
+                time.sleep(60)  # holds until killed
             f.write(json.dumps([s["i"] for s in batch]) + "\n")
     return 0
 

@@ -33,7 +33,7 @@ def main() -> int:
             if n >= 0.9 * total:
                 print(f"AT90 {task.id} {n}", flush=True)
                 while True:
-                    time.sleep(1)
+                    time.sleep(1)  # holds at 90 % until SIGKILLed
     return 0
 
 

@@ -28,7 +28,7 @@ def main() -> int:
     with taskq.Trainer(a.job, url=a.url, idle_wait=0.2) as trainer:
         print(f"READY {os.getpid()}", flush=True)
         for task in trainer:
-            time.sleep(a.sleep)
+            time.sleep(a.sleep)  # the task's work (--sleep)
             if not task.revoked.is_set():
                 try:
                     trainer.ack(task)  # explicit, so the log holds only counted acks

@@ -31,9 +31,9 @@ def main() -> int:
             log.write(f"{row['i']}\n")
             n += 1
             trainer.progress(task, n)
-            time.sleep(0.005)
+            time.sleep(0.005)  # a slow reader: the others split its task
         while True:
-            time.sleep(1)
+            time.sleep(1)  # holds until killed
     return 0
 
 

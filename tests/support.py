@@ -1,8 +1,9 @@
 """What the tests share: the server binary, local servers and clusters, job factories,
 and the checks of the CLI's output.
 
-The servers themselves come from ``taskq.devserver`` (the demo and the bench start theirs
-there too). ``TASKQ_TEST_SERVER`` names the binary (default ``redis-server``; CI also runs
+The servers, ``wait_until`` and ``free_port`` come from ``taskq.testing``, the helpers
+users' tests get too (its servers are ``taskq.devserver``'s, which the demo and the bench
+start theirs with). ``TASKQ_TEST_SERVER`` names the binary (default ``redis-server``; CI also runs
 a subset with ``valkey-server``). The suite only ever talks to servers it started.
 """
 
@@ -11,22 +12,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 import taskq
-from taskq.devserver import (
-    LOOPBACK,
-    RedisCluster,
-    RedisServer,
-    cluster_port,
-    find_server,
-    free_port,
-    stop_process,
-    wait_until,
-)
+from taskq.devserver import LOOPBACK, cluster_port, find_server, stop_process
+from taskq.testing import RedisCluster, RedisServer, free_port, wait_until
 
 __all__ = [
     "ENTRY_POINT",
@@ -42,7 +36,10 @@ __all__ = [
     "load_yaml",
     "load_yaml_all",
     "make_job",
+    "manual_job",
     "one_error_line",
+    "quiet_trainer",
+    "part_with",
     "server_version",
     "stop_process",
     "wait_until",
@@ -67,6 +64,21 @@ def make_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.Jo
     return client.create_job(name, [{"i": i} for i in range(n)], **kw)
 
 
+def manual_job(client: taskq.Client, name: str, n: int = 4, **kw: Any) -> taskq.JobStatus:
+    """``make_job`` on the job's manual clock with no task timeout unless ``kw`` says
+    otherwise: a test drives every step itself."""
+    kw.setdefault("manual_clock", True)
+    kw.setdefault("task_timeout", None)
+    return make_job(client, name, n, **kw)
+
+
+def quiet_trainer(client: taskq.Client, job: str, wid: str, **kw: Any) -> taskq.Trainer:
+    """Trainer ``wid`` of ``job`` without its heartbeat thread (unless ``kw`` gives one):
+    the test sends the heartbeats."""
+    kw.setdefault("heartbeat", False)
+    return taskq.Trainer(job, client=client, worker_id=wid, **kw)
+
+
 #: The local cluster of the cluster tests (its nodes run ``SERVER_BINARY`` too: both
 #: follow ``$TASKQ_TEST_SERVER``).
 RedisClusterProcs = RedisCluster
@@ -87,7 +99,7 @@ def one_error_line(stderr: str) -> str:
 
 def job_keys(client: taskq.Client, name: str) -> list[str]:
     """Every key of job ``name`` (staging keys included)."""
-    return list(client.redis.scan_iter(match=f"{client.prefix}:{{{name}}}*", count=1000))
+    return list(client.redis.scan_iter(match=f"{client.connection.prefix}:{{{name}}}*", count=1000))
 
 
 def assert_no_job(client: taskq.Client, name: str) -> None:
@@ -110,3 +122,12 @@ def load_yaml_all(path: Path) -> list[Any]:
     """Every non-empty YAML document of ``path``."""
     with path.open() as f:
         return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def part_with(part: str, lua: str, exports: str = "") -> str:
+    """The Lua of part ``lib/<part>`` as shipped with ``lua`` added before its return table,
+    which also returns ``exports`` (``"name = name, "``): a changed part for
+    ``library.build``."""
+    text = (resources.files("taskq.engine") / "lua" / "lib" / part).read_text()
+    at = text.rindex("\nreturn {")
+    return text[:at] + "\n" + lua + text[at:].replace("return {", "return {" + exports, 1)

@@ -85,8 +85,8 @@ def main() -> int:
                 ):
                     print("STOPPED", flush=True)
                     while True:
-                        time.sleep(1)
-                time.sleep(0.02)
+                        time.sleep(1)  # holds until killed
+                time.sleep(0.02)  # a training step
             loader.commit()
             if loader.state != "exhausted":
                 break

@@ -32,8 +32,8 @@ def main() -> int:
             steps += 1
             if steps == 10:
                 print(f"STEPS {steps}", flush=True)
-                time.sleep(60)
-            time.sleep(0.02)
+                time.sleep(60)  # holds until signalled
+            time.sleep(0.02)  # a training step
 
     if "--no-with" in sys.argv:
         train()

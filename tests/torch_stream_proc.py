@@ -32,7 +32,7 @@ def main() -> int:
     ):
         for batch in loader:
             log.write("".join(f"{f} {i}\n" for f, i in rows_of(batch)))
-            time.sleep(0.005)
+            time.sleep(0.005)  # a training step
         print(f"DONE {loader.state}", flush=True)
     return 0
 

@@ -34,7 +34,7 @@ def main(url: str, job: str, log_path: str) -> None:
                     opt.step()
                     opt.zero_grad()
                     log.write("".join(f"{rank} {os.getpid()} {f} {i}\n" for f, i in rows_of(batch)))
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # a training step
     loader.close()
     dist.destroy_process_group()
 

@@ -58,7 +58,7 @@ def main() -> None:
                     opt.zero_grad()
                     f, i = int(batch["f"][0]), int(batch["i"][0])
                     log.write(f"{prefix}{rank} {loader.batch_pass} {f} {i}\n")
-                    time.sleep(0.04 if rank == 0 else 0.004)
+                    time.sleep(0.04 if rank == 0 else 0.004)  # a training step; rank 0 the slower
                     if a.crash_after is not None and (resumed or since > 0):
                         since += 1
                         if rank == 1 and since >= a.crash_after:

@@ -62,8 +62,8 @@ def main() -> int:
                 return 0
             if a.hold:
                 while True:
-                    time.sleep(60)
-            time.sleep(a.sleep)
+                    time.sleep(60)  # holds until killed
+            time.sleep(a.sleep)  # the task's work (--sleep)
             if log and not task.revoked.is_set():
                 trainer.ack(task)  # explicit, so the log holds only counted acks
                 stamp = f" {time.time():.3f}" if a.stamp else ""

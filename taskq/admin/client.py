@@ -1,8 +1,10 @@
 """The admin API: ``Client``, the connection, job creation and the job index; every verb
 of a job is the ``Job``'s (jobs.py): ``client.job(name).retry(...)``.
 
-``Client`` is the connection (engine/connection.py's ``Connection``: the redis-py client,
-URL, key prefix, function library, job keys, ``run``), job creation (``create_job``: a
+``Client`` is the connection (``client.connection``, engine/connection.py's ``Connection``:
+the redis-py client, URL, key prefix, function library, job keys, ``run``; the client
+itself shows what a user looks at: ``redis``, ``url``, ``prefix``, ``keys(job)``,
+``ping()``), job creation (``create_job``: a
 ``JobConfig``, jobs.py's ``create``), the job index (``list_jobs``, ``repair_index``),
 the Redis checks, and ``job(name)``: the job's handle, told plain or sharded here once,
 by the shard-set record. The short forms ``client.VERB(name, ...)`` (``SHORT_FORMS``)
@@ -16,7 +18,7 @@ Data flow: CLI / user code -> client.py -> jobs.py (``Job``) -> engine/connectio
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from taskq.admin import jobs, stats
@@ -26,7 +28,6 @@ from taskq.admin.jobs import Job, check_name
 from taskq.admin.shardset import load
 from taskq.config import check_memory_policy, encode_tasks, validate_config
 from taskq.engine.connection import Connection, translate
-from taskq.engine.transport import Scripts
 from taskq.keys import (
     JobKeys,
     job_from_meta_key,
@@ -84,7 +85,8 @@ class Client:
             allow_eviction=allow_eviction,
         )
 
-    # -- the connection -----------------------------------------------------------
+    # -- the connection: what a user looks at; the engine's side is ``self.connection``'s
+    # -- (engine/connection.py) --
     @property
     def redis(self) -> Any:
         """The redis-py client: ``redis.Redis``, ``RedisCluster`` or a Sentinel master."""
@@ -97,34 +99,17 @@ class Client:
 
     @property
     def prefix(self) -> str:
-        """The prefix of every taskq key."""
+        """The prefix of every taskq key (``TASKQ_PREFIX``), to find a job's keys in Redis."""
         return self.connection.prefix
 
-    @property
-    def scripts(self) -> Scripts:
-        """The function library on this connection (engine/transport.py)."""
-        return self.connection.scripts
-
-    @property
-    def allow_eviction(self) -> bool:
-        """Whether ``create_job`` runs on a Redis that may evict keys."""
-        return self.connection.allow_eviction
-
     def keys(self, job: str) -> JobKeys:
-        """The keys of ``job`` (validates the name)."""
-        return self.connection.keys(job)
+        """The Redis keys of ``job`` (``JobKeys``: ``.meta``, ``.progress``, ``.script``, the
+        keys a raw ``FCALL`` takes, ...), for looking at a job in Redis.
 
-    def run(
-        self,
-        job: str,
-        verb: str,
-        args: Sequence[Any],
-        extra_keys: Sequence[str] = (),
-        passthrough: Container[int] = (),
-    ) -> Any:
-        """Run one operation's script on ``job``; negative codes raise their error, except
-        those in ``passthrough``, which the caller handles from the reply."""
-        return self.connection.run(job, verb, args, extra_keys, passthrough)
+        Raises:
+            InvalidInput: a bad name.
+        """
+        return self.connection.keys(job)
 
     def ping(self) -> None:
         """Raise ``ConnectionLost`` unless Redis answers."""
@@ -147,7 +132,7 @@ class Client:
         Raises:
             InvalidConfig: the policy is readable and not ``noeviction``.
         """
-        if not self.allow_eviction:
+        if not self.connection.allow_eviction:
             check_memory_policy(self.memory_policy(), self.url)
 
     # -- the job index ------------------------------------------------------------
@@ -158,26 +143,28 @@ class Client:
             sharded: add the sharded jobs' own names (``taskq job list`` shows both).
         """
         with translate(self.url):
-            names = set(self.redis.smembers(jobs_index(self.prefix)))
+            prefix = self.connection.prefix
+            names = set(self.redis.smembers(jobs_index(prefix)))
             if sharded:
-                names |= set(self.redis.smembers(shard_sets_index(self.prefix)))
+                names |= set(self.redis.smembers(shard_sets_index(prefix)))
         return sorted(names)
 
     def repair_index(self) -> tuple[list[str], list[str]]:
         """Rebuild the job index from the jobs' meta keys (after an interrupted create
         or delete). Returns (added, removed)."""
+        prefix = self.connection.prefix
         with translate(self.url):
             found = set()
-            for key in self.redis.scan_iter(match=meta_pattern(self.prefix), count=1000):
-                job = job_from_meta_key(key, self.prefix)
+            for key in self.redis.scan_iter(match=meta_pattern(prefix), count=1000):
+                job = job_from_meta_key(key, prefix)
                 if job:
                     found.add(job)
-            listed = set(self.redis.smembers(jobs_index(self.prefix)))
+            listed = set(self.redis.smembers(jobs_index(prefix)))
             added, removed = sorted(found - listed), sorted(listed - found)
             if added:
-                self.redis.sadd(jobs_index(self.prefix), *added)
+                self.redis.sadd(jobs_index(prefix), *added)
             if removed:
-                self.redis.srem(jobs_index(self.prefix), *removed)
+                self.redis.srem(jobs_index(prefix), *removed)
         return added, removed
 
     # -- jobs -----------------------------------------------------------------------

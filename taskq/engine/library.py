@@ -52,7 +52,9 @@ counts the top-level locals of each part's closure, each verb's callback and the
 and the names of the part and the chunk each function uses (its upvalues, an upper bound).
 A unit within ``LIMIT_MARGIN`` (10) of either limit is refused with a message that names
 it and says what to do; ``BUDGETS`` holds every unit's count, and a binding of a name a
-part does not return is refused too.
+part does not return is refused too. ``build(texts)`` runs the whole build, every check
+made, with the Lua of some parts or verbs replaced (or a verb added): how a change is
+checked before it is loaded; ``expand(file, text)`` shows what the build makes of a file.
 
 What a maintainer adds where: a helper goes into the part of its concern (bind what it
 calls at the top, add it to the return table if a verb or a later part calls it, and bind
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import NamedTuple
@@ -410,7 +413,9 @@ def budget(text: str, outer: frozenset[str] = frozenset()) -> Budget:
     return out
 
 
-_CHUNK_NAMES = frozenset(budget(_generated()).locals) | {"build", "begin"}
+#: The names the library's chunk declares (the generated ground, ``build``, ``begin``):
+#: every part and verb may read them without binding them.
+CHUNK_NAMES = frozenset(budget(_generated()).locals) | {"build", "begin"}
 
 
 def _check(unit: str, got: Budget, what_to_do: str) -> None:
@@ -454,11 +459,7 @@ def _check_bindings(unit: str, text: str, exports: dict[str, set[str]]) -> None:
             )
 
 
-# every unit's Budget as last built: "lib/<part>.lua", "<verb>.lua", "the library's chunk"
-BUDGETS: dict[str, Budget] = {}
-
-
-def _part(file: str, text: str) -> tuple[str, bool]:
+def _part(file: str, text: str, budgets: dict[str, Budget]) -> tuple[str, bool]:
     """A part's text wrapped in its closure (``lib.<part> = (function() ... end)()``, built
     by ``build()``), and whether it has per-call state (then begin() calls its ``reset``).
 
@@ -466,9 +467,9 @@ def _part(file: str, text: str) -> tuple[str, bool]:
         TaskqError: a top-level local that is state but not marked ``-- per call``, a
             per-call local its ``reset()`` does not set, a part near Lua's limits.
     """
-    got = budget(text, _CHUNK_NAMES)
+    got = budget(text, CHUNK_NAMES)
     unit = f"lib/{file}"
-    BUDGETS[unit] = got
+    budgets[unit] = got
     if got.loose:
         raise errors.TaskqError(
             f"{unit}: top-level `local {', '.join(got.loose)}` outlives a call: end its line "
@@ -528,50 +529,91 @@ def _nkeys(file: str, text: str) -> int:
     return len(SCRIPT_KEYS) + (len(m.group(1).split(",")) if m.group(1) else 0)
 
 
-def _build(
-    texts: dict[str, str] | None = None,
-) -> tuple[str, str, dict[str, tuple[str, int, bool]]]:
-    """(library name, library source, {verb: (function name, number of keys, read-only)}).
+def expand(file: str, text: str) -> str:
+    """The Lua of ``file`` as the build writes it into the library: the contract's codes and
+    bounds as numbers, meta fields as slots (``F.``) or names (``N.``), cold keys as ``kc()``.
 
-    ``texts`` replaces the text of the lib/ parts it names (a test's changed part)."""
+    Args:
+        file: the file's name, for the messages (``lib/meta.lua``, ``ack.lua``).
+        text: its Lua.
+
+    Returns:
+        The rewritten text.
+
+    Raises:
+        TaskqError: an unknown code or meta field, or a meta field named by its slot in a
+            command on the meta hash.
+    """
+    return _constants(file, _fields(file, text))
+
+
+class Library(NamedTuple):
+    """A built library: what ``build`` returns."""
+
+    #: ``taskq_<hash of the text>``, the name the library is loaded under
+    name: str
+    #: the text ``FUNCTION LOAD`` takes
+    source: str
+    #: {verb: (function name, number of keys, read-only)}
+    functions: dict[str, tuple[str, int, bool]]
+    #: every unit's ``Budget``: ``lib/<part>.lua``, ``<verb>.lua``, ``the library's chunk``
+    budgets: dict[str, Budget]
+
+
+def build(texts: Mapping[str, str] | None = None) -> Library:
+    """Build the library from taskq/engine/lua, every check of the module's docstring made.
+
+    Args:
+        texts: Lua to use instead of the package's files, by path under ``lua/``: a part
+            (``lib/meta.lua``, one of ``LIB_PARTS``) or a verb (``ack.lua``; a new name adds
+            a verb). How a maintainer checks a changed part against the guard before
+            loading it.
+
+    Returns:
+        The library (name, source, functions, budgets).
+
+    Raises:
+        TaskqError: a unit the guard refuses, with the unit's name and what to do.
+    """
     pkg = resources.files("taskq.engine") / "lua"
-    texts = texts or {}
-    parts = [
-        (
-            file,
-            *_part(
-                file,
-                _constants(
-                    f"lib/{file}",
-                    _fields(f"lib/{file}", texts.get(file) or (pkg / "lib" / file).read_text()),
-                ),
-            ),
-        )
-        for file in LIB_PARTS
-    ]
+    texts = dict(texts or {})
+    unknown = [t for t in texts if t.startswith("lib/") and t[4:] not in LIB_PARTS]
+    if unknown:
+        raise errors.TaskqError(f"{unknown[0]}: not a part of library.LIB_PARTS")
+    budgets: dict[str, Budget] = {}
+    parts = []
+    for file in LIB_PARTS:
+        text = texts.pop(f"lib/{file}", None) or (pkg / "lib" / file).read_text()
+        parts.append((file, *_part(file, expand(f"lib/{file}", text), budgets)))
     exports = {file.removesuffix(".lua"): _exports(file, text) for file, text, _ in parts}
     for file, text, _ in parts:
         _check_bindings(f"lib/{file}", text, exports)
+    verb_texts = {
+        entry.name: entry.read_text()
+        for entry in pkg.iterdir()
+        if _NAME_RE.match(entry.name) and entry.is_file()
+    }
+    verb_texts |= texts
     verbs: list[tuple[str, int, str, str]] = []
-    for entry in sorted(pkg.iterdir(), key=lambda p: p.name):
-        m = _NAME_RE.match(entry.name)
-        if not m or not entry.is_file():
-            continue
+    for file in sorted(verb_texts):
+        m = _NAME_RE.match(file)
+        if not m:
+            raise errors.TaskqError(f"{file}: a verb's file is named <verb>.lua (lowercase)")
         verb = m.group(1)
-        first, _, body = entry.read_text().partition("\n")
+        first, _, body = verb_texts[file].partition("\n")
         if not first.startswith("#!lua"):
-            raise errors.TaskqError(f"{entry.name}: must open with a #!lua line")
+            raise errors.TaskqError(f"{file}: must open with a #!lua line")
         flags = first.partition("flags=")[2].split()
-        body = _constants(entry.name, _fields(entry.name, body))
+        body = expand(file, body)
         head, bound, rest = _split_bindings(body)
-        _check(entry.name, Budget(locals=bound), "bind fewer names")
-        BUDGETS[entry.name] = budget(rest, _CHUNK_NAMES | set(bound))
-        _check(entry.name, BUDGETS[entry.name], "move some of its work into a lib/ part")
-        _check_bindings(entry.name, body, exports)
+        _check(file, Budget(locals=bound), "bind fewer names")
+        budgets[file] = budget(rest, CHUNK_NAMES | set(bound))
+        _check(file, budgets[file], "move some of its work into a lib/ part")
+        _check_bindings(file, body, exports)
         closure = (
             f"VERBS.{verb} = (function()\n{head}return function(KEYS, ARGV)\n{rest}\nend\nend)()\n"
         )
-        verbs.append((verb, _nkeys(entry.name, body), ",".join(flags[:1]), closure))
+        verbs.append((verb, _nkeys(file, body), ",".join(flags[:1]), closure))
     chunk = (
         _generated()
         + "-- Builds the parts, in the order of library.LIB_PARTS, then the verbs, on the\n"
@@ -589,10 +631,10 @@ def _build(
         + "".join(f"  lib.{file.removesuffix('.lua')}.reset()\n" for file, _, has in parts if has)
         + "end\n"
     )
-    BUDGETS["the library's chunk"] = budget(chunk)
+    budgets["the library's chunk"] = budget(chunk)
     _check(
         "the library's chunk",
-        BUDGETS["the library's chunk"],
+        budgets["the library's chunk"],
         "gather generated constants into a table, or per-call state into CALL",
     )
     text = chunk + "".join(
@@ -607,8 +649,8 @@ def _build(
     functions = {
         verb: (f"{name}_{verb}", nkeys, "no-writes" in flags) for verb, nkeys, flags, _ in verbs
     }
-    return name, source, functions
+    return Library(name, source, functions, budgets)
 
 
-LIBRARY, SOURCE, _FUNCTIONS = _build()
-VERBS = tuple(sorted(_FUNCTIONS))
+LIBRARY, SOURCE, FUNCTIONS, BUDGETS = build()
+VERBS = tuple(sorted(FUNCTIONS))

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from taskq import errors
-from taskq.engine.library import _FUNCTIONS, LIBRARY, SOURCE
+from taskq.engine.library import FUNCTIONS, LIBRARY, SOURCE
 
 
 def _bulk(arg: Any) -> bytes:
@@ -203,7 +203,7 @@ class Scripts:
         Returns:
             The function's raw reply (a list whose first element is a ``Code``).
         """
-        name, nkeys, read_only = _FUNCTIONS[verb]
+        name, nkeys, read_only = FUNCTIONS[verb]
         if len(keys) != nkeys:
             raise errors.TaskqError(f"{verb}: expects {nkeys} keys, got {len(keys)}")
         command = "FCALL_RO" if read_only else "FCALL"

@@ -294,7 +294,7 @@ class ConnWatch:
             if due > now:
                 self._due(due)
                 continue
-            reply = self.client.run(
+            reply = self.client.connection.run(
                 job, "closed", ["", worker, winc, cid, min_quiet_ms, MAX_RECLAIM]
             )
             if int(reply[0]) == Code.OK:
@@ -346,7 +346,7 @@ class ConnWatch:
         rows: list[_Row] = []
         offset, hbi_ms = 0, 1000
         while len(rows) < MAX_IDS_PER_JOB:
-            reply = self.client.run(job, "conns", [offset, _LIST_BATCH])
+            reply = self.client.connection.run(job, "conns", [offset, _LIST_BATCH])
             hbi_ms = int(reply[1])
             rows += [
                 (str(w), str(i), str(c), int(q), int(t), str(x)) for w, i, c, q, t, x in reply[3]

@@ -111,29 +111,40 @@ class InProcess:
     """The reader of a loader without worker processes, as its feeder thread sees it.
 
     The reader runs only while the loop fetches a batch (``lock`` held, per unit); its
-    open tasks are in ``open`` by end cell. Between batches its next check of a task's
-    end is at the position after the sample it looked ahead, so the feeder, told a new
-    end ``m`` at or past that position, knows the reader will honour exactly ``m`` and
-    reports it at once (readahead.py ``sync_ends``): the split is confirmed while the
-    loop trains, not a batch later (docs/torch.md "Tail splitting"). (A task not opened
-    yet is told its end by its cell: ``Feed.opened``.)
+    open tasks are in ``open`` by end cell. Between batches everything it read of a task
+    but the one sample it looked ahead is with the loop, so the feeder, told a new end
+    ``m``, knows the end the reader will honour exactly: ``m`` past the looked-ahead
+    position, else that position, the sample there not delivered (``stops``: the reader
+    ends the task there at its next turn; the tail's holder reads it). It reports that
+    end at once (readahead.py ``sync_ends``): the split is confirmed while the loop
+    trains, not a batch later, and the loop's last step of the task is not one for a
+    lone looked-ahead sample (a full step of a slow loop: docs/torch.md "Tail
+    splitting"). (A task not opened yet is told its end by its cell: ``Feed.opened``.)
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.open: dict[int, _Open] = {}
+        #: end cell -> the position its open task ends at, its looked-ahead sample (there)
+        #: not delivered: written by the feeder between batches, taken by the reader
+        self.stops: dict[int, int] = {}
 
-    def next_check(self, slot: int, task_id: int, token: int) -> int | None:
-        """Where the reader of the task in end cell ``slot`` next reads its end (the
-        position after the sample it looked ahead), or None: being read now, not open,
-        or read to its end."""
+    def honour(self, slot: int, task_id: int, token: int, end: int) -> int | None:
+        """The end the reader of the task in end cell ``slot`` honours, told the new end
+        ``end`` between batches: ``end`` when it is past the looked-ahead position, else
+        that position (the reader is told to end the task there); None: being read now
+        (the reader sees the new end itself), not open, or read to its end."""
         if not self.lock.acquire(blocking=False):
             return None  # the loop is fetching: the reader sees the new end itself
         try:
             o = self.open.get(slot)
             if o is None or o.task_id != task_id or o.token != token or o.ahead is _END:
                 return None
-            return int(o.ahead[0]) + 1
+            at = int(o.ahead[0])
+            if end > at:
+                return end  # (the reader delivers ``at`` and stops at ``end``: _bounded)
+            self.stops[slot] = at
+            return at
         finally:
             self.lock.release()
 
@@ -309,6 +320,7 @@ class TaskDataset(IterableDataset[Any]):
         transform, interleave = self.transform, self.interleave
         ends = feed.ends
         here = {} if feed.here is None else feed.here.open  # in-process: the open tasks
+        stops = {} if feed.here is None else feed.here.stops
         while True:
             # no task is opened beside a piece or a task whose end moved (its cell says
             # an end): their last samples then share batches with none but each other's,
@@ -365,6 +377,18 @@ class TaskDataset(IterableDataset[Any]):
                 # confirmation) without waiting for this batch to fill
                 yield [], notes[:], None
                 notes.clear()
+            if stops:
+                # in-process, between batches: the feeder ended open tasks at their
+                # looked-ahead sample (a split point at or below it), which is not
+                # delivered; all below it is with the loop
+                for task in [t for t in open_ if t.slot in stops]:
+                    open_.remove(task)
+                    here.pop(task.slot, None)
+                    pieces.discard(task.task_id)
+                    ctrl.append(("done", task.task_id, task.token, str(stops[task.slot])))
+                    finished(task.task_id)
+                stops.clear()
+                continue  # (what ctrl holds goes out before the reader waits for a task)
             n_open = len(open_)
             if not n_open:
                 break

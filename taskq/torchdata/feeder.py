@@ -10,10 +10,12 @@ decides when the readers stop and when the pass is over. Every trainer call come
 a lease reply processed after a concurrent ack's reply could let a heartbeat in between
 revoke the lease as "reply lost", so calls are never made from two threads at once.
 
-What it holds and what the main thread asked about it (acks, fails, progress, commits)
-is the iteration's ledger (``ledger.py``), which it performs.
+What it holds, and what the main thread asked about it (acks, fails, progress,
+commits), is the iteration's one table of held tasks (``held.py``), which it performs.
+Why a lease got nothing (the pass over, the job ended, every live task dead) it reads
+from the lease reply (``Trainer.pass_complete``, ``state``, ``reason``).
 
-Data flow: loader iterator (main thread) -> ledger -> feeder -> trainer/core.py -> Redis;
+Data flow: loader iterator (main thread) -> held.py -> feeder -> trainer/core.py -> Redis;
 feeder -> readahead.py -> task queue -> readers (dataset.py).
 """
 
@@ -37,7 +39,7 @@ from .. import errors
 from ..inputwait import InputMeter
 from ..models import Task
 from .dataset import InProcess, TaskDataset
-from .ledger import Ledger
+from .held import HeldTasks
 from .readahead import ReadAhead
 
 log = logging.getLogger("taskq.torch")
@@ -109,8 +111,13 @@ class Feeder(threading.Thread):
         self.dataset = dataset
         self.iteration = iteration
         self.pass_end = pass_end
-        #: the readers' queue and the reserve (read-ahead not begun)
+        self._wake = threading.Event()
+        #: what this iteration holds and what the main thread asked about it (the main
+        #: thread asks there; an ack, a fail or an end honoured wakes this thread)
+        self.held = HeldTasks(dataset.job, self._wake.set)
+        #: the readers' queue and end cells (the reserve is held, reserved)
         self.ahead = ReadAhead(
+            self.held,
             tasks,
             readers,
             finished,
@@ -139,10 +146,6 @@ class Feeder(threading.Thread):
         self.error: BaseException | None = None
         self.pass_no: int | None = None
         self.trainer: Trainer | None = None
-        self._wake = threading.Event()
-        #: what this iteration holds and what the main thread asked about it (the main
-        #: thread asks there; an ack, a fail or an end honoured wakes this thread)
-        self.ledger = Ledger(dataset.job, self._wake.set)
         self._calls: deque[tuple[Callable[[Trainer], Any], Future[Any]]] = deque()
         self._finish = threading.Event()
         #: "feed" (readers take tasks), "tail" (global pass end: waiting for everyone,
@@ -160,6 +163,11 @@ class Feeder(threading.Thread):
         last call (a split while they are read: the main thread cuts them, cut.py)."""
         moved = self.moved
         return [moved.popleft() for _ in range(len(moved))]
+
+    @property
+    def calls_waiting(self) -> int:
+        """Calls the main thread asked of this thread (``call``) not run yet."""
+        return len(self._calls)
 
     def wake(self) -> None:
         """A reader finished a task (in-process readers call this): lease more now."""
@@ -193,7 +201,7 @@ class Feeder(threading.Thread):
         Raises:
             TaskqError: the iteration ended first; ConnectionLost.
         """
-        self.call(lambda trainer: self.ledger.commit(acks, reached))
+        self.call(lambda trainer: self.held.commit(acks, reached))
 
     def park(self, keep: list[tuple[int, int]]) -> None:
         """End leasing for this iteration but keep the (task, token) pairs of ``keep``
@@ -207,7 +215,7 @@ class Feeder(threading.Thread):
         def run(trainer: Trainer) -> None:
             if self.phase != "end":
                 self.phase = self._end("exhausted")
-            self.ledger.keep_only(keep)
+            self.held.keep_only(keep)
 
         self.call(run)
 
@@ -234,7 +242,7 @@ class Feeder(threading.Thread):
                     errors.TaskqError("the loader's iteration ended before the call")
                 )
             if self.trainer is not None:
-                self.ledger.release_all()
+                self.held.release_all()
                 self.trainer.close()  # leaves the job
                 if self.dataset.client is None:  # ours: no socket outlives the iteration
                     try:
@@ -257,18 +265,18 @@ class Feeder(threading.Thread):
             input_meter=self.input_meter,
             **options,
         )
-        self.ledger.trainer = self.trainer
+        self.held.trainer = self.trainer
         #: admin reads (status, the job's handle, checkpoints) on the trainer's connection
         conn = self.trainer.connection
         self.client = ds.client or Client(redis_client=conn.redis, key_prefix=conn.prefix)
         self.all_dead = AllDeadWatch(self.client.job(ds.job), self.on_all_dead)
-        #: tail splitting: the sizes of the tasks started go out at once (ledger.sizes)
+        #: tail splitting: the sizes of the tasks started go out at once (held.sizes)
         self._sizes = options.get("split_tails", True) is not False
         # a task is named here by its id in the whole job (``global_id``: a sharded job's
         # task ids are its shard's, two shards have tasks of the same id)
-        self.ledger.key = self.ahead.key = self.trainer.global_id
+        self.held.key = self.trainer.global_id
         st = self.client.job(ds.job).status(summaries=0)
-        self.ledger.splits = bool(st.config.get("split_tails"))
+        self.held.splits = bool(st.config.get("split_tails"))
         pass_no = st.pass_no
         if self.after_pass is not None:
             pass_no = max(pass_no, self.after_pass + 1)
@@ -279,33 +287,35 @@ class Feeder(threading.Thread):
     def _loop(self) -> None:
         assert self.trainer is not None and self.pass_no is not None
         assert self.all_dead is not None
-        trainer, job, pass_no = self.trainer, self.dataset.job, self.pass_no
+        trainer, pass_no = self.trainer, self.pass_no
         last_poll = 0.0
         while True:
-            new = self.ledger.collect()
+            new = self.held.collect()
             if new and not self._acks:
                 self._acks_since = time.monotonic()
             self._acks += new
             # a task split while read: its reader learns the end it moved to
-            for t, tok, end in self.ahead.sync_ends(self.ledger.held_map()):
-                self.ledger.honour(t, tok, end)  # reported at once (the split confirmed)
+            for t, tok, end in self.ahead.sync_ends():
+                self.held.honour(t, tok, end)  # reported at once (the split confirmed)
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():
                 self._ack(self._take_acks())
                 return
             # a lease the server took back (say, the job was cancelled): ask it now
-            revoked = self.ledger.drop_revoked()
-            if revoked:
-                self.ahead.forget_revoked()
-            holding = self.ledger.count() > 0
+            revoked = self.held.drop_revoked()
+            holding = self.held.count() > 0
             reading = self.ahead.reading()
             starts: list[Task] = []
             reserve = False
             if self.phase == "feed":
                 starts, want, reserve = self.ahead.plan()
             elif self.phase == "tail":
-                want = 0 if holding and time.monotonic() - last_poll < _TAIL_POLL_S else 1
+                # a piece is leased to be read: nothing more while what is held is not
+                # read to its end (a started lease taken now would wait behind it, out of
+                # reach of an idle trainer's steal, and a tail with it)
+                polled = holding and time.monotonic() - last_poll < _TAIL_POLL_S
+                want = 0 if polled or self.held.unread() else 1
             else:
                 want = 0
             if not want and not starts and not (revoked and self.phase != "end"):
@@ -317,10 +327,10 @@ class Feeder(threading.Thread):
                     self._ack(self._take_acks())
                 # worker processes finishing a task do not wake us: look at their counts
                 # (at the tail, with tasks held: their progress goes out often, the
-                # replies tell a split of one, ledger.py)
+                # replies tell a split of one, held.py)
                 self._wait(0.05 if self.phase == "feed" else 0.1 if holding else 0.5)
                 continue
-            room = MAX_HELD - self.ledger.count()  # acks pending go out with the lease
+            room = MAX_HELD - self.held.count()  # acks pending go out with the lease
             if room <= 0 and not starts:
                 self._check_starved(reading)
                 self._wait(0.05)
@@ -332,7 +342,7 @@ class Feeder(threading.Thread):
             if len(acks) > MAX_BATCH:  # more than one call may carry: ack them apart
                 self._ack(acks)
                 acks = []
-            self.ledger.acked += len(acks)
+            self.held.acked += len(acks)
             if not want and not starts and not acks:
                 continue
             try:
@@ -361,28 +371,27 @@ class Feeder(threading.Thread):
                 self._got_at = time.monotonic()
                 self.all_dead.moved_on()
                 self._nothing_to_lease(False)
-                self.ahead.took(got, reserve, self.ledger, self.phase == "tail")
+                self.ahead.took(got, reserve, self.phase == "tail")
             if self._sizes and (starts or (got and not reserve)):
-                self.ledger.sizes(starts + ([] if reserve else got))
+                self.held.sizes(starts + ([] if reserve else got))
             if got:
                 continue
             if not want:
                 continue
             if self._finish.is_set():
                 continue
-            st = self.client.job(job).status(summaries=0)
-            if st.state in ("completed", "cancelled"):
-                self.phase = self._end(st.state)
-            elif st.state == "waiting" and st.reason == "all_dead" and st.pass_no <= pass_no:
+            # why nothing came, from the lease reply (trainer.state / reason / pass_no /
+            # pass_complete: the job as the reply saw it)
+            if trainer.state in ("completed", "cancelled"):
+                self.phase = self._end(trainer.state)
+            elif trainer.reason == "all_dead" and trainer.pass_no <= pass_no:
                 # nothing comes until an operator retries the dead tasks or cancels: say
                 # so (a warning a minute) or raise it in the loop (on_all_dead)
-                self.all_dead.seen(st.pass_no)
+                self.all_dead.seen(trainer.pass_no)
                 self._wait(0.5)
-            elif st.pass_no > pass_no or (
-                st.pass_no == pass_no and st.state == "waiting" and st.reason in PASS_OVER
-            ):
+            elif trainer.pass_complete(pass_no):
                 self.phase = self._end("pass_complete")
-            elif st.pass_no < pass_no:
+            elif trainer.pass_no < pass_no:
                 if holding:
                     self._wait(0.5)  # the pass has not started; ours are still out
                 elif self.pass_end == "local" and self.phase == "feed":
@@ -392,68 +401,68 @@ class Feeder(threading.Thread):
                     # that pass, was blocked in a collective on it
                     self.ahead.stop_readers()
                     self.phase = self._end("exhausted")
-                    self.ledger.at_tail = True
-            elif self.phase == "feed" and st.stream == "open" and st.state == "running":
-                # an open stream with nothing now: more comes (the next lease call blocks
-                # until an append wakes it); the readers go on, unless the loop asked to
-                # end an iteration that found nothing for max_idle seconds
-                # (the readers read all they were given: a last partial batch goes out
-                # when they stop)
-                # its readers done with what they hold, the loop waits for appends (a
-                # partial batch in a worker holds the last task): not a wait for data
-                self._nothing_to_lease(reading <= 0 and not self.ahead.reserved)
-                idle = self.dataset.max_idle
-                if (
-                    idle is not None
-                    and reading <= 0
-                    and not self.ahead.reserved
-                    and time.monotonic() - self._got_at >= idle
-                ):
-                    self.phase = self._end("idle")
-                elif holding:
-                    self._wait(0.5)
-            elif self.phase == "feed" and (
-                st.state == "paused"
-                or (st.state == "waiting" and st.reason == "rewinding")
-                or st.todo > 0
-            ):
-                # nothing for us now, but the pass is not at its tail (paused, a rewind
-                # half done, work left to others a while): the readers go on
-                self._wait(0.5)
-            elif self.phase == "feed" and self.ahead.reserved:
+                    self.held.at_tail = True
+            elif self.phase == "feed" and trainer.reason == "rewinding":
+                self._wait(0.5)  # a rewind half done: the readers go on
+            elif self.phase == "feed" and self.held.n_reserved:
                 self.ahead.note_dry()  # the readers start the reserve first
             elif self.phase == "feed":
-                # nothing left to lease now: readers finish what they have
-                self.ahead.stop_readers()
-                self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
-                self.ledger.at_tail = True
+                self._nothing_now(holding, reading)
             elif holding:
                 # at the tail with our own tasks: the loop goes on (progress out often,
-                # ledger.py), the next look at the pass in _TAIL_POLL_S
+                # held.py), the next look at the pass in _TAIL_POLL_S
                 self._wait(0.1)
 
+    def _nothing_now(self, holding: bool, reading: int) -> None:
+        """The pass goes on, nothing of it was leasable now and nothing is reserved: is
+        that its tail? What a reply does not say (an open stream, a pause, work left to
+        others a while) is read from the job's status, once per such lease (at the
+        pass's tail: once, the readers stop then)."""
+        st = self.client.job(self.dataset.job).status(summaries=0)
+        own = self.pass_no
+        if st.state in ("completed", "cancelled"):
+            self.phase = self._end(st.state)  # since the reply (its next would say so)
+        elif own is not None and (
+            st.pass_no > own
+            or (st.pass_no == own and st.state == "waiting" and st.reason in PASS_OVER)
+        ):
+            self.phase = self._end("pass_complete")
+        elif st.stream == "open" and st.state == "running":
+            # an open stream with nothing now: more comes (the next lease call blocks
+            # until an append wakes it); the readers go on, unless the loop asked to
+            # end an iteration that found nothing for max_idle seconds (the readers read
+            # all they were given: a last partial batch goes out when they stop). Its
+            # readers done with what they hold, the loop waits for appends (a partial
+            # batch in a worker holds the last task): not a wait for data
+            self._nothing_to_lease(reading <= 0)
+            idle = self.dataset.max_idle
+            if idle is not None and reading <= 0 and time.monotonic() - self._got_at >= idle:
+                self.phase = self._end("idle")
+            elif holding:
+                self._wait(0.5)
+        elif st.state == "paused" or st.todo > 0:
+            # nothing for us now, but the pass is not at its tail (paused, work left to
+            # others a while): the readers go on
+            self._wait(0.5)
+        else:
+            # nothing left to lease now: readers finish what they have
+            self.ahead.stop_readers()
+            self.phase = "tail" if self.pass_end == "global" else self._end("exhausted")
+            self.held.at_tail = True
+
     def restart_readers(
-        self,
-        tasks: Any,
-        ends: Any,
-        finished: Callable[[], int],
-        dead_held: set[int],
-        taken: dict[tuple[int, int], int],
-        cut: dict[tuple[int, int], int],
+        self, tasks: Any, ends: Any, finished: Callable[[], int], dead_held: set[int]
     ) -> int:
         """New reader processes replace the old ones (one died): give back the tasks the
         dead one was reading (progress first) and hand the new ones every other task
-        held, from where the loop got (``taken``: (task, token) -> samples taken, -1 for
-        a task whose last sample the loop took), up to the end the loop honours for a
-        task it cut (``cut``). Called in this thread (``call``).
+        held, from where the loop got, up to the end the loop honours for a task it cut
+        (their entries say: held.py). Called in this thread (``call``).
 
         Returns:
             The number of tasks given back.
         """
-        back = self.ahead.restart(
-            tasks, ends, finished, self.ledger.held_tasks(), dead_held, taken, cut
-        )
-        self.ledger.give_back(back)
+        back = self.ahead.restart(tasks, ends, finished, dead_held)
+        self.held.give_back(back)
         return len(back)
 
     def _check_starved(self, reading: int) -> None:
@@ -468,7 +477,7 @@ class Feeder(threading.Thread):
             and self.main_waiting == since
         ):
             raise errors.TaskqError(
-                f"job {self.dataset.job!r}: this trainer holds {self.ledger.count()} tasks, the "
+                f"job {self.dataset.job!r}: this trainer holds {self.held.count()} tasks, the "
                 f"most one may hold ({MAX_HELD}), and the loop waits for more: with "
                 "acks='commit' a task taken stays held until loader.commit(), so call "
                 "commit() more often (what was not committed is given back, read again)"
@@ -478,7 +487,7 @@ class Feeder(threading.Thread):
         assert self.trainer is not None
         # what the main thread asked before its call (it may have asked since this
         # loop's last collect: a checkpoint must count that batch's acks and progress)
-        self._acks += self.ledger.collect()
+        self._acks += self.held.collect()
         self._ack(self._take_acks())
         self.trainer.flush_progress()
         while self._calls:
@@ -513,7 +522,7 @@ class Feeder(threading.Thread):
 
     def _flush(self) -> None:
         """Perform the main thread's acks (one call) and fails."""
-        new = self.ledger.collect()
+        new = self.held.collect()
         self._ack(self._take_acks() + new)
 
     def _take_acks(self) -> list[Task]:
@@ -521,4 +530,4 @@ class Feeder(threading.Thread):
         return acks
 
     def _ack(self, acks: list[Task]) -> None:
-        self.ledger.ack_now(acks)
+        self.held.ack_now(acks)

@@ -5,9 +5,10 @@ right time: Lightning's ``fit`` fetches one batch ahead of the step it runs and 
 rank for the loader's ``state_dict()`` at a checkpoint; DDP over several ranks needs every
 rank to step as often as the others (``even_steps``), and a rank out of data then steps on
 a repeat of its last batch that must train nothing. Set by hand, each is a flag a user can
-forget, losing or repeating a batch without a word. So ``iter(loader)`` and
-``loader.state_dict()`` look up their call stack for the framework's own object (only
-classes of modules already imported are looked for; nothing is imported here):
+forget, losing or repeating a batch without a word. So ``iter(loader)``,
+``loader.state_dict()`` and ``len(loader)`` look up their call stack for the framework's
+own object (only classes of modules already imported are looked for; nothing is imported
+here):
 
 ===================  ==========================  =================  ==================
 setting              Lightning ``Trainer.fit``    transformers'      accelerate's
@@ -27,7 +28,17 @@ padding batch        loss x 0 (``training_step``  loss x 0           loss x 0
                      wrapped)                     (``compute_loss``) (``backward``)
 SIGTERM              the loader's handler         the loader's       the loader's
                      (``leave_on_sigterm()``)
+checkpoint           Lightning asks               the loader's       ``save_state`` /
+                     ``state_dict()``             callback           ``load_state`` ask
 ===================  ==========================  =================  ==================
+
+transformers' ``Trainer`` is hooked where it first asks the loader anything
+(``len(loader)`` as ``train()`` begins, or ``iter()``): a callback keeps the loader's
+state in the ``TrainerState`` at every step the Trainer saves, so it is written in the
+checkpoint's trainer_state.json with the Trainer's own; ``get_resumed_dataloader`` hands
+the loader on rather than skipping batches; the first ``iter()`` of
+``train(resume_from_checkpoint=)`` loads the state the checkpoint holds, and refuses one
+that holds none or one of another step (``resume``).
 
 accelerate's ``Accelerator`` is found when its ``prepare`` asks the loader whether it is
 prepared (loader.py ``_is_accelerate_prepared``); its loop is the user's, so whether a
@@ -41,8 +52,9 @@ cannot be weighted here (Lightning's manual optimization, the HF Trainer's gradi
 accumulation, over several ranks) unless ``even_steps=True`` says the loop weighs it
 itself.
 
-Data flow: loader.py (``iter()``, ``state_dict()``) -> frameworks.py -> the framework's
-trainer object (read), its loss function (wrapped once).
+Data flow: loader.py (``iter()``, ``state_dict()``, ``len()``) -> frameworks.py -> the
+framework's trainer object (read), its loss function (wrapped once); the HF Trainer's
+callbacks -> frameworks.py -> loader.py (``state_dict()``, ``load_state_dict()``).
 """
 
 from __future__ import annotations
@@ -51,11 +63,14 @@ import functools
 import inspect
 import sys
 import threading
+import weakref
 from typing import Any, NamedTuple
 
 from .. import errors
 from . import signals
 
+#: the loader's state in transformers' ``TrainerState`` (a checkpoint's trainer_state.json)
+TRAINER_STATE_KEY = "taskq.torch.DataLoader"
 #: frames looked at above the caller (a framework's trainer sits ~10 deep above iter())
 _DEPTH = 64
 #: (module, class name, kind): the frameworks' objects looked for on the stack
@@ -233,6 +248,8 @@ def install(fw: Framework | None, settings: Settings, loader: Any) -> None:
         return
     if fw.kind == "lightning" and threading.current_thread() is threading.main_thread():
         signals.leave_on_sigterm()
+    if fw.kind == "transformers":
+        _hook_trainer(fw.owner, loader)
     if settings.weighs_padding:
         if fw.kind == "lightning":
             _wrap(fw.owner.lightning_module, "training_step", loader)
@@ -315,3 +332,115 @@ def _scaled(out: Any, weight: float) -> Any:
     if isinstance(out, tuple):
         return (out[0] * weight, *out[1:])
     return out * weight
+
+
+# transformers' Trainer: the loader's state in its checkpoints, and back on resume
+
+
+def asked_length(loader: Any) -> None:
+    """``len(loader)``: transformers' ``Trainer.train`` asks it first, before a resumed run
+    decides to skip the batches it trained (``get_resumed_dataloader``); a Trainer found
+    here is hooked then (``_hook_trainer``), in time."""
+    fw = detect()
+    if fw is not None and fw.kind == "transformers":
+        _hook_trainer(fw.owner, loader)
+
+
+def resume(fw: Framework | None, loader: Any, loaded: bool) -> None:
+    """At ``iter()``: the first iteration of a ``Trainer.train(resume_from_checkpoint=)``
+    (a new ``TrainerState`` at a step past 0) puts the job back to the loader's state its
+    checkpoint holds, unless ``loaded`` (the user's code loaded one since the last
+    iteration).
+
+    Raises:
+        InvalidInput: the checkpoint holds no loader state, or one of another step (one
+            line): the loader cannot tell which batches the model trained.
+    """
+    if fw is None or fw.kind != "transformers":
+        return
+    trainer = fw.owner
+    hooks = _hook_trainer(trainer, loader)
+    state = trainer.state
+    if hooks.seen is not None and hooks.seen() is state:
+        return  # not the first iteration of this train()
+    hooks.seen = weakref.ref(state)
+    step = int(state.global_step)
+    if step == 0 or loaded:
+        return
+    kept = (state.stateful_callbacks or {}).get(TRAINER_STATE_KEY)
+    if not isinstance(kept, dict):
+        raise errors.InvalidInput(
+            f"transformers' Trainer resumed from a checkpoint of step {step} that holds no "
+            "taskq loader state (saved by an older taskq, or by a path taskq does not see): "
+            "the loader cannot tell which batches the model trained; resume from a "
+            "checkpoint saved under this taskq, or call loader.load_state_dict(...) with "
+            "the state you saved beside it before train()"
+        )
+    if kept.get("step") != step:
+        raise errors.InvalidInput(
+            f"transformers' Trainer resumed from a checkpoint of step {step} that holds the "
+            f"taskq loader state of step {kept.get('step')} (a save taskq's callback did not "
+            "see: it keeps the state at the saves of save_strategy 'steps', 'epoch' and "
+            "'best'): the loader cannot tell which batches the model trained; resume from "
+            "another checkpoint"
+        )
+    loader.load_state_dict(kept["loader"])
+
+
+def _hook_trainer(trainer: Any, loader: Any) -> Any:
+    """transformers' Trainer, once per trainer and loader: a callback keeps the loader's
+    state in every checkpoint's ``TrainerState`` (taken at the step it saves, a
+    collective call over several ranks, written with the Trainer's own state: a
+    checkpoint the Trainer can resume from holds it), and ``get_resumed_dataloader``
+    hands a taskq loader on as it is (its state says where the pass resumes; skipping
+    would rebuild a plain torch loader around the dataset). Returns the callback."""
+    cls: Any = _trainer_callback()
+    mine = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, cls)]
+    if mine and mine[0].loader is loader:
+        return mine[0]
+    for cb in mine:
+        trainer.callback_handler.remove_callback(cb)
+    hooks = cls(loader)
+    trainer.add_callback(hooks)
+    current = trainer.get_resumed_dataloader
+    if not getattr(current, "_taskq_hooked", False):
+
+        @functools.wraps(current)
+        def resumed(dataloader: Any, num_batches: int) -> Any:
+            # (a taskq.torch.DataLoader: named by its module, which imports this one)
+            if type(dataloader).__module__ == f"{__package__}.loader":
+                return dataloader
+            return current(dataloader, num_batches)
+
+        resumed._taskq_hooked = True  # type: ignore[attr-defined]
+        trainer.get_resumed_dataloader = resumed
+    return hooks
+
+
+@functools.cache
+def _trainer_callback() -> type:
+    """The callback class (transformers is imported: its Trainer was found)."""
+    from transformers import TrainerCallback
+
+    class TaskqLoaderState(TrainerCallback):  # type: ignore[misc]
+        """The loader's state in the ``TrainerState`` at each step the Trainer saves."""
+
+        def __init__(self, loader: Any) -> None:
+            self.loader = loader
+            #: the ``TrainerState`` of the train() the loader last iterated under
+            self.seen: weakref.ref[Any] | None = None
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._keep(args, state, control)
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._keep(args, state, control)
+
+        def _keep(self, args: Any, state: Any, control: Any) -> None:
+            # the Trainer's own callback decided this step's save (or, for "best", the
+            # evaluation that may lead to one) before this one runs; every rank is here
+            if control.should_save or (control.should_evaluate and args.save_strategy == "best"):
+                kept = {"step": state.global_step, "loader": self.loader.state_dict()}
+                state.stateful_callbacks[TRAINER_STATE_KEY] = kept
+
+    return TaskqLoaderState

@@ -10,7 +10,7 @@ uncommitted parks its feeder (no more leases, heartbeats go on) until ``commit()
 goes on; if torch raises anything else, every task held and not committed is released,
 then the error is raised again.
 
-Data flow: training loop -> iteration.py -> ledger.py -> feeder.py (trainer/core.py -> Redis);
+Data flow: training loop -> iteration.py -> held.py -> feeder.py (trainer/core.py -> Redis);
 workers (dataset.py) -> torch's result queue -> iteration.py.
 """
 
@@ -60,8 +60,9 @@ class TaskqIter:
         self.loader_ref = weakref.ref(loader)
         self.torch_iter: Any = torch_iter
         self.feeder = feeder
-        #: what the loop asks about the tasks (acks, fails, progress; the feeder performs it)
-        self.ledger = feeder.ledger
+        #: the tasks held and what the loop asks about them (acks, fails, progress; the
+        #: feeder performs it), with what the loop did with each (how far it took, cuts)
+        self.held = feeder.held
         self.feed = feed
         self.on_error = loader.on_error
         self.pass_end = loader.pass_end
@@ -81,23 +82,12 @@ class TaskqIter:
         #: times each next() (the loop's data wait) and the steps between (inputwait.py)
         self.meter = loader.input_meter
         self.meter.restart()
-        #: how far the loop got into each task of this iteration: samples taken, -1 when
-        #: it took the last one (what new workers read on from, after a worker died)
-        self._upto: dict[Pair, int] = {}
         #: worker deaths survived in this iteration
         self.restarts = 0
         #: units taken off torch's queue ahead of the loop, to cut a split task (cut.py)
         self._ahead: deque[Unit] = deque()
         #: torch's iterator ended while units were taken ahead
         self._torch_end = False
-        #: tasks cut here: (task, token) -> the end honoured (their later entries ignored)
-        self._cut: dict[Pair, int] = {}
-        #: tasks whose reader said the end it honours: that end is the split's (reported,
-        #: it may confirm it past the point), so no cut of theirs follows
-        self._said: set[Pair] = set()
-        #: split tasks being read and not cut yet: (task, token) -> the split point (a
-        #: later split of another task they share batches with may cut both)
-        self._points: dict[Pair, int] = {}
         #: the batches yielded last, as (samples per pass, a padding repeat, each row's
         #: source job: a mixed job's, docs/mixing.md): the oldest is the one the loop
         #: steps on (``ahead`` calls ago; loader.batch_pass, loader.batch_sources)
@@ -256,13 +246,14 @@ class TaskqIter:
             reached: dict[Pair, int] = {}
             passes: Counter[int] = Counter()
             sources: list[str | None] = []
-            held, own_pass = self.ledger.held, self.feeder.pass_no
+            held, own_pass = self.held, self.feeder.pass_no
             if own_pass is None:  # set before the feeder's first lease: never here
                 own_pass = -1
             for task_id, token, index, last in tags:
                 # pass_end="local": a task of the last pass that came back is served in
                 # this one (a sample of a task no longer held counts as this pass's)
-                task = held(task_id, token)
+                entry = held.entry(task_id, token)
+                task = None if entry is None else entry.task
                 of = None if task is None else task.pass_no
                 passes[own_pass if of is None else of] += 1
                 sources.append(None if task is None else task.source)
@@ -270,13 +261,14 @@ class TaskqIter:
                     if of is not None:
                         finished.append((task_id, token))
                         # where its reading ended (its ack says it: a split's point)
-                        self.ledger.read_to(task_id, token, index + 1)
+                        held.read_to(task_id, token, index + 1)
                 else:
                     # a task's samples come in increasing position: the last one counts
                     reached[task_id, token] = index + 1
             if batch is None:
                 self._ack_later(finished)  # dropped (drop_last): nothing left to take
-                self._upto.update(dict.fromkeys(finished, -1))
+                for pair in finished:
+                    held.took(pair, -1)
                 continue
             self._handed.append((finished, reached))
             self._passes, self._sources = dict(passes), sources
@@ -289,7 +281,7 @@ class TaskqIter:
         if self.hold:
             self._pending.update(dict.fromkeys(pairs))
         else:
-            self.ledger.ack(pairs)
+            self.held.ack(pairs)
 
     def _ack_later(self, pairs: list[Pair]) -> None:
         """Ack tasks nothing is left to take of, with the last batch handed out: its
@@ -305,20 +297,19 @@ class TaskqIter:
         step): ack the tasks they ended, record how far they got into the others
         (acks="commit": keep both for ``commit()``)."""
         keep = self.ahead if keep is None else keep
-        upto = self._upto
+        held = self.held
         while len(self._handed) > keep:
             taken, reached = self._handed.popleft()
             for key, n in reached.items():
-                if n > upto.get(key, 0):
-                    upto[key] = n
+                held.took(key, n)
             for key in taken:
-                upto[key] = -1
+                held.took(key, -1)
             if reached:
                 if self.hold:
                     for key, n in reached.items():
                         self._pending_reached[key] = max(n, self._pending_reached.get(key, 0))
                 else:
-                    self.ledger.progress(reached)
+                    held.progress(reached)
             if taken:
                 self._ack(taken)
 
@@ -402,28 +393,35 @@ class TaskqIter:
         torch's queue until each one's reading ended there (a few: the workers' read-ahead
         and the batch that ends the task), drop those past the points (cut.py) and report
         each cut task's honoured end at once (the split's confirmation)."""
+        held = self.held
         for t, tok, end in self.feeder.moved_ends():
-            self._points[t, tok] = end
+            e = held.entry(t, tok)
+            if e is not None:
+                e.point = end
         if self.torch_iter is None or self._torch_end:
-            self._points.clear()
+            for e in held.entries():
+                e.point = None
             return
         feed = self.feed
         # begun by a reader (being read, or some of it taken by the loop) and not read to
-        # its end by the loop: its reader's units may be on torch's queue
+        # its end by the loop: its reader's units may be on torch's queue; not cut here,
+        # and its reader did not say its own end (that end is the split's: no cut follows)
         reading = set().union(*(being_read(feed, i) for i in range(len(feed.finished))))
-        upto = self._upto
-        self._points = points = {
-            (t, tok): end
-            for (t, tok), end in self._points.items()
-            if (t in reading or (t, tok) in upto)
-            and upto.get((t, tok)) != -1
-            and (t, tok) not in self._cut
-            and (t, tok) not in self._said
-            and self.ledger.holds(t, tok)
-        }
+        points: dict[Pair, int] = {}
+        for e in held.entries():
+            if e.point is None:
+                continue
+            if (
+                (e.key in reading or e.taken is not None)
+                and e.taken != -1
+                and e.cut is None
+                and not e.said
+            ):
+                points[e.pair] = e.point
+            else:
+                e.point = None
         if not points:
             return
-        points = dict(points)
         units = list(self._ahead)
         depth = getattr(self.torch_iter, "_prefetch_factor", 2) * max(1, len(feed.finished))
         bound = len(units) + 4 * depth + 4
@@ -448,9 +446,10 @@ class TaskqIter:
         counts = self._counts()
         counts["samples_handed_on"] += dropped
         for (task_id, token), end in ends.items():
-            self._cut[task_id, token] = end
-            self._points.pop((task_id, token), None)
-            self.ledger.honour(task_id, token, end)
+            e = held.entry(task_id, token)
+            if e is not None:
+                e.cut, e.point = end, None
+            held.honour(task_id, token, end)
         log.debug(
             "job %s: cut at %s, %d samples read ahead left to the tails' holders",
             self.feeder.dataset.job,
@@ -458,10 +457,21 @@ class TaskqIter:
             dropped,
         )
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of this iteration's DataLoader workers (empty with
+        ``num_workers=0`` or once the iteration ended): what a test kills to see a
+        worker replaced."""
+        return [w.pid for w in self._workers()]
+
+    def _workers(self) -> list[Any]:
+        # torch's iterator keeps its worker processes in ``_workers`` (torch 2.x): there
+        # is no public way to see one die, and its own check names a death only after 5 s
+        return list(getattr(self.torch_iter, "_workers", ()))
+
     def _dead_workers(self) -> list[int]:
         """The DataLoader workers of this iteration that died (by index)."""
-        workers = getattr(self.torch_iter, "_workers", ())
-        return [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+        return [i for i, w in enumerate(self._workers()) if w.exitcode not in (None, 0)]
 
     def _restart_workers(self, dead: list[int]) -> None:
         """A worker died (the OOM killer, say): start new workers and go on with the pass.
@@ -475,14 +485,14 @@ class TaskqIter:
         """
         loader = self.loader_ref()
         old_iter, old_feed = self.torch_iter, self.feed
-        workers = old_iter._workers
+        workers = self._workers()
         what = ", ".join(f"pid {workers[i].pid} (exit {workers[i].exitcode})" for i in dead)
         if loader is None or self.restarts >= _MAX_RESTARTS:
             raise RuntimeError(
                 f"DataLoader worker(s) {what} died, {self.restarts + 1} times in this pass"
             )
         self.restarts += 1
-        held = set().union(*(being_read(old_feed, i) for i in dead))
+        dead_reading = set().union(*(being_read(old_feed, i) for i in dead))
         self._ahead.clear()  # read by the old workers, not taken: dropped with them
         old_feed.iteration.value = -1  # the other readers end
         self.torch_iter = None
@@ -493,12 +503,7 @@ class TaskqIter:
         self.feed = feed
         given_back = self.feeder.call(
             lambda trainer: self.feeder.restart_readers(
-                feed.tasks,
-                feed.ends,
-                lambda: sum(feed.finished),
-                held,
-                dict(self._upto),
-                dict(self._cut),
+                feed.tasks, feed.ends, lambda: sum(feed.finished), dead_reading
             )
         )
         # the dead worker may have held the old queue's read lock: nobody reads it again
@@ -538,27 +543,27 @@ class TaskqIter:
         )
 
     def _control(self, ctrl: list[Any]) -> None:
-        holds = self.ledger.holds
+        held = self.held
         for kind, task_id, token, text in ctrl:
-            if not holds(task_id, token):
+            e = held.entry(task_id, token)
+            if e is None:
                 continue
-            if kind in ("end", "done") and (task_id, token) in self._cut:
+            if kind in ("end", "done") and e.cut is not None:
                 continue  # cut here: its end honoured, its ack made (cut.py)
             if kind == "end":
                 # its reader's own end (at the point or past it, what it read) is the one
                 # reported: no cut of this task follows (the first end said is the split's,
                 # a point learnt later included)
-                self._points.pop((task_id, token), None)
-                self._said.add((task_id, token))
-                self.ledger.honour(task_id, token, int(text))
+                e.point, e.said = None, True
+                held.honour(task_id, token, int(text))
                 continue
             if kind in ("done", "cut"):
                 if text:
-                    self.ledger.read_to(task_id, token, int(text))
+                    held.read_to(task_id, token, int(text))
                 self._ack_later([(task_id, token)])
-                self._upto[task_id, token] = -1
+                held.took((task_id, token), -1)
                 continue
-            self.ledger.fail(task_id, token, text)
+            held.fail(task_id, token, text)
             if self.on_error == "raise":
                 raise errors.CorruptData(f"job {self.feeder.dataset.job!r} task {task_id}: {text}")
 
@@ -580,9 +585,10 @@ class TaskqIter:
         if ack_taken:
             self.settle()
         self._handed.clear()
-        if shutdown or self.torch_iter is not None:
-            self._stop_workers(shutdown)
+        stop_workers = shutdown or self.torch_iter is not None
         if park and self.uncommitted() and self.feeder.error is None:
+            if stop_workers:
+                self._stop_workers(shutdown)
             # the pass is over for this loop, its tasks wait for commit(): lease no more
             try:
                 self.feeder.park(list(self._pending.keys() | self._pending_reached.keys()))
@@ -591,7 +597,13 @@ class TaskqIter:
             else:
                 self._note_end()
         else:
+            # what is held goes back before the readers are shut down: torch waits up to
+            # its MP_STATUS_CHECK_INTERVAL (5 s) for a worker that does not stop at once
+            # (a loaded machine, a read in a slow call), and a SIGTERM's release must not
+            self.feed.iteration.value = -1  # the readers take no more tasks meanwhile
             self._close_feeder()
+            if stop_workers:
+                self._stop_workers(shutdown)
         if self.feeder.error is not None and raise_error:
             raise self.feeder.error
 
@@ -607,8 +619,8 @@ class TaskqIter:
         self._note_end()
         loader = self.loader_ref()
         if loader is not None:
-            loader.counts["tasks_acked"] += self.ledger.acked
-            loader.counts["tasks_failed"] += self.ledger.failed
+            loader.counts["tasks_acked"] += self.held.acked
+            loader.counts["tasks_failed"] += self.held.failed
 
     def _note_end(self) -> None:
         loader = self.loader_ref()

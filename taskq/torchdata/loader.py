@@ -228,6 +228,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         #: the loop read ``loss_weight`` or ``batch_is_padding`` (even_steps' check)
         self._padding_read = False
         self._even: EvenSteps | None = None
+        #: load_state_dict() was called since the last iter() (frameworks.resume)
+        self._state_loaded = False
         # what one trainer may hold is bounded (MAX_HELD): leased-ahead tasks plus those
         # whose samples are still on their way to the loop must stay under it
         limit = MAX_HELD // 2
@@ -387,6 +389,17 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             total,
         )
 
+    def __len__(self) -> int:
+        """No length: a pass's batches are not known ahead (other trainers take some of its
+        tasks); ``progress()`` says how far the pass is. transformers' ``Trainer`` asks
+        first thing in ``train()``: the loader hooks it then (frameworks.py).
+
+        Raises:
+            TypeError: always (as ``len()`` of an iterable dataset).
+        """
+        frameworks.asked_length(self)
+        raise TypeError("taskq.torch.DataLoader has no length: see loader.progress()")
+
     def __iter__(self) -> TaskqIter:  # type: ignore[override]
         cur = self._current
         n = 0 if cur is None else cur.uncommitted()
@@ -478,6 +491,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if settings.even_steps and self._even is None:
             self._even = EvenSteps()
         frameworks.install(fw, settings, self)
+        loaded, self._state_loaded = self._state_loaded, False
+        frameworks.resume(fw, self, loaded)  # transformers' train(resume_from_checkpoint=)
 
     def _worker_feed(self, iteration: int) -> Feed:
         """A new task queue and shared counters for a run of worker processes."""
@@ -566,6 +581,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         Raises:
             InvalidInput, JobNotFound, JobCancelled, ConnectionLost.
         """
+        self._state_loaded = True
         return resume.load_state_dict(self, state, key)
 
     # what its iterations and resume.py see of the loader (host.py)

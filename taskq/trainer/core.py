@@ -30,6 +30,7 @@ from taskq import errors
 from taskq.admin import shardset
 from taskq.admin.jobs import check_name
 from taskq.engine.connection import Connection, resolve_url
+from taskq.engine.contract import MAX_BATCH
 from taskq.inputwait import InputMeter
 from taskq.keys import JobKeys
 from taskq.models import Task
@@ -294,6 +295,27 @@ class Trainer:
         return self._source.pass_no
 
     @property
+    def reason(self) -> str:
+        """Why the job waits (``state == "waiting"``) as this trainer last heard it:
+        ``"manual_advance"``, ``"all_dead"``, ``"rewinding"``, ...; "" when it does not
+        (read-only; a sharded job's: the whole job's, as its last idle round saw it)."""
+        return self._source.reason
+
+    def pass_complete(self, pass_no: int) -> bool:
+        """True once pass ``pass_no`` is over for everyone, as this trainer's replies said:
+        the job moved past it, or waits at its boundary for ``taskq pass next`` (a
+        sharded job: every shard finished it). A lease expecting that pass that got
+        nothing got nothing for that reason (no status read needed to tell).
+
+        Args:
+            pass_no: the pass asked about.
+
+        Returns:
+            Whether it is over (False may be stale: only replies update it).
+        """
+        return self._source.pass_complete(pass_no)
+
+    @property
     def incarnation(self) -> str:
         """This worker's current incarnation (a new one after a rejoin; a sharded job's:
         on its home shard)."""
@@ -415,11 +437,14 @@ class Trainer:
             empty when ``timeout`` passed with nothing to give.
 
         Raises:
-            InvalidInput: ``n < 0``, or 0 with neither acks nor starts.
+            InvalidInput: ``n < 0``, 0 with neither acks nor starts, or more than
+                ``MAX_BATCH`` (32, the tasks one call leases).
             JobCompleted, JobCancelled, JobNotFound, Draining, ConnectionLost: as ``lease``.
         """
-        if n < 0 or (n == 0 and not acks and not starts):
-            raise errors.InvalidInput(f"n must be >= 1 (0 with acks or starts), got {n}")
+        if n < 0 or (n == 0 and not acks and not starts) or n > MAX_BATCH:
+            raise errors.InvalidInput(
+                f"lease_many(n): n must be 1 to {MAX_BATCH} (0 with acks or starts), got {n}"
+            )
         return self._source.lease_many(
             n, math.inf if timeout is None else timeout, expect_pass, acks, starts, reserve
         )
@@ -463,11 +488,15 @@ class Trainer:
             An iterator of batches (tasks with unreadable chunks are failed and left out).
 
         Raises:
-            InvalidInput: ``k < 1``.
+            InvalidInput: ``k`` is not 1 to ``MAX_BATCH`` (32, the tasks one call leases and
+                acks), at the call, before any lease.
             JobNotFound: the job was deleted or replaced.
         """
-        if k < 1:
-            raise errors.InvalidInput(f"batch size must be >= 1, got {k}")
+        if k < 1 or k > MAX_BATCH:
+            raise errors.InvalidInput(
+                f"batches(k): k must be 1 to {MAX_BATCH} (the tasks one call leases and "
+                f"acks), got {k}"
+            )
         return self._source.batches(k)
 
     # -- ending leases (trainer/iteration.py's Calls) -------------------------------------------------

@@ -308,6 +308,18 @@ class PlainSource:
         return self._view.pass_no
 
     @property
+    def reason(self) -> str:
+        return self._view.reason
+
+    def pass_complete(self, pass_no: int) -> bool:
+        """``Trainer.pass_complete``: what a lease expecting ``pass_no`` answers
+        ``PASS_DONE`` for (lib/dispatch.lua ``lease_part``), as the last reply said."""
+        view = self._view
+        return view.pass_no > pass_no or (
+            view.pass_no == pass_no and view.state == "waiting" and view.reason == "manual_advance"
+        )
+
+    @property
     def draining(self) -> bool:
         return self._view.draining
 

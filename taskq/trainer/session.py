@@ -186,12 +186,18 @@ class Session:
         lease (``reads``); returns the server's answer (its job info is for the caller to
         apply). The job's sample order comes back: granted tasks carry it.
 
+        The new credentials are published (``creds``) only once the server answered: a
+        call another thread builds meanwhile (a heartbeat, a lease) goes out under the
+        old incarnation, and the ``REREGISTER`` it gets is this rejoin's (``rejoin``
+        skips it). One naming the new incarnation before the server knew it would be
+        told to re-register too, and the trainer declared lost again, what it leased
+        under the new incarnation dropped.
+
         Raises:
             JobNotFound: no such job (or not that incarnation).
             ConnectionLost: Redis could not be reached.
         """
         incarnation, secret = secrets.token_hex(6), secrets.token_hex(16)
-        self.creds = (incarnation, secret)  # one store: never one without the other
         conn = self.connection
         with translate(conn.url):
             cid = name_connection(conn.redis, incarnation)  # until the 1st heartbeat
@@ -211,6 +217,7 @@ class Session:
                 ],
             )
         )
+        self.creds = (incarnation, secret)  # one store: never one without the other
         self.seed = reg.seed if reg.sample_order == "shuffled" else None
         self.mix = reg.mix
         self.job_incarnation = reg.job_incarnation

@@ -144,6 +144,10 @@ class ShardedSource:
         self._workers: dict[int, Worker] = {}
         self._state = "running"
         self._pass = 0
+        #: the whole job's waiting reason at the last idle round; the newest pass a lease
+        #: expecting it found over on every shard
+        self._reason = ""
+        self._over = -1
         self._closed = False
         self._draining = False
         #: tasks taken from shards other than home (the shared tail)
@@ -172,6 +176,15 @@ class ShardedSource:
     def pass_no(self) -> int:
         """The whole job's pass this trainer works on (never goes back)."""
         return self._pass
+
+    @property
+    def reason(self) -> str:
+        """Why the whole job waits, as the last idle round combined it ("" if it does not)."""
+        return self._reason
+
+    def pass_complete(self, pass_no: int) -> bool:
+        """True once ``pass_no`` is over on every shard, as this trainer saw it."""
+        return self._pass > pass_no or self._over >= pass_no
 
     @property
     def draining(self) -> bool:
@@ -303,6 +316,7 @@ class ShardedSource:
             if found is True:
                 if expect_pass is not None:  # that pass is over on every shard
                     self._raise_if_over()
+                    self._over = max(self._over, expect_pass)
                     return []
                 if self._state not in ("completed", "cancelled"):
                     self._pass += 1  # every shard finished it: the next pass
@@ -500,6 +514,7 @@ class ShardedSource:
         pass's tasks (none are leased for a caller that expects this pass only)."""
         sts = self._statuses()
         state, reason, _ = combine(self.sset, sts)
+        self._reason = reason if state == "waiting" else ""
         if state in ("completed", "cancelled"):
             if state == "cancelled":
                 self._retrying(self._handle.advance)

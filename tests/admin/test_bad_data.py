@@ -174,7 +174,7 @@ def test_interrupted_create_and_delete_are_repaired_on_a_cluster(
     pipe.execute()
     assert 0 < client.redis.ttl(staging) <= STAGING_TTL_S
     # a delete cut off after the keys went, before its SREM from the index
-    client.run(names[0], "delete", [""])
+    client.connection.run(names[0], "delete", [""])
     client.redis.sadd(index, names[0])
 
     added, removed = client.repair_index()  # SCAN on every master
@@ -186,7 +186,7 @@ def test_interrupted_create_and_delete_are_repaired_on_a_cluster(
         assert client.status(name).tasks == 2
 
     # the same through the CLI
-    client.run(names[1], "delete", [""])
+    client.connection.run(names[1], "delete", [""])
     out = subprocess.run(
         [TASKQ_CLI, "--url", cluster.url, "job", "list", "--repair", "--json"],
         capture_output=True,

@@ -6,25 +6,19 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 
 import pytest
 from click.testing import CliRunner
+from support import manual_job, quiet_trainer
 from taskq.cli.main import cli
 
 import taskq
 from taskq.admin import checkpoints
 from taskq.engine.contract import MAX_BATCH, MAX_HELD, Code
 
-
-def make_job(client: taskq.Client, name: str, n: int = 6, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
-
-
-def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
-    kw.setdefault("heartbeat", False)
-    return taskq.Trainer(job, client=client, worker_id=wid, **kw)  # type: ignore[arg-type]
+make_job = partial(manual_job, n=6)
+trainer = quiet_trainer
 
 
 def done_ids(client: taskq.Client, job: str) -> set[int]:
@@ -107,7 +101,7 @@ def test_checkpoint_pages_many_unfinished_tasks(client, job_name):
 
 
 def _ck(client: taskq.Client, job: str, *args: object) -> list:
-    return client.run(job, "checkpoint", ["", "ck1", *args])
+    return client.connection.run(job, "checkpoint", ["", "ck1", *args])
 
 
 def _lease_full(t: taskq.Trainer, want: int = MAX_HELD) -> list[taskq.Task]:
@@ -205,7 +199,7 @@ def test_work_between_the_cut_and_the_seal_leaves_the_cuts_position(client, job_
     assert code == Code.OK and unfinished == len(todo0)
     churn()
     _seal(client, job_name, churn)
-    ck = checkpoints.get(client, job_name, "ck1")
+    ck = checkpoints.get(client.connection, job_name, "ck1")
     assert (ck["done"], ck["unfinished"], ck["dead"]) == (len(done0), len(todo0), 1)
     churn()
     assert client.rewind(job_name, "ck1")
@@ -253,7 +247,7 @@ def test_a_checkpoint_is_not_dropped_when_its_pass_attempt_ends_meanwhile(client
     t.fail(t.lease(timeout=0), "bad")  # dead after the cut
     assert client.retry(job_name) == 1
     _seal(client, job_name)
-    ck = checkpoints.get(client, job_name, "ck1")
+    ck = checkpoints.get(client.connection, job_name, "ck1")
     assert (ck["done"], ck["dead"]) == (1, 0)
     assert client.rewind(job_name, ck)  # the record works as well as its id
     s = client.status(job_name)
@@ -263,7 +257,7 @@ def test_a_checkpoint_is_not_dropped_when_its_pass_attempt_ends_meanwhile(client
 def test_rewind_refuses_what_is_not_a_checkpoint_in_one_line(client, job_name):
     make_job(client, job_name)
     with pytest.raises(taskq.InvalidInput, match="a checkpoint id or the record") as e:
-        checkpoints.rewind(client, job_name, 3)  # type: ignore[arg-type]
+        checkpoints.rewind(client.connection, job_name, 3)  # type: ignore[arg-type]
     assert "\n" not in str(e.value)
 
 
@@ -343,7 +337,9 @@ def test_a_half_done_rewind_is_finished_by_repeating_it(client, job_name):
     t.ack(t.lease(timeout=0))
     ck = client.checkpoint(job_name)["id"]
     t.ack(t.lease(timeout=0))
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # the caller died after begin
+    client.connection.run(
+        job_name, "rewind", ["", ck, "begin", 0, ""]
+    )  # the caller died after begin
     s = client.status(job_name)
     assert (s.state, s.reason) == ("waiting", "rewinding")
     assert t.lease(timeout=0) is None  # nothing is given out meanwhile
@@ -361,7 +357,7 @@ def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_na
     t = trainer(client, job_name, "a")
     t.fail(t.lease(timeout=0), "bad")  # task 0 is dead
     ck = client.checkpoint(job_name)["id"]
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     before = client.redis.hgetall(client.keys(job_name).meta)
     for call in (
         lambda: client.retry(job_name),
@@ -385,9 +381,9 @@ def test_retry_pass_next_and_reset_refuse_a_half_done_rewind(url, client, job_na
 def test_a_superseded_rewind_stops_at_its_next_step(client, job_name):
     make_job(client, job_name, n=4)
     ck = client.checkpoint(job_name)["id"]
-    first = client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
-    reply = client.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
+    first = client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])  # a second rewind started
+    reply = client.connection.run(job_name, "rewind", ["", ck, "seal", 0, int(first[1])])
     assert int(reply[0]) == taskq.engine.contract.Code.STALE
 
 
@@ -454,7 +450,7 @@ def test_cli_lists_checkpoints_and_rewinds(url, client, job_name):
 def test_no_checkpoint_during_a_rewind_nor_of_a_cancelled_job(client, job_name):
     make_job(client, job_name, n=2)
     ck = client.checkpoint(job_name)["id"]
-    client.run(job_name, "rewind", ["", ck, "begin", 0, ""])
+    client.connection.run(job_name, "rewind", ["", ck, "begin", 0, ""])
     with pytest.raises(taskq.TaskqError, match="rewind is in progress"):
         client.checkpoint(job_name)
     client.rewind(job_name, ck)
@@ -472,13 +468,13 @@ def test_loader_state_restores_once_and_refuses_another_incarnation(client, job_
     state = checkpoints.state_of(job_name, client.checkpoint(job_name))
     assert json.loads(json.dumps(state)) == state and state["done"] == 1
     t.ack(t.lease(timeout=0))
-    assert [checkpoints.restore(client, state) for _ in range(3)] == [True, False, False]
+    assert [checkpoints.restore(client.connection, state) for _ in range(3)] == [True, False, False]
     assert client.status(job_name).done == 1
     make_job(client, job_name, n=3, replace=True)
     with pytest.raises(taskq.InvalidInput, match="earlier incarnation"):
-        checkpoints.restore(client, state)
+        checkpoints.restore(client.connection, state)
     with pytest.raises(taskq.InvalidInput, match="not a taskq loader state"):
-        checkpoints.restore(client, {"job": job_name})
+        checkpoints.restore(client.connection, {"job": job_name})
 
 
 def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client, job_name):
@@ -487,10 +483,12 @@ def test_once_with_a_restart_key_rewinds_once_per_restart_even_after_acks(client
     t.ack(t.lease(timeout=0))
     state = checkpoints.state_of(job_name, client.checkpoint(job_name))
     t.ack(t.lease(timeout=0))
-    assert checkpoints.restore(client, state, key="run1:0")
+    assert checkpoints.restore(client.connection, state, key="run1:0")
     b = trainer(client, job_name, "b")
     b.ack(b.lease(timeout=0))  # the first restarted trainer already works
-    assert not checkpoints.restore(client, state, key="run1:0")  # a slower one: no rewind
+    assert not checkpoints.restore(
+        client.connection, state, key="run1:0"
+    )  # a slower one: no rewind
     assert client.status(job_name).done == 2
-    assert checkpoints.restore(client, state, key="run1:1")  # the next restart rewinds
+    assert checkpoints.restore(client.connection, state, key="run1:1")  # the next restart rewinds
     assert client.status(job_name).done == 1

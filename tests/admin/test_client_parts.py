@@ -58,9 +58,11 @@ def test_a_dropped_client_is_freed_without_the_cycle_collector() -> None:
         gc.enable()
 
 
-def test_the_client_exposes_its_connection() -> None:
+def test_the_client_shows_what_a_user_looks_at_and_its_connection_the_rest() -> None:
     client = taskq.Client(URL, key_prefix="tq-parts", allow_eviction=True)
-    assert client.url.startswith("redis://") and client.prefix == "tq-parts"
-    assert client.allow_eviction and client.scripts is not None and client.redis is not None
-    assert client.keys("a").meta == client.keys("a").meta
-    assert isinstance(client.connection, Connection)
+    conn = client.connection
+    assert isinstance(conn, Connection) and conn.prefix == "tq-parts" and conn.allow_eviction
+    assert client.redis is conn.redis and client.url == conn.url and client.prefix == conn.prefix
+    assert client.url.startswith("redis://") and conn.scripts is not None
+    assert client.keys("a").meta == conn.keys("a").meta == "tq-parts:{a}:meta"
+    assert "allow_eviction" not in dir(client)  # the connection's setting, not the client's

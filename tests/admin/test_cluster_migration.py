@@ -96,7 +96,7 @@ def move_by_hand(
         moved += 1
         if moved == max(1, left // 2):
             midway()
-        time.sleep(KEY_PAUSE_S)
+        time.sleep(KEY_PAUSE_S)  # the move's pace: the traffic meets the slot mid-move
     assert cluster.spare is not None
     ports = {to_port, from_port} | {s.port for s in [*cluster.servers, cluster.spare]}
     for port in [to_port, from_port, *sorted(ports - {to_port, from_port})]:
@@ -180,7 +180,7 @@ class Observer:
         self._threads.append(threading.Thread(target=self._scrape))
         for t in self._threads[-len(CLI_COMMANDS) - 1 :]:
             t.start()
-        time.sleep(STALL_S)
+        time.sleep(STALL_S)  # the window in which they meet the split slot
 
     def __enter__(self) -> Observer:
         for t in self._threads:
@@ -277,7 +277,7 @@ def a_job(
     client = taskq.connect(cluster.url)
     for i in range(20000):
         name = f"{stem}-{i}"
-        shards = place(client, name, 3) if sharded else [name]
+        shards = place(client.connection, name, 3) if sharded else [name]
         for k, shard in enumerate(shards):
             slot = slot_of(shard)
             if master_of(cluster, slot)[0] != cluster.spare.port and (

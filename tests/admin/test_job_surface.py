@@ -224,7 +224,7 @@ def test_the_cli_takes_any_job(cluster: RedisClusterProcs, job_name: str, kind: 
 # -- a sharded job's own guarantees ------------------------------------------------------
 def _finish_pass(client: taskq.Client, name: str) -> None:
     """Lease and ack every task of the current pass (each shard, a plain trainer)."""
-    sset = shardset.require(client, name)
+    sset = shardset.require(client.connection, name)
     for shard in sset.shards:
         tr = taskq.Trainer.of_shard(shard, client=client, heartbeat=False)
         while got := tr.lease_many(10, timeout=0):
@@ -235,7 +235,7 @@ def _finish_pass(client: taskq.Client, name: str) -> None:
 def test_the_barrier_does_not_move_during_a_cut(cclient: taskq.Client, job_name: str) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)
-    with barrier.barrier_lock(cclient, job_name, "checkpoint", 5000) as held:
+    with barrier.barrier_lock(cclient.connection, job_name, "checkpoint", 5000) as held:
         assert held is not None
         assert cclient.job(job_name).advance() is None  # a cut holds the barrier
         assert cclient.status(job_name).pass_no == 0
@@ -248,7 +248,7 @@ def test_a_cut_under_which_a_pass_moved_is_taken_again(
 ) -> None:
     create(cclient, job_name, "sharded", passes=3)
     _finish_pass(cclient, job_name)  # every shard waits at the end of pass 0
-    sset = shardset.require(cclient, job_name)
+    sset = shardset.require(cclient.connection, job_name)
     real = Job.checkpoint
     calls = []
 
@@ -259,7 +259,7 @@ def test_a_cut_under_which_a_pass_moved_is_taken_again(
         calls.append(self.name)
         if len(calls) == 1:  # a step that outlived its lock: the other shards move on
             for shard in sset.shards[1:]:
-                Job(cclient, shard).next(expected_pass=0)
+                Job(cclient.connection, shard).next(expected_pass=0)
         return rec
 
     monkeypatch.setattr(Job, "checkpoint", checkpoint_then_move)
@@ -301,8 +301,8 @@ def test_the_sharded_audit_sees_shards_disagree(
     rec = cclient.checkpoint(job_name)
     _finish_pass(cclient, job_name)
     assert cclient.job(job_name).advance() == 1
-    shard0 = shardset.require(cclient, job_name).shards[0]
-    Job(cclient, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
+    shard0 = shardset.require(cclient.connection, job_name).shards[0]
+    Job(cclient.connection, shard0).rewind(rec["shard_ids"][shard0])  # one shard alone
     audit = cclient.audit(job_name)
     assert not audit["checks"]["shards_in_step"] and not audit["ok"]
     r = run(cluster.url, "job", "audit", job_name)
@@ -358,7 +358,7 @@ with taskq.Trainer(sys.argv[2], url=sys.argv[1]) as trainer:
     for task in trainer:
         kind = "ShardedTrainer" if trainer.sharded else type(trainer).__name__
         print("HOLDING", kind, trainer.global_id(task), flush=True)
-        time.sleep(60)
+        time.sleep(60)  # holds the task until killed
 """
 
 
@@ -411,7 +411,7 @@ def test_cuts_taken_while_trainers_cross_passes_rewind_to_one_pass(
         try:
             with taskq.Trainer(job_name, url=cluster.url, idle_wait=0.05) as trainer:
                 for _ in trainer:
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # a training step
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errs.append(e)
 
@@ -423,7 +423,7 @@ def test_cuts_taken_while_trainers_cross_passes_rewind_to_one_pass(
         while any(t.is_alive() for t in threads) and len(cuts) < 40:
             # never refused, though the trainers lease and ack meanwhile (issue 26, case 4)
             cuts.append(cclient.checkpoint(job_name, keep=50))
-            time.sleep(0.05)
+            time.sleep(0.05)  # the checkpoints' pace while the trainers work
     finally:
         for t in threads:
             t.join(60)

@@ -136,7 +136,7 @@ def test_failover_mid_pass_trainers_carry_on_and_records_stay_right(
         try:
             with taskq.Trainer(job_name, url=sentinel_setup.url, prefetch=1) as trainer:
                 for task in trainer:
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # a training step
                     with lock:
                         seen.append((time.monotonic(), task.id, task.token))
         except BaseException as e:  # reported by the main thread

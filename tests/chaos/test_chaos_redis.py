@@ -98,7 +98,7 @@ def test_restart_from_older_aof_copy_tokens_grow_and_acks_after_it_rerun_once(ri
         rig.note(f"probe holds task {held.id} (pass {held.pass_no}, token {held.token})")
         # (pass 0 cannot end while the probe holds its task: the fleet idles at its end)
         wait_for(lambda: acked(rig) >= acked_at_copy + n // 2, 30, what="work acked after the copy")
-        time.sleep(1.0)
+        time.sleep(1.0)  # work goes on past the 0.5 s the check leaves before the kill
         last_token_before = int(rig.client.redis.hget(rig.client.keys(rig.job).meta, "last_token"))
         t_kill = time.time()
         acked_before_kill = acked(rig)
@@ -307,6 +307,7 @@ def test_redis_stopped_longer_than_ttl_loses_nobody_and_records_stay_right(rig: 
         rig.pause_redis()
         wait_for(held.at_risk.is_set, TTL_S + 3, what="the probe's task at risk")
         rig.note("probe: task at_risk")
+        # Redis paused past the ttl: the outage
         time.sleep(max(0.0, TTL_S + 1.5 - (time.time() - rig.timeline[-2][0])))
         rig.resume_redis()
         wait_for(lambda: not held.at_risk.is_set(), 10, what="the server's answer")

@@ -45,19 +45,8 @@ def lines_file(tmp_path: Path) -> str:
 def test_create_from_manifest_json_has_every_status_key(
     url: str, client: taskq.Client, job_name: str, manifest: str
 ) -> None:
-    r = run(
-        url,
-        "job",
-        "create",
-        job_name,
-        "--manifest",
-        manifest,
-        "--chunks-per-task",
-        "3",
-        "--passes",
-        "2",
-        "--json",
-    )
+    options = "--chunks-per-task 3 --passes 2 --json".split()
+    r = run(url, "job", "create", job_name, "--manifest", manifest, *options)
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert set(client.status(job_name).as_dict()) <= set(data)
@@ -79,34 +68,12 @@ def test_create_from_files_one_chunk_per_file_sorted(
 def test_create_from_lines_with_options(
     url: str, client: taskq.Client, job_name: str, lines_file: str
 ) -> None:
-    r = run(
-        url,
-        "job",
-        "create",
-        job_name,
-        "--lines",
-        lines_file,
-        "--records-per-chunk",
-        "10",
-        "--chunks-per-task",
-        "2",
-        "--passes",
-        "inf",
-        "--worker-ttl",
-        "3",
-        "--heartbeat-interval",
-        "0.5",
-        "--task-timeout",
-        "none",
-        "--max-failures",
-        "2",
-        "--max-attempts",
-        "4",
-        "--shuffle",
-        "--seed",
-        "7",
-        "--manual-advance",
-    )
+    options = (
+        "--records-per-chunk 10 --chunks-per-task 2 --passes inf --worker-ttl 3 "
+        "--heartbeat-interval 0.5 --task-timeout none --max-failures 2 "
+        "--max-attempts 4 --shuffle --seed 7 --manual-advance"
+    ).split()
+    r = run(url, "job", "create", job_name, "--lines", lines_file, *options)
     assert r.exit_code == 0, r.output
     s = client.status(job_name)
     assert (s.tasks, s.passes, s.config["chunks"]) == (5, None, 10)
@@ -188,17 +155,8 @@ def test_exist_ok_leaves_an_existing_job_as_it_is_and_exits_0(
 ) -> None:
     assert run(url, "job", "create", job_name, "--manifest", manifest).exit_code == 0
     before = client.status(job_name)
-    r = run(
-        url,
-        "job",
-        "create",
-        job_name,
-        "--lines",
-        lines_file,
-        "--records-per-chunk",
-        "1",
-        "--exist-ok",
-    )
+    options = "--records-per-chunk 1 --exist-ok".split()
+    r = run(url, "job", "create", job_name, "--lines", lines_file, *options)
     assert r.exit_code == 0, r.output
     assert "exists: left as it is" in r.stdout
     after = client.status(job_name)
@@ -213,17 +171,8 @@ def test_replace_makes_a_new_incarnation(
 ) -> None:
     assert run(url, "job", "create", job_name, "--manifest", manifest).exit_code == 0
     before = client.status(job_name).incarnation
-    r = run(
-        url,
-        "job",
-        "create",
-        job_name,
-        "--lines",
-        lines_file,
-        "--records-per-chunk",
-        "50",
-        "--replace",
-    )
+    options = "--records-per-chunk 50 --replace".split()
+    r = run(url, "job", "create", job_name, "--lines", lines_file, *options)
     assert r.exit_code == 0, r.output
     after = client.status(job_name)
     assert after.incarnation != before and after.tasks == 2
@@ -365,7 +314,9 @@ def test_list_repair_adds_a_job_missing_from_the_index(
     url: str, client: taskq.Client, job_name: str
 ) -> None:
     client.create_job(job_name, [1])
-    client.redis.srem(jobs_index(client.prefix), job_name)  # as after an interrupted create
+    client.redis.srem(
+        jobs_index(client.connection.prefix), job_name
+    )  # as after an interrupted create
     assert job_name not in client.list_jobs()
     r = run(url, "job", "list", "--repair", "--json")
     assert r.exit_code == 0, r.output
@@ -378,7 +329,7 @@ def test_list_shows_an_unreadable_job_without_failing(
     good, foreign = f"{job_name}-ok", f"{job_name}-foreign"
     client.create_job(good, [1])
     client.redis.set(client.keys(foreign).meta, "a string another tool wrote")
-    client.redis.sadd(jobs_index(client.prefix), foreign)
+    client.redis.sadd(jobs_index(client.connection.prefix), foreign)
     try:
         r = run(url, "job", "list", "--json")
         assert r.exit_code == 0, r.output
@@ -386,7 +337,7 @@ def test_list_shows_an_unreadable_job_without_failing(
         assert (states[good], states[foreign]) == ("running", "unreadable")
     finally:
         client.redis.delete(client.keys(foreign).meta)
-        client.redis.srem(jobs_index(client.prefix), foreign)
+        client.redis.srem(jobs_index(client.connection.prefix), foreign)
 
 
 def test_delete_asks_and_yes_deletes(url: str, client: taskq.Client, job_name: str) -> None:

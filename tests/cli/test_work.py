@@ -58,7 +58,7 @@ def test_command_succeeds_with_task_on_stdin_and_env(
     script = f"""
 import json, os, sys, time
 task = json.load(sys.stdin)
-time.sleep(1.5 if task["id"] == 0 else 0)
+time.sleep(1.5 if task["id"] == 0 else 0)  # task 0's run outlasts the 1 s ttl
 with open({str(out)!r}, "a") as f:
     f.write(json.dumps({{"stdin": task, "env": json.loads(os.environ["TASKQ_TASK"]),
         "id": os.environ["TASKQ_TASK_ID"], "pass": os.environ["TASKQ_PASS"],
@@ -124,7 +124,7 @@ def term(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
 open({str(started)!r}, "w").close()
-time.sleep(30)
+time.sleep(30)  # runs until signalled
 """
     make_job(client, job_name, 1, worker_ttl=30.0, heartbeat_interval=1.0)
     proc = spawn_work(url, job_name, script)
@@ -158,7 +158,7 @@ with open({str(ran)!r}, "a") as f:
     f.write(os.environ["TASKQ_TOKEN"] + "\\n")
 if not os.path.exists({str(marker)!r}):
     open({str(marker)!r}, "w").close()
-    time.sleep(30)
+    time.sleep(30)  # runs until signalled
 """
     make_job(client, job_name, 1)
     proc = spawn_work(url, job_name, script)
@@ -199,7 +199,7 @@ kid = subprocess.Popen(["sh", "-c", "cat >/dev/null; sleep 30"], stdin=subproces
 with open({pids!r}, "a") as f:
     f.write(f"{{os.getpid()}} {{kid.pid}}\\n")
 sys.stdin.read()
-time.sleep(30)
+time.sleep(30)  # runs until signalled
 """
 
 
@@ -239,6 +239,16 @@ def test_sigterm_reaches_the_commands_grandchildren(
         proc.kill()
 
 
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGTERM (the SigIgn mask of its /proc status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+
 def test_grace_escalates_to_sigkill_for_the_group(
     client: taskq.Client, url: str, job_name: str, tmp_path: Path
 ) -> None:
@@ -250,13 +260,13 @@ kid = subprocess.Popen([sys.executable, "-c",
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
 with open({str(pids)!r}, "w") as f:
     f.write(str(kid.pid))
-time.sleep(60)
+time.sleep(60)  # runs until signalled
 """
     make_job(client, job_name, 1, task_timeout=None)
     proc = spawn_work(url, job_name, script)
     try:
         assert wait_until(lambda: pids.exists() and pids.read_text().strip(), 15)
-        time.sleep(0.3)  # the grandchild has set SIG_IGN by now
+        assert wait_until(lambda: _ignores_sigterm(int(pids.read_text())), 15)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 128 + signal.SIGTERM
         _grandchildren_gone(pids)

@@ -458,7 +458,7 @@ def test_lease_whose_reply_was_lost_is_revoked_by_heartbeat(client, job_name):
     t = trainer(client, job_name, "w")
     keys = client.keys(job_name).script
     # a lease call whose reply never reached the trainer (call number 7)
-    reply = client.scripts.call(
+    reply = client.connection.scripts.call(
         "lease",
         keys,
         [t.job_incarnation, t.worker_id, t.incarnation, 1, 7, "S", -1, lease_secret(t)],
@@ -479,7 +479,7 @@ def test_idle_trainer_steals_reserved_never_started(client, job_name):
     make_job(client, job_name, n=2)
     slow, idle = trainer(client, job_name, "slow"), trainer(client, job_name, "idle")
     keys = client.keys(job_name).script
-    reply = client.scripts.call(
+    reply = client.connection.scripts.call(
         "lease",
         keys,
         [

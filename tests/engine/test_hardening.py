@@ -41,15 +41,6 @@ def test_prefetch_above_the_cap_is_refused(client, job_name):
     t.close()
 
 
-def test_a_batch_above_the_cap_is_refused_by_the_script(client, job_name):
-    make_job(client, job_name, 4)
-    t = trainer(client, job_name, "w")
-    with pytest.raises(taskq.InvalidInput, match=rf"want: not in \[0, {MAX_BATCH}\]"):
-        next(iter(t.batches(MAX_BATCH + 1)))
-    assert client.status(job_name).leased == 0
-    t.close()
-
-
 def test_a_worker_holds_at_most_max_held_leases(client, job_name):
     make_job(client, job_name, MAX_HELD + 10)
     t = trainer(client, job_name, "w")
@@ -185,7 +176,7 @@ def test_delete_and_cancel_run_out_of_memory():
         assert t.lease(timeout=0) is not None
         fill(server.client())
         with pytest.raises(taskq.TaskqError, match="out of memory"):
-            client.run("a", "lease", ["", "w2", "i", 1, 1, "S", -1])
+            client.connection.run("a", "lease", ["", "w2", "i", 1, 1, "S", -1])
         client.pause_job("b")  # a flag: allowed too
         client.cancel_job("a")
         assert client.status("a").state == "cancelled"

@@ -263,7 +263,7 @@ def test_a_worker_id_with_a_separator_is_refused_by_the_script(client, job_name)
 def test_the_client_raises_invalid_input_naming_the_argument(client, job_name):
     client.create_job(job_name, chunks=[{"i": 0}], task_timeout=None)
     with pytest.raises(taskq.InvalidInput, match=r"task: not an integer"):
-        client.run(job_name, "revoke", ["", "x"])
+        client.connection.run(job_name, "revoke", ["", "x"])
 
 
 def test_every_step_and_bound_names_a_case():
@@ -309,6 +309,8 @@ def test_an_incarnation_that_only_begins_like_the_workers_record_is_refused(clie
     rec = client.redis.hget(JobKeys(job_name).winfo, "w")
     winc = "|".join(rec.split("|")[:2])
     keys = client.keys(job_name)
-    reply = client.scripts.call("ack", keys.script, ["", "w", winc, 1, 0, 0, 1, "S", -1, "s" * 16])
+    reply = client.connection.scripts.call(
+        "ack", keys.script, ["", "w", winc, 1, 0, 0, 1, "S", -1, "s" * 16]
+    )
     assert reply[0] == Code.INVALID and reply[1].startswith("winc: contains '|'")
     t.close()

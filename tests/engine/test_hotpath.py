@@ -17,9 +17,12 @@ from functools import partial
 import pytest
 import redis
 import support
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import taskq
-from taskq.engine.transport import _exchange
+from taskq.engine.transport import Scripts
+from taskq.keys import JobKeys
 from taskq.testing import lease_secret
 
 make_job = partial(
@@ -83,7 +86,7 @@ def test_a_lost_worker_a_budgeted_reclaim_left_is_answered_lost(client, job_name
     late = trainer(client, job_name, "late")  # the latest deadline: reclaimed last
     client.advance_clock(job_name, 1001)
     who = [late.job_incarnation, "late", late.incarnation]
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "lease",
         [*who, 1, 10**6, "S", -1, lease_secret(late)],
@@ -121,26 +124,37 @@ def test_a_call_timed_out_on_the_kept_connection_goes_on_through_the_retry(clien
     assert [tk.id for tk in t.held] == [nxt.id]
 
 
-def test_a_read_that_times_out_closes_the_kept_connection(client):
-    """The kept connection is read below redis-py's wrappers: a read that fails must close
-    it, so its late reply is never taken for the next command's."""
+def test_a_read_that_times_out_drops_the_kept_connection_and_its_late_reply(client, job_name):
+    """The kept connection is read below redis-py's wrappers: a read that times out must
+    drop it, so its late reply is never taken for a later call's; an error reply is read
+    whole."""
+    make_job(client, job_name, n=2)
+    make_job(client, f"{job_name}-5", n=5)
     url = client.redis.connection_pool.connection_kwargs
-    r = redis.Redis(host=url["host"], port=url["port"], socket_timeout=0.3, decode_responses=True)
-    conn = r.connection_pool.get_connection()
-    incr = [conn.pack_command("INCR", "hotpath:x")[0]]
-    assert _exchange(conn, incr) == 1
-    client.redis.client_pause(600)
+    # no retry: the timed-out call raises (and its job is told apart from the next call's)
+    r = redis.Redis(
+        host=url["host"], port=url["port"], socket_timeout=0.3, decode_responses=True,
+        retry=Retry(NoBackoff(), 0),
+    )  # fmt: skip
+    scripts = Scripts(r)
+
+    def tasks(job: str) -> int:
+        reply = scripts.call("stats", JobKeys(job).script, [1])
+        meta = dict(zip(reply[1][::2], reply[1][1::2], strict=True))
+        return int(meta["n"])
+
+    assert tasks(job_name) == 2 and scripts.own_resets == 0  # the kept connection is made
+    client.redis.client_pause(1500)  # longer than both reads (the kept one, the fallback)
     with pytest.raises(redis.exceptions.TimeoutError):
-        _exchange(conn, incr)
-    assert conn._sock is None, "closed: its late reply (2) cannot be read"
+        tasks(job_name)
+    assert scripts.own_resets == 1, "dropped: its late reply cannot be read"
     client.redis.ping()  # answered once the pause is over
-    # GET's own answer, a string (the INCR ran or was dropped with its client), never the
-    # INCR's late integer reply
-    assert _exchange(conn, [conn.pack_command("GET", "hotpath:x")[0]]) in ("1", "2")
+    assert tasks(f"{job_name}-5") == 5, "its own reply, not the late one (2)"
+    client.redis.set(JobKeys(f"{job_name}-bad").meta, "not a hash")
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
-        _exchange(conn, [conn.pack_command("LPUSH", "hotpath:x", "a")[0]])
-    assert _exchange(conn, [conn.pack_command("PING")[0]]) == "PONG", "an error reply is read whole"
-    r.connection_pool.release(conn)
+        tasks(f"{job_name}-bad")
+    assert tasks(job_name) == 2, "an error reply is read whole"
+    assert scripts.own_resets == 1
     r.close()
 
 
@@ -264,7 +278,7 @@ def test_a_batch_writes_its_leases_indexes_and_records_together(client, job_name
     assert client.status(job_name, summaries=0).leased == 8
     a, b = first[0], first[1]
     who = [t.job_incarnation, "a", t.incarnation]
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "ack",
         [*who, 10**6, 3, a.id, a.token, a.id, a.token, b.id, b.token, 0, 0, "S", -1]

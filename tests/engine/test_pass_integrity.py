@@ -9,21 +9,14 @@ import json
 import threading
 
 import pytest
+from support import manual_job, quiet_trainer
 
 import taskq
 from taskq.admin import checkpoints
 from taskq.engine.contract import SUMMARIES_MAX
 
-
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
-
-
-def trainer(client: taskq.Client, job: str, wid: str, **kw: object) -> taskq.Trainer:
-    kw.setdefault("heartbeat", False)
-    return taskq.Trainer(job, client=client, worker_id=wid, **kw)  # type: ignore[arg-type]
+make_job = manual_job
+trainer = quiet_trainer
 
 
 def drain(t: taskq.Trainer, client: taskq.Client, job: str) -> list[int]:
@@ -113,12 +106,12 @@ def test_case3_a_checkpoint_keeps_every_done_bit_while_the_cursor_crosses_it(cli
     assert client.retry(job_name) == 1
     t.ack(t.lease(timeout=0))  # x, from the front; the cursor is at 0
     keys = client.keys(job_name)
-    code, _, _ = client.run(job_name, "checkpoint", ["", "c3", "begin", 20])
+    code, _, _ = client.connection.run(job_name, "checkpoint", ["", "c3", "begin", 20])
     assert code == 0
     crossing = [t.lease(timeout=0) for _ in range(5)]  # the cursor goes past x
     assert x.id not in {c.id for c in crossing}
-    assert client.run(job_name, "checkpoint", ["", "c3", "prog", 0, "0"])[1] == "0"
-    assert client.run(job_name, "checkpoint", ["", "c3", "seal", 20])[0] == 0
+    assert client.connection.run(job_name, "checkpoint", ["", "c3", "prog", 0, "0"])[1] == "0"
+    assert client.connection.run(job_name, "checkpoint", ["", "c3", "seal", 20])[0] == 0
     ck = checkpoints.get(client, job_name, "c3")
     page = client.redis.hget(keys.ckpt, "c3:d:0") or ""
     bits = sum(bin(ord(c)).count("1") for c in page)
@@ -138,11 +131,11 @@ def test_case4_a_checkpoint_at_a_passs_start_under_load_is_never_refused(client,
     make_job(client, job_name, n=200, passes=None)
     keys = client.keys(job_name)
     t = trainer(client, job_name, "a")
-    assert client.run(job_name, "checkpoint", ["", "c4", "begin", 20])[:2] == [0, 0]
+    assert client.connection.run(job_name, "checkpoint", ["", "c4", "begin", 20])[:2] == [0, 0]
     t.ack(t.lease(timeout=0))
-    assert client.run(job_name, "checkpoint", ["", "c4", "prog", 0, "0"])[0] == 0
+    assert client.connection.run(job_name, "checkpoint", ["", "c4", "prog", 0, "0"])[0] == 0
     t.ack(t.lease(timeout=0))
-    assert client.run(job_name, "checkpoint", ["", "c4", "seal", 20])[0] == 0
+    assert client.connection.run(job_name, "checkpoint", ["", "c4", "seal", 20])[0] == 0
     assert checkpoints.get(client, job_name, "c4")["done"] == 0
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -239,16 +232,18 @@ def test_rewind_is_idempotent_and_epoch_fenced(client, job_name):
     ck = client.checkpoint(job_name)
     client.retry(job_name)
     drain(t, client, job_name)
-    first = client.run(job_name, "rewind", ["", ck["id"], "begin", 0, ""])
+    first = client.connection.run(job_name, "rewind", ["", ck["id"], "begin", 0, ""])
     assert client.rewind(job_name, ck)  # a newer rewind: the first one's steps are stale
-    assert int(client.run(job_name, "rewind", ["", ck["id"], "page", 0, first[1]])[0]) == 4
+    assert (
+        int(client.connection.run(job_name, "rewind", ["", ck["id"], "page", 0, first[1]])[0]) == 4
+    )
     after = (done_ids(client, job_name), dead_ids(client, job_name))
     assert client.rewind(job_name, ck)
     assert (done_ids(client, job_name), dead_ids(client, job_name)) == after
     assert client.audit(job_name)["ok"]
-    begun = client.run(job_name, "rewind", ["", ck["id"], "begin", 0, ""])
+    begun = client.connection.run(job_name, "rewind", ["", ck["id"], "begin", 0, ""])
     with pytest.raises(taskq.InvalidInput):  # out of order: the walk before the pages
-        client.run(job_name, "rewind", ["", ck["id"], "walk", 0, begun[1]])
+        client.connection.run(job_name, "rewind", ["", ck["id"], "walk", 0, begun[1]])
     assert client.rewind(job_name, ck)
     assert (done_ids(client, job_name), dead_ids(client, job_name)) == after
 

@@ -375,6 +375,65 @@ def test_a_slow_trainer_hands_a_task_it_has_not_begun_over_whole(client, job_nam
     assert audit["passes"][-1]["reread_samples"] == 0
 
 
+@pytest.mark.parametrize("ends", ["lost", "released"])
+def test_an_empty_head_piece_whose_holder_ends_is_acked_by_construction(
+    client, job_name, tmp_path, ends
+):
+    """``s``, measured slow (its first task split by pace), holds a task it has not begun;
+    an idle trainer splits it at 0
+    (the whole task its piece), ``s`` confirms the point, the idle trainer reads its piece
+    [0, 100) and acks it. Then ``s`` is lost (or releases its empty head [0, 0)) without
+    acking it: the head has nothing to read, so it is acked by construction and the task
+    is done, the pass complete. Before, it went back to the front as a piece for a range
+    reader to lease and ack (a pass with none left waited for ever)."""
+    chunks = [write_jsonl(tmp_path / f"{k}.jsonl", 100)[0] for k in range(4)]
+    job_of(client, job_name, chunks, worker_ttl=60.0)
+    a, s = trainer(client, job_name, "a"), trainer(client, job_name, "s")
+    for _ in range(2):
+        t = a.lease(timeout=0)
+        assert t is not None
+        client.advance_clock(job_name, 1000)
+        a.ack(t)
+    first, second = s.lease(timeout=0), s.lease(timeout=0)
+    assert first is not None and second is not None
+    s.progress(second, 0, None)  # not begun; its size goes with the report
+    it = read_some(s, first, 5, [])
+    client.advance_clock(job_name, 5000)
+    s.flush_progress()
+    assert a.lease(timeout=0) is None  # first split by pace at 6, pending
+    next(it)
+    for _ in range(2):
+        s.progress(first, 6)
+        s.flush_progress()
+    s.ack(first)
+    tail = a.lease(timeout=0)
+    assert tail is not None and (tail.id, tail.start, tail.end) == (first.id, 6, 100)
+    read_all(a, tail)
+    a.ack(tail)
+    assert a.lease(timeout=0) is None  # the second split at 0, pending
+    s.progress(second, 0, None)
+    s.flush_progress()  # its reply says the end: 0
+    assert second.end == 0
+    s.progress(second, 0)
+    s.flush_progress()  # recorded under the end it honours: confirmed
+    piece = a.lease(timeout=0)
+    assert piece is not None and (piece.id, piece.start, piece.end) == (second.id, 0, 100)
+    got = read_all(a, piece)
+    a.ack(piece)
+    assert [x["i"] for x in got] == list(range(100))
+    if ends == "lost":
+        client.advance_clock(job_name, 61_000)
+        a.heartbeat()
+        client.reap(job_name)
+    else:
+        s.release(second)
+    st = client.status(job_name, summaries=0)
+    assert (st.state, st.todo) == ("completed", 0)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 0
+
+
 def _lease_pieces(client: taskq.Client, job_name: str, *wids: str) -> list[tuple[Any, Any]]:
     """Each named trainer leases once (one piece of a task per trainer)."""
     out = []
@@ -451,6 +510,38 @@ def test_a_retried_split_task_goes_whole_to_a_whole_task_reader_only_if_its_tail
     assert client.status(job_name, summaries=0).state == "completed"
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
+
+
+def test_a_head_piece_left_by_every_range_reader_goes_whole_to_a_whole_task_reader(
+    client, job_name, tmp_path
+):
+    """``a`` reads 11 samples of a task, ``b`` splits it at 55, reads its tail [55, 100)
+    and acks it; ``a`` leaves (its head [11, 55) goes back) and so does ``b``: no range
+    reader is left, only a whole-task reader, which takes the task whole (the split
+    undone; the tail's 45 samples read again, counted re-read) and completes the pass.
+    Before, the head piece waited in the front for a range reader that never came. While
+    a range reader is registered it is left to one."""
+    job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 100), passes=1)
+    a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
+    task, piece, took_a, _ = split_between(client, job_name, a, b, 10)
+    assert (piece.start, piece.end) == (55, 100)
+    took = [s["i"] for s in took_a] + [s["i"] for s in read_all(b, piece)]
+    b.ack(piece)
+    a.close()
+    w = taskq.Trainer(job_name, client=client, worker_id="w", heartbeat=False)
+    assert w.lease(timeout=0) is None  # b, a range reader, is still registered
+    b.close()
+    whole = w.lease(timeout=0)
+    assert whole is not None and whole.id == task.id and whole.start == 11
+    took += [s["i"] for s in read_task(whole.chunks, whole.start)]  # to the chunks' end
+    w.ack(whole)
+    w.close()
+    assert sorted(set(took)) == list(range(100))
+    assert len(took) == 100 + 45
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 45
 
 
 def _head_acked_tail_dead(client: taskq.Client, job_name: str, tmp_path: Any) -> tuple:
@@ -567,8 +658,9 @@ def test_heads_extended_to_the_end_past_pending_splits_complete_the_pass(
 
 def test_a_head_extended_to_the_end_then_departing_completes_the_pass(client, job_name, tmp_path):
     """The head's holder reads to the end past a split handed back, then departs without
-    its ack (``close``): the next holder is given the head from its progress, at the
-    task's end, and its ack completes the job; the tail, empty, is never leased."""
+    its ack (``close``): its head, read to its point (the task's end), is acked by
+    construction and the job completes; neither the head nor the empty tail is leased
+    again (the head went to the front, for the next holder to ack an empty lease)."""
     job_of(client, job_name, write_jsonl(tmp_path / "a.jsonl", 60), passes=1)
     a, b = trainer(client, job_name, "a"), trainer(client, job_name, "b")
     task = a.lease(timeout=0)
@@ -579,9 +671,6 @@ def test_a_head_extended_to_the_end_then_departing_completes_the_pass(client, jo
     assert b.lease(timeout=0) is None
     _extend_to_end(a, task, got)
     a.close()
-    again = b.lease(timeout=0)
-    assert again is not None and again.start == 60 and samples(again) == []
-    b.ack(again)
     st = client.status(job_name, summaries=0)
     assert (st.state, st.todo) == ("completed", 0)
     audit = client.audit(job_name)

@@ -7,6 +7,7 @@ import re
 from importlib import resources
 
 import pytest
+from support import part_with
 
 import taskq
 from taskq.engine import contract, library
@@ -16,19 +17,20 @@ from taskq.testing import script_function
 
 def test_a_part_refuses_top_level_state_that_is_not_marked_per_call():
     """A part's locals outlive a call: state its reset() does not set back would leak."""
-    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: top-level `local D` outlives"):
-        library._part("x.lua", "local D = 1\nreturn {}\n")
-    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua: its per-call locals \(B\) need"):
-        library._part(
-            "x.lua", "local A, B = 0, {}  -- per call\nlocal function reset() A = 0 end\n"
-        )
-    text, has_state = library._part(
-        "x.lua",
-        "local A, B = 0, {}  -- per call\nlocal function reset()\n  A, B = 0, {}\nend\n"
-        "return {reset = reset}\n",
-    )
-    assert has_state and text.startswith("lib.x = (function()\n-- lib/x.lua\n")
-    assert text.endswith("end)()\n")
+    with pytest.raises(taskq.TaskqError, match=r"lib/cuts.lua: top-level `local D` outlives"):
+        library.build({"lib/cuts.lua": "local D = 1\nreturn {}\n"})
+    with pytest.raises(taskq.TaskqError, match=r"lib/cuts.lua: its per-call locals \(B\) need"):
+        library.build(
+            {"lib/cuts.lua": part_with("cuts.lua", "local A, B = 0, {}  -- per call\n"
+                                       "local function reset() A = 0 end\n", "reset = reset, ")}
+        )  # fmt: skip
+    assert "lib.cuts.reset()" not in library.SOURCE  # cuts.lua as shipped has no state
+    state = "local A, B = 0, {}  -- per call\nlocal function reset()\n  A, B = 0, {}\nend\n"
+    built = library.build({"lib/cuts.lua": part_with("cuts.lua", state, "reset = reset, ")})
+    assert built.budgets["lib/cuts.lua"].per_call == ["A", "B"]
+    begin = built.source[built.source.index("local function begin(keys)") :]
+    assert "  lib.cuts.reset()\n" in begin.partition("\nend")[0] + "\n"
+    assert "lib.cuts = (function()\n-- lib/cuts.lua\n" in built.source
 
 
 def test_bindings_and_constants_are_not_per_call_state():
@@ -38,11 +40,11 @@ def test_bindings_and_constants_are_not_per_call_state():
         "local rcall, tonum = redis.call, tonumber\n"
         "local mget, mnum =\n  lib.meta.mget, lib.meta.mnum\n"
         "local T = {  -- constant\n  1, 2,\n}\n"
-        "return {}\n"
     )
-    assert library._part("x.lua", text)[1] is False
+    built = library.build({"lib/cuts.lua": part_with("cuts.lua", text)})
+    assert built.budgets["lib/cuts.lua"].per_call == [] and "lib.cuts.reset()" not in built.source
     with pytest.raises(taskq.TaskqError, match="`local n` outlives a call"):
-        library._part("x.lua", "local n = lib.meta.mnum('x')\nreturn {}\n")
+        library.build({"lib/cuts.lua": part_with("cuts.lua", "local n = lib.meta.mnum('x')\n")})
 
 
 def test_begin_resets_every_part_with_per_call_state_and_builds_the_parts_once():
@@ -84,20 +86,24 @@ def test_the_build_refuses_a_part_near_luas_local_and_upvalue_limits():
     """Lua 5.1 stops loading a function at 200 locals or 60 upvalues; the build refuses a
     part at 191 / 51 with a message that names the part and says what to do."""
     many = "".join(f"local v{i} = redis.call\n" for i in range(191)) + "return {}\n"
-    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua declares 191 top-level locals .*part"):
-        library._part("x.lua", many)
+    with pytest.raises(
+        taskq.TaskqError, match=r"lib/cuts.lua declares 191 top-level locals .*part"
+    ):
+        library.build({"lib/cuts.lua": many})
     uses = " + ".join(f"u{i}()" for i in range(51))
     wide = "".join(f"local function u{i}() end\n" for i in range(51))
     wide += f"local function big()\n  return {uses}\nend\nreturn {{}}\n"
-    with pytest.raises(taskq.TaskqError, match=r"lib/x.lua's function big uses 51 locals"):
-        library._part("x.lua", wide)
+    with pytest.raises(taskq.TaskqError, match=r"lib/cuts.lua's function big uses 51 locals"):
+        library.build({"lib/cuts.lua": wide})
 
 
 def test_codes_and_bounds_are_written_as_numbers_and_unknown_codes_refused():
-    text = library._constants("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
+    text = library.expand("x.lua", "return {C.OK, C.JOB_NOT_FOUND, MAX_BATCH, K_CKPT}")
     assert text == f"return {{0, (-1), {contract.MAX_BATCH}, kc('ckpt')}}"
     with pytest.raises(taskq.TaskqError, match=r"x.lua: C.NOPE is not a contract.Code"):
-        library._constants("x.lua", "C.NOPE")
+        library.expand("x.lua", "C.NOPE")
+    with pytest.raises(taskq.TaskqError, match=r"lib/cuts.lua: C.NOPE is not a contract.Code"):
+        library.build({"lib/cuts.lua": part_with("cuts.lua", "local X = C.NOPE\n")})
 
 
 def test_every_lua_file_is_under_400_lines():
@@ -117,19 +123,19 @@ def test_the_parts_are_every_file_of_lua_lib_in_a_fixed_order():
 
 def test_an_unknown_meta_field_is_refused_and_known_ones_become_literals():
     slots = library.META_SLOTS
-    assert library._fields("x.lua", "mget(F.PASS, F.C_ACKED)") == (
+    assert library.expand("x.lua", "mget(F.PASS, F.C_ACKED)") == (
         f"mget({slots['PASS']}, {slots['C_ACKED']})"
     )
-    assert library._fields("x.lua", "rcall('HGET', K_META, N.PASS)") == (
+    assert library.expand("x.lua", "rcall('HGET', K_META, N.PASS)") == (
         "rcall('HGET', K_META, 'pass')"
     )
     with pytest.raises(taskq.TaskqError, match=r"x.lua: F.PASSS is not in keys.MetaField"):
-        library._fields("x.lua", "mget(F.PASSS)")
+        library.expand("x.lua", "mget(F.PASSS)")
     with pytest.raises(taskq.TaskqError, match=r"x.lua: N.PASSS is not in keys.MetaField"):
-        library._fields("x.lua", "rcall('HGET', K_META, N.PASSS)")
+        library.expand("x.lua", "rcall('HGET', K_META, N.PASSS)")
     # a command on the hash naming a field by its slot would read or write field '11'
     with pytest.raises(taskq.TaskqError, match=r"names a field as F.NAME"):
-        library._fields("x.lua", "rcall('HGET', K_META, F.PASS)")
+        library.expand("x.lua", "rcall('HGET', K_META, F.PASS)")
 
 
 def test_meta_slots_name_every_field_once_and_the_hot_ones_first():
@@ -154,11 +160,15 @@ def test_no_meta_field_name_is_written_as_a_literal_in_the_lua():
 
 def test_the_key_count_comes_from_the_keys_header_line():
     n = len(SCRIPT_KEYS)
-    assert library._nkeys("v.lua", "-- KEYS: the job's keys (keys.SCRIPT_KEYS)\n") == n
-    extra = "-- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging, other (why)\n"
-    assert library._nkeys("v.lua", extra) == n + 2
-    with pytest.raises(taskq.TaskqError, match="v.lua: needs a header line"):
-        library._nkeys("v.lua", "-- KEYS: some keys\n")
+    toy = "#!lua flags=no-writes\n-- toy: answers OK.\n{keys}\nreturn {{C.OK}}\n"
+    built = library.build(
+        {"toy.lua": toy.format(keys="-- KEYS: the job's keys (keys.SCRIPT_KEYS)")}
+    )
+    assert built.functions["toy"][1:] == (n, True)
+    extra = "-- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging, other (why)"
+    assert library.build({"toy.lua": toy.format(keys=extra)}).functions["toy"][1] == n + 2
+    with pytest.raises(taskq.TaskqError, match="toy.lua: needs a header line"):
+        library.build({"toy.lua": toy.format(keys="-- KEYS: some keys")})
     assert script_function("create")[1] == n + 1
     assert script_function("ack")[1] == n
 
@@ -213,7 +223,7 @@ def _free_names(text: str) -> set[str]:
                 if code[j].kind == "name":
                     declared.add(code[j].text)
                 j += 1
-    return used - declared - _GLOBALS - library._CHUNK_NAMES
+    return used - declared - _GLOBALS - library.CHUNK_NAMES
 
 
 def test_no_part_or_verb_reads_a_name_it_does_not_bind():
@@ -224,7 +234,7 @@ def test_no_part_or_verb_reads_a_name_it_does_not_bind():
     texts |= {f"{v}.lua": (pkg / f"{v}.lua").read_text().partition("\n")[2] for v in library.VERBS}
     free = {}
     for unit, text in texts.items():
-        names = _free_names(library._constants(unit, library._fields(unit, text)))
+        names = _free_names(library.expand(unit, text))
         if names:
             free[unit] = sorted(names)
     assert free == {}

@@ -72,7 +72,9 @@ class Forger:
         return [inc, lease["worker"], lease["worker_incarnation"]]
 
     def run(self, verb: str, args: list[Any]) -> list[Any]:
-        reply: list[Any] = self.client.run(self.job, verb, args, passthrough=(Code.REREGISTER,))
+        reply: list[Any] = self.client.connection.run(
+            self.job, verb, args, passthrough=(Code.REREGISTER,)
+        )
         return reply
 
     def ack(self, task_id: int, backup: bool = False) -> list[Any]:
@@ -149,10 +151,12 @@ def test_the_true_holders_repeated_ack_stays_quiet_a_forged_one_does_not(
     holder.ack(task)
     who = [holder.job_incarnation, holder.worker_id, holder.incarnation]
     # the holder's retry (its reply was lost, say): a quiet success, nothing counted
-    again = client.run(job_name, "ack", ack_args(who, task.id, task.token, lease_secret(holder)))
+    again = client.connection.run(
+        job_name, "ack", ack_args(who, task.id, task.token, lease_secret(holder))
+    )
     assert again[4] == [Code.DUP]
     # the same repeat with another secret (a reader of the ended record): stale, forged
-    forged = client.run(
+    forged = client.connection.run(
         job_name,
         "ack",
         ack_args(who, task.id, task.token, secrets.token_hex(16)),
@@ -173,7 +177,7 @@ def test_the_quiet_repeat_survives_the_worker_record(client: taskq.Client, job_n
     secret = lease_secret(holder)
     holder.close()
     assert client.redis.hget(client.keys(job_name).winfo, "holder") is None
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "ack",
         ack_args(who, task.id, task.token, secret),
@@ -241,7 +245,7 @@ def test_a_lease_or_heartbeat_in_a_workers_name_needs_its_secret(
     client.advance_clock(job_name, 1000)
     who = [holder.job_incarnation, "holder", holder.incarnation]
     args = [2, 10**6, "S", -1] if op == "lease" else [10**6, 0]
-    reply = client.run(
+    reply = client.connection.run(
         job_name, op, [*who, *args, secrets.token_hex(16)], passthrough=(Code.REREGISTER,)
     )
     assert (reply[0], reply[1]) == (Code.REREGISTER, [])
@@ -255,7 +259,7 @@ def test_a_lease_or_heartbeat_in_a_workers_name_needs_its_secret(
     else:
         # the same heartbeat with the holder's secret is the worker's own: it renews it
         # and revokes the lease it does not list (so the forged one would have)
-        reply = client.run(job_name, "heartbeat", [*who, *args, lease_secret(holder)])
+        reply = client.connection.run(job_name, "heartbeat", [*who, *args, lease_secret(holder)])
         assert reply[0] == Code.OK
         assert client.redis.zscore(keys.workers, m) > deadline
         assert client.status(job_name, summaries=0).counters["revoked"] == 1
@@ -268,7 +272,7 @@ def test_a_reserved_lease_is_not_started_with_another_secret(
     make_job(client, job_name, 3)
     holder = trainer(client, job_name, "holder", prefetch=1)
     keys = client.keys(job_name)
-    reply = client.run(
+    reply = client.connection.run(
         job_name,
         "lease",
         [
@@ -315,7 +319,9 @@ def test_register_without_a_secret_is_refused_with_an_upgrade_message(
     make_job(client, job_name, 1)
     keys = client.keys(job_name).script
     for extra in ([], ["short"]):
-        reply = client.scripts.call("register", keys, ["", "old", "inc", 0, "h", 1, *extra])
+        reply = client.connection.scripts.call(
+            "register", keys, ["", "old", "inc", 0, "h", 1, *extra]
+        )
         assert reply[0] == Code.INVALID
         assert "upgrade" in reply[1] and "short" not in reply[1].replace("shorter", "")
     assert client.redis.hget(client.keys(job_name).winfo, "old") is None

@@ -222,6 +222,15 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------
     def teardown(self) -> None:
+        """The reachability check, then every trainer closed (each would otherwise be
+        dropped without ``close()``: a warning per trainer and example)."""
+        try:
+            self._every_live_task_reachable()
+        finally:
+            for t in self.trainers.values():
+                t.close()
+
+    def _every_live_task_reachable(self) -> None:
         """No live task is unreachable: once every lease is given back, leasing and acking
         finishes the pass (or the job waits with every task dead, or was cancelled)."""
         if self.cancelled:
@@ -246,19 +255,23 @@ class EngineMachine(RuleBasedStateMachine):
         t = taskq.Trainer(
             self.job, client=self.client, worker_id="closer", heartbeat=False, ranges=True
         )
-        for _ in range(4 * self._n()):
-            s = self.client.status(self.job)
-            if s.pass_no != pass0 or s.state != "running":
-                break
-            task = t.lease(timeout=0)
-            if task is None:
-                # time goes on: a lease of a worker incarnation the server forgot the end of
-                # (a rollback) is taken back once that incarnation's liveness runs out
-                self.client.advance_clock(self.job, 4000)
-                t.heartbeat()
-                self.client.reap(self.job)
-                continue
-            t.ack(task)
+        try:
+            for _ in range(4 * self._n()):
+                s = self.client.status(self.job)
+                if s.pass_no != pass0 or s.state != "running":
+                    break
+                task = t.lease(timeout=0)
+                if task is None:
+                    # time goes on: a lease of a worker incarnation the server forgot the
+                    # end of (a rollback) is taken back once that incarnation's liveness
+                    # runs out
+                    self.client.advance_clock(self.job, 4000)
+                    t.heartbeat()
+                    self.client.reap(self.job)
+                    continue
+                t.ack(task)
+        finally:
+            t.close()
         s = self.client.status(self.job)
         assert s.pass_no != pass0 or s.state != "running", "a live task is unreachable"
 
@@ -432,7 +445,7 @@ class EngineMachine(RuleBasedStateMachine):
         """A checkpoint's cut; its later steps come in another rule, so leases, acks,
         deaths, retries and pass ends happen between them."""
         ck = f"ck{len(self.sealed)}-{next(_ids)}"
-        code = int(self.client.run(self.job, "checkpoint", ["", ck, "begin", 5])[0])
+        code = int(self.client.connection.run(self.job, "checkpoint", ["", ck, "begin", 5])[0])
         if code == Code.LOCKED:
             return
         assert code == Code.OK, "a checkpoint's cut is never refused"
@@ -460,13 +473,13 @@ class EngineMachine(RuleBasedStateMachine):
         self.open_ck = None
         k, cursor = 0, "0"
         while True:
-            r = self.client.run(self.job, "checkpoint", ["", ck, "prog", k, cursor])
+            r = self.client.connection.run(self.job, "checkpoint", ["", ck, "prog", k, cursor])
             if int(r[0]) == Code.STALE:  # a rewind began since and dropped it
                 return
             cursor, k = str(r[1]), k + 1
             if cursor == "0":
                 break
-        assert int(self.client.run(self.job, "checkpoint", ["", ck, "seal", 5])[0]) == 0
+        assert int(self.client.connection.run(self.job, "checkpoint", ["", ck, "seal", 5])[0]) == 0
         rec = self.client.checkpoints(self.job)[-1]
         assert rec["id"] == ck and rec["done"] == len(done) and rec["dead"] == len(dead)
         kept = {c["id"] for c in self.client.checkpoints(self.job)}
@@ -1077,6 +1090,16 @@ class SplitMachine(EngineMachine):
             running = (self._meta("round"), self._meta("cursor") >= self._n())
         found = integrity.split_check(r, keys, self._piece_round(), task_size, running)
         assert not found["bad"], found
+
+    @invariant()
+    def range_readers_counted(self) -> None:
+        """The count of range readers (meta rangers: with none, a whole-task reader takes
+        a head piece whole) is the number of range-reader records in the leases hash."""
+        if self.cancelled:
+            return
+        keys, r = self.client.keys(self.job), self.client.redis
+        records = sum(1 for f, _ in r.hscan_iter(keys.leases, match="r:*"))
+        assert self._meta("rangers") == records
 
 
 SplitMachine.TestCase.settings = EngineMachine.TestCase.settings

@@ -202,7 +202,7 @@ def test_a_waiter_comes_back_when_the_straggler_passes_the_bar(client, job_name)
     keys = client.keys(job_name)
     client.redis.hset(keys.meta, "backup_k", 20)  # bar: 20 x the median
     median = 100
-    reply = client.scripts.call(
+    reply = client.connection.scripts.call(
         "lease",
         keys.script,
         [

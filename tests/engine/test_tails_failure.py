@@ -94,7 +94,7 @@ def test_the_failed_worker_waits_no_longer_than_the_backoff(client, job_name):
     broken.fail(task)
     client.advance_clock(job_name, 400)
     keys = client.keys(job_name)
-    reply = client.scripts.call(
+    reply = client.connection.scripts.call(
         "lease",
         keys.script,
         [

@@ -545,7 +545,7 @@ def test_a_sharded_job_is_exported_as_one_with_a_shard_label(
     name = job_name[:40]
     client.create_job(name, [{"i": i} for i in range(9)], shards=3, passes=2)
     client.create_job(name + "-plain", [{"i": 1}])
-    sset = shardset.require(client, name)
+    sset = shardset.require(client.connection, name)
     with _trainer(client, sset.shards[1], "w1") as tr:
         for task in tr.lease_many(3, timeout=0):
             tr.ack(task)

@@ -266,7 +266,7 @@ def _sleepy_reader(pause_s: float, chunks: list[dict[str, Any]], start: int) -> 
     """A task's samples, ``pause_s`` of (simulated) reading each."""
     for k in range(start, sum(int(c["n"]) for c in chunks)):
         if pause_s:
-            time.sleep(pause_s)
+            time.sleep(pause_s)  # the reading time being measured
         yield {"x": k}
 
 
@@ -280,7 +280,7 @@ def _training_loop(url: str, job: str, read_s: float, step_s: float, stop: Any) 
     with DataLoader(dataset, batch_size=4, num_workers=0) as loader:
         for _batch in loader:
             if step_s:
-                time.sleep(step_s)
+                time.sleep(step_s)  # the step time being measured
             if stop.is_set():
                 break
 

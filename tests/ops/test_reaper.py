@@ -401,19 +401,19 @@ def test_all_jobs_mode_skips_a_bad_name_in_the_index(client, job_name, caplog):
     trainer(client, job_name, "w").lease(timeout=0)
     client.advance_clock(job_name, 1001)
     bad = f"bad name {job_name}!"
-    client.redis.sadd(jobs_index(client.prefix), bad)
+    client.redis.sadd(jobs_index(client.connection.prefix), bad)
     try:
         with caplog.at_level(logging.INFO, logger="taskq.reaper"):
             result = Reaper(client).tick()
     finally:
-        client.redis.srem(jobs_index(client.prefix), bad)
+        client.redis.srem(jobs_index(client.connection.prefix), bad)
     assert result[job_name] == 1 and bad not in result
     assert any(bad in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
 
 def test_an_unreadable_job_index_is_logged_once_and_the_reaper_goes_on(url, job_name, caplog):
     own = taskq.connect(url, key_prefix=f"tq-{job_name}")  # an index of this test alone
-    index = jobs_index(own.prefix)
+    index = jobs_index(own.connection.prefix)
     own.redis.set(index, "not a set")
     reaper = Reaper(own)
     with caplog.at_level(logging.INFO, logger="taskq.reaper"):
@@ -439,9 +439,9 @@ for job in sys.argv[2:]:
         task = taskq.Trainer(job, url=url).lease(timeout=10)
         os.write(1, f"HELD {job} {os.getpid()} {task.id}\\n".encode())
         while os.getppid() == launcher:  # ends with the launcher
-            time.sleep(0.1)
+            time.sleep(0.1)  # until the launcher is gone
         os._exit(0)
-time.sleep(120)
+time.sleep(120)  # holds until SIGKILLed
 """
 
 
@@ -503,6 +503,7 @@ def test_sigkilled_trainers_task_goes_back_within_ttl_plus_slack(url, client, jo
 
         def unattended(i: int) -> None:
             observer = taskq.connect(url)
+            # kills spread over the heartbeat, as in the trials
             time.sleep(0.3 + 0.08 * (i - trials))
             killed = time.monotonic()
             os.kill(holder_pid[jobs[i]], signal.SIGKILL)

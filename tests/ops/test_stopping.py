@@ -33,7 +33,7 @@ else:
     guard.install()
 with stop._cond:
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(0.2)
+    time.sleep(0.2)  # the lock held while the handler runs
 assert stop.wait(10), "not stopped"
 print("stopped")
 """
@@ -106,7 +106,7 @@ def test_a_forked_child_dies_of_sigterm_as_if_no_handler_were_installed():
         if pid == 0:  # the child: wait to be signalled; exit 3 if the handler swallowed it
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
+                time.sleep(5)  # the signal kills it before this ends
             finally:
                 os._exit(3)
         _, status = os.waitpid(pid, 0)

@@ -290,6 +290,7 @@ def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
         assert wait_until(lambda: not client.redis.client_list(client_id=[stopped]), 7.5), (
             "Redis's timeout closes the stopped trainer's heartbeat connection"
         )
+        # stopped 8 s in all: past Redis's timeout 3, inside the 20 s ttl
         time.sleep(max(0.0, 8.0 - (time.monotonic() - t0)))
         proc.send_signal(signal.SIGCONT)
         assert wait_until(lambda: conn_id(client, job_name, "slow") not in ("", stopped), 5), (
@@ -324,7 +325,7 @@ def test_a_killed_heartbeat_connection_and_a_stall_are_not_declared_lost(
         inc = incarnation_of(client, job_name, "cut")
         proc.send_signal(signal.SIGSTOP)  # no heartbeat can slip in between
         assert client.redis.client_kill_filter(_id=killed) == 1
-        time.sleep(2.0)
+        time.sleep(2.0)  # the stall: 2 s stopped, inside the 5 s ttl
         proc.send_signal(signal.SIGCONT)
         assert wait_until(lambda: conn_id(client, job_name, "cut") not in ("", killed), 5), (
             "the next heartbeat records its new connection"

@@ -237,7 +237,10 @@ def test_trainer_of_a_cannot_ack_fail_or_release_b_even_with_its_token(jobs: Job
         "leave": [*who, lease_secret(holder)],
     }
     for verb, args in writes.items():
-        refused(lambda verb=verb, args=args: jobs.client_a.run(jobs.b, verb, args), jobs.user_a)
+        refused(
+            lambda verb=verb, args=args: jobs.client_a.connection.run(jobs.b, verb, args),
+            jobs.user_a,
+        )
     holder.ack(task)  # the real holder's ack counts: it was nobody's quiet repeat
     status = jobs.admin.status(jobs.b)
     assert (status.done, status.counters["acked"], status.counters["stale"]) == (1, 1, 0)
@@ -342,7 +345,7 @@ def test_within_a_a_read_token_cannot_end_another_workers_lease(jobs: Jobs) -> N
     lease = parse_lease(jobs.raw_a.hget(k.leases, str(task.id)))
     assert lease is not None and lease["token"] == task.token
     job_inc = jobs.raw_a.hget(k.meta, "inc")
-    reply = jobs.client_a.run(
+    reply = jobs.client_a.connection.run(
         jobs.a,
         "ack",
         [
@@ -556,7 +559,7 @@ def test_reaper_of_a_reaps_a_only_and_reaper_of_all_lists_jobs(
     assert Reaper(reaper_a, jobs=[jobs.a]).tick() == {jobs.a: 1}
     refused(lambda: reaper_a.reap(jobs.b), one.user)
     refused(lambda: reaper_a.cancel_job(jobs.a), one.user)
-    refused(lambda: reaper_a.run(jobs.a, "leave", ["", "w", "i"]), one.user)
+    refused(lambda: reaper_a.connection.run(jobs.a, "leave", ["", "w", "i"]), one.user)
     every = acl.reaper_rule(user=f"reaper-all-{jobs.a}", password=password(f"reaper-all-{jobs.a}"))
     reaper_all = taskq.connect(server.apply(every), retries=0)
     assert Reaper(reaper_all, jobs=None).tick()[jobs.b] == 1

@@ -512,6 +512,71 @@ def test_trim_keeps_what_a_kept_checkpoint_can_rewind_to(client, job_name):
     assert client.audit(job_name)["ok"]
 
 
+def _hgets(client: taskq.Client) -> int:
+    return int(client.redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_trim_step_reads_a_bounded_number_of_checkpoints_however_many_are_kept():
+    """1,001 checkpoints of a stream at keep 1,000 (the last seal drops the first): each
+    trim step reads at most SWEEP_STEP (25) checkpoint records, in the sweep that makes
+    the kept cuts' bound again (lib/cuts.lua), and a handful once it is made; the
+    watermark never passes the lowest kept cut meanwhile and reaches it once the sweep
+    ends. Counted in the server's commandstats (each record is one HGET), on a private
+    server: before the bound, every step read the 1,000 records."""
+    server = support.RedisServer()
+    try:
+        client = taskq.connect(server.url)
+        name = "ckpts"
+        client.create_job(name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+        job = client.job(name)
+        job.append([{"i": i} for i in range(1100)])
+        t = trainer(client, name, "w")
+        for k in range(1001):  # checkpoint k: its cut's lowest task not done is k
+            client.checkpoint(name, keep=1000, ckpt=f"c{k:04d}")
+            t.ack(t.lease(timeout=0))
+        reads, trimmed = [], []
+        while not trimmed or trimmed[-1] == 0:
+            before = _hgets(client)
+            trimmed.append(job.trim(steps=1))
+            reads.append(_hgets(client) - before)
+            assert len(reads) < 100, reads
+        assert max(reads) <= 25 + 10, reads
+        assert len(reads) >= 1000 // 25  # the sweep read every kept one, 25 a step
+        assert trimmed[-1] == 1  # up to the lowest kept cut's (c0001's) lowest task
+        before = _hgets(client)
+        assert job.trim(steps=1) == 0
+        assert _hgets(client) - before <= 10
+        assert client.rewind(name, "c0001")
+        assert sorted(drain(t)) == list(range(1, 1100))  # each with its descriptor
+        t.close()
+    finally:
+        server.cleanup()
+
+
+def test_a_stream_checkpointed_before_the_bound_is_trimmed_once_a_sweep_read_its_checkpoints(
+    client, job_name
+):
+    """A stream whose kept checkpoints have no bound (one made before it, modelled by
+    removing the field): the watermark waits while trim steps sweep them, then moves up
+    to their lowest cut, no further."""
+    client.create_job(job_name, chunks=[], stream=True, manual_clock=True, task_timeout=None)
+    job = client.job(job_name)
+    job.append([{"i": i} for i in range(100)])
+    t = trainer(client, job_name, "w")
+    for k in range(60):
+        client.checkpoint(job_name, keep=100, ckpt=f"c{k:02d}")
+        t.ack(t.lease(timeout=0))
+    t.ack([t.lease(timeout=0) for _ in range(20)])
+    client.redis.hdel(client.keys(job_name).ckpt, ":bound")
+    # 60 records: 3 steps of 25, then the bound holds at c00's cut (task 0 was not done)
+    assert [job.trim(steps=1) for _ in range(4)] == [0, 0, 0, 0]
+    client.checkpoint(job_name, keep=60, ckpt="last")  # c00 goes: the bound is swept again
+    while (step := job.trim(steps=1)) == 0:
+        pass
+    assert step == 1 and client.status(job_name).trimmed == 1  # c01's lowest task
+    t.close()
+
+
 def test_trim_leaves_plain_jobs_and_earlier_passes_alone_and_reset_is_refused_after(
     client, job_name
 ):
@@ -837,6 +902,48 @@ def _trainer(url: str, job: str, log: Path, wid: str) -> subprocess.Popen[str]:
     return proc
 
 
+class Producer:
+    """Appends chunks ``{"i": "c<k>"}`` (ids ``c<k>``) to a stream job, counting them."""
+
+    def __init__(self, client: taskq.Client, job: str) -> None:
+        self.client, self.name, self.job = client, job, client.job(job)
+        self.appended = 0
+
+    def append(self, k: int) -> None:
+        """Append ``k`` new chunks (waiting on max_backlog up to 60 s)."""
+        ids = [f"c{i}" for i in range(self.appended, self.appended + k)]
+        assert self.job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
+        self.appended += k
+
+    def retry_last(self, k: int) -> None:
+        """A producer's retry of the last ``k`` chunks: every one skipped."""
+        again = [f"c{i}" for i in range(self.appended - k, self.appended)]
+        assert self.job.append([{"i": i} for i in again], ids=again).skipped == k
+
+    def wait_done(self, n: int) -> None:
+        assert support.wait_until(lambda: self.client.status(self.name).done >= n, timeout=60)
+
+    def check_acked_once(self, log: Path) -> None:
+        """The sealed job completed with every chunk acked, once (the trainers' ack log)."""
+        st = self.client.status(self.name)
+        assert (st.state, st.tasks, st.counters["acked"]) == (
+            "completed",
+            self.appended,
+            self.appended,
+        )
+        logged = [line.split()[1] for line in log.read_text().splitlines()]
+        assert len(logged) == len(set(logged)), "a task acked twice"
+        assert self.client.audit(self.name)["ok"]
+
+
+def kill_left(procs: dict[str, subprocess.Popen[str]]) -> None:
+    """Kill and reap the processes of ``procs`` still running (a test's cleanup)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     url, client, job_name, tmp_path
 ):
@@ -845,48 +952,30 @@ def test_trainers_consume_a_stream_through_sigkill_sigterm_and_scaling(
     client.create_job(
         job_name, chunks=[], stream=True, worker_ttl=2.0, heartbeat_interval=0.2, max_backlog=40
     )
-    job = client.job(job_name)
+    producer = Producer(client, job_name)
     log = tmp_path / "acks.log"
     procs = {w: _trainer(url, job_name, log, w) for w in ("a", "b")}
-    appended = 0
-
-    def produce(k: int) -> None:
-        nonlocal appended
-        ids = [f"c{i}" for i in range(appended, appended + k)]
-        assert job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
-        appended += k
-
-    def done_at_least(n: int) -> None:
-        assert support.wait_until(lambda: client.status(job_name).done >= n, timeout=60)
-
     try:
-        produce(30)
-        done_at_least(10)
+        producer.append(30)
+        producer.wait_done(10)
         procs["a"].kill()  # SIGKILL mid-stream: what it held goes back after its ttl
         procs["c"] = _trainer(url, job_name, log, "c")  # a trainer added
-        produce(30)
-        done_at_least(40)
+        producer.append(30)
+        producer.wait_done(40)
         procs["b"].send_signal(signal.SIGTERM)  # a trainer removed: it gives back and leaves
         assert procs["b"].wait(timeout=20) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
-        produce(30)
-        again = [f"c{i}" for i in range(appended - 30, appended)]  # a producer's retry
-        assert job.append([{"i": i} for i in again], ids=again).skipped == 30
+        producer.append(30)
+        producer.retry_last(30)
         procs["d"] = _trainer(url, job_name, log, "d")
-        produce(30)  # (max_backlog 40: waits for the trainers' acks)
-        job.seal()
+        producer.append(30)  # (max_backlog 40: waits for the trainers' acks)
+        producer.job.seal()
         for w in ("c", "d"):
             assert procs[w].wait(timeout=60) == 0  # the loop ends with the job
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    st = client.status(job_name)
-    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", appended, appended)
-    assert st.summaries[-1]["acked"] == st.summaries[-1]["live"] == appended
-    logged = [line.split()[1] for line in log.read_text().splitlines()]
-    assert len(logged) == len(set(logged)), "a task acked twice"
-    assert client.audit(job_name)["ok"]
+        kill_left(procs)
+    producer.check_acked_once(log)
+    summary = client.status(job_name).summaries[-1]
+    assert summary["acked"] == summary["live"] == producer.appended
 
 
 # -- taskq.torch over a stream ------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import support
 from click.testing import CliRunner, Result
 from taskq.cli.main import cli
-from test_streams import read_a_stream_while_appending
+from test_streams import Producer, kill_left, read_a_stream_while_appending
 from torch_helpers import write_jsonl
 
 import taskq
@@ -158,44 +158,26 @@ def test_trainers_consume_a_sharded_stream_through_sigkill_and_sigterm(
 ):
     """Every appended chunk acked exactly once over 3 shards while trainers are killed,
     stopped and added, a producer's retry skipped; the sealed job completes."""
-    job = _create(cclient, job_name, max_backlog=45)
+    _create(cclient, job_name, max_backlog=45)
+    producer = Producer(cclient, job_name)
     log = tmp_path / "acks.log"
     procs = {w: _trainer(cluster.url, job_name, log) for w in ("a", "b")}
-    appended = 0
-
-    def produce(k: int) -> None:
-        nonlocal appended
-        ids = [f"c{i}" for i in range(appended, appended + k)]
-        assert job.append([{"i": i} for i in ids], ids=ids, timeout=60).tasks == k
-        appended += k
-
-    def done_at_least(n: int) -> None:
-        assert support.wait_until(lambda: cclient.status(job_name).done >= n, timeout=60)
-
     try:
-        produce(30)
-        done_at_least(10)
+        producer.append(30)
+        producer.wait_done(10)
         procs["a"].kill()  # what it held goes back after its ttl, on every shard
         procs["c"] = _trainer(cluster.url, job_name, log)
-        produce(30)
-        done_at_least(40)
+        producer.append(30)
+        producer.wait_done(40)
         procs["b"].send_signal(signal.SIGTERM)
         assert procs["b"].wait(timeout=20) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
-        again = [f"c{i}" for i in range(appended - 30, appended)]
-        assert job.append([{"i": i} for i in again], ids=again).skipped == 30
-        produce(30)  # max_backlog: waits for the acks
-        job.seal()
+        producer.retry_last(30)
+        producer.append(30)  # max_backlog: waits for the acks
+        producer.job.seal()
         assert procs["c"].wait(timeout=60) == 0  # the loop ends with the job
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    st = cclient.status(job_name)
-    assert (st.state, st.tasks, st.counters["acked"]) == ("completed", appended, appended)
-    logged = [int(line.split()[1]) for line in log.read_text().splitlines()]
-    assert len(logged) == len(set(logged)), "a task acked twice"
-    assert cclient.audit(job_name)["ok"]
+        kill_left(procs)
+    producer.check_acked_once(log)
 
 
 def test_torch_reads_a_sharded_stream_until_sealed_and_drained(

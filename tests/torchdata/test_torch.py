@@ -194,8 +194,8 @@ def test_sigkilled_worker_is_replaced_and_the_loop_ends_normally(
             rows = rows_of(batch)
             taken += rows
             if n == 3:
-                assert wait_until(lambda: it.feeder.ledger.count() >= 2, 5.0)
-                os.kill(it.torch_iter._workers[0].pid, signal.SIGKILL)
+                assert wait_until(lambda: it.feeder.held.count() >= 2, 5.0)
+                os.kill(it.worker_pids[0], signal.SIGKILL)
                 step_batch = rows
                 time.sleep(0.5)  # its batches stay buffered, unread by the loop
             time.sleep(0.01)
@@ -386,7 +386,7 @@ def test_after_pause_and_resume_the_loader_reads_ahead_again(
                 client.pause_job(job_name)
                 timer.start()
             if resumed.is_set():
-                held_after.append(it.feeder.ledger.count())
+                held_after.append(it.feeder.held.count())
                 assert it.feeder.phase == "feed" or client.status(job_name).todo == 0
             time.sleep(0.02)
         assert loader.state == "completed"
@@ -479,22 +479,22 @@ def test_state_dict_counts_the_last_batch_even_when_the_feeder_collected_just_be
     the checkpoint. The checkpoint still counts the batch (its call takes what was asked
     first): restarted from it, no row taken before comes again and every other row does.
     The feeder is held in that moment here, to make the interleaving certain."""
-    from taskq.torchdata.ledger import Ledger
+    from taskq.torchdata.held import HeldTasks
 
     chunks = write_jsonl(tmp_path, 4, 6)
     make_job(client, job_name, chunks)
     armed = threading.Event()
-    real_collect = Ledger.collect
+    real_collect = HeldTasks.collect
 
-    def collect(ledger: Ledger) -> list[Any]:
-        got = real_collect(ledger)
+    def collect(held: HeldTasks) -> list[Any]:
+        got = real_collect(held)
         if armed.is_set():
             armed.clear()  # the main thread settles and asks now: wait for its call
             cur = loader.current
-            assert cur is not None and wait_until(lambda: bool(cur.feeder._calls), 10.0)
+            assert cur is not None and wait_until(lambda: cur.feeder.calls_waiting > 0, 10.0)
         return got
 
-    monkeypatch.setattr(Ledger, "collect", collect)
+    monkeypatch.setattr(HeldTasks, "collect", collect)
     with _loader(url, job_name, 0, shuffle=False, interleave=1) as loader:
         it = iter(loader)
         before = rows_of(next(it)) + rows_of(next(it)) + rows_of(next(it))

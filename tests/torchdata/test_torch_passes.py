@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,33 @@ def test_progress_counts_the_passs_samples_when_the_chunks_say_their_sizes(
     done = [p.samples_done for p in figures]
     assert done == sorted(done) and all(24 <= n <= 60 for n in done if n is not None), done
     assert (end.samples_done, end.samples_total, end.done, end.total) == (60, 60, 6, 6)
+
+
+def test_the_pass_end_comes_from_the_lease_replies_not_status_reads(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow loop at its pass's tail (everything leased, its own tasks still read): the
+    feeder polls with a lease every 0.5 s and learns the pass end from the replies. The
+    job's status is read once at the iteration's start and once where the readers stop
+    (the tail: is anything left in the queue?), however long the tail lasts."""
+    from taskq.admin.jobs import Job
+
+    chunks = write_jsonl(tmp_path, 4, 8)
+    make_job(client, job_name, chunks, passes=1)
+    reads: list[str] = []
+    real_status = Job.status
+
+    def status(job: Job, *args: object, **kw: object) -> object:
+        reads.append(job.name)
+        return real_status(job, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Job, "status", status)
+    ds = taskq.torch.TaskDataset(job_name, url=url, reader=jsonl_reader, interleave=1)
+    with taskq.torch.DataLoader(ds, batch_size=2) as loader:
+        rows = []
+        for batch in loader:
+            rows += rows_of(batch)
+            time.sleep(0.15)  # 16 batches: a tail of ~2 s, 4 polls of the pass or more
+        assert loader.state == "completed"
+    assert sorted(rows) == [(f, i) for f in range(4) for i in range(8)]
+    assert reads.count(job_name) <= 2, reads

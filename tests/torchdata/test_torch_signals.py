@@ -4,11 +4,13 @@ loop's progress sent first."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import wait_until
@@ -84,3 +86,54 @@ def test_leave_on_sigterm_replaces_a_frameworks_handler_and_needs_the_main_threa
         assert [str(e) for e in errs] == ["leave_on_sigterm() must be called on the main thread"]
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.xfail(
+    reason="known, open: in 2 of 4 CI runs (2 xdist workers) the leases were still held "
+    "7.5 s after the SIGTERM with the DataLoader workers SIGSTOPped; passes alone (the "
+    "release order in iteration.py _end holds when the loop is not inside a fetch from "
+    "the stopped workers: not yet shown for every place the signal can land)",
+    strict=False,
+)
+def test_sigterm_releases_before_it_waits_for_workers_that_do_not_stop(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+) -> None:
+    """The loop's SIGTERM in a ``with loader:`` block while its DataLoader workers do not
+    stop at once (SIGSTOPped here; slow on a loaded machine): the leases go back before
+    torch's shutdown of the workers gives up on them (it waits
+    ``MP_STATUS_CHECK_INTERVAL``, 5 s, a worker, one after the other); the release came
+    after those waits before (10 s after the signal)."""
+    psutil = pytest.importorskip("psutil")
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+
+    make_job(client, job_name, write_jsonl(tmp_path / "data", 8, 40), worker_ttl=30.0)
+    proc = subprocess.Popen(
+        [sys.executable, PROC, url, job_name, "2"], stdout=subprocess.PIPE, text=True
+    )
+    workers: list[Any] = []
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["STEPS", "10"]
+        assert client.status(job_name).leased > 0
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2, workers
+        for w in workers:
+            w.suspend()
+        proc.send_signal(signal.SIGTERM)
+        # torch gives each stopped worker MP_STATUS_CHECK_INTERVAL before it terminates it,
+        # one after the other: a release after the shutdown comes 2 intervals (10 s) after
+        # the signal; before it, at once (a loaded machine's delay stays well below 1.5)
+        assert wait_until(
+            lambda: client.status(job_name).leased == 0, 1.5 * MP_STATUS_CHECK_INTERVAL
+        )
+        for w in workers:
+            w.resume()
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        for w in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                w.resume()
+        proc.kill()
+        proc.wait()
+    st = client.status(job_name)
+    assert st.counters["released"] > 0 and st.counters.get("expired_worker_lost", 0) == 0

@@ -382,3 +382,86 @@ def test_a_task_an_in_process_reader_has_not_opened_is_split_at_once(
     audit = client.audit(job_name)
     assert audit["ok"], audit["checks"]
     assert audit["passes"][-1]["reread_samples"] == 0
+
+
+def test_an_in_process_reader_split_below_its_look_ahead_delivers_no_lone_sample(
+    client, url, job_name, tmp_path
+):
+    """A loader without worker processes reads a task of 40 in batches of 4; the loop
+    takes 9 (36 samples: its reader looked sample 36 ahead, to know the last) and holds
+    still. An idle plain Trainer splits the task halfway from the progress reported (at
+    most 32: the point at most 36). The reader is ended at its looked-ahead sample, which
+    it does not deliver: the tail starts at 36 and the loop gets no batch more. Before,
+    it honoured the position after it (37): a batch of the lone sample 36, a whole step
+    of the loop (of a straggler's, at a pass's tail) for one sample. Then every sample
+    once, the pieces meeting."""
+    n = 40
+    make_job(client, job_name, jsonl_task(tmp_path / "a.jsonl", n))
+    idle = IdleTrainer(url, job_name)
+    ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+    batches: list[list[int]] = []
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=0, collate_fn=as_list) as loader:
+        it = iter(loader)
+        for _ in range(9):
+            batches.append([s["i"] for s in next(it)])
+        idle.start()
+        idle.go.set()
+        # the step: no batch fetched until the idle trainer holds its piece
+        confirmed = wait_until(lambda: bool(idle.pieces) or idle.error is not None, 15)
+        assert idle.error is None, idle.error
+        assert confirmed, "the split was not confirmed while the loop held still"
+        assert idle.pieces[0] == (36, n)
+        for batch in it:
+            batches.append([s["i"] for s in batch])
+        state = loader.state
+    idle.join(30)
+    assert not idle.is_alive()
+    assert idle.error is None, idle.error
+    assert state in ("pass_complete", "completed")
+    assert [len(b) for b in batches] == [4] * 9, "a batch more for the looked-ahead sample"
+    assert [i for b in batches for i in b] + idle.ids == list(range(n))
+    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 0
+
+
+def test_a_loader_at_the_tail_takes_no_more_while_its_task_is_unread(
+    client, url, job_name, tmp_path
+):
+    """Three tasks of 40: a plain Trainer reserves two, a loader without worker processes
+    leases the third (nothing left to lease: it is at the pass's tail) and its loop holds
+    still in a step after two batches. While its task is unread it takes nothing more: the
+    other trainer's reserve stays stealable by whoever is idle first. Before, the loader
+    looked for work every half second at the tail and stole a reserved task as a started
+    lease, which then waited behind its own, out of any idle trainer's reach. Once its
+    task is read it takes the reserve; every sample once."""
+    chunks = []
+    for k in range(3):
+        path = tmp_path / f"{k}.jsonl"
+        path.write_text("".join(json.dumps({"i": 100 * k + j}) + "\n" for j in range(40)))
+        chunks += build_chunks(str(path))
+    make_job(client, job_name, chunks)
+    other = taskq.Trainer(job_name, url=url, handle_signals=False, ranges=True)
+    try:
+        reserved = other.lease_many(2, timeout=0, reserve=True)
+        assert len(reserved) == 2
+        ds = taskq.torch.TaskDataset(job_name, url=url, shuffle=False)
+        got: list[int] = []
+        with taskq.torch.DataLoader(ds, batch_size=4, num_workers=0, collate_fn=as_list) as loader:
+            it = iter(loader)
+            for _ in range(2):
+                got += [s["i"] for s in next(it)]
+            time.sleep(1.5)  # the step: three of the tail's looks for work before
+            stolen = [f for _, f in client.events(job_name, count=1000) if f["type"] == "stolen"]
+            assert stolen == [], "a reserved task taken while the loader's task was unread"
+            for batch in it:
+                got += [s["i"] for s in batch]
+            state = loader.state
+        assert state in ("pass_complete", "completed")
+        assert sorted(got) == [100 * k + j for k in range(3) for j in range(40)]
+        stolen = [f for _, f in client.events(job_name, count=1000) if f["type"] == "stolen"]
+        assert sorted(f["task"] for f in stolen) == sorted(str(t.id) for t in reserved)
+    finally:
+        other.close()
+    assert client.status(job_name, summaries=0).state == "completed"

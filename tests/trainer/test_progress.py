@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from data_files import write_parquet
-from support import RedisServer, stop_process, wait_until
+from support import RedisServer, manual_job, quiet_trainer, stop_process, wait_until
 
 import taskq
 from taskq.data import build_chunks, read_task
@@ -27,14 +27,16 @@ from taskq.testing import trainer_worker
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_job(client: taskq.Client, name: str, n: int = 4, **kw: object) -> None:
-    kw.setdefault("manual_clock", True)
-    kw.setdefault("task_timeout", None)
-    client.create_job(name, chunks=[{"i": i} for i in range(n)], **kw)  # type: ignore[arg-type]
+make_job, trainer = manual_job, quiet_trainer
 
 
-def trainer(client: taskq.Client, job: str, wid: str) -> taskq.Trainer:
-    return taskq.Trainer(job, client=client, worker_id=wid, heartbeat=False)
+def holding(client: taskq.Client, job: str, n: int = 1) -> tuple[taskq.Trainer, taskq.Task]:
+    """A job of ``n`` tasks and trainer ``a`` holding the first."""
+    make_job(client, job, n=n)
+    a = trainer(client, job, "a")
+    task = a.lease(timeout=0)
+    assert task is not None
+    return a, task
 
 
 def progress_of(client: taskq.Client, job: str) -> dict[str, str]:
@@ -49,10 +51,8 @@ def lose(client: taskq.Client, job: str) -> None:
 
 # -- recording and handing over ----------------------------------------------------
 def test_progress_is_buffered_until_the_heartbeat_then_recorded(client, job_name):
-    make_job(client, job_name)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
-    assert task is not None and task.start == 0
+    a, task = holding(client, job_name, n=4)
+    assert task.start == 0
     for n in range(1, 8):
         a.progress(task, n)
     assert progress_of(client, job_name) == {}  # nothing sent per sample
@@ -65,10 +65,7 @@ def test_a_flush_waits_for_the_heartbeat_send_in_flight(client, job_name):
     recorded so far is on the server, even when the heartbeat thread took it from the
     buffer a moment before and its send is still on the way: else the checkpoint that
     follows records less than the loop took, and a rewind reads those samples again."""
-    make_job(client, job_name)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
-    assert task is not None
+    a, task = holding(client, job_name, n=4)
     a.progress(task, 5)
     client.redis.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
     # the heartbeat thread's send (the flush a heartbeat ends with), held up
@@ -85,9 +82,7 @@ def test_a_flush_waits_for_the_heartbeat_send_in_flight(client, job_name):
 
 
 def test_next_holder_starts_where_the_lost_one_recorded(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     a.progress(task, 7)
     a.heartbeat()
     lose(client, job_name)
@@ -101,9 +96,7 @@ def test_next_holder_starts_where_the_lost_one_recorded(client, job_name):
 
 
 def test_stale_holder_cannot_move_progress_and_its_claim_is_counted_reread(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     a.progress(task, 5)
     a.heartbeat()
     lose(client, job_name)  # a's lease expired; a does not know yet
@@ -153,30 +146,20 @@ def test_a_backup_holder_records_progress_fenced_by_its_own_token(client, job_na
     assert again.id == backup.id and again.start == 7
 
 
-def test_release_sends_progress_first(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+@pytest.mark.parametrize("end", ["release", "close"])
+def test_release_and_close_send_progress_first(client, job_name, end):
+    a, task = holding(client, job_name)
     a.progress(task, 3)
-    a.release(task)  # no heartbeat in between
+    if end == "release":  # no heartbeat in between
+        a.release(task)
+    else:
+        a.close()
     b = trainer(client, job_name, "b")
     assert b.lease(timeout=0).start == 3
 
 
-def test_close_sends_progress_first(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
-    a.progress(task, 4)
-    a.close()
-    b = trainer(client, job_name, "b")
-    assert b.lease(timeout=0).start == 4
-
-
 def test_progress_only_moves_forward(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     a.progress(task, 6)
     a.heartbeat()
     a.progress(task, 2)  # a late, smaller report changes nothing
@@ -198,17 +181,13 @@ def test_progress_is_per_pass_attempt(client, job_name):
 
 @pytest.mark.parametrize("n", [-1, 1.5, "3", True])
 def test_bad_progress_is_refused_before_anything_is_sent(client, job_name, n):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     with pytest.raises(taskq.InvalidInput):
         a.progress(task, n)
 
 
 def test_progress_script_checks_its_arguments_before_writing(client, job_name):
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     base = [a.job_incarnation, "a", a.incarnation]
     for bad in (
         [1, task.id, task.token],
@@ -217,16 +196,14 @@ def test_progress_script_checks_its_arguments_before_writing(client, job_name):
         [1, "x", task.token, 3],
     ):
         with pytest.raises(taskq.InvalidInput):
-            client.run(job_name, "progress", base + bad)
+            client.connection.run(job_name, "progress", base + bad)
     assert progress_of(client, job_name) == {}
 
 
 # -- durability ---------------------------------------------------------------------
 def test_progress_survives_a_redis_restart(own_redis: RedisServer, job_name):
     client = taskq.connect(own_redis.url)
-    make_job(client, job_name, n=1)
-    a = trainer(client, job_name, "a")
-    task = a.lease(timeout=0)
+    a, task = holding(client, job_name)
     a.progress(task, 11)
     a.heartbeat()
     # a restart: what the AOF holds comes back (a SIGKILL may lose the last second of any

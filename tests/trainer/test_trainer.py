@@ -23,8 +23,8 @@ from support import RedisServer, wait_until
 
 import taskq
 from taskq.engine.contract import Code
-from taskq.testing import lease_secret, trainer_worker
-from taskq.trainer.protocol import HeartbeatReply, JobInfo, heartbeat_args
+from taskq.testing import ManualClock, lease_secret, trainer_worker
+from taskq.trainer.protocol import HeartbeatReply, JobInfo, call_heartbeat, heartbeat_args
 
 HERE = Path(__file__).resolve().parents[1]
 ROOT = HERE.parent
@@ -134,6 +134,28 @@ def test_batches(client: taskq.Client, url: str, job_name: str) -> None:
     assert sizes == [4, 4, 2]
     st = client.status(job_name)
     assert st.state == "completed" and st.counters["acked"] == 10
+
+
+@pytest.mark.parametrize("call", ["batches", "lease_many"])
+def test_more_tasks_than_one_call_leases_is_one_clear_line_before_any_lease(
+    client: taskq.Client, url: str, job_name: str, call: str
+) -> None:
+    """``batches(k)`` and ``lease_many(n)`` above ``MAX_BATCH`` (32) raise InvalidInput
+    naming the bound at the call, before any lease; 32 is served."""
+    make_job(client, job_name, 40)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+        with pytest.raises(taskq.InvalidInput) as refused:
+            if call == "batches":
+                trainer.batches(33)
+            else:
+                trainer.lease_many(33)
+        k = "k" if call == "batches" else "n"
+        assert str(refused.value).startswith(f"{call}({k}): {k} must be 1 to 32 ")
+        assert str(refused.value).endswith("got 33") and "\n" not in str(refused.value)
+        assert client.status(job_name).leased == 0
+        got = next(trainer.batches(32)) if call == "batches" else trainer.lease_many(32)
+        assert len(got) == 32
+        trainer.ack(got)
 
 
 def test_body_error_fails_current_and_releases_reserved(
@@ -272,7 +294,7 @@ def test_lost_lease_reply_healed_by_heartbeat(
         lost_call = trainer_worker(trainer).leases.call_no + 1
         trainer_worker(trainer).leases.call_no = lost_call
         keys = client.keys(job_name).script
-        reply = client.scripts.call(
+        reply = client.connection.scripts.call(
             "lease",
             keys,
             [
@@ -306,7 +328,7 @@ def test_heartbeat_leaves_in_flight_grants_alone(
     make_job(client, job_name, 2)
     with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
         call = trainer_worker(trainer).leases.call_no + 5  # a reply that may still be on the wire
-        client.scripts.call(
+        client.connection.scripts.call(
             "lease",
             client.keys(job_name).script,
             [
@@ -333,11 +355,15 @@ def test_prefetch_stealing_with_skewed_speeds(
     logs = [tmp_path / f"t{i}.log" for i in range(3)]
     speeds = ["0.6", "0.02", "0.02"]
     t0 = time.monotonic()
-    procs = [
-        spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
-        for s, lg in zip(speeds, logs, strict=True)
-    ]
+    # the slow trainer first, holding its prefetch when the fast ones start (started
+    # together, the fast ones could end a pass before a loaded machine's slow one leased)
+    procs = [spawn(url, job_name, "--sleep", speeds[0], "--prefetch", "3", "--log", str(logs[0]))]
     try:
+        assert wait_until(lambda: client.status(job_name).leased >= 3, 60)
+        procs += [
+            spawn(url, job_name, "--sleep", s, "--prefetch", "3", "--log", str(lg))
+            for s, lg in zip(speeds[1:], logs[1:], strict=True)
+        ]
         for p in procs:
             assert p.wait(60) == 0
     finally:
@@ -549,6 +575,54 @@ def test_heartbeat_answers_do_not_misdirect_the_wait(
         trainer.apply_heartbeat(HeartbeatReply(Code.OK, [], old), beat_args(trainer))
         assert (trainer.pass_no, trainer_worker(trainer).view.gen, trainer.state) == now
         trainer.ack(task)
+
+
+def test_a_beat_made_while_the_rejoin_registers_does_not_declare_it_lost_again(
+    client: taskq.Client, url: str, job_name: str
+) -> None:
+    """A trainer declared lost rejoins. A heartbeat its thread builds while the register
+    is on the wire, answered by the server before it, names the old incarnation: the
+    REREGISTER it gets is that rejoin's, and applying it later (the thread waited on the
+    rejoin) neither registers again nor drops what was leased under the new incarnation
+    (the chaos scenario of a SIGSTOPped trainer: its first task after SIGCONT came back
+    stale)."""
+    make_job(client, job_name, 2, manual_clock=True)
+    job = client.job(job_name)
+    with taskq.Trainer(job_name, url=url, heartbeat=False) as trainer:
+        first = trainer.incarnation
+        ManualClock(job).advance(5)  # past the 2 s ttl
+        job.reap()
+        assert not client.workers(job_name)  # declared lost
+        worker = trainer_worker(trainer)
+        real_run = worker.session.run
+        early: list[tuple[list[Any], list[Any]]] = []
+
+        def run(verb: str, args: list[Any]) -> Any:
+            if verb == "register" and not early:  # the thread's beat, served first
+                beat = worker.heartbeat.args()
+                early.append(
+                    (
+                        beat,
+                        call_heartbeat(
+                            client.connection.scripts, url, worker.session.keys.script, beat
+                        ),
+                    )
+                )
+            return real_run(verb, args)
+
+        worker.session.run = run  # type: ignore[method-assign]
+        trainer.heartbeat()  # REREGISTER: the rejoin
+        second = trainer.incarnation
+        assert second != first and len(early) == 1
+        task = trainer.lease(timeout=0)
+        assert task is not None
+        beat, raw = early[0]
+        trainer.apply_heartbeat(HeartbeatReply.decode(raw), beat)  # its answer lands now
+        assert trainer.incarnation == second
+        assert not task.revoked.is_set()
+        trainer.ack(task)  # not stale: the lease is the new incarnation's
+    st = client.status(job_name)
+    assert st.counters["stale"] == 0 and st.counters["acked"] == 1
 
 
 # -- leaks -------------------------------------------------------------------------------

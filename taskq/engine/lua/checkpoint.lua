@@ -33,7 +33,8 @@ local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
 local dead_empty = lib.leases.dead_empty
 local cut_splits = lib.pieces.cut_splits
-local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
+local arg_ckpt, ck_drop, ck_record, ck_bound_add =
+  lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record, lib.cuts.ck_bound_add
 arg_id(ARGV[1], 'job_inc', true)
 local id = arg_ckpt(ARGV[2], 'checkpoint')
 local step = arg_enum(ARGV[3], 'step', 'begin prog seal')
@@ -140,7 +141,9 @@ if not rec.todo_done then return done({C.INVALID}) end
 local seq = mincr(F.CK_SEQ)
 rec.state, rec.seq, rec.sealed_ms = 'sealed', seq, CALL.NOW
 rcall('HSET', K_CKPT, id, cjson.encode(rec))
+local first = rcall('ZCARD', K_CKPTS) == 0
 rcall('ZADD', K_CKPTS, seq, id)
+if (mget(F.STREAM) or '') ~= '' then ck_bound_add(rec, first) end  -- what trim.lua reads
 mset(F.CK_OPEN, '')
 rcall('UNLINK', K_CKPROG)
 -- the oldest beyond `keep` go, a few per call (each is a handful of fields)

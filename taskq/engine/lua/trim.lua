@@ -13,8 +13,9 @@
 -- the dead set (listed, retried, counted by the audit), and its records go once it is
 -- done. It never passes a task leased or todo, nor the lowest task neither done nor dead
 -- at a kept or open checkpoint's cut (a rewind there makes it todo again: it needs its
--- descriptor); a task dead at such a cut keeps its records while the checkpoint is kept
--- (the rewind makes it dead again, and a retry leases it). It does not move while a
+-- descriptor; the kept ones are read as one bound, lib/cuts.lua, and a step of its sweep
+-- after a drop); a task dead at such a cut keeps its records while the checkpoint is
+-- kept (the rewind makes it dead again, and a retry leases it). It does not move while a
 -- rewind runs. A reset of the pass is refused once the stream is trimmed (reset.lua); the
 -- bits of the done set stay (one bit a task: 125 kB per million appended).
 local rcall, mmin, mmax, mfloor, lipairs, unpk, cdecode, tonum =
@@ -24,7 +25,8 @@ local tasks_n = lib.meta.tasks_n
 local arg_id, arg_int, arg_len, args_bad =
   lib.args.arg_id, lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
 local done, open_job = lib.call.done, lib.call.open_job
-local ck_record = lib.cuts.ck_record
+local ck_record, ck_bound, ck_sweep_step =
+  lib.cuts.ck_record, lib.cuts.ck_bound, lib.cuts.ck_sweep_step
 local ASIDE_STEP = 100  -- tasks set aside one call looks at (in turn) to drop the done ones'
 arg_id(ARGV[1], 'job_inc', true)
 local max = arg_int(ARGV[2], 'max', 1, TRIM_MAX)
@@ -41,21 +43,29 @@ if (mget(F.STREAM) or '') == '' or CALL.STATE == 'cancelled' or passes < 0
 end
 -- at most about TRIM_MAX chunk ids a call too: fewer tasks when each holds many chunks
 local hi = mmin(n, w + mmax(1, mmin(max, mfloor(TRIM_MAX / mmax(1, mnum(F.CPT))))))
--- what the kept and open checkpoints' cuts need
+-- what the kept checkpoints' cuts need (their bound, lib/cuts.lua: one field, not every
+-- record; while a sweep makes the first one, the watermark waits) and the open one's
 local needed, blocked = {}, false
-local cuts = rcall('ZRANGE', K_CKPTS, 0, -1)
-cuts[#cuts + 1] = mget(F.CK_OPEN)
-for _, id in lipairs(cuts) do
-  local rec = id ~= '' and ck_record(id)
-  if rec then
-    -- a cut of another pass, or one that did not record its lowest task not done
-    if rec.pass ~= mnum(F.PASS) or not rec.low then
-      hi, blocked = w, true
-    else
-      hi = mmin(hi, rec.low_live or rec.low)
-      for _, t in lipairs(rec.dead_below or {}) do needed[t] = true end
-    end
+local function held_by(p0, p1, lo, dead)
+  -- a cut of another pass, or one that did not record its lowest task not done
+  if p0 ~= mnum(F.PASS) or p1 ~= mnum(F.PASS) or not lo then
+    hi, blocked = w, true
+  else
+    hi = mmin(hi, lo)
+    for _, t in lipairs(dead) do needed[t] = true end
   end
+end
+local sweeping = ck_sweep_step()
+local bound = ck_bound()
+if bound and bound.p0 then
+  held_by(bound.p0, bound.p1, not bound.old and bound.lo, bound.dead or {})
+elseif not bound and sweeping then
+  hi, blocked = w, true
+end
+local open = mget(F.CK_OPEN) or ''
+local rec = open ~= '' and ck_record(open)
+if rec then
+  held_by(rec.pass, rec.pass, rec.low and (rec.low_live or rec.low), rec.dead_below or {})
 end
 -- every per-task record of `tasks` (ids as strings) goes
 local function drop_records(tasks)

@@ -16,7 +16,8 @@ local counts_empty, dead_empty, end_lease, lease_is_current, lw_flush, lw_new, m
   lib.leases.parse_lease, lib.leases.read_empties, lib.leases.start_due, lib.leases.task_tt
 local lease_head, lease_mid, lease_rec =
   lib.leases.lease_head, lib.leases.lease_mid, lib.leases.lease_rec
-local split_rec, take_split, whole_ok = lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok
+local split_rec, take_split, whole_ok, whole_anyway =
+  lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
 local mix_flush = lib.mix.mix_flush
@@ -119,14 +120,15 @@ local function avoided(task, worker)
 end
 
 -- Whether the caller may lease `task` (from the front or by a steal): a head piece of a
--- split task only if its loop honours ranges, else only whole (split.lua whole_ok, which
--- may undo the split). One HGET when a split was made in this pass attempt, else none.
+-- split task only if its loop honours ranges, else only whole (pieces.lua whole_ok, which
+-- may undo the split; whole_anyway when no range reader is left). One HGET when a split
+-- was made in this pass attempt, else none.
 local READS = nil  -- per call: the caller's reads_of
 local PIECE_LEFT = false  -- per call: a head piece was left for a range reader
 local function piece_ok(task, worker, winc)
   if mnum(F.P_BACKUPS) == 0 or not split_rec(task) then return true end
   if READS == nil then READS = reads_of(worker, winc) end
-  if READS ~= 'w' or whole_ok(task) then return true end
+  if READS ~= 'w' or whole_ok(task) or whole_anyway(task) then return true end
   PIECE_LEFT = true
   return false
 end

@@ -2,7 +2,7 @@
 -- front or dead (requeue, charged by charge_task), carried on by its other lease
 -- (survives), and the ends end_held applies (acked_one, failed_one, released_one).
 -- Backup leases: leases.lua's header.
-local rcall, sbyte, mfloor, unpk = redis.call, string.byte, math.floor, unpack
+local rcall, tonum, sbyte, mfloor, unpk = redis.call, tonumber, string.byte, math.floor, unpack
 local fmt, mincr, mnum, mput, mset, mset_s =
   lib.meta.fmt, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset, lib.meta.mset_s
 local event, event_task, event_tasks, observe, wake_one =
@@ -15,8 +15,9 @@ local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_
   lib.leases.counts_empty, lib.leases.end_lease, lib.leases.holds_secret, lib.leases.lease_for,
   lib.leases.lw_flush, lib.leases.lw_new, lib.leases.other_lease, lib.leases.parse_lease,
   lib.leases.progress_empty, lib.leases.recompute_auto_timeout, lib.leases.start_due
-local split_dead, split_ended, split_rec, tail_stands =
-  lib.pieces.split_dead, lib.split.split_ended, lib.pieces.split_rec, lib.pieces.tail_stands
+local split_dead, split_ended, split_rec, tail_stands, offered =
+  lib.pieces.split_dead, lib.split.split_ended, lib.pieces.split_rec, lib.pieces.tail_stands,
+  lib.pieces.offered
 
 local function to_front(task)
   CALL.FRONT_EMPTY = false
@@ -65,60 +66,6 @@ local function requeue(task, charge)
   else
     to_front(task)
   end
-end
-
--- After `l` ended without an ack: true when the task's other lease is current and carries
--- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
--- whoever runs it must not kill twice as many trainers): at a cap the other lease is
--- revoked and the task is dead. A surviving backup takes the task's record (the two
--- records swap, so a repeat of the ending is still recognised) and its indexes, with a
--- task timeout from now.
--- A piece of a split task does not carry the other on: it goes back (split_ended).
-local function survives(task, l, charge)
-  local o = other_lease(task, l)
-  local s = split_rec(task)
-  if not o and not s then return false end
-  if s and l.backup and not s.cf then charge = 'none' end  -- a pending piece read nothing
-  local dead_reason = charge_task(task, charge or 'none')
-  if dead_reason then
-    if o then
-      end_lease(task, o, 'V')
-      mincr(F.C_REVOKED)
-      event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
-    end
-    if s and s.hd and l.backup then tail_stands(task, nil) end  -- it stood for its task
-    make_dead(task, dead_reason)
-    return true
-  end
-  if s then return split_ended(task, l, false) end
-  if o.backup then
-    local ended = rcall('HGET', K_LEASES, task)
-    rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
-    rcall('HSET', K_LEASES, 'b:' .. task, ended)
-    rcall('ZADD', K_STARTED, jnow_s(), task)
-    start_due()
-    mincr(F.NLEASED)
-  end
-  event('carries_on', 'task', task, 'worker', o.worker)
-  return true
-end
-
--- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
-local function expire(task, l, reason, deadline)
-  local late = CALL.JNOW - deadline
-  if late < 0 then late = 0 end
-  observe('late', late)
-  if late > mnum(F.P_MAXLATE) then mset(F.P_MAXLATE, fmt(late)) end
-  end_lease(task, l, 'X')
-  if reason == 'worker_lost' then mincr(F.C_EXP_WL) else mincr(F.C_EXP_TT) end
-  mincr(F.P_EXPIRED)
-  event('expired', 'task', task, 'reason', reason, 'worker', l.worker, 'lateness_ms', fmt(late))
-  local charge = 'attempt'
-  if reason == 'task_timeout' then charge = 'failure' end
-  if l.st == 'R' then charge = 'none' end
-  if survives(task, l, charge) then return end
-  if charge == 'failure' then note_failer(task, l.worker) end
-  requeue(task, charge)
 end
 
 -- The ends end_held applies (ack, fail, release), with its arguments.
@@ -189,6 +136,74 @@ local function acked_one(task, l, tok, worker, _, _, buf)
     mincr(F.C_REVOKED)
     event('revoked', 'task', task, 'worker', o.worker, 'reason', 'acked_elsewhere')
   end
+end
+
+-- After `l` ended without an ack: true when the task's other lease is current and carries
+-- on as the task's lease (not requeued). The ending is charged as ever (a task that kills
+-- whoever runs it must not kill twice as many trainers): at a cap the other lease is
+-- revoked and the task is dead. A surviving backup takes the task's record (the two
+-- records swap, so a repeat of the ending is still recognised) and its indexes, with a
+-- task timeout from now.
+-- A piece of a split task does not carry the other on: it goes back (split_ended).
+local function survives(task, l, charge)
+  local o = other_lease(task, l)
+  local s = split_rec(task)
+  if not o and not s then return false end
+  if s and l.backup and not s.cf then charge = 'none' end  -- a pending piece read nothing
+  local dead_reason = charge_task(task, charge or 'none')
+  if dead_reason then
+    if o then
+      end_lease(task, o, 'V')
+      mincr(F.C_REVOKED)
+      event('revoked', 'task', task, 'worker', o.worker, 'reason', dead_reason)
+    end
+    if s and s.hd and l.backup then tail_stands(task, nil) end  -- it stood for its task
+    make_dead(task, dead_reason)
+    return true
+  end
+  if s and not l.backup
+      and (tonum(rcall('HGET', K_PROGRESS, task) or '0') or 0) >= s.m then
+    -- a head piece with nothing left to read (empty: a task handed over whole at point
+    -- 0; or read to its point) is acked by construction, its split confirmed (the tail
+    -- offered if it was pending): sent to the front it waited for a range reader to
+    -- lease and ack it, for ever if none was left
+    if not s.cf then
+      s.cf = true
+      split_rec(task, s)
+      if not s.td then offered(task) end
+    end
+    acked_one(task, l, l.token, l.worker)
+    return true
+  end
+  if s then return split_ended(task, l, false) end
+  if o.backup then
+    local ended = rcall('HGET', K_LEASES, task)
+    rcall('HSET', K_LEASES, task, rcall('HGET', K_LEASES, 'b:' .. task))
+    rcall('HSET', K_LEASES, 'b:' .. task, ended)
+    rcall('ZADD', K_STARTED, jnow_s(), task)
+    start_due()
+    mincr(F.NLEASED)
+  end
+  event('carries_on', 'task', task, 'worker', o.worker)
+  return true
+end
+
+-- Expire one current lease (reason: worker_lost | task_timeout), deadline on JNOW.
+local function expire(task, l, reason, deadline)
+  local late = CALL.JNOW - deadline
+  if late < 0 then late = 0 end
+  observe('late', late)
+  if late > mnum(F.P_MAXLATE) then mset(F.P_MAXLATE, fmt(late)) end
+  end_lease(task, l, 'X')
+  if reason == 'worker_lost' then mincr(F.C_EXP_WL) else mincr(F.C_EXP_TT) end
+  mincr(F.P_EXPIRED)
+  event('expired', 'task', task, 'reason', reason, 'worker', l.worker, 'lateness_ms', fmt(late))
+  local charge = 'attempt'
+  if reason == 'task_timeout' then charge = 'failure' end
+  if l.st == 'R' then charge = 'none' end
+  if survives(task, l, charge) then return end
+  if charge == 'failure' then note_failer(task, l.worker) end
+  requeue(task, charge)
 end
 
 -- One failing task is charged a failure; each of a failing batch of n > 1 goes back

@@ -209,6 +209,26 @@ local function whole_ok(task)
   return true
 end
 
+-- With no range reader registered (meta rangers, workers.lua reads_of), a caller that
+-- reads whole tasks only may lease `task`, a head piece whose tail was taken (acked, or
+-- read in part) and is not leased, whole: the pass would otherwise wait for ever for a
+-- range reader. The split is undone as in whole_ok; what the tail read is read again,
+-- counted re-read (p_reread). A dead task's pieces never (a retry brings them back).
+local function whole_anyway(task)
+  if mnum(F.RANGERS) > 0 then return false end
+  local s = split_rec(task)
+  if not s or s.hd or is_dead(task)
+      or lease_is_current(parse_lease(rcall('HGET', K_LEASES, 'b:' .. task))) then
+    return false
+  end
+  local again = (s.td and s.n or s.tp) - s.m
+  s.m, s.tp, s.td, s.cf = s.n, s.n, true, true
+  split_rec(task, s)
+  if again > 0 then mincr(F.P_REREAD, again) end
+  event('split_undone', 'task', task, 'reread', fmt(again))
+  return true
+end
+
 -- A split task died: its pieces stay as they are (acked or not, each with its progress:
 -- the head's in the progress hash, the tail's in the record), so a retry brings back
 -- exactly the pieces not acked (retried). A split still pending is confirmed: the head's
@@ -267,5 +287,6 @@ end
 return {tail_stands = tail_stands, attempt_s = attempt_s, is_dead = is_dead, split_rec =
   split_rec, split_list = split_list, split_orphans = split_orphans, waiting_tails =
   waiting_tails, offer_of = offer_of, offered = offered, orphan = orphan,
-  left_to_claimant = left_to_claimant, whole_ok = whole_ok, split_dead = split_dead,
+  left_to_claimant = left_to_claimant, whole_ok = whole_ok, whole_anyway = whole_anyway,
+  split_dead = split_dead,
   retried = retried, cut_splits = cut_splits, restore_split = restore_split}

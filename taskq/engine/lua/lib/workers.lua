@@ -1,7 +1,7 @@
 -- workers.lua: worker records (winfo), liveness (touch_worker), removal.
 local rcall, smatch, sfind, ssub, sbyte, tconcat =
   redis.call, string.match, string.find, string.sub, string.byte, table.concat
-local fmt, mnum, split = lib.meta.fmt, lib.meta.mnum, lib.meta.split
+local fmt, mincr, mnum, split = lib.meta.fmt, lib.meta.mincr, lib.meta.mnum, lib.meta.split
 local event, wait_rem = lib.events.event, lib.events.wait_rem
 
 -- A worker's record (HASH winfo, field worker) is
@@ -54,13 +54,18 @@ end
 -- piece of a split task; only an 's' holder's task is split, by an 's' caller
 -- (lib/split.lua, lib/dispatch.lua; docs/design.md "Tail splitting"). With `kind`,
 -- records it (register).
+-- The range readers not removed yet are counted (meta rangers: a field holds one
+-- incarnation's kind, so the count drops when it is overwritten or removed).
 local function reads_of(worker, winc, kind)
   local f = 'r:' .. worker
   if kind then
+    local was = smatch(rcall('HGET', K_LEASES, f) or '', '^.*|(%a)$')
+    if was then mincr(F.RANGERS, -1) end
     if kind == 'w' then
       rcall('HDEL', K_LEASES, f)
     else
       rcall('HSET', K_LEASES, f, winc .. '|' .. kind)
+      mincr(F.RANGERS)
     end
     return kind
   end
@@ -75,7 +80,10 @@ local function remove_worker(m, kind)
   wait_rem(m)
   WINFO_WRITTEN = true
   if winfo(worker) == winc then rcall('HDEL', K_WINFO, worker) end
-  if reads_of(worker, winc) ~= 'w' then rcall('HDEL', K_LEASES, 'r:' .. worker) end
+  if reads_of(worker, winc) ~= 'w' then
+    rcall('HDEL', K_LEASES, 'r:' .. worker)
+    mincr(F.RANGERS, -1)
+  end
   rcall('HDEL', K_LEASES, 'v:' .. worker)  -- its pace (lib/split.lua pace_of)
   event(kind, 'worker', worker, 'incarnation', winc)
 end
