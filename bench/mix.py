@@ -7,14 +7,13 @@ Usage: .venv/bin/python bench/mix.py [--calls 200] [--shapes 'prefetch 1,batches
 Where it sits: beside `server_instructions.py`, whose callgrind'ed redis-server, counter
 reset and dump it reuses: one trainer (no heartbeat) warms up on the job, the counters are
 zeroed, `--calls` calls of the shape run, and the instructions over the tasks handed out
-are printed in thousands. Rows: the plain job (the tasks of every source in one job, the
-seeded permutation off, as a mixed job's own order is its schedule), then a mixed job of
-the same tasks from 3 and from 64 sources (weights 1, 2, 3, ...). The mixed job's cost
-is the schedule's charge (O(sources) table operations per task), its state read and
-written once per lease call, and one SETRANGE of the stored sequence per task: no extra
-round trip. Needs valgrind with callgrind_control. `--weights N`: instead, N `set_weights`
-calls on a mixed job of 64 sources on a plain redis-server (wall clock, one run: the goal
-is >= 10 changes/s while trainers lease).
+are printed in thousands: the whole server's, and those inside the FCALLs (`fcallCommand`
+inclusive, what the comparison uses: the server's cron work per wall-clock tick moves the
+whole count with the machine's load). Rows: the plain job, then a mixed job of the same
+tasks (chunk for chunk) from 3 and from 64 sources (weights 1, 2, 3, ...). `--keep DIR`
+keeps each dump. Needs valgrind with callgrind_control and callgrind_annotate. `--weights
+N`: instead, N `set_weights` calls on a mixed job of 64 sources on a plain redis-server
+(wall clock, one run: the goal is >= 10 changes/s while trainers lease).
 """
 
 from __future__ import annotations
@@ -42,12 +41,14 @@ def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, f
         url = f"redis://127.0.0.1:{port}/0"
         client = taskq.connect(url)
         total = calls * 16 + 2_000
+        # the same tasks, chunk for chunk, plain (sources 0) or mixed from 3
+        per = -(-total // max(sources, 3))
+        chunks = [{"s": s, "i": i} for s in range(max(sources, 3)) for i in range(per)]
         if sources == 0:
-            client.create_job("cg", [{"i": i} for i in range(total)], passes=None)
+            client.create_job("cg", chunks, passes=None)
         else:
-            per = -(-total // sources)
             for s in range(sources):
-                client.create_job(f"src{s}", [{"s": s, "i": i} for i in range(per)])
+                client.create_job(f"src{s}", chunks[s * per : (s + 1) * per])
             client.create_job("cg", mix={f"src{s}": s + 1 for s in range(sources)}, passes=None)
         batch = 16 if shape.startswith("batches") else 1
         prefetch = int(shape.split()[1]) if shape.startswith("prefetch") else 0
@@ -64,11 +65,33 @@ def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, f
         subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
         fcalls, others = _commands(admin)
         trainer.close()
-        instr = _total(out, keep)
-        return {"task": instr / (calls * batch) / 1000, "call": instr / fcalls / 1000}
+        dump = keep or os.path.join(d, "kept.cg")
+        instr = _total(out, dump)
+        own = _inside_fcalls(dump)
+        return {
+            "task": instr / (calls * batch) / 1000,
+            "call": instr / fcalls / 1000,
+            "own": own / (calls * batch) / 1000,
+        }
     finally:
         server.terminate()
         server.wait()
+
+
+def _inside_fcalls(dump: str) -> int:
+    """Instructions inside the FCALLs (``fcallCommand``, inclusive) of a callgrind dump:
+    the server's own work outside them (serverCron's memory stats, per wall-clock tick, so
+    the more the slower a run) moves by +-40k a task between runs under load."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", dump],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        if ":fcallCommand " in line:
+            return int(line.split()[0].replace(",", ""))
+    raise SystemExit(f"{dump}: no fcallCommand in the dump")
 
 
 def weight_changes(n: int) -> float:
@@ -100,23 +123,27 @@ def main() -> None:
     parser.add_argument("--shapes", default="prefetch 1,batches(16)")
     parser.add_argument("--sources", default="3,64")
     parser.add_argument("--weights", type=int, default=0)
+    parser.add_argument("--keep", default="", help="keep each dump as DIR/<shape>-<sources>.cg")
     args = parser.parse_args()
     if args.weights:
         print(f"set_weights with a lease between: {weight_changes(args.weights):.0f} changes/s")
         return
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     kinds = [0] + [int(s) for s in args.sources.split(",") if s.strip()]
-    print("| shape | job | k instr / task | per FCALL | vs plain |")
+    print("| shape | job | k instr / task | inside FCALLs / task | vs plain (inside) |")
     print("|---|---|---:|---:|---:|")
     for shape in shapes:
         plain = 0.0
         for sources in kinds:
-            g = measure(sources, shape, args.calls)
-            plain = plain or g["task"]
+            keep = ""
+            if args.keep:
+                keep = os.path.join(args.keep, f"{shape.replace(' ', '')}-{sources}.cg")
+            g = measure(sources, shape, args.calls, keep)
+            plain = plain or g["own"]
             label = "plain" if sources == 0 else f"mixed, {sources} sources"
             print(
-                f"| {shape} | {label} | {g['task']:.0f} | {g['call']:.0f} | "
-                f"{100 * (g['task'] / plain - 1):+.1f} % |",
+                f"| {shape} | {label} | {g['task']:.0f} | {g['own']:.0f} | "
+                f"{100 * (g['own'] / plain - 1):+.1f} % |",
                 flush=True,
             )
 

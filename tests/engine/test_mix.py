@@ -304,6 +304,29 @@ def test_rewind_replays_the_same_slots(client):
     assert client.status(mix).state == "completed"
 
 
+def test_weights_set_after_a_rewind_hold_past_the_slots_handed_out_before_it(client):
+    """A lease does not write how far leases reached (its cursor says it); a rewind moves the
+    cursor back, so it keeps the reach first: weights set after it hold from slot 180, and
+    the replay of 100..179 is the same (fails if rewind.lua does not call
+    mix_mark_handed: the weights then hold from 100)."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.3, names["c"]: 0.2})
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        _lease_ack(t, 100)
+        ckpt = job.checkpoint()
+        first = _lease_ack(t, 80)  # slots 100..179
+    assert job.rewind(ckpt)
+    assert job.mix_status()["next_slot"] == 180
+    assert job.set_weights({names["a"]: 0.1, names["b"]: 0.1, names["c"]: 0.8}) == 180
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 80) == first
+        _lease_ack(t, 120)
+    assert _engine(client, mix) == _reference(client, mix)
+
+
 def test_a_checkpoint_carries_the_position_and_a_policy_blob(client):
     """An online policy's state (opaque bytes, up to 64 KiB) goes with the checkpoint and
     comes back after a rewind with the same slots; a bigger blob is refused with nothing
