@@ -145,15 +145,11 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     keys = conn.keys(name)
     with translate(conn.url):
         cur = conn.redis.hmget(keys.mix, ["s", "t", "kp"])
-        mixd, meta_pass, cursor = conn.redis.hmget(keys.meta, [F.MIXD, F.PASS, F.CURSOR])
+        mixd = conn.redis.hget(keys.meta, F.MIXD)
     if not cur[0]:
         return None
     fields = cur
-    # how far leases reached: the cursor of the pass it walks, or further where it went
-    # back (meta mixd, lib/mix.lua mix_mark_handed)
     handed = int(mixd or 0) - pass_no * spec.total
-    if int(meta_pass or 0) == pass_no:
-        handed = max(handed, int(cursor or 0))
     if int(cur[0].split(",")[0]) != pass_no:
         if str(pass_no) not in (cur[2] or "").split(","):
             return None

@@ -305,10 +305,9 @@ def test_rewind_replays_the_same_slots(client):
 
 
 def test_weights_set_after_a_rewind_hold_past_the_slots_handed_out_before_it(client):
-    """A lease does not write how far leases reached (its cursor says it); a rewind moves the
-    cursor back, so it keeps the reach first: weights set after it hold from slot 180, and
-    the replay of 100..179 is the same (fails if rewind.lua does not call
-    mix_mark_handed: the weights then hold from 100)."""
+    """A rewind moves the cursor back, not how far leases reached: weights set after it hold
+    from slot 180, and the replay of 100..179 is the same (a reach read from the cursor
+    alone fails it: next_slot 100)."""
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
     mix = f"{tag}-mix"

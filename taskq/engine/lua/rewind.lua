@@ -43,7 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
-local mix_kept, mix_mark_handed = lib.mix.mix_kept, lib.mix.mix_mark_handed
+local mix_kept = lib.mix.mix_kept
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd
@@ -107,7 +107,6 @@ if step == 'begin' then
     math.ceil(later / RW_MARK)}
   flush_events()  -- the step entry so far is the pass's before (event_task)
   -- (the cut's order; tasks appended since the cut come after it, never done at the cut)
-  mix_mark_handed()
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.PN, rec.pn or rec.n or tasks_n(),
     F.NDONE, rec.done, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,

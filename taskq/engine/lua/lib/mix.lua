@@ -8,8 +8,7 @@
 -- task a slot is), and a weight change holds from a slot not yet handed out.
 -- Slots are charged a page (PAGE positions) ahead of the leases: meta 'mixh' is the slot
 -- the stored sequence of the state's pass ends before, 'mixd' the slot no lease reached
--- yet when the cursor went back or on (both hot meta fields: a lease below 'mixh' is one
--- GETRANGE, no state read, no write of the mix).
+-- yet (both hot meta fields: a lease below 'mixh' is one GETRANGE, no state read).
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s" = "p,h,seg,nx,rs": the pass, positions charged, the
 -- segment's first position, the next logged change's slot or -1, 1 when the next charge
@@ -45,20 +44,27 @@ local function hex_list(s)
   for i = 1, #s / 8 do out[i] = tonum(ssub(s, 8 * i - 7, 8 * i), 16) end
   return out
 end
+
 local function hexes(list)
   local parts = {}
   for i = 1, #list do parts[i] = sformat('%08x', list[i]) end
   return tconcat(parts)
 end
 
--- "a,b,..." as a list of numbers
-local function numbers(s)
+local function csv(s)
   local out = {}
-  for v in sgmatch(s, '[^,]+') do out[#out + 1] = tonum(v) end
+  for v in sgmatch(s, '[^,]+') do out[#out + 1] = v end
   return out
 end
 
--- The weights in force at `slot` (the last logged at or below it, else the create's): "w,w".
+local function numbers(ws)
+  local out = {}
+  for i, v in lipairs(csv(ws)) do out[i] = tonum(v) end
+  return out
+end
+
+-- The weights in force at `slot` (the last logged at or below it; the create's if none),
+-- as logged: "w,w,...".
 local function weights_at(slot)
   local got = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(slot), '-inf', 'LIMIT', 0, 1)
   if #got > 0 then return smatch(got[1], '^[^|]*|[^|]*|(.*)$') end
@@ -73,8 +79,9 @@ local function next_change(slot)
   return -1
 end
 
--- A state from its fields (s, t, c, w: strings; kp, n: the job's; s0..w0: the same at the
--- last page's start). The lists t, c, w, n are made when a charge needs them (lists()).
+-- A state from its fields (s, t, c, w: strings; kp, n: the job's; s0, t0, c0, w0: the
+-- same at the start of the last page charged). The lists t, c, w, n are made when a charge
+-- needs them (lists()).
 local function decode(s, t, c, w, kp, n, s0, t0, c0, w0)
   local p, h, seg, nx, rs = smatch(s, '^(%d+),(%d+),(%d+),(-?%d+),(%d)$')
   return {p = tonum(p), h = tonum(h), seg = tonum(seg), nx = tonum(nx), rs = tonum(rs),
@@ -86,13 +93,19 @@ local FIELDS = {'s', 't', 'c', 'w', 's0', 't0', 'c0', 'w0'}  -- constant: a stat
 local function read_state()
   if ST == nil then
     local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 's0', 't0', 'c0', 'w0', 'kp', 'n')
-    ST = r[1] and decode(r[1], r[2], r[3], r[4], numbers(r[9] or ''), r[10], r[5], r[6], r[7],
-      r[8])
+    if r[1] then
+      local kp = {}
+      for _, q in lipairs(csv(r[9] or '')) do kp[#kp + 1] = tonum(q) end
+      ST = decode(r[1], r[2], r[3], r[4], kp, r[10], r[5], r[6], r[7], r[8])
+    else
+      ST = false
+    end
   end
   return ST
 end
 
--- The lists a charge reads: t, c, w (numbers), n, o (the sources' sizes and first ids).
+-- The lists a charge reads: t, c (numbers), w (the weights, numbers), n, o (the sources'
+-- sizes and first task ids).
 local function lists(st)
   if st.t then return end
   st.t, st.c, st.n = hex_list(st.ts), hex_list(st.cs), hex_list(st.ns)
@@ -165,7 +178,9 @@ local function enter(p, keep, ns, kept)
   local st, d = nil, 0
   if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
   if kept then st, d = saved_state(p, keep, ns) end
-  if st then st.nx = next_change(base + st.h - 1) else
+  if st then
+    st.nx = next_change(base + st.h - 1)
+  else
     st, d = fresh_state(p, keep, ns), 0
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
@@ -175,9 +190,10 @@ local function enter(p, keep, ns, kept)
   return st
 end
 
--- Pass p's state made current, the one left saved under ":<its pass>". Going to p keeps
--- the sequences of p and the KEEP - 1 passes before it; later (the log makes them again,
--- with any change set since) and older ones go.
+-- The state of pass p made current: the one being left saved under ":<its pass>", the
+-- one of p loaded (a rewind back to it) or made. Going to p keeps the sequences of p and the
+-- KEEP - 1 passes before it; later passes' go (the log makes them again, with any change
+-- set since), older ones too.
 local function switch_to(p)
   local st = read_state()
   local kept, ns = {}, nil
@@ -185,7 +201,6 @@ local function switch_to(p)
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
     args[#args + 1] = 'd' .. sfx
-    -- (the meta's pass is p, not st.p: MIXD holds how far st.p's cursor reached)
     args[#args + 1] = fmt(mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
     rcall('HSET', kc('mix'), unpack(args))
     kept, ns = st.kp, st.ns
@@ -198,8 +213,8 @@ local function switch_to(p)
   -- the log below the kept passes goes, but for the change in force at their start
   local cut = (p - KEEP + 1) * mnum(F.N)
   if cut > 0 then
-    local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(cut), '-inf', 'WITHSCORES',
-      'LIMIT', 0, 1)
+    local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(cut), '-inf', 'WITHSCORES', 'LIMIT',
+      0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
   return enter(p, keep, ns, was_kept)
@@ -265,10 +280,10 @@ local function charge_page(st)
   return page, h0
 end
 
--- The order of the current pass (passes.lua perm_fn's, for a mixed job): position -> task.
--- With `charges`, a position not stored is charged with its page (dispatch walks the cursor
--- one position at a time); without, it is nil (peek stops there). A position walked is
--- handed out: the cursor says how far (mix_charged; MIXD: mix_mark_handed).
+-- The order of the current pass (passes.lua perm_fn's, for a mixed job): position ->
+-- task. With `charges`, a position not stored is charged with its page (dispatch walks the
+-- cursor one position at a time) and one handed out raises the meta's MIXD; without, a
+-- position not stored is nil (peek stops there: mix_charged).
 local function mix_perm(charges)
   local p = mnum(F.PASS)
   local base = p * mnum(F.N)
@@ -282,8 +297,7 @@ local function mix_perm(charges)
       task = tonum(ssub(blk, at + 1, at + 8), 16)
     elseif slot < mnum(F.MIXH) then
       local upto = mmin(mnum(F.MIXH) - base, pos + READ)
-      -- (digits: Redis 7.0 prints a number argument with %.17g, ~1.3k instructions)
-      blk = rcall('GETRANGE', key, fmt(pos * 8), fmt(upto * 8 - 1))
+      blk = rcall('GETRANGE', key, pos * 8, upto * 8 - 1)
       blk0, blk1 = pos, pos + (#blk - #blk % 8) / 8
       task = tonum(ssub(blk, 1, 8), 16)
     end
@@ -300,32 +314,16 @@ local function mix_perm(charges)
         task = tonum(ssub(blk, at + 1, at + 8), 16)
       end
     end
+    if charges and slot >= mnum(F.MIXD) then mput(F.MIXD, slot + 1) end
     return task
   end
 end
 
--- Before the cursor goes back or to another pass (a pass start or reset, a rewind): the
--- slot leases reached kept in MIXD when the cursor walks the state's pass (MIXD is that
--- pass's; a lease does not write it: the cursor walked is its record).
-local function mix_mark_handed()
-  if mget(F.SHUFFLE) ~= 'm' then return end
-  local st = read_state()
-  if not st or st.p ~= mnum(F.PASS) then return end
-  local reached = st.p * mnum(F.N) + mnum(F.CURSOR)
-  if reached > mnum(F.MIXD) then mput(F.MIXD, reached) end
-end
-
--- Positions of pass p handed out so far (its sequence's length; 0 when not kept): how far
--- its cursor walked, or further when it went back (MIXD).
+-- Positions of pass p handed out so far (its sequence's length; 0 when not kept).
 local function mix_charged(p)
   local st = read_state()
   if not st then return 0 end
-  if st.p == p then
-    local base = p * mnum(F.N)
-    local reached = mnum(F.MIXD)
-    if mnum(F.PASS) == p then reached = mmax(reached, base + mnum(F.CURSOR)) end
-    return mmax(0, reached - base)
-  end
+  if st.p == p then return mmax(0, mnum(F.MIXD) - p * mnum(F.N)) end
   if not is_kept(st, p) then return 0 end
   local _, d = saved_state(p, st.kp, st.ns)
   return d or 0
@@ -340,8 +338,8 @@ end
 -- The slot from which weights set now hold: `at` (-1: none) or, if handed out already, the
 -- first slot not handed out. The change is logged and the state learns of it: a page
 -- charged past `at` goes back to its start (its positions before `at` come again the
--- same; at most a page is charged again). Sequences of passes after the current one (left
--- by a rewind to an earlier pass) go: the log makes them again, with this change.
+-- same; at most a page is charged again). Sequences of passes after the current one (left by a rewind to an earlier pass)
+-- go: the log makes them again, with this change.
 local function mix_set(ws, at)
   local p = mnum(F.PASS)
   local base = p * mnum(F.N)
@@ -396,4 +394,4 @@ local function reset()
 end
 
 return {mix_perm = mix_perm, mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
-  mix_flush = mix_flush, mix_mark_handed = mix_mark_handed, spec = spec, reset = reset}
+  mix_flush = mix_flush, spec = spec, reset = reset}

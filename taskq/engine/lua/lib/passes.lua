@@ -8,7 +8,7 @@ local broadcast, event, flush_events =
   lib.events.broadcast, lib.events.event, lib.events.flush_events
 local done = lib.call.done
 local dead_empty = lib.leases.dead_empty
-local mix_mark_handed, mix_perm = lib.mix.mix_mark_handed, lib.mix.mix_perm
+local mix_perm = lib.mix.mix_perm
 
 -- The order of a pass: a seeded permutation of 0..PN-1 (a 4-round Feistel network on
 -- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
@@ -137,7 +137,6 @@ local function start_pass(p, kind)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
-  mix_mark_handed()
   mset(F.PASS, p, F.CURSOR, 0, F.PN, fmt(tasks_n()), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',
