@@ -2,8 +2,8 @@
 # wheel and imports every module from it in a fresh venv: scripts/check-wheel.sh).
 .PHONY: demo test test-valkey test-frameworks lint bench clean
 
-# The subset `make test` also runs against Valkey 8 (~2 min): the engine, the trainer, the
-# reaper, the cluster, the Redis chaos scenarios (one seed of the random schedule) and the
+# The subset `make test` also runs against Valkey 8 (~1 min, 2 pytest-xdist workers): the
+# engine, the trainer, the reaper, the cluster, the Redis chaos scenarios (one seed of the random schedule) and the
 # producer's credential (its ACL selectors: every write but append's refused by the server).
 VALKEY_TESTS = tests/engine/test_engine.py tests/trainer/test_trainer.py tests/ops/test_reaper.py \
 	tests/admin/test_cluster.py tests/chaos/test_chaos_redis.py \
@@ -29,17 +29,18 @@ test:
 	@echo "taskq: the whole suite on redis-server (2 pytest-xdist workers, each its own server)"
 	@scripts/run-tests.sh -n 2 --dist worksteal --durations=10 --ignore=tests/frameworks
 
-# Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU (~70 s):
+# Lightning, accelerate and the HF Trainer over taskq.torch.DataLoader, on CPU, in 2
+# pytest-xdist workers (~2.5 min; ~3.5 min in one process):
 # docs/frameworks.md. The frameworks extra is installed by scripts/bootstrap.sh.
 test-frameworks:
 	@scripts/bootstrap.sh
 	@echo "taskq: the training frameworks' loops (Lightning, accelerate, transformers)"
-	@scripts/run-tests.sh -q tests/frameworks
+	@scripts/run-tests.sh -q -n 2 tests/frameworks
 
 test-valkey:
 	@scripts/bootstrap.sh --with-valkey
 	@echo "taskq: the Valkey subset on $$(valkey-server --version)"
-	@TASKQ_TEST_SERVER=valkey-server scripts/run-tests.sh -q $(VALKEY_TESTS) -k '$(VALKEY_SELECT)'
+	@TASKQ_TEST_SERVER=valkey-server scripts/run-tests.sh -q -n 2 $(VALKEY_TESTS) -k '$(VALKEY_SELECT)'
 
 bench:
 	@scripts/bootstrap.sh

@@ -123,9 +123,11 @@ def main() -> int:
     with common.start_redis(
         ["--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000"]
     ) as server:
-        if a.nice:
-            assert server.proc is not None
-            os.setpriority(os.PRIO_PROCESS, server.proc.pid, a.nice)
+        try:
+            common.prioritise(server, nice=a.nice)
+        except PermissionError:
+            print("page_sizes.py: --nice below 0 needs root (or CAP_SYS_NICE)", file=sys.stderr)
+            return 2
         client = taskq.connect(f"redis://127.0.0.1:{server.port}/0")
         # the INFO call's own CPU time, taken off each call's
         base = []

@@ -416,6 +416,7 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     mem: list[tuple[float, int, int]] = []  # (seconds, done, used_memory)
     out: dict[str, object] = {"files": a.files, "records": total}
     t0 = time.monotonic()
+    out["started"] = time.time()  # (epoch s: when each SLOWLOG entry came, from the start)
     deadline = t0 + a.max_seconds
 
     loads: list[float] = []
@@ -552,6 +553,13 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     for cmd, us in sorted(by.items(), key=lambda kv: -len(kv[1])):
         median = sorted(us)[len(us) // 2] / 1000
         print(f"  {cmd}: {len(us)}, median {median:.1f} ms, max {max(us) / 1000:.1f} ms")
+    started = float(r["started"])  # type: ignore[arg-type]
+    for entry in sorted(slow, key=lambda e: int(e["start_time"]))[:50]:  # type: ignore[call-overload]
+        words = bytes(entry["command"]).split()  # type: ignore[call-overload]
+        print(
+            f"    at {int(entry['start_time']) - started:7.0f} s: "  # type: ignore[call-overload]
+            f"{int(entry['duration']) / 1000:.1f} ms {b' '.join(words[:2]).decode(errors='replace')}"  # type: ignore[call-overload]
+        )
     ok = (
         "cut short" not in r
         and r["missing"] == 0
@@ -595,12 +603,13 @@ def main() -> int:
     a = ap.parse_args()
     common.install_signal_handlers()
     with common.start_redis() as server:
-        if a.nice:  # the neighbours' load on a shared machine rarely deschedules it
-            assert server.proc is not None
-            os.setpriority(os.PRIO_PROCESS, server.proc.pid, a.nice)
-        if a.fifo:  # a core of its own whenever it has work, as on a machine of its own
-            assert server.proc is not None
-            os.sched_setscheduler(server.proc.pid, os.SCHED_FIFO, os.sched_param(a.fifo))
+        try:
+            common.prioritise(server, nice=a.nice, fifo=a.fifo)
+        except PermissionError:
+            print(
+                "streams.py: --nice below 0 and --fifo need root (or CAP_SYS_NICE)", file=sys.stderr
+            )
+            return 2
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
         if a.week:
             return print_week(a, week(url, a))

@@ -23,6 +23,10 @@ rates, the slow one counting 1 / `--slow`; worst and median), the samples taken 
 counted from the sample ids every loop delivered (and any never delivered), and the tail
 pieces handed back by their taker within a heartbeat interval of being granted (a split's
 piece or an orphan's lease, then its `piece_back`: a piece leased that was not read).
+The server's events of each row's worst run (to the ideal) and of every run above
+`--trace-above` (1.3 x), with each loader's batches (when it got them, of which tasks),
+are kept in `--trace` (JSON lines, ms from the pass's first lease), so an outlier can be
+explained after the run: `--show TRACE` prints them, workers named by loader (L0 slow).
 `--rows split` runs the splitting row alone (its ratio to the ideal needs no other row).
 Goals: the splitting row <= 1.15 x with 0 samples taken twice; at `--trainers 4 --tasks 16
 --workers 0 --samples 100 --task-ms 1000`, worst <= 1.3 x and median <= 1.15 x the ideal
@@ -31,12 +35,14 @@ over 10 runs, 0 pieces handed back within a heartbeat.
 Usage: .venv/bin/python bench/tail.py [--trainers 8] [--tasks 160] [--task-ms 100]
            [--slow 10] [--repeat 1] [--torch [--samples 64] [--batch 8] [--workers 1]
            [--tasks-ahead N] [--shuffle] [--data jsonl|parquet|jsonl-counted]
-           [--rows all|split]]
+           [--rows all|split] [--trace PATH] [--trace-above 1.3]]
+       .venv/bin/python bench/tail.py --show TRACE
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -159,14 +165,15 @@ def _loader(
     go: Any,
     out: str,
 ) -> None:
-    """One taskq.torch loader: a step of ``step_s`` a batch; the ids it delivered to
-    ``out`` (JSON)."""
+    """One taskq.torch loader: a step of ``step_s`` a batch; the ids it delivered and when
+    it got each batch (ms of the wall clock, its tasks, its size) to ``out`` (JSON)."""
     import taskq.torch  # imported by the bench before the fork
 
     ds = taskq.torch.TaskDataset(
         job, url=url, shuffle=shuffle, trainer_options={"handle_signals": False}
     )
     got: list[list[int]] = []
+    batches: list[list[Any]] = []
     handed_on = 0
     with taskq.torch.DataLoader(
         ds, batch_size=batch, num_workers=workers, collate_fn=_as_list, tasks_ahead=tasks_ahead
@@ -175,9 +182,13 @@ def _loader(
         go.wait(120)
         for b in loader:
             got += [[s["t"], s["i"]] for s in b]
+            tasks = ",".join(str(t) for t in sorted({s["t"] for s in b}))
+            batches.append([int(time.time() * 1000), tasks, len(b)])
             time.sleep(step_s)
         handed_on = loader.counts["samples_handed_on"]
-    Path(out).write_text(json.dumps({"ids": got, "handed_on": handed_on}))
+    Path(out).write_text(
+        json.dumps({"ids": got, "handed_on": handed_on, "pid": os.getpid(), "batches": batches})
+    )
 
 
 def torch_trial(
@@ -188,8 +199,9 @@ def torch_trial(
     slow: float,
     backups: bool,
     split: bool,
-) -> dict[str, float]:
-    """One job, one pass read by ``a.trainers`` loaders; makespan and samples twice."""
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One job, one pass read by ``a.trainers`` loaders; makespan and samples twice, and
+    the trace: the server's events and the loaders' batches, ms from the first lease."""
     client = taskq.connect(url_of(port))
     client.create_job(
         name,
@@ -242,11 +254,16 @@ def torch_trial(
                     p.kill()
         delivered: Counter[tuple[int, int]] = Counter()
         handed_on = 0
-        for path in outs:
+        loaders: list[dict[str, Any]] = []
+        for n, path in enumerate(outs):
             if os.path.exists(path):
                 got = json.loads(Path(path).read_text())
                 delivered.update((t, i) for t, i in got["ids"])
                 handed_on += got["handed_on"]
+                loaders += [
+                    {"ms": at, "type": "batch", "loader": n, "pid": got["pid"], "tasks": t, "n": k}
+                    for at, t, k in got["batches"]
+                ]
     events = client.events(name, count=1_000_000)
     first = min(_ms(i) for i, f in events if "leased" in f or "reserved" in f)
     end = max(_ms(i) for i, f in events if f["type"] == "pass_completed")
@@ -271,6 +288,12 @@ def torch_trial(
             if at is not None and _ms(i) - at <= a.heartbeat * 1000:
                 quick += 1
     ideal = len(chunks) * a.task_ms / 1000 / (a.trainers - 1 + 1 / slow)
+    # the server's events and the loaders' batches (the same machine's wall clock)
+    trace = sorted(
+        [{"ms": _ms(i) - first, **f} for i, f in events]
+        + [{**b, "ms": b["ms"] - first} for b in loaders],
+        key=lambda e: int(e["ms"]),
+    )
     return {
         "makespan_s": (end - first) / 1000,
         "ideal_s": ideal,
@@ -281,7 +304,7 @@ def torch_trial(
         "splits": c["splits"],
         "handed_on": handed_on,
         "backups": sum(1 for _, f in events if f["type"] == "backup"),
-    }
+    }, trace
 
 
 def torch_main(a: argparse.Namespace, port: int) -> None:
@@ -296,11 +319,12 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
     if a.rows == "split":
         rows = [rows[2]]
     results: dict[str, list[dict[str, float]]] = {}
+    kept: dict[tuple[str, int], tuple[float, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as data:
         chunks = write_tasks(Path(data), a.tasks, a.samples, a.data)
         for r in range(a.repeat):
             for label, slow, backups, split in rows:
-                res = torch_trial(
+                res, events = torch_trial(
                     port,
                     f"ttail-{label.replace(' ', '').replace(',', '-')}-{r}",
                     chunks,
@@ -310,6 +334,16 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
                     split,
                 )
                 results.setdefault(label, []).append(res)
+                ratio = res["makespan_s"] / res["ideal_s"]
+                # keep the row's worst run and every run above --trace-above
+                mine = [k for k in kept if k[0] == label]
+                worst = max(mine, default=None, key=lambda k: kept[k][0])
+                if worst is None or ratio > kept[worst][0]:
+                    if worst is not None and kept[worst][0] <= a.trace_above:
+                        del kept[worst]
+                    kept[label, r] = (ratio, events)
+                elif ratio > a.trace_above:
+                    kept[label, r] = (ratio, events)
                 print(
                     f"{label:26s} makespan {res['makespan_s']:.3f} s "
                     f"({res['makespan_s'] / res['ideal_s']:.2f} x the ideal); splits "
@@ -340,6 +374,34 @@ def torch_main(a: argparse.Namespace, port: int) -> None:
             f"{statistics.median(ideal):.2f} x | {quick:.0f} | {twice:.0f} | {missing:.0f} |",
             flush=True,
         )
+    if a.trace:
+        with open(a.trace, "w") as f:
+            for (label, r), (ratio, events) in kept.items():
+                for e in events:
+                    f.write(json.dumps({"row": label, "run": r, "ratio": round(ratio, 3), **e}))
+                    f.write("\n")
+        print(
+            f"events and batches of each row's worst run and of every run above "
+            f"{a.trace_above:g} x the ideal: {a.trace} (--show {a.trace} prints them)"
+        )
+
+
+def show(path: str) -> None:
+    """A kept trace as one line an event: workers named by loader (L0 the slow one)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    for (label, r), group in itertools.groupby(rows, key=lambda e: (e["row"], e["run"])):
+        events = list(group)
+        names = {f":{e['pid']}:": f"L{e['loader']}" for e in events if e["type"] == "batch"}
+        print(f"# {label}, run {r}: {events[0]['ratio']} x the ideal")
+        for e in events:
+            skip = ("row", "run", "ratio", "ms", "type", "pass", "pid", "incarnation")
+            rest = {k: v for k, v in e.items() if k not in skip and not k.endswith("_tokens")}
+            for k in ("worker", "of", "from", "by"):
+                if isinstance(rest.get(k), str):
+                    rest[k] = next((v for p, v in names.items() if p in rest[k]), rest[k])
+            if e["type"] == "batch":
+                rest = {"loader": f"L{e['loader']}", "tasks": e["tasks"], "n": e["n"]}
+            print(f"{e['ms']:>7} {e['type']:14s} " + " ".join(f"{k}={v}" for k, v in rest.items()))
 
 
 def main() -> int:
@@ -379,7 +441,19 @@ def main() -> int:
         default="all",
         help="--torch: every row, or the straggler-with-splitting row alone",
     )
+    ap.add_argument(
+        "--trace",
+        default=os.path.join(tempfile.gettempdir(), "taskq-tail-worst.jsonl"),
+        help="--torch: where the events of each row's worst run (to the ideal) and of every "
+        "run above --trace-above are kept, with each loader's batches: one JSON line "
+        "each, its ms from the pass's first lease ('' for none)",
+    )
+    ap.add_argument("--trace-above", type=float, default=1.3, help="--torch: see --trace")
+    ap.add_argument("--show", metavar="TRACE", help="print a kept trace and exit")
     a = ap.parse_args()
+    if a.show:
+        show(a.show)
+        return 0
     common.install_signal_handlers()
     port, stop = common.redis_port_factory()
     if a.torch:

@@ -8,7 +8,10 @@ Data flow: operator -> cli/job.py -> cli/job_input.py (chunks) -> taskq.Client -
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any, get_type_hints
 
 import click
 
@@ -28,9 +31,44 @@ from .job_input import (
     read_chunks,
 )
 
-#: The defaults of ``taskq job create``'s settings: ``JobConfig``'s (one option per field,
-#: named as the field: tests/cli/test_cli.py checks both ways).
-DEFAULT = JobConfig()
+#: Settings whose option reads its value its own way (the others: by type and bounds).
+OPTION_TYPES: dict[str, click.ParamType] = {
+    "passes": PassesType(),
+    "task_timeout": TaskTimeoutType(),
+    "mix": MixType(),
+    "on_exhausted": click.Choice(ON_EXHAUSTED),
+}
+#: A flag's "off" form when it is not --no-NAME.
+OFF_FLAGS = {"auto_advance": "--manual-advance"}
+
+
+def setting_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``taskq job create``'s settings: one option per ``JobConfig`` field (in its order),
+    named as the field (``chunks_per_task``: ``--chunks-per-task``), with its default,
+    its help and, for a number, a range from its bounds (``models.setting``); a bool is a
+    ``--x/--no-x`` flag. ``config.validate_config`` checks the values all the same."""
+    kinds = get_type_hints(JobConfig)
+    for f in reversed(dataclasses.fields(JobConfig)):
+        flag = "--" + f.name.replace("_", "-")
+        kind = kinds[f.name]
+        lo, above = f.metadata.get("min"), f.metadata.get("above")
+        option_type: Any = OPTION_TYPES.get(f.name)
+        if kind is bool:
+            flag += "/" + OFF_FLAGS.get(f.name, "--no-" + flag[2:])
+        elif option_type is None and kind is float:
+            floor = lo if above is None else above
+            option_type = click.FloatRange(min=floor, min_open=above is not None)
+        elif option_type is None:  # an integer, or None
+            option_type = int if lo is None else click.IntRange(min=lo)
+        help_text = re.sub(
+            r"``(\w+)``", lambda m: "--" + m[1].replace("_", "-"), f.metadata["help"]
+        )
+        command = click.option(
+            flag, f.name, type=option_type, default=f.default, show_default=True, help=help_text
+        )(command)
+    return command
+
+
 #: ``taskq job create``'s options that are not settings of the job: its input and the call.
 CREATE_CALL = {"name", "extra", "manifest", "files", "lines", "fmt", "records_per_chunk"}
 CREATE_CALL |= {"chunk_bytes", "row_groups_per_chunk", "storage_options", "replace"}
@@ -96,94 +134,7 @@ def job() -> None:
     metavar="JSON",
     help="fsspec options for remote --files URLs (s3://, gs://, http(s)://), as a JSON object.",
 )
-@click.option(
-    "--chunks-per-task",
-    type=click.IntRange(min=1),
-    default=DEFAULT.chunks_per_task,
-    show_default=True,
-    help="Chunks per task (the unit a trainer leases).",
-)
-@click.option(
-    "--passes",
-    type=PassesType(),
-    default=str(DEFAULT.passes),
-    show_default=True,
-    help="Number of passes; 0 or inf runs until cancelled.",
-)
-@click.option(
-    "--worker-ttl",
-    type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT.worker_ttl,
-    show_default=True,
-    help="Seconds of silence after which a worker is lost.",
-)
-@click.option(
-    "--heartbeat-interval",
-    type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT.heartbeat_interval,
-    show_default=True,
-    help="Seconds between a trainer's heartbeats (< --worker-ttl).",
-)
-@click.option(
-    "--task-timeout",
-    type=TaskTimeoutType(),
-    default=DEFAULT.task_timeout,
-    show_default=True,
-    help="Cap on one lease's run time: auto (10x p99 once known), none, or seconds.",
-)
-@click.option(
-    "--max-failures",
-    type=click.IntRange(min=1),
-    default=DEFAULT.max_failures,
-    show_default=True,
-    help="Failures (fail, timeout) before a task is dead.",
-)
-@click.option(
-    "--max-attempts",
-    type=click.IntRange(min=1),
-    default=DEFAULT.max_attempts,
-    show_default=True,
-    help="Started leases ending without an ack before a task is dead.",
-)
-@click.option(
-    "--shuffle/--no-shuffle",
-    default=DEFAULT.shuffle,
-    show_default=True,
-    help="A seeded new task order every pass.",
-)
-@click.option("--seed", type=int, default=DEFAULT.seed, show_default=True, help="The shuffle seed.")
-@click.option(
-    "--shuffle-samples",
-    is_flag=True,
-    help="The samples inside each task in a permutation fixed by the seed, the pass and "
-    "the task, the same for every reader (default: the chunks' order).",
-)
-@click.option(
-    "--auto-advance/--manual-advance",
-    default=DEFAULT.auto_advance,
-    show_default=True,
-    help="Start the next pass by itself, or wait for `taskq pass next` between passes.",
-)
-@click.option(
-    "--manual-clock",
-    is_flag=True,
-    default=DEFAULT.manual_clock,
-    help="Tests only: the job's clock moves by advance_clock.",
-)
-@click.option(
-    "--backup-leases",
-    is_flag=True,
-    default=DEFAULT.backup_leases,
-    help="At a pass's tail an idle trainer may take a backup lease of a task running "
-    "longer than --backup-factor x the median (its work done twice; docs/trainers.md).",
-)
-@click.option(
-    "--backup-factor",
-    type=click.FloatRange(min=1, min_open=True),
-    default=DEFAULT.backup_factor,
-    show_default=True,
-    help="That factor, with --backup-leases.",
-)
+@setting_options
 @click.option(
     "--replace", is_flag=True, help="Replace an existing job of that name (a new incarnation)."
 )
@@ -192,46 +143,6 @@ def job() -> None:
     is_flag=True,
     help="If a job of that name exists, leave it as it is and exit 0 (for set-up "
     "steps that may run again).",
-)
-@click.option(
-    "--shards",
-    type=click.IntRange(min=1),
-    default=DEFAULT.shards,
-    show_default=True,
-    help="Spread the job over S shards on different cluster masters, one pass "
-    "for all (docs/sharding.md).",
-)
-@click.option(
-    "--split-tails/--no-split-tails",
-    default=DEFAULT.split_tails,
-    show_default=True,
-    help="At a pass's tail an idle trainer takes the unread end of a task running long.",
-)
-@click.option(
-    "--stream",
-    is_flag=True,
-    help="A job whose data keeps arriving (`taskq job append` / `follow`; no source "
-    "needed): its pass stays open until `taskq job seal` (docs/streams.md).",
-)
-@click.option(
-    "--max-backlog",
-    type=click.IntRange(min=1),
-    default=DEFAULT.max_backlog,
-    help="An append that would leave more tasks than this not done waits or is refused.",
-)
-@click.option(
-    "--mix",
-    type=MixType(),
-    default=DEFAULT.mix,
-    help="A mixed job drawing the tasks of these jobs by weight, e.g. web=0.5,code=0.5 "
-    "(no source of its own; docs/mixing.md).",
-)
-@click.option(
-    "--on-exhausted",
-    type=click.Choice(ON_EXHAUSTED),
-    default=DEFAULT.on_exhausted,
-    show_default=True,
-    help="A mixed job's source run out in a pass: the others' weights renormalise.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the new job's status as JSON.")
 @click.pass_context

@@ -263,6 +263,11 @@ def append_cmd(
         chunks: list[Any] = []
         ids: list[str] = []
         for f in listed:  # every file read and checked before a write
+            if not _utf8(f.path):
+                raise taskq.InvalidInput(
+                    f"job {name}: {_shown(f.path)}: its name is not UTF-8 (rename it); "
+                    "nothing appended"
+                )
             got = _file_chunks(f.path, fmt, sizing, storage_options)
             chunks += got
             ids += _chunk_ids(f.key, len(got))
@@ -525,6 +530,15 @@ class _Follower:
         """The settled files above the watermark not appended yet, in (mtime, path) order;
         one HMGET of the files this process has not seen before."""
         above = sorted((f for f in listed if f.order > self.watermark), key=lambda f: f.order)
+        for f in above:
+            if f.key not in self.state and not _utf8(f.path):
+                # its name cannot be a chunk's path in Redis: said once, passed as refused
+                log.warning(
+                    "job %s: %s not appended: its name is not UTF-8 (rename it)",
+                    self.handle.name,
+                    _shown(f.path),
+                )
+                self.refused(f)
         unknown = [f.key for f in above if f.key not in self.state]
         for key, seen in zip(unknown, self.handle.files_appended(unknown), strict=True):
             self.state[key] = _APPENDED if seen else _ABSENT
@@ -597,6 +611,21 @@ def _watched_folder(pattern: str) -> str | None:
     if glob.has_magic(folder) or "**" in name:
         return None
     return folder
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is Unicode text (a local name whose bytes are not UTF-8 comes
+    with lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(path: str) -> str:
+    """``path`` as a line can print it: bytes that are not UTF-8 as ``\\xNN``."""
+    return path.encode(errors="surrogateescape").decode(errors="backslashreplace")
 
 
 def _hidden(path: str) -> bool:

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import fields
+from typing import Any, get_type_hints
 
 from . import errors
 from .mix import ON_EXHAUSTED, check_mix
-from .models import JobConfig
+from .models import MIN_SECONDS, JobConfig
 
-#: The shortest time setting (seconds): times are stored in whole milliseconds, and a
-#: shorter one would round to 0 (a heartbeat storm, or no task timeout at all).
-MIN_SECONDS = 0.01
+__all__ = ["MIN_SECONDS", "check_memory_policy", "encode_tasks", "validate_config"]
+
 #: The only maxmemory-policy under which Redis never drops a job's keys by itself.
 SAFE_POLICY = "noeviction"
+
+
+#: Each setting's type (``JobConfig``'s annotations, read once).
+_KINDS = get_type_hints(JobConfig)
 
 
 def validate_config(cfg: JobConfig) -> None:
@@ -34,16 +38,23 @@ def validate_config(cfg: JobConfig) -> None:
     def bad(msg: str) -> None:
         raise errors.InvalidConfig(msg)
 
-    if not isinstance(cfg.chunks_per_task, int) or cfg.chunks_per_task < 1:
-        bad(f"chunks_per_task must be an integer >= 1, got {cfg.chunks_per_task!r}")
-    if cfg.passes is not None and (not isinstance(cfg.passes, int) or cfg.passes < 1):
-        bad(f"passes must be an integer >= 1 or None, got {cfg.passes!r}")
-    for name in ("worker_ttl", "heartbeat_interval"):
-        v = getattr(cfg, name)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            bad(f"{name} must be a number, got {v!r}")
-        if v < MIN_SECONDS:
-            bad(f"{name} must be at least {MIN_SECONDS:g} s (times are kept in ms), got {v!r}")
+    for f in fields(JobConfig):  # each field by its type and its bounds (models.setting)
+        v, kind = getattr(cfg, f.name), _KINDS[f.name]
+        lo, above = f.metadata.get("min"), f.metadata.get("above")
+        if kind is bool and not isinstance(v, bool):
+            bad(f"{f.name} must be True or False, got {v!r}")
+        elif kind in (int, int | None) and not (v is None and kind is not int):
+            if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
+                floor = "" if lo is None else f" >= {lo}"
+                optional = "" if kind is int else " or None"
+                bad(f"{f.name} must be an integer{floor}{optional}, got {v!r}")
+        elif kind is float:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                bad(f"{f.name} must be a number, got {v!r}")
+            if above is not None and v <= above:
+                bad(f"{f.name} must be a number > {above:g}, got {v!r}")
+            if lo is not None and v < lo:  # a float with a floor is a time
+                bad(f"{f.name} must be at least {lo:g} s (times are kept in ms), got {v!r}")
     if cfg.heartbeat_interval >= cfg.worker_ttl:
         bad(
             f"heartbeat_interval ({cfg.heartbeat_interval}) must be shorter than "
@@ -58,20 +69,6 @@ def validate_config(cfg: JobConfig) -> None:
                 f"task_timeout must be at least {MIN_SECONDS:g} s (times are kept in ms), "
                 f"got {tt!r}"
             )
-    for name in ("max_failures", "max_attempts"):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad(f"{name} must be an integer >= 1, got {v!r}")
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
-        bad(f"seed must be an integer, got {cfg.seed!r}")
-    k = cfg.backup_factor
-    if not isinstance(k, (int, float)) or isinstance(k, bool) or not math.isfinite(k) or k <= 1:
-        bad(f"backup_factor must be a number > 1, got {k!r}")
-    limit = cfg.max_backlog
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        bad(f"max_backlog must be an integer >= 1, got {limit!r}")
-    if isinstance(cfg.shards, bool) or not isinstance(cfg.shards, int) or cfg.shards < 1:
-        bad(f"shards must be an integer >= 1, got {cfg.shards!r}")
     if cfg.on_exhausted not in ON_EXHAUSTED:
         bad(f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {cfg.on_exhausted!r}")
     if cfg.mix is not None:

@@ -17,64 +17,108 @@ STATES = ("running", "paused", "waiting", "completed", "cancelled")
 _EVENTS_LOCK = threading.Lock()  # makes a Task's Events once, whichever thread asks first
 
 
+#: The shortest time setting (seconds): times are stored in whole milliseconds, and a
+#: shorter one would round to 0 (a heartbeat storm, or no task timeout at all).
+MIN_SECONDS = 0.01
+
+
+def setting(default: Any, help: str, **bounds: float) -> Any:
+    """A ``JobConfig`` field.
+
+    Args:
+        default: its default.
+        help: what it does, in the words of the API and of ``taskq job create --help``
+            (a field's name in double backticks reads as its option there).
+        bounds: ``min`` (inclusive) or ``above`` (exclusive): what
+            ``config.validate_config`` checks and the CLI shows as the option's range.
+
+    Returns:
+        the ``dataclasses.field``, its help and bounds in its ``metadata``.
+    """
+    return field(default=default, metadata={"help": help, **bounds})
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Every setting of a job, fixed at create time: ``Client.create_job``, ``taskq job
-    create`` (its options are these fields) and the sharded create take one, checked
-    whole by ``config.validate_config`` before anything is written.
+    create`` (one option per field, generated from these) and the sharded create take one,
+    checked whole by ``config.validate_config`` before anything is written.
+
+    A new setting is one field here (and its use in the engine): its help, default and
+    bounds give the CLI option (cli/job.py's ``setting_options``).
     """
 
-    #: chunks per task (the unit a trainer leases)
-    chunks_per_task: int = 1
-    #: number of passes, or None to run until cancelled
-    passes: int | None = 1
-    #: seconds of silence after which a worker is lost
-    worker_ttl: float = 5.0
-    #: seconds between a trainer's heartbeats (< worker_ttl)
-    heartbeat_interval: float = 1.0
-    #: "auto", seconds, or None for no cap on one lease's run time
-    task_timeout: float | str | None = "auto"
-    #: failures (fail, timeout) before a task is dead
-    max_failures: int = 3
-    #: started leases ending without an ack before a task is dead
-    max_attempts: int = 10
-    #: a seeded new task order every pass
-    shuffle: bool = False
-    #: the shuffle seed
-    seed: int = 0
-    #: start the next pass by itself (else wait for ``next``)
-    auto_advance: bool = True
-    #: tests only: the job's clock moves by ``advance_clock``
-    manual_clock: bool = False
-    #: tail splitting: an idle trainer at a pass's tail takes the unread end of a started
-    #: task running long (docs/design.md, "Tail splitting"); needs the task's size
-    split_tails: bool = True
-    #: the order of a task's samples, what sample ``i`` of a task means for every reader:
-    #: False, the chunks' order; True, a permutation fixed by the job's seed, the pass and
-    #: the task (``taskq.data.sample_order``), applied by ``read_task(task)`` and taskq.torch
-    #: (docs/design.md, "Sample order")
-    shuffle_samples: bool = False
-    #: at the tail of a pass an idle trainer may take a backup lease of a task that has run
-    #: longer than ``backup_factor`` x the job's median task time; the first ack wins
-    #: (docs/trainers.md, "Tails"). Off by default: a backup does the task's work twice
-    backup_leases: bool = False
-    #: that factor (> 1)
-    backup_factor: float = 2.0
-    #: S > 1 spreads the job over S shards on different cluster masters, one pass for all
-    #: (docs/sharding.md)
-    shards: int = 1
-    #: a job whose data keeps arriving: its pass does not end while the stream is open,
-    #: ``seal`` closes it (docs/streams.md); sharded: every shard a stream
-    stream: bool = False
-    #: an append that would leave more tasks not done than this waits or is refused
-    #: (None: no bound); sharded: divided among the shards
-    max_backlog: int | None = None
-    #: a mixed job (docs/mixing.md): ``{source job: weight}``, its tasks the sources'
-    #: (copied at create; no chunks of its own), its order the weighted schedule
-    mix: dict[str, float] | None = None
-    #: a mixed job's source run out in a pass: ``drop`` (the others' weights renormalise
-    #: from that slot)
-    on_exhausted: str = "drop"
+    chunks_per_task: int = setting(1, "Chunks per task (the unit a trainer leases).", min=1)
+    # None: until cancelled
+    passes: int | None = setting(1, "Number of passes; 0 or inf runs until cancelled.", min=1)
+    worker_ttl: float = setting(
+        5.0, "Seconds of silence after which a worker is lost.", min=MIN_SECONDS
+    )
+    heartbeat_interval: float = setting(
+        1.0, "Seconds between a trainer's heartbeats (< ``worker_ttl``).", min=MIN_SECONDS
+    )
+    # None: no cap
+    task_timeout: float | str | None = setting(
+        "auto",
+        "Cap on one lease's run time: auto (10x p99 once known), none, or seconds.",
+    )
+    max_failures: int = setting(3, "Failures (fail, timeout) before a task is dead.", min=1)
+    max_attempts: int = setting(
+        10, "Started leases ending without an ack before a task is dead.", min=1
+    )
+    shuffle: bool = setting(False, "A seeded new task order every pass.")
+    seed: int = setting(0, "The shuffle seed.")
+    auto_advance: bool = setting(
+        True, "Start the next pass by itself, or wait for `taskq pass next` between passes."
+    )
+    manual_clock: bool = setting(False, "Tests only: the job's clock moves by advance_clock.")
+    # docs/design.md, "Tail splitting": the loop must report the task's size
+    split_tails: bool = setting(
+        True, "At a pass's tail an idle trainer takes the unread end of a task running long."
+    )
+    # the permutation is taskq.data.sample_order's, applied by read_task(task) and
+    # taskq.torch: what sample i of a task means for every reader (docs/design.md,
+    # "Sample order")
+    shuffle_samples: bool = setting(
+        False,
+        "The samples inside each task in a permutation fixed by the seed, the pass and "
+        "the task, the same for every reader (else the chunks' order).",
+    )
+    # off by default: a backup does the task's work twice (docs/trainers.md, "Tails")
+    backup_leases: bool = setting(
+        False,
+        "At a pass's tail an idle trainer may take a backup lease of a task running "
+        "longer than ``backup_factor`` x the median (its work done twice; the first ack "
+        "wins; docs/trainers.md).",
+    )
+    backup_factor: float = setting(2.0, "That factor, with ``backup_leases``.", above=1)
+    shards: int = setting(
+        1,
+        "Spread the job over S shards on different cluster masters, one pass "
+        "for all (docs/sharding.md).",
+        min=1,
+    )
+    stream: bool = setting(
+        False,
+        "A job whose data keeps arriving (`taskq job append` / `follow`; no source "
+        "needed): its pass stays open until `taskq job seal` (docs/streams.md); "
+        "sharded: every shard a stream.",
+    )
+    # None: no bound
+    max_backlog: int | None = setting(
+        None,
+        "An append that would leave more tasks than this not done waits or is refused "
+        "(sharded: divided among the shards).",
+        min=1,
+    )
+    mix: dict[str, float] | None = setting(
+        None,
+        "A mixed job drawing the tasks of these jobs by weight, e.g. web=0.5,code=0.5 "
+        "(no source of its own; its order the weighted schedule; docs/mixing.md).",
+    )
+    on_exhausted: str = setting(
+        "drop", "A mixed job's source run out in a pass: the others' weights renormalise."
+    )
 
     @classmethod
     def of(cls, config: JobConfig | None = None, **settings: Any) -> JobConfig:
@@ -127,13 +171,13 @@ class Task:
     #: in other processes, may have read past an end learned late); the ack of a split
     #: task's head reports it, which confirms the split or moves its point up
     read_to: int | None = None
-    #: the source job a mixed job's task is from (docs/mixing.md); None for other jobs
-    source: str | None = None
     #: what fixes the order of this task's samples (``taskq.data.sample_order``): None, the
     #: chunks' order; else the key of a permutation (the job, its seed, the pass and the
     #: task: the same for every reader of the job). ``task.start`` and ``task.end`` are
     #: positions in that order: read with ``read_task(task)``
     order: str | None = None
+    #: the source job a mixed job's task is from (docs/mixing.md); None for other jobs
+    source: str | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)

@@ -22,7 +22,6 @@ that weighs nothing).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from torch.distributed.algorithms import Join  # noqa: E402
-from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, framework_args, jsonl_reader, rows_of  # noqa: E402
 
 import taskq  # noqa: E402
 import taskq.torch  # noqa: E402
@@ -42,13 +41,7 @@ import taskq.torch  # noqa: E402
 
 def main() -> int:
     dump_if_hung()
-    ap = argparse.ArgumentParser()
-    ap.add_argument("url")
-    ap.add_argument("job")
-    ap.add_argument("log_dir")
-    ap.add_argument("--every", type=int)
-    ap.add_argument("--kill-at", type=int)
-    ap.add_argument("--resume")
+    ap = framework_args()
     ap.add_argument("--no-flags", action="store_true")
     ap.add_argument("--plain-backward", action="store_true")
     a = ap.parse_args()

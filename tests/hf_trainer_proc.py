@@ -20,7 +20,6 @@ checkpoints collectively (every rank's ``on_save`` asks for its state, rank 0 wr
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -31,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, framework_args, jsonl_reader, rows_of  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 import taskq  # noqa: E402
@@ -103,14 +102,8 @@ class SkipNothingTrainer(TaskqTrainer):
 
 def main() -> int:
     dump_if_hung()
-    ap = argparse.ArgumentParser()
-    ap.add_argument("url")
-    ap.add_argument("job")
-    ap.add_argument("log_dir")
+    ap = framework_args()
     ap.add_argument("max_steps", type=int)
-    ap.add_argument("--every", type=int)
-    ap.add_argument("--kill-at", type=int)
-    ap.add_argument("--resume")
     form = ap.add_mutually_exclusive_group()
     form.add_argument("--no-flags", action="store_true")
     form.add_argument("--no-callback", action="store_true")

@@ -21,7 +21,6 @@ SIGKILLs itself on entering step S (nothing of that step is trained). ``--resume
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch_helpers import dump_if_hung, jsonl_reader, rows_of  # noqa: E402
+from torch_helpers import dump_if_hung, framework_args, jsonl_reader, rows_of  # noqa: E402
 
 import taskq  # noqa: E402
 import taskq.torch  # noqa: E402
@@ -75,14 +74,8 @@ class Net(L.LightningModule):
 
 def main() -> int:
     dump_if_hung()
-    ap = argparse.ArgumentParser()
-    ap.add_argument("url")
-    ap.add_argument("job")
-    ap.add_argument("log_dir")
+    ap = framework_args()
     ap.add_argument("devices", type=int)
-    ap.add_argument("--every", type=int)
-    ap.add_argument("--kill-at", type=int)
-    ap.add_argument("--resume")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--ahead", type=int)
     a = ap.parse_args()

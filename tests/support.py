@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from data_files import write_parquet
 
 import taskq
+from taskq.data import build_chunks
 from taskq.devserver import LOOPBACK, cluster_port, find_server, stop_process
 from taskq.testing import RedisCluster, RedisServer, free_port, wait_until
 
@@ -27,6 +29,7 @@ __all__ = [
     "LOOPBACK",
     "SERVER_BINARY",
     "RedisClusterProcs",
+    "SLOW_TASK_ROWS",
     "cluster_port",
     "RedisServer",
     "ROOT",
@@ -39,6 +42,7 @@ __all__ = [
     "manual_job",
     "one_error_line",
     "quiet_trainer",
+    "slow_reader_of_one_task",
     "part_with",
     "server_version",
     "stop_process",
@@ -87,6 +91,41 @@ RedisClusterProcs = RedisCluster
 # -- the CLI ------------------------------------------------------------------------------
 #: The installed ``taskq`` console script of the environment running the tests.
 ENTRY_POINT = os.path.join(os.path.dirname(sys.executable), "taskq")
+
+
+#: The samples of ``slow_reader_of_one_task``'s one task.
+SLOW_TASK_ROWS = 200
+
+
+def slow_reader_of_one_task(
+    client: taskq.Client, url: str, job: str, tmp_path: Path, script: str, **kw: Any
+) -> tuple[subprocess.Popen[str], Path]:
+    """A job of one task, a Parquet file of ``SLOW_TASK_ROWS`` rows in 4 row groups (ttl
+    1 s, heartbeats every 0.2 s, no task timeout; ``kw``: more settings), and a real
+    trainer process ``tests/SCRIPT URL JOB OUT`` started on it, which writes the samples
+    it reads to OUT and says on stdout when it holds the task.
+
+    Returns:
+        the process (stop it with ``stop_process``) and OUT.
+    """
+    path = write_parquet(tmp_path / "d.parquet", rows=SLOW_TASK_ROWS, row_group_size=50)
+    chunks = build_chunks(path)
+    client.create_job(
+        job,
+        chunks=chunks,
+        chunks_per_task=len(chunks),
+        worker_ttl=1.0,
+        heartbeat_interval=0.2,
+        task_timeout=None,
+        **kw,
+    )
+    out = tmp_path / "first.txt"
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / script), url, job, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, out
 
 
 def one_error_line(stderr: str) -> str:

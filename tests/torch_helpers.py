@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import queue
 from collections import Counter
@@ -12,13 +13,33 @@ from typing import Any
 import taskq
 
 
-def dump_if_hung(seconds: float = 90.0) -> None:
+def dump_if_hung(seconds: float = 90.0, exit: bool = True) -> None:
     """In a test's training process: if it is still running after ``seconds``, print
     every thread's stack to stderr and exit 1 (the test then shows where it hung instead
-    of its own timeout)."""
+    of its own timeout). ``exit=False``: print them and go on (a process whose test
+    allows it longer: the stacks are in the test's output if it then fails)."""
     import faulthandler
 
-    faulthandler.dump_traceback_later(seconds, exit=True)
+    faulthandler.dump_traceback_later(seconds, exit=exit)
+
+
+#: a rank still running this long prints its stacks (``gather`` waits 60 s for a result)
+_RANK_STACKS_S = 50.0
+
+
+def framework_args() -> argparse.ArgumentParser:
+    """The arguments every framework process (tests/*_proc.py run by
+    tests/frameworks/test_frameworks.py) takes: ``URL JOB LOG_DIR``, ``--every K``
+    (checkpoint every K steps), ``--kill-at S`` (SIGKILL on entering step S) and
+    ``--resume CKPT``; a process adds its own after them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("job")
+    ap.add_argument("log_dir")
+    ap.add_argument("--every", type=int)
+    ap.add_argument("--kill-at", type=int)
+    ap.add_argument("--resume")
+    return ap
 
 
 def write_jsonl(directory: Path, files: int, lines: int | list[int]) -> list[dict[str, Any]]:
@@ -97,6 +118,7 @@ def ddp_rank(
 
     import taskq.torch
 
+    dump_if_hung(_RANK_STACKS_S, exit=False)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",
@@ -182,6 +204,7 @@ def restart_rank(
         RANK=str(rank),
         WORLD_SIZE=str(world),
     )
+    dump_if_hung(_RANK_STACKS_S, exit=False)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",

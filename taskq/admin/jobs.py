@@ -792,8 +792,12 @@ class Job:
     def files_appended(self, file_keys: Sequence[str]) -> list[bool]:
         """Whether each file (``path|size|version``) was appended whole by a follower
         (``taskq job follow``), from the job's ``follow`` hash (a sharded job's: shard 0's) (one HMGET per
-        ``FOLLOW_PAGE`` files, pipelined)."""
-        keys = list(file_keys)
+        ``FOLLOW_PAGE`` files, pipelined).
+
+        Raises:
+            InvalidInput: a key that is not a file key (``check_file_key``).
+        """
+        keys = check_file_keys(self.name, file_keys)
         if not keys:
             return []
         with translate(self.connection.url, self.keys, self.connection.redis):
@@ -807,9 +811,14 @@ class Job:
     def file_appended(self, file_key: str, chunks: int) -> None:
         """Note that a file's ``chunks`` chunks were all appended (after its last page:
         a follower stopped before it appends the file again, and the chunk ids skip
-        what went in)."""
+        what went in).
+
+        Raises:
+            InvalidInput: a key that is not a file key (``check_file_key``).
+        """
+        (key,) = check_file_keys(self.name, [file_key])
         with translate(self.connection.url, self.keys, self.connection.redis):
-            self.connection.redis.hset(self.keys.follow, file_key, chunks)
+            self.connection.redis.hset(self.keys.follow, key, chunks)
 
     @verb
     def follow_record(self) -> FollowRecord:
@@ -836,13 +845,17 @@ class Job:
         """Move a follower's watermark (every file at or below its ``(mtime, path)`` was
         appended) and drop the record of files it covers or that are gone: the watermark
         is written first, so a stop between the two leaves fields to drop, never a file
-        unrecorded. Pages of ``FOLLOW_PAGE`` fields per HDEL."""
+        unrecorded. Pages of ``FOLLOW_PAGE`` fields per HDEL.
+
+        Raises:
+            InvalidInput: a key that is not a file key (``check_file_key``).
+        """
+        keys = check_file_keys(self.name, file_keys)
         redis = self.connection.redis
         with translate(self.connection.url, self.keys, redis):
             pipe = redis.pipeline(transaction=False)
             if watermark is not None:
                 pipe.hset(self.keys.follow, FOLLOW_WATERMARK, json.dumps(list(watermark)))
-            keys = list(file_keys)
             for lo in range(0, len(keys), FOLLOW_PAGE):
                 pipe.hdel(self.keys.follow, *keys[lo : lo + FOLLOW_PAGE])
             pipe.execute()
@@ -1649,6 +1662,31 @@ def check_chunk_id(job: str, i: int, chunk_id: Any, what: str = "") -> None:
     raise errors.InvalidInput(
         f"job {job}: {what} must be a string of 1-1024 bytes, got {_short(chunk_id)}"
     )
+
+
+def check_file_keys(job: str, file_keys: Iterable[Any]) -> list[str]:
+    """The keys of files in a follower's record, refused unless each is a string of
+    UTF-8 text other than the record's watermark field (a file named by bytes that are
+    not UTF-8 comes to Python with lone surrogates, which Redis cannot be sent).
+
+    Raises:
+        InvalidInput: one line naming the first bad key; nothing is sent.
+    """
+    keys = list(file_keys)
+    for key in keys:
+        if not isinstance(key, str) or not key or key == FOLLOW_WATERMARK:
+            raise errors.InvalidInput(
+                f"job {job}: a file key is a non-empty string other than "
+                f"{FOLLOW_WATERMARK!r}, got {_short(key)}"
+            )
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            raise errors.InvalidInput(
+                f"job {job}: file key {_short(key)} holds a lone UTF-16 surrogate (not "
+                "Unicode text: a name whose bytes are not UTF-8)"
+            ) from None
+    return keys
 
 
 def _append_pages(encoded: list[str], cpt: int, max_backlog: int) -> list[tuple[int, int]]:

@@ -72,6 +72,10 @@ FLUSH, a new cluster master). Libraries persist and replicate like data. Loading
 a library may replace one, and every role's calls would run the replacement. The
 semantics the scripts implement are in docs/design.md.
 
+The build's result is kept in ``~/.cache/taskq`` (``$XDG_CACHE_HOME``) under a hash of
+every file it reads (``cached_build``): an import reads it back instead of tokenizing the
+Lua again, and a changed file makes a new entry.
+
 Data flow: lua/*.lua + contract.py + keys.py -> library.py (the text, at import) ->
 transport.py (FUNCTION LOAD, FCALL) -> Redis.
 """
@@ -79,13 +83,17 @@ transport.py (FUNCTION LOAD, FCALL) -> Redis.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import NamedTuple
 
-from taskq import errors
+from taskq import errors, keys
 from taskq.engine import contract
 from taskq.engine.contract import _LIMITS, HIST_BOUNDS_MS, Code
 from taskq.keys import COLD_KEYS, META_FIELDS, SCRIPT_KEYS
@@ -652,5 +660,79 @@ def build(texts: Mapping[str, str] | None = None) -> Library:
     return Library(name, source, functions, budgets)
 
 
-LIBRARY, SOURCE, FUNCTIONS, BUDGETS = build()
+#: How many built libraries the cache keeps (one per version of the Lua: a few checkouts
+#: or virtualenvs of taskq on one machine share it).
+CACHE_KEEP = 8
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$XDG_CACHE_HOME/taskq`` (``~/.cache/taskq``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "taskq"
+
+
+def _inputs_digest() -> str:
+    """A hash of everything the build reads: the package's Lua files and the Python that
+    turns them into the library (this module, contract.py, keys.py)."""
+    digest = hashlib.sha1()
+    lua = resources.files("taskq.engine") / "lua"
+    files = [(f"lua/{e.name}", e) for e in lua.iterdir() if e.is_file()]
+    files += [(f"lua/lib/{e.name}", e) for e in (lua / "lib").iterdir() if e.is_file()]
+    files += [(Path(m.__file__ or "").name, Path(m.__file__ or "")) for m in (contract, keys)]
+    files.append(("library.py", Path(__file__)))
+    for name, entry in sorted(files, key=lambda f: f[0]):
+        digest.update(name.encode() + b"\0" + entry.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cached_build() -> Library:
+    """``build()``, kept in ``cache_dir()`` under a hash of its inputs: the build reads every
+    unit's Lua tokens for the guard (about 0.3 s on an idle machine, at every import of
+    taskq), and its result changes only with the files it reads. A missing, unreadable or
+    damaged entry is built again; a cache that cannot be written is left alone. Keeps the
+    ``CACHE_KEEP`` newest entries."""
+    path = cache_dir() / f"library-{_inputs_digest()}.json"
+    try:
+        kept = json.loads(path.read_text())
+        return Library(
+            kept["name"],
+            kept["source"],
+            {verb: (fn, nkeys, ro) for verb, (fn, nkeys, ro) in kept["functions"].items()},
+            {
+                unit: Budget(
+                    b["locals"],
+                    {name: set(used) for name, used in b["upvalues"].items()},
+                    b["per_call"],
+                    b["loose"],
+                )
+                for unit, b in kept["budgets"].items()
+            },
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    built = build()
+    budgets = {
+        unit: asdict(b) | {"upvalues": {n: sorted(u) for n, u in b.upvalues.items()}}
+        for unit, b in built.budgets.items()
+    }
+    entry = {
+        "name": built.name,
+        "source": built.source,
+        "functions": built.functions,
+        "budgets": budgets,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
+            json.dump(entry, out)
+        os.replace(out.name, path)
+        kept_files = sorted(path.parent.glob("library-*.json"), key=os.path.getmtime)
+        for old in kept_files[:-CACHE_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return built
+
+
+LIBRARY, SOURCE, FUNCTIONS, BUDGETS = cached_build()
 VERBS = tuple(sorted(FUNCTIONS))

@@ -38,6 +38,7 @@ from taskq.trainer.core import Trainer
 from .. import errors
 from ..inputwait import InputMeter
 from ..models import Task
+from . import signals
 from .dataset import InProcess, TaskDataset
 from .held import HeldTasks
 from .readahead import ReadAhead
@@ -300,6 +301,12 @@ class Feeder(threading.Thread):
             if self._calls:
                 self._run_calls()
             if self._finish.is_set():
+                self._ack(self._take_acks())
+                return
+            if signals.leaving():
+                # the process's SIGTERM landed on another thread: the main thread's
+                # SystemExit waits for its blocking call to return; release now
+                log.info("job %s: SIGTERM: releasing what this loader holds", self.dataset.job)
                 self._ack(self._take_acks())
                 return
             # a lease the server took back (say, the job was cancelled): ask it now

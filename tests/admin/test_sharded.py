@@ -101,6 +101,8 @@ def test_one_job_config_makes_a_plain_and_a_sharded_job(
         ({"pases": 2}, "unknown job setting"),
         ({"backup_factor": 1.0}, "backup_factor must be a number > 1"),
         ({"max_backlog": 0}, "max_backlog must be an integer >= 1"),
+        ({"shuffle": 1}, "shuffle must be True or False, got 1"),
+        ({"heartbeat_interval": 0.004}, "heartbeat_interval must be at least 0.01 s"),
     ):
         with pytest.raises(taskq.InvalidInput, match=says):
             client.create_job(job_name + "x", [{"i": 1}], **bad)  # type: ignore[arg-type]

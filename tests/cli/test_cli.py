@@ -105,6 +105,26 @@ def test_create_has_one_option_per_job_setting_and_no_other() -> None:
         assert (given if given is None else settings[name].type_cast_value(ctx, given)) == default
 
 
+def test_create_options_take_their_bounds_and_help_from_the_fields() -> None:
+    """A setting's option is generated from its field: a number's range is the field's
+    bounds (what ``validate_config`` checks), a bool is a flag with an "off" form, and
+    the help is the field's (a field named in it reads as its option)."""
+    options = {p.name: p for p in cli_job.create.params if isinstance(p, click.Option)}
+    for f in dataclasses.fields(taskq.JobConfig):
+        option = options[f.name]
+        assert option.help and "``" not in option.help and option.show_default
+        if isinstance(f.default, bool):
+            assert option.is_flag and option.secondary_opts
+        elif "min" in f.metadata and f.name not in cli_job.OPTION_TYPES:
+            assert isinstance(option.type, (click.IntRange, click.FloatRange))
+            assert (option.type.min, option.type.min_open) == (f.metadata["min"], False)
+        elif "above" in f.metadata:
+            assert isinstance(option.type, click.FloatRange)
+            assert (option.type.min, option.type.min_open) == (f.metadata["above"], True)
+    assert options["auto_advance"].secondary_opts == ["--manual-advance"]
+    assert "--backup-factor x the median" in (options["backup_leases"].help or "")
+
+
 def test_create_with_bad_settings_says_one_line_and_writes_nothing(
     url: str, client: taskq.Client, job_name: str, manifest: str
 ) -> None:

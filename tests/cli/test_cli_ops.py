@@ -293,7 +293,7 @@ def test_piped_status_is_not_padded_and_pass_0_took_starts_at_the_first_lease(
             ["--worker-ttl", "1", "--heartbeat-interval", "2"],
             "--heartbeat-interval (2.0) must be shorter than --worker-ttl (1.0)",
         ),
-        (["--heartbeat-interval", "0.0004"], "--heartbeat-interval must be at least 0.01 s"),
+        (["--heartbeat-interval", "0.0004"], "0.0004 is not in the range x>=0.01"),
         (["--task-timeout", "0.0001"], "--task-timeout must be at least 0.01 s"),
     ],
 )

@@ -3,6 +3,8 @@ keeps its headroom under Lua 5.1's limits, and a part can take a new helper."""
 
 from __future__ import annotations
 
+import os
+
 from support import part_with
 
 import taskq
@@ -56,3 +58,35 @@ def test_a_helper_added_to_the_largest_part_still_loads_and_runs(client, job_nam
         assert _stats(client, functions["stats"][0], job_name)[0] == Code.OK
     finally:
         client.redis.execute_command("FUNCTION", "DELETE", name)
+
+
+def test_the_cached_library_is_the_built_one_and_a_damaged_entry_is_built_again(
+    tmp_path, monkeypatch
+):
+    """cached_build() keeps build()'s result under a hash of its inputs: read back, it is the
+    same library (text, functions, budgets); an entry that does not parse is built again
+    and rewritten."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = library.build()
+    first = library.cached_build()
+    (entry,) = (tmp_path / "taskq").glob("library-*.json")
+    assert library.cached_build() == first == built
+    entry.write_text('{"name": "taskq_')
+    assert library.cached_build() == built
+    assert entry.read_text().startswith('{"name": "' + built.name)
+
+
+def test_the_cache_keeps_the_newest_entries(tmp_path, monkeypatch):
+    """Entries of other versions of the Lua beyond library.CACHE_KEEP go, the oldest first."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "taskq"
+    folder.mkdir()
+    for i in range(library.CACHE_KEEP + 2):
+        old = folder / f"library-old{i}.json"
+        old.write_text("{}")
+        os.utime(old, (i, i))
+    library.cached_build()
+    left = {p.name for p in folder.glob("library-*.json")}
+    assert len(left) == library.CACHE_KEEP
+    assert "library-old0.json" not in left and "library-old1.json" not in left
+    assert f"library-old{library.CACHE_KEEP + 1}.json" in left

@@ -323,69 +323,12 @@ def test_a_slow_trainer_splits_no_task_of_another_alive(client, job_name, tmp_pa
     assert [f["task"] for f in split] == ["2"]
 
 
-def test_a_slow_trainer_hands_a_task_it_has_not_begun_over_whole(client, job_name, tmp_path):
-    """``s``, measured at a tenth of the typical pace (its first task split by pace at 6),
-    holds a second task it has not begun (progress 0): an idle trainer splits it at 0, the
-    whole task its piece, rather than leaving ``s`` the samples its pace would get through
-    (``s`` would begin them only after what it reads now; before, the point was 1 at
-    least). ``s`` confirms the point, acks its empty head; every sample once."""
-    chunks = [write_jsonl(tmp_path / f"{k}.jsonl", 100)[0] for k in range(4)]
-    job_of(client, job_name, chunks, worker_ttl=60.0)
-    a, s = trainer(client, job_name, "a"), trainer(client, job_name, "s")
-    for _ in range(2):
-        t = a.lease(timeout=0)
-        assert t is not None
-        client.advance_clock(job_name, 1000)
-        a.ack(t)
-    first, second = s.lease(timeout=0), s.lease(timeout=0)
-    assert first is not None and second is not None
-    s.progress(second, 0, None)  # not begun; its size goes with the report
-    it = read_some(s, first, 5, [])
-    client.advance_clock(job_name, 5000)
-    s.flush_progress()
-    assert a.lease(timeout=0) is None  # first split by pace at 6, pending
-    next(it)
-    s.progress(first, 6)
-    s.flush_progress()
-    s.progress(first, 6)
-    s.flush_progress()
-    s.ack(first)
-    tail = a.lease(timeout=0)
-    assert tail is not None and (tail.id, tail.start, tail.end) == (first.id, 6, 100)
-    got = read_all(a, tail)
-    a.ack(tail)
-    assert a.lease(timeout=0) is None  # the second split, pending
-    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
-    assert [(f["task"], f["at"]) for f in split] == [(str(first.id), "6"), (str(second.id), "0")]
-    s.progress(second, 0, None)
-    s.flush_progress()  # its reply says the end: 0
-    assert second.end == 0
-    s.progress(second, 0)
-    s.flush_progress()  # recorded under the end it honours: confirmed
-    piece = a.lease(timeout=0)
-    assert piece is not None and (piece.id, piece.start, piece.end) == (second.id, 0, 100)
-    assert list(read_task(second.chunks, second.start, end=second.current_end)) == []
-    s.ack(second)
-    got += read_all(a, piece)
-    a.ack(piece)
-    assert [x["i"] for x in got] == list(range(6, 100)) + list(range(100))
-    assert client.status(job_name, summaries=0).state == "completed"
-    audit = client.audit(job_name)
-    assert audit["ok"], audit["checks"]
-    assert audit["passes"][-1]["reread_samples"] == 0
-
-
-@pytest.mark.parametrize("ends", ["lost", "released"])
-def test_an_empty_head_piece_whose_holder_ends_is_acked_by_construction(
-    client, job_name, tmp_path, ends
-):
-    """``s``, measured slow (its first task split by pace), holds a task it has not begun;
-    an idle trainer splits it at 0
-    (the whole task its piece), ``s`` confirms the point, the idle trainer reads its piece
-    [0, 100) and acks it. Then ``s`` is lost (or releases its empty head [0, 0)) without
-    acking it: the head has nothing to read, so it is acked by construction and the task
-    is done, the pass complete. Before, it went back to the front as a piece for a range
-    reader to lease and ack (a pass with none left waited for ever)."""
+def _unbegun_task_split_at_0(client: taskq.Client, job_name: str, tmp_path: Any) -> tuple:
+    """``s``, measured at a tenth of the typical pace, reads 6 samples of its first task
+    and holds a second it has not begun (progress 0); an idle trainer ``a`` splits the
+    first by pace at 6 and reads its tail, then splits the second at 0; ``s`` confirms that
+    point and ``a`` leases the piece [0, 100). Returns (a, s, second, piece, samples ``a``
+    read of the first task's tail)."""
     chunks = [write_jsonl(tmp_path / f"{k}.jsonl", 100)[0] for k in range(4)]
     job_of(client, job_name, chunks, worker_ttl=60.0)
     a, s = trainer(client, job_name, "a"), trainer(client, job_name, "s")
@@ -408,7 +351,7 @@ def test_an_empty_head_piece_whose_holder_ends_is_acked_by_construction(
     s.ack(first)
     tail = a.lease(timeout=0)
     assert tail is not None and (tail.id, tail.start, tail.end) == (first.id, 6, 100)
-    read_all(a, tail)
+    got = read_all(a, tail)
     a.ack(tail)
     assert a.lease(timeout=0) is None  # the second split at 0, pending
     s.progress(second, 0, None)
@@ -418,6 +361,41 @@ def test_an_empty_head_piece_whose_holder_ends_is_acked_by_construction(
     s.flush_progress()  # recorded under the end it honours: confirmed
     piece = a.lease(timeout=0)
     assert piece is not None and (piece.id, piece.start, piece.end) == (second.id, 0, 100)
+    split = [f for _, f in client.events(job_name, count=1000) if f["type"] == "split"]
+    assert [(f["task"], f["at"]) for f in split] == [(str(first.id), "6"), (str(second.id), "0")]
+    return a, s, second, piece, got
+
+
+def test_a_slow_trainer_hands_a_task_it_has_not_begun_over_whole(client, job_name, tmp_path):
+    """``s``, measured at a tenth of the typical pace (its first task split by pace at 6),
+    holds a second task it has not begun (progress 0): an idle trainer splits it at 0, the
+    whole task its piece, rather than leaving ``s`` the samples its pace would get through
+    (``s`` would begin them only after what it reads now; before, the point was 1 at
+    least). ``s`` confirms the point, acks its empty head; every sample once."""
+    a, s, second, piece, got = _unbegun_task_split_at_0(client, job_name, tmp_path)
+    assert list(read_task(second.chunks, second.start, end=second.current_end)) == []
+    s.ack(second)
+    got += read_all(a, piece)
+    a.ack(piece)
+    assert [x["i"] for x in got] == list(range(6, 100)) + list(range(100))
+    assert client.status(job_name, summaries=0).state == "completed"
+    audit = client.audit(job_name)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 0
+
+
+@pytest.mark.parametrize("ends", ["lost", "released"])
+def test_an_empty_head_piece_whose_holder_ends_is_acked_by_construction(
+    client, job_name, tmp_path, ends
+):
+    """``s``, measured slow (its first task split by pace), holds a task it has not begun;
+    an idle trainer splits it at 0
+    (the whole task its piece), ``s`` confirms the point, the idle trainer reads its piece
+    [0, 100) and acks it. Then ``s`` is lost (or releases its empty head [0, 0)) without
+    acking it: the head has nothing to read, so it is acked by construction and the task
+    is done, the pass complete. Before, it went back to the front as a piece for a range
+    reader to lease and ack (a pass with none left waited for ever)."""
+    a, s, second, piece, _ = _unbegun_task_split_at_0(client, job_name, tmp_path)
     got = read_all(a, piece)
     a.ack(piece)
     assert [x["i"] for x in got] == list(range(100))

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from data_files import write_parquet
-from support import stop_process, wait_until
+from support import SLOW_TASK_ROWS, slow_reader_of_one_task, stop_process, wait_until
 
 import taskq
 from taskq.data import build_chunks, read_task
@@ -275,23 +273,9 @@ def test_the_holder_sigkilled_after_a_split(client, url, job_name, tmp_path):
     """A real trainer reads its task slowly; another splits it, then the first is
     SIGKILLed: its piece goes back after its ttl, is re-leased from its last record up to
     the split point; every sample is taken, none at or past the split point twice."""
-    rows = 200
-    path = write_parquet(tmp_path / "d.parquet", rows=rows, row_group_size=50)
-    chunks = build_chunks(path)
-    client.create_job(
-        job_name,
-        chunks=chunks,
-        chunks_per_task=len(chunks),
-        worker_ttl=1.0,
-        heartbeat_interval=0.2,
-        task_timeout=None,
-        split_tails=True,
-    )
-    out = tmp_path / "first.txt"
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "split_proc.py"), url, job_name, str(out)],
-        stdout=subprocess.PIPE,
-        text=True,
+    rows = SLOW_TASK_ROWS
+    proc, out = slow_reader_of_one_task(
+        client, url, job_name, tmp_path, "split_proc.py", split_tails=True
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""

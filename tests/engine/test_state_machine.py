@@ -136,23 +136,25 @@ class EngineMachine(RuleBasedStateMachine):
             and not (lease and lease["worker"] == worker and lease["live"])
         ):
             lease = backup
-        t = self.trainers[worker]
-        # the call reclaims first: a worker past its liveness deadline (on the job's
-        # clock, after the silence rule) has already lost its leases when it writes
+        return bool(lease and lease["token"] == task.token and self._holds(worker, lease))
+
+    def _holds(self, worker: str, lease: dict[str, Any]) -> bool:
+        """``lease`` is still ``worker``'s: live, of this round and incarnation, and its
+        worker alive. The call reclaims first: a worker past its liveness deadline (on the
+        job's clock, after the silence rule) has already lost its leases when it writes."""
+        keys, t = self.client.keys(self.job), self.trainers[worker]
         now, seen = int(self.client.redis.get(keys.clock) or 0), self._meta("seen")
         offset = self._meta("offset")
         if now - seen > self._meta("ttl") - self._meta("hbi"):
             offset += now - seen
         deadline = self.client.redis.zscore(keys.workers, f"{worker}|{t.incarnation}")
-        alive = deadline is not None and deadline >= now - offset
         return bool(
-            alive
-            and lease
+            deadline is not None
+            and deadline >= now - offset
             and lease["live"]
             and lease["round"] == self._meta("round")
             and lease["worker"] == worker
             and lease["worker_incarnation"] == t.incarnation
-            and lease["token"] == task.token
         )
 
     def _end(self, worker: str, task: taskq.Task, op: str) -> None:
@@ -828,23 +830,8 @@ class SplitMachine(EngineMachine):
         piece = parse_lease(self.client.redis.hget(keys.leases, f"b:{task.id}"))
         if piece and piece["token"] == task.token:
             lease = piece  # (one worker may hold both pieces: the token picks)
-        if not lease or lease["token"] != task.token:
-            return False
-        # the base class's liveness rule, on the record the token picked
-        t = self.trainers[worker]
-        now, seen = int(self.client.redis.get(keys.clock) or 0), self._meta("seen")
-        offset = self._meta("offset")
-        if now - seen > self._meta("ttl") - self._meta("hbi"):
-            offset += now - seen
-        deadline = self.client.redis.zscore(keys.workers, f"{worker}|{t.incarnation}")
-        alive = deadline is not None and deadline >= now - offset
-        return bool(
-            alive
-            and lease["live"]
-            and lease["round"] == self._meta("round")
-            and lease["worker"] == worker
-            and lease["worker_incarnation"] == t.incarnation
-        )
+        # the base class's rule, on the record the token picked
+        return bool(lease and lease["token"] == task.token and self._holds(worker, lease))
 
     def _end(self, worker: str, task: taskq.Task, op: str) -> None:
         if op != "ack" or not self._is_current(worker, task):

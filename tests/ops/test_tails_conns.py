@@ -268,6 +268,25 @@ def incarnation_of(client: taskq.Client, job: str, worker: str) -> str:
     return str(client.redis.hget(client.keys(job).winfo, worker) or "").split("|")[0]
 
 
+def resumes_on_a_new_connection(
+    client: taskq.Client, job: str, worker: str, old: str, inc: str, proc: subprocess.Popen[str]
+) -> None:
+    """After its stall, the trainer's next heartbeat records a new connection (not ``old``),
+    named as its trainer's, and its lease is still its own: its ack is accepted."""
+    assert wait_until(lambda: conn_id(client, job, worker) not in ("", old), 5), (
+        "the next heartbeat records its new connection"
+    )
+    assert conn_named(client, conn_id(client, job, worker), f"taskq-trainer-{inc}")
+    assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+
+
+def assert_nobody_declared_lost(client: taskq.Client, job: str, reaper: ReaperThread) -> None:
+    """No connection_closed event, no lease expired as worker_lost, no loss declared."""
+    assert events(client, job, "connection_closed") == []
+    assert client.status(job, summaries=0).counters["expired_worker_lost"] == 0
+    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
+
+
 def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
     own_redis, job_name, holder_cleanup
 ):
@@ -293,16 +312,10 @@ def test_a_stall_under_redis_timeout_is_not_declared_lost_inside_the_ttl(
         # stopped 8 s in all: past Redis's timeout 3, inside the 20 s ttl
         time.sleep(max(0.0, 8.0 - (time.monotonic() - t0)))
         proc.send_signal(signal.SIGCONT)
-        assert wait_until(lambda: conn_id(client, job_name, "slow") not in ("", stopped), 5), (
-            "the next heartbeat records its new connection"
-        )
-        assert conn_named(client, conn_id(client, job_name, "slow"), f"taskq-trainer-{inc}")
-        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+        resumes_on_a_new_connection(client, job_name, "slow", stopped, inc, proc)
     finally:
         reaper.stop()
-    assert events(client, job_name, "connection_closed") == []
-    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
-    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
+    assert_nobody_declared_lost(client, job_name, reaper)
 
 
 def test_a_killed_heartbeat_connection_and_a_stall_are_not_declared_lost(
@@ -327,16 +340,10 @@ def test_a_killed_heartbeat_connection_and_a_stall_are_not_declared_lost(
         assert client.redis.client_kill_filter(_id=killed) == 1
         time.sleep(2.0)  # the stall: 2 s stopped, inside the 5 s ttl
         proc.send_signal(signal.SIGCONT)
-        assert wait_until(lambda: conn_id(client, job_name, "cut") not in ("", killed), 5), (
-            "the next heartbeat records its new connection"
-        )
-        assert conn_named(client, conn_id(client, job_name, "cut"), f"taskq-trainer-{inc}")
-        assert ack_held(proc).startswith("ACKED"), "its lease is still its own"
+        resumes_on_a_new_connection(client, job_name, "cut", killed, inc, proc)
     finally:
         reaper.stop()
-    assert events(client, job_name, "connection_closed") == []
-    assert client.status(job_name, summaries=0).counters["expired_worker_lost"] == 0
-    assert reaper.reaper.watch is not None and reaper.reaper.watch.declared == 0
+    assert_nobody_declared_lost(client, job_name, reaper)
 
 
 @pytest.fixture

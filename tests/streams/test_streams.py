@@ -674,6 +674,11 @@ def test_cli_append_files_twice_adds_them_once(url, client, job_name, tmp_path):
     assert (first["tasks_appended"], again["tasks_appended"], again["chunks_skipped"]) == (6, 0, 6)
 
 
+#: How long a test waits for what a follower does first: its start (the interpreter and
+#: its imports) takes ~9 s alone on a 2-core machine at load 18.
+FOLLOWER_START_S = 60.0
+
+
 def _follow(url: str, job: str, pattern: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -702,7 +707,7 @@ def test_follow_appends_new_files_once_across_restarts(url, client, job_name, tm
     pattern = str(tmp_path / "*.jsonl")
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
     follower = _follow(url, job_name, pattern)
-    assert support.wait_until(lambda: client.status(job_name).tasks == 1)
+    assert support.wait_until(lambda: client.status(job_name).tasks == 1, FOLLOWER_START_S)
     (tmp_path / "b.jsonl").write_text('{"x": 2}\n')
     assert support.wait_until(lambda: client.status(job_name).tasks == 2)
     follower.send_signal(signal.SIGTERM)
@@ -768,6 +773,15 @@ class _Said:
         self.reader.join(timeout=5)
         return code
 
+    def __enter__(self) -> _Said:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A test that failed leaves no follower running."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
 
 def test_follow_appends_a_file_written_across_listings_once_whole(url, client, job_name, tmp_path):
     """A file seen half written is appended once, when it stopped changing: all its
@@ -778,7 +792,7 @@ def test_follow_appends_a_file_written_across_listings_once_whole(url, client, j
         _follow(url, job_name, str(tmp_path / "*.jsonl"), "--every", "2", "--settle", "1h")
     )
     path.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
-    assert support.wait_until(lambda: said.count("a.jsonl: new (") == 1, timeout=30)
+    assert support.wait_until(lambda: said.count("a.jsonl: new (") == 1, FOLLOWER_START_S)
     with path.open("a") as f:  # the second half, before the next listing
         f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
     assert support.wait_until(lambda: said.count("a.jsonl: 100 tasks appended") == 1, timeout=30)
@@ -799,7 +813,9 @@ def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, 
     for batch in range(3):
         for i in range(10):
             (tmp_path / f"p{batch}-{i}.jsonl").write_text(f'{{"x": {i}}}\n')
-        assert support.wait_until(lambda b=batch: client.status(job_name).tasks == 10 * (b + 1))
+        assert support.wait_until(
+            lambda b=batch: client.status(job_name).tasks == 10 * (b + 1), FOLLOWER_START_S
+        )
         assert support.wait_until(lambda: client.redis.hlen(handle.keys.follow) == 1)
     assert said.stop() == 0
     record = handle.follow_record()
@@ -821,7 +837,7 @@ def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path)
         (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
     pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
     said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
-    assert support.wait_until(lambda: client.status(job_name).tasks == 40, timeout=30)
+    assert support.wait_until(lambda: client.status(job_name).tasks == 40, FOLLOWER_START_S)
     follow_key = client.job(job_name).keys.follow
     hmgets: list[int] = []
     monitor = redis.Redis.from_url(url, decode_responses=True).monitor()
@@ -850,7 +866,7 @@ def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path)
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
     client.create_job(job_name, chunks=[], stream=True)
     said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
-    assert support.wait_until(lambda: said.count("no file matches") == 1)
+    assert support.wait_until(lambda: said.count("no file matches") == 1, FOLLOWER_START_S)
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
     assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1)
     (tmp_path / ".b.jsonl").write_text('{"x": 2}\n')  # being written: a hidden name
@@ -869,12 +885,69 @@ def test_follow_waiting_for_the_backlog_says_so_and_stops_on_sigterm(
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
     said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl"), "--settle", "0"))
     assert support.wait_until(
-        lambda: said.count("waiting for the backlog: 1 of max_backlog 1 tasks not done") == 1
+        lambda: said.count("waiting for the backlog: 1 of max_backlog 1 tasks not done") == 1,
+        FOLLOWER_START_S,
     ), said.lines
     assert said.stop() == 0
     assert said.count("waiting for the backlog") == 1
     assert client.status(job_name).tasks == 1
     assert client.job(job_name).files_appended([str(tmp_path / "a.jsonl")]) == [False]
+
+
+def test_follow_waiting_for_its_next_listing_stops_on_sigterm(url, client, job_name, tmp_path):
+    """Between listings (--every 1h) the follower waits on the signal, not the clock:
+    SIGTERM ends it (exit 0) long before its next listing."""
+    client.create_job(job_name, chunks=[], stream=True)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    pattern = str(tmp_path / "*.jsonl")
+    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "1h")) as said:
+        assert support.wait_until(
+            lambda: said.count("a.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
+        )
+        assert said.stop() == 0
+
+
+def test_follow_passes_a_file_whose_name_is_not_utf8_and_appends_the_rest(
+    url, client, job_name, tmp_path
+):
+    """A file named by bytes that are not UTF-8 (its name cannot be a chunk's path in
+    Redis) is said once and passed by the watermark; the other files go in (before: the
+    record's lookup raised UnicodeEncodeError, a traceback, and nothing was appended)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    (tmp_path / os.fsdecode(b"caf\xe9.jsonl")).write_text('{"x": 1}\n')
+    (tmp_path / "ok.jsonl").write_text('{"x": 2}\n')
+    pattern = str(tmp_path / "*.jsonl")
+    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0")) as said:
+        assert support.wait_until(
+            lambda: said.count("ok.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
+        )
+        (tmp_path / "later.jsonl").write_text('{"x": 3}\n')
+        assert support.wait_until(
+            lambda: said.count("later.jsonl: 1 tasks appended") == 1, timeout=30
+        )
+        assert said.stop() == 0
+    assert said.count("caf\\xe9.jsonl not appended: its name is not UTF-8 (rename it)") == 1
+    assert "Traceback" not in "".join(said.lines)
+    assert client.status(job_name).tasks == 2
+
+
+def test_cli_append_files_with_a_name_not_utf8_is_one_line_and_appends_nothing(
+    url, client, job_name, tmp_path
+):
+    client.create_job(job_name, chunks=[], stream=True)
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / os.fsdecode(b"caf\xe9.jsonl")).write_text('{"x": 2}\n')
+    p = subprocess.run(
+        [support.ENTRY_POINT, "--url", url, "job", "append", job_name]
+        + ["--files", str(tmp_path / "*.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode != 0
+    line = support.one_error_line(p.stderr)
+    assert line.endswith("caf\\xe9.jsonl: its name is not UTF-8 (rename it); nothing appended")
+    assert client.status(job_name).tasks == 0
 
 
 # -- trainers in processes, a producer appending -------------------------------------
@@ -1204,6 +1277,27 @@ def test_a_lone_surrogate_in_any_id_is_invalid_input(client, job_name):
     assert client.status(job_name).workers == 0
 
 
+@pytest.mark.parametrize("key", ["x\ud800", "", "watermark", 7])
+def test_a_bad_file_key_of_the_follow_record_is_invalid_input(client, job_name, key):
+    """A follower record's file key that is not UTF-8 text (before: a raw
+    UnicodeEncodeError), empty, the watermark's field (before: overwritten) or not a
+    string is refused by every verb of the record, and nothing is written."""
+    client.create_job(job_name, chunks=[], stream=True)
+    handle = client.job(job_name)
+    handle.forget_files((1.0, "a.jsonl"), [])
+    handle.file_appended("b.jsonl|9|2.0", 1)
+    before = client.redis.hgetall(handle.keys.follow)
+    for call in (
+        lambda: handle.files_appended(["b.jsonl|9|2.0", key]),
+        lambda: handle.file_appended(key, 1),
+        lambda: handle.forget_files((3.0, "c.jsonl"), ["b.jsonl|9|2.0", key]),
+    ):
+        with pytest.raises(taskq.InvalidInput, match="file key") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert client.redis.hgetall(handle.keys.follow) == before
+
+
 def test_an_empty_stream_completes_at_its_seal_and_its_trainers_end(client, job_name):
     client.create_job(job_name, chunks=[], stream=True, passes=3)
     got: list[int] = []
@@ -1320,7 +1414,8 @@ def test_a_follower_killed_mid_file_and_restarted_after_a_trim_appends_it_once(
     path = tmp_path / "big.jsonl"
     path.write_text("".join(json.dumps({"x": k}) + "\n" for k in range(2 * half)))
     follower = _follow(url, job_name, str(tmp_path / "*.jsonl"))
-    assert support.wait_until(lambda: client.status(job_name).tasks == half)  # then it waits
+    # then it waits
+    assert support.wait_until(lambda: client.status(job_name).tasks == half, FOLLOWER_START_S)
     follower.kill()
     follower.wait(timeout=20)
     t = trainer(client, job_name, "w")

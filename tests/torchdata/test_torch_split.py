@@ -127,6 +127,22 @@ def run_loader(
     return got, state, counts
 
 
+def idle_ended(idle: IdleTrainer, state: str) -> None:
+    """The idle trainer's thread ended without an error, the loader's pass with it."""
+    idle.join(30)
+    assert not idle.is_alive()
+    assert idle.error is None, idle.error
+    assert state in ("pass_complete", "completed")
+
+
+def completed_without_rereads(client: taskq.Client, job: str) -> None:
+    """The job completes, its audit ok, no sample of the pass read twice."""
+    wait_until(lambda: client.status(job, summaries=0).state == "completed", 5)
+    audit = client.audit(job)
+    assert audit["ok"], audit["checks"]
+    assert audit["passes"][-1]["reread_samples"] == 0
+
+
 def split_events(client: taskq.Client, job: str) -> list[dict[str, Any]]:
     return [f for _, f in client.events(job, count=10_000) if f["type"] == "split"]
 
@@ -311,10 +327,7 @@ def test_an_in_process_readers_split_is_confirmed_while_the_loop_trains(
         for batch in it:
             got += [s["i"] for s in batch]
         state = loader.state
-    idle.join(30)
-    assert not idle.is_alive()
-    assert idle.error is None, idle.error
-    assert state in ("pass_complete", "completed")
+    idle_ended(idle, state)
     both = Counter(got) + Counter(idle.ids)
     assert sorted(both) == list(range(n))
     assert set(both.values()) == {1}, "a sample delivered twice"
@@ -368,20 +381,14 @@ def test_a_task_an_in_process_reader_has_not_opened_is_split_at_once(
         for batch in it:
             got += [s["i"] for s in batch]
         state = loader.state
-    idle.join(30)
-    assert not idle.is_alive()
-    assert idle.error is None, idle.error
-    assert state in ("pass_complete", "completed")
+    idle_ended(idle, state)
     both = Counter(got) + Counter(idle.ids)
     assert sorted(both) == list(range(100)) + list(range(1000, 1100))
     assert set(both.values()) == {1}, "a sample delivered twice"
     base = other * 1000
     assert sorted(idle.ids) == list(range(base + start, base + 100))
     assert [i for i in got if i // 1000 == other] == list(range(base, base + start))
-    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
-    audit = client.audit(job_name)
-    assert audit["ok"], audit["checks"]
-    assert audit["passes"][-1]["reread_samples"] == 0
+    completed_without_rereads(client, job_name)
 
 
 def test_an_in_process_reader_split_below_its_look_ahead_delivers_no_lone_sample(
@@ -414,16 +421,10 @@ def test_an_in_process_reader_split_below_its_look_ahead_delivers_no_lone_sample
         for batch in it:
             batches.append([s["i"] for s in batch])
         state = loader.state
-    idle.join(30)
-    assert not idle.is_alive()
-    assert idle.error is None, idle.error
-    assert state in ("pass_complete", "completed")
+    idle_ended(idle, state)
     assert [len(b) for b in batches] == [4] * 9, "a batch more for the looked-ahead sample"
     assert [i for b in batches for i in b] + idle.ids == list(range(n))
-    wait_until(lambda: client.status(job_name, summaries=0).state == "completed", 5)
-    audit = client.audit(job_name)
-    assert audit["ok"], audit["checks"]
-    assert audit["passes"][-1]["reread_samples"] == 0
+    completed_without_rereads(client, job_name)
 
 
 def test_a_loader_at_the_tail_takes_no_more_while_its_task_is_unread(

@@ -10,17 +10,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from data_files import write_parquet
-from support import RedisServer, manual_job, quiet_trainer, stop_process, wait_until
+from support import (
+    SLOW_TASK_ROWS,
+    RedisServer,
+    manual_job,
+    quiet_trainer,
+    slow_reader_of_one_task,
+    stop_process,
+    wait_until,
+)
 
 import taskq
-from taskq.data import build_chunks, read_task
+from taskq.data import read_task
 from taskq.ops import acl
 from taskq.testing import trainer_worker
 
@@ -219,23 +224,10 @@ def test_progress_survives_a_redis_restart(own_redis: RedisServer, job_name):
 def test_task_of_a_trainer_sigkilled_at_90_percent_is_finished_from_there(
     client, url, job_name, tmp_path: Path
 ):
-    rows = 200
-    path = write_parquet(tmp_path / "d.parquet", rows=rows, row_group_size=50)
-    chunks = build_chunks(path)
-    client.create_job(
-        job_name,
-        chunks=chunks,
-        chunks_per_task=len(chunks),
-        worker_ttl=1.0,
-        heartbeat_interval=0.2,
-        task_timeout=None,
-        split_tails=False,  # the second trainer resumes the whole rest (not a split piece)
-    )
-    out = tmp_path / "first.txt"
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "progress_proc.py"), url, job_name, str(out)],
-        stdout=subprocess.PIPE,
-        text=True,
+    rows = SLOW_TASK_ROWS
+    # split_tails off: the second trainer resumes the whole rest (not a split piece)
+    proc, out = slow_reader_of_one_task(
+        client, url, job_name, tmp_path, "progress_proc.py", split_tails=False
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""

@@ -416,13 +416,16 @@ def test_survives_redis_restart_mid_pass(own_redis: RedisServer, job_name: str) 
     make_job(client, job_name, n, worker_ttl=3.0)
     acked: list[int] = []
     errors: list[BaseException] = []
+    restarted = threading.Event()
 
     def run() -> None:
         try:
             with taskq.Trainer(job_name, url=own_redis.url, reconnect_timeout=30) as t:
                 for task in t:
-                    time.sleep(0.03)  # a step: the pass is still running when Redis restarts
+                    time.sleep(0.03)  # a step
                     acked.append(task.id)
+                    if len(acked) == 10:  # the pass is still running when Redis restarts
+                        restarted.wait(30)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -430,6 +433,7 @@ def test_survives_redis_restart_mid_pass(own_redis: RedisServer, job_name: str) 
     th.start()
     assert wait_until(lambda: len(acked) >= 10, 20)
     own_redis.restart()
+    restarted.set()
     th.join(60)
     assert not th.is_alive() and not errors, errors
     audit = client.audit(job_name)

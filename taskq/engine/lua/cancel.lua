@@ -7,16 +7,11 @@
 -- returns: {code}
 local rcall = redis.call
 local mincr, mset = lib.meta.mincr, lib.meta.mset
-local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
 local broadcast, event = lib.events.broadcast, lib.events.event
-local done, open_job = lib.call.done, lib.call.open_job
+local done, open_by_inc = lib.call.done, lib.call.open_by_inc
 local save_summary = lib.passes.save_summary
-arg_id(ARGV[1], 'job_inc', true)
-arg_len(ARGV, 1)
-local bad = args_bad()
-if bad then return bad end
-local err = open_job(ARGV[1])
-if err then return done({err}) end
+local opened = open_by_inc(ARGV)
+if opened then return opened end
 if CALL.STATE == 'cancelled' then return done({C.OK}) end
 if CALL.STATE == 'completed' then return done({C.JOB_COMPLETED}) end
 save_summary('cancelled')

@@ -8,8 +8,9 @@
 -- clock (frozen through silences); ttl_ms its own ttl; the witness is the connection it registered on
 -- when its heartbeats go out on another ('' if none; lib/workers.lua set_conn). The
 -- reaper looks these ids up with CLIENT LIST ID (connwatch.py).
-local rcall, tonum, smatch, mfloor = redis.call, tonumber, string.match, math.floor
+local rcall, tonum, smatch = redis.call, tonumber, string.match
 local fmt, mnum, split = lib.meta.fmt, lib.meta.mnum, lib.meta.split
+local read_clocks = lib.call.read_clocks
 local arg_int, arg_len, args_bad = lib.args.arg_int, lib.args.arg_len, lib.args.args_bad
 local offset = arg_int(ARGV[1], 'offset', 0, 4294967295)
 local limit = arg_int(ARGV[2], 'limit', 1, PAGE_MAX)
@@ -17,14 +18,7 @@ arg_len(ARGV, 2)
 local bad = args_bad()
 if bad then return bad end
 if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
-local now
-if rcall('HGET', K_META, N.MCLOCK) == '1' then
-  now = tonum(rcall('GET', K_CLOCK) or '0') or 0
-else
-  local t = rcall('TIME')
-  now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
-end
-local jnow = now - (tonum(rcall('HGET', K_META, N.OFFSET) or '0') or 0)
+local _, jnow = read_clocks()
 local ranked = rcall('ZRANGE', K_WORKERS, offset, offset + limit - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #ranked, 2 do

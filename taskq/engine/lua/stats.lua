@@ -7,8 +7,9 @@
 --           dead, workers_alive, now_ms, jnow_ms, hist (flat), {started lease count older
 --           than each bound}, oldest_start_jnow, tail pieces waiting beside a leased head
 --           (todo beside nleased)}
-local rcall, tonum, mfloor, mmax, lipairs = redis.call, tonumber, math.floor, math.max, ipairs
+local rcall, tonum, mmax, lipairs = redis.call, tonumber, math.max, ipairs
 local fmt = lib.meta.fmt
+local read_clocks = lib.call.read_clocks
 local arg_fail, arg_int, args_bad = lib.args.arg_fail, lib.args.arg_int, lib.args.args_bad
 local waiting_tails = lib.pieces.waiting_tails
 if #ARGV > 64 then arg_fail('ARGV', 'more than 64 bounds', #ARGV) end
@@ -17,14 +18,7 @@ for k = 1, #ARGV do bounds[k] = arg_int(ARGV[k], 'bound', 0, 31536000) end
 local bad = args_bad()
 if bad then return bad end
 if rcall('EXISTS', K_META) == 0 then return {C.JOB_NOT_FOUND} end
-local now
-if rcall('HGET', K_META, N.MCLOCK) == '1' then
-  now = tonum(rcall('GET', K_CLOCK) or '0') or 0
-else
-  local t = rcall('TIME')
-  now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
-end
-local jnow = now - (tonum(rcall('HGET', K_META, N.OFFSET) or '0') or 0)
+local now, jnow = read_clocks()
 local older = {}
 for k = 1, #ARGV do
   older[k] = rcall('ZCOUNT', K_STARTED, '-inf', fmt(jnow - bounds[k] * 1000))

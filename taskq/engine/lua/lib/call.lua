@@ -1,5 +1,7 @@
 -- call.lua: one call's frame: the job's clocks, open_job (incarnation check, clock,
--- silence rule), done (every buffered write lands before the reply), job_info.
+-- silence rule) and open_by_inc (a verb taking only job_inc: its ARGV, then open_job),
+-- read_clocks (a read-only script's clocks), done (every buffered write lands before the
+-- reply), job_info.
 -- A call's state that several parts read lives in the table CALL (made anew on every call
 -- by reset(), which begin() calls; a field not set is nil):
 --   CALL.NOW   = the job's clock (server TIME in ms, or the manual clock key in tests)
@@ -15,6 +17,7 @@ local flush, fmt, load_meta, meta_clean, mget, mincr, mnum, mset_s =
   lib.meta.flush, lib.meta.fmt, lib.meta.load_meta, lib.meta.meta_clean, lib.meta.mget,
   lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
 local flush_events, flush_hist = lib.events.flush_events, lib.events.flush_hist
+local arg_id, arg_len, args_bad = lib.args.arg_id, lib.args.arg_len, lib.args.args_bad
 
 -- NOW and JNOW as strings, made once per call (open_job sets the clocks once)
 local NOW_S, JNOW_S = nil, nil  -- per call
@@ -71,6 +74,20 @@ local function open_job(inc, loaded, reads_meta_only)
   return nil
 end
 
+-- The job's clocks as a read-only script (conns, stats) sees them, without open_job's
+-- writes (the silence rule's offset is left to the next call that writes): now (ms) and
+-- jnow = now - offset.
+local function read_clocks()
+  local now
+  if rcall('HGET', K_META, N.MCLOCK) == '1' then
+    now = tonum(rcall('GET', K_CLOCK) or '0') or 0
+  else
+    local t = rcall('TIME')
+    now = tonum(t[1]) * 1000 + mfloor(tonum(t[2]) / 1000)
+  end
+  return now, now - (tonum(rcall('HGET', K_META, N.OFFSET) or '0') or 0)
+end
+
 -- Every script returns through done(): the buffered events, histogram counts and meta
 -- writes land before the reply.
 local function done(reply)
@@ -90,6 +107,19 @@ local function done_reads_meta(reply)
   return reply
 end
 
+-- The opening of a verb whose one argument is the job's incarnation (cancel, pause,
+-- resume): its ARGV checked, the job opened. Returns nil when the job is usable, else the
+-- reply to return.
+local function open_by_inc(argv)
+  arg_id(argv[1], 'job_inc', true)
+  arg_len(argv, 1)
+  local bad = args_bad()
+  if bad then return bad end
+  local err = open_job(argv[1])
+  if err then return done({err}) end
+  return nil
+end
+
 local function job_info()
   return {mnum(F.PASS), mnum(F.GEN), CALL.STATE, mget(F.REASON) or ''}
 end
@@ -106,4 +136,5 @@ local function reset()
 end
 
 return {now_s = now_s, jnow_s = jnow_s, round_s = round_s, open_job = open_job, done = done,
-  done_reads_meta = done_reads_meta, job_info = job_info, reset = reset}
+  done_reads_meta = done_reads_meta, job_info = job_info, reset = reset,
+  read_clocks = read_clocks, open_by_inc = open_by_inc}
