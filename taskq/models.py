@@ -217,7 +217,8 @@ class Task:
     def as_dict(self) -> dict[str, Any]:
         """The task as JSON-able data (what ``taskq work`` passes to its command): its
         range is ``[start, end)`` (``end`` None: the task's end) in its sample ``order``
-        (None: the chunks' order; ``taskq.data.sample_order``)."""
+        (None: the chunks' order; ``taskq.data.sample_order``); ``source`` is a mixed job's
+        source job of the task (None for other jobs)."""
         return {
             "job": self.job,
             "id": self.id,
@@ -227,6 +228,7 @@ class Task:
             "start": self.start,
             "end": self.end,
             "order": self.order,
+            "source": self.source,
             "chunks": self.chunks,
         }
 

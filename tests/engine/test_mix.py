@@ -1,20 +1,20 @@
 """Mixed jobs (docs/mixing.md): the schedule's bound and once-per-pass in the reference
 (taskq/mix.py), and a real server's sequence held to that reference whatever the
 trainers do (join, lease, ack, fail, release, die, revoke), with weight changes at stated
-slots, checkpoints and rewinds, the CLI, and taskq.torch over a mixed job."""
+slots, checkpoints and rewinds, and the CLI. Trainer processes, ``taskq work`` and
+taskq.torch over a mixed job: test_mix_blackbox.py."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import subprocess
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from support import ENTRY_POINT, ROOT, one_error_line, wait_until
+from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
@@ -586,122 +586,21 @@ def test_cli_create_set_status_export(url, client):
 def test_cli_errors_are_one_line(url, client):
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 2}, tag)
+    sharded = f"{tag}-sh"
+    client.create_job(sharded, [{"i": i} for i in range(4)], shards=2)
     for args in (
         ("mix", "set", names["a"], f"{names['a']}=1"),  # not a mixed job
         ("mix", "set", f"{tag}-none", "x=1"),  # no such job
+        ("mix", "status", sharded),  # a sharded job is not a mixed job
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=x"),  # a bad weight
         ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
+        ("job", "create", f"{tag}-m", "--mix", f"{sharded}=1"),  # a sharded source
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--shards", "2"),  # sharded
     ):
         r = _cli(url, *args)
         assert r.returncode != 0, (args, r.stdout, r.stderr)
         one_error_line(r.stderr)
     assert not client.redis.exists(client.keys(f"{tag}-m").meta)
-
-
-# -- a black-box run: trainer processes and a SIGKILL ------------------------------------
-def _mixed_run(client: taskq.Client, tag: str) -> str:
-    names = _sources(client, {"web": 60, "code": 40, "books": 20}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(
-        mix,
-        mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2},
-        worker_ttl=1.0,
-        heartbeat_interval=0.2,
-    )
-    # a change at a stated slot, and one at a slot reached mid-run
-    assert (
-        client.job(mix).set_weights(
-            {names["web"]: 0.2, names["code"]: 0.2, names["books"]: 0.6}, at=30
-        )
-        == 30
-    )
-    assert (
-        client.job(mix).set_weights({names["web"]: 1, names["code"]: 1, names["books"]: 1}, at=75)
-        == 75
-    )
-    return mix
-
-
-def _sources_of(client: taskq.Client, mix: str) -> list[tuple[str, int]]:
-    """The sequence with the sources named by their kind (web, code, books)."""
-    return [(s.rsplit("-", 1)[1], j) for s, j in _engine(client, mix)]
-
-
-def test_three_processes_and_a_kill_give_the_sequence_of_one_trainer(url, client, tmp_path):
-    mix = _mixed_run(client, f"mx{next(_ids)}")
-    log = tmp_path / "acks.log"
-    script = str(ROOT / "tests" / "trainer_proc.py")
-
-    def start(*extra: str) -> subprocess.Popen[str]:
-        cmd = [sys.executable, script, url, mix, "--sleep", "0.01", "--log", str(log), *extra]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-
-    # the first holds the task it leases until it is killed; the others start once it
-    # holds one (else, on a loaded machine, they may take every task before it leases)
-    victim = start("--hold")
-    procs = [victim]
-    try:
-        assert victim.stdout is not None
-        while not (line := victim.stdout.readline()).startswith("LEASED"):
-            assert line, "the holding trainer ended before it leased"
-        procs += [start(), start()]
-        victim.kill()  # SIGKILL while it holds a task: it goes back under its slot
-        victim.wait()
-        assert wait_until(lambda: client.status(mix).state == "completed", timeout=60)
-        for p in procs[1:]:
-            p.wait(timeout=30)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert client.status(mix).counters["expired_worker_lost"] >= 1
-    many = _sources_of(client, mix)
-    assert _engine(client, mix) == _reference(client, mix)
-    assert client.audit(mix)["ok"], client.audit(mix)
-
-    one = _mixed_run(client, f"mx{next(_ids)}")
-    _drain(client, one)
-    assert _sources_of(client, one) == many
-    assert len(many) == 120
-
-
-# -- taskq.torch over a mixed job ------------------------------------------------------
-def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path):
-    from torch_helpers import jsonl_reader, rows_of, write_jsonl
-
-    import taskq.torch
-
-    tag = f"mx{next(_ids)}"
-    files = {"web": 6, "code": 3, "books": 2}
-    names = {}
-    for k, (src, n) in enumerate(files.items()):
-        # rows {"f": file, "i": line}: a source's files numbered apart from the others'
-        chunks = write_jsonl(tmp_path / src, n + 10 * k, 7)[10 * k :]
-        names[src] = f"{tag}-{src}"
-        client.create_job(names[src], chunks)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2})
-    ds = taskq.torch.TaskDataset(mix, url=url, reader=jsonl_reader)
-    rows: list[tuple[int, int]] = []
-    kind_of_file = {f: src for k, src in enumerate(files) for f in range(10 * k, 10 * k + 10)}
-    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=2) as loader:
-        assert loader.batch_sources == [] and loader.mix_counts() == {}
-        for batch in loader:
-            got = rows_of(batch)
-            rows += got
-            # each row's source, in the batch's order
-            assert loader.batch_sources == [names[kind_of_file[f]] for f, _ in got]
-        assert loader.mix_counts() == {names[src]: 7 * n for src, n in files.items()}
-    want = sorted(
-        (f, i)
-        for k, n in enumerate(files.values())
-        for f in range(10 * k, 10 * k + n)
-        for i in range(7)
-    )
-    assert sorted(rows) == want
-    audit = client.audit(mix)
-    assert audit["ok"], audit["checks"]
-    assert _engine(client, mix) == _reference(client, mix)
 
 
 def test_a_rewind_to_a_pass_no_longer_kept_is_refused_with_nothing_changed(client):
