@@ -580,7 +580,14 @@ def test_cli_create_set_status_export(url, client):
     ]
     assert [x["samples"] for x in st["sources"]] == [None, None]  # chunks without a size
     r = _cli(url, "mix", "status", mix)
-    assert r.returncode == 0 and names["a"] in r.stdout
+    assert r.returncode == 0, r.stderr
+    header, *table = r.stdout.splitlines()[1:]
+    # every column docs/mixing.md lists; no debt (a stream source's: not built)
+    assert header.split() == ["source", "weight", "charged", "acked", "samples", "tasks", "pass"]
+    assert [row.split() for row in table] == [
+        [names["a"], "3", "8", "8", "?", "8", "0"],
+        [names["b"], "1", "4", "4", "?", "4", "0"],
+    ]
 
 
 def test_cli_errors_are_one_line(url, client):
