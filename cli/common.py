@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import taskq
+from taskq.mix import parse_mix
 from taskq.models import JobStatus
 
 
@@ -87,6 +88,22 @@ class PassesType(click.ParamType):
         if n < 0:
             self.fail(f"{value!r}: passes must be >= 1 (or 0/inf for until cancelled)", param, ctx)
         return n or None
+
+
+class MixType(click.ParamType):
+    """A mixed job's weights, ``web=0.5,code=0.3,books=0.2`` (``taskq.mix.parse_mix``)."""
+
+    name = "JOB=W,..."
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dict[str, float] | None:
+        if value is None or isinstance(value, dict):
+            return value
+        try:
+            return parse_mix(str(value))
+        except taskq.InvalidInput as e:
+            self.fail(str(e), param, ctx)
 
 
 class TaskTimeoutType(click.ParamType):

@@ -17,9 +17,10 @@ import click
 
 import taskq
 from taskq.admin.shardset import ShardedStatus
+from taskq.mix import ON_EXHAUSTED
 from taskq.models import JobConfig
 
-from .common import PassesType, TaskTimeoutType, client_of, echo_json, interactive
+from .common import MixType, PassesType, TaskTimeoutType, client_of, echo_json, interactive
 from .job_input import (
     BIG_INPUT_TASKS,
     ByteSizeType,
@@ -34,6 +35,8 @@ from .job_input import (
 OPTION_TYPES: dict[str, click.ParamType] = {
     "passes": PassesType(),
     "task_timeout": TaskTimeoutType(),
+    "mix": MixType(),
+    "on_exhausted": click.Choice(ON_EXHAUSTED),
 }
 #: A flag's "off" form when it is not --no-NAME.
 OFF_FLAGS = {"auto_advance": "--manual-advance"}
@@ -161,7 +164,7 @@ def create(
     **settings: Any,
 ) -> None:
     """Create job NAME from exactly one of --manifest, --files, --lines (a --stream job:
-    at most one; its tasks are appended later).
+    at most one; its tasks are appended later), or a mixed job from --mix (none).
 
     --files 'GLOB' (quoted; local paths or fsspec URLs) chunks each file by its format:
     lines/jsonl by byte range, parquet by row groups, tar by shard or samples. Everything
@@ -169,7 +172,10 @@ def create(
     at all. See docs/data.md.
     """
     cfg = JobConfig.of(**settings)  # every option that is not CREATE_CALL's is a setting
-    empty_stream = cfg.stream and manifest is None and files is None and lines is None
+    no_input = manifest is None and files is None and lines is None
+    empty_stream = cfg.stream and no_input
+    if cfg.mix is not None and not (no_input and not extra):
+        raise click.UsageError("--mix takes its tasks from its sources: no other input", ctx)
     sizing_given = [
         o
         for o, v in (
@@ -181,7 +187,7 @@ def create(
         )
         if v is not None
     ]
-    if empty_stream and not extra:
+    if (empty_stream or cfg.mix is not None) and not extra:
         if sizing_given:
             raise click.UsageError(f"{sizing_given[0]} needs a source (--files or --lines)", ctx)
     else:
@@ -205,7 +211,7 @@ def create(
     sizing = {"chunk_bytes": chunk_bytes, "row_groups_per_chunk": row_groups_per_chunk}
     chunks = (
         []
-        if empty_stream
+        if empty_stream or cfg.mix is not None
         else read_chunks(
             manifest, files, lines, records_per_chunk, show, fmt, sizing, storage_options
         )
@@ -233,7 +239,8 @@ def create(
         echo_json(status.as_dict())
         return
     click.echo(
-        f"job {name}: {status.tasks} tasks from {len(chunks)} chunks, "
+        f"job {name}: {status.tasks} tasks from "
+        f"{f'{len(chunks)} chunks' if cfg.mix is None else ', '.join(cfg.mix)}, "
         f"{'until cancelled' if cfg.passes is None else f'{cfg.passes} pass(es)'}"
         f"{', a stream (append, then `taskq job seal`)' if cfg.stream else ''}"
         f"{' (replaced)' if replace else ''}"

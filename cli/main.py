@@ -23,7 +23,7 @@ from taskq.models import JobConfig
 from . import checkpoints as _checkpoints  # noqa: F401  (adds job checkpoints / rewind)
 from . import demo as demo_module
 from . import dev as dev_module
-from . import events, exporter, job, passes, reaper, tasks, workers
+from . import events, exporter, job, mix, passes, reaper, tasks, workers
 from . import job_view as _job_view  # noqa: F401  (adds job status / list / audit)
 from . import streams as _streams  # noqa: F401  (adds job append / seal / follow)
 from .acl import acl as acl_group
@@ -212,6 +212,7 @@ def cli(ctx: click.Context, url: str | None, prefix: str | None) -> None:
 
 
 cli.add_command(job.job)
+cli.add_command(mix.mix)
 cli.add_command(passes.pass_group)
 cli.add_command(tasks.tasks)
 cli.add_command(workers.workers)

@@ -1,7 +1,8 @@
 """``taskq work JOB -- CMD ARGS...``: a trainer for any language, one CMD run per task.
 
 Each task's JSON goes to CMD on stdin (and in ``TASKQ_TASK`` when under 64 KiB), with
-``TASKQ_JOB``, ``TASKQ_TASK_ID``, ``TASKQ_PASS``, ``TASKQ_TOKEN`` and ``TASKQ_ATTEMPT``.
+``TASKQ_JOB``, ``TASKQ_TASK_ID``, ``TASKQ_PASS``, ``TASKQ_TOKEN`` and ``TASKQ_ATTEMPT``
+(and a mixed job's ``TASKQ_SOURCE``: the source job of the task, docs/mixing.md).
 Exit 0 acks (in the same call that leases the next task); a non-zero exit fails the task
 with the tail of CMD's stderr. Heartbeats go on while CMD runs. CMD runs in a session
 (process group) of its own: a revoked lease terminates the whole group (SIGTERM, then
@@ -123,6 +124,9 @@ class _Runner:
             TASKQ_ATTEMPT=str(task.attempt),
         )
         env.pop("TASKQ_TASK", None)
+        env.pop("TASKQ_SOURCE", None)
+        if task.source is not None:
+            env["TASKQ_SOURCE"] = task.source
         env["TASKQ_GLOBAL_ID"] = str(self.trainer.global_id(task))
         if self.ranges:  # the range CMD reads (an end moves no more once CMD runs)
             env["TASKQ_START"] = str(task.start)
@@ -217,14 +221,14 @@ class _Runner:
                 log.warning("task %s: lease revoked (command exit %s); not counted", task.id, rc)
                 self.counts["revoked"] += 1
             elif rc == 0:
-                log.info("task %s (pass %d): done", task.id, task.pass_no)
+                log.info("task %s (pass %d%s): done", task.id, task.pass_no, _of(task))
                 self.counts["done"] += 1
             else:
                 why = f"exit {rc}" if rc is not None else "not started"
                 if rc is not None and rc < 0:
                     why = f"killed by signal {-rc}"
                 message = failure_message(why, tail)
-                log.warning("task %s: failed (%s)", task.id, why)
+                log.warning("task %s: failed (%s%s)", task.id, why, _of(task))
                 self._end(trainer.fail, task, message)
                 self.counts["failed"] += 1
                 self._note_if_dead(task)
@@ -278,6 +282,11 @@ def failure_message(why: str, tail: str) -> str:
         rest.insert(0, line)
         room -= len(line) + 1
     return "\n".join([head, *rest])
+
+
+def _of(task: taskq.Task) -> str:
+    """A mixed job's task's source for a log line (docs/mixing.md), else nothing."""
+    return "" if task.source is None else f", source {task.source}"
 
 
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
@@ -438,8 +447,9 @@ def work(
     """Run CMD once per task of JOB, in any language.
 
     The task JSON ({"job", "id", "pass", "token", "attempt", "start", "end", "order",
-    "chunks"}) is on CMD's stdin and, under 64 KiB, in TASKQ_TASK; TASKQ_JOB,
-    TASKQ_TASK_ID, TASKQ_PASS, TASKQ_TOKEN and TASKQ_ATTEMPT are set. A resumed task
+    "source", "chunks"}) is on CMD's stdin and, under 64 KiB, in TASKQ_TASK; TASKQ_JOB,
+    TASKQ_TASK_ID, TASKQ_PASS, TASKQ_TOKEN and TASKQ_ATTEMPT are set (and TASKQ_SOURCE,
+    a mixed job's source job of the task: "source" in the JSON). A resumed task
     starts at sample "start" (samples in "order": null, the chunks' order). With --ranges
     CMD reads [start, end) ("end" null: the task's end; TASKQ_START, TASKQ_END too) and
     may be handed a piece of a task split at a pass's tail; without it, whole tasks only. Exit 0 acks the task; another exit fails it with the tail of

@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Any, get_type_hints
 
 from . import errors
+from .mix import ON_EXHAUSTED, check_mix
 from .models import MIN_SECONDS, JobConfig
 
 __all__ = ["MIN_SECONDS", "check_memory_policy", "encode_tasks", "validate_config"]
@@ -67,6 +68,15 @@ def validate_config(cfg: JobConfig) -> None:
             bad(
                 f"task_timeout must be at least {MIN_SECONDS:g} s (times are kept in ms), "
                 f"got {tt!r}"
+            )
+    if cfg.on_exhausted not in ON_EXHAUSTED:
+        bad(f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {cfg.on_exhausted!r}")
+    if cfg.mix is not None:
+        check_mix(cfg.mix)
+        if cfg.shards != 1 or cfg.stream or cfg.shuffle:
+            bad(
+                "a mixed job's tasks are its sources' and its order its schedule: no shards, "
+                "stream or shuffle"
             )
 
 

@@ -50,12 +50,18 @@ JOB_KEYS: tuple[str, ...] = (
     "progress",  # hash: task id -> samples its holders recorded as taken (this pass attempt)
     "ckpts",  # zset: checkpoint id -> sequence, the sealed checkpoints (last N kept)
     "ckpt",  # hash: "<id>" -> JSON record, "<id>:d:<k>" done / "<id>:x:<k>" dead bitmap pages,
-    # "<id>:p:<k>" progress pages; a stream's ":bound" and ":sweep" (lib/cuts.lua)
+    # "<id>:p:<k>" progress pages, "<id>:policy" the opaque policy blob it carries (if any);
+    # a stream's ":bound" and ":sweep" (lib/cuts.lua)
     "ckprog",  # hash: task id -> progress at an open checkpoint's cut (a COPY, paged into ckpt)
     "appids",  # hash: chunk id given to an append -> the task it went into (duplicates skipped)
     "appidx",  # hash: task id -> JSON list of the chunk ids it was appended with (for the trim)
     "appends",  # zset: the first task of each append -> "first:ms" (when it was appended)
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
+    "mix",  # hash: a mixed job's schedule state, now and as each kept pass was left (lib/mix.lua)
+    "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
+    "mixseq0",  # string: the tasks a mixed job charged, by position, of passes p % 3 == 0
+    "mixseq1",  # ... p % 3 == 1
+    "mixseq2",  # ... p % 3 == 2
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
@@ -91,6 +97,11 @@ COLD_KEYS: tuple[str, ...] = (
     "appidx",
     "appends",
     "follow",
+    "mix",
+    "mixlog",
+    "mixseq0",
+    "mixseq1",
+    "mixseq2",
     "sources",
     "srcseq",
     "aside",
@@ -124,7 +135,13 @@ class MetaField:
     AUTO_TT = "auto_tt"  # the auto task timeout in force (ms)
     MAXF = "maxf"  # max failures of a task
     MAXA = "maxa"  # max attempts of a task
-    SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation
+    SHUFFLE = "shuffle"  # 1: each pass visits the tasks in a seeded permutation; m: mixed
+    #: a mixed job's sources (JSON: sources, n, w, on_exhausted; docs/mixing.md)
+    MIX = "mix"
+    #: a mixed job's stored sequence ends before this slot (pass * n + positions stored:
+    #: charged a page ahead, lib/mix.lua); MIXD: no slot at or past it was handed out yet
+    MIXH = "mixh"
+    MIXD = "mixd"
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself

@@ -111,6 +111,14 @@ class JobConfig:
         "(sharded: divided among the shards).",
         min=1,
     )
+    mix: dict[str, float] | None = setting(
+        None,
+        "A mixed job drawing the tasks of these jobs by weight, e.g. web=0.5,code=0.5 "
+        "(no source of its own; its order the weighted schedule; docs/mixing.md).",
+    )
+    on_exhausted: str = setting(
+        "drop", "A mixed job's source run out in a pass: the others' weights renormalise."
+    )
 
     @classmethod
     def of(cls, config: JobConfig | None = None, **settings: Any) -> JobConfig:
@@ -168,6 +176,8 @@ class Task:
     #: task: the same for every reader of the job). ``task.start`` and ``task.end`` are
     #: positions in that order: read with ``read_task(task)``
     order: str | None = None
+    #: the source job a mixed job's task is from (docs/mixing.md); None for other jobs
+    source: str | None = None
     # the two Events are made on first use (most tasks never need them; an Event with its
     # Condition and Lock costs more to build than the rest of the task)
     _revoked: threading.Event | None = field(default=None, init=False, repr=False)
@@ -207,7 +217,8 @@ class Task:
     def as_dict(self) -> dict[str, Any]:
         """The task as JSON-able data (what ``taskq work`` passes to its command): its
         range is ``[start, end)`` (``end`` None: the task's end) in its sample ``order``
-        (None: the chunks' order; ``taskq.data.sample_order``)."""
+        (None: the chunks' order; ``taskq.data.sample_order``); ``source`` is a mixed job's
+        source job of the task (None for other jobs)."""
         return {
             "job": self.job,
             "id": self.id,
@@ -217,6 +228,7 @@ class Task:
             "start": self.start,
             "end": self.end,
             "order": self.order,
+            "source": self.source,
             "chunks": self.chunks,
         }
 

@@ -23,10 +23,12 @@ import secrets
 import time
 from typing import Any
 
+from redis.client import NEVER_DECODE
+
 from taskq import errors
 from taskq.admin import stats
 from taskq.engine.connection import Connection, translate
-from taskq.engine.contract import Code
+from taskq.engine.contract import POLICY_MAX, Code
 from taskq.keys import valid_job_name
 
 DEFAULT_KEEP = 20
@@ -50,7 +52,11 @@ def _check(job: str, ckpt: str) -> None:
 
 
 def checkpoint(
-    conn: Connection, job: str, keep: int = DEFAULT_KEEP, ckpt: str | None = None
+    conn: Connection,
+    job: str,
+    keep: int = DEFAULT_KEEP,
+    ckpt: str | None = None,
+    policy: bytes | None = None,
 ) -> dict[str, Any]:
     """Record ``job``'s position under a new checkpoint id.
 
@@ -63,6 +69,9 @@ def checkpoint(
         keep: how many sealed checkpoints of the job to keep (the oldest go), 1-1000.
         ckpt: the id to use (default: a new time-ordered one); an id already sealed is
             returned as it is.
+        policy: an opaque blob of up to ``POLICY_MAX`` (64 KiB) bytes kept with the
+            checkpoint, e.g. an online mixing policy's state (docs/mixing.md); read back
+            by ``policy_of``.
 
     Returns:
         The checkpoint's record (``checkpoints()`` lists the same dicts).
@@ -73,9 +82,14 @@ def checkpoint(
     """
     if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= 1000:
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
+    if policy is not None and (not isinstance(policy, bytes) or len(policy) > POLICY_MAX):
+        raise errors.InvalidInput(
+            f"job {job!r}: policy must be bytes, at most {POLICY_MAX} of them, got "
+            f"{type(policy).__name__}{f' of {len(policy)}' if isinstance(policy, bytes) else ''}"
+        )
     ckpt = ckpt or new_id()
     _check(job, ckpt)
-    reply = conn.run(job, "checkpoint", ["", ckpt, "begin", keep])
+    reply = conn.run(job, "checkpoint", ["", ckpt, "begin", keep, *([policy] if policy else [])])
     code = int(reply[0])
     if code == Code.LOCKED:
         raise errors.TaskqError(f"job {job!r}: a rewind is in progress; checkpoint after it")
@@ -131,6 +145,24 @@ def get(conn: Connection, job: str, ckpt: str) -> dict[str, Any]:
             f"job {job!r}: no checkpoint {ckpt!r} (see `taskq job checkpoints {job}`)"
         )
     return _decode(raw)
+
+
+def policy_of(conn: Connection, job: str, ckpt: str) -> bytes | None:
+    """The policy blob sealed checkpoint ``ckpt`` carries (``checkpoint(policy=...)``),
+    or None.
+
+    Raises:
+        InvalidInput: no sealed checkpoint ``ckpt``. JobNotFound.
+    """
+    rec = get(conn, job, ckpt)
+    if not rec.get("policy"):
+        return None
+    keys = conn.keys(job)
+    with translate(conn.url, keys, conn.redis):
+        raw = conn.redis.execute_command(
+            "HGET", keys.ckpt, f"{ckpt}:policy", **{NEVER_DECODE: True}
+        )
+    return None if raw is None else bytes(raw)
 
 
 def listing(conn: Connection, job: str) -> list[dict[str, Any]]:

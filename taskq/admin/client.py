@@ -184,7 +184,7 @@ class Client:
     def create_job(
         self,
         name: str,
-        chunks: Iterable[Any],
+        chunks: Iterable[Any] = (),
         config: JobConfig | None = None,
         *,
         replace: bool = False,
@@ -196,13 +196,15 @@ class Client:
         Args:
             name: job name, ``[A-Za-z0-9._-]{1,64}`` (a sharded job's: shorter,
                 ``keys.MAX_SHARDED_NAME``).
-            chunks: JSON-able chunk descriptors, in order (a stream's may be empty).
+            chunks: JSON-able chunk descriptors, in order (a stream's may be empty, a
+                mixed job's, ``mix={source: weight}``, is: its tasks are its sources').
             config: the job's settings (``JobConfig``: every setting, documented there);
                 the defaults when None.
             replace: replace an existing job (a new incarnation).
             progress: called with (tasks_written, total) while staging.
             settings: ``JobConfig`` fields over ``config``, e.g. ``passes=3``,
-                ``shards=4`` (a ``ShardedStatus`` is returned), ``stream=True``.
+                ``shards=4`` (a ``ShardedStatus`` is returned), ``stream=True``,
+                ``mix={"web": 0.5, "code": 0.5}`` (docs/mixing.md).
 
         Returns:
             The new job's status.

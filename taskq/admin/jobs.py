@@ -44,13 +44,13 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar, cast
 
 from redis.cluster import RedisCluster
 
 from taskq import errors
-from taskq.admin import checkpoints, shardset, stats
+from taskq.admin import checkpoints, mix, shardset, stats
 from taskq.admin.barrier import ADMIN_WAIT_S, STEP_LOCK_MS, barrier_lock
 from taskq.admin.shardset import (
     ShardedStatus,
@@ -282,6 +282,41 @@ class Job:
         if all(st == "completed" for st in states):
             raise errors.JobCompleted(f"job {self.name!r} is completed")
         return [shard for shard, st in zip(self.shards, states, strict=True) if st != "completed"]
+
+    # -- a mixed job (docs/mixing.md; mix.py) -------------------------------------
+    @verb
+    def set_weights(self, weights: Mapping[str, object], at: int | None = None) -> int:
+        """A mixed job's weights from slot ``at`` on (None: the first slot not charged).
+
+        Returns:
+            The slot from which they hold (``at`` when not charged yet, else the first
+            slot not charged).
+
+        Raises:
+            InvalidInput: not a mixed job (a sharded job never is); a source missing or
+                unknown; a bad weight or slot. JobNotFound, JobCancelled.
+        """
+        return mix.set_weights(self.connection, self.name, weights, at)
+
+    @verb
+    def mix_sequence(self, pass_no: int | None = None) -> list[dict[str, Any]]:
+        """The slots a mixed job charged in a pass (default: the current one), in order:
+        ``{"slot", "pass", "position", "source", "source_task", "task"}``.
+
+        Raises:
+            InvalidInput: not a mixed job. JobNotFound.
+        """
+        return mix.sequence(self.connection, self.name, pass_no)
+
+    @verb
+    def mix_status(self, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A mixed job per source: weight, charged and acked this pass, the acked tasks'
+        samples, tasks, pass (mix.py ``status``; ``cache``: keep it between calls).
+
+        Raises:
+            InvalidInput: not a mixed job. JobNotFound.
+        """
+        return mix.status(self.connection, self.name, cache)
 
     # -- reading ------------------------------------------------------------------
     @verb
@@ -937,7 +972,10 @@ class Job:
     # -- checkpoints --------------------------------------------------------------
     @verb
     def checkpoint(
-        self, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+        self,
+        keep: int = checkpoints.DEFAULT_KEEP,
+        ckpt: str | None = None,
+        policy: bytes | None = None,
     ) -> dict[str, Any]:
         """Record the job's position (pass, done set, progress, counters) under an id (a
         sharded job: one cut over every shard, ``_checkpoint_cut``).
@@ -945,6 +983,8 @@ class Job:
         Args:
             keep: sealed checkpoints kept per job (the oldest beyond it go), 1-1000.
             ckpt: the id (default: a new time-ordered one).
+            policy: an opaque blob of up to 64 KiB kept with it (a mixing policy's
+                state; ``checkpoint_policy`` reads it back; a sharded job: not built).
 
         Returns:
             The checkpoint's record; ``record["id"]`` names it (``rewind`` takes either).
@@ -952,7 +992,16 @@ class Job:
         Raises:
             InvalidInput, JobNotFound, JobCancelled; TaskqError while a rewind runs.
         """
-        return checkpoints.checkpoint(self.connection, self.name, keep, ckpt)
+        return checkpoints.checkpoint(self.connection, self.name, keep, ckpt, policy)
+
+    @verb
+    def checkpoint_policy(self, ckpt: CheckpointRef) -> bytes | None:
+        """The policy blob checkpoint ``ckpt`` carries, or None (``checkpoint(policy=)``).
+
+        Raises:
+            InvalidInput: no such sealed checkpoint. JobNotFound.
+        """
+        return checkpoints.policy_of(self.connection, self.name, checkpoint_id(self.name, ckpt))
 
     @verb
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -1274,7 +1323,10 @@ def _free_id(job: Job, ckpt: str, attempt: int) -> str:
 
 
 def _checkpoint_cut(
-    job: Job, keep: int = checkpoints.DEFAULT_KEEP, ckpt: str | None = None
+    job: Job,
+    keep: int = checkpoints.DEFAULT_KEEP,
+    ckpt: str | None = None,
+    policy: bytes | None = None,
 ) -> dict[str, Any]:
     """Checkpoint every shard as one cut, then list it in the shard-set record.
 
@@ -1295,6 +1347,8 @@ def _checkpoint_cut(
         ``mixed``), ``sealed_ms`` (the last shard's), ``shard_ids`` (shard -> its
         checkpoint's id) and ``shards`` (each shard's record).
     """
+    if policy is not None:
+        _no_policy(job)
     conn, name = job.connection, job.name
     if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= 1000:
         raise errors.InvalidInput(f"keep must be an integer 1-1000, got {keep!r}")
@@ -1450,6 +1504,17 @@ def _rewind_cut(job: Job, ckpt: CheckpointRef, once: bool = False, key: str = ""
 
 #: How a sharded job runs each verb of ``Job`` (one entry per ``@verb``): a new verb is a
 #: method and, for sharded jobs, one line here.
+def _no_policy(job: Job, *_: Any, **__: Any) -> Any:
+    """A policy blob on a sharded job's checkpoint: not built (refused)."""
+    raise errors.InvalidInput(f"job {job.name!r}: a sharded checkpoint carries no policy blob")
+
+
+def _not_mixed(job: Job, *_: Any, **__: Any) -> Any:
+    """A mixed job's verbs on a sharded job: refused (a mixed job is one engine job;
+    docs/mixing.md)."""
+    raise errors.InvalidInput(f"job {job.name!r} is sharded, not a mixed job (docs/mixing.md)")
+
+
 ROUTES: dict[str, Route] = {
     "status": Route(OWN, _status),
     "samples": Route(EVERY, _samples),
@@ -1480,7 +1545,11 @@ ROUTES: dict[str, Route] = {
     "delete": Route(OWN, _delete),
     "checkpoint": Route(OWN, _checkpoint_cut),
     "checkpoints": Route(OWN, _checkpoints),
+    "checkpoint_policy": Route(OWN, _no_policy),
     "rewind": Route(OWN, _rewind_cut),
+    "set_weights": Route(OWN, _not_mixed),
+    "mix_sequence": Route(OWN, _not_mixed),
+    "mix_status": Route(OWN, _not_mixed),
 }
 
 
@@ -1689,8 +1758,16 @@ def create(
     keys = conn.keys(name)
     validate_config(cfg)
     chunk_list = list(chunks)
-    empty = cfg.stream and not chunk_list
-    tasks, nchunks = ([], 0) if empty else encode_tasks(chunk_list, cfg.chunks_per_task)
+    spec = None
+    if cfg.mix is not None:  # its tasks are its sources' (admin/mix.py)
+        if chunk_list:
+            raise errors.InvalidInput("a mixed job takes its tasks from its sources: no chunks")
+        check_name(name)
+        (tasks, nchunks), spec = mix.read_sources(conn, name, cfg)
+    elif cfg.stream and not chunk_list:
+        tasks, nchunks = [], 0
+    else:
+        tasks, nchunks = encode_tasks(chunk_list, cfg.chunks_per_task)
     if cfg.shards != 1 and not cfg.stream and not cfg.shards <= len(tasks):
         raise errors.InvalidInput(f"shards must be 2..{len(tasks)} (the tasks), got {cfg.shards}")
     if not conn.allow_eviction:
@@ -1762,6 +1839,8 @@ def create(
             F.STREAM: "open" if cfg.stream else "",
             F.MAX_BACKLOG: cfg.max_backlog or 0,
         }
+        if spec is not None:  # the order of a pass is the mix schedule (lib/mix.lua)
+            meta[F.SHUFFLE], meta[F.MIX] = "m", spec.to_json()
         args: list[Any] = [int(replace), len(tasks)]
         for k, v in meta.items():
             args += [k, v]

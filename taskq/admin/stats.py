@@ -33,6 +33,7 @@ from taskq.data import task_size
 from taskq.engine.connection import Connection
 from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
+from taskq.mix import MixSpec
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -88,6 +89,11 @@ def histogram(hist: dict[str, str], name: str, meta_sum: str | None = None) -> d
     }
 
 
+def _mix_of(raw: str) -> dict[str, float]:
+    spec = MixSpec.from_json(raw)
+    return {s: float(w) for s, w in zip(spec.sources, spec.weights, strict=True)}
+
+
 def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
     """The ``JobStatus`` of ``name``.
 
@@ -138,6 +144,8 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         "split_tails": meta.get(F.SPLIT, "1") != "0",
         "shuffle_samples": meta.get(F.SORDER) == "shuffled",
         "backup_leases": _int(meta, F.BACKUP_K) > 0,
+        # a mixed job's sources and first weights (docs/mixing.md), else None
+        "mix": _mix_of(meta[F.MIX]) if meta.get(F.MIX) else None,
     }
     counters = {k: _int(meta, f) for k, f in COUNTERS.items()}
     counters["last_ack_ms"] = _int(meta, F.LAST_ACK)

@@ -75,6 +75,8 @@ EVENT_LIST_MAX = 16  #: tasks one leased / acked / reserved event lists (count h
 SUMMARIES_MAX = 1000  #: pass summaries the passes hash keeps in all (passes, resets, rewound)
 DEAD_CHECK_MAX = 1000  #: dead tasks a pass's end checks against its done set in one call
 CK_PAGE_BYTES = 65536  #: bytes of a bitmap one checkpoint page holds (8 x as many tasks)
+#: bytes of the opaque policy blob a checkpoint may carry (a mixing policy's state)
+POLICY_MAX = 65536
 CK_PAGE_PAIRS = 2000  #: (task, samples) pairs of one checkpoint progress page (one scan step)
 RW_WALK = 500  #: positions of the checkpoint's order one rewind walk step goes through
 RW_MARK = 100  #: summaries one rewind mark step marks rewound
@@ -107,6 +109,7 @@ _LIMITS = (
     "SUMMARIES_MAX",
     "DEAD_CHECK_MAX",
     "CK_PAGE_BYTES",
+    "POLICY_MAX",
     "CK_PAGE_PAIRS",
     "RW_WALK",
     "RW_MARK",

@@ -108,6 +108,8 @@ LIB_PARTS: tuple[str, ...] = (
     "args.lua",
     "events.lua",
     "call.lua",
+    "mixrule.lua",
+    "mix.lua",
     "secrets.lua",
     "workers.lua",
     "leases.lua",
@@ -167,6 +169,8 @@ HOT_META = (
     "SHUFFLE",
     "DUR_SUM",
     "NWAITING",
+    "MIXH",
+    "MIXD",
 )
 META_SLOTS: dict[str, int] = {
     name: i

@@ -48,6 +48,17 @@ from taskq.keys import (
     valid_job_name,
 )
 
+#: A mixed job's writes in a lease (lib/mix.lua, docs/mixing.md): its slots charged into
+#: the pass's stored sequence (SETRANGE), and when a pass starts, the sequence of one no
+#: longer kept dropped (UNLINK) and the weight log below the kept passes trimmed. Only a
+#: trainer's lease charges; the reaper's functions reach the same part of the library (a
+#: pass they end), so its rule carries it too. The producer's does not: an append ends no
+#: pass and refuses a mixed job.
+MIX_WRITES = (
+    (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
+    (("mixlog",), ("zremrangebyscore",)),
+)
+
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
 #: broadcast) and the trainer BLPOPs (wake-up lists): per-pass state, nothing a job
 #: cannot rebuild. The job's config, chunks, leases, counts and events are not here.
@@ -195,6 +206,7 @@ ROLES: dict[str, Role] = {
             writes=(
                 (WRITTEN_KEYS, WRITE_COMMANDS),
                 (SCRATCH_KEYS, ("del", "unlink", "blpop")),
+                *MIX_WRITES,
             ),
         ),
         Role(
@@ -222,6 +234,7 @@ ROLES: dict[str, Role] = {
                 # a stream's trim: its done tasks' descriptors, the appends' log below them
                 (("chunks",), ("hdel",)),
                 (("appends",), ("zremrangebyscore",)),
+                *MIX_WRITES,
             ),
         ),
         Role(

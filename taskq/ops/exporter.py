@@ -102,6 +102,8 @@ class TaskqCollector:
         self._errors = 0
         self._last_error: dict[str, str] = {}
         self._lock = threading.Lock()
+        #: the mixed jobs' task sizes, read once (``Job.mix_status``'s cache)
+        self._mix_sizes: dict[str, Any] = {}
 
     def _error(self, what: str, exc: BaseException, count: int = 1) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -191,9 +193,20 @@ class TaskqCollector:
         self._read("Redis")
         return out, True, policy
 
+    def _mixes(self, statuses: Sequence[JobStatus]) -> list[dict[str, Any]]:
+        """``mix_status`` of every mixed job among ``statuses`` that could be read."""
+        out = []
+        for st in statuses:
+            if st.config.get("mix"):
+                try:
+                    out.append(self.client.job(st.job).mix_status(cache=self._mix_sizes))
+                except _SKIPPED as e:
+                    self._error(f"mixed job {st.job!r}", e)
+        return out
+
     def describe(self) -> Iterable[Metric]:
         """The metric families without samples (so registering reads nothing)."""
-        return [*_families(()), *_exporter_families(0, None, None)]
+        return [*_families(()), *mix_families(()), *_exporter_families(0, None, None)]
 
     def collect(self) -> Iterable[Metric]:
         """The metric families of one scrape."""
@@ -203,6 +216,7 @@ class TaskqCollector:
             if parent_of:
                 family.samples = [_as_one(sample, parent_of) for sample in family.samples]
             yield family
+        yield from mix_families(self._mixes(statuses))
         with self._lock:
             errors_total = self._errors
         yield from _exporter_families(errors_total, up, policy)
@@ -214,6 +228,34 @@ def _as_one(sample: Any, parent_of: dict[str, str]) -> Any:
     if job not in parent_of:
         return sample
     return sample._replace(labels={**sample.labels, "job_name": parent_of[job], "shard": job})
+
+
+def mix_families(mixes: Iterable[dict[str, Any]]) -> Iterator[Metric]:
+    """A mixed job's figures per source (docs/mixing.md), labelled ``job_name`` and
+    ``source``: bounded by the sources (at most ``taskq.mix.MAX_SOURCES`` a job)."""
+    labels = ["job_name", "source"]
+    weight = GaugeMetricFamily("taskq_mix_weight", "A source's weight now.", labels=labels)
+    charged = GaugeMetricFamily(
+        "taskq_mix_charged_tasks", "A source's slots handed out this pass.", labels=labels
+    )
+    acked = GaugeMetricFamily(
+        "taskq_mix_acked_tasks", "A source's tasks acked this pass.", labels=labels
+    )
+    samples = GaugeMetricFamily(
+        "taskq_mix_acked_samples",
+        "The samples of a source's tasks acked this pass (absent when a task does not "
+        "say its size).",
+        labels=labels,
+    )
+    for mix in mixes:
+        for row in mix["sources"]:
+            at = [mix["job"], row["source"]]
+            weight.add_metric(at, row["weight"])
+            charged.add_metric(at, row["charged"])
+            acked.add_metric(at, row["acked"])
+            if row["samples"] is not None:
+                samples.add_metric(at, row["samples"])
+    yield from (weight, charged, acked, samples)
 
 
 def _exporter_families(errors_total: int, up: bool | None, policy: str | None) -> Iterator[Metric]:

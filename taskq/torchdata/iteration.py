@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 _JOIN_S = 15.0
 #: stands after the last batch yielded once the iteration ended (``TaskqIter.stepped``)
-_END_MARK: tuple[dict[int, int], bool] = ({}, False)
+_END_MARK: tuple[dict[int, int], bool, list[str | None]] = ({}, False, [])
 #: worker deaths one iteration survives; the next one is raised (a task that kills every
 #: reader would otherwise be read for ever)
 _MAX_RESTARTS = 3
@@ -88,10 +88,16 @@ class TaskqIter:
         self._ahead: deque[Unit] = deque()
         #: torch's iterator ended while units were taken ahead
         self._torch_end = False
-        #: the batches yielded last, as (samples per pass, a padding repeat): the oldest
-        #: is the one the loop steps on (``ahead`` calls ago; loader.batch_pass)
-        self._yielded: deque[tuple[dict[int, int], bool]] = deque(maxlen=self.ahead + 1)
+        #: the batches yielded last, as (samples per pass, a padding repeat, each row's
+        #: source job: a mixed job's, docs/mixing.md): the oldest is the one the loop
+        #: steps on (``ahead`` calls ago; loader.batch_pass, loader.batch_sources)
+        self._yielded: deque[tuple[dict[int, int], bool, list[str | None]]] = deque(
+            maxlen=self.ahead + 1
+        )
         self._passes: dict[int, int] = {}
+        self._sources: list[str | None] = []
+        #: samples per source of the batches yielded (loader.mix_counts)
+        self.mix_yielded: Counter[str] = Counter()
         #: even_steps (even.py): the ranks' agreement at each next(); True once they
         #: agreed that none has a batch
         self.even = even
@@ -120,10 +126,16 @@ class TaskqIter:
         return batch
 
     @property
-    def stepped(self) -> tuple[dict[int, int], bool]:
+    def stepped(self) -> tuple[dict[int, int], bool, list[str | None]]:
         """The batch the loop steps on (yielded ``ahead`` calls ago, or the last one once
-        the iteration ended): its samples per pass, and whether it is a padding repeat."""
-        return self._yielded[0] if self._yielded else ({}, False)
+        the iteration ended): its samples per pass, whether it is a padding repeat, and
+        its rows' sources."""
+        return self._yielded[0] if self._yielded else _END_MARK
+
+    def mix_stepped(self) -> Counter[str]:
+        """Samples per source of the batches yielded up to the one the loop steps on."""
+        ahead = Counter(s for entry in list(self._yielded)[1:] for s in entry[2] if s)
+        return self.mix_yielded - ahead
 
     def _next_batch(self) -> Any:
         try:
@@ -149,7 +161,8 @@ class TaskqIter:
             # acks="commit" it is released all the same: nothing uncommitted is kept)
             self._end(ack_taken=True, shutdown=True)
             raise
-        self._yielded.append((self._passes, False))
+        self._yielded.append((self._passes, False, self._sources))
+        self.mix_yielded.update(s for s in self._sources if s)
         return batch
 
     def _next_even(self) -> Any:
@@ -208,7 +221,7 @@ class TaskqIter:
             even.pad = batch
             return batch
         self._counts()["padding_batches"] += 1
-        self._yielded.append(({}, True))
+        self._yielded.append(({}, True, []))
         return even.pad
 
     def _next(self) -> Any:
@@ -232,15 +245,18 @@ class TaskqIter:
             finished = []
             reached: dict[Pair, int] = {}
             passes: Counter[int] = Counter()
-            held = self.held
-            pass_of, own_pass = held.pass_of, self.feeder.pass_no
+            sources: list[str | None] = []
+            held, own_pass = self.held, self.feeder.pass_no
             if own_pass is None:  # set before the feeder's first lease: never here
                 own_pass = -1
             for task_id, token, index, last in tags:
                 # pass_end="local": a task of the last pass that came back is served in
                 # this one (a sample of a task no longer held counts as this pass's)
-                of = pass_of(task_id, token)
+                entry = held.entry(task_id, token)
+                task = None if entry is None else entry.task
+                of = None if task is None else task.pass_no
                 passes[own_pass if of is None else of] += 1
+                sources.append(None if task is None else task.source)
                 if last:
                     if of is not None:
                         finished.append((task_id, token))
@@ -255,7 +271,7 @@ class TaskqIter:
                     held.took(pair, -1)
                 continue
             self._handed.append((finished, reached))
-            self._passes = dict(passes)
+            self._passes, self._sources = dict(passes), sources
             self.samples += len(tags)
             counts["samples"] += len(tags)
             counts["batches"] += 1

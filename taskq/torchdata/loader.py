@@ -255,6 +255,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._status_client: Any = None  # progress(): one client for its status calls
         self._job: Any = None  # progress(): the job's handle (plain or sharded)
         self._sizes: dict[str, Any] = {}  # progress(): the tasks' sizes, read once
+        #: a mixed job's samples per source of the iterations before the current one
+        self._mix_before: Counter[str] = Counter()
 
     @property
     def state(self) -> str | None:
@@ -299,6 +301,22 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         (``{pass: samples}``)."""
         cur = self._current
         return {} if cur is None else dict(cur.stepped[0])
+
+    @property
+    def batch_sources(self) -> list[str | None]:
+        """The source job of each row of the batch the loop steps on (as
+        ``batch_pass``), for a mixed job (docs/mixing.md); None for a row of another
+        job's task; [] before the first batch and for a padding batch."""
+        cur = self._current
+        return [] if cur is None else list(cur.stepped[2])
+
+    def mix_counts(self) -> dict[str, int]:
+        """A mixed job's samples per source this loader's loop stepped on, over its
+        iterations, up to the batch it steps on (``batch_sources``): what an online
+        mixing policy reads to set the next weights (``job.set_weights``). Local to this
+        loader; the job's counts over every trainer: ``job.mix_status()``."""
+        cur = self._current
+        return dict(self._mix_before + (Counter() if cur is None else cur.mix_stepped()))
 
     @property
     def collective(self) -> bool:
@@ -448,6 +466,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             if self.even_steps and self._even is not None and self._even.start()
             else None
         )
+        if self._current is not None:
+            self._mix_before += self._current.mix_stepped()
         self._current = TaskqIter(self, torch_iter, feeder, feed, even)
         return self._current
 

@@ -138,7 +138,7 @@ class Calls:
             info = decode_info(raw_info)
             self._info = (raw_info, info)
         pass_no, job, chunks_key = info.pass_no, self.job, self._chunks_key
-        seed = self._session.seed
+        seed, mix = self._session.seed, self._session.mix
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
         # one row per task: {id, token, attempt, chunks_json, started, start[, end]};
@@ -162,6 +162,8 @@ class Calls:
                 task.end = end if end >= 0 else None
             if seed is not None:  # a job whose samples are shuffled: the task's order
                 task.order = order_key(job, seed, pass_no, task.id)
+            if mix is not None:
+                task.source = mix.source_of(task.id)
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)

@@ -29,6 +29,7 @@ from taskq import errors
 from taskq.engine.connection import name_connection, trainer_conn_name, translate
 from taskq.engine.contract import Code
 from taskq.engine.transport import Scripts
+from taskq.mix import MixSpec
 from taskq.models import Task
 
 #: codes a trainer reads from the reply instead of raising
@@ -51,7 +52,7 @@ def decode_info(raw: Sequence[Any]) -> JobInfo:
 
 class Registered(NamedTuple):
     """``register``: ``{code, job_inc, worker_ttl_ms, heartbeat_ms, info, sample order,
-    seed}``."""
+    seed, mix}``."""
 
     job_incarnation: str
     ttl_s: float
@@ -60,6 +61,8 @@ class Registered(NamedTuple):
     #: the job's sample order: "" the chunks', "shuffled" (``taskq.data.sample_order``)
     sample_order: str = ""
     seed: int = 0
+    #: a mixed job's sources (docs/mixing.md), None for any other job
+    mix: MixSpec | None = None
 
     @classmethod
     def decode(cls, reply: Sequence[Any]) -> Registered:
@@ -71,6 +74,7 @@ class Registered(NamedTuple):
             decode_info(reply[4]),
             str(reply[5]) if len(reply) > 5 else "",
             int(reply[6]) if len(reply) > 6 else 0,
+            MixSpec.from_json(reply[7]) if len(reply) > 7 and reply[7] else None,
         )
 
 

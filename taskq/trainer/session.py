@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from taskq import errors
 from taskq.engine.connection import Connection, name_connection, translate
 from taskq.keys import JobKeys
+from taskq.mix import MixSpec
 from taskq.trainer.protocol import PASSTHROUGH, JobInfo, Registered
 
 log = logging.getLogger("taskq.trainer")
@@ -163,6 +164,9 @@ class Session:
         #: the job's seed when its samples are shuffled (register says), else None: the
         #: tasks granted carry their order (``Task.order``)
         self.seed: int | None = None
+        #: a mixed job's sources (register says), else None: a granted task's id names
+        #: its source (``Task.source``)
+        self.mix: MixSpec | None = None
 
     @property
     def incarnation(self) -> str:
@@ -215,6 +219,7 @@ class Session:
         )
         self.creds = (incarnation, secret)  # one store: never one without the other
         self.seed = reg.seed if reg.sample_order == "shuffled" else None
+        self.mix = reg.mix
         self.job_incarnation = reg.job_incarnation
         self.ttl_s = reg.ttl_s
         self.heartbeat_interval = reg.heartbeat_interval_s

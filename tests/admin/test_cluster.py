@@ -19,7 +19,9 @@ from redis.cluster import RedisCluster
 from support import RedisClusterProcs
 
 import taskq
+from taskq.admin.mix import spec_of, weight_log
 from taskq.keys import JobKeys, jobs_index
+from taskq.mix import pass_schedule
 from taskq.ops.exporter import TaskqCollector
 from taskq.ops.reaper import Reaper
 
@@ -193,3 +195,45 @@ def test_cli_job_status_and_list_on_a_cluster(
     )
     assert out.returncode == 0, out.stderr
     assert names[0] in cclient.list_jobs()
+
+
+def test_a_mixed_job_lives_in_one_slot_and_keeps_its_sequence_on_a_cluster(
+    cluster: RedisClusterProcs, cclient: taskq.Client
+) -> None:
+    """A mixed job copies its sources' tasks at create (sources on the other masters) and
+    keeps every key under its own hash tag: one slot on one master, one sequence, the
+    reference's (docs/mixing.md, "Redis Cluster"); a sharded source or a sharded mixed
+    job is refused with nothing written."""
+    by_master: dict[int, str] = {}
+    for name in spread_names(cluster, "mixc"):
+        by_master.setdefault(cluster.owner_port(JobKeys(name).meta), name)
+    mix, web, code = by_master.values()  # three jobs, one on each master
+    books = f"{code}-books"
+    for src, n in ((web, 30), (code, 20), (books, 10)):
+        cclient.create_job(src, [{"src": src, "i": i} for i in range(n)], replace=True)
+    cclient.create_job(mix, mix={web: 0.5, code: 0.3, books: 0.2}, replace=True)
+    job = cclient.job(mix)
+    assert job.set_weights({web: 0.2, code: 0.2, books: 0.6}, at=25) == 25
+    owner = cluster.node(cluster.owner_port(JobKeys(mix).meta))
+    keys = JobKeys(mix)
+    assert len({owner.cluster("keyslot", k) for k in keys.all}) == 1
+    assert owner.exists(keys.meta, keys.mixlog) == 2  # on the mixed job's own master
+
+    with taskq.Trainer(mix, client=cclient, heartbeat=False) as trainer:
+        leased = [(task.source, task.chunks[0]["i"]) for task in trainer]
+    spec = spec_of(cclient.connection, mix)
+    log = weight_log(cclient.connection, mix)
+    want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 0)]
+    assert leased == want and len(want) == 60
+    assert [(r["source"], r["source_task"]) for r in job.mix_sequence()] == want
+    assert cclient.status(mix).state == "completed" and cclient.audit(mix)["ok"]
+    assert owner.exists(keys.mixseq0) == 1
+
+    sharded = f"{mix}-sharded"
+    cclient.create_job(sharded, [{"i": i} for i in range(4)], shards=2, replace=True)
+    with pytest.raises(taskq.InvalidInput, match="is a sharded job"):
+        cclient.create_job(f"{mix}-m", mix={web: 1, sharded: 1})
+    with pytest.raises(taskq.InvalidInput, match="no shards"):
+        cclient.create_job(f"{mix}-m", mix={web: 1, code: 1}, shards=2)
+    assert f"{mix}-m" not in cclient.list_jobs()
+    assert not cclient.redis.exists(JobKeys(f"{mix}-m").meta)

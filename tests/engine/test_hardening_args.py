@@ -21,6 +21,7 @@ from taskq.engine.contract import (
     MAX_LISTED,
     MAX_RETRY,
     PAGE_MAX,
+    POLICY_MAX,
     TRIM_MAX,
     Code,
 )
@@ -41,6 +42,7 @@ BAD_BY_KIND: dict[str, list[str]] = {
     "conn": ["x", "-1", "1|2", "1" * 21],
     "secret": ["", "shortsecret0123"],  # (never echoed: the answer names it, not the value)
     "json": ["", "not json", "[1,", '{"a":1},{"b":2}'],
+    "weights": ["", "x", "0,0", "1e400,1", "-1,1", "0x10,1", "x" * 70000],
 }
 
 SECRET = "s" * 32
@@ -88,6 +90,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "leave": (["", "w", "i", SECRET], ["inc", "id", "id", "secret"]),
     "pause": ([""], ["inc"]),
+    "weights": (["", "1,1", "-1"], ["inc", "weights", "int"]),
     "progress": (
         ["", "w", "i", "1", "0", "5", "3", SECRET],
         ["inc", "id", "id", "count", "task", "token", "int", "secret"],
@@ -116,7 +119,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
 #: The other shapes of verbs whose arguments depend on their step ("verb step" -> as in
 #: CASES); each is checked like the verb's own case.
 STEPS: dict[str, tuple[list[str], list[str]]] = {
-    "checkpoint begin": (["", "c1", "begin", "1"], ["inc", "ckpt", "enum", "int"]),
+    # (a policy blob is optional: "policy" is a trailing argument that may be left out)
+    "checkpoint begin": (["", "c1", "begin", "1", "p"], ["inc", "ckpt", "enum", "int", "policy"]),
     "checkpoint page": (["", "c1", "page", "0"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint copy": (["", "c1", "copy", "0"], ["inc", "ckpt", "enum", "int"]),
     "checkpoint freeze": (["", "c1", "freeze", "0"], ["inc", "ckpt", "enum", "int"]),
@@ -139,6 +143,7 @@ OVER_BOUND: list[tuple[str, int, str]] = [
     ("progress", 3, str(MAX_LISTED + 1)),  # n
     ("progress", 3, "2"),  # n: more triples than given
     ("checkpoint", 3, "4294967296"),  # page
+    ("checkpoint begin", 4, "p" * (POLICY_MAX + 1)),  # the policy blob
     ("checkpoint copy", 3, "4294967296"),  # page
     ("checkpoint freeze", 3, "4294967296"),  # page
     ("checkpoint since", 3, "4294967296"),  # page
@@ -163,8 +168,8 @@ def bad_argvs(verb: str) -> list[list[str]]:
                 bad[pos] = value
                 out.append(bad)
         if verb != "stats":  # stats takes any number of bounds
-            # a trailing connection id is optional: leaving it out is a good call
-            out.append(argv[:-2] if kinds[-1] == "conn" else argv[:-1])
+            # a trailing connection id or policy is optional: leaving it out is a good call
+            out.append(argv[:-2] if kinds[-1] in ("conn", "policy") else argv[:-1])
             out.append([*argv, "1"])
         out += [argv[:pos] + [value] + argv[pos + 1 :] for v, pos, value in OVER_BOUND if v == name]
     return out

@@ -2,7 +2,8 @@
 every verb (lease, ack, fail, release, progress, heartbeat, expiry on the manual clock,
 reap, retry, revoke, reset, advance and force, pause / resume, a checkpoint's cut and its
 later steps interleaved with the rest, rewind, cancel, append and seal; backup leases in a
-second machine, split tails in a third, an open stream in a fourth)
+second machine, split tails in a third, an open stream in a fourth, a mixed job with
+weights set at stated slots in a fifth)
 and checks the invariants of docs/design.md after every one, against a plain-Python model
 of who holds what and which tasks each pass attempt acked. The model is the trainers'
 side; Redis is the truth checked for consistency and membership."""
@@ -22,9 +23,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import taskq
 from taskq import integrity
+from taskq.admin.mix import spec_of, weight_log
 from taskq.admin.stats import parse_lease
 from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
+from taskq.mix import pass_schedule
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
 MAX_TASKS = 9
@@ -60,24 +63,7 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         self.client = taskq.connect(self.url)
         self.job = f"sm-{next(_ids)}"
-        self.client.create_job(
-            self.job,
-            chunks=list(self.chunks),
-            passes=self.passes,
-            worker_ttl=3.0,
-            heartbeat_interval=1.0,
-            task_timeout=None,
-            max_failures=1,
-            max_attempts=3,
-            shuffle=True,
-            seed=11,
-            backup_leases=self.backup_leases,
-            split_tails=self.split_tails,
-            stream=self.stream,
-            manual_clock=True,
-            auto_advance=False,
-            shuffle_samples=self.shuffle_samples,
-        )
+        self._create()
         self.kinds = dict(self.kinds)
         self.trainers = {w: self._trainer(w) for w in WORKERS}
         self.held: dict[str, list[taskq.Task]] = {w: [] for w in WORKERS}
@@ -96,6 +82,27 @@ class EngineMachine(RuleBasedStateMachine):
         # (chunk id, the task it went into): an id is remembered while its task is
         # (docs/streams.md "Ids": the ids go with their task when a stream is trimmed)
         self.appended_ids: list[tuple[str, int]] = []
+
+    def _create(self) -> None:
+        """Create the job the machine drives (MixedMachine: a mixed one)."""
+        self.client.create_job(
+            self.job,
+            chunks=list(self.chunks),
+            passes=self.passes,
+            worker_ttl=3.0,
+            heartbeat_interval=1.0,
+            task_timeout=None,
+            max_failures=1,
+            max_attempts=3,
+            shuffle=True,
+            seed=11,
+            backup_leases=self.backup_leases,
+            split_tails=self.split_tails,
+            stream=self.stream,
+            manual_clock=True,
+            auto_advance=False,
+            shuffle_samples=self.shuffle_samples,
+        )
 
     # -- helpers -----------------------------------------------------------------
     def _trainer(self, w: str) -> taskq.Trainer:
@@ -1126,3 +1133,91 @@ TrimmedStreamMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_trimmed_stream(sm_url):
     TrimmedStreamMachine.url = sm_url
     TrimmedStreamMachine.TestCase("runTest").runTest()
+
+
+class MixedMachine(EngineMachine):
+    """The same steps on a mixed job (docs/mixing.md) of three sources (2, 2 and 1 tasks),
+    with weights set at stated slots among them: after every step the sequence the job
+    handed out in its pass equals the reference schedule recomputed from the weight log
+    (``taskq.mix.pass_schedule``), so every prefix is within the bound and each source's
+    tasks come once per pass (the membership invariants: once per pass attempt). A mixed
+    job takes no appends; a rewind to a pass whose sequence is no longer kept (the last 3)
+    is refused with nothing changed."""
+
+    SIZES = (2, 2, 1)
+
+    def _create(self) -> None:
+        self.sources = [f"{self.job}-s{i}" for i in range(len(self.SIZES))]
+        for i, (src, n) in enumerate(zip(self.sources, self.SIZES, strict=True)):
+            self.client.create_job(src, [{"s": i, "k": k} for k in range(n)])
+        self.client.create_job(
+            self.job,
+            mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
+            passes=self.passes,
+            worker_ttl=3.0,
+            heartbeat_interval=1.0,
+            task_timeout=None,
+            max_failures=1,
+            max_attempts=3,
+            manual_clock=True,
+            auto_advance=False,
+        )
+
+    @rule(
+        ws=st.lists(st.integers(0, 3), min_size=3, max_size=3).filter(any),
+        ahead=st.integers(0, 6),
+    )
+    def set_weights(self, ws: list[int], ahead: int) -> None:
+        """New weights from a slot ahead of the next (the next itself at 0): it holds from
+        there; refused with nothing logged once the job is cancelled."""
+        job = self.client.job(self.job)
+        weights = dict(zip(self.sources, ws, strict=True))
+        if self.cancelled:
+            with pytest.raises(taskq.JobCancelled):
+                job.set_weights(weights)
+            return
+        at = job.mix_status()["next_slot"] + ahead
+        assert job.set_weights(weights, at=at) == at
+
+    def append(self, k: int, dup: bool) -> None:  # refused (the rule below)
+        pass
+
+    @rule()
+    def append_refused(self) -> None:
+        """A mixed job takes no appends: refused, nothing written."""
+        meta_key = self.client.keys(self.job).meta
+        meta = self.client.redis.hgetall(meta_key)
+        with pytest.raises((taskq.InvalidInput, taskq.JobCancelled)):
+            self.client.job(self.job).append([{"a": 1}], ids=[f"c{next(_ids)}"])
+        assert self.client.redis.hgetall(meta_key) == meta
+
+    @precondition(lambda self: bool(self.sealed) and not self.cancelled)
+    @rule(i=st.integers(0, 10))
+    def rewind(self, i: int) -> None:
+        ck = self.sealed[i % len(self.sealed)][0]
+        rec = {c["id"]: c for c in self.client.checkpoints(self.job)}.get(ck)
+        if rec is not None and rec["pass"] < self._meta("pass") - 2:
+            meta = self.client.redis.hgetall(self.client.keys(self.job).meta)
+            with pytest.raises(taskq.InvalidInput, match="no longer kept"):
+                self.client.rewind(self.job, ck)
+            assert self.client.redis.hgetall(self.client.keys(self.job).meta) == meta
+            return
+        super().rewind(i)
+
+    @invariant()
+    def sequence_is_the_reference(self) -> None:
+        job = self.client.job(self.job)
+        pass_no = self._meta("pass")
+        seq = [(r["source"], r["source_task"]) for r in job.mix_sequence(pass_no)]
+        spec = spec_of(self.client.connection, self.job)
+        log = weight_log(self.client.connection, self.job)
+        want = [(spec.sources[i], j) for i, j in pass_schedule(spec, log, pass_no, len(seq))]
+        assert seq == want, "the handed-out sequence is the reference schedule's"
+
+
+MixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_mixed_job(sm_url):
+    MixedMachine.url = sm_url
+    MixedMachine.TestCase("runTest").runTest()

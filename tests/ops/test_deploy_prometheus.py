@@ -192,7 +192,27 @@ def test_dashboard_covers_the_operational_questions(dashboard: dict[str, Any]) -
         "taskq_expired_total",
         "taskq_task_duration_seconds_bucket",
         "taskq_leases_by_age",
+        "taskq_mix_weight",
+        "taskq_mix_charged_tasks",
+        "taskq_mix_acked_tasks",
+        "taskq_mix_acked_samples",
     } <= used
+
+
+def test_dashboard_shows_a_mixed_jobs_sources_one_series_each(dashboard: dict[str, Any]) -> None:
+    """The mixed jobs' row: weight, slots handed out, tasks and samples acked, each a
+    series per source (docs/mixing.md)."""
+    panels = [
+        child
+        for panel in dashboard["panels"]
+        for child in [panel, *panel.get("panels", [])]
+        if any("taskq_mix_" in t["expr"] for t in child.get("targets", []))
+    ]
+    assert len(panels) == 4
+    for panel in panels:
+        for target in panel["targets"]:
+            assert target["expr"].startswith("sum by (source) ("), panel["title"]
+            assert target["legendFormat"] == "{{source}}", panel["title"]
 
 
 def test_dashboard_queries_are_valid_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:

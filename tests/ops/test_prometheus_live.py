@@ -220,6 +220,17 @@ def test_prometheus_scrapes_the_scenario_and_every_dashboard_query_returns_data(
         names = prometheus.get("/api/v1/label/job_name/values", **{"match[]": "taskq_tasks"})
         assert job_name in names["data"]
 
+        # The mixed jobs' panels are asked of a mixed job (a plain job has no such series):
+        # sources whose tasks say their size (parquet rows), some tasks acked.
+        mix = f"{job_name}-mix"
+        sources = [f"{job_name}-web", f"{job_name}-code"]
+        for src in sources:
+            client.create_job(src, [{"format": "parquet", "path": "x", "rows": 10}] * 3)
+        client.create_job(mix, mix={sources[0]: 2, sources[1]: 1})
+        with taskq.Trainer(mix, client=client) as trainer:
+            for task in trainer.lease_many(3, timeout=0):
+                trainer.ack(task)
+
         exprs = dashboard_exprs()
         assert len(exprs) >= 10, exprs
         failures: dict[str, Any] = {}
@@ -227,7 +238,7 @@ def test_prometheus_scrapes_the_scenario_and_every_dashboard_query_returns_data(
         def all_return_data() -> bool:
             failures.clear()
             for title, expr in exprs:
-                query = substitute(expr, job_name)
+                query = substitute(expr, mix if "taskq_mix_" in expr else job_name)
                 reply = prometheus.query(query)
                 if reply.get("status") != "success":
                     failures[query] = (title, reply.get("error"))
@@ -257,6 +268,8 @@ def test_prometheus_scrapes_the_scenario_and_every_dashboard_query_returns_data(
         assert one(f"taskq_redispatch_lateness_seconds_count{sel}") == 2
         assert one(f"increase(taskq_acked_total{sel}[{RATE_INTERVAL}])") > 0
         assert one("taskq_exporter_scrape_errors_total") >= 0
+        at = f'job_name="{mix}",source="{sources[0]}"'
+        assert one(f"taskq_mix_acked_samples{{{at}}}") == 20  # slots web, code, web
     finally:
         scenario.close()
     assert time.monotonic() - started < 60

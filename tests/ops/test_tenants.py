@@ -894,3 +894,18 @@ def test_reaper_credential_trims_a_stream(server: AclServer, job_name: str) -> N
     reaper = taskq.connect(url, retries=0)
     assert reaper.job(job_name).trim() == 3
     assert admin.status(job_name).trimmed == 3
+
+
+def test_trainer_credential_runs_a_mixed_job(jobs: Jobs) -> None:
+    """A mixed job's lease writes its sequence (SETRANGE) and drops an old pass's (UNLINK):
+    a trainer credential of the mixed job runs its passes."""
+    mix = f"{jobs.a}-m"
+    jobs.admin.create_job(mix, mix={jobs.a: 1, jobs.b: 2}, passes=4)
+    url = jobs.server.apply(acl.trainer_rule(mix, password=password(f"trainer-{mix}")))
+    seen = []
+    with taskq.Trainer(mix, url=url) as trainer:
+        for task in trainer:
+            seen.append((task.pass_no, task.source))
+    assert len(seen) == 4 * 12
+    assert seen[:3] == [(0, jobs.b), (0, jobs.a), (0, jobs.b)]
+    assert jobs.admin.status(mix).state == "completed"

@@ -60,6 +60,9 @@ if bad then return bad end
 local err = open_job(ARGV[1], false, true)
 if err then return done({err, 0, 0}) end
 if CALL.STATE == 'cancelled' then return done({C.JOB_CANCELLED, 0, 0}) end
+if mget(F.SHUFFLE) == 'm' then
+  return done({C.INVALID, 'a mixed job takes no appends: its tasks are its sources\' (docs/mixing.md)'})
+end
 if mget(F.STREAM) == 'sealed' then
   return done({C.INVALID, 'the stream is sealed: nothing is appended to it any more'})
 end

@@ -3,8 +3,9 @@
 -- calls that page what it copied.
 -- KEYS: the job's keys (keys.SCRIPT_KEYS)
 -- ARGV: job_inc ('' = any), id (1-64 of A-Z a-z 0-9 . _ -), step (begin | prog | seal),
---       arg (prog: and a cursor); the steps go in this order
---   begin, arg = keep (1..1000): the cut, one consistent position taken at once whatever
+--       arg (prog: and a cursor; begin: and an optional policy blob); in this order
+--   begin, arg = keep (1..1000)[, policy (up to POLICY_MAX bytes, opaque: a mixing
+--     policy's state, docs/mixing.md; kept beside the record, field "<id>:policy")]: the cut, one consistent position taken at once whatever
 --     the job does (its pass's start or end, trainers leasing and acking): pass, round,
 --     cursor, state, the done set and the dead set (their bitmaps, written into the
 --     checkpoint's pages in this call: N / 8 bytes each, 125 kB at 1M tasks), and the
@@ -43,9 +44,13 @@ if step == 'begin' or step == 'seal' then
 else
   arg = arg_int(ARGV[4], 'page', 0, 4294967295)
 end
+local policy = ''
 if step == 'prog' then
   cursor = arg_text(ARGV[5], 'cursor', 20)
   if not smatch(cursor, '^%d+$') then arg_fail('cursor', 'not a scan cursor', cursor) end
+  arg_len(ARGV, 5)
+elseif step == 'begin' and ARGV[5] then
+  policy = arg_text(ARGV[5], 'policy', POLICY_MAX)
   arg_len(ARGV, 5)
 else
   arg_len(ARGV, 4)
@@ -98,8 +103,9 @@ if step == 'begin' then
     unfinished = mnum(F.NLEASED) + rcall('ZCARD', K_FRONT), counters = counters,
     -- the lowest task not done at the cut
     low = mmin(rcall('BITPOS', K_DONE, 0), tasks_n()),
-    incarnation = mget(F.INC), pstart = mnum(F.PSTART),
+    incarnation = mget(F.INC), pstart = mnum(F.PSTART), policy = #policy,
   }
+  if #policy > 0 then rcall('HSET', K_CKPT, id .. ':policy', policy) end
   if (mget(F.STREAM) or '') ~= '' then
     -- a stream is never trimmed past the lowest task neither done nor dead at the cut,
     -- and the dead ones below it keep their records (trim.lua): at most ASIDE_MAX of them

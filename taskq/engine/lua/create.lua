@@ -16,7 +16,7 @@ if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) en
 local stream = false
 for k = 3, #ARGV, 2 do
   if not smatch(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
-  arg_text(ARGV[k + 1], ARGV[k], 1024)
+  arg_text(ARGV[k + 1], ARGV[k], ARGV[k] == N.MIX and 65536 or 1024)  -- (a mixed job's sources)
   if ARGV[k] == N.STREAM and ARGV[k + 1] == 'open' then stream = true end
 end
 -- (only a stream starts empty: its tasks are appended)

@@ -7,7 +7,8 @@
 --   default) whole tasks only; 'r' the range [start, end) it is handed; 's' that range
 --   and an end that moves while it reads (its own tasks may be split)
 -- returns: {code, job_inc, worker_ttl_ms, heartbeat_ms, {pass, gen, state, reason},
---   sample order ('chunks' or '' the chunks' order, 'shuffled'), the job's seed}
+--   sample order ('chunks' or '' the chunks' order, 'shuffled'), the job's seed, mix}
+--   (mix: a mixed job's sources, meta 'mix', so its trainers name each task's source; '')
 -- An id alive under another incarnation (a restarted pod) is declared lost at once.
 -- secret: this incarnation's lease secret (at least 16 characters); only its digest is
 -- kept, in the worker record, and every later write of the worker must send it.
@@ -54,4 +55,4 @@ due_by(CALL.JNOW + ttl)
 reads_of(worker, winc, reads)
 event('worker_joined', 'worker', worker, 'incarnation', winc)
 return done({C.OK, mget(F.INC), fmt(ttl), mget(F.HBI), job_info(), mget(F.SORDER) or '',
-  mget(F.SEED_FULL) or '0'})
+  mget(F.SEED_FULL) or '0', mget(F.MIX) or ''})

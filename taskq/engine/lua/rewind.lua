@@ -43,6 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
+local mix_kept = lib.mix.mix_kept
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd
@@ -77,6 +78,12 @@ if step == 'begin' then
     if key == '' and mnum(F.ACKED_JOB) == mnum(F.RW_ACKS) then
       return done({C.DUP, 0, 0, 0, 0, 0, 0})
     end
+  end
+  -- a mixed job replays the cut's pass from its stored sequence (lib/mix.lua keeps the
+  -- last few passes')
+  if mget(F.SHUFFLE) == 'm' and not mix_kept(rec.pass, rec.cursor) then
+    return done({C.INVALID, 'the mixed sequence of pass ' .. fmt(rec.pass) .. ' is no longer '
+      .. 'kept (a mixed job keeps its last 3 passes): rewind to a later checkpoint'})
   end
   local open = mget(F.CK_OPEN) or ''
   if open ~= '' then
@@ -181,7 +188,7 @@ local function restore_page(step, rec, id, arg, epoch)
   end
   if step == 'walk' then
     -- (after the done and dead pages: the sets are the cut's)
-    local perm = perm_fn()
+    local perm = perm_fn('stored')
     local from = arg * RW_WALK
     for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
       local task = perm(pos)

@@ -111,6 +111,7 @@ local function ck_drop(id)
     for k = 0, (rec.pages or 0) - 1 do fields[#fields + 1] = id .. ':d:' .. k end
     for k = 0, (rec.xpages or 0) - 1 do fields[#fields + 1] = id .. ':x:' .. k end
     for k = 0, (rec.ppages or 0) - 1 do fields[#fields + 1] = id .. ':p:' .. k end
+    if (rec.policy or 0) > 0 then fields[#fields + 1] = id .. ':policy' end
   end
   rcall('HDEL', K_CKPT, unpk(fields))
   if rcall('ZREM', K_CKPTS, id) == 1 and (mget(F.STREAM) or '') ~= '' then

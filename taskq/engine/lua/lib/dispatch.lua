@@ -20,6 +20,7 @@ local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
+local mix_flush = lib.mix.mix_flush
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -241,7 +242,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local n = mnum(F.N)
   if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn()
+    local perm = perm_fn('charge')
     while #out < want and cursor < n and steps < 1000 do
       local task_n = perm(cursor)
       local task = fmt(task_n)
@@ -252,6 +253,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
+    mix_flush()
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.

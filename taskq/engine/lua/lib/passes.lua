@@ -8,14 +8,20 @@ local broadcast, event, flush_events =
   lib.events.broadcast, lib.events.event, lib.events.flush_events
 local done = lib.call.done
 local dead_empty = lib.leases.dead_empty
+local mix_perm = lib.mix.mix_perm
 
 -- The order of a pass: a seeded permutation of 0..PN-1 (a 4-round Feistel network on
 -- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
 -- tasks there were when the pass started; tasks appended since come after them in the
 -- order they were appended (positions PN.., a position its task id), so a position
--- walked never changes its task. (A job made before PN: its create's tasks, meta n.)
-local function perm_fn()
-  if mget(F.SHUFFLE) ~= '1' then return function(i) return i end end
+-- walked never changes its task. (A job made before PN: its create's tasks, meta n.) A
+-- mixed job's order is its schedule (lib/mix.lua): `mix` 'charge' charges the position
+-- after its high-water (dispatch), 'stored' reads the stored sequence (a rewind's walk
+-- below its cut); nil walks the task ids (a listing of them all).
+local function perm_fn(mix)
+  local sh = mget(F.SHUFFLE)
+  if sh == 'm' and mix then return mix_perm(mix == 'charge') end
+  if sh ~= '1' then return function(i) return i end end
   -- (read only when shuffling: without, every position is its task id anyway)
   local n = tonum(mget(F.PN) or '') or mnum(F.N)
   if n <= 1 then return function(i) return i end end

@@ -1,0 +1,397 @@
+-- mix.lua: a mixed job's order of a pass (docs/mixing.md). A mixed job is a plain job whose
+-- tasks are its sources' tasks, copied at create in source order (source s owns the ids
+-- off_s .. off_s + n_s - 1), and whose pass order is the mix schedule instead of the seeded
+-- permutation (meta 'shuffle' = 'm'): position k of pass p is *slot* p * N + k. The
+-- schedule is a pure function of the sources' sizes and the weight log (taskq/mix.py
+-- `pass_schedule` is the same rule in Python); a slot once charged keeps its task for good
+-- (the sequence is stored, so a rewind, a pass reset or a re-dispatch never changes which
+-- task a slot is), and a weight change holds from a slot not yet handed out.
+-- Slots are charged a page (PAGE positions) ahead of the leases: meta 'mixh' is the slot
+-- the stored sequence of the state's pass ends before, 'mixd' the slot no lease reached
+-- yet (both hot meta fields: a lease below 'mixh' is one GETRANGE, no state read).
+-- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
+-- state at its high-water ("s" = "p,h,seg,nx,rs": the pass, positions charged, the
+-- segment's first position, the next logged change's slot or -1, 1 when the next charge
+-- starts a segment; "t" / "c" tasks each source gave in the pass / the segment, "w" the
+-- weights; "s0".."w0" the same at the last page's start; ":<p>" as pass p was left);
+-- 'mixseq<p % 3>' pass p's tasks by position (8 hex digits each: SETRANGE / GETRANGE,
+-- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
+local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.gmatch, string.sub, string.rep, string.format,
+  table.concat, ipairs
+local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
+local mmax, mmin, unpack = math.max, math.min, unpack
+local segment, choice, choose, settle =
+  lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle
+
+local KEEP = 3  -- constant
+-- Positions charged at once (a page: the state read and written, the tasks stored, once a
+-- page; bench/mix.py). A weight change inside the page charges it again (mix_set).
+local PAGE = 64  -- constant
+local READ = 32  -- constant: stored positions a lease call reads at once (one GETRANGE)
+
+local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
+local ST = nil  -- per call: the schedule's state, when read (false: none yet)
+local ST_DIRTY = false  -- per call
+
+local function spec()
+  if not SPEC then SPEC = cjson.decode(mget(F.MIX)) end
+  return SPEC
+end
+
+local function hex_list(s)
+  local out = {}
+  for i = 1, #s / 8 do out[i] = tonum(ssub(s, 8 * i - 7, 8 * i), 16) end
+  return out
+end
+
+local function hexes(list)
+  local parts = {}
+  for i = 1, #list do parts[i] = sformat('%08x', list[i]) end
+  return tconcat(parts)
+end
+
+local function csv(s)
+  local out = {}
+  for v in sgmatch(s, '[^,]+') do out[#out + 1] = v end
+  return out
+end
+
+local function numbers(ws)
+  local out = {}
+  for i, v in lipairs(csv(ws)) do out[i] = tonum(v) end
+  return out
+end
+
+-- The weights in force at `slot` (the last logged at or below it; the create's if none),
+-- as logged: "w,w,...".
+local function weights_at(slot)
+  local got = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(slot), '-inf', 'LIMIT', 0, 1)
+  if #got > 0 then return smatch(got[1], '^[^|]*|[^|]*|(.*)$') end
+  return tconcat(spec().w, ',')
+end
+
+-- The slot of the first logged change strictly after `slot` (-1: none).
+local function next_change(slot)
+  local got = rcall('ZRANGEBYSCORE', kc('mixlog'), '(' .. fmt(slot), '+inf', 'WITHSCORES',
+    'LIMIT', 0, 1)
+  if #got > 0 then return tonum(got[2]) end
+  return -1
+end
+
+-- A state from its fields (s, t, c, w: strings; kp, n: the job's; s0, t0, c0, w0: the
+-- same at the start of the last page charged). The lists t, c, w, n are made when a charge
+-- needs them (lists()).
+local function decode(s, t, c, w, kp, n, s0, t0, c0, w0)
+  local p, h, seg, nx, rs = smatch(s, '^(%d+),(%d+),(%d+),(-?%d+),(%d)$')
+  return {p = tonum(p), h = tonum(h), seg = tonum(seg), nx = tonum(nx), rs = tonum(rs),
+    ts = t, cs = c, ws = w, kp = kp, ns = n, s0 = s0, t0 = t0, c0 = c0, w0 = w0}
+end
+
+local FIELDS = {'s', 't', 'c', 'w', 's0', 't0', 'c0', 'w0'}  -- constant: a state's own
+
+local function read_state()
+  if ST == nil then
+    local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 's0', 't0', 'c0', 'w0', 'kp', 'n')
+    if r[1] then
+      local kp = {}
+      for _, q in lipairs(csv(r[9] or '')) do kp[#kp + 1] = tonum(q) end
+      ST = decode(r[1], r[2], r[3], r[4], kp, r[10], r[5], r[6], r[7], r[8])
+    else
+      ST = false
+    end
+  end
+  return ST
+end
+
+-- The lists a charge reads: t, c (numbers), w (the weights, numbers), n, o (the sources'
+-- sizes and first task ids).
+local function lists(st)
+  if st.t then return end
+  st.t, st.c, st.n = hex_list(st.ts), hex_list(st.cs), hex_list(st.ns)
+  st.w = numbers(st.ws)
+  st.o = {}
+  local at = 0
+  for i = 1, #st.n do st.o[i], at = at, at + st.n[i] end
+end
+
+local function fresh_state(p, kp, ns)
+  if not ns then
+    local parts = {}
+    for i, n in lipairs(spec().n) do parts[i] = sformat('%08x', n) end
+    ns = tconcat(parts)
+    rcall('HSET', kc('mix'), 'n', ns)
+  end
+  local zero = srep('00000000', #ns / 8)
+  local start = p * mnum(F.N)
+  return decode(fmt(p) .. ',0,0,' .. fmt(next_change(start)) .. ',1', zero, zero,
+    weights_at(start), kp, ns)
+end
+
+local function seq_key(p)
+  return kc('mixseq' .. fmt(p % KEEP))
+end
+
+local function is_kept(st, p)
+  for _, q in lipairs(st.kp) do if q == p then return true end end
+  return false
+end
+
+local function scalars(st)
+  return fmt(st.p) .. ',' .. fmt(st.h) .. ',' .. fmt(st.seg) .. ',' .. fmt(st.nx) .. ','
+    .. fmt(st.rs)
+end
+
+-- The state's fields as HSET arguments, each name with `sfx`.
+local function state_args(st, sfx, args)
+  local vals = {scalars(st), st.ts, st.cs, st.ws, st.s0, st.t0, st.c0, st.w0}
+  for i, f in lipairs(FIELDS) do
+    if vals[i] then
+      args[#args + 1] = f .. sfx
+      args[#args + 1] = vals[i]
+    end
+  end
+  return args
+end
+
+-- Drops the sequence and the saved state of pass q.
+local function drop_pass(q)
+  rcall('UNLINK', seq_key(q))
+  local sfx = ':' .. fmt(q)
+  rcall('HDEL', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx, 's0' .. sfx,
+    't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
+end
+
+-- The saved state of pass p (kept) and its positions handed out, or nil.
+local function saved_state(p, kp, ns)
+  local sfx = ':' .. fmt(p)
+  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx,
+    's0' .. sfx, 't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
+  if not r[1] then return nil end
+  return decode(r[1], r[2], r[3], r[4], kp, ns, r[5], r[6], r[7], r[8]), tonum(r[9] or '0')
+end
+
+-- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
+-- one; p joins the kept passes `keep`; the meta's high-waters follow it.
+local function enter(p, keep, ns, kept)
+  local base = p * mnum(F.N)
+  local st, d = nil, 0
+  if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
+  if kept then st, d = saved_state(p, keep, ns) end
+  if st then
+    st.nx = next_change(base + st.h - 1)
+  else
+    st, d = fresh_state(p, keep, ns), 0
+    rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
+  end
+  mput(F.MIXH, base + st.h)
+  mput(F.MIXD, base + d)
+  ST, ST_DIRTY = st, true
+  return st
+end
+
+-- The state of pass p made current: the one being left saved under ":<its pass>", the
+-- one of p loaded (a rewind back to it) or made. Going to p keeps the sequences of p and the
+-- KEEP - 1 passes before it; later passes' go (the log makes them again, with any change
+-- set since), older ones too.
+local function switch_to(p)
+  local st = read_state()
+  local kept, ns = {}, nil
+  if st then
+    local sfx = ':' .. fmt(st.p)
+    local args = state_args(st, sfx, {})
+    args[#args + 1] = 'd' .. sfx
+    args[#args + 1] = fmt(mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
+    rcall('HSET', kc('mix'), unpack(args))
+    kept, ns = st.kp, st.ns
+  end
+  local keep = {}
+  for _, q in lipairs(kept) do
+    if q > p or q <= p - KEEP then drop_pass(q) elseif q ~= p then keep[#keep + 1] = q end
+  end
+  local was_kept = is_kept({kp = kept}, p)
+  -- the log below the kept passes goes, but for the change in force at their start
+  local cut = (p - KEEP + 1) * mnum(F.N)
+  if cut > 0 then
+    local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(cut), '-inf', 'WITHSCORES', 'LIMIT',
+      0, 1)
+    if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
+  end
+  return enter(p, keep, ns, was_kept)
+end
+
+-- The task at position `pos` of pass p, stored (nil: not charged, or not kept).
+local function stored(p, pos)
+  local st = read_state()
+  if not st then return nil end
+  if st.p == p then
+    if pos >= st.h then return nil end
+  elseif not is_kept(st, p) then
+    return nil
+  end
+  return tonum(rcall('GETRANGE', seq_key(p), pos * 8, pos * 8 + 7), 16)
+end
+
+-- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
+-- in one SETRANGE. Returns the page (8 hex digits a position) and its first position.
+local function charge_page(st)
+  lists(st)
+  local nn = mnum(F.N)
+  local base = st.p * nn
+  local n, t, c, o, k = st.n, st.t, st.c, st.o, #st.n
+  local h0 = st.h
+  local last = h0 + PAGE
+  if last > nn then last = nn end
+  st.s0, st.t0, st.c0, st.w0 = scalars(st), st.ts, st.cs, st.ws
+  local out, act, w, d, ch = {}, nil, nil, 0, nil
+  for h = h0, last - 1 do
+    local slot = base + h
+    if st.nx >= 0 and slot >= st.nx then
+      st.ws = weights_at(slot)
+      st.w = numbers(st.ws)
+      st.nx = next_change(slot)
+      st.rs = 1
+    end
+    if st.rs == 1 then
+      st.seg, st.rs, act = h, 0, nil
+      for i = 1, k do c[i] = 0 end
+    end
+    local m = h - st.seg + 1
+    if not act then
+      act, w, d = segment(t, n, st.w)
+      ch = choice(act, c, w, d, m)
+    end
+    local best = choose(ch, act, m)
+    local tb, cb = t[best] + 1, c[best] + 1
+    t[best], c[best] = tb, cb
+    if tb >= n[best] then
+      st.rs = 1  -- (drop: the others renormalise from here)
+    else
+      settle(ch, best, cb, w[best], d, m)
+    end
+    out[#out + 1] = sformat('%08x', o[best] + tb - 1)
+  end
+  st.ts, st.cs = hexes(t), hexes(c)
+  local page = tconcat(out)
+  rcall('SETRANGE', seq_key(st.p), h0 * 8, page)
+  st.h = last
+  mput(F.MIXH, base + last)
+  ST_DIRTY = true
+  return page, h0
+end
+
+-- The order of the current pass (passes.lua perm_fn's, for a mixed job): position ->
+-- task. With `charges`, a position not stored is charged with its page (dispatch walks the
+-- cursor one position at a time) and one handed out raises the meta's MIXD; without, a
+-- position not stored is nil (peek stops there: mix_charged).
+local function mix_perm(charges)
+  local p = mnum(F.PASS)
+  local base = p * mnum(F.N)
+  local key = seq_key(p)
+  local blk, blk0, blk1 = '', 0, 0  -- the stored positions [blk0, blk1), read at once
+  return function(pos)
+    local slot = base + pos
+    local task = nil
+    if pos >= blk0 and pos < blk1 then
+      local at = (pos - blk0) * 8
+      task = tonum(ssub(blk, at + 1, at + 8), 16)
+    elseif slot < mnum(F.MIXH) then
+      local upto = mmin(mnum(F.MIXH) - base, pos + READ)
+      blk = rcall('GETRANGE', key, pos * 8, upto * 8 - 1)
+      blk0, blk1 = pos, pos + (#blk - #blk % 8) / 8
+      task = tonum(ssub(blk, 1, 8), 16)
+    end
+    if not task then
+      if not charges then return nil end
+      local st = read_state()
+      if not st or st.p ~= p then st = switch_to(p) end
+      if pos < st.h then
+        task = stored(p, pos)  -- (a pass come back to: its own state)
+      else
+        while pos >= st.h do blk, blk0 = charge_page(st) end
+        blk1 = blk0 + #blk / 8
+        local at = (pos - blk0) * 8
+        task = tonum(ssub(blk, at + 1, at + 8), 16)
+      end
+    end
+    if charges and slot >= mnum(F.MIXD) then mput(F.MIXD, slot + 1) end
+    return task
+  end
+end
+
+-- Positions of pass p handed out so far (its sequence's length; 0 when not kept).
+local function mix_charged(p)
+  local st = read_state()
+  if not st then return 0 end
+  if st.p == p then return mmax(0, mnum(F.MIXD) - p * mnum(F.N)) end
+  if not is_kept(st, p) then return 0 end
+  local _, d = saved_state(p, st.kp, st.ns)
+  return d or 0
+end
+
+-- True when pass p's sequence is kept up to position `upto` (a rewind's cut).
+local function mix_kept(p, upto)
+  if upto == 0 then return true end
+  return stored(p, upto - 1) ~= nil
+end
+
+-- The slot from which weights set now hold: `at` (-1: none) or, if handed out already, the
+-- first slot not handed out. The change is logged and the state learns of it: a page
+-- charged past `at` goes back to its start (its positions before `at` come again the
+-- same; at most a page is charged again). Sequences of passes after the current one (left by a rewind to an earlier pass)
+-- go: the log makes them again, with this change.
+local function mix_set(ws, at)
+  local p = mnum(F.PASS)
+  local base = p * mnum(F.N)
+  local first = base + mix_charged(p)
+  if at < first then at = first end
+  local st = read_state()
+  if st then
+    local keep = {}
+    for _, q in lipairs(st.kp) do
+      if q > p then drop_pass(q) else keep[#keep + 1] = q end
+    end
+    st.kp, ST_DIRTY = keep, true
+    if st.p > p then enter(p, keep, st.ns, is_kept(st, p)) end  -- (its sequence just went)
+  end
+  local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
+  -- (the last of a slot wins: one entry a slot, so the log is bounded by the slots kept)
+  rcall('ZREMRANGEBYSCORE', kc('mixlog'), fmt(at), fmt(at))
+  rcall('ZADD', kc('mixlog'), fmt(at), fmt(at) .. '|' .. sformat('%012d', seq) .. '|'
+    .. tconcat(ws, ','))
+  st = read_state()
+  if st and st.p == p then
+    if at < base + st.h then
+      -- charged ahead past `at`: the page again from its start, with the change (its
+      -- positions before `at` come out the same: the log below `at` is as it was)
+      local back = decode(st.s0, st.t0, st.c0, st.w0, st.kp, st.ns, st.s0, st.t0, st.c0, st.w0)
+      back.nx = next_change(base + back.h - 1)
+      ST = back
+      charge_page(back)
+    elseif st.nx < 0 or at < st.nx then
+      st.nx = at
+    end
+    ST_DIRTY = true
+  end
+  return at
+end
+
+-- This call's writes of the state (dispatch, after its cursor walk).
+local function mix_flush()
+  if not ST_DIRTY then return end
+  local kp = {}
+  for i, q in lipairs(ST.kp) do kp[i] = fmt(q) end
+  local args = state_args(ST, '', {})
+  args[#args + 1] = 'kp'
+  args[#args + 1] = tconcat(kp, ',')
+  rcall('HSET', kc('mix'), unpack(args))
+  ST_DIRTY = false
+end
+
+-- This part's per-call state back to its start (begin(), every call).
+local function reset()
+  SPEC, ST, ST_DIRTY = nil, nil, false
+end
+
+return {mix_perm = mix_perm, mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
+  mix_flush = mix_flush, spec = spec, reset = reset}

@@ -1,0 +1,211 @@
+"""A mixed job run as users run it (docs/mixing.md), from outside: trainer processes with
+a SIGKILL against one trainer, a weight change at a stated slot set while they run, a
+checkpoint and a rewind replayed by another number of trainers, ``taskq work`` and a
+taskq.torch loop with DataLoader workers. What is compared is what a user sees: the
+exported sequence (``taskq mix export``), the tasks each consumer took, and the reference
+schedule (``taskq.mix.pass_schedule``). The engine's verbs one by one, the bound and the
+CLI's errors are test_mix.py's."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from support import ENTRY_POINT, ROOT, wait_until
+from test_mix import _cli, _lease_ack, _reference, _sources
+
+import taskq
+from taskq.admin.mix import spec_of
+from taskq.mix import pass_schedule
+
+_ids = itertools.count()
+
+#: 310 slots: web outlasts the change at slot 200, books runs out after it (a drop)
+SIZES = {"web": 150, "code": 100, "books": 60}
+FIRST = {"web": 0.5, "code": 0.3, "books": 0.2}
+AT_200 = {"web": 0.2, "code": 0.2, "books": 0.6}
+
+
+def _mixed_job(client: taskq.Client, tag: str) -> tuple[str, dict[str, str]]:
+    names = _sources(client, SIZES, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names[k]: w for k, w in FIRST.items()},
+        worker_ttl=1.0,
+        heartbeat_interval=0.2,
+    )
+    return mix, names
+
+
+def _set_at_200(client: taskq.Client, mix: str, names: dict[str, str]) -> int:
+    return client.job(mix).set_weights({names[k]: w for k, w in AT_200.items()}, at=200)
+
+
+def _exported(url: str, mix: str) -> list[tuple[str, int]]:
+    """``taskq mix export``, the sources named by their kind (web, code, books)."""
+    r = _cli(url, "mix", "export", mix)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["slot"] for row in rows] == list(range(len(rows)))
+    return [(row["source"].rsplit("-", 1)[1], row["source_task"]) for row in rows]
+
+
+def _kinds(seq: list[tuple[str, int]]) -> Counter[str]:
+    return Counter(src.rsplit("-", 1)[-1] for src, _ in seq)
+
+
+def test_three_processes_a_kill_and_a_weight_change_give_one_trainers_sequence(
+    url, client, tmp_path
+):
+    """Three trainer processes, one SIGKILLed while it holds a task, weights changed at
+    slot 200 while they run; then the same job shape with one trainer, a checkpoint at
+    slot 100, on to 180 and a rewind there, slots 100..179 replayed by two trainers: both
+    runs export the same sequence, the reference's, and the change holds from slot 200."""
+    many, names = _mixed_job(client, f"mxb{next(_ids)}")
+    script = str(ROOT / "tests" / "trainer_proc.py")
+    log = tmp_path / "acks.log"
+
+    def start(*extra: str) -> subprocess.Popen[str]:
+        cmd = [sys.executable, script, url, many, "--sleep", "0.02", "--log", str(log), *extra]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+    # the first holds the task it leases until it is killed; the others start once it
+    # holds one (else, on a loaded machine, they may take every task before it leases)
+    victim = start("--hold")
+    procs = [victim]
+    try:
+        assert victim.stdout is not None
+        while not (line := victim.stdout.readline()).startswith("LEASED"):
+            assert line, "the holding trainer ended before it leased"
+        procs += [start(), start()]
+        job = client.job(many)
+        assert wait_until(lambda: job.mix_status()["charged"] >= 20, timeout=60)
+        # while they run (at 0.02 s a task, slot 200 is seconds away): it holds from 200
+        assert _set_at_200(client, many, names) == 200
+        victim.kill()  # SIGKILL while it holds a task: it goes back under its slot
+        victim.wait()
+        assert wait_until(lambda: client.status(many).state == "completed", timeout=120)
+        for p in procs[1:]:
+            p.wait(timeout=30)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert client.status(many).counters["expired_worker_lost"] >= 1
+    assert client.audit(many)["ok"], client.audit(many)
+    acked = [line.split()[1] for line in log.read_text().splitlines()]
+    assert sorted(map(int, acked)) == list(range(310))  # every task acked once
+    seq_many = _exported(url, many)
+    assert [(s.rsplit("-", 1)[1], j) for s, j in _reference(client, many)] == seq_many
+
+    # the change holds from slot 200 exactly: before it the schedule of the first weights
+    # alone, from it the new weights' (within the bound of 3/4 slot, so exact at these m)
+    spec = spec_of(client.connection, many)
+    unchanged = [(spec.sources[s].rsplit("-", 1)[1], j) for s, j in pass_schedule(spec, [], 0)]
+    assert seq_many[:200] == unchanged[:200] and seq_many[200:] != unchanged[200:]
+    assert _kinds(seq_many[180:200]) == {"web": 10, "code": 6, "books": 4}
+    assert _kinds(seq_many[200:205]) == {"web": 1, "code": 1, "books": 3}
+    assert _kinds(seq_many[200:220]) == {"web": 4, "code": 4, "books": 12}
+
+    # the same shape, one trainer, no fault, with a checkpoint at 100 and a rewind at 180
+    one, names = _mixed_job(client, f"mxb{next(_ids)}")
+    job = client.job(one)
+    assert _set_at_200(client, one, names) == 200
+    with taskq.Trainer(one, client=client) as t:
+        _lease_ack(t, 100)
+        ckpt = job.checkpoint()
+        first = _lease_ack(t, 80)  # slots 100..179
+    assert job.rewind(ckpt)
+    # two trainers now, taking turns: the same slots come again, in the same order
+    with (
+        taskq.Trainer(one, client=client, worker_id="r0") as r0,
+        taskq.Trainer(one, client=client, worker_id="r1") as r1,
+    ):
+        again = [_lease_ack((r0, r1)[k % 2], 1)[0] for k in range(80)]
+        assert again == first
+        rest = _lease_ack(r0, 130)
+    assert client.status(one).state == "completed"
+    assert client.audit(one)["ok"], client.audit(one)
+    seq_one = _exported(url, one)
+    assert seq_one == seq_many
+    assert seq_one[100:] == [(str(s).rsplit("-", 1)[1], j) for s, j in first + rest]
+
+
+def test_taskq_work_over_a_mixed_job_takes_every_task_once_and_names_its_source(
+    url, client, tmp_path
+):
+    """``taskq work`` (a real CLI process, one CMD run per task): every task once, in the
+    slots' order, each run told its source (the task JSON's ``source``, TASKQ_SOURCE) and
+    the worker's log naming it."""
+    tag = f"mxw{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4, "books": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2})
+    out = tmp_path / "runs.jsonl"
+    script = (
+        "import json, os, sys\n"
+        "task = json.load(sys.stdin)\n"
+        f"with open({str(out)!r}, 'a') as f:\n"
+        "    f.write(json.dumps([task, os.environ['TASKQ_SOURCE']]) + '\\n')\n"
+    )
+    r = subprocess.run(
+        [ENTRY_POINT, "--url", url, "work", mix, "--", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(task["id"] for task, _ in runs) == list(range(12))
+    assert [(task["source"], task["chunks"][0]["i"]) for task, _ in runs] == _reference(client, mix)
+    for task, env_source in runs:
+        assert env_source == task["source"] == names[task["chunks"][0]["src"]]
+        assert f"task {task['id']} (pass 0, source {task['source']}): done" in r.stderr
+    assert client.status(mix).state == "completed"
+
+
+def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path: Path):
+    """A taskq.torch DataLoader with 2 worker processes: every row of every source once,
+    and ``loader.batch_sources`` the source of each row of the batch stepped on."""
+    from torch_helpers import jsonl_reader, rows_of, write_jsonl
+
+    import taskq.torch
+
+    tag = f"mxt{next(_ids)}"
+    files = {"web": 6, "code": 3, "books": 2}
+    names = {}
+    for k, (src, n) in enumerate(files.items()):
+        # rows {"f": file, "i": line}: a source's files numbered apart from the others'
+        chunks = write_jsonl(tmp_path / src, n + 10 * k, 7)[10 * k :]
+        names[src] = f"{tag}-{src}"
+        client.create_job(names[src], chunks)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2})
+    ds = taskq.torch.TaskDataset(mix, url=url, reader=jsonl_reader)
+    rows: list[tuple[int, int]] = []
+    kind_of_file = {f: src for k, src in enumerate(files) for f in range(10 * k, 10 * k + 10)}
+    with taskq.torch.DataLoader(ds, batch_size=4, num_workers=2) as loader:
+        assert loader.batch_sources == [] and loader.mix_counts() == {}
+        for batch in loader:
+            got = rows_of(batch)
+            rows += got
+            # each row's source, in the batch's order
+            assert loader.batch_sources == [names[kind_of_file[f]] for f, _ in got]
+        assert loader.mix_counts() == {names[src]: 7 * n for src, n in files.items()}
+    want = sorted(
+        (f, i)
+        for k, n in enumerate(files.values())
+        for f in range(10 * k, 10 * k + n)
+        for i in range(7)
+    )
+    assert sorted(rows) == want
+    audit = client.audit(mix)
+    assert audit["ok"], audit["checks"]
+    assert [(r["source"], r["source_task"]) for r in client.job(mix).mix_sequence()] == (
+        _reference(client, mix)
+    )
