@@ -138,6 +138,18 @@ def test_create_with_bad_settings_says_one_line_and_writes_nothing(
         assert job_name not in client.list_jobs()
 
 
+def test_a_settings_error_names_every_setting_as_its_option(
+    url: str, client: taskq.Client, job_name: str
+) -> None:
+    """Any JobConfig setting an InvalidConfig names reads as its option (cli/main.py
+    SETTING_WORDS), not only the first eight fields: a mixed job's refusal names three."""
+    client.create_job(f"{job_name}-src", [{"i": 0}])
+    r = run(url, "job", "create", job_name, "--mix", f"{job_name}-src=1", "--shuffle")
+    assert r.exit_code != 0
+    assert "no --shards, --stream or --shuffle" in one_error_line(r.stderr), r.stderr
+    assert job_name not in client.list_jobs()
+
+
 def test_passes_zero_means_until_cancelled(
     url: str, client: taskq.Client, job_name: str, manifest: str
 ) -> None:
