@@ -15,6 +15,7 @@ directly.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -138,29 +139,38 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
     return [(slot, ws) for _, slot, ws in rows]
 
 
+def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
+    """The pass, the positions charged and the tasks each source gave in them, from the
+    state's packed form (lib/mix.lua: '>ddddd' scalars, then per source its tasks, the
+    tasks it gave in the pass, ...)."""
+    p, h = struct.unpack_from(">2d", blob)
+    return int(p), int(h), list(struct.unpack_from(f">{k}I", blob, 40 + 4 * k))
+
+
 def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str, Any] | None:
     """The schedule of ``pass_no`` as far as leases reached (lib/mix.lua charges a page
     ahead of them): ``{"h": positions handed out, "t": tasks each source gave in them}``;
     None when nothing of it is kept."""
     keys = conn.keys(name)
+    k = len(spec.sizes)
     with translate(conn.url):
-        cur = conn.redis.hmget(keys.mix, ["s", "t", "kp"])
+        cur = conn.redis.execute_command("HMGET", keys.mix, "s", "kp", **{NEVER_DECODE: True})
         mixd = conn.redis.hget(keys.meta, F.MIXD)
     if not cur[0]:
         return None
-    fields = cur
+    blob = cur[0]
     handed = int(mixd or 0) - pass_no * spec.total
-    if int(cur[0].split(",")[0]) != pass_no:
-        if str(pass_no) not in (cur[2] or "").split(","):
+    if _state_counts(blob, k)[0] != pass_no:
+        if str(pass_no) not in (cur[1] or b"").decode().split(","):
             return None
         with translate(conn.url):
-            fields = conn.redis.hmget(keys.mix, [f"s:{pass_no}", f"t:{pass_no}", f"d:{pass_no}"])
-        if not fields[0]:
+            blob, d = conn.redis.execute_command(
+                "HMGET", keys.mix, f"s:{pass_no}", f"d:{pass_no}", **{NEVER_DECODE: True}
+            )
+        if not blob:
             return None
-        handed = int(fields[2] or 0)
-    h = int(fields[0].split(",")[1])
-    t = fields[1] or ""
-    counts = [int(t[i : i + 8], 16) for i in range(0, len(t), 8)]
+        handed = int(d or 0)
+    _, h, counts = _state_counts(blob, k)
     handed = max(0, min(handed, h))
     if handed < h:  # the page charged ahead: not handed out yet
         key = getattr(keys, f"mixseq{pass_no % KEEP_PASSES}")
@@ -169,6 +179,18 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
         for k in range(h - handed):
             counts[spec.sources.index(spec.source_of(int(raw[8 * k : 8 * k + 8], 16)))] -= 1
     return {"h": handed, "t": counts}
+
+
+def kept_passes(conn: Connection, name: str) -> set[int] | None:
+    """The passes of mixed job ``name`` whose stored sequence is kept (a rewind to a cut in
+    one of them replays it; lib/mix.lua ``mix_kept``), None when nothing was charged yet."""
+    with translate(conn.url):
+        blob, kp = conn.redis.execute_command(
+            "HMGET", conn.keys(name).mix, "s", "kp", **{NEVER_DECODE: True}
+        )
+    if not blob:
+        return None
+    return {int(q) for q in (kp or b"").decode().split(",") if q}
 
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:

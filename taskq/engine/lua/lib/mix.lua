@@ -10,10 +10,11 @@
 -- the stored sequence of the state's pass ends before, 'mixd' the slot no lease reached
 -- yet (both hot meta fields: a lease below 'mixh' is one GETRANGE, no state read).
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
--- state at its high-water ("s" = "p,h,seg,nx,rs": the pass, positions charged, the
--- segment's first position, the next logged change's slot or -1, 1 when the next charge
--- starts a segment; "t" / "c" tasks each source gave in the pass / the segment, "w" the
--- weights; "s0".."w0" the same at the last page's start; ":<p>" as pass p was left);
+-- state at its high-water ("s": one struct-packed string, read and written once a page:
+-- '>ddddd' the pass, positions charged, the segment's first position, the next logged
+-- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
+-- tasks, the tasks it gave in the pass, in the segment, and '>d' its weight; "s0" the same
+-- at the last page's start; ":<p>" as pass p was left);
 -- 'mixseq<p % 3>' pass p's tasks by position (8 hex digits each: SETRANGE / GETRANGE,
 -- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
 local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
@@ -21,13 +22,14 @@ local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack = math.max, math.min, unpack
+local spack, sunpack = struct.pack, struct.unpack
 local segment, choice, choose, settle =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
--- page; bench/mix.py). A weight change inside the page charges it again (mix_set).
-local PAGE = 64  -- constant
+-- page; bench/mix.py). A weight change inside the page cuts it at its slot (mix_set).
+local PAGE = 256  -- constant
 local READ = 32  -- constant: stored positions a lease call reads at once (one GETRANGE)
 
 local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
@@ -39,27 +41,10 @@ local function spec()
   return SPEC
 end
 
-local function hex_list(s)
+-- "a,b,..." as a list of numbers (logged weights, the kept passes).
+local function numbers(list)
   local out = {}
-  for i = 1, #s / 8 do out[i] = tonum(ssub(s, 8 * i - 7, 8 * i), 16) end
-  return out
-end
-
-local function hexes(list)
-  local parts = {}
-  for i = 1, #list do parts[i] = sformat('%08x', list[i]) end
-  return tconcat(parts)
-end
-
-local function csv(s)
-  local out = {}
-  for v in sgmatch(s, '[^,]+') do out[#out + 1] = v end
-  return out
-end
-
-local function numbers(ws)
-  local out = {}
-  for i, v in lipairs(csv(ws)) do out[i] = tonum(v) end
+  for v in sgmatch(list, '[^,]+') do out[#out + 1] = tonum(v) end
   return out
 end
 
@@ -79,24 +64,44 @@ local function next_change(slot)
   return -1
 end
 
--- A state from its fields (s, t, c, w: strings; kp, n: the job's; s0, t0, c0, w0: the
--- same at the start of the last page charged). The lists t, c, w, n are made when a charge
--- needs them (lists()).
-local function decode(s, t, c, w, kp, n, s0, t0, c0, w0)
-  local p, h, seg, nx, rs = smatch(s, '^(%d+),(%d+),(%d+),(-?%d+),(%d)$')
-  return {p = tonum(p), h = tonum(h), seg = tonum(seg), nx = tonum(nx), rs = tonum(rs),
-    ts = t, cs = c, ws = w, kp = kp, ns = n, s0 = s0, t0 = t0, c0 = c0, w0 = w0}
+-- A state's packed form for k sources (the '>ddddd' of its scalars, then its lists).
+local function state_format(k)
+  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k)
 end
 
-local FIELDS = {'s', 't', 'c', 'w', 's0', 't0', 'c0', 'w0'}  -- constant: a state's own
+-- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w
+-- (each source's tasks, tasks given in the pass, in the segment, weight), o (first task
+-- ids); `raw` the packed form while the state is unchanged.
+local function unpack_state(blob, kp)
+  local k = (#blob - 40) / 20
+  local v = {sunpack(state_format(k), blob)}
+  local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
+    n = {}, t = {}, c = {}, w = {}, o = {}}
+  local n, t, c, w, o, at = st.n, st.t, st.c, st.w, st.o, 0
+  for i = 1, k do
+    n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
+    o[i], at = at, at + n[i]
+  end
+  return st
+end
+
+local function pack_state(st)
+  if st.raw then return st.raw end
+  local n, t, c, w, k = st.n, st.t, st.c, st.w, #st.n
+  local v = {st.p, st.h, st.seg, st.nx, st.rs}
+  for i = 1, k do
+    v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
+  end
+  st.raw = spack(state_format(k), unpack(v))
+  return st.raw
+end
 
 local function read_state()
   if ST == nil then
-    local r = rcall('HMGET', kc('mix'), 's', 't', 'c', 'w', 's0', 't0', 'c0', 'w0', 'kp', 'n')
+    local r = rcall('HMGET', kc('mix'), 's', 's0', 'kp')
     if r[1] then
-      local kp = {}
-      for _, q in lipairs(csv(r[9] or '')) do kp[#kp + 1] = tonum(q) end
-      ST = decode(r[1], r[2], r[3], r[4], kp, r[10], r[5], r[6], r[7], r[8])
+      ST = unpack_state(r[1], numbers(r[3] or ''))
+      ST.s0 = r[2]
     else
       ST = false
     end
@@ -104,28 +109,16 @@ local function read_state()
   return ST
 end
 
--- The lists a charge reads: t, c (numbers), w (the weights, numbers), n, o (the sources'
--- sizes and first task ids).
-local function lists(st)
-  if st.t then return end
-  st.t, st.c, st.n = hex_list(st.ts), hex_list(st.cs), hex_list(st.ns)
-  st.w = numbers(st.ws)
-  st.o = {}
-  local at = 0
-  for i = 1, #st.n do st.o[i], at = at, at + st.n[i] end
-end
-
-local function fresh_state(p, kp, ns)
-  if not ns then
-    local parts = {}
-    for i, n in lipairs(spec().n) do parts[i] = sformat('%08x', n) end
-    ns = tconcat(parts)
-    rcall('HSET', kc('mix'), 'n', ns)
-  end
-  local zero = srep('00000000', #ns / 8)
+local function fresh_state(p, kp)
+  local n, zero, k = spec().n, {}, #spec().n
+  for i = 1, k do zero[i] = 0 end
   local start = p * mnum(F.N)
-  return decode(fmt(p) .. ',0,0,' .. fmt(next_change(start)) .. ',1', zero, zero,
-    weights_at(start), kp, ns)
+  local st = {p = p, h = 0, seg = 0, nx = next_change(start), rs = 1, kp = kp, n = n,
+    t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), o = {}}
+  local at = 0
+  for i = 1, k do st.o[i], at = at, at + n[i] end
+  st.s0 = pack_state(st)
+  return st
 end
 
 local function seq_key(p)
@@ -137,20 +130,12 @@ local function is_kept(st, p)
   return false
 end
 
-local function scalars(st)
-  return fmt(st.p) .. ',' .. fmt(st.h) .. ',' .. fmt(st.seg) .. ',' .. fmt(st.nx) .. ','
-    .. fmt(st.rs)
-end
-
 -- The state's fields as HSET arguments, each name with `sfx`.
 local function state_args(st, sfx, args)
-  local vals = {scalars(st), st.ts, st.cs, st.ws, st.s0, st.t0, st.c0, st.w0}
-  for i, f in lipairs(FIELDS) do
-    if vals[i] then
-      args[#args + 1] = f .. sfx
-      args[#args + 1] = vals[i]
-    end
-  end
+  args[#args + 1] = 's' .. sfx
+  args[#args + 1] = pack_state(st)
+  args[#args + 1] = 's0' .. sfx
+  args[#args + 1] = st.s0
   return args
 end
 
@@ -158,30 +143,30 @@ end
 local function drop_pass(q)
   rcall('UNLINK', seq_key(q))
   local sfx = ':' .. fmt(q)
-  rcall('HDEL', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx, 's0' .. sfx,
-    't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
+  rcall('HDEL', kc('mix'), 's' .. sfx, 's0' .. sfx, 'd' .. sfx)
 end
 
 -- The saved state of pass p (kept) and its positions handed out, or nil.
-local function saved_state(p, kp, ns)
+local function saved_state(p, kp)
   local sfx = ':' .. fmt(p)
-  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 't' .. sfx, 'c' .. sfx, 'w' .. sfx,
-    's0' .. sfx, 't0' .. sfx, 'c0' .. sfx, 'w0' .. sfx, 'd' .. sfx)
+  local r = rcall('HMGET', kc('mix'), 's' .. sfx, 's0' .. sfx, 'd' .. sfx)
   if not r[1] then return nil end
-  return decode(r[1], r[2], r[3], r[4], kp, ns, r[5], r[6], r[7], r[8]), tonum(r[9] or '0')
+  local st = unpack_state(r[1], kp)
+  st.s0 = r[2]
+  return st, tonum(r[3] or '0')
 end
 
 -- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
 -- one; p joins the kept passes `keep`; the meta's high-waters follow it.
-local function enter(p, keep, ns, kept)
+local function enter(p, keep, kept)
   local base = p * mnum(F.N)
   local st, d = nil, 0
   if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
-  if kept then st, d = saved_state(p, keep, ns) end
+  if kept then st, d = saved_state(p, keep) end
   if st then
-    st.nx = next_change(base + st.h - 1)
+    st.nx, st.raw = next_change(base + st.h - 1), nil
   else
-    st, d = fresh_state(p, keep, ns), 0
+    st, d = fresh_state(p, keep), 0
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
   mput(F.MIXH, base + st.h)
@@ -196,14 +181,14 @@ end
 -- set since), older ones too.
 local function switch_to(p)
   local st = read_state()
-  local kept, ns = {}, nil
+  local kept = {}
   if st then
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
     args[#args + 1] = 'd' .. sfx
     args[#args + 1] = fmt(mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
     rcall('HSET', kc('mix'), unpack(args))
-    kept, ns = st.kp, st.ns
+    kept = st.kp
   end
   local keep = {}
   for _, q in lipairs(kept) do
@@ -217,7 +202,7 @@ local function switch_to(p)
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
-  return enter(p, keep, ns, was_kept)
+  return enter(p, keep, was_kept)
 end
 
 -- The task at position `pos` of pass p, stored (nil: not charged, or not kept).
@@ -233,22 +218,27 @@ local function stored(p, pos)
 end
 
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
--- in one SETRANGE. Returns the page (8 hex digits a position) and its first position.
-local function charge_page(st)
-  lists(st)
+-- in one SETRANGE; returns the page (8 hex digits a position) and its first position.
+-- With `upto`, instead, the state is walked on to position `upto` by the positions stored
+-- there (the rule not asked: a weight change's state at its slot, mix_set).
+local function charge_page(st, upto)
   local nn = mnum(F.N)
   local base = st.p * nn
   local n, t, c, o, k = st.n, st.t, st.c, st.o, #st.n
   local h0 = st.h
-  local last = h0 + PAGE
-  if last > nn then last = nn end
-  st.s0, st.t0, st.c0, st.w0 = scalars(st), st.ts, st.cs, st.ws
+  local last, kept = upto, nil
+  if upto then
+    kept = rcall('GETRANGE', seq_key(st.p), h0 * 8, upto * 8 - 1)
+  else
+    last = mmin(h0 + PAGE, nn)
+    st.s0 = pack_state(st)
+  end
+  st.raw = nil
   local out, act, w, d, ch = {}, nil, nil, 0, nil
   for h = h0, last - 1 do
     local slot = base + h
     if st.nx >= 0 and slot >= st.nx then
-      st.ws = weights_at(slot)
-      st.w = numbers(st.ws)
+      st.w = numbers(weights_at(slot))
       st.nx = next_change(slot)
       st.rs = 1
     end
@@ -257,26 +247,34 @@ local function charge_page(st)
       for i = 1, k do c[i] = 0 end
     end
     local m = h - st.seg + 1
-    if not act then
-      act, w, d = segment(t, n, st.w)
-      ch = choice(act, c, w, d, m)
+    local best
+    if kept then
+      local at = (h - h0) * 8
+      local task = tonum(ssub(kept, at + 1, at + 8), 16)
+      best = k
+      while o[best] > task do best = best - 1 end
+    else
+      if not act then
+        act, w, d = segment(t, n, st.w)
+        ch = choice(act, c, w, d, m)
+      end
+      best = choose(ch, act, m)
     end
-    local best = choose(ch, act, m)
     local tb, cb = t[best] + 1, c[best] + 1
     t[best], c[best] = tb, cb
     if tb >= n[best] then
       st.rs = 1  -- (drop: the others renormalise from here)
-    else
+    elseif ch then
       settle(ch, best, cb, w[best], d, m)
     end
-    out[#out + 1] = sformat('%08x', o[best] + tb - 1)
+    if not kept then out[#out + 1] = sformat('%08x', o[best] + tb - 1) end
   end
-  st.ts, st.cs = hexes(t), hexes(c)
-  local page = tconcat(out)
-  rcall('SETRANGE', seq_key(st.p), h0 * 8, page)
   st.h = last
   mput(F.MIXH, base + last)
   ST_DIRTY = true
+  if kept then return kept, h0 end
+  local page = tconcat(out)
+  rcall('SETRANGE', seq_key(st.p), h0 * 8, page)
   return page, h0
 end
 
@@ -325,13 +323,16 @@ local function mix_charged(p)
   if not st then return 0 end
   if st.p == p then return mmax(0, mnum(F.MIXD) - p * mnum(F.N)) end
   if not is_kept(st, p) then return 0 end
-  local _, d = saved_state(p, st.kp, st.ns)
+  local _, d = saved_state(p, st.kp)
   return d or 0
 end
 
--- True when pass p's sequence is kept up to position `upto` (a rewind's cut).
+-- True when pass p's sequence is kept up to position `upto` (a rewind's cut). At 0, when
+-- p is kept, nothing was charged yet, or p is the current pass (not charged since it
+-- started): a pass charged once and no longer kept would come again from a trimmed log.
 local function mix_kept(p, upto)
-  if upto == 0 then return true end
+  local st = read_state()
+  if upto == 0 then return not st or is_kept(st, p) or p == mnum(F.PASS) end
   return stored(p, upto - 1) ~= nil
 end
 
@@ -352,7 +353,7 @@ local function mix_set(ws, at)
       if q > p then drop_pass(q) else keep[#keep + 1] = q end
     end
     st.kp, ST_DIRTY = keep, true
-    if st.p > p then enter(p, keep, st.ns, is_kept(st, p)) end  -- (its sequence just went)
+    if st.p > p then enter(p, keep, is_kept(st, p)) end  -- (its sequence just went)
   end
   local seq = rcall('HINCRBY', kc('mix'), 'lseq', 1)
   -- (the last of a slot wins: one entry a slot, so the log is bounded by the slots kept)
@@ -362,14 +363,15 @@ local function mix_set(ws, at)
   st = read_state()
   if st and st.p == p then
     if at < base + st.h then
-      -- charged ahead past `at`: the page again from its start, with the change (its
-      -- positions before `at` come out the same: the log below `at` is as it was)
-      local back = decode(st.s0, st.t0, st.c0, st.w0, st.kp, st.ns, st.s0, st.t0, st.c0, st.w0)
-      back.nx = next_change(base + back.h - 1)
+      -- charged ahead past `at`: the state at `at` made again from the page's start by
+      -- the positions stored before `at` (the log below `at` is as it was), and those from
+      -- `at` on dropped: the lease that reaches `at` charges them, with the change
+      local back = unpack_state(st.s0, st.kp)
+      back.s0, back.nx, back.raw = st.s0, next_change(base + back.h - 1), nil
       ST = back
-      charge_page(back)
+      charge_page(back, at - base)
     elseif st.nx < 0 or at < st.nx then
-      st.nx = at
+      st.nx, st.raw = at, nil
     end
     ST_DIRTY = true
   end
