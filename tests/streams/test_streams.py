@@ -863,6 +863,78 @@ def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path)
     assert hmgets and max(hmgets) == 1, hmgets
 
 
+#: A follower whose every directory listing under ``$LISTINGS_UNDER`` is written, one
+#: path a line, to ``$LISTINGS_FILE`` (Python's audit events for os.scandir / os.listdir:
+#: the real process observed, nothing replaced).
+_COUNTED_FOLLOWER = """
+import os, sys
+root, out = os.environ["LISTINGS_UNDER"], open(os.environ["LISTINGS_FILE"], "a", buffering=1)
+def hook(event, args):
+    if event in ("os.scandir", "os.listdir") and args and str(args[0]).startswith(root):
+        out.write(f"{args[0]}\\n")
+sys.addaudithook(hook)
+from taskq.cli.main import main
+sys.argv[0] = "taskq"
+sys.exit(main())
+"""
+
+
+def _follow_counted(
+    url: str, job: str, pattern: str, under: Path, listings: Path, *extra: str
+) -> subprocess.Popen:
+    env = dict(os.environ, LISTINGS_UNDER=str(under), LISTINGS_FILE=str(listings))
+    return subprocess.Popen(
+        [sys.executable, "-c", _COUNTED_FOLLOWER, "--url", url, "job", "follow", job]
+        + ["--files", pattern, "--every", "0.05", "--records-per-chunk", "1", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _listed_folders(listings: Path) -> list[str]:
+    return listings.read_text().splitlines() if listings.exists() else []
+
+
+def test_an_idle_follower_over_several_folders_lists_none_of_them_again(
+    url, client, job_name, tmp_path
+):
+    """With nothing new, a follower of ``data/day-*/*.jsonl`` lists the folders' parent
+    at each interval and none of the folders of files; a new file in one of them makes
+    it list that folder alone and append the file, and a new folder is found. Before:
+    every folder was listed in full at every interval (one stat per file)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    data = tmp_path / "data"
+    folders = [data / f"day-{d}" for d in range(3)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        for i in range(5):
+            path = folder / f"p{i}.jsonl"
+            path.write_text('{"x": 1}\n')
+            os.utime(path, (1, 1))
+        os.utime(folder, (1, 1))  # old: its mtime is trusted at once
+    listings = tmp_path / "listings.txt"
+    pattern = str(data / "day-*" / "*.jsonl")
+    with _Said(_follow_counted(url, job_name, pattern, data, listings, "--settle", "0")) as said:
+        assert support.wait_until(lambda: said.count("tasks appended") == 15, FOLLOWER_START_S)
+        idle_from = len(_listed_folders(listings))
+        # 40 intervals with nothing new: the parent listed 40 times, nothing else
+        assert support.wait_until(
+            lambda: _listed_folders(listings)[idle_from:].count(str(data)) >= 40, timeout=60
+        )
+        idle = _listed_folders(listings)[idle_from:]
+        assert set(idle) == {str(data)}, idle
+        (folders[1] / "new.jsonl").write_text('{"x": 2}\n')
+        assert support.wait_until(lambda: client.status(job_name).tasks == 16)
+        moved = [p for p in _listed_folders(listings)[idle_from:] if p != str(data)]
+        assert set(moved) == {str(folders[1])}, moved
+        (data / "day-9").mkdir()
+        (data / "day-9" / "first.jsonl").write_text('{"x": 3}\n')
+        assert support.wait_until(lambda: client.status(job_name).tasks == 17)
+        assert said.stop() == 0
+    assert said.count("tasks appended") == 17
+
+
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
     client.create_job(job_name, chunks=[], stream=True)
     said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
