@@ -284,6 +284,61 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _server_sched(pid: int) -> tuple[int, ...]:
+    """The server's main thread (it runs every command) as the kernel saw it: ns on a
+    core, ns runnable but waiting for one, involuntary switches (preempted), minor page
+    faults; and the host's jiffies of steal (the hypervisor ran another guest), irq and
+    softirq (run on top of any process), summed over the cores."""
+    run_ns, wait_ns, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    minflt = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    irq, softirq, steal = int(cpu[6]), int(cpu[7]), int(cpu[8])
+    return int(run_ns), int(wait_ns), preempted, minflt, steal, irq, softirq
+
+
+SCHED_FIELDS = ("run ms", "wait ms", "preempted", "page faults", "steal", "irq", "softirq")
+
+
+def _sched_delta(a: tuple[int, ...], b: tuple[int, ...]) -> dict[str, float]:
+    d = [y - x for x, y in zip(a, b, strict=True)]
+    return dict(zip(SCHED_FIELDS, [d[0] / 1e6, d[1] / 1e6, *d[2:]], strict=True))
+
+
+def server_diagnostics(client: taskq.Client) -> dict[str, object]:
+    """What the server says of its slow moments beside the SLOWLOG: the latency
+    monitor's events (`latency-monitor-threshold` 5 ms, set at the start: a command, a
+    fork, an AOF write or fsync, the expire cycle, an eviction...), its persistence
+    (RDB saves and AOF rewrites fork, and writes after a fork pay copy-on-write) and
+    the counters of what runs outside commands."""
+    r = client.redis
+    events = {}
+    for name, _at, latest, peak in r.latency_latest():
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        history = r.latency_history(name)
+        events[name] = {
+            "latest ms": latest,
+            "max ms": peak,
+            "times (epoch s, ms)": [(int(t), int(ms)) for t, ms in history],
+        }
+    persistence = r.info("persistence")
+    stats = r.info("stats")
+    keep = ("rdb_saves", "rdb_bgsave_in_progress", "aof_enabled", "aof_rewrites")
+    return {
+        "latency events": events,
+        "persistence": {k: persistence.get(k) for k in keep},
+        "config": {k: v for k, v in r.config_get("save").items()}
+        | r.config_get("appendonly")
+        | r.config_get("hz")
+        | r.config_get("activedefrag"),
+        "stats": {
+            k: stats.get(k)
+            for k in ("total_forks", "latest_fork_usec", "expired_keys", "evicted_keys")
+        },
+    }
+
+
 class _Week:
     """The driver of `week`: the follower and trainer processes it starts, restarts and
     stops (by their pids), and what it samples."""
@@ -384,6 +439,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     client.redis.config_set("slowlog-log-slower-than", 10_000)
     client.redis.config_set("slowlog-max-len", 100_000)  # every entry counted
     client.redis.slowlog_reset()
+    client.redis.config_set("latency-monitor-threshold", 5)
+    client.redis.latency_reset()
     job = "week"
     client.create_job(job, [], stream=True, passes=1, max_backlog=a.backlog)
     handle = client.job(job)
@@ -421,7 +478,11 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
 
     loads: list[float] = []
 
+    pid = a.server_pid
+    sched = [(time.time(), _server_sched(pid))]  # the server's main thread, at each sample
+
     def sample() -> None:
+        sched.append((time.time(), _server_sched(pid)))
         loads.append(os.getloadavg()[0])
         st = client.status(job, summaries=0)
         mem.append(
@@ -522,6 +583,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     out["slowlog"] = client.redis.slowlog_get(100_000)
     out["slowlog len"] = client.redis.slowlog_len()
     out["server"] = client.redis.info("server")["redis_version"]
+    out["diagnostics"] = server_diagnostics(client)
+    out["sched"] = sched
     shutil.rmtree(work)
     return out
 
@@ -530,6 +593,8 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     """Prints a week's measures; 0 when every bound held, 1 otherwise."""
     mem: list[tuple[float, int, int]] = r.pop("mem")  # type: ignore[assignment]
     slow: list[dict[str, object]] = r.pop("slowlog")  # type: ignore[assignment]
+    diagnostics: dict[str, dict[str, object]] = r.pop("diagnostics")  # type: ignore[assignment]
+    sched: list[tuple[float, tuple[int, ...]]] = r.pop("sched")  # type: ignore[assignment]
     total = int(r["records"])  # type: ignore[call-overload]
     steady_samples = [m for _, done, m in mem if done >= total // 10] or [m for *_, m in mem]
     steady = sorted(steady_samples)[len(steady_samples) // 2]
@@ -554,11 +619,44 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
         median = sorted(us)[len(us) // 2] / 1000
         print(f"  {cmd}: {len(us)}, median {median:.1f} ms, max {max(us) / 1000:.1f} ms")
     started = float(r["started"])  # type: ignore[arg-type]
+    intervals = [
+        (t0, t1, _sched_delta(x0, x1)) for (t0, x0), (t1, x1) in zip(sched, sched[1:], strict=False)
+    ]
+
+    def around(at: float) -> str:
+        for t0, t1, d in intervals:
+            if t0 <= at <= t1 + 1:
+                return ", ".join(f"{k} {v:,.1f}" for k, v in d.items())
+        return "no sample"
+
     for entry in sorted(slow, key=lambda e: int(e["start_time"]))[:50]:  # type: ignore[call-overload]
         words = bytes(entry["command"]).split()  # type: ignore[call-overload]
+        at = int(entry["start_time"])  # type: ignore[call-overload]
         print(
-            f"    at {int(entry['start_time']) - started:7.0f} s: "  # type: ignore[call-overload]
+            f"    at {at - started:7.0f} s: "
             f"{int(entry['duration']) / 1000:.1f} ms {b' '.join(words[:2]).decode(errors='replace')}"  # type: ignore[call-overload]
+            f"  [its samples' interval: {around(at)}]"
+        )
+    events = diagnostics["latency events"]
+    print(f"latency monitor at 5 ms: {len(events)} events")
+    for name, ev in events.items():
+        times = ev["times (epoch s, ms)"]
+        print(f"  {name}: latest {ev['latest ms']} ms, max {ev['max ms']} ms, {len(times)} kept")  # type: ignore[arg-type]
+        for at, ms in times[:20]:  # type: ignore[index]
+            print(f"    at {at - started:7.0f} s: {ms} ms")
+    for key in ("persistence", "stats", "config"):
+        print(f"{key}: {diagnostics[key]}")
+    if intervals:
+        whole = _sched_delta(sched[0][1], sched[-1][1])
+        print(
+            "the server's main thread over the run: "
+            + ", ".join(f"{k} {v:,.1f}" for k, v in whole.items())
+            + f" (steal, irq, softirq: host jiffies of {os.sysconf('SC_CLK_TCK')} Hz, all cores)"
+        )
+        waited = [d for *_, d in intervals if d["wait ms"] > 0 or d["preempted"] > 0]
+        print(
+            f"  sample intervals where it waited for a core or was preempted: "
+            f"{len(waited)} of {len(intervals)}"
         )
     ok = (
         "cut short" not in r
@@ -611,6 +709,7 @@ def main() -> int:
             )
             return 2
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
+        a.server_pid = server.process.pid
         if a.week:
             return print_week(a, week(url, a))
         if a.bounded:
