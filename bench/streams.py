@@ -287,22 +287,31 @@ def _cpu_seconds(pid: int) -> float:
 def _server_sched(pid: int) -> tuple[int, ...]:
     """The server's main thread (it runs every command) as the kernel saw it: ns on a
     core, ns runnable but waiting for one, involuntary switches (preempted), minor page
-    faults; and the host's jiffies of steal (the hypervisor ran another guest), irq and
-    softirq (run on top of any process), summed over the cores."""
+    faults, the core it is on; then each core's jiffies of steal (the hypervisor ran
+    another vCPU), irq and softirq (run on top of any process)."""
     run_ns, wait_ns, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
     status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
     preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
-    minflt = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    irq, softirq, steal = int(cpu[6]), int(cpu[7]), int(cpu[8])
-    return int(run_ns), int(wait_ns), preempted, minflt, steal, irq, softirq
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cores = []
+    for line in Path("/proc/stat").read_text().splitlines()[1:]:
+        if not line.startswith("cpu"):
+            break
+        cpu = line.split()
+        cores += [int(cpu[8]), int(cpu[6]), int(cpu[7])]
+    return (int(run_ns), int(wait_ns), preempted, int(fields[7]), int(fields[36]), *cores)
 
 
 SCHED_FIELDS = ("run ms", "wait ms", "preempted", "page faults", "steal", "irq", "softirq")
+#: The server's thread is sampled this often (s), for what happened around a SLOWLOG entry.
+SCHED_EVERY = 0.25
 
 
 def _sched_delta(a: tuple[int, ...], b: tuple[int, ...]) -> dict[str, float]:
-    d = [y - x for x, y in zip(a, b, strict=True)]
+    """What changed from sample ``a`` to ``b``; steal, irq and softirq of the core the
+    server was on at ``b``."""
+    core = 5 + 3 * b[4]
+    d = [b[i] - a[i] for i in (0, 1, 2, 3, core, core + 1, core + 2)]
     return dict(zip(SCHED_FIELDS, [d[0] / 1e6, d[1] / 1e6, *d[2:]], strict=True))
 
 
@@ -422,6 +431,9 @@ class _Week:
             except subprocess.TimeoutExpired:
                 self.follower.kill()
                 self.follower.wait()
+        for proc in self.trainers:  # done at the stream's end; else stopped as by a restart
+            if proc.is_alive():
+                proc.terminate()
         for proc in self.trainers:
             proc.join(timeout=60)
             if proc.is_alive():
@@ -479,10 +491,15 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     loads: list[float] = []
 
     pid = a.server_pid
-    sched = [(time.time(), _server_sched(pid))]  # the server's main thread, at each sample
+    sched = [(time.time(), _server_sched(pid))]  # the server's main thread, every SCHED_EVERY
+
+    def sample_sched() -> None:
+        while not stop.wait(SCHED_EVERY):
+            sched.append((time.time(), _server_sched(pid)))
+
+    threading.Thread(target=sample_sched, daemon=True).start()
 
     def sample() -> None:
-        sched.append((time.time(), _server_sched(pid)))
         loads.append(os.getloadavg()[0])
         st = client.status(job, summaries=0)
         mem.append(
@@ -624,10 +641,16 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     ]
 
     def around(at: float) -> str:
-        for t0, t1, d in intervals:
-            if t0 <= at <= t1 + 1:
-                return ", ".join(f"{k} {v:,.1f}" for k, v in d.items())
-        return "no sample"
+        # the entry started within its second [at, at + 1): the samples spanning it
+        spans = [(t0, t1) for t0, t1, _ in intervals if t1 >= at and t0 <= at + 1.1]
+        if not spans:
+            return "no sample"
+        lo = next(i for i, (t, _) in enumerate(sched) if t >= spans[0][0])
+        hi = next(i for i, (t, _) in enumerate(sched) if t >= spans[-1][1])
+        d = _sched_delta(sched[lo][1], sched[hi][1])
+        return f"{sched[hi][0] - sched[lo][0]:.2f} s: " + ", ".join(
+            f"{k} {v:,.1f}" for k, v in d.items()
+        )
 
     for entry in sorted(slow, key=lambda e: int(e["start_time"]))[:50]:  # type: ignore[call-overload]
         words = bytes(entry["command"]).split()  # type: ignore[call-overload]
@@ -635,7 +658,7 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
         print(
             f"    at {at - started:7.0f} s: "
             f"{int(entry['duration']) / 1000:.1f} ms {b' '.join(words[:2]).decode(errors='replace')}"  # type: ignore[call-overload]
-            f"  [its samples' interval: {around(at)}]"
+            f"  [around it, {around(at)}]"
         )
     events = diagnostics["latency events"]
     print(f"latency monitor at 5 ms: {len(events)} events")
@@ -651,12 +674,15 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
         print(
             "the server's main thread over the run: "
             + ", ".join(f"{k} {v:,.1f}" for k, v in whole.items())
-            + f" (steal, irq, softirq: host jiffies of {os.sysconf('SC_CLK_TCK')} Hz, all cores)"
+            + f" (steal, irq, softirq: host jiffies of {os.sysconf('SC_CLK_TCK')} Hz, the core it was on at the end)"
         )
-        waited = [d for *_, d in intervals if d["wait ms"] > 0 or d["preempted"] > 0]
+        per_s = sorted(d["wait ms"] / (t1 - t0) for t0, t1, d in intervals)
+        stolen = sorted(d["steal"] / (t1 - t0) for t0, t1, d in intervals)
         print(
-            f"  sample intervals where it waited for a core or was preempted: "
-            f"{len(waited)} of {len(intervals)}"
+            f"  per {SCHED_EVERY:g} s sample, as a rate per second: run-queue wait median "
+            f"{per_s[len(per_s) // 2]:.2f} ms/s, p99 {per_s[int(len(per_s) * 0.99)]:.2f} ms/s; "
+            f"steal on its core median {stolen[len(stolen) // 2]:.1f}, "
+            f"p99 {stolen[int(len(stolen) * 0.99)]:.1f} jiffies/s"
         )
     ok = (
         "cut short" not in r
