@@ -531,8 +531,14 @@ class _Follower:
         for folder in moved:
             self.folder_files[folder] = _listing(os.path.join(folder, name), self.storage_options)
         self.folder_mtimes = mtimes
-        listed = [f for files in self.folder_files.values() for f in files]
-        return sorted(listed, key=lambda f: f.path), True
+        # a file still settling may have grown in a folder that did not move: as it is now
+        now = {f.path: f for f in self._restat()}
+        listed = [
+            now.get(f.path) if f.path in self.pending else f
+            for files in self.folder_files.values()
+            for f in files
+        ]
+        return sorted((f for f in listed if f is not None), key=lambda f: f.path), True
 
     def _restat(self) -> list[Listed]:
         """The files still settling, as they are now (one stat each)."""

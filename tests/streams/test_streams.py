@@ -935,6 +935,43 @@ def test_an_idle_follower_over_several_folders_lists_none_of_them_again(
     assert said.count("tasks appended") == 17
 
 
+def test_a_file_growing_in_an_unchanged_folder_is_appended_once_whole_when_another_folder_moves(
+    url, client, job_name, tmp_path
+):
+    """A file being written in place does not move its folder: while another folder's
+    change brings a listing, the growing file is taken as it is now (a stat), not as its
+    folder was last listed: appended once, whole, when it stops changing, and not again
+    when its folder is listed later (before: taken at its old size as settled, appended,
+    then again whole under its new size)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    data = tmp_path / "data"
+    day0, day1 = data / "day-0", data / "day-1"
+    for d in (day0, day1):
+        d.mkdir(parents=True)
+        (d / "old.jsonl").write_text('{"x": 0}\n')
+        os.utime(d / "old.jsonl", (1, 1))
+    growing = day0 / "growing.jsonl"
+    growing.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
+    for d in (day0, day1):
+        os.utime(d, (1, 1))  # old folders: only a change moves them
+    pattern = str(data / "day-*" / "*.jsonl")
+    said = _Said(_follow(url, job_name, pattern, "--every", "2", "--settle", "1h"))
+    with said:
+        assert support.wait_until(lambda: said.count("growing.jsonl: new (") == 1, FOLLOWER_START_S)
+        with growing.open("a") as f:  # the rest, in place: day-0 does not move
+            f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+        (day1 / "other.jsonl").write_text('{"x": 1}\n')  # day-1 moves: a listing
+        assert support.wait_until(
+            lambda: said.count("growing.jsonl: 100 tasks appended") == 1, timeout=60
+        ), said.lines
+        (day0 / "later.jsonl").write_text('{"x": 2}\n')  # day-0 moves: listed again
+        assert support.wait_until(lambda: said.count("later.jsonl: 1 tasks appended") == 1, 60)
+        assert said.stop() == 0
+    assert said.count("growing.jsonl:") == 3, "".join(said.lines)  # new, growing, appended
+    assert said.count("tasks appended") == 5  # 2 old, growing, other, later
+    assert client.status(job_name).tasks == 2 + 100 + 1 + 1
+
+
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
     client.create_job(job_name, chunks=[], stream=True)
     said = _Said(_follow(url, job_name, str(tmp_path / "*.jsonl")))
