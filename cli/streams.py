@@ -1,11 +1,12 @@
 """``taskq job append | seal | follow``: feeding a job whose data keeps arriving
 (docs/streams.md). Each is the job handle's ``append`` / ``seal``; ``follow`` lists a
-prefix every interval (fsspec) and appends each file, once complete (settled), that it
-has not appended before, keeping what it appended in the job's ``follow`` hash (a
-watermark ``(mtime, path)`` and the ``path|size|version`` of the files above it: bounded
-by ``--horizon``, ``_Follower``), so a restarted follower appends nothing twice: a file
-half appended when it stopped is appended again as its source, and the engine skips the
-chunks its record of the source (and the chunk ids) says went in, even once trimmed.
+prefix every interval (fsspec; a local folder only when its mtime moved) and appends
+each file, once complete (settled), that it has not appended before, keeping what it
+appended in the job's ``follow`` hash (a watermark ``(mtime, path)`` and the
+``path|size|version`` of the files above it: bounded by ``--horizon``, ``_Follower``),
+so a restarted follower appends nothing twice: a file half appended when it stopped is
+appended again as its source, and the engine skips the chunks its record of the source
+(and the chunk ids) says went in, even once trimmed.
 
 Data flow: operator / producer -> cli/streams.py -> taskq.datasets (chunks) ->
 taskq.Client's job handle (``append``) -> Redis.

@@ -828,14 +828,14 @@ def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, 
 
 def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path):
     """A listing costs O(new files) in Redis: with 40 files appended and listed in full
-    at every interval (a wildcard folder), the follower's HMGETs of its record name the
+    at every interval (a ``**`` pattern), the follower's HMGETs of its record name the
     new file alone (before: every listed file, at every listing)."""
     client.create_job(job_name, chunks=[], stream=True)
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(40):
         (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
-    pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
+    pattern = str(tmp_path / "**" / "*.jsonl")  # recursive: listed in full each time
     said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
     assert support.wait_until(lambda: client.status(job_name).tasks == 40, FOLLOWER_START_S)
     follow_key = client.job(job_name).keys.follow
