@@ -38,10 +38,19 @@ against the steady value, the median from 10 % done on: at most 2x), the SLOWLOG
 10 ms (none), the follower's CPU over `--idle-window` s with nothing new at the start
 (after the first batch) and at the end (every file appended), and every record's count
 in the trainers' acks (each trainer writes the record ids of each batch it acked):
-0 missing, 0 twice. Exits 1 when a bound fails.
+0 missing, 0 twice. Exits 1 when a bound fails. Beside the SLOWLOG it reports what can
+stretch a call past its work: the server's latency monitor (events over 5 ms: command,
+fast-command, fork, aof-*, expire-cycle, eviction...), its persistence, forks, expiries
+and evictions, its main thread as the kernel saw it every 0.25 s (run-queue wait,
+involuntary switches, page faults; steal, irq and softirq of its core) around each
+entry, and a stall probe: a process at the server's SCHED_FIFO priority sleeping 1 ms
+at a time, noting each wake-up over 4 ms late and the steal counted over it (a stall no
+process of the guest causes). `--probe-core C` pins the server's main thread and the
+probe (one priority above it) to core C, so the probe's stalls are the server's core's.
 
        .venv/bin/python bench/streams.py --week [--files 100000] [--records-per-file 100]
            [--trainers 2] [--follower-restart 60] [--trainer-restart 45] [--nice -10]
+           [--fifo 10 [--probe-core 1]]
 
 `--nice N` runs the server at priority N (root, N < 0): on a machine shared with other
 jobs, a server at the same priority as theirs is descheduled in the middle of calls, and
@@ -315,6 +324,57 @@ def _sched_delta(a: tuple[int, ...], b: tuple[int, ...]) -> dict[str, float]:
     return dict(zip(SCHED_FIELDS, [d[0] / 1e6, d[1] / 1e6, *d[2:]], strict=True))
 
 
+#: The stall probe sleeps this long (s) at a time; a wake-up later than PROBE_GAP counts.
+PROBE_SLEEP = 0.001
+PROBE_GAP = 0.004
+
+
+def stall_probe(fifo: int, out_path: str, core: int | None = None) -> None:
+    """A process at the server's SCHED_FIFO priority that sleeps ``PROBE_SLEEP`` at a
+    time until SIGTERM and writes each wake-up later than ``PROBE_GAP`` (epoch s, ms,
+    each core's steal jiffies counted over it) to ``out_path``: a stall no process of the
+    guest could cause at that priority (the hypervisor running another vCPU, counted as
+    steal; an interrupt storm; a higher real-time thread), seen apart from Redis."""
+    if core is not None:  # beside the server on its core, one priority above it
+        os.sched_setaffinity(0, {core})
+        fifo += 1
+    if fifo:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fifo))
+    cores = os.cpu_count() or 1
+
+    def steal() -> list[int]:
+        with open("/proc/stat") as f:
+            f.readline()
+            return [int(f.readline().split()[8]) for _ in range(cores)]
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    wakeups = 0
+    with open(out_path, "w", buffering=1) as out:
+        last, stolen = time.monotonic(), steal()
+        while not stop.is_set():
+            time.sleep(PROBE_SLEEP)
+            now, now_stolen = time.monotonic(), steal()
+            wakeups += 1
+            if now - last > PROBE_GAP:
+                d = [b - a for a, b in zip(stolen, now_stolen, strict=True)]
+                out.write(f"{time.time() - (now - last):.3f} {(now - last) * 1000:.2f} {d}\n")
+            last, stolen = now, now_stolen
+        out.write(f"wakeups {wakeups}\n")
+
+
+def probe_report(path: Path) -> tuple[int, list[tuple[float, float, bool]]]:
+    """(wake-ups, [(when the gap began, its ms, whether steal was counted over it)])."""
+    gaps, wakeups = [], 0
+    for line in path.read_text().splitlines():
+        if line.startswith("wakeups "):
+            wakeups = int(line.split()[1])
+            continue
+        at, ms, rest = line.split(" ", 2)
+        gaps.append((float(at), float(ms), any(int(x) for x in rest.strip("[]").split(","))))
+    return wakeups, gaps
+
+
 def server_diagnostics(client: taskq.Client) -> dict[str, object]:
     """What the server says of its slow moments beside the SLOWLOG: the latency
     monitor's events (`latency-monitor-threshold` 5 ms, set at the start: a command, a
@@ -498,6 +558,13 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
             sched.append((time.time(), _server_sched(pid)))
 
     threading.Thread(target=sample_sched, daemon=True).start()
+    probe_path = work / "stalls.txt"
+    if a.probe_core is not None:  # the server's main thread and the probe on one core
+        os.sched_setaffinity(pid, {a.probe_core})
+    probe = mp.get_context("spawn").Process(
+        target=stall_probe, args=(a.fifo, str(probe_path), a.probe_core)
+    )
+    probe.start()
 
     def sample() -> None:
         loads.append(os.getloadavg()[0])
@@ -584,6 +651,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
         stop.set()
         run.stop()
         producer.join(timeout=30)
+        probe.terminate()
+        probe.join(timeout=30)
     st = client.status(job, summaries=0)
     acks = [np.fromfile(p, dtype=np.uint64) for p in sorted(work.glob("acks-*.bin"))]
     ids = np.concatenate(acks) if acks else np.zeros(0, dtype=np.uint64)
@@ -601,6 +670,7 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     out["slowlog len"] = client.redis.slowlog_len()
     out["server"] = client.redis.info("server")["redis_version"]
     out["diagnostics"] = server_diagnostics(client)
+    out["probe"] = probe_report(probe_path)
     out["sched"] = sched
     shutil.rmtree(work)
     return out
@@ -611,6 +681,7 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     mem: list[tuple[float, int, int]] = r.pop("mem")  # type: ignore[assignment]
     slow: list[dict[str, object]] = r.pop("slowlog")  # type: ignore[assignment]
     diagnostics: dict[str, dict[str, object]] = r.pop("diagnostics")  # type: ignore[assignment]
+    wakeups, gaps = r.pop("probe")  # type: ignore[misc]
     sched: list[tuple[float, tuple[int, ...]]] = r.pop("sched")  # type: ignore[assignment]
     total = int(r["records"])  # type: ignore[call-overload]
     steady_samples = [m for _, done, m in mem if done >= total // 10] or [m for *_, m in mem]
@@ -652,21 +723,45 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
             f"{k} {v:,.1f}" for k, v in d.items()
         )
 
+    def stalls(at: int) -> str:
+        near = [
+            f"{ms:.1f} ms{' (steal)' if st else ''}" for t, ms, st in gaps if at - 1 <= t <= at + 2
+        ]
+        return ", ".join(near) or "none"
+
     for entry in sorted(slow, key=lambda e: int(e["start_time"]))[:50]:  # type: ignore[call-overload]
         words = bytes(entry["command"]).split()  # type: ignore[call-overload]
         at = int(entry["start_time"])  # type: ignore[call-overload]
         print(
             f"    at {at - started:7.0f} s: "
             f"{int(entry['duration']) / 1000:.1f} ms {b' '.join(words[:2]).decode(errors='replace')}"  # type: ignore[call-overload]
-            f"  [around it, {around(at)}]"
+            f"  [around it, {around(at)}; probe stalls {stalls(at)}]"
         )
+    stolen = sum(1 for *_, st in gaps if st)
+    print(
+        f"stall probe (SCHED_FIFO {a.fifo + (a.probe_core is not None)}, core {a.probe_core}, {PROBE_SLEEP * 1000:g} ms sleeps, {wakeups:,} wake-ups): "
+        f"{len(gaps)} wake-ups late by over {PROBE_GAP * 1000:g} ms"
+        + (
+            f", max {max(ms for _, ms, _ in gaps):.1f} ms, {stolen} with steal counted over them"
+            if gaps
+            else ""
+        )
+    )
+    near = [
+        e
+        for e in slow
+        if any(int(e["start_time"]) - 1 <= at <= int(e["start_time"]) + 2 for at, _, _ in gaps)  # type: ignore[call-overload]
+    ]
+    print(
+        f"  SLOWLOG entries with a probe stall within their second (+-1 s): {len(near)} of {len(slow)}"
+    )
     events = diagnostics["latency events"]
     print(f"latency monitor at 5 ms: {len(events)} events")
     for name, ev in events.items():
         times = ev["times (epoch s, ms)"]
         print(f"  {name}: latest {ev['latest ms']} ms, max {ev['max ms']} ms, {len(times)} kept")  # type: ignore[arg-type]
-        for at, ms in times[:20]:  # type: ignore[index]
-            print(f"    at {at - started:7.0f} s: {ms} ms")
+        for at, ms in times[:40]:  # type: ignore[index]
+            print(f"    at {at - started:7.0f} s: {ms} ms; probe stalls {stalls(at)}")
     for key in ("persistence", "stats", "config"):
         print(f"{key}: {diagnostics[key]}")
     if intervals:
@@ -723,6 +818,14 @@ def main() -> int:
         default=0,
         metavar="P",
         help="run the server under SCHED_FIFO at priority P (root): never descheduled for a neighbour",
+    )
+    ap.add_argument(
+        "--probe-core",
+        type=int,
+        default=None,
+        metavar="C",
+        help="--week: pin the server's main thread and the stall probe (one priority above "
+        "it) to core C, so the probe's stalls are the server's core's",
     )
     a = ap.parse_args()
     common.install_signal_handlers()
