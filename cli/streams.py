@@ -382,8 +382,9 @@ def seal_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(f"job {name}: sealed with {tasks} tasks ({state})")
 
 
-#: A folder's unchanged mtime is trusted once it is this old: a change made within the
-#: file system's timestamp granularity of the listing before would not move it (FAT: 2 s).
+#: A folder's unchanged mtime is trusted once it was listed this long after that mtime: a
+#: change made within the file system's timestamp granularity of the mtime it saw would
+#: not move it (FAT: 2 s; 1 s on ext4 with small inodes, HFS+, some NFS servers).
 _MTIME_GRAIN_S = 2.0
 #: A waiting follower says why at most this often per reason (and at least every --every).
 _NOTICE_S = 60.0
@@ -492,6 +493,7 @@ class _Follower:
         # renamed or removed); in between only the files still settling are looked at
         self.watch = _watched_folders(pattern)
         self.folder_mtimes: dict[str, int] | None = None  # folder -> mtime when last listed
+        self.folder_listed: dict[str, float] = {}  # folder -> when it was last listed
         self.folder_files: dict[str, list[Listed]] = {}  # folder -> its files then
 
     def listing(self) -> tuple[list[Listed], bool]:
@@ -511,6 +513,7 @@ class _Follower:
         folder_part, name = self.watch
         folders = glob.glob(folder_part) if glob.has_magic(folder_part) else [folder_part]
         mtimes: dict[str, int] = {}
+        stat_time = time.time()
         for folder in folders:
             try:
                 st = os.stat(folder)
@@ -518,9 +521,14 @@ class _Follower:
                 continue
             if stat.S_ISDIR(st.st_mode):
                 mtimes[folder] = st.st_mtime_ns
-        recent = time.time() - _MTIME_GRAIN_S
         before = self.folder_mtimes or {}
-        moved = [d for d, m in mtimes.items() if before.get(d) != m or m / 1e9 > recent]
+        moved = [
+            d
+            for d, m in mtimes.items()
+            if before.get(d) != m
+            # listed within the grain of its mtime: a later change could have left it
+            or self.folder_listed.get(d, float("-inf")) - m / 1e9 <= _MTIME_GRAIN_S
+        ]
         if (
             self.folder_mtimes is not None
             and not moved
@@ -529,8 +537,10 @@ class _Follower:
             return self._restat(), False
         for folder in self.folder_files.keys() - mtimes.keys():
             del self.folder_files[folder]
+            del self.folder_listed[folder]
         for folder in moved:
             self.folder_files[folder] = _listing(os.path.join(folder, name), self.storage_options)
+            self.folder_listed[folder] = stat_time
         self.folder_mtimes = mtimes
         # a file still settling may have grown in a folder that did not move: as it is now
         now = {f.path: f for f in self._restat()}

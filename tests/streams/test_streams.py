@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -970,6 +971,37 @@ def test_a_file_growing_in_an_unchanged_folder_is_appended_once_whole_when_anoth
     assert said.count("growing.jsonl:") == 3, "".join(said.lines)  # new, growing, appended
     assert said.count("tasks appended") == 5  # 2 old, growing, other, later
     assert client.status(job_name).tasks == 2 + 100 + 1 + 1
+
+
+def test_a_change_within_the_folders_timestamp_grain_of_its_listing_is_found(
+    url, client, job_name, tmp_path
+):
+    """A file system whose timestamps are coarse (1-2 s) or a server whose clock runs
+    ahead can leave a folder's mtime as the follower last saw it after a file is added:
+    the folder is listed again until a listing came more than the grain after its
+    mtime. Here the folder's mtime is a second ahead, and after the listing that found
+    ``b`` a file ``c`` is added and the mtime put back: found at the next interval
+    (before: the mtime was trusted once 2 s old by the clock, ``c`` never listed)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"x": 1}\n')
+    os.utime(folder / "a.jsonl", (1, 1))
+    os.utime(folder, (1, 1))
+    pattern = str(folder / "*.jsonl")
+    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "3")) as said:
+        assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1, 60)
+        (folder / "b.jsonl").write_text('{"x": 2}\n')
+        ahead = time.time() + 1.0
+        os.utime(folder, (ahead, ahead))
+        assert support.wait_until(lambda: said.count("b.jsonl: 1 tasks appended") == 1, 30)
+        (folder / "c.jsonl").write_text('{"x": 3}\n')
+        os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
+        assert support.wait_until(lambda: said.count("c.jsonl: 1 tasks appended") == 1, 30), (
+            "".join(said.lines)
+        )
+        assert said.stop() == 0
+    assert client.status(job_name).tasks == 3
 
 
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
