@@ -2,7 +2,7 @@
 seconds of the follower process per wall second, and the Redis time of its calls.
 
 Usage: .venv/bin/python bench/follow_idle.py [--files 20000] [--every 1] [--window 30]
-       [--age 7200]
+       [--age 7200] [--wildcard-folder [--folders 10]]
 
 Where it sits: a diagnostic beside `streams.py`, against a private redis-server it starts
 and stops. It writes `--files` one-line JSONL files in a temp folder (modified `--age`
@@ -10,16 +10,17 @@ seconds ago), creates a stream job and marks every file appended in the job's `f
 record as a follower does (so nothing is appended: the follower only lists), starts
 `taskq job follow --every EVERY`, lets it take its first listings, then measures the
 follower's user+system CPU (/proc) and the server's `INFO commandstats` over `--window`
-seconds. A local folder named
-without wildcards is listed again only when its mtime moves (or once a minute);
-`--wildcard-folder` names it with a wildcard, so every tick is a full listing (fsspec's
-glob with details: one stat per file), as an object store's would be.
+seconds. A local pattern is watched folder by folder: each interval stats the folders
+(a wildcard folder: its parent listed), and a folder is listed again only when its mtime
+moves. `--wildcard-folder` names the folder with a wildcard (`DIR*/*.jsonl`), and with
+`--folders N` the files are spread over N folders (`DIR/day-*/*.jsonl`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,9 +49,14 @@ def main() -> None:
     ap.add_argument(
         "--wildcard-folder",
         action="store_true",
-        help="a pattern with a wildcard in its folder: listed in full every --every",
+        help="a pattern with a wildcard in its folder part",
+    )
+    ap.add_argument(
+        "--folders", type=int, default=1, help="--wildcard-folder: the files spread over N folders"
     )
     args = ap.parse_args()
+    if args.folders > 1 and not args.wildcard_folder:
+        ap.error("--folders needs --wildcard-folder")
     common.install_signal_handlers()
     server = common.start_redis()
     folder = Path(tempfile.mkdtemp(prefix="taskq-follow-idle-"))
@@ -61,8 +67,15 @@ def main() -> None:
         job = client.job("idle")
         when = time.time() - args.age
         keys = []
+        dirs = (
+            [folder]
+            if args.folders == 1
+            else [folder / f"day-{d:04d}" for d in range(args.folders)]
+        )
+        for d in dirs[1:] if args.folders == 1 else dirs:
+            d.mkdir()
         for i in range(args.files):
-            p = folder / f"part-{i:07d}.jsonl"
+            p = dirs[i % len(dirs)] / f"part-{i:07d}.jsonl"
             p.write_text('{"x": 1}\n')
             os.utime(p, (when, when))
             st = p.stat()
@@ -70,9 +83,11 @@ def main() -> None:
         raw = server.client()
         for lo in range(0, len(keys), 1000):
             raw.hset(job.keys.follow, mapping={k: 1 for k in keys[lo : lo + 1000]})
+        for d in dirs:  # an old folder: its mtime is trusted at once
+            os.utime(d, (when, when))
         pattern = str(folder / "*.jsonl")
-        if args.wildcard_folder:  # the folder's mtime cannot tell: a full listing each time
-            pattern = f"{folder}*/*.jsonl"
+        if args.wildcard_folder:
+            pattern = f"{folder}*/*.jsonl" if args.folders == 1 else f"{folder}/day-*/*.jsonl"
         follower = subprocess.Popen(
             [
                 TASKQ,
@@ -88,7 +103,12 @@ def main() -> None:
             ],
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(max(5.0, 3 * args.every))  # the first listings (the record read once)
+        # its first listings: every file is older than the horizon, so the watermark
+        # passes them all and the record shrinks to it alone; then two intervals more
+        deadline = time.monotonic() + 600
+        while raw.hlen(job.keys.follow) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2 * args.every)
         raw.config_resetstat()
         c0, t0 = cpu_seconds(follower.pid), time.monotonic()
         time.sleep(args.window)
@@ -103,16 +123,15 @@ def main() -> None:
         )
         calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
         print(
-            f"files {args.files}, --every {args.every:g}s, window {t1 - t0:.1f}s: follower CPU "
+            f"files {args.files} in {args.folders} folder(s), pattern {pattern.replace(str(folder), 'DIR')}, "
+            f"--every {args.every:g}s, window {t1 - t0:.1f}s: follower CPU "
             f"{100 * (c1 - c0) / (t1 - t0):.1f} % of a core; Redis "
             f"{redis_us / 1000 / (t1 - t0):.2f} ms per second; record fields "
             f"{raw.hlen(job.keys.follow)}; calls {calls}"
         )
     finally:
         server.cleanup()
-        for p in folder.iterdir():
-            p.unlink()
-        folder.rmdir()
+        shutil.rmtree(folder)
 
 
 if __name__ == "__main__":

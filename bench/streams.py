@@ -38,10 +38,19 @@ against the steady value, the median from 10 % done on: at most 2x), the SLOWLOG
 10 ms (none), the follower's CPU over `--idle-window` s with nothing new at the start
 (after the first batch) and at the end (every file appended), and every record's count
 in the trainers' acks (each trainer writes the record ids of each batch it acked):
-0 missing, 0 twice. Exits 1 when a bound fails.
+0 missing, 0 twice. Exits 1 when a bound fails. Beside the SLOWLOG it reports what can
+stretch a call past its work: the server's latency monitor (events over 5 ms: command,
+fast-command, fork, aof-*, expire-cycle, eviction...), its persistence, forks, expiries
+and evictions, its main thread as the kernel saw it every 0.25 s (run-queue wait,
+involuntary switches, page faults; steal, irq and softirq of its core) around each
+entry, and a stall probe: a process at the server's SCHED_FIFO priority sleeping 1 ms
+at a time, noting each wake-up over 4 ms late and the steal counted over it (a stall no
+process of the guest causes). `--probe-core C` pins the server's main thread and the
+probe (one priority above it) to core C, so the probe's stalls are the server's core's.
 
        .venv/bin/python bench/streams.py --week [--files 100000] [--records-per-file 100]
            [--trainers 2] [--follower-restart 60] [--trainer-restart 45] [--nice -10]
+           [--fifo 10 [--probe-core 1]]
 
 `--nice N` runs the server at priority N (root, N < 0): on a machine shared with other
 jobs, a server at the same priority as theirs is descheduled in the middle of calls, and
@@ -284,6 +293,121 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _server_sched(pid: int) -> tuple[int, ...]:
+    """The server's main thread (it runs every command) as the kernel saw it: ns on a
+    core, ns runnable but waiting for one, involuntary switches (preempted), minor page
+    faults, the core it is on; then each core's jiffies of steal (the hypervisor ran
+    another vCPU), irq and softirq (run on top of any process)."""
+    run_ns, wait_ns, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cores = []
+    for line in Path("/proc/stat").read_text().splitlines()[1:]:
+        if not line.startswith("cpu"):
+            break
+        cpu = line.split()
+        cores += [int(cpu[8]), int(cpu[6]), int(cpu[7])]
+    return (int(run_ns), int(wait_ns), preempted, int(fields[7]), int(fields[36]), *cores)
+
+
+SCHED_FIELDS = ("run ms", "wait ms", "preempted", "page faults", "steal", "irq", "softirq")
+#: The server's thread is sampled this often (s), for what happened around a SLOWLOG entry.
+SCHED_EVERY = 0.25
+
+
+def _sched_delta(a: tuple[int, ...], b: tuple[int, ...]) -> dict[str, float]:
+    """What changed from sample ``a`` to ``b``; steal, irq and softirq of the core the
+    server was on at ``b``."""
+    core = 5 + 3 * b[4]
+    d = [b[i] - a[i] for i in (0, 1, 2, 3, core, core + 1, core + 2)]
+    return dict(zip(SCHED_FIELDS, [d[0] / 1e6, d[1] / 1e6, *d[2:]], strict=True))
+
+
+#: The stall probe sleeps this long (s) at a time; a wake-up later than PROBE_GAP counts.
+PROBE_SLEEP = 0.001
+PROBE_GAP = 0.004
+
+
+def stall_probe(fifo: int, out_path: str, core: int | None = None) -> None:
+    """A process at the server's SCHED_FIFO priority that sleeps ``PROBE_SLEEP`` at a
+    time until SIGTERM and writes each wake-up later than ``PROBE_GAP`` (epoch s, ms,
+    each core's steal jiffies counted over it) to ``out_path``: a stall no process of the
+    guest could cause at that priority (the hypervisor running another vCPU, counted as
+    steal; an interrupt storm; a higher real-time thread), seen apart from Redis."""
+    if core is not None:  # beside the server on its core, one priority above it
+        os.sched_setaffinity(0, {core})
+        fifo += 1
+    if fifo:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fifo))
+    cores = os.cpu_count() or 1
+
+    def steal() -> list[int]:
+        with open("/proc/stat") as f:
+            f.readline()
+            return [int(f.readline().split()[8]) for _ in range(cores)]
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    wakeups = 0
+    with open(out_path, "w", buffering=1) as out:
+        last, stolen = time.monotonic(), steal()
+        while not stop.is_set():
+            time.sleep(PROBE_SLEEP)
+            now, now_stolen = time.monotonic(), steal()
+            wakeups += 1
+            if now - last > PROBE_GAP:
+                d = [b - a for a, b in zip(stolen, now_stolen, strict=True)]
+                out.write(f"{time.time() - (now - last):.3f} {(now - last) * 1000:.2f} {d}\n")
+            last, stolen = now, now_stolen
+        out.write(f"wakeups {wakeups}\n")
+
+
+def probe_report(path: Path) -> tuple[int, list[tuple[float, float, bool]]]:
+    """(wake-ups, [(when the gap began, its ms, whether steal was counted over it)])."""
+    gaps, wakeups = [], 0
+    for line in path.read_text().splitlines():
+        if line.startswith("wakeups "):
+            wakeups = int(line.split()[1])
+            continue
+        at, ms, rest = line.split(" ", 2)
+        gaps.append((float(at), float(ms), any(int(x) for x in rest.strip("[]").split(","))))
+    return wakeups, gaps
+
+
+def server_diagnostics(client: taskq.Client) -> dict[str, object]:
+    """What the server says of its slow moments beside the SLOWLOG: the latency
+    monitor's events (`latency-monitor-threshold` 5 ms, set at the start: a command, a
+    fork, an AOF write or fsync, the expire cycle, an eviction...), its persistence
+    (RDB saves and AOF rewrites fork, and writes after a fork pay copy-on-write) and
+    the counters of what runs outside commands."""
+    r = client.redis
+    events = {}
+    for name, _at, latest, peak in r.latency_latest():
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        history = r.latency_history(name)
+        events[name] = {
+            "latest ms": latest,
+            "max ms": peak,
+            "times (epoch s, ms)": [(int(t), int(ms)) for t, ms in history],
+        }
+    persistence = r.info("persistence")
+    stats = r.info("stats")
+    keep = ("rdb_saves", "rdb_bgsave_in_progress", "aof_enabled", "aof_rewrites")
+    return {
+        "latency events": events,
+        "persistence": {k: persistence.get(k) for k in keep},
+        "config": {k: v for k, v in r.config_get("save").items()}
+        | r.config_get("appendonly")
+        | r.config_get("hz")
+        | r.config_get("activedefrag"),
+        "stats": {
+            k: stats.get(k)
+            for k in ("total_forks", "latest_fork_usec", "expired_keys", "evicted_keys")
+        },
+    }
+
+
 class _Week:
     """The driver of `week`: the follower and trainer processes it starts, restarts and
     stops (by their pids), and what it samples."""
@@ -367,6 +491,9 @@ class _Week:
             except subprocess.TimeoutExpired:
                 self.follower.kill()
                 self.follower.wait()
+        for proc in self.trainers:  # done at the stream's end; else stopped as by a restart
+            if proc.is_alive():
+                proc.terminate()
         for proc in self.trainers:
             proc.join(timeout=60)
             if proc.is_alive():
@@ -384,6 +511,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     client.redis.config_set("slowlog-log-slower-than", 10_000)
     client.redis.config_set("slowlog-max-len", 100_000)  # every entry counted
     client.redis.slowlog_reset()
+    client.redis.config_set("latency-monitor-threshold", 5)
+    client.redis.latency_reset()
     job = "week"
     client.create_job(job, [], stream=True, passes=1, max_backlog=a.backlog)
     handle = client.job(job)
@@ -420,6 +549,22 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     deadline = t0 + a.max_seconds
 
     loads: list[float] = []
+
+    pid = a.server_pid
+    sched = [(time.time(), _server_sched(pid))]  # the server's main thread, every SCHED_EVERY
+
+    def sample_sched() -> None:
+        while not stop.wait(SCHED_EVERY):
+            sched.append((time.time(), _server_sched(pid)))
+
+    threading.Thread(target=sample_sched, daemon=True).start()
+    probe_path = work / "stalls.txt"
+    if a.probe_core is not None:  # the server's main thread and the probe on one core
+        os.sched_setaffinity(pid, {a.probe_core})
+    probe = mp.get_context("spawn").Process(
+        target=stall_probe, args=(a.fifo, str(probe_path), a.probe_core)
+    )
+    probe.start()
 
     def sample() -> None:
         loads.append(os.getloadavg()[0])
@@ -506,6 +651,8 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
         stop.set()
         run.stop()
         producer.join(timeout=30)
+        probe.terminate()
+        probe.join(timeout=30)
     st = client.status(job, summaries=0)
     acks = [np.fromfile(p, dtype=np.uint64) for p in sorted(work.glob("acks-*.bin"))]
     ids = np.concatenate(acks) if acks else np.zeros(0, dtype=np.uint64)
@@ -522,6 +669,9 @@ def week(url: str, a: argparse.Namespace) -> dict[str, object]:
     out["slowlog"] = client.redis.slowlog_get(100_000)
     out["slowlog len"] = client.redis.slowlog_len()
     out["server"] = client.redis.info("server")["redis_version"]
+    out["diagnostics"] = server_diagnostics(client)
+    out["probe"] = probe_report(probe_path)
+    out["sched"] = sched
     shutil.rmtree(work)
     return out
 
@@ -530,6 +680,9 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
     """Prints a week's measures; 0 when every bound held, 1 otherwise."""
     mem: list[tuple[float, int, int]] = r.pop("mem")  # type: ignore[assignment]
     slow: list[dict[str, object]] = r.pop("slowlog")  # type: ignore[assignment]
+    diagnostics: dict[str, dict[str, object]] = r.pop("diagnostics")  # type: ignore[assignment]
+    wakeups, gaps = r.pop("probe")  # type: ignore[misc]
+    sched: list[tuple[float, tuple[int, ...]]] = r.pop("sched")  # type: ignore[assignment]
     total = int(r["records"])  # type: ignore[call-overload]
     steady_samples = [m for _, done, m in mem if done >= total // 10] or [m for *_, m in mem]
     steady = sorted(steady_samples)[len(steady_samples) // 2]
@@ -554,11 +707,77 @@ def print_week(a: argparse.Namespace, r: dict[str, object]) -> int:
         median = sorted(us)[len(us) // 2] / 1000
         print(f"  {cmd}: {len(us)}, median {median:.1f} ms, max {max(us) / 1000:.1f} ms")
     started = float(r["started"])  # type: ignore[arg-type]
+    intervals = [
+        (t0, t1, _sched_delta(x0, x1)) for (t0, x0), (t1, x1) in zip(sched, sched[1:], strict=False)
+    ]
+
+    def around(at: float) -> str:
+        # the entry started within its second [at, at + 1): the samples spanning it
+        spans = [(t0, t1) for t0, t1, _ in intervals if t1 >= at and t0 <= at + 1.1]
+        if not spans:
+            return "no sample"
+        lo = next(i for i, (t, _) in enumerate(sched) if t >= spans[0][0])
+        hi = next(i for i, (t, _) in enumerate(sched) if t >= spans[-1][1])
+        d = _sched_delta(sched[lo][1], sched[hi][1])
+        return f"{sched[hi][0] - sched[lo][0]:.2f} s: " + ", ".join(
+            f"{k} {v:,.1f}" for k, v in d.items()
+        )
+
+    def stalls(at: int) -> str:
+        near = [
+            f"{ms:.1f} ms{' (steal)' if st else ''}" for t, ms, st in gaps if at - 1 <= t <= at + 2
+        ]
+        return ", ".join(near) or "none"
+
     for entry in sorted(slow, key=lambda e: int(e["start_time"]))[:50]:  # type: ignore[call-overload]
         words = bytes(entry["command"]).split()  # type: ignore[call-overload]
+        at = int(entry["start_time"])  # type: ignore[call-overload]
         print(
-            f"    at {int(entry['start_time']) - started:7.0f} s: "  # type: ignore[call-overload]
+            f"    at {at - started:7.0f} s: "
             f"{int(entry['duration']) / 1000:.1f} ms {b' '.join(words[:2]).decode(errors='replace')}"  # type: ignore[call-overload]
+            f"  [around it, {around(at)}; probe stalls {stalls(at)}]"
+        )
+    stolen = sum(1 for *_, st in gaps if st)
+    print(
+        f"stall probe (SCHED_FIFO {a.fifo + (a.probe_core is not None)}, core {a.probe_core}, {PROBE_SLEEP * 1000:g} ms sleeps, {wakeups:,} wake-ups): "
+        f"{len(gaps)} wake-ups late by over {PROBE_GAP * 1000:g} ms"
+        + (
+            f", max {max(ms for _, ms, _ in gaps):.1f} ms, {stolen} with steal counted over them"
+            if gaps
+            else ""
+        )
+    )
+    near = [
+        e
+        for e in slow
+        if any(int(e["start_time"]) - 1 <= at <= int(e["start_time"]) + 2 for at, _, _ in gaps)  # type: ignore[call-overload]
+    ]
+    print(
+        f"  SLOWLOG entries with a probe stall within their second (+-1 s): {len(near)} of {len(slow)}"
+    )
+    events = diagnostics["latency events"]
+    print(f"latency monitor at 5 ms: {len(events)} events")
+    for name, ev in events.items():
+        times = ev["times (epoch s, ms)"]
+        print(f"  {name}: latest {ev['latest ms']} ms, max {ev['max ms']} ms, {len(times)} kept")  # type: ignore[arg-type]
+        for at, ms in times[:40]:  # type: ignore[index]
+            print(f"    at {at - started:7.0f} s: {ms} ms; probe stalls {stalls(at)}")
+    for key in ("persistence", "stats", "config"):
+        print(f"{key}: {diagnostics[key]}")
+    if intervals:
+        whole = _sched_delta(sched[0][1], sched[-1][1])
+        print(
+            "the server's main thread over the run: "
+            + ", ".join(f"{k} {v:,.1f}" for k, v in whole.items())
+            + f" (steal, irq, softirq: host jiffies of {os.sysconf('SC_CLK_TCK')} Hz, the core it was on at the end)"
+        )
+        per_s = sorted(d["wait ms"] / (t1 - t0) for t0, t1, d in intervals)
+        stolen = sorted(d["steal"] / (t1 - t0) for t0, t1, d in intervals)
+        print(
+            f"  per {SCHED_EVERY:g} s sample, as a rate per second: run-queue wait median "
+            f"{per_s[len(per_s) // 2]:.2f} ms/s, p99 {per_s[int(len(per_s) * 0.99)]:.2f} ms/s; "
+            f"steal on its core median {stolen[len(stolen) // 2]:.1f}, "
+            f"p99 {stolen[int(len(stolen) * 0.99)]:.1f} jiffies/s"
         )
     ok = (
         "cut short" not in r
@@ -600,6 +819,14 @@ def main() -> int:
         metavar="P",
         help="run the server under SCHED_FIFO at priority P (root): never descheduled for a neighbour",
     )
+    ap.add_argument(
+        "--probe-core",
+        type=int,
+        default=None,
+        metavar="C",
+        help="--week: pin the server's main thread and the stall probe (one priority above "
+        "it) to core C, so the probe's stalls are the server's core's",
+    )
     a = ap.parse_args()
     common.install_signal_handlers()
     with common.start_redis() as server:
@@ -611,6 +838,7 @@ def main() -> int:
             )
             return 2
         url = f"redis://{common.LOOPBACK}:{server.port}/0"
+        a.server_pid = server.process.pid
         if a.week:
             return print_week(a, week(url, a))
         if a.bounded:

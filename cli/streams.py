@@ -1,11 +1,12 @@
 """``taskq job append | seal | follow``: feeding a job whose data keeps arriving
 (docs/streams.md). Each is the job handle's ``append`` / ``seal``; ``follow`` lists a
-prefix every interval (fsspec) and appends each file, once complete (settled), that it
-has not appended before, keeping what it appended in the job's ``follow`` hash (a
-watermark ``(mtime, path)`` and the ``path|size|version`` of the files above it: bounded
-by ``--horizon``, ``_Follower``), so a restarted follower appends nothing twice: a file
-half appended when it stopped is appended again as its source, and the engine skips the
-chunks its record of the source (and the chunk ids) says went in, even once trimmed.
+prefix every interval (fsspec; a local folder only when its mtime moved) and appends
+each file, once complete (settled), that it has not appended before, keeping what it
+appended in the job's ``follow`` hash (a watermark ``(mtime, path)`` and the
+``path|size|version`` of the files above it: bounded by ``--horizon``, ``_Follower``),
+so a restarted follower appends nothing twice: a file half appended when it stopped is
+appended again as its source, and the engine skips the chunks its record of the source
+(and the chunk ids) says went in, even once trimmed.
 
 Data flow: operator / producer -> cli/streams.py -> taskq.datasets (chunks) ->
 taskq.Client's job handle (``append``) -> Redis.
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import select
+import stat
 import sys
 import threading
 import time
@@ -380,9 +382,10 @@ def seal_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
         click.echo(f"job {name}: sealed with {tasks} tasks ({state})")
 
 
-#: A full listing at least this often, even of a local folder whose mtime did not change
-#: (a file rewritten in place after it was appended, a clock step).
-_RELIST_S = 60.0
+#: A folder's unchanged mtime is trusted once it was listed this long after that mtime: a
+#: change made within the file system's timestamp granularity of the mtime it saw would
+#: not move it (FAT: 2 s; 1 s on ext4 with small inodes, HFS+, some NFS servers).
+_MTIME_GRAIN_S = 2.0
 #: A waiting follower says why at most this often per reason (and at least every --every).
 _NOTICE_S = 60.0
 #: One append attempt waits at most this long for the backlog to fall, so SIGTERM is
@@ -486,35 +489,70 @@ class _Follower:
         self.recorded: set[str] = set(record.files)  # keys in Redis above the watermark
         self.state: dict[str, str] = {}  # key -> _APPENDED / _ABSENT / _REFUSED
         self.pending: dict[str, str] = {}  # path -> its key at the listing it was seen
-        # a local folder: list it again only when its mtime moves (a file added, renamed
-        # or removed) or after _RELIST_S; else only the files still settling are looked at
-        self.folder = _watched_folder(pattern)
-        self.folder_mtime: int | None = None
-        self.listed_at = float("-inf")
+        # local folders: each listed again only when its mtime moves (a file added,
+        # renamed or removed); in between only the files still settling are looked at
+        self.watch = _watched_folders(pattern)
+        self.folder_mtimes: dict[str, int] | None = None  # folder -> mtime when last listed
+        self.folder_listed: dict[str, float] = {}  # folder -> when it was last listed
+        self.folder_files: dict[str, list[Listed]] = {}  # folder -> its files then
 
     def listing(self) -> tuple[list[Listed], bool]:
-        """The files to consider now, and whether that is a full listing (else only the
-        files still settling, the folder unchanged)."""
-        mtime_ns = None
-        if self.folder is not None:
+        """The files to consider now, and whether that is every file matching (else only
+        the files still settling: no watched folder moved).
+
+        An object store or a ``**`` pattern is listed in full each time. A local pattern
+        is watched folder by folder: the folders matching its folder part are listed
+        (the parents: a wildcard folder costs a listing of the folders, not of their
+        files), and only a folder whose mtime moved is listed again; a file changed in
+        place does not move its folder, and the files still settling are stat'ed each
+        time instead, so an idle follower's cost is the folders and the settling files,
+        not the files seen.
+        """
+        if self.watch is None:
+            return _listing(self.pattern, self.storage_options), True
+        folder_part, name = self.watch
+        folders = glob.glob(folder_part) if glob.has_magic(folder_part) else [folder_part]
+        mtimes: dict[str, int] = {}
+        stat_time = time.time()
+        for folder in folders:
             try:
-                mtime_ns = os.stat(self.folder).st_mtime_ns
+                st = os.stat(folder)
             except OSError:
-                mtime_ns = None
-            if (
-                mtime_ns is not None
-                and mtime_ns == self.folder_mtime
-                and time.monotonic() - self.listed_at < _RELIST_S
-                # a change within the folder's timestamp granularity could hide: trust an
-                # unchanged mtime only once it is a while old
-                and time.time() - mtime_ns / 1e9 > 2.0
-            ):
-                return self._restat(), False
-        self.folder_mtime = mtime_ns
-        self.listed_at = time.monotonic()
-        return _listing(self.pattern, self.storage_options), True
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                mtimes[folder] = st.st_mtime_ns
+        before = self.folder_mtimes or {}
+        moved = [
+            d
+            for d, m in mtimes.items()
+            if before.get(d) != m
+            # listed within the grain of its mtime: a later change could have left it
+            or self.folder_listed.get(d, float("-inf")) - m / 1e9 <= _MTIME_GRAIN_S
+        ]
+        if (
+            self.folder_mtimes is not None
+            and not moved
+            and mtimes.keys() == self.folder_mtimes.keys()
+        ):
+            return self._restat(), False
+        for folder in self.folder_files.keys() - mtimes.keys():
+            del self.folder_files[folder]
+            del self.folder_listed[folder]
+        for folder in moved:
+            self.folder_files[folder] = _listing(os.path.join(folder, name), self.storage_options)
+            self.folder_listed[folder] = stat_time
+        self.folder_mtimes = mtimes
+        # a file still settling may have grown in a folder that did not move: as it is now
+        now = {f.path: f for f in self._restat()}
+        listed = [
+            now.get(f.path) if f.path in self.pending else f
+            for files in self.folder_files.values()
+            for f in files
+        ]
+        return sorted((f for f in listed if f is not None), key=lambda f: f.path), True
 
     def _restat(self) -> list[Listed]:
+        """The files still settling, as they are now (one stat each)."""
         from taskq.data import storage
 
         fs, _ = storage.filesystem(self.pattern, self.storage_options)
@@ -602,15 +640,13 @@ class _Follower:
         self.state = {k: v for k, v in self.state.items() if k in by_key and by_key[k].order > mark}
 
 
-def _watched_folder(pattern: str) -> str | None:
-    """The local folder whose mtime tells whether a listing can change: a local pattern
-    with wildcards in its last part only (a ``**`` or a wildcard folder: None)."""
-    if "://" in pattern:
+def _watched_folders(pattern: str) -> tuple[str, str] | None:
+    """A local pattern as (its folder part, its file name part), whose folders' mtimes
+    tell whether a listing can change; None for an object store or a ``**`` pattern."""
+    if "://" in pattern or "**" in pattern:
         return None
     folder, name = os.path.split(os.path.abspath(os.path.expanduser(pattern)))
-    if glob.has_magic(folder) or "**" in name:
-        return None
-    return folder
+    return folder, name
 
 
 def _utf8(text: str) -> bool:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -828,14 +829,14 @@ def test_follow_record_stays_bounded_as_files_accumulate(url, client, job_name, 
 
 def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path):
     """A listing costs O(new files) in Redis: with 40 files appended and listed in full
-    at every interval (a wildcard folder), the follower's HMGETs of its record name the
+    at every interval (a ``**`` pattern), the follower's HMGETs of its record name the
     new file alone (before: every listed file, at every listing)."""
     client.create_job(job_name, chunks=[], stream=True)
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(40):
         (folder / f"p{i:02d}.jsonl").write_text('{"x": 1}\n')
-    pattern = str(tmp_path / "i*" / "*.jsonl")  # a wildcard folder: no mtime shortcut
+    pattern = str(tmp_path / "**" / "*.jsonl")  # recursive: listed in full each time
     said = _Said(_follow(url, job_name, pattern, "--settle", "0"))
     assert support.wait_until(lambda: client.status(job_name).tasks == 40, FOLLOWER_START_S)
     follow_key = client.job(job_name).keys.follow
@@ -861,6 +862,146 @@ def test_follow_asks_redis_about_new_files_only(url, client, job_name, tmp_path)
         watcher.join(timeout=5)
     assert said.stop() == 0
     assert hmgets and max(hmgets) == 1, hmgets
+
+
+#: A follower whose every directory listing under ``$LISTINGS_UNDER`` is written, one
+#: path a line, to ``$LISTINGS_FILE`` (Python's audit events for os.scandir / os.listdir:
+#: the real process observed, nothing replaced).
+_COUNTED_FOLLOWER = """
+import os, sys
+root, out = os.environ["LISTINGS_UNDER"], open(os.environ["LISTINGS_FILE"], "a", buffering=1)
+def hook(event, args):
+    if event in ("os.scandir", "os.listdir") and args and str(args[0]).startswith(root):
+        out.write(f"{args[0]}\\n")
+sys.addaudithook(hook)
+from taskq.cli.main import main
+sys.argv[0] = "taskq"
+sys.exit(main())
+"""
+
+
+def _follow_counted(
+    url: str, job: str, pattern: str, under: Path, listings: Path, *extra: str
+) -> subprocess.Popen:
+    env = dict(os.environ, LISTINGS_UNDER=str(under), LISTINGS_FILE=str(listings))
+    return subprocess.Popen(
+        [sys.executable, "-c", _COUNTED_FOLLOWER, "--url", url, "job", "follow", job]
+        + ["--files", pattern, "--every", "0.05", "--records-per-chunk", "1", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _listed_folders(listings: Path) -> list[str]:
+    return listings.read_text().splitlines() if listings.exists() else []
+
+
+def test_an_idle_follower_over_several_folders_lists_none_of_them_again(
+    url, client, job_name, tmp_path
+):
+    """With nothing new, a follower of ``data/day-*/*.jsonl`` lists the folders' parent
+    at each interval and none of the folders of files; a new file in one of them makes
+    it list that folder alone and append the file, and a new folder is found. Before:
+    every folder was listed in full at every interval (one stat per file)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    data = tmp_path / "data"
+    folders = [data / f"day-{d}" for d in range(3)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        for i in range(5):
+            path = folder / f"p{i}.jsonl"
+            path.write_text('{"x": 1}\n')
+            os.utime(path, (1, 1))
+        os.utime(folder, (1, 1))  # old: its mtime is trusted at once
+    listings = tmp_path / "listings.txt"
+    pattern = str(data / "day-*" / "*.jsonl")
+    with _Said(_follow_counted(url, job_name, pattern, data, listings, "--settle", "0")) as said:
+        assert support.wait_until(lambda: said.count("tasks appended") == 15, FOLLOWER_START_S)
+        idle_from = len(_listed_folders(listings))
+        # 40 intervals with nothing new: the parent listed 40 times, nothing else
+        assert support.wait_until(
+            lambda: _listed_folders(listings)[idle_from:].count(str(data)) >= 40, timeout=60
+        )
+        idle = _listed_folders(listings)[idle_from:]
+        assert set(idle) == {str(data)}, idle
+        (folders[1] / "new.jsonl").write_text('{"x": 2}\n')
+        assert support.wait_until(lambda: client.status(job_name).tasks == 16)
+        moved = [p for p in _listed_folders(listings)[idle_from:] if p != str(data)]
+        assert set(moved) == {str(folders[1])}, moved
+        (data / "day-9").mkdir()
+        (data / "day-9" / "first.jsonl").write_text('{"x": 3}\n')
+        assert support.wait_until(lambda: client.status(job_name).tasks == 17)
+        assert said.stop() == 0
+    assert said.count("tasks appended") == 17
+
+
+def test_a_file_growing_in_an_unchanged_folder_is_appended_once_whole_when_another_folder_moves(
+    url, client, job_name, tmp_path
+):
+    """A file being written in place does not move its folder: while another folder's
+    change brings a listing, the growing file is taken as it is now (a stat), not as its
+    folder was last listed: appended once, whole, when it stops changing, and not again
+    when its folder is listed later (before: taken at its old size as settled, appended,
+    then again whole under its new size)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    data = tmp_path / "data"
+    day0, day1 = data / "day-0", data / "day-1"
+    for d in (day0, day1):
+        d.mkdir(parents=True)
+        (d / "old.jsonl").write_text('{"x": 0}\n')
+        os.utime(d / "old.jsonl", (1, 1))
+    growing = day0 / "growing.jsonl"
+    growing.write_text("".join(f'{{"x": {k}}}\n' for k in range(50)))
+    for d in (day0, day1):
+        os.utime(d, (1, 1))  # old folders: only a change moves them
+    pattern = str(data / "day-*" / "*.jsonl")
+    said = _Said(_follow(url, job_name, pattern, "--every", "2", "--settle", "1h"))
+    with said:
+        assert support.wait_until(lambda: said.count("growing.jsonl: new (") == 1, FOLLOWER_START_S)
+        with growing.open("a") as f:  # the rest, in place: day-0 does not move
+            f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+        (day1 / "other.jsonl").write_text('{"x": 1}\n')  # day-1 moves: a listing
+        assert support.wait_until(
+            lambda: said.count("growing.jsonl: 100 tasks appended") == 1, timeout=60
+        ), said.lines
+        (day0 / "later.jsonl").write_text('{"x": 2}\n')  # day-0 moves: listed again
+        assert support.wait_until(lambda: said.count("later.jsonl: 1 tasks appended") == 1, 60)
+        assert said.stop() == 0
+    assert said.count("growing.jsonl:") == 3, "".join(said.lines)  # new, growing, appended
+    assert said.count("tasks appended") == 5  # 2 old, growing, other, later
+    assert client.status(job_name).tasks == 2 + 100 + 1 + 1
+
+
+def test_a_change_within_the_folders_timestamp_grain_of_its_listing_is_found(
+    url, client, job_name, tmp_path
+):
+    """A file system whose timestamps are coarse (1-2 s) or a server whose clock runs
+    ahead can leave a folder's mtime as the follower last saw it after a file is added:
+    the folder is listed again until a listing came more than the grain after its
+    mtime. Here the folder's mtime is a second ahead, and after the listing that found
+    ``b`` a file ``c`` is added and the mtime put back: found at the next interval
+    (before: the mtime was trusted once 2 s old by the clock, ``c`` never listed)."""
+    client.create_job(job_name, chunks=[], stream=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"x": 1}\n')
+    os.utime(folder / "a.jsonl", (1, 1))
+    os.utime(folder, (1, 1))
+    pattern = str(folder / "*.jsonl")
+    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "3")) as said:
+        assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1, 60)
+        (folder / "b.jsonl").write_text('{"x": 2}\n')
+        ahead = time.time() + 1.0
+        os.utime(folder, (ahead, ahead))
+        assert support.wait_until(lambda: said.count("b.jsonl: 1 tasks appended") == 1, 30)
+        (folder / "c.jsonl").write_text('{"x": 3}\n')
+        os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
+        assert support.wait_until(lambda: said.count("c.jsonl: 1 tasks appended") == 1, 30), (
+            "".join(said.lines)
+        )
+        assert said.stop() == 0
+    assert client.status(job_name).tasks == 3
 
 
 def test_follow_says_once_that_nothing_matches_then_appends(url, client, job_name, tmp_path):
