@@ -18,7 +18,7 @@ from support import ENTRY_POINT, ROOT, one_error_line, wait_until
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
-from taskq.mix import MixSpec, bound, pass_schedule, weight_text
+from taskq.mix import MixSpec, bound, pass_schedule, sample_bound, weight_text
 
 _ids = itertools.count()
 
@@ -94,6 +94,91 @@ def test_reference_schedule_keeps_every_prefix_within_the_bound(sizes, data):
     seq = list(pass_schedule(spec, log, 0))
     assert len(seq) == sum(sizes)
     _segments_ok(spec, log, seq)
+
+
+def _sample_segments_ok(
+    spec: MixSpec,
+    log: list[tuple[int, list[str]]],
+    seq: list[tuple[int, int]],
+    task_sizes: list[list[int]],
+) -> None:
+    """Weights counting samples: every prefix of every segment keeps each source's samples
+    within the largest task of ``w * M`` (``M`` the segment's samples); each source's
+    tasks once, in order. Segments re-derived from the log and the run-outs."""
+    k = len(spec.sizes)
+    for i in range(k):
+        assert [j for s, j in seq if s == i] == list(range(spec.sizes[i]))
+    most = sample_bound(task_sizes)
+    changes = {at for at, _ in log}
+    taken, counts, total, w = [0] * k, [0] * k, 0, [0.0] * k
+    restart = True
+    for pos, (src, j) in enumerate(seq):
+        if pos in changes or restart:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= pos:
+                    weights = ws
+            left = [i for i in range(k) if taken[i] < spec.sizes[i]]
+            pos_w = sum(float(weights[i]) for i in left if float(weights[i]) > 0)
+            w = [
+                (float(weights[i]) / pos_w if float(weights[i]) > 0 else 0.0)
+                if pos_w > 0
+                else 1 / len(left)
+                if i in left
+                else 0.0
+                for i in range(k)
+            ]
+            w = [w[i] if i in left else 0.0 for i in range(k)]
+            counts, total, restart = [0] * k, 0, False
+        counts[src] += task_sizes[src][j]
+        total += task_sizes[src][j]
+        taken[src] += 1
+        for i in range(k):
+            assert abs(counts[i] - w[i] * total) <= most + 1e-9 * (1 + total), (pos, i)
+        if taken[src] == spec.sizes[src]:
+            restart = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    task_sizes=st.lists(
+        st.lists(st.integers(0, 50), min_size=1, max_size=30), min_size=1, max_size=6
+    ),
+    data=st.data(),
+)
+def test_reference_by_samples_keeps_every_prefix_within_the_largest_task(task_sizes, data):
+    """Weights counting samples (``mix_by="samples"``): the rule is WF2Q with every source
+    backlogged, and in every prefix of every segment a source's samples are within the
+    largest task of ``w * M``."""
+    k = len(task_sizes)
+    first = data.draw(
+        st.lists(weights_st, min_size=k, max_size=k).filter(
+            lambda ws: any(float(w) > 0 for w in ws)
+        )
+    )
+    sizes = tuple(len(s) for s in task_sizes)
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), sizes, tuple(first), by="samples")
+    changes = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, sum(sizes) - 1),
+                st.lists(weights_st, min_size=k, max_size=k).filter(
+                    lambda ws: any(float(w) > 0 for w in ws)
+                ),
+            ),
+            max_size=4,
+        )
+    )
+    log = [(at, ws) for at, ws in changes]
+    seq = list(pass_schedule(spec, log, 0, task_sizes=task_sizes))
+    assert len(seq) == sum(sizes)
+    _sample_segments_ok(spec, log, seq, task_sizes)
+
+
+def test_reference_by_samples_needs_every_size():
+    spec = MixSpec(("a", "b"), (2, 1), ("1.0", "1.0"), by="samples")
+    with pytest.raises(taskq.InvalidInput, match="every task's size"):
+        list(pass_schedule(spec, [], 0, task_sizes=[[3], [1]]))
 
 
 def test_bound_values():
