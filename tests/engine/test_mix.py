@@ -809,6 +809,29 @@ def test_a_rewind_to_a_pass_no_longer_kept_is_refused_with_nothing_changed(clien
     assert job.rewind(recent)
 
 
+def test_a_rewind_to_the_start_of_a_pass_no_longer_kept_is_refused(client):
+    """A cut at position 0 replays the whole pass: once that pass was charged and is no
+    longer kept, its slots would come again from a trimmed log, so it is refused too; a cut
+    at the start of the current pass, not charged yet, is not."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 1, names["b"]: 1}, passes=None)
+    job = client.job(mix)
+    start = job.checkpoint()  # pass 0, position 0: nothing charged yet
+    with taskq.Trainer(mix, client=client) as t:
+        _lease_ack(t, 4 * 3)  # passes 0-2 done: pass 3 started, not charged
+        assert client.status(mix).pass_no == 3
+        now = job.checkpoint()  # pass 3, position 0
+        _lease_ack(t, 1)  # pass 3 charged: pass 0's sequence goes
+        assert _engine(client, mix, 0) == []
+    before = client.status(mix)
+    with pytest.raises(taskq.InvalidInput, match="no longer kept"):
+        job.rewind(start)
+    assert client.status(mix).done == before.done
+    assert job.rewind(now)
+
+
 def test_the_weight_log_stays_bounded(client):
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 3, "b": 2}, tag)
