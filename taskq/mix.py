@@ -25,7 +25,8 @@ samples in the segment so far), to the one whose next task ends first in the flu
 schedule, ``(c_i + s_i) / w_i`` with ``s_i`` that task's size (WF2Q, Bennett and Zhang
 1996, with every source backlogged). Every prefix of a segment then keeps
 ``|c_i - w_i * M| <= sample_bound`` (the largest task; checked by hypothesis in
-tests/engine/test_mix.py). Only this reference runs it: the engine does not yet.
+tests/engine/test_mix.py). The engine runs the same comparisons (lib/mix.lua
+``choose_by_samples``) on the sizes the create stored.
 
 Data flow: shared ground (no imports from above): admin/mix.py writes the spec and reads
 the sequence, trainer/protocol.py names a task's source, tests compare the engine to it.
@@ -45,6 +46,9 @@ from taskq.keys import valid_job_name
 
 #: What a mixed job does when a source runs out in a pass (only ``drop`` is built).
 ON_EXHAUSTED = ("drop",)
+#: What a mixed job's weights count: its sources' tasks, or their samples (every task's
+#: size known at create: ``taskq.data.task_size``).
+MIX_BY = ("tasks", "samples")
 #: The most sources one mixed job draws from.
 MAX_SOURCES = 64
 _WEIGHT_RE = re.compile(r"^\d+\.?\d*([eE][-+]?\d+)?$")
@@ -127,8 +131,8 @@ class MixSpec:
     sizes: tuple[int, ...]
     weights: tuple[str, ...]
     on_exhausted: str = "drop"
-    #: what the weights count: ``tasks`` (built) or ``samples`` (the reference only:
-    #: ``pass_schedule`` with ``task_sizes``; the engine does not run it yet)
+    #: what the weights count: ``tasks`` or ``samples`` (``pass_schedule`` then needs
+    #: ``task_sizes``; the engine keeps them in the job's ``mixsz``)
     by: str = "tasks"
 
     @property

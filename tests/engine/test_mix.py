@@ -239,6 +239,90 @@ def test_trainer_leases_slots_in_order_and_names_the_source(client):
     assert client.status(mix).state == "completed"
 
 
+def _sized_sources(client: taskq.Client, sizes: dict[str, list[int]], tag: str) -> dict[str, str]:
+    """Source jobs whose tasks say their samples (a lines chunk's ``records``)."""
+    names = {}
+    for src, records in sizes.items():
+        name = f"{tag}-{src}"
+        client.create_job(
+            name,
+            [
+                {
+                    "format": "lines",
+                    "path": f"/nonexistent/{src}/{i}",
+                    "offset": 0,
+                    "length": 1,
+                    "records": r,
+                }
+                for i, r in enumerate(records)
+            ],
+        )
+        names[src] = name
+    return names
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_engine_equals_the_reference_by_samples(client, data):
+    # Weights counting samples: the engine's choice (lib/mix.lua choose_by_samples) on the
+    # sizes the create stored against the reference's on the sizes given, page after page,
+    # with weights of 0 and changes logged inside a page and across pages.
+    k = data.draw(st.integers(2, 12))
+    sizes = data.draw(
+        st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=40), min_size=k, max_size=k)
+    )
+    first = data.draw(
+        st.lists(weights_st, min_size=k, max_size=k).filter(lambda ws: any(float(w) for w in ws))
+    )
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(sizes)}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)}, mix_by="samples"
+    )
+    job = client.job(mix)
+    total = sum(len(r) for r in sizes)
+    changes = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, total - 1),
+                st.lists(weights_st, min_size=k, max_size=k).filter(
+                    lambda ws: any(float(w) for w in ws)
+                ),
+            ),
+            max_size=3,
+        )
+    )
+    for at, ws in changes:
+        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
+    tasks = _drain(client, mix)
+    spec = spec_of(client.connection, mix)
+    assert spec.by == "samples"
+    log = weight_log(client.connection, mix)
+    want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 0, task_sizes=sizes)]
+    offsets = dict(zip(spec.sources, spec.offsets, strict=True))
+    assert [(t.source, t.id - offsets[t.source]) for t in tasks] == want
+    assert _engine(client, mix) == want
+    _sample_segments_ok(spec, log, [(spec.sources.index(s), j) for s, j in want], sizes)
+
+
+def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {"a": [3, 4]}, tag)
+    names.update(_sources(client, {"b": 2}, tag))
+    mix = f"{tag}-mix"
+    keys = client.connection.keys(mix)
+    with pytest.raises(taskq.InvalidInput, match=r"task 0 of source .*-b.* not say its size"):
+        client.create_job(mix, mix={names["a"]: 1, names["b"]: 1}, mix_by="samples")
+    assert client.connection.redis.keys(f"{keys.base}*") == []
+    with pytest.raises(taskq.InvalidInput, match="mix_by must be one of tasks, samples"):
+        client.create_job(mix, mix={names["a"]: 1}, mix_by="rows")
+    client.create_job(mix, mix={names["a"]: 1}, mix_by="samples")  # sizes known: made
+    assert client.connection.redis.strlen(keys.mixsz) == 8
+
+
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
