@@ -760,10 +760,15 @@ def test_cli_errors_are_one_line(url, client):
         ("mix", "set", f"{tag}-none", "x=1"),  # no such job
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=x"),  # a bad weight
         ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
+        # weights counting samples, a source's tasks not saying their sizes
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "samples"),
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "rows"),
     ):
         r = _cli(url, *args)
         assert r.returncode != 0, (args, r.stdout, r.stderr)
         one_error_line(r.stderr)
+        if "samples" in args:
+            assert "does not say its size" in r.stderr, r.stderr
     assert not client.redis.exists(client.keys(f"{tag}-m").meta)
 
 
