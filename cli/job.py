@@ -17,7 +17,7 @@ import click
 
 import taskq
 from taskq.admin.shardset import ShardedStatus
-from taskq.mix import ON_EXHAUSTED
+from taskq.mix import MIX_BY, ON_EXHAUSTED
 from taskq.models import JobConfig
 
 from .common import MixType, PassesType, TaskTimeoutType, client_of, echo_json, interactive
@@ -37,6 +37,7 @@ OPTION_TYPES: dict[str, click.ParamType] = {
     "task_timeout": TaskTimeoutType(),
     "mix": MixType(),
     "on_exhausted": click.Choice(ON_EXHAUSTED),
+    "mix_by": click.Choice(MIX_BY),
 }
 #: A flag's "off" form when it is not --no-NAME.
 OFF_FLAGS = {"auto_advance": "--manual-advance"}

@@ -62,6 +62,8 @@ JOB_KEYS: tuple[str, ...] = (
     "mixseq0",  # string: the tasks a mixed job charged, by position, of passes p % 3 == 0
     "mixseq1",  # ... p % 3 == 1
     "mixseq2",  # ... p % 3 == 2
+    "mixsz",  # string: a mixed job's tasks' sizes in samples, 4 bytes each ('>I4', by task id)
+    # when its weights count samples (written by the create, read by lib/mix.lua)
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
@@ -102,6 +104,7 @@ COLD_KEYS: tuple[str, ...] = (
     "mixseq0",
     "mixseq1",
     "mixseq2",
+    "mixsz",
     "sources",
     "srcseq",
     "aside",
@@ -284,6 +287,11 @@ class JobKeys:
     def staging_chunks(self, incarnation: str) -> str:
         """The staging hash a create writes before the flip makes it live."""
         return f"{self.base}:staging:{incarnation}"
+
+    def staging_sizes(self, incarnation: str) -> str:
+        """The staging string of a mixed job's tasks' sizes (``mixsz``) a create writes
+        before the flip when its weights count samples."""
+        return f"{self.base}:staging:{incarnation}:sz"
 
     def __getattr__(self, name: str) -> str:  # for mypy: attributes set in __init__
         raise AttributeError(name)

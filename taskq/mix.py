@@ -19,6 +19,15 @@ earliest (the lowest index on a tie). Every prefix of a segment then keeps
 The arithmetic is IEEE doubles in the same order of operations as the Lua, and weights are
 kept as the decimal strings that were logged, so both sides compute the same schedule.
 
+Weights counting samples (``MixSpec.by == "samples"``, the tasks' sizes given): the slot
+goes, among the sources not ahead (``c_i <= w_i * M``, ``c_i`` its samples and ``M`` all
+samples in the segment so far), to the one whose next task ends first in the fluid
+schedule, ``(c_i + s_i) / w_i`` with ``s_i`` that task's size (WF2Q, Bennett and Zhang
+1996, with every source backlogged). Every prefix of a segment then keeps
+``|c_i - w_i * M| <= sample_bound`` (the largest task; checked by hypothesis in
+tests/engine/test_mix.py). The engine runs the same comparisons (lib/mix.lua
+``choose_by_samples``) on the sizes the create stored.
+
 Data flow: shared ground (no imports from above): admin/mix.py writes the spec and reads
 the sequence, trainer/protocol.py names a task's source, tests compare the engine to it.
 """
@@ -37,6 +46,9 @@ from taskq.keys import valid_job_name
 
 #: What a mixed job does when a source runs out in a pass (only ``drop`` is built).
 ON_EXHAUSTED = ("drop",)
+#: What a mixed job's weights count: its sources' tasks, or their samples (every task's
+#: size known at create: ``taskq.data.task_size``).
+MIX_BY = ("tasks", "samples")
 #: The most sources one mixed job draws from.
 MAX_SOURCES = 64
 _WEIGHT_RE = re.compile(r"^\d+\.?\d*([eE][-+]?\d+)?$")
@@ -119,6 +131,9 @@ class MixSpec:
     sizes: tuple[int, ...]
     weights: tuple[str, ...]
     on_exhausted: str = "drop"
+    #: what the weights count: ``tasks`` or ``samples`` (``pass_schedule`` then needs
+    #: ``task_sizes``; the engine keeps them in the job's ``mixsz``)
+    by: str = "tasks"
 
     @property
     def offsets(self) -> list[int]:
@@ -168,6 +183,7 @@ class MixSpec:
                 "n": list(self.sizes),
                 "w": list(self.weights),
                 "on_exhausted": self.on_exhausted,
+                "by": self.by,
             },
             separators=(",", ":"),
         )
@@ -176,7 +192,13 @@ class MixSpec:
     def from_json(cls, raw: str | bytes) -> MixSpec:
         """The spec from its stored form."""
         d = json.loads(raw)
-        return cls(tuple(d["sources"]), tuple(d["n"]), tuple(d["w"]), d.get("on_exhausted", "drop"))
+        return cls(
+            tuple(d["sources"]),
+            tuple(d["n"]),
+            tuple(d["w"]),
+            d.get("on_exhausted", "drop"),
+            d.get("by", "tasks"),
+        )
 
 
 def _weights_at(
@@ -195,11 +217,37 @@ def _next_change(log: Sequence[tuple[int, Sequence[str]]], slot: int) -> int:
     return min(later) if later else -1
 
 
+def sample_bound(task_sizes: Sequence[Sequence[int]]) -> int:
+    """How far (in samples) a source's samples in a segment's prefix may be from ``w * M``
+    (``M`` the segment's samples so far) when weights count samples: the largest task."""
+    return max((max(s) for s in task_sizes if s), default=0)
+
+
+def _choose_by_samples(
+    w: Sequence[float], counts: Sequence[int], nxt: Sequence[int], samples: int
+) -> int:
+    """The source a slot goes to when weights count samples (WF2Q, every source backlogged):
+    among the sources not ahead (``c_i <= w_i * M``), the one whose next task ends first in
+    the fluid schedule (``(c_i + s_i) / w_i``, ``s_i`` its next task's size), the lowest
+    index on a tie; none not ahead (rounding): the earliest end of all."""
+    best = anyone = -1
+    best_f = any_f = 0.0
+    for i, wi in enumerate(w):
+        if wi > 0:
+            f = (counts[i] + nxt[i]) / wi
+            if counts[i] <= wi * samples and (best < 0 or f < best_f):
+                best, best_f = i, f
+            if anyone < 0 or f < any_f:
+                anyone, any_f = i, f
+    return best if best >= 0 else anyone
+
+
 def pass_schedule(
     spec: MixSpec,
     log: Sequence[tuple[int, Sequence[str]]],
     pass_no: int,
     length: int | None = None,
+    task_sizes: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[tuple[int, int]]:
     """The reference schedule of pass ``pass_no``: for each position, ``(source index,
     index of the task within the source)``.
@@ -210,10 +258,22 @@ def pass_schedule(
             slot wins); weights as the engine's strings (``MixSpec.weight_list``).
         pass_no: the pass.
         length: positions to make (default: the whole pass, ``spec.total``).
+        task_sizes: per source, its tasks' sizes in samples; needed when ``spec.by`` is
+            ``samples`` (the rule then counts samples: ``_choose_by_samples``).
 
     Yields:
         ``(source index, task index within that source)`` per position.
+
+    Raises:
+        InvalidInput: weights count samples and ``task_sizes`` does not give every task's.
     """
+    by_samples = spec.by == "samples"
+    if by_samples and (
+        task_sizes is None
+        or [len(s) for s in task_sizes] != list(spec.sizes)
+        or any(not isinstance(x, int) or x < 0 for s in task_sizes for x in s)
+    ):
+        raise errors.InvalidInput("mix by samples: give every task's size (samples >= 0)")
     order = sorted(range(len(log)), key=lambda i: (log[i][0], i))
     ordered = [log[i] for i in order]
     sizes, k = spec.sizes, len(spec.sizes)
@@ -222,7 +282,7 @@ def pass_schedule(
     weights = _weights_at(ordered, start, spec.weights)
     nxt = _next_change(ordered, start)
     taken, seg_count = [0] * k, [0] * k
-    seg, restart = 0, True
+    seg, restart, seg_samples = 0, True, 0
     for h in range(n_total if length is None else min(length, n_total)):
         slot = start + h
         if nxt >= 0 and slot >= nxt:
@@ -230,7 +290,7 @@ def pass_schedule(
             nxt = _next_change(ordered, slot)
             restart = True
         if restart:
-            seg, restart = h, False
+            seg, restart, seg_samples = h, False, 0
             seg_count = [0] * k
         total, left = 0.0, 0
         for i in range(k):
@@ -251,6 +311,16 @@ def pass_schedule(
                 else:
                     w[i] = 1 / left
                     positive += 1
+        if by_samples and task_sizes is not None:
+            ahead = [task_sizes[i][taken[i]] if taken[i] < sizes[i] else 0 for i in range(k)]
+            best = _choose_by_samples(w, seg_count, ahead, seg_samples)
+            yield best, taken[best]
+            seg_count[best] += ahead[best]
+            seg_samples += ahead[best]
+            taken[best] += 1
+            if taken[best] >= sizes[best]:
+                restart = True
+            continue
         d = bound(positive)
         m = h - seg + 1
         best = anyone = -1

@@ -119,6 +119,11 @@ class JobConfig:
     on_exhausted: str = setting(
         "drop", "A mixed job's source run out in a pass: the others' weights renormalise."
     )
+    mix_by: str = setting(
+        "tasks",
+        "What a mixed job's weights count: its sources' tasks, or their samples (every "
+        "task's size known at create, e.g. parquet rows; docs/mixing.md).",
+    )
 
     @classmethod
     def of(cls, config: JobConfig | None = None, **settings: Any) -> JobConfig:

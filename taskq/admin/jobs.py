@@ -1758,12 +1758,12 @@ def create(
     keys = conn.keys(name)
     validate_config(cfg)
     chunk_list = list(chunks)
-    spec = None
+    spec, mix_sizes = None, None
     if cfg.mix is not None:  # its tasks are its sources' (admin/mix.py)
         if chunk_list:
             raise errors.InvalidInput("a mixed job takes its tasks from its sources: no chunks")
         check_name(name)
-        (tasks, nchunks), spec = mix.read_sources(conn, name, cfg)
+        (tasks, nchunks), spec, mix_sizes = mix.read_sources(conn, name, cfg)
     elif cfg.stream and not chunk_list:
         tasks, nchunks = [], 0
     else:
@@ -1791,8 +1791,15 @@ def create(
         raise errors.JobExists(f"job {name!r} exists")
     incarnation = secrets.token_hex(8)
     staging = keys.staging_chunks(incarnation)
+    extra = [staging, keys.staging_sizes(incarnation)]
     try:
         with translate(conn.url):
+            if mix_sizes is not None:  # (lib/mix.lua reads them: create.lua renames it)
+                for start in range(0, len(mix_sizes), 4 * STAGING_BATCH):
+                    pipe = conn.redis.pipeline(transaction=False)
+                    pipe.setrange(extra[1], start, mix_sizes[start : start + 4 * STAGING_BATCH])
+                    pipe.expire(extra[1], STAGING_TTL_S)
+                    pipe.execute()
             for start in range(0, len(tasks), STAGING_BATCH):
                 batch = tasks[start : start + STAGING_BATCH]
                 pipe = conn.redis.pipeline(transaction=False)
@@ -1844,10 +1851,10 @@ def create(
         args: list[Any] = [int(replace), len(tasks)]
         for k, v in meta.items():
             args += [k, v]
-        conn.run(name, "create", args, extra_keys=[staging])
+        conn.run(name, "create", args, extra_keys=extra)
     except BaseException:
         with translate(conn.url):
-            conn.redis.unlink(staging)
+            conn.redis.unlink(*extra)
         raise
     with translate(conn.url):
         conn.redis.sadd(jobs_index(conn.prefix), name)

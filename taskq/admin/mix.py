@@ -39,22 +39,26 @@ KEEP_PASSES = 3
 
 def read_sources(
     conn: Connection, name: str, cfg: JobConfig
-) -> tuple[tuple[list[str], int], MixSpec]:
+) -> tuple[tuple[list[str], int], MixSpec, bytes | None]:
     """What mixed job ``name`` (``cfg.mix``, checked by ``validate_config``) is made of:
     its sources' tasks, copied in the order of ``cfg.mix`` (``jobs.create`` stages them).
 
     Returns:
-        ((the tasks' JSON, their chunks), the sources' spec).
+        ((the tasks' JSON, their chunks), the sources' spec, and when the weights count
+        samples (``cfg.mix_by``) the tasks' sizes as the engine keeps them (``mixsz``:
+        ``>I`` per task, in the mixed job's order), else None).
 
     Raises:
-        InvalidInput: an unsuitable source (itself, a stream, a sharded or a mixed job;
-            nothing written). JobNotFound: a source that does not exist. ConnectionLost.
+        InvalidInput: an unsuitable source (itself, a stream, a sharded or a mixed job),
+            or weights counting samples and a task whose size is not known (nothing
+            written). JobNotFound: a source that does not exist. ConnectionLost.
     """
     mix = cast(dict[str, float], cfg.mix)
     sources = list(mix)
     weights = check_mix(mix)
     tasks: list[str] = []
     sizes: list[int] = []
+    samples: list[int] | None = [] if cfg.mix_by == "samples" else None
     nchunks = 0
     for source in sources:
         if source == name:
@@ -81,9 +85,20 @@ def read_sources(
                     f"mix: source {source!r} has no chunks for task {missing[0]} (trimmed?)"
                 )
             tasks.extend(got)
+            if samples is not None:
+                for i, raw in zip(ids, got, strict=True):
+                    size = task_size(decode_chunks(raw, keys.chunks, i))
+                    if size is None or not 0 <= size < 2**32:
+                        raise errors.InvalidInput(
+                            f"mix: mix_by=samples, but task {i} of source {source!r} does "
+                            f"not say its size (every chunk's rows / samples / records)"
+                        )
+                    samples.append(size)
         sizes.append(n)
         nchunks += int(meta[3] or n)
-    return (tasks, nchunks), MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted)
+    spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted, cfg.mix_by)
+    packed = None if samples is None else struct.pack(f">{len(samples)}I", *samples)
+    return (tasks, nchunks), spec, packed
 
 
 def spec_of(conn: Connection, name: str) -> MixSpec:

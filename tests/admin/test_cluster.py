@@ -61,7 +61,10 @@ def test_every_key_of_a_job_maps_to_one_slot_and_jobs_cover_all_masters(
     owners = set()
     for name in names:
         keys = JobKeys(name)
-        slots = {node.cluster("keyslot", k) for k in [*keys.all, keys.staging_chunks("abc")]}
+        slots = {
+            node.cluster("keyslot", k)
+            for k in [*keys.all, keys.staging_chunks("abc"), keys.staging_sizes("abc")]
+        }
         assert len(slots) == 1, (name, slots)
         owners.add(cluster.owner_port(keys.meta))
     assert owners == {s.port for s in cluster.servers}

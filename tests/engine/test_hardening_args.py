@@ -180,7 +180,7 @@ def fcall(client: taskq.Client, job: str, verb: str, argv: list[str]) -> Any:
     name, nkeys, _ = script_function(verb)
     keys = JobKeys(job).script
     if verb == "create":
-        keys = [*keys, JobKeys(job).staging_chunks("raw")]
+        keys = [*keys, JobKeys(job).staging_chunks("raw"), JobKeys(job).staging_sizes("raw")]
     return client.redis.execute_command("FCALL", name, nkeys, *keys, *argv)
 
 

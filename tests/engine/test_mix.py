@@ -18,7 +18,7 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
-from taskq.mix import MixSpec, bound, pass_schedule, weight_text
+from taskq.mix import MixSpec, bound, pass_schedule, sample_bound, weight_text
 
 _ids = itertools.count()
 
@@ -96,6 +96,91 @@ def test_reference_schedule_keeps_every_prefix_within_the_bound(sizes, data):
     _segments_ok(spec, log, seq)
 
 
+def _sample_segments_ok(
+    spec: MixSpec,
+    log: list[tuple[int, list[str]]],
+    seq: list[tuple[int, int]],
+    task_sizes: list[list[int]],
+) -> None:
+    """Weights counting samples: every prefix of every segment keeps each source's samples
+    within the largest task of ``w * M`` (``M`` the segment's samples); each source's
+    tasks once, in order. Segments re-derived from the log and the run-outs."""
+    k = len(spec.sizes)
+    for i in range(k):
+        assert [j for s, j in seq if s == i] == list(range(spec.sizes[i]))
+    most = sample_bound(task_sizes)
+    changes = {at for at, _ in log}
+    taken, counts, total, w = [0] * k, [0] * k, 0, [0.0] * k
+    restart = True
+    for pos, (src, j) in enumerate(seq):
+        if pos in changes or restart:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= pos:
+                    weights = ws
+            left = [i for i in range(k) if taken[i] < spec.sizes[i]]
+            pos_w = sum(float(weights[i]) for i in left if float(weights[i]) > 0)
+            w = [
+                (float(weights[i]) / pos_w if float(weights[i]) > 0 else 0.0)
+                if pos_w > 0
+                else 1 / len(left)
+                if i in left
+                else 0.0
+                for i in range(k)
+            ]
+            w = [w[i] if i in left else 0.0 for i in range(k)]
+            counts, total, restart = [0] * k, 0, False
+        counts[src] += task_sizes[src][j]
+        total += task_sizes[src][j]
+        taken[src] += 1
+        for i in range(k):
+            assert abs(counts[i] - w[i] * total) <= most + 1e-9 * (1 + total), (pos, i)
+        if taken[src] == spec.sizes[src]:
+            restart = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    task_sizes=st.lists(
+        st.lists(st.integers(0, 50), min_size=1, max_size=30), min_size=1, max_size=6
+    ),
+    data=st.data(),
+)
+def test_reference_by_samples_keeps_every_prefix_within_the_largest_task(task_sizes, data):
+    """Weights counting samples (``mix_by="samples"``): the rule is WF2Q with every source
+    backlogged, and in every prefix of every segment a source's samples are within the
+    largest task of ``w * M``."""
+    k = len(task_sizes)
+    first = data.draw(
+        st.lists(weights_st, min_size=k, max_size=k).filter(
+            lambda ws: any(float(w) > 0 for w in ws)
+        )
+    )
+    sizes = tuple(len(s) for s in task_sizes)
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), sizes, tuple(first), by="samples")
+    changes = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, sum(sizes) - 1),
+                st.lists(weights_st, min_size=k, max_size=k).filter(
+                    lambda ws: any(float(w) > 0 for w in ws)
+                ),
+            ),
+            max_size=4,
+        )
+    )
+    log = [(at, ws) for at, ws in changes]
+    seq = list(pass_schedule(spec, log, 0, task_sizes=task_sizes))
+    assert len(seq) == sum(sizes)
+    _sample_segments_ok(spec, log, seq, task_sizes)
+
+
+def test_reference_by_samples_needs_every_size():
+    spec = MixSpec(("a", "b"), (2, 1), ("1.0", "1.0"), by="samples")
+    with pytest.raises(taskq.InvalidInput, match="every task's size"):
+        list(pass_schedule(spec, [], 0, task_sizes=[[3], [1]]))
+
+
 def test_bound_values():
     assert bound(1) == 0.0
     assert bound(2) == 0.5
@@ -152,6 +237,90 @@ def test_trainer_leases_slots_in_order_and_names_the_source(client):
         (4, 4, 4),
     ]
     assert client.status(mix).state == "completed"
+
+
+def _sized_sources(client: taskq.Client, sizes: dict[str, list[int]], tag: str) -> dict[str, str]:
+    """Source jobs whose tasks say their samples (a lines chunk's ``records``)."""
+    names = {}
+    for src, records in sizes.items():
+        name = f"{tag}-{src}"
+        client.create_job(
+            name,
+            [
+                {
+                    "format": "lines",
+                    "path": f"/nonexistent/{src}/{i}",
+                    "offset": 0,
+                    "length": 1,
+                    "records": r,
+                }
+                for i, r in enumerate(records)
+            ],
+        )
+        names[src] = name
+    return names
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_engine_equals_the_reference_by_samples(client, data):
+    # Weights counting samples: the engine's choice (lib/mix.lua choose_by_samples) on the
+    # sizes the create stored against the reference's on the sizes given, page after page,
+    # with weights of 0 and changes logged inside a page and across pages.
+    k = data.draw(st.integers(2, 12))
+    sizes = data.draw(
+        st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=40), min_size=k, max_size=k)
+    )
+    first = data.draw(
+        st.lists(weights_st, min_size=k, max_size=k).filter(lambda ws: any(float(w) for w in ws))
+    )
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(sizes)}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)}, mix_by="samples"
+    )
+    job = client.job(mix)
+    total = sum(len(r) for r in sizes)
+    changes = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, total - 1),
+                st.lists(weights_st, min_size=k, max_size=k).filter(
+                    lambda ws: any(float(w) for w in ws)
+                ),
+            ),
+            max_size=3,
+        )
+    )
+    for at, ws in changes:
+        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
+    tasks = _drain(client, mix)
+    spec = spec_of(client.connection, mix)
+    assert spec.by == "samples"
+    log = weight_log(client.connection, mix)
+    want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 0, task_sizes=sizes)]
+    offsets = dict(zip(spec.sources, spec.offsets, strict=True))
+    assert [(t.source, t.id - offsets[t.source]) for t in tasks] == want
+    assert _engine(client, mix) == want
+    _sample_segments_ok(spec, log, [(spec.sources.index(s), j) for s, j in want], sizes)
+
+
+def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {"a": [3, 4]}, tag)
+    names.update(_sources(client, {"b": 2}, tag))
+    mix = f"{tag}-mix"
+    keys = client.connection.keys(mix)
+    with pytest.raises(taskq.InvalidInput, match=r"task 0 of source .*-b.* not say its size"):
+        client.create_job(mix, mix={names["a"]: 1, names["b"]: 1}, mix_by="samples")
+    assert client.connection.redis.keys(f"{keys.base}*") == []
+    with pytest.raises(taskq.InvalidInput, match="mix_by must be one of tasks, samples"):
+        client.create_job(mix, mix={names["a"]: 1}, mix_by="rows")
+    client.create_job(mix, mix={names["a"]: 1}, mix_by="samples")  # sizes known: made
+    assert client.connection.redis.strlen(keys.mixsz) == 8
 
 
 @settings(
@@ -603,10 +772,15 @@ def test_cli_errors_are_one_line(url, client):
         ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
         ("job", "create", f"{tag}-m", "--mix", f"{sharded}=1"),  # a sharded source
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--shards", "2"),  # sharded
+        # weights counting samples, a source's tasks not saying their sizes
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "samples"),
+        ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "rows"),
     ):
         r = _cli(url, *args)
         assert r.returncode != 0, (args, r.stdout, r.stderr)
         one_error_line(r.stderr)
+        if "samples" in args:
+            assert "does not say its size" in r.stderr, r.stderr
     assert not client.redis.exists(client.keys(f"{tag}-m").meta)
 
 

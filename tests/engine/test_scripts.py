@@ -169,7 +169,7 @@ def test_the_key_count_comes_from_the_keys_header_line():
     assert library.build({"toy.lua": toy.format(keys=extra)}).functions["toy"][1] == n + 2
     with pytest.raises(taskq.TaskqError, match="toy.lua: needs a header line"):
         library.build({"toy.lua": toy.format(keys="-- KEYS: some keys")})
-    assert script_function("create")[1] == n + 1
+    assert script_function("create")[1] == n + 2  # + staging, sizes
     assert script_function("ack")[1] == n
 
 

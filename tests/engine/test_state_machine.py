@@ -1145,14 +1145,30 @@ class MixedMachine(EngineMachine):
     is refused with nothing changed."""
 
     SIZES = (2, 2, 1)
+    #: per source, its tasks' samples when the weights count them (``mix_by="samples"``)
+    TASK_SIZES: tuple[tuple[int, ...], ...] | None = None
 
     def _create(self) -> None:
         self.sources = [f"{self.job}-s{i}" for i in range(len(self.SIZES))]
         for i, (src, n) in enumerate(zip(self.sources, self.SIZES, strict=True)):
-            self.client.create_job(src, [{"s": i, "k": k} for k in range(n)])
+            if self.TASK_SIZES is None:
+                chunks: list[dict[str, object]] = [{"s": i, "k": k} for k in range(n)]
+            else:
+                chunks = [
+                    {
+                        "format": "lines",
+                        "path": f"/nonexistent/{i}/{k}",
+                        "offset": 0,
+                        "length": 1,
+                        "records": r,
+                    }
+                    for k, r in enumerate(self.TASK_SIZES[i])
+                ]
+            self.client.create_job(src, chunks)
         self.client.create_job(
             self.job,
             mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
+            mix_by="tasks" if self.TASK_SIZES is None else "samples",
             passes=self.passes,
             worker_ttl=3.0,
             heartbeat_interval=1.0,
@@ -1221,7 +1237,11 @@ class MixedMachine(EngineMachine):
         seq = [(r["source"], r["source_task"]) for r in job.mix_sequence(pass_no)]
         spec = spec_of(self.client.connection, self.job)
         log = weight_log(self.client.connection, self.job)
-        want = [(spec.sources[i], j) for i, j in pass_schedule(spec, log, pass_no, len(seq))]
+        sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
+        want = [
+            (spec.sources[i], j)
+            for i, j in pass_schedule(spec, log, pass_no, len(seq), task_sizes=sizes)
+        ]
         assert seq == want, "the handed-out sequence is the reference schedule's"
 
 
@@ -1231,3 +1251,20 @@ MixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_mixed_job(sm_url):
     MixedMachine.url = sm_url
     MixedMachine.TestCase("runTest").runTest()
+
+
+class SamplesMixedMachine(MixedMachine):
+    """MixedMachine with weights counting samples (``mix_by="samples"``): the sources'
+    tasks say their sizes (each at least the 50 samples the progress rule records), and
+    after every step the handed-out sequence is the reference's on those sizes
+    (lib/mix.lua ``choose_by_samples`` against ``taskq.mix._choose_by_samples``)."""
+
+    TASK_SIZES = ((150, 50), (60, 240), (90,))
+
+
+SamplesMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_mixed_job_by_samples(sm_url):
+    SamplesMixedMachine.url = sm_url
+    SamplesMixedMachine.TestCase("runTest").runTest()

@@ -1,6 +1,7 @@
 #!lua
 -- create: flip a staged job live in one O(1) step (readers see all of it or none).
--- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging (the hash of chunks written before)
+-- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging, sizes (the hash of chunks written
+--   before; a mixed job's tasks' sizes staged, '>I4' each, when its weights count samples)
 -- ARGV: replace (1|0), n_tasks (0: a stream's), then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
@@ -13,24 +14,32 @@ local done, open_job = lib.call.done, lib.call.open_job
 arg_enum(ARGV[1], 'replace', '0 1')
 local n_tasks = arg_int(ARGV[2], 'n_tasks', 0, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
-local stream = false
+local stream, by_samples = false, false
 for k = 3, #ARGV, 2 do
   if not smatch(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
   arg_text(ARGV[k + 1], ARGV[k], ARGV[k] == N.MIX and 65536 or 1024)  -- (a mixed job's sources)
   if ARGV[k] == N.STREAM and ARGV[k + 1] == 'open' then stream = true end
+  if ARGV[k] == N.MIX then
+    local ok, mix = pcall(cjson.decode, ARGV[k + 1])
+    if not ok or type(mix) ~= 'table' then arg_fail(ARGV[k], 'not a JSON object', '') end
+    by_samples = ok and type(mix) == 'table' and mix.by == 'samples'
+  end
 end
 -- (only a stream starts empty: its tasks are appended)
 if n_tasks == 0 and not stream then arg_fail('n_tasks', 'a job needs a task', ARGV[2]) end
 local bad = args_bad()
 if bad then return bad end
-local staging = KEYS[#KEYS]
+local staging, sizes = KEYS[#KEYS - 1], KEYS[#KEYS]
+local staged = {staging, sizes}
+if not by_samples then sizes = nil end
 local exists = rcall('EXISTS', K_META) == 1
 if exists and ARGV[1] ~= '1' then
-  rcall('UNLINK', staging)
+  rcall('UNLINK', unpk(staged))
   return done({C.JOB_EXISTS})
 end
-if rcall('HLEN', staging) ~= tonum(ARGV[2]) then
-  rcall('UNLINK', staging)
+if rcall('HLEN', staging) ~= tonum(ARGV[2])
+    or (sizes and rcall('STRLEN', sizes) ~= 4 * tonum(ARGV[2])) then
+  rcall('UNLINK', unpk(staged))
   return done({C.INVALID})
 end
 local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
@@ -38,6 +47,10 @@ rcall('UNLINK', unpk(job_keys()))
 if n_tasks > 0 then
   rcall('RENAME', staging, K_CHUNKS)
   rcall('PERSIST', K_CHUNKS)
+end
+if sizes then
+  rcall('RENAME', sizes, kc('mixsz'))
+  rcall('PERSIST', kc('mixsz'))
 end
 local fields = {}
 for k = 3, #ARGV do fields[#fields + 1] = ARGV[k] end

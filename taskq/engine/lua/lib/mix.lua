@@ -15,16 +15,18 @@
 -- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
 -- tasks, the tasks it gave in the pass, in the segment, and '>d' its weight; "s0" the same
 -- at the last page's start; ":<p>" as pass p was left);
+-- 'mixsz' the tasks' sizes in samples when the weights count them ('>I4' by task id);
 -- 'mixseq<p % 3>' pass p's tasks by position (8 hex digits each: SETRANGE / GETRANGE,
 -- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
-local rcall, tonum, smatch, sgmatch, ssub, srep, sformat, tconcat, lipairs =
-  redis.call, tonumber, string.match, string.gmatch, string.sub, string.rep, string.format,
+local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.gmatch, string.sub, string.format,
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack = math.max, math.min, unpack
-local spack, sunpack = struct.pack, struct.unpack
-local segment, choice, choose, settle =
-  lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle
+local segment, choice, choose, settle, choose_by_samples, sizes_reader =
+  lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
+  lib.mixrule.choose_by_samples, lib.mixrule.sizes_reader
+local unpack_state, pack_state = lib.mixrule.unpack_state, lib.mixrule.pack_state
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
@@ -64,43 +66,15 @@ local function next_change(slot)
   return -1
 end
 
--- A state's packed form for k sources (the '>ddddd' of its scalars, then its lists).
-local function state_format(k)
-  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k)
-end
-
--- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w
--- (each source's tasks, tasks given in the pass, in the segment, weight), o (first task
--- ids); `raw` the packed form while the state is unchanged.
-local function unpack_state(blob, kp)
-  local k = (#blob - 40) / 20
-  local v = {sunpack(state_format(k), blob)}
-  local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
-    n = {}, t = {}, c = {}, w = {}, o = {}}
-  local n, t, c, w, o, at = st.n, st.t, st.c, st.w, st.o, 0
-  for i = 1, k do
-    n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
-    o[i], at = at, at + n[i]
-  end
-  return st
-end
-
-local function pack_state(st)
-  if st.raw then return st.raw end
-  local n, t, c, w, k = st.n, st.t, st.c, st.w, #st.n
-  local v = {st.p, st.h, st.seg, st.nx, st.rs}
-  for i = 1, k do
-    v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
-  end
-  st.raw = spack(state_format(k), unpack(v))
-  return st.raw
+local function by_samples()
+  return spec().by == 'samples'
 end
 
 local function read_state()
   if ST == nil then
     local r = rcall('HMGET', kc('mix'), 's', 's0', 'kp')
     if r[1] then
-      ST = unpack_state(r[1], numbers(r[3] or ''))
+      ST = unpack_state(r[1], numbers(r[3] or ''), by_samples())
       ST.s0 = r[2]
     else
       ST = false
@@ -113,7 +87,7 @@ local function fresh_state(p, kp)
   local n, zero, k = spec().n, {}, #spec().n
   for i = 1, k do zero[i] = 0 end
   local start = p * mnum(F.N)
-  local st = {p = p, h = 0, seg = 0, nx = next_change(start), rs = 1, kp = kp, n = n,
+  local st = {p = p, h = 0, seg = 0, nx = next_change(start), rs = 1, kp = kp, n = n, sm = by_samples(),
     t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), o = {}}
   local at = 0
   for i = 1, k do st.o[i], at = at, at + n[i] end
@@ -151,7 +125,7 @@ local function saved_state(p, kp)
   local sfx = ':' .. fmt(p)
   local r = rcall('HMGET', kc('mix'), 's' .. sfx, 's0' .. sfx, 'd' .. sfx)
   if not r[1] then return nil end
-  local st = unpack_state(r[1], kp)
+  local st = unpack_state(r[1], kp, by_samples())
   st.s0 = r[2]
   return st, tonum(r[3] or '0')
 end
@@ -235,6 +209,11 @@ local function charge_page(st, upto)
   end
   st.raw = nil
   local out, act, w, d, ch = {}, nil, nil, 0, nil
+  local size_of, m_samples = nil, 0
+  if by_samples() then
+    size_of = sizes_reader(kc('mixsz'))
+    for i = 1, k do m_samples = m_samples + c[i] end
+  end
   for h = h0, last - 1 do
     local slot = base + h
     if st.nx >= 0 and slot >= st.nx then
@@ -243,7 +222,7 @@ local function charge_page(st, upto)
       st.rs = 1
     end
     if st.rs == 1 then
-      st.seg, st.rs, act = h, 0, nil
+      st.seg, st.rs, act, m_samples = h, 0, nil, 0
       for i = 1, k do c[i] = 0 end
     end
     local m = h - st.seg + 1
@@ -253,6 +232,9 @@ local function charge_page(st, upto)
       local task = tonum(ssub(kept, at + 1, at + 8), 16)
       best = k
       while o[best] > task do best = best - 1 end
+    elseif size_of then
+      if not act then act, w = segment(t, n, st.w) end
+      best = choose_by_samples(w, c, t, o, size_of, m_samples)
     else
       if not act then
         act, w, d = segment(t, n, st.w)
@@ -260,7 +242,9 @@ local function charge_page(st, upto)
       end
       best = choose(ch, act, m)
     end
-    local tb, cb = t[best] + 1, c[best] + 1
+    local step = 1
+    if size_of then step = size_of(o[best] + t[best]); m_samples = m_samples + step end
+    local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
     if tb >= n[best] then
       st.rs = 1  -- (drop: the others renormalise from here)
@@ -366,7 +350,7 @@ local function mix_set(ws, at)
       -- charged ahead past `at`: the state at `at` made again from the page's start by
       -- the positions stored before `at` (the log below `at` is as it was), and those from
       -- `at` on dropped: the lease that reaches `at` charges them, with the change
-      local back = unpack_state(st.s0, st.kp)
+      local back = unpack_state(st.s0, st.kp, by_samples())
       back.s0, back.nx, back.raw = st.s0, next_change(base + back.h - 1), nil
       ST = back
       charge_page(back, at - base)

@@ -1,7 +1,10 @@
 -- mixrule.lua: a mixed job's deadline rule (docs/mixing.md, "Slots and the schedule"), the
--- choice of a slot's source in O(log k) for lib/mix.lua's charge (taskq/mix.py
+-- choice of a slot's source in O(log k) for lib/mix.lua's charge, and the rule when the
+-- weights count samples; the schedule's state's packed form (taskq/mix.py
 -- `pass_schedule` is the reference: a scan of every source, the same comparisons).
-local lipairs, mceil, tremove = ipairs, math.ceil, table.remove
+local lipairs, mceil, tremove, rcall, srep, unpack = ipairs, math.ceil, table.remove,
+  redis.call, string.rep, unpack
+local spack, sunpack = struct.pack, struct.unpack
 
 -- A segment's weights (the logged ones `wn` over the sources not run out;
 -- when only sources of weight 0 are left, equal shares of them), the sources with a share
@@ -132,4 +135,74 @@ local function settle(ch, i, c, w, d, m)
   end
 end
 
-return {segment = segment, choice = choice, choose = choose, settle = settle}
+-- When the weights count samples: a reader of the tasks' sizes kept in `key` ('>I4' by
+-- task id), a block of 256 read at once (the blocks a page touches: two a source at most).
+local function sizes_reader(key)
+  local blocks, per = {}, 256
+  return function(id)
+    local b = (id - id % per) / per
+    local blk = blocks[b]
+    if not blk then
+      blk = rcall('GETRANGE', key, b * per * 4, (b + 1) * per * 4 - 1)
+      blocks[b] = blk
+    end
+    return (sunpack('>I4', blk, (id - b * per) * 4 + 1))
+  end
+end
+
+-- The slot's source when the weights count samples (taskq/mix.py `_choose_by_samples`, the
+-- same comparisons so the same floats decide): among the sources not ahead (c_i <= w_i *
+-- M, c_i its samples in the segment, M all of them), the one whose next task (task id
+-- o_i + t_i) ends first, (c_i + s_i) / w_i, the lowest index on a tie; none not ahead: the
+-- earliest end of all. A scan: O(k) a slot.
+local function choose_by_samples(w, c, t, o, size_of, m_samples)
+  local best, anyone, best_f, any_f = nil, nil, 0, 0
+  for i = 1, #w do
+    local wi = w[i]
+    if wi > 0 then
+      local f = (c[i] + size_of(o[i] + t[i])) / wi
+      if c[i] <= wi * m_samples and (not best or f < best_f) then best, best_f = i, f end
+      if not anyone or f < any_f then anyone, any_f = i, f end
+    end
+  end
+  return best or anyone
+end
+
+-- The schedule's state (lib/mix.lua) packed: '>ddddd' its scalars, then per source '>I4'
+-- its tasks, the tasks it gave in the pass, in the segment ('>d' when `sm`: the weights
+-- count samples), and '>d' its weight.
+local function state_format(k, sm)
+  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) end
+  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k)
+end
+
+-- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w
+-- (each source's tasks, tasks given in the pass, in the segment, weight), o (first task
+-- ids), sm; `raw` the packed form while the state is unchanged.
+local function unpack_state(blob, kp, sm)
+  local k = (#blob - 40) / (sm and 24 or 20)
+  local v = {sunpack(state_format(k, sm), blob)}
+  local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
+    n = {}, t = {}, c = {}, w = {}, o = {}, sm = sm}
+  local n, t, c, w, o, at = st.n, st.t, st.c, st.w, st.o, 0
+  for i = 1, k do
+    n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
+    o[i], at = at, at + n[i]
+  end
+  return st
+end
+
+local function pack_state(st)
+  if st.raw then return st.raw end
+  local n, t, c, w, k = st.n, st.t, st.c, st.w, #st.n
+  local v = {st.p, st.h, st.seg, st.nx, st.rs}
+  for i = 1, k do
+    v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
+  end
+  st.raw = spack(state_format(k, st.sm), unpack(v))
+  return st.raw
+end
+
+return {segment = segment, choice = choice, choose = choose, settle = settle,
+  unpack_state = unpack_state, pack_state = pack_state,
+  choose_by_samples = choose_by_samples, sizes_reader = sizes_reader}
