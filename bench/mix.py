@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_instructions import _commands, _server, _total  # noqa: E402
+from server_instructions import _batch, _server, _total, _window  # noqa: E402
 
 
 def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, float]:
@@ -50,28 +50,14 @@ def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, f
             for s in range(sources):
                 client.create_job(f"src{s}", chunks[s * per : (s + 1) * per])
             client.create_job("cg", mix={f"src{s}": s + 1 for s in range(sources)}, passes=None)
-        batch = 16 if shape.startswith("batches") else 1
-        prefetch = int(shape.split()[1]) if shape.startswith("prefetch") else 0
-        trainer = taskq.Trainer(
-            "cg", url=url, prefetch=prefetch, heartbeat=False, handle_signals=False, worker_ttl=3600
-        )
-        items = iter(trainer) if batch == 1 else trainer.batches(batch)
-        for _ in range(100):
-            next(items)
-        admin.config_resetstat()
-        subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
-        for _ in range(calls):
-            next(items)
-        subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
-        fcalls, others = _commands(admin)
-        trainer.close()
+        fcalls, others = _window(server, admin, url, shape, calls)
         dump = keep or os.path.join(d, "kept.cg")
         instr = _total(out, dump)
         own = _inside_fcalls(dump)
         return {
-            "task": instr / (calls * batch) / 1000,
+            "task": instr / (calls * _batch(shape)) / 1000,
             "call": instr / fcalls / 1000,
-            "own": own / (calls * batch) / 1000,
+            "own": own / (calls * _batch(shape)) / 1000,
         }
     finally:
         server.terminate()

@@ -99,6 +99,43 @@ def _commands(admin: redis.Redis) -> tuple[int, int]:
     return fcalls, others
 
 
+def _batch(shape: str) -> int:
+    """Tasks a call leases in ``shape``."""
+    return 16 if shape.startswith("batches") else 1
+
+
+def _window(
+    server: subprocess.Popen[bytes], admin: redis.Redis, url: str, shape: str, calls: int
+) -> tuple[int, int]:
+    """Lease job "cg" in ``shape`` for 100 calls (warm), then ``calls`` more between
+    callgrind's zeroed counters and its dump: (FCALLs, all other commands) of that window."""
+    import taskq
+
+    batch = _batch(shape)
+    prefetch = int(shape.split()[1]) if shape.startswith("prefetch") else 0
+    # no heartbeats (a second's cost, not a call's), so an hour's ttl: lease and ack do
+    # not renew a worker, and under valgrind the window runs past the 5 s default
+    trainer = taskq.Trainer(
+        "cg",
+        url=url,
+        prefetch=prefetch,
+        heartbeat=False,
+        handle_signals=False,
+        worker_ttl=3600,
+    )
+    items = iter(trainer) if batch == 1 else trainer.batches(batch)
+    for _ in range(100):
+        next(items)
+    admin.config_resetstat()
+    subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
+    for _ in range(calls):
+        next(items)
+    subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
+    counted = _commands(admin)
+    trainer.close()
+    return counted
+
+
 def measure(shape: str, calls: int, keep: str = "") -> dict[str, float]:
     """Thousands of server instructions per FCALL and per task of `shape` (this
     interpreter's taskq), and Redis commands per FCALL."""
@@ -111,32 +148,11 @@ def measure(shape: str, calls: int, keep: str = "") -> dict[str, float]:
         url = f"redis://127.0.0.1:{port}/0"
         client = taskq.connect(url)
         client.create_job("cg", [{"i": i} for i in range(calls * 16 + 2_000)], passes=None)
-        batch = 16 if shape.startswith("batches") else 1
-        prefetch = int(shape.split()[1]) if shape.startswith("prefetch") else 0
-        # no heartbeats (a second's cost, not a call's), so an hour's ttl: lease and ack do
-        # not renew a worker, and under valgrind the window runs past the 5 s default
-        trainer = taskq.Trainer(
-            "cg",
-            url=url,
-            prefetch=prefetch,
-            heartbeat=False,
-            handle_signals=False,
-            worker_ttl=3600,
-        )
-        items = iter(trainer) if batch == 1 else trainer.batches(batch)
-        for _ in range(100):
-            next(items)
-        admin.config_resetstat()
-        subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
-        for _ in range(calls):
-            next(items)
-        subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
-        fcalls, others = _commands(admin)
-        trainer.close()
+        fcalls, others = _window(server, admin, url, shape, calls)
         total = _total(out, keep)
         return {
             "call": total / fcalls / 1000,
-            "task": total / (calls * batch) / 1000,
+            "task": total / (calls * _batch(shape)) / 1000,
             "cmds": (others + fcalls) / fcalls,
         }
     finally:

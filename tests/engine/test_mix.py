@@ -66,6 +66,17 @@ def _segments_ok(spec: MixSpec, log: list[tuple[int, list[str]]], seq: list[tupl
             restart = True
 
 
+def _weights_and_log(data, k: int, slots: int, changes: int = 4) -> tuple[tuple, list]:
+    """Drawn: a pass's first weights for ``k`` sources and up to ``changes`` changes at
+    slots below ``slots`` (each with a weight above 0)."""
+    some = st.lists(weights_st, min_size=k, max_size=k).filter(
+        lambda ws: any(float(w) > 0 for w in ws)
+    )
+    first = data.draw(some)
+    log = data.draw(st.lists(st.tuples(st.integers(0, slots - 1), some), max_size=changes))
+    return tuple(first), [(at, ws) for at, ws in log]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
@@ -73,24 +84,8 @@ def _segments_ok(spec: MixSpec, log: list[tuple[int, list[str]]], seq: list[tupl
 )
 def test_reference_schedule_keeps_every_prefix_within_the_bound(sizes, data):
     k = len(sizes)
-    first = data.draw(
-        st.lists(weights_st, min_size=k, max_size=k).filter(
-            lambda ws: any(float(w) > 0 for w in ws)
-        )
-    )
-    spec = MixSpec(tuple(f"s{i}" for i in range(k)), tuple(sizes), tuple(first))
-    changes = data.draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, sum(sizes) - 1),
-                st.lists(weights_st, min_size=k, max_size=k).filter(
-                    lambda ws: any(float(w) > 0 for w in ws)
-                ),
-            ),
-            max_size=4,
-        )
-    )
-    log = [(at, ws) for at, ws in changes]
+    first, log = _weights_and_log(data, k, sum(sizes))
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), tuple(sizes), first)
     seq = list(pass_schedule(spec, log, 0))
     assert len(seq) == sum(sizes)
     _segments_ok(spec, log, seq)
@@ -151,25 +146,9 @@ def test_reference_by_samples_keeps_every_prefix_within_the_largest_task(task_si
     backlogged, and in every prefix of every segment a source's samples are within the
     largest task of ``w * M``."""
     k = len(task_sizes)
-    first = data.draw(
-        st.lists(weights_st, min_size=k, max_size=k).filter(
-            lambda ws: any(float(w) > 0 for w in ws)
-        )
-    )
     sizes = tuple(len(s) for s in task_sizes)
-    spec = MixSpec(tuple(f"s{i}" for i in range(k)), sizes, tuple(first), by="samples")
-    changes = data.draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, sum(sizes) - 1),
-                st.lists(weights_st, min_size=k, max_size=k).filter(
-                    lambda ws: any(float(w) > 0 for w in ws)
-                ),
-            ),
-            max_size=4,
-        )
-    )
-    log = [(at, ws) for at, ws in changes]
+    first, log = _weights_and_log(data, k, sum(sizes))
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), sizes, first, by="samples")
     seq = list(pass_schedule(spec, log, 0, task_sizes=task_sizes))
     assert len(seq) == sum(sizes)
     _sample_segments_ok(spec, log, seq, task_sizes)
@@ -266,16 +245,14 @@ def _sized_sources(client: taskq.Client, sizes: dict[str, list[int]], tag: str) 
 )
 @given(data=st.data())
 def test_engine_equals_the_reference_by_samples(client, data):
-    # Weights counting samples: the engine's choice (lib/mix.lua choose_by_samples) on the
+    # Weights counting samples: the engine's choice (lib/mixrule.lua choose_by_samples) on the
     # sizes the create stored against the reference's on the sizes given, page after page,
     # with weights of 0 and changes logged inside a page and across pages.
     k = data.draw(st.integers(2, 12))
     sizes = data.draw(
         st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=40), min_size=k, max_size=k)
     )
-    first = data.draw(
-        st.lists(weights_st, min_size=k, max_size=k).filter(lambda ws: any(float(w) for w in ws))
-    )
+    first, changes = _weights_and_log(data, k, sum(len(r) for r in sizes), changes=3)
     tag = f"mx{next(_ids)}"
     names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(sizes)}, tag)
     mix = f"{tag}-mix"
@@ -283,18 +260,6 @@ def test_engine_equals_the_reference_by_samples(client, data):
         mix, mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)}, mix_by="samples"
     )
     job = client.job(mix)
-    total = sum(len(r) for r in sizes)
-    changes = data.draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, total - 1),
-                st.lists(weights_st, min_size=k, max_size=k).filter(
-                    lambda ws: any(float(w) for w in ws)
-                ),
-            ),
-            max_size=3,
-        )
-    )
     for at, ws in changes:
         job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
     tasks = _drain(client, mix)
@@ -333,25 +298,12 @@ def test_engine_equals_the_reference_with_many_sources(client, data):
     # with weights of 0, near ties and changes logged inside a page and across pages.
     k = data.draw(st.integers(2, 64))
     sizes = data.draw(st.lists(st.integers(1, 6), min_size=k, max_size=k))
-    first = data.draw(
-        st.lists(weights_st, min_size=k, max_size=k).filter(lambda ws: any(float(w) for w in ws))
-    )
+    first, changes = _weights_and_log(data, k, sum(sizes), changes=3)
     tag = f"mx{next(_ids)}"
     names = _sources(client, {f"s{i}": n for i, n in enumerate(sizes)}, tag)
     mix = f"{tag}-mix"
     client.create_job(mix, mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)})
     job = client.job(mix)
-    changes = data.draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, sum(sizes) - 1),
-                st.lists(weights_st, min_size=k, max_size=k).filter(
-                    lambda ws: any(float(w) for w in ws)
-                ),
-            ),
-            max_size=3,
-        )
-    )
     for at, ws in changes:
         job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
     tasks = _drain(client, mix)

@@ -48,6 +48,13 @@ def sm_url(redis_server):
     return redis_server.url
 
 
+#: The machines' jobs' limits: a worker lost after 3 s of silence, no task
+#: timeout, a task dead at its first failure or third started lease.
+LIMITS: dict[str, Any] = dict(
+    worker_ttl=3.0, heartbeat_interval=1.0, task_timeout=None, max_failures=1, max_attempts=3
+)
+
+
 class EngineMachine(RuleBasedStateMachine):
     url: str = ""
     backup_leases = False
@@ -89,11 +96,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.job,
             chunks=list(self.chunks),
             passes=self.passes,
-            worker_ttl=3.0,
-            heartbeat_interval=1.0,
-            task_timeout=None,
-            max_failures=1,
-            max_attempts=3,
+            **LIMITS,
             shuffle=True,
             seed=11,
             backup_leases=self.backup_leases,
@@ -1170,11 +1173,7 @@ class MixedMachine(EngineMachine):
             mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
             mix_by="tasks" if self.TASK_SIZES is None else "samples",
             passes=self.passes,
-            worker_ttl=3.0,
-            heartbeat_interval=1.0,
-            task_timeout=None,
-            max_failures=1,
-            max_attempts=3,
+            **LIMITS,
             manual_clock=True,
             auto_advance=False,
         )

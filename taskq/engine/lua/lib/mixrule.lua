@@ -84,19 +84,24 @@ local function due_at(c, w, d)
   return m
 end
 
+-- Source `i`, first due at position `at`, into the structure: the heap when it is due by
+-- position `now`, else the bucket of `at`.
+local function place(ch, i, at, now)
+  if at <= now then
+    heap_push(ch.hp, ch.dl, i)
+  else
+    ch.at[i] = at
+    local b = ch.wait[at]
+    if b then b[#b + 1] = i else ch.wait[at] = {i} end
+  end
+end
+
 -- The choice's structure for the segment's sources `act` from segment position m on.
 local function choice(act, c, w, d, m)
   local ch = {hp = {}, dl = {}, at = {}, wait = {}}
   for _, i in lipairs(act) do
     ch.dl[i] = (c[i] + d) / w[i]
-    local at = due_at(c[i], w[i], d)
-    if at <= m then
-      heap_push(ch.hp, ch.dl, i)
-    else
-      ch.at[i] = at
-      local b = ch.wait[at]
-      if b then b[#b + 1] = i else ch.wait[at] = {i} end
-    end
+    place(ch, i, due_at(c[i], w[i], d), m)
   end
   return ch
 end
@@ -125,14 +130,7 @@ end
 -- structure.
 local function settle(ch, i, c, w, d, m)
   ch.dl[i] = (c + d) / w
-  local at = due_at(c, w, d)
-  if at <= m + 1 then
-    heap_push(ch.hp, ch.dl, i)
-  else
-    ch.at[i] = at
-    local b = ch.wait[at]
-    if b then b[#b + 1] = i else ch.wait[at] = {i} end
-  end
+  place(ch, i, due_at(c, w, d), m + 1)
 end
 
 -- When the weights count samples: a reader of the tasks' sizes kept in `key` ('>I4' by
