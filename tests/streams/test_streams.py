@@ -979,9 +979,12 @@ def test_a_change_within_the_folders_timestamp_grain_of_its_listing_is_found(
     """A file system whose timestamps are coarse (1-2 s) or a server whose clock runs
     ahead can leave a folder's mtime as the follower last saw it after a file is added:
     the folder is listed again until a listing came more than the grain after its
-    mtime. Here the folder's mtime is a second ahead, and after the listing that found
-    ``b`` a file ``c`` is added and the mtime put back: found at the next interval
-    (before: the mtime was trusted once 2 s old by the clock, ``c`` never listed)."""
+    mtime. Here the folder's mtime is 7 s ahead, so every listing up to the one that
+    found ``b`` came within the grain of it; the follower is then stopped (SIGSTOP) until
+    the clock is past the grain, ``c`` is added and the mtime put back: found at the
+    next interval (before: the mtime was trusted once 2 s old by the clock, ``c`` never
+    listed). Stopping the follower keeps its listings within the grain however slowly
+    this test gets to add ``c`` (a 3 s window without it, missed once under load)."""
     client.create_job(job_name, chunks=[], stream=True)
     folder = tmp_path / "in"
     folder.mkdir()
@@ -992,11 +995,16 @@ def test_a_change_within_the_folders_timestamp_grain_of_its_listing_is_found(
     with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "3")) as said:
         assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1, 60)
         (folder / "b.jsonl").write_text('{"x": 2}\n')
-        ahead = time.time() + 1.0
+        ahead = time.time() + 7.0
         os.utime(folder, (ahead, ahead))
         assert support.wait_until(lambda: said.count("b.jsonl: 1 tasks appended") == 1, 30)
-        (folder / "c.jsonl").write_text('{"x": 3}\n')
-        os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
+        said.proc.send_signal(signal.SIGSTOP)  # its listings so far: within the grain
+        try:
+            assert support.wait_until(lambda: time.time() > ahead + 2.5, 20)
+            (folder / "c.jsonl").write_text('{"x": 3}\n')
+            os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
+        finally:
+            said.proc.send_signal(signal.SIGCONT)
         assert support.wait_until(lambda: said.count("c.jsonl: 1 tasks appended") == 1, 30), (
             "".join(said.lines)
         )
