@@ -402,16 +402,24 @@ def test_a_sharded_job_is_never_mixed_and_says_so(client):
     assert f"{tag}-m" not in client.list_jobs()
 
 
-def test_rewind_replays_the_same_slots(client):
+def _checkpoint_at_100_leased_to_180(client):
+    """A mixed job of 3 sources (150, 100, 50 tasks; weights 0.5, 0.3, 0.2), leased and
+    acked to slot 100, a checkpoint there, then to 180: (its name, the sources' names, the
+    checkpoint, slots 100..179)."""
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
     mix = f"{tag}-mix"
     client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.3, names["c"]: 0.2})
-    job = client.job(mix)
     with taskq.Trainer(mix, client=client) as t:
         _lease_ack(t, 100)
-        ckpt = job.checkpoint()
-        first = _lease_ack(t, 80)  # slots 100..179
+        ckpt = client.job(mix).checkpoint()
+        first = _lease_ack(t, 80)
+    return mix, names, ckpt, first
+
+
+def test_rewind_replays_the_same_slots(client):
+    mix, names, ckpt, first = _checkpoint_at_100_leased_to_180(client)
+    job = client.job(mix)
     # weights set now hold from slot 180, after everything charged: the replay keeps them
     assert job.set_weights({names["a"]: 0.1, names["b"]: 0.1, names["c"]: 0.8}) == 180
     assert job.rewind(ckpt)
@@ -429,15 +437,8 @@ def test_weights_set_after_a_rewind_hold_past_the_slots_handed_out_before_it(cli
     """A rewind moves the cursor back, not how far leases reached: weights set after it hold
     from slot 180, and the replay of 100..179 is the same (a reach read from the cursor
     alone fails it: next_slot 100)."""
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"a": 150, "b": 100, "c": 50}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.3, names["c"]: 0.2})
+    mix, names, ckpt, first = _checkpoint_at_100_leased_to_180(client)
     job = client.job(mix)
-    with taskq.Trainer(mix, client=client) as t:
-        _lease_ack(t, 100)
-        ckpt = job.checkpoint()
-        first = _lease_ack(t, 80)  # slots 100..179
     assert job.rewind(ckpt)
     assert job.mix_status()["next_slot"] == 180
     assert job.set_weights({names["a"]: 0.1, names["b"]: 0.1, names["c"]: 0.8}) == 180
