@@ -27,6 +27,27 @@ weights_st = st.floats(min_value=0.0, max_value=10.0, allow_nan=False).map(
 )
 
 
+def _segment_weights(
+    spec: MixSpec, log: list[tuple[int, list[str]]], pos: int, taken: list[int]
+) -> list[float]:
+    """The weights of a segment starting at ``pos``, re-derived here (not by the reference):
+    the change of the highest slot at or below ``pos`` (of one slot, the last logged),
+    normalised over the sources with tasks left and weight above 0; when none of those has
+    weight, the sources left share equally."""
+    weights = list(spec.weights)
+    for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+        if at <= pos:
+            weights = ws
+    left = [i for i in range(len(spec.sizes)) if taken[i] < spec.sizes[i]]
+    total = sum(float(weights[i]) for i in left if float(weights[i]) > 0)
+    if total == 0:
+        return [1 / len(left) if i in left else 0.0 for i in range(len(spec.sizes))]
+    return [
+        float(weights[i]) / total if i in left and float(weights[i]) > 0 else 0.0
+        for i in range(len(spec.sizes))
+    ]
+
+
 def _segments_ok(spec: MixSpec, log: list[tuple[int, list[str]]], seq: list[tuple[int, int]]):
     """Every prefix of every segment of ``seq`` (pass 0) within the bound; each source's
     tasks once, in order. Segments re-derived here from the log and the run-outs."""
@@ -41,20 +62,7 @@ def _segments_ok(spec: MixSpec, log: list[tuple[int, list[str]]], seq: list[tupl
         if pos in changes:
             restart = True
         if restart:
-            weights = list(spec.weights)
-            # the change of the highest slot at or below pos; of one slot, the last logged
-            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
-                if at <= pos:
-                    weights = ws
-            left = [i for i in range(k) if taken[i] < spec.sizes[i]]
-            total = sum(float(weights[i]) for i in left if float(weights[i]) > 0)
-            if total > 0:
-                w = [
-                    float(weights[i]) / total if i in left and float(weights[i]) > 0 else 0.0
-                    for i in range(k)
-                ]
-            else:
-                w = [1 / len(left) if i in left else 0.0 for i in range(k)]
+            w = _segment_weights(spec, log, pos, taken)
             seg_start, counts, restart = pos, [0] * k, False
         counts[src] += 1
         taken[src] += 1
@@ -109,21 +117,7 @@ def _sample_segments_ok(
     restart = True
     for pos, (src, j) in enumerate(seq):
         if pos in changes or restart:
-            weights = list(spec.weights)
-            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
-                if at <= pos:
-                    weights = ws
-            left = [i for i in range(k) if taken[i] < spec.sizes[i]]
-            pos_w = sum(float(weights[i]) for i in left if float(weights[i]) > 0)
-            w = [
-                (float(weights[i]) / pos_w if float(weights[i]) > 0 else 0.0)
-                if pos_w > 0
-                else 1 / len(left)
-                if i in left
-                else 0.0
-                for i in range(k)
-            ]
-            w = [w[i] if i in left else 0.0 for i in range(k)]
+            w = _segment_weights(spec, log, pos, taken)
             counts, total, restart = [0] * k, 0, False
         counts[src] += task_sizes[src][j]
         total += task_sizes[src][j]
