@@ -680,26 +680,48 @@ def test_cli_append_files_twice_adds_them_once(url, client, job_name, tmp_path):
 FOLLOWER_START_S = 60.0
 
 
+#: The followers this test process started; each test's are killed at its end if still
+#: running (a test that failed half way leaves none behind).
+_FOLLOWERS: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_follower_left() -> Any:
+    yield
+    while _FOLLOWERS:
+        proc = _FOLLOWERS.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _started(proc: subprocess.Popen) -> subprocess.Popen:
+    _FOLLOWERS.append(proc)
+    return proc
+
+
 def _follow(url: str, job: str, pattern: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            support.ENTRY_POINT,
-            "--url",
-            url,
-            "job",
-            "follow",
-            job,
-            "--files",
-            pattern,
-            "--every",
-            "0.05",
-            "--records-per-chunk",
-            "1",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    return _started(
+        subprocess.Popen(
+            [
+                support.ENTRY_POINT,
+                "--url",
+                url,
+                "job",
+                "follow",
+                job,
+                "--files",
+                pattern,
+                "--every",
+                "0.05",
+                "--records-per-chunk",
+                "1",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
 
 
@@ -773,15 +795,6 @@ class _Said:
         code = self.proc.wait(timeout=20)
         self.reader.join(timeout=5)
         return code
-
-    def __enter__(self) -> _Said:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """A test that failed leaves no follower running."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def test_follow_appends_a_file_written_across_listings_once_whole(url, client, job_name, tmp_path):
@@ -884,12 +897,14 @@ def _follow_counted(
     url: str, job: str, pattern: str, under: Path, listings: Path, *extra: str
 ) -> subprocess.Popen:
     env = dict(os.environ, LISTINGS_UNDER=str(under), LISTINGS_FILE=str(listings))
-    return subprocess.Popen(
-        [sys.executable, "-c", _COUNTED_FOLLOWER, "--url", url, "job", "follow", job]
-        + ["--files", pattern, "--every", "0.05", "--records-per-chunk", "1", *extra],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    return _started(
+        subprocess.Popen(
+            [sys.executable, "-c", _COUNTED_FOLLOWER, "--url", url, "job", "follow", job]
+            + ["--files", pattern, "--every", "0.05", "--records-per-chunk", "1", *extra],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     )
 
 
@@ -916,23 +931,23 @@ def test_an_idle_follower_over_several_folders_lists_none_of_them_again(
         os.utime(folder, (1, 1))  # old: its mtime is trusted at once
     listings = tmp_path / "listings.txt"
     pattern = str(data / "day-*" / "*.jsonl")
-    with _Said(_follow_counted(url, job_name, pattern, data, listings, "--settle", "0")) as said:
-        assert support.wait_until(lambda: said.count("tasks appended") == 15, FOLLOWER_START_S)
-        idle_from = len(_listed_folders(listings))
-        # 40 intervals with nothing new: the parent listed 40 times, nothing else
-        assert support.wait_until(
-            lambda: _listed_folders(listings)[idle_from:].count(str(data)) >= 40, timeout=60
-        )
-        idle = _listed_folders(listings)[idle_from:]
-        assert set(idle) == {str(data)}, idle
-        (folders[1] / "new.jsonl").write_text('{"x": 2}\n')
-        assert support.wait_until(lambda: client.status(job_name).tasks == 16)
-        moved = [p for p in _listed_folders(listings)[idle_from:] if p != str(data)]
-        assert set(moved) == {str(folders[1])}, moved
-        (data / "day-9").mkdir()
-        (data / "day-9" / "first.jsonl").write_text('{"x": 3}\n')
-        assert support.wait_until(lambda: client.status(job_name).tasks == 17)
-        assert said.stop() == 0
+    said = _Said(_follow_counted(url, job_name, pattern, data, listings, "--settle", "0"))
+    assert support.wait_until(lambda: said.count("tasks appended") == 15, FOLLOWER_START_S)
+    idle_from = len(_listed_folders(listings))
+    # 40 intervals with nothing new: the parent listed 40 times, nothing else
+    assert support.wait_until(
+        lambda: _listed_folders(listings)[idle_from:].count(str(data)) >= 40, timeout=60
+    )
+    idle = _listed_folders(listings)[idle_from:]
+    assert set(idle) == {str(data)}, idle
+    (folders[1] / "new.jsonl").write_text('{"x": 2}\n')
+    assert support.wait_until(lambda: client.status(job_name).tasks == 16)
+    moved = [p for p in _listed_folders(listings)[idle_from:] if p != str(data)]
+    assert set(moved) == {str(folders[1])}, moved
+    (data / "day-9").mkdir()
+    (data / "day-9" / "first.jsonl").write_text('{"x": 3}\n')
+    assert support.wait_until(lambda: client.status(job_name).tasks == 17)
+    assert said.stop() == 0
     assert said.count("tasks appended") == 17
 
 
@@ -957,17 +972,16 @@ def test_a_file_growing_in_an_unchanged_folder_is_appended_once_whole_when_anoth
         os.utime(d, (1, 1))  # old folders: only a change moves them
     pattern = str(data / "day-*" / "*.jsonl")
     said = _Said(_follow(url, job_name, pattern, "--every", "2", "--settle", "1h"))
-    with said:
-        assert support.wait_until(lambda: said.count("growing.jsonl: new (") == 1, FOLLOWER_START_S)
-        with growing.open("a") as f:  # the rest, in place: day-0 does not move
-            f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
-        (day1 / "other.jsonl").write_text('{"x": 1}\n')  # day-1 moves: a listing
-        assert support.wait_until(
-            lambda: said.count("growing.jsonl: 100 tasks appended") == 1, timeout=60
-        ), said.lines
-        (day0 / "later.jsonl").write_text('{"x": 2}\n')  # day-0 moves: listed again
-        assert support.wait_until(lambda: said.count("later.jsonl: 1 tasks appended") == 1, 60)
-        assert said.stop() == 0
+    assert support.wait_until(lambda: said.count("growing.jsonl: new (") == 1, FOLLOWER_START_S)
+    with growing.open("a") as f:  # the rest, in place: day-0 does not move
+        f.write("".join(f'{{"x": {k}}}\n' for k in range(50, 100)))
+    (day1 / "other.jsonl").write_text('{"x": 1}\n')  # day-1 moves: a listing
+    assert support.wait_until(
+        lambda: said.count("growing.jsonl: 100 tasks appended") == 1, timeout=60
+    ), said.lines
+    (day0 / "later.jsonl").write_text('{"x": 2}\n')  # day-0 moves: listed again
+    assert support.wait_until(lambda: said.count("later.jsonl: 1 tasks appended") == 1, 60)
+    assert said.stop() == 0
     assert said.count("growing.jsonl:") == 3, "".join(said.lines)  # new, growing, appended
     assert said.count("tasks appended") == 5  # 2 old, growing, other, later
     assert client.status(job_name).tasks == 2 + 100 + 1 + 1
@@ -992,23 +1006,23 @@ def test_a_change_within_the_folders_timestamp_grain_of_its_listing_is_found(
     os.utime(folder / "a.jsonl", (1, 1))
     os.utime(folder, (1, 1))
     pattern = str(folder / "*.jsonl")
-    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "3")) as said:
-        assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1, 60)
-        (folder / "b.jsonl").write_text('{"x": 2}\n')
-        ahead = time.time() + 7.0
-        os.utime(folder, (ahead, ahead))
-        assert support.wait_until(lambda: said.count("b.jsonl: 1 tasks appended") == 1, 30)
-        said.proc.send_signal(signal.SIGSTOP)  # its listings so far: within the grain
-        try:
-            assert support.wait_until(lambda: time.time() > ahead + 2.5, 20)
-            (folder / "c.jsonl").write_text('{"x": 3}\n')
-            os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
-        finally:
-            said.proc.send_signal(signal.SIGCONT)
-        assert support.wait_until(lambda: said.count("c.jsonl: 1 tasks appended") == 1, 30), (
-            "".join(said.lines)
-        )
-        assert said.stop() == 0
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "3"))
+    assert support.wait_until(lambda: said.count("a.jsonl: 1 tasks appended") == 1, 60)
+    (folder / "b.jsonl").write_text('{"x": 2}\n')
+    ahead = time.time() + 7.0
+    os.utime(folder, (ahead, ahead))
+    assert support.wait_until(lambda: said.count("b.jsonl: 1 tasks appended") == 1, 30)
+    said.proc.send_signal(signal.SIGSTOP)  # its listings so far: within the grain
+    try:
+        assert support.wait_until(lambda: time.time() > ahead + 2.5, 20)
+        (folder / "c.jsonl").write_text('{"x": 3}\n')
+        os.utime(folder, (ahead, ahead))  # the change left the mtime as it was
+    finally:
+        said.proc.send_signal(signal.SIGCONT)
+    assert support.wait_until(lambda: said.count("c.jsonl: 1 tasks appended") == 1, 30), "".join(
+        said.lines
+    )
+    assert said.stop() == 0
     assert client.status(job_name).tasks == 3
 
 
@@ -1049,11 +1063,11 @@ def test_follow_waiting_for_its_next_listing_stops_on_sigterm(url, client, job_n
     client.create_job(job_name, chunks=[], stream=True)
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
     pattern = str(tmp_path / "*.jsonl")
-    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "1h")) as said:
-        assert support.wait_until(
-            lambda: said.count("a.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
-        )
-        assert said.stop() == 0
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--every", "1h"))
+    assert support.wait_until(
+        lambda: said.count("a.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
+    )
+    assert said.stop() == 0
 
 
 def test_follow_passes_a_file_whose_name_is_not_utf8_and_appends_the_rest(
@@ -1066,15 +1080,13 @@ def test_follow_passes_a_file_whose_name_is_not_utf8_and_appends_the_rest(
     (tmp_path / os.fsdecode(b"caf\xe9.jsonl")).write_text('{"x": 1}\n')
     (tmp_path / "ok.jsonl").write_text('{"x": 2}\n')
     pattern = str(tmp_path / "*.jsonl")
-    with _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0")) as said:
-        assert support.wait_until(
-            lambda: said.count("ok.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
-        )
-        (tmp_path / "later.jsonl").write_text('{"x": 3}\n')
-        assert support.wait_until(
-            lambda: said.count("later.jsonl: 1 tasks appended") == 1, timeout=30
-        )
-        assert said.stop() == 0
+    said = _Said(_follow(url, job_name, pattern, "--settle", "0", "--horizon", "0"))
+    assert support.wait_until(
+        lambda: said.count("ok.jsonl: 1 tasks appended") == 1, FOLLOWER_START_S
+    )
+    (tmp_path / "later.jsonl").write_text('{"x": 3}\n')
+    assert support.wait_until(lambda: said.count("later.jsonl: 1 tasks appended") == 1, timeout=30)
+    assert said.stop() == 0
     assert said.count("caf\\xe9.jsonl not appended: its name is not UTF-8 (rename it)") == 1
     assert "Traceback" not in "".join(said.lines)
     assert client.status(job_name).tasks == 2
