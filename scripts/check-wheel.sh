@@ -16,7 +16,7 @@ root=$PWD
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # from a copy of what the wheel is built from: a build/ left in the tree would add stale
-# packages (setuptools warns that taskq/engine/lua is importable: package data; shown on a failure)
+# packages
 mkdir "$tmp/src"
 cp -r pyproject.toml setup.py README.md taskq cli "$tmp/src/"
 find "$tmp/src" -name __pycache__ -prune -exec rm -rf {} +
