@@ -45,7 +45,7 @@ def test_sigterm_releases_everything_at_once_with_progress_sent_first(
         wait_until(lambda: client.status(job_name).leased == 0, 1.0)  # the goal: within 1 s
         released_after = time.monotonic() - sent
         assert client.status(job_name).leased == 0, f"still leased after {released_after:.2f}s"
-        assert proc.wait(10) == 128 + signal.SIGTERM
+        assert proc.wait(60) == 128 + signal.SIGTERM  # (the exit: no time goal; load 20 took >10 s)
     finally:
         proc.kill()
         proc.wait()
