@@ -267,10 +267,56 @@ def test_engine_equals_the_reference_by_samples(client, data):
     assert spec.by == "samples"
     log = weight_log(client.connection, mix)
     want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 0, task_sizes=sizes)]
-    offsets = dict(zip(spec.sources, spec.offsets, strict=True))
-    assert [(t.source, t.id - offsets[t.source]) for t in tasks] == want
+    # each task is its slot, in order, and its chunks are the source task's the slot names
+    assert [t.id for t in tasks] == list(range(len(want)))
+    assert [(t.source, int(t.chunks[0]["path"].rsplit("/", 1)[1])) for t in tasks] == want
     assert _engine(client, mix) == want
     _sample_segments_ok(spec, log, [(spec.sources.index(s), j) for s, j in want], sizes)
+
+
+def test_a_mixed_jobs_tasks_are_its_slots_read_through_the_sequence(client):
+    # The engine's task of a mixed job is the slot (its position in the pass): a lease,
+    # `tasks list`, `tasks inspect`, the pass's samples and the audit read a slot's chunks
+    # through the stored sequence; a dead slot stays dead in the next pass (the source task
+    # charged there is skipped) and a retry leases it with that pass's source task.
+    tag = f"mx{next(_ids)}"
+    sizes = {"web": [5, 6, 7, 8, 9], "code": [20, 30, 40]}
+    names = _sized_sources(client, sizes, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.6, names["code"]: 0.4}, max_failures=1, passes=2)
+    job = client.job(mix)
+    want = _reference(client, mix)
+
+    def source_task(task: taskq.Task) -> tuple[str | None, int]:
+        return task.source, int(task.chunks[0]["path"].rsplit("/", 1)[1])
+
+    def size(slot: int) -> int:
+        source, j = want[slot]
+        return sizes[source.rsplit("-", 1)[1]][j]
+
+    with taskq.Trainer(mix, client=client) as t:
+        first = [t.lease(timeout=1) for _ in range(3)]
+        assert [x.id for x in first] == [0, 1, 2]
+        assert [source_task(x) for x in first] == want[:3]
+        rows = {r["id"]: r["chunks"] for r in job.tasks("leased", details=True)}
+        assert rows == {x.id: x.chunks for x in first}
+        assert job.task(1)["chunks"] == first[1].chunks
+        assert job.task(6)["chunks"] is None  # not handed out: its source task not fixed
+        t.fail(first[0], "poison")  # max_failures 1: slot 0 is dead
+        t.ack(first[1])
+        assert job.samples() == (size(0) + size(1), sum(map(sum, sizes.values())))
+        t.ack(first[2])
+        rest = _drain(client, mix)
+    assert [source_task(x) for x in rest] == want[3:] + want[1:]  # pass 1 skips dead slot 0
+    assert [x.pass_no for x in rest] == [0] * 5 + [1] * 7
+    audit = job.audit()
+    assert audit["ok"], audit["checks"]
+    assert client.status(mix).state == "completed"
+    assert _engine(client, mix, 1) == want  # slot 0 charged in pass 1 too, its task skipped
+    assert job.retry([0]) == 1
+    again = _drain(client, mix)
+    assert [(x.id, x.pass_no, source_task(x)) for x in again] == [(0, 1, want[0])]
+    assert job.audit()["ok"]
 
 
 def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
@@ -285,7 +331,10 @@ def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
     with pytest.raises(taskq.InvalidInput, match="mix_by must be one of tasks, samples"):
         client.create_job(mix, mix={names["a"]: 1}, mix_by="rows")
     client.create_job(mix, mix={names["a"]: 1}, mix_by="samples")  # sizes known: made
-    assert client.connection.redis.strlen(keys.mixsz) == 8
+    # (the sizes by source and block of 256: source 0's two tasks, 4 bytes each)
+    assert client.connection.redis.hgetall(keys.mixsz) == {
+        "0:0": "\x00\x00\x00\x03\x00\x00\x00\x04"
+    }
 
 
 @settings(

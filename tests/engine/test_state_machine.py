@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import taskq
 from taskq import integrity
-from taskq.admin.mix import kept_passes, spec_of, weight_log
+from taskq.admin.mix import copy_field, kept_passes, spec_of, task_fields, weight_log
 from taskq.admin.stats import parse_lease
 from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
@@ -1228,6 +1228,22 @@ class MixedMachine(EngineMachine):
             assert self.client.redis.hgetall(self.client.keys(self.job).meta) == meta
             return
         super().rewind(i)
+
+    @invariant()
+    def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
+        """A mixed job is never trimmed: every copy of its sources' tasks is kept under
+        its copy id, and each slot handed out in the pass reads the copy its sequence names
+        (admin/mix.py task_fields, what a lease, ``tasks list`` and the audit resolve)."""
+        conn, r = self.client.connection, self.client.redis
+        spec = spec_of(conn, self.job)
+        copies = [copy_field(i, j) for i, n in enumerate(spec.sizes) for j in range(n)]
+        assert all(c is not None for c in r.hmget(self.client.keys(self.job).chunks, copies))
+        assert r.hlen(self.client.keys(self.job).chunks) == len(copies)
+        rows = self.client.job(self.job).mix_sequence()
+        fields = task_fields(conn, self.job, [row["task"] for row in rows])
+        assert fields == [
+            copy_field(spec.sources.index(row["source"]), row["source_task"]) for row in rows
+        ]
 
     @invariant()
     def sequence_is_the_reference(self) -> None:

@@ -20,7 +20,8 @@ local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
-local mix_flush = lib.mix.mix_flush
+local mix_flush, mix_charge, mix_fields, mix_high, mix_sources = lib.mix.mix_flush,
+  lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_high, lib.mixslot.mix_sources
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -28,6 +29,7 @@ local reclaim = lib.reclaim.reclaim
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
+local MIXED = false  -- per call: a mixed job's take (lib/mix.lua)
 -- (cn: the call number's digits; task_n: the task's number when the caller has it, else nil)
 -- (buf: a batch's writes, leases.lua lw_new; nil: written at once)
 local function grant(task, worker, winc, cn, st, task_n, buf)
@@ -242,8 +244,10 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local n = mnum(F.N)
   if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn('charge')
+    local perm = perm_fn()
+    local charged = MIXED and mix_high() or n  -- (a mixed job's slots: charged first)
     while #out < want and cursor < n and steps < 1000 do
+      if cursor >= charged then charged = mix_charge(cursor) end
       local task_n = perm(cursor)
       local task = fmt(task_n)
       cursor = cursor + 1
@@ -253,7 +257,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
-    mix_flush()
+    if MIXED then mix_flush() end
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.
@@ -285,6 +289,7 @@ end
 local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
   SKIPPED = {}
+  MIXED = mget(F.SHUFFLE) == 'm'
   -- (a take of more than one gathers its grants' writes, leases.lua lw_new: made before
   -- anything else reads those keys; a steal, a split piece or a backup comes only when
   -- nothing was granted)
@@ -308,9 +313,12 @@ local function take(worker, winc, want, call_no, mode)
     rcall('ZADD', K_FRONT, p[2], p[1])
   end
   if #out > 0 then
-    local chunks = rcall('HMGET', K_CHUNKS, unpk(GRANTED))
+    -- (a mixed job's task is a slot: its chunks are its copy's, lib/mixslot.lua)
+    local fields = MIXED and mix_fields(GRANTED) or GRANTED
+    local chunks = rcall('HMGET', K_CHUNKS, unpk(fields))
     for k, g in lipairs(out) do g[4] = chunks[k] end
     add_starts(out, GRANTED)
+    if MIXED then mix_sources(out, fields) end
   end
   return out
 end
@@ -384,6 +392,7 @@ local function reset()
   BACKUP_AT = nil
   READS = nil
   PIECE_LEFT = false
+  MIXED = false
 end
 
 return {lease_part = lease_part, reset = reset}
