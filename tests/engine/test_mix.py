@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+from dataclasses import replace
+from importlib import resources
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,17 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
-from taskq.mix import MixSpec, bound, pass_schedule, sample_bound, weight_text
+from taskq.mix import (
+    Feed,
+    MixSpec,
+    Slot,
+    bound,
+    life_before,
+    pass_schedule,
+    plan_pass,
+    sample_bound,
+    weight_text,
+)
 
 _ids = itertools.count()
 
@@ -797,3 +809,306 @@ def test_the_weight_log_stays_bounded(client):
         _lease_ack(t, 1)  # into pass 6: kept are passes 4..6, and the change in force at 20
     assert [at for at, _ in weight_log(client.connection, mix)] == [17, 22, 27]
     assert _engine(client, mix, 4) == _reference(client, mix, 4)
+
+
+# -- the rules when a source runs out: cycle and stop (the reference, then lib/mixrule.lua) --
+def _units(task_sizes, src: int, task: int) -> int:
+    return 1 if task_sizes is None else task_sizes[src][task]
+
+
+def _whole_pass_bound_ok(spec: MixSpec, log, slots: list[Slot], task_sizes=None) -> None:
+    """``cycle`` and ``stop``: no source runs out inside a pass, so a segment starts only at
+    the pass's first slot and at a logged change; in every prefix of every segment each
+    source's count (slots, or samples with ``task_sizes``) is within the bound of ``w * m``,
+    the weights renormalised over the sources of positive weight. Segments re-derived here
+    from the log alone."""
+    changes = {at for at, _ in log}
+    most = None if task_sizes is None else sample_bound(task_sizes)
+    counts, total, w = [0] * len(spec.sizes), 0, [0.0] * len(spec.sizes)
+    for h, s in enumerate(slots):
+        if h == 0 or s.slot in changes:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= s.slot:
+                    weights = list(ws)
+            pos = sum(float(x) for x in weights if float(x) > 0)
+            w = [float(x) / pos if float(x) > 0 else 0.0 for x in weights]
+            counts, total = [0] * len(spec.sizes), 0
+        step = _units(task_sizes, s.source, s.task)
+        counts[s.source] += step
+        total += step
+        limit = bound(sum(1 for x in w if x > 0)) if most is None else most
+        for i, c in enumerate(counts):
+            assert abs(c - w[i] * total) <= limit + 1e-9 * (1 + total), (h, i, counts, w)
+
+
+def _drawn_mix(data, rule: str, passes: int, by: str = "tasks"):
+    """A spec of 1 to 5 sources (1 to 12 tasks each) under ``rule``, its weights changed up
+    to 4 times over ``passes`` passes, and with ``by="samples"`` every task's size."""
+    sizes = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+    k = len(sizes)
+    first, log = _weights_and_log(data, k, passes * sum(sizes))
+    task_sizes = None
+    if by == "samples":
+        task_sizes = [
+            data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)) for n in sizes
+        ]
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), tuple(sizes), first, rule, by)
+    return spec, log, task_sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_cycle_takes_each_task_once_per_source_pass_within_the_bound(data, by):
+    """``cycle``: every mixed pass is ``N`` slots; source ``i``'s ``j``-th slot over the
+    job's life takes its task ``j mod n_i`` of source pass ``j div n_i``, so each source
+    pass takes each task exactly once, in order, across mixed passes; every prefix of every
+    segment of the whole pass is within the bound (slots, or the largest task by samples);
+    the counts carried from pass to pass are the ones ``life_before`` makes from slot 0."""
+    spec, log, task_sizes = _drawn_mix(data, "cycle", 3, by)
+    life = [0] * len(spec.sizes)
+    taken: list[list[tuple[int, int]]] = [[] for _ in spec.sizes]
+    for p in range(3):
+        assert life == life_before(spec, log, p, task_sizes)
+        plan = plan_pass(spec, log, p, task_sizes=task_sizes, life=life)
+        assert plan.end == "done" and len(plan.slots) == spec.total
+        assert [s.slot for s in plan.slots] == list(range(p * spec.total, (p + 1) * spec.total))
+        _whole_pass_bound_ok(spec, log, plan.slots, task_sizes)
+        for s in plan.slots:
+            taken[s.source].append((s.source_pass, s.task))
+        life = plan.life
+    for i, n in enumerate(spec.sizes):
+        assert taken[i] == [(j // n, j % n) for j in range(len(taken[i]))]
+        assert len(taken[i]) == life[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_stop_ends_the_pass_after_the_first_run_out_within_the_bound(data, by):
+    """``stop``: the pass is the ``drop`` schedule up to the slot where a source of positive
+    weight takes its last task, and ends after it; each task at most once in the pass, in
+    order; every prefix within the bound; the next pass starts every source again at its
+    first task."""
+    spec, log, task_sizes = _drawn_mix(data, "stop", 2, by)
+    for p in range(2):
+        plan = plan_pass(spec, log, p, task_sizes=task_sizes)
+        assert plan.end == "stop"
+        drop = plan_pass(replace(spec, on_exhausted="drop"), log, p, task_sizes=task_sizes)
+        given_ = [0] * len(spec.sizes)
+        first_out = None
+        for h, s in enumerate(drop.slots):
+            given_[s.source] += 1
+            if given_[s.source] == spec.sizes[s.source]:
+                first_out = h
+                break
+        assert first_out is not None
+        assert plan.slots == drop.slots[: first_out + 1]
+        last = plan.slots[-1]
+        weights = list(spec.weights)
+        for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+            if at <= last.slot:
+                weights = list(ws)
+        assert float(weights[last.source]) > 0  # (a weight-0 source is never drawn here)
+        for i in range(len(spec.sizes)):
+            assert [s.task for s in plan.slots if s.source == i] == list(range(plan.taken[i]))
+        _whole_pass_bound_ok(spec, log, plan.slots, task_sizes)
+
+
+def test_cycle_and_stop_on_a_small_mix():
+    """The two rules on sources of 2 and 6 tasks at 0.5 / 0.5: ``cycle`` gives the small
+    one its second and third source passes inside the first mixed pass; ``stop`` ends the
+    pass after the small one's second task (slots 0..3), and pass 1 starts again at task 0."""
+    spec = MixSpec(("a", "b"), (2, 6), ("0.5", "0.5"), "cycle")
+    plan = plan_pass(spec, [], 0)
+    assert [(s.source, s.source_pass, s.task) for s in plan.slots] == [
+        (0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1),
+        (0, 1, 0), (1, 0, 2), (0, 1, 1), (1, 0, 3),
+    ]  # fmt: skip
+    assert plan.life == [4, 4]
+    nxt = plan_pass(spec, [], 1, life=plan.life)
+    assert [(s.source, s.source_pass, s.task) for s in nxt.slots][:2] == [(0, 2, 0), (1, 0, 4)]
+    stop = plan_pass(replace(spec, on_exhausted="stop"), [], 1)
+    assert [(s.slot, s.source, s.task) for s in stop.slots] == [(8, 0, 0), (9, 1, 0), (10, 0, 1)]
+    assert (stop.end, stop.taken) == ("stop", [2, 1])
+
+
+def test_the_reference_refuses_what_it_does_not_define():
+    with pytest.raises(taskq.InvalidInput, match="one of drop, cycle, stop"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",), "later"), [], 0)
+    with pytest.raises(taskq.InvalidInput, match="fixed size"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",), "cycle", streams=(True,)), [], 0)
+    with pytest.raises(taskq.InvalidInput, match="count tasks"):
+        plan_pass(
+            MixSpec(("a",), (1,), ("1.0",), by="samples", streams=(True,)), [], 0, task_sizes=[[1]]
+        )
+    with pytest.raises(taskq.InvalidInput, match="not a stream"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",)), [], 0, feed=[Feed(0, 0, 3, False)])
+
+
+# The rule's Lua (lib/mixrule.lua), run as it is by EVAL on the test server: a charge of a
+# whole pass made of its functions, the way lib/mix.lua's charge is to call them (the heap
+# choice, settle, choose_by_samples, segment, cycle_task, on_last, owed_first, defers).
+_HARNESS = """
+local R = (function() %s end)()
+local a = cjson.decode(ARGV[1])
+local n, k, rule, by = a.n, #a.n, a.rule, a.by == 'samples'
+local every, huge = rule == 'cycle', 4503599627370496
+local function weights_at(slot)
+  local ws = a.w0
+  for _, e in ipairs(a.log) do if e[1] <= slot then ws = e[2] end end
+  local out = {}
+  for i, x in ipairs(ws) do out[i] = tonumber(x) end
+  return out
+end
+local function next_change(slot)
+  for _, e in ipairs(a.log) do if e[1] > slot then return e[1] end end
+  return -1
+end
+local o, flat, at = {}, {}, 0
+for i = 1, k do
+  o[i] = at
+  at = at + n[i]
+  if by then for j = 1, n[i] do flat[#flat + 1] = a.sizes[i][j] end end
+end
+local function size_of(id) return flat[id + 1] end
+local t, c, debt, ran, avail, sealed, life = {}, {}, {}, {}, {}, {}, {}
+for i = 1, k do
+  t[i], c[i], debt[i], ran[i] = 0, 0, 0, false
+  avail[i], sealed[i], life[i] = n[i], not a.streams[i], a.life[i]
+end
+local start, total = a.first, at
+local limit = nil
+if every then limit = total end
+if a.length >= 0 and (not limit or a.length < limit) then limit = a.length end
+local wn, nx = weights_at(start), next_change(start)
+local rs, mseg, msamp, fi = true, 0, 0, 1
+local act, w, d, ch = nil, nil, 0, nil
+local out, defs = {}, {}
+local function done(why, on)
+  return cjson.encode({slots = out, why = why, on = on or -1, defs = defs, debt = debt})
+end
+while true do
+  if limit and #out >= limit then
+    if every and limit == total then return done('done') end
+    return done('length')
+  end
+  local slot = start + #out
+  while a.feed[fi] and a.feed[fi][1] <= slot do
+    local f = a.feed[fi]
+    avail[f[2] + 1], sealed[f[2] + 1] = f[3], f[4]
+    fi = fi + 1
+  end
+  if not every then
+    local all = true
+    for i = 1, k do
+      if not ran[i] and sealed[i] and t[i] >= avail[i] then
+        ran[i], debt[i] = true, 0
+        if R.on_last(rule, wn[i]) == 'stop' then return done('stop') end
+        rs = true
+      end
+      if not ran[i] then all = false end
+    end
+    if all then return done('done') end
+  end
+  if nx >= 0 and slot >= nx then wn, nx, rs = weights_at(slot), next_change(slot), true end
+  if rs then
+    for i = 1, k do c[i] = 0 end
+    rs, mseg, msamp, act = false, 0, 0, nil
+  end
+  local owed = R.owed_first(t, avail, debt)
+  if owed then
+    out[#out + 1] = {slot, owed - 1, t[owed], a.pass, 1}
+    t[owed], debt[owed] = t[owed] + 1, debt[owed] - 1
+  else
+    if not act then
+      local cap = {}  -- (a stream source open: no end yet)
+      for i = 1, k do if ran[i] then cap[i] = 0 else cap[i] = huge end end
+      if not every and not a.any_stream then cap = n end
+      act, w, d = R.segment(t, cap, wn, every)
+      if not by then ch = R.choice(act, c, w, d, mseg + 1) end
+    end
+    local best
+    while true do
+      if by then
+        local tc = {}
+        for i = 1, k do
+          tc[i] = t[i]
+          if every then tc[i] = R.cycle_task(life[i] + t[i], n[i]) end
+        end
+        best = R.choose_by_samples(w, c, tc, o, size_of, msamp)
+      else
+        best = R.choose(ch, act, mseg + 1)
+      end
+      if every or t[best] < avail[best] then break end
+      if not R.defers(debt[best], a.max_debt) then return done('wait', best - 1) end
+      debt[best] = debt[best] + 1
+      defs[#defs + 1] = {slot, best - 1}
+      c[best], mseg = c[best] + 1, mseg + 1
+      R.settle(ch, best, c[best], w[best], d, mseg)
+    end
+    local task, sp = life[best] + t[best], a.pass
+    if every then task, sp = R.cycle_task(task, n[best]) end
+    out[#out + 1] = {slot, best - 1, task, sp, 0}
+    local step = 1
+    if by then step = size_of(o[best] + task); msamp = msamp + step end
+    c[best], t[best], mseg = c[best] + step, t[best] + 1, mseg + 1
+    if not by then R.settle(ch, best, c[best], w[best], d, mseg) end
+  end
+end
+"""
+
+
+def _lua_plan(
+    redis, spec: MixSpec, log, pass_no: int, *, task_sizes=None, life=None, feed=(), length=None
+):
+    """``plan_pass`` by lib/mixrule.lua's functions (``_HARNESS`` on the real server):
+    (slots, why they end, the source waited on or None, the deferrals, the debts)."""
+    text = (resources.files("taskq.engine") / "lua" / "lib" / "mixrule.lua").read_text()
+    last: dict[int, list[str]] = {}
+    for at, ws in log:  # (the last logged of a slot wins)
+        last[at] = list(ws)
+    k = len(spec.sizes)
+    arg = {
+        "n": list(spec.sizes),
+        "rule": spec.on_exhausted,
+        "by": spec.by,
+        "w0": list(spec.weights),
+        "log": [[at, last[at]] for at in sorted(last)],
+        "sizes": [list(s) for s in task_sizes] if task_sizes is not None else [],
+        "streams": list(spec.streams) if spec.streams else [False] * k,
+        "any_stream": any(spec.streams),
+        "max_debt": spec.max_debt,
+        "life": list(life) if life is not None else [0] * k,
+        "feed": [[f.slot, f.source, f.tasks, f.sealed] for f in sorted(feed, key=lambda f: f.slot)],
+        "first": pass_no * spec.total,
+        "pass": pass_no,
+        "length": -1 if length is None else length,
+    }
+    got = json.loads(redis.eval(_HARNESS % text, 0, json.dumps(arg)))
+    slots = [Slot(s, i, j, sp, bool(r)) for s, i, j, sp, r in (got["slots"] or [])]
+    defs = [(s, i) for s, i in (got["defs"] or [])]
+    return slots, got["why"], None if got["on"] < 0 else got["on"], defs, list(got["debt"] or [])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    rule=st.sampled_from(["drop", "cycle", "stop"]),
+    by=st.sampled_from(["tasks", "samples"]),
+)
+def test_lua_rule_functions_equal_the_reference(client, data, rule, by):
+    """lib/mixrule.lua's functions, composed into a charge of whole passes, make the
+    reference's slots for ``drop``, ``cycle`` and ``stop``, by tasks and by samples: the
+    same comparisons in the same order, so the same floats decide."""
+    spec, log, task_sizes = _drawn_mix(data, rule, 2, by)
+    life = [0] * len(spec.sizes)
+    for p in range(2):
+        want = plan_pass(spec, log, p, task_sizes=task_sizes, life=life)
+        slots, why, _, _, _ = _lua_plan(
+            client.redis, spec, log, p, task_sizes=task_sizes, life=life
+        )
+        assert (slots, why) == (want.slots, want.end)
+        if rule == "cycle":
+            life = want.life
