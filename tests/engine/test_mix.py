@@ -1112,3 +1112,196 @@ def test_lua_rule_functions_equal_the_reference(client, data, rule, by):
         assert (slots, why) == (want.slots, want.end)
         if rule == "cycle":
             life = want.life
+
+
+# -- stream sources: defer (max_debt) and wait (max_debt=0) ------------------------------
+def _store_at(spec: MixSpec, feed: list[Feed], slot: int) -> tuple[list[int], list[bool]]:
+    """Each source's store at ``slot`` by the feed log: its tasks, sealed or not."""
+    avail, sealed = list(spec.sizes), [not s for s in spec.streams]
+    for f in sorted(feed, key=lambda f: f.slot):
+        if f.slot <= slot:
+            avail[f.source], sealed[f.source] = f.tasks, f.sealed
+    return avail, sealed
+
+
+def _fed_mix(data, rule: str):
+    """A spec of 2 to 4 sources, one or more of them streams (0 to 4 tasks at create), its
+    weights changed up to 3 times, and a feed log made as an engine makes it: each append
+    (or seal) is seen at a slot no later than the first the schedule has not charged."""
+    k = data.draw(st.integers(2, 4))
+    streams = tuple(data.draw(st.lists(st.booleans(), min_size=k, max_size=k).filter(any)))
+    sizes = tuple(data.draw(st.integers(0 if s else 1, 4 if s else 10)) for s in streams)
+    first, log = _weights_and_log(data, k, 40, changes=3)
+    spec = MixSpec(
+        tuple(f"s{i}" for i in range(k)),
+        sizes,
+        first,
+        rule,
+        streams=streams,
+        max_debt=data.draw(st.integers(0, 3)),
+    )
+    feed: list[Feed] = []
+    store = {i: (sizes[i], False) for i in range(k) if streams[i]}
+    at = 0
+    for _ in range(data.draw(st.integers(0, 8))):
+        open_ = [i for i, (_, sealed) in store.items() if not sealed]
+        if not open_:
+            break
+        i = data.draw(st.sampled_from(open_))
+        tasks = store[i][0] + data.draw(st.integers(0, 4))
+        sealed = data.draw(st.booleans())
+        reached = len(plan_pass(spec, log, 0, feed=feed, length=200).slots)
+        at = min(at + data.draw(st.integers(0, 6)), reached)
+        feed.append(Feed(at, i, tasks, sealed))
+        store[i] = (tasks, sealed)
+    return spec, log, feed
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_stream_sources_defer_repay_first_and_keep_the_owed_bound(data, rule):
+    """A stream source with nothing in its store when the rule picks it owes the slot (up to
+    ``max_debt``; beyond, and with ``max_debt=0`` at once, the slot waits on it); owed slots
+    are repaid before the rule is asked, as soon as its store has a task. Checked from the
+    slots, the deferrals and the feed log alone: each task at most once, in order, and only
+    once in the store; a deferral only of a source with nothing; no slot to the rule while
+    an owing source has a task; 0 <= debt <= max_debt; counting each deferral as its
+    source's slot and each repaid slot as none, every prefix of every segment within the
+    rule's bound; on the slots themselves, ``|c_i - w_i*m| <= bound + max_debt * streams``."""
+    spec, log, feed = _fed_mix(data, rule)
+    plan = plan_pass(spec, log, 0, feed=feed, length=200)
+    k, streams = len(spec.sizes), sum(spec.streams)
+    defs: dict[int, list[int]] = {}
+    for s, i in plan.deferred:
+        defs.setdefault(s, []).append(i)
+    taken, debt, ran = [0] * k, [0] * k, [False] * k
+    changes = {at for at, _ in log}
+    restart, tokens, given_, w = True, 0, [0] * k, [0.0] * k
+    slots_in_seg, actual, debt0 = 0, [0] * k, [0] * k
+    ends = [s.slot for s in plan.slots] + ([plan.slots[-1].slot + 1] if plan.slots else [0])
+    for h, slot in enumerate(sorted(set(ends))):
+        avail, sealed = _store_at(spec, feed, slot)
+        for i in range(k):
+            if not ran[i] and sealed[i] and taken[i] >= avail[i]:
+                ran[i], debt[i], restart = True, 0, True
+        if slot in changes or restart:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= slot:
+                    weights = list(ws)
+            pos = sum(float(weights[i]) for i in range(k) if not ran[i] and float(weights[i]) > 0)
+            left = [i for i in range(k) if not ran[i]]
+            w = [
+                (float(weights[i]) / pos if float(weights[i]) > 0 else 0.0)
+                if pos > 0
+                else 1 / len(left)
+                if i in left
+                else 0.0
+                for i in range(k)
+            ]
+            w = [w[i] if i in left else 0.0 for i in range(k)]
+            restart, tokens, given_ = False, 0, [0] * k
+            slots_in_seg, actual, debt0 = 0, [0] * k, list(debt)
+        d = bound(sum(1 for x in w if x > 0))
+        for i in defs.get(slot, []):
+            assert taken[i] >= avail[i] and not sealed[i], "a deferral of a source with nothing"
+            debt[i] += 1
+            assert debt[i] <= spec.max_debt
+            given_[i] += 1
+            tokens += 1
+            assert abs(given_[i] - w[i] * tokens) <= d + 1e-9
+        if h >= len(plan.slots):
+            break
+        s = plan.slots[h]
+        assert s.slot == slot and s.task == taken[s.source] < avail[s.source]
+        owing = [i for i in range(k) if debt[i] > 0 and taken[i] < avail[i]]
+        if s.repaid:
+            assert owing and s.source == owing[0]
+            debt[s.source] -= 1
+        else:
+            assert not owing, "owed slots are repaid before the rule is asked"
+            given_[s.source] += 1
+            tokens += 1
+        taken[s.source] += 1
+        actual[s.source] += 1
+        slots_in_seg += 1
+        for i in range(k):
+            assert abs(given_[i] - w[i] * tokens) <= d + 1e-9, (slot, i)
+            moved = (debt[i] - debt0[i]) - w[i] * sum(debt[j] - debt0[j] for j in range(k))
+            assert abs(actual[i] + moved - w[i] * slots_in_seg) <= d + 1e-9 + 1e-9 * tokens
+            limit = d + spec.max_debt * streams + 1e-9
+            assert abs(actual[i] - w[i] * slots_in_seg) <= limit
+    assert (taken, debt) == (plan.taken, plan.debt)
+    if plan.end == "wait":
+        i = plan.waits_on
+        assert i is not None and spec.streams[i]
+        avail, sealed = _store_at(spec, feed, ends[-1])
+        assert taken[i] >= avail[i] and not sealed[i] and debt[i] == spec.max_debt
+    elif plan.end == "done":
+        assert all(ran)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_a_stream_source_never_starved_changes_nothing(data, rule):
+    """Stream sources whose stores are sealed and full from slot 0: the schedule is the one
+    of the same sources of fixed size (no deferral, no wait)."""
+    spec, log, _ = _drawn_mix(data, rule, 1)
+    streams = tuple(
+        data.draw(st.lists(st.booleans(), min_size=len(spec.sizes), max_size=len(spec.sizes)))
+    )
+    fed = replace(
+        spec,
+        sizes=tuple(0 if s else n for s, n in zip(streams, spec.sizes, strict=True)),
+        streams=streams,
+        max_debt=1,
+    )
+    feed = [Feed(0, i, n, True) for i, n in enumerate(spec.sizes) if streams[i]]
+    plan = plan_pass(fed, log, 0, feed=feed)
+    assert (plan.slots, plan.end, plan.deferred) == (
+        plan_pass(spec, log, 0).slots,
+        plan_pass(spec, log, 0).end,
+        [],
+    )
+
+
+def test_defer_repays_first_and_wait_holds_the_slot():
+    """Sources a (fixed, 6 tasks) and b (a stream, empty) at 0.5 / 0.5. ``max_debt=2``: b's
+    first two picks are deferred (a takes slots 0..2), its third waits at slot 3; b's store
+    gets 3 tasks seen at slot 3: slots 3 and 4 repay b, then the rule goes on. ``wait``
+    (max_debt 0): slot 1 waits for b."""
+    spec = MixSpec(("a", "b"), (6, 0), ("0.5", "0.5"), streams=(False, True), max_debt=2)
+    plan = plan_pass(spec, [], 0)
+    assert [(s.source, s.task) for s in plan.slots] == [(0, 0), (0, 1), (0, 2)]
+    assert (plan.end, plan.waits_on, plan.deferred, plan.debt) == (
+        "wait",
+        1,
+        [(1, 1), (2, 1)],
+        [0, 2],
+    )
+    plan = plan_pass(spec, [], 0, feed=[Feed(3, 1, 3, True)])
+    assert [(s.source, s.task, s.repaid) for s in plan.slots] == [
+        (0, 0, False), (0, 1, False), (0, 2, False),
+        (1, 0, True), (1, 1, True), (1, 2, False),  # b repaid twice, then the rule picks b
+        (0, 3, False), (0, 4, False), (0, 5, False),  # b ran out (sealed): drop renormalises
+    ]  # fmt: skip
+    assert (plan.end, plan.debt) == ("done", [0, 0])
+    wait = plan_pass(replace(spec, max_debt=0), [], 0)
+    assert ([(s.source, s.task) for s in wait.slots], wait.end, wait.waits_on) == (
+        [(0, 0)],
+        "wait",
+        1,
+    )
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_lua_rule_functions_equal_the_reference_with_stream_sources(client, data, rule):
+    """The charge made of lib/mixrule.lua's functions (``owed_first``, ``defers``) on the
+    same feed log: the same slots, end, source waited on, deferrals and debts."""
+    spec, log, feed = _fed_mix(data, rule)
+    want = plan_pass(spec, log, 0, feed=feed, length=200)
+    got = _lua_plan(client.redis, spec, log, 0, feed=feed, length=200)
+    assert got == (want.slots, want.end, want.waits_on, want.deferred, want.debt)
