@@ -9,8 +9,8 @@ the weight log (a list of ``(slot, weights)``); the engine runs the same rule in
 reference the tests hold the server to, and the bound the docs state is ``bound(k)``.
 
 The rule (Tijdeman's chairman assignment, earliest deadline first). A *segment* starts
-at a pass's first slot, at every logged weight change, and at every slot after a source
-ran out (``drop``: the others' weights renormalise). In a segment with ``k`` sources of
+at a pass's first slot, at every logged weight change, and (``drop``) at every slot after
+a source ran out (the others' weights renormalise). In a segment with ``k`` sources of
 weight ``w_i > 0`` (normalised to sum 1) and ``d = bound(k) = 1 - 1 / (2k - 2)``, the
 segment's ``m``-th slot goes, among the sources with ``c_i + 1 - d <= w_i * m`` (``c_i``
 its slots in the segment so far), to the one whose next deadline ``(c_i + d) / w_i`` is
@@ -27,6 +27,15 @@ schedule, ``(c_i + s_i) / w_i`` with ``s_i`` that task's size (WF2Q, Bennett and
 ``|c_i - w_i * M| <= sample_bound`` (the largest task; checked by hypothesis in
 tests/engine/test_mix.py). The engine runs the same comparisons (lib/mix.lua
 ``choose_by_samples``) on the sizes the create stored.
+
+When a source runs out (``plan_pass``, docs/mixing.md "A source runs out"): ``drop`` as
+above; ``cycle`` (no source runs out: source ``i``'s ``j``-th slot over the job's life
+takes task ``j mod n_i`` of its source pass ``j div n_i``); ``stop`` (the pass ends after
+the first source of positive weight takes its last task). A stream source with nothing in
+its store (the feed log, ``Feed``) owes the slot its pick would have taken, up to
+``max_debt``, and is repaid first when its store grows; beyond, the slot waits. The engine
+takes ``drop`` only so far; the other rules' choices are pure functions of
+lib/mixrule.lua, held to this reference by tests/engine/test_mix.py.
 
 Data flow: shared ground (no imports from above): admin/mix.py writes the spec and reads
 the sequence, trainer/protocol.py names a task's source, tests compare the engine to it.
@@ -550,9 +559,14 @@ def pass_schedule(
     pass_no: int,
     length: int | None = None,
     task_sizes: Sequence[Sequence[int]] | None = None,
+    *,
+    life: Sequence[int] | None = None,
+    feed: Sequence[Feed] = (),
+    first_slot: int | None = None,
 ) -> Iterator[tuple[int, int]]:
-    """The reference schedule of pass ``pass_no`` (``plan_pass`` without stream sources):
-    for each slot, ``(source index, index of the task within the source)``.
+    """The reference schedule of pass ``pass_no`` (``plan_pass``'s slots): for each slot,
+    ``(source index, index of the task within the source)``; what a mixed job's handed-out
+    sequence (``mix_sequence``: source, source task) is held to after every step.
 
     Args:
         spec: the job's sources (``spec.weights`` hold before the log's first entry).
@@ -562,13 +576,27 @@ def pass_schedule(
         length: positions to make (default: the whole pass).
         task_sizes: per source, its tasks' sizes in samples; needed when ``spec.by`` is
             ``samples`` (the rule then counts samples: ``_choose_by_samples``).
+        life: ``cycle``: each source's slots over the job's life before the pass (default:
+            made from pass 0 by ``log``, which then must not be trimmed).
+        feed: the stream sources' stores as the charges saw them (``Feed``).
+        first_slot: the pass's first slot (default ``pass_no * spec.total``).
 
     Yields:
-        ``(source index, task index within that source)`` per position (``cycle``: the
-        task within its source pass).
+        ``(source index, task index within that source)`` per slot (``cycle``: the task
+        within its source pass).
 
     Raises:
         InvalidInput: as ``plan_pass``.
     """
-    for s in plan_pass(spec, log, pass_no, length=length, task_sizes=task_sizes).slots:
+    plan = plan_pass(
+        spec,
+        log,
+        pass_no,
+        length=length,
+        task_sizes=task_sizes,
+        life=life,
+        feed=feed,
+        first_slot=first_slot,
+    )
+    for s in plan.slots:
         yield s.source, s.task

@@ -1305,3 +1305,25 @@ def test_lua_rule_functions_equal_the_reference_with_stream_sources(client, data
     want = plan_pass(spec, log, 0, feed=feed, length=200)
     got = _lua_plan(client.redis, spec, log, 0, feed=feed, length=200)
     assert got == (want.slots, want.end, want.waits_on, want.deferred, want.debt)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_cycle_from_the_kept_log_and_each_sources_life_at_the_pass_start(data, by):
+    """What a check after every step (MixedMachine) has of a ``cycle`` job in pass ``p``:
+    the weight log the engine keeps (trimmed below the last 3 passes but for the change in
+    force at their start, lib/mix.lua ``switch_to``) and each source's slots over the job's
+    life at a kept pass's start (kept by the engine with the pass's state). From those
+    alone, ``pass_schedule(..., life=...)`` makes every kept pass as the whole log does."""
+    spec, log, task_sizes = _drawn_mix(data, "cycle", 6, by)
+    p = data.draw(st.integers(3, 5))
+    last: dict[int, list[str]] = {}
+    for at, ws in log:
+        last[at] = list(ws)
+    cut = (p - 2) * spec.total
+    below = [at for at in last if at <= cut]
+    kept_log = [(at, last[at]) for at in sorted(last) if not below or at >= max(below)]
+    for q in range(p - 2, p + 1):
+        life = life_before(spec, log, q, task_sizes)
+        want = list(pass_schedule(spec, log, q, task_sizes=task_sizes))
+        assert list(pass_schedule(spec, kept_log, q, task_sizes=task_sizes, life=life)) == want

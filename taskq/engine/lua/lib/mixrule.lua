@@ -1,7 +1,9 @@
 -- mixrule.lua: a mixed job's deadline rule (docs/mixing.md, "Slots and the schedule"), the
 -- choice of a slot's source in O(log k) for lib/mix.lua's charge, and the rule when the
--- weights count samples; the schedule's state's packed form (taskq/mix.py
--- `pass_schedule` is the reference: a scan of every source, the same comparisons).
+-- weights count samples; what a source's run-out means (cycle, stop) and a stream
+-- source's debt ("A source runs out"), pure functions; the schedule's state's packed form
+-- (taskq/mix.py `plan_pass` is the reference: a scan of every source, the same
+-- comparisons).
 local lipairs, mceil, tremove, rcall, srep, unpack = ipairs, math.ceil, table.remove,
   redis.call, string.rep, unpack
 local spack, sunpack = struct.pack, struct.unpack
