@@ -553,6 +553,37 @@ def life_before(
     return life
 
 
+def slot_at(
+    spec: MixSpec,
+    log: Sequence[tuple[int, Sequence[str]]],
+    slot: int,
+    *,
+    task_sizes: Sequence[Sequence[int]] | None = None,
+    life: Sequence[int] | None = None,
+) -> Slot | None:
+    """Slot ``slot`` of a mix of fixed-size sources (pass ``slot div N``, position
+    ``slot mod N``): its source, the source's task and source pass (``plan_pass``).
+
+    Args:
+        spec: the job's sources.
+        log: the weight log, as ``plan_pass``'s.
+        slot: the slot, >= 0.
+        task_sizes: per source its tasks' sizes (``spec.by == "samples"``).
+        life: ``cycle``: each source's slots over the job's life before the slot's pass.
+
+    Returns:
+        The slot, or None when it is never charged (``stop``: past the pass's end).
+
+    Raises:
+        InvalidInput: as ``plan_pass``; a slot < 0.
+    """
+    if slot < 0:
+        raise errors.InvalidInput(f"slot: an integer >= 0, got {slot!r}")
+    pass_no, position = divmod(slot, spec.total)
+    plan = plan_pass(spec, log, pass_no, length=position + 1, task_sizes=task_sizes, life=life)
+    return plan.slots[position] if len(plan.slots) > position else None
+
+
 def pass_schedule(
     spec: MixSpec,
     log: Sequence[tuple[int, Sequence[str]]],

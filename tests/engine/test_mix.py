@@ -29,6 +29,7 @@ from taskq.mix import (
     pass_schedule,
     plan_pass,
     sample_bound,
+    slot_at,
     weight_text,
 )
 
@@ -876,6 +877,8 @@ def test_cycle_takes_each_task_once_per_source_pass_within_the_bound(data, by):
         _whole_pass_bound_ok(spec, log, plan.slots, task_sizes)
         for s in plan.slots:
             taken[s.source].append((s.source_pass, s.task))
+        h = data.draw(st.integers(0, spec.total - 1))
+        assert slot_at(spec, log, plan.slots[h].slot, task_sizes=task_sizes) == plan.slots[h]
         life = plan.life
     for i, n in enumerate(spec.sizes):
         assert taken[i] == [(j // n, j % n) for j in range(len(taken[i]))]
@@ -930,6 +933,10 @@ def test_cycle_and_stop_on_a_small_mix():
     stop = plan_pass(replace(spec, on_exhausted="stop"), [], 1)
     assert [(s.slot, s.source, s.task) for s in stop.slots] == [(8, 0, 0), (9, 1, 0), (10, 0, 1)]
     assert (stop.end, stop.taken) == ("stop", [2, 1])
+    stop_spec = replace(spec, on_exhausted="stop")
+    assert slot_at(stop_spec, [], 10) == Slot(10, 0, 1, 1)
+    assert slot_at(stop_spec, [], 11) is None  # (slots 11..15: past pass 1's end)
+    assert slot_at(spec, [], 12) == Slot(12, 0, 0, 3)  # cycle: a's 7th slot, source pass 3
 
 
 def test_the_reference_refuses_what_it_does_not_define():
