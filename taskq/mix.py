@@ -304,10 +304,12 @@ class PassPlan:
     #: source with nothing to give owes ``max_debt`` slots already: the slot is not
     #: charged until its store grows), ``length`` (the slots asked for)
     end: str
-    #: the stream source a ``wait`` waits on, else None
+    #: the stream source a ``wait`` waits on (the rule's pick with nothing, owing
+    #: ``max_debt``), else None
     waits_on: int | None
     #: ``(slot, source)`` per deferral: the rule gave the slot to the source, which had
-    #: nothing; the source owes it (its debt) and the rule asked again
+    #: nothing; the source owes it (its debt) and the rule asked again (none at a slot
+    #: that waits: it commits nothing)
     deferred: list[tuple[int, int]]
     #: per source, its tasks taken in the pass (given and repaid)
     taken: list[int]
@@ -450,12 +452,17 @@ def plan_pass(
             taken[i] += 1
             debt[i] -= 1
             continue
+        undo = len(deferred), list(debt)
         while True:
             ahead = _next_sizes(spec, task_sizes, base, taken) if by_samples else None
             best = _rule_choice(weights, ran, seg_count, m_seg, seg_samples, ahead)
             if rule == "cycle" or taken[best] < avail[best]:
                 break
             if debt[best] >= spec.max_debt:
+                # a slot that waits commits nothing: charged again once a store changes
+                # (a feed entry at this slot), its picks are made again from the start
+                del deferred[undo[0] :]
+                debt[:] = undo[1]
                 return plan("wait", best)
             debt[best] += 1
             deferred.append((slot, best))

@@ -991,8 +991,8 @@ local wn, nx = weights_at(start), next_change(start)
 local rs, mseg, msamp, fi = true, 0, 0, 1
 local act, w, d, ch = nil, nil, 0, nil
 local out, defs = {}, {}
-local function done(why, on)
-  return cjson.encode({slots = out, why = why, on = on or -1, defs = defs, debt = debt})
+local function done(why, on, owed)
+  return cjson.encode({slots = out, why = why, on = on or -1, defs = defs, debt = owed or debt})
 end
 while true do
   if limit and #out >= limit then
@@ -1035,6 +1035,7 @@ while true do
       if not by then ch = R.choice(act, c, w, d, mseg + 1) end
     end
     local best
+    local undo_defs, undo_debt = #defs, {unpack(debt)}
     while true do
       if by then
         local tc = {}
@@ -1047,7 +1048,10 @@ while true do
         best = R.choose(ch, act, mseg + 1)
       end
       if every or t[best] < avail[best] then break end
-      if not R.defers(debt[best], a.max_debt) then return done('wait', best - 1) end
+      if not R.defers(debt[best], a.max_debt) then
+        for j = #defs, undo_defs + 1, -1 do defs[j] = nil end
+        return done('wait', best - 1, undo_debt)
+      end
       debt[best] = debt[best] + 1
       defs[#defs + 1] = {slot, best - 1}
       c[best], mseg = c[best] + 1, mseg + 1
@@ -1239,11 +1243,14 @@ def test_stream_sources_defer_repay_first_and_keep_the_owed_bound(data, rule):
             limit = d + spec.max_debt * streams + 1e-9
             assert abs(actual[i] - w[i] * slots_in_seg) <= limit
     assert (taken, debt) == (plan.taken, plan.debt)
-    if plan.end == "wait":
+    if plan.end == "wait":  # (a slot that waits commits nothing: no deferral at it)
         i = plan.waits_on
-        assert i is not None and spec.streams[i]
+        assert i is not None and spec.streams[i] and ends[-1] not in defs
         avail, sealed = _store_at(spec, feed, ends[-1])
-        assert taken[i] >= avail[i] and not sealed[i] and debt[i] == spec.max_debt
+        assert taken[i] >= avail[i] and not sealed[i] and debt[i] <= spec.max_debt
+        assert not [j for j in range(k) if debt[j] > 0 and taken[j] < avail[j]]
+        before = plan_pass(spec, log, 0, feed=feed, length=len(plan.slots))
+        assert (before.deferred, before.debt) == (plan.deferred, plan.debt)
     elif plan.end == "done":
         assert all(ran)
 
