@@ -1,26 +1,29 @@
 -- mixrule.lua: a mixed job's deadline rule (docs/mixing.md, "Slots and the schedule"), the
 -- choice of a slot's source in O(log k) for lib/mix.lua's charge, and the rule when the
--- weights count samples; the schedule's state's packed form (taskq/mix.py
--- `pass_schedule` is the reference: a scan of every source, the same comparisons).
+-- weights count samples; what a source's run-out means (cycle, stop) and a stream
+-- source's debt ("A source runs out"), pure functions; the schedule's state's packed form
+-- (taskq/mix.py `plan_pass` is the reference: a scan of every source, the same
+-- comparisons).
 local lipairs, mceil, tremove, rcall, srep, unpack = ipairs, math.ceil, table.remove,
   redis.call, string.rep, unpack
 local spack, sunpack = struct.pack, struct.unpack
 
--- A segment's weights (the logged ones `wn` over the sources not run out;
--- when only sources of weight 0 are left, equal shares of them), the sources with a share
--- in order, and the rule's d.
-local function segment(t, n, wn)
+-- A segment's weights (the logged ones `wn` over the sources not run out, t[i] < n[i], or
+-- over every source when `every`: on_exhausted=cycle, where none runs out; when only
+-- sources of weight 0 are left, equal shares of them), the sources with a share in order,
+-- and the rule's d.
+local function segment(t, n, wn, every)
   local k = #n
   local w, act, sum, left = {}, {}, 0, 0
   for i = 1, k do
-    if t[i] < n[i] then
+    if every or t[i] < n[i] then
       left = left + 1
       if wn[i] > 0 then sum = sum + wn[i] end
     end
   end
   for i = 1, k do
     w[i] = 0
-    if t[i] < n[i] then
+    if every or t[i] < n[i] then
       local wi = wn[i]
       if sum > 0 then
         if wi > 0 then w[i] = wi / sum; act[#act + 1] = i end
@@ -133,6 +136,39 @@ local function settle(ch, i, c, w, d, m)
   place(ch, i, due_at(c, w, d), m + 1)
 end
 
+-- on_exhausted=cycle: a source's j-th slot over the job's life (j from 0) takes its task
+-- j mod n of its source pass j div n.
+local function cycle_task(j, n)
+  local task = j % n
+  return task, (j - task) / n
+end
+
+-- What a source's taking the last task it has means for the pass (taskq/mix.py plan_pass):
+-- 'segment' (a new segment from the next slot: drop, and stop for a source of weight 0),
+-- 'stop' (the pass ends after this slot: stop, the source's logged weight `wi` > 0), nil
+-- (cycle: its next source pass goes on, the segment too).
+local function on_last(rule, wi)
+  if rule == 'cycle' then return nil end
+  if rule == 'stop' and wi > 0 then return 'stop' end
+  return 'segment'
+end
+
+-- Stream sources: the source a slot repays before the rule is asked, the lowest index that
+-- owes (debt[i] > 0) and has a task (t[i] < avail[i]); nil: none.
+local function owed_first(t, avail, debt)
+  for i = 1, #debt do
+    if debt[i] > 0 and t[i] < avail[i] then return i end
+  end
+  return nil
+end
+
+-- The rule's pick, a stream source with nothing in its store: true when it may owe the slot
+-- (a deferral: its debt + 1, the pick counted as its slot, the rule asked again), false when
+-- it owes `max_debt` already (the slot waits for its store; max_debt 0: on_starved=wait).
+local function defers(debt_i, max_debt)
+  return debt_i < max_debt
+end
+
 -- When the weights count samples: a reader of the tasks' sizes kept in `key` ('>I4' by
 -- task id), a block of 256 read at once (the blocks a page touches: two a source at most).
 local function sizes_reader(key)
@@ -203,4 +239,5 @@ end
 
 return {segment = segment, choice = choice, choose = choose, settle = settle,
   unpack_state = unpack_state, pack_state = pack_state,
-  choose_by_samples = choose_by_samples, sizes_reader = sizes_reader}
+  choose_by_samples = choose_by_samples, sizes_reader = sizes_reader,
+  cycle_task = cycle_task, on_last = on_last, owed_first = owed_first, defers = defers}
