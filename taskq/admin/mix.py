@@ -182,10 +182,16 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
 
 def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
     """The pass, the positions charged and the tasks each source gave in them, from the
-    state's packed form (lib/mix.lua: '>ddddd' scalars, then per source its tasks, the
+    state's packed form (lib/mixrule.lua: '>ddddd' scalars, then per source its tasks, the
     tasks it gave in the pass, ...)."""
     p, h = struct.unpack_from(">2d", blob)
     return int(p), int(h), list(struct.unpack_from(f">{k}I", blob, 40 + 4 * k))
+
+
+def _state_life(blob: bytes, k: int) -> list[int]:
+    """Each source's slots over the job's life before the state's pass (``cycle``; the
+    packed form's last ``>I`` per source, lib/mixrule.lua)."""
+    return list(struct.unpack_from(f">{k}I", blob, len(blob) - 4 * k))
 
 
 def _stored(conn: Connection, name: str, pass_no: int, start: int, end: int) -> list[str]:
@@ -205,7 +211,8 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     """The schedule of ``pass_no`` as far as leases reached (lib/mix.lua charges a page
     ahead of them; ``mix_charged``: in the current pass the cursor's reach, else 'mixd'
     as the pass was left): ``{"h": positions handed out, "t": tasks each source gave in
-    them}``; None when nothing of it is kept."""
+    them, "life": each source's slots over the job's life before the pass (``cycle``; 0
+    under the other rules)}``; None when nothing of it is kept."""
     keys = conn.keys(name)
     k = len(spec.sizes)
     with translate(conn.url):
@@ -232,7 +239,19 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     handed = max(0, min(handed, h))
     for field in _stored(conn, name, pass_no, handed, h):  # charged ahead, not handed out
         counts[copy_of(field)[0]] -= 1
-    return {"h": handed, "t": counts}
+    return {"h": handed, "t": counts, "life": _state_life(blob, k)}
+
+
+def pass_life(conn: Connection, name: str, pass_no: int) -> list[int] | None:
+    """``cycle``: each source's slots over mixed job ``name``'s life before pass
+    ``pass_no`` (what the engine keeps with the pass's state: the trimmed weight log cannot
+    make it again), None when nothing of the pass is kept.
+
+    Raises:
+        JobNotFound. InvalidInput: not a mixed job.
+    """
+    st = _state(conn, name, spec_of(conn, name), pass_no)
+    return None if st is None else list(st["life"])
 
 
 def kept_passes(conn: Connection, name: str) -> set[int] | None:
@@ -249,9 +268,11 @@ def kept_passes(conn: Connection, name: str) -> set[int] | None:
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
     """What mixed job ``name`` handed out in a pass (default: the current one), slot by
-    slot: ``{"slot", "pass", "position", "source", "source_task", "task"}`` (``task`` the
-    mixed job's task, which is the position; ``source_task`` the task's id in the source
-    job). A pass whose sequence is no longer kept (docs/mixing.md: the last 3) has none.
+    slot: ``{"slot", "pass", "position", "source", "source_task", "source_pass", "task"}``
+    (``task`` the mixed job's task, which is the position; ``source_task`` the task's id in
+    the source job; ``source_pass`` the source's pass it is of: the mixed pass, or under
+    ``cycle`` the source's slot over the job's life div its tasks). A pass whose sequence
+    is no longer kept (docs/mixing.md: the last 3) has none.
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job.
@@ -262,8 +283,12 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
             pass_no = int(conn.redis.hget(conn.keys(name).meta, F.PASS) or 0)
     st = _state(conn, name, spec, pass_no)
     rows: list[dict[str, Any]] = []
+    life = list(st["life"]) if st else [0] * len(spec.sizes)
+    cycle = spec.on_exhausted == "cycle"
     for pos, field in enumerate(_stored(conn, name, pass_no, 0, int(st["h"]) if st else 0)):
         source, task = copy_of(field)
+        source_pass = life[source] // spec.sizes[source] if cycle else pass_no
+        life[source] += 1
         rows.append(
             {
                 "slot": pass_no * spec.total + pos,
@@ -271,6 +296,7 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
                 "position": pos,
                 "source": spec.sources[source],
                 "source_task": task,
+                "source_pass": source_pass,
                 "task": pos,
             }
         )
@@ -352,7 +378,9 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
     Returns:
         ``{"job", "pass", "charged", "next_slot", "on_exhausted", "sources": [{"source",
         "weight", "charged", "acked", "samples", "tasks", "pass"}]}``; a row's
-        ``samples`` is None when a task of its source does not say its size.
+        ``samples`` is None when a task of its source does not say its size, its ``pass``
+        the source pass its next slot takes a task of (the mixed pass but under
+        ``cycle``: the source's slots over the job's life div its tasks).
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job. CorruptData: a task's chunks.
@@ -377,6 +405,9 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
     rows = []
     for i, (source, n) in enumerate(zip(spec.sources, spec.sizes, strict=True)):
         known = [sizes.get(f) for f in acked[i]]
+        source_pass = pass_no
+        if spec.on_exhausted == "cycle" and st:
+            source_pass = (int(st["life"][i]) + int(st["t"][i])) // n
         rows.append(
             {
                 "source": source,
@@ -385,7 +416,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
                 "acked": len(acked[i]),
                 "samples": None if None in known else sum(k or 0 for k in known),
                 "tasks": n,
-                "pass": pass_no,
+                "pass": source_pass,
             }
         )
     return {

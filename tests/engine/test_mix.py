@@ -1390,3 +1390,152 @@ def test_cycle_from_the_kept_log_and_each_sources_life_at_the_pass_start(data, b
         life = life_before(spec, log, q, task_sizes)
         want = list(pass_schedule(spec, log, q, task_sizes=task_sizes))
         assert list(pass_schedule(spec, kept_log, q, task_sizes=task_sizes, life=life)) == want
+
+
+# -- the engine under cycle ----------------------------------------------------------------
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_engine_cycles_as_the_reference_across_passes(client, data, by):
+    """``on_exhausted="cycle"`` in the engine (lib/mix.lua ``charge_page``: ``segment(...,
+    true)``, ``cycle_task`` on each source's slots over the job's life, kept in the state):
+    three passes drained by a trainer, weights changed inside and across pages, each pass's
+    handed-out sequence, its leased tasks' chunks and each row's ``source_pass`` equal the
+    reference's (``plan_pass`` with the life carried from the pass before), and each
+    source pass takes each of its source's tasks once, in order."""
+    k = data.draw(st.integers(1, 5))
+    if by == "samples":
+        task_sizes = data.draw(
+            st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=9), min_size=k, max_size=k)
+        )
+    else:
+        task_sizes = [
+            [1] * n for n in data.draw(st.lists(st.integers(1, 9), min_size=k, max_size=k))
+        ]
+    total = sum(len(r) for r in task_sizes)
+    first, changes = _weights_and_log(data, k, 3 * total, changes=4)
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(task_sizes)}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)},
+        mix_by=by,
+        on_exhausted="cycle",
+        passes=3,
+    )
+    job = client.job(mix)
+    for at, ws in changes:
+        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
+    spec = spec_of(client.connection, mix)
+    assert spec.on_exhausted == "cycle"
+    sizes = task_sizes if by == "samples" else None
+    life = [0] * k
+    taken: list[list[tuple[int, int]]] = [[] for _ in range(k)]
+    with taskq.Trainer(mix, client=client) as t:
+        for p in range(3):
+            got = []
+            for _ in range(total):
+                task = t.lease(timeout=1)
+                assert task is not None and task.pass_no == p
+                got.append((task.source, int(task.chunks[0]["path"].rsplit("/", 1)[1])))
+                t.ack(task)
+            log = weight_log(client.connection, mix)
+            plan = plan_pass(spec, log, p, task_sizes=sizes, life=life)
+            want = [(spec.sources[s.source], s.task) for s in plan.slots]
+            assert got == want
+            rows = job.mix_sequence(p)
+            assert [(r["source"], r["source_task"], r["source_pass"]) for r in rows] == [
+                (spec.sources[s.source], s.task, s.source_pass) for s in plan.slots
+            ]
+            for s in plan.slots:
+                taken[s.source].append((s.source_pass, s.task))
+            life = plan.life
+    for i, r in enumerate(task_sizes):
+        assert taken[i] == [(j // len(r), j % len(r)) for j in range(len(taken[i]))]
+    assert client.status(mix).state == "completed"
+
+
+def test_a_slot_retried_into_a_pass_not_charged_yet_reads_its_copy(client):
+    """A dead slot stays dead in the next pass; forced there before the cursor charged
+    anything of it and retried, the slot is leased from the front, not by the cursor's
+    walk: the lease charges the pass up to it first (lib/mixslot.lua ``mix_fields``), so
+    its chunks are the copy the schedule gives position 0 of pass 1 (before, the lease read
+    an uncharged position and answered no chunks)."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names["a"]: 0.5, names["b"]: 0.5}, max_failures=1, passes=2, auto_advance=False
+    )
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        task = t.lease(timeout=1)
+        assert task is not None and task.id == 0
+        t.fail(task, "poison")  # max_failures 1: slot 0 is dead
+    client.next_pass(mix, force=True)
+    assert job.retry([0]) == 1
+    with taskq.Trainer(mix, client=client) as t:
+        again = t.lease(timeout=1)
+        assert again is not None and (again.id, again.pass_no) == (0, 1)
+        assert (again.source, again.chunks[0]["i"]) == _reference(client, mix, 1)[0]
+
+
+def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):
+    """``taskq job create --on-exhausted cycle``: the small source comes round again inside
+    the mixed pass (docs/mixing.md's small mix: a of 2 tasks and b of 6 at 0.5 / 0.5), the
+    export says each slot's source pass and the status each source's;
+    ``stop`` (not built in the engine) is refused with one line, nothing written."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    mix_arg = f"{names['a']}=0.5,{names['b']}=0.5"
+    r = _cli(url, "job", "create", mix, "--mix", mix_arg, "--on-exhausted", "cycle")
+    assert r.returncode == 0, r.stderr
+    with taskq.Trainer(mix, client=client) as t:
+        got = _lease_ack(t, 8)
+    a, b = names["a"], names["b"]
+    assert got == [(a, 0), (b, 0), (a, 1), (b, 1), (a, 0), (b, 2), (a, 1), (b, 3)]
+    r = _cli(url, "mix", "export", mix)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["source"], x["source_task"], x["source_pass"]) for x in rows] == [
+        (a, 0, 0), (b, 0, 0), (a, 1, 0), (b, 1, 0), (a, 0, 1), (b, 2, 0), (a, 1, 1), (b, 3, 0),
+    ]  # fmt: skip
+    st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+    assert st["on_exhausted"] == "cycle"
+    assert [(x["charged"], x["acked"], x["pass"]) for x in st["sources"]] == [(4, 4, 2), (4, 4, 0)]
+    r = _cli(url, "job", "create", f"{tag}-m2", "--mix", mix_arg, "--on-exhausted", "stop")
+    assert r.returncode != 0, r.stdout
+    assert "'stop' is not one of 'drop', 'cycle'" in one_error_line(r.stderr), r.stderr
+    with pytest.raises(taskq.InvalidInput, match="on_exhausted must be one of drop, cycle"):
+        client.create_job(f"{tag}-m2", mix={a: 1}, on_exhausted="stop")
+    assert not client.redis.exists(client.keys(f"{tag}-m2").meta)
+
+
+def test_a_cycle_pass_left_early_carries_only_what_it_handed_out(client):
+    """``cycle``: the whole pass is charged ahead of the leases (a page), but a pass forced
+    on after 3 of its 8 slots hands out the rest never: the next pass starts each source
+    where those 3 left it (``plan_pass(..., length=3).life``), not where the charged page
+    ends, so each source pass still takes every task once, in order."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names["a"]: 0.5, names["b"]: 0.5}, on_exhausted="cycle", passes=2,
+        auto_advance=False,
+    )  # fmt: skip
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        first = _lease_ack(t, 3)
+        client.next_pass(mix, force=True)
+        second = _lease_ack(t, 8)
+    spec = spec_of(client.connection, mix)
+    life = plan_pass(spec, [], 0, length=3).life
+    assert life == [2, 1]
+    want = plan_pass(spec, [], 1, life=life).slots
+    a, b = names["a"], names["b"]
+    assert first == [(a, 0), (b, 0), (a, 1)]
+    assert second == [(spec.sources[s.source], s.task) for s in want]
+    assert second[:2] == [(a, 0), (b, 1)]  # b's source pass 0 goes on at its task 1
+    assert [r["source_pass"] for r in job.mix_sequence(1)][:2] == [1, 0]

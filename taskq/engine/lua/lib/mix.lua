@@ -3,7 +3,8 @@
 -- tasks are copied at create into the job's chunks hash, each under its *copy id*
 -- (source s, 0-based, task j of that source: s * 2^32 + j, the field 10 hex digits), so a
 -- source can gain tasks without renumbering any and a copy may be the task of any number
--- of slots. The schedule says which copy each slot is: a pure function of the sources'
+-- of slots (on_exhausted=cycle: a source's j-th slot over the job's life takes its task
+-- j mod n). The schedule says which copy each slot is: a pure function of the sources'
 -- sizes and the weight log (taskq/mix.py `pass_schedule` is the same rule in Python); a
 -- slot once charged keeps its copy for good (the sequence is stored, so a rewind, a pass
 -- reset or a re-dispatch never changes which copy a slot is), and a weight change holds
@@ -17,7 +18,8 @@
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- '>ddddd' the pass, positions charged, the segment's first position, the next logged
 -- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
--- tasks, the tasks it gave in the pass, in the segment, and '>d' its weight; "s0" the same
+-- tasks, the tasks it gave in the pass, in the segment, '>d' its weight and '>I4' its slots
+-- over the job's life before the pass (cycle: lib/mixrule.lua cycle_task); "s0" the same
 -- at the last page's start; ":<p>" as pass p was left);
 -- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
 -- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
@@ -28,11 +30,11 @@ local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack = math.max, math.min, unpack
-local segment, choice, choose, settle, choose_by_samples =
+local segment, choice, choose, settle, choose_by_samples, cycle_task, on_last =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
-  lib.mixrule.choose_by_samples
-local unpack_rule_state, pack_state = lib.mixrule.unpack_state, lib.mixrule.pack_state
-local sunpack = struct.unpack
+  lib.mixrule.choose_by_samples, lib.mixrule.cycle_task, lib.mixrule.on_last
+local unpack_rule_state, pack_state, sizes_reader, life_after = lib.mixrule.unpack_state,
+  lib.mixrule.pack_state, lib.mixrule.sizes_reader, lib.mixrule.life_after
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
@@ -77,6 +79,12 @@ local function by_samples()
   return spec().by == 'samples'
 end
 
+-- on_exhausted=cycle: no source runs out, its j-th slot over the job's life takes its task
+-- j mod n (lib/mixrule.lua cycle_task).
+local function cycling()
+  return spec().on_exhausted == 'cycle'
+end
+
 -- Each source's first copy id (copy id = source * STRIDE + task: lib/mixrule.lua's rule
 -- reads a source's next task as o[i] + t[i]).
 local function store_offsets(st)
@@ -86,23 +94,6 @@ end
 
 local function unpack_state(blob, kp, sm)
   return store_offsets(unpack_rule_state(blob, kp, sm))
-end
-
--- A reader of the copies' sizes ('mixsz'), by copy id; a block of 256 read at once (the
--- blocks a page touches: two a source at most).
-local function sizes_reader()
-  local blocks = {}
-  return function(id)
-    local j = id % STRIDE
-    local b = (j - j % 256) / 256
-    local f = fmt((id - j) / STRIDE) .. ':' .. fmt(b)
-    local blk = blocks[f]
-    if not blk then
-      blk = rcall('HGET', kc('mixsz'), f) or ''
-      blocks[f] = blk
-    end
-    return (sunpack('>I4', blk, (j - b * 256) * 4 + 1))
-  end
 end
 
 local function read_state()
@@ -118,12 +109,15 @@ local function read_state()
   return ST
 end
 
-local function fresh_state(p, kp)
+-- Pass p's state before its first slot; `life` each source's slots over the job's life
+-- before it (cycle; nil: none).
+local function fresh_state(p, kp, life)
   local n, zero, k = spec().n, {}, #spec().n
   for i = 1, k do zero[i] = 0 end
   local start = p * mnum(F.N)
   local st = {p = p, h = 0, seg = 0, nx = next_change(start), rs = 1, kp = kp, n = n, sm = by_samples(),
-    t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), o = {}}
+    t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), l = life or {unpack(zero)},
+    o = {}}
   store_offsets(st)
   st.s0 = pack_state(st)
   return st
@@ -165,8 +159,9 @@ local function saved_state(p, kp)
 end
 
 -- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
--- one; p joins the kept passes `keep`; the meta's high-waters follow it.
-local function enter(p, keep, kept)
+-- one (`life`: fresh_state's); p joins the kept passes `keep`; the meta's high-waters
+-- follow it.
+local function enter(p, keep, kept, life)
   local base = p * mnum(F.N)
   local st, d = nil, 0
   if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
@@ -174,7 +169,7 @@ local function enter(p, keep, kept)
   if st then
     st.nx, st.raw = next_change(base + st.h - 1), nil
   else
-    st, d = fresh_state(p, keep), 0
+    st, d = fresh_state(p, keep, life), 0
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
   mput(F.MIXH, base + st.h)
@@ -189,14 +184,19 @@ end
 -- set since), older ones too. (The pass being left handed out up to 'mixd': mix_note.)
 local function switch_to(p)
   local st = read_state()
-  local kept = {}
+  local kept, life = {}, nil
   if st then
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
+    local d = mmin(st.h, mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
     args[#args + 1] = 'd' .. sfx
-    args[#args + 1] = fmt(mmin(st.h, mmax(0, mnum(F.MIXD) - st.p * mnum(F.N))))
+    args[#args + 1] = fmt(d)
     rcall('HSET', kc('mix'), unpack(args))
     kept = st.kp
+    if cycling() and p > st.p then  -- (the positions charged ahead, never handed out)
+      local ahead = d < st.h and rcall('GETRANGE', seq_key(st.p), d * W, st.h * W - 1) or ''
+      life = life_after(st, ahead, W)
+    end
   end
   local keep = {}
   for _, q in lipairs(kept) do
@@ -210,7 +210,7 @@ local function switch_to(p)
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
-  return enter(p, keep, was_kept)
+  return enter(p, keep, was_kept, life)
 end
 
 -- The copy id stored at position `pos` of pass p, as stored (10 hex digits; nil: not
@@ -247,8 +247,14 @@ local function charge_page(st, upto)
   local out, act, w, d, ch = {}, nil, nil, 0, nil
   local size_of, m_samples = nil, 0
   if by_samples() then
-    size_of = sizes_reader()
+    size_of = sizes_reader(kc('mixsz'), STRIDE)
     for i = 1, k do m_samples = m_samples + c[i] end
+  end
+  -- per source, its next task (cycle: in its source pass, lib/mixrule.lua cycle_task)
+  local rule, cyc, nt = spec().on_exhausted, cycling(), t
+  if cyc then
+    nt = {}
+    for i = 1, k do nt[i] = cycle_task(st.l[i] + t[i], n[i]) end
   end
   for h = h0, last - 1 do
     local slot = base + h
@@ -267,25 +273,27 @@ local function charge_page(st, upto)
       local at = (h - h0) * W
       best = tonum(ssub(kept, at + 1, at + 2), 16) + 1
     elseif size_of then
-      if not act then act, w = segment(t, n, st.w) end
-      best = choose_by_samples(w, c, t, o, size_of, m_samples)
+      if not act then act, w = segment(t, n, st.w, cyc) end
+      best = choose_by_samples(w, c, nt, o, size_of, m_samples)
     else
       if not act then
-        act, w, d = segment(t, n, st.w)
+        act, w, d = segment(t, n, st.w, cyc)
         ch = choice(act, c, w, d, m)
       end
       best = choose(ch, act, m)
     end
+    local task = nt[best]
     local step = 1
-    if size_of then step = size_of(o[best] + t[best]); m_samples = m_samples + step end
+    if size_of then step = size_of(o[best] + task); m_samples = m_samples + step end
     local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
-    if tb >= n[best] then
+    if cyc then nt[best] = cycle_task(st.l[best] + tb, n[best]) end
+    if tb >= n[best] and on_last(rule, st.w[best]) then
       st.rs = 1  -- (drop: the others renormalise from here)
     elseif ch then
       settle(ch, best, cb, w[best], d, m)
     end
-    if not kept then out[#out + 1] = sformat('%010x', o[best] + tb - 1) end
+    if not kept then out[#out + 1] = sformat('%010x', o[best] + task) end
   end
   st.h = last
   mput(F.MIXH, base + last)

@@ -143,6 +143,20 @@ local function cycle_task(j, n)
   return task, (j - task) / n
 end
 
+-- cycle: each source's slots over the job's life after state `st`'s pass, but for the
+-- positions `ahead` names (its stored copy ids, `width` hex digits each: those charged
+-- ahead of the leases and never handed out, the pass left early; the life counts what
+-- was handed out, so a later pass takes the tasks those would have).
+local function life_after(st, ahead, width)
+  local life = {}
+  for i = 1, #st.n do life[i] = st.l[i] + st.t[i] end
+  for at = 1, #ahead, width do
+    local i = tonumber(string.sub(ahead, at, at + 1), 16) + 1
+    life[i] = life[i] - 1
+  end
+  return life
+end
+
 -- What a source's taking the last task it has means for the pass (taskq/mix.py plan_pass):
 -- 'segment' (a new segment from the next slot: drop, and stop for a source of weight 0),
 -- 'stop' (the pass ends after this slot: stop, the source's logged weight `wi` > 0), nil
@@ -169,18 +183,22 @@ local function defers(debt_i, max_debt)
   return debt_i < max_debt
 end
 
--- When the weights count samples: a reader of the tasks' sizes kept in `key` ('>I4' by
--- task id), a block of 256 read at once (the blocks a page touches: two a source at most).
-local function sizes_reader(key)
-  local blocks, per = {}, 256
+-- When the weights count samples: a reader of the copies' sizes kept in hash `key` (a
+-- mixed job's 'mixsz': field "<source>:<block>", '>I4' each for the source's tasks 256 *
+-- block ..), by copy id (source * stride + task); a block read at once (the blocks a page
+-- touches: two a source at most).
+local function sizes_reader(key, stride)
+  local blocks = {}
   return function(id)
-    local b = (id - id % per) / per
-    local blk = blocks[b]
+    local j = id % stride
+    local b = (j - j % 256) / 256
+    local f = ((id - j) / stride) .. ':' .. b
+    local blk = blocks[f]
     if not blk then
-      blk = rcall('GETRANGE', key, b * per * 4, (b + 1) * per * 4 - 1)
-      blocks[b] = blk
+      blk = rcall('HGET', key, f) or ''
+      blocks[f] = blk
     end
-    return (sunpack('>I4', blk, (id - b * per) * 4 + 1))
+    return (sunpack('>I4', blk, (j - b * 256) * 4 + 1))
   end
 end
 
@@ -204,23 +222,25 @@ end
 
 -- The schedule's state (lib/mix.lua) packed: '>ddddd' its scalars, then per source '>I4'
 -- its tasks, the tasks it gave in the pass, in the segment ('>d' when `sm`: the weights
--- count samples), and '>d' its weight.
+-- count samples), '>d' its weight, and '>I4' its slots over the job's life before the
+-- pass (on_exhausted=cycle: its next task is cycle_task(l + t, n); 0 under the others).
 local function state_format(k, sm)
-  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) end
-  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k)
+  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) .. srep('I4', k) end
+  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k) .. srep('I4', k)
 end
 
--- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w
--- (each source's tasks, tasks given in the pass, in the segment, weight), o (first task
--- ids), sm; `raw` the packed form while the state is unchanged.
+-- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w, l
+-- (each source's tasks, tasks given in the pass, in the segment, weight, life before the
+-- pass), o (first task ids), sm; `raw` the packed form while the state is unchanged.
 local function unpack_state(blob, kp, sm)
-  local k = (#blob - 40) / (sm and 24 or 20)
+  local k = (#blob - 40) / (sm and 28 or 24)
   local v = {sunpack(state_format(k, sm), blob)}
   local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
-    n = {}, t = {}, c = {}, w = {}, o = {}, sm = sm}
-  local n, t, c, w, o, at = st.n, st.t, st.c, st.w, st.o, 0
+    n = {}, t = {}, c = {}, w = {}, l = {}, o = {}, sm = sm}
+  local n, t, c, w, l, o, at = st.n, st.t, st.c, st.w, st.l, st.o, 0
   for i = 1, k do
     n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
+    l[i] = v[5 + 4 * k + i]
     o[i], at = at, at + n[i]
   end
   return st
@@ -228,10 +248,11 @@ end
 
 local function pack_state(st)
   if st.raw then return st.raw end
-  local n, t, c, w, k = st.n, st.t, st.c, st.w, #st.n
+  local n, t, c, w, l, k = st.n, st.t, st.c, st.w, st.l, #st.n
   local v = {st.p, st.h, st.seg, st.nx, st.rs}
   for i = 1, k do
     v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
+    v[5 + 4 * k + i] = l[i]
   end
   st.raw = spack(state_format(k, st.sm), unpack(v))
   return st.raw
@@ -240,4 +261,5 @@ end
 return {segment = segment, choice = choice, choose = choose, settle = settle,
   unpack_state = unpack_state, pack_state = pack_state,
   choose_by_samples = choose_by_samples, sizes_reader = sizes_reader,
-  cycle_task = cycle_task, on_last = on_last, owed_first = owed_first, defers = defers}
+  cycle_task = cycle_task, life_after = life_after, on_last = on_last, owed_first = owed_first,
+  defers = defers}

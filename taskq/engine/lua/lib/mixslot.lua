@@ -5,8 +5,8 @@
 -- back or to another pass, how far it reached is noted (mix_note: 'mixd').
 local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
 local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
-local read_state, switch_to, charge_page, seq_key =
-  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key
+local read_state, switch_to, charge_page, seq_key, mix_flush =
+  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key, lib.mix.mix_flush
 local rcall = redis.call
 
 local W = 10  -- constant: the width of a stored position (lib/mix.lua)
@@ -35,8 +35,10 @@ local function mix_charge(pos)
 end
 
 -- The copy ids (10 hex digits, the chunks hash's fields) of `tasks`, positions of the
--- current pass a lease granted (stored: charged before they were first handed out): one
--- GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
+-- current pass a lease granted: one GETRANGE when they lie within RESOLVE_SPAN positions,
+-- else one each. A granted position is charged first when it is not yet (a slot taken
+-- from the front, not by the cursor's walk: a dead slot retried into a pass the cursor
+-- has not charged).
 local function mix_fields(tasks)
   local key = seq_key(mnum(F.PASS))
   local lo, hi = math.huge, -1
@@ -47,6 +49,7 @@ local function mix_fields(tasks)
     if v < lo then lo = v end
     if v > hi then hi = v end
   end
+  if hi >= mix_high() then mix_charge(hi); mix_flush() end
   local out = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
