@@ -1459,10 +1459,11 @@ def test_engine_cycles_as_the_reference_across_passes(client, data, by):
 
 def test_a_slot_retried_into_a_pass_not_charged_yet_reads_its_copy(client):
     """A dead slot stays dead in the next pass; forced there before the cursor charged
-    anything of it and retried, the slot is leased from the front, not by the cursor's
-    walk: the lease charges the pass up to it first (lib/mixslot.lua ``mix_fields``), so
-    its chunks are the copy the schedule gives position 0 of pass 1 (before, the lease read
-    an uncharged position and answered no chunks)."""
+    anything of it and retried, the slot is in the front past the positions charged: it
+    leaves the front and the cursor's walk charges and grants it in order
+    (lib/mixslot.lua ``mix_walked``), so its chunks are the copy the schedule gives
+    position 0 of pass 1 (before, a grant from the front read an uncharged position and
+    answered no chunks)."""
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 2, "b": 2}, tag)
     mix = f"{tag}-mix"

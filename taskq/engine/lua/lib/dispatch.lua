@@ -20,8 +20,9 @@ local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
-local mix_flush, mix_charge, mix_fields, mix_high, mix_sources = lib.mix.mix_flush,
-  lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_high, lib.mixslot.mix_sources
+local mix_flush, mix_charge, mix_fields, mix_high, mix_sources, mix_walked =
+  lib.mix.mix_flush, lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_high,
+  lib.mixslot.mix_sources, lib.mixslot.mix_walked
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -224,7 +225,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    local free = is_free(task, buf)
+    local free = is_free(task, buf) and not (MIXED and mix_walked(task))  -- (walked: no)
     if free and (avoided(task, worker) or not piece_ok(task, worker, winc)) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then

@@ -34,11 +34,23 @@ local function mix_charge(pos)
   return st.h
 end
 
+-- A slot popped from the front (dispatch): true when it is past the positions charged (a
+-- dead slot retried into a pass the cursor has not charged up to it), so past the cursor
+-- too: it leaves the front, and the cursor's walk charges and grants it in order (a grant
+-- from the front would read a position not charged; charging up to it here, unbounded).
+-- The state is made the current pass's first, as the walk's first step would.
+local function mix_walked(task)
+  local h = mix_high()
+  if h < 0 then
+    h = mix_charge(mmin(mnum(F.CURSOR), mnum(F.N) - 1))
+    mix_flush()
+  end
+  return tonum(task) >= h
+end
+
 -- The copy ids (10 hex digits, the chunks hash's fields) of `tasks`, positions of the
--- current pass a lease granted: one GETRANGE when they lie within RESOLVE_SPAN positions,
--- else one each. A granted position is charged first when it is not yet (a slot taken
--- from the front, not by the cursor's walk: a dead slot retried into a pass the cursor
--- has not charged).
+-- current pass a lease granted (stored: charged before they were first handed out): one
+-- GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
 local function mix_fields(tasks)
   local key = seq_key(mnum(F.PASS))
   local lo, hi = math.huge, -1
@@ -49,7 +61,6 @@ local function mix_fields(tasks)
     if v < lo then lo = v end
     if v > hi then hi = v end
   end
-  if hi >= mix_high() then mix_charge(hi); mix_flush() end
   local out = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
@@ -86,4 +97,4 @@ local function mix_note()
 end
 
 return {mix_high = mix_high, mix_charge = mix_charge, mix_fields = mix_fields,
-  mix_sources = mix_sources, mix_note = mix_note}
+  mix_walked = mix_walked, mix_sources = mix_sources, mix_note = mix_note}
