@@ -91,17 +91,22 @@ end
 -- A reader of the copies' sizes ('mixsz'), by copy id; a block of 256 read at once (the
 -- blocks a page touches: two a source at most).
 local function sizes_reader()
-  local blocks = {}
+  local blocks = {}  -- (by the block's first copy id: a number, no string made per read)
+  local known = {}  -- (the rule reads every source's next task each slot: unpacked once)
   return function(id)
-    local j = id % STRIDE
-    local b = (j - j % 256) / 256
-    local f = fmt((id - j) / STRIDE) .. ':' .. fmt(b)
-    local blk = blocks[f]
+    local v = known[id]
+    if v then return v end
+    local at = id % 256
+    local first = id - at
+    local blk = blocks[first]
     if not blk then
-      blk = rcall('HGET', kc('mixsz'), f) or ''
-      blocks[f] = blk
+      local j = first % STRIDE
+      blk = rcall('HGET', kc('mixsz'), fmt((first - j) / STRIDE) .. ':' .. fmt(j / 256)) or ''
+      blocks[first] = blk
     end
-    return (sunpack('>I4', blk, (j - b * 256) * 4 + 1))
+    v = sunpack('>I4', blk, at * 4 + 1)
+    known[id] = v
+    return v
   end
 end
 

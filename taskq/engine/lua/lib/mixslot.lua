@@ -34,12 +34,34 @@ local function mix_charge(pos)
   return st.h
 end
 
+-- The positions of the current pass charged, as the front's pops see them (dispatch: a
+-- slot past them, a dead slot retried, waits in the front until the cursor's walk charges
+-- it; the walk charges from there, mix_charge).
+local function mix_front(front_empty)
+  local h = mix_high()
+  if h <= 0 and not front_empty then h = mix_charge(-1) end
+  return h
+end
+
+-- A slot granted at or past the cursor (from the front: a dead slot retried) is handed
+-- out: 'mixd' raised past it, so a weight change never charges it again (mix_charged).
+local function handed(hi)
+  if hi < mnum(F.CURSOR) then return end
+  local slot = mnum(F.PASS) * mnum(F.N) + hi + 1
+  if slot > mnum(F.MIXD) then mput(F.MIXD, slot) end
+end
+
 -- The copy ids (10 hex digits, the chunks hash's fields) of `tasks`, positions of the
--- current pass a lease granted (stored: charged before they were first handed out): one
--- GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
+-- current pass a lease granted (stored: charged before they are handed out, dispatch):
+-- one GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
 local function mix_fields(tasks)
   local key = seq_key(mnum(F.PASS))
-  local lo, hi = math.huge, -1
+  if #tasks == 1 then
+    local v = tonum(tasks[1])
+    handed(v)
+    return {rcall('GETRANGE', key, v * W, v * W + W - 1)}
+  end
+  local lo, hi = tonum(tasks[1]), -1
   local pos = {}
   for k, t in lipairs(tasks) do
     local v = tonum(t)
@@ -47,6 +69,7 @@ local function mix_fields(tasks)
     if v < lo then lo = v end
     if v > hi then hi = v end
   end
+  handed(hi)
   local out = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
@@ -82,5 +105,5 @@ local function mix_note()
   if reached > mnum(F.MIXD) then mput(F.MIXD, reached) end
 end
 
-return {mix_high = mix_high, mix_charge = mix_charge, mix_fields = mix_fields,
+return {mix_front = mix_front, mix_charge = mix_charge, mix_fields = mix_fields,
   mix_sources = mix_sources, mix_note = mix_note}
