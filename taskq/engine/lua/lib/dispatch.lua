@@ -315,7 +315,7 @@ local function take(worker, winc, want, call_no, mode)
     rcall('ZADD', K_FRONT, p[2], p[1])
   end
   if #out > 0 then
-    local fields = MIXED and mix_fields(GRANTED) or GRANTED  -- (a mixed job's: its copies')
+    local fields = MIXED and mix_fields(out) or GRANTED  -- (a mixed job's: its copies')
     local chunks = rcall('HMGET', K_CHUNKS, unpk(fields))
     for k, g in lipairs(out) do g[4] = chunks[k] end
     add_starts(out, GRANTED)

@@ -51,36 +51,32 @@ local function handed(hi)
   if slot > mnum(F.MIXD) then mput(F.MIXD, slot) end
 end
 
--- The copy ids (10 hex digits, the chunks hash's fields) of `tasks`, positions of the
--- current pass a lease granted (stored: charged before they are handed out, dispatch):
+-- The copy ids (10 hex digits, the chunks hash's fields) of the slots of the reply rows
+-- `out` (element 1: the position; stored: charged before they are handed out, dispatch):
 -- one GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
-local function mix_fields(tasks)
+local function mix_fields(out)
   local key = seq_key(mnum(F.PASS))
-  if #tasks == 1 then
-    local v = tonum(tasks[1])
-    handed(v)
-    return {rcall('GETRANGE', key, v * W, v * W + W - 1)}
-  end
-  local lo, hi = tonum(tasks[1]), -1
-  local pos = {}
-  for k, t in lipairs(tasks) do
-    local v = tonum(t)
-    pos[k] = v
-    if v < lo then lo = v end
-    if v > hi then hi = v end
+  local n, lo = #out, out[1][1]
+  local hi = lo
+  for k = 2, n do
+    local v = out[k][1]
+    if v < lo then lo = v elseif v > hi then hi = v end
   end
   handed(hi)
-  local out = {}
+  local fields = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
-    for k, v in lipairs(pos) do
-      local at = (v - lo) * W
-      out[k] = ssub(blk, at + 1, at + W)
+    for k = 1, n do
+      local at = (out[k][1] - lo) * W
+      fields[k] = ssub(blk, at + 1, at + W)
     end
   else
-    for k, v in lipairs(pos) do out[k] = rcall('GETRANGE', key, v * W, v * W + W - 1) end
+    for k = 1, n do
+      local v = out[k][1]
+      fields[k] = rcall('GETRANGE', key, v * W, v * W + W - 1)
+    end
   end
-  return out
+  return fields
 end
 
 -- The reply rows of granted slots (dispatch take(): `fields` their copy ids) name their
