@@ -40,7 +40,7 @@ READ_BATCH = 1024
 KEEP_PASSES = 3
 #: A stored position's width: a copy id in hex (lib/mix.lua W).
 ENTRY = 10
-#: Tasks' sizes per field of ``mixsz`` (lib/mix.lua sizes_reader).
+#: Tasks' sizes per field of ``mixsz`` (lib/mixrule.lua sizes_reader).
 SIZE_BLOCK = 256
 
 

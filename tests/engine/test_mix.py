@@ -332,6 +332,41 @@ def test_a_mixed_jobs_tasks_are_its_slots_read_through_the_sequence(client):
     assert job.audit()["ok"]
 
 
+def test_a_dead_slot_retried_before_its_pass_charged_it_waits_for_its_charge(client):
+    # A dead slot retried in the next pass is in the front before the cursor's walk has
+    # charged it: it is leased once charged, with the source task that pass's schedule
+    # gives it (not a missing chunk); leased ahead of the cursor, it counts as handed out,
+    # so a weight change holds only from the slot after it and never moves it.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 600, "code": 400}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=None)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(301):
+            task = t.lease(timeout=1)
+            if task.id in (0, 300):
+                t.fail(task, "poison")  # dead slots 0 and 300
+            else:
+                t.ack(task)
+    client.next_pass(mix, force=True)
+    assert job.retry([0]) == 1  # slot 0 of pass 1: not charged yet
+    want = _reference(client, mix, 1)
+    with taskq.Trainer(mix, client=client) as t:
+        got = {}
+        while len(got) < 299:  # slots 0-298 (300 is dead)
+            task = t.lease(timeout=1)
+            got[task.id] = (task.pass_no, task.source, task.chunks[0]["i"])
+            t.ack(task)
+        assert got == {k: (1, *want[k]) for k in range(299)}
+        assert job.retry([300]) == 1  # charged (the page from 256), ahead of the cursor
+        task = t.lease(timeout=1)
+        assert (task.id, task.source, task.chunks[0]["i"]) == (300, *want[300])
+        assert job.set_weights({names["web"]: 1, names["code"]: 0}) == 1000 + 301
+    rows = job.mix_sequence()
+    assert [(r["source"], r["source_task"]) for r in rows] == want[:301]
+
+
 def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
     tag = f"mx{next(_ids)}"
     names = _sized_sources(client, {"a": [3, 4]}, tag)
@@ -1455,32 +1490,6 @@ def test_engine_cycles_as_the_reference_across_passes(client, data, by):
     for i, r in enumerate(task_sizes):
         assert taken[i] == [(j // len(r), j % len(r)) for j in range(len(taken[i]))]
     assert client.status(mix).state == "completed"
-
-
-def test_a_slot_retried_into_a_pass_not_charged_yet_reads_its_copy(client):
-    """A dead slot stays dead in the next pass; forced there before the cursor charged
-    anything of it and retried, the slot is in the front past the positions charged: it
-    leaves the front and the cursor's walk charges and grants it in order
-    (lib/mixslot.lua ``mix_walked``), so its chunks are the copy the schedule gives
-    position 0 of pass 1 (before, a grant from the front read an uncharged position and
-    answered no chunks)."""
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"a": 2, "b": 2}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(
-        mix, mix={names["a"]: 0.5, names["b"]: 0.5}, max_failures=1, passes=2, auto_advance=False
-    )
-    job = client.job(mix)
-    with taskq.Trainer(mix, client=client) as t:
-        task = t.lease(timeout=1)
-        assert task is not None and task.id == 0
-        t.fail(task, "poison")  # max_failures 1: slot 0 is dead
-    client.next_pass(mix, force=True)
-    assert job.retry([0]) == 1
-    with taskq.Trainer(mix, client=client) as t:
-        again = t.lease(timeout=1)
-        assert again is not None and (again.id, again.pass_no) == (0, 1)
-        assert (again.source, again.chunks[0]["i"]) == _reference(client, mix, 1)[0]
 
 
 def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):

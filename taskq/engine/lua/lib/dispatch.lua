@@ -20,9 +20,8 @@ local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
-local mix_flush, mix_charge, mix_fields, mix_high, mix_sources, mix_walked =
-  lib.mix.mix_flush, lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_high,
-  lib.mixslot.mix_sources, lib.mixslot.mix_walked
+local mix_flush, mix_charge, mix_fields, mix_front, mix_sources = lib.mix.mix_flush,
+  lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_front, lib.mixslot.mix_sources
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -220,13 +219,15 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
   if CALL.FRONT_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
   local front_empty = CALL.FRONT_EMPTY == true
+  local charged = MIXED and mix_front(front_empty) or math.huge  -- (lib/mixslot.lua)
   while not front_empty and #out < want and steps < 1000 do
     local popped = rcall('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
-    local free = is_free(task, buf) and not (MIXED and mix_walked(task))  -- (walked: no)
-    if free and (avoided(task, worker) or not piece_ok(task, worker, winc)) then
+    local free = is_free(task, buf)
+    SKIPPED[task] = MIXED and tonum(task) >= charged  -- (not charged: left, not walked)
+    if free and (SKIPPED[task] or avoided(task, worker) or not piece_ok(task, worker, winc)) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then
       local solo = not counts_empty() and rcall('HGET', K_COUNTS, 's:' .. task) == '1'
@@ -246,19 +247,18 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
     local perm = perm_fn()
-    local charged = MIXED and mix_high() or n  -- (a mixed job's slots: charged first)
     while #out < want and cursor < n and steps < 1000 do
       if cursor >= charged then charged = mix_charge(cursor) end
       local task_n = perm(cursor)
       local task = fmt(task_n)
       cursor = cursor + 1
       steps = steps + 1
-      if is_free(task, buf) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
+      if is_free(task, buf) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false)
+          and not (MIXED and SKIPPED[task]) then
         out[#out + 1] = grant(task, worker, winc, cn, lease_kind(mode, #out), task_n, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
-    if MIXED then mix_flush() end
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.
@@ -298,6 +298,7 @@ local function take(worker, winc, want, call_no, mode)
   if want > 1 then buf = lw_new() end
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
   local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
+  if MIXED then mix_flush() end
   if buf then
     lw_flush(buf)
     -- (as grant() would have: the started ones first, mode F)
@@ -314,8 +315,7 @@ local function take(worker, winc, want, call_no, mode)
     rcall('ZADD', K_FRONT, p[2], p[1])
   end
   if #out > 0 then
-    -- (a mixed job's task is a slot: its chunks are its copy's, lib/mixslot.lua)
-    local fields = MIXED and mix_fields(GRANTED) or GRANTED
+    local fields = MIXED and mix_fields(out) or GRANTED  -- (a mixed job's: its copies')
     local chunks = rcall('HMGET', K_CHUNKS, unpk(fields))
     for k, g in lipairs(out) do g[4] = chunks[k] end
     add_starts(out, GRANTED)

@@ -4,8 +4,8 @@
 -- source's debt ("A source runs out"), pure functions; the schedule's state's packed form
 -- (taskq/mix.py `plan_pass` is the reference: a scan of every source, the same
 -- comparisons).
-local lipairs, mceil, tremove, rcall, srep, unpack = ipairs, math.ceil, table.remove,
-  redis.call, string.rep, unpack
+local lipairs, mceil, tremove, rcall, srep, sformat, unpack = ipairs, math.ceil, table.remove,
+  redis.call, string.rep, string.format, unpack
 local spack, sunpack = struct.pack, struct.unpack
 
 -- A segment's weights (the logged ones `wn` over the sources not run out, t[i] < n[i], or
@@ -185,20 +185,25 @@ end
 
 -- When the weights count samples: a reader of the copies' sizes kept in hash `key` (a
 -- mixed job's 'mixsz': field "<source>:<block>", '>I4' each for the source's tasks 256 *
--- block ..), by copy id (source * stride + task); a block read at once (the blocks a page
--- touches: two a source at most).
+-- block ..), by copy id (source * stride + task); a block of 256 read at once (the blocks
+-- a page touches: two a source at most).
 local function sizes_reader(key, stride)
-  local blocks = {}
+  local blocks = {}  -- (by the block's first copy id: a number, no string made per read)
+  local known = {}  -- (the rule reads every source's next task each slot: unpacked once)
   return function(id)
-    local j = id % stride
-    local b = (j - j % 256) / 256
-    local f = ((id - j) / stride) .. ':' .. b
-    local blk = blocks[f]
+    local v = known[id]
+    if v then return v end
+    local at = id % 256
+    local first = id - at
+    local blk = blocks[first]
     if not blk then
-      blk = rcall('HGET', key, f) or ''
-      blocks[f] = blk
+      local j = first % stride
+      blk = rcall('HGET', key, sformat('%d:%d', (first - j) / stride, j / 256)) or ''
+      blocks[first] = blk
     end
-    return (sunpack('>I4', blk, (j - b * 256) * 4 + 1))
+    v = sunpack('>I4', blk, at * 4 + 1)
+    known[id] = v
+    return v
   end
 end
 

@@ -5,8 +5,8 @@
 -- back or to another pass, how far it reached is noted (mix_note: 'mixd').
 local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
 local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
-local read_state, switch_to, charge_page, seq_key, mix_flush =
-  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key, lib.mix.mix_flush
+local read_state, switch_to, charge_page, seq_key =
+  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key
 local rcall = redis.call
 
 local W = 10  -- constant: the width of a stored position (lib/mix.lua)
@@ -34,44 +34,49 @@ local function mix_charge(pos)
   return st.h
 end
 
--- A slot popped from the front (dispatch): true when it is past the positions charged (a
--- dead slot retried into a pass the cursor has not charged up to it), so past the cursor
--- too: it leaves the front, and the cursor's walk charges and grants it in order (a grant
--- from the front would read a position not charged; charging up to it here, unbounded).
--- The state is made the current pass's first, as the walk's first step would.
-local function mix_walked(task)
+-- The positions of the current pass charged, as the front's pops see them (dispatch: a
+-- slot past them, a dead slot retried, waits in the front until the cursor's walk charges
+-- it; the walk charges from there, mix_charge).
+local function mix_front(front_empty)
   local h = mix_high()
-  if h < 0 then
-    h = mix_charge(mmin(mnum(F.CURSOR), mnum(F.N) - 1))
-    mix_flush()
-  end
-  return tonum(task) >= h
+  if h <= 0 and not front_empty then h = mix_charge(-1) end
+  return h
 end
 
--- The copy ids (10 hex digits, the chunks hash's fields) of `tasks`, positions of the
--- current pass a lease granted (stored: charged before they were first handed out): one
--- GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
-local function mix_fields(tasks)
+-- A slot granted at or past the cursor (from the front: a dead slot retried) is handed
+-- out: 'mixd' raised past it, so a weight change never charges it again (mix_charged).
+local function handed(hi)
+  if hi < mnum(F.CURSOR) then return end
+  local slot = mnum(F.PASS) * mnum(F.N) + hi + 1
+  if slot > mnum(F.MIXD) then mput(F.MIXD, slot) end
+end
+
+-- The copy ids (10 hex digits, the chunks hash's fields) of the slots of the reply rows
+-- `out` (element 1: the position; stored: charged before they are handed out, dispatch):
+-- one GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
+local function mix_fields(out)
   local key = seq_key(mnum(F.PASS))
-  local lo, hi = math.huge, -1
-  local pos = {}
-  for k, t in lipairs(tasks) do
-    local v = tonum(t)
-    pos[k] = v
-    if v < lo then lo = v end
-    if v > hi then hi = v end
+  local n, lo = #out, out[1][1]
+  local hi = lo
+  for k = 2, n do
+    local v = out[k][1]
+    if v < lo then lo = v elseif v > hi then hi = v end
   end
-  local out = {}
+  handed(hi)
+  local fields = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
-    for k, v in lipairs(pos) do
-      local at = (v - lo) * W
-      out[k] = ssub(blk, at + 1, at + W)
+    for k = 1, n do
+      local at = (out[k][1] - lo) * W
+      fields[k] = ssub(blk, at + 1, at + W)
     end
   else
-    for k, v in lipairs(pos) do out[k] = rcall('GETRANGE', key, v * W, v * W + W - 1) end
+    for k = 1, n do
+      local v = out[k][1]
+      fields[k] = rcall('GETRANGE', key, v * W, v * W + W - 1)
+    end
   end
-  return out
+  return fields
 end
 
 -- The reply rows of granted slots (dispatch take(): `fields` their copy ids) name their
@@ -96,5 +101,5 @@ local function mix_note()
   if reached > mnum(F.MIXD) then mput(F.MIXD, reached) end
 end
 
-return {mix_high = mix_high, mix_charge = mix_charge, mix_fields = mix_fields,
-  mix_walked = mix_walked, mix_sources = mix_sources, mix_note = mix_note}
+return {mix_front = mix_front, mix_charge = mix_charge, mix_fields = mix_fields,
+  mix_sources = mix_sources, mix_note = mix_note}
