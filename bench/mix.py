@@ -2,7 +2,7 @@
 one run; docs/mixing.md).
 
 Usage: .venv/bin/python bench/mix.py [--calls 200] [--shapes 'prefetch 1,batches(16)']
-           [--sources 3,64] [--weights 500]
+           [--sources 3,64] [--mix-by tasks|samples] [--weights 500]
 
 Where it sits: beside `server_instructions.py`, whose callgrind'ed redis-server, counter
 reset and dump it reuses: one trainer (no heartbeat) warms up on the job, the counters are
@@ -10,7 +10,9 @@ zeroed, `--calls` calls of the shape run, and the instructions over the tasks ha
 are printed in thousands: the whole server's, and those inside the FCALLs (`fcallCommand`
 inclusive, what the comparison uses: the server's cron work per wall-clock tick moves the
 whole count with the machine's load). Rows: the plain job, then a mixed job of the same
-tasks (chunk for chunk) from 3 and from 64 sources (weights 1, 2, 3, ...). `--keep DIR`
+tasks (chunk for chunk) from 3 and from 64 sources (weights 1, 2, 3, ...); `--mix-by
+samples`: the weights count samples (each chunk says its records, 1 to 50; the plain job
+has the same chunks). `--keep DIR`
 keeps each dump. Needs valgrind with callgrind_control and callgrind_annotate. `--weights
 N`: instead, N `set_weights` calls on a mixed job of 64 sources on a plain redis-server
 (wall clock, one run: the goal is >= 10 changes/s while trainers lease).
@@ -29,9 +31,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_instructions import _batch, _server, _total, _window  # noqa: E402
 
 
-def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, float]:
+def measure(
+    sources: int, shape: str, calls: int, keep: str = "", by: str = "tasks"
+) -> dict[str, float]:
     """Thousands of instructions per task and per FCALL of `shape` on a job of
-    `calls * 16 + 2000` tasks: plain (sources 0) or mixed from `sources` jobs."""
+    `calls * 16 + 2000` tasks: plain (sources 0) or mixed from `sources` jobs, its weights
+    counting `by` (tasks or samples)."""
     import taskq
 
     d = tempfile.mkdtemp(prefix="taskq-mix-cg-")
@@ -43,13 +48,27 @@ def measure(sources: int, shape: str, calls: int, keep: str = "") -> dict[str, f
         total = calls * 16 + 2_000
         # the same tasks, chunk for chunk, plain (sources 0) or mixed from 3
         per = -(-total // max(sources, 3))
-        chunks = [{"s": s, "i": i} for s in range(max(sources, 3)) for i in range(per)]
+        chunks: list[dict[str, object]] = [
+            {"s": s, "i": i} for s in range(max(sources, 3)) for i in range(per)
+        ]
+        if by == "samples":  # (sizes the create reads: a lines chunk's records)
+            chunks = [
+                {
+                    "format": "lines",
+                    "path": f"/x/{c['s']}/{c['i']}",
+                    "offset": 0,
+                    "length": 1,
+                    "records": k % 50 + 1,
+                }
+                for k, c in enumerate(chunks)
+            ]
         if sources == 0:
             client.create_job("cg", chunks, passes=None)
         else:
             for s in range(sources):
                 client.create_job(f"src{s}", chunks[s * per : (s + 1) * per])
-            client.create_job("cg", mix={f"src{s}": s + 1 for s in range(sources)}, passes=None)
+            mix = {f"src{s}": s + 1 for s in range(sources)}
+            client.create_job("cg", mix=mix, mix_by=by, passes=None)
         fcalls, others = _window(server, admin, url, shape, calls)
         dump = keep or os.path.join(d, "kept.cg")
         instr = _total(out, dump)
@@ -108,6 +127,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--shapes", default="prefetch 1,batches(16)")
     parser.add_argument("--sources", default="3,64")
+    parser.add_argument("--mix-by", default="tasks", choices=("tasks", "samples"))
     parser.add_argument("--weights", type=int, default=0)
     parser.add_argument("--keep", default="", help="keep each dump as DIR/<shape>-<sources>.cg")
     args = parser.parse_args()
@@ -124,9 +144,9 @@ def main() -> None:
             keep = ""
             if args.keep:
                 keep = os.path.join(args.keep, f"{shape.replace(' ', '')}-{sources}.cg")
-            g = measure(sources, shape, args.calls, keep)
+            g = measure(sources, shape, args.calls, keep, args.mix_by)
             plain = plain or g["own"]
-            label = "plain" if sources == 0 else f"mixed, {sources} sources"
+            label = "plain" if sources == 0 else f"mixed, {sources} sources, by {args.mix_by}"
             print(
                 f"| {shape} | {label} | {g['task']:.0f} | {g['own']:.0f} | "
                 f"{100 * (g['own'] / plain - 1):+.1f} % |",

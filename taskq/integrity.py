@@ -55,7 +55,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "mixseq0": "string",
     "mixseq1": "string",
     "mixseq2": "string",
-    "mixsz": "string",
+    "mixsz": "hash",
     "sources": "hash",
     "srcseq": "zset",
     "aside": "zset",
@@ -258,6 +258,7 @@ def split_check(
     round_id: Any,
     size_of: Callable[[list[Any]], int | None],
     running: tuple[Any, bool] | None = None,
+    fields: Callable[[list[int]], list[str | None] | None] | None = None,
 ) -> dict[str, Any]:
     """The audit's view of one pass attempt's split tasks (docs/design.md, "Tail
     splitting"): a split task's pieces are ``[0, m)`` (the head) and ``[m, n)`` (the tail)
@@ -282,6 +283,8 @@ def split_check(
         running: while the attempt runs, (the current round, whether the order's cursor
             is at its end): what makes a lease current and a head reachable only through
             a lease or the front; None: no lease is current (an ended attempt).
+        fields: the chunks hash's fields of tasks (a mixed job's slots: their copies,
+            admin/mix.py ``task_fields``); None, or None returned: the task ids.
 
     Returns:
         ``{"tasks": split tasks of the attempt, "acked": of which both pieces acked,
@@ -302,12 +305,13 @@ def split_check(
         orph = orph.decode()
     o_round, _, o_body = (orph or "").partition("|")
     orphans = {int(t) for t in o_body.split()} if o_round == str(round_id) else set()
+    where = (fields(tasks) if fields and tasks else None) or [str(t) for t in tasks]
     pipe = redis_client.pipeline(transaction=False)
-    for task in tasks:
+    for task, field in zip(tasks, where, strict=True):
         pipe.hget(job_keys.leases, f"s:{task}")
         pipe.getbit(job_keys.done, task)
         pipe.sismember(job_keys.dead, task)
-        pipe.hget(job_keys.chunks, task)
+        pipe.hget(job_keys.chunks, field or "")
         pipe.hget(job_keys.progress, task)
         pipe.hget(job_keys.leases, task)
         pipe.hget(job_keys.leases, f"b:{task}")

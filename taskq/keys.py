@@ -23,7 +23,7 @@ JOB_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 #: Job keys, in KEYS order. Names are the Lua local names without the ``K_`` prefix.
 JOB_KEYS: tuple[str, ...] = (
     "meta",  # hash: config, state, counters, incarnation, pass, round, cursor, clock
-    "chunks",  # hash: task id -> JSON list of chunks
+    "chunks",  # hash: task id -> JSON list of chunks (a mixed job's: its copies, by copy id)
     "done",  # bitmap: tasks acked in the current pass attempt
     "dead",  # set: dead task ids (job-wide)
     "deadbits",  # bitmap: the dead set's members as bits (kept with it; a checkpoint copies it)
@@ -59,11 +59,11 @@ JOB_KEYS: tuple[str, ...] = (
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
     "mix",  # hash: a mixed job's schedule state, now and as each kept pass was left (lib/mix.lua)
     "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
-    "mixseq0",  # string: the tasks a mixed job charged, by position, of passes p % 3 == 0
+    "mixseq0",  # string: the copy ids a mixed job charged, by position, of passes p % 3 == 0
     "mixseq1",  # ... p % 3 == 1
     "mixseq2",  # ... p % 3 == 2
-    "mixsz",  # string: a mixed job's tasks' sizes in samples, 4 bytes each ('>I4', by task id)
-    # when its weights count samples (written by the create, read by lib/mix.lua)
+    "mixsz",  # hash: a mixed job's copies' sizes in samples, "<source>:<block>" -> '>I4' each
+    # of 256 tasks, when its weights count samples (written by the create, read by lib/mix.lua)
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
@@ -142,7 +142,8 @@ class MetaField:
     #: a mixed job's sources (JSON: sources, n, w, on_exhausted; docs/mixing.md)
     MIX = "mix"
     #: a mixed job's stored sequence ends before this slot (pass * n + positions stored:
-    #: charged a page ahead, lib/mix.lua); MIXD: no slot at or past it was handed out yet
+    #: charged a page ahead, lib/mix.lua); MIXD: the slot the cursor reached when it last
+    #: went back or to another pass (between, the cursor says it; lib/mixslot.lua)
     MIXH = "mixh"
     MIXD = "mixd"
     SEED = "seed"  # the permutation's seed (mod 65521)

@@ -117,7 +117,9 @@ class JobConfig:
         "(no source of its own; its order the weighted schedule; docs/mixing.md).",
     )
     on_exhausted: str = setting(
-        "drop", "A mixed job's source run out in a pass: the others' weights renormalise."
+        "drop",
+        "A mixed job's source run out in a pass: drop (the others' weights renormalise) or "
+        "cycle (its next pass starts; docs/mixing.md).",
     )
     mix_by: str = setting(
         "tasks",

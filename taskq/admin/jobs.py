@@ -1758,12 +1758,12 @@ def create(
     keys = conn.keys(name)
     validate_config(cfg)
     chunk_list = list(chunks)
-    spec, mix_sizes = None, None
+    spec, mix_sizes, fields = None, None, None
     if cfg.mix is not None:  # its tasks are its sources' (admin/mix.py)
         if chunk_list:
             raise errors.InvalidInput("a mixed job takes its tasks from its sources: no chunks")
         check_name(name)
-        (tasks, nchunks), spec, mix_sizes = mix.read_sources(conn, name, cfg)
+        (tasks, nchunks), fields, spec, mix_sizes = mix.read_sources(conn, name, cfg)
     elif cfg.stream and not chunk_list:
         tasks, nchunks = [], 0
     else:
@@ -1795,15 +1795,22 @@ def create(
     try:
         with translate(conn.url):
             if mix_sizes is not None:  # (lib/mix.lua reads them: create.lua renames it)
-                for start in range(0, len(mix_sizes), 4 * STAGING_BATCH):
+                blocks = list(mix_sizes.items())
+                for start in range(0, len(blocks), STAGING_BATCH // 64):
                     pipe = conn.redis.pipeline(transaction=False)
-                    pipe.setrange(extra[1], start, mix_sizes[start : start + 4 * STAGING_BATCH])
+                    pipe.hset(extra[1], mapping=dict(blocks[start : start + STAGING_BATCH // 64]))
                     pipe.expire(extra[1], STAGING_TTL_S)
                     pipe.execute()
             for start in range(0, len(tasks), STAGING_BATCH):
                 batch = tasks[start : start + STAGING_BATCH]
                 pipe = conn.redis.pipeline(transaction=False)
-                pipe.hset(staging, mapping={str(start + i): t for i, t in enumerate(batch)})
+                pipe.hset(
+                    staging,
+                    mapping={
+                        (fields[start + i] if fields else str(start + i)): t
+                        for i, t in enumerate(batch)
+                    },
+                )
                 pipe.expire(staging, STAGING_TTL_S)
                 pipe.execute()
                 if progress:

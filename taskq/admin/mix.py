@@ -1,12 +1,15 @@
 """Mixed jobs: made from source jobs, weights set from a stated slot, the sequence and
 the per-source counts read back (docs/mixing.md).
 
-A mixed job is a plain job of the engine: its tasks are its sources' tasks, copied at
-create (the sources are read, never written: each stays a job of its own), and its pass
-order is the mix schedule (``engine/lua/lib/mix.lua``; the reference is
+A mixed job is a job of the engine whose tasks are its *slots* (the positions of a pass,
+in order); its sources' tasks are copied at create into its chunks hash under their
+*copy ids* (``copy_field``: source and task, 10 hex digits; the sources are read, never
+written: each stays a job of its own), and the stored sequence of a pass says which copy
+each slot is (the mix schedule, ``engine/lua/lib/mix.lua``; the reference is
 ``taskq.mix.pass_schedule``). Every verb of a plain job (lease, ack, fail, release,
-expiry, reap, steal, revoke, retry, reset, checkpoint, rewind, audit) works on it as on
-any job; a task re-dispatched keeps its slot, since a slot once charged is stored.
+expiry, reap, steal, revoke, retry, reset, checkpoint, rewind, audit) works on its slots
+as on any job's tasks; a slot re-dispatched keeps its copy, since a slot once charged is
+stored.
 
 Data flow: jobs.create (``JobConfig.mix``) / the job's verbs (jobs.py ``Job``), which
 cli/mix.py calls -> mix.py -> engine/transport.py (weights.lua) -> Redis; reads go to Redis
@@ -31,22 +34,40 @@ from taskq.keys import MetaField as F
 from taskq.mix import MixSpec, check_mix
 from taskq.models import JobConfig
 
-#: Tasks read from a source per round trip at create.
-READ_BATCH = 1000
+#: Tasks read from a source per round trip at create (a multiple of SIZE_BLOCK).
+READ_BATCH = 1024
 #: Passes whose sequence a mixed job keeps (lib/mix.lua KEEP).
 KEEP_PASSES = 3
+#: A stored position's width: a copy id in hex (lib/mix.lua W).
+ENTRY = 10
+#: Tasks' sizes per field of ``mixsz`` (lib/mixrule.lua sizes_reader).
+SIZE_BLOCK = 256
+
+
+def copy_field(source: int, task: int) -> str:
+    """The chunks hash's field of a mixed job's copy of task ``task`` of its source
+    ``source`` (0-based, in the mix's order): copy id ``source * 2**32 + task`` in 10 hex
+    digits, as the stored sequence holds it (lib/mix.lua)."""
+    return f"{(source << 32) | task:010x}"
+
+
+def copy_of(field: str | bytes) -> tuple[int, int]:
+    """``(source, task)`` of a copy id (``copy_field``'s inverse)."""
+    cid = int(field, 16)
+    return cid >> 32, cid & 0xFFFFFFFF
 
 
 def read_sources(
     conn: Connection, name: str, cfg: JobConfig
-) -> tuple[tuple[list[str], int], MixSpec, bytes | None]:
+) -> tuple[tuple[list[str], int], list[str], MixSpec, dict[str, bytes] | None]:
     """What mixed job ``name`` (``cfg.mix``, checked by ``validate_config``) is made of:
     its sources' tasks, copied in the order of ``cfg.mix`` (``jobs.create`` stages them).
 
     Returns:
-        ((the tasks' JSON, their chunks), the sources' spec, and when the weights count
-        samples (``cfg.mix_by``) the tasks' sizes as the engine keeps them (``mixsz``:
-        ``>I`` per task, in the mixed job's order), else None).
+        ((the tasks' JSON, their chunks), each one's field (``copy_field``), the sources'
+        spec, and when the weights count samples (``cfg.mix_by``) the tasks' sizes as the
+        engine keeps them (``mixsz``: field ``"<source>:<block>"``, ``>I`` per task of
+        the source from ``SIZE_BLOCK * block``), else None).
 
     Raises:
         InvalidInput: an unsuitable source (itself, a stream, a sharded or a mixed job),
@@ -57,10 +78,11 @@ def read_sources(
     sources = list(mix)
     weights = check_mix(mix)
     tasks: list[str] = []
+    fields: list[str] = []
     sizes: list[int] = []
-    samples: list[int] | None = [] if cfg.mix_by == "samples" else None
+    packed: dict[str, bytes] | None = {} if cfg.mix_by == "samples" else None
     nchunks = 0
-    for source in sources:
+    for s, source in enumerate(sources):
         if source == name:
             raise errors.InvalidInput(f"mix: {name!r} cannot be its own source")
         if shardset.load(conn, source) is not None:
@@ -85,7 +107,9 @@ def read_sources(
                     f"mix: source {source!r} has no chunks for task {missing[0]} (trimmed?)"
                 )
             tasks.extend(got)
-            if samples is not None:
+            fields.extend(copy_field(s, i) for i in ids)
+            if packed is not None:
+                samples: list[int] = []
                 for i, raw in zip(ids, got, strict=True):
                     size = task_size(decode_chunks(raw, keys.chunks, i))
                     if size is None or not 0 <= size < 2**32:
@@ -94,11 +118,13 @@ def read_sources(
                             f"not say its size (every chunk's rows / samples / records)"
                         )
                     samples.append(size)
+                for b in range(start, start + len(samples), SIZE_BLOCK):
+                    part = samples[b - start : b - start + SIZE_BLOCK]
+                    packed[f"{s}:{b // SIZE_BLOCK}"] = struct.pack(f">{len(part)}I", *part)
         sizes.append(n)
         nchunks += int(meta[3] or n)
     spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted, cfg.mix_by)
-    packed = None if samples is None else struct.pack(f">{len(samples)}I", *samples)
-    return (tasks, nchunks), spec, packed
+    return (tasks, nchunks), fields, spec, packed
 
 
 def spec_of(conn: Connection, name: str) -> MixSpec:
@@ -156,24 +182,46 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
 
 def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
     """The pass, the positions charged and the tasks each source gave in them, from the
-    state's packed form (lib/mix.lua: '>ddddd' scalars, then per source its tasks, the
+    state's packed form (lib/mixrule.lua: '>ddddd' scalars, then per source its tasks, the
     tasks it gave in the pass, ...)."""
     p, h = struct.unpack_from(">2d", blob)
     return int(p), int(h), list(struct.unpack_from(f">{k}I", blob, 40 + 4 * k))
 
 
+def _state_life(blob: bytes, k: int) -> list[int]:
+    """Each source's slots over the job's life before the state's pass (``cycle``; the
+    packed form's last ``>I`` per source, lib/mixrule.lua)."""
+    return list(struct.unpack_from(f">{k}I", blob, len(blob) - 4 * k))
+
+
+def _stored(conn: Connection, name: str, pass_no: int, start: int, end: int) -> list[str]:
+    """The copy ids (``copy_field``) stored at positions ``start .. end - 1`` of pass
+    ``pass_no``, read READ_BATCH at a time."""
+    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    out: list[str] = []
+    for at in range(start, end, READ_BATCH):
+        upto = min(end, at + READ_BATCH)
+        with translate(conn.url):
+            raw = conn.redis.getrange(key, ENTRY * at, ENTRY * upto - 1)
+        out.extend(raw[ENTRY * k : ENTRY * k + ENTRY] for k in range(upto - at))
+    return out
+
+
 def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str, Any] | None:
     """The schedule of ``pass_no`` as far as leases reached (lib/mix.lua charges a page
-    ahead of them): ``{"h": positions handed out, "t": tasks each source gave in them}``;
-    None when nothing of it is kept."""
+    ahead of them; ``mix_charged``: in the current pass the cursor's reach, else 'mixd'
+    as the pass was left): ``{"h": positions handed out, "t": tasks each source gave in
+    them, "life": each source's slots over the job's life before the pass (``cycle``; 0
+    under the other rules)}``; None when nothing of it is kept."""
     keys = conn.keys(name)
     k = len(spec.sizes)
     with translate(conn.url):
         cur = conn.redis.execute_command("HMGET", keys.mix, "s", "kp", **{NEVER_DECODE: True})
-        mixd = conn.redis.hget(keys.meta, F.MIXD)
+        mixd, cursor, now = conn.redis.hmget(keys.meta, [F.MIXD, F.CURSOR, F.PASS])
     if not cur[0]:
         return None
     blob = cur[0]
+    current = int(now or 0) == pass_no
     handed = int(mixd or 0) - pass_no * spec.total
     if _state_counts(blob, k)[0] != pass_no:
         if str(pass_no) not in (cur[1] or b"").decode().split(","):
@@ -186,14 +234,24 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
             return None
         handed = int(d or 0)
     _, h, counts = _state_counts(blob, k)
+    if current:
+        handed = max(handed, int(cursor or 0))
     handed = max(0, min(handed, h))
-    if handed < h:  # the page charged ahead: not handed out yet
-        key = getattr(keys, f"mixseq{pass_no % KEEP_PASSES}")
-        with translate(conn.url):
-            raw = conn.redis.getrange(key, 8 * handed, 8 * h - 1)
-        for k in range(h - handed):
-            counts[spec.sources.index(spec.source_of(int(raw[8 * k : 8 * k + 8], 16)))] -= 1
-    return {"h": handed, "t": counts}
+    for field in _stored(conn, name, pass_no, handed, h):  # charged ahead, not handed out
+        counts[copy_of(field)[0]] -= 1
+    return {"h": handed, "t": counts, "life": _state_life(blob, k)}
+
+
+def pass_life(conn: Connection, name: str, pass_no: int) -> list[int] | None:
+    """``cycle``: each source's slots over mixed job ``name``'s life before pass
+    ``pass_no`` (what the engine keeps with the pass's state: the trimmed weight log cannot
+    make it again), None when nothing of the pass is kept.
+
+    Raises:
+        JobNotFound. InvalidInput: not a mixed job.
+    """
+    st = _state(conn, name, spec_of(conn, name), pass_no)
+    return None if st is None else list(st["life"])
 
 
 def kept_passes(conn: Connection, name: str) -> set[int] | None:
@@ -209,42 +267,100 @@ def kept_passes(conn: Connection, name: str) -> set[int] | None:
 
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
-    """What mixed job ``name`` charged in a pass (default: the current one), slot by slot:
-    ``{"slot", "pass", "position", "source", "source_task", "task"}`` (``task`` the mixed
-    job's id, ``source_task`` the id in the source job). A pass whose sequence is no longer
-    kept (docs/mixing.md: the last 3) has none.
+    """What mixed job ``name`` handed out in a pass (default: the current one), slot by
+    slot: ``{"slot", "pass", "position", "source", "source_task", "source_pass", "task"}``
+    (``task`` the mixed job's task, which is the position; ``source_task`` the task's id in
+    the source job; ``source_pass`` the source's pass it is of: the mixed pass, or under
+    ``cycle`` the source's slot over the job's life div its tasks). A pass whose sequence
+    is no longer kept (docs/mixing.md: the last 3) has none.
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job.
     """
     spec = spec_of(conn, name)
-    keys = conn.keys(name)
     if pass_no is None:
         with translate(conn.url):
-            pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
+            pass_no = int(conn.redis.hget(conn.keys(name).meta, F.PASS) or 0)
     st = _state(conn, name, spec, pass_no)
-    charged = int(st["h"]) if st else 0
-    offsets = spec.offsets
     rows: list[dict[str, Any]] = []
-    key = getattr(keys, f"mixseq{pass_no % KEEP_PASSES}")
-    for start in range(0, charged, READ_BATCH):
-        end = min(charged, start + READ_BATCH)
-        with translate(conn.url):
-            raw = conn.redis.getrange(key, 8 * start, 8 * end - 1)
-        for k in range(end - start):
-            task = int(raw[8 * k : 8 * k + 8], 16)
-            source = spec.source_of(task)
-            rows.append(
-                {
-                    "slot": pass_no * spec.total + start + k,
-                    "pass": pass_no,
-                    "position": start + k,
-                    "source": source,
-                    "source_task": task - offsets[spec.sources.index(source)],
-                    "task": task,
-                }
-            )
+    life = list(st["life"]) if st else [0] * len(spec.sizes)
+    cycle = spec.on_exhausted == "cycle"
+    for pos, field in enumerate(_stored(conn, name, pass_no, 0, int(st["h"]) if st else 0)):
+        source, task = copy_of(field)
+        source_pass = life[source] // spec.sizes[source] if cycle else pass_no
+        life[source] += 1
+        rows.append(
+            {
+                "slot": pass_no * spec.total + pos,
+                "pass": pass_no,
+                "position": pos,
+                "source": spec.sources[source],
+                "source_task": task,
+                "source_pass": source_pass,
+                "task": pos,
+            }
+        )
     return rows
+
+
+def task_fields(conn: Connection, name: str, ids: list[int]) -> list[str | None] | None:
+    """Where the chunks of tasks ``ids`` of job ``name`` are in its chunks hash, None for
+    a job that is not mixed (its task ids are the fields). A mixed job's task is a slot
+    of its current pass: the copy its stored sequence holds there (``copy_field``; None
+    for a slot not handed out yet, whose copy the schedule has not fixed).
+
+    Raises:
+        JobNotFound.
+    """
+    with translate(conn.url):
+        inc, mix_json, pass_raw = conn.redis.hmget(conn.keys(name).meta, [F.INC, F.MIX, F.PASS])
+    if inc is None:
+        raise errors.JobNotFound(f"job {name!r} not found")
+    if not mix_json:
+        return None
+    spec = MixSpec.from_json(mix_json)
+    pass_no = int(pass_raw or 0)
+    st = _state(conn, name, spec, pass_no)
+    handed = int(st["h"]) if st else 0
+    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    with translate(conn.url):
+        pipe = conn.redis.pipeline(transaction=False)
+        for t in ids:
+            pipe.getrange(key, ENTRY * t, ENTRY * t + ENTRY - 1)
+        got = pipe.execute() if ids else []
+    return [
+        f if 0 <= t < handed and len(f) == ENTRY else None for t, f in zip(ids, got, strict=True)
+    ]
+
+
+def copy_sizes(conn: Connection, name: str, cache: dict[str, int | None]) -> dict[str, int | None]:
+    """The samples of each copy of mixed job ``name`` (``copy_field`` -> ``task_size`` of
+    its chunks, None when they do not say it), read once into ``cache`` (HSCAN pages,
+    O(tasks): a mixed job's copies never change).
+
+    Raises:
+        CorruptData: a copy's chunks.
+    """
+    keys = conn.keys(name)
+    with translate(conn.url):
+        if len(cache) != int(conn.redis.hlen(keys.chunks)):
+            cache.clear()
+            for field, raw in conn.redis.hscan_iter(keys.chunks, count=1000):
+                cache[field] = task_size(decode_chunks(raw, keys.chunks, field))
+    return cache
+
+
+def slot_copies(conn: Connection, name: str) -> dict[int, str] | None:
+    """The copy (``copy_field``) of each slot of mixed job ``name``'s current pass handed
+    out so far, by position (10 bytes a slot read); None for a job that is not mixed."""
+    with translate(conn.url):
+        mix_json, pass_raw = conn.redis.hmget(conn.keys(name).meta, [F.MIX, F.PASS])
+    if not mix_json:
+        return None
+    spec = MixSpec.from_json(mix_json)
+    pass_no = int(pass_raw or 0)
+    st = _state(conn, name, spec, pass_no)
+    return dict(enumerate(_stored(conn, name, pass_no, 0, int(st["h"]) if st else 0)))
 
 
 def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -255,27 +371,25 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
     Args:
         conn: the engine's connection.
         name: the mixed job.
-        cache: keep it between calls: the tasks' sizes are read once (HSCAN pages,
-            O(tasks); a mixed job's tasks never change), later calls read the done
-            bitmap (O(tasks / 8) bytes) and the schedule's state.
+        cache: keep it between calls: the copies' sizes are read once (``copy_sizes``),
+            later calls read the done bitmap (O(tasks / 8) bytes), the schedule's state
+            and the pass's sequence handed out (10 bytes a slot).
 
     Returns:
         ``{"job", "pass", "charged", "next_slot", "on_exhausted", "sources": [{"source",
         "weight", "charged", "acked", "samples", "tasks", "pass"}]}``; a row's
-        ``samples`` is None when a task of its source does not say its size.
+        ``samples`` is None when a task of its source does not say its size, its ``pass``
+        the source pass its next slot takes a task of (the mixed pass but under
+        ``cycle``: the source's slots over the job's life div its tasks).
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job. CorruptData: a task's chunks.
     """
     spec = spec_of(conn, name)
     keys = conn.keys(name)
-    sizes = {} if cache is None else cache.setdefault(name, {})
+    sizes = copy_sizes(conn, name, {} if cache is None else cache.setdefault(name, {}))
     with translate(conn.url):
         pass_no = int(conn.redis.hget(keys.meta, F.PASS) or 0)
-        if len(sizes) != spec.total:
-            sizes.clear()
-            for field, raw in conn.redis.hscan_iter(keys.chunks, count=1000):
-                sizes[int(field)] = task_size(decode_chunks(raw, keys.chunks, field))
         done = conn.redis.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
     st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
@@ -284,23 +398,25 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
     for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
         if at <= slot:
             weights = ws
+    acked: list[list[str]] = [[] for _ in spec.sources]
+    for pos, field in enumerate(_stored(conn, name, pass_no, 0, charged)):
+        if pos >> 3 < len(done) and done[pos >> 3] & (0x80 >> (pos & 7)):
+            acked[copy_of(field)[0]].append(field)
     rows = []
-    for i, (source, n, off) in enumerate(zip(spec.sources, spec.sizes, spec.offsets, strict=True)):
-        acked = [
-            t
-            for t in range(off, off + n)
-            if t >> 3 < len(done) and done[t >> 3] & (0x80 >> (t & 7))
-        ]
-        known = [sizes.get(t) for t in acked]
+    for i, (source, n) in enumerate(zip(spec.sources, spec.sizes, strict=True)):
+        known = [sizes.get(f) for f in acked[i]]
+        source_pass = pass_no
+        if spec.on_exhausted == "cycle" and st:
+            source_pass = (int(st["life"][i]) + int(st["t"][i])) // n
         rows.append(
             {
                 "source": source,
                 "weight": float(weights[i]),
                 "charged": int(st["t"][i]) if st else 0,
-                "acked": len(acked),
+                "acked": len(acked[i]),
                 "samples": None if None in known else sum(k or 0 for k in known),
                 "tasks": n,
-                "pass": pass_no,
+                "pass": source_pass,
             }
         )
     return {

@@ -18,7 +18,7 @@ from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
 
 from taskq import errors, integrity
-from taskq.admin import inputwait_view
+from taskq.admin import inputwait_view, mix
 
 # the task reads, re-exported: stats.task_detail, stats.parse_lease, ...
 from taskq.admin.stats_tasks import EVENT_SCAN as EVENT_SCAN
@@ -336,7 +336,9 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         # the tasks counted (the appended ones in their own record) are the descriptors
         "tasks_match_descriptors": integrity.tasks_check(
             conn.redis, keys, status.tasks, status.trimmed
-        ),
+        )
+        if status.config.get("mix") is None
+        else int(conn.redis.hlen(keys.chunks)) == status.tasks,  # (its copies, drop)
         "done_within_live": status.done <= live,
         # no task both done and dead; the dead bitmap (what a checkpoint copies) the set
         "no_dead_task_done": not dead_view["done"],
@@ -363,7 +365,14 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         running = (rnd, int(cursor or 0) >= status.tasks)
     splits = {"tasks": 0, "acked": 0, "bad": []}
     if status.state != "cancelled" and not rewinding and attempt is not None:
-        splits = integrity.split_check(conn.redis, keys, attempt, task_size, running)
+        splits = integrity.split_check(
+            conn.redis,
+            keys,
+            attempt,
+            task_size,
+            running,
+            lambda ids: mix.task_fields(conn, name, ids),
+        )
     checks["split_tasks_partitioned"] = not splits["bad"]
     return {
         "job": name,
@@ -414,8 +423,8 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
 
 
 #: the sizes of one engine job's tasks, as ``samples`` keeps them between calls: task id
-#: -> samples (None: unknown)
-TaskSizes = dict[int, "int | None"]
+#: -> samples (None: unknown); a mixed job's copies' by copy id (admin/mix.py copy_sizes)
+TaskSizes = dict[Any, "int | None"]
 
 
 def samples(conn: Connection, name: str, sizes: TaskSizes) -> tuple[int, int | None]:
@@ -444,7 +453,10 @@ def samples(conn: Connection, name: str, sizes: TaskSizes) -> tuple[int, int | N
     """
     keys = conn.keys(name)
     r = conn.redis
-    if int(r.hlen(keys.chunks)) != len(sizes):
+    copies = mix.slot_copies(conn, name)  # a mixed job's tasks are slots (docs/mixing.md)
+    if copies is not None:
+        mix.copy_sizes(conn, name, sizes)
+    elif int(r.hlen(keys.chunks)) != len(sizes):
         sizes.clear()
         for field, raw in r.hscan_iter(keys.chunks, count=1000):
             sizes[int(field)] = task_size(integrity.decode_chunks(raw, keys.chunks, field))
@@ -452,6 +464,8 @@ def samples(conn: Connection, name: str, sizes: TaskSizes) -> tuple[int, int | N
     if not known or None in known:
         return 0, None
     total = sum(n for n in known if n is not None)
+    if copies is not None:  # (drop: each copy once a pass; a slot's size is its copy's)
+        sizes = {slot: sizes.get(f) for slot, f in copies.items()}
     # the bitmaps as bytes (the connection decodes replies: not these)
     done = r.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
     dead = r.execute_command("GET", keys.deadbits, **{NEVER_DECODE: True}) or b""

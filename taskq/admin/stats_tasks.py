@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from taskq import errors
+from taskq.admin.mix import task_fields
 from taskq.engine.connection import Connection
 
 
@@ -166,7 +167,8 @@ def last_error(history: list[dict[str, Any]]) -> str | None:
 def add_details(conn: Connection, name: str, rows: list[dict[str, Any]]) -> None:
     """Add ``chunks`` and ``last_error`` to rows of ``parse_tasks`` (in place)."""
     ids = [row["id"] for row in rows]
-    raw = conn.redis.hmget(conn.keys(name).chunks, [str(i) for i in ids])
+    fields = task_fields(conn, name, ids) or [str(i) for i in ids]  # (a mixed job's slots)
+    raw = conn.redis.hmget(conn.keys(name).chunks, [f or "" for f in fields])
     histories = task_histories(conn, name, ids, per_task=20)
     for row, chunks in zip(rows, raw, strict=True):
         try:
@@ -184,10 +186,11 @@ def task_detail(conn: Connection, name: str, task_id: int, history: int = 20) ->
     """
     keys = conn.keys(name)
     t = str(int(task_id))
+    field = (task_fields(conn, name, [int(t)]) or [t])[0] or ""  # (a mixed job's slot)
     pipe = conn.redis.pipeline(transaction=False)
     pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
     pipe.hget(keys.appended, "tasks")  # (the tasks appended: keys.APPENDED_FIELDS)
-    pipe.hget(keys.chunks, t)
+    pipe.hget(keys.chunks, field)
     pipe.sismember(keys.dead, t)
     pipe.getbit(keys.done, int(t))
     pipe.hget(keys.leases, t)

@@ -110,6 +110,7 @@ LIB_PARTS: tuple[str, ...] = (
     "call.lua",
     "mixrule.lua",
     "mix.lua",
+    "mixslot.lua",
     "secrets.lua",
     "workers.lua",
     "leases.lua",
@@ -170,7 +171,6 @@ HOT_META = (
     "DUR_SUM",
     "NWAITING",
     "MIXH",
-    "MIXD",
 )
 META_SLOTS: dict[str, int] = {
     name: i

@@ -141,9 +141,10 @@ class Calls:
         seed, mix = self._session.seed, self._session.mix
         granted: list[Task] = []
         corrupt: Any = _NO_CORRUPT
-        # one row per task: {id, token, attempt, chunks_json, started, start[, end]};
-        # start is where reading begins (the task's recorded progress, docs/resume.md),
-        # end where it stops for a piece of a split task (-1: the task's end). Positional
+        # one row per task: {id, token, attempt, chunks_json, started, start[, end[,
+        # source]]}; start is where reading begins (the task's recorded progress,
+        # docs/resume.md), end where it stops for a piece of a split task (-1: the task's
+        # end), source a mixed job's source of the slot (its index in mix). Positional
         # arguments and no per-row unpacking: this loop is most of a reply's decoding.
         for row in reply[1]:
             n = len(row)  # (once: a builtin call per row and check is per task)
@@ -162,8 +163,8 @@ class Calls:
                 task.end = end if end >= 0 else None
             if seed is not None:  # a job whose samples are shuffled: the task's order
                 task.order = order_key(job, seed, pass_no, task.id)
-            if mix is not None:
-                task.source = mix.source_of(task.id)
+            if mix is not None and n > 7:
+                task.source = mix.sources[int(row[7])]
             try:
                 task.chunks = decode_chunks(row[3], chunks_key, row[0])
                 granted.append(task)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+from dataclasses import replace
+from importlib import resources
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,18 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.mix import spec_of, weight_log
-from taskq.mix import MixSpec, bound, pass_schedule, sample_bound, weight_text
+from taskq.mix import (
+    Feed,
+    MixSpec,
+    Slot,
+    bound,
+    life_before,
+    pass_schedule,
+    plan_pass,
+    sample_bound,
+    slot_at,
+    weight_text,
+)
 
 _ids = itertools.count()
 
@@ -261,10 +274,91 @@ def test_engine_equals_the_reference_by_samples(client, data):
     assert spec.by == "samples"
     log = weight_log(client.connection, mix)
     want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 0, task_sizes=sizes)]
-    offsets = dict(zip(spec.sources, spec.offsets, strict=True))
-    assert [(t.source, t.id - offsets[t.source]) for t in tasks] == want
+    # each task is its slot, in order, and its chunks are the source task's the slot names
+    assert [t.id for t in tasks] == list(range(len(want)))
+    assert [(t.source, int(t.chunks[0]["path"].rsplit("/", 1)[1])) for t in tasks] == want
     assert _engine(client, mix) == want
     _sample_segments_ok(spec, log, [(spec.sources.index(s), j) for s, j in want], sizes)
+
+
+def test_a_mixed_jobs_tasks_are_its_slots_read_through_the_sequence(client):
+    # The engine's task of a mixed job is the slot (its position in the pass): a lease,
+    # `tasks list`, `tasks inspect`, the pass's samples and the audit read a slot's chunks
+    # through the stored sequence; a dead slot stays dead in the next pass (the source task
+    # charged there is skipped) and a retry leases it with that pass's source task.
+    tag = f"mx{next(_ids)}"
+    sizes = {"web": [5, 6, 7, 8, 9], "code": [20, 30, 40]}
+    names = _sized_sources(client, sizes, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.6, names["code"]: 0.4}, max_failures=1, passes=2)
+    job = client.job(mix)
+    want = _reference(client, mix)
+
+    def source_task(task: taskq.Task) -> tuple[str | None, int]:
+        return task.source, int(task.chunks[0]["path"].rsplit("/", 1)[1])
+
+    def size(slot: int) -> int:
+        source, j = want[slot]
+        return sizes[source.rsplit("-", 1)[1]][j]
+
+    with taskq.Trainer(mix, client=client) as t:
+        first = [t.lease(timeout=1) for _ in range(3)]
+        assert [x.id for x in first] == [0, 1, 2]
+        assert [source_task(x) for x in first] == want[:3]
+        rows = {r["id"]: r["chunks"] for r in job.tasks("leased", details=True)}
+        assert rows == {x.id: x.chunks for x in first}
+        assert job.task(1)["chunks"] == first[1].chunks
+        assert job.task(6)["chunks"] is None  # not handed out: its source task not fixed
+        t.fail(first[0], "poison")  # max_failures 1: slot 0 is dead
+        t.ack(first[1])
+        assert job.samples() == (size(0) + size(1), sum(map(sum, sizes.values())))
+        t.ack(first[2])
+        rest = _drain(client, mix)
+    assert [source_task(x) for x in rest] == want[3:] + want[1:]  # pass 1 skips dead slot 0
+    assert [x.pass_no for x in rest] == [0] * 5 + [1] * 7
+    audit = job.audit()
+    assert audit["ok"], audit["checks"]
+    assert client.status(mix).state == "completed"
+    assert _engine(client, mix, 1) == want  # slot 0 charged in pass 1 too, its task skipped
+    assert job.retry([0]) == 1
+    again = _drain(client, mix)
+    assert [(x.id, x.pass_no, source_task(x)) for x in again] == [(0, 1, want[0])]
+    assert job.audit()["ok"]
+
+
+def test_a_dead_slot_retried_before_its_pass_charged_it_waits_for_its_charge(client):
+    # A dead slot retried in the next pass is in the front before the cursor's walk has
+    # charged it: it is leased once charged, with the source task that pass's schedule
+    # gives it (not a missing chunk); leased ahead of the cursor, it counts as handed out,
+    # so a weight change holds only from the slot after it and never moves it.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 600, "code": 400}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=None)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(301):
+            task = t.lease(timeout=1)
+            if task.id in (0, 300):
+                t.fail(task, "poison")  # dead slots 0 and 300
+            else:
+                t.ack(task)
+    client.next_pass(mix, force=True)
+    assert job.retry([0]) == 1  # slot 0 of pass 1: not charged yet
+    want = _reference(client, mix, 1)
+    with taskq.Trainer(mix, client=client) as t:
+        got = {}
+        while len(got) < 299:  # slots 0-298 (300 is dead)
+            task = t.lease(timeout=1)
+            got[task.id] = (task.pass_no, task.source, task.chunks[0]["i"])
+            t.ack(task)
+        assert got == {k: (1, *want[k]) for k in range(299)}
+        assert job.retry([300]) == 1  # charged (the page from 256), ahead of the cursor
+        task = t.lease(timeout=1)
+        assert (task.id, task.source, task.chunks[0]["i"]) == (300, *want[300])
+        assert job.set_weights({names["web"]: 1, names["code"]: 0}) == 1000 + 301
+    rows = job.mix_sequence()
+    assert [(r["source"], r["source_task"]) for r in rows] == want[:301]
 
 
 def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
@@ -279,7 +373,10 @@ def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
     with pytest.raises(taskq.InvalidInput, match="mix_by must be one of tasks, samples"):
         client.create_job(mix, mix={names["a"]: 1}, mix_by="rows")
     client.create_job(mix, mix={names["a"]: 1}, mix_by="samples")  # sizes known: made
-    assert client.connection.redis.strlen(keys.mixsz) == 8
+    # (the sizes by source and block of 256: source 0's two tasks, 4 bytes each)
+    assert client.connection.redis.hgetall(keys.mixsz) == {
+        "0:0": "\x00\x00\x00\x03\x00\x00\x00\x04"
+    }
 
 
 @settings(
@@ -791,3 +888,658 @@ def test_the_weight_log_stays_bounded(client):
         _lease_ack(t, 1)  # into pass 6: kept are passes 4..6, and the change in force at 20
     assert [at for at, _ in weight_log(client.connection, mix)] == [17, 22, 27]
     assert _engine(client, mix, 4) == _reference(client, mix, 4)
+
+
+# -- the rules when a source runs out: cycle and stop (the reference, then lib/mixrule.lua) --
+def _units(task_sizes, src: int, task: int) -> int:
+    return 1 if task_sizes is None else task_sizes[src][task]
+
+
+def _whole_pass_bound_ok(spec: MixSpec, log, slots: list[Slot], task_sizes=None) -> None:
+    """``cycle`` and ``stop``: no source runs out inside a pass, so a segment starts only at
+    the pass's first slot and at a logged change; in every prefix of every segment each
+    source's count (slots, or samples with ``task_sizes``) is within the bound of ``w * m``,
+    the weights renormalised over the sources of positive weight. Segments re-derived here
+    from the log alone."""
+    changes = {at for at, _ in log}
+    most = None if task_sizes is None else sample_bound(task_sizes)
+    counts, total, w = [0] * len(spec.sizes), 0, [0.0] * len(spec.sizes)
+    for h, s in enumerate(slots):
+        if h == 0 or s.slot in changes:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= s.slot:
+                    weights = list(ws)
+            pos = sum(float(x) for x in weights if float(x) > 0)
+            w = [float(x) / pos if float(x) > 0 else 0.0 for x in weights]
+            counts, total = [0] * len(spec.sizes), 0
+        step = _units(task_sizes, s.source, s.task)
+        counts[s.source] += step
+        total += step
+        limit = bound(sum(1 for x in w if x > 0)) if most is None else most
+        for i, c in enumerate(counts):
+            assert abs(c - w[i] * total) <= limit + 1e-9 * (1 + total), (h, i, counts, w)
+
+
+def _drawn_mix(data, rule: str, passes: int, by: str = "tasks"):
+    """A spec of 1 to 5 sources (1 to 12 tasks each) under ``rule``, its weights changed up
+    to 4 times over ``passes`` passes, and with ``by="samples"`` every task's size."""
+    sizes = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+    k = len(sizes)
+    first, log = _weights_and_log(data, k, passes * sum(sizes))
+    task_sizes = None
+    if by == "samples":
+        task_sizes = [
+            data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)) for n in sizes
+        ]
+    spec = MixSpec(tuple(f"s{i}" for i in range(k)), tuple(sizes), first, rule, by)
+    return spec, log, task_sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_cycle_takes_each_task_once_per_source_pass_within_the_bound(data, by):
+    """``cycle``: every mixed pass is ``N`` slots; source ``i``'s ``j``-th slot over the
+    job's life takes its task ``j mod n_i`` of source pass ``j div n_i``, so each source
+    pass takes each task exactly once, in order, across mixed passes; every prefix of every
+    segment of the whole pass is within the bound (slots, or the largest task by samples);
+    the counts carried from pass to pass are the ones ``life_before`` makes from slot 0."""
+    spec, log, task_sizes = _drawn_mix(data, "cycle", 3, by)
+    life = [0] * len(spec.sizes)
+    taken: list[list[tuple[int, int]]] = [[] for _ in spec.sizes]
+    for p in range(3):
+        assert life == life_before(spec, log, p, task_sizes)
+        plan = plan_pass(spec, log, p, task_sizes=task_sizes, life=life)
+        assert plan.end == "done" and len(plan.slots) == spec.total
+        assert [s.slot for s in plan.slots] == list(range(p * spec.total, (p + 1) * spec.total))
+        _whole_pass_bound_ok(spec, log, plan.slots, task_sizes)
+        for s in plan.slots:
+            taken[s.source].append((s.source_pass, s.task))
+        h = data.draw(st.integers(0, spec.total - 1))
+        assert slot_at(spec, log, plan.slots[h].slot, task_sizes=task_sizes) == plan.slots[h]
+        life = plan.life
+    for i, n in enumerate(spec.sizes):
+        assert taken[i] == [(j // n, j % n) for j in range(len(taken[i]))]
+        assert len(taken[i]) == life[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_stop_ends_the_pass_after_the_first_run_out_within_the_bound(data, by):
+    """``stop``: the pass is the ``drop`` schedule up to the slot where a source of positive
+    weight takes its last task, and ends after it; each task at most once in the pass, in
+    order; every prefix within the bound; the next pass starts every source again at its
+    first task."""
+    spec, log, task_sizes = _drawn_mix(data, "stop", 2, by)
+    for p in range(2):
+        plan = plan_pass(spec, log, p, task_sizes=task_sizes)
+        assert plan.end == "stop"
+        drop = plan_pass(replace(spec, on_exhausted="drop"), log, p, task_sizes=task_sizes)
+        given_ = [0] * len(spec.sizes)
+        first_out = None
+        for h, s in enumerate(drop.slots):
+            given_[s.source] += 1
+            if given_[s.source] == spec.sizes[s.source]:
+                first_out = h
+                break
+        assert first_out is not None
+        assert plan.slots == drop.slots[: first_out + 1]
+        last = plan.slots[-1]
+        weights = list(spec.weights)
+        for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+            if at <= last.slot:
+                weights = list(ws)
+        assert float(weights[last.source]) > 0  # (a weight-0 source is never drawn here)
+        for i in range(len(spec.sizes)):
+            assert [s.task for s in plan.slots if s.source == i] == list(range(plan.taken[i]))
+        _whole_pass_bound_ok(spec, log, plan.slots, task_sizes)
+
+
+def test_cycle_and_stop_on_a_small_mix():
+    """The two rules on sources of 2 and 6 tasks at 0.5 / 0.5: ``cycle`` gives the small
+    one its second and third source passes inside the first mixed pass; ``stop`` ends the
+    pass after the small one's second task (slots 0..3), and pass 1 starts again at task 0."""
+    spec = MixSpec(("a", "b"), (2, 6), ("0.5", "0.5"), "cycle")
+    plan = plan_pass(spec, [], 0)
+    assert [(s.source, s.source_pass, s.task) for s in plan.slots] == [
+        (0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1),
+        (0, 1, 0), (1, 0, 2), (0, 1, 1), (1, 0, 3),
+    ]  # fmt: skip
+    assert plan.life == [4, 4]
+    nxt = plan_pass(spec, [], 1, life=plan.life)
+    assert [(s.source, s.source_pass, s.task) for s in nxt.slots][:2] == [(0, 2, 0), (1, 0, 4)]
+    stop = plan_pass(replace(spec, on_exhausted="stop"), [], 1)
+    assert [(s.slot, s.source, s.task) for s in stop.slots] == [(8, 0, 0), (9, 1, 0), (10, 0, 1)]
+    assert (stop.end, stop.taken) == ("stop", [2, 1])
+    stop_spec = replace(spec, on_exhausted="stop")
+    assert slot_at(stop_spec, [], 10) == Slot(10, 0, 1, 1)
+    assert slot_at(stop_spec, [], 11) is None  # (slots 11..15: past pass 1's end)
+    assert slot_at(spec, [], 12) == Slot(12, 0, 0, 3)  # cycle: a's 7th slot, source pass 3
+
+
+def test_the_reference_refuses_what_it_does_not_define():
+    with pytest.raises(taskq.InvalidInput, match="one of drop, cycle, stop"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",), "later"), [], 0)
+    with pytest.raises(taskq.InvalidInput, match="fixed size"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",), "cycle", streams=(True,)), [], 0)
+    with pytest.raises(taskq.InvalidInput, match="count tasks"):
+        plan_pass(
+            MixSpec(("a",), (1,), ("1.0",), by="samples", streams=(True,)), [], 0, task_sizes=[[1]]
+        )
+    with pytest.raises(taskq.InvalidInput, match="not a stream"):
+        plan_pass(MixSpec(("a",), (1,), ("1.0",)), [], 0, feed=[Feed(0, 0, 3, False)])
+
+
+# The rule's Lua (lib/mixrule.lua), run as it is by EVAL on the test server: a charge of a
+# whole pass made of its functions, the way lib/mix.lua's charge is to call them (the heap
+# choice, settle, choose_by_samples, segment, cycle_task, on_last, owed_first, defers).
+_HARNESS = """
+local R = (function() %s end)()
+local a = cjson.decode(ARGV[1])
+local n, k, rule, by = a.n, #a.n, a.rule, a.by == 'samples'
+local every, huge = rule == 'cycle', 4503599627370496
+local function weights_at(slot)
+  local ws = a.w0
+  for _, e in ipairs(a.log) do if e[1] <= slot then ws = e[2] end end
+  local out = {}
+  for i, x in ipairs(ws) do out[i] = tonumber(x) end
+  return out
+end
+local function next_change(slot)
+  for _, e in ipairs(a.log) do if e[1] > slot then return e[1] end end
+  return -1
+end
+local o, flat, at = {}, {}, 0
+for i = 1, k do
+  o[i] = at
+  at = at + n[i]
+  if by then for j = 1, n[i] do flat[#flat + 1] = a.sizes[i][j] end end
+end
+local function size_of(id) return flat[id + 1] end
+local t, c, debt, ran, avail, sealed, life = {}, {}, {}, {}, {}, {}, {}
+for i = 1, k do
+  t[i], c[i], debt[i], ran[i] = 0, 0, 0, false
+  avail[i], sealed[i], life[i] = n[i], not a.streams[i], a.life[i]
+end
+local start, total = a.first, at
+local limit = nil
+if every then limit = total end
+if a.length >= 0 and (not limit or a.length < limit) then limit = a.length end
+local wn, nx = weights_at(start), next_change(start)
+local rs, mseg, msamp, fi = true, 0, 0, 1
+local act, w, d, ch = nil, nil, 0, nil
+local out, defs = {}, {}
+local function done(why, on, owed)
+  return cjson.encode({slots = out, why = why, on = on or -1, defs = defs, debt = owed or debt})
+end
+while true do
+  if limit and #out >= limit then
+    if every and limit == total then return done('done') end
+    return done('length')
+  end
+  local slot = start + #out
+  while a.feed[fi] and a.feed[fi][1] <= slot do
+    local f = a.feed[fi]
+    avail[f[2] + 1], sealed[f[2] + 1] = f[3], f[4]
+    fi = fi + 1
+  end
+  if not every then
+    local all = true
+    for i = 1, k do
+      if not ran[i] and sealed[i] and t[i] >= avail[i] then
+        ran[i], debt[i] = true, 0
+        if R.on_last(rule, wn[i]) == 'stop' then return done('stop') end
+        rs = true
+      end
+      if not ran[i] then all = false end
+    end
+    if all then return done('done') end
+  end
+  if nx >= 0 and slot >= nx then wn, nx, rs = weights_at(slot), next_change(slot), true end
+  if rs then
+    for i = 1, k do c[i] = 0 end
+    rs, mseg, msamp, act = false, 0, 0, nil
+  end
+  local owed = R.owed_first(t, avail, debt)
+  if owed then
+    out[#out + 1] = {slot, owed - 1, t[owed], a.pass, 1}
+    t[owed], debt[owed] = t[owed] + 1, debt[owed] - 1
+  else
+    if not act then
+      local cap = {}  -- (a stream source open: no end yet)
+      for i = 1, k do if ran[i] then cap[i] = 0 else cap[i] = huge end end
+      if not every and not a.any_stream then cap = n end
+      act, w, d = R.segment(t, cap, wn, every)
+      if not by then ch = R.choice(act, c, w, d, mseg + 1) end
+    end
+    local best
+    local undo_defs, undo_debt = #defs, {unpack(debt)}
+    while true do
+      if by then
+        local tc = {}
+        for i = 1, k do
+          tc[i] = t[i]
+          if every then tc[i] = R.cycle_task(life[i] + t[i], n[i]) end
+        end
+        best = R.choose_by_samples(w, c, tc, o, size_of, msamp)
+      else
+        best = R.choose(ch, act, mseg + 1)
+      end
+      if every or t[best] < avail[best] then break end
+      if not R.defers(debt[best], a.max_debt) then
+        for j = #defs, undo_defs + 1, -1 do defs[j] = nil end
+        return done('wait', best - 1, undo_debt)
+      end
+      debt[best] = debt[best] + 1
+      defs[#defs + 1] = {slot, best - 1}
+      c[best], mseg = c[best] + 1, mseg + 1
+      R.settle(ch, best, c[best], w[best], d, mseg)
+    end
+    local task, sp = life[best] + t[best], a.pass
+    if every then task, sp = R.cycle_task(task, n[best]) end
+    out[#out + 1] = {slot, best - 1, task, sp, 0}
+    local step = 1
+    if by then step = size_of(o[best] + task); msamp = msamp + step end
+    c[best], t[best], mseg = c[best] + step, t[best] + 1, mseg + 1
+    if not by then R.settle(ch, best, c[best], w[best], d, mseg) end
+  end
+end
+"""
+
+
+def _lua_plan(
+    redis, spec: MixSpec, log, pass_no: int, *, task_sizes=None, life=None, feed=(), length=None
+):
+    """``plan_pass`` by lib/mixrule.lua's functions (``_HARNESS`` on the real server):
+    (slots, why they end, the source waited on or None, the deferrals, the debts)."""
+    text = (resources.files("taskq.engine") / "lua" / "lib" / "mixrule.lua").read_text()
+    last: dict[int, list[str]] = {}
+    for at, ws in log:  # (the last logged of a slot wins)
+        last[at] = list(ws)
+    k = len(spec.sizes)
+    arg = {
+        "n": list(spec.sizes),
+        "rule": spec.on_exhausted,
+        "by": spec.by,
+        "w0": list(spec.weights),
+        "log": [[at, last[at]] for at in sorted(last)],
+        "sizes": [list(s) for s in task_sizes] if task_sizes is not None else [],
+        "streams": list(spec.streams) if spec.streams else [False] * k,
+        "any_stream": any(spec.streams),
+        "max_debt": spec.max_debt,
+        "life": list(life) if life is not None else [0] * k,
+        "feed": [[f.slot, f.source, f.tasks, f.sealed] for f in sorted(feed, key=lambda f: f.slot)],
+        "first": pass_no * spec.total,
+        "pass": pass_no,
+        "length": -1 if length is None else length,
+    }
+    got = json.loads(redis.eval(_HARNESS % text, 0, json.dumps(arg)))
+    slots = [Slot(s, i, j, sp, bool(r)) for s, i, j, sp, r in (got["slots"] or [])]
+    defs = [(s, i) for s, i in (got["defs"] or [])]
+    return slots, got["why"], None if got["on"] < 0 else got["on"], defs, list(got["debt"] or [])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    rule=st.sampled_from(["drop", "cycle", "stop"]),
+    by=st.sampled_from(["tasks", "samples"]),
+)
+def test_lua_rule_functions_equal_the_reference(client, data, rule, by):
+    """lib/mixrule.lua's functions, composed into a charge of whole passes, make the
+    reference's slots for ``drop``, ``cycle`` and ``stop``, by tasks and by samples: the
+    same comparisons in the same order, so the same floats decide."""
+    spec, log, task_sizes = _drawn_mix(data, rule, 2, by)
+    life = [0] * len(spec.sizes)
+    for p in range(2):
+        want = plan_pass(spec, log, p, task_sizes=task_sizes, life=life)
+        slots, why, _, _, _ = _lua_plan(
+            client.redis, spec, log, p, task_sizes=task_sizes, life=life
+        )
+        assert (slots, why) == (want.slots, want.end)
+        if rule == "cycle":
+            life = want.life
+
+
+# -- stream sources: defer (max_debt) and wait (max_debt=0) ------------------------------
+def _store_at(spec: MixSpec, feed: list[Feed], slot: int) -> tuple[list[int], list[bool]]:
+    """Each source's store at ``slot`` by the feed log: its tasks, sealed or not."""
+    avail, sealed = list(spec.sizes), [not s for s in spec.streams]
+    for f in sorted(feed, key=lambda f: f.slot):
+        if f.slot <= slot:
+            avail[f.source], sealed[f.source] = f.tasks, f.sealed
+    return avail, sealed
+
+
+def _fed_mix(data, rule: str):
+    """A spec of 2 to 4 sources, one or more of them streams (0 to 4 tasks at create), its
+    weights changed up to 3 times, and a feed log made as an engine makes it: each append
+    (or seal) is seen at a slot no later than the first the schedule has not charged."""
+    k = data.draw(st.integers(2, 4))
+    streams = tuple(data.draw(st.lists(st.booleans(), min_size=k, max_size=k).filter(any)))
+    sizes = tuple(data.draw(st.integers(0 if s else 1, 4 if s else 10)) for s in streams)
+    first, log = _weights_and_log(data, k, 40, changes=3)
+    spec = MixSpec(
+        tuple(f"s{i}" for i in range(k)),
+        sizes,
+        first,
+        rule,
+        streams=streams,
+        max_debt=data.draw(st.integers(0, 3)),
+    )
+    feed: list[Feed] = []
+    store = {i: (sizes[i], False) for i in range(k) if streams[i]}
+    at = 0
+    for _ in range(data.draw(st.integers(0, 8))):
+        open_ = [i for i, (_, sealed) in store.items() if not sealed]
+        if not open_:
+            break
+        i = data.draw(st.sampled_from(open_))
+        tasks = store[i][0] + data.draw(st.integers(0, 4))
+        sealed = data.draw(st.booleans())
+        reached = len(plan_pass(spec, log, 0, feed=feed, length=200).slots)
+        at = min(at + data.draw(st.integers(0, 6)), reached)
+        feed.append(Feed(at, i, tasks, sealed))
+        store[i] = (tasks, sealed)
+    return spec, log, feed
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_stream_sources_defer_repay_first_and_keep_the_owed_bound(data, rule):
+    """A stream source with nothing in its store when the rule picks it owes the slot (up to
+    ``max_debt``; beyond, and with ``max_debt=0`` at once, the slot waits on it); owed slots
+    are repaid before the rule is asked, as soon as its store has a task. Checked from the
+    slots, the deferrals and the feed log alone: each task at most once, in order, and only
+    once in the store; a deferral only of a source with nothing; no slot to the rule while
+    an owing source has a task; 0 <= debt <= max_debt; counting each deferral as its
+    source's slot and each repaid slot as none, every prefix of every segment within the
+    rule's bound; on the slots themselves, ``|c_i - w_i*m| <= bound + max_debt * streams``."""
+    spec, log, feed = _fed_mix(data, rule)
+    plan = plan_pass(spec, log, 0, feed=feed, length=200)
+    k, streams = len(spec.sizes), sum(spec.streams)
+    defs: dict[int, list[int]] = {}
+    for s, i in plan.deferred:
+        defs.setdefault(s, []).append(i)
+    taken, debt, ran = [0] * k, [0] * k, [False] * k
+    changes = {at for at, _ in log}
+    restart, tokens, given_, w = True, 0, [0] * k, [0.0] * k
+    slots_in_seg, actual, debt0 = 0, [0] * k, [0] * k
+    ends = [s.slot for s in plan.slots] + ([plan.slots[-1].slot + 1] if plan.slots else [0])
+    for h, slot in enumerate(sorted(set(ends))):
+        avail, sealed = _store_at(spec, feed, slot)
+        for i in range(k):
+            if not ran[i] and sealed[i] and taken[i] >= avail[i]:
+                ran[i], debt[i], restart = True, 0, True
+        if slot in changes or restart:
+            weights = list(spec.weights)
+            for _, (at, ws) in sorted(enumerate(log), key=lambda e: (e[1][0], e[0])):
+                if at <= slot:
+                    weights = list(ws)
+            pos = sum(float(weights[i]) for i in range(k) if not ran[i] and float(weights[i]) > 0)
+            left = [i for i in range(k) if not ran[i]]
+            w = [
+                (float(weights[i]) / pos if float(weights[i]) > 0 else 0.0)
+                if pos > 0
+                else 1 / len(left)
+                if i in left
+                else 0.0
+                for i in range(k)
+            ]
+            w = [w[i] if i in left else 0.0 for i in range(k)]
+            restart, tokens, given_ = False, 0, [0] * k
+            slots_in_seg, actual, debt0 = 0, [0] * k, list(debt)
+        d = bound(sum(1 for x in w if x > 0))
+        for i in defs.get(slot, []):
+            assert taken[i] >= avail[i] and not sealed[i], "a deferral of a source with nothing"
+            debt[i] += 1
+            assert debt[i] <= spec.max_debt
+            given_[i] += 1
+            tokens += 1
+            assert abs(given_[i] - w[i] * tokens) <= d + 1e-9
+        if h >= len(plan.slots):
+            break
+        s = plan.slots[h]
+        assert s.slot == slot and s.task == taken[s.source] < avail[s.source]
+        owing = [i for i in range(k) if debt[i] > 0 and taken[i] < avail[i]]
+        if s.repaid:
+            assert owing and s.source == owing[0]
+            debt[s.source] -= 1
+        else:
+            assert not owing, "owed slots are repaid before the rule is asked"
+            given_[s.source] += 1
+            tokens += 1
+        taken[s.source] += 1
+        actual[s.source] += 1
+        slots_in_seg += 1
+        for i in range(k):
+            assert abs(given_[i] - w[i] * tokens) <= d + 1e-9, (slot, i)
+            moved = (debt[i] - debt0[i]) - w[i] * sum(debt[j] - debt0[j] for j in range(k))
+            assert abs(actual[i] + moved - w[i] * slots_in_seg) <= d + 1e-9 + 1e-9 * tokens
+            limit = d + spec.max_debt * streams + 1e-9
+            assert abs(actual[i] - w[i] * slots_in_seg) <= limit
+    assert (taken, debt) == (plan.taken, plan.debt)
+    if plan.end == "wait":  # (a slot that waits commits nothing: no deferral at it)
+        i = plan.waits_on
+        assert i is not None and spec.streams[i] and ends[-1] not in defs
+        avail, sealed = _store_at(spec, feed, ends[-1])
+        assert taken[i] >= avail[i] and not sealed[i] and debt[i] <= spec.max_debt
+        assert not [j for j in range(k) if debt[j] > 0 and taken[j] < avail[j]]
+        before = plan_pass(spec, log, 0, feed=feed, length=len(plan.slots))
+        assert (before.deferred, before.debt) == (plan.deferred, plan.debt)
+    elif plan.end == "done":
+        assert all(ran)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_a_stream_source_never_starved_changes_nothing(data, rule):
+    """Stream sources whose stores are sealed and full from slot 0: the schedule is the one
+    of the same sources of fixed size (no deferral, no wait)."""
+    spec, log, _ = _drawn_mix(data, rule, 1)
+    streams = tuple(
+        data.draw(st.lists(st.booleans(), min_size=len(spec.sizes), max_size=len(spec.sizes)))
+    )
+    fed = replace(
+        spec,
+        sizes=tuple(0 if s else n for s, n in zip(streams, spec.sizes, strict=True)),
+        streams=streams,
+        max_debt=1,
+    )
+    feed = [Feed(0, i, n, True) for i, n in enumerate(spec.sizes) if streams[i]]
+    plan = plan_pass(fed, log, 0, feed=feed)
+    assert (plan.slots, plan.end, plan.deferred) == (
+        plan_pass(spec, log, 0).slots,
+        plan_pass(spec, log, 0).end,
+        [],
+    )
+
+
+def test_defer_repays_first_and_wait_holds_the_slot():
+    """Sources a (fixed, 6 tasks) and b (a stream, empty) at 0.5 / 0.5. ``max_debt=2``: b's
+    first two picks are deferred (a takes slots 0..2), its third waits at slot 3; b's store
+    gets 3 tasks seen at slot 3: slots 3 and 4 repay b, then the rule goes on. ``wait``
+    (max_debt 0): slot 1 waits for b."""
+    spec = MixSpec(("a", "b"), (6, 0), ("0.5", "0.5"), streams=(False, True), max_debt=2)
+    plan = plan_pass(spec, [], 0)
+    assert [(s.source, s.task) for s in plan.slots] == [(0, 0), (0, 1), (0, 2)]
+    assert (plan.end, plan.waits_on, plan.deferred, plan.debt) == (
+        "wait",
+        1,
+        [(1, 1), (2, 1)],
+        [0, 2],
+    )
+    plan = plan_pass(spec, [], 0, feed=[Feed(3, 1, 3, True)])
+    assert [(s.source, s.task, s.repaid) for s in plan.slots] == [
+        (0, 0, False), (0, 1, False), (0, 2, False),
+        (1, 0, True), (1, 1, True), (1, 2, False),  # b repaid twice, then the rule picks b
+        (0, 3, False), (0, 4, False), (0, 5, False),  # b ran out (sealed): drop renormalises
+    ]  # fmt: skip
+    assert (plan.end, plan.debt) == ("done", [0, 0])
+    wait = plan_pass(replace(spec, max_debt=0), [], 0)
+    assert ([(s.source, s.task) for s in wait.slots], wait.end, wait.waits_on) == (
+        [(0, 0)],
+        "wait",
+        1,
+    )
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_lua_rule_functions_equal_the_reference_with_stream_sources(client, data, rule):
+    """The charge made of lib/mixrule.lua's functions (``owed_first``, ``defers``) on the
+    same feed log: the same slots, end, source waited on, deferrals and debts."""
+    spec, log, feed = _fed_mix(data, rule)
+    want = plan_pass(spec, log, 0, feed=feed, length=200)
+    got = _lua_plan(client.redis, spec, log, 0, feed=feed, length=200)
+    assert got == (want.slots, want.end, want.waits_on, want.deferred, want.debt)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_cycle_from_the_kept_log_and_each_sources_life_at_the_pass_start(data, by):
+    """What a check after every step (MixedMachine) has of a ``cycle`` job in pass ``p``:
+    the weight log the engine keeps (trimmed below the last 3 passes but for the change in
+    force at their start, lib/mix.lua ``switch_to``) and each source's slots over the job's
+    life at a kept pass's start (kept by the engine with the pass's state). From those
+    alone, ``pass_schedule(..., life=...)`` makes every kept pass as the whole log does."""
+    spec, log, task_sizes = _drawn_mix(data, "cycle", 6, by)
+    p = data.draw(st.integers(3, 5))
+    last: dict[int, list[str]] = {}
+    for at, ws in log:
+        last[at] = list(ws)
+    cut = (p - 2) * spec.total
+    below = [at for at in last if at <= cut]
+    kept_log = [(at, last[at]) for at in sorted(last) if not below or at >= max(below)]
+    for q in range(p - 2, p + 1):
+        life = life_before(spec, log, q, task_sizes)
+        want = list(pass_schedule(spec, log, q, task_sizes=task_sizes))
+        assert list(pass_schedule(spec, kept_log, q, task_sizes=task_sizes, life=life)) == want
+
+
+# -- the engine under cycle ----------------------------------------------------------------
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_engine_cycles_as_the_reference_across_passes(client, data, by):
+    """``on_exhausted="cycle"`` in the engine (lib/mix.lua ``charge_page``: ``segment(...,
+    true)``, ``cycle_task`` on each source's slots over the job's life, kept in the state):
+    three passes drained by a trainer, weights changed inside and across pages, each pass's
+    handed-out sequence, its leased tasks' chunks and each row's ``source_pass`` equal the
+    reference's (``plan_pass`` with the life carried from the pass before), and each
+    source pass takes each of its source's tasks once, in order."""
+    k = data.draw(st.integers(1, 5))
+    if by == "samples":
+        task_sizes = data.draw(
+            st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=9), min_size=k, max_size=k)
+        )
+    else:
+        task_sizes = [
+            [1] * n for n in data.draw(st.lists(st.integers(1, 9), min_size=k, max_size=k))
+        ]
+    total = sum(len(r) for r in task_sizes)
+    first, changes = _weights_and_log(data, k, 3 * total, changes=4)
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(task_sizes)}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)},
+        mix_by=by,
+        on_exhausted="cycle",
+        passes=3,
+    )
+    job = client.job(mix)
+    for at, ws in changes:
+        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
+    spec = spec_of(client.connection, mix)
+    assert spec.on_exhausted == "cycle"
+    sizes = task_sizes if by == "samples" else None
+    life = [0] * k
+    taken: list[list[tuple[int, int]]] = [[] for _ in range(k)]
+    with taskq.Trainer(mix, client=client) as t:
+        for p in range(3):
+            got = []
+            for _ in range(total):
+                task = t.lease(timeout=1)
+                assert task is not None and task.pass_no == p
+                got.append((task.source, int(task.chunks[0]["path"].rsplit("/", 1)[1])))
+                t.ack(task)
+            log = weight_log(client.connection, mix)
+            plan = plan_pass(spec, log, p, task_sizes=sizes, life=life)
+            want = [(spec.sources[s.source], s.task) for s in plan.slots]
+            assert got == want
+            rows = job.mix_sequence(p)
+            assert [(r["source"], r["source_task"], r["source_pass"]) for r in rows] == [
+                (spec.sources[s.source], s.task, s.source_pass) for s in plan.slots
+            ]
+            for s in plan.slots:
+                taken[s.source].append((s.source_pass, s.task))
+            life = plan.life
+    for i, r in enumerate(task_sizes):
+        assert taken[i] == [(j // len(r), j % len(r)) for j in range(len(taken[i]))]
+    assert client.status(mix).state == "completed"
+
+
+def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):
+    """``taskq job create --on-exhausted cycle``: the small source comes round again inside
+    the mixed pass (docs/mixing.md's small mix: a of 2 tasks and b of 6 at 0.5 / 0.5), the
+    export says each slot's source pass and the status each source's;
+    ``stop`` (not built in the engine) is refused with one line, nothing written."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    mix_arg = f"{names['a']}=0.5,{names['b']}=0.5"
+    r = _cli(url, "job", "create", mix, "--mix", mix_arg, "--on-exhausted", "cycle")
+    assert r.returncode == 0, r.stderr
+    with taskq.Trainer(mix, client=client) as t:
+        got = _lease_ack(t, 8)
+    a, b = names["a"], names["b"]
+    assert got == [(a, 0), (b, 0), (a, 1), (b, 1), (a, 0), (b, 2), (a, 1), (b, 3)]
+    r = _cli(url, "mix", "export", mix)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["source"], x["source_task"], x["source_pass"]) for x in rows] == [
+        (a, 0, 0), (b, 0, 0), (a, 1, 0), (b, 1, 0), (a, 0, 1), (b, 2, 0), (a, 1, 1), (b, 3, 0),
+    ]  # fmt: skip
+    st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+    assert st["on_exhausted"] == "cycle"
+    assert [(x["charged"], x["acked"], x["pass"]) for x in st["sources"]] == [(4, 4, 2), (4, 4, 0)]
+    r = _cli(url, "job", "create", f"{tag}-m2", "--mix", mix_arg, "--on-exhausted", "stop")
+    assert r.returncode != 0, r.stdout
+    assert "'stop' is not one of 'drop', 'cycle'" in one_error_line(r.stderr), r.stderr
+    with pytest.raises(taskq.InvalidInput, match="on_exhausted must be one of drop, cycle"):
+        client.create_job(f"{tag}-m2", mix={a: 1}, on_exhausted="stop")
+    assert not client.redis.exists(client.keys(f"{tag}-m2").meta)
+
+
+def test_a_cycle_pass_left_early_carries_only_what_it_handed_out(client):
+    """``cycle``: the whole pass is charged ahead of the leases (a page), but a pass forced
+    on after 3 of its 8 slots hands out the rest never: the next pass starts each source
+    where those 3 left it (``plan_pass(..., length=3).life``), not where the charged page
+    ends, so each source pass still takes every task once, in order."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names["a"]: 0.5, names["b"]: 0.5}, on_exhausted="cycle", passes=2,
+        auto_advance=False,
+    )  # fmt: skip
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        first = _lease_ack(t, 3)
+        client.next_pass(mix, force=True)
+        second = _lease_ack(t, 8)
+    spec = spec_of(client.connection, mix)
+    life = plan_pass(spec, [], 0, length=3).life
+    assert life == [2, 1]
+    want = plan_pass(spec, [], 1, life=life).slots
+    a, b = names["a"], names["b"]
+    assert first == [(a, 0), (b, 0), (a, 1)]
+    assert second == [(spec.sources[s.source], s.task) for s in want]
+    assert second[:2] == [(a, 0), (b, 1)]  # b's source pass 0 goes on at its task 1
+    assert [r["source_pass"] for r in job.mix_sequence(1)][:2] == [1, 0]

@@ -209,3 +209,50 @@ def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path:
     assert [(r["source"], r["source_task"]) for r in client.job(mix).mix_sequence()] == (
         _reference(client, mix)
     )
+
+
+def test_taskq_work_over_a_cycle_job_takes_each_source_pass_once(url, client, tmp_path):
+    """``on_exhausted="cycle"`` through ``taskq work`` (a real CLI process, one CMD run per
+    task) over 2 mixed passes: the small sources come round again inside a mixed pass,
+    every slot runs once, the runs are the reference's slots (``plan_pass``, the life
+    carried from pass 0 to 1), and each source pass of each source takes each of its
+    tasks once, in order."""
+    from taskq.mix import plan_pass
+
+    tag = f"mxc{next(_ids)}"
+    sizes = {"web": 6, "code": 4, "books": 2}
+    names = _sources(client, sizes, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names["web"]: 0.2, names["code"]: 0.3, names["books"]: 0.5},
+        on_exhausted="cycle",
+        passes=2,
+    )
+    out = tmp_path / "runs.jsonl"
+    script = (
+        "import json, sys\n"
+        "task = json.load(sys.stdin)\n"
+        f"with open({str(out)!r}, 'a') as f:\n"
+        "    f.write(json.dumps(task) + '\\n')\n"
+    )
+    r = subprocess.run(
+        [ENTRY_POINT, "--url", url, "work", mix, "--", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(t["pass"], t["id"]) for t in runs] == [(p, k) for p in range(2) for k in range(12)]
+    spec = spec_of(client.connection, mix)
+    first = plan_pass(spec, [], 0)
+    want = first.slots + plan_pass(spec, [], 1, life=first.life).slots
+    assert [(t["source"], t["chunks"][0]["i"]) for t in runs] == [
+        (spec.sources[s.source], s.task) for s in want
+    ]
+    for kind, n in sizes.items():
+        got = [t["chunks"][0]["i"] for t in runs if t["chunks"][0]["src"] == kind]
+        assert got == [j % n for j in range(len(got))]
+    assert sum(t["chunks"][0]["src"] == "books" for t in runs) == 12  # 6 source passes of 2
+    assert client.status(mix).state == "completed"

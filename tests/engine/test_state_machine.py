@@ -23,11 +23,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import taskq
 from taskq import integrity
-from taskq.admin.mix import kept_passes, spec_of, weight_log
+from taskq.admin.mix import (
+    copy_field,
+    kept_passes,
+    pass_life,
+    spec_of,
+    task_fields,
+    weight_log,
+)
 from taskq.admin.stats import parse_lease
 from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
-from taskq.mix import pass_schedule
+from taskq.mix import pass_schedule, plan_pass
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
 MAX_TASKS = 9
@@ -1150,6 +1157,8 @@ class MixedMachine(EngineMachine):
     SIZES = (2, 2, 1)
     #: per source, its tasks' samples when the weights count them (``mix_by="samples"``)
     TASK_SIZES: tuple[tuple[int, ...], ...] | None = None
+    #: what a source running out does (``on_exhausted``)
+    ON_EXHAUSTED = "drop"
 
     def _create(self) -> None:
         self.sources = [f"{self.job}-s{i}" for i in range(len(self.SIZES))]
@@ -1172,6 +1181,7 @@ class MixedMachine(EngineMachine):
             self.job,
             mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
             mix_by="tasks" if self.TASK_SIZES is None else "samples",
+            on_exhausted=self.ON_EXHAUSTED,
             passes=self.passes,
             **LIMITS,
             manual_clock=True,
@@ -1230,6 +1240,22 @@ class MixedMachine(EngineMachine):
         super().rewind(i)
 
     @invariant()
+    def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
+        """A mixed job is never trimmed: every copy of its sources' tasks is kept under
+        its copy id, and each slot handed out in the pass reads the copy its sequence names
+        (admin/mix.py task_fields, what a lease, ``tasks list`` and the audit resolve)."""
+        conn, r = self.client.connection, self.client.redis
+        spec = spec_of(conn, self.job)
+        copies = [copy_field(i, j) for i, n in enumerate(spec.sizes) for j in range(n)]
+        assert all(c is not None for c in r.hmget(self.client.keys(self.job).chunks, copies))
+        assert r.hlen(self.client.keys(self.job).chunks) == len(copies)
+        rows = self.client.job(self.job).mix_sequence()
+        fields = task_fields(conn, self.job, [row["task"] for row in rows])
+        assert fields == [
+            copy_field(spec.sources.index(row["source"]), row["source_task"]) for row in rows
+        ]
+
+    @invariant()
     def sequence_is_the_reference(self) -> None:
         job = self.client.job(self.job)
         pass_no = self._meta("pass")
@@ -1237,11 +1263,33 @@ class MixedMachine(EngineMachine):
         spec = spec_of(self.client.connection, self.job)
         log = weight_log(self.client.connection, self.job)
         sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
+        life = None
+        if spec.on_exhausted == "cycle":
+            life = pass_life(self.client.connection, self.job, pass_no) or [0] * len(spec.sizes)
         want = [
             (spec.sources[i], j)
-            for i, j in pass_schedule(spec, log, pass_no, len(seq), task_sizes=sizes)
+            for i, j in pass_schedule(spec, log, pass_no, len(seq), task_sizes=sizes, life=life)
         ]
         assert seq == want, "the handed-out sequence is the reference schedule's"
+
+    @invariant()
+    def a_cycle_pass_starts_where_the_pass_before_left_each_source(self) -> None:
+        """``cycle``: each source's slots over the job's life at a pass's start are those
+        at the start of the pass before plus what that pass handed out of it (a pass left
+        early, by an advance, hands out the rest never: ``plan_pass``'s ``life`` after the
+        slots it handed out)."""
+        if self.ON_EXHAUSTED != "cycle":
+            return
+        conn = self.client.connection
+        pass_no = self._meta("pass")
+        now, before = pass_life(conn, self.job, pass_no), pass_life(conn, self.job, pass_no - 1)
+        if pass_no == 0 or now is None or before is None:
+            return
+        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
+        sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
+        handed = len(self.client.job(self.job).mix_sequence(pass_no - 1))
+        plan = plan_pass(spec, log, pass_no - 1, length=handed, task_sizes=sizes, life=before)
+        assert now == plan.life
 
 
 MixedMachine.TestCase.settings = EngineMachine.TestCase.settings
@@ -1267,3 +1315,20 @@ SamplesMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_mixed_job_by_samples(sm_url):
     SamplesMixedMachine.url = sm_url
     SamplesMixedMachine.TestCase("runTest").runTest()
+
+
+class CycleMixedMachine(MixedMachine):
+    """MixedMachine with ``on_exhausted="cycle"``: a mixed pass is its ``N`` slots, each
+    source's slot over the job's life taking its task in that source's pass; after every
+    step the handed-out sequence is the reference's from the life the engine keeps at the
+    pass's start, and that life is the pass before's plus what it handed out."""
+
+    ON_EXHAUSTED = "cycle"
+
+
+CycleMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_cycle_mixed_job(sm_url):
+    CycleMixedMachine.url = sm_url
+    CycleMixedMachine.TestCase("runTest").runTest()

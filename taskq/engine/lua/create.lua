@@ -1,7 +1,8 @@
 #!lua
 -- create: flip a staged job live in one O(1) step (readers see all of it or none).
 -- KEYS: the job's keys (keys.SCRIPT_KEYS) + staging, sizes (the hash of chunks written
---   before; a mixed job's tasks' sizes staged, '>I4' each, when its weights count samples)
+--   before, a mixed job's under its copy ids, lib/mix.lua; its copies' sizes staged, a hash
+--   of "<source>:<block>" -> '>I4' each of 256 tasks, when its weights count samples)
 -- ARGV: replace (1|0), n_tasks (0: a stream's), then field, value pairs of the job's meta hash
 -- returns: {code}
 -- The chunks were written beforehand, pipelined, into the staging hash (with an EXPIRE).
@@ -14,7 +15,7 @@ local done, open_job = lib.call.done, lib.call.open_job
 arg_enum(ARGV[1], 'replace', '0 1')
 local n_tasks = arg_int(ARGV[2], 'n_tasks', 0, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
-local stream, by_samples = false, false
+local stream, by_samples, blocks = false, false, 0
 for k = 3, #ARGV, 2 do
   if not smatch(ARGV[k], '^[a-z_]+$') then arg_fail('meta field', 'not a field name', ARGV[k]) end
   arg_text(ARGV[k + 1], ARGV[k], ARGV[k] == N.MIX and 65536 or 1024)  -- (a mixed job's sources)
@@ -23,6 +24,11 @@ for k = 3, #ARGV, 2 do
     local ok, mix = pcall(cjson.decode, ARGV[k + 1])
     if not ok or type(mix) ~= 'table' then arg_fail(ARGV[k], 'not a JSON object', '') end
     by_samples = ok and type(mix) == 'table' and mix.by == 'samples'
+    if by_samples then
+      for _, n in ipairs(type(mix.n) == 'table' and mix.n or {}) do
+        blocks = blocks + math.ceil((tonum(n) or 0) / 256)
+      end
+    end
   end
 end
 -- (only a stream starts empty: its tasks are appended)
@@ -38,7 +44,7 @@ if exists and ARGV[1] ~= '1' then
   return done({C.JOB_EXISTS})
 end
 if rcall('HLEN', staging) ~= tonum(ARGV[2])
-    or (sizes and rcall('STRLEN', sizes) ~= 4 * tonum(ARGV[2])) then
+    or (sizes and rcall('HLEN', sizes) ~= blocks) then
   rcall('UNLINK', unpk(staged))
   return done({C.INVALID})
 end

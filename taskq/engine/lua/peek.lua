@@ -10,7 +10,7 @@
 -- waiting to be leased again), 'f<rank in the front>' then 'c<position in the order>'; leased a rank, done a task id, dead an SSCAN cursor.
 local rcall, tonum, smatch, ssub, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.sub, string.byte, math.min, math.max, unpack, ipairs
-local fmt, mget, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mnum
+local fmt, mnum = lib.meta.fmt, lib.meta.mnum
 local tasks_n = lib.meta.tasks_n
 local arg_enum, arg_fail, arg_int, arg_len, arg_text, arg_token, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_int, lib.args.arg_len, lib.args.arg_text,
@@ -67,10 +67,7 @@ if state == 'todo' then
     phase, pos = 'c', 0
   end
   if next_cursor == '0' then
-    -- (a mixed job's order past its cursor is not charged yet: its todo is listed by task
-    -- id from 0, each filtered as below; a task the cursor passed is leased, done, dead
-    -- or in the front, never free)
-    if mget(F.SHUFFLE) ~= 'm' then pos = mmax(pos, mnum(F.CURSOR)) end
+    pos = mmax(pos, mnum(F.CURSOR))
     -- positions of the order looked up in chunks (a few commands per chunk, not a few per
     -- task), 4 x count at most per page: free = not done, not dead, no current lease, and
     -- not in the front (listed above)

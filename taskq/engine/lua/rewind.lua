@@ -43,7 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
-local mix_kept = lib.mix.mix_kept
+local mix_kept, mix_note = lib.mix.mix_kept, lib.mixslot.mix_note
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd
@@ -106,6 +106,7 @@ if step == 'begin' then
   local plan = {rec.pages, xpages, rec.ppages, math.ceil(rec.cursor / RW_WALK),
     math.ceil(later / RW_MARK)}
   flush_events()  -- the step entry so far is the pass's before (event_task)
+  mix_note()  -- (a mixed job: how far the pass left was handed out)
   -- (the cut's order; tasks appended since the cut come after it, never done at the cut)
   mset(F.PASS, rec.pass, F.CURSOR, rec.cursor, F.PN, rec.pn or rec.n or tasks_n(),
     F.NDONE, rec.done, F.NLEASED, 0,
@@ -188,7 +189,7 @@ local function restore_page(step, rec, id, arg, epoch)
   end
   if step == 'walk' then
     -- (after the done and dead pages: the sets are the cut's)
-    local perm = perm_fn('stored')
+    local perm = perm_fn()
     local from = arg * RW_WALK
     for pos = from, mmin(rec.cursor, from + RW_WALK) - 1 do
       local task = perm(pos)

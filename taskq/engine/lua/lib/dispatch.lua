@@ -20,7 +20,8 @@ local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
 local perm_fn = lib.passes.perm_fn
-local mix_flush = lib.mix.mix_flush
+local mix_flush, mix_charge, mix_fields, mix_front, mix_sources = lib.mix.mix_flush,
+  lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_front, lib.mixslot.mix_sources
 local add_starts = lib.progress.add_starts
 local reclaim = lib.reclaim.reclaim
 
@@ -28,6 +29,7 @@ local reclaim = lib.reclaim.reclaim
 -- The reply's chunks (element 4) are filled in by take(), one HMGET per call.
 local GRANTED = {}  -- per call: the task ids (strings) granted by this take(), in order
 local SKIPPED = {}  -- per call: {task, score} popped from the front and left for others
+local MIXED = false  -- per call: a mixed job's take (lib/mix.lua)
 -- (cn: the call number's digits; task_n: the task's number when the caller has it, else nil)
 -- (buf: a batch's writes, leases.lua lw_new; nil: written at once)
 local function grant(task, worker, winc, cn, st, task_n, buf)
@@ -217,13 +219,15 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   -- the front found empty (by the call's EXISTS or a ZPOPMIN; nothing adds to it below)
   if CALL.FRONT_EMPTY == nil and not CALL.EMPTIES_READ then read_empties() end
   local front_empty = CALL.FRONT_EMPTY == true
+  local charged = MIXED and mix_front(front_empty) or math.huge  -- (lib/mixslot.lua)
   while not front_empty and #out < want and steps < 1000 do
     local popped = rcall('ZPOPMIN', K_FRONT)
     if #popped == 0 then front_empty = true; break end
     steps = steps + 1
     local task = popped[1]
     local free = is_free(task, buf)
-    if free and (avoided(task, worker) or not piece_ok(task, worker, winc)) then
+    SKIPPED[task] = MIXED and tonum(task) >= charged  -- (not charged: left, not walked)
+    if free and (SKIPPED[task] or avoided(task, worker) or not piece_ok(task, worker, winc)) then
       SKIPPED[#SKIPPED + 1] = popped  -- back to the front in take(), at its place
     elseif free then
       local solo = not counts_empty() and rcall('HGET', K_COUNTS, 's:' .. task) == '1'
@@ -242,18 +246,19 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local n = mnum(F.N)
   if cursor + 1000 > n then n = tasks_n() end
   if #out < want and cursor < n then
-    local perm = perm_fn('charge')
+    local perm = perm_fn()
     while #out < want and cursor < n and steps < 1000 do
+      if cursor >= charged then charged = mix_charge(cursor) end
       local task_n = perm(cursor)
       local task = fmt(task_n)
       cursor = cursor + 1
       steps = steps + 1
-      if is_free(task, buf) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false) then
+      if is_free(task, buf) and (front_empty or rcall('ZSCORE', K_FRONT, task) == false)
+          and not (MIXED and SKIPPED[task]) then
         out[#out + 1] = grant(task, worker, winc, cn, lease_kind(mode, #out), task_n, buf)
       end
     end
     mset_s(F.CURSOR, fmt(cursor))
-    mix_flush()
   end
   -- Only an idle trainer steals (it wants a task to start now); refilling a prefetch
   -- buffer from another trainer's reserved work would just move it back and forth.
@@ -285,6 +290,7 @@ end
 local function take(worker, winc, want, call_no, mode)
   GRANTED = {}
   SKIPPED = {}
+  MIXED = mget(F.SHUFFLE) == 'm'
   -- (a take of more than one gathers its grants' writes, leases.lua lw_new: made before
   -- anything else reads those keys; a steal, a split piece or a backup comes only when
   -- nothing was granted)
@@ -292,6 +298,7 @@ local function take(worker, winc, want, call_no, mode)
   if want > 1 then buf = lw_new() end
   -- (the leases grant() made: counted here at once, three mincr's rather than three each)
   local out, granted = take_leases(worker, winc, want, fmt(call_no), mode, buf)
+  if MIXED then mix_flush() end
   if buf then
     lw_flush(buf)
     -- (as grant() would have: the started ones first, mode F)
@@ -308,9 +315,11 @@ local function take(worker, winc, want, call_no, mode)
     rcall('ZADD', K_FRONT, p[2], p[1])
   end
   if #out > 0 then
-    local chunks = rcall('HMGET', K_CHUNKS, unpk(GRANTED))
+    local fields = MIXED and mix_fields(out) or GRANTED  -- (a mixed job's: its copies')
+    local chunks = rcall('HMGET', K_CHUNKS, unpk(fields))
     for k, g in lipairs(out) do g[4] = chunks[k] end
     add_starts(out, GRANTED)
+    if MIXED then mix_sources(out, fields) end
   end
   return out
 end
@@ -384,6 +393,7 @@ local function reset()
   BACKUP_AT = nil
   READS = nil
   PIECE_LEFT = false
+  MIXED = false
 end
 
 return {lease_part = lease_part, reset = reset}

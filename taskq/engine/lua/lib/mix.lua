@@ -1,38 +1,47 @@
--- mix.lua: a mixed job's order of a pass (docs/mixing.md). A mixed job is a plain job whose
--- tasks are its sources' tasks, copied at create in source order (source s owns the ids
--- off_s .. off_s + n_s - 1), and whose pass order is the mix schedule instead of the seeded
--- permutation (meta 'shuffle' = 'm'): position k of pass p is *slot* p * N + k. The
--- schedule is a pure function of the sources' sizes and the weight log (taskq/mix.py
--- `pass_schedule` is the same rule in Python); a slot once charged keeps its task for good
--- (the sequence is stored, so a rewind, a pass reset or a re-dispatch never changes which
--- task a slot is), and a weight change holds from a slot not yet handed out.
+-- mix.lua: a mixed job's slots (docs/mixing.md). The engine's task of a mixed job is the
+-- *slot*: position k of pass p (slot p * N + k), its pass order the identity. Its sources'
+-- tasks are copied at create into the job's chunks hash, each under its *copy id*
+-- (source s, 0-based, task j of that source: s * 2^32 + j, the field 10 hex digits), so a
+-- source can gain tasks without renumbering any and a copy may be the task of any number
+-- of slots (on_exhausted=cycle: a source's j-th slot over the job's life takes its task
+-- j mod n). The schedule says which copy each slot is: a pure function of the sources'
+-- sizes and the weight log (taskq/mix.py `pass_schedule` is the same rule in Python); a
+-- slot once charged keeps its copy for good (the sequence is stored, so a rewind, a pass
+-- reset or a re-dispatch never changes which copy a slot is), and a weight change holds
+-- from a slot not yet handed out. A lease resolves its slots' chunks through the stored
+-- sequence (lib/mixslot.lua: one GETRANGE beside the HMGET of the chunks).
 -- Slots are charged a page (PAGE positions) ahead of the leases: meta 'mixh' is the slot
--- the stored sequence of the state's pass ends before, 'mixd' the slot no lease reached
--- yet (both hot meta fields: a lease below 'mixh' is one GETRANGE, no state read).
+-- the stored sequence of the state's pass ends before (a hot meta field: a lease below it
+-- charges nothing), 'mixd' the slot no lease reached yet as of the cursor's last move back
+-- or to another pass (mix_note; between, the cursor says it: mix_charged).
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- '>ddddd' the pass, positions charged, the segment's first position, the next logged
 -- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
--- tasks, the tasks it gave in the pass, in the segment, and '>d' its weight; "s0" the same
+-- tasks, the tasks it gave in the pass, in the segment, '>d' its weight and '>I4' its slots
+-- over the job's life before the pass (cycle: lib/mixrule.lua cycle_task); "s0" the same
 -- at the last page's start; ":<p>" as pass p was left);
--- 'mixsz' the tasks' sizes in samples when the weights count them ('>I4' by task id);
--- 'mixseq<p % 3>' pass p's tasks by position (8 hex digits each: SETRANGE / GETRANGE,
+-- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
+-- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
+-- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
 -- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
 local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
   redis.call, tonumber, string.match, string.gmatch, string.sub, string.format,
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack = math.max, math.min, unpack
-local segment, choice, choose, settle, choose_by_samples, sizes_reader =
+local segment, choice, choose, settle, choose_by_samples, cycle_task, on_last =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
-  lib.mixrule.choose_by_samples, lib.mixrule.sizes_reader
-local unpack_state, pack_state = lib.mixrule.unpack_state, lib.mixrule.pack_state
+  lib.mixrule.choose_by_samples, lib.mixrule.cycle_task, lib.mixrule.on_last
+local unpack_rule_state, pack_state, sizes_reader, life_after = lib.mixrule.unpack_state,
+  lib.mixrule.pack_state, lib.mixrule.sizes_reader, lib.mixrule.life_after
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
 -- page; bench/mix.py). A weight change inside the page cuts it at its slot (mix_set).
 local PAGE = 256  -- constant
-local READ = 32  -- constant: stored positions a lease call reads at once (one GETRANGE)
+local W = 10  -- constant: the width of a stored position (a copy id, 10 hex digits)
+local STRIDE = 4294967296  -- constant: copy id = source (0-based) * STRIDE + its task
 
 local SPEC = nil  -- per call: the decoded F.MIX {sources, n, w, on_exhausted}
 local ST = nil  -- per call: the schedule's state, when read (false: none yet)
@@ -70,6 +79,23 @@ local function by_samples()
   return spec().by == 'samples'
 end
 
+-- on_exhausted=cycle: no source runs out, its j-th slot over the job's life takes its task
+-- j mod n (lib/mixrule.lua cycle_task).
+local function cycling()
+  return spec().on_exhausted == 'cycle'
+end
+
+-- Each source's first copy id (copy id = source * STRIDE + task: lib/mixrule.lua's rule
+-- reads a source's next task as o[i] + t[i]).
+local function store_offsets(st)
+  for i = 1, #st.n do st.o[i] = (i - 1) * STRIDE end
+  return st
+end
+
+local function unpack_state(blob, kp, sm)
+  return store_offsets(unpack_rule_state(blob, kp, sm))
+end
+
 local function read_state()
   if ST == nil then
     local r = rcall('HMGET', kc('mix'), 's', 's0', 'kp')
@@ -83,14 +109,16 @@ local function read_state()
   return ST
 end
 
-local function fresh_state(p, kp)
+-- Pass p's state before its first slot; `life` each source's slots over the job's life
+-- before it (cycle; nil: none).
+local function fresh_state(p, kp, life)
   local n, zero, k = spec().n, {}, #spec().n
   for i = 1, k do zero[i] = 0 end
   local start = p * mnum(F.N)
   local st = {p = p, h = 0, seg = 0, nx = next_change(start), rs = 1, kp = kp, n = n, sm = by_samples(),
-    t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), o = {}}
-  local at = 0
-  for i = 1, k do st.o[i], at = at, at + n[i] end
+    t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), l = life or {unpack(zero)},
+    o = {}}
+  store_offsets(st)
   st.s0 = pack_state(st)
   return st
 end
@@ -131,8 +159,9 @@ local function saved_state(p, kp)
 end
 
 -- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
--- one; p joins the kept passes `keep`; the meta's high-waters follow it.
-local function enter(p, keep, kept)
+-- one (`life`: fresh_state's); p joins the kept passes `keep`; the meta's high-waters
+-- follow it.
+local function enter(p, keep, kept, life)
   local base = p * mnum(F.N)
   local st, d = nil, 0
   if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
@@ -140,7 +169,7 @@ local function enter(p, keep, kept)
   if st then
     st.nx, st.raw = next_change(base + st.h - 1), nil
   else
-    st, d = fresh_state(p, keep), 0
+    st, d = fresh_state(p, keep, life), 0
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
   mput(F.MIXH, base + st.h)
@@ -152,17 +181,22 @@ end
 -- The state of pass p made current: the one being left saved under ":<its pass>", the
 -- one of p loaded (a rewind back to it) or made. Going to p keeps the sequences of p and the
 -- KEEP - 1 passes before it; later passes' go (the log makes them again, with any change
--- set since), older ones too.
+-- set since), older ones too. (The pass being left handed out up to 'mixd': mix_note.)
 local function switch_to(p)
   local st = read_state()
-  local kept = {}
+  local kept, life = {}, nil
   if st then
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
+    local d = mmin(st.h, mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
     args[#args + 1] = 'd' .. sfx
-    args[#args + 1] = fmt(mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
+    args[#args + 1] = fmt(d)
     rcall('HSET', kc('mix'), unpack(args))
     kept = st.kp
+    if cycling() and p > st.p then  -- (the positions charged ahead, never handed out)
+      local ahead = d < st.h and rcall('GETRANGE', seq_key(st.p), d * W, st.h * W - 1) or ''
+      life = life_after(st, ahead, W)
+    end
   end
   local keep = {}
   for _, q in lipairs(kept) do
@@ -176,10 +210,11 @@ local function switch_to(p)
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
-  return enter(p, keep, was_kept)
+  return enter(p, keep, was_kept, life)
 end
 
--- The task at position `pos` of pass p, stored (nil: not charged, or not kept).
+-- The copy id stored at position `pos` of pass p, as stored (10 hex digits; nil: not
+-- charged, or not kept).
 local function stored(p, pos)
   local st = read_state()
   if not st then return nil end
@@ -188,13 +223,14 @@ local function stored(p, pos)
   elseif not is_kept(st, p) then
     return nil
   end
-  return tonum(rcall('GETRANGE', seq_key(p), pos * 8, pos * 8 + 7), 16)
+  local e = rcall('GETRANGE', seq_key(p), pos * W, pos * W + W - 1)
+  if #e < W then return nil end
+  return e
 end
 
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
--- in one SETRANGE; returns the page (8 hex digits a position) and its first position.
--- With `upto`, instead, the state is walked on to position `upto` by the positions stored
--- there (the rule not asked: a weight change's state at its slot, mix_set).
+-- in one SETRANGE. With `upto`, instead, the state is walked on to position `upto` by the
+-- positions stored there (the rule not asked: a weight change's state at its slot, mix_set).
 local function charge_page(st, upto)
   local nn = mnum(F.N)
   local base = st.p * nn
@@ -202,7 +238,7 @@ local function charge_page(st, upto)
   local h0 = st.h
   local last, kept = upto, nil
   if upto then
-    kept = rcall('GETRANGE', seq_key(st.p), h0 * 8, upto * 8 - 1)
+    kept = rcall('GETRANGE', seq_key(st.p), h0 * W, upto * W - 1)
   else
     last = mmin(h0 + PAGE, nn)
     st.s0 = pack_state(st)
@@ -211,8 +247,14 @@ local function charge_page(st, upto)
   local out, act, w, d, ch = {}, nil, nil, 0, nil
   local size_of, m_samples = nil, 0
   if by_samples() then
-    size_of = sizes_reader(kc('mixsz'))
+    size_of = sizes_reader(kc('mixsz'), STRIDE)
     for i = 1, k do m_samples = m_samples + c[i] end
+  end
+  -- per source, its next task (cycle: in its source pass, lib/mixrule.lua cycle_task)
+  local rule, cyc, nt = spec().on_exhausted, cycling(), t
+  if cyc then
+    nt = {}
+    for i = 1, k do nt[i] = cycle_task(st.l[i] + t[i], n[i]) end
   end
   for h = h0, last - 1 do
     local slot = base + h
@@ -228,87 +270,54 @@ local function charge_page(st, upto)
     local m = h - st.seg + 1
     local best
     if kept then
-      local at = (h - h0) * 8
-      local task = tonum(ssub(kept, at + 1, at + 8), 16)
-      best = k
-      while o[best] > task do best = best - 1 end
+      local at = (h - h0) * W
+      best = tonum(ssub(kept, at + 1, at + 2), 16) + 1
     elseif size_of then
-      if not act then act, w = segment(t, n, st.w) end
-      best = choose_by_samples(w, c, t, o, size_of, m_samples)
+      if not act then act, w = segment(t, n, st.w, cyc) end
+      best = choose_by_samples(w, c, nt, o, size_of, m_samples)
     else
       if not act then
-        act, w, d = segment(t, n, st.w)
+        act, w, d = segment(t, n, st.w, cyc)
         ch = choice(act, c, w, d, m)
       end
       best = choose(ch, act, m)
     end
+    local task = nt[best]
     local step = 1
-    if size_of then step = size_of(o[best] + t[best]); m_samples = m_samples + step end
+    if size_of then step = size_of(o[best] + task); m_samples = m_samples + step end
     local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
-    if tb >= n[best] then
+    if cyc then nt[best] = cycle_task(st.l[best] + tb, n[best]) end
+    if tb >= n[best] and on_last(rule, st.w[best]) then
       st.rs = 1  -- (drop: the others renormalise from here)
     elseif ch then
       settle(ch, best, cb, w[best], d, m)
     end
-    if not kept then out[#out + 1] = sformat('%08x', o[best] + tb - 1) end
+    if not kept then out[#out + 1] = sformat('%010x', o[best] + task) end
   end
   st.h = last
   mput(F.MIXH, base + last)
   ST_DIRTY = true
-  if kept then return kept, h0 end
-  local page = tconcat(out)
-  rcall('SETRANGE', seq_key(st.p), h0 * 8, page)
-  return page, h0
+  if not kept then rcall('SETRANGE', seq_key(st.p), h0 * W, tconcat(out)) end
 end
 
--- The order of the current pass (passes.lua perm_fn's, for a mixed job): position ->
--- task. With `charges`, a position not stored is charged with its page (dispatch walks the
--- cursor one position at a time) and one handed out raises the meta's MIXD; without, a
--- position not stored is nil (peek stops there: mix_charged).
-local function mix_perm(charges)
-  local p = mnum(F.PASS)
-  local base = p * mnum(F.N)
-  local key = seq_key(p)
-  local blk, blk0, blk1 = '', 0, 0  -- the stored positions [blk0, blk1), read at once
-  return function(pos)
-    local slot = base + pos
-    local task = nil
-    if pos >= blk0 and pos < blk1 then
-      local at = (pos - blk0) * 8
-      task = tonum(ssub(blk, at + 1, at + 8), 16)
-    elseif slot < mnum(F.MIXH) then
-      local upto = mmin(mnum(F.MIXH) - base, pos + READ)
-      blk = rcall('GETRANGE', key, pos * 8, upto * 8 - 1)
-      blk0, blk1 = pos, pos + (#blk - #blk % 8) / 8
-      task = tonum(ssub(blk, 1, 8), 16)
-    end
-    if not task then
-      if not charges then return nil end
-      local st = read_state()
-      if not st or st.p ~= p then st = switch_to(p) end
-      if pos < st.h then
-        task = stored(p, pos)  -- (a pass come back to: its own state)
-      else
-        while pos >= st.h do blk, blk0 = charge_page(st) end
-        blk1 = blk0 + #blk / 8
-        local at = (pos - blk0) * 8
-        task = tonum(ssub(blk, at + 1, at + 8), 16)
-      end
-    end
-    if charges and slot >= mnum(F.MIXD) then mput(F.MIXD, slot + 1) end
-    return task
-  end
-end
-
--- Positions of pass p handed out so far (its sequence's length; 0 when not kept).
+-- Positions of pass p handed out so far (its sequence's length; 0 when not kept): the
+-- cursor's reach in the current pass, 'mixd' as of the cursor's last move back.
 local function mix_charged(p)
   local st = read_state()
   if not st then return 0 end
-  if st.p == p then return mmax(0, mnum(F.MIXD) - p * mnum(F.N)) end
-  if not is_kept(st, p) then return 0 end
-  local _, d = saved_state(p, st.kp)
-  return d or 0
+  local d = 0
+  if st.p == p then
+    d = mmax(0, mmin(st.h, mnum(F.MIXD) - p * mnum(F.N)))
+  elseif is_kept(st, p) then
+    local _
+    _, d = saved_state(p, st.kp)
+    d = d or 0
+  elseif p ~= mnum(F.PASS) then
+    return 0
+  end
+  if p == mnum(F.PASS) then d = mmax(d, mnum(F.CURSOR)) end
+  return d
 end
 
 -- True when pass p's sequence is kept up to position `upto` (a rewind's cut). At 0, when
@@ -322,9 +331,9 @@ end
 
 -- The slot from which weights set now hold: `at` (-1: none) or, if handed out already, the
 -- first slot not handed out. The change is logged and the state learns of it: a page
--- charged past `at` goes back to its start (its positions before `at` come again the
--- same; at most a page is charged again). Sequences of passes after the current one (left by a rewind to an earlier pass)
--- go: the log makes them again, with this change.
+-- charged past `at` is cut there (the state at `at` made again from the page's start by the
+-- positions stored before it: at most a page). Sequences of passes after the current one
+-- (left by a rewind to an earlier pass) go: the log makes them again, with this change.
 local function mix_set(ws, at)
   local p = mnum(F.PASS)
   local base = p * mnum(F.N)
@@ -379,5 +388,6 @@ local function reset()
   SPEC, ST, ST_DIRTY = nil, nil, false
 end
 
-return {mix_perm = mix_perm, mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
-  mix_flush = mix_flush, spec = spec, reset = reset}
+return {mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
+  mix_flush = mix_flush, spec = spec, reset = reset,
+  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key}

@@ -1,26 +1,29 @@
 -- mixrule.lua: a mixed job's deadline rule (docs/mixing.md, "Slots and the schedule"), the
 -- choice of a slot's source in O(log k) for lib/mix.lua's charge, and the rule when the
--- weights count samples; the schedule's state's packed form (taskq/mix.py
--- `pass_schedule` is the reference: a scan of every source, the same comparisons).
-local lipairs, mceil, tremove, rcall, srep, unpack = ipairs, math.ceil, table.remove,
-  redis.call, string.rep, unpack
+-- weights count samples; what a source's run-out means (cycle, stop) and a stream
+-- source's debt ("A source runs out"), pure functions; the schedule's state's packed form
+-- (taskq/mix.py `plan_pass` is the reference: a scan of every source, the same
+-- comparisons).
+local lipairs, mceil, tremove, rcall, srep, sformat, unpack = ipairs, math.ceil, table.remove,
+  redis.call, string.rep, string.format, unpack
 local spack, sunpack = struct.pack, struct.unpack
 
--- A segment's weights (the logged ones `wn` over the sources not run out;
--- when only sources of weight 0 are left, equal shares of them), the sources with a share
--- in order, and the rule's d.
-local function segment(t, n, wn)
+-- A segment's weights (the logged ones `wn` over the sources not run out, t[i] < n[i], or
+-- over every source when `every`: on_exhausted=cycle, where none runs out; when only
+-- sources of weight 0 are left, equal shares of them), the sources with a share in order,
+-- and the rule's d.
+local function segment(t, n, wn, every)
   local k = #n
   local w, act, sum, left = {}, {}, 0, 0
   for i = 1, k do
-    if t[i] < n[i] then
+    if every or t[i] < n[i] then
       left = left + 1
       if wn[i] > 0 then sum = sum + wn[i] end
     end
   end
   for i = 1, k do
     w[i] = 0
-    if t[i] < n[i] then
+    if every or t[i] < n[i] then
       local wi = wn[i]
       if sum > 0 then
         if wi > 0 then w[i] = wi / sum; act[#act + 1] = i end
@@ -133,18 +136,74 @@ local function settle(ch, i, c, w, d, m)
   place(ch, i, due_at(c, w, d), m + 1)
 end
 
--- When the weights count samples: a reader of the tasks' sizes kept in `key` ('>I4' by
--- task id), a block of 256 read at once (the blocks a page touches: two a source at most).
-local function sizes_reader(key)
-  local blocks, per = {}, 256
+-- on_exhausted=cycle: a source's j-th slot over the job's life (j from 0) takes its task
+-- j mod n of its source pass j div n.
+local function cycle_task(j, n)
+  local task = j % n
+  return task, (j - task) / n
+end
+
+-- cycle: each source's slots over the job's life after state `st`'s pass, but for the
+-- positions `ahead` names (its stored copy ids, `width` hex digits each: those charged
+-- ahead of the leases and never handed out, the pass left early; the life counts what
+-- was handed out, so a later pass takes the tasks those would have).
+local function life_after(st, ahead, width)
+  local life = {}
+  for i = 1, #st.n do life[i] = st.l[i] + st.t[i] end
+  for at = 1, #ahead, width do
+    local i = tonumber(string.sub(ahead, at, at + 1), 16) + 1
+    life[i] = life[i] - 1
+  end
+  return life
+end
+
+-- What a source's taking the last task it has means for the pass (taskq/mix.py plan_pass):
+-- 'segment' (a new segment from the next slot: drop, and stop for a source of weight 0),
+-- 'stop' (the pass ends after this slot: stop, the source's logged weight `wi` > 0), nil
+-- (cycle: its next source pass goes on, the segment too).
+local function on_last(rule, wi)
+  if rule == 'cycle' then return nil end
+  if rule == 'stop' and wi > 0 then return 'stop' end
+  return 'segment'
+end
+
+-- Stream sources: the source a slot repays before the rule is asked, the lowest index that
+-- owes (debt[i] > 0) and has a task (t[i] < avail[i]); nil: none.
+local function owed_first(t, avail, debt)
+  for i = 1, #debt do
+    if debt[i] > 0 and t[i] < avail[i] then return i end
+  end
+  return nil
+end
+
+-- The rule's pick, a stream source with nothing in its store: true when it may owe the slot
+-- (a deferral: its debt + 1, the pick counted as its slot, the rule asked again), false when
+-- it owes `max_debt` already (the slot waits for its store; max_debt 0: on_starved=wait).
+local function defers(debt_i, max_debt)
+  return debt_i < max_debt
+end
+
+-- When the weights count samples: a reader of the copies' sizes kept in hash `key` (a
+-- mixed job's 'mixsz': field "<source>:<block>", '>I4' each for the source's tasks 256 *
+-- block ..), by copy id (source * stride + task); a block of 256 read at once (the blocks
+-- a page touches: two a source at most).
+local function sizes_reader(key, stride)
+  local blocks = {}  -- (by the block's first copy id: a number, no string made per read)
+  local known = {}  -- (the rule reads every source's next task each slot: unpacked once)
   return function(id)
-    local b = (id - id % per) / per
-    local blk = blocks[b]
+    local v = known[id]
+    if v then return v end
+    local at = id % 256
+    local first = id - at
+    local blk = blocks[first]
     if not blk then
-      blk = rcall('GETRANGE', key, b * per * 4, (b + 1) * per * 4 - 1)
-      blocks[b] = blk
+      local j = first % stride
+      blk = rcall('HGET', key, sformat('%d:%d', (first - j) / stride, j / 256)) or ''
+      blocks[first] = blk
     end
-    return (sunpack('>I4', blk, (id - b * per) * 4 + 1))
+    v = sunpack('>I4', blk, at * 4 + 1)
+    known[id] = v
+    return v
   end
 end
 
@@ -168,23 +227,25 @@ end
 
 -- The schedule's state (lib/mix.lua) packed: '>ddddd' its scalars, then per source '>I4'
 -- its tasks, the tasks it gave in the pass, in the segment ('>d' when `sm`: the weights
--- count samples), and '>d' its weight.
+-- count samples), '>d' its weight, and '>I4' its slots over the job's life before the
+-- pass (on_exhausted=cycle: its next task is cycle_task(l + t, n); 0 under the others).
 local function state_format(k, sm)
-  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) end
-  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k)
+  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) .. srep('I4', k) end
+  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k) .. srep('I4', k)
 end
 
--- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w
--- (each source's tasks, tasks given in the pass, in the segment, weight), o (first task
--- ids), sm; `raw` the packed form while the state is unchanged.
+-- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w, l
+-- (each source's tasks, tasks given in the pass, in the segment, weight, life before the
+-- pass), o (first task ids), sm; `raw` the packed form while the state is unchanged.
 local function unpack_state(blob, kp, sm)
-  local k = (#blob - 40) / (sm and 24 or 20)
+  local k = (#blob - 40) / (sm and 28 or 24)
   local v = {sunpack(state_format(k, sm), blob)}
   local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
-    n = {}, t = {}, c = {}, w = {}, o = {}, sm = sm}
-  local n, t, c, w, o, at = st.n, st.t, st.c, st.w, st.o, 0
+    n = {}, t = {}, c = {}, w = {}, l = {}, o = {}, sm = sm}
+  local n, t, c, w, l, o, at = st.n, st.t, st.c, st.w, st.l, st.o, 0
   for i = 1, k do
     n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
+    l[i] = v[5 + 4 * k + i]
     o[i], at = at, at + n[i]
   end
   return st
@@ -192,10 +253,11 @@ end
 
 local function pack_state(st)
   if st.raw then return st.raw end
-  local n, t, c, w, k = st.n, st.t, st.c, st.w, #st.n
+  local n, t, c, w, l, k = st.n, st.t, st.c, st.w, st.l, #st.n
   local v = {st.p, st.h, st.seg, st.nx, st.rs}
   for i = 1, k do
     v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
+    v[5 + 4 * k + i] = l[i]
   end
   st.raw = spack(state_format(k, st.sm), unpack(v))
   return st.raw
@@ -203,4 +265,6 @@ end
 
 return {segment = segment, choice = choice, choose = choose, settle = settle,
   unpack_state = unpack_state, pack_state = pack_state,
-  choose_by_samples = choose_by_samples, sizes_reader = sizes_reader}
+  choose_by_samples = choose_by_samples, sizes_reader = sizes_reader,
+  cycle_task = cycle_task, life_after = life_after, on_last = on_last, owed_first = owed_first,
+  defers = defers}

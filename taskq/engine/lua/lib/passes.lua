@@ -8,19 +8,16 @@ local broadcast, event, flush_events =
   lib.events.broadcast, lib.events.event, lib.events.flush_events
 local done = lib.call.done
 local dead_empty = lib.leases.dead_empty
-local mix_perm = lib.mix.mix_perm
+local mix_note = lib.mixslot.mix_note
 
 -- The order of a pass: a seeded permutation of 0..PN-1 (a 4-round Feistel network on
 -- two halves of h bits, cycle-walking into range; identity without shuffle), PN being the
 -- tasks there were when the pass started; tasks appended since come after them in the
 -- order they were appended (positions PN.., a position its task id), so a position
 -- walked never changes its task. (A job made before PN: its create's tasks, meta n.) A
--- mixed job's order is its schedule (lib/mix.lua): `mix` 'charge' charges the position
--- after its high-water (dispatch), 'stored' reads the stored sequence (a rewind's walk
--- below its cut); nil walks the task ids (a listing of them all).
-local function perm_fn(mix)
+-- mixed job's order is the identity too: its tasks are its slots (lib/mix.lua).
+local function perm_fn()
   local sh = mget(F.SHUFFLE)
-  if sh == 'm' and mix then return mix_perm(mix == 'charge') end
   if sh ~= '1' then return function(i) return i end end
   -- (read only when shuffling: without, every position is its task id anyway)
   local n = tonum(mget(F.PN) or '') or mnum(F.N)
@@ -137,6 +134,7 @@ local function start_pass(p, kind)
   drop_pass_sets(false)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
+  mix_note()  -- (a mixed job: how far the pass left was handed out)
   mset(F.PASS, p, F.CURSOR, 0, F.PN, fmt(tasks_n()), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',

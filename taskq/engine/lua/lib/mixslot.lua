@@ -1,0 +1,105 @@
+-- mixslot.lua: a mixed job's slots as the lease sees them (docs/mixing.md): the cursor's
+-- walk charges the positions it reaches (mix_charge, lib/mix.lua's pages), a granted
+-- slot's chunks are its copy's (mix_fields: the copy ids its pass's stored sequence holds,
+-- read with one GETRANGE) and its reply names the copy's source; before the cursor goes
+-- back or to another pass, how far it reached is noted (mix_note: 'mixd').
+local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
+local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
+local read_state, switch_to, charge_page, seq_key =
+  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key
+local rcall = redis.call
+
+local W = 10  -- constant: the width of a stored position (lib/mix.lua)
+local RESOLVE_SPAN = 64  -- constant: granted positions read in one GETRANGE when this close
+
+-- The positions of the current pass stored so far, from the hot meta field alone (-1:
+-- the state is another pass's, or none yet: mix_charge makes it the current pass's).
+-- (A state of another pass never has 'mixh' in (base, base + N]: a later pass's with
+-- nothing charged is never stored, enter() is followed by a charge; at base, the state may
+-- be the pass before's, and the walk's first position charges, mix_charge.)
+local function mix_high()
+  local nn = mnum(F.N)
+  local h = mnum(F.MIXH) - mnum(F.PASS) * nn
+  if h < 0 or h > nn then return -1 end
+  return h
+end
+
+-- Positions of the current pass charged up to `pos` at least (the pages that reach it;
+-- the cursor's walk, dispatch, before it grants `pos`); returns the positions stored.
+local function mix_charge(pos)
+  local p = mnum(F.PASS)
+  local st = read_state()
+  if not st or st.p ~= p then st = switch_to(p) end
+  while pos >= st.h do charge_page(st) end
+  return st.h
+end
+
+-- The positions of the current pass charged, as the front's pops see them (dispatch: a
+-- slot past them, a dead slot retried, waits in the front until the cursor's walk charges
+-- it; the walk charges from there, mix_charge).
+local function mix_front(front_empty)
+  local h = mix_high()
+  if h <= 0 and not front_empty then h = mix_charge(-1) end
+  return h
+end
+
+-- A slot granted at or past the cursor (from the front: a dead slot retried) is handed
+-- out: 'mixd' raised past it, so a weight change never charges it again (mix_charged).
+local function handed(hi)
+  if hi < mnum(F.CURSOR) then return end
+  local slot = mnum(F.PASS) * mnum(F.N) + hi + 1
+  if slot > mnum(F.MIXD) then mput(F.MIXD, slot) end
+end
+
+-- The copy ids (10 hex digits, the chunks hash's fields) of the slots of the reply rows
+-- `out` (element 1: the position; stored: charged before they are handed out, dispatch):
+-- one GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
+local function mix_fields(out)
+  local key = seq_key(mnum(F.PASS))
+  local n, lo = #out, out[1][1]
+  local hi = lo
+  for k = 2, n do
+    local v = out[k][1]
+    if v < lo then lo = v elseif v > hi then hi = v end
+  end
+  handed(hi)
+  local fields = {}
+  if hi - lo < RESOLVE_SPAN then
+    local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
+    for k = 1, n do
+      local at = (out[k][1] - lo) * W
+      fields[k] = ssub(blk, at + 1, at + W)
+    end
+  else
+    for k = 1, n do
+      local v = out[k][1]
+      fields[k] = rcall('GETRANGE', key, v * W, v * W + W - 1)
+    end
+  end
+  return fields
+end
+
+-- The reply rows of granted slots (dispatch take(): `fields` their copy ids) name their
+-- copy's source, 0-based, after the piece's end (-1: none; trainer/iteration.py).
+local function mix_sources(out, fields)
+  for k, g in lipairs(out) do
+    if g[7] == nil then g[7] = -1 end
+    g[8] = tonum(ssub(fields[k], 1, 2), 16)
+  end
+end
+
+-- Before the cursor of a mixed job goes back or to another pass (a reset, the next pass,
+-- a rewind): 'mixd' raised to the slot it reached, when the state is the cursor's pass
+-- (else the cursor is below the pass's saved reach: it moved from a cut under it).
+local function mix_note()
+  if mget(F.SHUFFLE) ~= 'm' then return end
+  local nn = mnum(F.N)
+  local base = mnum(F.PASS) * nn
+  local h = mnum(F.MIXH) - base
+  if h <= 0 or h > nn then return end  -- (at 0: nothing of this pass charged, or another's)
+  local reached = base + mmin(h, mnum(F.CURSOR))
+  if reached > mnum(F.MIXD) then mput(F.MIXD, reached) end
+end
+
+return {mix_front = mix_front, mix_charge = mix_charge, mix_fields = mix_fields,
+  mix_sources = mix_sources, mix_note = mix_note}
