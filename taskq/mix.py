@@ -432,11 +432,13 @@ def plan_pass(
             avail[f.source], sealed[f.source] = f.tasks, f.sealed
             fi += 1
         if rule != "cycle":
+            stops = False  # (every source run out at this slot drops its debt first)
             for i in range(k):
                 if not ran[i] and sealed[i] and taken[i] >= avail[i]:
                     ran[i], debt[i], restart = True, 0, True  # (its debt: nothing to repay)
-                    if rule == "stop" and float(weights[i]) > 0:
-                        return plan("stop")
+                    stops = stops or (rule == "stop" and float(weights[i]) > 0)
+            if stops:
+                return plan("stop")
             if all(ran):
                 return plan("done")
         if nxt >= 0 and slot >= nxt:

@@ -1084,15 +1084,16 @@ while true do
     fi = fi + 1
   end
   if not every then
-    local all = true
+    local all, stops = true, false
     for i = 1, k do
       if not ran[i] and sealed[i] and t[i] >= avail[i] then
         ran[i], debt[i] = true, 0
-        if R.on_last(rule, wn[i]) == 'stop' then return done('stop') end
+        if R.on_last(rule, wn[i]) == 'stop' then stops = true end
         rs = true
       end
       if not ran[i] then all = false end
     end
+    if stops then return done('stop') end
     if all then return done('done') end
   end
   if nx >= 0 and slot >= nx then wn, nx, rs = weights_at(slot), next_change(slot), true end
