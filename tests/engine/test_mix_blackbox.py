@@ -14,13 +14,14 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from support import ENTRY_POINT, ROOT, wait_until
 from test_mix import _cli, _lease_ack, _reference, _sources
 
 import taskq
 from taskq.admin.mix import spec_of
-from taskq.mix import pass_schedule
+from taskq.mix import pass_schedule, plan_pass
 
 _ids = itertools.count()
 
@@ -136,6 +137,27 @@ def test_three_processes_a_kill_and_a_weight_change_give_one_trainers_sequence(
     assert seq_one[100:] == [(str(s).rsplit("-", 1)[1], j) for s, j in first + rest]
 
 
+def _work(url: str, job: str, tmp_path: Path, row: str) -> tuple[Any, list[Any]]:
+    """``taskq work JOB`` (a real CLI process, one CMD run per task) whose CMD writes
+    ``row`` (a Python expression of ``task``, the task JSON, and ``os``) as a JSON line;
+    the finished process and the rows in the order the runs wrote them."""
+    out = tmp_path / "runs.jsonl"
+    script = (
+        "import json, os, sys\n"
+        "task = json.load(sys.stdin)\n"
+        f"with open({str(out)!r}, 'a') as f:\n"
+        f"    f.write(json.dumps({row}) + '\\n')\n"
+    )
+    r = subprocess.run(
+        [ENTRY_POINT, "--url", url, "work", job, "--", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return r, [json.loads(line) for line in out.read_text().splitlines()]
+
+
 def test_taskq_work_over_a_mixed_job_takes_every_task_once_and_names_its_source(
     url, client, tmp_path
 ):
@@ -146,21 +168,7 @@ def test_taskq_work_over_a_mixed_job_takes_every_task_once_and_names_its_source(
     names = _sources(client, {"web": 6, "code": 4, "books": 2}, tag)
     mix = f"{tag}-mix"
     client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.3, names["books"]: 0.2})
-    out = tmp_path / "runs.jsonl"
-    script = (
-        "import json, os, sys\n"
-        "task = json.load(sys.stdin)\n"
-        f"with open({str(out)!r}, 'a') as f:\n"
-        "    f.write(json.dumps([task, os.environ['TASKQ_SOURCE']]) + '\\n')\n"
-    )
-    r = subprocess.run(
-        [ENTRY_POINT, "--url", url, "work", mix, "--", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    r, runs = _work(url, mix, tmp_path, "[task, os.environ['TASKQ_SOURCE']]")
     assert sorted(task["id"] for task, _ in runs) == list(range(12))
     assert [(task["source"], task["chunks"][0]["i"]) for task, _ in runs] == _reference(client, mix)
     for task, env_source in runs:
@@ -217,8 +225,6 @@ def test_taskq_work_over_a_cycle_job_takes_each_source_pass_once(url, client, tm
     every slot runs once, the runs are the reference's slots (``plan_pass``, the life
     carried from pass 0 to 1), and each source pass of each source takes each of its
     tasks once, in order."""
-    from taskq.mix import plan_pass
-
     tag = f"mxc{next(_ids)}"
     sizes = {"web": 6, "code": 4, "books": 2}
     names = _sources(client, sizes, tag)
@@ -229,21 +235,7 @@ def test_taskq_work_over_a_cycle_job_takes_each_source_pass_once(url, client, tm
         on_exhausted="cycle",
         passes=2,
     )
-    out = tmp_path / "runs.jsonl"
-    script = (
-        "import json, sys\n"
-        "task = json.load(sys.stdin)\n"
-        f"with open({str(out)!r}, 'a') as f:\n"
-        "    f.write(json.dumps(task) + '\\n')\n"
-    )
-    r = subprocess.run(
-        [ENTRY_POINT, "--url", url, "work", mix, "--", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    _, runs = _work(url, mix, tmp_path, "task")
     assert [(t["pass"], t["id"]) for t in runs] == [(p, k) for p in range(2) for k in range(12)]
     spec = spec_of(client.connection, mix)
     first = plan_pass(spec, [], 0)
