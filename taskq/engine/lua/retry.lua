@@ -15,7 +15,7 @@ local arg_id, arg_int, arg_len, arg_task, args_bad =
 local broadcast, event, wake_one = lib.events.broadcast, lib.events.event, lib.events.wake_one
 local done, open_job = lib.call.done, lib.call.open_job
 local recount_done = lib.passes.recount_done
-local copy_at = lib.mix.copy_at
+local copy_at = lib.mixslot.copy_at
 local retried_split = lib.pieces.retried
 arg_id(ARGV[1], 'job_inc', true)
 local n = arg_int(ARGV[2], 'n', 0, MAX_RETRY)

@@ -43,7 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
-local mix_kept, mix_note, copy_at = lib.mix.mix_kept, lib.mixslot.mix_note, lib.mix.copy_at
+local mix_kept, mix_note, copy_at = lib.mix.mix_kept, lib.mixslot.mix_note, lib.mixslot.copy_at
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd

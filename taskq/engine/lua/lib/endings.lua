@@ -9,7 +9,7 @@ local event, event_task, event_tasks, observe, wake_one =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.observe,
   lib.events.wake_one
 local jnow_s, now_s = lib.call.jnow_s, lib.call.now_s
-local mget, copy_at = lib.meta.mget, lib.mix.copy_at
+local mget, copy_at = lib.meta.mget, lib.mixslot.copy_at
 local repeat_or_stale = lib.secrets.repeat_or_stale
 local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_lease, parse_lease,
   progress_empty, recompute_auto_timeout, start_due =

@@ -28,6 +28,7 @@ local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack = math.max, math.min, unpack
+local mark_dead, unmark_dead = lib.mixdead.mark_dead, lib.mixdead.unmark_dead
 local segment, choice, choose, settle, choose_by_samples =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
   lib.mixrule.choose_by_samples
@@ -233,36 +234,6 @@ local function stored(p, pos)
   return e
 end
 
--- The slots a page charged whose copies are dead (`out`: the copy ids of positions
--- `pos0`..) are dead at once, as any dead task of the pass: one EXISTS a page, one
--- SMISMEMBER when some copy is dead (docs/mixing.md, "Dead copies").
-local function mark_dead(pos0, out)
-  if rcall('EXISTS', K_MIXDEAD) == 0 then return end
-  for i, v in lipairs(rcall('SMISMEMBER', K_MIXDEAD, unpack(out))) do
-    if v == 1 then
-      local task = pos0 + i - 1
-      rcall('SADD', K_DEAD, task)
-      rcall('SETBIT', K_DEADBITS, task, 1)
-      CALL.DEAD_EMPTY = false
-    end
-  end
-end
-
--- Positions `from` .. `to` - 1 of the current pass charged again (a weight change's cut):
--- those dead for their copy are not dead any more (no position past what was handed out
--- is dead for another reason); the charge that reaches them marks them again.
-local function unmark_dead(from, to)
-  if to <= from or rcall('EXISTS', K_DEAD) == 0 then return end
-  local pos = {}
-  for h = from, to - 1 do pos[#pos + 1] = h end
-  for i, v in lipairs(rcall('SMISMEMBER', K_DEAD, unpack(pos))) do
-    if v == 1 then
-      rcall('SREM', K_DEAD, pos[i])
-      rcall('SETBIT', K_DEADBITS, pos[i], 0)
-    end
-  end
-end
-
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
 -- in one SETRANGE. With `upto`, instead, the state is walked on to position `upto` by the
 -- positions stored there (the rule not asked: a weight change's state at its slot, mix_set).
@@ -403,12 +374,6 @@ local function mix_set(ws, at)
   return at
 end
 
--- The copy id of position `pos` of the current pass (nil: not charged): what a dead
--- slot's death or retry marks in the dead copies (lib/endings.lua, retry.lua).
-local function copy_at(pos)
-  return stored(mnum(F.PASS), tonum(pos))
-end
-
 -- This call's writes of the state (dispatch, after its cursor walk).
 local function mix_flush()
   if not ST_DIRTY then return end
@@ -427,5 +392,6 @@ local function reset()
 end
 
 return {mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
-  mix_flush = mix_flush, spec = spec, reset = reset, copy_at = copy_at,
-  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key}
+  mix_flush = mix_flush, spec = spec, reset = reset,
+  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key,
+  stored = stored}
