@@ -55,6 +55,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "mixseq0": "string",
     "mixseq1": "string",
     "mixseq2": "string",
+    "mixdead": "set",
     "mixsz": "hash",
     "sources": "hash",
     "srcseq": "zset",

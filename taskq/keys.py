@@ -62,6 +62,7 @@ JOB_KEYS: tuple[str, ...] = (
     "mixseq0",  # string: the copy ids a mixed job charged, by position, of passes p % 3 == 0
     "mixseq1",  # ... p % 3 == 1
     "mixseq2",  # ... p % 3 == 2
+    "mixdead",  # set: a mixed job's dead copies (copy ids): dead in every pass until a retry
     "mixsz",  # hash: a mixed job's copies' sizes in samples, "<source>:<block>" -> '>I4' each
     # of 256 tasks, when its weights count samples (written by the create, read by lib/mix.lua)
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
@@ -104,6 +105,7 @@ COLD_KEYS: tuple[str, ...] = (
     "mixseq0",
     "mixseq1",
     "mixseq2",
+    "mixdead",
     "mixsz",
     "sources",
     "srcseq",

@@ -109,6 +109,7 @@ LIB_PARTS: tuple[str, ...] = (
     "events.lua",
     "call.lua",
     "mixrule.lua",
+    "mixdead.lua",
     "mix.lua",
     "mixslot.lua",
     "secrets.lua",

@@ -284,8 +284,8 @@ def test_engine_equals_the_reference_by_samples(client, data):
 def test_a_mixed_jobs_tasks_are_its_slots_read_through_the_sequence(client):
     # The engine's task of a mixed job is the slot (its position in the pass): a lease,
     # `tasks list`, `tasks inspect`, the pass's samples and the audit read a slot's chunks
-    # through the stored sequence; a dead slot stays dead in the next pass (the source task
-    # charged there is skipped) and a retry leases it with that pass's source task.
+    # through the stored sequence; a dead slot's source task stays dead in the next pass
+    # (the same weights charge it at the same slot) and a retry leases it there.
     tag = f"mx{next(_ids)}"
     sizes = {"web": [5, 6, 7, 8, 9], "code": [20, 30, 40]}
     names = _sized_sources(client, sizes, tag)
@@ -314,23 +314,89 @@ def test_a_mixed_jobs_tasks_are_its_slots_read_through_the_sequence(client):
         assert job.samples() == (size(0) + size(1), sum(map(sum, sizes.values())))
         t.ack(first[2])
         rest = _drain(client, mix)
-    assert [source_task(x) for x in rest] == want[3:] + want[1:]  # pass 1 skips dead slot 0
+    assert [source_task(x) for x in rest] == want[3:] + want[1:]  # its copy dead in pass 1
     assert [x.pass_no for x in rest] == [0] * 5 + [1] * 7
     audit = job.audit()
     assert audit["ok"], audit["checks"]
     assert client.status(mix).state == "completed"
-    assert _engine(client, mix, 1) == want  # slot 0 charged in pass 1 too, its task skipped
+    assert _engine(client, mix, 1) == want  # slot 0 charged with the dead copy, dead at once
     assert job.retry([0]) == 1
     again = _drain(client, mix)
     assert [(x.id, x.pass_no, source_task(x)) for x in again] == [(0, 1, want[0])]
     assert job.audit()["ok"]
 
 
-def test_a_dead_slot_retried_before_its_pass_charged_it_waits_for_its_charge(client):
-    # A dead slot retried in the next pass is in the front before the cursor's walk has
-    # charged it: it is leased once charged, with the source task that pass's schedule
-    # gives it (not a missing chunk); leased ahead of the cursor, it counts as handed out,
-    # so a weight change holds only from the slot after it and never moves it.
+def test_a_dead_source_task_stays_dead_in_the_next_pass_wherever_it_is_charged(client):
+    # What dies in a mixed job is the source task (its copy), not the slot: in the next
+    # pass, whose weights put the copies at other positions, the slot charged with the dead
+    # copy is dead at once (never leased, counted dead by the status, `tasks list` and the
+    # audit) and every other source task is leased exactly once; a retry brings it back.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=2)
+    job = client.job(mix)
+    bad = (names["web"], 2)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(10):
+            task = t.lease(timeout=1)
+            if (task.source, task.chunks[0]["i"]) == bad:
+                t.fail(task, "poison")  # max_failures 1: dead
+            else:
+                t.ack(task)
+    assert job.set_weights({names["web"]: 0.2, names["code"]: 0.8}) == 10  # pass 1 differs
+    want = _reference(client, mix, 1)
+    bad_slot = want.index(bad)
+    assert bad_slot != _reference(client, mix, 0).index(bad)
+    rest = _drain(client, mix)
+    assert all(x.pass_no == 1 for x in rest)
+    got = [(x.source, x.chunks[0]["i"]) for x in rest]
+    assert sorted(got) == sorted(w for w in want if w != bad)  # each once, but the dead one
+    assert [x.id for x in rest] == [k for k in range(10) if k != bad_slot]
+    assert client.status(mix).state == "completed"
+    assert client.status(mix).dead == 1
+    assert [r["id"] for r in job.tasks("dead")] == [bad_slot]
+    audit = job.audit()
+    assert audit["ok"], audit["checks"]
+    assert job.retry() == 1
+    again = _drain(client, mix)
+    assert [(x.id, x.pass_no, x.source, x.chunks[0]["i"]) for x in again] == [(bad_slot, 1, *bad)]
+    assert client.status(mix).dead == 0
+    assert job.audit()["ok"]
+
+
+def test_a_dead_copy_retried_before_its_pass_charged_it_is_leased_in_its_slot(client):
+    # Dead copies retried in the next pass before its charge reached them: no slot holds
+    # them yet, so a retry of all makes them live and the charge leases them in their slots.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=None)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(10):
+            task = t.lease(timeout=1)
+            if task.id in (0, 7):
+                t.fail(task, "poison")
+            else:
+                t.ack(task)
+    assert client.status(mix).pass_no == 1  # (pass 0 ended: its live tasks acked)
+    assert job.retry() == 2  # the two dead copies, charged nowhere in pass 1 yet
+    want = _reference(client, mix, 1)
+    with taskq.Trainer(mix, client=client) as t:
+        got = []
+        for _ in range(10):
+            task = t.lease(timeout=1)
+            got.append((task.id, task.pass_no, task.source, task.chunks[0]["i"]))
+            t.ack(task)
+    assert got == [(k, 1, *want[k]) for k in range(10)]
+    assert client.status(mix).dead == 0
+
+
+def test_a_dead_slot_retried_ahead_of_the_cursor_counts_as_handed_out(client):
+    # In the next pass the dead copies' slots are dead once charged (a page ahead of the
+    # cursor); one retried ahead of the cursor is leased with its copy and counts as handed
+    # out, so a weight change holds only from the slot after it and never moves it.
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"web": 600, "code": 400}, tag)
     mix = f"{tag}-mix"
@@ -340,19 +406,19 @@ def test_a_dead_slot_retried_before_its_pass_charged_it_waits_for_its_charge(cli
         for _ in range(301):
             task = t.lease(timeout=1)
             if task.id in (0, 300):
-                t.fail(task, "poison")  # dead slots 0 and 300
+                t.fail(task, "poison")  # their copies are dead
             else:
                 t.ack(task)
     client.next_pass(mix, force=True)
-    assert job.retry([0]) == 1  # slot 0 of pass 1: not charged yet
-    want = _reference(client, mix, 1)
+    want = _reference(client, mix, 1)  # (the same weights: the same positions)
     with taskq.Trainer(mix, client=client) as t:
         got = {}
-        while len(got) < 299:  # slots 0-298 (300 is dead)
+        while len(got) < 299:  # slots 1-299 (0 and 300 are dead)
             task = t.lease(timeout=1)
             got[task.id] = (task.pass_no, task.source, task.chunks[0]["i"])
             t.ack(task)
-        assert got == {k: (1, *want[k]) for k in range(299)}
+        assert got == {k: (1, *want[k]) for k in range(1, 300)}
+        assert [r["id"] for r in job.tasks("dead")] == [0, 300]
         assert job.retry([300]) == 1  # charged (the page from 256), ahead of the cursor
         task = t.lease(timeout=1)
         assert (task.id, task.source, task.chunks[0]["i"]) == (300, *want[300])

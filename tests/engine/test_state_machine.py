@@ -1256,6 +1256,21 @@ class MixedMachine(EngineMachine):
         ]
 
     @invariant()
+    def dead_slots_are_dead_copies(self) -> None:
+        """What dies in a mixed job is the copy: each dead slot of the pass is charged and
+        its copy is in ``mixdead`` (lib/mix.lua marks the slot of a dead copy at its
+        charge; a new pass keeps no slot dead for its position)."""
+        r = self.client.redis
+        keys = self.client.keys(self.job)
+        dead = sorted(int(t) for t in r.smembers(keys.dead))
+        if not dead:
+            return
+        seq = getattr(keys, f"mixseq{self._meta('pass') % 3}")  # (stored: charged)
+        fields = [r.getrange(seq, t * 10, t * 10 + 9) for t in dead]
+        assert all(len(f) == 10 for f in fields), "a dead slot not charged"
+        assert all(r.smismember(keys.mixdead, fields)), "a dead slot whose copy is live"
+
+    @invariant()
     def sequence_is_the_reference(self) -> None:
         job = self.client.job(self.job)
         pass_no = self._meta("pass")

@@ -43,7 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
-local mix_kept, mix_note = lib.mix.mix_kept, lib.mixslot.mix_note
+local mix_kept, mix_note, copy_at = lib.mix.mix_kept, lib.mixslot.mix_note, lib.mixslot.copy_at
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd
@@ -137,6 +137,7 @@ local function restore_page(step, rec, id, arg, epoch)
     return
   end
   if step == 'dead' then
+    local mixed = mget(F.SHUFFLE) == 'm'
     local from = arg * RW_DEAD_BYTES
     local pk = mfloor(from / CK_PAGE_BYTES)
     local off = from - pk * CK_PAGE_BYTES
@@ -160,6 +161,10 @@ local function restore_page(step, rec, id, arg, epoch)
               if was and not is then
                 rcall('SADD', K_DEAD, task)
                 CALL.DEAD_EMPTY = false
+                if mixed then  -- (its copy dead again; one dead since stays dead)
+                  local copy = copy_at(task)
+                  if copy then rcall('SADD', K_MIXDEAD, copy) end
+                end
               elseif is and not was then
                 rcall('SREM', K_DEAD, task)
                 rcall('HDEL', K_COUNTS, 'f:' .. task, 'a:' .. task, 's:' .. task, 'x:' .. task)

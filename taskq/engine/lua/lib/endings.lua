@@ -9,6 +9,7 @@ local event, event_task, event_tasks, observe, wake_one =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.observe,
   lib.events.wake_one
 local jnow_s, now_s = lib.call.jnow_s, lib.call.now_s
+local mget, copy_at = lib.meta.mget, lib.mixslot.copy_at
 local repeat_or_stale = lib.secrets.repeat_or_stale
 local counts_empty, end_lease, holds_secret, lease_for, lw_flush, lw_new, other_lease, parse_lease,
   progress_empty, recompute_auto_timeout, start_due =
@@ -36,6 +37,11 @@ local function make_dead(task, why)
   rcall('SADD', K_DEAD, task)
   rcall('SETBIT', K_DEADBITS, task, 1)  -- the set's bitmap, which a checkpoint copies
   CALL.DEAD_EMPTY = false
+  -- a mixed job's slot: its copy is dead, in this pass and every later one (lib/mix.lua)
+  if mget(F.SHUFFLE) == 'm' then
+    local copy = copy_at(task)
+    if copy then rcall('SADD', K_MIXDEAD, copy) end
+  end
   -- a split task: a retry brings back what of it was not acked (split.lua: split_dead)
   if mnum(F.P_BACKUPS) > 0 then split_dead(task) end
   mincr(F.C_DEAD)

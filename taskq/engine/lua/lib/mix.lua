@@ -9,11 +9,10 @@
 -- slot once charged keeps its copy for good (the sequence is stored, so a rewind, a pass
 -- reset or a re-dispatch never changes which copy a slot is), and a weight change holds
 -- from a slot not yet handed out. A lease resolves its slots' chunks through the stored
--- sequence (lib/mixslot.lua: one GETRANGE beside the HMGET of the chunks).
--- Slots are charged a page (PAGE positions) ahead of the leases: meta 'mixh' is the slot
--- the stored sequence of the state's pass ends before (a hot meta field: a lease below it
--- charges nothing), 'mixd' the slot no lease reached yet as of the cursor's last move back
--- or to another pass (mix_note; between, the cursor says it: mix_charged).
+-- sequence (lib/mixslot.lua). Slots are charged a page (PAGE positions) ahead of the
+-- leases: meta 'mixh' is the slot the stored sequence of the state's pass ends before (hot:
+-- a lease below it charges nothing), 'mixd' the slot no lease reached yet as of the
+-- cursor's last move back or to another pass (mix_note; between, the cursor: mix_charged).
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- '>ddddd' the pass, positions charged, the segment's first position, the next logged
@@ -29,7 +28,8 @@ local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
   redis.call, tonumber, string.match, string.gmatch, string.sub, string.format,
   table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
-local mmax, mmin, unpack = math.max, math.min, unpack
+local mmax, mmin, unpack, mark_dead, unmark_dead =
+  math.max, math.min, unpack, lib.mixdead.mark_dead, lib.mixdead.unmark_dead
 local segment, choice, choose, settle, choose_by_samples, cycle_task, on_last =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
   lib.mixrule.choose_by_samples, lib.mixrule.cycle_task, lib.mixrule.on_last
@@ -298,7 +298,10 @@ local function charge_page(st, upto)
   st.h = last
   mput(F.MIXH, base + last)
   ST_DIRTY = true
-  if not kept then rcall('SETRANGE', seq_key(st.p), h0 * W, tconcat(out)) end
+  if not kept then
+    rcall('SETRANGE', seq_key(st.p), h0 * W, tconcat(out))
+    if #out > 0 then mark_dead(h0, out) end
+  end
 end
 
 -- Positions of pass p handed out so far (its sequence's length; 0 when not kept): the
@@ -362,7 +365,9 @@ local function mix_set(ws, at)
       local back = unpack_state(st.s0, st.kp, by_samples())
       back.s0, back.nx, back.raw = st.s0, next_change(base + back.h - 1), nil
       ST = back
+      local was = st.h
       charge_page(back, at - base)
+      unmark_dead(at - base, was)
     elseif st.nx < 0 or at < st.nx then
       st.nx, st.raw = at, nil
     end
@@ -390,4 +395,5 @@ end
 
 return {mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
   mix_flush = mix_flush, spec = spec, reset = reset,
-  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key}
+  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key,
+  stored = stored}

@@ -7,6 +7,7 @@ local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
 local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local read_state, switch_to, charge_page, seq_key =
   lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key
+local stored = lib.mix.stored
 local rcall = redis.call
 
 local W = 10  -- constant: the width of a stored position (lib/mix.lua)
@@ -79,6 +80,12 @@ local function mix_fields(out)
   return fields
 end
 
+-- The copy id of position `pos` of the current pass (nil: not charged): what a dead
+-- slot's death, retry or rewind marks in the dead copies (lib/mixdead.lua).
+local function copy_at(pos)
+  return stored(mnum(F.PASS), tonum(pos))
+end
+
 -- The reply rows of granted slots (dispatch take(): `fields` their copy ids) name their
 -- copy's source, 0-based, after the piece's end (-1: none; trainer/iteration.py).
 local function mix_sources(out, fields)
@@ -102,4 +109,4 @@ local function mix_note()
 end
 
 return {mix_front = mix_front, mix_charge = mix_charge, mix_fields = mix_fields,
-  mix_sources = mix_sources, mix_note = mix_note}
+  mix_sources = mix_sources, mix_note = mix_note, copy_at = copy_at}

@@ -135,6 +135,13 @@ local function start_pass(p, kind)
   mset(F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0)
   flush_events()  -- the step entry so far is the last pass's (event_task)
   mix_note()  -- (a mixed job: how far the pass left was handed out)
+  if p ~= mnum(F.PASS) and mget(F.SHUFFLE) == 'm' then
+    -- a mixed job's dead are its copies (K_MIXDEAD): no slot of the new pass is dead for
+    -- its position (its charge marks the dead copies' slots, lib/mix.lua), and a slot's
+    -- counts were its last copy's
+    rcall('UNLINK', K_DEAD, K_DEADBITS, K_COUNTS)
+    CALL.DEAD_EMPTY, CALL.COUNTS_EMPTY = true, true
+  end
   mset(F.PASS, p, F.CURSOR, 0, F.PN, fmt(tasks_n()), F.NDONE, 0, F.NLEASED, 0,
     F.NRESERVED, 0, F.P_STALE, 0, F.P_SKIPPED, 0, F.P_MAXLATE, 0, F.P_LEASED, 0,
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.PSTART, fmt(CALL.NOW), F.STATE, 'running', F.REASON, '',
