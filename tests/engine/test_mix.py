@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from support import ENTRY_POINT, one_error_line
 
 import taskq
+from taskq.admin.jobs import Job
 from taskq.admin.mix import spec_of, weight_log
 from taskq.mix import (
     Feed,
@@ -365,21 +366,31 @@ def test_a_dead_source_task_stays_dead_in_the_next_pass_wherever_it_is_charged(c
     assert job.audit()["ok"]
 
 
-def test_a_dead_copy_retried_before_its_pass_charged_it_is_leased_in_its_slot(client):
-    # Dead copies retried in the next pass before its charge reached them: no slot holds
-    # them yet, so a retry of all makes them live and the charge leases them in their slots.
+def _poisoned_mix(
+    client: taskq.Client, sizes: dict[str, int], poison: tuple[int, ...], leases: int
+) -> tuple[str, Job, dict[str, str]]:
+    """A mixed job of ``sizes``' sources at equal weights, ``max_failures=1``, whose first
+    ``leases`` tasks are leased and acked but those of ``poison``, failed once (their
+    copies dead); its name, its Job and the sources' names."""
     tag = f"mx{next(_ids)}"
-    names = _sources(client, {"web": 6, "code": 4}, tag)
+    names = _sources(client, sizes, tag)
     mix = f"{tag}-mix"
-    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=None)
-    job = client.job(mix)
+    weights = {names[s]: 1 / len(sizes) for s in sizes}
+    client.create_job(mix, mix=weights, max_failures=1, passes=None)
     with taskq.Trainer(mix, client=client) as t:
-        for _ in range(10):
+        for _ in range(leases):
             task = t.lease(timeout=1)
-            if task.id in (0, 7):
+            if task.id in poison:
                 t.fail(task, "poison")
             else:
                 t.ack(task)
+    return mix, client.job(mix), names
+
+
+def test_a_dead_copy_retried_before_its_pass_charged_it_is_leased_in_its_slot(client):
+    # Dead copies retried in the next pass before its charge reached them: no slot holds
+    # them yet, so a retry of all makes them live and the charge leases them in their slots.
+    mix, job, _ = _poisoned_mix(client, {"web": 6, "code": 4}, (0, 7), 10)
     assert client.status(mix).pass_no == 1  # (pass 0 ended: its live tasks acked)
     assert job.retry() == 2  # the two dead copies, charged nowhere in pass 1 yet
     want = _reference(client, mix, 1)
@@ -397,18 +408,7 @@ def test_a_dead_slot_retried_ahead_of_the_cursor_counts_as_handed_out(client):
     # In the next pass the dead copies' slots are dead once charged (a page ahead of the
     # cursor); one retried ahead of the cursor is leased with its copy and counts as handed
     # out, so a weight change holds only from the slot after it and never moves it.
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"web": 600, "code": 400}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={names["web"]: 0.5, names["code"]: 0.5}, max_failures=1, passes=None)
-    job = client.job(mix)
-    with taskq.Trainer(mix, client=client) as t:
-        for _ in range(301):
-            task = t.lease(timeout=1)
-            if task.id in (0, 300):
-                t.fail(task, "poison")  # their copies are dead
-            else:
-                t.ack(task)
+    mix, job, names = _poisoned_mix(client, {"web": 600, "code": 400}, (0, 300), 301)
     client.next_pass(mix, force=True)
     want = _reference(client, mix, 1)  # (the same weights: the same positions)
     with taskq.Trainer(mix, client=client) as t:
