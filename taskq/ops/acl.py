@@ -53,10 +53,15 @@ from taskq.keys import (
 #: longer kept dropped (UNLINK) and the weight log below the kept passes trimmed. Only a
 #: trainer's lease charges; the reaper's functions reach the same part of the library (a
 #: pass they end), so its rule carries it too. The producer's does not: an append ends no
-#: pass and refuses a mixed job.
+#: pass and refuses a mixed job. Dead copies (lib/mixdead.lua): a new pass of a mixed job
+#: drops the dead slots of the pass before with their counts (UNLINK dead, deadbits,
+#: counts: its slots hold other copies now), and a weight change's cut makes the slots it
+#: charges again live (SREM dead) until the charge marks them.
 MIX_WRITES = (
     (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
     (("mixlog",), ("zremrangebyscore",)),
+    (("dead",), ("srem",)),
+    (("dead", "deadbits", "counts"), ("unlink",)),  # (one UNLINK: one selector)
 )
 
 #: Keys the trainer's and the reaper's functions DEL / UNLINK (a pass ending, a
