@@ -55,8 +55,8 @@ from taskq import errors
 from taskq.keys import valid_job_name
 
 #: What a mixed job does when a source runs out in a pass, as the engine takes it at create
-#: (``stop`` is not built in the engine yet).
-ON_EXHAUSTED = ("drop", "cycle")
+#: (every rule of ``plan_pass``).
+ON_EXHAUSTED = ("drop", "cycle", "stop")
 #: The rules the reference knows (``plan_pass``): ``drop``, ``cycle`` and ``stop``.
 RULES = ("drop", "cycle", "stop")
 #: What a mixed job's weights count: its sources' tasks, or their samples (every task's
