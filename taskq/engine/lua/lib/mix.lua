@@ -16,10 +16,10 @@
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- '>ddddd' the pass, positions charged, the segment's first position, the next logged
--- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
--- tasks, the tasks it gave in the pass, in the segment, '>d' its weight and '>I4' its slots
--- over the job's life before the pass (cycle: lib/mixrule.lua cycle_task); "s0" the same
--- at the last page's start; ":<p>" as pass p was left);
+-- change's slot or -1, rs (1: the next charge starts a segment, 2: stop ended the pass);
+-- then per source '>I4' its tasks, the tasks it gave in the pass, in the segment, '>d' its
+-- weight and '>I4' its slots over the job's life before the pass (cycle: lib/mixrule.lua
+-- cycle_task); "s0" the same at the last page's start; ":<p>" as pass p was left);
 -- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
 -- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
 -- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
