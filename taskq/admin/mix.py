@@ -97,11 +97,6 @@ def read_sources(
         if meta[2] == "m":
             raise errors.InvalidInput(f"mix: source {source!r} is itself a mixed job")
         n = int(meta[0])
-        if n < 1 and cfg.on_exhausted in ("cycle", "stop"):
-            raise errors.InvalidInput(
-                f"mix: on_exhausted={cfg.on_exhausted} needs a task in every source "
-                f"({source!r} has none)"
-            )
         for start in range(0, n, READ_BATCH):
             ids = list(range(start, min(n, start + READ_BATCH)))
             with translate(conn.url):

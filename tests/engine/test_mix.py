@@ -1636,6 +1636,31 @@ def test_cli_creates_a_stop_job_whose_pass_ends_at_the_stop(url, client):
     assert _engine(client, mix, 1) == [(a, 0), (b, 0), (a, 1)]
 
 
+def test_a_rewind_to_a_stopped_pass_replays_it_with_its_length(client):
+    """A checkpoint inside a stop pass (a of 2 tasks, b of 6, 0.5 / 0.5: a0 b0 a1), the
+    job on into the next pass, a rewind to the checkpoint: at once (before any lease
+    charges again) the status counts the pass's 3 slots, not N = 8 (lib/mixslot.lua
+    ``mix_rewound`` sets meta ``mixe`` from the kept pass's state), and the replay hands
+    out the same slot and then the next pass."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    a, b = names["a"], names["b"]
+    client.create_job(mix, mix={a: 0.5, b: 0.5}, on_exhausted="stop", passes=2)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 2) == [(a, 0), (b, 0)]
+        ckpt = job.checkpoint()
+        assert _lease_ack(t, 2) == [(a, 1), (a, 0)]  # (the last of pass 0, pass 1's first)
+        assert client.status(mix).pass_no == 1
+    assert job.rewind(ckpt)
+    status = client.status(mix)
+    assert (status.pass_no, status.tasks) == (0, 3)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 2) == [(a, 1), (a, 0)]
+        assert client.status(mix).pass_no == 1
+
+
 def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):
     """``taskq job create --on-exhausted cycle``: the small source comes round again inside
     the mixed pass (docs/mixing.md's small mix: a of 2 tasks and b of 6 at 0.5 / 0.5), the
