@@ -148,6 +148,9 @@ class MetaField:
     #: went back or to another pass (between, the cursor says it; lib/mixslot.lua)
     MIXH = "mixh"
     MIXD = "mixd"
+    #: on_exhausted=stop: the slot a mixed pass ends before when its charge reached the stop
+    #: (pass * n + its length; any other value: the pass is n slots, lib/meta.lua tasks_n)
+    MIXE = "mixe"
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself

@@ -34,7 +34,7 @@ takes task ``j mod n_i`` of its source pass ``j div n_i``); ``stop`` (the pass e
 the first source of positive weight takes its last task). A stream source with nothing in
 its store (the feed log, ``Feed``) owes the slot its pick would have taken, up to
 ``max_debt``, and is repaid first when its store grows; beyond, the slot waits. The engine
-takes ``drop`` and ``cycle`` so far; the other rules' choices are pure functions of
+takes ``drop``, ``cycle`` and ``stop``; the stream sources' choices are pure functions of
 lib/mixrule.lua, held to this reference by tests/engine/test_mix.py.
 
 Data flow: shared ground (no imports from above): admin/mix.py writes the spec and reads
@@ -55,8 +55,8 @@ from taskq import errors
 from taskq.keys import valid_job_name
 
 #: What a mixed job does when a source runs out in a pass, as the engine takes it at create
-#: (``stop`` is not built in the engine yet).
-ON_EXHAUSTED = ("drop", "cycle")
+#: (every rule of ``plan_pass``).
+ON_EXHAUSTED = ("drop", "cycle", "stop")
 #: The rules the reference knows (``plan_pass``): ``drop``, ``cycle`` and ``stop``.
 RULES = ("drop", "cycle", "stop")
 #: What a mixed job's weights count: its sources' tasks, or their samples (every task's

@@ -119,7 +119,7 @@ class JobConfig:
     on_exhausted: str = setting(
         "drop",
         "A mixed job's source run out in a pass: drop (the others' weights renormalise) or "
-        "cycle (its next pass starts; docs/mixing.md).",
+        "cycle (its next pass starts) or stop (the mixed pass ends; docs/mixing.md).",
     )
     mix_by: str = setting(
         "tasks",

@@ -256,7 +256,7 @@ def pass_life(conn: Connection, name: str, pass_no: int) -> list[int] | None:
 
 def kept_passes(conn: Connection, name: str) -> set[int] | None:
     """The passes of mixed job ``name`` whose stored sequence is kept (a rewind to a cut in
-    one of them replays it; lib/mix.lua ``mix_kept``), None when nothing was charged yet."""
+    one of them replays it; lib/mixslot.lua ``mix_kept``), None when nothing was charged yet."""
     with translate(conn.url):
         blob, kp = conn.redis.execute_command(
             "HMGET", conn.keys(name).mix, "s", "kp", **{NEVER_DECODE: True}

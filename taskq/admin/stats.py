@@ -114,6 +114,12 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
     older = [int(x) for x in reply[7]]
     oldest = reply[8]
     n = _int(meta, F.N, keys.meta)
+    if meta.get(F.SHUFFLE) == "m":
+        # a mixed pass that stopped (on_exhausted=stop) is as long as its charge says
+        # (meta mixe: the slot it ends before; lib/meta.lua tasks_n)
+        length = int(meta.get(F.MIXE) or -1) - _int(meta, F.PASS) * n
+        if 0 < length <= n:
+            n = length
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")
@@ -338,7 +344,8 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
             conn.redis, keys, status.tasks, status.trimmed
         )
         if status.config.get("mix") is None
-        else int(conn.redis.hlen(keys.chunks)) == status.tasks,  # (its copies, drop)
+        # (a mixed job's copies, one a task of its sources; a pass may stop before)
+        else int(conn.redis.hlen(keys.chunks)) == int(conn.redis.hget(keys.meta, F.N) or -1),
         "done_within_live": status.done <= live,
         # no task both done and dead; the dead bitmap (what a checkpoint copies) the set
         "no_dead_task_done": not dead_view["done"],

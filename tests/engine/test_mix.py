@@ -1556,11 +1556,119 @@ def test_engine_cycles_as_the_reference_across_passes(client, data, by):
     assert client.status(mix).state == "completed"
 
 
+# -- the engine under stop -----------------------------------------------------------------
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_engine_stops_as_the_reference(client, data, by):
+    """``on_exhausted="stop"`` in the engine (lib/mix.lua ``charge_page``: the charge ends
+    after the slot where a source of positive weight takes its last task; meta 'mixe' the
+    pass's length): three passes drained by a trainer, weights changed inside and across
+    passes, each pass hands out exactly the reference's slots (``plan_pass``, its end
+    ``stop`` or ``done``), its status says the pass's length, no slot past the stop is
+    leased (the next lease is the next pass's first slot), and every source starts again
+    at its first task in the next pass."""
+    k = data.draw(st.integers(1, 5))
+    if by == "samples":
+        task_sizes = data.draw(
+            st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=9), min_size=k, max_size=k)
+        )
+    else:
+        task_sizes = [
+            [1] * n for n in data.draw(st.lists(st.integers(1, 9), min_size=k, max_size=k))
+        ]
+    total = sum(len(r) for r in task_sizes)
+    first, changes = _weights_and_log(data, k, 3 * total, changes=4)
+    tag = f"mx{next(_ids)}"
+    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(task_sizes)}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)},
+        mix_by=by,
+        on_exhausted="stop",
+        passes=3,
+    )
+    job = client.job(mix)
+    for at, ws in changes:
+        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
+    spec = spec_of(client.connection, mix)
+    assert spec.on_exhausted == "stop"
+    sizes = task_sizes if by == "samples" else None
+    with taskq.Trainer(mix, client=client) as t:
+        for p in range(3):
+            log = weight_log(client.connection, mix)
+            plan = plan_pass(spec, log, p, task_sizes=sizes)
+            assert plan.end in ("stop", "done")
+            want = [(spec.sources[s.source], s.task) for s in plan.slots]
+            got = []
+            for i in range(len(want)):
+                task = t.lease(timeout=1)
+                assert task is not None and (task.pass_no, task.id) == (p, i)
+                got.append((task.source, int(task.chunks[0]["path"].rsplit("/", 1)[1])))
+                if i == len(want) - 1:
+                    assert client.status(mix).tasks == len(want)
+                t.ack(task)
+            assert got == want
+            assert _engine(client, mix, p) == want
+    assert client.status(mix).state == "completed"
+
+
+def test_cli_creates_a_stop_job_whose_pass_ends_at_the_stop(url, client):
+    """``taskq job create --on-exhausted stop`` on docs/mixing.md's small mix (a of 2 tasks,
+    b of 6, 0.5 / 0.5): each pass is a0 b0 a1 (a's last task ends it), the status says 3
+    tasks once the pass is charged, the job completes after its 2 passes with b's other tasks never leased, and the
+    second pass starts every source at its first task again."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    mix_arg = f"{names['a']}=0.5,{names['b']}=0.5"
+    r = _cli(url, "job", "create", mix, "--mix", mix_arg, "--on-exhausted", "stop",
+             "--passes", "2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    a, b = names["a"], names["b"]
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 3) == [(a, 0), (b, 0), (a, 1)]
+        assert client.status(mix).pass_no == 1
+        # (the length is known once the charge, a page ahead of the leases, reaches the stop)
+        assert _lease_ack(t, 1) == [(a, 0)]
+        assert (client.status(mix).tasks, client.status(mix).todo) == (3, 2)
+        assert _lease_ack(t, 2) == [(b, 0), (a, 1)]
+    assert client.status(mix).state == "completed"
+    assert _engine(client, mix, 1) == [(a, 0), (b, 0), (a, 1)]
+
+
+def test_a_rewind_to_a_stopped_pass_replays_it_with_its_length(client):
+    """A checkpoint inside a stop pass (a of 2 tasks, b of 6, 0.5 / 0.5: a0 b0 a1), the
+    job on into the next pass, a rewind to the checkpoint: at once (before any lease
+    charges again) the status counts the pass's 3 slots, not N = 8 (lib/mixslot.lua
+    ``mix_rewound`` sets meta ``mixe`` from the kept pass's state), and the replay hands
+    out the same slot and then the next pass."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    a, b = names["a"], names["b"]
+    client.create_job(mix, mix={a: 0.5, b: 0.5}, on_exhausted="stop", passes=2)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 2) == [(a, 0), (b, 0)]
+        ckpt = job.checkpoint()
+        assert _lease_ack(t, 2) == [(a, 1), (a, 0)]  # (the last of pass 0, pass 1's first)
+        assert client.status(mix).pass_no == 1
+    assert job.rewind(ckpt)
+    status = client.status(mix)
+    assert (status.pass_no, status.tasks) == (0, 3)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 2) == [(a, 1), (a, 0)]
+        assert client.status(mix).pass_no == 1
+
+
 def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):
     """``taskq job create --on-exhausted cycle``: the small source comes round again inside
     the mixed pass (docs/mixing.md's small mix: a of 2 tasks and b of 6 at 0.5 / 0.5), the
     export says each slot's source pass and the status each source's;
-    ``stop`` (not built in the engine) is refused with one line, nothing written."""
+    an unknown rule is refused with one line, nothing written."""
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 2, "b": 6}, tag)
     mix = f"{tag}-mix"
@@ -1579,11 +1687,11 @@ def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):
     st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
     assert st["on_exhausted"] == "cycle"
     assert [(x["charged"], x["acked"], x["pass"]) for x in st["sources"]] == [(4, 4, 2), (4, 4, 0)]
-    r = _cli(url, "job", "create", f"{tag}-m2", "--mix", mix_arg, "--on-exhausted", "stop")
+    r = _cli(url, "job", "create", f"{tag}-m2", "--mix", mix_arg, "--on-exhausted", "loop")
     assert r.returncode != 0, r.stdout
-    assert "'stop' is not one of 'drop', 'cycle'" in one_error_line(r.stderr), r.stderr
-    with pytest.raises(taskq.InvalidInput, match="on_exhausted must be one of drop, cycle"):
-        client.create_job(f"{tag}-m2", mix={a: 1}, on_exhausted="stop")
+    assert "'loop' is not one of 'drop', 'cycle', 'stop'" in one_error_line(r.stderr), r.stderr
+    with pytest.raises(taskq.InvalidInput, match="on_exhausted must be one of drop, cycle, stop"):
+        client.create_job(f"{tag}-m2", mix={a: 1}, on_exhausted="loop")
     assert not client.redis.exists(client.keys(f"{tag}-m2").meta)
 
 

@@ -248,3 +248,29 @@ def test_taskq_work_over_a_cycle_job_takes_each_source_pass_once(url, client, tm
         assert got == [j % n for j in range(len(got))]
     assert sum(t["chunks"][0]["src"] == "books" for t in runs) == 12  # 6 source passes of 2
     assert client.status(mix).state == "completed"
+
+
+def test_taskq_work_over_a_stop_job_ends_each_pass_at_the_stop(url, client, tmp_path):
+    """``on_exhausted="stop"`` through ``taskq work`` (a real CLI process, one CMD run per
+    task) over 2 mixed passes: each pass runs the reference's slots up to the slot where
+    the first source of positive weight (books, 2 tasks) takes its last task, no slot
+    past it runs, each pass starts every source at its first task, and the job completes."""
+    tag = f"mxs{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4, "books": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names["web"]: 0.2, names["code"]: 0.3, names["books"]: 0.5},
+        on_exhausted="stop",
+        passes=2,
+    )
+    _, runs = _work(url, mix, tmp_path, "task")
+    spec = spec_of(client.connection, mix)
+    plan = plan_pass(spec, [], 0)
+    assert plan.end == "stop" and len(plan.slots) < 12
+    want = [
+        (p, k, spec.sources[s.source], s.task) for p in range(2) for k, s in enumerate(plan.slots)
+    ]
+    assert [(t["pass"], t["id"], t["source"], t["chunks"][0]["i"]) for t in runs] == want
+    assert [t["chunks"][0]["src"] for t in runs].count("books") == 4  # its 2 tasks a pass
+    assert client.status(mix).state == "completed"

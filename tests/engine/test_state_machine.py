@@ -1353,3 +1353,42 @@ CycleMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_cycle_mixed_job(sm_url):
     CycleMixedMachine.url = sm_url
     CycleMixedMachine.TestCase("runTest").runTest()
+
+
+class StopMixedMachine(MixedMachine):
+    """MixedMachine with ``on_exhausted="stop"``: a mixed pass ends after the slot where
+    the first source of positive weight takes its last task. Its length (the model's tasks)
+    is the one the charge recorded once it reached the stop (meta ``mixe``, else ``N``);
+    after every step the handed-out sequence is the reference's, and a pass whose charge
+    stopped is exactly the reference's ``stop`` pass, which the status counts."""
+
+    ON_EXHAUSTED = "stop"
+
+    def _n(self) -> int:
+        n, end, pass_no = self.client.redis.hmget(
+            self.client.keys(self.job).meta, ["n", "mixe", "pass"]
+        )
+        base = int(pass_no or 0) * int(n)
+        length = int(float(end or -1)) - base
+        return length if 0 < length <= int(n) else int(n)
+
+    @invariant()
+    def a_stopped_pass_is_the_reference_stop(self) -> None:
+        conn = self.client.connection
+        pass_no, n = self._meta("pass"), self._meta("n")
+        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
+        sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
+        plan = plan_pass(spec, log, pass_no, task_sizes=sizes)
+        length = self._n()
+        if length < n:
+            assert (plan.end, len(plan.slots)) == ("stop", length)
+            assert self.client.status(self.job).tasks == length
+        assert len(self.client.job(self.job).mix_sequence(pass_no)) <= len(plan.slots)
+
+
+StopMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_stop_mixed_job(sm_url):
+    StopMixedMachine.url = sm_url
+    StopMixedMachine.TestCase("runTest").runTest()

@@ -43,7 +43,7 @@ local check_pass_end, dead_and_done, drop_pass_sets, perm_fn, recount_done, save
   lib.passes.perm_fn, lib.passes.recount_done, lib.passes.save_summary
 local arg_ckpt, ck_drop, ck_record = lib.cuts.arg_ckpt, lib.cuts.ck_drop, lib.cuts.ck_record
 local restore_split, split_rec = lib.pieces.restore_split, lib.pieces.split_rec
-local mix_kept, mix_note, copy_at = lib.mix.mix_kept, lib.mixslot.mix_note, lib.mixslot.copy_at
+local MIXS, mix_note, copy_at = lib.mixslot, lib.mixslot.mix_note, lib.mixslot.copy_at
 local function head_acked(task)
   local s = split_rec(task)
   return s and s.hd
@@ -81,7 +81,7 @@ if step == 'begin' then
   end
   -- a mixed job replays the cut's pass from its stored sequence (lib/mix.lua keeps the
   -- last few passes')
-  if mget(F.SHUFFLE) == 'm' and not mix_kept(rec.pass, rec.cursor) then
+  if mget(F.SHUFFLE) == 'm' and not MIXS.mix_kept(rec.pass, rec.cursor) then
     return done({C.INVALID, 'the mixed sequence of pass ' .. fmt(rec.pass) .. ' is no longer '
       .. 'kept (a mixed job keeps its last 3 passes): rewind to a later checkpoint'})
   end
@@ -114,6 +114,7 @@ if step == 'begin' then
     F.P_EXPIRED, 0, F.P_BACKUPS, 0, F.P_RESUMED, 0, F.P_RESUMED_S, 0, F.P_REREAD, 0,
     F.PSTART, fmt(CALL.NOW), F.STATE, 'waiting', F.REASON, 'rewinding', F.RW_OPEN, id,
     F.RW_KEY, key, F.RW_PLAN, tconcat(plan, ','), F.RW_STEP, 0, F.SROUND, '')
+  if mget(F.SHUFFLE) == 'm' then MIXS.mix_rewound(rec.pass) end  -- (its pass's length, stop)
   CALL.STATE = 'waiting'
   event('rewind_started', 'checkpoint', id, 'round', CALL.ROUND, 'revoked', fmt(revoked))
   broadcast()

@@ -240,15 +240,15 @@ local function take_leases(worker, winc, want, cn, mode, buf)
       if solo then return out, #out end
     end
   end
-  local cursor = mnum(F.CURSOR)
+  local cursor, n = mnum(F.CURSOR), mnum(F.N)
   -- The walk goes under 1,000 positions: the appended tasks (after the create's) are
   -- counted only when it may reach them (one HGET, lib/meta.lua tasks_n).
-  local n = mnum(F.N)
-  if cursor + 1000 > n then n = tasks_n() end
+  if MIXED or cursor + 1000 > n then n = tasks_n() end  -- (a mixed pass may stop before n)
   if #out < want and cursor < n then
     local perm = perm_fn()
     while #out < want and cursor < n and steps < 1000 do
       if cursor >= charged then charged = mix_charge(cursor) end
+      if cursor >= charged then n = charged; break end  -- (a mixed pass stopped before it)
       local task_n = perm(cursor)
       local task = fmt(task_n)
       cursor = cursor + 1

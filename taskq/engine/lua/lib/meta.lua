@@ -146,7 +146,16 @@ end
 -- credential may not write meta at all, docs/security.md). Read once per call that asks;
 -- never below the create's (a producer may write the record, not hide the job's own tasks).
 local APPENDED_TASKS = false  -- per call
+-- The tasks there are: the create's and the appended. A mixed job's tasks are the slots of
+-- its pass: n, or (on_exhausted=stop, the charge past the stop) the pass's length 'mixe'
+-- says (lib/mix.lua).
 local function tasks_n()
+  if mget(F.SHUFFLE) == 'm' then
+    local n, e = mnum(F.N), tonum(mget(F.MIXE) or '')
+    local base = mnum(F.PASS) * n
+    if e and e > base and e <= base + n then return e - base end
+    return n
+  end
   if not APPENDED_TASKS then
     APPENDED_TASKS = tonum(rcall('HGET', K_APPENDED, 'tasks') or '0') or 0
     if APPENDED_TASKS < 0 then APPENDED_TASKS = 0 end

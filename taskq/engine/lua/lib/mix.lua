@@ -16,10 +16,10 @@
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- '>ddddd' the pass, positions charged, the segment's first position, the next logged
--- change's slot or -1, 1 when the next charge starts a segment; then per source '>I4' its
--- tasks, the tasks it gave in the pass, in the segment, '>d' its weight and '>I4' its slots
--- over the job's life before the pass (cycle: lib/mixrule.lua cycle_task); "s0" the same
--- at the last page's start; ":<p>" as pass p was left);
+-- change's slot or -1, rs (1: the next charge starts a segment, 2: stop ended the pass);
+-- then per source '>I4' its tasks, the tasks it gave in the pass, in the segment, '>d' its
+-- weight and '>I4' its slots over the job's life before the pass (cycle: lib/mixrule.lua
+-- cycle_task); "s0" the same at the last page's start; ":<p>" as pass p was left);
 -- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
 -- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
 -- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
@@ -174,6 +174,7 @@ local function enter(p, keep, kept, life)
   end
   mput(F.MIXH, base + st.h)
   mput(F.MIXD, base + d)
+  mput(F.MIXE, st.rs == 2 and base + st.h or -1)
   ST, ST_DIRTY = st, true
   return st
 end
@@ -231,7 +232,10 @@ end
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
 -- in one SETRANGE. With `upto`, instead, the state is walked on to position `upto` by the
 -- positions stored there (the rule not asked: a weight change's state at its slot, mix_set).
+-- on_exhausted=stop: the charge ends after the slot where a source of positive weight takes
+-- its last task (on_last); the state's rs is 2 then, meta 'mixe' the pass's end slot.
 local function charge_page(st, upto)
+  if st.rs == 2 then return end
   local nn = mnum(F.N)
   local base = st.p * nn
   local n, t, c, o, k = st.n, st.t, st.c, st.o, #st.n
@@ -289,14 +293,16 @@ local function charge_page(st, upto)
     t[best], c[best] = tb, cb
     if cyc then nt[best] = cycle_task(st.l[best] + tb, n[best]) end
     if tb >= n[best] and on_last(rule, st.w[best]) then
-      st.rs = 1  -- (drop: the others renormalise from here)
+      st.rs = on_last(rule, st.w[best]) == 'stop' and 2 or 1  -- (drop: the others renormalise)
     elseif ch then
       settle(ch, best, cb, w[best], d, m)
     end
     if not kept then out[#out + 1] = sformat('%010x', o[best] + task) end
+    if st.rs == 2 then last = h + 1; break end  -- (stop: the pass ends after this slot)
   end
   st.h = last
   mput(F.MIXH, base + last)
+  if st.rs == 2 then mput(F.MIXE, base + last) end
   ST_DIRTY = true
   if not kept then
     rcall('SETRANGE', seq_key(st.p), h0 * W, tconcat(out))
@@ -321,15 +327,6 @@ local function mix_charged(p)
   end
   if p == mnum(F.PASS) then d = mmax(d, mnum(F.CURSOR)) end
   return d
-end
-
--- True when pass p's sequence is kept up to position `upto` (a rewind's cut). At 0, when
--- p is kept, nothing was charged yet, or p is the current pass (not charged since it
--- started): a pass charged once and no longer kept would come again from a trimmed log.
-local function mix_kept(p, upto)
-  local st = read_state()
-  if upto == 0 then return not st or is_kept(st, p) or p == mnum(F.PASS) end
-  return stored(p, upto - 1) ~= nil
 end
 
 -- The slot from which weights set now hold: `at` (-1: none) or, if handed out already, the
@@ -368,6 +365,7 @@ local function mix_set(ws, at)
       local was = st.h
       charge_page(back, at - base)
       unmark_dead(at - base, was)
+      if st.rs == 2 then mput(F.MIXE, -1) end  -- (the stop, past `at`, is charged again)
     elseif st.nx < 0 or at < st.nx then
       st.nx, st.raw = at, nil
     end
@@ -393,7 +391,7 @@ local function reset()
   SPEC, ST, ST_DIRTY = nil, nil, false
 end
 
-return {mix_charged = mix_charged, mix_kept = mix_kept, mix_set = mix_set,
+return {mix_charged = mix_charged, mix_set = mix_set, is_kept = is_kept, saved_state = saved_state,
   mix_flush = mix_flush, spec = spec, reset = reset,
   read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key,
   stored = stored}

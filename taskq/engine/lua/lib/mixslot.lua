@@ -31,7 +31,7 @@ local function mix_charge(pos)
   local p = mnum(F.PASS)
   local st = read_state()
   if not st or st.p ~= p then st = switch_to(p) end
-  while pos >= st.h do charge_page(st) end
+  while pos >= st.h and st.rs ~= 2 do charge_page(st) end  -- (rs 2: the pass stopped)
   return st.h
 end
 
@@ -108,5 +108,30 @@ local function mix_note()
   if reached > mnum(F.MIXD) then mput(F.MIXD, reached) end
 end
 
-return {mix_front = mix_front, mix_charge = mix_charge, mix_fields = mix_fields,
-  mix_sources = mix_sources, mix_note = mix_note, copy_at = copy_at}
+-- True when pass p's sequence is kept up to position `upto` (a rewind's cut). At 0, when
+-- p is kept, nothing was charged yet, or p is the current pass (not charged since it
+-- started): a pass charged once and no longer kept would come again from a trimmed log.
+local function mix_kept(p, upto)
+  local st = read_state()
+  if upto == 0 then return not st or lib.mix.is_kept(st, p) or p == mnum(F.PASS) end
+  return stored(p, upto - 1) ~= nil
+end
+
+-- on_exhausted=stop, a rewind to pass p: meta 'mixe' made pass p's (its state's, current or
+-- kept: the slot it ends before when its charge reached the stop), so its length holds
+-- before a lease charges it again (the state itself changes pass at that charge).
+local function mix_rewound(p)
+  local st = read_state()
+  if not st then return end
+  local rs, h = st.rs, st.h
+  if st.p ~= p then
+    local saved = lib.mix.is_kept(st, p) and lib.mix.saved_state(p, st.kp)
+    if not saved then return end
+    rs, h = saved.rs, saved.h
+  end
+  mput(F.MIXE, rs == 2 and p * mnum(F.N) + h or -1)
+end
+
+return {mix_kept = mix_kept, mix_rewound = mix_rewound, mix_front = mix_front,
+  mix_charge = mix_charge, mix_fields = mix_fields, mix_sources = mix_sources,
+  mix_note = mix_note, copy_at = copy_at}

@@ -197,7 +197,7 @@ local function check_pass_end()
   local dead = 0
   if not dead_empty() then dead = rcall('SCARD', K_DEAD) end
   -- (fewer done than the create's live tasks: the appended ones need not be counted)
-  if mnum(F.NDONE) < mnum(F.N) - dead then return end
+  if mnum(F.NDONE) < mnum(F.N) - dead and mget(F.SHUFFLE) ~= 'm' then return end
   local live = tasks_n() - dead
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
