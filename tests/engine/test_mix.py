@@ -1492,17 +1492,10 @@ def test_cycle_from_the_kept_log_and_each_sources_life_at_the_pass_start(data, b
 
 
 # -- the engine under cycle ----------------------------------------------------------------
-@settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
-def test_engine_cycles_as_the_reference_across_passes(client, data, by):
-    """``on_exhausted="cycle"`` in the engine (lib/mix.lua ``charge_page``: ``segment(...,
-    true)``, ``cycle_task`` on each source's slots over the job's life, kept in the state):
-    three passes drained by a trainer, weights changed inside and across pages, each pass's
-    handed-out sequence, its leased tasks' chunks and each row's ``source_pass`` equal the
-    reference's (``plan_pass`` with the life carried from the pass before), and each
-    source pass takes each of its source's tasks once, in order."""
+def _drawn_engine_mix(client, data, by: str, rule: str):
+    """A mixed job under ``rule`` of 1 to 5 drawn sources (their tasks' sizes: 1 each by
+    tasks, 0 to 50 by samples), its weights changed up to 4 times over 3 passes; its
+    sources' count, their tasks' sizes, names, the job's name, Job and spec."""
     k = data.draw(st.integers(1, 5))
     if by == "samples":
         task_sizes = data.draw(
@@ -1521,14 +1514,30 @@ def test_engine_cycles_as_the_reference_across_passes(client, data, by):
         mix,
         mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)},
         mix_by=by,
-        on_exhausted="cycle",
+        on_exhausted=rule,
         passes=3,
     )
     job = client.job(mix)
     for at, ws in changes:
         job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
     spec = spec_of(client.connection, mix)
-    assert spec.on_exhausted == "cycle"
+    assert spec.on_exhausted == rule
+    return k, task_sizes, names, mix, job, spec
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), by=st.sampled_from(["tasks", "samples"]))
+def test_engine_cycles_as_the_reference_across_passes(client, data, by):
+    """``on_exhausted="cycle"`` in the engine (lib/mix.lua ``charge_page``: ``segment(...,
+    true)``, ``cycle_task`` on each source's slots over the job's life, kept in the state):
+    three passes drained by a trainer, weights changed inside and across pages, each pass's
+    handed-out sequence, its leased tasks' chunks and each row's ``source_pass`` equal the
+    reference's (``plan_pass`` with the life carried from the pass before), and each
+    source pass takes each of its source's tasks once, in order."""
+    k, task_sizes, names, mix, job, spec = _drawn_engine_mix(client, data, by, "cycle")
+    total = sum(len(r) for r in task_sizes)
     sizes = task_sizes if by == "samples" else None
     life = [0] * k
     taken: list[list[tuple[int, int]]] = [[] for _ in range(k)]
@@ -1569,32 +1578,7 @@ def test_engine_stops_as_the_reference(client, data, by):
     ``stop`` or ``done``), its status says the pass's length, no slot past the stop is
     leased (the next lease is the next pass's first slot), and every source starts again
     at its first task in the next pass."""
-    k = data.draw(st.integers(1, 5))
-    if by == "samples":
-        task_sizes = data.draw(
-            st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=9), min_size=k, max_size=k)
-        )
-    else:
-        task_sizes = [
-            [1] * n for n in data.draw(st.lists(st.integers(1, 9), min_size=k, max_size=k))
-        ]
-    total = sum(len(r) for r in task_sizes)
-    first, changes = _weights_and_log(data, k, 3 * total, changes=4)
-    tag = f"mx{next(_ids)}"
-    names = _sized_sources(client, {f"s{i}": r for i, r in enumerate(task_sizes)}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(
-        mix,
-        mix={names[f"s{i}"]: float(w) for i, w in enumerate(first)},
-        mix_by=by,
-        on_exhausted="stop",
-        passes=3,
-    )
-    job = client.job(mix)
-    for at, ws in changes:
-        job.set_weights({names[f"s{i}"]: float(w) for i, w in enumerate(ws)}, at=at)
-    spec = spec_of(client.connection, mix)
-    assert spec.on_exhausted == "stop"
+    k, task_sizes, names, mix, job, spec = _drawn_engine_mix(client, data, by, "stop")
     sizes = task_sizes if by == "samples" else None
     with taskq.Trainer(mix, client=client) as t:
         for p in range(3):

@@ -219,22 +219,29 @@ def test_torch_loop_over_a_mixed_job_takes_every_row_once(url, client, tmp_path:
     )
 
 
+def _three_sources_mixed(client, prefix: str, rule: str) -> str:
+    """A mixed job of 2 passes under ``rule`` over web, code and books (6, 4 and 2 tasks)
+    weighted 0.2, 0.3 and 0.5; its name."""
+    tag = f"{prefix}{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4, "books": 2}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names["web"]: 0.2, names["code"]: 0.3, names["books"]: 0.5},
+        on_exhausted=rule,
+        passes=2,
+    )
+    return mix
+
+
 def test_taskq_work_over_a_cycle_job_takes_each_source_pass_once(url, client, tmp_path):
     """``on_exhausted="cycle"`` through ``taskq work`` (a real CLI process, one CMD run per
     task) over 2 mixed passes: the small sources come round again inside a mixed pass,
     every slot runs once, the runs are the reference's slots (``plan_pass``, the life
     carried from pass 0 to 1), and each source pass of each source takes each of its
     tasks once, in order."""
-    tag = f"mxc{next(_ids)}"
     sizes = {"web": 6, "code": 4, "books": 2}
-    names = _sources(client, sizes, tag)
-    mix = f"{tag}-mix"
-    client.create_job(
-        mix,
-        mix={names["web"]: 0.2, names["code"]: 0.3, names["books"]: 0.5},
-        on_exhausted="cycle",
-        passes=2,
-    )
+    mix = _three_sources_mixed(client, "mxc", "cycle")
     _, runs = _work(url, mix, tmp_path, "task")
     assert [(t["pass"], t["id"]) for t in runs] == [(p, k) for p in range(2) for k in range(12)]
     spec = spec_of(client.connection, mix)
@@ -255,15 +262,7 @@ def test_taskq_work_over_a_stop_job_ends_each_pass_at_the_stop(url, client, tmp_
     task) over 2 mixed passes: each pass runs the reference's slots up to the slot where
     the first source of positive weight (books, 2 tasks) takes its last task, no slot
     past it runs, each pass starts every source at its first task, and the job completes."""
-    tag = f"mxs{next(_ids)}"
-    names = _sources(client, {"web": 6, "code": 4, "books": 2}, tag)
-    mix = f"{tag}-mix"
-    client.create_job(
-        mix,
-        mix={names["web"]: 0.2, names["code"]: 0.3, names["books"]: 0.5},
-        on_exhausted="stop",
-        passes=2,
-    )
+    mix = _three_sources_mixed(client, "mxs", "stop")
     _, runs = _work(url, mix, tmp_path, "task")
     spec = spec_of(client.connection, mix)
     plan = plan_pass(spec, [], 0)
