@@ -51,8 +51,8 @@ def set_weights(
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
     """Mixed job NAME per source: weight now, charged and acked this pass, the acked
     tasks' samples (? when a task does not say its size), tasks, pass (a source's pass is
-    the mixed job's). No debt column: debt is a stream source's, and stream sources are
-    not built (docs/mixing.md)."""
+    the mixed job's). No debt column: debt is a stream source's, and open stream sources
+    are not built (docs/mixing.md)."""
     st = client_of(ctx).job(name).mix_status()
     if as_json:
         echo_json(st)

@@ -147,7 +147,8 @@ class MixSpec:
     #: what the weights count: ``tasks`` or ``samples`` (``pass_schedule`` then needs
     #: ``task_sizes``; the engine keeps them in the job's ``mixsz``)
     by: str = "tasks"
-    #: per source, whether it is a stream (its store grows: ``Feed``); empty: none is
+    #: per source, whether its store grows (an open stream: ``Feed``; a stream sealed at
+    #: create is a source of fixed size); empty: none does
     streams: tuple[bool, ...] = ()
     #: the slots a stream source may owe before the slot waits on it (0: ``wait``)
     max_debt: int = 0

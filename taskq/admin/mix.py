@@ -57,6 +57,16 @@ def copy_of(field: str | bytes) -> tuple[int, int]:
     return cid >> 32, cid & 0xFFFFFFFF
 
 
+def _appended(raw: str | None) -> int:
+    """A count of a job's ``appended`` record (keys.APPENDED_FIELDS) as lib/meta.lua
+    tasks_n reads it: 0 when missing, not a number or below 0 (the producer's credential
+    writes the record: it never hides the job's own tasks)."""
+    try:
+        return max(0, int(raw or 0))
+    except ValueError:
+        return 0
+
+
 def read_sources(
     conn: Connection, name: str, cfg: JobConfig
 ) -> tuple[tuple[list[str], int], list[str], MixSpec, dict[str, bytes] | None]:
@@ -70,7 +80,7 @@ def read_sources(
         the source from ``SIZE_BLOCK * block``), else None).
 
     Raises:
-        InvalidInput: an unsuitable source (itself, a stream, a sharded or a mixed job),
+        InvalidInput: an unsuitable source (itself, an open stream, a sharded or a mixed job),
             or weights counting samples and a task whose size is not known (nothing
             written). JobNotFound: a source that does not exist. ConnectionLost.
     """
@@ -89,14 +99,27 @@ def read_sources(
             raise errors.InvalidInput(f"mix: source {source!r} is a sharded job (not built)")
         keys = conn.keys(source)
         with translate(conn.url):
-            meta = conn.redis.hmget(keys.meta, [F.N, F.STREAM, F.SHUFFLE, F.NCHUNKS])
+            pipe = conn.redis.pipeline(transaction=False)
+            pipe.hmget(keys.meta, [F.N, F.STREAM, F.SHUFFLE, F.NCHUNKS])
+            pipe.hmget(keys.appended, ["tasks", "chunks"])
+            meta, appended = pipe.execute()
         if meta[0] is None:
             raise errors.JobNotFound(f"mix: source job {source!r} not found")
-        if meta[1]:
-            raise errors.InvalidInput(f"mix: source {source!r} is a stream (not built)")
+        if meta[1] == "open":
+            raise errors.InvalidInput(
+                f"mix: source {source!r} is an open stream: seal it first (a source whose "
+                f"tasks keep coming is not built)"
+            )
         if meta[2] == "m":
             raise errors.InvalidInput(f"mix: source {source!r} is itself a mixed job")
-        n = int(meta[0])
+        # its tasks: the create's and the appended (lib/meta.lua tasks_n); a sealed stream
+        # takes no more, any other job's later appends are not the mix's (read once)
+        n = int(meta[0]) + _appended(appended[0])
+        if n < 1 and cfg.on_exhausted in ("cycle", "stop"):  # (a sealed empty stream)
+            raise errors.InvalidInput(
+                f"mix: on_exhausted={cfg.on_exhausted} needs a task in every source "
+                f"({source!r} has none)"
+            )
         for start in range(0, n, READ_BATCH):
             ids = list(range(start, min(n, start + READ_BATCH)))
             with translate(conn.url):
@@ -122,7 +145,9 @@ def read_sources(
                     part = samples[b - start : b - start + SIZE_BLOCK]
                     packed[f"{s}:{b // SIZE_BLOCK}"] = struct.pack(f">{len(part)}I", *part)
         sizes.append(n)
-        nchunks += int(meta[3] or n)
+        nchunks += int(meta[3] or meta[0]) + _appended(appended[1])
+    if not tasks:
+        raise errors.InvalidInput("mix: its sources have no task (sealed empty streams)")
     spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted, cfg.mix_by)
     return (tasks, nchunks), fields, spec, packed
 

@@ -536,6 +536,70 @@ def _lease_ack(t: taskq.Trainer, n: int) -> list[tuple[str | None, int]]:
     return out
 
 
+def test_a_sealed_stream_source_and_appended_tasks_are_copied_whole(client):
+    # A source's tasks are the create's and the appended (lib/meta.lua tasks_n): a sealed
+    # stream is a source of fixed size, and a plain job appended to before the mix is made
+    # gives its appended tasks too; the mix takes every one once, in the reference's order.
+    tag = f"mx{next(_ids)}"
+    stream, plain = f"{tag}-stream", f"{tag}-plain"
+    client.create_job(stream, [{"src": "stream", "i": i} for i in range(3)], stream=True)
+    client.job(stream).append([{"src": "stream", "i": i} for i in range(3, 7)])
+    client.job(stream).seal()
+    client.create_job(plain, [{"src": "plain", "i": i} for i in range(3)])
+    client.job(plain).append([{"src": "plain", "i": i} for i in range(3, 5)])
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={stream: 0.6, plain: 0.4})
+    spec = spec_of(client.connection, mix)
+    assert spec.sizes == (7, 5)
+    assert client.status(mix).tasks == 12
+    tasks = _drain(client, mix)
+    assert [(t.source, t.chunks[0]["i"]) for t in tasks] == _reference(client, mix)
+    assert sorted((t.chunks[0]["src"], t.chunks[0]["i"]) for t in tasks) == sorted(
+        [("stream", i) for i in range(7)] + [("plain", i) for i in range(5)]
+    )
+    assert client.status(mix).state == "completed"
+
+
+def test_a_sealed_empty_stream_source_runs_out_at_once_or_is_refused(client):
+    # A sealed stream of no task: under drop it runs out at the first slot (the others
+    # share every slot, as the reference makes it); cycle and stop need a task in every
+    # source, and a mix of no task at all is refused, each with nothing written.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 3, "b": 2}, tag)
+    empty = f"{tag}-empty"
+    client.create_job(empty, [], stream=True)
+    client.job(empty).seal()
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={empty: 0.5, names["a"]: 0.3, names["b"]: 0.2})
+    assert spec_of(client.connection, mix).sizes == (0, 3, 2)
+    tasks = _drain(client, mix)
+    assert [(t.source, t.chunks[0]["i"]) for t in tasks] == _reference(client, mix)
+    assert len(tasks) == 5
+    status = client.job(mix).mix_status()
+    assert [(r["charged"], r["acked"], r["tasks"]) for r in status["sources"]] == [
+        (0, 0, 0),
+        (3, 3, 3),
+        (2, 2, 2),
+    ]
+    for on_exhausted in ("cycle", "stop"):
+        with pytest.raises(taskq.InvalidInput, match=f"on_exhausted={on_exhausted} needs a task"):
+            client.create_job(f"{tag}-m", mix={empty: 1, names["a"]: 1}, on_exhausted=on_exhausted)
+    with pytest.raises(taskq.InvalidInput, match="have no task"):
+        client.create_job(f"{tag}-m", mix={empty: 1})
+    assert not client.redis.exists(client.keys(f"{tag}-m").meta)
+
+
+def test_an_open_stream_source_is_refused_with_nothing_written(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2}, tag)
+    stream = f"{tag}-stream"
+    client.create_job(stream, [{"i": 0}], stream=True)
+    with pytest.raises(taskq.InvalidInput, match="open stream: seal it first"):
+        client.create_job(f"{tag}-m", mix={names["a"]: 1, stream: 1})
+    assert not client.redis.exists(client.keys(f"{tag}-m").meta)
+    assert f"{tag}-m" not in client.list_jobs()
+
+
 def test_a_sharded_job_is_never_mixed_and_says_so(client):
     """The mix verbs on a sharded job are refused (their ROUTES line), and so is a mixed
     job over shards, with nothing written."""
@@ -874,6 +938,8 @@ def test_cli_errors_are_one_line(url, client):
     names = _sources(client, {"a": 2}, tag)
     sharded = f"{tag}-sh"
     client.create_job(sharded, [{"i": i} for i in range(4)], shards=2)
+    stream = f"{tag}-stream"
+    client.create_job(stream, [{"i": 0}], stream=True)
     for args in (
         ("mix", "set", names["a"], f"{names['a']}=1"),  # not a mixed job
         ("mix", "set", f"{tag}-none", "x=1"),  # no such job
@@ -881,6 +947,7 @@ def test_cli_errors_are_one_line(url, client):
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=x"),  # a bad weight
         ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
         ("job", "create", f"{tag}-m", "--mix", f"{sharded}=1"),  # a sharded source
+        ("job", "create", f"{tag}-m", "--mix", f"{stream}=1"),  # an open stream source
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--shards", "2"),  # sharded
         # weights counting samples, a source's tasks not saying their sizes
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "samples"),
