@@ -202,8 +202,11 @@ def _append(
     no_wait: bool,
     timeout: Any,
     source: str | None = None,
+    feed: str | None = None,
 ) -> Any:
-    return handle.append(chunks, ids=ids, block=not no_wait, timeout=timeout, source=source)
+    return handle.append(
+        chunks, ids=ids, block=not no_wait, timeout=timeout, source=source, feed=feed
+    )
 
 
 @job.command("append")
@@ -218,6 +221,13 @@ def _append(
     "appended before is skipped).",
 )
 @_backlog_options
+@click.option(
+    "--feed",
+    default=None,
+    metavar="SOURCE",
+    help="NAME is a mixed job and SOURCE its open stream source: the chunks are that "
+    "source's next tasks (docs/mixing.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was appended as JSON.")
 @click.pass_context
 def append_cmd(
@@ -233,6 +243,7 @@ def append_cmd(
     id_key: str | None,
     no_wait: bool,
     timeout: float | None,
+    feed: str | None,
     as_json: bool,
 ) -> None:
     """Append chunks to job NAME: the files of --files GLOB (chunked as `job create`
@@ -273,14 +284,14 @@ def append_cmd(
             got = _file_chunks(f.path, fmt, sizing, storage_options)
             chunks += got
             ids += _chunk_ids(f.key, len(got))
-        r = _append(handle, chunks, ids, no_wait, timeout)
+        r = _append(handle, chunks, ids, no_wait, timeout, feed=feed)
         added, skipped = r.tasks, r.skipped
     else:
         counted = [0]  # (what the pages so far added, for a bad line's message)
         for page, page_ids in _stdin_pages(
             name, sys.stdin, id_key, added_so_far=lambda: counted[0]
         ):
-            r = _append(handle, page, page_ids, no_wait, timeout)
+            r = _append(handle, page, page_ids, no_wait, timeout, feed=feed)
             counted[0] += r.tasks
             skipped += r.skipped
         added = counted[0]
@@ -357,14 +368,21 @@ def _readable(stream: IO[str], wait_s: float) -> bool:
 
 @job.command("seal")
 @click.argument("name")
+@click.option(
+    "--feed",
+    default=None,
+    metavar="SOURCE",
+    help="NAME is a mixed job and SOURCE its open stream source: seal that source's store.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what changed as JSON.")
 @click.pass_context
-def seal_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
+def seal_cmd(ctx: click.Context, name: str, feed: str | None, as_json: bool) -> None:
     """Close stream job NAME: nothing more is appended; the job completes once every
     task appended is done (at once when none was appended). Sealing a sealed stream
-    changes nothing and says so (exit 0)."""
+    changes nothing and says so (exit 0). With --feed SOURCE, NAME is a mixed job: its
+    stream source SOURCE takes no more tasks (it runs out once they are taken)."""
     client = client_of(ctx)
-    tasks = client.job(name).seal()
+    tasks = client.job(name).seal(feed=feed)
     state = client.job(name).status(summaries=0).state
     if as_json:
         echo_json(

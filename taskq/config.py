@@ -12,7 +12,7 @@ from dataclasses import fields
 from typing import Any, get_type_hints
 
 from . import errors
-from .mix import MIX_BY, ON_EXHAUSTED, check_mix
+from .mix import MAX_DEBT, MIX_BY, ON_EXHAUSTED, check_mix
 from .models import MIN_SECONDS, JobConfig
 
 __all__ = ["MIN_SECONDS", "check_memory_policy", "encode_tasks", "validate_config"]
@@ -73,6 +73,8 @@ def validate_config(cfg: JobConfig) -> None:
         bad(f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {cfg.on_exhausted!r}")
     if cfg.mix_by not in MIX_BY:
         bad(f"mix_by must be one of {', '.join(MIX_BY)}, got {cfg.mix_by!r}")
+    if cfg.max_debt > MAX_DEBT:  # (a slot's deferrals are bounded: lib/mixfeed.lua)
+        bad(f"max_debt must be at most {MAX_DEBT}, got {cfg.max_debt!r}")
     if cfg.mix is not None:
         check_mix(cfg.mix)
         if cfg.shards != 1 or cfg.stream or cfg.shuffle:

@@ -57,6 +57,8 @@ EXPECTED_TYPES: dict[str, str] = {
     "mixseq2": "string",
     "mixdead": "set",
     "mixsz": "hash",
+    "mixstore": "zset",
+    "mixfeed": "zset",
     "sources": "hash",
     "srcseq": "zset",
     "aside": "zset",

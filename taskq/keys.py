@@ -65,6 +65,10 @@ JOB_KEYS: tuple[str, ...] = (
     "mixdead",  # set: a mixed job's dead copies (copy ids): dead in every pass until a retry
     "mixsz",  # hash: a mixed job's copies' sizes in samples, "<source>:<block>" -> '>I4' each
     # of 256 tasks, when its weights count samples (written by the create, read by lib/mix.lua)
+    "mixstore",  # zset: a mixed job's stream sources' stores, written by their feed (append.lua):
+    # "<source>" scored by its tasks, "<source>:s" by 1 once sealed
+    "mixfeed",  # zset: a mixed job's feed log, "<slot>|<seq>|<source>|<tasks>|<sealed>" scored by
+    # slot, written by the charge where a store differs from the log (lib/mix.lua)
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
@@ -107,6 +111,8 @@ COLD_KEYS: tuple[str, ...] = (
     "mixseq2",
     "mixdead",
     "mixsz",
+    "mixstore",
+    "mixfeed",
     "sources",
     "srcseq",
     "aside",
@@ -151,6 +157,9 @@ class MetaField:
     #: on_exhausted=stop: the slot a mixed pass ends before when its charge reached the stop
     #: (pass * n + its length; any other value: the pass is n slots, lib/meta.lua tasks_n)
     MIXE = "mixe"
+    #: an open stream source of a mixed job: that job's name (its producers append to the
+    #: mixed job with --feed, not to the source: append.lua refuses, docs/mixing.md)
+    FEEDS = "feeds"
     SEED = "seed"  # the permutation's seed (mod 65521)
     SEED_FULL = "seed_full"  # the seed as given
     ADVANCE = "advance"  # 1: the next pass starts by itself

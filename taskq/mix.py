@@ -135,6 +135,15 @@ def check_mix(mix: object) -> list[str]:
     return weights
 
 
+#: The most slots a stream source may owe (``JobConfig.max_debt``): a slot's charge asks the
+#: rule at most ``sources * MAX_DEBT`` times (lib/mixfeed.lua).
+MAX_DEBT = 1024
+
+#: A mixed job's copy id is ``source * STRIDE + task`` (lib/mix.lua), and with a stream
+#: source open at create, pass ``p`` starts at slot ``p * STRIDE`` (``MixSpec.stride``).
+STRIDE = 2**32
+
+
 @dataclass(frozen=True)
 class MixSpec:
     """A mixed job's sources: their names, sizes (tasks) and first weights, as stored in
@@ -166,6 +175,13 @@ class MixSpec:
     def total(self) -> int:
         """The mixed job's tasks (slots per pass)."""
         return sum(self.sizes)
+
+    @property
+    def stride(self) -> int:
+        """``N`` of slot ``p * N + k``, fixed at create: the sources' tasks, or with a stream
+        source open at create ``STRIDE`` (its store grows; the pass's length is what its
+        charge reached, docs/mixing.md)."""
+        return STRIDE if any(self.streams) else self.total
 
     def source_of(self, task_id: int) -> str:
         """The source whose task ``task_id`` is (``task.source``)."""

@@ -126,6 +126,13 @@ class JobConfig:
         "What a mixed job's weights count: its sources' tasks, or their samples (every "
         "task's size known at create, e.g. parquet rows; docs/mixing.md).",
     )
+    max_debt: int = setting(
+        0,
+        "A mixed job's open stream source with nothing new may owe this many slots (the "
+        "others take them, it repays them first) before trainers wait for its feed "
+        "(0: wait at once; docs/mixing.md).",
+        min=0,
+    )
 
     @classmethod
     def of(cls, config: JobConfig | None = None, **settings: Any) -> JobConfig:

@@ -685,6 +685,7 @@ class Job:
         block: bool = True,
         timeout: float | None = None,
         source: str | None = None,
+        feed: str | None = None,
     ) -> AppendResult:
         """Add chunks to the job as new tasks: they join the current pass (after its own
         order) and every later one (docs/streams.md); a sharded job spreads them over its
@@ -710,6 +711,9 @@ class Job:
                 append of the source skips them: exact across a restart mid-source even
                 once the tasks (and their ids) were trimmed. The job keeps the last
                 ``SOURCES_KEEP`` sources appended to.
+            feed: a mixed job's open stream source (docs/mixing.md): the chunks are that
+                source's next tasks (``ids`` and ``source`` kept per source); without it a
+                mixed job takes no append, and a job that feeds a mixed job takes none.
 
         Returns:
             The tasks added, the chunks skipped, the first new task's id, the backlog.
@@ -741,6 +745,7 @@ class Job:
         for lo, hi in pages:
             while True:
                 args: list[Any] = [inc, 1 if id_list else 0, hi - lo, source or "", lo]
+                args += [feed or "", 0]
                 for k in range(lo, hi):
                     if id_list:
                         args.append(id_list[k])
@@ -861,10 +866,12 @@ class Job:
             pipe.execute()
 
     @verb
-    def seal(self) -> SealResult:
+    def seal(self, feed: str | None = None) -> SealResult:
         """Close a stream job: nothing more is appended; its pass ends once every task
         appended is done (the job completes after its last pass; a stream of no task
         completes at the seal). Idempotent: sealing a sealed stream changes nothing.
+        With ``feed``, the job is a mixed job and ``feed`` its open stream source: the
+        source's store is sealed (it runs out once its tasks are taken, docs/mixing.md).
 
         Returns:
             The number of tasks the stream holds (an int), with ``already_sealed``: the
@@ -873,7 +880,10 @@ class Job:
         Raises:
             InvalidInput: not a stream job. JobNotFound, JobCancelled.
         """
-        reply = self.connection.run(self.name, "seal", [""])
+        if feed is not None:  # (the producer's verb: append.lua seals a feed)
+            reply = self.connection.run(self.name, "append", ["", 0, 0, "", 0, feed, 1])
+        else:
+            reply = self.connection.run(self.name, "seal", [""])
         return SealResult(int(reply[1]), bool(int(reply[2])))
 
     @verb
@@ -1401,6 +1411,7 @@ def _append_spread(
     block: bool = True,
     timeout: float | None = None,
     source: str | None = None,
+    feed: str | None = None,
 ) -> AppendResult:
     """Add chunks as new tasks, spread over the shards (the plain form on each,
     docs/streams.md): a chunk with an id goes to the shard its id hashes to (``shard_of_id``: so a
@@ -1418,6 +1429,8 @@ def _append_spread(
         The tasks added, chunks skipped, the lowest new task's global id, the backlog
         summed over the shards.
     """
+    if feed is not None:
+        raise errors.InvalidInput("not a mixed job: --feed names a stream source of a mixed job")
     encoded, id_list = _check_append(job.name, chunks, ids)
     if source is not None:
         check_chunk_id(job.name, -1, source, "source")
@@ -1855,6 +1868,7 @@ def create(
         }
         if spec is not None:  # the order of a pass is the mix schedule (lib/mix.lua)
             meta[F.SHUFFLE], meta[F.MIX] = "m", spec.to_json()
+            meta[F.N] = meta[F.PN] = spec.stride  # (N fixed at create: the slot's stride)
         args: list[Any] = [int(replace), len(tasks)]
         for k, v in meta.items():
             args += [k, v]

@@ -31,7 +31,7 @@ from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import Code
 from taskq.integrity import decode_chunks
 from taskq.keys import MetaField as F
-from taskq.mix import MixSpec, check_mix
+from taskq.mix import Feed, MixSpec, check_mix
 from taskq.models import JobConfig
 
 #: Tasks read from a source per round trip at create (a multiple of SIZE_BLOCK).
@@ -92,6 +92,7 @@ def read_sources(
     sizes: list[int] = []
     packed: dict[str, bytes] | None = {} if cfg.mix_by == "samples" else None
     nchunks = 0
+    streams: list[bool] = []
     for s, source in enumerate(sources):
         if source == name:
             raise errors.InvalidInput(f"mix: {name!r} cannot be its own source")
@@ -100,22 +101,20 @@ def read_sources(
         keys = conn.keys(source)
         with translate(conn.url):
             pipe = conn.redis.pipeline(transaction=False)
-            pipe.hmget(keys.meta, [F.N, F.STREAM, F.SHUFFLE, F.NCHUNKS])
+            pipe.hmget(keys.meta, [F.N, F.STREAM, F.SHUFFLE, F.NCHUNKS, F.FEEDS])
             pipe.hmget(keys.appended, ["tasks", "chunks"])
             meta, appended = pipe.execute()
         if meta[0] is None:
             raise errors.JobNotFound(f"mix: source job {source!r} not found")
         if meta[1] == "open":
-            raise errors.InvalidInput(
-                f"mix: source {source!r} is an open stream: seal it first (a source whose "
-                f"tasks keep coming is not built)"
-            )
+            _feed_from(conn, name, source, cfg, meta[4])
+        streams.append(meta[1] == "open")
         if meta[2] == "m":
             raise errors.InvalidInput(f"mix: source {source!r} is itself a mixed job")
         # its tasks: the create's and the appended (lib/meta.lua tasks_n); a sealed stream
         # takes no more, any other job's later appends are not the mix's (read once)
         n = int(meta[0]) + _appended(appended[0])
-        if n < 1 and cfg.on_exhausted in ("cycle", "stop"):  # (a sealed empty stream)
+        if n < 1 and cfg.on_exhausted in ("cycle", "stop") and not streams[-1]:  # (sealed, empty)
             raise errors.InvalidInput(
                 f"mix: on_exhausted={cfg.on_exhausted} needs a task in every source "
                 f"({source!r} has none)"
@@ -146,10 +145,41 @@ def read_sources(
                     packed[f"{s}:{b // SIZE_BLOCK}"] = struct.pack(f">{len(part)}I", *part)
         sizes.append(n)
         nchunks += int(meta[3] or meta[0]) + _appended(appended[1])
-    if not tasks:
+    if not tasks and not any(streams):
         raise errors.InvalidInput("mix: its sources have no task (sealed empty streams)")
-    spec = MixSpec(tuple(sources), tuple(sizes), tuple(weights), cfg.on_exhausted, cfg.mix_by)
+    spec = MixSpec(
+        tuple(sources),
+        tuple(sizes),
+        tuple(weights),
+        cfg.on_exhausted,
+        cfg.mix_by,
+        tuple(streams) if any(streams) else (),
+        cfg.max_debt if any(streams) else 0,
+    )
     return (tasks, nchunks), fields, spec, packed
+
+
+def _feed_from(conn: Connection, name: str, source: str, cfg: JobConfig, feeds: str | None) -> None:
+    """Open stream ``source`` made a feed of mixed job ``name`` (its meta's ``feeds``, set
+    before its tasks are read: an append to the source from then on is refused with where
+    to append, append.lua), or refused with one line: under ``cycle`` or counting samples
+    (a stream has no size to cycle over, a task not yet there no size to count), or when
+    it feeds another mixed job that still mixes it (one mixed job per open stream)."""
+    if cfg.on_exhausted == "cycle" or cfg.mix_by == "samples":
+        raise errors.InvalidInput(
+            f"mix: source {source!r} is an open stream: on_exhausted=cycle and "
+            f"mix_by=samples need sources of fixed size (seal it first, or drop / stop)"
+        )
+    if feeds and feeds != name:
+        with translate(conn.url):
+            other = conn.redis.hget(conn.keys(feeds).meta, F.MIX)
+        if other and source in MixSpec.from_json(other).sources:
+            raise errors.InvalidInput(
+                f"mix: source {source!r} feeds mixed job {feeds!r} already (an open stream "
+                f"feeds one mixed job)"
+            )
+    with translate(conn.url):
+        conn.redis.hset(conn.keys(source).meta, F.FEEDS, name)
 
 
 def spec_of(conn: Connection, name: str) -> MixSpec:
@@ -205,6 +235,35 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
     return [(slot, ws) for _, slot, ws in rows]
 
 
+def stores(conn: Connection, name: str, spec: MixSpec) -> list[int]:
+    """Each source's tasks in mixed job ``name``: its size at create, or a stream source's
+    store as its feed left it (``mixstore``, append.lua)."""
+    if not any(spec.streams):
+        return list(spec.sizes)
+    with translate(conn.url):
+        got = conn.redis.zmscore(conn.keys(name).mixstore, [str(i) for i in range(len(spec.sizes))])
+    return [int(g) if g is not None else n for g, n in zip(got, spec.sizes, strict=True)]
+
+
+def copies(conn: Connection, name: str) -> int:
+    """The copies mixed job ``name`` holds (its chunks hash's fields: ``stores``)."""
+    return sum(stores(conn, name, spec_of(conn, name)))
+
+
+def feed_log(conn: Connection, name: str) -> list[Feed]:
+    """Mixed job ``name``'s feed log (``mixfeed``, lib/mix.lua ``log_feed``): each stream
+    source's store as a charge saw it, from a slot on, in the order logged (what
+    ``taskq.mix.plan_pass`` takes as ``feed``)."""
+    with translate(conn.url):
+        members = conn.redis.zrange(conn.keys(name).mixfeed, 0, -1)
+    rows = []
+    for m in members:
+        slot, seq, source, tasks, sealed = m.split("|")
+        rows.append((int(slot), int(seq), Feed(int(slot), int(source), int(tasks), sealed == "1")))
+    rows.sort()
+    return [f for _, _, f in rows]
+
+
 def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
     """The pass, the positions charged and the tasks each source gave in them, from the
     state's packed form (lib/mixrule.lua: '>ddddd' scalars, then per source its tasks, the
@@ -213,10 +272,11 @@ def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
     return int(p), int(h), list(struct.unpack_from(f">{k}I", blob, 40 + 4 * k))
 
 
-def _state_life(blob: bytes, k: int) -> list[int]:
+def _state_life(blob: bytes, k: int, streams: bool) -> list[int]:
     """Each source's slots over the job's life before the state's pass (``cycle``; the
-    packed form's last ``>I`` per source, lib/mixrule.lua)."""
-    return list(struct.unpack_from(f">{k}I", blob, len(blob) - 4 * k))
+    packed form's ``>I`` per source after its weights, lib/mixrule.lua; with stream
+    sources the feed's part follows: ``>d`` and three ``>I`` per source)."""
+    return list(struct.unpack_from(f">{k}I", blob, len(blob) - 4 * k - (8 + 12 * k) * streams))
 
 
 def _stored(conn: Connection, name: str, pass_no: int, start: int, end: int) -> list[str]:
@@ -247,7 +307,7 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
         return None
     blob = cur[0]
     current = int(now or 0) == pass_no
-    handed = int(mixd or 0) - pass_no * spec.total
+    handed = int(mixd or 0) - pass_no * spec.stride
     if _state_counts(blob, k)[0] != pass_no:
         if str(pass_no) not in (cur[1] or b"").decode().split(","):
             return None
@@ -264,7 +324,7 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     handed = max(0, min(handed, h))
     for field in _stored(conn, name, pass_no, handed, h):  # charged ahead, not handed out
         counts[copy_of(field)[0]] -= 1
-    return {"h": handed, "t": counts, "life": _state_life(blob, k)}
+    return {"h": handed, "t": counts, "life": _state_life(blob, k, any(spec.streams))}
 
 
 def pass_life(conn: Connection, name: str, pass_no: int) -> list[int] | None:
@@ -316,7 +376,7 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
         life[source] += 1
         rows.append(
             {
-                "slot": pass_no * spec.total + pos,
+                "slot": pass_no * spec.stride + pos,
                 "pass": pass_no,
                 "position": pos,
                 "source": spec.sources[source],
@@ -418,7 +478,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         done = conn.redis.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
     st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
-    slot = pass_no * spec.total + charged
+    slot = pass_no * spec.stride + charged
     weights = list(spec.weights)  # the ones in force at the next slot: the log says
     for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
         if at <= slot:
@@ -428,7 +488,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         if pos >> 3 < len(done) and done[pos >> 3] & (0x80 >> (pos & 7)):
             acked[copy_of(field)[0]].append(field)
     rows = []
-    for i, (source, n) in enumerate(zip(spec.sources, spec.sizes, strict=True)):
+    for i, (source, n) in enumerate(zip(spec.sources, stores(conn, name, spec), strict=True)):
         known = [sizes.get(f) for f in acked[i]]
         source_pass = pass_no
         if spec.on_exhausted == "cycle" and st:

@@ -33,7 +33,7 @@ from taskq.data import task_size
 from taskq.engine.connection import Connection
 from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
-from taskq.mix import MixSpec
+from taskq.mix import STRIDE, MixSpec
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -118,8 +118,10 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
         # a mixed pass that stopped (on_exhausted=stop) is as long as its charge says
         # (meta mixe: the slot it ends before; lib/meta.lua tasks_n)
         length = int(meta.get(F.MIXE) or -1) - _int(meta, F.PASS) * n
-        if 0 < length <= n:
+        if 0 < length <= n or (n == STRIDE and length == 0):  # (a stream's pass may be empty)
             n = length
+        elif n == STRIDE:  # a stream source open: the positions charged so far
+            n = max(0, min(n, int(meta.get(F.MIXH) or 0) - _int(meta, F.PASS) * n))
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")
@@ -345,7 +347,7 @@ def audit(conn: Connection, name: str) -> dict[str, Any]:
         )
         if status.config.get("mix") is None
         # (a mixed job's copies, one a task of its sources; a pass may stop before)
-        else int(conn.redis.hlen(keys.chunks)) == int(conn.redis.hget(keys.meta, F.N) or -1),
+        else int(conn.redis.hlen(keys.chunks)) == mix.copies(conn, name),
         "done_within_live": status.done <= live,
         # no task both done and dead; the dead bitmap (what a checkpoint copies) the set
         "no_dead_task_done": not dead_view["done"],

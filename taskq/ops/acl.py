@@ -56,10 +56,11 @@ from taskq.keys import (
 #: pass and refuses a mixed job. Dead copies (lib/mixdead.lua): a new pass of a mixed job
 #: drops the dead slots of the pass before with their counts (UNLINK dead, deadbits,
 #: counts: its slots hold other copies now), and a weight change's cut makes the slots it
-#: charges again live (SREM dead) until the charge marks them.
+#: charges again live (SREM dead) until the charge marks them. A stream source's feed log
+#: (ZADD by the charge) loses the entries of what is charged again (ZREMRANGEBYSCORE).
 MIX_WRITES = (
     (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
-    (("mixlog",), ("zremrangebyscore",)),
+    (("mixlog", "mixfeed"), ("zremrangebyscore",)),
     (("dead",), ("srem",)),
     (("dead", "deadbits", "counts"), ("unlink",)),  # (one UNLINK: one selector)
 )
@@ -172,6 +173,8 @@ PRODUCER_WRITES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     # an append naming its source records how far it went in, the oldest source forgotten
     (("sources",), ("hset", "hdel")),
     (("srcseq",), ("zadd", "zpopmin")),
+    # a mixed job's feed (--feed): its source's store moves with the tasks it adds
+    (("mixstore",), ("zadd",)),
 )
 
 

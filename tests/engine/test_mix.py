@@ -20,10 +20,11 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.jobs import Job
-from taskq.admin.mix import spec_of, weight_log
+from taskq.admin.mix import feed_log, spec_of, weight_log
 from taskq.mix import (
     Feed,
     MixSpec,
+    PassPlan,
     Slot,
     bound,
     life_before,
@@ -522,7 +523,7 @@ def test_bad_weights_are_refused_with_nothing_written(client):
         assert not client.redis.exists(client.keys(name).meta)
     with pytest.raises(taskq.InvalidInput, match="not a mixed job"):
         client.job(names["a"]).set_weights({names["a"]: 1})
-    with pytest.raises(taskq.InvalidInput, match="no appends"):
+    with pytest.raises(taskq.InvalidInput, match="takes appends only to an open stream"):
         job.append([{"x": 1}])
 
 
@@ -589,14 +590,219 @@ def test_a_sealed_empty_stream_source_runs_out_at_once_or_is_refused(client):
     assert not client.redis.exists(client.keys(f"{tag}-m").meta)
 
 
-def test_an_open_stream_source_is_refused_with_nothing_written(client):
+def _fed_reference(client: taskq.Client, name: str, pass_no: int = 0) -> list[tuple[str, int]]:
+    """The reference of a mixed job with a stream source: the weight log and the engine's
+    feed log, pass ``p`` from slot ``p * N`` (``MixSpec.stride``)."""
+    spec = spec_of(client.connection, name)
+    log = weight_log(client.connection, name)
+    feed = feed_log(client.connection, name)
+    plan = plan_pass(spec, log, pass_no, feed=feed, first_slot=pass_no * spec.stride)
+    return [(spec.sources[s.source], s.task) for s in plan.slots]
+
+
+def test_an_open_stream_source_is_fed_through_its_mixed_job(client):
+    # An open stream source: its tasks so far copied, then fed to the mixed job (--feed),
+    # its own appends and seal refused with where to go; the charge defers, repays and
+    # waits on it as the reference does from the feed log, and the pass ends once it is
+    # sealed and drained.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 6}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": i} for i in range(2)], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={news: 0.5, names["web"]: 0.5}, max_debt=1)
+    spec = spec_of(client.connection, mix)
+    assert spec.streams == (True, False) and spec.max_debt == 1
+    assert spec.stride == 2**32
+    assert client.status(mix).tasks == 0
+    with pytest.raises(
+        taskq.InvalidInput,
+        match=f"{news} feeds mixed job '{mix}': append with --feed {news} to '{mix}'",
+    ):
+        client.job(news).append([{"i": 9}])
+    with pytest.raises(taskq.InvalidInput, match=f"feeds mixed job '{mix}'"):
+        client.job(news).seal()
+    with pytest.raises(taskq.InvalidInput, match="feeds mixed job .* already"):
+        client.create_job(f"{tag}-m2", mix={news: 1})
+    with pytest.raises(taskq.InvalidInput, match="is not a source"):
+        client.job(mix).append([{"i": 9}], feed=names["web"] + "x")
+    with pytest.raises(taskq.InvalidInput, match="was not an open stream"):
+        client.job(mix).append([{"i": 9}], feed=names["web"])
+    with pytest.raises(taskq.InvalidInput, match="takes appends only to an open stream source"):
+        client.job(mix).append([{"i": 9}])
+    got: list[tuple[str | None, int]] = []
+    with taskq.Trainer(mix, client=client) as t:
+        while (task := t.lease(timeout=0.2)) is not None:
+            got.append((task.source, task.chunks[0]["i"]))
+            t.ack(task)
+        assert got == _fed_reference(client, mix)
+        assert len(got) < 8 and client.status(mix).state == "running"
+        r = client.job(mix).append(
+            [{"src": "news", "i": i} for i in range(2, 5)], ids=["a", "b", "c"], feed=news
+        )
+        assert (r.tasks, r.first_task) == (3, 2)
+        again = client.job(mix).append([{"src": "news", "i": 2}], ids=["a"], feed=news)
+        assert (again.tasks, again.skipped) == (0, 1)
+        while (task := t.lease(timeout=0.2)) is not None:
+            got.append((task.source, task.chunks[0]["i"]))
+            t.ack(task)
+        assert got == _fed_reference(client, mix)
+        assert client.status(mix).state == "running"
+        sealed = client.job(mix).seal(feed=news)
+        assert (int(sealed), sealed.already_sealed) == (5, False)
+        assert client.job(mix).seal(feed=news).already_sealed
+        with pytest.raises(taskq.InvalidInput, match="is sealed"):
+            client.job(mix).append([{"i": 9}], feed=news)
+        while True:
+            try:
+                task = t.lease(timeout=0.5)
+            except taskq.JobCompleted:
+                break
+            assert task is not None
+            got.append((task.source, task.chunks[0]["i"]))
+            t.ack(task)
+    assert got == _fed_reference(client, mix)
+    assert sorted(got) == sorted(
+        [(news, i) for i in range(5)] + [(names["web"], i) for i in range(6)]
+    )
+    assert client.status(mix).state == "completed"
+
+
+def _check_fed(client: taskq.Client, mix: str, p: int) -> PassPlan:
+    """The engine's handed-out sequence of pass ``p`` equals the reference's from the
+    weight log and the engine's feed log, from slot ``p * N``; returns the whole plan."""
+    spec = spec_of(client.connection, mix)
+    log = weight_log(client.connection, mix)
+    feed = feed_log(client.connection, mix)
+    plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
+    got = _engine(client, mix, p)
+    assert got == [(spec.sources[s.source], s.task) for s in plan.slots][: len(got)]
+    assert [r["slot"] for r in client.job(mix).mix_sequence(p)] == [
+        s.slot for s in plan.slots[: len(got)]
+    ]
+    return plan
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), rule=st.sampled_from(["drop", "stop"]))
+def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
+    """Stream sources in the engine (lib/mix.lua ``charge_stream``): feed appends, seals
+    and weight changes interleaved with leases; after every step the handed-out sequence is
+    ``pass_schedule(spec, log, p, feed=<the engine's mixfeed>, first_slot=p * N)``'s, a
+    lease that finds nothing is the reference's wait (every charged slot handed out, its
+    plan ending ``wait``), and once every stream is sealed two passes drain as the
+    reference makes them."""
+    tag = f"mx{next(_ids)}"
+    fixed = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=2), label="fixed")
+    opened = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=2), label="streams")
+    names = []
+    for i, n in enumerate(fixed):
+        names.append(f"{tag}-f{i}")
+        client.create_job(names[-1], [{"s": names[-1], "i": j} for j in range(n)])
+    streams = []
+    for i, n in enumerate(opened):
+        streams.append(f"{tag}-s{i}")
+        client.create_job(streams[-1], [{"s": streams[-1], "i": j} for j in range(n)], stream=True)
+    sources = names + streams
+    weights = data.draw(
+        st.lists(
+            st.sampled_from(["0", "0.5", "1", "2"]), min_size=len(sources), max_size=len(sources)
+        ).filter(lambda ws: any(float(w) > 0 for w in ws)),
+        label="weights",
+    )
+    mix = f"{tag}-mix"
+    max_debt = data.draw(st.integers(0, 2), label="max_debt")
+    client.create_job(
+        mix,
+        mix=dict(zip(sources, map(float, weights), strict=True)),
+        on_exhausted=rule,
+        max_debt=max_debt,
+        passes=2,
+    )
+    fed = dict(zip(streams, opened, strict=True))
+    got: list[list[tuple[str | None, int]]] = [[], []]
+
+    def lease(t: taskq.Trainer, timeout: float) -> bool:
+        task = t.lease(timeout=timeout)
+        if task is None:
+            return False
+        assert task.chunks[0]["s"] == task.source
+        got[task.pass_no].append((task.source, task.chunks[0]["i"]))
+        t.ack(task)
+        return True
+
+    with taskq.Trainer(mix, client=client) as t:
+        try:
+            for _ in range(data.draw(st.integers(1, 12), label="steps")):
+                op = data.draw(st.sampled_from(["lease", "lease", "feed", "seal", "weights"]))
+                if op == "lease":
+                    for _ in range(data.draw(st.integers(1, 4))):
+                        # (a lease that ends a pass finds nothing: the next one goes on)
+                        if not lease(t, 0) and not lease(t, 0):
+                            p = client.status(mix).pass_no
+                            plan = _check_fed(client, mix, p)
+                            assert plan.end == "wait"
+                            assert len(plan.slots) == len(_engine(client, mix, p))
+                            break
+                elif op == "feed":
+                    s = data.draw(st.sampled_from(streams))
+                    more = data.draw(st.integers(1, 3))
+                    try:
+                        client.job(mix).append(
+                            [{"s": s, "i": fed[s] + j} for j in range(more)], feed=s
+                        )
+                        fed[s] += more
+                    except taskq.InvalidInput as e:
+                        assert "is sealed" in str(e) or "is completed" in str(e)  # (stop)
+                elif op == "seal":
+                    client.job(mix).seal(feed=data.draw(st.sampled_from(streams)))
+                else:
+                    ws = data.draw(
+                        st.lists(
+                            st.sampled_from(["0", "1", "3"]),
+                            min_size=len(sources),
+                            max_size=len(sources),
+                        ).filter(lambda ws: any(float(w) > 0 for w in ws))
+                    )
+                    client.job(mix).set_weights(dict(zip(sources, ws, strict=True)))
+                _check_fed(client, mix, client.status(mix).pass_no)
+            for s in streams:
+                client.job(mix).seal(feed=s)
+            while lease(t, 5):
+                pass
+            raise AssertionError("the job did not complete")
+        except taskq.JobCompleted:
+            pass
+    for p in (0, 1):
+        plan = _check_fed(client, mix, p)
+        assert plan.end in ("done", "stop")
+        assert got[p] == [(sources[s.source], s.task) for s in plan.slots]
+        if rule == "drop":
+            assert sorted(got[p]) == sorted(
+                [(n, j) for n, size in zip(names, fixed, strict=True) for j in range(size)]
+                + [(s, j) for s in streams for j in range(fed[s])]
+            )
+    assert client.status(mix).state == "completed"
+
+
+def test_an_open_stream_source_under_cycle_or_by_samples_is_refused(client):
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 2}, tag)
     stream = f"{tag}-stream"
     client.create_job(stream, [{"i": 0}], stream=True)
-    with pytest.raises(taskq.InvalidInput, match="open stream: seal it first"):
-        client.create_job(f"{tag}-m", mix={names["a"]: 1, stream: 1})
-    assert not client.redis.exists(client.keys(f"{tag}-m").meta)
+    for how in ({"on_exhausted": "cycle"}, {"mix_by": "samples"}):
+        with pytest.raises(
+            taskq.InvalidInput, match="open stream: on_exhausted=cycle and mix_by=samples"
+        ):
+            client.create_job(f"{tag}-m", mix={stream: 1, names["a"]: 1}, **how)
+        assert not client.redis.exists(client.keys(f"{tag}-m").meta)
+        assert client.redis.hget(client.keys(stream).meta, "feeds") is None
+    with pytest.raises(taskq.InvalidInput, match="max_debt must be at most 1024"):
+        client.create_job(f"{tag}-m", mix={stream: 1, names["a"]: 1}, max_debt=1025)
     assert f"{tag}-m" not in client.list_jobs()
 
 
@@ -947,7 +1153,8 @@ def test_cli_errors_are_one_line(url, client):
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=x"),  # a bad weight
         ("job", "create", f"{tag}-m", "--mix", f"{tag}-none=1"),  # no such source
         ("job", "create", f"{tag}-m", "--mix", f"{sharded}=1"),  # a sharded source
-        ("job", "create", f"{tag}-m", "--mix", f"{stream}=1"),  # an open stream source
+        # an open stream source under cycle
+        ("job", "create", f"{tag}-m", "--mix", f"{stream}=1", "--on-exhausted", "cycle"),
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--shards", "2"),  # sharded
         # weights counting samples, a source's tasks not saying their sizes
         ("job", "create", f"{tag}-m", "--mix", f"{names['a']}=1", "--mix-by", "samples"),

@@ -24,6 +24,9 @@ for k = 3, #ARGV, 2 do
     local ok, mix = pcall(cjson.decode, ARGV[k + 1])
     if not ok or type(mix) ~= 'table' then arg_fail(ARGV[k], 'not a JSON object', '') end
     by_samples = ok and type(mix) == 'table' and mix.by == 'samples'
+    if ok and type(mix) == 'table' and type(mix.streams) == 'table' then  -- (fed later)
+      for _, open in ipairs(mix.streams) do if open == true then stream = true end end
+    end
     if by_samples then
       for _, n in ipairs(type(mix.n) == 'table' and mix.n or {}) do
         blocks = blocks + math.ceil((tonum(n) or 0) / 256)
@@ -31,7 +34,7 @@ for k = 3, #ARGV, 2 do
     end
   end
 end
--- (only a stream starts empty: its tasks are appended)
+-- (only a stream, or a mix of an open stream, starts empty: its tasks are appended)
 if n_tasks == 0 and not stream then arg_fail('n_tasks', 'a job needs a task', ARGV[2]) end
 local bad = args_bad()
 if bad then return bad end

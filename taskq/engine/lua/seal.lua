@@ -24,6 +24,12 @@ if stream == '' then
   return done({C.INVALID, 'not a stream job (create it with stream=True / --stream)'})
 end
 if stream ~= 'open' then return done({C.OK, tasks_n(), 1}) end
+if mget(F.FEEDS) then  -- (its tasks go to the mixed job it feeds: sealed there, append.lua)
+  local tag = '{(.*)}'  -- (the job's name, in its keys' hash tag)
+  local name, mix = string.match(K_META, tag) or 'this job', mget(F.FEEDS)
+  return done({C.INVALID, name .. ' feeds mixed job \'' .. mix .. '\': seal with --feed ' .. name
+    .. ' to \'' .. mix .. '\''})
+end
 mset(F.STREAM, 'sealed')
 event('stream_sealed', 'tasks', fmt(tasks_n()))
 -- every task appended may be done already (or none was appended): the pass ends here,

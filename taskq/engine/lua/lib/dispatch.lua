@@ -2,9 +2,8 @@
 -- stealing leases, and the lease half of a call.
 local rcall, tonum, smatch, sbyte, mmin, mmax, unpk, lipairs =
   redis.call, tonumber, string.match, string.byte, math.min, math.max, unpack, ipairs
-local fmt, mget, mincr, mnum, mset_s =
-  lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset_s
-local tasks_n = lib.meta.tasks_n
+local fmt, mget, mincr, mnum, mset_s, tasks_n = lib.meta.fmt, lib.meta.mget, lib.meta.mincr,
+  lib.meta.mnum, lib.meta.mset_s, lib.meta.tasks_n
 local event, event_task, event_tasks, wait_add, wait_rem, wake_one =
   lib.events.event, lib.events.event_task, lib.events.event_tasks, lib.events.wait_add,
   lib.events.wait_rem, lib.events.wake_one
@@ -19,7 +18,7 @@ local lease_head, lease_mid, lease_rec =
 local split_rec, take_split, whole_ok, whole_anyway =
   lib.pieces.split_rec, lib.split.take_split, lib.pieces.whole_ok, lib.pieces.whole_anyway
 local reads_of = lib.workers.reads_of
-local perm_fn = lib.passes.perm_fn
+local perm_fn, mix_take = lib.passes.perm_fn, lib.passes.mix_take
 local mix_flush, mix_charge, mix_fields, mix_front, mix_sources = lib.mix.mix_flush,
   lib.mixslot.mix_charge, lib.mixslot.mix_fields, lib.mixslot.mix_front, lib.mixslot.mix_sources
 local add_starts = lib.progress.add_starts
@@ -243,7 +242,7 @@ local function take_leases(worker, winc, want, cn, mode, buf)
   local cursor, n = mnum(F.CURSOR), mnum(F.N)
   -- The walk goes under 1,000 positions: the appended tasks (after the create's) are
   -- counted only when it may reach them (one HGET, lib/meta.lua tasks_n).
-  if MIXED or cursor + 1000 > n then n = tasks_n() end  -- (a mixed pass may stop before n)
+  if MIXED or cursor + 1000 > n then n = tasks_n(true) end  -- (a mixed pass may stop before n)
   if #out < want and cursor < n then
     local perm = perm_fn()
     while #out < want and cursor < n and steps < 1000 do
@@ -370,7 +369,8 @@ local function lease_part(worker, winc, want, call_no, mode, expect_pass)
   -- from an older AOF, a failover to a lagging replica): that work must be redone, and a
   -- per-pass iterator waiting for the next pass would otherwise wait for ever
   if want > 0 and CALL.STATE == 'running' and (expect_pass < 0 or expect_pass >= mnum(F.PASS)) then
-    local got = take(worker, winc, want, call_no, mode)
+    local got, code = mix_take(take, expect_pass, worker, winc, want, call_no, mode)
+    if code then return {code, {}, 0} end
     if #got > 0 then
       wait_rem(m)
       return {C.OK, got, 0}

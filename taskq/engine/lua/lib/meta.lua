@@ -6,6 +6,10 @@
 -- when the library is built), N.<NAME> its name. Semantics: docs/design.md.
 local rcall, tonum, sfind, ssub, sformat, sbyte, unpk, ltype, lpairs =
   redis.call, tonumber, string.find, string.sub, string.format, string.byte, unpack, type, pairs
+local mmax, mmin = math.max, math.min
+-- A mixed job's N when a stream source was open at create: the copy ids' stride, slot
+-- p * N + k (lib/mix.lua STRIDE; docs/mixing.md).
+local MIX_STRIDE = 4294967296  -- constant
 
 -- An integer (every number but the streaming median dur_med) is formatted with '%d': the
 -- same digits as '%.0f', which glibc runs through its multi-precision float printer at
@@ -149,11 +153,16 @@ local APPENDED_TASKS = false  -- per call
 -- The tasks there are: the create's and the appended. A mixed job's tasks are the slots of
 -- its pass: n, or (on_exhausted=stop, the charge past the stop) the pass's length 'mixe'
 -- says (lib/mix.lua).
-local function tasks_n()
+local function tasks_n(walk)
   if mget(F.SHUFFLE) == 'm' then
     local n, e = mnum(F.N), tonum(mget(F.MIXE) or '')
     local base = mnum(F.PASS) * n
     if e and e > base and e <= base + n then return e - base end
+    -- a stream source open at create (n the fixed stride): a pass may end at once (e ==
+    -- base); not ended, the positions charged so far, but for the cursor's walk (`walk`),
+    -- whose charge says where the pass stands (lib/mixslot.lua mix_charge)
+    if n == MIX_STRIDE and e == base then return 0 end
+    if n == MIX_STRIDE and not walk then return mmax(0, mmin(n, mnum(F.MIXH) - base)) end
     return n
   end
   if not APPENDED_TASKS then
@@ -166,6 +175,14 @@ end
 -- Keeps the meta hash in Redis's hashtable encoding (F.ENC, keys.py): written at create,
 -- and by the first register of a job created before it (a hash never goes back to a
 -- listpack until a restart reloads it, and the field is kept across that).
+-- True while a mixed job with a stream source has not ended its pass: its length is not
+-- known, the pass stays open (lib/passes.lua check_pass_end).
+local function mix_open()
+  if mget(F.SHUFFLE) ~= 'm' or mnum(F.N) ~= MIX_STRIDE then return false end
+  local e, base = tonum(mget(F.MIXE) or ''), mnum(F.PASS) * MIX_STRIDE
+  return not (e and e >= base and e < base + MIX_STRIDE)
+end
+
 local function pad_meta()
   if not mget(F.ENC) then mset(F.ENC, string.rep('h', 80)) end
 end
@@ -191,5 +208,5 @@ local function reset()
 end
 
 return {fmt = fmt, load_meta = load_meta, mget = mget, mnum = mnum, mput = mput, mput_s = mput_s,
-  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, meta_clean = meta_clean, tasks_n = tasks_n, pad_meta = pad_meta,
+  mset_s = mset_s, mset = mset, mincr = mincr, flush = flush, meta_clean = meta_clean, tasks_n = tasks_n, mix_open = mix_open, pad_meta = pad_meta,
   split = split, reset = reset}

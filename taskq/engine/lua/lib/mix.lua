@@ -15,26 +15,24 @@
 -- cursor's last move back or to another pass (mix_note; between, the cursor: mix_charged).
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
--- '>ddddd' the pass, positions charged, the segment's first position, the next logged
--- change's slot or -1, rs (1: the next charge starts a segment, 2: stop ended the pass);
--- then per source '>I4' its tasks, the tasks it gave in the pass, in the segment, '>d' its
--- weight and '>I4' its slots over the job's life before the pass (cycle: lib/mixrule.lua
--- cycle_task); "s0" the same at the last page's start; ":<p>" as pass p was left);
+-- lib/mixrule.lua state_format; "s0" the same at the last page's start; ":<p>" as pass p
+-- was left);
 -- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
 -- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
 -- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
 -- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
-local rcall, tonum, smatch, sgmatch, ssub, sformat, tconcat, lipairs =
-  redis.call, tonumber, string.match, string.gmatch, string.sub, string.format,
-  table.concat, ipairs
+local rcall, tonum, smatch, ssub, sformat, tconcat, lipairs =
+  redis.call, tonumber, string.match, string.sub, string.format, table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local mmax, mmin, unpack, mark_dead, unmark_dead =
   math.max, math.min, unpack, lib.mixdead.mark_dead, lib.mixdead.unmark_dead
 local segment, choice, choose, settle, choose_by_samples, cycle_task, on_last =
   lib.mixrule.segment, lib.mixrule.choice, lib.mixrule.choose, lib.mixrule.settle,
   lib.mixrule.choose_by_samples, lib.mixrule.cycle_task, lib.mixrule.on_last
-local unpack_rule_state, pack_state, sizes_reader, life_after = lib.mixrule.unpack_state,
-  lib.mixrule.pack_state, lib.mixrule.sizes_reader, lib.mixrule.life_after
+local unpack_rule_state, pack_state, sizes_reader, life_after, numbers =
+  lib.mixrule.unpack_state, lib.mixrule.pack_state, lib.mixrule.sizes_reader,
+  lib.mixrule.life_after, lib.mixrule.numbers
+local feed_view, charge_stream = lib.mixfeed.feed_view, lib.mixfeed.charge_stream
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
@@ -50,13 +48,6 @@ local ST_DIRTY = false  -- per call
 local function spec()
   if not SPEC then SPEC = cjson.decode(mget(F.MIX)) end
   return SPEC
-end
-
--- "a,b,..." as a list of numbers (logged weights, the kept passes).
-local function numbers(list)
-  local out = {}
-  for v in sgmatch(list, '[^,]+') do out[#out + 1] = tonum(v) end
-  return out
 end
 
 -- The weights in force at `slot` (the last logged at or below it; the create's if none),
@@ -93,7 +84,7 @@ local function store_offsets(st)
 end
 
 local function unpack_state(blob, kp, sm)
-  return store_offsets(unpack_rule_state(blob, kp, sm))
+  return store_offsets(unpack_rule_state(blob, kp, sm, spec().streams ~= nil))
 end
 
 local function read_state()
@@ -111,7 +102,7 @@ end
 
 -- Pass p's state before its first slot; `life` each source's slots over the job's life
 -- before it (cycle; nil: none).
-local function fresh_state(p, kp, life)
+local function fresh_state(p, kp, life, view)
   local n, zero, k = spec().n, {}, #spec().n
   for i = 1, k do zero[i] = 0 end
   local start = p * mnum(F.N)
@@ -119,6 +110,7 @@ local function fresh_state(p, kp, life)
     t = zero, c = {unpack(zero)}, w = numbers(weights_at(start)), l = life or {unpack(zero)},
     o = {}}
   store_offsets(st)
+  if spec().streams then feed_view(spec(), st, start, view) end  -- (lib/mixfeed.lua)
   st.s0 = pack_state(st)
   return st
 end
@@ -126,6 +118,9 @@ end
 local function seq_key(p)
   return kc('mixseq' .. fmt(p % KEEP))
 end
+
+-- What the charge with stream sources reads of this part (lib/mixfeed.lua).
+local FEED = {weights_at = weights_at, next_change = next_change, seq_key = seq_key}  -- constant
 
 local function is_kept(st, p)
   for _, q in lipairs(st.kp) do if q == p then return true end end
@@ -161,7 +156,7 @@ end
 -- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
 -- one (`life`: fresh_state's); p joins the kept passes `keep`; the meta's high-waters
 -- follow it.
-local function enter(p, keep, kept, life)
+local function enter(p, keep, kept, life, view)
   local base = p * mnum(F.N)
   local st, d = nil, 0
   if not is_kept({kp = keep}, p) then keep[#keep + 1] = p end
@@ -169,7 +164,7 @@ local function enter(p, keep, kept, life)
   if st then
     st.nx, st.raw = next_change(base + st.h - 1), nil
   else
-    st, d = fresh_state(p, keep, life), 0
+    st, d = fresh_state(p, keep, life, view), 0
     rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
   end
   mput(F.MIXH, base + st.h)
@@ -185,8 +180,9 @@ end
 -- set since), older ones too. (The pass being left handed out up to 'mixd': mix_note.)
 local function switch_to(p)
   local st = read_state()
-  local kept, life = {}, nil
+  local kept, life, view = {}, nil, nil
   if st then
+    if st.fs and p == st.p + 1 then view = st end
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
     local d = mmin(st.h, mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
@@ -211,7 +207,7 @@ local function switch_to(p)
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   end
-  return enter(p, keep, was_kept, life)
+  return enter(p, keep, was_kept, life, view)
 end
 
 -- The copy id stored at position `pos` of pass p, as stored (10 hex digits; nil: not
@@ -236,6 +232,7 @@ end
 -- its last task (on_last); the state's rs is 2 then, meta 'mixe' the pass's end slot.
 local function charge_page(st, upto)
   if st.rs == 2 then return end
+  if st.fs then ST_DIRTY = true; return charge_stream(spec(), st, upto, FEED) end
   local nn = mnum(F.N)
   local base = st.p * nn
   local n, t, c, o, k = st.n, st.t, st.c, st.o, #st.n
@@ -365,6 +362,8 @@ local function mix_set(ws, at)
       local was = st.h
       charge_page(back, at - base)
       unmark_dead(at - base, was)
+      -- (the store seen past `at` is logged again by the charge that reaches `at`)
+      if back.fs then rcall('ZREMRANGEBYSCORE', kc('mixfeed'), '(' .. fmt(at), '+inf') end
       if st.rs == 2 then mput(F.MIXE, -1) end  -- (the stop, past `at`, is charged again)
     elseif st.nx < 0 or at < st.nx then
       st.nx, st.raw = at, nil

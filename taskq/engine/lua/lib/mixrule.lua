@@ -167,6 +167,43 @@ local function on_last(rule, wi)
   return 'segment'
 end
 
+-- With stream sources: the rule's pick for the segment's next token (`m` tokens so far)
+-- among the sources not run out (`ran`), the logged weights `wn` renormalised over them
+-- (equal shares when all left weigh 0); a scan, O(k) a token, with the same operations in
+-- the same order as taskq/mix.py `_rule_choice`, so the same floats decide.
+local function token_choice(wn, ran, c, m)
+  local k, total, left = #wn, 0, 0
+  for i = 1, k do
+    if not ran[i] then
+      left = left + 1
+      if wn[i] > 0 then total = total + wn[i] end
+    end
+  end
+  local w, positive = {}, 0
+  for i = 1, k do
+    w[i] = 0
+    if not ran[i] then
+      if total > 0 then
+        if wn[i] > 0 then w[i] = wn[i] / total; positive = positive + 1 end
+      else
+        w[i] = 1 / left; positive = positive + 1
+      end
+    end
+  end
+  local d = 0
+  if positive >= 2 then d = 1 - 1 / (2 * positive - 2) end
+  local at = m + 1
+  local best, anyone, best_dl, any_dl = nil, nil, 0, 0
+  for i = 1, k do
+    if w[i] > 0 then
+      local dl = (c[i] + d) / w[i]
+      if c[i] + 1 - d <= w[i] * at and (not best or dl < best_dl) then best, best_dl = i, dl end
+      if not anyone or dl < any_dl then anyone, any_dl = i, dl end
+    end
+  end
+  return best or anyone
+end
+
 -- Stream sources: the source a slot repays before the rule is asked, the lowest index that
 -- owes (debt[i] > 0) and has a task (t[i] < avail[i]); nil: none.
 local function owed_first(t, avail, debt)
@@ -225,21 +262,34 @@ local function choose_by_samples(w, c, t, o, size_of, m_samples)
   return best or anyone
 end
 
--- The schedule's state (lib/mix.lua) packed: '>ddddd' its scalars, then per source '>I4'
+-- "a,b,..." as a list of numbers (logged weights, the kept passes).
+local function numbers(list)
+  local out = {}
+  for v in string.gmatch(list, '[^,]+') do out[#out + 1] = tonumber(v) end
+  return out
+end
+
+-- The schedule's state (lib/mix.lua) packed: '>ddddd' its scalars (the pass, positions
+-- charged, the segment's first position, the next logged change's slot or -1, rs: 1 the
+-- next charge starts a segment, 2 the pass's charge ended), then per source '>I4'
 -- its tasks, the tasks it gave in the pass, in the segment ('>d' when `sm`: the weights
 -- count samples), '>d' its weight, and '>I4' its slots over the job's life before the
 -- pass (on_exhausted=cycle: its next task is cycle_task(l + t, n); 0 under the others).
-local function state_format(k, sm)
-  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) .. srep('I4', k) end
-  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k) .. srep('I4', k)
+-- With stream sources (`fs`), the feed's part follows: '>d' the segment's tokens (its
+-- positions and its deferrals), then per source '>I4' its debt, its store as the feed log
+-- says (tasks), its flags (1: sealed, 2: run out in the pass).
+local function state_format(k, sm, fs)
+  local tail = fs and 'd' .. srep('I4', 3 * k) or ''
+  if sm then return '>ddddd' .. srep('I4', 2 * k) .. srep('d', 2 * k) .. srep('I4', k) .. tail end
+  return '>ddddd' .. srep('I4', 3 * k) .. srep('d', k) .. srep('I4', k) .. tail
 end
 
 -- A state from its packed form (`kp`: the passes kept): p, h, seg, nx, rs; n, t, c, w, l
 -- (each source's tasks, tasks given in the pass, in the segment, weight, life before the
 -- pass), o (first task ids), sm; `raw` the packed form while the state is unchanged.
-local function unpack_state(blob, kp, sm)
-  local k = (#blob - 40) / (sm and 28 or 24)
-  local v = {sunpack(state_format(k, sm), blob)}
+local function unpack_state(blob, kp, sm, fs)
+  local k = (#blob - 40 - (fs and 8 or 0)) / ((sm and 28 or 24) + (fs and 12 or 0))
+  local v = {sunpack(state_format(k, sm, fs), blob)}
   local st = {p = v[1], h = v[2], seg = v[3], nx = v[4], rs = v[5], kp = kp, raw = blob,
     n = {}, t = {}, c = {}, w = {}, l = {}, o = {}, sm = sm}
   local n, t, c, w, l, o, at = st.n, st.t, st.c, st.w, st.l, st.o, 0
@@ -247,6 +297,13 @@ local function unpack_state(blob, kp, sm)
     n[i], t[i], c[i], w[i] = v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i]
     l[i] = v[5 + 4 * k + i]
     o[i], at = at, at + n[i]
+  end
+  if fs then
+    local f = 5 + 5 * k + 1
+    st.fs, st.m, st.debt, st.av, st.fl = true, v[f], {}, {}, {}
+    for i = 1, k do
+      st.debt[i], st.av[i], st.fl[i] = v[f + i], v[f + k + i], v[f + 2 * k + i]
+    end
   end
   return st
 end
@@ -259,7 +316,14 @@ local function pack_state(st)
     v[5 + i], v[5 + k + i], v[5 + 2 * k + i], v[5 + 3 * k + i] = n[i], t[i], c[i], w[i]
     v[5 + 4 * k + i] = l[i]
   end
-  st.raw = spack(state_format(k, st.sm), unpack(v))
+  if st.fs then
+    local f = 5 + 5 * k + 1
+    v[f] = st.m
+    for i = 1, k do
+      v[f + i], v[f + k + i], v[f + 2 * k + i] = st.debt[i], st.av[i], st.fl[i]
+    end
+  end
+  st.raw = spack(state_format(k, st.sm, st.fs), unpack(v))
   return st.raw
 end
 
@@ -267,4 +331,4 @@ return {segment = segment, choice = choice, choose = choose, settle = settle,
   unpack_state = unpack_state, pack_state = pack_state,
   choose_by_samples = choose_by_samples, sizes_reader = sizes_reader,
   cycle_task = cycle_task, life_after = life_after, on_last = on_last, owed_first = owed_first,
-  defers = defers}
+  defers = defers, token_choice = token_choice, numbers = numbers}

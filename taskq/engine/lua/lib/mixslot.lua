@@ -31,7 +31,11 @@ local function mix_charge(pos)
   local p = mnum(F.PASS)
   local st = read_state()
   if not st or st.p ~= p then st = switch_to(p) end
-  while pos >= st.h and st.rs ~= 2 do charge_page(st) end  -- (rs 2: the pass stopped)
+  while pos >= st.h and st.rs ~= 2 do  -- (rs 2: the pass stopped)
+    local was = st.h
+    charge_page(st)
+    if st.h == was then break end  -- (a stream source's slot waits for its feed)
+  end
   return st.h
 end
 

@@ -3,7 +3,7 @@
 local rcall, tonum, mfloor, lipairs = redis.call, tonumber, math.floor, ipairs
 local fmt, mget, mincr, mnum, mput, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mput, lib.meta.mset
-local tasks_n = lib.meta.tasks_n
+local tasks_n, mix_open = lib.meta.tasks_n, lib.meta.mix_open
 local broadcast, event, flush_events =
   lib.events.broadcast, lib.events.event, lib.events.flush_events
 local done = lib.call.done
@@ -201,6 +201,7 @@ local function check_pass_end()
   local live = tasks_n() - dead
   if mnum(F.NDONE) < live then return end
   if mget(F.STREAM) == 'open' then return end  -- appends may come: it ends once sealed
+  if mix_open() then return end  -- (a mixed job's stream source not run out: its feed may come)
   if live == 0 then
     -- no task at all (a sealed stream nothing was appended to): nothing to wait for
     if tasks_n() == 0 then finish_pass('completed', true) else set_waiting('all_dead') end
@@ -212,6 +213,22 @@ local function check_pass_end()
   finish_pass('completed')
 end
 
-return {perm_fn = perm_fn, live_tasks = live_tasks, dead_and_done = dead_and_done,
+-- A take (dispatch's `take`, called with the arguments after `expect_pass`) of a mixed job
+-- that leased nothing may have charged its pass's end (every source run out, a stream
+-- sealed since the last ack: lib/mixfeed.lua): the pass ends here. Then the caller gets
+-- JOB_COMPLETED, PASS_DONE when it expects the pass, else the new pass's take.
+local function mix_take(take, expect_pass, ...)
+  local p0 = mnum(F.PASS)
+  local got = take(...)
+  if #got > 0 or mget(F.SHUFFLE) ~= 'm' then return got end
+  check_pass_end()
+  if CALL.STATE == 'completed' then return got, C.JOB_COMPLETED end
+  if mnum(F.PASS) == p0 then return got end
+  if expect_pass >= 0 then return got, C.PASS_DONE end
+  if CALL.STATE == 'running' then got = take(...) end
+  return got
+end
+
+return {perm_fn = perm_fn, mix_take = mix_take, live_tasks = live_tasks, dead_and_done = dead_and_done,
   recount_done = recount_done, save_summary = save_summary, drop_pass_sets = drop_pass_sets,
   start_pass = start_pass, finish_pass = finish_pass, check_pass_end = check_pass_end}
