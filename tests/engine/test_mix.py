@@ -9,10 +9,12 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import threading
 from dataclasses import replace
 from importlib import resources
 
 import pytest
+import support
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -787,6 +789,49 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
                 + [(s, j) for s in streams for j in range(fed[s])]
             )
     assert client.status(mix).state == "completed"
+
+
+def test_a_trainer_waiting_on_a_starving_stream_is_woken_by_its_feed(client):
+    # max_debt 0 (wait): the first slot the rule gives the empty stream waits; the trainer
+    # blocked in its lease gets the slot as soon as the feed appends (no polling), and a
+    # feed's seal wakes a trainer waiting for the pass to end.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 1}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={news: 1, names["web"]: 1})
+    t = taskq.Trainer(mix, client=client, worker_id="w")
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(t.lease(timeout=30)))
+    waiter.start()
+    assert support.wait_until(lambda: client.redis.zcard(client.keys(mix).waiting) == 1)
+    assert not got
+    client.job(mix).append([{"src": "news", "i": 0}], feed=news)
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+    assert got[0] is not None and (got[0].source, got[0].chunks[0]["i"]) == (news, 0)
+    t.ack(got[0])
+    rest = [t.lease(timeout=5)]
+    assert rest[0] is not None and rest[0].source == names["web"]
+    t.ack(rest[0])
+    ended: list = []
+
+    def last_lease() -> None:
+        try:
+            ended.append(t.lease(timeout=30))
+        except taskq.JobCompleted:
+            ended.append("completed")
+
+    waiter = threading.Thread(target=last_lease)
+    waiter.start()
+    assert support.wait_until(lambda: client.redis.zcard(client.keys(mix).waiting) == 1)
+    client.job(mix).seal(feed=news)
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and ended == ["completed"]
+    assert client.status(mix).state == "completed"
+    assert _engine(client, mix) == _fed_reference(client, mix)
+    t.close()
 
 
 def test_an_open_stream_source_under_cycle_or_by_samples_is_refused(client):

@@ -25,9 +25,11 @@ import taskq
 from taskq import integrity
 from taskq.admin.mix import (
     copy_field,
+    feed_log,
     kept_passes,
     pass_life,
     spec_of,
+    stores,
     task_fields,
     weight_log,
 )
@@ -1252,7 +1254,9 @@ class MixedMachine(EngineMachine):
         (admin/mix.py task_fields, what a lease, ``tasks list`` and the audit resolve)."""
         conn, r = self.client.connection, self.client.redis
         spec = spec_of(conn, self.job)
-        copies = [copy_field(i, j) for i, n in enumerate(spec.sizes) for j in range(n)]
+        copies = [
+            copy_field(i, j) for i, n in enumerate(stores(conn, self.job, spec)) for j in range(n)
+        ]
         assert all(c is not None for c in r.hmget(self.client.keys(self.job).chunks, copies))
         assert r.hlen(self.client.keys(self.job).chunks) == len(copies)
         rows = self.client.job(self.job).mix_sequence()
@@ -1287,9 +1291,19 @@ class MixedMachine(EngineMachine):
         life = None
         if spec.on_exhausted == "cycle":
             life = pass_life(self.client.connection, self.job, pass_no) or [0] * len(spec.sizes)
+        feed = feed_log(self.client.connection, self.job)
         want = [
             (spec.sources[i], j)
-            for i, j in pass_schedule(spec, log, pass_no, len(seq), task_sizes=sizes, life=life)
+            for i, j in pass_schedule(
+                spec,
+                log,
+                pass_no,
+                len(seq),
+                task_sizes=sizes,
+                life=life,
+                feed=feed,
+                first_slot=pass_no * spec.stride,
+            )
         ]
         assert seq == want, "the handed-out sequence is the reference schedule's"
 
@@ -1392,3 +1406,94 @@ StopMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_stop_mixed_job(sm_url):
     StopMixedMachine.url = sm_url
     StopMixedMachine.TestCase("runTest").runTest()
+
+
+class StreamMixedMachine(MixedMachine):
+    """MixedMachine whose third source is an open stream (docs/mixing.md, "An open stream
+    source: its feed"), ``max_debt=1``: feed appends (ids, a resend skipped) and a seal of
+    the feed among every verb; the pass's length is what its charge reached (``tasks_n``)
+    and it stays open until the stream is sealed and every source ran out; after every
+    step the handed-out sequence is ``pass_schedule(..., feed=<the engine's mixfeed>,
+    first_slot=p * N)``'s, and a lease that finds nothing while the pass runs is the
+    reference's wait."""
+
+    SIZES = (2, 2, 1)
+
+    def _create(self) -> None:
+        self.sources = [f"{self.job}-s{i}" for i in range(len(self.SIZES))]
+        for i, (src, n) in enumerate(zip(self.sources, self.SIZES, strict=True)):
+            chunks: list[dict[str, object]] = [{"s": i, "k": k} for k in range(n)]
+            self.client.create_job(src, chunks, stream=i == 2)
+        self.fed, self.closing = 1, False
+        self.client.create_job(
+            self.job,
+            mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
+            max_debt=1,
+            passes=self.passes,
+            **LIMITS,
+            manual_clock=True,
+            auto_advance=False,
+        )
+
+    def _n(self) -> int:
+        if self.closing:  # (the closer's bound: every task of every source)
+            return sum(self.SIZES[:2]) + self.fed
+        return self.client.status(self.job, summaries=0).tasks
+
+    def _every_live_task_reachable(self) -> None:
+        """Sealed, the stream runs out and the pass ends as any mixed pass does."""
+        if not self.cancelled:
+            self.client.job(self.job).seal(feed=self.sources[2])
+        self.closing = True
+        super()._every_live_task_reachable()
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(k=st.integers(1, 2), resend=st.booleans())
+    def feed(self, k: int, resend: bool) -> None:
+        """Tasks fed to the stream source (ids: a resend of the last one is skipped); once
+        its feed is sealed, or the job ended, refused with nothing written."""
+        job, src = self.client.job(self.job), self.sources[2]
+        ids = [f"f{self.fed + j}" for j in range(k)]
+        if resend and self.fed > 1:
+            ids = [f"f{self.fed - 1}", *ids]
+        before = stores(self.client.connection, self.job, spec_of(self.client.connection, self.job))
+        try:
+            r = job.append([{"s": 2, "k": int(i[1:])} for i in ids], ids=ids, feed=src)
+        except taskq.InvalidInput as e:
+            assert "is sealed" in str(e) or "does not reopen" in str(e)
+            after = stores(
+                self.client.connection, self.job, spec_of(self.client.connection, self.job)
+            )
+            assert after == before
+            return
+        assert (r.tasks, r.skipped) == (k, len(ids) - k)
+        self.fed += k
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def seal_feed(self) -> None:
+        assert int(self.client.job(self.job).seal(feed=self.sources[2])) == self.fed
+
+    @invariant()
+    def the_charge_stops_where_the_reference_stops(self) -> None:
+        """The positions the current pass charged are a prefix of the reference's plan from
+        the engine's logs (a charge stops at a waiting slot or the pass's end, as the plan;
+        a weight change's cut charges again from its slot)."""
+        s = self.client.status(self.job, summaries=0)
+        if self.cancelled or s.state != "running":
+            return
+        conn = self.client.connection
+        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
+        feed = feed_log(conn, self.job)
+        plan = plan_pass(spec, log, s.pass_no, feed=feed, first_slot=s.pass_no * spec.stride)
+        charged = self._meta("mixh") - s.pass_no * spec.stride
+        if 0 <= charged < spec.stride:  # (else the state is another pass's)
+            assert charged <= len(plan.slots)
+
+
+StreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_stream_mixed_job(sm_url):
+    StreamMixedMachine.url = sm_url
+    StreamMixedMachine.TestCase("runTest").runTest()
