@@ -1188,7 +1188,7 @@ while true do
           tc[i] = t[i]
           if every then tc[i] = R.cycle_task(life[i] + t[i], n[i]) end
         end
-        best = R.choose_by_samples(w, c, tc, o, size_of, msamp)
+        best = R.choose_by_samples(w, c, tc, o, size_of, msamp, {})
       else
         best = R.choose(ch, act, mseg + 1)
       end

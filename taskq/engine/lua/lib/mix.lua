@@ -249,7 +249,7 @@ local function charge_page(st, upto)
   end
   st.raw = nil
   local out, act, w, d, ch = {}, nil, nil, 0, nil
-  local size_of, m_samples = nil, 0
+  local size_of, m_samples, sz = nil, 0, {}  -- (sz: choose_by_samples' next sizes)
   if by_samples() then
     size_of = sizes_reader(kc('mixsz'), STRIDE)
     for i = 1, k do m_samples = m_samples + c[i] end
@@ -278,7 +278,7 @@ local function charge_page(st, upto)
       best = tonum(ssub(kept, at + 1, at + 2), 16) + 1
     elseif size_of then
       if not act then act, w = segment(t, n, st.w, cyc) end
-      best = choose_by_samples(w, c, nt, o, size_of, m_samples)
+      best = choose_by_samples(w, c, nt, o, size_of, m_samples, sz)
     else
       if not act then
         act, w, d = segment(t, n, st.w, cyc)
@@ -288,7 +288,10 @@ local function charge_page(st, upto)
     end
     local task = nt[best]
     local step = 1
-    if size_of then step = size_of(o[best] + task); m_samples = m_samples + step end
+    if size_of then
+      step = sz[best] or size_of(o[best] + task)
+      sz[best], m_samples = nil, m_samples + step  -- (its next task is another)
+    end
     local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
     if cyc then nt[best] = cycle_task(st.l[best] + tb, n[best]) end
