@@ -288,9 +288,8 @@ local function charge_page(st, upto)
     end
     local task = nt[best]
     local step = 1
-    if size_of then
-      step = sz[best] or size_of(o[best] + task)
-      sz[best], m_samples = nil, m_samples + step  -- (its next task is another)
+    if size_of then  -- (sz forgets best's next size: its next task is another now)
+      step, sz[best] = sz[best] or size_of(o[best] + task), nil; m_samples = m_samples + step
     end
     local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
