@@ -627,6 +627,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
+        if self._feed is not None and self._feed.tasks is not None:
+            _retire(self._feed.tasks)  # its feeder thread, which would live through forks
+            self._feed = self.dataset.feed = None  # type: ignore[attr-defined]
         if self._even is not None:
             self._even.close()
         client, self._status_client, self._job = self._status_client, None, None

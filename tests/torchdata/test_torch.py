@@ -539,3 +539,20 @@ def test_a_splitting_job_whose_chunks_say_no_size_is_told_once(
     with _loader(url, sized_job, 0) as loader:
         assert len([r for b in loader for r in rows_of(b)]) == 15
     assert not [r for r in caplog.records if "say no size" in r.getMessage()]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_leaves_no_task_queue_feeder_thread(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, persistent: bool
+) -> None:
+    """The task queue to the workers is a multiprocessing queue whose feeder thread lives in
+    the training process; after ``close()`` none is left (a thread alive at the next fork,
+    e.g. the next loader's workers, can leave its lock held in the child)."""
+    make_job(client, job_name, write_jsonl(tmp_path, 4, 5))
+    before = {t.ident for t in threading.enumerate()}
+    extra = {"persistent_workers": True} if persistent else {}
+    loader = _loader(url, job_name, 2, **extra)
+    assert len([r for b in loader for r in rows_of(b)]) == 20
+    loader.close()
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert "QueueFeederThread" not in left, left
