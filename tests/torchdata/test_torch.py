@@ -562,15 +562,16 @@ def test_close_leaves_no_task_queue_feeder_thread(
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("then", ["close", "iter"])
 def test_close_returns_when_a_dead_worker_held_the_task_queues_read_lock(
-    client: taskq.Client, url: str, job_name: str, tmp_path: Path
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, then: str
 ) -> None:
     """The worker of a stream job waits on the task queue for an append, holding the
     queue's read lock, and is SIGKILLed (as the OOM killer does): the lock stays taken.
     Five tasks appended then, each a 30 KiB chunk descriptor, are queued for it, more
-    than the queue's pipe holds, with nobody left to read them. ``close()`` returns (a
-    join of the queue's feeder thread would wait for ever on the full pipe) and gives
-    every task back."""
+    than the queue's pipe holds, with nobody left to read them. ``close()``, or a new
+    ``iter()``, returns (a join of the queue's feeder thread would wait for ever on the
+    full pipe), and every task is given back by the close."""
     client.create_job(job_name, write_jsonl(tmp_path, 1, 4), stream=True)
     loader = _loader(url, job_name, 1, batch_size=4)
     it = iter(loader)
@@ -584,9 +585,11 @@ def test_close_returns_when_a_dead_worker_held_the_task_queues_read_lock(
         chunk["pad"] = "x" * 30_000
     client.job(job_name).append(big)
     assert wait_until(lambda: it.feeder.held.count() >= 5, 30)
-    closing = threading.Thread(target=loader.close, daemon=True)
+    closing = threading.Thread(target=loader.close if then == "close" else lambda: iter(loader))
+    closing.daemon = True
     closing.start()
     closing.join(30)
-    assert not closing.is_alive(), "close() still waits on the task queue after 30 s"
+    assert not closing.is_alive(), f"{then}() still waits on the task queue after 30 s"
+    loader.close()
     st = client.status(job_name)
     assert (st.leased, st.todo + st.done) == (0, 6)
