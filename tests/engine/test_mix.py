@@ -1650,9 +1650,9 @@ def test_a_rewind_to_a_stopped_pass_replays_it_with_its_length(client):
 
 def test_inspect_of_a_position_past_the_stop_says_it_is_past_the_passs_end(url, client):
     """A stop pass (a of 2 tasks, b of 6, 0.5 / 0.5: a0 b0 a1, N = 8) has tasks 0-2:
-    ``job.task`` and ``taskq tasks show`` of positions 3-7, once the charge reached the
-    stop, say the pass ended there (one line, exit 1), as for a task past ``N``; its own
-    tasks answer as before, in this pass and the next."""
+    ``job.task``, ``taskq tasks show`` and ``job.revoke`` of positions 3-7, once the
+    charge reached the stop, say the pass ended there (one line, exit 1), as for a task
+    past ``N``; its own tasks answer as before, in this pass and the next."""
     tag = f"mx{next(_ids)}"
     names = _sources(client, {"a": 2, "b": 6}, tag)
     mix = f"{tag}-mix"
@@ -1668,6 +1668,8 @@ def test_inspect_of_a_position_past_the_stop_says_it_is_past_the_passs_end(url, 
                 job.task(k)
         with pytest.raises(taskq.InvalidInput, match="no task 8 "):
             job.task(8)
+        with pytest.raises(taskq.InvalidInput, match="no task 4 in pass 0: the pass"):
+            job.revoke(4)  # (it reads the task first)
         r = _cli(url, "tasks", "show", mix, "5")
         assert r.returncode == 1 and "Traceback" not in r.stderr
         line = one_error_line(r.stderr)
