@@ -351,7 +351,7 @@ def test_a_slot_migrating_mid_pass_is_a_pause_not_a_crash(
         f"CLI {answered}/{len(seen.cli)} answered"
     )
     print(said)
-    assert max(gap, moved_gap) <= took + GAP_MARGIN_S, said
+    assert max(gap, moved_gap) <= took + GAP_MARGIN_S, f"{said}\n{f.report()}"
     assert wait_until(lambda: all(p.poll() is not None for p in f.trainers), timeout=30), f.report()
     assert [p.returncode for p in f.trainers] == [0, 0, 0], f.report()
     assert f.reaper.alive() and f.exporter.poll() is None, f.report()
