@@ -27,6 +27,7 @@ from taskq.admin.stats_tasks import last_error as last_error
 from taskq.admin.stats_tasks import latest_of_type as latest_of_type
 from taskq.admin.stats_tasks import parse_lease as parse_lease
 from taskq.admin.stats_tasks import parse_tasks as parse_tasks
+from taskq.admin.stats_tasks import pass_length
 from taskq.admin.stats_tasks import task_detail as task_detail
 from taskq.admin.stats_tasks import task_histories as task_histories
 from taskq.data import task_size
@@ -114,12 +115,8 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
     older = [int(x) for x in reply[7]]
     oldest = reply[8]
     n = _int(meta, F.N, keys.meta)
-    if meta.get(F.SHUFFLE) == "m":
-        # a mixed pass that stopped (on_exhausted=stop) is as long as its charge says
-        # (meta mixe: the slot it ends before; lib/meta.lua tasks_n)
-        length = int(meta.get(F.MIXE) or -1) - _int(meta, F.PASS) * n
-        if 0 < length <= n:
-            n = length
+    if meta.get(F.SHUFFLE) == "m":  # a mixed pass that stopped is as long as its charge says
+        n = pass_length(n, _int(meta, F.PASS), meta.get(F.MIXE))
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")
