@@ -7,7 +7,9 @@ Prints "LEASED <id>" (flushed) when it gets a task; with --hold it then sleeps u
 signalled; with --ack-on-stdin it holds the task until a line arrives on stdin, acks it
 and prints "ACKED <id>" or "ACK REFUSED <error>", then leaves; each acked task is
 appended to --log as "<pass> <id> <token>" (with --stamp, then the wall-clock time of
-the ack's return).
+the ack's return), an ack refused (the trainer declared lost meanwhile) is printed as
+"ACK REFUSED <id>: <error>" and the loop goes on; "ENDED state=... draining=..." when
+the loop ends.
 """
 
 from __future__ import annotations
@@ -65,9 +67,18 @@ def main() -> int:
                     time.sleep(60)  # holds until killed
             time.sleep(a.sleep)  # the task's work (--sleep)
             if log and not task.revoked.is_set():
-                trainer.ack(task)  # explicit, so the log holds only counted acks
+                try:
+                    trainer.ack(task)  # explicit, so the log holds only counted acks
+                except taskq.LeaseLost as e:
+                    # declared lost meanwhile (silent past its ttl: a slot moving, a
+                    # paused master): the task went to another trainer; this one
+                    # re-registers and goes on, as the iterator does with its own acks
+                    print(f"ACK REFUSED {task.id}: {e}", flush=True)
+                    continue
                 stamp = f" {time.time():.3f}" if a.stamp else ""
                 log.write(f"{task.pass_no} {task.id} {task.token}{stamp}\n")
+        # why the loop ended, for a test that sees this process leave early
+        print(f"ENDED state={trainer.state} draining={trainer.draining}", flush=True)
     return 0
 
 

@@ -27,13 +27,14 @@ from taskq.admin.stats_tasks import last_error as last_error
 from taskq.admin.stats_tasks import latest_of_type as latest_of_type
 from taskq.admin.stats_tasks import parse_lease as parse_lease
 from taskq.admin.stats_tasks import parse_tasks as parse_tasks
+from taskq.admin.stats_tasks import pass_length
 from taskq.admin.stats_tasks import task_detail as task_detail
 from taskq.admin.stats_tasks import task_histories as task_histories
 from taskq.data import task_size
 from taskq.engine.connection import Connection
 from taskq.engine.contract import HIST_BOUNDS_MS, raise_for
 from taskq.keys import MetaField as F
-from taskq.mix import STRIDE, MixSpec
+from taskq.mix import MixSpec
 
 LEASE_AGE_BOUNDS_S = (1, 10, 60, 300, 1800)
 
@@ -114,14 +115,8 @@ def snapshot(conn: Connection, name: str, summaries: int = 20) -> Any:
     older = [int(x) for x in reply[7]]
     oldest = reply[8]
     n = _int(meta, F.N, keys.meta)
-    if meta.get(F.SHUFFLE) == "m":
-        # a mixed pass that stopped (on_exhausted=stop) is as long as its charge says
-        # (meta mixe: the slot it ends before; lib/meta.lua tasks_n)
-        length = int(meta.get(F.MIXE) or -1) - _int(meta, F.PASS) * n
-        if 0 < length <= n or (n == STRIDE and length == 0):  # (a stream's pass may be empty)
-            n = length
-        elif n == STRIDE:  # a stream source open: the positions charged so far
-            n = max(0, min(n, int(meta.get(F.MIXH) or 0) - _int(meta, F.PASS) * n))
+    if meta.get(F.SHUFFLE) == "m":  # a mixed pass that stopped, or a stream's: its charge says
+        n = pass_length(n, _int(meta, F.PASS), meta.get(F.MIXE), meta.get(F.MIXH))
     done = _int(meta, F.NDONE, keys.meta)
     leased = _int(meta, F.NLEASED, keys.meta)
     state = meta.get(F.STATE, "")

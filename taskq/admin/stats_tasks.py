@@ -16,6 +16,8 @@ from typing import Any
 from taskq import errors
 from taskq.admin.mix import task_fields
 from taskq.engine.connection import Connection
+from taskq.keys import MetaField as F
+from taskq.mix import STRIDE
 
 
 def parse_lease(record: str | None) -> dict[str, Any] | None:
@@ -178,6 +180,32 @@ def add_details(conn: Connection, name: str, rows: list[dict[str, Any]]) -> None
         row["last_error"] = last_error(histories[row["id"]])
 
 
+def pass_length(n: int, pass_no: int, mixe: str | None, mixh: str | None = None) -> int:
+    """The tasks of the current pass: ``n``, or a mixed pass's length where its charge
+    says (docs/mixing.md; the same rule as lib/meta.lua ``tasks_n``): where it reached a
+    source's run-out under ``on_exhausted="stop"``, or every source's with a stream source
+    (meta ``mixe``, the slot the pass ends before); while a stream source is open (``n``
+    is then the stride ``taskq.mix.STRIDE``), the positions charged so far (meta ``mixh``).
+    A ``mixe`` outside ``(pass_no * n, pass_no * n + n]`` (another pass's, or none) leaves
+    the pass ``n``, or a stream's the positions charged.
+
+    Args:
+        n: the job's tasks (a mixed job's slots per pass).
+        pass_no: the current pass.
+        mixe: meta ``mixe`` as stored, None when absent.
+        mixh: meta ``mixh`` as stored, None when absent (read only for a stream's pass).
+
+    Returns:
+        The number of tasks of the pass: ``0 < length <= n``; a stream's ``0 <= length``.
+    """
+    length = int(mixe or -1) - pass_no * n
+    if 0 < length <= n or (n == STRIDE and length == 0):  # (a stream's pass may be empty)
+        return length
+    if n == STRIDE:  # a stream source open: the positions charged so far
+        return max(0, min(n, int(mixh or 0) - pass_no * n))
+    return n
+
+
 def task_detail(conn: Connection, name: str, task_id: int, history: int = 20) -> dict[str, Any]:
     """One task: state, chunks, holder, failures, attempts, last error, recent events.
 
@@ -188,21 +216,30 @@ def task_detail(conn: Connection, name: str, task_id: int, history: int = 20) ->
     t = str(int(task_id))
     field = (task_fields(conn, name, [int(t)]) or [t])[0] or ""  # (a mixed job's slot)
     pipe = conn.redis.pipeline(transaction=False)
-    pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa"])
+    pipe.hmget(keys.meta, ["inc", "n", "round", "state", "pass", "maxf", "maxa", F.MIXE, F.MIXH])
     pipe.hget(keys.appended, "tasks")  # (the tasks appended: keys.APPENDED_FIELDS)
     pipe.hget(keys.chunks, field)
     pipe.sismember(keys.dead, t)
     pipe.getbit(keys.done, int(t))
     pipe.hget(keys.leases, t)
     pipe.hmget(keys.counts, [f"f:{t}", f"a:{t}", f"s:{t}"])
-    (inc, n, rnd, state, pass_no, maxf, maxa), appended, chunks, dead, done, record, counts = (
-        pipe.execute()
-    )
+    meta, appended, chunks, dead, done, record, counts = pipe.execute()
+    inc, n, rnd, state, pass_no, maxf, maxa, mixe, mixh = meta
     if inc is None:
         raise errors.JobNotFound(f"job {name!r} not found (deleted or replaced)")
     ntasks = int(n or 0) + int(appended or 0)
     if not 0 <= int(t) < ntasks:
         raise errors.InvalidInput(f"job {name}: no task {t} (its tasks are 0-{ntasks - 1})")
+    length = pass_length(ntasks, int(pass_no or 0), mixe, mixh)
+    if int(t) >= length:  # (a mixed pass that stopped: the positions after are no tasks)
+        raise errors.InvalidInput(
+            f"job {name}: no task {t} in pass {pass_no}: "
+            + (
+                f"the pass ended at the stop after {length} tasks (0-{length - 1})"
+                if int(ntasks) != STRIDE
+                else f"its stream's pass has {length} tasks so far"
+            )
+        )
     lease = parse_lease(record)
     held = bool(lease and lease["live"] and lease["round"] == int(rnd or 0) and state == "running")
     task_state = (

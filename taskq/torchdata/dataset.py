@@ -106,6 +106,25 @@ class Feed:
     #: end for a reader between batches (``InProcess``)
     here: InProcess | None = None
 
+    def retire(self) -> None:
+        """Close the task queue of a run of workers that is over (they were shut down):
+        what they left unread is drained, so the queue's feeder thread (in this process)
+        can flush the rest and end, and it is not joined. A worker that died holding the
+        queue's read lock (SIGKILL, or torch's terminate of one that did not stop) leaves
+        the drain nothing to read, and a join would then wait for ever on a pipe nobody
+        reads, full when what was queued outgrows it (torch's ``_shutdown_workers`` closes
+        its own queues so too). A ``queue.Queue`` (``num_workers=0``) has no thread."""
+        tasks = self.tasks
+        if not hasattr(tasks, "cancel_join_thread"):
+            return
+        try:
+            while True:
+                tasks.get_nowait()
+        except (queue.Empty, OSError, EOFError, ValueError):
+            pass
+        tasks.cancel_join_thread()
+        tasks.close()
+
 
 class InProcess:
     """The reader of a loader without worker processes, as its feeder thread sees it.

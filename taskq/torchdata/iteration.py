@@ -506,9 +506,7 @@ class TaskqIter:
                 feed.tasks, feed.ends, lambda: sum(feed.finished), dead_reading
             )
         )
-        # the dead worker may have held the old queue's read lock: nobody reads it again
-        old_feed.tasks.cancel_join_thread()
-        old_feed.tasks.close()
+        old_feed.retire()  # (the dead worker may have held its read lock)
         counts = self._counts()
         counts["worker_restarts"] += 1
         counts["tasks_given_back"] += given_back

@@ -429,8 +429,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 here=InProcess(),
             )
         elif fresh or self._feed is None:
-            if self._feed is not None and self._feed.tasks is not None:
-                _retire(self._feed.tasks)  # its feeder thread must not live through the fork
+            if self._feed is not None:
+                self._feed.retire()  # its feeder thread ends before the fork
             feed = self._worker_feed(self._iteration_no)
         else:
             feed = self._feed
@@ -621,12 +621,16 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def close(self) -> None:
         """End the current iteration (releasing what it holds, uncommitted tasks too,
-        leaving the job) and stop persistent workers. Idempotent."""
+        leaving the job), stop persistent workers and close the workers' task queue.
+        Idempotent."""
         self.end_current()
         it = self._iterator
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
+        if self._feed is not None:
+            self._feed.retire()  # its feeder thread, which would live through forks, ends
+            self._feed = self.dataset.feed = None  # type: ignore[attr-defined]
         if self._even is not None:
             self._even.close()
         client, self._status_client, self._job = self._status_client, None, None
@@ -638,17 +642,3 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _retire(tasks: Any) -> None:
-    """Close a past iteration's task queue and join its feeder thread (drained first, so
-    the thread never blocks on a full pipe whose readers are gone)."""
-    if not hasattr(tasks, "join_thread"):
-        return  # num_workers=0: a queue.Queue, no thread
-    try:
-        while True:
-            tasks.get_nowait()
-    except (queue.Empty, OSError, EOFError, ValueError):
-        pass
-    tasks.close()
-    tasks.join_thread()

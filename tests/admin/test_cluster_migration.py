@@ -206,29 +206,33 @@ class Observer:
 
 
 class Fleet:
-    """3 trainer processes of one job, ``taskq reaper`` and ``taskq exporter``."""
+    """3 trainer processes of one job, ``taskq reaper`` and ``taskq exporter``, each with
+    its stdout and stderr in a file of ``logs`` (``report`` shows their tails)."""
 
     def __init__(self, url: str, job: str, sharded: bool, logs: Path) -> None:
+        self.url, self.job, self.logs = url, job, logs
         self.log = logs / "acks.log"
         self.log.touch()
         script = "sharded_proc.py" if sharded else "trainer_proc.py"
         args = [sys.executable, str(ROOT / "tests" / script), url, job]
         args += ["--sleep", "0.01", "--log", str(self.log), "--stamp"]
-        self.stderr: dict[int, Path] = {}
-        self.trainers = [self._start(args, logs / f"trainer{i}.err") for i in range(3)]
+        #: name -> (process, its stdout file, its stderr file)
+        self.procs: dict[str, tuple[subprocess.Popen[bytes], Path, Path]] = {}
+        self.trainers = [self._start(f"trainer{i}", args) for i in range(3)]
         self.reaper = ReaperProc(url, interval=0.2, log_path=logs / "reaper.err")
-        self.stderr[self.reaper.proc.pid] = logs / "reaper.err"
+        self.procs["reaper"] = (self.reaper.proc, logs / "reaper.out", logs / "reaper.err")
         self.metrics_port = free_port()
         self.exporter = self._start(
+            "exporter",
             [*taskq_cmd(), "--url", url, "exporter", "--addr", LOOPBACK]
             + ["--port", str(self.metrics_port)],
-            logs / "exporter.err",
         )
 
-    def _start(self, args: list[str], stderr: Path) -> subprocess.Popen[bytes]:
-        with open(stderr, "wb") as err:
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
-        self.stderr[proc.pid] = stderr
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        out, err = self.logs / f"{name}.out", self.logs / f"{name}.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            proc = subprocess.Popen(args, stdout=stdout, stderr=stderr)
+        self.procs[name] = (proc, out, err)
         return proc
 
     def acks(self) -> list[tuple[int, int, float]]:
@@ -240,13 +244,29 @@ class Fleet:
         return out
 
     def running(self) -> list[str]:
-        """What exited (with its stderr's tail); [] while all run."""
-        gone = []
-        for proc in [*self.trainers, self.exporter, self.reaper.proc]:
-            if proc.poll() is not None:
-                tail = self.stderr[proc.pid].read_text()[-2000:]
-                gone.append(f"{proc.args} exited {proc.returncode}: {tail}")
-        return gone
+        """The names of the processes that exited; [] while all run."""
+        return [name for name, (proc, _, _) in self.procs.items() if proc.poll() is not None]
+
+    def report(self) -> str:
+        """What a failure needs to be understood: the acks logged, each process's exit
+        code (or that it runs) with the tails of its stdout and stderr, and the job's
+        status as ``taskq job status`` prints it."""
+        lines = [f"{len(self.acks())} of {TASKS} acks logged"]
+        for name, (proc, out, err) in self.procs.items():
+            code = proc.poll()
+            lines.append(
+                f"--- {name} (pid {proc.pid}): " + ("running" if code is None else f"exited {code}")
+            )
+            for what, path in (("stdout", out), ("stderr", err)):
+                text = path.read_text(errors="replace") if path.exists() else ""
+                tail = text.splitlines()[-12:]
+                lines += [f"  {what}: {line}" for line in tail] or [f"  {what}: (empty)"]
+        try:
+            status = run_cli(self.url, "job", "status", self.job, timeout=30)
+            lines += ["--- taskq job status", status.stdout.rstrip(), status.stderr.rstrip()]
+        except subprocess.TimeoutExpired:
+            lines.append("--- taskq job status: no answer in 30 s")
+        return "\n".join(lines)
 
     def stop(self) -> None:
         for proc in [*self.trainers, self.exporter]:
@@ -305,33 +325,36 @@ def test_a_slot_migrating_mid_pass_is_a_pause_not_a_crash(
     client = taskq.connect(cluster.url)
     client.create_job(job, [{"i": i} for i in range(TASKS)], shards=3 if sharded else 1)
     f = fleet(cluster.url, job, sharded)
-    assert wait_until(lambda: len(f.acks()) >= TASKS // 5 or f.running(), timeout=60)
-    assert not f.running()
+    assert wait_until(lambda: len(f.acks()) >= TASKS // 5 or f.running(), timeout=60), f.report()
+    assert not f.running(), f.report()
     with Observer(cluster.url, job, f.metrics_port) as seen:
         assert wait_until(lambda: seen.cli and seen.scrapes, timeout=30)
         move = move_by_hand if how == "by-hand" else move_by_reshard
         began = time.time()
         took = move(cluster, slot, cluster.spare.port, seen.burst)
         during = len(f.acks())
-        assert not f.running()
+        assert not f.running(), f"{f.report()}\n(at the end of the move, {took:.2f} s)"
     seen.check()
     assert during < TASKS, "the pass ended before the move did: not mid-pass"
-    assert wait_until(lambda: len(f.acks()) >= TASKS or f.running(), timeout=120)
+    finished = wait_until(lambda: len(f.acks()) >= TASKS or f.running(), timeout=120)
+    # trainers leave once the pass is complete: only an exit before it is one too early
+    assert finished and len(f.acks()) >= TASKS, f"{f.report()}\n(the move took {took:.2f} s)"
     acks = f.acks()
-    assert sorted((p, t) for p, t, _ in acks) == [(0, t) for t in range(TASKS)]
+    assert sorted((p, t) for p, t, _ in acks) == [(0, t) for t in range(TASKS)], f.report()
     gap, at = longest_gap([at for _, _, at in acks])
     # the moved shard's own acks (global task i is in shard i % 3)
     moved_gap, _ = longest_gap([at for _, t, at in acks if not sharded or t % 3 == shard])
     answered = sum(code == 0 for _, code, _, _ in seen.cli)
-    print(
+    said = (
         f"{how}, {'sharded' if sharded else 'plain'}: move {took:.2f} s, longest gap "
         f"{gap:.2f} s ({at - began:+.2f} s into it), {moved_gap:.2f} s on the moved slot; "
         f"CLI {answered}/{len(seen.cli)} answered"
     )
-    assert max(gap, moved_gap) <= took + GAP_MARGIN_S
-    assert wait_until(lambda: all(p.poll() is not None for p in f.trainers), timeout=30)
-    assert [p.returncode for p in f.trainers] == [0, 0, 0]
-    assert f.reaper.alive() and f.exporter.poll() is None
+    print(said)
+    assert max(gap, moved_gap) <= took + GAP_MARGIN_S, f"{said}\n{f.report()}"
+    assert wait_until(lambda: all(p.poll() is not None for p in f.trainers), timeout=30), f.report()
+    assert [p.returncode for p in f.trainers] == [0, 0, 0], f.report()
+    assert f.reaper.alive() and f.exporter.poll() is None, f.report()
 
 
 def test_a_move_stuck_half_way_is_one_line_everywhere_until_it_is_finished(

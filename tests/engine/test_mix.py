@@ -1507,7 +1507,7 @@ while true do
           tc[i] = t[i]
           if every then tc[i] = R.cycle_task(life[i] + t[i], n[i]) end
         end
-        best = R.choose_by_samples(w, c, tc, o, size_of, msamp)
+        best = R.choose_by_samples(w, c, tc, o, size_of, msamp, {})
       else
         best = R.choose(ch, act, mseg + 1)
       end
@@ -1965,6 +1965,38 @@ def test_a_rewind_to_a_stopped_pass_replays_it_with_its_length(client):
     with taskq.Trainer(mix, client=client) as t:
         assert _lease_ack(t, 2) == [(a, 1), (a, 0)]
         assert client.status(mix).pass_no == 1
+
+
+def test_inspect_of_a_position_past_the_stop_says_it_is_past_the_passs_end(url, client):
+    """A stop pass (a of 2 tasks, b of 6, 0.5 / 0.5: a0 b0 a1, N = 8) has tasks 0-2:
+    ``job.task``, ``taskq tasks show`` and ``job.revoke`` of positions 3-7, once the
+    charge reached the stop, say the pass ended there (one line, exit 1), as for a task
+    past ``N``; its own tasks answer as before, in this pass and the next."""
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 2, "b": 6}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.5}, on_exhausted="stop", passes=2)
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        assert _lease_ack(t, 1) == [(names["a"], 0)]  # (the charge reached the stop)
+        assert client.status(mix).tasks == 3
+        assert [job.task(k)["state"] for k in range(3)] == ["done", "todo", "todo"]
+        assert job.task(0)["chunks"] == [{"src": "a", "i": 0}]
+        for k in (3, 7):
+            with pytest.raises(taskq.InvalidInput, match=f"no task {k} in pass 0: the pass"):
+                job.task(k)
+        with pytest.raises(taskq.InvalidInput, match="no task 8 "):
+            job.task(8)
+        with pytest.raises(taskq.InvalidInput, match="no task 4 in pass 0: the pass"):
+            job.revoke(4)  # (it reads the task first)
+        r = _cli(url, "tasks", "show", mix, "5")
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        line = one_error_line(r.stderr)
+        assert "no task 5 in pass 0: the pass ended at the stop after 3 tasks (0-2)" in line
+        assert _lease_ack(t, 3) == [(names["b"], 0), (names["a"], 1), (names["a"], 0)]
+        assert job.task(0)["state"] == "done" and job.task(1)["state"] == "todo"
+        with pytest.raises(taskq.InvalidInput, match="no task 3 in pass 1: the pass"):
+            job.task(3)
 
 
 def test_cli_creates_a_cycle_job_and_says_each_source_pass(url, client):

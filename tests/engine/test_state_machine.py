@@ -418,7 +418,12 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.cancelled)
     @rule(task_id=st.integers(0, N_TASKS - 1))
     def revoke(self, task_id: int) -> None:
-        self.client.revoke(self.job, task_id)
+        try:
+            self.client.revoke(self.job, task_id)
+        except taskq.InvalidInput as e:
+            # a stopped mixed pass's positions past its end are no tasks of the pass
+            assert "the pass ended at the stop" in str(e), e
+            assert task_id >= self.client.status(self.job, summaries=0).tasks
 
     @precondition(lambda self: not self.cancelled)
     @rule(force=st.booleans())

@@ -539,3 +539,57 @@ def test_a_splitting_job_whose_chunks_say_no_size_is_told_once(
     with _loader(url, sized_job, 0) as loader:
         assert len([r for b in loader for r in rows_of(b)]) == 15
     assert not [r for r in caplog.records if "say no size" in r.getMessage()]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_leaves_no_task_queue_feeder_thread(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, persistent: bool
+) -> None:
+    """The task queue to the workers is a multiprocessing queue whose feeder thread lives in
+    the training process; ``close()`` closes it, and the thread ends (one alive at the
+    next fork, e.g. the next loader's workers, can leave its lock held in the child)."""
+    make_job(client, job_name, write_jsonl(tmp_path, 4, 5))
+    before = {t.ident for t in threading.enumerate()}
+    extra = {"persistent_workers": True} if persistent else {}
+    loader = _loader(url, job_name, 2, **extra)
+    assert len([r for b in loader for r in rows_of(b)]) == 20
+    loader.close()
+
+    def left() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+
+    assert wait_until(lambda: "QueueFeederThread" not in left(), 10), left()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("then", ["close", "iter"])
+def test_close_returns_when_a_dead_worker_held_the_task_queues_read_lock(
+    client: taskq.Client, url: str, job_name: str, tmp_path: Path, then: str
+) -> None:
+    """The worker of a stream job waits on the task queue for an append, holding the
+    queue's read lock, and is SIGKILLed (as the OOM killer does): the lock stays taken.
+    Five tasks appended then, each a 30 KiB chunk descriptor, are queued for it, more
+    than the queue's pipe holds, with nobody left to read them. ``close()``, or a new
+    ``iter()``, returns (a join of the queue's feeder thread would wait for ever on the
+    full pipe), and every task is given back by the close."""
+    client.create_job(job_name, write_jsonl(tmp_path, 1, 4), stream=True)
+    loader = _loader(url, job_name, 1, batch_size=4)
+    it = iter(loader)
+    assert len(rows_of(next(it))) == 4
+    # task 0 read to its end (counted as its reader goes back to the queue for the next)
+    assert wait_until(lambda: sum(it.feed.finished) == 1, 10)
+    worker = it.worker_pids[0]
+    os.kill(worker, signal.SIGKILL)
+    big = write_jsonl(tmp_path / "big", 5, 4)
+    for chunk in big:
+        chunk["pad"] = "x" * 30_000
+    client.job(job_name).append(big)
+    assert wait_until(lambda: it.feeder.held.count() >= 5, 30)
+    closing = threading.Thread(target=loader.close if then == "close" else lambda: iter(loader))
+    closing.daemon = True
+    closing.start()
+    closing.join(30)
+    assert not closing.is_alive(), f"{then}() still waits on the task queue after 30 s"
+    loader.close()
+    st = client.status(job_name)
+    assert (st.leased, st.todo + st.done) == (0, 6)

@@ -246,7 +246,7 @@ local function charge_page(st, upto)
   end
   st.raw = nil
   local out, act, w, d, ch = {}, nil, nil, 0, nil
-  local size_of, m_samples = nil, 0
+  local size_of, m_samples, sz = nil, 0, {}  -- (sz: choose_by_samples' next sizes)
   if by_samples() then
     size_of = sizes_reader(kc('mixsz'), STRIDE)
     for i = 1, k do m_samples = m_samples + c[i] end
@@ -275,7 +275,7 @@ local function charge_page(st, upto)
       best = tonum(ssub(kept, at + 1, at + 2), 16) + 1
     elseif size_of then
       if not act then act, w = segment(t, n, st.w, cyc) end
-      best = choose_by_samples(w, c, nt, o, size_of, m_samples)
+      best = choose_by_samples(w, c, nt, o, size_of, m_samples, sz)
     else
       if not act then
         act, w, d = segment(t, n, st.w, cyc)
@@ -285,7 +285,9 @@ local function charge_page(st, upto)
     end
     local task = nt[best]
     local step = 1
-    if size_of then step = size_of(o[best] + task); m_samples = m_samples + step end
+    if size_of then  -- (sz forgets best's next size: its next task is another now)
+      step, sz[best] = sz[best] or size_of(o[best] + task), nil; m_samples = m_samples + step
+    end
     local tb, cb = t[best] + 1, c[best] + step
     t[best], c[best] = tb, cb
     if cyc then nt[best] = cycle_task(st.l[best] + tb, n[best]) end

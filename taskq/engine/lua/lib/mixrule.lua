@@ -223,13 +223,11 @@ end
 -- When the weights count samples: a reader of the copies' sizes kept in hash `key` (a
 -- mixed job's 'mixsz': field "<source>:<block>", '>I4' each for the source's tasks 256 *
 -- block ..), by copy id (source * stride + task); a block of 256 read at once (the blocks
--- a page touches: two a source at most).
+-- a page touches: two a source at most). (The charge asks once a source's next task:
+-- lib/mix.lua keeps each source's next size until the source moves on.)
 local function sizes_reader(key, stride)
   local blocks = {}  -- (by the block's first copy id: a number, no string made per read)
-  local known = {}  -- (the rule reads every source's next task each slot: unpacked once)
   return function(id)
-    local v = known[id]
-    if v then return v end
     local at = id % 256
     local first = id - at
     local blk = blocks[first]
@@ -238,9 +236,7 @@ local function sizes_reader(key, stride)
       blk = rcall('HGET', key, sformat('%d:%d', (first - j) / stride, j / 256)) or ''
       blocks[first] = blk
     end
-    v = sunpack('>I4', blk, at * 4 + 1)
-    known[id] = v
-    return v
+    return (sunpack('>I4', blk, at * 4 + 1))
   end
 end
 
@@ -248,13 +244,16 @@ end
 -- same comparisons so the same floats decide): among the sources not ahead (c_i <= w_i *
 -- M, c_i its samples in the segment, M all of them), the one whose next task (task id
 -- o_i + t_i) ends first, (c_i + s_i) / w_i, the lowest index on a tie; none not ahead: the
--- earliest end of all. A scan: O(k) a slot.
-local function choose_by_samples(w, c, t, o, size_of, m_samples)
+-- earliest end of all. A scan: O(k) a slot. `s`: each source's next task's size as read
+-- so far (nil: not yet: read here and kept; the caller forgets a source's when it moves).
+local function choose_by_samples(w, c, t, o, size_of, m_samples, s)
   local best, anyone, best_f, any_f = nil, nil, 0, 0
   for i = 1, #w do
     local wi = w[i]
     if wi > 0 then
-      local f = (c[i] + size_of(o[i] + t[i])) / wi
+      local si = s[i]
+      if not si then si = size_of(o[i] + t[i]); s[i] = si end
+      local f = (c[i] + si) / wi
       if c[i] <= wi * m_samples and (not best or f < best_f) then best, best_f = i, f end
       if not anyone or f < any_f then anyone, any_f = i, f end
     end
