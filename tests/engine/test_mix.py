@@ -791,6 +791,61 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
     assert client.status(mix).state == "completed"
 
 
+@pytest.mark.parametrize(
+    ("streams", "weights", "sealed", "changed", "then", "want"),
+    [
+        # the stream sealed empty after the change weighs 0 from slot 0: f0 takes it
+        ([0], ["0", "0.5"], [], ["1", "0"], [0], "f0"),
+        # the sealed empty stream weighs 0 from slot 0: the other stream's slot waits
+        ([0, 0], ["0", "0.5", "0"], [0], ["0", "0", "1"], [], "wait"),
+        # the sealed empty stream weighs 1 from slot 0: it ran out, the pass stops
+        ([0, 0], ["0", "0", "0.5"], [0], ["0", "1", "1"], [], "stop"),
+        ([0, 0], ["0", "0", "0.5"], [0], ["0", "1", "0"], [], "stop"),
+    ],
+)
+def test_a_weight_change_at_a_waiting_first_slot_holds_from_the_pass_start(
+    client, streams, weights, sealed, changed, then, want
+):
+    # on_exhausted=stop, max_debt 0: the pass's first slot waits on an empty stream (its
+    # state made, nothing charged); weights set then hold from slot 0, so a source run out
+    # at slot 0 (sealed empty, before or after the change) stops the pass by the new
+    # weights, as plan_pass weighs it (the draws hypothesis found in
+    # test_engine_feeds_stream_sources_as_the_reference).
+    tag = f"mx{next(_ids)}"
+    client.create_job(f"{tag}-f0", [{"s": f"{tag}-f0", "i": 0}])
+    sources = [f"{tag}-f0"]
+    for i, n in enumerate(streams):
+        sources.append(f"{tag}-s{i}")
+        client.create_job(sources[-1], [{"i": j} for j in range(n)], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix=dict(zip(sources, map(float, weights), strict=True)),
+        on_exhausted="stop",
+        max_debt=0,
+    )
+    with taskq.Trainer(mix, client=client) as t:
+        assert t.lease(timeout=0) is None
+        assert _check_fed(client, mix, 0).end == "wait"
+        for i in sealed:
+            client.job(mix).seal(feed=f"{tag}-s{i}")
+        assert client.job(mix).set_weights(dict(zip(sources, changed, strict=True))) == 0
+        for i in then:
+            client.job(mix).seal(feed=f"{tag}-s{i}")
+        try:
+            task = t.lease(timeout=0)
+        except taskq.JobCompleted:  # (stop: the one pass ended)
+            task = None
+        plan = _check_fed(client, mix, 0)
+        got = [] if task is None else [(task.source, task.chunks[0]["i"])]
+        assert got == _engine(client, mix, 0)
+        if want == "f0":
+            assert got == [(f"{tag}-f0", 0)] and plan.slots[0].source == 0
+        else:
+            assert got == [] and plan.end == want and plan.slots == []
+            assert (client.status(mix).state == "completed") == (want == "stop")
+
+
 def test_a_trainer_waiting_on_a_starving_stream_is_woken_by_its_feed(client):
     # max_debt 0 (wait): the first slot the rule gives the empty stream waits; the trainer
     # blocked in its lease gets the slot as soon as the feed appends (no polling), and a

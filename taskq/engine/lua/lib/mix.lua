@@ -367,6 +367,11 @@ local function mix_set(ws, at)
       -- (the store seen past `at` is logged again by the charge that reaches `at`)
       if back.fs then rcall('ZREMRANGEBYSCORE', kc('mixfeed'), '(' .. fmt(at), '+inf') end
       if st.rs == 2 then mput(F.MIXE, -1) end  -- (the stop, past `at`, is charged again)
+    elseif st.h == 0 and at == base then
+      -- nothing of the pass charged (its first slot waits on a stream source): the change
+      -- holds from the pass's start, the state's weights as fresh_state reads them (a
+      -- run-out at the first slot weighs the source with them, taskq/mix.py plan_pass)
+      st.w, st.nx, st.rs, st.raw = numbers(tconcat(ws, ',')), next_change(at), 1, nil
     elseif st.nx < 0 or at < st.nx then
       st.nx, st.raw = at, nil
     end
