@@ -846,6 +846,47 @@ def test_a_weight_change_at_a_waiting_first_slot_holds_from_the_pass_start(
             assert (client.status(mix).state == "completed") == (want == "stop")
 
 
+def test_a_rewind_to_an_earlier_pass_with_a_stream_source_reads_that_pass_length(client):
+    # A stream source open: a pass's length is what its charge reached ('mixh'). Pass 0
+    # leased to its wait, a checkpoint in it, pass 1 forced on and charged; the rewind to
+    # pass 0 makes the schedule's state pass 0's at once, so status says pass 0's length
+    # (read from pass 1's reach, it said 2^32 until a lease switched the state), and the
+    # replay is pass 0's slots.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 2}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix, mix={names["web"]: 0.5, news: 0.5}, max_debt=0, passes=3, auto_advance=False
+    )
+    with taskq.Trainer(mix, client=client) as t:
+        first = [t.lease(timeout=0)]
+        t.ack(first[0])
+        ckpt = client.job(mix).checkpoint()
+        while (task := t.lease(timeout=0)) is not None:
+            first.append(task)
+            t.ack(task)
+    charged = len(_check_fed(client, mix, 0).slots)
+    assert client.status(mix).tasks == charged == len(first) == 3
+    client.next_pass(mix, force=True)
+    with taskq.Trainer(mix, client=client) as t:
+        task = t.lease(timeout=0)
+        assert task is not None and task.pass_no == 1
+    assert client.status(mix).tasks == 3
+    assert client.job(mix).rewind(ckpt)
+    status = client.status(mix)
+    assert (status.pass_no, status.tasks) == (0, charged)
+    with taskq.Trainer(mix, client=client) as t:
+        again = []
+        while (task := t.lease(timeout=0)) is not None:
+            again.append((task.pass_no, task.source, task.chunks[0]["i"]))
+            t.ack(task)
+    assert again == [(0, x.source, x.chunks[0]["i"]) for x in first[1:]]
+    assert client.status(mix).tasks == charged
+    _check_fed(client, mix, 0)
+
+
 def test_a_trainer_waiting_on_a_starving_stream_is_woken_by_its_feed(client):
     # max_debt 0 (wait): the first slot the rule gives the empty stream waits; the trainer
     # blocked in its lease gets the slot as soon as the feed appends (no polling), and a

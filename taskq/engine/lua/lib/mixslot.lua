@@ -121,19 +121,20 @@ local function mix_kept(p, upto)
   return stored(p, upto - 1) ~= nil
 end
 
--- on_exhausted=stop, a rewind to pass p: meta 'mixe' made pass p's (its state's, current or
--- kept: the slot it ends before when its charge reached the stop), so its length holds
--- before a lease charges it again (the state itself changes pass at that charge).
+-- A rewind to pass p: the schedule's state made pass p's (switch_to: its saved state when
+-- kept, else a fresh one; later passes' sequences go, as at the lease that would switch
+-- it), so the meta's 'mixh', 'mixd' and 'mixe' are pass p's before a lease charges it
+-- again (tasks_n reads the pass's length from them: a stream source's pass is what its
+-- charge reached, a stop pass ends at 'mixe').
 local function mix_rewound(p)
   local st = read_state()
   if not st then return end
-  local rs, h = st.rs, st.h
   if st.p ~= p then
-    local saved = lib.mix.is_kept(st, p) and lib.mix.saved_state(p, st.kp)
-    if not saved then return end
-    rs, h = saved.rs, saved.h
+    switch_to(p)
+  else
+    mput(F.MIXE, st.rs == 2 and p * mnum(F.N) + st.h or -1)
   end
-  mput(F.MIXE, rs == 2 and p * mnum(F.N) + h or -1)
+  lib.mix.mix_flush()
 end
 
 return {mix_kept = mix_kept, mix_rewound = mix_rewound, mix_front = mix_front,
