@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from support import ENTRY_POINT, ROOT, wait_until
-from test_mix import _cli, _lease_ack, _reference, _sources
+from test_mix import _cli, _fed_reference, _lease_ack, _reference, _sources
 
 import taskq
-from taskq.admin.mix import spec_of
+from taskq.admin.mix import feed_log, spec_of
 from taskq.mix import pass_schedule, plan_pass
 
 _ids = itertools.count()
@@ -137,25 +137,32 @@ def test_three_processes_a_kill_and_a_weight_change_give_one_trainers_sequence(
     assert seq_one[100:] == [(str(s).rsplit("-", 1)[1], j) for s, j in first + rest]
 
 
-def _work(url: str, job: str, tmp_path: Path, row: str) -> tuple[Any, list[Any]]:
-    """``taskq work JOB`` (a real CLI process, one CMD run per task) whose CMD writes
-    ``row`` (a Python expression of ``task``, the task JSON, and ``os``) as a JSON line;
-    the finished process and the rows in the order the runs wrote them."""
-    out = tmp_path / "runs.jsonl"
+def _work_command(url: str, job: str, out: Path, row: str) -> list[str]:
+    """``taskq work JOB`` (one CMD run per task) whose CMD appends ``row`` (a Python
+    expression of ``task``, the task JSON, and ``os``) to ``out`` as a JSON line."""
     script = (
         "import json, os, sys\n"
         "task = json.load(sys.stdin)\n"
         f"with open({str(out)!r}, 'a') as f:\n"
         f"    f.write(json.dumps({row}) + '\\n')\n"
     )
+    return [ENTRY_POINT, "--url", url, "work", job, "--", sys.executable, "-c", script]
+
+
+def _runs(out: Path) -> list[Any]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def _work(url: str, job: str, tmp_path: Path, row: str) -> tuple[Any, list[Any]]:
+    """``taskq work JOB`` (a real CLI process, one CMD run per task) whose CMD writes
+    ``row`` as a JSON line (``_work_command``); the finished process and the rows in the
+    order the runs wrote them."""
+    out = tmp_path / "runs.jsonl"
     r = subprocess.run(
-        [ENTRY_POINT, "--url", url, "work", job, "--", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        _work_command(url, job, out, row), capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stderr
-    return r, [json.loads(line) for line in out.read_text().splitlines()]
+    return r, _runs(out)
 
 
 def test_taskq_work_over_a_mixed_job_takes_every_task_once_and_names_its_source(
@@ -272,4 +279,68 @@ def test_taskq_work_over_a_stop_job_ends_each_pass_at_the_stop(url, client, tmp_
     ]
     assert [(t["pass"], t["id"], t["source"], t["chunks"][0]["i"]) for t in runs] == want
     assert [t["chunks"][0]["src"] for t in runs].count("books") == 4  # its 2 tasks a pass
+    assert client.status(mix).state == "completed"
+
+
+def test_taskq_work_over_a_mixed_job_fed_by_a_producer_takes_every_row_once(url, client, tmp_path):
+    """An open stream source fed by producer processes (``taskq job append --feed``,
+    ``taskq job seal --feed``) while ``taskq work`` (a real CLI process) runs the mixed job:
+    the worker waits on the starving stream, takes each batch as it is fed, and ends with
+    the pass once the feed is sealed and drained; every row once, in the reference's
+    order from the engine's feed log (``plan_pass(..., feed=...)``)."""
+    tag = f"mxf{next(_ids)}"
+    names = _sources(client, {"web": 8}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["web"]: 0.5, news: 0.5}, max_debt=1)
+    out = tmp_path / "runs.jsonl"
+    worker = subprocess.Popen(
+        _work_command(url, mix, out, "task"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def caught_up() -> bool:
+        # the charge saw every row fed, every slot it charged ran, and the next one waits
+        # on the stream
+        feed = feed_log(client.connection, mix)
+        seen = max(feed, key=lambda f: f.slot).tasks if feed else 1
+        plan = plan_pass(spec_of(client.connection, mix), [], 0, feed=feed, first_slot=0)
+        return seen == fed and len(_runs(out)) == len(plan.slots) and plan.end == "wait"
+
+    def produce(verb: str, *args: str, feed: str | None = None) -> None:
+        r = subprocess.run(
+            [ENTRY_POINT, "--url", url, "job", verb, mix, "--feed", news, *args],
+            input=feed,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+
+    fed = 1
+    try:
+        for batch in (2, 3):
+            assert wait_until(caught_up, timeout=60)
+            assert worker.poll() is None  # (waiting on the stream, not ended)
+            rows = [{"src": "news", "i": fed + j} for j in range(batch)]
+            produce("append", "-", feed="".join(json.dumps(r) + "\n" for r in rows))
+            fed += batch
+        assert wait_until(caught_up, timeout=60)
+        produce("seal")
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    runs = _runs(out)
+    got = [(t["source"], t["chunks"][0]["i"]) for t in runs]
+    assert got == _fed_reference(client, mix)
+    assert sorted(got) == sorted(
+        [(names["web"], i) for i in range(8)] + [(news, i) for i in range(fed)]
+    )
+    assert [t["id"] for t in runs] == list(range(len(runs)))
     assert client.status(mix).state == "completed"
