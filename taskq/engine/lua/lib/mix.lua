@@ -16,9 +16,8 @@
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- lib/mixrule.lua state_format; "s0" the same at the last page's start; ":<p>" as pass p
--- was left);
--- 'mixsz' the copies' sizes in samples when the weights count them (a hash: field
--- "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
+-- was left); 'mixsz' the copies' sizes in samples when the weights count them (a hash:
+-- field "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
 -- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
 -- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
 local rcall, tonum, smatch, ssub, sformat, tconcat, lipairs =
@@ -367,10 +366,7 @@ local function mix_set(ws, at)
       -- (the store seen past `at` is logged again by the charge that reaches `at`)
       if back.fs then rcall('ZREMRANGEBYSCORE', kc('mixfeed'), '(' .. fmt(at), '+inf') end
       if st.rs == 2 then mput(F.MIXE, -1) end  -- (the stop, past `at`, is charged again)
-    elseif st.h == 0 and at == base then
-      -- nothing of the pass charged (its first slot waits on a stream source): the change
-      -- holds from the pass's start, the state's weights as fresh_state reads them (a
-      -- run-out at the first slot weighs the source with them, taskq/mix.py plan_pass)
+    elseif st.h == 0 and at == base then  -- (nothing charged: from the start, fresh_state's)
       st.w, st.nx, st.rs, st.raw = numbers(tconcat(ws, ',')), next_change(at), 1, nil
     elseif st.nx < 0 or at < st.nx then
       st.nx, st.raw = at, nil
