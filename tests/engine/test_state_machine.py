@@ -421,8 +421,9 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             self.client.revoke(self.job, task_id)
         except taskq.InvalidInput as e:
-            # a stopped mixed pass's positions past its end are no tasks of the pass
-            assert "the pass ended at the stop" in str(e), e
+            # a stopped mixed pass's positions past its end are no tasks of the pass, nor
+            # are a stream source's pass's positions not charged yet
+            assert "the pass ended at the stop" in str(e) or "tasks so far" in str(e), e
             assert task_id >= self.client.status(self.job, summaries=0).tasks
 
     @precondition(lambda self: not self.cancelled)
@@ -1457,6 +1458,8 @@ class StreamMixedMachine(MixedMachine):
     def feed(self, k: int, resend: bool) -> None:
         """Tasks fed to the stream source (ids: a resend of the last one is skipped); once
         its feed is sealed, or the job ended, refused with nothing written."""
+        if sum(self.SIZES[:2]) + self.fed + k > MAX_TASKS:
+            return  # (the machine's positions stay below MAX_TASKS, as the appends')
         job, src = self.client.job(self.job), self.sources[2]
         ids = [f"f{self.fed + j}" for j in range(k)]
         if resend and self.fed > 1:
@@ -1499,11 +1502,6 @@ class StreamMixedMachine(MixedMachine):
 StreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 
 
-@pytest.mark.skip(
-    reason="known bug: after a rewind to an earlier kept pass of a mixed job with a stream "
-    "source, lib/meta.lua tasks_n reads the later pass's mixh (2^32 tasks) until a lease "
-    "switches the state, and the machine's model loops over range(tasks) (docs/mixing.md)"
-)
 def test_engine_state_machine_on_a_stream_mixed_job(sm_url):
     StreamMixedMachine.url = sm_url
     StreamMixedMachine.TestCase("runTest").runTest()
