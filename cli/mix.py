@@ -85,6 +85,10 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.pass_context
 def export(ctx: click.Context, name: str, pass_no: int | None) -> None:
     """Mixed job NAME's charged slots of a pass, one JSON line each: slot, pass,
-    position, source, source_task, task."""
-    for row in client_of(ctx).job(name).mix_sequence(pass_no):
+    position, source, source_task, task. A trimmed mix (fed by an open stream source)
+    starts at its watermark, and says `# trimmed below slot S` on stderr first."""
+    rows = client_of(ctx).job(name).mix_sequence(pass_no)
+    if rows and rows[0]["position"] > 0:
+        click.echo(f"# trimmed below slot {rows[0]['slot']}", err=True)
+    for row in rows:
         click.echo(json.dumps(row, sort_keys=True))

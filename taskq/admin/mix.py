@@ -246,8 +246,10 @@ def stores(conn: Connection, name: str, spec: MixSpec) -> list[int]:
 
 
 def copies(conn: Connection, name: str) -> int:
-    """The copies mixed job ``name`` holds (its chunks hash's fields: ``stores``)."""
-    return sum(stores(conn, name, spec_of(conn, name)))
+    """The copies mixed job ``name`` holds (its chunks hash's fields): ``stores``, but for
+    those a trim dropped (each source's trimmed acked positions, ``_trim``)."""
+    spec = spec_of(conn, name)
+    return sum(stores(conn, name, spec)) - sum(_trim(conn, name, spec)[1])
 
 
 def feed_log(conn: Connection, name: str) -> list[Feed]:
@@ -290,6 +292,36 @@ def _stored(conn: Connection, name: str, pass_no: int, start: int, end: int) -> 
             raw = conn.redis.getrange(key, ENTRY * at, ENTRY * upto - 1)
         out.extend(raw[ENTRY * k : ENTRY * k + ENTRY] for k in range(upto - at))
     return out
+
+
+def _trim(conn: Connection, name: str, spec: MixSpec) -> tuple[int, list[int], list[int]]:
+    """What the trim of mixed job ``name`` left (docs/mixing.md, "Trim"; only a mix fed by
+    an open stream source, in its last pass, is trimmed): its watermark (the positions of
+    the current pass below it have no copy any more), each source's acked positions trimmed
+    (the ``mix`` hash's ``ta:<i>``, engine/lua/lib/mixtrim.lua) and the positions below the
+    watermark set aside (dead or held by a checkpoint: their copies are kept; at most
+    ``ASIDE_MAX``)."""
+    if not any(spec.streams):
+        return 0, [0] * len(spec.sources), []
+    keys = conn.keys(name)
+    with translate(conn.url):
+        pipe = conn.redis.pipeline(transaction=False)
+        pipe.hget(keys.meta, F.TRIM_W)
+        pipe.hmget(keys.mix, [f"ta:{i}" for i in range(len(spec.sources))])
+        pipe.zrange(keys.aside, 0, -1)
+        w, ta, aside = pipe.execute()
+    w = int(w or 0)
+    return w, [int(c or 0) for c in ta], [int(t) for t in aside if int(t) < w]
+
+
+def _copies_at(conn: Connection, name: str, pass_no: int, positions: list[int]) -> list[str]:
+    """The copy ids stored at ``positions`` of pass ``pass_no`` (one round trip)."""
+    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    with translate(conn.url):
+        pipe = conn.redis.pipeline(transaction=False)
+        for t in positions:
+            pipe.getrange(key, ENTRY * t, ENTRY * t + ENTRY - 1)
+        return pipe.execute() if positions else []
 
 
 def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str, Any] | None:
@@ -357,7 +389,9 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     (``task`` the mixed job's task, which is the position; ``source_task`` the task's id in
     the source job; ``source_pass`` the source's pass it is of: the mixed pass, or under
     ``cycle`` the source's slot over the job's life div its tasks). A pass whose sequence
-    is no longer kept (docs/mixing.md: the last 3) has none.
+    is no longer kept (docs/mixing.md: the last 3) has none. A mix fed by an open stream
+    source that was trimmed: the current pass's rows start at the watermark (the positions
+    below it are done and their copies gone; ``taskq mix export`` says where on stderr).
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job.
@@ -370,7 +404,11 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     rows: list[dict[str, Any]] = []
     life = list(st["life"]) if st else [0] * len(spec.sizes)
     cycle = spec.on_exhausted == "cycle"
-    for pos, field in enumerate(_stored(conn, name, pass_no, 0, int(st["h"]) if st else 0)):
+    h = int(st["h"]) if st else 0
+    with translate(conn.url):
+        current = int(conn.redis.hget(conn.keys(name).meta, F.PASS) or 0) == pass_no
+    start = min(h, _trim(conn, name, spec)[0]) if current else 0
+    for pos, field in enumerate(_stored(conn, name, pass_no, start, h), start):
         source, task = copy_of(field)
         source_pass = life[source] // spec.sizes[source] if cycle else pass_no
         life[source] += 1
@@ -458,12 +496,15 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         name: the mixed job.
         cache: keep it between calls: the copies' sizes are read once (``copy_sizes``),
             later calls read the done bitmap (O(tasks / 8) bytes), the schedule's state
-            and the pass's sequence handed out (10 bytes a slot).
+            and the pass's sequence handed out (10 bytes a slot). A trimmed mix (fed by an
+            open stream source, docs/mixing.md "Trim") is read from its watermark up, plus
+            each source's trimmed acked count and the positions set aside below it.
 
     Returns:
         ``{"job", "pass", "charged", "next_slot", "on_exhausted", "sources": [{"source",
         "weight", "charged", "acked", "samples", "tasks", "pass"}]}``; a row's
-        ``samples`` is None when a task of its source does not say its size, its ``pass``
+        ``samples`` is None when a task of its source does not say its size (or once
+        acked copies of it were trimmed: their sizes went with them), its ``pass``
         the source pass its next slot takes a task of (the mixed pass but under
         ``cycle``: the source's slots over the job's life div its tasks).
 
@@ -484,12 +525,19 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         if at <= slot:
             weights = ws
     acked: list[list[str]] = [[] for _ in spec.sources]
-    for pos, field in enumerate(_stored(conn, name, pass_no, 0, charged)):
+    w, trimmed, aside = _trim(conn, name, spec)
+    w = min(w, charged)
+    window = zip(
+        aside + list(range(w, charged)),
+        _copies_at(conn, name, pass_no, aside) + _stored(conn, name, pass_no, w, charged),
+        strict=True,
+    )
+    for pos, field in window:
         if pos >> 3 < len(done) and done[pos >> 3] & (0x80 >> (pos & 7)):
             acked[copy_of(field)[0]].append(field)
     rows = []
     for i, (source, n) in enumerate(zip(spec.sources, stores(conn, name, spec), strict=True)):
-        known = [sizes.get(f) for f in acked[i]]
+        known = [sizes.get(f) for f in acked[i]] + [None] * min(1, trimmed[i])
         source_pass = pass_no
         if spec.on_exhausted == "cycle" and st:
             source_pass = (int(st["life"][i]) + int(st["t"][i])) // n
@@ -498,7 +546,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
                 "source": source,
                 "weight": float(weights[i]),
                 "charged": int(st["t"][i]) if st else 0,
-                "acked": len(acked[i]),
+                "acked": trimmed[i] + len(acked[i]),
                 "samples": None if None in known else sum(k or 0 for k in known),
                 "tasks": n,
                 "pass": source_pass,

@@ -113,6 +113,7 @@ LIB_PARTS: tuple[str, ...] = (
     "mixfeed.lua",
     "mix.lua",
     "mixslot.lua",
+    "mixtrim.lua",
     "secrets.lua",
     "workers.lua",
     "leases.lua",

@@ -12,6 +12,7 @@ import subprocess
 import threading
 from dataclasses import replace
 from importlib import resources
+from typing import Any
 
 import pytest
 import support
@@ -22,7 +23,7 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.jobs import Job
-from taskq.admin.mix import feed_log, spec_of, weight_log
+from taskq.admin.mix import copy_field, feed_log, spec_of, weight_log
 from taskq.mix import (
     Feed,
     MixSpec,
@@ -945,6 +946,256 @@ def test_an_open_stream_source_under_cycle_or_by_samples_is_refused(client):
     with pytest.raises(taskq.InvalidInput, match="max_debt must be at most 1024"):
         client.create_job(f"{tag}-m", mix={stream: 1, names["a"]: 1}, max_debt=1025)
     assert f"{tag}-m" not in client.list_jobs()
+
+
+# -- trimming a mix fed by an open stream source (docs/mixing.md, "Trim") -----------------
+class _KeptLogs:
+    """A mixed job's feed and weight logs as its engine wrote them, kept across its trims:
+    what a trim step removed (read just before and after it) joins what the job still
+    holds, so the reference is built from the whole logs."""
+
+    def __init__(self, client: taskq.Client, mix: str) -> None:
+        self.client, self.mix = client, mix
+        self.feed_gone: set[str] = set()
+        self.log_gone: set[str] = set()
+
+    def _members(self) -> tuple[set[str], set[str]]:
+        keys, r = self.client.keys(self.mix), self.client.redis
+        return set(r.zrange(keys.mixfeed, 0, -1)), set(r.zrange(keys.mixlog, 0, -1))
+
+    def trim(self, steps: int = 8) -> int:
+        feed, log = self._members()
+        passed = self.client.job(self.mix).trim(steps)
+        feed_after, log_after = self._members()
+        self.feed_gone |= feed - feed_after
+        self.log_gone |= log - log_after
+        return passed
+
+    def feed(self) -> list[Feed]:
+        rows = []
+        for m in self._members()[0] | self.feed_gone:
+            slot, seq, source, tasks, sealed = m.split("|")
+            rows.append(
+                (int(slot), int(seq), Feed(int(slot), int(source), int(tasks), sealed == "1"))
+            )
+        return [f for _, _, f in sorted(rows)]
+
+    def log(self) -> list[tuple[int, list[str]]]:
+        rows = []
+        for m in self._members()[1] | self.log_gone:
+            slot, seq, ws = m.split("|", 2)
+            rows.append((int(seq), int(slot), ws.split(",")))
+        return [(slot, ws) for _, slot, ws in sorted(rows)]
+
+    def reference(self, pass_no: int = 0) -> list[tuple[str, int]]:
+        spec = spec_of(self.client.connection, self.mix)
+        plan = plan_pass(
+            spec, self.log(), pass_no, feed=self.feed(), first_slot=pass_no * spec.stride
+        )
+        return [(spec.sources[s.source], s.task) for s in plan.slots]
+
+
+def _lease_all(t: taskq.Trainer, ack: bool = True) -> list[taskq.Task]:
+    """Leases until the job has nothing now (a stream source waits), acking each."""
+    got = []
+    while (task := t.lease(timeout=0)) is not None:
+        got.append(task)
+        if ack:
+            t.ack(task)
+    return got
+
+
+def _news_feeder(client: taskq.Client, mix: str, news: str):
+    """Feeds the mix's stream source from one growing file (`source`: exact across a
+    restart) with an id a chunk; returns the function that adds ``k`` more chunks."""
+    sent: list[dict[str, Any]] = []
+
+    def feed(k: int) -> taskq.models.AppendResult:
+        sent.extend([{"src": "news", "i": i} for i in range(len(sent), len(sent) + k)])
+        return client.job(mix).append(
+            sent, ids=[f"n{c['i']}" for c in sent], feed=news, source="news.jsonl"
+        )
+
+    return feed, sent
+
+
+def test_a_stream_fed_mix_is_trimmed_behind_its_watermark(client):
+    # A mix fed by an open stream source, in its last pass: the watermark moves over done
+    # positions only (never past a leased one, nor a kept checkpoint's cut, nor the cut a
+    # rewind went back to); below it each position's records go, and its copy's chunks and
+    # feed ids; the feed and weight logs keep what a charge reads; leasing on hands out the
+    # reference's slots from the whole logs; a resend of trimmed chunks naming their file
+    # adds nothing; the status counts every source's acked positions, the audit passes.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 40}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={news: 0.5, names["web"]: 0.5}, max_debt=0)
+    job, keys, r = client.job(mix), client.keys(mix), client.redis
+    logs = _KeptLogs(client, mix)
+    feed, sent = _news_feeder(client, mix, news)
+    job.set_weights({news: 0.6, names["web"]: 0.4}, at=3)
+    job.set_weights({news: 0.5, names["web"]: 0.5}, at=9)
+    t = taskq.Trainer(mix, client=client, worker_id="w")
+    got: list[taskq.Task] = []
+    for _ in range(3):  # each round waits on the news: the next charge starts a page
+        feed(3)
+        got += _lease_all(t)
+    feed(3)
+    held = _lease_all(t, ack=False)
+    t.ack(held[1:])
+    got += held
+    low = held[0].id  # leased, not acked: the watermark stops there
+    rows = {row["position"]: row for row in job.mix_sequence()}
+    assert logs.trim() == low == client.status(mix).trimmed
+    assert logs.trim() == 0
+
+    def copy(pos: int) -> str:
+        return copy_field(0 if rows[pos]["source"] == news else 1, rows[pos]["source_task"])
+
+    assert not any(r.hexists(keys.chunks, copy(p)) for p in range(low))
+    assert all(r.hexists(keys.chunks, copy(p)) for p in range(low, len(rows)))
+    assert not any(r.hexists(keys.leases, str(p)) for p in range(low))
+    assert not any(r.hexists(keys.counts, f"a:{p}") for p in range(low))
+    news_trimmed = {rows[p]["source_task"] for p in range(low) if rows[p]["source"] == news}
+    assert news_trimmed and not any(r.hexists(keys.appids, f"0:n{i}") for i in news_trimmed)
+    assert r.hlen(keys.appids) == r.hlen(keys.appidx) == len(sent) - len(news_trimmed)
+    # the logs: fewer entries, and the same store and weights at every slot from the floor
+    assert logs.feed_gone and logs.log_gone
+    spec = spec_of(client.connection, mix)
+    for slot in range(low, len(rows) + 10):
+        assert _store_at(spec, feed_log(client.connection, mix), slot) == _store_at(
+            spec, logs.feed(), slot
+        )
+        kept = [ws for at, ws in sorted(weight_log(client.connection, mix)) if at <= slot]
+        whole = [ws for at, ws in sorted(logs.log()) if at <= slot]
+        assert kept[-1:] == whole[-1:]
+    # a trimmed position: done, its chunks gone; the pass's reset refused
+    shown = client.task(mix, 0)
+    assert (shown["state"], shown["chunks"]) == ("done", None)
+    with pytest.raises(taskq.InvalidInput, match=f"trimmed below task {low}"):
+        client.reset_pass(mix)
+    assert [row["position"] for row in job.mix_sequence()][0] == low
+    # a kept checkpoint's cut holds the watermark, and the rewind to it replays its slots
+    ckpt = job.checkpoint()
+    t.ack(held[0])
+    feed(2)
+    after = _lease_all(t)
+    got += after
+    assert logs.trim() == 0
+    assert job.rewind(ckpt)
+    assert logs.trim() == 0
+    again = _lease_all(t)
+    assert [(x.source, x.chunks) for x in again] == [
+        (x.source, x.chunks) for x in [held[0], *after]
+    ]  # (the rest of `held` was acked at the cut)
+    job.checkpoint(keep=1)  # the first goes: its cut no longer holds the watermark
+    while logs.trim():
+        pass
+    for _ in range(3):  # (the sweep of the kept cuts)
+        logs.trim()
+    assert job.mix_sequence() == []  # every position handed out is done and trimmed
+    # a resend of the whole file adds nothing, trimmed or not (its record is per source)
+    resent = client.job(mix).append(
+        sent, ids=[f"n{c['i']}" for c in sent], feed=news, source="news.jsonl"
+    )
+    assert (resent.tasks, resent.skipped) == (0, len(sent))
+    # leasing on: the reference's slots from the whole logs
+    feed(4)
+    got += _lease_all(t)
+    job.seal(feed=news)
+    while True:
+        try:
+            task = t.lease(timeout=0.5)
+        except taskq.JobCompleted:
+            break
+        assert task is not None
+        got.append(task)
+        t.ack(task)
+    t.close()
+    assert [(x.source, x.chunks[0]["i"]) for x in got] == logs.reference()
+    assert client.status(mix).state == "completed"
+    status = job.mix_status()
+    ref = logs.reference()
+    assert [row["acked"] for row in status["sources"]] == [
+        sum(1 for s, _ in ref if s == source) for source in (news, names["web"])
+    ]
+    assert client.audit(mix)["ok"]
+
+
+def test_the_audit_of_a_trimmed_mix_still_finds_a_missing_copy(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 10}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={news: 0.5, names["web"]: 0.5}, max_debt=2)
+    feed, _ = _news_feeder(client, mix, news)
+    feed(6)
+    t = taskq.Trainer(mix, client=client)
+    held = [t.lease(timeout=0) for _ in range(7)]
+    t.ack(held[:6])
+    assert client.job(mix).trim() == 6
+    assert client.audit(mix)["ok"]
+    pos = client.job(mix).mix_sequence()[0]  # the first position not trimmed: leased
+    assert pos["position"] == held[6].id == 6
+    field = copy_field(0 if pos["source"] == news else 1, pos["source_task"])
+    assert client.redis.hdel(client.keys(mix).chunks, field) == 1
+    audit = client.audit(mix)
+    assert not audit["ok"] and not audit["checks"]["tasks_match_descriptors"]
+    t.close()
+
+
+def test_a_fixed_mix_is_not_trimmed(client):
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"a": 4, "b": 4}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={names["a"]: 0.5, names["b"]: 0.5})
+    _drain(client, mix)
+    assert client.job(mix).trim() == 0
+    assert client.redis.hlen(client.keys(mix).chunks) == 8
+
+
+def test_a_stream_fed_mix_stays_bounded_across_feed_lease_ack_trim_cycles(client):
+    # 20 cycles of 50 tasks fed, leased, acked and trimmed (with weight changes and a
+    # checkpoint a cycle): every hash's fields and the logs' entries stay below a bound
+    # that does not grow with the cycles.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 1}, tag)
+    news = f"{tag}-news"
+    client.create_job(news, [], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={news: 0.9, names["web"]: 0.1}, max_debt=0)
+    job, keys, r = client.job(mix), client.keys(mix), client.redis
+    feed, _ = _news_feeder(client, mix, news)
+    sizes = []
+    with taskq.Trainer(mix, client=client, worker_id="w") as t:
+        for cycle in range(20):
+            for _ in range(5):  # five feeds a cycle: five entries of the feed log
+                feed(10)
+                _lease_all(t)
+            job.set_weights({news: 0.9 - 0.01 * (cycle % 5), names["web"]: 0.1})
+            job.checkpoint(keep=2)
+            while job.trim():
+                pass
+            sizes.append(
+                {
+                    "chunks": r.hlen(keys.chunks),
+                    "counts": r.hlen(keys.counts),
+                    "leases": r.hlen(keys.leases),
+                    "appids": r.hlen(keys.appids),
+                    "appidx": r.hlen(keys.appidx),
+                    "mixfeed": r.zcard(keys.mixfeed),
+                    "mixlog": r.zcard(keys.mixlog),
+                }
+            )
+    assert client.status(mix).trimmed > 900
+    bound = {"chunks": 60, "counts": 60, "leases": 60, "appids": 60, "appidx": 60}
+    bound |= {"mixfeed": 12, "mixlog": 4}
+    for got in sizes:
+        assert all(got[k] <= bound[k] for k in bound), (got, sizes)
+    assert client.audit(mix)["ok"]
 
 
 def test_a_sharded_job_is_never_mixed_and_says_so(client):

@@ -184,11 +184,14 @@ if #fresh_ids > 0 then
   for i, id in lipairs(fresh_ids) do
     rcall('HSETNX', appids, idp .. id, field(mfloor((i - 1) / cpt)))
   end
-  -- each task's ids, for the trim that drops them with the task (trim.lua; a mixed job's
-  -- copies are not trimmed)
-  for t = 0, fi and -1 or ntasks - 1 do
-    rcall('HSETNX', K_APPIDX, fmt(n0 + t),
-      cjson.encode({unpk(fresh_ids, t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt))}))
+  -- each task's ids (their fields in appids), for the trim that drops them with the task
+  -- (trim.lua; a feed's copy, keyed by its field: lib/mixtrim.lua)
+  for t = 0, ntasks - 1 do
+    local names = {}
+    for i = t * cpt + 1, mmin(#fresh_ids, (t + 1) * cpt) do
+      names[#names + 1] = idp .. fresh_ids[i]
+    end
+    rcall('HSETNX', K_APPIDX, field(t), cjson.encode(names))
   end
 end
 note_source()

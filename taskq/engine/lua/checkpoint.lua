@@ -25,7 +25,7 @@ local rcall, tonum, smatch, mmin, mmax, tconcat, unpk, lpairs, lipairs =
   redis.call, tonumber, string.match, math.min, math.max, table.concat, unpack, pairs, ipairs
 local fmt, mget, mincr, mnum, mset =
   lib.meta.fmt, lib.meta.mget, lib.meta.mincr, lib.meta.mnum, lib.meta.mset
-local tasks_n = lib.meta.tasks_n
+local tasks_n, trims = lib.meta.tasks_n, lib.mixtrim.trims
 local arg_enum, arg_fail, arg_id, arg_int, arg_len, arg_text, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_id, lib.args.arg_int, lib.args.arg_len,
   lib.args.arg_text, lib.args.args_bad
@@ -106,7 +106,7 @@ if step == 'begin' then
     incarnation = mget(F.INC), pstart = mnum(F.PSTART), policy = #policy,
   }
   if #policy > 0 then rcall('HSET', K_CKPT, id .. ':policy', policy) end
-  if (mget(F.STREAM) or '') ~= '' then
+  if trims() then
     -- a stream is never trimmed past the lowest task neither done nor dead at the cut,
     -- and the dead ones below it keep their records (trim.lua): at most ASIDE_MAX of them
     local p, n, below = rec.low, tasks_n(), {}
@@ -143,7 +143,7 @@ rec.state, rec.seq, rec.sealed_ms = 'sealed', seq, CALL.NOW
 rcall('HSET', K_CKPT, id, cjson.encode(rec))
 local first = rcall('ZCARD', K_CKPTS) == 0
 rcall('ZADD', K_CKPTS, seq, id)
-if (mget(F.STREAM) or '') ~= '' then ck_bound_add(rec, first) end  -- what trim.lua reads
+if trims() then ck_bound_add(rec, first) end  -- what trim.lua reads
 mset(F.CK_OPEN, '')
 rcall('UNLINK', K_CKPROG)
 -- the oldest beyond `keep` go, a few per call (each is a handful of fields)

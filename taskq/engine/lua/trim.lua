@@ -18,6 +18,10 @@
 -- kept (the rewind makes it dead again, and a retry leases it). It does not move while a
 -- rewind runs. A reset of the pass is refused once the stream is trimmed (reset.lua); the
 -- bits of the done set stay (one bit a task: 125 kB per million appended).
+-- A mixed job fed by an open stream source is trimmed the same way over the positions of
+-- its pass (its length: the positions charged so far, tasks_n): a position's records go,
+-- and its copy's chunks and feed ids, and the feed and weight logs below what a charge
+-- reads (lib/mixtrim.lua; docs/mixing.md, "Trim").
 local rcall, mmin, mmax, mfloor, lipairs, unpk, cdecode, tonum =
   redis.call, math.min, math.max, math.floor, ipairs, unpack, cjson.decode, tonumber
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
@@ -27,6 +31,8 @@ local arg_id, arg_int, arg_len, args_bad =
 local done, open_job = lib.call.done, lib.call.open_job
 local ck_record, ck_bound, ck_sweep_step =
   lib.cuts.ck_record, lib.cuts.ck_bound, lib.cuts.ck_sweep_step
+local trims, mix_fed, mix_trim_fields, mix_trim_logs = lib.mixtrim.trims, lib.mixtrim.mix_fed,
+  lib.mixtrim.mix_trim_fields, lib.mixtrim.mix_trim_logs
 local ASIDE_STEP = 100  -- tasks set aside one call looks at (in turn) to drop the done ones'
 arg_id(ARGV[1], 'job_inc', true)
 local max = arg_int(ARGV[2], 'max', 1, TRIM_MAX)
@@ -37,7 +43,8 @@ local err = open_job(ARGV[1])
 if err then return done({err, 0, 0}) end
 local w, n = mnum(F.TRIM_W), tasks_n()
 local passes = mnum(F.PASSES)
-if (mget(F.STREAM) or '') == '' or CALL.STATE == 'cancelled' or passes < 0
+local mixed = mix_fed()
+if not trims() or CALL.STATE == 'cancelled' or passes < 0
     or mnum(F.PASS) + 1 < passes or (mget(F.RW_OPEN) or '') ~= '' then
   return done({C.OK, 0, w})
 end
@@ -67,9 +74,11 @@ local rec = open ~= '' and ck_record(open)
 if rec then
   held_by(rec.pass, rec.pass, rec.low and (rec.low_live or rec.low), rec.dead_below or {})
 end
--- every per-task record of `tasks` (ids as strings) goes
+-- every per-task record of `tasks` (ids as strings, ascending) goes, and what their
+-- chunks are held under (a mixed job's positions: their copies)
 local function drop_records(tasks)
   if #tasks == 0 then return end
+  local fields = mixed and mix_trim_fields(tasks) or tasks
   local counts, leases = {}, {}
   for _, s in lipairs(tasks) do
     counts[#counts + 1] = 'f:' .. s
@@ -83,14 +92,16 @@ local function drop_records(tasks)
     leases[#leases + 1] = 'n:' .. s
   end
   local ids = {}
-  for _, raw in lipairs(rcall('HMGET', K_APPIDX, unpk(tasks))) do
+  for _, raw in lipairs(#fields > 0 and rcall('HMGET', K_APPIDX, unpk(fields)) or {}) do
     if raw then
       for _, id in lipairs(cdecode(raw)) do ids[#ids + 1] = id end
     end
   end
   for i = 1, #ids, 1000 do rcall('HDEL', K_APPIDS, unpk(ids, i, mmin(#ids, i + 999))) end
-  rcall('HDEL', K_APPIDX, unpk(tasks))
-  rcall('HDEL', K_CHUNKS, unpk(tasks))
+  if #fields > 0 then
+    rcall('HDEL', K_APPIDX, unpk(fields))
+    rcall('HDEL', K_CHUNKS, unpk(fields))
+  end
   rcall('HDEL', K_PROGRESS, unpk(tasks))
   rcall('HDEL', K_COUNTS, unpk(counts))
   rcall('HDEL', K_LEASES, unpk(leases))
@@ -141,6 +152,7 @@ if #aside > 0 then
   for _, d in lipairs(aside) do za[#za + 1] = d; za[#za + 1] = fmt(d) end
   rcall('ZADD', K_ASIDE, unpk(za))
 end
+if mixed and not blocked then mix_trim_logs(mmax(t, w)) end
 if t <= w then return done({C.OK, 0, w}) end
 -- the appends that end below the watermark: the one holding task t stays (its time is
 -- the oldest unfinished task's age when that task is t)

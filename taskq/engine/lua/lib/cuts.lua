@@ -20,7 +20,7 @@ local rcall, smatch, unpk, ltype, lipairs, mmin, mmax, tonum, cencode, cdecode =
   redis.call, string.match, unpack, type, ipairs, math.min, math.max, tonumber, cjson.encode,
   cjson.decode
 local arg_fail = lib.args.arg_fail
-local fmt, mget = lib.meta.fmt, lib.meta.mget
+local fmt, trims = lib.meta.fmt, lib.mixtrim.trims
 local SWEEP_STEP = 25  -- constant: checkpoint records a trim step reads (~20 us each)
 
 -- (CK_PAGE_BYTES: the bytes of a bitmap one checkpoint page holds, 8 x as many tasks;
@@ -114,7 +114,7 @@ local function ck_drop(id)
     if (rec.policy or 0) > 0 then fields[#fields + 1] = id .. ':policy' end
   end
   rcall('HDEL', K_CKPT, unpk(fields))
-  if rcall('ZREM', K_CKPTS, id) == 1 and (mget(F.STREAM) or '') ~= '' then
+  if rcall('ZREM', K_CKPTS, id) == 1 and trims() then
     local raw = rcall('HGET', K_CKPT, ':sweep')
     local sweep = raw and cdecode(raw) or {at = 0, acc = {}}
     if raw then sweep.again = true end
