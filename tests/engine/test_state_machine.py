@@ -36,7 +36,7 @@ from taskq.admin.mix import (
 from taskq.admin.stats import parse_lease
 from taskq.data import order_key, task_size
 from taskq.engine.contract import Code
-from taskq.mix import pass_schedule, plan_pass
+from taskq.mix import Feed, pass_schedule, plan_pass
 
 N_TASKS = 5  # at the create; appends add up to MAX_TASKS
 MAX_TASKS = 9
@@ -274,7 +274,10 @@ class EngineMachine(RuleBasedStateMachine):
                 s = self.client.status(self.job)
                 if s.pass_no != pass0 or s.state != "running":
                     break
-                task = t.lease(timeout=0)
+                try:
+                    task = t.lease(timeout=0)
+                except taskq.JobCompleted:  # (its last pass ended at this lease's charge)
+                    break
                 if task is None:
                     # time goes on: a lease of a worker incarnation the server forgot the
                     # end of (a rollback) is taken back once that incarnation's liveness
@@ -1253,18 +1256,41 @@ class MixedMachine(EngineMachine):
             return
         super().rewind(i)
 
+    def _weight_log(self) -> list[tuple[int, list[str]]]:
+        """The weight log the reference is built from: the engine's."""
+        return weight_log(self.client.connection, self.job)
+
+    def _feed_log(self) -> list[Feed]:
+        """The feed log the reference is built from: the engine's."""
+        return feed_log(self.client.connection, self.job)
+
+    def _stored(self, positions: list[int]) -> list[str]:
+        """The copies the current pass's stored sequence holds at ``positions``."""
+        seq = getattr(self.client.keys(self.job), f"mixseq{self._meta('pass') % 3}")
+        return [self.client.redis.getrange(seq, t * 10, t * 10 + 9) for t in positions]
+
     @invariant()
     def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
-        """A mixed job is never trimmed: every copy of its sources' tasks is kept under
-        its copy id, and each slot handed out in the pass reads the copy its sequence names
-        (admin/mix.py task_fields, what a lease, ``tasks list`` and the audit resolve)."""
+        """Every copy of its sources' tasks is kept under its copy id but for the copies
+        of the positions below the watermark (a mix fed by an open stream source, trimmed
+        in its last pass: done, and not set aside), and each slot handed out in the pass
+        reads the copy its sequence names (admin/mix.py task_fields, what a lease, ``tasks
+        list`` and the audit resolve)."""
         conn, r = self.client.connection, self.client.redis
+        keys = self.client.keys(self.job)
         spec = spec_of(conn, self.job)
+        aside = {int(t) for t in r.zrange(keys.aside, 0, -1)}
+        trimmed = [t for t in range(self._meta("trim_w")) if t not in aside]
+        assert all(r.getbit(keys.done, t) for t in trimmed), "a trimmed position is not done"
+        gone = set(self._stored(trimmed))
         copies = [
             copy_field(i, j) for i, n in enumerate(stores(conn, self.job, spec)) for j in range(n)
         ]
-        assert all(c is not None for c in r.hmget(self.client.keys(self.job).chunks, copies))
-        assert r.hlen(self.client.keys(self.job).chunks) == len(copies)
+        held = r.hmget(keys.chunks, copies) if copies else []
+        assert all((c is None) == (f in gone) for f, c in zip(copies, held, strict=True)), (
+            "a trimmed position's copy is kept, or a copy not trimmed is gone"
+        )
+        assert r.hlen(keys.chunks) == len(copies) - len(gone)
         rows = self.client.job(self.job).mix_sequence()
         fields = task_fields(conn, self.job, [row["task"] for row in rows])
         assert fields == [
@@ -1290,28 +1316,46 @@ class MixedMachine(EngineMachine):
     def sequence_is_the_reference(self) -> None:
         job = self.client.job(self.job)
         pass_no = self._meta("pass")
-        seq = [(r["source"], r["source_task"]) for r in job.mix_sequence(pass_no)]
+        rows = job.mix_sequence(pass_no)
+        start = rows[0]["position"] if rows else 0  # (a trimmed pass: from its watermark)
+        seq = [(r["source"], r["source_task"]) for r in rows]
         spec = spec_of(self.client.connection, self.job)
-        log = weight_log(self.client.connection, self.job)
+        log = self._weight_log()
         sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
         life = None
         if spec.on_exhausted == "cycle":
             life = pass_life(self.client.connection, self.job, pass_no) or [0] * len(spec.sizes)
-        feed = feed_log(self.client.connection, self.job)
+        feed = self._feed_log()
         want = [
             (spec.sources[i], j)
             for i, j in pass_schedule(
                 spec,
                 log,
                 pass_no,
-                len(seq),
+                start + len(seq),
                 task_sizes=sizes,
                 life=life,
                 feed=feed,
                 first_slot=pass_no * spec.stride,
             )
         ]
-        assert seq == want, "the handed-out sequence is the reference schedule's"
+        assert seq == want[start:], "the handed-out sequence is the reference schedule's"
+
+    @invariant()
+    def each_sources_acked_count_is_the_status(self) -> None:
+        """``mix_status()`` counts each source's acked positions of the pass (a trimmed
+        mix: from its watermark up, plus what the trim counted: admin/mix.py ``_trim``) as
+        the done set and the whole stored sequence say."""
+        s = self.client.status(self.job, summaries=0)
+        if self.cancelled or s.reason == "rewinding":
+            return
+        status = self.client.job(self.job).mix_status()
+        r, keys = self.client.redis, self.client.keys(self.job)
+        acked = [0] * len(self.sources)
+        for t, f in enumerate(self._stored(list(range(status["charged"])))):
+            if r.getbit(keys.done, t):
+                acked[int(f, 16) >> 32] += 1
+        assert [row["acked"] for row in status["sources"]] == acked
 
     @invariant()
     def a_cycle_pass_starts_where_the_pass_before_left_each_source(self) -> None:
@@ -1431,6 +1475,8 @@ class StreamMixedMachine(MixedMachine):
             chunks: list[dict[str, object]] = [{"s": i, "k": k} for k in range(n)]
             self.client.create_job(src, chunks, stream=i == 2)
         self.fed, self.closing = 1, False
+        self.feed_gone: set[str] = set()  # the log entries the trims removed
+        self.log_gone: set[str] = set()
         self.client.create_job(
             self.job,
             mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
@@ -1462,8 +1508,10 @@ class StreamMixedMachine(MixedMachine):
             return  # (the machine's positions stay below MAX_TASKS, as the appends')
         job, src = self.client.job(self.job), self.sources[2]
         ids = [f"f{self.fed + j}" for j in range(k)]
+        known = 0  # a resend is skipped while its copy is kept (its id goes with a trim)
         if resend and self.fed > 1:
             ids = [f"f{self.fed - 1}", *ids]
+            known = int(self.client.redis.hexists(self.client.keys(self.job).appids, f"2:{ids[0]}"))
         before = stores(self.client.connection, self.job, spec_of(self.client.connection, self.job))
         try:
             r = job.append([{"s": 2, "k": int(i[1:])} for i in ids], ids=ids, feed=src)
@@ -1474,13 +1522,46 @@ class StreamMixedMachine(MixedMachine):
             )
             assert after == before
             return
-        assert (r.tasks, r.skipped) == (k, len(ids) - k)
-        self.fed += k
+        assert (r.tasks, r.skipped) == (len(ids) - known, known)
+        self.fed += r.tasks
 
     @precondition(lambda self: not self.cancelled)
     @rule()
     def seal_feed(self) -> None:
         assert int(self.client.job(self.job).seal(feed=self.sources[2])) == self.fed
+
+    def _logs(self) -> tuple[set[str], set[str]]:
+        keys, r = self.client.keys(self.job), self.client.redis
+        return set(r.zrange(keys.mixfeed, 0, -1)), set(r.zrange(keys.mixlog, 0, -1))
+
+    @rule()
+    def trim(self) -> None:
+        """A mix fed by an open stream source, in its last pass, is trimmed behind a
+        watermark (trim.lua); the log entries a trim removes are kept here (read just
+        before and after it), so the reference is built from the whole logs."""
+        feed, log = self._logs()
+        got = self.client.job(self.job).trim()
+        feed_after, log_after = self._logs()
+        self.feed_gone |= feed - feed_after
+        self.log_gone |= log - log_after
+        if self.passes is None:
+            assert got == 0 and not self.feed_gone and not self.log_gone
+
+    def _weight_log(self) -> list[tuple[int, list[str]]]:
+        rows = []
+        for m in self._logs()[1] | self.log_gone:
+            slot, seq, ws = m.split("|", 2)
+            rows.append((int(seq), int(slot), ws.split(",")))
+        return [(slot, ws) for _, slot, ws in sorted(rows)]
+
+    def _feed_log(self) -> list[Feed]:
+        rows = []
+        for m in self._logs()[0] | self.feed_gone:
+            slot, seq, source, tasks, sealed = m.split("|")
+            rows.append(
+                (int(slot), int(seq), Feed(int(slot), int(source), int(tasks), sealed == "1"))
+            )
+        return [f for _, _, f in sorted(rows)]
 
     @invariant()
     def the_charge_stops_where_the_reference_stops(self) -> None:
@@ -1490,9 +1571,8 @@ class StreamMixedMachine(MixedMachine):
         s = self.client.status(self.job, summaries=0)
         if self.cancelled or s.state != "running":
             return
-        conn = self.client.connection
-        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
-        feed = feed_log(conn, self.job)
+        spec = spec_of(self.client.connection, self.job)
+        log, feed = self._weight_log(), self._feed_log()
         plan = plan_pass(spec, log, s.pass_no, feed=feed, first_slot=s.pass_no * spec.stride)
         charged = self._meta("mixh") - s.pass_no * spec.stride
         if 0 <= charged < spec.stride:  # (else the state is another pass's)
@@ -1505,3 +1585,28 @@ StreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
 def test_engine_state_machine_on_a_stream_mixed_job(sm_url):
     StreamMixedMachine.url = sm_url
     StreamMixedMachine.TestCase("runTest").runTest()
+
+
+class TrimmedStreamMixedMachine(StreamMixedMachine):
+    """StreamMixedMachine of one pass, so its trim runs (docs/mixing.md, "Trim"): the
+    watermark moves over done positions interleaved with every verb; after every step
+    the positions from the watermark up are the reference's from the whole logs (the
+    machine keeps what each trim removed), the copies below it are gone, and each source's
+    acked count is the status's. As TrimmedStreamMachine, its pass is never forced on and
+    its feed sealed only by the closing check."""
+
+    passes = 1
+
+    def next_pass(self, force: bool) -> None:  # not a rule here (see the docstring)
+        pass
+
+    def seal_feed(self) -> None:  # not a rule here
+        pass
+
+
+TrimmedStreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings
+
+
+def test_engine_state_machine_on_a_trimmed_stream_mixed_job(sm_url):
+    TrimmedStreamMixedMachine.url = sm_url
+    TrimmedStreamMixedMachine.TestCase("runTest").runTest()
