@@ -240,6 +240,8 @@ ROLES: dict[str, Role] = {
                 (SCRATCH_KEYS, ("del", "unlink")),
                 (("lock",), ("set",)),
                 # a stream's trim: its done tasks' descriptors, the appends' log below them
+                # (a mixed job fed by a stream: its copies, the feed and weight logs below
+                # what a charge reads, lib/mixtrim.lua: ZREM and MIX_WRITES)
                 (("chunks",), ("hdel",)),
                 (("appends",), ("zremrangebyscore",)),
                 *MIX_WRITES,

@@ -896,6 +896,39 @@ def test_reaper_credential_trims_a_stream(server: AclServer, job_name: str) -> N
     assert admin.status(job_name).trimmed == 3
 
 
+def test_reaper_credential_trims_a_mixed_job_fed_by_a_stream(jobs: Jobs) -> None:
+    """The reaper (its rule, its tick) trims a mixed job fed by an open stream source
+    (docs/mixing.md, "Trim"): the done positions' copies and records, their feed ids, and
+    the feed and weight logs below what a charge reads (ZREM, ZREMRANGEBYSCORE, HINCRBY
+    of the trimmed counts)."""
+    admin, news, mix = jobs.admin, f"{jobs.a}-news", f"{jobs.a}-m"
+    admin.create_job(news, [], stream=True)
+    admin.create_job(mix, mix={jobs.a: 1, news: 1}, max_debt=0)
+    admin.job(mix).set_weights({jobs.a: 1, news: 2}, at=1)
+    admin.job(mix).set_weights({jobs.a: 2, news: 1}, at=2)
+    trainer = taskq.Trainer(mix, url=jobs.server.url("admin"), worker_id="t", heartbeat=False)
+    for k in range(3):  # each feed answers a wait: the next charge starts a page
+        ids = [f"n{k}-{i}" for i in range(2)]
+        admin.job(mix).append([{"i": i} for i in ids], ids=ids, feed=news)
+        while (task := trainer.lease(timeout=0)) is not None:
+            trainer.ack(task)
+    trainer.close()
+    keys = admin.keys(mix)
+    before = (admin.redis.zcard(keys.mixfeed), admin.redis.zcard(keys.mixlog))
+    handed = len(admin.job(mix).mix_sequence())
+    url = jobs.server.apply(acl.reaper_rule(mix, password=password(f"reaper-{mix}")))
+    Reaper(taskq.connect(url, retries=0), jobs=[mix]).tick()
+    assert admin.status(mix).trimmed == handed
+    assert admin.job(mix).mix_sequence() == []
+    assert admin.redis.hlen(keys.appids) == admin.redis.hlen(keys.appidx) == 0
+    assert (
+        admin.redis.zcard(keys.mixfeed) < before[0] and admin.redis.zcard(keys.mixlog) < before[1]
+    )
+    status = admin.job(mix).mix_status()
+    assert sum(row["acked"] for row in status["sources"]) == handed
+    assert admin.audit(mix)["ok"]
+
+
 def test_trainer_credential_runs_a_mixed_job(jobs: Jobs) -> None:
     """A mixed job's lease writes its sequence (SETRANGE) and drops an old pass's (UNLINK):
     a trainer credential of the mixed job runs its passes."""
