@@ -19,7 +19,7 @@ directly.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from redis.client import NEVER_DECODE
@@ -226,7 +226,12 @@ def weight_log(conn: Connection, name: str) -> list[tuple[int, list[str]]]:
     """The weight changes kept, ``(slot, weights)`` in the order they were logged (the
     create's weights are ``spec_of(...).weights``, before them)."""
     with translate(conn.url):
-        members = conn.redis.zrange(conn.keys(name).mixlog, 0, -1)
+        return weight_entries(conn.redis.zrange(conn.keys(name).mixlog, 0, -1))
+
+
+def weight_entries(members: Iterable[str]) -> list[tuple[int, list[str]]]:
+    """``weight_log`` of the weight log's members ``members`` (``mixlog``'s, or a test's
+    that kept what a trim removed)."""
     rows = []
     for m in members:
         slot, seq, ws = m.split("|", 2)
@@ -257,7 +262,12 @@ def feed_log(conn: Connection, name: str) -> list[Feed]:
     source's store as a charge saw it, from a slot on, in the order logged (what
     ``taskq.mix.plan_pass`` takes as ``feed``)."""
     with translate(conn.url):
-        members = conn.redis.zrange(conn.keys(name).mixfeed, 0, -1)
+        return feed_entries(conn.redis.zrange(conn.keys(name).mixfeed, 0, -1))
+
+
+def feed_entries(members: Iterable[str]) -> list[Feed]:
+    """``feed_log`` of the feed log's members ``members`` (``mixfeed``'s, or a test's that
+    kept what a trim removed)."""
     rows = []
     for m in members:
         slot, seq, source, tasks, sealed = m.split("|")

@@ -23,7 +23,14 @@ from support import ENTRY_POINT, one_error_line
 
 import taskq
 from taskq.admin.jobs import Job
-from taskq.admin.mix import copy_field, feed_log, spec_of, weight_log
+from taskq.admin.mix import (
+    copy_field,
+    feed_entries,
+    feed_log,
+    spec_of,
+    weight_entries,
+    weight_log,
+)
 from taskq.mix import (
     Feed,
     MixSpec,
@@ -656,19 +663,25 @@ def test_an_open_stream_source_is_fed_through_its_mixed_job(client):
         assert client.job(mix).seal(feed=news).already_sealed
         with pytest.raises(taskq.InvalidInput, match="is sealed"):
             client.job(mix).append([{"i": 9}], feed=news)
-        while True:
-            try:
-                task = t.lease(timeout=0.5)
-            except taskq.JobCompleted:
-                break
-            assert task is not None
-            got.append((task.source, task.chunks[0]["i"]))
-            t.ack(task)
+        got += [(x.source, x.chunks[0]["i"]) for x in _lease_until_completed(t)]
     assert got == _fed_reference(client, mix)
     assert sorted(got) == sorted(
         [(news, i) for i in range(5)] + [(names["web"], i) for i in range(6)]
     )
     assert client.status(mix).state == "completed"
+
+
+def _lease_until_completed(t: taskq.Trainer) -> list[taskq.Task]:
+    """Leases and acks until the job completes (each lease finds a task meanwhile)."""
+    got = []
+    while True:
+        try:
+            task = t.lease(timeout=0.5)
+        except taskq.JobCompleted:
+            return got
+        assert task is not None
+        got.append(task)
+        t.ack(task)
 
 
 def _check_fed(client: taskq.Client, mix: str, p: int) -> PassPlan:
@@ -972,20 +985,10 @@ class _KeptLogs:
         return passed
 
     def feed(self) -> list[Feed]:
-        rows = []
-        for m in self._members()[0] | self.feed_gone:
-            slot, seq, source, tasks, sealed = m.split("|")
-            rows.append(
-                (int(slot), int(seq), Feed(int(slot), int(source), int(tasks), sealed == "1"))
-            )
-        return [f for _, _, f in sorted(rows)]
+        return feed_entries(self._members()[0] | self.feed_gone)
 
     def log(self) -> list[tuple[int, list[str]]]:
-        rows = []
-        for m in self._members()[1] | self.log_gone:
-            slot, seq, ws = m.split("|", 2)
-            rows.append((int(seq), int(slot), ws.split(",")))
-        return [(slot, ws) for _, slot, ws in sorted(rows)]
+        return weight_entries(self._members()[1] | self.log_gone)
 
     def reference(self, pass_no: int = 0) -> list[tuple[str, int]]:
         spec = spec_of(self.client.connection, self.mix)
@@ -1019,6 +1022,19 @@ def _news_feeder(client: taskq.Client, mix: str, news: str):
     return feed, sent
 
 
+def _stream_fed_mix(
+    client: taskq.Client, web_tasks: int, news_weight: float, max_debt: int
+) -> tuple[str, str, str]:
+    """A mixed job of a fixed source ``web`` and an open stream ``news`` (empty at create,
+    fed through the mix), weights ``news_weight`` and ``1 - news_weight``: (mix, news, web)."""
+    tag = f"mx{next(_ids)}"
+    web = _sources(client, {"web": web_tasks}, tag)["web"]
+    news, mix = f"{tag}-news", f"{tag}-mix"
+    client.create_job(news, [], stream=True)
+    client.create_job(mix, mix={news: news_weight, web: 1 - news_weight}, max_debt=max_debt)
+    return mix, news, web
+
+
 def test_a_stream_fed_mix_is_trimmed_behind_its_watermark(client):
     # A mix fed by an open stream source, in its last pass: the watermark moves over done
     # positions only (never past a leased one, nor a kept checkpoint's cut, nor the cut a
@@ -1026,17 +1042,12 @@ def test_a_stream_fed_mix_is_trimmed_behind_its_watermark(client):
     # feed ids; the feed and weight logs keep what a charge reads; leasing on hands out the
     # reference's slots from the whole logs; a resend of trimmed chunks naming their file
     # adds nothing; the status counts every source's acked positions, the audit passes.
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"web": 40}, tag)
-    news = f"{tag}-news"
-    client.create_job(news, [], stream=True)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={news: 0.5, names["web"]: 0.5}, max_debt=0)
+    mix, news, web = _stream_fed_mix(client, 40, 0.5, max_debt=0)
     job, keys, r = client.job(mix), client.keys(mix), client.redis
     logs = _KeptLogs(client, mix)
     feed, sent = _news_feeder(client, mix, news)
-    job.set_weights({news: 0.6, names["web"]: 0.4}, at=3)
-    job.set_weights({news: 0.5, names["web"]: 0.5}, at=9)
+    job.set_weights({news: 0.6, web: 0.4}, at=3)
+    job.set_weights({news: 0.5, web: 0.5}, at=9)
     t = taskq.Trainer(mix, client=client, worker_id="w")
     got: list[taskq.Task] = []
     for _ in range(3):  # each round waits on the news: the next charge starts a page
@@ -1105,32 +1116,20 @@ def test_a_stream_fed_mix_is_trimmed_behind_its_watermark(client):
     feed(4)
     got += _lease_all(t)
     job.seal(feed=news)
-    while True:
-        try:
-            task = t.lease(timeout=0.5)
-        except taskq.JobCompleted:
-            break
-        assert task is not None
-        got.append(task)
-        t.ack(task)
+    got += _lease_until_completed(t)
     t.close()
     assert [(x.source, x.chunks[0]["i"]) for x in got] == logs.reference()
     assert client.status(mix).state == "completed"
     status = job.mix_status()
     ref = logs.reference()
     assert [row["acked"] for row in status["sources"]] == [
-        sum(1 for s, _ in ref if s == source) for source in (news, names["web"])
+        sum(1 for s, _ in ref if s == source) for source in (news, web)
     ]
     assert client.audit(mix)["ok"]
 
 
 def test_the_audit_of_a_trimmed_mix_still_finds_a_missing_copy(client):
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"web": 10}, tag)
-    news = f"{tag}-news"
-    client.create_job(news, [], stream=True)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={news: 0.5, names["web"]: 0.5}, max_debt=2)
+    mix, news, _ = _stream_fed_mix(client, 10, 0.5, max_debt=2)
     feed, _ = _news_feeder(client, mix, news)
     feed(6)
     t = taskq.Trainer(mix, client=client)
@@ -1161,12 +1160,7 @@ def test_a_stream_fed_mix_stays_bounded_across_feed_lease_ack_trim_cycles(client
     # 20 cycles of 50 tasks fed, leased, acked and trimmed (with weight changes and a
     # checkpoint a cycle): every hash's fields and the logs' entries stay below a bound
     # that does not grow with the cycles.
-    tag = f"mx{next(_ids)}"
-    names = _sources(client, {"web": 1}, tag)
-    news = f"{tag}-news"
-    client.create_job(news, [], stream=True)
-    mix = f"{tag}-mix"
-    client.create_job(mix, mix={news: 0.9, names["web"]: 0.1}, max_debt=0)
+    mix, news, web = _stream_fed_mix(client, 1, 0.9, max_debt=0)
     job, keys, r = client.job(mix), client.keys(mix), client.redis
     feed, _ = _news_feeder(client, mix, news)
     sizes = []
@@ -1175,7 +1169,7 @@ def test_a_stream_fed_mix_stays_bounded_across_feed_lease_ack_trim_cycles(client
             for _ in range(5):  # five feeds a cycle: five entries of the feed log
                 feed(10)
                 _lease_all(t)
-            job.set_weights({news: 0.9 - 0.01 * (cycle % 5), names["web"]: 0.1})
+            job.set_weights({news: 0.9 - 0.01 * (cycle % 5), web: 0.1})
             job.checkpoint(keep=2)
             while job.trim():
                 pass

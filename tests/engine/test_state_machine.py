@@ -25,12 +25,14 @@ import taskq
 from taskq import integrity
 from taskq.admin.mix import (
     copy_field,
+    feed_entries,
     feed_log,
     kept_passes,
     pass_life,
     spec_of,
     stores,
     task_fields,
+    weight_entries,
     weight_log,
 )
 from taskq.admin.stats import parse_lease
@@ -1548,20 +1550,10 @@ class StreamMixedMachine(MixedMachine):
             assert got == 0 and not self.feed_gone and not self.log_gone
 
     def _weight_log(self) -> list[tuple[int, list[str]]]:
-        rows = []
-        for m in self._logs()[1] | self.log_gone:
-            slot, seq, ws = m.split("|", 2)
-            rows.append((int(seq), int(slot), ws.split(",")))
-        return [(slot, ws) for _, slot, ws in sorted(rows)]
+        return weight_entries(self._logs()[1] | self.log_gone)
 
     def _feed_log(self) -> list[Feed]:
-        rows = []
-        for m in self._logs()[0] | self.feed_gone:
-            slot, seq, source, tasks, sealed = m.split("|")
-            rows.append(
-                (int(slot), int(seq), Feed(int(slot), int(source), int(tasks), sealed == "1"))
-            )
-        return [f for _, _, f in sorted(rows)]
+        return feed_entries(self._logs()[0] | self.feed_gone)
 
     @invariant()
     def the_charge_stops_where_the_reference_stops(self) -> None:
