@@ -28,6 +28,7 @@ from taskq.admin.mix import (
     feed_entries,
     feed_log,
     spec_of,
+    stores,
     weight_entries,
     weight_log,
 )
@@ -1523,6 +1524,32 @@ def test_cli_create_set_status_export(url, client):
         [names["a"], "3", "8", "8", "?", "8", "0"],
         [names["b"], "1", "4", "4", "?", "4", "0"],
     ]
+
+
+def test_a_trimmed_mix_skips_a_resent_file_and_the_cli_exports_from_the_watermark(url, client):
+    # A producer that names its file (`source`, no ids) and resends it whole after its
+    # copies were trimmed appends nothing (the file-source record is kept per source);
+    # `taskq mix export` rows start at the watermark, stderr saying where; `taskq tasks
+    # show` of a trimmed position says it is done, with no chunks.
+    mix, news, _ = _stream_fed_mix(client, 4, 0.5, max_debt=0)
+    chunks = [{"src": "news", "i": i} for i in range(3)]
+    assert client.job(mix).append(chunks, feed=news, source="news.jsonl").tasks == 3
+    t = taskq.Trainer(mix, client=client)
+    held = _lease_all(t, ack=False)
+    t.ack(held[:-1])
+    assert client.job(mix).trim() == len(held) - 1
+    again = client.job(mix).append(chunks, feed=news, source="news.jsonl")
+    assert (again.tasks, again.skipped) == (0, 3)
+    assert stores(client.connection, mix, spec_of(client.connection, mix))[0] == 3
+    r = _cli(url, "mix", "export", mix)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["position"] for row in rows] == [held[-1].id]
+    assert r.stderr.strip() == f"# trimmed below slot {held[-1].id}"
+    r = _cli(url, "tasks", "show", mix, "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert (json.loads(r.stdout)["state"], json.loads(r.stdout)["chunks"]) == ("done", None)
+    t.close()
 
 
 def test_cli_errors_are_one_line(url, client):
