@@ -891,8 +891,10 @@ class Job:
         """Up to ``steps`` bounded steps of a stream's trim (the reaper runs it every
         tick): each moves the watermark over up to ``TRIM_MAX`` finished tasks; the done
         ones' descriptors and records go, the dead ones are set aside with theirs
-        (docs/streams.md, "Trimming behind a watermark"). A job that is not a stream, or
-        not in its last pass, is left as it is.
+        (docs/streams.md, "Trimming behind a watermark"); a mixed job fed by an open stream
+        source is trimmed the same way over its positions, their copies with them
+        (docs/mixing.md, "Trim"). Any other job, or one not in its last pass, is left as
+        it is.
 
         Returns:
             The tasks the watermark passed (0: nothing to do now).

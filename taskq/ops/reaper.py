@@ -223,7 +223,7 @@ class Reaper:
                 if self._watching and self.watch is not None:
                     total += self.watch.check(job)
                 # a stream's done tasks behind its watermark go, one bounded step a tick
-                # (a job that is not a stream answers at once: trim.lua)
+                # (a job not trimmed, neither a stream nor fed by one, answers at once: trim.lua)
                 self.client.job(job).trim()
                 return total
         self.backlog.append(job)
