@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from support import job_keys
 
 import taskq
 from taskq.admin.mix import feed_log, spec_of, weight_log
@@ -164,4 +165,27 @@ def test_a_stream_fed_pass_leases_across_its_first_block_and_after_it_is_forgott
         lease_all()
     assert got == _reference(client, mix) and len(got) == 70_500 + 3
     job.delete()
-    assert _blocks(client, mix, 0, 3) == []
+    assert job_keys(client, mix) == []
+
+
+def test_a_create_over_a_mixed_job_and_its_delete_leave_no_block(client):
+    """job_keys() names no block: a create over a mixed job (replace) and the delete drop
+    every kept pass's blocks from the schedule's state (lib/mix.lua drop_all)."""
+    tag = f"mb{next(_ids)}"
+    web, code, mix = f"{tag}-web", f"{tag}-code", f"{tag}-mix"
+    client.create_job(web, [{"s": "web", "i": i} for i in range(5)])
+    client.create_job(code, [{"s": "code", "i": i} for i in range(5)])
+    for again in (False, True):
+        client.create_job(mix, mix={web: 0.5, code: 0.5}, passes=2, replace=again)
+        with taskq.Trainer(mix, client=client) as t:
+            for task in t:  # (both passes: two kept passes' blocks)
+                t.ack(task)
+        assert _blocks(client, mix, 0, 1) + _blocks(client, mix, 1, 1) == [0, 0]
+    client.create_job(mix, [{"i": 0}], replace=True)
+    assert [k for k in job_keys(client, mix) if ":mixseq" in k] == []
+    client.create_job(mix, mix={web: 0.5, code: 0.5}, replace=True)
+    with taskq.Trainer(mix, client=client) as t:
+        t.ack(t.lease())
+    assert _blocks(client, mix, 0, 1) == [0]
+    client.job(mix).delete()
+    assert job_keys(client, mix) == []
