@@ -13,7 +13,7 @@ import pytest
 from support import job_keys
 
 import taskq
-from taskq.admin.mix import feed_log, spec_of, weight_log
+from taskq.admin.mix import copy_field, feed_log, spec_of, task_fields, weight_log
 from taskq.engine import library
 from taskq.keys import MIXSEQ_BLOCK, JobKeys
 from taskq.mix import plan_pass
@@ -126,10 +126,10 @@ def test_a_stream_fed_pass_leases_across_its_first_block_and_after_it_is_forgott
 ):
     """A mixed job fed by an open stream past position 65,536 (BLOCK): its feed starves the
     charge a few slots before the block's end, so the next page is stored across it; every
-    slot handed out is the reference's (pass_schedule from the weight and feed logs), each
-    lease of 32 resolving slots on both sides of the end; two blocks exist. The first block
-    forgotten (the trim's call, its watermark at the end), the leases go on unchanged; the
-    delete leaves no block."""
+    slot handed out is the reference's (plan_pass from the weight and feed logs), one lease
+    of 32 resolving slots on both sides of the end, and the admin's sequence and task
+    fields read across it too; two blocks exist. The first block forgotten (the trim's
+    call, its watermark at the end), the leases go on unchanged; the delete leaves no key."""
     tag = f"mb{next(_ids)}"
     web, news, mix = f"{tag}-web", f"{tag}-news", f"{tag}-mix"
     client.create_job(web, [{"s": "web", "i": i} for i in range(3)])
@@ -159,6 +159,12 @@ def test_a_stream_fed_pass_leases_across_its_first_block_and_after_it_is_forgott
                 assert len(got) == B - 2 and _blocks(client, mix, 0, 3) == [0]
         assert straddled == 1
         assert _blocks(client, mix, 0, 3) == [0, 1]
+        # the admin's readers (taskq/admin/mix.py) read across the end as the lease does
+        assert [(r["source"], r["source_task"]) for r in job.mix_sequence(0)] == got
+        spec = spec_of(client.connection, mix)
+        assert task_fields(client.connection, mix, [B - 1, B, B + 1]) == [
+            copy_field(spec.sources.index(s), i) for s, i in got[B - 1 : B + 2]
+        ]
         assert _seq(client, seq_function, mix, "forget", 0, B) == 1
         assert _blocks(client, mix, 0, 3) == [1]
         job.append([{"s": "news", "i": i} for i in range(fed, fed + 500)], feed=news)
