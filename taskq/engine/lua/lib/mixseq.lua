@@ -13,7 +13,7 @@ local rcall, floor, mmin, ssub, sformat, tconcat, unpack =
 
 local KEEP = 3  -- constant: the kept passes' keys, p % KEEP (lib/mix.lua KEEP)
 local W = 10  -- constant: the width of a stored position (a copy id, 10 hex digits)
-local BLOCK = 65536  -- constant: positions a block (640 KiB stored at most)
+local BLOCK = 65536  -- constant: positions a block, 640 KiB (taskq/keys.py MIXSEQ_BLOCK)
 local SLICE = 1000  -- constant: keys one UNLINK names at most
 
 local function block_key(p, b)
