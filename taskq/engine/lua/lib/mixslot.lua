@@ -1,8 +1,8 @@
 -- mixslot.lua: a mixed job's slots as the lease sees them (docs/mixing.md): the cursor's
 -- walk charges the positions it reaches (mix_charge, lib/mix.lua's pages), a granted
 -- slot's chunks are its copy's (mix_fields: the copy ids its pass's stored sequence holds,
--- lib/mixseq.lua, read with one GETRANGE) and its reply names the copy's source; before the cursor goes
--- back or to another pass, how far it reached is noted (mix_note: 'mixd').
+-- lib/mixseq.lua, read with one GETRANGE) and its reply names the copy's source; before
+-- the cursor goes back or to another pass, how far it reached is noted (mix_note: 'mixd').
 local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
 local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local read_state, switch_to, charge_page, get_seq =
