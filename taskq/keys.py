@@ -59,9 +59,6 @@ JOB_KEYS: tuple[str, ...] = (
     "follow",  # hash: "path|size|version" of each file `taskq job follow` appended -> chunks
     "mix",  # hash: a mixed job's schedule state, now and as each kept pass was left (lib/mix.lua)
     "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
-    "mixseq0",  # string: the copy ids a mixed job charged, by position, of passes p % 3 == 0
-    "mixseq1",  # ... p % 3 == 1
-    "mixseq2",  # ... p % 3 == 2
     "mixdead",  # set: a mixed job's dead copies (copy ids): dead in every pass until a retry
     "mixsz",  # hash: a mixed job's copies' sizes in samples, "<source>:<block>" -> '>I4' each
     # of 256 tasks, when its weights count samples (written by the create, read by lib/mix.lua)
@@ -106,9 +103,6 @@ COLD_KEYS: tuple[str, ...] = (
     "follow",
     "mix",
     "mixlog",
-    "mixseq0",
-    "mixseq1",
-    "mixseq2",
     "mixdead",
     "mixsz",
     "mixstore",
@@ -120,6 +114,19 @@ COLD_KEYS: tuple[str, ...] = (
 )
 #: The keys a job script is passed, in KEYS order (the others are ``COLD_KEYS``).
 SCRIPT_KEYS: tuple[str, ...] = tuple(k for k in JOB_KEYS if k not in COLD_KEYS)
+
+#: A mixed job's stored sequence (engine/lua/lib/mixseq.lua): the copy ids its charge fixed,
+#: by position, 10 hex digits each, in blocks of ``MIXSEQ_BLOCK`` positions; block ``b`` of
+#: pass ``p`` is the string ``<job's base>:mixseq<p % MIXSEQ_KEEP>.<b>`` (``JobKeys.mixseq_block``),
+#: a cold key made from the job's base. Not in ``JOB_KEYS``: a pass fed by an open stream
+#: source has as many blocks as it reached (a stream's trim frees those below its watermark),
+#: so delete.lua finds them from the mix state, and ``KEY_FAMILIES`` gives their glob (the
+#: ACL rules, ``acl_key_patterns``).
+MIXSEQ_BLOCK = 65536
+MIXSEQ_KEEP = 3
+#: The job's keys it has many of, by family name: the glob (after ``<job's base>:``) of
+#: their names.
+KEY_FAMILIES: dict[str, str] = {"mixseq": "mixseq[012].*"}
 
 
 class MetaField:
@@ -299,6 +306,11 @@ class JobKeys:
         for name, key in zip(JOB_KEYS, self.all, strict=True):
             setattr(self, name, key)
 
+    def mixseq_block(self, pass_no: int, block: int) -> str:
+        """Block ``block`` of pass ``pass_no``'s stored sequence (``MIXSEQ_BLOCK`` positions
+        from ``block * MIXSEQ_BLOCK``), a mixed job's."""
+        return f"{self.base}:mixseq{pass_no % MIXSEQ_KEEP}.{block}"
+
     def staging_chunks(self, incarnation: str) -> str:
         """The staging hash a create writes before the flip makes it live."""
         return f"{self.base}:staging:{incarnation}"
@@ -345,24 +357,27 @@ def acl_key_patterns(
     Args:
         job: the job; None for every job (``{*}``: a job name holds no ``{``, ``}`` or
             ``:``, so the tag cannot reach into another key's).
-        names: the keys of ``JOB_KEYS`` to match; None for every key of the job (the
-            staging hashes of a create too).
+        names: the keys of ``JOB_KEYS`` (or families of ``KEY_FAMILIES``) to match; None
+            for every key of the job (the staging hashes of a create too).
         key_prefix: overrides ``TASKQ_PREFIX``.
 
     Returns:
-        The patterns, in ``JOB_KEYS`` order (one ``...:*`` pattern when ``names`` is None).
+        The patterns, in ``JOB_KEYS`` order, then the families' (one ``...:*`` pattern
+        when ``names`` is None).
 
     Raises:
-        ValueError: a name that is not in ``JOB_KEYS``.
+        ValueError: a name that is neither in ``JOB_KEYS`` nor in ``KEY_FAMILIES``.
     """
     tag = "{*}" if job is None else "{" + _glob_escape(job) + "}"
     base = f"{_glob_escape(key_prefix or prefix())}:{tag}"
     if names is None:
         return [f"{base}:*"]
-    unknown = set(names) - set(JOB_KEYS)
+    unknown = set(names) - set(JOB_KEYS) - set(KEY_FAMILIES)
     if unknown:
         raise ValueError(f"not job keys: {sorted(unknown)}")
-    return [f"{base}:{name}" for name in JOB_KEYS if name in names]
+    return [f"{base}:{name}" for name in JOB_KEYS if name in names] + [
+        f"{base}:{glob}" for name, glob in KEY_FAMILIES.items() if name in names
+    ]
 
 
 def acl_jobs_index_pattern(key_prefix: str | None = None) -> str:

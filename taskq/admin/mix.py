@@ -30,15 +30,14 @@ from taskq.data import task_size
 from taskq.engine.connection import Connection, translate
 from taskq.engine.contract import Code
 from taskq.integrity import decode_chunks
+from taskq.keys import MIXSEQ_BLOCK
 from taskq.keys import MetaField as F
 from taskq.mix import Feed, MixSpec, check_mix
 from taskq.models import JobConfig
 
 #: Tasks read from a source per round trip at create (a multiple of SIZE_BLOCK).
 READ_BATCH = 1024
-#: Passes whose sequence a mixed job keeps (lib/mix.lua KEEP).
-KEEP_PASSES = 3
-#: A stored position's width: a copy id in hex (lib/mix.lua W).
+#: A stored position's width: a copy id in hex (lib/mixseq.lua W).
 ENTRY = 10
 #: Tasks' sizes per field of ``mixsz`` (lib/mixrule.lua sizes_reader).
 SIZE_BLOCK = 256
@@ -293,14 +292,20 @@ def _state_life(blob: bytes, k: int, streams: bool) -> list[int]:
 
 def _stored(conn: Connection, name: str, pass_no: int, start: int, end: int) -> list[str]:
     """The copy ids (``copy_field``) stored at positions ``start .. end - 1`` of pass
-    ``pass_no``, read READ_BATCH at a time."""
-    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    ``pass_no``, read READ_BATCH at a time (a batch ends at its block's end too:
+    lib/mixseq.lua, ``JobKeys.mixseq_block``)."""
+    keys = conn.keys(name)
     out: list[str] = []
-    for at in range(start, end, READ_BATCH):
-        upto = min(end, at + READ_BATCH)
+    at = start
+    while at < end:
+        block, off = divmod(at, MIXSEQ_BLOCK)
+        upto = min(end, at + READ_BATCH, at - off + MIXSEQ_BLOCK)
         with translate(conn.url):
-            raw = conn.redis.getrange(key, ENTRY * at, ENTRY * upto - 1)
+            raw = conn.redis.getrange(
+                keys.mixseq_block(pass_no, block), ENTRY * off, ENTRY * (off + upto - at) - 1
+            )
         out.extend(raw[ENTRY * k : ENTRY * k + ENTRY] for k in range(upto - at))
+        at = upto
     return out
 
 
@@ -326,11 +331,12 @@ def _trim(conn: Connection, name: str, spec: MixSpec) -> tuple[int, list[int], l
 
 def _copies_at(conn: Connection, name: str, pass_no: int, positions: list[int]) -> list[str]:
     """The copy ids stored at ``positions`` of pass ``pass_no`` (one round trip)."""
-    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    keys = conn.keys(name)
     with translate(conn.url):
         pipe = conn.redis.pipeline(transaction=False)
         for t in positions:
-            pipe.getrange(key, ENTRY * t, ENTRY * t + ENTRY - 1)
+            block, off = divmod(t, MIXSEQ_BLOCK)
+            pipe.getrange(keys.mixseq_block(pass_no, block), ENTRY * off, ENTRY * off + ENTRY - 1)
         return pipe.execute() if positions else []
 
 
@@ -455,11 +461,12 @@ def task_fields(conn: Connection, name: str, ids: list[int]) -> list[str | None]
     pass_no = int(pass_raw or 0)
     st = _state(conn, name, spec, pass_no)
     handed = int(st["h"]) if st else 0
-    key = getattr(conn.keys(name), f"mixseq{pass_no % KEEP_PASSES}")
+    keys = conn.keys(name)
     with translate(conn.url):
         pipe = conn.redis.pipeline(transaction=False)
         for t in ids:
-            pipe.getrange(key, ENTRY * t, ENTRY * t + ENTRY - 1)
+            block, off = divmod(t, MIXSEQ_BLOCK)
+            pipe.getrange(keys.mixseq_block(pass_no, block), ENTRY * off, ENTRY * off + ENTRY - 1)
         got = pipe.execute() if ids else []
     return [
         f if 0 <= t < handed and len(f) == ENTRY else None for t, f in zip(ids, got, strict=True)

@@ -110,6 +110,7 @@ LIB_PARTS: tuple[str, ...] = (
     "call.lua",
     "mixrule.lua",
     "mixdead.lua",
+    "mixseq.lua",
     "mixfeed.lua",
     "mix.lua",
     "mixslot.lua",

@@ -59,7 +59,7 @@ from taskq.keys import (
 #: charges again live (SREM dead) until the charge marks them. A stream source's feed log
 #: (ZADD by the charge) loses the entries of what is charged again (ZREMRANGEBYSCORE).
 MIX_WRITES = (
-    (("mixseq0", "mixseq1", "mixseq2"), ("setrange", "unlink")),
+    (("mixseq",), ("setrange", "unlink")),  # (keys.KEY_FAMILIES: its blocks, lib/mixseq.lua)
     (("mixlog", "mixfeed"), ("zremrangebyscore",)),
     (("dead",), ("srem",)),
     (("dead", "deadbits", "counts"), ("unlink",)),  # (one UNLINK: one selector)

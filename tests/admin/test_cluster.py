@@ -230,7 +230,7 @@ def test_a_mixed_job_lives_in_one_slot_and_keeps_its_sequence_on_a_cluster(
     assert leased == want and len(want) == 60
     assert [(r["source"], r["source_task"]) for r in job.mix_sequence()] == want
     assert cclient.status(mix).state == "completed" and cclient.audit(mix)["ok"]
-    assert owner.exists(keys.mixseq0) == 1
+    assert owner.exists(keys.mixseq_block(0, 0)) == 1
 
     sharded = f"{mix}-sharded"
     cclient.create_job(sharded, [{"i": i} for i in range(4)], shards=2, replace=True)

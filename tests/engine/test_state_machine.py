@@ -1309,8 +1309,8 @@ class MixedMachine(EngineMachine):
         dead = sorted(int(t) for t in r.smembers(keys.dead))
         if not dead:
             return
-        seq = getattr(keys, f"mixseq{self._meta('pass') % 3}")  # (stored: charged)
-        fields = [r.getrange(seq, t * 10, t * 10 + 9) for t in dead]
+        p = self._meta("pass")  # (stored: charged; positions below MAX_TASKS: block 0)
+        fields = [r.getrange(keys.mixseq_block(p, 0), t * 10, t * 10 + 9) for t in dead]
         assert all(len(f) == 10 for f in fields), "a dead slot not charged"
         assert all(r.smismember(keys.mixdead, fields)), "a dead slot whose copy is live"
 

@@ -12,6 +12,7 @@ local arg_enum, arg_fail, arg_int, arg_text, args_bad =
   lib.args.arg_enum, lib.args.arg_fail, lib.args.arg_int, lib.args.arg_text, lib.args.args_bad
 local event = lib.events.event
 local done, open_job = lib.call.done, lib.call.open_job
+local drop_all = lib.mix.drop_all
 arg_enum(ARGV[1], 'replace', '0 1')
 local n_tasks = arg_int(ARGV[2], 'n_tasks', 0, 4294967295)
 if #ARGV % 2 ~= 0 then arg_fail('ARGV', 'meta fields without a value', #ARGV) end
@@ -52,6 +53,7 @@ if rcall('HLEN', staging) ~= tonum(ARGV[2])
   return done({C.INVALID})
 end
 local last_token = rcall('HGET', K_META, N.LAST_TOKEN) or '0'
+if mget(F.SHUFFLE) == 'm' then drop_all() end  -- (a mixed job's sequence: job_keys() names none)
 rcall('UNLINK', unpk(job_keys()))
 if n_tasks > 0 then
   rcall('RENAME', staging, K_CHUNKS)

@@ -31,8 +31,8 @@ local arg_id, arg_int, arg_len, args_bad =
 local done, open_job = lib.call.done, lib.call.open_job
 local ck_record, ck_bound, ck_sweep_step =
   lib.cuts.ck_record, lib.cuts.ck_bound, lib.cuts.ck_sweep_step
-local trims, mix_fed, mix_trim_fields, mix_trim_logs = lib.mixtrim.trims, lib.mixtrim.mix_fed,
-  lib.mixtrim.mix_trim_fields, lib.mixtrim.mix_trim_logs
+local trims, mix_fed, mix_trim_fields, mix_trim_below = lib.mixtrim.trims, lib.mixtrim.mix_fed,
+  lib.mixtrim.mix_trim_fields, lib.mixtrim.mix_trim_below
 local ASIDE_STEP = 100  -- tasks set aside one call looks at (in turn) to drop the done ones'
 arg_id(ARGV[1], 'job_inc', true)
 local max = arg_int(ARGV[2], 'max', 1, TRIM_MAX)
@@ -152,7 +152,7 @@ if #aside > 0 then
   for _, d in lipairs(aside) do za[#za + 1] = d; za[#za + 1] = fmt(d) end
   rcall('ZADD', K_ASIDE, unpk(za))
 end
-if mixed and not blocked then mix_trim_logs(mmax(t, w)) end
+if mixed and not blocked then mix_trim_below(mmax(t, w)) end
 if t <= w then return done({C.OK, 0, w}) end
 -- the appends that end below the watermark: the one holding task t stays (its time is
 -- the oldest unfinished task's age when that task is t)

@@ -17,9 +17,8 @@
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- lib/mixrule.lua state_format; "s0" the same at the last page's start; ":<p>" as pass p
 -- was left); 'mixsz' the copies' sizes in samples when the weights count them (a hash:
--- field "<source>:<block>", '>I4' each for the source's tasks 256 * block ..);
--- 'mixseq<p % 3>' pass p's copy ids by position (10 hex digits each: SETRANGE / GETRANGE,
--- O(1)); 'mixlog' "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins).
+-- field "<source>:<block>", '>I4' each for the source's tasks 256 * block ..); 'mixlog'
+-- "<slot>|<seq, 12 digits>|<w,w,...>" scored by slot (the last wins); the sequence: lib/mixseq.lua.
 local rcall, tonum, smatch, ssub, sformat, tconcat, lipairs =
   redis.call, tonumber, string.match, string.sub, string.format, table.concat, ipairs
 local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
@@ -32,6 +31,7 @@ local unpack_rule_state, pack_state, sizes_reader, life_after, numbers =
   lib.mixrule.unpack_state, lib.mixrule.pack_state, lib.mixrule.sizes_reader,
   lib.mixrule.life_after, lib.mixrule.numbers
 local feed_view, charge_stream = lib.mixfeed.feed_view, lib.mixfeed.charge_stream
+local get_seq, set_seq, drop_seq = lib.mixseq.get, lib.mixseq.set, lib.mixseq.drop
 
 local KEEP = 3  -- constant
 -- Positions charged at once (a page: the state read and written, the tasks stored, once a
@@ -114,12 +114,7 @@ local function fresh_state(p, kp, life, view)
   return st
 end
 
-local function seq_key(p)
-  return kc('mixseq' .. fmt(p % KEEP))
-end
-
--- What the charge with stream sources reads of this part (lib/mixfeed.lua).
-local FEED = {weights_at = weights_at, next_change = next_change, seq_key = seq_key}  -- constant
+local FEED = {weights_at = weights_at, next_change = next_change}  -- constant: lib/mixfeed.lua's
 
 local function is_kept(st, p)
   for _, q in lipairs(st.kp) do if q == p then return true end end
@@ -135,13 +130,6 @@ local function state_args(st, sfx, args)
   return args
 end
 
--- Drops the sequence and the saved state of pass q.
-local function drop_pass(q)
-  rcall('UNLINK', seq_key(q))
-  local sfx = ':' .. fmt(q)
-  rcall('HDEL', kc('mix'), 's' .. sfx, 's0' .. sfx, 'd' .. sfx)
-end
-
 -- The saved state of pass p (kept) and its positions handed out, or nil.
 local function saved_state(p, kp)
   local sfx = ':' .. fmt(p)
@@ -150,6 +138,14 @@ local function saved_state(p, kp)
   local st = unpack_state(r[1], kp, by_samples())
   st.s0 = r[2]
   return st, tonum(r[3] or '0')
+end
+
+-- Drops the sequence and the saved state of pass q: the sequence up to its charged reach
+-- and a page past it (what a weight change's cut left stored there, mix_set).
+local function drop_pass(q)
+  local st, sfx = ST and ST.p == q and ST or saved_state(q, {}), ':' .. fmt(q)
+  drop_seq(q, (st and st.h or 0) + PAGE)
+  rcall('HDEL', kc('mix'), 's' .. sfx, 's0' .. sfx, 'd' .. sfx)
 end
 
 -- Pass p's state made current: its saved one when `kept` (a rewind back to it) or a new
@@ -164,7 +160,7 @@ local function enter(p, keep, kept, life, view)
     st.nx, st.raw = next_change(base + st.h - 1), nil
   else
     st, d = fresh_state(p, keep, life, view), 0
-    rcall('UNLINK', seq_key(p))  -- (an older pass's, not kept)
+    drop_seq(p, PAGE)  -- (an older pass's first page, if any is left: drop_pass took theirs)
   end
   mput(F.MIXH, base + st.h)
   mput(F.MIXD, base + d)
@@ -190,7 +186,7 @@ local function switch_to(p)
     rcall('HSET', kc('mix'), unpack(args))
     kept = st.kp
     if cycling() and p > st.p then  -- (the positions charged ahead, never handed out)
-      local ahead = d < st.h and rcall('GETRANGE', seq_key(st.p), d * W, st.h * W - 1) or ''
+      local ahead = get_seq(st.p, d, st.h)
       life = life_after(st, ahead, W)
     end
   end
@@ -219,13 +215,12 @@ local function stored(p, pos)
   elseif not is_kept(st, p) then
     return nil
   end
-  local e = rcall('GETRANGE', seq_key(p), pos * W, pos * W + W - 1)
-  if #e < W then return nil end
-  return e
+  local e = get_seq(p, pos, pos + 1)
+  return #e == W and e or nil
 end
 
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
--- in one SETRANGE. With `upto`, instead, the state is walked on to position `upto` by the
+-- at once (lib/mixseq.lua). With `upto`, instead, the state is walked on to position `upto` by the
 -- positions stored there (the rule not asked: a weight change's state at its slot, mix_set).
 -- on_exhausted=stop: the charge ends after the slot where a source of positive weight takes
 -- its last task (on_last); the state's rs is 2 then, meta 'mixe' the pass's end slot.
@@ -238,7 +233,7 @@ local function charge_page(st, upto)
   local h0 = st.h
   local last, kept = upto, nil
   if upto then
-    kept = rcall('GETRANGE', seq_key(st.p), h0 * W, upto * W - 1)
+    kept = get_seq(st.p, h0, upto)
   else
     last = mmin(h0 + PAGE, nn)
     st.s0 = pack_state(st)
@@ -303,7 +298,7 @@ local function charge_page(st, upto)
   if st.rs == 2 then mput(F.MIXE, base + last) end
   ST_DIRTY = true
   if not kept then
-    rcall('SETRANGE', seq_key(st.p), h0 * W, tconcat(out))
+    set_seq(st.p, h0, tconcat(out))
     if #out > 0 then mark_dead(h0, out) end
   end
 end
@@ -388,6 +383,11 @@ local function mix_flush()
   ST_DIRTY = false
 end
 
+-- Every kept pass's sequence dropped (delete, a create over the job: job_keys() names none).
+local function drop_all()
+  for _, q in lipairs(read_state() and ST.kp or {}) do drop_pass(q) end
+end
+
 -- This part's per-call state back to its start (begin(), every call).
 local function reset()
   SPEC, ST, ST_DIRTY = nil, nil, false
@@ -395,5 +395,5 @@ end
 
 return {mix_charged = mix_charged, mix_set = mix_set, is_kept = is_kept, saved_state = saved_state,
   mix_flush = mix_flush, spec = spec, reset = reset,
-  read_state = read_state, switch_to = switch_to, charge_page = charge_page, seq_key = seq_key,
-  stored = stored}
+  read_state = read_state, switch_to = switch_to, charge_page = charge_page, stored = stored,
+  drop_all = drop_all}

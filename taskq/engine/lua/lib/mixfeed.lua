@@ -8,11 +8,10 @@ local rcall, tonum, smatch, sformat, tconcat, lipairs, unpack =
 local fmt, mnum, mput = lib.meta.fmt, lib.meta.mnum, lib.meta.mput
 local pack_state, owed_first, defers, token_choice = lib.mixrule.pack_state,
   lib.mixrule.owed_first, lib.mixrule.defers, lib.mixrule.token_choice
-local mark_dead, numbers = lib.mixdead.mark_dead, lib.mixrule.numbers
+local mark_dead, numbers, set_seq = lib.mixdead.mark_dead, lib.mixrule.numbers, lib.mixseq.set
 
 local PAGE = 256  -- constant: positions charged at once (lib/mix.lua PAGE)
 local STRIDE = 4294967296  -- constant: copy id = source (0-based) * STRIDE + its task
-local W = 10  -- constant: the width of a stored position (lib/mix.lua W)
 
 -- Stream sources: each one's store as the feed log says at slot `start` (tasks, sealed
 -- 1/0): `view` (the state of the pass before: no entry lies between its charge and
@@ -150,7 +149,7 @@ local function charge_stream(sp, st, upto, cx)
   mput(F.MIXH, base + h)
   if ended then st.rs = 2; mput(F.MIXE, base + h) end
   if not upto and #out > 0 then
-    rcall('SETRANGE', cx.seq_key(st.p), h0 * W, tconcat(out))
+    set_seq(st.p, h0, tconcat(out))
     mark_dead(h0, out)
   end
 end

@@ -1,16 +1,15 @@
 -- mixslot.lua: a mixed job's slots as the lease sees them (docs/mixing.md): the cursor's
 -- walk charges the positions it reaches (mix_charge, lib/mix.lua's pages), a granted
 -- slot's chunks are its copy's (mix_fields: the copy ids its pass's stored sequence holds,
--- read with one GETRANGE) and its reply names the copy's source; before the cursor goes
--- back or to another pass, how far it reached is noted (mix_note: 'mixd').
+-- lib/mixseq.lua, read with one GETRANGE) and its reply names the copy's source; before
+-- the cursor goes back or to another pass, how far it reached is noted (mix_note: 'mixd').
 local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
 local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
-local read_state, switch_to, charge_page, seq_key =
-  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mix.seq_key
+local read_state, switch_to, charge_page, get_seq =
+  lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mixseq.get
 local stored = lib.mix.stored
-local rcall = redis.call
 
-local W = 10  -- constant: the width of a stored position (lib/mix.lua)
+local W = 10  -- constant: the width of a stored position (lib/mixseq.lua)
 local RESOLVE_SPAN = 64  -- constant: granted positions read in one GETRANGE when this close
 
 -- The positions of the current pass stored so far, from the hot meta field alone (-1:
@@ -58,9 +57,10 @@ end
 
 -- The copy ids (10 hex digits, the chunks hash's fields) of the slots of the reply rows
 -- `out` (element 1: the position; stored: charged before they are handed out, dispatch):
--- one GETRANGE when they lie within RESOLVE_SPAN positions, else one each.
+-- one GETRANGE when they lie within RESOLVE_SPAN positions (two across a block's end), else
+-- one each.
 local function mix_fields(out)
-  local key = seq_key(mnum(F.PASS))
+  local p = mnum(F.PASS)
   local n, lo = #out, out[1][1]
   local hi = lo
   for k = 2, n do
@@ -70,7 +70,7 @@ local function mix_fields(out)
   handed(hi)
   local fields = {}
   if hi - lo < RESOLVE_SPAN then
-    local blk = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
+    local blk = get_seq(p, lo, hi + 1)
     for k = 1, n do
       local at = (out[k][1] - lo) * W
       fields[k] = ssub(blk, at + 1, at + W)
@@ -78,7 +78,7 @@ local function mix_fields(out)
   else
     for k = 1, n do
       local v = out[k][1]
-      fields[k] = rcall('GETRANGE', key, v * W, v * W + W - 1)
+      fields[k] = get_seq(p, v, v + 1)
     end
   end
   return fields

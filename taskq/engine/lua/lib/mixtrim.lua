@@ -8,7 +8,8 @@
 local rcall, tonum, smatch, ssub, mfloor, mmin, lipairs, lpairs, unpk =
   redis.call, tonumber, string.match, string.sub, math.floor, math.min, ipairs, pairs, unpack
 local fmt, mget, mnum = lib.meta.fmt, lib.meta.mget, lib.meta.mnum
-local unpack_state = lib.mixrule.unpack_state
+local unpack_state, seq_get, seq_forget = lib.mixrule.unpack_state, lib.mixseq.get,
+  lib.mixseq.forget
 
 local STRIDE = 4294967296  -- constant: copy id = source (0-based) * STRIDE + its task
 local W = 10  -- constant: the width of a stored position (lib/mix.lua W)
@@ -28,21 +29,19 @@ local function trims()
 end
 
 -- The copy ids (10 hex digits) stored at positions `tasks` (ascending, as strings) of the
--- current pass: the one read of the stored sequence the trim makes (lib/mix.lua's
--- storage: one GETRANGE over them when they lie close, else one a position).
+-- current pass: the one read of the stored sequence the trim makes (lib/mixseq.lua: one
+-- read over them when they lie close, else one a position).
 local function copies_at(tasks)
-  local key, out = lib.mix.seq_key(mnum(F.PASS)), {}
+  local p, out = mnum(F.PASS), {}
   local lo, hi = tonum(tasks[1]), tonum(tasks[#tasks])
   if hi - lo < 2 * #tasks + 64 then
-    local raw = rcall('GETRANGE', key, lo * W, hi * W + W - 1)
+    local raw = seq_get(p, lo, hi + 1)
     for _, s in lipairs(tasks) do
       local at = (tonum(s) - lo) * W
       out[#out + 1] = ssub(raw, at + 1, at + W)
     end
   else
-    for _, s in lipairs(tasks) do
-      out[#out + 1] = rcall('GETRANGE', key, tonum(s) * W, tonum(s) * W + W - 1)
-    end
+    for _, s in lipairs(tasks) do out[#out + 1] = seq_get(p, tonum(s), tonum(s) + 1) end
   end
   return out
 end
@@ -64,7 +63,9 @@ local function mix_trim_fields(tasks)
   return fields
 end
 
--- The logs below what a charge reads, once the watermark stands at position `w`: `floor`
+-- The sequence's blocks wholly below the watermark `w` and the lowest position set aside
+-- (a dead one, or dead at a kept cut: its retry or a rewind reads its copy), lib/mixseq.lua
+-- forget; and the logs below what a charge reads: `floor`
 -- is the lower of the pass's slot at `w` and the slot of the last page's start (the state's
 -- 's0': a weight change's cut walks the page again from there, reading both logs from that
 -- slot on). The weight log keeps its change in force at `floor`; the feed log each stream
@@ -72,9 +73,11 @@ end
 -- feed_view reads it), looked at FEED_STEP entries a call from the oldest: an entry of a
 -- source that has a later one among them goes (with at most 64 sources, a full step always
 -- takes some, so the log comes down to that in a few calls).
-local function mix_trim_logs(w)
+local function mix_trim_below(w)
   local st = lib.mix.read_state()
   if not st or st.p ~= mnum(F.PASS) then return end
+  local low = rcall('ZRANGE', K_ASIDE, 0, 0)[1]
+  seq_forget(st.p, low and mmin(w, tonum(low)) or w)
   local h0 = st.s0 and unpack_state(st.s0, {}, false, true).h or st.h
   local floor = fmt(st.p * mnum(F.N) + mmin(w, h0))
   local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), floor, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -88,4 +91,5 @@ local function mix_trim_logs(w)
   if #gone > 0 then rcall('ZREM', kc('mixfeed'), unpk(gone)) end
 end
 
-return {trims = trims, mix_fed = mix_fed, mix_trim_fields = mix_trim_fields, mix_trim_logs = mix_trim_logs}
+return {trims = trims, mix_fed = mix_fed, mix_trim_fields = mix_trim_fields,
+  mix_trim_below = mix_trim_below}
