@@ -461,11 +461,13 @@ def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
-def test_engine_equals_the_reference_with_many_sources(client, data):
-    # The engine picks a slot's source with a heap and buckets (lib/mix.lua, O(log k) a
-    # slot), the reference with a scan of every source: the same sequence, page after page,
-    # with weights of 0, near ties and changes logged inside a page and across pages.
-    k = data.draw(st.integers(2, 64))
+@pytest.mark.parametrize("band", [(2, 24), (25, 64)], ids=["scan", "heap"])
+def test_engine_equals_the_reference_with_many_sources(client, data, band):
+    # The engine picks a slot's source by a scan up to 24 sources, with a heap and buckets
+    # above (lib/mixrule.lua choice, O(log k) a slot), the reference with a scan of every
+    # source: the same sequence, page after page, with weights of 0, near ties and changes
+    # logged inside a page and across pages.
+    k = data.draw(st.integers(*band))
     sizes = data.draw(st.lists(st.integers(1, 6), min_size=k, max_size=k))
     first, changes = _weights_and_log(data, k, sum(sizes), changes=3)
     tag = f"mx{next(_ids)}"
@@ -1784,8 +1786,8 @@ def test_the_reference_refuses_what_it_does_not_define():
 
 
 # The rule's Lua (lib/mixrule.lua), run as it is by EVAL on the test server: a charge of a
-# whole pass made of its functions, the way lib/mix.lua's charge is to call them (the heap
-# choice, settle, choose_by_samples, segment, cycle_task, on_last, owed_first, defers).
+# whole pass made of its functions, the way lib/mix.lua's charge is to call them (the
+# choice, a scan up to 24 sources and a heap above, settle, choose_by_samples, segment, cycle_task, on_last, owed_first, defers).
 _HARNESS = """
 local R = (function() %s end)()
 local a = cjson.decode(ARGV[1])

@@ -1,5 +1,6 @@
 -- mixrule.lua: a mixed job's deadline rule (docs/mixing.md, "Slots and the schedule"), the
--- choice of a slot's source in O(log k) for lib/mix.lua's charge, and the rule when the
+-- choice of a slot's source for lib/mix.lua's charge (a scan of a few sources, a heap of
+-- many: O(log k)), and the rule when the
 -- weights count samples; what a source's run-out means (cycle, stop) and a stream
 -- source's debt ("A source runs out"), pure functions; the schedule's state's packed form
 -- (taskq/mix.py `plan_pass` is the reference: a scan of every source, the same
@@ -99,8 +100,16 @@ local function place(ch, i, at, now)
   end
 end
 
--- The choice's structure for the segment's sources `act` from segment position m on.
+-- Up to this many sources a segment's choice is a scan of them, O(k) a slot and no table
+-- made (the comparisons above, in index order): below about 24-32 sources it costs less
+-- than the heap's pushes and pops (bench/mix.py: 3 sources, batches(16), 176 -> 169 k
+-- instructions a task; docs/mixing.md "Costs").
+local SCAN_MAX = 24  -- constant
+
+-- The choice's structure for the segment's sources `act` from segment position m on (a
+-- scan's: the segment's counts `c`, shares `w` and d, read as the charge moves them).
 local function choice(act, c, w, d, m)
+  if #act <= SCAN_MAX then return {scan = true, c = c, w = w, d = d} end
   local ch = {hp = {}, dl = {}, at = {}, wait = {}}
   for _, i in lipairs(act) do
     ch.dl[i] = (c[i] + d) / w[i]
@@ -111,6 +120,18 @@ end
 
 -- The source the rule takes at segment position m (taken out of the structure).
 local function choose(ch, act, m)
+  if ch.scan then
+    local c, w, d = ch.c, ch.w, ch.d
+    local best, anyone, best_dl, any_dl = nil, nil, 0, 0
+    for j = 1, #act do
+      local i = act[j]
+      local wi, ci = w[i], c[i]
+      local dl = (ci + d) / wi
+      if ci + 1 - d <= wi * m and (not best or dl < best_dl) then best, best_dl = i, dl end
+      if not anyone or dl < any_dl then anyone, any_dl = i, dl end
+    end
+    return best or anyone
+  end
   local b = ch.wait[m]
   if b then
     for _, i in lipairs(b) do ch.at[i] = nil; heap_push(ch.hp, ch.dl, i) end
@@ -132,6 +153,7 @@ end
 -- Source `i`, charged at segment position m (c tasks in the segment now), back into the
 -- structure.
 local function settle(ch, i, c, w, d, m)
+  if ch.scan then return end
   ch.dl[i] = (c + d) / w
   place(ch, i, due_at(c, w, d), m + 1)
 end
