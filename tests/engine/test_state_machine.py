@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import taskq
 from taskq import integrity
 from taskq.admin.mix import (
+    _copies_at,
     copy_field,
     feed_entries,
     feed_log,
@@ -1268,8 +1269,7 @@ class MixedMachine(EngineMachine):
 
     def _stored(self, positions: list[int]) -> list[str]:
         """The copies the current pass's stored sequence holds at ``positions``."""
-        seq = getattr(self.client.keys(self.job), f"mixseq{self._meta('pass') % 3}")
-        return [self.client.redis.getrange(seq, t * 10, t * 10 + 9) for t in positions]
+        return _copies_at(self.client.connection, self.job, self._meta("pass"), positions)
 
     @invariant()
     def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
