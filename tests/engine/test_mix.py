@@ -672,16 +672,35 @@ def test_an_open_stream_source_is_fed_through_its_mixed_job(client):
 
 def _check_fed(client: taskq.Client, mix: str, p: int) -> PassPlan:
     """The engine's handed-out sequence of pass ``p`` equals the reference's from the
-    weight log and the engine's feed log, from slot ``p * N``; returns the whole plan."""
+    weight log and the engine's feed log, from slot ``p * N``, the slots that repaid a
+    debt too (``repaid``); in the current pass, ``mix_status()``'s debts are the
+    reference's at the charge's high-water (``plan_pass(..., length=<high_water>)``, or
+    the whole pass's where it ended there), and its ``waits_on`` is the reference's wait
+    at the high-water whenever it says one. Returns the whole plan."""
     spec = spec_of(client.connection, mix)
     log = weight_log(client.connection, mix)
     feed = feed_log(client.connection, mix)
     plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
-    got = _engine(client, mix, p)
+    rows = client.job(mix).mix_sequence(p)
+    got = [(r["source"], r["source_task"]) for r in rows]
     assert got == [(spec.sources[s.source], s.task) for s in plan.slots][: len(got)]
-    assert [r["slot"] for r in client.job(mix).mix_sequence(p)] == [
-        s.slot for s in plan.slots[: len(got)]
-    ]
+    assert [r["slot"] for r in rows] == [s.slot for s in plan.slots[: len(got)]]
+    assert [r["repaid"] for r in rows] == [s.repaid for s in plan.slots[: len(got)]]
+    status = client.job(mix).mix_status()
+    if status["pass"] != p:
+        return plan
+    high = status["high_water"]
+    at = plan
+    if plan.end not in ("done", "stop") or len(plan.slots) != high:
+        at = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride, length=high)
+    assert [r["debt"] for r in status["sources"]] == at.debt
+    if status["waits_on"] is not None:
+        assert plan.end == "wait" and len(plan.slots) == high
+        assert plan.waits_on is not None
+        assert status["waits_on"] == {
+            "source": spec.sources[plan.waits_on],
+            "slot": p * spec.stride + high,
+        }
     return plan
 
 
@@ -696,8 +715,9 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
     and weight changes interleaved with leases; after every step the handed-out sequence is
     ``pass_schedule(spec, log, p, feed=<the engine's mixfeed>, first_slot=p * N)``'s, a
     lease that finds nothing is the reference's wait (every charged slot handed out, its
-    plan ending ``wait``), and once every stream is sealed two passes drain as the
-    reference makes them."""
+    plan ending ``wait``, which ``mix_status()["waits_on"]`` names), and once every stream
+    is sealed two passes drain as the reference makes them. After every step too, the
+    slots that repaid a debt and each source's debt are the reference's (``_check_fed``)."""
     tag = f"mx{next(_ids)}"
     fixed = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=2), label="fixed")
     opened = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=2), label="streams")
@@ -747,8 +767,14 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
                         if not lease(t, 0) and not lease(t, 0):
                             p = client.status(mix).pass_no
                             plan = _check_fed(client, mix, p)
-                            assert plan.end == "wait"
+                            assert plan.end == "wait" and plan.waits_on is not None
                             assert len(plan.slots) == len(_engine(client, mix, p))
+                            # (the lease's charge stopped at the wait: the status says so)
+                            assert client.job(mix).mix_status()["waits_on"] == {
+                                "source": sources[plan.waits_on],
+                                "slot": p * spec_of(client.connection, mix).stride
+                                + len(plan.slots),
+                            }
                             break
                 elif op == "feed":
                     s = data.draw(st.sampled_from(streams))
