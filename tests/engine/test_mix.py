@@ -1298,12 +1298,70 @@ def test_cli_create_set_status_export(url, client):
     r = _cli(url, "mix", "status", mix)
     assert r.returncode == 0, r.stderr
     header, *table = r.stdout.splitlines()[1:]
-    # every column docs/mixing.md lists; no debt (a stream source's: not built)
-    assert header.split() == ["source", "weight", "charged", "acked", "samples", "tasks", "pass"]
-    assert [row.split() for row in table] == [
-        [names["a"], "3", "8", "8", "?", "8", "0"],
-        [names["b"], "1", "4", "4", "?", "4", "0"],
+    # every column docs/mixing.md lists; a fixed source owes nothing
+    assert header.split() == [
+        "source",
+        "weight",
+        "charged",
+        "acked",
+        "samples",
+        "tasks",
+        "pass",
+        "debt",
     ]
+    assert [row.split() for row in table] == [
+        [names["a"], "3", "8", "8", "?", "8", "0", "0"],
+        [names["b"], "1", "4", "4", "?", "4", "0", "0"],
+    ]
+
+
+def test_cli_status_shows_a_starving_streams_debt_and_wait_and_export_the_repaid_slot(url, client):
+    # max_debt=1, web (4 tasks) and an open stream news (1 task) at equal weights: slots
+    # 0-2 are web, news, web; slot 3's pick is news with nothing: it owes the slot (web
+    # takes it) and slot 4's pick of news, owing 1 already, waits. The status shows the
+    # debt and the wait; once news is fed, slot 4 repays it: the export says so.
+    tag = f"mx{next(_ids)}"
+    web = _sources(client, {"web": 4}, tag)["web"]
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={web: 0.5, news: 0.5}, max_debt=1)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(4):
+            task = t.lease(timeout=0)
+            assert task is not None
+            t.ack(task)
+        assert t.lease(timeout=0) is None
+        r = _cli(url, "mix", "status", mix)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[1].split()[-1] == "debt"
+        assert [(row.split()[0], row.split()[-1]) for row in lines[2:4]] == [
+            (web, "0"),
+            (news, "1"),
+        ]
+        assert lines[4:] == [f"waits on {news} at slot 4"]
+        st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+        assert st["waits_on"] == {"source": news, "slot": 4}
+        assert (st["high_water"], [x["debt"] for x in st["sources"]]) == (4, [0, 1])
+        client.job(mix).append([{"src": "news", "i": 1}], feed=news)
+        task = t.lease(timeout=0)
+        assert task is not None and (task.source, task.chunks[0]["i"]) == (news, 1)
+        t.ack(task)
+    rows = [json.loads(line) for line in _cli(url, "mix", "export", mix).stdout.splitlines()]
+    assert [(x["slot"], x["source"], x["repaid"]) for x in rows] == [
+        (0, web, False),
+        (1, news, False),
+        (2, web, False),
+        (3, web, False),
+        (4, news, True),
+    ]
+    # (the charge went on: slot 5's pick of news, all taken again, owes it (web takes it,
+    # its last); slot 6's waits)
+    st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+    assert (st["high_water"], [x["debt"] for x in st["sources"]]) == (6, [0, 1])
+    assert st["waits_on"] == {"source": news, "slot": 6}
+    assert _check_fed(client, mix, 0).deferred == [(3, 1), (5, 1)]  # (the reference's)
 
 
 def test_cli_errors_are_one_line(url, client):
