@@ -913,6 +913,42 @@ def test_a_rewind_to_an_earlier_pass_with_a_stream_source_reads_that_pass_length
     _check_fed(client, mix, 0)
 
 
+def test_repaid_slots_stay_with_their_kept_pass_and_go_below_the_kept_passes(client):
+    # max_debt=1, web (4 tasks) and an open stream news (1 task): pass 0 owes news slot 3
+    # and repays it at slot 4 once fed; sealed, the later passes repay nothing. Slot 4 is
+    # recorded ('mixrepaid') while pass 0's sequence is kept (passes 1 and 2 keep it) and
+    # goes when pass 3 starts (lib/mixfeed.lua forget_below: nothing below the kept passes).
+    tag = f"mx{next(_ids)}"
+    web = _sources(client, {"web": 4}, tag)["web"]
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={web: 0.5, news: 0.5}, max_debt=1, passes=4)
+    key = client.keys(mix).mixrepaid
+    recorded: dict[int, list[int]] = {}
+    repaid: dict[int, list[int]] = {}
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(4):
+            t.ack(t.lease(timeout=0))
+        assert t.lease(timeout=0) is None
+        client.job(mix).append([{"src": "news", "i": 1}], feed=news)
+        client.job(mix).seal(feed=news)
+        while True:
+            try:
+                task = t.lease(timeout=1)
+            except taskq.JobCompleted:
+                break
+            assert task is not None
+            if task.pass_no not in recorded:
+                recorded[task.pass_no] = [int(m) for m in client.redis.zrange(key, 0, -1)]
+                repaid[task.pass_no] = [
+                    r["slot"] for r in client.job(mix).mix_sequence(0) if r["repaid"]
+                ]
+            t.ack(task)
+    assert recorded == {0: [4], 1: [4], 2: [4], 3: []}
+    assert repaid == {0: [4], 1: [4], 2: [4], 3: []}  # (pass 0 kept, then not)
+
+
 def test_a_trainer_waiting_on_a_starving_stream_is_woken_by_its_feed(client):
     # max_debt 0 (wait): the first slot the rule gives the empty stream waits; the trainer
     # blocked in its lease gets the slot as soon as the feed appends (no polling), and a
