@@ -51,8 +51,9 @@ def set_weights(
 def status(ctx: click.Context, name: str, as_json: bool) -> None:
     """Mixed job NAME per source: weight now, charged and acked this pass, the acked
     tasks' samples (? when a task does not say its size), tasks, pass (a source's pass is
-    the mixed job's). No debt column: debt is a stream source's, and open stream sources
-    are not built (docs/mixing.md)."""
+    the mixed job's but under cycle), debt (the slots an open stream source owes, as of
+    the slots the schedule charged; 0 for a fixed source); and, when the charge waits for
+    a starving stream source's feed, the slot it waits at (docs/mixing.md)."""
     st = client_of(ctx).job(name).mix_status()
     if as_json:
         echo_json(st)
@@ -63,14 +64,16 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
     )
     click.echo(
         f"{'source':<24} {'weight':>8} {'charged':>8} {'acked':>8} {'samples':>10} "
-        f"{'tasks':>8} {'pass':>5}"
+        f"{'tasks':>8} {'pass':>5} {'debt':>5}"
     )
     for row in st["sources"]:
         samples = "?" if row["samples"] is None else row["samples"]
         click.echo(
             f"{row['source']:<24} {row['weight']:>8.4g} {row['charged']:>8} {row['acked']:>8} "
-            f"{samples:>10} {row['tasks']:>8} {row['pass']:>5}"
+            f"{samples:>10} {row['tasks']:>8} {row['pass']:>5} {row['debt']:>5}"
         )
+    if st["waits_on"] is not None:
+        click.echo(f"waits on {st['waits_on']['source']} at slot {st['waits_on']['slot']}")
 
 
 @mix.command("export")
@@ -85,8 +88,9 @@ def status(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.pass_context
 def export(ctx: click.Context, name: str, pass_no: int | None) -> None:
     """Mixed job NAME's charged slots of a pass, one JSON line each: slot, pass,
-    position, source, source_task, task. A trimmed mix (fed by an open stream source)
-    starts at its watermark, and says `# trimmed below slot S` on stderr first."""
+    position, source, source_task, source_pass, task, repaid (the slot repaid a stream
+    source's debt). A trimmed mix (fed by an open stream source) starts at its watermark,
+    and says `# trimmed below slot S` on stderr first."""
     rows = client_of(ctx).job(name).mix_sequence(pass_no)
     if rows and rows[0]["position"] > 0:
         click.echo(f"# trimmed below slot {rows[0]['slot']}", err=True)

@@ -60,6 +60,7 @@ EXPECTED_TYPES: dict[str, str] = {
     "mixsz": "hash",
     "mixstore": "zset",
     "mixfeed": "zset",
+    "mixrepaid": "zset",
     "sources": "hash",
     "srcseq": "zset",
     "aside": "zset",

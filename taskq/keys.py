@@ -65,7 +65,9 @@ JOB_KEYS: tuple[str, ...] = (
     "mixstore",  # zset: a mixed job's stream sources' stores, written by their feed (append.lua):
     # "<source>" scored by its tasks, "<source>:s" by 1 once sealed
     "mixfeed",  # zset: a mixed job's feed log, "<slot>|<seq>|<source>|<tasks>|<sealed>" scored by
-    # slot, written by the charge where a store differs from the log (lib/mix.lua)
+    # slot, written by the charge where a store differs from the log (lib/mixfeed.lua)
+    "mixrepaid",  # zset: the slots of a mixed job that repaid a stream source's debt, each
+    # scored by itself, written by the charge (lib/mixfeed.lua)
     "sources",  # hash: a source given to append (a file) -> its chunks appended, from its start
     "srcseq",  # zset: source -> the sequence of its last append (the oldest go past SOURCES_KEEP)
     "aside",  # zset: task -> task, a stream's tasks below its watermark that keep their records
@@ -107,6 +109,7 @@ COLD_KEYS: tuple[str, ...] = (
     "mixsz",
     "mixstore",
     "mixfeed",
+    "mixrepaid",
     "sources",
     "srcseq",
     "aside",

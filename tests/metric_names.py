@@ -31,6 +31,7 @@ METRIC_TYPES = {
             "taskq_mix_charged_tasks",
             "taskq_mix_acked_tasks",
             "taskq_mix_acked_samples",
+            "taskq_mix_debt_slots",
         ],
         "gauge",
     ),

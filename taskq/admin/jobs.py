@@ -301,7 +301,8 @@ class Job:
     @verb
     def mix_sequence(self, pass_no: int | None = None) -> list[dict[str, Any]]:
         """The slots a mixed job charged in a pass (default: the current one), in order:
-        ``{"slot", "pass", "position", "source", "source_task", "task"}``.
+        ``{"slot", "pass", "position", "source", "source_task", "source_pass", "task",
+        "repaid"}`` (mix.py ``sequence``).
 
         Raises:
             InvalidInput: not a mixed job. JobNotFound.
@@ -311,7 +312,8 @@ class Job:
     @verb
     def mix_status(self, cache: dict[str, Any] | None = None) -> dict[str, Any]:
         """A mixed job per source: weight, charged and acked this pass, the acked tasks'
-        samples, tasks, pass (mix.py ``status``; ``cache``: keep it between calls).
+        samples, tasks, pass, debt; the slot the charge waits at (mix.py ``status``;
+        ``cache``: keep it between calls).
 
         Raises:
             InvalidInput: not a mixed job. JobNotFound.

@@ -283,6 +283,13 @@ def _state_counts(blob: bytes, k: int) -> tuple[int, int, list[int]]:
     return int(p), int(h), list(struct.unpack_from(f">{k}I", blob, 40 + 4 * k))
 
 
+def _state_debt(blob: bytes, k: int) -> list[int]:
+    """Each source's debt at the state's high-water, from its packed form with stream
+    sources (lib/mixrule.lua ``state_format``: its feed's part, ``>d`` the segment's tokens
+    then per source ``>I`` its debt, its store, its flags, ends it)."""
+    return list(struct.unpack_from(f">{k}I", blob, len(blob) - 12 * k))
+
+
 def _state_life(blob: bytes, k: int, streams: bool) -> list[int]:
     """Each source's slots over the job's life before the state's pass (``cycle``; the
     packed form's ``>I`` per source after its weights, lib/mixrule.lua; with stream
@@ -345,7 +352,9 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     ahead of them; ``mix_charged``: in the current pass the cursor's reach, else 'mixd'
     as the pass was left): ``{"h": positions handed out, "t": tasks each source gave in
     them, "life": each source's slots over the job's life before the pass (``cycle``; 0
-    under the other rules)}``; None when nothing of it is kept."""
+    under the other rules), "high": the positions the state charged (its high-water, up to
+    a page past "h"), "debt": each source's debt there (0 without stream sources)}``; None
+    when nothing of it is kept."""
     keys = conn.keys(name)
     k = len(spec.sizes)
     with translate(conn.url):
@@ -367,12 +376,19 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
             return None
         handed = int(d or 0)
     _, h, counts = _state_counts(blob, k)
+    debt = _state_debt(blob, k) if any(spec.streams) else [0] * k
     if current:
         handed = max(handed, int(cursor or 0))
     handed = max(0, min(handed, h))
     for field in _stored(conn, name, pass_no, handed, h):  # charged ahead, not handed out
         counts[copy_of(field)[0]] -= 1
-    return {"h": handed, "t": counts, "life": _state_life(blob, k, any(spec.streams))}
+    return {
+        "h": handed,
+        "t": counts,
+        "life": _state_life(blob, k, any(spec.streams)),
+        "high": h,
+        "debt": debt,
+    }
 
 
 def pass_life(conn: Connection, name: str, pass_no: int) -> list[int] | None:
@@ -401,13 +417,15 @@ def kept_passes(conn: Connection, name: str) -> set[int] | None:
 
 def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[dict[str, Any]]:
     """What mixed job ``name`` handed out in a pass (default: the current one), slot by
-    slot: ``{"slot", "pass", "position", "source", "source_task", "source_pass", "task"}``
-    (``task`` the mixed job's task, which is the position; ``source_task`` the task's id in
-    the source job; ``source_pass`` the source's pass it is of: the mixed pass, or under
-    ``cycle`` the source's slot over the job's life div its tasks). A pass whose sequence
-    is no longer kept (docs/mixing.md: the last 3) has none. A mix fed by an open stream
-    source that was trimmed: the current pass's rows start at the watermark (the positions
-    below it are done and their copies gone; ``taskq mix export`` says where on stderr).
+    slot: ``{"slot", "pass", "position", "source", "source_task", "source_pass", "task",
+    "repaid"}`` (``task`` the mixed job's task, which is the position; ``source_task`` the
+    task's id in the source job; ``source_pass`` the source's pass it is of: the mixed
+    pass, or under ``cycle`` the source's slot over the job's life div its tasks;
+    ``repaid`` whether the slot repaid a stream source's debt: the engine records those,
+    ``mixrepaid``). A pass whose sequence is no longer kept (docs/mixing.md: the last 3)
+    has none. A mix fed by an open stream source that was trimmed: the current pass's rows
+    start at the watermark (the positions below it are done and their copies gone;
+    ``taskq mix export`` says where on stderr).
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job.
@@ -420,11 +438,19 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
     rows: list[dict[str, Any]] = []
     life = list(st["life"]) if st else [0] * len(spec.sizes)
     cycle = spec.on_exhausted == "cycle"
-    h = int(st["h"]) if st else 0
+    handed = int(st["h"]) if st else 0
     with translate(conn.url):
         current = int(conn.redis.hget(conn.keys(name).meta, F.PASS) or 0) == pass_no
-    start = min(h, _trim(conn, name, spec)[0]) if current else 0
-    for pos, field in enumerate(_stored(conn, name, pass_no, start, h), start):
+    start = min(handed, _trim(conn, name, spec)[0]) if current else 0
+    repaid: set[int] = set()
+    if any(spec.streams) and handed:
+        first = pass_no * spec.stride
+        with translate(conn.url):
+            got = conn.redis.zrangebyscore(
+                conn.keys(name).mixrepaid, first + start, first + handed - 1
+            )
+        repaid = {int(s) for s in got}
+    for pos, field in enumerate(_stored(conn, name, pass_no, start, handed), start):
         source, task = copy_of(field)
         source_pass = life[source] // spec.sizes[source] if cycle else pass_no
         life[source] += 1
@@ -437,6 +463,7 @@ def sequence(conn: Connection, name: str, pass_no: int | None = None) -> list[di
                 "source_task": task,
                 "source_pass": source_pass,
                 "task": pos,
+                "repaid": pass_no * spec.stride + pos in repaid,
             }
         )
     return rows
@@ -505,8 +532,8 @@ def slot_copies(conn: Connection, name: str) -> dict[int, str] | None:
 
 def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Mixed job ``name`` per source: its weight now, the tasks charged and acked in the
-    current pass, the samples of those acked, its tasks, the pass; and the pass, the slots
-    charged, the next slot.
+    current pass, the samples of those acked, its tasks, the pass, its debt; and the pass,
+    the slots charged, the next slot, the slot the charge waits at.
 
     Args:
         conn: the engine's connection.
@@ -518,12 +545,19 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
             each source's trimmed acked count and the positions set aside below it.
 
     Returns:
-        ``{"job", "pass", "charged", "next_slot", "on_exhausted", "sources": [{"source",
-        "weight", "charged", "acked", "samples", "tasks", "pass"}]}``; a row's
-        ``samples`` is None when a task of its source does not say its size (or once
-        acked copies of it were trimmed: their sizes went with them), its ``pass``
-        the source pass its next slot takes a task of (the mixed pass but under
-        ``cycle``: the source's slots over the job's life div its tasks).
+        ``{"job", "pass", "charged", "next_slot", "on_exhausted", "high_water",
+        "waits_on", "sources": [{"source", "weight", "charged", "acked", "samples",
+        "tasks", "pass", "debt"}]}``; a row's ``samples`` is None when a task of its
+        source does not say its size (or once acked copies of it were trimmed: their sizes
+        went with them), its ``pass`` the source pass its next slot takes a task of (the
+        mixed pass but under ``cycle``: the source's slots over the job's life div its
+        tasks), its ``debt`` the slots a stream source owes (deferred, not repaid yet; 0
+        for a fixed source). The debts are as of the slots the schedule charged,
+        ``high_water`` of them in the pass (the charge runs up to a page ahead of
+        ``charged``, the slots handed out); ``waits_on`` is ``{"source", "slot"}`` when
+        the charge stopped at slot ``p·N + high_water``, whose pick is a stream source
+        with nothing in its store that owes ``max_debt`` already (the leases wait for its
+        feed), else None.
 
     Raises:
         JobNotFound. InvalidInput: not a mixed job. CorruptData: a task's chunks.
@@ -536,6 +570,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         done = conn.redis.execute_command("GET", keys.done, **{NEVER_DECODE: True}) or b""
     st = _state(conn, name, spec, pass_no)
     charged = int(st["h"]) if st else 0
+    high = int(st["high"]) if st else 0
     slot = pass_no * spec.stride + charged
     weights = list(spec.weights)  # the ones in force at the next slot: the log says
     for at, ws in sorted(weight_log(conn, name), key=lambda e: e[0]):
@@ -567,6 +602,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
                 "samples": None if None in known else sum(k or 0 for k in known),
                 "tasks": n,
                 "pass": source_pass,
+                "debt": int(st["debt"][i]) if st else 0,
             }
         )
     return {
@@ -575,5 +611,23 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
         "charged": charged,
         "next_slot": slot,
         "on_exhausted": spec.on_exhausted,
+        "high_water": high,
+        "waits_on": _waits_on(conn, name, spec, pass_no * spec.stride + high) if st else None,
         "sources": rows,
     }
+
+
+def _waits_on(conn: Connection, name: str, spec: MixSpec, high: int) -> dict[str, Any] | None:
+    """``{"source", "slot"}`` when the charge of mixed job ``name`` waits at slot ``high``
+    (its high-water: the ``mix`` hash's ``wait``, ``"<slot>|<source>"``, lib/mixfeed.lua
+    ``charge_stream``), else None."""
+    if not any(spec.streams):
+        return None
+    with translate(conn.url):
+        raw = conn.redis.hget(conn.keys(name).mix, "wait")
+    if not raw:
+        return None
+    slot, source = (int(v) for v in raw.split("|"))
+    if slot != high:  # (the live state's wait, of another pass than the one read)
+        return None
+    return {"source": spec.sources[source], "slot": slot}

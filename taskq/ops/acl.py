@@ -57,10 +57,11 @@ from taskq.keys import (
 #: drops the dead slots of the pass before with their counts (UNLINK dead, deadbits,
 #: counts: its slots hold other copies now), and a weight change's cut makes the slots it
 #: charges again live (SREM dead) until the charge marks them. A stream source's feed log
-#: (ZADD by the charge) loses the entries of what is charged again (ZREMRANGEBYSCORE).
+#: and the slots that repaid a debt (ZADD by the charge) lose the entries of what is
+#: charged again, and the repaid slots those below the kept passes (ZREMRANGEBYSCORE).
 MIX_WRITES = (
     (("mixseq",), ("setrange", "unlink")),  # (keys.KEY_FAMILIES: its blocks, lib/mixseq.lua)
-    (("mixlog", "mixfeed"), ("zremrangebyscore",)),
+    (("mixlog", "mixfeed", "mixrepaid"), ("zremrangebyscore",)),
     (("dead",), ("srem",)),
     (("dead", "deadbits", "counts"), ("unlink",)),  # (one UNLINK: one selector)
 )

@@ -247,6 +247,12 @@ def mix_families(mixes: Iterable[dict[str, Any]]) -> Iterator[Metric]:
         "say its size).",
         labels=labels,
     )
+    debt = GaugeMetricFamily(
+        "taskq_mix_debt_slots",
+        "The slots a stream source owes (deferred while it had nothing, repaid first when "
+        "its feed grows), as of the slots the schedule charged; 0 for a fixed source.",
+        labels=labels,
+    )
     for mix in mixes:
         for row in mix["sources"]:
             at = [mix["job"], row["source"]]
@@ -255,7 +261,8 @@ def mix_families(mixes: Iterable[dict[str, Any]]) -> Iterator[Metric]:
             acked.add_metric(at, row["acked"])
             if row["samples"] is not None:
                 samples.add_metric(at, row["samples"])
-    yield from (weight, charged, acked, samples)
+            debt.add_metric(at, row["debt"])
+    yield from (weight, charged, acked, samples, debt)
 
 
 def _exporter_families(errors_total: int, up: bool | None, policy: str | None) -> Iterator[Metric]:

@@ -689,16 +689,35 @@ def _lease_until_completed(t: taskq.Trainer) -> list[taskq.Task]:
 
 def _check_fed(client: taskq.Client, mix: str, p: int) -> PassPlan:
     """The engine's handed-out sequence of pass ``p`` equals the reference's from the
-    weight log and the engine's feed log, from slot ``p * N``; returns the whole plan."""
+    weight log and the engine's feed log, from slot ``p * N``, the slots that repaid a
+    debt too (``repaid``); in the current pass, ``mix_status()``'s debts are the
+    reference's at the charge's high-water (``plan_pass(..., length=<high_water>)``, or
+    the whole pass's where it ended there), and its ``waits_on`` is the reference's wait
+    at the high-water whenever it says one. Returns the whole plan."""
     spec = spec_of(client.connection, mix)
     log = weight_log(client.connection, mix)
     feed = feed_log(client.connection, mix)
     plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
-    got = _engine(client, mix, p)
+    rows = client.job(mix).mix_sequence(p)
+    got = [(r["source"], r["source_task"]) for r in rows]
     assert got == [(spec.sources[s.source], s.task) for s in plan.slots][: len(got)]
-    assert [r["slot"] for r in client.job(mix).mix_sequence(p)] == [
-        s.slot for s in plan.slots[: len(got)]
-    ]
+    assert [r["slot"] for r in rows] == [s.slot for s in plan.slots[: len(got)]]
+    assert [r["repaid"] for r in rows] == [s.repaid for s in plan.slots[: len(got)]]
+    status = client.job(mix).mix_status()
+    if status["pass"] != p:
+        return plan
+    high = status["high_water"]
+    at = plan
+    if plan.end not in ("done", "stop") or len(plan.slots) != high:
+        at = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride, length=high)
+    assert [r["debt"] for r in status["sources"]] == at.debt
+    if status["waits_on"] is not None:
+        assert plan.end == "wait" and len(plan.slots) == high
+        assert plan.waits_on is not None
+        assert status["waits_on"] == {
+            "source": spec.sources[plan.waits_on],
+            "slot": p * spec.stride + high,
+        }
     return plan
 
 
@@ -713,8 +732,9 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
     and weight changes interleaved with leases; after every step the handed-out sequence is
     ``pass_schedule(spec, log, p, feed=<the engine's mixfeed>, first_slot=p * N)``'s, a
     lease that finds nothing is the reference's wait (every charged slot handed out, its
-    plan ending ``wait``), and once every stream is sealed two passes drain as the
-    reference makes them."""
+    plan ending ``wait``, which ``mix_status()["waits_on"]`` names), and once every stream
+    is sealed two passes drain as the reference makes them. After every step too, the
+    slots that repaid a debt and each source's debt are the reference's (``_check_fed``)."""
     tag = f"mx{next(_ids)}"
     fixed = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=2), label="fixed")
     opened = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=2), label="streams")
@@ -764,8 +784,14 @@ def test_engine_feeds_stream_sources_as_the_reference(client, data, rule):
                         if not lease(t, 0) and not lease(t, 0):
                             p = client.status(mix).pass_no
                             plan = _check_fed(client, mix, p)
-                            assert plan.end == "wait"
+                            assert plan.end == "wait" and plan.waits_on is not None
                             assert len(plan.slots) == len(_engine(client, mix, p))
+                            # (the lease's charge stopped at the wait: the status says so)
+                            assert client.job(mix).mix_status()["waits_on"] == {
+                                "source": sources[plan.waits_on],
+                                "slot": p * spec_of(client.connection, mix).stride
+                                + len(plan.slots),
+                            }
                             break
                 elif op == "feed":
                     s = data.draw(st.sampled_from(streams))
@@ -902,6 +928,42 @@ def test_a_rewind_to_an_earlier_pass_with_a_stream_source_reads_that_pass_length
     assert again == [(0, x.source, x.chunks[0]["i"]) for x in first[1:]]
     assert client.status(mix).tasks == charged
     _check_fed(client, mix, 0)
+
+
+def test_repaid_slots_stay_with_their_kept_pass_and_go_below_the_kept_passes(client):
+    # max_debt=1, web (4 tasks) and an open stream news (1 task): pass 0 owes news slot 3
+    # and repays it at slot 4 once fed; sealed, the later passes repay nothing. Slot 4 is
+    # recorded ('mixrepaid') while pass 0's sequence is kept (passes 1 and 2 keep it) and
+    # goes when pass 3 starts (lib/mixfeed.lua forget_below: nothing below the kept passes).
+    tag = f"mx{next(_ids)}"
+    web = _sources(client, {"web": 4}, tag)["web"]
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={web: 0.5, news: 0.5}, max_debt=1, passes=4)
+    key = client.keys(mix).mixrepaid
+    recorded: dict[int, list[int]] = {}
+    repaid: dict[int, list[int]] = {}
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(4):
+            t.ack(t.lease(timeout=0))
+        assert t.lease(timeout=0) is None
+        client.job(mix).append([{"src": "news", "i": 1}], feed=news)
+        client.job(mix).seal(feed=news)
+        while True:
+            try:
+                task = t.lease(timeout=1)
+            except taskq.JobCompleted:
+                break
+            assert task is not None
+            if task.pass_no not in recorded:
+                recorded[task.pass_no] = [int(m) for m in client.redis.zrange(key, 0, -1)]
+                repaid[task.pass_no] = [
+                    r["slot"] for r in client.job(mix).mix_sequence(0) if r["repaid"]
+                ]
+            t.ack(task)
+    assert recorded == {0: [4], 1: [4], 2: [4], 3: []}
+    assert repaid == {0: [4], 1: [4], 2: [4], 3: []}  # (pass 0 kept, then not)
 
 
 def test_a_trainer_waiting_on_a_starving_stream_is_woken_by_its_feed(client):
@@ -1193,6 +1255,35 @@ def test_a_stream_fed_mix_stays_bounded_across_feed_lease_ack_trim_cycles(client
     for got in sizes:
         assert all(got[k] <= bound[k] for k in bound), (got, sizes)
     assert client.audit(mix)["ok"]
+
+
+def test_the_trim_drops_the_repaid_slots_below_its_watermark(client):
+    # A starving stream that owes slots (max_debt 2) repays them when fed: the repaid
+    # slots are recorded (mixrepaid); once leased, acked and trimmed, those below the
+    # watermark go with the positions, and the sequence from the watermark still says
+    # which of its slots repaid (as it did before the trim).
+    mix, news, web = _stream_fed_mix(client, 40, 0.5, max_debt=2)
+    job, keys, r = client.job(mix), client.keys(mix), client.redis
+    feed, _ = _news_feeder(client, mix, news)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(6):
+            _lease_all(t)  # (news starves: web takes its slots, news owes them)
+            feed(3)  # (repaid first)
+        held = _lease_all(t, ack=False)  # (the last feed's slots held: the trim stops there)
+        before = {row["slot"]: row["repaid"] for row in job.mix_sequence()}
+        repaid = [int(s) for s in r.zrange(keys.mixrepaid, 0, -1)]
+        assert repaid and all(before[s] for s in repaid)
+        while job.trim():
+            pass
+        w = client.status(mix).trimmed
+        assert w == held[0].id
+        assert [s for s in repaid if s < w] and [s for s in repaid if s >= w]
+        assert [int(s) for s in r.zrange(keys.mixrepaid, 0, -1)] == [s for s in repaid if s >= w]
+        rows = job.mix_sequence()
+        assert rows[0]["position"] == w
+        assert {row["slot"]: row["repaid"] for row in rows} == {
+            s: v for s, v in before.items() if s >= w
+        }
 
 
 def test_a_sharded_job_is_never_mixed_and_says_so(client):
@@ -1520,12 +1611,70 @@ def test_cli_create_set_status_export(url, client):
     r = _cli(url, "mix", "status", mix)
     assert r.returncode == 0, r.stderr
     header, *table = r.stdout.splitlines()[1:]
-    # every column docs/mixing.md lists; no debt (a stream source's: not built)
-    assert header.split() == ["source", "weight", "charged", "acked", "samples", "tasks", "pass"]
-    assert [row.split() for row in table] == [
-        [names["a"], "3", "8", "8", "?", "8", "0"],
-        [names["b"], "1", "4", "4", "?", "4", "0"],
+    # every column docs/mixing.md lists; a fixed source owes nothing
+    assert header.split() == [
+        "source",
+        "weight",
+        "charged",
+        "acked",
+        "samples",
+        "tasks",
+        "pass",
+        "debt",
     ]
+    assert [row.split() for row in table] == [
+        [names["a"], "3", "8", "8", "?", "8", "0", "0"],
+        [names["b"], "1", "4", "4", "?", "4", "0", "0"],
+    ]
+
+
+def test_cli_status_shows_a_starving_streams_debt_and_wait_and_export_the_repaid_slot(url, client):
+    # max_debt=1, web (4 tasks) and an open stream news (1 task) at equal weights: slots
+    # 0-2 are web, news, web; slot 3's pick is news with nothing: it owes the slot (web
+    # takes it) and slot 4's pick of news, owing 1 already, waits. The status shows the
+    # debt and the wait; once news is fed, slot 4 repays it: the export says so.
+    tag = f"mx{next(_ids)}"
+    web = _sources(client, {"web": 4}, tag)["web"]
+    news = f"{tag}-news"
+    client.create_job(news, [{"src": "news", "i": 0}], stream=True)
+    mix = f"{tag}-mix"
+    client.create_job(mix, mix={web: 0.5, news: 0.5}, max_debt=1)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(4):
+            task = t.lease(timeout=0)
+            assert task is not None
+            t.ack(task)
+        assert t.lease(timeout=0) is None
+        r = _cli(url, "mix", "status", mix)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[1].split()[-1] == "debt"
+        assert [(row.split()[0], row.split()[-1]) for row in lines[2:4]] == [
+            (web, "0"),
+            (news, "1"),
+        ]
+        assert lines[4:] == [f"waits on {news} at slot 4"]
+        st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+        assert st["waits_on"] == {"source": news, "slot": 4}
+        assert (st["high_water"], [x["debt"] for x in st["sources"]]) == (4, [0, 1])
+        client.job(mix).append([{"src": "news", "i": 1}], feed=news)
+        task = t.lease(timeout=0)
+        assert task is not None and (task.source, task.chunks[0]["i"]) == (news, 1)
+        t.ack(task)
+    rows = [json.loads(line) for line in _cli(url, "mix", "export", mix).stdout.splitlines()]
+    assert [(x["slot"], x["source"], x["repaid"]) for x in rows] == [
+        (0, web, False),
+        (1, news, False),
+        (2, web, False),
+        (3, web, False),
+        (4, news, True),
+    ]
+    # (the charge went on: slot 5's pick of news, all taken again, owes it (web takes it,
+    # its last); slot 6's waits)
+    st = json.loads(_cli(url, "mix", "status", mix, "--json").stdout)
+    assert (st["high_water"], [x["debt"] for x in st["sources"]]) == (6, [0, 1])
+    assert st["waits_on"] == {"source": news, "slot": 6}
+    assert _check_fed(client, mix, 0).deferred == [(3, 1), (5, 1)]  # (the reference's)
 
 
 def test_a_trimmed_mix_skips_a_resent_file_and_the_cli_exports_from_the_watermark(url, client):

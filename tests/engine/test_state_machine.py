@@ -1466,8 +1466,9 @@ class StreamMixedMachine(MixedMachine):
     the feed among every verb; the pass's length is what its charge reached (``tasks_n``)
     and it stays open until the stream is sealed and every source ran out; after every
     step the handed-out sequence is ``pass_schedule(..., feed=<the engine's mixfeed>,
-    first_slot=p * N)``'s, and a lease that finds nothing while the pass runs is the
-    reference's wait."""
+    first_slot=p * N)``'s, a lease that finds nothing while the pass runs is the
+    reference's wait, and the debts, the wait and the repaid slots the readers show are
+    the reference's."""
 
     SIZES = (2, 2, 1)
 
@@ -1481,7 +1482,9 @@ class StreamMixedMachine(MixedMachine):
         self.log_gone: set[str] = set()
         self.client.create_job(
             self.job,
-            mix=dict(zip(self.sources, (0.5, 0.3, 0.2), strict=True)),
+            # (the stream weighs most: picked again after its one task, it owes a slot
+            # while the others still have tasks to take it, then waits)
+            mix=dict(zip(self.sources, (0.3, 0.2, 0.5), strict=True)),
             max_debt=1,
             passes=self.passes,
             **LIMITS,
@@ -1569,6 +1572,35 @@ class StreamMixedMachine(MixedMachine):
         charged = self._meta("mixh") - s.pass_no * spec.stride
         if 0 <= charged < spec.stride:  # (else the state is another pass's)
             assert charged <= len(plan.slots)
+
+    @invariant()
+    def debts_and_repaid_slots_are_the_references(self) -> None:
+        """The slots handed out that repaid a debt are the reference's (``Slot.repaid``);
+        each source's debt in ``mix_status()`` is the reference's at the charge's
+        high-water (``plan_pass(..., length=<high_water>)``, or the pass's plan where it
+        ended there), and a wait it names is the reference's wait at the high-water."""
+        if self.cancelled:
+            return
+        conn, job = self.client.connection, self.client.job(self.job)
+        status = job.mix_status()
+        p = status["pass"]
+        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
+        feed = feed_log(conn, self.job)
+        plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
+        rows = job.mix_sequence(p)
+        assert [r["repaid"] for r in rows] == [x.repaid for x in plan.slots[: len(rows)]]
+        high = status["high_water"]
+        at = plan
+        if plan.end not in ("done", "stop") or len(plan.slots) != high:
+            at = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride, length=high)
+        assert [r["debt"] for r in status["sources"]] == at.debt
+        if status["waits_on"] is not None:
+            assert plan.end == "wait" and len(plan.slots) == high
+            assert plan.waits_on is not None
+            assert status["waits_on"] == {
+                "source": spec.sources[plan.waits_on],
+                "slot": p * spec.stride + high,
+            }
 
 
 StreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings

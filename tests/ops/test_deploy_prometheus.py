@@ -196,11 +196,12 @@ def test_dashboard_covers_the_operational_questions(dashboard: dict[str, Any]) -
         "taskq_mix_charged_tasks",
         "taskq_mix_acked_tasks",
         "taskq_mix_acked_samples",
+        "taskq_mix_debt_slots",
     } <= used
 
 
 def test_dashboard_shows_a_mixed_jobs_sources_one_series_each(dashboard: dict[str, Any]) -> None:
-    """The mixed jobs' row: weight, slots handed out, tasks and samples acked, each a
+    """The mixed jobs' row: weight, slots handed out, tasks and samples acked, debt, each a
     series per source (docs/mixing.md)."""
     panels = [
         child
@@ -208,7 +209,7 @@ def test_dashboard_shows_a_mixed_jobs_sources_one_series_each(dashboard: dict[st
         for child in [panel, *panel.get("panels", [])]
         if any("taskq_mix_" in t["expr"] for t in child.get("targets", []))
     ]
-    assert len(panels) == 4
+    assert len(panels) == 5
     for panel in panels:
         for target in panel["targets"]:
             assert target["expr"].startswith("sum by (source) ("), panel["title"]

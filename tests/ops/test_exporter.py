@@ -594,3 +594,27 @@ def test_a_mixed_job_is_exported_per_source(
         assert value(samples, "taskq_mix_acked_tasks", **at) == row["acked"]
         assert value(samples, "taskq_mix_acked_samples", **at) == row["acked"] * rows
     assert value(samples, "taskq_mix_weight", job_name=mix, source=sources[1]) == 3
+    assert [value(samples, "taskq_mix_debt_slots", job_name=mix, source=x) for x in sources] == [
+        0,
+        0,
+    ]  # (fixed sources owe nothing)
+
+
+def test_a_starving_stream_sources_debt_is_exported(
+    client: taskq.Client, serving: Any, job_name: str
+) -> None:
+    """``taskq_mix_debt_slots``: the slots a stream source owes, as ``mix_status`` says.
+    max_debt=1, web (4 tasks) and an open stream news (1 task) at equal weights: slot 3's
+    pick of news, all taken, owes the slot (web takes it), slot 4's waits."""
+    web, news, mix = f"{job_name}-web", f"{job_name}-news", f"{job_name}-mix"
+    client.create_job(web, [{"path": f"w{i}"} for i in range(4)])
+    client.create_job(news, [{"path": "n0"}], stream=True)
+    client.create_job(mix, mix={web: 0.5, news: 0.5}, max_debt=1)
+    with _trainer(client, mix, "w1") as tr:
+        for task in tr.lease_many(4, timeout=0):
+            tr.ack(task)
+        assert tr.lease(timeout=0) is None
+    _, samples = scrape(serving([mix]))
+    assert [r["debt"] for r in client.job(mix).mix_status()["sources"]] == [0, 1]
+    assert value(samples, "taskq_mix_debt_slots", job_name=mix, source=web) == 0
+    assert value(samples, "taskq_mix_debt_slots", job_name=mix, source=news) == 1

@@ -158,6 +158,7 @@ local function enter(p, keep, kept, life, view)
   if kept then st, d = saved_state(p, keep) end
   if st then
     st.nx, st.raw = next_change(base + st.h - 1), nil
+    if st.fs then rcall('HDEL', kc('mix'), 'wait') end  -- (another pass's; fresh: feed_view)
   else
     st, d = fresh_state(p, keep, life, view), 0
     drop_seq(p, PAGE)  -- (an older pass's first page, if any is left: drop_pass took theirs)
@@ -201,6 +202,7 @@ local function switch_to(p)
     local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), fmt(cut), '-inf', 'WITHSCORES', 'LIMIT',
       0, 1)
     if #last > 0 then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
+    if spec().streams then lib.mixfeed.forget_below(cut) end  -- (its repaid slots)
   end
   return enter(p, keep, was_kept, life, view)
 end
@@ -312,9 +314,7 @@ local function mix_charged(p)
   if st.p == p then
     d = mmax(0, mmin(st.h, mnum(F.MIXD) - p * mnum(F.N)))
   elseif is_kept(st, p) then
-    local _
-    _, d = saved_state(p, st.kp)
-    d = d or 0
+    d = select(2, saved_state(p, st.kp)) or 0
   elseif p ~= mnum(F.PASS) then
     return 0
   end
@@ -348,6 +348,7 @@ local function mix_set(ws, at)
     .. tconcat(ws, ','))
   st = read_state()
   if st and st.p == p then
+    if st.fs and at == base + st.h then rcall('HDEL', kc('mix'), 'wait') end  -- (a new pick)
     if at < base + st.h then
       -- charged ahead past `at`: the state at `at` made again from the page's start by
       -- the positions stored before `at` (the log below `at` is as it was), and those from
@@ -358,8 +359,7 @@ local function mix_set(ws, at)
       local was = st.h
       charge_page(back, at - base)
       unmark_dead(at - base, was)
-      -- (the store seen past `at` is logged again by the charge that reaches `at`)
-      if back.fs then rcall('ZREMRANGEBYSCORE', kc('mixfeed'), '(' .. fmt(at), '+inf') end
+      if back.fs then lib.mixfeed.forget_from(at) end  -- (its charge logs them anew)
       if st.rs == 2 then mput(F.MIXE, -1) end  -- (the stop, past `at`, is charged again)
     elseif st.h == 0 and at == base then  -- (nothing charged: from the start, fresh_state's)
       st.w, st.nx, st.rs, st.raw = numbers(tconcat(ws, ',')), next_change(at), 1, nil

@@ -2,7 +2,10 @@
 -- the store each one's feed left ('mixstore', written by append.lua) logged where the charge
 -- reads it ('mixfeed'), each source's store at a pass's start, and the charge of a page
 -- with stream sources (lib/mix.lua charge_page hands it the state; taskq/mix.py plan_pass
--- is the reference).
+-- is the reference). What the charge leaves for the readers (taskq/admin/mix.py): the
+-- slots it repaid ('mixrepaid', scored by slot: only after a deferral) and the slot it
+-- waits at (the 'mix' hash's 'wait': "<slot>|<source>", the source whose pick could not
+-- owe more).
 local rcall, tonum, smatch, sformat, tconcat, lipairs, unpack =
   redis.call, tonumber, string.match, string.format, table.concat, ipairs, unpack
 local fmt, mnum, mput = lib.meta.fmt, lib.meta.mnum, lib.meta.mput
@@ -12,6 +15,22 @@ local mark_dead, numbers, set_seq = lib.mixdead.mark_dead, lib.mixrule.numbers, 
 
 local PAGE = 256  -- constant: positions charged at once (lib/mix.lua PAGE)
 local STRIDE = 4294967296  -- constant: copy id = source (0-based) * STRIDE + its task
+
+-- The feed log's entries and the repaid slots from `slot` on go, and the wait: the slots
+-- from there are charged again (a weight change's cut, a pass made again), which logs and
+-- records them afresh.
+local function forget_from(slot)
+  rcall('ZREMRANGEBYSCORE', kc('mixfeed'), fmt(slot), '+inf')
+  rcall('ZREMRANGEBYSCORE', kc('mixrepaid'), fmt(slot), '+inf')
+  rcall('HDEL', kc('mix'), 'wait')
+end
+
+-- The repaid slots below `slot` go (a pass starts: below the kept passes' first slot no
+-- sequence is kept to read them with). The feed log stays whole: a pass's store at its
+-- start is its last entries below it (feed_view).
+local function forget_below(slot)
+  rcall('ZREMRANGEBYSCORE', kc('mixrepaid'), '-inf', '(' .. fmt(slot))
+end
 
 -- Stream sources: each one's store as the feed log says at slot `start` (tasks, sealed
 -- 1/0): `view` (the state of the pass before: no entry lies between its charge and
@@ -40,7 +59,7 @@ local function feed_view(sp, st, start, view)
       at = at + 64
     end
   end
-  rcall('ZREMRANGEBYSCORE', kc('mixfeed'), fmt(start), '+inf')
+  forget_from(start)
   st.fs, st.m, st.debt, st.av, st.fl = true, 0, {}, av, fl
   for i = 1, #av do st.debt[i] = 0 end
 end
@@ -71,8 +90,10 @@ end
 -- source that owes and has a task is repaid (owed_first), else the rule's tokens
 -- (token_choice) go on until one picks a source with a task, each starving pick owing the
 -- slot while it owes fewer than max_debt (defers). A pick that may not owe: the slot
--- waits, committing nothing (the next charge takes it from the state before it).
--- `upto`: the state walked on to position `upto` by the rule and the log (mix_set).
+-- waits, committing nothing (the next charge takes it from the state before it): the
+-- 'mix' hash's 'wait' says where and on which source until a charge charges it. A repaid
+-- slot is recorded ('mixrepaid'). `upto`: the state walked on to position `upto` by the
+-- rule and the log (mix_set), nothing written but the meta's high-waters.
 local function charge_stream(sp, st, upto, cx)
   local base = st.p * mnum(F.N)
   local k, t, c, debt, av, fl = #st.n, st.t, st.c, st.debt, st.av, st.fl
@@ -85,7 +106,7 @@ local function charge_stream(sp, st, upto, cx)
   st.raw = nil
   local feed = rcall('ZRANGEBYSCORE', kc('mixfeed'), fmt(base + h0), '(' .. fmt(base + last))
   local rule, max_debt = sp.on_exhausted, sp.max_debt or 0
-  local sealed, ran, out, fi, h, ended = {}, {}, {}, 1, h0, false
+  local sealed, ran, out, fi, h, ended, waits = {}, {}, {}, 1, h0, false, nil
   for i = 1, k do sealed[i], ran[i] = fl[i] % 2 == 1, fl[i] >= 2 end
   while h < last do
     local slot = base + h
@@ -126,11 +147,12 @@ local function charge_stream(sp, st, upto, cx)
     local best = owed_first(t, av, debt)
     if best then
       debt[best] = debt[best] - 1  -- (repaid: its token was counted when it was deferred)
+      if not upto then rcall('ZADD', kc('mixrepaid'), fmt(slot), fmt(slot)) end
     else
       while true do
         best = token_choice(st.w, ran, c, st.m)
         if t[best] < av[best] then break end
-        if not defers(debt[best], max_debt) then best = nil; break end
+        if not defers(debt[best], max_debt) then waits, best = best, nil; break end
         debt[best], c[best], st.m = debt[best] + 1, c[best] + 1, st.m + 1
       end
       if not best then  -- the slot waits
@@ -148,11 +170,17 @@ local function charge_stream(sp, st, upto, cx)
   st.h = h
   mput(F.MIXH, base + h)
   if ended then st.rs = 2; mput(F.MIXE, base + h) end
-  if not upto and #out > 0 then
+  if upto then return end
+  if #out > 0 then
     set_seq(st.p, h0, tconcat(out))
     mark_dead(h0, out)
   end
+  if waits then
+    rcall('HSET', kc('mix'), 'wait', sformat('%s|%d', fmt(base + h), waits - 1))
+  elseif h > h0 or ended then
+    rcall('HDEL', kc('mix'), 'wait')
+  end
 end
 
-
-return {feed_view = feed_view, charge_stream = charge_stream}
+return {feed_view = feed_view, charge_stream = charge_stream, forget_from = forget_from,
+  forget_below = forget_below}

@@ -65,7 +65,7 @@ end
 
 -- The sequence's blocks wholly below the watermark `w` and the lowest position set aside
 -- (a dead one, or dead at a kept cut: its retry or a rewind reads its copy), lib/mixseq.lua
--- forget; and the logs below what a charge reads: `floor`
+-- forget; and the logs (and the repaid slots, lib/mixfeed.lua) below what a charge reads: `floor`
 -- is the lower of the pass's slot at `w` and the slot of the last page's start (the state's
 -- 's0': a weight change's cut walks the page again from there, reading both logs from that
 -- slot on). The weight log keeps its change in force at `floor`; the feed log each stream
@@ -80,6 +80,7 @@ local function mix_trim_below(w)
   seq_forget(st.p, low and mmin(w, tonum(low)) or w)
   local h0 = st.s0 and unpack_state(st.s0, {}, false, true).h or st.h
   local floor = fmt(st.p * mnum(F.N) + mmin(w, h0))
+  rcall('ZREMRANGEBYSCORE', kc('mixrepaid'), '-inf', '(' .. floor)  -- (read from the watermark)
   local last = rcall('ZREVRANGEBYSCORE', kc('mixlog'), floor, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if last[2] then rcall('ZREMRANGEBYSCORE', kc('mixlog'), '-inf', '(' .. last[2]) end
   local got = rcall('ZRANGEBYSCORE', kc('mixfeed'), '-inf', '(' .. floor, 'LIMIT', 0, FEED_STEP)
