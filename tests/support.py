@@ -22,6 +22,7 @@ from data_files import write_parquet
 import taskq
 from taskq.data import build_chunks
 from taskq.devserver import LOOPBACK, cluster_port, find_server, stop_process
+from taskq.mix import Feed, MixSpec, PassPlan, plan_pass
 from taskq.testing import RedisCluster, RedisServer, free_port, wait_until
 
 __all__ = [
@@ -170,3 +171,31 @@ def part_with(part: str, lua: str, exports: str = "") -> str:
     text = (resources.files("taskq.engine") / "lua" / "lib" / part).read_text()
     at = text.rindex("\nreturn {")
     return text[:at] + "\n" + lua + text[at:].replace("return {", "return {" + exports, 1)
+
+
+def check_debt_readers(
+    job: Any,
+    spec: MixSpec,
+    log: list[tuple[int, list[str]]],
+    feed: list[Feed],
+    p: int,
+    plan: PassPlan,
+) -> None:
+    """A mixed job's debt as its readers show it equals the reference's (docs/mixing.md,
+    "Debt, as shown"): ``mix_sequence(p)``'s ``repaid`` against ``plan`` (``plan_pass`` of
+    pass ``p`` from the logs ``log`` and ``feed``); while ``p`` is the current pass, each
+    source's ``debt`` in ``mix_status()`` against the plan cut at the charge's high-water,
+    and ``waits_on`` against the plan's wait there."""
+    rows = job.mix_sequence(p)
+    assert [r["repaid"] for r in rows] == [s.repaid for s in plan.slots[: len(rows)]]
+    status = job.mix_status()
+    if status["pass"] != p:
+        return
+    high, at, first = status["high_water"], plan, p * spec.stride
+    if plan.end not in ("done", "stop") or len(plan.slots) != high:
+        at = plan_pass(spec, log, p, feed=feed, first_slot=first, length=high)
+    assert [r["debt"] for r in status["sources"]] == at.debt
+    if status["waits_on"] is not None:
+        assert plan.end == "wait" and len(plan.slots) == high
+        assert plan.waits_on is not None
+        assert status["waits_on"] == {"source": spec.sources[plan.waits_on], "slot": first + high}

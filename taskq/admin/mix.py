@@ -336,8 +336,9 @@ def _trim(conn: Connection, name: str, spec: MixSpec) -> tuple[int, list[int], l
     return w, [int(c or 0) for c in ta], [int(t) for t in aside if int(t) < w]
 
 
-def _copies_at(conn: Connection, name: str, pass_no: int, positions: list[int]) -> list[str]:
-    """The copy ids stored at ``positions`` of pass ``pass_no`` (one round trip)."""
+def copies_at(conn: Connection, name: str, pass_no: int, positions: list[int]) -> list[str]:
+    """The copy ids stored at ``positions`` of pass ``pass_no`` of mixed job ``name``, as
+    stored (one round trip; a position not stored reads ``""``)."""
     keys = conn.keys(name)
     with translate(conn.url):
         pipe = conn.redis.pipeline(transaction=False)
@@ -488,13 +489,7 @@ def task_fields(conn: Connection, name: str, ids: list[int]) -> list[str | None]
     pass_no = int(pass_raw or 0)
     st = _state(conn, name, spec, pass_no)
     handed = int(st["h"]) if st else 0
-    keys = conn.keys(name)
-    with translate(conn.url):
-        pipe = conn.redis.pipeline(transaction=False)
-        for t in ids:
-            block, off = divmod(t, MIXSEQ_BLOCK)
-            pipe.getrange(keys.mixseq_block(pass_no, block), ENTRY * off, ENTRY * off + ENTRY - 1)
-        got = pipe.execute() if ids else []
+    got = copies_at(conn, name, pass_no, [t if t >= 0 else 0 for t in ids])
     return [
         f if 0 <= t < handed and len(f) == ENTRY else None for t, f in zip(ids, got, strict=True)
     ]
@@ -581,7 +576,7 @@ def status(conn: Connection, name: str, cache: dict[str, Any] | None = None) -> 
     w = min(w, charged)
     window = zip(
         aside + list(range(w, charged)),
-        _copies_at(conn, name, pass_no, aside) + _stored(conn, name, pass_no, w, charged),
+        copies_at(conn, name, pass_no, aside) + _stored(conn, name, pass_no, w, charged),
         strict=True,
     )
     for pos, field in window:

@@ -19,7 +19,7 @@ import support
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from support import ENTRY_POINT, one_error_line
+from support import ENTRY_POINT, check_debt_readers, one_error_line
 
 import taskq
 from taskq.admin.jobs import Job
@@ -702,22 +702,7 @@ def _check_fed(client: taskq.Client, mix: str, p: int) -> PassPlan:
     got = [(r["source"], r["source_task"]) for r in rows]
     assert got == [(spec.sources[s.source], s.task) for s in plan.slots][: len(got)]
     assert [r["slot"] for r in rows] == [s.slot for s in plan.slots[: len(got)]]
-    assert [r["repaid"] for r in rows] == [s.repaid for s in plan.slots[: len(got)]]
-    status = client.job(mix).mix_status()
-    if status["pass"] != p:
-        return plan
-    high = status["high_water"]
-    at = plan
-    if plan.end not in ("done", "stop") or len(plan.slots) != high:
-        at = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride, length=high)
-    assert [r["debt"] for r in status["sources"]] == at.debt
-    if status["waits_on"] is not None:
-        assert plan.end == "wait" and len(plan.slots) == high
-        assert plan.waits_on is not None
-        assert status["waits_on"] == {
-            "source": spec.sources[plan.waits_on],
-            "slot": p * spec.stride + high,
-        }
+    check_debt_readers(client.job(mix), spec, log, feed, p, plan)
     return plan
 
 

@@ -20,11 +20,12 @@ import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support import check_debt_readers
 
 import taskq
 from taskq import integrity
 from taskq.admin.mix import (
-    _copies_at,
+    copies_at,
     copy_field,
     feed_entries,
     feed_log,
@@ -1269,7 +1270,7 @@ class MixedMachine(EngineMachine):
 
     def _stored(self, positions: list[int]) -> list[str]:
         """The copies the current pass's stored sequence holds at ``positions``."""
-        return _copies_at(self.client.connection, self.job, self._meta("pass"), positions)
+        return copies_at(self.client.connection, self.job, self._meta("pass"), positions)
 
     @invariant()
     def trimmed_tasks_are_done_and_the_rest_readable(self) -> None:
@@ -1587,20 +1588,7 @@ class StreamMixedMachine(MixedMachine):
         spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
         feed = feed_log(conn, self.job)
         plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
-        rows = job.mix_sequence(p)
-        assert [r["repaid"] for r in rows] == [x.repaid for x in plan.slots[: len(rows)]]
-        high = status["high_water"]
-        at = plan
-        if plan.end not in ("done", "stop") or len(plan.slots) != high:
-            at = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride, length=high)
-        assert [r["debt"] for r in status["sources"]] == at.debt
-        if status["waits_on"] is not None:
-            assert plan.end == "wait" and len(plan.slots) == high
-            assert plan.waits_on is not None
-            assert status["waits_on"] == {
-                "source": spec.sources[plan.waits_on],
-                "slot": p * spec.stride + high,
-            }
+        check_debt_readers(job, spec, log, feed, p, plan)
 
 
 StreamMixedMachine.TestCase.settings = EngineMachine.TestCase.settings

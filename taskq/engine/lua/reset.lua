@@ -24,7 +24,7 @@ if CALL.STATE == 'completed' then return done({C.JOB_COMPLETED, p}) end
 if (mget(F.RW_OPEN) or '') ~= '' then return done({C.LOCKED, p, mget(F.RW_OPEN)}) end
 if expected >= 0 and expected ~= p then return done({C.PASS_MISMATCH, p}) end
 if mnum(F.TRIM_W) > 0 then
-  return done({C.INVALID, 'the stream is trimmed below task ' .. mget(F.TRIM_W)
+  return done({C.INVALID, 'the job is trimmed below task ' .. mget(F.TRIM_W)
     .. ': its done tasks cannot be read again; rewind to a kept checkpoint instead'})
 end
 save_summary('reset')
