@@ -183,11 +183,13 @@ def check_debt_readers(
 ) -> None:
     """A mixed job's debt as its readers show it equals the reference's (docs/mixing.md,
     "Debt, as shown"): ``mix_sequence(p)``'s ``repaid`` against ``plan`` (``plan_pass`` of
-    pass ``p`` from the logs ``log`` and ``feed``); while ``p`` is the current pass, each
+    pass ``p`` from the logs ``log`` and ``feed``, whole: a trimmed job's as kept before
+    its trims), slot by slot; while ``p`` is the current pass, each
     source's ``debt`` in ``mix_status()`` against the plan cut at the charge's high-water,
     and ``waits_on`` against the plan's wait there."""
-    rows = job.mix_sequence(p)
-    assert [r["repaid"] for r in rows] == [s.repaid for s in plan.slots[: len(rows)]]
+    rows = job.mix_sequence(p)  # (a trimmed pass's: from its watermark)
+    repaid = {s.slot: s.repaid for s in plan.slots}
+    assert [r["repaid"] for r in rows] == [repaid.get(r["slot"]) for r in rows]
     status = job.mix_status()
     if status["pass"] != p:
         return

@@ -1585,8 +1585,7 @@ class StreamMixedMachine(MixedMachine):
         conn, job = self.client.connection, self.client.job(self.job)
         status = job.mix_status()
         p = status["pass"]
-        spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
-        feed = feed_log(conn, self.job)
+        spec, log, feed = spec_of(conn, self.job), self._weight_log(), self._feed_log()
         plan = plan_pass(spec, log, p, feed=feed, first_slot=p * spec.stride)
         check_debt_readers(job, spec, log, feed, p, plan)
 
