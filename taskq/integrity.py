@@ -57,6 +57,7 @@ EXPECTED_TYPES: dict[str, str] = {
     # another type fails the lease's GETRANGE, reported as a key of the job holding a type
     # taskq does not write: engine/connection.py _wrong_type_message)
     "mixdead": "set",
+    "mixahead": "zset",
     "mixsz": "hash",
     "mixstore": "zset",
     "mixfeed": "zset",

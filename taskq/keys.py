@@ -60,6 +60,8 @@ JOB_KEYS: tuple[str, ...] = (
     "mix",  # hash: a mixed job's schedule state, now and as each kept pass was left (lib/mix.lua)
     "mixlog",  # zset: a mixed job's weight log, "<slot>|<seq>|<weights>" scored by slot
     "mixdead",  # set: a mixed job's dead copies (copy ids): dead in every pass until a retry
+    "mixahead",  # zset: a mixed job's positions of the state's pass granted past the cursor
+    # (a dead slot retried), each scored by itself, within the page charged (lib/mixslot.lua)
     "mixsz",  # hash: a mixed job's copies' sizes in samples, "<source>:<block>" -> '>I4' each
     # of 256 tasks, when its weights count samples (written by the create, read by lib/mix.lua)
     "mixstore",  # zset: a mixed job's stream sources' stores, written by their feed (append.lua):
@@ -106,6 +108,7 @@ COLD_KEYS: tuple[str, ...] = (
     "mix",
     "mixlog",
     "mixdead",
+    "mixahead",
     "mixsz",
     "mixstore",
     "mixfeed",

@@ -350,8 +350,9 @@ def copies_at(conn: Connection, name: str, pass_no: int, positions: list[int]) -
 
 def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str, Any] | None:
     """The schedule of ``pass_no`` as far as leases reached (lib/mix.lua charges a page
-    ahead of them; ``mix_charged``: in the current pass the cursor's reach, else 'mixd'
-    as the pass was left): ``{"h": positions handed out, "t": tasks each source gave in
+    ahead of them; ``mix_charged``: in the current pass the cursor's reach and past the
+    slots granted ahead of it, ``mixahead``, else 'd' as the pass was left): ``{"h": the
+    first position after those handed out, "t": tasks each source gave in
     them, "life": each source's slots over the job's life before the pass (``cycle``; 0
     under the other rules), "high": the positions the state charged (its high-water, up to
     a page past "h"), "debt": each source's debt there (0 without stream sources)}``; None
@@ -361,11 +362,12 @@ def _state(conn: Connection, name: str, spec: MixSpec, pass_no: int) -> dict[str
     with translate(conn.url):
         cur = conn.redis.execute_command("HMGET", keys.mix, "s", "kp", **{NEVER_DECODE: True})
         mixd, cursor, now = conn.redis.hmget(keys.meta, [F.MIXD, F.CURSOR, F.PASS])
+        top = conn.redis.zrange(keys.mixahead, -1, -1)
     if not cur[0]:
         return None
     blob = cur[0]
     current = int(now or 0) == pass_no
-    handed = int(mixd or 0) - pass_no * spec.stride
+    handed = max(int(mixd or 0) - pass_no * spec.stride, int(top[0]) + 1 if top else 0)
     if _state_counts(blob, k)[0] != pass_no:
         if str(pass_no) not in (cur[1] or b"").decode().split(","):
             return None

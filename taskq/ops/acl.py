@@ -58,10 +58,12 @@ from taskq.keys import (
 #: counts: its slots hold other copies now), and a weight change's cut makes the slots it
 #: charges again live (SREM dead) until the charge marks them. A stream source's feed log
 #: and the slots that repaid a debt (ZADD by the charge) lose the entries of what is
-#: charged again, and the repaid slots those below the kept passes (ZREMRANGEBYSCORE).
+#: charged again, and the repaid slots those below the kept passes (ZREMRANGEBYSCORE). A
+#: slot granted past the cursor is recorded (ZADD ``mixahead``); those the cursor passed,
+#: and all when the state goes to another pass, go (ZREMRANGEBYSCORE).
 MIX_WRITES = (
     (("mixseq",), ("setrange", "unlink")),  # (keys.KEY_FAMILIES: its blocks, lib/mixseq.lua)
-    (("mixlog", "mixfeed", "mixrepaid"), ("zremrangebyscore",)),
+    (("mixlog", "mixfeed", "mixrepaid", "mixahead"), ("zremrangebyscore",)),
     (("dead",), ("srem",)),
     (("dead", "deadbits", "counts"), ("unlink",)),  # (one UNLINK: one selector)
 )

@@ -27,6 +27,7 @@ from taskq.admin.mix import (
     copy_field,
     feed_entries,
     feed_log,
+    pass_life,
     spec_of,
     stores,
     weight_entries,
@@ -437,6 +438,61 @@ def test_a_dead_slot_retried_ahead_of_the_cursor_counts_as_handed_out(client):
         assert job.set_weights({names["web"]: 1, names["code"]: 0}) == 1000 + 301
     rows = job.mix_sequence()
     assert [(r["source"], r["source_task"]) for r in rows] == want[:301]
+
+
+def test_a_dead_slot_retried_ahead_of_the_cursor_skips_no_task_of_a_cycle_pass(client):
+    # on_exhausted=cycle: a pass left by a forced advance counts in the next pass's life
+    # what it handed out, and only that. A dead slot retried ahead of the cursor and leased
+    # from the front is handed out; the slots between the cursor and it, charged and never
+    # handed out, are not: their source tasks come in the next pass.
+    tag = f"mx{next(_ids)}"
+    names = _sources(client, {"web": 6, "code": 4}, tag)
+    mix = f"{tag}-mix"
+    client.create_job(
+        mix,
+        mix={names["web"]: 0.5, names["code"]: 0.5},
+        on_exhausted="cycle",
+        max_failures=1,
+        passes=None,
+    )
+    job = client.job(mix)
+    with taskq.Trainer(mix, client=client) as t:
+        for _ in range(10):
+            task = t.lease(timeout=1)
+            if task.id == 7:
+                t.fail(task, "poison")  # max_failures 1: its copy dead
+            else:
+                t.ack(task)
+        assert client.status(mix).pass_no == 1
+        first = t.lease(timeout=1)  # position 0; the charge makes slot 7 dead at once
+        assert first.id == 0
+        t.ack(first)
+        (dead,) = [r["id"] for r in job.tasks("dead")]
+        assert dead > 1  # (positions between the cursor and it: charged, not handed out)
+        assert job.retry([dead]) == 1
+        ahead = t.lease(timeout=1)  # from the front, ahead of the cursor
+        assert (ahead.id, ahead.pass_no) == (dead, 1)
+        t.ack(ahead)
+    client.next_pass(mix, force=True)
+    spec, log = spec_of(client.connection, mix), weight_log(client.connection, mix)
+    life1 = pass_life(client.connection, mix, 1)
+    assert life1 is not None
+    slots = plan_pass(spec, log, 1, life=life1).slots
+    handed = [0] * 2
+    for pos in (0, dead):
+        handed[slots[pos].source] += 1
+    # pass 2 starts from that life and hands out the reference's sequence from it: the
+    # source tasks of the positions pass 1 skipped come in it
+    life2 = [a + b for a, b in zip(life1, handed, strict=True)]
+    want = [(spec.sources[s], j) for s, j in pass_schedule(spec, log, 2, life=life2)]
+    with taskq.Trainer(mix, client=client) as t:
+        got = []
+        for _ in range(10):
+            task = t.lease(timeout=1)
+            got.append((task.pass_no, task.source, task.chunks[0]["i"]))
+            t.ack(task)
+    assert pass_life(client.connection, mix, 2) == life2
+    assert got == [(2, *w) for w in want]
 
 
 def test_mix_by_samples_without_sizes_is_refused_with_nothing_written(client):

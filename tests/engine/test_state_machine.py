@@ -1175,6 +1175,77 @@ class MixedMachine(EngineMachine):
     #: what a source running out does (``on_exhausted``)
     ON_EXHAUSTED = "drop"
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: per pass, the positions leased in it (the model's, not the engine's 'mixd')
+        self.granted: dict[int, set[int]] = {}
+        #: per pass entered by an advance, the positions the pass before handed out: those
+        #: leased and the dead ones the cursor walked past (its charge made them dead)
+        self.left: dict[int, set[int]] = {}
+        #: the passes from which those records hold (a reset or a rewind moves the cursor
+        #: back: what the pass handed out is then the engine's reach, not the model's)
+        self.sure_from = 0
+
+    def _leased(self, w: str, task: taskq.Task) -> None:
+        super()._leased(w, task)
+        self.granted.setdefault(task.pass_no, set()).add(task.id)
+
+    def _walked_past(self) -> None:
+        """The dead slots of the pass the cursor walked past are handed out (counted with
+        the leased: a retry makes them live again, the cursor does not come back)."""
+        p, cursor = self._meta("pass"), self._meta("cursor")
+        dead = {int(t) for t in self.client.redis.smembers(self.client.keys(self.job).dead)}
+        self.granted.setdefault(p, set()).update(t for t in dead if t < cursor)
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def retry(self) -> None:
+        self._walked_past()
+        super().retry()
+
+    def _unsure(self) -> None:
+        self.sure_from = max([self._meta("pass"), *self.granted]) + 1
+        self.left.clear()
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(force=st.booleans())
+    def next_pass(self, force: bool) -> None:
+        p = self._meta("pass")
+        self._walked_past()
+        super().next_pass(force)
+        if self._meta("pass") == p + 1 and p >= self.sure_from:
+            self.left[p + 1] = set(self.granted.get(p, set()))
+
+    @precondition(lambda self: not self.cancelled)
+    @rule()
+    def reset(self) -> None:
+        super().reset()
+        self._unsure()
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS))
+    def die_and_force(self, w: str) -> None:
+        """A copy dies (a lease failed: max_failures 1) and the pass is forced on: the
+        next pass's charge makes the copy's slot dead at once (retry_ahead_and_force)."""
+        self.lease(w)
+        if self.held[w]:
+            self._end(w, self.held[w][-1], "fail")
+        if self.client.status(self.job).state == "running":  # (else the pass ended here)
+            self.next_pass(True)
+
+    @precondition(lambda self: not self.cancelled)
+    @rule(w=st.sampled_from(WORKERS))
+    def retry_ahead_and_force(self, w: str) -> None:
+        """A dead slot retried comes from the front, ahead of the cursor, and the pass is
+        forced on at once (``cycle``: the positions between the cursor and it, charged and
+        never handed out, come in the next pass)."""
+        self.lease(w)  # (the pass charged: a dead copy's slot in it is dead at once)
+        self.retry()
+        self.lease(w)  # (the front first: the retried slot)
+        if self.client.status(self.job).state == "running":  # (one pass's end a step)
+            self.next_pass(True)
+            self.lease(w)  # (the next pass charged: its life checked at once)
+
     def _create(self) -> None:
         self.sources = [f"{self.job}-s{i}" for i in range(len(self.SIZES))]
         for i, (src, n) in enumerate(zip(self.sources, self.SIZES, strict=True)):
@@ -1259,6 +1330,7 @@ class MixedMachine(EngineMachine):
             assert self._meta_but_clock() == meta
             return
         super().rewind(i)
+        self._unsure()
 
     def _weight_log(self) -> list[tuple[int, list[str]]]:
         """The weight log the reference is built from: the engine's."""
@@ -1364,8 +1436,11 @@ class MixedMachine(EngineMachine):
     def a_cycle_pass_starts_where_the_pass_before_left_each_source(self) -> None:
         """``cycle``: each source's slots over the job's life at a pass's start are those
         at the start of the pass before plus what that pass handed out of it (a pass left
-        early, by an advance, hands out the rest never: ``plan_pass``'s ``life`` after the
-        slots it handed out)."""
+        early, by an advance, hands out the rest never). What it handed out is the model's
+        where it holds (``left``: leased, or dead and walked past; a slot retried and
+        leased ahead of the cursor is handed out, those between not), else ``plan_pass``'s
+        ``life`` bounds it: at most the life after the first positions up to the last the
+        engine says was handed out (``mix_sequence``)."""
         if self.ON_EXHAUSTED != "cycle":
             return
         conn = self.client.connection
@@ -1375,9 +1450,16 @@ class MixedMachine(EngineMachine):
             return
         spec, log = spec_of(conn, self.job), weight_log(conn, self.job)
         sizes = None if self.TASK_SIZES is None else [list(t) for t in self.TASK_SIZES]
+        if pass_no in self.left:
+            slots = plan_pass(spec, log, pass_no - 1, task_sizes=sizes, life=before).slots
+            want = list(before)
+            for t in self.left[pass_no]:
+                want[slots[t].source] += 1
+            assert now == want, "a pass's life is not the one before's plus what it handed out"
+            return
         handed = len(self.client.job(self.job).mix_sequence(pass_no - 1))
         plan = plan_pass(spec, log, pass_no - 1, length=handed, task_sizes=sizes, life=before)
-        assert now == plan.life
+        assert all(b <= x <= y for b, x, y in zip(before, now, plan.life, strict=True))
 
 
 MixedMachine.TestCase.settings = EngineMachine.TestCase.settings

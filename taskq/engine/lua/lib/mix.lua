@@ -12,7 +12,9 @@
 -- sequence (lib/mixslot.lua). Slots are charged a page (PAGE positions) ahead of the
 -- leases: meta 'mixh' is the slot the stored sequence of the state's pass ends before (hot:
 -- a lease below it charges nothing), 'mixd' the slot no lease reached yet as of the
--- cursor's last move back or to another pass (mix_note; between, the cursor: mix_charged).
+-- cursor's last move back or to another pass (mix_note; between, the cursor: mix_charged);
+-- zset 'mixahead' the state's pass's positions granted at or past the cursor (a dead slot
+-- retried, leased from the front: lib/mixslot.lua handed), handed out past the cursor's reach.
 -- Keys (cold; their fields: docs/design.md's table of keys): 'mix' hash, the schedule's
 -- state at its high-water ("s": one struct-packed string, read and written once a page:
 -- lib/mixrule.lua state_format; "s0" the same at the last page's start; ":<p>" as pass p
@@ -165,6 +167,7 @@ local function enter(p, keep, kept, life, view)
   end
   mput(F.MIXH, base + st.h)
   mput(F.MIXD, base + d)
+  rcall('ZREMRANGEBYSCORE', kc('mixahead'), '-inf', '+inf')  -- (the pass left's)
   mput(F.MIXE, st.rs == 2 and base + st.h or -1)
   ST, ST_DIRTY = st, true
   return st
@@ -173,7 +176,8 @@ end
 -- The state of pass p made current: the one being left saved under ":<its pass>", the
 -- one of p loaded (a rewind back to it) or made. Going to p keeps the sequences of p and the
 -- KEEP - 1 passes before it; later passes' go (the log makes them again, with any change
--- set since), older ones too. (The pass being left handed out up to 'mixd': mix_note.)
+-- set since), older ones too. (The pass being left handed out up to 'mixd', mix_note, and
+-- the positions of 'mixahead'; its saved 'd' the first after both, mix_charged's.)
 local function switch_to(p)
   local st = read_state()
   local kept, life, view = {}, nil, nil
@@ -182,13 +186,18 @@ local function switch_to(p)
     local sfx = ':' .. fmt(st.p)
     local args = state_args(st, sfx, {})
     local d = mmin(st.h, mmax(0, mnum(F.MIXD) - st.p * mnum(F.N)))
+    local ahead = rcall('ZRANGEBYSCORE', kc('mixahead'), fmt(d), '+inf')  -- (at most a page)
     args[#args + 1] = 'd' .. sfx
-    args[#args + 1] = fmt(d)
+    args[#args + 1] = fmt(#ahead > 0 and mmin(st.h, mmax(d, tonum(ahead[#ahead]) + 1)) or d)
     rcall('HSET', kc('mix'), unpack(args))
     kept = st.kp
     if cycling() and p > st.p then  -- (the positions charged ahead, never handed out)
-      local ahead = get_seq(st.p, d, st.h)
-      life = life_after(st, ahead, W)
+      local rest, from = {}, d
+      for _, a in lipairs(ahead) do
+        rest[#rest + 1], from = get_seq(st.p, from, mmin(tonum(a), st.h)), tonum(a) + 1
+      end
+      rest[#rest + 1] = get_seq(st.p, mmin(from, st.h), st.h)
+      life = life_after(st, tconcat(rest), W)
     end
   end
   local keep = {}
@@ -205,20 +214,6 @@ local function switch_to(p)
     if spec().streams then lib.mixfeed.forget_below(cut) end  -- (its repaid slots)
   end
   return enter(p, keep, was_kept, life, view)
-end
-
--- The copy id stored at position `pos` of pass p, as stored (10 hex digits; nil: not
--- charged, or not kept).
-local function stored(p, pos)
-  local st = read_state()
-  if not st then return nil end
-  if st.p == p then
-    if pos >= st.h then return nil end
-  elseif not is_kept(st, p) then
-    return nil
-  end
-  local e = get_seq(p, pos, pos + 1)
-  return #e == W and e or nil
 end
 
 -- Charges the next page of the state's pass by the deadline rule (lib/mixrule.lua), stored
@@ -305,14 +300,16 @@ local function charge_page(st, upto)
   end
 end
 
--- Positions of pass p handed out so far (its sequence's length; 0 when not kept): the
--- cursor's reach in the current pass, 'mixd' as of the cursor's last move back.
+-- The first position of pass p after those handed out (its sequence's length; 0 when not
+-- kept): the cursor's reach in the current pass, 'mixd' as of the cursor's last move back,
+-- and past the last position granted ahead of it ('mixahead').
 local function mix_charged(p)
   local st = read_state()
   if not st then return 0 end
   local d = 0
   if st.p == p then
-    d = mmax(0, mmin(st.h, mnum(F.MIXD) - p * mnum(F.N)))
+    local top = rcall('ZRANGE', kc('mixahead'), -1, -1)
+    d = mmax(0, mmin(st.h, mmax(mnum(F.MIXD) - p * mnum(F.N), (tonum(top[1]) or -1) + 1)))
   elseif is_kept(st, p) then
     d = select(2, saved_state(p, st.kp)) or 0
   elseif p ~= mnum(F.PASS) then
@@ -395,5 +392,4 @@ end
 
 return {mix_charged = mix_charged, mix_set = mix_set, is_kept = is_kept, saved_state = saved_state,
   mix_flush = mix_flush, spec = spec, reset = reset,
-  read_state = read_state, switch_to = switch_to, charge_page = charge_page, stored = stored,
-  drop_all = drop_all}
+  read_state = read_state, switch_to = switch_to, charge_page = charge_page, drop_all = drop_all}

@@ -2,15 +2,29 @@
 -- walk charges the positions it reaches (mix_charge, lib/mix.lua's pages), a granted
 -- slot's chunks are its copy's (mix_fields: the copy ids its pass's stored sequence holds,
 -- lib/mixseq.lua, read with one GETRANGE) and its reply names the copy's source; before
--- the cursor goes back or to another pass, how far it reached is noted (mix_note: 'mixd').
-local tonum, ssub, lipairs, mmin = tonumber, string.sub, ipairs, math.min
-local mget, mnum, mput = lib.meta.mget, lib.meta.mnum, lib.meta.mput
+-- the cursor goes back or to another pass, how far it reached is noted (mix_note: 'mixd');
+-- a slot granted past the cursor is recorded (handed: 'mixahead').
+local rcall, tonum, ssub, lipairs, mmin = redis.call, tonumber, string.sub, ipairs, math.min
+local fmt, mget, mnum, mput = lib.meta.fmt, lib.meta.mget, lib.meta.mnum, lib.meta.mput
 local read_state, switch_to, charge_page, get_seq =
   lib.mix.read_state, lib.mix.switch_to, lib.mix.charge_page, lib.mixseq.get
-local stored = lib.mix.stored
 
 local W = 10  -- constant: the width of a stored position (lib/mixseq.lua)
 local RESOLVE_SPAN = 64  -- constant: granted positions read in one GETRANGE when this close
+
+-- The copy id stored at position `pos` of pass p, as stored (10 hex digits; nil: not
+-- charged, or not kept).
+local function stored(p, pos)
+  local st = read_state()
+  if not st then return nil end
+  if st.p == p then
+    if pos >= st.h then return nil end
+  elseif not lib.mix.is_kept(st, p) then
+    return nil
+  end
+  local e = get_seq(p, pos, pos + 1)
+  return #e == W and e or nil
+end
 
 -- The positions of the current pass stored so far, from the hot meta field alone (-1:
 -- the state is another pass's, or none yet: mix_charge makes it the current pass's).
@@ -47,12 +61,20 @@ local function mix_front(front_empty)
   return h
 end
 
--- A slot granted at or past the cursor (from the front: a dead slot retried) is handed
--- out: 'mixd' raised past it, so a weight change never charges it again (mix_charged).
-local function handed(hi)
-  if hi < mnum(F.CURSOR) then return end
-  local slot = mnum(F.PASS) * mnum(F.N) + hi + 1
-  if slot > mnum(F.MIXD) then mput(F.MIXD, slot) end
+-- The slots of the reply rows `out` granted at or past the cursor (from the front: a dead
+-- slot retried; `hi` the highest) are handed out, the positions between them and the
+-- cursor not: each recorded in 'mixahead', so a weight change never charges it again
+-- (lib/mix.lua mix_charged) and a pass left early counts it (switch_to). Those below the
+-- cursor go (its reach counts them): the record stays within the page charged ahead.
+local function handed(out, hi)
+  local cursor = mnum(F.CURSOR)
+  if hi < cursor then return end
+  local args = {}
+  for _, g in lipairs(out) do
+    if g[1] >= cursor then args[#args + 1] = fmt(g[1]); args[#args + 1] = fmt(g[1]) end
+  end
+  rcall('ZREMRANGEBYSCORE', kc('mixahead'), '-inf', '(' .. fmt(cursor))
+  rcall('ZADD', kc('mixahead'), unpack(args))
 end
 
 -- The copy ids (10 hex digits, the chunks hash's fields) of the slots of the reply rows
@@ -67,7 +89,7 @@ local function mix_fields(out)
     local v = out[k][1]
     if v < lo then lo = v elseif v > hi then hi = v end
   end
-  handed(hi)
+  handed(out, hi)
   local fields = {}
   if hi - lo < RESOLVE_SPAN then
     local blk = get_seq(p, lo, hi + 1)
